@@ -1,0 +1,576 @@
+//! Configuration: built-in defaults, then a TOML file, then `PAYHOOK_*` environment
+//! variables, then one validation step whose errors name the bad key.
+//!
+//! Every key, its default and its environment variable:
+//!
+//! | key | default | environment |
+//! |---|---|---|
+//! | `server.listen` | `127.0.0.1:8080` | `PAYHOOK_SERVER_LISTEN` |
+//! | `server.body_limit` | `1048576` (1 MiB) | `PAYHOOK_SERVER_BODY_LIMIT` |
+//! | `server.header_read_timeout` | `"10s"` | `PAYHOOK_SERVER_HEADER_READ_TIMEOUT` |
+//! | `server.request_timeout` | `"30s"` (receiving the body) | `PAYHOOK_SERVER_REQUEST_TIMEOUT` |
+//! | `server.handler_timeout` | `"20s"` | `PAYHOOK_SERVER_HANDLER_TIMEOUT` |
+//! | `server.shutdown_grace` | `"30s"` | `PAYHOOK_SERVER_SHUTDOWN_GRACE` |
+//! | `paths.providers_validation` | `/payhook/providers-validation` | `PAYHOOK_PATHS_PROVIDERS_VALIDATION` |
+//! | `paths.transaction_validation` | `/payhook/transaction-validation` | `PAYHOOK_PATHS_TRANSACTION_VALIDATION` |
+//! | `paths.callback` | `/payhook/callback` | `PAYHOOK_PATHS_CALLBACK` |
+//! | `callback.allow_unsigned` | `false` | `PAYHOOK_CALLBACK_ALLOW_UNSIGNED` |
+//! | `callback.retry_after` | `"30s"` | `PAYHOOK_CALLBACK_RETRY_AFTER` |
+//! | `gateway.auth_url` | none | `PAYHOOK_GATEWAY_AUTH_URL` |
+//! | `gateway.gateway_url` | none | `PAYHOOK_GATEWAY_GATEWAY_URL` |
+//! | `gateway.username` | none | `PAYHOOK_GATEWAY_USERNAME` |
+//! | `gateway.password` | none (secret) | `PAYHOOK_GATEWAY_PASSWORD` |
+//!
+//! Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
+//! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
+//! environment; it never changes it.
+
+use serde::{Deserialize, Deserializer, de};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use crate::Secret;
+
+/// Prefix of every configuration environment variable.
+pub const ENV_PREFIX: &str = "PAYHOOK_";
+/// Environment variable naming the configuration file.
+pub const CONFIG_FILE_VAR: &str = "PAYHOOK_CONFIG";
+
+/// Paths payhook serves itself, which the endpoint paths must not take.
+const RESERVED_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file or an environment variable is not valid TOML of the expected shape.
+    #[error("{origin}: {message}")]
+    Parse {
+        /// Where the bad input came from: a file path or "environment".
+        origin: String,
+        /// What is wrong, naming the key.
+        message: String,
+    },
+    /// A `PAYHOOK_*` variable that names no setting.
+    #[error(
+        "environment variable {0} names no setting (expected PAYHOOK_<SECTION>_<KEY>, e.g. PAYHOOK_SERVER_LISTEN)"
+    )]
+    UnknownVariable(String),
+    /// A value of the right type that is not acceptable.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// The dotted key, e.g. `server.body_limit`.
+        key: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
+}
+
+/// The whole configuration of a payhook service.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The HTTP server.
+    pub server: ServerConfig,
+    /// Paths of the three merchant-hosted endpoints.
+    pub paths: PathsConfig,
+    /// Callback endpoint behaviour.
+    pub callback: CallbackConfig,
+    /// The aggregator's own endpoints (used by the gateway client).
+    pub gateway: GatewayConfig,
+}
+
+/// `[server]`: listening, limits and timeouts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Largest accepted request body, in bytes.
+    #[serde(deserialize_with = "lenient")]
+    pub body_limit: usize,
+    /// Time a client has to send its request headers (HTTP/1) before it is disconnected.
+    #[serde(deserialize_with = "duration")]
+    pub header_read_timeout: Duration,
+    /// Time a client has to send its whole body once the headers are in (408 after it).
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Time a handler has to decide (then 503, with `Retry-After` for callbacks).
+    #[serde(deserialize_with = "duration")]
+    pub handler_timeout: Duration,
+    /// On shutdown, time in-flight requests have to finish before connections are dropped.
+    #[serde(deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            body_limit: 1024 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            handler_timeout: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[paths]`: where the three endpoints are served.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PathsConfig {
+    /// Providers validation endpoint.
+    pub providers_validation: String,
+    /// Transaction validation endpoint.
+    pub transaction_validation: String,
+    /// Callback endpoint.
+    pub callback: String,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        Self {
+            providers_validation: "/payhook/providers-validation".to_owned(),
+            transaction_validation: "/payhook/transaction-validation".to_owned(),
+            callback: "/payhook/callback".to_owned(),
+        }
+    }
+}
+
+/// `[callback]`: how callbacks are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallbackConfig {
+    /// Accept callbacks without a signature. Off by default: a server with a callback
+    /// receiver refuses to start unless signatures can be verified or this is set.
+    #[serde(deserialize_with = "lenient")]
+    pub allow_unsigned: bool,
+    /// `Retry-After` sent with a 503 answer to a callback.
+    #[serde(deserialize_with = "duration")]
+    pub retry_after: Duration,
+}
+
+impl Default for CallbackConfig {
+    fn default() -> Self {
+        Self {
+            allow_unsigned: false,
+            retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[gateway]`: the aggregator's login and transaction endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Base address of login and token refresh (`{auth_url}`).
+    pub auth_url: Option<String>,
+    /// Base address of the transaction endpoints (`{gateway_url}`).
+    pub gateway_url: Option<String>,
+    /// Merchant user name.
+    pub username: Option<String>,
+    /// Merchant password; redacted in `Debug`.
+    pub password: Option<Secret>,
+}
+
+impl Config {
+    /// Loads the configuration: defaults, then the file at `file` (if any), then the
+    /// `PAYHOOK_*` variables among `env`, then [`Config::validate`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the file, variable or key that is wrong.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use payhook::Config;
+    ///
+    /// let env = [("PAYHOOK_SERVER_BODY_LIMIT".to_owned(), "65536".to_owned())];
+    /// let config = Config::load(None, env)?;
+    /// assert_eq!(config.server.body_limit, 65536);
+    /// assert_eq!(config.paths.callback, "/payhook/callback");
+    /// # Ok::<(), payhook::config::ConfigError>(())
+    /// ```
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut table = match file {
+            Some(path) => read_table(path)?,
+            None => toml::Table::new(),
+        };
+        let origin = file.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
+        // Checked alone first, so that an error in the file is reported against the file.
+        Self::from_table(table.clone(), &origin)?;
+        let overrides = env_overrides(env)?;
+        if !overrides.is_empty() {
+            for ((section, key), value) in overrides {
+                let section = table
+                    .entry(section)
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                if let toml::Value::Table(section) = section {
+                    section.insert(key, toml::Value::String(value));
+                }
+            }
+        }
+        let config = Self::from_table(table, "environment")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads from the file named by `PAYHOOK_CONFIG` (if set) and the process environment.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let file = std::env::var_os(CONFIG_FILE_VAR).map(PathBuf::from);
+        Self::load(file.as_deref(), std::env::vars())
+    }
+
+    /// Parses a TOML document (no environment), then validates it.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the bad key.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let table = text
+            .parse::<toml::Table>()
+            .map_err(|e| parse_error("TOML", &e))?;
+        let config = Self::from_table(table, "TOML")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks values that have the right type but are not acceptable.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &'static str, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        if !(1024..=64 * 1024 * 1024).contains(&self.server.body_limit) {
+            return invalid("server.body_limit", "must be between 1024 bytes and 64 MiB");
+        }
+        let timeouts = [
+            (
+                "server.header_read_timeout",
+                self.server.header_read_timeout,
+            ),
+            ("server.request_timeout", self.server.request_timeout),
+            ("server.handler_timeout", self.server.handler_timeout),
+        ];
+        for (key, value) in timeouts {
+            if value.is_zero() {
+                return invalid(key, "must be longer than zero");
+            }
+        }
+        if self.callback.retry_after < Duration::from_secs(1) {
+            return invalid(
+                "callback.retry_after",
+                "must be at least 1s (Retry-After counts whole seconds)",
+            );
+        }
+        self.paths.validate()?;
+        self.gateway.validate()
+    }
+}
+
+impl PathsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let all = [
+            ("paths.providers_validation", &self.providers_validation),
+            ("paths.transaction_validation", &self.transaction_validation),
+            ("paths.callback", &self.callback),
+        ];
+        for (i, (key, path)) in all.iter().enumerate() {
+            let reason = if !path.starts_with('/') {
+                Some("must start with `/`".to_owned())
+            } else if path.contains(['?', '#', ' ']) {
+                Some("must be a plain path, without query, fragment or spaces".to_owned())
+            } else if RESERVED_PATHS.contains(&path.as_str()) {
+                Some(format!("`{path}` is served by payhook itself"))
+            } else {
+                all[..i]
+                    .iter()
+                    .find(|(_, other)| other == path)
+                    .map(|(other, _)| format!("same path as {other}"))
+            };
+            if let Some(reason) = reason {
+                return Err(ConfigError::Invalid { key, reason });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GatewayConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let urls = [
+            ("gateway.auth_url", &self.auth_url),
+            ("gateway.gateway_url", &self.gateway_url),
+        ];
+        for (key, url) in urls {
+            if let Some(url) = url
+                && !(url.starts_with("https://") || url.starts_with("http://"))
+            {
+                return Err(ConfigError::Invalid {
+                    key,
+                    reason: format!("`{url}` is not an http(s) URL"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| parse_error(origin, &e))
+    }
+}
+
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.parse::<toml::Table>()
+        .map_err(|e| parse_error(&path.display().to_string(), &e))
+}
+
+fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
+    ConfigError::Parse {
+        origin: origin.to_owned(),
+        message: error.to_string().trim().replace('\n', " "),
+    }
+}
+
+/// Sections whose keys can be set from the environment.
+const SECTIONS: [&str; 4] = ["server", "paths", "callback", "gateway"];
+
+/// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `(("server", "body_limit"), "65536")`.
+fn env_overrides(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<BTreeMap<(String, String), String>, ConfigError> {
+    let mut overrides = BTreeMap::new();
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if name == CONFIG_FILE_VAR {
+            continue;
+        }
+        let lower = rest.to_ascii_lowercase();
+        let (section, key) = lower
+            .split_once('_')
+            .filter(|(section, key)| SECTIONS.contains(section) && !key.is_empty())
+            .ok_or_else(|| ConfigError::UnknownVariable(name.clone()))?;
+        overrides.insert((section.to_owned(), key.to_owned()), value);
+    }
+    Ok(overrides)
+}
+
+/// Reads a number or a boolean either natively (TOML) or from a string (environment).
+fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr + Deserialize<'de>,
+    T::Err: fmt::Display,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either<T> {
+        Text(String),
+        Native(T),
+    }
+    match Either::<T>::deserialize(deserializer)? {
+        Either::Native(value) => Ok(value),
+        Either::Text(text) => text
+            .trim()
+            .parse()
+            .map_err(|e| de::Error::custom(format!("`{text}`: {e}"))),
+    }
+}
+
+/// Reads a duration: `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or a number of seconds.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Seconds(u64),
+        Text(String),
+    }
+    match Either::deserialize(deserializer)? {
+        Either::Seconds(seconds) => Ok(Duration::from_secs(seconds)),
+        Either::Text(text) => parse_duration(&text).map_err(de::Error::custom),
+    }
+}
+
+/// Parses `"250ms"`, `"10s"`, `"5m"`, `"1h"` or `"10"` (seconds).
+///
+/// # Errors
+///
+/// A message naming the text when it is none of those forms.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as \"10s\""))?;
+    let millis = match unit.trim() {
+        "ms" => Some(number),
+        "" | "s" => number.checked_mul(1000),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (use ms, s, m or h)"
+            ));
+        }
+    };
+    millis
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_those_of_the_design() {
+        let config = Config::load(None, env(&[])).unwrap();
+        assert_eq!(config.server.body_limit, 1_048_576);
+        assert_eq!(
+            config.paths.transaction_validation,
+            "/payhook/transaction-validation"
+        );
+        assert!(!config.callback.allow_unsigned);
+    }
+
+    #[test]
+    fn the_file_overrides_defaults_and_the_environment_overrides_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("payhook.toml");
+        std::fs::write(&path, "[server]\nbody_limit = 4096\nlisten = \"127.0.0.1:9000\"\n[callback]\nallow_unsigned = true\n")
+            .unwrap();
+        let config = Config::load(
+            Some(&path),
+            env(&[
+                ("PAYHOOK_SERVER_BODY_LIMIT", "8192"),
+                ("PAYHOOK_CALLBACK_RETRY_AFTER", "5s"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.server.body_limit, 8192);
+        assert_eq!(config.server.listen.port(), 9000);
+        assert!(config.callback.allow_unsigned);
+        assert_eq!(config.callback.retry_after, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn environment_booleans_and_numbers_are_read_from_text() {
+        let config =
+            Config::load(None, env(&[("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true")])).unwrap();
+        assert!(config.callback.allow_unsigned);
+        let error = Config::load(None, env(&[("PAYHOOK_SERVER_BODY_LIMIT", "lots")])).unwrap_err();
+        assert!(error.to_string().contains("body_limit"), "{error}");
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_is_named() {
+        let error = Config::from_toml("[server]\nbody_limt = 5\n").unwrap_err();
+        assert!(error.to_string().contains("body_limt"), "{error}");
+    }
+
+    #[test]
+    fn an_unknown_variable_is_named() {
+        let error = Config::load(None, env(&[("PAYHOOK_SERVR_LISTEN", "x")])).unwrap_err();
+        assert!(
+            error.to_string().contains("PAYHOOK_SERVR_LISTEN"),
+            "{error}"
+        );
+        let error = Config::load(None, env(&[("PAYHOOK_SERVER_LISTN", "x")])).unwrap_err();
+        assert!(error.to_string().contains("listn"), "{error}");
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        let cases = [
+            ("[server]\nbody_limit = 10", "server.body_limit"),
+            (
+                "[server]\nhandler_timeout = \"0s\"",
+                "server.handler_timeout",
+            ),
+            ("[paths]\ncallback = \"callback\"", "paths.callback"),
+            (
+                "[paths]\ncallback = \"/payhook/transaction-validation\"",
+                "paths.callback",
+            ),
+            ("[paths]\ncallback = \"/healthz\"", "paths.callback"),
+            (
+                "[gateway]\ngateway_url = \"ftp://x\"",
+                "gateway.gateway_url",
+            ),
+            ("[callback]\nretry_after = \"10ms\"", "callback.retry_after"),
+        ];
+        for (toml, key) in cases {
+            let error = Config::from_toml(toml).unwrap_err();
+            assert!(error.to_string().starts_with(key), "{toml}: {error}");
+        }
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn the_gateway_password_is_redacted_in_debug() {
+        let config =
+            Config::from_toml("[gateway]\nusername = \"shop\"\npassword = \"hunter2\"").unwrap();
+        let debug = format!("{config:?}");
+        assert!(
+            debug.contains("shop") && !debug.contains("hunter2"),
+            "{debug}"
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! The three traits a merchant implements, and the decisions they return.
+//!
+//! Each trait has one async method; write it as a plain `async fn`. payhook calls it with
+//! the typed request (already authenticated and parsed) and a [`RequestContext`], and turns
+//! the returned decision into the HTTP answer the aggregator expects:
+//!
+//! | trait | decision | on the wire |
+//! |---|---|---|
+//! | [`ProvidersValidator`] | [`ProvidersDecision`] | 200 `{providers, message}` |
+//! | [`TransactionValidator`] | [`ValidationDecision::Allow`] | 200 |
+//! | | [`ValidationDecision::Deny`] | 403 `{message}` |
+//! | | [`ValidationDecision::Postpone`] | 200 on an Awaitable endpoint; otherwise 500 and an error log (never a silent 200) |
+//! | [`CallbackReceiver`] | [`CallbackDecision::Ack`] | 200 |
+//! | | [`CallbackDecision::RetryLater`] | 503 with `Retry-After` |
+//! | any | `Err(HandlerError)` | 500 (validations) or 503 + `Retry-After` (callbacks), generic message; the detail goes to the log only |
+//!
+//! Handlers run on their own task: a client that disconnects does not cancel a handler
+//! half-way, and a panic in a handler is an error answer, not a dropped connection.
+
+mod providers;
+
+use chrono::{DateTime, Utc};
+use http::HeaderMap;
+use std::{fmt, future::Future, net::SocketAddr, pin::Pin, sync::Arc};
+
+use crate::model::{
+    CallbackBody, Provider, ProvidersValidationRequest, TransactionValidationRequest,
+};
+
+pub use providers::{ProviderFilter, tags_allow};
+
+/// What payhook knows about the HTTP request a handler is called for.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// Id of this request: the caller's `X-Request-Id` when it sent a sane one, else a new
+    /// UUID. It is echoed in the response's `X-Request-Id` and carried by every log line.
+    pub request_id: String,
+    /// Address of the caller, when payhook serves the socket itself.
+    pub peer: Option<SocketAddr>,
+    /// When the request's headers were received.
+    pub received_at: DateTime<Utc>,
+    /// The request's headers.
+    pub headers: HeaderMap,
+}
+
+/// The merchant's answer to a providers validation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProvidersDecision {
+    /// Providers available to this client (response shape of spec 2.2).
+    pub providers: Vec<Provider>,
+    /// Additional information for the aggregator.
+    pub message: String,
+}
+
+/// The merchant's answer to a transaction validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidationDecision {
+    /// The client may make this transaction: 200.
+    Allow,
+    /// The client may not: 403 with `{"message": message}`.
+    Deny {
+        /// Why, as the aggregator will see it.
+        message: String,
+    },
+    /// Decide later and post the result to the aggregator: 200 now. Only valid on an
+    /// endpoint declared Awaitable; anywhere else it is a configuration error (500).
+    Postpone,
+}
+
+impl ValidationDecision {
+    /// A [`ValidationDecision::Deny`] with `message`.
+    pub fn deny(message: impl Into<String>) -> Self {
+        Self::Deny {
+            message: message.into(),
+        }
+    }
+}
+
+/// The merchant's answer to a callback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallbackDecision {
+    /// The result is booked: 200, the aggregator stops retrying.
+    Ack,
+    /// Not now (a dependency is down, say): 503 with `Retry-After`, the aggregator retries.
+    RetryLater {
+        /// Why, as the aggregator will see it.
+        reason: String,
+    },
+}
+
+impl CallbackDecision {
+    /// A [`CallbackDecision::RetryLater`] with `reason`.
+    pub fn retry_later(reason: impl Into<String>) -> Self {
+        Self::RetryLater {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Decides which providers a client may use for a transaction (spec 4.2).
+///
+/// ```
+/// use payhook::handler::{ProviderFilter, ProvidersDecision, ProvidersValidator, RequestContext};
+/// use payhook::model::ProvidersValidationRequest;
+/// use payhook::HandlerError;
+///
+/// struct Providers;
+///
+/// impl ProvidersValidator for Providers {
+///     async fn validate_providers(
+///         &self,
+///         request: ProvidersValidationRequest,
+///         _ctx: RequestContext,
+///     ) -> Result<ProvidersDecision, HandlerError> {
+///         let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+///         Ok(ProvidersDecision { message: format!("{} available", providers.len()), providers })
+///     }
+/// }
+/// ```
+pub trait ProvidersValidator: Send + Sync + 'static {
+    /// Returns the providers available for this request.
+    fn validate_providers(
+        &self,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> impl Future<Output = Result<ProvidersDecision, HandlerError>> + Send;
+}
+
+/// Accepts or refuses a client's transaction right before it is created (spec 4.2).
+///
+/// ```
+/// use payhook::handler::{RequestContext, TransactionValidator, ValidationDecision};
+/// use payhook::model::TransactionValidationRequest;
+/// use payhook::HandlerError;
+///
+/// struct Limits;
+///
+/// impl TransactionValidator for Limits {
+///     async fn validate_transaction(
+///         &self,
+///         request: TransactionValidationRequest,
+///         _ctx: RequestContext,
+///     ) -> Result<ValidationDecision, HandlerError> {
+///         if request.payment_data.amount > rust_decimal::Decimal::from(1000) {
+///             return Ok(ValidationDecision::deny("amount above the client's limit"));
+///         }
+///         Ok(ValidationDecision::Allow)
+///     }
+/// }
+/// ```
+pub trait TransactionValidator: Send + Sync + 'static {
+    /// Decides whether the client may make this transaction.
+    fn validate_transaction(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> impl Future<Output = Result<ValidationDecision, HandlerError>> + Send;
+}
+
+/// Books a transaction result (spec 2.7, 6).
+///
+/// ```
+/// use payhook::handler::{CallbackDecision, CallbackReceiver, RequestContext};
+/// use payhook::model::CallbackBody;
+/// use payhook::HandlerError;
+///
+/// struct Ledger;
+///
+/// impl CallbackReceiver for Ledger {
+///     async fn receive_callback(
+///         &self,
+///         callback: CallbackBody,
+///         _ctx: RequestContext,
+///     ) -> Result<CallbackDecision, HandlerError> {
+///         tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "booked");
+///         Ok(CallbackDecision::Ack)
+///     }
+/// }
+/// ```
+pub trait CallbackReceiver: Send + Sync + 'static {
+    /// Books the result; return [`CallbackDecision::Ack`] only once it is durably booked.
+    fn receive_callback(
+        &self,
+        callback: CallbackBody,
+        ctx: RequestContext,
+    ) -> impl Future<Output = Result<CallbackDecision, HandlerError>> + Send;
+}
+
+/// A failure inside a handler: a database down, a bug. It becomes a generic error answer on
+/// the wire (500, or 503 for callbacks so that the aggregator retries); its text goes to the
+/// log only.
+///
+/// Any `std::error::Error` converts into it, so `?` works in handlers:
+///
+/// ```
+/// use payhook::HandlerError;
+///
+/// fn read_limit(text: &str) -> Result<u32, HandlerError> {
+///     Ok(text.parse::<u32>()?)
+/// }
+/// assert!(read_limit("ten").is_err());
+/// assert!(HandlerError::msg("ledger unavailable").to_string().contains("ledger"));
+/// ```
+pub struct HandlerError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl HandlerError {
+    /// An error with a message of its own.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        Self(message.to_string().into())
+    }
+
+    /// The underlying error.
+    pub fn source_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self(Box::new(error))
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A boxed, `'static` handler future: what the server stores and spawns.
+pub(crate) type BoxFuture<T> =
+    Pin<Box<dyn Future<Output = Result<T, HandlerError>> + Send + 'static>>;
+
+/// The three handlers with their types erased, so the server holds them behind `Arc<dyn _>`
+/// without generic parameters leaking into its public type.
+pub(crate) trait ErasedProviders: Send + Sync + 'static {
+    fn call(
+        self: Arc<Self>,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> BoxFuture<ProvidersDecision>;
+}
+
+pub(crate) trait ErasedValidation: Send + Sync + 'static {
+    fn call(
+        self: Arc<Self>,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> BoxFuture<ValidationDecision>;
+}
+
+pub(crate) trait ErasedCallback: Send + Sync + 'static {
+    fn call(
+        self: Arc<Self>,
+        callback: CallbackBody,
+        ctx: RequestContext,
+    ) -> BoxFuture<CallbackDecision>;
+}
+
+impl<H: ProvidersValidator> ErasedProviders for H {
+    fn call(
+        self: Arc<Self>,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> BoxFuture<ProvidersDecision> {
+        Box::pin(async move { self.validate_providers(request, ctx).await })
+    }
+}
+
+impl<H: TransactionValidator> ErasedValidation for H {
+    fn call(
+        self: Arc<Self>,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> BoxFuture<ValidationDecision> {
+        Box::pin(async move { self.validate_transaction(request, ctx).await })
+    }
+}
+
+impl<H: CallbackReceiver> ErasedCallback for H {
+    fn call(
+        self: Arc<Self>,
+        callback: CallbackBody,
+        ctx: RequestContext,
+    ) -> BoxFuture<CallbackDecision> {
+        Box::pin(async move { self.receive_callback(callback, ctx).await })
+    }
+}

@@ -1,0 +1,214 @@
+//! Helpers for the usual providers validation: keep the candidates that fit the request.
+
+use crate::model::{Provider, ProviderCandidate, ProvidersValidationRequest};
+
+/// The tag rule of spec 2.4: an empty `requested` list allows every provider; otherwise a
+/// provider needs at least one of the requested tags (compared case-insensitively).
+///
+/// ```
+/// use payhook::handler::tags_allow;
+///
+/// assert!(tags_allow(&[], &["crypto"]));
+/// assert!(tags_allow(&["fiat".into()], &["FIAT", "eu"]));
+/// assert!(!tags_allow(&["fiat".into()], &["crypto"]));
+/// assert!(!tags_allow(&["fiat".into()], &[]));
+/// ```
+pub fn tags_allow<S: AsRef<str>>(requested: &[String], provider_tags: &[S]) -> bool {
+    requested.is_empty()
+        || requested.iter().any(|wanted| {
+            provider_tags
+                .iter()
+                .any(|tag| tag.as_ref().eq_ignore_ascii_case(wanted))
+        })
+}
+
+/// Selects the candidates that can serve a transaction: the currency, the payment type, the
+/// direction enabled right now, and the tag rule.
+///
+/// [`ProviderFilter::from_request`] takes every criterion from the request; the setters
+/// narrow or widen it. Tags of a candidate come from its `tags` field, or from the merchant's
+/// own mapping given to [`ProviderFilter::apply_with_tags`]. When the request asks for tags
+/// and a candidate has none, the candidate is left out (fail closed).
+///
+/// ```
+/// use payhook::handler::ProviderFilter;
+/// use payhook::model::ProvidersValidationRequest;
+///
+/// let request: ProvidersValidationRequest = serde_json::from_str(r#"{
+///   "transactionData": {
+///     "merchantData": {"merchantHash": "h", "clientId": "c"},
+///     "paymentData": {"nonce": "n", "amount": 10, "currency": "EUR", "providerTags": [], "payType": "card"},
+///     "cashIn": true},
+///   "providers": [
+///     {"id": 1, "name": "Card", "collabId": 3, "currencies": [{"id": 1, "code": "EUR"}],
+///      "payTypes": [{"id": 5, "code": "card", "name": "Card", "cashIn": true, "cashOut": false,
+///                    "isCashInEnabled": true, "isCashOutEnabled": false}]},
+///     {"id": 2, "name": "Wire", "collabId": 4, "currencies": [{"id": 2, "code": "USD"}], "payTypes": []}]
+/// }"#)?;
+/// let allowed = ProviderFilter::from_request(&request).apply(&request.providers);
+/// assert_eq!(allowed.iter().map(|p| p.id).collect::<Vec<_>>(), [1]);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct ProviderFilter {
+    currency: Option<String>,
+    pay_type: Option<String>,
+    cash_in: Option<bool>,
+    tags: Vec<String>,
+}
+
+impl ProviderFilter {
+    /// A filter that allows every provider; add criteria with the setters.
+    pub fn allow_all() -> Self {
+        Self::default()
+    }
+
+    /// A filter with every criterion of the request: its currency, its `payType` (when
+    /// present), its direction, and its `providerTags`.
+    pub fn from_request(request: &ProvidersValidationRequest) -> Self {
+        let payment = &request.transaction_data.payment_data;
+        Self {
+            currency: Some(payment.currency.clone()),
+            pay_type: payment.pay_type.clone().filter(|t| !t.is_empty()),
+            cash_in: Some(request.transaction_data.cash_in),
+            tags: payment.provider_tags.clone(),
+        }
+    }
+
+    /// Requires support of this ISO currency (`None`: any currency).
+    pub fn currency(mut self, code: Option<&str>) -> Self {
+        self.currency = code.map(str::to_owned);
+        self
+    }
+
+    /// Requires this payment type, by code or name (`None`: any type).
+    pub fn pay_type(mut self, pay_type: Option<&str>) -> Self {
+        self.pay_type = pay_type.map(str::to_owned);
+        self
+    }
+
+    /// Requires a payment type with this direction enabled: `Some(true)` deposit,
+    /// `Some(false)` withdrawal, `None` either.
+    pub fn direction(mut self, cash_in: Option<bool>) -> Self {
+        self.cash_in = cash_in;
+        self
+    }
+
+    /// Requires one of these tags (empty: no tag restriction).
+    pub fn tags(mut self, tags: Vec<String>) -> Self {
+        self.tags = tags;
+        self
+    }
+
+    /// `true` when `provider`, whose tags are `provider_tags`, meets every criterion.
+    pub fn allows<S: AsRef<str>>(&self, provider: &Provider, provider_tags: &[S]) -> bool {
+        let currency_ok = self
+            .currency
+            .as_deref()
+            .is_none_or(|code| provider.supports_currency(code));
+        let direction_ok = match (self.pay_type.as_deref(), self.cash_in) {
+            (Some(pay_type), Some(cash_in)) => provider
+                .pay_type(pay_type)
+                .is_some_and(|t| t.enabled_for(cash_in)),
+            (Some(pay_type), None) => provider.pay_type(pay_type).is_some(),
+            (None, Some(cash_in)) => provider.enabled_for(cash_in),
+            (None, None) => true,
+        };
+        currency_ok && direction_ok && tags_allow(&self.tags, provider_tags)
+    }
+
+    /// The candidates that meet every criterion, in the response shape, tags read from each
+    /// candidate's `tags` field.
+    pub fn apply(&self, candidates: &[ProviderCandidate]) -> Vec<Provider> {
+        self.apply_with_tags(candidates, |candidate| candidate.tags.clone())
+    }
+
+    /// Like [`ProviderFilter::apply`], with the tags of each candidate given by `tags_of`
+    /// (the merchant's own mapping of providers to tags).
+    pub fn apply_with_tags<F>(&self, candidates: &[ProviderCandidate], tags_of: F) -> Vec<Provider>
+    where
+        F: Fn(&ProviderCandidate) -> Vec<String>,
+    {
+        candidates
+            .iter()
+            .filter_map(|candidate| {
+                let provider = candidate.to_provider();
+                self.allows(&provider, &tags_of(candidate))
+                    .then_some(provider)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Currency, PaymentType};
+
+    fn provider(
+        id: i64,
+        currency: &str,
+        cash_in_enabled: bool,
+        cash_out_enabled: bool,
+    ) -> Provider {
+        Provider {
+            id,
+            name: format!("p{id}"),
+            collab_id: 1,
+            currencies: vec![Currency {
+                id: 1,
+                code: currency.into(),
+            }],
+            pay_types: vec![PaymentType {
+                id: 10,
+                code: "card".into(),
+                name: "Card".into(),
+                cash_in: true,
+                cash_out: true,
+                is_cash_in_enabled: cash_in_enabled,
+                is_cash_out_enabled: cash_out_enabled,
+            }],
+        }
+    }
+
+    const NO_TAGS: &[&str] = &[];
+
+    #[test]
+    fn currency_must_be_supported() {
+        let filter = ProviderFilter::allow_all().currency(Some("EUR"));
+        assert!(filter.allows(&provider(1, "eur", true, true), NO_TAGS));
+        assert!(!filter.allows(&provider(1, "USD", true, true), NO_TAGS));
+    }
+
+    #[test]
+    fn direction_must_be_supported_and_enabled() {
+        let deposit = ProviderFilter::allow_all().direction(Some(true));
+        let withdrawal = ProviderFilter::allow_all().direction(Some(false));
+        let only_deposits = provider(1, "EUR", true, false);
+        assert!(deposit.allows(&only_deposits, NO_TAGS));
+        assert!(!withdrawal.allows(&only_deposits, NO_TAGS));
+    }
+
+    #[test]
+    fn pay_type_must_exist_and_be_enabled_for_the_direction() {
+        let card_out = ProviderFilter::allow_all()
+            .pay_type(Some("card"))
+            .direction(Some(false));
+        assert!(card_out.allows(&provider(1, "EUR", false, true), NO_TAGS));
+        assert!(!card_out.allows(&provider(1, "EUR", true, false), NO_TAGS));
+        assert!(
+            !ProviderFilter::allow_all()
+                .pay_type(Some("sepa"))
+                .allows(&provider(1, "EUR", true, true), NO_TAGS)
+        );
+    }
+
+    #[test]
+    fn requested_tags_fail_closed_for_untagged_providers() {
+        let fiat = ProviderFilter::allow_all().tags(vec!["fiat".into()]);
+        assert!(fiat.allows(&provider(1, "EUR", true, true), &["fiat"]));
+        assert!(!fiat.allows(&provider(1, "EUR", true, true), NO_TAGS));
+        assert!(ProviderFilter::allow_all().allows(&provider(1, "EUR", true, true), NO_TAGS));
+    }
+}

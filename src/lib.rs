@@ -1,0 +1,90 @@
+//! # payhook
+//!
+//! The merchant side of a payment aggregator (interface 0.3.2): payhook hosts the three
+//! endpoints the aggregator calls — **providers validation**, **transaction validation** and
+//! the **transaction result callback** — so that a merchant writes only its business
+//! decisions. It authenticates, parses and bounds every request, turns each decision into
+//! the answer the aggregator expects, and gives every bad input a defined status code and a
+//! `{"message": "..."}` body.
+//!
+//! ## Quick start
+//!
+//! Implement the traits of [`handler`] for the endpoints you host, build an [`App`], and
+//! [`serve`] it:
+//!
+//! ```no_run
+//! use payhook::handler::{
+//!     CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
+//!     RequestContext, TransactionValidator, ValidationDecision,
+//! };
+//! use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+//! use payhook::{App, Config, HandlerError};
+//!
+//! struct Shop;
+//!
+//! impl ProvidersValidator for Shop {
+//!     async fn validate_providers(&self, request: ProvidersValidationRequest, _: RequestContext)
+//!         -> Result<ProvidersDecision, HandlerError> {
+//!         let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+//!         Ok(ProvidersDecision { providers, message: String::new() })
+//!     }
+//! }
+//!
+//! impl TransactionValidator for Shop {
+//!     async fn validate_transaction(&self, request: TransactionValidationRequest, _: RequestContext)
+//!         -> Result<ValidationDecision, HandlerError> {
+//!         if request.merchant_data.client_id.is_empty() {
+//!             return Ok(ValidationDecision::deny("unknown client"));
+//!         }
+//!         Ok(ValidationDecision::Allow)
+//!     }
+//! }
+//!
+//! impl CallbackReceiver for Shop {
+//!     async fn receive_callback(&self, callback: CallbackBody, _: RequestContext)
+//!         -> Result<CallbackDecision, HandlerError> {
+//!         tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "result");
+//!         Ok(CallbackDecision::Ack)
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), payhook::Error> {
+//!     let config = Config::from_env()?;
+//!     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
+//!     let app = App::builder(config)
+//!         .providers_validator(Shop)
+//!         .transaction_validator(Shop)
+//!         .callback_receiver(Shop)
+//!         .build()?;
+//!     payhook::serve(listener, app, payhook::shutdown_signal()).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## Map of the crate
+//!
+//! * [`model`] — wire types of every resource and message of the spec; exact money, lenient
+//!   UTC times, tolerant status codes.
+//! * [`handler`] — the three traits a merchant implements, their decisions, the request
+//!   context, and provider filter helpers.
+//! * [`server`] — the [`App`] service (routing, limits, the status code table) and [`serve`]
+//!   (HTTP/1.1 and HTTP/2, timeouts, graceful shutdown).
+//! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
+//! * [`Secret`] — strings that redact themselves in `Debug`.
+//! * [`Error`] — the crate-level error for applications.
+//!
+//! The `payhook` binary (`src/main.rs`) is a thin command line over this library.
+
+pub mod config;
+mod error;
+pub mod handler;
+pub mod model;
+mod secret;
+pub mod server;
+
+pub use config::Config;
+pub use error::Error;
+pub use handler::HandlerError;
+pub use secret::Secret;
+pub use server::{App, AppBuilder, serve, shutdown_signal};

@@ -1,0 +1,124 @@
+//! The transaction result callback body (spec 2.7).
+
+use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{TransactionStatus, TransactionType, amount, timestamp};
+
+/// Body of a transaction result callback (spec 2.7).
+///
+/// What a merchant needs to book the result is required: ids, nonce, direction, status,
+/// client, amount and currency. A callback missing one of them is refused with 400 (and the
+/// aggregator retries); descriptive fields are optional.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallbackBody {
+    /// Transaction id at the aggregator.
+    pub id: i64,
+    /// Reference id of the transaction; use it to look the transaction up.
+    pub transaction_reference_id: Uuid,
+    /// The merchant's nonce: unique per transaction.
+    pub nonce: String,
+    /// Payment system identifier.
+    #[serde(default)]
+    pub provider_id: Option<i64>,
+    /// The payment system's own transaction id.
+    #[serde(default)]
+    pub provider_transaction_id: Option<String>,
+    /// Deposit or withdrawal.
+    pub transaction_type: TransactionType,
+    /// Result status: 4 or -1 to -6 (spec 6.4); others are kept as received.
+    pub transaction_status: TransactionStatus,
+    /// Description of the status.
+    #[serde(default)]
+    pub transaction_status_message: Option<String>,
+    /// Message for the merchant's client, private.
+    #[serde(default)]
+    pub transaction_internal_message: Option<String>,
+    /// The client on the merchant's side.
+    pub client_id: String,
+    /// Additional client or merchant data, as sent (`null` when absent).
+    #[serde(default)]
+    pub additional_data: Value,
+    /// Amount deposited or withdrawn, exact.
+    #[serde(with = "amount::exact")]
+    pub amount: Decimal,
+    /// ISO currency code.
+    pub currency: String,
+    /// Amount of delivered money.
+    #[serde(default, with = "amount::exact_opt")]
+    pub destination_amount: Option<Decimal>,
+    /// Delivered currency.
+    #[serde(default)]
+    pub destination_currency: Option<String>,
+    /// Creation time on the payment system.
+    #[serde(default, with = "timestamp::utc_opt")]
+    pub created_utc: Option<DateTime<Utc>>,
+    /// Last update time on the payment system.
+    #[serde(default, with = "timestamp::utc_opt")]
+    pub updated_utc: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::round_trip;
+
+    #[test]
+    fn callback_body_round_trips_with_every_field() {
+        let body: CallbackBody = round_trip(
+            r#"{"id":1001,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e","nonce":"n-1",
+                "providerId":11,"providerTransactionId":"pt-9","transactionType":1,"transactionStatus":-2,
+                "transactionStatusMessage":"declined by issuer","transactionInternalMessage":"try another card",
+                "clientId":"client-42","additionalData":{"orderId":"o-1"},"amount":0.1,"currency":"EUR",
+                "destinationAmount":0.11,"destinationCurrency":"USD",
+                "createdUtc":"2026-01-02T03:04:05.123456700Z","updatedUtc":"2026-01-02T03:04:05Z"}"#,
+        );
+        assert_eq!(
+            body.transaction_status,
+            TransactionStatus::PaymentSystemError
+        );
+        assert_eq!(body.amount.to_string(), "0.1");
+    }
+
+    #[test]
+    fn a_minimal_callback_reads() {
+        let body: CallbackBody = serde_json::from_str(
+            r#"{"id":1,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e","nonce":"n",
+                "transactionType":2,"transactionStatus":4,"clientId":"c","amount":"5","currency":"EUR",
+                "destinationAmount":null,"createdUtc":"2026-01-02T03:04:05.1234567",
+                "updatedUtc":"2026-01-02T06:04:05+03:00"}"#,
+        )
+        .unwrap();
+        assert_eq!(body.destination_amount, None);
+        assert_eq!(
+            body.created_utc
+                .map(|t| timestamp::format_utc(&t))
+                .as_deref(),
+            Some("2026-01-02T03:04:05.123456700Z")
+        );
+        assert_eq!(
+            body.updated_utc
+                .map(|t| timestamp::format_utc(&t))
+                .as_deref(),
+            Some("2026-01-02T03:04:05Z")
+        );
+        assert_eq!(body.additional_data, Value::Null);
+    }
+
+    #[test]
+    fn a_callback_without_its_nonce_is_refused_by_name() {
+        let error = serde_json::from_str::<CallbackBody>(
+            r#"{"id":1,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+                "transactionType":2,"transactionStatus":4,"clientId":"c","amount":5,"currency":"EUR"}"#,
+        )
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("missing field `nonce`"),
+            "{error}"
+        );
+    }
+}

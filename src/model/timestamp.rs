@@ -1,0 +1,152 @@
+//! UTC times read the way the aggregator writes them.
+//!
+//! The aggregator is a .NET service: its `DateTime`s come with or without `Z`, sometimes with
+//! an offset, and with 0 to 7 fractional digits. All of them are read here into
+//! [`DateTime<Utc>`]: a time without an offset is taken as UTC (the spec's fields are all
+//! "DateTime (UTC)"), a time with an offset is converted. Times are written back as RFC 3339
+//! with `Z`.
+
+use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Deserializer, Serializer, de};
+use std::borrow::Cow;
+
+/// Why a piece of text is not a time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a date-time (expected RFC 3339, e.g. 2026-01-02T03:04:05Z)")]
+pub struct TimestampError(String);
+
+/// Parses a date-time leniently into UTC.
+///
+/// # Errors
+///
+/// [`TimestampError`] when the text is not a date-time in any of the accepted forms.
+///
+/// # Examples
+///
+/// ```
+/// use payhook::model::parse_utc;
+///
+/// let with_offset = parse_utc("2026-01-02T06:04:05+03:00")?;
+/// let without = parse_utc("2026-01-02T03:04:05")?;
+/// assert_eq!(with_offset, without);
+/// # Ok::<(), payhook::model::TimestampError>(())
+/// ```
+pub fn parse_utc(text: &str) -> Result<DateTime<Utc>, TimestampError> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+        .map(|naive| naive.and_utc())
+        .ok_or_else(|| TimestampError(text.chars().take(40).collect()))
+}
+
+/// Formats a time as RFC 3339 with `Z`, with as many fractional digits as it needs.
+pub fn format_utc(time: &DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+}
+
+/// `#[serde(with = "timestamp::utc")]` for a required time.
+pub(crate) mod utc {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(
+        time: &DateTime<Utc>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format_utc(time))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<DateTime<Utc>, D::Error> {
+        let text = Cow::<str>::deserialize(deserializer)?;
+        parse_utc(&text).map_err(de::Error::custom)
+    }
+}
+
+/// `#[serde(with = "timestamp::utc_opt")]` for a nullable time (`null` and absence are `None`).
+pub(crate) mod utc_opt {
+    use super::*;
+
+    pub(crate) fn serialize<S: Serializer>(
+        time: &Option<DateTime<Utc>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match time {
+            Some(time) => serializer.serialize_str(&format_utc(time)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<DateTime<Utc>>, D::Error> {
+        match Option::<Cow<str>>::deserialize(deserializer)? {
+            Some(text) => parse_utc(&text).map(Some).map_err(de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Timelike};
+
+    fn utc(text: &str) -> DateTime<Utc> {
+        parse_utc(text).unwrap()
+    }
+
+    #[test]
+    fn zulu_times_are_read() {
+        assert_eq!(
+            utc("2026-01-02T03:04:05Z"),
+            Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap()
+        );
+    }
+
+    #[test]
+    fn seven_fractional_digits_as_dotnet_writes_them_are_kept() {
+        let time = utc("2026-01-02T03:04:05.1234567Z");
+        assert_eq!(time.nanosecond(), 123_456_700);
+    }
+
+    #[test]
+    fn a_time_without_offset_is_taken_as_utc() {
+        assert_eq!(utc("2026-01-02T03:04:05"), utc("2026-01-02T03:04:05Z"));
+        assert_eq!(
+            utc("2026-01-02T03:04:05.5"),
+            utc("2026-01-02T03:04:05.500Z")
+        );
+    }
+
+    #[test]
+    fn an_offset_is_converted_to_utc() {
+        assert_eq!(
+            utc("2026-01-02T06:04:05+03:00"),
+            utc("2026-01-02T03:04:05Z")
+        );
+    }
+
+    #[test]
+    fn times_are_written_as_rfc3339_with_z() {
+        assert_eq!(
+            format_utc(&utc("2026-01-02T06:04:05+03:00")),
+            "2026-01-02T03:04:05Z"
+        );
+        assert_eq!(
+            format_utc(&utc("2026-01-02T03:04:05.1234567")),
+            "2026-01-02T03:04:05.123456700Z"
+        );
+    }
+
+    #[test]
+    fn garbage_is_a_clear_error() {
+        for text in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-01-02"] {
+            let error = parse_utc(text).unwrap_err();
+            assert!(error.to_string().contains("is not a date-time"), "{text}");
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The two validation exchanges (spec 2.3, 2.4, 3.2, 4.2) and the postponed result (4.1).
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Provider, ProviderCandidate, TransactionType, amount, null_as_default};
+
+/// Merchant data (spec 2.3), sent in both validation requests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MerchantData {
+    /// Per-merchant constant GUID. Kept as text: compare it with your own configured value.
+    pub merchant_hash: String,
+    /// The merchant's identifier of its client.
+    pub client_id: String,
+    /// Data supplied at payment initialization, as sent (`null` when absent).
+    #[serde(default)]
+    pub additional_data: Value,
+}
+
+/// Payment data of a providers validation request (spec 2.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvidersPaymentData {
+    /// Unique transaction stamp.
+    pub nonce: String,
+    /// Amount to deposit or withdraw, exact.
+    #[serde(with = "amount::exact")]
+    pub amount: Decimal,
+    /// ISO currency code.
+    pub currency: String,
+    /// Tag filter: empty allows all providers, otherwise a provider needs one matching tag.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub provider_tags: Vec<String>,
+    /// Provider already chosen, if any.
+    #[serde(default)]
+    pub provider_id: Option<i64>,
+    /// Payment type, one of the aggregator's predefined types.
+    #[serde(default)]
+    pub pay_type: Option<String>,
+}
+
+/// The `transactionData` of a providers validation request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransactionData {
+    /// Merchant data, unchanged from payment initialization.
+    pub merchant_data: MerchantData,
+    /// What is being paid.
+    pub payment_data: ProvidersPaymentData,
+    /// `true` for a deposit (cash-in), `false` for a withdrawal.
+    pub cash_in: bool,
+}
+
+/// Body the aggregator POSTs to the providers validation URL (spec 4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvidersValidationRequest {
+    /// The transaction the providers are for.
+    pub transaction_data: TransactionData,
+    /// Candidate providers.
+    pub providers: Vec<ProviderCandidate>,
+}
+
+impl ProvidersValidationRequest {
+    /// The nonce of the transaction.
+    pub fn nonce(&self) -> &str {
+        &self.transaction_data.payment_data.nonce
+    }
+
+    /// Deposit or withdrawal, from `cashIn`.
+    pub fn transaction_type(&self) -> TransactionType {
+        TransactionType::from_cash_in(self.transaction_data.cash_in)
+    }
+}
+
+/// Body the merchant answers a providers validation with (spec 4.2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvidersValidationResponse {
+    /// Providers available for this client.
+    pub providers: Vec<Provider>,
+    /// Additional information.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub message: String,
+}
+
+/// Payment data of a transaction validation request (spec 2.4, 4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationPaymentData {
+    /// Unique transaction stamp.
+    pub nonce: String,
+    /// Amount to deposit or withdraw, exact.
+    #[serde(with = "amount::exact")]
+    pub amount: Decimal,
+    /// ISO currency code.
+    pub currency: String,
+    /// The provider the client chose.
+    pub provider_id: i64,
+}
+
+/// Body the aggregator POSTs to the transaction validation URL (spec 4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransactionValidationRequest {
+    /// Merchant data, including the client data needed to identify the client.
+    pub merchant_data: MerchantData,
+    /// What is being paid.
+    pub payment_data: ValidationPaymentData,
+    /// Data the provider needs, as sent (`null` when absent).
+    #[serde(default)]
+    pub provider_data: Value,
+    /// Identifies this validation operation; a postponed result refers to it.
+    pub validation_id: i64,
+    /// `true` for a deposit (cash-in), `false` for a withdrawal.
+    pub cash_in: bool,
+}
+
+impl TransactionValidationRequest {
+    /// The nonce of the transaction.
+    pub fn nonce(&self) -> &str {
+        &self.payment_data.nonce
+    }
+
+    /// Deposit or withdrawal, from `cashIn`.
+    pub fn transaction_type(&self) -> TransactionType {
+        TransactionType::from_cash_in(self.cash_in)
+    }
+}
+
+/// Body of `POST {gateway_url}/api/v1/transactions/validation`: the result of a postponed
+/// validation (spec 3.2, 4.1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostponedValidationResult {
+    /// The `validationId` of the validation request.
+    pub validation_id: i64,
+    /// Whether the client was validated for the transaction.
+    pub success: bool,
+    /// Explanation of the result.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub description: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tests::round_trip;
+
+    const PROVIDERS_VALIDATION: &str = r#"{
+        "transactionData": {
+            "merchantData": {"merchantHash": "6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60", "clientId": "client-42",
+                             "additionalData": {"email": "a@example.com"}},
+            "paymentData": {"nonce": "n-1", "amount": 10.50, "currency": "EUR", "providerTags": ["fiat"],
+                            "providerId": null, "payType": "card"},
+            "cashIn": true
+        },
+        "providers": [{"id": 11, "name": "Card", "collabId": 3, "currencies": [{"id": 1, "code": "EUR"}],
+                       "payTypes": [{"id": 5, "code": "card", "name": "Bank card", "cashIn": true, "cashOut": false,
+                                     "isCashInEnabled": true, "isCashOutEnabled": false}]}]
+    }"#;
+
+    #[test]
+    fn providers_validation_request_round_trips() {
+        let request: ProvidersValidationRequest = round_trip(PROVIDERS_VALIDATION);
+        assert_eq!(request.nonce(), "n-1");
+        assert_eq!(
+            request.transaction_data.payment_data.amount.to_string(),
+            "10.50"
+        );
+        assert_eq!(request.transaction_type(), TransactionType::Deposit);
+        assert_eq!(
+            request.transaction_data.merchant_data.additional_data["email"],
+            "a@example.com"
+        );
+    }
+
+    #[test]
+    fn providers_validation_response_round_trips() {
+        let response: ProvidersValidationResponse = round_trip(
+            r#"{"providers":[{"id":11,"name":"Card","collabId":3,"currencies":[{"id":1,"code":"EUR"}],"payTypes":[]}],
+                "message":"1 provider available"}"#,
+        );
+        assert_eq!(response.providers.len(), 1);
+    }
+
+    #[test]
+    fn transaction_validation_request_round_trips() {
+        let request: TransactionValidationRequest = round_trip(
+            r#"{"merchantData":{"merchantHash":"6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60","clientId":"client-42","additionalData":null},
+                "paymentData":{"nonce":"n-2","amount":79228162514264337593543950335,"currency":"USD","providerId":11},
+                "providerData":{"cardBin":"411111"},"validationId":9007199254740993,"cashIn":false}"#,
+        );
+        assert_eq!(
+            request.validation_id, 9_007_199_254_740_993,
+            "a long beyond f64's exact range"
+        );
+        assert_eq!(
+            request.payment_data.amount.to_string(),
+            "79228162514264337593543950335"
+        );
+        assert_eq!(request.transaction_type(), TransactionType::Withdrawal);
+    }
+
+    #[test]
+    fn optional_parts_may_be_absent_and_unknown_fields_are_ignored() {
+        let request: TransactionValidationRequest = serde_json::from_str(
+            r#"{"merchantData":{"merchantHash":"h","clientId":"c","future":1},
+                "paymentData":{"nonce":"n","amount":"1.00","currency":"EUR","providerId":1,"extra":[1]},
+                "validationId":1,"cashIn":true,"newField":{"x":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(request.provider_data, Value::Null);
+        assert_eq!(request.merchant_data.additional_data, Value::Null);
+    }
+
+    #[test]
+    fn postponed_validation_result_round_trips() {
+        let result: PostponedValidationResult =
+            round_trip(r#"{"validationId":77,"success":false,"description":"client blocked"}"#);
+        assert!(!result.success);
+    }
+}

@@ -1,0 +1,465 @@
+//! The HTTP side: an [`App`] that answers the aggregator's calls, and [`serve`] that runs it
+//! on a socket.
+//!
+//! A request goes through the same steps on every endpoint, each of which can end it with
+//! the answer of [`problem`]'s table:
+//!
+//! 1. route on the path (404) and the method (405 with `Allow`);
+//! 2. require a JSON content type (415);
+//! 3. read the body: `Content-Length` over the limit is refused before reading, a body that
+//!    grows over it while streaming is cut off (413), a body that does not arrive within
+//!    `request_timeout` is answered 408;
+//! 4. parse it into the endpoint's typed request (400 naming the field, line and column);
+//! 5. run the merchant's handler on its own task, within `handler_timeout`, and turn its
+//!    decision into the answer.
+//!
+//! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
+//! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
+
+mod problem;
+mod request;
+mod route;
+mod serve;
+
+use bytes::Bytes;
+use chrono::Utc;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::Full;
+use serde::de::DeserializeOwned;
+use std::{
+    convert::Infallible,
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::Instant,
+};
+use tracing::{Instrument, field};
+
+use crate::config::{CallbackConfig, Config, ServerConfig};
+use crate::handler::{
+    BoxFuture, CallbackDecision, CallbackReceiver, ErasedCallback, ErasedProviders,
+    ErasedValidation, ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
+};
+use crate::model::{
+    CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
+    TransactionValidationRequest,
+};
+use problem::{Problem, json_response};
+use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
+use route::{Endpoint, Route, Router};
+
+pub use serve::{serve, shutdown_signal};
+
+/// Body type of every answer.
+pub type ResponseBody = Full<Bytes>;
+
+/// Address of the peer, put in a request's extensions by [`serve`]. A server of your own can
+/// insert it too, so that handlers see the caller's address in [`RequestContext::peer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Why an [`App`] could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// No handler was given: the app would serve nothing.
+    #[error(
+        "no handler: give at least one of providers_validator, transaction_validator, callback_receiver"
+    )]
+    NoHandlers,
+    /// A callback receiver without signature verification and without the explicit opt-out.
+    #[error(
+        "callbacks would be accepted without a signature check: configure the aggregator's public key, \
+         or set callback.allow_unsigned = true to accept unsigned callbacks deliberately"
+    )]
+    UnsignedCallbacks,
+    /// The configuration is not valid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// The merchant's endpoints as one HTTP service. Cheap to clone: clones share the handlers.
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+/// Created once by [`AppBuilder::build`]; lives as long as any clone of the [`App`].
+struct Inner {
+    server: ServerConfig,
+    callback: CallbackConfig,
+    router: Router,
+    providers: Option<Arc<dyn ErasedProviders>>,
+    validation: Option<Arc<dyn ErasedValidation>>,
+    callbacks: Option<Arc<dyn ErasedCallback>>,
+    /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
+    draining: AtomicBool,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("router", &self.inner.router)
+            .field("server", &self.inner.server)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`App`]: give it the configuration and the handlers you implement.
+///
+/// ```
+/// use payhook::{App, Config};
+/// use payhook::handler::{CallbackDecision, CallbackReceiver, RequestContext};
+/// use payhook::model::CallbackBody;
+///
+/// struct Ledger;
+/// impl CallbackReceiver for Ledger {
+///     async fn receive_callback(&self, _: CallbackBody, _: RequestContext)
+///         -> Result<CallbackDecision, payhook::HandlerError> {
+///         Ok(CallbackDecision::Ack)
+///     }
+/// }
+///
+/// let mut config = Config::default();
+/// // Unsigned callbacks are refused unless you opt out explicitly.
+/// assert!(App::builder(config.clone()).callback_receiver(Ledger).build().is_err());
+/// config.callback.allow_unsigned = true;
+/// let app = App::builder(config).callback_receiver(Ledger).build()?;
+/// # let _ = app;
+/// # Ok::<(), payhook::server::BuildError>(())
+/// ```
+#[must_use]
+pub struct AppBuilder {
+    config: Config,
+    providers: Option<Arc<dyn ErasedProviders>>,
+    validation: Option<Arc<dyn ErasedValidation>>,
+    callbacks: Option<Arc<dyn ErasedCallback>>,
+}
+
+impl App {
+    /// Starts building an app with `config` (paths, limits, timeouts, callback policy).
+    pub fn builder(config: Config) -> AppBuilder {
+        AppBuilder {
+            config,
+            providers: None,
+            validation: None,
+            callbacks: None,
+        }
+    }
+
+    /// The server settings this app was built with.
+    pub fn server_config(&self) -> &ServerConfig {
+        &self.inner.server
+    }
+
+    /// Marks the app as shutting down: `/readyz` answers 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.inner.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Answers one request. Never fails: every problem is an HTTP answer.
+    pub async fn handle<B>(&self, request: Request<B>) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let id = request_id(request.headers());
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id,
+            method = %request.method(),
+            path = %request.uri().path(),
+            nonce = field::Empty,
+        );
+        let mut response = self
+            .dispatch(request, id.clone())
+            .instrument(span.clone())
+            .await;
+        if let Ok(value) = HeaderValue::from_str(&id) {
+            response.headers_mut().insert(REQUEST_ID_HEADER, value);
+        }
+        let status = response.status().as_u16();
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        span.in_scope(|| match status {
+            500.. => tracing::error!(status, elapsed_ms, "answered"),
+            400.. => tracing::warn!(status, elapsed_ms, "answered"),
+            _ => tracing::debug!(status, elapsed_ms, "answered"),
+        });
+        response
+    }
+
+    async fn dispatch<B>(&self, request: Request<B>, request_id: String) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let inner = &self.inner;
+        let Some(route) = inner.router.route(request.uri().path()) else {
+            return Problem::NotFound.into_response();
+        };
+        if !route.accepts(request.method()) {
+            return Problem::MethodNotAllowed {
+                allow: route.allow(),
+            }
+            .into_response();
+        }
+        let endpoint = match route {
+            Route::Health => return json_response(StatusCode::OK, &ErrorBody::new("ok")),
+            Route::Ready if inner.draining.load(Ordering::Relaxed) => {
+                return Problem::NotReady.into_response();
+            }
+            Route::Ready => return json_response(StatusCode::OK, &ErrorBody::new("ready")),
+            Route::Endpoint(endpoint) => endpoint,
+        };
+        let (parts, body) = request.into_parts();
+        if !is_json(&parts.headers) {
+            return Problem::UnsupportedMediaType.into_response();
+        }
+        let bytes = match read_body(
+            &parts.headers,
+            body,
+            inner.server.body_limit,
+            inner.server.request_timeout,
+        )
+        .await
+        {
+            Ok(bytes) => bytes,
+            Err(problem) => return problem.into_response(),
+        };
+        let ctx = RequestContext {
+            request_id,
+            peer: parts.extensions.get::<PeerAddr>().map(|p| p.0),
+            received_at: Utc::now(),
+            headers: parts.headers,
+        };
+        let answer = match endpoint {
+            Endpoint::ProvidersValidation => self.providers_validation(&bytes, ctx).await,
+            Endpoint::TransactionValidation => self.transaction_validation(&bytes, ctx).await,
+            Endpoint::Callback => self.callback(&bytes, ctx).await,
+        };
+        answer.unwrap_or_else(Problem::into_response)
+    }
+
+    async fn providers_validation(
+        &self,
+        bytes: &[u8],
+        ctx: RequestContext,
+    ) -> Result<Response<ResponseBody>, Problem> {
+        let Some(handler) = self.inner.providers.clone() else {
+            return Err(Problem::NotFound);
+        };
+        let request = parse_tracked(bytes, ProvidersValidationRequest::nonce)?;
+        let decision = self
+            .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
+            .await?;
+        let body = ProvidersValidationResponse {
+            providers: decision.providers,
+            message: decision.message,
+        };
+        Ok(json_response(StatusCode::OK, &body))
+    }
+
+    async fn transaction_validation(
+        &self,
+        bytes: &[u8],
+        ctx: RequestContext,
+    ) -> Result<Response<ResponseBody>, Problem> {
+        let Some(handler) = self.inner.validation.clone() else {
+            return Err(Problem::NotFound);
+        };
+        let request = parse_tracked(bytes, TransactionValidationRequest::nonce)?;
+        let validation_id = request.validation_id;
+        match self
+            .run(Endpoint::TransactionValidation, handler.call(request, ctx))
+            .await?
+        {
+            ValidationDecision::Allow => Ok(json_response(
+                StatusCode::OK,
+                &ErrorBody::new("client allowed"),
+            )),
+            ValidationDecision::Deny { message } => Err(Problem::Denied(message)),
+            ValidationDecision::Postpone => {
+                tracing::error!(
+                    validation_id,
+                    "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
+                );
+                Err(Problem::NotAwaitable)
+            }
+        }
+    }
+
+    async fn callback(
+        &self,
+        bytes: &[u8],
+        ctx: RequestContext,
+    ) -> Result<Response<ResponseBody>, Problem> {
+        let Some(handler) = self.inner.callbacks.clone() else {
+            return Err(Problem::NotFound);
+        };
+        let callback = parse_tracked(bytes, |c: &CallbackBody| &c.nonce)?;
+        match self
+            .run(Endpoint::Callback, handler.call(callback, ctx))
+            .await?
+        {
+            CallbackDecision::Ack => Ok(json_response(
+                StatusCode::OK,
+                &ErrorBody::new("callback accepted"),
+            )),
+            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
+                reason,
+                retry_after: self.inner.callback.retry_after,
+            }),
+        }
+    }
+
+    /// Runs a handler on its own task within the handler timeout.
+    ///
+    /// The task is not cancelled when the client goes away, so that a handler is never
+    /// stopped half-way by a dropped connection; it is aborted when it overruns the timeout.
+    async fn run<T: Send + 'static>(
+        &self,
+        endpoint: Endpoint,
+        handler: BoxFuture<T>,
+    ) -> Result<T, Problem> {
+        let retry_after = self.inner.callback.retry_after;
+        let mut task = tokio::spawn(handler.in_current_span());
+        match tokio::time::timeout(self.inner.server.handler_timeout, &mut task).await {
+            Ok(Ok(Ok(decision))) => Ok(decision),
+            Ok(Ok(Err(error))) => {
+                tracing::error!(endpoint = endpoint.name(), error = %error, "handler failed");
+                Err(Problem::HandlerFailed {
+                    endpoint,
+                    retry_after,
+                })
+            }
+            Ok(Err(join_error)) => {
+                tracing::error!(endpoint = endpoint.name(), error = %join_error, "handler panicked");
+                Err(Problem::HandlerFailed {
+                    endpoint,
+                    retry_after,
+                })
+            }
+            Err(_elapsed) => {
+                task.abort();
+                tracing::error!(endpoint = endpoint.name(), timeout = ?self.inner.server.handler_timeout, "handler timed out");
+                Err(Problem::HandlerTimedOut {
+                    endpoint,
+                    retry_after,
+                })
+            }
+        }
+    }
+}
+
+/// Parses a request and records its nonce on the current span.
+fn parse_tracked<T: DeserializeOwned>(
+    bytes: &[u8],
+    nonce: impl Fn(&T) -> &str,
+) -> Result<T, Problem> {
+    let request = parse_json::<T>(bytes)?;
+    tracing::Span::current().record("nonce", nonce(&request));
+    Ok(request)
+}
+
+impl AppBuilder {
+    /// Serves the providers validation endpoint with `handler`. Default: not served (404).
+    pub fn providers_validator(mut self, handler: impl ProvidersValidator) -> Self {
+        self.providers = Some(Arc::new(handler));
+        self
+    }
+
+    /// Serves the transaction validation endpoint with `handler`. Default: not served (404).
+    pub fn transaction_validator(mut self, handler: impl TransactionValidator) -> Self {
+        self.validation = Some(Arc::new(handler));
+        self
+    }
+
+    /// Serves the callback endpoint with `handler`. Default: not served (404).
+    pub fn callback_receiver(mut self, handler: impl CallbackReceiver) -> Self {
+        self.callbacks = Some(Arc::new(handler));
+        self
+    }
+
+    /// Checks the configuration and the handlers, and builds the app.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] when no handler is given, when the configuration is invalid, or when a
+    /// callback receiver would accept unsigned callbacks without `callback.allow_unsigned`.
+    pub fn build(self) -> Result<App, BuildError> {
+        self.config.validate()?;
+        if self.providers.is_none() && self.validation.is_none() && self.callbacks.is_none() {
+            return Err(BuildError::NoHandlers);
+        }
+        if self.callbacks.is_some() {
+            // Signature verification is not available yet; until it is, unsigned callbacks
+            // are the only kind, and they need the explicit opt-out.
+            if !self.config.callback.allow_unsigned {
+                return Err(BuildError::UnsignedCallbacks);
+            }
+            tracing::warn!(
+                "callbacks are accepted WITHOUT signature verification (callback.allow_unsigned = true)"
+            );
+        }
+        let served = |endpoint| match endpoint {
+            Endpoint::ProvidersValidation => self.providers.is_some(),
+            Endpoint::TransactionValidation => self.validation.is_some(),
+            Endpoint::Callback => self.callbacks.is_some(),
+        };
+        let router = Router::new(&self.config.paths, served);
+        Ok(App {
+            inner: Arc::new(Inner {
+                server: self.config.server,
+                callback: self.config.callback,
+                router,
+                providers: self.providers,
+                validation: self.validation,
+                callbacks: self.callbacks,
+                draining: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+/// The future of an [`App`] answering one request.
+pub type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
+
+impl<B> hyper::service::Service<Request<B>> for App
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn call(&self, request: Request<B>) -> Self::Future {
+        let app = self.clone();
+        Box::pin(async move { Ok(app.handle(request).await) })
+    }
+}
+
+impl<B> tower_service::Service<Request<B>> for App
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        hyper::service::Service::call(self, request)
+    }
+}

@@ -1,0 +1,197 @@
+//! Every non-2xx answer of the server, and the one table that gives each its status code.
+//!
+//! | problem | status | message on the wire |
+//! |---|---|---|
+//! | [`Problem::NotFound`] | 404 | `no endpoint at this path` |
+//! | [`Problem::MethodNotAllowed`] | 405 + `Allow` | `method not allowed; use POST` |
+//! | [`Problem::UnsupportedMediaType`] | 415 | `content type must be application/json` |
+//! | [`Problem::PayloadTooLarge`] | 413 | `request body exceeds N bytes` |
+//! | [`Problem::EmptyBody`] | 400 | `request body is empty` |
+//! | [`Problem::BadRequest`] | 400 | what is wrong, naming the field, line and column |
+//! | [`Problem::BodyTimeout`] | 408 | `request body not received in time` |
+//! | [`Problem::Denied`] | 403 | the merchant's message |
+//! | [`Problem::RetryLater`] | 503 + `Retry-After` | the merchant's reason |
+//! | [`Problem::HandlerFailed`] on a validation | 500 | `internal error` |
+//! | [`Problem::HandlerFailed`] on a callback | 503 + `Retry-After` | `temporarily unable to process the callback` |
+//! | [`Problem::HandlerTimedOut`] | 503 (+ `Retry-After` on a callback) | `request not processed in time` |
+//! | [`Problem::NotAwaitable`] | 500 | `validation cannot be postponed: this endpoint is not Awaitable` |
+//! | [`Problem::NotReady`] | 503 | `shutting down` |
+//!
+//! Client errors carry a short message; internal errors a bare one. Details (handler errors,
+//! panics) are logged where they happen and never reach the wire.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::Full;
+use std::time::Duration;
+
+use super::route::Endpoint;
+use crate::model::ErrorBody;
+
+/// Longest message sent on the wire; parser messages that quote input are cut here.
+const MAX_MESSAGE_CHARS: usize = 300;
+
+/// A request that does not end in a 2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Problem {
+    NotFound,
+    MethodNotAllowed {
+        allow: &'static str,
+    },
+    UnsupportedMediaType,
+    PayloadTooLarge {
+        limit: usize,
+    },
+    EmptyBody,
+    BadRequest(String),
+    BodyTimeout,
+    Denied(String),
+    RetryLater {
+        reason: String,
+        retry_after: Duration,
+    },
+    HandlerFailed {
+        endpoint: Endpoint,
+        retry_after: Duration,
+    },
+    HandlerTimedOut {
+        endpoint: Endpoint,
+        retry_after: Duration,
+    },
+    NotAwaitable,
+    NotReady,
+}
+
+impl Problem {
+    /// The status code: the table above.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::EmptyBody | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Denied(_) => StatusCode::FORBIDDEN,
+            Self::RetryLater { .. } | Self::HandlerTimedOut { .. } | Self::NotReady => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::HandlerFailed {
+                endpoint: Endpoint::Callback,
+                ..
+            } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The message of the `{"message": ...}` body.
+    pub(crate) fn message(&self) -> String {
+        let message = match self {
+            Self::NotFound => "no endpoint at this path".to_owned(),
+            Self::MethodNotAllowed { allow } => format!("method not allowed; use {allow}"),
+            Self::UnsupportedMediaType => "content type must be application/json".to_owned(),
+            Self::PayloadTooLarge { limit } => format!("request body exceeds {limit} bytes"),
+            Self::EmptyBody => "request body is empty".to_owned(),
+            Self::BadRequest(message) | Self::Denied(message) => message.clone(),
+            Self::BodyTimeout => "request body not received in time".to_owned(),
+            Self::RetryLater { reason, .. } => reason.clone(),
+            Self::HandlerFailed {
+                endpoint: Endpoint::Callback,
+                ..
+            } => "temporarily unable to process the callback".to_owned(),
+            Self::HandlerFailed { .. } => "internal error".to_owned(),
+            Self::HandlerTimedOut { .. } => "request not processed in time".to_owned(),
+            Self::NotAwaitable => {
+                "validation cannot be postponed: this endpoint is not Awaitable".to_owned()
+            }
+            Self::NotReady => "shutting down".to_owned(),
+        };
+        truncate(message)
+    }
+
+    /// When the caller should try again, for the answers that invite a retry.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RetryLater { retry_after, .. } => Some(*retry_after),
+            Self::HandlerFailed {
+                endpoint: Endpoint::Callback,
+                retry_after,
+            }
+            | Self::HandlerTimedOut {
+                endpoint: Endpoint::Callback,
+                retry_after,
+            } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The whole HTTP answer.
+    pub(crate) fn into_response(self) -> Response<Full<Bytes>> {
+        let mut response = json_response(self.status(), &ErrorBody::new(self.message()));
+        let headers = response.headers_mut();
+        if let Self::MethodNotAllowed { allow } = self {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if let Some(after) = self.retry_after() {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(after.as_secs().max(1)),
+            );
+        }
+        response
+    }
+}
+
+/// A JSON answer with `status` and `body`.
+pub(crate) fn json_response(
+    status: StatusCode,
+    body: &impl serde::Serialize,
+) -> Response<Full<Bytes>> {
+    // Serializing our own response types cannot fail; an empty object is the safe fallback.
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn truncate(mut message: String) -> String {
+    if let Some((at, _)) = message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        message.truncate(at);
+        message.push('…');
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callback_failures_invite_a_retry_and_validation_failures_do_not() {
+        let retry_after = Duration::from_secs(30);
+        let callback = Problem::HandlerFailed {
+            endpoint: Endpoint::Callback,
+            retry_after,
+        }
+        .into_response();
+        assert_eq!(callback.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(callback.headers()[header::RETRY_AFTER], "30");
+        let validation = Problem::HandlerFailed {
+            endpoint: Endpoint::TransactionValidation,
+            retry_after,
+        }
+        .into_response();
+        assert_eq!(validation.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(validation.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let message = Problem::BadRequest("x".repeat(10_000)).message();
+        assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1);
+    }
+}

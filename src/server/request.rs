@@ -1,0 +1,193 @@
+//! Reading a request: its id, its content type, its body within limits, its JSON.
+
+use bytes::Bytes;
+use http::{HeaderMap, header};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+use super::problem::Problem;
+
+/// Header carrying the request id, both ways.
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longest caller-supplied request id that is adopted.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The caller's request id when it is short and plain, else a new UUID.
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| {
+            (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+}
+
+/// `true` for `application/json` (or `application/*+json`), with no charset but UTF-8.
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let mut parts = value.split(';');
+    let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    json && parts.all(|param| match param.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    })
+}
+
+/// `Some(length)` when `Content-Length` is present and valid.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Reads the whole body: refused before reading when `Content-Length` is over `limit`, cut
+/// off while streaming when the bytes exceed it, and bounded by `timeout`.
+pub(crate) async fn read_body<B>(
+    headers: &HeaderMap,
+    body: B,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, Problem>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if declared_length(headers).is_some_and(|length| length > limit as u64) {
+        return Err(Problem::PayloadTooLarge { limit });
+    }
+    let collected = tokio::time::timeout(timeout, Limited::new(body, limit).collect())
+        .await
+        .map_err(|_| Problem::BodyTimeout)?;
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Problem::PayloadTooLarge { limit }),
+        Err(error) => {
+            tracing::debug!(%error, "request body unreadable");
+            Err(Problem::BadRequest(
+                "request body could not be read".to_owned(),
+            ))
+        }
+    }
+}
+
+/// Parses a JSON body into `T`; the error names the field, line and column.
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Problem::EmptyBody);
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        Problem::BadRequest(match inner.classify() {
+            serde_json::error::Category::Data if path != "." => {
+                format!("invalid field `{path}`: {inner}")
+            }
+            serde_json::error::Category::Data => format!("invalid request: {inner}"),
+            _ => format!("malformed JSON: {inner}"),
+        })
+    })?;
+    deserializer
+        .end()
+        .map_err(|inner| Problem::BadRequest(format!("malformed JSON: {inner}")))?;
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn with_content_type(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn json_content_types_are_recognised() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON;charset=\"UTF-8\"",
+            "application/problem+json",
+        ] {
+            assert!(is_json(&with_content_type(ok)), "{ok}");
+        }
+        for refused in [
+            "text/plain",
+            "application/json; charset=latin1",
+            "application/x-www-form-urlencoded",
+            "json",
+        ] {
+            assert!(!is_json(&with_content_type(refused)), "{refused}");
+        }
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn sane_request_ids_are_adopted_and_others_replaced() {
+        let mut headers = HeaderMap::new();
+        headers.insert(REQUEST_ID_HEADER, HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&headers), "abc-123");
+        headers.insert(REQUEST_ID_HEADER, HeaderValue::from_static("<script>"));
+        assert_ne!(request_id(&headers), "<script>");
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code, reason = "only parsed")]
+    struct Outer {
+        inner: Inner,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code, reason = "only parsed")]
+    struct Inner {
+        count: u32,
+    }
+
+    #[test]
+    fn parse_errors_name_the_field_and_position() {
+        let Err(Problem::BadRequest(message)) =
+            parse_json::<Outer>(br#"{"inner": {"count": "x"}}"#)
+        else {
+            panic!("expected a bad request");
+        };
+        assert!(
+            message.contains("inner.count") && message.contains("line 1 column"),
+            "{message}"
+        );
+        let Err(Problem::BadRequest(message)) = parse_json::<Outer>(b"{\"inner\": ") else {
+            panic!()
+        };
+        assert!(message.starts_with("malformed JSON"), "{message}");
+        let Err(Problem::BadRequest(message)) =
+            parse_json::<Outer>(br#"{"inner": {"count": 1}} trailing"#)
+        else {
+            panic!()
+        };
+        assert!(message.contains("trailing"), "{message}");
+        assert_eq!(
+            parse_json::<Outer>(b"  \n").unwrap_err(),
+            Problem::EmptyBody
+        );
+    }
+}
