@@ -76,6 +76,8 @@
 //!
 //! The `payhook` binary (`src/main.rs`) is a thin command line over this library.
 
+#![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
+
 pub mod config;
 mod error;
 pub mod handler;

@@ -11,7 +11,7 @@ use crate::model::{Provider, ProviderCandidate, ProvidersValidationRequest};
 /// assert!(tags_allow(&[], &["crypto"]));
 /// assert!(tags_allow(&["fiat".into()], &["FIAT", "eu"]));
 /// assert!(!tags_allow(&["fiat".into()], &["crypto"]));
-/// assert!(!tags_allow(&["fiat".into()], &[]));
+/// assert!(!tags_allow::<&str>(&["fiat".into()], &[]));
 /// ```
 pub fn tags_allow<S: AsRef<str>>(requested: &[String], provider_tags: &[S]) -> bool {
     requested.is_empty()

@@ -84,9 +84,12 @@ pub fn parse_amount(text: &str) -> Result<Decimal, AmountError> {
 /// Multiplies by `10^exponent` exactly, or gives `None` when that cannot be done.
 fn apply_exponent(mut value: Decimal, exponent: i64) -> Option<Decimal> {
     if exponent >= 0 {
+        let scale = value.scale();
         for _ in 0..exponent {
             value = value.checked_mul(Decimal::TEN)?;
         }
+        // 1.25e2 is 125, not 125.00: the digits the exponent moved left of the point go.
+        value.rescale(scale.saturating_sub(u32::try_from(exponent).ok()?));
         Some(value)
     } else {
         let scale = i64::from(value.scale()).checked_add(exponent.checked_neg()?)?;
@@ -245,7 +248,8 @@ mod tests {
 
     #[test]
     fn exponents_are_applied_exactly() {
-        assert_eq!(amount_of(r#"{"amount": 1.25E2}"#), "125.00");
+        assert_eq!(amount_of(r#"{"amount": 1.25E2}"#), "125");
+        assert_eq!(amount_of(r#"{"amount": 1.255e2}"#), "125.5");
         assert_eq!(amount_of(r#"{"amount": 125e-2}"#), "1.25");
     }
 

@@ -2,7 +2,7 @@
 //! on a socket.
 //!
 //! A request goes through the same steps on every endpoint, each of which can end it with
-//! the answer of [`problem`]'s table:
+//! the answer of the status code table (in `src/server/problem.rs`, and in the README):
 //!
 //! 1. route on the path (404) and the method (405 with `Allow`);
 //! 2. require a JSON content type (415);

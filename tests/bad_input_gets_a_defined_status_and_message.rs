@@ -1,0 +1,266 @@
+//! Every bad input, on every endpoint, gets its defined status code and a `{"message"}` body,
+//! and never reaches the merchant's handler.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+/// Each endpoint with its valid fixture, the pointer to its amount and to a required field.
+const ENDPOINTS: [(&str, &str, &str, &str); 3] = [
+    (
+        PROVIDERS_PATH,
+        PROVIDERS_VALIDATION,
+        "/transactionData/paymentData/amount",
+        "/transactionData/paymentData/nonce",
+    ),
+    (
+        VALIDATION_PATH,
+        TRANSACTION_VALIDATION,
+        "/paymentData/amount",
+        "/validationId",
+    ),
+    (CALLBACK_PATH, CALLBACK, "/amount", "/nonce"),
+];
+
+async fn assert_refused(
+    server: &TestServer,
+    path: &str,
+    request: &[u8],
+    status: u16,
+    message_part: &str,
+) {
+    let response = server.send(request).await;
+    assert_eq!(
+        response.status,
+        status,
+        "{path}: {:?}",
+        String::from_utf8_lossy(&response.body)
+    );
+    let message = response.message();
+    assert!(
+        message.contains(message_part),
+        "{path}: `{message}` should contain `{message_part}`"
+    );
+}
+
+fn json_post(path: &str, body: &[u8]) -> Vec<u8> {
+    post(path, &[("Content-Type", "application/json")], body)
+}
+
+#[tokio::test]
+async fn an_empty_body_is_400() {
+    let server = TestServer::start().await;
+    for (path, ..) in ENDPOINTS {
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, b""),
+            400,
+            "request body is empty",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn invalid_json_is_400_with_line_and_column() {
+    let server = TestServer::start().await;
+    for (path, ..) in ENDPOINTS {
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, b"{\"nonce\": \"n\",\n  oops}"),
+            400,
+            "line 2 column",
+        )
+        .await;
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, b"{\"nonce\": "),
+            400,
+            "malformed JSON",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_wrong_type_for_amount_is_400_naming_the_field() {
+    let server = TestServer::start().await;
+    for (path, fixture, amount, _) in ENDPOINTS {
+        let field = amount.trim_start_matches('/').replace('/', ".");
+        for bad in [json!(true), json!("ten"), json!({"value": 1}), json!(null)] {
+            let body = with(fixture, amount, Some(bad.clone()));
+            assert_refused(
+                &server,
+                path,
+                &json_post(path, body.as_bytes()),
+                400,
+                &field,
+            )
+            .await;
+        }
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn an_amount_that_cannot_be_held_exactly_is_400_not_rounded() {
+    let server = TestServer::start().await;
+    let body = CALLBACK.replace(
+        "\"amount\": 0.1",
+        "\"amount\": 79228162514264337593543950336",
+    );
+    assert_refused(
+        &server,
+        CALLBACK_PATH,
+        &json_post(CALLBACK_PATH, body.as_bytes()),
+        400,
+        "out of range",
+    )
+    .await;
+    let body = CALLBACK.replace(
+        "\"amount\": 0.1",
+        "\"amount\": 0.12345678901234567890123456789",
+    );
+    assert_refused(
+        &server,
+        CALLBACK_PATH,
+        &json_post(CALLBACK_PATH, body.as_bytes()),
+        400,
+        "fractional digits",
+    )
+    .await;
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_missing_required_field_is_400_naming_it() {
+    let server = TestServer::start().await;
+    for (path, fixture, _, required) in ENDPOINTS {
+        let name = required.rsplit('/').next().unwrap();
+        let body = with(fixture, required, None);
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, body.as_bytes()),
+            400,
+            &format!("missing field `{name}`"),
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_before_reading_when_content_length_says_so() {
+    let server = TestServer::start().await;
+    for (path, ..) in ENDPOINTS {
+        // Only the headers are sent: the answer must come without the body being read.
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            2 * 1024 * 1024
+        );
+        assert_refused(&server, path, head.as_bytes(), 413, "exceeds 1048576 bytes").await;
+    }
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_413_while_streaming() {
+    let server = TestServer::start().await;
+    let chunk = vec![b' '; 64 * 1024];
+    for (path, ..) in ENDPOINTS {
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        .into_bytes();
+        for _ in 0..20 {
+            request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            request.extend_from_slice(&chunk);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"0\r\n\r\n");
+        assert_refused(&server, path, &request, 413, "exceeds").await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_body_just_under_the_limit_is_read() {
+    let server = TestServer::start().await;
+    let mut body = CALLBACK.to_owned();
+    body.push_str(&" ".repeat(1024 * 1024 - body.len()));
+    let response = server
+        .send(&json_post(CALLBACK_PATH, body.as_bytes()))
+        .await;
+    assert_eq!(response.status, 200);
+}
+
+#[tokio::test]
+async fn a_wrong_content_type_is_415() {
+    let server = TestServer::start().await;
+    for (path, fixture, ..) in ENDPOINTS {
+        for content_type in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/json; charset=iso-8859-1",
+        ] {
+            let request = post(path, &[("Content-Type", content_type)], fixture.as_bytes());
+            assert_refused(&server, path, &request, 415, "application/json").await;
+        }
+        assert_refused(
+            &server,
+            path,
+            &post(path, &[], fixture.as_bytes()),
+            415,
+            "application/json",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_wrong_method_is_405_with_allow() {
+    let server = TestServer::start().await;
+    for (path, ..) in ENDPOINTS {
+        for method in ["GET", "PUT", "DELETE"] {
+            let response = server.send(&request(method, path, &[], None)).await;
+            assert_eq!(response.status, 405, "{method} {path}");
+            assert_eq!(response.header("allow"), Some("POST"));
+            assert!(response.message().contains("POST"));
+        }
+    }
+    let response = server.send(&post("/healthz", &[], b"")).await;
+    assert_eq!(
+        (response.status, response.header("allow")),
+        (405, Some("GET, HEAD"))
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_path_is_404() {
+    let server = TestServer::start().await;
+    for path in ["/", "/payhook", "/payhook/callbacks", "/api/v1/login"] {
+        let response = server.send(&json_post(path, CALLBACK.as_bytes())).await;
+        assert_eq!(response.status, 404, "{path}");
+        assert_eq!(response.message(), "no endpoint at this path");
+    }
+}
+
+#[tokio::test]
+async fn configured_paths_replace_the_defaults() {
+    let mut config = test_config();
+    config.paths.callback = "/hooks/payments".to_owned();
+    let server = TestServer::start_with(config).await;
+    assert_eq!(
+        server.post_json("/hooks/payments", CALLBACK).await.status,
+        200
+    );
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 404);
+}

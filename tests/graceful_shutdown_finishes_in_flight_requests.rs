@@ -1,0 +1,72 @@
+//! On shutdown the server stops accepting, lets in-flight requests finish, then returns.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use serde_json::json;
+use support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+#[tokio::test]
+async fn an_in_flight_callback_finishes_after_shutdown_begins() {
+    let mut server = TestServer::start().await;
+    let body = with(CALLBACK, "/clientId", Some(json!("gate")));
+
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(&post(
+            CALLBACK_PATH,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        ))
+        .await
+        .unwrap();
+    // The handler is now running and holds the request open.
+    tokio::time::timeout(DEADLINE, server.merchant.entered_gate.notified())
+        .await
+        .unwrap();
+
+    server.shut_down();
+    // The listener closes: new connections are refused while the old one is still served.
+    let addr = server.addr;
+    let refused = async {
+        loop {
+            if TcpStream::connect(addr).await.is_err() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(DEADLINE, refused)
+        .await
+        .expect("the listener closes on shutdown");
+    assert!(
+        !server.task.is_finished(),
+        "serve() waits for the in-flight request"
+    );
+
+    server.merchant.gate.notify_one();
+    let response = read_response(&mut stream).await;
+    assert_eq!(
+        response.status, 200,
+        "the in-flight request completed normally"
+    );
+    tokio::time::timeout(DEADLINE, &mut server.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_with_no_requests_returns_at_once() {
+    let mut server = TestServer::start().await;
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    server.shut_down();
+    tokio::time::timeout(DEADLINE, &mut server.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

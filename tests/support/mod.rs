@@ -1,0 +1,406 @@
+//! Shared test support: a payhook server on 127.0.0.1 port 0 with a scriptable test merchant,
+//! a raw HTTP/1.1 client (so tests control every byte), and request bodies built from the
+//! spec's field tables.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a part of the support module"
+)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use payhook::handler::{
+    CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
+    RequestContext, TransactionValidator, ValidationDecision,
+};
+use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+use payhook::{App, Config, HandlerError};
+use serde_json::Value;
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::{Notify, oneshot},
+    task::JoinHandle,
+};
+
+/// Upper bound on any single network wait in tests: a hang fails the test instead of CI.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One call the test merchant received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub endpoint: &'static str,
+    pub nonce: String,
+    pub amount: String,
+    pub request_id: String,
+    pub peer: Option<SocketAddr>,
+}
+
+/// A merchant whose behaviour is chosen by the request's client id:
+/// `deny`, `fail`, `panic`, `postpone`, `retry`, `slow` (never answers), `gate` (answers when
+/// the test releases it); any other client is allowed / acknowledged.
+#[derive(Clone, Default)]
+pub struct TestMerchant {
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub gate: Arc<Notify>,
+    pub entered_gate: Arc<Notify>,
+}
+
+impl TestMerchant {
+    pub fn calls(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn record(&self, endpoint: &'static str, nonce: &str, amount: String, ctx: &RequestContext) {
+        self.seen.lock().unwrap().push(Seen {
+            endpoint,
+            nonce: nonce.to_owned(),
+            amount,
+            request_id: ctx.request_id.clone(),
+            peer: ctx.peer,
+        });
+    }
+
+    /// The common scripted behaviours; `None` means "the normal answer".
+    async fn script(&self, client_id: &str) -> Result<Option<()>, HandlerError> {
+        match client_id {
+            "fail" => Err(HandlerError::msg(
+                "ledger database is down: secret-detail-42",
+            )),
+            "panic" => panic!("handler bug: secret-detail-43"),
+            "slow" => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(None)
+            }
+            "gate" => {
+                self.entered_gate.notify_one();
+                self.gate.notified().await;
+                Ok(None)
+            }
+            _ => Ok(Some(())),
+        }
+    }
+}
+
+impl ProvidersValidator for TestMerchant {
+    async fn validate_providers(
+        &self,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<ProvidersDecision, HandlerError> {
+        let payment = &request.transaction_data.payment_data;
+        self.record(
+            "providers_validation",
+            &payment.nonce,
+            payment.amount.to_string(),
+            &ctx,
+        );
+        self.script(&request.transaction_data.merchant_data.client_id)
+            .await?;
+        let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+        Ok(ProvidersDecision {
+            message: format!("{} provider(s) available", providers.len()),
+            providers,
+        })
+    }
+}
+
+impl TransactionValidator for TestMerchant {
+    async fn validate_transaction(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        self.record(
+            "transaction_validation",
+            request.nonce(),
+            request.payment_data.amount.to_string(),
+            &ctx,
+        );
+        let client = request.merchant_data.client_id.as_str();
+        self.script(client).await?;
+        Ok(match client {
+            "deny" => ValidationDecision::deny("client is blocked"),
+            "postpone" => ValidationDecision::Postpone,
+            _ => ValidationDecision::Allow,
+        })
+    }
+}
+
+impl CallbackReceiver for TestMerchant {
+    async fn receive_callback(
+        &self,
+        callback: CallbackBody,
+        ctx: RequestContext,
+    ) -> Result<CallbackDecision, HandlerError> {
+        self.record(
+            "callback",
+            &callback.nonce,
+            callback.amount.to_string(),
+            &ctx,
+        );
+        self.script(&callback.client_id).await?;
+        Ok(match callback.client_id.as_str() {
+            "retry" => CallbackDecision::retry_later("ledger is being migrated"),
+            _ => CallbackDecision::Ack,
+        })
+    }
+}
+
+/// A configuration fit for tests: unsigned callbacks allowed, everything else default.
+pub fn test_config() -> Config {
+    let mut config = Config::default();
+    config.callback.allow_unsigned = true;
+    config
+}
+
+/// A running server and the means to stop it.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub merchant: TestMerchant,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub task: JoinHandle<std::io::Result<()>>,
+}
+
+impl TestServer {
+    /// Starts a server with the default test configuration.
+    pub async fn start() -> Self {
+        Self::start_with(test_config()).await
+    }
+
+    /// Starts a server with `config`, all three endpoints served by one [`TestMerchant`].
+    pub async fn start_with(config: Config) -> Self {
+        let merchant = TestMerchant::default();
+        let app = App::builder(config)
+            .providers_validator(merchant.clone())
+            .transaction_validator(merchant.clone())
+            .callback_receiver(merchant.clone())
+            .build()
+            .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(payhook::serve(listener, app, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            addr,
+            merchant,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
+    /// Begins graceful shutdown.
+    pub fn shut_down(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// POSTs a JSON body to `path`.
+    pub async fn post_json(&self, path: &str, body: &str) -> RawResponse {
+        self.send(&post(
+            path,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        ))
+        .await
+    }
+
+    /// Sends raw request bytes and reads the whole answer.
+    pub async fn send(&self, request: &[u8]) -> RawResponse {
+        exchange(self.addr, request).await
+    }
+}
+
+/// Bytes of a `POST` with `Content-Length` and `Connection: close`.
+pub fn post(path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    request("POST", path, headers, Some(body))
+}
+
+/// Bytes of a request; `body: None` sends no body and no `Content-Length`.
+pub fn request(method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if let Some(body) = body {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body.unwrap_or_default());
+    bytes
+}
+
+/// An HTTP answer as read off the socket.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The `message` of a `{"message": ...}` body, checking that the body has that shape.
+    pub fn message(&self) -> String {
+        let json = self.json();
+        let object = json
+            .as_object()
+            .unwrap_or_else(|| panic!("not an object: {json}"));
+        assert_eq!(object.len(), 1, "error body has exactly one field: {json}");
+        assert_eq!(self.header("content-type"), Some("application/json"));
+        object["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("message is not a string: {json}"))
+            .to_owned()
+    }
+}
+
+/// Writes `request` on a new connection and reads until the server closes it.
+pub async fn exchange(addr: SocketAddr, request: &[u8]) -> RawResponse {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    read_response(&mut stream).await
+}
+
+/// Reads one whole answer (the server closes the connection after it).
+pub async fn read_response(stream: &mut TcpStream) -> RawResponse {
+    let mut raw = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut raw))
+        .await
+        .expect("answer within the deadline")
+        .unwrap();
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> RawResponse {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete answer: {text:?}"));
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    RawResponse {
+        status,
+        headers,
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+/// Default paths.
+pub const PROVIDERS_PATH: &str = "/payhook/providers-validation";
+pub const VALIDATION_PATH: &str = "/payhook/transaction-validation";
+pub const CALLBACK_PATH: &str = "/payhook/callback";
+
+/// A providers validation request with every field of spec 4.2 / 2.2–2.4.
+pub const PROVIDERS_VALIDATION: &str = r#"{
+  "transactionData": {
+    "merchantData": {
+      "merchantHash": "6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60",
+      "clientId": "client-42",
+      "additionalData": {"email": "client@example.com"}
+    },
+    "paymentData": {
+      "nonce": "nonce-pv-1",
+      "amount": 10.50,
+      "currency": "EUR",
+      "providerTags": [],
+      "providerId": 0,
+      "payType": "card"
+    },
+    "cashIn": true
+  },
+  "providers": [
+    {"id": 11, "name": "CardPay", "collabId": 3,
+     "currencies": [{"id": 1, "code": "EUR"}, {"id": 2, "code": "USD"}],
+     "payTypes": [{"id": 5, "code": "card", "name": "Bank card", "cashIn": true, "cashOut": true,
+                   "isCashInEnabled": true, "isCashOutEnabled": true}]},
+    {"id": 12, "name": "DollarWire", "collabId": 4,
+     "currencies": [{"id": 2, "code": "USD"}],
+     "payTypes": [{"id": 6, "code": "card", "name": "Bank card", "cashIn": true, "cashOut": true,
+                   "isCashInEnabled": true, "isCashOutEnabled": true}]},
+    {"id": 13, "name": "PayoutOnly", "collabId": 5,
+     "currencies": [{"id": 1, "code": "EUR"}],
+     "payTypes": [{"id": 7, "code": "card", "name": "Bank card", "cashIn": false, "cashOut": true,
+                   "isCashInEnabled": false, "isCashOutEnabled": true}]}
+  ]
+}"#;
+
+/// A transaction validation request with every field of spec 4.2.
+pub const TRANSACTION_VALIDATION: &str = r#"{
+  "merchantData": {
+    "merchantHash": "6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60",
+    "clientId": "client-42",
+    "additionalData": {"accountNumber": "ACC-1"}
+  },
+  "paymentData": {"nonce": "nonce-tv-1", "amount": 250.00, "currency": "EUR", "providerId": 11},
+  "providerData": {"cardBin": "411111"},
+  "validationId": 9007199254740993,
+  "cashIn": true
+}"#;
+
+/// A callback body with every field of spec 2.7.
+pub const CALLBACK: &str = r#"{
+  "id": 1001,
+  "transactionReferenceId": "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+  "nonce": "nonce-cb-1",
+  "providerId": 11,
+  "providerTransactionId": "pt-9",
+  "transactionType": 1,
+  "transactionStatus": 4,
+  "transactionStatusMessage": "Success",
+  "transactionInternalMessage": "Thank you",
+  "clientId": "client-42",
+  "additionalData": {"orderId": "o-1"},
+  "amount": 0.1,
+  "currency": "EUR",
+  "destinationAmount": 10.50,
+  "destinationCurrency": "EUR",
+  "createdUtc": "2026-01-02T03:04:05.1234567",
+  "updatedUtc": "2026-01-02T03:04:06Z"
+}"#;
+
+/// `body` with the JSON value at `pointer` replaced (or removed when `value` is `None`).
+pub fn with(body: &str, pointer: &str, value: Option<Value>) -> String {
+    let mut json: Value = serde_json::from_str(body).unwrap();
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let object = json
+        .pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .unwrap();
+    match value {
+        Some(value) => object.insert(key.to_owned(), value),
+        None => object.remove(key),
+    };
+    json.to_string()
+}
