@@ -90,3 +90,8 @@ pub use error::Error;
 pub use handler::HandlerError;
 pub use secret::Secret;
 pub use server::{App, AppBuilder, serve, shutdown_signal};
+
+/// The README's code blocks, compiled as doc tests so that the quick start stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
