@@ -58,6 +58,28 @@ async fn a_client_dripping_its_headers_is_disconnected_while_others_are_served()
 }
 
 #[tokio::test]
+async fn a_client_that_connects_and_sends_nothing_or_a_partial_preface_is_disconnected() {
+    let mut config = test_config();
+    config.server.header_read_timeout = Duration::from_millis(300);
+    let server = TestServer::start_with(config).await;
+    for first_bytes in [&b""[..], b"P", b"PRI * HTTP/2.0\r\n"] {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(first_bytes).await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut rest)).await;
+        assert!(
+            closed.is_ok(),
+            "a connection that sent {first_bytes:?} was never closed"
+        );
+    }
+    assert_eq!(
+        server.post_json(CALLBACK_PATH, CALLBACK).await.status,
+        200,
+        "others are still served"
+    );
+}
+
+#[tokio::test]
 async fn a_body_that_does_not_arrive_in_time_is_408() {
     let mut config = test_config();
     config.server.request_timeout = Duration::from_millis(300);

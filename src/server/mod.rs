@@ -16,6 +16,7 @@
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
 //! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
 
+mod preface;
 mod problem;
 mod request;
 mod route;

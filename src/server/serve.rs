@@ -9,7 +9,7 @@ use hyper_util::{
 use std::{convert::Infallible, future::Future, io, time::Duration};
 use tokio::net::TcpListener;
 
-use super::{App, PeerAddr};
+use super::{App, PeerAddr, preface::PrefaceDeadline};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -18,8 +18,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// accepting, lets in-flight requests finish (up to `server.shutdown_grace`), and returns.
 ///
 /// HTTP/1.1 and HTTP/2 (prior knowledge) are both served. A client that does not send its
-/// request headers within `server.header_read_timeout` is disconnected; one that does not
-/// send its body within `server.request_timeout` gets 408.
+/// request headers within `server.header_read_timeout` is disconnected — also one that
+/// connects and sends nothing, and an HTTP/1 connection idle between requests for that long;
+/// one that does not send its body within `server.request_timeout` gets 408.
 ///
 /// Bind port 0 in tests and read the address from the listener:
 ///
@@ -69,6 +70,7 @@ pub async fn serve(
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.handle(request).await) }
         });
+        let stream = PrefaceDeadline::new(stream, server.header_read_timeout);
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
