@@ -16,12 +16,22 @@
 //! | `paths.callback` | `/payhook/callback` | `PAYHOOK_PATHS_CALLBACK` |
 //! | `callback.allow_unsigned` | `false` | `PAYHOOK_CALLBACK_ALLOW_UNSIGNED` |
 //! | `callback.retry_after` | `"30s"` | `PAYHOOK_CALLBACK_RETRY_AFTER` |
+//! | `signature.header` | `X-Signature` | `PAYHOOK_SIGNATURE_HEADER` |
+//! | `signature.algorithm` | `rsa-pkcs1-sha256` | `PAYHOOK_SIGNATURE_ALGORITHM` |
+//! | `signature.encoding` | `base64` | `PAYHOOK_SIGNATURE_ENCODING` |
+//! | `signature.prefix` | none | `PAYHOOK_SIGNATURE_PREFIX` |
+//! | `signature.keys` | none: `[{ id = "...", file = "..." }, { value = "..." }]` | `PAYHOOK_SIGNATURE_KEYS` (a TOML array) |
+//! | `auth.<endpoint>.method` | `none` (`signature`, `shared_secret`, `basic`) | `PAYHOOK_AUTH_<ENDPOINT>_METHOD` |
+//! | `auth.<endpoint>.header` | `X-Api-Key` (shared secret) | `PAYHOOK_AUTH_<ENDPOINT>_HEADER` |
+//! | `auth.<endpoint>.secret` | none (secret) | `PAYHOOK_AUTH_<ENDPOINT>_SECRET` |
+//! | `auth.<endpoint>.username`, `.password` | none (Basic; password secret) | `PAYHOOK_AUTH_<ENDPOINT>_USERNAME`, `_PASSWORD` |
+//! | `auth.<endpoint>.allow_ips` | none: everyone | `PAYHOOK_AUTH_<ENDPOINT>_ALLOW_IPS` (a TOML array) |
 //! | `gateway.auth_url` | none | `PAYHOOK_GATEWAY_AUTH_URL` |
 //! | `gateway.gateway_url` | none | `PAYHOOK_GATEWAY_GATEWAY_URL` |
 //! | `gateway.username` | none | `PAYHOOK_GATEWAY_USERNAME` |
 //! | `gateway.password` | none (secret) | `PAYHOOK_GATEWAY_PASSWORD` |
 //!
-//! Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
+//! `<endpoint>` is `providers_validation` or `transaction_validation`. Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
 //! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
 //! environment; it never changes it.
 
@@ -36,6 +46,8 @@ use std::{
 };
 
 use crate::Secret;
+use crate::auth::AuthMethod;
+use crate::signature::{self, Algorithm, Encoding, KeyError, PublicKey};
 
 /// Prefix of every configuration environment variable.
 pub const ENV_PREFIX: &str = "PAYHOOK_";
@@ -73,7 +85,7 @@ pub enum ConfigError {
     #[error("{key}: {reason}")]
     Invalid {
         /// The dotted key, e.g. `server.body_limit`.
-        key: &'static str,
+        key: String,
         /// Why it is refused.
         reason: String,
     },
@@ -89,6 +101,10 @@ pub struct Config {
     pub paths: PathsConfig,
     /// Callback endpoint behaviour.
     pub callback: CallbackConfig,
+    /// The aggregator's signature scheme and public keys.
+    pub signature: SignatureConfig,
+    /// How the two validation endpoints authenticate the aggregator.
+    pub auth: AuthConfig,
     /// The aggregator's own endpoints (used by the gateway client).
     pub gateway: GatewayConfig,
 }
@@ -155,8 +171,9 @@ impl Default for PathsConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CallbackConfig {
-    /// Accept callbacks without a signature. Off by default: a server with a callback
-    /// receiver refuses to start unless signatures can be verified or this is set.
+    /// Accept callbacks without a signature when no key is configured. Off by default: a
+    /// server with a callback receiver and no `signature.keys` refuses to start unless this
+    /// is set. With keys configured, signatures are always required and this is ignored.
     #[serde(deserialize_with = "lenient")]
     pub allow_unsigned: bool,
     /// `Retry-After` sent with a 503 answer to a callback.
@@ -170,6 +187,138 @@ impl Default for CallbackConfig {
             allow_unsigned: false,
             retry_after: Duration::from_secs(30),
         }
+    }
+}
+
+/// `[signature]`: how the aggregator signs, and the public keys to verify with.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SignatureConfig {
+    /// Header carrying the signature.
+    pub header: String,
+    /// Algorithm of every key that does not name its own.
+    pub algorithm: Algorithm,
+    /// Text encoding of the signature.
+    pub encoding: Encoding,
+    /// Scheme prefix before the signature (e.g. `sha256=`); empty for none.
+    pub prefix: String,
+    /// The public keys; a signature passes when any of them verifies it (rotation).
+    pub keys: Vec<KeySource>,
+}
+
+impl Default for SignatureConfig {
+    fn default() -> Self {
+        Self {
+            header: signature::DEFAULT_HEADER.to_owned(),
+            algorithm: Algorithm::default(),
+            encoding: Encoding::default(),
+            prefix: String::new(),
+            keys: Vec::new(),
+        }
+    }
+}
+
+/// One entry of `signature.keys`: a file or an inline value, in any format
+/// [`PublicKey::parse`] reads (PEM, DER, .NET XML, JWK, JWKS).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySource {
+    /// Id logged when this key verifies (a JWK's `kid` takes precedence).
+    pub id: Option<String>,
+    /// Path of the key file.
+    pub file: Option<PathBuf>,
+    /// The key itself, inline (PEM, base64 DER, XML or JSON text).
+    pub value: Option<String>,
+    /// This key's algorithm, when it differs from `signature.algorithm`.
+    pub algorithm: Option<Algorithm>,
+}
+
+impl KeySource {
+    /// Reads the key(s) of this entry.
+    ///
+    /// # Errors
+    ///
+    /// The file's I/O error or the [`KeyError`] of its content, as text.
+    pub fn load(&self) -> Result<Vec<PublicKey>, String> {
+        let bytes = match (&self.file, &self.value) {
+            (Some(path), None) => std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?,
+            (None, Some(value)) => value.as_bytes().to_vec(),
+            _ => return Err("give exactly one of `file` and `value`".to_owned()),
+        };
+        PublicKey::parse(&bytes).map_err(|e: KeyError| e.to_string())
+    }
+
+    /// `id …, file …` for error messages.
+    pub fn describe(&self) -> String {
+        let id = self.id.as_deref().map(|id| format!("id `{id}`"));
+        let file = self.file.as_ref().map(|f| format!("file {}", f.display()));
+        let parts: Vec<String> = [id, file].into_iter().flatten().collect();
+        if parts.is_empty() {
+            "inline key".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// `[auth]`: one table per validation endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `[auth.providers_validation]`.
+    pub providers_validation: EndpointAuthConfig,
+    /// `[auth.transaction_validation]`.
+    pub transaction_validation: EndpointAuthConfig,
+}
+
+/// How one validation endpoint authenticates the aggregator.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointAuthConfig {
+    /// The method.
+    pub method: AuthMethod,
+    /// Header carrying the shared secret.
+    pub header: String,
+    /// The shared secret; redacted in `Debug`.
+    pub secret: Option<Secret>,
+    /// Basic user name.
+    pub username: Option<String>,
+    /// Basic password; redacted in `Debug`.
+    pub password: Option<Secret>,
+    /// Networks allowed to call (CIDR); empty allows every address.
+    pub allow_ips: Vec<String>,
+}
+
+impl Default for EndpointAuthConfig {
+    fn default() -> Self {
+        Self {
+            method: AuthMethod::None,
+            header: "X-Api-Key".to_owned(),
+            secret: None,
+            username: None,
+            password: None,
+            allow_ips: Vec::new(),
+        }
+    }
+}
+
+impl AuthConfig {
+    fn validate(&self, have_keys: bool) -> Result<(), ConfigError> {
+        let endpoints = [
+            ("auth.providers_validation", &self.providers_validation),
+            ("auth.transaction_validation", &self.transaction_validation),
+        ];
+        for (key, endpoint) in endpoints {
+            crate::auth::Guard::from_config(endpoint, key)?;
+            if endpoint.method == AuthMethod::Signature && !have_keys {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.method"),
+                    reason: "\"signature\" needs the aggregator's keys in signature.keys"
+                        .to_owned(),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -217,16 +366,8 @@ impl Config {
         let origin = file.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
         // Checked alone first, so that an error in the file is reported against the file.
         Self::from_table(table.clone(), &origin)?;
-        let overrides = env_overrides(env)?;
-        if !overrides.is_empty() {
-            for ((section, key), value) in overrides {
-                let section = table
-                    .entry(section)
-                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-                if let toml::Value::Table(section) = section {
-                    section.insert(key, toml::Value::String(value));
-                }
-            }
+        for (path, value) in env_overrides(env)? {
+            insert_at(&mut table, &path, value);
         }
         let config = Self::from_table(table, "environment")?;
         config.validate()?;
@@ -263,9 +404,9 @@ impl Config {
     ///
     /// [`ConfigError::Invalid`] naming the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &'static str, reason: &str| {
+        let invalid = |key: &str, reason: &str| {
             Err(ConfigError::Invalid {
-                key,
+                key: key.to_owned(),
                 reason: reason.to_owned(),
             })
         };
@@ -292,6 +433,7 @@ impl Config {
             );
         }
         self.paths.validate()?;
+        self.auth.validate(!self.signature.keys.is_empty())?;
         self.gateway.validate()
     }
 }
@@ -317,7 +459,10 @@ impl PathsConfig {
                     .map(|(other, _)| format!("same path as {other}"))
             };
             if let Some(reason) = reason {
-                return Err(ConfigError::Invalid { key, reason });
+                return Err(ConfigError::Invalid {
+                    key: (*key).to_owned(),
+                    reason,
+                });
             }
         }
         Ok(())
@@ -335,7 +480,7 @@ impl GatewayConfig {
                 && !(url.starts_with("https://") || url.starts_with("http://"))
             {
                 return Err(ConfigError::Invalid {
-                    key,
+                    key: key.to_owned(),
                     reason: format!("`{url}` is not an http(s) URL"),
                 });
             }
@@ -368,13 +513,21 @@ fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
     }
 }
 
-/// Sections whose keys can be set from the environment.
-const SECTIONS: [&str; 4] = ["server", "paths", "callback", "gateway"];
+/// Sections whose keys can be set from the environment, with their sub-tables.
+const SECTIONS: [(&str, &[&str]); 6] = [
+    ("server", &[]),
+    ("paths", &[]),
+    ("callback", &[]),
+    ("signature", &[]),
+    ("auth", &["providers_validation", "transaction_validation"]),
+    ("gateway", &[]),
+];
 
-/// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `(("server", "body_limit"), "65536")`.
+/// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
+/// `PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD` → `["auth", "transaction_validation", "method"]`.
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<BTreeMap<(String, String), String>, ConfigError> {
+) -> Result<BTreeMap<Vec<String>, toml::Value>, ConfigError> {
     let mut overrides = BTreeMap::new();
     for (name, value) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
@@ -383,14 +536,63 @@ fn env_overrides(
         if name == CONFIG_FILE_VAR {
             continue;
         }
-        let lower = rest.to_ascii_lowercase();
-        let (section, key) = lower
-            .split_once('_')
-            .filter(|(section, key)| SECTIONS.contains(section) && !key.is_empty())
+        let path = env_path(&rest.to_ascii_lowercase())
             .ok_or_else(|| ConfigError::UnknownVariable(name.clone()))?;
-        overrides.insert((section.to_owned(), key.to_owned()), value);
+        overrides.insert(path, env_value(&name, value)?);
     }
     Ok(overrides)
+}
+
+/// The table path of a variable name (lowercase, prefix removed).
+fn env_path(rest: &str) -> Option<Vec<String>> {
+    let (section, tail) = rest.split_once('_')?;
+    let (_, subtables) = SECTIONS.iter().find(|(name, _)| *name == section)?;
+    let mut path = vec![section.to_owned()];
+    let key = if subtables.is_empty() {
+        tail
+    } else {
+        let sub = subtables
+            .iter()
+            .find(|sub| tail.starts_with(&format!("{sub}_")))?;
+        path.push((*sub).to_owned());
+        &tail[sub.len() + 1..]
+    };
+    (!key.is_empty()).then(|| {
+        path.push(key.to_owned());
+        path
+    })
+}
+
+/// A variable's value: a TOML array or inline table when it looks like one, else a string.
+fn env_value(name: &str, value: String) -> Result<toml::Value, ConfigError> {
+    if !value.trim_start().starts_with(['[', '{']) {
+        return Ok(toml::Value::String(value));
+    }
+    let parsed: toml::Table = format!("v = {value}")
+        .parse()
+        .map_err(|e| parse_error(name, &e))?;
+    Ok(parsed
+        .get("v")
+        .cloned()
+        .unwrap_or(toml::Value::String(value)))
+}
+
+/// Sets `path` (tables, then a key) in `table`, creating tables on the way.
+fn insert_at(table: &mut toml::Table, path: &[String], value: toml::Value) {
+    let Some((key, tables)) = path.split_last() else {
+        return;
+    };
+    let mut current = table;
+    for name in tables {
+        let entry = current
+            .entry(name.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(next) = entry else {
+            return;
+        };
+        current = next;
+    }
+    current.insert(key.clone(), value);
 }
 
 /// Reads a number or a boolean either natively (TOML) or from a string (environment).

@@ -78,12 +78,14 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
 
+pub mod auth;
 pub mod config;
 mod error;
 pub mod handler;
 pub mod model;
 mod secret;
 pub mod server;
+pub mod signature;
 
 pub use config::Config;
 pub use error::Error;

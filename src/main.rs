@@ -1,9 +1,22 @@
 //! The `payhook` command line: a thin layer over the library.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command line prints"
+)]
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use clap::{Parser, Subcommand};
 use payhook::Config;
+use payhook::signature::{
+    Algorithm, Encoding, PublicKey, SigningKey, Verifier, generate_key_pair, parse_raw_request,
+    sniff,
+};
 
 /// payhook: host and test the endpoints a payment aggregator calls.
 #[derive(Debug, Parser)]
@@ -15,35 +28,260 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Load a configuration file (plus PAYHOOK_* environment variables), validate it, and
-    /// print the effective settings with secrets redacted.
+    /// Load a configuration file (plus PAYHOOK_* environment variables), validate it and its
+    /// signature keys, and print the effective settings with secrets redacted.
     CheckConfig {
         /// The TOML configuration file.
         file: PathBuf,
     },
+    /// Generate a key pair: DIR/private.pem (PKCS#8) and DIR/public.pem (SPKI).
+    Keygen {
+        /// Algorithm the key is for (rsa-* keys are 2048-bit RSA).
+        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        alg: Algorithm,
+        /// Directory to write the two files into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Overwrite existing key files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Sign standard input's exact bytes; print the signature header value.
+    Sign {
+        /// PKCS#8 private key (PEM or DER).
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        alg: Algorithm,
+        #[arg(long, default_value = "base64")]
+        encoding: Encoding,
+        /// Scheme prefix to put before the signature (e.g. `sha256=`).
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Verify a signature over standard input's exact bytes; exit 0 when it verifies.
+    Verify {
+        /// Public key: PEM, DER, .NET XML, JWK or JWKS (any key of a JWKS may verify).
+        #[arg(long)]
+        key: PathBuf,
+        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        alg: Algorithm,
+        /// The signature header value.
+        #[arg(long)]
+        signature: String,
+        #[arg(long, default_value = "base64")]
+        encoding: Encoding,
+        /// Scheme prefix in front of the signature.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Find which header, prefix, encoding and algorithm a captured signed request uses.
+    Sniff {
+        /// The aggregator's public key(s) in any supported format; repeat for several.
+        #[arg(long, required = true)]
+        key: Vec<PathBuf>,
+        /// A captured raw HTTP request (headers, blank line, body).
+        #[arg(long, conflicts_with_all = ["body", "header"])]
+        request: Option<PathBuf>,
+        /// The exact body bytes (with --header).
+        #[arg(long, requires = "header")]
+        body: Option<PathBuf>,
+        /// A header of the request, `Name: value`; repeat for several.
+        #[arg(long)]
+        header: Vec<String>,
+    },
+}
+
+/// What a command prints on failure: a message and its exit code.
+struct Failure(String, u8);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self(error.to_string(), 2)
+    }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
+    let result = match Cli::parse().command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::Keygen { alg, out, force } => keygen(alg, &out, force),
+        Command::Sign {
+            key,
+            alg,
+            encoding,
+            prefix,
+        } => sign(&key, alg, encoding, &prefix),
+        Command::Verify {
+            key,
+            alg,
+            signature,
+            encoding,
+            prefix,
+        } => verify(&key, alg, &signature, encoding, &prefix),
+        Command::Sniff {
+            key,
+            request,
+            body,
+            header,
+        } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(message, code)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(code)
+        }
     }
 }
 
-#[allow(
-    clippy::print_stdout,
-    clippy::print_stderr,
-    reason = "the CLI's output"
-)]
-fn check_config(file: &std::path::Path) -> ExitCode {
-    match Config::load(Some(file), std::env::vars()) {
-        Ok(config) => {
-            println!("{}: ok\n{config:#?}", file.display());
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::from(2)
-        }
+fn check_config(file: &Path) -> Result<(), Failure> {
+    let config = Config::load(Some(file), std::env::vars())?;
+    if !config.signature.keys.is_empty() {
+        Verifier::from_config(&config.signature)?;
     }
+    println!("{}: ok\n{config:#?}", file.display());
+    Ok(())
+}
+
+fn keygen(algorithm: Algorithm, out: &Path, force: bool) -> Result<(), Failure> {
+    let private = out.join("private.pem");
+    let public = out.join("public.pem");
+    if !force && (private.exists() || public.exists()) {
+        return Err(Failure(
+            format!(
+                "{} already holds a key pair; pass --force to replace it",
+                out.display()
+            ),
+            2,
+        ));
+    }
+    let pair = generate_key_pair(algorithm)?;
+    std::fs::create_dir_all(out)?;
+    write_private(&private, &pair.private_pem)?;
+    std::fs::write(&public, &pair.public_pem)?;
+    println!(
+        "{algorithm} key pair written:\n  private (PKCS#8, keep secret): {}\n  public  (SPKI): {}",
+        private.display(),
+        public.display()
+    );
+    Ok(())
+}
+
+/// Writes a private key readable by its owner only.
+fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(path)?, pem.as_bytes())
+}
+
+fn stdin_bytes() -> Result<Vec<u8>, Failure> {
+    let mut body = Vec::new();
+    std::io::stdin().read_to_end(&mut body)?;
+    Ok(body)
+}
+
+fn sign(key: &Path, algorithm: Algorithm, encoding: Encoding, prefix: &str) -> Result<(), Failure> {
+    let key = SigningKey::from_pkcs8(
+        &std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?,
+        algorithm,
+    )?;
+    println!(
+        "{}",
+        key.header_value(&stdin_bytes()?, encoding, Some(prefix))?
+    );
+    Ok(())
+}
+
+fn read_keys(path: &Path) -> Result<Vec<PublicKey>, Failure> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    PublicKey::parse(&bytes).map_err(|e| Failure(format!("{}: {e}", path.display()), 2))
+}
+
+fn verify(
+    key: &Path,
+    algorithm: Algorithm,
+    signature: &str,
+    encoding: Encoding,
+    prefix: &str,
+) -> Result<(), Failure> {
+    let mut verifier = Verifier::new(payhook::signature::DEFAULT_HEADER, encoding, Some(prefix))?;
+    for public in read_keys(key)? {
+        verifier = verifier.with_key(public, algorithm)?;
+    }
+    let mut headers = http::HeaderMap::new();
+    let value = http::HeaderValue::from_str(signature)
+        .map_err(|_| "the signature is not a valid header value")?;
+    headers.insert(verifier.header().clone(), value);
+    match verifier.verify(&headers, &stdin_bytes()?) {
+        Ok(key_id) => {
+            println!(
+                "ok: {algorithm} signature verifies (key {})",
+                key_id.unwrap_or("without id")
+            );
+            Ok(())
+        }
+        Err(error) => Err(Failure(error.to_string(), 1)),
+    }
+}
+
+fn sniff_request(
+    keys: &[PathBuf],
+    request: Option<&Path>,
+    body: Option<&Path>,
+    headers: &[String],
+) -> Result<(), Failure> {
+    let mut public = Vec::new();
+    for path in keys {
+        public.extend(read_keys(path)?);
+    }
+    let (headers, body) = match (request, body) {
+        (Some(request), _) => parse_raw_request(&std::fs::read(request)?)?,
+        (None, Some(body)) => {
+            let headers = headers
+                .iter()
+                .map(|h| {
+                    h.split_once(':')
+                        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or("--header takes `Name: value`")?;
+            (headers, std::fs::read(body)?)
+        }
+        (None, None) => {
+            return Err(Failure(
+                "give --request FILE, or --body FILE with --header".into(),
+                2,
+            ));
+        }
+    };
+    let found = sniff(&public, &headers, &body);
+    if found.is_empty() {
+        let tried = headers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(Failure(
+            format!(
+                "no header × prefix × encoding × algorithm verifies with the given key(s) over the {} body bytes \
+                 (headers tried: {tried}); check that the key is the aggregator's and the body is byte-exact",
+                body.len()
+            ),
+            1,
+        ));
+    }
+    for m in &found {
+        println!(
+            "verifies: header {}, prefix {:?}, encoding {}, algorithm {}, key {}",
+            m.header,
+            m.prefix,
+            m.encoding,
+            m.algorithm,
+            m.key_id.as_deref().unwrap_or("without id")
+        );
+    }
+    println!("\nconfiguration:\n{}", found[0].config_snippet());
+    Ok(())
 }

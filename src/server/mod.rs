@@ -24,7 +24,7 @@ mod serve;
 
 use bytes::Bytes;
 use chrono::Utc;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
 use serde::de::DeserializeOwned;
@@ -42,6 +42,7 @@ use std::{
 };
 use tracing::{Instrument, field};
 
+use crate::auth::{AuthError, Guard};
 use crate::config::{CallbackConfig, Config, ServerConfig};
 use crate::handler::{
     BoxFuture, CallbackDecision, CallbackReceiver, ErasedCallback, ErasedProviders,
@@ -51,6 +52,7 @@ use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
 };
+use crate::signature::{SignatureError, Verifier, VerifierConfigError};
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
 use route::{Endpoint, Route, Router};
@@ -73,6 +75,9 @@ pub enum BuildError {
         "no handler: give at least one of providers_validator, transaction_validator, callback_receiver"
     )]
     NoHandlers,
+    /// A signature key could not be read or does not fit its algorithm.
+    #[error(transparent)]
+    Signature(#[from] VerifierConfigError),
     /// A callback receiver without signature verification and without the explicit opt-out.
     #[error(
         "callbacks would be accepted without a signature check: configure the aggregator's public key, \
@@ -98,6 +103,11 @@ struct Inner {
     providers: Option<Arc<dyn ErasedProviders>>,
     validation: Option<Arc<dyn ErasedValidation>>,
     callbacks: Option<Arc<dyn ErasedCallback>>,
+    /// Verifies callback signatures (and validation signatures where configured); `None`
+    /// when no key is configured.
+    verifier: Option<Verifier>,
+    providers_guard: Guard,
+    validation_guard: Guard,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
     draining: AtomicBool,
 }
@@ -218,33 +228,97 @@ impl App {
             Route::Ready => return json_response(StatusCode::OK, &ErrorBody::new("ready")),
             Route::Endpoint(endpoint) => endpoint,
         };
+        self.endpoint(endpoint, request, request_id)
+            .await
+            .unwrap_or_else(Problem::into_response)
+    }
+
+    /// The steps every endpoint shares: who may call, what they sent, then the handler.
+    async fn endpoint<B>(
+        &self,
+        endpoint: Endpoint,
+        request: Request<B>,
+        request_id: String,
+    ) -> Result<Response<ResponseBody>, Problem>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let inner = &self.inner;
         let (parts, body) = request.into_parts();
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
+        // Everything that needs no body is checked before the body is read.
+        let signature = self.admit(endpoint, peer, &parts.headers)?;
         if !is_json(&parts.headers) {
-            return Problem::UnsupportedMediaType.into_response();
+            return Err(Problem::UnsupportedMediaType);
         }
-        let bytes = match read_body(
-            &parts.headers,
-            body,
-            inner.server.body_limit,
-            inner.server.request_timeout,
-        )
-        .await
-        {
-            Ok(bytes) => bytes,
-            Err(problem) => return problem.into_response(),
-        };
+        let limits = (inner.server.body_limit, inner.server.request_timeout);
+        let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+        if let Some(signature) = signature {
+            self.check_signature(&bytes, &signature)?;
+        }
         let ctx = RequestContext {
             request_id,
-            peer: parts.extensions.get::<PeerAddr>().map(|p| p.0),
+            peer,
             received_at: Utc::now(),
             headers: parts.headers,
         };
-        let answer = match endpoint {
+        match endpoint {
             Endpoint::ProvidersValidation => self.providers_validation(&bytes, ctx).await,
             Endpoint::TransactionValidation => self.transaction_validation(&bytes, ctx).await,
             Endpoint::Callback => self.callback(&bytes, ctx).await,
+        }
+    }
+
+    /// Authenticates the caller from its address and headers. Returns the signature to check
+    /// over the body, when the endpoint requires one.
+    fn admit(
+        &self,
+        endpoint: Endpoint,
+        peer: Option<SocketAddr>,
+        headers: &HeaderMap,
+    ) -> Result<Option<Vec<u8>>, Problem> {
+        let inner = &self.inner;
+        let guard = match endpoint {
+            Endpoint::ProvidersValidation => Some(&inner.providers_guard),
+            Endpoint::TransactionValidation => Some(&inner.validation_guard),
+            Endpoint::Callback => None,
         };
-        answer.unwrap_or_else(Problem::into_response)
+        if let Some(guard) = guard {
+            guard
+                .check_peer(peer.map(|p| p.ip()))
+                .map_err(|error| refused(&error, false))?;
+            guard
+                .check_headers(headers)
+                .map_err(|error| refused(&error, guard.is_basic()))?;
+        }
+        let wants_signature = guard.map_or(true, Guard::needs_signature);
+        match (&inner.verifier, wants_signature) {
+            (Some(verifier), true) => verifier
+                .read_signature(headers)
+                .map(Some)
+                .map_err(unauthorized),
+            (None, true) => {
+                // Only callbacks get here without a verifier: the build step allowed it
+                // because `callback.allow_unsigned` is set.
+                tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
+                Ok(None)
+            }
+            (_, false) => Ok(None),
+        }
+    }
+
+    fn check_signature(&self, body: &[u8], signature: &[u8]) -> Result<(), Problem> {
+        let Some(verifier) = &self.inner.verifier else {
+            return Ok(());
+        };
+        match verifier.check(body, signature) {
+            Ok(key_id) => {
+                tracing::debug!(key_id = key_id.unwrap_or("-"), "signature verified");
+                Ok(())
+            }
+            Err(error) => Err(unauthorized(error)),
+        }
     }
 
     async fn providers_validation(
@@ -358,6 +432,27 @@ impl App {
     }
 }
 
+/// A refused signature: 401, logged (with the request id of the span, never the body).
+fn unauthorized(error: SignatureError) -> Problem {
+    tracing::warn!(%error, "callback signature refused");
+    Problem::Unauthorized {
+        message: error.to_string(),
+        basic: false,
+    }
+}
+
+/// Refused credentials or address: 401 or 403, logged.
+fn refused(error: &AuthError, basic: bool) -> Problem {
+    tracing::warn!(%error, "caller refused");
+    match error {
+        AuthError::AddressRefused => Problem::AddressRefused,
+        AuthError::Missing | AuthError::Wrong => Problem::Unauthorized {
+            message: error.to_string(),
+            basic,
+        },
+    }
+}
+
 /// Parses a request and records its nonce on the current span.
 fn parse_tracked<T: DeserializeOwned>(
     bytes: &[u8],
@@ -398,16 +493,31 @@ impl AppBuilder {
         if self.providers.is_none() && self.validation.is_none() && self.callbacks.is_none() {
             return Err(BuildError::NoHandlers);
         }
+        let verifier = if self.config.signature.keys.is_empty() {
+            None
+        } else {
+            Some(Verifier::from_config(&self.config.signature)?)
+        };
         if self.callbacks.is_some() {
-            // Signature verification is not available yet; until it is, unsigned callbacks
-            // are the only kind, and they need the explicit opt-out.
-            if !self.config.callback.allow_unsigned {
-                return Err(BuildError::UnsignedCallbacks);
+            match (&verifier, self.config.callback.allow_unsigned) {
+                (None, false) => return Err(BuildError::UnsignedCallbacks),
+                (None, true) => tracing::warn!(
+                    "callbacks are accepted WITHOUT signature verification (callback.allow_unsigned = true)"
+                ),
+                (Some(_), true) => tracing::warn!(
+                    "callback.allow_unsigned is ignored: signature keys are configured, so every callback must be signed"
+                ),
+                (Some(_), false) => {}
             }
-            tracing::warn!(
-                "callbacks are accepted WITHOUT signature verification (callback.allow_unsigned = true)"
-            );
         }
+        let providers_guard = Guard::from_config(
+            &self.config.auth.providers_validation,
+            "auth.providers_validation",
+        )?;
+        let validation_guard = Guard::from_config(
+            &self.config.auth.transaction_validation,
+            "auth.transaction_validation",
+        )?;
         let served = |endpoint| match endpoint {
             Endpoint::ProvidersValidation => self.providers.is_some(),
             Endpoint::TransactionValidation => self.validation.is_some(),
@@ -422,6 +532,9 @@ impl AppBuilder {
                 providers: self.providers,
                 validation: self.validation,
                 callbacks: self.callbacks,
+                verifier,
+                providers_guard,
+                validation_guard,
                 draining: AtomicBool::new(false),
             }),
         })

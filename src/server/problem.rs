@@ -9,6 +9,8 @@
 //! | [`Problem::EmptyBody`] | 400 | `request body is empty` |
 //! | [`Problem::BadRequest`] | 400 | what is wrong, naming the field, line and column |
 //! | [`Problem::BodyTimeout`] | 408 | `request body not received in time` |
+//! | [`Problem::Unauthorized`] | 401 (+ `WWW-Authenticate` for Basic) | `missing signature: …`, `malformed signature: …`, `invalid signature: …`, `missing credentials`, `invalid credentials` |
+//! | [`Problem::AddressRefused`] | 403 | `address not allowed` |
 //! | [`Problem::Denied`] | 403 | the merchant's message |
 //! | [`Problem::RetryLater`] | 503 + `Retry-After` | the merchant's reason |
 //! | [`Problem::HandlerFailed`] on a validation | 500 | `internal error` |
@@ -45,6 +47,11 @@ pub(crate) enum Problem {
     EmptyBody,
     BadRequest(String),
     BodyTimeout,
+    Unauthorized {
+        message: String,
+        basic: bool,
+    },
+    AddressRefused,
     Denied(String),
     RetryLater {
         reason: String,
@@ -72,7 +79,8 @@ impl Problem {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::EmptyBody | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::Denied(_) => StatusCode::FORBIDDEN,
+            Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Self::AddressRefused | Self::Denied(_) => StatusCode::FORBIDDEN,
             Self::RetryLater { .. } | Self::HandlerTimedOut { .. } | Self::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -92,7 +100,10 @@ impl Problem {
             Self::UnsupportedMediaType => "content type must be application/json".to_owned(),
             Self::PayloadTooLarge { limit } => format!("request body exceeds {limit} bytes"),
             Self::EmptyBody => "request body is empty".to_owned(),
-            Self::BadRequest(message) | Self::Denied(message) => message.clone(),
+            Self::BadRequest(message)
+            | Self::Denied(message)
+            | Self::Unauthorized { message, .. } => message.clone(),
+            Self::AddressRefused => "address not allowed".to_owned(),
             Self::BodyTimeout => "request body not received in time".to_owned(),
             Self::RetryLater { reason, .. } => reason.clone(),
             Self::HandlerFailed {
@@ -131,6 +142,12 @@ impl Problem {
         let headers = response.headers_mut();
         if let Self::MethodNotAllowed { allow } = self {
             headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if let Self::Unauthorized { basic: true, .. } = self {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"payhook\""),
+            );
         }
         if let Some(after) = self.retry_after() {
             headers.insert(

@@ -1,0 +1,411 @@
+//! Authenticating the aggregator's calls to the two validation endpoints.
+//!
+//! The spec does not say how the aggregator authenticates itself to merchant-hosted URLs
+//! (§5), so each validation endpoint takes one of several methods
+//! ([`crate::config::EndpointAuthConfig`]): none, the callback signature scheme, a
+//! shared-secret header, or HTTP Basic — plus, with any of them, an IP allow-list.
+//! Secrets are compared in constant time: each is kept only as an HMAC tag under a random
+//! per-process key, and a presented value is checked with ring's `hmac::verify`, so neither
+//! the content nor the length of the secret leaks through timing.
+
+use base64::Engine;
+use http::{HeaderMap, HeaderName, header};
+use ring::{hmac, rand::SystemRandom};
+use serde::Deserialize;
+use std::{fmt, net::IpAddr, str::FromStr};
+
+use crate::config::{ConfigError, EndpointAuthConfig};
+
+/// How a validation endpoint authenticates the aggregator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMethod {
+    /// No credentials (the IP allow-list, if any, still applies). The default.
+    #[default]
+    None,
+    /// The body is signed like a callback (`[signature]`).
+    Signature,
+    /// A header carries a shared secret.
+    SharedSecret,
+    /// HTTP Basic authentication.
+    Basic,
+}
+
+/// An IPv4 or IPv6 network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`; a bare address
+/// is a /32 or /128).
+///
+/// ```
+/// use payhook::auth::Cidr;
+///
+/// let net: Cidr = "10.1.0.0/16".parse()?;
+/// assert!(net.contains("10.1.200.3".parse()?));
+/// assert!(!net.contains("10.2.0.1".parse()?));
+/// assert!(net.contains("::ffff:10.1.0.9".parse()?), "IPv4-mapped IPv6 peers match");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+/// Text that is no CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an IP network (expected e.g. 10.0.0.0/8 or 2001:db8::/32)")]
+pub struct CidrError(String);
+
+impl Cidr {
+    /// `true` when `address` is in this network.
+    pub fn contains(&self, address: IpAddr) -> bool {
+        match (self.network, address.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(addr)) => {
+                prefix_matches(&net.octets(), &addr.octets(), self.prefix)
+            }
+            (IpAddr::V6(net), IpAddr::V6(addr)) => {
+                prefix_matches(&net.octets(), &addr.octets(), self.prefix)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn prefix_matches(network: &[u8], address: &[u8], prefix: u8) -> bool {
+    let full = usize::from(prefix / 8);
+    let rest = prefix % 8;
+    network[..full] == address[..full]
+        && (rest == 0 || (network[full] ^ address[full]) & (0xffu8 << (8 - rest)) == 0)
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || CidrError(text.to_owned());
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((address, prefix)) => (address, Some(prefix)),
+            None => (text.trim(), None),
+        };
+        let network: IpAddr = address.parse().map_err(|_| error())?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(error)?,
+            None => max,
+        };
+        Ok(Self {
+            network: network.to_canonical(),
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AuthError {
+    /// The caller's address is not allowed: 403.
+    #[error("address not allowed")]
+    AddressRefused,
+    /// No credentials: 401.
+    #[error("missing credentials")]
+    Missing,
+    /// Wrong credentials: 401.
+    #[error("invalid credentials")]
+    Wrong,
+}
+
+/// A per-process HMAC key and the tag of the expected secret under it.
+struct Expected {
+    key: hmac::Key,
+    tag: hmac::Tag,
+}
+
+impl Expected {
+    fn new(secret: &[u8]) -> Self {
+        // A fixed key would do for timing safety; a random one also keeps the tag useless
+        // outside this process. Without randomness, the secret's hash keys the HMAC instead.
+        let key =
+            hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new()).unwrap_or_else(|_| {
+                hmac::Key::new(
+                    hmac::HMAC_SHA256,
+                    ring::digest::digest(&ring::digest::SHA256, secret).as_ref(),
+                )
+            });
+        let tag = hmac::sign(&key, secret);
+        Self { key, tag }
+    }
+
+    /// Constant-time: the presented value's HMAC is compared by ring.
+    fn matches(&self, presented: &[u8]) -> bool {
+        hmac::verify(&self.key, presented, self.tag.as_ref()).is_ok()
+    }
+}
+
+enum Method {
+    None,
+    Signature,
+    SharedSecret {
+        header: HeaderName,
+        expected: Expected,
+    },
+    Basic {
+        expected: Expected,
+    },
+}
+
+/// The checks of one endpoint, built once from its configuration.
+pub(crate) struct Guard {
+    method: Method,
+    allow: Vec<Cidr>,
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let method = match &self.method {
+            Method::None => "none",
+            Method::Signature => "signature",
+            Method::SharedSecret { .. } => "shared_secret",
+            Method::Basic { .. } => "basic",
+        };
+        f.debug_struct("Guard")
+            .field("method", &method)
+            .field("allow", &self.allow)
+            .finish()
+    }
+}
+
+impl Guard {
+    /// Builds the checks; `key` names the config table in errors (`auth.transaction_validation`).
+    pub(crate) fn from_config(config: &EndpointAuthConfig, key: &str) -> Result<Self, ConfigError> {
+        let invalid = |field: &str, reason: String| ConfigError::Invalid {
+            key: format!("{key}{field}"),
+            reason,
+        };
+        let allow = config
+            .allow_ips
+            .iter()
+            .map(|text| {
+                text.parse::<Cidr>()
+                    .map_err(|e| invalid(".allow_ips", e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let method = match config.method {
+            AuthMethod::None => Method::None,
+            AuthMethod::Signature => Method::Signature,
+            AuthMethod::SharedSecret => {
+                let secret = config.secret.as_ref().filter(|s| !s.is_empty());
+                let secret = secret.ok_or_else(|| {
+                    invalid(".secret", "required for method = \"shared_secret\"".into())
+                })?;
+                let header = HeaderName::try_from(config.header.trim()).map_err(|_| {
+                    invalid(
+                        ".header",
+                        format!("`{}` is not a header name", config.header),
+                    )
+                })?;
+                Method::SharedSecret {
+                    header,
+                    expected: Expected::new(secret.expose().as_bytes()),
+                }
+            }
+            AuthMethod::Basic => {
+                let (Some(user), Some(password)) =
+                    (config.username.as_deref(), config.password.as_ref())
+                else {
+                    return Err(invalid(
+                        "",
+                        "username and password are required for method = \"basic\"".into(),
+                    ));
+                };
+                let pair = format!("{user}:{}", password.expose());
+                Method::Basic {
+                    expected: Expected::new(pair.as_bytes()),
+                }
+            }
+        };
+        Ok(Self { method, allow })
+    }
+
+    /// `true` when the body must carry a valid signature.
+    pub(crate) fn needs_signature(&self) -> bool {
+        matches!(self.method, Method::Signature)
+    }
+
+    /// `true` when a 401 should name Basic in `WWW-Authenticate`.
+    pub(crate) fn is_basic(&self) -> bool {
+        matches!(self.method, Method::Basic { .. })
+    }
+
+    /// The allow-list: a caller outside it, or of unknown address, is refused.
+    pub(crate) fn check_peer(&self, peer: Option<IpAddr>) -> Result<(), AuthError> {
+        if self.allow.is_empty() {
+            return Ok(());
+        }
+        match peer {
+            Some(ip) if self.allow.iter().any(|net| net.contains(ip)) => Ok(()),
+            _ => Err(AuthError::AddressRefused),
+        }
+    }
+
+    /// The header credentials (the signature, if any, is checked with the body).
+    pub(crate) fn check_headers(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+        match &self.method {
+            Method::None | Method::Signature => Ok(()),
+            Method::SharedSecret { header, expected } => {
+                let presented = headers.get(header).ok_or(AuthError::Missing)?;
+                if expected.matches(presented.as_bytes()) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Wrong)
+                }
+            }
+            Method::Basic { expected } => {
+                let value = headers
+                    .get(header::AUTHORIZATION)
+                    .ok_or(AuthError::Missing)?;
+                let encoded = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.split_once(' '))
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+                    .map(|(_, credentials)| credentials.trim())
+                    .ok_or(AuthError::Wrong)?;
+                let pair = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|_| AuthError::Wrong)?;
+                if expected.matches(&pair) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Wrong)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Secret;
+
+    #[test]
+    fn cidrs_match_v4_and_v6_at_any_prefix() {
+        let net: Cidr = "192.168.1.128/25".parse().unwrap();
+        assert!(net.contains("192.168.1.200".parse().unwrap()));
+        assert!(!net.contains("192.168.1.127".parse().unwrap()));
+        let v6: Cidr = "2001:db8:abcd::/48".parse().unwrap();
+        assert!(v6.contains("2001:db8:abcd:12::1".parse().unwrap()));
+        assert!(!v6.contains("2001:db8:abce::1".parse().unwrap()));
+        assert!(!v6.contains("10.0.0.1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+        let host: Cidr = "127.0.0.1".parse().unwrap();
+        assert_eq!(host.to_string(), "127.0.0.1/32");
+        for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "x", "10.0.0.0/"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    fn guard(config: EndpointAuthConfig) -> Guard {
+        Guard::from_config(&config, "auth.test").unwrap()
+    }
+
+    #[test]
+    fn a_shared_secret_must_match_exactly() {
+        let guard = guard(EndpointAuthConfig {
+            method: AuthMethod::SharedSecret,
+            secret: Some(Secret::new("s3cret")),
+            ..EndpointAuthConfig::default()
+        });
+        let mut headers = HeaderMap::new();
+        assert_eq!(guard.check_headers(&headers), Err(AuthError::Missing));
+        for wrong in ["s3cre", "s3cret ", "S3CRET", ""] {
+            headers.insert("x-api-key", wrong.parse().unwrap());
+            assert_eq!(
+                guard.check_headers(&headers),
+                Err(AuthError::Wrong),
+                "{wrong:?}"
+            );
+        }
+        headers.insert("x-api-key", "s3cret".parse().unwrap());
+        assert_eq!(guard.check_headers(&headers), Ok(()));
+    }
+
+    #[test]
+    fn basic_credentials_must_match() {
+        let guard = guard(EndpointAuthConfig {
+            method: AuthMethod::Basic,
+            username: Some("aggregator".into()),
+            password: Some(Secret::new("pa:ss")),
+            ..EndpointAuthConfig::default()
+        });
+        let mut headers = HeaderMap::new();
+        let basic = |pair: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )
+        };
+        headers.insert(
+            header::AUTHORIZATION,
+            basic("aggregator:pa:ss").parse().unwrap(),
+        );
+        assert_eq!(guard.check_headers(&headers), Ok(()));
+        headers.insert(
+            header::AUTHORIZATION,
+            basic("aggregator:pa:s").parse().unwrap(),
+        );
+        assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
+        headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
+    }
+
+    #[test]
+    fn the_allow_list_refuses_others_and_unknown_peers() {
+        let guard = guard(EndpointAuthConfig {
+            allow_ips: vec!["10.0.0.0/8".into()],
+            ..EndpointAuthConfig::default()
+        });
+        assert_eq!(guard.check_peer(Some("10.9.8.7".parse().unwrap())), Ok(()));
+        assert_eq!(
+            guard.check_peer(Some("11.0.0.1".parse().unwrap())),
+            Err(AuthError::AddressRefused)
+        );
+        assert_eq!(guard.check_peer(None), Err(AuthError::AddressRefused));
+    }
+
+    #[test]
+    fn incomplete_methods_are_configuration_errors_naming_the_key() {
+        let error = Guard::from_config(
+            &EndpointAuthConfig {
+                method: AuthMethod::SharedSecret,
+                ..EndpointAuthConfig::default()
+            },
+            "auth.providers_validation",
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("auth.providers_validation.secret"),
+            "{error}"
+        );
+        let error = Guard::from_config(
+            &EndpointAuthConfig {
+                allow_ips: vec!["10/8".into()],
+                ..EndpointAuthConfig::default()
+            },
+            "auth.x",
+        )
+        .unwrap_err();
+        assert!(error.to_string().starts_with("auth.x.allow_ips"), "{error}");
+    }
+}

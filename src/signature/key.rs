@@ -1,0 +1,618 @@
+//! Public keys in every format an aggregator hands out, and private keys to sign with.
+//!
+//! Public keys are read from PEM (`BEGIN PUBLIC KEY` or `BEGIN RSA PUBLIC KEY`, several
+//! blocks allowed), the DER of either, .NET's `<RSAKeyValue>` XML, a JWK or a JWKS. The
+//! format is recognised from the content. Private keys (for signing) are PKCS#8, PEM or DER.
+
+use base64::Engine;
+use ring::{
+    rand::SystemRandom,
+    signature::{self as ring_sig, KeyPair},
+};
+use serde::Deserialize;
+use spki::der::{Decode, asn1::ObjectIdentifier};
+use std::fmt;
+
+use super::algorithm::{Algorithm, KeyKind};
+
+const OID_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+const OID_RSA_PSS: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.10");
+const OID_EC: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+const OID_P384: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
+const OID_ED25519: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
+
+/// Smallest RSA modulus accepted, in bits (ring's verifiers refuse smaller ones anyway).
+const MIN_RSA_BITS: usize = 2048;
+
+/// Why a key could not be read or used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The text or bytes are in no recognised key format.
+    #[error("not a public key in a known format (PEM, DER, RSAKeyValue XML, JWK, JWKS): {0}")]
+    Unrecognised(String),
+    /// A private key was given where a public key belongs.
+    #[error(
+        "this is a private key; give the aggregator's PUBLIC key (never put a private key in the config)"
+    )]
+    PrivateKey,
+    /// An X.509 certificate was given.
+    #[error(
+        "certificates are not read; extract the key with `openssl x509 -pubkey -noout -in cert.pem`"
+    )]
+    Certificate,
+    /// The key is of a kind payhook does not verify with.
+    #[error("unsupported key type: {0}")]
+    Unsupported(String),
+    /// The key is too weak.
+    #[error("RSA key of {0} bits is too small; at least 2048 bits are required")]
+    TooSmall(usize),
+    /// The key cannot verify the configured algorithm.
+    #[error("a {kind} key cannot verify {algorithm}")]
+    WrongKind {
+        /// What the key is.
+        kind: KeyKind,
+        /// What it was configured for.
+        algorithm: Algorithm,
+    },
+    /// A private key for signing could not be read.
+    #[error("not a PKCS#8 private key for {algorithm}: {reason}")]
+    BadPrivateKey {
+        /// What it was meant to sign with.
+        algorithm: Algorithm,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The key material itself.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Material {
+    /// Big-endian modulus and exponent, without leading zeros.
+    Rsa { n: Vec<u8>, e: Vec<u8> },
+    /// Uncompressed point `04‖x‖y`.
+    EcP256(Vec<u8>),
+    /// Uncompressed point `04‖x‖y`.
+    EcP384(Vec<u8>),
+    /// The 32-byte public key.
+    Ed25519(Vec<u8>),
+}
+
+/// A public key, with the id it was given (config `id`, or a JWK's `kid`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    id: Option<String>,
+    material: Material,
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublicKey")
+            .field("id", &self.id)
+            .field("kind", &self.kind())
+            .finish()
+    }
+}
+
+impl PublicKey {
+    /// Reads every public key in `input`: one for PEM/DER/XML/JWK (or several PEM blocks),
+    /// all of them for a JWKS.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] when the input is no public key, is a private key or a certificate, or is
+    /// of an unsupported kind or size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use payhook::signature::{KeyKind, PublicKey};
+    ///
+    /// let jwk = r#"{"kty":"OKP","crv":"Ed25519","kid":"k1",
+    ///               "x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}"#;
+    /// let keys = PublicKey::parse(jwk.as_bytes())?;
+    /// assert_eq!(keys[0].kind(), KeyKind::Ed25519);
+    /// assert_eq!(keys[0].id(), Some("k1"));
+    /// # Ok::<(), payhook::signature::KeyError>(())
+    /// ```
+    pub fn parse(input: &[u8]) -> Result<Vec<PublicKey>, KeyError> {
+        let text = std::str::from_utf8(input).ok().map(str::trim);
+        match text {
+            Some(t) if t.contains("-----BEGIN") => parse_pem_blocks(t),
+            Some(t) if t.starts_with('<') => parse_xml(t).map(|k| vec![k]),
+            Some(t) if t.starts_with('{') => parse_jwk_or_jwks(t),
+            Some(t)
+                if !t.is_empty()
+                    && t.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"+/=\r\n".contains(&b)) =>
+            {
+                let der = base64::engine::general_purpose::STANDARD
+                    .decode(t.replace(['\r', '\n'], ""))
+                    .map_err(|e| KeyError::Unrecognised(format!("base64: {e}")))?;
+                parse_der(&der).map(|k| vec![k])
+            }
+            _ => parse_der(input).map(|k| vec![k]),
+        }
+    }
+
+    /// The key's id, when it has one.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// Gives the key an id (replacing any).
+    #[must_use]
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The key's family.
+    pub fn kind(&self) -> KeyKind {
+        match self.material {
+            Material::Rsa { .. } => KeyKind::Rsa,
+            Material::EcP256(_) => KeyKind::EcP256,
+            Material::EcP384(_) => KeyKind::EcP384,
+            Material::Ed25519(_) => KeyKind::Ed25519,
+        }
+    }
+
+    /// Checks that this key can verify `algorithm`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::WrongKind`] when it cannot.
+    pub fn check_fits(&self, algorithm: Algorithm) -> Result<(), KeyError> {
+        if self.kind() == algorithm.key_kind() {
+            Ok(())
+        } else {
+            Err(KeyError::WrongKind {
+                kind: self.kind(),
+                algorithm,
+            })
+        }
+    }
+
+    /// `true` when `signature` is a valid `algorithm` signature of `message` by this key.
+    /// A key of the wrong kind verifies nothing.
+    pub fn verifies(&self, algorithm: Algorithm, message: &[u8], signature: &[u8]) -> bool {
+        if self.check_fits(algorithm).is_err() {
+            return false;
+        }
+        match (
+            &self.material,
+            algorithm.rsa_verification(),
+            algorithm.point_verification(),
+        ) {
+            (Material::Rsa { n, e }, Some(params), _) => ring_sig::RsaPublicKeyComponents { n, e }
+                .verify(params, message, signature)
+                .is_ok(),
+            (
+                Material::EcP256(point) | Material::EcP384(point) | Material::Ed25519(point),
+                _,
+                Some(alg),
+            ) => ring_sig::UnparsedPublicKey::new(alg, point)
+                .verify(message, signature)
+                .is_ok(),
+            _ => false,
+        }
+    }
+
+    fn new(material: Material) -> Result<Self, KeyError> {
+        if let Material::Rsa { n, .. } = &material {
+            let bits = n.len() * 8 - n.first().map_or(8, |b| b.leading_zeros() as usize);
+            if bits < MIN_RSA_BITS {
+                return Err(KeyError::TooSmall(bits));
+            }
+        }
+        Ok(Self { id: None, material })
+    }
+}
+
+fn rsa(n: &[u8], e: &[u8]) -> Result<PublicKey, KeyError> {
+    let strip = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .skip_while(|b| **b == 0)
+            .copied()
+            .collect::<Vec<u8>>()
+    };
+    PublicKey::new(Material::Rsa {
+        n: strip(n),
+        e: strip(e),
+    })
+}
+
+fn parse_pem_blocks(text: &str) -> Result<Vec<PublicKey>, KeyError> {
+    let mut keys = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("-----BEGIN") {
+        let block = &rest[start..];
+        let end_marker = block
+            .find("-----END")
+            .ok_or_else(|| KeyError::Unrecognised("PEM block without END".into()))?;
+        let end = block[end_marker + 8..]
+            .find("-----")
+            .map_or(block.len(), |i| end_marker + 8 + i + 5);
+        keys.push(parse_pem(&block[..end])?);
+        rest = &block[end..];
+    }
+    Ok(keys)
+}
+
+fn parse_pem(block: &str) -> Result<PublicKey, KeyError> {
+    let (label, der) = pem_rfc7468::decode_vec(block.as_bytes())
+        .map_err(|e| KeyError::Unrecognised(format!("PEM: {e}")))?;
+    match label {
+        "PUBLIC KEY" => parse_spki(&der),
+        "RSA PUBLIC KEY" => parse_pkcs1(&der),
+        "CERTIFICATE" => Err(KeyError::Certificate),
+        l if l.contains("PRIVATE KEY") => Err(KeyError::PrivateKey),
+        other => Err(KeyError::Unrecognised(format!("PEM label `{other}`"))),
+    }
+}
+
+/// DER of either a SubjectPublicKeyInfo or a PKCS#1 `RSAPublicKey`.
+fn parse_der(der: &[u8]) -> Result<PublicKey, KeyError> {
+    parse_spki(der).or_else(|spki_error| parse_pkcs1(der).map_err(|_| spki_error))
+}
+
+fn parse_pkcs1(der: &[u8]) -> Result<PublicKey, KeyError> {
+    let key = pkcs1::RsaPublicKey::from_der(der)
+        .map_err(|e| KeyError::Unrecognised(format!("PKCS#1: {e}")))?;
+    rsa(key.modulus.as_bytes(), key.public_exponent.as_bytes())
+}
+
+fn parse_spki(der: &[u8]) -> Result<PublicKey, KeyError> {
+    let spki = spki::SubjectPublicKeyInfoRef::from_der(der)
+        .map_err(|e| KeyError::Unrecognised(format!("SubjectPublicKeyInfo: {e}")))?;
+    let key = spki.subject_public_key.raw_bytes();
+    let oid = spki.algorithm.oid;
+    if oid == OID_RSA || oid == OID_RSA_PSS {
+        parse_pkcs1(key)
+    } else if oid == OID_EC {
+        let curve = spki
+            .algorithm
+            .parameters
+            .and_then(|p| p.decode_as::<ObjectIdentifier>().ok())
+            .ok_or_else(|| KeyError::Unsupported("EC key without a named curve".into()))?;
+        match curve {
+            c if c == OID_P256 => ec_point(key, 32)
+                .map(Material::EcP256)
+                .and_then(PublicKey::new),
+            c if c == OID_P384 => ec_point(key, 48)
+                .map(Material::EcP384)
+                .and_then(PublicKey::new),
+            other => Err(KeyError::Unsupported(format!(
+                "EC curve {other} (P-256 and P-384 are supported)"
+            ))),
+        }
+    } else if oid == OID_ED25519 {
+        ed25519(key)
+    } else {
+        Err(KeyError::Unsupported(format!("algorithm {oid}")))
+    }
+}
+
+/// An uncompressed point of a curve whose coordinates are `len` bytes.
+fn ec_point(point: &[u8], len: usize) -> Result<Vec<u8>, KeyError> {
+    if point.len() == 1 + 2 * len && point[0] == 4 {
+        Ok(point.to_vec())
+    } else {
+        Err(KeyError::Unsupported(
+            "EC point not in uncompressed form".into(),
+        ))
+    }
+}
+
+fn ed25519(key: &[u8]) -> Result<PublicKey, KeyError> {
+    if key.len() == 32 {
+        PublicKey::new(Material::Ed25519(key.to_vec()))
+    } else {
+        Err(KeyError::Unrecognised(format!(
+            "Ed25519 key of {} bytes",
+            key.len()
+        )))
+    }
+}
+
+/// .NET's `RSA.ToXmlString(false)`: `<RSAKeyValue><Modulus>…</Modulus><Exponent>…</Exponent>`.
+fn parse_xml(text: &str) -> Result<PublicKey, KeyError> {
+    let element = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = start + text[start..].find(&format!("</{name}>"))?;
+        Some(text[start..end].split_whitespace().collect::<String>())
+    };
+    if !text.contains("<RSAKeyValue") {
+        return Err(KeyError::Unrecognised("XML without <RSAKeyValue>".into()));
+    }
+    if element("D").is_some() {
+        return Err(KeyError::PrivateKey);
+    }
+    let decode = |name: &str| {
+        let value = element(name)
+            .ok_or_else(|| KeyError::Unrecognised(format!("<RSAKeyValue> without <{name}>")))?;
+        base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .map_err(|e| KeyError::Unrecognised(format!("<{name}>: {e}")))
+    };
+    rsa(&decode("Modulus")?, &decode("Exponent")?)
+}
+
+/// A JWK's members that matter here (RFC 7517/7518/8037).
+#[derive(Deserialize)]
+struct Jwk {
+    kty: String,
+    kid: Option<String>,
+    #[serde(rename = "use")]
+    usage: Option<String>,
+    crv: Option<String>,
+    n: Option<String>,
+    e: Option<String>,
+    x: Option<String>,
+    y: Option<String>,
+    d: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Jwks {
+    keys: Vec<serde_json::Value>,
+}
+
+fn parse_jwk_or_jwks(text: &str) -> Result<Vec<PublicKey>, KeyError> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| KeyError::Unrecognised(format!("JSON: {e}")))?;
+    if value.get("keys").is_some() {
+        let jwks: Jwks = serde_json::from_value(value)
+            .map_err(|e| KeyError::Unrecognised(format!("JWKS: {e}")))?;
+        let keys = jwks
+            .keys
+            .into_iter()
+            .map(|k| {
+                serde_json::from_value::<Jwk>(k)
+                    .map_err(|e| KeyError::Unrecognised(format!("JWK: {e}")))
+            })
+            .filter(|jwk| !matches!(jwk, Ok(Jwk { usage: Some(u), .. }) if u == "enc"))
+            .map(|jwk| jwk.and_then(parse_jwk))
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Err(KeyError::Unrecognised("JWKS without a signing key".into()));
+        }
+        Ok(keys)
+    } else {
+        let jwk: Jwk = serde_json::from_value(value)
+            .map_err(|e| KeyError::Unrecognised(format!("JWK: {e}")))?;
+        Ok(vec![parse_jwk(jwk)?])
+    }
+}
+
+fn parse_jwk(jwk: Jwk) -> Result<PublicKey, KeyError> {
+    if jwk.d.is_some() {
+        return Err(KeyError::PrivateKey);
+    }
+    let b64 = |field: &Option<String>, name: &str| {
+        let text = field
+            .as_deref()
+            .ok_or_else(|| KeyError::Unrecognised(format!("JWK without `{name}`")))?;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(text.trim_end_matches('='))
+            .map_err(|e| KeyError::Unrecognised(format!("JWK `{name}`: {e}")))
+    };
+    let point = |len: usize| -> Result<Vec<u8>, KeyError> {
+        let (x, y) = (b64(&jwk.x, "x")?, b64(&jwk.y, "y")?);
+        if x.len() != len || y.len() != len {
+            return Err(KeyError::Unrecognised(
+                "JWK EC coordinates of the wrong length".into(),
+            ));
+        }
+        Ok([&[4u8][..], &x, &y].concat())
+    };
+    let key = match (jwk.kty.as_str(), jwk.crv.as_deref()) {
+        ("RSA", _) => rsa(&b64(&jwk.n, "n")?, &b64(&jwk.e, "e")?)?,
+        ("EC", Some("P-256")) => PublicKey::new(Material::EcP256(point(32)?))?,
+        ("EC", Some("P-384")) => PublicKey::new(Material::EcP384(point(48)?))?,
+        ("OKP", Some("Ed25519")) => ed25519(&b64(&jwk.x, "x")?)?,
+        (kty, crv) => {
+            return Err(KeyError::Unsupported(format!(
+                "JWK kty `{kty}` crv `{}`",
+                crv.unwrap_or("-")
+            )));
+        }
+    };
+    Ok(match jwk.kid {
+        Some(kid) => key.with_id(kid),
+        None => key,
+    })
+}
+
+/// A private key that signs with one algorithm. Redacted in `Debug`.
+///
+/// ```
+/// use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
+///
+/// let pair = generate_key_pair(Algorithm::Ed25519)?;
+/// let key = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519)?;
+/// let header = Encoding::Base64.encode(&key.sign(b"{}")?);
+/// assert!(!header.is_empty());
+/// assert_eq!(format!("{key:?}"), "SigningKey(ed25519, ***)");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct SigningKey {
+    algorithm: Algorithm,
+    pair: Pair,
+}
+
+enum Pair {
+    Rsa(ring_sig::RsaKeyPair),
+    Ecdsa(ring_sig::EcdsaKeyPair),
+    Ed25519(ring_sig::Ed25519KeyPair),
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SigningKey({}, ***)", self.algorithm)
+    }
+}
+
+/// Why signing failed (ring reports no detail).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("signing failed")]
+pub struct SignError;
+
+impl SigningKey {
+    /// Reads a PKCS#8 private key (PEM `BEGIN PRIVATE KEY`, or DER) to sign with `algorithm`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::BadPrivateKey`] when it is not PKCS#8 or not a key for `algorithm`.
+    pub fn from_pkcs8(input: &[u8], algorithm: Algorithm) -> Result<Self, KeyError> {
+        let bad = |reason: String| KeyError::BadPrivateKey { algorithm, reason };
+        let der = match std::str::from_utf8(input).map(str::trim) {
+            Ok(text) if text.starts_with("-----BEGIN") => {
+                let (label, der) = pem_rfc7468::decode_vec(text.as_bytes())
+                    .map_err(|e| bad(format!("PEM: {e}")))?;
+                if label != "PRIVATE KEY" {
+                    return Err(bad(format!(
+                        "PEM label `{label}`; convert with `openssl pkcs8 -topk8 -nocrypt`"
+                    )));
+                }
+                der
+            }
+            _ => input.to_vec(),
+        };
+        let rejected = |e: ring::error::KeyRejected| bad(e.to_string());
+        let pair = match algorithm.key_kind() {
+            KeyKind::Rsa => Pair::Rsa(ring_sig::RsaKeyPair::from_pkcs8(&der).map_err(rejected)?),
+            KeyKind::EcP256 | KeyKind::EcP384 => {
+                let signing = algorithm
+                    .ecdsa_signing()
+                    .ok_or_else(|| bad("not an ECDSA algorithm".into()))?;
+                Pair::Ecdsa(
+                    ring_sig::EcdsaKeyPair::from_pkcs8(signing, &der, &SystemRandom::new())
+                        .map_err(rejected)?,
+                )
+            }
+            KeyKind::Ed25519 => Pair::Ed25519(
+                ring_sig::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&der).map_err(rejected)?,
+            ),
+        };
+        Ok(Self { algorithm, pair })
+    }
+
+    /// The algorithm this key signs with.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The public half, to verify this key's signatures with.
+    pub fn public_key(&self) -> PublicKey {
+        let material = match &self.pair {
+            Pair::Rsa(pair) => {
+                let components: ring_sig::RsaPublicKeyComponents<Vec<u8>> = pair.public().into();
+                Material::Rsa {
+                    n: components.n,
+                    e: components.e,
+                }
+            }
+            Pair::Ecdsa(pair) if self.algorithm.key_kind() == KeyKind::EcP256 => {
+                Material::EcP256(pair.public_key().as_ref().to_vec())
+            }
+            Pair::Ecdsa(pair) => Material::EcP384(pair.public_key().as_ref().to_vec()),
+            Pair::Ed25519(pair) => Material::Ed25519(pair.public_key().as_ref().to_vec()),
+        };
+        PublicKey { id: None, material }
+    }
+
+    /// Signs `message` (the raw body bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`SignError`] if ring fails, which does not happen with a valid key.
+    pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, SignError> {
+        let rng = SystemRandom::new();
+        match &self.pair {
+            Pair::Rsa(pair) => {
+                let padding = self.algorithm.rsa_signing().ok_or(SignError)?;
+                let mut signature = vec![0; pair.public().modulus_len()];
+                pair.sign(padding, &rng, message, &mut signature)
+                    .map_err(|_| SignError)?;
+                Ok(signature)
+            }
+            Pair::Ecdsa(pair) => Ok(pair
+                .sign(&rng, message)
+                .map_err(|_| SignError)?
+                .as_ref()
+                .to_vec()),
+            Pair::Ed25519(pair) => Ok(pair.sign(message).as_ref().to_vec()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_private_key_is_refused_where_a_public_key_belongs() {
+        let pem = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIHv6f5Q8p5GBp8uA0h6f6a4i4C3n1bD1oW3o2bH6Gx9c\n-----END PRIVATE KEY-----";
+        assert_eq!(PublicKey::parse(pem.as_bytes()), Err(KeyError::PrivateKey));
+        let jwk = r#"{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo","d":"nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"}"#;
+        assert_eq!(PublicKey::parse(jwk.as_bytes()), Err(KeyError::PrivateKey));
+        let xml = "<RSAKeyValue><Modulus>AQAB</Modulus><Exponent>AQAB</Exponent><D>AQAB</D></RSAKeyValue>";
+        assert_eq!(PublicKey::parse(xml.as_bytes()), Err(KeyError::PrivateKey));
+    }
+
+    #[test]
+    fn certificates_and_garbage_get_clear_errors() {
+        let cert = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----";
+        assert_eq!(
+            PublicKey::parse(cert.as_bytes()),
+            Err(KeyError::Certificate)
+        );
+        assert!(matches!(
+            PublicKey::parse(b"\x00\x01garbage"),
+            Err(KeyError::Unrecognised(_))
+        ));
+        assert!(matches!(
+            PublicKey::parse(b"{\"kty\":\"oct\",\"k\":\"AA\"}"),
+            Err(KeyError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn small_rsa_keys_are_refused() {
+        let xml = format!(
+            "<RSAKeyValue><Modulus>{}</Modulus><Exponent>AQAB</Exponent></RSAKeyValue>",
+            base64::engine::general_purpose::STANDARD.encode([0xffu8; 128])
+        );
+        assert_eq!(
+            PublicKey::parse(xml.as_bytes()),
+            Err(KeyError::TooSmall(1024))
+        );
+    }
+
+    #[test]
+    fn generated_keys_sign_and_verify_with_every_algorithm() {
+        for algorithm in Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.key_kind() != KeyKind::Rsa)
+        {
+            let pair = super::super::generate_key_pair(algorithm).unwrap();
+            let signer = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), algorithm).unwrap();
+            let public = PublicKey::parse(pair.public_pem.as_bytes())
+                .unwrap()
+                .remove(0);
+            assert_eq!(public, signer.public_key().clone());
+            let signature = signer.sign(b"body").unwrap();
+            assert!(
+                public.verifies(algorithm, b"body", &signature),
+                "{algorithm}"
+            );
+            assert!(
+                !public.verifies(algorithm, b"bodY", &signature),
+                "{algorithm}"
+            );
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Key pair generation for `payhook keygen`: ring for EC and Ed25519, the `rsa` crate for
+//! the one thing ring cannot do, generating RSA keys.
+
+use ring::{rand::SystemRandom, signature as ring_sig};
+use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
+
+use super::algorithm::{Algorithm, KeyKind};
+
+/// Size of generated RSA keys.
+const RSA_BITS: usize = 2048;
+
+/// DER prefixes of a SubjectPublicKeyInfo, to which the raw public key is appended.
+const SPKI_P256_PREFIX: &[u8] = &[
+    0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a,
+    0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
+];
+const SPKI_P384_PREFIX: &[u8] = &[
+    0x30, 0x76, 0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b,
+    0x81, 0x04, 0x00, 0x22, 0x03, 0x62, 0x00,
+];
+const SPKI_ED25519_PREFIX: &[u8] = &[
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+/// A new key pair as PEM text.
+#[derive(Clone)]
+pub struct KeyPairPem {
+    /// PKCS#8 `BEGIN PRIVATE KEY`.
+    pub private_pem: String,
+    /// SubjectPublicKeyInfo `BEGIN PUBLIC KEY`.
+    pub public_pem: String,
+}
+
+impl std::fmt::Debug for KeyPairPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyPairPem")
+            .field("private_pem", &"***")
+            .field("public_pem", &self.public_pem)
+            .finish()
+    }
+}
+
+/// Why a key pair could not be generated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key generation failed: {0}")]
+pub struct KeygenError(String);
+
+/// Generates a key pair for `algorithm` (RSA keys are 2048 bits).
+///
+/// # Errors
+///
+/// [`KeygenError`] when the system's random source or encoder fails.
+pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError> {
+    let rng = SystemRandom::new();
+    let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
+    let (pkcs8, spki) = match algorithm.key_kind() {
+        KeyKind::Rsa => return generate_rsa(),
+        KeyKind::EcP256 | KeyKind::EcP384 => {
+            let signing = algorithm
+                .ecdsa_signing()
+                .ok_or_else(|| KeygenError("not ECDSA".into()))?;
+            let pkcs8 =
+                ring_sig::EcdsaKeyPair::generate_pkcs8(signing, &rng).map_err(|e| fail(&e))?;
+            let pair = ring_sig::EcdsaKeyPair::from_pkcs8(signing, pkcs8.as_ref(), &rng)
+                .map_err(|e| fail(&e))?;
+            let prefix = if algorithm.key_kind() == KeyKind::EcP256 {
+                SPKI_P256_PREFIX
+            } else {
+                SPKI_P384_PREFIX
+            };
+            (
+                pkcs8.as_ref().to_vec(),
+                [prefix, ring_sig::KeyPair::public_key(&pair).as_ref()].concat(),
+            )
+        }
+        KeyKind::Ed25519 => {
+            let pkcs8 = ring_sig::Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| fail(&e))?;
+            let pair =
+                ring_sig::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|e| fail(&e))?;
+            (
+                pkcs8.as_ref().to_vec(),
+                [
+                    SPKI_ED25519_PREFIX,
+                    ring_sig::KeyPair::public_key(&pair).as_ref(),
+                ]
+                .concat(),
+            )
+        }
+    };
+    Ok(KeyPairPem {
+        private_pem: pem("PRIVATE KEY", &pkcs8)?,
+        public_pem: pem("PUBLIC KEY", &spki)?,
+    })
+}
+
+fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
+    let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
+    let private =
+        rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, RSA_BITS).map_err(|e| fail(&e))?;
+    let private_pem = private
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| fail(&e))?
+        .to_string();
+    let public_pem = private
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .map_err(|e| fail(&e))?;
+    Ok(KeyPairPem {
+        private_pem,
+        public_pem,
+    })
+}
+
+fn pem(label: &str, der: &[u8]) -> Result<String, KeygenError> {
+    pem_rfc7468::encode_string(label, pem_rfc7468::LineEnding::LF, der)
+        .map_err(|e| KeygenError(e.to_string()))
+}

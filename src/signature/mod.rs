@@ -1,0 +1,354 @@
+//! Signatures of callback bodies: verify whatever scheme a real aggregator uses, refuse
+//! everything else, and sign with exactly the same code (for the simulator and the tests).
+//!
+//! The spec says the aggregator signs the callback body with its private key and puts the
+//! signature in a header (§5.5, §6.6), but not which header, algorithm or encoding. payhook
+//! makes all three configurable ([`crate::config::SignatureConfig`]):
+//!
+//! * **algorithms** ([`Algorithm`]): RSA PKCS#1 v1.5 and RSA-PSS with SHA-256/384/512, ECDSA
+//!   P-256/SHA-256 and P-384/SHA-384 in DER and fixed `r‖s` form, Ed25519 — all by ring;
+//! * **encodings** ([`Encoding`]): base64, base64url (padded or not), hex; an optional scheme
+//!   prefix such as `sha256=`;
+//! * **keys** ([`PublicKey`]): PEM (SPKI or PKCS#1), DER, .NET XML, JWK, JWKS; several at once
+//!   for rotation — a signature passes when any key verifies it.
+//!
+//! The signature is checked over the exact raw body bytes, before any JSON parsing.
+//! [`sniff`] finds the scheme of a captured request when nobody can say which it is.
+
+mod algorithm;
+mod encoding;
+mod key;
+mod keygen;
+mod sniff;
+
+use http::{HeaderMap, HeaderName};
+
+pub use algorithm::{Algorithm, KeyKind, UnknownAlgorithm};
+pub use encoding::{DecodeError, Encoding, UnknownEncoding};
+pub use key::{KeyError, PublicKey, SignError, SigningKey};
+pub use keygen::{KeyPairPem, KeygenError, generate_key_pair};
+pub use sniff::{RawRequestError, SniffMatch, parse_raw_request, sniff};
+
+use crate::config::SignatureConfig;
+
+/// Default name of the signature header.
+pub const DEFAULT_HEADER: &str = "X-Signature";
+/// Longest signature header value read. RSA-8192 in hex is 2048 characters; anything much
+/// longer is refused before any decoding work.
+pub const MAX_HEADER_LEN: usize = 4096;
+
+/// Why a request's signature was refused. Each variant is a 401 on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    /// The signature header is absent.
+    #[error("missing signature: no {0} header")]
+    Missing(HeaderName),
+    /// The header is there but is not a signature in the configured encoding.
+    #[error("malformed signature: {0}")]
+    Malformed(String),
+    /// The signature is well-formed but no configured key verifies it over this body.
+    #[error("invalid signature: it does not verify with any configured key")]
+    Invalid,
+}
+
+/// Why a [`Verifier`] could not be built from configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct VerifierConfigError {
+    /// The config key, e.g. `signature.keys[1]`.
+    pub key: String,
+    /// What is wrong, naming the key's id and file.
+    pub reason: String,
+}
+
+/// Checks signatures of request bodies against a set of keys.
+///
+/// ```
+/// use payhook::signature::{Algorithm, Encoding, SigningKey, Verifier, generate_key_pair};
+///
+/// let pair = generate_key_pair(Algorithm::EcdsaP256Sha256Fixed)?;
+/// let signer = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::EcdsaP256Sha256Fixed)?;
+/// let verifier = Verifier::new("X-Signature", Encoding::Base64, None)?
+///     .with_key(signer.public_key().with_id("2026-01"), Algorithm::EcdsaP256Sha256Fixed)?;
+///
+/// let body = br#"{"nonce":"n-1"}"#;
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("x-signature", signer.header_value(body, Encoding::Base64, None)?.parse()?);
+/// assert_eq!(verifier.verify(&headers, body)?, Some("2026-01"));
+/// assert!(verifier.verify(&headers, b"{\"nonce\":\"n-2\"}").is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    header: HeaderName,
+    encoding: Encoding,
+    prefix: Option<String>,
+    keys: Vec<(PublicKey, Algorithm)>,
+}
+
+impl Verifier {
+    /// A verifier without keys yet, reading signatures from `header` in `encoding`, with an
+    /// optional scheme `prefix` (e.g. `sha256=`) stripped first.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::Unrecognised`] when `header` is not a valid header name.
+    pub fn new(header: &str, encoding: Encoding, prefix: Option<&str>) -> Result<Self, KeyError> {
+        let header = HeaderName::try_from(header.trim()).map_err(|_| {
+            KeyError::Unrecognised(format!("`{header}` is not a valid header name"))
+        })?;
+        let prefix = prefix.filter(|p| !p.is_empty()).map(str::to_owned);
+        Ok(Self {
+            header,
+            encoding,
+            prefix,
+            keys: Vec::new(),
+        })
+    }
+
+    /// Adds a key that verifies `algorithm` signatures (rotation: add several).
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::WrongKind`] when the key cannot verify `algorithm`.
+    pub fn with_key(mut self, key: PublicKey, algorithm: Algorithm) -> Result<Self, KeyError> {
+        key.check_fits(algorithm)?;
+        self.keys.push((key, algorithm));
+        Ok(self)
+    }
+
+    /// Builds the verifier of `[signature]`, reading every key file.
+    ///
+    /// # Errors
+    ///
+    /// [`VerifierConfigError`] naming the key entry (`signature.keys[i]`, its id and file)
+    /// that cannot be read or does not fit its algorithm.
+    pub fn from_config(config: &SignatureConfig) -> Result<Self, VerifierConfigError> {
+        let mut verifier = Self::new(&config.header, config.encoding, Some(&config.prefix))
+            .map_err(|e| VerifierConfigError {
+                key: "signature.header".into(),
+                reason: e.to_string(),
+            })?;
+        for (index, source) in config.keys.iter().enumerate() {
+            let name = format!("signature.keys[{index}]");
+            let describe = |reason: &dyn std::fmt::Display| VerifierConfigError {
+                key: name.clone(),
+                reason: format!("{}: {reason}", source.describe()),
+            };
+            let algorithm = source.algorithm.unwrap_or(config.algorithm);
+            for key in source.load().map_err(|e| describe(&e))? {
+                let key = match (&source.id, key.id()) {
+                    (Some(id), None) => key.with_id(id.clone()),
+                    _ => key,
+                };
+                let label = key
+                    .id()
+                    .map(|id| format!("key `{id}`"))
+                    .unwrap_or_else(|| "key".to_owned());
+                verifier = verifier
+                    .with_key(key, algorithm)
+                    .map_err(|e| describe(&format!("{label}: {e}")))?;
+            }
+        }
+        Ok(verifier)
+    }
+
+    /// `true` when at least one key is configured.
+    pub fn has_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The header signatures are read from.
+    pub fn header(&self) -> &HeaderName {
+        &self.header
+    }
+
+    /// Reads the signature from `headers` without looking at the body: cheap, so a request
+    /// without a usable signature is refused before its body is read.
+    ///
+    /// # Errors
+    ///
+    /// [`SignatureError::Missing`] or [`SignatureError::Malformed`] (also for a header longer
+    /// than [`MAX_HEADER_LEN`], which is refused before decoding).
+    pub fn read_signature(&self, headers: &HeaderMap) -> Result<Vec<u8>, SignatureError> {
+        let mut values = headers.get_all(&self.header).iter();
+        let value = values
+            .next()
+            .ok_or_else(|| SignatureError::Missing(self.header.clone()))?;
+        if values.next().is_some() {
+            return Err(SignatureError::Malformed(format!(
+                "more than one {} header",
+                self.header
+            )));
+        }
+        if value.len() > MAX_HEADER_LEN {
+            return Err(SignatureError::Malformed(format!(
+                "header longer than {MAX_HEADER_LEN} bytes"
+            )));
+        }
+        let text = value
+            .to_str()
+            .map_err(|_| SignatureError::Malformed("header is not ASCII".into()))?
+            .trim();
+        let text = match &self.prefix {
+            Some(prefix) => strip_prefix_ignore_case(text, prefix).ok_or_else(|| {
+                SignatureError::Malformed(format!("expected the prefix `{prefix}`"))
+            })?,
+            None => text,
+        };
+        if text.is_empty() {
+            return Err(SignatureError::Malformed("empty signature".into()));
+        }
+        self.encoding
+            .decode(text)
+            .map_err(|e| SignatureError::Malformed(e.to_string()))
+    }
+
+    /// Checks `signature` over `body` with every key; returns the id of the key that verified.
+    ///
+    /// # Errors
+    ///
+    /// [`SignatureError::Invalid`] when no key verifies it.
+    pub fn check(&self, body: &[u8], signature: &[u8]) -> Result<Option<&str>, SignatureError> {
+        self.keys
+            .iter()
+            .find(|(key, algorithm)| key.verifies(*algorithm, body, signature))
+            .map(|(key, _)| key.id())
+            .ok_or(SignatureError::Invalid)
+    }
+
+    /// [`Verifier::read_signature`] then [`Verifier::check`].
+    ///
+    /// # Errors
+    ///
+    /// Any [`SignatureError`].
+    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<&str>, SignatureError> {
+        let signature = self.read_signature(headers)?;
+        self.check(body, &signature)
+    }
+}
+
+fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &text[prefix.len()..])
+}
+
+impl SigningKey {
+    /// Signs `message` and writes the signature as a header value: `prefix` then the
+    /// signature in `encoding`.
+    ///
+    /// # Errors
+    ///
+    /// [`SignError`] if signing fails.
+    pub fn header_value(
+        &self,
+        message: &[u8],
+        encoding: Encoding,
+        prefix: Option<&str>,
+    ) -> Result<String, SignError> {
+        let signature = self.sign(message)?;
+        Ok(format!(
+            "{}{}",
+            prefix.unwrap_or_default(),
+            encoding.encode(&signature)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(algorithm: Algorithm) -> (SigningKey, PublicKey) {
+        let pem = generate_key_pair(algorithm).unwrap();
+        let signer = SigningKey::from_pkcs8(pem.private_pem.as_bytes(), algorithm).unwrap();
+        let public = signer.public_key();
+        (signer, public)
+    }
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-signature", value.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn missing_malformed_and_invalid_are_told_apart() {
+        let (signer, public) = pair(Algorithm::Ed25519);
+        let verifier = Verifier::new(DEFAULT_HEADER, Encoding::Base64, None)
+            .unwrap()
+            .with_key(public, Algorithm::Ed25519)
+            .unwrap();
+        assert!(matches!(
+            verifier.verify(&HeaderMap::new(), b"x"),
+            Err(SignatureError::Missing(_))
+        ));
+        assert!(matches!(
+            verifier.verify(&headers("!!!"), b"x"),
+            Err(SignatureError::Malformed(_))
+        ));
+        assert!(matches!(
+            verifier.verify(&headers(""), b"x"),
+            Err(SignatureError::Malformed(_))
+        ));
+        let good = signer.header_value(b"x", Encoding::Base64, None).unwrap();
+        assert_eq!(verifier.verify(&headers(&good), b"x"), Ok(None));
+        assert_eq!(
+            verifier.verify(&headers(&good), b"y"),
+            Err(SignatureError::Invalid)
+        );
+    }
+
+    #[test]
+    fn an_oversized_header_is_refused_before_decoding() {
+        let (_, public) = pair(Algorithm::Ed25519);
+        let verifier = Verifier::new(DEFAULT_HEADER, Encoding::Base64, None)
+            .unwrap()
+            .with_key(public, Algorithm::Ed25519)
+            .unwrap();
+        let huge = "A".repeat(64 * 1024);
+        let error = verifier.verify(&headers(&huge), b"x").unwrap_err();
+        assert_eq!(
+            error,
+            SignatureError::Malformed(format!("header longer than {MAX_HEADER_LEN} bytes"))
+        );
+    }
+
+    #[test]
+    fn the_prefix_is_required_and_stripped() {
+        let (signer, public) = pair(Algorithm::EcdsaP256Sha256);
+        let verifier = Verifier::new(DEFAULT_HEADER, Encoding::Hex, Some("sha256="))
+            .unwrap()
+            .with_key(public, Algorithm::EcdsaP256Sha256)
+            .unwrap();
+        let value = signer
+            .header_value(b"x", Encoding::Hex, Some("sha256="))
+            .unwrap();
+        assert!(verifier.verify(&headers(&value), b"x").is_ok());
+        assert!(
+            verifier
+                .verify(&headers(&value.to_uppercase()), b"x")
+                .is_ok(),
+            "prefix and hex are case-blind"
+        );
+        let bare = value.trim_start_matches("sha256=");
+        assert!(matches!(
+            verifier.verify(&headers(bare), b"x"),
+            Err(SignatureError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn a_key_of_the_wrong_kind_is_refused() {
+        let (_, public) = pair(Algorithm::EcdsaP256Sha256);
+        let error = Verifier::new(DEFAULT_HEADER, Encoding::Base64, None)
+            .unwrap()
+            .with_key(public, Algorithm::RsaPkcs1Sha256)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "a P-256 key cannot verify rsa-pkcs1-sha256"
+        );
+    }
+}
