@@ -404,3 +404,32 @@ pub fn with(body: &str, pointer: &str, value: Option<Value>) -> String {
     };
     json.to_string()
 }
+
+/// Directory of the independent signature test vectors and keys.
+pub fn signature_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/signatures")
+}
+
+/// A signing key of the fixtures (`rsa2048`, `rsa3072`, `p256`, `p384`, `ed25519`).
+pub fn fixture_signer(
+    key: &str,
+    algorithm: payhook::signature::Algorithm,
+) -> payhook::signature::SigningKey {
+    let pem = std::fs::read(signature_fixtures().join(key).join("private.pem")).unwrap();
+    payhook::signature::SigningKey::from_pkcs8(&pem, algorithm).unwrap()
+}
+
+/// A test configuration whose callbacks must be signed by the fixture key(s) `keys`
+/// (RSA PKCS#1 v1.5 SHA-256, base64, `X-Signature`).
+pub fn signed_config(keys: &[&str]) -> Config {
+    let mut config = Config::default();
+    config.signature.keys = keys
+        .iter()
+        .map(|key| payhook::config::KeySource {
+            id: Some((*key).to_owned()),
+            file: Some(signature_fixtures().join(key).join("public.pem")),
+            ..Default::default()
+        })
+        .collect();
+    config
+}

@@ -1,0 +1,359 @@
+//! Independent test vectors (Python `cryptography` and OpenSSL, not ring) verify with every
+//! key format, and every kind of damage makes them fail.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use payhook::signature::{Algorithm, Encoding, KeyKind, PublicKey, SigningKey, Verifier};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/signatures")
+}
+
+#[derive(Deserialize)]
+struct Vectors {
+    body: String,
+    vectors: Vec<Vector>,
+}
+
+#[derive(Deserialize, Debug)]
+struct Vector {
+    name: String,
+    key: String,
+    algorithm: String,
+    encoding: String,
+    prefix: String,
+    header_value: String,
+}
+
+impl Vector {
+    fn algorithm(&self) -> Algorithm {
+        self.algorithm.parse().unwrap()
+    }
+
+    fn encoding(&self) -> Encoding {
+        self.encoding.parse().unwrap()
+    }
+
+    /// The raw signature bytes.
+    fn signature(&self) -> Vec<u8> {
+        self.encoding()
+            .decode(&self.header_value[self.prefix.len()..])
+            .unwrap()
+    }
+}
+
+fn load() -> (Vec<u8>, Vec<Vector>) {
+    let manifest: Vectors =
+        serde_json::from_slice(&std::fs::read(fixtures().join("vectors.json")).unwrap()).unwrap();
+    let body = std::fs::read(fixtures().join(&manifest.body)).unwrap();
+    assert!(manifest.vectors.len() >= 24);
+    (body, manifest.vectors)
+}
+
+/// Every public key file of `key`, each read on its own.
+fn key_files(key: &str) -> Vec<(String, PublicKey)> {
+    let mut names = vec!["public.pem", "public.der", "public.jwk"];
+    if key.starts_with("rsa") {
+        names.extend(["public_pkcs1.pem", "public_pkcs1.der", "public.xml"]);
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let bytes = std::fs::read(fixtures().join(key).join(name)).unwrap();
+            let mut keys = PublicKey::parse(&bytes).unwrap_or_else(|e| panic!("{key}/{name}: {e}"));
+            assert_eq!(keys.len(), 1, "{key}/{name}");
+            (format!("{key}/{name}"), keys.remove(0))
+        })
+        .collect()
+}
+
+fn public_key(key: &str) -> PublicKey {
+    key_files(key).remove(0).1
+}
+
+fn verifier_for(vector: &Vector, key: PublicKey) -> Verifier {
+    let prefix = Some(vector.prefix.as_str()).filter(|p| !p.is_empty());
+    Verifier::new("X-Signature", vector.encoding(), prefix)
+        .unwrap()
+        .with_key(key, vector.algorithm())
+        .unwrap()
+}
+
+fn headers(value: &str) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-signature", value.parse().unwrap());
+    headers
+}
+
+#[test]
+fn every_vector_verifies_with_every_format_of_its_key() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        for (file, key) in key_files(&vector.key) {
+            let verifier = verifier_for(vector, key);
+            assert!(
+                verifier
+                    .verify(&headers(&vector.header_value), &body)
+                    .is_ok(),
+                "{} with {file}",
+                vector.name
+            );
+        }
+    }
+}
+
+#[test]
+fn all_formats_of_one_key_are_the_same_key() {
+    for key in ["rsa2048", "rsa3072", "p256", "p384", "ed25519"] {
+        let files = key_files(key);
+        for (file, parsed) in &files[1..] {
+            // Ids differ (a JWK carries a `kid`); the key material must not.
+            assert_eq!(
+                parsed.clone().with_id("k"),
+                files[0].1.clone().with_id("k"),
+                "{file}"
+            );
+        }
+    }
+}
+
+#[test]
+fn flipping_one_bit_of_the_body_fails_every_vector() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let key = public_key(&vector.key);
+        for bit in [0, body.len() * 4, body.len() * 8 - 1] {
+            let mut tampered = body.clone();
+            tampered[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                !key.verifies(vector.algorithm(), &tampered, &vector.signature()),
+                "{} bit {bit}",
+                vector.name
+            );
+        }
+    }
+}
+
+#[test]
+fn flipping_one_bit_of_the_signature_fails_every_vector() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let key = public_key(&vector.key);
+        let signature = vector.signature();
+        for bit in [0, signature.len() * 4, signature.len() * 8 - 1] {
+            let mut tampered = signature.clone();
+            tampered[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                !key.verifies(vector.algorithm(), &body, &tampered),
+                "{} bit {bit}",
+                vector.name
+            );
+        }
+    }
+}
+
+#[test]
+fn flipping_one_bit_of_the_key_fails_every_vector() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let der = std::fs::read(fixtures().join(&vector.key).join("public.der")).unwrap();
+        // The last bytes of an SPKI are key material (modulus, point or Ed25519 key).
+        for back in [1, 8, 20] {
+            let mut tampered = der.clone();
+            let at = tampered.len() - back;
+            tampered[at] ^= 0x10;
+            let verified = PublicKey::parse(&tampered)
+                .map(|keys| keys[0].verifies(vector.algorithm(), &body, &vector.signature()))
+                .unwrap_or(false);
+            assert!(!verified, "{} with key byte -{back} flipped", vector.name);
+        }
+    }
+}
+
+#[test]
+fn any_other_algorithm_of_the_same_key_fails() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let key = public_key(&vector.key);
+        for other in Algorithm::for_key(key.kind()).filter(|a| *a != vector.algorithm()) {
+            assert!(
+                !key.verifies(other, &body, &vector.signature()),
+                "{} checked as {other}",
+                vector.name
+            );
+        }
+        for other in Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.key_kind() != key.kind())
+        {
+            assert!(
+                !key.verifies(other, &body, &vector.signature()),
+                "{} with a {other} key",
+                vector.name
+            );
+        }
+    }
+}
+
+#[test]
+fn der_ecdsa_checked_as_fixed_and_fixed_as_der_fail() {
+    let (body, vectors) = load();
+    let pairs = [
+        (Algorithm::EcdsaP256Sha256, Algorithm::EcdsaP256Sha256Fixed),
+        (Algorithm::EcdsaP384Sha384, Algorithm::EcdsaP384Sha384Fixed),
+    ];
+    let mut checked = 0;
+    for vector in vectors
+        .iter()
+        .filter(|v| v.algorithm().key_kind() != KeyKind::Rsa)
+    {
+        for (der, fixed) in pairs {
+            let swapped = match vector.algorithm() {
+                a if a == der => fixed,
+                a if a == fixed => der,
+                _ => continue,
+            };
+            assert!(
+                !public_key(&vector.key).verifies(swapped, &body, &vector.signature()),
+                "{}",
+                vector.name
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 6,
+        "both directions on both curves, {checked} checked"
+    );
+}
+
+#[test]
+fn empty_truncated_and_over_long_signatures_fail() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let key = public_key(&vector.key);
+        let signature = vector.signature();
+        let cases = [
+            Vec::new(),
+            signature[..signature.len() - 1].to_vec(),
+            signature[1..].to_vec(),
+            signature[..signature.len() / 2].to_vec(),
+            [signature.as_slice(), &[0]].concat(),
+            [&[0], signature.as_slice()].concat(),
+            [signature.as_slice(), signature.as_slice()].concat(),
+        ];
+        for (i, case) in cases.iter().enumerate() {
+            assert!(
+                !key.verifies(vector.algorithm(), &body, case),
+                "{} case {i}",
+                vector.name
+            );
+        }
+        let verifier = verifier_for(vector, key.clone());
+        assert!(
+            verifier.verify(&headers(&vector.prefix), &body).is_err(),
+            "{}: an empty header value",
+            vector.name
+        );
+    }
+}
+
+#[test]
+fn the_wrong_key_of_the_right_kind_fails() {
+    let (body, vectors) = load();
+    for vector in vectors.iter().filter(|v| v.key.starts_with("rsa")) {
+        let other = if vector.key == "rsa2048" {
+            "rsa3072"
+        } else {
+            "rsa2048"
+        };
+        assert!(
+            !public_key(other).verifies(vector.algorithm(), &body, &vector.signature()),
+            "{}",
+            vector.name
+        );
+    }
+}
+
+#[test]
+fn rotation_accepts_the_old_and_the_new_key_and_names_the_one_that_verified() {
+    let (body, vectors) = load();
+    let jwks = PublicKey::parse(&std::fs::read(fixtures().join("jwks.json")).unwrap()).unwrap();
+    assert_eq!(
+        jwks.iter().map(|k| k.id().unwrap()).collect::<Vec<_>>(),
+        ["rsa-2026-01", "rsa-2026-07"]
+    );
+    let pick = |name: &str| vectors.iter().find(|v| v.name == name).unwrap();
+    let old = pick("rsa2048-rsa-pkcs1-sha256-base64-python");
+    let new = pick("rsa3072-rsa-pkcs1-sha256-base64-python");
+
+    let mut both = Verifier::new("X-Signature", Encoding::Base64, None).unwrap();
+    for key in jwks.clone() {
+        both = both.with_key(key, Algorithm::RsaPkcs1Sha256).unwrap();
+    }
+    assert_eq!(
+        both.verify(&headers(&old.header_value), &body),
+        Ok(Some("rsa-2026-01"))
+    );
+    assert_eq!(
+        both.verify(&headers(&new.header_value), &body),
+        Ok(Some("rsa-2026-07"))
+    );
+
+    let only_new = Verifier::new("X-Signature", Encoding::Base64, None)
+        .unwrap()
+        .with_key(jwks[1].clone(), Algorithm::RsaPkcs1Sha256)
+        .unwrap();
+    assert!(
+        only_new.verify(&headers(&old.header_value), &body).is_err(),
+        "a retired key no longer verifies"
+    );
+    assert!(only_new.verify(&headers(&new.header_value), &body).is_ok());
+}
+
+#[test]
+fn the_private_keys_sign_what_the_public_keys_verify() {
+    let (body, vectors) = load();
+    for vector in &vectors {
+        let pem = std::fs::read(fixtures().join(&vector.key).join("private.pem")).unwrap();
+        let signer = SigningKey::from_pkcs8(&pem, vector.algorithm()).unwrap();
+        assert_eq!(
+            signer.public_key(),
+            public_key(&vector.key),
+            "{}",
+            vector.name
+        );
+        let value = signer
+            .header_value(&body, vector.encoding(), Some(&vector.prefix))
+            .unwrap();
+        let verifier = verifier_for(vector, public_key(&vector.key));
+        assert!(
+            verifier.verify(&headers(&value), &body).is_ok(),
+            "{}: ring's signature",
+            vector.name
+        );
+    }
+}
+
+#[test]
+fn a_key_configured_for_the_wrong_algorithm_is_refused_by_name() {
+    let config = payhook::config::SignatureConfig {
+        algorithm: Algorithm::RsaPkcs1Sha256,
+        keys: vec![payhook::config::KeySource {
+            id: Some("aggregator-ec".into()),
+            file: Some(fixtures().join("p256/public.pem")),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let error = Verifier::from_config(&config).unwrap_err().to_string();
+    assert!(
+        error.contains("signature.keys[0]") && error.contains("aggregator-ec"),
+        "{error}"
+    );
+    assert!(
+        error.contains("P-256 key cannot verify rsa-pkcs1-sha256"),
+        "{error}"
+    );
+}
