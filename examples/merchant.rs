@@ -122,9 +122,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => Decimal::from(10_000),
     };
     let mut config = Config::from_env()?;
-    // This example has no aggregator public key to verify callback signatures with, so it
-    // opts out of verification explicitly. A real merchant configures the key instead.
-    config.callback.allow_unsigned = true;
+    if config.signature.keys.is_empty() {
+        // No aggregator public key is configured (PAYHOOK_SIGNATURE_KEYS or [signature] in
+        // PAYHOOK_CONFIG), so this demo opts out of verification explicitly. A real merchant
+        // configures the aggregator's key instead, and every callback must then be signed.
+        config.callback.allow_unsigned = true;
+    }
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let app = app(config, Merchant { max_amount })?;
     tracing::info!(address = %listener.local_addr()?, %max_amount, "example merchant ready");

@@ -70,6 +70,10 @@
 //!   context, and provider filter helpers.
 //! * [`server`] — the [`App`] service (routing, limits, the status code table) and [`serve`]
 //!   (HTTP/1.1 and HTTP/2, timeouts, graceful shutdown).
+//! * [`signature`] — callback signatures: every real scheme verified with ring over the raw
+//!   body, keys in every common format with rotation, signing, key generation, and `sniff`.
+//! * [`auth`] — how the validation endpoints authenticate the aggregator: signature, shared
+//!   secret, HTTP Basic, IP allow-list.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.

@@ -237,7 +237,10 @@ fn sniff_request(
         public.extend(read_keys(path)?);
     }
     let (headers, body) = match (request, body) {
-        (Some(request), _) => parse_raw_request(&std::fs::read(request)?)?,
+        (Some(request), _) => {
+            let captured = parse_raw_request(&std::fs::read(request)?)?;
+            (captured.headers, captured.body)
+        }
         (None, Some(body)) => {
             let headers = headers
                 .iter()

@@ -86,3 +86,250 @@ fn check_config_reports_a_missing_file() {
         stderr(&output)
     );
 }
+
+mod signature_tools {
+    use super::*;
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+    use std::process::Stdio;
+
+    fn fixtures() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/signatures")
+    }
+
+    /// Runs payhook with `stdin` as its standard input.
+    fn payhook_with_input(args: &[&str], stdin: &[u8]) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    fn path(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    #[test]
+    fn keygen_sign_and_verify_round_trip_for_every_key_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = br#"{"nonce":"n-1","amount":10.50}"#;
+        for alg in [
+            "rsa-pss-sha256",
+            "ecdsa-p256-sha256-fixed",
+            "ecdsa-p384-sha384",
+            "ed25519",
+        ] {
+            let out = dir.path().join(alg);
+            let output = payhook(&["keygen", "--alg", alg, "--out", path(&out)]);
+            assert!(output.status.success(), "{alg}: {}", stderr(&output));
+            let private = out.join("private.pem");
+            let public = out.join("public.pem");
+            assert!(
+                std::fs::read_to_string(&private)
+                    .unwrap()
+                    .starts_with("-----BEGIN PRIVATE KEY-----")
+            );
+            assert!(
+                std::fs::read_to_string(&public)
+                    .unwrap()
+                    .starts_with("-----BEGIN PUBLIC KEY-----")
+            );
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                assert_eq!(
+                    std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+                    0o600,
+                    "{alg}"
+                );
+            }
+
+            let signed = payhook_with_input(
+                &[
+                    "sign",
+                    "--key",
+                    path(&private),
+                    "--alg",
+                    alg,
+                    "--encoding",
+                    "hex",
+                ],
+                body,
+            );
+            assert!(signed.status.success(), "{alg}: {}", stderr(&signed));
+            let signature = stdout(&signed).trim().to_owned();
+            let args = [
+                "verify",
+                "--key",
+                path(&public),
+                "--alg",
+                alg,
+                "--encoding",
+                "hex",
+                "--signature",
+                &signature,
+            ];
+            let verified = payhook_with_input(&args, body);
+            assert!(verified.status.success(), "{alg}: {}", stderr(&verified));
+            assert!(stdout(&verified).starts_with("ok:"));
+            let refused = payhook_with_input(&args, b"{\"nonce\":\"n-1\",\"amount\":10.51}");
+            assert_eq!(refused.status.code(), Some(1), "{alg}");
+            assert!(
+                stderr(&refused).contains("invalid signature"),
+                "{}",
+                stderr(&refused)
+            );
+        }
+    }
+
+    #[test]
+    fn keygen_makes_rsa_keys_and_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("rsa");
+        assert!(
+            payhook(&["keygen", "--alg", "rsa-pkcs1-sha256", "--out", path(&out)])
+                .status
+                .success()
+        );
+        let again = payhook(&["keygen", "--alg", "rsa-pkcs1-sha256", "--out", path(&out)]);
+        assert_eq!(again.status.code(), Some(2));
+        assert!(stderr(&again).contains("--force"));
+        let body = b"{}";
+        let signed = payhook_with_input(&["sign", "--key", path(&out.join("private.pem"))], body);
+        let signature = stdout(&signed).trim().to_owned();
+        let verified = payhook_with_input(
+            &[
+                "verify",
+                "--key",
+                path(&out.join("public.pem")),
+                "--signature",
+                &signature,
+            ],
+            body,
+        );
+        assert!(verified.status.success(), "{}", stderr(&verified));
+    }
+
+    #[test]
+    fn verify_checks_an_independent_vector_and_explains_a_malformed_one() {
+        let body = std::fs::read(fixtures().join("body.json")).unwrap();
+        let vectors: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixtures().join("vectors.json")).unwrap())
+                .unwrap();
+        let vector = &vectors["vectors"][0];
+        let key = fixtures()
+            .join(vector["key"].as_str().unwrap())
+            .join("public.xml");
+        let alg = vector["algorithm"].as_str().unwrap();
+        let signature = vector["header_value"].as_str().unwrap();
+        let ok = payhook_with_input(
+            &[
+                "verify",
+                "--key",
+                path(&key),
+                "--alg",
+                alg,
+                "--signature",
+                signature,
+            ],
+            &body,
+        );
+        assert!(ok.status.success(), "{}", stderr(&ok));
+        let malformed = payhook_with_input(
+            &[
+                "verify",
+                "--key",
+                path(&key),
+                "--alg",
+                alg,
+                "--signature",
+                "%%%",
+            ],
+            &body,
+        );
+        assert_eq!(malformed.status.code(), Some(1));
+        assert!(
+            stderr(&malformed).contains("malformed signature"),
+            "{}",
+            stderr(&malformed)
+        );
+    }
+
+    #[test]
+    fn sniff_finds_the_scheme_of_a_captured_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = std::fs::read(fixtures().join("body.json")).unwrap();
+        let signer = payhook::signature::SigningKey::from_pkcs8(
+            &std::fs::read(fixtures().join("p384/private.pem")).unwrap(),
+            payhook::signature::Algorithm::EcdsaP384Sha384,
+        )
+        .unwrap();
+        let value = signer
+            .header_value(
+                &body,
+                payhook::signature::Encoding::Base64UrlNoPad,
+                Some("v1="),
+            )
+            .unwrap();
+        let mut raw = format!(
+            "POST /payhook/callback HTTP/1.1\r\nHost: shop.example\r\nContent-Type: application/json\r\n\
+             X-Request-Id: abc\r\nX-Payload-Signature: {value}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(&body);
+        let request = dir.path().join("captured.http");
+        std::fs::write(&request, &raw).unwrap();
+
+        let output = payhook(&[
+            "sniff",
+            "--key",
+            path(&fixtures().join("p384/public.jwk")),
+            "--request",
+            path(&request),
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let printed = stdout(&output);
+        assert!(
+            printed.contains("header X-Payload-Signature, prefix \"v1=\", encoding base64url-nopad, algorithm ecdsa-p384-sha384, key p384"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("[signature]\nheader = \"X-Payload-Signature\""),
+            "{printed}"
+        );
+
+        let body_file = dir.path().join("body.json");
+        std::fs::write(&body_file, &body).unwrap();
+        let header = format!("X-Payload-Signature: {value}");
+        let by_parts = payhook(&[
+            "sniff",
+            "--key",
+            path(&fixtures().join("p384/public.pem")),
+            "--body",
+            path(&body_file),
+            "--header",
+            &header,
+        ]);
+        assert!(by_parts.status.success(), "{}", stderr(&by_parts));
+
+        let wrong_key = payhook(&[
+            "sniff",
+            "--key",
+            path(&fixtures().join("p256/public.pem")),
+            "--request",
+            path(&request),
+        ]);
+        assert_eq!(wrong_key.status.code(), Some(1));
+        assert!(
+            stderr(&wrong_key).contains("no header"),
+            "{}",
+            stderr(&wrong_key)
+        );
+    }
+}

@@ -292,19 +292,15 @@ impl App {
                 .check_headers(headers)
                 .map_err(|error| refused(&error, guard.is_basic()))?;
         }
-        let wants_signature = guard.map_or(true, Guard::needs_signature);
+        let wants_signature = guard.is_none_or(Guard::needs_signature);
         match (&inner.verifier, wants_signature) {
             (Some(verifier), true) => verifier
                 .read_signature(headers)
                 .map(Some)
                 .map_err(unauthorized),
-            (None, true) => {
-                // Only callbacks get here without a verifier: the build step allowed it
-                // because `callback.allow_unsigned` is set.
-                tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
-                Ok(None)
-            }
-            (_, false) => Ok(None),
+            // Only callbacks want a signature without a verifier: the build step allowed it
+            // because `callback.allow_unsigned` is set; `callback` logs each one.
+            (None, true) | (_, false) => Ok(None),
         }
     }
 
@@ -378,6 +374,9 @@ impl App {
             return Err(Problem::NotFound);
         };
         let callback = parse_tracked(bytes, |c: &CallbackBody| &c.nonce)?;
+        if self.inner.verifier.is_none() {
+            tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
+        }
         match self
             .run(Endpoint::Callback, handler.call(callback, ctx))
             .await?

@@ -117,7 +117,7 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .chunks_exact(2)
         .map(|pair| {
             let digit = |b: u8| (b as char).to_digit(16);
-            Some(u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?)
+            u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()
         })
         .collect()
 }

@@ -27,7 +27,7 @@ pub use algorithm::{Algorithm, KeyKind, UnknownAlgorithm};
 pub use encoding::{DecodeError, Encoding, UnknownEncoding};
 pub use key::{KeyError, PublicKey, SignError, SigningKey};
 pub use keygen::{KeyPairPem, KeygenError, generate_key_pair};
-pub use sniff::{RawRequestError, SniffMatch, parse_raw_request, sniff};
+pub use sniff::{CapturedRequest, RawRequestError, SniffMatch, parse_raw_request, sniff};
 
 use crate::config::SignatureConfig;
 

@@ -114,6 +114,15 @@ fn refine(encoding: Encoding, text: &str) -> Encoding {
 #[error("not a captured HTTP request: {0}")]
 pub struct RawRequestError(String);
 
+/// A captured request: its headers in order, and its exact body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedRequest {
+    /// Header names and values, as captured.
+    pub headers: Vec<(String, String)>,
+    /// The body, de-chunked when it was sent chunked.
+    pub body: Vec<u8>,
+}
+
 /// Splits a captured raw HTTP/1.1 request (as `nc -l`, `tcpdump -A` or a proxy log shows
 /// it) into its headers and its exact body bytes. `Content-Length` and chunked bodies are
 /// read as the server would read them; line ends may be CRLF or LF.
@@ -126,12 +135,12 @@ pub struct RawRequestError(String);
 /// use payhook::signature::parse_raw_request;
 ///
 /// let raw = b"POST /cb HTTP/1.1\r\nX-Signature: abc\r\nContent-Length: 2\r\n\r\n{}";
-/// let (headers, body) = parse_raw_request(raw)?;
-/// assert_eq!(headers[0], ("X-Signature".to_owned(), "abc".to_owned()));
-/// assert_eq!(body, b"{}");
+/// let captured = parse_raw_request(raw)?;
+/// assert_eq!(captured.headers[0], ("X-Signature".to_owned(), "abc".to_owned()));
+/// assert_eq!(captured.body, b"{}");
 /// # Ok::<(), payhook::signature::RawRequestError>(())
 /// ```
-pub fn parse_raw_request(raw: &[u8]) -> Result<(Vec<(String, String)>, Vec<u8>), RawRequestError> {
+pub fn parse_raw_request(raw: &[u8]) -> Result<CapturedRequest, RawRequestError> {
     let error = |reason: &str| RawRequestError(reason.to_owned());
     let (head_end, separator) = find(raw, b"\r\n\r\n")
         .map(|at| (at, 4))
@@ -168,7 +177,7 @@ pub fn parse_raw_request(raw: &[u8]) -> Result<(Vec<(String, String)>, Vec<u8>),
     } else {
         rest.to_vec()
     };
-    Ok((headers, body))
+    Ok(CapturedRequest { headers, body })
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
