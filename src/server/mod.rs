@@ -310,7 +310,7 @@ impl App {
         };
         match verifier.check(body, signature) {
             Ok(key_id) => {
-                tracing::debug!(key_id = key_id.unwrap_or("-"), "signature verified");
+                tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
                 Ok(())
             }
             Err(error) => Err(unauthorized(error)),
