@@ -12,7 +12,7 @@
 //! ```
 
 use axum::{Router, routing::get};
-use payhook::handler::{CallbackDecision, CallbackReceiver, RequestContext};
+use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
 use payhook::model::CallbackBody;
 use payhook::{App, Config, HandlerError};
 
@@ -22,7 +22,7 @@ impl CallbackReceiver for Ledger {
     async fn receive_callback(
         &self,
         callback: CallbackBody,
-        _ctx: RequestContext,
+        _ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
         tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "booked");
         Ok(CallbackDecision::Ack)
@@ -57,8 +57,10 @@ mod tests {
 
     #[tokio::test]
     async fn both_the_apps_routes_and_payhooks_are_served() {
+        let dir = tempfile::tempdir().unwrap();
         let mut config = Config::default();
         config.callback.allow_unsigned = true;
+        config.store.path = dir.path().join("data");
         let app = router(
             App::builder(config)
                 .callback_receiver(Ledger)

@@ -3,7 +3,10 @@
 //! * providers validation: offers the providers that support the request's currency, payment
 //!   type and direction (and its provider tags);
 //! * transaction validation: denies amounts above a configured limit, with a message;
-//! * callbacks: logs each transaction result and acknowledges it.
+//! * callbacks: books each transaction result in a ledger (one entry per nonce, a balance
+//!   per client and currency) kept in payhook's sled store, written in the same atomic write
+//!   as the mark that the callback is done — so a result is booked exactly once, however
+//!   often the aggregator retries and whenever the process crashes.
 //!
 //! Run it (listens on 127.0.0.1:8080; `RUST_LOG=debug` for every request):
 //!
@@ -11,18 +14,96 @@
 //! cargo run --example merchant
 //! ```
 //!
-//! Settings: `PAYHOOK_CONFIG=payhook.toml` and the `PAYHOOK_*` variables of the README;
-//! `MERCHANT_MAX_AMOUNT` (default 10000) is this merchant's own limit per transaction.
+//! Settings: `PAYHOOK_CONFIG=payhook.toml` and the `PAYHOOK_*` variables of the README
+//! (`PAYHOOK_STORE_PATH` for the data directory, `PAYHOOK_SIGNATURE_KEYS` for the
+//! aggregator's key); `MERCHANT_MAX_AMOUNT` (default 10000) is this merchant's own limit per
+//! transaction. It prints `listening on ADDRESS` once it serves.
 
 use payhook::handler::{
-    CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
-    RequestContext, TransactionValidator, ValidationDecision,
+    CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
+    ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use payhook::model::{
-    CallbackBody, ProvidersValidationRequest, TransactionValidationRequest, parse_amount,
+    CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
+    parse_amount,
 };
+use payhook::store::{EffectError, EffectTx, SledStore};
 use payhook::{App, Config, HandlerError};
 use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+/// The ledger's entries in the store: nonce → [`Entry`].
+pub const ENTRIES: &str = "ledger_entries";
+/// The ledger's balances in the store: `client|currency` → amount.
+pub const BALANCES: &str = "ledger_balances";
+
+/// One booked transaction, keyed by its nonce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Whose money.
+    pub client_id: String,
+    /// ISO currency.
+    pub currency: String,
+    /// The transaction's amount.
+    pub amount: Decimal,
+    /// The booked status code.
+    pub status: i32,
+    /// What this entry adds to the client's balance: the amount (negative for a withdrawal)
+    /// when successful, zero otherwise.
+    pub balance_effect: Decimal,
+    /// How many results of this nonce were booked: 1, unless its status changed later.
+    pub bookings: u32,
+}
+
+/// The balance key of a client in a currency.
+pub fn balance_key(client_id: &str, currency: &str) -> Vec<u8> {
+    format!("{client_id}|{currency}").into_bytes()
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, EffectError> {
+    serde_json::from_slice(&bytes).map_err(|e| EffectError::abort(e.to_string()))
+}
+
+/// Books `callback` in the ledger, inside the store's transaction. A new status for a known
+/// nonce (a success, later a reversal) replaces the entry and corrects the balance.
+fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
+    let previous: Option<Entry> = tx
+        .get(ENTRIES, callback.nonce.as_bytes())?
+        .map(from_json)
+        .transpose()?;
+    let signed = match callback.transaction_type {
+        TransactionType::Withdrawal => -callback.amount,
+        _ => callback.amount,
+    };
+    let balance_effect = if callback.transaction_status.is_success() {
+        signed
+    } else {
+        Decimal::ZERO
+    };
+    let key = balance_key(&callback.client_id, &callback.currency);
+    let balance: Decimal = tx
+        .get(BALANCES, &key)?
+        .map(from_json)
+        .transpose()?
+        .unwrap_or_default();
+    let undone = previous
+        .as_ref()
+        .map_or(Decimal::ZERO, |p| p.balance_effect);
+    let entry = Entry {
+        client_id: callback.client_id.clone(),
+        currency: callback.currency.clone(),
+        amount: callback.amount,
+        status: callback.transaction_status.code(),
+        balance_effect,
+        bookings: previous.map_or(0, |p| p.bookings) + 1,
+    };
+    tx.insert(BALANCES, &key, &json(&(balance + balance_effect - undone)))?;
+    tx.insert(ENTRIES, callback.nonce.as_bytes(), &json(&entry))
+}
 
 /// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
 #[derive(Debug, Clone)]
@@ -77,7 +158,7 @@ impl CallbackReceiver for Merchant {
     async fn receive_callback(
         &self,
         callback: CallbackBody,
-        _ctx: RequestContext,
+        ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
         tracing::info!(
             nonce = %callback.nonce,
@@ -87,19 +168,37 @@ impl CallbackReceiver for Merchant {
             status = %callback.transaction_status,
             amount = %callback.amount,
             currency = %callback.currency,
+            attempt = ctx.attempt,
+            previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"
         );
+        // Booked in the same atomic write that marks this (nonce, status) as done.
+        ctx.effects.write(move |tx| book(tx, &callback));
         Ok(CallbackDecision::Ack)
     }
 }
 
-/// The merchant's app: its rules behind payhook's three endpoints.
+/// Opens the store with the ledger's trees.
+///
+/// # Errors
+///
+/// When the data directory cannot be opened (e.g. another process holds it).
+pub fn open_store(config: &Config) -> Result<SledStore, payhook::store::StoreError> {
+    SledStore::open(&config.store, &[ENTRIES, BALANCES])
+}
+
+/// The merchant's app: its rules behind payhook's three endpoints, its ledger in `store`.
 ///
 /// # Errors
 ///
 /// When the configuration is invalid.
-pub fn app(config: Config, merchant: Merchant) -> Result<App, payhook::server::BuildError> {
+pub fn app(
+    config: Config,
+    merchant: Merchant,
+    store: SledStore,
+) -> Result<App, payhook::server::BuildError> {
     App::builder(config)
+        .store(store)
         .providers_validator(merchant.clone())
         .transaction_validator(merchant.clone())
         .callback_receiver(merchant)
@@ -129,8 +228,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.callback.allow_unsigned = true;
     }
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
-    let app = app(config, Merchant { max_amount })?;
-    tracing::info!(address = %listener.local_addr()?, %max_amount, "example merchant ready");
+    let store = open_store(&config)?;
+    let app = app(config, Merchant { max_amount }, store)?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, %max_amount, "example merchant ready");
+    #[allow(
+        clippy::print_stdout,
+        reason = "the one line a supervising process reads"
+    )]
+    {
+        println!("listening on {address}");
+    }
     payhook::serve(listener, app, payhook::shutdown_signal()).await?;
     Ok(())
 }

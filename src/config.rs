@@ -31,6 +31,11 @@
 //! | `gateway.username` | none | `PAYHOOK_GATEWAY_USERNAME` |
 //! | `gateway.password` | none (secret) | `PAYHOOK_GATEWAY_PASSWORD` |
 //!
+//! | `store.path` | `payhook-data` | `PAYHOOK_STORE_PATH` |
+//! | `store.retention` | `"30d"` | `PAYHOOK_STORE_RETENTION` |
+//! | `store.sweep_interval` | `"1h"` | `PAYHOOK_STORE_SWEEP_INTERVAL` |
+//! | `store.flush_every` | `"500ms"` | `PAYHOOK_STORE_FLUSH_EVERY` |
+//!
 //! `<endpoint>` is `providers_validation` or `transaction_validation`. Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
 //! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
 //! environment; it never changes it.
@@ -105,6 +110,8 @@ pub struct Config {
     pub signature: SignatureConfig,
     /// How the two validation endpoints authenticate the aggregator.
     pub auth: AuthConfig,
+    /// Where deduplication records are kept.
+    pub store: StoreConfig,
     /// The aggregator's own endpoints (used by the gateway client).
     pub gateway: GatewayConfig,
 }
@@ -186,6 +193,35 @@ impl Default for CallbackConfig {
         Self {
             allow_unsigned: false,
             retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[store]`: the embedded sled store of deduplication records.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Data directory (created if missing). Only one process may open it at a time.
+    pub path: PathBuf,
+    /// How long a record is kept after its last write; longer than any retry horizon.
+    #[serde(deserialize_with = "duration")]
+    pub retention: Duration,
+    /// How often the sweeper purges expired records.
+    #[serde(deserialize_with = "duration")]
+    pub sweep_interval: Duration,
+    /// sled's background flush interval, for writes not acknowledged yet (in-flight
+    /// claims). Acknowledged writes are flushed before the answer regardless.
+    #[serde(deserialize_with = "duration")]
+    pub flush_every: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("payhook-data"),
+            retention: Duration::from_secs(30 * 24 * 3600),
+            sweep_interval: Duration::from_secs(3600),
+            flush_every: Duration::from_millis(500),
         }
     }
 }
@@ -426,6 +462,15 @@ impl Config {
                 return invalid(key, "must be longer than zero");
             }
         }
+        if self.store.retention < Duration::from_secs(1) {
+            return invalid("store.retention", "must be at least 1s");
+        }
+        if self.store.sweep_interval.is_zero() || self.store.flush_every.is_zero() {
+            return invalid(
+                "store.sweep_interval",
+                "sweep_interval and flush_every must be longer than zero",
+            );
+        }
         if self.callback.retry_after < Duration::from_secs(1) {
             return invalid(
                 "callback.retry_after",
@@ -514,13 +559,14 @@ fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
 }
 
 /// Sections whose keys can be set from the environment, with their sub-tables.
-const SECTIONS: [(&str, &[&str]); 6] = [
+const SECTIONS: [(&str, &[&str]); 7] = [
     ("server", &[]),
     ("paths", &[]),
     ("callback", &[]),
     ("signature", &[]),
     ("auth", &["providers_validation", "transaction_validation"]),
     ("gateway", &[]),
+    ("store", &[]),
 ];
 
 /// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
@@ -650,9 +696,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "" | "s" => number.checked_mul(1000),
         "m" => number.checked_mul(60_000),
         "h" => number.checked_mul(3_600_000),
+        "d" => number.checked_mul(86_400_000),
         other => {
             return Err(format!(
-                "`{text}`: unknown unit `{other}` (use ms, s, m or h)"
+                "`{text}`: unknown unit `{other}` (use ms, s, m, h or d)"
             ));
         }
     };

@@ -6,6 +6,7 @@
 
 use crate::config::ConfigError;
 use crate::server::BuildError;
+use crate::store::StoreError;
 
 /// Any error payhook returns to an application.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +18,9 @@ pub enum Error {
     /// The app could not be built from its handlers and configuration.
     #[error("app: {0}")]
     Build(#[from] BuildError),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
     /// Binding or serving the socket failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),

@@ -15,7 +15,7 @@
 //! ```no_run
 //! use payhook::handler::{
 //!     CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
-//!     RequestContext, TransactionValidator, ValidationDecision,
+//!     CallbackContext, RequestContext, TransactionValidator, ValidationDecision,
 //! };
 //! use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
 //! use payhook::{App, Config, HandlerError};
@@ -41,9 +41,11 @@
 //! }
 //!
 //! impl CallbackReceiver for Shop {
-//!     async fn receive_callback(&self, callback: CallbackBody, _: RequestContext)
+//!     async fn receive_callback(&self, callback: CallbackBody, ctx: CallbackContext)
 //!         -> Result<CallbackDecision, HandlerError> {
-//!         tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "result");
+//!         // Booked atomically with the mark that this (nonce, status) is done: exactly once.
+//!         let entry = format!("{} {} {}", callback.client_id, callback.amount, callback.currency);
+//!         ctx.effects.write(move |tx| tx.insert("ledger", callback.nonce.as_bytes(), entry.as_bytes()));
 //!         Ok(CallbackDecision::Ack)
 //!     }
 //! }
@@ -52,7 +54,10 @@
 //! async fn main() -> Result<(), payhook::Error> {
 //!     let config = Config::from_env()?;
 //!     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
+//!     // Deduplication records and the merchant's own "ledger" tree, in one sled database.
+//!     let store = payhook::store::SledStore::open(&config.store, &["ledger"])?;
 //!     let app = App::builder(config)
+//!         .store(store)
 //!         .providers_validator(Shop)
 //!         .transaction_validator(Shop)
 //!         .callback_receiver(Shop)
@@ -90,6 +95,7 @@ pub mod model;
 mod secret;
 pub mod server;
 pub mod signature;
+pub mod store;
 
 pub use config::Config;
 pub use error::Error;

@@ -14,18 +14,47 @@ use rust_decimal::Decimal;
 use serde_json::json;
 use support::*;
 
-async fn start() -> String {
-    let app = merchant::app(
-        test_config(),
-        merchant::Merchant {
-            max_amount: Decimal::from(1000),
-        },
-    )
-    .unwrap();
+/// The example's app on port 0, with its store in a temp dir.
+struct Example {
+    addr: String,
+    store: payhook::store::SledStore,
+    _data: tempfile::TempDir,
+}
+
+async fn start() -> Example {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    let store = merchant::open_store(&config).unwrap();
+    let merchant = merchant::Merchant {
+        max_amount: Decimal::from(1000),
+    };
+    let app = merchant::app(config, merchant, store.clone()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(payhook::serve(listener, app, std::future::pending()));
-    addr.to_string()
+    Example {
+        addr,
+        store,
+        _data: data,
+    }
+}
+
+impl Example {
+    fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
+        let tree = self.store.tree(merchant::ENTRIES).unwrap();
+        tree.get(nonce)
+            .unwrap()
+            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn balance(&self, client: &str, currency: &str) -> Decimal {
+        let tree = self.store.tree(merchant::BALANCES).unwrap();
+        let bytes = tree.get(merchant::balance_key(client, currency)).unwrap();
+        bytes
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap_or_default()
+    }
 }
 
 async fn post_to(addr: &str, path: &str, body: &str) -> RawResponse {
@@ -42,8 +71,9 @@ async fn post_to(addr: &str, path: &str, body: &str) -> RawResponse {
 
 #[tokio::test]
 async fn the_example_offers_only_providers_fit_for_the_request() {
-    let addr = start().await;
-    let response = post_to(&addr, PROVIDERS_PATH, PROVIDERS_VALIDATION).await;
+    let example = start().await;
+    let addr = &example.addr;
+    let response = post_to(addr, PROVIDERS_PATH, PROVIDERS_VALIDATION).await;
     assert_eq!(response.status, 200);
     assert_eq!(response.json()["providers"].as_array().unwrap().len(), 1);
     assert_eq!(response.json()["message"], "1 of 3 providers available");
@@ -51,7 +81,8 @@ async fn the_example_offers_only_providers_fit_for_the_request() {
 
 #[tokio::test]
 async fn the_example_denies_amounts_above_its_limit_with_a_message() {
-    let addr = start().await;
+    let example = start().await;
+    let addr = example.addr.clone();
     assert_eq!(
         post_to(&addr, VALIDATION_PATH, TRANSACTION_VALIDATION)
             .await
@@ -63,6 +94,7 @@ async fn the_example_denies_amounts_above_its_limit_with_a_message() {
         "/paymentData/amount",
         Some(json!(1000.01)),
     );
+    let body = with(&body, "/paymentData/nonce", Some(json!("nonce-tv-2")));
     let response = post_to(&addr, VALIDATION_PATH, &body).await;
     assert_eq!(response.status, 403);
     assert_eq!(
@@ -72,7 +104,54 @@ async fn the_example_denies_amounts_above_its_limit_with_a_message() {
 }
 
 #[tokio::test]
+async fn the_example_books_a_callback_once_however_often_it_is_delivered() {
+    let example = start().await;
+    for _ in 0..3 {
+        assert_eq!(
+            post_to(&example.addr, CALLBACK_PATH, CALLBACK).await.status,
+            200
+        );
+    }
+    let entry = example.entry("nonce-cb-1").expect("booked");
+    assert_eq!(
+        (
+            entry.bookings,
+            entry.status,
+            entry.amount.to_string().as_str()
+        ),
+        (1, 4, "0.1")
+    );
+    assert_eq!(example.balance("client-42", "EUR").to_string(), "0.1");
+}
+
+#[tokio::test]
+async fn the_example_corrects_the_balance_when_a_success_is_reversed() {
+    let example = start().await;
+    assert_eq!(
+        post_to(&example.addr, CALLBACK_PATH, CALLBACK).await.status,
+        200
+    );
+    let reversed = with(CALLBACK, "/transactionStatus", Some(json!(-2)));
+    assert_eq!(
+        post_to(&example.addr, CALLBACK_PATH, &reversed)
+            .await
+            .status,
+        200
+    );
+    let entry = example.entry("nonce-cb-1").unwrap();
+    assert_eq!((entry.bookings, entry.status), (2, -2));
+    assert_eq!(example.balance("client-42", "EUR"), Decimal::ZERO);
+    // A late retry of the success changes nothing: it was acknowledged before.
+    assert_eq!(
+        post_to(&example.addr, CALLBACK_PATH, CALLBACK).await.status,
+        200
+    );
+    assert_eq!(example.entry("nonce-cb-1").unwrap().bookings, 2);
+}
+
+#[tokio::test]
 async fn the_example_acknowledges_callbacks() {
-    let addr = start().await;
+    let example = start().await;
+    let addr = example.addr.clone();
     assert_eq!(post_to(&addr, CALLBACK_PATH, CALLBACK).await.status, 200);
 }

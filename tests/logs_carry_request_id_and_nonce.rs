@@ -83,6 +83,7 @@ async fn the_handlers_log_lines_carry_the_request_id_and_nonce() {
         CALLBACK.as_bytes(),
     );
     let body = with(CALLBACK, "/clientId", Some(serde_json::json!("fail")));
+    let body = with(&body, "/nonce", Some(serde_json::json!("nonce-cb-2")));
     let failing = post(
         CALLBACK_PATH,
         &[
@@ -107,7 +108,7 @@ async fn the_handlers_log_lines_carry_the_request_id_and_nonce() {
         failed
             .iter()
             .any(|(target, f)| target.starts_with("payhook")
-                && f.nonce.as_deref() == Some("nonce-cb-1")),
+                && f.nonce.as_deref() == Some("nonce-cb-2")),
         "the handler failure is logged inside the request span with its nonce: {failed:?}"
     );
     assert!(

@@ -115,8 +115,13 @@ async fn the_signature_is_checked_before_the_body_is_parsed() {
 async fn during_rotation_both_keys_verify() {
     let server = TestServer::start_with(signed_config(&["rsa2048", "rsa3072"])).await;
     for key in ["rsa2048", "rsa3072"] {
+        let body = with(
+            CALLBACK,
+            "/nonce",
+            Some(serde_json::json!(format!("nonce-{key}"))),
+        );
         let response = server
-            .send(&signed_post(CALLBACK_PATH, CALLBACK, &sign(key, CALLBACK)))
+            .send(&signed_post(CALLBACK_PATH, &body, &sign(key, &body)))
             .await;
         assert_eq!(response.status, 200, "{key}");
     }
@@ -171,6 +176,7 @@ fn without_keys_the_build_refuses_unless_unsigned_callbacks_are_allowed() {
     assert!(
         payhook::App::builder(test_config())
             .callback_receiver(TestMerchant::default())
+            .without_store()
             .build()
             .is_ok()
     );

@@ -54,7 +54,9 @@ async fn a_client_dripping_its_headers_is_disconnected_while_others_are_served()
             .iter()
             .all(|c| c.endpoint == "callback")
     );
-    assert_eq!(server.merchant.calls().len(), 5);
+    // Five deliveries of one callback: the handler ran once, the repeats were answered 200
+    // from the record.
+    assert_eq!(server.merchant.calls().len(), 1);
 }
 
 #[tokio::test]

@@ -24,8 +24,10 @@ use http::HeaderMap;
 use std::{fmt, future::Future, net::SocketAddr, pin::Pin, sync::Arc};
 
 use crate::model::{
-    CallbackBody, Provider, ProvidersValidationRequest, TransactionValidationRequest,
+    CallbackBody, Provider, ProvidersValidationRequest, TransactionStatus,
+    TransactionValidationRequest,
 };
+use crate::store::Effects;
 
 pub use providers::{ProviderFilter, tags_allow};
 
@@ -41,6 +43,21 @@ pub struct RequestContext {
     pub received_at: DateTime<Utc>,
     /// The request's headers.
     pub headers: HeaderMap,
+}
+
+/// What a callback handler is told besides the callback itself.
+#[derive(Debug, Clone)]
+pub struct CallbackContext {
+    /// The HTTP request.
+    pub request: RequestContext,
+    /// Deliveries of this nonce that reached a handler, this one included: 1 on the first
+    /// delivery, more after failures, `RetryLater`s or a crash before the acknowledgement.
+    pub attempt: u32,
+    /// The status acknowledged earlier for this nonce, when this callback brings a new one
+    /// (e.g. a success, later a reversal).
+    pub previous_status: Option<TransactionStatus>,
+    /// Writes to apply atomically with the mark that this callback is done; see [`Effects`].
+    pub effects: Effects,
 }
 
 /// The merchant's answer to a providers validation.
@@ -160,7 +177,7 @@ pub trait TransactionValidator: Send + Sync + 'static {
 /// Books a transaction result (spec 2.7, 6).
 ///
 /// ```
-/// use payhook::handler::{CallbackDecision, CallbackReceiver, RequestContext};
+/// use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
 /// use payhook::model::CallbackBody;
 /// use payhook::HandlerError;
 ///
@@ -170,19 +187,27 @@ pub trait TransactionValidator: Send + Sync + 'static {
 ///     async fn receive_callback(
 ///         &self,
 ///         callback: CallbackBody,
-///         _ctx: RequestContext,
+///         ctx: CallbackContext,
 ///     ) -> Result<CallbackDecision, HandlerError> {
-///         tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "booked");
+///         let entry = format!("{} {}", callback.amount, callback.currency);
+///         // Written in the same atomic write as the mark that this nonce is done.
+///         ctx.effects.write(move |tx| tx.insert("ledger_entries", callback.nonce.as_bytes(), entry.as_bytes()));
 ///         Ok(CallbackDecision::Ack)
 ///     }
 /// }
 /// ```
+///
+/// The handler runs at most once per acknowledged (nonce, status): a repeat of an
+/// acknowledged delivery is answered 200 without calling it. Until the acknowledgement is
+/// durable it may run again (a crash, an error, `RetryLater`), so book through
+/// [`CallbackContext::effects`] — atomically with the mark — or keyed by the nonce.
 pub trait CallbackReceiver: Send + Sync + 'static {
-    /// Books the result; return [`CallbackDecision::Ack`] only once it is durably booked.
+    /// Books the result; return [`CallbackDecision::Ack`] only once it is booked (or staged
+    /// in `ctx.effects`).
     fn receive_callback(
         &self,
         callback: CallbackBody,
-        ctx: RequestContext,
+        ctx: CallbackContext,
     ) -> impl Future<Output = Result<CallbackDecision, HandlerError>> + Send;
 }
 
@@ -259,7 +284,7 @@ pub(crate) trait ErasedCallback: Send + Sync + 'static {
     fn call(
         self: Arc<Self>,
         callback: CallbackBody,
-        ctx: RequestContext,
+        ctx: CallbackContext,
     ) -> BoxFuture<CallbackDecision>;
 }
 
@@ -287,7 +312,7 @@ impl<H: CallbackReceiver> ErasedCallback for H {
     fn call(
         self: Arc<Self>,
         callback: CallbackBody,
-        ctx: RequestContext,
+        ctx: CallbackContext,
     ) -> BoxFuture<CallbackDecision> {
         Box::pin(async move { self.receive_callback(callback, ctx).await })
     }

@@ -16,6 +16,7 @@
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
 //! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
 
+mod exactly_once;
 mod preface;
 mod problem;
 mod request;
@@ -45,14 +46,15 @@ use tracing::{Instrument, field};
 use crate::auth::{AuthError, Guard};
 use crate::config::{CallbackConfig, Config, ServerConfig};
 use crate::handler::{
-    BoxFuture, CallbackDecision, CallbackReceiver, ErasedCallback, ErasedProviders,
-    ErasedValidation, ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
+    BoxFuture, CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation,
+    ProvidersValidator, RequestContext, TransactionValidator,
 };
 use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
 };
 use crate::signature::{SignatureError, Verifier, VerifierConfigError};
+use crate::store::{SledStore, Store, StoreError};
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
 use route::{Endpoint, Route, Router};
@@ -78,6 +80,9 @@ pub enum BuildError {
     /// A signature key could not be read or does not fit its algorithm.
     #[error(transparent)]
     Signature(#[from] VerifierConfigError),
+    /// The store could not be opened.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
     /// A callback receiver without signature verification and without the explicit opt-out.
     #[error(
         "callbacks would be accepted without a signature check: configure the aggregator's public key, \
@@ -108,6 +113,10 @@ struct Inner {
     verifier: Option<Verifier>,
     providers_guard: Guard,
     validation_guard: Guard,
+    /// Deduplication records; `None` only when built `without_store`.
+    store: Option<Arc<dyn Store>>,
+    /// Deliveries waiting for another delivery of the same nonce.
+    waiters: exactly_once::Waiters,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
     draining: AtomicBool,
 }
@@ -125,18 +134,20 @@ impl std::fmt::Debug for App {
 ///
 /// ```
 /// use payhook::{App, Config};
-/// use payhook::handler::{CallbackDecision, CallbackReceiver, RequestContext};
+/// use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
 /// use payhook::model::CallbackBody;
 ///
 /// struct Ledger;
 /// impl CallbackReceiver for Ledger {
-///     async fn receive_callback(&self, _: CallbackBody, _: RequestContext)
+///     async fn receive_callback(&self, _: CallbackBody, _: CallbackContext)
 ///         -> Result<CallbackDecision, payhook::HandlerError> {
 ///         Ok(CallbackDecision::Ack)
 ///     }
 /// }
 ///
+/// let dir = tempfile::tempdir().unwrap();
 /// let mut config = Config::default();
+/// config.store.path = dir.path().join("payhook-data"); // the default is ./payhook-data
 /// // Unsigned callbacks are refused unless you opt out explicitly.
 /// assert!(App::builder(config.clone()).callback_receiver(Ledger).build().is_err());
 /// config.callback.allow_unsigned = true;
@@ -150,6 +161,17 @@ pub struct AppBuilder {
     providers: Option<Arc<dyn ErasedProviders>>,
     validation: Option<Arc<dyn ErasedValidation>>,
     callbacks: Option<Arc<dyn ErasedCallback>>,
+    store: StoreChoice,
+}
+
+/// Where an app keeps its deduplication records.
+enum StoreChoice {
+    /// A [`SledStore`] opened at `store.path` by `build()`.
+    Default,
+    /// The merchant's own store (a [`SledStore`] with declared trees, or another backend).
+    Given(Arc<dyn Store>),
+    /// None: no deduplication.
+    Without,
 }
 
 impl App {
@@ -160,6 +182,7 @@ impl App {
             providers: None,
             validation: None,
             callbacks: None,
+            store: StoreChoice::Default,
         }
     }
 
@@ -341,28 +364,16 @@ impl App {
         bytes: &[u8],
         ctx: RequestContext,
     ) -> Result<Response<ResponseBody>, Problem> {
-        let Some(handler) = self.inner.validation.clone() else {
+        if self.inner.validation.is_none() {
             return Err(Problem::NotFound);
-        };
-        let request = parse_tracked(bytes, TransactionValidationRequest::nonce)?;
-        let validation_id = request.validation_id;
-        match self
-            .run(Endpoint::TransactionValidation, handler.call(request, ctx))
-            .await?
-        {
-            ValidationDecision::Allow => Ok(json_response(
-                StatusCode::OK,
-                &ErrorBody::new("client allowed"),
-            )),
-            ValidationDecision::Deny { message } => Err(Problem::Denied(message)),
-            ValidationDecision::Postpone => {
-                tracing::error!(
-                    validation_id,
-                    "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
-                );
-                Err(Problem::NotAwaitable)
-            }
         }
+        let request = parse_tracked(bytes, TransactionValidationRequest::nonce)?;
+        // Processing goes on its own task: a client that disconnects cannot interrupt it
+        // between the handler's decision and the durable record of it.
+        let app = self.clone();
+        tokio::spawn(async move { app.validate_once(request, ctx).await }.in_current_span())
+            .await
+            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::TransactionValidation, &error)))
     }
 
     async fn callback(
@@ -370,25 +381,24 @@ impl App {
         bytes: &[u8],
         ctx: RequestContext,
     ) -> Result<Response<ResponseBody>, Problem> {
-        let Some(handler) = self.inner.callbacks.clone() else {
+        if self.inner.callbacks.is_none() {
             return Err(Problem::NotFound);
-        };
+        }
         let callback = parse_tracked(bytes, |c: &CallbackBody| &c.nonce)?;
         if self.inner.verifier.is_none() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
-        match self
-            .run(Endpoint::Callback, handler.call(callback, ctx))
-            .await?
-        {
-            CallbackDecision::Ack => Ok(json_response(
-                StatusCode::OK,
-                &ErrorBody::new("callback accepted"),
-            )),
-            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
-                reason,
-                retry_after: self.inner.callback.retry_after,
-            }),
+        let app = self.clone();
+        tokio::spawn(async move { app.deliver_once(callback, ctx).await }.in_current_span())
+            .await
+            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::Callback, &error)))
+    }
+
+    fn task_failed(&self, endpoint: Endpoint, error: &tokio::task::JoinError) -> Problem {
+        tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
+        Problem::HandlerFailed {
+            endpoint,
+            retry_after: self.inner.callback.retry_after,
         }
     }
 
@@ -481,6 +491,22 @@ impl AppBuilder {
         self
     }
 
+    /// Keeps deduplication records in `store` — typically a [`SledStore`] opened with the
+    /// trees your callback effects write. Default: a [`SledStore`] opened at `store.path`
+    /// by [`AppBuilder::build`].
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = StoreChoice::Given(Arc::new(store));
+        self
+    }
+
+    /// Runs without a store: **no deduplication**, every delivery reaches the handler, and
+    /// effects cannot be staged. For measurements and for handlers that are idempotent on
+    /// their own. Default: a store is used.
+    pub fn without_store(mut self) -> Self {
+        self.store = StoreChoice::Without;
+        self
+    }
+
     /// Checks the configuration and the handlers, and builds the app.
     ///
     /// # Errors
@@ -523,6 +549,12 @@ impl AppBuilder {
             Endpoint::Callback => self.callbacks.is_some(),
         };
         let router = Router::new(&self.config.paths, served);
+        let store: Option<Arc<dyn Store>> = match self.store {
+            StoreChoice::Given(store) => Some(store),
+            StoreChoice::Without => None,
+            StoreChoice::Default if self.validation.is_none() && self.callbacks.is_none() => None,
+            StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
+        };
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
@@ -534,6 +566,8 @@ impl AppBuilder {
                 verifier,
                 providers_guard,
                 validation_guard,
+                store,
+                waiters: exactly_once::Waiters::default(),
                 draining: AtomicBool::new(false),
             }),
         })

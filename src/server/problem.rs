@@ -18,6 +18,9 @@
 //! | [`Problem::HandlerTimedOut`] | 503 (+ `Retry-After` on a callback) | `request not processed in time` |
 //! | [`Problem::NotAwaitable`] | 500 | `validation cannot be postponed: this endpoint is not Awaitable` |
 //! | [`Problem::NotReady`] | 503 | `shutting down` |
+//! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
+//! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
+//! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
 //! panics) are logged where they happen and never reach the wire.
@@ -67,6 +70,13 @@ pub(crate) enum Problem {
     },
     NotAwaitable,
     NotReady,
+    InFlight {
+        retry_after: Duration,
+    },
+    StoreFailed {
+        retry_after: Duration,
+    },
+    NonceReused,
 }
 
 impl Problem {
@@ -80,7 +90,8 @@ impl Problem {
             Self::EmptyBody | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            Self::AddressRefused | Self::Denied(_) => StatusCode::FORBIDDEN,
+            Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
+            Self::InFlight { .. } | Self::StoreFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::RetryLater { .. } | Self::HandlerTimedOut { .. } | Self::NotReady => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -116,6 +127,11 @@ impl Problem {
                 "validation cannot be postponed: this endpoint is not Awaitable".to_owned()
             }
             Self::NotReady => "shutting down".to_owned(),
+            Self::InFlight { .. } => {
+                "another delivery of this nonce is being processed; retry later".to_owned()
+            }
+            Self::StoreFailed { .. } => "temporarily unable to record the result".to_owned(),
+            Self::NonceReused => "nonce already used for a different payment".to_owned(),
         };
         truncate(message)
     }
@@ -123,7 +139,9 @@ impl Problem {
     /// When the caller should try again, for the answers that invite a retry.
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::RetryLater { retry_after, .. } => Some(*retry_after),
+            Self::RetryLater { retry_after, .. }
+            | Self::InFlight { retry_after }
+            | Self::StoreFailed { retry_after } => Some(*retry_after),
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
                 retry_after,

@@ -99,12 +99,10 @@ fn candidates(value: &str) -> Vec<(&str, &str)> {
     out
 }
 
-/// Names base64url without padding when the text has none but needs it.
+/// Names base64url without padding when the text carries none (either setting reads it).
 fn refine(encoding: Encoding, text: &str) -> Encoding {
     match encoding {
-        Encoding::Base64Url if !text.ends_with('=') && text.len() % 4 != 0 => {
-            Encoding::Base64UrlNoPad
-        }
+        Encoding::Base64Url if !text.ends_with('=') => Encoding::Base64UrlNoPad,
         other => other,
     }
 }

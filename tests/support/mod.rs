@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::handler::{
-    CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
-    RequestContext, TransactionValidator, ValidationDecision,
+    CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
+    ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
 use payhook::{App, Config, HandlerError};
@@ -38,6 +38,9 @@ pub struct Seen {
     pub amount: String,
     pub request_id: String,
     pub peer: Option<SocketAddr>,
+    /// For callbacks: the attempt number and the previously acknowledged status.
+    pub attempt: u32,
+    pub previous_status: Option<i32>,
 }
 
 /// A merchant whose behaviour is chosen by the request's client id:
@@ -62,6 +65,8 @@ impl TestMerchant {
             amount,
             request_id: ctx.request_id.clone(),
             peer: ctx.peer,
+            attempt: 0,
+            previous_status: None,
         });
     }
 
@@ -135,14 +140,18 @@ impl CallbackReceiver for TestMerchant {
     async fn receive_callback(
         &self,
         callback: CallbackBody,
-        ctx: RequestContext,
+        ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
         self.record(
             "callback",
             &callback.nonce,
             callback.amount.to_string(),
-            &ctx,
+            &ctx.request,
         );
+        if let Some(seen) = self.seen.lock().unwrap().last_mut() {
+            seen.attempt = ctx.attempt;
+            seen.previous_status = ctx.previous_status.map(|s| s.code());
+        }
         self.script(&callback.client_id).await?;
         Ok(match callback.client_id.as_str() {
             "retry" => CallbackDecision::retry_later("ledger is being migrated"),
@@ -161,6 +170,8 @@ pub fn test_config() -> Config {
 /// A running server and the means to stop it.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The store's data directory, removed when the test ends.
+    pub data: tempfile::TempDir,
     pub merchant: TestMerchant,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: JoinHandle<std::io::Result<()>>,
@@ -173,8 +184,10 @@ impl TestServer {
     }
 
     /// Starts a server with `config`, all three endpoints served by one [`TestMerchant`].
-    pub async fn start_with(config: Config) -> Self {
+    pub async fn start_with(mut config: Config) -> Self {
         let merchant = TestMerchant::default();
+        let data = tempfile::tempdir().unwrap();
+        config.store.path = data.path().join("store");
         let app = App::builder(config)
             .providers_validator(merchant.clone())
             .transaction_validator(merchant.clone())
@@ -189,6 +202,7 @@ impl TestServer {
         }));
         Self {
             addr,
+            data,
             merchant,
             shutdown: Some(tx),
             task,

@@ -1,0 +1,343 @@
+//! Callbacks and validations through the store: each acknowledged (nonce, status) reaches the
+//! handler once, and each answer is sent only after its record is durable.
+//!
+//! One delivery of a nonce claims it; a second delivery of the same nonce at the same moment
+//! waits (at most the handler timeout) for the first to finish and then answers from the
+//! record — or gets 503 with `Retry-After`. The waiting is in memory ([`Waiters`]); the
+//! claim itself is in the store, so a claim left by a crashed process is taken over.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::App;
+use super::problem::{Problem, json_response};
+use super::route::Endpoint;
+use crate::handler::{CallbackContext, CallbackDecision, RequestContext, ValidationDecision};
+use crate::model::{CallbackBody, ErrorBody, TransactionValidationRequest};
+use crate::store::{
+    CallbackBegin, Effects, Fingerprint, RecordedDecision, Store, StoreError, ValidationBegin,
+};
+
+/// How much longer than the handler timeout an in-flight claim of this process may stand
+/// before the next delivery takes it over (it can only be a processing task that died).
+const STALE_MARGIN: Duration = Duration::from_secs(60);
+
+/// Deliveries waiting for another delivery of the same nonce to finish.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    by_key: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Waiters {
+    fn for_key(&self, key: &str) -> Arc<Notify> {
+        let mut map = self
+            .by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(map.entry(key.to_owned()).or_default())
+    }
+
+    /// Wakes every delivery waiting on `key`; called after the record changed.
+    fn finished(&self, key: &str) {
+        let removed = self
+            .by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+        if let Some(notify) = removed {
+            notify.notify_waiters();
+        }
+    }
+}
+
+type Answer = Result<Response<Full<Bytes>>, Problem>;
+
+fn ok(message: &str) -> Answer {
+    Ok(json_response(StatusCode::OK, &ErrorBody::new(message)))
+}
+
+impl App {
+    fn stale_after(&self) -> Duration {
+        self.inner.server.handler_timeout + STALE_MARGIN
+    }
+
+    fn store_failed(&self, endpoint: Endpoint, error: &StoreError) -> Problem {
+        tracing::error!(endpoint = endpoint.name(), %error, "store failed");
+        Problem::StoreFailed {
+            retry_after: self.inner.callback.retry_after,
+        }
+    }
+
+    /// Repeats `begin` until it says something other than "busy", waiting between tries for
+    /// the busy delivery to finish — at most until the handler timeout has passed.
+    async fn begin_when_free<B>(
+        &self,
+        key: &str,
+        mut begin: impl FnMut() -> Result<B, StoreError>,
+        is_busy: impl Fn(&B) -> bool,
+    ) -> Result<Result<B, StoreError>, Problem> {
+        let deadline = Instant::now() + self.inner.server.handler_timeout;
+        loop {
+            let notify = self.inner.waiters.for_key(key);
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            // Registered before the store is read, so a finish in between is not missed.
+            notified.as_mut().enable();
+            match begin() {
+                Ok(outcome) if is_busy(&outcome) => {
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        tracing::warn!(
+                            "another delivery of this nonce is still in flight; answering 503"
+                        );
+                        return Err(Problem::InFlight {
+                            retry_after: self.inner.callback.retry_after,
+                        });
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// A callback delivery with deduplication.
+    pub(super) async fn deliver_once(
+        &self,
+        callback: CallbackBody,
+        request: RequestContext,
+    ) -> Answer {
+        let Some(store) = self.inner.store.clone() else {
+            return self.deliver_unrecorded(callback, request).await;
+        };
+        let nonce = callback.nonce.clone();
+        let status = callback.transaction_status;
+        let key = format!("c:{nonce}");
+        let stale_after = self.stale_after();
+        let begin = self
+            .begin_when_free(
+                &key,
+                || store.begin_callback(&nonce, status, stale_after),
+                |b| *b == CallbackBegin::Busy,
+            )
+            .await?
+            .map_err(|e| self.store_failed(Endpoint::Callback, &e))?;
+        let (claim, attempt, previous_status) = match begin {
+            CallbackBegin::Claimed {
+                claim,
+                attempt,
+                previous_status,
+            } => (claim, attempt, previous_status),
+            CallbackBegin::Duplicate | CallbackBegin::Busy => {
+                tracing::info!(
+                    status = status.code(),
+                    "duplicate callback: already acknowledged, handler not called"
+                );
+                return ok("callback already processed");
+            }
+        };
+        let effects = Effects::default();
+        let ctx = CallbackContext {
+            request,
+            attempt,
+            previous_status,
+            effects: effects.clone(),
+        };
+        let answer = self.book(store.as_ref(), callback, ctx, claim).await;
+        if answer.is_err()
+            && let Err(error) = store.release_callback(&nonce, claim)
+        {
+            tracing::error!(%error, "releasing the claim failed; the next delivery takes it over when stale");
+        }
+        self.inner.waiters.finished(&key);
+        answer
+    }
+
+    /// Runs the handler for a claimed callback, then writes its effects and the mark
+    /// atomically and waits for them to be durable.
+    async fn book(
+        &self,
+        store: &dyn Store,
+        callback: CallbackBody,
+        ctx: CallbackContext,
+        claim: crate::store::Claim,
+    ) -> Answer {
+        let (nonce, status) = (callback.nonce.clone(), callback.transaction_status);
+        let effects = ctx.effects.clone();
+        let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
+        match self
+            .run(Endpoint::Callback, handler.call(callback, ctx))
+            .await?
+        {
+            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
+                reason,
+                retry_after: self.inner.callback.retry_after,
+            }),
+            CallbackDecision::Ack => {
+                if let Err(error) = store.finish_callback(&nonce, claim, status, &effects) {
+                    return Err(match error {
+                        StoreError::Effects(effect) => {
+                            tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
+                            Problem::HandlerFailed {
+                                endpoint: Endpoint::Callback,
+                                retry_after: self.inner.callback.retry_after,
+                            }
+                        }
+                        other => self.store_failed(Endpoint::Callback, &other),
+                    });
+                }
+                self.durable(store, Endpoint::Callback).await?;
+                ok("callback accepted")
+            }
+        }
+    }
+
+    /// Waits for the group commit that makes the last write durable.
+    async fn durable(&self, store: &dyn Store, endpoint: Endpoint) -> Result<(), Problem> {
+        match tokio::time::timeout(self.inner.server.handler_timeout, store.durable()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(self.store_failed(endpoint, &error)),
+            Err(_) => Err(self.store_failed(
+                endpoint,
+                &StoreError::Backend("flush did not finish in time".into()),
+            )),
+        }
+    }
+
+    /// Without a store: every delivery runs the handler (no deduplication).
+    async fn deliver_unrecorded(&self, callback: CallbackBody, request: RequestContext) -> Answer {
+        let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
+        let effects = Effects::default();
+        let ctx = CallbackContext {
+            request,
+            attempt: 1,
+            previous_status: None,
+            effects: effects.clone(),
+        };
+        match self
+            .run(Endpoint::Callback, handler.call(callback, ctx))
+            .await?
+        {
+            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
+                reason,
+                retry_after: self.inner.callback.retry_after,
+            }),
+            CallbackDecision::Ack if !effects.is_empty() => {
+                tracing::error!(
+                    "the handler staged effects, but the app has no store to write them to"
+                );
+                Err(Problem::HandlerFailed {
+                    endpoint: Endpoint::Callback,
+                    retry_after: self.inner.callback.retry_after,
+                })
+            }
+            CallbackDecision::Ack => ok("callback accepted"),
+        }
+    }
+
+    /// A transaction validation with its decision recorded per nonce.
+    pub(super) async fn validate_once(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Answer {
+        let Some(store) = self.inner.store.clone() else {
+            return self
+                .validate(request, ctx)
+                .await
+                .and_then(|decision| answer_for(&decision));
+        };
+        let nonce = request.nonce().to_owned();
+        let fingerprint = Fingerprint::of(&request);
+        let key = format!("v:{nonce}");
+        let stale_after = self.stale_after();
+        let begin = self
+            .begin_when_free(
+                &key,
+                || store.begin_validation(&nonce, &fingerprint, stale_after),
+                |b| *b == ValidationBegin::Busy,
+            )
+            .await?
+            .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
+        let claim = match begin {
+            ValidationBegin::Claimed { claim } => claim,
+            ValidationBegin::Recorded(decision) => {
+                tracing::info!(
+                    "repeated validation: the recorded decision is returned, handler not called"
+                );
+                return answer_for(&decision);
+            }
+            ValidationBegin::Mismatch => {
+                tracing::warn!(
+                    security_event = "nonce_reuse",
+                    validation_id = request.validation_id,
+                    client = %request.merchant_data.client_id,
+                    "nonce already used for a different payment; refused"
+                );
+                return Err(Problem::NonceReused);
+            }
+            ValidationBegin::Busy => {
+                return Err(Problem::InFlight {
+                    retry_after: self.inner.callback.retry_after,
+                });
+            }
+        };
+        let answer = match self.validate(request, ctx).await {
+            Ok(decision) => match store.finish_validation(&nonce, claim, &decision) {
+                Ok(()) => match self
+                    .durable(store.as_ref(), Endpoint::TransactionValidation)
+                    .await
+                {
+                    Ok(()) => answer_for(&decision),
+                    Err(problem) => Err(problem),
+                },
+                Err(error) => Err(self.store_failed(Endpoint::TransactionValidation, &error)),
+            },
+            Err(problem) => {
+                if let Err(error) = store.release_validation(&nonce, claim) {
+                    tracing::error!(%error, "releasing the validation claim failed");
+                }
+                Err(problem)
+            }
+        };
+        self.inner.waiters.finished(&key);
+        answer
+    }
+
+    /// Runs the validation handler; a decision to record, or the problem to answer.
+    async fn validate(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<RecordedDecision, Problem> {
+        let handler = self.inner.validation.clone().ok_or(Problem::NotFound)?;
+        let validation_id = request.validation_id;
+        match self
+            .run(Endpoint::TransactionValidation, handler.call(request, ctx))
+            .await?
+        {
+            ValidationDecision::Allow => Ok(RecordedDecision::Allow),
+            ValidationDecision::Deny { message } => Ok(RecordedDecision::Deny { message }),
+            ValidationDecision::Postpone => {
+                tracing::error!(
+                    validation_id,
+                    "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
+                );
+                Err(Problem::NotAwaitable)
+            }
+        }
+    }
+}
+
+fn answer_for(decision: &RecordedDecision) -> Answer {
+    match decision {
+        RecordedDecision::Allow => ok("client allowed"),
+        RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),
+    }
+}

@@ -1,0 +1,208 @@
+//! Exactly-once effects: deduplication records, the durable acknowledgement, retention.
+//!
+//! The aggregator retries a callback up to 17 times, and the same transaction validation
+//! may arrive more than once. The store remembers, per nonce, what was already done, so that
+//! a merchant's handler books each result once.
+//!
+//! ## Life cycle of a callback record (key: nonce)
+//!
+//! ```text
+//!   (absent) ──claim──▶ InFlight { since, status } ──handler Ack + effects──▶ Done { status, response }
+//!       ▲                    │ handler error / RetryLater / timeout                │
+//!       └──── release ◀──────┘                                                     │
+//!   Done { s } ──delivery with status s──▶ duplicate: 200, handler not called      │
+//!   Done { s } ──delivery with a new final status t──▶ claim again (handler told s) ┘
+//! ```
+//!
+//! A claim is a `compare_and_swap` from the record's current value, so two deliveries of
+//! one nonce never both win it. The handler's effects and the `Done` mark are written in one
+//! atomic transaction, and the answer (200) is sent only after a flush has made that write
+//! durable — shared by all concurrent requests (group commit). A claim left by a crashed
+//! process is recognised (it carries the process's epoch) and taken over by the next
+//! delivery: **at-least-once until acknowledged, never again after**.
+//!
+//! ## Life cycle of a validation record (key: nonce)
+//!
+//! `InFlight` → `Done { decision }` the same way. A repeat with the same payment data
+//! (amount, currency, client, provider, direction) gets the recorded decision; with different
+//! data it is refused ([`ValidationBegin::Mismatch`]).
+//!
+//! ## Retention
+//!
+//! Every write also writes an entry in an expiry index; a background sweeper removes records
+//! older than the retention (default 30 days), so the store stays bounded.
+//!
+//! [`Store`] is the seam for other backends; [`SledStore`] is the embedded default.
+
+mod effects;
+mod flusher;
+mod record;
+mod sled_store;
+
+use std::{future::Future, pin::Pin, time::Duration};
+
+use crate::model::TransactionStatus;
+
+pub use effects::{EffectError, EffectTx, Effects};
+pub use record::{Fingerprint, RecordedDecision};
+pub use sled_store::SledStore;
+
+/// A claim on a nonce: proof that this delivery owns the in-flight record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The process (store instance) that made the claim.
+    pub epoch: u64,
+    /// Unique within the epoch.
+    pub id: u64,
+}
+
+/// What to do with a callback delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallbackBegin {
+    /// Run the handler; this delivery owns the nonce until it finishes or releases.
+    Claimed {
+        /// The claim to finish or release.
+        claim: Claim,
+        /// Deliveries of this nonce that reached the handler, this one included.
+        attempt: u32,
+        /// The last acknowledged status of this nonce, when this is a new status.
+        previous_status: Option<TransactionStatus>,
+    },
+    /// This (nonce, status) was already acknowledged: answer 200, do not call the handler.
+    Duplicate,
+    /// Another delivery of this nonce is being processed right now.
+    Busy,
+}
+
+/// What to do with a transaction validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValidationBegin {
+    /// Run the handler.
+    Claimed {
+        /// The claim to finish or release.
+        claim: Claim,
+    },
+    /// The same payment was decided before: answer with this decision.
+    Recorded(RecordedDecision),
+    /// The nonce was used for a different payment: refuse.
+    Mismatch,
+    /// Another request with this nonce is being processed right now.
+    Busy,
+}
+
+/// A storage failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend failed (I/O, corruption).
+    #[error("storage: {0}")]
+    Backend(String),
+    /// A record could not be read.
+    #[error("corrupt record for `{key}`: {reason}")]
+    Corrupt {
+        /// The record's key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The handler's effects refused to apply; nothing was written.
+    #[error("effects aborted: {0}")]
+    Effects(#[from] EffectError),
+    /// The claim was lost (taken over as stale); nothing was written.
+    #[error("claim on `{0}` was lost")]
+    ClaimLost(String),
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(error: sled::Error) -> Self {
+        Self::Backend(error.to_string())
+    }
+}
+
+/// The future of [`Store::durable`].
+pub type DurableFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+/// Durable deduplication records. Implementations must make `finish_*` atomic with the
+/// effects, and `durable` resolve only once every write made before the call is on disk.
+pub trait Store: Send + Sync + 'static {
+    /// Starts processing a callback delivery of `nonce` with `status`. An in-flight claim
+    /// older than `stale_after`, or made by a previous process, is taken over.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn begin_callback(
+        &self,
+        nonce: &str,
+        status: TransactionStatus,
+        stale_after: Duration,
+    ) -> Result<CallbackBegin, StoreError>;
+
+    /// Marks the callback done and applies `effects`, in one atomic write (not yet flushed).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Effects`] when an effect aborts, [`StoreError::ClaimLost`] when the claim
+    /// was taken over; nothing is written then.
+    fn finish_callback(
+        &self,
+        nonce: &str,
+        claim: Claim,
+        status: TransactionStatus,
+        effects: &Effects,
+    ) -> Result<(), StoreError>;
+
+    /// Gives the claim up (the handler failed or asked for a retry); the record returns to
+    /// what it was before the claim.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn release_callback(&self, nonce: &str, claim: Claim) -> Result<(), StoreError>;
+
+    /// Starts processing a transaction validation.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn begin_validation(
+        &self,
+        nonce: &str,
+        fingerprint: &Fingerprint,
+        stale_after: Duration,
+    ) -> Result<ValidationBegin, StoreError>;
+
+    /// Records the decision (not yet flushed).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::ClaimLost`] when the claim was taken over.
+    fn finish_validation(
+        &self,
+        nonce: &str,
+        claim: Claim,
+        decision: &RecordedDecision,
+    ) -> Result<(), StoreError>;
+
+    /// Gives a validation claim up.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn release_validation(&self, nonce: &str, claim: Claim) -> Result<(), StoreError>;
+
+    /// Resolves once every write made before the call is durable. Concurrent callers share
+    /// one flush (group commit).
+    fn durable(&self) -> DurableFuture<'_>;
+
+    /// Removes records that expired at or before `now_ms` (milliseconds since the Unix epoch).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or_default()
+}

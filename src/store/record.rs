@@ -1,0 +1,111 @@
+//! The records the store keeps, and how they are encoded (JSON: small, readable in a dump).
+
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+use super::{Claim, StoreError};
+use crate::model::TransactionValidationRequest;
+
+/// The payment a validation nonce was first used for. A repeat must match it exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// Amount, normalised (`10.50` and `10.5` are the same amount).
+    pub amount: String,
+    /// ISO currency, upper case.
+    pub currency: String,
+    /// The merchant's client.
+    pub client_id: String,
+    /// The chosen provider.
+    pub provider_id: i64,
+    /// Deposit (`true`) or withdrawal.
+    pub cash_in: bool,
+}
+
+impl Fingerprint {
+    /// The fingerprint of a validation request.
+    pub fn of(request: &TransactionValidationRequest) -> Self {
+        let payment = &request.payment_data;
+        Self {
+            amount: normalise(payment.amount),
+            currency: payment.currency.trim().to_ascii_uppercase(),
+            client_id: request.merchant_data.client_id.clone(),
+            provider_id: payment.provider_id,
+            cash_in: request.cash_in,
+        }
+    }
+}
+
+fn normalise(amount: Decimal) -> String {
+    amount.normalize().to_string()
+}
+
+/// A decision worth replaying to a repeated validation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum RecordedDecision {
+    /// 200.
+    Allow,
+    /// 403 with the message.
+    Deny {
+        /// The merchant's message.
+        message: String,
+    },
+}
+
+/// Where a claimed record stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InFlight {
+    pub(crate) since_ms: u64,
+    pub(crate) epoch: u64,
+    pub(crate) claim: u64,
+}
+
+impl InFlight {
+    pub(crate) fn owned_by(&self, claim: Claim) -> bool {
+        self.epoch == claim.epoch && self.claim == claim.id
+    }
+
+    /// A claim of a previous process, or older than `stale_after_ms`, is abandoned.
+    pub(crate) fn is_stale(&self, epoch: u64, now_ms: u64, stale_after_ms: u64) -> bool {
+        self.epoch != epoch || now_ms.saturating_sub(self.since_ms) > stale_after_ms
+    }
+}
+
+/// A callback nonce's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CallbackRecord {
+    /// Set while a delivery is being processed.
+    pub(crate) in_flight: Option<InFlight>,
+    /// The status being processed by the in-flight delivery.
+    pub(crate) in_flight_status: Option<i32>,
+    /// Acknowledged statuses, oldest first; the last is the current one.
+    pub(crate) done: Vec<i32>,
+    /// Deliveries that reached the handler.
+    pub(crate) attempts: u32,
+    /// When the record expires (retention), ms since the Unix epoch.
+    pub(crate) expires_ms: u64,
+}
+
+/// A validation nonce's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ValidationRecord {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) in_flight: Option<InFlight>,
+    pub(crate) decision: Option<RecordedDecision>,
+    pub(crate) expires_ms: u64,
+}
+
+pub(crate) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    // Our own records always serialise; an empty value would be caught as corrupt on read.
+    serde_json::to_vec(record).unwrap_or_default()
+}
+
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(
+    key: &str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
+}
