@@ -1,0 +1,184 @@
+//! The sled store directly: effects are atomic with the mark, records survive a restart,
+//! and retention purges expired records so that the store stays bounded.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use payhook::config::StoreConfig;
+use payhook::model::TransactionStatus;
+use payhook::store::{CallbackBegin, EffectError, Effects, SledStore, Store};
+use std::time::Duration;
+
+const STALE: Duration = Duration::from_secs(60);
+
+fn config(dir: &tempfile::TempDir, retention: Duration) -> StoreConfig {
+    StoreConfig {
+        path: dir.path().join("store"),
+        retention,
+        ..StoreConfig::default()
+    }
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap()
+}
+
+/// Claims and acknowledges `nonce` with status success, writing `effects`.
+async fn acknowledge(store: &SledStore, nonce: &str, effects: &Effects) {
+    let CallbackBegin::Claimed { claim, .. } = store
+        .begin_callback(nonce, TransactionStatus::Success, STALE)
+        .unwrap()
+    else {
+        panic!("{nonce} not claimed");
+    };
+    store
+        .finish_callback(nonce, claim, TransactionStatus::Success, effects)
+        .unwrap();
+    store.durable().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+        let effects = Effects::default();
+        effects.write(|tx| tx.insert("ledger", b"n-1", b"10.50 EUR"));
+        acknowledge(&store, "n-1", &effects).await;
+    }
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    assert_eq!(
+        store
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    assert_eq!(
+        store.tree("ledger").unwrap().get("n-1").unwrap().as_deref(),
+        Some(&b"10.50 EUR"[..])
+    );
+}
+
+#[tokio::test]
+async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    let CallbackBegin::Claimed { claim, .. } = store
+        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let effects = Effects::default();
+    effects.write(|tx| tx.insert("ledger", b"n-1", b"half"));
+    effects.write(|_| Err(EffectError::abort("insufficient funds")));
+    assert!(
+        store
+            .finish_callback("n-1", claim, TransactionStatus::Success, &effects)
+            .is_err()
+    );
+    assert!(
+        store.tree("ledger").unwrap().get("n-1").unwrap().is_none(),
+        "the first write was rolled back"
+    );
+    store.release_callback("n-1", claim).unwrap();
+    assert!(matches!(
+        store
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .unwrap(),
+        CallbackBegin::Claimed { attempt: 2, .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_claim_left_by_a_crashed_process_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
+        assert!(matches!(
+            store
+                .begin_callback("n-1", TransactionStatus::Success, STALE)
+                .unwrap(),
+            CallbackBegin::Claimed { .. }
+        ));
+        store.durable().await.unwrap();
+        // The process "dies" here, holding the claim.
+    }
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
+    let begin = store
+        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .unwrap();
+    assert!(
+        matches!(begin, CallbackBegin::Claimed { attempt: 2, .. }),
+        "{begin:?}"
+    );
+    // Within one process, a live claim makes others wait.
+    assert_eq!(
+        store
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .unwrap(),
+        CallbackBegin::Busy
+    );
+}
+
+#[tokio::test]
+async fn retention_purges_expired_records_and_keeps_the_store_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let retention = Duration::from_secs(2);
+    let store = SledStore::open(&config(&dir, retention), &[]).unwrap();
+    let effects = Effects::default();
+    for batch in 0..10 {
+        for i in 0..100 {
+            acknowledge(&store, &format!("n-{batch}-{i}"), &effects).await;
+        }
+        assert_eq!(
+            store.record_count(),
+            100,
+            "batch {batch}: only the live batch is kept"
+        );
+        // Everything written so far has expired by then.
+        let purged = store.purge_expired(now_ms() + 2_001).unwrap();
+        assert_eq!(purged, 100, "batch {batch}");
+        assert_eq!(store.record_count(), 0);
+    }
+}
+
+#[tokio::test]
+async fn unexpired_records_survive_a_purge_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
+        for i in 0..50 {
+            acknowledge(&store, &format!("n-{i}"), &Effects::default()).await;
+        }
+        assert_eq!(store.purge_expired(now_ms()).unwrap(), 0);
+    }
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
+    assert_eq!(store.record_count(), 50);
+    for i in 0..50 {
+        let begin = store
+            .begin_callback(&format!("n-{i}"), TransactionStatus::Success, STALE)
+            .unwrap();
+        assert_eq!(begin, CallbackBegin::Duplicate);
+    }
+}
+
+#[tokio::test]
+async fn the_background_sweeper_purges_without_being_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        retention: Duration::from_millis(1),
+        sweep_interval: Duration::from_millis(10),
+        ..config(&dir, Duration::ZERO)
+    };
+    let store = SledStore::open(&config, &[]).unwrap();
+    for i in 0..20 {
+        acknowledge(&store, &format!("n-{i}"), &Effects::default()).await;
+    }
+    let emptied = async {
+        while store.record_count() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), emptied)
+        .await
+        .expect("the sweeper purged the records");
+}
