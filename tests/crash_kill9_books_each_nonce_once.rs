@@ -1,0 +1,275 @@
+//! The crash test: the example merchant, as a child process, receives 2,000 signed callbacks
+//! from 100 concurrent senders that retry until a 2xx (as the aggregator does), and is
+//! killed with SIGKILL three times at arbitrary moments, restarting on the same data
+//! directory. At the end every nonce is booked exactly once and the ledger adds up.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::signature::{Algorithm, Encoding};
+use rust_decimal::Decimal;
+use std::{
+    collections::VecDeque,
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use support::*;
+
+const CALLBACKS: usize = 2_000;
+const SENDERS: usize = 100;
+const KILLS: usize = 3;
+
+/// A small deterministic generator (xorshift), so that the run is the same every time.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The example binary, built by `cargo test` next to this test's own binary.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let debug_dir = exe.parent().and_then(Path::parent).unwrap();
+    let binary = debug_dir.join("examples").join("merchant");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the suite with `cargo test`",
+        binary.display()
+    );
+    binary
+}
+
+/// Starts the example on `listen` with the store in `data`; returns it and its address.
+fn start_merchant(listen: &str, data: &Path) -> (Child, SocketAddr) {
+    let key = signature_fixtures().join("ed25519/public.pem");
+    let mut child = Command::new(example_binary())
+        .env_clear()
+        .env("PAYHOOK_SERVER_LISTEN", listen)
+        .env("PAYHOOK_STORE_PATH", data)
+        .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
+        .env(
+            "PAYHOOK_SIGNATURE_KEYS",
+            format!("[{{id = \"test\", file = \"{}\"}}]", key.display()),
+        )
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the merchant printed its address")
+            .unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.parse().unwrap();
+        }
+    };
+    (child, address)
+}
+
+/// One callback to deliver: its nonce, amount, success, body and signature.
+struct Delivery {
+    nonce: String,
+    amount: Decimal,
+    success: bool,
+    request: Vec<u8>,
+}
+
+fn deliveries() -> Vec<Delivery> {
+    let signer = fixture_signer("ed25519", Algorithm::Ed25519);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let failures = [-1, -2, -3, -4, -5, -6];
+    (0..CALLBACKS)
+        .map(|i| {
+            let success = rng.below(10) < 7;
+            let status = if success {
+                4
+            } else {
+                failures[usize::try_from(rng.below(6)).unwrap()]
+            };
+            let amount = Decimal::new(i64::try_from(rng.below(1_000_000)).unwrap() + 1, 2);
+            let nonce = format!("crash-{i:04}");
+            let body = CALLBACK
+                .replace("\"nonce-cb-1\"", &format!("\"{nonce}\""))
+                .replace(
+                    "\"transactionStatus\": 4",
+                    &format!("\"transactionStatus\": {status}"),
+                )
+                .replace("\"amount\": 0.1", &format!("\"amount\": {amount}"))
+                .replace(
+                    "\"clientId\": \"client-42\"",
+                    &format!("\"clientId\": \"client-{}\"", i % 10),
+                );
+            let signature = signer
+                .header_value(body.as_bytes(), Encoding::Base64, None)
+                .unwrap();
+            let request = post(
+                CALLBACK_PATH,
+                &[
+                    ("Content-Type", "application/json"),
+                    ("X-Signature", &signature),
+                ],
+                body.as_bytes(),
+            );
+            Delivery {
+                nonce,
+                amount,
+                success,
+                request,
+            }
+        })
+        .collect()
+}
+
+/// Sends `request` to whatever address the merchant has now, until it answers 2xx.
+async fn deliver(address: &RwLock<SocketAddr>, request: &[u8]) {
+    loop {
+        let addr = *address.read().unwrap();
+        if let Ok(Some(status)) = tokio::time::timeout(DEADLINE, try_send(addr, request)).await {
+            if (200..300).contains(&status) {
+                return;
+            }
+            assert!(status == 503 || status == 408, "unexpected answer {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The status of one attempt, or `None` when the connection failed (a killed server).
+async fn try_send(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.write_all(request).await.ok()?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.ok()?;
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ').nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
+    let data = tempfile::tempdir().unwrap();
+    let store_path = data.path().join("store");
+    let (child, address) = start_merchant("127.0.0.1:0", &store_path);
+    let child = Arc::new(Mutex::new(child));
+    let address = Arc::new(RwLock::new(address));
+    let deliveries = Arc::new(deliveries());
+    let queue = Arc::new(Mutex::new((0..CALLBACKS).collect::<VecDeque<_>>()));
+    let acknowledged = Arc::new(AtomicUsize::new(0));
+
+    let senders: Vec<_> = (0..SENDERS)
+        .map(|_| {
+            let (queue, deliveries, address, acknowledged) = (
+                Arc::clone(&queue),
+                Arc::clone(&deliveries),
+                Arc::clone(&address),
+                Arc::clone(&acknowledged),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let Some(next) = queue.lock().unwrap().pop_front() else {
+                        return;
+                    };
+                    deliver(&address, &deliveries[next].request).await;
+                    acknowledged.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+
+    // Kill points spread over the run, chosen by the seeded generator.
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut kill_points: Vec<usize> = (0..KILLS)
+        .map(|k| 200 + k * 550 + usize::try_from(rng.below(300)).unwrap())
+        .collect();
+    kill_points.sort_unstable();
+    let port = address.read().unwrap().port();
+    for point in kill_points {
+        while acknowledged.load(Ordering::SeqCst) < point {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut running = child.lock().unwrap();
+        running.kill().unwrap(); // SIGKILL: no shutdown, no flush
+        running.wait().unwrap();
+        let (restarted, new_address) = start_merchant(&format!("127.0.0.1:{port}"), &store_path);
+        *running = restarted;
+        *address.write().unwrap() = new_address;
+    }
+    for sender in senders {
+        tokio::time::timeout(Duration::from_secs(300), sender)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    {
+        let mut running = child.lock().unwrap();
+        running.kill().unwrap();
+        running.wait().unwrap();
+    }
+
+    // Read the ledger the example kept, from its data directory.
+    let config = payhook::config::StoreConfig {
+        path: store_path,
+        ..Default::default()
+    };
+    let store =
+        payhook::store::SledStore::open(&config, &["ledger_entries", "ledger_balances"]).unwrap();
+    let entries = store.tree("ledger_entries").unwrap();
+    assert_eq!(
+        entries.len(),
+        CALLBACKS,
+        "every nonce is booked, none missing"
+    );
+    let mut booked_total = Decimal::ZERO;
+    for delivery in deliveries.iter() {
+        let entry: serde_json::Value =
+            serde_json::from_slice(&entries.get(&delivery.nonce).unwrap().unwrap()).unwrap();
+        assert_eq!(
+            entry["bookings"], 1,
+            "{} booked more than once: {entry}",
+            delivery.nonce
+        );
+        let effect: Decimal = serde_json::from_value(entry["balance_effect"].clone()).unwrap();
+        let expected = if delivery.success {
+            delivery.amount
+        } else {
+            Decimal::ZERO
+        };
+        assert_eq!(effect, expected, "{}", delivery.nonce);
+        booked_total += effect;
+    }
+    let successful_total: Decimal = deliveries
+        .iter()
+        .filter(|d| d.success)
+        .map(|d| d.amount)
+        .sum();
+    assert_eq!(booked_total, successful_total);
+    let balances = store.tree("ledger_balances").unwrap();
+    let balance_total: Decimal = balances
+        .iter()
+        .map(|entry| serde_json::from_slice::<Decimal>(&entry.unwrap().1).unwrap())
+        .sum();
+    assert_eq!(
+        balance_total, successful_total,
+        "the balances add up to the successful amounts"
+    );
+}
