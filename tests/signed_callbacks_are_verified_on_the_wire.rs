@@ -324,3 +324,45 @@ async fn the_signature_scheme_can_authenticate_the_validations() {
     assert_eq!(response.status, 401);
     assert!(response.message().starts_with("missing signature"));
 }
+
+#[tokio::test]
+async fn a_retry_reuses_its_verification_but_any_changed_byte_is_verified_afresh() {
+    let server = TestServer::start_with(signed_config(&["rsa2048"])).await;
+    let signature = sign("rsa2048", CALLBACK);
+    assert_eq!(
+        server
+            .send(&signed_post(CALLBACK_PATH, CALLBACK, &signature))
+            .await
+            .status,
+        200
+    );
+    // The same bytes and signature again: a retry, answered from the record.
+    assert_eq!(
+        server
+            .send(&signed_post(CALLBACK_PATH, CALLBACK, &signature))
+            .await
+            .status,
+        200
+    );
+    // One changed byte of the body, with the signature that verified before.
+    let tampered = CALLBACK.replace("\"amount\": 0.1", "\"amount\": 0.2");
+    let response = server
+        .send(&signed_post(CALLBACK_PATH, &tampered, &signature))
+        .await;
+    assert_eq!(response.status, 401);
+    assert!(response.message().starts_with("invalid signature"));
+    // One changed byte of the signature, with the body that verified before.
+    let mut bytes = base64::engine::general_purpose::STANDARD
+        .decode(&signature)
+        .unwrap();
+    bytes[10] ^= 1;
+    let flipped = base64::engine::general_purpose::STANDARD.encode(bytes);
+    assert_eq!(
+        server
+            .send(&signed_post(CALLBACK_PATH, CALLBACK, &flipped))
+            .await
+            .status,
+        401
+    );
+    assert_eq!(server.merchant.calls().len(), 1);
+}

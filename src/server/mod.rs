@@ -53,7 +53,7 @@ use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
 };
-use crate::signature::{SignatureError, Verifier, VerifierConfigError};
+use crate::signature::{SignatureError, VerifiedCache, Verifier, VerifierConfigError};
 use crate::store::{SledStore, Store, StoreError};
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
@@ -111,6 +111,8 @@ struct Inner {
     /// Verifies callback signatures (and validation signatures where configured); `None`
     /// when no key is configured.
     verifier: Option<Verifier>,
+    /// (signature, body) pairs that verified, so that retries skip the public-key operation.
+    verified: VerifiedCache,
     providers_guard: Guard,
     validation_guard: Guard,
     /// Deduplication records; `None` only when built `without_store`.
@@ -331,9 +333,16 @@ impl App {
         let Some(verifier) = &self.inner.verifier else {
             return Ok(());
         };
+        // A retry carries the same bytes and signature: no public-key operation for it.
+        let digest = VerifiedCache::digest(signature, body);
+        if self.inner.verified.contains(&digest) {
+            tracing::debug!("signature verified before (a retry)");
+            return Ok(());
+        }
         match verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
+                self.inner.verified.insert(digest);
                 Ok(())
             }
             Err(error) => Err(unauthorized(error)),
@@ -564,6 +573,7 @@ impl AppBuilder {
                 validation: self.validation,
                 callbacks: self.callbacks,
                 verifier,
+                verified: VerifiedCache::default(),
                 providers_guard,
                 validation_guard,
                 store,

@@ -16,12 +16,15 @@
 //! [`sniff`] finds the scheme of a captured request when nobody can say which it is.
 
 mod algorithm;
+mod cache;
 mod encoding;
 mod key;
 mod keygen;
 mod sniff;
 
 use http::{HeaderMap, HeaderName};
+
+pub(crate) use cache::VerifiedCache;
 
 pub use algorithm::{Algorithm, KeyKind, UnknownAlgorithm};
 pub use encoding::{DecodeError, Encoding, UnknownEncoding};
