@@ -16,7 +16,14 @@ const CAPACITY: usize = 16 * 1024;
 /// A bounded set of digests of (signature, body) pairs that verified.
 #[derive(Debug, Default)]
 pub(crate) struct VerifiedCache {
-    inner: Mutex<(HashSet<[u8; 32]>, VecDeque<[u8; 32]>)>,
+    inner: Mutex<Remembered>,
+}
+
+/// The digests, and their order of arrival for forgetting the oldest.
+#[derive(Debug, Default)]
+struct Remembered {
+    set: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
 }
 
 impl VerifiedCache {
@@ -31,24 +38,23 @@ impl VerifiedCache {
 
     /// `true` when the pair verified before.
     pub(crate) fn contains(&self, digest: &[u8; 32]) -> bool {
-        self.lock().0.contains(digest)
+        self.lock().set.contains(digest)
     }
 
     /// Remembers a pair that verified.
     pub(crate) fn insert(&self, digest: [u8; 32]) {
-        let mut guard = self.lock();
-        let (set, order) = &mut *guard;
-        if set.insert(digest) {
-            order.push_back(digest);
-            if order.len() > CAPACITY
-                && let Some(oldest) = order.pop_front()
+        let mut remembered = self.lock();
+        if remembered.set.insert(digest) {
+            remembered.order.push_back(digest);
+            if remembered.order.len() > CAPACITY
+                && let Some(oldest) = remembered.order.pop_front()
             {
-                set.remove(&oldest);
+                remembered.set.remove(&oldest);
             }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashSet<[u8; 32]>, VecDeque<[u8; 32]>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Remembered> {
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -84,7 +90,7 @@ mod tests {
         for i in 0..(CAPACITY + 10) as u64 {
             cache.insert(VerifiedCache::digest(&i.to_be_bytes(), b""));
         }
-        assert_eq!(cache.lock().0.len(), CAPACITY);
+        assert_eq!(cache.lock().set.len(), CAPACITY);
         assert!(!cache.contains(&VerifiedCache::digest(&0u64.to_be_bytes(), b"")));
         assert!(cache.contains(&VerifiedCache::digest(
             &((CAPACITY + 9) as u64).to_be_bytes(),
