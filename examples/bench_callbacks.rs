@@ -1,0 +1,472 @@
+//! The callback endpoint's throughput and latency against a raw hyper baseline, measured in
+//! one run with one load driver on loopback.
+//!
+//! Run it in release mode (it takes about a minute, most of it signing the bodies):
+//!
+//! ```text
+//! cargo run --release --example bench_callbacks            # 5 s per scenario
+//! cargo run --release --example bench_callbacks -- 10      # 10 s per scenario
+//! ```
+//!
+//! Each scenario's server runs as a child process (so that its peak RSS is its own); the
+//! load driver keeps 64 HTTP/1.1 keep-alive connections busy for the same duration:
+//!
+//! * **A** — a minimal hyper server that reads the body and answers 200 (the baseline);
+//! * **B** — payhook's callback endpoint: RSA-2048-signed ~1 KB bodies with unique nonces,
+//!   durable deduplication (group commit), the example merchant's ledger write;
+//! * **C** — the same server receiving only retries of already-acknowledged nonces;
+//! * **D** — B without the store: verification, parsing and the handler only.
+//!
+//! It prints req/s, p50, p99, non-2xx answers and peak RSS for each, and the ratios against
+//! the targets (B/A ≥ 0.25, B/D ≥ 0.80, C/A ≥ 0.50, p99 of B ≤ 10 ms, no non-2xx, peak RSS of
+//! B ≤ 64 MiB).
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    clippy::unwrap_used,
+    reason = "a benchmark prints and stops at the first failure"
+)]
+
+#[path = "merchant.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "only the example's merchant is used here"
+)]
+mod merchant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
+use payhook::model::CallbackBody;
+use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
+use payhook::{App, Config, HandlerError};
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+use tokio::net::{TcpListener, TcpStream};
+
+const CONNECTIONS: usize = 64;
+const PATH: &str = "/payhook/callback";
+/// Acknowledged nonces whose retries scenario C replays.
+const RETRIED_NONCES: usize = 2_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        serve(&args[2], Path::new(&args[3]), Path::new(&args[4]));
+    } else {
+        let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
+        drive(Duration::from_secs(seconds));
+    }
+}
+
+// ---------------------------------------------------------------- the servers (children)
+
+/// D's handler: acknowledges, writes nothing.
+struct Acknowledge;
+
+impl CallbackReceiver for Acknowledge {
+    async fn receive_callback(
+        &self,
+        callback: CallbackBody,
+        _: CallbackContext,
+    ) -> Result<CallbackDecision, HandlerError> {
+        std::hint::black_box(&callback);
+        Ok(CallbackDecision::Ack)
+    }
+}
+
+fn serve(scenario: &str, data: &Path, public_key: &Path) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("listening on {}", listener.local_addr().unwrap());
+        if scenario == "baseline" {
+            return serve_baseline(listener).await;
+        }
+        let mut config = Config::default();
+        config.server.body_limit = 64 * 1024;
+        config.store.path = data.to_owned();
+        config.signature.keys = vec![payhook::config::KeySource {
+            file: Some(public_key.to_owned()),
+            ..Default::default()
+        }];
+        let app = if scenario == "payhook" {
+            let store = merchant::open_store(&config).unwrap();
+            merchant::app(
+                config,
+                merchant::Merchant {
+                    max_amount: 1_000_000.into(),
+                },
+                store,
+            )
+            .unwrap()
+        } else {
+            App::builder(config)
+                .callback_receiver(Acknowledge)
+                .without_store()
+                .build()
+                .unwrap()
+        };
+        payhook::serve(listener, app, std::future::pending())
+            .await
+            .unwrap();
+    });
+}
+
+/// A: read the body, answer 200.
+async fn serve_baseline(listener: TcpListener) {
+    loop {
+        let (stream, _) = listener.accept().await.unwrap();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(
+                |request: hyper::Request<hyper::body::Incoming>| async move {
+                    let body = request.into_body().collect().await?.to_bytes();
+                    std::hint::black_box(body);
+                    Ok::<_, hyper::Error>(hyper::Response::new(Full::new(Bytes::from_static(
+                        b"{}",
+                    ))))
+                },
+            );
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+// ---------------------------------------------------------------- the driver (parent)
+
+/// One signed request.
+#[derive(Clone)]
+struct Signed {
+    body: Bytes,
+    signature: String,
+}
+
+/// Signs `count` ~1 KB callback bodies with unique nonces, on every core.
+fn sign_bodies(key: &SigningKey, count: usize) -> Vec<Signed> {
+    let padding = "x".repeat(560);
+    let threads = std::thread::available_parallelism().map_or(2, usize::from);
+    std::thread::scope(|scope| {
+        let chunks: Vec<_> = (0..threads)
+            .map(|t| {
+                let padding = &padding;
+                scope.spawn(move || {
+                    (t..count)
+                        .step_by(threads)
+                        .map(|i| {
+                            let body = format!(
+                                r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"bench-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}","note":"{padding}"}},"amount":{}.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05.1234567","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
+                                i % 100,
+                                i % 1000,
+                                i % 100
+                            );
+                            let signature = key.header_value(body.as_bytes(), Encoding::Base64, None).unwrap();
+                            (i, Signed { body: Bytes::from(body), signature })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<(usize, Signed)> =
+            chunks.into_iter().flat_map(|c| c.join().unwrap()).collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, s)| s).collect()
+    })
+}
+
+/// A scenario's server process.
+struct Server {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl Server {
+    fn start(scenario: &str, data: &Path, public_key: &Path) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "serve",
+                scenario,
+                &data.display().to_string(),
+                &public_key.display().to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Some(address) = line.strip_prefix("listening on ") {
+                break address.parse().unwrap();
+            }
+        };
+        Self { child, address }
+    }
+
+    /// Peak resident set size, MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(f64::NAN);
+        kib / 1024.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Which body each request sends.
+#[derive(Clone)]
+enum Bodies {
+    /// Each body once, in order; the run ends early if they run out.
+    Unique(Arc<Vec<Signed>>, Arc<AtomicUsize>),
+    /// The first `n` bodies, over and over.
+    Cycle(Arc<Vec<Signed>>, usize, Arc<AtomicUsize>),
+}
+
+impl Bodies {
+    fn next(&self) -> Option<&Signed> {
+        match self {
+            Self::Unique(all, next) => all.get(next.fetch_add(1, Ordering::Relaxed)),
+            Self::Cycle(all, n, next) => all.get(next.fetch_add(1, Ordering::Relaxed) % n),
+        }
+    }
+}
+
+/// The outcome of one scenario.
+struct Outcome {
+    requests: usize,
+    non_2xx: usize,
+    elapsed: Duration,
+    latencies_us: Vec<u32>,
+    ran_out: bool,
+}
+
+impl Outcome {
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let index = ((self.latencies_us.len() - 1) as f64 * p).round() as usize;
+        f64::from(self.latencies_us[index]) / 1000.0
+    }
+}
+
+/// Keeps [`CONNECTIONS`] connections busy for `duration` (or until `bodies` run out).
+async fn load(address: SocketAddr, bodies: Bodies, duration: Duration) -> Outcome {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let tasks: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let bodies = bodies.clone();
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(address).await.unwrap();
+                stream.set_nodelay(true).unwrap();
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                        .await
+                        .unwrap();
+                tokio::spawn(connection);
+                let (mut latencies, mut non_2xx, mut ran_out) = (Vec::new(), 0usize, false);
+                while Instant::now() < deadline {
+                    let Some(signed) = bodies.next() else {
+                        ran_out = true;
+                        break;
+                    };
+                    let request = hyper::Request::post(PATH)
+                        .header("host", "127.0.0.1")
+                        .header("content-type", "application/json")
+                        .header("x-signature", &signed.signature)
+                        .body(Full::new(signed.body.clone()))
+                        .unwrap();
+                    let sent = Instant::now();
+                    let response = sender.send_request(request).await.unwrap();
+                    let status = response.status();
+                    response.into_body().collect().await.unwrap();
+                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                    if !status.is_success() {
+                        non_2xx += 1;
+                    }
+                }
+                (latencies, non_2xx, ran_out)
+            })
+        })
+        .collect();
+    let mut outcome = Outcome {
+        requests: 0,
+        non_2xx: 0,
+        elapsed: Duration::ZERO,
+        latencies_us: Vec::new(),
+        ran_out: false,
+    };
+    for task in tasks {
+        let (latencies, non_2xx, ran_out) = task.await.unwrap();
+        outcome.requests += latencies.len();
+        outcome.latencies_us.extend(latencies);
+        outcome.non_2xx += non_2xx;
+        outcome.ran_out |= ran_out;
+    }
+    outcome.elapsed = started.elapsed();
+    outcome.latencies_us.sort_unstable();
+    outcome
+}
+
+fn drive(duration: Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_key_pair(Algorithm::RsaPkcs1Sha256).unwrap();
+    let public_key = dir.path().join("public.pem");
+    std::fs::write(&public_key, &pair.public_pem).unwrap();
+    let key =
+        SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
+    // Enough unique bodies for ~30k req/s over the duration.
+    let count = 30_000 * usize::try_from(duration.as_secs()).unwrap_or(5);
+    eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
+    let signing = Instant::now();
+    let bodies = Arc::new(sign_bodies(&key, count));
+    eprintln!(
+        "signed in {:.1}s; body size {} bytes",
+        signing.elapsed().as_secs_f64(),
+        bodies[0].body.len()
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |name: &str,
+               scenario: &str,
+               data: &str,
+               make: &dyn Fn() -> Bodies,
+               warm_up: Option<usize>| {
+        let server = Server::start(scenario, &dir.path().join(data), &public_key);
+        if let Some(acknowledged) = warm_up {
+            // C: acknowledge the nonces first; their retries are the load.
+            let warm = Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
+            let seeded = runtime.block_on(load_count(server.address, warm, acknowledged));
+            assert_eq!(seeded, 0, "acknowledging the nonces to retry failed");
+        }
+        eprintln!("{name}: {} for {}s ...", scenario, duration.as_secs());
+        let outcome = runtime.block_on(load(server.address, make(), duration));
+        let rss = server.peak_rss_mib();
+        (outcome, rss)
+    };
+    let unique = || Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
+    let retries = || {
+        Bodies::Cycle(
+            Arc::clone(&bodies),
+            RETRIED_NONCES,
+            Arc::new(AtomicUsize::new(0)),
+        )
+    };
+    let cycle = || {
+        Bodies::Cycle(
+            Arc::clone(&bodies),
+            bodies.len(),
+            Arc::new(AtomicUsize::new(0)),
+        )
+    };
+    let a = run("A", "baseline", "a", &cycle, None);
+    let b = run("B", "payhook", "b", &unique, None);
+    let c = run("C", "payhook", "c", &retries, Some(RETRIED_NONCES));
+    let d = run("D", "payhook-nostore", "d", &unique, None);
+
+    println!(
+        "\npayhook callback benchmark — {CONNECTIONS} connections, {}s per scenario, loopback",
+        duration.as_secs()
+    );
+    println!(
+        "{:<44} {:>10} {:>9} {:>9} {:>8} {:>9}",
+        "scenario", "req/s", "p50 ms", "p99 ms", "non-2xx", "RSS MiB"
+    );
+    let rows = [
+        ("A  raw hyper: read body, 200", &a),
+        ("B  payhook: RSA verify, dedup, ledger, fsync", &b),
+        ("C  payhook: retries of acknowledged nonces", &c),
+        ("D  payhook without the store", &d),
+    ];
+    for (name, (outcome, rss)) in rows {
+        let note = if outcome.ran_out {
+            "  (ran out of bodies)"
+        } else {
+            ""
+        };
+        println!(
+            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9.1}{note}",
+            outcome.rate(),
+            outcome.percentile_ms(0.50),
+            outcome.percentile_ms(0.99),
+            outcome.non_2xx,
+            rss
+        );
+    }
+    let check = |label: &str, value: f64, target: f64, at_least: bool| {
+        let ok = if at_least {
+            value >= target
+        } else {
+            value <= target
+        };
+        let sign = if at_least { "≥" } else { "≤" };
+        println!(
+            "{label:<22} {value:>8.2}   target {sign} {target:<6} {}",
+            if ok { "ok" } else { "MISSED" }
+        );
+        ok
+    };
+    println!();
+    let results = [
+        check("B/A", b.0.rate() / a.0.rate(), 0.25, true),
+        check("B/D", b.0.rate() / d.0.rate(), 0.80, true),
+        check("C/A", c.0.rate() / a.0.rate(), 0.50, true),
+        check("p99 of B (ms)", b.0.percentile_ms(0.99), 10.0, false),
+        check(
+            "non-2xx (all)",
+            (a.0.non_2xx + b.0.non_2xx + c.0.non_2xx + d.0.non_2xx) as f64,
+            0.0,
+            false,
+        ),
+        check("peak RSS of B (MiB)", b.1, 64.0, false),
+    ];
+    if results.iter().all(|ok| *ok) {
+        println!("\nall targets met");
+    } else {
+        println!("\nsome targets MISSED");
+    }
+}
+
+/// Sends `count` requests (each body once) as fast as the connections allow; returns the
+/// number of non-2xx answers.
+async fn load_count(address: SocketAddr, bodies: Bodies, count: usize) -> usize {
+    let limited = match bodies {
+        Bodies::Unique(all, next) => Bodies::Unique(Arc::new(all[..count].to_vec()), next),
+        cycle @ Bodies::Cycle(..) => cycle,
+    };
+    load(address, limited, Duration::from_secs(3600))
+        .await
+        .non_2xx
+}
