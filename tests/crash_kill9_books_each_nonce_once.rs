@@ -233,16 +233,20 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
     };
     let store =
         payhook::store::SledStore::open(&config, &["ledger_entries", "ledger_balances"]).unwrap();
-    let entries = store.tree("ledger_entries").unwrap();
     assert_eq!(
-        entries.len(),
+        store.entries("ledger_entries").unwrap().len(),
         CALLBACKS,
         "every nonce is booked, none missing"
     );
     let mut booked_total = Decimal::ZERO;
     for delivery in deliveries.iter() {
-        let entry: serde_json::Value =
-            serde_json::from_slice(&entries.get(&delivery.nonce).unwrap().unwrap()).unwrap();
+        let entry: serde_json::Value = serde_json::from_slice(
+            &store
+                .get("ledger_entries", delivery.nonce.as_bytes())
+                .unwrap()
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(
             entry["bookings"], 1,
             "{} booked more than once: {entry}",
@@ -263,10 +267,11 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
         .map(|d| d.amount)
         .sum();
     assert_eq!(booked_total, successful_total);
-    let balances = store.tree("ledger_balances").unwrap();
-    let balance_total: Decimal = balances
+    let balance_total: Decimal = store
+        .entries("ledger_balances")
+        .unwrap()
         .iter()
-        .map(|entry| serde_json::from_slice::<Decimal>(&entry.unwrap().1).unwrap())
+        .map(|(_, value)| serde_json::from_slice::<Decimal>(value).unwrap())
         .sum();
     assert_eq!(
         balance_total, successful_total,

@@ -42,15 +42,15 @@ async fn start() -> Example {
 
 impl Example {
     fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
-        let tree = self.store.tree(merchant::ENTRIES).unwrap();
-        tree.get(nonce)
+        self.store
+            .get(merchant::ENTRIES, nonce.as_bytes())
             .unwrap()
             .map(|bytes| serde_json::from_slice(&bytes).unwrap())
     }
 
     fn balance(&self, client: &str, currency: &str) -> Decimal {
-        let tree = self.store.tree(merchant::BALANCES).unwrap();
-        let bytes = tree.get(merchant::balance_key(client, currency)).unwrap();
+        let key = merchant::balance_key(client, currency);
+        let bytes = self.store.get(merchant::BALANCES, &key).unwrap();
         bytes
             .map(|b| serde_json::from_slice(&b).unwrap())
             .unwrap_or_default()

@@ -150,10 +150,8 @@ impl App {
             effects: effects.clone(),
         };
         let answer = self.book(store.as_ref(), callback, ctx, claim).await;
-        if answer.is_err()
-            && let Err(error) = store.release_callback(&nonce, claim)
-        {
-            tracing::error!(%error, "releasing the claim failed; the next delivery takes it over when stale");
+        if answer.is_err() {
+            store.release_callback(&nonce, claim);
         }
         self.inner.waiters.finished(&key);
         answer
@@ -180,7 +178,8 @@ impl App {
                 retry_after: self.inner.callback.retry_after,
             }),
             CallbackDecision::Ack => {
-                if let Err(error) = store.finish_callback(&nonce, claim, status, &effects) {
+                // Resolves once the mark and the effects are durable (group commit).
+                if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
                     return Err(match error {
                         StoreError::Effects(effect) => {
                             tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
@@ -192,21 +191,8 @@ impl App {
                         other => self.store_failed(Endpoint::Callback, &other),
                     });
                 }
-                self.durable(store, Endpoint::Callback).await?;
                 ok("callback accepted")
             }
-        }
-    }
-
-    /// Waits for the group commit that makes the last write durable.
-    async fn durable(&self, store: &dyn Store, endpoint: Endpoint) -> Result<(), Problem> {
-        match tokio::time::timeout(self.inner.server.handler_timeout, store.durable()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => Err(self.store_failed(endpoint, &error)),
-            Err(_) => Err(self.store_failed(
-                endpoint,
-                &StoreError::Backend("flush did not finish in time".into()),
-            )),
         }
     }
 
@@ -289,20 +275,15 @@ impl App {
             }
         };
         let answer = match self.validate(request, ctx).await {
-            Ok(decision) => match store.finish_validation(&nonce, claim, &decision) {
-                Ok(()) => match self
-                    .durable(store.as_ref(), Endpoint::TransactionValidation)
-                    .await
-                {
-                    Ok(()) => answer_for(&decision),
-                    Err(problem) => Err(problem),
-                },
+            Ok(decision) => match store
+                .finish_validation(&nonce, claim, &fingerprint, &decision)
+                .await
+            {
+                Ok(()) => answer_for(&decision),
                 Err(error) => Err(self.store_failed(Endpoint::TransactionValidation, &error)),
             },
             Err(problem) => {
-                if let Err(error) = store.release_validation(&nonce, claim) {
-                    tracing::error!(%error, "releasing the validation claim failed");
-                }
+                store.release_validation(&nonce, claim);
                 Err(problem)
             }
         };

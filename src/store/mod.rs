@@ -14,12 +14,15 @@
 //!   Done { s } ──delivery with a new final status t──▶ claim again (handler told s) ┘
 //! ```
 //!
-//! A claim is a `compare_and_swap` from the record's current value, so two deliveries of
-//! one nonce never both win it. The handler's effects and the `Done` mark are written in one
-//! atomic transaction, and the answer (200) is sent only after a flush has made that write
-//! durable — shared by all concurrent requests (group commit). A claim left by a crashed
-//! process is recognised (it carries the process's epoch) and taken over by the next
-//! delivery: **at-least-once until acknowledged, never again after**.
+//! A claim is taken atomically (under a lock, against the durable record), so two deliveries
+//! of one nonce never both win it. `InFlight` lives in memory: on one machine a claim of a
+//! process that died is void anyway, and writing it would cost a disk write per delivery. The
+//! handler's effects and the `Done` mark are written in one atomic batch by a single
+//! committer thread, which applies the writes of all concurrent requests together and then
+//! flushes once (group commit); the answer (200) is sent only after that flush. A crash
+//! before the flush loses the claim, the mark and the effects together, so the aggregator's
+//! next attempt runs the handler again: **at-least-once until acknowledged, never again
+//! after**.
 //!
 //! ## Life cycle of a validation record (key: nonce)
 //!
@@ -34,8 +37,10 @@
 //!
 //! [`Store`] is the seam for other backends; [`SledStore`] is the embedded default.
 
+mod claims;
+mod committer;
 mod effects;
-mod flusher;
+mod keys;
 mod record;
 mod sled_store;
 
@@ -47,12 +52,10 @@ pub use effects::{EffectError, EffectTx, Effects};
 pub use record::{Fingerprint, RecordedDecision};
 pub use sled_store::SledStore;
 
-/// A claim on a nonce: proof that this delivery owns the in-flight record.
+/// A claim on a nonce: proof that this delivery owns it until it finishes or releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
-    /// The process (store instance) that made the claim.
-    pub epoch: u64,
-    /// Unique within the epoch.
+    /// Unique within the store instance.
     pub id: u64,
 }
 
@@ -91,7 +94,7 @@ pub enum ValidationBegin {
 }
 
 /// A storage failure.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backend failed (I/O, corruption).
     #[error("storage: {0}")]
@@ -118,14 +121,14 @@ impl From<sled::Error> for StoreError {
     }
 }
 
-/// The future of [`Store::durable`].
+/// The future of a write that resolves once the write is durable.
 pub type DurableFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
-/// Durable deduplication records. Implementations must make `finish_*` atomic with the
-/// effects, and `durable` resolve only once every write made before the call is on disk.
+/// Durable deduplication records. `finish_*` must be atomic with the effects, and resolve
+/// only once the write is durable.
 pub trait Store: Send + Sync + 'static {
     /// Starts processing a callback delivery of `nonce` with `status`. An in-flight claim
-    /// older than `stale_after`, or made by a previous process, is taken over.
+    /// older than `stale_after` is taken over.
     ///
     /// # Errors
     ///
@@ -137,27 +140,21 @@ pub trait Store: Send + Sync + 'static {
         stale_after: Duration,
     ) -> Result<CallbackBegin, StoreError>;
 
-    /// Marks the callback done and applies `effects`, in one atomic write (not yet flushed).
+    /// Marks the callback done and applies `effects`, in one atomic write; resolves once it
+    /// is durable. The claim ends either way.
     ///
-    /// # Errors
-    ///
-    /// [`StoreError::Effects`] when an effect aborts, [`StoreError::ClaimLost`] when the claim
-    /// was taken over; nothing is written then.
+    /// Resolves to [`StoreError::Effects`] when an effect aborts and
+    /// [`StoreError::ClaimLost`] when the claim was taken over; nothing is written then.
     fn finish_callback(
         &self,
         nonce: &str,
         claim: Claim,
         status: TransactionStatus,
-        effects: &Effects,
-    ) -> Result<(), StoreError>;
+        effects: Effects,
+    ) -> DurableFuture<'_>;
 
-    /// Gives the claim up (the handler failed or asked for a retry); the record returns to
-    /// what it was before the claim.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn release_callback(&self, nonce: &str, claim: Claim) -> Result<(), StoreError>;
+    /// Gives the claim up (the handler failed or asked for a retry).
+    fn release_callback(&self, nonce: &str, claim: Claim);
 
     /// Starts processing a transaction validation.
     ///
@@ -171,28 +168,17 @@ pub trait Store: Send + Sync + 'static {
         stale_after: Duration,
     ) -> Result<ValidationBegin, StoreError>;
 
-    /// Records the decision (not yet flushed).
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError::ClaimLost`] when the claim was taken over.
+    /// Records the decision; resolves once it is durable. The claim ends either way.
     fn finish_validation(
         &self,
         nonce: &str,
         claim: Claim,
+        fingerprint: &Fingerprint,
         decision: &RecordedDecision,
-    ) -> Result<(), StoreError>;
+    ) -> DurableFuture<'_>;
 
     /// Gives a validation claim up.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn release_validation(&self, nonce: &str, claim: Claim) -> Result<(), StoreError>;
-
-    /// Resolves once every write made before the call is durable. Concurrent callers share
-    /// one flush (group commit).
-    fn durable(&self) -> DurableFuture<'_>;
+    fn release_validation(&self, nonce: &str, claim: Claim);
 
     /// Removes records that expired at or before `now_ms` (milliseconds since the Unix epoch).
     ///

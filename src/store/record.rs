@@ -3,7 +3,7 @@
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
-use super::{Claim, StoreError};
+use super::StoreError;
 use crate::model::TransactionValidationRequest;
 
 /// The payment a validation nonce was first used for. A repeat must match it exactly.
@@ -52,46 +52,22 @@ pub enum RecordedDecision {
     },
 }
 
-/// Where a claimed record stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct InFlight {
-    pub(crate) since_ms: u64,
-    pub(crate) epoch: u64,
-    pub(crate) claim: u64,
-}
-
-impl InFlight {
-    pub(crate) fn owned_by(&self, claim: Claim) -> bool {
-        self.epoch == claim.epoch && self.claim == claim.id
-    }
-
-    /// A claim of a previous process, or older than `stale_after_ms`, is abandoned.
-    pub(crate) fn is_stale(&self, epoch: u64, now_ms: u64, stale_after_ms: u64) -> bool {
-        self.epoch != epoch || now_ms.saturating_sub(self.since_ms) > stale_after_ms
-    }
-}
-
-/// A callback nonce's record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A callback nonce's durable record: `Done` for each acknowledged status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CallbackRecord {
-    /// Set while a delivery is being processed.
-    pub(crate) in_flight: Option<InFlight>,
-    /// The status being processed by the in-flight delivery.
-    pub(crate) in_flight_status: Option<i32>,
     /// Acknowledged statuses, oldest first; the last is the current one.
     pub(crate) done: Vec<i32>,
-    /// Deliveries that reached the handler.
+    /// Deliveries that reached the handler until the last acknowledgement.
     pub(crate) attempts: u32,
     /// When the record expires (retention), ms since the Unix epoch.
     pub(crate) expires_ms: u64,
 }
 
-/// A validation nonce's record.
+/// A validation nonce's durable record: its payment and the decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ValidationRecord {
     pub(crate) fingerprint: Fingerprint,
-    pub(crate) in_flight: Option<InFlight>,
-    pub(crate) decision: Option<RecordedDecision>,
+    pub(crate) decision: RecordedDecision,
     pub(crate) expires_ms: u64,
 }
 
