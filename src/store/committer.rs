@@ -1,13 +1,16 @@
-//! Group commit: one thread applies every pending write in one atomic batch, flushes once,
-//! then answers all of them.
+//! Group commit: the writes of all concurrent requests are applied in one atomic batch and
+//! made durable by one flush.
 //!
 //! sled's `flush_async` deadlocks on 0.34 (spacejam/sled#1308) and concurrent `flush()`
 //! calls do not coalesce, so flushing once per request caps a server at a few thousand
-//! requests per second. Here request tasks hand their writes to the committer and wait; the
-//! committer takes everything queued, builds one `sled::Batch` (atomic within the store's
-//! tree) — running each callback's effects against the batch so far, so that effects on the
-//! same keys see each other — applies it, flushes, and replies. A batch is as large as the
-//! writes that arrived during the previous flush: adaptive, with no fixed window.
+//! requests per second. Here a request queues its write and then tries to become the
+//! *leader*: the one that holds the write lock takes everything queued, builds one
+//! `sled::Batch` (atomic within the store's tree) — running each callback's effects against
+//! the batch so far, so that effects on the same keys see each other — applies it, flushes,
+//! answers every request of the batch, and looks at the queue again before it lets go. The
+//! others wait for their answer. A batch is as large as the writes that arrived during the
+//! previous flush: adaptive, with no fixed window, and with no hand-off to another thread
+//! (on a busy 2-core machine each thread hand-off costs more than the flush itself).
 //!
 //! sled's `flush()` ends in `sync_file_range` on Linux, which does not empty the disk's
 //! write cache (spacejam/sled#1452); every flush is therefore followed by `fdatasync` of
@@ -15,7 +18,8 @@
 //! the store refuse all further work (503) until restarted: a write whose durability is
 //! unknown must not be acknowledged later as a duplicate.
 //!
-//! Being the only writer, the committer also purges expired records, every sweep interval.
+//! The lock also serialises the purge of expired records, which a sweeper thread runs every
+//! sweep interval: there is one writer at a time.
 
 use std::{
     cell::RefCell,
@@ -26,7 +30,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 use tokio::sync::oneshot;
 
@@ -38,7 +42,7 @@ use super::record::{
 };
 use super::{Claim, StoreError, now_ms};
 
-/// A write waiting for the committer.
+/// A write waiting for a leader.
 pub(crate) enum Job {
     Callback {
         nonce: String,
@@ -55,13 +59,9 @@ pub(crate) enum Job {
         decision: RecordedDecision,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
-    Purge {
-        now_ms: u64,
-        reply: std::sync::mpsc::Sender<Result<usize, StoreError>>,
-    },
 }
 
-/// What the committer thread works with. Created by [`Committer::start`].
+/// What a writer works with. Created by [`super::SledStore::open`].
 pub(crate) struct Context {
     pub(crate) db: sled::Db,
     pub(crate) tree: sled::Tree,
@@ -70,111 +70,126 @@ pub(crate) struct Context {
     pub(crate) callback_claims: Arc<Claims>,
     pub(crate) validation_claims: Arc<Claims>,
     pub(crate) retention_ms: u64,
-    pub(crate) sweep_interval: Duration,
     pub(crate) failed: Arc<AtomicBool>,
 }
 
-struct Queue {
-    jobs: Vec<Job>,
-    stop: bool,
+/// The queue of writes and the lock its leader holds.
+pub(crate) struct Writer {
+    context: Context,
+    queue: Mutex<Vec<Job>>,
+    /// Held by the leader while it commits, and by a purge.
+    lock: Mutex<()>,
 }
 
-struct Shared {
-    queue: Mutex<Queue>,
-    wake: Condvar,
+impl Writer {
+    pub(crate) fn new(context: Context) -> Self {
+        Self {
+            context,
+            queue: Mutex::default(),
+            lock: Mutex::default(),
+        }
+    }
+
+    /// Queues `job`, then commits queued work for as long as this caller is the leader.
+    /// The job's reply arrives when its batch is durable — committed by this caller or by
+    /// the leader of the moment.
+    pub(crate) fn submit(&self, job: Job) {
+        lock(&self.queue).push(job);
+        self.lead();
+    }
+
+    /// Commits queued work while the lock is free. Whoever holds the lock looks at the queue
+    /// again after letting go, so a job queued while the lock is held is never left behind.
+    fn lead(&self) {
+        loop {
+            let Ok(guard) = self.lock.try_lock() else {
+                return;
+            };
+            let jobs = std::mem::take(&mut *lock(&self.queue));
+            if !jobs.is_empty() {
+                blocking(|| commit(&self.context, jobs));
+            }
+            drop(guard);
+            if lock(&self.queue).is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// Purges expired records now (holding the write lock).
+    pub(crate) fn purge(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let purged = {
+            let _guard = lock(&self.lock);
+            purge(&self.context, now_ms)
+        };
+        self.context
+            .callback_claims
+            .prune(now_ms.saturating_sub(self.context.retention_ms));
+        self.context
+            .validation_claims
+            .prune(now_ms.saturating_sub(self.context.retention_ms));
+        // Writes queued while the purge held the lock are committed now.
+        self.lead();
+        purged
+    }
 }
 
-/// The committer thread; it finishes the queued work and stops when this is dropped.
-pub(crate) struct Committer {
-    shared: Arc<Shared>,
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs blocking storage work: on a multi-threaded tokio runtime the worker's other tasks
+/// move to another thread meanwhile; elsewhere it simply runs.
+fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
+/// The sweeper thread: purges every interval through the [`Writer`]; stops when dropped.
+pub(crate) struct Sweeper {
+    stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Committer {
-    pub(crate) fn start(context: Context) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                jobs: Vec::new(),
-                stop: false,
-            }),
-            wake: Condvar::new(),
-        });
-        let thread_shared = Arc::clone(&shared);
+impl Sweeper {
+    pub(crate) fn start(writer: Arc<Writer>, interval: Duration) -> std::io::Result<Self> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread_stop = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
-            .name("payhook-committer".into())
-            .spawn(move || run(&thread_shared, &context))?;
+            .name("payhook-sweeper".into())
+            .spawn(move || {
+                let (flag, cond) = &*thread_stop;
+                let mut stopped = lock(flag);
+                while !*stopped {
+                    stopped = cond
+                        .wait_timeout(stopped, interval)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0;
+                    if !*stopped && let Err(error) = writer.purge(now_ms()) {
+                        tracing::error!(%error, "purging expired records failed");
+                    }
+                }
+            })?;
         Ok(Self {
-            shared,
+            stop,
             thread: Some(thread),
         })
     }
-
-    pub(crate) fn submit(&self, job: Job) {
-        let mut queue = self
-            .shared
-            .queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        queue.jobs.push(job);
-        self.shared.wake.notify_one();
-    }
 }
 
-impl Drop for Committer {
+impl Drop for Sweeper {
     fn drop(&mut self) {
-        {
-            let mut queue = self
-                .shared
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            queue.stop = true;
-            self.shared.wake.notify_one();
-        }
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the committer thread panicked");
-        }
-    }
-}
-
-fn run(shared: &Shared, context: &Context) {
-    let mut next_sweep = Instant::now() + context.sweep_interval;
-    loop {
-        let (jobs, stop) = {
-            let mut queue = shared
-                .queue
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            while queue.jobs.is_empty() && !queue.stop && Instant::now() < next_sweep {
-                let wait = next_sweep.saturating_duration_since(Instant::now());
-                queue = shared
-                    .wake
-                    .wait_timeout(queue, wait)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .0;
-            }
-            (std::mem::take(&mut queue.jobs), queue.stop)
-        };
-        if !jobs.is_empty() {
-            commit(context, jobs);
-        }
-        if Instant::now() >= next_sweep {
-            let now = now_ms();
-            if let Err(error) = purge(context, now) {
-                tracing::error!(%error, "purging expired records failed");
-            }
-            context
-                .callback_claims
-                .prune(now.saturating_sub(context.retention_ms));
-            context
-                .validation_claims
-                .prune(now.saturating_sub(context.retention_ms));
-            next_sweep = Instant::now() + context.sweep_interval;
-        }
-        if stop {
-            return;
+        let (flag, cond) = &*self.stop;
+        *lock(flag) = true;
+        cond.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -192,7 +207,6 @@ fn read(context: &Context, overlay: &Overlay, key: &[u8]) -> Result<Option<Vec<u
 fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
-    let mut purges = Vec::new();
     let now = now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
@@ -247,7 +261,6 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 );
                 replies.push(reply);
             }
-            Job::Purge { now_ms, reply } => purges.push((now_ms, reply)),
         }
     }
     let outcome = if replies.is_empty() {
@@ -261,9 +274,6 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     }
     for reply in replies {
         let _ = reply.send(outcome.clone());
-    }
-    for (now, reply) in purges {
-        let _ = reply.send(purge(context, now));
     }
 }
 

@@ -50,7 +50,7 @@ use crate::model::TransactionStatus;
 
 pub use effects::{EffectError, EffectTx, Effects};
 pub use record::{Fingerprint, RecordedDecision};
-pub use sled_store::SledStore;
+pub use sled_store::{KeyValue, SledStore};
 
 /// A claim on a nonce: proof that this delivery owns it until it finishes or releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! The embedded default [`Store`]: sled 0.34, one tree, one committer thread.
+//! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader.
 
 use std::{
     sync::{
@@ -10,7 +10,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::{Claims, Entry};
-use super::committer::{Committer, Context, Job};
+use super::committer::{Context, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::keys;
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
@@ -18,10 +18,13 @@ use super::{CallbackBegin, Claim, DurableFuture, Store, StoreError, ValidationBe
 use crate::config::StoreConfig;
 use crate::model::TransactionStatus;
 
+/// A key and its value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// The tree that holds everything payhook writes.
 const TREE: &str = "payhook";
 
-/// The sled store. Cheap to clone: clones share the database and its committer.
+/// The sled store. Cheap to clone: clones share the database and its writer.
 ///
 /// ```no_run
 /// use payhook::config::StoreConfig;
@@ -37,8 +40,7 @@ pub struct SledStore {
     inner: Arc<Inner>,
 }
 
-/// Opened once by [`SledStore::open`]; dropping the last clone lets the committer finish
-/// the queued writes and stop.
+/// Opened once by [`SledStore::open`]; dropping the last clone stops the sweeper.
 struct Inner {
     tree: sled::Tree,
     effect_trees: Vec<String>,
@@ -46,7 +48,8 @@ struct Inner {
     validation_claims: Arc<Claims>,
     /// Set when a batch could not be made durable: all further work is refused.
     failed: Arc<AtomicBool>,
-    committer: Committer,
+    writer: Arc<Writer>,
+    _sweeper: Sweeper,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -86,7 +89,7 @@ impl SledStore {
         let validation_claims = Arc::new(Claims::default());
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
-        let committer = Committer::start(Context {
+        let writer = Arc::new(Writer::new(Context {
             db,
             tree: tree.clone(),
             data_file,
@@ -94,10 +97,10 @@ impl SledStore {
             callback_claims: Arc::clone(&callback_claims),
             validation_claims: Arc::clone(&validation_claims),
             retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
-            sweep_interval: config.sweep_interval,
             failed: Arc::clone(&failed),
-        })
-        .map_err(|e| StoreError::Backend(format!("cannot start the committer: {e}")))?;
+        }));
+        let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
+            .map_err(|e| StoreError::Backend(format!("cannot start the sweeper: {e}")))?;
         tracing::info!(path = %config.path.display(), "store opened");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -106,7 +109,8 @@ impl SledStore {
                 callback_claims,
                 validation_claims,
                 failed,
-                committer,
+                writer,
+                _sweeper: sweeper,
             }),
         })
     }
@@ -130,7 +134,7 @@ impl SledStore {
     /// # Errors
     ///
     /// [`StoreError::Backend`] when the tree was not declared or sled fails.
-    pub fn entries(&self, tree: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    pub fn entries(&self, tree: &str) -> Result<Vec<KeyValue>, StoreError> {
         self.check_tree(tree)?;
         let prefix = keys::merchant_prefix(tree);
         self.inner
@@ -174,11 +178,11 @@ impl SledStore {
         job: Job,
         reply: oneshot::Receiver<Result<(), StoreError>>,
     ) -> DurableFuture<'_> {
-        self.inner.committer.submit(job);
+        self.inner.writer.submit(job);
         Box::pin(async move {
             reply
                 .await
-                .unwrap_or_else(|_| Err(StoreError::Backend("the committer stopped".into())))
+                .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
         })
     }
 }
@@ -330,10 +334,6 @@ impl Store for SledStore {
     }
 
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let (reply, receiver) = std::sync::mpsc::channel();
-        self.inner.committer.submit(Job::Purge { now_ms, reply });
-        receiver
-            .recv()
-            .unwrap_or_else(|_| Err(StoreError::Backend("the committer stopped".into())))
+        self.inner.writer.purge(now_ms)
     }
 }
