@@ -35,6 +35,7 @@
 //! | `store.retention` | `"30d"` | `PAYHOOK_STORE_RETENTION` |
 //! | `store.sweep_interval` | `"1h"` | `PAYHOOK_STORE_SWEEP_INTERVAL` |
 //! | `store.flush_every` | `"500ms"` | `PAYHOOK_STORE_FLUSH_EVERY` |
+//! | `store.cache_bytes` | `16777216` (16 MiB) | `PAYHOOK_STORE_CACHE_BYTES` |
 //!
 //! `<endpoint>` is `providers_validation` or `transaction_validation`. Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
 //! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
@@ -213,6 +214,10 @@ pub struct StoreConfig {
     /// claims). Acknowledged writes are flushed before the answer regardless.
     #[serde(deserialize_with = "duration")]
     pub flush_every: Duration,
+    /// Bytes of sled's page cache (sled's own default is 1 GiB, far more than records of a
+    /// retention period need).
+    #[serde(deserialize_with = "lenient")]
+    pub cache_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -222,6 +227,7 @@ impl Default for StoreConfig {
             retention: Duration::from_secs(30 * 24 * 3600),
             sweep_interval: Duration::from_secs(3600),
             flush_every: Duration::from_millis(500),
+            cache_bytes: 16 * 1024 * 1024,
         }
     }
 }

@@ -79,6 +79,8 @@
 //!   body, keys in every common format with rotation, signing, key generation, and `sniff`.
 //! * [`auth`] — how the validation endpoints authenticate the aggregator: signature, shared
 //!   secret, HTTP Basic, IP allow-list.
+//! * [`store`] — exactly-once effects: deduplication records per nonce in sled, handler
+//!   effects written atomically with the mark, durable group commit, retention.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.

@@ -76,6 +76,7 @@ impl SledStore {
         }
         let db = sled::Config::new()
             .path(&config.path)
+            .cache_capacity(config.cache_bytes)
             .flush_every_ms(Some(
                 u64::try_from(config.flush_every.as_millis())
                     .unwrap_or(u64::MAX)
