@@ -182,3 +182,29 @@ async fn the_background_sweeper_purges_without_being_asked() {
         .await
         .expect("the sweeper purged the records");
 }
+
+#[tokio::test]
+async fn a_panicking_effect_fails_its_callback_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    let CallbackBegin::Claimed { claim, .. } = store
+        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let effects = Effects::default();
+    effects.write(|_| panic!("a bug in the merchant's effect"));
+    let outcome = store
+        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .await;
+    assert!(
+        outcome
+            .unwrap_err()
+            .to_string()
+            .contains("an effect panicked")
+    );
+    // The store goes on working.
+    acknowledge(&store, "n-2", &Effects::default()).await;
+    assert_eq!(store.record_count(), 1);
+}

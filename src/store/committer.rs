@@ -298,7 +298,11 @@ fn stage_callback(
         local: RefCell::default(),
         failure: RefCell::default(),
     };
-    if let Err(error) = effects.apply(&tx) {
+    // The effects are the merchant's code, run on whichever request leads this batch: a
+    // panic in them fails this callback only, not the batch.
+    let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| effects.apply(&tx)))
+        .unwrap_or_else(|_| Err(EffectError::abort("an effect panicked")));
+    if let Err(error) = applied {
         return Err(tx
             .failure
             .into_inner()
