@@ -286,6 +286,14 @@ impl Store for SledStore {
         self.check_healthy()?;
         let now = now_ms();
         let mut shard = self.inner.validation_claims.shard(nonce);
+        // A live claim first: its record may be written but not yet durable, and must not be
+        // answered from before it is.
+        if shard
+            .get(nonce)
+            .is_some_and(|entry| live(entry, now, millis(stale_after)))
+        {
+            return Ok(ValidationBegin::Busy);
+        }
         if let Some(bytes) = self.inner.tree.get(keys::validation(nonce))? {
             let record: ValidationRecord = decode(nonce, &bytes)?;
             return Ok(if &record.fingerprint == fingerprint {
@@ -295,9 +303,6 @@ impl Store for SledStore {
             });
         }
         let entry = shard.entry(nonce.to_owned()).or_default();
-        if live(entry, now, millis(stale_after)) {
-            return Ok(ValidationBegin::Busy);
-        }
         let claim = self.inner.validation_claims.new_claim();
         entry.claim = Some((claim, now));
         entry.touched_ms = now;
