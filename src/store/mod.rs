@@ -17,9 +17,10 @@
 //! A claim is taken atomically (under a lock, against the durable record), so two deliveries
 //! of one nonce never both win it. `InFlight` lives in memory: on one machine a claim of a
 //! process that died is void anyway, and writing it would cost a disk write per delivery. The
-//! handler's effects and the `Done` mark are written in one atomic batch by a single
-//! committer thread, which applies the writes of all concurrent requests together and then
-//! flushes once (group commit); the answer (200) is sent only after that flush. A crash
+//! handler's effects and the `Done` mark are written in one atomic batch; the writes of all
+//! concurrent requests are applied together by whichever request leads, and made durable by
+//! one flush (group commit, see `committer.rs`); the answer (200) is sent only after that
+//! flush. A crash
 //! before the flush loses the claim, the mark and the effects together, so the aggregator's
 //! next attempt runs the handler again: **at-least-once until acknowledged, never again
 //! after**.
