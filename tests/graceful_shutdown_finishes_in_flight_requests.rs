@@ -70,3 +70,31 @@ async fn shutdown_with_no_requests_returns_at_once() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn readiness_turns_503_once_shutdown_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = dir.path().join("store");
+    let app = payhook::App::builder(config)
+        .callback_receiver(TestMerchant::default())
+        .build()
+        .unwrap();
+    let ready = || {
+        http::Request::get("/readyz")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    assert_eq!(app.handle(ready()).await.status(), 200);
+    app.begin_shutdown();
+    let response = app.handle(ready()).await;
+    assert_eq!(response.status(), 503);
+    let health = http::Request::get("/healthz")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    assert_eq!(
+        app.handle(health).await.status(),
+        200,
+        "still alive while draining"
+    );
+}

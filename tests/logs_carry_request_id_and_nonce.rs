@@ -18,6 +18,7 @@ use tracing_subscriber::{Layer, layer::Context, prelude::*, registry::LookupSpan
 struct RequestFields {
     request_id: Option<String>,
     nonce: Option<String>,
+    reference_id: Option<String>,
 }
 
 impl Visit for RequestFields {
@@ -26,6 +27,7 @@ impl Visit for RequestFields {
         match field.name() {
             "request_id" => self.request_id = Some(text),
             "nonce" => self.nonce = Some(text),
+            "reference_id" => self.reference_id = Some(text),
             _ => {}
         }
     }
@@ -110,6 +112,11 @@ async fn the_handlers_log_lines_carry_the_request_id_and_nonce() {
             .any(|(target, f)| target.starts_with("payhook")
                 && f.nonce.as_deref() == Some("nonce-cb-2")),
         "the handler failure is logged inside the request span with its nonce: {failed:?}"
+    );
+    assert!(
+        failed.iter().any(|(_, f)| f.reference_id.as_deref()
+            == Some("0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e")),
+        "and with the transaction's reference id: {failed:?}"
     );
     assert!(
         !of("req-77").is_empty(),

@@ -212,6 +212,8 @@ impl App {
             method = %request.method(),
             path = %request.uri().path(),
             nonce = field::Empty,
+            validation_id = field::Empty,
+            reference_id = field::Empty,
         );
         let mut response = self
             .dispatch(request, id.clone())
@@ -357,7 +359,7 @@ impl App {
         let Some(handler) = self.inner.providers.clone() else {
             return Err(Problem::NotFound);
         };
-        let request = parse_tracked(bytes, ProvidersValidationRequest::nonce)?;
+        let request = parse_tracked::<ProvidersValidationRequest>(bytes)?;
         let decision = self
             .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
             .await?;
@@ -376,7 +378,7 @@ impl App {
         if self.inner.validation.is_none() {
             return Err(Problem::NotFound);
         }
-        let request = parse_tracked(bytes, TransactionValidationRequest::nonce)?;
+        let request = parse_tracked::<TransactionValidationRequest>(bytes)?;
         // Processing goes on its own task: a client that disconnects cannot interrupt it
         // between the handler's decision and the durable record of it.
         let app = self.clone();
@@ -393,7 +395,7 @@ impl App {
         if self.inner.callbacks.is_none() {
             return Err(Problem::NotFound);
         }
-        let callback = parse_tracked(bytes, |c: &CallbackBody| &c.nonce)?;
+        let callback = parse_tracked::<CallbackBody>(bytes)?;
         if self.inner.verifier.is_none() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
@@ -472,13 +474,38 @@ fn refused(error: &AuthError, basic: bool) -> Problem {
 }
 
 /// Parses a request and records its nonce on the current span.
-fn parse_tracked<T: DeserializeOwned>(
-    bytes: &[u8],
-    nonce: impl Fn(&T) -> &str,
-) -> Result<T, Problem> {
+fn parse_tracked<T: DeserializeOwned + Traced>(bytes: &[u8]) -> Result<T, Problem> {
     let request = parse_json::<T>(bytes)?;
-    tracing::Span::current().record("nonce", nonce(&request));
+    request.trace(&tracing::Span::current());
     Ok(request)
+}
+
+/// A request whose identifiers go on the request's span, so every log line carries them.
+trait Traced {
+    fn trace(&self, span: &tracing::Span);
+}
+
+impl Traced for ProvidersValidationRequest {
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", self.nonce());
+    }
+}
+
+impl Traced for TransactionValidationRequest {
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", self.nonce());
+        span.record("validation_id", self.validation_id);
+    }
+}
+
+impl Traced for CallbackBody {
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", self.nonce.as_str());
+        span.record(
+            "reference_id",
+            field::display(&self.transaction_reference_id),
+        );
+    }
 }
 
 impl AppBuilder {
