@@ -45,6 +45,20 @@ impl Waiters {
         Arc::clone(map.entry(key.to_owned()).or_default())
     }
 
+    /// Forgets `key` when nobody waits on it any more (a delivery that did not have to wait).
+    fn forget_if_unused(&self, key: &str) {
+        let mut map = self
+            .by_key
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map
+            .get(key)
+            .is_some_and(|notify| Arc::strong_count(notify) == 1)
+        {
+            map.remove(key);
+        }
+    }
+
     /// Wakes every delivery waiting on `key`; called after the record changed.
     fn finished(&self, key: &str) {
         let removed = self
@@ -86,23 +100,31 @@ impl App {
     ) -> Result<Result<B, StoreError>, Problem> {
         let deadline = Instant::now() + self.inner.server.handler_timeout;
         loop {
-            let notify = self.inner.waiters.for_key(key);
-            let notified = notify.notified();
-            tokio::pin!(notified);
-            // Registered before the store is read, so a finish in between is not missed.
-            notified.as_mut().enable();
-            match begin() {
-                Ok(outcome) if is_busy(&outcome) => {
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                        tracing::warn!(
-                            "another delivery of this nonce is still in flight; answering 503"
-                        );
-                        return Err(Problem::InFlight {
-                            retry_after: self.inner.callback.retry_after,
-                        });
+            let outcome = {
+                let notify = self.inner.waiters.for_key(key);
+                let notified = notify.notified();
+                tokio::pin!(notified);
+                // Registered before the store is read, so a finish in between is not missed.
+                notified.as_mut().enable();
+                match begin() {
+                    Ok(outcome) if is_busy(&outcome) => {
+                        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                            tracing::warn!(
+                                "another delivery of this nonce is still in flight; answering 503"
+                            );
+                            return Err(Problem::InFlight {
+                                retry_after: self.inner.callback.retry_after,
+                            });
+                        }
+                        None
                     }
+                    other => Some(other),
                 }
-                other => return Ok(other),
+            };
+            if let Some(outcome) = outcome {
+                // Not kept for a delivery that did not wait: duplicates must not grow the map.
+                self.inner.waiters.forget_if_unused(key);
+                return Ok(outcome);
             }
         }
     }
@@ -320,5 +342,28 @@ fn answer_for(decision: &RecordedDecision) -> Answer {
     match decision {
         RecordedDecision::Allow => ok("client allowed"),
         RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_nobody_waits_on_is_forgotten_and_one_in_use_is_kept() {
+        let waiters = Waiters::default();
+        drop(waiters.for_key("c:n-1"));
+        waiters.forget_if_unused("c:n-1");
+        assert!(waiters.by_key.lock().unwrap().is_empty());
+        let held = waiters.for_key("c:n-2");
+        waiters.forget_if_unused("c:n-2");
+        assert_eq!(
+            waiters.by_key.lock().unwrap().len(),
+            1,
+            "a waiter still holds it"
+        );
+        drop(held);
+        waiters.finished("c:n-2");
+        assert!(waiters.by_key.lock().unwrap().is_empty());
     }
 }
