@@ -207,6 +207,8 @@ fn read(context: &Context, overlay: &Overlay, key: &[u8]) -> Result<Option<Vec<u
 fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
+    // One expiry index entry for the whole batch: its records share their expiry.
+    let mut indexed: Vec<(u8, String)> = Vec::new();
     let now = now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
@@ -232,7 +234,10 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     &effects,
                     expires_ms,
                 ) {
-                    Ok(()) => replies.push(reply),
+                    Ok(()) => {
+                        indexed.push((keys::TAG_CALLBACK, nonce));
+                        replies.push(reply);
+                    }
                     Err(error) => {
                         let _ = reply.send(Err(error));
                     }
@@ -255,13 +260,17 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     expires_ms,
                 };
                 overlay.insert(keys::validation(&nonce), Some(encode(&record)));
-                overlay.insert(
-                    keys::expiry(expires_ms, keys::TAG_VALIDATION, &nonce),
-                    Some(Vec::new()),
-                );
+                indexed.push((keys::TAG_VALIDATION, nonce));
                 replies.push(reply);
             }
         }
+    }
+    if !indexed.is_empty() {
+        let batch_id = uuid::Uuid::new_v4().as_u64_pair().0;
+        overlay.insert(
+            keys::expiry(expires_ms, batch_id),
+            Some(keys::encode_index(&indexed)),
+        );
     }
     let outcome = if replies.is_empty() {
         Ok(())
@@ -316,10 +325,6 @@ fn stage_callback(
     record.attempts = record.attempts.max(attempts);
     record.expires_ms = expires_ms;
     overlay.insert(key, Some(encode(&record)));
-    overlay.insert(
-        keys::expiry(expires_ms, keys::TAG_CALLBACK, nonce),
-        Some(Vec::new()),
-    );
     Ok(())
 }
 
@@ -347,28 +352,27 @@ fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
         .tree
         .range(keys::EXPIRY_PREFIX.to_vec()..keys::expiry_upper(now_ms))
     {
-        let (key, _) = entry?;
-        batch.remove(key.clone());
-        let Some((tag, nonce)) = keys::parse_expiry(&key) else {
-            continue;
-        };
-        let record_key = if tag == keys::TAG_CALLBACK {
-            keys::callback(&nonce)
-        } else {
-            keys::validation(&nonce)
-        };
-        let Some(bytes) = context.tree.get(&record_key)? else {
-            continue;
-        };
-        // A later write moved the record's expiry (and indexed it again): keep it.
-        let expires = if tag == keys::TAG_CALLBACK {
-            decode::<CallbackRecord>(&nonce, &bytes)?.expires_ms
-        } else {
-            decode::<ValidationRecord>(&nonce, &bytes)?.expires_ms
-        };
-        if expires <= now_ms {
-            batch.remove(record_key);
-            purged += 1;
+        let (key, value) = entry?;
+        batch.remove(key);
+        for (tag, nonce) in keys::decode_index(&value) {
+            let record_key = if tag == keys::TAG_CALLBACK {
+                keys::callback(&nonce)
+            } else {
+                keys::validation(&nonce)
+            };
+            let Some(bytes) = context.tree.get(&record_key)? else {
+                continue;
+            };
+            // A later write moved the record's expiry (and indexed it again): keep it.
+            let expires = if tag == keys::TAG_CALLBACK {
+                decode::<CallbackRecord>(&nonce, &bytes)?.expires_ms
+            } else {
+                decode::<ValidationRecord>(&nonce, &bytes)?.expires_ms
+            };
+            if expires <= now_ms {
+                batch.remove(record_key);
+                purged += 1;
+            }
         }
     }
     context.tree.apply_batch(batch)?;

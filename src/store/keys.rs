@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `c\0` | nonce | callback record (JSON) |
 //! | `v\0` | nonce | validation record (JSON) |
-//! | `x\0` | expiry ms (8 bytes BE) · tag (`c`/`v`) · nonce | empty: the expiry index |
+//! | `x\0` | expiry ms (8 bytes BE) · batch id (8 bytes) | the batch's records: `tag · length · nonce`… (the expiry index, one key per batch) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
@@ -22,12 +22,12 @@ pub(crate) fn validation(nonce: &str) -> Vec<u8> {
     [VALIDATION_PREFIX, nonce.as_bytes()].concat()
 }
 
-pub(crate) fn expiry(expires_ms: u64, tag: u8, nonce: &str) -> Vec<u8> {
+/// The expiry index key of one batch: when its records expire, and which batch it was.
+pub(crate) fn expiry(expires_ms: u64, batch: u64) -> Vec<u8> {
     [
         EXPIRY_PREFIX,
         &expires_ms.to_be_bytes(),
-        &[tag],
-        nonce.as_bytes(),
+        &batch.to_be_bytes(),
     ]
     .concat()
 }
@@ -37,11 +37,35 @@ pub(crate) fn expiry_upper(now_ms: u64) -> Vec<u8> {
     [EXPIRY_PREFIX, &now_ms.saturating_add(1).to_be_bytes()].concat()
 }
 
-/// `(tag, nonce)` of an expiry index key.
-pub(crate) fn parse_expiry(key: &[u8]) -> Option<(u8, String)> {
-    let rest = key.strip_prefix(EXPIRY_PREFIX)?;
-    let (&tag, nonce) = rest.get(8..)?.split_first()?;
-    Some((tag, String::from_utf8(nonce.to_vec()).ok()?))
+/// The value of an expiry index key: the records of the batch, as `tag · length · nonce`.
+pub(crate) fn encode_index(entries: &[(u8, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (tag, nonce) in entries {
+        out.push(*tag);
+        out.extend_from_slice(&u32::try_from(nonce.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(nonce.as_bytes());
+    }
+    out
+}
+
+/// The records listed by an expiry index value (a damaged tail is ignored).
+pub(crate) fn decode_index(mut value: &[u8]) -> Vec<(u8, String)> {
+    let mut entries = Vec::new();
+    while let Some((&tag, rest)) = value.split_first() {
+        let Some(length) = rest
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+        else {
+            break;
+        };
+        let Some(nonce) = rest.get(4..4 + length as usize) else {
+            break;
+        };
+        entries.push((tag, String::from_utf8_lossy(nonce).into_owned()));
+        value = &rest[4 + length as usize..];
+    }
+    entries
 }
 
 /// Prefix of a merchant tree's keys.
@@ -58,13 +82,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn expiry_keys_sort_by_time_and_parse_back() {
-        let early = expiry(1_000, TAG_CALLBACK, "n-b");
-        let late = expiry(2_000, TAG_VALIDATION, "n-a");
+    fn expiry_keys_sort_by_time_and_index_values_read_back() {
+        let early = expiry(1_000, u64::MAX);
+        let late = expiry(2_000, 0);
         assert!(early < late && late < expiry_upper(2_000) && expiry_upper(1_999) <= late);
+        let entries = vec![
+            (TAG_CALLBACK, "n-1".to_owned()),
+            (TAG_VALIDATION, "nönce".to_owned()),
+        ];
+        assert_eq!(decode_index(&encode_index(&entries)), entries);
         assert_eq!(
-            parse_expiry(&late),
-            Some((TAG_VALIDATION, "n-a".to_owned()))
+            decode_index(&encode_index(&entries)[..10]),
+            [(TAG_CALLBACK, "n-1".to_owned())]
         );
     }
 
