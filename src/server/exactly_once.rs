@@ -190,37 +190,48 @@ impl App {
     ) -> Answer {
         let (nonce, status) = (callback.nonce.clone(), callback.transaction_status);
         let effects = ctx.effects.clone();
+        self.acknowledged(callback, ctx).await?;
+        // Resolves once the mark and the effects are durable (group commit).
+        if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
+            return Err(match error {
+                StoreError::Effects(effect) => {
+                    tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
+                    self.callback_failed()
+                }
+                other => self.store_failed(Endpoint::Callback, &other),
+            });
+        }
+        ok("callback accepted")
+    }
+
+    /// Runs the callback handler: `Ok` when it acknowledged, the problem to answer otherwise.
+    async fn acknowledged(
+        &self,
+        callback: CallbackBody,
+        ctx: CallbackContext,
+    ) -> Result<(), Problem> {
         let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
         match self
             .run(Endpoint::Callback, handler.call(callback, ctx))
             .await?
         {
+            CallbackDecision::Ack => Ok(()),
             CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
                 reason,
                 retry_after: self.inner.callback.retry_after,
             }),
-            CallbackDecision::Ack => {
-                // Resolves once the mark and the effects are durable (group commit).
-                if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
-                    return Err(match error {
-                        StoreError::Effects(effect) => {
-                            tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
-                            Problem::HandlerFailed {
-                                endpoint: Endpoint::Callback,
-                                retry_after: self.inner.callback.retry_after,
-                            }
-                        }
-                        other => self.store_failed(Endpoint::Callback, &other),
-                    });
-                }
-                ok("callback accepted")
-            }
+        }
+    }
+
+    fn callback_failed(&self) -> Problem {
+        Problem::HandlerFailed {
+            endpoint: Endpoint::Callback,
+            retry_after: self.inner.callback.retry_after,
         }
     }
 
     /// Without a store: every delivery runs the handler (no deduplication).
     async fn deliver_unrecorded(&self, callback: CallbackBody, request: RequestContext) -> Answer {
-        let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
         let effects = Effects::default();
         let ctx = CallbackContext {
             request,
@@ -228,25 +239,14 @@ impl App {
             previous_status: None,
             effects: effects.clone(),
         };
-        match self
-            .run(Endpoint::Callback, handler.call(callback, ctx))
-            .await?
-        {
-            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
-                reason,
-                retry_after: self.inner.callback.retry_after,
-            }),
-            CallbackDecision::Ack if !effects.is_empty() => {
-                tracing::error!(
-                    "the handler staged effects, but the app has no store to write them to"
-                );
-                Err(Problem::HandlerFailed {
-                    endpoint: Endpoint::Callback,
-                    retry_after: self.inner.callback.retry_after,
-                })
-            }
-            CallbackDecision::Ack => ok("callback accepted"),
+        self.acknowledged(callback, ctx).await?;
+        if !effects.is_empty() {
+            tracing::error!(
+                "the handler staged effects, but the app has no store to write them to"
+            );
+            return Err(self.callback_failed());
         }
+        ok("callback accepted")
     }
 
     /// A transaction validation with its decision recorded per nonce.

@@ -1,8 +1,7 @@
 //! The signature algorithms payhook verifies and signs with, and their names in config.
 
 use ring::signature as ring_sig;
-use serde::{Deserialize, Deserializer};
-use std::{fmt, str::FromStr};
+use std::fmt;
 
 /// The family of public key an algorithm needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -175,30 +174,7 @@ impl Algorithm {
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algorithm {
-    type Err = UnknownAlgorithm;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let wanted = text.trim().to_ascii_lowercase().replace('_', "-");
-        Self::ALL
-            .into_iter()
-            .find(|alg| alg.name() == wanted)
-            .ok_or_else(|| UnknownAlgorithm(text.to_owned()))
-    }
-}
-
-impl<'de> Deserialize<'de> for Algorithm {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+named_enum!(Algorithm, UnknownAlgorithm);
 
 #[cfg(test)]
 mod tests {

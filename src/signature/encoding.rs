@@ -4,8 +4,6 @@ use base64::{
     Engine,
     engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
 };
-use serde::{Deserialize, Deserializer};
-use std::{fmt, str::FromStr};
 
 /// Reads standard base64 with or without padding.
 const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
@@ -122,30 +120,7 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-impl fmt::Display for Encoding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Encoding {
-    type Err = UnknownEncoding;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let wanted = text.trim().to_ascii_lowercase().replace('_', "-");
-        Self::ALL
-            .into_iter()
-            .find(|e| e.name() == wanted)
-            .ok_or_else(|| UnknownEncoding(text.to_owned()))
-    }
-}
-
-impl<'de> Deserialize<'de> for Encoding {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
+named_enum!(Encoding, UnknownEncoding);
 
 #[cfg(test)]
 mod tests {

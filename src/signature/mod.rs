@@ -15,6 +15,37 @@
 //! The signature is checked over the exact raw body bytes, before any JSON parsing.
 //! [`sniff`] finds the scheme of a captured request when nobody can say which it is.
 
+/// `Display`, `FromStr` and `Deserialize` by name for a small enum with `ALL` and `name()`:
+/// names are read case-blind, with `_` taken as `-`.
+macro_rules! named_enum {
+    ($type:ty, $error:ident) => {
+        impl std::fmt::Display for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $type {
+            type Err = $error;
+
+            fn from_str(text: &str) -> Result<Self, Self::Err> {
+                let wanted = text.trim().to_ascii_lowercase().replace('_', "-");
+                Self::ALL
+                    .into_iter()
+                    .find(|v| v.name() == wanted)
+                    .ok_or_else(|| $error(text.to_owned()))
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 mod algorithm;
 mod cache;
 mod encoding;
