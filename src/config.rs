@@ -802,11 +802,81 @@ mod tests {
                 "gateway.gateway_url",
             ),
             ("[callback]\nretry_after = \"10ms\"", "callback.retry_after"),
+            ("[store]\nretention = \"0s\"", "store.retention"),
+            (
+                "[auth.transaction_validation]\nmethod = \"signature\"",
+                "auth.transaction_validation.method",
+            ),
+            (
+                "[auth.providers_validation]\nmethod = \"shared_secret\"",
+                "auth.providers_validation.secret",
+            ),
+            (
+                "[auth.providers_validation]\nallow_ips = [\"10.0.0.0/33\"]",
+                "auth.providers_validation.allow_ips",
+            ),
         ];
         for (toml, key) in cases {
             let error = Config::from_toml(toml).unwrap_err();
             assert!(error.to_string().starts_with(key), "{toml}: {error}");
         }
+    }
+
+    #[test]
+    fn nested_tables_and_lists_are_set_from_the_environment() {
+        let config = Config::load(
+            None,
+            env(&[
+                (
+                    "PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD",
+                    "shared_secret",
+                ),
+                ("PAYHOOK_AUTH_TRANSACTION_VALIDATION_SECRET", "12345"),
+                (
+                    "PAYHOOK_AUTH_PROVIDERS_VALIDATION_ALLOW_IPS",
+                    "[\"10.0.0.0/8\", \"::1\"]",
+                ),
+                (
+                    "PAYHOOK_SIGNATURE_KEYS",
+                    "[{id = \"k1\", file = \"/keys/k1.pem\"}]",
+                ),
+                ("PAYHOOK_STORE_CACHE_BYTES", "1048576"),
+            ]),
+        )
+        .unwrap();
+        let auth = &config.auth.transaction_validation;
+        assert_eq!(auth.method, AuthMethod::SharedSecret);
+        assert_eq!(
+            auth.secret.as_ref().map(Secret::expose),
+            Some("12345"),
+            "a numeric secret stays text"
+        );
+        assert_eq!(
+            config.auth.providers_validation.allow_ips,
+            ["10.0.0.0/8", "::1"]
+        );
+        assert_eq!(config.signature.keys[0].id.as_deref(), Some("k1"));
+        assert_eq!(config.store.cache_bytes, 1_048_576);
+        let error =
+            Config::load(None, env(&[("PAYHOOK_AUTH_REFUNDS_METHOD", "basic")])).unwrap_err();
+        assert!(
+            error.to_string().contains("PAYHOOK_AUTH_REFUNDS_METHOD"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_key_entry_needs_exactly_one_source() {
+        let both = KeySource {
+            file: Some("/k.pem".into()),
+            value: Some("x".into()),
+            ..KeySource::default()
+        };
+        assert_eq!(
+            both.load().unwrap_err(),
+            "give exactly one of `file` and `value`"
+        );
+        assert!(KeySource::default().load().is_err());
     }
 
     #[test]

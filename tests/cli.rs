@@ -114,6 +114,16 @@ mod signature_tools {
         p.to_str().unwrap()
     }
 
+    /// The command failed with exit code 1 and said `why` on stderr.
+    fn assert_refused(output: &Output, why: &str) {
+        assert_eq!(output.status.code(), Some(1), "{}", stderr(output));
+        assert!(
+            stderr(output).contains(why),
+            "`{}` should say `{why}`",
+            stderr(output)
+        );
+    }
+
     #[test]
     fn keygen_sign_and_verify_round_trip_for_every_key_kind() {
         let dir = tempfile::tempdir().unwrap();
@@ -178,12 +188,7 @@ mod signature_tools {
             assert!(verified.status.success(), "{alg}: {}", stderr(&verified));
             assert!(stdout(&verified).starts_with("ok:"));
             let refused = payhook_with_input(&args, b"{\"nonce\":\"n-1\",\"amount\":10.51}");
-            assert_eq!(refused.status.code(), Some(1), "{alg}");
-            assert!(
-                stderr(&refused).contains("invalid signature"),
-                "{}",
-                stderr(&refused)
-            );
+            assert_refused(&refused, "invalid signature");
         }
     }
 
@@ -252,12 +257,7 @@ mod signature_tools {
             ],
             &body,
         );
-        assert_eq!(malformed.status.code(), Some(1));
-        assert!(
-            stderr(&malformed).contains("malformed signature"),
-            "{}",
-            stderr(&malformed)
-        );
+        assert_refused(&malformed, "malformed signature");
     }
 
     #[test]
@@ -325,11 +325,6 @@ mod signature_tools {
             "--request",
             path(&request),
         ]);
-        assert_eq!(wrong_key.status.code(), Some(1));
-        assert!(
-            stderr(&wrong_key).contains("no header"),
-            "{}",
-            stderr(&wrong_key)
-        );
+        assert_refused(&wrong_key, "no header");
     }
 }

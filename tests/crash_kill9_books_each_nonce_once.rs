@@ -2,6 +2,10 @@
 //! from 100 concurrent senders that retry until a 2xx (as the aggregator does), and is
 //! killed with SIGKILL three times at arbitrary moments, restarting on the same data
 //! directory. At the end every nonce is booked exactly once and the ledger adds up.
+//!
+//! What it proves is process death: SIGKILL leaves the kernel's page cache intact, so this
+//! test cannot tell whether the fdatasync after each flush happened. Power loss is not
+//! simulated; the durability contract for it rests on the group commit's fdatasync.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, reason = "tests")]
 

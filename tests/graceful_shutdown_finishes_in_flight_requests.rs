@@ -52,11 +52,7 @@ async fn an_in_flight_callback_finishes_after_shutdown_begins() {
         response.status, 200,
         "the in-flight request completed normally"
     );
-    tokio::time::timeout(DEADLINE, &mut server.task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stopped().await;
 }
 
 #[tokio::test]
@@ -64,11 +60,7 @@ async fn shutdown_with_no_requests_returns_at_once() {
     let mut server = TestServer::start().await;
     assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
     server.shut_down();
-    tokio::time::timeout(DEADLINE, &mut server.task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stopped().await;
 }
 
 #[tokio::test]

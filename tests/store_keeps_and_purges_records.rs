@@ -4,7 +4,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, EffectError, Effects, SledStore, Store};
+use payhook::store::{CallbackBegin, Claim, EffectError, Effects, SledStore, Store};
 use std::time::Duration;
 
 const STALE: Duration = Duration::from_secs(60);
@@ -21,14 +21,20 @@ fn now_ms() -> u64 {
     u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap()
 }
 
-/// Claims and acknowledges `nonce` with status success, writing `effects`.
-async fn acknowledge(store: &SledStore, nonce: &str, effects: &Effects) {
-    let CallbackBegin::Claimed { claim, .. } = store
+/// Claims `nonce` for a success, which must be free.
+fn claim(store: &SledStore, nonce: &str) -> Claim {
+    match store
         .begin_callback(nonce, TransactionStatus::Success, STALE)
         .unwrap()
-    else {
-        panic!("{nonce} not claimed");
-    };
+    {
+        CallbackBegin::Claimed { claim, .. } => claim,
+        other => panic!("{nonce} not claimed: {other:?}"),
+    }
+}
+
+/// Claims and acknowledges `nonce` with status success, writing `effects`.
+async fn acknowledge(store: &SledStore, nonce: &str, effects: &Effects) {
+    let claim = claim(store, nonce);
     store
         .finish_callback(nonce, claim, TransactionStatus::Success, effects.clone())
         .await
@@ -61,12 +67,7 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
 async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
-    let CallbackBegin::Claimed { claim, .. } = store
-        .begin_callback("n-1", TransactionStatus::Success, STALE)
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
+    let claim = claim(&store, "n-1");
     let effects = Effects::default();
     effects.write(|tx| tx.insert("ledger", b"n-1", b"half"));
     effects.write(|_| Err(EffectError::abort("insufficient funds")));
@@ -187,12 +188,7 @@ async fn the_background_sweeper_purges_without_being_asked() {
 async fn a_panicking_effect_fails_its_callback_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
-    let CallbackBegin::Claimed { claim, .. } = store
-        .begin_callback("n-1", TransactionStatus::Success, STALE)
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
+    let claim = claim(&store, "n-1");
     let effects = Effects::default();
     effects.write(|_| panic!("a bug in the merchant's effect"));
     let outcome = store

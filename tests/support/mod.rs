@@ -216,6 +216,15 @@ impl TestServer {
         }
     }
 
+    /// Waits (within [`DEADLINE`]) for `serve()` to return, and checks that it returned `Ok`.
+    pub async fn stopped(&mut self) {
+        tokio::time::timeout(DEADLINE, &mut self.task)
+            .await
+            .expect("serve() returned within the deadline")
+            .unwrap()
+            .unwrap();
+    }
+
     /// POSTs a JSON body to `path`.
     pub async fn post_json(&self, path: &str, body: &str) -> RawResponse {
         self.send(&post(
