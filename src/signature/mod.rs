@@ -187,11 +187,6 @@ impl Verifier {
         Ok(verifier)
     }
 
-    /// `true` when at least one key is configured.
-    pub fn has_keys(&self) -> bool {
-        !self.keys.is_empty()
-    }
-
     /// The header signatures are read from.
     pub fn header(&self) -> &HeaderName {
         &self.header
