@@ -115,6 +115,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// The aggregator's own endpoints (used by the gateway client).
     pub gateway: GatewayConfig,
+    /// `[validation]`: Awaitable mode and the delivery of postponed results.
+    pub validation: ValidationConfig,
 }
 
 /// `[server]`: listening, limits and timeouts.
@@ -365,7 +367,10 @@ impl AuthConfig {
 }
 
 /// `[gateway]`: the aggregator's login and transaction endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+///
+/// `https://` is required, except on a loopback host (`127.0.0.1`, `[::1]`, `localhost`),
+/// where plain `http://` is allowed for local testing against a mock gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Base address of login and token refresh (`{auth_url}`).
@@ -376,6 +381,123 @@ pub struct GatewayConfig {
     pub username: Option<String>,
     /// Merchant password; redacted in `Debug`.
     pub password: Option<Secret>,
+    /// Bound on every call to the aggregator: connecting, sending and reading the answer.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// How long before `accessTokenExpiryUtc` the access token is refreshed.
+    #[serde(deserialize_with = "duration")]
+    pub refresh_margin: Duration,
+    /// Header that carries the access token.
+    pub auth_header: String,
+    /// Scheme before the token in that header (`Bearer <token>`); empty sends the bare token.
+    pub auth_scheme: String,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            auth_url: None,
+            gateway_url: None,
+            username: None,
+            password: None,
+            timeout: Duration::from_secs(10),
+            refresh_margin: Duration::from_secs(60),
+            auth_header: "Authorization".to_owned(),
+            auth_scheme: "Bearer".to_owned(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// `true` when every setting a client needs is present.
+    pub fn is_complete(&self) -> bool {
+        self.auth_url.is_some()
+            && self.gateway_url.is_some()
+            && self.username.is_some()
+            && self.password.is_some()
+    }
+}
+
+/// What a validation whose deadline passed is resolved as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadlineOutcome {
+    /// `success: false` (the default).
+    Deny,
+    /// `success: true`.
+    Allow,
+}
+
+/// `[validation]`: Awaitable (postponed) transaction validation and the delivery of results.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ValidationConfig {
+    /// The endpoint is declared Awaitable at the aggregator: a handler may postpone, and
+    /// every decision is also posted to `{gateway_url}/api/v1/transactions/validation`.
+    /// Needs a complete `[gateway]` section.
+    #[serde(deserialize_with = "lenient")]
+    pub awaitable: bool,
+    /// In Awaitable mode, a handler still deciding after this long is answered 200
+    /// (postponed) by payhook, and its eventual decision is posted as the result.
+    #[serde(deserialize_with = "duration")]
+    pub time_budget: Duration,
+    /// A postponed validation still undecided this long after it arrived is resolved with
+    /// `deadline_outcome`. Unset: no deadline.
+    #[serde(deserialize_with = "optional_duration")]
+    pub deadline: Option<Duration>,
+    /// The result a passed deadline resolves to.
+    pub deadline_outcome: DeadlineOutcome,
+    /// The description sent with that result.
+    pub deadline_description: String,
+    /// Waits between attempts to post a result; the last one repeats until a 200 or a 403.
+    /// Each wait is jittered by up to ±20%.
+    #[serde(deserialize_with = "durations")]
+    pub retry_schedule: Vec<Duration>,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        Self {
+            awaitable: false,
+            time_budget: Duration::from_secs(5),
+            deadline: None,
+            deadline_outcome: DeadlineOutcome::Deny,
+            deadline_description: "validation timed out".to_owned(),
+            retry_schedule: [1, 2, 5, 15, 60, 300]
+                .map(Duration::from_secs)
+                .to_vec(),
+        }
+    }
+}
+
+impl ValidationConfig {
+    fn validate(&self, gateway: &GatewayConfig) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| {
+            Err(ConfigError::Invalid {
+                key: key.to_owned(),
+                reason: reason.to_owned(),
+            })
+        };
+        if self.awaitable && !gateway.is_complete() {
+            return invalid(
+                "validation.awaitable",
+                "Awaitable mode posts results to the aggregator: set gateway.auth_url, gateway.gateway_url, gateway.username and gateway.password",
+            );
+        }
+        if self.time_budget.is_zero() {
+            return invalid("validation.time_budget", "must be longer than zero");
+        }
+        if self.deadline.is_some_and(|d| d.is_zero()) {
+            return invalid("validation.deadline", "must be longer than zero");
+        }
+        if self.retry_schedule.is_empty() || self.retry_schedule.iter().any(Duration::is_zero) {
+            return invalid(
+                "validation.retry_schedule",
+                "must list at least one wait, each longer than zero",
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -485,7 +607,8 @@ impl Config {
         }
         self.paths.validate()?;
         self.auth.validate(!self.signature.keys.is_empty())?;
-        self.gateway.validate()
+        self.gateway.validate()?;
+        self.validation.validate(&self.gateway)
     }
 }
 
@@ -528,15 +651,44 @@ impl GatewayConfig {
         ];
         for (key, url) in urls {
             if let Some(url) = url
-                && !(url.starts_with("https://") || url.starts_with("http://"))
+                && let Err(reason) = check_gateway_url(url)
             {
                 return Err(ConfigError::Invalid {
                     key: key.to_owned(),
-                    reason: format!("`{url}` is not an http(s) URL"),
+                    reason,
                 });
             }
         }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "gateway.timeout".to_owned(),
+                reason: "must be longer than zero".to_owned(),
+            });
+        }
+        if http::HeaderName::from_bytes(self.auth_header.as_bytes()).is_err() {
+            return Err(ConfigError::Invalid {
+                key: "gateway.auth_header".to_owned(),
+                reason: format!("`{}` is not a valid header name", self.auth_header),
+            });
+        }
         Ok(())
+    }
+}
+
+/// An aggregator URL: `https://`, or `http://` on a loopback host only (a token or a
+/// password must never cross a network in the clear).
+fn check_gateway_url(url: &str) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| format!("`{url}` is not a URL"))?;
+    let host = uri.host().unwrap_or_default();
+    match uri.scheme_str() {
+        Some("https") if !host.is_empty() => Ok(()),
+        Some("http") if ["127.0.0.1", "[::1]", "::1", "localhost"].contains(&host) => Ok(()),
+        Some("http") => Err(format!(
+            "`{url}`: plain http is allowed only on a loopback host; use https"
+        )),
+        _ => Err(format!("`{url}` is not an http(s) URL")),
     }
 }
 
@@ -565,7 +717,7 @@ fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
 }
 
 /// Sections whose keys can be set from the environment, with their sub-tables.
-const SECTIONS: [(&str, &[&str]); 7] = [
+const SECTIONS: [(&str, &[&str]); 8] = [
     ("server", &[]),
     ("paths", &[]),
     ("callback", &[]),
@@ -573,6 +725,7 @@ const SECTIONS: [(&str, &[&str]); 7] = [
     ("auth", &["providers_validation", "transaction_validation"]),
     ("gateway", &[]),
     ("store", &[]),
+    ("validation", &[]),
 ];
 
 /// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
@@ -681,6 +834,33 @@ fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::E
         Either::Seconds(seconds) => Ok(Duration::from_secs(seconds)),
         Either::Text(text) => parse_duration(&text).map_err(de::Error::custom),
     }
+}
+
+/// Reads an optional duration: absent, empty or `"none"` is `None`.
+fn optional_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Seconds(u64),
+        Text(String),
+    }
+    match Either::deserialize(deserializer)? {
+        Either::Seconds(seconds) => Ok(Some(Duration::from_secs(seconds))),
+        Either::Text(text) if text.trim().is_empty() || text.trim() == "none" => Ok(None),
+        Either::Text(text) => parse_duration(&text).map(Some).map_err(de::Error::custom),
+    }
+}
+
+/// Reads a list of durations, each as [`duration`] reads one.
+fn durations<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
+    #[derive(Deserialize)]
+    struct One(#[serde(deserialize_with = "duration")] Duration);
+    Ok(Vec::<One>::deserialize(deserializer)?
+        .into_iter()
+        .map(|One(d)| d)
+        .collect())
 }
 
 /// Parses `"250ms"`, `"10s"`, `"5m"`, `"1h"` or `"10"` (seconds).

@@ -81,6 +81,11 @@
 //!   secret, HTTP Basic, IP allow-list.
 //! * [`store`] — exactly-once effects: deduplication records per nonce in sled, handler
 //!   effects written atomically with the mark, durable group commit, retention.
+//! * [`postponed`] — Awaitable validation: pending validations, the [`postponed::Resolver`]
+//!   (first decision wins), the durable outbox of results and its worker, deadlines.
+//! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
+//!   results, transaction lookup) with the session kept fresh; [`App::reconcile`] books lost
+//!   callbacks from the lookup.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.
@@ -92,8 +97,10 @@
 pub mod auth;
 pub mod config;
 mod error;
+pub mod gateway;
 pub mod handler;
 pub mod model;
+pub mod postponed;
 mod secret;
 pub mod server;
 pub mod signature;

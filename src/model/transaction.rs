@@ -119,6 +119,33 @@ pub struct TransactionRecord {
     pub user_agent: Option<String>,
 }
 
+
+impl TransactionRecord {
+    /// The callback (2.7) this record stands for: what the aggregator would have sent. Used
+    /// to book a lost callback from the lookup (spec 6.7).
+    pub fn to_callback(&self) -> super::CallbackBody {
+        super::CallbackBody {
+            id: self.id,
+            transaction_reference_id: self.transaction_reference_id,
+            nonce: self.nonce.clone(),
+            provider_id: self.provider_id,
+            provider_transaction_id: self.provider_transaction_id.clone(),
+            transaction_type: self.transaction_type,
+            transaction_status: self.transaction_status,
+            transaction_status_message: self.transaction_status_message.clone(),
+            transaction_internal_message: self.transaction_internal_message.clone(),
+            client_id: self.merchant_client_id.clone().unwrap_or_default(),
+            additional_data: self.account_data.clone(),
+            amount: self.amount,
+            currency: self.currency.clone(),
+            destination_amount: self.destination_amount,
+            destination_currency: self.destination_currency.clone(),
+            created_utc: self.created_utc,
+            updated_utc: self.updated_utc,
+        }
+    }
+}
+
 /// One callback URL of a merchant (spec 2.5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -74,6 +74,15 @@ impl Waiters {
 
 type Answer = Result<Response<Full<Bytes>>, Problem>;
 
+/// What became of a callback delivery that succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Delivered {
+    /// The handler acknowledged it; its effects and the mark are durable.
+    Booked,
+    /// This (nonce, status) was acknowledged before; the handler was not called.
+    Duplicate,
+}
+
 fn ok(message: &str) -> Answer {
     Ok(json_response(StatusCode::OK, &ErrorBody::new(message)))
 }
@@ -135,6 +144,18 @@ impl App {
         callback: CallbackBody,
         request: RequestContext,
     ) -> Answer {
+        match self.deliver(callback, request).await? {
+            Delivered::Booked => ok("callback accepted"),
+            Delivered::Duplicate => ok("callback already processed"),
+        }
+    }
+
+    /// A callback through the deduplication records: booked now, or already before.
+    pub(super) async fn deliver(
+        &self,
+        callback: CallbackBody,
+        request: RequestContext,
+    ) -> Result<Delivered, Problem> {
         let Some(store) = self.inner.store.clone() else {
             return self.deliver_unrecorded(callback, request).await;
         };
@@ -161,7 +182,7 @@ impl App {
                     status = status.code(),
                     "duplicate callback: already acknowledged, handler not called"
                 );
-                return ok("callback already processed");
+                return Ok(Delivered::Duplicate);
             }
         };
         let effects = Effects::default();
@@ -187,7 +208,7 @@ impl App {
         callback: CallbackBody,
         ctx: CallbackContext,
         claim: crate::store::Claim,
-    ) -> Answer {
+    ) -> Result<Delivered, Problem> {
         let (nonce, status) = (callback.nonce.clone(), callback.transaction_status);
         let effects = ctx.effects.clone();
         self.acknowledged(callback, ctx).await?;
@@ -201,7 +222,7 @@ impl App {
                 other => self.store_failed(Endpoint::Callback, &other),
             });
         }
-        ok("callback accepted")
+        Ok(Delivered::Booked)
     }
 
     /// Runs the callback handler: `Ok` when it acknowledged, the problem to answer otherwise.
@@ -231,7 +252,11 @@ impl App {
     }
 
     /// Without a store: every delivery runs the handler (no deduplication).
-    async fn deliver_unrecorded(&self, callback: CallbackBody, request: RequestContext) -> Answer {
+    async fn deliver_unrecorded(
+        &self,
+        callback: CallbackBody,
+        request: RequestContext,
+    ) -> Result<Delivered, Problem> {
         let effects = Effects::default();
         let ctx = CallbackContext {
             request,
@@ -246,7 +271,7 @@ impl App {
             );
             return Err(self.callback_failed());
         }
-        ok("callback accepted")
+        Ok(Delivered::Booked)
     }
 
     /// A transaction validation with its decision recorded per nonce.
@@ -296,14 +321,40 @@ impl App {
                 });
             }
         };
-        let answer = match self.validate(request, ctx).await {
-            Ok(decision) => match store
-                .finish_validation(&nonce, claim, &fingerprint, &decision)
-                .await
-            {
-                Ok(()) => answer_for(&decision),
-                Err(error) => Err(self.store_failed(Endpoint::TransactionValidation, &error)),
-            },
+        let validation_id = request.validation_id;
+        let decided = if self.is_awaitable() {
+            self.decide_awaitable(request, ctx).await
+        } else {
+            self.validate(request, ctx).await.map(|decision| Decided {
+                decision,
+                postponed: None,
+                later: None,
+            })
+        };
+        let answer = match decided {
+            Ok(decided) => {
+                let queued = decided.postponed.as_ref().is_some_and(|p| p.result.is_some());
+                match store
+                    .finish_validation(&nonce, claim, &fingerprint, &decided.decision, decided.postponed)
+                    .await
+                {
+                    Ok(()) => {
+                        if queued {
+                            self.result_queued();
+                        }
+                        if let Some(task) = decided.later {
+                            self.resolve_later(validation_id, task);
+                        }
+                        answer_for(&decided.decision)
+                    }
+                    Err(error) => {
+                        if let Some(task) = decided.later {
+                            task.abort();
+                        }
+                        Err(self.store_failed(Endpoint::TransactionValidation, &error))
+                    }
+                }
+            }
             Err(problem) => {
                 store.release_validation(&nonce, claim);
                 Err(problem)
@@ -342,7 +393,19 @@ fn answer_for(decision: &RecordedDecision) -> Answer {
     match decision {
         RecordedDecision::Allow => ok("client allowed"),
         RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),
+        RecordedDecision::Postponed => ok("validation postponed"),
     }
+}
+
+/// A validation's decision, ready to be recorded.
+pub(super) struct Decided {
+    pub(super) decision: RecordedDecision,
+    /// Awaitable mode: the validation's postponed record.
+    pub(super) postponed: Option<crate::postponed::PostponedValidation>,
+    /// Awaitable mode: the handler, still deciding after its time budget.
+    pub(super) later: Option<
+        tokio::task::JoinHandle<Result<crate::handler::ValidationDecision, crate::HandlerError>>,
+    >,
 }
 
 #[cfg(test)]

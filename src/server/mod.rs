@@ -16,9 +16,11 @@
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
 //! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
 
+mod awaitable;
 mod exactly_once;
 mod preface;
 mod problem;
+mod reconcile;
 mod request;
 mod route;
 mod serve;
@@ -59,6 +61,7 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
 use route::{Endpoint, Route, Router};
 
+pub use reconcile::{ReconcileError, Reconciled};
 pub use serve::{serve, shutdown_signal};
 
 /// Body type of every answer.
@@ -92,6 +95,12 @@ pub enum BuildError {
     /// The configuration is not valid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// Awaitable mode keeps pending validations and their results durably: it needs a store.
+    #[error("validation.awaitable needs a store: remove without_store()")]
+    AwaitableWithoutStore,
+    /// The gateway client could not be set up.
+    #[error("gateway: {0}")]
+    Gateway(#[from] crate::gateway::GatewayError),
 }
 
 /// The merchant's endpoints as one HTTP service. Cheap to clone: clones share the handlers.
@@ -121,6 +130,8 @@ struct Inner {
     waiters: exactly_once::Waiters,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
     draining: AtomicBool,
+    /// Awaitable mode: the resolver and the outbox; `None` when not Awaitable.
+    awaitable: Option<awaitable::Awaitable>,
 }
 
 impl std::fmt::Debug for App {
@@ -425,25 +436,37 @@ impl App {
         let retry_after = self.inner.callback.retry_after;
         let mut task = tokio::spawn(handler.in_current_span());
         match tokio::time::timeout(self.inner.server.handler_timeout, &mut task).await {
-            Ok(Ok(Ok(decision))) => Ok(decision),
-            Ok(Ok(Err(error))) => {
+            Ok(joined) => self.settle(endpoint, joined),
+            Err(_elapsed) => {
+                task.abort();
+                tracing::error!(endpoint = endpoint.name(), timeout = ?self.inner.server.handler_timeout, "handler timed out");
+                Err(Problem::HandlerTimedOut {
+                    endpoint,
+                    retry_after,
+                })
+            }
+        }
+    }
+
+    /// The outcome of a handler's task: its decision, or the problem to answer.
+    fn settle<T>(
+        &self,
+        endpoint: Endpoint,
+        joined: Result<Result<T, crate::HandlerError>, tokio::task::JoinError>,
+    ) -> Result<T, Problem> {
+        let retry_after = self.inner.callback.retry_after;
+        match joined {
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(error)) => {
                 tracing::error!(endpoint = endpoint.name(), error = %error, "handler failed");
                 Err(Problem::HandlerFailed {
                     endpoint,
                     retry_after,
                 })
             }
-            Ok(Err(join_error)) => {
+            Err(join_error) => {
                 tracing::error!(endpoint = endpoint.name(), error = %join_error, "handler panicked");
                 Err(Problem::HandlerFailed {
-                    endpoint,
-                    retry_after,
-                })
-            }
-            Err(_elapsed) => {
-                task.abort();
-                tracing::error!(endpoint = endpoint.name(), timeout = ?self.inner.server.handler_timeout, "handler timed out");
-                Err(Problem::HandlerTimedOut {
                     endpoint,
                     retry_after,
                 })
@@ -591,6 +614,7 @@ impl AppBuilder {
             StoreChoice::Default if self.validation.is_none() && self.callbacks.is_none() => None,
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
+        let awaitable = awaitable::Awaitable::from_config(&self.config, store.as_ref())?;
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
@@ -606,6 +630,7 @@ impl AppBuilder {
                 store,
                 waiters: exactly_once::Waiters::default(),
                 draining: AtomicBool::new(false),
+                awaitable,
             }),
         })
     }

@@ -41,6 +41,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let server = app.server_config().clone();
+    app.start_background();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

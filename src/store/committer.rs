@@ -37,6 +37,7 @@ use tokio::sync::oneshot;
 use super::claims::Claims;
 use super::effects::{EffectError, EffectTx, Effects};
 use super::keys;
+use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
     CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode, encode,
 };
@@ -57,8 +58,22 @@ pub(crate) enum Job {
         claim: Claim,
         fingerprint: Fingerprint,
         decision: RecordedDecision,
+        postponed: Option<Box<PostponedValidation>>,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
+    Postponed {
+        op: PostponedOp,
+        reply: oneshot::Sender<Result<Resolution, StoreError>>,
+    },
+}
+
+/// Answers a job once its batch is durable (or failed).
+type Reply = Box<dyn FnOnce(&Result<(), StoreError>) + Send>;
+
+fn unit_reply(reply: oneshot::Sender<Result<(), StoreError>>) -> Reply {
+    Box::new(move |outcome| {
+        let _ = reply.send(outcome.clone());
+    })
 }
 
 /// What a writer works with. Created by [`super::SledStore::open`].
@@ -204,6 +219,24 @@ fn read(context: &Context, overlay: &Overlay, key: &[u8]) -> Result<Option<Vec<u
     }
 }
 
+/// The batch being built, as the record modules read and write it: reads see the batch's
+/// earlier writes.
+pub(crate) struct Staging<'a> {
+    context: &'a Context,
+    overlay: &'a mut Overlay,
+}
+
+impl Staging<'_> {
+    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        read(self.context, self.overlay, key)
+    }
+
+    /// Writes `value` under `key` in the batch; `None` removes the key.
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
+        self.overlay.insert(key, value);
+    }
+}
+
 fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
@@ -236,7 +269,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 ) {
                     Ok(()) => {
                         indexed.push((keys::TAG_CALLBACK, nonce));
-                        replies.push(reply);
+                        replies.push(unit_reply(reply));
                     }
                     Err(error) => {
                         let _ = reply.send(Err(error));
@@ -248,11 +281,27 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 claim,
                 fingerprint,
                 decision,
+                postponed,
                 reply,
             } => {
                 if !context.validation_claims.owns(&nonce, claim) {
                     let _ = reply.send(Err(StoreError::ClaimLost(nonce)));
                     continue;
+                }
+                if let Some(record) = postponed {
+                    let mut staging = Staging {
+                        context,
+                        overlay: &mut overlay,
+                    };
+                    match postponed::create(&mut staging, &record) {
+                        Ok(true) => indexed
+                            .push((keys::TAG_POSTPONED, record.validation_id.to_string())),
+                        Ok(false) => {}
+                        Err(error) => {
+                            let _ = reply.send(Err(error));
+                            continue;
+                        }
+                    }
                 }
                 let record = ValidationRecord {
                     fingerprint,
@@ -261,7 +310,21 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 };
                 overlay.insert(keys::validation(&nonce), Some(encode(&record)));
                 indexed.push((keys::TAG_VALIDATION, nonce));
-                replies.push(reply);
+                replies.push(unit_reply(reply));
+            }
+            Job::Postponed { op, reply } => {
+                let mut staging = Staging {
+                    context,
+                    overlay: &mut overlay,
+                };
+                match postponed::apply(&mut staging, op) {
+                    Ok(resolution) => replies.push(Box::new(move |outcome| {
+                        let _ = reply.send(outcome.clone().map(|()| resolution));
+                    })),
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
             }
         }
     }
@@ -272,7 +335,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             Some(keys::encode_index(&indexed)),
         );
     }
-    let outcome = if replies.is_empty() {
+    let outcome = if overlay.is_empty() {
         Ok(())
     } else {
         apply_durably(context, overlay)
@@ -282,7 +345,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         context.failed.store(true, Ordering::SeqCst);
     }
     for reply in replies {
-        let _ = reply.send(outcome.clone());
+        reply(&outcome);
     }
 }
 
@@ -348,6 +411,7 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
 fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
     let mut batch = sled::Batch::default();
     let mut purged = 0;
+    let mut kept = Vec::new();
     for entry in context
         .tree
         .range(keys::EXPIRY_PREFIX.to_vec()..keys::expiry_upper(now_ms))
@@ -355,6 +419,14 @@ fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
         let (key, value) = entry?;
         batch.remove(key);
         for (tag, nonce) in keys::decode_index(&value) {
+            if tag == keys::TAG_POSTPONED {
+                if purge_postponed(context, &mut batch, &nonce)? {
+                    purged += 1;
+                } else {
+                    kept.push((tag, nonce));
+                }
+                continue;
+            }
             let record_key = if tag == keys::TAG_CALLBACK {
                 keys::callback(&nonce)
             } else {
@@ -375,11 +447,41 @@ fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
             }
         }
     }
+    if !kept.is_empty() {
+        let expires_ms = now_ms.saturating_add(context.retention_ms);
+        let batch_id = uuid::Uuid::new_v4().as_u64_pair().0;
+        batch.insert(
+            keys::expiry(expires_ms, batch_id),
+            keys::encode_index(&kept),
+        );
+    }
     context.tree.apply_batch(batch)?;
     if purged > 0 {
         tracing::debug!(purged, "expired records purged");
     }
     Ok(purged)
+}
+
+/// Removes an expired postponed validation whose result was delivered or refused; returns
+/// `false` when it must be kept (still undecided or undelivered).
+fn purge_postponed(
+    context: &Context,
+    batch: &mut sled::Batch,
+    id: &str,
+) -> Result<bool, StoreError> {
+    let Ok(id_number) = id.parse::<i64>() else {
+        return Ok(true);
+    };
+    let key = keys::by_id(keys::POSTPONED_PREFIX, id_number);
+    let Some(bytes) = context.tree.get(&key)? else {
+        return Ok(true);
+    };
+    if postponed::purgeable(&bytes, id)? {
+        batch.remove(key);
+        Ok(true)
+    } else {
+        Ok(false)
+    }
 }
 
 /// [`EffectTx`] over the batch being built: reads see earlier writes of this batch and of

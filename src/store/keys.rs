@@ -6,13 +6,35 @@
 //! | `c\0` | nonce | callback record (JSON) |
 //! | `v\0` | nonce | validation record (JSON) |
 //! | `x\0` | expiry ms (8 bytes BE) · batch id (8 bytes) | the batch's records: `tag · length · nonce`… (the expiry index, one key per batch) |
+//! | `p\0` | validation id (8 bytes BE) | postponed validation (JSON) |
+//! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
+//! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
 pub(crate) const VALIDATION_PREFIX: &[u8] = b"v\0";
 pub(crate) const EXPIRY_PREFIX: &[u8] = b"x\0";
+pub(crate) const POSTPONED_PREFIX: &[u8] = b"p\0";
+pub(crate) const WAITING_PREFIX: &[u8] = b"w\0";
+pub(crate) const OUTBOX_PREFIX: &[u8] = b"o\0";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
 pub(crate) const TAG_VALIDATION: u8 = b'v';
+pub(crate) const TAG_POSTPONED: u8 = b'p';
+
+/// The key of validation `id` under `prefix` (one of the three postponed prefixes).
+pub(crate) fn by_id(prefix: &[u8], id: i64) -> Vec<u8> {
+    [prefix, &id.to_be_bytes()].concat()
+}
+
+/// The validation id of a key made by [`by_id`].
+pub(crate) fn id_of(key: &[u8]) -> Option<i64> {
+    Some(i64::from_be_bytes(key.get(2..10)?.try_into().ok()?))
+}
+
+/// A millisecond time stored as a value: 8 bytes big-endian; anything else reads as 0.
+pub(crate) fn millis_of(value: &[u8]) -> u64 {
+    value.try_into().map_or(0, u64::from_be_bytes)
+}
 
 pub(crate) fn callback(nonce: &str) -> Vec<u8> {
     [CALLBACK_PREFIX, nonce.as_bytes()].concat()

@@ -42,6 +42,7 @@ mod claims;
 mod committer;
 mod effects;
 mod keys;
+mod postponed;
 mod record;
 mod sled_store;
 
@@ -50,6 +51,7 @@ use std::{future::Future, pin::Pin, time::Duration};
 use crate::model::TransactionStatus;
 
 pub use effects::{EffectError, EffectTx, Effects};
+pub use postponed::{Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult};
 pub use record::{Fingerprint, RecordedDecision};
 pub use sled_store::{KeyValue, SledStore};
 
@@ -125,6 +127,19 @@ impl From<sled::Error> for StoreError {
 /// The future of a write that resolves once the write is durable.
 pub type DurableFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
+/// The future of a resolve: what it did, once durable.
+pub type ResolveFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Resolution, StoreError>> + Send + 'a>>;
+
+/// Postponed validations due for some work, and when the next one falls due.
+#[derive(Debug, Clone, Default)]
+pub struct Due {
+    /// Due now.
+    pub now: Vec<PostponedValidation>,
+    /// When the next of the others falls due, ms since the Unix epoch.
+    pub next_ms: Option<u64>,
+}
+
 /// Durable deduplication records. `finish_*` must be atomic with the effects, and resolve
 /// only once the write is durable.
 pub trait Store: Send + Sync + 'static {
@@ -169,17 +184,61 @@ pub trait Store: Send + Sync + 'static {
         stale_after: Duration,
     ) -> Result<ValidationBegin, StoreError>;
 
-    /// Records the decision; resolves once it is durable. The claim ends either way.
+    /// Records the decision, and with it `postponed` (Awaitable mode: a pending validation,
+    /// or one whose result is queued for delivery) in the same atomic write; resolves once
+    /// it is durable. The claim ends either way.
     fn finish_validation(
         &self,
         nonce: &str,
         claim: Claim,
         fingerprint: &Fingerprint,
         decision: &RecordedDecision,
+        postponed: Option<PostponedValidation>,
     ) -> DurableFuture<'_>;
 
     /// Gives a validation claim up.
     fn release_validation(&self, nonce: &str, claim: Claim);
+
+    /// Decides postponed validation `validation_id` and queues the result for delivery, in
+    /// one atomic write; the first decision wins (see [`Resolution`]). Resolves once durable.
+    fn resolve(
+        &self,
+        validation_id: i64,
+        success: bool,
+        description: &str,
+        now_ms: u64,
+    ) -> ResolveFuture<'_>;
+
+    /// Records the outcome of a delivery attempt; a delivered or refused result stays so.
+    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_>;
+
+    /// One postponed validation.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn postponed(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError>;
+
+    /// Every postponed validation held, by id.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError>;
+
+    /// Results whose next delivery attempt is due at `now_ms`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError>;
+
+    /// Undecided validations whose deadline passed at `now_ms`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError>;
 
     /// Removes records that expired at or before `now_ms` (milliseconds since the Unix epoch).
     ///

@@ -50,6 +50,8 @@ pub enum RecordedDecision {
         /// The merchant's message.
         message: String,
     },
+    /// 200: decided later (Awaitable mode); the result goes to the aggregator separately.
+    Postponed,
 }
 
 /// A callback nonce's durable record: `Done` for each acknowledged status.

@@ -14,7 +14,11 @@ use super::committer::{Context, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::keys;
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
-use super::{CallbackBegin, Claim, DurableFuture, Store, StoreError, ValidationBegin, now_ms};
+use super::postponed::{Delivery, PostponedOp, PostponedValidation};
+use super::{
+    CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
+    now_ms,
+};
 use crate::config::StoreConfig;
 use crate::model::TransactionStatus;
 
@@ -315,6 +319,7 @@ impl Store for SledStore {
         claim: Claim,
         fingerprint: &Fingerprint,
         decision: &RecordedDecision,
+        postponed: Option<PostponedValidation>,
     ) -> DurableFuture<'_> {
         let (reply, receiver) = oneshot::channel();
         let job = Job::Validation {
@@ -322,6 +327,7 @@ impl Store for SledStore {
             claim,
             fingerprint: fingerprint.clone(),
             decision: decision.clone(),
+            postponed: postponed.map(Box::new),
             reply,
         };
         let written = self.submit(job, receiver);
@@ -339,7 +345,97 @@ impl Store for SledStore {
             .end(nonce, claim, false, now_ms());
     }
 
+    fn resolve(
+        &self,
+        validation_id: i64,
+        success: bool,
+        description: &str,
+        now_ms: u64,
+    ) -> ResolveFuture<'_> {
+        self.postponed_op(PostponedOp::Resolve {
+            validation_id,
+            success,
+            description: description.to_owned(),
+            now_ms,
+        })
+    }
+
+    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
+        let written = self.postponed_op(PostponedOp::Deliver {
+            validation_id,
+            delivery,
+        });
+        Box::pin(async move { written.await.map(|_| ()) })
+    }
+
+    fn postponed(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+        self.inner
+            .tree
+            .get(keys::by_id(keys::POSTPONED_PREFIX, validation_id))?
+            .map(|bytes| decode(&validation_id.to_string(), &bytes))
+            .transpose()
+    }
+
+    fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError> {
+        self.inner
+            .tree
+            .scan_prefix(keys::POSTPONED_PREFIX)
+            .map(|entry| {
+                let (key, bytes) = entry?;
+                decode(&format!("{:?}", keys::id_of(&key)), &bytes)
+            })
+            .collect()
+    }
+
+    fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError> {
+        self.due(keys::OUTBOX_PREFIX, now_ms)
+    }
+
+    fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError> {
+        self.due(keys::WAITING_PREFIX, now_ms)
+    }
+
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
         self.inner.writer.purge(now_ms)
+    }
+}
+
+impl SledStore {
+    fn postponed_op(&self, op: PostponedOp) -> ResolveFuture<'_> {
+        if let Err(error) = self.check_healthy() {
+            return Box::pin(async move { Err(error) });
+        }
+        let (reply, receiver) = oneshot::channel();
+        self.inner.writer.submit(Job::Postponed { op, reply });
+        Box::pin(async move {
+            receiver
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
+        })
+    }
+
+    /// The records indexed under `prefix` whose time (the index value) is at or before
+    /// `now_ms`; entries without a time are never due.
+    fn due(&self, prefix: &[u8], now_ms: u64) -> Result<Due, StoreError> {
+        let mut due = Due::default();
+        for entry in self.inner.tree.scan_prefix(prefix) {
+            let (key, value) = entry?;
+            if value.is_empty() {
+                continue;
+            }
+            let at = keys::millis_of(&value);
+            if at > now_ms {
+                due.next_ms = Some(due.next_ms.map_or(at, |n| n.min(at)));
+                continue;
+            }
+            if let Some(record) = keys::id_of(&key)
+                .map(|id| self.postponed(id))
+                .transpose()?
+                .flatten()
+            {
+                due.now.push(record);
+            }
+        }
+        Ok(due)
     }
 }

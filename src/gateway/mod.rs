@@ -1,0 +1,444 @@
+//! A client of the aggregator's own endpoints (spec 4.1): login, token refresh, the result
+//! of a postponed validation, and the lookup of a transaction by its reference id.
+//!
+//! [`GatewayClient`] keeps the merchant's session fresh by itself (see `token.rs`): it logs
+//! in on first use, refreshes `refresh_margin` before `accessTokenExpiryUtc`, logs in again
+//! when the refresh token has expired too, and on a 401 refreshes once and retries once.
+//! Concurrent callers share one login or refresh. Every call is bounded by
+//! `gateway.timeout`. TLS is rustls on the ring provider with the webpki roots; plain HTTP is
+//! accepted on loopback hosts only (see [`GatewayConfig`]).
+//!
+//! The password and the tokens are [`Secret`]s: they appear in no log line and no `Debug`.
+//!
+//! ```no_run
+//! use payhook::gateway::GatewayClient;
+//! use payhook::model::PostponedValidationResult;
+//!
+//! # async fn run(config: payhook::Config) -> Result<(), payhook::gateway::GatewayError> {
+//! let gateway = GatewayClient::new(&config.gateway)?;
+//! gateway
+//!     .post_validation_result(&PostponedValidationResult {
+//!         validation_id: 42,
+//!         success: true,
+//!         description: "documents checked".into(),
+//!     })
+//!     .await?;
+//! let record = gateway.transaction("0b7e5a52-2f59-4c1e-9d0c-000000000001".parse().unwrap()).await?;
+//! println!("{} is {:?}", record.transaction_reference_id, record.transaction_status);
+//! # Ok(()) }
+//! ```
+
+mod token;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use serde::{Serialize, de::DeserializeOwned};
+use std::{sync::Arc, time::Duration};
+use uuid::Uuid;
+
+use crate::Secret;
+use crate::config::GatewayConfig;
+use crate::model::{
+    LoginRequest, LoginSession, PostponedValidationResult, RefreshRequest, TransactionRecord,
+};
+use token::Sessions;
+
+/// The largest answer read from the aggregator.
+const MAX_ANSWER: usize = 4 * 1024 * 1024;
+
+/// Why a call to the aggregator failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GatewayError {
+    /// A setting the client needs is missing or unusable.
+    #[error("gateway not configured: {0}")]
+    NotConfigured(String),
+    /// Login or refresh was refused (the aggregator's message).
+    #[error("login refused by {url}: {message}")]
+    BadCredentials {
+        /// The endpoint called.
+        url: String,
+        /// The aggregator's `message`.
+        message: String,
+    },
+    /// The aggregator could not be reached.
+    #[error("cannot reach {url}: {reason}")]
+    Network {
+        /// The endpoint called.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// No complete answer within `gateway.timeout`.
+    #[error("{url} did not answer within {timeout:?}")]
+    Timeout {
+        /// The endpoint called.
+        url: String,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// The aggregator answered with an error status.
+    #[error("{url} answered {status}: {message}")]
+    Status {
+        /// The endpoint called.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The aggregator's `message` (or the start of the body).
+        message: String,
+    },
+    /// The answer was not the expected JSON.
+    #[error("{url} answered with an unreadable body: {reason}")]
+    Decode {
+        /// The endpoint called.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A different result was already received for this validation (403, spec 3.2).
+    #[error("validation {validation_id}: a different result was already received: {message}")]
+    Conflict {
+        /// The validation.
+        validation_id: i64,
+        /// The aggregator's `message`.
+        message: String,
+    },
+}
+
+impl GatewayError {
+    /// `true` when the same call may succeed later (network, timeout, 5xx, 408, 429, 401).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Network { .. } | Self::Timeout { .. } => true,
+            Self::Status { status, .. } => *status >= 500 || [401, 408, 429].contains(status),
+            Self::NotConfigured(_)
+            | Self::BadCredentials { .. }
+            | Self::Decode { .. }
+            | Self::Conflict { .. } => false,
+        }
+    }
+
+    /// The HTTP status the aggregator answered, when it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            Self::Conflict { .. } => Some(403),
+            _ => None,
+        }
+    }
+}
+
+/// The aggregator's endpoints, with the session kept fresh. Cheap to clone: clones share the
+/// connection pool and the session.
+#[derive(Clone)]
+pub struct GatewayClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    auth_url: String,
+    gateway_url: String,
+    username: String,
+    password: Secret,
+    timeout: Duration,
+    auth_header: HeaderName,
+    auth_scheme: String,
+    sessions: Sessions,
+}
+
+impl std::fmt::Debug for GatewayClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayClient")
+            .field("auth_url", &self.inner.auth_url)
+            .field("gateway_url", &self.inner.gateway_url)
+            .field("username", &self.inner.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One exchange's outcome: the status and the (bounded) body.
+struct Answer {
+    url: String,
+    status: StatusCode,
+    body: Bytes,
+}
+
+impl Answer {
+    fn json<T: DeserializeOwned>(&self) -> Result<T, GatewayError> {
+        serde_json::from_slice(&self.body).map_err(|e| GatewayError::Decode {
+            url: self.url.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The aggregator's `message`, or the start of the body when it sent no JSON message.
+    fn message(&self) -> String {
+        #[derive(serde::Deserialize)]
+        struct Message {
+            message: String,
+        }
+        serde_json::from_slice::<Message>(&self.body).map_or_else(
+            |_| {
+                let text = String::from_utf8_lossy(&self.body);
+                let text = text.trim();
+                if text.is_empty() {
+                    self.status
+                        .canonical_reason()
+                        .unwrap_or("no message")
+                        .to_owned()
+                } else {
+                    text.chars().take(200).collect()
+                }
+            },
+            |m| m.message,
+        )
+    }
+
+    fn error(&self) -> GatewayError {
+        GatewayError::Status {
+            url: self.url.clone(),
+            status: self.status.as_u16(),
+            message: self.message(),
+        }
+    }
+}
+
+impl GatewayClient {
+    /// A client of the aggregator named by `config`.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::NotConfigured`] when a URL, the user name or the password is missing.
+    pub fn new(config: &GatewayConfig) -> Result<Self, GatewayError> {
+        let missing = |key: &str| GatewayError::NotConfigured(format!("gateway.{key} is not set"));
+        let base = |url: &Option<String>, key: &str| {
+            url.as_deref()
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .ok_or_else(|| missing(key))
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+            .map_err(|e| GatewayError::NotConfigured(format!("TLS: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let http = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
+            GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                auth_url: base(&config.auth_url, "auth_url")?,
+                gateway_url: base(&config.gateway_url, "gateway_url")?,
+                username: config.username.clone().ok_or_else(|| missing("username"))?,
+                password: config.password.clone().ok_or_else(|| missing("password"))?,
+                timeout: config.timeout,
+                auth_header,
+                auth_scheme: config.auth_scheme.clone(),
+                sessions: Sessions::new(config.refresh_margin),
+            }),
+        })
+    }
+
+    /// `POST {auth_url}/api/v1/login` with the configured credentials. The session is not
+    /// kept: the client's own calls log in by themselves when they need to.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::BadCredentials`] when the aggregator refuses the credentials; the
+    /// other variants for network, status and body problems.
+    pub async fn login(&self) -> Result<LoginSession, GatewayError> {
+        let request = LoginRequest {
+            username: self.inner.username.clone(),
+            password: self.inner.password.clone(),
+        };
+        let url = format!("{}/api/v1/login", self.inner.auth_url);
+        self.session_call(&url, &request).await
+    }
+
+    /// `POST {auth_url}/api/v1/refresh-token`.
+    ///
+    /// # Errors
+    ///
+    /// As [`GatewayClient::login`].
+    pub async fn refresh(&self, refresh_token: &Secret) -> Result<LoginSession, GatewayError> {
+        let request = RefreshRequest {
+            refresh_token: refresh_token.clone(),
+        };
+        let url = format!("{}/api/v1/refresh-token", self.inner.auth_url);
+        self.session_call(&url, &request).await
+    }
+
+    /// `POST {gateway_url}/api/v1/transactions/validation`: the result of a postponed
+    /// validation. Sending the same result again is harmless (the aggregator answers 200).
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::Conflict`] on a 403 (a different result was received before: final);
+    /// the other variants as for every call ([`GatewayError::is_transient`] tells whether to
+    /// try again).
+    pub async fn post_validation_result(
+        &self,
+        result: &PostponedValidationResult,
+    ) -> Result<(), GatewayError> {
+        let url = format!("{}/api/v1/transactions/validation", self.inner.gateway_url);
+        let body = to_json(result);
+        let answer = self.authorized(Method::POST, &url, Some(body)).await?;
+        match answer.status {
+            status if status.is_success() => Ok(()),
+            StatusCode::FORBIDDEN => Err(GatewayError::Conflict {
+                validation_id: result.validation_id,
+                message: answer.message(),
+            }),
+            _ => Err(answer.error()),
+        }
+    }
+
+    /// `GET {gateway_url}/api/v1/transactions/{reference_id}`: the transaction record (2.6).
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::Status`] with 404 (or whatever the aggregator answers) for an unknown
+    /// reference id; the other variants as for every call.
+    pub async fn transaction(&self, reference_id: Uuid) -> Result<TransactionRecord, GatewayError> {
+        let url = format!(
+            "{}/api/v1/transactions/{reference_id}",
+            self.inner.gateway_url
+        );
+        let answer = self.authorized(Method::GET, &url, None).await?;
+        if answer.status.is_success() {
+            answer.json()
+        } else {
+            Err(answer.error())
+        }
+    }
+
+    /// A login or refresh exchange: refusals are [`GatewayError::BadCredentials`].
+    async fn session_call<T: Serialize>(
+        &self,
+        url: &str,
+        request: &T,
+    ) -> Result<LoginSession, GatewayError> {
+        let answer = self
+            .exchange(Method::POST, url, Some(to_json(request)), None)
+            .await?;
+        match answer.status {
+            status if status.is_success() => answer.json(),
+            StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                Err(GatewayError::BadCredentials {
+                    url: url.to_owned(),
+                    message: answer.message(),
+                })
+            }
+            _ => Err(answer.error()),
+        }
+    }
+
+    /// A call with the access token; on a 401 the session is renewed once and the call
+    /// retried once.
+    async fn authorized(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+    ) -> Result<Answer, GatewayError> {
+        let sessions = &self.inner.sessions;
+        let token = sessions.access_token(self).await?;
+        let answer = self
+            .exchange(method.clone(), url, body.clone(), Some(&token))
+            .await?;
+        if answer.status != StatusCode::UNAUTHORIZED {
+            return Ok(answer);
+        }
+        tracing::info!(url, "access token refused; renewing the session once");
+        sessions.reject(&token).await;
+        let token = sessions.access_token(self).await?;
+        self.exchange(method, url, body, Some(&token)).await
+    }
+
+    /// One HTTP exchange, bounded by the timeout; the body is read up to [`MAX_ANSWER`].
+    async fn exchange(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<Bytes>,
+        token: Option<&Secret>,
+    ) -> Result<Answer, GatewayError> {
+        let network = |reason: String| GatewayError::Network {
+            url: url.to_owned(),
+            reason,
+        };
+        let mut request = Request::builder()
+            .method(method)
+            .uri(url)
+            .header(header::ACCEPT, "application/json");
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(token) = token {
+            let value = if self.inner.auth_scheme.is_empty() {
+                token.expose().to_owned()
+            } else {
+                format!("{} {}", self.inner.auth_scheme, token.expose())
+            };
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| network("the access token is not a valid header value".into()))?;
+            value.set_sensitive(true);
+            request = request.header(self.inner.auth_header.clone(), value);
+        }
+        let request = request
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| network(format!("bad request: {e}")))?;
+        let call = async {
+            let response = self
+                .inner
+                .http
+                .request(request)
+                .await
+                .map_err(|e| network(error_chain(&e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| network(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok(Answer {
+                url: url.to_owned(),
+                status,
+                body,
+            })
+        };
+        let answer = tokio::time::timeout(self.inner.timeout, call)
+            .await
+            .map_err(|_| GatewayError::Timeout {
+                url: url.to_owned(),
+                timeout: self.inner.timeout,
+            })??;
+        tracing::debug!(url, status = answer.status.as_u16(), "gateway answered");
+        Ok(answer)
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> Bytes {
+    // The request types are plain structs of strings and numbers: they always serialise.
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// An error and its sources, joined: hyper-util's errors say little at the top level.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

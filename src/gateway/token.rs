@@ -1,0 +1,85 @@
+//! The merchant's session with the aggregator: one access token shared by every call.
+//!
+//! The session sits behind an async mutex that is held across a login or a refresh, so that
+//! callers arriving meanwhile wait for that one renewal and then use its token: a burst of
+//! calls on an expired token causes one refresh, not one per call.
+//!
+//! | state of the session | what `access_token` does |
+//! |---|---|
+//! | none yet | log in |
+//! | access token valid beyond the margin | use it |
+//! | access token within the margin or expired, refresh token valid | refresh (log in if the refresh is refused) |
+//! | both expired | log in |
+
+use chrono::{TimeDelta, Utc};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+use super::{GatewayClient, GatewayError};
+use crate::Secret;
+use crate::model::LoginSession;
+
+/// A refresh token this close to its expiry is not used: the refresh could arrive late.
+const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
+
+pub(super) struct Sessions {
+    current: Mutex<Option<LoginSession>>,
+    margin: TimeDelta,
+}
+
+impl Sessions {
+    pub(super) fn new(margin: Duration) -> Self {
+        Self {
+            current: Mutex::new(None),
+            margin: TimeDelta::from_std(margin).unwrap_or(TimeDelta::MAX),
+        }
+    }
+
+    /// A valid access token, renewing the session first when it is about to expire.
+    pub(super) async fn access_token(
+        &self,
+        client: &GatewayClient,
+    ) -> Result<Secret, GatewayError> {
+        let mut current = self.current.lock().await;
+        let now = Utc::now();
+        if let Some(session) = current.as_ref()
+            && session.access_token_expiry_utc - self.margin > now
+        {
+            return Ok(session.access_token.clone());
+        }
+        let renewed = match current.as_ref() {
+            Some(session) if session.refresh_token_expiry_utc - REFRESH_TOKEN_SLACK > now => {
+                match client.refresh(&session.refresh_token).await {
+                    Ok(renewed) => {
+                        tracing::info!("gateway session refreshed");
+                        renewed
+                    }
+                    Err(GatewayError::BadCredentials { message, .. }) => {
+                        tracing::info!(%message, "refresh refused; logging in again");
+                        client.login().await?
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            _ => {
+                let session = client.login().await?;
+                tracing::info!("logged in to the gateway");
+                session
+            }
+        };
+        let token = renewed.access_token.clone();
+        *current = Some(renewed);
+        Ok(token)
+    }
+
+    /// The aggregator refused `token` (401): the session is renewed on the next call, unless
+    /// another caller renewed it already.
+    pub(super) async fn reject(&self, token: &Secret) {
+        let mut current = self.current.lock().await;
+        if let Some(session) = current.as_mut()
+            && session.access_token == *token
+        {
+            session.access_token_expiry_utc = chrono::DateTime::<Utc>::MIN_UTC;
+        }
+    }
+}

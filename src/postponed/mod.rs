@@ -1,0 +1,166 @@
+//! Awaitable (postponed) transaction validation: decide later, deliver the result for sure.
+//!
+//! With `validation.awaitable = true` (matching the aggregator's setting for the endpoint), a
+//! [`TransactionValidator`](crate::handler::TransactionValidator) may answer
+//! [`Postpone`](crate::handler::ValidationDecision::Postpone): payhook answers 200, keeps the
+//! validation durably, and the merchant decides later from anywhere in its application with
+//! a [`Resolver`] — or from the command line. Every decision in Awaitable mode (a resolve, a
+//! passed deadline, and also an `Allow`/`Deny` returned at once) is posted to
+//! `{gateway_url}/api/v1/transactions/validation` by the [`Outbox`] worker:
+//!
+//! * **first decision wins, locally**: a second, different decision is refused with
+//!   [`ResolveError::Conflict`] before anything is sent; the same decision again is a no-op;
+//! * **time budget**: a handler still deciding after `validation.time_budget` is answered 200
+//!   (postponed) by payhook, and its decision, when it comes, is posted as the result;
+//! * **deadline**: an undecided validation older than `validation.deadline` is resolved with
+//!   `validation.deadline_outcome`;
+//! * **durable outbox**: a decision and its outbox entry are one atomic, durable write; the
+//!   worker posts with exponential backoff and jitter (`validation.retry_schedule`) until a
+//!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts and 5xx
+//!   are retried; a 403 ("a different result was already received") is final: recorded as a
+//!   conflict, logged at error, visible in [`PostponedState::Conflict`]. Nothing is lost
+//!   across restarts or crashes: the worker starts with whatever the outbox holds.
+//!
+//! ```no_run
+//! # async fn review(app: payhook::App) -> Result<(), payhook::postponed::ResolveError> {
+//! let resolver = app.resolver().expect("validation.awaitable = true");
+//! resolver.resolve(42, true, "documents checked").await?;
+//! // The same decision again is a no-op; the other one is refused.
+//! assert!(resolver.resolve(42, false, "changed my mind").await.is_err());
+//! # Ok(()) }
+//! ```
+
+mod clock;
+mod outbox;
+
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+use crate::store::{Resolution, Store, StoreError};
+
+pub use crate::store::{Delivery, PostponedState, PostponedValidation, ValidationResult};
+pub use clock::Clock;
+pub use outbox::{Outbox, Pass};
+
+/// Why a decision was not recorded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResolveError {
+    /// No postponed validation has this id.
+    #[error("no postponed validation with id {0}")]
+    Unknown(i64),
+    /// A different decision was recorded first; nothing was changed or sent.
+    #[error(
+        "validation {validation_id} was already decided differently (success = {recorded_success}: {recorded_description:?})"
+    )]
+    Conflict {
+        /// The validation.
+        validation_id: i64,
+        /// The decision recorded first.
+        recorded_success: bool,
+        /// Its description.
+        recorded_description: String,
+    },
+    /// The store failed; the decision may not have been recorded — resolve again.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a successful resolve did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// Recorded now; the result is in the outbox.
+    Recorded,
+    /// The same decision was recorded before; nothing changed.
+    Unchanged,
+}
+
+/// Decides postponed validations. Cheap to clone; use it from any task of the application.
+#[derive(Clone)]
+pub struct Resolver {
+    store: Arc<dyn Store>,
+    clock: Clock,
+    /// Wakes the outbox worker when a result is queued.
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolver").finish_non_exhaustive()
+    }
+}
+
+impl Resolver {
+    /// A resolver over `store`; `wake` is notified whenever a result is queued.
+    pub fn new(store: Arc<dyn Store>, clock: Clock, wake: Arc<Notify>) -> Self {
+        Self { store, clock, wake }
+    }
+
+    /// Decides validation `validation_id`: `success` and `description` are posted to the
+    /// aggregator. Returns once the decision is durable.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError::Conflict`] when a different decision was taken first,
+    /// [`ResolveError::Unknown`] for an id never postponed, [`ResolveError::Store`] when the
+    /// store fails.
+    pub async fn resolve(
+        &self,
+        validation_id: i64,
+        success: bool,
+        description: impl Into<String>,
+    ) -> Result<Resolved, ResolveError> {
+        let description = description.into();
+        let resolution = self
+            .store
+            .resolve(validation_id, success, &description, self.clock.now_ms())
+            .await?;
+        match resolution {
+            Resolution::Recorded => {
+                tracing::info!(validation_id, success, "postponed validation decided");
+                self.wake.notify_one();
+                Ok(Resolved::Recorded)
+            }
+            Resolution::AlreadyRecorded => Ok(Resolved::Unchanged),
+            Resolution::Conflicting {
+                success: recorded_success,
+                description: recorded_description,
+            } => {
+                tracing::warn!(
+                    validation_id,
+                    success,
+                    recorded_success,
+                    "a different decision was taken first; refused"
+                );
+                Err(ResolveError::Conflict {
+                    validation_id,
+                    recorded_success,
+                    recorded_description,
+                })
+            }
+            Resolution::Unknown => Err(ResolveError::Unknown(validation_id)),
+        }
+    }
+
+    /// One postponed validation.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store fails.
+    pub fn get(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+        self.store.postponed(validation_id)
+    }
+
+    /// Postponed validations in `state` (all of them when `None`), by id.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store fails.
+    pub fn list(
+        &self,
+        state: Option<PostponedState>,
+    ) -> Result<Vec<PostponedValidation>, StoreError> {
+        let mut all = self.store.postponed_all()?;
+        all.retain(|v| state.is_none_or(|s| v.state() == s));
+        Ok(all)
+    }
+}

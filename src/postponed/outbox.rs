@@ -1,0 +1,269 @@
+//! The worker that delivers decided results and applies deadlines.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tokio::sync::Notify;
+
+use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolver};
+use crate::config::{DeadlineOutcome, ValidationConfig};
+use crate::gateway::{GatewayClient, GatewayError};
+use crate::model::PostponedValidationResult;
+use crate::store::{Store, StoreError};
+
+/// The longest the worker sleeps without looking at the store.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// What one pass of the worker did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Results the aggregator accepted (200).
+    pub delivered: usize,
+    /// Results the aggregator refused (403): conflicts.
+    pub conflicts: usize,
+    /// Attempts that failed and are scheduled again.
+    pub retried: usize,
+    /// Validations resolved by their deadline.
+    pub expired: usize,
+    /// When the next piece of work falls due, ms since the Unix epoch.
+    pub next_ms: Option<u64>,
+}
+
+/// Delivers queued results to the aggregator and resolves validations whose deadline
+/// passed. Started by [`crate::serve`] (or [`crate::App::start_background`]); one per store.
+#[derive(Clone)]
+pub struct Outbox {
+    store: Arc<dyn Store>,
+    gateway: GatewayClient,
+    resolver: Resolver,
+    config: ValidationConfig,
+    clock: Clock,
+    wake: Arc<Notify>,
+    conflicts: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox")
+            .field("gateway", &self.gateway)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Outbox {
+    /// A worker over `store` posting through `gateway`, woken by `wake`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        gateway: GatewayClient,
+        config: ValidationConfig,
+        clock: Clock,
+        wake: Arc<Notify>,
+    ) -> Self {
+        let resolver = Resolver::new(Arc::clone(&store), clock, Arc::clone(&wake));
+        Self {
+            store,
+            gateway,
+            resolver,
+            config,
+            clock,
+            wake,
+            conflicts: Arc::default(),
+        }
+    }
+
+    /// Makes the worker look at the store now (a result was queued).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Results refused by the aggregator (403) since this worker started.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts.load(Ordering::Relaxed)
+    }
+
+    /// Runs passes forever: after each, sleeps until the next piece of work falls due or a
+    /// result is queued. Spawn it; it stops when its runtime does.
+    pub async fn run(self) {
+        loop {
+            let next_ms = match self.run_once().await {
+                Ok(pass) => pass.next_ms,
+                Err(error) => {
+                    tracing::error!(%error, "the outbox could not read the store; trying again");
+                    Some(self.clock.now_ms().saturating_add(1000))
+                }
+            };
+            let wait = next_ms.map_or(IDLE, |next| {
+                Duration::from_millis(next.saturating_sub(self.clock.now_ms())).min(IDLE)
+            });
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Resolves the validations whose deadline passed, then attempts every due delivery.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store cannot be read or written.
+    pub async fn run_once(&self) -> Result<Pass, StoreError> {
+        let mut pass = Pass::default();
+        let deadlines = self.store.deadlines_due(self.clock.now_ms())?;
+        for record in deadlines.now {
+            if self.expire(&record).await? {
+                pass.expired += 1;
+            }
+        }
+        let due = self.store.outbox_due(self.clock.now_ms())?;
+        for record in due.now {
+            match self.deliver(&record).await? {
+                Attempt::Delivered => pass.delivered += 1,
+                Attempt::Conflict => pass.conflicts += 1,
+                Attempt::Retry => pass.retried += 1,
+                Attempt::Nothing => {}
+            }
+        }
+        let after = self.store.outbox_due(self.clock.now_ms())?;
+        let first = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        pass.next_ms = first(deadlines.next_ms, after.next_ms);
+        if !after.now.is_empty() {
+            pass.next_ms = Some(self.clock.now_ms());
+        }
+        Ok(pass)
+    }
+
+    /// Resolves `record` with the deadline outcome; `false` if it was decided meanwhile.
+    async fn expire(&self, record: &PostponedValidation) -> Result<bool, StoreError> {
+        let success = self.config.deadline_outcome == DeadlineOutcome::Allow;
+        let id = record.validation_id;
+        match self
+            .resolver
+            .resolve(id, success, self.config.deadline_description.clone())
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(
+                    validation_id = id,
+                    success,
+                    "postponed validation reached its deadline undecided; resolved with the configured outcome"
+                );
+                Ok(true)
+            }
+            Err(ResolveError::Store(error)) => Err(error),
+            Err(ResolveError::Conflict { .. } | ResolveError::Unknown(_)) => Ok(false),
+        }
+    }
+
+    /// One delivery attempt of `record`'s result, and its outcome recorded.
+    async fn deliver(&self, record: &PostponedValidation) -> Result<Attempt, StoreError> {
+        let Some(result) = &record.result else {
+            return Ok(Attempt::Nothing);
+        };
+        let Delivery::Queued { attempts, .. } = result.delivery else {
+            return Ok(Attempt::Nothing);
+        };
+        let attempts = attempts.saturating_add(1);
+        let id = record.validation_id;
+        let body = PostponedValidationResult {
+            validation_id: id,
+            success: result.success,
+            description: result.description.clone(),
+        };
+        let now_ms = self.clock.now_ms();
+        let (delivery, attempt) = match self.gateway.post_validation_result(&body).await {
+            Ok(()) => {
+                tracing::info!(
+                    validation_id = id,
+                    success = result.success,
+                    attempts,
+                    "validation result delivered"
+                );
+                (Delivery::Delivered { attempts, at_ms: now_ms }, Attempt::Delivered)
+            }
+            Err(GatewayError::Conflict { message, .. }) => {
+                self.conflicts.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    validation_id = id,
+                    success = result.success,
+                    %message,
+                    "the aggregator holds a different result for this validation (403); recorded as a conflict"
+                );
+                let conflict = Delivery::Conflict {
+                    attempts,
+                    message,
+                    at_ms: now_ms,
+                };
+                (conflict, Attempt::Conflict)
+            }
+            Err(error) => {
+                let wait = backoff(&self.config.retry_schedule, attempts);
+                if error.is_transient() {
+                    tracing::warn!(validation_id = id, attempts, %error, ?wait, "delivering a validation result failed; retrying");
+                } else {
+                    tracing::error!(validation_id = id, attempts, %error, ?wait, "delivering a validation result failed; retrying");
+                }
+                let retry = Delivery::Queued {
+                    attempts,
+                    next_attempt_ms: now_ms
+                        .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+                    last_error: Some(error.to_string()),
+                };
+                (retry, Attempt::Retry)
+            }
+        };
+        self.store.record_delivery(id, delivery).await?;
+        Ok(attempt)
+    }
+}
+
+enum Attempt {
+    Delivered,
+    Conflict,
+    Retry,
+    Nothing,
+}
+
+/// The wait after failed attempt number `attempts` (1-based): the schedule's entry, the last
+/// one repeating, jittered by up to ±20% so that many results do not retry in step.
+fn backoff(schedule: &[Duration], attempts: u32) -> Duration {
+    let index = usize::try_from(attempts.saturating_sub(1))
+        .unwrap_or(usize::MAX)
+        .min(schedule.len().saturating_sub(1));
+    let base = schedule.get(index).copied().unwrap_or(Duration::from_secs(1));
+    base.mul_f64(0.8 + 0.4 * unit_random())
+}
+
+/// A random number in [0, 1).
+fn unit_random() -> f64 {
+    let mut bytes = [0u8; 4];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes);
+    f64::from(u32::from_le_bytes(bytes)) / (f64::from(u32::MAX) + 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_the_schedule_with_bounded_jitter_and_repeats_the_last_wait() {
+        let schedule = [1, 10, 100].map(Duration::from_secs);
+        for (attempts, base) in [(1, 1), (2, 10), (3, 100), (4, 100), (50, 100)] {
+            for _ in 0..20 {
+                let wait = backoff(&schedule, attempts).as_secs_f64();
+                let base = f64::from(base);
+                assert!(
+                    (base * 0.8..=base * 1.2).contains(&wait),
+                    "{attempts}: {wait}"
+                );
+            }
+        }
+    }
+}

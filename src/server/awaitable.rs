@@ -1,0 +1,210 @@
+//! The transaction validation endpoint in Awaitable mode (see [`crate::postponed`]): the
+//! handler's decision within the time budget, the pending record, and the decision that
+//! arrives after the answer.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::exactly_once::Decided;
+use super::route::Endpoint;
+use super::{App, BuildError, Problem};
+use crate::config::{Config, ValidationConfig};
+use crate::gateway::GatewayClient;
+use crate::handler::{RequestContext, ValidationDecision};
+use crate::model::TransactionValidationRequest;
+use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, ValidationResult};
+use crate::store::{RecordedDecision, Store};
+use crate::HandlerError;
+
+/// What an app in Awaitable mode has besides the handlers.
+pub(super) struct Awaitable {
+    config: ValidationConfig,
+    clock: Clock,
+    resolver: Resolver,
+    outbox: Outbox,
+    started: AtomicBool,
+}
+
+impl Awaitable {
+    /// The Awaitable machinery when `validation.awaitable` is set; `None` otherwise.
+    pub(super) fn from_config(
+        config: &Config,
+        store: Option<&Arc<dyn Store>>,
+    ) -> Result<Option<Self>, BuildError> {
+        if !config.validation.awaitable {
+            return Ok(None);
+        }
+        let store = store.ok_or(BuildError::AwaitableWithoutStore)?;
+        let gateway = GatewayClient::new(&config.gateway)?;
+        let clock = Clock::new();
+        let wake = Arc::default();
+        let resolver = Resolver::new(Arc::clone(store), clock, Arc::clone(&wake));
+        let outbox = Outbox::new(
+            Arc::clone(store),
+            gateway,
+            config.validation.clone(),
+            clock,
+            wake,
+        );
+        Ok(Some(Self {
+            config: config.validation.clone(),
+            clock,
+            resolver,
+            outbox,
+            started: AtomicBool::new(false),
+        }))
+    }
+}
+
+
+impl App {
+    /// Decides validations postponed by this app (Awaitable mode); `None` when
+    /// `validation.awaitable` is off.
+    pub fn resolver(&self) -> Option<Resolver> {
+        self.inner.awaitable.as_ref().map(|a| a.resolver.clone())
+    }
+
+    /// The worker delivering this app's postponed results; `None` when not Awaitable.
+    pub fn outbox(&self) -> Option<Outbox> {
+        self.inner.awaitable.as_ref().map(|a| a.outbox.clone())
+    }
+
+    /// Starts the background work of the app (the outbox worker in Awaitable mode) on the
+    /// current tokio runtime, once. [`crate::serve`] calls it; call it yourself when you
+    /// mount the app in a server of your own.
+    pub fn start_background(&self) {
+        if let Some(awaitable) = &self.inner.awaitable
+            && !awaitable.started.swap(true, Ordering::SeqCst)
+        {
+            tokio::spawn(awaitable.outbox.clone().run());
+        }
+    }
+
+    /// `true` when the transaction validation endpoint is Awaitable.
+    pub(super) fn is_awaitable(&self) -> bool {
+        self.inner.awaitable.is_some()
+    }
+
+    /// Runs the handler within the time budget and turns its decision into the record of an
+    /// Awaitable validation: a decision taken is queued for delivery, a postponement (or a
+    /// spent budget) leaves it pending.
+    pub(super) async fn decide_awaitable(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<Decided, Problem> {
+        let (awaitable, handler) = match (&self.inner.awaitable, &self.inner.validation) {
+            (Some(awaitable), Some(handler)) => (awaitable, Arc::clone(handler)),
+            _ => return Err(Problem::NotFound),
+        };
+        let received_ms = awaitable.clock.now_ms();
+        let mut postponed = PostponedValidation {
+            validation_id: request.validation_id,
+            request: request.clone(),
+            received_ms,
+            deadline_ms: awaitable
+                .config
+                .deadline
+                .map(|d| received_ms.saturating_add(millis(d))),
+            result: None,
+        };
+        let mut task = tokio::spawn(handler.call(request, ctx).in_current_span());
+        let Ok(joined) = tokio::time::timeout(awaitable.config.time_budget, &mut task).await
+        else {
+            tracing::info!(
+                budget = ?awaitable.config.time_budget,
+                "the handler is still deciding after its time budget; answering 200 (postponed)"
+            );
+            return Ok(Decided {
+                decision: RecordedDecision::Postponed,
+                postponed: Some(postponed),
+                later: Some(task),
+            });
+        };
+        let (decision, result) = match self.settle(Endpoint::TransactionValidation, joined)? {
+            ValidationDecision::Allow => (RecordedDecision::Allow, Some((true, ALLOWED.into()))),
+            ValidationDecision::Deny { message } => (
+                RecordedDecision::Deny {
+                    message: message.clone(),
+                },
+                Some((false, message)),
+            ),
+            ValidationDecision::Postpone => (RecordedDecision::Postponed, None),
+        };
+        postponed.result = result.map(|(success, description)| ValidationResult {
+            success,
+            description,
+            decided_ms: received_ms,
+            delivery: Delivery::queued(received_ms),
+        });
+        Ok(Decided {
+            decision,
+            postponed: Some(postponed),
+            later: None,
+        })
+    }
+
+    /// Wakes the outbox worker: a result was queued with the validation's record.
+    pub(super) fn result_queued(&self) {
+        if let Some(awaitable) = &self.inner.awaitable {
+            awaitable.resolver_wake();
+        }
+    }
+
+    /// Waits (within the handler timeout) for a handler that overran its time budget, and
+    /// resolves the validation with its decision.
+    pub(super) fn resolve_later(
+        &self,
+        validation_id: i64,
+        mut task: JoinHandle<Result<ValidationDecision, HandlerError>>,
+    ) {
+        let Some(resolver) = self.resolver() else {
+            return;
+        };
+        let app = self.clone();
+        let limit = self.inner.server.handler_timeout;
+        let later = async move {
+            let decision = match tokio::time::timeout(limit, &mut task).await {
+                Ok(joined) => app.settle(Endpoint::TransactionValidation, joined),
+                Err(_) => {
+                    task.abort();
+                    tracing::error!(
+                        timeout = ?limit,
+                        "the handler overran its time budget and then the handler timeout; the validation stays pending"
+                    );
+                    return;
+                }
+            };
+            let (success, description) = match decision {
+                Ok(ValidationDecision::Allow) => (true, ALLOWED.to_owned()),
+                Ok(ValidationDecision::Deny { message }) => (false, message),
+                Ok(ValidationDecision::Postpone) => return,
+                Err(_) => {
+                    tracing::error!("the handler failed after its time budget; the validation stays pending");
+                    return;
+                }
+            };
+            if let Err(error) = resolver.resolve(validation_id, success, description).await {
+                tracing::warn!(%error, "the handler's late decision was not recorded");
+            }
+        };
+        tokio::spawn(later.in_current_span());
+    }
+}
+
+impl Awaitable {
+    fn resolver_wake(&self) {
+        self.outbox.wake();
+    }
+}
+
+/// The description posted with an `Allow`.
+const ALLOWED: &str = "client allowed";
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

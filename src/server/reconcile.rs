@@ -1,0 +1,101 @@
+//! Lost-callback recovery (spec 6.7): a transaction's record, fetched from the aggregator,
+//! goes through the same callback handler and deduplication as a delivered callback, so a
+//! result is booked once whichever arrives first — the real callback or the recovery.
+
+use chrono::Utc;
+use http::HeaderMap;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::App;
+use super::exactly_once::Delivered;
+use crate::gateway::{GatewayClient, GatewayError};
+use crate::handler::RequestContext;
+use crate::model::TransactionStatus;
+
+/// What became of one reference id in [`App::reconcile`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The result was booked now: its callback had been lost.
+    Booked(TransactionStatus),
+    /// The result was booked before (its callback arrived): nothing done.
+    AlreadyBooked(TransactionStatus),
+    /// The transaction has no final status yet: no callback is due; nothing done.
+    NotFinal(TransactionStatus),
+}
+
+/// Why a reference id could not be reconciled.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReconcileError {
+    /// The lookup failed (unknown reference id, network, ...).
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    /// The app serves no callback endpoint: there is nothing to book with.
+    #[error("the app has no callback receiver")]
+    NoReceiver,
+    /// The handler did not book it (it failed, asked to retry later, or the store failed);
+    /// reconcile again later.
+    #[error("not booked: {0}")]
+    NotBooked(String),
+}
+
+impl App {
+    /// Fetches each transaction from the aggregator and books its result through the
+    /// callback handler — once: a result already booked (by its callback or an earlier
+    /// reconcile) is not booked again, and a callback arriving later is a duplicate.
+    ///
+    /// ```no_run
+    /// # async fn run(app: payhook::App, gateway: payhook::gateway::GatewayClient) {
+    /// let id = "0b7e5a52-2f59-4c1e-9d0c-000000000001".parse().unwrap();
+    /// for (reference_id, outcome) in app.reconcile(&gateway, &[id]).await {
+    ///     println!("{reference_id}: {outcome:?}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn reconcile(
+        &self,
+        gateway: &GatewayClient,
+        reference_ids: &[Uuid],
+    ) -> Vec<(Uuid, Result<Reconciled, ReconcileError>)> {
+        let mut outcomes = Vec::with_capacity(reference_ids.len());
+        for &reference_id in reference_ids {
+            let span = tracing::info_span!("reconcile", %reference_id);
+            let outcome = self
+                .reconcile_one(gateway, reference_id)
+                .instrument(span.clone())
+                .await;
+            span.in_scope(|| match &outcome {
+                Ok(done) => tracing::info!(?done, "reconciled"),
+                Err(error) => tracing::warn!(%error, "not reconciled"),
+            });
+            outcomes.push((reference_id, outcome));
+        }
+        outcomes
+    }
+
+    async fn reconcile_one(
+        &self,
+        gateway: &GatewayClient,
+        reference_id: Uuid,
+    ) -> Result<Reconciled, ReconcileError> {
+        if self.inner.callbacks.is_none() {
+            return Err(ReconcileError::NoReceiver);
+        }
+        let record = gateway.transaction(reference_id).await?;
+        let status = record.transaction_status;
+        if !status.sent_in_callbacks() {
+            return Ok(Reconciled::NotFinal(status));
+        }
+        let request = RequestContext {
+            request_id: format!("reconcile-{reference_id}"),
+            peer: None,
+            received_at: Utc::now(),
+            headers: HeaderMap::new(),
+        };
+        match self.deliver(record.to_callback(), request).await {
+            Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
+            Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
+            Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
+        }
+    }
+}
