@@ -11,7 +11,7 @@
 //! | access token within the margin or expired, refresh token valid | refresh (log in if the refresh is refused) |
 //! | both expired | log in |
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -42,13 +42,16 @@ impl Sessions {
     ) -> Result<Secret, GatewayError> {
         let mut current = self.current.lock().await;
         let now = Utc::now();
+        let beyond = |expiry: DateTime<Utc>, margin: TimeDelta| {
+            expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
+        };
         if let Some(session) = current.as_ref()
-            && session.access_token_expiry_utc - self.margin > now
+            && beyond(session.access_token_expiry_utc, self.margin)
         {
             return Ok(session.access_token.clone());
         }
         let renewed = match current.as_ref() {
-            Some(session) if session.refresh_token_expiry_utc - REFRESH_TOKEN_SLACK > now => {
+            Some(session) if beyond(session.refresh_token_expiry_utc, REFRESH_TOKEN_SLACK) => {
                 match client.refresh(&session.refresh_token).await {
                     Ok(renewed) => {
                         tracing::info!("gateway session refreshed");
@@ -79,7 +82,7 @@ impl Sessions {
         if let Some(session) = current.as_mut()
             && session.access_token == *token
         {
-            session.access_token_expiry_utc = chrono::DateTime::<Utc>::MIN_UTC;
+            session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
         }
     }
 }

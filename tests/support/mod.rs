@@ -8,6 +8,8 @@
 )]
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+pub mod gateway;
+
 use payhook::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,

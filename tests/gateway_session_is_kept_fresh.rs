@@ -1,0 +1,220 @@
+//! The gateway client against a fake aggregator on loopback: lazy login, refresh ahead of
+//! expiry, login again when the refresh token expired, one refresh and one retry on a 401,
+//! one renewal shared by concurrent callers, typed errors, and no secret in `Debug`.
+
+mod support;
+
+use chrono::TimeDelta;
+use payhook::gateway::{GatewayClient, GatewayError};
+use payhook::model::PostponedValidationResult;
+use serde_json::json;
+use std::time::Duration;
+use support::gateway::{FakeGateway, PASSWORD};
+
+const REFERENCE: &str = "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e";
+
+fn record(reference: &str, nonce: &str, status: i32) -> serde_json::Value {
+    json!({
+        "id": 77, "transactionReferenceId": reference, "providerId": 11, "merchantClientId": "client-42",
+        "accountData": {}, "nonce": nonce, "amount": 25.50, "currency": "EUR", "destinationAmount": null,
+        "transactionType": 1, "transactionStatus": status, "transactionStatusMessage": "Success",
+        "callbackDeliveryStatus": "Failed", "isCallbackSendingCanceled": false,
+        "createdUtc": "2026-01-02T03:04:05Z", "updatedUtc": "2026-01-02T03:04:06Z"
+    })
+}
+
+async fn gateway_with_record() -> (FakeGateway, GatewayClient) {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.transactions
+            .insert(REFERENCE.to_owned(), record(REFERENCE, "n-1", 4))
+    });
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    (gateway, client)
+}
+
+#[tokio::test]
+async fn logs_in_on_first_use_and_reuses_the_token() {
+    let (gateway, client) = gateway_with_record().await;
+    assert_eq!(gateway.with(|s| s.logins), 0, "no login before the first call");
+    for _ in 0..3 {
+        let record = client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+        assert_eq!(record.nonce, "n-1");
+        assert_eq!(record.amount.to_string(), "25.5");
+    }
+    assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (1, 0));
+}
+
+#[tokio::test]
+async fn refreshes_ahead_of_the_access_token_expiry() {
+    let (gateway, client) = gateway_with_record().await;
+    // Tokens live 30 s; the default margin is 60 s: every token is "about to expire".
+    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(30));
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    assert_eq!(gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)), (1, 1, 0));
+}
+
+#[tokio::test]
+async fn logs_in_again_when_the_refresh_token_expired_too() {
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| {
+        s.access_lifetime = TimeDelta::seconds(30);
+        s.refresh_lifetime = TimeDelta::seconds(-1);
+    });
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (2, 0));
+}
+
+#[tokio::test]
+async fn a_401_renews_the_session_once_and_retries_once() {
+    let (gateway, client) = gateway_with_record().await;
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    gateway.with(|s| s.revoke_access_tokens());
+    let record = client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    assert_eq!(record.nonce, "n-1");
+    assert_eq!(
+        gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
+        (1, 1, 1),
+        "one 401, one refresh, one retry"
+    );
+}
+
+#[tokio::test]
+async fn a_second_401_is_an_error_not_a_loop() {
+    let (gateway, client) = gateway_with_record().await;
+    // Every token is born expired: each call gets 401.
+    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(-10));
+    let error = client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(error.status(), Some(401), "{error}");
+    assert!(error.is_transient());
+    assert_eq!(gateway.with(|s| s.unauthorized), 2, "the call and one retry");
+}
+
+#[tokio::test]
+async fn concurrent_callers_share_one_login() {
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.login_delay = Duration::from_millis(200));
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.transaction(REFERENCE.parse().unwrap()).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (1, 0));
+}
+
+#[tokio::test]
+async fn concurrent_callers_on_an_expiring_token_share_one_refresh() {
+    let (gateway, client) = gateway_with_record().await;
+    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    gateway.with(|s| s.revoke_access_tokens());
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.transaction(REFERENCE.parse().unwrap()).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(gateway.with(|s| s.refreshes), 1, "one refresh for twenty callers");
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_a_clear_error_without_the_password() {
+    let (gateway, _) = gateway_with_record().await;
+    let mut config = gateway.config();
+    config.password = Some(payhook::Secret::new("not-the-password"));
+    let client = GatewayClient::new(&config).unwrap();
+    let error = client.login().await.unwrap_err();
+    assert!(
+        matches!(&error, GatewayError::BadCredentials { message, .. } if message == "invalid username or password"),
+        "{error:?}"
+    );
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    let session = client.login().await.unwrap();
+    for text in [format!("{client:?}"), format!("{session:?}"), format!("{:?}", gateway.config())] {
+        assert!(!text.contains(PASSWORD), "{text}");
+        assert!(!text.contains(session.access_token.expose()), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn postponed_results_are_200_the_same_again_and_403_for_a_different_one() {
+    let (gateway, client) = gateway_with_record().await;
+    let result = |success| PostponedValidationResult {
+        validation_id: 5,
+        success,
+        description: "checked".into(),
+    };
+    client.post_validation_result(&result(true)).await.unwrap();
+    client.post_validation_result(&result(true)).await.unwrap();
+    let error = client.post_validation_result(&result(false)).await.unwrap_err();
+    assert!(matches!(error, GatewayError::Conflict { validation_id: 5, .. }), "{error:?}");
+    assert!(!error.is_transient());
+    gateway.with(|s| s.fail_next.push_back(503));
+    let error = client.post_validation_result(&result(true)).await.unwrap_err();
+    assert_eq!(error.status(), Some(503));
+    assert!(error.is_transient());
+}
+
+#[tokio::test]
+async fn an_unknown_reference_id_is_the_aggregators_404() {
+    let (_gateway, client) = gateway_with_record().await;
+    let error = client
+        .transaction("00000000-0000-0000-0000-000000000000".parse().unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, GatewayError::Status { status: 404, message, .. } if message == "transaction not found"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_or_silent_gateway_is_a_network_error_or_a_timeout() {
+    let (mut gateway, _) = gateway_with_record().await;
+    let config = gateway.config();
+    gateway.stop();
+    let error = GatewayClient::new(&config).unwrap().login().await.unwrap_err();
+    assert!(matches!(error, GatewayError::Network { .. }), "{error:?}");
+    assert!(error.is_transient());
+
+    // A server that accepts and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = config;
+    config.auth_url = Some(format!("http://{}", silent.local_addr().unwrap()));
+    config.timeout = Duration::from_millis(300);
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let error = GatewayClient::new(&config).unwrap().login().await.unwrap_err();
+    assert!(matches!(error, GatewayError::Timeout { .. }), "{error:?}");
+    held.abort();
+}
+
+#[test]
+fn plain_http_is_refused_off_loopback() {
+    let load = |url: &str| {
+        payhook::Config::load(
+            None,
+            [("PAYHOOK_GATEWAY_GATEWAY_URL".to_owned(), url.to_owned())],
+        )
+    };
+    assert!(load("https://gateway.example.com").is_ok());
+    assert!(load("http://127.0.0.1:9000").is_ok());
+    assert!(load("http://localhost:9000").is_ok());
+    let error = load("http://gateway.example.com").unwrap_err().to_string();
+    assert!(error.contains("gateway.gateway_url") && error.contains("loopback"), "{error}");
+}

@@ -1,0 +1,286 @@
+//! A fake aggregator on 127.0.0.1: login, refresh-token, postponed validation results and
+//! transaction lookup (spec 4.1), with counters and knobs for the tests — token lifetimes,
+//! revoked tokens, scripted failures, a slow login, and stopping and restarting on the same
+//! port.
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeDelta, Utc};
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use payhook::Secret;
+use payhook::config::GatewayConfig;
+use serde_json::{Value, json};
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::{net::TcpListener, task::JoinHandle, task::JoinSet};
+
+pub const USERNAME: &str = "shop";
+pub const PASSWORD: &str = "pa55-w0rd-secret";
+
+/// Everything the fake aggregator knows, and the knobs.
+pub struct GatewayState {
+    /// Lifetime of the access tokens it issues (may be negative: already expired).
+    pub access_lifetime: TimeDelta,
+    /// Lifetime of the refresh tokens it issues.
+    pub refresh_lifetime: TimeDelta,
+    /// How long a login takes.
+    pub login_delay: Duration,
+    pub logins: u32,
+    pub refreshes: u32,
+    /// Calls answered 401 because of a missing, unknown or expired token.
+    pub unauthorized: u32,
+    access: HashMap<String, DateTime<Utc>>,
+    refresh: HashMap<String, DateTime<Utc>>,
+    /// Statuses to answer the next result posts with, before handling them.
+    pub fail_next: VecDeque<u16>,
+    /// Recorded results: validation id → (success, description).
+    pub results: BTreeMap<i64, (bool, String)>,
+    /// Every result post that reached the handling: (validation id, success, status answered).
+    pub posts: Vec<(i64, bool, u16)>,
+    /// Transaction records by reference id (spec 2.6).
+    pub transactions: HashMap<String, Value>,
+}
+
+impl Default for GatewayState {
+    fn default() -> Self {
+        Self {
+            access_lifetime: TimeDelta::hours(1),
+            refresh_lifetime: TimeDelta::days(1),
+            login_delay: Duration::ZERO,
+            logins: 0,
+            refreshes: 0,
+            unauthorized: 0,
+            access: HashMap::new(),
+            refresh: HashMap::new(),
+            fail_next: VecDeque::new(),
+            results: BTreeMap::new(),
+            posts: Vec::new(),
+            transactions: HashMap::new(),
+        }
+    }
+}
+
+impl GatewayState {
+    /// Makes every access token issued so far invalid (their next use gets 401).
+    pub fn revoke_access_tokens(&mut self) {
+        self.access.clear();
+    }
+
+    fn session(&mut self) -> Value {
+        let now = Utc::now();
+        let access = format!("at-{}", uuid::Uuid::new_v4());
+        let refresh = format!("rt-{}", uuid::Uuid::new_v4());
+        let access_expiry = now + self.access_lifetime;
+        let refresh_expiry = now + self.refresh_lifetime;
+        self.access.insert(access.clone(), access_expiry);
+        self.refresh.insert(refresh.clone(), refresh_expiry);
+        json!({
+            "username": USERNAME,
+            "accessToken": access,
+            "refreshToken": refresh,
+            "accessTokenExpiryUtc": access_expiry.to_rfc3339(),
+            "refreshTokenExpiryUtc": refresh_expiry.to_rfc3339(),
+            "roles": ["merchant"],
+        })
+    }
+
+    fn authorized(&mut self, request: &Request<hyper::body::Incoming>) -> bool {
+        let token = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        self.access.get(token).is_some_and(|expiry| *expiry > Utc::now())
+    }
+}
+
+/// A running fake aggregator.
+pub struct FakeGateway {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<GatewayState>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl FakeGateway {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::default();
+        let task = Self::spawn(listener, Arc::clone(&state));
+        Self {
+            addr,
+            state,
+            task: Some(task),
+        }
+    }
+
+    fn spawn(listener: TcpListener, shared: Arc<Mutex<GatewayState>>) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            // Connections die with the accept loop: a stopped gateway refuses and drops all.
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = Arc::clone(&shared);
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, hyper::Error>(handle(&state, request).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        })
+    }
+
+    /// Stops listening and drops every connection: calls are refused until [`restart`].
+    pub fn stop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    /// Listens again on the same port, with the same state.
+    pub async fn restart(&mut self) {
+        self.stop();
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(listener) => break listener,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        self.task = Some(Self::spawn(listener, Arc::clone(&self.state)));
+    }
+
+    /// A `[gateway]` section pointing at this fake, with the right credentials.
+    pub fn config(&self) -> GatewayConfig {
+        let url = format!("http://{}", self.addr);
+        GatewayConfig {
+            auth_url: Some(url.clone()),
+            gateway_url: Some(url),
+            username: Some(USERNAME.to_owned()),
+            password: Some(Secret::new(PASSWORD)),
+            timeout: Duration::from_secs(5),
+            ..GatewayConfig::default()
+        }
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut GatewayState) -> T) -> T {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    /// Waits (bounded) until `ready` holds.
+    pub async fn until(&self, what: &str, ready: impl Fn(&GatewayState) -> bool) {
+        let deadline = tokio::time::Instant::now() + super::DEADLINE;
+        while !ready(&self.state.lock().unwrap()) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the fake gateway never saw: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for FakeGateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn answer(status: u16, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+fn message(status: u16, text: &str) -> Response<Full<Bytes>> {
+    answer(status, &json!({ "message": text }))
+}
+
+async fn handle(
+    state: &Mutex<GatewayState>,
+    request: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    let method = request.method().clone();
+    let authorized = state.lock().unwrap().authorized(&request);
+    let body = request.into_body().collect().await.map(|b| b.to_bytes());
+    let Ok(body) = body else {
+        return message(400, "unreadable body");
+    };
+    let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    match (method.as_str(), path.as_str()) {
+        ("POST", "/api/v1/login") => {
+            let delay = state.lock().unwrap().login_delay;
+            tokio::time::sleep(delay).await;
+            let mut state = state.lock().unwrap();
+            if json["username"] != USERNAME || json["password"] != PASSWORD {
+                return message(401, "invalid username or password");
+            }
+            state.logins += 1;
+            answer(200, &state.session())
+        }
+        ("POST", "/api/v1/refresh-token") => {
+            let mut state = state.lock().unwrap();
+            let token = json["refreshToken"].as_str().unwrap_or_default();
+            let valid = state
+                .refresh
+                .remove(token)
+                .is_some_and(|expiry| expiry > Utc::now());
+            if !valid {
+                return message(401, "refresh token expired or unknown");
+            }
+            state.refreshes += 1;
+            answer(200, &state.session())
+        }
+        _ if !authorized => {
+            state.lock().unwrap().unauthorized += 1;
+            message(401, "unauthorized")
+        }
+        ("POST", "/api/v1/transactions/validation") => {
+            let mut state = state.lock().unwrap();
+            if let Some(status) = state.fail_next.pop_front() {
+                return message(status, "scripted failure");
+            }
+            let (Some(id), Some(success)) = (json["validationId"].as_i64(), json["success"].as_bool())
+            else {
+                return message(400, "validationId and success are required");
+            };
+            let description = json["description"].as_str().unwrap_or_default().to_owned();
+            let status = match state.results.get(&id) {
+                Some((recorded, _)) if *recorded != success => 403,
+                Some(_) => 200,
+                None => {
+                    state.results.insert(id, (success, description));
+                    200
+                }
+            };
+            state.posts.push((id, success, status));
+            if status == 403 {
+                message(403, "a result with a different status was already received")
+            } else {
+                message(200, "result received")
+            }
+        }
+        ("GET", path) if path.starts_with("/api/v1/transactions/") => {
+            let reference = &path["/api/v1/transactions/".len()..];
+            match state.lock().unwrap().transactions.get(reference) {
+                Some(record) => answer(200, record),
+                None => message(404, "transaction not found"),
+            }
+        }
+        _ => message(404, "no such endpoint"),
+    }
+}
