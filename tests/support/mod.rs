@@ -175,6 +175,8 @@ pub struct TestServer {
     /// The store's data directory, removed when the test ends.
     pub data: tempfile::TempDir,
     pub merchant: TestMerchant,
+    /// The app being served (a clone: it shares everything with the served one).
+    pub app: App,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: JoinHandle<std::io::Result<()>>,
 }
@@ -199,13 +201,14 @@ impl TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(payhook::serve(listener, app, async move {
+        let task = tokio::spawn(payhook::serve(listener, app.clone(), async move {
             let _ = rx.await;
         }));
         Self {
             addr,
             data,
             merchant,
+            app,
             shutdown: Some(tx),
             task,
         }

@@ -1,0 +1,302 @@
+//! Awaitable (postponed) validation end to end against a fake aggregator on loopback: the
+//! answer, the Resolver (first decision wins), the outbox worker through failures, conflicts
+//! made visible, and — on tokio's paused clock — the time budget and the deadline.
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use payhook::handler::{RequestContext, TransactionValidator, ValidationDecision};
+use payhook::model::TransactionValidationRequest;
+use payhook::postponed::{Delivery, PostponedState, ResolveError, Resolved};
+use payhook::{App, Config, HandlerError};
+use serde_json::json;
+use std::time::Duration;
+use support::gateway::FakeGateway;
+use support::{TRANSACTION_VALIDATION, TestServer, VALIDATION_PATH, test_config, with};
+
+const ID: i64 = 9_007_199_254_740_993;
+
+fn awaitable_config(gateway: &FakeGateway) -> Config {
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.retry_schedule = vec![Duration::from_millis(10), Duration::from_millis(30)];
+    config
+}
+
+/// The validation request of client `client`, with its own nonce and validation id.
+fn validation(client: &str, nonce: &str, id: i64) -> String {
+    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!(client)));
+    let body = with(&body, "/paymentData/nonce", Some(json!(nonce)));
+    with(&body, "/validationId", Some(json!(id)))
+}
+
+async fn state_of(server: &TestServer, id: i64, wanted: PostponedState) {
+    let resolver = server.app.resolver().unwrap();
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        let record = resolver.get(id).unwrap();
+        if record.as_ref().is_some_and(|r| r.state() == wanted) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "validation {id} never reached {wanted:?}: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gateway_once() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    let body = validation("postpone", "n-await-1", ID);
+    let response = server.post_json(VALIDATION_PATH, &body).await;
+    assert_eq!((response.status, response.message()), (200, "validation postponed".into()));
+    // A repeat gets the same answer without the handler.
+    let again = server.post_json(VALIDATION_PATH, &body).await;
+    assert_eq!((again.status, again.message()), (200, "validation postponed".into()));
+    assert_eq!(server.merchant.calls().len(), 1);
+
+    let resolver = server.app.resolver().unwrap();
+    let pending = resolver.list(Some(PostponedState::Pending)).unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].validation_id, ID);
+    assert_eq!(pending[0].request.merchant_data.client_id, "postpone");
+    assert!(gateway.with(|s| s.posts.is_empty()), "nothing is sent before a decision");
+
+    let resolved = resolver.resolve(ID, true, "documents checked").await.unwrap();
+    assert_eq!(resolved, Resolved::Recorded);
+    state_of(&server, ID, PostponedState::Delivered).await;
+    assert_eq!(
+        gateway.with(|s| s.results.get(&ID).cloned()),
+        Some((true, "documents checked".to_owned()))
+    );
+
+    // The same decision again changes nothing; a different one is refused before sending.
+    assert_eq!(
+        resolver.resolve(ID, true, "checked twice").await.unwrap(),
+        Resolved::Unchanged
+    );
+    let refused = resolver.resolve(ID, false, "changed my mind").await.unwrap_err();
+    assert!(
+        matches!(refused, ResolveError::Conflict { recorded_success: true, .. }),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        resolver.resolve(12345, true, "").await,
+        Err(ResolveError::Unknown(12345))
+    ));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        gateway.with(|s| s.posts.clone()),
+        [(ID, true, 200)],
+        "delivered exactly once"
+    );
+}
+
+#[tokio::test]
+async fn allow_and_deny_in_awaitable_mode_are_answered_at_once_and_posted_as_results() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    let allowed = server
+        .post_json(VALIDATION_PATH, &validation("client-42", "n-a", 1))
+        .await;
+    assert_eq!(allowed.status, 200);
+    let denied = server
+        .post_json(VALIDATION_PATH, &validation("deny", "n-d", 2))
+        .await;
+    assert_eq!((denied.status, denied.message()), (403, "client is blocked".into()));
+    gateway
+        .until("both results", |s| s.results.len() == 2)
+        .await;
+    assert_eq!(
+        gateway.with(|s| s.results.clone()).into_iter().collect::<Vec<_>>(),
+        [
+            (1, (true, "client allowed".to_owned())),
+            (2, (false, "client is blocked".to_owned()))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| s.results.insert(ID, (false, "decided elsewhere".into())));
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    let body = validation("postpone", "n-conflict", ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let resolver = server.app.resolver().unwrap();
+    resolver.resolve(ID, true, "approved").await.unwrap();
+    state_of(&server, ID, PostponedState::Conflict).await;
+    let record = resolver.get(ID).unwrap().unwrap();
+    let result = record.result.unwrap();
+    assert!(
+        matches!(&result.delivery, Delivery::Conflict { attempts: 1, message, .. } if message.contains("different status")),
+        "{result:?}"
+    );
+    assert_eq!(server.app.outbox().unwrap().conflicts(), 1);
+    assert_eq!(resolver.list(Some(PostponedState::Conflict)).unwrap().len(), 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(gateway.with(|s| s.posts.len()), 1, "a 403 is final");
+}
+
+#[tokio::test]
+async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered() {
+    let mut gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    gateway.stop();
+    let body = validation("postpone", "n-retry", ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let resolver = server.app.resolver().unwrap();
+    resolver.resolve(ID, true, "approved").await.unwrap();
+    // Wait until two attempts have failed against the closed port.
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        let record = resolver.get(ID).unwrap().unwrap();
+        if let Some(Delivery::Queued {
+            attempts,
+            last_error: Some(error),
+            ..
+        }) = record.result.map(|r| r.delivery)
+            && attempts >= 2
+        {
+            assert!(error.contains("cannot reach"), "{error}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no failed attempts recorded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gateway.with(|s| s.fail_next.extend([500, 503]));
+    gateway.restart().await;
+    state_of(&server, ID, PostponedState::Delivered).await;
+    assert!(gateway.with(|s| s.fail_next.is_empty()), "both failures were answered");
+    assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
+}
+
+#[tokio::test]
+async fn awaitable_mode_needs_a_complete_gateway_section() {
+    let mut config = test_config();
+    config.validation.awaitable = true;
+    let error = App::builder(config)
+        .transaction_validator(support::TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("validation.awaitable") && error.contains("gateway.auth_url"), "{error}");
+}
+
+// ------------------------------------------------------------ paused clock: budget, deadline
+
+/// Decides after `client id` seconds: "allow-N" allows, "deny-N" denies, "postpone" postpones.
+struct Deliberate;
+
+impl TransactionValidator for Deliberate {
+    async fn validate_transaction(
+        &self,
+        request: TransactionValidationRequest,
+        _: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        let client = request.merchant_data.client_id.clone();
+        if client == "postpone" {
+            return Ok(ValidationDecision::Postpone);
+        }
+        let (verdict, seconds) = client.split_once('-').unwrap();
+        tokio::time::sleep(Duration::from_secs(seconds.parse().unwrap())).await;
+        Ok(if verdict == "allow" {
+            ValidationDecision::Allow
+        } else {
+            ValidationDecision::deny("refused after review")
+        })
+    }
+}
+
+/// An Awaitable app (no socket: the paused clock would race real I/O) whose gateway is a
+/// closed port.
+fn paused_app(dir: &tempfile::TempDir, tweak: impl FnOnce(&mut Config)) -> App {
+    let mut config = test_config();
+    config.store.path = dir.path().join("store");
+    config.validation.awaitable = true;
+    config.gateway.auth_url = Some("http://127.0.0.1:1".into());
+    config.gateway.gateway_url = Some("http://127.0.0.1:1".into());
+    config.gateway.username = Some("shop".into());
+    config.gateway.password = Some("pw".into());
+    config.validation.time_budget = Duration::from_secs(2);
+    config.server.handler_timeout = Duration::from_secs(60);
+    tweak(&mut config);
+    App::builder(config)
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap()
+}
+
+async fn validate(app: &App, client: &str, id: i64) -> (u16, String) {
+    let request = http::Request::post(VALIDATION_PATH)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(validation(client, &format!("n-{id}"), id))))
+        .unwrap();
+    let response = app.handle(request).await;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let message = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (status, message)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_posted_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = paused_app(&dir, |_| {});
+    let resolver = app.resolver().unwrap();
+
+    // Within the budget: the decision is the answer, and it is queued as the result.
+    assert_eq!(validate(&app, "allow-1", 1).await, (200, "client allowed".into()));
+    assert_eq!(resolver.get(1).unwrap().unwrap().state(), PostponedState::Queued);
+
+    // Over the budget: 200 (postponed) at once, the validation pending.
+    assert_eq!(validate(&app, "deny-10", 2).await, (200, "validation postponed".into()));
+    assert_eq!(resolver.get(2).unwrap().unwrap().state(), PostponedState::Pending);
+    // When the handler decides, its decision becomes the result.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::task::yield_now().await;
+    let record = loop {
+        let record = resolver.get(2).unwrap().unwrap();
+        if record.result.is_some() {
+            break record;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(record.state(), PostponedState::Queued);
+    let result = record.result.unwrap();
+    assert_eq!((result.success, result.description.as_str()), (false, "refused after review"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decision_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = paused_app(&dir, |config| {
+        config.validation.deadline = Some(Duration::from_secs(300));
+    });
+    let resolver = app.resolver().unwrap();
+    let outbox = app.outbox().unwrap();
+    assert_eq!(validate(&app, "postpone", 7).await, (200, "validation postponed".into()));
+
+    let early = outbox.run_once().await.unwrap();
+    assert_eq!(early.expired, 0);
+    let deadline_ms = resolver.get(7).unwrap().unwrap().deadline_ms.unwrap();
+    assert_eq!(early.next_ms, Some(deadline_ms), "the worker wakes at the deadline");
+
+    tokio::time::advance(Duration::from_secs(301)).await;
+    let pass = outbox.run_once().await.unwrap();
+    assert_eq!((pass.expired, pass.retried), (1, 1), "expired, then one failed delivery");
+    let result = resolver.get(7).unwrap().unwrap().result.unwrap();
+    assert_eq!((result.success, result.description.as_str()), (false, "validation timed out"));
+    assert!(matches!(
+        resolver.resolve(7, true, "too late").await,
+        Err(ResolveError::Conflict { recorded_success: false, .. })
+    ));
+}
