@@ -110,6 +110,7 @@ fn serve(scenario: &str, data: &Path, public_key: &Path) {
                 config,
                 merchant::Merchant {
                     max_amount: 1_000_000.into(),
+                    review_above: None,
                 },
                 store,
             )

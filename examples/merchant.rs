@@ -2,7 +2,10 @@
 //!
 //! * providers validation: offers the providers that support the request's currency, payment
 //!   type and direction (and its provider tags);
-//! * transaction validation: denies amounts above a configured limit, with a message;
+//! * transaction validation: denies amounts above a configured limit, with a message; in
+//!   Awaitable mode (`PAYHOOK_VALIDATION_AWAITABLE=true` and a `[gateway]`), postpones
+//!   amounts above a review threshold, and a small background "review" task decides them
+//!   with payhook's `Resolver` — the results go to the aggregator through the outbox;
 //! * callbacks: books each transaction result in a ledger (one entry per nonce, a balance
 //!   per client and currency) kept in payhook's sled store, written in the same atomic write
 //!   as the mark that the callback is done — so a result is booked exactly once, however
@@ -17,7 +20,10 @@
 //! Settings: `PAYHOOK_CONFIG=payhook.toml` and the `PAYHOOK_*` variables of the README
 //! (`PAYHOOK_STORE_PATH` for the data directory, `PAYHOOK_SIGNATURE_KEYS` for the
 //! aggregator's key); `MERCHANT_MAX_AMOUNT` (default 10000) is this merchant's own limit per
-//! transaction. It prints `listening on ADDRESS` once it serves.
+//! transaction; `MERCHANT_REVIEW_ABOVE` (default 1000) the amount above which an Awaitable
+//! validation waits for review, and `MERCHANT_REVIEW_EVERY` (default `2s`) how often the
+//! review runs: it approves every client except those whose id starts with `blocked`. It
+//! prints `listening on ADDRESS` once it serves.
 
 use payhook::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
@@ -110,6 +116,43 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
 pub struct Merchant {
     /// Largest amount a client may deposit or withdraw in one transaction.
     pub max_amount: Decimal,
+    /// In Awaitable mode, amounts above this wait for the review; `None`: never.
+    pub review_above: Option<Decimal>,
+}
+
+/// The review of postponed validations: approves every client except `blocked*` ones.
+/// Runs every `every` until the process ends.
+pub async fn review(resolver: payhook::postponed::Resolver, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let pending = match resolver.list(Some(payhook::postponed::PostponedState::Pending)) {
+            Ok(pending) => pending,
+            Err(error) => {
+                tracing::error!(%error, "review: cannot list pending validations");
+                continue;
+            }
+        };
+        for validation in pending {
+            let client = &validation.request.merchant_data.client_id;
+            let approve = !client.starts_with("blocked");
+            let description = if approve {
+                format!("reviewed: {client} approved")
+            } else {
+                format!("reviewed: {client} is blocked")
+            };
+            match resolver
+                .resolve(validation.validation_id, approve, description)
+                .await
+            {
+                Ok(_) => tracing::info!(
+                    validation_id = validation.validation_id,
+                    approve,
+                    "reviewed"
+                ),
+                Err(error) => tracing::warn!(%error, "review: not recorded"),
+            }
+        }
+    }
 }
 
 impl ProvidersValidator for Merchant {
@@ -148,6 +191,13 @@ impl TransactionValidator for Merchant {
                 "amount {} {} is above the limit of {} per transaction",
                 payment.amount, payment.currency, self.max_amount
             )));
+        }
+        if self
+            .review_above
+            .is_some_and(|limit| payment.amount > limit)
+        {
+            tracing::info!(nonce = %payment.nonce, amount = %payment.amount, "postponed for review");
+            return Ok(ValidationDecision::Postpone);
         }
         tracing::info!(nonce = %payment.nonce, amount = %payment.amount, "allowed");
         Ok(ValidationDecision::Allow)
@@ -220,7 +270,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(text) => parse_amount(&text)?,
         Err(_) => Decimal::from(10_000),
     };
+    let review_above = match std::env::var("MERCHANT_REVIEW_ABOVE") {
+        Ok(text) => parse_amount(&text)?,
+        Err(_) => Decimal::from(1_000),
+    };
+    let review_every = match std::env::var("MERCHANT_REVIEW_EVERY") {
+        Ok(text) => payhook::config::parse_duration(&text)?,
+        Err(_) => std::time::Duration::from_secs(2),
+    };
     let mut config = Config::from_env()?;
+    // Postponing is only valid on an endpoint declared Awaitable.
+    let review_above = config.validation.awaitable.then_some(review_above);
     if config.signature.keys.is_empty() {
         // No aggregator public key is configured (PAYHOOK_SIGNATURE_KEYS or [signature] in
         // PAYHOOK_CONFIG), so this demo opts out of verification explicitly. A real merchant
@@ -229,7 +289,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let store = open_store(&config)?;
-    let app = app(config, Merchant { max_amount }, store)?;
+    let merchant = Merchant {
+        max_amount,
+        review_above,
+    };
+    let app = app(config, merchant, store)?;
+    if let Some(resolver) = app.resolver() {
+        tokio::spawn(review(resolver, review_every));
+    }
     let address = listener.local_addr()?;
     tracing::info!(%address, %max_amount, "example merchant ready");
     #[allow(

@@ -463,9 +463,7 @@ impl Default for ValidationConfig {
             deadline: None,
             deadline_outcome: DeadlineOutcome::Deny,
             deadline_description: "validation timed out".to_owned(),
-            retry_schedule: [1, 2, 5, 15, 60, 300]
-                .map(Duration::from_secs)
-                .to_vec(),
+            retry_schedule: [1, 2, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
         }
     }
 }
@@ -678,9 +676,7 @@ impl GatewayConfig {
 /// An aggregator URL: `https://`, or `http://` on a loopback host only (a token or a
 /// password must never cross a network in the clear).
 fn check_gateway_url(url: &str) -> Result<(), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| format!("`{url}` is not a URL"))?;
+    let uri: http::Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
     let host = uri.host().unwrap_or_default();
     match uri.scheme_str() {
         Some("https") if !host.is_empty() => Ok(()),

@@ -27,7 +27,11 @@ fn awaitable_config(gateway: &FakeGateway) -> Config {
 
 /// The validation request of client `client`, with its own nonce and validation id.
 fn validation(client: &str, nonce: &str, id: i64) -> String {
-    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!(client)));
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!(client)),
+    );
     let body = with(&body, "/paymentData/nonce", Some(json!(nonce)));
     with(&body, "/validationId", Some(json!(id)))
 }
@@ -54,10 +58,16 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     let server = TestServer::start_with(awaitable_config(&gateway)).await;
     let body = validation("postpone", "n-await-1", ID);
     let response = server.post_json(VALIDATION_PATH, &body).await;
-    assert_eq!((response.status, response.message()), (200, "validation postponed".into()));
+    assert_eq!(
+        (response.status, response.message()),
+        (200, "validation postponed".into())
+    );
     // A repeat gets the same answer without the handler.
     let again = server.post_json(VALIDATION_PATH, &body).await;
-    assert_eq!((again.status, again.message()), (200, "validation postponed".into()));
+    assert_eq!(
+        (again.status, again.message()),
+        (200, "validation postponed".into())
+    );
     assert_eq!(server.merchant.calls().len(), 1);
 
     let resolver = server.app.resolver().unwrap();
@@ -65,9 +75,15 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].validation_id, ID);
     assert_eq!(pending[0].request.merchant_data.client_id, "postpone");
-    assert!(gateway.with(|s| s.posts.is_empty()), "nothing is sent before a decision");
+    assert!(
+        gateway.with(|s| s.posts.is_empty()),
+        "nothing is sent before a decision"
+    );
 
-    let resolved = resolver.resolve(ID, true, "documents checked").await.unwrap();
+    let resolved = resolver
+        .resolve(ID, true, "documents checked")
+        .await
+        .unwrap();
     assert_eq!(resolved, Resolved::Recorded);
     state_of(&server, ID, PostponedState::Delivered).await;
     assert_eq!(
@@ -80,9 +96,18 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
         resolver.resolve(ID, true, "checked twice").await.unwrap(),
         Resolved::Unchanged
     );
-    let refused = resolver.resolve(ID, false, "changed my mind").await.unwrap_err();
+    let refused = resolver
+        .resolve(ID, false, "changed my mind")
+        .await
+        .unwrap_err();
     assert!(
-        matches!(refused, ResolveError::Conflict { recorded_success: true, .. }),
+        matches!(
+            refused,
+            ResolveError::Conflict {
+                recorded_success: true,
+                ..
+            }
+        ),
         "{refused:?}"
     );
     assert!(matches!(
@@ -108,12 +133,18 @@ async fn allow_and_deny_in_awaitable_mode_are_answered_at_once_and_posted_as_res
     let denied = server
         .post_json(VALIDATION_PATH, &validation("deny", "n-d", 2))
         .await;
-    assert_eq!((denied.status, denied.message()), (403, "client is blocked".into()));
+    assert_eq!(
+        (denied.status, denied.message()),
+        (403, "client is blocked".into())
+    );
     gateway
         .until("both results", |s| s.results.len() == 2)
         .await;
     assert_eq!(
-        gateway.with(|s| s.results.clone()).into_iter().collect::<Vec<_>>(),
+        gateway
+            .with(|s| s.results.clone())
+            .into_iter()
+            .collect::<Vec<_>>(),
         [
             (1, (true, "client allowed".to_owned())),
             (2, (false, "client is blocked".to_owned()))
@@ -138,7 +169,10 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         "{result:?}"
     );
     assert_eq!(server.app.outbox().unwrap().conflicts(), 1);
-    assert_eq!(resolver.list(Some(PostponedState::Conflict)).unwrap().len(), 1);
+    assert_eq!(
+        resolver.list(Some(PostponedState::Conflict)).unwrap().len(),
+        1
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(gateway.with(|s| s.posts.len()), 1, "a 403 is final");
 }
@@ -166,13 +200,19 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
             assert!(error.contains("cannot reach"), "{error}");
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no failed attempts recorded");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed attempts recorded"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     gateway.with(|s| s.fail_next.extend([500, 503]));
     gateway.restart().await;
     state_of(&server, ID, PostponedState::Delivered).await;
-    assert!(gateway.with(|s| s.fail_next.is_empty()), "both failures were answered");
+    assert!(
+        gateway.with(|s| s.fail_next.is_empty()),
+        "both failures were answered"
+    );
     assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
 }
 
@@ -185,7 +225,10 @@ async fn awaitable_mode_needs_a_complete_gateway_section() {
         .build()
         .unwrap_err()
         .to_string();
-    assert!(error.contains("validation.awaitable") && error.contains("gateway.auth_url"), "{error}");
+    assert!(
+        error.contains("validation.awaitable") && error.contains("gateway.auth_url"),
+        "{error}"
+    );
 }
 
 // ------------------------------------------------------------ paused clock: budget, deadline
@@ -235,7 +278,11 @@ fn paused_app(dir: &tempfile::TempDir, tweak: impl FnOnce(&mut Config)) -> App {
 async fn validate(app: &App, client: &str, id: i64) -> (u16, String) {
     let request = http::Request::post(VALIDATION_PATH)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(validation(client, &format!("n-{id}"), id))))
+        .body(Full::new(Bytes::from(validation(
+            client,
+            &format!("n-{id}"),
+            id,
+        ))))
         .unwrap();
     let response = app.handle(request).await;
     let status = response.status().as_u16();
@@ -254,12 +301,24 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
     let resolver = app.resolver().unwrap();
 
     // Within the budget: the decision is the answer, and it is queued as the result.
-    assert_eq!(validate(&app, "allow-1", 1).await, (200, "client allowed".into()));
-    assert_eq!(resolver.get(1).unwrap().unwrap().state(), PostponedState::Queued);
+    assert_eq!(
+        validate(&app, "allow-1", 1).await,
+        (200, "client allowed".into())
+    );
+    assert_eq!(
+        resolver.get(1).unwrap().unwrap().state(),
+        PostponedState::Queued
+    );
 
     // Over the budget: 200 (postponed) at once, the validation pending.
-    assert_eq!(validate(&app, "deny-10", 2).await, (200, "validation postponed".into()));
-    assert_eq!(resolver.get(2).unwrap().unwrap().state(), PostponedState::Pending);
+    assert_eq!(
+        validate(&app, "deny-10", 2).await,
+        (200, "validation postponed".into())
+    );
+    assert_eq!(
+        resolver.get(2).unwrap().unwrap().state(),
+        PostponedState::Pending
+    );
     // When the handler decides, its decision becomes the result.
     tokio::time::sleep(Duration::from_secs(10)).await;
     tokio::task::yield_now().await;
@@ -272,7 +331,10 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
     };
     assert_eq!(record.state(), PostponedState::Queued);
     let result = record.result.unwrap();
-    assert_eq!((result.success, result.description.as_str()), (false, "refused after review"));
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "refused after review")
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -283,20 +345,37 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
     });
     let resolver = app.resolver().unwrap();
     let outbox = app.outbox().unwrap();
-    assert_eq!(validate(&app, "postpone", 7).await, (200, "validation postponed".into()));
+    assert_eq!(
+        validate(&app, "postpone", 7).await,
+        (200, "validation postponed".into())
+    );
 
     let early = outbox.run_once().await.unwrap();
     assert_eq!(early.expired, 0);
     let deadline_ms = resolver.get(7).unwrap().unwrap().deadline_ms.unwrap();
-    assert_eq!(early.next_ms, Some(deadline_ms), "the worker wakes at the deadline");
+    assert_eq!(
+        early.next_ms,
+        Some(deadline_ms),
+        "the worker wakes at the deadline"
+    );
 
     tokio::time::advance(Duration::from_secs(301)).await;
     let pass = outbox.run_once().await.unwrap();
-    assert_eq!((pass.expired, pass.retried), (1, 1), "expired, then one failed delivery");
+    assert_eq!(
+        (pass.expired, pass.retried),
+        (1, 1),
+        "expired, then one failed delivery"
+    );
     let result = resolver.get(7).unwrap().unwrap().result.unwrap();
-    assert_eq!((result.success, result.description.as_str()), (false, "validation timed out"));
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "validation timed out")
+    );
     assert!(matches!(
         resolver.resolve(7, true, "too late").await,
-        Err(ResolveError::Conflict { recorded_success: false, .. })
+        Err(ResolveError::Conflict {
+            recorded_success: false,
+            ..
+        })
     ));
 }

@@ -17,7 +17,7 @@ use std::{
     collections::VecDeque,
     io::{BufRead, BufReader},
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{
         Arc, Mutex, RwLock,
@@ -45,19 +45,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-/// The example binary, built by `cargo test` next to this test's own binary.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let debug_dir = exe.parent().and_then(Path::parent).unwrap();
-    let binary = debug_dir.join("examples").join("merchant");
-    assert!(
-        binary.exists(),
-        "{} is missing: run the suite with `cargo test`",
-        binary.display()
-    );
-    binary
 }
 
 /// Starts the example on `listen` with the store in `data`; returns it and its address.

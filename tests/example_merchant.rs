@@ -28,6 +28,7 @@ async fn start() -> Example {
     let store = merchant::open_store(&config).unwrap();
     let merchant = merchant::Merchant {
         max_amount: Decimal::from(1000),
+        review_above: None,
     };
     let app = merchant::app(config, merchant, store.clone()).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

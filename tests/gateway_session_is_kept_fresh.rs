@@ -36,9 +36,16 @@ async fn gateway_with_record() -> (FakeGateway, GatewayClient) {
 #[tokio::test]
 async fn logs_in_on_first_use_and_reuses_the_token() {
     let (gateway, client) = gateway_with_record().await;
-    assert_eq!(gateway.with(|s| s.logins), 0, "no login before the first call");
+    assert_eq!(
+        gateway.with(|s| s.logins),
+        0,
+        "no login before the first call"
+    );
     for _ in 0..3 {
-        let record = client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+        let record = client
+            .transaction(REFERENCE.parse().unwrap())
+            .await
+            .unwrap();
         assert_eq!(record.nonce, "n-1");
         assert_eq!(record.amount.to_string(), "25.5");
     }
@@ -50,9 +57,18 @@ async fn refreshes_ahead_of_the_access_token_expiry() {
     let (gateway, client) = gateway_with_record().await;
     // Tokens live 30 s; the default margin is 60 s: every token is "about to expire".
     gateway.with(|s| s.access_lifetime = TimeDelta::seconds(30));
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
-    assert_eq!(gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)), (1, 1, 0));
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
+        (1, 1, 0)
+    );
 }
 
 #[tokio::test]
@@ -62,17 +78,29 @@ async fn logs_in_again_when_the_refresh_token_expired_too() {
         s.access_lifetime = TimeDelta::seconds(30);
         s.refresh_lifetime = TimeDelta::seconds(-1);
     });
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (2, 0));
 }
 
 #[tokio::test]
 async fn a_401_renews_the_session_once_and_retries_once() {
     let (gateway, client) = gateway_with_record().await;
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
     gateway.with(|s| s.revoke_access_tokens());
-    let record = client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    let record = client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
     assert_eq!(record.nonce, "n-1");
     assert_eq!(
         gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
@@ -92,7 +120,11 @@ async fn a_second_401_is_an_error_not_a_loop() {
         .unwrap_err();
     assert_eq!(error.status(), Some(401), "{error}");
     assert!(error.is_transient());
-    assert_eq!(gateway.with(|s| s.unauthorized), 2, "the call and one retry");
+    assert_eq!(
+        gateway.with(|s| s.unauthorized),
+        2,
+        "the call and one retry"
+    );
 }
 
 #[tokio::test]
@@ -114,7 +146,10 @@ async fn concurrent_callers_share_one_login() {
 #[tokio::test]
 async fn concurrent_callers_on_an_expiring_token_share_one_refresh() {
     let (gateway, client) = gateway_with_record().await;
-    client.transaction(REFERENCE.parse().unwrap()).await.unwrap();
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap();
     gateway.with(|s| s.revoke_access_tokens());
     let calls: Vec<_> = (0..20)
         .map(|_| {
@@ -125,7 +160,11 @@ async fn concurrent_callers_on_an_expiring_token_share_one_refresh() {
     for call in calls {
         call.await.unwrap().unwrap();
     }
-    assert_eq!(gateway.with(|s| s.refreshes), 1, "one refresh for twenty callers");
+    assert_eq!(
+        gateway.with(|s| s.refreshes),
+        1,
+        "one refresh for twenty callers"
+    );
 }
 
 #[tokio::test]
@@ -141,7 +180,11 @@ async fn wrong_credentials_are_a_clear_error_without_the_password() {
     );
     let client = GatewayClient::new(&gateway.config()).unwrap();
     let session = client.login().await.unwrap();
-    for text in [format!("{client:?}"), format!("{session:?}"), format!("{:?}", gateway.config())] {
+    for text in [
+        format!("{client:?}"),
+        format!("{session:?}"),
+        format!("{:?}", gateway.config()),
+    ] {
         assert!(!text.contains(PASSWORD), "{text}");
         assert!(!text.contains(session.access_token.expose()), "{text}");
     }
@@ -157,11 +200,26 @@ async fn postponed_results_are_200_the_same_again_and_403_for_a_different_one() 
     };
     client.post_validation_result(&result(true)).await.unwrap();
     client.post_validation_result(&result(true)).await.unwrap();
-    let error = client.post_validation_result(&result(false)).await.unwrap_err();
-    assert!(matches!(error, GatewayError::Conflict { validation_id: 5, .. }), "{error:?}");
+    let error = client
+        .post_validation_result(&result(false))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            GatewayError::Conflict {
+                validation_id: 5,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     assert!(!error.is_transient());
     gateway.with(|s| s.fail_next.push_back(503));
-    let error = client.post_validation_result(&result(true)).await.unwrap_err();
+    let error = client
+        .post_validation_result(&result(true))
+        .await
+        .unwrap_err();
     assert_eq!(error.status(), Some(503));
     assert!(error.is_transient());
 }
@@ -184,7 +242,11 @@ async fn an_unreachable_or_silent_gateway_is_a_network_error_or_a_timeout() {
     let (mut gateway, _) = gateway_with_record().await;
     let config = gateway.config();
     gateway.stop();
-    let error = GatewayClient::new(&config).unwrap().login().await.unwrap_err();
+    let error = GatewayClient::new(&config)
+        .unwrap()
+        .login()
+        .await
+        .unwrap_err();
     assert!(matches!(error, GatewayError::Network { .. }), "{error:?}");
     assert!(error.is_transient());
 
@@ -199,7 +261,11 @@ async fn an_unreachable_or_silent_gateway_is_a_network_error_or_a_timeout() {
             open.push(stream);
         }
     });
-    let error = GatewayClient::new(&config).unwrap().login().await.unwrap_err();
+    let error = GatewayClient::new(&config)
+        .unwrap()
+        .login()
+        .await
+        .unwrap_err();
     assert!(matches!(error, GatewayError::Timeout { .. }), "{error:?}");
     held.abort();
 }
@@ -216,5 +282,8 @@ fn plain_http_is_refused_off_loopback() {
     assert!(load("http://127.0.0.1:9000").is_ok());
     assert!(load("http://localhost:9000").is_ok());
     let error = load("http://gateway.example.com").unwrap_err().to_string();
-    assert!(error.contains("gateway.gateway_url") && error.contains("loopback"), "{error}");
+    assert!(
+        error.contains("gateway.gateway_url") && error.contains("loopback"),
+        "{error}"
+    );
 }

@@ -4,8 +4,8 @@
 mod support;
 
 use payhook::gateway::GatewayClient;
-use payhook::server::{ReconcileError, Reconciled};
 use payhook::model::TransactionStatus;
+use payhook::server::{ReconcileError, Reconciled};
 use serde_json::json;
 use support::gateway::FakeGateway;
 use support::{CALLBACK, CALLBACK_PATH, TestServer, with};
@@ -25,7 +25,10 @@ fn record(nonce: &str, status: i32) -> serde_json::Value {
 
 async fn setup(status: i32) -> (FakeGateway, GatewayClient, TestServer) {
     let gateway = FakeGateway::start().await;
-    gateway.with(|s| s.transactions.insert(LOST.to_owned(), record("nonce-lost", status)));
+    gateway.with(|s| {
+        s.transactions
+            .insert(LOST.to_owned(), record("nonce-lost", status))
+    });
     let client = GatewayClient::new(&gateway.config()).unwrap();
     let server = TestServer::start().await;
     (gateway, client, server)
@@ -50,14 +53,23 @@ async fn a_reconciled_result_is_booked_once_and_its_late_callback_is_a_duplicate
         "{outcome:?}"
     );
     let again = server.app.reconcile(&client, &[id]).await;
-    assert!(matches!(again[0].1, Ok(Reconciled::AlreadyBooked(_))), "{again:?}");
+    assert!(
+        matches!(again[0].1, Ok(Reconciled::AlreadyBooked(_))),
+        "{again:?}"
+    );
     // The real callback arrives late: a duplicate, the handler is not called again.
     let late = with(CALLBACK, "/nonce", Some(json!("nonce-lost")));
     let response = server.post_json(CALLBACK_PATH, &late).await;
-    assert_eq!((response.status, response.message()), (200, "callback already processed".into()));
+    assert_eq!(
+        (response.status, response.message()),
+        (200, "callback already processed".into())
+    );
     assert_eq!(callback_count(&server), 1);
     let seen = &server.merchant.calls()[0];
-    assert_eq!((seen.nonce.as_str(), seen.amount.as_str()), ("nonce-lost", "25.5"));
+    assert_eq!(
+        (seen.nonce.as_str(), seen.amount.as_str()),
+        ("nonce-lost", "25.5")
+    );
 }
 
 #[tokio::test]
@@ -65,8 +77,14 @@ async fn a_callback_that_arrived_first_makes_the_reconcile_a_no_op() {
     let (_gateway, client, server) = setup(4).await;
     let first = with(CALLBACK, "/nonce", Some(json!("nonce-lost")));
     assert_eq!(server.post_json(CALLBACK_PATH, &first).await.status, 200);
-    let outcome = server.app.reconcile(&client, &[LOST.parse().unwrap()]).await;
-    assert!(matches!(outcome[0].1, Ok(Reconciled::AlreadyBooked(_))), "{outcome:?}");
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(outcome[0].1, Ok(Reconciled::AlreadyBooked(_))),
+        "{outcome:?}"
+    );
     assert_eq!(callback_count(&server), 1);
 }
 
@@ -78,7 +96,13 @@ async fn a_pending_transaction_or_an_unknown_reference_books_nothing() {
         .app
         .reconcile(&client, &[LOST.parse().unwrap(), unknown])
         .await;
-    assert!(matches!(outcome[0].1, Ok(Reconciled::NotFinal(TransactionStatus::Pending))), "{outcome:?}");
+    assert!(
+        matches!(
+            outcome[0].1,
+            Ok(Reconciled::NotFinal(TransactionStatus::Pending))
+        ),
+        "{outcome:?}"
+    );
     assert!(
         matches!(&outcome[1].1, Err(ReconcileError::Gateway(e)) if e.status() == Some(404)),
         "{outcome:?}"

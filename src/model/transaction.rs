@@ -119,7 +119,6 @@ pub struct TransactionRecord {
     pub user_agent: Option<String>,
 }
 
-
 impl TransactionRecord {
     /// The callback (2.7) this record stands for: what the aggregator would have sent. Used
     /// to book a lost callback from the lookup (spec 6.7).

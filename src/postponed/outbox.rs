@@ -186,7 +186,13 @@ impl Outbox {
                     attempts,
                     "validation result delivered"
                 );
-                (Delivery::Delivered { attempts, at_ms: now_ms }, Attempt::Delivered)
+                (
+                    Delivery::Delivered {
+                        attempts,
+                        at_ms: now_ms,
+                    },
+                    Attempt::Delivered,
+                )
             }
             Err(GatewayError::Conflict { message, .. }) => {
                 self.conflicts.fetch_add(1, Ordering::Relaxed);
@@ -237,7 +243,10 @@ fn backoff(schedule: &[Duration], attempts: u32) -> Duration {
     let index = usize::try_from(attempts.saturating_sub(1))
         .unwrap_or(usize::MAX)
         .min(schedule.len().saturating_sub(1));
-    let base = schedule.get(index).copied().unwrap_or(Duration::from_secs(1));
+    let base = schedule
+        .get(index)
+        .copied()
+        .unwrap_or(Duration::from_secs(1));
     base.mul_f64(0.8 + 0.4 * unit_random())
 }
 

@@ -12,13 +12,13 @@ use tracing::Instrument;
 use super::exactly_once::Decided;
 use super::route::Endpoint;
 use super::{App, BuildError, Problem};
+use crate::HandlerError;
 use crate::config::{Config, ValidationConfig};
 use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, ValidationResult};
 use crate::store::{RecordedDecision, Store};
-use crate::HandlerError;
 
 /// What an app in Awaitable mode has besides the handlers.
 pub(super) struct Awaitable {
@@ -59,7 +59,6 @@ impl Awaitable {
         }))
     }
 }
-
 
 impl App {
     /// Decides validations postponed by this app (Awaitable mode); `None` when
@@ -113,8 +112,7 @@ impl App {
             result: None,
         };
         let mut task = tokio::spawn(handler.call(request, ctx).in_current_span());
-        let Ok(joined) = tokio::time::timeout(awaitable.config.time_budget, &mut task).await
-        else {
+        let Ok(joined) = tokio::time::timeout(awaitable.config.time_budget, &mut task).await else {
             tracing::info!(
                 budget = ?awaitable.config.time_budget,
                 "the handler is still deciding after its time budget; answering 200 (postponed)"
@@ -184,7 +182,9 @@ impl App {
                 Ok(ValidationDecision::Deny { message }) => (false, message),
                 Ok(ValidationDecision::Postpone) => return,
                 Err(_) => {
-                    tracing::error!("the handler failed after its time budget; the validation stays pending");
+                    tracing::error!(
+                        "the handler failed after its time budget; the validation stays pending"
+                    );
                     return;
                 }
             };

@@ -333,9 +333,18 @@ impl App {
         };
         let answer = match decided {
             Ok(decided) => {
-                let queued = decided.postponed.as_ref().is_some_and(|p| p.result.is_some());
+                let queued = decided
+                    .postponed
+                    .as_ref()
+                    .is_some_and(|p| p.result.is_some());
                 match store
-                    .finish_validation(&nonce, claim, &fingerprint, &decided.decision, decided.postponed)
+                    .finish_validation(
+                        &nonce,
+                        claim,
+                        &fingerprint,
+                        &decided.decision,
+                        decided.postponed,
+                    )
                     .await
                 {
                     Ok(()) => {

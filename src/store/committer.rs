@@ -294,8 +294,9 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                         overlay: &mut overlay,
                     };
                     match postponed::create(&mut staging, &record) {
-                        Ok(true) => indexed
-                            .push((keys::TAG_POSTPONED, record.validation_id.to_string())),
+                        Ok(true) => {
+                            indexed.push((keys::TAG_POSTPONED, record.validation_id.to_string()))
+                        }
                         Ok(false) => {}
                         Err(error) => {
                             let _ = reply.send(Err(error));

@@ -167,7 +167,10 @@ fn read(staging: &Staging<'_>, id: i64) -> Result<Option<PostponedValidation>, S
 /// Writes `record` with its index entries: waiting (no decision) or outbox (queued).
 pub(crate) fn put(staging: &mut Staging<'_>, record: &PostponedValidation) {
     let id = record.validation_id;
-    staging.put(keys::by_id(keys::POSTPONED_PREFIX, id), Some(encode(record)));
+    staging.put(
+        keys::by_id(keys::POSTPONED_PREFIX, id),
+        Some(encode(record)),
+    );
     let waiting = keys::by_id(keys::WAITING_PREFIX, id);
     let outbox = keys::by_id(keys::OUTBOX_PREFIX, id);
     match record.result.as_ref().map(|r| &r.delivery) {

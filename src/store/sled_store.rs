@@ -13,8 +13,8 @@ use super::claims::{Claims, Entry};
 use super::committer::{Context, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::keys;
-use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::postponed::{Delivery, PostponedOp, PostponedValidation};
+use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::{
     CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
     now_ms,

@@ -42,6 +42,8 @@ pub struct GatewayState {
     pub results: BTreeMap<i64, (bool, String)>,
     /// Every result post that reached the handling: (validation id, success, status answered).
     pub posts: Vec<(i64, bool, u16)>,
+    /// The validation id of every result post, scripted failures included.
+    pub attempted: Vec<i64>,
     /// Transaction records by reference id (spec 2.6).
     pub transactions: HashMap<String, Value>,
 }
@@ -60,6 +62,7 @@ impl Default for GatewayState {
             fail_next: VecDeque::new(),
             results: BTreeMap::new(),
             posts: Vec::new(),
+            attempted: Vec::new(),
             transactions: HashMap::new(),
         }
     }
@@ -96,7 +99,9 @@ impl GatewayState {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default();
-        self.access.get(token).is_some_and(|expiry| *expiry > Utc::now())
+        self.access
+            .get(token)
+            .is_some_and(|expiry| *expiry > Utc::now())
     }
 }
 
@@ -251,10 +256,14 @@ async fn handle(
         }
         ("POST", "/api/v1/transactions/validation") => {
             let mut state = state.lock().unwrap();
+            if let Some(id) = json["validationId"].as_i64() {
+                state.attempted.push(id);
+            }
             if let Some(status) = state.fail_next.pop_front() {
                 return message(status, "scripted failure");
             }
-            let (Some(id), Some(success)) = (json["validationId"].as_i64(), json["success"].as_bool())
+            let (Some(id), Some(success)) =
+                (json["validationId"].as_i64(), json["success"].as_bool())
             else {
                 return message(400, "validationId and success are required");
             };

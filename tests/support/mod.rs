@@ -461,3 +461,16 @@ pub fn signed_config(keys: &[&str]) -> Config {
         .collect();
     config
 }
+
+/// The example merchant's binary, built by `cargo test` next to the test binaries.
+pub fn example_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let debug_dir = exe.parent().and_then(std::path::Path::parent).unwrap();
+    let binary = debug_dir.join("examples").join("merchant");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the suite with `cargo test`",
+        binary.display()
+    );
+    binary
+}

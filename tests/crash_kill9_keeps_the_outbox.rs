@@ -1,0 +1,137 @@
+//! Decided validation results waiting in the outbox survive a kill -9 of the merchant: the
+//! example merchant (Awaitable, with its review task) decides 15 validations while the
+//! aggregator answers 503; it is killed with SIGKILL and restarted on the same data
+//! directory, and every result then reaches the aggregator with the decision taken before.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use serde_json::json;
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+};
+use support::gateway::{FakeGateway, PASSWORD, USERNAME};
+use support::*;
+
+const VALIDATIONS: i64 = 15;
+
+fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Child, SocketAddr) {
+    let url = format!("http://{}", gateway.addr);
+    let mut child = Command::new(example_binary())
+        .env_clear()
+        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
+        .env("PAYHOOK_STORE_PATH", data)
+        .env("PAYHOOK_VALIDATION_AWAITABLE", "true")
+        .env("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#)
+        .env("PAYHOOK_GATEWAY_AUTH_URL", &url)
+        .env("PAYHOOK_GATEWAY_GATEWAY_URL", &url)
+        .env("PAYHOOK_GATEWAY_USERNAME", USERNAME)
+        .env("PAYHOOK_GATEWAY_PASSWORD", PASSWORD)
+        .env("MERCHANT_REVIEW_ABOVE", "100")
+        .env("MERCHANT_REVIEW_EVERY", "50ms")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the merchant printed its address")
+            .unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.parse().unwrap();
+        }
+    };
+    (child, address)
+}
+
+/// Validation `id`: ids 0–4 are small (allowed at once), the others wait for review; ids
+/// divisible by 4 belong to a blocked client.
+fn validation(id: i64) -> (String, bool, &'static str) {
+    let blocked = id % 4 == 0;
+    let client = if blocked {
+        format!("blocked-{id}")
+    } else {
+        format!("client-{id}")
+    };
+    let amount = if id < 5 { 50 } else { 500 };
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!(client)),
+    );
+    let body = with(&body, "/paymentData/nonce", Some(json!(format!("n-{id}"))));
+    let body = with(&body, "/paymentData/amount", Some(json!(amount)));
+    let body = with(&body, "/validationId", Some(json!(id)));
+    let (success, answer) = match (id < 5, blocked) {
+        (true, _) => (true, "client allowed"),
+        (false, blocked) => (!blocked, "validation postponed"),
+    };
+    (body, success, answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decided_results_waiting_in_the_outbox_survive_a_kill_9() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| s.fail_next.extend(std::iter::repeat_n(503, 1_000_000)));
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(&gateway, data.path());
+
+    let mut expected = BTreeMap::new();
+    for id in 0..VALIDATIONS {
+        let (body, success, answer) = validation(id);
+        let request = post(
+            VALIDATION_PATH,
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        );
+        let response = exchange(address, &request).await;
+        assert_eq!(
+            (response.status, response.message().as_str()),
+            (200, answer),
+            "validation {id}"
+        );
+        expected.insert(id, success);
+    }
+    // Every result was decided and attempted at least once (so it sits in the outbox).
+    gateway
+        .until("an attempt for every validation", |s| {
+            (0..VALIDATIONS).all(|id| s.attempted.contains(&id))
+        })
+        .await;
+    assert!(gateway.with(|s| s.results.is_empty()));
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+
+    gateway.with(|s| s.fail_next.clear());
+    let (mut restarted, _) = start_merchant(&gateway, data.path());
+    gateway
+        .until("every result delivered", |s| {
+            s.results.len() == expected.len()
+        })
+        .await;
+    restarted.kill().unwrap();
+    restarted.wait().unwrap();
+
+    let delivered: BTreeMap<i64, bool> = gateway.with(|s| {
+        s.results
+            .iter()
+            .map(|(id, (success, _))| (*id, *success))
+            .collect()
+    });
+    assert_eq!(
+        delivered, expected,
+        "each result as decided before the kill"
+    );
+    assert!(
+        gateway.with(|s| s.posts.iter().all(|(_, _, status)| *status == 200)),
+        "no conflicting result was ever sent"
+    );
+}
