@@ -1,6 +1,7 @@
 //! Awaitable (postponed) validation end to end against a fake aggregator on loopback: the
 //! answer, the Resolver (first decision wins), the outbox worker through failures, conflicts
 //! made visible, and — on tokio's paused clock — the time budget and the deadline.
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 

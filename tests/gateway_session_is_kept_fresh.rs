@@ -1,6 +1,7 @@
 //! The gateway client against a fake aggregator on loopback: lazy login, refresh ahead of
 //! expiry, login again when the refresh token expired, one refresh and one retry on a 401,
 //! one renewal shared by concurrent callers, typed errors, and no secret in `Debug`.
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! Lost-callback recovery (spec 6.7): a result fetched from the aggregator goes through the
 //! same handler and deduplication as its callback, so it is booked once whichever comes first.
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 

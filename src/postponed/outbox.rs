@@ -129,11 +129,10 @@ impl Outbox {
             }
         }
         let after = self.store.outbox_due(self.clock.now_ms())?;
-        let first = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        pass.next_ms = match (deadlines.next_ms, after.next_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        pass.next_ms = first(deadlines.next_ms, after.next_ms);
         if !after.now.is_empty() {
             pass.next_ms = Some(self.clock.now_ms());
         }
