@@ -24,6 +24,10 @@
 //! validation waits for review, and `MERCHANT_REVIEW_EVERY` (default `2s`) how often the
 //! review runs: it approves every client except those whose id starts with `blocked`. It
 //! prints `listening on ADDRESS` once it serves.
+//!
+//! With arguments it runs an operating command of [`payhook::admin`] instead, with its own
+//! handlers — e.g. `cargo run --example merchant -- reconcile --ref REFERENCE_ID` books lost
+//! callbacks into the ledger (with the service stopped: one process holds the store).
 
 use payhook::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
@@ -255,6 +259,14 @@ pub fn app(
         .build()
 }
 
+/// The example's command line: no arguments serves; an operating command runs it.
+#[derive(clap::Parser)]
+#[command(about = "The example merchant: serves, or runs an operating command")]
+struct Args {
+    #[command(subcommand)]
+    admin: Option<payhook::admin::AdminCommand>,
+}
+
 #[allow(
     dead_code,
     reason = "tests include this file for its merchant, not its main"
@@ -286,6 +298,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // PAYHOOK_CONFIG), so this demo opts out of verification explicitly. A real merchant
         // configures the aggregator's key instead, and every callback must then be signed.
         config.callback.allow_unsigned = true;
+    }
+    if let Some(command) = <Args as clap::Parser>::parse().admin {
+        // An operating command, run with this merchant's handlers (reconcile books through
+        // its ledger); the service itself must be stopped: one process holds the store.
+        let store = open_store(&config)?;
+        let merchant = Merchant {
+            max_amount,
+            review_above,
+        };
+        let app = app(config.clone(), merchant, store)?;
+        command
+            .run(&config, app.store(), Some(&app), &mut std::io::stdout())
+            .await?;
+        return Ok(());
     }
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let store = open_store(&config)?;

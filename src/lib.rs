@@ -86,6 +86,8 @@
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
 //!   results, transaction lookup) with the session kept fresh; [`App::reconcile`] books lost
 //!   callbacks from the lookup.
+//! * [`admin`] — operating commands (postponed validations, transaction lookup,
+//!   reconcile) for the `payhook` binary and a merchant's own binary.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.
@@ -94,6 +96,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 mod error;

@@ -13,15 +13,22 @@ use std::{
 
 use clap::{Parser, Subcommand};
 use payhook::Config;
+use payhook::admin::AdminCommand;
 use payhook::signature::{
     Algorithm, Encoding, PublicKey, SigningKey, Verifier, generate_key_pair, parse_raw_request,
     sniff,
 };
+use payhook::store::{SledStore, Store};
+use std::sync::Arc;
 
 /// payhook: host and test the endpoints a payment aggregator calls.
 #[derive(Debug, Parser)]
 #[command(name = "payhook", version, about, long_about = None)]
 struct Cli {
+    /// Configuration file for the commands that use the store or the gateway (default: the
+    /// file named by PAYHOOK_CONFIG, if any; PAYHOOK_* variables apply on top).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -90,6 +97,8 @@ enum Command {
         #[arg(long)]
         header: Vec<String>,
     },
+    #[command(flatten)]
+    Admin(AdminCommand),
 }
 
 /// What a command prints on failure: a message and its exit code.
@@ -102,7 +111,8 @@ impl<E: std::fmt::Display> From<E> for Failure {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Keygen { alg, out, force } => keygen(alg, &out, force),
         Command::Sign {
@@ -124,6 +134,7 @@ fn main() -> ExitCode {
             body,
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
+        Command::Admin(command) => admin(command, cli.config.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,6 +143,43 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// Runs an operating command with the service's configuration; the store is opened only
+/// by the commands that need it.
+fn admin(command: AdminCommand, file: Option<&Path>) -> Result<(), Failure> {
+    let file = file
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(payhook::config::CONFIG_FILE_VAR).map(PathBuf::from));
+    let config = Config::load(file.as_deref(), std::env::vars())?;
+    let store: Option<Arc<dyn Store>> = match command {
+        AdminCommand::Validations(_) | AdminCommand::Reconcile { .. } => {
+            Some(Arc::new(open_store(&config)?))
+        }
+        _ => None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(command.run(&config, store, None, &mut std::io::stdout()))?;
+    Ok(())
+}
+
+fn open_store(config: &Config) -> Result<SledStore, Failure> {
+    SledStore::open(&config.store, &[]).map_err(|error| {
+        let path = config.store.path.display();
+        if error.to_string().contains("lock") {
+            Failure(
+                format!(
+                    "the store at {path} is in use, probably by the running service: stop it, \
+                     or decide from inside the service with its Resolver ({error})"
+                ),
+                2,
+            )
+        } else {
+            Failure(format!("store at {path}: {error}"), 2)
+        }
+    })
 }
 
 fn check_config(file: &Path) -> Result<(), Failure> {

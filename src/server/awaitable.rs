@@ -67,6 +67,11 @@ impl App {
         self.inner.awaitable.as_ref().map(|a| a.resolver.clone())
     }
 
+    /// The app's store; `None` when built `without_store`.
+    pub fn store(&self) -> Option<Arc<dyn Store>> {
+        self.inner.store.clone()
+    }
+
     /// The worker delivering this app's postponed results; `None` when not Awaitable.
     pub fn outbox(&self) -> Option<Outbox> {
         self.inner.awaitable.as_ref().map(|a| a.outbox.clone())

@@ -172,6 +172,17 @@ pub trait Store: Send + Sync + 'static {
     /// Gives the claim up (the handler failed or asked for a retry).
     fn release_callback(&self, nonce: &str, claim: Claim);
 
+    /// Whether (`nonce`, `status`) was acknowledged (read-only: claims nothing).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn callback_acknowledged(
+        &self,
+        nonce: &str,
+        status: TransactionStatus,
+    ) -> Result<bool, StoreError>;
+
     /// Starts processing a transaction validation.
     ///
     /// # Errors

@@ -275,6 +275,19 @@ impl Store for SledStore {
         })
     }
 
+    fn callback_acknowledged(
+        &self,
+        nonce: &str,
+        status: TransactionStatus,
+    ) -> Result<bool, StoreError> {
+        Ok(match self.inner.tree.get(keys::callback(nonce))? {
+            Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?
+                .done
+                .contains(&status.code()),
+            None => false,
+        })
+    }
+
     fn release_callback(&self, nonce: &str, claim: Claim) {
         self.inner
             .callback_claims

@@ -1,0 +1,368 @@
+//! Operating a merchant's service from the command line: postponed validations, transaction
+//! lookup, and lost-callback recovery. The `payhook` binary uses these, and so can a
+//! merchant's own binary, which has its callback handler and can therefore book what
+//! [`reconcile`] recovers (see `examples/merchant.rs`):
+//!
+//! ```no_run
+//! use clap::Parser;
+//! use payhook::admin::AdminCommand;
+//!
+//! #[derive(Parser)]
+//! struct Args {
+//!     #[command(subcommand)]
+//!     admin: Option<AdminCommand>,
+//! }
+//!
+//! # async fn run(app: payhook::App, config: payhook::Config) -> Result<(), payhook::admin::AdminError> {
+//! if let Some(command) = Args::parse().admin {
+//!     command.run(&config, app.store(), Some(&app), &mut std::io::stdout()).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! sled lets one process open a store: against a running service, decide postponed
+//! validations from inside it (its [`Resolver`]); the commands here work on the store of a
+//! stopped service (a decision is then delivered by the service's outbox when it starts).
+
+use std::{fmt::Write as _, io::Write, sync::Arc};
+use uuid::Uuid;
+
+use crate::App;
+use crate::config::Config;
+use crate::gateway::{GatewayClient, GatewayError};
+use crate::model::TransactionRecord;
+use crate::postponed::{
+    Clock, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
+};
+use crate::server::Reconciled;
+use crate::store::{Store, StoreError};
+
+/// Why an admin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The store could not be used.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The aggregator could not be asked.
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    /// The decision was refused.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// Printing failed.
+    #[error("output: {0}")]
+    Output(#[from] std::io::Error),
+    /// Some reference ids were not reconciled (each is reported in the output).
+    #[error("{0} of the reference ids were not reconciled")]
+    NotReconciled(usize),
+    /// The command needs what this binary does not have.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// The operating commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum AdminCommand {
+    /// Postponed (Awaitable) validations in the store.
+    #[command(subcommand)]
+    Validations(ValidationsCommand),
+    /// Fetch a transaction from the aggregator by its reference id and print it (spec 2.6).
+    Transaction {
+        /// The transaction's reference id (a GUID).
+        reference_id: Uuid,
+    },
+    /// Recover lost callbacks: fetch each transaction and book its result through the
+    /// callback handler, once (a result booked before is left alone). Run from the `payhook`
+    /// binary, which has no handler, it reports which results are booked and which were lost.
+    Reconcile {
+        /// A reference id to reconcile; repeat for several.
+        #[arg(long = "ref", required = true)]
+        reference_ids: Vec<Uuid>,
+    },
+}
+
+/// `validations …`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ValidationsCommand {
+    /// List postponed validations (all of them by default).
+    List {
+        /// Only those still waiting for a decision.
+        #[arg(long, conflicts_with = "conflicts")]
+        pending: bool,
+        /// Only those whose result the aggregator refused (it holds a different one).
+        #[arg(long)]
+        conflicts: bool,
+    },
+    /// Decide a postponed validation; the result is posted to the aggregator by the outbox.
+    Resolve {
+        /// The validation id.
+        id: i64,
+        /// The client may make the transaction.
+        #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
+        allow: bool,
+        /// The client may not.
+        #[arg(long)]
+        deny: bool,
+        /// The explanation sent with the result.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+}
+
+impl AdminCommand {
+    /// Runs the command, printing to `out`. `app` is needed by `reconcile` only: it books
+    /// through the app's callback handler.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError`] saying what failed; `reconcile` fails when any id was not reconciled.
+    pub async fn run(
+        self,
+        config: &Config,
+        store: Option<Arc<dyn Store>>,
+        app: Option<&App>,
+        out: &mut dyn Write,
+    ) -> Result<(), AdminError> {
+        match self {
+            Self::Validations(command) => {
+                let store = store.ok_or_else(|| {
+                    AdminError::Unsupported("validations need the service's store".into())
+                })?;
+                command.run(store, out).await
+            }
+            Self::Transaction { reference_id } => {
+                let gateway = GatewayClient::new(&config.gateway)?;
+                let record = gateway.transaction(reference_id).await?;
+                out.write_all(describe_transaction(&record).as_bytes())?;
+                Ok(())
+            }
+            Self::Reconcile { reference_ids } => {
+                let gateway = GatewayClient::new(&config.gateway)?;
+                match (app, store) {
+                    (Some(app), _) => reconcile(app, &gateway, &reference_ids, out).await,
+                    (None, Some(store)) => {
+                        report(store.as_ref(), &gateway, &reference_ids, out).await
+                    }
+                    (None, None) => Err(AdminError::Unsupported(
+                        "reconcile needs the service's store".into(),
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl ValidationsCommand {
+    async fn run(self, store: Arc<dyn Store>, out: &mut dyn Write) -> Result<(), AdminError> {
+        let resolver = Resolver::new(store, Clock::new(), Arc::default());
+        match self {
+            Self::List { pending, conflicts } => {
+                let state = match (pending, conflicts) {
+                    (true, _) => Some(PostponedState::Pending),
+                    (_, true) => Some(PostponedState::Conflict),
+                    _ => None,
+                };
+                let all = resolver.list(state)?;
+                out.write_all(describe_validations(&all).as_bytes())?;
+            }
+            Self::Resolve {
+                id,
+                allow,
+                description,
+                ..
+            } => {
+                let outcome = resolver.resolve(id, allow, description).await?;
+                let verdict = if allow { "allowed" } else { "denied" };
+                writeln!(
+                    out,
+                    "validation {id}: {verdict} ({outcome:?}); the outbox posts it to the aggregator"
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Books lost callbacks through `app` and reports each id on `out`.
+///
+/// # Errors
+///
+/// [`AdminError::NotReconciled`] with the count of ids that failed (each reported).
+pub async fn reconcile(
+    app: &App,
+    gateway: &GatewayClient,
+    reference_ids: &[Uuid],
+    out: &mut dyn Write,
+) -> Result<(), AdminError> {
+    let mut failed = 0;
+    for (id, outcome) in app.reconcile(gateway, reference_ids).await {
+        let line = match outcome {
+            Ok(Reconciled::Booked(status)) => format!("{id}: booked now ({status})"),
+            Ok(Reconciled::AlreadyBooked(status)) => format!("{id}: already booked ({status})"),
+            Ok(Reconciled::NotFinal(status)) => {
+                format!("{id}: not final yet ({status}); nothing to book")
+            }
+            Err(error) => {
+                failed += 1;
+                format!("{id}: NOT reconciled: {error}")
+            }
+        };
+        writeln!(out, "{line}")?;
+    }
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(AdminError::NotReconciled(failed))
+    }
+}
+
+/// Without the callback handler: tells, per reference id, whether its result is booked in
+/// `store` or was lost (and must be booked by the service's own binary).
+///
+/// # Errors
+///
+/// [`AdminError::NotReconciled`] with the count of lost or unreadable ids (each reported).
+pub async fn report(
+    store: &dyn Store,
+    gateway: &GatewayClient,
+    reference_ids: &[Uuid],
+    out: &mut dyn Write,
+) -> Result<(), AdminError> {
+    let mut lost = 0;
+    for &id in reference_ids {
+        let line = match gateway.transaction(id).await {
+            Ok(record) if !record.transaction_status.sent_in_callbacks() => format!(
+                "{id}: not final yet ({}); nothing to book",
+                record.transaction_status
+            ),
+            Ok(record) => {
+                let status = record.transaction_status;
+                if store.callback_acknowledged(&record.nonce, status)? {
+                    format!("{id}: booked ({status})")
+                } else {
+                    lost += 1;
+                    format!(
+                        "{id}: LOST ({status}, nonce {}): book it with your service's binary, \
+                         e.g. `cargo run --example merchant -- reconcile --ref {id}`",
+                        record.nonce
+                    )
+                }
+            }
+            Err(error) => {
+                lost += 1;
+                format!("{id}: NOT checked: {error}")
+            }
+        };
+        writeln!(out, "{line}")?;
+    }
+    if lost == 0 {
+        Ok(())
+    } else {
+        Err(AdminError::NotReconciled(lost))
+    }
+}
+
+/// A transaction record (2.6) as labelled lines.
+pub fn describe_transaction(record: &TransactionRecord) -> String {
+    let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let number = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
+    let rows = [
+        ("reference id", record.transaction_reference_id.to_string()),
+        ("id", record.id.to_string()),
+        ("nonce", record.nonce.clone()),
+        ("type", record.transaction_type.to_string()),
+        ("status", record.transaction_status.to_string()),
+        ("status message", text(&record.transaction_status_message)),
+        ("amount", format!("{} {}", record.amount, record.currency)),
+        (
+            "delivered",
+            record.destination_amount.map_or_else(
+                || "-".into(),
+                |a| format!("{a} {}", text(&record.destination_currency)),
+            ),
+        ),
+        ("client", text(&record.merchant_client_id)),
+        (
+            "provider",
+            format!(
+                "{} ({})",
+                text(&record.provider_name),
+                number(record.provider_id)
+            ),
+        ),
+        ("pay type", text(&record.provider_pay_type)),
+        ("provider tx id", text(&record.provider_transaction_id)),
+        (
+            "created",
+            record
+                .created_utc
+                .map_or_else(|| "-".into(), |t| t.to_rfc3339()),
+        ),
+        (
+            "updated",
+            record
+                .updated_utc
+                .map_or_else(|| "-".into(), |t| t.to_rfc3339()),
+        ),
+        ("callback delivery", text(&record.callback_delivery_status)),
+        (
+            "callbacks canceled",
+            record.is_callback_sending_canceled.to_string(),
+        ),
+        ("error", text(&record.error_message)),
+    ];
+    let mut out = String::new();
+    for (label, value) in rows {
+        let _ = writeln!(out, "{label:<20}{value}");
+    }
+    out
+}
+
+/// Postponed validations as a table.
+pub fn describe_validations(all: &[PostponedValidation]) -> String {
+    let mut out = format!(
+        "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}\n",
+        "validation id", "state", "nonce", "client", "amount", "decision", "delivery"
+    );
+    for v in all {
+        let payment = &v.request.payment_data;
+        let (decision, delivery) = match &v.result {
+            None => ("-".to_owned(), "-".to_owned()),
+            Some(result) => (
+                if result.success { "allow" } else { "deny" }.to_owned(),
+                match &result.delivery {
+                    Delivery::Queued {
+                        attempts,
+                        last_error,
+                        ..
+                    } => format!(
+                        "queued, {attempts} attempt(s){}",
+                        last_error
+                            .as_ref()
+                            .map(|e| format!(", last: {e}"))
+                            .unwrap_or_default()
+                    ),
+                    Delivery::Delivered { attempts, .. } => {
+                        format!("delivered after {attempts} attempt(s)")
+                    }
+                    Delivery::Conflict { message, .. } => format!("CONFLICT: {message}"),
+                },
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}",
+            v.validation_id,
+            format!("{:?}", v.state()).to_lowercase(),
+            payment.nonce,
+            v.request.merchant_data.client_id,
+            format!("{} {}", payment.amount, payment.currency),
+            decision,
+            delivery
+        );
+    }
+    if all.is_empty() {
+        out.push_str("(none)\n");
+    }
+    out
+}

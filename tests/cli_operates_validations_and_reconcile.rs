@@ -1,0 +1,226 @@
+//! The operating commands of the real `payhook` binary (and the example merchant's binary)
+//! over a service's store and a fake aggregator: list and decide postponed validations,
+//! print a transaction, and find and book lost callbacks.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use payhook::{App, Config};
+use serde_json::json;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+use support::gateway::{FakeGateway, PASSWORD, USERNAME};
+use support::{
+    TRANSACTION_VALIDATION, TestMerchant, VALIDATION_PATH, example_binary, test_config, with,
+};
+
+const REFERENCE: &str = "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e";
+
+fn env(gateway: &FakeGateway, store: &Path) -> Vec<(String, String)> {
+    let url = format!("http://{}", gateway.addr);
+    [
+        ("PAYHOOK_STORE_PATH", store.display().to_string()),
+        ("PAYHOOK_GATEWAY_AUTH_URL", url.clone()),
+        ("PAYHOOK_GATEWAY_GATEWAY_URL", url),
+        ("PAYHOOK_GATEWAY_USERNAME", USERNAME.to_owned()),
+        ("PAYHOOK_GATEWAY_PASSWORD", PASSWORD.to_owned()),
+        ("RUST_LOG", "error".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}
+
+/// Runs `binary args` off the runtime (the fake gateway must keep answering meanwhile).
+async fn run(binary: std::path::PathBuf, args: &[&str], env: &[(String, String)]) -> Output {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let env = env.to_vec();
+    tokio::task::spawn_blocking(move || {
+        Command::new(binary)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+async fn payhook(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
+    let output = run(env!("CARGO_BIN_EXE_payhook").into(), args, env).await;
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn awaitable(gateway: &FakeGateway, store: &Path) -> Config {
+    let mut config = test_config();
+    config.store.path = store.to_owned();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.retry_schedule = vec![Duration::from_millis(20)];
+    config
+}
+
+async fn validate(app: &App, client: &str, id: i64) -> u16 {
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!(client)),
+    );
+    let body = with(&body, "/paymentData/nonce", Some(json!(format!("n-{id}"))));
+    let body = with(&body, "/validationId", Some(json!(id)));
+    let request = http::Request::post(VALIDATION_PATH)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    app.handle(request).await.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validations_are_listed_and_decided_from_the_command_line_and_then_delivered() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let env = env(&gateway, &store);
+    {
+        let app = App::builder(awaitable(&gateway, &store))
+            .transaction_validator(TestMerchant::default())
+            .build()
+            .unwrap();
+        assert_eq!(validate(&app, "postpone", 1).await, 200);
+        assert_eq!(validate(&app, "postpone", 2).await, 200);
+        assert_eq!(validate(&app, "client-42", 3).await, 200);
+        // While the service holds the store, the command line says so.
+        let (code, _, stderr) = payhook(&["validations", "list"], &env).await;
+        assert_eq!(code, 2);
+        assert!(stderr.contains("in use"), "{stderr}");
+    }
+
+    let (code, stdout, stderr) = payhook(&["validations", "list", "--pending"], &env).await;
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert!(
+        rows[0].starts_with("1 ") && rows[0].contains("pending") && rows[0].contains("n-1"),
+        "{stdout}"
+    );
+    assert!(rows[1].starts_with("2 "), "{stdout}");
+
+    let (code, stdout, stderr) = payhook(
+        &[
+            "validations",
+            "resolve",
+            "1",
+            "--deny",
+            "--description",
+            "no documents",
+        ],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("validation 1: denied"), "{stdout}");
+    let (code, _, stderr) = payhook(&["validations", "resolve", "1", "--allow"], &env).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("already decided differently"), "{stderr}");
+    let (code, _, stderr) = payhook(&["validations", "resolve", "1"], &env).await;
+    assert_eq!(code, 2, "--allow or --deny is required: {stderr}");
+
+    let (_, stdout, _) = payhook(&["validations", "list"], &env).await;
+    let row = |id: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        row("1").contains("queued") && row("1").contains("deny"),
+        "{stdout}"
+    );
+    assert!(row("2").contains("pending"), "{stdout}");
+    assert!(
+        row("3").contains("queued") && row("3").contains("allow"),
+        "{stdout}"
+    );
+
+    // The service starts again: its outbox delivers the decisions, the command line's too.
+    let app = App::builder(awaitable(&gateway, &store))
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap();
+    app.start_background();
+    gateway
+        .until("both decided results", |s| s.results.len() == 2)
+        .await;
+    assert_eq!(
+        gateway.with(|s| s.results.get(&1).cloned()),
+        Some((false, "no documents".to_owned()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.transactions.insert(
+            REFERENCE.to_owned(),
+            json!({
+                "id": 1001, "transactionReferenceId": REFERENCE, "providerId": 11, "providerName": "Card",
+                "merchantClientId": "client-42", "accountData": {}, "nonce": "nonce-lost",
+                "amount": 25.50, "currency": "EUR", "transactionType": 1, "transactionStatus": 4,
+                "transactionStatusMessage": "Success", "callbackDeliveryStatus": "Failed",
+                "isCallbackSendingCanceled": true
+            }),
+        )
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let env = env(&gateway, &dir.path().join("store"));
+
+    let (code, stdout, stderr) = payhook(&["transaction", REFERENCE], &env).await;
+    assert_eq!(code, 0, "{stderr}");
+    for expected in ["nonce-lost", "success", "25.5 EUR", "Card (11)", "Failed"] {
+        assert!(stdout.contains(expected), "{expected} in {stdout}");
+    }
+    let (code, _, stderr) = payhook(
+        &["transaction", "00000000-0000-0000-0000-000000000000"],
+        &env,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("404") && stderr.contains("transaction not found"),
+        "{stderr}"
+    );
+
+    // The payhook binary has no handler: it finds the lost result…
+    let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains("LOST") && stdout.contains("nonce-lost"),
+        "{stdout}"
+    );
+    // …the merchant's own binary books it, once…
+    let merchant = |env: Vec<(String, String)>| async move {
+        let output = run(example_binary(), &["reconcile", "--ref", REFERENCE], &env).await;
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert!(merchant(env.clone()).await.contains("booked now"));
+    assert!(merchant(env.clone()).await.contains("already booked"));
+    // …and then it is booked.
+    let (code, stdout, stderr) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(": booked (4 (success))"), "{stdout}");
+}
