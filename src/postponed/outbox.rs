@@ -18,6 +18,9 @@ use crate::store::{Store, StoreError};
 /// The longest the worker sleeps without looking at the store.
 const IDLE: Duration = Duration::from_secs(30);
 
+/// Results posted at the same time.
+const PARALLEL_POSTS: usize = 8;
+
 /// What one pass of the worker did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Pass {
@@ -120,12 +123,22 @@ impl Outbox {
             }
         }
         let due = self.store.outbox_due(self.clock.now_ms())?;
-        for record in due.now {
-            match self.deliver(&record).await? {
-                Attempt::Delivered => pass.delivered += 1,
-                Attempt::Conflict => pass.conflicts += 1,
-                Attempt::Retry => pass.retried += 1,
-                Attempt::Nothing => {}
+        // A few at a time: one slow or hanging post does not hold up the others.
+        for chunk in due.now.chunks(PARALLEL_POSTS) {
+            let mut posts = tokio::task::JoinSet::new();
+            for record in chunk {
+                let (outbox, record) = (self.clone(), record.clone());
+                posts.spawn(async move { outbox.deliver(&record).await });
+            }
+            while let Some(joined) = posts.join_next().await {
+                let attempt = joined
+                    .map_err(|e| StoreError::Backend(format!("a delivery task failed: {e}")))??;
+                match attempt {
+                    Attempt::Delivered => pass.delivered += 1,
+                    Attempt::Conflict => pass.conflicts += 1,
+                    Attempt::Retry => pass.retried += 1,
+                    Attempt::Nothing => {}
+                }
             }
         }
         let after = self.store.outbox_due(self.clock.now_ms())?;
