@@ -122,14 +122,15 @@ pub(crate) enum AuthError {
     Wrong,
 }
 
-/// A per-process HMAC key and the tag of the expected secret under it.
-struct Expected {
+/// A per-process HMAC key and the tag of the expected secret under it: compares a presented
+/// secret in constant time.
+pub(crate) struct Expected {
     key: hmac::Key,
     tag: hmac::Tag,
 }
 
 impl Expected {
-    fn new(secret: &[u8]) -> Self {
+    pub(crate) fn new(secret: &[u8]) -> Self {
         // A fixed key would do for timing safety; a random one also keeps the tag useless
         // outside this process. Without randomness, the secret's hash keys the HMAC instead.
         let key =
@@ -144,7 +145,7 @@ impl Expected {
     }
 
     /// Constant-time: the presented value's HMAC is compared by ring.
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub(crate) fn matches(&self, presented: &[u8]) -> bool {
         hmac::verify(&self.key, presented, self.tag.as_ref()).is_ok()
     }
 }

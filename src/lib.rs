@@ -88,6 +88,7 @@
 //!   callbacks from the lookup.
 //! * [`admin`] — operating commands (postponed validations, transaction lookup,
 //!   reconcile) for the `payhook` binary and a merchant's own binary.
+//! * [`sim`] — local testing: a mock of the aggregator's own endpoints.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.
@@ -107,6 +108,7 @@ pub mod postponed;
 mod secret;
 pub mod server;
 pub mod signature;
+pub mod sim;
 pub mod store;
 
 pub use config::Config;

@@ -99,6 +99,33 @@ enum Command {
     },
     #[command(flatten)]
     Admin(AdminCommand),
+    /// Run a local aggregator (login, refresh with real JWTs, postponed results, transaction
+    /// lookup) on loopback until Ctrl-C.
+    MockGateway {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        listen: std::net::SocketAddr,
+        /// The merchant user it accepts.
+        #[arg(long, default_value = "merchant")]
+        username: String,
+        /// Its password (or PAYHOOK_MOCK_PASSWORD).
+        #[arg(
+            long,
+            env = "PAYHOOK_MOCK_PASSWORD",
+            default_value = "merchant-password",
+            hide_env_values = true
+        )]
+        password: String,
+        /// Lifetime of access tokens ("30s", "15m", ...).
+        #[arg(long, default_value = "15m", value_parser = payhook::config::parse_duration)]
+        access_lifetime: std::time::Duration,
+        /// Lifetime of refresh tokens.
+        #[arg(long, default_value = "1d", value_parser = payhook::config::parse_duration)]
+        refresh_lifetime: std::time::Duration,
+        /// Keep the state in this directory across restarts (default: in memory).
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
 }
 
 /// What a command prints on failure: a message and its exit code.
@@ -135,6 +162,21 @@ fn main() -> ExitCode {
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
+        Command::MockGateway {
+            listen,
+            username,
+            password,
+            access_lifetime,
+            refresh_lifetime,
+            state,
+        } => mock_gateway(payhook::sim::MockGatewayConfig {
+            listen,
+            username,
+            password: password.into(),
+            access_lifetime,
+            refresh_lifetime,
+            state,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -179,6 +221,19 @@ fn open_store(config: &Config) -> Result<SledStore, Failure> {
         } else {
             Failure(format!("store at {path}: {error}"), 2)
         }
+    })
+}
+
+fn mock_gateway(config: payhook::sim::MockGatewayConfig) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mock = payhook::sim::MockGateway::start(config).await?;
+        println!("mock gateway listening on {}", mock.url());
+        payhook::shutdown_signal().await;
+        mock.stop().await;
+        Ok(())
     })
 }
 
