@@ -11,6 +11,9 @@ use std::{
     process::ExitCode,
 };
 
+#[path = "cli/trigger.rs"]
+mod trigger;
+
 use clap::{Parser, Subcommand};
 use payhook::Config;
 use payhook::admin::AdminCommand;
@@ -99,6 +102,9 @@ enum Command {
     },
     #[command(flatten)]
     Admin(AdminCommand),
+    /// Send one of the aggregator's requests (signed with --key) to a merchant's endpoint and
+    /// print the exchange.
+    Trigger(trigger::TriggerArgs),
     /// Run a local aggregator (login, refresh with real JWTs, postponed results, transaction
     /// lookup) on loopback until Ctrl-C.
     MockGateway {
@@ -162,6 +168,9 @@ fn main() -> ExitCode {
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
+        Command::Trigger(args) => {
+            load_config(cli.config.as_deref()).and_then(|config| trigger::run(args, &config))
+        }
         Command::MockGateway {
             listen,
             username,
@@ -190,10 +199,7 @@ fn main() -> ExitCode {
 /// Runs an operating command with the service's configuration; the store is opened only
 /// by the commands that need it.
 fn admin(command: AdminCommand, file: Option<&Path>) -> Result<(), Failure> {
-    let file = file
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os(payhook::config::CONFIG_FILE_VAR).map(PathBuf::from));
-    let config = Config::load(file.as_deref(), std::env::vars())?;
+    let config = load_config(file)?;
     let store: Option<Arc<dyn Store>> = match command {
         AdminCommand::Validations(_) | AdminCommand::Reconcile { .. } => {
             Some(Arc::new(open_store(&config)?))
@@ -205,6 +211,14 @@ fn admin(command: AdminCommand, file: Option<&Path>) -> Result<(), Failure> {
         .build()?;
     runtime.block_on(command.run(&config, store, None, &mut std::io::stdout()))?;
     Ok(())
+}
+
+/// The configuration from `file`, or the file named by `PAYHOOK_CONFIG`, plus `PAYHOOK_*`.
+fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
+    let file = file
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os(payhook::config::CONFIG_FILE_VAR).map(PathBuf::from));
+    Ok(Config::load(file.as_deref(), std::env::vars())?)
 }
 
 fn open_store(config: &Config) -> Result<SledStore, Failure> {

@@ -139,7 +139,7 @@ pub struct GatewayClient {
 }
 
 struct Inner {
-    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HttpClient,
     auth_url: String,
     gateway_url: String,
     username: String,
@@ -220,15 +220,7 @@ impl GatewayClient {
                 .map(|u| u.trim_end_matches('/').to_owned())
                 .ok_or_else(|| missing(key))
         };
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| GatewayError::NotConfigured(format!("TLS: {e}")))?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let http = http_client().map_err(GatewayError::NotConfigured)?;
         let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
             GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))
         })?;
@@ -424,6 +416,22 @@ impl GatewayClient {
         tracing::debug!(url, status = answer.status.as_u16(), "gateway answered");
         Ok(answer)
     }
+}
+
+/// An HTTP/1.1 client for `https://` (rustls, ring provider, webpki roots) and `http://`.
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A new [`HttpClient`] with a connection pool.
+pub(crate) fn http_client() -> Result<HttpClient, String> {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+        .map_err(|e| format!("TLS: {e}"))?
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector))
 }
 
 fn to_json<T: Serialize>(value: &T) -> Bytes {

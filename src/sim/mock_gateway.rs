@@ -498,3 +498,123 @@ fn validation_result(shared: &Shared, body: &[u8]) -> Response<Full<Bytes>> {
         message(StatusCode::OK, "result received")
     }
 }
+
+/// The simulator's calls to a running mock gateway (its `/sim/v1` endpoints), for a trigger
+/// in another process than the mock.
+pub struct MockControl {
+    base: String,
+    http: crate::gateway::HttpClient,
+}
+
+impl std::fmt::Debug for MockControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockControl")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MockControl {
+    /// Control of the mock gateway at `base_url` (e.g. `http://127.0.0.1:9090`).
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Setup`] when the HTTP client cannot be built.
+    pub fn new(base_url: &str) -> Result<Self, SimError> {
+        Ok(Self {
+            base: base_url.trim_end_matches('/').to_owned(),
+            http: crate::gateway::http_client().map_err(SimError::Setup)?,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), SimError> {
+        let url = format!("{}{path}", self.base);
+        let request = Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| SimError::Request(e.to_string()))?;
+        let call = async {
+            let response = self.http.request(request).await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), BODY_LIMIT)
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .map_err(|_| SimError::Gateway(format!("{url}: no answer within 10s")))?
+            .map_err(|e| SimError::Gateway(format!("{url}: {e}")))
+    }
+
+    /// The result posted for validation `id`, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
+    pub async fn validation_result(
+        &self,
+        id: i64,
+    ) -> Result<Option<PostponedValidationResult>, SimError> {
+        let (status, body) = self
+            .call(Method::GET, &format!("/sim/v1/validations/{id}"), None)
+            .await?;
+        match status {
+            StatusCode::OK => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| SimError::Gateway(format!("unreadable result: {e}"))),
+            StatusCode::NOT_FOUND => Ok(None),
+            other => Err(SimError::Gateway(format!("mock gateway answered {other}"))),
+        }
+    }
+
+    /// Waits (polling) up to `timeout` for the result of validation `id`.
+    ///
+    /// # Errors
+    ///
+    /// As [`MockControl::validation_result`].
+    pub async fn await_validation_result(
+        &self,
+        id: i64,
+        timeout: Duration,
+    ) -> Result<Option<PostponedValidationResult>, SimError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(result) = self.validation_result(id).await? {
+                return Ok(Some(result));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Creates or replaces a transaction record on the mock.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Gateway`] when the mock cannot be reached or refuses it.
+    pub async fn put_transaction(&self, record: &TransactionRecord) -> Result<(), SimError> {
+        let body = serde_json::to_vec(record).map_err(|e| SimError::Request(e.to_string()))?;
+        let path = format!("/sim/v1/transactions/{}", record.transaction_reference_id);
+        let (status, body) = self.call(Method::PUT, &path, Some(body)).await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(SimError::Gateway(format!(
+                "mock gateway refused the record ({status}): {}",
+                String::from_utf8_lossy(&body)
+            )))
+        }
+    }
+}

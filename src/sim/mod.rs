@@ -2,14 +2,22 @@
 //!
 //! * [`MockGateway`] — the aggregator's own endpoints (login, refresh with real JWTs,
 //!   postponed validation results, transaction lookup) on loopback, for a merchant's gateway
-//!   client and its whole flow.
+//!   client and its whole flow; [`MockControl`] reaches one running in another process.
+//! * [`Payment`] and [`set`] — the aggregator's three requests, built from typed values or a
+//!   JSON file with overrides, amounts written exactly.
+//! * [`Trigger`] — sends them to a merchant's endpoints, signed by a [`Signer`] as the
+//!   aggregator signs, and reports each [`Exchange`].
 //!
-//! The `payhook mock-gateway` command is a thin layer over this module.
+//! The `payhook mock-gateway` and `payhook trigger` commands are thin layers over this module.
 
 mod jwt;
 mod mock_gateway;
+mod request;
+mod trigger;
 
-pub use mock_gateway::{MockCounters, MockGateway, MockGatewayConfig};
+pub use mock_gateway::{MockControl, MockCounters, MockGateway, MockGatewayConfig};
+pub use request::{Payment, RequestKind, set, to_text};
+pub use trigger::{Exchange, Signer, Trigger};
 
 /// Why the simulator could not do what was asked.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -17,4 +25,10 @@ pub enum SimError {
     /// Starting a server or opening its state failed.
     #[error("{0}")]
     Setup(String),
+    /// A request could not be built or signed.
+    #[error("{0}")]
+    Request(String),
+    /// The mock gateway could not be reached or answered strangely.
+    #[error("mock gateway: {0}")]
+    Gateway(String),
 }

@@ -1,0 +1,283 @@
+//! `payhook trigger`: send one of the aggregator's requests to a merchant's endpoint.
+
+use clap::{Args, ValueEnum};
+use payhook::Config;
+use payhook::model::{TransactionStatus, TransactionType};
+use payhook::sim::{Exchange, MockControl, Payment, RequestKind, Signer, Trigger};
+use payhook::signature::{Algorithm, Encoding, SigningKey};
+use rust_decimal::Decimal;
+use std::{path::PathBuf, time::Duration};
+use uuid::Uuid;
+
+use crate::Failure;
+
+/// Which request to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Kind {
+    ProvidersValidation,
+    TransactionValidation,
+    Callback,
+}
+
+impl From<Kind> for RequestKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::ProvidersValidation => Self::ProvidersValidation,
+            Kind::TransactionValidation => Self::TransactionValidation,
+            Kind::Callback => Self::Callback,
+        }
+    }
+}
+
+/// The request's contents: typed values, or a JSON file, with overrides.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct PaymentArgs {
+    /// The transaction's nonce (default: a fresh one).
+    #[arg(long)]
+    nonce: Option<String>,
+    /// The amount, sent exactly as written (e.g. 10.50).
+    #[arg(long)]
+    amount: Option<Decimal>,
+    /// ISO currency.
+    #[arg(long)]
+    currency: Option<String>,
+    /// The merchant's client id.
+    #[arg(long)]
+    client: Option<String>,
+    /// The provider id.
+    #[arg(long)]
+    provider: Option<i64>,
+    /// The provider's collaborator id (callback recipient selection).
+    #[arg(long)]
+    collab: Option<i64>,
+    /// A withdrawal (cash-out) instead of a deposit.
+    #[arg(long)]
+    withdrawal: bool,
+    /// The validationId of a transaction validation (default: a fresh one).
+    #[arg(long)]
+    validation_id: Option<i64>,
+    /// The callback's transactionStatus code (4 success; -1 to -6 failures).
+    #[arg(long, allow_negative_numbers = true)]
+    status: Option<i32>,
+    /// The transaction's reference id (default: a fresh one).
+    #[arg(long)]
+    reference_id: Option<Uuid>,
+    /// Start from this JSON body instead of the built one.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Override a field: `path=value`, path dot-separated (`paymentData.amount=0.10`).
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    sets: Vec<String>,
+}
+
+impl PaymentArgs {
+    pub(crate) fn payment(&self) -> Payment {
+        let mut payment = Payment::default();
+        if let Some(nonce) = &self.nonce {
+            payment.nonce.clone_from(nonce);
+        }
+        if let Some(amount) = self.amount {
+            payment.amount = amount;
+        }
+        if let Some(currency) = &self.currency {
+            payment.currency.clone_from(currency);
+        }
+        if let Some(client) = &self.client {
+            payment.client_id.clone_from(client);
+        }
+        if let Some(provider) = self.provider {
+            payment.provider_id = provider;
+        }
+        if let Some(collab) = self.collab {
+            payment.collab_id = collab;
+        }
+        if self.withdrawal {
+            payment.direction = TransactionType::Withdrawal;
+        }
+        if let Some(id) = self.validation_id {
+            payment.validation_id = id;
+        }
+        if let Some(status) = self.status {
+            payment.status = TransactionStatus::from_code(status);
+        }
+        if let Some(reference) = self.reference_id {
+            payment.reference_id = reference;
+        }
+        payment
+    }
+
+    /// The body to send for `kind`, as bytes.
+    pub(crate) fn body(&self, kind: RequestKind, payment: &Payment) -> Result<String, Failure> {
+        let mut body = match &self.file {
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .map_err(|e| format!("{}: {e}", file.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?
+            }
+            None => payment.body(kind),
+        };
+        for set in &self.sets {
+            let (path, value) = set
+                .split_once('=')
+                .ok_or_else(|| format!("--set {set}: expected PATH=VALUE"))?;
+            payhook::sim::set(&mut body, path, value)?;
+        }
+        Ok(payhook::sim::to_text(&body))
+    }
+}
+
+/// How requests are signed and authenticated.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SigningArgs {
+    /// The aggregator's private key (PKCS#8) to sign with; unsigned without it. Header,
+    /// algorithm, encoding and prefix come from the `[signature]` of --config unless given.
+    #[arg(long)]
+    key: Option<PathBuf>,
+    #[arg(long)]
+    alg: Option<Algorithm>,
+    #[arg(long)]
+    encoding: Option<Encoding>,
+    /// The signature header.
+    #[arg(long = "signature-header")]
+    signature_header: Option<String>,
+    #[arg(long)]
+    prefix: Option<String>,
+    /// An extra header, `Name: value` (e.g. the validation endpoints' shared secret); repeat.
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+}
+
+impl SigningArgs {
+    pub(crate) fn trigger(&self, config: &Config) -> Result<Trigger, Failure> {
+        let signer = match &self.key {
+            Some(path) => {
+                let mut signature = config.signature.clone();
+                if let Some(alg) = self.alg {
+                    signature.algorithm = alg;
+                }
+                if let Some(encoding) = self.encoding {
+                    signature.encoding = encoding;
+                }
+                if let Some(header) = &self.signature_header {
+                    signature.header.clone_from(header);
+                }
+                if let Some(prefix) = &self.prefix {
+                    signature.prefix.clone_from(prefix);
+                }
+                let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let key = SigningKey::from_pkcs8(&pem, signature.algorithm)?;
+                Some(Signer::new(key, &signature)?)
+            }
+            None => None,
+        };
+        let mut trigger = Trigger::new(signer)?;
+        for line in &self.headers {
+            trigger = trigger.with_header(line)?;
+        }
+        Ok(trigger)
+    }
+}
+
+/// `payhook trigger KIND --to URL ...`
+#[derive(Debug, Clone, Args)]
+pub(crate) struct TriggerArgs {
+    /// What to send.
+    kind: Kind,
+    /// The merchant's endpoint; a bare `http://host:port` gets the kind's default path.
+    #[arg(long)]
+    to: String,
+    #[command(flatten)]
+    payment: PaymentArgs,
+    #[command(flatten)]
+    signing: SigningArgs,
+    /// Exit 1 unless the merchant answers this status (for a merchant's CI).
+    #[arg(long)]
+    expect: Option<u16>,
+    /// After a transaction validation is answered 200, wait for the merchant's posted result
+    /// at the mock gateway (--gateway) and print it.
+    #[arg(long = "await", requires = "gateway")]
+    wait: bool,
+    /// The mock gateway's URL (for --await).
+    #[arg(long)]
+    gateway: Option<String>,
+    /// How long --await waits.
+    #[arg(long, default_value = "30s", value_parser = payhook::config::parse_duration)]
+    await_timeout: Duration,
+}
+
+/// The endpoint URL: `to` as given, or with the kind's default path when it has none.
+pub(crate) fn endpoint(to: &str, kind: RequestKind) -> String {
+    let trimmed = to.trim_end_matches('/');
+    let has_path = trimmed
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.contains('/'));
+    if has_path {
+        to.to_owned()
+    } else {
+        format!("{trimmed}{}", kind.default_path())
+    }
+}
+
+/// Prints an exchange: the request, the status with latency, and the answer.
+pub(crate) fn print_exchange(exchange: &Exchange) {
+    println!("→ {}", exchange.request.replace('\n', "\n  "));
+    match (exchange.status, &exchange.error) {
+        (Some(status), _) => println!(
+            "← {status} in {:.1} ms\n  {}",
+            exchange.latency.as_secs_f64() * 1000.0,
+            exchange.body
+        ),
+        (None, Some(error)) => println!("← no answer: {error}"),
+        (None, None) => println!("← no answer"),
+    }
+}
+
+pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let kind = RequestKind::from(args.kind);
+        let payment = args.payment.payment();
+        let body = args.payment.body(kind, &payment)?;
+        let trigger = args.signing.trigger(config)?;
+        let exchange = trigger.send(&endpoint(&args.to, kind), body.as_bytes()).await?;
+        print_exchange(&exchange);
+        if let Some(expected) = args.expect
+            && exchange.status != Some(expected)
+        {
+            return Err(Failure(
+                format!(
+                    "expected {expected}, got {}",
+                    exchange
+                        .status
+                        .map_or_else(|| "no answer".to_owned(), |s| s.to_string())
+                ),
+                1,
+            ));
+        }
+        if args.wait && kind == RequestKind::TransactionValidation && exchange.status == Some(200)
+        {
+            let gateway = args.gateway.as_deref().unwrap_or_default();
+            let id = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|b| b["validationId"].as_i64())
+                .unwrap_or(payment.validation_id);
+            println!("… waiting for the result of validation {id} at {gateway}");
+            let control = MockControl::new(gateway)?;
+            match control.await_validation_result(id, args.await_timeout).await? {
+                Some(result) => println!(
+                    "result posted: success = {}, description = {:?}",
+                    result.success, result.description
+                ),
+                None => {
+                    return Err(Failure(
+                        format!("no result for validation {id} within {:?}", args.await_timeout),
+                        1,
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })
+}

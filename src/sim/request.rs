@@ -1,0 +1,286 @@
+//! The requests the aggregator sends, built from a few typed values or from a JSON file with
+//! `path=value` overrides — byte-exact, so that amounts are sent as written (`10.50` stays
+//! `10.50`; no `f64` on the way).
+
+use rust_decimal::Decimal;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use super::SimError;
+use crate::model::{TransactionStatus, TransactionType};
+
+/// The three requests of the aggregator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Providers validation (spec 4.2).
+    ProvidersValidation,
+    /// Transaction validation (spec 4.2).
+    TransactionValidation,
+    /// Transaction result callback (spec 2.7).
+    Callback,
+}
+
+impl RequestKind {
+    /// The default path of the merchant's endpoint for this request.
+    pub fn default_path(self) -> &'static str {
+        match self {
+            Self::ProvidersValidation => "/payhook/providers-validation",
+            Self::TransactionValidation => "/payhook/transaction-validation",
+            Self::Callback => "/payhook/callback",
+        }
+    }
+}
+
+/// The payment a simulated request is about. [`Default`] gives a fresh nonce, validation id
+/// and reference id each time, a deposit of 10.00 EUR by `client-1` with provider 11, and a
+/// success status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payment {
+    /// Unique transaction stamp.
+    pub nonce: String,
+    /// Amount, sent with its scale.
+    pub amount: Decimal,
+    /// ISO currency.
+    pub currency: String,
+    /// The merchant's client.
+    pub client_id: String,
+    /// The chosen provider.
+    pub provider_id: i64,
+    /// The provider's collaborator (callback recipient selection, spec 6.2).
+    pub collab_id: i64,
+    /// Deposit or withdrawal.
+    pub direction: TransactionType,
+    /// `validationId` of a transaction validation.
+    pub validation_id: i64,
+    /// The aggregator's transaction id.
+    pub transaction_id: i64,
+    /// The transaction's reference id.
+    pub reference_id: Uuid,
+    /// The callback's status.
+    pub status: TransactionStatus,
+}
+
+impl Default for Payment {
+    fn default() -> Self {
+        let random = Uuid::new_v4();
+        let (high, low) = random.as_u64_pair();
+        Self {
+            nonce: format!("sim-{}", &random.simple().to_string()[..12]),
+            amount: Decimal::new(1000, 2),
+            currency: "EUR".into(),
+            client_id: "client-1".into(),
+            provider_id: 11,
+            collab_id: 3,
+            direction: TransactionType::Deposit,
+            // Positive and within what JavaScript-based tools keep exact (2^53).
+            validation_id: i64::try_from(high >> 11).unwrap_or(1),
+            transaction_id: i64::try_from(low >> 11).unwrap_or(1),
+            reference_id: Uuid::new_v4(),
+            status: TransactionStatus::Success,
+        }
+    }
+}
+
+/// A marker that [`to_text`] turns into a bare JSON number, exactly as written.
+const EXACT: &str = "\u{0}exact-number:";
+
+/// A JSON number written exactly as `text` (which must be a JSON number).
+fn exact_number(text: &str) -> Value {
+    Value::String(format!("{EXACT}{text}"))
+}
+
+impl Payment {
+    /// The request body of `kind` for this payment.
+    pub fn body(&self, kind: RequestKind) -> Value {
+        let cash_in = self.direction != TransactionType::Withdrawal;
+        let merchant_data = json!({
+            "merchantHash": "6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60",
+            "clientId": self.client_id,
+            "additionalData": {},
+        });
+        let amount = exact_number(&self.amount.to_string());
+        match kind {
+            RequestKind::ProvidersValidation => json!({
+                "transactionData": {
+                    "merchantData": merchant_data,
+                    "paymentData": {
+                        "nonce": self.nonce, "amount": amount, "currency": self.currency,
+                        "providerTags": [], "providerId": self.provider_id, "payType": "card",
+                    },
+                    "cashIn": cash_in,
+                },
+                "providers": [{
+                    "id": self.provider_id, "name": "Simulated card", "collabId": self.collab_id,
+                    "currencies": [{"id": 1, "code": self.currency}],
+                    "payTypes": [{"id": 5, "code": "card", "name": "Bank card", "cashIn": true,
+                                  "cashOut": true, "isCashInEnabled": true, "isCashOutEnabled": true}],
+                }],
+            }),
+            RequestKind::TransactionValidation => json!({
+                "merchantData": merchant_data,
+                "paymentData": {
+                    "nonce": self.nonce, "amount": amount, "currency": self.currency,
+                    "providerId": self.provider_id,
+                },
+                "providerData": {},
+                "validationId": self.validation_id,
+                "cashIn": cash_in,
+            }),
+            RequestKind::Callback => {
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                json!({
+                    "id": self.transaction_id,
+                    "transactionReferenceId": self.reference_id,
+                    "nonce": self.nonce,
+                    "providerId": self.provider_id,
+                    "providerTransactionId": format!("sim-{}", self.transaction_id),
+                    "transactionType": self.direction.code(),
+                    "transactionStatus": self.status.code(),
+                    "transactionStatusMessage": self.status.description(),
+                    "transactionInternalMessage": "",
+                    "clientId": self.client_id,
+                    "additionalData": {},
+                    "amount": amount,
+                    "currency": self.currency,
+                    "destinationAmount": exact_number(&self.amount.to_string()),
+                    "destinationCurrency": self.currency,
+                    "createdUtc": now,
+                    "updatedUtc": now,
+                })
+            }
+        }
+    }
+}
+
+/// Sets `path` (dot-separated object keys and array indexes: `paymentData.amount`,
+/// `providers.0.id`) in `body` to `value`, read as JSON when it is JSON (numbers exactly as
+/// written) and as a string otherwise. Missing objects on the way are created.
+///
+/// # Errors
+///
+/// [`SimError::Request`] when the path runs through something that is not an object or an
+/// array, or indexes past an array's end.
+pub fn set(body: &mut Value, path: &str, value: &str) -> Result<(), SimError> {
+    let bad = |why: &str| SimError::Request(format!("--set {path}: {why}"));
+    let parsed = parse_value(value);
+    let mut current = body;
+    let mut keys = path.split('.').peekable();
+    while let Some(key) = keys.next() {
+        if key.is_empty() {
+            return Err(bad("empty key"));
+        }
+        let last = keys.peek().is_none();
+        current = match current {
+            Value::Object(map) => {
+                if last {
+                    map.insert(key.to_owned(), parsed);
+                    return Ok(());
+                }
+                map.entry(key.to_owned())
+                    .or_insert_with(|| Value::Object(Map::new()))
+            }
+            Value::Array(items) => {
+                let index: usize = key.parse().map_err(|_| bad("an array needs an index"))?;
+                let slot = items
+                    .get_mut(index)
+                    .ok_or_else(|| bad("index past the end of the array"))?;
+                if last {
+                    *slot = parsed;
+                    return Ok(());
+                }
+                slot
+            }
+            _ => return Err(bad("runs through a value that is not an object or array")),
+        };
+    }
+    Ok(())
+}
+
+/// `value` as JSON: numbers kept exactly as written, JSON literals and documents parsed,
+/// anything else a string.
+fn parse_value(value: &str) -> Value {
+    let trimmed = value.trim();
+    if trimmed.parse::<i64>().is_ok() {
+        return serde_json::from_str(trimmed).unwrap_or_else(|_| Value::String(value.into()));
+    }
+    if serde_json::from_str::<serde_json::Number>(trimmed).is_ok() {
+        return exact_number(trimmed);
+    }
+    match serde_json::from_str::<Value>(trimmed) {
+        Ok(parsed @ (Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_))) => parsed,
+        _ => Value::String(value.into()),
+    }
+}
+
+/// The body as the bytes to send: compact JSON, exact numbers written bare.
+pub fn to_text(body: &Value) -> String {
+    let text = body.to_string();
+    let marker = serde_json::to_string(EXACT).unwrap_or_default();
+    // `"\u0000exact-number:` … `"`  →  the number's text.
+    let opening = &marker[..marker.len() - 1];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(start) = rest.find(opening) {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + opening.len()..];
+        let Some(end) = after.find('"') else {
+            out.push_str(&rest[start..]);
+            rest = "";
+            break;
+        };
+        out.push_str(&after[..end]);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_are_written_exactly_and_bodies_parse_as_the_spec_types() {
+        let payment = Payment {
+            amount: "79228162514264337593543950335".parse().unwrap(),
+            ..Payment::default()
+        };
+        let text = to_text(&payment.body(RequestKind::TransactionValidation));
+        assert!(text.contains(r#""amount":79228162514264337593543950335"#), "{text}");
+        let parsed: crate::model::TransactionValidationRequest =
+            serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed.payment_data.amount, payment.amount);
+
+        let payment = Payment {
+            amount: Decimal::new(1050, 2),
+            ..Payment::default()
+        };
+        for kind in [RequestKind::ProvidersValidation, RequestKind::Callback] {
+            assert!(to_text(&payment.body(kind)).contains(":10.50,"));
+        }
+        let callback: crate::model::CallbackBody =
+            serde_json::from_str(&to_text(&payment.body(RequestKind::Callback))).unwrap();
+        assert_eq!(callback.amount.to_string(), "10.50");
+        let _: crate::model::ProvidersValidationRequest =
+            serde_json::from_str(&to_text(&payment.body(RequestKind::ProvidersValidation))).unwrap();
+    }
+
+    #[test]
+    fn set_overrides_nested_values_with_json_or_strings() {
+        let mut body = Payment::default().body(RequestKind::ProvidersValidation);
+        set(&mut body, "transactionData.paymentData.amount", "0.10").unwrap();
+        set(&mut body, "transactionData.cashIn", "false").unwrap();
+        set(&mut body, "providers.0.name", "Other card").unwrap();
+        set(&mut body, "transactionData.merchantData.additionalData.vip", "{\"level\": 3}").unwrap();
+        set(&mut body, "extra.deep.key", "7").unwrap();
+        let text = to_text(&body);
+        assert!(text.contains(r#""amount":0.10"#), "{text}");
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["transactionData"]["cashIn"], false);
+        assert_eq!(value["providers"][0]["name"], "Other card");
+        assert_eq!(value["transactionData"]["merchantData"]["additionalData"]["vip"]["level"], 3);
+        assert_eq!(value["extra"]["deep"]["key"], 7);
+        assert!(set(&mut body, "providers.9.id", "1").is_err());
+        assert!(set(&mut body, "transactionData.cashIn.x", "1").is_err());
+    }
+}
