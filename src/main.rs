@@ -104,7 +104,7 @@ enum Command {
     Admin(AdminCommand),
     /// Send one of the aggregator's requests (signed with --key) to a merchant's endpoint and
     /// print the exchange.
-    Trigger(trigger::TriggerArgs),
+    Trigger(Box<trigger::TriggerArgs>),
     /// Run a local aggregator (login, refresh with real JWTs, postponed results, transaction
     /// lookup) on loopback until Ctrl-C.
     MockGateway {
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
         Command::Trigger(args) => {
-            load_config(cli.config.as_deref()).and_then(|config| trigger::run(args, &config))
+            load_config(cli.config.as_deref()).and_then(|config| trigger::run(*args, &config))
         }
         Command::MockGateway {
             listen,

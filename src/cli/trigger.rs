@@ -3,8 +3,8 @@
 use clap::{Args, ValueEnum};
 use payhook::Config;
 use payhook::model::{TransactionStatus, TransactionType};
-use payhook::sim::{Exchange, MockControl, Payment, RequestKind, Signer, Trigger};
 use payhook::signature::{Algorithm, Encoding, SigningKey};
+use payhook::sim::{Exchange, MockControl, Payment, RequestKind, Signer, Trigger};
 use rust_decimal::Decimal;
 use std::{path::PathBuf, time::Duration};
 use uuid::Uuid;
@@ -184,8 +184,18 @@ pub(crate) struct TriggerArgs {
     /// What to send.
     kind: Kind,
     /// The merchant's endpoint; a bare `http://host:port` gets the kind's default path.
+    #[arg(long, required_unless_present = "settings")]
+    to: Option<String>,
+    /// Callback only: deliver as the aggregator does, to every matching entry of this JSON
+    /// array of callback settings (spec 2.5), with retries; instead of --to.
+    #[arg(long, conflicts_with = "to")]
+    settings: Option<PathBuf>,
+    /// The waits between delivery attempts, e.g. `5s,30s,5m` (the last repeats).
+    #[arg(long, value_delimiter = ',', value_parser = payhook::config::parse_duration)]
+    schedule: Vec<Duration>,
+    /// Let the waits pass on a virtual clock: no sleeping.
     #[arg(long)]
-    to: String,
+    fast: bool,
     #[command(flatten)]
     payment: PaymentArgs,
     #[command(flatten)]
@@ -197,7 +207,8 @@ pub(crate) struct TriggerArgs {
     /// at the mock gateway (--gateway) and print it.
     #[arg(long = "await", requires = "gateway")]
     wait: bool,
-    /// The mock gateway's URL (for --await).
+    /// The mock gateway's URL: --await reads the posted result there, and callback delivery
+    /// records the transaction and its delivery status there.
     #[arg(long)]
     gateway: Option<String>,
     /// How long --await waits.
@@ -241,7 +252,14 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         let payment = args.payment.payment();
         let body = args.payment.body(kind, &payment)?;
         let trigger = args.signing.trigger(config)?;
-        let exchange = trigger.send(&endpoint(&args.to, kind), body.as_bytes()).await?;
+        if let Some(settings) = &args.settings {
+            if kind != RequestKind::Callback {
+                return Err(Failure("--settings delivers callbacks only".into(), 2));
+            }
+            return deliver(&args, settings, &trigger, &payment, &body).await;
+        }
+        let to = args.to.as_deref().unwrap_or_default();
+        let exchange = trigger.send(&endpoint(to, kind), body.as_bytes()).await?;
         print_exchange(&exchange);
         if let Some(expected) = args.expect
             && exchange.status != Some(expected)
@@ -256,8 +274,7 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
                 1,
             ));
         }
-        if args.wait && kind == RequestKind::TransactionValidation && exchange.status == Some(200)
-        {
+        if args.wait && kind == RequestKind::TransactionValidation && exchange.status == Some(200) {
             let gateway = args.gateway.as_deref().unwrap_or_default();
             let id = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
@@ -265,14 +282,20 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
                 .unwrap_or(payment.validation_id);
             println!("… waiting for the result of validation {id} at {gateway}");
             let control = MockControl::new(gateway)?;
-            match control.await_validation_result(id, args.await_timeout).await? {
+            match control
+                .await_validation_result(id, args.await_timeout)
+                .await?
+            {
                 Some(result) => println!(
                     "result posted: success = {}, description = {:?}",
                     result.success, result.description
                 ),
                 None => {
                     return Err(Failure(
-                        format!("no result for validation {id} within {:?}", args.await_timeout),
+                        format!(
+                            "no result for validation {id} within {:?}",
+                            args.await_timeout
+                        ),
                         1,
                     ));
                 }
@@ -280,4 +303,72 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         }
         Ok(())
     })
+}
+
+/// Delivers a callback to the recipients of a settings file, printing each attempt.
+async fn deliver(
+    args: &TriggerArgs,
+    settings: &std::path::Path,
+    trigger: &Trigger,
+    payment: &Payment,
+    body: &str,
+) -> Result<(), Failure> {
+    let text =
+        std::fs::read_to_string(settings).map_err(|e| format!("{}: {e}", settings.display()))?;
+    let settings: Vec<payhook::model::CallbackSettings> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", settings.display()))?;
+    let mut schedule = payhook::sim::Schedule::default();
+    if !args.schedule.is_empty() {
+        schedule.waits.clone_from(&args.schedule);
+    }
+    schedule.fast = args.fast;
+    let mock = args.gateway.as_deref().map(MockControl::new).transpose()?;
+    let report = payhook::sim::deliver_callback(
+        trigger,
+        payment,
+        body.as_bytes(),
+        &settings,
+        &schedule,
+        mock.as_ref(),
+        |url, attempt| {
+            let outcome = match (attempt.exchange.status, &attempt.exchange.error) {
+                (Some(status), _) => format!("{status} {}", attempt.exchange.body),
+                (None, error) => format!("no answer: {}", error.as_deref().unwrap_or("?")),
+            };
+            println!(
+                "{url}: attempt {} at +{:?} → {outcome} ({:.1} ms)",
+                attempt.number,
+                attempt.at,
+                attempt.exchange.latency.as_secs_f64() * 1000.0
+            );
+        },
+    )
+    .await?;
+    if report.deliveries.is_empty() {
+        println!(
+            "no callback URL of the settings matches collab {} and {}",
+            payment.collab_id, payment.direction
+        );
+    }
+    for delivery in &report.deliveries {
+        let verdict = if delivery.delivered() {
+            "delivered"
+        } else {
+            "GAVE UP"
+        };
+        println!(
+            "{}: {verdict} after {} attempt(s)",
+            delivery.url,
+            delivery.attempts.len()
+        );
+    }
+    println!(
+        "callbackDeliveryStatus: {} (reference id {})",
+        report.status(),
+        payment.reference_id
+    );
+    if report.status() == "Failed" {
+        return Err(Failure("a callback was not delivered".into(), 1));
+    }
+    Ok(())
 }

@@ -541,7 +541,11 @@ impl MockControl {
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| SimError::Request(e.to_string()))?;
         let call = async {
-            let response = self.http.request(request).await.map_err(|e| e.to_string())?;
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| e.to_string())?;
             let status = response.status();
             let body = Limited::new(response.into_body(), BODY_LIMIT)
                 .collect()

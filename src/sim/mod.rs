@@ -7,14 +7,19 @@
 //!   JSON file with overrides, amounts written exactly.
 //! * [`Trigger`] — sends them to a merchant's endpoints, signed by a [`Signer`] as the
 //!   aggregator signs, and reports each [`Exchange`].
+//! * [`deliver_callback`] — callback delivery as spec 6 describes it: recipients chosen from
+//!   callback settings (2.5), up to `maxAttempts` attempts on a [`Schedule`] (real or
+//!   virtual time) until the first 2xx, the outcome recorded on the mock gateway.
 //!
 //! The `payhook mock-gateway` and `payhook trigger` commands are thin layers over this module.
 
+mod delivery;
 mod jwt;
 mod mock_gateway;
 mod request;
 mod trigger;
 
+pub use delivery::{Attempt, Delivery, Report, Schedule, deliver, deliver_callback, recipients};
 pub use mock_gateway::{MockControl, MockCounters, MockGateway, MockGatewayConfig};
 pub use request::{Payment, RequestKind, set, to_text};
 pub use trigger::{Exchange, Signer, Trigger};

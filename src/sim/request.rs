@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::SimError;
-use crate::model::{TransactionStatus, TransactionType};
+use crate::model::{TransactionRecord, TransactionStatus, TransactionType};
 
 /// The three requests of the aggregator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +152,54 @@ impl Payment {
     }
 }
 
+impl Payment {
+    /// The aggregator's record of this transaction (spec 2.6), every field filled, with the
+    /// given callback delivery status.
+    pub fn record(&self, delivery_status: &str, sending_canceled: bool) -> TransactionRecord {
+        let now = chrono::Utc::now();
+        TransactionRecord {
+            id: self.transaction_id,
+            transaction_reference_id: self.reference_id,
+            provider_id: Some(self.provider_id),
+            provider_name: Some("Simulated card".into()),
+            provider_pay_type: Some("card".into()),
+            merchant_id: Some(1),
+            merchant_name: Some("Simulated merchant".into()),
+            merchant_client_id: Some(self.client_id.clone()),
+            account_data: json!({}),
+            nonce: self.nonce.clone(),
+            provider_transaction_id: Some(format!("sim-{}", self.transaction_id)),
+            amount: self.amount,
+            currency: self.currency.clone(),
+            destination_amount: Some(self.amount),
+            destination_currency: Some(self.currency.clone()),
+            created_utc: Some(now),
+            updated_utc: Some(now),
+            transaction_type: self.direction,
+            transaction_status: self.status,
+            transaction_status_message: Some(self.status.description().into()),
+            transaction_internal_message: Some(String::new()),
+            callback_delivery_status: Some(delivery_status.into()),
+            error_message: self
+                .status
+                .is_failure()
+                .then(|| self.status.description().into()),
+            is_callback_sending_canceled: sending_canceled,
+            payment_method_type: Some(1),
+            payment_method_value: Some("4111********1111".into()),
+            pay_type_id: Some(5),
+            applied_fee_id: None,
+            applied_fee_type: None,
+            applied_fee_amount: None,
+            applied_fee_value: None,
+            applied_fee_currency: None,
+            applied_fee_payer: None,
+            payment_ip_address: Some("127.0.0.1".into()),
+            user_agent: Some("payhook-sim".into()),
+        }
+    }
+}
+
 /// Sets `path` (dot-separated object keys and array indexes: `paymentData.amount`,
 /// `providers.0.id`) in `body` to `value`, read as JSON when it is JSON (numbers exactly as
 /// written) and as a string otherwise. Missing objects on the way are created.
@@ -246,7 +294,10 @@ mod tests {
             ..Payment::default()
         };
         let text = to_text(&payment.body(RequestKind::TransactionValidation));
-        assert!(text.contains(r#""amount":79228162514264337593543950335"#), "{text}");
+        assert!(
+            text.contains(r#""amount":79228162514264337593543950335"#),
+            "{text}"
+        );
         let parsed: crate::model::TransactionValidationRequest =
             serde_json::from_str(&text).unwrap();
         assert_eq!(parsed.payment_data.amount, payment.amount);
@@ -262,7 +313,8 @@ mod tests {
             serde_json::from_str(&to_text(&payment.body(RequestKind::Callback))).unwrap();
         assert_eq!(callback.amount.to_string(), "10.50");
         let _: crate::model::ProvidersValidationRequest =
-            serde_json::from_str(&to_text(&payment.body(RequestKind::ProvidersValidation))).unwrap();
+            serde_json::from_str(&to_text(&payment.body(RequestKind::ProvidersValidation)))
+                .unwrap();
     }
 
     #[test]
@@ -271,14 +323,22 @@ mod tests {
         set(&mut body, "transactionData.paymentData.amount", "0.10").unwrap();
         set(&mut body, "transactionData.cashIn", "false").unwrap();
         set(&mut body, "providers.0.name", "Other card").unwrap();
-        set(&mut body, "transactionData.merchantData.additionalData.vip", "{\"level\": 3}").unwrap();
+        set(
+            &mut body,
+            "transactionData.merchantData.additionalData.vip",
+            "{\"level\": 3}",
+        )
+        .unwrap();
         set(&mut body, "extra.deep.key", "7").unwrap();
         let text = to_text(&body);
         assert!(text.contains(r#""amount":0.10"#), "{text}");
         let value: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["transactionData"]["cashIn"], false);
         assert_eq!(value["providers"][0]["name"], "Other card");
-        assert_eq!(value["transactionData"]["merchantData"]["additionalData"]["vip"]["level"], 3);
+        assert_eq!(
+            value["transactionData"]["merchantData"]["additionalData"]["vip"]["level"],
+            3
+        );
         assert_eq!(value["extra"]["deep"]["key"], 7);
         assert!(set(&mut body, "providers.9.id", "1").is_err());
         assert!(set(&mut body, "transactionData.cashIn.x", "1").is_err());

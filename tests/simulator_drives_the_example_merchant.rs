@@ -1,0 +1,297 @@
+//! The simulator against the example merchant and test merchants: signed triggers of every
+//! kind are accepted and a tampered one refused; callback delivery picks recipients, stops at
+//! the first 2xx, gives up after `maxAttempts`, and the mock gateway's record says so.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+#[path = "../examples/merchant.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the example is a binary of its own; here only its merchant is used"
+)]
+mod merchant;
+mod support;
+
+use payhook::Config;
+use payhook::model::{CallbackSettings, TransactionStatus, TransactionType};
+use payhook::signature::Algorithm;
+use payhook::sim::{
+    MockControl, MockGateway, MockGatewayConfig, Payment, RequestKind, Schedule, Signer, Trigger,
+    deliver_callback, to_text,
+};
+use rust_decimal::Decimal;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, Ordering},
+};
+use std::time::Duration;
+use support::*;
+
+/// The example merchant's app on port 0, verifying the Ed25519 fixture key.
+async fn example() -> (String, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = signed_config(&["ed25519"]);
+    config.signature.algorithm = Algorithm::Ed25519;
+    config.store.path = data.path().join("store");
+    let store = merchant::open_store(&config).unwrap();
+    let shop = merchant::Merchant {
+        max_amount: Decimal::from(1000),
+        review_above: None,
+    };
+    let app = merchant::app(config, shop, store).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+    (url, data)
+}
+
+fn signing_trigger() -> Trigger {
+    let mut signature = Config::default().signature;
+    signature.algorithm = Algorithm::Ed25519;
+    let key = fixture_signer("ed25519", Algorithm::Ed25519);
+    Trigger::new(Some(Signer::new(key, &signature).unwrap())).unwrap()
+}
+
+#[tokio::test]
+async fn signed_triggers_of_every_kind_are_accepted_and_a_tampered_one_refused() {
+    let (url, _data) = example().await;
+    let trigger = signing_trigger();
+    let payment = Payment {
+        amount: "25.50".parse().unwrap(),
+        ..Payment::default()
+    };
+    for kind in [
+        RequestKind::ProvidersValidation,
+        RequestKind::TransactionValidation,
+        RequestKind::Callback,
+    ] {
+        let body = to_text(&payment.body(kind));
+        let exchange = trigger
+            .send(&format!("{url}{}", kind.default_path()), body.as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(exchange.status, Some(200), "{kind:?}: {}", exchange.body);
+    }
+    // Signed, then one byte of the amount changed: the merchant refuses it.
+    let body = to_text(&Payment::default().body(RequestKind::Callback));
+    let signer = trigger.signer().unwrap();
+    let signature = signer.value(body.as_bytes()).unwrap();
+    let tampered = body.replace("\"amount\":10.00", "\"amount\":99.00");
+    assert_ne!(tampered, body);
+    let exchange = trigger
+        .send_with(
+            &format!("{url}/payhook/callback"),
+            tampered.as_bytes(),
+            Some((signer.header().clone(), signature)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(exchange.status, Some(401));
+    assert_eq!(
+        exchange.message().unwrap(),
+        "invalid signature: it does not verify with any configured key"
+    );
+}
+
+/// A merchant that answers 503 to the first `failures` deliveries, then 200.
+async fn flaky_merchant(failures: u32) -> (String, Arc<AtomicU32>) {
+    let seen = Arc::new(AtomicU32::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let counter = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_request| {
+                    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                    let status = if n <= failures { 503 } else { 200 };
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                                    b"{\"message\":\"scripted\"}",
+                                )))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+fn settings(url: &str, max_attempts: u32, add_signature: bool) -> CallbackSettings {
+    CallbackSettings {
+        collab_id: 3,
+        callback_url: url.to_owned(),
+        max_attempts,
+        is_enabled: true,
+        add_signature,
+        transaction_type_id: None,
+    }
+}
+
+#[tokio::test]
+async fn delivery_stops_at_the_first_2xx_and_the_record_says_delivered() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let control = MockControl::new(&mock.url()).unwrap();
+    let (url, seen) = flaky_merchant(2).await;
+    let payment = Payment::default();
+    let body = to_text(&payment.body(RequestKind::Callback));
+    let mut progress = Vec::new();
+    let report = deliver_callback(
+        &signing_trigger(),
+        &payment,
+        body.as_bytes(),
+        &[settings(&url, 17, true)],
+        &Schedule::default().fast(),
+        Some(&control),
+        |_, attempt| progress.push((attempt.number, attempt.at, attempt.exchange.status)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        progress,
+        [
+            (1, Duration::ZERO, Some(503)),
+            (2, Duration::from_secs(5), Some(503)),
+            (3, Duration::from_secs(20), Some(200)),
+        ],
+        "attempts on the virtual clock of the default schedule"
+    );
+    assert_eq!(report.status(), "Delivered");
+    let record = mock.transaction(payment.reference_id).unwrap();
+    assert_eq!(
+        record.callback_delivery_status.as_deref(),
+        Some("Delivered")
+    );
+    assert!(!record.is_callback_sending_canceled);
+    assert_eq!(record.nonce, payment.nonce);
+}
+
+#[tokio::test]
+async fn delivery_gives_up_after_max_attempts_and_the_record_says_failed() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let control = MockControl::new(&mock.url()).unwrap();
+    // The test merchant asks for a retry every time for client "retry".
+    let server = TestServer::start().await;
+    let payment = Payment {
+        client_id: "retry".into(),
+        status: TransactionStatus::PaymentSystemError,
+        direction: TransactionType::Withdrawal,
+        ..Payment::default()
+    };
+    let body = to_text(&payment.body(RequestKind::Callback));
+    let url = format!("http://{}{CALLBACK_PATH}", server.addr);
+    let report = deliver_callback(
+        &Trigger::new(None).unwrap(),
+        &payment,
+        body.as_bytes(),
+        &[settings(&url, 4, false)],
+        &Schedule::default().fast(),
+        Some(&control),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.deliveries[0].attempts.len(), 4);
+    assert!(!report.deliveries[0].delivered());
+    assert_eq!(
+        server.merchant.calls().len(),
+        4,
+        "every attempt reached the handler"
+    );
+    let record = mock.transaction(payment.reference_id).unwrap();
+    assert_eq!(record.callback_delivery_status.as_deref(), Some("Failed"));
+    assert!(record.is_callback_sending_canceled);
+    assert_eq!(
+        record.transaction_status,
+        TransactionStatus::PaymentSystemError
+    );
+}
+
+#[tokio::test]
+async fn settings_with_more_than_17_attempts_or_a_signature_without_key_are_refused() {
+    let payment = Payment::default();
+    let body = to_text(&payment.body(RequestKind::Callback));
+    let refuse = |settings: CallbackSettings| {
+        let body = body.clone();
+        let payment = payment.clone();
+        async move {
+            deliver_callback(
+                &Trigger::new(None).unwrap(),
+                &payment,
+                body.as_bytes(),
+                &[settings],
+                &Schedule::default().fast(),
+                None,
+                |_, _| {},
+            )
+            .await
+            .unwrap_err()
+            .to_string()
+        }
+    };
+    assert!(
+        refuse(settings("http://127.0.0.1:1/", 18, false))
+            .await
+            .contains("1 to 17")
+    );
+    assert!(
+        refuse(settings("http://127.0.0.1:1/", 3, true))
+            .await
+            .contains("signing key")
+    );
+}
+
+#[tokio::test]
+async fn an_awaitable_validation_triggered_by_the_simulator_gets_its_result_at_the_mock() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let mut config = test_config();
+    config.gateway = mock.gateway_config();
+    config.validation.awaitable = true;
+    let server = TestServer::start_with(config).await;
+    let payment = Payment {
+        client_id: "postpone".into(),
+        ..Payment::default()
+    };
+    let body = to_text(&payment.body(RequestKind::TransactionValidation));
+    let exchange = Trigger::new(None)
+        .unwrap()
+        .send(
+            &format!("http://{}{VALIDATION_PATH}", server.addr),
+            body.as_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(exchange.message().as_deref(), Some("validation postponed"));
+    server
+        .app
+        .resolver()
+        .unwrap()
+        .resolve(payment.validation_id, true, "approved")
+        .await
+        .unwrap();
+    let control = MockControl::new(&mock.url()).unwrap();
+    let result = control
+        .await_validation_result(payment.validation_id, DEADLINE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(result.success);
+    assert_eq!(result.description, "approved");
+}
