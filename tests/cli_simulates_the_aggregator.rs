@@ -1,0 +1,276 @@
+//! The simulator's commands, run as real binaries: `payhook mock-gateway`, and `payhook
+//! trigger` against the example merchant's binary — signed and unsigned, `--expect`,
+//! `--await` of a postponed validation's result, and delivery from a settings file.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::gateway::GatewayClient;
+use payhook::sim::{MockGateway, MockGatewayConfig};
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+};
+use support::*;
+
+/// The example merchant's binary, verifying the Ed25519 fixture key; `extra` adds settings.
+fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Child, SocketAddr) {
+    let key = signature_fixtures().join("ed25519/public.pem");
+    let mut child = Command::new(example_binary())
+        .env_clear()
+        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
+        .env("PAYHOOK_STORE_PATH", data)
+        .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
+        .env(
+            "PAYHOOK_SIGNATURE_KEYS",
+            format!("[{{file = \"{}\"}}]", key.display()),
+        )
+        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the merchant printed its address")
+            .unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.parse().unwrap();
+        }
+    };
+    (child, address)
+}
+
+/// Runs `payhook args` off the runtime, so that in-process servers keep answering.
+async fn payhook(args: Vec<String>) -> (i32, String, String) {
+    let output: Output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(args)
+            .env_clear()
+            .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn args(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn private_key() -> String {
+    signature_fixtures()
+        .join("ed25519/private.pem")
+        .display()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_signs_like_the_aggregator_and_expect_makes_the_exit_code() {
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(data.path(), &[]);
+    let to = format!("http://{address}");
+    let key = private_key();
+    for kind in ["providers-validation", "transaction-validation", "callback"] {
+        let (code, stdout, stderr) = payhook(args(&[
+            "trigger", kind, "--to", &to, "--key", &key, "--expect", "200",
+        ]))
+        .await;
+        assert_eq!(code, 0, "{kind}: {stdout}{stderr}");
+        assert!(stdout.contains("← 200 in"), "{stdout}");
+    }
+    // Unsigned: the merchant refuses the callback, and --expect turns that into exit 1.
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger", "callback", "--to", &to, "--expect", "200",
+    ]))
+    .await;
+    assert_eq!(code, 1);
+    assert!(
+        stdout.contains("← 401") && stderr.contains("expected 200, got 401"),
+        "{stdout}{stderr}"
+    );
+    // A body from the flags, overridden by --set, sent exactly.
+    let (code, stdout, _) = payhook(args(&[
+        "trigger",
+        "transaction-validation",
+        "--to",
+        &to,
+        "--key",
+        &key,
+        "--amount",
+        "25000.00",
+        "--set",
+        "merchantData.clientId=vip-7",
+        "--expect",
+        "403",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("\"amount\":25000.00") && stdout.contains("vip-7"),
+        "{stdout}"
+    );
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn await_prints_the_result_the_merchant_posts_to_the_mock_gateway() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let gateway = mock.gateway_config();
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(
+        data.path(),
+        &[
+            ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+            ("PAYHOOK_GATEWAY_AUTH_URL", mock.url()),
+            ("PAYHOOK_GATEWAY_GATEWAY_URL", mock.url()),
+            ("PAYHOOK_GATEWAY_USERNAME", gateway.username.unwrap()),
+            (
+                "PAYHOOK_GATEWAY_PASSWORD",
+                gateway.password.unwrap().expose().to_owned(),
+            ),
+            ("MERCHANT_REVIEW_ABOVE", "100".into()),
+            ("MERCHANT_REVIEW_EVERY", "50ms".into()),
+        ],
+    );
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger",
+        "transaction-validation",
+        "--to",
+        &format!("http://{address}"),
+        "--key",
+        &private_key(),
+        "--amount",
+        "500",
+        "--client",
+        "blocked-9",
+        "--validation-id",
+        "77",
+        "--await",
+        "--gateway",
+        &mock.url(),
+    ]))
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("validation postponed"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "result posted: success = false, description = \"reviewed: blocked-9 is blocked\""
+        ),
+        "{stdout}"
+    );
+    assert_eq!(mock.validation_result(77).map(|r| r.success), Some(false));
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_from_a_settings_file_reaches_the_matching_urls_and_is_recorded() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(data.path(), &[]);
+    let settings = data.path().join("callback-settings.json");
+    std::fs::write(
+        &settings,
+        serde_json::json!([
+            {"collabId": 3, "callbackUrl": format!("http://{address}/payhook/callback"), "maxAttempts": 17,
+             "isEnabled": true, "addSignature": true, "transactionTypeId": null},
+            {"collabId": 3, "callbackUrl": "http://127.0.0.1:1/disabled", "maxAttempts": 3,
+             "isEnabled": false, "addSignature": false, "transactionTypeId": null},
+            {"collabId": 3, "callbackUrl": "http://127.0.0.1:1/withdrawals", "maxAttempts": 3,
+             "isEnabled": true, "addSignature": false, "transactionTypeId": 2}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let reference = "5f0c6a1e-0000-4000-8000-000000000042";
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger",
+        "callback",
+        "--settings",
+        settings.to_str().unwrap(),
+        "--key",
+        &private_key(),
+        "--fast",
+        "--gateway",
+        &mock.url(),
+        "--reference-id",
+        reference,
+        "--collab",
+        "3",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("attempt 1 at +0ns → 200"), "{stdout}");
+    assert!(
+        !stdout.contains("disabled") && !stdout.contains("withdrawals"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("callbackDeliveryStatus: Delivered"),
+        "{stdout}"
+    );
+    let record = mock.transaction(reference.parse().unwrap()).unwrap();
+    assert_eq!(
+        record.callback_delivery_status.as_deref(),
+        Some("Delivered")
+    );
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_gateway_command_serves_logins_until_stopped() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args([
+            "mock-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--access-lifetime",
+            "30s",
+        ])
+        .env_clear()
+        .env("PAYHOOK_MOCK_PASSWORD", "s3cret")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .strip_prefix("mock gateway listening on ")
+        .unwrap()
+        .to_owned();
+    let client = GatewayClient::new(&payhook::config::GatewayConfig {
+        auth_url: Some(url.clone()),
+        gateway_url: Some(url),
+        username: Some("merchant".into()),
+        password: Some("s3cret".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let session = client.login().await.unwrap();
+    let lifetime = session.access_token_expiry_utc - chrono::Utc::now();
+    assert!(lifetime <= chrono::TimeDelta::seconds(30), "{lifetime}");
+    assert_eq!(session.access_token.expose().split('.').count(), 3, "a JWT");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
