@@ -274,3 +274,59 @@ async fn mock_gateway_command_serves_logins_until_stopped() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(data.path(), &[]);
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger",
+        "callback",
+        "--to",
+        &format!("http://{address}"),
+        "--key",
+        &private_key(),
+        "--fault",
+        "duplicate",
+        "--fault",
+        "concurrent",
+        "--fault",
+        "tamper-body",
+        "--fault",
+        "reorder",
+        "--fault",
+        "reuse-nonce",
+    ]))
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for line in [
+        "duplicate: ok",
+        "concurrent: ok",
+        "tamper-body: ok",
+        "reorder: ok",
+        "reuse-nonce: ok",
+    ] {
+        assert!(stdout.contains(line), "{line} in {stdout}");
+    }
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+
+    // A receiver that checks no signature accepts a tampered body: the simulator says so.
+    let careless = TestServer::start().await;
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger",
+        "callback",
+        "--to",
+        &format!("http://{}", careless.addr),
+        "--key",
+        &private_key(),
+        "--fault",
+        "tamper-body",
+    ]))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("tamper-body: WRONG") && stdout.contains("a correct receiver: 401"),
+        "{stdout}"
+    );
+}

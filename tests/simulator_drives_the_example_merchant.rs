@@ -16,8 +16,8 @@ use payhook::Config;
 use payhook::model::{CallbackSettings, TransactionStatus, TransactionType};
 use payhook::signature::Algorithm;
 use payhook::sim::{
-    MockControl, MockGateway, MockGatewayConfig, Payment, RequestKind, Schedule, Signer, Trigger,
-    deliver_callback, to_text,
+    Fault, MockControl, MockGateway, MockGatewayConfig, Payment, RequestKind, Schedule, Signer,
+    Trigger, deliver_callback, to_text,
 };
 use rust_decimal::Decimal;
 use std::sync::{
@@ -28,21 +28,42 @@ use std::time::Duration;
 use support::*;
 
 /// The example merchant's app on port 0, verifying the Ed25519 fixture key.
-async fn example() -> (String, tempfile::TempDir) {
-    let data = tempfile::tempdir().unwrap();
-    let mut config = signed_config(&["ed25519"]);
-    config.signature.algorithm = Algorithm::Ed25519;
-    config.store.path = data.path().join("store");
-    let store = merchant::open_store(&config).unwrap();
-    let shop = merchant::Merchant {
-        max_amount: Decimal::from(1000),
-        review_above: None,
-    };
-    let app = merchant::app(config, shop, store).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
-    (url, data)
+struct Example {
+    url: String,
+    store: payhook::store::SledStore,
+    _data: tempfile::TempDir,
+}
+
+impl Example {
+    async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = signed_config(&["ed25519"]);
+        config.signature.algorithm = Algorithm::Ed25519;
+        config.store.path = data.path().join("store");
+        tweak(&mut config);
+        let store = merchant::open_store(&config).unwrap();
+        let shop = merchant::Merchant {
+            max_amount: Decimal::from(1000),
+            review_above: None,
+        };
+        let app = merchant::app(config, shop, store.clone()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+        Self {
+            url,
+            store,
+            _data: data,
+        }
+    }
+
+    /// The ledger entry of `nonce`, if booked.
+    fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
+        self.store
+            .get(merchant::ENTRIES, nonce.as_bytes())
+            .unwrap()
+            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+    }
 }
 
 fn signing_trigger() -> Trigger {
@@ -54,7 +75,8 @@ fn signing_trigger() -> Trigger {
 
 #[tokio::test]
 async fn signed_triggers_of_every_kind_are_accepted_and_a_tampered_one_refused() {
-    let (url, _data) = example().await;
+    let example = Example::start(|_| {}).await;
+    let url = example.url.clone();
     let trigger = signing_trigger();
     let payment = Payment {
         amount: "25.50".parse().unwrap(),
@@ -294,4 +316,115 @@ async fn an_awaitable_validation_triggered_by_the_simulator_gets_its_result_at_t
         .unwrap();
     assert!(result.success);
     assert_eq!(result.description, "approved");
+}
+
+// ------------------------------------------------------------------------ fault injection
+
+async fn inject(
+    example: &Example,
+    kind: RequestKind,
+    payment: &Payment,
+    fault: Fault,
+) -> payhook::sim::Verdict {
+    let url = format!("{}{}", example.url, kind.default_path());
+    let verdict = payhook::sim::inject(&signing_trigger(), &url, kind, payment, fault)
+        .await
+        .unwrap();
+    assert!(verdict.correct, "{fault:?}: {verdict:?}");
+    verdict
+}
+
+#[tokio::test]
+async fn duplicates_in_a_row_and_at_once_book_one_ledger_entry() {
+    let example = Example::start(|_| {}).await;
+    for fault in [Fault::Duplicate(4), Fault::Concurrent(8)] {
+        let payment = Payment::default();
+        let verdict = inject(&example, RequestKind::Callback, &payment, fault).await;
+        let accepted = verdict
+            .answers
+            .iter()
+            .filter(|a| a.ends_with("callback accepted"))
+            .count();
+        assert_eq!(accepted, 1, "{verdict:?}");
+        let entry = example.entry(&payment.nonce).unwrap();
+        assert_eq!((entry.bookings, entry.amount), (1, payment.amount));
+    }
+}
+
+#[tokio::test]
+async fn tampered_or_foreign_signatures_are_refused_and_book_nothing() {
+    let example = Example::start(|_| {}).await;
+    for fault in [Fault::TamperBody, Fault::TamperSignature, Fault::WrongKey] {
+        let payment = Payment::default();
+        let verdict = inject(&example, RequestKind::Callback, &payment, fault).await;
+        assert!(
+            verdict.answers[0].starts_with("401 invalid signature"),
+            "{verdict:?}"
+        );
+        assert!(example.entry(&payment.nonce).is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_failure_then_a_success_for_one_nonce_books_the_success_over_the_failure() {
+    let example = Example::start(|_| {}).await;
+    let payment = Payment::default();
+    inject(&example, RequestKind::Callback, &payment, Fault::Reorder).await;
+    let entry = example.entry(&payment.nonce).unwrap();
+    assert_eq!((entry.status, entry.bookings), (4, 2));
+    assert_eq!(entry.balance_effect, payment.amount);
+}
+
+#[tokio::test]
+async fn a_slow_body_gets_408_and_a_dropped_one_books_nothing_until_sent_whole() {
+    let example = Example::start(|config| {
+        config.server.request_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let payment = Payment::default();
+    let verdict = inject(
+        &example,
+        RequestKind::Callback,
+        &payment,
+        Fault::SlowBody(Duration::from_secs(2)),
+    )
+    .await;
+    assert!(verdict.answers[0].starts_with("408"), "{verdict:?}");
+    assert!(example.entry(&payment.nonce).is_none());
+
+    let payment = Payment::default();
+    let verdict = inject(
+        &example,
+        RequestKind::Callback,
+        &payment,
+        Fault::DropMidRequest,
+    )
+    .await;
+    assert!(verdict.answers[0].starts_with("no answer"), "{verdict:?}");
+    assert_eq!(example.entry(&payment.nonce).unwrap().bookings, 1);
+}
+
+#[tokio::test]
+async fn a_reused_nonce_with_other_payment_data_is_refused_or_not_booked_again() {
+    let example = Example::start(|_| {}).await;
+    let payment = Payment::default();
+    let verdict = inject(
+        &example,
+        RequestKind::TransactionValidation,
+        &payment,
+        Fault::ReuseNonce,
+    )
+    .await;
+    assert_eq!(
+        verdict.answers[1],
+        "403 nonce already used for a different payment"
+    );
+    let payment = Payment::default();
+    inject(&example, RequestKind::Callback, &payment, Fault::ReuseNonce).await;
+    let entry = example.entry(&payment.nonce).unwrap();
+    assert_eq!(
+        (entry.amount, entry.bookings),
+        (payment.amount, 1),
+        "the first amount stays"
+    );
 }

@@ -29,6 +29,29 @@ impl From<Kind> for RequestKind {
     }
 }
 
+/// A fault to inject (see `payhook::sim::Fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum FaultName {
+    /// The same request --copies times in a row.
+    Duplicate,
+    /// The same request --copies times at once.
+    Concurrent,
+    /// A body byte changed after signing.
+    TamperBody,
+    /// A signature character changed.
+    TamperSignature,
+    /// Signed with a key the merchant does not know.
+    WrongKey,
+    /// A failure, then a success, for one nonce (callbacks).
+    Reorder,
+    /// The body trickled out over --slow-for.
+    SlowBody,
+    /// Half the body, the connection closed, then the request again.
+    DropMidRequest,
+    /// The nonce again with another amount.
+    ReuseNonce,
+}
+
 /// The request's contents: typed values, or a JSON file, with overrides.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct PaymentArgs {
@@ -214,6 +237,33 @@ pub(crate) struct TriggerArgs {
     /// How long --await waits.
     #[arg(long, default_value = "30s", value_parser = payhook::config::parse_duration)]
     await_timeout: Duration,
+    /// Behave like a hostile or unlucky network instead of sending once; repeat for several.
+    /// Each prints what the merchant answered and whether a correct receiver answers so.
+    #[arg(long, value_enum, conflicts_with = "settings")]
+    fault: Vec<FaultName>,
+    /// Copies sent by `duplicate` and `concurrent`.
+    #[arg(long, default_value_t = 3)]
+    copies: u32,
+    /// How long `slow-body` spreads the body over.
+    #[arg(long, default_value = "5s", value_parser = payhook::config::parse_duration)]
+    slow_for: Duration,
+}
+
+impl TriggerArgs {
+    fn fault(&self, name: FaultName) -> payhook::sim::Fault {
+        use payhook::sim::Fault;
+        match name {
+            FaultName::Duplicate => Fault::Duplicate(self.copies),
+            FaultName::Concurrent => Fault::Concurrent(self.copies),
+            FaultName::TamperBody => Fault::TamperBody,
+            FaultName::TamperSignature => Fault::TamperSignature,
+            FaultName::WrongKey => Fault::WrongKey,
+            FaultName::Reorder => Fault::Reorder,
+            FaultName::SlowBody => Fault::SlowBody(self.slow_for),
+            FaultName::DropMidRequest => Fault::DropMidRequest,
+            FaultName::ReuseNonce => Fault::ReuseNonce,
+        }
+    }
 }
 
 /// The endpoint URL: `to` as given, or with the kind's default path when it has none.
@@ -259,6 +309,9 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
             return deliver(&args, settings, &trigger, &payment, &body).await;
         }
         let to = args.to.as_deref().unwrap_or_default();
+        if !args.fault.is_empty() {
+            return faults(&args, &trigger, &endpoint(to, kind), kind, &payment).await;
+        }
         let exchange = trigger.send(&endpoint(to, kind), body.as_bytes()).await?;
         print_exchange(&exchange);
         if let Some(expected) = args.expect
@@ -369,6 +422,42 @@ async fn deliver(
     );
     if report.status() == "Failed" {
         return Err(Failure("a callback was not delivered".into(), 1));
+    }
+    Ok(())
+}
+
+/// Injects each fault of `args` and prints the verdicts; exit 1 if any answer was wrong.
+async fn faults(
+    args: &TriggerArgs,
+    trigger: &Trigger,
+    url: &str,
+    kind: RequestKind,
+    payment: &Payment,
+) -> Result<(), Failure> {
+    let mut wrong = 0;
+    for name in &args.fault {
+        // Each fault on a fresh transaction, so that they do not see each other's records.
+        let payment = Payment {
+            nonce: Payment::default().nonce,
+            validation_id: Payment::default().validation_id,
+            ..payment.clone()
+        };
+        let verdict = payhook::sim::inject(trigger, url, kind, &payment, args.fault(*name)).await?;
+        let mark = if verdict.correct { "ok" } else { "WRONG" };
+        let name = name
+            .to_possible_value()
+            .map_or_else(|| format!("{name:?}"), |v| v.get_name().to_owned());
+        println!(
+            "{name}: {mark}\n  merchant answered: {}\n  a correct receiver: {}",
+            verdict.answers.join(" | "),
+            verdict.expected
+        );
+        if !verdict.correct {
+            wrong += 1;
+        }
+    }
+    if wrong > 0 {
+        return Err(Failure(format!("{wrong} fault(s) answered wrongly"), 1));
     }
     Ok(())
 }

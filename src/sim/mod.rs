@@ -10,16 +10,21 @@
 //! * [`deliver_callback`] — callback delivery as spec 6 describes it: recipients chosen from
 //!   callback settings (2.5), up to `maxAttempts` attempts on a [`Schedule`] (real or
 //!   virtual time) until the first 2xx, the outcome recorded on the mock gateway.
+//! * [`inject`] — fault injection: duplicates, concurrency, tampering, a wrong key,
+//!   reordered results, slow bodies, dropped connections, reused nonces; each with a
+//!   [`Verdict`] on whether the merchant answered as a correct receiver does.
 //!
 //! The `payhook mock-gateway` and `payhook trigger` commands are thin layers over this module.
 
 mod delivery;
+mod faults;
 mod jwt;
 mod mock_gateway;
 mod request;
 mod trigger;
 
 pub use delivery::{Attempt, Delivery, Report, Schedule, deliver, deliver_callback, recipients};
+pub use faults::{Fault, Verdict, inject};
 pub use mock_gateway::{MockControl, MockCounters, MockGateway, MockGatewayConfig};
 pub use request::{Payment, RequestKind, set, to_text};
 pub use trigger::{Exchange, Signer, Trigger};

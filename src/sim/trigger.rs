@@ -50,6 +50,22 @@ impl Signer {
         })
     }
 
+    /// The same header, encoding and prefix with another key.
+    #[must_use]
+    pub fn with_key(&self, key: SigningKey) -> Self {
+        Self {
+            key,
+            header: self.header.clone(),
+            encoding: self.encoding,
+            prefix: self.prefix.clone(),
+        }
+    }
+
+    /// The algorithm it signs with.
+    pub fn algorithm(&self) -> crate::signature::Algorithm {
+        self.key.algorithm()
+    }
+
     /// The header this signer writes.
     pub fn header(&self) -> &HeaderName {
         &self.header

@@ -1,0 +1,419 @@
+//! Fault injection: the simulator behaves like a hostile or unlucky network, and says
+//! whether the merchant answered as a correct receiver does.
+//!
+//! | fault | what is sent | a correct receiver |
+//! |---|---|---|
+//! | `duplicate` | the same signed request, again and again | answers 2xx every time (and books once) |
+//! | `concurrent` | the same signed request, several at the same moment | answers 2xx to all (and books once) |
+//! | `tamper-body` | a byte of the body changed after signing | refuses with 401 |
+//! | `tamper-signature` | a character of the signature changed | refuses with 401 |
+//! | `wrong-key` | signed with a key the merchant does not know | refuses with 401 |
+//! | `reorder` | a failure (-3), then a success (4), for one nonce | acknowledges both (2xx): a new final status is new information |
+//! | `slow-body` | the body trickled out over a while | answers — 2xx, or 408 when it gives up — and never hangs |
+//! | `drop-mid-request` | half the body, then the connection closed; then the whole request | answers the whole request 2xx |
+//! | `reuse-nonce` | a request, then the same nonce with another amount | validation: 403 to the second; callback: no second booking (2xx "already processed" or a 4xx) |
+
+use bytes::Bytes;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::SimError;
+use super::request::{Payment, RequestKind, set, to_text};
+use super::trigger::{Exchange, Trigger};
+use crate::model::TransactionStatus;
+use crate::signature::{SigningKey, generate_key_pair};
+
+/// A fault to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The same request `n` times in a row.
+    Duplicate(u32),
+    /// The same request `n` times at once.
+    Concurrent(u32),
+    /// A body byte changed after signing.
+    TamperBody,
+    /// A signature character changed.
+    TamperSignature,
+    /// Signed with an unknown key.
+    WrongKey,
+    /// A failure, then a success, for one nonce (callbacks).
+    Reorder,
+    /// The body sent slowly over this long.
+    SlowBody(Duration),
+    /// The connection dropped half-way through the body, then the request again.
+    DropMidRequest,
+    /// The nonce again with another amount.
+    ReuseNonce,
+}
+
+/// What the merchant answered to a fault, and whether a correct receiver answers so.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The fault.
+    pub fault: Fault,
+    /// What a correct receiver does.
+    pub expected: &'static str,
+    /// Each answer, in order: status (or why none) and message.
+    pub answers: Vec<String>,
+    /// Whether the answers are what a correct receiver gives.
+    pub correct: bool,
+}
+
+fn summary(exchange: &Exchange) -> String {
+    match (exchange.status, &exchange.error) {
+        (Some(status), _) => format!(
+            "{status} {}",
+            exchange.message().unwrap_or_else(|| exchange.body.clone())
+        ),
+        (None, Some(error)) => format!("no answer: {error}"),
+        (None, None) => "no answer".into(),
+    }
+}
+
+/// Injects `fault` into requests of `kind` for `payment` sent to `url`.
+///
+/// # Errors
+///
+/// [`SimError::Request`] when the fault needs a signing key and the trigger has none, when
+/// it does not apply to `kind`, or when a raw connection cannot be made.
+pub async fn inject(
+    trigger: &Trigger,
+    url: &str,
+    kind: RequestKind,
+    payment: &Payment,
+    fault: Fault,
+) -> Result<Verdict, SimError> {
+    let body = to_text(&payment.body(kind));
+    let signature = |body: &str| -> Result<Option<(http::HeaderName, String)>, SimError> {
+        trigger
+            .signer()
+            .map(|s| Ok((s.header().clone(), s.value(body.as_bytes())?)))
+            .transpose()
+    };
+    let needs_signer = || {
+        trigger
+            .signer()
+            .ok_or_else(|| SimError::Request(format!("{fault:?} needs a signing key (--key)")))
+    };
+    let (expected, exchanges, correct): (&'static str, Vec<Exchange>, Judge) = match fault {
+        Fault::Duplicate(n) => {
+            let mut all = Vec::new();
+            for _ in 0..n.max(2) {
+                all.push(trigger.send(url, body.as_bytes()).await?);
+            }
+            ("2xx every time", all, all_success)
+        }
+        Fault::Concurrent(n) => {
+            let sends = (0..n.max(2)).map(|_| trigger.send(url, body.as_bytes()));
+            let all = futures_util::future::join_all(sends)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()?;
+            ("2xx to every copy", all, all_success)
+        }
+        Fault::TamperBody => {
+            let signed = signature(&body)?;
+            needs_signer()?;
+            let tampered = tamper_body(&body);
+            let exchange = trigger.send_with(url, tampered.as_bytes(), signed).await?;
+            ("401", vec![exchange], all_401)
+        }
+        Fault::TamperSignature => {
+            let signer = needs_signer()?;
+            let value = tamper_signature(&signer.value(body.as_bytes())?);
+            let exchange = trigger
+                .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
+                .await?;
+            ("401", vec![exchange], all_401)
+        }
+        Fault::WrongKey => {
+            let signer = needs_signer()?;
+            let algorithm = signer.algorithm();
+            let pair =
+                generate_key_pair(algorithm).map_err(|e| SimError::Request(e.to_string()))?;
+            let stranger = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), algorithm)
+                .map_err(|e| SimError::Request(e.to_string()))?;
+            let value = signer.with_key(stranger).value(body.as_bytes())?;
+            let exchange = trigger
+                .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
+                .await?;
+            ("401", vec![exchange], all_401)
+        }
+        Fault::Reorder => {
+            if kind != RequestKind::Callback {
+                return Err(SimError::Request("reorder applies to callbacks".into()));
+            }
+            let failure = Payment {
+                status: TransactionStatus::GenericPaymentSystemError,
+                ..payment.clone()
+            };
+            let success = Payment {
+                status: TransactionStatus::Success,
+                ..payment.clone()
+            };
+            let mut all = Vec::new();
+            for step in [failure, success] {
+                let body = to_text(&step.body(kind));
+                all.push(trigger.send(url, body.as_bytes()).await?);
+            }
+            (
+                "2xx to both: each final status is acknowledged",
+                all,
+                all_success,
+            )
+        }
+        Fault::SlowBody(spread) => {
+            let exchange = raw(url, &body, signature(&body)?, Delivery::Slow(spread)).await?;
+            (
+                "an answer (2xx, or 408 when it gives up), never a hang",
+                vec![exchange],
+                answered_2xx_or_408,
+            )
+        }
+        Fault::DropMidRequest => {
+            let dropped = raw(url, &body, signature(&body)?, Delivery::DropHalfway).await?;
+            let again = trigger.send(url, body.as_bytes()).await?;
+            (
+                "the whole request afterwards answered 2xx",
+                vec![dropped, again],
+                last_success,
+            )
+        }
+        Fault::ReuseNonce => {
+            let first = trigger.send(url, body.as_bytes()).await?;
+            let mut other: Value = payment.body(kind);
+            let path = match kind {
+                RequestKind::ProvidersValidation => "transactionData.paymentData.amount",
+                RequestKind::TransactionValidation => "paymentData.amount",
+                RequestKind::Callback => "amount",
+            };
+            let amount = (payment.amount + rust_decimal::Decimal::ONE).to_string();
+            set(&mut other, path, &amount)?;
+            let second = trigger.send(url, to_text(&other).as_bytes()).await?;
+            match kind {
+                RequestKind::TransactionValidation => {
+                    ("403 to the second request", vec![first, second], second_403)
+                }
+                RequestKind::Callback => (
+                    "no second booking: 2xx \"already processed\" or a 4xx",
+                    vec![first, second],
+                    not_booked_twice,
+                ),
+                RequestKind::ProvidersValidation => {
+                    return Err(SimError::Request(
+                        "reuse-nonce applies to transaction validations and callbacks".into(),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(Verdict {
+        fault,
+        expected,
+        correct: correct(&exchanges),
+        answers: exchanges.iter().map(summary).collect(),
+    })
+}
+
+/// Whether a fault's answers are what a correct receiver gives.
+type Judge = fn(&[Exchange]) -> bool;
+
+fn all_success(all: &[Exchange]) -> bool {
+    all.iter().all(Exchange::is_success)
+}
+
+fn all_401(all: &[Exchange]) -> bool {
+    all.iter().all(|e| e.status == Some(401))
+}
+
+fn answered_2xx_or_408(all: &[Exchange]) -> bool {
+    all.iter().all(|e| e.is_success() || e.status == Some(408))
+}
+
+fn last_success(all: &[Exchange]) -> bool {
+    all.last().is_some_and(Exchange::is_success)
+}
+
+fn second_403(all: &[Exchange]) -> bool {
+    all.get(1).is_some_and(|e| e.status == Some(403))
+}
+
+fn not_booked_twice(all: &[Exchange]) -> bool {
+    all.get(1).is_some_and(|e| {
+        e.status.is_some_and(|s| (400..500).contains(&s))
+            || (e.is_success() && e.message().is_some_and(|m| m.contains("already")))
+    })
+}
+
+/// The body with one digit of its amount changed (or else its last byte).
+fn tamper_body(body: &str) -> String {
+    let mut bytes = body.as_bytes().to_vec();
+    let index = body
+        .find("\"amount\":")
+        .map(|i| i + "\"amount\":".len())
+        .filter(|&i| bytes.get(i).is_some_and(u8::is_ascii_digit))
+        .unwrap_or(bytes.len().saturating_sub(2));
+    if let Some(byte) = bytes.get_mut(index) {
+        *byte = if *byte == b'9' {
+            b'1'
+        } else {
+            byte.saturating_add(1)
+        };
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The signature with one character changed (staying in its alphabet).
+fn tamper_signature(signature: &str) -> String {
+    let mut chars: Vec<char> = signature.chars().collect();
+    if let Some(c) = chars.get_mut(signature.len() / 2) {
+        *c = if *c == 'A' { 'B' } else { 'A' };
+    }
+    chars.into_iter().collect()
+}
+
+/// How a raw request's body goes out.
+enum Delivery {
+    /// Trickled over this long.
+    Slow(Duration),
+    /// Half of it, then the connection closed.
+    DropHalfway,
+}
+
+/// One request over a raw connection (plain `http://` only), to control how the body goes.
+async fn raw(
+    url: &str,
+    body: &str,
+    signature: Option<(http::HeaderName, String)>,
+    delivery: Delivery,
+) -> Result<Exchange, SimError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| SimError::Request(format!("`{url}` is not a URL")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(SimError::Request(
+            "slow-body and drop-mid-request need a plain http:// endpoint".into(),
+        ));
+    }
+    let host = uri.host().unwrap_or("127.0.0.1");
+    let port = uri.port_u16().unwrap_or(80);
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some((name, value)) = &signature {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let request = format!("{head}{body}");
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| SimError::Request(format!("cannot connect to {host}:{port}: {e}")))?;
+    let io = |e: std::io::Error| e.to_string();
+    let outcome: Result<Option<Bytes>, String> = async {
+        stream.write_all(head.as_bytes()).await.map_err(io)?;
+        match delivery {
+            Delivery::DropHalfway => {
+                stream
+                    .write_all(&body.as_bytes()[..body.len() / 2])
+                    .await
+                    .map_err(io)?;
+                stream.shutdown().await.map_err(io)?;
+                drop(stream);
+                Ok(None)
+            }
+            Delivery::Slow(spread) => {
+                let chunks = body.len().clamp(1, 20);
+                let pause = spread / u32::try_from(chunks).unwrap_or(20);
+                for chunk in body.as_bytes().chunks(body.len().div_ceil(chunks)) {
+                    // The server may answer (408) and close before the body is done.
+                    if stream.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                let mut answer = Vec::new();
+                let read = tokio::time::timeout(
+                    spread + Duration::from_secs(60),
+                    stream.read_to_end(&mut answer),
+                );
+                let _ = read.await.map_err(|_| "no answer".to_owned())?;
+                Ok(Some(Bytes::from(answer)))
+            }
+        }
+    }
+    .await;
+    let latency = started.elapsed();
+    let (status, answer, error) = match outcome {
+        Ok(Some(bytes)) => parse_answer(&bytes),
+        Ok(None) => (
+            None,
+            String::new(),
+            Some("connection closed by us half-way (as intended)".to_owned()),
+        ),
+        Err(error) => (None, String::new(), Some(error)),
+    };
+    Ok(Exchange {
+        request: request.replace("\r\n", "\n"),
+        status,
+        latency,
+        body: answer,
+        error,
+    })
+}
+
+/// The status and body of a raw HTTP/1.1 answer.
+fn parse_answer(bytes: &[u8]) -> (Option<u16>, String, Option<String>) {
+    let text = String::from_utf8_lossy(bytes);
+    let status = text
+        .lines()
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok());
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    match status {
+        Some(status) => (Some(status), body, None),
+        None => (
+            None,
+            String::new(),
+            Some("no HTTP answer before the connection closed".into()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tampering_changes_exactly_one_character() {
+        let body = r#"{"amount":10.00,"currency":"EUR"}"#;
+        let tampered = tamper_body(body);
+        assert_eq!(tampered, r#"{"amount":20.00,"currency":"EUR"}"#);
+        let signature = "abcdefgh==";
+        let changed = tamper_signature(signature);
+        assert_eq!(changed.len(), signature.len());
+        assert_eq!(
+            changed
+                .chars()
+                .zip(signature.chars())
+                .filter(|(a, b)| a != b)
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn raw_answers_are_parsed() {
+        let (status, body, error) =
+            parse_answer(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 2\r\n\r\n{}");
+        assert_eq!((status, body.as_str(), error), (Some(408), "{}", None));
+        assert_eq!(parse_answer(b"").0, None);
+    }
+}
