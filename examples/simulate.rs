@@ -69,7 +69,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let trigger = Trigger::new(None)?;
     let payment = Payment::default();
     let body = to_text(&payment.body(RequestKind::TransactionValidation));
-    let url = format!("{base}{}", RequestKind::TransactionValidation.default_path());
+    let url = format!(
+        "{base}{}",
+        RequestKind::TransactionValidation.default_path()
+    );
     let answer = trigger.send(&url, body.as_bytes()).await?;
     assert_eq!(answer.message().as_deref(), Some("validation postponed"));
     resolver
