@@ -49,11 +49,17 @@ fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Child, SocketAddr) 
 
 /// Runs `payhook args` off the runtime, so that in-process servers keep answering.
 async fn payhook(args: Vec<String>) -> (i32, String, String) {
+    payhook_with(args, Vec::new()).await
+}
+
+/// [`payhook`] with extra environment variables.
+async fn payhook_with(args: Vec<String>, env: Vec<(String, String)>) -> (i32, String, String) {
     let output: Output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_payhook"))
             .args(args)
             .env_clear()
             .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
+            .envs(env)
             .output()
             .unwrap()
     })
@@ -227,11 +233,23 @@ async fn delivery_from_a_settings_file_reaches_the_matching_urls_and_is_recorded
         stdout.contains("callbackDeliveryStatus: Delivered"),
         "{stdout}"
     );
-    let record = mock.transaction(reference.parse().unwrap()).unwrap();
-    assert_eq!(
-        record.callback_delivery_status.as_deref(),
-        Some("Delivered")
-    );
+    // The merchant's view of it, through the lookup endpoint of the mock.
+    let gateway = mock.gateway_config();
+    let env = vec![
+        ("PAYHOOK_GATEWAY_AUTH_URL".to_owned(), mock.url()),
+        ("PAYHOOK_GATEWAY_GATEWAY_URL".to_owned(), mock.url()),
+        (
+            "PAYHOOK_GATEWAY_USERNAME".to_owned(),
+            gateway.username.unwrap(),
+        ),
+        (
+            "PAYHOOK_GATEWAY_PASSWORD".to_owned(),
+            gateway.password.unwrap().expose().to_owned(),
+        ),
+    ];
+    let (code, stdout, stderr) = payhook_with(args(&["transaction", reference]), env).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("callback delivery   Delivered"), "{stdout}");
     merchant.kill().unwrap();
     merchant.wait().unwrap();
 }

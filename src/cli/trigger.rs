@@ -230,8 +230,8 @@ pub(crate) struct TriggerArgs {
     /// at the mock gateway (--gateway) and print it.
     #[arg(long = "await", requires = "gateway")]
     wait: bool,
-    /// The mock gateway's URL: --await reads the posted result there, and callback delivery
-    /// records the transaction and its delivery status there.
+    /// The mock gateway's URL: --await reads the posted result there, and a callback (sent or
+    /// delivered) records the transaction and its delivery status there.
     #[arg(long)]
     gateway: Option<String>,
     /// How long --await waits.
@@ -314,6 +314,23 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         }
         let exchange = trigger.send(&endpoint(to, kind), body.as_bytes()).await?;
         print_exchange(&exchange);
+        if kind == RequestKind::Callback
+            && let Some(gateway) = args.gateway.as_deref()
+        {
+            // The mock gateway keeps the transaction, as the aggregator would, for lookups.
+            let status = if exchange.is_success() {
+                "Delivered"
+            } else {
+                "Failed"
+            };
+            MockControl::new(gateway)?
+                .put_transaction(&payment.record(status, false))
+                .await?;
+            println!(
+                "recorded at {gateway}: reference id {}, {status}",
+                payment.reference_id
+            );
+        }
         if let Some(expected) = args.expect
             && exchange.status != Some(expected)
         {
