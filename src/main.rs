@@ -11,6 +11,15 @@ use std::{
     process::ExitCode,
 };
 
+#[path = "cli/demo.rs"]
+mod demo;
+#[path = "../examples/merchant.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "the example merchant serves `payhook demo`; its own main is not used here"
+)]
+mod merchant;
 #[path = "cli/trigger.rs"]
 mod trigger;
 
@@ -102,6 +111,13 @@ enum Command {
     },
     #[command(flatten)]
     Admin(AdminCommand),
+    /// The whole protocol in one command: the example merchant and a mock aggregator on
+    /// loopback, the shipped scenarios run against them and told as a story.
+    Demo {
+        /// Keep the data here (default: a temporary directory, removed afterwards).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
     /// Send one of the aggregator's requests (signed with --key) to a merchant's endpoint and
     /// print the exchange.
     Trigger(Box<trigger::TriggerArgs>),
@@ -168,6 +184,7 @@ fn main() -> ExitCode {
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
+        Command::Demo { data } => demo::run(data),
         Command::Trigger(args) => {
             load_config(cli.config.as_deref()).and_then(|config| trigger::run(*args, &config))
         }

@@ -9,6 +9,7 @@
 //! | `GET /api/v1/transactions/{referenceId}` | bearer token required; the 2.6 record, 404 for an unknown id, 400 for a non-GUID |
 //! | `PUT /sim/v1/transactions/{referenceId}` | (simulator) create or replace a transaction record |
 //! | `GET /sim/v1/validations/{validationId}` | (simulator) the result posted for a validation, 404 while none |
+//! | `GET /sim/v1/counters` | (simulator) logins, refreshes, refused tokens, conflicting results |
 //!
 //! Every error body is `{"message": "..."}`. State is kept in memory, or in a sled directory
 //! when one is given, so that a restart keeps it.
@@ -350,7 +351,16 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>, mut stop: oneshot::R
 }
 
 fn answer(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    answer_bytes(status, body.to_string().into_bytes())
+}
+
+/// An answer serialised straight from a typed value, so that exact amounts stay exact.
+fn answer_typed<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    answer_bytes(status, serde_json::to_vec(value).unwrap_or_default())
+}
+
+fn answer_bytes(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -389,7 +399,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         }
         (&Method::GET, ["api", "v1", "transactions", id]) => match id.parse::<Uuid>() {
             Ok(id) => match shared.read(|s| s.transactions.get(&id).cloned()) {
-                Some(record) => answer(StatusCode::OK, &json!(record)),
+                Some(record) => answer_typed(StatusCode::OK, &record),
                 None => message(StatusCode::NOT_FOUND, "transaction not found"),
             },
             Err(_) => message(
@@ -412,13 +422,16 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                 ),
             }
         }
+        (&Method::GET, ["sim", "v1", "counters"]) => {
+            answer_typed(StatusCode::OK, &shared.read(|s| s.counters))
+        }
         (&Method::GET, ["sim", "v1", "validations", id]) => {
             match id
                 .parse::<i64>()
                 .ok()
                 .and_then(|id| shared.read(|s| s.results.get(&id).cloned()))
             {
-                Some(result) => answer(StatusCode::OK, &json!(result)),
+                Some(result) => answer_typed(StatusCode::OK, &result),
                 None => message(
                     StatusCode::NOT_FOUND,
                     "no result posted for this validation",
@@ -601,6 +614,19 @@ impl MockControl {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// What the mock has counted.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
+    pub async fn counters(&self) -> Result<MockCounters, SimError> {
+        let (status, body) = self.call(Method::GET, "/sim/v1/counters", None).await?;
+        if !status.is_success() {
+            return Err(SimError::Gateway(format!("mock gateway answered {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| SimError::Gateway(format!("counters: {e}")))
     }
 
     /// Creates or replaces a transaction record on the mock.

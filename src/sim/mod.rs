@@ -13,6 +13,7 @@
 //! * [`inject`] — fault injection: duplicates, concurrency, tampering, a wrong key,
 //!   reordered results, slow bodies, dropped connections, reused nonces; each with a
 //!   [`Verdict`] on whether the merchant answered as a correct receiver does.
+//! * [`scenario`] — scripted end-to-end flows in TOML, with expectations and a story.
 //!
 //! The `payhook mock-gateway` and `payhook trigger` commands are thin layers over this module.
 
@@ -21,6 +22,7 @@ mod faults;
 mod jwt;
 mod mock_gateway;
 mod request;
+pub mod scenario;
 mod trigger;
 
 pub use delivery::{Attempt, Delivery, Report, Schedule, deliver, deliver_callback, recipients};
@@ -41,4 +43,7 @@ pub enum SimError {
     /// The mock gateway could not be reached or answered strangely.
     #[error("mock gateway: {0}")]
     Gateway(String),
+    /// A call to the gateway failed.
+    #[error(transparent)]
+    Client(#[from] crate::gateway::GatewayError),
 }

@@ -1,0 +1,156 @@
+//! `payhook demo`: the example merchant and a mock gateway in one process, on loopback, with
+//! the shipped scenarios run against them and told as a story.
+
+use payhook::Config;
+use payhook::gateway::GatewayClient;
+use payhook::server::Reconciled;
+use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
+use payhook::sim::scenario::{Reconciler, Scenario, Target};
+use payhook::sim::{MockGateway, MockGatewayConfig, Signer, Trigger};
+use rust_decimal::Decimal;
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use crate::Failure;
+use crate::merchant;
+
+/// Runs the demo; the data goes to `data` (kept) or to a temporary directory (removed).
+pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
+    let keep = data.is_some();
+    let dir = data.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("payhook-demo-{}", uuid::Uuid::new_v4().simple()))
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(demo(&dir));
+    drop(runtime);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    outcome
+}
+
+async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
+    let mock = MockGateway::start(MockGatewayConfig::default()).await?;
+
+    // The simulated aggregator signs callbacks with a key the merchant is given.
+    let pair = generate_key_pair(Algorithm::Ed25519)?;
+    let public_key = dir.join("aggregator-public.pem");
+    std::fs::write(&public_key, &pair.public_pem)?;
+    let mut config = Config::default();
+    config.store.path = dir.join("store");
+    config.signature.algorithm = Algorithm::Ed25519;
+    config.signature.keys = vec![payhook::config::KeySource {
+        id: Some("demo".into()),
+        file: Some(public_key),
+        ..Default::default()
+    }];
+    config.gateway = mock.gateway_config();
+    config.validation.awaitable = true;
+    config.validation.retry_schedule = vec![Duration::from_millis(100)];
+
+    let store = merchant::open_store(&config)?;
+    let shop = merchant::Merchant {
+        max_amount: Decimal::from(10_000),
+        review_above: Some(Decimal::from(1_000)),
+    };
+    let app = merchant::app(config.clone(), shop, store.clone())?;
+    if let Some(resolver) = app.resolver() {
+        tokio::spawn(merchant::review(resolver, Duration::from_millis(100)));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base_url = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(payhook::serve(listener, app.clone(), async move {
+        let _ = stopped.await;
+    }));
+    println!("payhook demo — everything on loopback, nothing leaves this machine");
+    println!(
+        "  example merchant  {base_url}  (store {})",
+        config.store.path.display()
+    );
+    println!(
+        "  mock aggregator   {}  (login, results, lookup)\n",
+        mock.url()
+    );
+
+    let key = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519)?;
+    let gateway = GatewayClient::new(&mock.gateway_config())?;
+    let reconciler: Reconciler = {
+        let (app, gateway) = (app.clone(), gateway.clone());
+        Arc::new(move |reference_id| {
+            let (app, gateway) = (app.clone(), gateway.clone());
+            Box::pin(async move {
+                let outcome = app.reconcile(&gateway, &[reference_id]).await;
+                match outcome.into_iter().next().map(|(_, o)| o) {
+                    Some(Ok(Reconciled::Booked(_))) => Ok(true),
+                    Some(Ok(Reconciled::AlreadyBooked(_))) => Ok(false),
+                    Some(Ok(Reconciled::NotFinal(status))) => Err(format!("not final: {status}")),
+                    Some(Err(error)) => Err(error.to_string()),
+                    None => Err("nothing reconciled".into()),
+                }
+            })
+        })
+    };
+    let ledger = store.clone();
+    let target = Target {
+        base_url,
+        trigger: Trigger::new(Some(Signer::new(key, &config.signature)?))?,
+        gateway: mock.gateway_config(),
+        await_timeout: Duration::from_secs(10),
+        reconciler: Some(reconciler),
+        observer: Some(Arc::new(move |nonce: &str| booked(&ledger, nonce))),
+    };
+
+    let mut failed = Vec::new();
+    for (file, text) in payhook::sim::scenario::SHIPPED {
+        let scenario = Scenario::parse(text, file)?;
+        let report = payhook::sim::scenario::run(&scenario, &target).await?;
+        println!("{}", report.render());
+        if !report.passed() {
+            failed.push(scenario.name);
+        }
+    }
+    let _ = stop.send(());
+    let _ = server.await;
+    let total = payhook::sim::scenario::SHIPPED.len();
+    if failed.is_empty() {
+        println!("all {total} scenarios passed");
+        Ok(())
+    } else {
+        Err(Failure(
+            format!(
+                "{} of {total} scenarios failed: {}",
+                failed.len(),
+                failed.join(", ")
+            ),
+            1,
+        ))
+    }
+}
+
+/// The ledger entry of `nonce`, told in a line.
+fn booked(store: &payhook::store::SledStore, nonce: &str) -> Option<String> {
+    let bytes = store.get(merchant::ENTRIES, nonce.as_bytes()).ok()??;
+    let entry: merchant::Entry = serde_json::from_slice(&bytes).ok()?;
+    let balance = store
+        .get(
+            merchant::BALANCES,
+            &merchant::balance_key(&entry.client_id, &entry.currency),
+        )
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice::<Decimal>(&b).ok())
+        .unwrap_or_default();
+    Some(format!(
+        "{} booked {} {} (status {}, {} booking(s)); balance of {} now {balance} {}",
+        nonce,
+        entry.balance_effect,
+        entry.currency,
+        entry.status,
+        entry.bookings,
+        entry.client_id,
+        entry.currency
+    ))
+}

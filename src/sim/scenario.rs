@@ -1,0 +1,806 @@
+//! Scripted end-to-end flows: a TOML scenario drives a merchant's endpoints as the aggregator
+//! would — providers validation, transaction validation (immediate, or Awaitable with the
+//! posted result awaited at the mock gateway), callback delivery with the retry schedule,
+//! transaction lookup, reconcile — checks an expectation at each step, and tells the story.
+//!
+//! ```toml
+//! name = "successful deposit"
+//! description = "A client deposits 25.50 EUR; the merchant books it once."
+//!
+//! [payment]                 # the transaction the steps are about (fresh ids per run)
+//! amount = "25.50"
+//! client = "client-42"
+//!
+//! [[step]]
+//! kind = "providers-validation"
+//! expect = { status = 200 }
+//!
+//! [[step]]
+//! kind = "transaction-validation"
+//! expect = { status = 200, message = "allowed" }
+//!
+//! [[step]]
+//! kind = "callback"
+//! expect = { delivered = true }
+//!
+//! [[step]]
+//! kind = "lookup"
+//! expect = { delivery_status = "Delivered" }
+//! ```
+//!
+//! | step `kind` | what the simulated aggregator does | expectations |
+//! |---|---|---|
+//! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
+//! | `transaction-validation` | sends the request; with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
+//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered` |
+//! | `lookup` | reads the transaction from the gateway | `delivery_status`, `canceled` |
+//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked` |
+//! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
+//! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
+//!
+//! Any step can change the transaction with a `payment` table (`amount`, `currency`,
+//! `client`, `direction`, `provider`, `collab`, `status`).
+
+use serde::Deserialize;
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use uuid::Uuid;
+
+use super::SimError;
+use super::delivery::{Schedule, deliver_callback};
+use super::mock_gateway::MockControl;
+use super::request::{Payment, RequestKind, to_text};
+use super::trigger::{Exchange, Trigger};
+use crate::config::GatewayConfig;
+use crate::gateway::GatewayClient;
+use crate::model::{
+    CallbackSettings, PostponedValidationResult, TransactionStatus, TransactionType,
+};
+
+/// A scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Its title.
+    pub name: String,
+    /// What it shows.
+    #[serde(default)]
+    pub description: String,
+    /// The transaction the steps are about.
+    #[serde(default)]
+    pub payment: PaymentSpec,
+    /// The steps, in order.
+    #[serde(rename = "step", default)]
+    pub steps: Vec<Step>,
+}
+
+impl Scenario {
+    /// Reads a scenario from TOML.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Request`] naming what is wrong.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, SimError> {
+        let scenario: Self = toml::from_str(text)
+            .map_err(|e| SimError::Request(format!("{origin}: {}", e.to_string().trim())))?;
+        if scenario.steps.is_empty() {
+            return Err(SimError::Request(format!("{origin}: no [[step]]")));
+        }
+        Ok(scenario)
+    }
+}
+
+/// Deposit or withdrawal, in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Cash-in.
+    Deposit,
+    /// Cash-out.
+    Withdrawal,
+}
+
+/// Changes to the transaction; unset fields keep their value.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PaymentSpec {
+    /// Amount, exactly as written (a string: `"25.50"`).
+    pub amount: Option<String>,
+    /// ISO currency.
+    pub currency: Option<String>,
+    /// The merchant's client id.
+    pub client: Option<String>,
+    /// Deposit or withdrawal.
+    pub direction: Option<Direction>,
+    /// Provider id.
+    pub provider: Option<i64>,
+    /// The provider's collaborator id.
+    pub collab: Option<i64>,
+    /// The callback's status code.
+    pub status: Option<i32>,
+}
+
+impl PaymentSpec {
+    fn apply(&self, payment: &mut Payment) -> Result<(), SimError> {
+        if let Some(amount) = &self.amount {
+            payment.amount = amount
+                .parse()
+                .map_err(|e| SimError::Request(format!("amount `{amount}`: {e}")))?;
+        }
+        if let Some(currency) = &self.currency {
+            payment.currency.clone_from(currency);
+        }
+        if let Some(client) = &self.client {
+            payment.client_id.clone_from(client);
+        }
+        if let Some(direction) = self.direction {
+            payment.direction = match direction {
+                Direction::Deposit => TransactionType::Deposit,
+                Direction::Withdrawal => TransactionType::Withdrawal,
+            };
+        }
+        if let Some(provider) = self.provider {
+            payment.provider_id = provider;
+        }
+        if let Some(collab) = self.collab {
+            payment.collab_id = collab;
+        }
+        if let Some(status) = self.status {
+            payment.status = TransactionStatus::from_code(status);
+        }
+        Ok(())
+    }
+}
+
+/// A result the merchant is expected to post.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectedResult {
+    /// `success: true`.
+    Allow,
+    /// `success: false`.
+    Deny,
+}
+
+/// What must hold after a step; unset fields are not checked.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Expect {
+    /// The merchant's HTTP status (of the last answer).
+    pub status: Option<u16>,
+    /// Text the answer's message contains.
+    pub message: Option<String>,
+    /// Number of providers offered back.
+    pub providers: Option<usize>,
+    /// The result the merchant posts to the gateway (awaited).
+    pub result: Option<ExpectedResult>,
+    /// Results the gateway refused with 403 during the step.
+    pub conflicts: Option<u32>,
+    /// Whether the callback reached a 2xx.
+    pub delivered: Option<bool>,
+    /// The record's `callbackDeliveryStatus`.
+    pub delivery_status: Option<String>,
+    /// The record's `isCallbackSendingCanceled`.
+    pub canceled: Option<bool>,
+    /// Reconcile booked the result now (`true`) or found it booked (`false`).
+    pub booked: Option<bool>,
+}
+
+/// One step of a scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Step {
+    /// Send a providers validation.
+    ProvidersValidation {
+        /// Changes to the transaction.
+        #[serde(default)]
+        payment: PaymentSpec,
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
+    /// Send a transaction validation.
+    TransactionValidation {
+        /// Changes to the transaction.
+        #[serde(default)]
+        payment: PaymentSpec,
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
+    /// Deliver the transaction's callback.
+    Callback {
+        /// Changes to the transaction.
+        #[serde(default)]
+        payment: PaymentSpec,
+        /// Not delivered at all: recorded at the gateway as undelivered.
+        #[serde(default)]
+        lost: bool,
+        /// Copies sent after the delivery (duplicates).
+        #[serde(default)]
+        copies: u32,
+        /// Send the delivery and its copies all at the same moment instead.
+        #[serde(default)]
+        concurrent: bool,
+        /// Attempts allowed (spec 2.5), default 17.
+        #[serde(default)]
+        max_attempts: Option<u32>,
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
+    /// Read the transaction from the gateway.
+    Lookup {
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
+    /// Have the merchant recover the transaction.
+    Reconcile {
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
+    /// Post a result to the gateway before the merchant does.
+    GatewayResult {
+        /// The result.
+        success: bool,
+        /// Its description.
+        #[serde(default)]
+        description: String,
+    },
+    /// Fresh nonce and ids for the steps after this one.
+    NewTransaction,
+}
+
+/// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
+pub const SHIPPED: [(&str, &str); 9] = [
+    ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
+    (
+        "withdrawal.toml",
+        include_str!("../../scenarios/withdrawal.toml"),
+    ),
+    (
+        "refused-client.toml",
+        include_str!("../../scenarios/refused-client.toml"),
+    ),
+    (
+        "postponed-approval.toml",
+        include_str!("../../scenarios/postponed-approval.toml"),
+    ),
+    (
+        "postponed-denial.toml",
+        include_str!("../../scenarios/postponed-denial.toml"),
+    ),
+    (
+        "conflicting-result.toml",
+        include_str!("../../scenarios/conflicting-result.toml"),
+    ),
+    (
+        "failed-payments.toml",
+        include_str!("../../scenarios/failed-payments.toml"),
+    ),
+    (
+        "lost-callback.toml",
+        include_str!("../../scenarios/lost-callback.toml"),
+    ),
+    (
+        "duplicates.toml",
+        include_str!("../../scenarios/duplicates.toml"),
+    ),
+];
+
+/// Recovers a transaction through the merchant's own reconcile: `Ok(true)` when it booked
+/// the result now, `Ok(false)` when it was booked before.
+pub type Reconciler =
+    Arc<dyn Fn(Uuid) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>> + Send + Sync>;
+
+/// Tells what the merchant booked for a nonce (for the story), when the runner can see it.
+pub type Observer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The merchant under test and the simulated aggregator around it.
+pub struct Target {
+    /// The merchant's base URL (`http://127.0.0.1:8080`); the default paths are appended.
+    pub base_url: String,
+    /// Sends (and signs) the aggregator's requests.
+    pub trigger: Trigger,
+    /// The mock gateway's `[gateway]` section (its URL and the merchant's credentials).
+    pub gateway: GatewayConfig,
+    /// How long to wait for a posted result.
+    pub await_timeout: Duration,
+    /// The merchant's reconcile, for `reconcile` steps.
+    pub reconciler: Option<Reconciler>,
+    /// What the merchant booked, for the story.
+    pub observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("base_url", &self.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One step's outcome.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// What was done, e.g. `transaction validation`.
+    pub title: String,
+    /// Who called whom and what came back.
+    pub story: Vec<String>,
+    /// Unmet expectations (empty: the step passed).
+    pub problems: Vec<String>,
+}
+
+/// A scenario's outcome.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The scenario's name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// Each step run (a step that could not run ends the scenario).
+    pub steps: Vec<StepReport>,
+}
+
+impl Report {
+    /// `true` when every expectation held.
+    pub fn passed(&self) -> bool {
+        self.steps.iter().all(|s| s.problems.is_empty())
+    }
+
+    /// The report as text.
+    pub fn render(&self) -> String {
+        let mut out = format!("▶ {}", self.name);
+        if !self.description.is_empty() {
+            out.push_str(&format!(" — {}", self.description));
+        }
+        out.push('\n');
+        for (i, step) in self.steps.iter().enumerate() {
+            let mark = if step.problems.is_empty() {
+                "✓"
+            } else {
+                "✗"
+            };
+            out.push_str(&format!("  {}. {} {mark}\n", i + 1, step.title));
+            for line in &step.story {
+                out.push_str(&format!("       {line}\n"));
+            }
+            for problem in &step.problems {
+                out.push_str(&format!("       ✗ {problem}\n"));
+            }
+        }
+        let verdict = if self.passed() { "passed" } else { "FAILED" };
+        out.push_str(&format!("  {verdict}\n"));
+        out
+    }
+}
+
+fn answer(exchange: &Exchange) -> String {
+    match (exchange.status, &exchange.error) {
+        (Some(status), _) => format!(
+            "{status} {:?} ({:.1} ms)",
+            exchange.message().unwrap_or_else(|| exchange.body.clone()),
+            exchange.latency.as_secs_f64() * 1000.0
+        ),
+        (None, error) => format!("no answer: {}", error.as_deref().unwrap_or("?")),
+    }
+}
+
+/// Checks the answer-level expectations of `expect` against `exchange`.
+fn check_answer(expect: &Expect, exchange: &Exchange, problems: &mut Vec<String>) {
+    if let Some(status) = expect.status
+        && exchange.status != Some(status)
+    {
+        problems.push(format!(
+            "expected status {status}, got {}",
+            answer(exchange)
+        ));
+    }
+    if let Some(text) = &expect.message
+        && !exchange
+            .message()
+            .is_some_and(|m| m.contains(text.as_str()))
+    {
+        problems.push(format!(
+            "expected a message containing {text:?}, got {}",
+            answer(exchange)
+        ));
+    }
+}
+
+/// Runs `scenario` against `target`.
+///
+/// # Errors
+///
+/// [`SimError`] when a step cannot be carried out at all (bad amount, unreachable gateway);
+/// unmet expectations are not errors but problems in the [`Report`].
+pub async fn run(scenario: &Scenario, target: &Target) -> Result<Report, SimError> {
+    let mut base = Payment::default();
+    scenario.payment.apply(&mut base)?;
+    let mut current = base.clone();
+    let control = MockControl::new(target.gateway.gateway_url.as_deref().unwrap_or_default())?;
+    let mut report = Report {
+        name: scenario.name.clone(),
+        description: scenario.description.clone(),
+        steps: Vec::new(),
+    };
+    for step in &scenario.steps {
+        let step_report = run_step(step, target, &control, &mut current).await?;
+        report.steps.push(step_report);
+    }
+    Ok(report)
+}
+
+fn url(target: &Target, kind: RequestKind) -> String {
+    format!(
+        "{}{}",
+        target.base_url.trim_end_matches('/'),
+        kind.default_path()
+    )
+}
+
+async fn run_step(
+    step: &Step,
+    target: &Target,
+    control: &MockControl,
+    current: &mut Payment,
+) -> Result<StepReport, SimError> {
+    let mut story = Vec::new();
+    let mut problems = Vec::new();
+    let title = match step {
+        Step::ProvidersValidation { payment, expect } => {
+            payment.apply(current)?;
+            let body = to_text(&current.body(RequestKind::ProvidersValidation));
+            let exchange = target
+                .trigger
+                .send(
+                    &url(target, RequestKind::ProvidersValidation),
+                    body.as_bytes(),
+                )
+                .await?;
+            story.push(format!(
+                "aggregator → merchant: which providers for {} ({} {})? → {}",
+                current.client_id,
+                current.amount,
+                current.currency,
+                answer(&exchange)
+            ));
+            check_answer(expect, &exchange, &mut problems);
+            if let Some(count) = expect.providers {
+                let offered = serde_json::from_str::<serde_json::Value>(&exchange.body)
+                    .ok()
+                    .and_then(|v| v["providers"].as_array().map(Vec::len));
+                if offered != Some(count) {
+                    problems.push(format!("expected {count} provider(s), got {offered:?}"));
+                }
+            }
+            "providers validation"
+        }
+        Step::TransactionValidation { payment, expect } => {
+            payment.apply(current)?;
+            let conflicts_before = control.counters().await?.conflicts;
+            let body = to_text(&current.body(RequestKind::TransactionValidation));
+            let exchange = target
+                .trigger
+                .send(
+                    &url(target, RequestKind::TransactionValidation),
+                    body.as_bytes(),
+                )
+                .await?;
+            story.push(format!(
+                "aggregator → merchant: may {} {} {} {}? (validation {}) → {}",
+                current.client_id,
+                if current.direction == TransactionType::Withdrawal {
+                    "withdraw"
+                } else {
+                    "deposit"
+                },
+                current.amount,
+                current.currency,
+                current.validation_id,
+                answer(&exchange)
+            ));
+            check_answer(expect, &exchange, &mut problems);
+            if let Some(wanted) = expect.result {
+                awaited_result(
+                    target,
+                    control,
+                    current.validation_id,
+                    wanted,
+                    &mut story,
+                    &mut problems,
+                )
+                .await?;
+            }
+            if let Some(wanted) = expect.conflicts {
+                let deadline = tokio::time::Instant::now() + target.await_timeout;
+                let mut seen = control.counters().await?.conflicts - conflicts_before;
+                while seen < wanted && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    seen = control.counters().await?.conflicts - conflicts_before;
+                }
+                story.push(format!("gateway refused {seen} result(s) with 403 (a different one was received before)"));
+                if seen != wanted {
+                    problems.push(format!("expected {wanted} refused result(s), saw {seen}"));
+                }
+            }
+            "transaction validation"
+        }
+        Step::Callback {
+            payment,
+            lost,
+            copies,
+            concurrent,
+            max_attempts,
+            expect,
+        } => {
+            payment.apply(current)?;
+            let body = to_text(&current.body(RequestKind::Callback));
+            if *lost {
+                control
+                    .put_transaction(&current.record("Failed", true))
+                    .await?;
+                story.push(format!(
+                    "aggregator: the {} callback of {} never reaches the merchant (recorded as Failed, sending canceled)",
+                    current.status, current.nonce
+                ));
+            } else if *concurrent {
+                concurrent_callbacks(
+                    target,
+                    control,
+                    current,
+                    &body,
+                    *copies,
+                    expect,
+                    &mut story,
+                    &mut problems,
+                )
+                .await?;
+            } else {
+                callback(
+                    target,
+                    control,
+                    current,
+                    &body,
+                    *max_attempts,
+                    expect,
+                    &mut story,
+                    &mut problems,
+                )
+                .await?;
+                if *copies > 0 {
+                    let url = url(target, RequestKind::Callback);
+                    let mut answers = Vec::new();
+                    for _ in 0..*copies {
+                        answers.push(target.trigger.send(&url, body.as_bytes()).await?);
+                    }
+                    story.push(format!(
+                        "aggregator → merchant: the same callback {copies} more times → {}",
+                        answers.iter().map(answer).collect::<Vec<_>>().join(" | ")
+                    ));
+                    if let Some(bad) = answers.iter().find(|a| !a.is_success()) {
+                        problems.push(format!("a copy was not acknowledged: {}", answer(bad)));
+                    }
+                }
+            }
+            if let Some(observer) = &target.observer
+                && let Some(booked) = observer(&current.nonce)
+            {
+                story.push(format!("merchant's ledger: {booked}"));
+            }
+            "callback"
+        }
+        Step::Lookup { expect } => {
+            let client = GatewayClient::new(&target.gateway)?;
+            let record = client.transaction(current.reference_id).await?;
+            let status = record.callback_delivery_status.clone().unwrap_or_default();
+            story.push(format!(
+                "merchant → gateway: GET transaction {} → {}, callbackDeliveryStatus {status}, canceled {}",
+                current.reference_id, record.transaction_status, record.is_callback_sending_canceled
+            ));
+            if let Some(wanted) = &expect.delivery_status
+                && *wanted != status
+            {
+                problems.push(format!(
+                    "expected callbackDeliveryStatus {wanted}, got {status}"
+                ));
+            }
+            if let Some(wanted) = expect.canceled
+                && wanted != record.is_callback_sending_canceled
+            {
+                problems.push(format!("expected isCallbackSendingCanceled {wanted}"));
+            }
+            "lookup"
+        }
+        Step::Reconcile { expect } => {
+            let reconciler = target.reconciler.as_ref().ok_or_else(|| {
+                SimError::Request(
+                    "a reconcile step needs the merchant's reconcile (--reconcile-command, or an in-process app)"
+                        .into(),
+                )
+            })?;
+            match reconciler(current.reference_id).await {
+                Ok(booked) => {
+                    story.push(format!(
+                        "merchant: reconcile {} → {}",
+                        current.reference_id,
+                        if booked {
+                            "booked now"
+                        } else {
+                            "already booked"
+                        }
+                    ));
+                    if expect.booked.is_some_and(|wanted| wanted != booked) {
+                        problems.push(format!("expected booked = {:?}", expect.booked));
+                    }
+                }
+                Err(error) => problems.push(format!("reconcile failed: {error}")),
+            }
+            if let Some(observer) = &target.observer
+                && let Some(booked) = observer(&current.nonce)
+            {
+                story.push(format!("merchant's ledger: {booked}"));
+            }
+            "reconcile"
+        }
+        Step::GatewayResult {
+            success,
+            description,
+        } => {
+            let client = GatewayClient::new(&target.gateway)?;
+            client
+                .post_validation_result(&PostponedValidationResult {
+                    validation_id: current.validation_id,
+                    success: *success,
+                    description: description.clone(),
+                })
+                .await?;
+            story.push(format!(
+                "gateway: already holds a result for validation {}: success = {success}",
+                current.validation_id
+            ));
+            "a result received before"
+        }
+        Step::NewTransaction => {
+            let fresh = Payment::default();
+            current.nonce = fresh.nonce;
+            current.validation_id = fresh.validation_id;
+            current.transaction_id = fresh.transaction_id;
+            current.reference_id = fresh.reference_id;
+            story.push(format!("a new transaction: nonce {}", current.nonce));
+            "new transaction"
+        }
+    };
+    Ok(StepReport {
+        title: title.to_owned(),
+        story,
+        problems,
+    })
+}
+
+/// Waits for the merchant's posted result and compares it.
+async fn awaited_result(
+    target: &Target,
+    control: &MockControl,
+    validation_id: i64,
+    wanted: ExpectedResult,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) -> Result<(), SimError> {
+    match control
+        .await_validation_result(validation_id, target.await_timeout)
+        .await?
+    {
+        Some(result) => {
+            story.push(format!(
+                "merchant → gateway: result of validation {validation_id}: success = {} ({:?})",
+                result.success, result.description
+            ));
+            if result.success != (wanted == ExpectedResult::Allow) {
+                problems.push(format!("expected the result {wanted:?}"));
+            }
+        }
+        None => problems.push(format!(
+            "no result posted within {:?}",
+            target.await_timeout
+        )),
+    }
+    Ok(())
+}
+
+/// Sends the callback `copies + 1` times at once, as a retrying aggregator racing itself
+/// would; every copy must be acknowledged.
+#[allow(clippy::too_many_arguments, reason = "one step's whole context")]
+async fn concurrent_callbacks(
+    target: &Target,
+    control: &MockControl,
+    current: &Payment,
+    body: &str,
+    copies: u32,
+    expect: &Expect,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) -> Result<(), SimError> {
+    let url = url(target, RequestKind::Callback);
+    let sends = (0..=copies).map(|_| target.trigger.send(&url, body.as_bytes()));
+    let answers: Vec<Exchange> = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    story.push(format!(
+        "aggregator → merchant: {} copies of the {} callback at once → {}",
+        copies + 1,
+        current.status,
+        answers.iter().map(answer).collect::<Vec<_>>().join(" | ")
+    ));
+    let delivered = answers.iter().all(Exchange::is_success);
+    let status = if delivered { "Delivered" } else { "Failed" };
+    control
+        .put_transaction(&current.record(status, false))
+        .await?;
+    if let Some(wanted) = expect.delivered
+        && wanted != delivered
+    {
+        problems.push(format!("expected delivered = {wanted}"));
+    }
+    if let Some(last) = answers.last() {
+        check_answer(expect, last, problems);
+    }
+    Ok(())
+}
+
+/// Delivers the callback with the retry schedule and checks it.
+#[allow(clippy::too_many_arguments, reason = "one step's whole context")]
+async fn callback(
+    target: &Target,
+    control: &MockControl,
+    current: &Payment,
+    body: &str,
+    max_attempts: Option<u32>,
+    expect: &Expect,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) -> Result<(), SimError> {
+    let settings = [CallbackSettings {
+        collab_id: current.collab_id,
+        callback_url: url(target, RequestKind::Callback),
+        max_attempts: max_attempts.unwrap_or(17),
+        is_enabled: true,
+        add_signature: target.trigger.signer().is_some(),
+        transaction_type_id: None,
+    }];
+    let mut attempts = Vec::new();
+    let report = deliver_callback(
+        &target.trigger,
+        current,
+        body.as_bytes(),
+        &settings,
+        &Schedule::default().fast(),
+        Some(control),
+        |_, attempt| attempts.push(attempt.clone()),
+    )
+    .await?;
+    for attempt in &attempts {
+        story.push(format!(
+            "aggregator → merchant: {} callback of {} {} {} (attempt {} at +{:?}) → {}",
+            current.status,
+            current.client_id,
+            current.amount,
+            current.currency,
+            attempt.number,
+            attempt.at,
+            answer(&attempt.exchange)
+        ));
+    }
+    let delivered = report.deliveries.iter().all(super::Delivery::delivered);
+    if let Some(wanted) = expect.delivered
+        && wanted != delivered
+    {
+        problems.push(format!("expected delivered = {wanted}"));
+    }
+    if let Some(last) = attempts.last() {
+        check_answer(expect, &last.exchange, problems);
+    }
+    Ok(())
+}
