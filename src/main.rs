@@ -20,6 +20,8 @@ mod demo;
     reason = "the example merchant serves `payhook demo`; its own main is not used here"
 )]
 mod merchant;
+#[path = "cli/scenario.rs"]
+mod scenario;
 #[path = "cli/trigger.rs"]
 mod trigger;
 
@@ -118,6 +120,9 @@ enum Command {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+    /// Run scenario files (TOML) against a running merchant and mock gateway; exit 1 on any
+    /// unmet expectation.
+    Scenario(Box<scenario::ScenarioArgs>),
     /// Send one of the aggregator's requests (signed with --key) to a merchant's endpoint and
     /// print the exchange.
     Trigger(Box<trigger::TriggerArgs>),
@@ -185,6 +190,9 @@ fn main() -> ExitCode {
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
         Command::Demo { data } => demo::run(data),
+        Command::Scenario(args) => {
+            load_config(cli.config.as_deref()).and_then(|config| scenario::run(*args, &config))
+        }
         Command::Trigger(args) => {
             load_config(cli.config.as_deref()).and_then(|config| trigger::run(*args, &config))
         }

@@ -348,3 +348,118 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_every_shipped_scenario_green() {
+    let (code, stdout, stderr) = payhook(args(&["demo"])).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("all 9 scenarios passed"), "{stdout}");
+    for told in [
+        "merchant's ledger:",
+        "reconcile",
+        "403",
+        "callback already processed",
+    ] {
+        assert!(stdout.contains(told), "the story tells {told}: {stdout}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fail() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let gateway = mock.gateway_config();
+    let data = tempfile::tempdir().unwrap();
+    let (mut merchant, address) = start_merchant(
+        data.path(),
+        &[
+            ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+            ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["100ms"]"#.into()),
+            ("PAYHOOK_GATEWAY_AUTH_URL", mock.url()),
+            ("PAYHOOK_GATEWAY_GATEWAY_URL", mock.url()),
+            ("PAYHOOK_GATEWAY_USERNAME", gateway.username.unwrap()),
+            (
+                "PAYHOOK_GATEWAY_PASSWORD",
+                gateway.password.unwrap().expose().to_owned(),
+            ),
+            ("MERCHANT_REVIEW_EVERY", "100ms".into()),
+        ],
+    );
+    let to = format!("http://{address}");
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<String> = std::fs::read_dir(&shipped)
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| !p.ends_with("lost-callback.toml"))
+        .collect();
+    files.sort();
+    let mut command = vec!["scenario".to_owned()];
+    command.extend(files);
+    command.extend(args(&[
+        "--to",
+        &to,
+        "--gateway",
+        &mock.url(),
+        "--key",
+        &private_key(),
+    ]));
+    let (code, stdout, stderr) = payhook(command).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("all 8 scenario(s) passed"), "{stdout}");
+
+    // An expectation that does not hold: exit 1, and the report says what was wrong.
+    let wrong = data.path().join("wrong.toml");
+    std::fs::write(
+        &wrong,
+        "name = \"wrong\"\n[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 500 }\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = payhook(args(&[
+        "scenario",
+        wrong.to_str().unwrap(),
+        "--to",
+        &to,
+        "--gateway",
+        &mock.url(),
+        "--key",
+        &private_key(),
+    ]))
+    .await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("✗ expected status 500, got 200"),
+        "{stdout}"
+    );
+
+    // A reconcile step runs the merchant's command; without one it is a clear error.
+    let lost = data.path().join("lost.toml");
+    std::fs::write(
+        &lost,
+        "name = \"lost\"\n[[step]]\nkind = \"callback\"\nlost = true\n[[step]]\nkind = \"reconcile\"\nexpect = { booked = true }\n",
+    )
+    .unwrap();
+    let base = args(&[
+        "scenario",
+        lost.to_str().unwrap(),
+        "--to",
+        &to,
+        "--gateway",
+        &mock.url(),
+        "--key",
+        &private_key(),
+    ]);
+    let (code, _, stderr) = payhook(base.clone()).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--reconcile-command"), "{stderr}");
+    let mut with_command = base;
+    with_command.extend(args(&[
+        "--reconcile-command",
+        "echo {reference_id}: booked now",
+    ]));
+    let (code, stdout, stderr) = payhook(with_command).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("→ booked now"), "{stdout}");
+    merchant.kill().unwrap();
+    merchant.wait().unwrap();
+}
