@@ -120,6 +120,8 @@ enum Command {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+    /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
+    Openapi,
     /// Run scenario files (TOML) against a running merchant and mock gateway; exit 1 on any
     /// unmet expectation.
     Scenario(Box<scenario::ScenarioArgs>),
@@ -190,6 +192,10 @@ fn main() -> ExitCode {
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
         Command::Demo { data } => demo::run(data),
+        Command::Openapi => {
+            println!("{}", payhook::server::OPENAPI);
+            Ok(())
+        }
         Command::Scenario(args) => {
             load_config(cli.config.as_deref()).and_then(|config| scenario::run(*args, &config))
         }

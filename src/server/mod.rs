@@ -61,7 +61,12 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
 use route::{Endpoint, Route, Router};
 
+pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
+
+/// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them (default
+/// paths), printed by `payhook openapi`.
+pub const OPENAPI: &str = include_str!("../../openapi/merchant-endpoints.json");
 pub use serve::{serve, shutdown_signal};
 
 /// Body type of every answer.

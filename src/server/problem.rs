@@ -103,6 +103,71 @@ impl Problem {
         }
     }
 
+    /// Whether this problem can be the answer of `endpoint` (404 and the readiness probe's
+    /// 503 belong to no endpoint).
+    fn applies_to(&self, endpoint: Endpoint) -> bool {
+        use Endpoint::{Callback, ProvidersValidation, TransactionValidation};
+        match self {
+            Self::NotFound | Self::NotReady => false,
+            Self::MethodNotAllowed { .. }
+            | Self::UnsupportedMediaType
+            | Self::PayloadTooLarge { .. }
+            | Self::EmptyBody
+            | Self::BadRequest(_)
+            | Self::BodyTimeout
+            | Self::Unauthorized { .. } => true,
+            Self::HandlerFailed { endpoint: e, .. } | Self::HandlerTimedOut { endpoint: e, .. } => {
+                *e == endpoint
+            }
+            Self::AddressRefused => endpoint != Callback,
+            Self::Denied(_) | Self::NotAwaitable | Self::NonceReused => {
+                endpoint == TransactionValidation
+            }
+            Self::RetryLater { .. } => endpoint == Callback,
+            Self::InFlight { .. } | Self::StoreFailed { .. } => endpoint != ProvidersValidation,
+        }
+    }
+
+    /// One problem of each kind that `endpoint` can answer.
+    fn samples(endpoint: Endpoint) -> Vec<Self> {
+        let retry_after = Duration::from_secs(1);
+        [
+            Self::NotFound,
+            Self::MethodNotAllowed { allow: "POST" },
+            Self::UnsupportedMediaType,
+            Self::PayloadTooLarge { limit: 1 },
+            Self::EmptyBody,
+            Self::BadRequest(String::new()),
+            Self::BodyTimeout,
+            Self::Unauthorized {
+                message: String::new(),
+                basic: false,
+            },
+            Self::AddressRefused,
+            Self::Denied(String::new()),
+            Self::RetryLater {
+                reason: String::new(),
+                retry_after,
+            },
+            Self::HandlerFailed {
+                endpoint,
+                retry_after,
+            },
+            Self::HandlerTimedOut {
+                endpoint,
+                retry_after,
+            },
+            Self::NotAwaitable,
+            Self::NotReady,
+            Self::InFlight { retry_after },
+            Self::StoreFailed { retry_after },
+            Self::NonceReused,
+        ]
+        .into_iter()
+        .filter(|problem| problem.applies_to(endpoint))
+        .collect()
+    }
+
     /// The message of the `{"message": ...}` body.
     pub(crate) fn message(&self) -> String {
         let message = match self {
@@ -229,4 +294,25 @@ mod tests {
         let message = Problem::BadRequest("x".repeat(10_000)).message();
         assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1);
     }
+}
+
+/// The status codes each endpoint can answer, 200 included, by endpoint name
+/// (`providers_validation`, `transaction_validation`, `callback`). The OpenAPI document
+/// (`payhook openapi`) lists the same; a test holds them together.
+pub fn status_codes() -> Vec<(&'static str, std::collections::BTreeSet<u16>)> {
+    [
+        Endpoint::ProvidersValidation,
+        Endpoint::TransactionValidation,
+        Endpoint::Callback,
+    ]
+    .into_iter()
+    .map(|endpoint| {
+        let mut codes: std::collections::BTreeSet<u16> = Problem::samples(endpoint)
+            .iter()
+            .map(|p| p.status().as_u16())
+            .collect();
+        codes.insert(200);
+        (endpoint.name(), codes)
+    })
+    .collect()
 }

@@ -1,0 +1,231 @@
+//! The OpenAPI document (`payhook openapi`) and the server agree: every route, status code and
+//! field the server has is in the document, and the document has nothing the server lacks.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use payhook::model::{
+    CallbackBody, ErrorBody, Provider, ProvidersValidationRequest, ProvidersValidationResponse,
+    TransactionValidationRequest,
+};
+use payhook::{App, Config};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use support::*;
+
+fn doc() -> Value {
+    serde_json::from_str(payhook::server::OPENAPI).unwrap()
+}
+
+/// `schema`, with a `$ref` followed and a nullable `anyOf` unwrapped.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.rsplit('/').next().unwrap();
+        return resolve(doc, &doc["components"]["schemas"][name]);
+    }
+    if let Some(options) = schema["anyOf"].as_array() {
+        let inner = options.iter().find(|o| o["type"] != "null").unwrap();
+        return resolve(doc, inner);
+    }
+    schema
+}
+
+/// Compares the fields of `value` (a model serialised) with `schema`, both ways, recursively;
+/// returns the differences as `path: why`.
+fn differences(doc: &Value, schema: &Value, value: &Value, path: &str) -> Vec<String> {
+    let schema = resolve(doc, schema);
+    let mut out = Vec::new();
+    match value {
+        Value::Object(fields) => {
+            let Some(properties) = schema["properties"].as_object() else {
+                // A free-form object (additionalData, providerData): anything goes.
+                return out;
+            };
+            let served: BTreeSet<&String> = fields.keys().collect();
+            let documented: BTreeSet<&String> = properties.keys().collect();
+            for field in served.difference(&documented) {
+                out.push(format!("{path}.{field}: served but not documented"));
+            }
+            for field in documented.difference(&served) {
+                out.push(format!("{path}.{field}: documented but not served"));
+            }
+            for (field, inner) in fields {
+                if let Some(property) = properties.get(field) {
+                    out.extend(differences(
+                        doc,
+                        property,
+                        inner,
+                        &format!("{path}.{field}"),
+                    ));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(first) = items.first() {
+                out.extend(differences(
+                    doc,
+                    &schema["items"],
+                    first,
+                    &format!("{path}[]"),
+                ));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+fn schema(doc: &Value, name: &str) -> Value {
+    doc["components"]["schemas"][name].clone()
+}
+
+#[test]
+fn the_document_is_openapi_3_1_with_the_servers_routes() {
+    let doc = doc();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = Config::default().paths;
+    let documented: BTreeSet<String> = doc["paths"].as_object().unwrap().keys().cloned().collect();
+    let served: BTreeSet<String> = [
+        paths.providers_validation,
+        paths.transaction_validation,
+        paths.callback,
+        "/healthz".into(),
+        "/readyz".into(),
+    ]
+    .into();
+    assert_eq!(documented, served);
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_answered_by_the_server() {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    let merchant = TestMerchant::default();
+    let app = App::builder(config)
+        .providers_validator(merchant.clone())
+        .transaction_validator(merchant.clone())
+        .callback_receiver(merchant)
+        .build()
+        .unwrap();
+    let doc = doc();
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            let request = http::Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(path)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let status = app.handle(request).await.status().as_u16();
+            assert!(
+                status != 404 && status != 405,
+                "{method} {path}: the server answered {status}"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_endpoint_documents_exactly_the_status_codes_it_can_answer() {
+    let doc = doc();
+    let paths = Config::default().paths;
+    for (endpoint, codes) in payhook::server::status_codes() {
+        let path = match endpoint {
+            "providers_validation" => &paths.providers_validation,
+            "transaction_validation" => &paths.transaction_validation,
+            _ => &paths.callback,
+        };
+        let documented: BTreeSet<u16> = doc["paths"][path]["post"]["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|code| code.parse().unwrap())
+            .collect();
+        assert_eq!(documented, codes, "{endpoint}");
+    }
+}
+
+#[test]
+fn request_and_response_schemas_have_exactly_the_models_fields() {
+    let doc = doc();
+    // Every field set: the spec's full examples, with the optional provider tags.
+    let providers = with(
+        PROVIDERS_VALIDATION,
+        "/providers/0/tags",
+        Some(json!(["fiat"])),
+    );
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            "ProvidersValidationRequest",
+            serde_json::to_value(serde_json::from_str::<ProvidersValidationRequest>(&providers).unwrap())
+                .unwrap(),
+        ),
+        (
+            "TransactionValidationRequest",
+            serde_json::to_value(
+                serde_json::from_str::<TransactionValidationRequest>(TRANSACTION_VALIDATION).unwrap(),
+            )
+            .unwrap(),
+        ),
+        (
+            "CallbackBody",
+            serde_json::to_value(serde_json::from_str::<CallbackBody>(CALLBACK).unwrap()).unwrap(),
+        ),
+        (
+            "ProvidersValidationResponse",
+            serde_json::to_value(ProvidersValidationResponse {
+                providers: vec![
+                    serde_json::from_value::<Provider>(json!({
+                        "id": 11, "name": "Card", "collabId": 3, "currencies": [{"id": 1, "code": "EUR"}],
+                        "payTypes": [{"id": 5, "code": "card", "name": "Bank card", "cashIn": true,
+                                      "cashOut": false, "isCashInEnabled": true, "isCashOutEnabled": false}]
+                    }))
+                    .unwrap(),
+                ],
+                message: "1 available".into(),
+            })
+            .unwrap(),
+        ),
+        ("ErrorBody", serde_json::to_value(ErrorBody::new("no")).unwrap()),
+    ];
+    for (name, value) in &cases {
+        let found = differences(&doc, &schema(&doc, name), value, name);
+        assert!(found.is_empty(), "{found:#?}");
+    }
+    // The comparison sees a nested difference either way.
+    let mut changed = doc.clone();
+    let payment = &mut changed["components"]["schemas"]["ValidationPaymentData"]["properties"];
+    payment.as_object_mut().unwrap().remove("providerId");
+    payment["fee"] = json!({"type": "number"});
+    let found = differences(
+        &changed,
+        &schema(&changed, "TransactionValidationRequest"),
+        &cases[1].1,
+        "T",
+    );
+    assert_eq!(
+        found,
+        [
+            "T.paymentData.providerId: served but not documented",
+            "T.paymentData.fee: documented but not served"
+        ]
+    );
+}
+
+#[test]
+fn the_documents_examples_are_requests_the_server_reads() {
+    let doc = doc();
+    let example = |path: &str| {
+        doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["example"]
+            .to_string()
+    };
+    let paths = Config::default().paths;
+    serde_json::from_str::<ProvidersValidationRequest>(&example(&paths.providers_validation))
+        .unwrap();
+    serde_json::from_str::<TransactionValidationRequest>(&example(&paths.transaction_validation))
+        .unwrap();
+    serde_json::from_str::<CallbackBody>(&example(&paths.callback)).unwrap();
+}
