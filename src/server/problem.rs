@@ -266,6 +266,27 @@ fn truncate(mut message: String) -> String {
     message
 }
 
+/// The status codes each endpoint can answer, 200 included, by endpoint name
+/// (`providers_validation`, `transaction_validation`, `callback`). The OpenAPI document
+/// (`payhook openapi`) lists the same; a test holds them together.
+pub fn status_codes() -> Vec<(&'static str, std::collections::BTreeSet<u16>)> {
+    [
+        Endpoint::ProvidersValidation,
+        Endpoint::TransactionValidation,
+        Endpoint::Callback,
+    ]
+    .into_iter()
+    .map(|endpoint| {
+        let mut codes: std::collections::BTreeSet<u16> = Problem::samples(endpoint)
+            .iter()
+            .map(|p| p.status().as_u16())
+            .collect();
+        codes.insert(200);
+        (endpoint.name(), codes)
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,25 +315,4 @@ mod tests {
         let message = Problem::BadRequest("x".repeat(10_000)).message();
         assert_eq!(message.chars().count(), MAX_MESSAGE_CHARS + 1);
     }
-}
-
-/// The status codes each endpoint can answer, 200 included, by endpoint name
-/// (`providers_validation`, `transaction_validation`, `callback`). The OpenAPI document
-/// (`payhook openapi`) lists the same; a test holds them together.
-pub fn status_codes() -> Vec<(&'static str, std::collections::BTreeSet<u16>)> {
-    [
-        Endpoint::ProvidersValidation,
-        Endpoint::TransactionValidation,
-        Endpoint::Callback,
-    ]
-    .into_iter()
-    .map(|endpoint| {
-        let mut codes: std::collections::BTreeSet<u16> = Problem::samples(endpoint)
-            .iter()
-            .map(|p| p.status().as_u16())
-            .collect();
-        codes.insert(200);
-        (endpoint.name(), codes)
-    })
-    .collect()
 }
