@@ -88,7 +88,9 @@
 //!   callbacks from the lookup.
 //! * [`admin`] — operating commands (postponed validations, transaction lookup,
 //!   reconcile) for the `payhook` binary and a merchant's own binary.
-//! * [`sim`] — local testing: a mock of the aggregator's own endpoints.
+//! * [`sim`] — local testing: a mock gateway, signed triggers, callback delivery with the
+//!   real retry schedule, fault injection, and scenario files.
+//! * [`scaffold`] — `payhook new`: a merchant crate rendered from `templates/merchant/`.
 //! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.
@@ -105,6 +107,7 @@ pub mod gateway;
 pub mod handler;
 pub mod model;
 pub mod postponed;
+pub mod scaffold;
 mod secret;
 pub mod server;
 pub mod signature;

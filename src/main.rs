@@ -122,6 +122,25 @@ enum Command {
     },
     /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
     Openapi,
+    /// Scaffold a merchant service crate: handlers with working defaults, a commented
+    /// payhook.toml, a scenario and an integration test that runs it.
+    New {
+        /// The crate's name.
+        name: String,
+        /// Its directory (default: ./NAME).
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// Write into a non-empty directory.
+        #[arg(long)]
+        force: bool,
+        /// Depend on the payhook checkout at this path (default: the checkout this binary was
+        /// built from, when it is still there; else the registry version).
+        #[arg(long, conflicts_with = "payhook_version")]
+        payhook_path: Option<PathBuf>,
+        /// Depend on this payhook version from the registry.
+        #[arg(long)]
+        payhook_version: Option<String>,
+    },
     /// Run scenario files (TOML) against a running merchant and mock gateway; exit 1 on any
     /// unmet expectation.
     Scenario(Box<scenario::ScenarioArgs>),
@@ -192,6 +211,13 @@ fn main() -> ExitCode {
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref()),
         Command::Demo { data } => demo::run(data),
+        Command::New {
+            name,
+            path,
+            force,
+            payhook_path,
+            payhook_version,
+        } => scaffold(name, path, force, payhook_path, payhook_version),
         Command::Openapi => {
             println!("{}", payhook::server::OPENAPI);
             Ok(())
@@ -241,6 +267,43 @@ fn admin(command: AdminCommand, file: Option<&Path>) -> Result<(), Failure> {
         .enable_all()
         .build()?;
     runtime.block_on(command.run(&config, store, None, &mut std::io::stdout()))?;
+    Ok(())
+}
+
+fn scaffold(
+    name: String,
+    path: Option<PathBuf>,
+    force: bool,
+    payhook_path: Option<PathBuf>,
+    payhook_version: Option<String>,
+) -> Result<(), Failure> {
+    use payhook::scaffold::{Dependency, Options, render};
+    let checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let payhook = match (payhook_path, payhook_version) {
+        (Some(path), _) => Dependency::Path(std::path::absolute(&path)?),
+        (None, Some(version)) => Dependency::Version(version),
+        (None, None) if checkout.join("Cargo.toml").exists() => Dependency::Path(checkout),
+        (None, None) => Dependency::Version(env!("CARGO_PKG_VERSION").to_owned()),
+    };
+    let dir = path.unwrap_or_else(|| PathBuf::from(&name));
+    let written = render(&Options {
+        name: name.clone(),
+        dir: dir.clone(),
+        force,
+        payhook,
+    })?;
+    println!(
+        "created {name} in {} ({} files)",
+        dir.display(),
+        written.len()
+    );
+    println!(
+        "next:
+  cd {}
+  cargo test     # the service and its scenario
+  cargo run      # serve on 127.0.0.1:8080",
+        dir.display()
+    );
     Ok(())
 }
 

@@ -1,0 +1,93 @@
+//! `payhook new` end to end: a scaffolded crate builds against this checkout (offline, with
+//! this lockfile's crates and this target directory, so compiled dependencies are reused) and
+//! its own test — the service started and its scenario run against it — passes.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn payhook(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn bad_names_and_non_empty_directories_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("x");
+    for bad in ["2shop", "my shop", "payhook"] {
+        let output = payhook(&["new", bad, "--path", target.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(2), "{bad}");
+        assert!(
+            text(&output).contains("not a valid crate name"),
+            "{}",
+            text(&output)
+        );
+    }
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("notes.txt"), "mine").unwrap();
+    let output = payhook(&["new", "shop", "--path", target.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(text(&output).contains("--force"), "{}", text(&output));
+    let output = payhook(&["new", "shop", "--path", target.to_str().unwrap(), "--force"]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(
+        std::fs::read_to_string(target.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}
+
+#[test]
+fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let shop = dir.path().join("shop");
+    let checkout = env!("CARGO_MANIFEST_DIR");
+    let output = payhook(&[
+        "new",
+        "shop",
+        "--path",
+        shop.to_str().unwrap(),
+        "--payhook-path",
+        checkout,
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    for file in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "payhook.toml",
+        "src/main.rs",
+        "src/lib.rs",
+        "tests/scenario.rs",
+        "scenarios/deposit.toml",
+        "README.md",
+    ] {
+        assert!(shop.join(file).exists(), "{file}");
+    }
+    let main = std::fs::read_to_string(shop.join("src/main.rs")).unwrap();
+    assert!(!main.contains("todo!") && !main.contains("{{"), "{main}");
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["test", "--offline"])
+        .current_dir(&shop)
+        .env("CARGO_TARGET_DIR", Path::new(checkout).join("target"))
+        .env_remove("RUSTFLAGS")
+        .output()
+        .unwrap();
+    let printed = text(&output);
+    assert!(output.status.success(), "{printed}");
+    assert!(
+        printed.contains("test every_scenario_passes ... ok"),
+        "{printed}"
+    );
+}
