@@ -131,6 +131,19 @@ impl Writer {
         }
     }
 
+    /// Runs `read` holding the write lock: every write it can see is durable (a leader lets
+    /// go of the lock only after its batch is flushed). For reads whose result leaves the
+    /// process — the outbox's, whose entries are posted to the aggregator.
+    pub(crate) fn read_durable<R>(&self, read: impl FnOnce() -> R) -> R {
+        let outcome = blocking(|| {
+            let _guard = lock(&self.lock);
+            read()
+        });
+        // Writes queued while the lock was held are committed now.
+        self.lead();
+        outcome
+    }
+
     /// Purges expired records now (holding the write lock).
     pub(crate) fn purge(&self, now_ms: u64) -> Result<usize, StoreError> {
         let purged = {

@@ -237,7 +237,8 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the backend fails.
     fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError>;
 
-    /// Results whose next delivery attempt is due at `now_ms`.
+    /// Results whose next delivery attempt is due at `now_ms`. Only durable ones: what is
+    /// returned is posted to the aggregator, so it must survive a power failure.
     ///
     /// # Errors
     ///

@@ -401,11 +401,17 @@ impl Store for SledStore {
     }
 
     fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError> {
-        self.due(keys::OUTBOX_PREFIX, now_ms)
+        // Only durable decisions are posted: one lost to a power failure after being posted
+        // would come back undecided, and a different decision would then conflict.
+        self.inner
+            .writer
+            .read_durable(|| self.due(keys::OUTBOX_PREFIX, now_ms))
     }
 
     fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError> {
-        self.due(keys::WAITING_PREFIX, now_ms)
+        self.inner
+            .writer
+            .read_durable(|| self.due(keys::WAITING_PREFIX, now_ms))
     }
 
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
