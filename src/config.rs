@@ -61,7 +61,7 @@ pub const ENV_PREFIX: &str = "PAYHOOK_";
 pub const CONFIG_FILE_VAR: &str = "PAYHOOK_CONFIG";
 
 /// Paths payhook serves itself, which the endpoint paths must not take.
-const RESERVED_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+const RESERVED_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +140,8 @@ pub struct ServerConfig {
     /// On shutdown, time in-flight requests have to finish before connections are dropped.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
+    pub metrics_allow_ips: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -151,6 +153,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(30),
             handler_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
+            metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
         }
     }
 }
@@ -602,6 +605,11 @@ impl Config {
                 "callback.retry_after",
                 "must be at least 1s (Retry-After counts whole seconds)",
             );
+        }
+        for text in &self.server.metrics_allow_ips {
+            if let Err(error) = text.parse::<crate::auth::Cidr>() {
+                return invalid("server.metrics_allow_ips", &error.to_string());
+            }
         }
         self.paths.validate()?;
         self.auth.validate(!self.signature.keys.is_empty())?;

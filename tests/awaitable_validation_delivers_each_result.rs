@@ -170,6 +170,16 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         "{result:?}"
     );
     assert_eq!(server.app.outbox().unwrap().conflicts(), 1);
+    let metrics = server
+        .send(&support::request("GET", "/metrics", &[], None))
+        .await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "payhook_outbox_conflicts_total 1",
+        "payhook_outbox_queued 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
     assert_eq!(
         resolver.list(Some(PostponedState::Conflict)).unwrap().len(),
         1

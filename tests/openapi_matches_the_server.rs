@@ -93,6 +93,7 @@ fn the_document_is_openapi_3_1_with_the_servers_routes() {
         paths.callback,
         "/healthz".into(),
         "/readyz".into(),
+        "/metrics".into(),
     ]
     .into();
     assert_eq!(documented, served);

@@ -40,7 +40,7 @@ use crate::store::{Resolution, Store, StoreError};
 
 pub use crate::store::{Delivery, PostponedState, PostponedValidation, ValidationResult};
 pub use clock::Clock;
-pub use outbox::{Outbox, Pass};
+pub use outbox::{Outbox, OutboxCounts, Pass};
 
 /// Why a decision was not recorded.
 #[derive(Debug, Clone, thiserror::Error)]

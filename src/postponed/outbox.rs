@@ -46,7 +46,26 @@ pub struct Outbox {
     config: ValidationConfig,
     clock: Clock,
     wake: Arc<Notify>,
-    conflicts: Arc<AtomicU64>,
+    counts: Arc<Counters>,
+}
+
+/// What the outbox worker did since it started.
+#[derive(Debug, Default)]
+struct Counters {
+    delivered: AtomicU64,
+    conflicts: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// What an [`Outbox`] did since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    /// Results the aggregator accepted (200).
+    pub delivered: u64,
+    /// Results it refused (403).
+    pub conflicts: u64,
+    /// Failed attempts, scheduled again.
+    pub retries: u64,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -74,7 +93,7 @@ impl Outbox {
             config,
             clock,
             wake,
-            conflicts: Arc::default(),
+            counts: Arc::default(),
         }
     }
 
@@ -85,7 +104,17 @@ impl Outbox {
 
     /// Results refused by the aggregator (403) since this worker started.
     pub fn conflicts(&self) -> u64 {
-        self.conflicts.load(Ordering::Relaxed)
+        self.counts.conflicts.load(Ordering::Relaxed)
+    }
+
+    /// What this worker did since it started.
+    pub fn counts(&self) -> OutboxCounts {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OutboxCounts {
+            delivered: load(&self.counts.delivered),
+            conflicts: load(&self.counts.conflicts),
+            retries: load(&self.counts.retries),
+        }
     }
 
     /// Runs passes forever: after each, sleeps until the next piece of work falls due or a
@@ -192,6 +221,7 @@ impl Outbox {
         let now_ms = self.clock.now_ms();
         let (delivery, attempt) = match self.gateway.post_validation_result(&body).await {
             Ok(()) => {
+                self.counts.delivered.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     validation_id = id,
                     success = result.success,
@@ -207,7 +237,7 @@ impl Outbox {
                 )
             }
             Err(GatewayError::Conflict { message, .. }) => {
-                self.conflicts.fetch_add(1, Ordering::Relaxed);
+                self.counts.conflicts.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
                     validation_id = id,
                     success = result.success,
@@ -222,6 +252,7 @@ impl Outbox {
                 (conflict, Attempt::Conflict)
             }
             Err(error) => {
+                self.counts.retries.fetch_add(1, Ordering::Relaxed);
                 let wait = backoff(&self.config.retry_schedule, attempts);
                 if error.is_transient() {
                     tracing::warn!(validation_id = id, attempts, %error, ?wait, "delivering a validation result failed; retrying");

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::App;
+use super::metrics::Decision;
 use super::problem::{Problem, json_response};
 use super::route::Endpoint;
 use crate::handler::{CallbackContext, CallbackDecision, RequestContext, ValidationDecision};
@@ -182,6 +183,10 @@ impl App {
                     status = status.code(),
                     "duplicate callback: already acknowledged, handler not called"
                 );
+                self.inner
+                    .metrics
+                    .callbacks_duplicate
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok(Delivered::Duplicate);
             }
         };
@@ -222,6 +227,7 @@ impl App {
                 other => self.store_failed(Endpoint::Callback, &other),
             });
         }
+        self.booked();
         Ok(Delivered::Booked)
     }
 
@@ -242,6 +248,22 @@ impl App {
                 retry_after: self.inner.callback.retry_after,
             }),
         }
+    }
+
+    fn booked(&self) {
+        self.inner
+            .metrics
+            .callbacks_booked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Counts a handler's decision on a validation.
+    fn decided(&self, decision: &RecordedDecision) {
+        self.inner.metrics.decided(match decision {
+            RecordedDecision::Allow => Decision::Allow,
+            RecordedDecision::Deny { .. } => Decision::Deny,
+            RecordedDecision::Postponed => Decision::Postponed,
+        });
     }
 
     fn callback_failed(&self) -> Problem {
@@ -271,6 +293,7 @@ impl App {
             );
             return Err(self.callback_failed());
         }
+        self.booked();
         Ok(Delivered::Booked)
     }
 
@@ -281,10 +304,9 @@ impl App {
         ctx: RequestContext,
     ) -> Answer {
         let Some(store) = self.inner.store.clone() else {
-            return self
-                .validate(request, ctx)
-                .await
-                .and_then(|decision| answer_for(&decision));
+            let decision = self.validate(request, ctx).await?;
+            self.decided(&decision);
+            return answer_for(&decision);
         };
         let nonce = request.nonce().to_owned();
         let fingerprint = Fingerprint::of(&request);
@@ -304,9 +326,17 @@ impl App {
                 tracing::info!(
                     "repeated validation: the recorded decision is returned, handler not called"
                 );
+                self.inner
+                    .metrics
+                    .validations_replayed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return answer_for(&decision);
             }
             ValidationBegin::Mismatch => {
+                self.inner
+                    .metrics
+                    .nonce_reuse_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
                     security_event = "nonce_reuse",
                     validation_id = request.validation_id,
@@ -348,6 +378,7 @@ impl App {
                     .await
                 {
                     Ok(()) => {
+                        self.decided(&decided.decision);
                         if queued {
                             self.result_queued();
                         }

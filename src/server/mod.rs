@@ -15,9 +15,14 @@
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
 //! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
+//!
+//! Besides the endpoints it serves `/healthz`, `/readyz` and `/metrics` (Prometheus text, see
+//! `metrics.rs`; only for `server.metrics_allow_ips`, and only when the peer address is known:
+//! a server of your own inserts [`PeerAddr`]).
 
 mod awaitable;
 mod exactly_once;
+mod metrics;
 mod preface;
 mod problem;
 mod reconcile;
@@ -137,6 +142,10 @@ struct Inner {
     draining: AtomicBool,
     /// Awaitable mode: the resolver and the outbox; `None` when not Awaitable.
     awaitable: Option<awaitable::Awaitable>,
+    /// What the server did, for `/metrics`.
+    metrics: metrics::Metrics,
+    /// Who may read `/metrics`.
+    metrics_allow: Vec<crate::auth::Cidr>,
 }
 
 impl std::fmt::Debug for App {
@@ -231,10 +240,13 @@ impl App {
             validation_id = field::Empty,
             reference_id = field::Empty,
         );
-        let mut response = self
+        let (route, mut response) = self
             .dispatch(request, id.clone())
             .instrument(span.clone())
             .await;
+        self.inner
+            .metrics
+            .answered(route, response.status().as_u16());
         if let Ok(value) = HeaderValue::from_str(&id) {
             response.headers_mut().insert(REQUEST_ID_HEADER, value);
         }
@@ -248,32 +260,78 @@ impl App {
         response
     }
 
-    async fn dispatch<B>(&self, request: Request<B>, request_id: String) -> Response<ResponseBody>
+    /// Answers a request; returns its route's name (for metrics) with the answer.
+    async fn dispatch<B>(
+        &self,
+        request: Request<B>,
+        request_id: String,
+    ) -> (&'static str, Response<ResponseBody>)
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let inner = &self.inner;
-        let Some(route) = inner.router.route(request.uri().path()) else {
-            return Problem::NotFound.into_response();
+        let route = match inner.router.route(request.uri().path()) {
+            Some(Route::Metrics) if inner.metrics_allow.is_empty() => None,
+            route => route,
+        };
+        let Some(route) = route else {
+            return ("unknown", Problem::NotFound.into_response());
         };
         if !route.accepts(request.method()) {
-            return Problem::MethodNotAllowed {
-                allow: route.allow(),
-            }
-            .into_response();
+            let allow = route.allow();
+            return (
+                route.name(),
+                Problem::MethodNotAllowed { allow }.into_response(),
+            );
         }
-        let endpoint = match route {
-            Route::Health => return json_response(StatusCode::OK, &ErrorBody::new("ok")),
+        let answer = match route {
+            Route::Health => json_response(StatusCode::OK, &ErrorBody::new("ok")),
             Route::Ready if inner.draining.load(Ordering::Relaxed) => {
-                return Problem::NotReady.into_response();
+                Problem::NotReady.into_response()
             }
-            Route::Ready => return json_response(StatusCode::OK, &ErrorBody::new("ready")),
-            Route::Endpoint(endpoint) => endpoint,
+            Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
+            Route::Metrics => self.metrics(request.extensions().get::<PeerAddr>()),
+            Route::Endpoint(endpoint) => self
+                .endpoint(endpoint, request, request_id)
+                .await
+                .unwrap_or_else(Problem::into_response),
         };
-        self.endpoint(endpoint, request, request_id)
-            .await
-            .unwrap_or_else(Problem::into_response)
+        (route.name(), answer)
+    }
+
+    /// `/metrics`, for the allowed addresses only.
+    fn metrics(&self, peer: Option<&PeerAddr>) -> Response<ResponseBody> {
+        let allowed = peer.is_some_and(|peer| {
+            self.inner
+                .metrics_allow
+                .iter()
+                .any(|net| net.contains(peer.0.ip()))
+        });
+        if !allowed {
+            return Problem::AddressRefused.into_response();
+        }
+        let outbox = self.outbox().map(|outbox| {
+            let counts = outbox.counts();
+            let queued = self
+                .inner
+                .store
+                .as_ref()
+                .and_then(|store| store.outbox_due(u64::MAX).ok())
+                .map(|due| due.now.len());
+            metrics::OutboxCounts {
+                delivered: counts.delivered,
+                conflicts: counts.conflicts,
+                retries: counts.retries,
+                queued,
+            }
+        });
+        let mut response = Response::new(Full::new(Bytes::from(self.inner.metrics.render(outbox))));
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        response
     }
 
     /// The steps every endpoint shares: who may call, what they sent, then the handler.
@@ -620,6 +678,13 @@ impl AppBuilder {
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
         let awaitable = awaitable::Awaitable::from_config(&self.config, store.as_ref())?;
+        let metrics_allow = self
+            .config
+            .server
+            .metrics_allow_ips
+            .iter()
+            .filter_map(|text| text.parse().ok())
+            .collect();
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
@@ -636,6 +701,8 @@ impl AppBuilder {
                 waiters: exactly_once::Waiters::default(),
                 draining: AtomicBool::new(false),
                 awaitable,
+                metrics: metrics::Metrics::default(),
+                metrics_allow,
             }),
         })
     }

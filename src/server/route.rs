@@ -8,6 +8,8 @@ use crate::config::PathsConfig;
 pub(crate) const HEALTH_PATH: &str = "/healthz";
 /// Readiness: 200 while accepting work, 503 once shutdown has begun.
 pub(crate) const READY_PATH: &str = "/readyz";
+/// Prometheus text, for the addresses of `server.metrics_allow_ips`.
+pub(crate) const METRICS_PATH: &str = "/metrics";
 
 /// One of the three merchant-hosted endpoints of spec 4.2.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,14 +36,25 @@ pub(crate) enum Route {
     Endpoint(Endpoint),
     Health,
     Ready,
+    Metrics,
 }
 
 impl Route {
+    /// The route's label in metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Endpoint(endpoint) => endpoint.name(),
+            Self::Health => "healthz",
+            Self::Ready => "readyz",
+            Self::Metrics => "metrics",
+        }
+    }
+
     /// Methods the route accepts, as the `Allow` header lists them.
     pub(crate) fn allow(self) -> &'static str {
         match self {
             Self::Endpoint(_) => "POST",
-            Self::Health | Self::Ready => "GET, HEAD",
+            Self::Health | Self::Ready | Self::Metrics => "GET, HEAD",
         }
     }
 
@@ -49,7 +62,9 @@ impl Route {
     pub(crate) fn accepts(self, method: &Method) -> bool {
         match self {
             Self::Endpoint(_) => method == Method::POST,
-            Self::Health | Self::Ready => method == Method::GET || method == Method::HEAD,
+            Self::Health | Self::Ready | Self::Metrics => {
+                method == Method::GET || method == Method::HEAD
+            }
         }
     }
 }
@@ -88,6 +103,7 @@ impl Router {
         match path {
             HEALTH_PATH => Some(Route::Health),
             READY_PATH => Some(Route::Ready),
+            METRICS_PATH => Some(Route::Metrics),
             _ => self
                 .endpoints
                 .iter()

@@ -1,0 +1,198 @@
+//! `/metrics`: what the server did, as Prometheus text (exposition format 0.0.4).
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `unknown`) and status code |
+//! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
+//! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
+//! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
+//! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
+//! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
+//! | `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total` | counter | postponed results delivered (200), refused (403), retried |
+//! | `payhook_outbox_queued` | gauge | postponed results waiting for delivery |
+//!
+//! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
+//! list turns the route off.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    answers: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    pub(crate) callbacks_booked: AtomicU64,
+    pub(crate) callbacks_duplicate: AtomicU64,
+    validations: [AtomicU64; 3],
+    pub(crate) validations_replayed: AtomicU64,
+    pub(crate) nonce_reuse_refused: AtomicU64,
+}
+
+/// A validation decision, for counting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Decision {
+    Allow = 0,
+    Deny = 1,
+    Postponed = 2,
+}
+
+/// The outbox's counts, when the app is Awaitable.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OutboxCounts {
+    pub(crate) delivered: u64,
+    pub(crate) conflicts: u64,
+    pub(crate) retries: u64,
+    pub(crate) queued: Option<usize>,
+}
+
+impl Metrics {
+    /// Counts one answer.
+    pub(crate) fn answered(&self, route: &'static str, status: u16) {
+        *self
+            .answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((route, status))
+            .or_default() += 1;
+    }
+
+    /// Counts one handler decision on a validation.
+    pub(crate) fn decided(&self, decision: Decision) {
+        self.validations[decision as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text.
+    pub(crate) fn render(&self, outbox: Option<OutboxCounts>) -> String {
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(
+            "payhook_answers_total",
+            "counter",
+            "Answers by route and status code.",
+        );
+        let answers = self
+            .answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut text = String::new();
+        for ((route, status), count) in answers {
+            let _ = writeln!(
+                text,
+                "payhook_answers_total{{route=\"{route}\",status=\"{status}\"}} {count}"
+            );
+        }
+        out.push_str(&text);
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let single = [
+            (
+                "payhook_callbacks_booked_total",
+                "Callbacks acknowledged by the handler and durably marked.",
+                load(&self.callbacks_booked),
+            ),
+            (
+                "payhook_callbacks_duplicate_total",
+                "Deliveries of an acknowledged (nonce, status), answered without the handler.",
+                load(&self.callbacks_duplicate),
+            ),
+            (
+                "payhook_validations_replayed_total",
+                "Repeated validations answered from the record.",
+                load(&self.validations_replayed),
+            ),
+            (
+                "payhook_nonce_reuse_refused_total",
+                "Validations refused for a nonce used for a different payment.",
+                load(&self.nonce_reuse_refused),
+            ),
+        ];
+        for (name, help, value) in single {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP payhook_validations_total Validations decided by the handler.\n# TYPE payhook_validations_total counter"
+        );
+        for (decision, counter) in ["allow", "deny", "postponed"].iter().zip(&self.validations) {
+            let _ = writeln!(
+                out,
+                "payhook_validations_total{{decision=\"{decision}\"}} {}",
+                load(counter)
+            );
+        }
+        if let Some(outbox) = outbox {
+            let counters = [
+                (
+                    "payhook_outbox_delivered_total",
+                    "Postponed results delivered (200).",
+                    outbox.delivered,
+                ),
+                (
+                    "payhook_outbox_conflicts_total",
+                    "Postponed results refused (403): conflicts.",
+                    outbox.conflicts,
+                ),
+                (
+                    "payhook_outbox_retries_total",
+                    "Failed delivery attempts, scheduled again.",
+                    outbox.retries,
+                ),
+            ];
+            for (name, help, value) in counters {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+                );
+            }
+            if let Some(queued) = outbox.queued {
+                let _ = writeln!(
+                    out,
+                    "# HELP payhook_outbox_queued Postponed results waiting for delivery.\n# TYPE payhook_outbox_queued gauge\npayhook_outbox_queued {queued}"
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_as_prometheus_text() {
+        let metrics = Metrics::default();
+        metrics.answered("callback", 200);
+        metrics.answered("callback", 200);
+        metrics.answered("callback", 401);
+        metrics.decided(Decision::Deny);
+        metrics.callbacks_booked.fetch_add(1, Ordering::Relaxed);
+        let text = metrics.render(Some(OutboxCounts {
+            delivered: 3,
+            queued: Some(2),
+            ..OutboxCounts::default()
+        }));
+        for line in [
+            "payhook_answers_total{route=\"callback\",status=\"200\"} 2",
+            "payhook_answers_total{route=\"callback\",status=\"401\"} 1",
+            "payhook_validations_total{decision=\"deny\"} 1",
+            "payhook_callbacks_booked_total 1",
+            "payhook_outbox_delivered_total 3",
+            "payhook_outbox_queued 2",
+            "# TYPE payhook_outbox_queued gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! `/metrics` counts answers, bookings, duplicates and validation decisions, and only the
+//! allowed networks may read it.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+async fn metrics(server: &TestServer) -> (u16, String) {
+    let response = server.send(&request("GET", "/metrics", &[], None)).await;
+    (
+        response.status,
+        String::from_utf8_lossy(&response.body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn what_the_server_did_is_counted() {
+    let server = TestServer::start().await;
+    for _ in 0..2 {
+        assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    }
+    assert_eq!(
+        server
+            .post_json(VALIDATION_PATH, TRANSACTION_VALIDATION)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        server
+            .post_json(VALIDATION_PATH, TRANSACTION_VALIDATION)
+            .await
+            .status,
+        200
+    );
+    let reused = with(
+        TRANSACTION_VALIDATION,
+        "/paymentData/amount",
+        Some(json!(1)),
+    );
+    assert_eq!(server.post_json(VALIDATION_PATH, &reused).await.status, 403);
+    let denied = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("deny")),
+    );
+    let denied = with(&denied, "/paymentData/nonce", Some(json!("n-denied")));
+    assert_eq!(server.post_json(VALIDATION_PATH, &denied).await.status, 403);
+    assert_eq!(server.post_json("/nowhere", "{}").await.status, 404);
+
+    let (status, text) = metrics(&server).await;
+    assert_eq!(status, 200, "{text}");
+    for line in [
+        "payhook_answers_total{route=\"callback\",status=\"200\"} 2",
+        "payhook_answers_total{route=\"transaction_validation\",status=\"200\"} 2",
+        "payhook_answers_total{route=\"transaction_validation\",status=\"403\"} 2",
+        "payhook_answers_total{route=\"unknown\",status=\"404\"} 1",
+        "payhook_callbacks_booked_total 1",
+        "payhook_callbacks_duplicate_total 1",
+        "payhook_validations_total{decision=\"allow\"} 1",
+        "payhook_validations_total{decision=\"deny\"} 1",
+        "payhook_validations_replayed_total 1",
+        "payhook_nonce_reuse_refused_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn only_allowed_networks_read_metrics_and_an_empty_list_turns_them_off() {
+    let mut config = test_config();
+    config.server.metrics_allow_ips = vec!["10.0.0.0/8".into()];
+    let server = TestServer::start_with(config).await;
+    let (status, text) = metrics(&server).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("address not allowed"));
+
+    let mut config = test_config();
+    config.server.metrics_allow_ips = Vec::new();
+    let server = TestServer::start_with(config).await;
+    assert_eq!(metrics(&server).await.0, 404);
+
+    let mut config = test_config();
+    config.server.metrics_allow_ips = vec!["not-a-network".into()];
+    let error = payhook::App::builder(config)
+        .callback_receiver(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("server.metrics_allow_ips"), "{error}");
+}
