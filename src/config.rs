@@ -683,7 +683,7 @@ impl GatewayConfig {
 
 /// An aggregator URL: `https://`, or `http://` on a loopback host only (a token or a
 /// password must never cross a network in the clear).
-fn check_gateway_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_gateway_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
     let host = uri.host().unwrap_or_default();
     match uri.scheme_str() {

@@ -288,3 +288,30 @@ fn plain_http_is_refused_off_loopback() {
         "{error}"
     );
 }
+
+#[test]
+fn the_builder_needs_urls_and_credentials_and_refuses_plain_http_off_loopback() {
+    let missing = GatewayClient::builder()
+        .auth_url("https://auth.example")
+        .gateway_url("https://gateway.example")
+        .build()
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("gateway.username"),
+        "{missing}"
+    );
+    let plain = GatewayClient::builder()
+        .auth_url("http://auth.example")
+        .gateway_url("https://gateway.example")
+        .credentials("shop", "pw")
+        .build()
+        .unwrap_err();
+    assert!(plain.to_string().contains("loopback"), "{plain}");
+    GatewayClient::builder()
+        .auth_url("http://127.0.0.1:9")
+        .gateway_url("http://127.0.0.1:9")
+        .credentials("shop", "pw")
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+}

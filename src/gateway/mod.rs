@@ -207,19 +207,102 @@ impl Answer {
     }
 }
 
-impl GatewayClient {
-    /// A client of the aggregator named by `config`.
+/// Builds a [`GatewayClient`]; every setting not set keeps the default of
+/// [`GatewayConfig`], and [`GatewayClientBuilder::build`] checks them once.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let gateway = payhook::gateway::GatewayClient::builder()
+///     .auth_url("https://auth.aggregator.example")
+///     .gateway_url("https://gateway.aggregator.example")
+///     .credentials("shop", "secret")
+///     .timeout(Duration::from_secs(5)) // default 10 s
+///     .build()?;
+/// # let _ = gateway;
+/// # Ok::<(), payhook::gateway::GatewayError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct GatewayClientBuilder {
+    config: GatewayConfig,
+}
+
+impl GatewayClientBuilder {
+    /// `{auth_url}`: login and refresh. Required.
+    pub fn auth_url(mut self, url: impl Into<String>) -> Self {
+        self.config.auth_url = Some(url.into());
+        self
+    }
+
+    /// `{gateway_url}`: postponed results and lookups. Required.
+    pub fn gateway_url(mut self, url: impl Into<String>) -> Self {
+        self.config.gateway_url = Some(url.into());
+        self
+    }
+
+    /// The merchant user and password. Required.
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<Secret>) -> Self {
+        self.config.username = Some(username.into());
+        self.config.password = Some(password.into());
+        self
+    }
+
+    /// Bound on every call. Default 10 s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.timeout = timeout;
+        self
+    }
+
+    /// How long before its expiry the access token is refreshed. Default 60 s.
+    pub fn refresh_margin(mut self, margin: Duration) -> Self {
+        self.config.refresh_margin = margin;
+        self
+    }
+
+    /// The header and scheme that carry the token. Default `Authorization`, `Bearer`.
+    pub fn auth_header(mut self, header: impl Into<String>, scheme: impl Into<String>) -> Self {
+        self.config.auth_header = header.into();
+        self.config.auth_scheme = scheme.into();
+        self
+    }
+
+    /// Checks the settings and builds the client.
     ///
     /// # Errors
     ///
-    /// [`GatewayError::NotConfigured`] when a URL, the user name or the password is missing.
+    /// [`GatewayError::NotConfigured`] when a URL, the user name or the password is missing,
+    /// or a setting is unusable.
+    pub fn build(self) -> Result<GatewayClient, GatewayError> {
+        GatewayClient::new(&self.config)
+    }
+}
+
+impl GatewayClient {
+    /// A builder, starting from the defaults.
+    pub fn builder() -> GatewayClientBuilder {
+        GatewayClientBuilder::default()
+    }
+
+    /// A client of the aggregator named by `config` (the `[gateway]` section).
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::NotConfigured`] when a URL, the user name or the password is missing,
+    /// or a setting is unusable.
     pub fn new(config: &GatewayConfig) -> Result<Self, GatewayError> {
         let missing = |key: &str| GatewayError::NotConfigured(format!("gateway.{key} is not set"));
         let base = |url: &Option<String>, key: &str| {
-            url.as_deref()
-                .map(|u| u.trim_end_matches('/').to_owned())
-                .ok_or_else(|| missing(key))
+            let url = url.as_deref().ok_or_else(|| missing(key))?;
+            crate::config::check_gateway_url(url)
+                .map_err(|why| GatewayError::NotConfigured(format!("gateway.{key}: {why}")))?;
+            Ok::<_, GatewayError>(url.trim_end_matches('/').to_owned())
         };
+        if config.timeout.is_zero() {
+            return Err(GatewayError::NotConfigured(
+                "gateway.timeout must be longer than zero".into(),
+            ));
+        }
         let http = http_client().map_err(GatewayError::NotConfigured)?;
         let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
             GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))

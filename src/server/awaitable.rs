@@ -154,7 +154,7 @@ impl App {
     /// Wakes the outbox worker: a result was queued with the validation's record.
     pub(super) fn result_queued(&self) {
         if let Some(awaitable) = &self.inner.awaitable {
-            awaitable.resolver_wake();
+            awaitable.outbox.wake();
         }
     }
 
@@ -198,12 +198,6 @@ impl App {
             }
         };
         tokio::spawn(later.in_current_span());
-    }
-}
-
-impl Awaitable {
-    fn resolver_wake(&self) {
-        self.outbox.wake();
     }
 }
 
