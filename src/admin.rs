@@ -20,9 +20,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! sled lets one process open a store: against a running service, decide postponed
-//! validations from inside it (its [`Resolver`]); the commands here work on the store of a
-//! stopped service (a decision is then delivered by the service's outbox when it starts).
+//! sled lets one process open a store. Against a running service the commands go through
+//! its operating API (`/payhook/admin/`, on when `admin.token` is set) with an
+//! [`AdminClient`] ([`AdminCommand::run_remote`]); [`AdminCommand::run`] works on the store
+//! of a stopped service (a decision is then delivered by its outbox when it starts).
 
 use std::{fmt::Write as _, io::Write, sync::Arc};
 use uuid::Uuid;
@@ -58,6 +59,14 @@ pub enum AdminError {
     /// The command needs what this binary does not have.
     #[error("{0}")]
     Unsupported(String),
+    /// The running service's operating API refused or failed.
+    #[error("the service answered {status}: {message}")]
+    Remote {
+        /// The HTTP status (0: no answer).
+        status: u16,
+        /// Its message.
+        message: String,
+    },
 }
 
 /// The operating commands.
@@ -180,6 +189,212 @@ impl ValidationsCommand {
             }
         }
         Ok(())
+    }
+}
+
+/// The operating API of a running service (`/payhook/admin/`, enabled by `admin.token`).
+pub struct AdminClient {
+    base: String,
+    token: crate::Secret,
+    http: crate::gateway::HttpClient,
+}
+
+impl std::fmt::Debug for AdminClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminClient")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdminClient {
+    /// A client of the service at `base_url` (e.g. `http://127.0.0.1:8080`).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Unsupported`] when the HTTP client cannot be built.
+    pub fn new(base_url: &str, token: crate::Secret) -> Result<Self, AdminError> {
+        Ok(Self {
+            base: base_url.trim_end_matches('/').to_owned(),
+            token,
+            http: crate::gateway::http_client().map_err(AdminError::Unsupported)?,
+        })
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, AdminError> {
+        use http_body_util::BodyExt as _;
+        let remote = |status: u16, message: String| AdminError::Remote { status, message };
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("{}/payhook/admin/{path}", self.base))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.token.expose()),
+            )
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.unwrap_or_default(),
+            )))
+            .map_err(|e| remote(0, e.to_string()))?;
+        let call = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| remote(0, format!("cannot reach {}: {e}", self.base)))?;
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| remote(0, e.to_string()))?
+                .to_bytes();
+            if !status.is_success() {
+                let message = serde_json::from_slice::<crate::model::ErrorBody>(&body).map_or_else(
+                    |_| String::from_utf8_lossy(&body).into_owned(),
+                    |b| b.message,
+                );
+                return Err(remote(status.as_u16(), message));
+            }
+            serde_json::from_slice(&body).map_err(|e| remote(status.as_u16(), e.to_string()))
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(60), call)
+            .await
+            .map_err(|_| remote(0, "no answer within 60 s".into()))?
+    }
+
+    /// The postponed validations (in `state`: `pending`, `queued`, `delivered`, `conflict`).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn validations(
+        &self,
+        state: Option<&str>,
+    ) -> Result<Vec<PostponedValidation>, AdminError> {
+        let path = state.map_or_else(
+            || "validations".to_owned(),
+            |s| format!("validations?state={s}"),
+        );
+        self.call(http::Method::GET, &path, None).await
+    }
+
+    /// Decides a postponed validation; returns `recorded` or `unchanged`.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] with 409 when it was decided differently, 404 when unknown.
+    pub async fn resolve(
+        &self,
+        id: i64,
+        success: bool,
+        description: &str,
+    ) -> Result<String, AdminError> {
+        let body = serde_json::to_vec(&crate::server::AdminDecision {
+            success,
+            description: description.to_owned(),
+        })
+        .unwrap_or_default();
+        let answer: crate::model::ErrorBody = self
+            .call(http::Method::POST, &format!("validations/{id}"), Some(body))
+            .await?;
+        Ok(answer.message)
+    }
+
+    /// Has the service recover the transactions (books through its handler).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn reconcile(
+        &self,
+        reference_ids: &[Uuid],
+    ) -> Result<Vec<crate::server::AdminReconciled>, AdminError> {
+        let body = serde_json::to_vec(&crate::server::AdminReconcile {
+            reference_ids: reference_ids.to_vec(),
+        })
+        .unwrap_or_default();
+        self.call(http::Method::POST, "reconcile", Some(body)).await
+    }
+}
+
+impl AdminCommand {
+    /// Runs the command against a running service through its operating API.
+    ///
+    /// # Errors
+    ///
+    /// As [`AdminCommand::run`], and [`AdminError::Remote`] for the service's refusals.
+    pub async fn run_remote(
+        self,
+        config: &Config,
+        client: &AdminClient,
+        out: &mut dyn Write,
+    ) -> Result<(), AdminError> {
+        match self {
+            Self::Validations(ValidationsCommand::List { pending, conflicts }) => {
+                let state = match (pending, conflicts) {
+                    (true, _) => Some("pending"),
+                    (_, true) => Some("conflict"),
+                    _ => None,
+                };
+                let all = client.validations(state).await?;
+                out.write_all(describe_validations(&all).as_bytes())?;
+                Ok(())
+            }
+            Self::Validations(ValidationsCommand::Resolve {
+                id,
+                allow,
+                description,
+                ..
+            }) => {
+                let outcome = client.resolve(id, allow, &description).await?;
+                let verdict = if allow { "allowed" } else { "denied" };
+                writeln!(
+                    out,
+                    "validation {id}: {verdict} ({outcome}); the service's outbox posts it to the aggregator"
+                )?;
+                Ok(())
+            }
+            Self::Reconcile { reference_ids } => {
+                let mut failed = 0;
+                for outcome in client.reconcile(&reference_ids).await? {
+                    let status = outcome
+                        .status
+                        .map(|s| crate::model::TransactionStatus::from_code(s).to_string())
+                        .unwrap_or_default();
+                    let line = match outcome.outcome.as_str() {
+                        "booked" => format!("{}: booked now ({status})", outcome.reference_id),
+                        "already_booked" => {
+                            format!("{}: already booked ({status})", outcome.reference_id)
+                        }
+                        "not_final" => format!(
+                            "{}: not final yet ({status}); nothing to book",
+                            outcome.reference_id
+                        ),
+                        _ => {
+                            failed += 1;
+                            format!(
+                                "{}: NOT reconciled: {}",
+                                outcome.reference_id,
+                                outcome.message.unwrap_or_default()
+                            )
+                        }
+                    };
+                    writeln!(out, "{line}")?;
+                }
+                if failed == 0 {
+                    Ok(())
+                } else {
+                    Err(AdminError::NotReconciled(failed))
+                }
+            }
+            command @ Self::Transaction { .. } => command.run(config, None, None, out).await,
+        }
     }
 }
 

@@ -117,6 +117,8 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// `[validation]`: Awaitable mode and the delivery of postponed results.
     pub validation: ValidationConfig,
+    /// `[admin]`: the operating API of a running service (off unless a token is set).
+    pub admin: AdminConfig,
 }
 
 /// `[server]`: listening, limits and timeouts.
@@ -305,6 +307,47 @@ impl KeySource {
         } else {
             parts.join(", ")
         }
+    }
+}
+
+/// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
+/// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
+/// set; then callers need `Authorization: Bearer <token>` and an address in `allow_ips`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The bearer token (at least 16 characters); redacted in `Debug`. Unset: no admin API.
+    pub token: Option<Secret>,
+    /// Networks that may call it (CIDR). Default: loopback only.
+    pub allow_ips: Vec<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+        }
+    }
+}
+
+impl AdminConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
+            return Err(ConfigError::Invalid {
+                key: "admin.token".into(),
+                reason: "must be at least 16 characters".into(),
+            });
+        }
+        for text in &self.allow_ips {
+            if let Err(error) = text.parse::<crate::auth::Cidr>() {
+                return Err(ConfigError::Invalid {
+                    key: "admin.allow_ips".into(),
+                    reason: error.to_string(),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -614,7 +657,8 @@ impl Config {
         self.paths.validate()?;
         self.auth.validate(!self.signature.keys.is_empty())?;
         self.gateway.validate()?;
-        self.validation.validate(&self.gateway)
+        self.validation.validate(&self.gateway)?;
+        self.admin.validate()
     }
 }
 
@@ -721,7 +765,7 @@ fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
 }
 
 /// Sections whose keys can be set from the environment, with their sub-tables.
-const SECTIONS: [(&str, &[&str]); 8] = [
+const SECTIONS: [(&str, &[&str]); 9] = [
     ("server", &[]),
     ("paths", &[]),
     ("callback", &[]),
@@ -730,6 +774,7 @@ const SECTIONS: [(&str, &[&str]); 8] = [
     ("gateway", &[]),
     ("store", &[]),
     ("validation", &[]),
+    ("admin", &[]),
 ];
 
 /// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;

@@ -43,6 +43,11 @@ struct Cli {
     /// file named by PAYHOOK_CONFIG, if any; PAYHOOK_* variables apply on top).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// `validations` and `reconcile`: work through this running service's operating API
+    /// (e.g. http://127.0.0.1:8080) instead of opening its store; the token is admin.token
+    /// (PAYHOOK_ADMIN_TOKEN).
+    #[arg(long, global = true)]
+    admin_url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -209,7 +214,7 @@ fn main() -> ExitCode {
             body,
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
-        Command::Admin(command) => admin(command, cli.config.as_deref()),
+        Command::Admin(command) => admin(command, cli.config.as_deref(), cli.admin_url.as_deref()),
         Command::Demo { data } => demo::run(data),
         Command::New {
             name,
@@ -255,8 +260,26 @@ fn main() -> ExitCode {
 
 /// Runs an operating command with the service's configuration; the store is opened only
 /// by the commands that need it.
-fn admin(command: AdminCommand, file: Option<&Path>) -> Result<(), Failure> {
+fn admin(
+    command: AdminCommand,
+    file: Option<&Path>,
+    admin_url: Option<&str>,
+) -> Result<(), Failure> {
     let config = load_config(file)?;
+    if let Some(url) = admin_url {
+        let token = config.admin.token.clone().ok_or_else(|| {
+            Failure(
+                "--admin-url needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)".into(),
+                2,
+            )
+        })?;
+        let client = payhook::admin::AdminClient::new(url, token)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(command.run_remote(&config, &client, &mut std::io::stdout()))?;
+        return Ok(());
+    }
     let store: Option<Arc<dyn Store>> = match command {
         AdminCommand::Validations(_) | AdminCommand::Reconcile { .. } => {
             Some(Arc::new(open_store(&config)?))

@@ -20,6 +20,7 @@
 //! `metrics.rs`; only for `server.metrics_allow_ips`, and only when the peer address is known:
 //! a server of your own inserts [`PeerAddr`]).
 
+mod admin;
 mod awaitable;
 mod exactly_once;
 mod metrics;
@@ -66,6 +67,7 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
 use route::{Endpoint, Route, Router};
 
+pub use admin::{AdminDecision, AdminReconcile, AdminReconciled};
 pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
 
@@ -146,6 +148,10 @@ struct Inner {
     metrics: metrics::Metrics,
     /// Who may read `/metrics`.
     metrics_allow: Vec<crate::auth::Cidr>,
+    /// The operating API's access; `None` when it is off.
+    admin: Option<admin::AdminAccess>,
+    /// The aggregator's endpoints, when `[gateway]` is complete (reconcile).
+    gateway: Option<crate::gateway::GatewayClient>,
 }
 
 impl std::fmt::Debug for App {
@@ -292,6 +298,10 @@ impl App {
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
             Route::Metrics => self.metrics(request.extensions().get::<PeerAddr>()),
+            Route::Admin => self
+                .admin(request)
+                .await
+                .unwrap_or_else(Problem::into_response),
             Route::Endpoint(endpoint) => self
                 .endpoint(endpoint, request, request_id)
                 .await
@@ -670,7 +680,16 @@ impl AppBuilder {
             Endpoint::TransactionValidation => self.validation.is_some(),
             Endpoint::Callback => self.callbacks.is_some(),
         };
-        let router = Router::new(&self.config.paths, served);
+        let admin = admin::AdminAccess::from_config(&self.config.admin);
+        let mut router = Router::new(&self.config.paths, served);
+        if admin.is_some() {
+            router = router.with_admin();
+        }
+        let gateway = if self.config.gateway.is_complete() {
+            Some(crate::gateway::GatewayClient::new(&self.config.gateway)?)
+        } else {
+            None
+        };
         let store: Option<Arc<dyn Store>> = match self.store {
             StoreChoice::Given(store) => Some(store),
             StoreChoice::Without => None,
@@ -703,6 +722,8 @@ impl AppBuilder {
                 awaitable,
                 metrics: metrics::Metrics::default(),
                 metrics_allow,
+                admin,
+                gateway,
             }),
         })
     }

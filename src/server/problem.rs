@@ -21,6 +21,7 @@
 //! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
+//! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
 //! panics) are logged where they happen and never reach the wire.
@@ -77,6 +78,7 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     NonceReused,
+    Conflict(String),
 }
 
 impl Problem {
@@ -100,6 +102,7 @@ impl Problem {
                 ..
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Conflict(_) => StatusCode::CONFLICT,
         }
     }
 
@@ -108,7 +111,7 @@ impl Problem {
     fn applies_to(&self, endpoint: Endpoint) -> bool {
         use Endpoint::{Callback, ProvidersValidation, TransactionValidation};
         match self {
-            Self::NotFound | Self::NotReady => false,
+            Self::NotFound | Self::NotReady | Self::Conflict(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -177,6 +180,7 @@ impl Problem {
             Self::PayloadTooLarge { limit } => format!("request body exceeds {limit} bytes"),
             Self::EmptyBody => "request body is empty".to_owned(),
             Self::BadRequest(message)
+            | Self::Conflict(message)
             | Self::Denied(message)
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),

@@ -37,6 +37,7 @@ pub(crate) enum Route {
     Health,
     Ready,
     Metrics,
+    Admin,
 }
 
 impl Route {
@@ -47,6 +48,7 @@ impl Route {
             Self::Health => "healthz",
             Self::Ready => "readyz",
             Self::Metrics => "metrics",
+            Self::Admin => "admin",
         }
     }
 
@@ -55,6 +57,7 @@ impl Route {
         match self {
             Self::Endpoint(_) => "POST",
             Self::Health | Self::Ready | Self::Metrics => "GET, HEAD",
+            Self::Admin => "GET, POST",
         }
     }
 
@@ -65,6 +68,7 @@ impl Route {
             Self::Health | Self::Ready | Self::Metrics => {
                 method == Method::GET || method == Method::HEAD
             }
+            Self::Admin => method == Method::GET || method == Method::POST,
         }
     }
 }
@@ -73,6 +77,8 @@ impl Route {
 #[derive(Debug, Clone)]
 pub(crate) struct Router {
     endpoints: Vec<(String, Endpoint)>,
+    /// The operating API is served (a token is configured).
+    admin: bool,
 }
 
 impl Router {
@@ -90,7 +96,16 @@ impl Router {
             .filter(|(_, e)| served(*e))
             .map(|(p, e)| (p.clone(), e))
             .collect();
-        Self { endpoints }
+        Self {
+            endpoints,
+            admin: false,
+        }
+    }
+
+    /// Serves the operating API under [`super::admin::ADMIN_PREFIX`] too.
+    pub(crate) fn with_admin(mut self) -> Self {
+        self.admin = true;
+        self
     }
 
     /// The route for `path`; a trailing slash is tolerated.
@@ -104,6 +119,7 @@ impl Router {
             HEALTH_PATH => Some(Route::Health),
             READY_PATH => Some(Route::Ready),
             METRICS_PATH => Some(Route::Metrics),
+            _ if self.admin && path.starts_with(super::admin::ADMIN_PREFIX) => Some(Route::Admin),
             _ => self
                 .endpoints
                 .iter()

@@ -1,0 +1,223 @@
+//! The operating API of a running service, under `/payhook/admin/`: what `payhook
+//! validations …` and `payhook reconcile` call with `--admin-url` (sled lets only the running
+//! service open its store).
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
+//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 unknown |
+//! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
+//!
+//! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
+//! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response};
+use http_body::Body;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::problem::Problem;
+use super::request::read_body;
+use super::{App, PeerAddr, ResponseBody};
+use crate::auth::{Cidr, Expected};
+use crate::config::AdminConfig;
+use crate::model::ErrorBody;
+use crate::postponed::{PostponedState, ResolveError, Resolved};
+use crate::server::Reconciled;
+
+/// Where the operating API lives.
+pub(crate) const ADMIN_PREFIX: &str = "/payhook/admin/";
+
+/// Who may call the operating API.
+pub(super) struct AdminAccess {
+    token: Expected,
+    allow: Vec<Cidr>,
+}
+
+impl AdminAccess {
+    /// `None` when no token is configured: the API is off.
+    pub(super) fn from_config(config: &AdminConfig) -> Option<Self> {
+        let token = config.token.as_ref()?;
+        Some(Self {
+            token: Expected::new(token.expose().as_bytes()),
+            allow: config
+                .allow_ips
+                .iter()
+                .filter_map(|text| text.parse().ok())
+                .collect(),
+        })
+    }
+
+    fn check(&self, peer: Option<PeerAddr>, headers: &HeaderMap) -> Result<(), Problem> {
+        if !peer.is_some_and(|peer| self.allow.iter().any(|net| net.contains(peer.0.ip()))) {
+            return Err(Problem::AddressRefused);
+        }
+        let presented = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match presented {
+            Some(token) if self.token.matches(token.as_bytes()) => Ok(()),
+            Some(_) => Err(Problem::Unauthorized {
+                message: "invalid credentials".into(),
+                basic: false,
+            }),
+            None => Err(Problem::Unauthorized {
+                message: "missing credentials".into(),
+                basic: false,
+            }),
+        }
+    }
+}
+
+/// A decision sent to `POST /payhook/admin/validations/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminDecision {
+    /// Whether the client may make the transaction.
+    pub success: bool,
+    /// The explanation sent with the result.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The body of `POST /payhook/admin/reconcile`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminReconcile {
+    /// The transactions to recover.
+    pub reference_ids: Vec<Uuid>,
+}
+
+/// One outcome of `POST /payhook/admin/reconcile`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminReconciled {
+    /// The transaction.
+    pub reference_id: Uuid,
+    /// `booked`, `already_booked`, `not_final` or `error`.
+    pub outcome: String,
+    /// The transaction's status code, when it was read.
+    pub status: Option<i32>,
+    /// Why it failed, for `error`.
+    pub message: Option<String>,
+}
+
+fn json<T: Serialize>(value: &T) -> Response<ResponseBody> {
+    let mut response = Response::new(http_body_util::Full::new(Bytes::from(
+        serde_json::to_vec(value).unwrap_or_default(),
+    )));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl App {
+    /// Answers a call of the operating API.
+    pub(super) async fn admin<B>(
+        &self,
+        request: Request<B>,
+    ) -> Result<Response<ResponseBody>, Problem>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let access = self.inner.admin.as_ref().ok_or(Problem::NotFound)?;
+        let peer = request.extensions().get::<PeerAddr>().copied();
+        access.check(peer, request.headers())?;
+        let (parts, body) = request.into_parts();
+        let rest = parts
+            .uri
+            .path()
+            .trim_start_matches(ADMIN_PREFIX)
+            .trim_end_matches('/');
+        let segments: Vec<&str> = rest.split('/').collect();
+        let limits = (
+            self.inner.server.body_limit,
+            self.inner.server.request_timeout,
+        );
+        match (&parts.method, segments.as_slice()) {
+            (&Method::GET, ["validations"]) => {
+                let state = match parts.uri.query().and_then(|q| q.strip_prefix("state=")) {
+                    None => None,
+                    Some("pending") => Some(PostponedState::Pending),
+                    Some("queued") => Some(PostponedState::Queued),
+                    Some("delivered") => Some(PostponedState::Delivered),
+                    Some("conflict") => Some(PostponedState::Conflict),
+                    Some(other) => {
+                        return Err(Problem::BadRequest(format!(
+                            "state `{other}`: use pending, queued, delivered or conflict"
+                        )));
+                    }
+                };
+                let resolver = self.resolver().ok_or(Problem::NotFound)?;
+                let list = resolver
+                    .list(state)
+                    .map_err(|e| self.admin_store_failed(&e))?;
+                Ok(json(&list))
+            }
+            (&Method::POST, ["validations", id]) => {
+                let id: i64 = id
+                    .parse()
+                    .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
+                let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+                let decision: AdminDecision = super::request::parse_json(&bytes)?;
+                let resolver = self.resolver().ok_or(Problem::NotFound)?;
+                match resolver
+                    .resolve(id, decision.success, decision.description)
+                    .await
+                {
+                    Ok(Resolved::Recorded) => Ok(json(&ErrorBody::new("recorded"))),
+                    Ok(Resolved::Unchanged) => Ok(json(&ErrorBody::new("unchanged"))),
+                    Err(error @ ResolveError::Conflict { .. }) => {
+                        Err(Problem::Conflict(error.to_string()))
+                    }
+                    Err(ResolveError::Unknown(_)) => Err(Problem::NotFound),
+                    Err(ResolveError::Store(error)) => Err(self.admin_store_failed(&error)),
+                }
+            }
+            (&Method::POST, ["reconcile"]) => {
+                let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+                let request: AdminReconcile = super::request::parse_json(&bytes)?;
+                let gateway = self.inner.gateway.as_ref().ok_or_else(|| {
+                    Problem::Conflict("reconcile needs a complete [gateway] section".into())
+                })?;
+                let outcomes = self
+                    .reconcile(gateway, &request.reference_ids)
+                    .await
+                    .into_iter()
+                    .map(|(reference_id, outcome)| {
+                        let (outcome, status, message) = match outcome {
+                            Ok(Reconciled::Booked(s)) => ("booked", Some(s.code()), None),
+                            Ok(Reconciled::AlreadyBooked(s)) => {
+                                ("already_booked", Some(s.code()), None)
+                            }
+                            Ok(Reconciled::NotFinal(s)) => ("not_final", Some(s.code()), None),
+                            Err(error) => ("error", None, Some(error.to_string())),
+                        };
+                        AdminReconciled {
+                            reference_id,
+                            outcome: outcome.into(),
+                            status,
+                            message,
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                Ok(json(&outcomes))
+            }
+            (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
+                Err(Problem::MethodNotAllowed { allow: "GET, POST" })
+            }
+            _ => Err(Problem::NotFound),
+        }
+    }
+
+    fn admin_store_failed(&self, error: &crate::store::StoreError) -> Problem {
+        tracing::error!(%error, "admin: store failed");
+        Problem::StoreFailed {
+            retry_after: self.inner.callback.retry_after,
+        }
+    }
+}

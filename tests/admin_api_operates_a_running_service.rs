@@ -1,0 +1,298 @@
+//! The operating API of a running service (`/payhook/admin/`, on when `admin.token` is set):
+//! token and address checks, postponed validations listed and decided, lost callbacks
+//! reconciled — directly, and through `payhook … --admin-url` against the example merchant.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::model::TransactionRecord;
+use payhook::sim::{MockGateway, MockGatewayConfig, Payment};
+use serde_json::{Value, json};
+use std::process::Command;
+use support::gateway::FakeGateway;
+use support::*;
+
+const TOKEN: &str = "admin-token-0123456789";
+
+fn config(gateway: &FakeGateway) -> payhook::Config {
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.admin.token = Some(TOKEN.into());
+    config
+}
+
+async fn call(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> RawResponse {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer.as_str()));
+    }
+    server
+        .send(&request(method, path, &headers, body.map(str::as_bytes)))
+        .await
+}
+
+#[tokio::test]
+async fn the_api_is_off_without_a_token_and_guarded_with_one() {
+    let gateway = FakeGateway::start().await;
+    let mut off = config(&gateway);
+    off.admin.token = None;
+    let server = TestServer::start_with(off).await;
+    assert_eq!(
+        call(
+            &server,
+            "GET",
+            "/payhook/admin/validations",
+            Some(TOKEN),
+            None
+        )
+        .await
+        .status,
+        404
+    );
+
+    let server = TestServer::start_with(config(&gateway)).await;
+    let missing = call(&server, "GET", "/payhook/admin/validations", None, None).await;
+    assert_eq!(
+        (missing.status, missing.message()),
+        (401, "missing credentials".into())
+    );
+    let wrong = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations",
+        Some("admin-token-wrong-000000"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (wrong.status, wrong.message()),
+        (401, "invalid credentials".into())
+    );
+
+    let mut elsewhere = config(&gateway);
+    elsewhere.admin.allow_ips = vec!["10.0.0.0/8".into()];
+    let server = TestServer::start_with(elsewhere).await;
+    let refused = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+
+    let mut short = config(&gateway);
+    short.admin.token = Some("short".into());
+    let error = payhook::App::builder(short)
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("admin.token"), "{error}");
+}
+
+#[tokio::test]
+async fn postponed_validations_are_listed_and_decided_once() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let id = 9_007_199_254_740_993_i64;
+
+    let listed = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations?state=pending",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(listed.status, 200);
+    let list: Value = listed.json();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["validation_id"], id);
+
+    let path = format!("/payhook/admin/validations/{id}");
+    let decide = |success: bool| json!({"success": success, "description": "reviewed"}).to_string();
+    let first = call(&server, "POST", &path, Some(TOKEN), Some(&decide(true))).await;
+    assert_eq!((first.status, first.message()), (200, "recorded".into()));
+    let same = call(&server, "POST", &path, Some(TOKEN), Some(&decide(true))).await;
+    assert_eq!((same.status, same.message()), (200, "unchanged".into()));
+    let other = call(&server, "POST", &path, Some(TOKEN), Some(&decide(false))).await;
+    assert_eq!(other.status, 409);
+    assert!(
+        other.message().contains("decided differently"),
+        "{}",
+        other.message()
+    );
+    let unknown = call(
+        &server,
+        "POST",
+        "/payhook/admin/validations/1",
+        Some(TOKEN),
+        Some(&decide(true)),
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    let bad = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations?state=lost",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    gateway
+        .until("the decided result", |s| s.results.contains_key(&id))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_operates_the_running_example_merchant() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let payment = Payment::default();
+    let record: TransactionRecord = payment.record("Failed", true);
+    mock.put_transaction(record);
+    let gateway = mock.gateway_config();
+    let data = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("PAYHOOK_GATEWAY_AUTH_URL".to_owned(), mock.url()),
+        ("PAYHOOK_GATEWAY_GATEWAY_URL".to_owned(), mock.url()),
+        (
+            "PAYHOOK_GATEWAY_USERNAME".to_owned(),
+            gateway.username.unwrap(),
+        ),
+        (
+            "PAYHOOK_GATEWAY_PASSWORD".to_owned(),
+            gateway.password.unwrap().expose().to_owned(),
+        ),
+        ("PAYHOOK_ADMIN_TOKEN".to_owned(), TOKEN.to_owned()),
+    ];
+    let mut child = Command::new(example_binary())
+        .env_clear()
+        .envs(env.clone())
+        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
+        .env("PAYHOOK_STORE_PATH", data.path())
+        .env("PAYHOOK_VALIDATION_AWAITABLE", "true")
+        .env("MERCHANT_REVIEW_EVERY", "1h")
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let address = loop {
+        let line = lines.next().unwrap().unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.to_owned();
+        }
+    };
+    let url = format!("http://{address}");
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/paymentData/amount",
+        Some(json!(5000)),
+    );
+    let validation = exchange(
+        address.parse().unwrap(),
+        &post(
+            VALIDATION_PATH,
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(validation.message(), "validation postponed");
+
+    let run = |args: Vec<String>, env: Vec<(String, String)>| async move {
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_payhook"))
+                .args(args)
+                .env_clear()
+                .envs(env)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        (
+            output.status.code().unwrap(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    };
+    let args = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let (code, out) = run(
+        args(&["validations", "list", "--pending", "--admin-url", &url]),
+        env.clone(),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("9007199254740993") && out.contains("pending"),
+        "{out}"
+    );
+    let (code, out) = run(
+        args(&[
+            "validations",
+            "resolve",
+            "9007199254740993",
+            "--deny",
+            "--description",
+            "manual",
+            "--admin-url",
+            &url,
+        ]),
+        env.clone(),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("denied (recorded)"), "{out}");
+    let reference = payment.reference_id.to_string();
+    let (code, out) = run(
+        args(&["reconcile", "--ref", &reference, "--admin-url", &url]),
+        env.clone(),
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("booked now"), "{out}");
+    let (_, out) = run(
+        args(&["reconcile", "--ref", &reference, "--admin-url", &url]),
+        env.clone(),
+    )
+    .await;
+    assert!(out.contains("already booked"), "{out}");
+    // Without the token, a clear refusal.
+    let no_token: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k != "PAYHOOK_ADMIN_TOKEN")
+        .collect();
+    let (code, out) = run(
+        args(&["validations", "list", "--admin-url", &url]),
+        no_token,
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert!(out.contains("PAYHOOK_ADMIN_TOKEN"), "{out}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
