@@ -31,15 +31,21 @@ pub(super) struct Awaitable {
 
 impl Awaitable {
     /// The Awaitable machinery when `validation.awaitable` is set; `None` otherwise.
+    /// `gateway` is the app's client of the aggregator (one session for the whole app).
     pub(super) fn from_config(
         config: &Config,
         store: Option<&Arc<dyn Store>>,
+        gateway: Option<&GatewayClient>,
     ) -> Result<Option<Self>, BuildError> {
         if !config.validation.awaitable {
             return Ok(None);
         }
         let store = store.ok_or(BuildError::AwaitableWithoutStore)?;
-        let gateway = GatewayClient::new(&config.gateway)?;
+        // A complete [gateway] is checked by the configuration's validation.
+        let gateway = match gateway {
+            Some(gateway) => gateway.clone(),
+            None => GatewayClient::new(&config.gateway)?,
+        };
         let clock = Clock::new();
         let wake = Arc::default();
         let resolver = Resolver::new(Arc::clone(store), clock, Arc::clone(&wake));

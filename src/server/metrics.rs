@@ -2,7 +2,7 @@
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
-//! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `unknown`) and status code |
+//! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `admin`, `unknown`) and status code (`other` for codes payhook does not send) |
 //! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
@@ -15,18 +15,32 @@
 //! list turns the route off.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
 };
 
-/// The server's counters.
+/// The routes counted, in the order of [`Metrics::answers`]' rows.
+const ROUTES: [&str; 8] = [
+    "providers_validation",
+    "transaction_validation",
+    "callback",
+    "healthz",
+    "readyz",
+    "metrics",
+    "admin",
+    "unknown",
+];
+
+/// The statuses the server answers with; any other is counted under the last column.
+const STATUSES: [u16; 15] = [
+    200, 400, 401, 403, 404, 405, 408, 409, 413, 415, 500, 502, 503, 504, 0,
+];
+
+/// The server's counters: plain atomics, so that counting an answer takes no lock.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
-    answers: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// Answers by route (row) and status (column).
+    answers: [[AtomicU64; STATUSES.len()]; ROUTES.len()],
     pub(crate) callbacks_booked: AtomicU64,
     pub(crate) callbacks_duplicate: AtomicU64,
     validations: [AtomicU64; 3],
@@ -54,12 +68,15 @@ pub(crate) struct OutboxCounts {
 impl Metrics {
     /// Counts one answer.
     pub(crate) fn answered(&self, route: &'static str, status: u16) {
-        *self
-            .answers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry((route, status))
-            .or_default() += 1;
+        let row = ROUTES
+            .iter()
+            .position(|r| *r == route)
+            .unwrap_or(ROUTES.len() - 1);
+        let column = STATUSES
+            .iter()
+            .position(|s| *s == status)
+            .unwrap_or(STATUSES.len() - 1);
+        self.answers[row][column].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one handler decision on a validation.
@@ -78,17 +95,23 @@ impl Metrics {
             "counter",
             "Answers by route and status code.",
         );
-        let answers = self
-            .answers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
         let mut text = String::new();
-        for ((route, status), count) in answers {
-            let _ = writeln!(
-                text,
-                "payhook_answers_total{{route=\"{route}\",status=\"{status}\"}} {count}"
-            );
+        for (route, row) in ROUTES.iter().zip(&self.answers) {
+            for (status, count) in STATUSES.iter().zip(row) {
+                let count = count.load(Ordering::Relaxed);
+                if count == 0 {
+                    continue;
+                }
+                let status = if *status == 0 {
+                    "other".to_owned()
+                } else {
+                    status.to_string()
+                };
+                let _ = writeln!(
+                    text,
+                    "payhook_answers_total{{route=\"{route}\",status=\"{status}\"}} {count}"
+                );
+            }
         }
         out.push_str(&text);
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);

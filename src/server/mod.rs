@@ -696,7 +696,8 @@ impl AppBuilder {
             StoreChoice::Default if self.validation.is_none() && self.callbacks.is_none() => None,
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
-        let awaitable = awaitable::Awaitable::from_config(&self.config, store.as_ref())?;
+        let awaitable =
+            awaitable::Awaitable::from_config(&self.config, store.as_ref(), gateway.as_ref())?;
         let metrics_allow = self
             .config
             .server
