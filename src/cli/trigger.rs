@@ -454,9 +454,10 @@ async fn faults(
     let mut wrong = 0;
     for name in &args.fault {
         // Each fault on a fresh transaction, so that they do not see each other's records.
+        let fresh = Payment::default();
         let payment = Payment {
-            nonce: Payment::default().nonce,
-            validation_id: Payment::default().validation_id,
+            nonce: fresh.nonce,
+            validation_id: fresh.validation_id,
             ..payment.clone()
         };
         let verdict = payhook::sim::inject(trigger, url, kind, &payment, args.fault(*name)).await?;

@@ -479,7 +479,10 @@ async fn run_step(
         }
         Step::TransactionValidation { payment, expect } => {
             payment.apply(current)?;
-            let conflicts_before = control.counters().await?.conflicts;
+            let conflicts_before = match expect.conflicts {
+                Some(_) => control.counters().await?.conflicts,
+                None => 0,
+            };
             let body = to_text(&current.body(RequestKind::TransactionValidation));
             let exchange = target
                 .trigger
