@@ -184,25 +184,16 @@ async fn the_command_line_operates_the_running_example_merchant() {
         ),
         ("PAYHOOK_ADMIN_TOKEN".to_owned(), TOKEN.to_owned()),
     ];
-    let mut child = Command::new(example_binary())
-        .env_clear()
-        .envs(env.clone())
-        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
-        .env("PAYHOOK_STORE_PATH", data.path())
-        .env("PAYHOOK_VALIDATION_AWAITABLE", "true")
-        .env("MERCHANT_REVIEW_EVERY", "1h")
-        .env("RUST_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
-    let address = loop {
-        let line = lines.next().unwrap().unwrap();
-        if let Some(address) = line.strip_prefix("listening on ") {
-            break address.to_owned();
-        }
-    };
+    let mut example_env: Vec<(&str, String)> =
+        env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let store = data.path().display().to_string();
+    example_env.extend([
+        ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".to_owned()),
+        ("PAYHOOK_STORE_PATH", store),
+        ("PAYHOOK_VALIDATION_AWAITABLE", "true".to_owned()),
+        ("MERCHANT_REVIEW_EVERY", "1h".to_owned()),
+    ]);
+    let (mut child, address) = spawn_example(&example_env);
     let url = format!("http://{address}");
     let body = with(
         TRANSACTION_VALIDATION,
@@ -210,7 +201,7 @@ async fn the_command_line_operates_the_running_example_merchant() {
         Some(json!(5000)),
     );
     let validation = exchange(
-        address.parse().unwrap(),
+        address,
         &post(
             VALIDATION_PATH,
             &[("content-type", "application/json")],

@@ -18,33 +18,11 @@ use support::*;
 
 /// The example merchant's binary, verifying the Ed25519 fixture key; `extra` adds settings.
 fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Child, SocketAddr) {
-    let key = signature_fixtures().join("ed25519/public.pem");
-    let mut child = Command::new(example_binary())
-        .env_clear()
-        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
-        .env("PAYHOOK_STORE_PATH", data)
-        .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
-        .env(
-            "PAYHOOK_SIGNATURE_KEYS",
-            format!("[{{file = \"{}\"}}]", key.display()),
-        )
-        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("the merchant printed its address")
-            .unwrap();
-        if let Some(address) = line.strip_prefix("listening on ") {
-            break address.parse().unwrap();
-        }
-    };
-    (child, address)
+    let mut env = ed25519_example_env();
+    env.push(("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()));
+    env.push(("PAYHOOK_STORE_PATH", data.display().to_string()));
+    env.extend(extra.iter().cloned());
+    spawn_example(&env)
 }
 
 /// Runs `payhook args` off the runtime, so that in-process servers keep answering.

@@ -15,10 +15,9 @@ use payhook::signature::{Algorithm, Encoding};
 use rust_decimal::Decimal;
 use std::{
     collections::VecDeque,
-    io::{BufRead, BufReader},
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Child,
     sync::{
         Arc, Mutex, RwLock,
         atomic::{AtomicUsize, Ordering},
@@ -49,32 +48,10 @@ impl Rng {
 
 /// Starts the example on `listen` with the store in `data`; returns it and its address.
 fn start_merchant(listen: &str, data: &Path) -> (Child, SocketAddr) {
-    let key = signature_fixtures().join("ed25519/public.pem");
-    let mut child = Command::new(example_binary())
-        .env_clear()
-        .env("PAYHOOK_SERVER_LISTEN", listen)
-        .env("PAYHOOK_STORE_PATH", data)
-        .env("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519")
-        .env(
-            "PAYHOOK_SIGNATURE_KEYS",
-            format!("[{{id = \"test\", file = \"{}\"}}]", key.display()),
-        )
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("the merchant printed its address")
-            .unwrap();
-        if let Some(address) = line.strip_prefix("listening on ") {
-            break address.parse().unwrap();
-        }
-    };
-    (child, address)
+    let mut env = ed25519_example_env();
+    env.push(("PAYHOOK_SERVER_LISTEN", listen.to_owned()));
+    env.push(("PAYHOOK_STORE_PATH", data.display().to_string()));
+    spawn_example(&env)
 }
 
 /// One callback to deliver: its nonce, amount, success, body and signature.

@@ -8,13 +8,7 @@
 mod support;
 
 use serde_json::json;
-use std::{
-    collections::BTreeMap,
-    io::{BufRead, BufReader},
-    net::SocketAddr,
-    path::Path,
-    process::{Child, Command, Stdio},
-};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, process::Child};
 use support::gateway::{FakeGateway, PASSWORD, USERNAME};
 use support::*;
 
@@ -22,34 +16,18 @@ const VALIDATIONS: i64 = 15;
 
 fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Child, SocketAddr) {
     let url = format!("http://{}", gateway.addr);
-    let mut child = Command::new(example_binary())
-        .env_clear()
-        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
-        .env("PAYHOOK_STORE_PATH", data)
-        .env("PAYHOOK_VALIDATION_AWAITABLE", "true")
-        .env("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#)
-        .env("PAYHOOK_GATEWAY_AUTH_URL", &url)
-        .env("PAYHOOK_GATEWAY_GATEWAY_URL", &url)
-        .env("PAYHOOK_GATEWAY_USERNAME", USERNAME)
-        .env("PAYHOOK_GATEWAY_PASSWORD", PASSWORD)
-        .env("MERCHANT_REVIEW_ABOVE", "100")
-        .env("MERCHANT_REVIEW_EVERY", "50ms")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines
-            .next()
-            .expect("the merchant printed its address")
-            .unwrap();
-        if let Some(address) = line.strip_prefix("listening on ") {
-            break address.parse().unwrap();
-        }
-    };
-    (child, address)
+    spawn_example(&[
+        ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()),
+        ("PAYHOOK_STORE_PATH", data.display().to_string()),
+        ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#.into()),
+        ("PAYHOOK_GATEWAY_AUTH_URL", url.clone()),
+        ("PAYHOOK_GATEWAY_GATEWAY_URL", url),
+        ("PAYHOOK_GATEWAY_USERNAME", USERNAME.into()),
+        ("PAYHOOK_GATEWAY_PASSWORD", PASSWORD.into()),
+        ("MERCHANT_REVIEW_ABOVE", "100".into()),
+        ("MERCHANT_REVIEW_EVERY", "50ms".into()),
+    ])
 }
 
 /// Validation `id`: ids 0–4 are small (allowed at once), the others wait for review; ids

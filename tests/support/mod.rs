@@ -474,3 +474,40 @@ pub fn example_binary() -> std::path::PathBuf {
     );
     binary
 }
+
+/// Starts the example merchant's binary in a clean environment with `env` (logging only
+/// errors); returns it and its address once it prints `listening on`.
+pub fn spawn_example(env: &[(&str, String)]) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(example_binary())
+        .env_clear()
+        .env("RUST_LOG", "error")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines
+            .next()
+            .expect("the merchant printed its address")
+            .unwrap();
+        if let Some(address) = line.strip_prefix("listening on ") {
+            break address.parse().unwrap();
+        }
+    };
+    (child, address)
+}
+
+/// The settings that make the example merchant verify the Ed25519 fixture key.
+pub fn ed25519_example_env() -> Vec<(&'static str, String)> {
+    let key = signature_fixtures().join("ed25519/public.pem");
+    vec![
+        ("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519".to_owned()),
+        (
+            "PAYHOOK_SIGNATURE_KEYS",
+            format!("[{{id = \"test\", file = \"{}\"}}]", key.display()),
+        ),
+    ]
+}
