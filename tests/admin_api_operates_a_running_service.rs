@@ -169,27 +169,14 @@ async fn the_command_line_operates_the_running_example_merchant() {
     let payment = Payment::default();
     let record: TransactionRecord = payment.record("Failed", true);
     mock.put_transaction(record);
-    let gateway = mock.gateway_config();
     let data = tempfile::tempdir().unwrap();
-    let env = vec![
-        ("PAYHOOK_GATEWAY_AUTH_URL".to_owned(), mock.url()),
-        ("PAYHOOK_GATEWAY_GATEWAY_URL".to_owned(), mock.url()),
-        (
-            "PAYHOOK_GATEWAY_USERNAME".to_owned(),
-            gateway.username.unwrap(),
-        ),
-        (
-            "PAYHOOK_GATEWAY_PASSWORD".to_owned(),
-            gateway.password.unwrap().expose().to_owned(),
-        ),
-        ("PAYHOOK_ADMIN_TOKEN".to_owned(), TOKEN.to_owned()),
-    ];
-    let mut example_env: Vec<(&str, String)> =
-        env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    let store = data.path().display().to_string();
+    let mut shared = gateway_env(&mock.gateway_config());
+    shared.push(("PAYHOOK_ADMIN_TOKEN", TOKEN.to_owned()));
+    let env = owned_env(&shared);
+    let mut example_env = shared.clone();
     example_env.extend([
         ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".to_owned()),
-        ("PAYHOOK_STORE_PATH", store),
+        ("PAYHOOK_STORE_PATH", data.path().display().to_string()),
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".to_owned()),
         ("MERCHANT_REVIEW_EVERY", "1h".to_owned()),
     ]);

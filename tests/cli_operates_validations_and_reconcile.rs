@@ -13,7 +13,7 @@ use serde_json::json;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::gateway::{FakeGateway, PASSWORD, USERNAME};
+use support::gateway::FakeGateway;
 use support::{
     TRANSACTION_VALIDATION, TestMerchant, VALIDATION_PATH, example_binary, test_config, with,
 };
@@ -21,17 +21,12 @@ use support::{
 const REFERENCE: &str = "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e";
 
 fn env(gateway: &FakeGateway, store: &Path) -> Vec<(String, String)> {
-    let url = format!("http://{}", gateway.addr);
-    [
+    let mut env = support::gateway_env(&gateway.config());
+    env.extend([
         ("PAYHOOK_STORE_PATH", store.display().to_string()),
-        ("PAYHOOK_GATEWAY_AUTH_URL", url.clone()),
-        ("PAYHOOK_GATEWAY_GATEWAY_URL", url),
-        ("PAYHOOK_GATEWAY_USERNAME", USERNAME.to_owned()),
-        ("PAYHOOK_GATEWAY_PASSWORD", PASSWORD.to_owned()),
         ("RUST_LOG", "error".to_owned()),
-    ]
-    .map(|(k, v)| (k.to_owned(), v))
-    .to_vec()
+    ]);
+    support::owned_env(&env)
 }
 
 /// Runs `binary args` off the runtime (the fake gateway must keep answering meanwhile).

@@ -115,23 +115,14 @@ async fn await_prints_the_result_the_merchant_posts_to_the_mock_gateway() {
     let mock = MockGateway::start(MockGatewayConfig::default())
         .await
         .unwrap();
-    let gateway = mock.gateway_config();
     let data = tempfile::tempdir().unwrap();
-    let (mut merchant, address) = start_merchant(
-        data.path(),
-        &[
-            ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
-            ("PAYHOOK_GATEWAY_AUTH_URL", mock.url()),
-            ("PAYHOOK_GATEWAY_GATEWAY_URL", mock.url()),
-            ("PAYHOOK_GATEWAY_USERNAME", gateway.username.unwrap()),
-            (
-                "PAYHOOK_GATEWAY_PASSWORD",
-                gateway.password.unwrap().expose().to_owned(),
-            ),
-            ("MERCHANT_REVIEW_ABOVE", "100".into()),
-            ("MERCHANT_REVIEW_EVERY", "50ms".into()),
-        ],
-    );
+    let mut env = gateway_env(&mock.gateway_config());
+    env.extend([
+        ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("MERCHANT_REVIEW_ABOVE", "100".into()),
+        ("MERCHANT_REVIEW_EVERY", "50ms".into()),
+    ]);
+    let (mut merchant, address) = start_merchant(data.path(), &env);
     let (code, stdout, stderr) = payhook(args(&[
         "trigger",
         "transaction-validation",
@@ -212,19 +203,7 @@ async fn delivery_from_a_settings_file_reaches_the_matching_urls_and_is_recorded
         "{stdout}"
     );
     // The merchant's view of it, through the lookup endpoint of the mock.
-    let gateway = mock.gateway_config();
-    let env = vec![
-        ("PAYHOOK_GATEWAY_AUTH_URL".to_owned(), mock.url()),
-        ("PAYHOOK_GATEWAY_GATEWAY_URL".to_owned(), mock.url()),
-        (
-            "PAYHOOK_GATEWAY_USERNAME".to_owned(),
-            gateway.username.unwrap(),
-        ),
-        (
-            "PAYHOOK_GATEWAY_PASSWORD".to_owned(),
-            gateway.password.unwrap().expose().to_owned(),
-        ),
-    ];
+    let env = owned_env(&gateway_env(&mock.gateway_config()));
     let (code, stdout, stderr) = payhook_with(args(&["transaction", reference]), env).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("callback delivery   Delivered"), "{stdout}");
@@ -349,21 +328,13 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         .unwrap();
     let gateway = mock.gateway_config();
     let data = tempfile::tempdir().unwrap();
-    let (mut merchant, address) = start_merchant(
-        data.path(),
-        &[
-            ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
-            ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["100ms"]"#.into()),
-            ("PAYHOOK_GATEWAY_AUTH_URL", mock.url()),
-            ("PAYHOOK_GATEWAY_GATEWAY_URL", mock.url()),
-            ("PAYHOOK_GATEWAY_USERNAME", gateway.username.unwrap()),
-            (
-                "PAYHOOK_GATEWAY_PASSWORD",
-                gateway.password.unwrap().expose().to_owned(),
-            ),
-            ("MERCHANT_REVIEW_EVERY", "100ms".into()),
-        ],
-    );
+    let mut env = gateway_env(&gateway);
+    env.extend([
+        ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["100ms"]"#.into()),
+        ("MERCHANT_REVIEW_EVERY", "100ms".into()),
+    ]);
+    let (mut merchant, address) = start_merchant(data.path(), &env);
     let to = format!("http://{address}");
     let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut files: Vec<String> = std::fs::read_dir(&shipped)

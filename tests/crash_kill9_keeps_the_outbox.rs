@@ -9,25 +9,22 @@ mod support;
 
 use serde_json::json;
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, process::Child};
-use support::gateway::{FakeGateway, PASSWORD, USERNAME};
+use support::gateway::FakeGateway;
 use support::*;
 
 const VALIDATIONS: i64 = 15;
 
 fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Child, SocketAddr) {
-    let url = format!("http://{}", gateway.addr);
-    spawn_example(&[
+    let mut env = gateway_env(&gateway.config());
+    env.extend([
         ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()),
         ("PAYHOOK_STORE_PATH", data.display().to_string()),
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
         ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#.into()),
-        ("PAYHOOK_GATEWAY_AUTH_URL", url.clone()),
-        ("PAYHOOK_GATEWAY_GATEWAY_URL", url),
-        ("PAYHOOK_GATEWAY_USERNAME", USERNAME.into()),
-        ("PAYHOOK_GATEWAY_PASSWORD", PASSWORD.into()),
         ("MERCHANT_REVIEW_ABOVE", "100".into()),
         ("MERCHANT_REVIEW_EVERY", "50ms".into()),
-    ])
+    ]);
+    spawn_example(&env)
 }
 
 /// Validation `id`: ids 0–4 are small (allowed at once), the others wait for review; ids

@@ -511,3 +511,28 @@ pub fn ed25519_example_env() -> Vec<(&'static str, String)> {
         ),
     ]
 }
+
+/// The `PAYHOOK_GATEWAY_*` variables of a `[gateway]` section, for a child process.
+pub fn gateway_env(gateway: &payhook::config::GatewayConfig) -> Vec<(&'static str, String)> {
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    vec![
+        ("PAYHOOK_GATEWAY_AUTH_URL", text(&gateway.auth_url)),
+        ("PAYHOOK_GATEWAY_GATEWAY_URL", text(&gateway.gateway_url)),
+        ("PAYHOOK_GATEWAY_USERNAME", text(&gateway.username)),
+        (
+            "PAYHOOK_GATEWAY_PASSWORD",
+            gateway
+                .password
+                .as_ref()
+                .map(|p| p.expose().to_owned())
+                .unwrap_or_default(),
+        ),
+    ]
+}
+
+/// `env` with owned names, as `Command::envs` in a moved closure wants them.
+pub fn owned_env(env: &[(&str, String)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect()
+}
