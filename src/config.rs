@@ -144,6 +144,10 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
     pub metrics_allow_ips: Vec<String>,
+    /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
+    /// them, the client is the right-most address of the header that is not a trusted proxy.
+    /// Empty (the default): the header is ignored and the socket's peer is the client.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -156,6 +160,7 @@ impl Default for ServerConfig {
             handler_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
             metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -649,9 +654,15 @@ impl Config {
                 "must be at least 1s (Retry-After counts whole seconds)",
             );
         }
-        for text in &self.server.metrics_allow_ips {
-            if let Err(error) = text.parse::<crate::auth::Cidr>() {
-                return invalid("server.metrics_allow_ips", &error.to_string());
+        let networks = [
+            ("server.metrics_allow_ips", &self.server.metrics_allow_ips),
+            ("server.trusted_proxies", &self.server.trusted_proxies),
+        ];
+        for (key, list) in networks {
+            for text in list {
+                if let Err(error) = text.parse::<crate::auth::Cidr>() {
+                    return invalid(key, &error.to_string());
+                }
             }
         }
         self.paths.validate()?;

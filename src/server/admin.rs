@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::problem::Problem;
 use super::request::read_body;
-use super::{App, PeerAddr, ResponseBody};
+use super::{App, ResponseBody};
 use crate::auth::{Cidr, Expected};
 use crate::config::AdminConfig;
 use crate::model::ErrorBody;
@@ -49,8 +49,8 @@ impl AdminAccess {
         })
     }
 
-    fn check(&self, peer: Option<PeerAddr>, headers: &HeaderMap) -> Result<(), Problem> {
-        if !peer.is_some_and(|peer| self.allow.iter().any(|net| net.contains(peer.0.ip()))) {
+    fn check(&self, client: Option<std::net::IpAddr>, headers: &HeaderMap) -> Result<(), Problem> {
+        if !client.is_some_and(|ip| self.allow.iter().any(|net| net.contains(ip))) {
             return Err(Problem::AddressRefused);
         }
         let presented = headers
@@ -125,8 +125,7 @@ impl App {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let access = self.inner.admin.as_ref().ok_or(Problem::NotFound)?;
-        let peer = request.extensions().get::<PeerAddr>().copied();
-        access.check(peer, request.headers())?;
+        access.check(self.client_ip(&request), request.headers())?;
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri

@@ -148,6 +148,8 @@ struct Inner {
     metrics: metrics::Metrics,
     /// Who may read `/metrics`.
     metrics_allow: Vec<crate::auth::Cidr>,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    trusted_proxies: Vec<crate::auth::Cidr>,
     /// The operating API's access; `None` when it is off.
     admin: Option<admin::AdminAccess>,
     /// The aggregator's endpoints, when `[gateway]` is complete (reconcile).
@@ -297,7 +299,7 @@ impl App {
                 Problem::NotReady.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
-            Route::Metrics => self.metrics(request.extensions().get::<PeerAddr>()),
+            Route::Metrics => self.metrics(self.client_ip(&request)),
             Route::Admin => self
                 .admin(request)
                 .await
@@ -310,14 +312,44 @@ impl App {
         (route.name(), answer)
     }
 
-    /// `/metrics`, for the allowed addresses only.
-    fn metrics(&self, peer: Option<&PeerAddr>) -> Response<ResponseBody> {
-        let allowed = peer.is_some_and(|peer| {
+    /// The client's address of `request` (see [`App::client_of`]).
+    fn client_ip<B>(&self, request: &Request<B>) -> Option<std::net::IpAddr> {
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+        self.client_of(peer, request.headers())
+    }
+
+    /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the
+    /// right-most `X-Forwarded-For` address that is not a trusted proxy. `None` when unknown
+    /// (no peer, or a trusted proxy's header is malformed): allow-lists then refuse.
+    fn client_of(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> Option<std::net::IpAddr> {
+        let trusted = |ip: std::net::IpAddr| {
             self.inner
-                .metrics_allow
+                .trusted_proxies
                 .iter()
-                .any(|net| net.contains(peer.0.ip()))
-        });
+                .any(|net| net.contains(ip))
+        };
+        let mut client = peer?.ip();
+        if !trusted(client) {
+            return Some(client);
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|value| value.to_str().ok())
+            .collect::<Option<_>>()?;
+        for hop in forwarded.iter().flat_map(|v| v.split(',')).rev() {
+            client = hop.trim().parse().ok()?;
+            if !trusted(client) {
+                return Some(client);
+            }
+        }
+        Some(client)
+    }
+
+    /// `/metrics`, for the allowed addresses only.
+    fn metrics(&self, client: Option<std::net::IpAddr>) -> Response<ResponseBody> {
+        let allowed =
+            client.is_some_and(|ip| self.inner.metrics_allow.iter().any(|net| net.contains(ip)));
         if !allowed {
             return Problem::AddressRefused.into_response();
         }
@@ -358,8 +390,9 @@ impl App {
         let inner = &self.inner;
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
+        let client = self.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
-        let signature = self.admit(endpoint, peer, &parts.headers)?;
+        let signature = self.admit(endpoint, client, &parts.headers)?;
         if !is_json(&parts.headers) {
             return Err(Problem::UnsupportedMediaType);
         }
@@ -386,7 +419,7 @@ impl App {
     fn admit(
         &self,
         endpoint: Endpoint,
-        peer: Option<SocketAddr>,
+        client: Option<std::net::IpAddr>,
         headers: &HeaderMap,
     ) -> Result<Option<Vec<u8>>, Problem> {
         let inner = &self.inner;
@@ -397,7 +430,7 @@ impl App {
         };
         if let Some(guard) = guard {
             guard
-                .check_peer(peer.map(|p| p.ip()))
+                .check_peer(client)
                 .map_err(|error| refused(&error, false))?;
             guard
                 .check_headers(headers)
@@ -698,13 +731,9 @@ impl AppBuilder {
         };
         let awaitable =
             awaitable::Awaitable::from_config(&self.config, store.as_ref(), gateway.as_ref())?;
-        let metrics_allow = self
-            .config
-            .server
-            .metrics_allow_ips
-            .iter()
-            .filter_map(|text| text.parse().ok())
-            .collect();
+        let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
+        let metrics_allow = networks(&self.config.server.metrics_allow_ips);
+        let trusted_proxies = networks(&self.config.server.trusted_proxies);
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
@@ -723,6 +752,7 @@ impl AppBuilder {
                 awaitable,
                 metrics: metrics::Metrics::default(),
                 metrics_allow,
+                trusted_proxies,
                 admin,
                 gateway,
             }),

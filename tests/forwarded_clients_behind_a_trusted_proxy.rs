@@ -1,0 +1,64 @@
+//! Behind a reverse proxy: `X-Forwarded-For` is believed only from `server.trusted_proxies`,
+//! and the client is the right-most forwarded address that is not a trusted proxy — so a
+//! client cannot put an allowed address in the header and be let in.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use support::*;
+
+/// Transaction validations allowed from 203.0.113.0/24 only.
+fn config(trusted: &[&str]) -> payhook::Config {
+    let mut config = test_config();
+    config.auth.transaction_validation.allow_ips = vec!["203.0.113.0/24".into()];
+    config.server.trusted_proxies = trusted.iter().map(|t| (*t).to_owned()).collect();
+    config
+}
+
+async fn validate(server: &TestServer, forwarded: &[&str]) -> u16 {
+    let mut headers = vec![("content-type", "application/json")];
+    headers.extend(forwarded.iter().map(|f| ("x-forwarded-for", *f)));
+    server
+        .send(&post(
+            VALIDATION_PATH,
+            &headers,
+            TRANSACTION_VALIDATION.as_bytes(),
+        ))
+        .await
+        .status
+}
+
+#[tokio::test]
+async fn a_trusted_proxy_forwards_the_client_address() {
+    // The test client connects from 127.0.0.1: the proxy.
+    let server = TestServer::start_with(config(&["127.0.0.1/32"])).await;
+    assert_eq!(validate(&server, &["203.0.113.9"]).await, 200);
+    assert_eq!(validate(&server, &["198.51.100.1"]).await, 403);
+    // Proxies append: the left part is whatever the client sent, the right part is true.
+    assert_eq!(validate(&server, &["203.0.113.9, 198.51.100.7"]).await, 403);
+    assert_eq!(validate(&server, &["198.51.100.7, 203.0.113.9"]).await, 200);
+    // Several headers read as one list, in order.
+    assert_eq!(
+        validate(&server, &["198.51.100.7", "203.0.113.9"]).await,
+        200
+    );
+    // A header that cannot be read from a trusted proxy leaves the client unknown: refused.
+    assert_eq!(validate(&server, &["not-an-address"]).await, 403);
+    // No header: the proxy itself is the client.
+    assert_eq!(validate(&server, &[]).await, 403);
+}
+
+#[tokio::test]
+async fn without_trusted_proxies_the_header_is_ignored() {
+    let server = TestServer::start_with(config(&[])).await;
+    assert_eq!(validate(&server, &["203.0.113.9"]).await, 403);
+
+    let mut bad = config(&["a-proxy"]);
+    bad.callback.allow_unsigned = true;
+    let error = payhook::App::builder(bad)
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("server.trusted_proxies"), "{error}");
+}
