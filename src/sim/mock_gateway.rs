@@ -131,7 +131,7 @@ impl MockGateway {
     pub async fn start(config: MockGatewayConfig) -> Result<Self, SimError> {
         let store = match &config.state {
             Some(path) => Some(
-                sled::open(path)
+                crate::store::open_locked(&sled::Config::new().path(path))
                     .map_err(|e| SimError::Setup(format!("state {}: {e}", path.display())))?,
             ),
             None => None,

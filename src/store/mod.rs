@@ -53,6 +53,7 @@ use crate::model::TransactionStatus;
 pub use effects::{EffectError, EffectTx, Effects};
 pub use postponed::{Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult};
 pub use record::{Fingerprint, RecordedDecision};
+pub(crate) use sled_store::open_locked;
 pub use sled_store::{KeyValue, SledStore};
 
 /// A claim on a nonce: proof that this delivery owns it until it finishes or releases.

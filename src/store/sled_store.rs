@@ -78,15 +78,15 @@ impl SledStore {
                 "tree name {bad:?} contains a NUL byte"
             )));
         }
-        let db = sled::Config::new()
+        let sled_config = sled::Config::new()
             .path(&config.path)
             .cache_capacity(config.cache_bytes)
             .flush_every_ms(Some(
                 u64::try_from(config.flush_every.as_millis())
                     .unwrap_or(u64::MAX)
                     .max(1),
-            ))
-            .open()?;
+            ));
+        let db = open_locked(&sled_config)?;
         let tree = db.open_tree(TREE)?;
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::Backend(format!("cannot open sled's data file: {e}")))?;
@@ -189,6 +189,28 @@ impl SledStore {
                 .await
                 .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
         })
+    }
+}
+
+/// How long `open` waits for the directory's lock: sled lets go of it only when its last
+/// I/O thread has finished, a moment after the previous holder in this process was dropped.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// Opens sled, waiting a little for a lock that a store of this process is still releasing;
+/// a store held by another process is still refused (after [`LOCK_WAIT`]).
+pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            Ok(db) => return Ok(db),
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
 }
 
