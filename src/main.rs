@@ -159,13 +159,13 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: std::net::SocketAddr,
         /// The merchant user it accepts.
-        #[arg(long, default_value = "merchant")]
+        #[arg(long, default_value = payhook::sim::DEFAULT_USERNAME)]
         username: String,
         /// Its password (or PAYHOOK_MOCK_PASSWORD).
         #[arg(
             long,
             env = "PAYHOOK_MOCK_PASSWORD",
-            default_value = "merchant-password",
+            default_value = payhook::sim::DEFAULT_PASSWORD,
             hide_env_values = true
         )]
         password: String,

@@ -12,12 +12,12 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
 };
 use support::*;
 
 /// The example merchant's binary, verifying the Ed25519 fixture key; `extra` adds settings.
-fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Child, SocketAddr) {
+fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Spawned, SocketAddr) {
     let mut env = ed25519_example_env();
     env.push(("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()));
     env.push(("PAYHOOK_STORE_PATH", data.display().to_string()));
@@ -106,8 +106,7 @@ async fn trigger_signs_like_the_aggregator_and_expect_makes_the_exit_code() {
         stdout.contains("\"amount\":25000.00") && stdout.contains("vip-7"),
         "{stdout}"
     );
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,8 +149,7 @@ async fn await_prints_the_result_the_merchant_posts_to_the_mock_gateway() {
         "{stdout}"
     );
     assert_eq!(mock.validation_result(77).map(|r| r.success), Some(false));
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,26 +205,27 @@ async fn delivery_from_a_settings_file_reaches_the_matching_urls_and_is_recorded
     let (code, stdout, stderr) = payhook_with(args(&["transaction", reference]), env).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("callback delivery   Delivered"), "{stdout}");
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mock_gateway_command_serves_logins_until_stopped() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_payhook"))
-        .args([
-            "mock-gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--access-lifetime",
-            "30s",
-        ])
-        .env_clear()
-        .env("PAYHOOK_MOCK_PASSWORD", "s3cret")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut child = Spawned(
+        Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args([
+                "mock-gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--access-lifetime",
+                "30s",
+            ])
+            .env_clear()
+            .env("PAYHOOK_MOCK_PASSWORD", "s3cret")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let url = lines
         .next()
         .unwrap()
@@ -237,7 +236,7 @@ async fn mock_gateway_command_serves_logins_until_stopped() {
     let client = GatewayClient::new(&payhook::config::GatewayConfig {
         auth_url: Some(url.clone()),
         gateway_url: Some(url),
-        username: Some("merchant".into()),
+        username: Some(payhook::sim::DEFAULT_USERNAME.into()),
         password: Some("s3cret".into()),
         ..Default::default()
     })
@@ -246,8 +245,7 @@ async fn mock_gateway_command_serves_logins_until_stopped() {
     let lifetime = session.access_token_expiry_utc - chrono::Utc::now();
     assert!(lifetime <= chrono::TimeDelta::seconds(30), "{lifetime}");
     assert_eq!(session.access_token.expose().split('.').count(), 3, "a JWT");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,8 +281,7 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
     ] {
         assert!(stdout.contains(line), "{line} in {stdout}");
     }
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 
     // A receiver that checks no signature accepts a tampered body: the simulator says so.
     let careless = TestServer::start().await;
@@ -409,6 +406,5 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, stdout, stderr) = payhook(with_command).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("→ booked now"), "{stdout}");
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 }

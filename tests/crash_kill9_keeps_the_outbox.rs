@@ -8,13 +8,13 @@
 mod support;
 
 use serde_json::json;
-use std::{collections::BTreeMap, net::SocketAddr, path::Path, process::Child};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path};
 use support::gateway::FakeGateway;
 use support::*;
 
 const VALIDATIONS: i64 = 15;
 
-fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Child, SocketAddr) {
+fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Spawned, SocketAddr) {
     let mut env = gateway_env(&gateway.config());
     env.extend([
         ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()),
@@ -82,8 +82,7 @@ async fn decided_results_waiting_in_the_outbox_survive_a_kill_9() {
         })
         .await;
     assert!(gateway.with(|s| s.results.is_empty()));
-    merchant.kill().unwrap();
-    merchant.wait().unwrap();
+    merchant.kill();
 
     gateway.with(|s| s.fail_next.clear());
     let (mut restarted, _) = start_merchant(&gateway, data.path());
@@ -92,8 +91,7 @@ async fn decided_results_waiting_in_the_outbox_survive_a_kill_9() {
             s.results.len() == expected.len()
         })
         .await;
-    restarted.kill().unwrap();
-    restarted.wait().unwrap();
+    restarted.kill();
 
     let delivered: BTreeMap<i64, bool> = gateway.with(|s| {
         s.results

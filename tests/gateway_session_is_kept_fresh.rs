@@ -24,6 +24,27 @@ fn record(reference: &str, nonce: &str, status: i32) -> serde_json::Value {
     })
 }
 
+/// Looks the fixture transaction up; panics when that fails.
+async fn look_up(client: &GatewayClient) -> payhook::model::TransactionRecord {
+    client
+        .transaction(REFERENCE.parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Twenty lookups at the same moment, each of which must succeed.
+async fn twenty_at_once(client: &GatewayClient) {
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { look_up(&client).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+}
+
 async fn gateway_with_record() -> (FakeGateway, GatewayClient) {
     let gateway = FakeGateway::start().await;
     gateway.with(|s| {
@@ -43,10 +64,7 @@ async fn logs_in_on_first_use_and_reuses_the_token() {
         "no login before the first call"
     );
     for _ in 0..3 {
-        let record = client
-            .transaction(REFERENCE.parse().unwrap())
-            .await
-            .unwrap();
+        let record = look_up(&client).await;
         assert_eq!(record.nonce, "n-1");
         assert_eq!(record.amount.to_string(), "25.5");
     }
@@ -58,14 +76,8 @@ async fn refreshes_ahead_of_the_access_token_expiry() {
     let (gateway, client) = gateway_with_record().await;
     // Tokens live 30 s; the default margin is 60 s: every token is "about to expire".
     gateway.with(|s| s.access_lifetime = TimeDelta::seconds(30));
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
+    look_up(&client).await;
+    look_up(&client).await;
     assert_eq!(
         gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
         (1, 1, 0)
@@ -79,29 +91,17 @@ async fn logs_in_again_when_the_refresh_token_expired_too() {
         s.access_lifetime = TimeDelta::seconds(30);
         s.refresh_lifetime = TimeDelta::seconds(-1);
     });
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
+    look_up(&client).await;
+    look_up(&client).await;
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (2, 0));
 }
 
 #[tokio::test]
 async fn a_401_renews_the_session_once_and_retries_once() {
     let (gateway, client) = gateway_with_record().await;
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
+    look_up(&client).await;
     gateway.with(|s| s.revoke_access_tokens());
-    let record = client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
+    let record = look_up(&client).await;
     assert_eq!(record.nonce, "n-1");
     assert_eq!(
         gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
@@ -132,35 +132,16 @@ async fn a_second_401_is_an_error_not_a_loop() {
 async fn concurrent_callers_share_one_login() {
     let (gateway, client) = gateway_with_record().await;
     gateway.with(|s| s.login_delay = Duration::from_millis(200));
-    let calls: Vec<_> = (0..20)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move { client.transaction(REFERENCE.parse().unwrap()).await })
-        })
-        .collect();
-    for call in calls {
-        call.await.unwrap().unwrap();
-    }
+    twenty_at_once(&client).await;
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (1, 0));
 }
 
 #[tokio::test]
 async fn concurrent_callers_on_an_expiring_token_share_one_refresh() {
     let (gateway, client) = gateway_with_record().await;
-    client
-        .transaction(REFERENCE.parse().unwrap())
-        .await
-        .unwrap();
+    look_up(&client).await;
     gateway.with(|s| s.revoke_access_tokens());
-    let calls: Vec<_> = (0..20)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move { client.transaction(REFERENCE.parse().unwrap()).await })
-        })
-        .collect();
-    for call in calls {
-        call.await.unwrap().unwrap();
-    }
+    twenty_at_once(&client).await;
     assert_eq!(
         gateway.with(|s| s.refreshes),
         1,

@@ -22,13 +22,13 @@ pub(crate) struct ScenarioArgs {
     #[arg(long)]
     gateway: String,
     /// The merchant user of the mock gateway.
-    #[arg(long, default_value = "merchant")]
+    #[arg(long, default_value = payhook::sim::DEFAULT_USERNAME)]
     gateway_username: String,
     /// Its password (or PAYHOOK_MOCK_PASSWORD).
     #[arg(
         long,
         env = "PAYHOOK_MOCK_PASSWORD",
-        default_value = "merchant-password",
+        default_value = payhook::sim::DEFAULT_PASSWORD,
         hide_env_values = true
     )]
     gateway_password: String,

@@ -41,6 +41,11 @@ use crate::model::{LoginRequest, PostponedValidationResult, RefreshRequest, Tran
 /// Largest request body the mock reads.
 const BODY_LIMIT: usize = 1024 * 1024;
 
+/// The merchant user a mock gateway accepts unless told otherwise.
+pub const DEFAULT_USERNAME: &str = "merchant";
+/// Its password unless told otherwise (a local test tool's, not a secret).
+pub const DEFAULT_PASSWORD: &str = "merchant-password";
+
 /// How a mock gateway runs.
 #[derive(Debug, Clone)]
 pub struct MockGatewayConfig {
@@ -62,8 +67,8 @@ impl Default for MockGatewayConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            username: "merchant".into(),
-            password: Secret::new("merchant-password"),
+            username: DEFAULT_USERNAME.into(),
+            password: Secret::new(DEFAULT_PASSWORD),
             access_lifetime: Duration::from_secs(15 * 60),
             refresh_lifetime: Duration::from_secs(24 * 3600),
             state: None,

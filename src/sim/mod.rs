@@ -27,7 +27,9 @@ mod trigger;
 
 pub use delivery::{Attempt, Delivery, Report, Schedule, deliver, deliver_callback, recipients};
 pub use faults::{Fault, Verdict, inject};
-pub use mock_gateway::{MockControl, MockCounters, MockGateway, MockGatewayConfig};
+pub use mock_gateway::{
+    DEFAULT_PASSWORD, DEFAULT_USERNAME, MockControl, MockCounters, MockGateway, MockGatewayConfig,
+};
 pub use request::{Payment, RequestKind, set, to_text};
 pub use trigger::{Exchange, Signer, Trigger};
 

@@ -477,7 +477,7 @@ pub fn example_binary() -> std::path::PathBuf {
 
 /// Starts the example merchant's binary in a clean environment with `env` (logging only
 /// errors); returns it and its address once it prints `listening on`.
-pub fn spawn_example(env: &[(&str, String)]) -> (std::process::Child, SocketAddr) {
+pub fn spawn_example(env: &[(&str, String)]) -> (Spawned, SocketAddr) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(example_binary())
         .env_clear()
@@ -497,7 +497,25 @@ pub fn spawn_example(env: &[(&str, String)]) -> (std::process::Child, SocketAddr
             break address.parse().unwrap();
         }
     };
-    (child, address)
+    (Spawned(child), address)
+}
+
+/// A child process that is killed (SIGKILL) when dropped, so that a failing test leaves no
+/// server running behind it.
+pub struct Spawned(pub std::process::Child);
+
+impl Spawned {
+    /// Kills the process (SIGKILL: no shutdown, no flush) and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// The settings that make the example merchant verify the Ed25519 fixture key.
