@@ -147,6 +147,36 @@ async fn postponed_validations_are_listed_and_decided_once() {
     )
     .await;
     assert_eq!(unknown.status, 404);
+    let malformed = call(&server, "POST", &path, Some(TOKEN), Some("{not json")).await;
+    assert_eq!(malformed.status, 400);
+    assert!(
+        malformed.message().contains("malformed JSON"),
+        "{}",
+        malformed.message()
+    );
+    let wrong_type = call(
+        &server,
+        "POST",
+        &path,
+        Some(TOKEN),
+        Some(r#"{"success": "yes"}"#),
+    )
+    .await;
+    assert_eq!(wrong_type.status, 400);
+    assert!(
+        wrong_type.message().contains("success"),
+        "{}",
+        wrong_type.message()
+    );
+    let reconcile = call(
+        &server,
+        "POST",
+        "/payhook/admin/reconcile",
+        Some(TOKEN),
+        Some("[]"),
+    )
+    .await;
+    assert_eq!(reconcile.status, 400);
     let bad = call(
         &server,
         "GET",

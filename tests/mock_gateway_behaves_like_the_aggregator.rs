@@ -159,3 +159,52 @@ async fn a_state_directory_keeps_records_results_and_sessions_across_a_restart()
     let client = GatewayClient::new(&second.gateway_config()).unwrap();
     client.refresh(&session.refresh_token).await.unwrap();
 }
+
+#[tokio::test]
+async fn malformed_requests_get_400_with_a_message() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let session = GatewayClient::new(&mock.gateway_config())
+        .unwrap()
+        .login()
+        .await
+        .unwrap();
+    let bearer = format!("Bearer {}", session.access_token.expose());
+    let cases: [(&str, &str, Option<&[u8]>, &str); 5] = [
+        (
+            "POST",
+            "/api/v1/login",
+            Some(b"{oops"),
+            "username and password",
+        ),
+        ("POST", "/api/v1/refresh-token", Some(b"{}"), "refreshToken"),
+        (
+            "POST",
+            "/api/v1/transactions/validation",
+            Some(br#"{"success": true}"#),
+            "validationId",
+        ),
+        ("GET", "/api/v1/transactions/not-a-guid", None, "GUID"),
+        (
+            "PUT",
+            "/sim/v1/transactions/x",
+            Some(br#"{"id": 1}"#),
+            "not a transaction record",
+        ),
+    ];
+    for (method, path, body, says) in cases {
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", bearer.as_str()),
+        ];
+        let answer =
+            support::exchange(mock.addr(), &support::request(method, path, &headers, body)).await;
+        assert_eq!(answer.status, 400, "{method} {path}");
+        assert!(
+            answer.message().contains(says),
+            "{method} {path}: {}",
+            answer.message()
+        );
+    }
+}

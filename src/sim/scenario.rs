@@ -807,3 +807,44 @@ async fn callback(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipped_scenario_parses() {
+        for (file, text) in SHIPPED {
+            let scenario = Scenario::parse(text, file).unwrap();
+            assert!(!scenario.steps.is_empty(), "{file}");
+        }
+    }
+
+    #[test]
+    fn a_bad_scenario_is_refused_with_its_origin_and_reason() {
+        let unknown = Scenario::parse("name = \"x\"\n[[step]]\nkind = \"refund\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.starts_with("x.toml:") && unknown.contains("refund"),
+            "{unknown}"
+        );
+        let typo = Scenario::parse(
+            "name = \"x\"\n[[step]]\nkind = \"lookup\"\nexpect = { delivery = \"x\" }\n",
+            "y.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(typo.contains("delivery"), "{typo}");
+        let empty = Scenario::parse("name = \"x\"\n", "z.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(empty.contains("no [[step]]"), "{empty}");
+        let mut payment = Payment::default();
+        let bad_amount = PaymentSpec {
+            amount: Some("ten".into()),
+            ..PaymentSpec::default()
+        };
+        assert!(bad_amount.apply(&mut payment).is_err());
+    }
+}
