@@ -212,8 +212,11 @@ impl AdminClient {
     ///
     /// # Errors
     ///
-    /// [`AdminError::Unsupported`] when the HTTP client cannot be built.
+    /// [`AdminError::Unsupported`] when `base_url` is plain http to a host other than
+    /// loopback (the bearer token would cross the network in the clear) or the HTTP client
+    /// cannot be built.
     pub fn new(base_url: &str, token: crate::Secret) -> Result<Self, AdminError> {
+        crate::config::check_remote_url(base_url).map_err(AdminError::Unsupported)?;
         Ok(Self {
             base: base_url.trim_end_matches('/').to_owned(),
             token,

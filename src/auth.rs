@@ -72,8 +72,15 @@ impl Cidr {
 fn prefix_matches(network: &[u8], address: &[u8], prefix: u8) -> bool {
     let full = usize::from(prefix / 8);
     let rest = prefix % 8;
-    network[..full] == address[..full]
-        && (rest == 0 || (network[full] ^ address[full]) & (0xffu8 << (8 - rest)) == 0)
+    let (Some(net_head), Some(addr_head)) = (network.get(..full), address.get(..full)) else {
+        return false;
+    };
+    net_head == addr_head
+        && (rest == 0
+            || match (network.get(full), address.get(full)) {
+                (Some(n), Some(a)) => (n ^ a) & (0xffu8 << (8 - rest)) == 0,
+                _ => false,
+            })
 }
 
 impl FromStr for Cidr {
@@ -95,8 +102,16 @@ impl FromStr for Cidr {
                 .ok_or_else(error)?,
             None => max,
         };
+        let canonical = network.to_canonical();
+        // An IPv4-mapped IPv6 network (`::ffff:10.0.0.0/104`) is the IPv4 network it maps:
+        // its prefix counts the 96 mapping bits, which the IPv4 form does not have.
+        let prefix = if canonical.is_ipv4() && network.is_ipv6() {
+            prefix.checked_sub(96).ok_or_else(error)?
+        } else {
+            prefix
+        };
         Ok(Self {
-            network: network.to_canonical(),
+            network: canonical,
             prefix,
         })
     }
@@ -313,6 +328,25 @@ mod tests {
         for bad in ["10.0.0.0/33", "::/129", "10.0.0/8", "x", "10.0.0.0/"] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn ipv4_mapped_networks_are_their_ipv4_networks() {
+        // As dual-stack logs print peers: the mapped form is the IPv4 address, not a panic.
+        let host: Cidr = "::ffff:10.0.0.5".parse().unwrap();
+        assert_eq!(host.to_string(), "10.0.0.5/32");
+        assert!(host.contains("10.0.0.5".parse().unwrap()));
+        assert!(host.contains("::ffff:10.0.0.5".parse().unwrap()));
+        assert!(!host.contains("10.0.0.6".parse().unwrap()));
+        let net: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
+        assert_eq!(net.to_string(), "10.0.0.0/8");
+        assert!(net.contains("10.200.0.1".parse().unwrap()));
+        assert!(!net.contains("11.0.0.1".parse().unwrap()));
+        let mapped_all: Cidr = "::ffff:0:0/96".parse().unwrap();
+        assert!(mapped_all.contains("8.8.8.8".parse().unwrap()));
+        assert!(!mapped_all.contains("2001:db8::1".parse().unwrap()));
+        // Shorter than the mapping itself: not an IPv4 network.
+        assert!("::ffff:0:0/95".parse::<Cidr>().is_err());
     }
 
     fn guard(config: EndpointAuthConfig) -> Guard {

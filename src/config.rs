@@ -520,7 +520,7 @@ impl Default for ValidationConfig {
 }
 
 impl ValidationConfig {
-    fn validate(&self, gateway: &GatewayConfig) -> Result<(), ConfigError> {
+    fn validate(&self, gateway: &GatewayConfig, server: &ServerConfig) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| {
             Err(ConfigError::Invalid {
                 key: key.to_owned(),
@@ -536,8 +536,26 @@ impl ValidationConfig {
         if self.time_budget.is_zero() {
             return invalid("validation.time_budget", "must be longer than zero");
         }
+        if self.awaitable && self.time_budget >= server.handler_timeout {
+            // The budget is how long to wait before answering "postponed"; the handler may
+            // run on until the handler timeout. A budget past it would never apply, and the
+            // nonce's claim would outlive the time after which a repeat may take it over.
+            return invalid(
+                "validation.time_budget",
+                "must be shorter than server.handler_timeout",
+            );
+        }
         if self.deadline.is_some_and(|d| d.is_zero()) {
             return invalid("validation.deadline", "must be longer than zero");
+        }
+        if self.awaitable && self.deadline.is_some_and(|d| d <= server.handler_timeout) {
+            // A handler that overran its budget may decide until the handler timeout: a
+            // deadline before that would send the deadline's outcome and then refuse the
+            // handler's own decision as a conflict.
+            return invalid(
+                "validation.deadline",
+                "must be longer than server.handler_timeout",
+            );
         }
         if self.retry_schedule.is_empty() || self.retry_schedule.iter().any(Duration::is_zero) {
             return invalid(
@@ -668,7 +686,7 @@ impl Config {
         self.paths.validate()?;
         self.auth.validate(!self.signature.keys.is_empty())?;
         self.gateway.validate()?;
-        self.validation.validate(&self.gateway)?;
+        self.validation.validate(&self.gateway, &self.server)?;
         self.admin.validate()
     }
 }
@@ -712,7 +730,7 @@ impl GatewayConfig {
         ];
         for (key, url) in urls {
             if let Some(url) = url
-                && let Err(reason) = check_gateway_url(url)
+                && let Err(reason) = check_remote_url(url)
             {
                 return Err(ConfigError::Invalid {
                     key: key.to_owned(),
@@ -736,9 +754,10 @@ impl GatewayConfig {
     }
 }
 
-/// An aggregator URL: `https://`, or `http://` on a loopback host only (a token or a
-/// password must never cross a network in the clear).
-pub(crate) fn check_gateway_url(url: &str) -> Result<(), String> {
+/// A URL payhook sends a token or a password to (the aggregator's, the operating API's):
+/// `https://`, or `http://` on a loopback host only — a secret must never cross a network in
+/// the clear.
+pub(crate) fn check_remote_url(url: &str) -> Result<(), String> {
     let uri: http::Uri = url.parse().map_err(|_| format!("`{url}` is not a URL"))?;
     let host = uri.host().unwrap_or_default();
     match uri.scheme_str() {
@@ -1054,6 +1073,22 @@ mod tests {
             (
                 "[auth.providers_validation]\nallow_ips = [\"10.0.0.0/33\"]",
                 "auth.providers_validation.allow_ips",
+            ),
+            (
+                concat!(
+                    "[gateway]\nauth_url = \"https://a.example\"\ngateway_url = \"https://g.example\"\n",
+                    "username = \"u\"\npassword = \"p\"\n",
+                    "[validation]\nawaitable = true\ntime_budget = \"20s\""
+                ),
+                "validation.time_budget",
+            ),
+            (
+                concat!(
+                    "[gateway]\nauth_url = \"https://a.example\"\ngateway_url = \"https://g.example\"\n",
+                    "username = \"u\"\npassword = \"p\"\n",
+                    "[validation]\nawaitable = true\ndeadline = \"10s\""
+                ),
+                "validation.deadline",
             ),
         ];
         for (toml, key) in cases {

@@ -303,3 +303,25 @@ async fn the_command_line_operates_the_running_example_merchant() {
     assert!(out.contains("PAYHOOK_ADMIN_TOKEN"), "{out}");
     child.kill();
 }
+
+#[test]
+fn the_admin_client_sends_its_token_in_the_clear_only_to_loopback() {
+    let token = || payhook::Secret::new(TOKEN);
+    let refused = payhook::admin::AdminClient::new("http://203.0.113.5:8080", token()).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("plain http is allowed only on a loopback host"),
+        "{refused}"
+    );
+    for allowed in [
+        "http://127.0.0.1:8080",
+        "http://localhost:8080/",
+        "https://ops.example:8443",
+    ] {
+        assert!(
+            payhook::admin::AdminClient::new(allowed, token()).is_ok(),
+            "{allowed}"
+        );
+    }
+}

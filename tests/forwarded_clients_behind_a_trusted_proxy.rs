@@ -44,8 +44,26 @@ async fn a_trusted_proxy_forwards_the_client_address() {
     );
     // A header that cannot be read from a trusted proxy leaves the client unknown: refused.
     assert_eq!(validate(&server, &["not-an-address"]).await, 403);
-    // No header: the proxy itself is the client.
+    // No header: the client is unknown.
     assert_eq!(validate(&server, &[]).await, 403);
+}
+
+#[tokio::test]
+async fn a_proxy_that_forwards_no_client_address_does_not_stand_in_for_its_clients() {
+    // The proxy's own address is allowed too (say, a health check from the proxy host)...
+    let mut config = config(&["127.0.0.1/32"]);
+    config
+        .auth
+        .transaction_validation
+        .allow_ips
+        .push("127.0.0.1".into());
+    let server = TestServer::start_with(config).await;
+    assert_eq!(validate(&server, &["203.0.113.9"]).await, 200);
+    // ...but a request it forwards without saying from whom is not the proxy's own: every
+    // client behind a proxy that sets no X-Forwarded-For would otherwise be let in.
+    assert_eq!(validate(&server, &[]).await, 403);
+    // Nor is one whose header names only trusted proxies.
+    assert_eq!(validate(&server, &["127.0.0.1"]).await, 403);
 }
 
 #[tokio::test]

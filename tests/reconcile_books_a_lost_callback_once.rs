@@ -9,29 +9,40 @@ use payhook::model::TransactionStatus;
 use payhook::server::{ReconcileError, Reconciled};
 use serde_json::json;
 use support::gateway::FakeGateway;
-use support::{CALLBACK, CALLBACK_PATH, TestServer, with};
+use support::{CALLBACK, CALLBACK_PATH, TestServer, test_config, with};
 use uuid::Uuid;
 
 const LOST: &str = "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e";
 
-fn record(nonce: &str, status: i32) -> serde_json::Value {
+/// The aggregator's record of the lost transaction, last changed `age` ago.
+fn record(nonce: &str, status: i32, age: chrono::Duration) -> serde_json::Value {
+    let updated = chrono::Utc::now() - age;
+    let created = updated - chrono::Duration::seconds(1);
     json!({
         "id": 1001, "transactionReferenceId": LOST, "providerId": 11, "merchantClientId": "client-42",
         "accountData": {"orderId": "o-1"}, "nonce": nonce, "amount": 25.50, "currency": "EUR",
         "transactionType": 1, "transactionStatus": status, "transactionStatusMessage": "Success",
         "callbackDeliveryStatus": "Failed", "isCallbackSendingCanceled": true,
-        "createdUtc": "2026-01-02T03:04:05Z", "updatedUtc": "2026-01-02T03:04:06Z"
+        "createdUtc": created.to_rfc3339(), "updatedUtc": updated.to_rfc3339()
     })
 }
 
 async fn setup(status: i32) -> (FakeGateway, GatewayClient, TestServer) {
+    setup_aged(status, chrono::Duration::minutes(5), test_config()).await
+}
+
+async fn setup_aged(
+    status: i32,
+    age: chrono::Duration,
+    config: payhook::Config,
+) -> (FakeGateway, GatewayClient, TestServer) {
     let gateway = FakeGateway::start().await;
     gateway.with(|s| {
         s.transactions
-            .insert(LOST.to_owned(), record("nonce-lost", status))
+            .insert(LOST.to_owned(), record("nonce-lost", status, age))
     });
     let client = GatewayClient::new(&gateway.config()).unwrap();
-    let server = TestServer::start().await;
+    let server = TestServer::start_with(config).await;
     (gateway, client, server)
 }
 
@@ -109,4 +120,50 @@ async fn a_pending_transaction_or_an_unknown_reference_books_nothing() {
         "{outcome:?}"
     );
     assert_eq!(callback_count(&server), 0);
+}
+
+#[tokio::test]
+async fn a_transaction_older_than_the_retention_is_not_booked_again() {
+    // Its callback's record may be purged: a missing record no longer means "never booked".
+    let mut config = test_config();
+    config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
+    let (_gateway, client, server) = setup_aged(4, chrono::Duration::days(45), config).await;
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(&outcome[0].1, Err(ReconcileError::BeyondRetention { .. })),
+        "{outcome:?}"
+    );
+    // Within the retention less a day of clock skew, it is booked.
+    let mut config = test_config();
+    config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
+    let (_gateway, client, server) = setup_aged(4, chrono::Duration::days(38), config).await;
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(outcome[0].1, Ok(Reconciled::Booked(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(callback_count(&server), 1);
+}
+
+#[tokio::test]
+async fn without_a_store_reconcile_refuses_rather_than_book_twice() {
+    let (_gateway, client, _server) = setup(4).await;
+    let mut config = test_config();
+    config.callback.allow_unsigned = true;
+    let app = payhook::App::builder(config)
+        .callback_receiver(support::TestMerchant::default())
+        .without_store()
+        .build()
+        .unwrap();
+    let outcome = app.reconcile(&client, &[LOST.parse().unwrap()]).await;
+    assert!(
+        matches!(&outcome[0].1, Err(ReconcileError::NoStore)),
+        "{outcome:?}"
+    );
 }

@@ -294,7 +294,7 @@ impl GatewayClient {
         let missing = |key: &str| GatewayError::NotConfigured(format!("gateway.{key} is not set"));
         let base = |url: &Option<String>, key: &str| {
             let url = url.as_deref().ok_or_else(|| missing(key))?;
-            crate::config::check_gateway_url(url)
+            crate::config::check_remote_url(url)
                 .map_err(|why| GatewayError::NotConfigured(format!("gateway.{key}: {why}")))?;
             Ok::<_, GatewayError>(url.trim_end_matches('/').to_owned())
         };

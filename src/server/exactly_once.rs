@@ -16,6 +16,7 @@ use std::{
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::App;
 use super::metrics::Decision;
@@ -152,7 +153,22 @@ impl App {
     }
 
     /// A callback through the deduplication records: booked now, or already before.
+    ///
+    /// The delivery runs on its own task, so a caller that goes away (a client that
+    /// disconnects, an operator's request that is dropped) cannot stop it between the claim
+    /// and its release — half-way, it would leave the nonce claimed with the handler running.
     pub(super) async fn deliver(
+        &self,
+        callback: CallbackBody,
+        request: RequestContext,
+    ) -> Result<Delivered, Problem> {
+        let app = self.clone();
+        tokio::spawn(async move { app.deliver_claimed(callback, request).await }.in_current_span())
+            .await
+            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::Callback, &error)))
+    }
+
+    async fn deliver_claimed(
         &self,
         callback: CallbackBody,
         request: RequestContext,
@@ -178,7 +194,14 @@ impl App {
                 attempt,
                 previous_status,
             } => (claim, attempt, previous_status),
-            CallbackBegin::Duplicate | CallbackBegin::Busy => {
+            // `begin_when_free` returns only once the nonce is free; should a busy answer
+            // ever get here, it is not an acknowledgement.
+            CallbackBegin::Busy => {
+                return Err(Problem::InFlight {
+                    retry_after: self.inner.callback.retry_after,
+                });
+            }
+            CallbackBegin::Duplicate => {
                 tracing::info!(
                     status = status.code(),
                     "duplicate callback: already acknowledged, handler not called"

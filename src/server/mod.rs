@@ -320,7 +320,9 @@ impl App {
 
     /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the
     /// right-most `X-Forwarded-For` address that is not a trusted proxy. `None` when unknown
-    /// (no peer, or a trusted proxy's header is malformed): allow-lists then refuse.
+    /// (no peer; a trusted proxy that sent no `X-Forwarded-For`, a malformed one, or one
+    /// naming only trusted proxies): allow-lists then refuse. A proxy that forwards without
+    /// the header must not make every client look like the proxy itself.
     fn client_of(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> Option<std::net::IpAddr> {
         let trusted = |ip: std::net::IpAddr| {
             self.inner
@@ -343,7 +345,7 @@ impl App {
                 return Some(client);
             }
         }
-        Some(client)
+        None
     }
 
     /// `/metrics`, for the allowed addresses only.
@@ -359,8 +361,7 @@ impl App {
                 .inner
                 .store
                 .as_ref()
-                .and_then(|store| store.outbox_due(u64::MAX).ok())
-                .map(|due| due.now.len());
+                .and_then(|store| store.outbox_len().ok());
             metrics::OutboxCounts {
                 delivered: counts.delivered,
                 conflicts: counts.conflicts,
@@ -516,13 +517,14 @@ impl App {
         if self.inner.verifier.is_none() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
-        let app = self.clone();
-        tokio::spawn(async move { app.deliver_once(callback, ctx).await }.in_current_span())
-            .await
-            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::Callback, &error)))
+        self.deliver_once(callback, ctx).await
     }
 
-    fn task_failed(&self, endpoint: Endpoint, error: &tokio::task::JoinError) -> Problem {
+    pub(super) fn task_failed(
+        &self,
+        endpoint: Endpoint,
+        error: &tokio::task::JoinError,
+    ) -> Problem {
         tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
         Problem::HandlerFailed {
             endpoint,
@@ -546,6 +548,9 @@ impl App {
             Err(_elapsed) => {
                 task.abort();
                 tracing::error!(endpoint = endpoint.name(), timeout = ?self.inner.server.handler_timeout, "handler timed out");
+                // Aborting takes effect at the handler's next await: until then it still runs,
+                // and the nonce stays claimed so that no second run can start beside it.
+                let _ = (&mut task).await;
                 Err(Problem::HandlerTimedOut {
                     endpoint,
                     retry_after,

@@ -2,8 +2,9 @@
 //! goes through the same callback handler and deduplication as a delivered callback, so a
 //! result is booked once whichever arrives first — the real callback or the recovery.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use http::HeaderMap;
+use std::time::Duration;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -37,7 +38,24 @@ pub enum ReconcileError {
     /// reconcile again later.
     #[error("not booked: {0}")]
     NotBooked(String),
+    /// The app keeps no deduplication records (`without_store`): booking from the lookup
+    /// could book a result its callback booked already.
+    #[error("reconcile needs the store's deduplication records; the app runs without a store")]
+    NoStore,
+    /// The transaction's last change is older than the store's retention, less a day for
+    /// clock skew: its deduplication record may be purged, so whether its callback was
+    /// booked can no longer be told. Check the merchant's own books instead.
+    #[error(
+        "the transaction last changed {updated}, beyond the store's retention: whether it was booked cannot be told; not booked again"
+    )]
+    BeyondRetention {
+        /// The transaction's `updatedUtc` (or `createdUtc`).
+        updated: DateTime<Utc>,
+    },
 }
+
+/// Allowance for the aggregator's and this machine's clocks disagreeing.
+const CLOCK_SKEW: Duration = Duration::from_secs(24 * 3600);
 
 impl App {
     /// Fetches each transaction from the aggregator and books its result through the
@@ -81,10 +99,23 @@ impl App {
         if self.inner.callbacks.is_none() {
             return Err(ReconcileError::NoReceiver);
         }
+        let Some(store) = self.inner.store.as_ref() else {
+            return Err(ReconcileError::NoStore);
+        };
         let record = gateway.transaction(reference_id).await?;
         let status = record.transaction_status;
         if !status.sent_in_callbacks() {
             return Ok(Reconciled::NotFinal(status));
+        }
+        // A callback's record is kept for the retention after it was acknowledged, which is
+        // after the transaction's last change: within that horizon, a missing record means
+        // the callback was never booked.
+        if let Some(updated) = record.updated_utc.or(record.created_utc) {
+            let horizon = store.retention().saturating_sub(CLOCK_SKEW);
+            let age = Utc::now().signed_duration_since(updated);
+            if age.to_std().is_ok_and(|age| age >= horizon) {
+                return Err(ReconcileError::BeyondRetention { updated });
+            }
         }
         let request = RequestContext {
             request_id: format!("reconcile-{reference_id}"),

@@ -246,6 +246,14 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the backend fails.
     fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError>;
 
+    /// How many results await delivery — a count for monitoring, read without waiting for
+    /// writes in progress (it may miss or include a result being written).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn outbox_len(&self) -> Result<usize, StoreError>;
+
     /// Undecided validations whose deadline passed at `now_ms`.
     ///
     /// # Errors
@@ -259,6 +267,10 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// [`StoreError`] when the backend fails.
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
+
+    /// How long a record is kept after its last write: a repeat of an older nonce is no
+    /// longer recognised.
+    fn retention(&self) -> Duration;
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -52,6 +52,7 @@ struct Inner {
     validation_claims: Arc<Claims>,
     /// Set when a batch could not be made durable: all further work is refused.
     failed: Arc<AtomicBool>,
+    retention: Duration,
     writer: Arc<Writer>,
     _sweeper: Sweeper,
 }
@@ -114,6 +115,7 @@ impl SledStore {
                 callback_claims,
                 validation_claims,
                 failed,
+                retention: config.retention,
                 writer,
                 _sweeper: sweeper,
             }),
@@ -302,7 +304,13 @@ impl Store for SledStore {
         nonce: &str,
         status: TransactionStatus,
     ) -> Result<bool, StoreError> {
-        Ok(match self.inner.tree.get(keys::callback(nonce))? {
+        self.check_healthy()?;
+        // Under the writer lock: a mark still being flushed is not reported as booked.
+        let record = self
+            .inner
+            .writer
+            .read_durable(|| self.inner.tree.get(keys::callback(nonce)))?;
+        Ok(match record {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?
                 .done
                 .contains(&status.code()),
@@ -424,16 +432,34 @@ impl Store for SledStore {
 
     fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError> {
         // Only durable decisions are posted: one lost to a power failure after being posted
-        // would come back undecided, and a different decision would then conflict.
+        // would come back undecided, and a different decision would then conflict. A store
+        // whose last batch failed to flush may show writes that are not durable: it posts
+        // nothing.
+        self.check_healthy()?;
         self.inner
             .writer
             .read_durable(|| self.due(keys::OUTBOX_PREFIX, now_ms))
     }
 
+    fn outbox_len(&self) -> Result<usize, StoreError> {
+        let mut queued = 0;
+        for entry in self.inner.tree.scan_prefix(keys::OUTBOX_PREFIX).values() {
+            if !entry?.is_empty() {
+                queued += 1;
+            }
+        }
+        Ok(queued)
+    }
+
     fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError> {
+        self.check_healthy()?;
         self.inner
             .writer
             .read_durable(|| self.due(keys::WAITING_PREFIX, now_ms))
+    }
+
+    fn retention(&self) -> Duration {
+        self.inner.retention
     }
 
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
