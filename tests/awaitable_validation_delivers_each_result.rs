@@ -390,3 +390,64 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
         })
     ));
 }
+
+/// Postpones, handing the validation to a reviewer that decides at once — before payhook
+/// has written the postponed record.
+struct FastReviewer {
+    resolver: std::sync::Arc<std::sync::OnceLock<payhook::postponed::Resolver>>,
+    decided: tokio::sync::mpsc::UnboundedSender<Result<Resolved, ResolveError>>,
+}
+
+impl TransactionValidator for FastReviewer {
+    async fn validate_transaction(
+        &self,
+        request: TransactionValidationRequest,
+        _: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        let resolver = self.resolver.get().unwrap().clone();
+        let decided = self.decided.clone();
+        tokio::spawn(async move {
+            let outcome = resolver
+                .resolve(request.validation_id, true, "approved by the fast lane")
+                .await;
+            let _ = decided.send(outcome);
+        });
+        // Give the reviewer the lead: it asks before the record is written.
+        tokio::task::yield_now().await;
+        Ok(ValidationDecision::Postpone)
+    }
+}
+
+#[tokio::test]
+async fn a_decision_taken_before_the_postponed_record_is_written_waits_for_it() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = awaitable_config(&gateway);
+    config.store.path = dir.path().join("store");
+    let resolver = std::sync::Arc::new(std::sync::OnceLock::new());
+    let (decided, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let app = App::builder(config)
+        .transaction_validator(FastReviewer {
+            resolver: std::sync::Arc::clone(&resolver),
+            decided,
+        })
+        .build()
+        .unwrap();
+    resolver.set(app.resolver().unwrap().clone()).unwrap();
+
+    assert_eq!(
+        validate(&app, "client-1", 77).await,
+        (200, "validation postponed".into())
+    );
+    let outcome = tokio::time::timeout(support::DEADLINE, outcomes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(outcome, Ok(Resolved::Recorded)), "{outcome:?}");
+    let record = app.resolver().unwrap().get(77).unwrap().unwrap();
+    assert_eq!(record.state(), PostponedState::Queued);
+    assert_eq!(
+        record.result.unwrap().description,
+        "approved by the fast lane"
+    );
+}

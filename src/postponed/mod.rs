@@ -33,7 +33,9 @@
 mod clock;
 mod outbox;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::store::{Resolution, Store, StoreError};
@@ -81,6 +83,38 @@ pub struct Resolver {
     clock: Clock,
     /// Wakes the outbox worker when a result is queued.
     wake: Arc<Notify>,
+    /// Validations whose record is being written.
+    recording: Arc<Recording>,
+}
+
+/// How long a resolve waits for the record of a validation still being written.
+const RECORDING_WAIT: Duration = Duration::from_secs(60);
+
+/// Validation ids whose record is being written — the handler is running, or has postponed
+/// and the record is not durable yet — each with what wakes a resolve waiting for it.
+#[derive(Default)]
+struct Recording(Mutex<HashMap<i64, Arc<Notify>>>);
+
+impl Recording {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Notify>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Marks a validation as being recorded until dropped (see [`Resolver::recording`]).
+pub(crate) struct RecordingGuard {
+    recording: Arc<Recording>,
+    validation_id: i64,
+}
+
+impl Drop for RecordingGuard {
+    fn drop(&mut self) {
+        if let Some(notify) = self.recording.map().remove(&self.validation_id) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 impl std::fmt::Debug for Resolver {
@@ -92,7 +126,39 @@ impl std::fmt::Debug for Resolver {
 impl Resolver {
     /// A resolver over `store`; `wake` is notified whenever a result is queued.
     pub fn new(store: Arc<dyn Store>, clock: Clock, wake: Arc<Notify>) -> Self {
-        Self { store, clock, wake }
+        Self {
+            store,
+            clock,
+            wake,
+            recording: Arc::default(),
+        }
+    }
+
+    /// Marks `validation_id` as being recorded until the guard is dropped: a merchant's task
+    /// that decides it before its record is durable (the handler postponed and handed it to
+    /// a fast reviewer) then waits for the record instead of being told the id is unknown.
+    pub(crate) fn recording(&self, validation_id: i64) -> RecordingGuard {
+        self.recording.map().entry(validation_id).or_default();
+        RecordingGuard {
+            recording: Arc::clone(&self.recording),
+            validation_id,
+        }
+    }
+
+    /// Waits (at most [`RECORDING_WAIT`]) until `validation_id` is no longer being recorded;
+    /// `false` when it was not.
+    async fn recorded(&self, validation_id: i64) -> bool {
+        let Some(notify) = self.recording.map().get(&validation_id).cloned() else {
+            return false;
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Finished between the lookup and the registration: nothing to wait for.
+        if self.recording.map().contains_key(&validation_id) {
+            let _ = tokio::time::timeout(RECORDING_WAIT, notified).await;
+        }
+        true
     }
 
     /// Decides validation `validation_id`: `success` and `description` are posted to the
@@ -102,7 +168,8 @@ impl Resolver {
     ///
     /// [`ResolveError::Conflict`] when a different decision was taken first,
     /// [`ResolveError::Unknown`] for an id never postponed, [`ResolveError::Store`] when the
-    /// store fails.
+    /// store fails. An id whose validation is still being recorded (its handler postponed it
+    /// a moment ago) is waited for, up to a minute, rather than called unknown.
     pub async fn resolve(
         &self,
         validation_id: i64,
@@ -110,10 +177,16 @@ impl Resolver {
         description: impl Into<String>,
     ) -> Result<Resolved, ResolveError> {
         let description = description.into();
-        let resolution = self
+        let mut resolution = self
             .store
             .resolve(validation_id, success, &description, self.clock.now_ms())
             .await?;
+        if resolution == Resolution::Unknown && self.recorded(validation_id).await {
+            resolution = self
+                .store
+                .resolve(validation_id, success, &description, self.clock.now_ms())
+                .await?;
+        }
         match resolution {
             Resolution::Recorded => {
                 tracing::info!(validation_id, success, "postponed validation decided");

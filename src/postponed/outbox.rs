@@ -9,7 +9,7 @@ use std::{
 };
 use tokio::sync::Notify;
 
-use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolver};
+use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
 use crate::config::{DeadlineOutcome, ValidationConfig};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::PostponedValidationResult;
@@ -190,7 +190,9 @@ impl Outbox {
             .resolve(id, success, self.config.deadline_description.clone())
             .await
         {
-            Ok(_) => {
+            // The same decision taken by the merchant meanwhile: not an expiry.
+            Ok(Resolved::Unchanged) => Ok(false),
+            Ok(Resolved::Recorded) => {
                 tracing::warn!(
                     validation_id = id,
                     success,

@@ -375,6 +375,8 @@ impl App {
             }
         };
         let validation_id = request.validation_id;
+        // Until its record is durable, a resolve of this id waits for it (dropped on return).
+        let _recording = self.resolver().map(|r| r.recording(validation_id));
         let decided = if self.is_awaitable() {
             self.decide_awaitable(request, ctx).await
         } else {

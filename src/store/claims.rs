@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::Claim;
 
@@ -15,11 +16,17 @@ use super::Claim;
 /// wait for each other.
 const SHARDS: usize = 16;
 
+/// Unclaimed entries a shard keeps (their attempt counts) before it forgets the oldest: the
+/// map stays bounded whatever nonces clients send that are never acknowledged. Forgetting
+/// one only restarts its attempt count.
+const UNCLAIMED_PER_SHARD: usize = 4096;
+
 /// What is known in memory about one nonce that is not acknowledged yet.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Entry {
-    /// The current claim and when it was taken (ms since the Unix epoch).
-    pub(crate) claim: Option<(Claim, u64)>,
+    /// The current claim and when it was taken (a monotonic time: a step of the wall
+    /// clock must not make a live claim look stale).
+    pub(crate) claim: Option<(Claim, Instant)>,
     /// Deliveries of this nonce that reached the handler in this process.
     pub(crate) attempts: u32,
     /// Last change (ms since the Unix epoch), for pruning forgotten nonces.
@@ -45,11 +52,7 @@ impl Default for Claims {
 impl Claims {
     /// The locked shard of `nonce`.
     pub(crate) fn shard(&self, nonce: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
-        let hash = nonce.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-        let index = usize::try_from(hash % SHARDS as u64).unwrap_or_default();
-        self.shards[index]
+        self.shards[shard_of(nonce)]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -59,6 +62,14 @@ impl Claims {
         Claim {
             id: self.next.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// `true` while `entry` is claimed, for at most `stale_after`: a claim older than that
+    /// belongs to a delivery that never finished and may be taken over.
+    pub(crate) fn live(entry: &Entry, stale_after: Duration) -> bool {
+        entry
+            .claim
+            .is_some_and(|(_, since)| since.elapsed() <= stale_after)
     }
 
     /// `true` while `claim` owns `nonce`.
@@ -85,6 +96,9 @@ impl Claims {
         } else if let Some(entry) = shard.get_mut(nonce) {
             entry.claim = None;
             entry.touched_ms = now_ms;
+            if shard.len() > UNCLAIMED_PER_SHARD {
+                forget_oldest_unclaimed(&mut shard);
+            }
         }
     }
 
@@ -96,5 +110,84 @@ impl Claims {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             shard.retain(|_, entry| entry.claim.is_some() || entry.touched_ms >= before_ms);
         }
+    }
+}
+
+/// The shard of `nonce` (FNV-1a).
+fn shard_of(nonce: &str) -> usize {
+    let hash = nonce.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    usize::try_from(hash % SHARDS as u64).unwrap_or_default()
+}
+
+/// Forgets the oldest unclaimed entries of a full shard, down to three quarters of
+/// [`UNCLAIMED_PER_SHARD`] (so that the scan is paid once per quarter of it).
+fn forget_oldest_unclaimed(shard: &mut HashMap<String, Entry>) {
+    let mut unclaimed: Vec<u64> = shard
+        .values()
+        .filter(|e| e.claim.is_none())
+        .map(|e| e.touched_ms)
+        .collect();
+    let keep = UNCLAIMED_PER_SHARD * 3 / 4;
+    if unclaimed.len() <= keep {
+        return;
+    }
+    let excess = unclaimed.len() - keep;
+    let (_, cutoff, _) = unclaimed.select_nth_unstable(excess - 1);
+    let cutoff = *cutoff;
+    let mut forgotten = 0;
+    shard.retain(|_, e| {
+        let forget = e.claim.is_none() && e.touched_ms <= cutoff && forgotten < excess;
+        forgotten += usize::from(forget);
+        !forget
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_forgets_its_oldest_unclaimed_nonces_beyond_its_bound() {
+        let claims = Claims::default();
+        // Nonces of one shard, each claimed and released unacknowledged at time i.
+        let mut nonces = Vec::new();
+        let mut i = 0u64;
+        while nonces.len() < UNCLAIMED_PER_SHARD + 1 {
+            let nonce = format!("nonce-{i}");
+            i += 1;
+            if shard_of(&nonce) == shard_of("nonce-0") {
+                nonces.push(nonce);
+            }
+        }
+        let live = claims.new_claim();
+        claims.shard("held").insert(
+            "held".into(),
+            Entry {
+                claim: Some((live, Instant::now())),
+                attempts: 1,
+                touched_ms: 0,
+            },
+        );
+        for (t, nonce) in nonces.iter().enumerate() {
+            let claim = claims.new_claim();
+            claims.shard(nonce).insert(
+                nonce.clone(),
+                Entry {
+                    claim: Some((claim, Instant::now())),
+                    attempts: 1,
+                    touched_ms: 0,
+                },
+            );
+            claims.end(nonce, claim, false, 1_000 + t as u64);
+        }
+        let shard = claims.shard(&nonces[0]);
+        assert!(shard.len() <= UNCLAIMED_PER_SHARD, "{}", shard.len());
+        // The oldest went, the newest stayed; a claimed entry is never forgotten.
+        assert!(!shard.contains_key(&nonces[0]));
+        assert!(shard.contains_key(nonces.last().unwrap()));
+        drop(shard);
+        assert!(claims.owns("held", live));
     }
 }

@@ -9,7 +9,7 @@ use std::{
 };
 use tokio::sync::oneshot;
 
-use super::claims::{Claims, Entry};
+use super::claims::Claims;
 use super::committer::{Context, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::keys;
@@ -216,17 +216,6 @@ pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, StoreError>
     }
 }
 
-/// `true` when an in-memory claim is held and not yet stale.
-fn live(entry: &Entry, now: u64, stale_ms: u64) -> bool {
-    entry
-        .claim
-        .is_some_and(|(_, since)| now.saturating_sub(since) <= stale_ms)
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Store for SledStore {
     fn begin_callback(
         &self,
@@ -238,7 +227,7 @@ impl Store for SledStore {
         let now = now_ms();
         let mut shard = self.inner.callback_claims.shard(nonce);
         let entry = shard.entry(nonce.to_owned()).or_default();
-        if live(entry, now, millis(stale_after)) {
+        if Claims::live(entry, stale_after) {
             return Ok(CallbackBegin::Busy);
         }
         if entry.claim.is_some() {
@@ -256,7 +245,7 @@ impl Store for SledStore {
         }
         let claim = self.inner.callback_claims.new_claim();
         entry.attempts = entry.attempts.max(record.attempts).saturating_add(1);
-        entry.claim = Some((claim, now));
+        entry.claim = Some((claim, std::time::Instant::now()));
         entry.touched_ms = now;
         Ok(CallbackBegin::Claimed {
             claim,
@@ -337,7 +326,7 @@ impl Store for SledStore {
         // answered from before it is.
         if shard
             .get(nonce)
-            .is_some_and(|entry| live(entry, now, millis(stale_after)))
+            .is_some_and(|entry| Claims::live(entry, stale_after))
         {
             return Ok(ValidationBegin::Busy);
         }
@@ -351,7 +340,7 @@ impl Store for SledStore {
         }
         let entry = shard.entry(nonce.to_owned()).or_default();
         let claim = self.inner.validation_claims.new_claim();
-        entry.claim = Some((claim, now));
+        entry.claim = Some((claim, std::time::Instant::now()));
         entry.touched_ms = now;
         Ok(ValidationBegin::Claimed { claim })
     }
