@@ -244,7 +244,8 @@ async fn awaitable_mode_needs_a_complete_gateway_section() {
 
 // ------------------------------------------------------------ paused clock: budget, deadline
 
-/// Decides after `client id` seconds: "allow-N" allows, "deny-N" denies, "postpone" postpones.
+/// Decides after `client id` seconds: "allow-N" allows, "deny-N" denies, "fail-N" fails,
+/// "postpone" postpones.
 struct Deliberate;
 
 impl TransactionValidator for Deliberate {
@@ -259,6 +260,9 @@ impl TransactionValidator for Deliberate {
         }
         let (verdict, seconds) = client.split_once('-').unwrap();
         tokio::time::sleep(Duration::from_secs(seconds.parse().unwrap())).await;
+        if verdict == "fail" {
+            return Err(HandlerError::msg("the risk service is down"));
+        }
         Ok(if verdict == "allow" {
             ValidationDecision::Allow
         } else {
@@ -345,6 +349,26 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
     assert_eq!(
         (result.success, result.description.as_str()),
         (false, "refused after review")
+    );
+
+    // A handler that fails after its budget leaves no decision: nothing else would ever
+    // decide, so the validation gets the deadline's outcome (a refusal by default).
+    assert_eq!(
+        validate(&app, "fail-10", 3).await,
+        (200, "validation postponed".into())
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let record = loop {
+        let record = resolver.get(3).unwrap().unwrap();
+        if record.result.is_some() {
+            break record;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let result = record.result.unwrap();
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "validation timed out")
     );
 }
 

@@ -13,7 +13,7 @@ use super::exactly_once::Decided;
 use super::route::Endpoint;
 use super::{App, BuildError, Problem};
 use crate::HandlerError;
-use crate::config::{Config, ValidationConfig};
+use crate::config::{Config, DeadlineOutcome, ValidationConfig};
 use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
@@ -171,32 +171,39 @@ impl App {
         validation_id: i64,
         mut task: JoinHandle<Result<ValidationDecision, HandlerError>>,
     ) {
-        let Some(resolver) = self.resolver() else {
+        let (Some(resolver), Some(awaitable)) = (self.resolver(), self.inner.awaitable.as_ref())
+        else {
             return;
         };
         let app = self.clone();
         let limit = self.inner.server.handler_timeout;
+        // A handler that fails after its budget has no decision to give, and nothing would
+        // ever decide the validation (the aggregator waits for a result): it gets the
+        // deadline's outcome — a refusal unless configured otherwise.
+        let failed = (
+            awaitable.config.deadline_outcome == DeadlineOutcome::Allow,
+            awaitable.config.deadline_description.clone(),
+        );
         let later = async move {
             let decision = match tokio::time::timeout(limit, &mut task).await {
-                Ok(joined) => app.settle(Endpoint::TransactionValidation, joined),
+                Ok(joined) => app.settle(Endpoint::TransactionValidation, joined).ok(),
                 Err(_) => {
                     task.abort();
-                    tracing::error!(
-                        timeout = ?limit,
-                        "the handler overran its time budget and then the handler timeout; the validation stays pending"
-                    );
-                    return;
+                    let _ = (&mut task).await;
+                    tracing::error!(timeout = ?limit, "the handler overran its time budget and then the handler timeout");
+                    None
                 }
             };
             let (success, description) = match decision {
-                Ok(ValidationDecision::Allow) => (true, ALLOWED.to_owned()),
-                Ok(ValidationDecision::Deny { message }) => (false, message),
-                Ok(ValidationDecision::Postpone) => return,
-                Err(_) => {
+                Some(ValidationDecision::Allow) => (true, ALLOWED.to_owned()),
+                Some(ValidationDecision::Deny { message }) => (false, message),
+                Some(ValidationDecision::Postpone) => return,
+                None => {
                     tracing::error!(
-                        "the handler failed after its time budget; the validation stays pending"
+                        success = failed.0,
+                        "the handler gave no decision after its time budget; resolving with the deadline outcome"
                     );
-                    return;
+                    failed
                 }
             };
             if let Err(error) = resolver.resolve(validation_id, success, description).await {
