@@ -11,6 +11,7 @@
 //! | `server.request_timeout` | `"30s"` (receiving the body) | `PAYHOOK_SERVER_REQUEST_TIMEOUT` |
 //! | `server.handler_timeout` | `"20s"` | `PAYHOOK_SERVER_HANDLER_TIMEOUT` |
 //! | `server.shutdown_grace` | `"30s"` | `PAYHOOK_SERVER_SHUTDOWN_GRACE` |
+//! | `server.max_connections` | `512` | `PAYHOOK_SERVER_MAX_CONNECTIONS` |
 //! | `paths.providers_validation` | `/payhook/providers-validation` | `PAYHOOK_PATHS_PROVIDERS_VALIDATION` |
 //! | `paths.transaction_validation` | `/payhook/transaction-validation` | `PAYHOOK_PATHS_TRANSACTION_VALIDATION` |
 //! | `paths.callback` | `/payhook/callback` | `PAYHOOK_PATHS_CALLBACK` |
@@ -142,6 +143,11 @@ pub struct ServerConfig {
     /// On shutdown, time in-flight requests have to finish before connections are dropped.
     #[serde(deserialize_with = "duration")]
     pub shutdown_grace: Duration,
+    /// Connections served at once; a further one waits in the listen backlog until one
+    /// closes. Keeps file descriptors for the store and the aggregator however many
+    /// connections clients open (keep it below the process' open-files limit).
+    #[serde(deserialize_with = "lenient")]
+    pub max_connections: usize,
     /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
     pub metrics_allow_ips: Vec<String>,
     /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
@@ -159,6 +165,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(30),
             handler_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
+            max_connections: 512,
             metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             trusted_proxies: Vec::new(),
         }
@@ -641,6 +648,9 @@ impl Config {
                 reason: reason.to_owned(),
             })
         };
+        if self.server.max_connections == 0 {
+            return invalid("server.max_connections", "must be at least 1");
+        }
         if !(1024..=64 * 1024 * 1024).contains(&self.server.body_limit) {
             return invalid("server.body_limit", "must be between 1024 bytes and 64 MiB");
         }

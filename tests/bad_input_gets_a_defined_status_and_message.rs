@@ -136,7 +136,20 @@ async fn an_amount_that_cannot_be_held_exactly_is_400_not_rounded() {
         "fractional digits",
     )
     .await;
+    // An exponent that would take a loop ages (10 × 0 never overflows) is answered at once.
+    let body = CALLBACK.replace("\"amount\": 0.1", "\"amount\": 1e9223372036854775807");
+    assert_refused(
+        &server,
+        CALLBACK_PATH,
+        &json_post(CALLBACK_PATH, body.as_bytes()),
+        400,
+        "out of range",
+    )
+    .await;
     assert!(server.merchant.calls().is_empty());
+    let body = CALLBACK.replace("\"amount\": 0.1", "\"amount\": 0e9223372036854775807");
+    let zero = server.post_json(CALLBACK_PATH, &body).await;
+    assert_eq!(zero.status, 200, "{}", zero.message());
 }
 
 #[tokio::test]

@@ -100,3 +100,36 @@ async fn a_body_that_does_not_arrive_in_time_is_408() {
     assert_eq!(response.message(), "request body not received in time");
     assert!(server.merchant.calls().is_empty());
 }
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_until_one_closes() {
+    let mut config = test_config();
+    config.server.max_connections = 2;
+    config.server.header_read_timeout = Duration::from_secs(60);
+    let server = TestServer::start_with(config).await;
+    // Two idle connections take both slots (the first request makes sure both are accepted).
+    let first = TcpStream::connect(server.addr).await.unwrap();
+    let second = TcpStream::connect(server.addr).await.unwrap();
+    let health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let answered = |mut stream: TcpStream| async move {
+        stream.write_all(health).await.unwrap();
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.map(|_| (head, stream))
+    };
+    let (head, first) = answered(first).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    // A third waits in the backlog: it is not served while both are held...
+    let third = tokio::spawn(answered(TcpStream::connect(server.addr).await.unwrap()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!third.is_finished(), "a third connection was served");
+    // ...and is served as soon as one of them closes.
+    drop(first);
+    let (head, _third) = tokio::time::timeout(DEADLINE, third)
+        .await
+        .expect("the third connection was served once a slot freed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    drop(second);
+}

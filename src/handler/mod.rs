@@ -32,7 +32,29 @@ use crate::store::Effects;
 pub use providers::{ProviderFilter, tags_allow};
 
 /// What payhook knows about the HTTP request a handler is called for.
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output names every header but shows the values of harmless ones only
+/// ([`RequestContext::SHOWN_HEADERS`]): `Authorization` and a shared-secret header carry
+/// credentials, and a context logged with `?ctx` must not leak them.
+///
+/// ```
+/// use payhook::handler::RequestContext;
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("authorization", "Basic c2hvcDpwYXNzd29yZA==".parse().unwrap());
+/// headers.insert("x-api-key", "s3cr3t-s3cr3t-s3cr3t".parse().unwrap());
+/// headers.insert("content-type", "application/json".parse().unwrap());
+/// let ctx = RequestContext {
+///     request_id: "r-1".into(),
+///     peer: None,
+///     received_at: chrono::Utc::now(),
+///     headers,
+/// };
+/// let printed = format!("{ctx:?}");
+/// assert!(!printed.contains("c2hvcDpwYXNzd29yZA") && !printed.contains("s3cr3t"));
+/// assert!(printed.contains("application/json") && printed.contains("x-api-key"));
+/// ```
+#[derive(Clone)]
 pub struct RequestContext {
     /// Id of this request: the caller's `X-Request-Id` when it sent a sane one, else a new
     /// UUID. It is echoed in the response's `X-Request-Id` and carried by every log line.
@@ -43,6 +65,46 @@ pub struct RequestContext {
     pub received_at: DateTime<Utc>,
     /// The request's headers.
     pub headers: HeaderMap,
+}
+
+impl RequestContext {
+    /// Headers whose values `Debug` shows; any other value prints as `<redacted>`.
+    pub const SHOWN_HEADERS: &'static [&'static str] = &[
+        "content-type",
+        "content-length",
+        "host",
+        "user-agent",
+        "x-request-id",
+        "x-forwarded-for",
+        "traceparent",
+    ];
+}
+
+impl std::fmt::Debug for RequestContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        struct Headers<'a>(&'a HeaderMap);
+        impl std::fmt::Debug for Headers<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_map()
+                    .entries(self.0.iter().map(|(name, value)| {
+                        let shown = RequestContext::SHOWN_HEADERS.contains(&name.as_str());
+                        let value = if shown {
+                            value.to_str().unwrap_or("<not text>")
+                        } else {
+                            "<redacted>"
+                        };
+                        (name.as_str(), value)
+                    }))
+                    .finish()
+            }
+        }
+        f.debug_struct("RequestContext")
+            .field("request_id", &self.request_id)
+            .field("peer", &self.peer)
+            .field("received_at", &self.received_at)
+            .field("headers", &Headers(&self.headers))
+            .finish()
+    }
 }
 
 /// What a callback handler is told besides the callback itself.

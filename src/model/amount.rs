@@ -85,6 +85,15 @@ pub fn parse_amount(text: &str) -> Result<Decimal, AmountError> {
 fn apply_exponent(mut value: Decimal, exponent: i64) -> Option<Decimal> {
     if exponent >= 0 {
         let scale = value.scale();
+        if value.is_zero() {
+            // Zero times any power of ten is zero: no loop over a huge exponent.
+            return Some(Decimal::ZERO);
+        }
+        // A non-zero value is at least 10^-scale, and a Decimal holds less than 10^29: a
+        // larger exponent overflows, so the loop below runs at most 57 times.
+        if exponent > i64::from(scale) + 28 {
+            return None;
+        }
         for _ in 0..exponent {
             value = value.checked_mul(Decimal::TEN)?;
         }
@@ -251,6 +260,23 @@ mod tests {
         assert_eq!(amount_of(r#"{"amount": 1.25E2}"#), "125");
         assert_eq!(amount_of(r#"{"amount": 1.255e2}"#), "125.5");
         assert_eq!(amount_of(r#"{"amount": 125e-2}"#), "1.25");
+    }
+
+    #[test]
+    fn a_huge_exponent_is_answered_at_once() {
+        // Zero times ten never overflows: a loop up to the exponent would spin for ages.
+        assert_eq!(amount_of(r#"{"amount": 0e9223372036854775807}"#), "0");
+        assert_eq!(amount_of(r#"{"amount": "0.00E9223372036854775807"}"#), "0");
+        let message = amount_of(r#"{"amount": 1e9223372036854775807}"#);
+        assert!(message.contains("out of range"), "{message}");
+        let message = amount_of(r#"{"amount": 0.0000001e9223372036854775807}"#);
+        assert!(message.contains("out of range"), "{message}");
+        // The largest exponents that still fit.
+        assert_eq!(
+            amount_of(r#"{"amount": 7e28}"#),
+            "70000000000000000000000000000"
+        );
+        assert_eq!(amount_of(r#"{"amount": 0.5e1}"#), "5");
     }
 
     #[test]

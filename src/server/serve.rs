@@ -6,13 +6,18 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use std::{convert::Infallible, future::Future, io, time::Duration};
-use tokio::net::TcpListener;
+use std::{convert::Infallible, future::Future, io, sync::Arc, time::Duration};
+use tokio::{net::TcpListener, sync::Semaphore};
 
 use super::{App, PeerAddr, preface::PrefaceDeadline};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// HTTP/2: how often an idle connection's peer is pinged, and how long it has to answer
+/// before the connection is closed (a peer that vanished without closing).
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `app` on `listener` until `shutdown` completes, then shuts down gracefully: stops
 /// accepting, lets in-flight requests finish (up to `server.shutdown_grace`), and returns.
@@ -20,7 +25,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// HTTP/1.1 and HTTP/2 (prior knowledge) are both served. A client that does not send its
 /// request headers within `server.header_read_timeout` is disconnected — also one that
 /// connects and sends nothing, and an HTTP/1 connection idle between requests for that long;
-/// one that does not send its body within `server.request_timeout` gets 408.
+/// one that does not send its body within `server.request_timeout` gets 408. An HTTP/2
+/// connection is pinged when idle and closed when its peer stops answering. At most
+/// `server.max_connections` connections are served at once; more wait to be accepted.
 ///
 /// Bind port 0 in tests and read the address from the listener:
 ///
@@ -47,12 +54,39 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(server.max_connections));
     tracing::info!(address = ?listener.local_addr().ok(), "serving");
 
     tokio::pin!(shutdown);
+    let mut saturated = false;
     loop {
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(slot) => {
+                saturated = false;
+                slot
+            }
+            Err(_) => {
+                if !std::mem::replace(&mut saturated, true) {
+                    tracing::warn!(
+                        max_connections = server.max_connections,
+                        "connection limit reached; new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    slot = Arc::clone(&slots).acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -80,6 +114,7 @@ pub async fn serve(
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
+            drop(slot);
         });
     }
 

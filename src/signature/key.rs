@@ -200,7 +200,9 @@ impl PublicKey {
 
     fn new(material: Material) -> Result<Self, KeyError> {
         if let Material::Rsa { n, .. } = &material {
-            let bits = n.len() * 8 - n.first().map_or(8, |b| b.leading_zeros() as usize);
+            // An empty modulus (all zero bytes, stripped) has no bits.
+            let bits =
+                (n.len() * 8).saturating_sub(n.first().map_or(0, |b| b.leading_zeros() as usize));
             if bits < MIN_RSA_BITS {
                 return Err(KeyError::TooSmall(bits));
             }
@@ -589,6 +591,17 @@ mod tests {
         assert_eq!(
             PublicKey::parse(xml.as_bytes()),
             Err(KeyError::TooSmall(1024))
+        );
+        // A zero modulus has no bits at all: refused, not wrapped around to a huge size.
+        for modulus in ["AA==", "AAAA"] {
+            let xml = format!(
+                "<RSAKeyValue><Modulus>{modulus}</Modulus><Exponent>AQAB</Exponent></RSAKeyValue>"
+            );
+            assert_eq!(PublicKey::parse(xml.as_bytes()), Err(KeyError::TooSmall(0)));
+        }
+        assert_eq!(
+            PublicKey::parse(br#"{"kty":"RSA","n":"AA","e":"AQAB"}"#),
+            Err(KeyError::TooSmall(0))
         );
     }
 
