@@ -408,3 +408,60 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     assert!(stdout.contains("→ booked now"), "{stdout}");
     merchant.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_redacts_credentials_and_refuses_contradicting_flags() {
+    // Nothing listens on port 1: no answer is a failure, and the printed request keeps the
+    // shared secret and the Basic credentials out of the terminal.
+    let (code, stdout, stderr) = payhook(args(&[
+        "trigger",
+        "transaction-validation",
+        "--to",
+        "http://127.0.0.1:1",
+        "-H",
+        "X-Api-Key: s3cr3t-s3cr3t-s3cr3t",
+        "-H",
+        "Authorization: Basic c2hvcDpwYXNzd29yZA==",
+    ]))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stderr.contains("no answer"), "{stderr}");
+    assert!(
+        stdout.contains("x-api-key: <redacted>") && stdout.contains("authorization: <redacted>"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("s3cr3t") && !stdout.contains("c2hvcDpwYXNzd29yZA"),
+        "{stdout}"
+    );
+
+    let refusals = [
+        (
+            vec![
+                "callback",
+                "--set",
+                "transactionStatus=-3",
+                "--gateway",
+                "http://127.0.0.1:1",
+            ],
+            "--gateway and --settings use the payment flags",
+        ),
+        (
+            vec!["callback", "--set", "amount=1", "--fault", "reuse-nonce"],
+            "--fault builds its own bodies",
+        ),
+        (
+            vec!["callback", "--await", "--gateway", "http://127.0.0.1:1"],
+            "--await waits for a postponed validation's result",
+        ),
+    ];
+    for (flags, reason) in refusals {
+        let mut command = vec!["trigger"];
+        command.extend(&flags);
+        command.extend(["--to", "http://127.0.0.1:1"]);
+        let (code, stdout, stderr) = payhook(args(&command)).await;
+        assert_eq!(code, 2, "{flags:?}: {stdout}{stderr}");
+        assert!(stderr.contains(reason), "{flags:?}: {stderr}");
+        assert!(!stdout.contains('→'), "{flags:?} sent a request: {stdout}");
+    }
+}

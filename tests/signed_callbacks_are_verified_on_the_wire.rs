@@ -100,6 +100,21 @@ async fn the_signature_is_checked_before_the_body_is_parsed() {
         ))
         .await;
     assert_eq!(response.status, 401);
+    // Garbage with a signature of other bytes: the signature is checked first, so this is
+    // an invalid signature (401), never the parser's 400.
+    let response = server
+        .send(&signed_post(
+            CALLBACK_PATH,
+            "{not json",
+            &sign("rsa2048", CALLBACK),
+        ))
+        .await;
+    assert_eq!(response.status, 401);
+    assert!(
+        response.message().starts_with("invalid signature"),
+        "{}",
+        response.message()
+    );
     // Signed garbage: the signature holds, so the parser's 400 comes next.
     let response = server
         .send(&signed_post(
@@ -109,6 +124,22 @@ async fn the_signature_is_checked_before_the_body_is_parsed() {
         ))
         .await;
     assert_eq!(response.status, 400);
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
+async fn with_keys_configured_allow_unsigned_does_not_let_an_unsigned_callback_in() {
+    let mut config = signed_config(&["rsa2048"]);
+    config.callback.allow_unsigned = true;
+    let server = TestServer::start_with(config).await;
+    let response = server.post_json(CALLBACK_PATH, CALLBACK).await;
+    assert_eq!(response.status, 401);
+    assert!(
+        response.message().starts_with("missing signature"),
+        "{}",
+        response.message()
+    );
+    assert!(server.merchant.calls().is_empty());
 }
 
 #[tokio::test]

@@ -302,6 +302,7 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         let payment = args.payment.payment();
         let body = args.payment.body(kind, &payment)?;
         let trigger = args.signing.trigger(config)?;
+        check_combination(&args, kind)?;
         if let Some(settings) = &args.settings {
             if kind != RequestKind::Callback {
                 return Err(Failure("--settings delivers callbacks only".into(), 2));
@@ -314,6 +315,9 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         }
         let exchange = trigger.send(&endpoint(to, kind), body.as_bytes()).await?;
         print_exchange(&exchange);
+        if exchange.status.is_none() && args.expect.is_none() {
+            return Err(Failure("no answer from the merchant".into(), 1));
+        }
         if kind == RequestKind::Callback
             && let Some(gateway) = args.gateway.as_deref()
         {
@@ -344,7 +348,14 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
                 1,
             ));
         }
-        if args.wait && kind == RequestKind::TransactionValidation && exchange.status == Some(200) {
+        if args.wait && exchange.status != Some(200) {
+            return Err(Failure(
+                "the validation was not answered 200 (postponed): there is no result to await"
+                    .into(),
+                1,
+            ));
+        }
+        if args.wait {
             let gateway = args.gateway.as_deref().unwrap_or_default();
             let id = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
@@ -373,6 +384,33 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         }
         Ok(())
     })
+}
+
+/// Refuses flags that would contradict each other: the mock gateway's record, the choice of
+/// recipients and the injected faults are built from the payment flags, so a body from
+/// `--file` or `--set` would silently differ from what they assume.
+fn check_combination(args: &TriggerArgs, kind: RequestKind) -> Result<(), Failure> {
+    let refuse = |message: &str| Err(Failure(message.to_owned(), 2));
+    let custom_body = args.payment.file.is_some() || !args.payment.sets.is_empty();
+    if args.wait && kind != RequestKind::TransactionValidation {
+        return refuse(
+            "--await waits for a postponed validation's result: transaction-validation only",
+        );
+    }
+    if custom_body && !args.fault.is_empty() {
+        return refuse(
+            "--fault builds its own bodies from the payment flags; it cannot be combined with --file or --set",
+        );
+    }
+    if custom_body
+        && kind == RequestKind::Callback
+        && (args.gateway.is_some() || args.settings.is_some())
+    {
+        return refuse(
+            "--gateway and --settings use the payment flags (--status, --amount, --collab, ...), which --file or --set would contradict; set those with the flags",
+        );
+    }
+    Ok(())
 }
 
 /// Delivers a callback to the recipients of a settings file, printing each attempt.
@@ -415,10 +453,13 @@ async fn deliver(
     )
     .await?;
     if report.deliveries.is_empty() {
-        println!(
-            "no callback URL of the settings matches collab {} and {}",
-            payment.collab_id, payment.direction
-        );
+        return Err(Failure(
+            format!(
+                "no callback URL of the settings matches collab {} and {}: nothing was delivered",
+                payment.collab_id, payment.direction
+            ),
+            1,
+        ));
     }
     for delivery in &report.deliveries {
         let verdict = if delivery.delivered() {

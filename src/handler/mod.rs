@@ -76,8 +76,22 @@ impl RequestContext {
         "user-agent",
         "x-request-id",
         "x-forwarded-for",
+        "x-signature",
         "traceparent",
     ];
+
+    /// `value` as printed for header `name`: itself for [`Self::SHOWN_HEADERS`], else
+    /// `<redacted>` (a credential may be in any other header).
+    pub(crate) fn shown_value<'a>(
+        name: &http::HeaderName,
+        value: &'a http::HeaderValue,
+    ) -> &'a str {
+        if Self::SHOWN_HEADERS.contains(&name.as_str()) {
+            value.to_str().unwrap_or("<not text>")
+        } else {
+            "<redacted>"
+        }
+    }
 }
 
 impl std::fmt::Debug for RequestContext {
@@ -87,13 +101,7 @@ impl std::fmt::Debug for RequestContext {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_map()
                     .entries(self.0.iter().map(|(name, value)| {
-                        let shown = RequestContext::SHOWN_HEADERS.contains(&name.as_str());
-                        let value = if shown {
-                            value.to_str().unwrap_or("<not text>")
-                        } else {
-                            "<redacted>"
-                        };
-                        (name.as_str(), value)
+                        (name.as_str(), RequestContext::shown_value(name, value))
                     }))
                     .finish()
             }

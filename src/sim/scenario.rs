@@ -518,10 +518,18 @@ async fn run_step(
             }
             if let Some(wanted) = expect.conflicts {
                 let deadline = tokio::time::Instant::now() + target.await_timeout;
-                let mut seen = control.counters().await?.conflicts - conflicts_before;
+                let mut seen = control
+                    .counters()
+                    .await?
+                    .conflicts
+                    .saturating_sub(conflicts_before);
                 while seen < wanted && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    seen = control.counters().await?.conflicts - conflicts_before;
+                    seen = control
+                        .counters()
+                        .await?
+                        .conflicts
+                        .saturating_sub(conflicts_before);
                 }
                 story.push(format!("gateway refused {seen} result(s) with 403 (a different one was received before)"));
                 if seen != wanted {

@@ -262,14 +262,13 @@ impl Trigger {
     }
 }
 
-/// A request as text, for printing.
+/// A request as text, for printing: credentials (`Authorization`, a shared-secret header
+/// given with `-H`) are redacted, as in a handler's `RequestContext`.
 fn describe(request: &Request<Full<Bytes>>, body: &[u8]) -> String {
     let mut text = format!("{} {}\n", request.method(), request.uri());
     for (name, value) in request.headers() {
-        text.push_str(&format!(
-            "{name}: {}\n",
-            String::from_utf8_lossy(value.as_bytes())
-        ));
+        let value = crate::handler::RequestContext::shown_value(name, value);
+        text.push_str(&format!("{name}: {value}\n"));
     }
     text.push('\n');
     text.push_str(&String::from_utf8_lossy(body));
