@@ -115,7 +115,16 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
         resolver.resolve(12345, true, "").await,
         Err(ResolveError::Unknown(12345))
     ));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Nothing is left to send: a pass of the outbox posts nothing more.
+    let outbox = server.app.outbox().unwrap();
+    let pass = outbox.run_once().await.unwrap();
+    assert_eq!(
+        (pass.delivered, pass.conflicts, pass.retried),
+        (0, 0, 0),
+        "{pass:?}"
+    );
+    let counts = outbox.counts();
+    assert_eq!((counts.delivered, counts.retries), (1, 0), "{counts:?}");
     assert_eq!(
         gateway.with(|s| s.posts.clone()),
         [(ID, true, 200)],
@@ -184,7 +193,15 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         resolver.list(Some(PostponedState::Conflict)).unwrap().len(),
         1
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A 403 is final: a pass of the outbox does not post it again.
+    let outbox = server.app.outbox().unwrap();
+    let pass = outbox.run_once().await.unwrap();
+    assert_eq!(
+        (pass.delivered, pass.conflicts, pass.retried),
+        (0, 0, 0),
+        "{pass:?}"
+    );
+    assert_eq!(outbox.counts().retries, 0);
     assert_eq!(gateway.with(|s| s.posts.len()), 1, "a 403 is final");
 }
 

@@ -7,6 +7,7 @@ mod support;
 
 use serde_json::json;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use support::*;
 
 fn with_client(body: &str, client: &str) -> String {
@@ -18,14 +19,22 @@ async fn fifty_simultaneous_deliveries_of_one_nonce_run_the_handler_once_and_all
     let server = Arc::new(TestServer::start().await);
     // The first delivery holds the handler at a gate while the others arrive.
     let body = Arc::new(with_client(CALLBACK, "gate"));
+    // Set just before the gate opens: no sender may get its 200 while the one handler run is
+    // still held (an acknowledgement before the booking would be a lie).
+    let released = Arc::new(AtomicBool::new(false));
     let mut senders = Vec::new();
     for _ in 0..50 {
         let (server, body) = (Arc::clone(&server), Arc::clone(&body));
+        let released = Arc::clone(&released);
         senders.push(tokio::spawn(async move {
             // As the aggregator does: retry until a 2xx.
             loop {
                 let response = server.post_json(CALLBACK_PATH, &body).await;
                 if response.status == 200 {
+                    assert!(
+                        released.load(Ordering::SeqCst),
+                        "200 before the handler was let go"
+                    );
                     return;
                 }
                 assert_eq!(
@@ -40,6 +49,7 @@ async fn fifty_simultaneous_deliveries_of_one_nonce_run_the_handler_once_and_all
     tokio::time::timeout(DEADLINE, server.merchant.entered_gate.notified())
         .await
         .unwrap();
+    released.store(true, Ordering::SeqCst);
     server.merchant.gate.notify_one();
     for sender in senders {
         tokio::time::timeout(DEADLINE, sender)

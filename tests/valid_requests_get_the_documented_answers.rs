@@ -69,13 +69,18 @@ async fn postpone_on_an_endpoint_not_declared_awaitable_is_a_clear_500_never_a_s
         "/merchantData/clientId",
         Some(json!("postpone")),
     );
-    let response = server.post_json(VALIDATION_PATH, &body).await;
-    assert_eq!(response.status, 500);
-    assert!(
-        response.message().contains("not Awaitable"),
-        "{}",
-        response.message()
-    );
+    // Nothing is recorded: the aggregator's retry gets the same clear 500 (the handler runs
+    // again), never a recorded — silent — 200.
+    for attempt in 1..=2 {
+        let response = server.post_json(VALIDATION_PATH, &body).await;
+        assert_eq!(response.status, 500, "attempt {attempt}");
+        assert!(
+            response.message().contains("not Awaitable"),
+            "{}",
+            response.message()
+        );
+        assert_eq!(server.merchant.calls().len(), attempt);
+    }
 }
 
 #[tokio::test]
@@ -132,8 +137,15 @@ async fn a_failing_handler_gets_a_generic_message_and_never_leaks_its_detail() {
                     Some(json!(format!("n-{client}"))),
                 );
             }
+            let calls_before = server.merchant.calls().len();
             let response = server.post_json(path, &body).await;
             assert_eq!(response.status, status, "{path} {client}");
+            // The handler ran (the failure is its own, not an earlier refusal).
+            assert_eq!(
+                server.merchant.calls().len(),
+                calls_before + 1,
+                "{path} {client}"
+            );
             let message = response.message();
             assert!(!message.contains("secret-detail"), "{path}: {message}");
             assert_eq!(
@@ -234,4 +246,19 @@ async fn http2_with_prior_knowledge_is_served() {
     let response = sender.send_request(request).await.unwrap();
     assert_eq!(response.version(), http::Version::HTTP_2);
     assert_eq!(response.status(), 200);
+}
+
+#[tokio::test]
+async fn an_unknown_status_code_and_unknown_fields_reach_the_handler() {
+    // The aggregator may add codes and fields: a callback is never refused for them.
+    let server = TestServer::start().await;
+    let body = with(CALLBACK, "/transactionStatus", Some(json!(99)));
+    let body = with(&body, "/someFutureField", Some(json!({"nested": [1, 2]})));
+    let response = server.post_json(CALLBACK_PATH, &body).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    let calls = server.merchant.calls();
+    assert_eq!(
+        (calls.len(), calls[0].endpoint, calls[0].nonce.as_str()),
+        (1, "callback", "nonce-cb-1")
+    );
 }

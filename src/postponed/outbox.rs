@@ -310,14 +310,21 @@ mod tests {
     fn backoff_follows_the_schedule_with_bounded_jitter_and_repeats_the_last_wait() {
         let schedule = [1, 10, 100].map(Duration::from_secs);
         for (attempts, base) in [(1, 1), (2, 10), (3, 100), (4, 100), (50, 100)] {
-            for _ in 0..20 {
-                let wait = backoff(&schedule, attempts).as_secs_f64();
-                let base = f64::from(base);
+            let waits: Vec<f64> = (0..20)
+                .map(|_| backoff(&schedule, attempts).as_secs_f64())
+                .collect();
+            let base = f64::from(base);
+            for wait in &waits {
                 assert!(
-                    (base * 0.8..=base * 1.2).contains(&wait),
+                    (base * 0.8..=base * 1.2).contains(wait),
                     "{attempts}: {wait}"
                 );
             }
+            // Jittered: twenty waits are not all the same (results must not retry in step).
+            assert!(
+                waits.iter().any(|w| (w - waits[0]).abs() > f64::EPSILON),
+                "{attempts}: {waits:?}"
+            );
         }
     }
 }

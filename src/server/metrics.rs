@@ -8,6 +8,9 @@
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
+//! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
+//! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
+//! | `payhook_signatures_refused_total` | counter | missing, malformed or forged signatures (401) |
 //! | `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total` | counter | postponed results delivered (200), refused (403), retried |
 //! | `payhook_outbox_queued` | gauge | postponed results waiting for delivery |
 //!
@@ -46,6 +49,9 @@ pub(crate) struct Metrics {
     validations: [AtomicU64; 3],
     pub(crate) validations_replayed: AtomicU64,
     pub(crate) nonce_reuse_refused: AtomicU64,
+    pub(crate) signatures_verified: AtomicU64,
+    pub(crate) signatures_reused: AtomicU64,
+    pub(crate) signatures_refused: AtomicU64,
 }
 
 /// A validation decision, for counting.
@@ -135,6 +141,21 @@ impl Metrics {
                 "payhook_nonce_reuse_refused_total",
                 "Validations refused for a nonce used for a different payment.",
                 load(&self.nonce_reuse_refused),
+            ),
+            (
+                "payhook_signatures_verified_total",
+                "Signatures checked with the public key and found valid.",
+                load(&self.signatures_verified),
+            ),
+            (
+                "payhook_signatures_reused_total",
+                "Retries whose (signature, body) verified before: no public-key operation.",
+                load(&self.signatures_reused),
+            ),
+            (
+                "payhook_signatures_refused_total",
+                "Missing, malformed or forged signatures (401).",
+                load(&self.signatures_refused),
             ),
         ];
         for (name, help, value) in single {

@@ -439,10 +439,13 @@ impl App {
         }
         let wants_signature = guard.is_none_or(Guard::needs_signature);
         match (&inner.verifier, wants_signature) {
-            (Some(verifier), true) => verifier
-                .read_signature(headers)
-                .map(Some)
-                .map_err(unauthorized),
+            (Some(verifier), true) => verifier.read_signature(headers).map(Some).map_err(|error| {
+                inner
+                    .metrics
+                    .signatures_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                unauthorized(error)
+            }),
             // Only callbacks want a signature without a verifier: the build step allowed it
             // because `callback.allow_unsigned` is set; `callback` logs each one.
             (None, true) | (_, false) => Ok(None),
@@ -454,18 +457,27 @@ impl App {
             return Ok(());
         };
         // A retry carries the same bytes and signature: no public-key operation for it.
+        let metrics = &self.inner.metrics;
+        let count = |counter: &std::sync::atomic::AtomicU64| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        };
         let digest = VerifiedCache::digest(signature, body);
         if self.inner.verified.contains(&digest) {
             tracing::debug!("signature verified before (a retry)");
+            count(&metrics.signatures_reused);
             return Ok(());
         }
         match verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
+                count(&metrics.signatures_verified);
                 self.inner.verified.insert(digest);
                 Ok(())
             }
-            Err(error) => Err(unauthorized(error)),
+            Err(error) => {
+                count(&metrics.signatures_refused);
+                Err(unauthorized(error))
+            }
         }
     }
 
