@@ -465,3 +465,17 @@ async fn trigger_redacts_credentials_and_refuses_contradicting_flags() {
         assert!(!stdout.contains('→'), "{flags:?} sent a request: {stdout}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_sends_to_the_merchants_configured_paths() {
+    let (code, stdout, stderr) = payhook_with(
+        args(&["trigger", "callback", "--to", "http://127.0.0.1:1"]),
+        vec![("PAYHOOK_PATHS_CALLBACK".into(), "/hooks/payments".into())],
+    )
+    .await;
+    assert_eq!(code, 1, "no answer on port 1: {stdout}{stderr}");
+    assert!(
+        stdout.contains("POST http://127.0.0.1:1/hooks/payments"),
+        "{stdout}"
+    );
+}

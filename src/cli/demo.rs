@@ -96,6 +96,7 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
     let ledger = store.clone();
     let target = Target {
         base_url,
+        paths: config.paths.clone(),
         trigger: Trigger::new(Some(Signer::new(key, &config.signature)?))?,
         gateway: mock.gateway_config(),
         await_timeout: Duration::from_secs(10),

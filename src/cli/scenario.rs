@@ -66,6 +66,7 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
         };
         let target = Target {
             base_url: args.to.clone(),
+            paths: config.paths.clone(),
             trigger: args.signing.trigger(config)?,
             gateway,
             await_timeout: args.await_timeout,

@@ -2,6 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use payhook::Config;
+use payhook::config::PathsConfig;
 use payhook::model::{TransactionStatus, TransactionType};
 use payhook::signature::{Algorithm, Encoding, SigningKey};
 use payhook::sim::{Exchange, MockControl, Payment, RequestKind, Signer, Trigger};
@@ -267,7 +268,7 @@ impl TriggerArgs {
 }
 
 /// The endpoint URL: `to` as given, or with the kind's default path when it has none.
-pub(crate) fn endpoint(to: &str, kind: RequestKind) -> String {
+pub(crate) fn endpoint(to: &str, kind: RequestKind, paths: &PathsConfig) -> String {
     let trimmed = to.trim_end_matches('/');
     let has_path = trimmed
         .split_once("://")
@@ -275,7 +276,7 @@ pub(crate) fn endpoint(to: &str, kind: RequestKind) -> String {
     if has_path {
         to.to_owned()
     } else {
-        format!("{trimmed}{}", kind.default_path())
+        format!("{trimmed}{}", kind.path(paths))
     }
 }
 
@@ -311,9 +312,18 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
         }
         let to = args.to.as_deref().unwrap_or_default();
         if !args.fault.is_empty() {
-            return faults(&args, &trigger, &endpoint(to, kind), kind, &payment).await;
+            return faults(
+                &args,
+                &trigger,
+                &endpoint(to, kind, &config.paths),
+                kind,
+                &payment,
+            )
+            .await;
         }
-        let exchange = trigger.send(&endpoint(to, kind), body.as_bytes()).await?;
+        let exchange = trigger
+            .send(&endpoint(to, kind, &config.paths), body.as_bytes())
+            .await?;
         print_exchange(&exchange);
         if exchange.status.is_none() && args.expect.is_none() {
             return Err(Failure("no answer from the merchant".into(), 1));

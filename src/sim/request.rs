@@ -7,6 +7,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 use super::SimError;
+use crate::config::PathsConfig;
 use crate::model::{TransactionRecord, TransactionStatus, TransactionType};
 
 /// The three requests of the aggregator.
@@ -21,13 +22,25 @@ pub enum RequestKind {
 }
 
 impl RequestKind {
-    /// The default path of the merchant's endpoint for this request.
-    pub fn default_path(self) -> &'static str {
+    /// The path of the merchant's endpoint for this request, as `paths` configures it.
+    ///
+    /// ```
+    /// use payhook::config::PathsConfig;
+    /// use payhook::sim::RequestKind;
+    ///
+    /// assert_eq!(RequestKind::Callback.path(&PathsConfig::default()), "/payhook/callback");
+    /// ```
+    pub fn path(self, paths: &PathsConfig) -> &str {
         match self {
-            Self::ProvidersValidation => "/payhook/providers-validation",
-            Self::TransactionValidation => "/payhook/transaction-validation",
-            Self::Callback => "/payhook/callback",
+            Self::ProvidersValidation => &paths.providers_validation,
+            Self::TransactionValidation => &paths.transaction_validation,
+            Self::Callback => &paths.callback,
         }
+    }
+
+    /// The path of the merchant's endpoint for this request under the default `[paths]`.
+    pub fn default_path(self) -> String {
+        self.path(&PathsConfig::default()).to_owned()
     }
 }
 

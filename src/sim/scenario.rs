@@ -299,8 +299,10 @@ pub type Observer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The merchant under test and the simulated aggregator around it.
 pub struct Target {
-    /// The merchant's base URL (`http://127.0.0.1:8080`); the default paths are appended.
+    /// The merchant's base URL (`http://127.0.0.1:8080`); `paths` are appended.
     pub base_url: String,
+    /// The merchant's `[paths]`: where its three endpoints are served.
+    pub paths: crate::config::PathsConfig,
     /// Sends (and signs) the aggregator's requests.
     pub trigger: Trigger,
     /// The mock gateway's `[gateway]` section (its URL and the merchant's credentials).
@@ -436,7 +438,7 @@ fn url(target: &Target, kind: RequestKind) -> String {
     format!(
         "{}{}",
         target.base_url.trim_end_matches('/'),
-        kind.default_path()
+        kind.path(&target.paths)
     )
 }
 
