@@ -21,14 +21,22 @@ pub(crate) struct Claims {
     pub(crate) sub: String,
     /// Issued at, seconds since the Unix epoch.
     pub(crate) iat: i64,
-    /// Expires at, milliseconds since the Unix epoch (finer than `exp` needs to be, so that
-    /// sub-second lifetimes can be tested).
+    /// Expires at, seconds since the Unix epoch (rounded up): the standard claim, as a
+    /// production token carries it.
+    pub(crate) exp: i64,
+    /// Expires at, milliseconds since the Unix epoch: what the mock checks, so that
+    /// sub-second lifetimes can be tested.
     pub(crate) exp_ms: i64,
     /// Access or refresh.
     #[serde(rename = "use")]
     pub(crate) token_use: Use,
     /// Unique id, so that a refresh token can be used once.
     pub(crate) jti: String,
+}
+
+/// `exp_ms` as the standard `exp` claim: whole seconds, rounded up.
+pub(crate) fn expiry_seconds(exp_ms: i64) -> i64 {
+    exp_ms.saturating_add(999).div_euclid(1000)
 }
 
 /// Why a token was refused.
@@ -92,6 +100,7 @@ mod tests {
         Claims {
             sub: "shop".into(),
             iat: 0,
+            exp: expiry_seconds(exp_ms),
             exp_ms,
             token_use,
             jti: "j-1".into(),
@@ -103,7 +112,17 @@ mod tests {
         let issuer = Issuer::new(b"secret");
         let token = issuer.issue(&claims(Use::Access, 1_000));
         assert_eq!(token.split('.').count(), 3);
-        assert_eq!(issuer.check(&token, Use::Access, 999).unwrap().sub, "shop");
+        let checked = issuer.check(&token, Use::Access, 999).unwrap();
+        assert_eq!(checked.sub, "shop");
+        // The standard claim too, in whole seconds rounded up.
+        assert_eq!((checked.exp, checked.exp_ms), (1, 1_000));
+        assert_eq!(expiry_seconds(1_001), 2);
+        let payload = token.split('.').nth(1).unwrap();
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap();
+        let payload: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        assert_eq!(payload["exp"], 1);
         assert_eq!(
             issuer.check(&token, Use::Access, 1_000),
             Err(Refused::Expired)

@@ -279,6 +279,7 @@ impl Shared {
         let claims = |token_use, life| Claims {
             sub: self.config.username.clone(),
             iat: now / 1000,
+            exp: super::jwt::expiry_seconds(now.saturating_add(life)),
             exp_ms: now.saturating_add(life),
             token_use,
             jti: Uuid::new_v4().to_string(),

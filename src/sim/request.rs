@@ -140,7 +140,14 @@ impl Payment {
                 "cashIn": cash_in,
             }),
             RequestKind::Callback => {
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+                // As the aggregator (.NET) writes them: 7 fractional digits, one without `Z`,
+                // so a merchant's own parsing meets both forms here rather than in production.
+                let now = chrono::Utc::now();
+                let dotnet = format!(
+                    "{}.{:07}",
+                    now.format("%Y-%m-%dT%H:%M:%S"),
+                    now.timestamp_subsec_nanos() / 100
+                );
                 json!({
                     "id": self.transaction_id,
                     "transactionReferenceId": self.reference_id,
@@ -157,8 +164,8 @@ impl Payment {
                     "currency": self.currency,
                     "destinationAmount": exact_number(&self.amount.to_string()),
                     "destinationCurrency": self.currency,
-                    "createdUtc": now,
-                    "updatedUtc": now,
+                    "createdUtc": dotnet,
+                    "updatedUtc": format!("{dotnet}Z"),
                 })
             }
         }
@@ -325,6 +332,13 @@ mod tests {
         let callback: crate::model::CallbackBody =
             serde_json::from_str(&to_text(&payment.body(RequestKind::Callback))).unwrap();
         assert_eq!(callback.amount.to_string(), "10.50");
+        // Times as .NET writes them, 7 fractional digits, with and without `Z`: the same
+        // instant either way.
+        let body = payment.body(RequestKind::Callback);
+        let created = body["createdUtc"].as_str().unwrap();
+        assert!(!created.ends_with('Z') && created.len() == "2026-01-02T03:04:05.1234567".len());
+        assert_eq!(body["updatedUtc"].as_str().unwrap(), format!("{created}Z"));
+        assert!(callback.created_utc.is_some() && callback.created_utc == callback.updated_utc);
         let _: crate::model::ProvidersValidationRequest =
             serde_json::from_str(&to_text(&payment.body(RequestKind::ProvidersValidation)))
                 .unwrap();
