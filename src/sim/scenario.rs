@@ -39,7 +39,9 @@
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
 //!
 //! Any step can change the transaction with a `payment` table (`amount`, `currency`,
-//! `client`, `direction`, `provider`, `collab`, `status`).
+//! `client`, `direction`, `provider`, `collab`, `status`). An expectation a step does not
+//! check (the table's last column; none for a `lost` callback) is refused when the file is
+//! read, so that a scenario cannot pass without testing what it says.
 
 use serde::Deserialize;
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -85,7 +87,91 @@ impl Scenario {
         if scenario.steps.is_empty() {
             return Err(SimError::Request(format!("{origin}: no [[step]]")));
         }
+        for (index, step) in scenario.steps.iter().enumerate() {
+            step.check()
+                .map_err(|e| SimError::Request(format!("{origin}: step {}: {e}", index + 1)))?;
+        }
         Ok(scenario)
+    }
+}
+
+impl Expect {
+    /// The expectations that are set, by their names in a scenario file.
+    fn set(&self) -> Vec<&'static str> {
+        [
+            ("status", self.status.is_some()),
+            ("message", self.message.is_some()),
+            ("providers", self.providers.is_some()),
+            ("result", self.result.is_some()),
+            ("conflicts", self.conflicts.is_some()),
+            ("delivered", self.delivered.is_some()),
+            ("delivery_status", self.delivery_status.is_some()),
+            ("canceled", self.canceled.is_some()),
+            ("booked", self.booked.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+}
+
+impl Step {
+    /// Refuses what this step would not check or use: an expectation it never looks at
+    /// would let a scenario pass without testing anything.
+    fn check(&self) -> Result<(), String> {
+        let (expect, checked): (Option<&Expect>, &[&str]) = match self {
+            Self::ProvidersValidation { expect, .. } => {
+                (Some(expect), &["status", "message", "providers"])
+            }
+            Self::TransactionValidation { expect, .. } => {
+                (Some(expect), &["status", "message", "result", "conflicts"])
+            }
+            Self::Callback {
+                lost: true,
+                copies,
+                concurrent,
+                max_attempts,
+                expect,
+                ..
+            } => {
+                if *copies > 0 || *concurrent || max_attempts.is_some() {
+                    return Err("a lost callback is never sent: copies, concurrent and max_attempts do not apply".into());
+                }
+                (Some(expect), &[])
+            }
+            Self::Callback {
+                concurrent: true,
+                max_attempts: Some(_),
+                ..
+            } => {
+                return Err(
+                    "concurrent copies are sent once each: max_attempts does not apply".into(),
+                );
+            }
+            Self::Callback { expect, .. } => (Some(expect), &["status", "message", "delivered"]),
+            Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
+            Self::Reconcile { expect } => (Some(expect), &["booked"]),
+            Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
+        };
+        let unchecked: Vec<&str> = expect
+            .map(Expect::set)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| !checked.contains(name))
+            .collect();
+        if unchecked.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "this step does not check {}; it checks {}",
+                unchecked.join(", "),
+                if checked.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    checked.join(", ")
+                }
+            ))
+        }
     }
 }
 
@@ -856,5 +942,44 @@ mod tests {
             ..PaymentSpec::default()
         };
         assert!(bad_amount.apply(&mut payment).is_err());
+    }
+
+    #[test]
+    fn an_expectation_the_step_would_not_check_is_refused() {
+        let refused = |step: &str, wanted: &str| {
+            let text = format!("name = \"x\"\n[[step]]\n{step}\n");
+            let error = Scenario::parse(&text, "s.toml").unwrap_err().to_string();
+            assert!(
+                error.starts_with("s.toml: step 1:") && error.contains(wanted),
+                "{step}: {error}"
+            );
+        };
+        refused(
+            "kind = \"callback\"\nlost = true\nexpect = { delivered = true }",
+            "does not check delivered; it checks nothing",
+        );
+        refused(
+            "kind = \"callback\"\nlost = true\ncopies = 2",
+            "a lost callback is never sent",
+        );
+        refused(
+            "kind = \"callback\"\nconcurrent = true\ncopies = 4\nmax_attempts = 3",
+            "max_attempts does not apply",
+        );
+        refused(
+            "kind = \"callback\"\nexpect = { result = \"allow\" }",
+            "does not check result",
+        );
+        refused(
+            "kind = \"lookup\"\nexpect = { delivered = true, canceled = false }",
+            "does not check delivered",
+        );
+        refused(
+            "kind = \"providers-validation\"\nexpect = { booked = true }",
+            "does not check booked",
+        );
+        // What the step checks is accepted.
+        let fine = "name = \"x\"\n[[step]]\nkind = \"callback\"\ncopies = 3\nexpect = { status = 200, delivered = true }\n";
+        assert!(Scenario::parse(fine, "ok.toml").is_ok());
     }
 }
