@@ -107,29 +107,50 @@ fn deliveries() -> Vec<Delivery> {
         .collect()
 }
 
-/// Sends `request` to whatever address the merchant has now, until it answers 2xx.
-async fn deliver(address: &RwLock<SocketAddr>, request: &[u8]) {
+/// Sends `request` to whatever address the merchant has now, until it answers 2xx; counts
+/// in `cut` the attempts a kill cut off after the request was sent.
+async fn deliver(address: &RwLock<SocketAddr>, request: &[u8], cut: &AtomicUsize) {
     loop {
         let addr = *address.read().unwrap();
-        if let Ok(Some(status)) = tokio::time::timeout(DEADLINE, try_send(addr, request)).await {
-            if (200..300).contains(&status) {
-                return;
+        match tokio::time::timeout(DEADLINE, try_send(addr, request)).await {
+            Ok(Attempt::Answered(status)) if (200..300).contains(&status) => return,
+            Ok(Attempt::Answered(status)) => {
+                assert!(status == 503 || status == 408, "unexpected answer {status}");
             }
-            assert!(status == 503 || status == 408, "unexpected answer {status}");
+            Ok(Attempt::Cut) => {
+                cut.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(Attempt::Refused) | Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// The status of one attempt, or `None` when the connection failed (a killed server).
-async fn try_send(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+/// What became of one attempt.
+enum Attempt {
+    /// No connection (the server is down or restarting).
+    Refused,
+    /// Sent, but the connection ended without an answer: a kill in the middle of it.
+    Cut,
+    /// The server answered with this status.
+    Answered(u16),
+}
+
+async fn try_send(addr: SocketAddr, request: &[u8]) -> Attempt {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream.write_all(request).await.ok()?;
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return Attempt::Refused;
+    };
+    if stream.write_all(request).await.is_err() {
+        return Attempt::Cut;
+    }
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await.ok()?;
+    let _ = stream.read_to_end(&mut answer).await;
     let text = String::from_utf8_lossy(&answer);
-    text.split(' ').nth(1)?.parse().ok()
+    text.split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .map_or(Attempt::Cut, Attempt::Answered)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,21 +163,23 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
     let deliveries = Arc::new(deliveries());
     let queue = Arc::new(Mutex::new((0..CALLBACKS).collect::<VecDeque<_>>()));
     let acknowledged = Arc::new(AtomicUsize::new(0));
+    let cut = Arc::new(AtomicUsize::new(0));
 
     let senders: Vec<_> = (0..SENDERS)
         .map(|_| {
-            let (queue, deliveries, address, acknowledged) = (
+            let (queue, deliveries, address, acknowledged, cut) = (
                 Arc::clone(&queue),
                 Arc::clone(&deliveries),
                 Arc::clone(&address),
                 Arc::clone(&acknowledged),
+                Arc::clone(&cut),
             );
             tokio::spawn(async move {
                 loop {
                     let Some(next) = queue.lock().unwrap().pop_front() else {
                         return;
                     };
-                    deliver(&address, &deliveries[next].request).await;
+                    deliver(&address, &deliveries[next].request, &cut).await;
                     acknowledged.fetch_add(1, Ordering::SeqCst);
                 }
             })
@@ -190,6 +213,12 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
         let mut running = child.lock().unwrap();
         running.kill();
     }
+    // The kills landed mid-request: deliveries were cut off after being sent, so the path
+    // "processed, maybe booked, not acknowledged; retried" was exercised, not only restarts.
+    assert!(
+        cut.load(Ordering::SeqCst) > 0,
+        "no delivery was cut off by a kill"
+    );
 
     // Read the ledger the example kept, from its data directory.
     let config = payhook::config::StoreConfig {
