@@ -136,7 +136,14 @@ impl PaymentArgs {
             Some(file) => {
                 let text = std::fs::read_to_string(file)
                     .map_err(|e| format!("{}: {e}", file.display()))?;
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?
+                let parsed =
+                    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+                if self.sets.is_empty() {
+                    // Byte for byte: a captured body keeps its numbers (`10.50`), key order
+                    // and spacing, which re-serialising would change.
+                    return Ok(text);
+                }
+                parsed
             }
             None => payment.body(kind),
         };
