@@ -37,6 +37,18 @@ fn validation(client: &str, nonce: &str, id: i64) -> String {
     with(&body, "/validationId", Some(json!(id)))
 }
 
+/// Runs a pass of the server's outbox and checks that it posted nothing; returns the outbox.
+async fn nothing_left_to_send(server: &TestServer) -> payhook::postponed::Outbox {
+    let outbox = server.app.outbox().unwrap();
+    let pass = outbox.run_once().await.unwrap();
+    assert_eq!(
+        (pass.delivered, pass.conflicts, pass.retried),
+        (0, 0, 0),
+        "{pass:?}"
+    );
+    outbox
+}
+
 async fn state_of(server: &TestServer, id: i64, wanted: PostponedState) {
     let resolver = server.app.resolver().unwrap();
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
@@ -116,13 +128,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
         Err(ResolveError::Unknown(12345))
     ));
     // Nothing is left to send: a pass of the outbox posts nothing more.
-    let outbox = server.app.outbox().unwrap();
-    let pass = outbox.run_once().await.unwrap();
-    assert_eq!(
-        (pass.delivered, pass.conflicts, pass.retried),
-        (0, 0, 0),
-        "{pass:?}"
-    );
+    let outbox = nothing_left_to_send(&server).await;
     let counts = outbox.counts();
     assert_eq!((counts.delivered, counts.retries), (1, 0), "{counts:?}");
     assert_eq!(
@@ -179,28 +185,18 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         "{result:?}"
     );
     assert_eq!(server.app.outbox().unwrap().conflicts(), 1);
-    let metrics = server
-        .send(&support::request("GET", "/metrics", &[], None))
+    server
+        .assert_metrics(&[
+            "payhook_outbox_conflicts_total 1",
+            "payhook_outbox_queued 0",
+        ])
         .await;
-    let text = String::from_utf8_lossy(&metrics.body);
-    for line in [
-        "payhook_outbox_conflicts_total 1",
-        "payhook_outbox_queued 0",
-    ] {
-        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
-    }
     assert_eq!(
         resolver.list(Some(PostponedState::Conflict)).unwrap().len(),
         1
     );
     // A 403 is final: a pass of the outbox does not post it again.
-    let outbox = server.app.outbox().unwrap();
-    let pass = outbox.run_once().await.unwrap();
-    assert_eq!(
-        (pass.delivered, pass.conflicts, pass.retried),
-        (0, 0, 0),
-        "{pass:?}"
-    );
+    let outbox = nothing_left_to_send(&server).await;
     assert_eq!(outbox.counts().retries, 0);
     assert_eq!(gateway.with(|s| s.posts.len()), 1, "a 403 is final");
 }

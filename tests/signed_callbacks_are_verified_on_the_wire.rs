@@ -397,15 +397,11 @@ async fn a_retry_reuses_its_verification_but_any_changed_byte_is_verified_afresh
     );
     assert_eq!(server.merchant.calls().len(), 1);
     // One public-key verification, one reuse (the retry), two refusals (the changed bytes).
-    let metrics = server
-        .send(&support::request("GET", "/metrics", &[], None))
+    server
+        .assert_metrics(&[
+            "payhook_signatures_verified_total 1",
+            "payhook_signatures_reused_total 1",
+            "payhook_signatures_refused_total 2",
+        ])
         .await;
-    let text = String::from_utf8_lossy(&metrics.body);
-    for line in [
-        "payhook_signatures_verified_total 1",
-        "payhook_signatures_reused_total 1",
-        "payhook_signatures_refused_total 2",
-    ] {
-        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
-    }
 }

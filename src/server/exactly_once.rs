@@ -16,7 +16,6 @@ use std::{
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tracing::Instrument as _;
 
 use super::App;
 use super::metrics::Decision;
@@ -163,9 +162,10 @@ impl App {
         request: RequestContext,
     ) -> Result<Delivered, Problem> {
         let app = self.clone();
-        tokio::spawn(async move { app.deliver_claimed(callback, request).await }.in_current_span())
-            .await
-            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::Callback, &error)))
+        self.detached(Endpoint::Callback, async move {
+            app.deliver_claimed(callback, request).await
+        })
+        .await
     }
 
     async fn deliver_claimed(

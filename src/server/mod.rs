@@ -509,9 +509,10 @@ impl App {
         // Processing goes on its own task: a client that disconnects cannot interrupt it
         // between the handler's decision and the durable record of it.
         let app = self.clone();
-        tokio::spawn(async move { app.validate_once(request, ctx).await }.in_current_span())
-            .await
-            .unwrap_or_else(|error| Err(self.task_failed(Endpoint::TransactionValidation, &error)))
+        self.detached(Endpoint::TransactionValidation, async move {
+            app.validate_once(request, ctx).await
+        })
+        .await
     }
 
     async fn callback(
@@ -529,16 +530,22 @@ impl App {
         self.deliver_once(callback, ctx).await
     }
 
-    pub(super) fn task_failed(
+    /// Runs `work` on its own task, so that the caller going away (a disconnected client, a
+    /// dropped future) cannot stop it half-way; a panic in it is answered as a failed handler.
+    pub(super) async fn detached<T: Send + 'static>(
         &self,
         endpoint: Endpoint,
-        error: &tokio::task::JoinError,
-    ) -> Problem {
-        tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
-        Problem::HandlerFailed {
-            endpoint,
-            retry_after: self.inner.callback.retry_after,
-        }
+        work: impl Future<Output = Result<T, Problem>> + Send + 'static,
+    ) -> Result<T, Problem> {
+        tokio::spawn(work.in_current_span())
+            .await
+            .unwrap_or_else(|error| {
+                tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
+                Err(Problem::HandlerFailed {
+                    endpoint,
+                    retry_after: self.inner.callback.retry_after,
+                })
+            })
     }
 
     /// Runs a handler on its own task within the handler timeout.

@@ -230,6 +230,17 @@ impl TestServer {
             .unwrap();
     }
 
+    /// Reads `/metrics` and checks that each of `lines` is one of its lines, exactly.
+    #[allow(dead_code, reason = "not every test binary reads metrics")]
+    pub async fn assert_metrics(&self, lines: &[&str]) {
+        let response = self.send(&request("GET", "/metrics", &[], None)).await;
+        let text = String::from_utf8_lossy(&response.body);
+        assert_eq!(response.status, 200, "{text}");
+        for line in lines {
+            assert!(text.lines().any(|l| l == *line), "{line} in\n{text}");
+        }
+    }
+
     /// POSTs a JSON body to `path`.
     pub async fn post_json(&self, path: &str, body: &str) -> RawResponse {
         self.send(&post(
