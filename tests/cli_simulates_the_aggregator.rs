@@ -487,28 +487,22 @@ async fn a_body_from_a_file_is_sent_byte_for_byte() {
     // As captured: a trailing zero, keys out of order, the aggregator's spacing.
     let captured = r#"{"nonce": "n-captured", "amount": 10.50, "zeta": 1, "alpha": 2}"#;
     std::fs::write(&file, captured).unwrap();
-    let (code, stdout, stderr) = payhook(args(&[
-        "trigger",
-        "callback",
-        "--to",
-        "http://127.0.0.1:1",
-        "--file",
-        file.to_str().unwrap(),
-    ]))
-    .await;
+    let send = || {
+        payhook(args(&[
+            "trigger",
+            "callback",
+            "--to",
+            "http://127.0.0.1:1",
+            "--file",
+            file.to_str().unwrap(),
+        ]))
+    };
+    let (code, stdout, stderr) = send().await;
     assert_eq!(code, 1, "no answer on port 1: {stdout}{stderr}");
     assert!(stdout.contains(captured), "{stdout}");
     // Not JSON: refused before anything is sent.
     std::fs::write(&file, "{not json").unwrap();
-    let (code, stdout, _) = payhook(args(&[
-        "trigger",
-        "callback",
-        "--to",
-        "http://127.0.0.1:1",
-        "--file",
-        file.to_str().unwrap(),
-    ]))
-    .await;
+    let (code, stdout, _) = send().await;
     assert_ne!(code, 0);
     assert!(!stdout.contains('→'), "{stdout}");
 }
