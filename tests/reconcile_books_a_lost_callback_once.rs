@@ -125,25 +125,24 @@ async fn a_pending_transaction_or_an_unknown_reference_books_nothing() {
 #[tokio::test]
 async fn a_transaction_older_than_the_retention_is_not_booked_again() {
     // Its callback's record may be purged: a missing record no longer means "never booked".
-    let mut config = test_config();
-    config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
-    let (_gateway, client, server) = setup_aged(4, chrono::Duration::days(45), config).await;
-    let outcome = server
-        .app
-        .reconcile(&client, &[LOST.parse().unwrap()])
-        .await;
+    let reconcile_aged = |days: i64| async move {
+        let mut config = test_config();
+        config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
+        let (gateway, client, server) = setup_aged(4, chrono::Duration::days(days), config).await;
+        let outcome = server
+            .app
+            .reconcile(&client, &[LOST.parse().unwrap()])
+            .await;
+        (outcome, server, gateway)
+    };
+    let (outcome, server, _gateway) = reconcile_aged(45).await;
     assert!(
         matches!(&outcome[0].1, Err(ReconcileError::BeyondRetention { .. })),
         "{outcome:?}"
     );
+    assert_eq!(callback_count(&server), 0);
     // Within the retention less a day of clock skew, it is booked.
-    let mut config = test_config();
-    config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
-    let (_gateway, client, server) = setup_aged(4, chrono::Duration::days(38), config).await;
-    let outcome = server
-        .app
-        .reconcile(&client, &[LOST.parse().unwrap()])
-        .await;
+    let (outcome, server, _gateway) = reconcile_aged(38).await;
     assert!(
         matches!(outcome[0].1, Ok(Reconciled::Booked(_))),
         "{outcome:?}"
