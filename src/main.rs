@@ -118,6 +118,9 @@ enum Command {
     },
     #[command(flatten)]
     Admin(AdminCommand),
+    /// The store's integrity: check it, or accept a loss an operator has dealt with.
+    #[command(subcommand)]
+    Store(StoreCommand),
     /// The whole protocol in one command: the example merchant and a mock aggregator on
     /// loopback, the shipped scenarios run against them and told as a story.
     Demo {
@@ -181,6 +184,27 @@ enum Command {
     },
 }
 
+/// `payhook store ...`: offline commands on a stopped service's store.
+#[derive(Debug, Subcommand)]
+enum StoreCommand {
+    /// Report whether the store still holds every commit it acknowledged, without serving
+    /// (exit 0: sound; 1: it lost acknowledged writes; 2: it cannot be read or is in use).
+    Check {
+        /// The store's directory (default: store.path of the configuration).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// After a store lost acknowledged writes, and what could be recovered was (a backup,
+    /// `payhook reconcile`, the aggregator's reports): let the service start on what the
+    /// store holds. The decision is printed and appended to payhook.audit.log in the
+    /// store's directory.
+    AcceptLoss {
+        /// The store's directory (default: store.path of the configuration).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+}
+
 /// What a command prints on failure: a message and its exit code.
 struct Failure(String, u8);
 
@@ -215,6 +239,7 @@ fn main() -> ExitCode {
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
         Command::Admin(command) => admin(command, cli.config.as_deref(), cli.admin_url.as_deref()),
+        Command::Store(command) => store_command(command, cli.config.as_deref()),
         Command::Demo { data } => demo::run(data),
         Command::New {
             name,
@@ -353,6 +378,35 @@ fn open_store(config: &Config) -> Result<SledStore, Failure> {
             Failure(format!("store at {path}: {error}"), 2)
         }
     })
+}
+
+fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failure> {
+    let (StoreCommand::Check { data } | StoreCommand::AcceptLoss { data }) = &command;
+    let mut store = load_config(file)?.store;
+    if let Some(data) = data {
+        store.path.clone_from(data);
+    }
+    let failure = |error: payhook::store::StoreError| match error {
+        payhook::store::StoreError::Integrity(_) => Failure(error.to_string(), 1),
+        other => Failure(other.to_string(), 2),
+    };
+    match command {
+        StoreCommand::Check { .. } => {
+            println!("{}", SledStore::check(&store).map_err(failure)?);
+        }
+        StoreCommand::AcceptLoss { .. } => match SledStore::accept_loss(&store).map_err(failure)? {
+            None => println!(
+                "the store at {} is sound: nothing to accept, nothing changed",
+                store.path.display()
+            ),
+            Some(given_up) => println!(
+                "accepted, and recorded in {}: the service may start on what the store holds.\n\
+                 given up: {given_up}",
+                store.path.join("payhook.audit.log").display()
+            ),
+        },
+    }
+    Ok(())
 }
 
 fn mock_gateway(config: payhook::sim::MockGatewayConfig) -> Result<(), Failure> {

@@ -41,6 +41,7 @@ use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
     CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode, encode,
 };
+use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
 
 /// A write waiting for a leader.
@@ -86,6 +87,94 @@ pub(crate) struct Context {
     pub(crate) validation_claims: Arc<Claims>,
     pub(crate) retention_ms: u64,
     pub(crate) failed: Arc<AtomicBool>,
+    /// Advanced after each durable commit, before anyone is answered.
+    pub(crate) watermark: Watermark,
+    /// Test-only: where commits wait for a test to let them go.
+    pub(crate) gate: Gate,
+}
+
+/// Where a commit may be held by a test ([`super::SledStore::hold_commits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[doc(hidden)]
+pub enum HoldPoint {
+    /// The batch is staged (claims checked, effects run) but not applied to sled.
+    BeforeApply,
+    /// The batch is applied to sled (readable) but not flushed: not durable.
+    BeforeFlush,
+}
+
+/// A hold on commits, shared by the test and the leaders that meet it.
+#[derive(Debug, Default)]
+pub(crate) struct HoldState {
+    /// How many leaders reached the point.
+    reached: Mutex<usize>,
+    released: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl HoldState {
+    /// Blocks until `count` leaders reached the point.
+    pub(crate) fn wait_reached(&self, count: usize) {
+        let mut reached = lock(&self.reached);
+        while *reached < count {
+            reached = self
+                .changed
+                .wait(reached)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    pub(crate) fn release(&self) {
+        *lock(&self.released) = true;
+        self.changed.notify_all();
+    }
+
+    fn pass(&self) {
+        *lock(&self.reached) += 1;
+        self.changed.notify_all();
+        let mut released = lock(&self.released);
+        while !*released {
+            released = self
+                .changed
+                .wait(released)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// Test-only holds on commits: empty in production (one uncontended check per batch).
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    armed: AtomicBool,
+    hold: Mutex<Option<(HoldPoint, Arc<HoldState>)>>,
+}
+
+impl Gate {
+    pub(crate) fn arm(&self, point: HoldPoint) -> Arc<HoldState> {
+        let state = Arc::new(HoldState::default());
+        *lock(&self.hold) = Some((point, Arc::clone(&state)));
+        self.armed.store(true, Ordering::SeqCst);
+        state
+    }
+
+    pub(crate) fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+        if let Some((_, state)) = lock(&self.hold).take() {
+            state.release();
+        }
+    }
+
+    /// Waits here while a test holds commits at `point`.
+    fn pass(&self, point: HoldPoint) {
+        if !self.armed.load(Ordering::Relaxed) {
+            return;
+        }
+        let state = match &*lock(&self.hold) {
+            Some((held, state)) if *held == point => Arc::clone(state),
+            _ => return,
+        };
+        state.pass();
+    }
 }
 
 /// The queue of writes and the lock its leader holds.
@@ -142,6 +231,11 @@ impl Writer {
         // Writes queued while the lock was held are committed now.
         self.lead();
         outcome
+    }
+
+    /// The test-only holds on this writer's commits.
+    pub(crate) fn gate(&self) -> &Gate {
+        &self.context.gate
     }
 
     /// Purges expired records now (holding the write lock).
@@ -352,7 +446,11 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     let outcome = if overlay.is_empty() {
         Ok(())
     } else {
-        apply_durably(context, overlay)
+        // The seal goes into the batch; the watermark follows once the batch is durable,
+        // before any reply: an acknowledged commit is always at or below the watermark.
+        let seal = context.watermark.next(now);
+        overlay.insert(keys::SEAL.to_vec(), Some(Watermark::encode(&seal)));
+        apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
     };
     if let Err(error) = &outcome {
         tracing::error!(%error, "committing a batch failed; the store refuses further work until restarted");
@@ -378,6 +476,16 @@ fn stage_callback(
         Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
         None => CallbackRecord::default(),
     };
+    if record.done.contains(&status) {
+        // Booked already, by a delivery whose claim this one took over (its batch is this
+        // one or durable before it): the effects must not run twice. The answer, 200, is
+        // true once this batch is durable.
+        tracing::warn!(
+            nonce,
+            "a delivery finished a status already booked by a taken-over claim; its effects are dropped"
+        );
+        return Ok(());
+    }
     let tx = OverlayTx {
         context,
         batch: overlay,
@@ -413,7 +521,9 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
             None => batch.remove(key),
         }
     }
+    context.gate.pass(HoldPoint::BeforeApply);
     context.tree.apply_batch(batch)?;
+    context.gate.pass(HoldPoint::BeforeFlush);
     context.db.flush()?;
     context
         .data_file

@@ -9,6 +9,7 @@
 //! | `p\0` | validation id (8 bytes BE) | postponed validation (JSON) |
 //! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
+//! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
@@ -17,6 +18,8 @@ pub(crate) const EXPIRY_PREFIX: &[u8] = b"x\0";
 pub(crate) const POSTPONED_PREFIX: &[u8] = b"p\0";
 pub(crate) const WAITING_PREFIX: &[u8] = b"w\0";
 pub(crate) const OUTBOX_PREFIX: &[u8] = b"o\0";
+/// The seal of the last commit, checked against the watermark at open.
+pub(crate) const SEAL: &[u8] = b"m\0seal";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
 pub(crate) const TAG_VALIDATION: u8 = b'v';
 pub(crate) const TAG_POSTPONED: u8 = b'p';

@@ -31,6 +31,13 @@
 //! (amount, currency, client, provider, direction) gets the recorded decision; with different
 //! data it is refused ([`ValidationBegin::Mismatch`]).
 //!
+//! ## Integrity
+//!
+//! sled recovers from a damaged log by silently cutting it short. payhook keeps a
+//! high-water mark of its acknowledged commits outside sled's files and refuses to open a
+//! store that holds fewer ([`IntegrityError`]); see [`SledStore::check`] and
+//! [`SledStore::accept_loss`].
+//!
 //! ## Retention
 //!
 //! Every write also writes an entry in an expiry index; a background sweeper removes records
@@ -45,6 +52,7 @@ mod keys;
 mod postponed;
 mod record;
 mod sled_store;
+mod watermark;
 
 use std::{future::Future, pin::Pin, time::Duration};
 
@@ -54,7 +62,8 @@ pub use effects::{EffectError, EffectTx, Effects};
 pub use postponed::{Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult};
 pub use record::{Fingerprint, RecordedDecision};
 pub(crate) use sled_store::open_locked;
-pub use sled_store::{KeyValue, SledStore};
+pub use sled_store::{CommitHold, HoldPoint, KeyValue, SledStore};
+pub use watermark::{IntegrityError, IntegrityReport, Seal};
 
 /// A claim on a nonce: proof that this delivery owns it until it finishes or releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +126,9 @@ pub enum StoreError {
     /// The claim was lost (taken over as stale); nothing was written.
     #[error("claim on `{0}` was lost")]
     ClaimLost(String),
+    /// The store cannot prove it holds everything it acknowledged; it refuses to open.
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
 }
 
 impl From<sled::Error> for StoreError {

@@ -10,11 +10,13 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::Claims;
-use super::committer::{Context, Job, Sweeper, Writer};
+pub use super::committer::HoldPoint;
+use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::keys;
 use super::postponed::{Delivery, PostponedOp, PostponedValidation};
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
+use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
     now_ms,
@@ -69,26 +71,22 @@ impl SledStore {
     /// Opens (or creates) the store at `config.path`, declaring the merchant's own `trees`
     /// that callback effects may write.
     ///
+    /// Before it serves, the store proves that it still holds every commit it acknowledged
+    /// (see [`IntegrityError`]).
+    ///
     /// # Errors
     ///
-    /// [`StoreError::Backend`] when the directory cannot be opened (e.g. another process
-    /// holds it) or a tree name contains a NUL byte.
+    /// [`StoreError::Integrity`] when the store lost acknowledged writes (a damaged or
+    /// replaced data file, a missing watermark); [`StoreError::Backend`] when the directory
+    /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         if let Some(bad) = trees.iter().find(|t| t.contains('\0')) {
             return Err(StoreError::Backend(format!(
                 "tree name {bad:?} contains a NUL byte"
             )));
         }
-        let sled_config = sled::Config::new()
-            .path(&config.path)
-            .cache_capacity(config.cache_bytes)
-            .flush_every_ms(Some(
-                u64::try_from(config.flush_every.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-            ));
-        let db = open_locked(&sled_config)?;
-        let tree = db.open_tree(TREE)?;
+        let (db, tree) = open_sled(config, false)?;
+        let watermark = Watermark::open(&config.path, &db, &tree)?;
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::Backend(format!("cannot open sled's data file: {e}")))?;
         let callback_claims = Arc::new(Claims::default());
@@ -104,6 +102,8 @@ impl SledStore {
             validation_claims: Arc::clone(&validation_claims),
             retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
             failed: Arc::clone(&failed),
+            watermark,
+            gate: Gate::default(),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::Backend(format!("cannot start the sweeper: {e}")))?;
@@ -120,6 +120,46 @@ impl SledStore {
                 _sweeper: sweeper,
             }),
         })
+    }
+
+    /// Checks, without serving, that the store at `config.path` still holds every commit it
+    /// acknowledged (`payhook store check`). Opening sled runs its recovery, but nothing of
+    /// payhook's is written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Integrity`] with what was lost; [`StoreError::Backend`] when there is
+    /// no store there or it is in use.
+    pub fn check(config: &StoreConfig) -> Result<IntegrityReport, StoreError> {
+        require_existing(config)?;
+        let (_db, tree) = open_sled(config, false)?;
+        Watermark::check(&config.path, &tree)
+    }
+
+    /// The operator's decision to serve on what the store at `config.path` holds, after it
+    /// lost acknowledged writes (`payhook store accept-loss`): the watermark moves down to
+    /// the last commit sled holds, the decision is logged at error level and appended to
+    /// `payhook.audit.log` in the directory. Returns what was given up (`None`: the store was
+    /// sound and nothing changed).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when there is no store there, it is in use, or the watermark
+    /// cannot be written.
+    pub fn accept_loss(config: &StoreConfig) -> Result<Option<IntegrityError>, StoreError> {
+        require_existing(config)?;
+        let (db, tree) = open_sled(config, true)?;
+        Watermark::accept_loss(&config.path, &db, &tree)
+    }
+
+    /// Test-only: the next commits wait at `point` until the returned hold is released or
+    /// dropped. For tests that need a flush to stall.
+    #[doc(hidden)]
+    pub fn hold_commits(&self, point: HoldPoint) -> CommitHold {
+        CommitHold {
+            state: self.inner.writer.gate().arm(point),
+            store: self.clone(),
+        }
     }
 
     /// The value of `key` in one of the merchant's trees declared at [`SledStore::open`].
@@ -194,13 +234,91 @@ impl SledStore {
     }
 }
 
+/// Test-only: commits held at a [`HoldPoint`] until this is released or dropped.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct CommitHold {
+    state: Arc<HoldState>,
+    store: SledStore,
+}
+
+impl CommitHold {
+    /// Blocks until `count` commits reached the point (and wait there).
+    pub fn wait_reached(&self, count: usize) {
+        self.state.wait_reached(count);
+    }
+
+    /// Lets the held commits go on (and later ones pass).
+    pub fn release(self) {}
+}
+
+impl Drop for CommitHold {
+    fn drop(&mut self) {
+        self.store.inner.writer.gate().disarm();
+    }
+}
+
+/// Opens sled and payhook's tree at `config.path`; an unreadable store is an
+/// [`IntegrityError::Unreadable`]. Unless `repair`, a sealed store without sled's `conf`
+/// is refused: sled would write a new one and open whatever the rest holds, but nothing
+/// removes it short of damage (payhook seals a store only after sled created it).
+fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree), StoreError> {
+    if !repair
+        && config.path.join(super::watermark::FILE_NAME).is_file()
+        && !config.path.join("conf").is_file()
+    {
+        return Err(StoreError::Integrity(IntegrityError::Unreadable {
+            path: config.path.clone(),
+            reason: "sled's configuration file `conf` is missing".into(),
+        }));
+    }
+    let sled_config = sled::Config::new()
+        .path(&config.path)
+        .cache_capacity(config.cache_bytes)
+        .flush_every_ms(Some(
+            u64::try_from(config.flush_every.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        ));
+    let unreadable = |error: sled::Error| match error {
+        sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => {
+            StoreError::Integrity(IntegrityError::Unreadable {
+                path: config.path.clone(),
+                reason: error.to_string(),
+            })
+        }
+        other => other.into(),
+    };
+    let db = open_locked(&sled_config).map_err(|error| match error {
+        sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => unreadable(error),
+        other => StoreError::Backend(format!(
+            "cannot open the store at {}: {other}",
+            config.path.display()
+        )),
+    })?;
+    let tree = db.open_tree(TREE).map_err(unreadable)?;
+    Ok((db, tree))
+}
+
+/// Refuses a directory that holds no store (an offline command must not create one).
+fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
+    if config.path.join("db").is_file() || config.path.join(super::watermark::FILE_NAME).is_file() {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(format!(
+            "there is no store at {}",
+            config.path.display()
+        )))
+    }
+}
+
 /// How long `open` waits for the directory's lock: sled lets go of it only when its last
 /// I/O thread has finished, a moment after the previous holder in this process was dropped.
 const LOCK_WAIT: Duration = Duration::from_secs(2);
 
 /// Opens sled, waiting a little for a lock that a store of this process is still releasing;
 /// a store held by another process is still refused (after [`LOCK_WAIT`]).
-pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, StoreError> {
+pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, sled::Error> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
         match config.open() {
@@ -211,7 +329,7 @@ pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, StoreError>
             {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(error),
         }
     }
 }
@@ -224,36 +342,15 @@ impl Store for SledStore {
         stale_after: Duration,
     ) -> Result<CallbackBegin, StoreError> {
         self.check_healthy()?;
-        let now = now_ms();
-        let mut shard = self.inner.callback_claims.shard(nonce);
-        let entry = shard.entry(nonce.to_owned()).or_default();
-        if Claims::live(entry, stale_after) {
-            return Ok(CallbackBegin::Busy);
+        if let Some(begin) = self.try_begin_callback(nonce, status, stale_after, false)? {
+            return Ok(begin);
         }
-        if entry.claim.is_some() {
-            tracing::warn!(nonce, "taking over a claim whose delivery never finished");
-        }
-        let record = match self.inner.tree.get(keys::callback(nonce))? {
-            Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
-            None => CallbackRecord::default(),
-        };
-        if record.done.contains(&status.code()) {
-            if entry.claim.is_none() && entry.attempts == 0 {
-                shard.remove(nonce);
-            }
-            return Ok(CallbackBegin::Duplicate);
-        }
-        let claim = self.inner.callback_claims.new_claim();
-        entry.attempts = entry.attempts.max(record.attempts).saturating_add(1);
-        entry.claim = Some((claim, std::time::Instant::now()));
-        entry.touched_ms = now;
-        Ok(CallbackBegin::Claimed {
-            claim,
-            attempt: entry.attempts,
-            previous_status: record
-                .done
-                .last()
-                .map(|code| TransactionStatus::from_code(*code)),
+        // A takeover: the stale claim's own write may be applied but not yet durable (a
+        // flush stalled that long). Under the writer lock sled shows durable writes only.
+        self.inner.writer.read_durable(|| {
+            self.check_healthy()?;
+            self.try_begin_callback(nonce, status, stale_after, true)
+                .map(|begin| begin.unwrap_or(CallbackBegin::Busy))
         })
     }
 
@@ -320,29 +417,15 @@ impl Store for SledStore {
         stale_after: Duration,
     ) -> Result<ValidationBegin, StoreError> {
         self.check_healthy()?;
-        let now = now_ms();
-        let mut shard = self.inner.validation_claims.shard(nonce);
-        // A live claim first: its record may be written but not yet durable, and must not be
-        // answered from before it is.
-        if shard
-            .get(nonce)
-            .is_some_and(|entry| Claims::live(entry, stale_after))
-        {
-            return Ok(ValidationBegin::Busy);
+        if let Some(begin) = self.try_begin_validation(nonce, fingerprint, stale_after, false)? {
+            return Ok(begin);
         }
-        if let Some(bytes) = self.inner.tree.get(keys::validation(nonce))? {
-            let record: ValidationRecord = decode(nonce, &bytes)?;
-            return Ok(if &record.fingerprint == fingerprint {
-                ValidationBegin::Recorded(record.decision)
-            } else {
-                ValidationBegin::Mismatch
-            });
-        }
-        let entry = shard.entry(nonce.to_owned()).or_default();
-        let claim = self.inner.validation_claims.new_claim();
-        entry.claim = Some((claim, std::time::Instant::now()));
-        entry.touched_ms = now;
-        Ok(ValidationBegin::Claimed { claim })
+        // A takeover, read under the writer lock: see `begin_callback`.
+        self.inner.writer.read_durable(|| {
+            self.check_healthy()?;
+            self.try_begin_validation(nonce, fingerprint, stale_after, true)
+                .map(|begin| begin.unwrap_or(ValidationBegin::Busy))
+        })
     }
 
     fn finish_validation(
@@ -457,6 +540,86 @@ impl Store for SledStore {
 }
 
 impl SledStore {
+    /// Begins a callback delivery: claims the nonce unless it is claimed (`Busy`) or this
+    /// status is acknowledged (`Duplicate`). Taking over a stale claim needs `durable` (the
+    /// caller holds the writer lock); without it, `None`.
+    fn try_begin_callback(
+        &self,
+        nonce: &str,
+        status: TransactionStatus,
+        stale_after: Duration,
+        durable: bool,
+    ) -> Result<Option<CallbackBegin>, StoreError> {
+        let now = now_ms();
+        let mut shard = self.inner.callback_claims.shard(nonce);
+        let entry = shard.entry(nonce.to_owned()).or_default();
+        if Claims::live(entry, stale_after) {
+            return Ok(Some(CallbackBegin::Busy));
+        }
+        if entry.claim.is_some() {
+            if !durable {
+                return Ok(None);
+            }
+            tracing::warn!(nonce, "taking over a claim whose delivery never finished");
+        }
+        let record = match self.inner.tree.get(keys::callback(nonce))? {
+            Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
+            None => CallbackRecord::default(),
+        };
+        if record.done.contains(&status.code()) {
+            if entry.claim.is_none() && entry.attempts == 0 {
+                shard.remove(nonce);
+            }
+            return Ok(Some(CallbackBegin::Duplicate));
+        }
+        let claim = self.inner.callback_claims.new_claim();
+        entry.attempts = entry.attempts.max(record.attempts).saturating_add(1);
+        entry.claim = Some((claim, std::time::Instant::now()));
+        entry.touched_ms = now;
+        Ok(Some(CallbackBegin::Claimed {
+            claim,
+            attempt: entry.attempts,
+            previous_status: record
+                .done
+                .last()
+                .map(|code| TransactionStatus::from_code(*code)),
+        }))
+    }
+
+    /// Begins a transaction validation; like [`Self::try_begin_callback`].
+    fn try_begin_validation(
+        &self,
+        nonce: &str,
+        fingerprint: &Fingerprint,
+        stale_after: Duration,
+        durable: bool,
+    ) -> Result<Option<ValidationBegin>, StoreError> {
+        let now = now_ms();
+        let mut shard = self.inner.validation_claims.shard(nonce);
+        // A live claim first: its record may be written but not yet durable, and must not be
+        // answered from before it is.
+        match shard.get(nonce) {
+            Some(entry) if Claims::live(entry, stale_after) => {
+                return Ok(Some(ValidationBegin::Busy));
+            }
+            Some(entry) if entry.claim.is_some() && !durable => return Ok(None),
+            _ => {}
+        }
+        if let Some(bytes) = self.inner.tree.get(keys::validation(nonce))? {
+            let record: ValidationRecord = decode(nonce, &bytes)?;
+            return Ok(Some(if &record.fingerprint == fingerprint {
+                ValidationBegin::Recorded(record.decision)
+            } else {
+                ValidationBegin::Mismatch
+            }));
+        }
+        let entry = shard.entry(nonce.to_owned()).or_default();
+        let claim = self.inner.validation_claims.new_claim();
+        entry.claim = Some((claim, std::time::Instant::now()));
+        entry.touched_ms = now;
+        Ok(Some(ValidationBegin::Claimed { claim }))
+    }
+
     fn postponed_op(&self, op: PostponedOp) -> ResolveFuture<'_> {
         if let Err(error) = self.check_healthy() {
             return Box::pin(async move { Err(error) });
