@@ -12,6 +12,7 @@
 //! | `server.handler_timeout` | `"20s"` | `PAYHOOK_SERVER_HANDLER_TIMEOUT` |
 //! | `server.shutdown_grace` | `"30s"` | `PAYHOOK_SERVER_SHUTDOWN_GRACE` |
 //! | `server.max_connections` | `512` | `PAYHOOK_SERVER_MAX_CONNECTIONS` |
+//! | `server.max_identifier_bytes` | `256` (nonce, client id) | `PAYHOOK_SERVER_MAX_IDENTIFIER_BYTES` |
 //! | `paths.providers_validation` | `/payhook/providers-validation` | `PAYHOOK_PATHS_PROVIDERS_VALIDATION` |
 //! | `paths.transaction_validation` | `/payhook/transaction-validation` | `PAYHOOK_PATHS_TRANSACTION_VALIDATION` |
 //! | `paths.callback` | `/payhook/callback` | `PAYHOOK_PATHS_CALLBACK` |
@@ -148,6 +149,12 @@ pub struct ServerConfig {
     /// connections clients open (keep it below the process' open-files limit).
     #[serde(deserialize_with = "lenient")]
     pub max_connections: usize,
+    /// Longest nonce and client id accepted, in bytes (UTF-8); a longer one is refused with
+    /// 400. Identifiers are kept in memory, in the store for the retention period and in
+    /// logs: without a bound, a client could fill all three. The default fits every real
+    /// identifier (a GUID is 36 bytes).
+    #[serde(deserialize_with = "lenient")]
+    pub max_identifier_bytes: usize,
     /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
     pub metrics_allow_ips: Vec<String>,
     /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
@@ -166,6 +173,7 @@ impl Default for ServerConfig {
             handler_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
             max_connections: 512,
+            max_identifier_bytes: 256,
             metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             trusted_proxies: Vec::new(),
         }
@@ -650,6 +658,12 @@ impl Config {
         };
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
+        }
+        if !(16..=4096).contains(&self.server.max_identifier_bytes) {
+            return invalid(
+                "server.max_identifier_bytes",
+                "must be between 16 and 4096 bytes",
+            );
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.server.body_limit) {
             return invalid("server.body_limit", "must be between 1024 bytes and 64 MiB");

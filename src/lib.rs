@@ -105,6 +105,7 @@ pub mod config;
 mod error;
 pub mod gateway;
 pub mod handler;
+mod logged;
 pub mod model;
 pub mod postponed;
 pub mod scaffold;

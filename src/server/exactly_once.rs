@@ -363,7 +363,7 @@ impl App {
                 tracing::warn!(
                     security_event = "nonce_reuse",
                     validation_id = request.validation_id,
-                    client = %request.merchant_data.client_id,
+                    client = %crate::logged::Logged(&request.merchant_data.client_id),
                     "nonce already used for a different payment; refused"
                 );
                 return Err(Problem::NonceReused);

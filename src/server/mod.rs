@@ -57,6 +57,7 @@ use crate::handler::{
     BoxFuture, CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation,
     ProvidersValidator, RequestContext, TransactionValidator,
 };
+use crate::logged::Logged;
 use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
@@ -486,7 +487,7 @@ impl App {
         let Some(handler) = self.inner.providers.clone() else {
             return Err(Problem::NotFound);
         };
-        let request = parse_tracked::<ProvidersValidationRequest>(bytes)?;
+        let request = self.parse_tracked::<ProvidersValidationRequest>(bytes)?;
         let decision = self
             .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
             .await?;
@@ -505,7 +506,7 @@ impl App {
         if self.inner.validation.is_none() {
             return Err(Problem::NotFound);
         }
-        let request = parse_tracked::<TransactionValidationRequest>(bytes)?;
+        let request = self.parse_tracked::<TransactionValidationRequest>(bytes)?;
         // Processing goes on its own task: a client that disconnects cannot interrupt it
         // between the handler's decision and the durable record of it.
         let app = self.clone();
@@ -523,7 +524,7 @@ impl App {
         if self.inner.callbacks.is_none() {
             return Err(Problem::NotFound);
         }
-        let callback = parse_tracked::<CallbackBody>(bytes)?;
+        let callback = self.parse_tracked::<CallbackBody>(bytes)?;
         if self.inner.verifier.is_none() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
@@ -623,34 +624,88 @@ fn refused(error: &AuthError, basic: bool) -> Problem {
     }
 }
 
-/// Parses a request and records its nonce on the current span.
-fn parse_tracked<T: DeserializeOwned + Traced>(bytes: &[u8]) -> Result<T, Problem> {
-    let request = parse_json::<T>(bytes)?;
-    request.trace(&tracing::Span::current());
-    Ok(request)
+impl App {
+    /// Parses a request, checks its identifiers and records them on the current span.
+    fn parse_tracked<T: DeserializeOwned + Traced>(&self, bytes: &[u8]) -> Result<T, Problem> {
+        let request = parse_json::<T>(bytes)?;
+        check_identifiers(&request, self.inner.server.max_identifier_bytes)?;
+        request.trace(&tracing::Span::current());
+        Ok(request)
+    }
+}
+
+/// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record)
+/// and identifiers longer than `max_bytes`.
+fn check_identifiers(request: &impl Traced, max_bytes: usize) -> Result<(), Problem> {
+    let (field, nonce) = request.nonce();
+    if nonce.trim().is_empty() {
+        return Err(Problem::BadRequest(format!(
+            "invalid field `{field}`: a nonce must not be empty or blank"
+        )));
+    }
+    for (field, value) in [(field, nonce), request.client_id()] {
+        if value.len() > max_bytes {
+            return Err(Problem::BadRequest(format!(
+                "invalid field `{field}`: {} bytes, more than the {max_bytes} accepted \
+                 (server.max_identifier_bytes)",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A request whose identifiers go on the request's span, so every log line carries them.
 trait Traced {
-    fn trace(&self, span: &tracing::Span);
+    /// The nonce and the path of its field.
+    fn nonce(&self) -> (&'static str, &str);
+    /// The client id and the path of its field.
+    fn client_id(&self) -> (&'static str, &str);
+
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", field::display(Logged(self.nonce().1)));
+    }
 }
 
 impl Traced for ProvidersValidationRequest {
-    fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", self.nonce());
+    fn nonce(&self) -> (&'static str, &str) {
+        ("transactionData.paymentData.nonce", Self::nonce(self))
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        (
+            "transactionData.merchantData.clientId",
+            &self.transaction_data.merchant_data.client_id,
+        )
     }
 }
 
 impl Traced for TransactionValidationRequest {
+    fn nonce(&self) -> (&'static str, &str) {
+        ("paymentData.nonce", Self::nonce(self))
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        ("merchantData.clientId", &self.merchant_data.client_id)
+    }
+
     fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", self.nonce());
+        span.record("nonce", field::display(Logged(Self::nonce(self))));
         span.record("validation_id", self.validation_id);
     }
 }
 
 impl Traced for CallbackBody {
+    fn nonce(&self) -> (&'static str, &str) {
+        ("nonce", &self.nonce)
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        ("clientId", &self.client_id)
+    }
+
     fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", self.nonce.as_str());
+        span.record("nonce", field::display(Logged(&self.nonce)));
         span.record(
             "reference_id",
             field::display(&self.transaction_reference_id),

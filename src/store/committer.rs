@@ -481,7 +481,7 @@ fn stage_callback(
         // one or durable before it): the effects must not run twice. The answer, 200, is
         // true once this batch is durable.
         tracing::warn!(
-            nonce,
+            nonce = %crate::logged::Logged(nonce),
             "a delivery finished a status already booked by a taken-over claim; its effects are dropped"
         );
         return Ok(());

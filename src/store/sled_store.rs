@@ -560,7 +560,7 @@ impl SledStore {
             if !durable {
                 return Ok(None);
             }
-            tracing::warn!(nonce, "taking over a claim whose delivery never finished");
+            tracing::warn!(nonce = %crate::logged::Logged(nonce), "taking over a claim whose delivery never finished");
         }
         let record = match self.inner.tree.get(keys::callback(nonce))? {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
