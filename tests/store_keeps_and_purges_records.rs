@@ -204,3 +204,30 @@ async fn a_panicking_effect_fails_its_callback_only() {
     acknowledge(&store, "n-2", &Effects::default()).await;
     assert_eq!(store.record_count(), 1);
 }
+
+/// A sweep of many expired records purges in steps and lets go of the write lock between
+/// them: a callback acknowledged while a big sweep is under way is not held behind all of
+/// it (with one lock for the whole sweep, a sweep of a busy day's records held every
+/// request for a fifth of a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_sweep_lets_acknowledgements_through_between_its_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&config(&dir, Duration::from_secs(2)), &[]).unwrap();
+    let effects = Effects::default();
+    // Three steps' worth, written concurrently (a few commits).
+    let nonces: Vec<String> = (0..600).map(|i| format!("old-{i}")).collect();
+    futures_util::future::join_all(nonces.iter().map(|n| acknowledge(&store, n, &effects))).await;
+    let hold = store.hold_commits(payhook::store::HoldPoint::BetweenPurgeSteps);
+    let sweep = {
+        let store = store.clone();
+        std::thread::spawn(move || store.purge_expired(now_ms() + 2_001).unwrap())
+    };
+    // The sweep stands between two steps, with more to purge: a callback goes through.
+    hold.wait_reached(1);
+    let claim = claim(&store, "new");
+    let written = store.finish_callback("new", claim, TransactionStatus::Success, effects);
+    written.await.unwrap();
+    hold.release();
+    assert_eq!(sweep.join().unwrap(), 600);
+    assert_eq!(store.record_count(), 1);
+}

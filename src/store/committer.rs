@@ -101,6 +101,8 @@ pub enum HoldPoint {
     BeforeApply,
     /// The batch is applied to sled (readable) but not flushed: not durable.
     BeforeFlush,
+    /// A sweep purged one step, let go of the write lock and has more to purge.
+    BetweenPurgeSteps,
 }
 
 /// A hold on commits, shared by the test and the leaders that meet it.
@@ -113,15 +115,23 @@ pub(crate) struct HoldState {
 }
 
 impl HoldState {
-    /// Blocks until `count` leaders reached the point.
-    pub(crate) fn wait_reached(&self, count: usize) {
+    /// Blocks until `count` leaders reached the point, at most `timeout`; `false` if
+    /// they did not.
+    pub(crate) fn wait_reached(&self, count: usize, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
         let mut reached = lock(&self.reached);
         while *reached < count {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
             reached = self
                 .changed
-                .wait(reached)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                .wait_timeout(reached, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
+        true
     }
 
     pub(crate) fn release(&self) {
@@ -238,23 +248,41 @@ impl Writer {
         &self.context.gate
     }
 
-    /// Purges expired records now (holding the write lock).
+    /// Purges expired records now, in steps of at most [`PURGE_STEP`] records: the write
+    /// lock is held for one step at a time, and the writes queued meanwhile are committed
+    /// between steps, so a sweep never holds a request for long however much expired.
     pub(crate) fn purge(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let purged = {
-            let _guard = lock(&self.lock);
-            purge(&self.context, now_ms)
-        };
+        let mut purged = 0;
+        loop {
+            let step = {
+                let _guard = lock(&self.lock);
+                purge_step(&self.context, now_ms, PURGE_STEP)
+            };
+            // Writes queued while the step held the lock are committed now.
+            self.lead();
+            let (count, more) = step?;
+            purged += count;
+            if !more {
+                break;
+            }
+            self.context.gate.pass(HoldPoint::BetweenPurgeSteps);
+        }
         self.context
             .callback_claims
             .prune(now_ms.saturating_sub(self.context.retention_ms));
         self.context
             .validation_claims
             .prune(now_ms.saturating_sub(self.context.retention_ms));
-        // Writes queued while the purge held the lock are committed now.
-        self.lead();
-        purged
+        if purged > 0 {
+            tracing::debug!(purged, "expired records purged");
+        }
+        Ok(purged)
     }
 }
+
+/// Records a purge step looks at, at most (plus the rest of the index entry it is in): a
+/// step holds the write lock for a few milliseconds.
+const PURGE_STEP: usize = 256;
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -531,18 +559,27 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
         .map_err(|e| StoreError::Backend(format!("fdatasync: {e}")))
 }
 
-/// Removes records whose expiry passed, through the expiry index.
-fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
+/// Removes records whose expiry passed, through the expiry index, stopping after the index
+/// entry that brings the records looked at to `step`. Returns how many were removed and
+/// whether expired entries remain.
+fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, bool), StoreError> {
     let mut batch = sled::Batch::default();
     let mut purged = 0;
+    let mut looked_at = 0;
+    let mut more = false;
     let mut kept = Vec::new();
     for entry in context
         .tree
         .range(keys::EXPIRY_PREFIX.to_vec()..keys::expiry_upper(now_ms))
     {
+        if looked_at >= step {
+            more = true;
+            break;
+        }
         let (key, value) = entry?;
         batch.remove(key);
         for (tag, nonce) in keys::decode_index(&value) {
+            looked_at += 1;
             if tag == keys::TAG_POSTPONED {
                 if purge_postponed(context, &mut batch, &nonce)? {
                     purged += 1;
@@ -580,10 +617,7 @@ fn purge(context: &Context, now_ms: u64) -> Result<usize, StoreError> {
         );
     }
     context.tree.apply_batch(batch)?;
-    if purged > 0 {
-        tracing::debug!(purged, "expired records purged");
-    }
-    Ok(purged)
+    Ok((purged, more))
 }
 
 /// Removes an expired postponed validation whose result was delivered or refused; returns

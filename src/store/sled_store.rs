@@ -243,9 +243,13 @@ pub struct CommitHold {
 }
 
 impl CommitHold {
-    /// Blocks until `count` commits reached the point (and wait there).
+    /// Blocks until `count` commits reached the point (and wait there); panics when they
+    /// did not within a minute (a test that would otherwise hang).
     pub fn wait_reached(&self, count: usize) {
-        self.state.wait_reached(count);
+        assert!(
+            self.state.wait_reached(count, Duration::from_secs(60)),
+            "no commit reached the held point within a minute"
+        );
     }
 
     /// Lets the held commits go on (and later ones pass).
