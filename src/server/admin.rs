@@ -7,6 +7,7 @@
 //! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
 //! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 unknown |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
+//! | `GET /payhook/admin/callbacks/failing` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
@@ -177,6 +178,13 @@ impl App {
                     Err(ResolveError::Store(error)) => Err(self.admin_store_failed(&error)),
                 }
             }
+            (&Method::GET, ["callbacks", "failing"]) => {
+                let store = self.inner.store.as_ref().ok_or(Problem::NotFound)?;
+                let failing = store
+                    .failing_callbacks()
+                    .map_err(|e| self.admin_store_failed(&e))?;
+                Ok(json(&failing))
+            }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
@@ -206,6 +214,7 @@ impl App {
                     .collect::<Vec<_>>();
                 Ok(json(&outcomes))
             }
+            (_, ["callbacks", "failing"]) => Err(Problem::MethodNotAllowed { allow: "GET" }),
             (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }

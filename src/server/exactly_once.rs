@@ -22,9 +22,11 @@ use super::metrics::Decision;
 use super::problem::{Problem, json_response};
 use super::route::Endpoint;
 use crate::handler::{CallbackContext, CallbackDecision, RequestContext, ValidationDecision};
+use crate::logged::Logged;
 use crate::model::{CallbackBody, ErrorBody, TransactionValidationRequest};
 use crate::store::{
-    CallbackBegin, Effects, Fingerprint, RecordedDecision, Store, StoreError, ValidationBegin,
+    CallbackBegin, CallbackFailure, Effects, Fingerprint, RecordedDecision, Store, StoreError,
+    ValidationBegin,
 };
 
 /// How much longer than the handler timeout an in-flight claim of this process may stand
@@ -220,12 +222,45 @@ impl App {
             previous_status,
             effects: effects.clone(),
         };
+        let mut failure = CallbackFailure {
+            nonce: nonce.clone(),
+            status,
+            reason: String::new(),
+            transaction_reference_id: callback.transaction_reference_id.to_string(),
+            client_id: callback.client_id.clone(),
+            amount: callback.amount.to_string(),
+            currency: callback.currency.clone(),
+            at_ms: 0,
+        };
         let answer = self.book(store.as_ref(), callback, ctx, claim).await;
-        if answer.is_err() {
+        if let Err(problem) = &answer {
             store.release_callback(&nonce, claim);
+            if !matches!(problem, Problem::StoreFailed { .. }) {
+                failure.reason = problem.message();
+                failure.at_ms = crate::store::now_ms();
+                self.failing(store.as_ref(), failure, attempt);
+            }
         }
         self.inner.waiters.finished(&key);
         answer
+    }
+
+    /// A delivery whose handler failed: an error-level line for operators while the
+    /// aggregator's retries are still coming, and a durable count per (nonce, status).
+    fn failing(&self, store: &dyn Store, failure: CallbackFailure, attempt: u32) {
+        tracing::error!(
+            nonce = %Logged(&failure.nonce),
+            status = failure.status.code(),
+            attempt,
+            reference_id = %failure.transaction_reference_id,
+            reason = %Logged(&failure.reason),
+            "callback not booked: its handler failed; the aggregator will retry it (see GET /payhook/admin/callbacks/failing)"
+        );
+        self.inner
+            .metrics
+            .callback_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        store.record_callback_failure(failure);
     }
 
     /// Runs the handler for a claimed callback, then writes its effects and the mark
@@ -363,7 +398,7 @@ impl App {
                 tracing::warn!(
                     security_event = "nonce_reuse",
                     validation_id = request.validation_id,
-                    client = %crate::logged::Logged(&request.merchant_data.client_id),
+                    client = %Logged(&request.merchant_data.client_id),
                     "nonce already used for a different payment; refused"
                 );
                 return Err(Problem::NonceReused);

@@ -5,6 +5,8 @@
 //! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `admin`, `unknown`) and status code (`other` for codes payhook does not send) |
 //! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
+//! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
+//! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
@@ -46,6 +48,8 @@ pub(crate) struct Metrics {
     answers: [[AtomicU64; STATUSES.len()]; ROUTES.len()],
     pub(crate) callbacks_booked: AtomicU64,
     pub(crate) callbacks_duplicate: AtomicU64,
+    /// Deliveries whose handler failed (answered 503 for a retry).
+    pub(crate) callback_failures: AtomicU64,
     validations: [AtomicU64; 3],
     pub(crate) validations_replayed: AtomicU64,
     pub(crate) nonce_reuse_refused: AtomicU64,
@@ -91,7 +95,7 @@ impl Metrics {
     }
 
     /// The exposition text.
-    pub(crate) fn render(&self, outbox: Option<OutboxCounts>) -> String {
+    pub(crate) fn render(&self, outbox: Option<OutboxCounts>, failing: Option<usize>) -> String {
         let mut out = String::new();
         let mut family = |name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -131,6 +135,11 @@ impl Metrics {
                 "payhook_callbacks_duplicate_total",
                 "Deliveries of an acknowledged (nonce, status), answered without the handler.",
                 load(&self.callbacks_duplicate),
+            ),
+            (
+                "payhook_callback_failures_total",
+                "Deliveries whose handler failed, answered 503 for a retry.",
+                load(&self.callback_failures),
             ),
             (
                 "payhook_validations_replayed_total",
@@ -206,6 +215,12 @@ impl Metrics {
                 );
             }
         }
+        if let Some(failing) = failing {
+            let _ = writeln!(
+                out,
+                "# HELP payhook_callbacks_failing Callbacks (nonce, status) whose handler failed, not booked yet.\n# TYPE payhook_callbacks_failing gauge\npayhook_callbacks_failing {failing}"
+            );
+        }
         out
     }
 }
@@ -222,12 +237,16 @@ mod tests {
         metrics.answered("callback", 401);
         metrics.decided(Decision::Deny);
         metrics.callbacks_booked.fetch_add(1, Ordering::Relaxed);
-        let text = metrics.render(Some(OutboxCounts {
-            delivered: 3,
-            queued: Some(2),
-            ..OutboxCounts::default()
-        }));
+        let text = metrics.render(
+            Some(OutboxCounts {
+                delivered: 3,
+                queued: Some(2),
+                ..OutboxCounts::default()
+            }),
+            Some(1),
+        );
         for line in [
+            "payhook_callbacks_failing 1",
             "payhook_answers_total{route=\"callback\",status=\"200\"} 2",
             "payhook_answers_total{route=\"callback\",status=\"401\"} 1",
             "payhook_validations_total{decision=\"deny\"} 1",

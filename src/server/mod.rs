@@ -370,7 +370,14 @@ impl App {
                 queued,
             }
         });
-        let mut response = Response::new(Full::new(Bytes::from(self.inner.metrics.render(outbox))));
+        let failing = self
+            .inner
+            .store
+            .as_ref()
+            .and_then(|store| store.failing_callbacks().ok())
+            .map(|failing| failing.len());
+        let text = self.inner.metrics.render(outbox, failing);
+        let mut response = Response::new(Full::new(Bytes::from(text)));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -36,6 +36,7 @@ use tokio::sync::oneshot;
 
 use super::claims::Claims;
 use super::effects::{EffectError, EffectTx, Effects};
+use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
 use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
@@ -66,6 +67,8 @@ pub(crate) enum Job {
         op: PostponedOp,
         reply: oneshot::Sender<Result<Resolution, StoreError>>,
     },
+    /// A callback's handler failed: counted for operators (nobody waits for it).
+    Failure(Box<CallbackFailure>),
 }
 
 /// Answers a job once its batch is durable (or failed).
@@ -448,6 +451,19 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 indexed.push((keys::TAG_VALIDATION, nonce));
                 replies.push(unit_reply(reply));
             }
+            Job::Failure(failure) => {
+                let mut staging = Staging {
+                    context,
+                    overlay: &mut overlay,
+                };
+                match failing::record(&mut staging, &failure, expires_ms) {
+                    Ok(true) => indexed.push((keys::TAG_FAILING, failure.nonce)),
+                    Ok(false) => {}
+                    Err(error) => {
+                        tracing::error!(%error, "recording a callback failure failed");
+                    }
+                }
+            }
             Job::Postponed { op, reply } => {
                 let mut staging = Staging {
                     context,
@@ -538,7 +554,7 @@ fn stage_callback(
     record.attempts = record.attempts.max(attempts);
     record.expires_ms = expires_ms;
     overlay.insert(key, Some(encode(&record)));
-    Ok(())
+    failing::booked(&mut Staging { context, overlay }, nonce, status)
 }
 
 fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {
@@ -568,6 +584,8 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
     let mut looked_at = 0;
     let mut more = false;
     let mut kept = Vec::new();
+    // A record written twice is in two index entries: removed (and counted) once.
+    let mut removed = std::collections::HashSet::new();
     for entry in context
         .tree
         .range(keys::EXPIRY_PREFIX.to_vec()..keys::expiry_upper(now_ms))
@@ -588,21 +606,21 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 }
                 continue;
             }
-            let record_key = if tag == keys::TAG_CALLBACK {
-                keys::callback(&nonce)
-            } else {
-                keys::validation(&nonce)
+            let record_key = match tag {
+                keys::TAG_CALLBACK => keys::callback(&nonce),
+                keys::TAG_FAILING => keys::failing(&nonce),
+                _ => keys::validation(&nonce),
             };
             let Some(bytes) = context.tree.get(&record_key)? else {
                 continue;
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
-            let expires = if tag == keys::TAG_CALLBACK {
-                decode::<CallbackRecord>(&nonce, &bytes)?.expires_ms
-            } else {
-                decode::<ValidationRecord>(&nonce, &bytes)?.expires_ms
+            let expires = match tag {
+                keys::TAG_CALLBACK => decode::<CallbackRecord>(&nonce, &bytes)?.expires_ms,
+                keys::TAG_FAILING => decode::<FailureRecord>(&nonce, &bytes)?.expires_ms,
+                _ => decode::<ValidationRecord>(&nonce, &bytes)?.expires_ms,
             };
-            if expires <= now_ms {
+            if expires <= now_ms && removed.insert(record_key.clone()) {
                 batch.remove(record_key);
                 purged += 1;
             }

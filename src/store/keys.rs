@@ -9,6 +9,7 @@
 //! | `p\0` | validation id (8 bytes BE) | postponed validation (JSON) |
 //! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
+//! | `f\0` | nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 
@@ -18,6 +19,8 @@ pub(crate) const EXPIRY_PREFIX: &[u8] = b"x\0";
 pub(crate) const POSTPONED_PREFIX: &[u8] = b"p\0";
 pub(crate) const WAITING_PREFIX: &[u8] = b"w\0";
 pub(crate) const OUTBOX_PREFIX: &[u8] = b"o\0";
+pub(crate) const FAILING_PREFIX: &[u8] = b"f\0";
+pub(crate) const TAG_FAILING: u8 = b'f';
 /// The seal of the last commit, checked against the watermark at open.
 pub(crate) const SEAL: &[u8] = b"m\0seal";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
@@ -41,6 +44,10 @@ pub(crate) fn millis_of(value: &[u8]) -> u64 {
 
 pub(crate) fn callback(nonce: &str) -> Vec<u8> {
     [CALLBACK_PREFIX, nonce.as_bytes()].concat()
+}
+
+pub(crate) fn failing(nonce: &str) -> Vec<u8> {
+    [FAILING_PREFIX, nonce.as_bytes()].concat()
 }
 
 pub(crate) fn validation(nonce: &str) -> Vec<u8> {

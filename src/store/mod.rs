@@ -48,6 +48,7 @@
 mod claims;
 mod committer;
 mod effects;
+mod failing;
 mod keys;
 mod postponed;
 mod record;
@@ -59,6 +60,7 @@ use std::{future::Future, pin::Pin, time::Duration};
 use crate::model::TransactionStatus;
 
 pub use effects::{EffectError, EffectTx, Effects};
+pub use failing::{CallbackFailure, FailingCallback};
 pub use postponed::{Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult};
 pub use record::{Fingerprint, RecordedDecision};
 pub(crate) use sled_store::open_locked;
@@ -184,6 +186,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Gives the claim up (the handler failed or asked for a retry).
     fn release_callback(&self, nonce: &str, claim: Claim);
+
+    /// Counts a failed delivery of (nonce, status) for operators, durably but without
+    /// waiting; forgotten once that status is booked, or with the retention.
+    fn record_callback_failure(&self, failure: CallbackFailure);
+
+    /// The (nonce, status) pairs whose handler failed and that are not booked yet, most
+    /// recent failure first.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the backend fails.
+    fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, StoreError>;
 
     /// Whether (`nonce`, `status`) was acknowledged (read-only: claims nothing).
     ///

@@ -13,6 +13,7 @@ use super::claims::Claims;
 pub use super::committer::HoldPoint;
 use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::Effects;
+use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
 use super::postponed::{Delivery, PostponedOp, PostponedValidation};
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
@@ -412,6 +413,23 @@ impl Store for SledStore {
         self.inner
             .callback_claims
             .end(nonce, claim, false, now_ms());
+    }
+
+    fn record_callback_failure(&self, failure: CallbackFailure) {
+        if self.check_healthy().is_ok() {
+            self.inner.writer.submit(Job::Failure(Box::new(failure)));
+        }
+    }
+
+    fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, StoreError> {
+        let mut failing = Vec::new();
+        for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
+            let (key, bytes) = entry?;
+            let nonce = String::from_utf8_lossy(&key[keys::FAILING_PREFIX.len()..]);
+            failing.extend(decode::<FailureRecord>(&nonce, &bytes)?.failing);
+        }
+        failing.sort_by(|a, b| b.last_failed_ms.cmp(&a.last_failed_ms));
+        Ok(failing)
     }
 
     fn begin_validation(

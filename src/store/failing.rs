@@ -1,0 +1,150 @@
+//! Callbacks whose handler keeps failing, recorded durably per (nonce, status) for operators.
+//!
+//! A callback whose handler fails (an error, `RetryLater`, a timeout, a panic, effects that
+//! abort) is answered 503 and the aggregator retries it — up to 17 times, then never again.
+//! Without a record, such a callback is invisible until the retries stop and the booking is
+//! lost. So every failure is counted here, with its reason and the payment's identifiers;
+//! the record of a (nonce, status) goes away in the batch that finally books it, or with the
+//! retention. Operators read the records through the operating API
+//! (`GET /payhook/admin/callbacks/failing`), `/metrics` and an error-level log line per
+//! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
+//!
+//! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use super::committer::Staging;
+use super::keys;
+use super::record::{decode, encode};
+use crate::model::TransactionStatus;
+
+/// One failed delivery, as the server reports it to the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallbackFailure {
+    /// The callback's nonce.
+    pub nonce: String,
+    /// The status whose handler failed.
+    pub status: TransactionStatus,
+    /// Why (the answer's message, or the handler's reason).
+    pub reason: String,
+    /// The aggregator's reference of the transaction (`payhook reconcile --ref`).
+    pub transaction_reference_id: String,
+    /// The merchant's client.
+    pub client_id: String,
+    /// The amount, as received.
+    pub amount: String,
+    /// The currency.
+    pub currency: String,
+    /// When it failed, ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// A (nonce, status) whose handler failed and which is not booked yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailingCallback {
+    /// The callback's nonce.
+    pub nonce: String,
+    /// The status code whose handler failed.
+    pub status: i32,
+    /// How many deliveries failed.
+    pub failures: u32,
+    /// The first failure, ms since the Unix epoch.
+    pub first_failed_ms: u64,
+    /// The last failure, ms since the Unix epoch.
+    pub last_failed_ms: u64,
+    /// The reason of the last failure.
+    pub last_reason: String,
+    /// The aggregator's reference of the transaction.
+    pub transaction_reference_id: String,
+    /// The merchant's client.
+    pub client_id: String,
+    /// The amount, as received.
+    pub amount: String,
+    /// The currency.
+    pub currency: String,
+}
+
+/// What is stored under a nonce: its failing statuses.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct FailureRecord {
+    pub(crate) failing: Vec<FailingCallback>,
+    pub(crate) expires_ms: u64,
+}
+
+/// The reason kept, at most this many bytes (a handler's message could be anything).
+const REASON_BYTES: usize = 512;
+
+/// Counts `failure` into the batch. Returns `false` when the status is booked already (a
+/// failure of a late copy: nothing to record).
+pub(crate) fn record(
+    staging: &mut Staging<'_>,
+    failure: &CallbackFailure,
+    expires_ms: u64,
+) -> Result<bool, StoreError> {
+    let nonce = &failure.nonce;
+    let status = failure.status.code();
+    if let Some(bytes) = staging.get(&keys::callback(nonce))? {
+        let booked: super::record::CallbackRecord = decode(nonce, &bytes)?;
+        if booked.done.contains(&status) {
+            return Ok(false);
+        }
+    }
+    let key = keys::failing(nonce);
+    let mut record = match staging.get(&key)? {
+        Some(bytes) => decode::<FailureRecord>(nonce, &bytes)?,
+        None => FailureRecord::default(),
+    };
+    let reason = truncate(&failure.reason, REASON_BYTES);
+    match record.failing.iter_mut().find(|f| f.status == status) {
+        Some(entry) => {
+            entry.failures = entry.failures.saturating_add(1);
+            entry.last_failed_ms = failure.at_ms;
+            entry.last_reason = reason;
+        }
+        None => record.failing.push(FailingCallback {
+            nonce: nonce.clone(),
+            status,
+            failures: 1,
+            first_failed_ms: failure.at_ms,
+            last_failed_ms: failure.at_ms,
+            last_reason: reason,
+            transaction_reference_id: failure.transaction_reference_id.clone(),
+            client_id: failure.client_id.clone(),
+            amount: failure.amount.clone(),
+            currency: failure.currency.clone(),
+        }),
+    }
+    record.expires_ms = expires_ms;
+    staging.put(key, Some(encode(&record)));
+    Ok(true)
+}
+
+/// Forgets the failures of (`nonce`, `status`): it is booked in this batch.
+pub(crate) fn booked(
+    staging: &mut Staging<'_>,
+    nonce: &str,
+    status: i32,
+) -> Result<(), StoreError> {
+    let key = keys::failing(nonce);
+    let Some(bytes) = staging.get(&key)? else {
+        return Ok(());
+    };
+    let mut record: FailureRecord = decode(nonce, &bytes)?;
+    record.failing.retain(|f| f.status != status);
+    let value = (!record.failing.is_empty()).then(|| encode(&record));
+    staging.put(key, value);
+    Ok(())
+}
+
+fn truncate(text: &str, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text.to_owned();
+    }
+    let mut end = bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

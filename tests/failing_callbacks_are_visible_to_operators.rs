@@ -1,0 +1,131 @@
+//! A callback whose handler keeps failing is visible while the aggregator's retries are
+//! still coming: counted per (nonce, status) with its reason in the store, listed by the
+//! operating API, counted in `/metrics`, and forgotten once it is finally booked.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::config::StoreConfig;
+use payhook::model::TransactionStatus;
+use payhook::store::{CallbackFailure, SledStore, Store};
+use serde_json::{Value, json};
+use support::*;
+
+const TOKEN: &str = "admin-token-0123456789";
+
+async fn failing(server: &TestServer) -> Vec<Value> {
+    let response = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/callbacks/failing",
+            &[("Authorization", &format!("Bearer {TOKEN}"))],
+            None,
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    response.json().as_array().unwrap().clone()
+}
+
+async fn deliver(server: &TestServer, nonce: &str, client: &str) -> u16 {
+    let body = with(CALLBACK, "/nonce", Some(json!(nonce)));
+    let body = with(&body, "/clientId", Some(json!(client)));
+    server
+        .send(&post(
+            CALLBACK_PATH,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        ))
+        .await
+        .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_callbacks_are_listed_counted_and_forgotten_once_booked() {
+    let mut config = test_config();
+    config.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(config).await;
+
+    assert_eq!(deliver(&server, "f-1", "fail").await, 503);
+    assert_eq!(deliver(&server, "f-1", "fail").await, 503);
+    assert_eq!(deliver(&server, "r-1", "retry").await, 503);
+    assert_eq!(deliver(&server, "ok-1", "client-42").await, 200);
+
+    let listed = failing(&server).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let of = |nonce: &str| {
+        listed
+            .iter()
+            .find(|f| f["nonce"] == nonce)
+            .unwrap_or_else(|| panic!("{nonce} not listed: {listed:?}"))
+            .clone()
+    };
+    let f1 = of("f-1");
+    assert_eq!(f1["failures"], 2);
+    let fixture: Value = serde_json::from_str(CALLBACK).unwrap();
+    assert_eq!(f1["status"], fixture["transactionStatus"]);
+    assert_eq!(
+        f1["transactionReferenceId"],
+        "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e"
+    );
+    assert_eq!(f1["clientId"], "fail");
+    assert!(f1["lastReason"].as_str().is_some_and(|r| !r.is_empty()));
+    assert!(
+        !f1.to_string().contains("secret-detail"),
+        "the handler's own error stays in the logs: {f1}"
+    );
+    assert!(
+        of("r-1")["lastReason"]
+            .as_str()
+            .unwrap()
+            .contains("ledger is being migrated")
+    );
+    server
+        .assert_metrics(&[
+            "payhook_callbacks_failing 2",
+            "payhook_callback_failures_total 3",
+        ])
+        .await;
+
+    // The aggregator's next attempt finds the handler well again: booked, and forgotten.
+    assert_eq!(deliver(&server, "f-1", "client-42").await, 200);
+    let listed = failing(&server).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["nonce"], "r-1");
+    server
+        .assert_metrics(&["payhook_callbacks_failing 1"])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_durable_and_expire_with_the_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        path: dir.path().join("store"),
+        retention: std::time::Duration::from_secs(60),
+        ..StoreConfig::default()
+    };
+    let failure = |reason: &str| CallbackFailure {
+        nonce: "n-1".into(),
+        status: TransactionStatus::Success,
+        reason: reason.into(),
+        transaction_reference_id: "ref".into(),
+        client_id: "client".into(),
+        amount: "10.50".into(),
+        currency: "EUR".into(),
+        at_ms: 1_000,
+    };
+    {
+        let store = SledStore::open(&config, &[]).unwrap();
+        store.record_callback_failure(failure("first"));
+        store.record_callback_failure(failure(&"x".repeat(10_000)));
+    }
+    let store = SledStore::open(&config, &[]).unwrap();
+    let listed = store.failing_callbacks().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].failures, 2);
+    assert_eq!(listed[0].amount, "10.50");
+    assert!(listed[0].last_reason.len() < 1_024, "reasons are bounded");
+    let after_retention = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap() + 61_000;
+    assert_eq!(store.purge_expired(after_retention).unwrap(), 1);
+    assert!(store.failing_callbacks().unwrap().is_empty());
+}
