@@ -428,7 +428,7 @@ impl Store for SledStore {
             let nonce = String::from_utf8_lossy(&key[keys::FAILING_PREFIX.len()..]);
             failing.extend(decode::<FailureRecord>(&nonce, &bytes)?.failing);
         }
-        failing.sort_by(|a, b| b.last_failed_ms.cmp(&a.last_failed_ms));
+        failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed_ms));
         Ok(failing)
     }
 
