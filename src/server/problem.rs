@@ -18,6 +18,7 @@
 //! | [`Problem::HandlerTimedOut`] | 503 (+ `Retry-After` on a callback) | `request not processed in time` |
 //! | [`Problem::NotAwaitable`] | 500 | `validation cannot be postponed: this endpoint is not Awaitable` |
 //! | [`Problem::NotReady`] | 503 | `shutting down` |
+//! | [`Problem::StoreBroken`] (`/readyz` only) | 503 | `the store has failed: a write could not be made durable; restart the service` |
 //! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
@@ -71,6 +72,9 @@ pub(crate) enum Problem {
     },
     NotAwaitable,
     NotReady,
+    /// The store failed for good (see [`crate::store::Store::failed`]): `/readyz` says so,
+    /// so that an orchestrator replaces the instance.
+    StoreBroken,
     InFlight {
         retry_after: Duration,
     },
@@ -94,9 +98,10 @@ impl Problem {
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::RetryLater { .. } | Self::HandlerTimedOut { .. } | Self::NotReady => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::RetryLater { .. }
+            | Self::HandlerTimedOut { .. }
+            | Self::NotReady
+            | Self::StoreBroken => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
                 ..
@@ -111,7 +116,7 @@ impl Problem {
     fn applies_to(&self, endpoint: Endpoint) -> bool {
         use Endpoint::{Callback, ProvidersValidation, TransactionValidation};
         match self {
-            Self::NotFound | Self::NotReady | Self::Conflict(_) => false,
+            Self::NotFound | Self::NotReady | Self::StoreBroken | Self::Conflict(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -196,6 +201,10 @@ impl Problem {
                 "validation cannot be postponed: this endpoint is not Awaitable".to_owned()
             }
             Self::NotReady => "shutting down".to_owned(),
+            Self::StoreBroken => {
+                "the store has failed: a write could not be made durable; restart the service"
+                    .to_owned()
+            }
             Self::InFlight { .. } => {
                 "another delivery of this nonce is being processed; retry later".to_owned()
             }

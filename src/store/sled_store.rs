@@ -451,12 +451,24 @@ impl Store for SledStore {
         self.inner.retention
     }
 
+    fn failed(&self) -> bool {
+        self.inner.failed.load(Ordering::SeqCst)
+    }
+
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
         self.inner.writer.purge(now_ms)
     }
 }
 
 impl SledStore {
+    /// **For tests only**: marks the store failed, as a batch that could not be made durable
+    /// does, so that a test can see how the service behaves then (every request 503,
+    /// `/readyz` 503). There is no way back but reopening the store.
+    #[doc(hidden)]
+    pub fn mark_failed_for_tests(&self) {
+        self.inner.failed.store(true, Ordering::SeqCst);
+    }
+
     fn postponed_op(&self, op: PostponedOp) -> ResolveFuture<'_> {
         if let Err(error) = self.check_healthy() {
             return Box::pin(async move { Err(error) });
