@@ -68,7 +68,10 @@ const RESERVED_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error(
+        "cannot read {}: {source}; check the configuration file's path (PAYHOOK_CONFIG or the file argument)",
+        path.display()
+    )]
     Read {
         /// The file.
         path: PathBuf,

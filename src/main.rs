@@ -341,11 +341,11 @@ fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
 fn open_store(config: &Config) -> Result<SledStore, Failure> {
     SledStore::open(&config.store, &[]).map_err(|error| {
         let path = config.store.path.display();
-        if error.to_string().contains("lock") {
+        if error.to_string().contains("in use") {
             Failure(
                 format!(
                     "the store at {path} is in use, probably by the running service: stop it, \
-                     or decide from inside the service with its Resolver ({error})"
+                     or give --admin-url to work through the running service"
                 ),
                 2,
             )

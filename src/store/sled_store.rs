@@ -87,7 +87,7 @@ impl SledStore {
                     .unwrap_or(u64::MAX)
                     .max(1),
             ));
-        let db = open_locked(&sled_config)?;
+        let db = open_locked(&sled_config).map_err(|error| in_use(error, &config.path))?;
         let tree = db.open_tree(TREE)?;
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::Backend(format!("cannot open sled's data file: {e}")))?;
@@ -191,6 +191,22 @@ impl SledStore {
                 .await
                 .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
         })
+    }
+}
+
+/// sled words a held lock as `could not acquire lock on Some("…"): Os { code: 11, … }`;
+/// say instead which directory is in use and what to do.
+fn in_use(error: StoreError, path: &std::path::Path) -> StoreError {
+    match error {
+        StoreError::Backend(message) if message.contains("could not acquire lock") => {
+            StoreError::Backend(format!(
+                "the data directory {} is in use by another process (one process may open it \
+                 at a time): stop that process, or give this one another store.path \
+                 (PAYHOOK_STORE_PATH)",
+                path.display()
+            ))
+        }
+        other => other,
     }
 }
 
