@@ -633,7 +633,7 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let table = text
             .parse::<toml::Table>()
-            .map_err(|e| parse_error("TOML", &e))?;
+            .map_err(|e| syntax_error("TOML", text, &e))?;
         let config = Self::from_table(table, "TOML")?;
         config.validate()?;
         Ok(config)
@@ -785,6 +785,7 @@ pub(crate) fn check_remote_url(url: &str) -> Result<(), String> {
 
 impl Config {
     fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        check_secrets_are_strings(&table)?;
         toml::Value::Table(table)
             .try_into()
             .map_err(|e| parse_error(origin, &e))
@@ -797,7 +798,71 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
         source,
     })?;
     text.parse::<toml::Table>()
-        .map_err(|e| parse_error(&path.display().to_string(), &e))
+        .map_err(|e| syntax_error(&path.display().to_string(), &text, &e))
+}
+
+/// A TOML syntax error, told by its position and what is wrong — never by quoting the
+/// line, which may hold a password or a token.
+fn syntax_error(origin: &str, text: &str, error: &toml::de::Error) -> ConfigError {
+    let position = error.span().map_or_else(String::new, |span| {
+        let before = text.get(..span.start).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rsplit_once('\n')
+            .map_or(before, |(_, line)| line)
+            .chars()
+            .count()
+            + 1;
+        format!(" at line {line}, column {column}")
+    });
+    ConfigError::Parse {
+        origin: origin.to_owned(),
+        message: format!(
+            "TOML syntax error{position}: {} (the line is not quoted: it may hold a secret)",
+            error_message(error)
+        ),
+    }
+}
+
+/// The keys whose values are secrets: never quoted in an error, never read as TOML from
+/// the environment (a password may well start with `[` or `{`).
+const SECRET_KEYS: [&[&str]; 6] = [
+    &["gateway", "password"],
+    &["admin", "token"],
+    &["auth", "providers_validation", "secret"],
+    &["auth", "providers_validation", "password"],
+    &["auth", "transaction_validation", "secret"],
+    &["auth", "transaction_validation", "password"],
+];
+
+fn is_secret(path: &[String]) -> bool {
+    SECRET_KEYS
+        .iter()
+        .any(|secret| secret.iter().copied().eq(path.iter().map(String::as_str)))
+}
+
+/// Refuses a secret that is not a string before serde could quote it in a type error
+/// (`invalid type: integer `12345678`, expected a string`).
+fn check_secrets_are_strings(table: &toml::Table) -> Result<(), ConfigError> {
+    for path in SECRET_KEYS {
+        let mut value = None;
+        let mut current = Some(table);
+        for name in path {
+            value = current.and_then(|t| t.get(*name));
+            current = value.and_then(toml::Value::as_table);
+        }
+        if value.is_some_and(|v| !v.is_str()) {
+            return Err(ConfigError::Invalid {
+                key: path.join("."),
+                reason: "must be a string (the value is not shown: it is a secret)".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn error_message(error: &toml::de::Error) -> String {
+    error.message().trim().replace('\n', " ")
 }
 
 fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
@@ -835,7 +900,13 @@ fn env_overrides(
         }
         let path = env_path(&rest.to_ascii_lowercase())
             .ok_or_else(|| ConfigError::UnknownVariable(name.clone()))?;
-        overrides.insert(path, env_value(&name, value)?);
+        let value = if is_secret(&path) {
+            // Taken as it is: never parsed, so never quoted in a parse error.
+            toml::Value::String(value)
+        } else {
+            env_value(&name, value)?
+        };
+        overrides.insert(path, value);
     }
     Ok(overrides)
 }
@@ -867,7 +938,16 @@ fn env_value(name: &str, value: String) -> Result<toml::Value, ConfigError> {
     }
     let parsed: toml::Table = format!("v = {value}")
         .parse()
-        .map_err(|e| parse_error(name, &e))?;
+        .map_err(|e: toml::de::Error| {
+            // Not a secret (those are never parsed), so the value may be quoted.
+            ConfigError::Parse {
+                origin: name.to_owned(),
+                message: format!(
+                    "`{value}` is not a TOML array or inline table: {}",
+                    error_message(&e)
+                ),
+            }
+        })?;
     Ok(parsed
         .get("v")
         .cloned()
