@@ -42,7 +42,7 @@
 //! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
 //! environment; it never changes it.
 
-use serde::{Deserialize, Deserializer, de};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use std::{
     collections::BTreeMap,
     fmt,
@@ -102,7 +102,10 @@ pub enum ConfigError {
 }
 
 /// The whole configuration of a payhook service.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+///
+/// Serializing it writes every secret as [`REDACTED`], so that the effective settings can be
+/// shown ([`Config::to_toml_redacted`]) without showing a password.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The HTTP server.
@@ -126,7 +129,7 @@ pub struct Config {
 }
 
 /// `[server]`: listening, limits and timeouts.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to listen on.
@@ -135,16 +138,16 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "lenient")]
     pub body_limit: usize,
     /// Time a client has to send its request headers (HTTP/1) before it is disconnected.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub header_read_timeout: Duration,
     /// Time a client has to send its whole body once the headers are in (408 after it).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub request_timeout: Duration,
     /// Time a handler has to decide (then 503, with `Retry-After` for callbacks).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub handler_timeout: Duration,
     /// On shutdown, time in-flight requests have to finish before connections are dropped.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub shutdown_grace: Duration,
     /// Connections served at once; a further one waits in the listen backlog until one
     /// closes. Keeps file descriptors for the store and the aggregator however many
@@ -176,7 +179,7 @@ impl Default for ServerConfig {
 }
 
 /// `[paths]`: where the three endpoints are served.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PathsConfig {
     /// Providers validation endpoint.
@@ -198,7 +201,7 @@ impl Default for PathsConfig {
 }
 
 /// `[callback]`: how callbacks are accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CallbackConfig {
     /// Accept callbacks without a signature when no key is configured. Off by default: a
@@ -207,7 +210,7 @@ pub struct CallbackConfig {
     #[serde(deserialize_with = "lenient")]
     pub allow_unsigned: bool,
     /// `Retry-After` sent with a 503 answer to a callback.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub retry_after: Duration,
 }
 
@@ -221,20 +224,20 @@ impl Default for CallbackConfig {
 }
 
 /// `[store]`: the embedded sled store of deduplication records.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Data directory (created if missing). Only one process may open it at a time.
     pub path: PathBuf,
     /// How long a record is kept after its last write; longer than any retry horizon.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub retention: Duration,
     /// How often the sweeper purges expired records.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub sweep_interval: Duration,
     /// sled's background flush interval, for writes not acknowledged yet (in-flight
     /// claims). Acknowledged writes are flushed before the answer regardless.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub flush_every: Duration,
     /// Bytes of sled's page cache (sled's own default is 1 GiB, far more than records of a
     /// retention period need).
@@ -255,7 +258,7 @@ impl Default for StoreConfig {
 }
 
 /// `[signature]`: how the aggregator signs, and the public keys to verify with.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignatureConfig {
     /// Header carrying the signature.
@@ -284,16 +287,20 @@ impl Default for SignatureConfig {
 
 /// One entry of `signature.keys`: a file or an inline value, in any format
 /// [`PublicKey::parse`] reads (PEM, DER, .NET XML, JWK, JWKS).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeySource {
     /// Id logged when this key verifies (a JWK's `kid` takes precedence).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Path of the key file.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
     /// The key itself, inline (PEM, base64 DER, XML or JSON text).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// This key's algorithm, when it differs from `signature.algorithm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<Algorithm>,
 }
 
@@ -328,10 +335,11 @@ impl KeySource {
 /// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
 /// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
 /// set; then callers need `Authorization: Bearer <token>` and an address in `allow_ips`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// The bearer token (at least 16 characters); redacted in `Debug`. Unset: no admin API.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
     /// Networks that may call it (CIDR). Default: loopback only.
     pub allow_ips: Vec<String>,
@@ -367,7 +375,7 @@ impl AdminConfig {
 }
 
 /// `[auth]`: one table per validation endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// `[auth.providers_validation]`.
@@ -377,7 +385,7 @@ pub struct AuthConfig {
 }
 
 /// How one validation endpoint authenticates the aggregator.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EndpointAuthConfig {
     /// The method.
@@ -385,10 +393,13 @@ pub struct EndpointAuthConfig {
     /// Header carrying the shared secret.
     pub header: String,
     /// The shared secret; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub secret: Option<Secret>,
     /// Basic user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// Basic password; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Networks allowed to call (CIDR); empty allows every address.
     pub allow_ips: Vec<String>,
@@ -431,22 +442,26 @@ impl AuthConfig {
 ///
 /// `https://` is required, except on a loopback host (`127.0.0.1`, `[::1]`, `localhost`),
 /// where plain `http://` is allowed for local testing against a mock gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Base address of login and token refresh (`{auth_url}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub auth_url: Option<String>,
     /// Base address of the transaction endpoints (`{gateway_url}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway_url: Option<String>,
     /// Merchant user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// Merchant password; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Bound on every call to the aggregator: connecting, sending and reading the answer.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub timeout: Duration,
     /// How long before `accessTokenExpiryUtc` the access token is refreshed.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub refresh_margin: Duration,
     /// Header that carries the access token.
     pub auth_header: String,
@@ -480,7 +495,7 @@ impl GatewayConfig {
 }
 
 /// What a validation whose deadline passed is resolved as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeadlineOutcome {
     /// `success: false` (the default).
@@ -490,7 +505,7 @@ pub enum DeadlineOutcome {
 }
 
 /// `[validation]`: Awaitable (postponed) transaction validation and the delivery of results.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ValidationConfig {
     /// The endpoint is declared Awaitable at the aggregator: a handler may postpone, and
@@ -500,11 +515,15 @@ pub struct ValidationConfig {
     pub awaitable: bool,
     /// In Awaitable mode, a handler still deciding after this long is answered 200
     /// (postponed) by payhook, and its eventual decision is posted as the result.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub time_budget: Duration,
     /// A postponed validation still undecided this long after it arrived is resolved with
     /// `deadline_outcome`. Unset: no deadline.
-    #[serde(deserialize_with = "optional_duration")]
+    #[serde(
+        deserialize_with = "optional_duration",
+        serialize_with = "optional_duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deadline: Option<Duration>,
     /// The result a passed deadline resolves to.
     pub deadline_outcome: DeadlineOutcome,
@@ -512,7 +531,7 @@ pub struct ValidationConfig {
     pub deadline_description: String,
     /// Waits between attempts to post a result; the last one repeats until a 200 or a 403.
     /// Each wait is jittered by up to ±20%.
-    #[serde(deserialize_with = "durations")]
+    #[serde(deserialize_with = "durations", serialize_with = "durations_text")]
     pub retry_schedule: Vec<Duration>,
 }
 
@@ -613,6 +632,28 @@ impl Config {
         let config = Self::from_table(table, "environment")?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The effective settings as a TOML document, every secret written as [`REDACTED`] —
+    /// what `payhook check-config` prints. It reads back as the same settings, secrets aside.
+    ///
+    /// ```
+    /// let mut config = payhook::Config::default();
+    /// config.gateway.password = Some("hunter2".into());
+    /// let text = config.to_toml_redacted()?;
+    /// assert!(text.contains("password = \"<redacted>\""), "{text}");
+    /// assert!(!text.contains("hunter2"));
+    /// # Ok::<(), payhook::config::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] when a value has no TOML form (a path that is not UTF-8).
+    pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|error| ConfigError::Invalid {
+            key: "configuration".to_owned(),
+            reason: format!("cannot be written as TOML: {error}"),
+        })
     }
 
     /// Loads from the file named by `PAYHOOK_CONFIG` (if set) and the process environment.
@@ -972,6 +1013,51 @@ fn insert_at(table: &mut toml::Table, path: &[String], value: toml::Value) {
     current.insert(key.clone(), value);
 }
 
+/// How every secret is written when a configuration is serialized.
+pub const REDACTED: &str = "<redacted>";
+
+/// Writes a secret as [`REDACTED`].
+fn redacted<S: Serializer>(_: &Option<Secret>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(REDACTED)
+}
+
+/// Writes a duration the way [`parse_duration`] reads it, in the largest exact unit.
+fn duration_text<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&format_duration(*value))
+}
+
+fn optional_duration_text<S: Serializer>(
+    value: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => duration_text(value, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+fn durations_text<S: Serializer>(values: &[Duration], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(values.iter().map(|d| format_duration(*d)))
+}
+
+/// `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"`: the largest unit that holds it exactly.
+fn format_duration(value: Duration) -> String {
+    let millis = value.as_millis();
+    let units = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ];
+    units
+        .into_iter()
+        .find(|(size, _)| millis != 0 && millis % size == 0)
+        .map_or_else(
+            || format!("{millis}ms"),
+            |(size, unit)| format!("{}{unit}", millis / size),
+        )
+}
+
 /// Reads a number or a boolean either natively (TOML) or from a string (environment).
 fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
@@ -1028,7 +1114,7 @@ fn optional_duration<'de, D: Deserializer<'de>>(
 /// Reads a list of durations, each as [`duration`] reads one.
 fn durations<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
     #[derive(Deserialize)]
-    struct One(#[serde(deserialize_with = "duration")] Duration);
+    struct One(#[serde(deserialize_with = "duration", serialize_with = "duration_text")] Duration);
     Ok(Vec::<One>::deserialize(deserializer)?
         .into_iter()
         .map(|One(d)| d)

@@ -373,8 +373,26 @@ fn check_config(file: &Path) -> Result<(), Failure> {
     if !config.signature.keys.is_empty() {
         Verifier::from_config(&config.signature)?;
     }
-    println!("{}: ok\n{config:#?}", file.display());
-    Ok(())
+    let text = format!(
+        "# {}: ok; the effective settings, secrets redacted:\n{}",
+        file.display(),
+        config.to_toml_redacted()?
+    );
+    print_quietly(&text)
+}
+
+/// Prints `text` on stdout; a reader that went away (`payhook check-config | head`) ends
+/// the command quietly and successfully instead of a panic.
+fn print_quietly(text: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
+        _ => Ok(()),
+    }
 }
 
 fn keygen(algorithm: Algorithm, out: &Path, force: bool) -> Result<(), Failure> {
