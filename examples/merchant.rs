@@ -267,30 +267,73 @@ struct Args {
     admin: Option<payhook::admin::AdminCommand>,
 }
 
+/// A `MERCHANT_*` setting of this example that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}=`{value}` is not valid")]
+pub struct SettingError {
+    name: &'static str,
+    value: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// The variable `name` read with `parse`, or `default` when it is not set.
+fn setting<T, E>(
+    name: &'static str,
+    default: T,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> Result<T, SettingError>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match std::env::var(name) {
+        Ok(value) => parse(&value).map_err(|e| SettingError {
+            name,
+            source: e.into(),
+            value,
+        }),
+        Err(_) => Ok(default),
+    }
+}
+
 #[allow(
     dead_code,
     reason = "tests include this file for its merchant, not its main"
 )]
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let max_amount = match std::env::var("MERCHANT_MAX_AMOUNT") {
-        Ok(text) => parse_amount(&text)?,
-        Err(_) => Decimal::from(10_000),
-    };
-    let review_above = match std::env::var("MERCHANT_REVIEW_ABOVE") {
-        Ok(text) => parse_amount(&text)?,
-        Err(_) => Decimal::from(1_000),
-    };
-    let review_every = match std::env::var("MERCHANT_REVIEW_EVERY") {
-        Ok(text) => payhook::config::parse_duration(&text)?,
-        Err(_) => std::time::Duration::from_secs(2),
-    };
-    let mut config = Config::from_env()?;
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // What failed (the address, the file, the key), why, and what to do — once,
+            // never as a `Debug` dump.
+            #[allow(clippy::print_stderr, reason = "a failed start is told on stderr")]
+            {
+                eprintln!("error: {}", payhook::Report::new(&*error));
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[allow(
+    dead_code,
+    reason = "tests include this file for its merchant, not its main"
+)]
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let max_amount = setting("MERCHANT_MAX_AMOUNT", Decimal::from(10_000), parse_amount)?;
+    let review_above = setting("MERCHANT_REVIEW_ABOVE", Decimal::from(1_000), parse_amount)?;
+    let review_every = setting(
+        "MERCHANT_REVIEW_EVERY",
+        std::time::Duration::from_secs(2),
+        payhook::config::parse_duration,
+    )?;
+    let mut config = Config::from_env().map_err(payhook::Error::from)?;
     // Postponing is only valid on an endpoint declared Awaitable.
     let review_above = config.validation.awaitable.then_some(review_above);
     if config.signature.keys.is_empty() {
@@ -302,24 +345,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store.
-        let store = open_store(&config)?;
+        let store = open_store(&config).map_err(payhook::Error::from)?;
         let merchant = Merchant {
             max_amount,
             review_above,
         };
-        let app = app(config.clone(), merchant, store)?;
+        let app = app(config.clone(), merchant, store).map_err(payhook::Error::from)?;
         command
             .run(&config, app.store(), Some(&app), &mut std::io::stdout())
             .await?;
         return Ok(());
     }
-    let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
-    let store = open_store(&config)?;
+    let listener = payhook::bind(config.server.listen).await?;
+    let store = open_store(&config).map_err(payhook::Error::from)?;
     let merchant = Merchant {
         max_amount,
         review_above,
     };
-    let app = app(config, merchant, store)?;
+    let app = app(config, merchant, store).map_err(payhook::Error::from)?;
     if let Some(resolver) = app.resolver() {
         tokio::spawn(review(resolver, review_every));
     }

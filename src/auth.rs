@@ -17,7 +17,7 @@ use std::{fmt, net::IpAddr, str::FromStr};
 use crate::config::{ConfigError, EndpointAuthConfig};
 
 /// How a validation endpoint authenticates the aggregator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMethod {
     /// No credentials (the IP allow-list, if any, still applies). The default.

@@ -43,7 +43,7 @@
 //! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
 //! environment; it never changes it.
 
-use serde::{Deserialize, Deserializer, de};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use std::{
     collections::BTreeMap,
     fmt,
@@ -69,7 +69,10 @@ const RESERVED_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error(
+        "cannot read {}: {source}; check the configuration file's path (PAYHOOK_CONFIG or the file argument)",
+        path.display()
+    )]
     Read {
         /// The file.
         path: PathBuf,
@@ -100,7 +103,10 @@ pub enum ConfigError {
 }
 
 /// The whole configuration of a payhook service.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+///
+/// Serializing it writes every secret as [`REDACTED`], so that the effective settings can be
+/// shown ([`Config::to_toml_redacted`]) without showing a password.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// The HTTP server.
@@ -124,7 +130,7 @@ pub struct Config {
 }
 
 /// `[server]`: listening, limits and timeouts.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to listen on.
@@ -133,16 +139,16 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "lenient")]
     pub body_limit: usize,
     /// Time a client has to send its request headers (HTTP/1) before it is disconnected.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub header_read_timeout: Duration,
     /// Time a client has to send its whole body once the headers are in (408 after it).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub request_timeout: Duration,
     /// Time a handler has to decide (then 503, with `Retry-After` for callbacks).
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub handler_timeout: Duration,
     /// On shutdown, time in-flight requests have to finish before connections are dropped.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub shutdown_grace: Duration,
     /// Connections served at once; a further one waits in the listen backlog until one
     /// closes. Keeps file descriptors for the store and the aggregator however many
@@ -181,7 +187,7 @@ impl Default for ServerConfig {
 }
 
 /// `[paths]`: where the three endpoints are served.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PathsConfig {
     /// Providers validation endpoint.
@@ -203,7 +209,7 @@ impl Default for PathsConfig {
 }
 
 /// `[callback]`: how callbacks are accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CallbackConfig {
     /// Accept callbacks without a signature when no key is configured. Off by default: a
@@ -212,7 +218,7 @@ pub struct CallbackConfig {
     #[serde(deserialize_with = "lenient")]
     pub allow_unsigned: bool,
     /// `Retry-After` sent with a 503 answer to a callback.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub retry_after: Duration,
 }
 
@@ -226,20 +232,20 @@ impl Default for CallbackConfig {
 }
 
 /// `[store]`: the embedded sled store of deduplication records.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Data directory (created if missing). Only one process may open it at a time.
     pub path: PathBuf,
     /// How long a record is kept after its last write; longer than any retry horizon.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub retention: Duration,
     /// How often the sweeper purges expired records.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub sweep_interval: Duration,
     /// sled's background flush interval, for writes not acknowledged yet (in-flight
     /// claims). Acknowledged writes are flushed before the answer regardless.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub flush_every: Duration,
     /// Bytes of sled's page cache (sled's own default is 1 GiB, far more than records of a
     /// retention period need).
@@ -260,7 +266,7 @@ impl Default for StoreConfig {
 }
 
 /// `[signature]`: how the aggregator signs, and the public keys to verify with.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SignatureConfig {
     /// Header carrying the signature.
@@ -289,16 +295,20 @@ impl Default for SignatureConfig {
 
 /// One entry of `signature.keys`: a file or an inline value, in any format
 /// [`PublicKey::parse`] reads (PEM, DER, .NET XML, JWK, JWKS).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeySource {
     /// Id logged when this key verifies (a JWK's `kid` takes precedence).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Path of the key file.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<PathBuf>,
     /// The key itself, inline (PEM, base64 DER, XML or JSON text).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     /// This key's algorithm, when it differs from `signature.algorithm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<Algorithm>,
 }
 
@@ -333,10 +343,11 @@ impl KeySource {
 /// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
 /// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
 /// set; then callers need `Authorization: Bearer <token>` and an address in `allow_ips`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// The bearer token (at least 16 characters); redacted in `Debug`. Unset: no admin API.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub token: Option<Secret>,
     /// Networks that may call it (CIDR). Default: loopback only.
     pub allow_ips: Vec<String>,
@@ -372,7 +383,7 @@ impl AdminConfig {
 }
 
 /// `[auth]`: one table per validation endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// `[auth.providers_validation]`.
@@ -382,7 +393,7 @@ pub struct AuthConfig {
 }
 
 /// How one validation endpoint authenticates the aggregator.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EndpointAuthConfig {
     /// The method.
@@ -390,10 +401,13 @@ pub struct EndpointAuthConfig {
     /// Header carrying the shared secret.
     pub header: String,
     /// The shared secret; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub secret: Option<Secret>,
     /// Basic user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// Basic password; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Networks allowed to call (CIDR); empty allows every address.
     pub allow_ips: Vec<String>,
@@ -436,22 +450,26 @@ impl AuthConfig {
 ///
 /// `https://` is required, except on a loopback host (`127.0.0.1`, `[::1]`, `localhost`),
 /// where plain `http://` is allowed for local testing against a mock gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// Base address of login and token refresh (`{auth_url}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub auth_url: Option<String>,
     /// Base address of the transaction endpoints (`{gateway_url}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway_url: Option<String>,
     /// Merchant user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// Merchant password; redacted in `Debug`.
+    #[serde(serialize_with = "redacted", skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// Bound on every call to the aggregator: connecting, sending and reading the answer.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub timeout: Duration,
     /// How long before `accessTokenExpiryUtc` the access token is refreshed.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub refresh_margin: Duration,
     /// Header that carries the access token.
     pub auth_header: String,
@@ -485,7 +503,7 @@ impl GatewayConfig {
 }
 
 /// What a validation whose deadline passed is resolved as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeadlineOutcome {
     /// `success: false` (the default).
@@ -495,7 +513,7 @@ pub enum DeadlineOutcome {
 }
 
 /// `[validation]`: Awaitable (postponed) transaction validation and the delivery of results.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ValidationConfig {
     /// The endpoint is declared Awaitable at the aggregator: a handler may postpone, and
@@ -505,11 +523,15 @@ pub struct ValidationConfig {
     pub awaitable: bool,
     /// In Awaitable mode, a handler still deciding after this long is answered 200
     /// (postponed) by payhook, and its eventual decision is posted as the result.
-    #[serde(deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub time_budget: Duration,
     /// A postponed validation still undecided this long after it arrived is resolved with
     /// `deadline_outcome`. Unset: no deadline.
-    #[serde(deserialize_with = "optional_duration")]
+    #[serde(
+        deserialize_with = "optional_duration",
+        serialize_with = "optional_duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deadline: Option<Duration>,
     /// The result a passed deadline resolves to.
     pub deadline_outcome: DeadlineOutcome,
@@ -517,7 +539,7 @@ pub struct ValidationConfig {
     pub deadline_description: String,
     /// Waits between attempts to post a result; the last one repeats until a 200 or a 403.
     /// Each wait is jittered by up to ±20%.
-    #[serde(deserialize_with = "durations")]
+    #[serde(deserialize_with = "durations", serialize_with = "durations_text")]
     pub retry_schedule: Vec<Duration>,
 }
 
@@ -620,6 +642,28 @@ impl Config {
         Ok(config)
     }
 
+    /// The effective settings as a TOML document, every secret written as [`REDACTED`] —
+    /// what `payhook check-config` prints. It reads back as the same settings, secrets aside.
+    ///
+    /// ```
+    /// let mut config = payhook::Config::default();
+    /// config.gateway.password = Some("hunter2".into());
+    /// let text = config.to_toml_redacted()?;
+    /// assert!(text.contains("password = \"<redacted>\""), "{text}");
+    /// assert!(!text.contains("hunter2"));
+    /// # Ok::<(), payhook::config::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] when a value has no TOML form (a path that is not UTF-8).
+    pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|error| ConfigError::Invalid {
+            key: "configuration".to_owned(),
+            reason: format!("cannot be written as TOML: {error}"),
+        })
+    }
+
     /// Loads from the file named by `PAYHOOK_CONFIG` (if set) and the process environment.
     ///
     /// # Errors
@@ -638,7 +682,7 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let table = text
             .parse::<toml::Table>()
-            .map_err(|e| parse_error("TOML", &e))?;
+            .map_err(|e| syntax_error("TOML", text, &e))?;
         let config = Self::from_table(table, "TOML")?;
         config.validate()?;
         Ok(config)
@@ -796,6 +840,7 @@ pub(crate) fn check_remote_url(url: &str) -> Result<(), String> {
 
 impl Config {
     fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        check_secrets_are_strings(&table)?;
         toml::Value::Table(table)
             .try_into()
             .map_err(|e| parse_error(origin, &e))
@@ -808,7 +853,71 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
         source,
     })?;
     text.parse::<toml::Table>()
-        .map_err(|e| parse_error(&path.display().to_string(), &e))
+        .map_err(|e| syntax_error(&path.display().to_string(), &text, &e))
+}
+
+/// A TOML syntax error, told by its position and what is wrong — never by quoting the
+/// line, which may hold a password or a token.
+fn syntax_error(origin: &str, text: &str, error: &toml::de::Error) -> ConfigError {
+    let position = error.span().map_or_else(String::new, |span| {
+        let before = text.get(..span.start).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rsplit_once('\n')
+            .map_or(before, |(_, line)| line)
+            .chars()
+            .count()
+            + 1;
+        format!(" at line {line}, column {column}")
+    });
+    ConfigError::Parse {
+        origin: origin.to_owned(),
+        message: format!(
+            "TOML syntax error{position}: {} (the line is not quoted: it may hold a secret)",
+            error_message(error)
+        ),
+    }
+}
+
+/// The keys whose values are secrets: never quoted in an error, never read as TOML from
+/// the environment (a password may well start with `[` or `{`).
+const SECRET_KEYS: [&[&str]; 6] = [
+    &["gateway", "password"],
+    &["admin", "token"],
+    &["auth", "providers_validation", "secret"],
+    &["auth", "providers_validation", "password"],
+    &["auth", "transaction_validation", "secret"],
+    &["auth", "transaction_validation", "password"],
+];
+
+fn is_secret(path: &[String]) -> bool {
+    SECRET_KEYS
+        .iter()
+        .any(|secret| secret.iter().copied().eq(path.iter().map(String::as_str)))
+}
+
+/// Refuses a secret that is not a string before serde could quote it in a type error
+/// (`invalid type: integer `12345678`, expected a string`).
+fn check_secrets_are_strings(table: &toml::Table) -> Result<(), ConfigError> {
+    for path in SECRET_KEYS {
+        let mut value = None;
+        let mut current = Some(table);
+        for name in path {
+            value = current.and_then(|t| t.get(*name));
+            current = value.and_then(toml::Value::as_table);
+        }
+        if value.is_some_and(|v| !v.is_str()) {
+            return Err(ConfigError::Invalid {
+                key: path.join("."),
+                reason: "must be a string (the value is not shown: it is a secret)".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn error_message(error: &toml::de::Error) -> String {
+    error.message().trim().replace('\n', " ")
 }
 
 fn parse_error(origin: &str, error: &dyn fmt::Display) -> ConfigError {
@@ -846,7 +955,13 @@ fn env_overrides(
         }
         let path = env_path(&rest.to_ascii_lowercase())
             .ok_or_else(|| ConfigError::UnknownVariable(name.clone()))?;
-        overrides.insert(path, env_value(&name, value)?);
+        let value = if is_secret(&path) {
+            // Taken as it is: never parsed, so never quoted in a parse error.
+            toml::Value::String(value)
+        } else {
+            env_value(&name, value)?
+        };
+        overrides.insert(path, value);
     }
     Ok(overrides)
 }
@@ -878,7 +993,16 @@ fn env_value(name: &str, value: String) -> Result<toml::Value, ConfigError> {
     }
     let parsed: toml::Table = format!("v = {value}")
         .parse()
-        .map_err(|e| parse_error(name, &e))?;
+        .map_err(|e: toml::de::Error| {
+            // Not a secret (those are never parsed), so the value may be quoted.
+            ConfigError::Parse {
+                origin: name.to_owned(),
+                message: format!(
+                    "`{value}` is not a TOML array or inline table: {}",
+                    error_message(&e)
+                ),
+            }
+        })?;
     Ok(parsed
         .get("v")
         .cloned()
@@ -901,6 +1025,51 @@ fn insert_at(table: &mut toml::Table, path: &[String], value: toml::Value) {
         current = next;
     }
     current.insert(key.clone(), value);
+}
+
+/// How every secret is written when a configuration is serialized.
+pub const REDACTED: &str = "<redacted>";
+
+/// Writes a secret as [`REDACTED`].
+fn redacted<S: Serializer>(_: &Option<Secret>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(REDACTED)
+}
+
+/// Writes a duration the way [`parse_duration`] reads it, in the largest exact unit.
+fn duration_text<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&format_duration(*value))
+}
+
+fn optional_duration_text<S: Serializer>(
+    value: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => duration_text(value, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+fn durations_text<S: Serializer>(values: &[Duration], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(values.iter().map(|d| format_duration(*d)))
+}
+
+/// `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"`: the largest unit that holds it exactly.
+fn format_duration(value: Duration) -> String {
+    let millis = value.as_millis();
+    let units = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ];
+    units
+        .into_iter()
+        .find(|(size, _)| millis != 0 && millis % size == 0)
+        .map_or_else(
+            || format!("{millis}ms"),
+            |(size, unit)| format!("{}{unit}", millis / size),
+        )
 }
 
 /// Reads a number or a boolean either natively (TOML) or from a string (environment).
@@ -959,7 +1128,7 @@ fn optional_duration<'de, D: Deserializer<'de>>(
 /// Reads a list of durations, each as [`duration`] reads one.
 fn durations<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Duration>, D::Error> {
     #[derive(Deserialize)]
-    struct One(#[serde(deserialize_with = "duration")] Duration);
+    struct One(#[serde(deserialize_with = "duration", serialize_with = "duration_text")] Duration);
     Ok(Vec::<One>::deserialize(deserializer)?
         .into_iter()
         .map(|One(d)| d)

@@ -1,8 +1,16 @@
-//! The crate-level error: what a merchant's `main` may get from payhook as a whole.
+//! The crate-level error: what a merchant's `main` may get from payhook as a whole, and how
+//! to show it to a person.
 //!
 //! Modules have precise error types of their own ([`ConfigError`], [`BuildError`], the
 //! model's parse errors); this enum wraps them at the boundary so that a binary can use one
 //! `?` for all of them.
+//!
+//! An error is shown to a person once, as its message and its causes — never as `Debug`
+//! (`Os { code: 98, kind: AddrInUse, .. }` tells an operator nothing). [`Report`] renders any
+//! error that way: what failed (naming the address, file or key), the chain of causes, and
+//! what to do about it where payhook knows.
+
+use std::{error::Error as StdError, fmt, net::SocketAddr};
 
 use crate::config::ConfigError;
 use crate::server::BuildError;
@@ -21,7 +29,131 @@ pub enum Error {
     /// The store failed.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// The listening socket could not be bound (see [`bind`](crate::bind)).
+    #[error("cannot listen on {address}: {source}{}", bind_hint(source))]
+    Bind {
+        /// The address of `server.listen`.
+        address: SocketAddr,
+        /// Why the operating system refused it.
+        source: std::io::Error,
+    },
     /// Binding or serving the socket failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// This error as a person should read it: its message and each cause not already
+    /// part of it, one per line (see [`Report`]).
+    ///
+    /// ```
+    /// let error = payhook::Error::from(payhook::Config::load(
+    ///     Some("no-such-file.toml".as_ref()),
+    ///     std::iter::empty(),
+    /// ).unwrap_err());
+    /// let text = error.report().to_string();
+    /// assert!(text.contains("no-such-file.toml"), "{text}");
+    /// assert!(!text.contains("Os {"), "no Debug dump: {text}");
+    /// ```
+    pub fn report(&self) -> Report<'_> {
+        Report::new(self)
+    }
+}
+
+/// What to do about a bind error, where the cause is a common one.
+fn bind_hint(error: &std::io::Error) -> &'static str {
+    match error.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            "; another process listens there: stop it, or choose another address with \
+             server.listen (PAYHOOK_SERVER_LISTEN)"
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            "; ports below 1024 need privileges: choose another port with server.listen \
+             (PAYHOOK_SERVER_LISTEN)"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            "; no network interface of this machine has that address: fix server.listen \
+             (PAYHOOK_SERVER_LISTEN)"
+        }
+        _ => "",
+    }
+}
+
+/// Binds the listening socket of `address` (`server.listen`), so that a failure names the
+/// address and what to do.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), payhook::Error> {
+/// let config = payhook::Config::from_env()?;
+/// let listener = payhook::bind(config.server.listen).await?;
+/// # let _ = listener; Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Bind`] with the address and the operating system's reason (e.g. the address is
+/// in use).
+pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Bind { address, source })
+}
+
+/// Renders an error and its [`source`](StdError::source) chain for a person: the message,
+/// then each cause on its own line (`  caused by: ...`). A cause whose text the message
+/// already quotes is not repeated, so errors that embed their cause (`"store: {0}"`) read
+/// once. Never `Debug`.
+///
+/// ```
+/// use std::io;
+///
+/// #[derive(Debug)]
+/// struct Outer(io::Error);
+/// impl std::fmt::Display for Outer {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("cannot open the ledger")
+///     }
+/// }
+/// impl std::error::Error for Outer {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
+/// }
+///
+/// let error = Outer(io::Error::new(io::ErrorKind::NotFound, "ledger.db is missing"));
+/// assert_eq!(
+///     payhook::Report::new(&error).to_string(),
+///     "cannot open the ledger\n  caused by: ledger.db is missing",
+/// );
+/// ```
+#[derive(Clone, Copy)]
+pub struct Report<'a>(&'a (dyn StdError + 'static));
+
+impl<'a> Report<'a> {
+    /// A report of `error`.
+    pub fn new(error: &'a (dyn StdError + 'static)) -> Self {
+        Self(error)
+    }
+}
+
+impl fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            let text = error.to_string();
+            if !text.is_empty() && !shown.contains(&text) {
+                write!(f, "\n  caused by: {text}")?;
+                shown.push_str(&text);
+            }
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Report<'_> {
+    /// The same as `Display`: a report is for people, also where `{:?}` is used.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }

@@ -51,9 +51,18 @@
 //! }
 //!
 //! #[tokio::main]
-//! async fn main() -> Result<(), payhook::Error> {
+//! async fn main() -> std::process::ExitCode {
+//!     if let Err(error) = run().await {
+//!         // What failed (the address, the file, the key), why, and what to do.
+//!         eprintln!("error: {}", error.report());
+//!         return std::process::ExitCode::FAILURE;
+//!     }
+//!     std::process::ExitCode::SUCCESS
+//! }
+//!
+//! async fn run() -> Result<(), payhook::Error> {
 //!     let config = Config::from_env()?;
-//!     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
+//!     let listener = payhook::bind(config.server.listen).await?; // an error names the address
 //!     // Deduplication records and the merchant's own "ledger" tree, in one sled database.
 //!     let store = payhook::store::SledStore::open(&config.store, &["ledger"])?;
 //!     let app = App::builder(config)
@@ -116,7 +125,7 @@ pub mod sim;
 pub mod store;
 
 pub use config::Config;
-pub use error::Error;
+pub use error::{Error, Report, bind};
 pub use handler::HandlerError;
 pub use secret::Secret;
 pub use server::{App, AppBuilder, serve, shutdown_signal};

@@ -366,11 +366,11 @@ fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
 fn open_store(config: &Config) -> Result<SledStore, Failure> {
     SledStore::open(&config.store, &[]).map_err(|error| {
         let path = config.store.path.display();
-        if error.to_string().contains("lock") {
+        if error.to_string().contains("in use") {
             Failure(
                 format!(
                     "the store at {path} is in use, probably by the running service: stop it, \
-                     or decide from inside the service with its Resolver ({error})"
+                     or give --admin-url to work through the running service"
                 ),
                 2,
             )
@@ -427,8 +427,26 @@ fn check_config(file: &Path) -> Result<(), Failure> {
     if !config.signature.keys.is_empty() {
         Verifier::from_config(&config.signature)?;
     }
-    println!("{}: ok\n{config:#?}", file.display());
-    Ok(())
+    let text = format!(
+        "# {}: ok; the effective settings, secrets redacted:\n{}",
+        file.display(),
+        config.to_toml_redacted()?
+    );
+    print_quietly(&text)
+}
+
+/// Prints `text` on stdout; a reader that went away (`payhook check-config | head`) ends
+/// the command quietly and successfully instead of a panic.
+fn print_quietly(text: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(error.into()),
+        _ => Ok(()),
+    }
 }
 
 fn keygen(algorithm: Algorithm, out: &Path, force: bool) -> Result<(), Failure> {

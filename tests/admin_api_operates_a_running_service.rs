@@ -101,6 +101,31 @@ async fn the_api_is_off_without_a_token_and_guarded_with_one() {
 }
 
 #[tokio::test]
+async fn deciding_an_unknown_validation_names_the_id_it_did_not_find() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let unknown = call(
+        &server,
+        "POST",
+        "/payhook/admin/validations/42",
+        Some(TOKEN),
+        Some(r#"{"success": true, "description": "reviewed"}"#),
+    )
+    .await;
+    assert_eq!(
+        (unknown.status, unknown.message()),
+        (404, "no postponed validation with id 42".to_owned()),
+        "as the offline command says, not `no endpoint at this path`"
+    );
+    // A path that is no endpoint still says so.
+    let nowhere = call(&server, "GET", "/payhook/admin/nothing", Some(TOKEN), None).await;
+    assert_eq!(
+        (nowhere.status, nowhere.message()),
+        (404, "no endpoint at this path".to_owned())
+    );
+}
+
+#[tokio::test]
 async fn postponed_validations_are_listed_and_decided_once() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;

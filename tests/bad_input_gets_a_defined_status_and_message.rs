@@ -261,3 +261,80 @@ async fn configured_paths_replace_the_defaults() {
     );
     assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 404);
 }
+
+/// `fixture`'s top-level values as a JSON array in the order of `fields` — serde's sequence
+/// form of the struct.
+fn positional(fixture: &str, fields: &[&str]) -> String {
+    let object: serde_json::Value = serde_json::from_str(fixture).unwrap();
+    serde_json::Value::Array(fields.iter().map(|f| object[*f].clone()).collect()).to_string()
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_a_json_object_is_400_even_in_the_structs_field_order() {
+    let server = TestServer::start().await;
+    let arrays = [
+        (
+            CALLBACK_PATH,
+            positional(
+                CALLBACK,
+                &[
+                    "id",
+                    "transactionReferenceId",
+                    "nonce",
+                    "providerId",
+                    "providerTransactionId",
+                    "transactionType",
+                    "transactionStatus",
+                    "transactionStatusMessage",
+                    "transactionInternalMessage",
+                    "clientId",
+                    "additionalData",
+                    "amount",
+                    "currency",
+                    "destinationAmount",
+                    "destinationCurrency",
+                    "createdUtc",
+                    "updatedUtc",
+                ],
+            ),
+        ),
+        (
+            VALIDATION_PATH,
+            positional(
+                TRANSACTION_VALIDATION,
+                &[
+                    "merchantData",
+                    "paymentData",
+                    "providerData",
+                    "validationId",
+                    "cashIn",
+                ],
+            ),
+        ),
+        (
+            PROVIDERS_PATH,
+            positional(PROVIDERS_VALIDATION, &["transactionData", "providers"]),
+        ),
+    ];
+    for (path, body) in &arrays {
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, body.as_bytes()),
+            400,
+            "must be a JSON object",
+        )
+        .await;
+        for scalar in ["\"text\"", "42", "true", "null", " \n [] "] {
+            assert_refused(
+                &server,
+                path,
+                &json_post(path, scalar.as_bytes()),
+                400,
+                "must be a JSON object",
+            )
+            .await;
+        }
+    }
+    assert!(server.merchant.calls().is_empty());
+}

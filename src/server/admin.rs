@@ -5,7 +5,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
-//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 unknown |
+//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
 //! | `GET /payhook/admin/callbacks/failing` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
 //!
@@ -174,7 +174,9 @@ impl App {
                     Err(error @ ResolveError::Conflict { .. }) => {
                         Err(Problem::Conflict(error.to_string()))
                     }
-                    Err(ResolveError::Unknown(_)) => Err(Problem::NotFound),
+                    Err(error @ ResolveError::Unknown(_)) => {
+                        Err(Problem::Unknown(error.to_string()))
+                    }
                     Err(ResolveError::Store(error)) => Err(self.admin_store_failed(&error)),
                 }
             }

@@ -227,7 +227,8 @@ impl App {
         &self.inner.server
     }
 
-    /// Marks the app as shutting down: `/readyz` answers 503 from now on.
+    /// Marks the app as shutting down: `/readyz` answers 503 from now on (as it does once
+    /// the store has failed, see [`Store::failed`]).
     pub fn begin_shutdown(&self) {
         self.inner.draining.store(true, Ordering::Relaxed);
     }
@@ -298,6 +299,9 @@ impl App {
             Route::Health => json_response(StatusCode::OK, &ErrorBody::new("ok")),
             Route::Ready if inner.draining.load(Ordering::Relaxed) => {
                 Problem::NotReady.into_response()
+            }
+            Route::Ready if inner.store.as_ref().is_some_and(|store| store.failed()) => {
+                Problem::StoreBroken.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
             Route::Metrics => self.metrics(self.client_ip(&request)),

@@ -18,9 +18,11 @@
 //! | [`Problem::HandlerTimedOut`] | 503 (+ `Retry-After` on a callback) | `request not processed in time` |
 //! | [`Problem::NotAwaitable`] | 500 | `validation cannot be postponed: this endpoint is not Awaitable` |
 //! | [`Problem::NotReady`] | 503 | `shutting down` |
+//! | [`Problem::StoreBroken`] (`/readyz` only) | 503 | `the store has failed: a write could not be made durable; restart the service` |
 //! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
+//! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -71,6 +73,9 @@ pub(crate) enum Problem {
     },
     NotAwaitable,
     NotReady,
+    /// The store failed for good (see [`crate::store::Store::failed`]): `/readyz` says so,
+    /// so that an orchestrator replaces the instance.
+    StoreBroken,
     InFlight {
         retry_after: Duration,
     },
@@ -78,6 +83,8 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     NonceReused,
+    /// A resource of the operating API that does not exist: the message names it.
+    Unknown(String),
     Conflict(String),
 }
 
@@ -85,7 +92,7 @@ impl Problem {
     /// The status code: the table above.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::NotFound | Self::Unknown(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -94,9 +101,10 @@ impl Problem {
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::RetryLater { .. } | Self::HandlerTimedOut { .. } | Self::NotReady => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::RetryLater { .. }
+            | Self::HandlerTimedOut { .. }
+            | Self::NotReady
+            | Self::StoreBroken => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
                 ..
@@ -111,7 +119,11 @@ impl Problem {
     fn applies_to(&self, endpoint: Endpoint) -> bool {
         use Endpoint::{Callback, ProvidersValidation, TransactionValidation};
         match self {
-            Self::NotFound | Self::NotReady | Self::Conflict(_) => false,
+            Self::NotFound
+            | Self::NotReady
+            | Self::StoreBroken
+            | Self::Unknown(_)
+            | Self::Conflict(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -181,6 +193,7 @@ impl Problem {
             Self::EmptyBody => "request body is empty".to_owned(),
             Self::BadRequest(message)
             | Self::Conflict(message)
+            | Self::Unknown(message)
             | Self::Denied(message)
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),
@@ -196,6 +209,10 @@ impl Problem {
                 "validation cannot be postponed: this endpoint is not Awaitable".to_owned()
             }
             Self::NotReady => "shutting down".to_owned(),
+            Self::StoreBroken => {
+                "the store has failed: a write could not be made durable; restart the service"
+                    .to_owned()
+            }
             Self::InFlight { .. } => {
                 "another delivery of this nonce is being processed; retry later".to_owned()
             }

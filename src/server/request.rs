@@ -90,8 +90,16 @@ where
 
 /// Parses a JSON body into `T`; the error names the field, line and column.
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(Problem::EmptyBody);
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Err(Problem::EmptyBody),
+        // serde reads a struct from an array of its fields in order too (`[1001, "…", …]`);
+        // the aggregator sends objects, and a positional body is not one of its messages.
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(Problem::BadRequest(
+                "the request body must be a JSON object".to_owned(),
+            ));
+        }
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {

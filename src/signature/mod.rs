@@ -15,7 +15,7 @@
 //! The signature is checked over the exact raw body bytes, before any JSON parsing.
 //! [`sniff`] finds the scheme of a captured request when nobody can say which it is.
 
-/// `Display`, `FromStr` and `Deserialize` by name for a small enum with `ALL` and `name()`:
+/// `Display`, `FromStr`, `Serialize` and `Deserialize` by name for a small enum with `ALL` and `name()`:
 /// names are read case-blind, with `_` taken as `-`.
 macro_rules! named_enum {
     ($type:ty, $error:ident) => {
@@ -34,6 +34,12 @@ macro_rules! named_enum {
                     .into_iter()
                     .find(|v| v.name() == wanted)
                     .ok_or_else(|| $error(text.to_owned()))
+            }
+        }
+
+        impl serde::Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.name())
             }
         }
 

@@ -297,6 +297,14 @@ pub trait Store: Send + Sync + 'static {
     /// How long a record is kept after its last write: a repeat of an older nonce is no
     /// longer recognised.
     fn retention(&self) -> Duration;
+
+    /// `true` once the store has failed for good — a write could not be made durable — and
+    /// refuses all further work until the service restarts. `/readyz` answers 503 then, so
+    /// that an orchestrator replaces the instance. A backend that cannot fail this way keeps
+    /// the default, `false`.
+    fn failed(&self) -> bool {
+        false
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.

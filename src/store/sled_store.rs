@@ -296,10 +296,13 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
     };
     let db = open_locked(&sled_config).map_err(|error| match error {
         sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => unreadable(error),
-        other => StoreError::Backend(format!(
-            "cannot open the store at {}: {other}",
-            config.path.display()
-        )),
+        other => in_use(
+            StoreError::Backend(format!(
+                "cannot open the store at {}: {other}",
+                config.path.display()
+            )),
+            &config.path,
+        ),
     })?;
     let tree = db.open_tree(TREE).map_err(unreadable)?;
     Ok((db, tree))
@@ -314,6 +317,22 @@ fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
             "there is no store at {}",
             config.path.display()
         )))
+    }
+}
+
+/// sled words a held lock as `could not acquire lock on Some("…"): Os { code: 11, … }`;
+/// say instead which directory is in use and what to do.
+fn in_use(error: StoreError, path: &std::path::Path) -> StoreError {
+    match error {
+        StoreError::Backend(message) if message.contains("could not acquire lock") => {
+            StoreError::Backend(format!(
+                "the data directory {} is in use by another process (one process may open it \
+                 at a time): stop that process, or give this one another store.path \
+                 (PAYHOOK_STORE_PATH)",
+                path.display()
+            ))
+        }
+        other => other,
     }
 }
 
@@ -556,6 +575,10 @@ impl Store for SledStore {
         self.inner.retention
     }
 
+    fn failed(&self) -> bool {
+        self.inner.failed.load(Ordering::SeqCst)
+    }
+
     fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
         self.inner.writer.purge(now_ms)
     }
@@ -640,6 +663,14 @@ impl SledStore {
         entry.claim = Some((claim, std::time::Instant::now()));
         entry.touched_ms = now;
         Ok(Some(ValidationBegin::Claimed { claim }))
+    }
+
+    /// **For tests only**: marks the store failed, as a batch that could not be made durable
+    /// does, so that a test can see how the service behaves then (every request 503,
+    /// `/readyz` 503). There is no way back but reopening the store.
+    #[doc(hidden)]
+    pub fn mark_failed_for_tests(&self) {
+        self.inner.failed.store(true, Ordering::SeqCst);
     }
 
     fn postponed_op(&self, op: PostponedOp) -> ResolveFuture<'_> {

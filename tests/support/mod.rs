@@ -511,6 +511,35 @@ pub fn spawn_example(env: &[(&str, String)]) -> (Spawned, SocketAddr) {
     (Spawned(child), address)
 }
 
+/// Runs the example merchant's binary in a clean environment with `env` (logging only
+/// errors) and `args` until it exits on its own — for start-ups that must fail. Panics if it
+/// is still running after [`DEADLINE`].
+pub fn run_example_to_exit(env: &[(&str, String)], args: &[&str]) -> std::process::Output {
+    let mut child = std::process::Command::new(example_binary())
+        .env_clear()
+        .env("RUST_LOG", "error")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "the example merchant did not exit; stderr: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// A child process that is killed (SIGKILL) when dropped, so that a failing test leaves no
 /// server running behind it.
 pub struct Spawned(pub std::process::Child);

@@ -1,0 +1,59 @@
+//! `/readyz` tells an orchestrator to replace an instance whose store has failed: once a
+//! batch could not be made durable, every request gets 503 until a restart, so the instance
+//! must not be reported ready.
+
+mod support;
+
+use payhook::App;
+use payhook::store::SledStore;
+use support::{CALLBACK, CALLBACK_PATH, TestMerchant, request, test_config};
+use tokio::net::TcpListener;
+
+#[tokio::test]
+async fn readyz_answers_503_with_a_message_once_the_store_has_failed() {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    let store = SledStore::open(&config.store, &[]).unwrap();
+    let app = App::builder(config)
+        .store(store.clone())
+        .callback_receiver(TestMerchant::default())
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(payhook::serve(listener, app, async move {
+        let _ = stopped.await;
+    }));
+
+    let ready = support::exchange(addr, &request("GET", "/readyz", &[], None)).await;
+    assert_eq!(ready.status, 200, "a healthy store is ready");
+
+    store.mark_failed_for_tests();
+
+    let ready = support::exchange(addr, &request("GET", "/readyz", &[], None)).await;
+    assert_eq!(ready.status, 503);
+    let message = ready.message();
+    assert!(message.contains("store has failed"), "{message}");
+    assert!(message.contains("restart"), "{message}");
+    let head = support::exchange(addr, &request("HEAD", "/readyz", &[], None)).await;
+    assert_eq!(head.status, 503, "HEAD answers like GET");
+    // Liveness is not readiness: the process itself is fine, it only must not get traffic.
+    let health = support::exchange(addr, &request("GET", "/healthz", &[], None)).await;
+    assert_eq!(health.status, 200);
+    // And the endpoints keep refusing work, as before.
+    let callback = support::exchange(
+        addr,
+        &support::post(
+            CALLBACK_PATH,
+            &[("Content-Type", "application/json")],
+            CALLBACK.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(callback.status, 503);
+
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
