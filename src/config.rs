@@ -467,7 +467,9 @@ pub struct GatewayConfig {
     /// Bound on every call to the aggregator: connecting, sending and reading the answer.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub timeout: Duration,
-    /// How long before `accessTokenExpiryUtc` the access token is refreshed.
+    /// How long before `accessTokenExpiryUtc` the access token is refreshed — at most half
+    /// the lifetime the aggregator granted the token, so that a short-lived token is not
+    /// refreshed before every call.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub refresh_margin: Duration,
     /// Header that carries the access token.
