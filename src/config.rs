@@ -40,7 +40,9 @@
 //! | `store.cache_bytes` | `16777216` (16 MiB) | `PAYHOOK_STORE_CACHE_BYTES` |
 //!
 //! `<endpoint>` is `providers_validation` or `transaction_validation`. Durations are written `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or as a bare number of seconds.
-//! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]. Loading reads the process
+//! `PAYHOOK_CONFIG` names the TOML file for [`Config::from_env`]; `PAYHOOK_MOCK_*` variables
+//! belong to the simulator and are ignored here. Any other `PAYHOOK_*` variable that names
+//! no setting is an error (a typo must not pass silently). Loading reads the process
 //! environment; it never changes it.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
@@ -61,6 +63,11 @@ use crate::signature::{self, Algorithm, Encoding, KeyError, PublicKey};
 pub const ENV_PREFIX: &str = "PAYHOOK_";
 /// Environment variable naming the configuration file.
 pub const CONFIG_FILE_VAR: &str = "PAYHOOK_CONFIG";
+/// Prefix of the simulator's own variables (`PAYHOOK_MOCK_PASSWORD`, the mock gateway's
+/// password for `payhook mock-gateway` and `payhook scenario`). They configure the
+/// aggregator the simulator plays, not a service, so the loader leaves them alone — an
+/// operator who exports one for the simulator can still start a service in the same shell.
+pub const SIMULATOR_ENV_PREFIX: &str = "PAYHOOK_MOCK_";
 
 /// Paths payhook serves itself, which the endpoint paths must not take.
 const RESERVED_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
@@ -468,7 +475,9 @@ pub struct GatewayConfig {
     /// Bound on every call to the aggregator: connecting, sending and reading the answer.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub timeout: Duration,
-    /// How long before `accessTokenExpiryUtc` the access token is refreshed.
+    /// How long before `accessTokenExpiryUtc` the access token is refreshed — at most half
+    /// the lifetime the aggregator granted the token, so that a short-lived token is not
+    /// refreshed before every call.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub refresh_margin: Duration,
     /// Header that carries the access token.
@@ -950,7 +959,7 @@ fn env_overrides(
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        if name == CONFIG_FILE_VAR {
+        if name == CONFIG_FILE_VAR || name.starts_with(SIMULATOR_ENV_PREFIX) {
             continue;
         }
         let path = env_path(&rest.to_ascii_lowercase())

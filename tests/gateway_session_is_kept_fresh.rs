@@ -71,16 +71,40 @@ async fn logs_in_on_first_use_and_reuses_the_token() {
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (1, 0));
 }
 
+/// Tokens that live one second: with the default margin (60 s) capped at half the
+/// lifetime, a token is renewed once half a second of it has passed.
+const SHORT_LIFETIME: TimeDelta = TimeDelta::seconds(1);
+
+/// Longer than half of [`SHORT_LIFETIME`]: a token received before it is due for renewal.
+/// (A lower bound only: a slower machine makes the token older still, never younger.)
+const PAST_HALF_LIFE: Duration = Duration::from_millis(600);
+
 #[tokio::test]
 async fn refreshes_ahead_of_the_access_token_expiry() {
     let (gateway, client) = gateway_with_record().await;
-    // Tokens live 30 s; the default margin is 60 s: every token is "about to expire".
-    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(30));
+    gateway.with(|s| s.access_lifetime = SHORT_LIFETIME);
     look_up(&client).await;
+    tokio::time::sleep(PAST_HALF_LIFE).await;
     look_up(&client).await;
     assert_eq!(
         gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
-        (1, 1, 0)
+        (1, 1, 0),
+        "renewed before use, never used expired"
+    );
+}
+
+#[tokio::test]
+async fn a_token_shorter_lived_than_the_margin_is_not_refreshed_before_every_call() {
+    let (gateway, client) = gateway_with_record().await;
+    // Tokens live 30 s; the default margin is 60 s. Capped at half the lifetime (15 s), the
+    // margin leaves the token usable: calls in quick succession share it.
+    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(30));
+    for _ in 0..5 {
+        look_up(&client).await;
+    }
+    assert_eq!(
+        gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
+        (1, 0, 0)
     );
 }
 
@@ -88,10 +112,11 @@ async fn refreshes_ahead_of_the_access_token_expiry() {
 async fn logs_in_again_when_the_refresh_token_expired_too() {
     let (gateway, client) = gateway_with_record().await;
     gateway.with(|s| {
-        s.access_lifetime = TimeDelta::seconds(30);
+        s.access_lifetime = SHORT_LIFETIME;
         s.refresh_lifetime = TimeDelta::seconds(-1);
     });
     look_up(&client).await;
+    tokio::time::sleep(PAST_HALF_LIFE).await;
     look_up(&client).await;
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (2, 0));
 }

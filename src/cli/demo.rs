@@ -32,14 +32,31 @@ pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
 }
 
 async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
+    let mut config = Config::default();
+    config.store.path = dir.join("store");
+    // The store is opened first: its lock (an OS advisory lock, held until the demo ends)
+    // makes this demo the directory's only user before anything in it is written. A second
+    // demo on the same directory stops here instead of replacing this one's key.
+    let store = merchant::open_store(&config).map_err(|error| {
+        if error.to_string().contains("in use") {
+            Failure(
+                format!(
+                    "{} is in use by another payhook demo (or a service using its store): \
+                     wait for it to finish, or give this one another --data DIR",
+                    dir.display()
+                ),
+                2,
+            )
+        } else {
+            Failure(format!("the demo's store in {}: {error}", dir.display()), 2)
+        }
+    })?;
     let mock = MockGateway::start(MockGatewayConfig::default()).await?;
 
     // The simulated aggregator signs callbacks with a key the merchant is given.
     let pair = generate_key_pair(Algorithm::Ed25519)?;
     let public_key = dir.join("aggregator-public.pem");
     std::fs::write(&public_key, &pair.public_pem)?;
-    let mut config = Config::default();
-    config.store.path = dir.join("store");
     config.signature.algorithm = Algorithm::Ed25519;
     config.signature.keys = vec![payhook::config::KeySource {
         id: Some("demo".into()),
@@ -50,7 +67,6 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
     config.validation.awaitable = true;
     config.validation.retry_schedule = vec![Duration::from_millis(100)];
 
-    let store = merchant::open_store(&config)?;
     let shop = merchant::Merchant {
         max_amount: Decimal::from(10_000),
         review_above: Some(Decimal::from(1_000)),

@@ -10,6 +10,10 @@
 //! | access token valid beyond the margin | use it |
 //! | access token within the margin or expired, refresh token valid | refresh (log in if the refresh is refused) |
 //! | both expired | log in |
+//!
+//! The margin is `gateway.refresh_margin`, but at most half the lifetime the aggregator
+//! granted the token (measured when it arrived): a margin longer than the lifetime would
+//! make every token "about to expire" the moment it arrives, and every call refresh first.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::time::Duration;
@@ -23,7 +27,15 @@ use crate::model::LoginSession;
 const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
 
 pub(super) struct Sessions {
-    current: Mutex<Option<LoginSession>>,
+    current: Mutex<Option<Held>>,
+    /// The configured `gateway.refresh_margin`.
+    margin: TimeDelta,
+}
+
+/// The session in use, with the margin that applies to its access token.
+struct Held {
+    session: LoginSession,
+    /// The configured margin, or half the token's granted lifetime when that is shorter.
     margin: TimeDelta,
 }
 
@@ -45,12 +57,12 @@ impl Sessions {
         let beyond = |expiry: DateTime<Utc>, margin: TimeDelta| {
             expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
         };
-        if let Some(session) = current.as_ref()
-            && beyond(session.access_token_expiry_utc, self.margin)
+        if let Some(held) = current.as_ref()
+            && beyond(held.session.access_token_expiry_utc, held.margin)
         {
-            return Ok(session.access_token.clone());
+            return Ok(held.session.access_token.clone());
         }
-        let renewed = match current.as_ref() {
+        let renewed = match current.as_ref().map(|held| &held.session) {
             Some(session) if beyond(session.refresh_token_expiry_utc, REFRESH_TOKEN_SLACK) => {
                 match client.refresh(&session.refresh_token).await {
                     Ok(renewed) => {
@@ -71,7 +83,19 @@ impl Sessions {
             }
         };
         let token = renewed.access_token.clone();
-        *current = Some(renewed);
+        let lifetime = renewed.access_token_expiry_utc - Utc::now();
+        let margin = self.margin.min(lifetime / 2).max(TimeDelta::zero());
+        if margin < self.margin {
+            tracing::debug!(
+                lifetime_s = lifetime.num_seconds(),
+                "gateway.refresh_margin is longer than half the access token's lifetime; \
+                 refreshing at half its lifetime instead"
+            );
+        }
+        *current = Some(Held {
+            session: renewed,
+            margin,
+        });
         Ok(token)
     }
 
@@ -79,10 +103,10 @@ impl Sessions {
     /// another caller renewed it already.
     pub(super) async fn reject(&self, token: &Secret) {
         let mut current = self.current.lock().await;
-        if let Some(session) = current.as_mut()
-            && session.access_token == *token
+        if let Some(held) = current.as_mut()
+            && held.session.access_token == *token
         {
-            session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
+            held.session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
         }
     }
 }
