@@ -11,10 +11,14 @@
 //!   as the mark that the callback is done — so a result is booked exactly once, however
 //!   often the aggregator retries and whenever the process crashes.
 //!
-//! Run it (listens on 127.0.0.1:8080; `RUST_LOG=debug` for every request):
+//! Run it (listens on 127.0.0.1:8080; `RUST_LOG=debug` for every request) with the
+//! aggregator's public key — or, for a local trial without one, with unsigned callbacks
+//! allowed explicitly; without either it refuses to start, so that a copy of it can never
+//! run an open receiver by mistake:
 //!
 //! ```text
-//! cargo run --example merchant
+//! PAYHOOK_SIGNATURE_KEYS='[{file = "aggregator.pem"}]' cargo run --example merchant
+//! PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true cargo run --example merchant
 //! ```
 //!
 //! Settings: `PAYHOOK_CONFIG=payhook.toml` and the `PAYHOOK_*` variables of the README
@@ -333,15 +337,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::time::Duration::from_secs(2),
         payhook::config::parse_duration,
     )?;
-    let mut config = Config::from_env().map_err(payhook::Error::from)?;
+    // Callbacks move money: without the aggregator's public key (PAYHOOK_SIGNATURE_KEYS, or
+    // [signature] in PAYHOOK_CONFIG) the app refuses to start, unless unsigned callbacks
+    // are allowed explicitly (PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true, for local trials only).
+    // This example never turns that on by itself.
+    let config = Config::from_env().map_err(payhook::Error::from)?;
     // Postponing is only valid on an endpoint declared Awaitable.
     let review_above = config.validation.awaitable.then_some(review_above);
-    if config.signature.keys.is_empty() {
-        // No aggregator public key is configured (PAYHOOK_SIGNATURE_KEYS or [signature] in
-        // PAYHOOK_CONFIG), so this demo opts out of verification explicitly. A real merchant
-        // configures the aggregator's key instead, and every callback must then be signed.
-        config.callback.allow_unsigned = true;
-    }
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store.

@@ -100,8 +100,9 @@ pub enum BuildError {
     Store(#[from] StoreError),
     /// A callback receiver without signature verification and without the explicit opt-out.
     #[error(
-        "callbacks would be accepted without a signature check: configure the aggregator's public key, \
-         or set callback.allow_unsigned = true to accept unsigned callbacks deliberately"
+        "callbacks would be accepted without a signature check: configure the aggregator's public key \
+         (signature.keys, PAYHOOK_SIGNATURE_KEYS), or set callback.allow_unsigned = true \
+         (PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true) to accept unsigned callbacks deliberately"
     )]
     UnsignedCallbacks,
     /// The configuration is not valid.
