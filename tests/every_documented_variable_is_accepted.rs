@@ -52,7 +52,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
     let suffix = |s: &str| name.ends_with(s);
     let key = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/signatures/ed25519/public.pem");
-    let value = match name {
+    match name {
         "PAYHOOK_CONFIG" => dir.join("payhook.toml").display().to_string(),
         "PAYHOOK_SERVER_LISTEN" => "127.0.0.1:0".into(),
         "PAYHOOK_SIGNATURE_ALGORITHM" => "ed25519".into(),
@@ -95,8 +95,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
             "some-text".into()
         }
         _ => panic!("the test has no valid value for {name}: add one"),
-    };
-    value
+    }
 }
 
 #[test]

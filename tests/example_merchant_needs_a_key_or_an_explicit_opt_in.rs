@@ -1,6 +1,7 @@
 //! The example merchant never turns unsigned callbacks on by itself: without the
 //! aggregator's key it refuses to start unless `callback.allow_unsigned` is set explicitly,
 //! so a merchant who copies it and forgets the key cannot run an open receiver.
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 

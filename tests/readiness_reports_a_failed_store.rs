@@ -1,6 +1,7 @@
 //! `/readyz` tells an orchestrator to replace an instance whose store has failed: once a
 //! batch could not be made durable, every request gets 503 until a restart, so the instance
 //! must not be reported ready.
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 

@@ -1,5 +1,6 @@
 //! A service that cannot start says what failed (the address, the file), why, and what to
 //! do — as a message and its causes, never as a `Debug` dump (`Os { code: 98, kind: ... }`).
+#![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
 
