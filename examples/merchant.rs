@@ -11,10 +11,25 @@
 //!   as the mark that the callback is done — so a result is booked exactly once, however
 //!   often the aggregator retries and whenever the process crashes.
 //!
-//! Run it (listens on 127.0.0.1:8080; `RUST_LOG=debug` for every request):
+//! **What it cannot book, it quarantines.** Balances use checked arithmetic. A result whose
+//! booking would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸) is acknowledged
+//! into the `ledger_quarantine` tree (nonce → the result and the reason), logged at error
+//! level, and leaves the balance untouched. Refusing it instead (503, or 400) would not make
+//! it bookable: the aggregator would retry the same callback up to 17 times, each failing
+//! alike, then give up — the result lost with no record of it. In quarantine it is kept
+//! durably and exactly once, for a person to resolve, and every other callback of that
+//! client keeps booking. (payhook itself refuses amounts that are no payment before this
+//! code runs: a negative callback amount, and a validation amount that is not above zero,
+//! are answered 400.)
+//!
+//! Run it (listens on 127.0.0.1:8080; `RUST_LOG=debug` for every request) with the
+//! aggregator's public key — or, for a local trial without one, with unsigned callbacks
+//! allowed explicitly; without either it refuses to start, so that a copy of it can never
+//! run an open receiver by mistake:
 //!
 //! ```text
-//! cargo run --example merchant
+//! PAYHOOK_SIGNATURE_KEYS='[{file = "aggregator.pem"}]' cargo run --example merchant
+//! PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true cargo run --example merchant
 //! ```
 //!
 //! Settings: `PAYHOOK_CONFIG=payhook.toml` and the `PAYHOOK_*` variables of the README
@@ -46,6 +61,23 @@ use serde::{Deserialize, Serialize};
 pub const ENTRIES: &str = "ledger_entries";
 /// The ledger's balances in the store: `client|currency` → amount.
 pub const BALANCES: &str = "ledger_balances";
+/// Results acknowledged but not booked, for a person to resolve: nonce → [`Quarantined`].
+pub const QUARANTINE: &str = "ledger_quarantine";
+
+/// A result the ledger could not hold, kept instead of booked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// Whose money.
+    pub client_id: String,
+    /// ISO currency.
+    pub currency: String,
+    /// The result's amount.
+    pub amount: Decimal,
+    /// Its status code.
+    pub status: i32,
+    /// Why it was not booked.
+    pub reason: String,
+}
 
 /// One booked transaction, keyed by its nonce.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,15 +135,37 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
     let undone = previous
         .as_ref()
         .map_or(Decimal::ZERO, |p| p.balance_effect);
+    let Some(new_balance) = balance
+        .checked_add(balance_effect)
+        .and_then(|b| b.checked_sub(undone))
+    else {
+        let reason = format!(
+            "the balance of {} {} ({balance}) cannot take {balance_effect} more",
+            callback.client_id, callback.currency
+        );
+        tracing::error!(
+            nonce = %callback.nonce,
+            %reason,
+            "result acknowledged into quarantine, not booked: resolve it by hand"
+        );
+        let quarantined = Quarantined {
+            client_id: callback.client_id.clone(),
+            currency: callback.currency.clone(),
+            amount: callback.amount,
+            status: callback.transaction_status.code(),
+            reason,
+        };
+        return tx.insert(QUARANTINE, callback.nonce.as_bytes(), &json(&quarantined));
+    };
     let entry = Entry {
         client_id: callback.client_id.clone(),
         currency: callback.currency.clone(),
         amount: callback.amount,
         status: callback.transaction_status.code(),
         balance_effect,
-        bookings: previous.map_or(0, |p| p.bookings) + 1,
+        bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
     };
-    tx.insert(BALANCES, &key, &json(&(balance + balance_effect - undone)))?;
+    tx.insert(BALANCES, &key, &json(&new_balance))?;
     tx.insert(ENTRIES, callback.nonce.as_bytes(), &json(&entry))
 }
 
@@ -238,7 +292,7 @@ impl CallbackReceiver for Merchant {
 ///
 /// When the data directory cannot be opened (e.g. another process holds it).
 pub fn open_store(config: &Config) -> Result<SledStore, payhook::store::StoreError> {
-    SledStore::open(&config.store, &[ENTRIES, BALANCES])
+    SledStore::open(&config.store, &[ENTRIES, BALANCES, QUARANTINE])
 }
 
 /// The merchant's app: its rules behind payhook's three endpoints, its ledger in `store`.
@@ -333,15 +387,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         std::time::Duration::from_secs(2),
         payhook::config::parse_duration,
     )?;
-    let mut config = Config::from_env().map_err(payhook::Error::from)?;
+    // Callbacks move money: without the aggregator's public key (PAYHOOK_SIGNATURE_KEYS, or
+    // [signature] in PAYHOOK_CONFIG) the app refuses to start, unless unsigned callbacks
+    // are allowed explicitly (PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true, for local trials only).
+    // This example never turns that on by itself.
+    let config = Config::from_env().map_err(payhook::Error::from)?;
     // Postponing is only valid on an endpoint declared Awaitable.
     let review_above = config.validation.awaitable.then_some(review_above);
-    if config.signature.keys.is_empty() {
-        // No aggregator public key is configured (PAYHOOK_SIGNATURE_KEYS or [signature] in
-        // PAYHOOK_CONFIG), so this demo opts out of verification explicitly. A real merchant
-        // configures the aggregator's key instead, and every callback must then be signed.
-        config.callback.allow_unsigned = true;
-    }
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store.

@@ -234,6 +234,8 @@ async fn the_command_line_operates_the_running_example_merchant() {
         ("PAYHOOK_STORE_PATH", data.path().display().to_string()),
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".to_owned()),
         ("MERCHANT_REVIEW_EVERY", "1h".to_owned()),
+        // No aggregator key here: unsigned callbacks only by explicit opt-in.
+        ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".to_owned()),
     ]);
     let (mut child, address) = spawn_example(&example_env);
     let url = format!("http://{address}");

@@ -338,3 +338,53 @@ async fn a_body_that_is_not_a_json_object_is_400_even_in_the_structs_field_order
     }
     assert!(server.merchant.calls().is_empty());
 }
+
+#[tokio::test]
+async fn a_validation_amount_must_be_above_zero_and_a_callback_amount_not_negative() {
+    let server = TestServer::start().await;
+    // Validations ask about a payment to make: the amount is what moves, `cashIn` says
+    // which way, so zero and below are no payment.
+    for (path, fixture, amount, _) in &ENDPOINTS[..2] {
+        let field = amount.trim_start_matches('/').replace('/', ".");
+        for bad in ["0", "0.00", "-0.01", "-250"] {
+            let body = with(fixture, amount, Some(json!(bad)));
+            assert_refused(
+                &server,
+                path,
+                &json_post(path, body.as_bytes()),
+                400,
+                &format!("invalid field `{field}`"),
+            )
+            .await;
+            let message = server
+                .send(&json_post(path, body.as_bytes()))
+                .await
+                .message();
+            assert!(message.contains("must be greater than zero"), "{message}");
+        }
+    }
+    // A callback reports a result: never negative (`transactionType` says which way), but
+    // a failed payment may report that nothing moved.
+    for bad in ["-0.01", "-250"] {
+        let body = with(CALLBACK, "/amount", Some(json!(bad)));
+        assert_refused(
+            &server,
+            CALLBACK_PATH,
+            &json_post(CALLBACK_PATH, body.as_bytes()),
+            400,
+            "invalid field `amount`",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+    let failed_with_nothing_moved = with(CALLBACK, "/amount", Some(json!("0")));
+    let failed_with_nothing_moved = with(
+        &failed_with_nothing_moved,
+        "/transactionStatus",
+        Some(json!(-3)),
+    );
+    let response = server
+        .post_json(CALLBACK_PATH, &failed_with_nothing_moved)
+        .await;
+    assert_eq!(response.status, 200, "{}", response.message());
+}

@@ -25,6 +25,9 @@ fn env(gateway: &FakeGateway, store: &Path) -> Vec<(String, String)> {
     env.extend([
         ("PAYHOOK_STORE_PATH", store.display().to_string()),
         ("RUST_LOG", "error".to_owned()),
+        // The example merchant has no aggregator key here: it must be told explicitly that
+        // unsigned callbacks are acceptable, or it refuses to start.
+        ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".to_owned()),
     ]);
     support::owned_env(&env)
 }

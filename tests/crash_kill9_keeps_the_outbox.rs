@@ -23,6 +23,8 @@ fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Spawned, SocketAddr) {
         ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#.into()),
         ("MERCHANT_REVIEW_ABOVE", "100".into()),
         ("MERCHANT_REVIEW_EVERY", "50ms".into()),
+        // No aggregator key here: unsigned callbacks only by explicit opt-in.
+        ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".into()),
     ]);
     spawn_example(&env)
 }

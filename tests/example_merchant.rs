@@ -156,3 +156,59 @@ async fn the_example_acknowledges_callbacks() {
     let addr = example.addr.clone();
     assert_eq!(post_to(&addr, CALLBACK_PATH, CALLBACK).await.status, 200);
 }
+
+/// A callback of `CALLBACK`'s shape for `nonce`, `client`, `kind` (1 deposit, 2 withdrawal)
+/// and the exact amount text `amount`.
+fn callback(nonce: &str, client: &str, kind: i32, amount: &str) -> String {
+    let body = with(CALLBACK, "/nonce", Some(json!(nonce)));
+    let body = with(&body, "/clientId", Some(json!(client)));
+    let body = with(&body, "/transactionType", Some(json!(kind)));
+    let replaced = body.replace("\"amount\":0.1", &format!("\"amount\":{amount}"));
+    assert_ne!(replaced, body, "the amount was replaced");
+    replaced
+}
+
+#[tokio::test]
+async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking() {
+    let example = start().await;
+    let post = |body: String| {
+        let addr = example.addr.clone();
+        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
+    };
+    let max = "79228162514264337593543950335";
+    assert_eq!(post(callback("whale-1", "whale", 1, max)).await, 200);
+    assert_eq!(example.balance("whale", "EUR"), Decimal::MAX);
+
+    // The next deposit cannot be added: acknowledged (never a 503 that would come back
+    // forever), kept in quarantine, the balance untouched.
+    assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
+    assert_eq!(example.balance("whale", "EUR"), Decimal::MAX);
+    assert!(example.entry("whale-2").is_none(), "not booked");
+    let quarantined: merchant::Quarantined = serde_json::from_slice(
+        &example
+            .store
+            .get(merchant::QUARANTINE, b"whale-2")
+            .unwrap()
+            .expect("quarantined"),
+    )
+    .unwrap();
+    assert_eq!(
+        (quarantined.client_id.as_str(), quarantined.amount),
+        ("whale", Decimal::from(10))
+    );
+    assert!(
+        quarantined.reason.contains("cannot take"),
+        "{quarantined:?}"
+    );
+    // Its retry is a duplicate: acknowledged once, quarantined once.
+    assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
+
+    // Everything else keeps booking: the same client's withdrawal, and other clients.
+    assert_eq!(post(callback("whale-3", "whale", 2, "5")).await, 200);
+    assert_eq!(
+        example.balance("whale", "EUR"),
+        Decimal::MAX - Decimal::from(5)
+    );
+    assert_eq!(post(callback("minnow-1", "minnow", 1, "10.50")).await, 200);
+    assert_eq!(example.balance("minnow", "EUR").to_string(), "10.50");
+}

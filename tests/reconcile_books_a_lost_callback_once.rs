@@ -166,3 +166,19 @@ async fn without_a_store_reconcile_refuses_rather_than_book_twice() {
         "{outcome:?}"
     );
 }
+
+#[tokio::test]
+async fn a_record_with_a_negative_amount_is_refused_not_booked() {
+    let (gateway, client, server) = setup(4).await;
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(LOST).unwrap();
+        record["amount"] = json!(-25.5);
+    });
+    let id: Uuid = LOST.parse().unwrap();
+    let outcome = server.app.reconcile(&client, &[id]).await;
+    assert!(
+        matches!(&outcome[0].1, Err(ReconcileError::Implausible(reason)) if reason.contains("negative")),
+        "{outcome:?}"
+    );
+    assert_eq!(callback_count(&server), 0, "the handler never saw it");
+}

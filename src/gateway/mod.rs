@@ -2,7 +2,8 @@
 //! of a postponed validation, and the lookup of a transaction by its reference id.
 //!
 //! [`GatewayClient`] keeps the merchant's session fresh by itself (see `token.rs`): it logs
-//! in on first use, refreshes `refresh_margin` before `accessTokenExpiryUtc`, logs in again
+//! in on first use, refreshes `refresh_margin` before `accessTokenExpiryUtc` (at most half
+//! the token's granted lifetime before it), logs in again
 //! when the refresh token has expired too, and on a 401 refreshes once and retries once.
 //! Concurrent callers share one login or refresh. Every call is bounded by
 //! `gateway.timeout`. TLS is rustls on the ring provider with the webpki roots; plain HTTP is

@@ -101,8 +101,9 @@ pub enum BuildError {
     Store(#[from] StoreError),
     /// A callback receiver without signature verification and without the explicit opt-out.
     #[error(
-        "callbacks would be accepted without a signature check: configure the aggregator's public key, \
-         or set callback.allow_unsigned = true to accept unsigned callbacks deliberately"
+        "callbacks would be accepted without a signature check: configure the aggregator's public key \
+         (signature.keys, PAYHOOK_SIGNATURE_KEYS), or set callback.allow_unsigned = true \
+         (PAYHOOK_CALLBACK_ALLOW_UNSIGNED=true) to accept unsigned callbacks deliberately"
     )]
     UnsignedCallbacks,
     /// The configuration is not valid.
@@ -636,12 +637,19 @@ fn refused(error: &AuthError, basic: bool) -> Problem {
 }
 
 impl App {
-    /// Parses a request, checks its identifiers and records them on the current span.
-    fn parse_tracked<T: DeserializeOwned + Traced>(&self, bytes: &[u8]) -> Result<T, Problem> {
+    /// Parses a request, checks its identifiers, records them on the current span, and
+    /// refuses an amount that is no payment (see [`Plausible`]).
+    fn parse_tracked<T: DeserializeOwned + Traced + Plausible>(
+        &self,
+        bytes: &[u8],
+    ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
         check_identifiers(&request, self.inner.server.max_identifier_bytes)?;
         request.trace(&tracing::Span::current());
-        Ok(request)
+        match request.implausible() {
+            Some(reason) => Err(Problem::BadRequest(reason)),
+            None => Ok(request),
+        }
     }
 }
 
@@ -664,6 +672,53 @@ fn check_identifiers(request: &impl Traced, max_bytes: usize) -> Result<(), Prob
         }
     }
     Ok(())
+}
+
+/// What the wire types cannot say about amounts (spec 2.4, 2.7): an amount is what is
+/// deposited or withdrawn, and the direction is a field of its own (`cashIn`,
+/// `transactionType`), so an amount is never negative. A validation asks about a payment
+/// to be made: its amount must be above zero. A callback reports a result, and a failed
+/// payment may report nothing moved: zero is accepted there.
+pub(crate) trait Plausible {
+    /// Why the request cannot be a payment, as the 400 message; `None` when it can.
+    fn implausible(&self) -> Option<String>;
+}
+
+fn positive(field: &str, amount: rust_decimal::Decimal, direction: &str) -> Option<String> {
+    (amount <= rust_decimal::Decimal::ZERO).then(|| {
+        format!(
+            "invalid field `{field}`: {amount} is not an amount to pay; it must be greater than \
+             zero (the direction is `{direction}`)"
+        )
+    })
+}
+
+impl Plausible for ProvidersValidationRequest {
+    fn implausible(&self) -> Option<String> {
+        positive(
+            "transactionData.paymentData.amount",
+            self.transaction_data.payment_data.amount,
+            "transactionData.cashIn",
+        )
+    }
+}
+
+impl Plausible for TransactionValidationRequest {
+    fn implausible(&self) -> Option<String> {
+        positive("paymentData.amount", self.payment_data.amount, "cashIn")
+    }
+}
+
+impl Plausible for CallbackBody {
+    fn implausible(&self) -> Option<String> {
+        (self.amount < rust_decimal::Decimal::ZERO).then(|| {
+            format!(
+                "invalid field `amount`: {} is negative; an amount is never negative (the \
+                 direction is `transactionType`)",
+                self.amount
+            )
+        })
+    }
 }
 
 /// A request whose identifiers go on the request's span, so every log line carries them.

@@ -38,6 +38,10 @@ pub enum ReconcileError {
     /// reconcile again later.
     #[error("not booked: {0}")]
     NotBooked(String),
+    /// The aggregator's record is not a result that can be booked (a negative amount, which
+    /// a callback would be refused for with 400 too).
+    #[error("not a result that can be booked: {0}")]
+    Implausible(String),
     /// The app keeps no deduplication records (`without_store`): booking from the lookup
     /// could book a result its callback booked already.
     #[error("reconcile needs the store's deduplication records; the app runs without a store")]
@@ -123,7 +127,11 @@ impl App {
             received_at: Utc::now(),
             headers: HeaderMap::new(),
         };
-        match self.deliver(record.to_callback(), request).await {
+        let callback = record.to_callback();
+        if let Some(reason) = super::Plausible::implausible(&callback) {
+            return Err(ReconcileError::Implausible(reason));
+        }
+        match self.deliver(callback, request).await {
             Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
             Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
             Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
