@@ -1249,6 +1249,14 @@ mod tests {
         let cases = [
             ("[server]\nbody_limit = 10", "server.body_limit"),
             (
+                "[server]\nmax_identifier_bytes = 8",
+                "server.max_identifier_bytes",
+            ),
+            (
+                "[server]\nmax_identifier_bytes = 1048576",
+                "server.max_identifier_bytes",
+            ),
+            (
                 "[server]\nhandler_timeout = \"0s\"",
                 "server.handler_timeout",
             ),

@@ -108,9 +108,9 @@ async fn failures_are_durable_and_expire_with_the_retention() {
         nonce: "n-1".into(),
         status: TransactionStatus::Success,
         reason: reason.into(),
-        transaction_reference_id: "ref".into(),
+        transaction_reference_id: uuid::Uuid::nil(),
         client_id: "client".into(),
-        amount: "10.50".into(),
+        amount: rust_decimal::Decimal::new(1050, 2),
         currency: "EUR".into(),
         at_ms: 1_000,
     };

@@ -222,22 +222,24 @@ impl App {
             previous_status,
             effects: effects.clone(),
         };
-        let mut failure = CallbackFailure {
-            nonce: nonce.clone(),
-            status,
-            reason: String::new(),
-            transaction_reference_id: callback.transaction_reference_id.to_string(),
-            client_id: callback.client_id.clone(),
-            amount: callback.amount.to_string(),
-            currency: callback.currency.clone(),
-            at_ms: 0,
-        };
+        // What an operator needs of a failed delivery, kept before the handler takes the
+        // callback; turned into a record only if it fails.
+        let (reference, amount) = (callback.transaction_reference_id, callback.amount);
+        let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
         let answer = self.book(store.as_ref(), callback, ctx, claim).await;
         if let Err(problem) = &answer {
             store.release_callback(&nonce, claim);
             if !matches!(problem, Problem::StoreFailed { .. }) {
-                failure.reason = problem.message();
-                failure.at_ms = crate::store::now_ms();
+                let failure = CallbackFailure {
+                    nonce: nonce.clone(),
+                    status,
+                    reason: problem.message(),
+                    transaction_reference_id: reference,
+                    client_id,
+                    amount,
+                    currency,
+                    at_ms: crate::store::now_ms(),
+                };
                 self.failing(store.as_ref(), failure, attempt);
             }
         }

@@ -287,7 +287,8 @@ impl Writer {
 /// step holds the write lock for a few milliseconds.
 const PURGE_STEP: usize = 256;
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks `mutex`; a panic of another holder does not poison the store's state.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -493,7 +494,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         // The seal goes into the batch; the watermark follows once the batch is durable,
         // before any reply: an acknowledged commit is always at or below the watermark.
         let seal = context.watermark.next(now);
-        overlay.insert(keys::SEAL.to_vec(), Some(Watermark::encode(&seal)));
+        overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
         apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
     };
     if let Err(error) = &outcome {

@@ -29,11 +29,11 @@ pub struct CallbackFailure {
     /// Why (the answer's message, or the handler's reason).
     pub reason: String,
     /// The aggregator's reference of the transaction (`payhook reconcile --ref`).
-    pub transaction_reference_id: String,
+    pub transaction_reference_id: uuid::Uuid,
     /// The merchant's client.
     pub client_id: String,
-    /// The amount, as received.
-    pub amount: String,
+    /// The amount.
+    pub amount: rust_decimal::Decimal,
     /// The currency.
     pub currency: String,
     /// When it failed, ms since the Unix epoch.
@@ -110,9 +110,9 @@ pub(crate) fn record(
             first_failed_ms: failure.at_ms,
             last_failed_ms: failure.at_ms,
             last_reason: reason,
-            transaction_reference_id: failure.transaction_reference_id.clone(),
+            transaction_reference_id: failure.transaction_reference_id.to_string(),
             client_id: failure.client_id.clone(),
-            amount: failure.amount.clone(),
+            amount: failure.amount.to_string(),
             currency: failure.currency.clone(),
         }),
     }

@@ -41,6 +41,7 @@ use std::{
     sync::Mutex,
 };
 
+use super::committer::lock;
 use super::{StoreError, keys};
 
 /// The watermark's file name, in the store's directory.
@@ -66,7 +67,8 @@ pub struct Seal {
 }
 
 impl Seal {
-    fn encode(&self) -> Vec<u8> {
+    /// The value stored under [`keys::SEAL`].
+    pub(crate) fn encode(&self) -> Vec<u8> {
         [
             self.store_id.as_bytes().as_slice(),
             &self.commit.to_be_bytes(),
@@ -198,8 +200,9 @@ fn describe(held: Option<Seal>) -> String {
 
 /// The watermark of an open store, advanced by the writer after each durable commit.
 pub(crate) struct Watermark {
-    file: Mutex<File>,
-    last: Mutex<Seal>,
+    /// The file, and the seal it holds. Only the committing leader touches it; the lock
+    /// is never contended.
+    state: Mutex<(File, Seal)>,
 }
 
 impl fmt::Debug for Watermark {
@@ -340,7 +343,7 @@ impl Watermark {
 
     /// The next commit's seal (not yet written).
     pub(crate) fn next(&self, at_ms: u64) -> Seal {
-        let last = *lock(&self.last);
+        let last = lock(&self.state).1;
         Seal {
             store_id: last.store_id,
             commit: last.commit.saturating_add(1),
@@ -348,19 +351,14 @@ impl Watermark {
         }
     }
 
-    /// The value to write under [`keys::SEAL`] with the commit of `seal`.
-    pub(crate) fn encode(seal: &Seal) -> Vec<u8> {
-        seal.encode()
-    }
-
     /// Records that `seal`'s commit is durable in sled: written and made durable before
     /// anyone is answered.
     pub(crate) fn advance(&self, seal: Seal) -> Result<(), StoreError> {
-        let mut file = lock(&self.file);
-        write_slot(&mut file, &seal)
-            .and_then(|()| file.sync_data())
+        let mut state = lock(&self.state);
+        write_slot(&mut state.0, &seal)
+            .and_then(|()| state.0.sync_data())
             .map_err(|e| StoreError::Backend(format!("writing the watermark: {e}")))?;
-        *lock(&self.last) = seal;
+        state.1 = seal;
         Ok(())
     }
 
@@ -383,8 +381,7 @@ impl Watermark {
                 .map_err(|e| io_error(dir, e))?;
         }
         Ok(Self {
-            file: Mutex::new(file),
-            last: Mutex::new(start),
+            state: Mutex::new((file, start)),
         })
     }
 
@@ -461,12 +458,6 @@ fn io_error(dir: &Path, error: std::io::Error) -> StoreError {
         "the store's watermark in {}: {error}",
         dir.display()
     ))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
