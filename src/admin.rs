@@ -1,5 +1,5 @@
-//! Operating a merchant's service from the command line: postponed validations, transaction
-//! lookup, and lost-callback recovery. The `payhook` binary uses these, and so can a
+//! Operating a merchant's service from the command line: postponed validations, failing
+//! callbacks, transaction lookup, and lost-callback recovery. The `payhook` binary uses these, and so can a
 //! merchant's own binary, which has its callback handler and can therefore book what
 //! [`reconcile`] recovers (see `examples/merchant.rs`):
 //!
@@ -36,7 +36,7 @@ use crate::postponed::{
     Clock, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
 };
 use crate::server::Reconciled;
-use crate::store::{Store, StoreError};
+use crate::store::{FailingCallback, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +75,9 @@ pub enum AdminCommand {
     /// Postponed (Awaitable) validations in the store.
     #[command(subcommand)]
     Validations(ValidationsCommand),
+    /// Callbacks whose handler failed and that are not booked yet.
+    #[command(subcommand)]
+    Callbacks(CallbacksCommand),
     /// Fetch a transaction from the aggregator by its reference id and print it (spec 2.6).
     Transaction {
         /// The transaction's reference id (a GUID).
@@ -118,6 +121,15 @@ pub enum ValidationsCommand {
     },
 }
 
+/// `callbacks …`
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum CallbacksCommand {
+    /// List the (nonce, status) pairs whose handler failed and that are not booked yet,
+    /// most recent failure first: the aggregator is still retrying them, or gave up and
+    /// they must be booked by hand (or by `reconcile`).
+    Failing,
+}
+
 impl AdminCommand {
     /// Runs the command, printing to `out`. `app` is needed by `reconcile` only: it books
     /// through the app's callback handler.
@@ -138,6 +150,14 @@ impl AdminCommand {
                     AdminError::Unsupported("validations need the service's store".into())
                 })?;
                 command.run(store, out).await
+            }
+            Self::Callbacks(CallbacksCommand::Failing) => {
+                let store = store.ok_or_else(|| {
+                    AdminError::Unsupported("callbacks need the service's store".into())
+                })?;
+                let failing = store.failing_callbacks()?;
+                out.write_all(describe_failing(&failing).as_bytes())?;
+                Ok(())
             }
             Self::Transaction { reference_id } => {
                 let gateway = GatewayClient::new(&config.gateway)?;
@@ -271,6 +291,16 @@ impl AdminClient {
             .map_err(|_| remote(0, "no answer within 60 s".into()))?
     }
 
+    /// The callbacks whose handler failed and that are not booked yet.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, AdminError> {
+        self.call(http::Method::GET, "callbacks/failing", None)
+            .await
+    }
+
     /// The postponed validations (in `state`: `pending`, `queued`, `delivered`, `conflict`).
     ///
     /// # Errors
@@ -361,6 +391,11 @@ impl AdminCommand {
                     out,
                     "validation {id}: {verdict} ({outcome}); the service's outbox posts it to the aggregator"
                 )?;
+                Ok(())
+            }
+            Self::Callbacks(CallbacksCommand::Failing) => {
+                let failing = client.failing_callbacks().await?;
+                out.write_all(describe_failing(&failing).as_bytes())?;
                 Ok(())
             }
             Self::Reconcile { reference_ids } => {
@@ -534,6 +569,53 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
         let _ = writeln!(out, "{label:<20}{value}");
     }
     out
+}
+
+/// Failing callbacks as a table, one line per (nonce, status); the nonce and reason are
+/// shown escaped, as in logs.
+pub fn describe_failing(all: &[FailingCallback]) -> String {
+    let mut out = format!(
+        "{:<24} {:<10} {:>8} {:<20} {:<20} {:<16} {:>14} {:<36} {}\n",
+        "nonce",
+        "status",
+        "failures",
+        "first failed (UTC)",
+        "last failed (UTC)",
+        "client",
+        "amount",
+        "reference id",
+        "last reason"
+    );
+    for f in all {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<10} {:>8} {:<20} {:<20} {:<16} {:>14} {:<36} {}",
+            crate::logged::Logged(&f.nonce).to_string(),
+            crate::model::TransactionStatus::from_code(f.status).to_string(),
+            f.failures,
+            utc(f.first_failed_ms),
+            utc(f.last_failed_ms),
+            crate::logged::Logged(&f.client_id).to_string(),
+            format!("{} {}", f.amount, f.currency),
+            f.transaction_reference_id,
+            crate::logged::Logged(&f.last_reason)
+        );
+    }
+    if all.is_empty() {
+        out.push_str("(none)\n");
+    }
+    out
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS`.
+fn utc(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or_else(
+            || ms.to_string(),
+            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
+        )
 }
 
 /// Postponed validations as a table.

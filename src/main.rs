@@ -43,7 +43,7 @@ struct Cli {
     /// file named by PAYHOOK_CONFIG, if any; PAYHOOK_* variables apply on top).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// `validations` and `reconcile`: work through this running service's operating API
+    /// `validations`, `callbacks` and `reconcile`: work through this running service's operating API
     /// (e.g. http://127.0.0.1:8080) instead of opening its store; the token is admin.token
     /// (PAYHOOK_ADMIN_TOKEN).
     #[arg(long, global = true)]
@@ -306,9 +306,9 @@ fn admin(
         return Ok(());
     }
     let store: Option<Arc<dyn Store>> = match command {
-        AdminCommand::Validations(_) | AdminCommand::Reconcile { .. } => {
-            Some(Arc::new(open_store(&config)?))
-        }
+        AdminCommand::Validations(_)
+        | AdminCommand::Callbacks(_)
+        | AdminCommand::Reconcile { .. } => Some(Arc::new(open_store(&config)?)),
         _ => None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

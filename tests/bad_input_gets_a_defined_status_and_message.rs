@@ -339,6 +339,65 @@ async fn a_body_that_is_not_a_json_object_is_400_even_in_the_structs_field_order
     assert!(server.merchant.calls().is_empty());
 }
 
+/// `fixture` with the object at `pointer` replaced by its values as a positional array, in
+/// the order of `fields`.
+fn nested_positional(fixture: &str, pointer: &str, fields: &[&str]) -> String {
+    let mut object: serde_json::Value = serde_json::from_str(fixture).unwrap();
+    let nested = object.pointer(pointer).unwrap().clone();
+    let positional = fields.iter().map(|f| nested[*f].clone()).collect();
+    *object.pointer_mut(pointer).unwrap() = serde_json::Value::Array(positional);
+    object.to_string()
+}
+
+#[tokio::test]
+async fn a_nested_message_given_as_an_array_is_400_naming_the_field() {
+    let server = TestServer::start().await;
+    let cases = [
+        (
+            VALIDATION_PATH,
+            nested_positional(
+                TRANSACTION_VALIDATION,
+                "/merchantData",
+                &["merchantHash", "clientId", "additionalData"],
+            ),
+            "merchantData",
+        ),
+        (
+            PROVIDERS_PATH,
+            nested_positional(
+                PROVIDERS_VALIDATION,
+                "/transactionData",
+                &["merchantData", "paymentData", "cashIn"],
+            ),
+            "transactionData",
+        ),
+        (
+            PROVIDERS_PATH,
+            nested_positional(
+                PROVIDERS_VALIDATION,
+                "/providers/0",
+                &["id", "name", "collabId", "currencies", "payTypes"],
+            ),
+            "providers",
+        ),
+    ];
+    for (path, body, field) in &cases {
+        let response = server.post_json(path, body).await;
+        assert_eq!(
+            response.status,
+            400,
+            "{path} {body}: {}",
+            response.message()
+        );
+        assert!(
+            response.message().contains(field) && response.message().contains("JSON object"),
+            "{path}: {}",
+            response.message()
+        );
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
 #[tokio::test]
 async fn a_validation_amount_must_be_above_zero_and_a_callback_amount_not_negative() {
     let server = TestServer::start().await;

@@ -129,3 +129,80 @@ async fn failures_are_durable_and_expire_with_the_retention() {
     assert_eq!(store.purge_expired(after_retention).unwrap(), 1);
     assert!(store.failing_callbacks().unwrap().is_empty());
 }
+
+/// Runs the real `payhook` binary with only `env`; returns its exit code and stdout.
+async fn payhook(args: &[&str], env: &[(&str, String)]) -> (i32, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"));
+    command.args(args).env_clear().env("RUST_LOG", "error");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    // Off the runtime: the server under test keeps answering meanwhile.
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_line_lists_failing_callbacks_of_a_running_and_a_stopped_service() {
+    let mut config = test_config();
+    config.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(config).await;
+    assert_eq!(deliver(&server, "f-cli-1", "fail").await, 503);
+    assert_eq!(deliver(&server, "f-cli-1", "fail").await, 503);
+    assert_eq!(deliver(&server, "f-cli\u{1b}[2J", "fail").await, 503);
+
+    let url = format!("http://{}", server.addr);
+    let (code, out) = payhook(
+        &["--admin-url", &url, "callbacks", "failing"],
+        &[("PAYHOOK_ADMIN_TOKEN", TOKEN.to_owned())],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("f-cli-1 "))
+        .unwrap_or_else(|| panic!("f-cli-1 not listed:\n{out}"));
+    assert!(line.contains(" 2 "), "two failures: {line}");
+    assert!(
+        line.contains("0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e"),
+        "{line}"
+    );
+    assert!(
+        !out.contains('\u{1b}') && out.contains("f-cli\\u{1b}[2J"),
+        "a nonce from the wire is printed escaped:\n{out}"
+    );
+
+    // The wrong token is refused with the service's message, not a listing.
+    let (code, _) = payhook(
+        &["--admin-url", &url, "callbacks", "failing"],
+        &[("PAYHOOK_ADMIN_TOKEN", "not-the-token-0123456789".to_owned())],
+    )
+    .await;
+    assert_ne!(code, 0);
+
+    // Offline, on the stopped service's store: the same list.
+    let mut server = server;
+    server.shut_down();
+    server.stopped().await;
+    let data = std::mem::replace(&mut server.data, tempfile::tempdir().unwrap());
+    drop(server);
+    let store_path = data.path().join("store");
+    let (code, offline) = payhook(
+        &["callbacks", "failing"],
+        &[("PAYHOOK_STORE_PATH", store_path.display().to_string())],
+    )
+    .await;
+    assert_eq!(code, 0, "{offline}");
+    assert_eq!(
+        offline.lines().filter(|l| l.starts_with("f-cli")).count(),
+        2,
+        "{offline}"
+    );
+    drop(data);
+}

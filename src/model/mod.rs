@@ -2,13 +2,15 @@
 //!
 //! Every type is camelCase on the wire and reads tolerantly: unknown fields are ignored,
 //! optional fields accept both `null` and absence, and free-form objects (`additionalData`,
-//! `accountData`, `providerData`) are kept as [`serde_json::Value`]. Two things are strict,
+//! `accountData`, `providerData`) are kept as [`serde_json::Value`]. Three things are strict,
 //! because money depends on them:
 //!
 //! * **amounts** are exact [`rust_decimal::Decimal`]s read from the JSON text, never through
 //!   `f64`; a number that cannot be held exactly is an error, not a rounding ([`parse_amount`]);
 //! * **times** are UTC [`chrono::DateTime`]s, read leniently the way .NET writes them
-//!   ([`parse_utc`]) and written as RFC 3339 with `Z`.
+//!   ([`parse_utc`]) and written as RFC 3339 with `Z`;
+//! * **messages are objects**: a nested message (`merchantData`, a provider candidate) given
+//!   as a positional array, which serde's derive would read, is refused.
 //!
 //! | spec | types |
 //! |---|---|
@@ -27,6 +29,7 @@
 mod amount;
 mod auth;
 mod callback;
+mod object;
 mod provider;
 mod status;
 mod timestamp;

@@ -46,8 +46,10 @@ pub struct ProvidersPaymentData {
 #[serde(rename_all = "camelCase")]
 pub struct TransactionData {
     /// Merchant data, unchanged from payment initialization.
+    #[serde(deserialize_with = "super::object::object")]
     pub merchant_data: MerchantData,
     /// What is being paid.
+    #[serde(deserialize_with = "super::object::object")]
     pub payment_data: ProvidersPaymentData,
     /// `true` for a deposit (cash-in), `false` for a withdrawal.
     pub cash_in: bool,
@@ -58,8 +60,10 @@ pub struct TransactionData {
 #[serde(rename_all = "camelCase")]
 pub struct ProvidersValidationRequest {
     /// The transaction the providers are for.
+    #[serde(deserialize_with = "super::object::object")]
     pub transaction_data: TransactionData,
     /// Candidate providers.
+    #[serde(deserialize_with = "super::object::objects")]
     pub providers: Vec<ProviderCandidate>,
 }
 
@@ -106,8 +110,10 @@ pub struct ValidationPaymentData {
 #[serde(rename_all = "camelCase")]
 pub struct TransactionValidationRequest {
     /// Merchant data, including the client data needed to identify the client.
+    #[serde(deserialize_with = "super::object::object")]
     pub merchant_data: MerchantData,
     /// What is being paid.
+    #[serde(deserialize_with = "super::object::object")]
     pub payment_data: ValidationPaymentData,
     /// Data the provider needs, as sent (`null` when absent).
     #[serde(default)]

@@ -1,0 +1,121 @@
+//! Nested messages are JSON objects, never arrays.
+//!
+//! serde's derived `Deserialize` reads a struct from a JSON array of its fields in order too
+//! (`"merchantData": ["hash", {...}]`). The aggregator sends objects; a positional form is
+//! not one of its messages, so a field holding a message reads it through [`object`] (or
+//! [`objects`] for a list of them), which accepts a JSON object only. The top-level body is
+//! checked before parsing by the server.
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use std::{fmt, marker::PhantomData};
+
+/// Reads a `T` from a JSON object; an array is refused with "expected a JSON object".
+pub(crate) fn object<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    deserializer.deserialize_map(ObjectVisitor(PhantomData))
+}
+
+/// Reads a list of `T`, each from a JSON object.
+pub(crate) fn objects<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    deserializer.deserialize_seq(ObjectsVisitor(PhantomData))
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(de::value::MapAccessDeserializer::new(map))
+    }
+}
+
+/// One element of a list, read through [`object`].
+struct Element<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Element<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        object(deserializer).map(Element)
+    }
+}
+
+struct ObjectsVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectsVisitor<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a JSON array of objects")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        // The hint comes from the sender: a bound, not a promise.
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(Element(item)) = seq.next_element::<Element<T>>()? {
+            items.push(item);
+        }
+        Ok(items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Inner {
+        a: u32,
+        b: String,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Outer {
+        #[serde(deserialize_with = "object")]
+        one: Inner,
+        #[serde(deserialize_with = "objects")]
+        many: Vec<Inner>,
+    }
+
+    #[test]
+    fn objects_are_read_and_arrays_refused() {
+        let outer: Outer = serde_json::from_str(
+            r#"{"one": {"a": 1, "b": "x"}, "many": [{"b": "y", "a": 2, "extra": null}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            outer.one,
+            Inner {
+                a: 1,
+                b: "x".into()
+            }
+        );
+        assert_eq!(
+            outer.many,
+            vec![Inner {
+                a: 2,
+                b: "y".into()
+            }]
+        );
+
+        for positional in [
+            r#"{"one": [1, "x"], "many": []}"#,
+            r#"{"one": {"a": 1, "b": "x"}, "many": [[2, "y"]]}"#,
+            r#"{"one": {"a": 1, "b": "x"}, "many": {"a": 2, "b": "y"}}"#,
+        ] {
+            let error = serde_json::from_str::<Outer>(positional).unwrap_err();
+            assert!(error.to_string().contains("JSON"), "{positional}: {error}");
+        }
+    }
+}
