@@ -12,6 +12,10 @@
 //! | `server.handler_timeout` | `"20s"` | `PAYHOOK_SERVER_HANDLER_TIMEOUT` |
 //! | `server.shutdown_grace` | `"30s"` | `PAYHOOK_SERVER_SHUTDOWN_GRACE` |
 //! | `server.max_connections` | `512` | `PAYHOOK_SERVER_MAX_CONNECTIONS` |
+//! | `server.max_connections_per_address` | `128` (`0`: no limit) | `PAYHOOK_SERVER_MAX_CONNECTIONS_PER_ADDRESS` |
+//! | `server.idle_timeout` | `"60s"` (no request in progress) | `PAYHOOK_SERVER_IDLE_TIMEOUT` |
+//! | `server.min_body_rate` | `240` (bytes/s; `0`: off) | `PAYHOOK_SERVER_MIN_BODY_RATE` |
+//! | `server.min_body_rate_grace` | `"5s"` | `PAYHOOK_SERVER_MIN_BODY_RATE_GRACE` |
 //! | `server.max_identifier_bytes` | `256` (nonce, client id) | `PAYHOOK_SERVER_MAX_IDENTIFIER_BYTES` |
 //! | `paths.providers_validation` | `/payhook/providers-validation` | `PAYHOOK_PATHS_PROVIDERS_VALIDATION` |
 //! | `paths.transaction_validation` | `/payhook/transaction-validation` | `PAYHOOK_PATHS_TRANSACTION_VALIDATION` |
@@ -157,11 +161,31 @@ pub struct ServerConfig {
     /// On shutdown, time in-flight requests have to finish before connections are dropped.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub shutdown_grace: Duration,
-    /// Connections served at once; a further one waits in the listen backlog until one
-    /// closes. Keeps file descriptors for the store and the aggregator however many
-    /// connections clients open (keep it below the process' open-files limit).
+    /// Connections served at once. When all are taken, the least active connection whose
+    /// handler is not running (idle, or sending slowly) is closed for a new one; when every
+    /// one is working, a new one waits in the listen backlog. Keeps file descriptors for the
+    /// store and the aggregator however many connections clients open (keep it below the
+    /// process' open-files limit).
     #[serde(deserialize_with = "lenient")]
     pub max_connections: usize,
+    /// Connections one client address may hold at once (0: no limit); over it, that
+    /// address's least active connection is closed for the new one, or the new one is
+    /// closed when all of them are working. Behind a reverse proxy every connection comes
+    /// from the proxy: raise it or set 0 there.
+    #[serde(deserialize_with = "lenient")]
+    pub max_connections_per_address: usize,
+    /// A connection with no request in progress for this long is closed, HTTP/2 included
+    /// (however it answers PINGs).
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
+    pub idle_timeout: Duration,
+    /// Slowest request body accepted, in bytes per second averaged since the headers
+    /// arrived, once `min_body_rate_grace` has passed; a slower one is answered 408 and its
+    /// connection closed (0: no minimum, only `request_timeout`).
+    #[serde(deserialize_with = "lenient")]
+    pub min_body_rate: u64,
+    /// How long a body may arrive slower than `min_body_rate` at first.
+    #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
+    pub min_body_rate_grace: Duration,
     /// Longest nonce and client id accepted, in bytes (UTF-8); a longer one is refused with
     /// 400. Identifiers are kept in memory, in the store for the retention period and in
     /// logs: without a bound, a client could fill all three. The default fits every real
@@ -186,6 +210,10 @@ impl Default for ServerConfig {
             handler_timeout: Duration::from_secs(20),
             shutdown_grace: Duration::from_secs(30),
             max_connections: 512,
+            max_connections_per_address: 128,
+            idle_timeout: Duration::from_secs(60),
+            min_body_rate: 240,
+            min_body_rate_grace: Duration::from_secs(5),
             max_identifier_bytes: 256,
             metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             trusted_proxies: Vec::new(),
@@ -728,6 +756,7 @@ impl Config {
             ),
             ("server.request_timeout", self.server.request_timeout),
             ("server.handler_timeout", self.server.handler_timeout),
+            ("server.idle_timeout", self.server.idle_timeout),
         ];
         for (key, value) in timeouts {
             if value.is_zero() {

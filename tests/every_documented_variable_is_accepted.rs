@@ -74,7 +74,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         _ if suffix("_HEADER") => "X-Test-Header".into(),
         _ if suffix("_ALLOW_IPS") || suffix("_PROXIES") => r#"["10.0.0.0/8"]"#.into(),
         _ if suffix("_LIMIT") => "65536".into(),
-        _ if suffix("_CONNECTIONS") => "64".into(),
+        _ if suffix("_CONNECTIONS") || suffix("_PER_ADDRESS") => "64".into(),
+        _ if suffix("_RATE") => "100".into(),
         _ if suffix("_BYTES") => "1048576".into(),
         _ if suffix("_TIMEOUT")
             || suffix("_GRACE")

@@ -19,7 +19,6 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::problem::Problem;
-use super::request::read_body;
 use super::{App, ResponseBody};
 use crate::auth::{Cidr, Expected};
 use crate::config::AdminConfig;
@@ -134,10 +133,6 @@ impl App {
             .trim_start_matches(ADMIN_PREFIX)
             .trim_end_matches('/');
         let segments: Vec<&str> = rest.split('/').collect();
-        let limits = (
-            self.inner.server.body_limit,
-            self.inner.server.request_timeout,
-        );
         match (&parts.method, segments.as_slice()) {
             (&Method::GET, ["validations"]) => {
                 let state = match parts.uri.query().and_then(|q| q.strip_prefix("state=")) {
@@ -162,7 +157,7 @@ impl App {
                 let id: i64 = id
                     .parse()
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
-                let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+                let bytes = self.read_body(&parts, body).await?;
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
                 let resolver = self.resolver().ok_or(Problem::NotFound)?;
                 match resolver
@@ -188,7 +183,7 @@ impl App {
                 Ok(json(&failing))
             }
             (&Method::POST, ["reconcile"]) => {
-                let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+                let bytes = self.read_body(&parts, body).await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
                 let gateway = self.inner.gateway.as_ref().ok_or_else(|| {
                     Problem::Conflict("reconcile needs a complete [gateway] section".into())

@@ -15,6 +15,8 @@
 //! | `payhook_signatures_refused_total` | counter | missing, malformed or forged signatures (401) |
 //! | `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total` | counter | postponed results delivered (200), refused (403), retried |
 //! | `payhook_outbox_queued` | gauge | postponed results waiting for delivery |
+//! | `payhook_connections_open` | gauge | connections being served (when served by [`crate::serve`]) |
+//! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408) |
 //!
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
 //! list turns the route off.
@@ -56,6 +58,36 @@ pub(crate) struct Metrics {
     pub(crate) signatures_verified: AtomicU64,
     pub(crate) signatures_reused: AtomicU64,
     pub(crate) signatures_refused: AtomicU64,
+    connections_open: AtomicU64,
+    /// Connections shed, by [`ShedReason`].
+    connections_shed: [AtomicU64; ShedReason::ALL.len()],
+}
+
+/// Why a connection was closed by the server to keep its slots for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShedReason {
+    Idle,
+    LeastActive,
+    AddressLimit,
+    SlowBody,
+}
+
+impl ShedReason {
+    const ALL: [Self; 4] = [
+        Self::Idle,
+        Self::LeastActive,
+        Self::AddressLimit,
+        Self::SlowBody,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::LeastActive => "least_active",
+            Self::AddressLimit => "address_limit",
+            Self::SlowBody => "slow_body",
+        }
+    }
 }
 
 /// A validation decision, for counting.
@@ -92,6 +124,14 @@ impl Metrics {
     /// Counts one handler decision on a validation.
     pub(crate) fn decided(&self, decision: Decision) {
         self.validations[decision as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_shed(&self, reason: ShedReason) {
+        self.connections_shed[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_connections_open(&self, open: usize) {
+        self.connections_open.store(open as u64, Ordering::Relaxed);
     }
 
     /// The exposition text.
@@ -219,6 +259,19 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP payhook_callbacks_failing Callbacks (nonce, status) whose handler failed, not booked yet.\n# TYPE payhook_callbacks_failing gauge\npayhook_callbacks_failing {failing}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP payhook_connections_open Connections being served.\n# TYPE payhook_connections_open gauge\npayhook_connections_open {}\n# HELP payhook_connections_shed_total Connections closed to keep slots for work, by reason.\n# TYPE payhook_connections_shed_total counter",
+            load(&self.connections_open)
+        );
+        for (reason, counter) in ShedReason::ALL.iter().zip(&self.connections_shed) {
+            let _ = writeln!(
+                out,
+                "payhook_connections_shed_total{{reason=\"{}\"}} {}",
+                reason.label(),
+                load(counter)
             );
         }
         out

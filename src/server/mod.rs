@@ -22,6 +22,7 @@
 
 mod admin;
 mod awaitable;
+mod connection;
 mod exactly_once;
 mod metrics;
 mod preface;
@@ -65,7 +66,7 @@ use crate::model::{
 use crate::signature::{SignatureError, VerifiedCache, Verifier, VerifierConfigError};
 use crate::store::{SledStore, Store, StoreError};
 use problem::{Problem, json_response};
-use request::{REQUEST_ID_HEADER, is_json, parse_json, read_body, request_id};
+use request::{BodyLimits, REQUEST_ID_HEADER, is_json, parse_json, request_id};
 use route::{Endpoint, Route, Router};
 
 pub use admin::{AdminDecision, AdminReconcile, AdminReconciled};
@@ -147,7 +148,7 @@ struct Inner {
     /// Awaitable mode: the resolver and the outbox; `None` when not Awaitable.
     awaitable: Option<awaitable::Awaitable>,
     /// What the server did, for `/metrics`.
-    metrics: metrics::Metrics,
+    metrics: Arc<metrics::Metrics>,
     /// Who may read `/metrics`.
     metrics_allow: Vec<crate::auth::Cidr>,
     /// Proxies whose `X-Forwarded-For` is believed.
@@ -354,6 +355,32 @@ impl App {
         None
     }
 
+    /// Reads a request's body within `[server]`'s limits; while it arrives, the connection
+    /// counts as receiving (see `connection.rs`), not working.
+    async fn read_body<B>(&self, parts: &http::request::Parts, body: B) -> Result<Bytes, Problem>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let server = &self.inner.server;
+        let limits = BodyLimits {
+            limit: server.body_limit,
+            timeout: server.request_timeout,
+            min_rate: server.min_body_rate,
+            grace: server.min_body_rate_grace,
+        };
+        let receiving = parts
+            .extensions
+            .get::<Arc<connection::Activity>>()
+            .map(connection::Activity::receiving);
+        let read = request::read_body(&parts.headers, body, limits).await;
+        drop(receiving);
+        if let Err(Problem::BodyTooSlow { .. }) = read {
+            self.inner.metrics.count_shed(metrics::ShedReason::SlowBody);
+        }
+        read
+    }
+
     /// `/metrics`, for the allowed addresses only.
     fn metrics(&self, client: Option<std::net::IpAddr>) -> Response<ResponseBody> {
         let allowed =
@@ -401,7 +428,6 @@ impl App {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let inner = &self.inner;
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
         let client = self.client_of(peer, &parts.headers);
@@ -410,8 +436,7 @@ impl App {
         if !is_json(&parts.headers) {
             return Err(Problem::UnsupportedMediaType);
         }
-        let limits = (inner.server.body_limit, inner.server.request_timeout);
-        let bytes = read_body(&parts.headers, body, limits.0, limits.1).await?;
+        let bytes = self.read_body(&parts, body).await?;
         if let Some(signature) = signature {
             self.check_signature(&bytes, &signature)?;
         }
@@ -892,7 +917,7 @@ impl AppBuilder {
                 waiters: exactly_once::Waiters::default(),
                 draining: AtomicBool::new(false),
                 awaitable,
-                metrics: metrics::Metrics::default(),
+                metrics: Arc::default(),
                 metrics_allow,
                 trusted_proxies,
                 admin,

@@ -5,6 +5,7 @@
 //! HTTP/2 preface, no timer runs: a client that connects and sends nothing (or sends `P` and
 //! stops) would hold its connection forever. [`PrefaceDeadline`] closes that gap: the first
 //! [`PREFACE_LEN`] bytes must arrive before the deadline, after which it is a plain stream.
+//! It also counts the bytes the client sends, for the shedding rules of `connection.rs`.
 
 use std::{
     io,
@@ -15,12 +16,16 @@ use std::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use super::connection::Activity;
+
 /// Length of the HTTP/2 connection preface, all that version detection reads.
 const PREFACE_LEN: usize = 24;
 
 /// A stream whose first [`PREFACE_LEN`] bytes must arrive within a deadline.
 pub(crate) struct PrefaceDeadline<S> {
     inner: S,
+    /// Where the bytes read are counted.
+    activity: std::sync::Arc<Activity>,
     /// Bytes still expected before the deadline is lifted.
     remaining: usize,
     /// Armed at accept; dropped once the first bytes are in.
@@ -28,9 +33,10 @@ pub(crate) struct PrefaceDeadline<S> {
 }
 
 impl<S> PrefaceDeadline<S> {
-    pub(crate) fn new(inner: S, timeout: Duration) -> Self {
+    pub(crate) fn new(inner: S, timeout: Duration, activity: std::sync::Arc<Activity>) -> Self {
         Self {
             inner,
+            activity,
             remaining: PREFACE_LEN,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
         }
@@ -47,7 +53,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for PrefaceDeadline<S> {
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                this.remaining = this.remaining.saturating_sub(buf.filled().len() - before);
+                let read = buf.filled().len() - before;
+                this.activity.read(read);
+                this.remaining = this.remaining.saturating_sub(read);
                 if this.remaining == 0 {
                     this.deadline = None;
                 }

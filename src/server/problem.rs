@@ -9,6 +9,7 @@
 //! | [`Problem::EmptyBody`] | 400 | `request body is empty` |
 //! | [`Problem::BadRequest`] | 400 | what is wrong, naming the field, line and column |
 //! | [`Problem::BodyTimeout`] | 408 | `request body not received in time` |
+//! | [`Problem::BodyTooSlow`] | 408 | `request body arrives too slowly: …` (below `server.min_body_rate` after its grace) |
 //! | [`Problem::Unauthorized`] | 401 (+ `WWW-Authenticate` for Basic) | `missing signature: …`, `malformed signature: …`, `invalid signature: …`, `missing credentials`, `invalid credentials` |
 //! | [`Problem::AddressRefused`] | 403 | `address not allowed` |
 //! | [`Problem::Denied`] | 403 | the merchant's message |
@@ -53,6 +54,11 @@ pub(crate) enum Problem {
     EmptyBody,
     BadRequest(String),
     BodyTimeout,
+    /// The body arrived slower than `server.min_body_rate` after its grace period.
+    BodyTooSlow {
+        received: u64,
+        min_rate: u64,
+    },
     Unauthorized {
         message: String,
         basic: bool,
@@ -97,7 +103,7 @@ impl Problem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::EmptyBody | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTimeout | Self::BodyTooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -130,6 +136,7 @@ impl Problem {
             | Self::EmptyBody
             | Self::BadRequest(_)
             | Self::BodyTimeout
+            | Self::BodyTooSlow { .. }
             | Self::Unauthorized { .. } => true,
             Self::HandlerFailed { endpoint: e, .. } | Self::HandlerTimedOut { endpoint: e, .. } => {
                 *e == endpoint
@@ -154,6 +161,10 @@ impl Problem {
             Self::EmptyBody,
             Self::BadRequest(String::new()),
             Self::BodyTimeout,
+            Self::BodyTooSlow {
+                received: 0,
+                min_rate: 1,
+            },
             Self::Unauthorized {
                 message: String::new(),
                 basic: false,
@@ -198,6 +209,9 @@ impl Problem {
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),
             Self::BodyTimeout => "request body not received in time".to_owned(),
+            Self::BodyTooSlow { received, min_rate } => format!(
+                "request body arrives too slowly: {received} bytes so far, below {min_rate} bytes/s"
+            ),
             Self::RetryLater { reason, .. } => reason.clone(),
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,

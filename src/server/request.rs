@@ -5,7 +5,7 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::problem::Problem;
 
@@ -58,34 +58,82 @@ fn declared_length(headers: &HeaderMap) -> Option<u64> {
         .ok()
 }
 
-/// Reads the whole body: refused before reading when `Content-Length` is over `limit`, cut
-/// off while streaming when the bytes exceed it, and bounded by `timeout`.
+/// How a request body must arrive: at most `limit` bytes, all within `timeout`, and (when
+/// `min_rate` is not 0) at least `min_rate` bytes per second on average once `grace` has
+/// passed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits {
+    pub(crate) limit: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) min_rate: u64,
+    pub(crate) grace: Duration,
+}
+
+/// Reads the whole body: refused before reading when `Content-Length` is over the limit, cut
+/// off while streaming when the bytes exceed it, and answered 408 when it does not arrive in
+/// time or arrives too slowly.
 pub(crate) async fn read_body<B>(
     headers: &HeaderMap,
     body: B,
-    limit: usize,
-    timeout: Duration,
+    limits: BodyLimits,
 ) -> Result<Bytes, Problem>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let limit = limits.limit;
     if declared_length(headers).is_some_and(|length| length > limit as u64) {
         return Err(Problem::PayloadTooLarge { limit });
     }
-    let collected = tokio::time::timeout(timeout, Limited::new(body, limit).collect())
-        .await
-        .map_err(|_| Problem::BodyTimeout)?;
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Problem::PayloadTooLarge { limit }),
-        Err(error) => {
-            tracing::debug!(%error, "request body unreadable");
-            Err(Problem::BadRequest(
-                "request body could not be read".to_owned(),
-            ))
+    let start = Instant::now();
+    let deadline = start + limits.timeout;
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut received: u64 = 0;
+    loop {
+        // The next bytes are due when the average would fall below the minimum rate.
+        let due = match limits.min_rate {
+            0 => deadline,
+            rate => (start
+                + limits
+                    .grace
+                    .max(Duration::from_millis(received.saturating_mul(1000) / rate)))
+            .min(deadline),
+        };
+        let frame = match tokio::time::timeout_at(due.into(), body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) if due < deadline => {
+                return Err(Problem::BodyTooSlow {
+                    received,
+                    min_rate: limits.min_rate,
+                });
+            }
+            Err(_) => return Err(Problem::BodyTimeout),
+        };
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    received += data.len() as u64;
+                    chunks.push(data);
+                }
+            }
+            Err(error) if error.is::<LengthLimitError>() => {
+                return Err(Problem::PayloadTooLarge { limit });
+            }
+            Err(error) => {
+                tracing::debug!(%error, "request body unreadable");
+                return Err(Problem::BadRequest(
+                    "request body could not be read".to_owned(),
+                ));
+            }
         }
     }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => chunks.concat().into(),
+    })
 }
 
 /// Parses a JSON body into `T`; the error names the field, line and column.

@@ -6,13 +6,24 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use std::{convert::Infallible, future::Future, io, sync::Arc, time::Duration};
-use tokio::{net::TcpListener, sync::Semaphore};
+use std::{
+    convert::Infallible,
+    future::Future,
+    io,
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tokio::net::TcpListener;
 
+use super::connection::{Admission, Connections, Limits};
 use super::{App, PeerAddr, preface::PrefaceDeadline};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// While every connection is working, how often the waiting one looks for a place again.
+const FULL_RECHECK: Duration = Duration::from_millis(50);
 
 /// HTTP/2: how often an idle connection's peer is pinged, and how long it has to answer
 /// before the connection is closed (a peer that vanished without closing).
@@ -25,9 +36,13 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/1.1 and HTTP/2 (prior knowledge) are both served. A client that does not send its
 /// request headers within `server.header_read_timeout` is disconnected — also one that
 /// connects and sends nothing, and an HTTP/1 connection idle between requests for that long;
-/// one that does not send its body within `server.request_timeout` gets 408. An HTTP/2
-/// connection is pinged when idle and closed when its peer stops answering. At most
-/// `server.max_connections` connections are served at once; more wait to be accepted.
+/// one that does not send its body within `server.request_timeout`, or sends it slower than
+/// `server.min_body_rate`, gets 408. A connection with no request in progress for
+/// `server.idle_timeout` is closed, HTTP/2 included; an HTTP/2 connection is also pinged and
+/// closed when its peer stops answering. At most `server.max_connections` connections are
+/// served at once, and `server.max_connections_per_address` from one address: a new one
+/// takes the place of the least active connection whose handler is not running, and waits
+/// only when every connection is working (the rules are in `src/server/connection.rs`).
 ///
 /// Bind port 0 in tests and read the address from the listener:
 ///
@@ -60,33 +75,22 @@ pub async fn serve(
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT);
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(server.max_connections));
+    let connections = Connections::new(
+        Limits {
+            max: server.max_connections,
+            per_address: server.max_connections_per_address,
+            idle_timeout: server.idle_timeout,
+            // With the minimum rate off, a connection silent for a second is behind.
+            pace: server.min_body_rate.max(1),
+        },
+        Arc::clone(&app.inner.metrics),
+    );
+    let janitor = tokio::spawn(close_idle(Arc::clone(&connections)));
     tracing::info!(address = ?listener.local_addr().ok(), "serving");
 
     tokio::pin!(shutdown);
-    let mut saturated = false;
-    loop {
-        let slot = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(slot) => {
-                saturated = false;
-                slot
-            }
-            Err(_) => {
-                if !std::mem::replace(&mut saturated, true) {
-                    tracing::warn!(
-                        max_connections = server.max_connections,
-                        "connection limit reached; new connections wait until one closes"
-                    );
-                }
-                tokio::select! {
-                    slot = Arc::clone(&slots).acquire_owned() => match slot {
-                        Ok(slot) => slot,
-                        Err(_) => break,
-                    },
-                    () = &mut shutdown => break,
-                }
-            }
-        };
+    let mut warned = Warned::default();
+    'accept: loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -99,26 +103,63 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let slot = loop {
+            match connections.admit(peer.ip()) {
+                Admission::Admitted(slot) => break Some(slot),
+                Admission::AddressFull => {
+                    warned.address_full(peer, server.max_connections_per_address);
+                    break None;
+                }
+                Admission::Full => {
+                    warned.full(server.max_connections);
+                    // A slot frees when a connection closes, or becomes sheddable when a
+                    // handler answers: look again at either.
+                    tokio::select! {
+                        () = connections.freed() => {}
+                        () = tokio::time::sleep(FULL_RECHECK) => {}
+                        () = &mut shutdown => break 'accept,
+                    }
+                }
+            }
+        };
+        let Some(slot) = slot else {
+            // Closed at once: its address holds its limit, all of them working.
+            drop(stream);
+            continue;
+        };
+        let activity = Arc::clone(&slot.activity);
         let app = app.clone();
         let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(PeerAddr(peer));
+            request.extensions_mut().insert(Arc::clone(&activity));
+            let busy = activity.request();
             let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(request).await) }
+            async move {
+                let response = app.handle(request).await;
+                drop(busy);
+                Ok::<_, Infallible>(response)
+            }
         });
-        let stream = PrefaceDeadline::new(stream, server.header_read_timeout);
+        let activity = Arc::clone(&slot.activity);
+        let stream =
+            PrefaceDeadline::new(stream, server.header_read_timeout, Arc::clone(&activity));
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+            tokio::select! {
+                ended = connection => if let Err(error) = ended {
+                    tracing::debug!(%peer, %error, "connection ended with an error");
+                },
+                () = activity.shed() => {}
             }
             drop(slot);
         });
     }
 
     drop(listener);
+    janitor.abort();
     app.begin_shutdown();
     tracing::info!(in_flight_connections = graceful.count(), "shutting down");
     tokio::select! {
@@ -128,6 +169,55 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Closes idle connections, every [`Connections::idle_check_interval`], until aborted.
+async fn close_idle(connections: Arc<Connections>) {
+    let mut tick = tokio::time::interval(connections.idle_check_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        connections.close_idle();
+    }
+}
+
+/// Warnings about refused or waiting connections, at most one a minute each: an attack
+/// must not fill the log.
+#[derive(Default)]
+struct Warned {
+    full: Option<Instant>,
+    address_full: Option<Instant>,
+}
+
+impl Warned {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn due(last: &mut Option<Instant>) -> bool {
+        let due = last.is_none_or(|at| at.elapsed() >= Self::EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    }
+
+    fn full(&mut self, max_connections: usize) {
+        if Self::due(&mut self.full) {
+            tracing::warn!(
+                max_connections,
+                "every connection is working; new connections wait until one closes"
+            );
+        }
+    }
+
+    fn address_full(&mut self, peer: SocketAddr, per_address: usize) {
+        if Self::due(&mut self.address_full) {
+            tracing::warn!(
+                address = %peer.ip(),
+                max_connections_per_address = per_address,
+                "an address holds its limit of working connections; its new connections are closed (at most one such warning a minute)"
+            );
+        }
+    }
 }
 
 /// Errors of one connection's handshake, which say nothing about the listener.

@@ -1,0 +1,238 @@
+//! Connections that hold a slot without using it — idle HTTP/2 connections answering PINGs,
+//! headers or bodies sent a few bytes at a time — cannot keep a genuine callback from being
+//! answered: idle connections close, a body below the minimum rate is answered 408, the
+//! least active connection gives its place to a new one, and one address cannot take more
+//! than its share.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::JoinSet;
+
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const GENUINE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// A connection to `server` from `from` (any loopback address).
+async fn connect(server: SocketAddr, from: IpAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(from, 0)).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// An HTTP/2 connection that answers PINGs and opens no stream; completes when the server
+/// closes it.
+async fn idle_http2(server: SocketAddr, from: IpAddr) {
+    let stream = connect(server, from).await;
+    let Ok((_sender, connection)) =
+        hyper::client::conn::http2::handshake::<_, _, http_body_util::Full<bytes::Bytes>>(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+    else {
+        return;
+    };
+    // `_sender` is kept: the connection lives until the server ends it.
+    let _ = connection.await;
+}
+
+/// Sends a request head one byte every 200 ms; completes when the server closes it.
+async fn slow_headers(server: SocketAddr, from: IpAddr) {
+    let mut stream = connect(server, from).await;
+    for byte in format!("POST {CALLBACK_PATH} HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .bytes()
+        .chain(std::iter::repeat(b'a'))
+    {
+        if stream.write_all(&[byte]).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends a whole head and then a body of 64 KiB, 16 bytes every 200 ms; returns the status
+/// answered (0 when the connection was closed without one).
+async fn slow_body(server: SocketAddr, from: IpAddr) -> u16 {
+    let mut stream = connect(server, from).await;
+    let head = format!(
+        "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n"
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return 0;
+    }
+    let (mut read, mut write) = stream.into_split();
+    let drip = async move {
+        loop {
+            if write.write_all(&[b' '; 16]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let answer = async move {
+        let mut raw = Vec::new();
+        let _ = read.read_to_end(&mut raw).await;
+        String::from_utf8_lossy(&raw)
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    tokio::select! {
+        status = answer => status,
+        () = drip => 0,
+    }
+}
+
+/// A genuine callback with `nonce` from `from`; its status.
+async fn genuine(server: SocketAddr, from: IpAddr, nonce: &str) -> u16 {
+    let body = with(CALLBACK, "/nonce", Some(serde_json::json!(nonce)));
+    let mut stream = connect(server, from).await;
+    let request = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    stream.write_all(&request).await.unwrap();
+    read_response(&mut stream).await.status
+}
+
+/// Opens the attack from 127.0.0.1: `idle` HTTP/2, `headers` slow-header and `bodies`
+/// slow-body connections, and waits until the server has accepted them.
+async fn attack(
+    server: &TestServer,
+    idle: usize,
+    headers: usize,
+    bodies: usize,
+) -> (JoinSet<()>, JoinSet<u16>) {
+    let mut held = JoinSet::new();
+    let mut answered = JoinSet::new();
+    for _ in 0..idle {
+        held.spawn(idle_http2(server.addr, ATTACKER));
+    }
+    for _ in 0..headers {
+        held.spawn(slow_headers(server.addr, ATTACKER));
+    }
+    for _ in 0..bodies {
+        answered.spawn(slow_body(server.addr, ATTACKER));
+    }
+    // Every attack connection is connected and has sent its first bytes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (held, answered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_is_closed_however_it_answers_pings() {
+    let mut config = test_config();
+    config.server.idle_timeout = Duration::from_millis(400);
+    let server = TestServer::start_with(config).await;
+    let closed = tokio::time::timeout(DEADLINE, idle_http2(server.addr, ATTACKER)).await;
+    assert!(closed.is_ok(), "an idle HTTP/2 connection was never closed");
+    server
+        .assert_metrics(&["payhook_connections_shed_total{reason=\"idle\"} 1"])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_slower_than_the_minimum_rate_is_408_after_its_grace() {
+    let mut config = test_config();
+    // 80 bytes/s arrive; 1,000 are required after 300 ms. The request timeout is far away.
+    config.server.min_body_rate = 1_000;
+    config.server.min_body_rate_grace = Duration::from_millis(300);
+    config.server.request_timeout = Duration::from_secs(600);
+    let server = TestServer::start_with(config).await;
+    let status = tokio::time::timeout(DEADLINE, slow_body(server.addr, ATTACKER))
+        .await
+        .expect("the slow body was answered before the request timeout");
+    assert_eq!(status, 408);
+    server
+        .assert_metrics(&[
+            "payhook_connections_shed_total{reason=\"slow_body\"} 1",
+            "payhook_answers_total{route=\"callback\",status=\"408\"} 1",
+        ])
+        .await;
+    assert!(server.merchant.calls().is_empty());
+
+    // A body that keeps the pace is read to the end, however long it takes in total.
+    let body = with(
+        CALLBACK,
+        "/padding",
+        Some(serde_json::json!(" ".repeat(2_000))),
+    );
+    let mut stream = connect(server.addr, GENUINE).await;
+    let request = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    for chunk in request.chunks(600) {
+        stream.write_all(chunk).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(read_response(&mut stream).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genuine_callbacks_from_another_address_are_served_beside_an_attack_holding_every_slot() {
+    let mut config = test_config();
+    config.server.max_connections = 48;
+    config.server.max_connections_per_address = 24;
+    // The slow clients would hold their slots for a minute on their own.
+    config.server.header_read_timeout = Duration::from_secs(60);
+    config.server.request_timeout = Duration::from_secs(60);
+    config.server.min_body_rate_grace = Duration::from_secs(60);
+    let server = TestServer::start_with(config).await;
+    let (mut held, _answered) = attack(&server, 20, 40, 20).await;
+
+    let mut callbacks = JoinSet::new();
+    for i in 0..20 {
+        let addr = server.addr;
+        callbacks.spawn(async move {
+            tokio::time::timeout(DEADLINE, genuine(addr, GENUINE, &format!("genuine-{i}"))).await
+        });
+    }
+    while let Some(status) = callbacks.join_next().await {
+        let status = status.unwrap().expect("a genuine callback was answered");
+        assert_eq!(status, 200);
+    }
+    // The attack's connections beyond its address's share were closed.
+    let mut closed = 0;
+    while closed < 36 {
+        match tokio::time::timeout(DEADLINE, held.join_next()).await {
+            Ok(Some(_)) => closed += 1,
+            _ => break,
+        }
+    }
+    assert!(
+        closed >= 36,
+        "only {closed} of 60 held connections were shed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genuine_callbacks_take_the_place_of_the_least_active_connections_from_the_same_address() {
+    let mut config = test_config();
+    config.server.max_connections = 32;
+    config.server.max_connections_per_address = 0;
+    config.server.header_read_timeout = Duration::from_secs(60);
+    config.server.request_timeout = Duration::from_secs(60);
+    config.server.min_body_rate_grace = Duration::from_secs(60);
+    let server = TestServer::start_with(config).await;
+    let (_held, _answered) = attack(&server, 20, 40, 20).await;
+
+    for i in 0..20 {
+        let status = tokio::time::timeout(
+            DEADLINE,
+            genuine(server.addr, ATTACKER, &format!("same-address-{i}")),
+        )
+        .await
+        .expect("a genuine callback was answered beside the attack");
+        assert_eq!(status, 200);
+    }
+    assert_eq!(server.merchant.calls().len(), 20);
+}
