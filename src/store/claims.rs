@@ -21,6 +21,11 @@ const SHARDS: usize = 16;
 /// one only restarts its attempt count.
 const UNCLAIMED_PER_SHARD: usize = 4096;
 
+/// Bytes of nonces a shard keeps before it forgets the oldest unclaimed ones: the count
+/// alone would let long nonces (up to `server.max_identifier_bytes`) take 16 × 4096 × 4 KiB.
+/// With this, the nonces of one kind of claim take at most 16 MiB.
+const NONCE_BYTES_PER_SHARD: usize = 1024 * 1024;
+
 /// What is known in memory about one nonce that is not acknowledged yet.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Entry {
@@ -36,8 +41,56 @@ pub(crate) struct Entry {
 /// The claims of one kind (callbacks or validations).
 #[derive(Debug)]
 pub(crate) struct Claims {
-    shards: Vec<Mutex<HashMap<String, Entry>>>,
+    shards: Vec<Mutex<Shard>>,
     next: AtomicU64,
+}
+
+/// One shard's entries, and the bytes of their nonces.
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    entries: HashMap<String, Entry>,
+    nonce_bytes: usize,
+}
+
+impl Shard {
+    pub(crate) fn get(&self, nonce: &str) -> Option<&Entry> {
+        self.entries.get(nonce)
+    }
+
+    /// The entry of `nonce`, created empty when there is none.
+    pub(crate) fn entry(&mut self, nonce: &str) -> &mut Entry {
+        if !self.entries.contains_key(nonce) {
+            self.nonce_bytes += nonce.len();
+        }
+        self.entries.entry(nonce.to_owned()).or_default()
+    }
+
+    pub(crate) fn remove(&mut self, nonce: &str) {
+        if self.entries.remove(nonce).is_some() {
+            self.nonce_bytes -= nonce.len();
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        let mut removed = 0;
+        self.entries.retain(|nonce, entry| {
+            let kept = keep(entry);
+            if !kept {
+                removed += nonce.len();
+            }
+            kept
+        });
+        self.nonce_bytes -= removed;
+    }
+
+    fn over_bound(&self) -> bool {
+        self.entries.len() > UNCLAIMED_PER_SHARD || self.nonce_bytes > NONCE_BYTES_PER_SHARD
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
 }
 
 impl Default for Claims {
@@ -51,7 +104,7 @@ impl Default for Claims {
 
 impl Claims {
     /// The locked shard of `nonce`.
-    pub(crate) fn shard(&self, nonce: &str) -> MutexGuard<'_, HashMap<String, Entry>> {
+    pub(crate) fn shard(&self, nonce: &str) -> MutexGuard<'_, Shard> {
         self.shards[shard_of(nonce)]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -93,10 +146,10 @@ impl Claims {
         }
         if acknowledged {
             shard.remove(nonce);
-        } else if let Some(entry) = shard.get_mut(nonce) {
+        } else if let Some(entry) = shard.entries.get_mut(nonce) {
             entry.claim = None;
             entry.touched_ms = now_ms;
-            if shard.len() > UNCLAIMED_PER_SHARD {
+            if shard.over_bound() {
                 forget_oldest_unclaimed(&mut shard);
             }
         }
@@ -108,7 +161,7 @@ impl Claims {
             let mut shard = shard
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            shard.retain(|_, entry| entry.claim.is_some() || entry.touched_ms >= before_ms);
+            shard.retain(|entry| entry.claim.is_some() || entry.touched_ms >= before_ms);
         }
     }
 }
@@ -121,23 +174,32 @@ fn shard_of(nonce: &str) -> usize {
     usize::try_from(hash % SHARDS as u64).unwrap_or_default()
 }
 
-/// Forgets the oldest unclaimed entries of a full shard, down to three quarters of
-/// [`UNCLAIMED_PER_SHARD`] (so that the scan is paid once per quarter of it).
-fn forget_oldest_unclaimed(shard: &mut HashMap<String, Entry>) {
-    let mut unclaimed: Vec<u64> = shard
-        .values()
-        .filter(|e| e.claim.is_none())
-        .map(|e| e.touched_ms)
+/// Forgets the oldest unclaimed entries of a full shard, down to three quarters of its
+/// bounds (so that the scan is paid once per quarter of them).
+fn forget_oldest_unclaimed(shard: &mut Shard) {
+    let mut unclaimed: Vec<(u64, usize)> = shard
+        .entries
+        .iter()
+        .filter(|(_, e)| e.claim.is_none())
+        .map(|(nonce, e)| (e.touched_ms, nonce.len()))
         .collect();
-    let keep = UNCLAIMED_PER_SHARD * 3 / 4;
-    if unclaimed.len() <= keep {
-        return;
+    unclaimed.sort_unstable();
+    // Forget from the oldest until both the count and the bytes are under 3/4 of the bound.
+    let (mut count, mut bytes) = (shard.entries.len(), shard.nonce_bytes);
+    let mut cutoff = None;
+    let mut excess = 0;
+    for (touched_ms, len) in &unclaimed {
+        if count <= UNCLAIMED_PER_SHARD * 3 / 4 && bytes <= NONCE_BYTES_PER_SHARD * 3 / 4 {
+            break;
+        }
+        count -= 1;
+        bytes -= len;
+        excess += 1;
+        cutoff = Some(*touched_ms);
     }
-    let excess = unclaimed.len() - keep;
-    let (_, cutoff, _) = unclaimed.select_nth_unstable(excess - 1);
-    let cutoff = *cutoff;
+    let Some(cutoff) = cutoff else { return };
     let mut forgotten = 0;
-    shard.retain(|_, e| {
+    shard.retain(|e| {
         let forget = e.claim.is_none() && e.touched_ms <= cutoff && forgotten < excess;
         forgotten += usize::from(forget);
         !forget
@@ -162,32 +224,62 @@ mod tests {
             }
         }
         let live = claims.new_claim();
-        claims.shard("held").insert(
-            "held".into(),
-            Entry {
-                claim: Some((live, Instant::now())),
-                attempts: 1,
-                touched_ms: 0,
-            },
-        );
+        *claims.shard("held").entry("held") = Entry {
+            claim: Some((live, Instant::now())),
+            attempts: 1,
+            touched_ms: 0,
+        };
         for (t, nonce) in nonces.iter().enumerate() {
             let claim = claims.new_claim();
-            claims.shard(nonce).insert(
-                nonce.clone(),
-                Entry {
-                    claim: Some((claim, Instant::now())),
-                    attempts: 1,
-                    touched_ms: 0,
-                },
-            );
+            *claims.shard(nonce).entry(nonce) = Entry {
+                claim: Some((claim, Instant::now())),
+                attempts: 1,
+                touched_ms: 0,
+            };
             claims.end(nonce, claim, false, 1_000 + t as u64);
         }
         let shard = claims.shard(&nonces[0]);
         assert!(shard.len() <= UNCLAIMED_PER_SHARD, "{}", shard.len());
         // The oldest went, the newest stayed; a claimed entry is never forgotten.
-        assert!(!shard.contains_key(&nonces[0]));
-        assert!(shard.contains_key(nonces.last().unwrap()));
+        assert!(shard.get(&nonces[0]).is_none());
+        assert!(shard.get(nonces.last().unwrap()).is_some());
         drop(shard);
         assert!(claims.owns("held", live));
+    }
+
+    #[test]
+    fn a_shard_of_long_nonces_is_bounded_by_their_bytes() {
+        let claims = Claims::default();
+        let mut i = 0u64;
+        let mut kept_first = None;
+        for t in 0..600u64 {
+            // 4 KiB nonces of one shard: 600 of them would be 2.4 MiB.
+            let nonce = loop {
+                let nonce = format!("{i:0>4096}");
+                i += 1;
+                if shard_of(&nonce) == 0 {
+                    break nonce;
+                }
+            };
+            kept_first.get_or_insert_with(|| nonce.clone());
+            let claim = claims.new_claim();
+            claims.shard(&nonce).entry(&nonce).claim = Some((claim, Instant::now()));
+            claims.end(&nonce, claim, false, t);
+            let shard = claims.shard(&nonce);
+            assert!(
+                shard.nonce_bytes <= NONCE_BYTES_PER_SHARD,
+                "{}",
+                shard.nonce_bytes
+            );
+            assert_eq!(
+                shard.nonce_bytes,
+                shard.entries.keys().map(String::len).sum::<usize>()
+            );
+        }
+        let first = kept_first.unwrap();
+        assert!(
+            claims.shard(&first).get(&first).is_none(),
+            "the oldest went"
+        );
     }
 }

@@ -597,7 +597,7 @@ impl SledStore {
     ) -> Result<Option<CallbackBegin>, StoreError> {
         let now = now_ms();
         let mut shard = self.inner.callback_claims.shard(nonce);
-        let entry = shard.entry(nonce.to_owned()).or_default();
+        let entry = shard.entry(nonce);
         if Claims::live(entry, stale_after) {
             return Ok(Some(CallbackBegin::Busy));
         }
@@ -658,7 +658,7 @@ impl SledStore {
                 ValidationBegin::Mismatch
             }));
         }
-        let entry = shard.entry(nonce.to_owned()).or_default();
+        let entry = shard.entry(nonce);
         let claim = self.inner.validation_claims.new_claim();
         entry.claim = Some((claim, std::time::Instant::now()));
         entry.touched_ms = now;
