@@ -24,7 +24,7 @@ impl CallbackReceiver for Ledger {
         callback: CallbackBody,
         _ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
-        tracing::info!(nonce = %callback.nonce, status = %callback.transaction_status, "booked");
+        tracing::info!(nonce = %payhook::Logged(&callback.nonce), status = %callback.transaction_status, "booked");
         Ok(CallbackDecision::Ack)
     }
 }

@@ -53,7 +53,7 @@ use payhook::model::{
     parse_amount,
 };
 use payhook::store::{EffectError, EffectTx, SledStore};
-use payhook::{App, Config, HandlerError};
+use payhook::{App, Config, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -144,8 +144,8 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
             callback.client_id, callback.currency
         );
         tracing::error!(
-            nonce = %callback.nonce,
-            %reason,
+            nonce = %Logged(&callback.nonce),
+            reason = %Logged(&reason),
             "result acknowledged into quarantine, not booked: resolve it by hand"
         );
         let quarantined = Quarantined {
@@ -222,7 +222,7 @@ impl ProvidersValidator for Merchant {
         let providers = ProviderFilter::from_request(&request).apply(&request.providers);
         tracing::info!(
             request_id = %ctx.request_id,
-            client = %request.transaction_data.merchant_data.client_id,
+            client = %Logged(&request.transaction_data.merchant_data.client_id),
             offered = request.providers.len(),
             allowed = providers.len(),
             "providers validated"
@@ -244,7 +244,7 @@ impl TransactionValidator for Merchant {
     ) -> Result<ValidationDecision, HandlerError> {
         let payment = &request.payment_data;
         if payment.amount > self.max_amount {
-            tracing::info!(nonce = %payment.nonce, amount = %payment.amount, "denied: above the limit");
+            tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "denied: above the limit");
             return Ok(ValidationDecision::deny(format!(
                 "amount {} {} is above the limit of {} per transaction",
                 payment.amount, payment.currency, self.max_amount
@@ -254,10 +254,10 @@ impl TransactionValidator for Merchant {
             .review_above
             .is_some_and(|limit| payment.amount > limit)
         {
-            tracing::info!(nonce = %payment.nonce, amount = %payment.amount, "postponed for review");
+            tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "postponed for review");
             return Ok(ValidationDecision::Postpone);
         }
-        tracing::info!(nonce = %payment.nonce, amount = %payment.amount, "allowed");
+        tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "allowed");
         Ok(ValidationDecision::Allow)
     }
 }
@@ -269,13 +269,13 @@ impl CallbackReceiver for Merchant {
         ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
         tracing::info!(
-            nonce = %callback.nonce,
+            nonce = %Logged(&callback.nonce),
             reference = %callback.transaction_reference_id,
-            client = %callback.client_id,
+            client = %Logged(&callback.client_id),
             kind = %callback.transaction_type,
             status = %callback.transaction_status,
             amount = %callback.amount,
-            currency = %callback.currency,
+            currency = %Logged(&callback.currency),
             attempt = ctx.attempt,
             previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"

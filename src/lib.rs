@@ -127,6 +127,7 @@ pub mod store;
 pub use config::Config;
 pub use error::{Error, Report, bind};
 pub use handler::HandlerError;
+pub use logged::Logged;
 pub use secret::Secret;
 pub use server::{App, AppBuilder, serve, shutdown_signal};
 

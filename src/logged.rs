@@ -8,8 +8,23 @@ use std::fmt;
 const SHOWN: usize = 128;
 
 /// `value` for a log field: printable as is, control characters escaped as `\n`, `\u{1b}`,
-/// ..., at most [`SHOWN`] characters followed by `…(N bytes)`.
-pub(crate) struct Logged<'a>(pub(crate) &'a str);
+/// ..., at most 128 characters followed by `…(N bytes)`.
+///
+/// Wrap every value that came from the wire (a nonce, a client id, a message) when your
+/// handler logs it, as payhook does in its own logs:
+///
+/// ```
+/// use payhook::Logged;
+///
+/// let client_id = "client-42\n2026-01-01T00:00:00Z INFO forged line";
+/// tracing::info!(client = %Logged(client_id), "booked");
+/// assert_eq!(
+///     Logged(client_id).to_string(),
+///     "client-42\\n2026-01-01T00:00:00Z INFO forged line"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Logged<'a>(pub &'a str);
 
 impl fmt::Display for Logged<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -70,7 +70,7 @@ impl Sessions {
                         renewed
                     }
                     Err(GatewayError::BadCredentials { message, .. }) => {
-                        tracing::info!(%message, "refresh refused; logging in again");
+                        tracing::info!(message = %crate::Logged(&message), "refresh refused; logging in again");
                         client.login().await?
                     }
                     Err(error) => return Err(error),

@@ -243,7 +243,7 @@ impl Outbox {
                 tracing::error!(
                     validation_id = id,
                     success = result.success,
-                    %message,
+                    message = %crate::Logged(&message),
                     "the aggregator holds a different result for this validation (403); recorded as a conflict"
                 );
                 let conflict = Delivery::Conflict {

@@ -1,0 +1,470 @@
+//! Exhaustion without credentials, measured: an attack that holds connections and one that
+//! fills memory with the longest identifiers allowed, against the example merchant, on
+//! loopback only, bounded in time (about two minutes).
+//!
+//! ```text
+//! cargo run --release --example exhaustion
+//! ```
+//!
+//! The example merchant runs as a child process (default configuration, an RSA key for
+//! callbacks, `server.max_identifier_bytes = 4096` — the largest allowed — and a 30 s
+//! retention so that the end of it is seen). Then:
+//!
+//! 1. **Connections.** From 127.0.0.1, 2,000 clients send request headers one byte a second,
+//!    1,000 send a body ten bytes a second, 1,000 keep an HTTP/2 connection open with no
+//!    stream (answering PINGs); each reconnects when the server closes it. Beside them, 50
+//!    genuine signed callbacks from 127.0.0.2, then 50 from 127.0.0.1 itself, each on a new
+//!    connection, five at a time. Targets: all 200, p99 under 1 s from 127.0.0.2.
+//! 2. **Identifiers.** 10,000 transaction validations the merchant denies, each with a
+//!    4,096-byte nonce and client id, 32 at a time. Target: peak RSS under 128 MiB.
+//! 3. **Retention.** Idle until the records' retention ended and the sweeper purged them:
+//!    RSS back to the order of magnitude of the start.
+//!
+//! It prints each figure, the server's shed counters, and the longest line the service
+//! logged (target: at most 4 KiB, whatever the input).
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    clippy::unwrap_used,
+    reason = "a load program prints and stops at the first failure"
+)]
+
+#[path = "merchant.rs"]
+#[allow(
+    dead_code,
+    unreachable_pub,
+    reason = "only the example's merchant is used here"
+)]
+mod merchant;
+
+use bytes::Bytes;
+use payhook::Config;
+use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
+use std::{
+    io::{BufRead, BufReader},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const GENUINE: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const SLOW_HEADERS: usize = 2_000;
+const SLOW_BODIES: usize = 1_000;
+const IDLE_HTTP2: usize = 1_000;
+const GENUINE_CALLBACKS: usize = 50;
+const VALIDATIONS: usize = 10_000;
+const LONGEST_IDENTIFIER: usize = 4_096;
+const RETENTION: Duration = Duration::from_secs(30);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        serve(Path::new(&args[2]), Path::new(&args[3]));
+    } else {
+        drive();
+    }
+}
+
+// ---------------------------------------------------------------- the service (child)
+
+fn serve(data: &Path, public_key: &Path) {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut config = Config::default();
+        config.server.listen = "127.0.0.1:0".parse().unwrap();
+        config.server.max_identifier_bytes = LONGEST_IDENTIFIER;
+        config.store.path = data.to_owned();
+        config.store.retention = RETENTION;
+        config.store.sweep_interval = Duration::from_secs(5);
+        config.signature.keys = vec![payhook::config::KeySource {
+            file: Some(public_key.to_owned()),
+            ..Default::default()
+        }];
+        let listener = payhook::bind(config.server.listen).await.unwrap();
+        let store = merchant::open_store(&config).unwrap();
+        let merchant = merchant::Merchant {
+            max_amount: 10_000.into(),
+            review_above: None,
+        };
+        let app = merchant::app(config, merchant, store).unwrap();
+        println!("listening on {}", listener.local_addr().unwrap());
+        payhook::serve(listener, app, std::future::pending())
+            .await
+            .unwrap();
+    });
+}
+
+// ---------------------------------------------------------------- the driver (parent)
+
+struct Server {
+    child: Child,
+    address: SocketAddr,
+}
+
+impl Server {
+    fn start(data: &Path, public_key: &Path, log: &Path) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "serve",
+                &data.display().to_string(),
+                &public_key.display().to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Some(address) = line.strip_prefix("listening on ") {
+                break address.parse().unwrap();
+            }
+        };
+        Self { child, address }
+    }
+
+    /// `VmRSS` and `VmHWM` (peak), MiB.
+    fn rss_mib(&self) -> (f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .map_or(f64::NAN, |kib| kib / 1024.0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the attack did.
+#[derive(Default)]
+struct Attack {
+    stop: AtomicBool,
+    opened: AtomicU64,
+    closed_by_server: AtomicU64,
+}
+
+async fn connect(server: SocketAddr, from: IpAddr) -> Option<TcpStream> {
+    let socket = TcpSocket::new_v4().ok()?;
+    socket.bind(SocketAddr::new(from, 0)).ok()?;
+    socket.connect(server).await.ok()
+}
+
+/// Writes `first`, then `drip` every `every`, until the server closes the connection.
+async fn trickle(mut stream: TcpStream, first: &[u8], drip: &[u8], every: Duration) {
+    if stream.write_all(first).await.is_err() {
+        return;
+    }
+    let (mut read, mut write) = stream.into_split();
+    let closed = async move {
+        let mut sink = [0u8; 1024];
+        while read.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+    };
+    let dripping = async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if write.write_all(drip).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = closed => {}
+        () = dripping => {}
+    }
+}
+
+async fn idle_http2(stream: TcpStream) {
+    if let Ok((_sender, connection)) =
+        hyper::client::conn::http2::handshake::<_, _, http_body_util::Full<Bytes>>(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+    {
+        let _ = connection.await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    SlowHeaders,
+    SlowBody,
+    IdleHttp2,
+}
+
+/// One attacking client: holds a connection its way, reconnects when it is closed.
+async fn attacker(server: SocketAddr, kind: Kind, attack: Arc<Attack>) {
+    let head = "POST /payhook/callback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    while !attack.stop.load(Ordering::Relaxed) {
+        let Some(stream) = connect(server, ATTACKER).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        attack.opened.fetch_add(1, Ordering::Relaxed);
+        let held = async {
+            match kind {
+                Kind::SlowHeaders => {
+                    trickle(stream, head.as_bytes(), b"a", Duration::from_secs(1)).await;
+                }
+                Kind::SlowBody => {
+                    let first = format!("{head}Content-Length: 100000\r\n\r\n{{");
+                    trickle(
+                        stream,
+                        first.as_bytes(),
+                        b"          ",
+                        Duration::from_secs(1),
+                    )
+                    .await;
+                }
+                Kind::IdleHttp2 => idle_http2(stream).await,
+            }
+        };
+        tokio::select! {
+            () = held => { attack.closed_by_server.fetch_add(1, Ordering::Relaxed); }
+            () = stopped(&attack) => return,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn stopped(attack: &Attack) {
+    while !attack.stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Sends `request` on a new connection from `from`; the status and how long it took.
+async fn exchange(server: SocketAddr, from: IpAddr, request: &[u8]) -> (u16, Duration) {
+    let started = Instant::now();
+    let Some(mut stream) = connect(server, from).await else {
+        return (0, started.elapsed());
+    };
+    if stream.write_all(request).await.is_err() {
+        return (0, started.elapsed());
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer)).await;
+    let status = String::from_utf8_lossy(&answer)
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, started.elapsed())
+}
+
+fn post(path: &str, body: &str, signature: Option<&str>) -> Vec<u8> {
+    let signature = signature.map_or_else(String::new, |s| format!("X-Signature: {s}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{signature}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn callback(i: usize) -> String {
+    format!(
+        r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"genuine-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}"}},"amount":10.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05Z","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
+        i % 10,
+        i % 100
+    )
+}
+
+/// Runs `requests` (from `from`) `parallel` at a time; the statuses and latencies.
+async fn run_all(
+    server: SocketAddr,
+    from: IpAddr,
+    requests: Vec<Vec<u8>>,
+    parallel: usize,
+) -> Vec<(u16, Duration)> {
+    let requests = Arc::new(std::sync::Mutex::new(requests.into_iter()));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..parallel {
+        let requests = Arc::clone(&requests);
+        workers.spawn(async move {
+            let mut results = Vec::new();
+            loop {
+                let next = requests.lock().unwrap().next();
+                let Some(request) = next else { break };
+                results.push(exchange(server, from, &request).await);
+            }
+            results
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(results) = workers.join_next().await {
+        all.extend(results.unwrap());
+    }
+    all
+}
+
+fn summary(results: &[(u16, Duration)]) -> String {
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let mut latencies: Vec<Duration> = results.iter().map(|(_, d)| *d).collect();
+    latencies.sort();
+    let at = |p: f64| {
+        let index = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[index].as_secs_f64() * 1000.0
+    };
+    format!(
+        "{ok}/{} answered 200; p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        results.len(),
+        at(0.50),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+/// The server's `payhook_connections_*` lines.
+async fn connection_metrics(server: SocketAddr) -> String {
+    let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    let Some(mut stream) = connect(server, GENUINE).await else {
+        return String::new();
+    };
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .filter(|l| l.starts_with("payhook_connections_"))
+        .map(|l| format!("    {l}\n"))
+        .collect()
+}
+
+fn drive() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_key_pair(Algorithm::RsaPkcs1Sha256).unwrap();
+    let public_key = dir.path().join("public.pem");
+    std::fs::write(&public_key, &pair.public_pem).unwrap();
+    let key =
+        SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
+    let log = dir.path().join("service.log");
+    let server = Server::start(&dir.path().join("data"), &public_key, &log);
+    let address = server.address;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (start_rss, _) = server.rss_mib();
+    println!("service started: RSS {start_rss:.1} MiB");
+
+    // 1. Connections.
+    let signed: Vec<Vec<u8>> = (0..2 * GENUINE_CALLBACKS)
+        .map(|i| {
+            let body = callback(i);
+            let signature = key
+                .header_value(body.as_bytes(), Encoding::Base64, None)
+                .unwrap();
+            post("/payhook/callback", &body, Some(&signature))
+        })
+        .collect();
+    let attack = Arc::new(Attack::default());
+    let (from_elsewhere, from_attacker) = runtime.block_on(async {
+        let mut attackers = tokio::task::JoinSet::new();
+        for (kind, count) in [
+            (Kind::SlowHeaders, SLOW_HEADERS),
+            (Kind::SlowBody, SLOW_BODIES),
+            (Kind::IdleHttp2, IDLE_HTTP2),
+        ] {
+            for _ in 0..count {
+                attackers.spawn(attacker(address, kind, Arc::clone(&attack)));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (first, second) = signed.split_at(GENUINE_CALLBACKS);
+        let elsewhere = run_all(address, GENUINE, first.to_vec(), 5).await;
+        let same = run_all(address, ATTACKER, second.to_vec(), 5).await;
+        attack.stop.store(true, Ordering::Relaxed);
+        while attackers.join_next().await.is_some() {}
+        (elsewhere, same)
+    });
+    let (_, connections_peak) = server.rss_mib();
+    println!(
+        "\n1. connections: {SLOW_HEADERS} slow-header + {SLOW_BODIES} slow-body + {IDLE_HTTP2} idle HTTP/2 clients from 127.0.0.1, reconnecting"
+    );
+    println!(
+        "  attack: {} connections opened, {} closed by the server",
+        attack.opened.load(Ordering::Relaxed),
+        attack.closed_by_server.load(Ordering::Relaxed)
+    );
+    println!(
+        "  genuine callbacks from 127.0.0.2: {}",
+        summary(&from_elsewhere)
+    );
+    println!(
+        "  genuine callbacks from 127.0.0.1: {}",
+        summary(&from_attacker)
+    );
+    println!("  peak RSS so far {connections_peak:.1} MiB");
+    print!("{}", runtime.block_on(connection_metrics(address)));
+
+    // 2. Identifiers.
+    let long = |prefix: &str, i: usize| {
+        format!("{prefix}{i}-{}", "n".repeat(LONGEST_IDENTIFIER))[..LONGEST_IDENTIFIER].to_owned()
+    };
+    let validations: Vec<Vec<u8>> = (0..VALIDATIONS)
+        .map(|i| {
+            let body = format!(
+                r#"{{"merchantData":{{"merchantHash":"6f1c2b1e-8a8f-4d55-9a3e-1c2b3d4e5f60","clientId":"{}","additionalData":{{}}}},"paymentData":{{"nonce":"{}","amount":1000000,"currency":"EUR","providerId":11}},"providerData":null,"validationId":{i},"cashIn":true}}"#,
+                long("c\u{1b}[2J", i).replace('\u{1b}', "\\u001b"),
+                long("n", i)
+            );
+            post("/payhook/transaction-validation", &body, None)
+        })
+        .collect();
+    let started = Instant::now();
+    let results = runtime.block_on(run_all(address, GENUINE, validations, 32));
+    let denied = results.iter().filter(|(s, _)| *s == 403).count();
+    let (rss, peak) = server.rss_mib();
+    println!(
+        "\n2. identifiers: {VALIDATIONS} validations with {LONGEST_IDENTIFIER}-byte nonces and client ids, denied by the merchant"
+    );
+    println!(
+        "  {denied}/{VALIDATIONS} answered 403 in {:.1} s; RSS {rss:.1} MiB, peak {peak:.1} MiB (target: peak < 128 MiB)",
+        started.elapsed().as_secs_f64()
+    );
+
+    // 3. Retention.
+    std::thread::sleep(RETENTION + Duration::from_secs(15));
+    let (rss, _) = server.rss_mib();
+    println!(
+        "\n3. after the retention ({}s) and its sweeps: RSS {rss:.1} MiB (started at {start_rss:.1} MiB)",
+        RETENTION.as_secs()
+    );
+
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    let control = text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t');
+    println!(
+        "\nlog: {} lines, the longest {longest} bytes (target: at most 4096); raw control characters from the wire: {}",
+        text.lines().count(),
+        if control { "FOUND" } else { "none" }
+    );
+}
