@@ -17,8 +17,9 @@
 //!   genuine client is not shed before it could send; one whose handler runs is never shed.
 //!   If no connection is behind, a new one waits in the listen backlog.
 //! * **One address holds at most `server.max_connections_per_address`** (0: no limit). A
-//!   new connection over it sheds that address's least active connection, or is closed at
-//!   once when all of them are working. Behind a reverse proxy every connection comes from
+//!   new connection over it sheds that address's least active connection (the oldest of
+//!   those whose handler is not running, when none is behind), or is closed at once when all
+//!   of them are working. Behind a reverse proxy every connection comes from
 //!   the proxy: raise the limit or set 0 there, and let the proxy do this job.
 //!
 //! A request body that arrives slower than `server.min_body_rate` after a grace period is
@@ -134,7 +135,10 @@ impl Connections {
         let mut table = self.table();
         let limit = self.limits.per_address;
         if limit > 0 && table.per_address.get(&address).copied().unwrap_or(0) >= limit {
-            match table.furthest_behind(now, pace, Some(address)) {
+            // Among one address's own connections, even one that is not behind gives its
+            // place up (the oldest first): a newcomer from an address whose connections are
+            // all new would otherwise never get one.
+            match table.furthest_behind(now, pace, Some(address), i128::MIN) {
                 Some(victim) => self.shed(&mut table, &victim, ShedReason::AddressLimit),
                 None => {
                     self.metrics.count_shed(ShedReason::AddressLimit);
@@ -143,7 +147,7 @@ impl Connections {
             }
         }
         if table.open.len() >= self.limits.max {
-            match table.furthest_behind(now, pace, None) {
+            match table.furthest_behind(now, pace, None, 0) {
                 Some(victim) => self.shed(&mut table, &victim, ShedReason::LeastActive),
                 None => return Admission::Full,
             }
@@ -228,7 +232,7 @@ impl Table {
 
     /// The connection (of `address`, if given) whose handler is not running and that is
     /// furthest behind `pace` bytes per second in its current phase (idle, or a request
-    /// arriving); none when every such connection kept the pace. A connection just
+    /// arriving), by more than `beyond` bytes; the oldest of equals. A connection just
     /// accepted is behind by nothing yet, so it is never taken before one that has been
     /// silent for a while.
     fn furthest_behind(
@@ -236,13 +240,14 @@ impl Table {
         now_ms: u64,
         pace: u64,
         address: Option<IpAddr>,
+        beyond: i128,
     ) -> Option<Arc<Activity>> {
         self.open
             .values()
             .filter(|a| address.is_none_or(|address| a.address == address))
             .filter(|a| !a.working())
             .map(|a| (a.behind(now_ms, pace), std::cmp::Reverse(a.id), a))
-            .filter(|(behind, _, _)| *behind > 0)
+            .filter(|(behind, _, _)| *behind > beyond)
             .max_by(|x, y| x.0.cmp(&y.0).then(x.1.cmp(&y.1)))
             .map(|(_, _, a)| Arc::clone(a))
     }
@@ -410,8 +415,13 @@ mod tests {
         assert!(!open(&table, &first) && open(&table, &second) && open(&table, &other));
         assert_eq!(table.table().per_address[&A], 2);
 
-        let _working = second.activity.request();
+        // Connections of the address that are not behind yet still give their place up,
+        // the oldest first, rather than the newcomer being turned away.
+        let fourth = admitted(table.admit_at(A, 1_000));
+        assert!(!open(&table, &second) && open(&table, &third) && open(&table, &fourth));
+
         let _working3 = third.activity.request();
+        let _working4 = fourth.activity.request();
         assert!(matches!(table.admit_at(A, 5_000), Admission::AddressFull));
         assert!(matches!(table.admit_at(B, 5_000), Admission::Admitted(_)));
     }

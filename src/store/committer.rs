@@ -7,14 +7,8 @@
 //! *leader*: the one that holds the write lock takes everything queued, builds one
 //! `sled::Batch` (atomic within the store's tree) — running each callback's effects against
 //! the batch so far, so that effects on the same keys see each other — applies it, flushes,
-//! hands the batch to the acknowledger, and looks at the queue again before it lets go. The
-//! others wait for their answer.
-//!
-//! The acknowledger (a thread) advances the store's watermark past the batch (`watermark.rs`:
-//! one more small write and `fdatasync`) and only then answers the batch's requests. While
-//! it syncs the watermark, the next leader already applies and flushes the next batch: the
-//! two syncs overlap instead of adding up. Batches are acknowledged in order, several at a
-//! time when they queue up (one watermark write for all of them). A batch is as large as the writes that arrived during the
+//! answers every request of the batch, and looks at the queue again before it lets go. The
+//! others wait for their answer. A batch is as large as the writes that arrived during the
 //! previous flush: adaptive, with no fixed window, and with no hand-off to another thread
 //! (on a busy 2-core machine each thread hand-off costs more than the flush itself).
 //!
@@ -34,7 +28,6 @@ use std::{
     sync::{
         Arc, Condvar, Mutex,
         atomic::{AtomicBool, Ordering},
-        mpsc,
     },
     thread::JoinHandle,
     time::Duration,
@@ -49,7 +42,7 @@ use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
     CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode, encode,
 };
-use super::watermark::{Seal, Watermark};
+use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
 
 /// A write waiting for a leader.
@@ -98,7 +91,7 @@ pub(crate) struct Context {
     pub(crate) retention_ms: u64,
     pub(crate) failed: Arc<AtomicBool>,
     /// Advanced after each durable commit, before anyone is answered.
-    pub(crate) watermark: Arc<Watermark>,
+    pub(crate) watermark: Watermark,
     /// Test-only: where commits wait for a test to let them go.
     pub(crate) gate: Gate,
 }
@@ -203,20 +196,15 @@ pub(crate) struct Writer {
     queue: Mutex<Vec<Job>>,
     /// Held by the leader while it commits, and by a purge.
     lock: Mutex<()>,
-    /// Advances the watermark past each committed batch and answers its jobs.
-    acknowledger: Acknowledger,
 }
 
 impl Writer {
-    pub(crate) fn new(context: Context) -> std::io::Result<Self> {
-        let acknowledger =
-            Acknowledger::start(Arc::clone(&context.watermark), Arc::clone(&context.failed))?;
-        Ok(Self {
+    pub(crate) fn new(context: Context) -> Self {
+        Self {
             context,
             queue: Mutex::default(),
             lock: Mutex::default(),
-            acknowledger,
-        })
+        }
     }
 
     /// Queues `job`, then commits queued work for as long as this caller is the leader.
@@ -236,8 +224,7 @@ impl Writer {
             };
             let jobs = std::mem::take(&mut *lock(&self.queue));
             if !jobs.is_empty() {
-                let committed = blocking(|| commit(&self.context, jobs));
-                self.acknowledger.submit(committed);
+                blocking(|| commit(&self.context, jobs));
             }
             drop(guard);
             if lock(&self.queue).is_empty() {
@@ -246,14 +233,12 @@ impl Writer {
         }
     }
 
-    /// Runs `read` holding the write lock once every commit is acknowledged: every write it
-    /// can see is durable and under the watermark (a leader lets go of the lock only after
-    /// its batch is flushed; the acknowledger follows). For reads whose result leaves the
-    /// process — the outbox's, whose entries are posted to the aggregator — and takeovers.
+    /// Runs `read` holding the write lock: every write it can see is durable (a leader lets
+    /// go of the lock only after its batch is flushed). For reads whose result leaves the
+    /// process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(&self, read: impl FnOnce() -> R) -> R {
         let outcome = blocking(|| {
             let _guard = lock(&self.lock);
-            self.acknowledger.wait_caught_up();
             read()
         });
         // Writes queued while the lock was held are committed now.
@@ -391,7 +376,7 @@ impl Staging<'_> {
     }
 }
 
-fn commit(context: &Context, jobs: Vec<Job>) -> Committed {
+fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
     // One expiry index entry for the whole batch: its records share their expiry.
@@ -503,150 +488,20 @@ fn commit(context: &Context, jobs: Vec<Job>) -> Committed {
             Some(keys::encode_index(&indexed)),
         );
     }
-    let (seal, outcome) = if overlay.is_empty() {
-        (None, Ok(()))
+    let outcome = if overlay.is_empty() {
+        Ok(())
     } else {
         // The seal goes into the batch; the watermark follows once the batch is durable,
         // before any reply: an acknowledged commit is always at or below the watermark.
         let seal = context.watermark.next(now);
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
-        (Some(seal), apply_durably(context, overlay))
+        apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
     };
     if let Err(error) = &outcome {
         tracing::error!(%error, "committing a batch failed; the store refuses further work until restarted");
         context.failed.store(true, Ordering::SeqCst);
     }
-    Committed {
-        seal,
-        outcome,
-        replies,
-    }
-}
-
-/// A batch applied and flushed by a leader, waiting for the watermark to pass its seal
-/// before its jobs are answered.
-struct Committed {
-    /// `None` for a batch that wrote nothing.
-    seal: Option<Seal>,
-    outcome: Result<(), StoreError>,
-    replies: Vec<Reply>,
-}
-
-/// Acknowledges committed batches on its own thread, in order: advances the watermark past
-/// every batch waiting (one write and one `fdatasync` for all of them), then answers their
-/// jobs. Meanwhile the next leader applies and flushes the next batch: the watermark's
-/// sync overlaps sled's instead of following it.
-struct Acknowledger {
-    sender: Option<mpsc::Sender<Committed>>,
-    watermark: Arc<Watermark>,
-    failed: Arc<AtomicBool>,
-    /// Batches submitted, and batches answered.
-    progress: Arc<(Mutex<(u64, u64)>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Acknowledger {
-    fn start(watermark: Arc<Watermark>, failed: Arc<AtomicBool>) -> std::io::Result<Self> {
-        let (sender, receiver) = mpsc::channel::<Committed>();
-        let progress = Arc::new((Mutex::new((0, 0)), Condvar::new()));
-        let thread_progress = Arc::clone(&progress);
-        let (thread_watermark, thread_failed) = (Arc::clone(&watermark), Arc::clone(&failed));
-        let thread = std::thread::Builder::new()
-            .name("payhook-acknowledger".into())
-            .spawn(move || {
-                while let Ok(first) = receiver.recv() {
-                    let mut waiting = vec![first];
-                    waiting.extend(receiver.try_iter());
-                    let count = waiting.len() as u64;
-                    acknowledge(&thread_watermark, &thread_failed, waiting);
-                    let (answered, changed) = &*thread_progress;
-                    lock(answered).1 += count;
-                    changed.notify_all();
-                }
-            })?;
-        Ok(Self {
-            sender: Some(sender),
-            watermark,
-            failed,
-            progress,
-            thread: Some(thread),
-        })
-    }
-
-    /// Hands a committed batch over (never blocks) — on a multi-threaded tokio runtime.
-    /// Elsewhere (a current-thread runtime, whose clock a test may pause; the sweeper's
-    /// thread) it is acknowledged here, after those handed over before it.
-    fn submit(&self, committed: Committed) {
-        let pipelined = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        if !pipelined {
-            self.wait_caught_up();
-            let (watermark, failed) = (&self.watermark, &self.failed);
-            acknowledge(watermark, failed, vec![committed]);
-            return;
-        }
-        lock(&self.progress.0).0 += 1;
-        if let Some(sender) = &self.sender
-            && let Err(mpsc::SendError(committed)) = sender.send(committed)
-        {
-            // The thread is gone (it cannot end while the writer lives, but never leave a
-            // job unanswered): answer here.
-            let (answered, changed) = &*self.progress;
-            acknowledge_unreachable(committed);
-            lock(answered).1 += 1;
-            changed.notify_all();
-        }
-    }
-
-    /// Blocks until every batch submitted so far is answered.
-    fn wait_caught_up(&self) {
-        let (counts, changed) = &*self.progress;
-        let mut counts = lock(counts);
-        while counts.1 < counts.0 {
-            counts = changed
-                .wait(counts)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-    }
-}
-
-impl Drop for Acknowledger {
-    fn drop(&mut self) {
-        // Closing the channel lets the thread answer what is left and end.
-        self.sender = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Advances the watermark past the highest good seal of `waiting`, then answers each job:
-/// with its batch's outcome, or the watermark's failure.
-fn acknowledge(watermark: &Watermark, failed: &AtomicBool, waiting: Vec<Committed>) {
-    let highest = waiting
-        .iter()
-        .filter(|c| c.outcome.is_ok())
-        .filter_map(|c| c.seal)
-        .max_by_key(|seal| seal.commit);
-    let advanced = highest.map_or(Ok(()), |seal| watermark.advance(seal));
-    if let Err(error) = &advanced {
-        tracing::error!(%error, "advancing the watermark failed; the store refuses further work until restarted");
-        failed.store(true, Ordering::SeqCst);
-    }
-    for committed in waiting {
-        let outcome = committed.outcome.and_then(|()| advanced.clone());
-        for reply in committed.replies {
-            reply(&outcome);
-        }
-    }
-}
-
-/// Answers a batch whose acknowledgement cannot happen: its durability is not vouched for.
-fn acknowledge_unreachable(committed: Committed) {
-    let outcome = Err(StoreError::Backend(
-        "the acknowledging thread is gone".to_owned(),
-    ));
-    for reply in committed.replies {
+    for reply in replies {
         reply(&outcome);
     }
 }

@@ -94,21 +94,18 @@ impl SledStore {
         let validation_claims = Arc::new(Claims::default());
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
-        let writer = Arc::new(
-            Writer::new(Context {
-                db,
-                tree: tree.clone(),
-                data_file,
-                effect_trees: effect_trees.clone(),
-                callback_claims: Arc::clone(&callback_claims),
-                validation_claims: Arc::clone(&validation_claims),
-                retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
-                failed: Arc::clone(&failed),
-                watermark: Arc::new(watermark),
-                gate: Gate::default(),
-            })
-            .map_err(|e| StoreError::Backend(format!("cannot start the acknowledger: {e}")))?,
-        );
+        let writer = Arc::new(Writer::new(Context {
+            db,
+            tree: tree.clone(),
+            data_file,
+            effect_trees: effect_trees.clone(),
+            callback_claims: Arc::clone(&callback_claims),
+            validation_claims: Arc::clone(&validation_claims),
+            retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
+            failed: Arc::clone(&failed),
+            watermark,
+            gate: Gate::default(),
+        }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::Backend(format!("cannot start the sweeper: {e}")))?;
         tracing::info!(path = %config.path.display(), "store opened");

@@ -198,13 +198,11 @@ fn describe(held: Option<Seal>) -> String {
     held.map_or_else(|| "no commit at all".to_owned(), |h| h.to_string())
 }
 
-/// The watermark of an open store, advanced after each durable commit.
+/// The watermark of an open store, advanced by the writer after each durable commit.
 pub(crate) struct Watermark {
-    /// The file, and the seal it holds. Only the acknowledging thread touches it; the lock
+    /// The file, and the seal it holds. Only the committing leader touches it; the lock
     /// is never contended.
     state: Mutex<(File, Seal)>,
-    /// The last seal given to a commit (at or above the one in the file).
-    issued: Mutex<Seal>,
 }
 
 impl fmt::Debug for Watermark {
@@ -345,23 +343,18 @@ impl Watermark {
 
     /// The next commit's seal (not yet written).
     pub(crate) fn next(&self, at_ms: u64) -> Seal {
-        let mut issued = lock(&self.issued);
-        *issued = Seal {
-            store_id: issued.store_id,
-            commit: issued.commit.saturating_add(1),
+        let last = lock(&self.state).1;
+        Seal {
+            store_id: last.store_id,
+            commit: last.commit.saturating_add(1),
             at_ms,
-        };
-        *issued
+        }
     }
 
-    /// Records that `seal`'s commit (and every one before it) is durable in sled: written
-    /// and made durable before anyone is answered. A seal at or below the file's is
-    /// already covered.
+    /// Records that `seal`'s commit is durable in sled: written and made durable before
+    /// anyone is answered.
     pub(crate) fn advance(&self, seal: Seal) -> Result<(), StoreError> {
         let mut state = lock(&self.state);
-        if seal.commit <= state.1.commit {
-            return Ok(());
-        }
         write_slot(&mut state.0, &seal)
             .and_then(|()| state.0.sync_data())
             .map_err(|e| StoreError::Backend(format!("writing the watermark: {e}")))?;
@@ -389,7 +382,6 @@ impl Watermark {
         }
         Ok(Self {
             state: Mutex::new((file, start)),
-            issued: Mutex::new(start),
         })
     }
 
