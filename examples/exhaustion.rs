@@ -18,7 +18,8 @@
 //! 2. **Identifiers.** 10,000 transaction validations the merchant denies, each with a
 //!    4,096-byte nonce and client id, 32 at a time. Target: peak RSS under 128 MiB.
 //! 3. **Retention.** Idle until the records' retention ended and the sweeper purged them:
-//!    RSS back to the order of magnitude of the start.
+//!    RSS back to the order of magnitude of the start; then 20 s more of idleness, with the
+//!    bytes the service writes to disk meanwhile (an idle service should write nothing).
 //!
 //! It prints each figure, the server's shed counters, and the longest line the service
 //! logged (target: at most 4 KiB, whatever the input).
@@ -63,6 +64,8 @@ const GENUINE_CALLBACKS: usize = 50;
 const VALIDATIONS: usize = 10_000;
 const LONGEST_IDENTIFIER: usize = 4_096;
 const RETENTION: Duration = Duration::from_secs(30);
+/// How long the idle service's disk writes are sampled after the purges.
+const IDLE_SAMPLE: Duration = Duration::from_secs(20);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -137,6 +140,16 @@ impl Server {
             }
         };
         Self { child, address }
+    }
+
+    /// Bytes the service caused to be written to storage so far (`/proc/PID/io`).
+    fn written_bytes(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/io", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// `VmRSS` and `VmHWM` (peak), MiB.
@@ -449,12 +462,21 @@ fn drive() {
         started.elapsed().as_secs_f64()
     );
 
-    // 3. Retention.
+    // 3. Retention, then idle.
     std::thread::sleep(RETENTION + Duration::from_secs(15));
     let (rss, _) = server.rss_mib();
     println!(
         "\n3. after the retention ({}s) and its sweeps: RSS {rss:.1} MiB (started at {start_rss:.1} MiB)",
         RETENTION.as_secs()
+    );
+    let written = server.written_bytes();
+    std::thread::sleep(IDLE_SAMPLE);
+    let idle_rate = (server.written_bytes() - written) as f64 / IDLE_SAMPLE.as_secs_f64();
+    let (idle_rss, _) = server.rss_mib();
+    println!(
+        "  idle for {}s: {:.1} KiB/s written to disk, RSS {idle_rss:.1} MiB",
+        IDLE_SAMPLE.as_secs(),
+        idle_rate / 1024.0
     );
 
     let text = std::fs::read_to_string(&log).unwrap_or_default();

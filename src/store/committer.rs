@@ -19,7 +19,10 @@
 //! unknown must not be acknowledged later as a duplicate.
 //!
 //! The lock also serialises the purge of expired records, which a sweeper thread runs every
-//! sweep interval: there is one writer at a time.
+//! sweep interval: there is one writer at a time. payhook flushes everything it writes
+//! itself (each batch, and each sweep that purged something), so sled's own background
+//! flusher is off by default: after many removals it kept relocating log segments forever,
+//! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
 
 use std::{
     cell::RefCell,
@@ -277,6 +280,10 @@ impl Writer {
             .validation_claims
             .prune(now_ms.saturating_sub(self.context.retention_ms));
         if purged > 0 {
+            // sled's background flusher is off (see `open_sled`): the purge's removals are
+            // written out here, once per sweep. They need no fdatasync: a purge lost to a
+            // power cut is redone by the next sweep.
+            self.context.db.flush()?;
             tracing::debug!(purged, "expired records purged");
         }
         Ok(purged)
@@ -581,6 +588,7 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
 /// whether expired entries remain.
 fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, bool), StoreError> {
     let mut batch = sled::Batch::default();
+    let mut indexed = 0usize;
     let mut purged = 0;
     let mut looked_at = 0;
     let mut more = false;
@@ -597,6 +605,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
         }
         let (key, value) = entry?;
         batch.remove(key);
+        indexed += 1;
         for (tag, nonce) in keys::decode_index(&value) {
             looked_at += 1;
             if tag == keys::TAG_POSTPONED {
@@ -635,7 +644,10 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             keys::encode_index(&kept),
         );
     }
-    context.tree.apply_batch(batch)?;
+    // Nothing expired: nothing to write (an empty batch would still cost sled a log write).
+    if indexed > 0 {
+        context.tree.apply_batch(batch)?;
+    }
     Ok((purged, more))
 }
 

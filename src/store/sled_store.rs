@@ -280,11 +280,12 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
     let sled_config = sled::Config::new()
         .path(&config.path)
         .cache_capacity(config.cache_bytes)
-        .flush_every_ms(Some(
-            u64::try_from(config.flush_every.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        ));
+        // Off unless configured: payhook flushes what it writes itself, and sled's flusher
+        // relocates segments endlessly after many removals (see `committer.rs`).
+        .flush_every_ms(
+            Some(u64::try_from(config.flush_every.as_millis()).unwrap_or(u64::MAX))
+                .filter(|ms| *ms > 0),
+        );
     let unreadable = |error: sled::Error| match error {
         sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => {
             StoreError::Integrity(IntegrityError::Unreadable {
