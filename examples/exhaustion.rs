@@ -23,6 +23,18 @@
 //!
 //! It prints each figure, the server's shed counters, and the longest line the service
 //! logged (target: at most 4 KiB, whatever the input).
+//!
+//! ```text
+//! cargo run --release --example exhaustion -- soak 30 15
+//! ```
+//!
+//! **Soak**: the same service (Ed25519 signatures, a 5-minute retention and a sweep every
+//! 20 s, so that records expire and are purged all along) under a steady 400 signed
+//! callbacks a second, one in five a repeat, over 8 keep-alive connections, for 30 minutes;
+//! then 15 minutes idle. Every 30 s a sample: requests, non-2xx, p99 and worst latency of
+//! the interval, RSS, bytes written to disk per second, the store's size. At the end: the
+//! worst seconds, RSS over the last ten loaded minutes (it should plateau) and while idle
+//! (flat), and the idle disk writes (none).
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -64,21 +76,29 @@ const GENUINE_CALLBACKS: usize = 50;
 const VALIDATIONS: usize = 10_000;
 const LONGEST_IDENTIFIER: usize = 4_096;
 const RETENTION: Duration = Duration::from_secs(30);
+/// The soak's retention: records expire and are purged while the load goes on.
+const SOAK_RETENTION: Duration = Duration::from_secs(300);
+/// The soak's load: signed callbacks per second, one in five a repeat of a recent one.
+const SOAK_RATE: u64 = 400;
+const SOAK_CONNECTIONS: u64 = 8;
 /// How long the idle service's disk writes are sampled after the purges.
 const IDLE_SAMPLE: Duration = Duration::from_secs(20);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve") {
-        serve(Path::new(&args[2]), Path::new(&args[3]));
-    } else {
-        drive();
+    let minutes = |i: usize, default: u64| {
+        Duration::from_secs(60 * args.get(i).and_then(|m| m.parse().ok()).unwrap_or(default))
+    };
+    match args.get(1).map(String::as_str) {
+        Some("serve") => serve(Path::new(&args[2]), Path::new(&args[3]), &args[4]),
+        Some("soak") => soak(minutes(2, 30), minutes(3, 15)),
+        _ => drive(),
     }
 }
 
 // ---------------------------------------------------------------- the service (child)
 
-fn serve(data: &Path, public_key: &Path) {
+fn serve(data: &Path, public_key: &Path, mode: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .with_writer(std::io::stderr)
@@ -93,8 +113,14 @@ fn serve(data: &Path, public_key: &Path) {
         config.server.listen = "127.0.0.1:0".parse().unwrap();
         config.server.max_identifier_bytes = LONGEST_IDENTIFIER;
         config.store.path = data.to_owned();
-        config.store.retention = RETENTION;
-        config.store.sweep_interval = Duration::from_secs(5);
+        if mode == "soak" {
+            config.signature.algorithm = Algorithm::Ed25519;
+            config.store.retention = SOAK_RETENTION;
+            config.store.sweep_interval = Duration::from_secs(20);
+        } else {
+            config.store.retention = RETENTION;
+            config.store.sweep_interval = Duration::from_secs(5);
+        }
         config.signature.keys = vec![payhook::config::KeySource {
             file: Some(public_key.to_owned()),
             ..Default::default()
@@ -121,12 +147,13 @@ struct Server {
 }
 
 impl Server {
-    fn start(data: &Path, public_key: &Path, log: &Path) -> Self {
+    fn start(data: &Path, public_key: &Path, log: &Path, mode: &str) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "serve",
                 &data.display().to_string(),
                 &public_key.display().to_string(),
+                mode,
             ])
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log).unwrap())
@@ -150,6 +177,18 @@ impl Server {
             .find_map(|l| l.strip_prefix("write_bytes:"))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
+    }
+
+    /// Bytes of the store's files on disk.
+    fn store_bytes(data: &Path) -> u64 {
+        std::fs::read_dir(data)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
     }
 
     /// `VmRSS` and `VmHWM` (peak), MiB.
@@ -302,7 +341,7 @@ fn post(path: &str, body: &str, signature: Option<&str>) -> Vec<u8> {
 
 fn callback(i: usize) -> String {
     format!(
-        r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"genuine-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}"}},"amount":10.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05Z","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
+        r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"cb-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}"}},"amount":10.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05Z","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
         i % 10,
         i % 100
     )
@@ -377,7 +416,7 @@ fn drive() {
     let key =
         SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
     let log = dir.path().join("service.log");
-    let server = Server::start(&dir.path().join("data"), &public_key, &log);
+    let server = Server::start(&dir.path().join("data"), &public_key, &log, "attack");
     let address = server.address;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -489,4 +528,219 @@ fn drive() {
         text.lines().count(),
         if control { "FOUND" } else { "none" }
     );
+}
+
+// ---------------------------------------------------------------- the soak
+
+/// Answers of one interval.
+#[derive(Default)]
+struct Window {
+    answered: u64,
+    not_2xx: u64,
+    latencies_us: Vec<u64>,
+}
+
+impl Window {
+    fn p99_and_max_ms(&mut self) -> (f64, f64) {
+        self.latencies_us.sort_unstable();
+        let at = |p: f64| {
+            if self.latencies_us.is_empty() {
+                return 0.0;
+            }
+            let index = ((self.latencies_us.len() as f64 * p).ceil() as usize)
+                .clamp(1, self.latencies_us.len())
+                - 1;
+            self.latencies_us[index] as f64 / 1000.0
+        };
+        (at(0.99), at(1.0))
+    }
+}
+
+/// One of the soak's connections: `SOAK_RATE / SOAK_CONNECTIONS` callbacks a second over one
+/// keep-alive connection (again after an error), until `stop`.
+async fn soak_sender(
+    server: SocketAddr,
+    key: Arc<SigningKey>,
+    first: usize,
+    sent: Arc<std::sync::Mutex<std::collections::VecDeque<(Bytes, String)>>>,
+    window: Arc<std::sync::Mutex<Window>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut tick =
+        tokio::time::interval(Duration::from_micros(1_000_000 * SOAK_CONNECTIONS / SOAK_RATE));
+    let mut sender = None;
+    let mut i = first;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        if sender.is_none() {
+            let Some(stream) = connect(server, GENUINE).await else { continue };
+            let Ok((s, connection)) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
+            else {
+                continue;
+            };
+            tokio::spawn(connection);
+            sender = Some(s);
+        }
+        let Some(client) = sender.as_mut() else { continue };
+        i += SOAK_CONNECTIONS as usize;
+        let repeat = (i / SOAK_CONNECTIONS as usize) % 5 == 0;
+        let (body, signature) = match repeat.then(|| sent.lock().unwrap().front().cloned()) {
+            Some(Some(recent)) => recent,
+            _ => {
+                let body = Bytes::from(callback(i));
+                let signature = key.header_value(&body, Encoding::Base64, None).unwrap();
+                let mut recent = sent.lock().unwrap();
+                recent.push_back((body.clone(), signature.clone()));
+                if recent.len() > 1_000 {
+                    recent.pop_front();
+                }
+                (body, signature)
+            }
+        };
+        let request = hyper::Request::post("/payhook/callback")
+            .header("host", "x")
+            .header("content-type", "application/json")
+            .header("x-signature", signature)
+            .body(http_body_util::Full::new(body))
+            .unwrap();
+        let started = Instant::now();
+        let status = match client.send_request(request).await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+                status
+            }
+            Err(_) => {
+                sender = None;
+                0
+            }
+        };
+        let mut window = window.lock().unwrap();
+        window.answered += 1;
+        window.not_2xx += u64::from(!(200..300).contains(&status));
+        window
+            .latencies_us
+            .push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+    }
+}
+
+fn soak(loaded: Duration, idle: Duration) {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = generate_key_pair(Algorithm::Ed25519).unwrap();
+    let public_key = dir.path().join("public.pem");
+    std::fs::write(&public_key, &pair.public_pem).unwrap();
+    let key = Arc::new(SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).unwrap());
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &public_key, &dir.path().join("service.log"), "soak");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let window = Arc::new(std::sync::Mutex::new(Window::default()));
+    let sent = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    for first in 0..SOAK_CONNECTIONS as usize {
+        runtime.spawn(soak_sender(
+            server.address,
+            Arc::clone(&key),
+            first,
+            Arc::clone(&sent),
+            Arc::clone(&window),
+            Arc::clone(&stop),
+        ));
+    }
+    println!(
+        "soak: {SOAK_RATE} signed callbacks/s (1 in 5 a repeat) for {} min, then {} min idle; retention {} s, a sweep every 20 s",
+        loaded.as_secs() / 60,
+        idle.as_secs() / 60,
+        SOAK_RETENTION.as_secs()
+    );
+    println!(
+        "{:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>11} {:>10}",
+        "t (s)", "req/s", "non-2xx", "p99 ms", "max ms", "RSS MiB", "disk KiB/s", "store MiB"
+    );
+    let started = Instant::now();
+    let mut worst_seconds: Vec<(f64, u64)> = Vec::new();
+    let mut second_maxima: Vec<f64> = Vec::new();
+    let mut loaded_rss: Vec<(u64, f64)> = Vec::new();
+    let mut idle_rss: Vec<f64> = Vec::new();
+    let (mut answered, mut not_2xx) = (0, 0);
+    let mut interval = Window::default();
+    let mut written = server.written_bytes();
+    let mut idle_written = None;
+    let total = loaded + idle;
+    let mut second = 0u64;
+    while started.elapsed() < total {
+        std::thread::sleep(Duration::from_secs(1));
+        second += 1;
+        let is_loaded = Duration::from_secs(second) <= loaded;
+        if !is_loaded && !stop.swap(true, Ordering::Relaxed) {
+            idle_written = Some(server.written_bytes());
+        }
+        let mut this = std::mem::take(&mut *window.lock().unwrap());
+        let (_, max) = this.p99_and_max_ms();
+        if this.answered > 0 {
+            second_maxima.push(max);
+            worst_seconds.push((max, second));
+        }
+        interval.answered += this.answered;
+        interval.not_2xx += this.not_2xx;
+        interval.latencies_us.append(&mut this.latencies_us);
+        if second % 30 == 0 {
+            let (p99, max) = interval.p99_and_max_ms();
+            let (rss, _) = server.rss_mib();
+            let now_written = server.written_bytes();
+            let rate = (now_written - written) as f64 / 30.0 / 1024.0;
+            written = now_written;
+            if is_loaded {
+                loaded_rss.push((second, rss));
+            } else {
+                idle_rss.push(rss);
+            }
+            println!(
+                "{second:>6} {:>8.0} {:>8} {p99:>8.1} {max:>8.1} {rss:>8.1} {rate:>11.1} {:>10.1}",
+                interval.answered as f64 / 30.0,
+                interval.not_2xx,
+                Server::store_bytes(&data) as f64 / 1024.0 / 1024.0
+            );
+            answered += interval.answered;
+            not_2xx += interval.not_2xx;
+            interval = Window::default();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    worst_seconds.sort_by(|a, b| b.0.total_cmp(&a.0));
+    second_maxima.sort_by(f64::total_cmp);
+    let median = second_maxima.get(second_maxima.len() / 2).copied().unwrap_or(0.0);
+    println!("\n{answered} requests, {not_2xx} not 2xx");
+    println!(
+        "worst latency of a second: median {median:.1} ms; the five worst: {}",
+        worst_seconds
+            .iter()
+            .take(5)
+            .map(|(ms, s)| format!("{ms:.1} ms at {s} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let last_ten: Vec<f64> = loaded_rss
+        .iter()
+        .filter(|(s, _)| *s + 600 > loaded.as_secs())
+        .map(|(_, rss)| *rss)
+        .collect();
+    let range = |values: &[f64]| {
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{min:.1}–{max:.1} MiB")
+    };
+    println!("RSS over the last ten loaded minutes: {}", range(&last_ten));
+    println!("RSS while idle: {}", range(&idle_rss));
+    if let Some(at_idle) = idle_written {
+        let idle_seconds = idle.as_secs_f64().max(1.0);
+        println!(
+            "disk writes while idle: {:.1} KiB/s",
+            (server.written_bytes() - at_idle) as f64 / idle_seconds / 1024.0
+        );
+    }
 }
