@@ -27,6 +27,9 @@
     reason = "a benchmark prints and stops at the first failure"
 )]
 
+#[path = "common/server.rs"]
+#[allow(dead_code, reason = "not every program reads every figure")]
+mod child;
 #[path = "merchant.rs"]
 #[allow(
     dead_code,
@@ -36,6 +39,7 @@
 mod merchant;
 
 use bytes::Bytes;
+use child::Server;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
@@ -43,10 +47,9 @@ use payhook::model::CallbackBody;
 use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
 use payhook::{App, Config, HandlerError};
 use std::{
-    io::{BufRead, BufReader},
     net::SocketAddr,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -190,54 +193,6 @@ fn sign_bodies(key: &SigningKey, count: usize) -> Vec<Signed> {
     })
 }
 
-/// A scenario's server process.
-struct Server {
-    child: Child,
-    address: SocketAddr,
-}
-
-impl Server {
-    fn start(scenario: &str, data: &Path, public_key: &Path) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "serve",
-                scenario,
-                &data.display().to_string(),
-                &public_key.display().to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let address = loop {
-            let line = lines.next().unwrap().unwrap();
-            if let Some(address) = line.strip_prefix("listening on ") {
-                break address.parse().unwrap();
-            }
-        };
-        Self { child, address }
-    }
-
-    /// Peak resident set size, MiB.
-    fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(f64::NAN);
-        kib / 1024.0
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Which body each request sends.
 #[derive(Clone)]
 enum Bodies {
@@ -365,7 +320,9 @@ fn drive(duration: Duration) {
                data: &str,
                make: &dyn Fn() -> Bodies,
                warm_up: Option<usize>| {
-        let server = Server::start(scenario, &dir.path().join(data), &public_key);
+        let data = dir.path().join(data).display().to_string();
+        let key = public_key.display().to_string();
+        let server = Server::start(&["serve", scenario, &data, &key], Stdio::inherit());
         if let Some(acknowledged) = warm_up {
             // C: acknowledge the nonces first; their retries are the load.
             let warm = Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
@@ -374,7 +331,7 @@ fn drive(duration: Duration) {
         }
         eprintln!("{name}: {} for {}s ...", scenario, duration.as_secs());
         let outcome = runtime.block_on(load(server.address, make(), duration));
-        let rss = server.peak_rss_mib();
+        let rss = server.rss_mib().1;
         (outcome, rss)
     };
     let unique = || Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));

@@ -42,6 +42,8 @@
     reason = "a load program prints and stops at the first failure"
 )]
 
+#[path = "common/server.rs"]
+mod child;
 #[path = "merchant.rs"]
 #[allow(
     dead_code,
@@ -51,13 +53,12 @@
 mod merchant;
 
 use bytes::Bytes;
+use child::Server;
 use payhook::Config;
 use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
 use std::{
-    io::{BufRead, BufReader},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
-    process::{Child, Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -141,76 +142,26 @@ fn serve(data: &Path, public_key: &Path, mode: &str) {
 
 // ---------------------------------------------------------------- the driver (parent)
 
-struct Server {
-    child: Child,
-    address: SocketAddr,
+/// Bytes of the store's files on disk.
+fn store_bytes(data: &Path) -> u64 {
+    std::fs::read_dir(data)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum()
 }
 
-impl Server {
-    fn start(data: &Path, public_key: &Path, log: &Path, mode: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "serve",
-                &data.display().to_string(),
-                &public_key.display().to_string(),
-                mode,
-            ])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let address = loop {
-            let line = lines.next().unwrap().unwrap();
-            if let Some(address) = line.strip_prefix("listening on ") {
-                break address.parse().unwrap();
-            }
-        };
-        Self { child, address }
-    }
-
-    /// Bytes the service caused to be written to storage so far (`/proc/PID/io`).
-    fn written_bytes(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/io", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("write_bytes:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Bytes of the store's files on disk.
-    fn store_bytes(data: &Path) -> u64 {
-        std::fs::read_dir(data)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.metadata().ok())
-            .filter(|m| m.is_file())
-            .map(|m| m.len())
-            .sum()
-    }
-
-    /// `VmRSS` and `VmHWM` (peak), MiB.
-    fn rss_mib(&self) -> (f64, f64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-                .map_or(f64::NAN, |kib| kib / 1024.0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the service in `mode` (`attack` or `soak`), logging to `log`.
+fn start(data: &Path, public_key: &Path, log: &Path, mode: &str) -> Server {
+    let data = data.display().to_string();
+    let key = public_key.display().to_string();
+    Server::start(
+        &["serve", &data, &key, mode],
+        std::fs::File::create(log).unwrap().into(),
+    )
 }
 
 /// What the attack did.
@@ -416,7 +367,7 @@ fn drive() {
     let key =
         SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
     let log = dir.path().join("service.log");
-    let server = Server::start(&dir.path().join("data"), &public_key, &log, "attack");
+    let server = start(&dir.path().join("data"), &public_key, &log, "attack");
     let address = server.address;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -566,14 +517,17 @@ async fn soak_sender(
     window: Arc<std::sync::Mutex<Window>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut tick =
-        tokio::time::interval(Duration::from_micros(1_000_000 * SOAK_CONNECTIONS / SOAK_RATE));
+    let mut tick = tokio::time::interval(Duration::from_micros(
+        1_000_000 * SOAK_CONNECTIONS / SOAK_RATE,
+    ));
     let mut sender = None;
     let mut i = first;
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         if sender.is_none() {
-            let Some(stream) = connect(server, GENUINE).await else { continue };
+            let Some(stream) = connect(server, GENUINE).await else {
+                continue;
+            };
             let Ok((s, connection)) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
             else {
@@ -582,7 +536,9 @@ async fn soak_sender(
             tokio::spawn(connection);
             sender = Some(s);
         }
-        let Some(client) = sender.as_mut() else { continue };
+        let Some(client) = sender.as_mut() else {
+            continue;
+        };
         i += SOAK_CONNECTIONS as usize;
         let repeat = (i / SOAK_CONNECTIONS as usize) % 5 == 0;
         let (body, signature) = match repeat.then(|| sent.lock().unwrap().front().cloned()) {
@@ -630,9 +586,10 @@ fn soak(loaded: Duration, idle: Duration) {
     let pair = generate_key_pair(Algorithm::Ed25519).unwrap();
     let public_key = dir.path().join("public.pem");
     std::fs::write(&public_key, &pair.public_pem).unwrap();
-    let key = Arc::new(SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).unwrap());
+    let key =
+        Arc::new(SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).unwrap());
     let data = dir.path().join("data");
-    let server = Server::start(&data, &public_key, &dir.path().join("service.log"), "soak");
+    let server = start(&data, &public_key, &dir.path().join("service.log"), "soak");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -702,7 +659,7 @@ fn soak(loaded: Duration, idle: Duration) {
                 "{second:>6} {:>8.0} {:>8} {p99:>8.1} {max:>8.1} {rss:>8.1} {rate:>11.1} {:>10.1}",
                 interval.answered as f64 / 30.0,
                 interval.not_2xx,
-                Server::store_bytes(&data) as f64 / 1024.0 / 1024.0
+                store_bytes(&data) as f64 / 1024.0 / 1024.0
             );
             answered += interval.answered;
             not_2xx += interval.not_2xx;
@@ -713,7 +670,10 @@ fn soak(loaded: Duration, idle: Duration) {
 
     worst_seconds.sort_by(|a, b| b.0.total_cmp(&a.0));
     second_maxima.sort_by(f64::total_cmp);
-    let median = second_maxima.get(second_maxima.len() / 2).copied().unwrap_or(0.0);
+    let median = second_maxima
+        .get(second_maxima.len() / 2)
+        .copied()
+        .unwrap_or(0.0);
     println!("\n{answered} requests, {not_2xx} not 2xx");
     println!(
         "worst latency of a second: median {median:.1} ms; the five worst: {}",

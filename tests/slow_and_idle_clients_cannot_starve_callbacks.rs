@@ -177,16 +177,21 @@ async fn a_body_slower_than_the_minimum_rate_is_408_after_its_grace() {
     assert_eq!(read_response(&mut stream).await.status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn genuine_callbacks_from_another_address_are_served_beside_an_attack_holding_every_slot() {
+/// A server whose timeouts alone would let the slow clients hold their slots for a minute:
+/// only the shedding rules can free them.
+fn patient(max_connections: usize, per_address: usize) -> payhook::Config {
     let mut config = test_config();
-    config.server.max_connections = 48;
-    config.server.max_connections_per_address = 24;
-    // The slow clients would hold their slots for a minute on their own.
+    config.server.max_connections = max_connections;
+    config.server.max_connections_per_address = per_address;
     config.server.header_read_timeout = Duration::from_secs(60);
     config.server.request_timeout = Duration::from_secs(60);
     config.server.min_body_rate_grace = Duration::from_secs(60);
-    let server = TestServer::start_with(config).await;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genuine_callbacks_from_another_address_are_served_beside_an_attack_holding_every_slot() {
+    let server = TestServer::start_with(patient(48, 24)).await;
     let (mut held, _answered) = attack(&server, 20, 40, 20).await;
 
     let mut callbacks = JoinSet::new();
@@ -216,13 +221,7 @@ async fn genuine_callbacks_from_another_address_are_served_beside_an_attack_hold
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn genuine_callbacks_take_the_place_of_the_least_active_connections_from_the_same_address() {
-    let mut config = test_config();
-    config.server.max_connections = 32;
-    config.server.max_connections_per_address = 0;
-    config.server.header_read_timeout = Duration::from_secs(60);
-    config.server.request_timeout = Duration::from_secs(60);
-    config.server.min_body_rate_grace = Duration::from_secs(60);
-    let server = TestServer::start_with(config).await;
+    let server = TestServer::start_with(patient(32, 0)).await;
     let (_held, _answered) = attack(&server, 20, 40, 20).await;
 
     for i in 0..20 {

@@ -1,0 +1,68 @@
+//! The service under measurement, run as a child process of the benchmark or load program
+//! (the same executable, started again with arguments), so that its memory and its disk
+//! writes are its own.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+};
+
+/// A running child service; killed when dropped.
+pub(crate) struct Server {
+    child: Child,
+    /// Where it listens, as it printed it.
+    pub(crate) address: SocketAddr,
+}
+
+impl Server {
+    /// Runs this executable again with `args`, its standard error going to `stderr`, and
+    /// waits for its `listening on ADDRESS` line.
+    pub(crate) fn start(args: &[&str], stderr: Stdio) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().unwrap().unwrap();
+            if let Some(address) = line.strip_prefix("listening on ") {
+                break address.parse().unwrap();
+            }
+        };
+        Self { child, address }
+    }
+
+    /// Its resident set size now (`VmRSS`) and at its peak (`VmHWM`), MiB.
+    pub(crate) fn rss_mib(&self) -> (f64, f64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+                .map_or(f64::NAN, |kib| kib / 1024.0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Bytes it caused to be written to storage so far (`/proc/PID/io`).
+    pub(crate) fn written_bytes(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/io", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("write_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
