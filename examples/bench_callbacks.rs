@@ -28,7 +28,7 @@
 )]
 
 #[path = "common/server.rs"]
-#[allow(dead_code, reason = "not every program reads every figure")]
+#[allow(dead_code, reason = "not every program uses every part")]
 mod child;
 #[path = "merchant.rs"]
 #[allow(
@@ -44,7 +44,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
 use payhook::model::CallbackBody;
-use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
+use payhook::signature::{Algorithm, Encoding, SigningKey};
 use payhook::{App, Config, HandlerError};
 use std::{
     net::SocketAddr,
@@ -295,11 +295,7 @@ async fn load(address: SocketAddr, bodies: Bodies, duration: Duration) -> Outcom
 
 fn drive(duration: Duration) {
     let dir = tempfile::tempdir().unwrap();
-    let pair = generate_key_pair(Algorithm::RsaPkcs1Sha256).unwrap();
-    let public_key = dir.path().join("public.pem");
-    std::fs::write(&public_key, &pair.public_pem).unwrap();
-    let key =
-        SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
+    let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
     // Enough unique bodies for ~30k req/s over the duration.
     let count = 30_000 * usize::try_from(duration.as_secs()).unwrap_or(5);
     eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");

@@ -55,7 +55,7 @@ mod merchant;
 use bytes::Bytes;
 use child::Server;
 use payhook::Config;
-use payhook::signature::{Algorithm, Encoding, SigningKey, generate_key_pair};
+use payhook::signature::{Algorithm, Encoding, SigningKey};
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
@@ -361,11 +361,7 @@ async fn connection_metrics(server: SocketAddr) -> String {
 
 fn drive() {
     let dir = tempfile::tempdir().unwrap();
-    let pair = generate_key_pair(Algorithm::RsaPkcs1Sha256).unwrap();
-    let public_key = dir.path().join("public.pem");
-    std::fs::write(&public_key, &pair.public_pem).unwrap();
-    let key =
-        SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::RsaPkcs1Sha256).unwrap();
+    let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
     let log = dir.path().join("service.log");
     let server = start(&dir.path().join("data"), &public_key, &log, "attack");
     let address = server.address;
@@ -583,11 +579,8 @@ async fn soak_sender(
 
 fn soak(loaded: Duration, idle: Duration) {
     let dir = tempfile::tempdir().unwrap();
-    let pair = generate_key_pair(Algorithm::Ed25519).unwrap();
-    let public_key = dir.path().join("public.pem");
-    std::fs::write(&public_key, &pair.public_pem).unwrap();
-    let key =
-        Arc::new(SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).unwrap());
+    let (public_key, key) = child::signing_key(dir.path(), Algorithm::Ed25519);
+    let key = Arc::new(key);
     let data = dir.path().join("data");
     let server = start(&data, &public_key, &dir.path().join("service.log"), "soak");
     let runtime = tokio::runtime::Builder::new_multi_thread()

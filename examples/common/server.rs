@@ -2,11 +2,23 @@
 //! (the same executable, started again with arguments), so that its memory and its disk
 //! writes are its own.
 
+use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
+
+/// A new key pair of `algorithm`: the public key written to `dir/public.pem` (for the
+/// service), the private one to sign with (for the driver).
+pub(crate) fn signing_key(dir: &Path, algorithm: Algorithm) -> (PathBuf, SigningKey) {
+    let pair = generate_key_pair(algorithm).unwrap();
+    let public_key = dir.join("public.pem");
+    std::fs::write(&public_key, &pair.public_pem).unwrap();
+    let key = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), algorithm).unwrap();
+    (public_key, key)
+}
 
 /// A running child service; killed when dropped.
 pub(crate) struct Server {

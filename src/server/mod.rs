@@ -8,7 +8,8 @@
 //! 2. require a JSON content type (415);
 //! 3. read the body: `Content-Length` over the limit is refused before reading, a body that
 //!    grows over it while streaming is cut off (413), a body that does not arrive within
-//!    `request_timeout` is answered 408;
+//!    `request_timeout`, or arrives slower than `min_body_rate` after its grace, is answered
+//!    408;
 //! 4. parse it into the endpoint's typed request (400 naming the field, line and column);
 //! 5. run the merchant's handler on its own task, within `handler_timeout`, and turn its
 //!    decision into the answer.
