@@ -82,6 +82,12 @@ fn bind_hint(error: &std::io::Error) -> &'static str {
 /// Binds the listening socket of `address` (`server.listen`), so that a failure names the
 /// address and what to do.
 ///
+/// Its queue of connections not yet accepted holds 4,096 (the kernel may cap
+/// it lower: `net.core.somaxconn`). A longer queue than tokio's 1,024 matters under a
+/// connection flood: while the server sheds the attack's connections, their reconnections
+/// wait in this queue, and when it is full the kernel drops a genuine client's SYN, which
+/// then waits a second for its retransmission.
+///
 /// ```no_run
 /// # async fn run() -> Result<(), payhook::Error> {
 /// let config = payhook::Config::from_env()?;
@@ -94,10 +100,24 @@ fn bind_hint(error: &std::io::Error) -> &'static str {
 /// [`Error::Bind`] with the address and the operating system's reason (e.g. the address is
 /// in use).
 pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
-    tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| Error::Bind { address, source })
+    let listen = || {
+        let socket = if address.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As `TcpListener::bind` does: a restarted service can bind while old connections
+        // linger in TIME_WAIT.
+        #[cfg(unix)]
+        socket.set_reuseaddr(true)?;
+        socket.bind(address)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| Error::Bind { address, source })
 }
+
+/// How many connections [`bind`]'s socket queues before they are accepted.
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// Renders an error and its [`source`](StdError::source) chain for a person: the message,
 /// then each cause on its own line (`  caused by: ...`). A cause whose text the message

@@ -1,6 +1,10 @@
 //! The service under measurement, run as a child process of the benchmark or load program
 //! (the same executable, started again with arguments), so that its memory and its disk
 //! writes are its own.
+//!
+//! `PAYHOOK_CHILD_WRAPPER=PROGRAM` starts the service under `PROGRAM` (for example
+//! `heaptrack`, or `valgrind --tool=massif` through a script), to see where its memory or
+//! its time goes under the same load.
 
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
 use std::{
@@ -31,7 +35,16 @@ impl Server {
     /// Runs this executable again with `args`, its standard error going to `stderr`, and
     /// waits for its `listening on ADDRESS` line.
     pub(crate) fn start(args: &[&str], stderr: Stdio) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let exe = std::env::current_exe().unwrap();
+        let mut command = match std::env::var_os("PAYHOOK_CHILD_WRAPPER") {
+            Some(wrapper) => {
+                let mut command = Command::new(wrapper);
+                command.arg(&exe);
+                command
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = command
             .args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)

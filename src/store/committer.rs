@@ -40,10 +40,11 @@ use tokio::sync::oneshot;
 use super::claims::Claims;
 use super::effects::{EffectError, EffectTx, Effects};
 use super::failing::{self, CallbackFailure, FailureRecord};
-use super::keys;
+use super::keys::{self, RecordKey};
 use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
-    CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode, encode,
+    CallbackRecord, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord, decode,
+    encode,
 };
 use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
@@ -365,6 +366,27 @@ fn read(context: &Context, overlay: &Overlay, key: &[u8]) -> Result<Option<Vec<u
     }
 }
 
+/// The record at `key`, or where a store written before long nonces were digested kept it.
+fn read_record(
+    context: &Context,
+    overlay: &Overlay,
+    key: &RecordKey,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    match (read(context, overlay, &key.key)?, &key.spelled_out) {
+        (None, Some(older)) => read(context, overlay, older),
+        (found, _) => Ok(found),
+    }
+}
+
+/// Writes a record under `key` (`None` removes it), and removes it from where an older
+/// store kept it.
+fn write_record(overlay: &mut Overlay, key: &RecordKey, value: Option<Vec<u8>>) {
+    if let Some(older) = &key.spelled_out {
+        overlay.insert(older.clone(), None);
+    }
+    overlay.insert(key.key.clone(), value);
+}
+
 /// The batch being built, as the record modules read and write it: reads see the batch's
 /// earlier writes.
 pub(crate) struct Staging<'a> {
@@ -377,9 +399,19 @@ impl Staging<'_> {
         read(self.context, self.overlay, key)
     }
 
+    /// The record of one nonce (see [`RecordKey`]).
+    pub(crate) fn get_record(&self, key: &RecordKey) -> Result<Option<Vec<u8>>, StoreError> {
+        read_record(self.context, self.overlay, key)
+    }
+
     /// Writes `value` under `key` in the batch; `None` removes the key.
     pub(crate) fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
         self.overlay.insert(key, value);
+    }
+
+    /// Writes the record of one nonce (see [`RecordKey`]); `None` removes it.
+    pub(crate) fn put_record(&mut self, key: &RecordKey, value: Option<Vec<u8>>) {
+        write_record(self.overlay, key, value);
     }
 }
 
@@ -387,7 +419,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
     // One expiry index entry for the whole batch: its records share their expiry.
-    let mut indexed: Vec<(u8, String)> = Vec::new();
+    let mut indexed: Vec<(u8, Vec<u8>)> = Vec::new();
     let now = now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
@@ -414,7 +446,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     expires_ms,
                 ) {
                     Ok(()) => {
-                        indexed.push((keys::TAG_CALLBACK, nonce));
+                        indexed.push((keys::TAG_CALLBACK, keys::identifier(&nonce)));
                         replies.push(unit_reply(reply));
                     }
                     Err(error) => {
@@ -441,7 +473,10 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     };
                     match postponed::create(&mut staging, &record) {
                         Ok(true) => {
-                            indexed.push((keys::TAG_POSTPONED, record.validation_id.to_string()))
+                            indexed.push((
+                                keys::TAG_POSTPONED,
+                                record.validation_id.to_string().into_bytes(),
+                            ));
                         }
                         Ok(false) => {}
                         Err(error) => {
@@ -451,12 +486,13 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     }
                 }
                 let record = ValidationRecord {
-                    fingerprint,
+                    fingerprint: KeptFingerprint::of(&fingerprint),
                     decision,
                     expires_ms,
                 };
-                overlay.insert(keys::validation(&nonce), Some(encode(&record)));
-                indexed.push((keys::TAG_VALIDATION, nonce));
+                // Claimed: no record of this nonce under either key, nothing to move.
+                overlay.insert(keys::validation(&nonce).key, Some(encode(&record)));
+                indexed.push((keys::TAG_VALIDATION, keys::identifier(&nonce)));
                 replies.push(unit_reply(reply));
             }
             Job::Failure(failure) => {
@@ -465,7 +501,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     overlay: &mut overlay,
                 };
                 match failing::record(&mut staging, &failure, expires_ms) {
-                    Ok(true) => indexed.push((keys::TAG_FAILING, failure.nonce)),
+                    Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
                     Ok(false) => {}
                     Err(error) => {
                         tracing::error!(%error, "recording a callback failure failed");
@@ -524,7 +560,7 @@ fn stage_callback(
     expires_ms: u64,
 ) -> Result<(), StoreError> {
     let key = keys::callback(nonce);
-    let mut record = match read(context, overlay, &key)? {
+    let mut record = match read_record(context, overlay, &key)? {
         Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
         None => CallbackRecord::default(),
     };
@@ -561,7 +597,7 @@ fn stage_callback(
     }
     record.attempts = record.attempts.max(attempts);
     record.expires_ms = expires_ms;
-    overlay.insert(key, Some(encode(&record)));
+    write_record(overlay, &key, Some(encode(&record)));
     failing::booked(&mut Staging { context, overlay }, nonce, status)
 }
 
@@ -606,29 +642,25 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
         let (key, value) = entry?;
         batch.remove(key);
         indexed += 1;
-        for (tag, nonce) in keys::decode_index(&value) {
+        for (tag, identifier) in keys::decode_index(&value) {
             looked_at += 1;
-            if tag == keys::TAG_POSTPONED {
-                if purge_postponed(context, &mut batch, &nonce)? {
+            let Some(record_key) = keys::indexed_record(tag, &identifier) else {
+                if purge_postponed(context, &mut batch, &identifier)? {
                     purged += 1;
                 } else {
-                    kept.push((tag, nonce));
+                    kept.push((tag, identifier));
                 }
                 continue;
-            }
-            let record_key = match tag {
-                keys::TAG_CALLBACK => keys::callback(&nonce),
-                keys::TAG_FAILING => keys::failing(&nonce),
-                _ => keys::validation(&nonce),
             };
             let Some(bytes) = context.tree.get(&record_key)? else {
                 continue;
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
+            let named = keys::describe(&identifier);
             let expires = match tag {
-                keys::TAG_CALLBACK => decode::<CallbackRecord>(&nonce, &bytes)?.expires_ms,
-                keys::TAG_FAILING => decode::<FailureRecord>(&nonce, &bytes)?.expires_ms,
-                _ => decode::<ValidationRecord>(&nonce, &bytes)?.expires_ms,
+                keys::TAG_CALLBACK => decode::<CallbackRecord>(&named, &bytes)?.expires_ms,
+                keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)?.expires_ms,
+                _ => decode::<ValidationRecord>(&named, &bytes)?.expires_ms,
             };
             if expires <= now_ms && removed.insert(record_key.clone()) {
                 batch.remove(record_key);
@@ -656,8 +688,9 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
 fn purge_postponed(
     context: &Context,
     batch: &mut sled::Batch,
-    id: &str,
+    id: &[u8],
 ) -> Result<bool, StoreError> {
+    let id = String::from_utf8_lossy(id);
     let Ok(id_number) = id.parse::<i64>() else {
         return Ok(true);
     };
@@ -665,7 +698,7 @@ fn purge_postponed(
     let Some(bytes) = context.tree.get(&key)? else {
         return Ok(true);
     };
-    if postponed::purgeable(&bytes, id)? {
+    if postponed::purgeable(&bytes, &id)? {
         batch.remove(key);
         Ok(true)
     } else {

@@ -85,14 +85,14 @@ pub(crate) fn record(
 ) -> Result<bool, StoreError> {
     let nonce = &failure.nonce;
     let status = failure.status.code();
-    if let Some(bytes) = staging.get(&keys::callback(nonce))? {
+    if let Some(bytes) = staging.get_record(&keys::callback(nonce))? {
         let booked: super::record::CallbackRecord = decode(nonce, &bytes)?;
         if booked.done.contains(&status) {
             return Ok(false);
         }
     }
     let key = keys::failing(nonce);
-    let mut record = match staging.get(&key)? {
+    let mut record = match staging.get_record(&key)? {
         Some(bytes) => decode::<FailureRecord>(nonce, &bytes)?,
         None => FailureRecord::default(),
     };
@@ -117,7 +117,7 @@ pub(crate) fn record(
         }),
     }
     record.expires_ms = expires_ms;
-    staging.put(key, Some(encode(&record)));
+    staging.put_record(&key, Some(encode(&record)));
     Ok(true)
 }
 
@@ -128,13 +128,13 @@ pub(crate) fn booked(
     status: i32,
 ) -> Result<(), StoreError> {
     let key = keys::failing(nonce);
-    let Some(bytes) = staging.get(&key)? else {
+    let Some(bytes) = staging.get_record(&key)? else {
         return Ok(());
     };
     let mut record: FailureRecord = decode(nonce, &bytes)?;
     record.failing.retain(|f| f.status != status);
     let value = (!record.failing.is_empty()).then(|| encode(&record));
-    staging.put(key, value);
+    staging.put_record(&key, value);
     Ok(())
 }
 

@@ -3,15 +3,23 @@
 //!
 //! | prefix | key | value |
 //! |---|---|---|
-//! | `c\0` | nonce | callback record (JSON) |
-//! | `v\0` | nonce | validation record (JSON) |
-//! | `x\0` | expiry ms (8 bytes BE) · batch id (8 bytes) | the batch's records: `tag · length · nonce`… (the expiry index, one key per batch) |
+//! | `c\0` | identifier of the nonce | callback record (JSON) |
+//! | `v\0` | identifier of the nonce | validation record (JSON) |
+//! | `x\0` | expiry ms (8 bytes BE) · batch id (8 bytes) | the batch's records: `tag · length · identifier`… (the expiry index, one key per batch) |
 //! | `p\0` | validation id (8 bytes BE) | postponed validation (JSON) |
 //! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
-//! | `f\0` | nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
+//! | `f\0` | identifier of the nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
+//!
+//! A nonce's **identifier** in a key is the nonce itself up to [`SPELLED_OUT_BYTES`]; a
+//! longer one is `0xFF` and its SHA-256 (no UTF-8 text begins with `0xFF`, so the two never
+//! meet). What the store and sled's in-memory index keep per record then stays small
+//! whatever length a sender chose: sled holds a tree's keys, and the bounds of its nodes,
+//! in memory. Stores written before long nonces were digested kept them spelled out; a
+//! [`RecordKey`] names that older key too, read when the new one is absent and removed when
+//! the record is next written.
 
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
 pub(crate) const VALIDATION_PREFIX: &[u8] = b"v\0";
@@ -42,16 +50,82 @@ pub(crate) fn millis_of(value: &[u8]) -> u64 {
     value.try_into().map_or(0, u64::from_be_bytes)
 }
 
-pub(crate) fn callback(nonce: &str) -> Vec<u8> {
-    [CALLBACK_PREFIX, nonce.as_bytes()].concat()
+/// Nonces up to this many bytes are spelled out in their records' keys; longer ones are
+/// digested (see the module docs). A UUID is 36.
+pub(crate) const SPELLED_OUT_BYTES: usize = 64;
+/// The first byte of a digested identifier.
+const DIGESTED: u8 = 0xFF;
+
+/// A nonce's identifier in keys and in the expiry index: the nonce, or `0xFF` and its
+/// SHA-256 when it is longer than [`SPELLED_OUT_BYTES`].
+pub(crate) fn identifier(nonce: &str) -> Vec<u8> {
+    if nonce.len() <= SPELLED_OUT_BYTES {
+        return nonce.as_bytes().to_vec();
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, nonce.as_bytes());
+    [&[DIGESTED], digest.as_ref()].concat()
 }
 
-pub(crate) fn failing(nonce: &str) -> Vec<u8> {
-    [FAILING_PREFIX, nonce.as_bytes()].concat()
+/// The SHA-256 of `text`, lower-case hex.
+pub(crate) fn sha256_hex(text: &str) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()).as_ref())
 }
 
-pub(crate) fn validation(nonce: &str) -> Vec<u8> {
-    [VALIDATION_PREFIX, nonce.as_bytes()].concat()
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An identifier as error messages name it: the nonce, or `sha256:` and the digest's hex.
+pub(crate) fn describe(identifier: &[u8]) -> String {
+    match identifier.split_first() {
+        Some((&DIGESTED, digest)) => format!("sha256:{}", hex(digest)),
+        _ => String::from_utf8_lossy(identifier).into_owned(),
+    }
+}
+
+/// Where the record of one nonce is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RecordKey {
+    /// The key, with the nonce's [`identifier`].
+    pub(crate) key: Vec<u8>,
+    /// For a long nonce, the key a store written before long nonces were digested kept
+    /// its record under: read when `key` is absent, removed when the record is written.
+    pub(crate) spelled_out: Option<Vec<u8>>,
+}
+
+impl RecordKey {
+    fn new(prefix: &[u8], nonce: &str) -> Self {
+        Self {
+            key: [prefix, &identifier(nonce)].concat(),
+            spelled_out: (nonce.len() > SPELLED_OUT_BYTES)
+                .then(|| [prefix, nonce.as_bytes()].concat()),
+        }
+    }
+}
+
+pub(crate) fn callback(nonce: &str) -> RecordKey {
+    RecordKey::new(CALLBACK_PREFIX, nonce)
+}
+
+pub(crate) fn failing(nonce: &str) -> RecordKey {
+    RecordKey::new(FAILING_PREFIX, nonce)
+}
+
+pub(crate) fn validation(nonce: &str) -> RecordKey {
+    RecordKey::new(VALIDATION_PREFIX, nonce)
+}
+
+/// The key of the record an expiry index entry lists (`tag`, `identifier`), `None` for a
+/// postponed validation (its id is not a record key). An entry written before long nonces
+/// were digested holds the nonce itself, and so names the key it was kept under.
+pub(crate) fn indexed_record(tag: u8, identifier: &[u8]) -> Option<Vec<u8>> {
+    let prefix = match tag {
+        TAG_CALLBACK => CALLBACK_PREFIX,
+        TAG_FAILING => FAILING_PREFIX,
+        TAG_VALIDATION => VALIDATION_PREFIX,
+        _ => return None,
+    };
+    Some([prefix, identifier].concat())
 }
 
 /// The expiry index key of one batch: when its records expire, and which batch it was.
@@ -69,19 +143,24 @@ pub(crate) fn expiry_upper(now_ms: u64) -> Vec<u8> {
     [EXPIRY_PREFIX, &now_ms.saturating_add(1).to_be_bytes()].concat()
 }
 
-/// The value of an expiry index key: the records of the batch, as `tag · length · nonce`.
-pub(crate) fn encode_index(entries: &[(u8, String)]) -> Vec<u8> {
+/// The value of an expiry index key: the records of the batch, as `tag · length ·
+/// identifier` (a postponed validation's identifier is its id, in decimal).
+pub(crate) fn encode_index(entries: &[(u8, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
-    for (tag, nonce) in entries {
+    for (tag, identifier) in entries {
         out.push(*tag);
-        out.extend_from_slice(&u32::try_from(nonce.len()).unwrap_or(u32::MAX).to_be_bytes());
-        out.extend_from_slice(nonce.as_bytes());
+        out.extend_from_slice(
+            &u32::try_from(identifier.len())
+                .unwrap_or(u32::MAX)
+                .to_be_bytes(),
+        );
+        out.extend_from_slice(identifier);
     }
     out
 }
 
 /// The records listed by an expiry index value (a damaged tail is ignored).
-pub(crate) fn decode_index(mut value: &[u8]) -> Vec<(u8, String)> {
+pub(crate) fn decode_index(mut value: &[u8]) -> Vec<(u8, Vec<u8>)> {
     let mut entries = Vec::new();
     while let Some((&tag, rest)) = value.split_first() {
         let Some(length) = rest
@@ -91,10 +170,10 @@ pub(crate) fn decode_index(mut value: &[u8]) -> Vec<(u8, String)> {
         else {
             break;
         };
-        let Some(nonce) = rest.get(4..4 + length as usize) else {
+        let Some(identifier) = rest.get(4..4 + length as usize) else {
             break;
         };
-        entries.push((tag, String::from_utf8_lossy(nonce).into_owned()));
+        entries.push((tag, identifier.to_vec()));
         value = &rest[4 + length as usize..];
     }
     entries
@@ -119,19 +198,54 @@ mod tests {
         let late = expiry(2_000, 0);
         assert!(early < late && late < expiry_upper(2_000) && expiry_upper(1_999) <= late);
         let entries = vec![
-            (TAG_CALLBACK, "n-1".to_owned()),
-            (TAG_VALIDATION, "nönce".to_owned()),
+            (TAG_CALLBACK, identifier("n-1")),
+            (TAG_VALIDATION, identifier(&"nönce".repeat(40))),
         ];
         assert_eq!(decode_index(&encode_index(&entries)), entries);
         assert_eq!(
             decode_index(&encode_index(&entries)[..10]),
-            [(TAG_CALLBACK, "n-1".to_owned())]
+            [(TAG_CALLBACK, b"n-1".to_vec())]
         );
     }
 
     #[test]
     fn prefixes_do_not_collide() {
         assert!(!merchant("x", b"").starts_with(EXPIRY_PREFIX));
-        assert!(!callback("n").starts_with(VALIDATION_PREFIX));
+        assert!(!callback("n").key.starts_with(VALIDATION_PREFIX));
+    }
+
+    #[test]
+    fn long_nonces_are_digested_and_short_ones_spelled_out() {
+        let short = "0b9e4a52-3c57-4a8e-9d7e-2f1c5b6a7d80";
+        assert_eq!(
+            callback(short),
+            RecordKey {
+                key: [CALLBACK_PREFIX, short.as_bytes()].concat(),
+                spelled_out: None,
+            }
+        );
+        let at_limit = "n".repeat(SPELLED_OUT_BYTES);
+        assert_eq!(identifier(&at_limit), at_limit.as_bytes());
+        let long = "n".repeat(4096);
+        let key = validation(&long);
+        assert_eq!(key.key.len(), VALIDATION_PREFIX.len() + 33);
+        assert_eq!(key.key[VALIDATION_PREFIX.len()], DIGESTED);
+        assert_eq!(
+            key.spelled_out,
+            Some([VALIDATION_PREFIX, long.as_bytes()].concat())
+        );
+        // Distinct long nonces, distinct keys; the same one, the same key.
+        assert_ne!(validation(&format!("{long}x")).key, key.key);
+        assert_eq!(validation(&long), key);
+        // An index entry names the key in either form.
+        assert_eq!(
+            indexed_record(TAG_VALIDATION, &identifier(&long)),
+            Some(key.key)
+        );
+        assert_eq!(
+            indexed_record(TAG_VALIDATION, long.as_bytes()),
+            key.spelled_out
+        );
+        assert_eq!(indexed_record(TAG_POSTPONED, b"42"), None);
     }
 }

@@ -4,6 +4,7 @@ use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::keys::{SPELLED_OUT_BYTES, sha256_hex};
 use crate::model::TransactionValidationRequest;
 
 /// The payment a validation nonce was first used for. A repeat must match it exactly.
@@ -32,6 +33,54 @@ impl Fingerprint {
             provider_id: payment.provider_id,
             cash_in: request.cash_in,
         }
+    }
+}
+
+/// A [`Fingerprint`] as a validation record keeps it: a client id longer than
+/// [`SPELLED_OUT_BYTES`] by its SHA-256, so that a record's size does not grow with what a
+/// sender chose to send. Records written before kept every client id spelled out
+/// (`client_id`); both forms compare with a request's fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KeptFingerprint {
+    amount: String,
+    currency: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_id: Option<String>,
+    /// The SHA-256 of a long client id, lower-case hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client_id_sha256: Option<String>,
+    provider_id: i64,
+    cash_in: bool,
+}
+
+impl KeptFingerprint {
+    pub(crate) fn of(fingerprint: &Fingerprint) -> Self {
+        let long = fingerprint.client_id.len() > SPELLED_OUT_BYTES;
+        Self {
+            amount: fingerprint.amount.clone(),
+            currency: fingerprint.currency.clone(),
+            client_id: (!long).then(|| fingerprint.client_id.clone()),
+            client_id_sha256: long.then(|| sha256_hex(&fingerprint.client_id)),
+            provider_id: fingerprint.provider_id,
+            cash_in: fingerprint.cash_in,
+        }
+    }
+
+    /// Whether `fingerprint` is the payment this one was kept for.
+    pub(crate) fn matches(&self, fingerprint: &Fingerprint) -> bool {
+        let client = match (&self.client_id, &self.client_id_sha256) {
+            (Some(client_id), _) => *client_id == fingerprint.client_id,
+            (None, Some(digest)) => {
+                fingerprint.client_id.len() > SPELLED_OUT_BYTES
+                    && *digest == sha256_hex(&fingerprint.client_id)
+            }
+            (None, None) => false,
+        };
+        client
+            && self.amount == fingerprint.amount
+            && self.currency == fingerprint.currency
+            && self.provider_id == fingerprint.provider_id
+            && self.cash_in == fingerprint.cash_in
     }
 }
 
@@ -68,7 +117,7 @@ pub(crate) struct CallbackRecord {
 /// A validation nonce's durable record: its payment and the decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ValidationRecord {
-    pub(crate) fingerprint: Fingerprint,
+    pub(crate) fingerprint: KeptFingerprint,
     pub(crate) decision: RecordedDecision,
     pub(crate) expires_ms: u64,
 }

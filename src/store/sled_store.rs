@@ -201,6 +201,14 @@ impl SledStore {
         count(keys::CALLBACK_PREFIX) + count(keys::VALIDATION_PREFIX)
     }
 
+    /// The record of one nonce, under its key or where an older store kept it.
+    fn record(&self, key: &keys::RecordKey) -> Result<Option<sled::IVec>, StoreError> {
+        match (self.inner.tree.get(&key.key)?, &key.spelled_out) {
+            (None, Some(older)) => Ok(self.inner.tree.get(older)?),
+            (found, _) => Ok(found),
+        }
+    }
+
     fn check_tree(&self, tree: &str) -> Result<(), StoreError> {
         if self.inner.effect_trees.iter().any(|t| t == tree) {
             Ok(())
@@ -420,7 +428,7 @@ impl Store for SledStore {
         let record = self
             .inner
             .writer
-            .read_durable(|| self.inner.tree.get(keys::callback(nonce)))?;
+            .read_durable(|| self.record(&keys::callback(nonce)))?;
         Ok(match record {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?
                 .done
@@ -445,7 +453,7 @@ impl Store for SledStore {
         let mut failing = Vec::new();
         for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
             let (key, bytes) = entry?;
-            let nonce = String::from_utf8_lossy(&key[keys::FAILING_PREFIX.len()..]);
+            let nonce = keys::describe(&key[keys::FAILING_PREFIX.len()..]);
             failing.extend(decode::<FailureRecord>(&nonce, &bytes)?.failing);
         }
         failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed_ms));
@@ -608,7 +616,7 @@ impl SledStore {
             }
             tracing::warn!(nonce = %crate::logged::Logged(nonce), "taking over a claim whose delivery never finished");
         }
-        let record = match self.inner.tree.get(keys::callback(nonce))? {
+        let record = match self.record(&keys::callback(nonce))? {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
             None => CallbackRecord::default(),
         };
@@ -651,9 +659,9 @@ impl SledStore {
             Some(entry) if entry.claim.is_some() && !durable => return Ok(None),
             _ => {}
         }
-        if let Some(bytes) = self.inner.tree.get(keys::validation(nonce))? {
+        if let Some(bytes) = self.record(&keys::validation(nonce))? {
             let record: ValidationRecord = decode(nonce, &bytes)?;
-            return Ok(Some(if &record.fingerprint == fingerprint {
+            return Ok(Some(if record.fingerprint.matches(fingerprint) {
                 ValidationBegin::Recorded(record.decision)
             } else {
                 ValidationBegin::Mismatch
