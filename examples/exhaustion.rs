@@ -485,6 +485,8 @@ struct Window {
     answered: u64,
     not_2xx: u64,
     latencies_us: Vec<u64>,
+    /// Each request: when it was sent (ms since the Unix epoch) and its latency (µs).
+    requests: Vec<(u64, u64)>,
 }
 
 impl Window {
@@ -556,6 +558,7 @@ async fn soak_sender(
             .header("x-signature", signature)
             .body(http_body_util::Full::new(body))
             .unwrap();
+        let sent_ms = unix_ms();
         let started = Instant::now();
         let status = match client.send_request(request).await {
             Ok(response) => {
@@ -568,12 +571,91 @@ async fn soak_sender(
                 0
             }
         };
+        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         let mut window = window.lock().unwrap();
         window.answered += 1;
         window.not_2xx += u64::from(!(200..300).contains(&status));
-        window
-            .latencies_us
-            .push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        window.latencies_us.push(latency_us);
+        window.requests.push((sent_ms, latency_us));
+    }
+}
+
+fn unix_ms() -> u64 {
+    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0)
+}
+
+/// The sweeps the service logged: when each began and ended (ms since the Unix epoch), and
+/// its log line's fields.
+fn sweeps(log: &Path) -> Vec<(u64, u64, String)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter(|line| line.contains("expired records purged"))
+        .filter_map(|line| {
+            let logged = chrono::DateTime::parse_from_rfc3339(line.split_whitespace().next()?)
+                .ok()?
+                .timestamp_millis();
+            let field = |name: &str| -> Option<f64> {
+                let at = line.find(&format!("{name}="))? + name.len() + 1;
+                line[at..].split_whitespace().next()?.parse().ok()
+            };
+            let took = field("took_ms")?;
+            let ended = u64::try_from(logged).ok()?;
+            let details = format!(
+                "{} purged in {:.0} ms, {} steps, longest step {:.1} ms, flush {:.1} ms",
+                field("purged")?,
+                took,
+                field("steps")?,
+                field("longest_step_ms")?,
+                field("flush_ms")?
+            );
+            Some((ended.saturating_sub(took.ceil() as u64), ended, details))
+        })
+        .collect()
+}
+
+/// The worst latency of the requests that overlapped each sweep, and of those that
+/// overlapped none (ms).
+fn latency_around_sweeps(requests: &[(u64, u64)], sweeps: &[(u64, u64, String)]) {
+    let overlaps = |(sent, latency_us): (u64, u64), (begin, end): (u64, u64)| {
+        sent <= end && sent + latency_us.div_ceil(1000) >= begin
+    };
+    let mut outside = Vec::new();
+    let mut during = vec![0u64; sweeps.len()];
+    for &request in requests {
+        let mut any = false;
+        for (i, (begin, end, _)) in sweeps.iter().enumerate() {
+            if overlaps(request, (*begin, *end)) {
+                during[i] = during[i].max(request.1);
+                any = true;
+            }
+        }
+        if !any {
+            outside.push(request.1);
+        }
+    }
+    outside.sort_unstable();
+    let at = |p: f64| {
+        outside
+            .get(((outside.len() as f64 * p) as usize).min(outside.len().saturating_sub(1)))
+            .map_or(0.0, |us| *us as f64 / 1000.0)
+    };
+    println!(
+        "
+requests overlapping no sweep: {}, p99 {:.1} ms, p99.9 {:.1} ms, worst {:.1} ms",
+        outside.len(),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    );
+    println!(
+        "sweeps ({}), with the worst latency of a request that overlapped each:",
+        sweeps.len()
+    );
+    for ((_, _, details), worst) in sweeps.iter().zip(&during) {
+        println!(
+            "  {details}: worst request {:.1} ms",
+            *worst as f64 / 1000.0
+        );
     }
 }
 
@@ -582,7 +664,8 @@ fn soak(loaded: Duration, idle: Duration) {
     let (public_key, key) = child::signing_key(dir.path(), Algorithm::Ed25519);
     let key = Arc::new(key);
     let data = dir.path().join("data");
-    let server = start(&data, &public_key, &dir.path().join("service.log"), "soak");
+    let log = dir.path().join("service.log");
+    let server = start(&data, &public_key, &log, "soak");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -617,6 +700,7 @@ fn soak(loaded: Duration, idle: Duration) {
     let mut idle_rss: Vec<f64> = Vec::new();
     let (mut answered, mut not_2xx) = (0, 0);
     let mut interval = Window::default();
+    let mut requests = Vec::new();
     let mut written = server.written_bytes();
     let mut idle_written = None;
     let total = loaded + idle;
@@ -637,6 +721,7 @@ fn soak(loaded: Duration, idle: Duration) {
         interval.answered += this.answered;
         interval.not_2xx += this.not_2xx;
         interval.latencies_us.append(&mut this.latencies_us);
+        requests.append(&mut this.requests);
         if second % 30 == 0 {
             let (p99, max) = interval.p99_and_max_ms();
             let (rss, _) = server.rss_mib();
@@ -689,6 +774,7 @@ fn soak(loaded: Duration, idle: Duration) {
     };
     println!("RSS over the last ten loaded minutes: {}", range(&last_ten));
     println!("RSS while idle: {}", range(&idle_rss));
+    latency_around_sweeps(&requests, &sweeps(&log));
     if let Some(at_idle) = idle_written {
         let idle_seconds = idle.as_secs_f64().max(1.0);
         println!(

@@ -33,7 +33,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::sync::oneshot;
 
@@ -259,12 +259,18 @@ impl Writer {
     /// lock is held for one step at a time, and the writes queued meanwhile are committed
     /// between steps, so a sweep never holds a request for long however much expired.
     pub(crate) fn purge(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let started = Instant::now();
         let mut purged = 0;
+        let (mut steps, mut longest_hold) = (0u32, Duration::ZERO);
         loop {
             let step = {
                 let _guard = lock(&self.lock);
-                purge_step(&self.context, now_ms, PURGE_STEP)
+                let held = Instant::now();
+                let step = purge_step(&self.context, now_ms, PURGE_STEP);
+                longest_hold = longest_hold.max(held.elapsed());
+                step
             };
+            steps += 1;
             // Writes queued while the step held the lock are committed now.
             self.lead();
             let (count, more) = step?;
@@ -284,8 +290,16 @@ impl Writer {
             // sled's background flusher is off (see `open_sled`): the purge's removals are
             // written out here, once per sweep. They need no fdatasync: a purge lost to a
             // power cut is redone by the next sweep.
+            let flushing = Instant::now();
             self.context.db.flush()?;
-            tracing::debug!(purged, "expired records purged");
+            tracing::info!(
+                purged,
+                steps,
+                longest_step_ms = longest_hold.as_secs_f64() * 1e3,
+                flush_ms = flushing.elapsed().as_secs_f64() * 1e3,
+                took_ms = started.elapsed().as_secs_f64() * 1e3,
+                "expired records purged"
+            );
         }
         Ok(purged)
     }
