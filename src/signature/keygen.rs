@@ -21,6 +21,18 @@ const SPKI_P384_PREFIX: &[u8] = &[
 const SPKI_ED25519_PREFIX: &[u8] = &[
     0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
 ];
+/// An Ed25519 private key as RFC 8410 writes it (a version 1 `OneAsymmetricKey`, the
+/// 32-byte seed in an OCTET STRING), to which the seed is appended: the form OpenSSL,
+/// Python's `cryptography`, Go and Java read.
+const PKCS8_V1_ED25519_PREFIX: &[u8] = &[
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+/// ring's Ed25519 private key: version 2, the same algorithm and seed, then the public key
+/// (RFC 5958's `[1]`), which OpenSSL 3.0 and `cryptography` refuse to read.
+const PKCS8_V2_ED25519_PREFIX: &[u8] = &[
+    0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+const ED25519_SEED_BYTES: usize = 32;
 
 /// A new key pair as PEM text.
 #[derive(Clone)]
@@ -78,7 +90,7 @@ pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError
             let pair =
                 ring_sig::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|e| fail(&e))?;
             (
-                pkcs8.as_ref().to_vec(),
+                rfc8410_private_key(pkcs8.as_ref())?,
                 [
                     SPKI_ED25519_PREFIX,
                     ring_sig::KeyPair::public_key(&pair).as_ref(),
@@ -91,6 +103,15 @@ pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError
         private_pem: pem("PRIVATE KEY", &pkcs8)?,
         public_pem: pem("PUBLIC KEY", &spki)?,
     })
+}
+
+/// ring's version 2 Ed25519 key rewritten in RFC 8410's version 1 form (the seed alone).
+fn rfc8410_private_key(ring_pkcs8: &[u8]) -> Result<Vec<u8>, KeygenError> {
+    let seed = ring_pkcs8
+        .strip_prefix(PKCS8_V2_ED25519_PREFIX)
+        .and_then(|rest| rest.get(..ED25519_SEED_BYTES))
+        .ok_or_else(|| KeygenError("ring wrote an Ed25519 key in an unexpected form".into()))?;
+    Ok([PKCS8_V1_ED25519_PREFIX, seed].concat())
 }
 
 fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
@@ -114,4 +135,34 @@ fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
 fn pem(label: &str, der: &[u8]) -> Result<String, KeygenError> {
     pem_rfc7468::encode_string(label, pem_rfc7468::LineEnding::LF, der)
         .map_err(|e| KeygenError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signature::SigningKey;
+
+    #[test]
+    fn ed25519_private_keys_are_written_in_rfc_8410_form_and_both_forms_still_load() {
+        let pair = generate_key_pair(Algorithm::Ed25519).unwrap();
+        let (_, der) = pem_rfc7468::decode_vec(pair.private_pem.as_bytes()).unwrap();
+        assert_eq!(
+            der.len(),
+            PKCS8_V1_ED25519_PREFIX.len() + ED25519_SEED_BYTES
+        );
+        assert!(der.starts_with(PKCS8_V1_ED25519_PREFIX));
+        assert!(SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).is_ok());
+
+        // A key written by an earlier payhook (ring's version 2) still signs.
+        let ring_form = ring_sig::Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        let old_pem = pem("PRIVATE KEY", ring_form.as_ref()).unwrap();
+        assert!(SigningKey::from_pkcs8(old_pem.as_bytes(), Algorithm::Ed25519).is_ok());
+        // The same seed, in either form, is the same key.
+        let rewritten = rfc8410_private_key(ring_form.as_ref()).unwrap();
+        assert_eq!(
+            rewritten[PKCS8_V1_ED25519_PREFIX.len()..],
+            ring_form.as_ref()[PKCS8_V2_ED25519_PREFIX.len()..][..ED25519_SEED_BYTES]
+        );
+        assert!(rfc8410_private_key(b"not a key").is_err());
+    }
 }
