@@ -4,7 +4,11 @@
 //!
 //! Needs `openssl` (Debian's `openssl` package). Without it the test says it was skipped,
 //! unless `CI` is set: there its absence is a failure.
-#![allow(clippy::unwrap_used, reason = "tests")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::print_stderr,
+    reason = "tests; a skip is said on stderr"
+)]
 
 use std::io::Write;
 use std::path::Path;
