@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The example merchant runs as a child process (default configuration, an RSA key for
-//! callbacks, `server.max_identifier_bytes = 4096` — the largest allowed — and a 30 s
+//! callbacks, `server.max_identifier_chars = 4096` — the largest allowed — and a 30 s
 //! retention so that the end of it is seen). Then:
 //!
 //! 1. **Connections.** From 127.0.0.1, 2,000 clients send request headers one byte a second,
@@ -112,7 +112,7 @@ fn serve(data: &Path, public_key: &Path, mode: &str) {
     runtime.block_on(async {
         let mut config = Config::default();
         config.server.listen = "127.0.0.1:0".parse().unwrap();
-        config.server.max_identifier_bytes = LONGEST_IDENTIFIER;
+        config.server.max_identifier_chars = LONGEST_IDENTIFIER;
         config.store.path = data.to_owned();
         if mode == "soak" {
             config.signature.algorithm = Algorithm::Ed25519;

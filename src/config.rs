@@ -16,7 +16,7 @@
 //! | `server.idle_timeout` | `"60s"` (no request in progress) | `PAYHOOK_SERVER_IDLE_TIMEOUT` |
 //! | `server.min_body_rate` | `240` (bytes/s; `0`: off) | `PAYHOOK_SERVER_MIN_BODY_RATE` |
 //! | `server.min_body_rate_grace` | `"5s"` | `PAYHOOK_SERVER_MIN_BODY_RATE_GRACE` |
-//! | `server.max_identifier_bytes` | `256` (nonce, client id) | `PAYHOOK_SERVER_MAX_IDENTIFIER_BYTES` |
+//! | `server.max_identifier_chars` | `256` (nonce, client id) | `PAYHOOK_SERVER_MAX_IDENTIFIER_CHARS` |
 //! | `paths.providers_validation` | `/payhook/providers-validation` | `PAYHOOK_PATHS_PROVIDERS_VALIDATION` |
 //! | `paths.transaction_validation` | `/payhook/transaction-validation` | `PAYHOOK_PATHS_TRANSACTION_VALIDATION` |
 //! | `paths.callback` | `/payhook/callback` | `PAYHOOK_PATHS_CALLBACK` |
@@ -186,12 +186,13 @@ pub struct ServerConfig {
     /// How long a body may arrive slower than `min_body_rate` at first.
     #[serde(deserialize_with = "duration", serialize_with = "duration_text")]
     pub min_body_rate_grace: Duration,
-    /// Longest nonce and client id accepted, in bytes (UTF-8); a longer one is refused with
-    /// 400. Identifiers are kept in memory, in the store for the retention period and in
-    /// logs: without a bound, a client could fill all three. The default fits every real
-    /// identifier (a GUID is 36 bytes).
+    /// Longest nonce and client id accepted, in characters (Unicode code points, as the
+    /// OpenAPI document's `maxLength` counts them); a longer one is refused with 400.
+    /// Identifiers are kept in memory, in the store for the retention period and in logs:
+    /// without a bound, a client could fill all three. The default fits every real
+    /// identifier (a GUID is 36 characters).
     #[serde(deserialize_with = "lenient")]
-    pub max_identifier_bytes: usize,
+    pub max_identifier_chars: usize,
     /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
     pub metrics_allow_ips: Vec<String>,
     /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
@@ -214,7 +215,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(60),
             min_body_rate: 240,
             min_body_rate_grace: Duration::from_secs(5),
-            max_identifier_bytes: 256,
+            max_identifier_chars: 256,
             metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             trusted_proxies: Vec::new(),
         }
@@ -742,10 +743,10 @@ impl Config {
         if self.server.max_connections == 0 {
             return invalid("server.max_connections", "must be at least 1");
         }
-        if !(16..=4096).contains(&self.server.max_identifier_bytes) {
+        if !(16..=4096).contains(&self.server.max_identifier_chars) {
             return invalid(
-                "server.max_identifier_bytes",
-                "must be between 16 and 4096 bytes",
+                "server.max_identifier_chars",
+                "must be between 16 and 4096 characters",
             );
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.server.body_limit) {
@@ -1277,12 +1278,12 @@ mod tests {
         let cases = [
             ("[server]\nbody_limit = 10", "server.body_limit"),
             (
-                "[server]\nmax_identifier_bytes = 8",
-                "server.max_identifier_bytes",
+                "[server]\nmax_identifier_chars = 8",
+                "server.max_identifier_chars",
             ),
             (
-                "[server]\nmax_identifier_bytes = 1048576",
-                "server.max_identifier_bytes",
+                "[server]\nmax_identifier_chars = 1048576",
+                "server.max_identifier_chars",
             ),
             (
                 "[server]\nhandler_timeout = \"0s\"",

@@ -447,3 +447,65 @@ async fn a_validation_amount_must_be_above_zero_and_a_callback_amount_not_negati
         .await;
     assert_eq!(response.status, 200, "{}", response.message());
 }
+
+/// The free-form fields the spec makes objects (`additionalData`, `providerData`): an object
+/// or null, as the OpenAPI document says; anything else is 400 naming the field.
+#[tokio::test]
+async fn a_free_form_field_that_is_not_an_object_is_400_naming_it() {
+    let server = TestServer::start().await;
+    for (path, fixture, pointer) in [
+        (
+            PROVIDERS_PATH,
+            PROVIDERS_VALIDATION,
+            "/transactionData/merchantData/additionalData",
+        ),
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/merchantData/additionalData",
+        ),
+        (VALIDATION_PATH, TRANSACTION_VALIDATION, "/providerData"),
+        (CALLBACK_PATH, CALLBACK, "/additionalData"),
+    ] {
+        let field = pointer.rsplit('/').next().unwrap();
+        for bad in [json!([]), json!("x"), json!(1), json!(false)] {
+            let body = with(fixture, pointer, Some(bad.clone()));
+            // The test configuration takes unsigned callbacks.
+            let request = json_post(path, body.as_bytes());
+            assert_refused(&server, path, &request, 400, field).await;
+        }
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+/// Numbers the OpenAPI document allows but no `i64` or `Decimal` holds exactly: a fraction
+/// in an integer field, and numeric strings with spaces, are 400; nothing is rounded.
+#[tokio::test]
+async fn an_integer_with_a_fraction_and_a_spaced_numeric_string_are_400() {
+    let server = TestServer::start().await;
+    for (path, fixture, pointer, bad) in [
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/validationId",
+            json!(42.5),
+        ),
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/paymentData/providerId",
+            json!(1e30),
+        ),
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/paymentData/amount",
+            json!(" 10"),
+        ),
+    ] {
+        let field = pointer.rsplit('/').next().unwrap();
+        let body = with(fixture, pointer, Some(bad));
+        assert_refused(&server, path, &json_post(path, body.as_bytes()), 400, field).await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}

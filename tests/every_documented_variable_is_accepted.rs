@@ -55,7 +55,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
     match name {
         "PAYHOOK_CONFIG" => dir.join("payhook.toml").display().to_string(),
         "PAYHOOK_SERVER_LISTEN" => "127.0.0.1:0".into(),
-        "PAYHOOK_SERVER_MAX_IDENTIFIER_BYTES" => "512".into(),
+        "PAYHOOK_SERVER_MAX_IDENTIFIER_CHARS" => "512".into(),
         "PAYHOOK_SIGNATURE_ALGORITHM" => "ed25519".into(),
         "PAYHOOK_SIGNATURE_ENCODING" => "base64url".into(),
         "PAYHOOK_SIGNATURE_PREFIX" => "sig=".into(),

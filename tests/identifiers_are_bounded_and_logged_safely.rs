@@ -1,7 +1,7 @@
 //! Identifiers from the wire are bounded and cannot forge log lines: a blank nonce is refused
 //! (every blank nonce would share one deduplication record, so the second transaction would
 //! be answered "already processed" and never booked), a nonce or client id longer than
-//! `server.max_identifier_bytes` is refused before it reaches memory, the store or the logs,
+//! `server.max_identifier_chars` is refused before it reaches memory, the store or the logs,
 //! and control characters in logged values are escaped.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -97,8 +97,10 @@ async fn identifiers_up_to_the_limit_pass_and_longer_ones_are_refused() {
             let response = send(&server, path, &body).await;
             assert_eq!(response.status, 400, "{path} {pointer}");
             assert!(
-                response.message().contains("257 bytes")
-                    && response.message().contains("server.max_identifier_bytes"),
+                response
+                    .message()
+                    .contains("longer than the 256 characters")
+                    && response.message().contains("server.max_identifier_chars"),
                 "{path}: {}",
                 response.message()
             );

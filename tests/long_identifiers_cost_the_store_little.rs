@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 const STALE: Duration = Duration::from_secs(60);
-/// The longest identifier `server.max_identifier_bytes` allows.
+/// The longest identifier `server.max_identifier_chars` allows.
 const LONGEST: usize = 4096;
 /// payhook's records live in this sled tree of the store's directory.
 const TREE: &str = "payhook";

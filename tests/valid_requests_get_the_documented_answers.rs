@@ -262,3 +262,23 @@ async fn an_unknown_status_code_and_unknown_fields_reach_the_handler() {
         (1, "callback", "nonce-cb-1")
     );
 }
+
+/// JSON (and the OpenAPI document) counts `42.0` and `4.2e1` as the integer 42: a sender
+/// whose JSON writer goes through floating point is served like one that writes `42`, and
+/// a free-form field may be null.
+#[tokio::test]
+async fn whole_numbers_written_as_floats_are_integers_and_free_form_fields_may_be_null() {
+    let server = TestServer::start().await;
+    let body = with(TRANSACTION_VALIDATION, "/validationId", Some(json!(4.2e1)));
+    let body = with(&body, "/paymentData/providerId", Some(json!(11.0)));
+    let body = with(&body, "/providerData", Some(json!(null)));
+    let response = server.post_json(VALIDATION_PATH, &body).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+
+    let body = with(CALLBACK, "/transactionStatus", Some(json!(4.0)));
+    let body = with(&body, "/id", Some(json!(1001.0)));
+    let body = with(&body, "/additionalData", Some(json!(null)));
+    let response = server.post_json(CALLBACK_PATH, &body).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    assert_eq!(server.merchant.calls().len(), 2);
+}

@@ -2,7 +2,7 @@
 //! (the same executable, started again with arguments), so that its memory and its disk
 //! writes are its own.
 //!
-//! `PAYHOOK_CHILD_WRAPPER=PROGRAM` starts the service under `PROGRAM` (for example
+//! `SERVICE_WRAPPER=PROGRAM` starts the service under `PROGRAM` (for example
 //! `heaptrack`, or `valgrind --tool=massif` through a script), to see where its memory or
 //! its time goes under the same load.
 
@@ -36,7 +36,7 @@ impl Server {
     /// waits for its `listening on ADDRESS` line.
     pub(crate) fn start(args: &[&str], stderr: Stdio) -> Self {
         let exe = std::env::current_exe().unwrap();
-        let mut command = match std::env::var_os("PAYHOOK_CHILD_WRAPPER") {
+        let mut command = match std::env::var_os("SERVICE_WRAPPER") {
             Some(wrapper) => {
                 let mut command = Command::new(wrapper);
                 command.arg(&exe);

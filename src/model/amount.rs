@@ -5,7 +5,7 @@
 //! amounts silently. Here an amount is taken from the JSON text itself (through
 //! [`serde_json::value::RawValue`]) and parsed straight into a [`Decimal`]: every digit is kept,
 //! and a number a `Decimal` cannot hold exactly is an error, never a rounded value. Numeric
-//! strings (`"10.50"`) are accepted too. Amounts are written back as JSON numbers with their
+//! strings (`"10.50"`, the same syntax as a JSON number, no spaces) are accepted too. Amounts are written back as JSON numbers with their
 //! scale, so `10.50` stays `10.50`.
 
 use std::fmt;
@@ -122,7 +122,8 @@ fn from_raw<E: de::Error>(raw: &RawValue) -> Result<Decimal, E> {
     let text = raw.get();
     let number = if text.starts_with('"') {
         let inner: String = serde_json::from_str(text).map_err(E::custom)?;
-        parse_amount(inner.trim())
+        // As written: the document's pattern for numeric strings has no spaces either.
+        parse_amount(&inner)
     } else if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
         parse_amount(text)
     } else {
@@ -132,7 +133,7 @@ fn from_raw<E: de::Error>(raw: &RawValue) -> Result<Decimal, E> {
 }
 
 /// Names the JSON kind of `text` for an "invalid type" error.
-fn unexpected(text: &str) -> de::Unexpected<'_> {
+pub(crate) fn unexpected(text: &str) -> de::Unexpected<'_> {
     match text.as_bytes().first() {
         Some(b't') => de::Unexpected::Bool(true),
         Some(b'f') => de::Unexpected::Bool(false),

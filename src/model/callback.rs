@@ -17,13 +17,14 @@ use super::{TransactionStatus, TransactionType, amount, timestamp};
 #[serde(rename_all = "camelCase")]
 pub struct CallbackBody {
     /// Transaction id at the aggregator.
+    #[serde(deserialize_with = "super::integer::integer")]
     pub id: i64,
     /// Reference id of the transaction; use it to look the transaction up.
     pub transaction_reference_id: Uuid,
     /// The merchant's nonce: unique per transaction.
     pub nonce: String,
     /// Payment system identifier.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub provider_id: Option<i64>,
     /// The payment system's own transaction id.
     #[serde(default)]
@@ -41,7 +42,7 @@ pub struct CallbackBody {
     /// The client on the merchant's side.
     pub client_id: String,
     /// Additional client or merchant data, as sent (`null` when absent).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::object_or_null")]
     pub additional_data: Value,
     /// Amount deposited or withdrawn, exact.
     #[serde(with = "amount::exact")]

@@ -29,6 +29,7 @@
 mod amount;
 mod auth;
 mod callback;
+mod integer;
 mod object;
 mod provider;
 mod status;

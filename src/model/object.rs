@@ -27,6 +27,36 @@ where
     deserializer.deserialize_seq(ObjectsVisitor(PhantomData))
 }
 
+/// Reads a free-form object (`additionalData`, `providerData`): a JSON object, or `null`
+/// for none (as absent is). Any other value is refused with "expected a JSON object or null":
+/// the spec makes these fields objects, and a merchant's code reading them expects one.
+pub(crate) fn object_or_null<'de, D>(deserializer: D) -> Result<serde_json::Value, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    let value = serde_json::Value::deserialize(deserializer)?;
+    if value.is_object() || value.is_null() {
+        Ok(value)
+    } else {
+        Err(de::Error::invalid_type(
+            unexpected(&value),
+            &"a JSON object or null",
+        ))
+    }
+}
+
+/// How serde names the kind of `value` in an error.
+fn unexpected(value: &serde_json::Value) -> de::Unexpected<'_> {
+    match value {
+        serde_json::Value::Bool(b) => de::Unexpected::Bool(*b),
+        serde_json::Value::Number(_) => de::Unexpected::Other("a number"),
+        serde_json::Value::String(s) => de::Unexpected::Str(s),
+        serde_json::Value::Array(_) => de::Unexpected::Seq,
+        serde_json::Value::Null => de::Unexpected::Unit,
+        serde_json::Value::Object(_) => de::Unexpected::Map,
+    }
+}
+
 struct ObjectVisitor<T>(PhantomData<T>);
 
 impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
@@ -86,6 +116,35 @@ mod tests {
         one: Inner,
         #[serde(deserialize_with = "objects")]
         many: Vec<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Free {
+        #[serde(default, deserialize_with = "object_or_null")]
+        data: serde_json::Value,
+    }
+
+    #[test]
+    fn free_form_fields_are_objects_or_null() {
+        for (accepted, data) in [
+            (r#"{"data": {"k": [1]}}"#, serde_json::json!({"k": [1]})),
+            (r#"{"data": null}"#, serde_json::Value::Null),
+            ("{}", serde_json::Value::Null),
+        ] {
+            assert_eq!(serde_json::from_str::<Free>(accepted).unwrap().data, data);
+        }
+        for refused in [
+            r#"{"data": []}"#,
+            r#"{"data": "x"}"#,
+            r#"{"data": 1}"#,
+            r#"{"data": true}"#,
+        ] {
+            let error = serde_json::from_str::<Free>(refused).unwrap_err();
+            assert!(
+                error.to_string().contains("a JSON object or null"),
+                "{refused}: {error}"
+            );
+        }
     }
 
     #[test]

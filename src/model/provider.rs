@@ -15,12 +15,13 @@ use super::null_as_default;
 #[serde(rename_all = "camelCase")]
 pub struct ProviderCandidate {
     /// Unique provider identifier.
+    #[serde(deserialize_with = "super::integer::integer")]
     pub id: i64,
     /// Provider name.
     #[serde(default, deserialize_with = "null_as_default")]
     pub name: String,
     /// Collaborator associated with the provider.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "super::integer::or_zero")]
     pub collab_id: i64,
     /// Supported currencies, as sent (element shape not fixed by the spec).
     #[serde(default, deserialize_with = "null_as_default")]

@@ -200,7 +200,8 @@ impl fmt::Display for TransactionType {
     }
 }
 
-/// Reads a wire code: an integer in `i32` range, or a string holding one.
+/// Reads a wire code: an integer in `i32` range (in any JSON form of a whole number, `4` or
+/// `4.0`, as JSON Schema counts integers), or a string holding one in decimal digits.
 fn code_from<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
     struct CodeVisitor;
 
@@ -219,9 +220,20 @@ fn code_from<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error
             i32::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
         }
 
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<i32, E> {
+            // Every i32 is exact in an f64, so a whole f64 in range is that code exactly.
+            let whole =
+                v.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&v);
+            if whole {
+                #[allow(clippy::cast_possible_truncation, reason = "whole and in range")]
+                Ok(v as i32)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Float(v), &self))
+            }
+        }
+
         fn visit_str<E: de::Error>(self, v: &str) -> Result<i32, E> {
-            v.trim()
-                .parse()
+            v.parse()
                 .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
         }
     }
@@ -291,6 +303,24 @@ mod tests {
         assert_eq!(status, TransactionStatus::Unknown(-42));
         assert!(!status.is_final() && !status.is_failure());
         assert_eq!(serde_json::to_string(&status).unwrap(), "-42");
+    }
+
+    #[test]
+    fn a_whole_float_code_is_that_code_and_a_fraction_is_refused() {
+        assert_eq!(
+            serde_json::from_str::<TransactionStatus>("4.0").unwrap(),
+            TransactionStatus::Success
+        );
+        assert_eq!(
+            serde_json::from_str::<TransactionType>("-0.0").unwrap(),
+            TransactionType::from_code(0)
+        );
+        for refused in ["4.5", "2147483648.0", "\" 4\""] {
+            assert!(
+                serde_json::from_str::<TransactionStatus>(refused).is_err(),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub struct MerchantData {
     /// The merchant's identifier of its client.
     pub client_id: String,
     /// Data supplied at payment initialization, as sent (`null` when absent).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::object_or_null")]
     pub additional_data: Value,
 }
 
@@ -34,7 +34,7 @@ pub struct ProvidersPaymentData {
     #[serde(default, deserialize_with = "null_as_default")]
     pub provider_tags: Vec<String>,
     /// Provider already chosen, if any.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub provider_id: Option<i64>,
     /// Payment type, one of the aggregator's predefined types.
     #[serde(default)]
@@ -102,6 +102,7 @@ pub struct ValidationPaymentData {
     /// ISO currency code.
     pub currency: String,
     /// The provider the client chose.
+    #[serde(deserialize_with = "super::integer::integer")]
     pub provider_id: i64,
 }
 
@@ -116,9 +117,10 @@ pub struct TransactionValidationRequest {
     #[serde(deserialize_with = "super::object::object")]
     pub payment_data: ValidationPaymentData,
     /// Data the provider needs, as sent (`null` when absent).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::object_or_null")]
     pub provider_data: Value,
     /// Identifies this validation operation; a postponed result refers to it.
+    #[serde(deserialize_with = "super::integer::integer")]
     pub validation_id: i64,
     /// `true` for a deposit (cash-in), `false` for a withdrawal.
     pub cash_in: bool,

@@ -670,7 +670,7 @@ impl App {
         bytes: &[u8],
     ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
-        check_identifiers(&request, self.inner.server.max_identifier_bytes)?;
+        check_identifiers(&request, self.inner.server.max_identifier_chars)?;
         request.trace(&tracing::Span::current());
         match request.implausible() {
             Some(reason) => Err(Problem::BadRequest(reason)),
@@ -680,20 +680,23 @@ impl App {
 }
 
 /// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record)
-/// and identifiers longer than `max_bytes`.
-fn check_identifiers(request: &impl Traced, max_bytes: usize) -> Result<(), Problem> {
+/// and identifiers longer than `max_chars` characters. Blank is empty or only JSON's own
+/// whitespace (space, tab, line feed, carriage return), as the OpenAPI document's pattern
+/// `[^ \t\n\r]` says in any regex dialect.
+fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Problem> {
     let (field, nonce) = request.nonce();
-    if nonce.trim().is_empty() {
+    if nonce.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
         return Err(Problem::BadRequest(format!(
             "invalid field `{field}`: a nonce must not be empty or blank"
         )));
     }
     for (field, value) in [(field, nonce), request.client_id()] {
-        if value.len() > max_bytes {
+        // Counting stops past the limit: a megabyte of nonce is not walked to the end.
+        let chars = value.chars().take(max_chars.saturating_add(1)).count();
+        if chars > max_chars {
             return Err(Problem::BadRequest(format!(
-                "invalid field `{field}`: {} bytes, more than the {max_bytes} accepted \
-                 (server.max_identifier_bytes)",
-                value.len()
+                "invalid field `{field}`: longer than the {max_chars} characters accepted \
+                 (server.max_identifier_chars)"
             )));
         }
     }

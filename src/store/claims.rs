@@ -22,7 +22,7 @@ const SHARDS: usize = 16;
 const UNCLAIMED_PER_SHARD: usize = 4096;
 
 /// Bytes of nonces a shard keeps before it forgets the oldest unclaimed ones: the count
-/// alone would let long nonces (up to `server.max_identifier_bytes`) take 16 × 4096 × 4 KiB.
+/// alone would let long nonces (up to `server.max_identifier_chars`) take 16 × 4096 × 16 KiB.
 /// With this, the nonces of one kind of claim take at most 16 MiB.
 const NONCE_BYTES_PER_SHARD: usize = 1024 * 1024;
 
