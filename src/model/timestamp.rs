@@ -6,7 +6,7 @@
 //! "DateTime (UTC)"), a time with an offset is converted. Times are written back as RFC 3339
 //! with `Z`.
 
-use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, NaiveDateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serializer, de};
 use std::borrow::Cow;
 
@@ -32,13 +32,18 @@ pub struct TimestampError(String);
 /// # Ok::<(), payhook::model::TimestampError>(())
 /// ```
 pub fn parse_utc(text: &str) -> Result<DateTime<Utc>, TimestampError> {
-    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
-        return Ok(time.with_timezone(&Utc));
-    }
-    ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
-        .iter()
-        .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
-        .map(|naive| naive.and_utc())
+    let time = DateTime::parse_from_rfc3339(text)
+        .map(|time| time.with_timezone(&Utc))
+        .ok()
+        .or_else(|| {
+            ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
+                .iter()
+                .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+                .map(|naive| naive.and_utc())
+        });
+    // Only the years RFC 3339 can write (0000 to 9999, in UTC): a time payhook reads, it
+    // must be able to write and read again (the naive forms would take `-0026`).
+    time.filter(|time| (0..=9999).contains(&time.year()))
         .ok_or_else(|| TimestampError(text.chars().take(40).collect()))
 }
 
