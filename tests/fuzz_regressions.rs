@@ -3,7 +3,7 @@
 //! them.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-use payhook::model::{CallbackBody, format_utc, parse_utc};
+use payhook::model::{CallbackBody, format_utc, parse_amount, parse_utc};
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(
@@ -43,4 +43,18 @@ fn a_callback_with_a_negative_year_is_refused_naming_the_field() {
             .unwrap_err()
             .to_string();
     assert!(error.contains("is not a date-time"), "{error}");
+}
+
+/// `amount_and_time`: `0e-1` read as zero at scale 1 and was written `0.0`, but `0.0` read
+/// back at scale 0: a zero lost the scale every other amount keeps.
+#[test]
+fn a_zero_amount_keeps_its_scale_both_ways() {
+    let text = String::from_utf8(fixture("amount_and_time-zero-scale.txt")).unwrap();
+    let amount = parse_amount(&text).unwrap();
+    let again = parse_amount(&amount.to_string()).unwrap();
+    assert_eq!((amount, amount.scale()), (again, again.scale()), "{text}");
+    for (text, written) in [("0.0", "0.0"), ("0.00", "0.00"), ("-0.0", "0.0"), ("0", "0")] {
+        let amount = parse_amount(text).unwrap();
+        assert_eq!(amount.abs().to_string(), written, "{text}");
+    }
 }

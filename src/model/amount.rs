@@ -86,8 +86,12 @@ fn apply_exponent(mut value: Decimal, exponent: i64) -> Option<Decimal> {
     if exponent >= 0 {
         let scale = value.scale();
         if value.is_zero() {
-            // Zero times any power of ten is zero: no loop over a huge exponent.
-            return Some(Decimal::ZERO);
+            // Zero times any power of ten is zero: no loop over a huge exponent. It keeps
+            // the scale the exponent leaves it, as any amount does (`0.0` stays `0.0`: the
+            // fuzz target `amount_and_time` found `0e-1` written `0.0` and read back `0`).
+            let moved = u32::try_from(exponent).unwrap_or(u32::MAX);
+            value.set_scale(scale.saturating_sub(moved)).ok()?;
+            return Some(value);
         }
         // A non-zero value is at least 10^-scale, and a Decimal holds less than 10^29: a
         // larger exponent overflows, so the loop below runs at most 57 times.
