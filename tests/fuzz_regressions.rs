@@ -53,7 +53,12 @@ fn a_zero_amount_keeps_its_scale_both_ways() {
     let amount = parse_amount(&text).unwrap();
     let again = parse_amount(&amount.to_string()).unwrap();
     assert_eq!((amount, amount.scale()), (again, again.scale()), "{text}");
-    for (text, written) in [("0.0", "0.0"), ("0.00", "0.00"), ("-0.0", "0.0"), ("0", "0")] {
+    for (text, written) in [
+        ("0.0", "0.0"),
+        ("0.00", "0.00"),
+        ("-0.0", "0.0"),
+        ("0", "0"),
+    ] {
         let amount = parse_amount(text).unwrap();
         assert_eq!(amount.abs().to_string(), written, "{text}");
     }
