@@ -63,3 +63,17 @@ fn a_zero_amount_keeps_its_scale_both_ways() {
         assert_eq!(amount.abs().to_string(), written, "{text}");
     }
 }
+
+/// `request_models`: a number in a field kept as sent (here a provider candidate's
+/// `payTypes`, a 122-digit integer) was parsed by serde_json's fast float reader, which is
+/// not always correctly rounded, so the value payhook wrote back read as another number.
+/// serde_json's `float_roundtrip` reads every float exactly as the nearest double.
+#[test]
+fn a_number_kept_as_sent_reads_back_as_the_same_number() {
+    use payhook::model::ProvidersValidationRequest;
+    let request: ProvidersValidationRequest =
+        serde_json::from_slice(&fixture("request_models-float-round-trip.json")).unwrap();
+    let again: ProvidersValidationRequest =
+        serde_json::from_slice(&serde_json::to_vec(&request).unwrap()).unwrap();
+    assert_eq!(request, again);
+}
