@@ -2,8 +2,9 @@
 //! line derives from each private key the public key payhook wrote beside it, and a
 //! signature OpenSSL makes with it is one `payhook verify` accepts.
 //!
-//! Needs `openssl` (Debian's `openssl` package). Without it the test says it was skipped,
-//! unless `CI` is set: there its absence is a failure.
+//! Needs `openssl` (Debian's `openssl` package; `.ci/setup`, which `.ci/run` calls,
+//! installs it). Without it the test says it was skipped, unless `CI` is set: there its
+//! absence is a failure.
 #![allow(
     clippy::unwrap_used,
     clippy::print_stderr,
