@@ -386,10 +386,7 @@ fn read_record(
     overlay: &Overlay,
     key: &RecordKey,
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    match (read(context, overlay, &key.key)?, &key.spelled_out) {
-        (None, Some(older)) => read(context, overlay, older),
-        (found, _) => Ok(found),
-    }
+    key.read(|k| read(context, overlay, k))
 }
 
 /// Writes a record under `key` (`None` removes it), and removes it from where an older

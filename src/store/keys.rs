@@ -94,6 +94,17 @@ pub(crate) struct RecordKey {
 }
 
 impl RecordKey {
+    /// Reads the record through `get`: under `key`, else where an older store kept it.
+    pub(crate) fn read<T, E>(
+        &self,
+        get: impl Fn(&[u8]) -> Result<Option<T>, E>,
+    ) -> Result<Option<T>, E> {
+        match (get(&self.key)?, &self.spelled_out) {
+            (None, Some(older)) => get(older),
+            (found, _) => Ok(found),
+        }
+    }
+
     fn new(prefix: &[u8], nonce: &str) -> Self {
         Self {
             key: [prefix, &identifier(nonce)].concat(),

@@ -203,10 +203,7 @@ impl SledStore {
 
     /// The record of one nonce, under its key or where an older store kept it.
     fn record(&self, key: &keys::RecordKey) -> Result<Option<sled::IVec>, StoreError> {
-        match (self.inner.tree.get(&key.key)?, &key.spelled_out) {
-            (None, Some(older)) => Ok(self.inner.tree.get(older)?),
-            (found, _) => Ok(found),
-        }
+        Ok(key.read(|k| self.inner.tree.get(k))?)
     }
 
     fn check_tree(&self, tree: &str) -> Result<(), StoreError> {
