@@ -30,13 +30,7 @@
 #[path = "common/server.rs"]
 #[allow(dead_code, reason = "not every program uses every part")]
 mod child;
-#[path = "merchant.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "only the example's merchant is used here"
-)]
-mod merchant;
+use payhook::sim::example_merchant as merchant;
 
 use bytes::Bytes;
 use child::Server;

@@ -44,13 +44,7 @@
 
 #[path = "common/server.rs"]
 mod child;
-#[path = "merchant.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "only the example's merchant is used here"
-)]
-mod merchant;
+use payhook::sim::example_merchant as merchant;
 
 use bytes::Bytes;
 use child::Server;
@@ -538,7 +532,7 @@ async fn soak_sender(
             continue;
         };
         i += SOAK_CONNECTIONS as usize;
-        let repeat = (i / SOAK_CONNECTIONS as usize) % 5 == 0;
+        let repeat = (i / SOAK_CONNECTIONS as usize).is_multiple_of(5);
         let (body, signature) = match repeat.then(|| sent.lock().unwrap().front().cloned()) {
             Some(Some(recent)) => recent,
             _ => {
@@ -722,7 +716,7 @@ fn soak(loaded: Duration, idle: Duration) {
         interval.not_2xx += this.not_2xx;
         interval.latencies_us.append(&mut this.latencies_us);
         requests.append(&mut this.requests);
-        if second % 30 == 0 {
+        if second.is_multiple_of(30) {
             let (p99, max) = interval.p99_and_max_ms();
             let (rss, _) = server.rss_mib();
             let now_written = server.written_bytes();

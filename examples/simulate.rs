@@ -15,6 +15,7 @@ use payhook::handler::{
     ValidationDecision,
 };
 use payhook::model::{CallbackBody, CallbackSettings, TransactionValidationRequest};
+use payhook::postponed::Decision;
 use payhook::sim::{
     MockControl, MockGateway, MockGatewayConfig, Payment, RequestKind, Schedule, Trigger,
     deliver_callback, to_text,
@@ -76,7 +77,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let answer = trigger.send(&url, body.as_bytes()).await?;
     assert_eq!(answer.message().as_deref(), Some("validation postponed"));
     resolver
-        .resolve(payment.validation_id, true, "documents checked")
+        .resolve(payment.validation_id, Decision::allow("documents checked"))
         .await?;
     let control = MockControl::new(&mock.url())?;
     let result = control

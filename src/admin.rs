@@ -1,9 +1,13 @@
 //! Operating a merchant's service from the command line: postponed validations, failing
 //! callbacks, transaction lookup, and lost-callback recovery. The `payhook` binary uses these, and so can a
 //! merchant's own binary, which has its callback handler and can therefore book what
-//! [`reconcile`] recovers (see `examples/merchant.rs`):
+//! [`reconcile`] recovers (see `examples/merchant.rs`).
+//!
+//! With the `clap` feature the commands derive `clap::Subcommand`, to be flattened into a
+//! merchant's own command line:
 //!
 //! ```no_run
+//! # #[cfg(feature = "clap")] {
 //! use clap::Parser;
 //! use payhook::admin::AdminCommand;
 //!
@@ -18,6 +22,7 @@
 //!     command.run(&config, app.store(), Some(&app), &mut std::io::stdout()).await?;
 //! }
 //! # Ok(()) }
+//! # }
 //! ```
 //!
 //! sled lets one process open a store. Against a running service the commands go through
@@ -33,13 +38,14 @@ use crate::config::Config;
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::TransactionRecord;
 use crate::postponed::{
-    Clock, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
+    Clock, Decision, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
 };
 use crate::server::Reconciled;
 use crate::store::{FailingCallback, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum AdminError {
     /// The store could not be used.
     #[error(transparent)]
@@ -51,8 +57,8 @@ pub enum AdminError {
     #[error(transparent)]
     Resolve(#[from] ResolveError),
     /// Printing failed.
-    #[error("output: {0}")]
-    Output(#[from] std::io::Error),
+    #[error("cannot write the output: {0}")]
+    Output(std::io::Error),
     /// Some reference ids were not reconciled (each is reported in the output).
     #[error("{0} of the reference ids were not reconciled")]
     NotReconciled(usize),
@@ -69,65 +75,88 @@ pub enum AdminError {
     },
 }
 
+impl From<std::io::Error> for AdminError {
+    fn from(error: std::io::Error) -> Self {
+        Self::Output(error)
+    }
+}
+
 /// The operating commands.
-#[derive(Debug, Clone, clap::Subcommand)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
 pub enum AdminCommand {
     /// Postponed (Awaitable) validations in the store.
-    #[command(subcommand)]
+    #[cfg_attr(feature = "clap", command(subcommand))]
     Validations(ValidationsCommand),
     /// Callbacks whose handler failed and that are not booked yet.
-    #[command(subcommand)]
+    #[cfg_attr(feature = "clap", command(subcommand))]
     Callbacks(CallbacksCommand),
     /// Fetch a transaction from the aggregator by its reference id and print it (spec 2.6).
     Transaction {
         /// The transaction's reference id (a GUID).
         reference_id: Uuid,
+        /// Print the record as the aggregator's JSON instead of text.
+        #[cfg_attr(feature = "clap", arg(long))]
+        json: bool,
     },
     /// Recover lost callbacks: fetch each transaction and book its result through the
     /// callback handler, once (a result booked before is left alone). Run from the `payhook`
     /// binary, which has no handler, it reports which results are booked and which were lost.
     Reconcile {
         /// A reference id to reconcile; repeat for several.
-        #[arg(long = "ref", required = true)]
+        #[cfg_attr(feature = "clap", arg(long = "ref", required = true))]
         reference_ids: Vec<Uuid>,
     },
 }
 
 /// `validations …`
-#[derive(Debug, Clone, clap::Subcommand)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
 pub enum ValidationsCommand {
     /// List postponed validations (all of them by default).
     List {
         /// Only those still waiting for a decision.
-        #[arg(long, conflicts_with = "conflicts")]
+        #[cfg_attr(feature = "clap", arg(long, conflicts_with = "conflicts"))]
         pending: bool,
         /// Only those whose result the aggregator refused (it holds a different one).
-        #[arg(long)]
+        #[cfg_attr(feature = "clap", arg(long))]
         conflicts: bool,
+        /// Print a JSON array instead of text.
+        #[cfg_attr(feature = "clap", arg(long))]
+        json: bool,
     },
     /// Decide a postponed validation; the result is posted to the aggregator by the outbox.
+    #[cfg_attr(
+        feature = "clap",
+        command(group(clap::ArgGroup::new("decision").required(true).args(["allow", "deny"])))
+    )]
     Resolve {
         /// The validation id.
         id: i64,
         /// The client may make the transaction.
-        #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
+        #[cfg_attr(feature = "clap", arg(long))]
         allow: bool,
         /// The client may not.
-        #[arg(long)]
+        #[cfg_attr(feature = "clap", arg(long))]
         deny: bool,
         /// The explanation sent with the result.
-        #[arg(long, default_value = "")]
+        #[cfg_attr(feature = "clap", arg(long, default_value = ""))]
         description: String,
     },
 }
 
 /// `callbacks …`
-#[derive(Debug, Clone, clap::Subcommand)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
 pub enum CallbacksCommand {
     /// List the (nonce, status) pairs whose handler failed and that are not booked yet,
     /// most recent failure first: the aggregator is still retrying them, or gave up and
     /// they must be booked by hand (or by `reconcile`).
-    Failing,
+    Failing {
+        /// Print a JSON array instead of text.
+        #[cfg_attr(feature = "clap", arg(long))]
+        json: bool,
+    },
 }
 
 impl AdminCommand {
@@ -151,19 +180,17 @@ impl AdminCommand {
                 })?;
                 command.run(store, out).await
             }
-            Self::Callbacks(CallbacksCommand::Failing) => {
+            Self::Callbacks(CallbacksCommand::Failing { json }) => {
                 let store = store.ok_or_else(|| {
                     AdminError::Unsupported("callbacks need the service's store".into())
                 })?;
                 let failing = store.failing_callbacks()?;
-                out.write_all(describe_failing(&failing).as_bytes())?;
-                Ok(())
+                print(out, json, &failing, |all| describe_failing(all))
             }
-            Self::Transaction { reference_id } => {
+            Self::Transaction { reference_id, json } => {
                 let gateway = GatewayClient::new(&config.gateway)?;
                 let record = gateway.transaction(reference_id).await?;
-                out.write_all(describe_transaction(&record).as_bytes())?;
-                Ok(())
+                print(out, json, &record, describe_transaction)
             }
             Self::Reconcile { reference_ids } => {
                 let gateway = GatewayClient::new(&config.gateway)?;
@@ -185,14 +212,18 @@ impl ValidationsCommand {
     async fn run(self, store: Arc<dyn Store>, out: &mut dyn Write) -> Result<(), AdminError> {
         let resolver = Resolver::new(store, Clock::new(), Arc::default());
         match self {
-            Self::List { pending, conflicts } => {
+            Self::List {
+                pending,
+                conflicts,
+                json,
+            } => {
                 let state = match (pending, conflicts) {
                     (true, _) => Some(PostponedState::Pending),
                     (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
                 let all = resolver.list(state)?;
-                out.write_all(describe_validations(&all).as_bytes())?;
+                print(out, json, &all, |all| describe_validations(all))?;
             }
             Self::Resolve {
                 id,
@@ -200,7 +231,8 @@ impl ValidationsCommand {
                 description,
                 ..
             } => {
-                let outcome = resolver.resolve(id, allow, description).await?;
+                let decision = Decision::allow_if(allow, description);
+                let outcome = resolver.resolve(id, decision).await?;
                 let verdict = if allow { "allowed" } else { "denied" };
                 writeln!(
                     out,
@@ -236,11 +268,12 @@ impl AdminClient {
     /// loopback (the bearer token would cross the network in the clear) or the HTTP client
     /// cannot be built.
     pub fn new(base_url: &str, token: crate::Secret) -> Result<Self, AdminError> {
-        crate::config::check_remote_url(base_url).map_err(AdminError::Unsupported)?;
+        crate::gateway::check_remote_url(base_url).map_err(AdminError::Unsupported)?;
         Ok(Self {
             base: base_url.trim_end_matches('/').to_owned(),
             token,
-            http: crate::gateway::http_client().map_err(AdminError::Unsupported)?,
+            http: crate::gateway::direct_client()
+                .map_err(|e| AdminError::Unsupported(e.to_string()))?,
         })
     }
 
@@ -322,15 +355,10 @@ impl AdminClient {
     /// # Errors
     ///
     /// [`AdminError::Remote`] with 409 when it was decided differently, 404 when unknown.
-    pub async fn resolve(
-        &self,
-        id: i64,
-        success: bool,
-        description: &str,
-    ) -> Result<String, AdminError> {
+    pub async fn resolve(&self, id: i64, decision: &Decision) -> Result<String, AdminError> {
         let body = serde_json::to_vec(&crate::server::AdminDecision {
-            success,
-            description: description.to_owned(),
+            success: decision.allows(),
+            description: decision.description().to_owned(),
         })
         .unwrap_or_default();
         let answer: crate::model::ErrorBody = self
@@ -369,15 +397,18 @@ impl AdminCommand {
         out: &mut dyn Write,
     ) -> Result<(), AdminError> {
         match self {
-            Self::Validations(ValidationsCommand::List { pending, conflicts }) => {
+            Self::Validations(ValidationsCommand::List {
+                pending,
+                conflicts,
+                json,
+            }) => {
                 let state = match (pending, conflicts) {
                     (true, _) => Some("pending"),
                     (_, true) => Some("conflict"),
                     _ => None,
                 };
                 let all = client.validations(state).await?;
-                out.write_all(describe_validations(&all).as_bytes())?;
-                Ok(())
+                print(out, json, &all, |all| describe_validations(all))
             }
             Self::Validations(ValidationsCommand::Resolve {
                 id,
@@ -385,7 +416,9 @@ impl AdminCommand {
                 description,
                 ..
             }) => {
-                let outcome = client.resolve(id, allow, &description).await?;
+                let outcome = client
+                    .resolve(id, &Decision::allow_if(allow, description))
+                    .await?;
                 let verdict = if allow { "allowed" } else { "denied" };
                 writeln!(
                     out,
@@ -393,10 +426,9 @@ impl AdminCommand {
                 )?;
                 Ok(())
             }
-            Self::Callbacks(CallbacksCommand::Failing) => {
+            Self::Callbacks(CallbacksCommand::Failing { json }) => {
                 let failing = client.failing_callbacks().await?;
-                out.write_all(describe_failing(&failing).as_bytes())?;
-                Ok(())
+                print(out, json, &failing, |all| describe_failing(all))
             }
             Self::Reconcile { reference_ids } => {
                 let mut failed = 0;
@@ -434,6 +466,23 @@ impl AdminCommand {
             command @ Self::Transaction { .. } => command.run(config, None, None, out).await,
         }
     }
+}
+
+/// Writes `value` to `out` as pretty JSON (for scripts) or as `describe` tells it.
+fn print<T: serde::Serialize + ?Sized>(
+    out: &mut dyn Write,
+    json: bool,
+    value: &T,
+    describe: impl FnOnce(&T) -> String,
+) -> Result<(), AdminError> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, value)
+            .map_err(|error| AdminError::Output(std::io::Error::other(error)))?;
+        writeln!(out)?;
+    } else {
+        out.write_all(describe(value).as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Books lost callbacks through `app` and reports each id on `out`.

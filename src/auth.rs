@@ -2,7 +2,7 @@
 //!
 //! The spec does not say how the aggregator authenticates itself to merchant-hosted URLs
 //! (§5), so each validation endpoint takes one of several methods
-//! ([`crate::config::EndpointAuthConfig`]): none, the callback signature scheme, a
+//! ([`EndpointAuthConfig`]): none, the callback signature scheme, a
 //! shared-secret header, or HTTP Basic — plus, with any of them, an IP allow-list.
 //! Secrets are compared in constant time: each is kept only as an HMAC tag under a random
 //! per-process key, and a presented value is checked with ring's `hmac::verify`, so neither
@@ -11,10 +11,11 @@
 use base64::Engine;
 use http::{HeaderMap, HeaderName, header};
 use ring::{hmac, rand::SystemRandom};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::{fmt, net::IpAddr, str::FromStr};
 
-use crate::config::{ConfigError, EndpointAuthConfig};
+use crate::Secret;
+use crate::setting::InvalidSetting;
 
 /// How a validation endpoint authenticates the aggregator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -35,7 +36,7 @@ pub enum AuthMethod {
 /// is a /32 or /128).
 ///
 /// ```
-/// use payhook::auth::Cidr;
+/// use payhook::config::Cidr;
 ///
 /// let net: Cidr = "10.1.0.0/16".parse()?;
 /// assert!(net.contains("10.1.200.3".parse()?));
@@ -200,8 +201,11 @@ impl fmt::Debug for Guard {
 
 impl Guard {
     /// Builds the checks; `key` names the config table in errors (`auth.transaction_validation`).
-    pub(crate) fn from_config(config: &EndpointAuthConfig, key: &str) -> Result<Self, ConfigError> {
-        let invalid = |field: &str, reason: String| ConfigError::Invalid {
+    pub(crate) fn from_config(
+        config: &EndpointAuthConfig,
+        key: &str,
+    ) -> Result<Self, InvalidSetting> {
+        let invalid = |field: &str, reason: String| InvalidSetting {
             key: format!("{key}{field}"),
             reason,
         };
@@ -304,6 +308,66 @@ impl Guard {
                 }
             }
         }
+    }
+}
+
+/// `[auth]`: one table per validation endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `[auth.providers_validation]`.
+    pub providers_validation: EndpointAuthConfig,
+    /// `[auth.transaction_validation]`.
+    pub transaction_validation: EndpointAuthConfig,
+}
+
+/// How one validation endpoint authenticates the aggregator.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EndpointAuthConfig {
+    /// The method.
+    pub method: AuthMethod,
+    /// Header carrying the shared secret.
+    pub header: String,
+    /// The shared secret; redacted in `Debug`.
+    #[serde(
+        serialize_with = "crate::setting::redacted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub secret: Option<Secret>,
+    /// Basic user name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Basic password; redacted in `Debug`.
+    #[serde(
+        serialize_with = "crate::setting::redacted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub password: Option<Secret>,
+    /// Networks allowed to call (CIDR); empty allows every address.
+    pub allow_ips: Vec<String>,
+}
+
+impl Default for EndpointAuthConfig {
+    fn default() -> Self {
+        Self {
+            method: AuthMethod::None,
+            header: "X-Api-Key".to_owned(),
+            secret: None,
+            username: None,
+            password: None,
+            allow_ips: Vec::new(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// Checks each endpoint's method has what it needs. Whether `signature` has keys is
+    /// checked by [`crate::config::Config::validate`].
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        Guard::from_config(&self.providers_validation, "auth.providers_validation")?;
+        Guard::from_config(&self.transaction_validation, "auth.transaction_validation")?;
+        Ok(())
     }
 }
 

@@ -21,13 +21,13 @@ use crate::store::StoreError;
 #[non_exhaustive]
 pub enum Error {
     /// The configuration could not be loaded or is invalid.
-    #[error("configuration: {0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     /// The app could not be built from its handlers and configuration.
-    #[error("app: {0}")]
+    #[error(transparent)]
     Build(#[from] BuildError),
     /// The store failed.
-    #[error("store: {0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
     /// The listening socket could not be bound (see [`bind`](crate::bind)).
     #[error("cannot listen on {address}: {source}{}", bind_hint(source))]
@@ -38,7 +38,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Binding or serving the socket failed.
-    #[error("I/O: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 
@@ -121,8 +121,8 @@ const LISTEN_BACKLOG: u32 = 4096;
 
 /// Renders an error and its [`source`](StdError::source) chain for a person: the message,
 /// then each cause on its own line (`  caused by: ...`). A cause whose text the message
-/// already quotes is not repeated, so errors that embed their cause (`"store: {0}"`) read
-/// once. Never `Debug`.
+/// already quotes is not repeated (an error of another crate may embed its cause), so
+/// every cause reads once. Never `Debug`.
 ///
 /// ```
 /// use std::io;

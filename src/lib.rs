@@ -10,15 +10,15 @@
 //! ## Quick start
 //!
 //! Implement the traits of [`handler`] for the endpoints you host, build an [`App`], and
-//! [`serve`] it:
+//! [`serve`] it. What a service uses is re-exported here at the root:
 //!
 //! ```no_run
-//! use payhook::handler::{
-//!     CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision, ProvidersValidator,
-//!     CallbackContext, RequestContext, TransactionValidator, ValidationDecision,
+//! use payhook::{
+//!     App, CallbackBody, CallbackContext, CallbackDecision, CallbackReceiver, Config,
+//!     HandlerError, ProviderFilter, ProvidersDecision, ProvidersValidationRequest,
+//!     ProvidersValidator, RequestContext, TransactionValidationRequest, TransactionValidator,
+//!     ValidationDecision,
 //! };
-//! use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
-//! use payhook::{App, Config, HandlerError};
 //!
 //! struct Shop;
 //!
@@ -64,7 +64,7 @@
 //!     let config = Config::from_env()?;
 //!     let listener = payhook::bind(config.server.listen).await?; // an error names the address
 //!     // Deduplication records and the merchant's own "ledger" tree, in one sled database.
-//!     let store = payhook::store::SledStore::open(&config.store, &["ledger"])?;
+//!     let store = payhook::SledStore::open(&config.store, &["ledger"])?;
 //!     let app = App::builder(config)
 //!         .store(store)
 //!         .providers_validator(Shop)
@@ -78,38 +78,62 @@
 //!
 //! ## Map of the crate
 //!
-//! * [`model`] — wire types of every resource and message of the spec; exact money, lenient
-//!   UTC times, tolerant status codes.
+//! From the bottom up: a module imports those listed before it (and the small leaves
+//! `Secret`, `Logged` and the shared pieces of configuration sections). The one arrow back:
+//! the server takes the whole assembled [`Config`], while `config` takes the server's
+//! sections from two files of the server that import nothing else of it.
+//!
+//! * [`model`] — wire types of every resource and message of the interface; exact money,
+//!   lenient UTC times, tolerant status codes.
+//! * [`signature`] — callback signatures: every real scheme verified with ring over the raw
+//!   body, keys in every common format with rotation, signing, key generation, and `sniff`;
+//!   its `[signature]` section. (How the validation endpoints authenticate the aggregator —
+//!   signature, shared secret, HTTP Basic, IP allow-list — is a private module; its
+//!   `[auth]` section is re-exported by [`config`].)
+//! * [`store`] — exactly-once effects: deduplication records per nonce in sled, handler
+//!   effects written atomically with the mark, durable group commit, retention; `[store]`.
 //! * [`handler`] — the three traits a merchant implements, their decisions, the request
 //!   context, and provider filter helpers.
-//! * [`server`] — the [`App`] service (routing, limits, the status code table) and [`serve`]
-//!   (HTTP/1.1 and HTTP/2, timeouts, graceful shutdown).
-//! * [`signature`] — callback signatures: every real scheme verified with ring over the raw
-//!   body, keys in every common format with rotation, signing, key generation, and `sniff`.
-//! * [`auth`] — how the validation endpoints authenticate the aggregator: signature, shared
-//!   secret, HTTP Basic, IP allow-list.
-//! * [`store`] — exactly-once effects: deduplication records per nonce in sled, handler
-//!   effects written atomically with the mark, durable group commit, retention.
-//! * [`postponed`] — Awaitable validation: pending validations, the [`postponed::Resolver`]
-//!   (first decision wins), the durable outbox of results and its worker, deadlines.
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
-//!   results, transaction lookup) with the session kept fresh; [`App::reconcile`] books lost
-//!   callbacks from the lookup.
-//! * [`admin`] — operating commands (postponed validations, transaction lookup,
-//!   reconcile) for the `payhook` binary and a merchant's own binary.
-//! * [`sim`] — local testing: a mock gateway, signed triggers, callback delivery with the
-//!   real retry schedule, fault injection, and scenario files.
-//! * [`scaffold`] — `payhook new`: a merchant crate rendered from `templates/merchant/`.
-//! * [`config`] — defaults, TOML file, `PAYHOOK_*` environment, validation.
+//!   results, transaction lookup) with the session kept fresh, through a proxy, a private
+//!   CA and a client certificate where needed; `[gateway]`.
+//! * [`postponed`] — Awaitable validation: pending validations, the [`Resolver`] (first
+//!   decision wins), the durable outbox of results and its worker, deadlines; `[validation]`.
+//! * [`server`] — the [`App`] service (routing, limits, the status code table, the operating
+//!   API) and [`serve`] (HTTP/1.1 and HTTP/2, timeouts, graceful shutdown); `[server]`,
+//!   `[paths]`, `[callback]`, `[admin]`. [`App::reconcile`] books lost callbacks from the
+//!   gateway's lookup.
+//! * [`config`] — assembles the sections, loads them (defaults < file < `PAYHOOK_*`
+//!   environment) and checks what involves more than one.
+//! * [`admin`] — operating commands (postponed validations, failing callbacks, transaction
+//!   lookup, reconcile) for the `payhook` binary and a merchant's own binary.
+//! * `sim` (feature `sim`) — local testing: a mock gateway, signed triggers, callback
+//!   delivery with the real retry schedule, fault injection, scenario files, and the example
+//!   merchant the demo runs.
+//! * `scaffold` (feature `scaffold`) — `payhook new`: a merchant crate rendered from
+//!   `templates/merchant/`.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
 //! * [`Error`] — the crate-level error for applications.
 //!
-//! The `payhook` binary (`src/main.rs`) is a thin command line over this library.
+//! The `payhook` binary (`src/bin/payhook/`, feature `cli`) is a thin command line over this
+//! library's public API.
+//!
+//! ## Features
+//!
+//! None is on by default: a merchant's service compiles the library alone.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `sim` | the `sim` module: the simulated aggregator, for a merchant's tests |
+//! | `keygen-rsa` | RSA keys from [`signature::generate_key_pair`] (EC and Ed25519 need nothing) |
+//! | `scaffold` | the `scaffold` module behind `payhook new` |
+//! | `clap` | `clap::Subcommand` for [`admin::AdminCommand`], for a merchant's own binary |
+//! | `cli` | the `payhook` binary: all of the above, logging set-up and shell completions |
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
 
 pub mod admin;
-pub mod auth;
+mod auth;
 pub mod config;
 mod error;
 pub mod gateway;
@@ -117,19 +141,29 @@ pub mod handler;
 mod logged;
 pub mod model;
 pub mod postponed;
+#[cfg(feature = "scaffold")]
 pub mod scaffold;
 mod secret;
 pub mod server;
+mod setting;
 pub mod signature;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod store;
 
 pub use config::Config;
 pub use error::{Error, Report, bind};
-pub use handler::HandlerError;
+pub use handler::{
+    CallbackContext, CallbackDecision, CallbackReceiver, HandlerError, ProviderFilter,
+    ProvidersDecision, ProvidersValidator, RequestContext, TransactionValidator,
+    ValidationDecision,
+};
 pub use logged::Logged;
+pub use model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+pub use postponed::{Decision, Resolver};
 pub use secret::Secret;
 pub use server::{App, AppBuilder, serve, shutdown_signal};
+pub use store::SledStore;
 
 /// The README's code blocks, compiled as doc tests so that the quick start stays true.
 #[cfg(doctest)]

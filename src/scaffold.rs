@@ -78,6 +78,7 @@ const RESERVED: [&str; 12] = [
 
 /// Why a crate could not be scaffolded.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScaffoldError {
     /// The name cannot be a crate's.
     #[error(
@@ -116,13 +117,18 @@ pub enum Dependency {
 }
 
 impl Dependency {
-    fn toml(&self) -> String {
-        match self {
-            Self::Version(version) => format!("\"{version}\""),
-            Self::Path(path) => format!(
-                "{{ path = {} }}",
-                toml::Value::String(path.display().to_string())
-            ),
+    /// The dependency as an inline TOML table, with `extra` keys (e.g. `features = [...]`).
+    fn toml(&self, extra: &str) -> String {
+        let source = match self {
+            Self::Version(version) => format!("version = {}", toml::Value::String(version.clone())),
+            Self::Path(path) => {
+                format!("path = {}", toml::Value::String(path.display().to_string()))
+            }
+        };
+        if extra.is_empty() {
+            format!("{{ {source} }}")
+        } else {
+            format!("{{ {source}, {extra} }}")
         }
     }
 }
@@ -205,7 +211,11 @@ pub fn render(options: &Options) -> Result<Vec<PathBuf>, ScaffoldError> {
     let values = [
         ("{{name}}", options.name.clone()),
         ("{{crate}}", options.name.replace('-', "_")),
-        ("{{payhook_dependency}}", options.payhook.toml()),
+        ("{{payhook_dependency}}", options.payhook.toml("")),
+        (
+            "{{payhook_dev_dependency}}",
+            options.payhook.toml(r#"features = ["sim"]"#),
+        ),
     ];
     let mut written = Vec::new();
     for entry in &manifest.file {
@@ -293,7 +303,15 @@ mod tests {
         let written = render(&options).unwrap();
         assert_eq!(written.len(), 8);
         let cargo = std::fs::read_to_string(options.dir.join("Cargo.toml")).unwrap();
-        assert!(cargo.contains("name = \"my-shop\"") && cargo.contains("payhook = \"0.1\""));
+        let manifest: toml::Table = toml::from_str(&cargo).unwrap();
+        assert_eq!(manifest["package"]["name"].as_str(), Some("my-shop"));
+        // The service depends on the library alone; its tests add the simulator.
+        let library = &manifest["dependencies"]["payhook"];
+        assert_eq!(library.get("version").and_then(|v| v.as_str()), Some("0.1"));
+        assert!(library.get("features").is_none());
+        let tests = &manifest["dev-dependencies"]["payhook"];
+        assert_eq!(tests.get("version").and_then(|v| v.as_str()), Some("0.1"));
+        assert_eq!(tests["features"].to_string(), r#"["sim"]"#);
         let main = std::fs::read_to_string(options.dir.join("src/main.rs")).unwrap();
         assert!(main.contains("my_shop::app("));
         assert!(matches!(render(&options), Err(ScaffoldError::NotEmpty(_))));

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use payhook::handler::{RequestContext, TransactionValidator, ValidationDecision};
 use payhook::model::TransactionValidationRequest;
-use payhook::postponed::{Delivery, PostponedState, ResolveError, Resolved};
+use payhook::postponed::{Decision, Delivery, PostponedState, ResolveError, Resolved};
 use payhook::{App, Config, HandlerError};
 use serde_json::json;
 use std::time::Duration;
@@ -94,7 +94,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     );
 
     let resolved = resolver
-        .resolve(ID, true, "documents checked")
+        .resolve(ID, Decision::allow("documents checked"))
         .await
         .unwrap();
     assert_eq!(resolved, Resolved::Recorded);
@@ -106,11 +106,14 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
 
     // The same decision again changes nothing; a different one is refused before sending.
     assert_eq!(
-        resolver.resolve(ID, true, "checked twice").await.unwrap(),
+        resolver
+            .resolve(ID, Decision::allow("checked twice"))
+            .await
+            .unwrap(),
         Resolved::Unchanged
     );
     let refused = resolver
-        .resolve(ID, false, "changed my mind")
+        .resolve(ID, Decision::deny("changed my mind"))
         .await
         .unwrap_err();
     assert!(
@@ -124,7 +127,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
         "{refused:?}"
     );
     assert!(matches!(
-        resolver.resolve(12345, true, "").await,
+        resolver.resolve(12345, Decision::allow("")).await,
         Err(ResolveError::Unknown(12345))
     ));
     // Nothing is left to send: a pass of the outbox posts nothing more.
@@ -176,7 +179,10 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
     let body = validation("postpone", "n-conflict", ID);
     assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     let resolver = server.app.resolver().unwrap();
-    resolver.resolve(ID, true, "approved").await.unwrap();
+    resolver
+        .resolve(ID, Decision::allow("approved"))
+        .await
+        .unwrap();
     state_of(&server, ID, PostponedState::Conflict).await;
     let record = resolver.get(ID).unwrap().unwrap();
     let result = record.result.unwrap();
@@ -209,7 +215,10 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
     let body = validation("postpone", "n-retry", ID);
     assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     let resolver = server.app.resolver().unwrap();
-    resolver.resolve(ID, true, "approved").await.unwrap();
+    resolver
+        .resolve(ID, Decision::allow("approved"))
+        .await
+        .unwrap();
     // Wait until two attempts have failed against the closed port.
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     loop {
@@ -297,8 +306,10 @@ fn paused_app(dir: &tempfile::TempDir, tweak: impl FnOnce(&mut Config)) -> App {
     config.validation.time_budget = Duration::from_secs(2);
     config.server.handler_timeout = Duration::from_secs(60);
     tweak(&mut config);
+    // The test drives the outbox itself, pass by pass, in paused time.
     App::builder(config)
         .transaction_validator(Deliberate)
+        .manual_background()
         .build()
         .unwrap()
 }
@@ -420,7 +431,7 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
         (false, "validation timed out")
     );
     assert!(matches!(
-        resolver.resolve(7, true, "too late").await,
+        resolver.resolve(7, Decision::allow("too late")).await,
         Err(ResolveError::Conflict {
             recorded_success: false,
             ..
@@ -445,7 +456,10 @@ impl TransactionValidator for FastReviewer {
         let decided = self.decided.clone();
         tokio::spawn(async move {
             let outcome = resolver
-                .resolve(request.validation_id, true, "approved by the fast lane")
+                .resolve(
+                    request.validation_id,
+                    Decision::allow("approved by the fast lane"),
+                )
                 .await;
             let _ = decided.send(outcome);
         });
@@ -487,4 +501,35 @@ async fn a_decision_taken_before_the_postponed_record_is_written_waits_for_it() 
         record.result.unwrap().description,
         "approved by the fast lane"
     );
+}
+
+#[tokio::test]
+async fn an_app_mounted_in_a_router_of_its_own_delivers_results_without_being_told_to() {
+    // No `serve`, no `start_background`: the app answers through axum's router, and its
+    // first request starts the outbox worker, so the decision still reaches the aggregator.
+    use tower::ServiceExt;
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = awaitable_config(&gateway);
+    config.store.path = dir.path().join("store");
+    let app = App::builder(config)
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap();
+    let router = axum::Router::new().fallback_service(app);
+    let request = http::Request::post(VALIDATION_PATH)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(validation(
+            "allow-0",
+            "n-mounted",
+            ID,
+        )))
+        .unwrap();
+    let answer = router.oneshot(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    gateway
+        .until("the decision posted by the mounted app", |s| {
+            s.posts.len() == 1
+        })
+        .await;
 }

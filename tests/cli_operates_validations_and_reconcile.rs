@@ -99,12 +99,22 @@ async fn validations_are_listed_and_decided_from_the_command_line_and_then_deliv
         let (code, _, stderr) = payhook(&["validations", "list"], &env).await;
         assert_eq!(code, 2);
         assert!(stderr.contains("in use"), "{stderr}");
+        assert!(
+            stderr.contains("--admin-url"),
+            "the way out is named: {stderr}"
+        );
     }
 
     let (code, stdout, stderr) = payhook(&["validations", "list", "--pending"], &env).await;
     assert_eq!(code, 0, "{stderr}");
     let rows: Vec<&str> = stdout.lines().skip(1).collect();
     assert_eq!(rows.len(), 2, "{stdout}");
+    // The same list for scripts.
+    let (code, json, stderr) = payhook(&["validations", "list", "--pending", "--json"], &env).await;
+    assert_eq!(code, 0, "{stderr}");
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    assert_eq!(listed.len(), 2, "{json}");
+    assert_eq!(listed[0]["validation_id"], 1, "{json}");
     assert!(
         rows[0].starts_with("1 ") && rows[0].contains("pending") && rows[0].contains("n-1"),
         "{stdout}"

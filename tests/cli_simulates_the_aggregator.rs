@@ -315,7 +315,29 @@ async fn demo_runs_every_shipped_scenario_green() {
         "callback already processed",
     ] {
         assert!(stdout.contains(told), "the story tells {told}: {stdout}");
-    }
+    } // The conflicting second result is told as it happened: the merchant's approval went
+    // out and was refused; the gateway kept its denial.
+    let conflict = stdout
+        .split("▶ ")
+        .find(|story| story.starts_with("conflicting second result"))
+        .unwrap();
+    let refused = conflict
+        .find("merchant → gateway: result of validation")
+        .unwrap_or_else(|| panic!("the merchant's result is told: {conflict}"));
+    assert!(
+        conflict[refused..]
+            .lines()
+            .next()
+            .unwrap()
+            .contains("success = true")
+            && conflict.contains("→ 403"),
+        "{conflict}"
+    );
+    assert!(
+        conflict.contains("the gateway keeps the result it held")
+            && conflict.contains("success = false (\"denied by an operator\")"),
+        "{conflict}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

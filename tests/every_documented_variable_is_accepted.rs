@@ -66,6 +66,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_VALIDATION_DEADLINE" => "30m".into(),
         "PAYHOOK_VALIDATION_RETRY_SCHEDULE" => r#"["1s", "10s"]"#.into(),
         "PAYHOOK_GATEWAY_AUTH_SCHEME" => "Token".into(),
+        "PAYHOOK_GATEWAY_PROXY" => "http://proxy.example:3128".into(),
+        "PAYHOOK_GATEWAY_NO_PROXY" => "internal.example, .corp".into(),
         "PAYHOOK_ADMIN_TOKEN" => "admin-token-0123456789".into(),
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
@@ -88,6 +90,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         {
             "5s".into()
         }
+        // Files read when a gateway client is built, not when the configuration loads.
+        _ if suffix("_FILE") => dir.join("a-file.pem").display().to_string(),
         _ if name.starts_with("PAYHOOK_PATHS_") => format!("/test/{}", name.to_lowercase()),
         _ if suffix("_USERNAME")
             || suffix("_PASSWORD")

@@ -1,13 +1,7 @@
-//! `examples/merchant.rs`, its very code, serves the three endpoints as its docs promise.
+//! The example merchant (`payhook::sim::example_merchant`, which `examples/merchant.rs` serves) serves the three endpoints as its docs promise.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../examples/merchant.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the example is a binary of its own; here only its merchant is used"
-)]
-mod merchant;
+use payhook::sim::example_merchant as merchant;
 mod support;
 
 use rust_decimal::Decimal;

@@ -159,7 +159,7 @@ async fn the_command_line_lists_failing_callbacks_of_a_running_and_a_stopped_ser
 
     let url = format!("http://{}", server.addr);
     let (code, out) = payhook(
-        &["--admin-url", &url, "callbacks", "failing"],
+        &["callbacks", "failing", "--admin-url", &url],
         &[("PAYHOOK_ADMIN_TOKEN", TOKEN.to_owned())],
     )
     .await;
@@ -180,7 +180,7 @@ async fn the_command_line_lists_failing_callbacks_of_a_running_and_a_stopped_ser
 
     // The wrong token is refused with the service's message, not a listing.
     let (code, _) = payhook(
-        &["--admin-url", &url, "callbacks", "failing"],
+        &["callbacks", "failing", "--admin-url", &url],
         &[("PAYHOOK_ADMIN_TOKEN", "not-the-token-0123456789".to_owned())],
     )
     .await;

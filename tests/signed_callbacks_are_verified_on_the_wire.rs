@@ -6,7 +6,7 @@
 mod support;
 
 use base64::Engine;
-use payhook::auth::AuthMethod;
+use payhook::config::AuthMethod;
 use payhook::config::EndpointAuthConfig;
 use payhook::signature::{Algorithm, Encoding};
 use support::*;

@@ -3,13 +3,8 @@
 //! the first 2xx, gives up after `maxAttempts`, and the mock gateway's record says so.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
-#[path = "../examples/merchant.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the example is a binary of its own; here only its merchant is used"
-)]
-mod merchant;
+use payhook::postponed::Decision;
+use payhook::sim::example_merchant as merchant;
 mod support;
 
 use payhook::Config;
@@ -305,7 +300,7 @@ async fn an_awaitable_validation_triggered_by_the_simulator_gets_its_result_at_t
         .app
         .resolver()
         .unwrap()
-        .resolve(payment.validation_id, true, "approved")
+        .resolve(payment.validation_id, Decision::allow("approved"))
         .await
         .unwrap();
     let control = MockControl::new(&mock.url()).unwrap();

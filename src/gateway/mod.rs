@@ -29,30 +29,34 @@
 //! # Ok(()) }
 //! ```
 
+mod settings;
 mod token;
+mod transport;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
 use serde::{Serialize, de::DeserializeOwned};
 use std::{sync::Arc, time::Duration};
 use uuid::Uuid;
 
 use crate::Secret;
-use crate::config::GatewayConfig;
 use crate::model::{
     LoginRequest, LoginSession, PostponedValidationResult, RefreshRequest, TransactionRecord,
 };
+pub use settings::GatewayConfig;
+pub(crate) use settings::check_remote_url;
+#[cfg(feature = "sim")]
+pub(crate) use settings::parse_http_url;
 use token::Sessions;
+pub(crate) use transport::{HttpClient, direct_client};
 
 /// The largest answer read from the aggregator.
 const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
 /// Why a call to the aggregator failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GatewayError {
     /// A setting the client needs is missing or unusable.
     #[error("gateway not configured: {0}")]
@@ -295,7 +299,7 @@ impl GatewayClient {
         let missing = |key: &str| GatewayError::NotConfigured(format!("gateway.{key} is not set"));
         let base = |url: &Option<String>, key: &str| {
             let url = url.as_deref().ok_or_else(|| missing(key))?;
-            crate::config::check_remote_url(url)
+            check_remote_url(url)
                 .map_err(|why| GatewayError::NotConfigured(format!("gateway.{key}: {why}")))?;
             Ok::<_, GatewayError>(url.trim_end_matches('/').to_owned())
         };
@@ -304,7 +308,8 @@ impl GatewayClient {
                 "gateway.timeout must be longer than zero".into(),
             ));
         }
-        let http = http_client().map_err(GatewayError::NotConfigured)?;
+        let http = transport::gateway_client(config)
+            .map_err(|error| GatewayError::NotConfigured(error.to_string()))?;
         let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
             GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))
         })?;
@@ -500,22 +505,6 @@ impl GatewayClient {
         tracing::debug!(url, status = answer.status.as_u16(), "gateway answered");
         Ok(answer)
     }
-}
-
-/// An HTTP/1.1 client for `https://` (rustls, ring provider, webpki roots) and `http://`.
-pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// A new [`HttpClient`] with a connection pool.
-pub(crate) fn http_client() -> Result<HttpClient, String> {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-        .map_err(|e| format!("TLS: {e}"))?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector))
 }
 
 fn to_json<T: Serialize>(value: &T) -> Bytes {

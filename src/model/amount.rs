@@ -19,6 +19,7 @@ const MAX_SCALE: u32 = 28;
 
 /// Why a piece of text is not an exact amount.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AmountError {
     /// The text is not a decimal number at all.
     #[error("`{0}` is not a decimal number")]

@@ -23,15 +23,18 @@
 //!
 //! ```no_run
 //! # async fn review(app: payhook::App) -> Result<(), payhook::postponed::ResolveError> {
+//! use payhook::postponed::Decision;
+//!
 //! let resolver = app.resolver().expect("validation.awaitable = true");
-//! resolver.resolve(42, true, "documents checked").await?;
+//! resolver.resolve(42, Decision::allow("documents checked")).await?;
 //! // The same decision again is a no-op; the other one is refused.
-//! assert!(resolver.resolve(42, false, "changed my mind").await.is_err());
+//! assert!(resolver.resolve(42, Decision::deny("changed my mind")).await.is_err());
 //! # Ok(()) }
 //! ```
 
 mod clock;
 mod outbox;
+mod settings;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,9 +46,11 @@ use crate::store::{Resolution, Store, StoreError};
 pub use crate::store::{Delivery, PostponedState, PostponedValidation, ValidationResult};
 pub use clock::Clock;
 pub use outbox::{Outbox, OutboxCounts, Pass};
+pub use settings::{DeadlineOutcome, ValidationConfig};
 
 /// Why a decision was not recorded.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ResolveError {
     /// No postponed validation has this id.
     #[error("no postponed validation with id {0}")]
@@ -65,6 +70,67 @@ pub enum ResolveError {
     /// The store failed; the decision may not have been recorded — resolve again.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The decision on a postponed validation, with the description posted with it.
+///
+/// ```
+/// use payhook::postponed::Decision;
+///
+/// let decision = Decision::deny("documents missing");
+/// assert!(!decision.allows());
+/// assert_eq!(decision.description(), "documents missing");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// The client may make the transaction (`success: true`).
+    Allow {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+    /// The client may not (`success: false`).
+    Deny {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+}
+
+impl Decision {
+    /// The client may make the transaction.
+    pub fn allow(description: impl Into<String>) -> Self {
+        Self::Allow {
+            description: description.into(),
+        }
+    }
+
+    /// The client may not.
+    pub fn deny(description: impl Into<String>) -> Self {
+        Self::Deny {
+            description: description.into(),
+        }
+    }
+
+    /// `allow` or `deny` by a condition.
+    pub fn allow_if(allow: bool, description: impl Into<String>) -> Self {
+        if allow {
+            Self::allow(description)
+        } else {
+            Self::deny(description)
+        }
+    }
+
+    /// Whether the client may make the transaction: the result's `success`.
+    pub fn allows(&self) -> bool {
+        matches!(self, Self::Allow { .. })
+    }
+
+    /// The description sent with the result.
+    pub fn description(&self) -> &str {
+        match self {
+            Self::Allow { description } | Self::Deny { description } => description,
+        }
+    }
 }
 
 /// What a successful resolve did.
@@ -161,8 +227,8 @@ impl Resolver {
         true
     }
 
-    /// Decides validation `validation_id`: `success` and `description` are posted to the
-    /// aggregator. Returns once the decision is durable.
+    /// Decides validation `validation_id`: the decision and its description are posted to
+    /// the aggregator. Returns once the decision is durable.
     ///
     /// # Errors
     ///
@@ -173,18 +239,18 @@ impl Resolver {
     pub async fn resolve(
         &self,
         validation_id: i64,
-        success: bool,
-        description: impl Into<String>,
+        decision: Decision,
     ) -> Result<Resolved, ResolveError> {
-        let description = description.into();
+        let success = decision.allows();
+        let description = decision.description();
         let mut resolution = self
             .store
-            .resolve(validation_id, success, &description, self.clock.now_ms())
+            .resolve(validation_id, success, description, self.clock.now_ms())
             .await?;
         if resolution == Resolution::Unknown && self.recorded(validation_id).await {
             resolution = self
                 .store
-                .resolve(validation_id, success, &description, self.clock.now_ms())
+                .resolve(validation_id, success, description, self.clock.now_ms())
                 .await?;
         }
         match resolution {

@@ -9,8 +9,8 @@ use std::{
 };
 use tokio::sync::Notify;
 
+use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
-use crate::config::{DeadlineOutcome, ValidationConfig};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::PostponedValidationResult;
 use crate::store::{Store, StoreError};
@@ -184,12 +184,9 @@ impl Outbox {
     /// Resolves `record` with the deadline outcome; `false` if it was decided meanwhile.
     async fn expire(&self, record: &PostponedValidation) -> Result<bool, StoreError> {
         let success = self.config.deadline_outcome == DeadlineOutcome::Allow;
+        let decision = super::Decision::allow_if(success, self.config.deadline_description.clone());
         let id = record.validation_id;
-        match self
-            .resolver
-            .resolve(id, success, self.config.deadline_description.clone())
-            .await
-        {
+        match self.resolver.resolve(id, decision).await {
             // The same decision taken by the merchant meanwhile: not an expiry.
             Ok(Resolved::Unchanged) => Ok(false),
             Ok(Resolved::Recorded) => {

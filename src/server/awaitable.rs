@@ -13,11 +13,12 @@ use super::exactly_once::Decided;
 use super::route::Endpoint;
 use super::{App, BuildError, Problem};
 use crate::HandlerError;
-use crate::config::{Config, DeadlineOutcome, ValidationConfig};
+use crate::config::Config;
 use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, ValidationResult};
+use crate::postponed::{DeadlineOutcome, Decision, ValidationConfig};
 use crate::store::{RecordedDecision, Store};
 
 /// What an app in Awaitable mode has besides the handlers.
@@ -27,6 +28,8 @@ pub(super) struct Awaitable {
     resolver: Resolver,
     outbox: Outbox,
     started: AtomicBool,
+    /// Started by the first request, unless the builder said `manual_background`.
+    automatic: bool,
 }
 
 impl Awaitable {
@@ -62,7 +65,14 @@ impl Awaitable {
             resolver,
             outbox,
             started: AtomicBool::new(false),
+            automatic: true,
         }))
+    }
+
+    /// Whether the first request starts the background work.
+    pub(super) fn automatic(mut self, automatic: bool) -> Self {
+        self.automatic = automatic;
+        self
     }
 }
 
@@ -84,13 +94,28 @@ impl App {
     }
 
     /// Starts the background work of the app (the outbox worker in Awaitable mode) on the
-    /// current tokio runtime, once. [`crate::serve`] calls it; call it yourself when you
-    /// mount the app in a server of your own.
+    /// current tokio runtime, once. [`crate::serve`] calls it, and an app mounted in a server
+    /// of your own calls it with its first request; call it earlier to deliver the results
+    /// a previous run left in the outbox before any request arrives.
     pub fn start_background(&self) {
         if let Some(awaitable) = &self.inner.awaitable
             && !awaitable.started.swap(true, Ordering::SeqCst)
         {
             tokio::spawn(awaitable.outbox.clone().run());
+        }
+    }
+
+    /// Starts the background work unless the app was built with `manual_background`:
+    /// called by `serve` and with every request (a cheap check once started).
+    pub(super) fn start_automatic_background(&self) {
+        // Outside a tokio runtime (an executor of the caller's own) there is nowhere to run
+        // the worker: `start_background` on a runtime starts it then.
+        if let Some(awaitable) = &self.inner.awaitable
+            && awaitable.automatic
+            && !awaitable.started.load(Ordering::Relaxed)
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            self.start_background();
         }
     }
 
@@ -206,7 +231,10 @@ impl App {
                     failed
                 }
             };
-            if let Err(error) = resolver.resolve(validation_id, success, description).await {
+            if let Err(error) = resolver
+                .resolve(validation_id, Decision::allow_if(success, description))
+                .await
+            {
                 tracing::warn!(%error, "the handler's late decision was not recorded");
             }
         };

@@ -27,6 +27,7 @@ pub enum Reconciled {
 
 /// Why a reference id could not be reconciled.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReconcileError {
     /// The lookup failed (unknown reference id, network, ...).
     #[error(transparent)]

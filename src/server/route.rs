@@ -1,8 +1,13 @@
-//! Which path is which endpoint, and which methods each accepts.
+//! Which path is which endpoint, and which methods each accepts; `[paths]`, where the three
+//! endpoints are served.
 
 use http::Method;
+use serde::{Deserialize, Serialize};
 
-use crate::config::PathsConfig;
+use crate::setting::InvalidSetting;
+
+/// Where the operating API lives.
+pub(crate) const ADMIN_PREFIX: &str = "/payhook/admin/";
 
 /// Liveness: 200 while the process serves.
 pub(crate) const HEALTH_PATH: &str = "/healthz";
@@ -102,7 +107,7 @@ impl Router {
         }
     }
 
-    /// Serves the operating API under [`super::admin::ADMIN_PREFIX`] too.
+    /// Serves the operating API under [`ADMIN_PREFIX`] too.
     pub(crate) fn with_admin(mut self) -> Self {
         self.admin = true;
         self
@@ -119,13 +124,70 @@ impl Router {
             HEALTH_PATH => Some(Route::Health),
             READY_PATH => Some(Route::Ready),
             METRICS_PATH => Some(Route::Metrics),
-            _ if self.admin && path.starts_with(super::admin::ADMIN_PREFIX) => Some(Route::Admin),
+            _ if self.admin && path.starts_with(ADMIN_PREFIX) => Some(Route::Admin),
             _ => self
                 .endpoints
                 .iter()
                 .find(|(p, _)| p == path)
                 .map(|(_, e)| Route::Endpoint(*e)),
         }
+    }
+}
+
+/// Paths payhook serves itself, which the endpoint paths must not take.
+const RESERVED_PATHS: [&str; 3] = [HEALTH_PATH, READY_PATH, METRICS_PATH];
+
+/// `[paths]`: where the three endpoints are served.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PathsConfig {
+    /// Providers validation endpoint.
+    pub providers_validation: String,
+    /// Transaction validation endpoint.
+    pub transaction_validation: String,
+    /// Callback endpoint.
+    pub callback: String,
+}
+
+impl Default for PathsConfig {
+    fn default() -> Self {
+        Self {
+            providers_validation: "/payhook/providers-validation".to_owned(),
+            transaction_validation: "/payhook/transaction-validation".to_owned(),
+            callback: "/payhook/callback".to_owned(),
+        }
+    }
+}
+
+impl PathsConfig {
+    /// Checks values that have the right type but are not acceptable.
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        let all = [
+            ("paths.providers_validation", &self.providers_validation),
+            ("paths.transaction_validation", &self.transaction_validation),
+            ("paths.callback", &self.callback),
+        ];
+        for (i, (key, path)) in all.iter().enumerate() {
+            let reason = if !path.starts_with('/') {
+                Some("must start with `/`".to_owned())
+            } else if path.contains(['?', '#', ' ']) {
+                Some("must be a plain path, without query, fragment or spaces".to_owned())
+            } else if RESERVED_PATHS.contains(&path.as_str()) {
+                Some(format!("`{path}` is served by payhook itself"))
+            } else {
+                all[..i]
+                    .iter()
+                    .find(|(_, other)| other == path)
+                    .map(|(other, _)| format!("same path as {other}"))
+            };
+            if let Some(reason) = reason {
+                return Err(InvalidSetting {
+                    key: (*key).to_owned(),
+                    reason,
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -63,7 +63,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let server = app.server_config().clone();
-    app.start_background();
+    app.start_automatic_background();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

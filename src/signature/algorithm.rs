@@ -176,6 +176,18 @@ impl Algorithm {
 
 named_enum!(Algorithm, UnknownAlgorithm);
 
+/// `--alg`-style arguments of a command line list every name (`clap` feature).
+#[cfg(feature = "clap")]
+impl clap::ValueEnum for Algorithm {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

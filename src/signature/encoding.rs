@@ -108,7 +108,7 @@ impl Encoding {
 }
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     text.as_bytes()
@@ -121,6 +121,18 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 }
 
 named_enum!(Encoding, UnknownEncoding);
+
+/// `--alg`-style arguments of a command line list every name (`clap` feature).
+#[cfg(feature = "clap")]
+impl clap::ValueEnum for Encoding {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -27,6 +27,7 @@ const MIN_RSA_BITS: usize = 2048;
 
 /// Why a key could not be read or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// The text or bytes are in no recognised key format.
     #[error("not a public key in a known format (PEM, DER, RSAKeyValue XML, JWK, JWKS): {0}")]

@@ -1,12 +1,16 @@
-//! Key pair generation for `payhook keygen`: ring for EC and Ed25519, the `rsa` crate for
-//! the one thing ring cannot do, generating RSA keys.
+//! Key pair generation for `payhook keygen` and for tests: ring for EC and Ed25519, and,
+//! with the `keygen-rsa` feature, the `rsa` crate for the one thing ring cannot do,
+//! generating RSA keys. The feature is off for a merchant's service: verification never
+//! needs it, and it keeps the `rsa` crate (and its advisories) out of the service's build.
 
 use ring::{rand::SystemRandom, signature as ring_sig};
+#[cfg(feature = "keygen-rsa")]
 use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 
 use super::algorithm::{Algorithm, KeyKind};
 
 /// Size of generated RSA keys.
+#[cfg(feature = "keygen-rsa")]
 const RSA_BITS: usize = 2048;
 
 /// DER prefixes of a SubjectPublicKeyInfo, to which the raw public key is appended.
@@ -61,7 +65,8 @@ pub struct KeygenError(String);
 ///
 /// # Errors
 ///
-/// [`KeygenError`] when the system's random source or encoder fails.
+/// [`KeygenError`] when the system's random source or encoder fails, or for an RSA
+/// algorithm when payhook was built without the `keygen-rsa` feature.
 pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError> {
     let rng = SystemRandom::new();
     let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
@@ -114,6 +119,15 @@ fn rfc8410_private_key(ring_pkcs8: &[u8]) -> Result<Vec<u8>, KeygenError> {
     Ok([PKCS8_V1_ED25519_PREFIX, seed].concat())
 }
 
+#[cfg(not(feature = "keygen-rsa"))]
+fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
+    Err(KeygenError(
+        "RSA key generation needs payhook's `keygen-rsa` feature (the `payhook keygen` command has it)"
+            .into(),
+    ))
+}
+
+#[cfg(feature = "keygen-rsa")]
 fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
     let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
     let private =

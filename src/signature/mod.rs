@@ -3,7 +3,7 @@
 //!
 //! The spec says the aggregator signs the callback body with its private key and puts the
 //! signature in a header (§5.5, §6.6), but not which header, algorithm or encoding. payhook
-//! makes all three configurable ([`crate::config::SignatureConfig`]):
+//! makes all three configurable ([`SignatureConfig`]):
 //!
 //! * **algorithms** ([`Algorithm`]): RSA PKCS#1 v1.5 and RSA-PSS with SHA-256/384/512, ECDSA
 //!   P-256/SHA-256 and P-384/SHA-384 in DER and fixed `r‖s` form, Ed25519 — all by ring;
@@ -57,6 +57,7 @@ mod cache;
 mod encoding;
 mod key;
 mod keygen;
+mod settings;
 mod sniff;
 
 use http::{HeaderMap, HeaderName};
@@ -67,9 +68,8 @@ pub use algorithm::{Algorithm, KeyKind, UnknownAlgorithm};
 pub use encoding::{DecodeError, Encoding, UnknownEncoding};
 pub use key::{KeyError, PublicKey, SignError, SigningKey};
 pub use keygen::{KeyPairPem, KeygenError, generate_key_pair};
+pub use settings::{KeySource, KeySourceError, SignatureConfig};
 pub use sniff::{CapturedRequest, RawRequestError, SniffMatch, parse_raw_request, sniff};
-
-use crate::config::SignatureConfig;
 
 /// Default name of the signature header.
 pub const DEFAULT_HEADER: &str = "X-Signature";
@@ -79,6 +79,7 @@ pub const MAX_HEADER_LEN: usize = 4096;
 
 /// Why a request's signature was refused. Each variant is a 401 on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SignatureError {
     /// The signature header is absent.
     #[error("missing signature: no {0} header")]

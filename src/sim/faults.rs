@@ -288,9 +288,7 @@ async fn raw(
     signature: Option<(http::HeaderName, String)>,
     delivery: Delivery,
 ) -> Result<Exchange, SimError> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| SimError::Request(format!("`{url}` is not a URL")))?;
+    let uri = crate::gateway::parse_http_url(url).map_err(SimError::Request)?;
     if uri.scheme_str() != Some("http") {
         return Err(SimError::Request(
             "slow-body and drop-mid-request need a plain http:// endpoint".into(),

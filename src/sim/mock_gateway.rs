@@ -9,6 +9,7 @@
 //! | `GET /api/v1/transactions/{referenceId}` | bearer token required; the 2.6 record, 404 for an unknown id, 400 for a non-GUID |
 //! | `PUT /sim/v1/transactions/{referenceId}` | (simulator) create or replace a transaction record |
 //! | `GET /sim/v1/validations/{validationId}` | (simulator) the result posted for a validation, 404 while none |
+//! | `GET /sim/v1/validations/{validationId}/refused` | (simulator) the results refused with 403 for a validation, in order |
 //! | `GET /sim/v1/counters` | (simulator) logins, refreshes, refused tokens, conflicting results |
 //!
 //! Every error body is `{"message": "..."}`. State is kept in memory, or in a sled directory
@@ -83,6 +84,9 @@ struct State {
     secret: Vec<u8>,
     transactions: BTreeMap<Uuid, TransactionRecord>,
     results: BTreeMap<i64, PostponedValidationResult>,
+    /// Results refused with 403 (a different one was held), by validation, in order.
+    #[serde(default)]
+    refused: BTreeMap<i64, Vec<PostponedValidationResult>>,
     /// Refresh tokens already used (by `jti`): a refresh token works once.
     used_refresh: HashSet<String>,
     counters: MockCounters,
@@ -431,6 +435,12 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         (&Method::GET, ["sim", "v1", "counters"]) => {
             answer_typed(StatusCode::OK, &shared.read(|s| s.counters))
         }
+        (&Method::GET, ["sim", "v1", "validations", id, "refused"]) => {
+            let refused = id.parse::<i64>().ok().map_or_else(Vec::new, |id| {
+                shared.read(|s| s.refused.get(&id).cloned().unwrap_or_default())
+            });
+            answer_typed(StatusCode::OK, &refused)
+        }
         (&Method::GET, ["sim", "v1", "validations", id]) => {
             match id
                 .parse::<i64>()
@@ -500,6 +510,10 @@ fn validation_result(shared: &Shared, body: &[u8]) -> Response<Full<Bytes>> {
     let conflict = shared.update(|s| match s.results.get(&result.validation_id) {
         Some(recorded) if recorded.success != result.success => {
             s.counters.conflicts += 1;
+            s.refused
+                .entry(result.validation_id)
+                .or_default()
+                .push(result.clone());
             true
         }
         Some(_) => false,
@@ -542,7 +556,7 @@ impl MockControl {
     pub fn new(base_url: &str) -> Result<Self, SimError> {
         Ok(Self {
             base: base_url.trim_end_matches('/').to_owned(),
-            http: crate::gateway::http_client().map_err(SimError::Setup)?,
+            http: crate::gateway::direct_client().map_err(|e| SimError::Setup(e.to_string()))?,
         })
     }
 
@@ -598,6 +612,24 @@ impl MockControl {
             StatusCode::NOT_FOUND => Ok(None),
             other => Err(SimError::Gateway(format!("mock gateway answered {other}"))),
         }
+    }
+
+    /// The results of validation `id` the mock refused with 403 because it held a different
+    /// one, in the order they arrived.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
+    pub async fn refused_results(
+        &self,
+        id: i64,
+    ) -> Result<Vec<PostponedValidationResult>, SimError> {
+        let path = format!("/sim/v1/validations/{id}/refused");
+        let (status, body) = self.call(Method::GET, &path, None).await?;
+        if !status.is_success() {
+            return Err(SimError::Gateway(format!("mock gateway answered {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| SimError::Gateway(format!("refused: {e}")))
     }
 
     /// Waits (polling) up to `timeout` for the result of validation `id`.

@@ -14,10 +14,13 @@
 //!   reordered results, slow bodies, dropped connections, reused nonces; each with a
 //!   [`Verdict`] on whether the merchant answered as a correct receiver does.
 //! * [`scenario`] — scripted end-to-end flows in TOML, with expectations and a story.
+//! * [`example_merchant`] — the merchant the demo and the shipped scenarios run against: a
+//!   ledger booked exactly once, limits, and a review of postponed validations.
 //!
 //! The `payhook mock-gateway` and `payhook trigger` commands are thin layers over this module.
 
 mod delivery;
+pub mod example_merchant;
 mod faults;
 mod jwt;
 mod mock_gateway;
@@ -35,6 +38,7 @@ pub use trigger::{Exchange, Signer, Trigger};
 
 /// Why the simulator could not do what was asked.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum SimError {
     /// Starting a server or opening its state failed.
     #[error("{0}")]

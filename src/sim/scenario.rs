@@ -593,17 +593,8 @@ async fn run_step(
                 answer(&exchange)
             ));
             check_answer(expect, &exchange, &mut problems);
-            if let Some(wanted) = expect.result {
-                awaited_result(
-                    target,
-                    control,
-                    current.validation_id,
-                    wanted,
-                    &mut story,
-                    &mut problems,
-                )
-                .await?;
-            }
+            // With a conflict expected, the result the gateway holds is not the merchant's:
+            // tell the merchant's refused result first, then what the gateway kept.
             if let Some(wanted) = expect.conflicts {
                 let deadline = tokio::time::Instant::now() + target.await_timeout;
                 let mut seen = control
@@ -619,10 +610,32 @@ async fn run_step(
                         .conflicts
                         .saturating_sub(conflicts_before);
                 }
-                story.push(format!("gateway refused {seen} result(s) with 403 (a different one was received before)"));
+                for refused in control.refused_results(current.validation_id).await? {
+                    story.push(format!(
+                        "merchant → gateway: result of validation {}: success = {} ({:?}) → 403, a different result was received before",
+                        current.validation_id, refused.success, refused.description
+                    ));
+                }
                 if seen != wanted {
                     problems.push(format!("expected {wanted} refused result(s), saw {seen}"));
                 }
+            }
+            if let Some(wanted) = expect.result {
+                let teller = if expect.conflicts.is_some_and(|n| n > 0) {
+                    "the gateway keeps the result it held"
+                } else {
+                    "merchant → gateway"
+                };
+                awaited_result(
+                    target,
+                    control,
+                    current.validation_id,
+                    wanted,
+                    teller,
+                    &mut story,
+                    &mut problems,
+                )
+                .await?;
             }
             "transaction validation"
         }
@@ -784,6 +797,7 @@ async fn awaited_result(
     control: &MockControl,
     validation_id: i64,
     wanted: ExpectedResult,
+    teller: &str,
     story: &mut Vec<String>,
     problems: &mut Vec<String>,
 ) -> Result<(), SimError> {
@@ -793,7 +807,7 @@ async fn awaited_result(
     {
         Some(result) => {
             story.push(format!(
-                "merchant → gateway: result of validation {validation_id}: success = {} ({:?})",
+                "{teller}: result of validation {validation_id}: success = {} ({:?})",
                 result.success, result.description
             ));
             if result.success != (wanted == ExpectedResult::Allow) {

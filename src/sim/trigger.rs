@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::SimError;
 use crate::config::SignatureConfig;
-use crate::gateway::{HttpClient, http_client};
+use crate::gateway::{HttpClient, direct_client};
 use crate::signature::{Encoding, SigningKey};
 
 /// Largest answer read from a merchant.
@@ -139,7 +139,7 @@ impl Trigger {
     /// [`SimError::Setup`] when the HTTP client cannot be built.
     pub fn new(signer: Option<Signer>) -> Result<Self, SimError> {
         Ok(Self {
-            http: http_client().map_err(SimError::Setup)?,
+            http: direct_client().map_err(|e| SimError::Setup(e.to_string()))?,
             signer,
             headers: Vec::new(),
             timeout: Duration::from_secs(30),
@@ -198,9 +198,7 @@ impl Trigger {
         body: &[u8],
         signature: Option<(HeaderName, String)>,
     ) -> Result<Exchange, SimError> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|_| SimError::Request(format!("`{url}` is not a URL")))?;
+        let uri = crate::gateway::parse_http_url(url).map_err(SimError::Request)?;
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri(uri.clone())

@@ -26,7 +26,6 @@
 
 use std::{
     cell::RefCell,
-    collections::BTreeMap,
     fs::File,
     sync::{
         Arc, Condvar, Mutex,
@@ -40,12 +39,13 @@ use tokio::sync::oneshot;
 use super::claims::Claims;
 use super::effects::{EffectError, EffectTx, Effects};
 use super::failing::{self, CallbackFailure, FailureRecord};
-use super::keys::{self, RecordKey};
-use super::postponed::{self, PostponedOp, PostponedValidation, Resolution};
+use super::keys;
+use super::postponed_records::{self, PostponedOp, PostponedValidation, Resolution};
 use super::record::{
     CallbackRecord, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord, decode,
     encode,
 };
+use super::staging::{Overlay, Staging, lock, read, read_record, write_record};
 use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
 
@@ -309,13 +309,6 @@ impl Writer {
 /// step holds the write lock for a few milliseconds.
 const PURGE_STEP: usize = 256;
 
-/// Locks `mutex`; a panic of another holder does not poison the store's state.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Runs blocking storage work: on a multi-threaded tokio runtime the worker's other tasks
 /// move to another thread meanwhile; elsewhere it simply runs.
 fn blocking<R>(work: impl FnOnce() -> R) -> R {
@@ -371,61 +364,6 @@ impl Drop for Sweeper {
 }
 
 /// Writes of the batch being built: `None` removes the key.
-type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
-fn read(context: &Context, overlay: &Overlay, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-    match overlay.get(key) {
-        Some(value) => Ok(value.clone()),
-        None => Ok(context.tree.get(key)?.map(|v| v.to_vec())),
-    }
-}
-
-/// The record at `key`, or where a store written before long nonces were digested kept it.
-fn read_record(
-    context: &Context,
-    overlay: &Overlay,
-    key: &RecordKey,
-) -> Result<Option<Vec<u8>>, StoreError> {
-    key.read(|k| read(context, overlay, k))
-}
-
-/// Writes a record under `key` (`None` removes it), and removes it from where an older
-/// store kept it.
-fn write_record(overlay: &mut Overlay, key: &RecordKey, value: Option<Vec<u8>>) {
-    if let Some(older) = &key.spelled_out {
-        overlay.insert(older.clone(), None);
-    }
-    overlay.insert(key.key.clone(), value);
-}
-
-/// The batch being built, as the record modules read and write it: reads see the batch's
-/// earlier writes.
-pub(crate) struct Staging<'a> {
-    context: &'a Context,
-    overlay: &'a mut Overlay,
-}
-
-impl Staging<'_> {
-    pub(crate) fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        read(self.context, self.overlay, key)
-    }
-
-    /// The record of one nonce (see [`RecordKey`]).
-    pub(crate) fn get_record(&self, key: &RecordKey) -> Result<Option<Vec<u8>>, StoreError> {
-        read_record(self.context, self.overlay, key)
-    }
-
-    /// Writes `value` under `key` in the batch; `None` removes the key.
-    pub(crate) fn put(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.overlay.insert(key, value);
-    }
-
-    /// Writes the record of one nonce (see [`RecordKey`]); `None` removes it.
-    pub(crate) fn put_record(&mut self, key: &RecordKey, value: Option<Vec<u8>>) {
-        write_record(self.overlay, key, value);
-    }
-}
-
 fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
@@ -478,11 +416,8 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     continue;
                 }
                 if let Some(record) = postponed {
-                    let mut staging = Staging {
-                        context,
-                        overlay: &mut overlay,
-                    };
-                    match postponed::create(&mut staging, &record) {
+                    let mut staging = Staging::new(&context.tree, &mut overlay);
+                    match postponed_records::create(&mut staging, &record) {
                         Ok(true) => {
                             indexed.push((
                                 keys::TAG_POSTPONED,
@@ -507,10 +442,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 replies.push(unit_reply(reply));
             }
             Job::Failure(failure) => {
-                let mut staging = Staging {
-                    context,
-                    overlay: &mut overlay,
-                };
+                let mut staging = Staging::new(&context.tree, &mut overlay);
                 match failing::record(&mut staging, &failure, expires_ms) {
                     Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
                     Ok(false) => {}
@@ -520,11 +452,8 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 }
             }
             Job::Postponed { op, reply } => {
-                let mut staging = Staging {
-                    context,
-                    overlay: &mut overlay,
-                };
-                match postponed::apply(&mut staging, op) {
+                let mut staging = Staging::new(&context.tree, &mut overlay);
+                match postponed_records::apply(&mut staging, op) {
                     Ok(resolution) => replies.push(Box::new(move |outcome| {
                         let _ = reply.send(outcome.clone().map(|()| resolution));
                     })),
@@ -571,7 +500,7 @@ fn stage_callback(
     expires_ms: u64,
 ) -> Result<(), StoreError> {
     let key = keys::callback(nonce);
-    let mut record = match read_record(context, overlay, &key)? {
+    let mut record = match read_record(&context.tree, overlay, &key)? {
         Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
         None => CallbackRecord::default(),
     };
@@ -609,7 +538,7 @@ fn stage_callback(
     record.attempts = record.attempts.max(attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
-    failing::booked(&mut Staging { context, overlay }, nonce, status)
+    failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)
 }
 
 fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {
@@ -709,7 +638,7 @@ fn purge_postponed(
     let Some(bytes) = context.tree.get(&key)? else {
         return Ok(true);
     };
-    if postponed::purgeable(&bytes, &id)? {
+    if postponed_records::purgeable(&bytes, &id)? {
         batch.remove(key);
         Ok(true)
     } else {
@@ -742,7 +671,7 @@ impl EffectTx for OverlayTx<'_> {
         if let Some(value) = self.local.borrow().get(&key) {
             return Ok(value.clone());
         }
-        read(self.context, self.batch, &key).map_err(|error| {
+        read(&self.context.tree, self.batch, &key).map_err(|error| {
             let message = error.to_string();
             *self.failure.borrow_mut() = Some(error);
             EffectError::Backend(message)

@@ -35,6 +35,7 @@ pub trait EffectTx {
 
 /// Why effects did not apply: nothing was written, and the callback is not acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EffectError {
     /// The tree was not declared with the store (`SledStore::open(.., trees)`).
     #[error("tree `{0}` was not declared to the store")]

@@ -14,9 +14,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::committer::Staging;
 use super::keys;
 use super::record::{decode, encode};
+use super::staging::Staging;
 use crate::model::TransactionStatus;
 
 /// One failed delivery, as the server reports it to the store.

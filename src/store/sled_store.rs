@@ -9,20 +9,20 @@ use std::{
 };
 use tokio::sync::oneshot;
 
+use super::StoreConfig;
 use super::claims::Claims;
 pub use super::committer::HoldPoint;
 use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::Effects;
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
-use super::postponed::{Delivery, PostponedOp, PostponedValidation};
+use super::postponed_records::{Delivery, PostponedOp, PostponedValidation};
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
     now_ms,
 };
-use crate::config::StoreConfig;
 use crate::model::TransactionStatus;
 
 /// A key and its value.

@@ -41,7 +41,7 @@ use std::{
     sync::Mutex,
 };
 
-use super::committer::lock;
+use super::staging::lock;
 use super::{StoreError, keys};
 
 /// The watermark's file name, in the store's directory.

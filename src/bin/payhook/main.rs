@@ -11,23 +11,13 @@ use std::{
     process::ExitCode,
 };
 
-#[path = "cli/demo.rs"]
 mod demo;
-#[path = "../examples/merchant.rs"]
-#[allow(
-    dead_code,
-    unreachable_pub,
-    reason = "the example merchant serves `payhook demo`; its own main is not used here"
-)]
-mod merchant;
-#[path = "cli/scenario.rs"]
 mod scenario;
-#[path = "cli/trigger.rs"]
 mod trigger;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use payhook::Config;
-use payhook::admin::AdminCommand;
+use payhook::admin::{AdminCommand, CallbacksCommand, ValidationsCommand};
 use payhook::signature::{
     Algorithm, Encoding, PublicKey, SigningKey, Verifier, generate_key_pair, parse_raw_request,
     sniff,
@@ -37,126 +27,224 @@ use std::sync::Arc;
 
 /// payhook: host and test the endpoints a payment aggregator calls.
 #[derive(Debug, Parser)]
-#[command(name = "payhook", version, about, long_about = None)]
+#[command(
+    name = "payhook",
+    version,
+    about,
+    long_about = None,
+    after_help = "Examples:
+  payhook demo                                   the whole protocol, told as a story
+  payhook new shop && cd shop && cargo test      your own service, scaffolded
+  payhook keygen --alg ed25519 --out sim-keys    a key pair for the simulated aggregator
+  payhook trigger callback --to http://127.0.0.1:8080 --key sim-keys/private.pem --alg ed25519
+  payhook validations list --pending --admin-url http://127.0.0.1:8080"
+)]
 struct Cli {
-    /// Configuration file for the commands that use the store or the gateway (default: the
-    /// file named by PAYHOOK_CONFIG, if any; PAYHOOK_* variables apply on top).
-    #[arg(long, global = true)]
-    config: Option<PathBuf>,
-    /// `validations`, `callbacks` and `reconcile`: work through this running service's operating API
-    /// (e.g. http://127.0.0.1:8080) instead of opening its store; the token is admin.token
-    /// (PAYHOOK_ADMIN_TOKEN).
-    #[arg(long, global = true)]
-    admin_url: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where a command finds the service's configuration.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ConfigArgs {
+    /// The service's configuration file (default: the file PAYHOOK_CONFIG names, if any);
+    /// PAYHOOK_* variables apply on top.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub(crate) config: Option<PathBuf>,
+}
+
+/// How an operating command reaches the service: its store, or its operating API.
+#[derive(Debug, Clone, Args)]
+struct ServiceArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Work through this running service's operating API (e.g. http://127.0.0.1:8080)
+    /// instead of opening its store, which a running service holds; the token is admin.token
+    /// (PAYHOOK_ADMIN_TOKEN).
+    #[arg(long, value_name = "URL", global = true)]
+    admin_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Load a configuration file (plus PAYHOOK_* environment variables), validate it and its
     /// signature keys, and print the effective settings with secrets redacted.
+    #[command(
+        after_help = "Example:\n  PAYHOOK_GATEWAY_PASSWORD=... payhook check-config payhook.toml"
+    )]
     CheckConfig {
         /// The TOML configuration file.
         file: PathBuf,
     },
     /// Generate a key pair: DIR/private.pem (PKCS#8) and DIR/public.pem (SPKI).
+    #[command(after_help = "Example:\n  payhook keygen --alg ed25519 --out sim-keys")]
     Keygen {
         /// Algorithm the key is for (rsa-* keys are 2048-bit RSA).
-        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        #[arg(long, value_enum, default_value = "rsa-pkcs1-sha256")]
         alg: Algorithm,
         /// Directory to write the two files into (created if missing).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         out: PathBuf,
         /// Overwrite existing key files.
         #[arg(long)]
         force: bool,
     },
     /// Sign standard input's exact bytes; print the signature header value.
+    #[command(
+        after_help = "Example:\n  printf '%s' '{\"nonce\":\"n-1\"}' | payhook sign --key sim-keys/private.pem --alg ed25519\n\n(`echo` would add a newline to the signed bytes.)"
+    )]
     Sign {
         /// PKCS#8 private key (PEM or DER).
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         key: PathBuf,
-        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        /// The signature algorithm (the aggregator's `signature.algorithm`).
+        #[arg(long, value_enum, default_value = "rsa-pkcs1-sha256")]
         alg: Algorithm,
-        #[arg(long, default_value = "base64")]
+        /// How the signature is written in the header.
+        #[arg(long, value_enum, default_value = "base64")]
         encoding: Encoding,
-        /// Scheme prefix to put before the signature (e.g. `sha256=`).
+        /// Text put before the signature in the header (e.g. `sha256=`).
         #[arg(long, default_value = "")]
         prefix: String,
     },
     /// Verify a signature over standard input's exact bytes; exit 0 when it verifies.
+    #[command(
+        after_help = "Example:\n  payhook verify --key aggregator.pem --signature \"$SIG\" < body.json"
+    )]
     Verify {
         /// Public key: PEM, DER, .NET XML, JWK or JWKS (any key of a JWKS may verify).
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         key: PathBuf,
-        #[arg(long, default_value = "rsa-pkcs1-sha256")]
+        /// The signature algorithm (the aggregator's `signature.algorithm`).
+        #[arg(long, value_enum, default_value = "rsa-pkcs1-sha256")]
         alg: Algorithm,
         /// The signature header value.
         #[arg(long)]
         signature: String,
-        #[arg(long, default_value = "base64")]
+        /// How the signature is written in the header.
+        #[arg(long, value_enum, default_value = "base64")]
         encoding: Encoding,
-        /// Scheme prefix in front of the signature.
+        /// Text before the signature in the header (e.g. `sha256=`), removed before decoding.
         #[arg(long, default_value = "")]
         prefix: String,
     },
     /// Find which header, prefix, encoding and algorithm a captured signed request uses.
+    #[command(
+        after_help = "Example:\n  payhook sniff --key aggregator.pem --request captured.http"
+    )]
     Sniff {
         /// The aggregator's public key(s) in any supported format; repeat for several.
-        #[arg(long, required = true)]
+        #[arg(long, required = true, value_name = "FILE")]
         key: Vec<PathBuf>,
         /// A captured raw HTTP request (headers, blank line, body).
-        #[arg(long, conflicts_with_all = ["body", "header"])]
+        #[arg(long, conflicts_with_all = ["body", "header"], value_name = "FILE")]
         request: Option<PathBuf>,
         /// The exact body bytes (with --header).
-        #[arg(long, requires = "header")]
+        #[arg(long, requires = "header", value_name = "FILE")]
         body: Option<PathBuf>,
         /// A header of the request, `Name: value`; repeat for several.
         #[arg(long)]
         header: Vec<String>,
     },
-    #[command(flatten)]
-    Admin(AdminCommand),
+    /// Postponed (Awaitable) validations: list them, or decide one.
+    #[command(
+        after_help = "Examples:\n  payhook validations list --pending --admin-url http://127.0.0.1:8080\n  payhook validations resolve 42 --allow --description \"documents checked\" --admin-url http://127.0.0.1:8080"
+    )]
+    Validations {
+        #[command(flatten)]
+        service: ServiceArgs,
+        #[command(subcommand)]
+        command: ValidationsCommand,
+    },
+    /// Callbacks whose handler failed and that are not booked yet.
+    #[command(
+        after_help = "Example:\n  payhook callbacks failing --admin-url http://127.0.0.1:8080 --json"
+    )]
+    Callbacks {
+        #[command(flatten)]
+        service: ServiceArgs,
+        #[command(subcommand)]
+        command: CallbacksCommand,
+    },
+    /// Fetch a transaction from the aggregator by its reference id and print it.
+    #[command(
+        after_help = "Example:\n  payhook transaction 0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e --config payhook.toml"
+    )]
+    Transaction {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The transaction's reference id (a GUID).
+        reference_id: uuid::Uuid,
+        /// Print the record as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recover lost callbacks: with --admin-url the running service fetches each transaction
+    /// and books its result through its handler, once; without, report which results are
+    /// booked and which were lost (this binary has no handler of yours).
+    #[command(
+        after_help = "Example:\n  payhook reconcile --ref 0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e --admin-url http://127.0.0.1:8080"
+    )]
+    Reconcile {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// A reference id to reconcile; repeat for several.
+        #[arg(long = "ref", required = true, value_name = "REFERENCE_ID")]
+        reference_ids: Vec<uuid::Uuid>,
+    },
     /// The store's integrity: check it, or accept a loss an operator has dealt with.
-    #[command(subcommand)]
-    Store(StoreCommand),
+    #[command(after_help = "Example:\n  payhook store check --data payhook-data")]
+    Store {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// The whole protocol in one command: the example merchant and a mock aggregator on
     /// loopback, the shipped scenarios run against them and told as a story.
     Demo {
         /// Keep the data here (default: a temporary directory, removed afterwards).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         data: Option<PathBuf>,
     },
     /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
     Openapi,
     /// Scaffold a merchant service crate: handlers with working defaults, a commented
     /// payhook.toml, a scenario and an integration test that runs it.
+    #[command(after_help = "Example:\n  payhook new shop && cd shop && cargo test")]
     New {
         /// The crate's name.
         name: String,
         /// Its directory (default: ./NAME).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         path: Option<PathBuf>,
         /// Write into a non-empty directory.
         #[arg(long)]
         force: bool,
-        /// Depend on the payhook checkout at this path (default: the checkout this binary was
-        /// built from, when it is still there; else the registry version).
-        #[arg(long, conflicts_with = "payhook_version")]
+        /// Depend on the payhook checkout at this path instead of the published version.
+        #[arg(long, conflicts_with = "payhook_version", value_name = "DIR")]
         payhook_path: Option<PathBuf>,
-        /// Depend on this payhook version from the registry.
-        #[arg(long)]
+        /// Depend on this published payhook version (default: this binary's own).
+        #[arg(long, value_name = "VERSION")]
         payhook_version: Option<String>,
     },
     /// Run scenario files (TOML) against a running merchant and mock gateway; exit 1 on any
     /// unmet expectation.
+    #[command(
+        after_help = "Example:\n  payhook scenario scenarios/deposit.toml --to http://127.0.0.1:8080 --gateway http://127.0.0.1:9090 --key sim-keys/private.pem"
+    )]
     Scenario(Box<scenario::ScenarioArgs>),
     /// Send one of the aggregator's requests (signed with --key) to a merchant's endpoint and
     /// print the exchange.
+    #[command(
+        after_help = "Examples:\n  payhook trigger callback --to http://127.0.0.1:8080 --key sim-keys/private.pem --alg ed25519 --expect 200\n  payhook trigger callback --to http://127.0.0.1:8080 --key sim-keys/private.pem --fault duplicate --fault tamper-body"
+    )]
     Trigger(Box<trigger::TriggerArgs>),
     /// Run a local aggregator (login, refresh with real JWTs, postponed results, transaction
     /// lookup) on loopback until Ctrl-C.
+    #[command(
+        after_help = "Example:\n  payhook mock-gateway --listen 127.0.0.1:9090 --access-lifetime 30s"
+    )]
     MockGateway {
         /// Where to listen.
         #[arg(long, default_value = "127.0.0.1:9090")]
@@ -179,8 +267,16 @@ enum Command {
         #[arg(long, default_value = "1d", value_parser = payhook::config::parse_duration)]
         refresh_lifetime: std::time::Duration,
         /// Keep the state in this directory across restarts (default: in memory).
-        #[arg(long)]
+        #[arg(long, value_name = "DIR")]
         state: Option<PathBuf>,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "Examples:\n  payhook completions bash > ~/.local/share/bash-completion/completions/payhook\n  payhook completions zsh > ~/.zfunc/_payhook"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -216,6 +312,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(&cli.command);
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Keygen { alg, out, force } => keygen(alg, &out, force),
@@ -238,8 +335,33 @@ fn main() -> ExitCode {
             body,
             header,
         } => sniff_request(&key, request.as_deref(), body.as_deref(), &header),
-        Command::Admin(command) => admin(command, cli.config.as_deref(), cli.admin_url.as_deref()),
-        Command::Store(command) => store_command(command, cli.config.as_deref()),
+        Command::Validations { service, command } => {
+            admin(AdminCommand::Validations(command), &service)
+        }
+        Command::Callbacks { service, command } => {
+            admin(AdminCommand::Callbacks(command), &service)
+        }
+        Command::Transaction {
+            config,
+            reference_id,
+            json,
+        } => admin(
+            AdminCommand::Transaction { reference_id, json },
+            &ServiceArgs {
+                config,
+                admin_url: None,
+            },
+        ),
+        Command::Reconcile {
+            service,
+            reference_ids,
+        } => admin(AdminCommand::Reconcile { reference_ids }, &service),
+        Command::Store { config, command } => store_command(command, config.config.as_deref()),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "payhook", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Demo { data } => demo::run(data),
         Command::New {
             name,
@@ -253,10 +375,10 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Scenario(args) => {
-            load_config(cli.config.as_deref()).and_then(|config| scenario::run(*args, &config))
+            load_config(args.config_file()).and_then(|config| scenario::run(*args, &config))
         }
         Command::Trigger(args) => {
-            load_config(cli.config.as_deref()).and_then(|config| trigger::run(*args, &config))
+            load_config(args.config_file()).and_then(|config| trigger::run(*args, &config))
         }
         Command::MockGateway {
             listen,
@@ -283,15 +405,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs go to stderr, filtered by `RUST_LOG`; by default a long-running local server
+/// (`mock-gateway`) tells what it serves, and the other commands only warnings, so that the
+/// library's warnings (a refused signature in `trigger`, a store problem in `demo`) are seen
+/// without drowning a command's own output.
+fn init_logging(command: &Command) {
+    let default = match command {
+        Command::MockGateway { .. } => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// Runs an operating command with the service's configuration; the store is opened only
 /// by the commands that need it.
-fn admin(
-    command: AdminCommand,
-    file: Option<&Path>,
-    admin_url: Option<&str>,
-) -> Result<(), Failure> {
-    let config = load_config(file)?;
-    if let Some(url) = admin_url {
+fn admin(command: AdminCommand, service: &ServiceArgs) -> Result<(), Failure> {
+    let config = load_config(service.config.config.as_deref())?;
+    if let Some(url) = service.admin_url.as_deref() {
         let token = config.admin.token.clone().ok_or_else(|| {
             Failure(
                 "--admin-url needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)".into(),
@@ -326,14 +462,13 @@ fn scaffold(
     payhook_version: Option<String>,
 ) -> Result<(), Failure> {
     use payhook::scaffold::{Dependency, Options, render};
-    let checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let payhook = match (payhook_path, payhook_version) {
         (Some(path), _) => Dependency::Path(std::path::absolute(&path)?),
         (None, Some(version)) => Dependency::Version(version),
-        (None, None) if checkout.join("Cargo.toml").exists() => Dependency::Path(checkout),
-        (None, None) => Dependency::Version(env!("CARGO_PKG_VERSION").to_owned()),
+        (None, None) => default_dependency(),
     };
     let dir = path.unwrap_or_else(|| PathBuf::from(&name));
+    let payhook_dependency = payhook.clone();
     let written = render(&Options {
         name: name.clone(),
         dir: dir.clone(),
@@ -341,9 +476,13 @@ fn scaffold(
         payhook,
     })?;
     println!(
-        "created {name} in {} ({} files)",
+        "created {name} in {} ({} files), depending on payhook {}",
         dir.display(),
-        written.len()
+        written.len(),
+        match &payhook_dependency {
+            payhook::scaffold::Dependency::Path(path) => format!("at {}", path.display()),
+            payhook::scaffold::Dependency::Version(version) => format!("{version} (crates.io)"),
+        }
     );
     println!(
         "next:
@@ -353,6 +492,23 @@ fn scaffold(
         dir.display()
     );
     Ok(())
+}
+
+/// What a scaffolded crate depends on when not told: the checkout this binary was built
+/// from (`cargo install --path .`), while it is there; a binary installed from crates.io was
+/// built in cargo's registry cache, which cargo empties, so it depends on its own published
+/// version instead.
+fn default_dependency() -> payhook::scaffold::Dependency {
+    use payhook::scaffold::Dependency;
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let in_registry = source
+        .components()
+        .any(|part| part.as_os_str() == "registry");
+    if !in_registry && source.join("Cargo.toml").exists() {
+        Dependency::Path(source)
+    } else {
+        Dependency::Version(env!("CARGO_PKG_VERSION").to_owned())
+    }
 }
 
 /// The configuration from `file`, or the file named by `PAYHOOK_CONFIG`, plus `PAYHOOK_*`.

@@ -43,6 +43,13 @@ pub(crate) struct ScenarioArgs {
     await_timeout: Duration,
 }
 
+impl ScenarioArgs {
+    /// The configuration file given with --config, if any.
+    pub(crate) fn config_file(&self) -> Option<&std::path::Path> {
+        self.signing.config_file()
+    }
+}
+
 pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
     let scenarios = args
         .files

@@ -162,23 +162,35 @@ impl PaymentArgs {
 pub(crate) struct SigningArgs {
     /// The aggregator's private key (PKCS#8) to sign with; unsigned without it. Header,
     /// algorithm, encoding and prefix come from the `[signature]` of --config unless given.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     key: Option<PathBuf>,
-    #[arg(long)]
+    /// The signature algorithm (default: `signature.algorithm` of the configuration).
+    #[arg(long, value_enum)]
     alg: Option<Algorithm>,
-    #[arg(long)]
+    /// How the signature is written in the header (default: `signature.encoding`).
+    #[arg(long, value_enum)]
     encoding: Option<Encoding>,
-    /// The signature header.
+    /// The signature header (default: `signature.header`).
     #[arg(long = "signature-header")]
     signature_header: Option<String>,
+    /// Text put before the signature in the header, e.g. `sha256=` (default:
+    /// `signature.prefix`).
     #[arg(long)]
     prefix: Option<String>,
     /// An extra header, `Name: value` (e.g. the validation endpoints' shared secret); repeat.
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,
+    /// The merchant's configuration: its `[paths]` and `[signature]` are the defaults here.
+    #[command(flatten)]
+    pub(crate) config: crate::ConfigArgs,
 }
 
 impl SigningArgs {
+    /// The configuration file given with --config, if any.
+    pub(crate) fn config_file(&self) -> Option<&std::path::Path> {
+        self.config.config.as_deref()
+    }
+
     pub(crate) fn trigger(&self, config: &Config) -> Result<Trigger, Failure> {
         let signer = match &self.key {
             Some(path) => {
@@ -258,6 +270,11 @@ pub(crate) struct TriggerArgs {
 }
 
 impl TriggerArgs {
+    /// The configuration file given with --config, if any.
+    pub(crate) fn config_file(&self) -> Option<&std::path::Path> {
+        self.signing.config_file()
+    }
+
     fn fault(&self, name: FaultName) -> payhook::sim::Fault {
         use payhook::sim::Fault;
         match name {

@@ -11,7 +11,7 @@ use rust_decimal::Decimal;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::Failure;
-use crate::merchant;
+use payhook::sim::example_merchant as merchant;
 
 /// Runs the demo; the data goes to `data` (kept) or to a temporary directory (removed).
 pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {

@@ -16,9 +16,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::committer::Staging;
 use super::keys;
 use super::record::{decode, encode};
+use super::staging::Staging;
 use crate::model::TransactionValidationRequest;
 
 /// A validation decided after its answer (Awaitable mode).

@@ -19,15 +19,13 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::problem::Problem;
+use super::route::ADMIN_PREFIX;
+use super::settings::AdminConfig;
 use super::{App, ResponseBody};
 use crate::auth::{Cidr, Expected};
-use crate::config::AdminConfig;
 use crate::model::ErrorBody;
-use crate::postponed::{PostponedState, ResolveError, Resolved};
+use crate::postponed::{Decision, PostponedState, ResolveError, Resolved};
 use crate::server::Reconciled;
-
-/// Where the operating API lives.
-pub(crate) const ADMIN_PREFIX: &str = "/payhook/admin/";
 
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
@@ -161,7 +159,10 @@ impl App {
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
                 let resolver = self.resolver().ok_or(Problem::NotFound)?;
                 match resolver
-                    .resolve(id, decision.success, decision.description)
+                    .resolve(
+                        id,
+                        Decision::allow_if(decision.success, decision.description),
+                    )
                     .await
                 {
                     Ok(Resolved::Recorded) => Ok(json(&ErrorBody::new("recorded"))),

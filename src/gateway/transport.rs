@@ -1,0 +1,222 @@
+//! How the gateway client reaches the aggregator: TLS on rustls (ring), trusting the web's
+//! roots plus the private CA of `gateway.ca_file`, presenting the client certificate of
+//! `gateway.client_cert_file` when the aggregator asks for one (mutual TLS), and going
+//! through an HTTP proxy — `gateway.proxy`, or `HTTPS_PROXY` / `ALL_PROXY` from the
+//! environment — for `https://` destinations not excluded by `NO_PROXY` (`gateway.no_proxy`).
+//! A proxied connection is a `CONNECT` tunnel: the proxy sees the host and port, never the
+//! traffic. `http://` destinations, which payhook allows on loopback only, always go direct.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+
+use super::GatewayConfig;
+use crate::Secret;
+
+/// An HTTP/1.1 client for `https://` and (loopback) `http://`.
+pub(crate) type HttpClient = Client<HttpsConnector<Route>, Full<Bytes>>;
+
+/// Why the transport could not be set up: the file or setting, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {reason}")]
+pub(crate) struct TransportError {
+    setting: String,
+    reason: String,
+}
+
+impl TransportError {
+    fn new(setting: &str, reason: impl std::fmt::Display) -> Self {
+        Self {
+            setting: setting.to_owned(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A client that talks straight to its destinations, trusting the web's roots: for the
+/// simulator and the operating API's client, which talk to services on loopback.
+pub(crate) fn direct_client() -> Result<HttpClient, TransportError> {
+    let tls = tls_config(None, None)?;
+    Ok(client(tls, Matcher::builder().build()))
+}
+
+/// The client of `[gateway]`: its CA, client certificate and proxy.
+pub(crate) fn gateway_client(config: &GatewayConfig) -> Result<HttpClient, TransportError> {
+    let identity = match (&config.client_cert_file, &config.client_key_file) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (None, None) => None,
+        _ => {
+            return Err(TransportError::new(
+                "gateway.client_cert_file",
+                "give both client_cert_file and client_key_file, or neither",
+            ));
+        }
+    };
+    let tls = tls_config(config.ca_file.as_deref(), identity)?;
+    Ok(client(tls, proxy_matcher(config)?))
+}
+
+fn client(tls: rustls::ClientConfig, proxy: Matcher) -> HttpClient {
+    let mut direct = HttpConnector::new();
+    direct.enforce_http(false);
+    let route = Route {
+        direct,
+        proxy: Arc::new(proxy),
+    };
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(route);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(https)
+}
+
+/// Which proxy `https://` calls go through: `gateway.proxy` (with `gateway.no_proxy`) when
+/// set, else the environment's `HTTPS_PROXY`, `ALL_PROXY` and `NO_PROXY`.
+fn proxy_matcher(config: &GatewayConfig) -> Result<Matcher, TransportError> {
+    let Some(proxy) = config
+        .proxy
+        .as_ref()
+        .map(Secret::expose)
+        .filter(|p| !p.trim().is_empty())
+    else {
+        return Ok(Matcher::from_env());
+    };
+    // The URL may carry the proxy's credentials (`user:password@`): errors never quote it.
+    let uri: Uri = proxy.parse().map_err(|_| {
+        TransportError::new(
+            "gateway.proxy",
+            "is not a URL; give the proxy as http://host:port (the value is not shown: it may hold credentials)",
+        )
+    })?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(TransportError::new(
+            "gateway.proxy",
+            "give the proxy as http://host:port, a CONNECT proxy (the value is not shown: it may hold credentials)",
+        ));
+    }
+    Ok(Matcher::builder()
+        .https(proxy)
+        .no(config.no_proxy.as_deref().unwrap_or_default())
+        .build())
+}
+
+/// rustls with the web's roots, the certificates of `ca_file`, and a client certificate.
+fn tls_config(
+    ca_file: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> Result<rustls::ClientConfig, TransportError> {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca_file {
+        let certificates = read_certificates(path, "gateway.ca_file")?;
+        let (added, ignored) = roots.add_parsable_certificates(certificates);
+        if added == 0 || ignored > 0 {
+            return Err(TransportError::new(
+                "gateway.ca_file",
+                format!(
+                    "{}: {added} CA certificate(s) read, {ignored} unusable",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| TransportError::new("TLS", e))?
+    .with_root_certificates(roots);
+    match identity {
+        None => Ok(builder.with_no_client_auth()),
+        Some((cert, key)) => {
+            let chain = read_certificates(cert, "gateway.client_cert_file")?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                TransportError::new(
+                    "gateway.client_key_file",
+                    format!("{}: no PEM private key read ({e})", key.display()),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| TransportError::new("gateway.client_cert_file", e))
+        }
+    }
+}
+
+fn read_certificates(
+    path: &Path,
+    setting: &str,
+) -> Result<Vec<CertificateDer<'static>>, TransportError> {
+    let certificates = CertificateDer::pem_file_iter(path)
+        .and_then(|all| all.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
+    if certificates.is_empty() {
+        return Err(TransportError::new(
+            setting,
+            format!("{}: no PEM certificate in it", path.display()),
+        ));
+    }
+    Ok(certificates)
+}
+
+/// Opens the TCP connection under the TLS layer: direct, or tunnelled through the proxy that
+/// the matcher picks for an `https://` destination.
+#[derive(Clone)]
+pub(crate) struct Route {
+    direct: HttpConnector,
+    proxy: Arc<Matcher>,
+}
+
+type Connecting = Pin<
+    Box<dyn Future<Output = Result<TokioIo<TcpStream>, Box<dyn StdError + Send + Sync>>> + Send>,
+>;
+
+impl tower_service::Service<Uri> for Route {
+    type Response = TokioIo<TcpStream>;
+    type Error = Box<dyn StdError + Send + Sync>;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // A new connection is opened for each call; there is nothing to wait for.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, destination: Uri) -> Self::Future {
+        let mut direct = self.direct.clone();
+        let intercept = match destination.scheme_str() {
+            Some("https") => self.proxy.intercept(&destination),
+            _ => None,
+        };
+        match intercept {
+            Some(intercept) => {
+                let mut tunnel = Tunnel::new(intercept.uri().clone(), direct);
+                if let Some(auth) = intercept.basic_auth() {
+                    tunnel = tunnel.with_auth(auth.clone());
+                }
+                Box::pin(async move { Ok(tunnel.call(destination).await?) })
+            }
+            None => Box::pin(async move { Ok(direct.call(destination).await?) }),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The server's sections: `[server]` (listening, limits, timeouts), `[callback]` (how
+//! callbacks are accepted) and `[admin]` (the operating API), each with the checks that
+//! concern it alone. `[paths]` lives with the routes.
+
+use serde::{Deserialize, Serialize};
+use std::{net::SocketAddr, time::Duration};
+
+use crate::Secret;
+use crate::auth::Cidr;
+use crate::setting::InvalidSetting;
+
+/// `[server]`: listening, limits and timeouts.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Largest accepted request body, in bytes.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub body_limit: usize,
+    /// Time a client has to send its request headers (HTTP/1) before it is disconnected.
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub header_read_timeout: Duration,
+    /// Time a client has to send its whole body once the headers are in (408 after it).
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub request_timeout: Duration,
+    /// Time a handler has to decide (then 503, with `Retry-After` for callbacks).
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub handler_timeout: Duration,
+    /// On shutdown, time in-flight requests have to finish before connections are dropped.
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub shutdown_grace: Duration,
+    /// Connections served at once. When all are taken, the least active connection whose
+    /// handler is not running (idle, or sending slowly) is closed for a new one; when every
+    /// one is working, a new one waits in the listen backlog. Keeps file descriptors for the
+    /// store and the aggregator however many connections clients open (keep it below the
+    /// process' open-files limit).
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub max_connections: usize,
+    /// Connections one client address may hold at once (0: no limit); over it, that
+    /// address's least active connection is closed for the new one, or the new one is
+    /// closed when all of them are working. Behind a reverse proxy every connection comes
+    /// from the proxy: raise it or set 0 there.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub max_connections_per_address: usize,
+    /// A connection with no request in progress for this long is closed, HTTP/2 included
+    /// (however it answers PINGs).
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub idle_timeout: Duration,
+    /// Slowest request body accepted, in bytes per second averaged since the headers
+    /// arrived, once `min_body_rate_grace` has passed; a slower one is answered 408 and its
+    /// connection closed (0: no minimum, only `request_timeout`).
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub min_body_rate: u64,
+    /// How long a body may arrive slower than `min_body_rate` at first.
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub min_body_rate_grace: Duration,
+    /// Longest nonce and client id accepted, in characters (Unicode code points, as the
+    /// OpenAPI document's `maxLength` counts them); a longer one is refused with 400.
+    /// Identifiers are kept in memory, in the store for the retention period and in logs:
+    /// without a bound, a client could fill all three. The default fits every real
+    /// identifier (a GUID is 36 characters).
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub max_identifier_chars: usize,
+    /// Networks that may read `/metrics` (CIDR); empty: no `/metrics` route.
+    pub metrics_allow_ips: Vec<String>,
+    /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
+    /// them, the client is the right-most address of the header that is not a trusted proxy.
+    /// Empty (the default): the header is ignored and the socket's peer is the client.
+    pub trusted_proxies: Vec<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            body_limit: 1024 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            handler_timeout: Duration::from_secs(20),
+            shutdown_grace: Duration::from_secs(30),
+            max_connections: 512,
+            max_connections_per_address: 128,
+            idle_timeout: Duration::from_secs(60),
+            min_body_rate: 240,
+            min_body_rate_grace: Duration::from_secs(5),
+            max_identifier_chars: 256,
+            metrics_allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+/// `[callback]`: how callbacks are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallbackConfig {
+    /// Accept callbacks without a signature when no key is configured. Off by default: a
+    /// server with a callback receiver and no `signature.keys` refuses to start unless this
+    /// is set. With keys configured, signatures are always required and this is ignored.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub allow_unsigned: bool,
+    /// `Retry-After` sent with a 503 answer to a callback.
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub retry_after: Duration,
+}
+
+impl Default for CallbackConfig {
+    fn default() -> Self {
+        Self {
+            allow_unsigned: false,
+            retry_after: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks values that have the right type but are not acceptable.
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.max_connections == 0 {
+            return Err(InvalidSetting::new(
+                "server.max_connections",
+                "must be at least 1",
+            ));
+        }
+        if !(16..=4096).contains(&self.max_identifier_chars) {
+            return Err(InvalidSetting::new(
+                "server.max_identifier_chars",
+                "must be between 16 and 4096 characters",
+            ));
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&self.body_limit) {
+            return Err(InvalidSetting::new(
+                "server.body_limit",
+                "must be between 1024 bytes and 64 MiB",
+            ));
+        }
+        let timeouts = [
+            ("server.header_read_timeout", self.header_read_timeout),
+            ("server.request_timeout", self.request_timeout),
+            ("server.handler_timeout", self.handler_timeout),
+            ("server.idle_timeout", self.idle_timeout),
+        ];
+        for (key, value) in timeouts {
+            if value.is_zero() {
+                return Err(InvalidSetting::new(key, "must be longer than zero"));
+            }
+        }
+        let networks = [
+            ("server.metrics_allow_ips", &self.metrics_allow_ips),
+            ("server.trusted_proxies", &self.trusted_proxies),
+        ];
+        for (key, list) in networks {
+            for text in list {
+                if let Err(error) = text.parse::<Cidr>() {
+                    return Err(InvalidSetting::new(key, error.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CallbackConfig {
+    /// Checks values that have the right type but are not acceptable.
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.retry_after < Duration::from_secs(1) {
+            return Err(InvalidSetting::new(
+                "callback.retry_after",
+                "must be at least 1s (Retry-After counts whole seconds)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
+/// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
+/// set; then callers need `Authorization: Bearer <token>` and an address in `allow_ips`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The bearer token (at least 16 characters); redacted in `Debug`. Unset: no admin API.
+    #[serde(
+        serialize_with = "crate::setting::redacted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub token: Option<Secret>,
+    /// Networks that may call it (CIDR). Default: loopback only.
+    pub allow_ips: Vec<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+        }
+    }
+}
+
+impl AdminConfig {
+    /// Checks values that have the right type but are not acceptable.
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
+            return Err(InvalidSetting {
+                key: "admin.token".into(),
+                reason: "must be at least 16 characters".into(),
+            });
+        }
+        for text in &self.allow_ips {
+            if let Err(error) = text.parse::<Cidr>() {
+                return Err(InvalidSetting {
+                    key: "admin.allow_ips".into(),
+                    reason: error.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}

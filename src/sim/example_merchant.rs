@@ -1,0 +1,308 @@
+//! The example merchant: a small but complete merchant behind payhook's three endpoints. It
+//! is what `payhook demo` and the shipped scenarios run against, and what
+//! `examples/merchant.rs` serves; read it as a model of the three traits.
+//!
+//! * providers validation: offers the providers that support the request's currency, payment
+//!   type and direction (and its provider tags);
+//! * transaction validation: denies amounts above [`Merchant::max_amount`], with a message; in
+//!   Awaitable mode, postpones amounts above [`Merchant::review_above`], and [`review`]
+//!   decides them with payhook's `Resolver` — the results go to the aggregator through the
+//!   outbox;
+//! * callbacks: books each transaction result in a ledger (one [`Entry`] per nonce, a balance
+//!   per client and currency) kept in payhook's sled store, written in the same atomic write
+//!   as the mark that the callback is done — so a result is booked exactly once, however
+//!   often the aggregator retries and whenever the process crashes.
+//!
+//! **What it cannot book, it quarantines.** Balances use checked arithmetic. A result whose
+//! booking would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸) is acknowledged
+//! into the [`QUARANTINE`] tree (nonce → the result and the reason), logged at error
+//! level, and leaves the balance untouched. Refusing it instead (503, or 400) would not make
+//! it bookable: the aggregator would retry the same callback up to 17 times, each failing
+//! alike, then give up — the result lost with no record of it. In quarantine it is kept
+//! durably and exactly once, for a person to resolve, and every other callback of that
+//! client keeps booking. (payhook itself refuses amounts that are no payment before this
+//! code runs: a negative callback amount, and a validation amount that is not above zero,
+//! are answered 400.)
+//!
+//! ```no_run
+//! use payhook::sim::example_merchant::{Merchant, app, open_store};
+//! use rust_decimal::Decimal;
+//!
+//! # async fn run(config: payhook::Config) -> Result<(), Box<dyn std::error::Error>> {
+//! let store = open_store(&config)?;
+//! let merchant = Merchant { max_amount: Decimal::from(10_000), review_above: None };
+//! let listener = payhook::bind(config.server.listen).await?;
+//! payhook::serve(listener, app(config, merchant, store)?, payhook::shutdown_signal()).await?;
+//! # Ok(()) }
+//! ```
+
+use crate::handler::{
+    CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
+    ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
+};
+use crate::model::{
+    CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
+};
+use crate::store::{EffectError, EffectTx, SledStore};
+use crate::{App, Config, HandlerError, Logged};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+
+/// The ledger's entries in the store: nonce → [`Entry`].
+pub const ENTRIES: &str = "ledger_entries";
+/// The ledger's balances in the store: `client|currency` → amount.
+pub const BALANCES: &str = "ledger_balances";
+/// Results acknowledged but not booked, for a person to resolve: nonce → [`Quarantined`].
+pub const QUARANTINE: &str = "ledger_quarantine";
+
+/// A result the ledger could not hold, kept instead of booked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// Whose money.
+    pub client_id: String,
+    /// ISO currency.
+    pub currency: String,
+    /// The result's amount.
+    pub amount: Decimal,
+    /// Its status code.
+    pub status: i32,
+    /// Why it was not booked.
+    pub reason: String,
+}
+
+/// One booked transaction, keyed by its nonce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Whose money.
+    pub client_id: String,
+    /// ISO currency.
+    pub currency: String,
+    /// The transaction's amount.
+    pub amount: Decimal,
+    /// The booked status code.
+    pub status: i32,
+    /// What this entry adds to the client's balance: the amount (negative for a withdrawal)
+    /// when successful, zero otherwise.
+    pub balance_effect: Decimal,
+    /// How many results of this nonce were booked: 1, unless its status changed later.
+    pub bookings: u32,
+}
+
+/// The balance key of a client in a currency.
+pub fn balance_key(client_id: &str, currency: &str) -> Vec<u8> {
+    format!("{client_id}|{currency}").into_bytes()
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, EffectError> {
+    serde_json::from_slice(&bytes).map_err(|e| EffectError::abort(e.to_string()))
+}
+
+/// Books `callback` in the ledger, inside the store's transaction. A new status for a known
+/// nonce (a success, later a reversal) replaces the entry and corrects the balance.
+fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
+    let previous: Option<Entry> = tx
+        .get(ENTRIES, callback.nonce.as_bytes())?
+        .map(from_json)
+        .transpose()?;
+    let signed = match callback.transaction_type {
+        TransactionType::Withdrawal => -callback.amount,
+        _ => callback.amount,
+    };
+    let balance_effect = if callback.transaction_status.is_success() {
+        signed
+    } else {
+        Decimal::ZERO
+    };
+    let key = balance_key(&callback.client_id, &callback.currency);
+    let balance: Decimal = tx
+        .get(BALANCES, &key)?
+        .map(from_json)
+        .transpose()?
+        .unwrap_or_default();
+    let undone = previous
+        .as_ref()
+        .map_or(Decimal::ZERO, |p| p.balance_effect);
+    let Some(new_balance) = balance
+        .checked_add(balance_effect)
+        .and_then(|b| b.checked_sub(undone))
+    else {
+        let reason = format!(
+            "the balance of {} {} ({balance}) cannot take {balance_effect} more",
+            callback.client_id, callback.currency
+        );
+        tracing::error!(
+            nonce = %Logged(&callback.nonce),
+            reason = %Logged(&reason),
+            "result acknowledged into quarantine, not booked: resolve it by hand"
+        );
+        let quarantined = Quarantined {
+            client_id: callback.client_id.clone(),
+            currency: callback.currency.clone(),
+            amount: callback.amount,
+            status: callback.transaction_status.code(),
+            reason,
+        };
+        return tx.insert(QUARANTINE, callback.nonce.as_bytes(), &json(&quarantined));
+    };
+    let entry = Entry {
+        client_id: callback.client_id.clone(),
+        currency: callback.currency.clone(),
+        amount: callback.amount,
+        status: callback.transaction_status.code(),
+        balance_effect,
+        bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
+    };
+    tx.insert(BALANCES, &key, &json(&new_balance))?;
+    tx.insert(ENTRIES, callback.nonce.as_bytes(), &json(&entry))
+}
+
+/// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
+#[derive(Debug, Clone)]
+pub struct Merchant {
+    /// Largest amount a client may deposit or withdraw in one transaction.
+    pub max_amount: Decimal,
+    /// In Awaitable mode, amounts above this wait for the review; `None`: never.
+    pub review_above: Option<Decimal>,
+}
+
+/// The review of postponed validations: approves every client except `blocked*` ones.
+/// Runs every `every` until the process ends.
+pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let pending = match resolver.list(Some(crate::postponed::PostponedState::Pending)) {
+            Ok(pending) => pending,
+            Err(error) => {
+                tracing::error!(%error, "review: cannot list pending validations");
+                continue;
+            }
+        };
+        for validation in pending {
+            let client = &validation.request.merchant_data.client_id;
+            let approve = !client.starts_with("blocked");
+            let description = if approve {
+                format!("reviewed: {client} approved")
+            } else {
+                format!("reviewed: {client} is blocked")
+            };
+            match resolver
+                .resolve(
+                    validation.validation_id,
+                    crate::postponed::Decision::allow_if(approve, description),
+                )
+                .await
+            {
+                Ok(_) => tracing::info!(
+                    validation_id = validation.validation_id,
+                    approve,
+                    "reviewed"
+                ),
+                Err(error) => tracing::warn!(%error, "review: not recorded"),
+            }
+        }
+    }
+}
+
+impl ProvidersValidator for Merchant {
+    async fn validate_providers(
+        &self,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<ProvidersDecision, HandlerError> {
+        let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+        tracing::info!(
+            request_id = %ctx.request_id,
+            client = %Logged(&request.transaction_data.merchant_data.client_id),
+            offered = request.providers.len(),
+            allowed = providers.len(),
+            "providers validated"
+        );
+        let message = format!(
+            "{} of {} providers available",
+            providers.len(),
+            request.providers.len()
+        );
+        Ok(ProvidersDecision { providers, message })
+    }
+}
+
+impl TransactionValidator for Merchant {
+    async fn validate_transaction(
+        &self,
+        request: TransactionValidationRequest,
+        _ctx: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        let payment = &request.payment_data;
+        if payment.amount > self.max_amount {
+            tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "denied: above the limit");
+            return Ok(ValidationDecision::deny(format!(
+                "amount {} {} is above the limit of {} per transaction",
+                payment.amount, payment.currency, self.max_amount
+            )));
+        }
+        if self
+            .review_above
+            .is_some_and(|limit| payment.amount > limit)
+        {
+            tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "postponed for review");
+            return Ok(ValidationDecision::Postpone);
+        }
+        tracing::info!(nonce = %Logged(&payment.nonce), amount = %payment.amount, "allowed");
+        Ok(ValidationDecision::Allow)
+    }
+}
+
+impl CallbackReceiver for Merchant {
+    async fn receive_callback(
+        &self,
+        callback: CallbackBody,
+        ctx: CallbackContext,
+    ) -> Result<CallbackDecision, HandlerError> {
+        tracing::info!(
+            nonce = %Logged(&callback.nonce),
+            reference = %callback.transaction_reference_id,
+            client = %Logged(&callback.client_id),
+            kind = %callback.transaction_type,
+            status = %callback.transaction_status,
+            amount = %callback.amount,
+            currency = %Logged(&callback.currency),
+            attempt = ctx.attempt,
+            previous_status = ?ctx.previous_status.map(|s| s.code()),
+            "transaction result"
+        );
+        // Booked in the same atomic write that marks this (nonce, status) as done.
+        ctx.effects.write(move |tx| book(tx, &callback));
+        Ok(CallbackDecision::Ack)
+    }
+}
+
+/// Opens the store with the ledger's trees.
+///
+/// # Errors
+///
+/// When the data directory cannot be opened (e.g. another process holds it).
+pub fn open_store(config: &Config) -> Result<SledStore, crate::store::StoreError> {
+    SledStore::open(&config.store, &[ENTRIES, BALANCES, QUARANTINE])
+}
+
+/// The merchant's app: its rules behind payhook's three endpoints, its ledger in `store`.
+///
+/// # Errors
+///
+/// When the configuration is invalid.
+pub fn app(
+    config: Config,
+    merchant: Merchant,
+    store: SledStore,
+) -> Result<App, crate::server::BuildError> {
+    App::builder(config)
+        .store(store)
+        .providers_validator(merchant.clone())
+        .transaction_validator(merchant.clone())
+        .callback_receiver(merchant)
+        .build()
+}
