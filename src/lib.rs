@@ -20,7 +20,10 @@
 //!     ValidationDecision,
 //! };
 //!
-//! struct Shop;
+//! #[derive(Clone)]
+//! struct Shop {
+//!     ledger: payhook::store::Tree, // a tree of the merchant's own in payhook's store
+//! }
 //!
 //! impl ProvidersValidator for Shop {
 //!     async fn validate_providers(&self, request: ProvidersValidationRequest, _: RequestContext)
@@ -45,7 +48,8 @@
 //!         -> Result<CallbackDecision, HandlerError> {
 //!         // Booked atomically with the mark that this (nonce, status) is done: exactly once.
 //!         let entry = format!("{} {} {}", callback.client_id, callback.amount, callback.currency);
-//!         ctx.effects.write(move |tx| tx.insert("ledger", callback.nonce.as_bytes(), entry.as_bytes()));
+//!         let ledger = self.ledger.clone();
+//!         ctx.effects.write(move |tx| tx.insert(&ledger, callback.nonce.as_bytes(), entry.as_bytes()));
 //!         Ok(CallbackDecision::Ack)
 //!     }
 //! }
@@ -65,11 +69,13 @@
 //!     let listener = payhook::bind(config.server.listen).await?; // an error names the address
 //!     // Deduplication records and the merchant's own "ledger" tree, in one sled database.
 //!     let store = payhook::SledStore::open(&config.store, &["ledger"])?;
+//!     // Handles of the declared trees, taken once: a misspelt name fails here.
+//!     let shop = Shop { ledger: store.tree("ledger")? };
 //!     let app = App::builder(config)
 //!         .store(store)
-//!         .providers_validator(Shop)
-//!         .transaction_validator(Shop)
-//!         .callback_receiver(Shop)
+//!         .providers_validator(shop.clone())
+//!         .transaction_validator(shop.clone())
+//!         .callback_receiver(shop)
 //!         .build()?;
 //!     payhook::serve(listener, app, payhook::shutdown_signal()).await?;
 //!     Ok(())

@@ -227,8 +227,12 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
     };
     let store =
         payhook::store::SledStore::open(&config, &["ledger_entries", "ledger_balances"]).unwrap();
+    let (entries, balances) = (
+        store.tree("ledger_entries").unwrap(),
+        store.tree("ledger_balances").unwrap(),
+    );
     assert_eq!(
-        store.entries("ledger_entries").unwrap().len(),
+        store.entries(&entries).unwrap().len(),
         CALLBACKS,
         "every nonce is booked, none missing"
     );
@@ -236,7 +240,7 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
     for delivery in deliveries.iter() {
         let entry: serde_json::Value = serde_json::from_slice(
             &store
-                .get("ledger_entries", delivery.nonce.as_bytes())
+                .get(&entries, delivery.nonce.as_bytes())
                 .unwrap()
                 .unwrap(),
         )
@@ -262,7 +266,7 @@ async fn every_nonce_is_booked_exactly_once_across_three_kill_9s() {
         .sum();
     assert_eq!(booked_total, successful_total);
     let balance_total: Decimal = store
-        .entries("ledger_balances")
+        .entries(&balances)
         .unwrap()
         .iter()
         .map(|(_, value)| serde_json::from_slice::<Decimal>(value).unwrap())

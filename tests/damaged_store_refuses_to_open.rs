@@ -25,6 +25,7 @@ fn config(path: &Path) -> StoreConfig {
 /// A store in `path` that acknowledged `count` callbacks, one commit each, then closed.
 async fn store_with_acknowledged(path: &Path, count: usize) {
     let store = SledStore::open(&config(path), &["ledger"]).unwrap();
+    let ledger = store.tree("ledger").unwrap();
     for i in 0..count {
         let nonce = format!("nonce-{i:04}");
         let CallbackBegin::Claimed { claim, .. } = store
@@ -35,7 +36,8 @@ async fn store_with_acknowledged(path: &Path, count: usize) {
         };
         let effects = Effects::default();
         let key = nonce.clone();
-        effects.write(move |tx| tx.insert("ledger", key.as_bytes(), &[b'x'; 200]));
+        let ledger = ledger.clone();
+        effects.write(move |tx| tx.insert(&ledger, key.as_bytes(), &[b'x'; 200]));
         store
             .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
             .await

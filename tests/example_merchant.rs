@@ -11,7 +11,7 @@ use support::*;
 /// The example's app on port 0, with its store in a temp dir.
 struct Example {
     addr: String,
-    store: payhook::store::SledStore,
+    ledger: merchant::Ledger,
     _data: tempfile::TempDir,
 }
 
@@ -24,31 +24,25 @@ async fn start() -> Example {
         max_amount: Decimal::from(1000),
         review_above: None,
     };
-    let app = merchant::app(config, merchant, store.clone()).unwrap();
+    let ledger = merchant::Ledger::of(&store).unwrap();
+    let app = merchant::app(config, merchant, store).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(payhook::serve(listener, app, std::future::pending()));
     Example {
         addr,
-        store,
+        ledger,
         _data: data,
     }
 }
 
 impl Example {
     fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
-        self.store
-            .get(merchant::ENTRIES, nonce.as_bytes())
-            .unwrap()
-            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+        self.ledger.entry(nonce).unwrap()
     }
 
     fn balance(&self, client: &str, currency: &str) -> Decimal {
-        let key = merchant::balance_key(client, currency);
-        let bytes = self.store.get(merchant::BALANCES, &key).unwrap();
-        bytes
-            .map(|b| serde_json::from_slice(&b).unwrap())
-            .unwrap_or_default()
+        self.ledger.balance(client, currency).unwrap()
     }
 }
 
@@ -178,14 +172,11 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
     assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
     assert_eq!(example.balance("whale", "EUR"), Decimal::MAX);
     assert!(example.entry("whale-2").is_none(), "not booked");
-    let quarantined: merchant::Quarantined = serde_json::from_slice(
-        &example
-            .store
-            .get(merchant::QUARANTINE, b"whale-2")
-            .unwrap()
-            .expect("quarantined"),
-    )
-    .unwrap();
+    let quarantined = example
+        .ledger
+        .quarantined("whale-2")
+        .unwrap()
+        .expect("quarantined");
     assert_eq!(
         (quarantined.client_id.as_str(), quarantined.amount),
         ("whale", Decimal::from(10))

@@ -149,3 +149,122 @@ async fn control_characters_from_the_wire_cannot_forge_a_log_line() {
         assert!(line.len() <= 4096, "a log line of {} bytes", line.len());
     }
 }
+
+/// The JSON pointer of every scalar in `value` (strings, numbers, booleans).
+fn scalar_pointers(value: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, child) in map {
+                scalar_pointers(child, &format!("{at}/{key}"), out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                scalar_pointers(child, &format!("{at}/{index}"), out);
+            }
+        }
+        serde_json::Value::Null => {}
+        _ => out.push(at.to_owned()),
+    }
+}
+
+/// `body` with the scalar at `pointer` replaced by `value` (arrays too, unlike `with`).
+fn planted(body: &str, pointer: &str, value: &str) -> String {
+    let mut json: serde_json::Value = serde_json::from_str(body).unwrap();
+    let slot = json.pointer_mut(pointer).unwrap();
+    let kept = slot.as_str().unwrap_or("").to_owned();
+    *slot = json!(format!("{kept}{value}"));
+    json.to_string()
+}
+
+/// Every log line written since `from` is one real line: no line begins with the forged
+/// timestamp, and no raw CR, ESC or NUL reached the log.
+fn assert_no_forged_line(from: usize, context: &str) {
+    let bytes = logs().lock().unwrap()[from..].to_vec();
+    let text = String::from_utf8(bytes).unwrap();
+    for line in text.lines() {
+        assert!(
+            !line.starts_with("2026-01-01T00:00:00"),
+            "{context}: forged: {line}"
+        );
+        assert!(
+            !line.contains(['\r', '\u{1b}', '\0']),
+            "{context}: raw control: {line:?}"
+        );
+    }
+}
+
+/// Control characters planted in every field of every request, one field at a time and all
+/// at once, sent to the library's endpoints and to the example merchant (whose own logs
+/// name the client, the currency and the nonce): whatever is answered, nothing in the log
+/// is a line the request wrote.
+#[tokio::test]
+async fn control_characters_in_any_field_forge_no_log_line_in_the_library_or_the_example() {
+    use payhook::sim::example_merchant as merchant;
+
+    let logs = logs();
+    let forged = "\n2026-01-01T00:00:00.000000Z  INFO payhook: FORGED\r\u{1b}[2K\0";
+    let library = TestServer::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("example");
+    let store = merchant::open_store(&config).unwrap();
+    let shop = merchant::Merchant {
+        max_amount: rust_decimal::Decimal::from(1000),
+        review_above: None,
+    };
+    let app = merchant::app(config, shop, store).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let example = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+
+    let mut sent = 0;
+    for (path, fixture, _, _) in ENDPOINTS {
+        let mut pointers = Vec::new();
+        scalar_pointers(&serde_json::from_str(fixture).unwrap(), "", &mut pointers);
+        let mut bodies: Vec<(String, String)> = pointers
+            .iter()
+            .map(|p| (p.clone(), planted(fixture, p, forged)))
+            .collect();
+        let all_strings = pointers.iter().fold(fixture.to_owned(), |body, p| {
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if json.pointer(p).is_some_and(serde_json::Value::is_string) {
+                planted(&body, p, forged)
+            } else {
+                body
+            }
+        });
+        bodies.push(("every string field".to_owned(), all_strings));
+        for (field, body) in bodies {
+            let from = logs.lock().unwrap().len();
+            let answer = send(&library, path, &body).await;
+            assert!(answer.status < 500, "{path} {field}: {}", answer.status);
+            let answer = post_to(example, path, &body).await;
+            assert!(
+                answer.status < 500,
+                "{path} {field} (example): {}",
+                answer.status
+            );
+            assert_no_forged_line(from, &format!("{path} {field}"));
+            sent += 1;
+        }
+    }
+    assert!(sent > 60, "every field of the three requests: {sent}");
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("\\n2026-01-01T00:00:00"),
+        "something planted was logged, escaped"
+    );
+}
+
+async fn post_to(address: std::net::SocketAddr, path: &str, body: &str) -> RawResponse {
+    exchange(
+        address,
+        &post(
+            path,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        ),
+    )
+    .await
+}

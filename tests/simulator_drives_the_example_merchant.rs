@@ -25,7 +25,7 @@ use support::*;
 /// The example merchant's app on port 0, verifying the Ed25519 fixture key.
 struct Example {
     url: String,
-    store: payhook::store::SledStore,
+    ledger: merchant::Ledger,
     _data: tempfile::TempDir,
 }
 
@@ -41,23 +41,21 @@ impl Example {
             max_amount: Decimal::from(1000),
             review_above: None,
         };
-        let app = merchant::app(config, shop, store.clone()).unwrap();
+        let ledger = merchant::Ledger::of(&store).unwrap();
+        let app = merchant::app(config, shop, store).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(payhook::serve(listener, app, std::future::pending()));
         Self {
             url,
-            store,
+            ledger,
             _data: data,
         }
     }
 
     /// The ledger entry of `nonce`, if booked.
     fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
-        self.store
-            .get(merchant::ENTRIES, nonce.as_bytes())
-            .unwrap()
-            .map(|bytes| serde_json::from_slice(&bytes).unwrap())
+        self.ledger.entry(nonce).unwrap()
     }
 }
 

@@ -25,20 +25,21 @@ fn open(dir: &tempfile::TempDir) -> SledStore {
 }
 
 /// Effects that count the bookings of `nonce` in the ledger.
-fn count_booking() -> Effects {
+fn count_booking(store: &SledStore) -> Effects {
+    let ledger = store.tree("ledger").unwrap();
     let effects = Effects::default();
-    effects.write(|tx| {
+    effects.write(move |tx| {
         let count = tx
-            .get("ledger", b"bookings")?
+            .get(&ledger, b"bookings")?
             .map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap_or([0; 8])));
-        tx.insert("ledger", b"bookings", &(count + 1).to_be_bytes())
+        tx.insert(&ledger, b"bookings", &(count + 1).to_be_bytes())
     });
     effects
 }
 
 fn bookings(store: &SledStore) -> u64 {
     store
-        .get("ledger", b"bookings")
+        .get(&store.tree("ledger").unwrap(), b"bookings")
         .unwrap()
         .map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()))
 }
@@ -53,8 +54,12 @@ fn claim(store: &SledStore, stale_after: Duration) -> CallbackBegin {
 fn finish_on_a_thread(store: &SledStore, claim: Claim) -> JoinHandle<bool> {
     let store = store.clone();
     std::thread::spawn(move || {
-        let written =
-            store.finish_callback("n-1", claim, TransactionStatus::Success, count_booking());
+        let written = store.finish_callback(
+            "n-1",
+            claim,
+            TransactionStatus::Success,
+            count_booking(&store),
+        );
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()

@@ -4,7 +4,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Claim, EffectError, Effects, SledStore, Store};
+use payhook::store::{CallbackBegin, Claim, EffectError, Effects, SledStore, Store, StoreError};
 use std::time::Duration;
 
 const STALE: Duration = Duration::from_secs(60);
@@ -46,8 +46,9 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
         let effects = Effects::default();
-        effects.write(|tx| tx.insert("ledger", b"n-1", b"10.50 EUR"));
+        effects.write(move |tx| tx.insert(&ledger, b"n-1", b"10.50 EUR"));
         acknowledge(&store, "n-1", &effects).await;
     }
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
@@ -58,7 +59,10 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
         CallbackBegin::Duplicate
     );
     assert_eq!(
-        store.get("ledger", b"n-1").unwrap().as_deref(),
+        store
+            .get(&store.tree("ledger").unwrap(), b"n-1")
+            .unwrap()
+            .as_deref(),
         Some(&b"10.50 EUR"[..])
     );
 }
@@ -67,9 +71,11 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
 async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    let ledger = store.tree("ledger").unwrap();
     let claim = claim(&store, "n-1");
     let effects = Effects::default();
-    effects.write(|tx| tx.insert("ledger", b"n-1", b"half"));
+    let half = ledger.clone();
+    effects.write(move |tx| tx.insert(&half, b"n-1", b"half"));
     effects.write(|_| Err(EffectError::abort("insufficient funds")));
     assert!(
         store
@@ -78,7 +84,7 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
             .is_err()
     );
     assert!(
-        store.get("ledger", b"n-1").unwrap().is_none(),
+        store.get(&ledger, b"n-1").unwrap().is_none(),
         "the first write was rolled back"
     );
     assert_eq!(store.record_count(), 0, "and the mark too");
@@ -182,6 +188,39 @@ async fn the_background_sweeper_purges_without_being_asked() {
     tokio::time::timeout(Duration::from_secs(20), emptied)
         .await
         .expect("the sweeper purged the records");
+}
+
+#[test]
+fn a_tree_not_declared_at_open_is_refused_when_its_handle_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    assert_eq!(store.tree("ledger").unwrap().name(), "ledger");
+    let error = store.tree("leger").unwrap_err();
+    assert!(matches!(error, StoreError::UnknownTree { .. }), "{error:?}");
+    let text = error.to_string();
+    assert!(
+        text.contains("`leger`") && text.contains("\"ledger\""),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn effects_on_a_tree_of_another_store_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let other_dir = tempfile::tempdir().unwrap();
+    let other =
+        SledStore::open(&config(&other_dir, Duration::from_secs(3600)), &["audit"]).unwrap();
+    let foreign = other.tree("audit").unwrap();
+    let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
+    let claim = claim(&store, "n-1");
+    let effects = Effects::default();
+    effects.write(move |tx| tx.insert(&foreign, b"n-1", b"misfiled"));
+    let error = store
+        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("`audit`"), "{error}");
+    assert_eq!(store.record_count(), 0, "not marked done");
 }
 
 #[tokio::test]

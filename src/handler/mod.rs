@@ -251,7 +251,10 @@ pub trait TransactionValidator: Send + Sync + 'static {
 /// use payhook::model::CallbackBody;
 /// use payhook::HandlerError;
 ///
-/// struct Ledger;
+/// struct Ledger {
+///     /// A tree of the store's, declared at open (`SledStore::tree`).
+///     entries: payhook::store::Tree,
+/// }
 ///
 /// impl CallbackReceiver for Ledger {
 ///     async fn receive_callback(
@@ -261,7 +264,8 @@ pub trait TransactionValidator: Send + Sync + 'static {
 ///     ) -> Result<CallbackDecision, HandlerError> {
 ///         let entry = format!("{} {}", callback.amount, callback.currency);
 ///         // Written in the same atomic write as the mark that this nonce is done.
-///         ctx.effects.write(move |tx| tx.insert("ledger_entries", callback.nonce.as_bytes(), entry.as_bytes()));
+///         let entries = self.entries.clone();
+///         ctx.effects.write(move |tx| tx.insert(&entries, callback.nonce.as_bytes(), entry.as_bytes()));
 ///         Ok(CallbackDecision::Ack)
 ///     }
 /// }

@@ -160,8 +160,8 @@ impl Outbox {
                 posts.spawn(async move { outbox.deliver(&record).await });
             }
             while let Some(joined) = posts.join_next().await {
-                let attempt = joined
-                    .map_err(|e| StoreError::Backend(format!("a delivery task failed: {e}")))??;
+                let attempt =
+                    joined.map_err(|e| StoreError::backend("a delivery task failed", e))??;
                 match attempt {
                     Attempt::Delivered => pass.delivered += 1,
                     Attempt::Conflict => pass.conflicts += 1,

@@ -43,7 +43,7 @@ use crate::handler::{
 use crate::model::{
     CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
 };
-use crate::store::{EffectError, EffectTx, SledStore};
+use crate::store::{EffectError, EffectTx, SledStore, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,80 @@ pub const ENTRIES: &str = "ledger_entries";
 pub const BALANCES: &str = "ledger_balances";
 /// Results acknowledged but not booked, for a person to resolve: nonce → [`Quarantined`].
 pub const QUARANTINE: &str = "ledger_quarantine";
+
+/// The ledger: its trees, as handles of the store that declared them ([`open_store`]),
+/// taken once when the app is built (a tree that does not exist fails then, not on every
+/// callback), and reads of what it booked.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    store: SledStore,
+    /// [`ENTRIES`]: nonce → [`Entry`].
+    pub entries: Tree,
+    /// [`BALANCES`]: `client|currency` → amount.
+    pub balances: Tree,
+    /// [`QUARANTINE`]: nonce → [`Quarantined`].
+    pub quarantine: Tree,
+}
+
+impl Ledger {
+    /// The ledger's trees in `store`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::UnknownTree`] when the store was not opened with them ([`open_store`]).
+    pub fn of(store: &SledStore) -> Result<Self, StoreError> {
+        Ok(Self {
+            entries: store.tree(ENTRIES)?,
+            balances: store.tree(BALANCES)?,
+            quarantine: store.tree(QUARANTINE)?,
+            store: store.clone(),
+        })
+    }
+
+    /// The entry booked for `nonce`, if any.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails or the entry is not an [`Entry`].
+    pub fn entry(&self, nonce: &str) -> Result<Option<Entry>, StoreError> {
+        self.read(&self.entries, nonce.as_bytes())
+    }
+
+    /// The balance of `client_id` in `currency` (zero when nothing was booked).
+    ///
+    /// # Errors
+    ///
+    /// When the store fails or the balance is not an amount.
+    pub fn balance(&self, client_id: &str, currency: &str) -> Result<Decimal, StoreError> {
+        let key = balance_key(client_id, currency);
+        Ok(self.read(&self.balances, &key)?.unwrap_or_default())
+    }
+
+    /// The result quarantined for `nonce`, if any.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails or the record is not a [`Quarantined`].
+    pub fn quarantined(&self, nonce: &str) -> Result<Option<Quarantined>, StoreError> {
+        self.read(&self.quarantine, nonce.as_bytes())
+    }
+
+    fn read<T: for<'de> Deserialize<'de>>(
+        &self,
+        tree: &Tree,
+        key: &[u8],
+    ) -> Result<Option<T>, StoreError> {
+        let Some(bytes) = self.store.get(tree, key)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|error| StoreError::Corrupt {
+                key: format!("{}/{}", tree.name(), String::from_utf8_lossy(key)),
+                reason: error.to_string(),
+            })
+    }
+}
 
 /// A result the ledger could not hold, kept instead of booked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,9 +177,9 @@ fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, EffectEr
 
 /// Books `callback` in the ledger, inside the store's transaction. A new status for a known
 /// nonce (a success, later a reversal) replaces the entry and corrects the balance.
-fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
+fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), EffectError> {
     let previous: Option<Entry> = tx
-        .get(ENTRIES, callback.nonce.as_bytes())?
+        .get(&ledger.entries, callback.nonce.as_bytes())?
         .map(from_json)
         .transpose()?;
     let signed = match callback.transaction_type {
@@ -119,7 +193,7 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
     };
     let key = balance_key(&callback.client_id, &callback.currency);
     let balance: Decimal = tx
-        .get(BALANCES, &key)?
+        .get(&ledger.balances, &key)?
         .map(from_json)
         .transpose()?
         .unwrap_or_default();
@@ -146,7 +220,11 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
             status: callback.transaction_status.code(),
             reason,
         };
-        return tx.insert(QUARANTINE, callback.nonce.as_bytes(), &json(&quarantined));
+        return tx.insert(
+            &ledger.quarantine,
+            callback.nonce.as_bytes(),
+            &json(&quarantined),
+        );
     };
     let entry = Entry {
         client_id: callback.client_id.clone(),
@@ -156,8 +234,8 @@ fn book(tx: &dyn EffectTx, callback: &CallbackBody) -> Result<(), EffectError> {
         balance_effect,
         bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
     };
-    tx.insert(BALANCES, &key, &json(&new_balance))?;
-    tx.insert(ENTRIES, callback.nonce.as_bytes(), &json(&entry))
+    tx.insert(&ledger.balances, &key, &json(&new_balance))?;
+    tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))
 }
 
 /// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
@@ -256,7 +334,20 @@ impl TransactionValidator for Merchant {
     }
 }
 
-impl CallbackReceiver for Merchant {
+/// The merchant's bookkeeping: books each transaction result in the [`Ledger`].
+#[derive(Debug, Clone)]
+pub struct Bookkeeper {
+    ledger: Ledger,
+}
+
+impl Bookkeeper {
+    /// Books into `ledger`.
+    pub fn new(ledger: Ledger) -> Self {
+        Self { ledger }
+    }
+}
+
+impl CallbackReceiver for Bookkeeper {
     async fn receive_callback(
         &self,
         callback: CallbackBody,
@@ -275,7 +366,8 @@ impl CallbackReceiver for Merchant {
             "transaction result"
         );
         // Booked in the same atomic write that marks this (nonce, status) as done.
-        ctx.effects.write(move |tx| book(tx, &callback));
+        let ledger = self.ledger.clone();
+        ctx.effects.write(move |tx| book(tx, &ledger, &callback));
         Ok(CallbackDecision::Ack)
     }
 }
@@ -293,16 +385,18 @@ pub fn open_store(config: &Config) -> Result<SledStore, crate::store::StoreError
 ///
 /// # Errors
 ///
-/// When the configuration is invalid.
+/// When the configuration is invalid, or `store` was not opened with the ledger's trees
+/// ([`open_store`]).
 pub fn app(
     config: Config,
     merchant: Merchant,
     store: SledStore,
 ) -> Result<App, crate::server::BuildError> {
+    let bookkeeper = Bookkeeper::new(Ledger::of(&store)?);
     App::builder(config)
         .store(store)
         .providers_validator(merchant.clone())
-        .transaction_validator(merchant.clone())
-        .callback_receiver(merchant)
+        .transaction_validator(merchant)
+        .callback_receiver(bookkeeper)
         .build()
 }

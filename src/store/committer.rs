@@ -37,7 +37,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::Claims;
-use super::effects::{EffectError, EffectTx, Effects};
+use super::effects::{EffectError, EffectTx, Effects, Tree};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
 use super::postponed_records::{self, PostponedOp, PostponedValidation, Resolution};
@@ -556,7 +556,7 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
     context
         .data_file
         .sync_data()
-        .map_err(|e| StoreError::Backend(format!("fdatasync: {e}")))
+        .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e))
 }
 
 /// Removes records whose expiry passed, through the expiry index, stopping after the index
@@ -656,17 +656,17 @@ struct OverlayTx<'a> {
 }
 
 impl OverlayTx<'_> {
-    fn key(&self, tree: &str, key: &[u8]) -> Result<Vec<u8>, EffectError> {
-        if self.context.effect_trees.iter().any(|t| t == tree) {
-            Ok(keys::merchant(tree, key))
+    fn key(&self, tree: &Tree, key: &[u8]) -> Result<Vec<u8>, EffectError> {
+        if self.context.effect_trees.iter().any(|t| t == tree.name()) {
+            Ok(tree.key(key))
         } else {
-            Err(EffectError::UnknownTree(tree.to_owned()))
+            Err(EffectError::UnknownTree(tree.name().to_owned()))
         }
     }
 }
 
 impl EffectTx for OverlayTx<'_> {
-    fn get(&self, tree: &str, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError> {
+    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError> {
         let key = self.key(tree, key)?;
         if let Some(value) = self.local.borrow().get(&key) {
             return Ok(value.clone());
@@ -678,13 +678,13 @@ impl EffectTx for OverlayTx<'_> {
         })
     }
 
-    fn insert(&self, tree: &str, key: &[u8], value: &[u8]) -> Result<(), EffectError> {
+    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), EffectError> {
         let key = self.key(tree, key)?;
         self.local.borrow_mut().insert(key, Some(value.to_vec()));
         Ok(())
     }
 
-    fn remove(&self, tree: &str, key: &[u8]) -> Result<(), EffectError> {
+    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), EffectError> {
         let key = self.key(tree, key)?;
         self.local.borrow_mut().insert(key, None);
         Ok(())

@@ -6,39 +6,98 @@
 //! neither is and the aggregator's next attempt runs the handler again. A closure may run
 //! more than once (a transaction retried after a conflict), so it must only read and write
 //! through the [`EffectTx`] it is given.
+//!
+//! The merchant's trees are declared when the store opens, and effects name them by the
+//! [`Tree`] handles the store hands out ([`SledStore::tree`](super::SledStore::tree)): a
+//! misspelt tree is an error at start-up, not a callback refused on every retry.
 
 use std::sync::{Arc, Mutex};
 
-/// Reads and writes of named key-value trees inside the store's transaction.
+use super::keys;
+
+/// A key-value tree of the merchant's own, declared when the store was opened. Only the
+/// store makes one ([`SledStore::tree`](super::SledStore::tree)), so every `Tree` names a
+/// tree that exists. Cheap to clone.
+///
+/// ```
+/// use payhook::store::{SledStore, StoreConfig};
+///
+/// # let dir = tempfile::tempdir()?;
+/// # let config = StoreConfig { path: dir.path().join("data"), ..StoreConfig::default() };
+/// let store = SledStore::open(&config, &["ledger"])?;
+/// let ledger = store.tree("ledger")?;        // checked once, at start-up
+/// assert_eq!(ledger.name(), "ledger");
+/// assert!(store.tree("leger").is_err());     // a typo fails here, not on every callback
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Tree {
+    name: Arc<str>,
+    /// The prefix of this tree's keys in the store, computed once.
+    prefix: Arc<[u8]>,
+}
+
+impl Tree {
+    /// Made by the store for a declared name only.
+    pub(crate) fn declared(name: &str) -> Self {
+        Self {
+            name: Arc::from(name),
+            prefix: Arc::from(keys::merchant_prefix(name)),
+        }
+    }
+
+    /// The tree's name, as declared at open.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The store's key of `key` in this tree.
+    pub(crate) fn key(&self, key: &[u8]) -> Vec<u8> {
+        [&self.prefix[..], key].concat()
+    }
+
+    /// The prefix shared by every key of this tree in the store.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+}
+
+impl std::fmt::Debug for Tree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tree").field(&self.name).finish()
+    }
+}
+
+/// Reads and writes of the merchant's trees inside the store's transaction.
 pub trait EffectTx {
     /// The value of `key` in `tree`, seeing this transaction's own writes.
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` was not declared or the backend fails.
-    fn get(&self, tree: &str, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError>;
+    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
+    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError>;
 
     /// Sets `key` in `tree`.
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` was not declared or the backend fails.
-    fn insert(&self, tree: &str, key: &[u8], value: &[u8]) -> Result<(), EffectError>;
+    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
+    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), EffectError>;
 
     /// Removes `key` from `tree`.
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` was not declared or the backend fails.
-    fn remove(&self, tree: &str, key: &[u8]) -> Result<(), EffectError>;
+    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
+    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), EffectError>;
 }
 
 /// Why effects did not apply: nothing was written, and the callback is not acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EffectError {
-    /// The tree was not declared with the store (`SledStore::open(.., trees)`).
-    #[error("tree `{0}` was not declared to the store")]
+    /// The tree is a handle of another store, which declared it; this one did not.
+    #[error("tree `{0}` was not declared to this store")]
     UnknownTree(String),
     /// The handler's closure gave up.
     #[error("{0}")]
@@ -60,15 +119,18 @@ type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), EffectError> + Send + Sync
 /// The effects a callback handler stages. Cheap to clone; clones share the list.
 ///
 /// ```
-/// use payhook::store::{EffectError, Effects};
+/// use payhook::store::{Effects, SledStore, StoreConfig};
+///
+/// # let dir = tempfile::tempdir()?;
+/// # let config = StoreConfig { path: dir.path().join("data"), ..StoreConfig::default() };
+/// let store = SledStore::open(&config, &["ledger_entries"])?;
+/// let entries = store.tree("ledger_entries")?;
 ///
 /// let effects = Effects::default();
 /// let nonce = "n-1".to_owned();
-/// effects.write(move |tx| {
-///     tx.insert("ledger_entries", nonce.as_bytes(), b"booked")?;
-///     Ok(())
-/// });
+/// effects.write(move |tx| tx.insert(&entries, nonce.as_bytes(), b"booked"));
 /// assert_eq!(effects.len(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct Effects {

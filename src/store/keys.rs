@@ -195,10 +195,6 @@ pub(crate) fn merchant_prefix(tree: &str) -> Vec<u8> {
     [b"t", tree.as_bytes(), b"\0"].concat()
 }
 
-pub(crate) fn merchant(tree: &str, key: &[u8]) -> Vec<u8> {
-    [merchant_prefix(tree).as_slice(), key].concat()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,7 +217,7 @@ mod tests {
 
     #[test]
     fn prefixes_do_not_collide() {
-        assert!(!merchant("x", b"").starts_with(EXPIRY_PREFIX));
+        assert!(!merchant_prefix("x").starts_with(EXPIRY_PREFIX));
         assert!(!callback("n").key.starts_with(VALIDATION_PREFIX));
     }
 

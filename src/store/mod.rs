@@ -204,11 +204,11 @@ mod sled_store;
 mod staging;
 mod watermark;
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::model::TransactionStatus;
 
-pub use effects::{EffectError, EffectTx, Effects};
+pub use effects::{EffectError, EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
 pub use postponed_records::{
     Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
@@ -265,9 +265,28 @@ pub enum ValidationBegin {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The backend failed (I/O, corruption).
-    #[error("storage: {0}")]
-    Backend(String),
+    /// The backend failed (I/O, sled, a lock held by another process): what the store was
+    /// doing, with the failure beneath as the error's [`source`](std::error::Error::source).
+    #[error("{context}")]
+    Backend {
+        /// What the store was doing, or what is wrong.
+        context: String,
+        /// The error beneath, when there is one.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
+    /// An earlier write could not be made durable: the store refuses all further work until
+    /// the service restarts (and the integrity check at open decides what it holds).
+    #[error("an earlier write could not be made durable; restart the service")]
+    Stopped,
+    /// A tree that was not declared when the store was opened.
+    #[error("tree `{name}` was not declared when the store was opened (declared: {declared:?})")]
+    UnknownTree {
+        /// The name asked for.
+        name: String,
+        /// The trees the store was opened with.
+        declared: Vec<String>,
+    },
     /// A record could not be read.
     #[error("corrupt record for `{key}`: {reason}")]
     Corrupt {
@@ -293,9 +312,30 @@ impl From<EffectError> for StoreError {
     }
 }
 
+impl StoreError {
+    /// A backend failure: `context` says what the store was doing, `source` what failed.
+    pub(crate) fn backend(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            context: context.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// A backend failure with nothing beneath it.
+    pub(crate) fn backend_message(context: impl Into<String>) -> Self {
+        Self::Backend {
+            context: context.into(),
+            source: None,
+        }
+    }
+}
+
 impl From<sled::Error> for StoreError {
     fn from(error: sled::Error) -> Self {
-        Self::Backend(error.to_string())
+        Self::backend("sled failed", error)
     }
 }
 

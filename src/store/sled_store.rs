@@ -13,7 +13,7 @@ use super::StoreConfig;
 use super::claims::Claims;
 pub use super::committer::HoldPoint;
 use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
-use super::effects::Effects;
+use super::effects::{Effects, Tree};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
 use super::postponed_records::{Delivery, PostponedOp, PostponedValidation};
@@ -38,7 +38,8 @@ const TREE: &str = "payhook";
 /// use payhook::store::SledStore;
 ///
 /// let store = SledStore::open(&StoreConfig::default(), &["ledger_entries", "ledger_balances"])?;
-/// let balance = store.get("ledger_balances", b"client-42|EUR")?;
+/// let balances = store.tree("ledger_balances")?;
+/// let balance = store.get(&balances, b"client-42|EUR")?;
 /// # let _ = balance;
 /// # Ok::<(), payhook::store::StoreError>(())
 /// ```
@@ -82,14 +83,14 @@ impl SledStore {
     /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         if let Some(bad) = trees.iter().find(|t| t.contains('\0')) {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend_message(format!(
                 "tree name {bad:?} contains a NUL byte"
             )));
         }
         let (db, tree) = open_sled(config, false)?;
         let watermark = Watermark::open(&config.path, &db, &tree)?;
         let data_file = std::fs::File::open(config.path.join("db"))
-            .map_err(|e| StoreError::Backend(format!("cannot open sled's data file: {e}")))?;
+            .map_err(|e| StoreError::backend("cannot open sled's data file", e))?;
         let callback_claims = Arc::new(Claims::default());
         let validation_claims = Arc::new(Claims::default());
         let failed = Arc::new(AtomicBool::new(false));
@@ -107,7 +108,7 @@ impl SledStore {
             gate: Gate::default(),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
-            .map_err(|e| StoreError::Backend(format!("cannot start the sweeper: {e}")))?;
+            .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
         tracing::info!(path = %config.path.display(), "store opened");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -163,31 +164,47 @@ impl SledStore {
         }
     }
 
-    /// The value of `key` in one of the merchant's trees declared at [`SledStore::open`].
+    /// The handle of one of the merchant's trees declared at [`SledStore::open`], for
+    /// callback effects ([`EffectTx`](super::EffectTx)) and reads. Take the handles once, at
+    /// start-up: a name that was not declared fails here.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Backend`] when the tree was not declared or sled fails.
-    pub fn get(&self, tree: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.check_tree(tree)?;
-        Ok(self
-            .inner
-            .tree
-            .get(keys::merchant(tree, key))?
-            .map(|v| v.to_vec()))
+    /// [`StoreError::UnknownTree`] when `name` was not declared at open.
+    pub fn tree(&self, name: &str) -> Result<Tree, StoreError> {
+        if self.inner.effect_trees.iter().any(|t| t == name) {
+            Ok(Tree::declared(name))
+        } else {
+            Err(StoreError::UnknownTree {
+                name: name.to_owned(),
+                declared: self.inner.effect_trees.clone(),
+            })
+        }
     }
 
-    /// Every `(key, value)` of one of the merchant's declared trees, in key order.
+    /// The value of `key` in one of the merchant's trees.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Backend`] when the tree was not declared or sled fails.
-    pub fn entries(&self, tree: &str) -> Result<Vec<KeyValue>, StoreError> {
+    /// [`StoreError::UnknownTree`] for a handle of another store; [`StoreError::Backend`]
+    /// when sled fails.
+    pub fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.check_tree(tree)?;
-        let prefix = keys::merchant_prefix(tree);
+        Ok(self.inner.tree.get(tree.key(key))?.map(|v| v.to_vec()))
+    }
+
+    /// Every `(key, value)` of one of the merchant's trees, in key order.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::UnknownTree`] for a handle of another store; [`StoreError::Backend`]
+    /// when sled fails.
+    pub fn entries(&self, tree: &Tree) -> Result<Vec<KeyValue>, StoreError> {
+        self.check_tree(tree)?;
+        let prefix = tree.prefix();
         self.inner
             .tree
-            .scan_prefix(&prefix)
+            .scan_prefix(prefix)
             .map(|entry| {
                 let (key, value) = entry?;
                 Ok((key[prefix.len()..].to_vec(), value.to_vec()))
@@ -206,21 +223,13 @@ impl SledStore {
         Ok(key.read(|k| self.inner.tree.get(k))?)
     }
 
-    fn check_tree(&self, tree: &str) -> Result<(), StoreError> {
-        if self.inner.effect_trees.iter().any(|t| t == tree) {
-            Ok(())
-        } else {
-            Err(StoreError::Backend(format!(
-                "tree `{tree}` was not declared at open"
-            )))
-        }
+    fn check_tree(&self, tree: &Tree) -> Result<(), StoreError> {
+        self.tree(tree.name()).map(drop)
     }
 
     fn check_healthy(&self) -> Result<(), StoreError> {
         if self.inner.failed.load(Ordering::SeqCst) {
-            Err(StoreError::Backend(
-                "an earlier write could not be made durable; restart the service".into(),
-            ))
+            Err(StoreError::Stopped)
         } else {
             Ok(())
         }
@@ -235,7 +244,7 @@ impl SledStore {
         Box::pin(async move {
             reply
                 .await
-                .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
+                .unwrap_or_else(|_| Err(StoreError::backend_message("the write was dropped")))
         })
     }
 }
@@ -302,13 +311,7 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
     };
     let db = open_locked(&sled_config).map_err(|error| match error {
         sled::Error::Corruption { .. } | sled::Error::Unsupported(_) => unreadable(error),
-        other => in_use(
-            StoreError::Backend(format!(
-                "cannot open the store at {}: {other}",
-                config.path.display()
-            )),
-            &config.path,
-        ),
+        other => cannot_open(other, &config.path),
     })?;
     let tree = db.open_tree(TREE).map_err(unreadable)?;
     Ok((db, tree))
@@ -319,7 +322,7 @@ fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
     if config.path.join("db").is_file() || config.path.join(super::watermark::FILE_NAME).is_file() {
         Ok(())
     } else {
-        Err(StoreError::Backend(format!(
+        Err(StoreError::backend_message(format!(
             "there is no store at {}",
             config.path.display()
         )))
@@ -327,18 +330,21 @@ fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
 }
 
 /// sled words a held lock as `could not acquire lock on Some("…"): Os { code: 11, … }`;
-/// say instead which directory is in use and what to do.
-fn in_use(error: StoreError, path: &std::path::Path) -> StoreError {
-    match error {
-        StoreError::Backend(message) if message.contains("could not acquire lock") => {
-            StoreError::Backend(format!(
-                "the data directory {} is in use by another process (one process may open it \
-                 at a time): stop that process, or give this one another store.path \
-                 (PAYHOOK_STORE_PATH)",
-                path.display()
-            ))
-        }
-        other => other,
+/// say instead which directory is in use and what to do. Any other failure keeps sled's
+/// error as its cause.
+fn cannot_open(error: sled::Error, path: &std::path::Path) -> StoreError {
+    if error.to_string().contains("could not acquire lock") {
+        StoreError::backend_message(format!(
+            "the data directory {} is in use by another process (one process may open it \
+             at a time): stop that process, or give this one another store.path \
+             (PAYHOOK_STORE_PATH)",
+            path.display()
+        ))
+    } else {
+        StoreError::backend(
+            format!("cannot open the store at {}", path.display()),
+            error,
+        )
     }
 }
 
@@ -688,7 +694,7 @@ impl SledStore {
         Box::pin(async move {
             receiver
                 .await
-                .unwrap_or_else(|_| Err(StoreError::Backend("the write was dropped".into())))
+                .unwrap_or_else(|_| Err(StoreError::backend_message("the write was dropped")))
         })
     }
 

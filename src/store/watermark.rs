@@ -357,7 +357,7 @@ impl Watermark {
         let mut state = lock(&self.state);
         write_slot(&mut state.0, &seal)
             .and_then(|()| state.0.sync_data())
-            .map_err(|e| StoreError::Backend(format!("writing the watermark: {e}")))?;
+            .map_err(|e| StoreError::backend("writing the watermark failed", e))?;
         state.1 = seal;
         Ok(())
     }
@@ -454,10 +454,7 @@ fn read_slot(slot: &[u8]) -> Option<Seal> {
 }
 
 fn io_error(dir: &Path, error: std::io::Error) -> StoreError {
-    StoreError::Backend(format!(
-        "the store's watermark in {}: {error}",
-        dir.display()
-    ))
+    StoreError::backend(format!("the store's watermark in {}", dir.display()), error)
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
             })
         })
     };
-    let ledger = store.clone();
+    let ledger = merchant::Ledger::of(&store)?;
     let target = Target {
         base_url,
         paths: config.paths.clone(),
@@ -148,17 +148,10 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
 }
 
 /// The ledger entry of `nonce`, told in a line.
-fn booked(store: &payhook::store::SledStore, nonce: &str) -> Option<String> {
-    let bytes = store.get(merchant::ENTRIES, nonce.as_bytes()).ok()??;
-    let entry: merchant::Entry = serde_json::from_slice(&bytes).ok()?;
-    let balance = store
-        .get(
-            merchant::BALANCES,
-            &merchant::balance_key(&entry.client_id, &entry.currency),
-        )
-        .ok()
-        .flatten()
-        .and_then(|b| serde_json::from_slice::<Decimal>(&b).ok())
+fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<String> {
+    let entry = ledger.entry(nonce).ok()??;
+    let balance = ledger
+        .balance(&entry.client_id, &entry.currency)
         .unwrap_or_default();
     Some(format!(
         "{} booked {} {} (status {}, {} booking(s)); balance of {} now {balance} {}",
