@@ -30,6 +30,7 @@
 //! [`AdminClient`] ([`AdminCommand::run_remote`]); [`AdminCommand::run`] works on the store
 //! of a stopped service (a decision is then delivered by its outbox when it starts).
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use std::{fmt::Write as _, io::Write, sync::Arc};
 use uuid::Uuid;
 
@@ -624,7 +625,7 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
 /// shown escaped, as in logs.
 pub fn describe_failing(all: &[FailingCallback]) -> String {
     let mut out = format!(
-        "{:<24} {:<10} {:>8} {:<20} {:<20} {:<16} {:>14} {:<36} {}\n",
+        "{:<24} {:<10} {:>8} {:<24} {:<24} {:<16} {:>14} {:<36} {}\n",
         "nonce",
         "status",
         "failures",
@@ -638,12 +639,12 @@ pub fn describe_failing(all: &[FailingCallback]) -> String {
     for f in all {
         let _ = writeln!(
             out,
-            "{:<24} {:<10} {:>8} {:<20} {:<20} {:<16} {:>14} {:<36} {}",
+            "{:<24} {:<10} {:>8} {:<24} {:<24} {:<16} {:>14} {:<36} {}",
             crate::logged::Logged(&f.nonce).to_string(),
             crate::model::TransactionStatus::from_code(f.status).to_string(),
             f.failures,
-            utc(f.first_failed_ms),
-            utc(f.last_failed_ms),
+            utc(f.first_failed),
+            utc(f.last_failed),
             crate::logged::Logged(&f.client_id).to_string(),
             format!("{} {}", f.amount, f.currency),
             f.transaction_reference_id,
@@ -656,15 +657,9 @@ pub fn describe_failing(all: &[FailingCallback]) -> String {
     out
 }
 
-/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS`.
-fn utc(ms: u64) -> String {
-    i64::try_from(ms)
-        .ok()
-        .and_then(chrono::DateTime::from_timestamp_millis)
-        .map_or_else(
-            || ms.to_string(),
-            |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
-        )
+/// A time as RFC 3339 in UTC, to the millisecond: `2026-11-23T10:15:00.123Z`.
+fn utc(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// Postponed validations as a table.

@@ -17,6 +17,35 @@
 //! belong to the simulator and are ignored here. Any other `PAYHOOK_*` variable that names
 //! no setting is an error (a typo must not pass silently). Loading reads the process
 //! environment; it never changes it.
+//!
+//! ## Defaults where the aggregator's interface is silent
+//!
+//! The aggregator's interface (`openapi/aggregator-interface.md`) leaves gaps; payhook fills
+//! each with a configurable default:
+//!
+//! | gap | payhook's default |
+//! |---|---|
+//! | what counts as a delivered callback | any 2xx; payhook answers 200 only after your handler returns `Ack` |
+//! | how to ask the aggregator to retry | 503 with `Retry-After` (`callback.retry_after`, default 30 s) |
+//! | payload size limit | 1 MiB (`server.body_limit`) |
+//! | slow and idle clients | headers within 10 s (`server.header_read_timeout`, also between HTTP/1 requests); the body within 30 s (`server.request_timeout`) and never slower than 240 bytes/s after 5 s (`server.min_body_rate`, `server.min_body_rate_grace`), else 408; a connection with no request in progress for 60 s is closed (`server.idle_timeout`), HTTP/2 included however it answers PINGs; at most 512 connections at once (`server.max_connections`) and 128 from one address (`server.max_connections_per_address`): when full, the least active connection whose handler is not running (idle, or sending slowly) gives its place to the new one, and a new one waits only when every connection is working. `payhook_connections_shed_total{reason}` counts the connections closed |
+//! | amounts | exact `rust_decimal::Decimal` from the JSON text (numbers or numeric strings); a number that cannot be held exactly is a 400, never a rounding; written back with their scale (`10.50` stays `10.50`) |
+//! | the sign of amounts | an amount is what moves, and the direction is a field of its own (`cashIn`, `transactionType`), so: a validation's amount must be above zero, a callback's must not be negative (zero is accepted: a failed payment may report that nothing moved); otherwise 400, and `reconcile` refuses such a record likewise |
+//! | times | UTC; read with or without `Z` or an offset, 0–7+ fractional digits (as .NET writes); written RFC 3339 with `Z` |
+//! | unknown status / type codes | kept as `Unknown(code)`, never an error |
+//! | unknown fields | ignored; `null` and absence are the same for optional fields |
+//! | required fields | the ones money depends on: ids, nonce, amount, currency, direction, status, client id |
+//! | identifiers | a nonce must not be empty or blank (it keys deduplication: blank nonces would all share one record); nonce and client id at most 256 characters (`server.max_identifier_chars`); both 400 otherwise. In logs, values from the wire have control characters escaped and are cut to 128 characters |
+//! | callback signature header | `X-Signature` (`signature.header`) |
+//! | signature algorithm | RSA PKCS#1 v1.5 SHA-256, what .NET's `RSA.SignData` produces (`signature.algorithm`) |
+//! | signature encoding | standard base64 (`signature.encoding`); padding optional when reading |
+//! | callbacks without keys | refused at start-up unless `callback.allow_unsigned = true` (then each unsigned callback logs a warning); with keys, every callback must be signed |
+//! | how the aggregator authenticates validation calls | `none` by default; per endpoint: signature, shared-secret header, HTTP Basic, and/or an IP allow-list (`[auth.*]`) |
+//! | the client's address behind a reverse proxy | the socket's peer; with `server.trusted_proxies`, the right-most `X-Forwarded-For` address that is not a trusted proxy (so a client cannot forge an allowed one); a trusted proxy that sends no header, a malformed one or one naming only trusted proxies leaves it unknown, and allow-lists refuse |
+//! | postponed (Awaitable) validation | declared with `validation.awaitable = true`; see the README's "Awaitable validation" |
+//! | access token presentation to the gateway | `Authorization: Bearer <accessToken>` (`gateway.auth_header`, `gateway.auth_scheme`) |
+//! | token lifetimes | refreshed `gateway.refresh_margin` (60 s) before `accessTokenExpiryUtc`, but at most half the token's granted lifetime before it (a 30 s token is used for 15 s); login again when the refresh token expired; one refresh and one retry on a 401 |
+//! | when a postponed result counts as delivered | the aggregator's 200; a 403 is final (a conflict); anything else is retried with backoff (`validation.retry_schedule`) |
 
 use serde::{Deserialize, Serialize};
 use std::{

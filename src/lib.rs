@@ -7,6 +7,10 @@
 //! the answer the aggregator expects, and gives every bad input a defined status code and a
 //! `{"message": "..."}` body.
 //!
+//! The aggregator's interface is `openapi/aggregator-interface.md` in the repository (and in
+//! the published crate); "spec 2.7" in these docs is its section 2.7. The endpoints payhook
+//! hosts are described for tools in `openapi/merchant-endpoints.json`.
+//!
 //! ## Quick start
 //!
 //! Implement the traits of [`handler`] for the endpoints you host, build an [`App`], and

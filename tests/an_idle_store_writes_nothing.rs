@@ -29,7 +29,7 @@ fn an_idle_store_writes_nothing_through_many_sweeps() {
     };
     let store = SledStore::open(&config, &[]).unwrap();
     // Records that expire, and the sweeper's purge of them.
-    let now = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap();
+    let now = chrono::Utc::now();
     for i in 0..200u64 {
         store.record_callback_failure(payhook::store::CallbackFailure {
             nonce: format!("idle-{i}"),
@@ -39,7 +39,7 @@ fn an_idle_store_writes_nothing_through_many_sweeps() {
             client_id: "client".into(),
             amount: rust_decimal::Decimal::ONE,
             currency: "EUR".into(),
-            at_ms: now,
+            at: now,
         });
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -49,6 +49,23 @@ fn an_idle_store_writes_nothing_through_many_sweeps() {
             "the sweeper purged nothing"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The sweep that purged them flushes its removals after they are gone from view: the
+    // store is idle once that flush is written, i.e. once several sweeps (every 50 ms) in a
+    // row wrote nothing.
+    let mut settled = written_bytes();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = written_bytes();
+        if now == settled {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store kept writing after its purge"
+        );
+        settled = now;
     }
 
     // Now idle: dozens of sweeps (every 50 ms) and sled's flush interval pass.

@@ -411,10 +411,10 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
 
     let early = outbox.run_once().await.unwrap();
     assert_eq!(early.expired, 0);
-    let deadline_ms = resolver.get(7).unwrap().unwrap().deadline_ms.unwrap();
+    let deadline = resolver.get(7).unwrap().unwrap().deadline.unwrap();
     assert_eq!(
-        early.next_ms,
-        Some(deadline_ms),
+        early.next,
+        Some(deadline),
         "the worker wakes at the deadline"
     );
 
@@ -525,11 +525,43 @@ async fn an_app_mounted_in_a_router_of_its_own_delivers_results_without_being_to
             ID,
         )))
         .unwrap();
-    let answer = router.oneshot(request).await.unwrap();
+    // The router stays alive, as a server's does (the app's worker stops with its last clone).
+    let answer = router.clone().oneshot(request).await.unwrap();
     assert_eq!(answer.status(), 200);
     gateway
         .until("the decision posted by the mounted app", |s| {
             s.posts.len() == 1
         })
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_answering_through_handle_delivers_and_lets_go_of_its_store_when_dropped() {
+    // `App::handle`, the way a server of one's own calls it without `tower::Service`: its
+    // first request starts the outbox worker too.
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = awaitable_config(&gateway);
+    config.store.path = dir.path().join("store");
+    let store_config = config.store.clone();
+    let app = App::builder(config)
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap();
+    let request = http::Request::post(VALIDATION_PATH)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(validation(
+            "allow-0", "n-handle", ID,
+        ))))
+        .unwrap();
+    assert_eq!(app.handle(request).await.status(), 200);
+    gateway
+        .until("the decision posted by the app", |s| s.posts.len() == 1)
+        .await;
+
+    // Dropping the last clone of the app stops its worker, which held the store: the
+    // directory can be opened again (sled lets one holder at a time).
+    drop(app);
+    let reopened = payhook::store::SledStore::open(&store_config, &[]);
+    assert!(reopened.is_ok(), "{:?}", reopened.err());
 }

@@ -88,8 +88,11 @@ async fn validations_are_listed_and_decided_from_the_command_line_and_then_deliv
     let store = dir.path().join("store");
     let env = env(&gateway, &store);
     {
+        // A service that stops before its outbox delivers anything (its first request
+        // would start the worker otherwise): what it decided waits in the store.
         let app = App::builder(awaitable(&gateway, &store))
             .transaction_validator(TestMerchant::default())
+            .manual_background()
             .build()
             .unwrap();
         assert_eq!(validate(&app, "postpone", 1).await, 200);

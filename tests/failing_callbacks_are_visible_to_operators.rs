@@ -112,7 +112,7 @@ async fn failures_are_durable_and_expire_with_the_retention() {
         client_id: "client".into(),
         amount: rust_decimal::Decimal::new(1050, 2),
         currency: "EUR".into(),
-        at_ms: 1_000,
+        at: chrono::DateTime::from_timestamp_millis(1_000).unwrap(),
     };
     {
         let store = SledStore::open(&config, &[]).unwrap();
@@ -125,7 +125,7 @@ async fn failures_are_durable_and_expire_with_the_retention() {
     assert_eq!(listed[0].failures, 2);
     assert_eq!(listed[0].amount, "10.50");
     assert!(listed[0].last_reason.len() < 1_024, "reasons are bounded");
-    let after_retention = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap() + 61_000;
+    let after_retention = chrono::Utc::now() + chrono::TimeDelta::seconds(61);
     assert_eq!(store.purge_expired(after_retention).unwrap(), 1);
     assert!(store.failing_callbacks().unwrap().is_empty());
 }

@@ -141,7 +141,12 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
         );
     }
     assert_eq!(store.record_count(), 2);
-    assert_eq!(store.purge_expired(now_ms() + 3_600_001).unwrap(), 2);
+    assert_eq!(
+        store
+            .purge_expired(chrono::Utc::now() + chrono::TimeDelta::milliseconds(3_600_001))
+            .unwrap(),
+        2
+    );
     assert_eq!(store.record_count(), 0);
 }
 

@@ -17,8 +17,9 @@ fn config(dir: &tempfile::TempDir, retention: Duration) -> StoreConfig {
     }
 }
 
-fn now_ms() -> u64 {
-    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap()
+/// `ms` milliseconds from now.
+fn in_ms(ms: i64) -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + chrono::TimeDelta::milliseconds(ms)
 }
 
 /// Claims `nonce` for a success, which must be free.
@@ -142,7 +143,7 @@ async fn retention_purges_expired_records_and_keeps_the_store_bounded() {
             "batch {batch}: only the live batch is kept"
         );
         // Everything written so far has expired by then.
-        let purged = store.purge_expired(now_ms() + 2_001).unwrap();
+        let purged = store.purge_expired(in_ms(2_001)).unwrap();
         assert_eq!(purged, 100, "batch {batch}");
         assert_eq!(store.record_count(), 0);
     }
@@ -156,7 +157,7 @@ async fn unexpired_records_survive_a_purge_and_a_restart() {
         for i in 0..50 {
             acknowledge(&store, &format!("n-{i}"), &Effects::default()).await;
         }
-        assert_eq!(store.purge_expired(now_ms()).unwrap(), 0);
+        assert_eq!(store.purge_expired(chrono::Utc::now()).unwrap(), 0);
     }
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
     assert_eq!(store.record_count(), 50);
@@ -259,7 +260,7 @@ async fn a_big_sweep_lets_acknowledgements_through_between_its_steps() {
     let hold = store.hold_commits(payhook::store::HoldPoint::BetweenPurgeSteps);
     let sweep = {
         let store = store.clone();
-        std::thread::spawn(move || store.purge_expired(now_ms() + 2_001).unwrap())
+        std::thread::spawn(move || store.purge_expired(in_ms(2_001)).unwrap())
     };
     // The sweep stands between two steps, with more to purge: a callback goes through.
     hold.wait_reached(1);

@@ -1,14 +1,15 @@
 //! The time postponed validations are measured in.
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-/// Wall-clock milliseconds since the Unix epoch, advancing with tokio's clock: under
-/// `tokio::time::pause()` it stands still and `advance` moves it, so that deadlines and the
-/// outbox's schedule can be tested without sleeping.
+/// Wall-clock time, advancing with tokio's clock: under `tokio::time::pause()` it stands
+/// still and `advance` moves it, so that deadlines and the outbox's schedule can be tested
+/// without sleeping. It reads in whole milliseconds, the store's resolution.
 ///
 /// ```
 /// let clock = payhook::postponed::Clock::new();
-/// assert!(clock.now_ms() > 1_700_000_000_000);
+/// assert!(clock.now().timestamp() > 1_700_000_000);
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
@@ -25,8 +26,13 @@ impl Clock {
         }
     }
 
-    /// Milliseconds since the Unix epoch.
-    pub fn now_ms(&self) -> u64 {
+    /// The time now (UTC).
+    pub fn now(&self) -> DateTime<Utc> {
+        crate::store::time_from_ms(self.now_ms())
+    }
+
+    /// Milliseconds since the Unix epoch, now.
+    pub(crate) fn now_ms(&self) -> u64 {
         let elapsed = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.base_ms.saturating_add(elapsed)
     }

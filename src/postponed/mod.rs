@@ -245,12 +245,12 @@ impl Resolver {
         let description = decision.description();
         let mut resolution = self
             .store
-            .resolve(validation_id, success, description, self.clock.now_ms())
+            .resolve(validation_id, success, description, self.clock.now())
             .await?;
         if resolution == Resolution::Unknown && self.recorded(validation_id).await {
             resolution = self
                 .store
-                .resolve(validation_id, success, description, self.clock.now_ms())
+                .resolve(validation_id, success, description, self.clock.now())
                 .await?;
         }
         match resolution {

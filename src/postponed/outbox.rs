@@ -1,5 +1,6 @@
 //! The worker that delivers decided results and applies deadlines.
 
+use chrono::{DateTime, Utc};
 use std::{
     sync::{
         Arc,
@@ -13,7 +14,7 @@ use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::PostponedValidationResult;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, ms_from_time, time_from_ms};
 
 /// The longest the worker sleeps without looking at the store.
 const IDLE: Duration = Duration::from_secs(30);
@@ -32,8 +33,8 @@ pub struct Pass {
     pub retried: usize,
     /// Validations resolved by their deadline.
     pub expired: usize,
-    /// When the next piece of work falls due, ms since the Unix epoch.
-    pub next_ms: Option<u64>,
+    /// When the next piece of work falls due (UTC).
+    pub next: Option<DateTime<Utc>>,
 }
 
 /// Delivers queued results to the aggregator and resolves validations whose deadline
@@ -122,7 +123,7 @@ impl Outbox {
     pub async fn run(self) {
         loop {
             let next_ms = match self.run_once().await {
-                Ok(pass) => pass.next_ms,
+                Ok(pass) => pass.next.map(ms_from_time),
                 Err(error) => {
                     tracing::error!(%error, "the outbox could not read the store; trying again");
                     Some(self.clock.now_ms().saturating_add(1000))
@@ -145,13 +146,13 @@ impl Outbox {
     /// [`StoreError`] when the store cannot be read or written.
     pub async fn run_once(&self) -> Result<Pass, StoreError> {
         let mut pass = Pass::default();
-        let deadlines = self.store.deadlines_due(self.clock.now_ms())?;
+        let deadlines = self.store.deadlines_due(self.clock.now())?;
         for record in deadlines.now {
             if self.expire(&record).await? {
                 pass.expired += 1;
             }
         }
-        let due = self.store.outbox_due(self.clock.now_ms())?;
+        let due = self.store.outbox_due(self.clock.now())?;
         // A few at a time: one slow or hanging post does not hold up the others.
         for chunk in due.now.chunks(PARALLEL_POSTS) {
             let mut posts = tokio::task::JoinSet::new();
@@ -170,13 +171,13 @@ impl Outbox {
                 }
             }
         }
-        let after = self.store.outbox_due(self.clock.now_ms())?;
-        pass.next_ms = match (deadlines.next_ms, after.next_ms) {
+        let after = self.store.outbox_due(self.clock.now())?;
+        pass.next = match (deadlines.next, after.next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         if !after.now.is_empty() {
-            pass.next_ms = Some(self.clock.now_ms());
+            pass.next = Some(self.clock.now());
         }
         Ok(pass)
     }
@@ -218,6 +219,7 @@ impl Outbox {
             description: result.description.clone(),
         };
         let now_ms = self.clock.now_ms();
+        let now = time_from_ms(now_ms);
         let (delivery, attempt) = match self.gateway.post_validation_result(&body).await {
             Ok(()) => {
                 self.counts.delivered.fetch_add(1, Ordering::Relaxed);
@@ -228,10 +230,7 @@ impl Outbox {
                     "validation result delivered"
                 );
                 (
-                    Delivery::Delivered {
-                        attempts,
-                        at_ms: now_ms,
-                    },
+                    Delivery::Delivered { attempts, at: now },
                     Attempt::Delivered,
                 )
             }
@@ -246,7 +245,7 @@ impl Outbox {
                 let conflict = Delivery::Conflict {
                     attempts,
                     message,
-                    at_ms: now_ms,
+                    at: now,
                 };
                 (conflict, Attempt::Conflict)
             }
@@ -260,8 +259,9 @@ impl Outbox {
                 }
                 let retry = Delivery::Queued {
                     attempts,
-                    next_attempt_ms: now_ms
-                        .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+                    next_attempt: time_from_ms(
+                        now_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+                    ),
                     last_error: Some(error.to_string()),
                 };
                 (retry, Attempt::Retry)

@@ -19,7 +19,7 @@ use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, ValidationResult};
 use crate::postponed::{DeadlineOutcome, Decision, ValidationConfig};
-use crate::store::{RecordedDecision, Store};
+use crate::store::{RecordedDecision, Store, time_from_ms};
 
 /// What an app in Awaitable mode has besides the handlers.
 pub(super) struct Awaitable {
@@ -30,6 +30,22 @@ pub(super) struct Awaitable {
     started: AtomicBool,
     /// Started by the first request, unless the builder said `manual_background`.
     automatic: bool,
+    /// The outbox worker once started; it stops when the app is dropped (its last clone),
+    /// so that a dropped app lets go of its store. What it had not delivered stays in the
+    /// outbox for the next start.
+    worker: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Awaitable {
+    fn drop(&mut self) {
+        let worker = self
+            .worker
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(worker) = worker.take() {
+            worker.abort();
+        }
+    }
 }
 
 impl Awaitable {
@@ -66,6 +82,7 @@ impl Awaitable {
             outbox,
             started: AtomicBool::new(false),
             automatic: true,
+            worker: std::sync::Mutex::default(),
         }))
     }
 
@@ -94,14 +111,18 @@ impl App {
     }
 
     /// Starts the background work of the app (the outbox worker in Awaitable mode) on the
-    /// current tokio runtime, once. [`crate::serve`] calls it, and an app mounted in a server
+    /// current tokio runtime, once; it stops when the last clone of the app is dropped. [`crate::serve`] calls it, and an app mounted in a server
     /// of your own calls it with its first request; call it earlier to deliver the results
     /// a previous run left in the outbox before any request arrives.
     pub fn start_background(&self) {
         if let Some(awaitable) = &self.inner.awaitable
             && !awaitable.started.swap(true, Ordering::SeqCst)
         {
-            tokio::spawn(awaitable.outbox.clone().run());
+            let worker = tokio::spawn(awaitable.outbox.clone().run()).abort_handle();
+            *awaitable
+                .worker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(worker);
         }
     }
 
@@ -137,14 +158,15 @@ impl App {
             _ => return Err(Problem::NotFound),
         };
         let received_ms = awaitable.clock.now_ms();
+        let received = time_from_ms(received_ms);
         let mut postponed = PostponedValidation {
             validation_id: request.validation_id,
             request: request.clone(),
-            received_ms,
-            deadline_ms: awaitable
+            received,
+            deadline: awaitable
                 .config
                 .deadline
-                .map(|d| received_ms.saturating_add(millis(d))),
+                .map(|d| time_from_ms(received_ms.saturating_add(millis(d)))),
             result: None,
         };
         let mut task = tokio::spawn(handler.call(request, ctx).in_current_span());
@@ -172,8 +194,8 @@ impl App {
         postponed.result = result.map(|(success, description)| ValidationResult {
             success,
             description,
-            decided_ms: received_ms,
-            delivery: Delivery::queued(received_ms),
+            decided: received,
+            delivery: Delivery::queued(received),
         });
         Ok(Decided {
             decision,

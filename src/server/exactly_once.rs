@@ -238,7 +238,7 @@ impl App {
                     client_id,
                     amount,
                     currency,
-                    at_ms: crate::store::now_ms(),
+                    at: chrono::Utc::now(),
                 };
                 self.failing(store.as_ref(), failure, attempt);
             }

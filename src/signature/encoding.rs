@@ -5,6 +5,8 @@ use base64::{
     engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
 };
 
+use super::error::Error;
+
 /// Reads standard base64 with or without padding.
 const STANDARD_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -27,7 +29,7 @@ const URL_SAFE_ANY_PADDING: GeneralPurpose = GeneralPurpose::new(
 /// assert_eq!(Encoding::Hex.encode(&[0xde, 0xad]), "dead");
 /// assert_eq!(Encoding::Base64UrlNoPad.encode(&[0xfb, 0xff]), "-_8");
 /// assert_eq!(Encoding::Base64Url.decode("-_8")?, vec![0xfb, 0xff]);
-/// # Ok::<(), payhook::signature::DecodeError>(())
+/// # Ok::<(), payhook::signature::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Encoding {
@@ -41,19 +43,6 @@ pub enum Encoding {
     /// Lowercase hexadecimal (uppercase is read too).
     Hex,
 }
-
-/// A signature whose text is not valid in its encoding.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not valid {encoding}: {reason}")]
-pub struct DecodeError {
-    encoding: &'static str,
-    reason: String,
-}
-
-/// A name that is no [`Encoding`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown signature encoding `{0}` (known: base64, base64url, base64url-nopad, hex)")]
-pub struct UnknownEncoding(pub String);
 
 impl Encoding {
     /// Every encoding, in a stable order.
@@ -88,9 +77,9 @@ impl Encoding {
     ///
     /// # Errors
     ///
-    /// [`DecodeError`] when `text` is not valid in the encoding.
-    pub fn decode(self, text: &str) -> Result<Vec<u8>, DecodeError> {
-        let error = |reason: String| DecodeError {
+    /// [`Error`] when `text` is not valid in the encoding.
+    pub fn decode(self, text: &str) -> Result<Vec<u8>, Error> {
+        let error = |reason: String| Error::Decode {
             encoding: self.name(),
             reason,
         };
@@ -120,7 +109,7 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-named_enum!(Encoding, UnknownEncoding);
+named_enum!(Encoding, Error::UnknownEncoding);
 
 /// `--alg`-style arguments of a command line list every name (`clap` feature).
 #[cfg(feature = "clap")]
@@ -147,7 +136,7 @@ mod tests {
                 bytes,
                 "{encoding}"
             );
-            assert_eq!(encoding.name().parse::<Encoding>(), Ok(encoding));
+            assert_eq!(encoding.name().parse::<Encoding>().unwrap(), encoding);
         }
     }
 

@@ -8,6 +8,7 @@ use ring::{rand::SystemRandom, signature as ring_sig};
 use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 
 use super::algorithm::{Algorithm, KeyKind};
+use super::error::Error;
 
 /// Size of generated RSA keys.
 #[cfg(feature = "keygen-rsa")]
@@ -56,26 +57,21 @@ impl std::fmt::Debug for KeyPairPem {
     }
 }
 
-/// Why a key pair could not be generated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("key generation failed: {0}")]
-pub struct KeygenError(String);
-
 /// Generates a key pair for `algorithm` (RSA keys are 2048 bits).
 ///
 /// # Errors
 ///
-/// [`KeygenError`] when the system's random source or encoder fails, or for an RSA
+/// [`Error`] when the system's random source or encoder fails, or for an RSA
 /// algorithm when payhook was built without the `keygen-rsa` feature.
-pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError> {
+pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, Error> {
     let rng = SystemRandom::new();
-    let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
+    let fail = |e: &dyn std::fmt::Display| Error::Keygen(e.to_string());
     let (pkcs8, spki) = match algorithm.key_kind() {
         KeyKind::Rsa => return generate_rsa(),
         KeyKind::EcP256 | KeyKind::EcP384 => {
             let signing = algorithm
                 .ecdsa_signing()
-                .ok_or_else(|| KeygenError("not ECDSA".into()))?;
+                .ok_or_else(|| Error::Keygen("not ECDSA".into()))?;
             let pkcs8 =
                 ring_sig::EcdsaKeyPair::generate_pkcs8(signing, &rng).map_err(|e| fail(&e))?;
             let pair = ring_sig::EcdsaKeyPair::from_pkcs8(signing, pkcs8.as_ref(), &rng)
@@ -111,25 +107,25 @@ pub fn generate_key_pair(algorithm: Algorithm) -> Result<KeyPairPem, KeygenError
 }
 
 /// ring's version 2 Ed25519 key rewritten in RFC 8410's version 1 form (the seed alone).
-fn rfc8410_private_key(ring_pkcs8: &[u8]) -> Result<Vec<u8>, KeygenError> {
+fn rfc8410_private_key(ring_pkcs8: &[u8]) -> Result<Vec<u8>, Error> {
     let seed = ring_pkcs8
         .strip_prefix(PKCS8_V2_ED25519_PREFIX)
         .and_then(|rest| rest.get(..ED25519_SEED_BYTES))
-        .ok_or_else(|| KeygenError("ring wrote an Ed25519 key in an unexpected form".into()))?;
+        .ok_or_else(|| Error::Keygen("ring wrote an Ed25519 key in an unexpected form".into()))?;
     Ok([PKCS8_V1_ED25519_PREFIX, seed].concat())
 }
 
 #[cfg(not(feature = "keygen-rsa"))]
-fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
-    Err(KeygenError(
+fn generate_rsa() -> Result<KeyPairPem, Error> {
+    Err(Error::Keygen(
         "RSA key generation needs payhook's `keygen-rsa` feature (the `payhook keygen` command has it)"
             .into(),
     ))
 }
 
 #[cfg(feature = "keygen-rsa")]
-fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
-    let fail = |e: &dyn std::fmt::Display| KeygenError(e.to_string());
+fn generate_rsa() -> Result<KeyPairPem, Error> {
+    let fail = |e: &dyn std::fmt::Display| Error::Keygen(e.to_string());
     let private =
         rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, RSA_BITS).map_err(|e| fail(&e))?;
     let private_pem = private
@@ -146,9 +142,9 @@ fn generate_rsa() -> Result<KeyPairPem, KeygenError> {
     })
 }
 
-fn pem(label: &str, der: &[u8]) -> Result<String, KeygenError> {
+fn pem(label: &str, der: &[u8]) -> Result<String, Error> {
     pem_rfc7468::encode_string(label, pem_rfc7468::LineEnding::LF, der)
-        .map_err(|e| KeygenError(e.to_string()))
+        .map_err(|e| Error::Keygen(e.to_string()))
 }
 
 #[cfg(test)]

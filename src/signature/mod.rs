@@ -18,7 +18,7 @@
 /// `Display`, `FromStr`, `Serialize` and `Deserialize` by name for a small enum with `ALL` and `name()`:
 /// names are read case-blind, with `_` taken as `-`.
 macro_rules! named_enum {
-    ($type:ty, $error:ident) => {
+    ($type:ty, $error:path) => {
         impl std::fmt::Display for $type {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.name())
@@ -26,7 +26,7 @@ macro_rules! named_enum {
         }
 
         impl std::str::FromStr for $type {
-            type Err = $error;
+            type Err = $crate::signature::Error;
 
             fn from_str(text: &str) -> Result<Self, Self::Err> {
                 let wanted = text.trim().to_ascii_lowercase().replace('_', "-");
@@ -55,6 +55,7 @@ macro_rules! named_enum {
 mod algorithm;
 mod cache;
 mod encoding;
+mod error;
 mod key;
 mod keygen;
 mod settings;
@@ -64,43 +65,19 @@ use http::{HeaderMap, HeaderName};
 
 pub(crate) use cache::VerifiedCache;
 
-pub use algorithm::{Algorithm, KeyKind, UnknownAlgorithm};
-pub use encoding::{DecodeError, Encoding, UnknownEncoding};
-pub use key::{KeyError, PublicKey, SignError, SigningKey};
-pub use keygen::{KeyPairPem, KeygenError, generate_key_pair};
-pub use settings::{KeySource, KeySourceError, SignatureConfig};
-pub use sniff::{CapturedRequest, RawRequestError, SniffMatch, parse_raw_request, sniff};
+pub use algorithm::{Algorithm, KeyKind};
+pub use encoding::Encoding;
+pub use error::Error;
+pub use key::{PublicKey, SigningKey};
+pub use keygen::{KeyPairPem, generate_key_pair};
+pub use settings::{KeySource, SignatureConfig};
+pub use sniff::{CapturedRequest, SniffMatch, parse_raw_request, sniff};
 
 /// Default name of the signature header.
 pub const DEFAULT_HEADER: &str = "X-Signature";
 /// Longest signature header value read. RSA-8192 in hex is 2048 characters; anything much
 /// longer is refused before any decoding work.
 pub const MAX_HEADER_LEN: usize = 4096;
-
-/// Why a request's signature was refused. Each variant is a 401 on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SignatureError {
-    /// The signature header is absent.
-    #[error("missing signature: no {0} header")]
-    Missing(HeaderName),
-    /// The header is there but is not a signature in the configured encoding.
-    #[error("malformed signature: {0}")]
-    Malformed(String),
-    /// The signature is well-formed but no configured key verifies it over this body.
-    #[error("invalid signature: it does not verify with any configured key")]
-    Invalid,
-}
-
-/// Why a [`Verifier`] could not be built from configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {reason}")]
-pub struct VerifierConfigError {
-    /// The config key, e.g. `signature.keys[1]`.
-    pub key: String,
-    /// What is wrong, naming the key's id and file.
-    pub reason: String,
-}
 
 /// Checks signatures of request bodies against a set of keys.
 ///
@@ -133,10 +110,10 @@ impl Verifier {
     ///
     /// # Errors
     ///
-    /// [`KeyError::Unrecognised`] when `header` is not a valid header name.
-    pub fn new(header: &str, encoding: Encoding, prefix: Option<&str>) -> Result<Self, KeyError> {
+    /// [`Error::UnrecognisedKey`] when `header` is not a valid header name.
+    pub fn new(header: &str, encoding: Encoding, prefix: Option<&str>) -> Result<Self, Error> {
         let header = HeaderName::try_from(header.trim()).map_err(|_| {
-            KeyError::Unrecognised(format!("`{header}` is not a valid header name"))
+            Error::UnrecognisedKey(format!("`{header}` is not a valid header name"))
         })?;
         let prefix = prefix.filter(|p| !p.is_empty()).map(str::to_owned);
         Ok(Self {
@@ -151,8 +128,8 @@ impl Verifier {
     ///
     /// # Errors
     ///
-    /// [`KeyError::WrongKind`] when the key cannot verify `algorithm`.
-    pub fn with_key(mut self, key: PublicKey, algorithm: Algorithm) -> Result<Self, KeyError> {
+    /// [`Error::WrongKeyKind`] when the key cannot verify `algorithm`.
+    pub fn with_key(mut self, key: PublicKey, algorithm: Algorithm) -> Result<Self, Error> {
         key.check_fits(algorithm)?;
         self.keys.push((key, algorithm));
         Ok(self)
@@ -162,33 +139,26 @@ impl Verifier {
     ///
     /// # Errors
     ///
-    /// [`VerifierConfigError`] naming the key entry (`signature.keys[i]`, its id and file)
-    /// that cannot be read or does not fit its algorithm.
-    pub fn from_config(config: &SignatureConfig) -> Result<Self, VerifierConfigError> {
+    /// [`Error::Setting`] naming the key entry (`signature.keys[i]`, its id and file) that
+    /// cannot be read or does not fit its algorithm, with the reason as its source.
+    pub fn from_config(config: &SignatureConfig) -> Result<Self, Error> {
         let mut verifier = Self::new(&config.header, config.encoding, Some(&config.prefix))
-            .map_err(|e| VerifierConfigError {
-                key: "signature.header".into(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| e.in_setting("signature.header"))?;
         for (index, source) in config.keys.iter().enumerate() {
-            let name = format!("signature.keys[{index}]");
-            let describe = |reason: &dyn std::fmt::Display| VerifierConfigError {
-                key: name.clone(),
-                reason: format!("{}: {reason}", source.describe()),
-            };
+            let setting = format!("signature.keys[{index}] ({})", source.describe());
             let algorithm = source.algorithm.unwrap_or(config.algorithm);
-            for key in source.load().map_err(|e| describe(&e))? {
+            for key in source.load().map_err(|e| e.in_setting(&setting))? {
                 let key = match (&source.id, key.id()) {
                     (Some(id), None) => key.with_id(id.clone()),
                     _ => key,
                 };
                 let label = key
                     .id()
-                    .map(|id| format!("key `{id}`"))
-                    .unwrap_or_else(|| "key".to_owned());
+                    .map(|id| format!("{setting}, key `{id}`"))
+                    .unwrap_or_else(|| setting.clone());
                 verifier = verifier
                     .with_key(key, algorithm)
-                    .map_err(|e| describe(&format!("{label}: {e}")))?;
+                    .map_err(|e| e.in_setting(label))?;
             }
         }
         Ok(verifier)
@@ -204,61 +174,61 @@ impl Verifier {
     ///
     /// # Errors
     ///
-    /// [`SignatureError::Missing`] or [`SignatureError::Malformed`] (also for a header longer
+    /// [`Error::MissingSignature`] or [`Error::MalformedSignature`] (also for a header longer
     /// than [`MAX_HEADER_LEN`], which is refused before decoding).
-    pub fn read_signature(&self, headers: &HeaderMap) -> Result<Vec<u8>, SignatureError> {
+    pub fn read_signature(&self, headers: &HeaderMap) -> Result<Vec<u8>, Error> {
         let mut values = headers.get_all(&self.header).iter();
         let value = values
             .next()
-            .ok_or_else(|| SignatureError::Missing(self.header.clone()))?;
+            .ok_or_else(|| Error::MissingSignature(self.header.clone()))?;
         if values.next().is_some() {
-            return Err(SignatureError::Malformed(format!(
+            return Err(Error::MalformedSignature(format!(
                 "more than one {} header",
                 self.header
             )));
         }
         if value.len() > MAX_HEADER_LEN {
-            return Err(SignatureError::Malformed(format!(
+            return Err(Error::MalformedSignature(format!(
                 "header longer than {MAX_HEADER_LEN} bytes"
             )));
         }
         let text = value
             .to_str()
-            .map_err(|_| SignatureError::Malformed("header is not ASCII".into()))?
+            .map_err(|_| Error::MalformedSignature("header is not ASCII".into()))?
             .trim();
         let text = match &self.prefix {
             Some(prefix) => strip_prefix_ignore_case(text, prefix).ok_or_else(|| {
-                SignatureError::Malformed(format!("expected the prefix `{prefix}`"))
+                Error::MalformedSignature(format!("expected the prefix `{prefix}`"))
             })?,
             None => text,
         };
         if text.is_empty() {
-            return Err(SignatureError::Malformed("empty signature".into()));
+            return Err(Error::MalformedSignature("empty signature".into()));
         }
         self.encoding
             .decode(text)
-            .map_err(|e| SignatureError::Malformed(e.to_string()))
+            .map_err(|e| Error::MalformedSignature(e.to_string()))
     }
 
     /// Checks `signature` over `body` with every key; returns the id of the key that verified.
     ///
     /// # Errors
     ///
-    /// [`SignatureError::Invalid`] when no key verifies it.
-    pub fn check(&self, body: &[u8], signature: &[u8]) -> Result<Option<&str>, SignatureError> {
+    /// [`Error::InvalidSignature`] when no key verifies it.
+    pub fn check(&self, body: &[u8], signature: &[u8]) -> Result<Option<&str>, Error> {
         self.keys
             .iter()
             .find(|(key, algorithm)| key.verifies(*algorithm, body, signature))
             .map(|(key, _)| key.id())
-            .ok_or(SignatureError::Invalid)
+            .ok_or(Error::InvalidSignature)
     }
 
     /// [`Verifier::read_signature`] then [`Verifier::check`].
     ///
     /// # Errors
     ///
-    /// Any [`SignatureError`].
-    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<&str>, SignatureError> {
+    /// Any [`Error`].
+    pub fn verify(&self, headers: &HeaderMap, body: &[u8]) -> Result<Option<&str>, Error> {
         let signature = self.read_signature(headers)?;
         self.check(body, &signature)
     }
@@ -276,13 +246,13 @@ impl SigningKey {
     ///
     /// # Errors
     ///
-    /// [`SignError`] if signing fails.
+    /// [`Error`] if signing fails.
     pub fn header_value(
         &self,
         message: &[u8],
         encoding: Encoding,
         prefix: Option<&str>,
-    ) -> Result<String, SignError> {
+    ) -> Result<String, Error> {
         let signature = self.sign(message)?;
         Ok(format!(
             "{}{}",
@@ -318,22 +288,22 @@ mod tests {
             .unwrap();
         assert!(matches!(
             verifier.verify(&HeaderMap::new(), b"x"),
-            Err(SignatureError::Missing(_))
+            Err(Error::MissingSignature(_))
         ));
         assert!(matches!(
             verifier.verify(&headers("!!!"), b"x"),
-            Err(SignatureError::Malformed(_))
+            Err(Error::MalformedSignature(_))
         ));
         assert!(matches!(
             verifier.verify(&headers(""), b"x"),
-            Err(SignatureError::Malformed(_))
+            Err(Error::MalformedSignature(_))
         ));
         let good = signer.header_value(b"x", Encoding::Base64, None).unwrap();
-        assert_eq!(verifier.verify(&headers(&good), b"x"), Ok(None));
-        assert_eq!(
+        assert_eq!(verifier.verify(&headers(&good), b"x").unwrap(), None);
+        assert!(matches!(
             verifier.verify(&headers(&good), b"y"),
-            Err(SignatureError::Invalid)
-        );
+            Err(Error::InvalidSignature)
+        ));
     }
 
     #[test]
@@ -346,8 +316,9 @@ mod tests {
         let huge = "A".repeat(64 * 1024);
         let error = verifier.verify(&headers(&huge), b"x").unwrap_err();
         assert_eq!(
-            error,
-            SignatureError::Malformed(format!("header longer than {MAX_HEADER_LEN} bytes"))
+            error.to_string(),
+            Error::MalformedSignature(format!("header longer than {MAX_HEADER_LEN} bytes"))
+                .to_string()
         );
     }
 
@@ -371,7 +342,7 @@ mod tests {
         let bare = value.trim_start_matches("sha256=");
         assert!(matches!(
             verifier.verify(&headers(bare), b"x"),
-            Err(SignatureError::Malformed(_))
+            Err(Error::MalformedSignature(_))
         ));
     }
 

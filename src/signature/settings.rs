@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-use super::{Algorithm, Encoding, KeyError, PublicKey};
+use super::{Algorithm, Encoding, Error, PublicKey};
 
 /// `[signature]`: how the aggregator signs, and the public keys to verify with.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -58,15 +58,18 @@ impl KeySource {
     ///
     /// # Errors
     ///
-    /// [`KeySourceError`]: the file cannot be read, its content is no key, or the entry
+    /// [`Error`]: the file cannot be read, its content is no key, or the entry
     /// gives both or neither of `file` and `value`.
-    pub fn load(&self) -> Result<Vec<PublicKey>, KeySourceError> {
+    pub fn load(&self) -> Result<Vec<PublicKey>, Error> {
         let bytes = match (&self.file, &self.value) {
-            (Some(path), None) => std::fs::read(path).map_err(KeySourceError::Read)?,
+            (Some(path), None) => std::fs::read(path).map_err(|source| Error::KeyFile {
+                path: path.clone(),
+                source: std::sync::Arc::new(source),
+            })?,
             (None, Some(value)) => value.as_bytes().to_vec(),
-            _ => return Err(KeySourceError::Ambiguous),
+            _ => return Err(Error::AmbiguousKeySource),
         };
-        Ok(PublicKey::parse(&bytes)?)
+        PublicKey::parse(&bytes)
     }
 
     /// `id …, file …` for error messages.
@@ -80,19 +83,4 @@ impl KeySource {
             parts.join(", ")
         }
     }
-}
-
-/// Why an entry of `signature.keys` gave no key.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeySourceError {
-    /// The file could not be read.
-    #[error("cannot read: {0}")]
-    Read(std::io::Error),
-    /// The content is not a key in a format payhook reads.
-    #[error(transparent)]
-    Key(#[from] KeyError),
-    /// The entry gives both `file` and `value`, or neither.
-    #[error("give exactly one of `file` and `value`")]
-    Ambiguous,
 }

@@ -4,7 +4,7 @@
 //! header × prefix × encoding × algorithm the key can verify, and reports each combination
 //! that verifies. One match is the scheme to configure.
 
-use super::{Algorithm, Encoding, MAX_HEADER_LEN, PublicKey};
+use super::{Algorithm, Encoding, Error, MAX_HEADER_LEN, PublicKey};
 
 /// A combination that verifies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,11 +107,6 @@ fn refine(encoding: Encoding, text: &str) -> Encoding {
     }
 }
 
-/// A captured HTTP request that cannot be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a captured HTTP request: {0}")]
-pub struct RawRequestError(String);
-
 /// A captured request: its headers in order, and its exact body bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapturedRequest {
@@ -127,7 +122,7 @@ pub struct CapturedRequest {
 ///
 /// # Errors
 ///
-/// [`RawRequestError`] when there is no blank line after the headers or the body is cut.
+/// [`Error`] when there is no blank line after the headers or the body is cut.
 ///
 /// ```
 /// use payhook::signature::parse_raw_request;
@@ -136,10 +131,10 @@ pub struct CapturedRequest {
 /// let captured = parse_raw_request(raw)?;
 /// assert_eq!(captured.headers[0], ("X-Signature".to_owned(), "abc".to_owned()));
 /// assert_eq!(captured.body, b"{}");
-/// # Ok::<(), payhook::signature::RawRequestError>(())
+/// # Ok::<(), payhook::signature::Error>(())
 /// ```
-pub fn parse_raw_request(raw: &[u8]) -> Result<CapturedRequest, RawRequestError> {
-    let error = |reason: &str| RawRequestError(reason.to_owned());
+pub fn parse_raw_request(raw: &[u8]) -> Result<CapturedRequest, Error> {
+    let error = |reason: &str| Error::RawRequest(reason.to_owned());
     let (head_end, separator) = find(raw, b"\r\n\r\n")
         .map(|at| (at, 4))
         .or_else(|| find(raw, b"\n\n").map(|at| (at, 2)))

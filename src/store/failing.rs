@@ -11,6 +11,7 @@
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
@@ -36,8 +37,8 @@ pub struct CallbackFailure {
     pub amount: rust_decimal::Decimal,
     /// The currency.
     pub currency: String,
-    /// When it failed, ms since the Unix epoch.
-    pub at_ms: u64,
+    /// When it failed (UTC).
+    pub at: DateTime<Utc>,
 }
 
 /// A (nonce, status) whose handler failed and which is not booked yet.
@@ -50,10 +51,12 @@ pub struct FailingCallback {
     pub status: i32,
     /// How many deliveries failed.
     pub failures: u32,
-    /// The first failure, ms since the Unix epoch.
-    pub first_failed_ms: u64,
-    /// The last failure, ms since the Unix epoch.
-    pub last_failed_ms: u64,
+    /// The first failure (UTC).
+    #[serde(rename = "firstFailedMs", with = "super::epoch_ms")]
+    pub first_failed: DateTime<Utc>,
+    /// The last failure (UTC).
+    #[serde(rename = "lastFailedMs", with = "super::epoch_ms")]
+    pub last_failed: DateTime<Utc>,
     /// The reason of the last failure.
     pub last_reason: String,
     /// The aggregator's reference of the transaction.
@@ -100,15 +103,15 @@ pub(crate) fn record(
     match record.failing.iter_mut().find(|f| f.status == status) {
         Some(entry) => {
             entry.failures = entry.failures.saturating_add(1);
-            entry.last_failed_ms = failure.at_ms;
+            entry.last_failed = failure.at;
             entry.last_reason = reason;
         }
         None => record.failing.push(FailingCallback {
             nonce: nonce.clone(),
             status,
             failures: 1,
-            first_failed_ms: failure.at_ms,
-            last_failed_ms: failure.at_ms,
+            first_failed: failure.at,
+            last_failed: failure.at,
             last_reason: reason,
             transaction_reference_id: failure.transaction_reference_id.to_string(),
             client_id: failure.client_id.clone(),
@@ -147,4 +150,26 @@ fn truncate(text: &str, bytes: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failing callback in the JSON written before its times were `DateTime<Utc>`
+    /// (camelCase, `firstFailedMs`/`lastFailedMs` holding integers of milliseconds).
+    const OLD_FORM: &str = r#"{"nonce":"n-1","status":4,"failures":3,"firstFailedMs":1700000000123,"lastFailedMs":1700000060456,"lastReason":"handler failed","transactionReferenceId":"00000000-0000-0000-0000-000000000000","clientId":"client","amount":"10.50","currency":"EUR"}"#;
+
+    #[test]
+    fn failing_callbacks_written_with_millisecond_fields_read_and_write_back_byte_identical() {
+        let failing: FailingCallback = serde_json::from_str(OLD_FORM).unwrap();
+        assert_eq!(failing.first_failed.timestamp_millis(), 1_700_000_000_123);
+        assert_eq!(failing.last_failed.timestamp_millis(), 1_700_000_060_456);
+        assert_eq!(serde_json::to_string(&failing).unwrap(), OLD_FORM);
+
+        let stored = format!(r#"{{"failing":[{OLD_FORM}],"expires_ms":1702592000123}}"#);
+        let record: FailureRecord = serde_json::from_str(&stored).unwrap();
+        assert_eq!(record.failing, vec![failing]);
+        assert_eq!(serde_json::to_string(&record).unwrap(), stored);
+    }
 }

@@ -206,6 +206,8 @@ mod watermark;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
+use chrono::{DateTime, Utc};
+
 use crate::model::TransactionStatus;
 
 pub use effects::{EffectError, EffectTx, Effects, Tree};
@@ -351,8 +353,8 @@ pub type ResolveFuture<'a> =
 pub struct Due {
     /// Due now.
     pub now: Vec<PostponedValidation>,
-    /// When the next of the others falls due, ms since the Unix epoch.
-    pub next_ms: Option<u64>,
+    /// When the next of the others falls due (UTC).
+    pub next: Option<DateTime<Utc>>,
 }
 
 /// Durable deduplication records. `finish_*` must be atomic with the effects, and resolve
@@ -444,7 +446,7 @@ pub trait Store: Send + Sync + 'static {
         validation_id: i64,
         success: bool,
         description: &str,
-        now_ms: u64,
+        now: DateTime<Utc>,
     ) -> ResolveFuture<'_>;
 
     /// Records the outcome of a delivery attempt; a delivered or refused result stays so.
@@ -464,13 +466,13 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the backend fails.
     fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError>;
 
-    /// Results whose next delivery attempt is due at `now_ms`. Only durable ones: what is
+    /// Results whose next delivery attempt is due at `now`. Only durable ones: what is
     /// returned is posted to the aggregator, so it must survive a power failure.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the backend fails.
-    fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError>;
+    fn outbox_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError>;
 
     /// How many results await delivery — a count for monitoring, read without waiting for
     /// writes in progress (it may miss or include a result being written).
@@ -480,19 +482,19 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the backend fails.
     fn outbox_len(&self) -> Result<usize, StoreError>;
 
-    /// Undecided validations whose deadline passed at `now_ms`.
+    /// Undecided validations whose deadline passed at `now`.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the backend fails.
-    fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError>;
+    fn deadlines_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError>;
 
-    /// Removes records that expired at or before `now_ms` (milliseconds since the Unix epoch).
+    /// Removes records that expired at or before `now`.
     ///
     /// # Errors
     ///
     /// [`StoreError`] when the backend fails.
-    fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError>;
+    fn purge_expired(&self, now: DateTime<Utc>) -> Result<usize, StoreError>;
 
     /// How long a record is kept after its last write: a repeat of an older nonce is no
     /// longer recognised.
@@ -509,5 +511,85 @@ pub trait Store: Send + Sync + 'static {
 
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
-    u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or_default()
+    ms_from_time(Utc::now())
+}
+
+/// Milliseconds since the Unix epoch (how the store keeps times) as a UTC time; beyond
+/// chrono's range it is `DateTime::<Utc>::MAX_UTC`.
+pub(crate) fn time_from_ms(ms: u64) -> DateTime<Utc> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(DateTime::from_timestamp_millis)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// A UTC time as milliseconds since the Unix epoch (how the store keeps times); a time
+/// before the epoch is 0.
+pub(crate) fn ms_from_time(time: DateTime<Utc>) -> u64 {
+    u64::try_from(time.timestamp_millis()).unwrap_or(0)
+}
+
+/// Serde for a time kept as an integer of milliseconds since the Unix epoch — the records'
+/// JSON form since their first release. Unlike `chrono::serde::ts_milliseconds`, it writes
+/// the unsigned integer the records always held and reads any of them, clamping one beyond
+/// chrono's range (e.g. a deadline saturated by an unbounded duration) instead of refusing
+/// the record. `#[serde(with = "crate::store::epoch_ms")]`.
+pub(crate) mod epoch_ms {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        time: &DateTime<Utc>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(super::ms_from_time(*time))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<DateTime<Utc>, D::Error> {
+        u64::deserialize(deserializer).map(super::time_from_ms)
+    }
+
+    /// The same for an optional time (`null` when absent).
+    pub(crate) mod option {
+        use chrono::{DateTime, Utc};
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(
+            time: &Option<DateTime<Utc>>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            match time {
+                Some(time) => serializer.serialize_some(&super::super::ms_from_time(*time)),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<DateTime<Utc>>, D::Error> {
+            Ok(Option::<u64>::deserialize(deserializer)?.map(super::super::time_from_ms))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_convert_to_and_from_milliseconds_without_panicking() {
+        let t = time_from_ms(1_700_000_000_123);
+        assert_eq!(t.timestamp_millis(), 1_700_000_000_123);
+        assert_eq!(ms_from_time(t), 1_700_000_000_123);
+        assert_eq!(time_from_ms(0), DateTime::<Utc>::UNIX_EPOCH);
+        assert_eq!(time_from_ms(u64::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(time_from_ms(i64::MAX as u64), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(ms_from_time(DateTime::<Utc>::MIN_UTC), 0);
+        // The latest time there is reads back to its millisecond.
+        let max = ms_from_time(DateTime::<Utc>::MAX_UTC);
+        assert_eq!(time_from_ms(max).timestamp_millis(), max as i64);
+        assert_eq!(ms_from_time(time_from_ms(max)), max);
+    }
 }

@@ -13,6 +13,7 @@
 //! a decision taken is delivered, whatever happens to the process. The first decision wins:
 //! resolving again with the same `success` is a no-op, with the other one is refused.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
@@ -28,10 +29,12 @@ pub struct PostponedValidation {
     pub validation_id: i64,
     /// The validation request as received.
     pub request: TransactionValidationRequest,
-    /// When it was received, ms since the Unix epoch.
-    pub received_ms: u64,
-    /// When it is resolved with the configured default outcome if still undecided.
-    pub deadline_ms: Option<u64>,
+    /// When it was received (UTC).
+    #[serde(rename = "received_ms", with = "super::epoch_ms")]
+    pub received: DateTime<Utc>,
+    /// When it is resolved with the configured default outcome if still undecided (UTC).
+    #[serde(rename = "deadline_ms", with = "super::epoch_ms::option")]
+    pub deadline: Option<DateTime<Utc>>,
     /// The decision, once taken.
     pub result: Option<ValidationResult>,
 }
@@ -43,8 +46,9 @@ pub struct ValidationResult {
     pub success: bool,
     /// The explanation sent with it.
     pub description: String,
-    /// When the decision was taken, ms since the Unix epoch.
-    pub decided_ms: u64,
+    /// When the decision was taken (UTC).
+    #[serde(rename = "decided_ms", with = "super::epoch_ms")]
+    pub decided: DateTime<Utc>,
     /// Its delivery to the aggregator.
     pub delivery: Delivery,
 }
@@ -53,12 +57,13 @@ pub struct ValidationResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Delivery {
-    /// In the outbox: the next attempt is due at `next_attempt_ms`.
+    /// In the outbox: the next attempt is due at `next_attempt`.
     Queued {
         /// Attempts made so far.
         attempts: u32,
-        /// When the next attempt is due, ms since the Unix epoch.
-        next_attempt_ms: u64,
+        /// When the next attempt is due (UTC).
+        #[serde(rename = "next_attempt_ms", with = "super::epoch_ms")]
+        next_attempt: DateTime<Utc>,
         /// Why the last attempt failed.
         last_error: Option<String>,
     },
@@ -66,8 +71,9 @@ pub enum Delivery {
     Delivered {
         /// Attempts it took.
         attempts: u32,
-        /// When, ms since the Unix epoch.
-        at_ms: u64,
+        /// When (UTC).
+        #[serde(rename = "at_ms", with = "super::epoch_ms")]
+        at: DateTime<Utc>,
     },
     /// The aggregator answered 403: it holds a different result. Final.
     Conflict {
@@ -75,17 +81,18 @@ pub enum Delivery {
         attempts: u32,
         /// The aggregator's message.
         message: String,
-        /// When, ms since the Unix epoch.
-        at_ms: u64,
+        /// When (UTC).
+        #[serde(rename = "at_ms", with = "super::epoch_ms")]
+        at: DateTime<Utc>,
     },
 }
 
 impl Delivery {
     /// A delivery due now.
-    pub(crate) fn queued(now_ms: u64) -> Self {
+    pub(crate) fn queued(now: DateTime<Utc>) -> Self {
         Self::Queued {
             attempts: 0,
-            next_attempt_ms: now_ms,
+            next_attempt: now,
             last_error: None,
         }
     }
@@ -148,7 +155,7 @@ pub(crate) enum PostponedOp {
         validation_id: i64,
         success: bool,
         description: String,
-        now_ms: u64,
+        now: DateTime<Utc>,
     },
     /// Record how a delivery attempt went.
     Deliver {
@@ -176,17 +183,16 @@ pub(crate) fn put(staging: &mut Staging<'_>, record: &PostponedValidation) {
     match record.result.as_ref().map(|r| &r.delivery) {
         None => {
             let deadline = record
-                .deadline_ms
-                .map(|ms| ms.to_be_bytes().to_vec())
+                .deadline
+                .map(|time| super::ms_from_time(time).to_be_bytes().to_vec())
                 .unwrap_or_default();
             staging.put(waiting, Some(deadline));
             staging.put(outbox, None);
         }
-        Some(Delivery::Queued {
-            next_attempt_ms, ..
-        }) => {
+        Some(Delivery::Queued { next_attempt, .. }) => {
+            let next_attempt = super::ms_from_time(*next_attempt);
             staging.put(waiting, None);
-            staging.put(outbox, Some(next_attempt_ms.to_be_bytes().to_vec()));
+            staging.put(outbox, Some(next_attempt.to_be_bytes().to_vec()));
         }
         Some(_) => {
             staging.put(waiting, None);
@@ -223,7 +229,7 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             validation_id,
             success,
             description,
-            now_ms,
+            now,
         } => {
             let Some(mut record) = read(staging, validation_id)? else {
                 return Ok(Resolution::Unknown);
@@ -241,8 +247,8 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             record.result = Some(ValidationResult {
                 success,
                 description,
-                decided_ms: now_ms,
-                delivery: Delivery::queued(now_ms),
+                decided: now,
+                delivery: Delivery::queued(now),
             });
             put(staging, &record);
             Ok(Resolution::Recorded)
@@ -272,4 +278,85 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
 /// result is delivered or refused; an undelivered one is kept (and indexed again).
 pub(crate) fn purgeable(bytes: &[u8], id: &str) -> Result<bool, StoreError> {
     Ok(decode::<PostponedValidation>(id, bytes)?.is_final())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::time_from_ms;
+
+    /// The record of a postponed validation in the JSON written before its times were
+    /// `DateTime<Utc>`: `*_ms` fields holding integers of milliseconds.
+    fn old_form(request: &str, result: &str) -> String {
+        format!(
+            r#"{{"validation_id":42,"request":{request},"received_ms":1700000000123,"deadline_ms":1700000300123,"result":{result}}}"#
+        )
+    }
+
+    fn request() -> String {
+        let wire: TransactionValidationRequest = serde_json::from_str(
+            r#"{"merchantData":{"merchantHash":"h","clientId":"c"},
+                "paymentData":{"nonce":"n-1","amount":"10.50","currency":"EUR","providerId":1},
+                "validationId":42,"cashIn":true}"#,
+        )
+        .unwrap();
+        serde_json::to_string(&wire).unwrap()
+    }
+
+    #[test]
+    fn records_written_with_millisecond_fields_read_and_write_back_byte_identical() {
+        let request = request();
+        let results = [
+            (
+                r#"{"success":true,"description":"ok","decided_ms":1700000001000,"delivery":{"state":"queued","attempts":2,"next_attempt_ms":1700000005000,"last_error":"timeout"}}"#,
+                Some(Delivery::Queued {
+                    attempts: 2,
+                    next_attempt: time_from_ms(1_700_000_005_000),
+                    last_error: Some("timeout".into()),
+                }),
+            ),
+            (
+                r#"{"success":true,"description":"ok","decided_ms":1700000001000,"delivery":{"state":"delivered","attempts":3,"at_ms":1700000009999}}"#,
+                Some(Delivery::Delivered {
+                    attempts: 3,
+                    at: time_from_ms(1_700_000_009_999),
+                }),
+            ),
+            (
+                r#"{"success":true,"description":"ok","decided_ms":1700000001000,"delivery":{"state":"conflict","attempts":1,"message":"other result","at_ms":1700000002000}}"#,
+                Some(Delivery::Conflict {
+                    attempts: 1,
+                    message: "other result".into(),
+                    at: time_from_ms(1_700_000_002_000),
+                }),
+            ),
+            ("null", None),
+        ];
+        for (result, delivery) in results {
+            let old = old_form(&request, result);
+            // As the store reads and writes it.
+            let record: PostponedValidation = decode("42", old.as_bytes()).unwrap();
+            assert_eq!(encode(&record), old.as_bytes());
+            assert_eq!(record.received.timestamp_millis(), 1_700_000_000_123);
+            assert_eq!(
+                record.deadline.map(|d| d.timestamp_millis()),
+                Some(1_700_000_300_123)
+            );
+            if let Some(result) = &record.result {
+                assert_eq!(result.decided.timestamp_millis(), 1_700_000_001_000);
+            }
+            assert_eq!(record.result.map(|r| r.delivery), delivery);
+        }
+        let no_deadline = old_form(&request, "null").replace("1700000300123", "null");
+        let record: PostponedValidation = serde_json::from_str(&no_deadline).unwrap();
+        assert_eq!(record.deadline, None);
+        assert_eq!(serde_json::to_string(&record).unwrap(), no_deadline);
+    }
+
+    #[test]
+    fn a_time_beyond_chronos_range_is_clamped_not_refused() {
+        let old = old_form(&request(), "null").replace("1700000300123", &u64::MAX.to_string());
+        let record: PostponedValidation = serde_json::from_str(&old).unwrap();
+        assert_eq!(record.deadline, Some(DateTime::<Utc>::MAX_UTC));
+    }
 }

@@ -1,5 +1,6 @@
 //! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader.
 
+use chrono::{DateTime, Utc};
 use std::{
     sync::{
         Arc,
@@ -21,7 +22,7 @@ use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRec
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
-    now_ms,
+    ms_from_time, now_ms, time_from_ms,
 };
 use crate::model::TransactionStatus;
 
@@ -459,7 +460,7 @@ impl Store for SledStore {
             let nonce = keys::describe(&key[keys::FAILING_PREFIX.len()..]);
             failing.extend(decode::<FailureRecord>(&nonce, &bytes)?.failing);
         }
-        failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed_ms));
+        failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed));
         Ok(failing)
     }
 
@@ -518,13 +519,13 @@ impl Store for SledStore {
         validation_id: i64,
         success: bool,
         description: &str,
-        now_ms: u64,
+        now: DateTime<Utc>,
     ) -> ResolveFuture<'_> {
         self.postponed_op(PostponedOp::Resolve {
             validation_id,
             success,
             description: description.to_owned(),
-            now_ms,
+            now,
         })
     }
 
@@ -555,7 +556,7 @@ impl Store for SledStore {
             .collect()
     }
 
-    fn outbox_due(&self, now_ms: u64) -> Result<Due, StoreError> {
+    fn outbox_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError> {
         // Only durable decisions are posted: one lost to a power failure after being posted
         // would come back undecided, and a different decision would then conflict. A store
         // whose last batch failed to flush may show writes that are not durable: it posts
@@ -563,7 +564,7 @@ impl Store for SledStore {
         self.check_healthy()?;
         self.inner
             .writer
-            .read_durable(|| self.due(keys::OUTBOX_PREFIX, now_ms))
+            .read_durable(|| self.due(keys::OUTBOX_PREFIX, ms_from_time(now)))
     }
 
     fn outbox_len(&self) -> Result<usize, StoreError> {
@@ -576,11 +577,11 @@ impl Store for SledStore {
         Ok(queued)
     }
 
-    fn deadlines_due(&self, now_ms: u64) -> Result<Due, StoreError> {
+    fn deadlines_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError> {
         self.check_healthy()?;
         self.inner
             .writer
-            .read_durable(|| self.due(keys::WAITING_PREFIX, now_ms))
+            .read_durable(|| self.due(keys::WAITING_PREFIX, ms_from_time(now)))
     }
 
     fn retention(&self) -> Duration {
@@ -591,8 +592,8 @@ impl Store for SledStore {
         self.inner.failed.load(Ordering::SeqCst)
     }
 
-    fn purge_expired(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.inner.writer.purge(now_ms)
+    fn purge_expired(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
+        self.inner.writer.purge(ms_from_time(now))
     }
 }
 
@@ -702,6 +703,7 @@ impl SledStore {
     /// `now_ms`; entries without a time are never due.
     fn due(&self, prefix: &[u8], now_ms: u64) -> Result<Due, StoreError> {
         let mut due = Due::default();
+        let mut next_ms: Option<u64> = None;
         for entry in self.inner.tree.scan_prefix(prefix) {
             let (key, value) = entry?;
             if value.is_empty() {
@@ -709,7 +711,7 @@ impl SledStore {
             }
             let at = keys::millis_of(&value);
             if at > now_ms {
-                due.next_ms = Some(due.next_ms.map_or(at, |n| n.min(at)));
+                next_ms = Some(next_ms.map_or(at, |n| n.min(at)));
                 continue;
             }
             if let Some(record) = keys::id_of(&key)
@@ -720,6 +722,7 @@ impl SledStore {
                 due.now.push(record);
             }
         }
+        due.next = next_ms.map(time_from_ms);
         Ok(due)
     }
 }

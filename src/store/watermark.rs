@@ -41,8 +41,10 @@ use std::{
     sync::Mutex,
 };
 
+use chrono::{DateTime, Utc};
+
 use super::staging::lock;
-use super::{StoreError, keys};
+use super::{StoreError, keys, ms_from_time, time_from_ms};
 
 /// The watermark's file name, in the store's directory.
 pub(crate) const FILE_NAME: &str = "payhook.watermark";
@@ -62,8 +64,8 @@ pub struct Seal {
     pub store_id: uuid::Uuid,
     /// The commit's number: 0 at creation, one more for every committed batch.
     pub commit: u64,
-    /// When the commit was made, ms since the Unix epoch.
-    pub at_ms: u64,
+    /// When the commit was made (UTC); stored as ms since the Unix epoch.
+    pub at: DateTime<Utc>,
 }
 
 impl Seal {
@@ -72,7 +74,7 @@ impl Seal {
         [
             self.store_id.as_bytes().as_slice(),
             &self.commit.to_be_bytes(),
-            &self.at_ms.to_be_bytes(),
+            &ms_from_time(self.at).to_be_bytes(),
         ]
         .concat()
     }
@@ -81,15 +83,12 @@ impl Seal {
         Some(Self {
             store_id: uuid::Uuid::from_slice(bytes.get(..16)?).ok()?,
             commit: u64::from_be_bytes(bytes.get(16..24)?.try_into().ok()?),
-            at_ms: u64::from_be_bytes(bytes.get(24..32)?.try_into().ok()?),
+            at: time_from_ms(u64::from_be_bytes(bytes.get(24..32)?.try_into().ok()?)),
         })
     }
 
     fn time(&self) -> String {
-        i64::try_from(self.at_ms)
-            .ok()
-            .and_then(chrono::DateTime::from_timestamp_millis)
-            .map_or_else(|| format!("{} ms", self.at_ms), |t| t.to_rfc3339())
+        self.at.to_rfc3339()
     }
 }
 
@@ -292,7 +291,7 @@ impl Watermark {
         let held = found.verdict(dir)?.unwrap_or(Seal {
             store_id: uuid::Uuid::nil(),
             commit: 0,
-            at_ms: 0,
+            at: DateTime::<Utc>::UNIX_EPOCH,
         });
         Ok(IntegrityReport {
             path: dir.to_path_buf(),
@@ -347,7 +346,7 @@ impl Watermark {
         Seal {
             store_id: last.store_id,
             commit: last.commit.saturating_add(1),
-            at_ms,
+            at: time_from_ms(at_ms),
         }
     }
 
@@ -413,7 +412,7 @@ fn seal_new(
     let seal = Seal {
         store_id: watermark.map_or_else(uuid::Uuid::new_v4, |w| w.store_id),
         commit: 0,
-        at_ms: super::now_ms(),
+        at: time_from_ms(super::now_ms()),
     };
     tree.insert(keys::SEAL, seal.encode())?;
     db.flush()?;
@@ -465,7 +464,7 @@ mod tests {
         Seal {
             store_id: uuid::Uuid::from_u128(7),
             commit,
-            at_ms: 1_700_000_000_000 + commit,
+            at: time_from_ms(1_700_000_000_000 + commit),
         }
     }
 

@@ -19,7 +19,7 @@ pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
     let dir = data.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("payhook-demo-{}", uuid::Uuid::new_v4().simple()))
     });
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Failure::msg(format!("{}: {e}", dir.display())))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

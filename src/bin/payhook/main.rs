@@ -304,9 +304,21 @@ enum StoreCommand {
 /// What a command prints on failure: a message and its exit code.
 struct Failure(String, u8);
 
-impl<E: std::fmt::Display> From<E> for Failure {
+impl Failure {
+    /// A message of the command's own, exit code 2.
+    fn msg(text: impl Into<String>) -> Self {
+        Self(text.into(), 2)
+    }
+
+    /// `error` as a person reads it (its message, then each cause), with `code`.
+    fn report(error: &(dyn std::error::Error + 'static), code: u8) -> Self {
+        Self(payhook::Report::new(error).to_string(), code)
+    }
+}
+
+impl<E: std::error::Error + 'static> From<E> for Failure {
     fn from(error: E) -> Self {
-        Self(error.to_string(), 2)
+        Self::report(&error, 2)
     }
 }
 
@@ -531,7 +543,10 @@ fn open_store(config: &Config) -> Result<SledStore, Failure> {
                 2,
             )
         } else {
-            Failure(format!("store at {path}: {error}"), 2)
+            Failure(
+                format!("store at {path}: {}", payhook::Report::new(&error)),
+                2,
+            )
         }
     })
 }
@@ -543,8 +558,8 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
         store.path.clone_from(data);
     }
     let failure = |error: payhook::store::StoreError| match error {
-        payhook::store::StoreError::Integrity(_) => Failure(error.to_string(), 1),
-        other => Failure(other.to_string(), 2),
+        payhook::store::StoreError::Integrity(_) => Failure::report(&error, 1),
+        other => Failure::report(&other, 2),
     };
     match command {
         StoreCommand::Check { .. } => {
@@ -646,7 +661,7 @@ fn stdin_bytes() -> Result<Vec<u8>, Failure> {
 
 fn sign(key: &Path, algorithm: Algorithm, encoding: Encoding, prefix: &str) -> Result<(), Failure> {
     let key = SigningKey::from_pkcs8(
-        &std::fs::read(key).map_err(|e| format!("{}: {e}", key.display()))?,
+        &std::fs::read(key).map_err(|e| Failure::msg(format!("{}: {e}", key.display())))?,
         algorithm,
     )?;
     println!(
@@ -657,7 +672,8 @@ fn sign(key: &Path, algorithm: Algorithm, encoding: Encoding, prefix: &str) -> R
 }
 
 fn read_keys(path: &Path) -> Result<Vec<PublicKey>, Failure> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Failure::msg(format!("{}: {e}", path.display())))?;
     PublicKey::parse(&bytes).map_err(|e| Failure(format!("{}: {e}", path.display()), 2))
 }
 
@@ -674,7 +690,7 @@ fn verify(
     }
     let mut headers = http::HeaderMap::new();
     let value = http::HeaderValue::from_str(signature)
-        .map_err(|_| "the signature is not a valid header value")?;
+        .map_err(|_| Failure::msg("the signature is not a valid header value"))?;
     headers.insert(verifier.header().clone(), value);
     match verifier.verify(&headers, &stdin_bytes()?) {
         Ok(key_id) => {
@@ -684,7 +700,7 @@ fn verify(
             );
             Ok(())
         }
-        Err(error) => Err(Failure(error.to_string(), 1)),
+        Err(error) => Err(Failure::report(&error, 1)),
     }
 }
 
@@ -711,7 +727,7 @@ fn sniff_request(
                         .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
                 })
                 .collect::<Option<Vec<_>>>()
-                .ok_or("--header takes `Name: value`")?;
+                .ok_or_else(|| Failure::msg("--header takes `Name: value`"))?;
             (headers, std::fs::read(body)?)
         }
         (None, None) => {

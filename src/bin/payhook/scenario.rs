@@ -55,8 +55,8 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
         .files
         .iter()
         .map(|file| {
-            let text =
-                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| Failure::msg(format!("{}: {e}", file.display())))?;
             Ok(Scenario::parse(&text, &file.display().to_string())?)
         })
         .collect::<Result<Vec<_>, Failure>>()?;

@@ -135,9 +135,9 @@ impl PaymentArgs {
         let mut body = match &self.file {
             Some(file) => {
                 let text = std::fs::read_to_string(file)
-                    .map_err(|e| format!("{}: {e}", file.display()))?;
-                let parsed =
-                    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+                    .map_err(|e| Failure::msg(format!("{}: {e}", file.display())))?;
+                let parsed = serde_json::from_str(&text)
+                    .map_err(|e| Failure::msg(format!("{}: {e}", file.display())))?;
                 if self.sets.is_empty() {
                     // Byte for byte: a captured body keeps its numbers (`10.50`), key order
                     // and spacing, which re-serialising would change.
@@ -150,7 +150,7 @@ impl PaymentArgs {
         for set in &self.sets {
             let (path, value) = set
                 .split_once('=')
-                .ok_or_else(|| format!("--set {set}: expected PATH=VALUE"))?;
+                .ok_or_else(|| Failure::msg(format!("--set {set}: expected PATH=VALUE")))?;
             payhook::sim::set(&mut body, path, value)?;
         }
         Ok(payhook::sim::to_text(&body))
@@ -207,7 +207,8 @@ impl SigningArgs {
                 if let Some(prefix) = &self.prefix {
                     signature.prefix.clone_from(prefix);
                 }
-                let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let pem = std::fs::read(path)
+                    .map_err(|e| Failure::msg(format!("{}: {e}", path.display())))?;
                 let key = SigningKey::from_pkcs8(&pem, signature.algorithm)?;
                 Some(Signer::new(key, &signature)?)
             }
@@ -455,10 +456,10 @@ async fn deliver(
     payment: &Payment,
     body: &str,
 ) -> Result<(), Failure> {
-    let text =
-        std::fs::read_to_string(settings).map_err(|e| format!("{}: {e}", settings.display()))?;
-    let settings: Vec<payhook::model::CallbackSettings> =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", settings.display()))?;
+    let text = std::fs::read_to_string(settings)
+        .map_err(|e| Failure::msg(format!("{}: {e}", settings.display())))?;
+    let settings: Vec<payhook::model::CallbackSettings> = serde_json::from_str(&text)
+        .map_err(|e| Failure::msg(format!("{}: {e}", settings.display())))?;
     let mut schedule = payhook::sim::Schedule::default();
     if !args.schedule.is_empty() {
         schedule.waits.clone_from(&args.schedule);
