@@ -43,7 +43,7 @@ use tokio::sync::Notify;
 
 use crate::store::{Resolution, Store, StoreError};
 
-pub use crate::store::{Delivery, PostponedState, PostponedValidation, ValidationResult};
+pub use crate::store::{Decision, Delivery, PostponedState, PostponedValidation, ValidationResult};
 pub use clock::Clock;
 pub use outbox::{Outbox, OutboxCounts, Pass};
 pub use settings::{DeadlineOutcome, ValidationConfig};
@@ -70,67 +70,6 @@ pub enum ResolveError {
     /// The store failed; the decision may not have been recorded — resolve again.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// The decision on a postponed validation, with the description posted with it.
-///
-/// ```
-/// use payhook::postponed::Decision;
-///
-/// let decision = Decision::deny("documents missing");
-/// assert!(!decision.allows());
-/// assert_eq!(decision.description(), "documents missing");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Decision {
-    /// The client may make the transaction (`success: true`).
-    Allow {
-        /// Sent to the aggregator with the result.
-        description: String,
-    },
-    /// The client may not (`success: false`).
-    Deny {
-        /// Sent to the aggregator with the result.
-        description: String,
-    },
-}
-
-impl Decision {
-    /// The client may make the transaction.
-    pub fn allow(description: impl Into<String>) -> Self {
-        Self::Allow {
-            description: description.into(),
-        }
-    }
-
-    /// The client may not.
-    pub fn deny(description: impl Into<String>) -> Self {
-        Self::Deny {
-            description: description.into(),
-        }
-    }
-
-    /// `allow` or `deny` by a condition.
-    pub fn allow_if(allow: bool, description: impl Into<String>) -> Self {
-        if allow {
-            Self::allow(description)
-        } else {
-            Self::deny(description)
-        }
-    }
-
-    /// Whether the client may make the transaction: the result's `success`.
-    pub fn allows(&self) -> bool {
-        matches!(self, Self::Allow { .. })
-    }
-
-    /// The description sent with the result.
-    pub fn description(&self) -> &str {
-        match self {
-            Self::Allow { description } | Self::Deny { description } => description,
-        }
-    }
 }
 
 /// What a successful resolve did.
@@ -242,15 +181,14 @@ impl Resolver {
         decision: Decision,
     ) -> Result<Resolved, ResolveError> {
         let success = decision.allows();
-        let description = decision.description();
         let mut resolution = self
             .store
-            .resolve(validation_id, success, description, self.clock.now())
+            .resolve(validation_id, &decision, self.clock.now())
             .await?;
         if resolution == Resolution::Unknown && self.recorded(validation_id).await {
             resolution = self
                 .store
-                .resolve(validation_id, success, description, self.clock.now())
+                .resolve(validation_id, &decision, self.clock.now())
                 .await?;
         }
         match resolution {

@@ -213,7 +213,7 @@ use crate::model::TransactionStatus;
 pub use effects::{EffectError, EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
 pub use postponed_records::{
-    Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
+    Decision, Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
 };
 pub use record::{Fingerprint, RecordedDecision};
 pub use settings::StoreConfig;
@@ -444,8 +444,7 @@ pub trait Store: Send + Sync + 'static {
     fn resolve(
         &self,
         validation_id: i64,
-        success: bool,
-        description: &str,
+        decision: &Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'_>;
 

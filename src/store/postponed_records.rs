@@ -22,6 +22,67 @@ use super::record::{decode, encode};
 use super::staging::Staging;
 use crate::model::TransactionValidationRequest;
 
+/// The decision on a postponed validation, with the description posted with it.
+///
+/// ```
+/// use payhook::postponed::Decision;
+///
+/// let decision = Decision::deny("documents missing");
+/// assert!(!decision.allows());
+/// assert_eq!(decision.description(), "documents missing");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// The client may make the transaction (`success: true`).
+    Allow {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+    /// The client may not (`success: false`).
+    Deny {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+}
+
+impl Decision {
+    /// The client may make the transaction.
+    pub fn allow(description: impl Into<String>) -> Self {
+        Self::Allow {
+            description: description.into(),
+        }
+    }
+
+    /// The client may not.
+    pub fn deny(description: impl Into<String>) -> Self {
+        Self::Deny {
+            description: description.into(),
+        }
+    }
+
+    /// `allow` or `deny` by a condition.
+    pub fn allow_if(allow: bool, description: impl Into<String>) -> Self {
+        if allow {
+            Self::allow(description)
+        } else {
+            Self::deny(description)
+        }
+    }
+
+    /// Whether the client may make the transaction: the result's `success`.
+    pub fn allows(&self) -> bool {
+        matches!(self, Self::Allow { .. })
+    }
+
+    /// The description sent with the result.
+    pub fn description(&self) -> &str {
+        match self {
+            Self::Allow { description } | Self::Deny { description } => description,
+        }
+    }
+}
+
 /// A validation decided after its answer (Awaitable mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PostponedValidation {

@@ -17,7 +17,7 @@ use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
-use super::postponed_records::{Delivery, PostponedOp, PostponedValidation};
+use super::postponed_records::{Decision, Delivery, PostponedOp, PostponedValidation};
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
@@ -517,14 +517,13 @@ impl Store for SledStore {
     fn resolve(
         &self,
         validation_id: i64,
-        success: bool,
-        description: &str,
+        decision: &Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'_> {
         self.postponed_op(PostponedOp::Resolve {
             validation_id,
-            success,
-            description: description.to_owned(),
+            success: decision.allows(),
+            description: decision.description().to_owned(),
             now,
         })
     }
