@@ -1,17 +1,19 @@
-//! The transaction validation endpoint in Awaitable mode (see [`crate::postponed`]): the
-//! handler's decision within the time budget, the pending record, and the decision that
-//! arrives after the answer.
+//! Awaitable decisions (see [`crate::postponed`]): the handler's decision within the time
+//! budget, the pending record, the decision that arrives after the answer, and the outbox
+//! worker that delivers the results. A component of the server that owns its state; the
+//! exactly-once delivery calls it, and it calls the handler runner.
 
 use std::sync::{
-    Arc,
+    Arc, Mutex, PoisonError,
     atomic::{AtomicBool, Ordering},
 };
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::exactly_once::Decided;
+use super::BuildError;
+use super::problem::Problem;
 use super::route::Endpoint;
-use super::{App, BuildError, Problem};
+use super::runner::Runner;
 use crate::HandlerError;
 use crate::config::Config;
 use crate::gateway::GatewayClient;
@@ -21,19 +23,31 @@ use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, V
 use crate::postponed::{DeadlineOutcome, Decision, ValidationConfig};
 use crate::store::{RecordedDecision, Store, time_from_ms};
 
-/// What an app in Awaitable mode has besides the handlers.
+/// A validation's decision, ready to be recorded.
+pub(super) struct Decided {
+    pub(super) decision: RecordedDecision,
+    /// Awaitable mode: the validation's postponed record.
+    pub(super) postponed: Option<PostponedValidation>,
+    /// Awaitable mode: the handler, still deciding after its time budget.
+    pub(super) later: Option<JoinHandle<Result<ValidationDecision, HandlerError>>>,
+}
+
+/// The Awaitable transaction validation endpoint: its settings, clock, resolver and outbox,
+/// and the handler runner it decides with. Built by the app's builder when
+/// `validation.awaitable` is set; dropped with the app's last clone.
 pub(super) struct Awaitable {
     config: ValidationConfig,
     clock: Clock,
     resolver: Resolver,
     outbox: Outbox,
+    runner: Runner,
     started: AtomicBool,
     /// Started by the first request, unless the builder said `manual_background`.
     automatic: bool,
     /// The outbox worker once started; it stops when the app is dropped (its last clone),
     /// so that a dropped app lets go of its store. What it had not delivered stays in the
     /// outbox for the next start.
-    worker: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    worker: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Drop for Awaitable {
@@ -41,7 +55,7 @@ impl Drop for Awaitable {
         let worker = self
             .worker
             .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(worker) = worker.take() {
             worker.abort();
         }
@@ -55,6 +69,7 @@ impl Awaitable {
         config: &Config,
         store: Option<&Arc<dyn Store>>,
         gateway: Option<&GatewayClient>,
+        runner: &Runner,
     ) -> Result<Option<Self>, BuildError> {
         if !config.validation.awaitable {
             return Ok(None);
@@ -80,9 +95,10 @@ impl Awaitable {
             clock,
             resolver,
             outbox,
+            runner: runner.clone(),
             started: AtomicBool::new(false),
             automatic: true,
-            worker: std::sync::Mutex::default(),
+            worker: Mutex::default(),
         }))
     }
 
@@ -91,88 +107,60 @@ impl Awaitable {
         self.automatic = automatic;
         self
     }
-}
 
-impl App {
-    /// Decides validations postponed by this app (Awaitable mode); `None` when
-    /// `validation.awaitable` is off.
-    pub fn resolver(&self) -> Option<Resolver> {
-        self.inner.awaitable.as_ref().map(|a| a.resolver.clone())
+    pub(super) fn resolver(&self) -> &Resolver {
+        &self.resolver
     }
 
-    /// The app's store; `None` when built `without_store`.
-    pub fn store(&self) -> Option<Arc<dyn Store>> {
-        self.inner.store.clone()
+    pub(super) fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
-    /// The worker delivering this app's postponed results; `None` when not Awaitable.
-    pub fn outbox(&self) -> Option<Outbox> {
-        self.inner.awaitable.as_ref().map(|a| a.outbox.clone())
-    }
-
-    /// Starts the background work of the app (the outbox worker in Awaitable mode) on the
-    /// current tokio runtime, once; it stops when the last clone of the app is dropped. [`crate::serve`] calls it, and an app mounted in a server
-    /// of your own calls it with its first request; call it earlier to deliver the results
-    /// a previous run left in the outbox before any request arrives.
-    pub fn start_background(&self) {
-        if let Some(awaitable) = &self.inner.awaitable
-            && !awaitable.started.swap(true, Ordering::SeqCst)
-        {
-            let worker = tokio::spawn(awaitable.outbox.clone().run()).abort_handle();
-            *awaitable
-                .worker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(worker);
+    /// Starts the outbox worker on the current tokio runtime, once.
+    pub(super) fn start(&self) {
+        if !self.started.swap(true, Ordering::SeqCst) {
+            let worker = tokio::spawn(self.outbox.clone().run()).abort_handle();
+            *self.worker.lock().unwrap_or_else(PoisonError::into_inner) = Some(worker);
         }
     }
 
-    /// Starts the background work unless the app was built with `manual_background`:
-    /// called by `serve` and with every request (a cheap check once started).
-    pub(super) fn start_automatic_background(&self) {
+    /// Starts the worker unless the builder said `manual_background`: called by `serve` and
+    /// with every request (a cheap check once started).
+    pub(super) fn start_automatically(&self) {
         // Outside a tokio runtime (an executor of the caller's own) there is nowhere to run
-        // the worker: `start_background` on a runtime starts it then.
-        if let Some(awaitable) = &self.inner.awaitable
-            && awaitable.automatic
-            && !awaitable.started.load(Ordering::Relaxed)
+        // the worker: `start` on a runtime starts it then.
+        if self.automatic
+            && !self.started.load(Ordering::Relaxed)
             && tokio::runtime::Handle::try_current().is_ok()
         {
-            self.start_background();
+            self.start();
         }
-    }
-
-    /// `true` when the transaction validation endpoint is Awaitable.
-    pub(super) fn is_awaitable(&self) -> bool {
-        self.inner.awaitable.is_some()
     }
 
     /// Runs the handler within the time budget and turns its decision into the record of an
     /// Awaitable validation: a decision taken is queued for delivery, a postponement (or a
     /// spent budget) leaves it pending.
-    pub(super) async fn decide_awaitable(
+    pub(super) async fn decide(
         &self,
         request: TransactionValidationRequest,
         ctx: RequestContext,
     ) -> Result<Decided, Problem> {
-        let (awaitable, handler) = match (&self.inner.awaitable, &self.inner.validation) {
-            (Some(awaitable), Some(handler)) => (awaitable, Arc::clone(handler)),
-            _ => return Err(Problem::NotFound),
-        };
-        let received_ms = awaitable.clock.now_ms();
+        let received_ms = self.clock.now_ms();
         let received = time_from_ms(received_ms);
         let mut postponed = PostponedValidation {
             validation_id: request.validation_id,
             request: request.clone(),
             received,
-            deadline: awaitable
+            deadline: self
                 .config
                 .deadline
                 .map(|d| time_from_ms(received_ms.saturating_add(millis(d)))),
             result: None,
         };
-        let mut task = tokio::spawn(handler.call(request, ctx).in_current_span());
-        let Ok(joined) = tokio::time::timeout(awaitable.config.time_budget, &mut task).await else {
+        let mut task = self.runner.spawn_validation(request, ctx)?;
+        let Ok(joined) = tokio::time::timeout(self.config.time_budget, &mut task).await else {
             tracing::info!(
-                budget = ?awaitable.config.time_budget,
+                budget = ?self.config.time_budget,
                 "the handler is still deciding after its time budget; answering 200 (postponed)"
             );
             return Ok(Decided {
@@ -181,7 +169,10 @@ impl App {
                 later: Some(task),
             });
         };
-        let (decision, result) = match self.settle(Endpoint::TransactionValidation, joined)? {
+        let (decision, result) = match self
+            .runner
+            .settle(Endpoint::TransactionValidation, joined)?
+        {
             ValidationDecision::Allow => (RecordedDecision::Allow, Some((true, ALLOWED.into()))),
             ValidationDecision::Deny { message } => (
                 RecordedDecision::Deny {
@@ -206,9 +197,7 @@ impl App {
 
     /// Wakes the outbox worker: a result was queued with the validation's record.
     pub(super) fn result_queued(&self) {
-        if let Some(awaitable) = &self.inner.awaitable {
-            awaitable.outbox.wake();
-        }
+        self.outbox.wake();
     }
 
     /// Waits (within the handler timeout) for a handler that overran its time budget, and
@@ -218,22 +207,18 @@ impl App {
         validation_id: i64,
         mut task: JoinHandle<Result<ValidationDecision, HandlerError>>,
     ) {
-        let (Some(resolver), Some(awaitable)) = (self.resolver(), self.inner.awaitable.as_ref())
-        else {
-            return;
-        };
-        let app = self.clone();
-        let limit = self.inner.server.handler_timeout;
+        let (runner, resolver) = (self.runner.clone(), self.resolver.clone());
+        let limit = runner.handler_timeout();
         // A handler that fails after its budget has no decision to give, and nothing would
         // ever decide the validation (the aggregator waits for a result): it gets the
         // deadline's outcome — a refusal unless configured otherwise.
         let failed = (
-            awaitable.config.deadline_outcome == DeadlineOutcome::Allow,
-            awaitable.config.deadline_description.clone(),
+            self.config.deadline_outcome == DeadlineOutcome::Allow,
+            self.config.deadline_description.clone(),
         );
         let later = async move {
             let decision = match tokio::time::timeout(limit, &mut task).await {
-                Ok(joined) => app.settle(Endpoint::TransactionValidation, joined).ok(),
+                Ok(joined) => runner.settle(Endpoint::TransactionValidation, joined).ok(),
                 Err(_) => {
                     task.abort();
                     let _ = (&mut task).await;

@@ -17,11 +17,12 @@ use std::{
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::App;
-use super::metrics::Decision;
+use super::awaitable::{Awaitable, Decided};
+use super::metrics::{Decision, Metrics};
 use super::problem::{Problem, json_response};
 use super::route::Endpoint;
-use crate::handler::{CallbackContext, CallbackDecision, RequestContext, ValidationDecision};
+use super::runner::Runner;
+use crate::handler::{CallbackContext, RequestContext};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ErrorBody, TransactionValidationRequest};
 use crate::store::{
@@ -90,15 +91,56 @@ fn ok(message: &str) -> Answer {
     Ok(json_response(StatusCode::OK, &ErrorBody::new(message)))
 }
 
-impl App {
+/// Exactly-once delivery: the store's records per nonce, the deliveries waiting for another
+/// of the same nonce, and the handlers (through the runner, or the Awaitable decisions) run
+/// only for what is not recorded yet. Cheap to clone: clones share everything.
+#[derive(Clone)]
+pub(super) struct ExactlyOnce {
+    inner: Arc<Records>,
+}
+
+/// Created once by the app's builder.
+struct Records {
+    /// Deduplication records; `None` only when the app was built `without_store`.
+    store: Option<Arc<dyn Store>>,
+    waiters: Waiters,
+    runner: Runner,
+    /// The Awaitable decisions, when the validation endpoint is Awaitable.
+    awaitable: Option<Arc<Awaitable>>,
+    metrics: Arc<Metrics>,
+}
+
+impl ExactlyOnce {
+    pub(super) fn new(
+        store: Option<Arc<dyn Store>>,
+        runner: Runner,
+        awaitable: Option<Arc<Awaitable>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Records {
+                store,
+                waiters: Waiters::default(),
+                runner,
+                awaitable,
+                metrics,
+            }),
+        }
+    }
+
+    /// The store the records are kept in.
+    pub(super) fn store(&self) -> Option<&Arc<dyn Store>> {
+        self.inner.store.as_ref()
+    }
+
     fn stale_after(&self) -> Duration {
-        self.inner.server.handler_timeout + STALE_MARGIN
+        self.inner.runner.handler_timeout() + STALE_MARGIN
     }
 
     fn store_failed(&self, endpoint: Endpoint, error: &StoreError) -> Problem {
         tracing::error!(endpoint = endpoint.name(), %error, "store failed");
         Problem::StoreFailed {
-            retry_after: self.inner.callback.retry_after,
+            retry_after: self.inner.runner.retry_after(),
         }
     }
 
@@ -110,7 +152,7 @@ impl App {
         mut begin: impl FnMut() -> Result<B, StoreError>,
         is_busy: impl Fn(&B) -> bool,
     ) -> Result<Result<B, StoreError>, Problem> {
-        let deadline = Instant::now() + self.inner.server.handler_timeout;
+        let deadline = Instant::now() + self.inner.runner.handler_timeout();
         loop {
             let outcome = {
                 let notify = self.inner.waiters.for_key(key);
@@ -125,7 +167,7 @@ impl App {
                                 "another delivery of this nonce is still in flight; answering 503"
                             );
                             return Err(Problem::InFlight {
-                                retry_after: self.inner.callback.retry_after,
+                                retry_after: self.inner.runner.retry_after(),
                             });
                         }
                         None
@@ -163,11 +205,13 @@ impl App {
         callback: CallbackBody,
         request: RequestContext,
     ) -> Result<Delivered, Problem> {
-        let app = self.clone();
-        self.detached(Endpoint::Callback, async move {
-            app.deliver_claimed(callback, request).await
-        })
-        .await
+        let this = self.clone();
+        self.inner
+            .runner
+            .detached(Endpoint::Callback, async move {
+                this.deliver_claimed(callback, request).await
+            })
+            .await
     }
 
     async fn deliver_claimed(
@@ -200,7 +244,7 @@ impl App {
             // ever get here, it is not an acknowledgement.
             CallbackBegin::Busy => {
                 return Err(Problem::InFlight {
-                    retry_after: self.inner.callback.retry_after,
+                    retry_after: self.inner.runner.retry_after(),
                 });
             }
             CallbackBegin::Duplicate => {
@@ -276,7 +320,7 @@ impl App {
     ) -> Result<Delivered, Problem> {
         let (nonce, status) = (callback.nonce.clone(), callback.transaction_status);
         let effects = ctx.effects.clone();
-        self.acknowledged(callback, ctx).await?;
+        self.inner.runner.acknowledge(callback, ctx).await?;
         // Resolves once the mark and the effects are durable (group commit).
         if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
             return Err(match error {
@@ -289,25 +333,6 @@ impl App {
         }
         self.booked();
         Ok(Delivered::Booked)
-    }
-
-    /// Runs the callback handler: `Ok` when it acknowledged, the problem to answer otherwise.
-    async fn acknowledged(
-        &self,
-        callback: CallbackBody,
-        ctx: CallbackContext,
-    ) -> Result<(), Problem> {
-        let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
-        match self
-            .run(Endpoint::Callback, handler.call(callback, ctx))
-            .await?
-        {
-            CallbackDecision::Ack => Ok(()),
-            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
-                reason,
-                retry_after: self.inner.callback.retry_after,
-            }),
-        }
     }
 
     fn booked(&self) {
@@ -327,10 +352,7 @@ impl App {
     }
 
     fn callback_failed(&self) -> Problem {
-        Problem::HandlerFailed {
-            endpoint: Endpoint::Callback,
-            retry_after: self.inner.callback.retry_after,
-        }
+        self.inner.runner.failed(Endpoint::Callback)
     }
 
     /// Without a store: every delivery runs the handler (no deduplication).
@@ -346,7 +368,7 @@ impl App {
             previous_status: None,
             effects: effects.clone(),
         };
-        self.acknowledged(callback, ctx).await?;
+        self.inner.runner.acknowledge(callback, ctx).await?;
         if !effects.is_empty() {
             tracing::error!(
                 "the handler staged effects, but the app has no store to write them to"
@@ -357,14 +379,30 @@ impl App {
         Ok(Delivered::Booked)
     }
 
-    /// A transaction validation with its decision recorded per nonce.
+    /// A transaction validation with its decision recorded per nonce. It runs on its own
+    /// task: a client that disconnects cannot interrupt it between the handler's decision
+    /// and the durable record of it.
     pub(super) async fn validate_once(
         &self,
         request: TransactionValidationRequest,
         ctx: RequestContext,
     ) -> Answer {
+        let this = self.clone();
+        self.inner
+            .runner
+            .detached(Endpoint::TransactionValidation, async move {
+                this.validate_claimed(request, ctx).await
+            })
+            .await
+    }
+
+    async fn validate_claimed(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Answer {
         let Some(store) = self.inner.store.clone() else {
-            let decision = self.validate(request, ctx).await?;
+            let decision = self.inner.runner.validate(request, ctx).await?;
             self.decided(&decision);
             return answer_for(&decision);
         };
@@ -407,21 +445,26 @@ impl App {
             }
             ValidationBegin::Busy => {
                 return Err(Problem::InFlight {
-                    retry_after: self.inner.callback.retry_after,
+                    retry_after: self.inner.runner.retry_after(),
                 });
             }
         };
         let validation_id = request.validation_id;
         // Until its record is durable, a resolve of this id waits for it (dropped on return).
-        let _recording = self.resolver().map(|r| r.recording(validation_id));
-        let decided = if self.is_awaitable() {
-            self.decide_awaitable(request, ctx).await
+        let awaitable = self.inner.awaitable.as_ref();
+        let _recording = awaitable.map(|a| a.resolver().recording(validation_id));
+        let decided = if let Some(awaitable) = awaitable {
+            awaitable.decide(request, ctx).await
         } else {
-            self.validate(request, ctx).await.map(|decision| Decided {
-                decision,
-                postponed: None,
-                later: None,
-            })
+            self.inner
+                .runner
+                .validate(request, ctx)
+                .await
+                .map(|decision| Decided {
+                    decision,
+                    postponed: None,
+                    later: None,
+                })
         };
         let answer = match decided {
             Ok(decided) => {
@@ -441,11 +484,13 @@ impl App {
                 {
                     Ok(()) => {
                         self.decided(&decided.decision);
-                        if queued {
-                            self.result_queued();
-                        }
-                        if let Some(task) = decided.later {
-                            self.resolve_later(validation_id, task);
+                        if let Some(awaitable) = awaitable {
+                            if queued {
+                                awaitable.result_queued();
+                            }
+                            if let Some(task) = decided.later {
+                                awaitable.resolve_later(validation_id, task);
+                            }
                         }
                         answer_for(&decided.decision)
                     }
@@ -465,30 +510,6 @@ impl App {
         self.inner.waiters.finished(&key);
         answer
     }
-
-    /// Runs the validation handler; a decision to record, or the problem to answer.
-    async fn validate(
-        &self,
-        request: TransactionValidationRequest,
-        ctx: RequestContext,
-    ) -> Result<RecordedDecision, Problem> {
-        let handler = self.inner.validation.clone().ok_or(Problem::NotFound)?;
-        let validation_id = request.validation_id;
-        match self
-            .run(Endpoint::TransactionValidation, handler.call(request, ctx))
-            .await?
-        {
-            ValidationDecision::Allow => Ok(RecordedDecision::Allow),
-            ValidationDecision::Deny { message } => Ok(RecordedDecision::Deny { message }),
-            ValidationDecision::Postpone => {
-                tracing::error!(
-                    validation_id,
-                    "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
-                );
-                Err(Problem::NotAwaitable)
-            }
-        }
-    }
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {
@@ -497,17 +518,6 @@ fn answer_for(decision: &RecordedDecision) -> Answer {
         RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),
         RecordedDecision::Postponed => ok("validation postponed"),
     }
-}
-
-/// A validation's decision, ready to be recorded.
-pub(super) struct Decided {
-    pub(super) decision: RecordedDecision,
-    /// Awaitable mode: the validation's postponed record.
-    pub(super) postponed: Option<crate::postponed::PostponedValidation>,
-    /// Awaitable mode: the handler, still deciding after its time budget.
-    pub(super) later: Option<
-        tokio::task::JoinHandle<Result<crate::handler::ValidationDecision, crate::HandlerError>>,
-    >,
 }
 
 #[cfg(test)]

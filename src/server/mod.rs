@@ -111,6 +111,7 @@ mod problem;
 mod reconcile;
 mod request;
 mod route;
+mod runner;
 mod serve;
 mod settings;
 
@@ -137,8 +138,8 @@ use tracing::{Instrument, field};
 use crate::auth::{AuthError, Guard};
 use crate::config::Config;
 use crate::handler::{
-    BoxFuture, CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation,
-    ProvidersValidator, RequestContext, TransactionValidator,
+    CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation, ProvidersValidator,
+    RequestContext, TransactionValidator,
 };
 use crate::logged::Logged;
 use crate::model::{
@@ -214,9 +215,8 @@ struct Inner {
     server: ServerConfig,
     callback: CallbackConfig,
     router: Router,
-    providers: Option<Arc<dyn ErasedProviders>>,
-    validation: Option<Arc<dyn ErasedValidation>>,
-    callbacks: Option<Arc<dyn ErasedCallback>>,
+    /// The merchant's handlers, run within the handler timeout.
+    runner: runner::Runner,
     /// Verifies callback signatures (and validation signatures where configured); `None`
     /// when no key is configured.
     verifier: Option<Verifier>,
@@ -224,14 +224,12 @@ struct Inner {
     verified: VerifiedCache,
     providers_guard: Guard,
     validation_guard: Guard,
-    /// Deduplication records; `None` only when built `without_store`.
-    store: Option<Arc<dyn Store>>,
-    /// Deliveries waiting for another delivery of the same nonce.
-    waiters: exactly_once::Waiters,
+    /// Callbacks and validations through the store's records, each handled once.
+    exactly_once: exactly_once::ExactlyOnce,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
     draining: AtomicBool,
-    /// Awaitable mode: the resolver and the outbox; `None` when not Awaitable.
-    awaitable: Option<awaitable::Awaitable>,
+    /// Awaitable mode: the decisions, the resolver and the outbox; `None` when not Awaitable.
+    awaitable: Option<Arc<awaitable::Awaitable>>,
     /// What the server did, for `/metrics`.
     metrics: Arc<metrics::Metrics>,
     /// Who may read `/metrics`.
@@ -323,6 +321,41 @@ impl App {
         self.inner.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Decides validations postponed by this app (Awaitable mode); `None` when
+    /// `validation.awaitable` is off.
+    pub fn resolver(&self) -> Option<crate::postponed::Resolver> {
+        self.inner.awaitable.as_ref().map(|a| a.resolver().clone())
+    }
+
+    /// The app's store; `None` when built `without_store`.
+    pub fn store(&self) -> Option<Arc<dyn Store>> {
+        self.inner.exactly_once.store().cloned()
+    }
+
+    /// The worker delivering this app's postponed results; `None` when not Awaitable.
+    pub fn outbox(&self) -> Option<crate::postponed::Outbox> {
+        self.inner.awaitable.as_ref().map(|a| a.outbox().clone())
+    }
+
+    /// Starts the background work of the app (the outbox worker in Awaitable mode) on the
+    /// current tokio runtime, once; it stops when the last clone of the app is dropped.
+    /// [`crate::serve`] calls it, and an app mounted in a server of your own calls it with
+    /// its first request; call it earlier to deliver the results a previous run left in the
+    /// outbox before any request arrives.
+    pub fn start_background(&self) {
+        if let Some(awaitable) = &self.inner.awaitable {
+            awaitable.start();
+        }
+    }
+
+    /// Starts the background work unless the app was built with `manual_background`:
+    /// called by `serve` and with every request (a cheap check once started).
+    pub(super) fn start_automatic_background(&self) {
+        if let Some(awaitable) = &self.inner.awaitable {
+            awaitable.start_automatically();
+        }
+    }
+
     /// Answers one request. Never fails: every problem is an HTTP answer. The first
     /// request starts the app's background work (the outbox of an Awaitable endpoint)
     /// unless it was built with [`AppBuilder::manual_background`], however the app is
@@ -394,7 +427,12 @@ impl App {
             Route::Ready if inner.draining.load(Ordering::Relaxed) => {
                 Problem::NotReady.into_response()
             }
-            Route::Ready if inner.store.as_ref().is_some_and(|store| store.failed()) => {
+            Route::Ready
+                if inner
+                    .exactly_once
+                    .store()
+                    .is_some_and(|store| store.failed()) =>
+            {
                 Problem::StoreBroken.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
@@ -484,8 +522,8 @@ impl App {
             let counts = outbox.counts();
             let queued = self
                 .inner
-                .store
-                .as_ref()
+                .exactly_once
+                .store()
                 .and_then(|store| store.outbox_len().ok());
             metrics::OutboxCounts {
                 delivered: counts.delivered,
@@ -496,8 +534,8 @@ impl App {
         });
         let failing = self
             .inner
-            .store
-            .as_ref()
+            .exactly_once
+            .store()
             .and_then(|store| store.failing_callbacks().ok())
             .map(|failing| failing.len());
         let text = self.inner.metrics.render(outbox, failing);
@@ -613,13 +651,11 @@ impl App {
         bytes: &[u8],
         ctx: RequestContext,
     ) -> Result<Response<ResponseBody>, Problem> {
-        let Some(handler) = self.inner.providers.clone() else {
+        if !self.inner.runner.serves(Endpoint::ProvidersValidation) {
             return Err(Problem::NotFound);
-        };
+        }
         let request = self.parse_tracked::<ProvidersValidationRequest>(bytes)?;
-        let decision = self
-            .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
-            .await?;
+        let decision = self.inner.runner.providers(request, ctx).await?;
         let body = ProvidersValidationResponse {
             providers: decision.providers,
             message: decision.message,
@@ -632,17 +668,11 @@ impl App {
         bytes: &[u8],
         ctx: RequestContext,
     ) -> Result<Response<ResponseBody>, Problem> {
-        if self.inner.validation.is_none() {
+        if !self.inner.runner.serves(Endpoint::TransactionValidation) {
             return Err(Problem::NotFound);
         }
         let request = self.parse_tracked::<TransactionValidationRequest>(bytes)?;
-        // Processing goes on its own task: a client that disconnects cannot interrupt it
-        // between the handler's decision and the durable record of it.
-        let app = self.clone();
-        self.detached(Endpoint::TransactionValidation, async move {
-            app.validate_once(request, ctx).await
-        })
-        .await
+        self.inner.exactly_once.validate_once(request, ctx).await
     }
 
     async fn callback(
@@ -650,85 +680,14 @@ impl App {
         bytes: &[u8],
         ctx: RequestContext,
     ) -> Result<Response<ResponseBody>, Problem> {
-        if self.inner.callbacks.is_none() {
+        if !self.inner.runner.serves(Endpoint::Callback) {
             return Err(Problem::NotFound);
         }
         let callback = self.parse_tracked::<CallbackBody>(bytes)?;
         if self.inner.verifier.is_none() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
-        self.deliver_once(callback, ctx).await
-    }
-
-    /// Runs `work` on its own task, so that the caller going away (a disconnected client, a
-    /// dropped future) cannot stop it half-way; a panic in it is answered as a failed handler.
-    pub(super) async fn detached<T: Send + 'static>(
-        &self,
-        endpoint: Endpoint,
-        work: impl Future<Output = Result<T, Problem>> + Send + 'static,
-    ) -> Result<T, Problem> {
-        tokio::spawn(work.in_current_span())
-            .await
-            .unwrap_or_else(|error| {
-                tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
-                Err(Problem::HandlerFailed {
-                    endpoint,
-                    retry_after: self.inner.callback.retry_after,
-                })
-            })
-    }
-
-    /// Runs a handler on its own task within the handler timeout.
-    ///
-    /// The task is not cancelled when the client goes away, so that a handler is never
-    /// stopped half-way by a dropped connection; it is aborted when it overruns the timeout.
-    async fn run<T: Send + 'static>(
-        &self,
-        endpoint: Endpoint,
-        handler: BoxFuture<T>,
-    ) -> Result<T, Problem> {
-        let retry_after = self.inner.callback.retry_after;
-        let mut task = tokio::spawn(handler.in_current_span());
-        match tokio::time::timeout(self.inner.server.handler_timeout, &mut task).await {
-            Ok(joined) => self.settle(endpoint, joined),
-            Err(_elapsed) => {
-                task.abort();
-                tracing::error!(endpoint = endpoint.name(), timeout = ?self.inner.server.handler_timeout, "handler timed out");
-                // Aborting takes effect at the handler's next await: until then it still runs,
-                // and the nonce stays claimed so that no second run can start beside it.
-                let _ = (&mut task).await;
-                Err(Problem::HandlerTimedOut {
-                    endpoint,
-                    retry_after,
-                })
-            }
-        }
-    }
-
-    /// The outcome of a handler's task: its decision, or the problem to answer.
-    fn settle<T>(
-        &self,
-        endpoint: Endpoint,
-        joined: Result<Result<T, crate::HandlerError>, tokio::task::JoinError>,
-    ) -> Result<T, Problem> {
-        let retry_after = self.inner.callback.retry_after;
-        match joined {
-            Ok(Ok(decision)) => Ok(decision),
-            Ok(Err(error)) => {
-                tracing::error!(endpoint = endpoint.name(), error = %error, "handler failed");
-                Err(Problem::HandlerFailed {
-                    endpoint,
-                    retry_after,
-                })
-            }
-            Err(join_error) => {
-                tracing::error!(endpoint = endpoint.name(), error = %join_error, "handler panicked");
-                Err(Problem::HandlerFailed {
-                    endpoint,
-                    retry_after,
-                })
-            }
-        }
+        self.inner.exactly_once.deliver_once(callback, ctx).await
     }
 }
 
@@ -1003,9 +962,27 @@ impl AppBuilder {
             StoreChoice::Default if self.validation.is_none() && self.callbacks.is_none() => None,
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
-        let awaitable =
-            awaitable::Awaitable::from_config(&self.config, store.as_ref(), gateway.as_ref())?
-                .map(|awaitable| awaitable.automatic(self.automatic_background));
+        let runner = runner::Runner::new(
+            self.providers,
+            self.validation,
+            self.callbacks,
+            self.config.server.handler_timeout,
+            self.config.callback.retry_after,
+        );
+        let awaitable = awaitable::Awaitable::from_config(
+            &self.config,
+            store.as_ref(),
+            gateway.as_ref(),
+            &runner,
+        )?
+        .map(|awaitable| Arc::new(awaitable.automatic(self.automatic_background)));
+        let metrics: Arc<metrics::Metrics> = Arc::default();
+        let exactly_once = exactly_once::ExactlyOnce::new(
+            store,
+            runner.clone(),
+            awaitable.clone(),
+            Arc::clone(&metrics),
+        );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
         let trusted_proxies = networks(&self.config.server.trusted_proxies);
@@ -1014,18 +991,15 @@ impl AppBuilder {
                 server: self.config.server,
                 callback: self.config.callback,
                 router,
-                providers: self.providers,
-                validation: self.validation,
-                callbacks: self.callbacks,
+                runner,
                 verifier,
                 verified: VerifiedCache::default(),
                 providers_guard,
                 validation_guard,
-                store,
-                waiters: exactly_once::Waiters::default(),
+                exactly_once,
                 draining: AtomicBool::new(false),
                 awaitable,
-                metrics: Arc::default(),
+                metrics,
                 metrics_allow,
                 trusted_proxies,
                 admin,

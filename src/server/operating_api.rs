@@ -177,7 +177,7 @@ impl App {
                 }
             }
             (&Method::GET, ["callbacks", "failing"]) => {
-                let store = self.inner.store.as_ref().ok_or(Problem::NotFound)?;
+                let store = self.inner.exactly_once.store().ok_or(Problem::NotFound)?;
                 let failing = store
                     .failing_callbacks()
                     .map_err(|e| self.admin_store_failed(&e))?;

@@ -101,10 +101,10 @@ impl App {
         gateway: &GatewayClient,
         reference_id: Uuid,
     ) -> Result<Reconciled, ReconcileError> {
-        if self.inner.callbacks.is_none() {
+        if !self.inner.runner.serves(super::route::Endpoint::Callback) {
             return Err(ReconcileError::NoReceiver);
         }
-        let Some(store) = self.inner.store.as_ref() else {
+        let Some(store) = self.inner.exactly_once.store() else {
             return Err(ReconcileError::NoStore);
         };
         let record = gateway.transaction(reference_id).await?;
@@ -132,7 +132,7 @@ impl App {
         if let Some(reason) = super::Plausible::implausible(&callback) {
             return Err(ReconcileError::Implausible(reason));
         }
-        match self.deliver(callback, request).await {
+        match self.inner.exactly_once.deliver(callback, request).await {
             Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
             Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
             Err(problem) => Err(ReconcileError::NotBooked(problem.message())),

@@ -1,0 +1,209 @@
+//! The handler runner: the merchant's three handlers, each run on a task of its own within
+//! `server.handler_timeout`, their failures, panics and overruns turned into the problem to
+//! answer. Nothing below it in the server: the exactly-once delivery and the Awaitable
+//! decisions call it, never the other way round.
+
+use std::{future::Future, sync::Arc, time::Duration};
+use tokio::task::{JoinError, JoinHandle};
+use tracing::Instrument;
+
+use super::problem::Problem;
+use super::route::Endpoint;
+use crate::HandlerError;
+use crate::handler::{
+    BoxFuture, CallbackContext, CallbackDecision, ErasedCallback, ErasedProviders,
+    ErasedValidation, ProvidersDecision, RequestContext, ValidationDecision,
+};
+use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+use crate::store::RecordedDecision;
+
+/// The handlers and how they are run. Cheap to clone: clones share the handlers.
+#[derive(Clone)]
+pub(super) struct Runner {
+    inner: Arc<Handlers>,
+}
+
+/// Created once by the app's builder; lives as long as any clone of the runner.
+struct Handlers {
+    providers: Option<Arc<dyn ErasedProviders>>,
+    validation: Option<Arc<dyn ErasedValidation>>,
+    callbacks: Option<Arc<dyn ErasedCallback>>,
+    handler_timeout: Duration,
+    /// What a 503 asks the aggregator to wait (`callback.retry_after`).
+    retry_after: Duration,
+}
+
+impl Runner {
+    pub(super) fn new(
+        providers: Option<Arc<dyn ErasedProviders>>,
+        validation: Option<Arc<dyn ErasedValidation>>,
+        callbacks: Option<Arc<dyn ErasedCallback>>,
+        handler_timeout: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Handlers {
+                providers,
+                validation,
+                callbacks,
+                handler_timeout,
+                retry_after,
+            }),
+        }
+    }
+
+    /// `true` when a handler of `endpoint` was given.
+    pub(super) fn serves(&self, endpoint: Endpoint) -> bool {
+        match endpoint {
+            Endpoint::ProvidersValidation => self.inner.providers.is_some(),
+            Endpoint::TransactionValidation => self.inner.validation.is_some(),
+            Endpoint::Callback => self.inner.callbacks.is_some(),
+        }
+    }
+
+    pub(super) fn handler_timeout(&self) -> Duration {
+        self.inner.handler_timeout
+    }
+
+    pub(super) fn retry_after(&self) -> Duration {
+        self.inner.retry_after
+    }
+
+    /// The providers handler's decision.
+    pub(super) async fn providers(
+        &self,
+        request: ProvidersValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<ProvidersDecision, Problem> {
+        let handler = self.inner.providers.clone().ok_or(Problem::NotFound)?;
+        self.run(Endpoint::ProvidersValidation, handler.call(request, ctx))
+            .await
+    }
+
+    /// The validation handler's decision on an endpoint that is not Awaitable: a decision
+    /// to record, or the problem to answer (`Postpone` there is a configuration error).
+    pub(super) async fn validate(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<RecordedDecision, Problem> {
+        let handler = self.inner.validation.clone().ok_or(Problem::NotFound)?;
+        let validation_id = request.validation_id;
+        match self
+            .run(Endpoint::TransactionValidation, handler.call(request, ctx))
+            .await?
+        {
+            ValidationDecision::Allow => Ok(RecordedDecision::Allow),
+            ValidationDecision::Deny { message } => Ok(RecordedDecision::Deny { message }),
+            ValidationDecision::Postpone => {
+                tracing::error!(
+                    validation_id,
+                    "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
+                );
+                Err(Problem::NotAwaitable)
+            }
+        }
+    }
+
+    /// The validation handler started on its own task, for a caller that bounds it itself
+    /// (the Awaitable time budget) and settles it with [`Runner::settle`].
+    pub(super) fn spawn_validation(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Result<JoinHandle<Result<ValidationDecision, HandlerError>>, Problem> {
+        let handler = self.inner.validation.clone().ok_or(Problem::NotFound)?;
+        Ok(tokio::spawn(handler.call(request, ctx).in_current_span()))
+    }
+
+    /// Runs the callback handler: `Ok` when it acknowledged, the problem to answer otherwise.
+    pub(super) async fn acknowledge(
+        &self,
+        callback: CallbackBody,
+        ctx: CallbackContext,
+    ) -> Result<(), Problem> {
+        let handler = self.inner.callbacks.clone().ok_or(Problem::NotFound)?;
+        match self
+            .run(Endpoint::Callback, handler.call(callback, ctx))
+            .await?
+        {
+            CallbackDecision::Ack => Ok(()),
+            CallbackDecision::RetryLater { reason } => Err(Problem::RetryLater {
+                reason,
+                retry_after: self.inner.retry_after,
+            }),
+        }
+    }
+
+    /// Runs `work` on its own task, so that the caller going away (a disconnected client, a
+    /// dropped future) cannot stop it half-way; a panic in it is answered as a failed handler.
+    pub(super) async fn detached<T: Send + 'static>(
+        &self,
+        endpoint: Endpoint,
+        work: impl Future<Output = Result<T, Problem>> + Send + 'static,
+    ) -> Result<T, Problem> {
+        tokio::spawn(work.in_current_span())
+            .await
+            .unwrap_or_else(|error| {
+                tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
+                Err(Problem::HandlerFailed {
+                    endpoint,
+                    retry_after: self.inner.retry_after,
+                })
+            })
+    }
+
+    /// Runs a handler on its own task within the handler timeout.
+    ///
+    /// The task is not cancelled when the client goes away, so that a handler is never
+    /// stopped half-way by a dropped connection; it is aborted when it overruns the timeout.
+    async fn run<T: Send + 'static>(
+        &self,
+        endpoint: Endpoint,
+        handler: BoxFuture<T>,
+    ) -> Result<T, Problem> {
+        let mut task = tokio::spawn(handler.in_current_span());
+        let timeout = self.inner.handler_timeout;
+        match tokio::time::timeout(timeout, &mut task).await {
+            Ok(joined) => self.settle(endpoint, joined),
+            Err(_elapsed) => {
+                task.abort();
+                tracing::error!(endpoint = endpoint.name(), ?timeout, "handler timed out");
+                // Aborting takes effect at the handler's next await: until then it still runs,
+                // and the nonce stays claimed so that no second run can start beside it.
+                let _ = (&mut task).await;
+                Err(Problem::HandlerTimedOut {
+                    endpoint,
+                    retry_after: self.inner.retry_after,
+                })
+            }
+        }
+    }
+
+    /// The outcome of a handler's task: its decision, or the problem to answer.
+    pub(super) fn settle<T>(
+        &self,
+        endpoint: Endpoint,
+        joined: Result<Result<T, HandlerError>, JoinError>,
+    ) -> Result<T, Problem> {
+        match joined {
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(error)) => {
+                tracing::error!(endpoint = endpoint.name(), error = %error, "handler failed");
+                Err(self.failed(endpoint))
+            }
+            Err(join_error) => {
+                tracing::error!(endpoint = endpoint.name(), error = %join_error, "handler panicked");
+                Err(self.failed(endpoint))
+            }
+        }
+    }
+
+    /// A handler that failed, panicked or whose effects did not apply.
+    pub(super) fn failed(&self, endpoint: Endpoint) -> Problem {
+        Problem::HandlerFailed {
+            endpoint,
+            retry_after: self.inner.retry_after,
+        }
+    }
+}
