@@ -104,6 +104,7 @@
 mod awaitable;
 mod connection;
 mod exactly_once;
+mod ingress;
 mod metrics;
 mod operating_api;
 mod preface;
@@ -117,10 +118,9 @@ mod settings;
 
 use bytes::Bytes;
 use chrono::Utc;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
-use serde::de::DeserializeOwned;
 use std::{
     convert::Infallible,
     future::Future,
@@ -135,21 +135,20 @@ use std::{
 };
 use tracing::{Instrument, field};
 
-use crate::auth::{AuthError, Guard};
+use crate::auth::Guard;
 use crate::config::Config;
 use crate::handler::{
     CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation, ProvidersValidator,
     RequestContext, TransactionValidator,
 };
-use crate::logged::Logged;
 use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
 };
-use crate::signature::{VerifiedCache, Verifier};
+use crate::signature::Verifier;
 use crate::store::{SledStore, Store, StoreError};
 use problem::{Problem, json_response};
-use request::{BodyLimits, REQUEST_ID_HEADER, is_json, parse_json, request_id};
+use request::{REQUEST_ID_HEADER, is_json, request_id};
 use route::{Endpoint, Route, Router};
 
 pub use operating_api::{AdminDecision, AdminReconcile, AdminReconciled};
@@ -217,13 +216,8 @@ struct Inner {
     router: Router,
     /// The merchant's handlers, run within the handler timeout.
     runner: runner::Runner,
-    /// Verifies callback signatures (and validation signatures where configured); `None`
-    /// when no key is configured.
-    verifier: Option<Verifier>,
-    /// (signature, body) pairs that verified, so that retries skip the public-key operation.
-    verified: VerifiedCache,
-    providers_guard: Guard,
-    validation_guard: Guard,
+    /// What every request to an endpoint goes through before a handler.
+    ingress: ingress::Ingress,
     /// Callbacks and validations through the store's records, each handled once.
     exactly_once: exactly_once::ExactlyOnce,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
@@ -234,8 +228,6 @@ struct Inner {
     metrics: Arc<metrics::Metrics>,
     /// Who may read `/metrics`.
     metrics_allow: Vec<crate::auth::Cidr>,
-    /// Proxies whose `X-Forwarded-For` is believed.
-    trusted_proxies: Vec<crate::auth::Cidr>,
     /// The operating API's access; `None` when it is off.
     admin: Option<operating_api::AdminAccess>,
     /// The aggregator's endpoints, when `[gateway]` is complete (reconcile).
@@ -436,7 +428,7 @@ impl App {
                 Problem::StoreBroken.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
-            Route::Metrics => self.metrics(self.client_ip(&request)),
+            Route::Metrics => self.metrics(self.inner.ingress.client_ip(&request)),
             Route::Admin => self
                 .admin(request)
                 .await
@@ -447,68 +439,6 @@ impl App {
                 .unwrap_or_else(Problem::into_response),
         };
         (route.name(), answer)
-    }
-
-    /// The client's address of `request` (see [`App::client_of`]).
-    fn client_ip<B>(&self, request: &Request<B>) -> Option<std::net::IpAddr> {
-        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
-        self.client_of(peer, request.headers())
-    }
-
-    /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the
-    /// right-most `X-Forwarded-For` address that is not a trusted proxy. `None` when unknown
-    /// (no peer; a trusted proxy that sent no `X-Forwarded-For`, a malformed one, or one
-    /// naming only trusted proxies): allow-lists then refuse. A proxy that forwards without
-    /// the header must not make every client look like the proxy itself.
-    fn client_of(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> Option<std::net::IpAddr> {
-        let trusted = |ip: std::net::IpAddr| {
-            self.inner
-                .trusted_proxies
-                .iter()
-                .any(|net| net.contains(ip))
-        };
-        let mut client = peer?.ip();
-        if !trusted(client) {
-            return Some(client);
-        }
-        let forwarded: Vec<&str> = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|value| value.to_str().ok())
-            .collect::<Option<_>>()?;
-        for hop in forwarded.iter().flat_map(|v| v.split(',')).rev() {
-            client = hop.trim().parse().ok()?;
-            if !trusted(client) {
-                return Some(client);
-            }
-        }
-        None
-    }
-
-    /// Reads a request's body within `[server]`'s limits; while it arrives, the connection
-    /// counts as receiving (see `connection.rs`), not working.
-    async fn read_body<B>(&self, parts: &http::request::Parts, body: B) -> Result<Bytes, Problem>
-    where
-        B: Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let server = &self.inner.server;
-        let limits = BodyLimits {
-            limit: server.body_limit,
-            timeout: server.request_timeout,
-            min_rate: server.min_body_rate,
-            grace: server.min_body_rate_grace,
-        };
-        let receiving = parts
-            .extensions
-            .get::<Arc<connection::Activity>>()
-            .map(connection::Activity::receiving);
-        let read = request::read_body(&parts.headers, body, limits).await;
-        drop(receiving);
-        if let Err(Problem::BodyTooSlow { .. }) = read {
-            self.inner.metrics.count_shed(metrics::ShedReason::SlowBody);
-        }
-        read
     }
 
     /// `/metrics`, for the allowed addresses only.
@@ -560,15 +490,16 @@ impl App {
     {
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
-        let client = self.client_of(peer, &parts.headers);
+        let ingress = &self.inner.ingress;
+        let client = ingress.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
-        let signature = self.admit(endpoint, client, &parts.headers)?;
+        let signature = ingress.admit(endpoint, client, &parts.headers)?;
         if !is_json(&parts.headers) {
             return Err(Problem::UnsupportedMediaType);
         }
-        let bytes = self.read_body(&parts, body).await?;
+        let bytes = ingress.read_body(&parts, body).await?;
         if let Some(signature) = signature {
-            self.check_signature(&bytes, &signature)?;
+            ingress.check_signature(&bytes, &signature)?;
         }
         let ctx = RequestContext {
             request_id,
@@ -583,69 +514,6 @@ impl App {
         }
     }
 
-    /// Authenticates the caller from its address and headers. Returns the signature to check
-    /// over the body, when the endpoint requires one.
-    fn admit(
-        &self,
-        endpoint: Endpoint,
-        client: Option<std::net::IpAddr>,
-        headers: &HeaderMap,
-    ) -> Result<Option<Vec<u8>>, Problem> {
-        let inner = &self.inner;
-        let guard = match endpoint {
-            Endpoint::ProvidersValidation => Some(&inner.providers_guard),
-            Endpoint::TransactionValidation => Some(&inner.validation_guard),
-            Endpoint::Callback => None,
-        };
-        if let Some(guard) = guard {
-            guard
-                .check_peer(client)
-                .map_err(|error| refused(&error, false))?;
-            guard
-                .check_headers(headers)
-                .map_err(|error| refused(&error, guard.is_basic()))?;
-        }
-        let wants_signature = guard.is_none_or(Guard::needs_signature);
-        match (&inner.verifier, wants_signature) {
-            (Some(verifier), true) => verifier.read_signature(headers).map(Some).map_err(|error| {
-                inner
-                    .metrics
-                    .signatures_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                unauthorized(error)
-            }),
-            // Only callbacks want a signature without a verifier: the build step allowed it
-            // because `callback.allow_unsigned` is set; `callback` logs each one.
-            (None, true) | (_, false) => Ok(None),
-        }
-    }
-
-    fn check_signature(&self, body: &[u8], signature: &[u8]) -> Result<(), Problem> {
-        let Some(verifier) = &self.inner.verifier else {
-            return Ok(());
-        };
-        // A retry carries the same bytes and signature: no public-key operation for it.
-        let metrics = &self.inner.metrics;
-        let digest = VerifiedCache::digest(signature, body);
-        if self.inner.verified.contains(&digest) {
-            tracing::debug!("signature verified before (a retry)");
-            metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        match verifier.check(body, signature) {
-            Ok(key_id) => {
-                tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
-                metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
-                self.inner.verified.insert(digest);
-                Ok(())
-            }
-            Err(error) => {
-                metrics.signatures_refused.fetch_add(1, Ordering::Relaxed);
-                Err(unauthorized(error))
-            }
-        }
-    }
-
     async fn providers_validation(
         &self,
         bytes: &[u8],
@@ -654,7 +522,10 @@ impl App {
         if !self.inner.runner.serves(Endpoint::ProvidersValidation) {
             return Err(Problem::NotFound);
         }
-        let request = self.parse_tracked::<ProvidersValidationRequest>(bytes)?;
+        let request = self
+            .inner
+            .ingress
+            .parse::<ProvidersValidationRequest>(bytes)?;
         let decision = self.inner.runner.providers(request, ctx).await?;
         let body = ProvidersValidationResponse {
             providers: decision.providers,
@@ -671,7 +542,10 @@ impl App {
         if !self.inner.runner.serves(Endpoint::TransactionValidation) {
             return Err(Problem::NotFound);
         }
-        let request = self.parse_tracked::<TransactionValidationRequest>(bytes)?;
+        let request = self
+            .inner
+            .ingress
+            .parse::<TransactionValidationRequest>(bytes)?;
         self.inner.exactly_once.validate_once(request, ctx).await
     }
 
@@ -683,178 +557,11 @@ impl App {
         if !self.inner.runner.serves(Endpoint::Callback) {
             return Err(Problem::NotFound);
         }
-        let callback = self.parse_tracked::<CallbackBody>(bytes)?;
-        if self.inner.verifier.is_none() {
+        let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
+        if !self.inner.ingress.verifies_signatures() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
         self.inner.exactly_once.deliver_once(callback, ctx).await
-    }
-}
-
-/// A refused signature: 401, logged (with the request id of the span, never the body).
-fn unauthorized(error: crate::signature::Error) -> Problem {
-    tracing::warn!(%error, "callback signature refused");
-    Problem::Unauthorized {
-        message: error.to_string(),
-        basic: false,
-    }
-}
-
-/// Refused credentials or address: 401 or 403, logged.
-fn refused(error: &AuthError, basic: bool) -> Problem {
-    tracing::warn!(%error, "caller refused");
-    match error {
-        AuthError::AddressRefused => Problem::AddressRefused,
-        AuthError::Missing | AuthError::Wrong => Problem::Unauthorized {
-            message: error.to_string(),
-            basic,
-        },
-    }
-}
-
-impl App {
-    /// Parses a request, checks its identifiers, records them on the current span, and
-    /// refuses an amount that is no payment (see [`Plausible`]).
-    fn parse_tracked<T: DeserializeOwned + Traced + Plausible>(
-        &self,
-        bytes: &[u8],
-    ) -> Result<T, Problem> {
-        let request = parse_json::<T>(bytes)?;
-        check_identifiers(&request, self.inner.server.max_identifier_chars)?;
-        request.trace(&tracing::Span::current());
-        match request.implausible() {
-            Some(reason) => Err(Problem::BadRequest(reason)),
-            None => Ok(request),
-        }
-    }
-}
-
-/// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record)
-/// and identifiers longer than `max_chars` characters. Blank is empty or only JSON's own
-/// whitespace (space, tab, line feed, carriage return), as the OpenAPI document's pattern
-/// `[^ \t\n\r]` says in any regex dialect.
-fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Problem> {
-    let (field, nonce) = request.nonce();
-    if nonce.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
-        return Err(Problem::BadRequest(format!(
-            "invalid field `{field}`: a nonce must not be empty or blank"
-        )));
-    }
-    for (field, value) in [(field, nonce), request.client_id()] {
-        // Counting stops past the limit: a megabyte of nonce is not walked to the end.
-        let chars = value.chars().take(max_chars.saturating_add(1)).count();
-        if chars > max_chars {
-            return Err(Problem::BadRequest(format!(
-                "invalid field `{field}`: longer than the {max_chars} characters accepted \
-                 (server.max_identifier_chars)"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// What the wire types cannot say about amounts (spec 2.4, 2.7): an amount is what is
-/// deposited or withdrawn, and the direction is a field of its own (`cashIn`,
-/// `transactionType`), so an amount is never negative. A validation asks about a payment
-/// to be made: its amount must be above zero. A callback reports a result, and a failed
-/// payment may report nothing moved: zero is accepted there.
-pub(crate) trait Plausible {
-    /// Why the request cannot be a payment, as the 400 message; `None` when it can.
-    fn implausible(&self) -> Option<String>;
-}
-
-fn positive(field: &str, amount: rust_decimal::Decimal, direction: &str) -> Option<String> {
-    (amount <= rust_decimal::Decimal::ZERO).then(|| {
-        format!(
-            "invalid field `{field}`: {amount} is not an amount to pay; it must be greater than \
-             zero (the direction is `{direction}`)"
-        )
-    })
-}
-
-impl Plausible for ProvidersValidationRequest {
-    fn implausible(&self) -> Option<String> {
-        positive(
-            "transactionData.paymentData.amount",
-            self.transaction_data.payment_data.amount,
-            "transactionData.cashIn",
-        )
-    }
-}
-
-impl Plausible for TransactionValidationRequest {
-    fn implausible(&self) -> Option<String> {
-        positive("paymentData.amount", self.payment_data.amount, "cashIn")
-    }
-}
-
-impl Plausible for CallbackBody {
-    fn implausible(&self) -> Option<String> {
-        (self.amount < rust_decimal::Decimal::ZERO).then(|| {
-            format!(
-                "invalid field `amount`: {} is negative; an amount is never negative (the \
-                 direction is `transactionType`)",
-                self.amount
-            )
-        })
-    }
-}
-
-/// A request whose identifiers go on the request's span, so every log line carries them.
-trait Traced {
-    /// The nonce and the path of its field.
-    fn nonce(&self) -> (&'static str, &str);
-    /// The client id and the path of its field.
-    fn client_id(&self) -> (&'static str, &str);
-
-    fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", field::display(Logged(self.nonce().1)));
-    }
-}
-
-impl Traced for ProvidersValidationRequest {
-    fn nonce(&self) -> (&'static str, &str) {
-        ("transactionData.paymentData.nonce", Self::nonce(self))
-    }
-
-    fn client_id(&self) -> (&'static str, &str) {
-        (
-            "transactionData.merchantData.clientId",
-            &self.transaction_data.merchant_data.client_id,
-        )
-    }
-}
-
-impl Traced for TransactionValidationRequest {
-    fn nonce(&self) -> (&'static str, &str) {
-        ("paymentData.nonce", Self::nonce(self))
-    }
-
-    fn client_id(&self) -> (&'static str, &str) {
-        ("merchantData.clientId", &self.merchant_data.client_id)
-    }
-
-    fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", field::display(Logged(Self::nonce(self))));
-        span.record("validation_id", self.validation_id);
-    }
-}
-
-impl Traced for CallbackBody {
-    fn nonce(&self) -> (&'static str, &str) {
-        ("nonce", &self.nonce)
-    }
-
-    fn client_id(&self) -> (&'static str, &str) {
-        ("clientId", &self.client_id)
-    }
-
-    fn trace(&self, span: &tracing::Span) {
-        span.record("nonce", field::display(Logged(&self.nonce)));
-        span.record(
-            "reference_id",
-            field::display(&self.transaction_reference_id),
-        );
     }
 }
 
@@ -985,23 +692,26 @@ impl AppBuilder {
         );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
-        let trusted_proxies = networks(&self.config.server.trusted_proxies);
+        let ingress = ingress::Ingress::new(
+            self.config.server.clone(),
+            verifier,
+            providers_guard,
+            validation_guard,
+            networks(&self.config.server.trusted_proxies),
+            Arc::clone(&metrics),
+        );
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
                 callback: self.config.callback,
                 router,
                 runner,
-                verifier,
-                verified: VerifiedCache::default(),
-                providers_guard,
-                validation_guard,
+                ingress,
                 exactly_once,
                 draining: AtomicBool::new(false),
                 awaitable,
                 metrics,
                 metrics_allow,
-                trusted_proxies,
                 admin,
                 gateway,
             }),

@@ -123,7 +123,7 @@ impl App {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let access = self.inner.admin.as_ref().ok_or(Problem::NotFound)?;
-        access.check(self.client_ip(&request), request.headers())?;
+        access.check(self.inner.ingress.client_ip(&request), request.headers())?;
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri
@@ -155,7 +155,7 @@ impl App {
                 let id: i64 = id
                     .parse()
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
-                let bytes = self.read_body(&parts, body).await?;
+                let bytes = self.inner.ingress.read_body(&parts, body).await?;
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
                 let resolver = self.resolver().ok_or(Problem::NotFound)?;
                 match resolver
@@ -184,7 +184,7 @@ impl App {
                 Ok(json(&failing))
             }
             (&Method::POST, ["reconcile"]) => {
-                let bytes = self.read_body(&parts, body).await?;
+                let bytes = self.inner.ingress.read_body(&parts, body).await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
                 let gateway = self.inner.gateway.as_ref().ok_or_else(|| {
                     Problem::Conflict("reconcile needs a complete [gateway] section".into())

@@ -129,7 +129,7 @@ impl App {
             headers: HeaderMap::new(),
         };
         let callback = record.to_callback();
-        if let Some(reason) = super::Plausible::implausible(&callback) {
+        if let Some(reason) = super::ingress::Plausible::implausible(&callback) {
             return Err(ReconcileError::Implausible(reason));
         }
         match self.inner.exactly_once.deliver(callback, request).await {

@@ -1,0 +1,363 @@
+//! The ingress: what every request to an endpoint goes through before a handler is
+//! considered — the client's address (behind trusted proxies), the endpoint's
+//! authentication (address, credentials, the signature header), the body within `[server]`'s
+//! limits, the signature over the raw body, then the parse, the identifiers' bounds and the
+//! amounts' plausibility. Every refusal here is a [`Problem`]; nothing of an unauthenticated
+//! body is interpreted.
+
+use bytes::Bytes;
+use http::{HeaderMap, Request};
+use http_body::Body;
+use serde::de::DeserializeOwned;
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+};
+
+use super::connection;
+use super::metrics::{self, Metrics};
+use super::problem::Problem;
+use super::request::{self, BodyLimits, parse_json};
+use super::route::Endpoint;
+use super::{PeerAddr, ServerConfig};
+use crate::auth::{AuthError, Cidr, Guard};
+use crate::logged::Logged;
+use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+use crate::signature::{VerifiedCache, Verifier};
+use tracing::field;
+
+/// The checks before the handlers, with what they need. Built once by the app's builder.
+pub(super) struct Ingress {
+    /// `[server]`: body limits, timeouts and rates, identifier bounds.
+    limits: ServerConfig,
+    /// Verifies callback signatures (and validation signatures where configured); `None`
+    /// when no key is configured.
+    verifier: Option<Verifier>,
+    /// (signature, body) pairs that verified, so that retries skip the public-key operation.
+    verified: VerifiedCache,
+    providers_guard: Guard,
+    validation_guard: Guard,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    trusted_proxies: Vec<Cidr>,
+    metrics: Arc<Metrics>,
+}
+
+impl Ingress {
+    pub(super) fn new(
+        limits: ServerConfig,
+        verifier: Option<Verifier>,
+        providers_guard: Guard,
+        validation_guard: Guard,
+        trusted_proxies: Vec<Cidr>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            limits,
+            verifier,
+            verified: VerifiedCache::default(),
+            providers_guard,
+            validation_guard,
+            trusted_proxies,
+            metrics,
+        }
+    }
+
+    /// `true` when signatures are verified (keys are configured).
+    pub(super) fn verifies_signatures(&self) -> bool {
+        self.verifier.is_some()
+    }
+
+    /// The client's address of `request` (see [`Ingress::client_of`]).
+    pub(super) fn client_ip<B>(&self, request: &Request<B>) -> Option<std::net::IpAddr> {
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+        self.client_of(peer, request.headers())
+    }
+
+    /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the
+    /// right-most `X-Forwarded-For` address that is not a trusted proxy. `None` when unknown
+    /// (no peer; a trusted proxy that sent no `X-Forwarded-For`, a malformed one, or one
+    /// naming only trusted proxies): allow-lists then refuse. A proxy that forwards without
+    /// the header must not make every client look like the proxy itself.
+    pub(super) fn client_of(
+        &self,
+        peer: Option<SocketAddr>,
+        headers: &HeaderMap,
+    ) -> Option<std::net::IpAddr> {
+        let trusted =
+            |ip: std::net::IpAddr| self.trusted_proxies.iter().any(|net| net.contains(ip));
+        let mut client = peer?.ip();
+        if !trusted(client) {
+            return Some(client);
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|value| value.to_str().ok())
+            .collect::<Option<_>>()?;
+        for hop in forwarded.iter().flat_map(|v| v.split(',')).rev() {
+            client = hop.trim().parse().ok()?;
+            if !trusted(client) {
+                return Some(client);
+            }
+        }
+        None
+    }
+
+    /// Reads a request's body within `[server]`'s limits; while it arrives, the connection
+    /// counts as receiving (see `connection.rs`), not working.
+    pub(super) async fn read_body<B>(
+        &self,
+        parts: &http::request::Parts,
+        body: B,
+    ) -> Result<Bytes, Problem>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let server = &self.limits;
+        let limits = BodyLimits {
+            limit: server.body_limit,
+            timeout: server.request_timeout,
+            min_rate: server.min_body_rate,
+            grace: server.min_body_rate_grace,
+        };
+        let receiving = parts
+            .extensions
+            .get::<Arc<connection::Activity>>()
+            .map(connection::Activity::receiving);
+        let read = request::read_body(&parts.headers, body, limits).await;
+        drop(receiving);
+        if let Err(Problem::BodyTooSlow { .. }) = read {
+            self.metrics.count_shed(metrics::ShedReason::SlowBody);
+        }
+        read
+    }
+
+    /// Authenticates the caller from its address and headers. Returns the signature to check
+    /// over the body, when the endpoint requires one.
+    pub(super) fn admit(
+        &self,
+        endpoint: Endpoint,
+        client: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+    ) -> Result<Option<Vec<u8>>, Problem> {
+        let guard = match endpoint {
+            Endpoint::ProvidersValidation => Some(&self.providers_guard),
+            Endpoint::TransactionValidation => Some(&self.validation_guard),
+            Endpoint::Callback => None,
+        };
+        if let Some(guard) = guard {
+            guard
+                .check_peer(client)
+                .map_err(|error| refused(&error, false))?;
+            guard
+                .check_headers(headers)
+                .map_err(|error| refused(&error, guard.is_basic()))?;
+        }
+        let wants_signature = guard.is_none_or(Guard::needs_signature);
+        match (&self.verifier, wants_signature) {
+            (Some(verifier), true) => verifier.read_signature(headers).map(Some).map_err(|error| {
+                self.metrics
+                    .signatures_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                unauthorized(error)
+            }),
+            // Only callbacks want a signature without a verifier: the build step allowed it
+            // because `callback.allow_unsigned` is set; `callback` logs each one.
+            (None, true) | (_, false) => Ok(None),
+        }
+    }
+
+    pub(super) fn check_signature(&self, body: &[u8], signature: &[u8]) -> Result<(), Problem> {
+        let Some(verifier) = &self.verifier else {
+            return Ok(());
+        };
+        // A retry carries the same bytes and signature: no public-key operation for it.
+        let metrics = &self.metrics;
+        let digest = VerifiedCache::digest(signature, body);
+        if self.verified.contains(&digest) {
+            tracing::debug!("signature verified before (a retry)");
+            metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        match verifier.check(body, signature) {
+            Ok(key_id) => {
+                tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
+                metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
+                self.verified.insert(digest);
+                Ok(())
+            }
+            Err(error) => {
+                metrics.signatures_refused.fetch_add(1, Ordering::Relaxed);
+                Err(unauthorized(error))
+            }
+        }
+    }
+}
+
+/// A refused signature: 401, logged (with the request id of the span, never the body).
+fn unauthorized(error: crate::signature::Error) -> Problem {
+    tracing::warn!(%error, "callback signature refused");
+    Problem::Unauthorized {
+        message: error.to_string(),
+        basic: false,
+    }
+}
+
+/// Refused credentials or address: 401 or 403, logged.
+fn refused(error: &AuthError, basic: bool) -> Problem {
+    tracing::warn!(%error, "caller refused");
+    match error {
+        AuthError::AddressRefused => Problem::AddressRefused,
+        AuthError::Missing | AuthError::Wrong => Problem::Unauthorized {
+            message: error.to_string(),
+            basic,
+        },
+    }
+}
+
+impl Ingress {
+    /// Parses a request, checks its identifiers, records them on the current span, and
+    /// refuses an amount that is no payment (see [`Plausible`]).
+    pub(super) fn parse<T: DeserializeOwned + Traced + Plausible>(
+        &self,
+        bytes: &[u8],
+    ) -> Result<T, Problem> {
+        let request = parse_json::<T>(bytes)?;
+        check_identifiers(&request, self.limits.max_identifier_chars)?;
+        request.trace(&tracing::Span::current());
+        match request.implausible() {
+            Some(reason) => Err(Problem::BadRequest(reason)),
+            None => Ok(request),
+        }
+    }
+}
+
+/// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record)
+/// and identifiers longer than `max_chars` characters. Blank is empty or only JSON's own
+/// whitespace (space, tab, line feed, carriage return), as the OpenAPI document's pattern
+/// `[^ \t\n\r]` says in any regex dialect.
+fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Problem> {
+    let (field, nonce) = request.nonce();
+    if nonce.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
+        return Err(Problem::BadRequest(format!(
+            "invalid field `{field}`: a nonce must not be empty or blank"
+        )));
+    }
+    for (field, value) in [(field, nonce), request.client_id()] {
+        // Counting stops past the limit: a megabyte of nonce is not walked to the end.
+        let chars = value.chars().take(max_chars.saturating_add(1)).count();
+        if chars > max_chars {
+            return Err(Problem::BadRequest(format!(
+                "invalid field `{field}`: longer than the {max_chars} characters accepted \
+                 (server.max_identifier_chars)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What the wire types cannot say about amounts (spec 2.4, 2.7): an amount is what is
+/// deposited or withdrawn, and the direction is a field of its own (`cashIn`,
+/// `transactionType`), so an amount is never negative. A validation asks about a payment
+/// to be made: its amount must be above zero. A callback reports a result, and a failed
+/// payment may report nothing moved: zero is accepted there.
+pub(crate) trait Plausible {
+    /// Why the request cannot be a payment, as the 400 message; `None` when it can.
+    fn implausible(&self) -> Option<String>;
+}
+
+fn positive(field: &str, amount: rust_decimal::Decimal, direction: &str) -> Option<String> {
+    (amount <= rust_decimal::Decimal::ZERO).then(|| {
+        format!(
+            "invalid field `{field}`: {amount} is not an amount to pay; it must be greater than \
+             zero (the direction is `{direction}`)"
+        )
+    })
+}
+
+impl Plausible for ProvidersValidationRequest {
+    fn implausible(&self) -> Option<String> {
+        positive(
+            "transactionData.paymentData.amount",
+            self.transaction_data.payment_data.amount,
+            "transactionData.cashIn",
+        )
+    }
+}
+
+impl Plausible for TransactionValidationRequest {
+    fn implausible(&self) -> Option<String> {
+        positive("paymentData.amount", self.payment_data.amount, "cashIn")
+    }
+}
+
+impl Plausible for CallbackBody {
+    fn implausible(&self) -> Option<String> {
+        (self.amount < rust_decimal::Decimal::ZERO).then(|| {
+            format!(
+                "invalid field `amount`: {} is negative; an amount is never negative (the \
+                 direction is `transactionType`)",
+                self.amount
+            )
+        })
+    }
+}
+
+/// A request whose identifiers go on the request's span, so every log line carries them.
+pub(super) trait Traced {
+    /// The nonce and the path of its field.
+    fn nonce(&self) -> (&'static str, &str);
+    /// The client id and the path of its field.
+    fn client_id(&self) -> (&'static str, &str);
+
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", field::display(Logged(self.nonce().1)));
+    }
+}
+
+impl Traced for ProvidersValidationRequest {
+    fn nonce(&self) -> (&'static str, &str) {
+        ("transactionData.paymentData.nonce", Self::nonce(self))
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        (
+            "transactionData.merchantData.clientId",
+            &self.transaction_data.merchant_data.client_id,
+        )
+    }
+}
+
+impl Traced for TransactionValidationRequest {
+    fn nonce(&self) -> (&'static str, &str) {
+        ("paymentData.nonce", Self::nonce(self))
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        ("merchantData.clientId", &self.merchant_data.client_id)
+    }
+
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", field::display(Logged(Self::nonce(self))));
+        span.record("validation_id", self.validation_id);
+    }
+}
+
+impl Traced for CallbackBody {
+    fn nonce(&self) -> (&'static str, &str) {
+        ("nonce", &self.nonce)
+    }
+
+    fn client_id(&self) -> (&'static str, &str) {
+        ("clientId", &self.client_id)
+    }
+
+    fn trace(&self, span: &tracing::Span) {
+        span.record("nonce", field::display(Logged(&self.nonce)));
+        span.record(
+            "reference_id",
+            field::display(&self.transaction_reference_id),
+        );
+    }
+}
