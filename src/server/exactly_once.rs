@@ -133,6 +133,11 @@ impl ExactlyOnce {
         self.inner.store.as_ref()
     }
 
+    /// `true` when the app has a callback handler.
+    pub(super) fn receives_callbacks(&self) -> bool {
+        self.inner.runner.serves(Endpoint::Callback)
+    }
+
     fn stale_after(&self) -> Duration {
         self.inner.runner.handler_timeout() + STALE_MARGIN
     }

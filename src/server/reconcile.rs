@@ -9,7 +9,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::App;
-use super::exactly_once::Delivered;
+use super::exactly_once::{Delivered, ExactlyOnce};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
 use crate::model::TransactionStatus;
@@ -84,7 +84,9 @@ impl App {
         for &reference_id in reference_ids {
             let span = tracing::info_span!("reconcile", %reference_id);
             let outcome = self
-                .reconcile_one(gateway, reference_id)
+                .inner
+                .exactly_once
+                .reconcile(gateway, reference_id)
                 .instrument(span.clone())
                 .await;
             span.in_scope(|| match &outcome {
@@ -95,16 +97,20 @@ impl App {
         }
         outcomes
     }
+}
 
-    async fn reconcile_one(
+impl ExactlyOnce {
+    /// Books the result of one transaction fetched from the aggregator through the callback
+    /// handler and the same records as its callbacks.
+    async fn reconcile(
         &self,
         gateway: &GatewayClient,
         reference_id: Uuid,
     ) -> Result<Reconciled, ReconcileError> {
-        if !self.inner.runner.serves(super::route::Endpoint::Callback) {
+        if !self.receives_callbacks() {
             return Err(ReconcileError::NoReceiver);
         }
-        let Some(store) = self.inner.exactly_once.store() else {
+        let Some(store) = self.store() else {
             return Err(ReconcileError::NoStore);
         };
         let record = gateway.transaction(reference_id).await?;
@@ -132,7 +138,7 @@ impl App {
         if let Some(reason) = super::ingress::Plausible::implausible(&callback) {
             return Err(ReconcileError::Implausible(reason));
         }
-        match self.inner.exactly_once.deliver(callback, request).await {
+        match self.deliver(callback, request).await {
             Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
             Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
             Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
