@@ -33,6 +33,7 @@
 //! ```
 
 mod clock;
+mod decisions;
 mod outbox;
 mod settings;
 
@@ -45,6 +46,7 @@ use crate::store::{Resolution, Store, StoreError};
 
 pub use crate::store::{Decision, Delivery, PostponedState, PostponedValidation, ValidationResult};
 pub use clock::Clock;
+pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
 pub use outbox::{Outbox, OutboxCounts, Pass};
 pub use settings::{DeadlineOutcome, ValidationConfig};
 

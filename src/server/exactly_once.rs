@@ -17,7 +17,6 @@ use std::{
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::awaitable::{Awaitable, Decided};
 use super::metrics::{Decision, Metrics};
 use super::problem::{Problem, json_response};
 use super::route::Endpoint;
@@ -25,6 +24,7 @@ use super::runner::Runner;
 use crate::handler::{CallbackContext, RequestContext};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ErrorBody, TransactionValidationRequest};
+use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::store::{
     CallbackBegin, CallbackFailure, Effects, Fingerprint, RecordedDecision, Store, StoreError,
     ValidationBegin,
@@ -459,7 +459,15 @@ impl ExactlyOnce {
         let awaitable = self.inner.awaitable.as_ref();
         let _recording = awaitable.map(|a| a.resolver().recording(validation_id));
         let decided = if let Some(awaitable) = awaitable {
-            awaitable.decide(request, ctx).await
+            awaitable
+                .decide(request, ctx)
+                .await
+                .map_err(|undecided| match undecided {
+                    Undecided::NoHandler => Problem::NotFound,
+                    Undecided::HandlerFailed => {
+                        self.inner.runner.failed(Endpoint::TransactionValidation)
+                    }
+                })
         } else {
             self.inner
                 .runner

@@ -17,9 +17,10 @@ use std::{
 use super::connection;
 use super::metrics::{self, Metrics};
 use super::problem::Problem;
+use super::request::PeerAddr;
 use super::request::{self, BodyLimits, parse_json};
 use super::route::Endpoint;
-use super::{PeerAddr, ServerConfig};
+use super::settings::ServerConfig;
 use crate::auth::{AuthError, Cidr, Guard};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};

@@ -101,7 +101,6 @@
 //! glibc's per-thread arenas still keep some memory that was freed. `MALLOC_ARENA_MAX=2` in a
 //! service's environment trims that further.
 
-mod awaitable;
 mod connection;
 mod exactly_once;
 mod ingress;
@@ -124,7 +123,6 @@ use http_body_util::Full;
 use std::{
     convert::Infallible,
     future::Future,
-    net::SocketAddr,
     pin::Pin,
     sync::{
         Arc,
@@ -158,17 +156,13 @@ pub use reconcile::{ReconcileError, Reconciled};
 /// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them (default
 /// paths), printed by `payhook openapi`.
 pub const OPENAPI: &str = include_str!("../../openapi/merchant-endpoints.json");
+pub use request::PeerAddr;
 pub use route::PathsConfig;
 pub use serve::{serve, shutdown_signal};
 pub use settings::{AdminConfig, CallbackConfig, ServerConfig};
 
 /// Body type of every answer.
 pub type ResponseBody = Full<Bytes>;
-
-/// Address of the peer, put in a request's extensions by [`serve`]. A server of your own can
-/// insert it too, so that handlers see the caller's address in [`RequestContext::peer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub SocketAddr);
 
 /// Why an [`App`] could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -212,26 +206,23 @@ pub struct App {
 /// Created once by [`AppBuilder::build`]; lives as long as any clone of the [`App`].
 struct Inner {
     server: ServerConfig,
-    callback: CallbackConfig,
     router: Router,
     /// The merchant's handlers, run within the handler timeout.
     runner: runner::Runner,
     /// What every request to an endpoint goes through before a handler.
-    ingress: ingress::Ingress,
+    ingress: Arc<ingress::Ingress>,
     /// Callbacks and validations through the store's records, each handled once.
     exactly_once: exactly_once::ExactlyOnce,
     /// Set when shutdown begins: `/readyz` turns 503 so that load balancers drain us.
     draining: AtomicBool,
     /// Awaitable mode: the decisions, the resolver and the outbox; `None` when not Awaitable.
-    awaitable: Option<Arc<awaitable::Awaitable>>,
+    awaitable: Option<Arc<crate::postponed::Awaitable>>,
     /// What the server did, for `/metrics`.
     metrics: Arc<metrics::Metrics>,
     /// Who may read `/metrics`.
     metrics_allow: Vec<crate::auth::Cidr>,
-    /// The operating API's access; `None` when it is off.
-    admin: Option<operating_api::AdminAccess>,
-    /// The aggregator's endpoints, when `[gateway]` is complete (reconcile).
-    gateway: Option<crate::gateway::GatewayClient>,
+    /// The operating API; `None` when it is off.
+    operating_api: Option<operating_api::OperatingApi>,
 }
 
 impl std::fmt::Debug for App {
@@ -429,10 +420,11 @@ impl App {
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
             Route::Metrics => self.metrics(self.inner.ingress.client_ip(&request)),
-            Route::Admin => self
-                .admin(request)
-                .await
-                .unwrap_or_else(Problem::into_response),
+            Route::Admin => match &inner.operating_api {
+                Some(api) => api.answer(request).await,
+                None => Err(Problem::NotFound),
+            }
+            .unwrap_or_else(Problem::into_response),
             Route::Endpoint(endpoint) => self
                 .endpoint(endpoint, request, request_id)
                 .await
@@ -565,6 +557,31 @@ impl App {
     }
 }
 
+impl App {
+    /// Fetches each transaction from the aggregator and books its result through the
+    /// callback handler — once: a result already booked (by its callback or an earlier
+    /// reconcile) is not booked again, and a callback arriving later is a duplicate.
+    ///
+    /// ```no_run
+    /// # async fn run(app: payhook::App, gateway: payhook::gateway::GatewayClient) {
+    /// let id = "0b7e5a52-2f59-4c1e-9d0c-000000000001".parse().unwrap();
+    /// for (reference_id, outcome) in app.reconcile(&gateway, &[id]).await {
+    ///     println!("{reference_id}: {outcome:?}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn reconcile(
+        &self,
+        gateway: &crate::gateway::GatewayClient,
+        reference_ids: &[uuid::Uuid],
+    ) -> Vec<(uuid::Uuid, Result<Reconciled, ReconcileError>)> {
+        self.inner
+            .exactly_once
+            .reconcile_all(gateway, reference_ids)
+            .await
+    }
+}
+
 impl AppBuilder {
     /// Serves the providers validation endpoint with `handler`. Default: not served (404).
     pub fn providers_validator(mut self, handler: impl ProvidersValidator) -> Self {
@@ -676,13 +693,23 @@ impl AppBuilder {
             self.config.server.handler_timeout,
             self.config.callback.retry_after,
         );
-        let awaitable = awaitable::Awaitable::from_config(
-            &self.config,
-            store.as_ref(),
-            gateway.as_ref(),
-            &runner,
-        )?
-        .map(|awaitable| Arc::new(awaitable.automatic(self.automatic_background)));
+        let awaitable = if self.config.validation.awaitable {
+            let store = store.as_ref().ok_or(BuildError::AwaitableWithoutStore)?;
+            // A complete [gateway] is checked by the configuration's validation.
+            let gateway = match &gateway {
+                Some(gateway) => gateway.clone(),
+                None => crate::gateway::GatewayClient::new(&self.config.gateway)?,
+            };
+            let awaitable = crate::postponed::Awaitable::new(
+                &self.config.validation,
+                store,
+                gateway,
+                Arc::new(runner.clone()),
+            );
+            Some(Arc::new(awaitable.automatic(self.automatic_background)))
+        } else {
+            None
+        };
         let metrics: Arc<metrics::Metrics> = Arc::default();
         let exactly_once = exactly_once::ExactlyOnce::new(
             store,
@@ -692,18 +719,27 @@ impl AppBuilder {
         );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
-        let ingress = ingress::Ingress::new(
+        let ingress = Arc::new(ingress::Ingress::new(
             self.config.server.clone(),
             verifier,
             providers_guard,
             validation_guard,
             networks(&self.config.server.trusted_proxies),
             Arc::clone(&metrics),
-        );
+        ));
+        let operating_api = admin.map(|access| {
+            operating_api::OperatingApi::new(
+                access,
+                Arc::clone(&ingress),
+                exactly_once.clone(),
+                awaitable.clone(),
+                gateway.clone(),
+                self.config.callback.retry_after,
+            )
+        });
         Ok(App {
             inner: Arc::new(Inner {
                 server: self.config.server,
-                callback: self.config.callback,
                 router,
                 runner,
                 ingress,
@@ -712,8 +748,7 @@ impl AppBuilder {
                 awaitable,
                 metrics,
                 metrics_allow,
-                admin,
-                gateway,
+                operating_api,
             }),
         })
     }

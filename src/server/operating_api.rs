@@ -18,14 +18,20 @@ use http_body::Body;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ResponseBody;
+use super::exactly_once::ExactlyOnce;
+use super::ingress::Ingress;
 use super::problem::Problem;
+use super::reconcile::Reconciled;
 use super::route::ADMIN_PREFIX;
 use super::settings::AdminConfig;
-use super::{App, ResponseBody};
 use crate::auth::{Cidr, Expected};
+use crate::gateway::GatewayClient;
 use crate::model::ErrorBody;
-use crate::postponed::{Decision, PostponedState, ResolveError, Resolved};
-use crate::server::Reconciled;
+use crate::postponed::{Awaitable, Decision, PostponedState, ResolveError, Resolved};
 
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
@@ -112,9 +118,39 @@ fn json<T: Serialize>(value: &T) -> Response<ResponseBody> {
     response
 }
 
-impl App {
+/// The operating API with what it operates on: the Awaitable validations, the store's
+/// records and the reconcile of exactly-once delivery, and the gateway. Built by the app's
+/// builder when `admin.token` is set.
+pub(super) struct OperatingApi {
+    access: AdminAccess,
+    ingress: Arc<Ingress>,
+    exactly_once: ExactlyOnce,
+    awaitable: Option<Arc<Awaitable>>,
+    gateway: Option<GatewayClient>,
+    retry_after: Duration,
+}
+
+impl OperatingApi {
+    pub(super) fn new(
+        access: AdminAccess,
+        ingress: Arc<Ingress>,
+        exactly_once: ExactlyOnce,
+        awaitable: Option<Arc<Awaitable>>,
+        gateway: Option<GatewayClient>,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            access,
+            ingress,
+            exactly_once,
+            awaitable,
+            gateway,
+            retry_after,
+        }
+    }
+
     /// Answers a call of the operating API.
-    pub(super) async fn admin<B>(
+    pub(super) async fn answer<B>(
         &self,
         request: Request<B>,
     ) -> Result<Response<ResponseBody>, Problem>
@@ -122,8 +158,8 @@ impl App {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let access = self.inner.admin.as_ref().ok_or(Problem::NotFound)?;
-        access.check(self.inner.ingress.client_ip(&request), request.headers())?;
+        self.access
+            .check(self.ingress.client_ip(&request), request.headers())?;
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri
@@ -145,7 +181,11 @@ impl App {
                         )));
                     }
                 };
-                let resolver = self.resolver().ok_or(Problem::NotFound)?;
+                let resolver = self
+                    .awaitable
+                    .as_ref()
+                    .map(|a| a.resolver())
+                    .ok_or(Problem::NotFound)?;
                 let list = resolver
                     .list(state)
                     .map_err(|e| self.admin_store_failed(&e))?;
@@ -155,9 +195,13 @@ impl App {
                 let id: i64 = id
                     .parse()
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
-                let bytes = self.inner.ingress.read_body(&parts, body).await?;
+                let bytes = self.ingress.read_body(&parts, body).await?;
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
-                let resolver = self.resolver().ok_or(Problem::NotFound)?;
+                let resolver = self
+                    .awaitable
+                    .as_ref()
+                    .map(|a| a.resolver())
+                    .ok_or(Problem::NotFound)?;
                 match resolver
                     .resolve(
                         id,
@@ -177,20 +221,21 @@ impl App {
                 }
             }
             (&Method::GET, ["callbacks", "failing"]) => {
-                let store = self.inner.exactly_once.store().ok_or(Problem::NotFound)?;
+                let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
                 let failing = store
                     .failing_callbacks()
                     .map_err(|e| self.admin_store_failed(&e))?;
                 Ok(json(&failing))
             }
             (&Method::POST, ["reconcile"]) => {
-                let bytes = self.inner.ingress.read_body(&parts, body).await?;
+                let bytes = self.ingress.read_body(&parts, body).await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
-                let gateway = self.inner.gateway.as_ref().ok_or_else(|| {
+                let gateway = self.gateway.as_ref().ok_or_else(|| {
                     Problem::Conflict("reconcile needs a complete [gateway] section".into())
                 })?;
                 let outcomes = self
-                    .reconcile(gateway, &request.reference_ids)
+                    .exactly_once
+                    .reconcile_all(gateway, &request.reference_ids)
                     .await
                     .into_iter()
                     .map(|(reference_id, outcome)| {
@@ -223,7 +268,7 @@ impl App {
     fn admin_store_failed(&self, error: &crate::store::StoreError) -> Problem {
         tracing::error!(%error, "admin: store failed");
         Problem::StoreFailed {
-            retry_after: self.inner.callback.retry_after,
+            retry_after: self.retry_after,
         }
     }
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::App;
 use super::exactly_once::{Delivered, ExactlyOnce};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
@@ -62,20 +61,9 @@ pub enum ReconcileError {
 /// Allowance for the aggregator's and this machine's clocks disagreeing.
 const CLOCK_SKEW: Duration = Duration::from_secs(24 * 3600);
 
-impl App {
-    /// Fetches each transaction from the aggregator and books its result through the
-    /// callback handler — once: a result already booked (by its callback or an earlier
-    /// reconcile) is not booked again, and a callback arriving later is a duplicate.
-    ///
-    /// ```no_run
-    /// # async fn run(app: payhook::App, gateway: payhook::gateway::GatewayClient) {
-    /// let id = "0b7e5a52-2f59-4c1e-9d0c-000000000001".parse().unwrap();
-    /// for (reference_id, outcome) in app.reconcile(&gateway, &[id]).await {
-    ///     println!("{reference_id}: {outcome:?}");
-    /// }
-    /// # }
-    /// ```
-    pub async fn reconcile(
+impl ExactlyOnce {
+    /// [`App::reconcile`](super::App::reconcile): each transaction in turn, logged.
+    pub(super) async fn reconcile_all(
         &self,
         gateway: &GatewayClient,
         reference_ids: &[Uuid],
@@ -84,8 +72,6 @@ impl App {
         for &reference_id in reference_ids {
             let span = tracing::info_span!("reconcile", %reference_id);
             let outcome = self
-                .inner
-                .exactly_once
                 .reconcile(gateway, reference_id)
                 .instrument(span.clone())
                 .await;
@@ -97,9 +83,7 @@ impl App {
         }
         outcomes
     }
-}
 
-impl ExactlyOnce {
     /// Books the result of one transaction fetched from the aggregator through the callback
     /// handler and the same records as its callbacks.
     async fn reconcile(

@@ -167,6 +167,12 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem
     Ok(value)
 }
 
+/// Address of the peer, put in a request's extensions by [`serve`](super::serve). A server
+/// of your own can insert it too, so that handlers see the caller's address in
+/// [`RequestContext::peer`](crate::handler::RequestContext::peer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! decisions call it, never the other way round.
 
 use std::{future::Future, sync::Arc, time::Duration};
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinError;
 use tracing::Instrument;
 
 use super::problem::Problem;
@@ -15,6 +15,7 @@ use crate::handler::{
     ErasedValidation, ProvidersDecision, RequestContext, ValidationDecision,
 };
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+use crate::postponed::{HandlerTask, ValidationHandler};
 use crate::store::RecordedDecision;
 
 /// The handlers and how they are run. Cheap to clone: clones share the handlers.
@@ -103,17 +104,6 @@ impl Runner {
                 Err(Problem::NotAwaitable)
             }
         }
-    }
-
-    /// The validation handler started on its own task, for a caller that bounds it itself
-    /// (the Awaitable time budget) and settles it with [`Runner::settle`].
-    pub(super) fn spawn_validation(
-        &self,
-        request: TransactionValidationRequest,
-        ctx: RequestContext,
-    ) -> Result<JoinHandle<Result<ValidationDecision, HandlerError>>, Problem> {
-        let handler = self.inner.validation.clone().ok_or(Problem::NotFound)?;
-        Ok(tokio::spawn(handler.call(request, ctx).in_current_span()))
     }
 
     /// Runs the callback handler: `Ok` when it acknowledged, the problem to answer otherwise.
@@ -205,5 +195,29 @@ impl Runner {
             endpoint,
             retry_after: self.inner.retry_after,
         }
+    }
+}
+
+/// The Awaitable decisions run the validation handler through the runner, and bound it by
+/// their time budget themselves.
+impl ValidationHandler for Runner {
+    fn spawn(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Option<HandlerTask> {
+        let handler = self.inner.validation.clone()?;
+        Some(tokio::spawn(handler.call(request, ctx).in_current_span()))
+    }
+
+    fn settle(
+        &self,
+        joined: Result<Result<ValidationDecision, HandlerError>, JoinError>,
+    ) -> Option<ValidationDecision> {
+        Runner::settle(self, Endpoint::TransactionValidation, joined).ok()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.handler_timeout
     }
 }

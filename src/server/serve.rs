@@ -17,7 +17,8 @@ use std::{
 use tokio::net::TcpListener;
 
 use super::connection::{Admission, Connections, Limits};
-use super::{App, PeerAddr, preface::PrefaceDeadline};
+use super::request::PeerAddr;
+use super::{App, preface::PrefaceDeadline};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);

@@ -1,46 +1,79 @@
-//! Awaitable decisions (see [`crate::postponed`]): the handler's decision within the time
-//! budget, the pending record, the decision that arrives after the answer, and the outbox
-//! worker that delivers the results. A component of the server that owns its state; the
-//! exactly-once delivery calls it, and it calls the handler runner.
+//! Awaitable decisions: the handler's decision within `validation.time_budget`, the record
+//! of a validation it postponed (or that outlasted the budget), the decision that arrives
+//! after the answer, and the outbox worker that delivers every result. The server's
+//! exactly-once delivery calls it and records what it decides; it runs the merchant's
+//! handler through [`ValidationHandler`], which the server implements.
 
 use std::sync::{
     Arc, Mutex, PoisonError,
     atomic::{AtomicBool, Ordering},
 };
-use tokio::task::JoinHandle;
+use std::time::Duration;
+use tokio::task::{JoinError, JoinHandle};
 use tracing::Instrument;
 
-use super::BuildError;
-use super::problem::Problem;
-use super::route::Endpoint;
-use super::runner::Runner;
+use super::settings::{DeadlineOutcome, ValidationConfig};
+use super::{Clock, Outbox, Resolver};
 use crate::HandlerError;
-use crate::config::Config;
 use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
-use crate::postponed::{Clock, Delivery, Outbox, PostponedValidation, Resolver, ValidationResult};
-use crate::postponed::{DeadlineOutcome, Decision, ValidationConfig};
-use crate::store::{RecordedDecision, Store, time_from_ms};
+use crate::store::{
+    Decision, Delivery, PostponedValidation, RecordedDecision, Store, ValidationResult,
+    time_from_ms,
+};
+
+/// A validation handler's task and its outcome.
+pub(crate) type HandlerTask = JoinHandle<Result<ValidationDecision, HandlerError>>;
+
+/// The merchant's validation handler as the Awaitable decisions run it (the server's
+/// handler runner implements it): on a task of its own, within a time limit.
+pub(crate) trait ValidationHandler: Send + Sync + 'static {
+    /// Starts the handler on its own task; `None` when the app has no validation handler.
+    fn spawn(
+        &self,
+        request: TransactionValidationRequest,
+        ctx: RequestContext,
+    ) -> Option<HandlerTask>;
+
+    /// The decision of a finished task; `None` when the handler failed or panicked (which
+    /// this logs).
+    fn settle(
+        &self,
+        joined: Result<Result<ValidationDecision, HandlerError>, JoinError>,
+    ) -> Option<ValidationDecision>;
+
+    /// How long a handler may run in all (`server.handler_timeout`).
+    fn timeout(&self) -> Duration;
+}
+
+/// Why a validation got no decision to record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Undecided {
+    /// The app has no validation handler.
+    NoHandler,
+    /// The handler failed or panicked within the time budget.
+    HandlerFailed,
+}
 
 /// A validation's decision, ready to be recorded.
-pub(super) struct Decided {
-    pub(super) decision: RecordedDecision,
+pub(crate) struct Decided {
+    pub(crate) decision: RecordedDecision,
     /// Awaitable mode: the validation's postponed record.
-    pub(super) postponed: Option<PostponedValidation>,
+    pub(crate) postponed: Option<PostponedValidation>,
     /// Awaitable mode: the handler, still deciding after its time budget.
-    pub(super) later: Option<JoinHandle<Result<ValidationDecision, HandlerError>>>,
+    pub(crate) later: Option<HandlerTask>,
 }
 
 /// The Awaitable transaction validation endpoint: its settings, clock, resolver and outbox,
-/// and the handler runner it decides with. Built by the app's builder when
-/// `validation.awaitable` is set; dropped with the app's last clone.
-pub(super) struct Awaitable {
+/// and the handler it decides with. Built by the app's builder when `validation.awaitable`
+/// is set; dropped with the app's last clone, which stops the outbox worker.
+pub(crate) struct Awaitable {
     config: ValidationConfig,
     clock: Clock,
     resolver: Resolver,
     outbox: Outbox,
-    runner: Runner,
+    handler: Arc<dyn ValidationHandler>,
     started: AtomicBool,
     /// Started by the first request, unless the builder said `manual_background`.
     automatic: bool,
@@ -63,61 +96,46 @@ impl Drop for Awaitable {
 }
 
 impl Awaitable {
-    /// The Awaitable machinery when `validation.awaitable` is set; `None` otherwise.
-    /// `gateway` is the app's client of the aggregator (one session for the whole app).
-    pub(super) fn from_config(
-        config: &Config,
-        store: Option<&Arc<dyn Store>>,
-        gateway: Option<&GatewayClient>,
-        runner: &Runner,
-    ) -> Result<Option<Self>, BuildError> {
-        if !config.validation.awaitable {
-            return Ok(None);
-        }
-        let store = store.ok_or(BuildError::AwaitableWithoutStore)?;
-        // A complete [gateway] is checked by the configuration's validation.
-        let gateway = match gateway {
-            Some(gateway) => gateway.clone(),
-            None => GatewayClient::new(&config.gateway)?,
-        };
+    /// The Awaitable machinery over `store`, posting results through `gateway` (the app's
+    /// one session with the aggregator), deciding with `handler`.
+    pub(crate) fn new(
+        config: &ValidationConfig,
+        store: &Arc<dyn Store>,
+        gateway: GatewayClient,
+        handler: Arc<dyn ValidationHandler>,
+    ) -> Self {
         let clock = Clock::new();
         let wake = Arc::default();
         let resolver = Resolver::new(Arc::clone(store), clock, Arc::clone(&wake));
-        let outbox = Outbox::new(
-            Arc::clone(store),
-            gateway,
-            config.validation.clone(),
-            clock,
-            wake,
-        );
-        Ok(Some(Self {
-            config: config.validation.clone(),
+        let outbox = Outbox::new(Arc::clone(store), gateway, config.clone(), clock, wake);
+        Self {
+            config: config.clone(),
             clock,
             resolver,
             outbox,
-            runner: runner.clone(),
+            handler,
             started: AtomicBool::new(false),
             automatic: true,
             worker: Mutex::default(),
-        }))
+        }
     }
 
     /// Whether the first request starts the background work.
-    pub(super) fn automatic(mut self, automatic: bool) -> Self {
+    pub(crate) fn automatic(mut self, automatic: bool) -> Self {
         self.automatic = automatic;
         self
     }
 
-    pub(super) fn resolver(&self) -> &Resolver {
+    pub(crate) fn resolver(&self) -> &Resolver {
         &self.resolver
     }
 
-    pub(super) fn outbox(&self) -> &Outbox {
+    pub(crate) fn outbox(&self) -> &Outbox {
         &self.outbox
     }
 
     /// Starts the outbox worker on the current tokio runtime, once.
-    pub(super) fn start(&self) {
+    pub(crate) fn start(&self) {
         if !self.started.swap(true, Ordering::SeqCst) {
             let worker = tokio::spawn(self.outbox.clone().run()).abort_handle();
             *self.worker.lock().unwrap_or_else(PoisonError::into_inner) = Some(worker);
@@ -126,7 +144,7 @@ impl Awaitable {
 
     /// Starts the worker unless the builder said `manual_background`: called by `serve` and
     /// with every request (a cheap check once started).
-    pub(super) fn start_automatically(&self) {
+    pub(crate) fn start_automatically(&self) {
         // Outside a tokio runtime (an executor of the caller's own) there is nowhere to run
         // the worker: `start` on a runtime starts it then.
         if self.automatic
@@ -140,11 +158,11 @@ impl Awaitable {
     /// Runs the handler within the time budget and turns its decision into the record of an
     /// Awaitable validation: a decision taken is queued for delivery, a postponement (or a
     /// spent budget) leaves it pending.
-    pub(super) async fn decide(
+    pub(crate) async fn decide(
         &self,
         request: TransactionValidationRequest,
         ctx: RequestContext,
-    ) -> Result<Decided, Problem> {
+    ) -> Result<Decided, Undecided> {
         let received_ms = self.clock.now_ms();
         let received = time_from_ms(received_ms);
         let mut postponed = PostponedValidation {
@@ -157,7 +175,10 @@ impl Awaitable {
                 .map(|d| time_from_ms(received_ms.saturating_add(millis(d)))),
             result: None,
         };
-        let mut task = self.runner.spawn_validation(request, ctx)?;
+        let mut task = self
+            .handler
+            .spawn(request, ctx)
+            .ok_or(Undecided::NoHandler)?;
         let Ok(joined) = tokio::time::timeout(self.config.time_budget, &mut task).await else {
             tracing::info!(
                 budget = ?self.config.time_budget,
@@ -170,8 +191,9 @@ impl Awaitable {
             });
         };
         let (decision, result) = match self
-            .runner
-            .settle(Endpoint::TransactionValidation, joined)?
+            .handler
+            .settle(joined)
+            .ok_or(Undecided::HandlerFailed)?
         {
             ValidationDecision::Allow => (RecordedDecision::Allow, Some((true, ALLOWED.into()))),
             ValidationDecision::Deny { message } => (
@@ -196,19 +218,15 @@ impl Awaitable {
     }
 
     /// Wakes the outbox worker: a result was queued with the validation's record.
-    pub(super) fn result_queued(&self) {
+    pub(crate) fn result_queued(&self) {
         self.outbox.wake();
     }
 
     /// Waits (within the handler timeout) for a handler that overran its time budget, and
     /// resolves the validation with its decision.
-    pub(super) fn resolve_later(
-        &self,
-        validation_id: i64,
-        mut task: JoinHandle<Result<ValidationDecision, HandlerError>>,
-    ) {
-        let (runner, resolver) = (self.runner.clone(), self.resolver.clone());
-        let limit = runner.handler_timeout();
+    pub(crate) fn resolve_later(&self, validation_id: i64, mut task: HandlerTask) {
+        let (handler, resolver) = (Arc::clone(&self.handler), self.resolver.clone());
+        let limit = handler.timeout();
         // A handler that fails after its budget has no decision to give, and nothing would
         // ever decide the validation (the aggregator waits for a result): it gets the
         // deadline's outcome — a refusal unless configured otherwise.
@@ -218,7 +236,7 @@ impl Awaitable {
         );
         let later = async move {
             let decision = match tokio::time::timeout(limit, &mut task).await {
-                Ok(joined) => runner.settle(Endpoint::TransactionValidation, joined).ok(),
+                Ok(joined) => handler.settle(joined),
                 Err(_) => {
                     task.abort();
                     let _ = (&mut task).await;
