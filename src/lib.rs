@@ -107,12 +107,17 @@
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
 //!   results, transaction lookup) with the session kept fresh, through a proxy, a private
 //!   CA and a client certificate where needed; `[gateway]`.
-//! * [`postponed`] — Awaitable validation: pending validations, the [`Resolver`] (first
-//!   decision wins), the durable outbox of results and its worker, deadlines; `[validation]`.
-//! * [`server`] — the [`App`] service (routing, limits, the status code table, the operating
-//!   API) and [`serve`] (HTTP/1.1 and HTTP/2, timeouts, graceful shutdown); `[server]`,
-//!   `[paths]`, `[callback]`, `[admin]`. [`App::reconcile`] books lost callbacks from the
-//!   gateway's lookup.
+//! * [`postponed`] — Awaitable validation, all of it: the decisions within the time budget
+//!   and after it, the [`Resolver`] (first decision wins), the durable outbox of results and
+//!   its worker, deadlines; `[validation]`. The store persists its records; the server's
+//!   handler runner runs the handler for it.
+//! * [`server`] — the [`App`] service and [`serve`] (HTTP/1.1 and HTTP/2, timeouts, graceful
+//!   shutdown); `[server]`, `[paths]`, `[callback]`, `[admin]`. Inside, a request flows one
+//!   way through components that own their state: the ingress (routing, limits,
+//!   authentication, signature, parsing) → exactly-once delivery (the store's records per
+//!   nonce; reconcile) → the Awaitable decisions of [`postponed`] → the handler runner (the
+//!   three handlers, timeouts, failures); the status code table turns every refusal into an
+//!   answer; the operating API sits beside the ingress.
 //! * [`config`] — assembles the sections, loads them (defaults < file < `PAYHOOK_*`
 //!   environment) and checks what involves more than one.
 //! * [`admin`] — operating commands (postponed validations, failing callbacks, transaction

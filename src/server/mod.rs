@@ -14,6 +14,21 @@
 //! 5. run the merchant's handler on its own task, within `handler_timeout`, and turn its
 //!    decision into the answer.
 //!
+//! Each step belongs to a component that owns its state, and a request flows through them
+//! one way:
+//!
+//! ```text
+//!   App (routing, /healthz, /readyz, /metrics)
+//!    ├─▶ Ingress          (ingress.rs: client address, authentication, body limits,
+//!    │                     signature over the raw body, parse, plausibility)
+//!    ├─▶ ExactlyOnce      (exactly_once.rs, reconcile.rs: the store's records per nonce,
+//!    │      │              waiting deliveries, reconcile of lost callbacks)
+//!    │      ├─▶ postponed::Awaitable (the time budget, pending records, late decisions,
+//!    │      │                         the outbox worker)
+//!    │      └─▶ Runner    (runner.rs: the three handlers, timeouts, failures)
+//!    └─▶ OperatingApi     (operating_api.rs: validations, failing callbacks, reconcile)
+//! ```
+//!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
 //! existing hyper, tower or axum application; `examples/axum_mount.rs` shows it.
 //!
