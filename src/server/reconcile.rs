@@ -13,7 +13,7 @@ use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
 use crate::model::TransactionStatus;
 
-/// What became of one reference id in [`App::reconcile`].
+/// What became of one reference id in [`App::reconcile`](super::App::reconcile).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reconciled {
     /// The result was booked now: its callback had been lost.
