@@ -80,7 +80,7 @@ pub const SIMULATOR_ENV_PREFIX: &str = "PAYHOOK_MOCK_";
 pub enum ConfigError {
     /// The file could not be read.
     #[error(
-        "cannot read {}: {source}; check the configuration file's path (PAYHOOK_CONFIG or the file argument)",
+        "cannot read {}; check the configuration file's path (PAYHOOK_CONFIG or the file argument)",
         path.display()
     )]
     Read {

@@ -30,7 +30,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The listening socket could not be bound (see [`bind`](crate::bind)).
-    #[error("cannot listen on {address}: {source}{}", bind_hint(source))]
+    #[error("cannot listen on {address}{}", bind_hint(source))]
     Bind {
         /// The address of `server.listen`.
         address: SocketAddr,
@@ -175,5 +175,42 @@ impl fmt::Debug for Report<'_> {
     /// The same as `Display`: a report is for people, also where `{:?}` is used.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every cause is printed once: in the report's "caused by" lines, never also inside the
+    /// message above them (a printer that walks `source()` would show it twice).
+    #[test]
+    fn errors_keep_their_cause_as_source_and_print_it_once() {
+        let reason = "address already in use by pid 42";
+        let cases: Vec<Box<dyn StdError>> = vec![
+            Box::new(Error::Bind {
+                address: "127.0.0.1:8080".parse().unwrap(),
+                source: std::io::Error::new(std::io::ErrorKind::AddrInUse, reason),
+            }),
+            Box::new(ConfigError::Read {
+                path: "payhook.toml".into(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, reason),
+            }),
+            Box::new(StoreError::backend(
+                "cannot open the store",
+                std::io::Error::other(reason),
+            )),
+            Box::new(crate::signature::Error::PrivateKey.in_setting("signature.keys[0]")),
+        ];
+        for error in &cases {
+            assert!(error.source().is_some(), "{error}: no source");
+            assert!(
+                !error.to_string().contains(reason),
+                "{error}: cause in the message"
+            );
+            let report = Report::new(error.as_ref()).to_string();
+            let cause = error.source().unwrap().to_string();
+            assert_eq!(report.matches(&cause).count(), 1, "{report}");
+        }
     }
 }

@@ -94,7 +94,7 @@ pub enum ScaffoldError {
     #[error("{0} exists and is not empty; choose another --path, or pass --force to write into it")]
     NotEmpty(PathBuf),
     /// Writing failed.
-    #[error("{path}: {source}")]
+    #[error("cannot write {path}")]
     Io {
         /// The file or directory.
         path: PathBuf,
