@@ -178,6 +178,27 @@ impl fmt::Debug for Report<'_> {
     }
 }
 
+/// An error and its causes on one line (`message: cause: cause`), for logs: the same
+/// causes as [`Report`], each once, and no line breaks that would split a log record.
+pub(crate) struct InLine<'a>(pub(crate) &'a (dyn StdError + 'static));
+
+impl fmt::Display for InLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            let text = error.to_string();
+            if !text.is_empty() && !shown.contains(&text) {
+                write!(f, ": {text}")?;
+                shown.push_str(&text);
+            }
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +232,9 @@ mod tests {
             let report = Report::new(error.as_ref()).to_string();
             let cause = error.source().unwrap().to_string();
             assert_eq!(report.matches(&cause).count(), 1, "{report}");
+            // Logs get the same on one line.
+            let line = InLine(error.as_ref()).to_string();
+            assert!(line.contains(&cause) && !line.contains('\n'), "{line}");
         }
     }
 }

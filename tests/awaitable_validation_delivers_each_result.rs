@@ -565,3 +565,37 @@ async fn an_app_answering_through_handle_delivers_and_lets_go_of_its_store_when_
     let reopened = payhook::store::SledStore::open(&store_config, &[]);
     assert!(reopened.is_ok(), "{:?}", reopened.err());
 }
+
+#[test]
+fn a_worker_that_ended_with_its_runtime_is_started_again_by_the_next_request() {
+    // The app's first request runs on a runtime that then shuts down, taking the outbox
+    // worker with it; the next request, on another runtime, starts a new one, and both
+    // decisions reach the aggregator.
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let gateway = main.block_on(FakeGateway::start());
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = awaitable_config(&gateway);
+    config.store.path = dir.path().join("store");
+    let app = App::builder(config)
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap();
+    let request = |nonce: &str, id: i64| {
+        http::Request::post(VALIDATION_PATH)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(validation("allow-0", nonce, id))))
+            .unwrap()
+    };
+    let short_lived = tokio::runtime::Runtime::new().unwrap();
+    let first = short_lived.block_on(app.handle(request("n-first", ID)));
+    assert_eq!(first.status(), 200);
+    drop(short_lived);
+
+    main.block_on(async {
+        let second = app.handle(request("n-second", ID + 1)).await;
+        assert_eq!(second.status(), 200);
+        gateway
+            .until("both decisions posted", |s| s.results.len() == 2)
+            .await;
+    });
+}

@@ -74,7 +74,9 @@ pub(crate) struct Awaitable {
     resolver: Resolver,
     outbox: Outbox,
     handler: Arc<dyn ValidationHandler>,
-    started: AtomicBool,
+    /// Set while a worker runs; its task clears it when it ends (the app dropped, or the
+    /// runtime it ran on shut down), so that the next start starts another.
+    started: Arc<AtomicBool>,
     /// Started by the first request, unless the builder said `manual_background`.
     automatic: bool,
     /// The outbox worker once started; it stops when the app is dropped (its last clone),
@@ -114,7 +116,7 @@ impl Awaitable {
             resolver,
             outbox,
             handler,
-            started: AtomicBool::new(false),
+            started: Arc::default(),
             automatic: true,
             worker: Mutex::default(),
         }
@@ -134,11 +136,17 @@ impl Awaitable {
         &self.outbox
     }
 
-    /// Starts the outbox worker on the current tokio runtime, once.
+    /// Starts the outbox worker on the current tokio runtime, unless one runs.
     pub(crate) fn start(&self) {
         if !self.started.swap(true, Ordering::SeqCst) {
-            let worker = tokio::spawn(self.outbox.clone().run()).abort_handle();
-            *self.worker.lock().unwrap_or_else(PoisonError::into_inner) = Some(worker);
+            let running = Running(Arc::clone(&self.started));
+            let outbox = self.outbox.clone();
+            let worker = tokio::spawn(async move {
+                let _running = running;
+                outbox.run().await;
+            });
+            *self.worker.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(worker.abort_handle());
         }
     }
 
@@ -260,10 +268,19 @@ impl Awaitable {
                 .resolve(validation_id, Decision::allow_if(success, description))
                 .await
             {
-                tracing::warn!(%error, "the handler's late decision was not recorded");
+                tracing::warn!(error = %crate::error::InLine(&error), "the handler's late decision was not recorded");
             }
         };
         tokio::spawn(later.in_current_span());
+    }
+}
+
+/// Clears the worker's flag when its task ends, however it ends.
+struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 

@@ -77,7 +77,9 @@ impl ExactlyOnce {
                 .await;
             span.in_scope(|| match &outcome {
                 Ok(done) => tracing::info!(?done, "reconciled"),
-                Err(error) => tracing::warn!(%error, "not reconciled"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::InLine(error), "not reconciled")
+                }
             });
             outcomes.push((reference_id, outcome));
         }

@@ -341,7 +341,7 @@ impl Sweeper {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                     if !*stopped && let Err(error) = writer.purge(now_ms()) {
-                        tracing::error!(%error, "purging expired records failed");
+                        tracing::error!(error = %crate::error::InLine(&error), "purging expired records failed");
                     }
                 }
             })?;
@@ -447,7 +447,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
                     Ok(false) => {}
                     Err(error) => {
-                        tracing::error!(%error, "recording a callback failure failed");
+                        tracing::error!(error = %crate::error::InLine(&error), "recording a callback failure failed");
                     }
                 }
             }
@@ -481,7 +481,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
     };
     if let Err(error) = &outcome {
-        tracing::error!(%error, "committing a batch failed; the store refuses further work until restarted");
+        tracing::error!(error = %crate::error::InLine(error), "committing a batch failed; the store refuses further work until restarted");
         context.failed.store(true, Ordering::SeqCst);
     }
     for reply in replies {
@@ -672,7 +672,7 @@ impl EffectTx for OverlayTx<'_> {
             return Ok(value.clone());
         }
         read(&self.context.tree, self.batch, &key).map_err(|error| {
-            let message = error.to_string();
+            let message = crate::error::InLine(&error).to_string();
             *self.failure.borrow_mut() = Some(error);
             EffectError::Backend(message)
         })
