@@ -4,7 +4,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Claim, EffectError, Effects, SledStore, Store, StoreError};
+use payhook::store::{CallbackBegin, Claim, Effects, SledStore, Store, StoreError};
 use std::time::Duration;
 
 const STALE: Duration = Duration::from_secs(60);
@@ -77,7 +77,7 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     let effects = Effects::default();
     let half = ledger.clone();
     effects.write(move |tx| tx.insert(&half, b"n-1", b"half"));
-    effects.write(|_| Err(EffectError::abort("insufficient funds")));
+    effects.write(|_| Err(StoreError::abort("insufficient funds")));
     assert!(
         store
             .finish_callback("n-1", claim, TransactionStatus::Success, effects)

@@ -43,7 +43,7 @@ use crate::handler::{
 use crate::model::{
     CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
 };
-use crate::store::{EffectError, EffectTx, SledStore, StoreError, Tree};
+use crate::store::{EffectTx, SledStore, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -171,13 +171,13 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, EffectError> {
-    serde_json::from_slice(&bytes).map_err(|e| EffectError::abort(e.to_string()))
+fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, StoreError> {
+    serde_json::from_slice(&bytes).map_err(|e| StoreError::abort(e.to_string()))
 }
 
 /// Books `callback` in the ledger, inside the store's transaction. A new status for a known
 /// nonce (a success, later a reversal) replaces the entry and corrects the balance.
-fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), EffectError> {
+fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), StoreError> {
     let previous: Option<Entry> = tx
         .get(&ledger.entries, callback.nonce.as_bytes())?
         .map(from_json)

@@ -37,7 +37,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::Claims;
-use super::effects::{EffectError, EffectTx, Effects, Tree};
+use super::effects::{EffectTx, Effects, Tree};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
 use super::postponed_records::{self, PostponedOp, PostponedValidation, Resolution};
@@ -523,12 +523,11 @@ fn stage_callback(
     // The effects are the merchant's code, run on whichever request leads this batch: a
     // panic in them fails this callback only, not the batch.
     let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| effects.apply(&tx)))
-        .unwrap_or_else(|_| Err(EffectError::abort("an effect panicked")));
+        .unwrap_or_else(|_| Err(StoreError::abort("an effect panicked")));
     if let Err(error) = applied {
-        return Err(tx
-            .failure
-            .into_inner()
-            .unwrap_or(StoreError::Effects(error)));
+        // A backend failure met by an effect fails the batch's commit, whatever the effect
+        // made of it; otherwise the effect's own refusal.
+        return Err(tx.failure.into_inner().unwrap_or(error));
     }
     let local = tx.local.into_inner();
     overlay.extend(local);
@@ -656,35 +655,36 @@ struct OverlayTx<'a> {
 }
 
 impl OverlayTx<'_> {
-    fn key(&self, tree: &Tree, key: &[u8]) -> Result<Vec<u8>, EffectError> {
+    fn key(&self, tree: &Tree, key: &[u8]) -> Result<Vec<u8>, StoreError> {
         if self.context.effect_trees.iter().any(|t| t == tree.name()) {
             Ok(tree.key(key))
         } else {
-            Err(EffectError::UnknownTree(tree.name().to_owned()))
+            Err(StoreError::UnknownTree {
+                name: tree.name().to_owned(),
+                declared: self.context.effect_trees.clone(),
+            })
         }
     }
 }
 
 impl EffectTx for OverlayTx<'_> {
-    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError> {
+    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let key = self.key(tree, key)?;
         if let Some(value) = self.local.borrow().get(&key) {
             return Ok(value.clone());
         }
-        read(&self.context.tree, self.batch, &key).map_err(|error| {
-            let message = crate::error::InLine(&error).to_string();
-            *self.failure.borrow_mut() = Some(error);
-            EffectError::Backend(message)
+        read(&self.context.tree, self.batch, &key).inspect_err(|error| {
+            *self.failure.borrow_mut() = Some(error.clone());
         })
     }
 
-    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), EffectError> {
+    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let key = self.key(tree, key)?;
         self.local.borrow_mut().insert(key, Some(value.to_vec()));
         Ok(())
     }
 
-    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), EffectError> {
+    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), StoreError> {
         let key = self.key(tree, key)?;
         self.local.borrow_mut().insert(key, None);
         Ok(())

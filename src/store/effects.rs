@@ -13,6 +13,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::StoreError;
 use super::keys;
 
 /// A key-value tree of the merchant's own, declared when the store was opened. Only the
@@ -74,47 +75,28 @@ pub trait EffectTx {
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
-    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, EffectError>;
+    /// [`StoreError::UnknownTree`] when `tree` belongs to another store,
+    /// [`StoreError::Backend`] when the backend fails.
+    fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Sets `key` in `tree`.
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
-    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), EffectError>;
+    /// [`StoreError::UnknownTree`] when `tree` belongs to another store,
+    /// [`StoreError::Backend`] when the backend fails.
+    fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
 
     /// Removes `key` from `tree`.
     ///
     /// # Errors
     ///
-    /// [`EffectError`] when `tree` belongs to another store or the backend fails.
-    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), EffectError>;
+    /// [`StoreError::UnknownTree`] when `tree` belongs to another store,
+    /// [`StoreError::Backend`] when the backend fails.
+    fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), StoreError>;
 }
 
-/// Why effects did not apply: nothing was written, and the callback is not acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum EffectError {
-    /// The tree is a handle of another store, which declared it; this one did not.
-    #[error("tree `{0}` was not declared to this store")]
-    UnknownTree(String),
-    /// The handler's closure gave up.
-    #[error("{0}")]
-    Aborted(String),
-    /// The backend failed.
-    #[error("storage: {0}")]
-    Backend(String),
-}
-
-impl EffectError {
-    /// An abort with a message, for a closure that finds it cannot apply.
-    pub fn abort(message: impl Into<String>) -> Self {
-        Self::Aborted(message.into())
-    }
-}
-
-type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), EffectError> + Send + Sync>;
+type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync>;
 
 /// The effects a callback handler stages. Cheap to clone; clones share the list.
 ///
@@ -147,7 +129,7 @@ impl Effects {
     /// Stages `effect` to run in the transaction that marks this callback done.
     pub fn write<F>(&self, effect: F)
     where
-        F: Fn(&dyn EffectTx) -> Result<(), EffectError> + Send + Sync + 'static,
+        F: Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync + 'static,
     {
         self.lock().push(Arc::new(effect));
     }
@@ -167,7 +149,7 @@ impl Effects {
     /// # Errors
     ///
     /// The first effect's error.
-    pub fn apply(&self, tx: &dyn EffectTx) -> Result<(), EffectError> {
+    pub fn apply(&self, tx: &dyn EffectTx) -> Result<(), StoreError> {
         let staged: Vec<Effect> = self.lock().clone();
         staged.iter().try_for_each(|effect| effect(tx))
     }

@@ -210,7 +210,7 @@ use chrono::{DateTime, Utc};
 
 use crate::model::TransactionStatus;
 
-pub use effects::{EffectError, EffectTx, Effects, Tree};
+pub use effects::{EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
 pub use postponed_records::{
     Decision, Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
@@ -297,9 +297,13 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
-    /// The handler's effects refused to apply; nothing was written.
-    #[error("effects aborted: {0}")]
-    Effects(EffectError),
+    /// The handler's effects gave up ([`StoreError::abort`]) or panicked; nothing was
+    /// written, and the callback is not acknowledged.
+    #[error("effects aborted: {reason}")]
+    Aborted {
+        /// Why, in the effect's words.
+        reason: String,
+    },
     /// The claim was lost (taken over as stale); nothing was written.
     #[error("claim on `{0}` was lost")]
     ClaimLost(String),
@@ -308,13 +312,22 @@ pub enum StoreError {
     Integrity(#[from] IntegrityError),
 }
 
-impl From<EffectError> for StoreError {
-    fn from(error: EffectError) -> Self {
-        Self::Effects(error)
-    }
-}
-
 impl StoreError {
+    /// An effect that finds it cannot apply gives up with this: nothing of the callback's
+    /// effects is written, and it is not acknowledged (the aggregator retries it).
+    ///
+    /// ```
+    /// use payhook::store::StoreError;
+    ///
+    /// let error = StoreError::abort("insufficient funds");
+    /// assert_eq!(error.to_string(), "effects aborted: insufficient funds");
+    /// ```
+    pub fn abort(reason: impl Into<String>) -> Self {
+        Self::Aborted {
+            reason: reason.into(),
+        }
+    }
+
     /// A backend failure: `context` says what the store was doing, `source` what failed.
     pub(crate) fn backend(
         context: impl Into<String>,
@@ -376,7 +389,7 @@ pub trait Store: Send + Sync + 'static {
     /// Marks the callback done and applies `effects`, in one atomic write; resolves once it
     /// is durable. The claim ends either way.
     ///
-    /// Resolves to [`StoreError::Effects`] when an effect aborts and
+    /// Resolves to [`StoreError::Aborted`] when an effect aborts and
     /// [`StoreError::ClaimLost`] when the claim was taken over; nothing is written then.
     fn finish_callback(
         &self,
