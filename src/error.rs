@@ -156,18 +156,7 @@ impl<'a> Report<'a> {
 
 impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            let text = error.to_string();
-            if !text.is_empty() && !shown.contains(&text) {
-                write!(f, "\n  caused by: {text}")?;
-                shown.push_str(&text);
-            }
-            cause = error.source();
-        }
-        Ok(())
+        write_with_causes(self.0, "\n  caused by: ", f)
     }
 }
 
@@ -184,19 +173,29 @@ pub(crate) struct InLine<'a>(pub(crate) &'a (dyn StdError + 'static));
 
 impl fmt::Display for InLine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
-        let mut cause = self.0.source();
-        while let Some(error) = cause {
-            let text = error.to_string();
-            if !text.is_empty() && !shown.contains(&text) {
-                write!(f, ": {text}")?;
-                shown.push_str(&text);
-            }
-            cause = error.source();
-        }
-        Ok(())
+        write_with_causes(self.0, ": ", f)
     }
+}
+
+/// `error`'s message, then each cause of its `source()` chain after `separator`, skipping a
+/// cause whose text is already shown (an error of another crate may embed its cause).
+fn write_with_causes(
+    error: &(dyn StdError + 'static),
+    separator: &str,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let mut shown = error.to_string();
+    f.write_str(&shown)?;
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if !text.is_empty() && !shown.contains(&text) {
+            write!(f, "{separator}{text}")?;
+            shown.push_str(&text);
+        }
+        cause = error.source();
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -483,7 +483,7 @@ impl GatewayClient {
                 .http
                 .request(request)
                 .await
-                .map_err(|e| network(error_chain(&e)))?;
+                .map_err(|e| network(crate::error::InLine(&e).to_string()))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
@@ -510,16 +510,4 @@ impl GatewayClient {
 fn to_json<T: Serialize>(value: &T) -> Bytes {
     // The request types are plain structs of strings and numbers: they always serialise.
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
-}
-
-/// An error and its sources, joined: hyper-util's errors say little at the top level.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -217,16 +217,11 @@ impl Trigger {
         let shown = describe(&request, body);
         let started = Instant::now();
         let call = async {
-            let response = self.http.request(request).await.map_err(|e| {
-                let mut text = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(cause) = source {
-                    text.push_str(": ");
-                    text.push_str(&cause.to_string());
-                    source = cause.source();
-                }
-                text
-            })?;
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| crate::error::InLine(&e).to_string())?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
