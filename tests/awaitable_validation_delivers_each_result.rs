@@ -27,6 +27,13 @@ fn awaitable_config(gateway: &FakeGateway) -> Config {
 }
 
 /// The validation request of client `client`, with its own nonce and validation id.
+/// [`awaitable_config`] with its store in `dir`.
+fn stored_config(gateway: &FakeGateway, dir: &tempfile::TempDir) -> Config {
+    let mut config = awaitable_config(gateway);
+    config.store.path = dir.path().join("store");
+    config
+}
+
 fn validation(client: &str, nonce: &str, id: i64) -> String {
     let body = with(
         TRANSACTION_VALIDATION,
@@ -473,8 +480,7 @@ impl TransactionValidator for FastReviewer {
 async fn a_decision_taken_before_the_postponed_record_is_written_waits_for_it() {
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = awaitable_config(&gateway);
-    config.store.path = dir.path().join("store");
+    let config = stored_config(&gateway, &dir);
     let resolver = std::sync::Arc::new(std::sync::OnceLock::new());
     let (decided, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
     let app = App::builder(config)
@@ -510,8 +516,7 @@ async fn an_app_mounted_in_a_router_of_its_own_delivers_results_without_being_to
     use tower::ServiceExt;
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = awaitable_config(&gateway);
-    config.store.path = dir.path().join("store");
+    let config = stored_config(&gateway, &dir);
     let app = App::builder(config)
         .transaction_validator(Deliberate)
         .build()
@@ -541,8 +546,7 @@ async fn an_app_answering_through_handle_delivers_and_lets_go_of_its_store_when_
     // first request starts the outbox worker too.
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = awaitable_config(&gateway);
-    config.store.path = dir.path().join("store");
+    let config = stored_config(&gateway, &dir);
     let store_config = config.store.clone();
     let app = App::builder(config)
         .transaction_validator(Deliberate)
@@ -574,8 +578,7 @@ fn a_worker_that_ended_with_its_runtime_is_started_again_by_the_next_request() {
     let main = tokio::runtime::Runtime::new().unwrap();
     let gateway = main.block_on(FakeGateway::start());
     let dir = tempfile::tempdir().unwrap();
-    let mut config = awaitable_config(&gateway);
-    config.store.path = dir.path().join("store");
+    let config = stored_config(&gateway, &dir);
     let app = App::builder(config)
         .transaction_validator(Deliberate)
         .build()
