@@ -10,7 +10,9 @@
 //! error that way: what failed (naming the address, file or key), the chain of causes, and
 //! what to do about it where payhook knows.
 
-use std::{error::Error as StdError, fmt, net::SocketAddr};
+use std::net::SocketAddr;
+
+use crate::report::Report;
 
 use crate::config::ConfigError;
 use crate::server::BuildError;
@@ -119,88 +121,11 @@ pub async fn bind(address: SocketAddr) -> Result<tokio::net::TcpListener, Error>
 /// How many connections [`bind`]'s socket queues before they are accepted.
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// Renders an error and its [`source`](StdError::source) chain for a person: the message,
-/// then each cause on its own line (`  caused by: ...`). A cause whose text the message
-/// already quotes is not repeated (an error of another crate may embed its cause), so
-/// every cause reads once. Never `Debug`.
-///
-/// ```
-/// use std::io;
-///
-/// #[derive(Debug)]
-/// struct Outer(io::Error);
-/// impl std::fmt::Display for Outer {
-///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-///         f.write_str("cannot open the ledger")
-///     }
-/// }
-/// impl std::error::Error for Outer {
-///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
-/// }
-///
-/// let error = Outer(io::Error::new(io::ErrorKind::NotFound, "ledger.db is missing"));
-/// assert_eq!(
-///     payhook::Report::new(&error).to_string(),
-///     "cannot open the ledger\n  caused by: ledger.db is missing",
-/// );
-/// ```
-#[derive(Clone, Copy)]
-pub struct Report<'a>(&'a (dyn StdError + 'static));
-
-impl<'a> Report<'a> {
-    /// A report of `error`.
-    pub fn new(error: &'a (dyn StdError + 'static)) -> Self {
-        Self(error)
-    }
-}
-
-impl fmt::Display for Report<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_with_causes(self.0, "\n  caused by: ", f)
-    }
-}
-
-impl fmt::Debug for Report<'_> {
-    /// The same as `Display`: a report is for people, also where `{:?}` is used.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// An error and its causes on one line (`message: cause: cause`), for logs: the same
-/// causes as [`Report`], each once, and no line breaks that would split a log record.
-pub(crate) struct InLine<'a>(pub(crate) &'a (dyn StdError + 'static));
-
-impl fmt::Display for InLine<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_with_causes(self.0, ": ", f)
-    }
-}
-
-/// `error`'s message, then each cause of its `source()` chain after `separator`, skipping a
-/// cause whose text is already shown (an error of another crate may embed its cause).
-fn write_with_causes(
-    error: &(dyn StdError + 'static),
-    separator: &str,
-    f: &mut fmt::Formatter<'_>,
-) -> fmt::Result {
-    let mut shown = error.to_string();
-    f.write_str(&shown)?;
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        let text = error.to_string();
-        if !text.is_empty() && !shown.contains(&text) {
-            write!(f, "{separator}{text}")?;
-            shown.push_str(&text);
-        }
-        cause = error.source();
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::InLine;
+    use std::error::Error as StdError;
 
     /// Every cause is printed once: in the report's "caused by" lines, never also inside the
     /// message above them (a printer that walks `source()` would show it twice).

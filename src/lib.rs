@@ -107,10 +107,12 @@
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
 //!   results, transaction lookup) with the session kept fresh, through a proxy, a private
 //!   CA and a client certificate where needed; `[gateway]`.
-//! * [`postponed`] — Awaitable validation, all of it: the decisions within the time budget
-//!   and after it, the [`Resolver`] (first decision wins), the durable outbox of results and
-//!   its worker, deadlines; `[validation]`. The store persists its records; the server's
-//!   handler runner runs the handler for it.
+//! * [`postponed`] — Awaitable validation, all of it: its records and their life cycle
+//!   (pending → queued → delivered or conflict; first decision wins), the decisions within
+//!   the time budget and after it, the [`Resolver`], the durable outbox of results and its
+//!   worker, deadlines; `[validation]`. The store persists its records (it imports them
+//!   from `postponed/record.rs`, a leaf); the server's handler runner runs the handler for
+//!   it.
 //! * [`server`] — the [`App`] service and [`serve`] (HTTP/1.1 and HTTP/2, timeouts, graceful
 //!   shutdown); `[server]`, `[paths]`, `[callback]`, `[admin]`. Inside, a request flows one
 //!   way through components that own their state: the ingress (routing, limits,
@@ -128,7 +130,8 @@
 //! * `scaffold` (feature `scaffold`) — `payhook new`: a merchant crate rendered from
 //!   `templates/merchant/`.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
-//! * [`Error`] — the crate-level error for applications.
+//! * [`Error`] — the crate-level error for applications; [`Report`] prints any error with
+//!   its causes, each once.
 //!
 //! The `payhook` binary (`src/bin/payhook/`, feature `cli`) is a thin command line over this
 //! library's public API.
@@ -156,6 +159,7 @@ pub mod handler;
 mod logged;
 pub mod model;
 pub mod postponed;
+mod report;
 #[cfg(feature = "scaffold")]
 pub mod scaffold;
 mod secret;
@@ -167,7 +171,7 @@ pub mod sim;
 pub mod store;
 
 pub use config::Config;
-pub use error::{Error, Report, bind};
+pub use error::{Error, bind};
 pub use handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, HandlerError, ProviderFilter,
     ProvidersDecision, ProvidersValidator, RequestContext, TransactionValidator,
@@ -176,6 +180,7 @@ pub use handler::{
 pub use logged::Logged;
 pub use model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
 pub use postponed::{Decision, Resolver};
+pub use report::Report;
 pub use secret::Secret;
 pub use server::{App, AppBuilder, serve, shutdown_signal};
 pub use store::SledStore;

@@ -483,7 +483,7 @@ impl GatewayClient {
                 .http
                 .request(request)
                 .await
-                .map_err(|e| network(crate::error::InLine(&e).to_string()))?;
+                .map_err(|e| network(crate::report::InLine(&e).to_string()))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()

@@ -33,7 +33,7 @@ mod integer;
 mod object;
 mod provider;
 mod status;
-mod timestamp;
+pub(crate) mod timestamp;
 mod transaction;
 mod validation;
 

@@ -12,16 +12,15 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
 use tracing::Instrument;
 
+use super::record::{Decision, Delivery, PostponedValidation, ValidationResult};
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Outbox, Resolver};
 use crate::HandlerError;
 use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
-use crate::store::{
-    Decision, Delivery, PostponedValidation, RecordedDecision, Store, ValidationResult,
-    time_from_ms,
-};
+use crate::model::timestamp::time_from_ms;
+use crate::store::{RecordedDecision, Store};
 
 /// A validation handler's task and its outcome.
 pub(crate) type HandlerTask = JoinHandle<Result<ValidationDecision, HandlerError>>;
@@ -268,7 +267,7 @@ impl Awaitable {
                 .resolve(validation_id, Decision::allow_if(success, description))
                 .await
             {
-                tracing::warn!(error = %crate::error::InLine(&error), "the handler's late decision was not recorded");
+                tracing::warn!(error = %crate::report::InLine(&error), "the handler's late decision was not recorded");
             }
         };
         tokio::spawn(later.in_current_span());

@@ -35,6 +35,7 @@
 mod clock;
 mod decisions;
 mod outbox;
+pub(crate) mod record;
 mod settings;
 
 use std::collections::HashMap;
@@ -42,12 +43,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use crate::store::{Resolution, Store, StoreError};
+use crate::store::{Store, StoreError};
 
-pub use crate::store::{Decision, Delivery, PostponedState, PostponedValidation, ValidationResult};
 pub use clock::Clock;
 pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
 pub use outbox::{Outbox, OutboxCounts, Pass};
+pub use record::{
+    Decision, Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
+};
 pub use settings::{DeadlineOutcome, ValidationConfig};
 
 /// Why a decision was not recorded.

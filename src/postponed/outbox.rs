@@ -125,7 +125,7 @@ impl Outbox {
             let next_ms = match self.run_once().await {
                 Ok(pass) => pass.next.map(ms_from_time),
                 Err(error) => {
-                    tracing::error!(error = %crate::error::InLine(&error), "the outbox could not read the store; trying again");
+                    tracing::error!(error = %crate::report::InLine(&error), "the outbox could not read the store; trying again");
                     Some(self.clock.now_ms().saturating_add(1000))
                 }
             };

@@ -143,7 +143,7 @@ impl ExactlyOnce {
     }
 
     fn store_failed(&self, endpoint: Endpoint, error: &StoreError) -> Problem {
-        tracing::error!(endpoint = endpoint.name(), error = %crate::error::InLine(error), "store failed");
+        tracing::error!(endpoint = endpoint.name(), error = %crate::report::InLine(error), "store failed");
         Problem::StoreFailed {
             retry_after: self.inner.runner.retry_after(),
         }

@@ -266,7 +266,7 @@ impl OperatingApi {
     }
 
     fn admin_store_failed(&self, error: &crate::store::StoreError) -> Problem {
-        tracing::error!(error = %crate::error::InLine(error), "admin: store failed");
+        tracing::error!(error = %crate::report::InLine(error), "admin: store failed");
         Problem::StoreFailed {
             retry_after: self.retry_after,
         }

@@ -78,7 +78,7 @@ impl ExactlyOnce {
             span.in_scope(|| match &outcome {
                 Ok(done) => tracing::info!(?done, "reconciled"),
                 Err(error) => {
-                    tracing::warn!(error = %crate::error::InLine(error), "not reconciled")
+                    tracing::warn!(error = %crate::report::InLine(error), "not reconciled")
                 }
             });
             outcomes.push((reference_id, outcome));

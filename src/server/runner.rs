@@ -179,7 +179,7 @@ impl Runner {
         match joined {
             Ok(Ok(decision)) => Ok(decision),
             Ok(Err(error)) => {
-                tracing::error!(endpoint = endpoint.name(), error = %crate::error::InLine(error.source_error()), "handler failed");
+                tracing::error!(endpoint = endpoint.name(), error = %crate::report::InLine(error.source_error()), "handler failed");
                 Err(self.failed(endpoint))
             }
             Err(join_error) => {

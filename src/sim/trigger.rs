@@ -221,7 +221,7 @@ impl Trigger {
                 .http
                 .request(request)
                 .await
-                .map_err(|e| crate::error::InLine(&e).to_string())?;
+                .map_err(|e| crate::report::InLine(&e).to_string())?;
             let status = response.status().as_u16();
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()

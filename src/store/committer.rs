@@ -40,7 +40,7 @@ use super::claims::Claims;
 use super::effects::{EffectTx, Effects, Tree};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
-use super::postponed_records::{self, PostponedOp, PostponedValidation, Resolution};
+use super::postponed_records::{self, PostponedOp};
 use super::record::{
     CallbackRecord, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord, decode,
     encode,
@@ -48,6 +48,7 @@ use super::record::{
 use super::staging::{Overlay, Staging, lock, read, read_record, write_record};
 use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
+use crate::postponed::record::{PostponedValidation, Resolution};
 
 /// A write waiting for a leader.
 pub(crate) enum Job {
@@ -341,7 +342,7 @@ impl Sweeper {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                     if !*stopped && let Err(error) = writer.purge(now_ms()) {
-                        tracing::error!(error = %crate::error::InLine(&error), "purging expired records failed");
+                        tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
                     }
                 }
             })?;
@@ -447,7 +448,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
                     Ok(false) => {}
                     Err(error) => {
-                        tracing::error!(error = %crate::error::InLine(&error), "recording a callback failure failed");
+                        tracing::error!(error = %crate::report::InLine(&error), "recording a callback failure failed");
                     }
                 }
             }
@@ -481,7 +482,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
     };
     if let Err(error) = &outcome {
-        tracing::error!(error = %crate::error::InLine(error), "committing a batch failed; the store refuses further work until restarted");
+        tracing::error!(error = %crate::report::InLine(error), "committing a batch failed; the store refuses further work until restarted");
         context.failed.store(true, Ordering::SeqCst);
     }
     for reply in replies {

@@ -206,15 +206,14 @@ mod watermark;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
+use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
+
 use chrono::{DateTime, Utc};
 
 use crate::model::TransactionStatus;
 
 pub use effects::{EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
-pub use postponed_records::{
-    Decision, Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
-};
 pub use record::{Fingerprint, RecordedDecision};
 pub use settings::StoreConfig;
 #[cfg(feature = "sim")]
@@ -521,70 +520,7 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> u64 {
-    ms_from_time(Utc::now())
-}
-
-/// Milliseconds since the Unix epoch (how the store keeps times) as a UTC time; beyond
-/// chrono's range it is `DateTime::<Utc>::MAX_UTC`.
-pub(crate) fn time_from_ms(ms: u64) -> DateTime<Utc> {
-    i64::try_from(ms)
-        .ok()
-        .and_then(DateTime::from_timestamp_millis)
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
-/// A UTC time as milliseconds since the Unix epoch (how the store keeps times); a time
-/// before the epoch is 0.
-pub(crate) fn ms_from_time(time: DateTime<Utc>) -> u64 {
-    u64::try_from(time.timestamp_millis()).unwrap_or(0)
-}
-
-/// Serde for a time kept as an integer of milliseconds since the Unix epoch — the records'
-/// JSON form since their first release. Unlike `chrono::serde::ts_milliseconds`, it writes
-/// the unsigned integer the records always held and reads any of them, clamping one beyond
-/// chrono's range (e.g. a deadline saturated by an unbounded duration) instead of refusing
-/// the record. `#[serde(with = "crate::store::epoch_ms")]`.
-pub(crate) mod epoch_ms {
-    use chrono::{DateTime, Utc};
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(
-        time: &DateTime<Utc>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(super::ms_from_time(*time))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<DateTime<Utc>, D::Error> {
-        u64::deserialize(deserializer).map(super::time_from_ms)
-    }
-
-    /// The same for an optional time (`null` when absent).
-    pub(crate) mod option {
-        use chrono::{DateTime, Utc};
-        use serde::{Deserialize, Deserializer, Serializer};
-
-        pub(crate) fn serialize<S: Serializer>(
-            time: &Option<DateTime<Utc>>,
-            serializer: S,
-        ) -> Result<S::Ok, S::Error> {
-            match time {
-                Some(time) => serializer.serialize_some(&super::super::ms_from_time(*time)),
-                None => serializer.serialize_none(),
-            }
-        }
-
-        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-            deserializer: D,
-        ) -> Result<Option<DateTime<Utc>>, D::Error> {
-            Ok(Option::<u64>::deserialize(deserializer)?.map(super::super::time_from_ms))
-        }
-    }
-}
+pub(crate) use crate::model::timestamp::{epoch_ms, ms_from_time, now_ms, time_from_ms};
 
 #[cfg(test)]
 mod tests {

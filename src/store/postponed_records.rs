@@ -1,213 +1,17 @@
-//! Postponed validations and the outbox of their results, as the store keeps them.
-//!
-//! ## Life cycle of a postponed validation (key: validationId)
-//!
-//! ```text
-//!   handler Postpone / time budget spent ──▶ Pending ──resolve / deadline──▶ Queued ──200──▶ Delivered
-//!   handler Allow/Deny in Awaitable mode ─────────────────────────────────▶ Queued ──403──▶ Conflict
-//!                                                                 ▲  │ network, 5xx, 401: next attempt
-//!                                                                 └──┘
-//! ```
-//!
-//! The decision is written in the same atomic write as the outbox entry that delivers it, so
-//! a decision taken is delivered, whatever happens to the process. The first decision wins:
-//! resolving again with the same `success` is a no-op, with the other one is refused.
+//! Postponed validations and the outbox of their results, as the store keeps them: their
+//! records under their validation id, the index of the undecided ones (by deadline) and of
+//! the outbox (by next attempt), all written in the batch that changes them. Their life
+//! cycle is the Awaitable domain's (`crate::postponed::record`); this module applies it
+//! inside the store's atomic write, so that a decision and the outbox entry that delivers it
+//! are durable together.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::keys;
 use super::record::{decode, encode};
 use super::staging::Staging;
-use crate::model::TransactionValidationRequest;
-
-/// The decision on a postponed validation, with the description posted with it.
-///
-/// ```
-/// use payhook::postponed::Decision;
-///
-/// let decision = Decision::deny("documents missing");
-/// assert!(!decision.allows());
-/// assert_eq!(decision.description(), "documents missing");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Decision {
-    /// The client may make the transaction (`success: true`).
-    Allow {
-        /// Sent to the aggregator with the result.
-        description: String,
-    },
-    /// The client may not (`success: false`).
-    Deny {
-        /// Sent to the aggregator with the result.
-        description: String,
-    },
-}
-
-impl Decision {
-    /// The client may make the transaction.
-    pub fn allow(description: impl Into<String>) -> Self {
-        Self::Allow {
-            description: description.into(),
-        }
-    }
-
-    /// The client may not.
-    pub fn deny(description: impl Into<String>) -> Self {
-        Self::Deny {
-            description: description.into(),
-        }
-    }
-
-    /// `allow` or `deny` by a condition.
-    pub fn allow_if(allow: bool, description: impl Into<String>) -> Self {
-        if allow {
-            Self::allow(description)
-        } else {
-            Self::deny(description)
-        }
-    }
-
-    /// Whether the client may make the transaction: the result's `success`.
-    pub fn allows(&self) -> bool {
-        matches!(self, Self::Allow { .. })
-    }
-
-    /// The description sent with the result.
-    pub fn description(&self) -> &str {
-        match self {
-            Self::Allow { description } | Self::Deny { description } => description,
-        }
-    }
-}
-
-/// A validation decided after its answer (Awaitable mode).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PostponedValidation {
-    /// The aggregator's `validationId`.
-    pub validation_id: i64,
-    /// The validation request as received.
-    pub request: TransactionValidationRequest,
-    /// When it was received (UTC).
-    #[serde(rename = "received_ms", with = "super::epoch_ms")]
-    pub received: DateTime<Utc>,
-    /// When it is resolved with the configured default outcome if still undecided (UTC).
-    #[serde(rename = "deadline_ms", with = "super::epoch_ms::option")]
-    pub deadline: Option<DateTime<Utc>>,
-    /// The decision, once taken.
-    pub result: Option<ValidationResult>,
-}
-
-/// A decision on a postponed validation and where its delivery stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValidationResult {
-    /// Whether the client was validated.
-    pub success: bool,
-    /// The explanation sent with it.
-    pub description: String,
-    /// When the decision was taken (UTC).
-    #[serde(rename = "decided_ms", with = "super::epoch_ms")]
-    pub decided: DateTime<Utc>,
-    /// Its delivery to the aggregator.
-    pub delivery: Delivery,
-}
-
-/// The delivery of a result to `{gateway_url}/api/v1/transactions/validation`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum Delivery {
-    /// In the outbox: the next attempt is due at `next_attempt`.
-    Queued {
-        /// Attempts made so far.
-        attempts: u32,
-        /// When the next attempt is due (UTC).
-        #[serde(rename = "next_attempt_ms", with = "super::epoch_ms")]
-        next_attempt: DateTime<Utc>,
-        /// Why the last attempt failed.
-        last_error: Option<String>,
-    },
-    /// The aggregator answered 200.
-    Delivered {
-        /// Attempts it took.
-        attempts: u32,
-        /// When (UTC).
-        #[serde(rename = "at_ms", with = "super::epoch_ms")]
-        at: DateTime<Utc>,
-    },
-    /// The aggregator answered 403: it holds a different result. Final.
-    Conflict {
-        /// Attempts it took.
-        attempts: u32,
-        /// The aggregator's message.
-        message: String,
-        /// When (UTC).
-        #[serde(rename = "at_ms", with = "super::epoch_ms")]
-        at: DateTime<Utc>,
-    },
-}
-
-impl Delivery {
-    /// A delivery due now.
-    pub(crate) fn queued(now: DateTime<Utc>) -> Self {
-        Self::Queued {
-            attempts: 0,
-            next_attempt: now,
-            last_error: None,
-        }
-    }
-}
-
-/// Where a postponed validation stands, for listing and filtering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PostponedState {
-    /// No decision yet.
-    Pending,
-    /// Decided, delivery in progress.
-    Queued,
-    /// Decided and delivered.
-    Delivered,
-    /// Decided, but the aggregator holds a different result.
-    Conflict,
-}
-
-impl PostponedValidation {
-    /// Where it stands.
-    pub fn state(&self) -> PostponedState {
-        match self.result.as_ref().map(|r| &r.delivery) {
-            None => PostponedState::Pending,
-            Some(Delivery::Queued { .. }) => PostponedState::Queued,
-            Some(Delivery::Delivered { .. }) => PostponedState::Delivered,
-            Some(Delivery::Conflict { .. }) => PostponedState::Conflict,
-        }
-    }
-
-    fn is_final(&self) -> bool {
-        matches!(
-            self.state(),
-            PostponedState::Delivered | PostponedState::Conflict
-        )
-    }
-}
-
-/// What a resolve did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
-    /// The decision is recorded and queued for delivery.
-    Recorded,
-    /// The same decision was recorded before: nothing changed.
-    AlreadyRecorded,
-    /// A different decision was recorded before: refused, nothing changed.
-    Conflicting {
-        /// The recorded `success`.
-        success: bool,
-        /// The recorded description.
-        description: String,
-    },
-    /// No postponed validation has this id.
-    Unknown,
-}
+use crate::postponed::record::{Delivery, PostponedValidation, Resolution};
 
 /// A write to the postponed records, applied by the store's writer within a batch.
 pub(crate) enum PostponedOp {
@@ -283,7 +87,7 @@ pub(crate) fn create(
     Ok(true)
 }
 
-/// Applies `op`; what it did is returned (for a delivery, always `Recorded`).
+/// Applies `op`; what it did is returned (for a delivery, `Recorded` unless unknown).
 pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolution, StoreError> {
     match op {
         PostponedOp::Resolve {
@@ -295,24 +99,11 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             let Some(mut record) = read(staging, validation_id)? else {
                 return Ok(Resolution::Unknown);
             };
-            if let Some(result) = &record.result {
-                return Ok(if result.success == success {
-                    Resolution::AlreadyRecorded
-                } else {
-                    Resolution::Conflicting {
-                        success: result.success,
-                        description: result.description.clone(),
-                    }
-                });
+            let resolution = record.resolve(success, description, now);
+            if resolution == Resolution::Recorded {
+                put(staging, &record);
             }
-            record.result = Some(ValidationResult {
-                success,
-                description,
-                decided: now,
-                delivery: Delivery::queued(now),
-            });
-            put(staging, &record);
-            Ok(Resolution::Recorded)
+            Ok(resolution)
         }
         PostponedOp::Deliver {
             validation_id,
@@ -321,16 +112,15 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             let Some(mut record) = read(staging, validation_id)? else {
                 return Ok(Resolution::Unknown);
             };
-            match record.result.as_mut() {
-                // A final state is never left: a late attempt's outcome does not undo it.
-                Some(result) if !matches!(result.delivery, Delivery::Queued { .. }) => {}
-                Some(result) => {
-                    result.delivery = delivery;
-                    put(staging, &record);
+            match record.record_delivery(delivery) {
+                None => Ok(Resolution::Unknown),
+                Some(changed) => {
+                    if changed {
+                        put(staging, &record);
+                    }
+                    Ok(Resolution::Recorded)
                 }
-                None => return Ok(Resolution::Unknown),
             }
-            Ok(Resolution::Recorded)
         }
     }
 }
@@ -344,6 +134,7 @@ pub(crate) fn purgeable(bytes: &[u8], id: &str) -> Result<bool, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TransactionValidationRequest;
     use crate::store::time_from_ms;
 
     /// The record of a postponed validation in the JSON written before its times were

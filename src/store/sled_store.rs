@@ -17,7 +17,7 @@ use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
-use super::postponed_records::{Decision, Delivery, PostponedOp, PostponedValidation};
+use super::postponed_records::PostponedOp;
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
@@ -25,6 +25,7 @@ use super::{
     ms_from_time, now_ms, time_from_ms,
 };
 use crate::model::TransactionStatus;
+use crate::postponed::record::{Decision, Delivery, PostponedValidation};
 
 /// A key and its value.
 pub type KeyValue = (Vec<u8>, Vec<u8>);

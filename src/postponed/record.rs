@@ -1,0 +1,310 @@
+//! The Awaitable domain's records: a postponed validation, the decision on it, and the
+//! delivery of that decision to the aggregator, with their life cycle. The store persists
+//! them (`store/postponed_records.rs`) and applies these transitions inside its atomic
+//! write; nothing here knows how they are stored.
+//!
+//! ## Life cycle of a postponed validation (key: validationId)
+//!
+//! ```text
+//!   handler Postpone / time budget spent ──▶ Pending ──resolve / deadline──▶ Queued ──200──▶ Delivered
+//!   handler Allow/Deny in Awaitable mode ─────────────────────────────────▶ Queued ──403──▶ Conflict
+//!                                                                 ▲  │ network, 5xx, 401: next attempt
+//!                                                                 └──┘
+//! ```
+//!
+//! The first decision wins: resolving again with the same `success` is a no-op, with the
+//! other one is refused. A final delivery (delivered, conflict) is never left.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::model::TransactionValidationRequest;
+
+/// The decision on a postponed validation, with the description posted with it.
+///
+/// ```
+/// use payhook::postponed::Decision;
+///
+/// let decision = Decision::deny("documents missing");
+/// assert!(!decision.allows());
+/// assert_eq!(decision.description(), "documents missing");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// The client may make the transaction (`success: true`).
+    Allow {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+    /// The client may not (`success: false`).
+    Deny {
+        /// Sent to the aggregator with the result.
+        description: String,
+    },
+}
+
+impl Decision {
+    /// The client may make the transaction.
+    pub fn allow(description: impl Into<String>) -> Self {
+        Self::Allow {
+            description: description.into(),
+        }
+    }
+
+    /// The client may not.
+    pub fn deny(description: impl Into<String>) -> Self {
+        Self::Deny {
+            description: description.into(),
+        }
+    }
+
+    /// `allow` or `deny` by a condition.
+    pub fn allow_if(allow: bool, description: impl Into<String>) -> Self {
+        if allow {
+            Self::allow(description)
+        } else {
+            Self::deny(description)
+        }
+    }
+
+    /// Whether the client may make the transaction: the result's `success`.
+    pub fn allows(&self) -> bool {
+        matches!(self, Self::Allow { .. })
+    }
+
+    /// The description sent with the result.
+    pub fn description(&self) -> &str {
+        match self {
+            Self::Allow { description } | Self::Deny { description } => description,
+        }
+    }
+}
+
+/// A validation decided after its answer (Awaitable mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PostponedValidation {
+    /// The aggregator's `validationId`.
+    pub validation_id: i64,
+    /// The validation request as received.
+    pub request: TransactionValidationRequest,
+    /// When it was received (UTC).
+    #[serde(rename = "received_ms", with = "crate::model::timestamp::epoch_ms")]
+    pub received: DateTime<Utc>,
+    /// When it is resolved with the configured default outcome if still undecided (UTC).
+    #[serde(
+        rename = "deadline_ms",
+        with = "crate::model::timestamp::epoch_ms::option"
+    )]
+    pub deadline: Option<DateTime<Utc>>,
+    /// The decision, once taken.
+    pub result: Option<ValidationResult>,
+}
+
+/// A decision on a postponed validation and where its delivery stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationResult {
+    /// Whether the client was validated.
+    pub success: bool,
+    /// The explanation sent with it.
+    pub description: String,
+    /// When the decision was taken (UTC).
+    #[serde(rename = "decided_ms", with = "crate::model::timestamp::epoch_ms")]
+    pub decided: DateTime<Utc>,
+    /// Its delivery to the aggregator.
+    pub delivery: Delivery,
+}
+
+/// The delivery of a result to `{gateway_url}/api/v1/transactions/validation`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Delivery {
+    /// In the outbox: the next attempt is due at `next_attempt`.
+    Queued {
+        /// Attempts made so far.
+        attempts: u32,
+        /// When the next attempt is due (UTC).
+        #[serde(rename = "next_attempt_ms", with = "crate::model::timestamp::epoch_ms")]
+        next_attempt: DateTime<Utc>,
+        /// Why the last attempt failed.
+        last_error: Option<String>,
+    },
+    /// The aggregator answered 200.
+    Delivered {
+        /// Attempts it took.
+        attempts: u32,
+        /// When (UTC).
+        #[serde(rename = "at_ms", with = "crate::model::timestamp::epoch_ms")]
+        at: DateTime<Utc>,
+    },
+    /// The aggregator answered 403: it holds a different result. Final.
+    Conflict {
+        /// Attempts it took.
+        attempts: u32,
+        /// The aggregator's message.
+        message: String,
+        /// When (UTC).
+        #[serde(rename = "at_ms", with = "crate::model::timestamp::epoch_ms")]
+        at: DateTime<Utc>,
+    },
+}
+
+impl Delivery {
+    /// A delivery due now.
+    pub(crate) fn queued(now: DateTime<Utc>) -> Self {
+        Self::Queued {
+            attempts: 0,
+            next_attempt: now,
+            last_error: None,
+        }
+    }
+}
+
+/// Where a postponed validation stands, for listing and filtering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PostponedState {
+    /// No decision yet.
+    Pending,
+    /// Decided, delivery in progress.
+    Queued,
+    /// Decided and delivered.
+    Delivered,
+    /// Decided, but the aggregator holds a different result.
+    Conflict,
+}
+
+impl PostponedValidation {
+    /// Where it stands.
+    pub fn state(&self) -> PostponedState {
+        match self.result.as_ref().map(|r| &r.delivery) {
+            None => PostponedState::Pending,
+            Some(Delivery::Queued { .. }) => PostponedState::Queued,
+            Some(Delivery::Delivered { .. }) => PostponedState::Delivered,
+            Some(Delivery::Conflict { .. }) => PostponedState::Conflict,
+        }
+    }
+
+    pub(crate) fn is_final(&self) -> bool {
+        matches!(
+            self.state(),
+            PostponedState::Delivered | PostponedState::Conflict
+        )
+    }
+}
+
+/// What a resolve did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The decision is recorded and queued for delivery.
+    Recorded,
+    /// The same decision was recorded before: nothing changed.
+    AlreadyRecorded,
+    /// A different decision was recorded before: refused, nothing changed.
+    Conflicting {
+        /// The recorded `success`.
+        success: bool,
+        /// The recorded description.
+        description: String,
+    },
+    /// No postponed validation has this id.
+    Unknown,
+}
+
+impl PostponedValidation {
+    /// Takes a decision at `now`, queued for delivery at once: the first decision wins.
+    pub(crate) fn resolve(
+        &mut self,
+        success: bool,
+        description: String,
+        now: DateTime<Utc>,
+    ) -> Resolution {
+        if let Some(result) = &self.result {
+            return if result.success == success {
+                Resolution::AlreadyRecorded
+            } else {
+                Resolution::Conflicting {
+                    success: result.success,
+                    description: result.description.clone(),
+                }
+            };
+        }
+        self.result = Some(ValidationResult {
+            success,
+            description,
+            decided: now,
+            delivery: Delivery::queued(now),
+        });
+        Resolution::Recorded
+    }
+
+    /// Records how a delivery attempt went: `Some(true)` when the record changed,
+    /// `Some(false)` when it was final already (a late attempt's outcome does not undo it),
+    /// `None` when there is no decision to deliver.
+    pub(crate) fn record_delivery(&mut self, delivery: Delivery) -> Option<bool> {
+        let result = self.result.as_mut()?;
+        if !matches!(result.delivery, Delivery::Queued { .. }) {
+            return Some(false);
+        }
+        result.delivery = delivery;
+        Some(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending() -> PostponedValidation {
+        let request = serde_json::from_str(
+            r#"{"merchantData": {"merchantHash": "h", "clientId": "c"},
+                "paymentData": {"nonce": "n-1", "amount": 10, "currency": "EUR", "providerId": 1},
+                "validationId": 7, "cashIn": true}"#,
+        )
+        .unwrap();
+        PostponedValidation {
+            validation_id: 7,
+            request,
+            received: DateTime::<Utc>::UNIX_EPOCH,
+            deadline: None,
+            result: None,
+        }
+    }
+
+    #[test]
+    fn the_first_decision_wins_and_the_same_one_again_changes_nothing() {
+        let mut record = pending();
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        assert_eq!(record.state(), PostponedState::Pending);
+        assert_eq!(record.resolve(true, "ok".into(), now), Resolution::Recorded);
+        assert_eq!(record.state(), PostponedState::Queued);
+        assert_eq!(
+            record.resolve(true, "again".into(), now),
+            Resolution::AlreadyRecorded
+        );
+        assert_eq!(
+            record.resolve(false, "no".into(), now),
+            Resolution::Conflicting {
+                success: true,
+                description: "ok".into()
+            }
+        );
+        assert_eq!(record.result.unwrap().description, "ok");
+    }
+
+    #[test]
+    fn a_final_delivery_is_never_left() {
+        let mut record = pending();
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        assert_eq!(record.record_delivery(Delivery::queued(now)), None);
+        record.resolve(false, "no".into(), now);
+        let delivered = Delivery::Delivered {
+            attempts: 1,
+            at: now,
+        };
+        assert_eq!(record.record_delivery(delivered), Some(true));
+        assert_eq!(record.state(), PostponedState::Delivered);
+        assert_eq!(record.record_delivery(Delivery::queued(now)), Some(false));
+        assert_eq!(record.state(), PostponedState::Delivered);
+        assert!(record.is_final());
+    }
+}
