@@ -376,9 +376,13 @@ pub const SHIPPED: [(&str, &str); 9] = [
 ];
 
 /// Recovers a transaction through the merchant's own reconcile: `Ok(true)` when it booked
-/// the result now, `Ok(false)` when it was booked before.
-pub type Reconciler =
-    Arc<dyn Fn(Uuid) -> Pin<Box<dyn Future<Output = Result<bool, String>> + Send>> + Send + Sync>;
+/// the result now, `Ok(false)` when it was booked before, an error of the merchant's code
+/// when it could not.
+pub type Reconciler = Arc<
+    dyn Fn(Uuid) -> Pin<Box<dyn Future<Output = Result<bool, crate::HandlerError>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Tells what the merchant booked for a nonce (for the story), when the runner can see it.
 pub type Observer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;

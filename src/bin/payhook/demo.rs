@@ -2,6 +2,7 @@
 //! the shipped scenarios run against them and told as a story.
 
 use payhook::Config;
+use payhook::HandlerError;
 use payhook::gateway::GatewayClient;
 use payhook::server::Reconciled;
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
@@ -102,9 +103,11 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
                 match outcome.into_iter().next().map(|(_, o)| o) {
                     Some(Ok(Reconciled::Booked(_))) => Ok(true),
                     Some(Ok(Reconciled::AlreadyBooked(_))) => Ok(false),
-                    Some(Ok(Reconciled::NotFinal(status))) => Err(format!("not final: {status}")),
-                    Some(Err(error)) => Err(error.to_string()),
-                    None => Err("nothing reconciled".into()),
+                    Some(Ok(Reconciled::NotFinal(status))) => {
+                        Err(HandlerError::msg(format!("not final: {status}")))
+                    }
+                    Some(Err(error)) => Err(HandlerError::from(error)),
+                    None => Err(HandlerError::msg("nothing reconciled")),
                 }
             })
         })

@@ -3,6 +3,7 @@
 
 use clap::Args;
 use payhook::Config;
+use payhook::HandlerError;
 use payhook::sim::scenario::{Reconciler, Scenario, Target};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -111,19 +112,19 @@ fn command_reconciler(command: String) -> Reconciler {
                     .output()
             })
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .map_err(HandlerError::from)?
+            .map_err(HandlerError::from)?;
             let stdout = String::from_utf8_lossy(&output.stdout);
             if stdout.contains("booked now") {
                 Ok(true)
             } else if stdout.contains("already booked") {
                 Ok(false)
             } else {
-                Err(format!(
+                Err(HandlerError::msg(format!(
                     "the reconcile command said: {}{}",
                     stdout.trim(),
                     String::from_utf8_lossy(&output.stderr).trim()
-                ))
+                )))
             }
         })
     })
