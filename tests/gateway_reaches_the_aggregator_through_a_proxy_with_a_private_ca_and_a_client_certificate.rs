@@ -202,17 +202,23 @@ async fn login_goes_through_the_proxy_to_a_private_ca_with_a_client_certificate(
     );
 }
 
+/// Why a login with `config` failed, as payhook prints errors: a report with the causes
+/// (the TLS reason is a cause of the gateway's error).
+async fn login_refused(config: &payhook::gateway::GatewayConfig) -> String {
+    let error = GatewayClient::new(config)
+        .unwrap()
+        .login()
+        .await
+        .unwrap_err();
+    payhook::Report::new(&error).to_string()
+}
+
 #[tokio::test]
 async fn without_the_private_ca_the_server_is_not_trusted() {
     let s = setup().await;
     let mut config = config(s.front, s.proxy, &s.pki, &s.mock.gateway_config());
     config.ca_file = None;
-    let error = GatewayClient::new(&config)
-        .unwrap()
-        .login()
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = login_refused(&config).await;
     assert!(error.to_lowercase().contains("certificate"), "{error}");
 }
 
@@ -222,12 +228,7 @@ async fn without_the_client_certificate_the_aggregator_refuses_the_connection() 
     let mut config = config(s.front, s.proxy, &s.pki, &s.mock.gateway_config());
     config.client_cert_file = None;
     config.client_key_file = None;
-    let error = GatewayClient::new(&config)
-        .unwrap()
-        .login()
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = login_refused(&config).await;
     assert!(error.to_lowercase().contains("certificate"), "{error}");
 }
 

@@ -54,8 +54,12 @@ pub(crate) use transport::{HttpClient, direct_client};
 /// The largest answer read from the aggregator.
 const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
+/// The error beneath a gateway error: shared, because one failed session renewal answers
+/// every caller that waited for it.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
 /// Why a call to the aggregator failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
     /// A setting the client needs is missing or unusable.
@@ -70,12 +74,13 @@ pub enum GatewayError {
         message: String,
     },
     /// The aggregator could not be reached.
-    #[error("cannot reach {url}: {reason}")]
+    #[error("cannot reach {url}")]
     Network {
         /// The endpoint called.
         url: String,
         /// What went wrong.
-        reason: String,
+        #[source]
+        source: Cause,
     },
     /// No complete answer within `gateway.timeout`.
     #[error("{url} did not answer within {timeout:?}")]
@@ -96,12 +101,13 @@ pub enum GatewayError {
         message: String,
     },
     /// The answer was not the expected JSON.
-    #[error("{url} answered with an unreadable body: {reason}")]
+    #[error("{url} answered with an unreadable body")]
     Decode {
         /// The endpoint called.
         url: String,
         /// What is wrong.
-        reason: String,
+        #[source]
+        source: Cause,
     },
     /// A different result was already received for this validation (403, spec 3.2).
     #[error("validation {validation_id}: a different result was already received: {message}")]
@@ -176,7 +182,7 @@ impl Answer {
     fn json<T: DeserializeOwned>(&self) -> Result<T, GatewayError> {
         serde_json::from_slice(&self.body).map_err(|e| GatewayError::Decode {
             url: self.url.clone(),
-            reason: e.to_string(),
+            source: Arc::new(e),
         })
     }
 
@@ -452,9 +458,9 @@ impl GatewayClient {
         body: Option<Bytes>,
         token: Option<&Secret>,
     ) -> Result<Answer, GatewayError> {
-        let network = |reason: String| GatewayError::Network {
+        let network = |source: Box<dyn std::error::Error + Send + Sync>| GatewayError::Network {
             url: url.to_owned(),
-            reason,
+            source: Arc::from(source),
         };
         let mut request = Request::builder()
             .method(method)
@@ -469,26 +475,25 @@ impl GatewayClient {
             } else {
                 format!("{} {}", self.inner.auth_scheme, token.expose())
             };
-            let mut value = HeaderValue::from_str(&value)
-                .map_err(|_| network("the access token is not a valid header value".into()))?;
+            let mut value = HeaderValue::from_str(&value).map_err(|e| network(e.into()))?;
             value.set_sensitive(true);
             request = request.header(self.inner.auth_header.clone(), value);
         }
         let request = request
             .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| network(format!("bad request: {e}")))?;
+            .map_err(|e| network(e.into()))?;
         let call = async {
             let response = self
                 .inner
                 .http
                 .request(request)
                 .await
-                .map_err(|e| network(crate::report::InLine(&e).to_string()))?;
+                .map_err(|e| network(e.into()))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| network(format!("reading the answer: {e}")))?
+                .map_err(network)?
                 .to_bytes();
             Ok(Answer {
                 url: url.to_owned(),

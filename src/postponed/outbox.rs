@@ -253,16 +253,16 @@ impl Outbox {
                 self.counts.retries.fetch_add(1, Ordering::Relaxed);
                 let wait = backoff(&self.config.retry_schedule, attempts);
                 if error.is_transient() {
-                    tracing::warn!(validation_id = id, attempts, %error, ?wait, "delivering a validation result failed; retrying");
+                    tracing::warn!(validation_id = id, attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
                 } else {
-                    tracing::error!(validation_id = id, attempts, %error, ?wait, "delivering a validation result failed; retrying");
+                    tracing::error!(validation_id = id, attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
                 }
                 let retry = Delivery::Queued {
                     attempts,
                     next_attempt: time_from_ms(
                         now_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
                     ),
-                    last_error: Some(error.to_string()),
+                    last_error: Some(crate::report::InLine(&error).to_string()),
                 };
                 (retry, Attempt::Retry)
             }

@@ -245,7 +245,11 @@ impl OperatingApi {
                                 ("already_booked", Some(s.code()), None)
                             }
                             Ok(Reconciled::NotFinal(s)) => ("not_final", Some(s.code()), None),
-                            Err(error) => ("error", None, Some(error.to_string())),
+                            Err(error) => (
+                                "error",
+                                None,
+                                Some(crate::report::InLine(&error).to_string()),
+                            ),
                         };
                         AdminReconciled {
                             reference_id,

@@ -255,7 +255,7 @@ pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Dura
         let pending = match resolver.list(Some(crate::postponed::PostponedState::Pending)) {
             Ok(pending) => pending,
             Err(error) => {
-                tracing::error!(%error, "review: cannot list pending validations");
+                tracing::error!(error = %crate::report::InLine(&error), "review: cannot list pending validations");
                 continue;
             }
         };
@@ -279,7 +279,9 @@ pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Dura
                     approve,
                     "reviewed"
                 ),
-                Err(error) => tracing::warn!(%error, "review: not recorded"),
+                Err(error) => {
+                    tracing::warn!(error = %crate::report::InLine(&error), "review: not recorded")
+                }
             }
         }
     }
