@@ -321,15 +321,24 @@ fn paused_app(dir: &tempfile::TempDir, tweak: impl FnOnce(&mut Config)) -> App {
         .unwrap()
 }
 
-async fn validate(app: &App, client: &str, id: i64) -> (u16, String) {
-    let request = http::Request::post(VALIDATION_PATH)
+/// A transaction validation request as a server of one's own hands it to `App::handle`.
+fn validation_request(client: &str, nonce: &str, id: i64) -> http::Request<Full<Bytes>> {
+    http::Request::post(VALIDATION_PATH)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(validation(
-            client,
-            &format!("n-{id}"),
-            id,
-        ))))
-        .unwrap();
+        .body(Full::new(Bytes::from(validation(client, nonce, id))))
+        .unwrap()
+}
+
+/// An Awaitable app deciding with [`Deliberate`], its store in `dir`.
+fn deliberate_app(gateway: &FakeGateway, dir: &tempfile::TempDir) -> App {
+    App::builder(stored_config(gateway, dir))
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap()
+}
+
+async fn validate(app: &App, client: &str, id: i64) -> (u16, String) {
+    let request = validation_request(client, &format!("n-{id}"), id);
     let response = app.handle(request).await;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -516,11 +525,7 @@ async fn an_app_mounted_in_a_router_of_its_own_delivers_results_without_being_to
     use tower::ServiceExt;
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = stored_config(&gateway, &dir);
-    let app = App::builder(config)
-        .transaction_validator(Deliberate)
-        .build()
-        .unwrap();
+    let app = deliberate_app(&gateway, &dir);
     let router = axum::Router::new().fallback_service(app);
     let request = http::Request::post(VALIDATION_PATH)
         .header("content-type", "application/json")
@@ -546,18 +551,8 @@ async fn an_app_answering_through_handle_delivers_and_lets_go_of_its_store_when_
     // first request starts the outbox worker too.
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let config = stored_config(&gateway, &dir);
-    let store_config = config.store.clone();
-    let app = App::builder(config)
-        .transaction_validator(Deliberate)
-        .build()
-        .unwrap();
-    let request = http::Request::post(VALIDATION_PATH)
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(validation(
-            "allow-0", "n-handle", ID,
-        ))))
-        .unwrap();
+    let app = deliberate_app(&gateway, &dir);
+    let request = validation_request("allow-0", "n-handle", ID);
     assert_eq!(app.handle(request).await.status(), 200);
     gateway
         .until("the decision posted by the app", |s| s.posts.len() == 1)
@@ -566,6 +561,7 @@ async fn an_app_answering_through_handle_delivers_and_lets_go_of_its_store_when_
     // Dropping the last clone of the app stops its worker, which held the store: the
     // directory can be opened again (sled lets one holder at a time).
     drop(app);
+    let store_config = stored_config(&gateway, &dir).store;
     let reopened = payhook::store::SledStore::open(&store_config, &[]);
     assert!(reopened.is_ok(), "{:?}", reopened.err());
 }
@@ -578,17 +574,8 @@ fn a_worker_that_ended_with_its_runtime_is_started_again_by_the_next_request() {
     let main = tokio::runtime::Runtime::new().unwrap();
     let gateway = main.block_on(FakeGateway::start());
     let dir = tempfile::tempdir().unwrap();
-    let config = stored_config(&gateway, &dir);
-    let app = App::builder(config)
-        .transaction_validator(Deliberate)
-        .build()
-        .unwrap();
-    let request = |nonce: &str, id: i64| {
-        http::Request::post(VALIDATION_PATH)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(validation("allow-0", nonce, id))))
-            .unwrap()
-    };
+    let app = deliberate_app(&gateway, &dir);
+    let request = |nonce: &str, id: i64| validation_request("allow-0", nonce, id);
     let short_lived = tokio::runtime::Runtime::new().unwrap();
     let first = short_lived.block_on(app.handle(request("n-first", ID)));
     assert_eq!(first.status(), 200);
