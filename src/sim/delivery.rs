@@ -65,7 +65,7 @@ pub fn recipients(
     transaction_type: TransactionType,
 ) -> Result<Vec<&CallbackSettings>, SimError> {
     if let Some(bad) = settings.iter().find(|s| !s.has_valid_attempts()) {
-        return Err(SimError::Request(format!(
+        return Err(SimError::request(format!(
             "{}: maxAttempts is {}; the aggregator allows 1 to {MAX_CALLBACK_ATTEMPTS}",
             bad.callback_url, bad.max_attempts
         )));
@@ -122,7 +122,7 @@ pub async fn deliver(
 ) -> Result<Delivery, SimError> {
     let signature = if settings.add_signature {
         let signer = trigger.signer().ok_or_else(|| {
-            SimError::Request(format!(
+            SimError::request(format!(
                 "{} wants a signature (addSignature) but no signing key was given",
                 settings.callback_url
             ))

@@ -94,7 +94,7 @@ pub async fn inject(
     let needs_signer = || {
         trigger
             .signer()
-            .ok_or_else(|| SimError::Request(format!("{fault:?} needs a signing key (--key)")))
+            .ok_or_else(|| SimError::request(format!("{fault:?} needs a signing key (--key)")))
     };
     let (expected, exchanges, correct): (&'static str, Vec<Exchange>, Judge) = match fault {
         Fault::Duplicate(n) => {
@@ -130,10 +130,10 @@ pub async fn inject(
         Fault::WrongKey => {
             let signer = needs_signer()?;
             let algorithm = signer.algorithm();
-            let pair =
-                generate_key_pair(algorithm).map_err(|e| SimError::Request(e.to_string()))?;
+            let pair = generate_key_pair(algorithm)
+                .map_err(|e| SimError::request("cannot make a stranger's key").because(e))?;
             let stranger = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), algorithm)
-                .map_err(|e| SimError::Request(e.to_string()))?;
+                .map_err(|e| SimError::request("cannot read the stranger's key").because(e))?;
             let value = signer.with_key(stranger).value(body.as_bytes())?;
             let exchange = trigger
                 .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
@@ -142,7 +142,7 @@ pub async fn inject(
         }
         Fault::Reorder => {
             if kind != RequestKind::Callback {
-                return Err(SimError::Request("reorder applies to callbacks".into()));
+                return Err(SimError::request("reorder applies to callbacks"));
             }
             let failure = Payment {
                 status: TransactionStatus::GenericPaymentSystemError,
@@ -201,8 +201,8 @@ pub async fn inject(
                     not_booked_twice,
                 ),
                 RequestKind::ProvidersValidation => {
-                    return Err(SimError::Request(
-                        "reuse-nonce applies to transaction validations and callbacks".into(),
+                    return Err(SimError::request(
+                        "reuse-nonce applies to transaction validations and callbacks",
                     ));
                 }
             }
@@ -288,10 +288,10 @@ async fn raw(
     signature: Option<(http::HeaderName, String)>,
     delivery: Delivery,
 ) -> Result<Exchange, SimError> {
-    let uri = crate::gateway::parse_http_url(url).map_err(SimError::Request)?;
+    let uri = crate::gateway::parse_http_url(url).map_err(SimError::request)?;
     if uri.scheme_str() != Some("http") {
-        return Err(SimError::Request(
-            "slow-body and drop-mid-request need a plain http:// endpoint".into(),
+        return Err(SimError::request(
+            "slow-body and drop-mid-request need a plain http:// endpoint",
         ));
     }
     let host = uri.host().unwrap_or("127.0.0.1");
@@ -309,7 +309,7 @@ async fn raw(
     let started = Instant::now();
     let mut stream = tokio::net::TcpStream::connect((host, port))
         .await
-        .map_err(|e| SimError::Request(format!("cannot connect to {host}:{port}: {e}")))?;
+        .map_err(|e| SimError::request(format!("cannot connect to {host}:{port}")).because(e))?;
     let io = |e: std::io::Error| e.to_string();
     let outcome: Result<Option<Bytes>, String> = async {
         stream.write_all(head.as_bytes()).await.map_err(io)?;

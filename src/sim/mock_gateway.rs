@@ -141,25 +141,25 @@ impl MockGateway {
         let store = match &config.state {
             Some(path) => Some(
                 crate::store::open_locked(&sled::Config::new().path(path))
-                    .map_err(|e| SimError::Setup(format!("state {}: {e}", path.display())))?,
+                    .map_err(|e| SimError::setup(format!("state {}", path.display())).because(e))?,
             ),
             None => None,
         };
         let mut state: State = match store.as_ref().map(|db| db.get("state")) {
             Some(Ok(Some(bytes))) => serde_json::from_slice(&bytes)
-                .map_err(|e| SimError::Setup(format!("state is unreadable: {e}")))?,
-            Some(Err(e)) => return Err(SimError::Setup(format!("state: {e}"))),
+                .map_err(|e| SimError::setup("state is unreadable").because(e))?,
+            Some(Err(e)) => return Err(SimError::setup("state").because(e)),
             _ => State::default(),
         };
         if state.secret.is_empty() {
             state.secret = random_secret()?;
         }
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| SimError::Setup(format!("cannot listen on {}: {e}", config.listen)))?;
+        let listener = TcpListener::bind(config.listen).await.map_err(|e| {
+            SimError::setup(format!("cannot listen on {}", config.listen)).because(e)
+        })?;
         let addr = listener
             .local_addr()
-            .map_err(|e| SimError::Setup(e.to_string()))?;
+            .map_err(|e| SimError::setup("the listener has no address").because(e))?;
         let shared = Arc::new(Shared {
             password: Expected::new(config.password.expose().as_bytes()),
             issuer: Issuer::new(&state.secret),
@@ -327,7 +327,7 @@ impl Shared {
 fn random_secret() -> Result<Vec<u8>, SimError> {
     let mut secret = vec![0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
-        .map_err(|_| SimError::Setup("no randomness for the token secret".into()))?;
+        .map_err(|_| SimError::setup("no randomness for the token secret"))?;
     Ok(secret)
 }
 
@@ -556,7 +556,8 @@ impl MockControl {
     pub fn new(base_url: &str) -> Result<Self, SimError> {
         Ok(Self {
             base: base_url.trim_end_matches('/').to_owned(),
-            http: crate::gateway::direct_client().map_err(|e| SimError::Setup(e.to_string()))?,
+            http: crate::gateway::direct_client()
+                .map_err(|e| SimError::setup("cannot build the HTTP client").because(e))?,
         })
     }
 
@@ -572,7 +573,7 @@ impl MockControl {
             .uri(&url)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| SimError::Request(e.to_string()))?;
+            .map_err(|e| SimError::request("cannot build the request").because(e))?;
         let call = async {
             let response = self
                 .http
@@ -589,8 +590,8 @@ impl MockControl {
         };
         tokio::time::timeout(Duration::from_secs(10), call)
             .await
-            .map_err(|_| SimError::Gateway(format!("{url}: no answer within 10s")))?
-            .map_err(|e| SimError::Gateway(format!("{url}: {e}")))
+            .map_err(|_| SimError::gateway(format!("{url}: no answer within 10s")))?
+            .map_err(|e| SimError::gateway(url.clone()).because(e))
     }
 
     /// The result posted for validation `id`, if any.
@@ -608,9 +609,9 @@ impl MockControl {
         match status {
             StatusCode::OK => serde_json::from_slice(&body)
                 .map(Some)
-                .map_err(|e| SimError::Gateway(format!("unreadable result: {e}"))),
+                .map_err(|e| SimError::gateway("unreadable result").because(e)),
             StatusCode::NOT_FOUND => Ok(None),
-            other => Err(SimError::Gateway(format!("mock gateway answered {other}"))),
+            other => Err(SimError::gateway(format!("mock gateway answered {other}"))),
         }
     }
 
@@ -627,9 +628,9 @@ impl MockControl {
         let path = format!("/sim/v1/validations/{id}/refused");
         let (status, body) = self.call(Method::GET, &path, None).await?;
         if !status.is_success() {
-            return Err(SimError::Gateway(format!("mock gateway answered {status}")));
+            return Err(SimError::gateway(format!("mock gateway answered {status}")));
         }
-        serde_json::from_slice(&body).map_err(|e| SimError::Gateway(format!("refused: {e}")))
+        serde_json::from_slice(&body).map_err(|e| SimError::gateway("refused").because(e))
     }
 
     /// Waits (polling) up to `timeout` for the result of validation `id`.
@@ -662,9 +663,9 @@ impl MockControl {
     pub async fn counters(&self) -> Result<MockCounters, SimError> {
         let (status, body) = self.call(Method::GET, "/sim/v1/counters", None).await?;
         if !status.is_success() {
-            return Err(SimError::Gateway(format!("mock gateway answered {status}")));
+            return Err(SimError::gateway(format!("mock gateway answered {status}")));
         }
-        serde_json::from_slice(&body).map_err(|e| SimError::Gateway(format!("counters: {e}")))
+        serde_json::from_slice(&body).map_err(|e| SimError::gateway("counters").because(e))
     }
 
     /// Creates or replaces a transaction record on the mock.
@@ -673,13 +674,14 @@ impl MockControl {
     ///
     /// [`SimError::Gateway`] when the mock cannot be reached or refuses it.
     pub async fn put_transaction(&self, record: &TransactionRecord) -> Result<(), SimError> {
-        let body = serde_json::to_vec(record).map_err(|e| SimError::Request(e.to_string()))?;
+        let body = serde_json::to_vec(record)
+            .map_err(|e| SimError::request("cannot encode the record").because(e))?;
         let path = format!("/sim/v1/transactions/{}", record.transaction_reference_id);
         let (status, body) = self.call(Method::PUT, &path, Some(body)).await?;
         if status.is_success() {
             Ok(())
         } else {
-            Err(SimError::Gateway(format!(
+            Err(SimError::gateway(format!(
                 "mock gateway refused the record ({status}): {}",
                 String::from_utf8_lossy(&body)
             )))

@@ -36,20 +36,77 @@ pub use mock_gateway::{
 pub use request::{Payment, RequestKind, set, to_text};
 pub use trigger::{Exchange, Signer, Trigger};
 
-/// Why the simulator could not do what was asked.
+/// Why the simulator could not do what was asked: what it was doing, with the error beneath
+/// (when there is one) as the [`source`](std::error::Error::source).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
     /// Starting a server or opening its state failed.
-    #[error("{0}")]
-    Setup(String),
-    /// A request could not be built or signed.
-    #[error("{0}")]
-    Request(String),
+    #[error("{context}")]
+    Setup {
+        /// What failed.
+        context: String,
+        /// The error beneath.
+        #[source]
+        source: Option<crate::gateway::Cause>,
+    },
+    /// A request could not be built or signed, or a scenario or setting is not valid.
+    #[error("{context}")]
+    Request {
+        /// What is wrong.
+        context: String,
+        /// The error beneath.
+        #[source]
+        source: Option<crate::gateway::Cause>,
+    },
     /// The mock gateway could not be reached or answered strangely.
-    #[error("mock gateway: {0}")]
-    Gateway(String),
+    #[error("mock gateway: {context}")]
+    Gateway {
+        /// What went wrong.
+        context: String,
+        /// The error beneath.
+        #[source]
+        source: Option<crate::gateway::Cause>,
+    },
     /// A call to the gateway failed.
     #[error(transparent)]
     Client(#[from] crate::gateway::GatewayError),
+}
+
+impl SimError {
+    pub(crate) fn setup(context: impl Into<String>) -> Self {
+        Self::Setup {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn request(context: impl Into<String>) -> Self {
+        Self::Request {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn gateway(context: impl Into<String>) -> Self {
+        Self::Gateway {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// This error, caused by `cause`.
+    pub(crate) fn because(
+        mut self,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let cause = Some(std::sync::Arc::from(cause.into()));
+        match &mut self {
+            Self::Setup { source, .. }
+            | Self::Request { source, .. }
+            | Self::Gateway { source, .. } => *source = cause,
+            Self::Client(_) => {}
+        }
+        self
+    }
 }

@@ -229,7 +229,7 @@ impl Payment {
 /// [`SimError::Request`] when the path runs through something that is not an object or an
 /// array, or indexes past an array's end.
 pub fn set(body: &mut Value, path: &str, value: &str) -> Result<(), SimError> {
-    let bad = |why: &str| SimError::Request(format!("--set {path}: {why}"));
+    let bad = |why: &str| SimError::request(format!("--set {path}: {why}"));
     let parsed = parse_value(value);
     let mut current = body;
     let mut keys = path.split('.').peekable();

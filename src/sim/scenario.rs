@@ -82,14 +82,14 @@ impl Scenario {
     ///
     /// [`SimError::Request`] naming what is wrong.
     pub fn parse(text: &str, origin: &str) -> Result<Self, SimError> {
-        let scenario: Self = toml::from_str(text)
-            .map_err(|e| SimError::Request(format!("{origin}: {}", e.to_string().trim())))?;
+        let scenario: Self =
+            toml::from_str(text).map_err(|e| SimError::request(origin).because(e))?;
         if scenario.steps.is_empty() {
-            return Err(SimError::Request(format!("{origin}: no [[step]]")));
+            return Err(SimError::request(format!("{origin}: no [[step]]")));
         }
         for (index, step) in scenario.steps.iter().enumerate() {
             step.check()
-                .map_err(|e| SimError::Request(format!("{origin}: step {}: {e}", index + 1)))?;
+                .map_err(|e| SimError::request(format!("{origin}: step {}: {e}", index + 1)))?;
         }
         Ok(scenario)
     }
@@ -210,7 +210,7 @@ impl PaymentSpec {
         if let Some(amount) = &self.amount {
             payment.amount = amount
                 .parse()
-                .map_err(|e| SimError::Request(format!("amount `{amount}`: {e}")))?;
+                .map_err(|e| SimError::request(format!("amount `{amount}`")).because(e))?;
         }
         if let Some(currency) = &self.currency {
             payment.currency.clone_from(currency);
@@ -731,9 +731,8 @@ async fn run_step(
         }
         Step::Reconcile { expect } => {
             let reconciler = target.reconciler.as_ref().ok_or_else(|| {
-                SimError::Request(
-                    "a reconcile step needs the merchant's reconcile (--reconcile-command, or an in-process app)"
-                        .into(),
+                SimError::request(
+                    "a reconcile step needs the merchant's reconcile (--reconcile-command, or an in-process app)",
                 )
             })?;
             match reconciler(current.reference_id).await {
@@ -936,19 +935,22 @@ mod tests {
 
     #[test]
     fn a_bad_scenario_is_refused_with_its_origin_and_reason() {
-        let unknown = Scenario::parse("name = \"x\"\n[[step]]\nkind = \"refund\"\n", "x.toml")
-            .unwrap_err()
-            .to_string();
+        // Printed as payhook prints errors: the file, then the parser's reason as its cause.
+        let report = |error: SimError| crate::Report::new(&error).to_string();
+        let unknown = report(
+            Scenario::parse("name = \"x\"\n[[step]]\nkind = \"refund\"\n", "x.toml").unwrap_err(),
+        );
         assert!(
-            unknown.starts_with("x.toml:") && unknown.contains("refund"),
+            unknown.starts_with("x.toml") && unknown.contains("refund"),
             "{unknown}"
         );
-        let typo = Scenario::parse(
-            "name = \"x\"\n[[step]]\nkind = \"lookup\"\nexpect = { delivery = \"x\" }\n",
-            "y.toml",
-        )
-        .unwrap_err()
-        .to_string();
+        let typo = report(
+            Scenario::parse(
+                "name = \"x\"\n[[step]]\nkind = \"lookup\"\nexpect = { delivery = \"x\" }\n",
+                "y.toml",
+            )
+            .unwrap_err(),
+        );
         assert!(typo.contains("delivery"), "{typo}");
         let empty = Scenario::parse("name = \"x\"\n", "z.toml")
             .unwrap_err()

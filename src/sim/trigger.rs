@@ -41,7 +41,7 @@ impl Signer {
     /// [`SimError::Request`] when the header name is invalid.
     pub fn new(key: SigningKey, config: &SignatureConfig) -> Result<Self, SimError> {
         let header = HeaderName::from_bytes(config.header.trim().as_bytes())
-            .map_err(|_| SimError::Request(format!("`{}` is not a header name", config.header)))?;
+            .map_err(|_| SimError::request(format!("`{}` is not a header name", config.header)))?;
         Ok(Self {
             key,
             header,
@@ -79,7 +79,7 @@ impl Signer {
     pub fn value(&self, body: &[u8]) -> Result<String, SimError> {
         self.key
             .header_value(body, self.encoding, Some(&self.prefix))
-            .map_err(|e| SimError::Request(e.to_string()))
+            .map_err(|e| SimError::request("cannot sign the body").because(e))
     }
 }
 
@@ -139,7 +139,8 @@ impl Trigger {
     /// [`SimError::Setup`] when the HTTP client cannot be built.
     pub fn new(signer: Option<Signer>) -> Result<Self, SimError> {
         Ok(Self {
-            http: direct_client().map_err(|e| SimError::Setup(e.to_string()))?,
+            http: direct_client()
+                .map_err(|e| SimError::setup("cannot build the HTTP client").because(e))?,
             signer,
             headers: Vec::new(),
             timeout: Duration::from_secs(30),
@@ -152,7 +153,7 @@ impl Trigger {
     ///
     /// [`SimError::Request`] when it is not `Name: value`.
     pub fn with_header(mut self, line: &str) -> Result<Self, SimError> {
-        let bad = || SimError::Request(format!("header `{line}` is not `Name: value`"));
+        let bad = || SimError::request(format!("header `{line}` is not `Name: value`"));
         let (name, value) = line.split_once(':').ok_or_else(bad)?;
         let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
         let value = HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
@@ -198,7 +199,7 @@ impl Trigger {
         body: &[u8],
         signature: Option<(HeaderName, String)>,
     ) -> Result<Exchange, SimError> {
-        let uri = crate::gateway::parse_http_url(url).map_err(SimError::Request)?;
+        let uri = crate::gateway::parse_http_url(url).map_err(SimError::request)?;
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri(uri.clone())
@@ -208,12 +209,12 @@ impl Trigger {
         }
         if let Some((name, value)) = signature {
             let value = HeaderValue::from_str(&value)
-                .map_err(|_| SimError::Request("signature is not a header value".into()))?;
+                .map_err(|_| SimError::request("signature is not a header value"))?;
             builder = builder.header(name, value);
         }
         let request = builder
             .body(Full::new(Bytes::copy_from_slice(body)))
-            .map_err(|e| SimError::Request(e.to_string()))?;
+            .map_err(|e| SimError::request("cannot build the request").because(e))?;
         let shown = describe(&request, body);
         let started = Instant::now();
         let call = async {
