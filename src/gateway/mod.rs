@@ -475,7 +475,8 @@ impl GatewayClient {
             } else {
                 format!("{} {}", self.inner.auth_scheme, token.expose())
             };
-            let mut value = HeaderValue::from_str(&value).map_err(|e| network(e.into()))?;
+            let mut value = HeaderValue::from_str(&value)
+                .map_err(|_| network("the access token is not a valid header value".into()))?;
             value.set_sensitive(true);
             request = request.header(self.inner.auth_header.clone(), value);
         }
@@ -493,7 +494,7 @@ impl GatewayClient {
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(network)?
+                .map_err(|e| network(format!("reading the answer: {e}").into()))?
                 .to_bytes();
             Ok(Answer {
                 url: url.to_owned(),

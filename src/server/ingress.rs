@@ -63,6 +63,11 @@ impl Ingress {
         }
     }
 
+    /// The `[server]` settings the app was built with.
+    pub(super) fn server_config(&self) -> &ServerConfig {
+        &self.limits
+    }
+
     /// `true` when signatures are verified (keys are configured).
     pub(super) fn verifies_signatures(&self) -> bool {
         self.verifier.is_some()

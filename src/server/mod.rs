@@ -220,7 +220,6 @@ pub struct App {
 
 /// Created once by [`AppBuilder::build`]; lives as long as any clone of the [`App`].
 struct Inner {
-    server: ServerConfig,
     router: Router,
     /// The merchant's handlers, run within the handler timeout.
     runner: runner::Runner,
@@ -244,7 +243,7 @@ impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
             .field("router", &self.inner.router)
-            .field("server", &self.inner.server)
+            .field("server", self.inner.ingress.server_config())
             .finish_non_exhaustive()
     }
 }
@@ -310,7 +309,7 @@ impl App {
 
     /// The server settings this app was built with.
     pub fn server_config(&self) -> &ServerConfig {
-        &self.inner.server
+        self.inner.ingress.server_config()
     }
 
     /// Marks the app as shutting down: `/readyz` answers 503 from now on (as it does once
@@ -734,12 +733,13 @@ impl AppBuilder {
         );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
+        let trusted_proxies = networks(&self.config.server.trusted_proxies);
         let ingress = Arc::new(ingress::Ingress::new(
-            self.config.server.clone(),
+            self.config.server,
             verifier,
             providers_guard,
             validation_guard,
-            networks(&self.config.server.trusted_proxies),
+            trusted_proxies,
             Arc::clone(&metrics),
         ));
         let operating_api = admin.map(|access| {
@@ -754,7 +754,6 @@ impl AppBuilder {
         });
         Ok(App {
             inner: Arc::new(Inner {
-                server: self.config.server,
                 router,
                 runner,
                 ingress,

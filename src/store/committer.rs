@@ -37,7 +37,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::Claims;
-use super::effects::{EffectTx, Effects, Tree};
+use super::effects::{EffectTx, Effects, Tree, check_declared};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
 use super::postponed_records::{self, PostponedOp};
@@ -657,14 +657,8 @@ struct OverlayTx<'a> {
 
 impl OverlayTx<'_> {
     fn key(&self, tree: &Tree, key: &[u8]) -> Result<Vec<u8>, StoreError> {
-        if self.context.effect_trees.iter().any(|t| t == tree.name()) {
-            Ok(tree.key(key))
-        } else {
-            Err(StoreError::UnknownTree {
-                name: tree.name().to_owned(),
-                declared: self.context.effect_trees.clone(),
-            })
-        }
+        check_declared(&self.context.effect_trees, tree.name())?;
+        Ok(tree.key(key))
     }
 }
 

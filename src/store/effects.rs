@@ -63,6 +63,19 @@ impl Tree {
     }
 }
 
+/// Refuses a tree `name` that is not among the `declared` ones (a handle of another store,
+/// or a name asked of the store at start-up).
+pub(crate) fn check_declared(declared: &[String], name: &str) -> Result<(), StoreError> {
+    if declared.iter().any(|t| t == name) {
+        Ok(())
+    } else {
+        Err(StoreError::UnknownTree {
+            name: name.to_owned(),
+            declared: declared.to_vec(),
+        })
+    }
+}
+
 impl std::fmt::Debug for Tree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Tree").field(&self.name).finish()

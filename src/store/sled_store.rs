@@ -14,7 +14,7 @@ use super::StoreConfig;
 use super::claims::Claims;
 pub use super::committer::HoldPoint;
 use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
-use super::effects::{Effects, Tree};
+use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
 use super::postponed_records::PostponedOp;
@@ -174,14 +174,8 @@ impl SledStore {
     ///
     /// [`StoreError::UnknownTree`] when `name` was not declared at open.
     pub fn tree(&self, name: &str) -> Result<Tree, StoreError> {
-        if self.inner.effect_trees.iter().any(|t| t == name) {
-            Ok(Tree::declared(name))
-        } else {
-            Err(StoreError::UnknownTree {
-                name: name.to_owned(),
-                declared: self.inner.effect_trees.clone(),
-            })
-        }
+        check_declared(&self.inner.effect_trees, name)?;
+        Ok(Tree::declared(name))
     }
 
     /// The value of `key` in one of the merchant's trees.
@@ -226,7 +220,7 @@ impl SledStore {
     }
 
     fn check_tree(&self, tree: &Tree) -> Result<(), StoreError> {
-        self.tree(tree.name()).map(drop)
+        check_declared(&self.inner.effect_trees, tree.name())
     }
 
     fn check_healthy(&self) -> Result<(), StoreError> {
