@@ -185,7 +185,7 @@ impl AdminCommand {
                 let store = store.ok_or_else(|| {
                     AdminError::Unsupported("callbacks need the service's store".into())
                 })?;
-                let failing = store.failing_callbacks()?;
+                let failing = store.failing_callbacks().await?;
                 print(out, json, &failing, |all| describe_failing(all))
             }
             Self::Transaction { reference_id, json } => {
@@ -223,7 +223,7 @@ impl ValidationsCommand {
                     (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
-                let all = resolver.list(state)?;
+                let all = resolver.list(state).await?;
                 print(out, json, &all, |all| describe_validations(all))?;
             }
             Self::Resolve {
@@ -540,7 +540,7 @@ pub async fn report(
             ),
             Ok(record) => {
                 let status = record.transaction_status;
-                if store.callback_acknowledged(&record.nonce, status)? {
+                if store.callback_acknowledged(&record.nonce, status).await? {
                     format!("{id}: booked ({status})")
                 } else {
                     lost += 1;

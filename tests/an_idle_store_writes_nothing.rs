@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::config::StoreConfig;
-use payhook::store::{SledStore, Store};
+use payhook::store::{DedupStore, SledStore};
 use std::time::Duration;
 
 /// Bytes this process caused to be written to storage so far.
@@ -16,6 +16,14 @@ fn written_bytes() -> u64 {
         .find_map(|l| l.strip_prefix("write_bytes:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap()
+}
+
+/// Runs a store future to its end on this thread (the test drives the store from threads).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
 }
 
 #[test]
@@ -31,19 +39,22 @@ fn an_idle_store_writes_nothing_through_many_sweeps() {
     // Records that expire, and the sweeper's purge of them.
     let now = chrono::Utc::now();
     for i in 0..200u64 {
-        store.record_callback_failure(payhook::store::CallbackFailure {
-            nonce: format!("idle-{i}"),
-            status: payhook::model::TransactionStatus::Success,
-            reason: "handler failed".into(),
-            transaction_reference_id: uuid::Uuid::nil(),
-            client_id: "client".into(),
-            amount: rust_decimal::Decimal::ONE,
-            currency: "EUR".into(),
-            at: now,
-        });
+        block_on(
+            store.record_callback_failure(payhook::store::CallbackFailure {
+                nonce: format!("idle-{i}"),
+                status: payhook::model::TransactionStatus::Success,
+                reason: "handler failed".into(),
+                transaction_reference_id: uuid::Uuid::nil(),
+                client_id: "client".into(),
+                amount: rust_decimal::Decimal::ONE,
+                currency: "EUR".into(),
+                at: now,
+            }),
+        )
+        .unwrap();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !store.failing_callbacks().unwrap().is_empty() {
+    while !block_on(store.failing_callbacks()).unwrap().is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
             "the sweeper purged nothing"

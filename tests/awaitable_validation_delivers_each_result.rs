@@ -60,7 +60,7 @@ async fn state_of(server: &TestServer, id: i64, wanted: PostponedState) {
     let resolver = server.app.resolver().unwrap();
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     loop {
-        let record = resolver.get(id).unwrap();
+        let record = resolver.get(id).await.unwrap();
         if record.as_ref().is_some_and(|r| r.state() == wanted) {
             return;
         }
@@ -91,7 +91,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     assert_eq!(server.merchant.calls().len(), 1);
 
     let resolver = server.app.resolver().unwrap();
-    let pending = resolver.list(Some(PostponedState::Pending)).unwrap();
+    let pending = resolver.list(Some(PostponedState::Pending)).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].validation_id, ID);
     assert_eq!(pending[0].request.merchant_data.client_id, "postpone");
@@ -191,7 +191,7 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         .await
         .unwrap();
     state_of(&server, ID, PostponedState::Conflict).await;
-    let record = resolver.get(ID).unwrap().unwrap();
+    let record = resolver.get(ID).await.unwrap().unwrap();
     let result = record.result.unwrap();
     assert!(
         matches!(&result.delivery, Delivery::Conflict { attempts: 1, message, .. } if message.contains("different status")),
@@ -205,7 +205,11 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
         ])
         .await;
     assert_eq!(
-        resolver.list(Some(PostponedState::Conflict)).unwrap().len(),
+        resolver
+            .list(Some(PostponedState::Conflict))
+            .await
+            .unwrap()
+            .len(),
         1
     );
     // A 403 is final: a pass of the outbox does not post it again.
@@ -229,7 +233,7 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
     // Wait until two attempts have failed against the closed port.
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     loop {
-        let record = resolver.get(ID).unwrap().unwrap();
+        let record = resolver.get(ID).await.unwrap().unwrap();
         if let Some(Delivery::Queued {
             attempts,
             last_error: Some(error),
@@ -361,7 +365,7 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
         (200, "client allowed".into())
     );
     assert_eq!(
-        resolver.get(1).unwrap().unwrap().state(),
+        resolver.get(1).await.unwrap().unwrap().state(),
         PostponedState::Queued
     );
 
@@ -371,14 +375,14 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
         (200, "validation postponed".into())
     );
     assert_eq!(
-        resolver.get(2).unwrap().unwrap().state(),
+        resolver.get(2).await.unwrap().unwrap().state(),
         PostponedState::Pending
     );
     // When the handler decides, its decision becomes the result.
     tokio::time::sleep(Duration::from_secs(10)).await;
     tokio::task::yield_now().await;
     let record = loop {
-        let record = resolver.get(2).unwrap().unwrap();
+        let record = resolver.get(2).await.unwrap().unwrap();
         if record.result.is_some() {
             break record;
         }
@@ -399,7 +403,7 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
     );
     tokio::time::sleep(Duration::from_secs(10)).await;
     let record = loop {
-        let record = resolver.get(3).unwrap().unwrap();
+        let record = resolver.get(3).await.unwrap().unwrap();
         if record.result.is_some() {
             break record;
         }
@@ -427,7 +431,7 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
 
     let early = outbox.run_once().await.unwrap();
     assert_eq!(early.expired, 0);
-    let deadline = resolver.get(7).unwrap().unwrap().deadline.unwrap();
+    let deadline = resolver.get(7).await.unwrap().unwrap().deadline.unwrap();
     assert_eq!(
         early.next,
         Some(deadline),
@@ -441,7 +445,7 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
         (1, 1),
         "expired, then one failed delivery"
     );
-    let result = resolver.get(7).unwrap().unwrap().result.unwrap();
+    let result = resolver.get(7).await.unwrap().unwrap().result.unwrap();
     assert_eq!(
         (result.success, result.description.as_str()),
         (false, "validation timed out")
@@ -510,7 +514,7 @@ async fn a_decision_taken_before_the_postponed_record_is_written_waits_for_it() 
         .unwrap()
         .unwrap();
     assert!(matches!(outcome, Ok(Resolved::Recorded)), "{outcome:?}");
-    let record = app.resolver().unwrap().get(77).unwrap().unwrap();
+    let record = app.resolver().unwrap().get(77).await.unwrap().unwrap();
     assert_eq!(record.state(), PostponedState::Queued);
     assert_eq!(
         record.result.unwrap().description,

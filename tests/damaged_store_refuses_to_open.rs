@@ -8,7 +8,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Effects, IntegrityError, SledStore, Store, StoreError};
+use payhook::store::{CallbackBegin, DedupStore, Effects, IntegrityError, SledStore, StoreError};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ async fn store_with_acknowledged(path: &Path, count: usize) {
         let nonce = format!("nonce-{i:04}");
         let CallbackBegin::Claimed { claim, .. } = store
             .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
             .unwrap()
         else {
             panic!("{nonce} not claimed");
@@ -217,6 +218,7 @@ async fn an_operator_who_accepts_the_loss_can_serve_on_what_is_left_and_it_is_re
         let store = SledStore::open(&config(&path), &["ledger"]).unwrap();
         let CallbackBegin::Claimed { claim, .. } = store
             .begin_callback("after", TransactionStatus::Success, STALE)
+            .await
             .unwrap()
         else {
             panic!("not claimed");

@@ -8,7 +8,7 @@ mod support;
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Effects, SledStore, Store};
+use payhook::store::{CallbackBegin, DedupStore, Effects, SledStore};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -54,6 +54,7 @@ async fn acknowledged_store(path: &Path, count: usize) {
         let nonce = format!("n-{i}");
         let CallbackBegin::Claimed { claim, .. } = store
             .begin_callback(&nonce, TransactionStatus::Success, Duration::from_secs(60))
+            .await
             .unwrap()
         else {
             panic!("not claimed");

@@ -7,7 +7,7 @@ mod support;
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackFailure, SledStore, Store};
+use payhook::store::{CallbackFailure, DedupStore, SledStore, Store};
 use serde_json::{Value, json};
 use support::*;
 
@@ -116,18 +116,24 @@ async fn failures_are_durable_and_expire_with_the_retention() {
     };
     {
         let store = SledStore::open(&config, &[]).unwrap();
-        store.record_callback_failure(failure("first"));
-        store.record_callback_failure(failure(&"x".repeat(10_000)));
+        store
+            .record_callback_failure(failure("first"))
+            .await
+            .unwrap();
+        store
+            .record_callback_failure(failure(&"x".repeat(10_000)))
+            .await
+            .unwrap();
     }
     let store = SledStore::open(&config, &[]).unwrap();
-    let listed = store.failing_callbacks().unwrap();
+    let listed = store.failing_callbacks().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].failures, 2);
     assert_eq!(listed[0].amount, "10.50");
     assert!(listed[0].last_reason.len() < 1_024, "reasons are bounded");
     let after_retention = chrono::Utc::now() + chrono::TimeDelta::seconds(61);
-    assert_eq!(store.purge_expired(after_retention).unwrap(), 1);
-    assert!(store.failing_callbacks().unwrap().is_empty());
+    assert_eq!(store.purge_expired(after_retention).await.unwrap(), 1);
+    assert!(store.failing_callbacks().await.unwrap().is_empty());
 }
 
 /// Runs the real `payhook` binary with only `env`; returns its exit code and stdout.

@@ -7,7 +7,8 @@
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
 use payhook::store::{
-    CallbackBegin, Effects, Fingerprint, RecordedDecision, SledStore, Store, ValidationBegin,
+    CallbackBegin, DedupStore, Effects, Fingerprint, RecordedDecision, SledStore, Store,
+    ValidationBegin,
 };
 use std::path::Path;
 use std::time::Duration;
@@ -46,7 +47,8 @@ fn fingerprint(client_id: &str) -> Fingerprint {
 }
 
 async fn acknowledge(store: &SledStore, nonce: &str, status: TransactionStatus) {
-    let CallbackBegin::Claimed { claim, .. } = store.begin_callback(nonce, status, STALE).unwrap()
+    let CallbackBegin::Claimed { claim, .. } =
+        store.begin_callback(nonce, status, STALE).await.unwrap()
     else {
         panic!("not claimed");
     };
@@ -57,8 +59,10 @@ async fn acknowledge(store: &SledStore, nonce: &str, status: TransactionStatus) 
 }
 
 async fn deny(store: &SledStore, nonce: &str, fingerprint: &Fingerprint) {
-    let ValidationBegin::Claimed { claim } =
-        store.begin_validation(nonce, fingerprint, STALE).unwrap()
+    let ValidationBegin::Claimed { claim } = store
+        .begin_validation(nonce, fingerprint, STALE)
+        .await
+        .unwrap()
     else {
         panic!("not claimed");
     };
@@ -113,18 +117,21 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
     assert_eq!(
         store
             .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Duplicate
     );
     assert!(matches!(
         store
             .begin_callback(&long("callback-2"), TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Claimed { attempt: 1, .. }
     ));
     assert_eq!(
         store
             .begin_validation(&validated, &fingerprint(&client), STALE)
+            .await
             .unwrap(),
         ValidationBegin::Recorded(RecordedDecision::Deny {
             message: "no".into()
@@ -134,6 +141,7 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
         assert_eq!(
             store
                 .begin_validation(&validated, &fingerprint(&other), STALE)
+                .await
                 .unwrap(),
             ValidationBegin::Mismatch,
             "client id of {} bytes",
@@ -144,6 +152,7 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
     assert_eq!(
         store
             .purge_expired(chrono::Utc::now() + chrono::TimeDelta::milliseconds(3_600_001))
+            .await
             .unwrap(),
         2
     );
@@ -179,6 +188,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     assert_eq!(
         store
             .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Duplicate,
         "a status booked by the older store is not booked again"
@@ -186,11 +196,13 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     assert!(
         store
             .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
             .unwrap()
     );
     assert_eq!(
         store
             .begin_validation(&validated, &fingerprint(&client), STALE)
+            .await
             .unwrap(),
         ValidationBegin::Recorded(RecordedDecision::Deny {
             message: "no".into()
@@ -199,6 +211,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     assert_eq!(
         store
             .begin_validation(&validated, &fingerprint(&long("client-2")), STALE)
+            .await
             .unwrap(),
         ValidationBegin::Mismatch
     );
@@ -210,6 +223,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
         ..
     } = store
         .begin_callback(&nonce, TransactionStatus::Cancelled, STALE)
+        .await
         .unwrap()
     else {
         panic!("a new status is not claimed");
@@ -226,7 +240,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
         .unwrap();
     for status in [TransactionStatus::Success, TransactionStatus::Cancelled] {
         assert_eq!(
-            store.begin_callback(&nonce, status, STALE).unwrap(),
+            store.begin_callback(&nonce, status, STALE).await.unwrap(),
             CallbackBegin::Duplicate
         );
     }

@@ -6,7 +6,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Claim, Effects, HoldPoint, SledStore, Store};
+use payhook::store::{CallbackBegin, Claim, DedupStore, Effects, HoldPoint, SledStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -45,9 +45,15 @@ fn bookings(store: &SledStore) -> u64 {
 }
 
 fn claim(store: &SledStore, stale_after: Duration) -> CallbackBegin {
-    store
-        .begin_callback("n-1", TransactionStatus::Success, stale_after)
+    block_on(store.begin_callback("n-1", TransactionStatus::Success, stale_after)).unwrap()
+}
+
+/// Runs a store future to its end on this thread (the test drives the store from threads).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
         .unwrap()
+        .block_on(future)
 }
 
 /// Finishes `claim` on a thread of its own (the commit may be held there).
@@ -60,11 +66,7 @@ fn finish_on_a_thread(store: &SledStore, claim: Claim) -> JoinHandle<bool> {
             TransactionStatus::Success,
             count_booking(&store),
         );
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(written)
-            .is_ok()
+        block_on(written).is_ok()
     })
 }
 

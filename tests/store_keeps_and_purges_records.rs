@@ -4,7 +4,7 @@
 
 use payhook::config::StoreConfig;
 use payhook::model::TransactionStatus;
-use payhook::store::{CallbackBegin, Claim, Effects, SledStore, Store, StoreError};
+use payhook::store::{CallbackBegin, Claim, DedupStore, Effects, SledStore, Store, StoreError};
 use std::time::Duration;
 
 const STALE: Duration = Duration::from_secs(60);
@@ -23,9 +23,10 @@ fn in_ms(ms: i64) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// Claims `nonce` for a success, which must be free.
-fn claim(store: &SledStore, nonce: &str) -> Claim {
+async fn claim(store: &SledStore, nonce: &str) -> Claim {
     match store
         .begin_callback(nonce, TransactionStatus::Success, STALE)
+        .await
         .unwrap()
     {
         CallbackBegin::Claimed { claim, .. } => claim,
@@ -35,7 +36,7 @@ fn claim(store: &SledStore, nonce: &str) -> Claim {
 
 /// Claims and acknowledges `nonce` with status success, writing `effects`.
 async fn acknowledge(store: &SledStore, nonce: &str, effects: &Effects) {
-    let claim = claim(store, nonce);
+    let claim = claim(store, nonce).await;
     store
         .finish_callback(nonce, claim, TransactionStatus::Success, effects.clone())
         .await
@@ -56,6 +57,7 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
     assert_eq!(
         store
             .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Duplicate
     );
@@ -73,7 +75,7 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
     let ledger = store.tree("ledger").unwrap();
-    let claim = claim(&store, "n-1");
+    let claim = claim(&store, "n-1").await;
     let effects = Effects::default();
     let half = ledger.clone();
     effects.write(move |tx| tx.insert(&half, b"n-1", b"half"));
@@ -92,6 +94,7 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     assert!(matches!(
         store
             .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Claimed { attempt: 2, .. }
     ));
@@ -105,6 +108,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
         assert!(matches!(
             store
                 .begin_callback("n-1", TransactionStatus::Success, STALE)
+                .await
                 .unwrap(),
             CallbackBegin::Claimed { .. }
         ));
@@ -113,6 +117,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
     let begin = store
         .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .await
         .unwrap();
     assert!(
         matches!(begin, CallbackBegin::Claimed { attempt: 1, .. }),
@@ -122,6 +127,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
     assert_eq!(
         store
             .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
             .unwrap(),
         CallbackBegin::Busy
     );
@@ -143,7 +149,7 @@ async fn retention_purges_expired_records_and_keeps_the_store_bounded() {
             "batch {batch}: only the live batch is kept"
         );
         // Everything written so far has expired by then.
-        let purged = store.purge_expired(in_ms(2_001)).unwrap();
+        let purged = store.purge_expired(in_ms(2_001)).await.unwrap();
         assert_eq!(purged, 100, "batch {batch}");
         assert_eq!(store.record_count(), 0);
     }
@@ -157,13 +163,14 @@ async fn unexpired_records_survive_a_purge_and_a_restart() {
         for i in 0..50 {
             acknowledge(&store, &format!("n-{i}"), &Effects::default()).await;
         }
-        assert_eq!(store.purge_expired(chrono::Utc::now()).unwrap(), 0);
+        assert_eq!(store.purge_expired(chrono::Utc::now()).await.unwrap(), 0);
     }
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
     assert_eq!(store.record_count(), 50);
     for i in 0..50 {
         let begin = store
             .begin_callback(&format!("n-{i}"), TransactionStatus::Success, STALE)
+            .await
             .unwrap();
         assert_eq!(begin, CallbackBegin::Duplicate);
     }
@@ -213,7 +220,7 @@ async fn effects_on_a_tree_of_another_store_write_nothing() {
         SledStore::open(&config(&other_dir, Duration::from_secs(3600)), &["audit"]).unwrap();
     let foreign = other.tree("audit").unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
-    let claim = claim(&store, "n-1");
+    let claim = claim(&store, "n-1").await;
     let effects = Effects::default();
     effects.write(move |tx| tx.insert(&foreign, b"n-1", b"misfiled"));
     let error = store
@@ -228,7 +235,7 @@ async fn effects_on_a_tree_of_another_store_write_nothing() {
 async fn a_panicking_effect_fails_its_callback_only() {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
-    let claim = claim(&store, "n-1");
+    let claim = claim(&store, "n-1").await;
     let effects = Effects::default();
     effects.write(|_| panic!("a bug in the merchant's effect"));
     let outcome = store
@@ -260,13 +267,21 @@ async fn a_big_sweep_lets_acknowledgements_through_between_its_steps() {
     let hold = store.hold_commits(payhook::store::HoldPoint::BetweenPurgeSteps);
     let sweep = {
         let store = store.clone();
-        std::thread::spawn(move || store.purge_expired(in_ms(2_001)).unwrap())
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(store.purge_expired(in_ms(2_001)))
+                .unwrap()
+        })
     };
     // The sweep stands between two steps, with more to purge: a callback goes through.
     hold.wait_reached(1);
-    let claim = claim(&store, "new");
-    let written = store.finish_callback("new", claim, TransactionStatus::Success, effects);
-    written.await.unwrap();
+    let claim = claim(&store, "new").await;
+    store
+        .finish_callback("new", claim, TransactionStatus::Success, effects)
+        .await
+        .unwrap();
     hold.release();
     assert_eq!(sweep.join().unwrap(), 600);
     assert_eq!(store.record_count(), 1);

@@ -20,7 +20,7 @@ use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
 use crate::model::timestamp::time_from_ms;
-use crate::store::{RecordedDecision, Store};
+use crate::store::{PostponedStore, RecordedDecision, Store};
 
 /// A validation handler's task and its outcome.
 pub(crate) type HandlerTask = JoinHandle<Result<ValidationDecision, HandlerError>>;
@@ -107,8 +107,9 @@ impl Awaitable {
     ) -> Self {
         let clock = Clock::new();
         let wake = Arc::default();
-        let resolver = Resolver::new(Arc::clone(store), clock, Arc::clone(&wake));
-        let outbox = Outbox::new(Arc::clone(store), gateway, config.clone(), clock, wake);
+        let postponed: Arc<dyn PostponedStore> = Arc::clone(store) as Arc<dyn PostponedStore>;
+        let resolver = Resolver::new(Arc::clone(&postponed), clock, Arc::clone(&wake));
+        let outbox = Outbox::new(postponed, gateway, config.clone(), clock, wake);
         Self {
             config: config.clone(),
             clock,

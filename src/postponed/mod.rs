@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use crate::store::{Store, StoreError};
+use crate::store::{PostponedStore, StoreError};
 
 pub use clock::Clock;
 pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
@@ -89,7 +89,7 @@ pub enum Resolved {
 /// Decides postponed validations. Cheap to clone; use it from any task of the application.
 #[derive(Clone)]
 pub struct Resolver {
-    store: Arc<dyn Store>,
+    store: Arc<dyn PostponedStore>,
     clock: Clock,
     /// Wakes the outbox worker when a result is queued.
     wake: Arc<Notify>,
@@ -135,7 +135,7 @@ impl std::fmt::Debug for Resolver {
 
 impl Resolver {
     /// A resolver over `store`; `wake` is notified whenever a result is queued.
-    pub fn new(store: Arc<dyn Store>, clock: Clock, wake: Arc<Notify>) -> Self {
+    pub fn new(store: Arc<dyn PostponedStore>, clock: Clock, wake: Arc<Notify>) -> Self {
         Self {
             store,
             clock,
@@ -228,8 +228,8 @@ impl Resolver {
     /// # Errors
     ///
     /// [`StoreError`] when the store fails.
-    pub fn get(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
-        self.store.postponed(validation_id)
+    pub async fn get(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+        self.store.postponed(validation_id).await
     }
 
     /// Postponed validations in `state` (all of them when `None`), by id.
@@ -237,11 +237,11 @@ impl Resolver {
     /// # Errors
     ///
     /// [`StoreError`] when the store fails.
-    pub fn list(
+    pub async fn list(
         &self,
         state: Option<PostponedState>,
     ) -> Result<Vec<PostponedValidation>, StoreError> {
-        let mut all = self.store.postponed_all()?;
+        let mut all = self.store.postponed_all().await?;
         all.retain(|v| state.is_none_or(|s| v.state() == s));
         Ok(all)
     }

@@ -14,7 +14,7 @@ use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::PostponedValidationResult;
-use crate::store::{Store, StoreError, ms_from_time, time_from_ms};
+use crate::store::{PostponedStore, StoreError, ms_from_time, time_from_ms};
 
 /// The longest the worker sleeps without looking at the store.
 const IDLE: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ pub struct Pass {
 /// passed. Started by [`crate::serve`] (or [`crate::App::start_background`]); one per store.
 #[derive(Clone)]
 pub struct Outbox {
-    store: Arc<dyn Store>,
+    store: Arc<dyn PostponedStore>,
     gateway: GatewayClient,
     resolver: Resolver,
     config: ValidationConfig,
@@ -80,7 +80,7 @@ impl std::fmt::Debug for Outbox {
 impl Outbox {
     /// A worker over `store` posting through `gateway`, woken by `wake`.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn PostponedStore>,
         gateway: GatewayClient,
         config: ValidationConfig,
         clock: Clock,
@@ -146,13 +146,13 @@ impl Outbox {
     /// [`StoreError`] when the store cannot be read or written.
     pub async fn run_once(&self) -> Result<Pass, StoreError> {
         let mut pass = Pass::default();
-        let deadlines = self.store.deadlines_due(self.clock.now())?;
+        let deadlines = self.store.deadlines_due(self.clock.now()).await?;
         for record in deadlines.now {
             if self.expire(&record).await? {
                 pass.expired += 1;
             }
         }
-        let due = self.store.outbox_due(self.clock.now())?;
+        let due = self.store.outbox_due(self.clock.now()).await?;
         // A few at a time: one slow or hanging post does not hold up the others.
         for chunk in due.now.chunks(PARALLEL_POSTS) {
             let mut posts = tokio::task::JoinSet::new();
@@ -171,7 +171,7 @@ impl Outbox {
                 }
             }
         }
-        let after = self.store.outbox_due(self.clock.now())?;
+        let after = self.store.outbox_due(self.clock.now()).await?;
         pass.next = match (deadlines.next, after.next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

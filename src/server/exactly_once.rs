@@ -151,10 +151,10 @@ impl ExactlyOnce {
 
     /// Repeats `begin` until it says something other than "busy", waiting between tries for
     /// the busy delivery to finish — at most until the handler timeout has passed.
-    async fn begin_when_free<B>(
+    async fn begin_when_free<'s, B>(
         &self,
         key: &str,
-        mut begin: impl FnMut() -> Result<B, StoreError>,
+        mut begin: impl FnMut() -> crate::store::StoreFuture<'s, B>,
         is_busy: impl Fn(&B) -> bool,
     ) -> Result<Result<B, StoreError>, Problem> {
         let deadline = Instant::now() + self.inner.runner.handler_timeout();
@@ -165,7 +165,7 @@ impl ExactlyOnce {
                 tokio::pin!(notified);
                 // Registered before the store is read, so a finish in between is not missed.
                 notified.as_mut().enable();
-                match begin() {
+                match begin().await {
                     Ok(outcome) if is_busy(&outcome) => {
                         if tokio::time::timeout_at(deadline, notified).await.is_err() {
                             tracing::warn!(
@@ -277,7 +277,11 @@ impl ExactlyOnce {
         let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
         let answer = self.book(store.as_ref(), callback, ctx, claim).await;
         if let Err(problem) = &answer {
-            store.release_callback(&nonce, claim);
+            // An in-memory claim (sled) ends at once; a shared store's lease runs out if
+            // this fails, and the next delivery takes the nonce over then.
+            if let Err(error) = store.release_callback(&nonce, claim).await {
+                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
+            }
             if !matches!(problem, Problem::StoreFailed { .. }) {
                 let failure = CallbackFailure {
                     nonce: nonce.clone(),
@@ -289,7 +293,7 @@ impl ExactlyOnce {
                     currency,
                     at: chrono::Utc::now(),
                 };
-                self.failing(store.as_ref(), failure, attempt);
+                self.failing(store.as_ref(), failure, attempt).await;
             }
         }
         self.inner.waiters.finished(&key);
@@ -298,7 +302,7 @@ impl ExactlyOnce {
 
     /// A delivery whose handler failed: an error-level line for operators while the
     /// aggregator's retries are still coming, and a durable count per (nonce, status).
-    fn failing(&self, store: &dyn Store, failure: CallbackFailure, attempt: u32) {
+    async fn failing(&self, store: &dyn Store, failure: CallbackFailure, attempt: u32) {
         tracing::error!(
             nonce = %Logged(&failure.nonce),
             status = failure.status.code(),
@@ -311,7 +315,9 @@ impl ExactlyOnce {
             .metrics
             .callback_failures
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        store.record_callback_failure(failure);
+        if let Err(error) = store.record_callback_failure(failure).await {
+            tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
+        }
     }
 
     /// Runs the handler for a claimed callback, then writes its effects and the mark
@@ -516,7 +522,9 @@ impl ExactlyOnce {
                 }
             }
             Err(problem) => {
-                store.release_validation(&nonce, claim);
+                if let Err(error) = store.release_validation(&nonce, claim).await {
+                    tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
+                }
                 Err(problem)
             }
         };

@@ -433,7 +433,7 @@ impl App {
                 Problem::StoreBroken.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
-            Route::Metrics => self.metrics(self.inner.ingress.client_ip(&request)),
+            Route::Metrics => self.metrics(self.inner.ingress.client_ip(&request)).await,
             Route::Admin => match &inner.operating_api {
                 Some(api) => api.answer(request).await,
                 None => Err(Problem::NotFound),
@@ -448,32 +448,33 @@ impl App {
     }
 
     /// `/metrics`, for the allowed addresses only.
-    fn metrics(&self, client: Option<std::net::IpAddr>) -> Response<ResponseBody> {
+    async fn metrics(&self, client: Option<std::net::IpAddr>) -> Response<ResponseBody> {
         let allowed =
             client.is_some_and(|ip| self.inner.metrics_allow.iter().any(|net| net.contains(ip)));
         if !allowed {
             return Problem::AddressRefused.into_response();
         }
-        let outbox = self.outbox().map(|outbox| {
-            let counts = outbox.counts();
-            let queued = self
-                .inner
-                .exactly_once
-                .store()
-                .and_then(|store| store.outbox_len().ok());
-            metrics::OutboxCounts {
-                delivered: counts.delivered,
-                conflicts: counts.conflicts,
-                retries: counts.retries,
-                queued,
+        let store = self.inner.exactly_once.store();
+        let outbox = match self.outbox() {
+            Some(outbox) => {
+                let counts = outbox.counts();
+                let queued = match store {
+                    Some(store) => store.outbox_len().await.ok(),
+                    None => None,
+                };
+                Some(metrics::OutboxCounts {
+                    delivered: counts.delivered,
+                    conflicts: counts.conflicts,
+                    retries: counts.retries,
+                    queued,
+                })
             }
-        });
-        let failing = self
-            .inner
-            .exactly_once
-            .store()
-            .and_then(|store| store.failing_callbacks().ok())
-            .map(|failing| failing.len());
+            None => None,
+        };
+        let failing = match store {
+            Some(store) => store.failing_callbacks().await.ok().map(|f| f.len()),
+            None => None,
+        };
         let text = self.inner.metrics.render(outbox, failing);
         let mut response = Response::new(Full::new(Bytes::from(text)));
         response.headers_mut().insert(

@@ -188,6 +188,7 @@ impl OperatingApi {
                     .ok_or(Problem::NotFound)?;
                 let list = resolver
                     .list(state)
+                    .await
                     .map_err(|e| self.admin_store_failed(&e))?;
                 Ok(json(&list))
             }
@@ -224,6 +225,7 @@ impl OperatingApi {
                 let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
                 let failing = store
                     .failing_callbacks()
+                    .await
                     .map_err(|e| self.admin_store_failed(&e))?;
                 Ok(json(&failing))
             }

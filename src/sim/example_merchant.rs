@@ -252,7 +252,10 @@ pub struct Merchant {
 pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let pending = match resolver.list(Some(crate::postponed::PostponedState::Pending)) {
+        let pending = match resolver
+            .list(Some(crate::postponed::PostponedState::Pending))
+            .await
+        {
             Ok(pending) => pending,
             Err(error) => {
                 tracing::error!(error = %crate::report::InLine(&error), "review: cannot list pending validations");

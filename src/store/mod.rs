@@ -353,12 +353,21 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// The future of a store operation: every operation of the seam is asynchronous, so that a
+/// backend over the network (PostgreSQL) and the embedded one (sled) serve behind one trait.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// The future of a write that resolves once the write is durable.
-pub type DurableFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+pub type DurableFuture<'a> = StoreFuture<'a, ()>;
 
 /// The future of a resolve: what it did, once durable.
-pub type ResolveFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Resolution, StoreError>> + Send + 'a>>;
+pub type ResolveFuture<'a> = StoreFuture<'a, Resolution>;
+
+/// A future already resolved: how a backend whose operation finished synchronously (a sled
+/// read) answers through the seam.
+pub(crate) fn ready<'a, T: Send + 'a>(outcome: Result<T, StoreError>) -> StoreFuture<'a, T> {
+    Box::pin(std::future::ready(outcome))
+}
 
 /// Postponed validations due for some work, and when the next one falls due.
 #[derive(Debug, Clone, Default)]
@@ -369,143 +378,119 @@ pub struct Due {
     pub next: Option<DateTime<Utc>>,
 }
 
-/// Durable deduplication records. `finish_*` must be atomic with the effects, and resolve
-/// only once the write is durable.
-pub trait Store: Send + Sync + 'static {
-    /// Starts processing a callback delivery of `nonce` with `status`. An in-flight claim
-    /// older than `stale_after` is taken over.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn begin_callback(
-        &self,
-        nonce: &str,
+/// Deduplication: what was done per nonce, the claims of deliveries in progress, and the
+/// merchant's effects committed with the mark. `finish_*` must be atomic with what it
+/// writes, and resolve only once the write is durable.
+pub trait DedupStore: Send + Sync + 'static {
+    /// Starts processing a callback delivery of `nonce` with `status`. A claim older than
+    /// `stale_after` (by the backend's clock: the database's for a shared store) is taken
+    /// over; a younger one answers [`CallbackBegin::Busy`].
+    fn begin_callback<'a>(
+        &'a self,
+        nonce: &'a str,
         status: TransactionStatus,
         stale_after: Duration,
-    ) -> Result<CallbackBegin, StoreError>;
+    ) -> StoreFuture<'a, CallbackBegin>;
 
     /// Marks the callback done and applies `effects`, in one atomic write; resolves once it
     /// is durable. The claim ends either way.
     ///
     /// Resolves to [`StoreError::Aborted`] when an effect aborts and
     /// [`StoreError::ClaimLost`] when the claim was taken over; nothing is written then.
-    fn finish_callback(
-        &self,
-        nonce: &str,
+    fn finish_callback<'a>(
+        &'a self,
+        nonce: &'a str,
         claim: Claim,
         status: TransactionStatus,
         effects: Effects,
-    ) -> DurableFuture<'_>;
+    ) -> DurableFuture<'a>;
 
     /// Gives the claim up (the handler failed or asked for a retry).
-    fn release_callback(&self, nonce: &str, claim: Claim);
+    fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()>;
 
-    /// Counts a failed delivery of (nonce, status) for operators, durably but without
-    /// waiting; forgotten once that status is booked, or with the retention.
-    fn record_callback_failure(&self, failure: CallbackFailure);
+    /// Counts a failed delivery of (nonce, status) for operators; forgotten once that status
+    /// is booked, or with the retention. A backend may write it without waiting.
+    fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()>;
 
     /// The (nonce, status) pairs whose handler failed and that are not booked yet, most
     /// recent failure first.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, StoreError>;
+    fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;
 
     /// Whether (`nonce`, `status`) was acknowledged (read-only: claims nothing).
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn callback_acknowledged(
-        &self,
-        nonce: &str,
+    fn callback_acknowledged<'a>(
+        &'a self,
+        nonce: &'a str,
         status: TransactionStatus,
-    ) -> Result<bool, StoreError>;
+    ) -> StoreFuture<'a, bool>;
 
-    /// Starts processing a transaction validation.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn begin_validation(
-        &self,
-        nonce: &str,
-        fingerprint: &Fingerprint,
+    /// Starts processing a transaction validation; like [`DedupStore::begin_callback`].
+    fn begin_validation<'a>(
+        &'a self,
+        nonce: &'a str,
+        fingerprint: &'a Fingerprint,
         stale_after: Duration,
-    ) -> Result<ValidationBegin, StoreError>;
+    ) -> StoreFuture<'a, ValidationBegin>;
 
     /// Records the decision, and with it `postponed` (Awaitable mode: a pending validation,
     /// or one whose result is queued for delivery) in the same atomic write; resolves once
     /// it is durable. The claim ends either way.
-    fn finish_validation(
-        &self,
-        nonce: &str,
+    fn finish_validation<'a>(
+        &'a self,
+        nonce: &'a str,
         claim: Claim,
-        fingerprint: &Fingerprint,
-        decision: &RecordedDecision,
+        fingerprint: &'a Fingerprint,
+        decision: &'a RecordedDecision,
         postponed: Option<PostponedValidation>,
-    ) -> DurableFuture<'_>;
+    ) -> DurableFuture<'a>;
 
     /// Gives a validation claim up.
-    fn release_validation(&self, nonce: &str, claim: Claim);
+    fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()>;
+}
 
+/// The Awaitable mode's state: postponed validations, their decisions, and the outbox of
+/// results to post to the aggregator.
+pub trait PostponedStore: Send + Sync + 'static {
     /// Decides postponed validation `validation_id` and queues the result for delivery, in
     /// one atomic write; the first decision wins (see [`Resolution`]). Resolves once durable.
-    fn resolve(
-        &self,
+    fn resolve<'a>(
+        &'a self,
         validation_id: i64,
-        decision: &Decision,
+        decision: &'a Decision,
         now: DateTime<Utc>,
-    ) -> ResolveFuture<'_>;
+    ) -> ResolveFuture<'a>;
 
     /// Records the outcome of a delivery attempt; a delivered or refused result stays so.
+    /// Ends this instance's lease on the result (see [`PostponedStore::outbox_due`]).
     fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_>;
 
     /// One postponed validation.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn postponed(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError>;
+    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>>;
 
     /// Every postponed validation held, by id.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError>;
+    fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>>;
 
-    /// Results whose next delivery attempt is due at `now`. Only durable ones: what is
-    /// returned is posted to the aggregator, so it must survive a power failure.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn outbox_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError>;
+    /// Results whose next delivery attempt is due at `now`, for this instance to post. Only
+    /// durable ones: what is returned is posted to the aggregator, so it must survive a power
+    /// failure. A shared backend leases what it returns to this instance, so that one
+    /// instance at a time posts a result; a lease not ended by
+    /// [`PostponedStore::record_delivery`] (the instance died mid-post) runs out and another
+    /// instance takes the result over.
+    fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due>;
 
     /// How many results await delivery — a count for monitoring, read without waiting for
     /// writes in progress (it may miss or include a result being written).
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn outbox_len(&self) -> Result<usize, StoreError>;
+    fn outbox_len(&self) -> StoreFuture<'_, usize>;
 
     /// Undecided validations whose deadline passed at `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn deadlines_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError>;
+    fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due>;
+}
 
-    /// Removes records that expired at or before `now`.
-    ///
-    /// # Errors
-    ///
-    /// [`StoreError`] when the backend fails.
-    fn purge_expired(&self, now: DateTime<Utc>) -> Result<usize, StoreError>;
+/// A whole store: deduplication and the Awaitable state, with their retention. Implement
+/// [`DedupStore`] and [`PostponedStore`] and this for another backend; [`SledStore`] is the
+/// embedded default.
+pub trait Store: DedupStore + PostponedStore {
+    /// Removes records that expired at or before `now`, in bounded steps.
+    fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize>;
 
     /// How long a record is kept after its last write: a repeat of an older nonce is no
     /// longer recognised.

@@ -21,8 +21,8 @@ use super::postponed_records::PostponedOp;
 use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
-    CallbackBegin, Claim, Due, DurableFuture, ResolveFuture, Store, StoreError, ValidationBegin,
-    ms_from_time, now_ms, time_from_ms,
+    CallbackBegin, Claim, DedupStore, Due, DurableFuture, PostponedStore, ResolveFuture, Store,
+    StoreError, StoreFuture, ValidationBegin, ms_from_time, now_ms, ready, time_from_ms,
 };
 use crate::model::TransactionStatus;
 use crate::postponed::record::{Decision, Delivery, PostponedValidation};
@@ -366,8 +366,205 @@ pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, sled::Error
     }
 }
 
+impl DedupStore for SledStore {
+    fn begin_callback<'a>(
+        &'a self,
+        nonce: &'a str,
+        status: TransactionStatus,
+        stale_after: Duration,
+    ) -> StoreFuture<'a, CallbackBegin> {
+        ready(self.begin_callback_now(nonce, status, stale_after))
+    }
+
+    fn finish_callback<'a>(
+        &'a self,
+        nonce: &'a str,
+        claim: Claim,
+        status: TransactionStatus,
+        effects: Effects,
+    ) -> DurableFuture<'a> {
+        let attempts = self
+            .inner
+            .callback_claims
+            .shard(nonce)
+            .get(nonce)
+            .map_or(0, |e| e.attempts);
+        let (reply, receiver) = oneshot::channel();
+        let job = Job::Callback {
+            nonce: nonce.to_owned(),
+            claim,
+            status: status.code(),
+            attempts,
+            effects,
+            reply,
+        };
+        let written = self.submit(job, receiver);
+        let claims = Arc::clone(&self.inner.callback_claims);
+        Box::pin(async move {
+            let outcome = written.await;
+            claims.end(nonce, claim, outcome.is_ok(), now_ms());
+            outcome
+        })
+    }
+
+    fn callback_acknowledged<'a>(
+        &'a self,
+        nonce: &'a str,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, bool> {
+        ready(self.callback_acknowledged_now(nonce, status))
+    }
+
+    fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+        self.inner
+            .callback_claims
+            .end(nonce, claim, false, now_ms());
+        ready(Ok(()))
+    }
+
+    fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
+        if self.check_healthy().is_ok() {
+            self.inner.writer.submit(Job::Failure(Box::new(failure)));
+        }
+        ready(Ok(()))
+    }
+
+    fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>> {
+        ready(self.failing_callbacks_now())
+    }
+
+    fn begin_validation<'a>(
+        &'a self,
+        nonce: &'a str,
+        fingerprint: &'a Fingerprint,
+        stale_after: Duration,
+    ) -> StoreFuture<'a, ValidationBegin> {
+        ready(self.begin_validation_now(nonce, fingerprint, stale_after))
+    }
+
+    fn finish_validation<'a>(
+        &'a self,
+        nonce: &'a str,
+        claim: Claim,
+        fingerprint: &'a Fingerprint,
+        decision: &'a RecordedDecision,
+        postponed: Option<PostponedValidation>,
+    ) -> DurableFuture<'a> {
+        let (reply, receiver) = oneshot::channel();
+        let job = Job::Validation {
+            nonce: nonce.to_owned(),
+            claim,
+            fingerprint: fingerprint.clone(),
+            decision: decision.clone(),
+            postponed: postponed.map(Box::new),
+            reply,
+        };
+        let written = self.submit(job, receiver);
+        let claims = Arc::clone(&self.inner.validation_claims);
+        Box::pin(async move {
+            let outcome = written.await;
+            claims.end(nonce, claim, outcome.is_ok(), now_ms());
+            outcome
+        })
+    }
+
+    fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+        self.inner
+            .validation_claims
+            .end(nonce, claim, false, now_ms());
+        ready(Ok(()))
+    }
+}
+
+impl PostponedStore for SledStore {
+    fn resolve<'a>(
+        &'a self,
+        validation_id: i64,
+        decision: &'a Decision,
+        now: DateTime<Utc>,
+    ) -> ResolveFuture<'a> {
+        self.postponed_op(PostponedOp::Resolve {
+            validation_id,
+            success: decision.allows(),
+            description: decision.description().to_owned(),
+            now,
+        })
+    }
+
+    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
+        let written = self.postponed_op(PostponedOp::Deliver {
+            validation_id,
+            delivery,
+        });
+        Box::pin(async move { written.await.map(|_| ()) })
+    }
+
+    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>> {
+        ready(self.postponed_now(validation_id))
+    }
+
+    fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        ready(
+            self.inner
+                .tree
+                .scan_prefix(keys::POSTPONED_PREFIX)
+                .map(|entry| {
+                    let (key, bytes) = entry?;
+                    decode(&format!("{:?}", keys::id_of(&key)), &bytes)
+                })
+                .collect(),
+        )
+    }
+
+    fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
+        // Only durable decisions are posted: one lost to a power failure after being posted
+        // would come back undecided, and a different decision would then conflict. A store
+        // whose last batch failed to flush may show writes that are not durable: it posts
+        // nothing. One process holds a sled store, so there is nothing to lease.
+        ready(self.check_healthy().and_then(|()| {
+            self.inner
+                .writer
+                .read_durable(|| self.due(keys::OUTBOX_PREFIX, ms_from_time(now)))
+        }))
+    }
+
+    fn outbox_len(&self) -> StoreFuture<'_, usize> {
+        let mut queued = 0;
+        for entry in self.inner.tree.scan_prefix(keys::OUTBOX_PREFIX).values() {
+            match entry {
+                Ok(value) if !value.is_empty() => queued += 1,
+                Ok(_) => {}
+                Err(error) => return ready(Err(error.into())),
+            }
+        }
+        ready(Ok(queued))
+    }
+
+    fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
+        ready(self.check_healthy().and_then(|()| {
+            self.inner
+                .writer
+                .read_durable(|| self.due(keys::WAITING_PREFIX, ms_from_time(now)))
+        }))
+    }
+}
+
 impl Store for SledStore {
-    fn begin_callback(
+    fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+
+    fn failed(&self) -> bool {
+        self.inner.failed.load(Ordering::SeqCst)
+    }
+
+    fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize> {
+        ready(self.inner.writer.purge(ms_from_time(now)))
+    }
+}
+
+impl SledStore {
+    fn begin_callback_now(
         &self,
         nonce: &str,
         status: TransactionStatus,
@@ -386,38 +583,7 @@ impl Store for SledStore {
         })
     }
 
-    fn finish_callback(
-        &self,
-        nonce: &str,
-        claim: Claim,
-        status: TransactionStatus,
-        effects: Effects,
-    ) -> DurableFuture<'_> {
-        let attempts = self
-            .inner
-            .callback_claims
-            .shard(nonce)
-            .get(nonce)
-            .map_or(0, |e| e.attempts);
-        let (reply, receiver) = oneshot::channel();
-        let job = Job::Callback {
-            nonce: nonce.to_owned(),
-            claim,
-            status: status.code(),
-            attempts,
-            effects,
-            reply,
-        };
-        let written = self.submit(job, receiver);
-        let (claims, nonce) = (Arc::clone(&self.inner.callback_claims), nonce.to_owned());
-        Box::pin(async move {
-            let outcome = written.await;
-            claims.end(&nonce, claim, outcome.is_ok(), now_ms());
-            outcome
-        })
-    }
-
-    fn callback_acknowledged(
+    fn callback_acknowledged_now(
         &self,
         nonce: &str,
         status: TransactionStatus,
@@ -436,19 +602,7 @@ impl Store for SledStore {
         })
     }
 
-    fn release_callback(&self, nonce: &str, claim: Claim) {
-        self.inner
-            .callback_claims
-            .end(nonce, claim, false, now_ms());
-    }
-
-    fn record_callback_failure(&self, failure: CallbackFailure) {
-        if self.check_healthy().is_ok() {
-            self.inner.writer.submit(Job::Failure(Box::new(failure)));
-        }
-    }
-
-    fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, StoreError> {
+    fn failing_callbacks_now(&self) -> Result<Vec<FailingCallback>, StoreError> {
         let mut failing = Vec::new();
         for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
             let (key, bytes) = entry?;
@@ -459,7 +613,7 @@ impl Store for SledStore {
         Ok(failing)
     }
 
-    fn begin_validation(
+    fn begin_validation_now(
         &self,
         nonce: &str,
         fingerprint: &Fingerprint,
@@ -469,7 +623,7 @@ impl Store for SledStore {
         if let Some(begin) = self.try_begin_validation(nonce, fingerprint, stale_after, false)? {
             return Ok(begin);
         }
-        // A takeover, read under the writer lock: see `begin_callback`.
+        // A takeover, read under the writer lock: see `begin_callback_now`.
         self.inner.writer.read_durable(|| {
             self.check_healthy()?;
             self.try_begin_validation(nonce, fingerprint, stale_after, true)
@@ -477,117 +631,12 @@ impl Store for SledStore {
         })
     }
 
-    fn finish_validation(
-        &self,
-        nonce: &str,
-        claim: Claim,
-        fingerprint: &Fingerprint,
-        decision: &RecordedDecision,
-        postponed: Option<PostponedValidation>,
-    ) -> DurableFuture<'_> {
-        let (reply, receiver) = oneshot::channel();
-        let job = Job::Validation {
-            nonce: nonce.to_owned(),
-            claim,
-            fingerprint: fingerprint.clone(),
-            decision: decision.clone(),
-            postponed: postponed.map(Box::new),
-            reply,
-        };
-        let written = self.submit(job, receiver);
-        let (claims, nonce) = (Arc::clone(&self.inner.validation_claims), nonce.to_owned());
-        Box::pin(async move {
-            let outcome = written.await;
-            claims.end(&nonce, claim, outcome.is_ok(), now_ms());
-            outcome
-        })
-    }
-
-    fn release_validation(&self, nonce: &str, claim: Claim) {
-        self.inner
-            .validation_claims
-            .end(nonce, claim, false, now_ms());
-    }
-
-    fn resolve(
-        &self,
-        validation_id: i64,
-        decision: &Decision,
-        now: DateTime<Utc>,
-    ) -> ResolveFuture<'_> {
-        self.postponed_op(PostponedOp::Resolve {
-            validation_id,
-            success: decision.allows(),
-            description: decision.description().to_owned(),
-            now,
-        })
-    }
-
-    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
-        let written = self.postponed_op(PostponedOp::Deliver {
-            validation_id,
-            delivery,
-        });
-        Box::pin(async move { written.await.map(|_| ()) })
-    }
-
-    fn postponed(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+    fn postponed_now(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
         self.inner
             .tree
             .get(keys::by_id(keys::POSTPONED_PREFIX, validation_id))?
             .map(|bytes| decode(&validation_id.to_string(), &bytes))
             .transpose()
-    }
-
-    fn postponed_all(&self) -> Result<Vec<PostponedValidation>, StoreError> {
-        self.inner
-            .tree
-            .scan_prefix(keys::POSTPONED_PREFIX)
-            .map(|entry| {
-                let (key, bytes) = entry?;
-                decode(&format!("{:?}", keys::id_of(&key)), &bytes)
-            })
-            .collect()
-    }
-
-    fn outbox_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError> {
-        // Only durable decisions are posted: one lost to a power failure after being posted
-        // would come back undecided, and a different decision would then conflict. A store
-        // whose last batch failed to flush may show writes that are not durable: it posts
-        // nothing.
-        self.check_healthy()?;
-        self.inner
-            .writer
-            .read_durable(|| self.due(keys::OUTBOX_PREFIX, ms_from_time(now)))
-    }
-
-    fn outbox_len(&self) -> Result<usize, StoreError> {
-        let mut queued = 0;
-        for entry in self.inner.tree.scan_prefix(keys::OUTBOX_PREFIX).values() {
-            if !entry?.is_empty() {
-                queued += 1;
-            }
-        }
-        Ok(queued)
-    }
-
-    fn deadlines_due(&self, now: DateTime<Utc>) -> Result<Due, StoreError> {
-        self.check_healthy()?;
-        self.inner
-            .writer
-            .read_durable(|| self.due(keys::WAITING_PREFIX, ms_from_time(now)))
-    }
-
-    fn retention(&self) -> Duration {
-        self.inner.retention
-    }
-
-    fn failed(&self) -> bool {
-        self.inner.failed.load(Ordering::SeqCst)
-    }
-
-    fn purge_expired(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
-        self.inner.writer.purge(ms_from_time(now))
     }
 }
 
@@ -709,7 +758,7 @@ impl SledStore {
                 continue;
             }
             if let Some(record) = keys::id_of(&key)
-                .map(|id| self.postponed(id))
+                .map(|id| self.postponed_now(id))
                 .transpose()?
                 .flatten()
             {
