@@ -50,7 +50,12 @@ fn openssl_present() -> bool {
             std::env::var_os("CI").is_none(),
             "`openssl` is not installed, and CI needs it for this test (Debian's `openssl` package)"
         );
-        eprintln!("SKIPPED: `openssl` is not installed (Debian's `openssl` package)");
+        use std::io::Write;
+        // Written to stderr directly: libtest hides a passing test's `eprintln!`.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: `openssl` is not installed (Debian's `openssl` package)"
+        );
     }
     present
 }

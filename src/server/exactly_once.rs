@@ -335,7 +335,9 @@ impl ExactlyOnce {
         // Resolves once the mark and the effects are durable (group commit).
         if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
             return Err(match error {
-                effect @ (StoreError::Aborted { .. } | StoreError::UnknownTree { .. }) => {
+                effect @ (StoreError::Aborted { .. }
+                | StoreError::UnknownTree { .. }
+                | StoreError::Unsupported(_)) => {
                     tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
                     self.callback_failed()
                 }

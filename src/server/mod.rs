@@ -616,11 +616,20 @@ impl AppBuilder {
         self
     }
 
-    /// Keeps deduplication records in `store` — typically a [`SledStore`] opened with the
-    /// trees your callback effects write. Default: a [`SledStore`] opened at `store.path`
-    /// by [`AppBuilder::build`].
+    /// Keeps deduplication records in `store` — typically a [`SledStore`] or a
+    /// [`PgStore`](crate::store::PgStore) opened with the trees your callback effects write.
+    /// Default: a [`SledStore`] opened at `store.path` by [`AppBuilder::build`]; with
+    /// `store.url` set (PostgreSQL), open the store first — it connects, which `build` does
+    /// not — and pass it here or to [`AppBuilder::shared_store`].
     pub fn store(mut self, store: impl Store) -> Self {
         self.store = StoreChoice::Given(Arc::new(store));
+        self
+    }
+
+    /// As [`AppBuilder::store`], for a store already shared
+    /// ([`ConfiguredStore::shared`](crate::store::ConfiguredStore::shared)).
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = StoreChoice::Given(store);
         self
     }
 
@@ -699,6 +708,13 @@ impl AppBuilder {
             StoreChoice::Given(store) => Some(store),
             StoreChoice::Without => None,
             StoreChoice::Default if self.validation.is_none() && self.callbacks.is_none() => None,
+            StoreChoice::Default if self.config.store.is_postgres() => {
+                return Err(BuildError::Store(StoreError::Unsupported(
+                    "store.url names PostgreSQL: open it first (`ConfiguredStore::open(&config.store, &trees).await`) \
+                     and pass it to AppBuilder::store or shared_store"
+                        .into(),
+                )));
+            }
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
         let runner = runner::Runner::new(

@@ -111,6 +111,24 @@ pub trait EffectTx {
 
 type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync>;
 
+/// The future of a SQL effect: the merchant's own statements on the store's connection.
+#[cfg(feature = "postgres")]
+pub type SqlFuture<'c> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'c>>;
+
+#[cfg(feature = "postgres")]
+type SqlEffect = Arc<dyn for<'c> Fn(&'c mut sqlx::PgConnection) -> SqlFuture<'c> + Send + Sync>;
+
+/// One staged effect.
+#[derive(Clone)]
+pub(crate) enum Staged {
+    /// Reads and writes of the merchant's trees, on any backend.
+    Trees(Effect),
+    /// The merchant's own SQL, in PostgreSQL's transaction.
+    #[cfg(feature = "postgres")]
+    Sql(SqlEffect),
+}
+
 /// The effects a callback handler stages. Cheap to clone; clones share the list.
 ///
 /// ```
@@ -129,7 +147,7 @@ type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync>
 /// ```
 #[derive(Clone, Default)]
 pub struct Effects {
-    staged: Arc<Mutex<Vec<Effect>>>,
+    staged: Arc<Mutex<Vec<Staged>>>,
 }
 
 impl std::fmt::Debug for Effects {
@@ -144,7 +162,40 @@ impl Effects {
     where
         F: Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync + 'static,
     {
-        self.lock().push(Arc::new(effect));
+        self.lock().push(Staged::Trees(Arc::new(effect)));
+    }
+
+    /// Stages the merchant's own SQL to run in the PostgreSQL transaction that marks this
+    /// callback done: its rows commit with the mark or not at all, and 200 is sent only
+    /// after COMMIT. The closure gets the transaction's connection and may run more than
+    /// once (the transaction is retried after a deadlock or a serialization failure), so it
+    /// must only write through that connection. On a sled store it fails the callback
+    /// (answered 503): SQL needs the PostgreSQL store.
+    ///
+    /// ```
+    /// use payhook::store::Effects;
+    ///
+    /// let effects = Effects::default();
+    /// let (nonce, amount) = ("n-1".to_owned(), 1050_i64);
+    /// effects.postgres(move |conn| {
+    ///     let nonce = nonce.clone();
+    ///     Box::pin(async move {
+    ///         sqlx::query("INSERT INTO ledger (nonce, cents) VALUES ($1, $2)")
+    ///             .bind(nonce)
+    ///             .bind(amount)
+    ///             .execute(&mut *conn)
+    ///             .await?;
+    ///         Ok(())
+    ///     })
+    /// });
+    /// assert_eq!(effects.len(), 1);
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres<F>(&self, effect: F)
+    where
+        F: for<'c> Fn(&'c mut sqlx::PgConnection) -> SqlFuture<'c> + Send + Sync + 'static,
+    {
+        self.lock().push(Staged::Sql(Arc::new(effect)));
     }
 
     /// Number of staged effects.
@@ -162,12 +213,26 @@ impl Effects {
     /// # Errors
     ///
     /// The first effect's error.
+    /// [`StoreError::Unsupported`] when an effect is SQL ([`Effects::postgres`]): that needs
+    /// the PostgreSQL store.
     pub fn apply(&self, tx: &dyn EffectTx) -> Result<(), StoreError> {
-        let staged: Vec<Effect> = self.lock().clone();
-        staged.iter().try_for_each(|effect| effect(tx))
+        self.staged().iter().try_for_each(|effect| match effect {
+            Staged::Trees(effect) => effect(tx),
+            #[cfg(feature = "postgres")]
+            Staged::Sql(_) => Err(StoreError::Unsupported(
+                "the callback's effects hold SQL (Effects::postgres), but the store is sled; \
+                 set store.url to use PostgreSQL"
+                    .into(),
+            )),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Effect>> {
+    /// What is staged, in order.
+    pub(crate) fn staged(&self) -> Vec<Staged> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Staged>> {
         // A panic while holding this lock only interrupted a push; the list is still whole.
         self.staged
             .lock()

@@ -77,7 +77,7 @@ pub(crate) struct FailureRecord {
 }
 
 /// The reason kept, at most this many bytes (a handler's message could be anything).
-const REASON_BYTES: usize = 512;
+pub(crate) const REASON_BYTES: usize = 512;
 
 /// Counts `failure` into the batch. Returns `false` when the status is booked already (a
 /// failure of a late copy: nothing to record).
@@ -141,7 +141,7 @@ pub(crate) fn booked(
     Ok(())
 }
 
-fn truncate(text: &str, bytes: usize) -> String {
+pub(crate) fn truncate(text: &str, bytes: usize) -> String {
     if text.len() <= bytes {
         return text.to_owned();
     }

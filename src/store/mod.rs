@@ -194,9 +194,12 @@
 
 mod claims;
 mod committer;
+mod configured;
 mod effects;
 mod failing;
 mod keys;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod postponed_records;
 mod record;
 mod settings;
@@ -212,8 +215,13 @@ use chrono::{DateTime, Utc};
 
 use crate::model::TransactionStatus;
 
+pub use configured::ConfiguredStore;
+#[cfg(feature = "postgres")]
+pub use effects::SqlFuture;
 pub use effects::{EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
+#[cfg(feature = "postgres")]
+pub use postgres::{OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
 pub use record::{Fingerprint, RecordedDecision};
 pub use settings::StoreConfig;
 #[cfg(feature = "sim")]
@@ -309,6 +317,9 @@ pub enum StoreError {
     /// The store cannot prove it holds everything it acknowledged; it refuses to open.
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
+    /// What was asked needs another backend (SQL effects on sled).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl StoreError {
@@ -344,6 +355,13 @@ impl StoreError {
             context: context.into(),
             source: None,
         }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::backend("PostgreSQL failed", error)
     }
 }
 

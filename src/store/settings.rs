@@ -1,16 +1,46 @@
-//! `[store]`: where and how the embedded sled store keeps its records.
+//! `[store]`: where and how the records are kept — the embedded sled store in a directory
+//! (the default), or PostgreSQL when `store.url` is set (feature `postgres`).
 
 use serde::{Deserialize, Serialize};
 use std::{path::PathBuf, time::Duration};
 
+use crate::secret::Secret;
 use crate::setting::InvalidSetting;
 
-/// `[store]`: the embedded sled store of deduplication records.
+/// `[store]`: where deduplication records and the Awaitable state are kept.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
-    /// Data directory (created if missing). Only one process may open it at a time.
+    /// Data directory of the embedded sled store (created if missing). Only one process may
+    /// open it at a time. Unused when `url` is set.
     pub path: PathBuf,
+    /// A PostgreSQL database shared by every instance (`postgres://user:pass@host/db`;
+    /// `?sslmode=verify-full&sslrootcert=ca.pem` for TLS, on rustls). When set, the store is
+    /// PostgreSQL and `path`, `flush_every` and `cache_bytes` are unused. Redacted when the
+    /// configuration is shown: the address may carry a password.
+    #[serde(
+        serialize_with = "crate::setting::redacted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub url: Option<Secret>,
+    /// The PostgreSQL schema that holds payhook's tables (created by the migrations).
+    pub schema: String,
+    /// Connections in the PostgreSQL pool of each instance.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub pool_size: u32,
+    /// How long to wait for a PostgreSQL connection (connecting, or one free in the pool).
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub connect_timeout: Duration,
+    /// The longest one PostgreSQL statement may run (`statement_timeout`), so that a stuck
+    /// lock is an error answered 503 and retried, not a request hanging.
+    #[serde(
+        deserialize_with = "crate::setting::duration",
+        serialize_with = "crate::setting::duration_text"
+    )]
+    pub statement_timeout: Duration,
     /// How long a record is kept after its last write; longer than any retry horizon.
     #[serde(
         deserialize_with = "crate::setting::duration",
@@ -42,6 +72,11 @@ impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("payhook-data"),
+            url: None,
+            schema: "payhook".to_owned(),
+            pool_size: 10,
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(10),
             retention: Duration::from_secs(30 * 24 * 3600),
             sweep_interval: Duration::from_secs(3600),
             flush_every: Duration::ZERO,
@@ -59,6 +94,38 @@ impl StoreConfig {
                 "must be at least 1s",
             ));
         }
+        if let Some(url) = &self.url {
+            let url = url.expose();
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(InvalidSetting::new(
+                    "store.url",
+                    "must be a PostgreSQL address (postgres://user@host:5432/database)",
+                ));
+            }
+            if !cfg!(feature = "postgres") {
+                return Err(InvalidSetting::new(
+                    "store.url",
+                    "PostgreSQL needs payhook's `postgres` feature (payhook = { features = [\"postgres\"] })",
+                ));
+            }
+        }
+        let identifier = |s: &str| {
+            s.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && s.len() <= 63
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        if !identifier(&self.schema) {
+            return Err(InvalidSetting::new(
+                "store.schema",
+                "must be a plain PostgreSQL identifier: lower-case letters, digits and _, at most 63",
+            ));
+        }
+        if self.pool_size == 0 {
+            return Err(InvalidSetting::new("store.pool_size", "must be at least 1"));
+        }
         if self.sweep_interval.is_zero() {
             return Err(InvalidSetting::new(
                 "store.sweep_interval",
@@ -66,5 +133,12 @@ impl StoreConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl StoreConfig {
+    /// `true` when the store is PostgreSQL (`store.url` is set).
+    pub fn is_postgres(&self) -> bool {
+        self.url.is_some()
     }
 }

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 pub mod gateway;
+pub mod postgres;
 
 use payhook::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
@@ -593,4 +594,11 @@ pub fn owned_env(env: &[(&str, String)]) -> Vec<(String, String)> {
     env.iter()
         .map(|(k, v)| ((*k).to_owned(), v.clone()))
         .collect()
+}
+
+/// Says that a test was skipped, and why, where a person running the tests sees it: libtest
+/// hides what a passing test prints through `eprintln!`, but not a direct write to stderr.
+pub fn announce_skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }

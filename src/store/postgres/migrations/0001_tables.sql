@@ -1,0 +1,68 @@
+-- payhook's tables, in the schema named by store.schema ({schema} below).
+
+-- One row per callback nonce: the statuses acknowledged, oldest first, and the claim of the
+-- delivery processing it now (a lease on the database's clock).
+CREATE TABLE {schema}.callbacks (
+    nonce_key   text PRIMARY KEY,
+    done        integer[] NOT NULL DEFAULT '{}',
+    attempts    integer NOT NULL DEFAULT 0,
+    claim_id    bigint,
+    claimed_at  timestamptz,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX callbacks_expiry ON {schema}.callbacks (expires_at);
+
+-- One row per validation nonce: the payment it was first used for and the decision.
+CREATE TABLE {schema}.validations (
+    nonce_key   text PRIMARY KEY,
+    fingerprint jsonb,
+    decision    jsonb,
+    claim_id    bigint,
+    claimed_at  timestamptz,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX validations_expiry ON {schema}.validations (expires_at);
+
+-- Callbacks whose handler failed, per (nonce, status), until that status is booked.
+CREATE TABLE {schema}.callback_failures (
+    nonce_key    text NOT NULL,
+    status       integer NOT NULL,
+    nonce        text NOT NULL,
+    failures     integer NOT NULL,
+    first_failed timestamptz NOT NULL,
+    last_failed  timestamptz NOT NULL,
+    last_reason  text NOT NULL,
+    reference_id text NOT NULL,
+    client_id    text NOT NULL,
+    amount       text NOT NULL,
+    currency     text NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (nonce_key, status)
+);
+CREATE INDEX callback_failures_expiry ON {schema}.callback_failures (expires_at);
+
+-- Postponed validations (Awaitable mode) and the outbox of their results: `deadline_at` is
+-- set while undecided, `deliver_at` while a result awaits delivery; the instance posting it
+-- holds a lease (`lease_owner`, `lease_until`).
+CREATE TABLE {schema}.postponed (
+    validation_id bigint PRIMARY KEY,
+    nonce         text NOT NULL,
+    record        jsonb NOT NULL,
+    final         boolean NOT NULL,
+    deadline_at   timestamptz,
+    deliver_at    timestamptz,
+    lease_owner   text,
+    lease_until   timestamptz,
+    expires_at    timestamptz NOT NULL
+);
+CREATE INDEX postponed_deadline ON {schema}.postponed (deadline_at) WHERE deadline_at IS NOT NULL;
+CREATE INDEX postponed_outbox ON {schema}.postponed (deliver_at) WHERE deliver_at IS NOT NULL;
+CREATE INDEX postponed_expiry ON {schema}.postponed (expires_at) WHERE final;
+
+-- The merchant's declared trees (key-value effects), written in the mark's transaction.
+CREATE TABLE {schema}.trees (
+    tree  text NOT NULL,
+    key   bytea NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (tree, key)
+);

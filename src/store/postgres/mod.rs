@@ -1,0 +1,415 @@
+//! The shared store: PostgreSQL, for a service of more than one instance (feature
+//! `postgres`).
+//!
+//! Every instance opens the same database; what one instance records, every other sees.
+//!
+//! * **Deduplication.** A nonce's row holds the statuses acknowledged and the claim of the
+//!   delivery processing it now: a lease taken and judged by the database's clock
+//!   (`now()`), so that an instance whose clock is off can neither steal a live claim nor
+//!   keep a dead one. A claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` that
+//!   succeeds only when the status is not acknowledged and no live claim stands; two
+//!   deliveries of one nonce at two instances therefore run one handler, and the other
+//!   waits for it (polling the row) or answers 503 with `Retry-After`.
+//! * **The merchant's rows commit with the mark.** A callback's mark, the removal of its
+//!   failure record and every effect the handler staged run in one transaction; 200 is
+//!   sent only after COMMIT. Effects on the merchant's declared trees
+//!   ([`EffectTx`](crate::store::EffectTx)) are rows of `{schema}.trees`, and a read of a
+//!   key in an effect takes a transaction-scoped lock on that key (`pg_advisory_xact_lock`)
+//!   before reading it, so that concurrent read-modify-writes of one balance — a key that
+//!   exists or one that does not yet — are serialised: row locks, not SERIALIZABLE. SQL of
+//!   the merchant's own ([`Effects::postgres`](crate::store::Effects::postgres)) runs on the
+//!   same connection. A deadlock or serialization failure (SQLSTATE 40P01, 40001) retries
+//!   the whole transaction, up to [`TX_ATTEMPTS`] times; effects therefore may run more
+//!   than once, and must write only through the transaction.
+//! * **Awaitable.** Postponed validations and their results are rows of
+//!   `{schema}.postponed`; a decision locks its row (`FOR UPDATE`), so the first decision
+//!   wins whichever instance takes it. Each instance's outbox worker leases the results due
+//!   (`FOR UPDATE SKIP LOCKED`, a lease of [`OUTBOX_LEASE`] on the database's clock), so
+//!   one instance at a time posts a result; an instance that dies mid-post leaves a lease
+//!   that runs out, and another instance posts the result then.
+//! * **Retention** purges expired rows in batches of [`PURGE_BATCH`], each its own short
+//!   statement, so that no lock is held long.
+//! * **Durability.** Every connection sets `synchronous_commit = on`: a COMMIT returns once
+//!   the database's WAL is flushed on its primary. With asynchronous replication, a failover
+//!   to a replica loses what the replica had not received — acknowledged callbacks among
+//!   it, which the aggregator will not resend; use synchronous replication
+//!   (`synchronous_standby_names` with `synchronous_commit = on` or `remote_apply`) where a
+//!   failover must lose nothing.
+//!
+//! The schema is created and migrated at open ([`schema`]); see the README for its tables.
+
+mod dedup;
+mod postponed;
+mod schema;
+mod trees;
+
+use std::str::FromStr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use super::effects::{Tree, check_declared};
+use super::{KeyValue, StoreConfig, StoreError, StoreFuture, keys};
+
+/// Attempts of a transaction that meets a deadlock or a serialization failure.
+pub const TX_ATTEMPTS: u32 = 5;
+
+/// How long an instance holds a result it is posting before another may take it over.
+pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
+
+/// Rows removed by one statement of a purge.
+pub const PURGE_BATCH: i64 = 500;
+
+/// Results one outbox pass leases at most.
+const OUTBOX_BATCH: i64 = 256;
+
+/// The PostgreSQL store. Cheap to clone: clones share the pool.
+///
+/// ```no_run
+/// use payhook::store::{PgStore, StoreConfig};
+///
+/// # async fn open() -> Result<(), payhook::store::StoreError> {
+/// let config = StoreConfig {
+///     url: Some("postgres://payhook@db.internal/payments?sslmode=verify-full".into()),
+///     ..StoreConfig::default()
+/// };
+/// let store = PgStore::open(&config, &["ledger_entries", "ledger_balances"]).await?;
+/// let balances = store.tree("ledger_balances")?;
+/// let balance = store.get(&balances, b"client-42|EUR").await?;
+/// # let _ = balance;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    trees: Vec<String>,
+    retention: Duration,
+    /// This instance's name in outbox leases.
+    instance: String,
+    sweeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self
+            .sweeper
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            sweeper.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.schema)
+            .field("trees", &self.inner.trees)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects to `config.url` with a pool of `config.pool_size`, applies the migrations
+    /// the database lacks, and declares the merchant's `trees` that callback effects may
+    /// write. Starts the retention sweeper on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when `store.url` is unset or unusable, the database cannot be
+    /// reached, or a migration fails.
+    pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
+        let url = config.url.as_ref().ok_or_else(|| {
+            StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
+        })?;
+        let statement_ms = config.statement_timeout.as_millis().to_string();
+        let options = PgConnectOptions::from_str(url.expose())
+            // The error would quote the address, password included: say what, not the text.
+            .map_err(|_| StoreError::backend_message("store.url is not a PostgreSQL address"))?
+            .application_name("payhook")
+            .options([
+                ("synchronous_commit", "on"),
+                ("statement_timeout", statement_ms.as_str()),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(config.pool_size)
+            .acquire_timeout(config.connect_timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
+        Self::with_pool(pool, config, trees).await
+    }
+
+    /// The store over a pool the service already has (its own queries share the
+    /// connections); `config.url` and the pool settings are not used. The connections
+    /// should commit synchronously (`synchronous_commit = on`, PostgreSQL's default).
+    ///
+    /// # Errors
+    ///
+    /// As [`PgStore::open`].
+    pub async fn with_pool(
+        pool: PgPool,
+        config: &StoreConfig,
+        trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        let schema = config.schema.clone();
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
+        schema::migrate(&mut conn, &schema).await?;
+        drop(conn);
+        let mut id = [0u8; 8];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
+            .map_err(|_| StoreError::backend_message("no randomness for the instance's name"))?;
+        let store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                trees: trees.iter().map(|t| (*t).to_owned()).collect(),
+                retention: config.retention,
+                instance: format!("{:016x}", u64::from_le_bytes(id)),
+                sweeper: std::sync::Mutex::default(),
+            }),
+        };
+        store.start_sweeper(config.sweep_interval);
+        tracing::info!(schema = %store.inner.schema, "PostgreSQL store opened");
+        Ok(store)
+    }
+
+    /// Applies the migrations the database at `config.url` lacks, without opening a store
+    /// (`payhook store migrate`). Returns the versions applied now.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgStore::open`].
+    pub async fn migrate(config: &StoreConfig) -> Result<Vec<i32>, StoreError> {
+        let store_config = StoreConfig {
+            pool_size: 1,
+            ..config.clone()
+        };
+        let url = store_config.url.as_ref().ok_or_else(|| {
+            StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
+        })?;
+        let options = PgConnectOptions::from_str(url.expose())
+            .map_err(|_| StoreError::backend_message("store.url is not a PostgreSQL address"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(config.connect_timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
+        let mut conn = pool.acquire().await?;
+        schema::migrate(&mut conn, &config.schema).await
+    }
+
+    /// The newest schema version this payhook migrates to.
+    pub fn schema_version() -> i32 {
+        schema::latest()
+    }
+
+    /// The pool: the service's own queries may share it.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema that holds payhook's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The handle of one of the merchant's trees declared at [`PgStore::open`].
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::UnknownTree`] when `name` was not declared at open.
+    pub fn tree(&self, name: &str) -> Result<Tree, StoreError> {
+        check_declared(&self.inner.trees, name)?;
+        Ok(Tree::declared(name))
+    }
+
+    /// The value of `key` in one of the merchant's trees (committed writes only).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::UnknownTree`] for a handle of another store; [`StoreError::Backend`]
+    /// when PostgreSQL fails.
+    pub async fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        check_declared(&self.inner.trees, tree.name())?;
+        let row =
+            sqlx::query(&self.sql("SELECT value FROM {s}.trees WHERE tree = $1 AND key = $2"))
+                .bind(tree.name())
+                .bind(key)
+                .fetch_optional(self.pool())
+                .await?;
+        Ok(row.map(|r| r.try_get(0)).transpose()?)
+    }
+
+    /// Every `(key, value)` of one of the merchant's trees, in key order.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgStore::get`].
+    pub async fn entries(&self, tree: &Tree) -> Result<Vec<KeyValue>, StoreError> {
+        check_declared(&self.inner.trees, tree.name())?;
+        let rows =
+            sqlx::query(&self.sql("SELECT key, value FROM {s}.trees WHERE tree = $1 ORDER BY key"))
+                .bind(tree.name())
+                .fetch_all(self.pool())
+                .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// Number of callback and validation records held.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when PostgreSQL fails.
+    pub async fn record_count(&self) -> Result<usize, StoreError> {
+        let row = sqlx::query(&self.sql(
+            "SELECT (SELECT count(*) FROM {s}.callbacks) + (SELECT count(*) FROM {s}.validations)",
+        ))
+        .fetch_one(self.pool())
+        .await?;
+        Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+    }
+
+    /// `template` with `{s}` replaced by the schema. The schema is a checked identifier
+    /// (`store.schema`), so it is safe in SQL text.
+    fn sql(&self, template: &str) -> String {
+        template.replace("{s}", &self.inner.schema)
+    }
+
+    /// The retention as PostgreSQL seconds.
+    fn retention_secs(&self) -> f64 {
+        self.inner.retention.as_secs_f64()
+    }
+
+    fn start_sweeper(&self, every: Duration) {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no tokio runtime: the PostgreSQL store's sweeper is not started");
+            return;
+        };
+        let task = runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let store = PgStore { inner };
+                match store.purge(Utc::now()).await {
+                    Ok(0) => {}
+                    Ok(purged) => tracing::info!(purged, "expired records purged"),
+                    Err(error) => {
+                        tracing::warn!(error = %crate::report::InLine(&error), "purging expired records failed; trying again later");
+                    }
+                }
+            }
+        });
+        *self
+            .inner
+            .sweeper
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+    }
+
+    /// Removes expired rows, [`PURGE_BATCH`] per statement; a postponed validation only once
+    /// its result is delivered or refused.
+    async fn purge(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
+        let tables = [
+            "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2)",
+            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 LIMIT $2)",
+            "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2)",
+            "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2)",
+        ];
+        let mut purged = 0usize;
+        for table in tables {
+            let sql = self.sql(table);
+            loop {
+                let done = sqlx::query(&sql)
+                    .bind(now)
+                    .bind(PURGE_BATCH)
+                    .execute(self.pool())
+                    .await?
+                    .rows_affected();
+                purged += usize::try_from(done).unwrap_or(usize::MAX);
+                if done < u64::try_from(PURGE_BATCH).unwrap_or(u64::MAX) {
+                    break;
+                }
+            }
+        }
+        Ok(purged)
+    }
+}
+
+/// A nonce as its rows are keyed: itself, or `sha256:` and its digest when long (see
+/// `keys.rs`), so that an index entry stays small whatever a sender chose.
+fn nonce_key(nonce: &str) -> String {
+    keys::describe(&keys::identifier(nonce))
+}
+
+/// A new claim: random, so that instances never hand out the same one.
+fn new_claim() -> Result<super::Claim, StoreError> {
+    let mut id = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
+        .map_err(|_| StoreError::backend_message("no randomness for a claim"))?;
+    // Positive in PostgreSQL's bigint.
+    Ok(super::Claim {
+        id: u64::from_le_bytes(id) >> 1,
+    })
+}
+
+/// A claim as PostgreSQL keeps it.
+fn claim_id(claim: super::Claim) -> i64 {
+    i64::try_from(claim.id).unwrap_or(i64::MAX)
+}
+
+/// `true` for a failure that a retry of the whole transaction may not meet again: a
+/// deadlock (40P01) or a serialization failure (40001).
+fn retryable(error: &StoreError) -> bool {
+    let StoreError::Backend {
+        source: Some(source),
+        ..
+    } = error
+    else {
+        return false;
+    };
+    let source: &(dyn std::error::Error + 'static) = source.as_ref();
+    source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "40P01" || code == "40001")
+}
+
+fn decode_json<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {
+    super::record::decode(key, text.as_bytes())
+}
+
+fn encode_json<T: serde::Serialize>(value: &T) -> String {
+    String::from_utf8(super::record::encode(value)).unwrap_or_default()
+}
+
+impl super::Store for PgStore {
+    fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize> {
+        Box::pin(self.purge(now))
+    }
+
+    fn retention(&self) -> Duration {
+        self.inner.retention
+    }
+}

@@ -1,0 +1,258 @@
+//! The Awaitable state on PostgreSQL: postponed validations, decisions (first wins, under
+//! the row's lock) and the shared outbox, leased to one instance at a time.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture};
+use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
+use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
+
+/// The columns that index a record: its deadline while undecided, its next attempt while
+/// its result awaits delivery, and whether it is final.
+struct Indexed {
+    deadline_at: Option<DateTime<Utc>>,
+    deliver_at: Option<DateTime<Utc>>,
+    is_final: bool,
+}
+
+fn indexed(record: &PostponedValidation) -> Indexed {
+    let (deadline_at, deliver_at) = match record.result.as_ref().map(|r| &r.delivery) {
+        None => (record.deadline, None),
+        Some(Delivery::Queued { next_attempt, .. }) => (None, Some(*next_attempt)),
+        Some(_) => (None, None),
+    };
+    Indexed {
+        deadline_at,
+        deliver_at,
+        is_final: record.is_final(),
+    }
+}
+
+impl PostponedStore for PgStore {
+    fn resolve<'a>(
+        &'a self,
+        validation_id: i64,
+        decision: &'a Decision,
+        now: DateTime<Utc>,
+    ) -> ResolveFuture<'a> {
+        Box::pin(async move {
+            let mut tx = self.pool().begin().await?;
+            let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
+                return Ok(Resolution::Unknown);
+            };
+            let resolution =
+                record.resolve(decision.allows(), decision.description().to_owned(), now);
+            if resolution == Resolution::Recorded {
+                self.update_postponed(&mut tx, &record, false).await?;
+                tx.commit().await?;
+            }
+            Ok(resolution)
+        })
+    }
+
+    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
+        Box::pin(async move {
+            let mut tx = self.pool().begin().await?;
+            let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
+                return Ok(());
+            };
+            // Unchanged (already final): the lease ends all the same.
+            let _ = record.record_delivery(delivery);
+            self.update_postponed(&mut tx, &record, true).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                &self.sql("SELECT record::text FROM {s}.postponed WHERE validation_id = $1"),
+            )
+            .bind(validation_id)
+            .fetch_optional(self.pool())
+            .await?;
+            row.map(|r| decode_json(&validation_id.to_string(), &r.try_get::<String, _>(0)?))
+                .transpose()
+        })
+    }
+
+    fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(
+                "SELECT validation_id, record::text FROM {s}.postponed ORDER BY validation_id",
+            ))
+            .fetch_all(self.pool())
+            .await?;
+            records(&rows)
+        })
+    }
+
+    fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
+        Box::pin(async move {
+            // Leased to this instance: free ones, expired leases, and its own.
+            let rows = sqlx::query(&self.sql(
+                "WITH due AS ( \
+                   SELECT validation_id FROM {s}.postponed \
+                   WHERE deliver_at <= $1 \
+                     AND (lease_until IS NULL OR lease_until < now() OR lease_owner = $2) \
+                   ORDER BY deliver_at LIMIT $4 \
+                   FOR UPDATE SKIP LOCKED) \
+                 UPDATE {s}.postponed p \
+                   SET lease_owner = $2, lease_until = now() + make_interval(secs => $3) \
+                 FROM due WHERE p.validation_id = due.validation_id \
+                 RETURNING p.validation_id, p.record::text",
+            ))
+            .bind(now)
+            .bind(&self.inner.instance)
+            .bind(OUTBOX_LEASE.as_secs_f64())
+            .bind(OUTBOX_BATCH)
+            .fetch_all(self.pool())
+            .await?;
+            let mut due = Due {
+                now: records(&rows)?,
+                next: None,
+            };
+            due.now.sort_by_key(|r| r.validation_id);
+            // The next one this instance could take: a result leased elsewhere counts from
+            // when that lease runs out.
+            let next = sqlx::query(&self.sql(
+                "SELECT min(t) FROM (SELECT CASE \
+                   WHEN lease_until > now() AND lease_owner <> $2 \
+                     THEN greatest(deliver_at, lease_until) \
+                   ELSE deliver_at END AS t \
+                 FROM {s}.postponed WHERE deliver_at IS NOT NULL) AS pending WHERE t > $1",
+            ))
+            .bind(now)
+            .bind(&self.inner.instance)
+            .fetch_one(self.pool())
+            .await?;
+            due.next = next.try_get(0)?;
+            Ok(due)
+        })
+    }
+
+    fn outbox_len(&self) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                &self.sql("SELECT count(*) FROM {s}.postponed WHERE deliver_at IS NOT NULL"),
+            )
+            .fetch_one(self.pool())
+            .await?;
+            Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+        })
+    }
+
+    fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(
+                "SELECT validation_id, record::text FROM {s}.postponed \
+                 WHERE deadline_at <= $1 ORDER BY deadline_at LIMIT $2",
+            ))
+            .bind(now)
+            .bind(OUTBOX_BATCH)
+            .fetch_all(self.pool())
+            .await?;
+            let next = sqlx::query(
+                &self.sql("SELECT min(deadline_at) FROM {s}.postponed WHERE deadline_at > $1"),
+            )
+            .bind(now)
+            .fetch_one(self.pool())
+            .await?;
+            Ok(Due {
+                now: records(&rows)?,
+                next: next.try_get(0)?,
+            })
+        })
+    }
+}
+
+fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let id: i64 = row.try_get(0)?;
+            decode_json(&id.to_string(), &row.try_get::<String, _>(1)?)
+        })
+        .collect()
+}
+
+impl PgStore {
+    /// The record of `validation_id`, locked for the rest of the transaction.
+    async fn locked(
+        &self,
+        conn: &mut PgConnection,
+        validation_id: i64,
+    ) -> Result<Option<PostponedValidation>, StoreError> {
+        let row = sqlx::query(
+            &self.sql("SELECT record::text FROM {s}.postponed WHERE validation_id = $1 FOR UPDATE"),
+        )
+        .bind(validation_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        row.map(|r| decode_json(&validation_id.to_string(), &r.try_get::<String, _>(0)?))
+            .transpose()
+    }
+
+    /// Writes `record` back with its index columns; `end_lease` ends an outbox lease.
+    async fn update_postponed(
+        &self,
+        conn: &mut PgConnection,
+        record: &PostponedValidation,
+        end_lease: bool,
+    ) -> Result<(), StoreError> {
+        let index = indexed(record);
+        let lease = if end_lease {
+            ", lease_owner = NULL, lease_until = NULL"
+        } else {
+            ""
+        };
+        sqlx::query(&self.sql(&format!(
+            "UPDATE {{s}}.postponed SET record = $2::jsonb, final = $3, deadline_at = $4, \
+               deliver_at = $5, expires_at = now() + make_interval(secs => $6){lease} \
+             WHERE validation_id = $1"
+        )))
+        .bind(record.validation_id)
+        .bind(encode_json(record))
+        .bind(index.is_final)
+        .bind(index.deadline_at)
+        .bind(index.deliver_at)
+        .bind(self.retention_secs())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Stores a new postponed validation, unless its id is known (the first one stays).
+    pub(super) async fn insert_postponed(
+        &self,
+        conn: &mut PgConnection,
+        record: &PostponedValidation,
+    ) -> Result<(), StoreError> {
+        let index = indexed(record);
+        let inserted = sqlx::query(&self.sql(
+            "INSERT INTO {s}.postponed (validation_id, nonce, record, final, deadline_at, \
+               deliver_at, expires_at) \
+             VALUES ($1, $2, $3::jsonb, $4, $5, $6, now() + make_interval(secs => $7)) \
+             ON CONFLICT (validation_id) DO NOTHING",
+        ))
+        .bind(record.validation_id)
+        .bind(record.request.nonce())
+        .bind(encode_json(record))
+        .bind(index.is_final)
+        .bind(index.deadline_at)
+        .bind(index.deliver_at)
+        .bind(self.retention_secs())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if inserted == 0 {
+            tracing::warn!(
+                security_event = "validation_id_reuse",
+                validation_id = record.validation_id,
+                "a validation id arrived again; the first record is kept"
+            );
+        }
+        Ok(())
+    }
+}

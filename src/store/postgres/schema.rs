@@ -1,0 +1,114 @@
+//! Versioned migrations of payhook's tables, shipped in the crate and applied at open.
+//!
+//! Each migration is a SQL file under `migrations/`, numbered; `{schema}` in it stands for
+//! the configured schema. [`migrate`] applies those the database lacks, each in its own
+//! transaction with its row in `{schema}.schema_migrations`, under an advisory lock, so that
+//! instances starting together apply each migration once. A database migrated by a newer
+//! payhook (a version this one does not know) is refused rather than written to.
+
+use sqlx::{Connection, PgConnection, Row};
+
+use super::super::StoreError;
+
+/// A migration: its version, what it does, and its SQL.
+struct Migration {
+    version: i32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in order.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "callbacks, validations, failures, postponed validations, merchant trees",
+    sql: include_str!("migrations/0001_tables.sql"),
+}];
+
+/// The newest version this payhook knows.
+pub(crate) fn latest() -> i32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Applies the migrations `conn`'s database lacks in `schema`; returns the versions applied
+/// now (empty when it was up to date).
+pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
+    // One instance at a time, whatever schema it migrates: a lock number of our own.
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(format!("payhook migrations {schema}"))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| StoreError::backend("cannot lock the schema for its migrations", e))?;
+    let applied = apply_missing(conn, schema).await;
+    let unlocked = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(format!("payhook migrations {schema}"))
+        .execute(&mut *conn)
+        .await;
+    let applied = applied?;
+    unlocked.map_err(|e| StoreError::backend("cannot release the migrations' lock", e))?;
+    Ok(applied)
+}
+
+async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
+    let failed = |what: &str| {
+        let what = format!("{what} (schema {schema})");
+        move |e: sqlx::Error| StoreError::backend(what, e)
+    };
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+             version integer PRIMARY KEY,
+             description text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );"
+    ))
+    .execute(&mut *conn)
+    .await
+    .map_err(failed("cannot create the schema"))?;
+    let known: Vec<i32> = sqlx::query(&format!(
+        "SELECT version FROM {schema}.schema_migrations ORDER BY version"
+    ))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(failed("cannot read the applied migrations"))?
+    .iter()
+    .map(|row| row.try_get::<i32, _>(0))
+    .collect::<Result<_, _>>()
+    .map_err(failed("cannot read the applied migrations"))?;
+    if let Some(newer) = known.iter().find(|v| **v > latest()) {
+        return Err(StoreError::backend_message(format!(
+            "the database's schema {schema} is at version {newer}, newer than this payhook \
+             knows ({}): run the payhook that migrated it, or a newer one",
+            latest()
+        )));
+    }
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS.iter().filter(|m| !known.contains(&m.version)) {
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(failed("cannot begin a migration"))?;
+        sqlx::raw_sql(&migration.sql.replace("{schema}", schema))
+            .execute(&mut *tx)
+            .await
+            .map_err(failed(&format!("migration {} failed", migration.version)))?;
+        sqlx::query(&format!(
+            "INSERT INTO {schema}.schema_migrations (version, description) VALUES ($1, $2)"
+        ))
+        .bind(migration.version)
+        .bind(migration.description)
+        .execute(&mut *tx)
+        .await
+        .map_err(failed("cannot record a migration"))?;
+        tx.commit()
+            .await
+            .map_err(failed(&format!("migration {} failed", migration.version)))?;
+        tracing::info!(
+            schema,
+            version = migration.version,
+            description = migration.description,
+            "store migration applied"
+        );
+        applied.push(migration.version);
+    }
+    Ok(applied)
+}

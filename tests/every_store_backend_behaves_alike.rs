@@ -1,0 +1,620 @@
+//! One suite of behaviour that every store backend passes unchanged: sled (the embedded
+//! default) and PostgreSQL (the shared store). Each behaviour is a function over a
+//! [`Backend`]; the `behaviour!` macro runs it once per backend.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use payhook::model::{TransactionStatus, TransactionValidationRequest};
+use payhook::postponed::{Decision, Delivery, PostponedState, PostponedValidation, Resolution};
+use payhook::store::{
+    CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint, RecordedDecision,
+    Store, StoreConfig, StoreError, ValidationBegin,
+};
+use support::postgres::TestDb;
+
+const STALE: Duration = Duration::from_secs(600);
+const RETENTION: Duration = Duration::from_secs(3600);
+const TREES: &[&str] = &["ledger"];
+
+/// A store under test and what keeps it alive.
+struct Backend {
+    store: ConfiguredStore,
+    shared: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+    db: Option<TestDb>,
+}
+
+impl Backend {
+    async fn sled() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            path: dir.path().join("store"),
+            retention: RETENTION,
+            ..StoreConfig::default()
+        };
+        let store = ConfiguredStore::open(&config, TREES).await.unwrap();
+        Self {
+            shared: store.shared(),
+            store,
+            _dir: Some(dir),
+            db: None,
+        }
+    }
+
+    async fn postgres(test: &str) -> Option<Self> {
+        let db = support::postgres::database(test).await?;
+        let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+            .await
+            .unwrap();
+        Some(Self {
+            shared: store.shared(),
+            store,
+            _dir: None,
+            db: Some(db),
+        })
+    }
+
+    async fn finish(self) {
+        let db = self.db.clone();
+        drop(self);
+        if let Some(db) = db {
+            db.drop_schema().await;
+        }
+    }
+
+    async fn claim(&self, nonce: &str, status: TransactionStatus) -> (Claim, u32, Option<i32>) {
+        match self
+            .shared
+            .begin_callback(nonce, status, STALE)
+            .await
+            .unwrap()
+        {
+            CallbackBegin::Claimed {
+                claim,
+                attempt,
+                previous_status,
+            } => (claim, attempt, previous_status.map(|s| s.code())),
+            other => panic!("{nonce} not claimed: {other:?}"),
+        }
+    }
+
+    async fn acknowledge(&self, nonce: &str, status: TransactionStatus, effects: Effects) {
+        let (claim, ..) = self.claim(nonce, status).await;
+        self.shared
+            .finish_callback(nonce, claim, status, effects)
+            .await
+            .unwrap();
+    }
+
+    /// Effects adding `amount` to the balance of `client` (a read-modify-write).
+    fn add(&self, client: &str, amount: i64) -> Effects {
+        let ledger = self.store.tree("ledger").unwrap();
+        let effects = Effects::default();
+        let key = client.as_bytes().to_vec();
+        effects.write(move |tx| {
+            let balance = tx
+                .get(&ledger, &key)?
+                .map_or(0, |v| i64::from_be_bytes(v.try_into().unwrap_or_default()));
+            tx.insert(&ledger, &key, &(balance + amount).to_be_bytes())
+        });
+        effects
+    }
+
+    async fn balance(&self, client: &str) -> i64 {
+        let ledger = self.store.tree("ledger").unwrap();
+        self.store
+            .get(&ledger, client.as_bytes())
+            .await
+            .unwrap()
+            .map_or(0, |v| i64::from_be_bytes(v.try_into().unwrap()))
+    }
+}
+
+macro_rules! behaviour {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sled() {
+                let backend = super::Backend::sled().await;
+                super::$name(&backend).await;
+                backend.finish().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(backend) = super::Backend::postgres(stringify!($name)).await else {
+                    return;
+                };
+                super::$name(&backend).await;
+                backend.finish().await;
+            }
+        }
+    };
+}
+
+behaviour!(the_first_delivery_claims_and_a_repeat_is_a_duplicate);
+async fn the_first_delivery_claims_and_a_repeat_is_a_duplicate(b: &Backend) {
+    let (claim, attempt, previous) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!((attempt, previous), (1, None));
+    assert!(
+        !b.shared
+            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .await
+            .unwrap(),
+        "claimed is not acknowledged"
+    );
+    b.shared
+        .finish_callback("n-1", claim, TransactionStatus::Success, b.add("c-1", 5))
+        .await
+        .unwrap();
+    assert!(
+        b.shared
+            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            b.shared
+                .begin_callback("n-1", TransactionStatus::Success, STALE)
+                .await
+                .unwrap(),
+            CallbackBegin::Duplicate
+        );
+    }
+    assert_eq!(b.balance("c-1").await, 5, "the effects were applied once");
+}
+
+behaviour!(a_new_status_runs_again_and_is_told_the_previous_one);
+async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
+    b.acknowledge("n-1", TransactionStatus::Success, Effects::default())
+        .await;
+    let (claim, attempt, previous) = b.claim("n-1", TransactionStatus::Cancelled).await;
+    assert_eq!(attempt, 2);
+    assert_eq!(previous, Some(TransactionStatus::Success.code()));
+    b.shared
+        .finish_callback(
+            "n-1",
+            claim,
+            TransactionStatus::Cancelled,
+            Effects::default(),
+        )
+        .await
+        .unwrap();
+    for status in [TransactionStatus::Success, TransactionStatus::Cancelled] {
+        assert_eq!(
+            b.shared.begin_callback("n-1", status, STALE).await.unwrap(),
+            CallbackBegin::Duplicate
+        );
+    }
+}
+
+behaviour!(concurrent_copies_of_a_nonce_claim_it_once);
+async fn concurrent_copies_of_a_nonce_claim_it_once(b: &Backend) {
+    let begins = futures_util::future::join_all((0..16).map(|_| {
+        b.shared
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+    }))
+    .await;
+    let claimed = begins
+        .iter()
+        .filter(|b| matches!(b, Ok(CallbackBegin::Claimed { .. })))
+        .count();
+    let busy = begins
+        .iter()
+        .filter(|b| matches!(b, Ok(CallbackBegin::Busy)))
+        .count();
+    assert_eq!((claimed, busy), (1, 15), "{begins:?}");
+}
+
+behaviour!(a_released_claim_is_claimed_again_with_the_attempt_counted);
+async fn a_released_claim_is_claimed_again_with_the_attempt_counted(b: &Backend) {
+    let (claim, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(attempt, 1);
+    b.shared.release_callback("n-1", claim).await.unwrap();
+    let (_, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(attempt, 2);
+}
+
+behaviour!(a_claim_is_taken_over_when_stale_and_never_otherwise);
+async fn a_claim_is_taken_over_when_stale_and_never_otherwise(b: &Backend) {
+    let (first, ..) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(
+        b.shared
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Busy,
+        "a live claim is never taken over"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let CallbackBegin::Claimed { claim: second, .. } = b
+        .shared
+        .begin_callback("n-1", TransactionStatus::Success, Duration::from_millis(10))
+        .await
+        .unwrap()
+    else {
+        panic!("a stale claim is taken over");
+    };
+    // The first delivery comes back late: its claim is gone, and it writes nothing.
+    let late = b
+        .shared
+        .finish_callback("n-1", first, TransactionStatus::Success, b.add("c-1", 7))
+        .await;
+    assert!(matches!(late, Err(StoreError::ClaimLost(_))), "{late:?}");
+    b.shared
+        .finish_callback("n-1", second, TransactionStatus::Success, b.add("c-1", 7))
+        .await
+        .unwrap();
+    assert_eq!(b.balance("c-1").await, 7);
+}
+
+behaviour!(effects_that_abort_write_nothing_and_acknowledge_nothing);
+async fn effects_that_abort_write_nothing_and_acknowledge_nothing(b: &Backend) {
+    let (claim, ..) = b.claim("n-1", TransactionStatus::Success).await;
+    let effects = b.add("c-1", 3);
+    effects.write(|_| Err(StoreError::abort("insufficient funds")));
+    let outcome = b
+        .shared
+        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .await;
+    assert!(
+        matches!(outcome, Err(StoreError::Aborted { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        b.balance("c-1").await,
+        0,
+        "nothing of the effects is written"
+    );
+    assert!(
+        !b.shared
+            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    // The claim ended with the failure: the retry claims it.
+    let (_, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(attempt, 2);
+}
+
+behaviour!(concurrent_read_modify_writes_of_one_balance_lose_nothing);
+async fn concurrent_read_modify_writes_of_one_balance_lose_nothing(b: &Backend) {
+    let nonces: Vec<String> = (0..40).map(|i| format!("n-{i}")).collect();
+    futures_util::future::join_all(nonces.iter().enumerate().map(|(i, nonce)| {
+        let amount = i64::try_from(i).unwrap() + 1;
+        b.acknowledge(nonce, TransactionStatus::Success, b.add("c-1", amount))
+    }))
+    .await;
+    assert_eq!(b.balance("c-1").await, (1..=40).sum::<i64>());
+}
+
+fn validation(nonce: &str, validation_id: i64, amount: &str) -> TransactionValidationRequest {
+    serde_json::from_value(serde_json::json!({
+        "merchantData": {"merchantHash": "h", "clientId": "client-1"},
+        "paymentData": {"nonce": nonce, "amount": amount, "currency": "EUR", "providerId": 1},
+        "validationId": validation_id,
+        "cashIn": true
+    }))
+    .unwrap()
+}
+
+behaviour!(a_validation_nonce_reused_for_another_payment_is_refused);
+async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
+    let request = validation("v-1", 1, "10.50");
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation("v-1", &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    assert_eq!(
+        b.shared
+            .begin_validation("v-1", &fingerprint, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Busy
+    );
+    let deny = RecordedDecision::Deny {
+        message: "limit".into(),
+    };
+    b.shared
+        .finish_validation("v-1", claim, &fingerprint, &deny, None)
+        .await
+        .unwrap();
+    // The same payment (10.5 is 10.50) is answered from the record.
+    let same = Fingerprint::of(&validation("v-1", 1, "10.5"));
+    assert_eq!(
+        b.shared
+            .begin_validation("v-1", &same, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Recorded(deny)
+    );
+    let other = Fingerprint::of(&validation("v-1", 1, "99"));
+    assert_eq!(
+        b.shared
+            .begin_validation("v-1", &other, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Mismatch
+    );
+}
+
+/// Postpones validation `id` (Awaitable mode): its record and the validation's decision.
+async fn postpone(b: &Backend, id: i64) {
+    let request = validation(&format!("p-{id}"), id, "10");
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let record = PostponedValidation {
+        validation_id: id,
+        request: request.clone(),
+        received: Utc::now(),
+        deadline: Some(Utc::now() + TimeDelta::hours(1)),
+        result: None,
+    };
+    b.shared
+        .finish_validation(
+            request.nonce(),
+            claim,
+            &fingerprint,
+            &RecordedDecision::Postponed,
+            Some(record),
+        )
+        .await
+        .unwrap();
+}
+
+behaviour!(the_first_decision_wins_and_is_queued_for_delivery);
+async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
+    postpone(b, 7).await;
+    let pending = b.shared.postponed(7).await.unwrap().unwrap();
+    assert_eq!(pending.state(), PostponedState::Pending);
+    assert!(
+        b.shared
+            .outbox_due(Utc::now())
+            .await
+            .unwrap()
+            .now
+            .is_empty()
+    );
+    let later = Utc::now() + TimeDelta::hours(2);
+    assert_eq!(
+        b.shared.deadlines_due(later).await.unwrap().now.len(),
+        1,
+        "undecided: its deadline falls due"
+    );
+
+    let now = Utc::now();
+    let allow = Decision::allow("checked");
+    assert_eq!(
+        b.shared.resolve(7, &allow, now).await.unwrap(),
+        Resolution::Recorded
+    );
+    assert_eq!(
+        b.shared.resolve(7, &allow, now).await.unwrap(),
+        Resolution::AlreadyRecorded
+    );
+    assert!(matches!(
+        b.shared
+            .resolve(7, &Decision::deny("changed my mind"), now)
+            .await
+            .unwrap(),
+        Resolution::Conflicting { success: true, .. }
+    ));
+    assert_eq!(
+        b.shared.resolve(8, &allow, now).await.unwrap(),
+        Resolution::Unknown
+    );
+    assert!(b.shared.deadlines_due(later).await.unwrap().now.is_empty());
+    let due = b.shared.outbox_due(Utc::now()).await.unwrap();
+    assert_eq!(due.now.len(), 1);
+    assert_eq!(b.shared.outbox_len().await.unwrap(), 1);
+    b.shared
+        .record_delivery(
+            7,
+            Delivery::Delivered {
+                attempts: 1,
+                at: Utc::now(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        b.shared
+            .outbox_due(Utc::now())
+            .await
+            .unwrap()
+            .now
+            .is_empty()
+    );
+    assert_eq!(b.shared.outbox_len().await.unwrap(), 0);
+    assert_eq!(
+        b.shared.postponed(7).await.unwrap().unwrap().state(),
+        PostponedState::Delivered
+    );
+}
+
+behaviour!(a_refused_result_is_final);
+async fn a_refused_result_is_final(b: &Backend) {
+    postpone(b, 9).await;
+    b.shared
+        .resolve(9, &Decision::allow("ok"), Utc::now())
+        .await
+        .unwrap();
+    let conflict = Delivery::Conflict {
+        attempts: 1,
+        message: "another result".into(),
+        at: Utc::now(),
+    };
+    b.shared.record_delivery(9, conflict).await.unwrap();
+    b.shared
+        .record_delivery(
+            9,
+            Delivery::Delivered {
+                attempts: 2,
+                at: Utc::now(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        b.shared.postponed(9).await.unwrap().unwrap().state(),
+        PostponedState::Conflict
+    );
+    assert!(
+        b.shared
+            .outbox_due(Utc::now())
+            .await
+            .unwrap()
+            .now
+            .is_empty()
+    );
+    assert_eq!(b.shared.postponed_all().await.unwrap().len(), 1);
+}
+
+behaviour!(a_failed_delivery_is_retried_when_due);
+async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
+    postpone(b, 11).await;
+    b.shared
+        .resolve(11, &Decision::deny("no"), Utc::now())
+        .await
+        .unwrap();
+    let next_attempt = Utc::now() + TimeDelta::seconds(30);
+    b.shared
+        .record_delivery(
+            11,
+            Delivery::Queued {
+                attempts: 1,
+                next_attempt,
+                last_error: Some("timeout".into()),
+            },
+        )
+        .await
+        .unwrap();
+    let due = b.shared.outbox_due(Utc::now()).await.unwrap();
+    assert!(due.now.is_empty());
+    let next = due.next.unwrap();
+    assert!((next - next_attempt).num_milliseconds().abs() < 2, "{next}");
+    let due = b
+        .shared
+        .outbox_due(next_attempt + TimeDelta::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(due.now.len(), 1);
+}
+
+fn failure(nonce: &str, reason: &str) -> CallbackFailure {
+    CallbackFailure {
+        nonce: nonce.into(),
+        status: TransactionStatus::Success,
+        reason: reason.into(),
+        transaction_reference_id: uuid::Uuid::nil(),
+        client_id: "c-1".into(),
+        amount: rust_decimal::Decimal::new(1050, 2),
+        currency: "EUR".into(),
+        at: Utc::now(),
+    }
+}
+
+/// Waits until `count` failing callbacks are listed (a backend may write them without
+/// waiting).
+async fn failing_until(b: &Backend, count: usize) -> Vec<payhook::store::FailingCallback> {
+    for _ in 0..200 {
+        let failing = b.shared.failing_callbacks().await.unwrap();
+        if failing.len() == count {
+            return failing;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{count} failing callbacks were not listed");
+}
+
+behaviour!(failures_are_counted_until_the_status_is_booked);
+async fn failures_are_counted_until_the_status_is_booked(b: &Backend) {
+    b.shared
+        .record_callback_failure(failure("n-1", "first"))
+        .await
+        .unwrap();
+    let failing = failing_until(b, 1).await;
+    assert_eq!(failing[0].failures, 1);
+    b.shared
+        .record_callback_failure(failure("n-1", "second"))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        let failing = b.shared.failing_callbacks().await.unwrap();
+        if failing[0].failures == 2 {
+            assert_eq!(failing[0].last_reason, "second");
+            assert_eq!(failing[0].amount, "10.50");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    b.acknowledge("n-1", TransactionStatus::Success, Effects::default())
+        .await;
+    failing_until(b, 0).await;
+    // A late copy's failure of a booked status is not recorded.
+    b.shared
+        .record_callback_failure(failure("n-1", "late"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(b.shared.failing_callbacks().await.unwrap().is_empty());
+}
+
+behaviour!(retention_purges_what_expired_and_nothing_else);
+async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
+    for i in 0..5 {
+        b.acknowledge(
+            &format!("n-{i}"),
+            TransactionStatus::Success,
+            Effects::default(),
+        )
+        .await;
+    }
+    assert_eq!(b.shared.purge_expired(Utc::now()).await.unwrap(), 0);
+    assert_eq!(
+        b.shared
+            .begin_callback("n-0", TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    let after = Utc::now() + TimeDelta::hours(2);
+    assert!(b.shared.purge_expired(after).await.unwrap() >= 5);
+    assert_eq!(b.store.record_count().await.unwrap(), 0);
+    // Beyond the retention a repeat is no longer recognised.
+    b.claim("n-0", TransactionStatus::Success).await;
+}
+
+behaviour!(long_nonces_are_answered_exactly_once);
+async fn long_nonces_are_answered_exactly_once(b: &Backend) {
+    let long = "n".repeat(10_000);
+    let other = format!("{}x", "n".repeat(9_999));
+    b.acknowledge(&long, TransactionStatus::Success, Effects::default())
+        .await;
+    assert_eq!(
+        b.shared
+            .begin_callback(&long, TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    b.claim(&other, TransactionStatus::Success).await;
+}

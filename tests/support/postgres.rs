@@ -1,0 +1,90 @@
+//! The PostgreSQL of the tests: `PAYHOOK_TEST_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), a schema of its own per test so that tests
+//! run in parallel. Where no server answers, a test says it was skipped and why — unless
+//! `CI` is set: there, an unreachable server fails it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use payhook::store::StoreConfig;
+use sqlx::Connection;
+
+/// The database's address.
+pub fn url() -> String {
+    std::env::var("PAYHOOK_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of this test's own in the test database; dropped by [`TestDb::drop_schema`].
+#[derive(Debug, Clone)]
+pub struct TestDb {
+    pub url: String,
+    pub schema: String,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// The test database with a fresh schema name, or `None` (announced) when no server answers
+/// outside CI. Under CI, panics when the server is unreachable.
+pub async fn database(test: &str) -> Option<TestDb> {
+    let url = url();
+    let reached =
+        tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&url)).await;
+    match reached {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+        }
+        Ok(Err(error)) => return unreachable(test, &error.to_string()),
+        Err(_) => return unreachable(test, "no answer within 5 s"),
+    }
+    let schema = format!(
+        "t_{}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        chrono::Utc::now().timestamp_subsec_micros()
+    );
+    Some(TestDb { url, schema })
+}
+
+fn unreachable(test: &str, why: &str) -> Option<TestDb> {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: PostgreSQL at {} is unreachable ({why}), and CI must run the PostgreSQL tests",
+        url()
+    );
+    super::announce_skip(
+        test,
+        &format!(
+            "PostgreSQL at {} is unreachable ({why}); set PAYHOOK_TEST_DATABASE_URL or start it",
+            url()
+        ),
+    );
+    None
+}
+
+impl TestDb {
+    /// The store settings of this schema, with `retention`.
+    pub fn store_config(&self, retention: Duration) -> StoreConfig {
+        StoreConfig {
+            url: Some(self.url.as_str().into()),
+            schema: self.schema.clone(),
+            pool_size: 16,
+            retention,
+            ..StoreConfig::default()
+        }
+    }
+
+    /// A connection of its own, for the test's checks.
+    pub async fn connect(&self) -> sqlx::PgConnection {
+        sqlx::PgConnection::connect(&self.url).await.unwrap()
+    }
+
+    /// Removes the schema and everything in it.
+    pub async fn drop_schema(&self) {
+        let mut conn = self.connect().await;
+        sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+}
