@@ -102,7 +102,7 @@ fn serve(scenario: &str, data: &Path, public_key: &Path) {
             ..Default::default()
         }];
         let app = if scenario == "payhook" {
-            let store = merchant::open_store(&config).unwrap();
+            let store = merchant::open_store(&config).await.unwrap();
             merchant::app(
                 config,
                 merchant::Merchant {

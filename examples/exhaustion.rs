@@ -121,7 +121,7 @@ fn serve(data: &Path, public_key: &Path, mode: &str) {
             ..Default::default()
         }];
         let listener = payhook::bind(config.server.listen).await.unwrap();
-        let store = merchant::open_store(&config).unwrap();
+        let store = merchant::open_store(&config).await.unwrap();
         let merchant = merchant::Merchant {
             max_amount: 10_000.into(),
             review_above: None,

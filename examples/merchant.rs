@@ -106,7 +106,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store.
-        let store = open_store(&config).map_err(payhook::Error::from)?;
+        let store = open_store(&config).await.map_err(payhook::Error::from)?;
         let merchant = Merchant {
             max_amount,
             review_above,
@@ -118,7 +118,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let listener = payhook::bind(config.server.listen).await?;
-    let store = open_store(&config).map_err(payhook::Error::from)?;
+    let store = open_store(&config).await.map_err(payhook::Error::from)?;
     let merchant = Merchant {
         max_amount,
         review_above,

@@ -618,3 +618,59 @@ async fn long_nonces_are_answered_exactly_once(b: &Backend) {
     );
     b.claim(&other, TransactionStatus::Success).await;
 }
+
+/// PostgreSQL only: several instances share the database, and an instance that dies leaves
+/// claims behind; they are taken over at once, not after their lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
+    let Some(db) = support::postgres::database("a_claim_of_an_instance_that_died").await else {
+        return;
+    };
+    let config = db.store_config(RETENTION);
+    let (one, other) = (
+        ConfiguredStore::open(&config, TREES)
+            .await
+            .unwrap()
+            .shared(),
+        ConfiguredStore::open(&config, TREES)
+            .await
+            .unwrap()
+            .shared(),
+    );
+    let CallbackBegin::Claimed { claim: first, .. } = one
+        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    assert_eq!(
+        other
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Busy,
+        "a live instance's claim stands"
+    );
+    drop(one); // the instance goes away, and its connections with it
+    let mut taken = None;
+    for _ in 0..100 {
+        match other
+            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        {
+            CallbackBegin::Claimed { claim, attempt, .. } => {
+                taken = Some((claim, attempt));
+                break;
+            }
+            CallbackBegin::Busy => tokio::time::sleep(Duration::from_millis(20)).await,
+            CallbackBegin::Duplicate => panic!("nothing was acknowledged"),
+        }
+    }
+    let (claim, attempt) = taken.expect("the dead instance's claim was taken over");
+    assert_ne!(claim, first);
+    assert_eq!(attempt, 2);
+    drop(other);
+    db.drop_schema().await;
+}

@@ -19,7 +19,7 @@ async fn start() -> Example {
     let data = tempfile::tempdir().unwrap();
     let mut config = test_config();
     config.store.path = data.path().join("store");
-    let store = merchant::open_store(&config).unwrap();
+    let store = merchant::open_store(&config).await.unwrap();
     let merchant = merchant::Merchant {
         max_amount: Decimal::from(1000),
         review_above: None,
@@ -37,12 +37,12 @@ async fn start() -> Example {
 }
 
 impl Example {
-    fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
-        self.ledger.entry(nonce).unwrap()
+    async fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
+        self.ledger.entry(nonce).await.unwrap()
     }
 
-    fn balance(&self, client: &str, currency: &str) -> Decimal {
-        self.ledger.balance(client, currency).unwrap()
+    async fn balance(&self, client: &str, currency: &str) -> Decimal {
+        self.ledger.balance(client, currency).await.unwrap()
     }
 }
 
@@ -101,7 +101,7 @@ async fn the_example_books_a_callback_once_however_often_it_is_delivered() {
             200
         );
     }
-    let entry = example.entry("nonce-cb-1").expect("booked");
+    let entry = example.entry("nonce-cb-1").await.expect("booked");
     assert_eq!(
         (
             entry.bookings,
@@ -110,7 +110,7 @@ async fn the_example_books_a_callback_once_however_often_it_is_delivered() {
         ),
         (1, 4, "0.1")
     );
-    assert_eq!(example.balance("client-42", "EUR").to_string(), "0.1");
+    assert_eq!(example.balance("client-42", "EUR").await.to_string(), "0.1");
 }
 
 #[tokio::test]
@@ -127,15 +127,15 @@ async fn the_example_corrects_the_balance_when_a_success_is_reversed() {
             .status,
         200
     );
-    let entry = example.entry("nonce-cb-1").unwrap();
+    let entry = example.entry("nonce-cb-1").await.unwrap();
     assert_eq!((entry.bookings, entry.status), (2, -2));
-    assert_eq!(example.balance("client-42", "EUR"), Decimal::ZERO);
+    assert_eq!(example.balance("client-42", "EUR").await, Decimal::ZERO);
     // A late retry of the success changes nothing: it was acknowledged before.
     assert_eq!(
         post_to(&example.addr, CALLBACK_PATH, CALLBACK).await.status,
         200
     );
-    assert_eq!(example.entry("nonce-cb-1").unwrap().bookings, 2);
+    assert_eq!(example.entry("nonce-cb-1").await.unwrap().bookings, 2);
 }
 
 #[tokio::test]
@@ -165,16 +165,17 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
     };
     let max = "79228162514264337593543950335";
     assert_eq!(post(callback("whale-1", "whale", 1, max)).await, 200);
-    assert_eq!(example.balance("whale", "EUR"), Decimal::MAX);
+    assert_eq!(example.balance("whale", "EUR").await, Decimal::MAX);
 
     // The next deposit cannot be added: acknowledged (never a 503 that would come back
     // forever), kept in quarantine, the balance untouched.
     assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
-    assert_eq!(example.balance("whale", "EUR"), Decimal::MAX);
-    assert!(example.entry("whale-2").is_none(), "not booked");
+    assert_eq!(example.balance("whale", "EUR").await, Decimal::MAX);
+    assert!(example.entry("whale-2").await.is_none(), "not booked");
     let quarantined = example
         .ledger
         .quarantined("whale-2")
+        .await
         .unwrap()
         .expect("quarantined");
     assert_eq!(
@@ -191,9 +192,9 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
     // Everything else keeps booking: the same client's withdrawal, and other clients.
     assert_eq!(post(callback("whale-3", "whale", 2, "5")).await, 200);
     assert_eq!(
-        example.balance("whale", "EUR"),
+        example.balance("whale", "EUR").await,
         Decimal::MAX - Decimal::from(5)
     );
     assert_eq!(post(callback("minnow-1", "minnow", 1, "10.50")).await, 200);
-    assert_eq!(example.balance("minnow", "EUR").to_string(), "10.50");
+    assert_eq!(example.balance("minnow", "EUR").await.to_string(), "10.50");
 }

@@ -208,7 +208,7 @@ async fn control_characters_in_any_field_forge_no_log_line_in_the_library_or_the
     let data = tempfile::tempdir().unwrap();
     let mut config = test_config();
     config.store.path = data.path().join("example");
-    let store = merchant::open_store(&config).unwrap();
+    let store = merchant::open_store(&config).await.unwrap();
     let shop = merchant::Merchant {
         max_amount: rust_decimal::Decimal::from(1000),
         review_above: None,

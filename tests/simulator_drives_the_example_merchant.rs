@@ -36,7 +36,7 @@ impl Example {
         config.signature.algorithm = Algorithm::Ed25519;
         config.store.path = data.path().join("store");
         tweak(&mut config);
-        let store = merchant::open_store(&config).unwrap();
+        let store = merchant::open_store(&config).await.unwrap();
         let shop = merchant::Merchant {
             max_amount: Decimal::from(1000),
             review_above: None,
@@ -54,8 +54,8 @@ impl Example {
     }
 
     /// The ledger entry of `nonce`, if booked.
-    fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
-        self.ledger.entry(nonce).unwrap()
+    async fn entry(&self, nonce: &str) -> Option<merchant::Entry> {
+        self.ledger.entry(nonce).await.unwrap()
     }
 }
 
@@ -339,7 +339,7 @@ async fn duplicates_in_a_row_and_at_once_book_one_ledger_entry() {
             .filter(|a| a.ends_with("callback accepted"))
             .count();
         assert_eq!(accepted, 1, "{verdict:?}");
-        let entry = example.entry(&payment.nonce).unwrap();
+        let entry = example.entry(&payment.nonce).await.unwrap();
         assert_eq!((entry.bookings, entry.amount), (1, payment.amount));
     }
 }
@@ -354,7 +354,7 @@ async fn tampered_or_foreign_signatures_are_refused_and_book_nothing() {
             verdict.answers[0].starts_with("401 invalid signature"),
             "{verdict:?}"
         );
-        assert!(example.entry(&payment.nonce).is_none());
+        assert!(example.entry(&payment.nonce).await.is_none());
     }
 }
 
@@ -363,7 +363,7 @@ async fn a_failure_then_a_success_for_one_nonce_books_the_success_over_the_failu
     let example = Example::start(|_| {}).await;
     let payment = Payment::default();
     inject(&example, RequestKind::Callback, &payment, Fault::Reorder).await;
-    let entry = example.entry(&payment.nonce).unwrap();
+    let entry = example.entry(&payment.nonce).await.unwrap();
     assert_eq!((entry.status, entry.bookings), (4, 2));
     assert_eq!(entry.balance_effect, payment.amount);
 }
@@ -383,7 +383,7 @@ async fn a_slow_body_gets_408_and_a_dropped_one_books_nothing_until_sent_whole()
     )
     .await;
     assert!(verdict.answers[0].starts_with("408"), "{verdict:?}");
-    assert!(example.entry(&payment.nonce).is_none());
+    assert!(example.entry(&payment.nonce).await.is_none());
 
     let payment = Payment::default();
     let verdict = inject(
@@ -394,7 +394,7 @@ async fn a_slow_body_gets_408_and_a_dropped_one_books_nothing_until_sent_whole()
     )
     .await;
     assert!(verdict.answers[0].starts_with("no answer"), "{verdict:?}");
-    assert_eq!(example.entry(&payment.nonce).unwrap().bookings, 1);
+    assert_eq!(example.entry(&payment.nonce).await.unwrap().bookings, 1);
 }
 
 #[tokio::test]
@@ -414,7 +414,7 @@ async fn a_reused_nonce_with_other_payment_data_is_refused_or_not_booked_again()
     );
     let payment = Payment::default();
     inject(&example, RequestKind::Callback, &payment, Fault::ReuseNonce).await;
-    let entry = example.entry(&payment.nonce).unwrap();
+    let entry = example.entry(&payment.nonce).await.unwrap();
     assert_eq!(
         (entry.amount, entry.bookings),
         (payment.amount, 1),

@@ -34,6 +34,9 @@ use crate::store::{
 /// before the next delivery takes it over (it can only be a processing task that died).
 const STALE_MARGIN: Duration = Duration::from_secs(60);
 
+/// How often a delivery waiting for a busy nonce reads its record again.
+const BUSY_POLL: Duration = Duration::from_millis(100);
+
 /// Deliveries waiting for another delivery of the same nonce to finish.
 #[derive(Default)]
 pub(crate) struct Waiters {
@@ -167,7 +170,11 @@ impl ExactlyOnce {
                 notified.as_mut().enable();
                 match begin().await {
                     Ok(outcome) if is_busy(&outcome) => {
-                        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        // Woken when a delivery of this process finishes; a shared store's
+                        // claim may be another instance's, which no one here announces, so
+                        // the record is also read again every so often.
+                        let poll = Instant::now() + BUSY_POLL;
+                        if Instant::now() >= deadline {
                             tracing::warn!(
                                 "another delivery of this nonce is still in flight; answering 503"
                             );
@@ -175,6 +182,7 @@ impl ExactlyOnce {
                                 retry_after: self.inner.runner.retry_after(),
                             });
                         }
+                        let _ = tokio::time::timeout_at(poll.min(deadline), notified).await;
                         None
                     }
                     other => Some(other),

@@ -43,7 +43,7 @@ use crate::handler::{
 use crate::model::{
     CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
 };
-use crate::store::{EffectTx, SledStore, StoreError, Tree};
+use crate::store::{ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,7 @@ pub const QUARANTINE: &str = "ledger_quarantine";
 /// callback), and reads of what it booked.
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    store: SledStore,
+    store: ConfiguredStore,
     /// [`ENTRIES`]: nonce → [`Entry`].
     pub entries: Tree,
     /// [`BALANCES`]: `client|currency` → amount.
@@ -75,7 +75,7 @@ impl Ledger {
     /// # Errors
     ///
     /// [`StoreError::UnknownTree`] when the store was not opened with them ([`open_store`]).
-    pub fn of(store: &SledStore) -> Result<Self, StoreError> {
+    pub fn of(store: &ConfiguredStore) -> Result<Self, StoreError> {
         Ok(Self {
             entries: store.tree(ENTRIES)?,
             balances: store.tree(BALANCES)?,
@@ -89,8 +89,8 @@ impl Ledger {
     /// # Errors
     ///
     /// When the store fails or the entry is not an [`Entry`].
-    pub fn entry(&self, nonce: &str) -> Result<Option<Entry>, StoreError> {
-        self.read(&self.entries, nonce.as_bytes())
+    pub async fn entry(&self, nonce: &str) -> Result<Option<Entry>, StoreError> {
+        self.read(&self.entries, nonce.as_bytes()).await
     }
 
     /// The balance of `client_id` in `currency` (zero when nothing was booked).
@@ -98,9 +98,9 @@ impl Ledger {
     /// # Errors
     ///
     /// When the store fails or the balance is not an amount.
-    pub fn balance(&self, client_id: &str, currency: &str) -> Result<Decimal, StoreError> {
+    pub async fn balance(&self, client_id: &str, currency: &str) -> Result<Decimal, StoreError> {
         let key = balance_key(client_id, currency);
-        Ok(self.read(&self.balances, &key)?.unwrap_or_default())
+        Ok(self.read(&self.balances, &key).await?.unwrap_or_default())
     }
 
     /// The result quarantined for `nonce`, if any.
@@ -108,25 +108,82 @@ impl Ledger {
     /// # Errors
     ///
     /// When the store fails or the record is not a [`Quarantined`].
-    pub fn quarantined(&self, nonce: &str) -> Result<Option<Quarantined>, StoreError> {
-        self.read(&self.quarantine, nonce.as_bytes())
+    pub async fn quarantined(&self, nonce: &str) -> Result<Option<Quarantined>, StoreError> {
+        self.read(&self.quarantine, nonce.as_bytes()).await
     }
 
-    fn read<T: for<'de> Deserialize<'de>>(
+    /// Every booked entry, by nonce, and every balance, by `client|currency`.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails or a record is not what the ledger wrote.
+    pub async fn books(&self) -> Result<Books, StoreError> {
+        let mut books = Books::default();
+        for (key, value) in self.store.entries(&self.entries).await? {
+            books.entries.push((
+                String::from_utf8_lossy(&key).into_owned(),
+                decode(&self.entries, &key, &value)?,
+            ));
+        }
+        for (key, value) in self.store.entries(&self.balances).await? {
+            books.balances.push((
+                String::from_utf8_lossy(&key).into_owned(),
+                decode(&self.balances, &key, &value)?,
+            ));
+        }
+        Ok(books)
+    }
+
+    async fn read<T: for<'de> Deserialize<'de>>(
         &self,
         tree: &Tree,
         key: &[u8],
     ) -> Result<Option<T>, StoreError> {
-        let Some(bytes) = self.store.get(tree, key)? else {
+        let Some(bytes) = self.store.get(tree, key).await? else {
             return Ok(None);
         };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|error| StoreError::Corrupt {
-                key: format!("{}/{}", tree.name(), String::from_utf8_lossy(key)),
-                reason: error.to_string(),
-            })
+        decode(tree, key, &bytes).map(Some)
     }
+}
+
+/// Everything the ledger holds: entries by nonce and balances by `client|currency`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Books {
+    /// `(nonce, entry)`, in key order.
+    pub entries: Vec<(String, Entry)>,
+    /// `(client|currency, balance)`, in key order.
+    pub balances: Vec<(String, Decimal)>,
+}
+
+impl Books {
+    /// Whether every balance is the sum of its entries' effects (and no entry is without
+    /// its balance): what a ledger that booked each result once holds.
+    pub fn balanced(&self) -> bool {
+        let mut sums: std::collections::BTreeMap<String, Decimal> = Default::default();
+        for (_, entry) in &self.entries {
+            *sums
+                .entry(format!("{}|{}", entry.client_id, entry.currency))
+                .or_default() += entry.balance_effect;
+        }
+        let balances: std::collections::BTreeMap<String, Decimal> =
+            self.balances.iter().cloned().collect();
+        sums.iter()
+            .all(|(key, sum)| balances.get(key).copied().unwrap_or_default() == *sum)
+            && balances
+                .iter()
+                .all(|(key, balance)| sums.get(key).copied().unwrap_or_default() == *balance)
+    }
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(
+    tree: &Tree,
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|error| StoreError::Corrupt {
+        key: format!("{}/{}", tree.name(), String::from_utf8_lossy(key)),
+        reason: error.to_string(),
+    })
 }
 
 /// A result the ledger could not hold, kept instead of booked.
@@ -377,13 +434,15 @@ impl CallbackReceiver for Bookkeeper {
     }
 }
 
-/// Opens the store with the ledger's trees.
+/// Opens the configured store (sled, or PostgreSQL when `store.url` is set) with the
+/// ledger's trees.
 ///
 /// # Errors
 ///
-/// When the data directory cannot be opened (e.g. another process holds it).
-pub fn open_store(config: &Config) -> Result<SledStore, crate::store::StoreError> {
-    SledStore::open(&config.store, &[ENTRIES, BALANCES, QUARANTINE])
+/// When the data directory cannot be opened (e.g. another process holds it) or the
+/// database cannot be reached.
+pub async fn open_store(config: &Config) -> Result<ConfiguredStore, crate::store::StoreError> {
+    ConfiguredStore::open(&config.store, &[ENTRIES, BALANCES, QUARANTINE]).await
 }
 
 /// The merchant's app: its rules behind payhook's three endpoints, its ledger in `store`.
@@ -395,11 +454,11 @@ pub fn open_store(config: &Config) -> Result<SledStore, crate::store::StoreError
 pub fn app(
     config: Config,
     merchant: Merchant,
-    store: SledStore,
+    store: ConfiguredStore,
 ) -> Result<App, crate::server::BuildError> {
     let bookkeeper = Bookkeeper::new(Ledger::of(&store)?);
     App::builder(config)
-        .store(store)
+        .shared_store(store.shared())
         .providers_validator(merchant.clone())
         .transaction_validator(merchant)
         .callback_receiver(bookkeeper)

@@ -385,7 +385,11 @@ pub type Reconciler = Arc<
 >;
 
 /// Tells what the merchant booked for a nonce (for the story), when the runner can see it.
-pub type Observer = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+pub type Observer = Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// The merchant under test and the simulated aggregator around it.
 pub struct Target {
@@ -701,7 +705,7 @@ async fn run_step(
                 }
             }
             if let Some(observer) = &target.observer
-                && let Some(booked) = observer(&current.nonce)
+                && let Some(booked) = observer(current.nonce.clone()).await
             {
                 story.push(format!("merchant's ledger: {booked}"));
             }
@@ -753,7 +757,7 @@ async fn run_step(
                 Err(error) => problems.push(format!("reconcile failed: {error}")),
             }
             if let Some(observer) = &target.observer
-                && let Some(booked) = observer(&current.nonce)
+                && let Some(booked) = observer(current.nonce.clone()).await
             {
                 story.push(format!("merchant's ledger: {booked}"));
             }

@@ -140,6 +140,21 @@ impl SledStore {
         Watermark::check(&config.path, &tree)
     }
 
+    /// Every `(key, value)` of payhook's tree in the stopped store at `config.path`, for a
+    /// copy into another backend; refused when the store lost acknowledged commits (see
+    /// [`SledStore::check`]): a copy must not carry a loss on unnoticed.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn export(
+        config: &StoreConfig,
+    ) -> Result<impl Iterator<Item = Result<KeyValue, StoreError>>, StoreError> {
+        Self::check(config)?;
+        let (_db, tree) = open_sled(config, false)?;
+        Ok(tree.iter().map(|entry| {
+            let (key, value) = entry?;
+            Ok((key.to_vec(), value.to_vec()))
+        }))
+    }
+
     /// The operator's decision to serve on what the store at `config.path` holds, after it
     /// lost acknowledged writes (`payhook store accept-loss`): the watermark moves down to
     /// the last commit sled holds, the decision is logged at error level and appended to

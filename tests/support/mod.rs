@@ -599,6 +599,11 @@ pub fn owned_env(env: &[(&str, String)]) -> Vec<(String, String)> {
 /// Says that a test was skipped, and why, where a person running the tests sees it: libtest
 /// hides what a passing test prints through `eprintln!`, but not a direct write to stderr.
 pub fn announce_skip(test: &str, why: &str) {
+    announce(&format!("SKIPPED {test}: {why}"));
+}
+
+/// A line for the person running the tests (a test's figures), shown even when it passes.
+pub fn announce(line: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

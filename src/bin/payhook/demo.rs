@@ -38,7 +38,7 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
     // The store is opened first: its lock (an OS advisory lock, held until the demo ends)
     // makes this demo the directory's only user before anything in it is written. A second
     // demo on the same directory stops here instead of replacing this one's key.
-    let store = merchant::open_store(&config).map_err(|error| {
+    let store = merchant::open_store(&config).await.map_err(|error| {
         if error.to_string().contains("in use") {
             Failure(
                 format!(
@@ -120,7 +120,10 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
         gateway: mock.gateway_config(),
         await_timeout: Duration::from_secs(10),
         reconciler: Some(reconciler),
-        observer: Some(Arc::new(move |nonce: &str| booked(&ledger, nonce))),
+        observer: Some(Arc::new(move |nonce: String| {
+            let ledger = ledger.clone();
+            Box::pin(async move { booked(&ledger, &nonce).await })
+        })),
     };
 
     let mut failed = Vec::new();
@@ -151,10 +154,11 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
 }
 
 /// The ledger entry of `nonce`, told in a line.
-fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<String> {
-    let entry = ledger.entry(nonce).ok()??;
+async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<String> {
+    let entry = ledger.entry(nonce).await.ok()??;
     let balance = ledger
         .balance(&entry.client_id, &entry.currency)
+        .await
         .unwrap_or_default();
     Some(format!(
         "{} booked {} {} (status {}, {} booking(s)); balance of {} now {balance} {}",

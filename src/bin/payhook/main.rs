@@ -192,8 +192,11 @@ enum Command {
         #[arg(long = "ref", required = true, value_name = "REFERENCE_ID")]
         reference_ids: Vec<uuid::Uuid>,
     },
-    /// The store's integrity: check it, or accept a loss an operator has dealt with.
-    #[command(after_help = "Example:\n  payhook store check --data payhook-data")]
+    /// The store: check a sled store's integrity or accept a loss an operator has dealt
+    /// with; migrate a PostgreSQL schema; copy a sled store into PostgreSQL.
+    #[command(
+        after_help = "Examples:\n  payhook store check --data payhook-data\n  PAYHOOK_STORE_URL=postgres://payhook@db/payments payhook store migrate\n  PAYHOOK_STORE_URL=postgres://payhook@db/payments payhook store copy-from-sled --data payhook-data"
+    )]
     Store {
         #[command(flatten)]
         config: ConfigArgs,
@@ -296,6 +299,17 @@ enum StoreCommand {
     /// store's directory.
     AcceptLoss {
         /// The store's directory (default: store.path of the configuration).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Create or migrate payhook's tables in the PostgreSQL database of store.url, in
+    /// store.schema (a service also does it when it starts).
+    Migrate,
+    /// Copy a stopped sled store (its records within retention, failing callbacks,
+    /// postponed validations and outbox, and the merchant's trees) into the PostgreSQL
+    /// database of store.url. Idempotent: run it again after an interruption.
+    CopyFromSled {
+        /// The sled store's directory (default: store.path of the configuration).
         #[arg(long)]
         data: Option<PathBuf>,
     },
@@ -453,16 +467,21 @@ fn admin(command: AdminCommand, service: &ServiceArgs) -> Result<(), Failure> {
         runtime.block_on(command.run_remote(&config, &client, &mut std::io::stdout()))?;
         return Ok(());
     }
-    let store: Option<Arc<dyn Store>> = match command {
-        AdminCommand::Validations(_)
-        | AdminCommand::Callbacks(_)
-        | AdminCommand::Reconcile { .. } => Some(Arc::new(open_store(&config)?)),
-        _ => None,
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(command.run(&config, store, None, &mut std::io::stdout()))?;
+    runtime.block_on(async {
+        let store: Option<Arc<dyn Store>> = match command {
+            AdminCommand::Validations(_)
+            | AdminCommand::Callbacks(_)
+            | AdminCommand::Reconcile { .. } => Some(open_store(&config).await?),
+            _ => None,
+        };
+        command
+            .run(&config, store, None, &mut std::io::stdout())
+            .await
+            .map_err(Failure::from)
+    })?;
     Ok(())
 }
 
@@ -531,8 +550,9 @@ fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
     Ok(Config::load(file.as_deref(), std::env::vars())?)
 }
 
-fn open_store(config: &Config) -> Result<SledStore, Failure> {
-    SledStore::open(&config.store, &[]).map_err(|error| {
+async fn open_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
+    let store = payhook::store::ConfiguredStore::open(&config.store, &[]).await;
+    store.map(|store| store.shared()).map_err(|error| {
         let path = config.store.path.display();
         if error.to_string().contains("in use") {
             Failure(
@@ -552,9 +572,11 @@ fn open_store(config: &Config) -> Result<SledStore, Failure> {
 }
 
 fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failure> {
-    let (StoreCommand::Check { data } | StoreCommand::AcceptLoss { data }) = &command;
     let mut store = load_config(file)?.store;
-    if let Some(data) = data {
+    if let StoreCommand::Check { data: Some(data) }
+    | StoreCommand::AcceptLoss { data: Some(data) }
+    | StoreCommand::CopyFromSled { data: Some(data) } = &command
+    {
         store.path.clone_from(data);
     }
     let failure = |error: payhook::store::StoreError| match error {
@@ -576,6 +598,43 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
                 store.path.join("payhook.audit.log").display()
             ),
         },
+        StoreCommand::Migrate => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let applied = runtime
+                .block_on(payhook::store::PgStore::migrate(&store))
+                .map_err(failure)?;
+            println!(
+                "schema {} is at version {}{}",
+                store.schema,
+                payhook::store::PgStore::schema_version(),
+                if applied.is_empty() {
+                    " (nothing to do)".to_owned()
+                } else {
+                    format!(" (applied {applied:?})")
+                }
+            );
+        }
+        StoreCommand::CopyFromSled { .. } => {
+            if !store.is_postgres() {
+                return Err(Failure(
+                    "copy-from-sled needs the PostgreSQL database: set store.url (PAYHOOK_STORE_URL)"
+                        .into(),
+                    2,
+                ));
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let imported = runtime
+                .block_on(async {
+                    let target = payhook::store::PgStore::open(&store, &[]).await?;
+                    target.import_sled(&store).await
+                })
+                .map_err(failure)?;
+            println!("{imported}");
+        }
     }
     Ok(())
 }

@@ -193,20 +193,26 @@ impl PgStore {
         let claim = new_claim()?;
         // Claimed unless the status is acknowledged or a live claim stands (by the
         // database's clock).
-        let claimed = sqlx::query(&self.sql(
-            "INSERT INTO {s}.callbacks AS c (nonce_key, attempts, claim_id, claimed_at, expires_at) \
-             VALUES ($1, 1, $2, now(), now() + make_interval(secs => $4)) \
-             ON CONFLICT (nonce_key) DO UPDATE \
-               SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, claimed_at = now() \
-               WHERE NOT (c.done @> ARRAY[$3]::int4[]) \
-                 AND (c.claim_id IS NULL OR c.claimed_at <= now() - make_interval(secs => $5)) \
-             RETURNING c.attempts, c.done",
-        ))
+        let claimed = sqlx::query(&self.sql(&format!(
+            "INSERT INTO {{s}}.callbacks AS c (nonce_key, attempts, claim_id, claim_owner, \
+                   claimed_at, expires_at) \
+                 VALUES ($1, 1, $2, $6, now(), now() + make_interval(secs => $4)) \
+                 ON CONFLICT (nonce_key) DO UPDATE \
+                   SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, \
+                     claim_owner = EXCLUDED.claim_owner, claimed_at = now() \
+                   WHERE NOT (c.done @> ARRAY[$3]::int4[]) \
+                     AND (c.claim_id IS NULL \
+                       OR c.claimed_at <= now() - make_interval(secs => $5) \
+                       OR NOT {alive}) \
+                 RETURNING c.attempts, c.done",
+            alive = super::owner_alive("c.claim_owner")
+        )))
         .bind(&key)
         .bind(claim_id(claim))
         .bind(status.code())
         .bind(self.retention_secs())
         .bind(stale_after.as_secs_f64())
+        .bind(self.inner.owner)
         .fetch_optional(self.pool())
         .await?;
         if let Some(row) = claimed {
@@ -300,19 +306,25 @@ impl PgStore {
     ) -> Result<ValidationBegin, StoreError> {
         let key = nonce_key(nonce);
         let claim = new_claim()?;
-        let claimed = sqlx::query(&self.sql(
-            "INSERT INTO {s}.validations AS v (nonce_key, claim_id, claimed_at, expires_at) \
-             VALUES ($1, $2, now(), now() + make_interval(secs => $3)) \
-             ON CONFLICT (nonce_key) DO UPDATE \
-               SET claim_id = EXCLUDED.claim_id, claimed_at = now() \
-               WHERE v.decision IS NULL \
-                 AND (v.claim_id IS NULL OR v.claimed_at <= now() - make_interval(secs => $4)) \
-             RETURNING 1",
-        ))
+        let claimed = sqlx::query(&self.sql(&format!(
+            "INSERT INTO {{s}}.validations AS v (nonce_key, claim_id, claim_owner, claimed_at, \
+                   expires_at) \
+                 VALUES ($1, $2, $5, now(), now() + make_interval(secs => $3)) \
+                 ON CONFLICT (nonce_key) DO UPDATE \
+                   SET claim_id = EXCLUDED.claim_id, claim_owner = EXCLUDED.claim_owner, \
+                     claimed_at = now() \
+                   WHERE v.decision IS NULL \
+                     AND (v.claim_id IS NULL \
+                       OR v.claimed_at <= now() - make_interval(secs => $4) \
+                       OR NOT {alive}) \
+                 RETURNING 1",
+            alive = super::owner_alive("v.claim_owner")
+        )))
         .bind(&key)
         .bind(claim_id(claim))
         .bind(self.retention_secs())
         .bind(stale_after.as_secs_f64())
+        .bind(self.inner.owner)
         .fetch_optional(self.pool())
         .await?;
         if claimed.is_some() {
@@ -365,7 +377,7 @@ impl PgStore {
             return Err(StoreError::ClaimLost(nonce.to_owned()));
         }
         if let Some(record) = postponed {
-            self.insert_postponed(&mut tx, record).await?;
+            let _ = self.insert_postponed(&mut tx, record).await?;
         }
         tx.commit().await?;
         Ok(())

@@ -9,7 +9,14 @@
 //!   keep a dead one. A claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` that
 //!   succeeds only when the status is not acknowledged and no live claim stands; two
 //!   deliveries of one nonce at two instances therefore run one handler, and the other
-//!   waits for it (polling the row) or answers 503 with `Retry-After`.
+//!   waits for it (polling the row) or answers 503 with `Retry-After`. A claim also names
+//!   the instance that holds it, and every instance holds a session advisory lock of its
+//!   own for as long as it lives (on a connection of its own, taken again if that
+//!   connection drops): a claim whose instance no longer holds its lock — the process was
+//!   killed, its connections are gone — is taken over at once instead of after its lease.
+//!   Should a live instance lose its lock for a moment, a takeover can at worst run a
+//!   second handler; only one of them commits (the mark needs the claim), so nothing is
+//!   booked twice.
 //! * **The merchant's rows commit with the mark.** A callback's mark, the removal of its
 //!   failure record and every effect the handler staged run in one transaction; 200 is
 //!   sent only after COMMIT. Effects on the merchant's declared trees
@@ -39,6 +46,8 @@
 //! The schema is created and migrated at open ([`schema`]); see the README for its tables.
 
 mod dedup;
+mod import;
+mod liveness;
 mod postponed;
 mod schema;
 mod trees;
@@ -50,6 +59,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+pub use import::Imported;
 
 use super::effects::{Tree, check_declared};
 use super::{KeyValue, StoreConfig, StoreError, StoreFuture, keys};
@@ -95,18 +106,22 @@ struct Inner {
     retention: Duration,
     /// This instance's name in outbox leases.
     instance: String,
+    /// This instance's number in claims, and the second key of its liveness lock.
+    owner: i32,
+    liveness: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     sweeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(sweeper) = self
-            .sweeper
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
-            sweeper.abort();
+        for task in [&mut self.sweeper, &mut self.liveness] {
+            if let Some(task) = task
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+            {
+                task.abort();
+            }
         }
     }
 }
@@ -173,13 +188,18 @@ impl PgStore {
         let mut id = [0u8; 8];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
             .map_err(|_| StoreError::backend_message("no randomness for the instance's name"))?;
+        let id = u64::from_le_bytes(id);
+        let owner = i32::try_from(id & 0x7fff_ffff).unwrap_or(1);
+        let liveness = liveness::hold(&pool, owner).await?;
         let store = Self {
             inner: Arc::new(Inner {
                 pool,
                 schema,
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
                 retention: config.retention,
-                instance: format!("{:016x}", u64::from_le_bytes(id)),
+                instance: format!("{id:016x}"),
+                owner,
+                liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),
             }),
         };
@@ -354,6 +374,17 @@ impl PgStore {
         }
         Ok(purged)
     }
+}
+
+/// SQL that is true while the instance named by the claim owner column `column` lives
+/// (holds its liveness lock).
+fn owner_alive(column: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+           AND classid = {key}::oid AND objid = {column}::oid AND objsubid = 2 \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+        key = liveness::LOCK_KEY
+    )
 }
 
 /// A nonce as its rows are keyed: itself, or `sha256:` and its digest when long (see

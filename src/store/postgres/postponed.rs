@@ -223,12 +223,13 @@ impl PgStore {
         Ok(())
     }
 
-    /// Stores a new postponed validation, unless its id is known (the first one stays).
+    /// Stores a new postponed validation, unless its id is known (the first one stays);
+    /// `true` when written.
     pub(super) async fn insert_postponed(
         &self,
         conn: &mut PgConnection,
         record: &PostponedValidation,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let index = indexed(record);
         let inserted = sqlx::query(&self.sql(
             "INSERT INTO {s}.postponed (validation_id, nonce, record, final, deadline_at, \
@@ -253,6 +254,6 @@ impl PgStore {
                 "a validation id arrived again; the first record is kept"
             );
         }
-        Ok(())
+        Ok(inserted > 0)
     }
 }

@@ -1,12 +1,14 @@
 -- payhook's tables, in the schema named by store.schema ({schema} below).
 
 -- One row per callback nonce: the statuses acknowledged, oldest first, and the claim of the
--- delivery processing it now (a lease on the database's clock).
+-- delivery processing it now (a lease on the database's clock, and the instance that holds
+-- it: a claim whose instance is gone is taken over at once).
 CREATE TABLE {schema}.callbacks (
     nonce_key   text PRIMARY KEY,
     done        integer[] NOT NULL DEFAULT '{}',
     attempts    integer NOT NULL DEFAULT 0,
     claim_id    bigint,
+    claim_owner integer,
     claimed_at  timestamptz,
     expires_at  timestamptz NOT NULL
 );
@@ -18,6 +20,7 @@ CREATE TABLE {schema}.validations (
     fingerprint jsonb,
     decision    jsonb,
     claim_id    bigint,
+    claim_owner integer,
     claimed_at  timestamptz,
     expires_at  timestamptz NOT NULL
 );

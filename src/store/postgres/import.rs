@@ -1,0 +1,208 @@
+//! Moving a running merchant from sled to PostgreSQL without losing history: the
+//! deduplication records still within retention, the callbacks failing, the postponed
+//! validations with their outbox, and the merchant's trees, copied from a stopped sled
+//! store (`payhook store copy-from-sled`).
+//!
+//! The copy is idempotent and resumable: every row is inserted unless the database already
+//! holds it (a callback's acknowledged statuses are replaced only when the database holds
+//! fewer of them), so a copy that stopped half-way is run again from the start. A retry of
+//! a callback acknowledged before the move is answered as a duplicate after it.
+
+use chrono::Utc;
+
+use super::super::failing::FailureRecord;
+use super::super::keys;
+use super::super::record::{CallbackRecord, ValidationRecord, decode};
+use super::super::{SledStore, StoreConfig, StoreError, time_from_ms};
+use super::PgStore;
+use crate::postponed::record::PostponedValidation;
+
+/// What a copy wrote (rows already in the database are not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Callback records (nonce → acknowledged statuses).
+    pub callbacks: u64,
+    /// Validation records (nonce → payment and decision).
+    pub validations: u64,
+    /// Failing callbacks, per (nonce, status).
+    pub failures: u64,
+    /// Postponed validations, their results and outbox state included.
+    pub postponed: u64,
+    /// Keys of the merchant's trees.
+    pub tree_keys: u64,
+    /// Records past their retention, left behind.
+    pub expired: u64,
+}
+
+impl std::fmt::Display for Imported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "copied {} callback record(s), {} validation record(s), {} failing callback(s), \
+             {} postponed validation(s), {} tree key(s); {} expired record(s) left behind",
+            self.callbacks,
+            self.validations,
+            self.failures,
+            self.postponed,
+            self.tree_keys,
+            self.expired
+        )
+    }
+}
+
+/// Rows written per transaction.
+const BATCH: usize = 500;
+
+impl PgStore {
+    /// Copies the stopped sled store at `sled` into this database (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Integrity`] when the sled store lost acknowledged commits;
+    /// [`StoreError::Backend`] when it cannot be read (it is in use: stop the service) or
+    /// the database fails. What was copied before an error stays; run the copy again.
+    pub async fn import_sled(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
+        let mut imported = Imported::default();
+        let now_ms = u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0);
+        let mut tx = self.pool().begin().await?;
+        let mut in_batch = 0;
+        for entry in SledStore::export(sled)? {
+            let (key, value) = entry?;
+            let written = self
+                .import_one(&mut tx, &key, &value, now_ms, &mut imported)
+                .await?;
+            in_batch += usize::from(written);
+            if in_batch >= BATCH {
+                tx.commit().await?;
+                tx = self.pool().begin().await?;
+                in_batch = 0;
+            }
+        }
+        tx.commit().await?;
+        tracing::info!(%imported, "sled store copied into PostgreSQL");
+        Ok(imported)
+    }
+
+    /// Copies one sled entry; `true` when it was a record (written or already there).
+    async fn import_one(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &[u8],
+        value: &[u8],
+        now_ms: u64,
+        imported: &mut Imported,
+    ) -> Result<bool, StoreError> {
+        let nonce_key = |rest: &[u8]| match rest.first() {
+            // A digested identifier, as PostgreSQL keys it too.
+            Some(0xFF) => keys::describe(rest),
+            // A nonce spelled out (by an older store even when long).
+            _ => super::nonce_key(&String::from_utf8_lossy(rest)),
+        };
+        let count = |done: u64| done > 0;
+        if let Some(rest) = key.strip_prefix(keys::CALLBACK_PREFIX) {
+            let named = nonce_key(rest);
+            let record: CallbackRecord = decode(&named, value)?;
+            if record.expires_ms <= now_ms {
+                imported.expired += 1;
+                return Ok(false);
+            }
+            let done = sqlx::query(&self.sql(
+                "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (nonce_key) DO UPDATE \
+                   SET done = EXCLUDED.done, expires_at = greatest(c.expires_at, EXCLUDED.expires_at) \
+                   WHERE NOT (c.done @> EXCLUDED.done)",
+            ))
+            .bind(&named)
+            .bind(&record.done)
+            .bind(i32::try_from(record.attempts).unwrap_or(i32::MAX))
+            .bind(time_from_ms(record.expires_ms))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            imported.callbacks += done;
+            return Ok(count(done));
+        }
+        if let Some(rest) = key.strip_prefix(keys::VALIDATION_PREFIX) {
+            let named = nonce_key(rest);
+            let record: ValidationRecord = decode(&named, value)?;
+            if record.expires_ms <= now_ms {
+                imported.expired += 1;
+                return Ok(false);
+            }
+            let done = sqlx::query(&self.sql(
+                "INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
+                 VALUES ($1, $2::jsonb, $3::jsonb, $4) ON CONFLICT (nonce_key) DO NOTHING",
+            ))
+            .bind(&named)
+            .bind(super::encode_json(&record.fingerprint))
+            .bind(super::encode_json(&record.decision))
+            .bind(time_from_ms(record.expires_ms))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            imported.validations += done;
+            return Ok(count(done));
+        }
+        if let Some(rest) = key.strip_prefix(keys::FAILING_PREFIX) {
+            let named = nonce_key(rest);
+            let record: FailureRecord = decode(&named, value)?;
+            if record.expires_ms <= now_ms {
+                imported.expired += 1;
+                return Ok(false);
+            }
+            for failing in record.failing {
+                let done = sqlx::query(&self.sql(
+                    "INSERT INTO {s}.callback_failures (nonce_key, status, nonce, failures, \
+                       first_failed, last_failed, last_reason, reference_id, client_id, amount, \
+                       currency, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                     ON CONFLICT (nonce_key, status) DO NOTHING",
+                ))
+                .bind(&named)
+                .bind(failing.status)
+                .bind(&failing.nonce)
+                .bind(i32::try_from(failing.failures).unwrap_or(i32::MAX))
+                .bind(failing.first_failed)
+                .bind(failing.last_failed)
+                .bind(&failing.last_reason)
+                .bind(&failing.transaction_reference_id)
+                .bind(&failing.client_id)
+                .bind(&failing.amount)
+                .bind(&failing.currency)
+                .bind(time_from_ms(record.expires_ms))
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+                imported.failures += done;
+            }
+            return Ok(true);
+        }
+        if key.starts_with(keys::POSTPONED_PREFIX) {
+            let id = keys::id_of(key).unwrap_or_default();
+            let record: PostponedValidation = decode(&id.to_string(), value)?;
+            let done = self.insert_postponed(conn, &record).await?;
+            imported.postponed += u64::from(done);
+            return Ok(done);
+        }
+        if let Some(rest) = key.strip_prefix(b"t".as_slice())
+            && let Some(end) = rest.iter().position(|b| *b == 0)
+        {
+            let (tree, tree_key) = (String::from_utf8_lossy(&rest[..end]), &rest[end + 1..]);
+            let done = sqlx::query(&self.sql(
+                "INSERT INTO {s}.trees (tree, key, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (tree, key) DO NOTHING",
+            ))
+            .bind(tree.as_ref())
+            .bind(tree_key)
+            .bind(value)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            imported.tree_keys += done;
+            return Ok(count(done));
+        }
+        // The expiry index, the postponed indexes and the seal: PostgreSQL keeps their
+        // content in columns of the rows above.
+        Ok(false)
+    }
+}
