@@ -61,6 +61,10 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_SIGNATURE_PREFIX" => "sig=".into(),
         "PAYHOOK_SIGNATURE_KEYS" => format!("[{{id = \"k1\", file = \"{}\"}}]", key.display()),
         "PAYHOOK_STORE_PATH" => dir.join("data").display().to_string(),
+        // Nothing here connects: the commands below do not open the store.
+        "PAYHOOK_STORE_URL" => "postgres://payhook@127.0.0.1:1/payments".into(),
+        "PAYHOOK_STORE_SCHEMA" => "payhook_test".into(),
+        "PAYHOOK_STORE_POOL_SIZE" => "4".into(),
         "PAYHOOK_VALIDATION_AWAITABLE" => "false".into(),
         "PAYHOOK_VALIDATION_DEADLINE_OUTCOME" => "allow".into(),
         "PAYHOOK_VALIDATION_DEADLINE" => "30m".into(),

@@ -25,6 +25,7 @@ fn every_setting_set() -> Config {
     config.gateway.client_cert_file = Some("client.pem".into());
     config.gateway.client_key_file = Some("client-key.pem".into());
     config.validation.deadline = Some(Duration::from_secs(60));
+    config.store.url = Some("postgres://db.example/payments".into());
     config.admin.token = Some("a-token-of-sixteen-chars".into());
     config.signature.keys = vec![KeySource {
         value: Some("key".into()),
@@ -170,7 +171,12 @@ fn every_key_the_configuration_writes_it_reads_back_and_no_other() {
     let text = every_setting_set()
         .to_toml_redacted()
         .unwrap()
-        .replace("\"<redacted>\"", "\"a-secret-of-sixteen-chars\"");
+        .replace("\"<redacted>\"", "\"a-secret-of-sixteen-chars\"")
+        // The store's address is a secret that must also be a PostgreSQL address.
+        .replace(
+            "\nurl = \"a-secret-of-sixteen-chars\"",
+            "\nurl = \"postgres://db.example/payments\"",
+        );
     let read = Config::from_toml(&text).unwrap();
     assert_eq!(read.server, every_setting_set().server);
     assert_eq!(read.validation, every_setting_set().validation);

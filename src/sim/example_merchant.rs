@@ -29,7 +29,7 @@
 //! use rust_decimal::Decimal;
 //!
 //! # async fn run(config: payhook::Config) -> Result<(), Box<dyn std::error::Error>> {
-//! let store = open_store(&config)?;
+//! let store = open_store(&config).await?;
 //! let merchant = Merchant { max_amount: Decimal::from(10_000), review_above: None };
 //! let listener = payhook::bind(config.server.listen).await?;
 //! payhook::serve(listener, app(config, merchant, store)?, payhook::shutdown_signal()).await?;
