@@ -674,3 +674,84 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     drop(other);
     db.drop_schema().await;
 }
+
+/// SQL effects are PostgreSQL's: a statement the database refuses is the effect's failure
+/// (nothing written, not acknowledged), and on sled such an effect is refused as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
+    let sled = Backend::sled().await;
+    let effects = Effects::default();
+    effects.postgres(|_| Box::pin(async { Ok(()) }));
+    let (claim, ..) = sled.claim("n-1", TransactionStatus::Success).await;
+    let refused = sled
+        .shared
+        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Unsupported(_))),
+        "{refused:?}"
+    );
+    sled.finish().await;
+
+    let Some(b) = Backend::postgres("sql_effects").await else {
+        return;
+    };
+    let table = format!("{}.merchant_rows", b.db.as_ref().unwrap().schema);
+    let mut conn = b.db.as_ref().unwrap().connect().await;
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (nonce text PRIMARY KEY)"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let insert = |nonce: &'static str, table: String| {
+        let effects = Effects::default();
+        effects.postgres(move |conn| {
+            let table = table.clone();
+            Box::pin(async move {
+                sqlx::query(&format!("INSERT INTO {table} (nonce) VALUES ($1)"))
+                    .bind(nonce)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        });
+        effects
+    };
+    let (claim, ..) = b.claim("n-1", TransactionStatus::Success).await;
+    b.shared
+        .finish_callback(
+            "n-1",
+            claim,
+            TransactionStatus::Success,
+            insert("n-1", table.clone()),
+        )
+        .await
+        .unwrap();
+    // The same row again violates the key: the effect's failure, and nothing is marked.
+    let (claim, ..) = b.claim("n-2", TransactionStatus::Success).await;
+    let refused = b
+        .shared
+        .finish_callback(
+            "n-2",
+            claim,
+            TransactionStatus::Success,
+            insert("n-1", table.clone()),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Aborted { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        !b.shared
+            .callback_acknowledged("n-2", TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    drop(conn);
+    b.finish().await;
+}

@@ -53,9 +53,21 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
         let what = format!("{what} (schema {schema})");
         move |e: sqlx::Error| StoreError::backend(what, e)
     };
+    // A schema a DBA created beforehand needs no right to create one in the database.
+    let exists = sqlx::query("SELECT 1 FROM pg_namespace WHERE nspname = $1")
+        .bind(schema)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(failed("cannot look the schema up"))?
+        .is_some();
+    if !exists {
+        sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .execute(&mut *conn)
+            .await
+            .map_err(failed("cannot create the schema"))?;
+    }
     sqlx::raw_sql(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
+        "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
              version integer PRIMARY KEY,
              description text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now()
@@ -63,7 +75,7 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
     ))
     .execute(&mut *conn)
     .await
-    .map_err(failed("cannot create the schema"))?;
+    .map_err(failed("cannot create the migrations' table"))?;
     let known: Vec<i32> = sqlx::query(&format!(
         "SELECT version FROM {schema}.schema_migrations ORDER BY version"
     ))

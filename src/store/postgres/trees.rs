@@ -122,7 +122,7 @@ pub(super) async fn apply(
         match &staged[index] {
             Staged::Sql(effect) => {
                 if let Err(error) = effect(&mut tx).await {
-                    return (Some(tx), Err(error));
+                    return (Some(tx), Err(merchant_fault(error)));
                 }
                 index += 1;
             }
@@ -164,4 +164,38 @@ pub(super) async fn apply(
         }
     }
     (Some(tx), Ok(()))
+}
+
+/// An error of the merchant's SQL that the database refused as such (a constraint, a type,
+/// a missing table) is the effect's failure, not the store's: the callback is answered 503
+/// as failing and recorded for operators, like an effect that aborts. A lost connection, a
+/// database shutting down or out of resources stays a store failure, and a deadlock stays
+/// retryable.
+fn merchant_fault(error: StoreError) -> StoreError {
+    let StoreError::Backend {
+        source: Some(source),
+        ..
+    } = &error
+    else {
+        return error;
+    };
+    let source: &(dyn std::error::Error + 'static) = source.as_ref();
+    let Some(database) = source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+    else {
+        return error;
+    };
+    let code = database.code().unwrap_or_default();
+    let store_side = ["08", "40", "53", "57", "58", "XX"]
+        .iter()
+        .any(|class| code.starts_with(class));
+    if store_side {
+        error
+    } else {
+        StoreError::abort(format!(
+            "the effect's SQL failed (SQLSTATE {code}): {}",
+            database.message()
+        ))
+    }
 }
