@@ -357,3 +357,115 @@ async fn three_instances_book_every_result_once_through_kills() {
     drop(conn);
     db.drop_schema().await;
 }
+
+/// Stops `child` gracefully (SIGTERM: it finishes what it is doing) and waits for it.
+fn terminate(child: &mut Spawned) {
+    let pid = child.0.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no graceful stop within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_steady_traffic_answers_and_loses_nothing() {
+    const RESULTS: usize = 1_200;
+    let Some(db) = support::postgres::database("rolling_restart").await else {
+        return;
+    };
+    let started: Vec<(Spawned, SocketAddr)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..INSTANCES)
+            .map(|_| scope.spawn(|| start_instance(&db, "127.0.0.1:0")))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (mut children, addresses): (Vec<Spawned>, Vec<SocketAddr>) = started.into_iter().unzip();
+    let addresses = Arc::new(RwLock::new(addresses));
+    let signer = fixture_signer("ed25519", Algorithm::Ed25519);
+    let results: Arc<Vec<Result_>> = Arc::new(
+        (0..RESULTS)
+            .map(|i| callback(&signer, i, 4, Decimal::new(i64::try_from(i).unwrap() + 100, 2)))
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(Answers::default());
+    let senders: Vec<_> = (0..20u64)
+        .map(|sender| {
+            let (results, next, addresses, answers) = (
+                Arc::clone(&results),
+                Arc::clone(&next),
+                Arc::clone(&addresses),
+                Arc::clone(&answers),
+            );
+            tokio::spawn(async move {
+                let mut rng = Rng(0x5851_f42d_4c95_7f2d ^ (sender + 1));
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(result) = results.get(i) else { return };
+                    deliver(&addresses, &result.request, rng.below(u64::MAX), &answers).await;
+                    answers.acknowledged.fetch_add(1, Ordering::SeqCst);
+                    // Steady, not flat out: the restarts fall within the traffic.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    for instance in 0..INSTANCES {
+        let at = answers.acknowledged.load(Ordering::SeqCst) + 150;
+        while answers.acknowledged.load(Ordering::SeqCst) < at {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let port = addresses.read().unwrap()[instance].port();
+        tokio::task::block_in_place(|| terminate(&mut children[instance]));
+        let (restarted, address) = tokio::task::block_in_place(|| {
+            start_instance(&db, &format!("127.0.0.1:{port}"))
+        });
+        children[instance] = restarted;
+        addresses.write().unwrap()[instance] = address;
+    }
+    assert!(
+        answers.acknowledged.load(Ordering::SeqCst) < RESULTS,
+        "the restarts fell within the traffic"
+    );
+    for sender in senders {
+        tokio::time::timeout(Duration::from_secs(300), sender)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    drop(children);
+    let wrong = answers.wrong.lock().unwrap().clone();
+    assert!(wrong.is_empty(), "answers other than 2xx or 503 with Retry-After: {wrong:?}");
+    let mut conn = db.connect().await;
+    let schema = &db.schema;
+    let marked: i64 = sqlx::query(&format!(
+        "SELECT count(*) FROM {schema}.callbacks WHERE done = ARRAY[4]"
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(marked, i64::try_from(RESULTS).unwrap(), "nothing lost");
+    let once: i64 = sqlx::query(&format!(
+        "SELECT count(*) FROM {schema}.trees WHERE tree = 'ledger_entries' \
+         AND convert_from(value, 'UTF8')::jsonb ->> 'bookings' = '1'"
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(once, i64::try_from(RESULTS).unwrap(), "each booked once");
+    support::announce(&format!(
+        "rolling restart: {RESULTS} results booked once each; {} answers 503 with Retry-After, {} connections refused or cut while an instance restarted",
+        answers.unavailable.load(Ordering::Relaxed),
+        answers.cut.load(Ordering::Relaxed)
+    ));
+    drop(conn);
+    db.drop_schema().await;
+}
