@@ -1,0 +1,182 @@
+//! A merchant moves from sled to PostgreSQL: `payhook store copy-from-sled` copies what the
+//! sled store holds within retention — callback marks, validation decisions, failing
+//! callbacks, pending validations and their outbox, the merchant's trees — so that a retry
+//! of a callback acknowledged before the move is answered as a duplicate after it. The copy
+//! is idempotent: run twice, it writes nothing the second time.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use payhook::model::TransactionStatus;
+use payhook::postponed::{Decision, PostponedState, PostponedValidation};
+use payhook::store::{
+    CallbackBegin, CallbackFailure, ConfiguredStore, Effects, Fingerprint, RecordedDecision,
+    DedupStore, PostponedStore, SledStore, StoreConfig, ValidationBegin,
+};
+
+const STALE: Duration = Duration::from_secs(600);
+const LONG: &str = "a-nonce-longer-than-sixty-four-bytes-is-keyed-by-its-digest-0123456789";
+
+fn validation(nonce: &str, id: i64) -> payhook::model::TransactionValidationRequest {
+    serde_json::from_value(serde_json::json!({
+        "merchantData": {"merchantHash": "h", "clientId": "client-1"},
+        "paymentData": {"nonce": nonce, "amount": "10.50", "currency": "EUR", "providerId": 1},
+        "validationId": id,
+        "cashIn": true
+    }))
+    .unwrap()
+}
+
+/// A sled store with history: two callbacks acknowledged (one long nonce), one failing, a
+/// validation denied, one postponed and decided (its result in the outbox), a ledger key.
+async fn history(config: &StoreConfig) {
+    let store = SledStore::open(config, &["ledger"]).unwrap();
+    let ledger = store.tree("ledger").unwrap();
+    for nonce in ["moved-1", LONG] {
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let effects = Effects::default();
+        let ledger = ledger.clone();
+        let key = nonce.as_bytes().to_vec();
+        effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
+        store
+            .finish_callback(nonce, claim, TransactionStatus::Success, effects)
+            .await
+            .unwrap();
+    }
+    store
+        .record_callback_failure(CallbackFailure {
+            nonce: "failing-1".into(),
+            status: TransactionStatus::Success,
+            reason: "the ledger was down".into(),
+            transaction_reference_id: uuid::Uuid::nil(),
+            client_id: "client-1".into(),
+            amount: rust_decimal::Decimal::ONE,
+            currency: "EUR".into(),
+            at: Utc::now(),
+        })
+        .await
+        .unwrap();
+    for (nonce, id, decision, postponed) in [
+        ("v-denied", 1, RecordedDecision::Deny { message: "limit".into() }, false),
+        ("v-postponed", 2, RecordedDecision::Postponed, true),
+    ] {
+        let request = validation(nonce, id);
+        let fingerprint = Fingerprint::of(&request);
+        let ValidationBegin::Claimed { claim } = store
+            .begin_validation(nonce, &fingerprint, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let record = postponed.then(|| PostponedValidation {
+            validation_id: id,
+            request: request.clone(),
+            received: Utc::now(),
+            deadline: Some(Utc::now() + TimeDelta::hours(1)),
+            result: None,
+        });
+        store
+            .finish_validation(nonce, claim, &fingerprint, &decision, record)
+            .await
+            .unwrap();
+    }
+    store
+        .resolve(2, &Decision::allow("reviewed"), Utc::now())
+        .await
+        .unwrap();
+    // Wait for the failure's write (it is not waited for) before the store closes.
+    while store.failing_callbacks().await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
+    let Some(db) = support::postgres::database("moving_from_sled").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    history(&sled).await;
+
+    // The command, as an operator runs it: the service stopped, PAYHOOK_STORE_URL set.
+    let copy = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(["store", "copy-from-sled", "--data"])
+            .arg(&sled.path)
+            .env_clear()
+            .env("PAYHOOK_STORE_URL", &db.url)
+            .env("PAYHOOK_STORE_SCHEMA", &db.schema)
+            .output()
+            .unwrap()
+    };
+    let first = copy();
+    let said = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(
+        first.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 postponed validation(s), 2 tree key(s)"),
+        "{said}"
+    );
+    let again = copy();
+    let said = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(again.status.success());
+    assert!(
+        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s)"),
+        "a second copy writes nothing: {said}"
+    );
+
+    let store = ConfiguredStore::open(&db.store_config(Duration::from_secs(30 * 86_400)), &["ledger"])
+        .await
+        .unwrap();
+    let shared = store.shared();
+    for nonce in ["moved-1", LONG] {
+        assert_eq!(
+            shared
+                .begin_callback(nonce, TransactionStatus::Success, STALE)
+                .await
+                .unwrap(),
+            CallbackBegin::Duplicate,
+            "{nonce}: acknowledged before the move, a duplicate after it"
+        );
+        let ledger = store.tree("ledger").unwrap();
+        assert_eq!(
+            store.get(&ledger, nonce.as_bytes()).await.unwrap().as_deref(),
+            Some(b"booked".as_slice())
+        );
+    }
+    let failing = shared.failing_callbacks().await.unwrap();
+    assert_eq!(failing.len(), 1);
+    assert_eq!(failing[0].last_reason, "the ledger was down");
+    assert_eq!(
+        shared
+            .begin_validation("v-denied", &Fingerprint::of(&validation("v-denied", 1)), STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Recorded(RecordedDecision::Deny {
+            message: "limit".into()
+        })
+    );
+    let moved = shared.postponed(2).await.unwrap().unwrap();
+    assert_eq!(moved.state(), PostponedState::Queued);
+    assert_eq!(shared.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
+    drop((shared, store));
+    db.drop_schema().await;
+}
