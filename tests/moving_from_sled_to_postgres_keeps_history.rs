@@ -14,8 +14,8 @@ use chrono::{TimeDelta, Utc};
 use payhook::model::TransactionStatus;
 use payhook::postponed::{Decision, PostponedState, PostponedValidation};
 use payhook::store::{
-    CallbackBegin, CallbackFailure, ConfiguredStore, Effects, Fingerprint, RecordedDecision,
-    DedupStore, PostponedStore, SledStore, StoreConfig, ValidationBegin,
+    CallbackBegin, CallbackFailure, ConfiguredStore, DedupStore, Effects, Fingerprint,
+    PostponedStore, RecordedDecision, SledStore, StoreConfig, ValidationBegin,
 };
 
 const STALE: Duration = Duration::from_secs(600);
@@ -67,7 +67,14 @@ async fn history(config: &StoreConfig) {
         .await
         .unwrap();
     for (nonce, id, decision, postponed) in [
-        ("v-denied", 1, RecordedDecision::Deny { message: "limit".into() }, false),
+        (
+            "v-denied",
+            1,
+            RecordedDecision::Deny {
+                message: "limit".into(),
+            },
+            false,
+        ),
         ("v-postponed", 2, RecordedDecision::Postponed, true),
     ] {
         let request = validation(nonce, id);
@@ -143,9 +150,12 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         "a second copy writes nothing: {said}"
     );
 
-    let store = ConfiguredStore::open(&db.store_config(Duration::from_secs(30 * 86_400)), &["ledger"])
-        .await
-        .unwrap();
+    let store = ConfiguredStore::open(
+        &db.store_config(Duration::from_secs(30 * 86_400)),
+        &["ledger"],
+    )
+    .await
+    .unwrap();
     let shared = store.shared();
     for nonce in ["moved-1", LONG] {
         assert_eq!(
@@ -158,7 +168,11 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         );
         let ledger = store.tree("ledger").unwrap();
         assert_eq!(
-            store.get(&ledger, nonce.as_bytes()).await.unwrap().as_deref(),
+            store
+                .get(&ledger, nonce.as_bytes())
+                .await
+                .unwrap()
+                .as_deref(),
             Some(b"booked".as_slice())
         );
     }
@@ -167,7 +181,11 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     assert_eq!(failing[0].last_reason, "the ledger was down");
     assert_eq!(
         shared
-            .begin_validation("v-denied", &Fingerprint::of(&validation("v-denied", 1)), STALE)
+            .begin_validation(
+                "v-denied",
+                &Fingerprint::of(&validation("v-denied", 1)),
+                STALE
+            )
             .await
             .unwrap(),
         ValidationBegin::Recorded(RecordedDecision::Deny {

@@ -368,7 +368,10 @@ fn terminate(child: &mut Spawned) {
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while child.0.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "no graceful stop within 30 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no graceful stop within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -390,7 +393,14 @@ async fn a_rolling_restart_under_steady_traffic_answers_and_loses_nothing() {
     let signer = fixture_signer("ed25519", Algorithm::Ed25519);
     let results: Arc<Vec<Result_>> = Arc::new(
         (0..RESULTS)
-            .map(|i| callback(&signer, i, 4, Decimal::new(i64::try_from(i).unwrap() + 100, 2)))
+            .map(|i| {
+                callback(
+                    &signer,
+                    i,
+                    4,
+                    Decimal::new(i64::try_from(i).unwrap() + 100, 2),
+                )
+            })
             .collect(),
     );
     let next = Arc::new(AtomicUsize::new(0));
@@ -423,9 +433,8 @@ async fn a_rolling_restart_under_steady_traffic_answers_and_loses_nothing() {
         }
         let port = addresses.read().unwrap()[instance].port();
         tokio::task::block_in_place(|| terminate(&mut children[instance]));
-        let (restarted, address) = tokio::task::block_in_place(|| {
-            start_instance(&db, &format!("127.0.0.1:{port}"))
-        });
+        let (restarted, address) =
+            tokio::task::block_in_place(|| start_instance(&db, &format!("127.0.0.1:{port}")));
         children[instance] = restarted;
         addresses.write().unwrap()[instance] = address;
     }
@@ -441,7 +450,10 @@ async fn a_rolling_restart_under_steady_traffic_answers_and_loses_nothing() {
     }
     drop(children);
     let wrong = answers.wrong.lock().unwrap().clone();
-    assert!(wrong.is_empty(), "answers other than 2xx or 503 with Retry-After: {wrong:?}");
+    assert!(
+        wrong.is_empty(),
+        "answers other than 2xx or 503 with Retry-After: {wrong:?}"
+    );
     let mut conn = db.connect().await;
     let schema = &db.schema;
     let marked: i64 = sqlx::query(&format!(

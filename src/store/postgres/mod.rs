@@ -32,8 +32,9 @@
 //!   `{schema}.postponed`; a decision locks its row (`FOR UPDATE`), so the first decision
 //!   wins whichever instance takes it. Each instance's outbox worker leases the results due
 //!   (`FOR UPDATE SKIP LOCKED`, a lease of [`OUTBOX_LEASE`] on the database's clock), so
-//!   one instance at a time posts a result; an instance that dies mid-post leaves a lease
-//!   that runs out, and another instance posts the result then.
+//!   one instance at a time posts a result; the lease of an instance that dies mid-post is
+//!   void at once (its liveness lock is gone, as for claims), and another instance posts
+//!   the result; a lease of a live instance that stalls runs out after [`OUTBOX_LEASE`].
 //! * **Retention** purges expired rows in batches of [`PURGE_BATCH`], each its own short
 //!   statement, so that no lock is held long.
 //! * **Durability.** Every connection sets `synchronous_commit = on`: a COMMIT returns once
@@ -104,8 +105,6 @@ struct Inner {
     schema: String,
     trees: Vec<String>,
     retention: Duration,
-    /// This instance's name in outbox leases.
-    instance: String,
     /// This instance's number in claims, and the second key of its liveness lock.
     owner: i32,
     liveness: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -197,7 +196,6 @@ impl PgStore {
                 schema,
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
                 retention: config.retention,
-                instance: format!("{id:016x}"),
                 owner,
                 liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),

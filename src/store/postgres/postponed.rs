@@ -92,20 +92,22 @@ impl PostponedStore for PgStore {
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         Box::pin(async move {
             // Leased to this instance: free ones, expired leases, and its own.
-            let rows = sqlx::query(&self.sql(
+            let rows = sqlx::query(&self.sql(&format!(
                 "WITH due AS ( \
-                   SELECT validation_id FROM {s}.postponed \
+                   SELECT validation_id FROM {{s}}.postponed \
                    WHERE deliver_at <= $1 \
-                     AND (lease_until IS NULL OR lease_until < now() OR lease_owner = $2) \
+                     AND (lease_until IS NULL OR lease_until < now() OR lease_owner = $2 \
+                       OR NOT {alive}) \
                    ORDER BY deliver_at LIMIT $4 \
                    FOR UPDATE SKIP LOCKED) \
-                 UPDATE {s}.postponed p \
+                 UPDATE {{s}}.postponed p \
                    SET lease_owner = $2, lease_until = now() + make_interval(secs => $3) \
                  FROM due WHERE p.validation_id = due.validation_id \
                  RETURNING p.validation_id, p.record::text",
-            ))
+                alive = super::owner_alive("lease_owner")
+            )))
             .bind(now)
-            .bind(&self.inner.instance)
+            .bind(self.inner.owner)
             .bind(OUTBOX_LEASE.as_secs_f64())
             .bind(OUTBOX_BATCH)
             .fetch_all(self.pool())
@@ -117,15 +119,16 @@ impl PostponedStore for PgStore {
             due.now.sort_by_key(|r| r.validation_id);
             // The next one this instance could take: a result leased elsewhere counts from
             // when that lease runs out.
-            let next = sqlx::query(&self.sql(
+            let next = sqlx::query(&self.sql(&format!(
                 "SELECT min(t) FROM (SELECT CASE \
-                   WHEN lease_until > now() AND lease_owner <> $2 \
+                   WHEN lease_until > now() AND lease_owner <> $2 AND {alive} \
                      THEN greatest(deliver_at, lease_until) \
                    ELSE deliver_at END AS t \
-                 FROM {s}.postponed WHERE deliver_at IS NOT NULL) AS pending WHERE t > $1",
-            ))
+                 FROM {{s}}.postponed WHERE deliver_at IS NOT NULL) AS pending WHERE t > $1",
+                alive = super::owner_alive("lease_owner")
+            )))
             .bind(now)
-            .bind(&self.inner.instance)
+            .bind(self.inner.owner)
             .fetch_one(self.pool())
             .await?;
             due.next = next.try_get(0)?;

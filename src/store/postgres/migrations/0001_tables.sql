@@ -46,7 +46,7 @@ CREATE INDEX callback_failures_expiry ON {schema}.callback_failures (expires_at)
 
 -- Postponed validations (Awaitable mode) and the outbox of their results: `deadline_at` is
 -- set while undecided, `deliver_at` while a result awaits delivery; the instance posting it
--- holds a lease (`lease_owner`, `lease_until`).
+-- holds a lease (`lease_owner`, `lease_until`), void as soon as that instance is gone.
 CREATE TABLE {schema}.postponed (
     validation_id bigint PRIMARY KEY,
     nonce         text NOT NULL,
@@ -54,7 +54,7 @@ CREATE TABLE {schema}.postponed (
     final         boolean NOT NULL,
     deadline_at   timestamptz,
     deliver_at    timestamptz,
-    lease_owner   text,
+    lease_owner   integer,
     lease_until   timestamptz,
     expires_at    timestamptz NOT NULL
 );

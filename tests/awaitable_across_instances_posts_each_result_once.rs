@@ -1,0 +1,235 @@
+//! Awaitable mode on one PostgreSQL database shared by two instances: a validation postponed
+//! on one instance is resolved on the other; both instances' outbox workers run, and each
+//! result reaches the aggregator once; an instance that dies holding a result's lease (mid
+//! post) hands it to the other at once.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use payhook::handler::{RequestContext, TransactionValidator, ValidationDecision};
+use payhook::model::TransactionValidationRequest;
+use payhook::postponed::{Decision, Delivery, PostponedState, Resolved};
+use payhook::store::{ConfiguredStore, StoreConfig};
+use payhook::{App, Config, HandlerError};
+use serde_json::json;
+use support::gateway::FakeGateway;
+use support::postgres::TestDb;
+use support::{TRANSACTION_VALIDATION, VALIDATION_PATH, post, test_config, with};
+
+/// Postpones every validation.
+#[derive(Clone)]
+struct Reviewer;
+
+impl TransactionValidator for Reviewer {
+    async fn validate_transaction(
+        &self,
+        _: TransactionValidationRequest,
+        _: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        Ok(ValidationDecision::Postpone)
+    }
+}
+
+fn config(gateway: &FakeGateway, store: StoreConfig) -> Config {
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.retry_schedule = vec![Duration::from_millis(10)];
+    config.store = store;
+    config
+}
+
+/// An instance: an app on the shared database, served on loopback.
+async fn instance(gateway: &FakeGateway, db: &TestDb) -> (App, std::net::SocketAddr) {
+    let store_config = db.store_config(Duration::from_secs(86_400));
+    let store = ConfiguredStore::open(&store_config, &[]).await.unwrap();
+    let app = App::builder(config(gateway, store_config))
+        .shared_store(store.shared())
+        .transaction_validator(Reviewer)
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(
+        listener,
+        app.clone(),
+        std::future::pending(),
+    ));
+    (app, addr)
+}
+
+fn validation(nonce: &str, id: i64) -> Vec<u8> {
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/paymentData/nonce",
+        Some(json!(nonce)),
+    );
+    let body = with(&body, "/validationId", Some(json!(id)));
+    post(
+        VALIDATION_PATH,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postponed_on_one_instance_resolved_on_another_and_posted_once() {
+    let Some(db) = support::postgres::database("awaitable_across_instances").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let (one, one_addr) = instance(&gateway, &db).await;
+    let (other, other_addr) = instance(&gateway, &db).await;
+
+    // Twenty validations postponed, each on one of the two instances.
+    for id in 1..=20 {
+        let addr = if id % 2 == 0 { one_addr } else { other_addr };
+        let answer = support::exchange(addr, &validation(&format!("aw-{id}"), id)).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    // Each decided on the instance that did not receive it; the first decision wins
+    // whichever instance takes the second.
+    for id in 1..=20 {
+        let (decider, loser) = if id % 2 == 0 {
+            (&other, &one)
+        } else {
+            (&one, &other)
+        };
+        let resolved = decider
+            .resolver()
+            .unwrap()
+            .resolve(id, Decision::allow_if(id % 3 != 0, "reviewed"))
+            .await
+            .unwrap();
+        assert_eq!(resolved, Resolved::Recorded);
+        assert!(
+            loser
+                .resolver()
+                .unwrap()
+                .resolve(id, Decision::allow_if(id % 3 == 0, "too late"))
+                .await
+                .is_err(),
+            "a different decision on the other instance is refused"
+        );
+    }
+    // Both outbox workers run; every result arrives once.
+    gateway
+        .until("every result posted", |s| s.results.len() == 20)
+        .await;
+    let settled = one.resolver().unwrap();
+    for _ in 0..200 {
+        let all = settled.list(None).await.unwrap();
+        if all.iter().all(|v| v.state() == PostponedState::Delivered) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (posts, results) = gateway.with(|s| (s.posts.clone(), s.results.clone()));
+    assert_eq!(posts.len(), 20, "each result posted once: {posts:?}");
+    for id in 1..=20 {
+        assert_eq!(results[&id].0, id % 3 != 0, "validation {id}");
+    }
+    assert!(
+        settled
+            .list(None)
+            .await
+            .unwrap()
+            .iter()
+            .all(|v| v.state() == PostponedState::Delivered)
+    );
+    drop((one, other));
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
+    let Some(db) = support::postgres::database("outbox_lease_of_the_dead").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let store_config = db.store_config(Duration::from_secs(86_400));
+    // The app that postpones and decides; its outbox worker is never started.
+    let decider = ConfiguredStore::open(&store_config, &[]).await.unwrap();
+    let app = App::builder(config(&gateway, store_config.clone()))
+        .shared_store(decider.shared())
+        .transaction_validator(Reviewer)
+        .manual_background()
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(
+        listener,
+        app.clone(),
+        std::future::pending(),
+    ));
+    assert_eq!(
+        support::exchange(addr, &validation("lease-1", 77))
+            .await
+            .status,
+        200
+    );
+    app.resolver()
+        .unwrap()
+        .resolve(77, Decision::allow("ok"))
+        .await
+        .unwrap();
+
+    // An instance takes the result for posting, then dies before it records the post.
+    let doomed = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert_eq!(doomed.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
+    let survivor = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert!(
+        survivor
+            .outbox_due(Utc::now())
+            .await
+            .unwrap()
+            .now
+            .is_empty(),
+        "a live instance's lease stands"
+    );
+    drop(doomed);
+    let mut taken = false;
+    for _ in 0..100 {
+        if survivor.outbox_due(Utc::now()).await.unwrap().now.len() == 1 {
+            taken = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(taken, "the dead instance's lease was void at once");
+    survivor
+        .record_delivery(
+            77,
+            Delivery::Delivered {
+                attempts: 1,
+                at: Utc::now(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        survivor
+            .outbox_due(Utc::now())
+            .await
+            .unwrap()
+            .now
+            .is_empty()
+    );
+    drop((survivor, app, decider));
+    db.drop_schema().await;
+}
