@@ -426,16 +426,16 @@ async fn a_rolling_restart_under_steady_traffic_answers_and_loses_nothing() {
             })
         })
         .collect();
-    for instance in 0..INSTANCES {
+    for (instance, child) in children.iter_mut().enumerate() {
         let at = answers.acknowledged.load(Ordering::SeqCst) + 150;
         while answers.acknowledged.load(Ordering::SeqCst) < at {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let port = addresses.read().unwrap()[instance].port();
-        tokio::task::block_in_place(|| terminate(&mut children[instance]));
+        tokio::task::block_in_place(|| terminate(child));
         let (restarted, address) =
             tokio::task::block_in_place(|| start_instance(&db, &format!("127.0.0.1:{port}")));
-        children[instance] = restarted;
+        *child = restarted;
         addresses.write().unwrap()[instance] = address;
     }
     assert!(
