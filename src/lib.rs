@@ -100,8 +100,11 @@
 //!   its `[signature]` section. (How the validation endpoints authenticate the aggregator —
 //!   signature, shared secret, HTTP Basic, IP allow-list — is a private module; its
 //!   `[auth]` section is re-exported by [`config`].)
-//! * [`store`] — exactly-once effects: deduplication records per nonce in sled, handler
-//!   effects written atomically with the mark, durable group commit, retention; `[store]`.
+//! * [`store`] — exactly-once effects behind an async seam (`DedupStore` for claims and
+//!   marks, `PostponedStore` for the Awaitable state): deduplication records per nonce in
+//!   sled (durable group commit, integrity watermark) or PostgreSQL (feature `postgres`,
+//!   shared by several instances), handler effects written atomically with the mark,
+//!   retention; `[store]`.
 //! * [`handler`] — the three traits a merchant implements, their decisions, the request
 //!   context, and provider filter helpers.
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed

@@ -43,7 +43,11 @@
 //! Every write also writes an entry in an expiry index; a background sweeper removes records
 //! older than the retention (default 30 days), so the store stays bounded.
 //!
-//! [`Store`] is the seam for other backends; [`SledStore`] is the embedded default.
+//! [`Store`] is the seam for other backends, asynchronous throughout: [`DedupStore`] (claims,
+//! marks written with the merchant's effects, failures) and [`PostponedStore`] (the
+//! Awaitable state and its outbox). [`SledStore`] is the embedded default; `PgStore`
+//! (feature `postgres`) the shared one; [`ConfiguredStore`] opens what `store.url` names.
+//! `tests/every_store_backend_behaves_alike.rs` is the behaviour every backend passes.
 //!
 //! ## sled 0.34, and what payhook does about it
 //!
@@ -61,8 +65,8 @@
 //!   sender chose to send;
 //! * one process may open a directory: a service with a sled store is one instance.
 //!
-//! A merchant who needs a maintained engine, or more than one instance, needs a shared
-//! store behind [`Store`]; a PostgreSQL backend is planned and not in this release.
+//! A merchant who needs a maintained engine, or more than one instance, sets `store.url`
+//! and runs on PostgreSQL (`PgStore`, feature `postgres`; see its module's docs).
 //!
 //! ## The guarantees in detail
 //!
@@ -115,9 +119,9 @@
 //! never held behind everything that expired at once.
 //!
 //! **In flight.** A claim ("this delivery is processing this nonce") lives in memory: on one
-//! machine, the claim of a process that died is void anyway. The `Store` trait is the seam for
-//! a shared backend (several payhook instances on one database), which would keep claims there
-//! with a lease. Only one process may open a sled directory at a time.
+//! machine, the claim of a process that died is void anyway. The PostgreSQL store keeps claims
+//! in the database instead, as leases on its clock. Only one process may open a sled
+//! directory at a time.
 //!
 //! **Retries skip the signature operation.** A retry carries the same bytes and signature; a
 //! (signature, body) pair that verified before (16k SHA-256 digests are remembered) is
