@@ -6,13 +6,14 @@
 //! says where each lands. They are compiled in, so the binary scaffolds anywhere.
 //!
 //! ```no_run
-//! use payhook::scaffold::{Dependency, Options, render};
+//! use payhook::scaffold::{Dependency, Options, StoreKind, render};
 //!
 //! let written = render(&Options {
 //!     name: "shop".into(),
 //!     dir: "shop".into(),
 //!     force: false,
 //!     payhook: Dependency::Version("0.1".into()),
+//!     store: StoreKind::Sled,
 //! })?;
 //! println!("{} files written", written.len());
 //! # Ok::<(), payhook::scaffold::ScaffoldError>(())
@@ -133,6 +134,19 @@ impl Dependency {
     }
 }
 
+/// Where the new service keeps its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum StoreKind {
+    /// The embedded sled store: one instance, nothing else to run.
+    #[default]
+    Sled,
+    /// sled, or PostgreSQL when `store.url` is set (payhook's `postgres` feature): the
+    /// service may run as several instances, and its test runs on PostgreSQL when
+    /// `PAYHOOK_TEST_DATABASE_URL` is set.
+    Postgres,
+}
+
 /// What to scaffold.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -144,6 +158,8 @@ pub struct Options {
     pub force: bool,
     /// Where payhook comes from.
     pub payhook: Dependency,
+    /// Where the service keeps its records.
+    pub store: StoreKind,
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,10 +227,26 @@ pub fn render(options: &Options) -> Result<Vec<PathBuf>, ScaffoldError> {
     let values = [
         ("{{name}}", options.name.clone()),
         ("{{crate}}", options.name.replace('-', "_")),
-        ("{{payhook_dependency}}", options.payhook.toml("")),
+        (
+            "{{payhook_dependency}}",
+            options.payhook.toml(match options.store {
+                StoreKind::Sled => "",
+                StoreKind::Postgres => r#"features = ["postgres"]"#,
+            }),
+        ),
         (
             "{{payhook_dev_dependency}}",
-            options.payhook.toml(r#"features = ["sim"]"#),
+            options.payhook.toml(match options.store {
+                StoreKind::Sled => r#"features = ["sim"]"#,
+                StoreKind::Postgres => r#"features = ["sim", "postgres"]"#,
+            }),
+        ),
+        (
+            "{{store_url}}",
+            match options.store {
+                StoreKind::Sled => "# url = \"postgres://payhook@db/payments\"  # PostgreSQL: needs payhook's `postgres` feature".to_owned(),
+                StoreKind::Postgres => "# url = \"postgres://payhook@db/payments?sslmode=verify-full\"  # or PAYHOOK_STORE_URL; unset: sled".to_owned(),
+            },
         ),
     ];
     let mut written = Vec::new();
@@ -299,6 +331,7 @@ mod tests {
             dir: dir.path().join("my-shop"),
             force: false,
             payhook: Dependency::Version("0.1".into()),
+            store: StoreKind::Sled,
         };
         let written = render(&options).unwrap();
         assert_eq!(written.len(), 8);
@@ -318,9 +351,22 @@ mod tests {
         assert!(
             render(&Options {
                 force: true,
-                ..options
+                ..options.clone()
             })
             .is_ok()
         );
+        // The PostgreSQL variant: the same code, the feature on both dependencies.
+        render(&Options {
+            force: true,
+            store: StoreKind::Postgres,
+            ..options.clone()
+        })
+        .unwrap();
+        let cargo = std::fs::read_to_string(options.dir.join("Cargo.toml")).unwrap();
+        let manifest: toml::Table = toml::from_str(&cargo).unwrap();
+        let library = &manifest["dependencies"]["payhook"];
+        assert_eq!(library["features"].to_string(), r#"["postgres"]"#);
+        let tests = &manifest["dev-dependencies"]["payhook"];
+        assert_eq!(tests["features"].to_string(), r#"["sim", "postgres"]"#);
     }
 }

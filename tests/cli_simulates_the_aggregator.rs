@@ -528,3 +528,32 @@ async fn a_body_from_a_file_is_sent_byte_for_byte() {
     assert_ne!(code, 0);
     assert!(!stdout.contains('→'), "{stdout}");
 }
+
+/// `payhook demo --store URL`: the same story on PostgreSQL, in a schema of the demo's own
+/// that it removes afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_postgres_and_leaves_nothing_behind() {
+    let Some(db) = support::postgres::database("demo_on_postgres").await else {
+        return;
+    };
+    let (code, stdout, stderr) = payhook(args(&["demo", "--store", &db.url])).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("all 9 scenarios passed"), "{stdout}");
+    assert!(
+        stdout.contains("(store: PostgreSQL, schema payhook_demo_"),
+        "{stdout}"
+    );
+    let schema = stdout
+        .split("schema ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap()
+        .to_owned();
+    let mut conn = db.connect().await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_namespace WHERE nspname = $1")
+        .bind(&schema)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the demo's schema {schema} is removed");
+}

@@ -3,6 +3,8 @@
 //! its own test — the service started and its scenario run against it — passes.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -90,4 +92,62 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
         printed.contains("test every_scenario_passes ... ok"),
         "{printed}"
     );
+}
+
+/// `payhook new --store postgres`: the same service with payhook's `postgres` feature; its
+/// own test runs on the PostgreSQL of `PAYHOOK_TEST_DATABASE_URL`, in a schema of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
+    let Some(db) = support::postgres::database("scaffold_on_postgres").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let shop = dir.path().join("pgshop");
+    let checkout = env!("CARGO_MANIFEST_DIR");
+    let output = payhook(&[
+        "new",
+        "pgshop",
+        "--path",
+        shop.to_str().unwrap(),
+        "--payhook-path",
+        checkout,
+        "--store",
+        "postgres",
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = tokio::task::spawn_blocking({
+        let (shop, db) = (shop.clone(), db.clone());
+        move || {
+            Command::new(cargo)
+                .args(["test", "--offline"])
+                .current_dir(&shop)
+                .env("CARGO_TARGET_DIR", Path::new(checkout).join("target"))
+                .env("PAYHOOK_TEST_DATABASE_URL", &db.url)
+                .env("PAYHOOK_TEST_SCHEMA", &db.schema)
+                .env_remove("RUSTFLAGS")
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let printed = text(&output);
+    assert!(output.status.success(), "{printed}");
+    assert!(
+        printed.contains("test every_scenario_passes ... ok"),
+        "{printed}"
+    );
+    // It ran on PostgreSQL: its ledger is in the schema.
+    let mut conn = db.connect().await;
+    let booked: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {}.trees WHERE tree = 'ledger'",
+        db.schema
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(booked, 1);
+    drop(conn);
+    db.drop_schema().await;
 }

@@ -15,7 +15,9 @@ use crate::Failure;
 use payhook::sim::example_merchant as merchant;
 
 /// Runs the demo; the data goes to `data` (kept) or to a temporary directory (removed).
-pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
+/// With `store` (a PostgreSQL address), the records go to a schema of the demo's own in that
+/// database, removed afterwards unless `data` is given.
+pub(crate) fn run(data: Option<PathBuf>, store: Option<String>) -> Result<(), Failure> {
     let keep = data.is_some();
     let dir = data.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("payhook-demo-{}", uuid::Uuid::new_v4().simple()))
@@ -24,7 +26,20 @@ pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(demo(&dir));
+    let postgres = store.map(|url| {
+        let schema = format!(
+            "payhook_demo_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        (url, schema)
+    });
+    let outcome = runtime.block_on(async {
+        let outcome = demo(&dir, postgres.clone()).await;
+        if let Some((url, schema)) = postgres.filter(|_| !keep) {
+            drop_schema(&url, &schema).await;
+        }
+        outcome
+    });
     drop(runtime);
     if !keep {
         let _ = std::fs::remove_dir_all(&dir);
@@ -32,9 +47,27 @@ pub(crate) fn run(data: Option<PathBuf>) -> Result<(), Failure> {
     outcome
 }
 
-async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
+/// Removes the demo's schema (what it wrote in the merchant's database).
+async fn drop_schema(url: &str, schema: &str) {
+    use sqlx::Connection;
+    if let Ok(mut conn) = sqlx::PgConnection::connect(url).await {
+        let _ = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&mut conn)
+            .await;
+    }
+}
+
+async fn demo(dir: &std::path::Path, postgres: Option<(String, String)>) -> Result<(), Failure> {
     let mut config = Config::default();
     config.store.path = dir.join("store");
+    let where_kept = match postgres {
+        Some((url, schema)) => {
+            config.store.url = Some(url.into());
+            config.store.schema.clone_from(&schema);
+            format!("PostgreSQL, schema {schema}")
+        }
+        None => config.store.path.display().to_string(),
+    };
     // The store is opened first: its lock (an OS advisory lock, held until the demo ends)
     // makes this demo the directory's only user before anything in it is written. A second
     // demo on the same directory stops here instead of replacing this one's key.
@@ -49,7 +82,13 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
                 2,
             )
         } else {
-            Failure(format!("the demo's store in {}: {error}", dir.display()), 2)
+            Failure(
+                format!(
+                    "the demo's store ({where_kept}): {}",
+                    payhook::Report::new(&error)
+                ),
+                2,
+            )
         }
     })?;
     let mock = MockGateway::start(MockGatewayConfig::default()).await?;
@@ -83,10 +122,7 @@ async fn demo(dir: &std::path::Path) -> Result<(), Failure> {
         let _ = stopped.await;
     }));
     println!("payhook demo — everything on loopback, nothing leaves this machine");
-    println!(
-        "  example merchant  {base_url}  (store {})",
-        config.store.path.display()
-    );
+    println!("  example merchant  {base_url}  (store: {where_kept})");
     println!(
         "  mock aggregator   {}  (login, results, lookup)\n",
         mock.url()

@@ -209,6 +209,10 @@ enum Command {
         /// Keep the data here (default: a temporary directory, removed afterwards).
         #[arg(long, value_name = "DIR")]
         data: Option<PathBuf>,
+        /// Keep the records in this PostgreSQL database instead of sled, in a schema of the
+        /// demo's own (removed afterwards unless --data is given).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
     Openapi,
@@ -230,6 +234,10 @@ enum Command {
         /// Depend on this published payhook version (default: this binary's own).
         #[arg(long, value_name = "VERSION")]
         payhook_version: Option<String>,
+        /// Where the service keeps its records: sled (one instance), or postgres (sled
+        /// unless store.url is set; its test runs on PAYHOOK_TEST_DATABASE_URL when set).
+        #[arg(long, value_enum, default_value = "sled")]
+        store: payhook::scaffold::StoreKind,
     },
     /// Run scenario files (TOML) against a running merchant and mock gateway; exit 1 on any
     /// unmet expectation.
@@ -388,14 +396,15 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut command, "payhook", &mut std::io::stdout());
             Ok(())
         }
-        Command::Demo { data } => demo::run(data),
+        Command::Demo { data, store } => demo::run(data, store),
         Command::New {
             name,
             path,
             force,
             payhook_path,
             payhook_version,
-        } => scaffold(name, path, force, payhook_path, payhook_version),
+            store,
+        } => scaffold(name, path, force, payhook_path, payhook_version, store),
         Command::Openapi => {
             println!("{}", payhook::server::OPENAPI);
             Ok(())
@@ -491,6 +500,7 @@ fn scaffold(
     force: bool,
     payhook_path: Option<PathBuf>,
     payhook_version: Option<String>,
+    store: payhook::scaffold::StoreKind,
 ) -> Result<(), Failure> {
     use payhook::scaffold::{Dependency, Options, render};
     let payhook = match (payhook_path, payhook_version) {
@@ -505,6 +515,7 @@ fn scaffold(
         dir: dir.clone(),
         force,
         payhook,
+        store,
     })?;
     println!(
         "created {name} in {} ({} files), depending on payhook {}",
