@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release --example bench_callbacks            # 5 s per scenario
 //! cargo run --release --example bench_callbacks -- 10      # 10 s per scenario
+//! cargo run --release --example bench_callbacks -- 5 postgres   # P and Q only
 //! ```
 //!
 //! Each scenario's server runs as a child process (so that its peak RSS is its own); the
@@ -15,11 +16,20 @@
 //! * **B** — payhook's callback endpoint: RSA-2048-signed ~1 KB bodies with unique nonces,
 //!   durable deduplication (group commit), the example merchant's ledger write;
 //! * **C** — the same server receiving only retries of already-acknowledged nonces;
-//! * **D** — B without the store: verification, parsing and the handler only.
+//! * **D** — B without the store: verification, parsing and the handler only;
+//! * **P** — B on PostgreSQL (`store.url`): the same callbacks, the mark and the example's
+//!   ledger committed in one transaction, with a pool of [`PG_POOL`] connections;
+//! * **Q** — the engine's ceiling, straight from Rust: the same database work alone (the
+//!   mark, a ledger entry and a balance upsert per transaction) from [`CONNECTIONS`] tasks
+//!   on a pool of [`PG_POOL`] connections, no HTTP and no payhook.
+//!
+//! P and Q use the PostgreSQL of `PAYHOOK_BENCH_DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), each in a schema of its own, dropped
+//! afterwards; without a reachable server they are skipped, and the program says so.
 //!
 //! It prints req/s, p50, p99, non-2xx answers and peak RSS for each, and the ratios against
 //! the targets (B/A ≥ 0.25, B/D ≥ 0.80, C/A ≥ 0.50, p99 of B ≤ 10 ms, no non-2xx, peak RSS of
-//! B ≤ 64 MiB).
+//! B ≤ 64 MiB; P/Q ≥ 0.60, p99 of P ≤ 25 ms).
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -56,14 +66,22 @@ const CONNECTIONS: usize = 64;
 const PATH: &str = "/payhook/callback";
 /// Acknowledged nonces whose retries scenario C replays.
 const RETRIED_NONCES: usize = 2_000;
+/// PostgreSQL connections of P's service and of Q's pool.
+const PG_POOL: u32 = 16;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("serve") {
-        serve(&args[2], Path::new(&args[3]), Path::new(&args[4]));
+        serve(
+            &args[2],
+            Path::new(&args[3]),
+            Path::new(&args[4]),
+            args.get(5).map(String::as_str),
+        );
     } else {
         let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-        drive(Duration::from_secs(seconds));
+        let only_postgres = args.get(2).map(String::as_str) == Some("postgres");
+        drive(Duration::from_secs(seconds), only_postgres);
     }
 }
 
@@ -83,7 +101,7 @@ impl CallbackReceiver for Acknowledge {
     }
 }
 
-fn serve(scenario: &str, data: &Path, public_key: &Path) {
+fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -101,6 +119,11 @@ fn serve(scenario: &str, data: &Path, public_key: &Path) {
             file: Some(public_key.to_owned()),
             ..Default::default()
         }];
+        if let Some(schema) = schema {
+            config.store.url = Some(database_url().into());
+            config.store.schema = schema.to_owned();
+            config.store.pool_size = PG_POOL;
+        }
         let app = if scenario == "payhook" {
             let store = merchant::open_store(&config).await.unwrap();
             merchant::app(
@@ -287,11 +310,12 @@ async fn load(address: SocketAddr, bodies: Bodies, duration: Duration) -> Outcom
     outcome
 }
 
-fn drive(duration: Duration) {
+fn drive(duration: Duration, only_postgres: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
-    // Enough unique bodies for ~30k req/s over the duration.
-    let count = 30_000 * usize::try_from(duration.as_secs()).unwrap_or(5);
+    // Enough unique bodies for ~30k req/s over the duration (P alone needs far fewer).
+    let rate = if only_postgres { 6_000 } else { 30_000 };
+    let count = rate * usize::try_from(duration.as_secs()).unwrap_or(5);
     eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
     let signing = Instant::now();
     let bodies = Arc::new(sign_bodies(&key, count));
@@ -339,10 +363,55 @@ fn drive(duration: Duration) {
             Arc::new(AtomicUsize::new(0)),
         )
     };
-    let a = run("A", "baseline", "a", &cycle, None);
-    let b = run("B", "payhook", "b", &unique, None);
-    let c = run("C", "payhook", "c", &retries, Some(RETRIED_NONCES));
-    let d = run("D", "payhook-nostore", "d", &unique, None);
+    let postgres_alone = only_postgres.then(|| {
+        let none = || {
+            (
+                Outcome {
+                    requests: 0,
+                    non_2xx: 0,
+                    elapsed: Duration::from_secs(1),
+                    latencies_us: Vec::new(),
+                    ran_out: false,
+                },
+                0.0,
+            )
+        };
+        (none(), none(), none(), none())
+    });
+    let (a, b, c, d) = postgres_alone.unwrap_or_else(|| {
+        (
+            run("A", "baseline", "a", &cycle, None),
+            run("B", "payhook", "b", &unique, None),
+            run("C", "payhook", "c", &retries, Some(RETRIED_NONCES)),
+            run("D", "payhook-nostore", "d", &unique, None),
+        )
+    });
+    let postgres = runtime.block_on(reachable()).then(|| {
+        let schema = format!("bench_p_{}", std::process::id());
+        let data = dir.path().join("p").display().to_string();
+        let key = public_key.display().to_string();
+        let server = Server::start(
+            &["serve", "payhook", &data, &key, &schema],
+            Stdio::inherit(),
+        );
+        eprintln!("P: payhook on PostgreSQL for {}s ...", duration.as_secs());
+        let p = runtime.block_on(load(server.address, unique(), duration));
+        let rss = server.rss_mib().1;
+        drop(server);
+        eprintln!(
+            "Q: the same database work straight from Rust for {}s ...",
+            duration.as_secs()
+        );
+        let q = runtime.block_on(ceiling(duration));
+        runtime.block_on(drop_schema(&schema));
+        ((p, rss), q)
+    });
+    if postgres.is_none() {
+        eprintln!(
+            "P and Q SKIPPED: no PostgreSQL answers at {} (set PAYHOOK_BENCH_DATABASE_URL)",
+            database_url()
+        );
+    }
 
     println!(
         "\npayhook callback benchmark — {CONNECTIONS} connections, {}s per scenario, loopback",
@@ -358,6 +427,16 @@ fn drive(duration: Duration) {
         ("C  payhook: retries of acknowledged nonces", &c),
         ("D  payhook without the store", &d),
     ];
+    let postgres_rows = postgres.as_ref().map(|(p, q)| {
+        [
+            ("P  payhook on PostgreSQL (B's work)", p),
+            ("Q  the database work alone (ceiling)", q),
+        ]
+    });
+    let rows: Vec<_> = rows
+        .into_iter()
+        .chain(postgres_rows.into_iter().flatten())
+        .collect();
     for (name, (outcome, rss)) in rows {
         let note = if outcome.ran_out {
             "  (ran out of bodies)"
@@ -400,6 +479,17 @@ fn drive(duration: Duration) {
         ),
         check("peak RSS of B (MiB)", b.1, 64.0, false),
     ];
+    let results: Vec<bool> = match &postgres {
+        Some((p, q)) => results
+            .into_iter()
+            .chain([
+                check("P/Q", p.0.rate() / q.0.rate(), 0.60, true),
+                check("p99 of P (ms)", p.0.percentile_ms(0.99), 25.0, false),
+                check("non-2xx of P", p.0.non_2xx as f64, 0.0, false),
+            ])
+            .collect(),
+        None => results.to_vec(),
+    };
     if results.iter().all(|ok| *ok) {
         println!("\nall targets met");
     } else {
@@ -417,4 +507,114 @@ async fn load_count(address: SocketAddr, bodies: Bodies, count: usize) -> usize 
     load(address, limited, Duration::from_secs(3600))
         .await
         .non_2xx
+}
+
+// ---------------------------------------------------------------- PostgreSQL (P and Q)
+
+fn database_url() -> String {
+    std::env::var("PAYHOOK_BENCH_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+async fn reachable() -> bool {
+    use sqlx::Connection;
+    let url = database_url();
+    tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&url))
+        .await
+        .is_ok_and(|connected| connected.is_ok())
+}
+
+async fn drop_schema(schema: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&database_url()).await.unwrap();
+    sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Q: per transaction, the mark of a new nonce, its ledger entry and its client's balance
+/// upserted, from [`CONNECTIONS`] tasks on a pool of [`PG_POOL`] connections, for
+/// `duration`. Latencies are per transaction.
+async fn ceiling(duration: Duration) -> (Outcome, f64) {
+    let schema = format!("bench_q_{}", std::process::id());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(PG_POOL)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.marks (nonce text PRIMARY KEY, done integer[] NOT NULL);
+         CREATE TABLE {schema}.entries (nonce text PRIMARY KEY, entry bytea NOT NULL);
+         CREATE TABLE {schema}.balances (client text PRIMARY KEY, amount numeric NOT NULL);"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (mark, entry, balance) = (
+        format!("INSERT INTO {schema}.marks (nonce, done) VALUES ($1, ARRAY[4])"),
+        format!("INSERT INTO {schema}.entries (nonce, entry) VALUES ($1, $2)"),
+        format!(
+            "INSERT INTO {schema}.balances (client, amount) VALUES ($1, $2::numeric) \
+             ON CONFLICT (client) DO UPDATE SET amount = balances.amount + EXCLUDED.amount"
+        ),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let tasks: Vec<_> = (0..CONNECTIONS)
+        .map(|_| {
+            let (pool, next) = (pool.clone(), Arc::clone(&next));
+            let (mark, entry, balance) = (mark.clone(), entry.clone(), balance.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let nonce = format!("bench-{i}");
+                    let sent = Instant::now();
+                    let mut tx = pool.begin().await.unwrap();
+                    sqlx::query(&mark)
+                        .bind(&nonce)
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    sqlx::query(&entry)
+                        .bind(&nonce)
+                        .bind(
+                            format!("{{\"amount\":\"{}.{:02}\"}}", i % 1000, i % 100).into_bytes(),
+                        )
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    sqlx::query(&balance)
+                        .bind(format!("client-{}|EUR", i % 100))
+                        .bind(format!("{}.{:02}", i % 1000, i % 100))
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                    latencies.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut outcome = Outcome {
+        requests: 0,
+        non_2xx: 0,
+        elapsed: Duration::ZERO,
+        latencies_us: Vec::new(),
+        ran_out: false,
+    };
+    for task in tasks {
+        let latencies = task.await.unwrap();
+        outcome.requests += latencies.len();
+        outcome.latencies_us.extend(latencies);
+    }
+    outcome.elapsed = started.elapsed();
+    outcome.latencies_us.sort_unstable();
+    pool.close().await;
+    drop_schema(&schema).await;
+    (outcome, 0.0)
 }

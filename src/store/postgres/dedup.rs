@@ -48,10 +48,11 @@ impl DedupStore for PgStore {
 
     fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            sqlx::query(&self.sql(
-                "UPDATE {s}.callbacks SET claim_id = NULL, claimed_at = NULL \
+            sqlx::query(&self.sql(&format!(
+                "UPDATE {{s}}.callbacks SET claim_id = NULL, claimed_at = NULL FROM {} \
                  WHERE nonce_key = $1 AND claim_id = $2",
-            ))
+                super::UNSYNCED
+            )))
             .bind(nonce_key(nonce))
             .bind(claim_id(claim))
             .execute(self.pool())
@@ -62,18 +63,19 @@ impl DedupStore for PgStore {
 
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            sqlx::query(&self.sql(
-                "INSERT INTO {s}.callback_failures AS f (nonce_key, status, nonce, failures, \
+            sqlx::query(&self.sql(&format!(
+                "INSERT INTO {{s}}.callback_failures AS f (nonce_key, status, nonce, failures, \
                    first_failed, last_failed, last_reason, reference_id, client_id, amount, \
                    currency, expires_at) \
                  SELECT $1, $2, $3, 1, $4, $4, $5, $6, $7, $8, $9, \
-                   now() + make_interval(secs => $10) \
-                 WHERE NOT EXISTS (SELECT 1 FROM {s}.callbacks \
+                   now() + make_interval(secs => $10) FROM {unsynced} \
+                 WHERE NOT EXISTS (SELECT 1 FROM {{s}}.callbacks \
                    WHERE nonce_key = $1 AND done @> ARRAY[$2]::int4[]) \
                  ON CONFLICT (nonce_key, status) DO UPDATE SET failures = f.failures + 1, \
                    last_failed = EXCLUDED.last_failed, last_reason = EXCLUDED.last_reason, \
                    expires_at = EXCLUDED.expires_at",
-            ))
+                unsynced = super::UNSYNCED
+            )))
             .bind(nonce_key(&failure.nonce))
             .bind(failure.status.code())
             .bind(&failure.nonce)
@@ -169,10 +171,11 @@ impl DedupStore for PgStore {
 
     fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            sqlx::query(&self.sql(
-                "DELETE FROM {s}.validations \
+            sqlx::query(&self.sql(&format!(
+                "DELETE FROM {{s}}.validations USING {} \
                  WHERE nonce_key = $1 AND claim_id = $2 AND decision IS NULL",
-            ))
+                super::UNSYNCED
+            )))
             .bind(nonce_key(nonce))
             .bind(claim_id(claim))
             .execute(self.pool())
@@ -183,6 +186,51 @@ impl DedupStore for PgStore {
 }
 
 impl PgStore {
+    /// Marks (nonce, status) done if `claim` still holds it, removes the status's failure
+    /// record and writes what the tree effects wrote — one statement; `false` when the
+    /// claim was lost (nothing written).
+    async fn mark_callback(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &str,
+        claim: Claim,
+        status: TransactionStatus,
+        writes: super::trees::Writes,
+    ) -> Result<bool, StoreError> {
+        let marked: i64 = sqlx::query(&self.sql(
+            "WITH marked AS ( \
+               UPDATE {s}.callbacks SET done = array_append(done, $3), claim_id = NULL, \
+                 claimed_at = NULL, expires_at = now() + make_interval(secs => $4) \
+               WHERE nonce_key = $1 AND claim_id = $2 RETURNING 1), \
+             booked AS ( \
+               DELETE FROM {s}.callback_failures \
+               WHERE nonce_key = $1 AND status = $3 AND EXISTS (SELECT 1 FROM marked)), \
+             written AS ( \
+               INSERT INTO {s}.trees (tree, key, value) \
+               SELECT * FROM unnest($5::text[], $6::bytea[], $7::bytea[]) \
+               WHERE EXISTS (SELECT 1 FROM marked) \
+               ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value), \
+             removed AS ( \
+               DELETE FROM {s}.trees WHERE (tree, key) IN \
+                 (SELECT * FROM unnest($8::text[], $9::bytea[])) \
+               AND EXISTS (SELECT 1 FROM marked)) \
+             SELECT count(*) FROM marked",
+        ))
+        .bind(key)
+        .bind(claim_id(claim))
+        .bind(status.code())
+        .bind(self.retention_secs())
+        .bind(writes.trees)
+        .bind(writes.keys)
+        .bind(writes.values)
+        .bind(writes.removed_trees)
+        .bind(writes.removed_keys)
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+        Ok(marked > 0)
+    }
+
     async fn begin_callback_now(
         &self,
         nonce: &str,
@@ -196,7 +244,7 @@ impl PgStore {
         let claimed = sqlx::query(&self.sql(&format!(
             "INSERT INTO {{s}}.callbacks AS c (nonce_key, attempts, claim_id, claim_owner, \
                    claimed_at, expires_at) \
-                 VALUES ($1, 1, $2, $6, now(), now() + make_interval(secs => $4)) \
+                 SELECT $1, 1, $2, $6, now(), now() + make_interval(secs => $4) FROM {unsynced} \
                  ON CONFLICT (nonce_key) DO UPDATE \
                    SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, \
                      claim_owner = EXCLUDED.claim_owner, claimed_at = now() \
@@ -205,7 +253,8 @@ impl PgStore {
                        OR c.claimed_at <= now() - make_interval(secs => $5) \
                        OR NOT {alive}) \
                  RETURNING c.attempts, c.done",
-            alive = super::owner_alive("c.claim_owner")
+            alive = super::owner_alive("c.claim_owner"),
+            unsynced = super::UNSYNCED
         )))
         .bind(&key)
         .bind(claim_id(claim))
@@ -254,47 +303,37 @@ impl PgStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut tx = self.pool().begin().await?;
-            let marked = sqlx::query(&self.sql(
-                "UPDATE {s}.callbacks SET done = array_append(done, $3), claim_id = NULL, \
-                   claimed_at = NULL, expires_at = now() + make_interval(secs => $4) \
-                 WHERE nonce_key = $1 AND claim_id = $2",
-            ))
-            .bind(&key)
-            .bind(claim_id(claim))
-            .bind(status.code())
-            .bind(self.retention_secs())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if marked == 0 {
-                return Err(StoreError::ClaimLost(nonce.to_owned()));
+            let tx = self.pool().begin().await?;
+            let failed =
+                match super::trees::apply(tx, effects, &self.inner.schema, &self.inner.trees).await
+                {
+                    // The mark, the failure record of this status gone, and what the tree
+                    // effects wrote, in one statement; then COMMIT.
+                    (Some(mut tx), Ok(writes)) => {
+                        match self
+                            .mark_callback(&mut tx, &key, claim, status, writes)
+                            .await
+                        {
+                            Ok(true) => {
+                                // A COMMIT that fails may or may not have happened: not retried
+                                // here. The next delivery finds the mark, or claims again.
+                                tx.commit().await?;
+                                return Ok(());
+                            }
+                            Ok(false) => return Err(StoreError::ClaimLost(nonce.to_owned())),
+                            Err(error) => error,
+                        }
+                    }
+                    (_, Err(error)) => error,
+                    (None, Ok(_)) => StoreError::abort("the transaction was lost"),
+                };
+            if !(retryable(&failed) && attempt < TX_ATTEMPTS) {
+                return Err(failed);
             }
-            sqlx::query(
-                &self.sql("DELETE FROM {s}.callback_failures WHERE nonce_key = $1 AND status = $2"),
-            )
-            .bind(&key)
-            .bind(status.code())
-            .execute(&mut *tx)
-            .await?;
-            let (tx, applied) =
-                super::trees::apply(tx, effects, &self.inner.schema, &self.inner.trees).await;
-            match (tx, applied) {
-                (Some(tx), Ok(())) => {
-                    // A COMMIT that fails may or may not have happened: not retried here.
-                    // The next delivery finds the mark, or claims the nonce again.
-                    tx.commit().await?;
-                    return Ok(());
-                }
-                (_, Err(error)) if retryable(&error) && attempt < TX_ATTEMPTS => {
-                    tracing::info!(
-                        attempt,
-                        "the callback's transaction met a deadlock; retrying it"
-                    );
-                }
-                (_, Err(error)) => return Err(error),
-                (None, Ok(())) => return Err(StoreError::abort("the transaction was lost")),
-            }
+            tracing::info!(
+                attempt,
+                "the callback's transaction met a deadlock; retrying it"
+            );
         }
     }
 
@@ -309,7 +348,7 @@ impl PgStore {
         let claimed = sqlx::query(&self.sql(&format!(
             "INSERT INTO {{s}}.validations AS v (nonce_key, claim_id, claim_owner, claimed_at, \
                    expires_at) \
-                 VALUES ($1, $2, $5, now(), now() + make_interval(secs => $3)) \
+                 SELECT $1, $2, $5, now(), now() + make_interval(secs => $3) FROM {unsynced} \
                  ON CONFLICT (nonce_key) DO UPDATE \
                    SET claim_id = EXCLUDED.claim_id, claim_owner = EXCLUDED.claim_owner, \
                      claimed_at = now() \
@@ -318,7 +357,8 @@ impl PgStore {
                        OR v.claimed_at <= now() - make_interval(secs => $4) \
                        OR NOT {alive}) \
                  RETURNING 1",
-            alive = super::owner_alive("v.claim_owner")
+            alive = super::owner_alive("v.claim_owner"),
+            unsynced = super::UNSYNCED
         )))
         .bind(&key)
         .bind(claim_id(claim))

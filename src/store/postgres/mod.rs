@@ -159,6 +159,9 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size)
             .acquire_timeout(config.connect_timeout)
+            // No round trip before each use: a connection the database dropped fails its
+            // request (503, retried) and is replaced.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
@@ -373,6 +376,13 @@ impl PgStore {
         Ok(purged)
     }
 }
+
+/// A `FROM` item that turns off the wait for the WAL flush at the commit of the statement
+/// it is in (`synchronous_commit = off` for that transaction only): for claims, releases
+/// and failure records, which may be lost in a crash of the database without harm — a
+/// claim lost is taken again, a release lost runs out, a failure count is a count. The
+/// marks and the merchant's effects always commit synchronously.
+const UNSYNCED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS unsynced";
 
 /// SQL that is true while the instance named by the claim owner column `column` lives
 /// (holds its liveness lock).

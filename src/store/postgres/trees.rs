@@ -3,11 +3,13 @@
 //!
 //! Tree effects are synchronous closures ([`EffectTx`]); they run on a blocking thread that
 //! drives the transaction's queries, so the same handler serves sled and PostgreSQL. A read
-//! locks its key for the rest of the transaction first (`pg_advisory_xact_lock`, then a new
-//! statement reads the value committed by whoever held the lock before), so two concurrent
-//! read-modify-writes of one key never both read the old value.
+//! locks its key for the rest of the transaction first (`{schema}.locked_get`: an advisory
+//! transaction lock, then a new snapshot reads the value committed by whoever held the lock
+//! before), so two concurrent read-modify-writes of one key never both read the old value.
+//! Writes are gathered and written together when the run of tree effects ends.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
@@ -17,12 +19,55 @@ use super::super::effects::{EffectTx, Effects, Staged, Tree, check_declared};
 /// An open transaction, moved to the blocking thread and back.
 type Tx = Transaction<'static, Postgres>;
 
-/// The trees of a transaction, as a tree effect sees them.
+/// The trees of a transaction, as a tree effect sees them: reads go to the database (each
+/// locking its key), writes are kept here and written by the statement that writes the
+/// mark; a read sees this transaction's own writes first.
 struct Trees {
     tx: RefCell<Tx>,
     runtime: tokio::runtime::Handle,
     schema: String,
     declared: Vec<String>,
+    /// (tree, key) → the value written, or `None` when removed.
+    written: RefCell<Written>,
+}
+
+/// What the tree effects wrote, by (tree, key): the value, or `None` for a removal.
+pub(super) type Written = BTreeMap<(String, Vec<u8>), Option<Vec<u8>>>;
+
+/// [`Written`] as the arrays of the statement that writes it with the mark: the upserts
+/// (trees, keys, values) and the removals (trees, keys).
+pub(super) struct Writes {
+    pub(super) trees: Vec<String>,
+    pub(super) keys: Vec<Vec<u8>>,
+    pub(super) values: Vec<Vec<u8>>,
+    pub(super) removed_trees: Vec<String>,
+    pub(super) removed_keys: Vec<Vec<u8>>,
+}
+
+impl From<Written> for Writes {
+    fn from(written: Written) -> Self {
+        let mut writes = Self {
+            trees: vec![],
+            keys: vec![],
+            values: vec![],
+            removed_trees: vec![],
+            removed_keys: vec![],
+        };
+        for ((tree, key), value) in written {
+            match value {
+                Some(value) => {
+                    writes.trees.push(tree);
+                    writes.keys.push(key);
+                    writes.values.push(value);
+                }
+                None => {
+                    writes.removed_trees.push(tree);
+                    writes.removed_keys.push(key);
+                }
+            }
+        }
+        writes
+    }
 }
 
 impl Trees {
@@ -42,81 +87,56 @@ impl Trees {
 impl EffectTx for Trees {
     fn get(&self, tree: &Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         check_declared(&self.declared, tree.name())?;
-        let lock =
-            "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || encode($2, 'hex'), 7))";
-        let read = format!(
-            "SELECT value FROM {}.trees WHERE tree = $1 AND key = $2",
-            self.schema
-        );
+        if let Some(value) = self
+            .written
+            .borrow()
+            .get(&(tree.name().to_owned(), key.to_vec()))
+        {
+            return Ok(value.clone());
+        }
+        let read = format!("SELECT {}.locked_get($1, $2)", self.schema);
         let (name, key) = (tree.name().to_owned(), key.to_vec());
         self.run(move |conn| {
             Box::pin(async move {
-                sqlx::query(lock)
-                    .bind(&name)
-                    .bind(&key)
-                    .execute(&mut *conn)
-                    .await?;
                 let row = sqlx::query(&read)
                     .bind(&name)
                     .bind(&key)
-                    .fetch_optional(&mut *conn)
+                    .fetch_one(&mut *conn)
                     .await?;
-                row.map(|r| r.try_get::<Vec<u8>, _>(0)).transpose()
+                row.try_get::<Option<Vec<u8>>, _>(0)
             })
         })
     }
 
     fn insert(&self, tree: &Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         check_declared(&self.declared, tree.name())?;
-        let write = format!(
-            "INSERT INTO {}.trees (tree, key, value) VALUES ($1, $2, $3) \
-             ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value",
-            self.schema
-        );
-        let (name, key, value) = (tree.name().to_owned(), key.to_vec(), value.to_vec());
-        self.run(move |conn| {
-            Box::pin(async move {
-                sqlx::query(&write)
-                    .bind(name)
-                    .bind(key)
-                    .bind(value)
-                    .execute(&mut *conn)
-                    .await
-                    .map(|_| ())
-            })
-        })
+        self.written
+            .borrow_mut()
+            .insert((tree.name().to_owned(), key.to_vec()), Some(value.to_vec()));
+        Ok(())
     }
 
     fn remove(&self, tree: &Tree, key: &[u8]) -> Result<(), StoreError> {
         check_declared(&self.declared, tree.name())?;
-        let delete = format!(
-            "DELETE FROM {}.trees WHERE tree = $1 AND key = $2",
-            self.schema
-        );
-        let (name, key) = (tree.name().to_owned(), key.to_vec());
-        self.run(move |conn| {
-            Box::pin(async move {
-                sqlx::query(&delete)
-                    .bind(name)
-                    .bind(key)
-                    .execute(&mut *conn)
-                    .await
-                    .map(|_| ())
-            })
-        })
+        self.written
+            .borrow_mut()
+            .insert((tree.name().to_owned(), key.to_vec()), None);
+        Ok(())
     }
 }
 
-/// Runs `effects` in order inside `tx`, and hands the transaction back with the outcome.
-/// A tree effect that panics fails the callback ([`StoreError::Aborted`]); its transaction
-/// is then rolled back (dropped), and `None` is returned in its place.
+/// Runs `effects` in order inside `tx`, and hands the transaction back with the outcome:
+/// what the tree effects wrote, for the statement of the mark to write. A tree effect that
+/// panics fails the callback ([`StoreError::Aborted`]); its transaction is then rolled back
+/// (dropped), and `None` is returned in its place.
 pub(super) async fn apply(
     mut tx: Tx,
     effects: &Effects,
     schema: &str,
     declared: &[String],
-) -> (Option<Tx>, Result<(), StoreError>) {
+) -> (Option<Tx>, Result<Writes, StoreError>) {
     let staged = effects.staged();
+    let mut written = Written::new();
     let mut index = 0;
     while index < staged.len() {
         match &staged[index] {
@@ -134,7 +154,11 @@ pub(super) async fn apply(
                     .cloned()
                     .collect();
                 index += run.len();
-                let trees = (schema.to_owned(), declared.to_vec());
+                let trees = (
+                    schema.to_owned(),
+                    declared.to_vec(),
+                    std::mem::take(&mut written),
+                );
                 let runtime = tokio::runtime::Handle::current();
                 let joined = tokio::task::spawn_blocking(move || {
                     let trees = Trees {
@@ -142,17 +166,21 @@ pub(super) async fn apply(
                         runtime,
                         schema: trees.0,
                         declared: trees.1,
+                        written: RefCell::new(trees.2),
                     };
                     let outcome = run.iter().try_for_each(|effect| match effect {
                         Staged::Trees(effect) => effect(&trees),
                         Staged::Sql(_) => Ok(()),
                     });
-                    (trees.tx.into_inner(), outcome)
+                    (trees.tx.into_inner(), trees.written.into_inner(), outcome)
                 })
                 .await;
                 match joined {
-                    Ok((back, Ok(()))) => tx = back,
-                    Ok((back, Err(error))) => return (Some(back), Err(error)),
+                    Ok((back, so_far, Ok(()))) => {
+                        tx = back;
+                        written = so_far;
+                    }
+                    Ok((back, _, Err(error))) => return (Some(back), Err(error)),
                     Err(_) => {
                         return (
                             None,
@@ -163,7 +191,7 @@ pub(super) async fn apply(
             }
         }
     }
-    (Some(tx), Ok(()))
+    (Some(tx), Ok(written.into()))
 }
 
 /// An error of the merchant's SQL that the database refused as such (a constraint, a type,

@@ -69,3 +69,15 @@ CREATE TABLE {schema}.trees (
     value bytea NOT NULL,
     PRIMARY KEY (tree, key)
 );
+
+-- A key of the merchant's trees read in a callback's transaction, after locking it for the
+-- rest of that transaction: two concurrent read-modify-writes of one key (one that exists
+-- or one that does not yet) are serialised. A VOLATILE function's statements each take a
+-- new snapshot, so the read sees what the lock's previous holder committed.
+CREATE FUNCTION {schema}.locked_get(t text, k bytea) RETURNS bytea
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(t || '/' || encode(k, 'hex'), 7));
+    RETURN (SELECT value FROM {schema}.trees WHERE tree = t AND key = k);
+END
+$$;
