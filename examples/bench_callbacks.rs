@@ -87,6 +87,49 @@ fn main() {
 
 // ---------------------------------------------------------------- the servers (children)
 
+/// P's handler on PostgreSQL: B's ledger written the way a merchant on PostgreSQL writes it,
+/// in payhook's transaction — an entry per nonce, the client's balance upserted.
+struct SqlLedger {
+    schema: String,
+}
+
+impl CallbackReceiver for SqlLedger {
+    async fn receive_callback(
+        &self,
+        callback: CallbackBody,
+        ctx: CallbackContext,
+    ) -> Result<CallbackDecision, HandlerError> {
+        let entry = format!(
+            "INSERT INTO {}.ledger_entries (nonce, client, amount) VALUES ($1, $2, $3::numeric)",
+            self.schema
+        );
+        let balance = format!(
+            "INSERT INTO {s}.ledger_balances (client, amount) VALUES ($1, $2::numeric) \
+             ON CONFLICT (client) DO UPDATE SET amount = ledger_balances.amount + EXCLUDED.amount",
+            s = self.schema
+        );
+        ctx.effects.postgres(move |conn| {
+            let (entry, balance, callback) = (entry.clone(), balance.clone(), callback.clone());
+            Box::pin(async move {
+                let client = format!("{}|{}", callback.client_id, callback.currency);
+                sqlx::query(&entry)
+                    .bind(&callback.nonce)
+                    .bind(&client)
+                    .bind(callback.amount.to_string())
+                    .execute(&mut *conn)
+                    .await?;
+                sqlx::query(&balance)
+                    .bind(&client)
+                    .bind(callback.amount.to_string())
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        });
+        Ok(CallbackDecision::Ack)
+    }
+}
+
 /// D's handler: acknowledges, writes nothing.
 struct Acknowledge;
 
@@ -124,7 +167,26 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
             config.store.schema = schema.to_owned();
             config.store.pool_size = PG_POOL;
         }
-        let app = if scenario == "payhook" {
+        let app = if scenario == "payhook-sql" {
+            let schema = schema.unwrap();
+            let store = payhook::store::PgStore::open(&config.store, &[]).await.unwrap();
+            sqlx::raw_sql(&format!(
+                "CREATE TABLE IF NOT EXISTS {schema}.ledger_entries \
+                   (nonce text PRIMARY KEY, client text NOT NULL, amount numeric NOT NULL); \
+                 CREATE TABLE IF NOT EXISTS {schema}.ledger_balances \
+                   (client text PRIMARY KEY, amount numeric NOT NULL);"
+            ))
+            .execute(store.pool())
+            .await
+            .unwrap();
+            App::builder(config)
+                .store(store)
+                .callback_receiver(SqlLedger {
+                    schema: schema.to_owned(),
+                })
+                .build()
+                .unwrap()
+        } else if scenario == "payhook" {
             let store = merchant::open_store(&config).await.unwrap();
             merchant::app(
                 config,
@@ -390,13 +452,26 @@ fn drive(duration: Duration, only_postgres: bool) {
         let schema = format!("bench_p_{}", std::process::id());
         let data = dir.path().join("p").display().to_string();
         let key = public_key.display().to_string();
+        let p_data = format!("{data}-sql");
+        let server = Server::start(
+            &["serve", "payhook-sql", &p_data, &key, &schema],
+            Stdio::inherit(),
+        );
+        eprintln!("P: payhook on PostgreSQL, B's ledger in SQL, for {}s ...", duration.as_secs());
+        let p = runtime.block_on(load(server.address, unique(), duration));
+        let rss = server.rss_mib().1;
+        drop(server);
+        runtime.block_on(drop_schema(&schema));
         let server = Server::start(
             &["serve", "payhook", &data, &key, &schema],
             Stdio::inherit(),
         );
-        eprintln!("P: payhook on PostgreSQL for {}s ...", duration.as_secs());
-        let p = runtime.block_on(load(server.address, unique(), duration));
-        let rss = server.rss_mib().1;
+        eprintln!(
+            "P': payhook on PostgreSQL, the example's ledger in trees, for {}s ...",
+            duration.as_secs()
+        );
+        let trees = runtime.block_on(load(server.address, unique(), duration));
+        let trees_rss = server.rss_mib().1;
         drop(server);
         eprintln!(
             "Q: the same database work straight from Rust for {}s ...",
@@ -404,7 +479,7 @@ fn drive(duration: Duration, only_postgres: bool) {
         );
         let q = runtime.block_on(ceiling(duration));
         runtime.block_on(drop_schema(&schema));
-        ((p, rss), q)
+        ((p, rss), q, (trees, trees_rss))
     });
     if postgres.is_none() {
         eprintln!(
@@ -427,9 +502,10 @@ fn drive(duration: Duration, only_postgres: bool) {
         ("C  payhook: retries of acknowledged nonces", &c),
         ("D  payhook without the store", &d),
     ];
-    let postgres_rows = postgres.as_ref().map(|(p, q)| {
+    let postgres_rows = postgres.as_ref().map(|(p, q, trees)| {
         [
-            ("P  payhook on PostgreSQL (B's work)", p),
+            ("P  payhook on PostgreSQL: B's ledger in SQL", p),
+            ("P' payhook on PostgreSQL: B's ledger in trees", trees),
             ("Q  the database work alone (ceiling)", q),
         ]
     });
@@ -480,7 +556,7 @@ fn drive(duration: Duration, only_postgres: bool) {
         check("peak RSS of B (MiB)", b.1, 64.0, false),
     ];
     let results: Vec<bool> = match &postgres {
-        Some((p, q)) => results
+        Some((p, q, _)) => results
             .into_iter()
             .chain([
                 check("P/Q", p.0.rate() / q.0.rate(), 0.60, true),
