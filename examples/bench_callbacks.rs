@@ -169,7 +169,9 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
         }
         let app = if scenario == "payhook-sql" {
             let schema = schema.unwrap();
-            let store = payhook::store::PgStore::open(&config.store, &[]).await.unwrap();
+            let store = payhook::store::PgStore::open(&config.store, &[])
+                .await
+                .unwrap();
             sqlx::raw_sql(&format!(
                 "CREATE TABLE IF NOT EXISTS {schema}.ledger_entries \
                    (nonce text PRIMARY KEY, client text NOT NULL, amount numeric NOT NULL); \
@@ -457,7 +459,10 @@ fn drive(duration: Duration, only_postgres: bool) {
             &["serve", "payhook-sql", &p_data, &key, &schema],
             Stdio::inherit(),
         );
-        eprintln!("P: payhook on PostgreSQL, B's ledger in SQL, for {}s ...", duration.as_secs());
+        eprintln!(
+            "P: payhook on PostgreSQL, B's ledger in SQL, for {}s ...",
+            duration.as_secs()
+        );
         let p = runtime.block_on(load(server.address, unique(), duration));
         let rss = server.rss_mib().1;
         drop(server);

@@ -49,7 +49,7 @@ impl DedupStore for PgStore {
     fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             sqlx::query(&self.sql(&format!(
-                "UPDATE {{s}}.callbacks SET claim_id = NULL, claimed_at = NULL FROM {} \
+                "UPDATE {{s}}.callback_claims SET claim_id = NULL, claimed_at = NULL FROM {} \
                  WHERE nonce_key = $1 AND claim_id = $2",
                 super::UNSYNCED
             )))
@@ -172,8 +172,8 @@ impl DedupStore for PgStore {
     fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             sqlx::query(&self.sql(&format!(
-                "DELETE FROM {{s}}.validations USING {} \
-                 WHERE nonce_key = $1 AND claim_id = $2 AND decision IS NULL",
+                "DELETE FROM {{s}}.validation_claims USING {} \
+                 WHERE nonce_key = $1 AND claim_id = $2 AND NOT decided",
                 super::UNSYNCED
             )))
             .bind(nonce_key(nonce))
@@ -198,10 +198,18 @@ impl PgStore {
         writes: super::trees::Writes,
     ) -> Result<bool, StoreError> {
         let marked: i64 = sqlx::query(&self.sql(
-            "WITH marked AS ( \
-               UPDATE {s}.callbacks SET done = array_append(done, $3), claim_id = NULL, \
-                 claimed_at = NULL, expires_at = now() + make_interval(secs => $4) \
-               WHERE nonce_key = $1 AND claim_id = $2 RETURNING 1), \
+            "WITH claimed AS ( \
+               UPDATE {s}.callback_claims SET done = array_append(done, $3), claim_id = NULL, \
+                 claimed_at = NULL \
+               WHERE nonce_key = $1 AND claim_id = $2 RETURNING attempts), \
+             marked AS ( \
+               INSERT INTO {s}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
+               SELECT $1, ARRAY[$3]::int4[], attempts, now() + make_interval(secs => $4) \
+               FROM claimed \
+               ON CONFLICT (nonce_key) DO UPDATE SET done = array_append(cb.done, $3), \
+                 attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at \
+               WHERE NOT cb.done @> ARRAY[$3]::int4[] \
+               RETURNING 1), \
              booked AS ( \
                DELETE FROM {s}.callback_failures \
                WHERE nonce_key = $1 AND status = $3 AND EXISTS (SELECT 1 FROM marked)), \
@@ -241,18 +249,26 @@ impl PgStore {
         let claim = new_claim()?;
         // Claimed unless the status is acknowledged or a live claim stands (by the
         // database's clock).
+        // Claimed unless the status is acknowledged or a live claim stands (by the
+        // database's clock). A claim row mirrors the acknowledged statuses: its latest
+        // version refuses the claim, whatever this statement's snapshot saw of `callbacks`
+        // (which answers alone only when the claims were lost with a crash).
         let claimed = sqlx::query(&self.sql(&format!(
-            "INSERT INTO {{s}}.callbacks AS c (nonce_key, attempts, claim_id, claim_owner, \
-                   claimed_at, expires_at) \
-                 SELECT $1, 1, $2, $6, now(), now() + make_interval(secs => $4) FROM {unsynced} \
-                 ON CONFLICT (nonce_key) DO UPDATE \
-                   SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, \
-                     claim_owner = EXCLUDED.claim_owner, claimed_at = now() \
-                   WHERE NOT (c.done @> ARRAY[$3]::int4[]) \
-                     AND (c.claim_id IS NULL \
-                       OR c.claimed_at <= now() - make_interval(secs => $5) \
-                       OR NOT {alive}) \
-                 RETURNING c.attempts, c.done",
+            "INSERT INTO {{s}}.callback_claims AS c (nonce_key, done, attempts, claim_id, \
+               claim_owner, claimed_at, expires_at) \
+             SELECT $1, coalesce(cb.done, '{{}}'), coalesce(cb.attempts, 0) + 1, $2, $6, now(), \
+               now() + make_interval(secs => $4) \
+             FROM {unsynced} LEFT JOIN {{s}}.callbacks cb ON cb.nonce_key = $1 \
+             WHERE NOT coalesce(cb.done @> ARRAY[$3]::int4[], false) \
+             ON CONFLICT (nonce_key) DO UPDATE \
+               SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, \
+                 claim_owner = EXCLUDED.claim_owner, claimed_at = now(), \
+                 expires_at = EXCLUDED.expires_at \
+               WHERE NOT (c.done @> ARRAY[$3]::int4[]) \
+                 AND (c.claim_id IS NULL \
+                   OR c.claimed_at <= now() - make_interval(secs => $5) \
+                   OR NOT {alive}) \
+             RETURNING c.attempts, c.done",
             alive = super::owner_alive("c.claim_owner"),
             unsynced = super::UNSYNCED
         )))
@@ -273,9 +289,12 @@ impl PgStore {
                 previous_status: done.last().map(|code| TransactionStatus::from_code(*code)),
             });
         }
-        let acknowledged = sqlx::query(
-            &self.sql("SELECT done @> ARRAY[$2]::int4[] FROM {s}.callbacks WHERE nonce_key = $1"),
-        )
+        let acknowledged = sqlx::query(&self.sql(
+            "SELECT done @> ARRAY[$2]::int4[] FROM {s}.callback_claims WHERE nonce_key = $1 \
+             UNION ALL \
+             SELECT done @> ARRAY[$2]::int4[] FROM {s}.callbacks WHERE nonce_key = $1 \
+             ORDER BY 1 DESC LIMIT 1",
+        ))
         .bind(&key)
         .bind(status.code())
         .fetch_optional(self.pool())
@@ -346,17 +365,18 @@ impl PgStore {
         let key = nonce_key(nonce);
         let claim = new_claim()?;
         let claimed = sqlx::query(&self.sql(&format!(
-            "INSERT INTO {{s}}.validations AS v (nonce_key, claim_id, claim_owner, claimed_at, \
-                   expires_at) \
-                 SELECT $1, $2, $5, now(), now() + make_interval(secs => $3) FROM {unsynced} \
-                 ON CONFLICT (nonce_key) DO UPDATE \
-                   SET claim_id = EXCLUDED.claim_id, claim_owner = EXCLUDED.claim_owner, \
-                     claimed_at = now() \
-                   WHERE v.decision IS NULL \
-                     AND (v.claim_id IS NULL \
-                       OR v.claimed_at <= now() - make_interval(secs => $4) \
-                       OR NOT {alive}) \
-                 RETURNING 1",
+            "INSERT INTO {{s}}.validation_claims AS v (nonce_key, claim_id, claim_owner, \
+               claimed_at, expires_at) \
+             SELECT $1, $2, $5, now(), now() + make_interval(secs => $3) FROM {unsynced} \
+             WHERE NOT EXISTS (SELECT 1 FROM {{s}}.validations WHERE nonce_key = $1) \
+             ON CONFLICT (nonce_key) DO UPDATE \
+               SET claim_id = EXCLUDED.claim_id, claim_owner = EXCLUDED.claim_owner, \
+                 claimed_at = now(), expires_at = EXCLUDED.expires_at \
+               WHERE NOT v.decided \
+                 AND (v.claim_id IS NULL \
+                   OR v.claimed_at <= now() - make_interval(secs => $4) \
+                   OR NOT {alive}) \
+             RETURNING 1",
             alive = super::owner_alive("v.claim_owner"),
             unsynced = super::UNSYNCED
         )))
@@ -379,10 +399,7 @@ impl PgStore {
         let Some(row) = row else {
             return Ok(ValidationBegin::Busy);
         };
-        let (kept, decision): (Option<String>, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
-        let (Some(kept), Some(decision)) = (kept, decision) else {
-            return Ok(ValidationBegin::Busy);
-        };
+        let (kept, decision): (String, String) = (row.try_get(0)?, row.try_get(1)?);
         let kept: KeptFingerprint = decode_json(nonce, &kept)?;
         Ok(if kept.matches(fingerprint) {
             ValidationBegin::Recorded(decode_json(nonce, &decision)?)
@@ -401,9 +418,12 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool().begin().await?;
         let marked = sqlx::query(&self.sql(
-            "UPDATE {s}.validations SET fingerprint = $3::jsonb, decision = $4::jsonb, \
-               claim_id = NULL, claimed_at = NULL, expires_at = now() + make_interval(secs => $5) \
-             WHERE nonce_key = $1 AND claim_id = $2",
+            "WITH claimed AS ( \
+               UPDATE {s}.validation_claims SET decided = true, claim_id = NULL, claimed_at = NULL \
+               WHERE nonce_key = $1 AND claim_id = $2 RETURNING 1) \
+             INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
+             SELECT $1, $3::jsonb, $4::jsonb, now() + make_interval(secs => $5) FROM claimed \
+             ON CONFLICT (nonce_key) DO NOTHING",
         ))
         .bind(nonce_key(nonce))
         .bind(claim_id(claim))

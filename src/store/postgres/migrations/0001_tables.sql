@@ -1,30 +1,50 @@
 -- payhook's tables, in the schema named by store.schema ({schema} below).
 
--- One row per callback nonce: the statuses acknowledged, oldest first, and the claim of the
--- delivery processing it now (a lease on the database's clock, and the instance that holds
--- it: a claim whose instance is gone is taken over at once).
+-- One row per callback nonce acknowledged: its statuses, oldest first.
 CREATE TABLE {schema}.callbacks (
     nonce_key   text PRIMARY KEY,
-    done        integer[] NOT NULL DEFAULT '{}',
+    done        integer[] NOT NULL,
     attempts    integer NOT NULL DEFAULT 0,
-    claim_id    bigint,
-    claim_owner integer,
-    claimed_at  timestamptz,
     expires_at  timestamptz NOT NULL
 );
 CREATE INDEX callbacks_expiry ON {schema}.callbacks (expires_at);
 
--- One row per validation nonce: the payment it was first used for and the decision.
+-- One row per validation nonce decided: the payment it was first used for and the decision.
 CREATE TABLE {schema}.validations (
     nonce_key   text PRIMARY KEY,
-    fingerprint jsonb,
-    decision    jsonb,
+    fingerprint jsonb NOT NULL,
+    decision    jsonb NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX validations_expiry ON {schema}.validations (expires_at);
+
+-- The claims of deliveries in progress: a lease on the database's clock (`claimed_at`) and
+-- the instance that holds it (`claim_owner`: a claim whose instance is gone is taken over
+-- at once). UNLOGGED: a claim needs no durability (lost in a crash of the database, it is
+-- taken again), so claiming writes no WAL. A callback's claim row also mirrors the statuses
+-- acknowledged (`done`, written in the mark's transaction), so that a claim is refused for
+-- an acknowledged status by the row's latest version, never by a stale snapshot; after a
+-- crash empties the table, `callbacks` answers for what was acknowledged.
+CREATE UNLOGGED TABLE {schema}.callback_claims (
+    nonce_key   text PRIMARY KEY,
+    done        integer[] NOT NULL,
+    attempts    integer NOT NULL,
     claim_id    bigint,
     claim_owner integer,
     claimed_at  timestamptz,
     expires_at  timestamptz NOT NULL
 );
-CREATE INDEX validations_expiry ON {schema}.validations (expires_at);
+CREATE INDEX callback_claims_expiry ON {schema}.callback_claims (expires_at);
+
+CREATE UNLOGGED TABLE {schema}.validation_claims (
+    nonce_key   text PRIMARY KEY,
+    decided     boolean NOT NULL DEFAULT false,
+    claim_id    bigint,
+    claim_owner integer,
+    claimed_at  timestamptz,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX validation_claims_expiry ON {schema}.validation_claims (expires_at);
 
 -- Callbacks whose handler failed, per (nonce, status), until that status is booked.
 CREATE TABLE {schema}.callback_failures (
