@@ -755,3 +755,53 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     drop(conn);
     b.finish().await;
 }
+
+/// TLS to the database (managed PostgreSQL requires it), on rustls: `sslmode=require`
+/// encrypts every connection of the store; `sslmode=verify-full` refuses a server whose
+/// certificate no trusted root signed (here: the test server's self-signed one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_the_database_use_tls_and_verify_it_when_asked() {
+    let Some(db) = support::postgres::database("tls_to_the_database").await else {
+        return;
+    };
+    let mut conn = db.connect().await;
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    if ssl != "on" {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the test PostgreSQL has ssl = {ssl}: CI must test TLS (Debian's default is on)"
+        );
+        support::announce_skip(
+            "connections_to_the_database_use_tls",
+            &format!("the test PostgreSQL has ssl = {ssl}"),
+        );
+        return;
+    }
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    let mut config = db.store_config(RETENTION);
+    config.url = Some(format!("{}{separator}sslmode=require", db.url).into());
+    let store = payhook::store::PgStore::open(&config, &[]).await.unwrap();
+    let shared: Arc<dyn Store> = Arc::new(store.clone());
+    shared
+        .begin_callback("tls-1", TransactionStatus::Success, STALE)
+        .await
+        .unwrap();
+    // The store's own connection, as the database sees it.
+    let encrypted: bool =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert!(encrypted, "the store's connection is encrypted");
+    drop((shared, store));
+
+    config.url = Some(format!("{}{separator}sslmode=verify-full", db.url).into());
+    config.connect_timeout = Duration::from_secs(2);
+    let refused = payhook::store::PgStore::open(&config, &[]).await;
+    assert!(refused.is_err(), "an untrusted certificate is refused");
+    drop(conn);
+    db.drop_schema().await;
+}
