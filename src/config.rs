@@ -73,6 +73,11 @@ pub const CONFIG_FILE_VAR: &str = "PAYHOOK_CONFIG";
 /// aggregator the simulator plays, not a service, so the loader leaves them alone — an
 /// operator who exports one for the simulator can still start a service in the same shell.
 pub const SIMULATOR_ENV_PREFIX: &str = "PAYHOOK_MOCK_";
+/// Prefixes of the development tools' own variables: `PAYHOOK_TEST_DATABASE_URL` (the
+/// PostgreSQL of payhook's tests and of a scaffolded service's test) and
+/// `PAYHOOK_BENCH_DATABASE_URL` (the benchmark's). Left alone by the loader, like the
+/// simulator's: a developer who exports one can still start a service in the same shell.
+pub const TOOLING_ENV_PREFIXES: [&str; 2] = ["PAYHOOK_TEST_", "PAYHOOK_BENCH_"];
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -409,7 +414,12 @@ fn env_overrides(
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        if name == CONFIG_FILE_VAR || name.starts_with(SIMULATOR_ENV_PREFIX) {
+        if name == CONFIG_FILE_VAR
+            || name.starts_with(SIMULATOR_ENV_PREFIX)
+            || TOOLING_ENV_PREFIXES
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+        {
             continue;
         }
         let path = env_path(&rest.to_ascii_lowercase())

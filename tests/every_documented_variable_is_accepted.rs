@@ -75,6 +75,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_ADMIN_TOKEN" => "admin-token-0123456789".into(),
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
+        // The tools' own: the loader leaves them alone.
+        "PAYHOOK_TEST_DATABASE_URL" | "PAYHOOK_BENCH_DATABASE_URL" => "not-a-setting".into(),
         _ if suffix("_URL") => "https://aggregator.example".into(),
         _ if suffix("_METHOD") => "none".into(),
         _ if suffix("_HEADER") => "X-Test-Header".into(),
