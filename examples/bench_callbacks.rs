@@ -454,36 +454,31 @@ fn drive(duration: Duration, only_postgres: bool) {
         let schema = format!("bench_p_{}", std::process::id());
         let data = dir.path().join("p").display().to_string();
         let key = public_key.display().to_string();
-        let p_data = format!("{data}-sql");
-        let server = Server::start(
-            &["serve", "payhook-sql", &p_data, &key, &schema],
-            Stdio::inherit(),
+        // One of the two services on PostgreSQL, under the same load; its schema dropped.
+        let measure = |scenario: &str, label: &str| {
+            let data = format!("{data}-{scenario}");
+            let server =
+                Server::start(&["serve", scenario, &data, &key, &schema], Stdio::inherit());
+            eprintln!("{label} for {}s ...", duration.as_secs());
+            let outcome = runtime.block_on(load(server.address, unique(), duration));
+            let rss = server.rss_mib().1;
+            drop(server);
+            runtime.block_on(drop_schema(&schema));
+            (outcome, rss)
+        };
+        let (p, rss) = measure(
+            "payhook-sql",
+            "P: payhook on PostgreSQL, B's ledger in SQL,",
         );
-        eprintln!(
-            "P: payhook on PostgreSQL, B's ledger in SQL, for {}s ...",
-            duration.as_secs()
+        let (trees, trees_rss) = measure(
+            "payhook",
+            "P': payhook on PostgreSQL, the example's ledger in trees,",
         );
-        let p = runtime.block_on(load(server.address, unique(), duration));
-        let rss = server.rss_mib().1;
-        drop(server);
-        runtime.block_on(drop_schema(&schema));
-        let server = Server::start(
-            &["serve", "payhook", &data, &key, &schema],
-            Stdio::inherit(),
-        );
-        eprintln!(
-            "P': payhook on PostgreSQL, the example's ledger in trees, for {}s ...",
-            duration.as_secs()
-        );
-        let trees = runtime.block_on(load(server.address, unique(), duration));
-        let trees_rss = server.rss_mib().1;
-        drop(server);
         eprintln!(
             "Q: the same database work straight from Rust for {}s ...",
             duration.as_secs()
         );
         let q = runtime.block_on(ceiling(duration));
-        runtime.block_on(drop_schema(&schema));
         ((p, rss), q, (trees, trees_rss))
     });
     if postgres.is_none() {

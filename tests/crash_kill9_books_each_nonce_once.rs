@@ -11,7 +11,7 @@
 
 mod support;
 
-use payhook::signature::{Algorithm, Encoding};
+use payhook::signature::Algorithm;
 use rust_decimal::Decimal;
 use std::{
     collections::VecDeque,
@@ -28,22 +28,6 @@ use support::*;
 const CALLBACKS: usize = 2_000;
 const SENDERS: usize = 100;
 const KILLS: usize = 3;
-
-/// A small deterministic generator (xorshift), so that the run is the same every time.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Starts the example on `listen` with the store in `data`; returns it and its address.
 fn start_merchant(listen: &str, data: &Path) -> (Spawned, SocketAddr) {
@@ -75,27 +59,12 @@ fn deliveries() -> Vec<Delivery> {
             };
             let amount = Decimal::new(i64::try_from(rng.below(1_000_000)).unwrap() + 1, 2);
             let nonce = format!("crash-{i:04}");
-            let body = CALLBACK
-                .replace("\"nonce-cb-1\"", &format!("\"{nonce}\""))
-                .replace(
-                    "\"transactionStatus\": 4",
-                    &format!("\"transactionStatus\": {status}"),
-                )
-                .replace("\"amount\": 0.1", &format!("\"amount\": {amount}"))
-                .replace(
-                    "\"clientId\": \"client-42\"",
-                    &format!("\"clientId\": \"client-{}\"", i % 10),
-                );
-            let signature = signer
-                .header_value(body.as_bytes(), Encoding::Base64, None)
-                .unwrap();
-            let request = post(
-                CALLBACK_PATH,
-                &[
-                    ("Content-Type", "application/json"),
-                    ("X-Signature", &signature),
-                ],
-                body.as_bytes(),
+            let request = signed_callback(
+                &signer,
+                &nonce,
+                status,
+                &amount.to_string(),
+                &format!("client-{}", i % 10),
             );
             Delivery {
                 nonce,

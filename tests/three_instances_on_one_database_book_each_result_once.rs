@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use payhook::signature::{Algorithm, Encoding, SigningKey};
+use payhook::signature::{Algorithm, SigningKey};
 use rust_decimal::Decimal;
 use sqlx::Row;
 use support::postgres::TestDb;
@@ -26,18 +26,6 @@ const CALLBACKS: usize = 2_000;
 const SENDERS: usize = 50;
 const INSTANCES: usize = 3;
 const KILLS: [usize; 4] = [300, 800, 1_300, 1_800];
-
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 fn start_instance(db: &TestDb, listen: &str) -> (Spawned, SocketAddr) {
     let mut env = ed25519_example_env();
@@ -59,27 +47,12 @@ struct Result_ {
 
 fn callback(signer: &SigningKey, i: usize, status: i32, amount: Decimal) -> Result_ {
     let nonce = format!("storm-{i:04}");
-    let body = CALLBACK
-        .replace("\"nonce-cb-1\"", &format!("\"{nonce}\""))
-        .replace(
-            "\"transactionStatus\": 4",
-            &format!("\"transactionStatus\": {status}"),
-        )
-        .replace("\"amount\": 0.1", &format!("\"amount\": {amount}"))
-        .replace(
-            "\"clientId\": \"client-42\"",
-            &format!("\"clientId\": \"client-{}\"", i % 50),
-        );
-    let signature = signer
-        .header_value(body.as_bytes(), Encoding::Base64, None)
-        .unwrap();
-    let request = post(
-        CALLBACK_PATH,
-        &[
-            ("Content-Type", "application/json"),
-            ("X-Signature", &signature),
-        ],
-        body.as_bytes(),
+    let request = signed_callback(
+        signer,
+        &nonce,
+        status,
+        &amount.to_string(),
+        &format!("client-{}", i % 50),
     );
     Result_ {
         nonce,

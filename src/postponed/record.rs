@@ -190,6 +190,27 @@ impl PostponedValidation {
             PostponedState::Delivered | PostponedState::Conflict
         )
     }
+
+    /// What falls due next for this record, as a store indexes it.
+    pub(crate) fn next_due(&self) -> NextDue {
+        match self.result.as_ref().map(|r| &r.delivery) {
+            None => NextDue::Deadline(self.deadline),
+            Some(Delivery::Queued { next_attempt, .. }) => NextDue::Delivery(*next_attempt),
+            Some(_) => NextDue::Nothing,
+        }
+    }
+}
+
+/// What falls due next for a postponed validation: the stores keep it in their indexes of
+/// undecided validations (by deadline) and of the outbox (by next attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextDue {
+    /// Undecided: its deadline, if it has one.
+    Deadline(Option<DateTime<Utc>>),
+    /// Decided, its result awaiting delivery: the next attempt.
+    Delivery(DateTime<Utc>),
+    /// Delivered or refused: nothing more.
+    Nothing,
 }
 
 /// What a resolve did.

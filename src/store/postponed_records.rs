@@ -11,7 +11,7 @@ use super::StoreError;
 use super::keys;
 use super::record::{decode, encode};
 use super::staging::Staging;
-use crate::postponed::record::{Delivery, PostponedValidation, Resolution};
+use crate::postponed::record::{Delivery, NextDue, PostponedValidation, Resolution};
 
 /// A write to the postponed records, applied by the store's writer within a batch.
 pub(crate) enum PostponedOp {
@@ -45,21 +45,20 @@ pub(crate) fn put(staging: &mut Staging<'_>, record: &PostponedValidation) {
     );
     let waiting = keys::by_id(keys::WAITING_PREFIX, id);
     let outbox = keys::by_id(keys::OUTBOX_PREFIX, id);
-    match record.result.as_ref().map(|r| &r.delivery) {
-        None => {
-            let deadline = record
-                .deadline
+    match record.next_due() {
+        NextDue::Deadline(deadline) => {
+            let deadline = deadline
                 .map(|time| super::ms_from_time(time).to_be_bytes().to_vec())
                 .unwrap_or_default();
             staging.put(waiting, Some(deadline));
             staging.put(outbox, None);
         }
-        Some(Delivery::Queued { next_attempt, .. }) => {
-            let next_attempt = super::ms_from_time(*next_attempt);
+        NextDue::Delivery(next_attempt) => {
+            let next_attempt = super::ms_from_time(next_attempt);
             staging.put(waiting, None);
             staging.put(outbox, Some(next_attempt.to_be_bytes().to_vec()));
         }
-        Some(_) => {
+        NextDue::Nothing => {
             staging.put(waiting, None);
             staging.put(outbox, None);
         }

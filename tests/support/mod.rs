@@ -607,3 +607,52 @@ pub fn announce(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// A small deterministic generator (xorshift), so that a run is the same every time.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The whole HTTP request of a callback ([`CALLBACK`] with `nonce`, `status`, `amount` and
+/// `client`), signed by `signer` in the `X-Signature` header (base64).
+pub fn signed_callback(
+    signer: &payhook::signature::SigningKey,
+    nonce: &str,
+    status: i32,
+    amount: &str,
+    client: &str,
+) -> Vec<u8> {
+    let body = CALLBACK
+        .replace("\"nonce-cb-1\"", &format!("\"{nonce}\""))
+        .replace(
+            "\"transactionStatus\": 4",
+            &format!("\"transactionStatus\": {status}"),
+        )
+        .replace("\"amount\": 0.1", &format!("\"amount\": {amount}"))
+        .replace(
+            "\"clientId\": \"client-42\"",
+            &format!("\"clientId\": \"{client}\""),
+        );
+    let signature = signer
+        .header_value(body.as_bytes(), payhook::signature::Encoding::Base64, None)
+        .unwrap();
+    post(
+        CALLBACK_PATH,
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Signature", &signature),
+        ],
+        body.as_bytes(),
+    )
+}

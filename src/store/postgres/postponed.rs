@@ -6,7 +6,7 @@ use sqlx::{PgConnection, Row};
 
 use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture};
 use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
-use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
+use crate::postponed::record::{Decision, Delivery, NextDue, PostponedValidation, Resolution};
 
 /// The columns that index a record: its deadline while undecided, its next attempt while
 /// its result awaits delivery, and whether it is final.
@@ -17,10 +17,10 @@ struct Indexed {
 }
 
 fn indexed(record: &PostponedValidation) -> Indexed {
-    let (deadline_at, deliver_at) = match record.result.as_ref().map(|r| &r.delivery) {
-        None => (record.deadline, None),
-        Some(Delivery::Queued { next_attempt, .. }) => (None, Some(*next_attempt)),
-        Some(_) => (None, None),
+    let (deadline_at, deliver_at) = match record.next_due() {
+        NextDue::Deadline(deadline) => (deadline, None),
+        NextDue::Delivery(next_attempt) => (None, Some(next_attempt)),
+        NextDue::Nothing => (None, None),
     };
     Indexed {
         deadline_at,
