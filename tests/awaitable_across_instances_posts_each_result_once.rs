@@ -233,3 +233,75 @@ async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
     drop((survivor, app, decider));
     db.drop_schema().await;
 }
+
+/// Decides slowly (a manual review within the time budget), counting its calls.
+#[derive(Clone, Default)]
+struct SlowReviewer {
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TransactionValidator for SlowReviewer {
+    async fn validate_transaction(
+        &self,
+        _: TransactionValidationRequest,
+        _: RequestContext,
+    ) -> Result<ValidationDecision, HandlerError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        Ok(ValidationDecision::Deny {
+            message: "limit reached".into(),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_waiting_on_another_instance_learns_the_decision_made_elsewhere() {
+    let Some(db) = support::postgres::database("decision_made_elsewhere").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let reviewer = SlowReviewer::default();
+    let mut addresses = Vec::new();
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store_config = db.store_config(Duration::from_secs(86_400));
+        let store = ConfiguredStore::open(&store_config, &[]).await.unwrap();
+        let mut config = config(&gateway, store_config);
+        config.validation.time_budget = Duration::from_secs(5);
+        let app = App::builder(config)
+            .shared_store(store.shared())
+            .transaction_validator(reviewer.clone())
+            .build()
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addresses.push(listener.local_addr().unwrap());
+        tokio::spawn(payhook::serve(
+            listener,
+            app.clone(),
+            std::future::pending(),
+        ));
+        apps.push(app);
+    }
+    // The same validation at both instances at once: one decides, the other waits for it.
+    let request = validation("elsewhere-1", 501);
+    let (first, second) = tokio::join!(support::exchange(addresses[0], &request), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        support::exchange(addresses[1], &request).await
+    });
+    for answer in [&first, &second] {
+        assert_eq!(
+            answer.status,
+            403,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert!(String::from_utf8_lossy(&answer.body).contains("limit reached"));
+    }
+    assert_eq!(
+        reviewer.calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one handler decided; the copy at the other instance learned its decision"
+    );
+    drop(apps);
+    db.drop_schema().await;
+}
