@@ -130,6 +130,30 @@ async fn exchange_raw(addr: SocketAddr, request: &[u8]) -> Option<Answer> {
     })
 }
 
+/// The JSON values of one of the example merchant's trees in `schema`, by key.
+async fn tree<T: serde::de::DeserializeOwned>(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+    name: &str,
+) -> BTreeMap<String, T> {
+    sqlx::query(&format!(
+        "SELECT key, value FROM {schema}.trees WHERE tree = $1"
+    ))
+    .bind(name)
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        let (key, value): (Vec<u8>, Vec<u8>) = (r.get(0), r.get(1));
+        (
+            String::from_utf8(key).unwrap(),
+            serde_json::from_slice(&value).unwrap(),
+        )
+    })
+    .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_book_every_result_once_through_kills() {
     let Some(db) = support::postgres::database("three_instances").await else {
@@ -237,22 +261,8 @@ async fn three_instances_book_every_result_once_through_kills() {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
-    let entries: BTreeMap<String, serde_json::Value> = sqlx::query(&format!(
-        "SELECT key, value FROM {schema}.trees WHERE tree = 'ledger_entries'"
-    ))
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| {
-        let key: Vec<u8> = r.get(0);
-        let value: Vec<u8> = r.get(1);
-        (
-            String::from_utf8(key).unwrap(),
-            serde_json::from_slice(&value).unwrap(),
-        )
-    })
-    .collect();
+    let entries: BTreeMap<String, serde_json::Value> =
+        tree(&mut conn, schema, "ledger_entries").await;
     assert_eq!(
         entries.len(),
         CALLBACKS,
@@ -290,22 +300,7 @@ async fn three_instances_book_every_result_once_through_kills() {
         let client = entry["client_id"].as_str().unwrap().to_owned();
         *sums.entry(format!("{client}|EUR")).or_default() += effect;
     }
-    let balances: BTreeMap<String, Decimal> = sqlx::query(&format!(
-        "SELECT key, value FROM {schema}.trees WHERE tree = 'ledger_balances'"
-    ))
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| {
-        let key: Vec<u8> = r.get(0);
-        let value: Vec<u8> = r.get(1);
-        (
-            String::from_utf8(key).unwrap(),
-            serde_json::from_slice(&value).unwrap(),
-        )
-    })
-    .collect();
+    let balances: BTreeMap<String, Decimal> = tree(&mut conn, schema, "ledger_balances").await;
     for (client, sum) in &sums {
         assert_eq!(
             balances.get(client).copied().unwrap_or_default(),
