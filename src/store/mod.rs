@@ -233,6 +233,28 @@ pub(crate) use sled_store::open_locked;
 pub use sled_store::{CommitHold, HoldPoint, KeyValue, SledStore};
 pub use watermark::{IntegrityError, IntegrityReport, Seal};
 
+/// The store's traits, for calling their methods on a concrete store (`SledStore`,
+/// `PgStore`) or on `Arc<dyn Store>`:
+///
+/// ```
+/// use payhook::store::prelude::*;
+/// use payhook::store::{SledStore, StoreConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), payhook::store::StoreError> {
+/// # let dir = tempfile::tempdir().map_err(|e| payhook::store::StoreError::abort(e.to_string()))?;
+/// # let config = StoreConfig { path: dir.path().join("data"), ..StoreConfig::default() };
+/// let store = SledStore::open(&config, &[])?;
+/// let status = payhook::model::TransactionStatus::Success;
+/// assert!(!store.callback_acknowledged("n-1", status).await?);
+/// assert_eq!(store.outbox_len().await?, 0);
+/// # Ok(())
+/// # }
+/// ```
+pub mod prelude {
+    pub use super::{DedupStore, PostponedStore, Store};
+}
+
 /// A claim on a nonce: proof that this delivery owns it until it finishes or releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
