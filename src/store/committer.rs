@@ -99,6 +99,10 @@ pub(crate) struct Context {
     pub(crate) watermark: Watermark,
     /// Test-only: where commits wait for a test to let them go.
     pub(crate) gate: Gate,
+    /// Benchmark-only ([`super::SledStore::open_without_durability_for_benchmarks`]):
+    /// commits apply their batch and make nothing durable — no flush, no fdatasync, no
+    /// watermark — so that a benchmark measures payhook's durable path without the disk.
+    pub(crate) without_durability: bool,
 }
 
 /// Where a commit may be held by a test ([`super::SledStore::hold_commits`]).
@@ -479,7 +483,11 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         // before any reply: an acknowledged commit is always at or below the watermark.
         let seal = context.watermark.next(now);
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
-        apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
+        if context.without_durability {
+            apply(context, overlay)
+        } else {
+            apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
+        }
     };
     if let Err(error) = &outcome {
         tracing::error!(error = %crate::report::InLine(error), "committing a batch failed; the store refuses further work until restarted");
@@ -542,6 +550,17 @@ fn stage_callback(
 }
 
 fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {
+    apply(context, overlay)?;
+    context.gate.pass(HoldPoint::BeforeFlush);
+    context.db.flush()?;
+    context
+        .data_file
+        .sync_data()
+        .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e))
+}
+
+/// Applies `overlay` to sled in one atomic batch (not yet durable).
+fn apply(context: &Context, overlay: Overlay) -> Result<(), StoreError> {
     let mut batch = sled::Batch::default();
     for (key, value) in overlay {
         match value {
@@ -551,12 +570,7 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
     }
     context.gate.pass(HoldPoint::BeforeApply);
     context.tree.apply_batch(batch)?;
-    context.gate.pass(HoldPoint::BeforeFlush);
-    context.db.flush()?;
-    context
-        .data_file
-        .sync_data()
-        .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e))
+    Ok(())
 }
 
 /// Removes records whose expiry passed, through the expiry index, stopping after the index

@@ -84,6 +84,27 @@ impl SledStore {
     /// replaced data file, a missing watermark); [`StoreError::Backend`] when the directory
     /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
+        Self::open_with(config, trees, false)
+    }
+
+    /// **For benchmarks only — it loses acknowledged writes.** The store with its whole
+    /// request path (claims, effects, group commit, waits) whose commits make nothing
+    /// durable: no flush, no fdatasync, no watermark. `bench_callbacks`' scenario E measures
+    /// payhook's own cost of the durable path with it.
+    #[doc(hidden)]
+    pub fn open_without_durability_for_benchmarks(
+        config: &StoreConfig,
+        trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        tracing::warn!("store opened WITHOUT durability: for benchmarks only");
+        Self::open_with(config, trees, true)
+    }
+
+    fn open_with(
+        config: &StoreConfig,
+        trees: &[&str],
+        without_durability: bool,
+    ) -> Result<Self, StoreError> {
         if let Some(bad) = trees.iter().find(|t| t.contains('\0')) {
             return Err(StoreError::backend_message(format!(
                 "tree name {bad:?} contains a NUL byte"
@@ -108,6 +129,7 @@ impl SledStore {
             failed: Arc::clone(&failed),
             watermark,
             gate: Gate::default(),
+            without_durability,
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
