@@ -540,12 +540,17 @@ fn drive(duration: Duration, only_postgres: bool) {
             ""
         };
         println!(
-            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9.1}{note}",
+            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9}{note}",
             outcome.rate(),
             outcome.percentile_ms(0.50),
             outcome.percentile_ms(0.99),
             outcome.non_2xx,
-            rss
+            // Q runs in this process: it has no RSS of its own.
+            if rss.is_nan() {
+                "—".to_owned()
+            } else {
+                format!("{rss:.1}")
+            }
         );
     }
     let check = |label: &str, value: f64, target: f64, at_least: bool| {
@@ -713,5 +718,5 @@ async fn ceiling(duration: Duration) -> (Outcome, f64) {
     outcome.latencies_us.sort_unstable();
     pool.close().await;
     drop_schema(&schema).await;
-    (outcome, 0.0)
+    (outcome, f64::NAN)
 }

@@ -142,3 +142,54 @@ impl StoreConfig {
         self.url.is_some()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(config: StoreConfig) -> String {
+        let error = config.validate().unwrap_err();
+        format!("{}: {}", error.key, error.reason)
+    }
+
+    #[test]
+    fn a_store_url_that_is_no_postgresql_address_and_bad_pool_settings_are_refused() {
+        let with = |f: fn(&mut StoreConfig)| {
+            let mut config = StoreConfig::default();
+            f(&mut config);
+            config
+        };
+        let url = refused(with(|c| c.url = Some("mysql://db/payments".into())));
+        assert!(
+            url.starts_with("store.url: must be a PostgreSQL address"),
+            "{url}"
+        );
+        // The address is a secret: the refusal does not quote it.
+        assert!(!url.contains("mysql://"), "{url}");
+        for schema in [
+            "",
+            "Payhook",
+            "pay-hook",
+            "1payhook",
+            "a;drop schema x",
+            &"s".repeat(64),
+        ] {
+            let config = StoreConfig {
+                schema: schema.to_owned(),
+                ..StoreConfig::default()
+            };
+            assert!(refused(config).starts_with("store.schema:"), "{schema}");
+        }
+        assert!(refused(with(|c| c.pool_size = 0)).starts_with("store.pool_size:"));
+        let sound = StoreConfig {
+            url: Some("postgres://payhook@db/payments".into()),
+            schema: "payhook_2".into(),
+            ..StoreConfig::default()
+        };
+        if cfg!(feature = "postgres") {
+            assert!(sound.validate().is_ok());
+        } else {
+            assert!(refused(sound).contains("`postgres` feature"));
+        }
+    }
+}

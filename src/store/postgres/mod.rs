@@ -3,10 +3,11 @@
 //!
 //! Every instance opens the same database; what one instance records, every other sees.
 //!
-//! * **Deduplication.** A nonce's row holds the statuses acknowledged and the claim of the
-//!   delivery processing it now: a lease taken and judged by the database's clock
-//!   (`now()`), so that an instance whose clock is off can neither steal a live claim nor
-//!   keep a dead one. A claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` that
+//! * **Deduplication.** `callbacks` and `validations` hold what was acknowledged or decided;
+//!   the claim of the delivery processing a nonce now is a row of `callback_claims` or
+//!   `validation_claims` (UNLOGGED: a claim needs no durability, so claiming writes no WAL):
+//!   a lease taken and judged by the database's clock (`now()`), so that an instance whose
+//!   clock is off can neither steal a live claim nor keep a dead one. A claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` that
 //!   succeeds only when the status is not acknowledged and no live claim stands; two
 //!   deliveries of one nonce at two instances therefore run one handler, and the other
 //!   waits for it (polling the row) or answers 503 with `Retry-After`. A claim also names
@@ -161,28 +162,7 @@ impl PgStore {
     /// [`StoreError::Backend`] when `store.url` is unset or unusable, the database cannot be
     /// reached, or a migration fails.
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
-        let url = config.url.as_ref().ok_or_else(|| {
-            StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
-        })?;
-        let statement_ms = config.statement_timeout.as_millis().to_string();
-        let options = PgConnectOptions::from_str(url.expose())
-            // The error would quote the address, password included: say what, not the text.
-            .map_err(|_| StoreError::backend_message("store.url is not a PostgreSQL address"))?
-            .application_name("payhook")
-            .options([
-                ("synchronous_commit", "on"),
-                ("statement_timeout", statement_ms.as_str()),
-            ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size)
-            .acquire_timeout(config.connect_timeout)
-            // No round trip before each use: a connection the database dropped fails its
-            // request (503, retried) and is replaced.
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
-        Self::with_pool(pool, config, trees).await
+        Self::with_pool(connect(config, config.pool_size).await?, config, trees).await
     }
 
     /// The store over a pool the service already has (its own queries share the
@@ -233,22 +213,7 @@ impl PgStore {
     ///
     /// As [`PgStore::open`].
     pub async fn migrate(config: &StoreConfig) -> Result<Vec<i32>, StoreError> {
-        let store_config = StoreConfig {
-            pool_size: 1,
-            ..config.clone()
-        };
-        let url = store_config.url.as_ref().ok_or_else(|| {
-            StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
-        })?;
-        let options = PgConnectOptions::from_str(url.expose())
-            .map_err(|_| StoreError::backend_message("store.url is not a PostgreSQL address"))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(config.connect_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
-        let mut conn = pool.acquire().await?;
+        let mut conn = connect(config, 1).await?.acquire().await?;
         schema::migrate(&mut conn, &config.schema).await
     }
 
@@ -412,6 +377,32 @@ fn owner_alive(column: &str) -> String {
            AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
         key = liveness::LOCK_KEY
     )
+}
+
+/// A pool of `size` connections to `config.url`: every connection commits synchronously and
+/// bounds its statements by `store.statement_timeout`.
+async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
+    let url = config.url.as_ref().ok_or_else(|| {
+        StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
+    })?;
+    let statement_ms = config.statement_timeout.as_millis().to_string();
+    let options = PgConnectOptions::from_str(url.expose())
+        // The error would quote the address, password included: say what, not the text.
+        .map_err(|_| StoreError::backend_message("store.url is not a PostgreSQL address"))?
+        .application_name("payhook")
+        .options([
+            ("synchronous_commit", "on"),
+            ("statement_timeout", statement_ms.as_str()),
+        ]);
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(config.connect_timeout)
+        // No round trip before each use: a connection the database dropped fails its
+        // request (503, retried) and is replaced.
+        .test_before_acquire(false)
+        .connect_with(options)
+        .await
+        .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))
 }
 
 /// A nonce as its rows are keyed: itself, or `sha256:` and its digest when long (see
