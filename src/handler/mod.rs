@@ -121,7 +121,9 @@ pub struct CallbackContext {
     /// The HTTP request.
     pub request: RequestContext,
     /// Deliveries of this nonce that reached a handler, this one included: 1 on the first
-    /// delivery, more after failures, `RetryLater`s or a crash before the acknowledgement.
+    /// delivery, more after failures or `RetryLater`s. A delivery cut off before it ended
+    /// (its process killed; on PostgreSQL, also its database connection lost) is not
+    /// counted.
     pub attempt: u32,
     /// The status acknowledged earlier for this nonce, when this callback brings a new one
     /// (e.g. a success, later a reversal).

@@ -285,11 +285,9 @@ impl ExactlyOnce {
         let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
         let answer = self.book(store.as_ref(), callback, ctx, claim).await;
         if let Err(problem) = &answer {
-            // An in-memory claim (sled) ends at once; a shared store's lease runs out if
-            // this fails, and the next delivery takes the nonce over then.
-            if let Err(error) = store.release_callback(&nonce, claim).await {
-                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
-            }
+            // The failure is recorded while the claim is still held, so that the next
+            // delivery, which claims after the release, finds it (and its booking removes
+            // it).
             if !matches!(problem, Problem::StoreFailed { .. }) {
                 let failure = CallbackFailure {
                     nonce: nonce.clone(),
@@ -302,6 +300,11 @@ impl ExactlyOnce {
                     at: chrono::Utc::now(),
                 };
                 self.failing(store.as_ref(), failure, attempt).await;
+            }
+            // An in-memory claim (sled) ends at once; a shared store's claim ends with its
+            // connection if this fails, or is taken over when stale.
+            if let Err(error) = store.release_callback(&nonce, claim).await {
+                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
             }
         }
         self.inner.waiters.finished(&key);

@@ -1,9 +1,10 @@
-//! Deduplication on PostgreSQL: claims as leases on the database's clock, marks committed
-//! with the merchant's effects, failures for operators.
+//! Deduplication on PostgreSQL: a callback's claim is the transaction that books it
+//! ([`HeldClaim`]), a validation's a lease on the database's clock; marks committed with
+//! the merchant's effects; failures for operators.
 
 use std::time::Duration;
 
-use sqlx::Row;
+use sqlx::{Executor, Row};
 
 use super::super::failing::{REASON_BYTES, truncate};
 use super::super::record::{KeptFingerprint, RecordedDecision};
@@ -11,11 +12,22 @@ use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
     Fingerprint, StoreError, StoreFuture, ValidationBegin,
 };
+use super::claim::HeldClaim;
 use super::{
-    PgStore, TX_ATTEMPTS, claim_id, decode_json, encode_json, new_claim, nonce_key, retryable,
+    PgStore, TX_ATTEMPTS, claim_id, connection_lost, decode_json, encode_json, new_claim,
+    nonce_key, retryable,
 };
 use crate::model::TransactionStatus;
 use crate::postponed::record::PostponedValidation;
+
+/// What `{schema}.claim_callback` read, with the claim.
+struct ClaimRead {
+    claimed: bool,
+    acknowledged: bool,
+    previous: Option<i32>,
+    attempts: i32,
+    failing: bool,
+}
 
 impl DedupStore for PgStore {
     fn begin_callback<'a>(
@@ -35,29 +47,21 @@ impl DedupStore for PgStore {
         effects: Effects,
     ) -> DurableFuture<'a> {
         Box::pin(async move {
-            let outcome = self
-                .finish_callback_now(nonce, claim, status, &effects)
-                .await;
-            if outcome.is_err() {
-                // The claim ends either way; a failed release leaves it to run out.
-                let _ = self.release_callback(nonce, claim).await;
-            }
-            outcome
+            let Some(held) = self.inner.claims.take(claim.id) else {
+                return Err(StoreError::ClaimLost(nonce.to_owned()));
+            };
+            self.finish_callback_now(nonce, held, status, &effects)
+                .await
         })
     }
 
     fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            sqlx::query(&self.sql(&format!(
-                "UPDATE {{s}}.callback_claims SET claim_id = NULL, claimed_at = NULL FROM {} \
-                 WHERE nonce_key = $1 AND claim_id = $2",
-                super::UNSYNCED
-            )))
-            .bind(nonce_key(nonce))
-            .bind(claim_id(claim))
-            .execute(self.pool())
-            .await?;
-            Ok(())
+            match self.inner.claims.take(claim.id) {
+                Some(held) => self.give_back(nonce, held).await,
+                // Finished, given up, or never this instance's: nothing is held.
+                None => Ok(()),
+            }
         })
     }
 
@@ -186,57 +190,118 @@ impl DedupStore for PgStore {
 }
 
 impl PgStore {
-    /// Marks (nonce, status) done if `claim` still holds it, removes the status's failure
-    /// record and writes what the tree effects wrote — one statement; `false` when the
-    /// claim was lost (nothing written).
+    /// Marks (nonce, status) acknowledged with the delivery's attempt number, removes the
+    /// status's failure record (when the claim saw one) and writes what the tree effects
+    /// wrote — one statement, in the claim's transaction, with only the parts this
+    /// callback needs; `false` when the status was acknowledged already (nothing written).
     async fn mark_callback(
         &self,
-        conn: &mut sqlx::PgConnection,
+        held: &mut HeldClaim,
         key: &str,
-        claim: Claim,
         status: TransactionStatus,
         writes: super::trees::Writes,
     ) -> Result<bool, StoreError> {
-        let marked: i64 = sqlx::query(&self.sql(
-            "WITH claimed AS ( \
-               UPDATE {s}.callback_claims SET done = array_append(done, $3), claim_id = NULL, \
-                 claimed_at = NULL \
-               WHERE nonce_key = $1 AND claim_id = $2 RETURNING attempts), \
-             marked AS ( \
-               INSERT INTO {s}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
-               SELECT $1, ARRAY[$3]::int4[], attempts, now() + make_interval(secs => $4) \
-               FROM claimed \
+        const MARK: &str = "INSERT INTO {s}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
+               VALUES ($1, ARRAY[$3]::int4[], $2, now() + make_interval(secs => $4)) \
                ON CONFLICT (nonce_key) DO UPDATE SET done = array_append(cb.done, $3), \
-                 attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at \
+                 attempts = greatest(cb.attempts, EXCLUDED.attempts), \
+                 expires_at = EXCLUDED.expires_at \
                WHERE NOT cb.done @> ARRAY[$3]::int4[] \
-               RETURNING 1), \
-             booked AS ( \
-               DELETE FROM {s}.callback_failures \
-               WHERE nonce_key = $1 AND status = $3 AND EXISTS (SELECT 1 FROM marked)), \
-             written AS ( \
-               INSERT INTO {s}.trees (tree, key, value) \
-               SELECT * FROM unnest($5::text[], $6::bytea[], $7::bytea[]) \
-               WHERE EXISTS (SELECT 1 FROM marked) \
-               ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value), \
-             removed AS ( \
-               DELETE FROM {s}.trees WHERE (tree, key) IN \
-                 (SELECT * FROM unnest($8::text[], $9::bytea[])) \
-               AND EXISTS (SELECT 1 FROM marked)) \
-             SELECT count(*) FROM marked",
+               RETURNING 1";
+        let (upserts, removals) = (!writes.trees.is_empty(), !writes.removed_trees.is_empty());
+        if !(held.failing || upserts || removals) {
+            // The mark alone: the common case of a first delivery with effects in SQL.
+            let attempt = held.attempt;
+            let conn: &mut sqlx::PgConnection = held;
+            let marked = sqlx::query(&self.sql(MARK))
+                .bind(key)
+                .bind(attempt)
+                .bind(status.code())
+                .bind(self.retention_secs())
+                .fetch_optional(conn)
+                .await?;
+            return Ok(marked.is_some());
+        }
+        let mut sql = format!("WITH marked AS ({MARK})");
+        if held.failing {
+            sql.push_str(
+                ", booked AS ( \
+                   DELETE FROM {s}.callback_failures \
+                   WHERE nonce_key = $1 AND status = $3 AND EXISTS (SELECT 1 FROM marked))",
+            );
+        }
+        let mut next = 5;
+        if upserts {
+            sql.push_str(&format!(
+                ", written AS ( \
+                   INSERT INTO {{s}}.trees (tree, key, value) \
+                   SELECT * FROM unnest(${}::text[], ${}::bytea[], ${}::bytea[]) \
+                   WHERE EXISTS (SELECT 1 FROM marked) \
+                   ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value)",
+                next,
+                next + 1,
+                next + 2
+            ));
+            next += 3;
+        }
+        if removals {
+            sql.push_str(&format!(
+                ", removed AS ( \
+                   DELETE FROM {{s}}.trees t USING unnest(${}::text[], ${}::bytea[]) AS r(tree, key) \
+                   WHERE t.tree = r.tree AND t.key = r.key AND EXISTS (SELECT 1 FROM marked))",
+                next,
+                next + 1
+            ));
+        }
+        sql.push_str(" SELECT count(*) FROM marked");
+        let sql = self.sql(&sql);
+        let mut query = sqlx::query(&sql)
+            .bind(key)
+            .bind(held.attempt)
+            .bind(status.code())
+            .bind(self.retention_secs());
+        if upserts {
+            query = query
+                .bind(writes.trees)
+                .bind(writes.keys)
+                .bind(writes.values);
+        }
+        if removals {
+            query = query.bind(writes.removed_trees).bind(writes.removed_keys);
+        }
+        let conn: &mut sqlx::PgConnection = held;
+        let marked: i64 = query.fetch_one(conn).await?.try_get(0)?;
+        Ok(marked > 0)
+    }
+
+    /// Begins a transaction on `held` and claims the nonce `key` in it.
+    async fn claim_on(
+        &self,
+        held: &mut HeldClaim,
+        key: &str,
+        status: TransactionStatus,
+    ) -> Result<ClaimRead, StoreError> {
+        held.opening();
+        let conn: &mut sqlx::PgConnection = held;
+        conn.execute("BEGIN").await?;
+        let stale_after = held.stale_after().as_secs_f64();
+        let conn: &mut sqlx::PgConnection = held;
+        let row = sqlx::query(&self.sql(
+            "SELECT claimed, acknowledged, previous, attempts, failing \
+             FROM {s}.claim_callback($1, $2, $3)",
         ))
         .bind(key)
-        .bind(claim_id(claim))
         .bind(status.code())
-        .bind(self.retention_secs())
-        .bind(writes.trees)
-        .bind(writes.keys)
-        .bind(writes.values)
-        .bind(writes.removed_trees)
-        .bind(writes.removed_keys)
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
-        Ok(marked > 0)
+        .bind(stale_after)
+        .fetch_one(conn)
+        .await?;
+        Ok(ClaimRead {
+            claimed: row.try_get(0)?,
+            acknowledged: row.try_get(1)?,
+            previous: row.try_get(2)?,
+            attempts: row.try_get(3)?,
+            failing: row.try_get(4)?,
+        })
     }
 
     async fn begin_callback_now(
@@ -246,113 +311,142 @@ impl PgStore {
         stale_after: Duration,
     ) -> Result<CallbackBegin, StoreError> {
         let key = nonce_key(nonce);
-        let claim = new_claim()?;
-        // Claimed unless the status is acknowledged or a live claim stands (by the
-        // database's clock).
-        // Claimed unless the status is acknowledged or a live claim stands (by the
-        // database's clock). A claim row mirrors the acknowledged statuses: its latest
-        // version refuses the claim, whatever this statement's snapshot saw of `callbacks`
-        // (which answers alone only when the claims were lost with a crash).
-        let claimed = sqlx::query(&self.sql(&format!(
-            "INSERT INTO {{s}}.callback_claims AS c (nonce_key, done, attempts, claim_id, \
-               claim_owner, claimed_at, expires_at) \
-             SELECT $1, coalesce(cb.done, '{{}}'), coalesce(cb.attempts, 0) + 1, $2, $6, now(), \
-               now() + make_interval(secs => $4) \
-             FROM {unsynced} LEFT JOIN {{s}}.callbacks cb ON cb.nonce_key = $1 \
-             WHERE NOT coalesce(cb.done @> ARRAY[$3]::int4[], false) \
-             ON CONFLICT (nonce_key) DO UPDATE \
-               SET attempts = c.attempts + 1, claim_id = EXCLUDED.claim_id, \
-                 claim_owner = EXCLUDED.claim_owner, claimed_at = now(), \
-                 expires_at = EXCLUDED.expires_at \
-               WHERE NOT (c.done @> ARRAY[$3]::int4[]) \
-                 AND (c.claim_id IS NULL \
-                   OR c.claimed_at <= now() - make_interval(secs => $5) \
-                   OR NOT {alive}) \
-             RETURNING c.attempts, c.done",
-            alive = super::owner_alive("c.claim_owner"),
-            unsynced = super::UNSYNCED
-        )))
-        .bind(&key)
-        .bind(claim_id(claim))
-        .bind(status.code())
-        .bind(self.retention_secs())
-        .bind(stale_after.as_secs_f64())
-        .bind(self.inner.owner)
-        .fetch_optional(self.pool())
-        .await?;
-        if let Some(row) = claimed {
-            let attempts: i32 = row.try_get(0)?;
-            let done: Vec<i32> = row.try_get(1)?;
+        let mut held = HeldClaim::new(self.pool().acquire().await?, stale_after);
+        // On an error the claim's connection is closed (dropped open): nothing is held.
+        let read = self.claim_on(&mut held, &key, status).await?;
+        if read.claimed && !read.acknowledged {
+            let claim = new_claim()?;
+            held.attempt = read.attempts.saturating_add(1);
+            held.failing = read.failing;
+            let attempt = u32::try_from(held.attempt).unwrap_or(1);
+            self.inner.claims.keep(claim.id, held);
             return Ok(CallbackBegin::Claimed {
                 claim,
-                attempt: u32::try_from(attempts).unwrap_or(1),
-                previous_status: done.last().map(|code| TransactionStatus::from_code(*code)),
+                attempt,
+                previous_status: read.previous.map(TransactionStatus::from_code),
             });
         }
-        let acknowledged = sqlx::query(&self.sql(
-            "SELECT done @> ARRAY[$2]::int4[] FROM {s}.callback_claims WHERE nonce_key = $1 \
-             UNION ALL \
-             SELECT done @> ARRAY[$2]::int4[] FROM {s}.callbacks WHERE nonce_key = $1 \
-             ORDER BY 1 DESC LIMIT 1",
-        ))
-        .bind(&key)
-        .bind(status.code())
-        .fetch_optional(self.pool())
-        .await?
-        .map(|row| row.try_get::<bool, _>(0))
-        .transpose()?;
-        Ok(if acknowledged == Some(true) {
+        // A connection that cannot roll back is closed instead: the answer stands.
+        if let Err(error) = held.rollback().await {
+            tracing::debug!(%error, "a claim's connection could not roll back; closing it");
+        }
+        Ok(if read.acknowledged {
             CallbackBegin::Duplicate
         } else {
-            // Claimed elsewhere (or purged a moment ago: the next try claims it).
+            // Claimed elsewhere now.
             CallbackBegin::Busy
         })
     }
 
-    /// The mark, the failure record's removal and the effects, in one transaction retried
-    /// on a deadlock; `Ok` only after COMMIT.
+    /// Ends a claim whose handler did not book it: its attempt is counted in the claim's
+    /// own transaction, so the next delivery (which cannot claim before this COMMIT) reads
+    /// it.
+    async fn give_back(&self, nonce: &str, mut held: HeldClaim) -> Result<(), StoreError> {
+        let attempt = held.attempt;
+        self.count_attempt(&mut held, &nonce_key(nonce), attempt)
+            .await?;
+        held.commit().await?;
+        Ok(())
+    }
+
+    /// Records that `attempt` deliveries of the nonce `key` reached a handler.
+    async fn count_attempt(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &str,
+        attempt: i32,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql(&format!(
+            "INSERT INTO {{s}}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
+             SELECT $1, '{{}}', $2, now() + make_interval(secs => $3) FROM {unsynced} \
+             ON CONFLICT (nonce_key) DO UPDATE SET attempts = greatest(cb.attempts, $2)",
+            unsynced = super::UNSYNCED
+        )))
+        .bind(key)
+        .bind(attempt)
+        .bind(self.retention_secs())
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    /// The effects, the mark, the failure record's removal and COMMIT, in the claim's
+    /// transaction; `Ok` only after COMMIT. A deadlock or serialization failure rolls back
+    /// and claims the nonce again in a new transaction on the same connection, up to
+    /// [`TX_ATTEMPTS`] times.
     async fn finish_callback_now(
         &self,
         nonce: &str,
-        claim: Claim,
+        mut held: HeldClaim,
         status: TransactionStatus,
         effects: &Effects,
     ) -> Result<(), StoreError> {
         let key = nonce_key(nonce);
-        let mut attempt = 0;
+        let lost = || StoreError::ClaimLost(nonce.to_owned());
+        let attempt = held.attempt;
+        let mut tries = 0;
         loop {
-            attempt += 1;
-            let tx = self.pool().begin().await?;
-            let failed =
-                match super::trees::apply(tx, effects, &self.inner.schema, &self.inner.trees).await
+            tries += 1;
+            let (back, failed) =
+                match super::trees::apply(held, effects, &self.inner.schema, &self.inner.trees)
+                    .await
                 {
-                    // The mark, the failure record of this status gone, and what the tree
-                    // effects wrote, in one statement; then COMMIT.
-                    (Some(mut tx), Ok(writes)) => {
-                        match self
-                            .mark_callback(&mut tx, &key, claim, status, writes)
-                            .await
-                        {
-                            Ok(true) => {
-                                // A COMMIT that fails may or may not have happened: not retried
-                                // here. The next delivery finds the mark, or claims again.
-                                tx.commit().await?;
-                                return Ok(());
-                            }
-                            Ok(false) => return Err(StoreError::ClaimLost(nonce.to_owned())),
-                            Err(error) => error,
+                    (Some(mut back), Ok(writes)) => {
+                        match self.mark_callback(&mut back, &key, status, writes).await {
+                            // A COMMIT that fails may or may not have happened: not retried
+                            // here. The next delivery finds the mark, or claims again.
+                            Ok(true) => return Ok(back.commit().await?),
+                            // Acknowledged by a delivery that took the claim over.
+                            Ok(false) => return Err(lost()),
+                            Err(error) => (Some(back), error),
                         }
                     }
-                    (_, Err(error)) => error,
-                    (None, Ok(_)) => StoreError::abort("the transaction was lost"),
+                    (back, Err(error)) => (back, error),
+                    (None, Ok(_)) => (None, StoreError::abort("the transaction was lost")),
                 };
-            if !(retryable(&failed) && attempt < TX_ATTEMPTS) {
+            // The connection gone (the database closed it, or a takeover terminated it):
+            // the transaction and the claim went with it; nothing was written.
+            if connection_lost(&failed) {
+                return Err(lost());
+            }
+            let Some(mut back) = back else {
+                // An effect panicked, and its transaction was dropped (closed) with it.
+                self.count_after(&key, attempt).await;
+                return Err(failed);
+            };
+            if back.rollback().await.is_err() {
+                return Err(lost());
+            }
+            if !(retryable(&failed) && tries < TX_ATTEMPTS) {
+                drop(back);
+                self.count_after(&key, attempt).await;
                 return Err(failed);
             }
             tracing::info!(
-                attempt,
+                attempt = tries,
                 "the callback's transaction met a deadlock; retrying it"
             );
+            let read = self.claim_on(&mut back, &key, status).await?;
+            if !read.claimed || read.acknowledged {
+                // Taken in the moment between the two transactions.
+                let _ = back.rollback().await;
+                return Err(lost());
+            }
+            back.failing = read.failing;
+            held = back;
+        }
+    }
+
+    /// Counts the attempt of a claim that ended without booking, once its transaction is
+    /// gone. (A delivery claiming the nonce in between reads the count before it; the
+    /// count is for people, and no booking depends on it.)
+    async fn count_after(&self, key: &str, attempt: i32) {
+        let counted = match self.pool().acquire().await {
+            Ok(mut conn) => self.count_attempt(&mut conn, key, attempt).await,
+            Err(error) => Err(error.into()),
+        };
+        if let Err(error) = counted {
+            tracing::warn!(error = %crate::report::InLine(&error), "the callback's attempt could not be counted");
         }
     }
 

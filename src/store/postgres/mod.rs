@@ -3,21 +3,27 @@
 //!
 //! Every instance opens the same database; what one instance records, every other sees.
 //!
-//! * **Deduplication.** `callbacks` and `validations` hold what was acknowledged or decided;
-//!   the claim of the delivery processing a nonce now is a row of `callback_claims` or
-//!   `validation_claims` (UNLOGGED: a claim needs no durability, so claiming writes no WAL):
-//!   a lease taken and judged by the database's clock (`now()`), so that an instance whose
-//!   clock is off can neither steal a live claim nor keep a dead one. A claim is taken by one `INSERT … ON CONFLICT DO UPDATE … WHERE` that
-//!   succeeds only when the status is not acknowledged and no live claim stands; two
+//! * **Deduplication.** `callbacks` and `validations` hold what was acknowledged or decided.
+//!   A callback's claim is the transaction that will book it: one round trip begins it and
+//!   takes a transaction advisory lock on the nonce (`{schema}.claim_callback`, a try-lock:
+//!   it never waits), then reads the nonce's record in a new snapshot, which sees what the
+//!   lock's previous holder committed. The handler runs while the transaction is open; its
+//!   effects, the mark and COMMIT follow on the same connection ([`claim`]). Two
 //!   deliveries of one nonce at two instances therefore run one handler, and the other
-//!   waits for it (polling the row) or answers 503 with `Retry-After`. A claim also names
-//!   the instance that holds it, and every instance holds a session advisory lock of its
-//!   own for as long as it lives (on a connection of its own, taken again if that
-//!   connection drops): a claim whose instance no longer holds its lock — the process was
-//!   killed, its connections are gone — is taken over at once instead of after its lease.
-//!   Should a live instance lose its lock for a moment, a takeover can at worst run a
-//!   second handler; only one of them commits (the mark needs the claim), so nothing is
-//!   booked twice.
+//!   waits for it (trying again) or answers 503 with `Retry-After`. A claim lives as long
+//!   as its connection: an instance that dies gives its claims up at once. A claim held
+//!   past `stale_after` by the database's clock (the transaction's start) is taken over:
+//!   the claimant terminates the holder's session (`pg_terminate_backend`, which needs the
+//!   instances to connect as one role), whose transaction then writes nothing. Each
+//!   callback in flight holds a pooled connection from its claim to its COMMIT, so
+//!   `store.pool_size` bounds the callbacks handled at once on an instance.
+//!   A validation's claim is a row of `validation_claims` (UNLOGGED: a claim needs no
+//!   durability, so claiming writes no WAL): a lease taken and judged by the database's
+//!   clock (`now()`), so that an instance whose clock is off can neither steal a live claim
+//!   nor keep a dead one. It also names the instance that holds it, and every instance
+//!   holds a session advisory lock of its own for as long as it lives (on a connection of
+//!   its own, taken again if that connection drops): a claim whose instance no longer
+//!   holds its lock is taken over at once instead of after its lease.
 //! * **The merchant's rows commit with the mark.** A callback's mark, the removal of its
 //!   failure record and every effect the handler staged run in one transaction; 200 is
 //!   sent only after COMMIT. Effects on the merchant's declared trees
@@ -64,6 +70,7 @@
 //! UNLOGGED table, no ping before each use of a pooled connection, the mark and the tree
 //! writes in one statement.
 
+mod claim;
 mod dedup;
 mod import;
 mod liveness;
@@ -127,6 +134,8 @@ struct Inner {
     owner: i32,
     liveness: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     sweeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The callbacks this instance has claimed and not yet booked or released.
+    claims: claim::HeldClaims,
 }
 
 impl Drop for Inner {
@@ -199,6 +208,7 @@ impl PgStore {
                 owner,
                 liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),
+                claims: claim::HeldClaims::default(),
             }),
         };
         store.start_sweeper(config.sweep_interval);
@@ -283,7 +293,8 @@ impl PgStore {
     /// [`StoreError::Backend`] when PostgreSQL fails.
     pub async fn record_count(&self) -> Result<usize, StoreError> {
         let row = sqlx::query(&self.sql(
-            "SELECT (SELECT count(*) FROM {s}.callbacks) + (SELECT count(*) FROM {s}.validations)",
+            "SELECT (SELECT count(*) FROM {s}.callbacks WHERE done <> '{}') \
+               + (SELECT count(*) FROM {s}.validations)",
         ))
         .fetch_one(self.pool())
         .await?;
@@ -314,6 +325,10 @@ impl PgStore {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 let store = PgStore { inner };
+                let given_up = store.inner.claims.give_up_outlived();
+                if given_up > 0 {
+                    tracing::warn!(given_up, "callback claims held past their time were given up");
+                }
                 match store.purge(Utc::now()).await {
                     Ok(0) => {}
                     Ok(purged) => tracing::info!(purged, "expired records purged"),
@@ -336,7 +351,6 @@ impl PgStore {
         let tables = [
             "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2)",
             "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 LIMIT $2)",
-            "DELETE FROM {s}.callback_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.callback_claims WHERE expires_at <= $1 LIMIT $2)",
             "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2)",
             "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2)",
             "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2)",
@@ -443,6 +457,27 @@ fn retryable(error: &StoreError) -> bool {
         .and_then(|e| e.as_database_error())
         .and_then(|e| e.code())
         .is_some_and(|code| code == "40P01" || code == "40001")
+}
+
+/// `true` for a failure that took the connection with it: an I/O error, or the database
+/// closing the session (SQLSTATE class 08, or 57P01–57P03: terminated, shutting down).
+fn connection_lost(error: &StoreError) -> bool {
+    let StoreError::Backend {
+        source: Some(source),
+        ..
+    } = error
+    else {
+        return false;
+    };
+    let source: &(dyn std::error::Error + 'static) = source.as_ref();
+    match source.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) => true,
+        Some(other) => other
+            .as_database_error()
+            .and_then(|e| e.code())
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+        None => false,
+    }
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {

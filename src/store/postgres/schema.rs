@@ -18,11 +18,18 @@ struct Migration {
 }
 
 /// Every migration, in order.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    description: "callbacks, validations, failures, postponed validations, merchant trees",
-    sql: include_str!("migrations/0001_tables.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "callbacks, validations, failures, postponed validations, merchant trees",
+        sql: include_str!("migrations/0001_tables.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "a callback's claim is its booking transaction's advisory lock",
+        sql: include_str!("migrations/0002_callback_claims_as_locks.sql"),
+    },
+];
 
 /// The newest version this payhook knows.
 pub(crate) fn latest() -> i32 {

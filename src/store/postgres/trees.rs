@@ -11,13 +11,13 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{PgConnection, Row};
 
 use super::super::StoreError;
 use super::super::effects::{EffectTx, Effects, Staged, Tree, check_declared};
 
-/// An open transaction, moved to the blocking thread and back.
-type Tx = Transaction<'static, Postgres>;
+/// A claim's open transaction, moved to the blocking thread and back.
+type Tx = super::claim::HeldClaim;
 
 /// The trees of a transaction, as a tree effect sees them: reads go to the database (each
 /// locking its key), writes are kept here and written by the statement that writes the

@@ -1,0 +1,140 @@
+//! A callback's claim on PostgreSQL: the open transaction that will book it, holding the
+//! nonce's transaction advisory lock (`{schema}.claim_callback`) from the claim to its
+//! COMMIT or ROLLBACK.
+//!
+//! The claim, the read of what was acknowledged, the merchant's effects, the mark and the
+//! COMMIT run on one connection, in one transaction: the claim writes nothing, and the
+//! transaction's round trips are those of the merchant's own work plus two. A claim lives
+//! as long as its connection: an instance that dies, or a connection the database closes,
+//! gives its claims up at once.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, PgConnection, Postgres};
+
+/// A connection inside the transaction that holds a claim. Dropped while the transaction
+/// is open, the connection is closed rather than returned to the pool (the database then
+/// rolls the transaction back and releases the claim): a transaction left open can never
+/// reach another user of the pool.
+pub(super) struct HeldClaim {
+    conn: PoolConnection<Postgres>,
+    open: bool,
+    since: Instant,
+    stale_after: Duration,
+    /// The delivery's attempt number, written with the mark.
+    pub(super) attempt: i32,
+    /// A failure of the claimed status is recorded: the mark removes it.
+    pub(super) failing: bool,
+}
+
+impl HeldClaim {
+    /// A connection of the pool, for a claim judged stale after `stale_after`.
+    pub(super) fn new(conn: PoolConnection<Postgres>, stale_after: Duration) -> Self {
+        Self {
+            conn,
+            open: false,
+            since: Instant::now(),
+            stale_after,
+            attempt: 0,
+            failing: false,
+        }
+    }
+
+    /// The statement about to be sent begins the transaction: from now on, a drop closes
+    /// the connection.
+    pub(super) fn opening(&mut self) {
+        self.open = true;
+    }
+
+    /// How long the claim may be held before another delivery takes it over.
+    pub(super) fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    /// COMMIT; the claim ends with it.
+    pub(super) async fn commit(mut self) -> Result<(), sqlx::Error> {
+        self.conn.execute("COMMIT").await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// ROLLBACK; the claim ends with it, nothing the transaction wrote stays, and the
+    /// connection may begin another.
+    pub(super) async fn rollback(&mut self) -> Result<(), sqlx::Error> {
+        self.conn.execute("ROLLBACK").await?;
+        self.open = false;
+        Ok(())
+    }
+
+    /// `true` once the claim has been held longer than its delivery may take: another
+    /// instance may take it over now.
+    fn outlived(&self) -> bool {
+        self.since.elapsed() > self.stale_after
+    }
+}
+
+impl Deref for HeldClaim {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl DerefMut for HeldClaim {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for HeldClaim {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// The claims this instance holds, by claim id, between the claim and the finish or
+/// release.
+#[derive(Default)]
+pub(super) struct HeldClaims {
+    held: Mutex<HashMap<u64, HeldClaim>>,
+}
+
+impl HeldClaims {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HeldClaim>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn keep(&self, id: u64, claim: HeldClaim) {
+        self.held().insert(id, claim);
+    }
+
+    /// The claim `id`, no longer kept here; `None` when it was given up.
+    pub(super) fn take(&self, id: u64) -> Option<HeldClaim> {
+        self.held().remove(&id)
+    }
+
+    /// Gives up the claims held past their time (a delivery that never finished nor
+    /// released its claim); their connections close, so their transactions roll back.
+    /// Returns how many.
+    pub(super) fn give_up_outlived(&self) -> usize {
+        let outlived: Vec<HeldClaim> = {
+            let mut held = self.held();
+            let ids: Vec<u64> = held
+                .iter()
+                .filter(|(_, claim)| claim.outlived())
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| held.remove(id)).collect()
+        };
+        outlived.len()
+    }
+}
