@@ -640,7 +640,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
             .unwrap()
             .shared(),
     );
-    let CallbackBegin::Claimed { claim: first, .. } = one
+    let CallbackBegin::Claimed { .. } = one
         .begin_callback("n-1", TransactionStatus::Success, STALE)
         .await
         .unwrap()
@@ -672,7 +672,17 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
         }
     }
     let (claim, attempt) = taken.expect("the dead instance's claim was taken over");
-    assert_ne!(claim, first);
+    // The claim taken over books the callback.
+    other
+        .finish_callback("n-1", claim, TransactionStatus::Success, Effects::default())
+        .await
+        .unwrap();
+    assert!(
+        other
+            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
     // A delivery cut off with its instance is not counted (as a crash on sled): its
     // transaction, which would have counted it, rolled back.
     assert_eq!(attempt, 1);
@@ -810,6 +820,40 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
         .await
         .unwrap();
     assert_eq!(rows, 1);
+    // An effect that swallows its statement's error leaves the transaction failed, which
+    // PostgreSQL would answer COMMIT for by rolling back: not acknowledged either, and
+    // what the effect wrote before is gone.
+    let (claim, ..) = b.claim("n-3", TransactionStatus::Success).await;
+    let swallowing = insert("n-3", table.clone());
+    let again = table.clone();
+    swallowing.postgres(move |conn| {
+        let table = again.clone();
+        Box::pin(async move {
+            let _ignored = sqlx::query(&format!("INSERT INTO {table} (nonce) VALUES ('n-1')"))
+                .execute(&mut *conn)
+                .await;
+            Ok(())
+        })
+    });
+    let refused = b
+        .shared
+        .finish_callback("n-3", claim, TransactionStatus::Success, swallowing)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Aborted { .. })),
+        "{refused:?}"
+    );
+    assert!(
+        !b.shared
+            .callback_acknowledged("n-3", TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the swallowed failure's transaction wrote nothing");
     drop(conn);
     b.finish().await;
 }

@@ -11,10 +11,13 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Executor, PgConnection, Postgres};
+
+use super::super::Claim;
 
 /// A connection inside the transaction that holds a claim. Dropped while the transaction
 /// is open, the connection is closed rather than returned to the pool (the database then
@@ -27,8 +30,10 @@ pub(super) struct HeldClaim {
     stale_after: Duration,
     /// The delivery's attempt number, written with the mark.
     pub(super) attempt: i32,
-    /// A failure of the claimed status is recorded: the mark removes it.
+    /// A failure of the claimed status is recorded: the booking removes it.
     pub(super) failing: bool,
+    /// The status claimed (its code).
+    pub(super) status: i32,
 }
 
 impl HeldClaim {
@@ -41,6 +46,7 @@ impl HeldClaim {
             stale_after,
             attempt: 0,
             failing: false,
+            status: 0,
         }
     }
 
@@ -56,8 +62,13 @@ impl HeldClaim {
     }
 
     /// COMMIT; the claim ends with it.
+    ///
+    /// PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
+    /// error: an effect that swallowed its statement's error would otherwise pass for
+    /// committed. A statement first fails in such a transaction (SQLSTATE 25P02), and the
+    /// COMMIT after it is then not run.
     pub(super) async fn commit(mut self) -> Result<(), sqlx::Error> {
-        self.conn.execute("COMMIT").await?;
+        self.conn.execute(sqlx::raw_sql("SELECT 1; COMMIT")).await?;
         self.open = false;
         Ok(())
     }
@@ -104,6 +115,8 @@ impl Drop for HeldClaim {
 #[derive(Default)]
 pub(super) struct HeldClaims {
     held: Mutex<HashMap<u64, HeldClaim>>,
+    /// The last claim id handed out: a callback's claim id names it in this instance only.
+    last: AtomicU64,
 }
 
 impl HeldClaims {
@@ -113,8 +126,11 @@ impl HeldClaims {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(super) fn keep(&self, id: u64, claim: HeldClaim) {
+    /// Keeps `claim` until it is taken back with the id returned.
+    pub(super) fn keep(&self, claim: HeldClaim) -> Claim {
+        let id = self.last.fetch_add(1, Ordering::Relaxed) + 1;
         self.held().insert(id, claim);
+        Claim { id }
     }
 
     /// The claim `id`, no longer kept here; `None` when it was given up.

@@ -190,54 +190,36 @@ impl DedupStore for PgStore {
 }
 
 impl PgStore {
-    /// Marks (nonce, status) acknowledged with the delivery's attempt number, removes the
-    /// status's failure record (when the claim saw one) and writes what the tree effects
-    /// wrote — one statement, in the claim's transaction, with only the parts this
-    /// callback needs; `false` when the status was acknowledged already (nothing written).
-    async fn mark_callback(
+    /// What the booking writes besides the mark (written at the claim): the removal of the
+    /// status's failure record, when the claim saw one, and the tree effects' writes — one
+    /// statement, when there is anything to write.
+    async fn write_booking(
         &self,
         held: &mut HeldClaim,
         key: &str,
         status: TransactionStatus,
         writes: super::trees::Writes,
-    ) -> Result<bool, StoreError> {
-        const MARK: &str = "INSERT INTO {s}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
-               VALUES ($1, ARRAY[$3]::int4[], $2, now() + make_interval(secs => $4)) \
-               ON CONFLICT (nonce_key) DO UPDATE SET done = array_append(cb.done, $3), \
-                 attempts = greatest(cb.attempts, EXCLUDED.attempts), \
-                 expires_at = EXCLUDED.expires_at \
-               WHERE NOT cb.done @> ARRAY[$3]::int4[] \
-               RETURNING 1";
+    ) -> Result<(), StoreError> {
         let (upserts, removals) = (!writes.trees.is_empty(), !writes.removed_trees.is_empty());
         if !(held.failing || upserts || removals) {
-            // The mark alone: the common case of a first delivery with effects in SQL.
-            let attempt = held.attempt;
-            let conn: &mut sqlx::PgConnection = held;
-            let marked = sqlx::query(&self.sql(MARK))
-                .bind(key)
-                .bind(attempt)
-                .bind(status.code())
-                .bind(self.retention_secs())
-                .fetch_optional(conn)
-                .await?;
-            return Ok(marked.is_some());
+            return Ok(());
         }
-        let mut sql = format!("WITH marked AS ({MARK})");
+        let mut parts = Vec::new();
+        let mut next = 1;
         if held.failing {
-            sql.push_str(
-                ", booked AS ( \
-                   DELETE FROM {s}.callback_failures \
-                   WHERE nonce_key = $1 AND status = $3 AND EXISTS (SELECT 1 FROM marked))",
-            );
+            parts.push(format!(
+                "booked AS (DELETE FROM {{s}}.callback_failures \
+                 WHERE nonce_key = ${} AND status = ${})",
+                next,
+                next + 1
+            ));
+            next += 2;
         }
-        let mut next = 5;
         if upserts {
-            sql.push_str(&format!(
-                ", written AS ( \
-                   INSERT INTO {{s}}.trees (tree, key, value) \
-                   SELECT * FROM unnest(${}::text[], ${}::bytea[], ${}::bytea[]) \
-                   WHERE EXISTS (SELECT 1 FROM marked) \
-                   ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value)",
+            parts.push(format!(
+                "written AS (INSERT INTO {{s}}.trees (tree, key, value) \
+                 SELECT * FROM unnest(${}::text[], ${}::bytea[], ${}::bytea[]) \
+                 ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value)",
                 next,
                 next + 1,
                 next + 2
@@ -245,21 +227,19 @@ impl PgStore {
             next += 3;
         }
         if removals {
-            sql.push_str(&format!(
-                ", removed AS ( \
-                   DELETE FROM {{s}}.trees t USING unnest(${}::text[], ${}::bytea[]) AS r(tree, key) \
-                   WHERE t.tree = r.tree AND t.key = r.key AND EXISTS (SELECT 1 FROM marked))",
+            parts.push(format!(
+                "removed AS (DELETE FROM {{s}}.trees t \
+                 USING unnest(${}::text[], ${}::bytea[]) AS r(tree, key) \
+                 WHERE t.tree = r.tree AND t.key = r.key)",
                 next,
                 next + 1
             ));
         }
-        sql.push_str(" SELECT count(*) FROM marked");
-        let sql = self.sql(&sql);
-        let mut query = sqlx::query(&sql)
-            .bind(key)
-            .bind(held.attempt)
-            .bind(status.code())
-            .bind(self.retention_secs());
+        let sql = self.sql(&format!("WITH {} SELECT 1", parts.join(", ")));
+        let mut query = sqlx::query(&sql);
+        if held.failing {
+            query = query.bind(key).bind(status.code());
+        }
         if upserts {
             query = query
                 .bind(writes.trees)
@@ -270,11 +250,12 @@ impl PgStore {
             query = query.bind(writes.removed_trees).bind(writes.removed_keys);
         }
         let conn: &mut sqlx::PgConnection = held;
-        let marked: i64 = query.fetch_one(conn).await?.try_get(0)?;
-        Ok(marked > 0)
+        query.execute(conn).await?;
+        Ok(())
     }
 
-    /// Begins a transaction on `held` and claims the nonce `key` in it.
+    /// Begins a transaction on `held`, claims the nonce `key` in it, and writes the mark of
+    /// `status` when claimed for it (`{schema}.claim_callback`).
     async fn claim_on(
         &self,
         held: &mut HeldClaim,
@@ -288,11 +269,12 @@ impl PgStore {
         let conn: &mut sqlx::PgConnection = held;
         let row = sqlx::query(&self.sql(
             "SELECT claimed, acknowledged, previous, attempts, failing \
-             FROM {s}.claim_callback($1, $2, $3)",
+             FROM {s}.claim_callback($1, $2, $3, $4)",
         ))
         .bind(key)
         .bind(status.code())
         .bind(stale_after)
+        .bind(self.retention_secs())
         .fetch_one(conn)
         .await?;
         Ok(ClaimRead {
@@ -315,11 +297,11 @@ impl PgStore {
         // On an error the claim's connection is closed (dropped open): nothing is held.
         let read = self.claim_on(&mut held, &key, status).await?;
         if read.claimed && !read.acknowledged {
-            let claim = new_claim()?;
-            held.attempt = read.attempts.saturating_add(1);
+            held.attempt = read.attempts;
             held.failing = read.failing;
+            held.status = status.code();
             let attempt = u32::try_from(held.attempt).unwrap_or(1);
-            self.inner.claims.keep(claim.id, held);
+            let claim = self.inner.claims.keep(held);
             return Ok(CallbackBegin::Claimed {
                 claim,
                 attempt,
@@ -338,24 +320,27 @@ impl PgStore {
         })
     }
 
-    /// Ends a claim whose handler did not book it: its attempt is counted in the claim's
-    /// own transaction, so the next delivery (which cannot claim before this COMMIT) reads
-    /// it.
+    /// Ends a claim whose handler did not book it: the status leaves the mark written at
+    /// the claim and the attempt stays counted, committed before the lock is released, so
+    /// the next delivery reads the count.
     async fn give_back(&self, nonce: &str, mut held: HeldClaim) -> Result<(), StoreError> {
-        let attempt = held.attempt;
-        self.count_attempt(&mut held, &nonce_key(nonce), attempt)
-            .await?;
+        let status = held.status;
+        let conn: &mut sqlx::PgConnection = &mut held;
+        sqlx::query(&self.sql(&format!(
+            "UPDATE {{s}}.callbacks SET done = array_remove(done, $2) FROM {unsynced} \
+             WHERE nonce_key = $1",
+            unsynced = super::UNSYNCED
+        )))
+        .bind(nonce_key(nonce))
+        .bind(status)
+        .execute(conn)
+        .await?;
         held.commit().await?;
         Ok(())
     }
 
     /// Records that `attempt` deliveries of the nonce `key` reached a handler.
-    async fn count_attempt(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        key: &str,
-        attempt: i32,
-    ) -> Result<(), StoreError> {
+    async fn count_attempt(&self, key: &str, attempt: i32) -> Result<(), StoreError> {
         sqlx::query(&self.sql(&format!(
             "INSERT INTO {{s}}.callbacks AS cb (nonce_key, done, attempts, expires_at) \
              SELECT $1, '{{}}', $2, now() + make_interval(secs => $3) FROM {unsynced} \
@@ -365,12 +350,12 @@ impl PgStore {
         .bind(key)
         .bind(attempt)
         .bind(self.retention_secs())
-        .execute(&mut *conn)
+        .execute(self.pool())
         .await?;
         Ok(())
     }
 
-    /// The effects, the mark, the failure record's removal and COMMIT, in the claim's
+    /// The effects, what the booking writes besides the mark, and COMMIT, in the claim's
     /// transaction; `Ok` only after COMMIT. A deadlock or serialization failure rolls back
     /// and claims the nonce again in a new transaction on the same connection, up to
     /// [`TX_ATTEMPTS`] times.
@@ -392,12 +377,15 @@ impl PgStore {
                     .await
                 {
                     (Some(mut back), Ok(writes)) => {
-                        match self.mark_callback(&mut back, &key, status, writes).await {
+                        match self.write_booking(&mut back, &key, status, writes).await {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
-                            Ok(true) => return Ok(back.commit().await?),
-                            // Acknowledged by a delivery that took the claim over.
-                            Ok(false) => return Err(lost()),
+                            Ok(()) => {
+                                return back
+                                    .commit()
+                                    .await
+                                    .map_err(|e| super::trees::merchant_fault(e.into()));
+                            }
                             Err(error) => (Some(back), error),
                         }
                     }
@@ -441,11 +429,7 @@ impl PgStore {
     /// gone. (A delivery claiming the nonce in between reads the count before it; the
     /// count is for people, and no booking depends on it.)
     async fn count_after(&self, key: &str, attempt: i32) {
-        let counted = match self.pool().acquire().await {
-            Ok(mut conn) => self.count_attempt(&mut conn, key, attempt).await,
-            Err(error) => Err(error.into()),
-        };
-        if let Err(error) = counted {
+        if let Err(error) = self.count_attempt(key, attempt).await {
             tracing::warn!(error = %crate::report::InLine(&error), "the callback's attempt could not be counted");
         }
     }

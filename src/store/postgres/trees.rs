@@ -199,7 +199,7 @@ pub(super) async fn apply(
 /// as failing and recorded for operators, like an effect that aborts. A lost connection, a
 /// database shutting down or out of resources stays a store failure, and a deadlock stays
 /// retryable.
-fn merchant_fault(error: StoreError) -> StoreError {
+pub(super) fn merchant_fault(error: StoreError) -> StoreError {
     let StoreError::Backend {
         source: Some(source),
         ..
