@@ -30,6 +30,7 @@
 //! [`AdminClient`] ([`AdminCommand::run_remote`]); [`AdminCommand::run`] works on the store
 //! of a stopped service (a decision is then delivered by its outbox when it starts).
 
+use crate::model::ValidationId;
 use chrono::{DateTime, SecondsFormat, Utc};
 use std::{fmt::Write as _, io::Write, sync::Arc};
 use uuid::Uuid;
@@ -356,7 +357,12 @@ impl AdminClient {
     /// # Errors
     ///
     /// [`AdminError::Remote`] with 409 when it was decided differently, 404 when unknown.
-    pub async fn resolve(&self, id: i64, decision: &Decision) -> Result<String, AdminError> {
+    pub async fn resolve(
+        &self,
+        id: impl Into<ValidationId>,
+        decision: &Decision,
+    ) -> Result<String, AdminError> {
+        let id = id.into();
         let body = serde_json::to_vec(&crate::server::AdminDecision {
             success: decision.allows(),
             description: decision.description().to_owned(),

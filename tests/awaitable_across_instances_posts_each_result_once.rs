@@ -214,7 +214,7 @@ async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
     assert!(taken, "the dead instance's lease was void at once");
     survivor
         .record_delivery(
-            77,
+            77.into(),
             Delivery::Delivered {
                 attempts: 1,
                 at: Utc::now(),

@@ -93,7 +93,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     let resolver = server.app.resolver().unwrap();
     let pending = resolver.list(Some(PostponedState::Pending)).await.unwrap();
     assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].validation_id, ID);
+    assert_eq!(pending[0].validation_id, ID.into());
     assert_eq!(pending[0].request.merchant_data.client_id, "postpone");
     assert!(
         gateway.with(|s| s.posts.is_empty()),
@@ -135,7 +135,7 @@ async fn a_postponed_validation_is_answered_200_and_its_decision_reaches_the_gat
     );
     assert!(matches!(
         resolver.resolve(12345, Decision::allow("")).await,
-        Err(ResolveError::Unknown(12345))
+        Err(ResolveError::Unknown(id)) if id.get() == 12345
     ));
     // Nothing is left to send: a pass of the outbox posts nothing more.
     let outbox = nothing_left_to_send(&server).await;

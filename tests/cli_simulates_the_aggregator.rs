@@ -148,7 +148,10 @@ async fn await_prints_the_result_the_merchant_posts_to_the_mock_gateway() {
         ),
         "{stdout}"
     );
-    assert_eq!(mock.validation_result(77).map(|r| r.success), Some(false));
+    assert_eq!(
+        mock.validation_result(77.into()).map(|r| r.success),
+        Some(false)
+    );
     merchant.kill();
 }
 

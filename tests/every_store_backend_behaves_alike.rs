@@ -362,7 +362,7 @@ async fn postpone(b: &Backend, id: i64) {
         panic!("not claimed");
     };
     let record = PostponedValidation {
-        validation_id: id,
+        validation_id: id.into(),
         request: request.clone(),
         received: Utc::now(),
         deadline: Some(Utc::now() + TimeDelta::hours(1)),
@@ -383,7 +383,7 @@ async fn postpone(b: &Backend, id: i64) {
 behaviour!(the_first_decision_wins_and_is_queued_for_delivery);
 async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     postpone(b, 7).await;
-    let pending = b.shared.postponed(7).await.unwrap().unwrap();
+    let pending = b.shared.postponed(7.into()).await.unwrap().unwrap();
     assert_eq!(pending.state(), PostponedState::Pending);
     assert!(
         b.shared
@@ -403,22 +403,22 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     let now = Utc::now();
     let allow = Decision::allow("checked");
     assert_eq!(
-        b.shared.resolve(7, &allow, now).await.unwrap(),
+        b.shared.resolve(7.into(), &allow, now).await.unwrap(),
         Resolution::Recorded
     );
     assert_eq!(
-        b.shared.resolve(7, &allow, now).await.unwrap(),
+        b.shared.resolve(7.into(), &allow, now).await.unwrap(),
         Resolution::AlreadyRecorded
     );
     assert!(matches!(
         b.shared
-            .resolve(7, &Decision::deny("changed my mind"), now)
+            .resolve(7.into(), &Decision::deny("changed my mind"), now)
             .await
             .unwrap(),
         Resolution::Conflicting { success: true, .. }
     ));
     assert_eq!(
-        b.shared.resolve(8, &allow, now).await.unwrap(),
+        b.shared.resolve(8.into(), &allow, now).await.unwrap(),
         Resolution::Unknown
     );
     assert!(b.shared.deadlines_due(later).await.unwrap().now.is_empty());
@@ -427,7 +427,7 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     assert_eq!(b.shared.outbox_len().await.unwrap(), 1);
     b.shared
         .record_delivery(
-            7,
+            7.into(),
             Delivery::Delivered {
                 attempts: 1,
                 at: Utc::now(),
@@ -445,7 +445,7 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     );
     assert_eq!(b.shared.outbox_len().await.unwrap(), 0);
     assert_eq!(
-        b.shared.postponed(7).await.unwrap().unwrap().state(),
+        b.shared.postponed(7.into()).await.unwrap().unwrap().state(),
         PostponedState::Delivered
     );
 }
@@ -454,7 +454,7 @@ behaviour!(a_refused_result_is_final);
 async fn a_refused_result_is_final(b: &Backend) {
     postpone(b, 9).await;
     b.shared
-        .resolve(9, &Decision::allow("ok"), Utc::now())
+        .resolve(9.into(), &Decision::allow("ok"), Utc::now())
         .await
         .unwrap();
     let conflict = Delivery::Conflict {
@@ -462,10 +462,10 @@ async fn a_refused_result_is_final(b: &Backend) {
         message: "another result".into(),
         at: Utc::now(),
     };
-    b.shared.record_delivery(9, conflict).await.unwrap();
+    b.shared.record_delivery(9.into(), conflict).await.unwrap();
     b.shared
         .record_delivery(
-            9,
+            9.into(),
             Delivery::Delivered {
                 attempts: 2,
                 at: Utc::now(),
@@ -474,7 +474,7 @@ async fn a_refused_result_is_final(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(
-        b.shared.postponed(9).await.unwrap().unwrap().state(),
+        b.shared.postponed(9.into()).await.unwrap().unwrap().state(),
         PostponedState::Conflict
     );
     assert!(
@@ -492,13 +492,13 @@ behaviour!(a_failed_delivery_is_retried_when_due);
 async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
     postpone(b, 11).await;
     b.shared
-        .resolve(11, &Decision::deny("no"), Utc::now())
+        .resolve(11.into(), &Decision::deny("no"), Utc::now())
         .await
         .unwrap();
     let next_attempt = Utc::now() + TimeDelta::seconds(30);
     b.shared
         .record_delivery(
-            11,
+            11.into(),
             Delivery::Queued {
                 attempts: 1,
                 next_attempt,

@@ -201,7 +201,7 @@ async fn wrong_credentials_are_a_clear_error_without_the_password() {
 async fn postponed_results_are_200_the_same_again_and_403_for_a_different_one() {
     let (gateway, client) = gateway_with_record().await;
     let result = |success| PostponedValidationResult {
-        validation_id: 5,
+        validation_id: 5.into(),
         success,
         description: "checked".into(),
     };
@@ -215,9 +215,9 @@ async fn postponed_results_are_200_the_same_again_and_403_for_a_different_one() 
         matches!(
             error,
             GatewayError::Conflict {
-                validation_id: 5,
+                validation_id,
                 ..
-            }
+            } if validation_id.get() == 5
         ),
         "{error:?}"
     );

@@ -71,7 +71,7 @@ async fn a_second_different_result_is_refused_with_403_and_the_same_one_accepted
         .unwrap();
     let client = GatewayClient::new(&mock.gateway_config()).unwrap();
     let result = |success| PostponedValidationResult {
-        validation_id: 42,
+        validation_id: 42.into(),
         success,
         description: "reviewed".into(),
     };
@@ -85,13 +85,13 @@ async fn a_second_different_result_is_refused_with_403_and_the_same_one_accepted
         matches!(
             refused,
             GatewayError::Conflict {
-                validation_id: 42,
+                validation_id,
                 ..
-            }
+            } if validation_id.get() == 42
         ),
         "{refused:?}"
     );
-    assert_eq!(mock.validation_result(42), Some(result(true)));
+    assert_eq!(mock.validation_result(42.into()), Some(result(true)));
     assert_eq!(mock.counters().conflicts, 1);
 }
 
@@ -148,7 +148,7 @@ async fn a_state_directory_keeps_records_results_and_sessions_across_a_restart()
     let session = client.login().await.unwrap();
     client
         .post_validation_result(&PostponedValidationResult {
-            validation_id: 1,
+            validation_id: 1.into(),
             success: false,
             description: "no".into(),
         })
@@ -161,7 +161,11 @@ async fn a_state_directory_keeps_records_results_and_sessions_across_a_restart()
         second.transaction(REFERENCE.parse().unwrap()),
         Some(record(REFERENCE))
     );
-    assert!(second.validation_result(1).is_some_and(|r| !r.success));
+    assert!(
+        second
+            .validation_result(1.into())
+            .is_some_and(|r| !r.success)
+    );
     // Tokens issued before the restart are still good: the signing secret is kept too.
     let client = GatewayClient::new(&second.gateway_config()).unwrap();
     client.refresh(&session.refresh_token).await.unwrap();

@@ -87,7 +87,7 @@ async fn history(config: &StoreConfig) {
             panic!("not claimed");
         };
         let record = postponed.then(|| PostponedValidation {
-            validation_id: id,
+            validation_id: id.into(),
             request: request.clone(),
             received: Utc::now(),
             deadline: Some(Utc::now() + TimeDelta::hours(1)),
@@ -99,7 +99,7 @@ async fn history(config: &StoreConfig) {
             .unwrap();
     }
     store
-        .resolve(2, &Decision::allow("reviewed"), Utc::now())
+        .resolve(2.into(), &Decision::allow("reviewed"), Utc::now())
         .await
         .unwrap();
     // Wait for the failure's write (it is not waited for) before the store closes.
@@ -192,7 +192,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
             message: "limit".into()
         })
     );
-    let moved = shared.postponed(2).await.unwrap().unwrap();
+    let moved = shared.postponed(2.into()).await.unwrap().unwrap();
     assert_eq!(moved.state(), PostponedState::Queued);
     assert_eq!(shared.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
     drop((shared, store));

@@ -19,7 +19,7 @@
 //! let gateway = GatewayClient::new(&config.gateway)?;
 //! gateway
 //!     .post_validation_result(&PostponedValidationResult {
-//!         validation_id: 42,
+//!         validation_id: 42.into(),
 //!         success: true,
 //!         description: "documents checked".into(),
 //!     })
@@ -33,6 +33,7 @@ mod settings;
 mod token;
 mod transport;
 
+use crate::model::ValidationId;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
@@ -113,7 +114,7 @@ pub enum GatewayError {
     #[error("validation {validation_id}: a different result was already received: {message}")]
     Conflict {
         /// The validation.
-        validation_id: i64,
+        validation_id: ValidationId,
         /// The aggregator's `message`.
         message: String,
     },

@@ -48,7 +48,7 @@ pub use timestamp::{TimestampError, format_utc, parse_utc};
 pub use transaction::{CallbackSettings, MAX_CALLBACK_ATTEMPTS, TransactionRecord};
 pub use validation::{
     MerchantData, PostponedValidationResult, ProvidersPaymentData, ProvidersValidationRequest,
-    ProvidersValidationResponse, TransactionData, TransactionValidationRequest,
+    ProvidersValidationResponse, TransactionData, TransactionValidationRequest, ValidationId,
     ValidationPaymentData,
 };
 

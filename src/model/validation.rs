@@ -120,8 +120,7 @@ pub struct TransactionValidationRequest {
     #[serde(default, deserialize_with = "super::object::object_or_null")]
     pub provider_data: Value,
     /// Identifies this validation operation; a postponed result refers to it.
-    #[serde(deserialize_with = "super::integer::integer")]
-    pub validation_id: i64,
+    pub validation_id: ValidationId,
     /// `true` for a deposit (cash-in), `false` for a withdrawal.
     pub cash_in: bool,
 }
@@ -144,12 +143,76 @@ impl TransactionValidationRequest {
 #[serde(rename_all = "camelCase")]
 pub struct PostponedValidationResult {
     /// The `validationId` of the validation request.
-    pub validation_id: i64,
+    pub validation_id: ValidationId,
     /// Whether the client was validated for the transaction.
     pub success: bool,
     /// Explanation of the result.
     #[serde(default, deserialize_with = "null_as_default")]
     pub description: String,
+}
+
+/// A validation operation's `validationId`: what a postponed validation, its decision and
+/// its result are known by.
+///
+/// On the wire it is a JSON integer (read exactly, in any form of a whole number; see
+/// [`crate::model`]).
+///
+/// ```
+/// use payhook::model::ValidationId;
+///
+/// let id: ValidationId = "42".parse().unwrap();
+/// assert_eq!(id, ValidationId::from(42));
+/// assert_eq!(id.get(), 42);
+/// assert_eq!(id.to_string(), "42");
+/// assert_eq!(serde_json::to_string(&id).unwrap(), "42");
+/// assert_eq!(serde_json::from_str::<ValidationId>("4.2e1").unwrap(), id);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ValidationId(i64);
+
+impl ValidationId {
+    /// The id numbered `id`.
+    pub const fn new(id: i64) -> Self {
+        Self(id)
+    }
+
+    /// The id as the aggregator numbers it.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<i64> for ValidationId {
+    fn from(id: i64) -> Self {
+        Self(id)
+    }
+}
+
+impl From<ValidationId> for i64 {
+    fn from(id: ValidationId) -> Self {
+        id.0
+    }
+}
+
+impl std::fmt::Display for ValidationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for ValidationId {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.parse().map(Self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ValidationId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        super::integer::integer(deserializer).map(Self)
+    }
 }
 
 #[cfg(test)]
@@ -202,7 +265,8 @@ mod tests {
                 "providerData":{"cardBin":"411111"},"validationId":9007199254740993,"cashIn":false}"#,
         );
         assert_eq!(
-            request.validation_id, 9_007_199_254_740_993,
+            request.validation_id.get(),
+            9_007_199_254_740_993,
             "a long beyond f64's exact range"
         );
         assert_eq!(

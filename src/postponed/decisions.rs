@@ -4,6 +4,7 @@
 //! exactly-once delivery calls it and records what it decides; it runs the merchant's
 //! handler through [`ValidationHandler`], which the server implements.
 
+use crate::model::ValidationId;
 use std::sync::{
     Arc, Mutex, PoisonError,
     atomic::{AtomicBool, Ordering},
@@ -232,7 +233,7 @@ impl Awaitable {
 
     /// Waits (within the handler timeout) for a handler that overran its time budget, and
     /// resolves the validation with its decision.
-    pub(crate) fn resolve_later(&self, validation_id: i64, mut task: HandlerTask) {
+    pub(crate) fn resolve_later(&self, validation_id: ValidationId, mut task: HandlerTask) {
         let (handler, resolver) = (Arc::clone(&self.handler), self.resolver.clone());
         let limit = handler.timeout();
         // A handler that fails after its budget has no decision to give, and nothing would

@@ -38,6 +38,7 @@ mod outbox;
 pub(crate) mod record;
 mod settings;
 
+use crate::model::ValidationId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,14 +60,14 @@ pub use settings::{DeadlineOutcome, ValidationConfig};
 pub enum ResolveError {
     /// No postponed validation has this id.
     #[error("no postponed validation with id {0}")]
-    Unknown(i64),
+    Unknown(ValidationId),
     /// A different decision was recorded first; nothing was changed or sent.
     #[error(
         "validation {validation_id} was already decided differently (success = {recorded_success}: {recorded_description:?})"
     )]
     Conflict {
         /// The validation.
-        validation_id: i64,
+        validation_id: ValidationId,
         /// The decision recorded first.
         recorded_success: bool,
         /// Its description.
@@ -103,10 +104,10 @@ const RECORDING_WAIT: Duration = Duration::from_secs(60);
 /// Validation ids whose record is being written — the handler is running, or has postponed
 /// and the record is not durable yet — each with what wakes a resolve waiting for it.
 #[derive(Default)]
-struct Recording(Mutex<HashMap<i64, Arc<Notify>>>);
+struct Recording(Mutex<HashMap<ValidationId, Arc<Notify>>>);
 
 impl Recording {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<Notify>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ValidationId, Arc<Notify>>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -116,7 +117,7 @@ impl Recording {
 /// Marks a validation as being recorded until dropped (see [`Resolver::recording`]).
 pub(crate) struct RecordingGuard {
     recording: Arc<Recording>,
-    validation_id: i64,
+    validation_id: ValidationId,
 }
 
 impl Drop for RecordingGuard {
@@ -147,7 +148,7 @@ impl Resolver {
     /// Marks `validation_id` as being recorded until the guard is dropped: a merchant's task
     /// that decides it before its record is durable (the handler postponed and handed it to
     /// a fast reviewer) then waits for the record instead of being told the id is unknown.
-    pub(crate) fn recording(&self, validation_id: i64) -> RecordingGuard {
+    pub(crate) fn recording(&self, validation_id: ValidationId) -> RecordingGuard {
         self.recording.map().entry(validation_id).or_default();
         RecordingGuard {
             recording: Arc::clone(&self.recording),
@@ -157,7 +158,7 @@ impl Resolver {
 
     /// Waits (at most [`RECORDING_WAIT`]) until `validation_id` is no longer being recorded;
     /// `false` when it was not.
-    async fn recorded(&self, validation_id: i64) -> bool {
+    async fn recorded(&self, validation_id: ValidationId) -> bool {
         let Some(notify) = self.recording.map().get(&validation_id).cloned() else {
             return false;
         };
@@ -182,9 +183,10 @@ impl Resolver {
     /// a moment ago) is waited for, up to a minute, rather than called unknown.
     pub async fn resolve(
         &self,
-        validation_id: i64,
+        validation_id: impl Into<ValidationId>,
         decision: Decision,
     ) -> Result<Resolved, ResolveError> {
+        let validation_id = validation_id.into();
         let success = decision.allows();
         let mut resolution = self
             .store
@@ -198,7 +200,11 @@ impl Resolver {
         }
         match resolution {
             Resolution::Recorded => {
-                tracing::info!(validation_id, success, "postponed validation decided");
+                tracing::info!(
+                    validation_id = validation_id.get(),
+                    success,
+                    "postponed validation decided"
+                );
                 self.wake.notify_one();
                 Ok(Resolved::Recorded)
             }
@@ -208,7 +214,7 @@ impl Resolver {
                 description: recorded_description,
             } => {
                 tracing::warn!(
-                    validation_id,
+                    validation_id = validation_id.get(),
                     success,
                     recorded_success,
                     "a different decision was taken first; refused"
@@ -228,8 +234,11 @@ impl Resolver {
     /// # Errors
     ///
     /// [`StoreError`] when the store fails.
-    pub async fn get(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
-        self.store.postponed(validation_id).await
+    pub async fn get(
+        &self,
+        validation_id: impl Into<ValidationId>,
+    ) -> Result<Option<PostponedValidation>, StoreError> {
+        self.store.postponed(validation_id.into()).await
     }
 
     /// Postponed validations in `state` (all of them when `None`), by id.

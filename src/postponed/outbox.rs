@@ -192,7 +192,7 @@ impl Outbox {
             Ok(Resolved::Unchanged) => Ok(false),
             Ok(Resolved::Recorded) => {
                 tracing::warn!(
-                    validation_id = id,
+                    validation_id = id.get(),
                     success,
                     "postponed validation reached its deadline undecided; resolved with the configured outcome"
                 );
@@ -224,7 +224,7 @@ impl Outbox {
             Ok(()) => {
                 self.counts.delivered.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
-                    validation_id = id,
+                    validation_id = id.get(),
                     success = result.success,
                     attempts,
                     "validation result delivered"
@@ -237,7 +237,7 @@ impl Outbox {
             Err(GatewayError::Conflict { message, .. }) => {
                 self.counts.conflicts.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
-                    validation_id = id,
+                    validation_id = id.get(),
                     success = result.success,
                     message = %crate::Logged(&message),
                     "the aggregator holds a different result for this validation (403); recorded as a conflict"
@@ -253,9 +253,9 @@ impl Outbox {
                 self.counts.retries.fetch_add(1, Ordering::Relaxed);
                 let wait = backoff(&self.config.retry_schedule, attempts);
                 if error.is_transient() {
-                    tracing::warn!(validation_id = id, attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
+                    tracing::warn!(validation_id = id.get(), attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
                 } else {
-                    tracing::error!(validation_id = id, attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
+                    tracing::error!(validation_id = id.get(), attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
                 }
                 let retry = Delivery::Queued {
                     attempts,

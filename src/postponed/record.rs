@@ -15,6 +15,7 @@
 //! The first decision wins: resolving again with the same `success` is a no-op, with the
 //! other one is refused. A final delivery (delivered, conflict) is never left.
 
+use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -85,7 +86,7 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PostponedValidation {
     /// The aggregator's `validationId`.
-    pub validation_id: i64,
+    pub validation_id: ValidationId,
     /// The validation request as received.
     pub request: TransactionValidationRequest,
     /// When it was received (UTC).
@@ -283,7 +284,7 @@ mod tests {
         )
         .unwrap();
         PostponedValidation {
-            validation_id: 7,
+            validation_id: ValidationId::new(7),
             request,
             received: DateTime::<Utc>::UNIX_EPOCH,
             deadline: None,

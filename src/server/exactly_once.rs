@@ -461,7 +461,7 @@ impl ExactlyOnce {
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
                     security_event = "nonce_reuse",
-                    validation_id = request.validation_id,
+                    validation_id = request.validation_id.get(),
                     client = %Logged(&request.merchant_data.client_id),
                     "nonce already used for a different payment; refused"
                 );

@@ -346,7 +346,7 @@ impl Traced for TransactionValidationRequest {
 
     fn trace(&self, span: &tracing::Span) {
         span.record("nonce", field::display(Logged(Self::nonce(self))));
-        span.record("validation_id", self.validation_id);
+        span.record("validation_id", self.validation_id.get());
     }
 }
 

@@ -12,6 +12,7 @@
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
 
+use crate::model::ValidationId;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use http_body::Body;
@@ -193,7 +194,7 @@ impl OperatingApi {
                 Ok(json(&list))
             }
             (&Method::POST, ["validations", id]) => {
-                let id: i64 = id
+                let id: ValidationId = id
                     .parse()
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
                 let bytes = self.ingress.read_body(&parts, body).await?;

@@ -98,7 +98,7 @@ impl Runner {
             ValidationDecision::Deny { message } => Ok(RecordedDecision::Deny { message }),
             ValidationDecision::Postpone => {
                 tracing::error!(
-                    validation_id,
+                    validation_id = validation_id.get(),
                     "handler postponed a validation, but the endpoint is not declared Awaitable; answering 500"
                 );
                 Err(Problem::NotAwaitable)

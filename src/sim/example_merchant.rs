@@ -335,7 +335,7 @@ pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Dura
                 .await
             {
                 Ok(_) => tracing::info!(
-                    validation_id = validation.validation_id,
+                    validation_id = validation.validation_id.get(),
                     approve,
                     "reviewed"
                 ),

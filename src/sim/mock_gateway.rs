@@ -15,6 +15,7 @@
 //! Every error body is `{"message": "..."}`. State is kept in memory, or in a sled directory
 //! when one is given, so that a restart keeps it.
 
+use crate::model::ValidationId;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -225,9 +226,12 @@ impl MockGateway {
     }
 
     /// The result posted for a validation.
-    pub fn validation_result(&self, validation_id: i64) -> Option<PostponedValidationResult> {
+    pub fn validation_result(
+        &self,
+        validation_id: ValidationId,
+    ) -> Option<PostponedValidationResult> {
         self.shared
-            .read(|state| state.results.get(&validation_id).cloned())
+            .read(|state| state.results.get(&validation_id.get()).cloned())
     }
 
     /// What it has seen.
@@ -436,16 +440,16 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
             answer_typed(StatusCode::OK, &shared.read(|s| s.counters))
         }
         (&Method::GET, ["sim", "v1", "validations", id, "refused"]) => {
-            let refused = id.parse::<i64>().ok().map_or_else(Vec::new, |id| {
-                shared.read(|s| s.refused.get(&id).cloned().unwrap_or_default())
+            let refused = id.parse::<ValidationId>().ok().map_or_else(Vec::new, |id| {
+                shared.read(|s| s.refused.get(&id.get()).cloned().unwrap_or_default())
             });
             answer_typed(StatusCode::OK, &refused)
         }
         (&Method::GET, ["sim", "v1", "validations", id]) => {
             match id
-                .parse::<i64>()
+                .parse::<ValidationId>()
                 .ok()
-                .and_then(|id| shared.read(|s| s.results.get(&id).cloned()))
+                .and_then(|id| shared.read(|s| s.results.get(&id.get()).cloned()))
             {
                 Some(result) => answer_typed(StatusCode::OK, &result),
                 None => message(
@@ -507,18 +511,18 @@ fn validation_result(shared: &Shared, body: &[u8]) -> Response<Full<Bytes>> {
             "validationId (number) and success (boolean) are required",
         );
     };
-    let conflict = shared.update(|s| match s.results.get(&result.validation_id) {
+    let conflict = shared.update(|s| match s.results.get(&result.validation_id.get()) {
         Some(recorded) if recorded.success != result.success => {
             s.counters.conflicts += 1;
             s.refused
-                .entry(result.validation_id)
+                .entry(result.validation_id.get())
                 .or_default()
                 .push(result.clone());
             true
         }
         Some(_) => false,
         None => {
-            s.results.insert(result.validation_id, result.clone());
+            s.results.insert(result.validation_id.get(), result.clone());
             false
         }
     });
@@ -601,7 +605,7 @@ impl MockControl {
     /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
     pub async fn validation_result(
         &self,
-        id: i64,
+        id: ValidationId,
     ) -> Result<Option<PostponedValidationResult>, SimError> {
         let (status, body) = self
             .call(Method::GET, &format!("/sim/v1/validations/{id}"), None)
@@ -623,7 +627,7 @@ impl MockControl {
     /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
     pub async fn refused_results(
         &self,
-        id: i64,
+        id: ValidationId,
     ) -> Result<Vec<PostponedValidationResult>, SimError> {
         let path = format!("/sim/v1/validations/{id}/refused");
         let (status, body) = self.call(Method::GET, &path, None).await?;
@@ -640,7 +644,7 @@ impl MockControl {
     /// As [`MockControl::validation_result`].
     pub async fn await_validation_result(
         &self,
-        id: i64,
+        id: ValidationId,
         timeout: Duration,
     ) -> Result<Option<PostponedValidationResult>, SimError> {
         let deadline = tokio::time::Instant::now() + timeout;

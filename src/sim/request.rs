@@ -2,6 +2,7 @@
 //! `path=value` overrides — byte-exact, so that amounts are sent as written (`10.50` stays
 //! `10.50`; no `f64` on the way).
 
+use crate::model::ValidationId;
 use rust_decimal::Decimal;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
@@ -64,7 +65,7 @@ pub struct Payment {
     /// Deposit or withdrawal.
     pub direction: TransactionType,
     /// `validationId` of a transaction validation.
-    pub validation_id: i64,
+    pub validation_id: ValidationId,
     /// The aggregator's transaction id.
     pub transaction_id: i64,
     /// The transaction's reference id.
@@ -86,7 +87,7 @@ impl Default for Payment {
             collab_id: 3,
             direction: TransactionType::Deposit,
             // Positive and within what JavaScript-based tools keep exact (2^53).
-            validation_id: i64::try_from(high >> 11).unwrap_or(1),
+            validation_id: ValidationId::from(i64::try_from(high >> 11).unwrap_or(1)),
             transaction_id: i64::try_from(low >> 11).unwrap_or(1),
             reference_id: Uuid::new_v4(),
             status: TransactionStatus::Success,

@@ -43,6 +43,7 @@
 //! check (the table's last column; none for a `lost` callback) is refused when the file is
 //! read, so that a scenario cannot pass without testing what it says.
 
+use crate::model::ValidationId;
 use serde::Deserialize;
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use uuid::Uuid;
@@ -802,7 +803,7 @@ async fn run_step(
 async fn awaited_result(
     target: &Target,
     control: &MockControl,
-    validation_id: i64,
+    validation_id: ValidationId,
     wanted: ExpectedResult,
     teller: &str,
     story: &mut Vec<String>,

@@ -645,7 +645,7 @@ fn purge_postponed(
     id: &[u8],
 ) -> Result<bool, StoreError> {
     let id = String::from_utf8_lossy(id);
-    let Ok(id_number) = id.parse::<i64>() else {
+    let Ok(id_number) = id.parse::<crate::model::ValidationId>() else {
         return Ok(true);
     };
     let key = keys::by_id(keys::POSTPONED_PREFIX, id_number);

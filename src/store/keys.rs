@@ -21,6 +21,8 @@
 //! [`RecordKey`] names that older key too, read when the new one is absent and removed when
 //! the record is next written.
 
+use crate::model::ValidationId;
+
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
 pub(crate) const VALIDATION_PREFIX: &[u8] = b"v\0";
 pub(crate) const EXPIRY_PREFIX: &[u8] = b"x\0";
@@ -36,13 +38,15 @@ pub(crate) const TAG_VALIDATION: u8 = b'v';
 pub(crate) const TAG_POSTPONED: u8 = b'p';
 
 /// The key of validation `id` under `prefix` (one of the three postponed prefixes).
-pub(crate) fn by_id(prefix: &[u8], id: i64) -> Vec<u8> {
-    [prefix, &id.to_be_bytes()].concat()
+pub(crate) fn by_id(prefix: &[u8], id: ValidationId) -> Vec<u8> {
+    [prefix, &id.get().to_be_bytes()].concat()
 }
 
 /// The validation id of a key made by [`by_id`].
-pub(crate) fn id_of(key: &[u8]) -> Option<i64> {
-    Some(i64::from_be_bytes(key.get(2..10)?.try_into().ok()?))
+pub(crate) fn id_of(key: &[u8]) -> Option<ValidationId> {
+    Some(ValidationId::from(i64::from_be_bytes(
+        key.get(2..10)?.try_into().ok()?,
+    )))
 }
 
 /// A millisecond time stored as a value: 8 bytes big-endian; anything else reads as 0.

@@ -211,6 +211,7 @@ mod sled_store;
 mod staging;
 mod watermark;
 
+use crate::model::ValidationId;
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
@@ -498,17 +499,21 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// one atomic write; the first decision wins (see [`Resolution`]). Resolves once durable.
     fn resolve<'a>(
         &'a self,
-        validation_id: i64,
+        validation_id: ValidationId,
         decision: &'a Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a>;
 
     /// Records the outcome of a delivery attempt; a delivered or refused result stays so.
     /// Ends this instance's lease on the result (see [`PostponedStore::outbox_due`]).
-    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_>;
+    fn record_delivery(&self, validation_id: ValidationId, delivery: Delivery)
+    -> DurableFuture<'_>;
 
     /// One postponed validation.
-    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>>;
+    fn postponed(
+        &self,
+        validation_id: ValidationId,
+    ) -> StoreFuture<'_, Option<PostponedValidation>>;
 
     /// Every postponed validation held, by id.
     fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>>;

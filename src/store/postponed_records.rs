@@ -5,6 +5,7 @@
 //! inside the store's atomic write, so that a decision and the outbox entry that delivers it
 //! are durable together.
 
+use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 
 use super::StoreError;
@@ -17,19 +18,22 @@ use crate::postponed::record::{Delivery, NextDue, PostponedValidation, Resolutio
 pub(crate) enum PostponedOp {
     /// Take a decision: first one wins.
     Resolve {
-        validation_id: i64,
+        validation_id: ValidationId,
         success: bool,
         description: String,
         now: DateTime<Utc>,
     },
     /// Record how a delivery attempt went.
     Deliver {
-        validation_id: i64,
+        validation_id: ValidationId,
         delivery: Delivery,
     },
 }
 
-fn read(staging: &Staging<'_>, id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+fn read(
+    staging: &Staging<'_>,
+    id: ValidationId,
+) -> Result<Option<PostponedValidation>, StoreError> {
     staging
         .get(&keys::by_id(keys::POSTPONED_PREFIX, id))?
         .map(|bytes| decode(&id.to_string(), &bytes))
@@ -76,7 +80,7 @@ pub(crate) fn create(
         if existing.request.nonce() != record.request.nonce() {
             tracing::warn!(
                 security_event = "validation_id_reuse",
-                validation_id = record.validation_id,
+                validation_id = record.validation_id.get(),
                 "a validation id arrived again with another nonce; the first is kept"
             );
         }

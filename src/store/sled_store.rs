@@ -1,5 +1,6 @@
 //! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader.
 
+use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 use std::{
     sync::{
@@ -516,7 +517,7 @@ impl DedupStore for SledStore {
 impl PostponedStore for SledStore {
     fn resolve<'a>(
         &'a self,
-        validation_id: i64,
+        validation_id: ValidationId,
         decision: &'a Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a> {
@@ -528,7 +529,11 @@ impl PostponedStore for SledStore {
         })
     }
 
-    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
+    fn record_delivery(
+        &self,
+        validation_id: ValidationId,
+        delivery: Delivery,
+    ) -> DurableFuture<'_> {
         let written = self.postponed_op(PostponedOp::Deliver {
             validation_id,
             delivery,
@@ -536,7 +541,10 @@ impl PostponedStore for SledStore {
         Box::pin(async move { written.await.map(|_| ()) })
     }
 
-    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>> {
+    fn postponed(
+        &self,
+        validation_id: ValidationId,
+    ) -> StoreFuture<'_, Option<PostponedValidation>> {
         ready(self.postponed_now(validation_id))
     }
 
@@ -668,7 +676,10 @@ impl SledStore {
         })
     }
 
-    fn postponed_now(&self, validation_id: i64) -> Result<Option<PostponedValidation>, StoreError> {
+    fn postponed_now(
+        &self,
+        validation_id: ValidationId,
+    ) -> Result<Option<PostponedValidation>, StoreError> {
         self.inner
             .tree
             .get(keys::by_id(keys::POSTPONED_PREFIX, validation_id))?

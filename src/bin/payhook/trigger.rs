@@ -3,6 +3,7 @@
 use clap::{Args, ValueEnum};
 use payhook::Config;
 use payhook::config::PathsConfig;
+use payhook::model::ValidationId;
 use payhook::model::{TransactionStatus, TransactionType};
 use payhook::signature::{Algorithm, Encoding, SigningKey};
 use payhook::sim::{Exchange, MockControl, Payment, RequestKind, Signer, Trigger};
@@ -79,7 +80,7 @@ pub(crate) struct PaymentArgs {
     withdrawal: bool,
     /// The validationId of a transaction validation (default: a fresh one).
     #[arg(long)]
-    validation_id: Option<i64>,
+    validation_id: Option<ValidationId>,
     /// The callback's transactionStatus code (4 success; -1 to -6 failures).
     #[arg(long, allow_negative_numbers = true)]
     status: Option<i32>,
@@ -395,7 +396,7 @@ pub(crate) fn run(args: TriggerArgs, config: &Config) -> Result<(), Failure> {
             let id = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
                 .and_then(|b| b["validationId"].as_i64())
-                .unwrap_or(payment.validation_id);
+                .map_or(payment.validation_id, ValidationId::from);
             println!("… waiting for the result of validation {id} at {gateway}");
             let control = MockControl::new(gateway)?;
             match control

@@ -178,8 +178,8 @@ impl PgStore {
             return Ok(true);
         }
         if key.starts_with(keys::POSTPONED_PREFIX) {
-            let id = keys::id_of(key).unwrap_or_default();
-            let record: PostponedValidation = decode(&id.to_string(), value)?;
+            let id = keys::id_of(key).map_or_else(String::new, |id| id.to_string());
+            let record: PostponedValidation = decode(&id, value)?;
             let done = self.insert_postponed(conn, &record).await?;
             imported.postponed += u64::from(done);
             return Ok(done);

@@ -1,6 +1,7 @@
 //! The Awaitable state on PostgreSQL: postponed validations, decisions (first wins, under
 //! the row's lock) and the shared outbox, leased to one instance at a time.
 
+use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
@@ -32,7 +33,7 @@ fn indexed(record: &PostponedValidation) -> Indexed {
 impl PostponedStore for PgStore {
     fn resolve<'a>(
         &'a self,
-        validation_id: i64,
+        validation_id: ValidationId,
         decision: &'a Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a> {
@@ -51,7 +52,11 @@ impl PostponedStore for PgStore {
         })
     }
 
-    fn record_delivery(&self, validation_id: i64, delivery: Delivery) -> DurableFuture<'_> {
+    fn record_delivery(
+        &self,
+        validation_id: ValidationId,
+        delivery: Delivery,
+    ) -> DurableFuture<'_> {
         Box::pin(async move {
             let mut tx = self.pool().begin().await?;
             let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
@@ -65,12 +70,15 @@ impl PostponedStore for PgStore {
         })
     }
 
-    fn postponed(&self, validation_id: i64) -> StoreFuture<'_, Option<PostponedValidation>> {
+    fn postponed(
+        &self,
+        validation_id: ValidationId,
+    ) -> StoreFuture<'_, Option<PostponedValidation>> {
         Box::pin(async move {
             let row = sqlx::query(
                 &self.sql("SELECT record::text FROM {s}.postponed WHERE validation_id = $1"),
             )
-            .bind(validation_id)
+            .bind(validation_id.get())
             .fetch_optional(self.pool())
             .await?;
             row.map(|r| decode_json(&validation_id.to_string(), &r.try_get::<String, _>(0)?))
@@ -185,12 +193,12 @@ impl PgStore {
     async fn locked(
         &self,
         conn: &mut PgConnection,
-        validation_id: i64,
+        validation_id: ValidationId,
     ) -> Result<Option<PostponedValidation>, StoreError> {
         let row = sqlx::query(
             &self.sql("SELECT record::text FROM {s}.postponed WHERE validation_id = $1 FOR UPDATE"),
         )
-        .bind(validation_id)
+        .bind(validation_id.get())
         .fetch_optional(&mut *conn)
         .await?;
         row.map(|r| decode_json(&validation_id.to_string(), &r.try_get::<String, _>(0)?))
@@ -215,7 +223,7 @@ impl PgStore {
                deliver_at = $5, expires_at = now() + make_interval(secs => $6){lease} \
              WHERE validation_id = $1"
         )))
-        .bind(record.validation_id)
+        .bind(record.validation_id.get())
         .bind(encode_json(record))
         .bind(index.is_final)
         .bind(index.deadline_at)
@@ -240,7 +248,7 @@ impl PgStore {
              VALUES ($1, $2, $3::jsonb, $4, $5, $6, now() + make_interval(secs => $7)) \
              ON CONFLICT (validation_id) DO NOTHING",
         ))
-        .bind(record.validation_id)
+        .bind(record.validation_id.get())
         .bind(record.request.nonce())
         .bind(encode_json(record))
         .bind(index.is_final)
@@ -253,7 +261,7 @@ impl PgStore {
         if inserted == 0 {
             tracing::warn!(
                 security_event = "validation_id_reuse",
-                validation_id = record.validation_id,
+                validation_id = record.validation_id.get(),
                 "a validation id arrived again; the first record is kept"
             );
         }
