@@ -578,7 +578,7 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
     let rows = [
         ("reference id", record.transaction_reference_id.to_string()),
         ("id", record.id.to_string()),
-        ("nonce", record.nonce.clone()),
+        ("nonce", record.nonce.to_string()),
         ("type", record.transaction_type.to_string()),
         ("status", record.transaction_status.to_string()),
         ("status message", text(&record.transaction_status_message)),

@@ -41,7 +41,7 @@ fn an_idle_store_writes_nothing_through_many_sweeps() {
     for i in 0..200u64 {
         block_on(
             store.record_callback_failure(payhook::store::CallbackFailure {
-                nonce: format!("idle-{i}"),
+                nonce: format!("idle-{i}").into(),
                 status: payhook::model::TransactionStatus::Success,
                 reason: "handler failed".into(),
                 transaction_reference_id: uuid::Uuid::nil(),

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::config::StoreConfig;
+use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
 use payhook::store::{CallbackBegin, DedupStore, Effects, IntegrityError, SledStore, StoreError};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ async fn store_with_acknowledged(path: &Path, count: usize) {
     for i in 0..count {
         let nonce = format!("nonce-{i:04}");
         let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from(&nonce), TransactionStatus::Success, STALE)
             .await
             .unwrap()
         else {
@@ -40,7 +41,12 @@ async fn store_with_acknowledged(path: &Path, count: usize) {
         let ledger = ledger.clone();
         effects.write(move |tx| tx.insert(&ledger, key.as_bytes(), &[b'x'; 200]));
         store
-            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+            .finish_callback(
+                &Nonce::from(&nonce),
+                claim,
+                TransactionStatus::Success,
+                effects,
+            )
             .await
             .unwrap();
     }
@@ -217,7 +223,7 @@ async fn an_operator_who_accepts_the_loss_can_serve_on_what_is_left_and_it_is_re
     {
         let store = SledStore::open(&config(&path), &["ledger"]).unwrap();
         let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback("after", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("after"), TransactionStatus::Success, STALE)
             .await
             .unwrap()
         else {
@@ -225,7 +231,7 @@ async fn an_operator_who_accepts_the_loss_can_serve_on_what_is_left_and_it_is_re
         };
         store
             .finish_callback(
-                "after",
+                &Nonce::from("after"),
                 claim,
                 TransactionStatus::Success,
                 Effects::default(),

@@ -7,6 +7,7 @@
 mod support;
 
 use payhook::config::StoreConfig;
+use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
 use payhook::store::{CallbackBegin, DedupStore, Effects, SledStore};
 use std::path::Path;
@@ -53,7 +54,11 @@ async fn acknowledged_store(path: &Path, count: usize) {
     for i in 0..count {
         let nonce = format!("n-{i}");
         let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&nonce, TransactionStatus::Success, Duration::from_secs(60))
+            .begin_callback(
+                &Nonce::from(&nonce),
+                TransactionStatus::Success,
+                Duration::from_secs(60),
+            )
             .await
             .unwrap()
         else {
@@ -61,7 +66,7 @@ async fn acknowledged_store(path: &Path, count: usize) {
         };
         store
             .finish_callback(
-                &nonce,
+                &Nonce::from(&nonce),
                 claim,
                 TransactionStatus::Success,
                 Effects::default(),

@@ -5,6 +5,7 @@
 
 mod support;
 
+use payhook::model::Nonce;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +71,7 @@ impl Backend {
     async fn claim(&self, nonce: &str, status: TransactionStatus) -> (Claim, u32, Option<i32>) {
         match self
             .shared
-            .begin_callback(nonce, status, STALE)
+            .begin_callback(&Nonce::from(nonce), status, STALE)
             .await
             .unwrap()
         {
@@ -86,7 +87,7 @@ impl Backend {
     async fn acknowledge(&self, nonce: &str, status: TransactionStatus, effects: Effects) {
         let (claim, ..) = self.claim(nonce, status).await;
         self.shared
-            .finish_callback(nonce, claim, status, effects)
+            .finish_callback(&Nonce::from(nonce), claim, status, effects)
             .await
             .unwrap();
     }
@@ -143,25 +144,30 @@ async fn the_first_delivery_claims_and_a_repeat_is_a_duplicate(b: &Backend) {
     assert_eq!((attempt, previous), (1, None));
     assert!(
         !b.shared
-            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
             .await
             .unwrap(),
         "claimed is not acknowledged"
     );
     b.shared
-        .finish_callback("n-1", claim, TransactionStatus::Success, b.add("c-1", 5))
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            b.add("c-1", 5),
+        )
         .await
         .unwrap();
     assert!(
         b.shared
-            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
             .await
             .unwrap()
     );
     for _ in 0..3 {
         assert_eq!(
             b.shared
-                .begin_callback("n-1", TransactionStatus::Success, STALE)
+                .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
                 .await
                 .unwrap(),
             CallbackBegin::Duplicate
@@ -179,7 +185,7 @@ async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
     assert_eq!(previous, Some(TransactionStatus::Success.code()));
     b.shared
         .finish_callback(
-            "n-1",
+            &Nonce::from("n-1"),
             claim,
             TransactionStatus::Cancelled,
             Effects::default(),
@@ -188,7 +194,10 @@ async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
         .unwrap();
     for status in [TransactionStatus::Success, TransactionStatus::Cancelled] {
         assert_eq!(
-            b.shared.begin_callback("n-1", status, STALE).await.unwrap(),
+            b.shared
+                .begin_callback(&Nonce::from("n-1"), status, STALE)
+                .await
+                .unwrap(),
             CallbackBegin::Duplicate
         );
     }
@@ -196,9 +205,10 @@ async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
 
 behaviour!(concurrent_copies_of_a_nonce_claim_it_once);
 async fn concurrent_copies_of_a_nonce_claim_it_once(b: &Backend) {
+    let nonce = Nonce::from("n-1");
     let begins = futures_util::future::join_all((0..16).map(|_| {
         b.shared
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
     }))
     .await;
     let claimed = begins
@@ -216,7 +226,10 @@ behaviour!(a_released_claim_is_claimed_again_with_the_attempt_counted);
 async fn a_released_claim_is_claimed_again_with_the_attempt_counted(b: &Backend) {
     let (claim, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
     assert_eq!(attempt, 1);
-    b.shared.release_callback("n-1", claim).await.unwrap();
+    b.shared
+        .release_callback(&Nonce::from("n-1"), claim)
+        .await
+        .unwrap();
     let (_, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
     assert_eq!(attempt, 2);
 }
@@ -226,7 +239,7 @@ async fn a_claim_is_taken_over_when_stale_and_never_otherwise(b: &Backend) {
     let (first, ..) = b.claim("n-1", TransactionStatus::Success).await;
     assert_eq!(
         b.shared
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Busy,
@@ -235,7 +248,11 @@ async fn a_claim_is_taken_over_when_stale_and_never_otherwise(b: &Backend) {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let CallbackBegin::Claimed { claim: second, .. } = b
         .shared
-        .begin_callback("n-1", TransactionStatus::Success, Duration::from_millis(10))
+        .begin_callback(
+            &Nonce::from("n-1"),
+            TransactionStatus::Success,
+            Duration::from_millis(10),
+        )
         .await
         .unwrap()
     else {
@@ -244,11 +261,21 @@ async fn a_claim_is_taken_over_when_stale_and_never_otherwise(b: &Backend) {
     // The first delivery comes back late: its claim is gone, and it writes nothing.
     let late = b
         .shared
-        .finish_callback("n-1", first, TransactionStatus::Success, b.add("c-1", 7))
+        .finish_callback(
+            &Nonce::from("n-1"),
+            first,
+            TransactionStatus::Success,
+            b.add("c-1", 7),
+        )
         .await;
     assert!(matches!(late, Err(StoreError::ClaimLost(_))), "{late:?}");
     b.shared
-        .finish_callback("n-1", second, TransactionStatus::Success, b.add("c-1", 7))
+        .finish_callback(
+            &Nonce::from("n-1"),
+            second,
+            TransactionStatus::Success,
+            b.add("c-1", 7),
+        )
         .await
         .unwrap();
     assert_eq!(b.balance("c-1").await, 7);
@@ -261,7 +288,12 @@ async fn effects_that_abort_write_nothing_and_acknowledge_nothing(b: &Backend) {
     effects.write(|_| Err(StoreError::abort("insufficient funds")));
     let outcome = b
         .shared
-        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            effects,
+        )
         .await;
     assert!(
         matches!(outcome, Err(StoreError::Aborted { .. })),
@@ -274,7 +306,7 @@ async fn effects_that_abort_write_nothing_and_acknowledge_nothing(b: &Backend) {
     );
     assert!(
         !b.shared
-            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
             .await
             .unwrap()
     );
@@ -310,7 +342,7 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
     let fingerprint = Fingerprint::of(&request);
     let ValidationBegin::Claimed { claim } = b
         .shared
-        .begin_validation("v-1", &fingerprint, STALE)
+        .begin_validation(&Nonce::from("v-1"), &fingerprint, STALE)
         .await
         .unwrap()
     else {
@@ -318,7 +350,7 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
     };
     assert_eq!(
         b.shared
-            .begin_validation("v-1", &fingerprint, STALE)
+            .begin_validation(&Nonce::from("v-1"), &fingerprint, STALE)
             .await
             .unwrap(),
         ValidationBegin::Busy
@@ -327,14 +359,14 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
         message: "limit".into(),
     };
     b.shared
-        .finish_validation("v-1", claim, &fingerprint, &deny, None)
+        .finish_validation(&Nonce::from("v-1"), claim, &fingerprint, &deny, None)
         .await
         .unwrap();
     // The same payment (10.5 is 10.50) is answered from the record.
     let same = Fingerprint::of(&validation("v-1", 1, "10.5"));
     assert_eq!(
         b.shared
-            .begin_validation("v-1", &same, STALE)
+            .begin_validation(&Nonce::from("v-1"), &same, STALE)
             .await
             .unwrap(),
         ValidationBegin::Recorded(deny)
@@ -342,7 +374,7 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
     let other = Fingerprint::of(&validation("v-1", 1, "99"));
     assert_eq!(
         b.shared
-            .begin_validation("v-1", &other, STALE)
+            .begin_validation(&Nonce::from("v-1"), &other, STALE)
             .await
             .unwrap(),
         ValidationBegin::Mismatch
@@ -594,7 +626,7 @@ async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
     assert_eq!(b.shared.purge_expired(Utc::now()).await.unwrap(), 0);
     assert_eq!(
         b.shared
-            .begin_callback("n-0", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-0"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Duplicate
@@ -614,7 +646,7 @@ async fn long_nonces_are_answered_exactly_once(b: &Backend) {
         .await;
     assert_eq!(
         b.shared
-            .begin_callback(&long, TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from(&long), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Duplicate
@@ -641,7 +673,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
             .shared(),
     );
     let CallbackBegin::Claimed { .. } = one
-        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
         .await
         .unwrap()
     else {
@@ -649,7 +681,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     };
     assert_eq!(
         other
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Busy,
@@ -659,7 +691,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     let mut taken = None;
     for _ in 0..100 {
         match other
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap()
         {
@@ -674,12 +706,17 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     let (claim, attempt) = taken.expect("the dead instance's claim was taken over");
     // The claim taken over books the callback.
     other
-        .finish_callback("n-1", claim, TransactionStatus::Success, Effects::default())
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            Effects::default(),
+        )
         .await
         .unwrap();
     assert!(
         other
-            .callback_acknowledged("n-1", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
             .await
             .unwrap()
     );
@@ -714,7 +751,11 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
     let mut held = 0;
     let exhausted = loop {
         match store
-            .begin_callback(&format!("n-{held}"), TransactionStatus::Success, stale)
+            .begin_callback(
+                &format!("n-{held}").into(),
+                TransactionStatus::Success,
+                stale,
+            )
             .await
         {
             Ok(CallbackBegin::Claimed { .. }) => held += 1,
@@ -728,7 +769,7 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         if let Ok(CallbackBegin::Claimed { .. }) = store
-            .begin_callback("n-later", TransactionStatus::Success, stale)
+            .begin_callback(&Nonce::from("n-later"), TransactionStatus::Success, stale)
             .await
         {
             claimed = true;
@@ -753,7 +794,12 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     let (claim, ..) = sled.claim("n-1", TransactionStatus::Success).await;
     let refused = sled
         .shared
-        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            effects,
+        )
         .await;
     assert!(
         matches!(refused, Err(StoreError::Unsupported(_))),
@@ -787,7 +833,7 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     let (claim, ..) = b.claim("n-1", TransactionStatus::Success).await;
     b.shared
         .finish_callback(
-            "n-1",
+            &Nonce::from("n-1"),
             claim,
             TransactionStatus::Success,
             insert("n-1", table.clone()),
@@ -799,7 +845,7 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     let refused = b
         .shared
         .finish_callback(
-            "n-2",
+            &Nonce::from("n-2"),
             claim,
             TransactionStatus::Success,
             insert("n-1", table.clone()),
@@ -811,7 +857,7 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     );
     assert!(
         !b.shared
-            .callback_acknowledged("n-2", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-2"), TransactionStatus::Success)
             .await
             .unwrap()
     );
@@ -837,7 +883,12 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     });
     let refused = b
         .shared
-        .finish_callback("n-3", claim, TransactionStatus::Success, swallowing)
+        .finish_callback(
+            &Nonce::from("n-3"),
+            claim,
+            TransactionStatus::Success,
+            swallowing,
+        )
         .await;
     assert!(
         matches!(refused, Err(StoreError::Aborted { .. })),
@@ -845,7 +896,7 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     );
     assert!(
         !b.shared
-            .callback_acknowledged("n-3", TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from("n-3"), TransactionStatus::Success)
             .await
             .unwrap()
     );
@@ -888,7 +939,7 @@ async fn connections_to_the_database_use_tls_and_verify_it_when_asked() {
     let store = payhook::store::PgStore::open(&config, &[]).await.unwrap();
     let shared: Arc<dyn Store> = Arc::new(store.clone());
     shared
-        .begin_callback("tls-1", TransactionStatus::Success, STALE)
+        .begin_callback(&Nonce::from("tls-1"), TransactionStatus::Success, STALE)
         .await
         .unwrap();
     // The store's own connection, as the database sees it.

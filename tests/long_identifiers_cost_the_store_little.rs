@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::config::StoreConfig;
+use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
 use payhook::store::{
     CallbackBegin, DedupStore, Effects, Fingerprint, RecordedDecision, SledStore, Store,
@@ -47,20 +48,22 @@ fn fingerprint(client_id: &str) -> Fingerprint {
 }
 
 async fn acknowledge(store: &SledStore, nonce: &str, status: TransactionStatus) {
-    let CallbackBegin::Claimed { claim, .. } =
-        store.begin_callback(nonce, status, STALE).await.unwrap()
+    let CallbackBegin::Claimed { claim, .. } = store
+        .begin_callback(&Nonce::from(nonce), status, STALE)
+        .await
+        .unwrap()
     else {
         panic!("not claimed");
     };
     store
-        .finish_callback(nonce, claim, status, Effects::default())
+        .finish_callback(&Nonce::from(nonce), claim, status, Effects::default())
         .await
         .unwrap();
 }
 
 async fn deny(store: &SledStore, nonce: &str, fingerprint: &Fingerprint) {
     let ValidationBegin::Claimed { claim } = store
-        .begin_validation(nonce, fingerprint, STALE)
+        .begin_validation(&Nonce::from(nonce), fingerprint, STALE)
         .await
         .unwrap()
     else {
@@ -70,7 +73,7 @@ async fn deny(store: &SledStore, nonce: &str, fingerprint: &Fingerprint) {
         message: "no".into(),
     };
     store
-        .finish_validation(nonce, claim, fingerprint, &decision, None)
+        .finish_validation(&Nonce::from(nonce), claim, fingerprint, &decision, None)
         .await
         .unwrap();
 }
@@ -116,21 +119,25 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
     let store = SledStore::open(&config(dir.path(), Duration::from_secs(3600)), &[]).unwrap();
     assert_eq!(
         store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from(&nonce), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Duplicate
     );
     assert!(matches!(
         store
-            .begin_callback(&long("callback-2"), TransactionStatus::Success, STALE)
+            .begin_callback(
+                &Nonce::from(&long("callback-2")),
+                TransactionStatus::Success,
+                STALE
+            )
             .await
             .unwrap(),
         CallbackBegin::Claimed { attempt: 1, .. }
     ));
     assert_eq!(
         store
-            .begin_validation(&validated, &fingerprint(&client), STALE)
+            .begin_validation(&Nonce::from(&validated), &fingerprint(&client), STALE)
             .await
             .unwrap(),
         ValidationBegin::Recorded(RecordedDecision::Deny {
@@ -140,7 +147,7 @@ async fn long_nonces_and_client_ids_are_kept_small_and_still_answered_exactly_on
     for other in [long("client-2"), "client-1".to_owned()] {
         assert_eq!(
             store
-                .begin_validation(&validated, &fingerprint(&other), STALE)
+                .begin_validation(&Nonce::from(&validated), &fingerprint(&other), STALE)
                 .await
                 .unwrap(),
             ValidationBegin::Mismatch,
@@ -187,7 +194,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     let store = SledStore::open(&config(dir.path(), Duration::from_secs(3600)), &[]).unwrap();
     assert_eq!(
         store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from(&nonce), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Duplicate,
@@ -195,13 +202,13 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     );
     assert!(
         store
-            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .callback_acknowledged(&Nonce::from(&nonce), TransactionStatus::Success)
             .await
             .unwrap()
     );
     assert_eq!(
         store
-            .begin_validation(&validated, &fingerprint(&client), STALE)
+            .begin_validation(&Nonce::from(&validated), &fingerprint(&client), STALE)
             .await
             .unwrap(),
         ValidationBegin::Recorded(RecordedDecision::Deny {
@@ -210,7 +217,11 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     );
     assert_eq!(
         store
-            .begin_validation(&validated, &fingerprint(&long("client-2")), STALE)
+            .begin_validation(
+                &Nonce::from(&validated),
+                &fingerprint(&long("client-2")),
+                STALE
+            )
             .await
             .unwrap(),
         ValidationBegin::Mismatch
@@ -222,7 +233,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
         previous_status,
         ..
     } = store
-        .begin_callback(&nonce, TransactionStatus::Cancelled, STALE)
+        .begin_callback(&Nonce::from(&nonce), TransactionStatus::Cancelled, STALE)
         .await
         .unwrap()
     else {
@@ -231,7 +242,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     assert_eq!(previous_status, Some(TransactionStatus::Success));
     store
         .finish_callback(
-            &nonce,
+            &Nonce::from(&nonce),
             claim,
             TransactionStatus::Cancelled,
             Effects::default(),
@@ -240,7 +251,10 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
         .unwrap();
     for status in [TransactionStatus::Success, TransactionStatus::Cancelled] {
         assert_eq!(
-            store.begin_callback(&nonce, status, STALE).await.unwrap(),
+            store
+                .begin_callback(&Nonce::from(&nonce), status, STALE)
+                .await
+                .unwrap(),
             CallbackBegin::Duplicate
         );
     }

@@ -8,6 +8,7 @@
 
 mod support;
 
+use payhook::model::Nonce;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
@@ -38,7 +39,7 @@ async fn history(config: &StoreConfig) {
     let ledger = store.tree("ledger").unwrap();
     for nonce in ["moved-1", LONG] {
         let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(nonce, TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
             .await
             .unwrap()
         else {
@@ -49,7 +50,12 @@ async fn history(config: &StoreConfig) {
         let key = nonce.as_bytes().to_vec();
         effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
         store
-            .finish_callback(nonce, claim, TransactionStatus::Success, effects)
+            .finish_callback(
+                &Nonce::from(nonce),
+                claim,
+                TransactionStatus::Success,
+                effects,
+            )
             .await
             .unwrap();
     }
@@ -80,7 +86,7 @@ async fn history(config: &StoreConfig) {
         let request = validation(nonce, id);
         let fingerprint = Fingerprint::of(&request);
         let ValidationBegin::Claimed { claim } = store
-            .begin_validation(nonce, &fingerprint, STALE)
+            .begin_validation(&Nonce::from(nonce), &fingerprint, STALE)
             .await
             .unwrap()
         else {
@@ -94,7 +100,7 @@ async fn history(config: &StoreConfig) {
             result: None,
         });
         store
-            .finish_validation(nonce, claim, &fingerprint, &decision, record)
+            .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)
             .await
             .unwrap();
     }
@@ -160,7 +166,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     for nonce in ["moved-1", LONG] {
         assert_eq!(
             shared
-                .begin_callback(nonce, TransactionStatus::Success, STALE)
+                .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
                 .await
                 .unwrap(),
             CallbackBegin::Duplicate,
@@ -182,7 +188,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     assert_eq!(
         shared
             .begin_validation(
-                "v-denied",
+                &Nonce::from("v-denied"),
                 &Fingerprint::of(&validation("v-denied", 1)),
                 STALE
             )

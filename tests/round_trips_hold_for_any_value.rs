@@ -48,7 +48,7 @@ prop_compose! {
         CallbackBody {
             id,
             transaction_reference_id: uuid::Uuid::from_u128(reference),
-            nonce,
+            nonce: nonce.into(),
             provider_id,
             provider_transaction_id: message.clone(),
             transaction_type: TransactionType::from_code(transaction_type),

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::config::StoreConfig;
+use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
 use payhook::store::{CallbackBegin, Claim, DedupStore, Effects, HoldPoint, SledStore};
 use std::sync::Arc;
@@ -45,7 +46,8 @@ fn bookings(store: &SledStore) -> u64 {
 }
 
 fn claim(store: &SledStore, stale_after: Duration) -> CallbackBegin {
-    block_on(store.begin_callback("n-1", TransactionStatus::Success, stale_after)).unwrap()
+    block_on(store.begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, stale_after))
+        .unwrap()
 }
 
 /// Runs a store future to its end on this thread (the test drives the store from threads).
@@ -60,8 +62,9 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 fn finish_on_a_thread(store: &SledStore, claim: Claim) -> JoinHandle<bool> {
     let store = store.clone();
     std::thread::spawn(move || {
+        let nonce = Nonce::from("n-1");
         let written = store.finish_callback(
-            "n-1",
+            &nonce,
             claim,
             TransactionStatus::Success,
             count_booking(&store),

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 use payhook::config::StoreConfig;
+use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
 use payhook::store::{CallbackBegin, Claim, DedupStore, Effects, SledStore, Store, StoreError};
 use std::time::Duration;
@@ -25,7 +26,7 @@ fn in_ms(ms: i64) -> chrono::DateTime<chrono::Utc> {
 /// Claims `nonce` for a success, which must be free.
 async fn claim(store: &SledStore, nonce: &str) -> Claim {
     match store
-        .begin_callback(nonce, TransactionStatus::Success, STALE)
+        .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
         .await
         .unwrap()
     {
@@ -38,7 +39,12 @@ async fn claim(store: &SledStore, nonce: &str) -> Claim {
 async fn acknowledge(store: &SledStore, nonce: &str, effects: &Effects) {
     let claim = claim(store, nonce).await;
     store
-        .finish_callback(nonce, claim, TransactionStatus::Success, effects.clone())
+        .finish_callback(
+            &Nonce::from(nonce),
+            claim,
+            TransactionStatus::Success,
+            effects.clone(),
+        )
         .await
         .unwrap();
 }
@@ -56,7 +62,7 @@ async fn an_acknowledged_record_and_its_effects_survive_a_restart() {
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &["ledger"]).unwrap();
     assert_eq!(
         store
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Duplicate
@@ -82,7 +88,12 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     effects.write(|_| Err(StoreError::abort("insufficient funds")));
     assert!(
         store
-            .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+            .finish_callback(
+                &Nonce::from("n-1"),
+                claim,
+                TransactionStatus::Success,
+                effects
+            )
             .await
             .is_err()
     );
@@ -93,7 +104,7 @@ async fn effects_that_abort_leave_neither_the_mark_nor_any_write() {
     assert_eq!(store.record_count(), 0, "and the mark too");
     assert!(matches!(
         store
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Claimed { attempt: 2, .. }
@@ -107,7 +118,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
         let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
         assert!(matches!(
             store
-                .begin_callback("n-1", TransactionStatus::Success, STALE)
+                .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
                 .await
                 .unwrap(),
             CallbackBegin::Claimed { .. }
@@ -116,7 +127,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
     }
     let store = SledStore::open(&config(&dir, Duration::from_secs(3600)), &[]).unwrap();
     let begin = store
-        .begin_callback("n-1", TransactionStatus::Success, STALE)
+        .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
         .await
         .unwrap();
     assert!(
@@ -126,7 +137,7 @@ async fn a_claim_left_by_a_crashed_process_is_taken_over() {
     // Within one process, a live claim makes others wait.
     assert_eq!(
         store
-            .begin_callback("n-1", TransactionStatus::Success, STALE)
+            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
         CallbackBegin::Busy
@@ -169,7 +180,7 @@ async fn unexpired_records_survive_a_purge_and_a_restart() {
     assert_eq!(store.record_count(), 50);
     for i in 0..50 {
         let begin = store
-            .begin_callback(&format!("n-{i}"), TransactionStatus::Success, STALE)
+            .begin_callback(&format!("n-{i}").into(), TransactionStatus::Success, STALE)
             .await
             .unwrap();
         assert_eq!(begin, CallbackBegin::Duplicate);
@@ -224,7 +235,12 @@ async fn effects_on_a_tree_of_another_store_write_nothing() {
     let effects = Effects::default();
     effects.write(move |tx| tx.insert(&foreign, b"n-1", b"misfiled"));
     let error = store
-        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            effects,
+        )
         .await
         .unwrap_err();
     assert!(error.to_string().contains("`audit`"), "{error}");
@@ -239,7 +255,12 @@ async fn a_panicking_effect_fails_its_callback_only() {
     let effects = Effects::default();
     effects.write(|_| panic!("a bug in the merchant's effect"));
     let outcome = store
-        .finish_callback("n-1", claim, TransactionStatus::Success, effects)
+        .finish_callback(
+            &Nonce::from("n-1"),
+            claim,
+            TransactionStatus::Success,
+            effects,
+        )
         .await;
     assert!(
         outcome
@@ -279,7 +300,12 @@ async fn a_big_sweep_lets_acknowledgements_through_between_its_steps() {
     hold.wait_reached(1);
     let claim = claim(&store, "new").await;
     store
-        .finish_callback("new", claim, TransactionStatus::Success, effects)
+        .finish_callback(
+            &Nonce::from("new"),
+            claim,
+            TransactionStatus::Success,
+            effects,
+        )
         .await
         .unwrap();
     hold.release();

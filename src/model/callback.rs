@@ -22,7 +22,7 @@ pub struct CallbackBody {
     /// Reference id of the transaction; use it to look the transaction up.
     pub transaction_reference_id: Uuid,
     /// The merchant's nonce: unique per transaction.
-    pub nonce: String,
+    pub nonce: super::Nonce,
     /// Payment system identifier.
     #[serde(default, deserialize_with = "super::integer::optional")]
     pub provider_id: Option<i64>,

@@ -44,7 +44,7 @@ pub struct TransactionRecord {
     #[serde(default)]
     pub account_data: Value,
     /// The merchant's nonce.
-    pub nonce: String,
+    pub nonce: super::Nonce,
     /// Transaction id set by the payment system.
     #[serde(default)]
     pub provider_transaction_id: Option<String>,

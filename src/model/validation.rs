@@ -24,7 +24,7 @@ pub struct MerchantData {
 #[serde(rename_all = "camelCase")]
 pub struct ProvidersPaymentData {
     /// Unique transaction stamp.
-    pub nonce: String,
+    pub nonce: super::Nonce,
     /// Amount to deposit or withdraw, exact.
     #[serde(with = "amount::exact")]
     pub amount: Decimal,
@@ -95,7 +95,7 @@ pub struct ProvidersValidationResponse {
 #[serde(rename_all = "camelCase")]
 pub struct ValidationPaymentData {
     /// Unique transaction stamp.
-    pub nonce: String,
+    pub nonce: super::Nonce,
     /// Amount to deposit or withdraw, exact.
     #[serde(with = "amount::exact")]
     pub amount: Decimal,
@@ -127,7 +127,7 @@ pub struct TransactionValidationRequest {
 
 impl TransactionValidationRequest {
     /// The nonce of the transaction.
-    pub fn nonce(&self) -> &str {
+    pub fn nonce(&self) -> &super::Nonce {
         &self.payment_data.nonce
     }
 

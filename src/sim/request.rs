@@ -188,7 +188,7 @@ impl Payment {
             merchant_name: Some("Simulated merchant".into()),
             merchant_client_id: Some(self.client_id.clone()),
             account_data: json!({}),
-            nonce: self.nonce.clone(),
+            nonce: self.nonce.clone().into(),
             provider_transaction_id: Some(format!("sim-{}", self.transaction_id)),
             amount: self.amount,
             currency: self.currency.clone(),

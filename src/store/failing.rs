@@ -24,7 +24,7 @@ use crate::model::TransactionStatus;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallbackFailure {
     /// The callback's nonce.
-    pub nonce: String,
+    pub nonce: crate::model::Nonce,
     /// The status whose handler failed.
     pub status: TransactionStatus,
     /// Why (the answer's message, or the handler's reason).
@@ -46,7 +46,7 @@ pub struct CallbackFailure {
 #[serde(rename_all = "camelCase")]
 pub struct FailingCallback {
     /// The callback's nonce.
-    pub nonce: String,
+    pub nonce: crate::model::Nonce,
     /// The status code whose handler failed.
     pub status: i32,
     /// How many deliveries failed.

@@ -211,7 +211,7 @@ mod sled_store;
 mod staging;
 mod watermark;
 
-use crate::model::ValidationId;
+use crate::model::{Nonce, ValidationId};
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
@@ -247,7 +247,7 @@ pub use watermark::{IntegrityError, IntegrityReport, Seal};
 /// # let config = StoreConfig { path: dir.path().join("data"), ..StoreConfig::default() };
 /// let store = SledStore::open(&config, &[])?;
 /// let status = payhook::model::TransactionStatus::Success;
-/// assert!(!store.callback_acknowledged("n-1", status).await?);
+/// assert!(!store.callback_acknowledged(&"n-1".into(), status).await?);
 /// assert_eq!(store.outbox_len().await?, 0);
 /// # Ok(())
 /// # }
@@ -432,7 +432,7 @@ pub trait DedupStore: Send + Sync + 'static {
     /// over; a younger one answers [`CallbackBegin::Busy`].
     fn begin_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
         stale_after: Duration,
     ) -> StoreFuture<'a, CallbackBegin>;
@@ -444,14 +444,14 @@ pub trait DedupStore: Send + Sync + 'static {
     /// [`StoreError::ClaimLost`] when the claim was taken over; nothing is written then.
     fn finish_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         status: TransactionStatus,
         effects: Effects,
     ) -> DurableFuture<'a>;
 
     /// Gives the claim up (the handler failed or asked for a retry).
-    fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()>;
+    fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
 
     /// Counts a failed delivery of (nonce, status) for operators; forgotten once that status
     /// is booked, or with the retention. A backend may write it without waiting.
@@ -464,14 +464,14 @@ pub trait DedupStore: Send + Sync + 'static {
     /// Whether (`nonce`, `status`) was acknowledged (read-only: claims nothing).
     fn callback_acknowledged<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
     ) -> StoreFuture<'a, bool>;
 
     /// Starts processing a transaction validation; like [`DedupStore::begin_callback`].
     fn begin_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         fingerprint: &'a Fingerprint,
         stale_after: Duration,
     ) -> StoreFuture<'a, ValidationBegin>;
@@ -481,7 +481,7 @@ pub trait DedupStore: Send + Sync + 'static {
     /// it is durable. The claim ends either way.
     fn finish_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         fingerprint: &'a Fingerprint,
         decision: &'a RecordedDecision,
@@ -489,7 +489,7 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> DurableFuture<'a>;
 
     /// Gives a validation claim up.
-    fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()>;
+    fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
 }
 
 /// The Awaitable mode's state: postponed validations, their decisions, and the outbox of

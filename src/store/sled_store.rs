@@ -1,6 +1,6 @@
 //! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader.
 
-use crate::model::ValidationId;
+use crate::model::{Nonce, ValidationId};
 use chrono::{DateTime, Utc};
 use std::{
     sync::{
@@ -407,7 +407,7 @@ pub(crate) fn open_locked(config: &sled::Config) -> Result<sled::Db, sled::Error
 impl DedupStore for SledStore {
     fn begin_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
         stale_after: Duration,
     ) -> StoreFuture<'a, CallbackBegin> {
@@ -416,7 +416,7 @@ impl DedupStore for SledStore {
 
     fn finish_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         status: TransactionStatus,
         effects: Effects,
@@ -429,7 +429,7 @@ impl DedupStore for SledStore {
             .map_or(0, |e| e.attempts);
         let (reply, receiver) = oneshot::channel();
         let job = Job::Callback {
-            nonce: nonce.to_owned(),
+            nonce: nonce.as_str().to_owned(),
             claim,
             status: status.code(),
             attempts,
@@ -447,13 +447,13 @@ impl DedupStore for SledStore {
 
     fn callback_acknowledged<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
     ) -> StoreFuture<'a, bool> {
         ready(self.callback_acknowledged_now(nonce, status))
     }
 
-    fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+    fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         self.inner
             .callback_claims
             .end(nonce, claim, false, now_ms());
@@ -473,7 +473,7 @@ impl DedupStore for SledStore {
 
     fn begin_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         fingerprint: &'a Fingerprint,
         stale_after: Duration,
     ) -> StoreFuture<'a, ValidationBegin> {
@@ -482,7 +482,7 @@ impl DedupStore for SledStore {
 
     fn finish_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         fingerprint: &'a Fingerprint,
         decision: &'a RecordedDecision,
@@ -490,7 +490,7 @@ impl DedupStore for SledStore {
     ) -> DurableFuture<'a> {
         let (reply, receiver) = oneshot::channel();
         let job = Job::Validation {
-            nonce: nonce.to_owned(),
+            nonce: nonce.as_str().to_owned(),
             claim,
             fingerprint: fingerprint.clone(),
             decision: decision.clone(),
@@ -506,7 +506,7 @@ impl DedupStore for SledStore {
         })
     }
 
-    fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+    fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         self.inner
             .validation_claims
             .end(nonce, claim, false, now_ms());

@@ -17,7 +17,7 @@ use super::{
     PgStore, TX_ATTEMPTS, claim_id, connection_lost, decode_json, encode_json, new_claim,
     nonce_key, retryable,
 };
-use crate::model::TransactionStatus;
+use crate::model::{Nonce, TransactionStatus};
 use crate::postponed::record::PostponedValidation;
 
 /// What `{schema}.claim_callback` read, with the claim.
@@ -32,7 +32,7 @@ struct ClaimRead {
 impl DedupStore for PgStore {
     fn begin_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
         stale_after: Duration,
     ) -> StoreFuture<'a, CallbackBegin> {
@@ -41,21 +41,21 @@ impl DedupStore for PgStore {
 
     fn finish_callback<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         status: TransactionStatus,
         effects: Effects,
     ) -> DurableFuture<'a> {
         Box::pin(async move {
             let Some(held) = self.inner.claims.take(claim.id) else {
-                return Err(StoreError::ClaimLost(nonce.to_owned()));
+                return Err(StoreError::ClaimLost(nonce.to_string()));
             };
             self.finish_callback_now(nonce, held, status, &effects)
                 .await
         })
     }
 
-    fn release_callback<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+    fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             match self.inner.claims.take(claim.id) {
                 Some(held) => self.give_back(nonce, held).await,
@@ -82,7 +82,7 @@ impl DedupStore for PgStore {
             )))
             .bind(nonce_key(&failure.nonce))
             .bind(failure.status.code())
-            .bind(&failure.nonce)
+            .bind(failure.nonce.as_str())
             .bind(failure.at)
             .bind(truncate(&failure.reason, REASON_BYTES))
             .bind(failure.transaction_reference_id.to_string())
@@ -108,7 +108,7 @@ impl DedupStore for PgStore {
             rows.iter()
                 .map(|row| {
                     Ok(FailingCallback {
-                        nonce: row.try_get(0)?,
+                        nonce: row.try_get::<String, _>(0)?.into(),
                         status: row.try_get(1)?,
                         failures: u32::try_from(row.try_get::<i32, _>(2)?).unwrap_or(0),
                         first_failed: row.try_get(3)?,
@@ -126,7 +126,7 @@ impl DedupStore for PgStore {
 
     fn callback_acknowledged<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         status: TransactionStatus,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
@@ -147,7 +147,7 @@ impl DedupStore for PgStore {
 
     fn begin_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         fingerprint: &'a Fingerprint,
         stale_after: Duration,
     ) -> StoreFuture<'a, ValidationBegin> {
@@ -156,7 +156,7 @@ impl DedupStore for PgStore {
 
     fn finish_validation<'a>(
         &'a self,
-        nonce: &'a str,
+        nonce: &'a Nonce,
         claim: Claim,
         fingerprint: &'a Fingerprint,
         decision: &'a RecordedDecision,
@@ -173,7 +173,7 @@ impl DedupStore for PgStore {
         })
     }
 
-    fn release_validation<'a>(&'a self, nonce: &'a str, claim: Claim) -> StoreFuture<'a, ()> {
+    fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             sqlx::query(&self.sql(&format!(
                 "DELETE FROM {{s}}.validation_claims USING {} \
@@ -367,7 +367,7 @@ impl PgStore {
         effects: &Effects,
     ) -> Result<(), StoreError> {
         let key = nonce_key(nonce);
-        let lost = || StoreError::ClaimLost(nonce.to_owned());
+        let lost = || StoreError::ClaimLost(nonce.to_string());
         let attempt = held.attempt;
         let mut tries = 0;
         loop {
@@ -512,7 +512,7 @@ impl PgStore {
         .await?
         .rows_affected();
         if marked == 0 {
-            return Err(StoreError::ClaimLost(nonce.to_owned()));
+            return Err(StoreError::ClaimLost(nonce.to_string()));
         }
         if let Some(record) = postponed {
             let _ = self.insert_postponed(&mut tx, record).await?;

@@ -160,7 +160,7 @@ impl PgStore {
                 ))
                 .bind(&named)
                 .bind(failing.status)
-                .bind(&failing.nonce)
+                .bind(failing.nonce.as_str())
                 .bind(i32::try_from(failing.failures).unwrap_or(i32::MAX))
                 .bind(failing.first_failed)
                 .bind(failing.last_failed)

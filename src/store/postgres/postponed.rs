@@ -249,7 +249,7 @@ impl PgStore {
              ON CONFLICT (validation_id) DO NOTHING",
         ))
         .bind(record.validation_id.get())
-        .bind(record.request.nonce())
+        .bind(record.request.nonce().as_str())
         .bind(encode_json(record))
         .bind(index.is_final)
         .bind(index.deadline_at)
