@@ -727,6 +727,61 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: claims are per schema. Two services sharing one database, each in its
+/// own schema, claim and book the same nonce independently: a claim's lock is named by
+/// the schema as well as the nonce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_in_two_schemas_of_one_database_claim_the_same_nonce_independently() {
+    let (Some(first), Some(second)) = (
+        support::postgres::database("two_schemas_first").await,
+        support::postgres::database("two_schemas_second").await,
+    ) else {
+        return;
+    };
+    let open = |db: &TestDb| {
+        let config = db.store_config(RETENTION);
+        async move {
+            ConfiguredStore::open(&config, TREES)
+                .await
+                .unwrap()
+                .shared()
+        }
+    };
+    let (one, other) = (open(&first).await, open(&second).await);
+    let nonce = Nonce::from("n-1");
+    let (CallbackBegin::Claimed { claim: a, .. }, CallbackBegin::Claimed { claim: b, .. }) = (
+        one.begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        other
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+    ) else {
+        panic!("a claim in one schema held the nonce in the other");
+    };
+    for (store, claim) in [(&one, a), (&other, b)] {
+        store
+            .finish_callback(
+                &nonce,
+                claim,
+                TransactionStatus::Success,
+                Effects::default(),
+            )
+            .await
+            .unwrap();
+        assert!(
+            store
+                .callback_acknowledged(&nonce, TransactionStatus::Success)
+                .await
+                .unwrap()
+        );
+    }
+    drop((one, other));
+    first.drop_schema().await;
+    second.drop_schema().await;
+}
+
 /// PostgreSQL only: a callback's claim holds a pooled connection until its COMMIT. A claim
 /// neither finished nor released (a delivery lost to a bug) holds it only until it has
 /// outlived its stale time: the sweeper gives it up (its transaction rolls back, its

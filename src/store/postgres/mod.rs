@@ -16,7 +16,9 @@
 //!   the claimant terminates the holder's session (`pg_terminate_backend`, which needs the
 //!   instances to connect as one role), whose transaction then writes nothing. Each
 //!   callback in flight holds a pooled connection from its claim to its COMMIT, so
-//!   `store.pool_size` bounds the callbacks handled at once on an instance.
+//!   `store.pool_size` bounds the callbacks handled at once on an instance. The lock is
+//!   named by a 64-bit hash of the schema and the nonce: two services in two schemas never
+//!   block each other, and two nonces whose hashes collide only wait for each other.
 //!   A validation's claim is a row of `validation_claims` (UNLOGGED: a claim needs no
 //!   durability, so claiming writes no WAL): a lease taken and judged by the database's
 //!   clock (`now()`), so that an instance whose clock is off can neither steal a live claim
