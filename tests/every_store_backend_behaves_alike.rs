@@ -896,35 +896,10 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
         .await
         .unwrap();
     // The same row again violates the key: the effect's failure, and nothing is marked.
-    let (claim, ..) = b.claim("n-2", TransactionStatus::Success).await;
-    let refused = b
-        .shared
-        .finish_callback(
-            &Nonce::from("n-2"),
-            claim,
-            TransactionStatus::Success,
-            insert("n-1", table.clone()),
-        )
-        .await;
-    assert!(
-        matches!(refused, Err(StoreError::Aborted { .. })),
-        "{refused:?}"
-    );
-    assert!(
-        !b.shared
-            .callback_acknowledged(&Nonce::from("n-2"), TransactionStatus::Success)
-            .await
-            .unwrap()
-    );
-    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(rows, 1);
+    refused_without_a_trace(&b, &mut conn, &table, "n-2", insert("n-1", table.clone())).await;
     // An effect that swallows its statement's error leaves the transaction failed, which
     // PostgreSQL would answer COMMIT for by rolling back: not acknowledged either, and
     // what the effect wrote before is gone.
-    let (claim, ..) = b.claim("n-3", TransactionStatus::Success).await;
     let swallowing = insert("n-3", table.clone());
     let again = table.clone();
     swallowing.postgres(move |conn| {
@@ -936,14 +911,25 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
             Ok(())
         })
     });
+    refused_without_a_trace(&b, &mut conn, &table, "n-3", swallowing).await;
+    drop(conn);
+    b.finish().await;
+}
+
+/// Claims `nonce` and finishes it with `effects`, which must fail as the effects' failure:
+/// not acknowledged, and `table` still holds its one row.
+async fn refused_without_a_trace(
+    b: &Backend,
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    nonce: &str,
+    effects: Effects,
+) {
+    let (claim, ..) = b.claim(nonce, TransactionStatus::Success).await;
+    let nonce = Nonce::from(nonce);
     let refused = b
         .shared
-        .finish_callback(
-            &Nonce::from("n-3"),
-            claim,
-            TransactionStatus::Success,
-            swallowing,
-        )
+        .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
         .await;
     assert!(
         matches!(refused, Err(StoreError::Aborted { .. })),
@@ -951,17 +937,15 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     );
     assert!(
         !b.shared
-            .callback_acknowledged(&Nonce::from("n-3"), TransactionStatus::Success)
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
             .await
             .unwrap()
     );
     let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(&mut conn)
+        .fetch_one(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(rows, 1, "the swallowed failure's transaction wrote nothing");
-    drop(conn);
-    b.finish().await;
+    assert_eq!(rows, 1, "the refused transaction wrote nothing");
 }
 
 /// TLS to the database (managed PostgreSQL requires it), on rustls: `sslmode=require`

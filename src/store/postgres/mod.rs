@@ -441,43 +441,40 @@ fn claim_id(claim: super::Claim) -> i64 {
     i64::try_from(claim.id).unwrap_or(i64::MAX)
 }
 
-/// `true` for a failure that a retry of the whole transaction may not meet again: a
-/// deadlock (40P01) or a serialization failure (40001).
-fn retryable(error: &StoreError) -> bool {
+/// The sqlx error a backend failure carries, if it carries one.
+fn sqlx_cause(error: &StoreError) -> Option<&sqlx::Error> {
     let StoreError::Backend {
         source: Some(source),
         ..
     } = error
     else {
-        return false;
+        return None;
     };
     let source: &(dyn std::error::Error + 'static) = source.as_ref();
-    source
-        .downcast_ref::<sqlx::Error>()
+    source.downcast_ref::<sqlx::Error>()
+}
+
+/// The SQLSTATE of the database error a backend failure carries.
+fn sqlstate(error: &StoreError) -> Option<String> {
+    sqlx_cause(error)
         .and_then(|e| e.as_database_error())
         .and_then(|e| e.code())
-        .is_some_and(|code| code == "40P01" || code == "40001")
+        .map(std::borrow::Cow::into_owned)
+}
+
+/// `true` for a failure that a retry of the whole transaction may not meet again: a
+/// deadlock (40P01) or a serialization failure (40001).
+fn retryable(error: &StoreError) -> bool {
+    sqlstate(error).is_some_and(|code| code == "40P01" || code == "40001")
 }
 
 /// `true` for a failure that took the connection with it: an I/O error, or the database
 /// closing the session (SQLSTATE class 08, or 57P01–57P03: terminated, shutting down).
 fn connection_lost(error: &StoreError) -> bool {
-    let StoreError::Backend {
-        source: Some(source),
-        ..
-    } = error
-    else {
-        return false;
-    };
-    let source: &(dyn std::error::Error + 'static) = source.as_ref();
-    match source.downcast_ref::<sqlx::Error>() {
-        Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed) => true,
-        Some(other) => other
-            .as_database_error()
-            .and_then(|e| e.code())
-            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
-        None => false,
-    }
+    matches!(
+        sqlx_cause(error),
+        Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
+    ) || sqlstate(error).is_some_and(|code| code.starts_with("08") || code.starts_with("57P0"))
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {

@@ -200,18 +200,7 @@ pub(super) async fn apply(
 /// database shutting down or out of resources stays a store failure, and a deadlock stays
 /// retryable.
 pub(super) fn merchant_fault(error: StoreError) -> StoreError {
-    let StoreError::Backend {
-        source: Some(source),
-        ..
-    } = &error
-    else {
-        return error;
-    };
-    let source: &(dyn std::error::Error + 'static) = source.as_ref();
-    let Some(database) = source
-        .downcast_ref::<sqlx::Error>()
-        .and_then(|e| e.as_database_error())
-    else {
+    let Some(database) = super::sqlx_cause(&error).and_then(|e| e.as_database_error()) else {
         return error;
     };
     let code = database.code().unwrap_or_default();
