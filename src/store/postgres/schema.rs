@@ -39,6 +39,7 @@ pub(crate) fn latest() -> i32 {
 /// Applies the migrations `conn`'s database lacks in `schema`; returns the versions applied
 /// now (empty when it was up to date).
 pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
+    check_version(conn).await?;
     // One instance at a time, whatever schema it migrates: a lock number of our own.
     sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
         .bind(format!("payhook migrations {schema}"))
@@ -53,6 +54,34 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
     let applied = applied?;
     unlocked.map_err(|e| StoreError::backend("cannot release the migrations' lock", e))?;
     Ok(applied)
+}
+
+/// The oldest server this payhook runs on: a callback's claim is taken over with
+/// `pg_terminate_backend(pid, timeout)`, new in PostgreSQL 14.
+const OLDEST_SERVER: i32 = 140_000;
+
+/// Refuses a server older than [`OLDEST_SERVER`], before anything is written.
+async fn check_version(conn: &mut PgConnection) -> Result<(), StoreError> {
+    let version: String = sqlx::query_scalar("SHOW server_version_num")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| StoreError::backend("cannot read the server's version", e))?;
+    if supported(&version) {
+        Ok(())
+    } else {
+        Err(StoreError::backend_message(format!(
+            "PostgreSQL {version} (server_version_num) is too old: payhook needs PostgreSQL 14 \
+             or newer"
+        )))
+    }
+}
+
+/// `true` when `server_version_num` names a server payhook runs on.
+fn supported(server_version_num: &str) -> bool {
+    server_version_num
+        .trim()
+        .parse::<i32>()
+        .is_ok_and(|number| number >= OLDEST_SERVER)
 }
 
 async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
@@ -130,4 +159,18 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
         applied.push(migration.version);
     }
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::supported;
+
+    #[test]
+    fn servers_older_than_14_are_refused() {
+        assert!(supported("150020"));
+        assert!(supported("140000"));
+        assert!(!supported("130015"));
+        assert!(!supported("90624"));
+        assert!(!supported("not a number"));
+    }
 }
