@@ -727,6 +727,66 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: callbacks in flight never hold the whole pool. With every connection
+/// callbacks may hold taken, another callback waits (and fails after the pool's timeout),
+/// but a validation still finds a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
+    let Some(db) = support::postgres::database("callbacks_leave_connections").await else {
+        return;
+    };
+    let config = StoreConfig {
+        pool_size: 4,
+        connect_timeout: Duration::from_millis(300),
+        ..db.store_config(RETENTION)
+    };
+    let store = ConfiguredStore::open(&config, TREES)
+        .await
+        .unwrap()
+        .shared();
+    let mut claims = Vec::new();
+    let refused = loop {
+        let nonce = Nonce::from(format!("n-{}", claims.len()));
+        match store
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+        {
+            Ok(CallbackBegin::Claimed { claim, .. }) => claims.push((nonce, claim)),
+            Ok(other) => panic!("a new nonce answered {other:?}"),
+            Err(error) => break error,
+        }
+        assert!(claims.len() < 4, "callbacks took every connection");
+    };
+    assert!(!claims.is_empty(), "no claim at all: {refused}");
+    let request = validation("v-1", 1, "10.5");
+    let fingerprint = Fingerprint::of(&request);
+    assert!(matches!(
+        store
+            .begin_validation(&Nonce::from("v-1"), &fingerprint, STALE)
+            .await,
+        Ok(ValidationBegin::Claimed { .. })
+    ));
+    // Once one callback is booked, the next one claims.
+    let (nonce, claim) = claims.remove(0);
+    store
+        .finish_callback(
+            &nonce,
+            claim,
+            TransactionStatus::Success,
+            Effects::default(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .begin_callback(&Nonce::from("n-next"), TransactionStatus::Success, STALE)
+            .await,
+        Ok(CallbackBegin::Claimed { .. })
+    ));
+    drop(store);
+    db.drop_schema().await;
+}
+
 /// PostgreSQL only: claims are per schema. Two services sharing one database, each in its
 /// own schema, claim and book the same nonce independently: a claim's lock is named by
 /// the schema as well as the nonce.
@@ -793,7 +853,7 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
     };
     let config = StoreConfig {
         pool_size: 2,
-        connect_timeout: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(300),
         sweep_interval: Duration::from_millis(100),
         ..db.store_config(RETENTION)
     };
@@ -801,7 +861,8 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
         .await
         .unwrap()
         .shared();
-    let stale = Duration::from_millis(300);
+    // Longer than a wait for a connection, so that none is given up while claiming.
+    let stale = Duration::from_millis(1500);
     // Claims never finished, until no connection is left for another.
     let mut held = 0;
     let exhausted = loop {

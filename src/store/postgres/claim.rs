@@ -10,14 +10,16 @@
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgPool;
 use sqlx::{Executor, PgConnection, Postgres};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::super::Claim;
+use super::super::{Claim, StoreError};
 
 /// A connection inside the transaction that holds a claim. Dropped while the transaction
 /// is open, the connection is closed rather than returned to the pool (the database then
@@ -25,6 +27,8 @@ use super::super::Claim;
 /// reach another user of the pool.
 pub(super) struct HeldClaim {
     conn: PoolConnection<Postgres>,
+    /// The claim's place among the connections callbacks may hold (none while spare).
+    permit: Option<OwnedSemaphorePermit>,
     open: bool,
     since: Instant,
     stale_after: Duration,
@@ -38,9 +42,10 @@ pub(super) struct HeldClaim {
 
 impl HeldClaim {
     /// A connection of the pool, for a claim judged stale after `stale_after`.
-    pub(super) fn new(conn: PoolConnection<Postgres>, stale_after: Duration) -> Self {
+    fn new(conn: PoolConnection<Postgres>, stale_after: Duration) -> Self {
         Self {
             conn,
+            permit: None,
             open: false,
             since: Instant::now(),
             stale_after,
@@ -61,13 +66,13 @@ impl HeldClaim {
         self.stale_after
     }
 
-    /// COMMIT; the claim ends with it.
+    /// COMMIT; the claim ends with it, and the connection may begin another.
     ///
     /// PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
     /// error: an effect that swallowed its statement's error would otherwise pass for
     /// committed. A statement first fails in such a transaction (SQLSTATE 25P02), and the
     /// COMMIT after it is then not run.
-    pub(super) async fn commit(mut self) -> Result<(), sqlx::Error> {
+    pub(super) async fn commit(&mut self) -> Result<(), sqlx::Error> {
         self.conn.execute(sqlx::raw_sql("SELECT 1; COMMIT")).await?;
         self.open = false;
         Ok(())
@@ -110,16 +115,111 @@ impl Drop for HeldClaim {
     }
 }
 
+/// How long a connection whose claim ended is kept for the next claim before it goes back
+/// to the pool.
+const SPARE_FOR: Duration = Duration::from_secs(2);
+
+/// Connections of the pool that callbacks never hold: the store's other work (validations,
+/// the outbox, retention) and a service sharing the pool always find them.
+const LEFT_FOR_OTHERS: u32 = 2;
+
 /// The claims this instance holds, by claim id, between the claim and the finish or
-/// release.
-#[derive(Default)]
+/// release; and the connections of claims that ended, kept for the next ones.
+///
+/// sqlx tests a connection given back to its pool with a round trip (a Sync and its
+/// ReadyForQuery) before pooling it again. The connection of a claim that ended is rather
+/// kept here for at most [`SPARE_FOR`], and the next claim begins on it directly. Claims
+/// wait for their turn in one queue, first come first served (a fair semaphore of the
+/// pool's size less [`LEFT_FOR_OTHERS`]), so that a kept connection never lets a new
+/// delivery pass one that waits.
 pub(super) struct HeldClaims {
     held: Mutex<HashMap<u64, HeldClaim>>,
     /// The last claim id handed out: a callback's claim id names it in this instance only.
     last: AtomicU64,
+    permits: Arc<Semaphore>,
+    spare: Mutex<Vec<(HeldClaim, Instant)>>,
 }
 
 impl HeldClaims {
+    /// Claims on a pool of `pool_size` connections.
+    pub(super) fn new(pool_size: u32) -> Self {
+        let permits = pool_size.saturating_sub(LEFT_FOR_OTHERS).max(1);
+        Self {
+            held: Mutex::default(),
+            last: AtomicU64::new(0),
+            permits: Arc::new(Semaphore::new(usize::try_from(permits).unwrap_or(1))),
+            spare: Mutex::default(),
+        }
+    }
+
+    fn spares(&self) -> std::sync::MutexGuard<'_, Vec<(HeldClaim, Instant)>> {
+        self.spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A connection for a new claim judged stale after `stale_after`, once the claims
+    /// ahead of it have theirs: the one whose claim ended last, if it ended within
+    /// [`SPARE_FOR`], or one of the pool's. Waits at most `timeout` in all.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when no connection came within `timeout`, or the pool
+    /// failed.
+    pub(super) async fn connection(
+        &self,
+        pool: &PgPool,
+        stale_after: Duration,
+        timeout: Duration,
+    ) -> Result<HeldClaim, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let permit = tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned())
+            .await
+            .map_err(|_| {
+                StoreError::backend_message(format!(
+                    "no PostgreSQL connection for a callback within {timeout:?}: every one \
+                     is held by a callback in flight"
+                ))
+            })?
+            .map_err(|_| StoreError::backend_message("the store is closing"))?;
+        let spare = {
+            let mut spare = self.spares();
+            spare.retain(|(_, since)| since.elapsed() < SPARE_FOR);
+            spare.pop()
+        };
+        let mut claim = match spare {
+            Some((claim, _)) => claim,
+            None => {
+                let conn = tokio::time::timeout_at(deadline, pool.acquire())
+                    .await
+                    .map_err(|_| {
+                        StoreError::backend_message(format!(
+                            "no PostgreSQL connection within {timeout:?}"
+                        ))
+                    })??;
+                HeldClaim::new(conn, stale_after)
+            }
+        };
+        claim.permit = Some(permit);
+        claim.since = Instant::now();
+        claim.stale_after = stale_after;
+        claim.attempt = 0;
+        claim.failing = false;
+        claim.status = 0;
+        Ok(claim)
+    }
+
+    /// Keeps the connection of `claim`, whose transaction ended, for the next claim, and
+    /// gives its place to the claim that waits longest.
+    pub(super) fn ended(&self, mut claim: HeldClaim) {
+        if claim.open {
+            return;
+        }
+        let permit = claim.permit.take();
+        self.spares().push((claim, Instant::now()));
+        drop(permit);
+    }
+
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HeldClaim>> {
         self.held
             .lock()
@@ -151,6 +251,16 @@ impl HeldClaims {
                 .collect();
             ids.iter().filter_map(|id| held.remove(id)).collect()
         };
+        // Spares idle past their time go back to the pool (outside the lock).
+        let idle: Vec<(HeldClaim, Instant)> = {
+            let mut spare = self.spares();
+            let (kept, idle) = spare
+                .drain(..)
+                .partition(|(_, since)| since.elapsed() < SPARE_FOR);
+            *spare = kept;
+            idle
+        };
+        drop(idle);
         outlived.len()
     }
 }

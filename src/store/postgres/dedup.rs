@@ -293,7 +293,15 @@ impl PgStore {
         stale_after: Duration,
     ) -> Result<CallbackBegin, StoreError> {
         let key = nonce_key(nonce);
-        let mut held = HeldClaim::new(self.pool().acquire().await?, stale_after);
+        let mut held = self
+            .inner
+            .claims
+            .connection(
+                self.pool(),
+                stale_after,
+                self.pool().options().get_acquire_timeout(),
+            )
+            .await?;
         // On an error the claim's connection is closed (dropped open): nothing is held.
         let read = self.claim_on(&mut held, &key, status).await?;
         if read.claimed && !read.acknowledged {
@@ -309,8 +317,11 @@ impl PgStore {
             });
         }
         // A connection that cannot roll back is closed instead: the answer stands.
-        if let Err(error) = held.rollback().await {
-            tracing::debug!(%error, "a claim's connection could not roll back; closing it");
+        match held.rollback().await {
+            Ok(()) => self.inner.claims.ended(held),
+            Err(error) => {
+                tracing::debug!(%error, "a claim's connection could not roll back; closing it");
+            }
         }
         Ok(if read.acknowledged {
             CallbackBegin::Duplicate
@@ -336,6 +347,7 @@ impl PgStore {
         .execute(conn)
         .await?;
         held.commit().await?;
+        self.inner.claims.ended(held);
         Ok(())
     }
 
@@ -381,10 +393,11 @@ impl PgStore {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
                             Ok(()) => {
-                                return back
-                                    .commit()
+                                back.commit()
                                     .await
-                                    .map_err(|e| super::trees::merchant_fault(e.into()));
+                                    .map_err(|e| super::trees::merchant_fault(e.into()))?;
+                                self.inner.claims.ended(back);
+                                return Ok(());
                             }
                             Err(error) => (Some(back), error),
                         }

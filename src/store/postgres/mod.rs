@@ -16,7 +16,8 @@
 //!   the claimant terminates the holder's session (`pg_terminate_backend`, which needs the
 //!   instances to connect as one role), whose transaction then writes nothing. Each
 //!   callback in flight holds a pooled connection from its claim to its COMMIT, so
-//!   `store.pool_size` bounds the callbacks handled at once on an instance. The lock is
+//!   `store.pool_size` bounds the callbacks handled at once on an instance (all but two
+//!   connections, in the order they came: see [`claim`]). The lock is
 //!   named by a 64-bit hash of the schema and the nonce: two services in two schemas never
 //!   block each other, and two nonces whose hashes collide only wait for each other.
 //!   A validation's claim is a row of `validation_claims` (UNLOGGED: a claim needs no
@@ -199,6 +200,7 @@ impl PgStore {
         let id = u64::from_le_bytes(id);
         let owner = i32::try_from(id & 0x7fff_ffff).unwrap_or(1);
         let liveness = liveness::hold(&pool, owner).await?;
+        let pool_size = pool.options().get_max_connections();
         let store = Self {
             inner: Arc::new(Inner {
                 pool,
@@ -208,7 +210,7 @@ impl PgStore {
                 owner,
                 liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),
-                claims: claim::HeldClaims::default(),
+                claims: claim::HeldClaims::new(pool_size),
             }),
         };
         store.start_sweeper(config.sweep_interval);
