@@ -63,13 +63,15 @@
 //! connections) against the same database work straight from Rust (Q: one transaction of
 //! three statements, the engine's ceiling on the machine). A callback's transaction has as
 //! many round trips as Q's: BEGIN, the claim (which writes the mark), the merchant's two
-//! statements, COMMIT. On a 2-core VM with the database on the same cores, P reached
-//! 0.55–0.57 of Q (target 0.60) with p99 25–36 ms (target 25); both are CPU-bound. Measured
-//! with pgbench on the same machine, the database side of P's transaction runs at about
-//! 0.81 of Q's (the claim's lock and read); the rest is the service's own CPU, which shares
-//! the two cores with the database: verification, HTTP, and the client side of five round
-//! trips (sqlx, TLS, tokio's wake-ups, the kernel's loopback), about 250 µs per callback
-//! against Q's 80 µs for its client side alone.
+//! statements, COMMIT; and one fewer between transactions, as a claim begins on the
+//! connection of the last one ([`claim`]) where sqlx would test a pooled connection. On a
+//! 2-core VM with the database on the same cores, P reached 0.57–0.60 of Q (target 0.60)
+//! with p99 25–29 ms (target 25); both are CPU-bound. Measured with pgbench on the same
+//! machine, the database side of P's transaction runs at about 0.8 of Q's (the claim's
+//! lock and read); the rest is the service's own CPU, which shares the two cores with the
+//! database: verification, HTTP, and the client side of the round trips (sqlx, TLS,
+//! tokio's wake-ups, the kernel's loopback: a send to PostgreSQL runs the receiving side's
+//! network stack and wakes its backend).
 
 mod claim;
 mod dedup;
