@@ -727,6 +727,41 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     db.drop_schema().await;
 }
 
+/// A PostgreSQL store of `pool_size` connections that waits 300 ms for one, sweeping
+/// every `sweep_interval`.
+async fn small_pool(db: &TestDb, pool_size: u32, sweep_interval: Duration) -> Arc<dyn Store> {
+    let config = StoreConfig {
+        pool_size,
+        connect_timeout: Duration::from_millis(300),
+        sweep_interval,
+        ..db.store_config(RETENTION)
+    };
+    ConfiguredStore::open(&config, TREES)
+        .await
+        .unwrap()
+        .shared()
+}
+
+/// Claims new nonces (never finishing them) until a claim is refused for want of a
+/// connection; at least one is claimed.
+async fn claim_until_refused(store: &dyn Store, stale: Duration) -> Vec<(Nonce, Claim)> {
+    let mut claims = Vec::new();
+    let refused = loop {
+        let nonce = Nonce::from(format!("n-{}", claims.len()));
+        match store
+            .begin_callback(&nonce, TransactionStatus::Success, stale)
+            .await
+        {
+            Ok(CallbackBegin::Claimed { claim, .. }) => claims.push((nonce, claim)),
+            Ok(other) => panic!("a new nonce answered {other:?}"),
+            Err(error) => break error,
+        }
+        assert!(claims.len() < 16, "claims were never refused");
+    };
+    assert!(!claims.is_empty(), "no claim at all: {refused}");
+    claims
+}
+
 /// PostgreSQL only: callbacks in flight never hold the whole pool. With every connection
 /// callbacks may hold taken, another callback waits (and fails after the pool's timeout),
 /// but a validation still finds a connection.
@@ -735,29 +770,9 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     let Some(db) = support::postgres::database("callbacks_leave_connections").await else {
         return;
     };
-    let config = StoreConfig {
-        pool_size: 4,
-        connect_timeout: Duration::from_millis(300),
-        ..db.store_config(RETENTION)
-    };
-    let store = ConfiguredStore::open(&config, TREES)
-        .await
-        .unwrap()
-        .shared();
-    let mut claims = Vec::new();
-    let refused = loop {
-        let nonce = Nonce::from(format!("n-{}", claims.len()));
-        match store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
-            .await
-        {
-            Ok(CallbackBegin::Claimed { claim, .. }) => claims.push((nonce, claim)),
-            Ok(other) => panic!("a new nonce answered {other:?}"),
-            Err(error) => break error,
-        }
-        assert!(claims.len() < 4, "callbacks took every connection");
-    };
-    assert!(!claims.is_empty(), "no claim at all: {refused}");
+    let store = small_pool(&db, 4, StoreConfig::default().sweep_interval).await;
+    let mut claims = claim_until_refused(store.as_ref(), STALE).await;
+    assert!(claims.len() < 4, "callbacks took every connection");
     let request = validation("v-1", 1, "10.5");
     let fingerprint = Fingerprint::of(&request);
     assert!(matches!(
@@ -851,36 +866,12 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
     let Some(db) = support::postgres::database("a_claim_never_finished").await else {
         return;
     };
-    let config = StoreConfig {
-        pool_size: 2,
-        connect_timeout: Duration::from_millis(300),
-        sweep_interval: Duration::from_millis(100),
-        ..db.store_config(RETENTION)
-    };
-    let store = ConfiguredStore::open(&config, TREES)
-        .await
-        .unwrap()
-        .shared();
-    // Longer than a wait for a connection, so that none is given up while claiming.
+    let store = small_pool(&db, 2, Duration::from_millis(100)).await;
+    // Longer than a wait for a connection, so that none is given up while claiming; the
+    // claims are never finished.
     let stale = Duration::from_millis(1500);
-    // Claims never finished, until no connection is left for another.
-    let mut held = 0;
-    let exhausted = loop {
-        match store
-            .begin_callback(
-                &format!("n-{held}").into(),
-                TransactionStatus::Success,
-                stale,
-            )
-            .await
-        {
-            Ok(CallbackBegin::Claimed { .. }) => held += 1,
-            Ok(other) => panic!("a new nonce answered {other:?}"),
-            Err(error) => break error,
-        }
-        assert!(held <= 2, "more claims than connections");
-    };
-    assert!(held >= 1, "no claim at all: {exhausted}");
+    let held = claim_until_refused(store.as_ref(), stale).await;
+    assert!(held.len() <= 2, "more claims than connections");
     let mut claimed = false;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
