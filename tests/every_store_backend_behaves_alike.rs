@@ -998,6 +998,10 @@ async fn refused_without_a_trace(
         .await
         .unwrap();
     assert_eq!(rows, 1, "the refused transaction wrote nothing");
+    // The refused delivery is counted: the next one is the second attempt.
+    let (claim, attempt, _) = b.claim(nonce.as_str(), TransactionStatus::Success).await;
+    assert_eq!(attempt, 2);
+    b.shared.release_callback(&nonce, claim).await.unwrap();
 }
 
 /// TLS to the database (managed PostgreSQL requires it), on rustls: `sslmode=require`

@@ -393,9 +393,13 @@ impl PgStore {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
                             Ok(()) => {
-                                back.commit()
-                                    .await
-                                    .map_err(|e| super::trees::merchant_fault(e.into()))?;
+                                if let Err(error) = back.commit().await {
+                                    // Rolled back (or, with the connection lost, perhaps
+                                    // not): the attempt is counted either way.
+                                    drop(back);
+                                    self.count_after(&key, attempt).await;
+                                    return Err(super::trees::merchant_fault(error.into()));
+                                }
                                 self.inner.claims.ended(back);
                                 return Ok(());
                             }
