@@ -30,6 +30,8 @@ pub(super) struct HeldClaim {
     /// The claim's place among the connections callbacks may hold (none while spare).
     permit: Option<OwnedSemaphorePermit>,
     open: bool,
+    /// The open transaction was begun for the next claim, and holds nothing yet.
+    parked: bool,
     since: Instant,
     stale_after: Duration,
     /// The delivery's attempt number, written with the mark.
@@ -47,6 +49,7 @@ impl HeldClaim {
             conn,
             permit: None,
             open: false,
+            parked: false,
             since: Instant::now(),
             stale_after,
             attempt: 0,
@@ -55,10 +58,36 @@ impl HeldClaim {
         }
     }
 
-    /// The statement about to be sent begins the transaction: from now on, a drop closes
-    /// the connection.
-    pub(super) fn opening(&mut self) {
+    /// The statement about to be sent begins the transaction, or the claim, in the
+    /// transaction parked for it: from now on, a drop closes the connection. `true` when
+    /// a transaction was parked (no BEGIN is needed).
+    pub(super) fn opening(&mut self) -> bool {
+        let parked = self.parked;
         self.open = true;
+        self.parked = false;
+        parked
+    }
+
+    /// COMMIT, and BEGIN the next claim's transaction in the same round trip: the claim
+    /// ends, and the connection is parked for the next one (see [`HeldClaims`]).
+    ///
+    /// PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
+    /// error: an effect that swallowed its statement's error would otherwise pass for
+    /// committed. A statement first fails in such a transaction (SQLSTATE 25P02), and
+    /// neither COMMIT nor BEGIN after it is run.
+    pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
+        self.conn
+            .execute(sqlx::raw_sql("SELECT 1; COMMIT; BEGIN"))
+            .await?;
+        self.parked = true;
+        Ok(())
+    }
+
+    /// ROLLBACK, and BEGIN the next claim's transaction in the same round trip.
+    pub(super) async fn rollback_and_park(&mut self) -> Result<(), sqlx::Error> {
+        self.conn.execute(sqlx::raw_sql("ROLLBACK; BEGIN")).await?;
+        self.parked = true;
+        Ok(())
     }
 
     /// How long the claim may be held before another delivery takes it over.
@@ -66,24 +95,19 @@ impl HeldClaim {
         self.stale_after
     }
 
-    /// COMMIT; the claim ends with it, and the connection may begin another.
-    ///
-    /// PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
-    /// error: an effect that swallowed its statement's error would otherwise pass for
-    /// committed. A statement first fails in such a transaction (SQLSTATE 25P02), and the
-    /// COMMIT after it is then not run.
-    pub(super) async fn commit(&mut self) -> Result<(), sqlx::Error> {
-        self.conn.execute(sqlx::raw_sql("SELECT 1; COMMIT")).await?;
-        self.open = false;
-        Ok(())
-    }
-
     /// ROLLBACK; the claim ends with it, nothing the transaction wrote stays, and the
     /// connection may begin another.
     pub(super) async fn rollback(&mut self) -> Result<(), sqlx::Error> {
         self.conn.execute("ROLLBACK").await?;
         self.open = false;
+        self.parked = false;
         Ok(())
+    }
+
+    /// `true` when the connection was parked for this claim (it may have been closed by
+    /// the database meanwhile, as by `idle_in_transaction_session_timeout`).
+    pub(super) fn parked(&self) -> bool {
+        self.parked
     }
 
     /// `true` once the claim has been held longer than its delivery may take: another
@@ -128,7 +152,14 @@ const LEFT_FOR_OTHERS: u32 = 2;
 ///
 /// sqlx tests a connection given back to its pool with a round trip (a Sync and its
 /// ReadyForQuery) before pooling it again. The connection of a claim that ended is rather
-/// kept here for at most [`SPARE_FOR`], and the next claim begins on it directly. Claims
+/// kept here for at most [`SPARE_FOR`], and the next claim begins on it directly: the
+/// round trip that ends a claim (COMMIT or ROLLBACK) also BEGINs the next one's
+/// transaction, which holds nothing (no snapshot, no transaction id) until the claim. A
+/// spare idle past its time is rolled back and pooled; one the database closed meanwhile
+/// (`idle_in_transaction_session_timeout`) is replaced by a pooled connection when used.
+/// Such a transaction's start (`xact_start`, by which another instance judges the claim
+/// stale) is at most [`SPARE_FOR`] before the claim: well within the margin `stale_after`
+/// gives a delivery beyond its handler's timeout. Claims
 /// wait for their turn in one queue, first come first served (a fair semaphore of the
 /// pool's size less [`LEFT_FOR_OTHERS`]), so that a kept connection never lets a new
 /// delivery pass one that waits.
@@ -160,7 +191,8 @@ impl HeldClaims {
 
     /// A connection for a new claim judged stale after `stale_after`, once the claims
     /// ahead of it have theirs: the one whose claim ended last, if it ended within
-    /// [`SPARE_FOR`], or one of the pool's. Waits at most `timeout` in all.
+    /// [`SPARE_FOR`] (unless `fresh`), or one of the pool's. Waits at most `timeout` in
+    /// all.
     ///
     /// # Errors
     ///
@@ -171,6 +203,7 @@ impl HeldClaims {
         pool: &PgPool,
         stale_after: Duration,
         timeout: Duration,
+        fresh: bool,
     ) -> Result<HeldClaim, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let permit = tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned())
@@ -182,10 +215,13 @@ impl HeldClaims {
                 ))
             })?
             .map_err(|_| StoreError::backend_message("the store is closing"))?;
-        let spare = {
+        let spare = if fresh {
+            None
+        } else {
             let mut spare = self.spares();
-            spare.retain(|(_, since)| since.elapsed() < SPARE_FOR);
-            spare.pop()
+            let claim = spare.pop().filter(|(_, since)| since.elapsed() < SPARE_FOR);
+            retire(take_idle(&mut spare));
+            claim
         };
         let mut claim = match spare {
             Some((claim, _)) => claim,
@@ -209,10 +245,10 @@ impl HeldClaims {
         Ok(claim)
     }
 
-    /// Keeps the connection of `claim`, whose transaction ended, for the next claim, and
-    /// gives its place to the claim that waits longest.
+    /// Keeps the connection of `claim`, whose transaction ended (and the next one is
+    /// parked), for the next claim, and gives its place to the claim that waits longest.
     pub(super) fn ended(&self, mut claim: HeldClaim) {
-        if claim.open {
+        if claim.open && !claim.parked {
             return;
         }
         let permit = claim.permit.take();
@@ -251,16 +287,37 @@ impl HeldClaims {
                 .collect();
             ids.iter().filter_map(|id| held.remove(id)).collect()
         };
-        // Spares idle past their time go back to the pool (outside the lock).
-        let idle: Vec<(HeldClaim, Instant)> = {
-            let mut spare = self.spares();
-            let (kept, idle) = spare
-                .drain(..)
-                .partition(|(_, since)| since.elapsed() < SPARE_FOR);
-            *spare = kept;
-            idle
-        };
-        drop(idle);
+        // Spares idle past their time go back to the pool.
+        let idle = take_idle(&mut self.spares());
+        retire(idle);
         outlived.len()
     }
+}
+
+/// The spares idle past [`SPARE_FOR`], taken out of `spare`.
+fn take_idle(spare: &mut Vec<(HeldClaim, Instant)>) -> Vec<HeldClaim> {
+    let (kept, idle): (Vec<_>, Vec<_>) = spare
+        .drain(..)
+        .partition(|(_, since)| since.elapsed() < SPARE_FOR);
+    *spare = kept;
+    idle.into_iter().map(|(claim, _)| claim).collect()
+}
+
+/// Gives `idle` spares back to the pool, their parked transactions rolled back first (on a
+/// task of their own); one that cannot roll back is closed instead.
+fn retire(idle: Vec<HeldClaim>) {
+    if idle.is_empty() {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // dropped: closed
+    };
+    runtime.spawn(async move {
+        for mut claim in idle {
+            if claim.parked {
+                // Rolled back, it is pooled when dropped; otherwise it is closed.
+                let _ = claim.rollback().await;
+            }
+        }
+    });
 }

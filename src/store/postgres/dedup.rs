@@ -262,9 +262,10 @@ impl PgStore {
         key: &str,
         status: TransactionStatus,
     ) -> Result<ClaimRead, StoreError> {
-        held.opening();
-        let conn: &mut sqlx::PgConnection = held;
-        conn.execute("BEGIN").await?;
+        if !held.opening() {
+            let conn: &mut sqlx::PgConnection = held;
+            conn.execute("BEGIN").await?;
+        }
         let stale_after = held.stale_after().as_secs_f64();
         let conn: &mut sqlx::PgConnection = held;
         let row = sqlx::query(&self.sql(
@@ -293,17 +294,26 @@ impl PgStore {
         stale_after: Duration,
     ) -> Result<CallbackBegin, StoreError> {
         let key = nonce_key(nonce);
-        let mut held = self
-            .inner
-            .claims
-            .connection(
+        let connection = |fresh| {
+            self.inner.claims.connection(
                 self.pool(),
                 stale_after,
                 self.pool().options().get_acquire_timeout(),
+                fresh,
             )
-            .await?;
-        // On an error the claim's connection is closed (dropped open): nothing is held.
-        let read = self.claim_on(&mut held, &key, status).await?;
+        };
+        let mut held = connection(false).await?;
+        let was_parked = held.parked();
+        // On an error the claim's connection is closed (dropped open): nothing is held. A
+        // parked connection the database closed meanwhile is replaced by a pooled one.
+        let read = match self.claim_on(&mut held, &key, status).await {
+            Err(error) if was_parked && connection_lost(&error) => {
+                drop(held);
+                held = connection(true).await?;
+                self.claim_on(&mut held, &key, status).await?
+            }
+            read => read?,
+        };
         if read.claimed && !read.acknowledged {
             held.attempt = read.attempts;
             held.failing = read.failing;
@@ -317,7 +327,7 @@ impl PgStore {
             });
         }
         // A connection that cannot roll back is closed instead: the answer stands.
-        match held.rollback().await {
+        match held.rollback_and_park().await {
             Ok(()) => self.inner.claims.ended(held),
             Err(error) => {
                 tracing::debug!(%error, "a claim's connection could not roll back; closing it");
@@ -346,7 +356,7 @@ impl PgStore {
         .bind(status)
         .execute(conn)
         .await?;
-        held.commit().await?;
+        held.commit_and_park().await?;
         self.inner.claims.ended(held);
         Ok(())
     }
@@ -393,7 +403,7 @@ impl PgStore {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
                             Ok(()) => {
-                                if let Err(error) = back.commit().await {
+                                if let Err(error) = back.commit_and_park().await {
                                     // Rolled back (or, with the connection lost, perhaps
                                     // not): the attempt is counted either way.
                                     drop(back);
