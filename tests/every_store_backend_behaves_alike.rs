@@ -802,6 +802,56 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: the connection of a claim that ended is kept, with the next claim's
+/// transaction begun on it. Should the database close it meanwhile (here its
+/// `idle_in_transaction_session_timeout`), the next claim takes a pooled connection
+/// instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_the_database_closed_is_replaced() {
+    use std::str::FromStr;
+    let Some(db) = support::postgres::database("a_kept_connection_closed").await else {
+        return;
+    };
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .options([("idle_in_transaction_session_timeout", "200")]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
+            .await
+            .unwrap(),
+    );
+    for (round, nonce) in ["n-1", "n-2", "n-3"].into_iter().enumerate() {
+        if round > 0 {
+            // Longer than the timeout: the kept connection is closed by the database.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        let nonce = Nonce::from(nonce);
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        store
+            .finish_callback(
+                &nonce,
+                claim,
+                TransactionStatus::Success,
+                Effects::default(),
+            )
+            .await
+            .unwrap();
+    }
+    drop(store);
+    db.drop_schema().await;
+}
+
 /// PostgreSQL only: claims are per schema. Two services sharing one database, each in its
 /// own schema, claim and book the same nonce independently: a claim's lock is named by
 /// the schema as well as the nonce.

@@ -473,12 +473,14 @@ fn retryable(error: &StoreError) -> bool {
 }
 
 /// `true` for a failure that took the connection with it: an I/O error, or the database
-/// closing the session (SQLSTATE class 08, or 57P01–57P03: terminated, shutting down).
+/// closing the session (SQLSTATE class 08; 57P01–57P05: terminated, shutting down, idle
+/// too long; 25P03: idle in a transaction too long).
 fn connection_lost(error: &StoreError) -> bool {
     matches!(
         sqlx_cause(error),
         Some(sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::PoolClosed)
-    ) || sqlstate(error).is_some_and(|code| code.starts_with("08") || code.starts_with("57P0"))
+    ) || sqlstate(error)
+        .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0") || code == "25P03")
 }
 
 fn decode_json<T: serde::de::DeserializeOwned>(key: &str, text: &str) -> Result<T, StoreError> {
