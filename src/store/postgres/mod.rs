@@ -61,12 +61,13 @@
 //! `cargo run --release --example bench_callbacks -- 5 postgres` measures payhook on
 //! PostgreSQL (P: the mark with a ledger entry and a balance upsert in SQL, 16 pooled
 //! connections) against the same database work straight from Rust (Q: one transaction of
-//! three statements, the engine's ceiling on the machine). A callback's transaction has as
-//! many round trips as Q's: BEGIN, the claim (which writes the mark), the merchant's two
-//! statements, COMMIT; and one fewer between transactions, as a claim begins on the
-//! connection of the last one ([`claim`]) where sqlx would test a pooled connection. On a
-//! 2-core VM with the database on the same cores, P reached 0.57–0.60 of Q (target 0.60)
-//! with p99 25–29 ms (target 25); both are CPU-bound. Measured with pgbench on the same
+//! three statements, the engine's ceiling on the machine). A callback's transaction needs
+//! the claim (which writes the mark), the merchant's two statements, and COMMIT, which
+//! also BEGINs the next claim's transaction on the same connection, kept for it
+//! ([`claim`]) where sqlx would test a pooled connection with a round trip of its own: two
+//! round trips fewer per transaction than Q's. On a 2-core VM with the database on the
+//! same cores, P reached 0.61–0.63 of Q in three consecutive runs (target 0.60), with p99
+//! 25.6–29.4 ms (target 25, not met); both are CPU-bound. Measured with pgbench on the same
 //! machine, the database side of P's transaction runs at about 0.8 of Q's (the claim's
 //! lock and read); the rest is the service's own CPU, which shares the two cores with the
 //! database: verification, HTTP, and the client side of the round trips (sqlx, TLS,
