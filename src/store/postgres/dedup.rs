@@ -268,16 +268,13 @@ impl PgStore {
         }
         let stale_after = held.stale_after().as_secs_f64();
         let conn: &mut sqlx::PgConnection = held;
-        let row = sqlx::query(&self.sql(
-            "SELECT claimed, acknowledged, previous, attempts, failing \
-             FROM {s}.claim_callback($1, $2, $3, $4)",
-        ))
-        .bind(key)
-        .bind(status.code())
-        .bind(stale_after)
-        .bind(self.retention_secs())
-        .fetch_one(conn)
-        .await?;
+        let row = sqlx::query(&self.inner.claim_sql)
+            .bind(key)
+            .bind(status.code())
+            .bind(stale_after)
+            .bind(self.retention_secs())
+            .fetch_one(conn)
+            .await?;
         Ok(ClaimRead {
             claimed: row.try_get(0)?,
             acknowledged: row.try_get(1)?,

@@ -140,6 +140,8 @@ struct Inner {
     sweeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The callbacks this instance has claimed and not yet booked or released.
     claims: claim::HeldClaims,
+    /// The statement of a callback's claim, made once for the schema (it runs per claim).
+    claim_sql: String,
 }
 
 impl Drop for Inner {
@@ -204,6 +206,10 @@ impl PgStore {
         let owner = i32::try_from(id & 0x7fff_ffff).unwrap_or(1);
         let liveness = liveness::hold(&pool, owner).await?;
         let pool_size = pool.options().get_max_connections();
+        let claim_sql = format!(
+            "SELECT claimed, acknowledged, previous, attempts, failing \
+             FROM {schema}.claim_callback($1, $2, $3, $4)"
+        );
         let store = Self {
             inner: Arc::new(Inner {
                 pool,
@@ -214,6 +220,7 @@ impl PgStore {
                 liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size),
+                claim_sql,
             }),
         };
         store.start_sweeper(config.sweep_interval);
