@@ -509,3 +509,53 @@ async fn an_integer_with_a_fraction_and_a_spaced_numeric_string_are_400() {
     }
     assert!(server.merchant.calls().is_empty());
 }
+
+/// U+0000 in any string — the nonce, a free-form field — is refused before the handler and
+/// before the store on every endpoint: PostgreSQL cannot keep it (so a shared store would
+/// answer 503 to every retry of such a callback until it was lost), and no field of the
+/// interface carries it. An escaped backslash before `u0000` is ordinary text and accepted.
+#[tokio::test]
+async fn a_nul_in_any_string_is_400_on_every_endpoint_and_reaches_nothing() {
+    let server = TestServer::start().await;
+    for (path, fixture, nonce) in [
+        (
+            PROVIDERS_PATH,
+            PROVIDERS_VALIDATION,
+            "/transactionData/paymentData/nonce",
+        ),
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/paymentData/nonce",
+        ),
+        (CALLBACK_PATH, CALLBACK, "/nonce"),
+    ] {
+        let body = with(fixture, nonce, Some(json!("nonce-\u{0}-1")));
+        assert!(body.contains("\\u0000"), "serde_json escapes NUL: {body}");
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, body.as_bytes()),
+            400,
+            "U+0000",
+        )
+        .await;
+    }
+    let body = with(CALLBACK, "/additionalData", Some(json!({"note": "a\u{0}"})));
+    assert_refused(
+        &server,
+        CALLBACK_PATH,
+        &json_post(CALLBACK_PATH, body.as_bytes()),
+        400,
+        "U+0000",
+    )
+    .await;
+    assert!(server.merchant.calls().is_empty());
+
+    let text = with(CALLBACK, "/nonce", Some(json!("literal-\\u0000")));
+    assert!(text.contains(r"\\u0000"), "{text}");
+    let response = server
+        .send(&json_post(CALLBACK_PATH, text.as_bytes()))
+        .await;
+    assert_eq!(response.status, 200, "{:?}", response.message());
+}
