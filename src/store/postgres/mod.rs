@@ -66,8 +66,8 @@
 //! also BEGINs the next claim's transaction on the same connection, kept for it
 //! ([`claim`]) where sqlx would test a pooled connection with a round trip of its own: two
 //! round trips fewer per transaction than Q's. On a 2-core VM with the database on the
-//! same cores, P reached 0.61–0.63 of Q in three consecutive runs (target 0.60), with p99
-//! 25.6–29.4 ms (target 25, not met); both are CPU-bound. Measured with pgbench on the same
+//! same cores, P reached 0.75–0.83 of Q in four consecutive runs (target 0.60), with p99
+//! 17–22 ms (target 25); both are CPU-bound. Measured with pgbench on the same
 //! machine, the database side of P's transaction runs at about 0.8 of Q's (the claim's
 //! lock and read); the rest is the service's own CPU, which shares the two cores with the
 //! database: verification, HTTP, and the client side of the round trips (sqlx, TLS,
