@@ -118,7 +118,8 @@ async fn identifiers_up_to_the_limit_pass_and_longer_ones_are_refused() {
 async fn control_characters_from_the_wire_cannot_forge_a_log_line() {
     let logs = logs();
     let server = TestServer::start().await;
-    let forged = "\n2026-01-01T00:00:00.000000Z  INFO payhook: FORGED\r\u{1b}[2K\0";
+    // U+0000 is refused before anything is logged (see bad_input_gets_a_defined_status_and_message).
+    let forged = "\n2026-01-01T00:00:00.000000Z  INFO payhook: FORGED\r\u{1b}[2K\u{7}";
     // A validation, then the same nonce for another payment: the nonce-reuse warning names
     // the client.
     let first = with(
@@ -143,7 +144,7 @@ async fn control_characters_from_the_wire_cannot_forge_a_log_line() {
     for line in text.lines() {
         assert!(!line.starts_with("2026-01-01T00:00:00"), "forged: {line}");
         assert!(
-            !line.contains(['\r', '\u{1b}', '\0']),
+            !line.contains(['\r', '\u{1b}', '\u{7}', '\0']),
             "raw control: {line:?}"
         );
         assert!(line.len() <= 4096, "a log line of {} bytes", line.len());
@@ -188,7 +189,7 @@ fn assert_no_forged_line(from: usize, context: &str) {
             "{context}: forged: {line}"
         );
         assert!(
-            !line.contains(['\r', '\u{1b}', '\0']),
+            !line.contains(['\r', '\u{1b}', '\u{7}', '\0']),
             "{context}: raw control: {line:?}"
         );
     }
@@ -203,7 +204,8 @@ async fn control_characters_in_any_field_forge_no_log_line_in_the_library_or_the
     use payhook::sim::example_merchant as merchant;
 
     let logs = logs();
-    let forged = "\n2026-01-01T00:00:00.000000Z  INFO payhook: FORGED\r\u{1b}[2K\0";
+    // U+0000 is refused before anything is logged (see bad_input_gets_a_defined_status_and_message).
+    let forged = "\n2026-01-01T00:00:00.000000Z  INFO payhook: FORGED\r\u{1b}[2K\u{7}";
     let library = TestServer::start().await;
     let data = tempfile::tempdir().unwrap();
     let mut config = test_config();
