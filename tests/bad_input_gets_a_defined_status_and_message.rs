@@ -510,52 +510,78 @@ async fn an_integer_with_a_fraction_and_a_spaced_numeric_string_are_400() {
     assert!(server.merchant.calls().is_empty());
 }
 
-/// U+0000 in any string — the nonce, a free-form field — is refused before the handler and
-/// before the store on every endpoint: PostgreSQL cannot keep it (so a shared store would
-/// answer 503 to every retry of such a callback until it was lost), and no field of the
-/// interface carries it. An escaped backslash before `u0000` is ordinary text and accepted.
+/// U+0000 in an identifier — a nonce, a client id — is refused before the handler and the
+/// store on every endpoint: PostgreSQL cannot keep it in `text` (so a shared store would
+/// answer 503 to every retry of such a callback until it was lost), and the aggregator
+/// issues no such identifier. Elsewhere — a free-form field, a field payhook does not read —
+/// it is data like any other and accepted.
 #[tokio::test]
-async fn a_nul_in_any_string_is_400_on_every_endpoint_and_reaches_nothing() {
+async fn a_nul_in_an_identifier_is_400_on_every_endpoint_and_elsewhere_is_accepted() {
     let server = TestServer::start().await;
-    for (path, fixture, nonce) in [
+    let identifiers = [
         (
             PROVIDERS_PATH,
             PROVIDERS_VALIDATION,
             "/transactionData/paymentData/nonce",
         ),
         (
+            PROVIDERS_PATH,
+            PROVIDERS_VALIDATION,
+            "/transactionData/merchantData/clientId",
+        ),
+        (
             VALIDATION_PATH,
             TRANSACTION_VALIDATION,
             "/paymentData/nonce",
         ),
+        (
+            VALIDATION_PATH,
+            TRANSACTION_VALIDATION,
+            "/merchantData/clientId",
+        ),
         (CALLBACK_PATH, CALLBACK, "/nonce"),
-    ] {
-        let body = with(fixture, nonce, Some(json!("nonce-\u{0}-1")));
+        (CALLBACK_PATH, CALLBACK, "/clientId"),
+    ];
+    for (path, fixture, pointer) in identifiers {
+        let body = with(fixture, pointer, Some(json!("id-\u{0}-1")));
         assert!(body.contains("\\u0000"), "serde_json escapes NUL: {body}");
+        let field = pointer[1..].replace('/', ".");
         assert_refused(
             &server,
             path,
             &json_post(path, body.as_bytes()),
             400,
-            "U+0000",
+            &field,
         )
         .await;
+        let response = server.send(&json_post(path, body.as_bytes())).await;
+        assert!(response.message().contains("U+0000"), "{path}");
     }
-    let body = with(CALLBACK, "/additionalData", Some(json!({"note": "a\u{0}"})));
-    assert_refused(
-        &server,
-        CALLBACK_PATH,
-        &json_post(CALLBACK_PATH, body.as_bytes()),
-        400,
-        "U+0000",
-    )
-    .await;
     assert!(server.merchant.calls().is_empty());
 
-    let text = with(CALLBACK, "/nonce", Some(json!("literal-\\u0000")));
-    assert!(text.contains(r"\\u0000"), "{text}");
-    let response = server
-        .send(&json_post(CALLBACK_PATH, text.as_bytes()))
-        .await;
-    assert_eq!(response.status, 200, "{:?}", response.message());
+    let free_form = [
+        (
+            PROVIDERS_PATH,
+            PROVIDERS_VALIDATION,
+            "/transactionData/merchantData/additionalData",
+        ),
+        (VALIDATION_PATH, TRANSACTION_VALIDATION, "/providerData"),
+        (CALLBACK_PATH, CALLBACK, "/additionalData"),
+        (CALLBACK_PATH, CALLBACK, "/transactionStatusMessage"),
+    ];
+    for (path, fixture, pointer) in free_form {
+        let value = if pointer.ends_with("Message") {
+            json!("a\u{0}b")
+        } else {
+            json!({"note\u{0}": "a\u{0}b"})
+        };
+        let body = with(fixture, pointer, Some(value));
+        let response = server.send(&json_post(path, body.as_bytes())).await;
+        assert_eq!(
+            response.status,
+            200,
+            "{path} {pointer}: {:?}",
+            response.message()
+        );
+    }
 }

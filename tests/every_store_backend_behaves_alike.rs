@@ -613,6 +613,55 @@ async fn failures_are_counted_until_the_status_is_booked(b: &Backend) {
     assert!(b.shared.failing_callbacks().await.unwrap().is_empty());
 }
 
+behaviour!(u0000_outside_identifiers_is_kept);
+/// JSON allows U+0000 in any string, and the wire refuses it only in identifiers (PostgreSQL
+/// cannot hold it in `text`): in a postponed validation's free-form data it is kept as sent,
+/// and a failure whose currency or reason carries it is still recorded.
+async fn u0000_outside_identifiers_is_kept(b: &Backend) {
+    let mut request = validation("p-nul", 31, "10");
+    request.provider_data = serde_json::json!({"note\u{0}": ["a\u{0}b"]});
+    request.merchant_data.additional_data = serde_json::json!({"c": "d\u{0}"});
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let record = PostponedValidation {
+        validation_id: 31.into(),
+        request: request.clone(),
+        received: Utc::now(),
+        deadline: Some(Utc::now() + TimeDelta::hours(1)),
+        result: None,
+    };
+    b.shared
+        .finish_validation(
+            request.nonce(),
+            claim,
+            &fingerprint,
+            &RecordedDecision::Postponed,
+            Some(record),
+        )
+        .await
+        .unwrap();
+    let kept = b.shared.postponed(31.into()).await.unwrap().unwrap();
+    assert_eq!(kept.request, request);
+
+    let mut failed = failure("n-nul", "refused: a\u{0}b");
+    failed.currency = "EU\u{0}".into();
+    b.shared.record_callback_failure(failed).await.unwrap();
+    let listed = failing_until(b, 1).await;
+    assert_eq!(listed[0].nonce, "n-nul");
+    assert!(
+        listed[0].last_reason.starts_with("refused: a") && listed[0].last_reason.ends_with('b'),
+        "{:?}",
+        listed[0].last_reason
+    );
+}
+
 behaviour!(retention_purges_what_expired_and_nothing_else);
 async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
     for i in 0..5 {

@@ -239,10 +239,12 @@ impl Ingress {
     }
 }
 
-/// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record)
-/// and identifiers longer than `max_chars` characters. Blank is empty or only JSON's own
-/// whitespace (space, tab, line feed, carriage return), as the OpenAPI document's pattern
-/// `[^ \t\n\r]` says in any regex dialect.
+/// Refuses a blank nonce (it keys deduplication: every blank nonce would share one record),
+/// identifiers carrying U+0000 and identifiers longer than `max_chars` characters. Blank is
+/// empty or only JSON's own whitespace (space, tab, line feed, carriage return), as the
+/// OpenAPI document's pattern `[^ \t\n\r]` says in any regex dialect. U+0000 is in no
+/// identifier the aggregator issues, and PostgreSQL cannot store it in `text`: a shared
+/// store would answer 503 to every retry of such a callback until the aggregator gave up.
 fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Problem> {
     let (field, nonce) = request.nonce();
     if nonce.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
@@ -251,6 +253,11 @@ fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Prob
         )));
     }
     for (field, value) in [(field, nonce), request.client_id()] {
+        if value.contains('\0') {
+            return Err(Problem::BadRequest(format!(
+                "invalid field `{field}`: an identifier must not carry U+0000"
+            )));
+        }
         // Counting stops past the limit: a megabyte of nonce is not walked to the end.
         let chars = value.chars().take(max_chars.saturating_add(1)).count();
         if chars > max_chars {

@@ -164,37 +164,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem
     deserializer
         .end()
         .map_err(|inner| Problem::BadRequest(format!("malformed JSON: {inner}")))?;
-    if let Some(at) = escaped_nul(bytes) {
-        let (line, column) = line_and_column(bytes, at);
-        return Err(Problem::BadRequest(format!(
-            "a string carries U+0000 (`\\u0000`) at line {line} column {column}: no field of \
-             the interface carries it, and PostgreSQL cannot store it"
-        )));
-    }
     Ok(value)
-}
-
-/// Where the first `\u0000` escape of a JSON text is, if any. Called on text that parsed, so
-/// every backslash is inside a string and starts an escape; `\\u0000` (an escaped backslash
-/// before `u0000`) is not one.
-fn escaped_nul(bytes: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    while let Some(offset) = bytes[at..].iter().position(|&b| b == b'\\') {
-        let escape = at + offset;
-        if bytes[escape + 1..].starts_with(b"u0000") {
-            return Some(escape);
-        }
-        at = escape + 2;
-    }
-    None
-}
-
-/// The 1-based line and column of byte `at`, as serde_json reports positions.
-fn line_and_column(bytes: &[u8], at: usize) -> (usize, usize) {
-    let before = &bytes[..at];
-    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
-    (line, column)
 }
 
 /// Address of the peer, put in a request's extensions by [`serve`](super::serve). A server
@@ -281,29 +251,5 @@ mod tests {
             parse_json::<Outer>(b"  \n").unwrap_err(),
             Problem::EmptyBody
         );
-    }
-
-    #[derive(Debug, serde::Deserialize)]
-    #[allow(dead_code, reason = "only parsed")]
-    struct Named {
-        name: String,
-    }
-
-    #[test]
-    fn a_nul_in_a_string_is_refused_and_an_escaped_backslash_before_u0000_is_not() {
-        let Err(Problem::BadRequest(message)) =
-            parse_json::<Named>(b"{\n  \"name\": \"a\\u0000b\"}")
-        else {
-            panic!("expected a bad request");
-        };
-        assert!(message.contains("U+0000"), "{message}");
-        assert!(message.contains("line 2 column 13"), "{message}");
-        // `\\u0000` is a backslash and the text `u0000`; `\\\u0000` is a backslash and a NUL.
-        let named = parse_json::<Named>(br#"{"name": "a\\u0000"}"#).expect("no NUL");
-        assert_eq!(named.name, "a\\u0000");
-        assert!(parse_json::<Named>(br#"{"name": "a\\\u0000"}"#).is_err());
-        // `\u00001` is still a NUL followed by `1`; `\u0001` is not a NUL.
-        assert!(parse_json::<Named>(br#"{"name": "\u00001"}"#).is_err());
-        assert!(parse_json::<Named>(br#"{"name": "\u0001"}"#).is_ok());
     }
 }

@@ -15,7 +15,7 @@ use super::super::{
 use super::claim::HeldClaim;
 use super::{
     PgStore, TX_ATTEMPTS, claim_id, connection_lost, decode_json, encode_json, new_claim,
-    nonce_key, retryable,
+    nonce_key, readable, retryable,
 };
 use crate::model::{Nonce, TransactionStatus};
 use crate::postponed::record::PostponedValidation;
@@ -82,13 +82,13 @@ impl DedupStore for PgStore {
             )))
             .bind(nonce_key(&failure.nonce))
             .bind(failure.status.code())
-            .bind(failure.nonce.as_str())
+            .bind(readable(&failure.nonce))
             .bind(failure.at)
-            .bind(truncate(&failure.reason, REASON_BYTES))
+            .bind(readable(&truncate(&failure.reason, REASON_BYTES)).into_owned())
             .bind(failure.transaction_reference_id.to_string())
-            .bind(&failure.client_id)
+            .bind(readable(&failure.client_id))
             .bind(failure.amount.to_string())
-            .bind(&failure.currency)
+            .bind(readable(&failure.currency))
             .bind(self.retention_secs())
             .execute(self.pool())
             .await?;
@@ -524,7 +524,7 @@ impl PgStore {
                UPDATE {s}.validation_claims SET decided = true, claim_id = NULL, claimed_at = NULL \
                WHERE nonce_key = $1 AND claim_id = $2 RETURNING 1) \
              INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
-             SELECT $1, $3::jsonb, $4::jsonb, now() + make_interval(secs => $5) FROM claimed \
+             SELECT $1, $3::json, $4::json, now() + make_interval(secs => $5) FROM claimed \
              ON CONFLICT (nonce_key) DO NOTHING",
         ))
         .bind(nonce_key(nonce))

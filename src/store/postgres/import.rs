@@ -131,7 +131,7 @@ impl PgStore {
             }
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
-                 VALUES ($1, $2::jsonb, $3::jsonb, $4) ON CONFLICT (nonce_key) DO NOTHING",
+                 VALUES ($1, $2::json, $3::json, $4) ON CONFLICT (nonce_key) DO NOTHING",
             ))
             .bind(&named)
             .bind(super::encode_json(&record.fingerprint))
@@ -160,15 +160,15 @@ impl PgStore {
                 ))
                 .bind(&named)
                 .bind(failing.status)
-                .bind(failing.nonce.as_str())
+                .bind(super::readable(&failing.nonce))
                 .bind(i32::try_from(failing.failures).unwrap_or(i32::MAX))
                 .bind(failing.first_failed)
                 .bind(failing.last_failed)
-                .bind(&failing.last_reason)
+                .bind(super::readable(&failing.last_reason))
                 .bind(&failing.transaction_reference_id)
-                .bind(&failing.client_id)
+                .bind(super::readable(&failing.client_id))
                 .bind(&failing.amount)
-                .bind(&failing.currency)
+                .bind(super::readable(&failing.currency))
                 .bind(time_from_ms(record.expires_ms))
                 .execute(&mut *conn)
                 .await?

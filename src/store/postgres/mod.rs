@@ -437,6 +437,17 @@ fn nonce_key(nonce: &str) -> String {
     keys::describe(&keys::identifier(nonce))
 }
 
+/// Text for a column a person reads (a failure's reason, client, currency): PostgreSQL's
+/// `text` cannot hold U+0000, so each is kept as U+FFFD, the replacement character, where
+/// refusing the record would lose the failure.
+fn readable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\u{fffd}").into()
+    } else {
+        text.into()
+    }
+}
+
 /// A new claim: random, so that instances never hand out the same one.
 fn new_claim() -> Result<super::Claim, StoreError> {
     let mut id = [0u8; 8];

@@ -219,7 +219,7 @@ impl PgStore {
             ""
         };
         sqlx::query(&self.sql(&format!(
-            "UPDATE {{s}}.postponed SET record = $2::jsonb, final = $3, deadline_at = $4, \
+            "UPDATE {{s}}.postponed SET record = $2::json, final = $3, deadline_at = $4, \
                deliver_at = $5, expires_at = now() + make_interval(secs => $6){lease} \
              WHERE validation_id = $1"
         )))
@@ -245,7 +245,7 @@ impl PgStore {
         let inserted = sqlx::query(&self.sql(
             "INSERT INTO {s}.postponed (validation_id, nonce, record, final, deadline_at, \
                deliver_at, expires_at) \
-             VALUES ($1, $2, $3::jsonb, $4, $5, $6, now() + make_interval(secs => $7)) \
+             VALUES ($1, $2, $3::json, $4, $5, $6, now() + make_interval(secs => $7)) \
              ON CONFLICT (validation_id) DO NOTHING",
         ))
         .bind(record.validation_id.get())

@@ -29,6 +29,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "a callback's claim is its booking transaction's advisory lock",
         sql: include_str!("migrations/0002_callback_claims_as_locks.sql"),
     },
+    Migration {
+        version: 3,
+        description: "validation and postponed records as json, which keeps U+0000",
+        sql: include_str!("migrations/0003_records_as_json_text.sql"),
+    },
 ];
 
 /// The newest version this payhook knows.
