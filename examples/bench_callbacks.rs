@@ -6,7 +6,8 @@
 //! ```text
 //! cargo run --release --example bench_callbacks            # 5 s per scenario
 //! cargo run --release --example bench_callbacks -- 10      # 10 s per scenario
-//! cargo run --release --example bench_callbacks -- 5 postgres   # P and Q only
+//! cargo run --release --example bench_callbacks -- 5 postgres   # P, P' and Q only
+//! cargo run --release --example bench_callbacks -- 5 D E        # the scenarios named only
 //! ```
 //!
 //! Each scenario's server runs as a child process (so that its peak RSS is its own); the
@@ -18,8 +19,8 @@
 //! * **C** — the same server receiving only retries of already-acknowledged nonces;
 //! * **D** — B without the store: verification, parsing and the handler only;
 //! * **E** — B's whole durable path (claims, effects, group commit, waits) on a store whose
-//!   commits write nothing durable (no flush, no fdatasync, no watermark): what payhook's
-//!   own mechanics cost, apart from the disk;
+//!   commits build their batch and write it nowhere (not to sled, no flush, no fdatasync):
+//!   what payhook's own mechanics cost, apart from sled and the disk;
 //! * **P** — B on PostgreSQL (`store.url`): the same callbacks, the mark and the example's
 //!   ledger committed in one transaction, with a pool of [`PG_POOL`] connections;
 //! * **Q** — the engine's ceiling, straight from Rust: the same database work alone (the
@@ -66,6 +67,17 @@ use std::{
 use tokio::net::{TcpListener, TcpStream};
 
 const CONNECTIONS: usize = 64;
+/// The scenarios a run may choose; P stands for P, P' and Q together.
+const SCENARIOS: [&str; 6] = ["A", "B", "C", "D", "E", "P"];
+
+/// The scenarios chosen on the command line; none chosen is all.
+struct Chosen(Vec<String>);
+
+impl Chosen {
+    fn runs(&self, scenario: &str) -> bool {
+        self.0.is_empty() || self.0.iter().any(|s| s == scenario)
+    }
+}
 const PATH: &str = "/payhook/callback";
 /// Acknowledged nonces whose retries scenario C replays.
 const RETRIED_NONCES: usize = 2_000;
@@ -83,8 +95,22 @@ fn main() {
         );
     } else {
         let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-        let only_postgres = args.get(2).map(String::as_str) == Some("postgres");
-        drive(Duration::from_secs(seconds), only_postgres);
+        let chosen: Vec<String> = args
+            .iter()
+            .skip(2)
+            .map(|s| {
+                if s == "postgres" {
+                    "P".to_owned()
+                } else {
+                    s.to_uppercase()
+                }
+            })
+            .collect();
+        if let Some(unknown) = chosen.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+            eprintln!("unknown scenario `{unknown}`: choose among {SCENARIOS:?} (or `postgres`)");
+            std::process::exit(2);
+        }
+        drive(Duration::from_secs(seconds), &Chosen(chosen));
     }
 }
 
@@ -392,11 +418,13 @@ async fn load(address: SocketAddr, bodies: Bodies, duration: Duration) -> Outcom
     outcome
 }
 
-fn drive(duration: Duration, only_postgres: bool) {
+fn drive(duration: Duration, chosen: &Chosen) {
     let dir = tempfile::tempdir().unwrap();
     let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
-    // Enough unique bodies for ~30k req/s over the duration (P alone needs far fewer).
-    let rate = if only_postgres { 6_000 } else { 30_000 };
+    // Enough unique bodies for ~45k req/s over the duration (P alone needs far fewer); D,
+    // which keeps nothing, and A cycle through them.
+    let only_postgres = ["A", "B", "C", "D", "E"].iter().all(|s| !chosen.runs(s));
+    let rate = if only_postgres { 6_000 } else { 45_000 };
     let count = rate * usize::try_from(duration.as_secs()).unwrap_or(5);
     eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
     let signing = Instant::now();
@@ -415,7 +443,11 @@ fn drive(duration: Duration, only_postgres: bool) {
                scenario: &str,
                data: &str,
                make: &dyn Fn() -> Bodies,
-               warm_up: Option<usize>| {
+               warm_up: Option<usize>|
+     -> Option<Measured> {
+        if !chosen.runs(name) {
+            return None;
+        }
         let data = dir.path().join(data).display().to_string();
         let key = public_key.display().to_string();
         let server = Server::start(&["serve", scenario, &data, &key], Stdio::inherit());
@@ -426,9 +458,11 @@ fn drive(duration: Duration, only_postgres: bool) {
             assert_eq!(seeded, 0, "acknowledging the nonces to retry failed");
         }
         eprintln!("{name}: {} for {}s ...", scenario, duration.as_secs());
+        let cpu = server.cpu_seconds();
         let outcome = runtime.block_on(load(server.address, make(), duration));
+        let cpu_us = (server.cpu_seconds() - cpu) * 1e6 / outcome.requests as f64;
         let rss = server.rss_mib().1;
-        (outcome, rss)
+        Some((outcome, rss, cpu_us))
     };
     let unique = || Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
     let retries = || {
@@ -445,31 +479,13 @@ fn drive(duration: Duration, only_postgres: bool) {
             Arc::new(AtomicUsize::new(0)),
         )
     };
-    let postgres_alone = only_postgres.then(|| {
-        let none = || {
-            (
-                Outcome {
-                    requests: 0,
-                    non_2xx: 0,
-                    elapsed: Duration::from_secs(1),
-                    latencies_us: Vec::new(),
-                    ran_out: false,
-                },
-                0.0,
-            )
-        };
-        (none(), none(), none(), none(), none())
-    });
-    let (a, b, c, d, e) = postgres_alone.unwrap_or_else(|| {
-        (
-            run("A", "baseline", "a", &cycle, None),
-            run("B", "payhook", "b", &unique, None),
-            run("C", "payhook", "c", &retries, Some(RETRIED_NONCES)),
-            run("D", "payhook-nostore", "d", &unique, None),
-            run("E", "payhook-e", "e", &unique, None),
-        )
-    });
-    let postgres = runtime.block_on(reachable()).then(|| {
+    let a = run("A", "baseline", "a", &cycle, None);
+    let b = run("B", "payhook", "b", &unique, None);
+    let c = run("C", "payhook", "c", &retries, Some(RETRIED_NONCES));
+    let d = run("D", "payhook-nostore", "d", &cycle, None);
+    let e = run("E", "payhook-e", "e", &unique, None);
+    let reachable = chosen.runs("P") && runtime.block_on(reachable());
+    let postgres = reachable.then(|| {
         let schema = format!("bench_p_{}", std::process::id());
         let data = dir.path().join("p").display().to_string();
         let key = public_key.display().to_string();
@@ -479,17 +495,19 @@ fn drive(duration: Duration, only_postgres: bool) {
             let server =
                 Server::start(&["serve", scenario, &data, &key, &schema], Stdio::inherit());
             eprintln!("{label} for {}s ...", duration.as_secs());
+            let cpu = server.cpu_seconds();
             let outcome = runtime.block_on(load(server.address, unique(), duration));
+            let cpu_us = (server.cpu_seconds() - cpu) * 1e6 / outcome.requests as f64;
             let rss = server.rss_mib().1;
             drop(server);
             runtime.block_on(drop_schema(&schema));
-            (outcome, rss)
+            (outcome, rss, cpu_us)
         };
-        let (p, rss) = measure(
+        let p = measure(
             "payhook-sql",
             "P: payhook on PostgreSQL, B's ledger in SQL,",
         );
-        let (trees, trees_rss) = measure(
+        let trees = measure(
             "payhook",
             "P': payhook on PostgreSQL, the example's ledger in trees,",
         );
@@ -498,49 +516,48 @@ fn drive(duration: Duration, only_postgres: bool) {
             duration.as_secs()
         );
         let q = runtime.block_on(ceiling(duration));
-        ((p, rss), q, (trees, trees_rss))
+        (p, q, trees)
     });
-    if postgres.is_none() {
+    if chosen.runs("P") && postgres.is_none() {
         eprintln!(
             "P and Q SKIPPED: no PostgreSQL answers at {} (set PAYHOOK_BENCH_DATABASE_URL)",
             database_url()
         );
     }
+    let (p, q, trees) = match postgres {
+        Some((p, q, trees)) => (Some(p), Some(q), Some(trees)),
+        None => (None, None, None),
+    };
 
     println!(
         "\npayhook callback benchmark — {CONNECTIONS} connections, {}s per scenario, loopback",
         duration.as_secs()
     );
     println!(
-        "{:<44} {:>10} {:>9} {:>9} {:>8} {:>9}",
-        "scenario", "req/s", "p50 ms", "p99 ms", "non-2xx", "RSS MiB"
+        "{:<44} {:>10} {:>9} {:>9} {:>8} {:>9} {:>11}",
+        "scenario", "req/s", "p50 ms", "p99 ms", "non-2xx", "RSS MiB", "CPU µs/req"
     );
     let rows = [
         ("A  raw hyper: read body, 200", &a),
         ("B  payhook: RSA verify, dedup, ledger, fsync", &b),
         ("C  payhook: retries of acknowledged nonces", &c),
         ("D  payhook without the store", &d),
-        ("E  B's durable path, nothing made durable", &e),
+        ("E  B's durable path, nothing written", &e),
+        ("P  payhook on PostgreSQL: B's ledger in SQL", &p),
+        ("P' payhook on PostgreSQL: B's ledger in trees", &trees),
+        ("Q  the database work alone (ceiling)", &q),
     ];
-    let postgres_rows = postgres.as_ref().map(|(p, q, trees)| {
-        [
-            ("P  payhook on PostgreSQL: B's ledger in SQL", p),
-            ("P' payhook on PostgreSQL: B's ledger in trees", trees),
-            ("Q  the database work alone (ceiling)", q),
-        ]
-    });
-    let rows: Vec<_> = rows
-        .into_iter()
-        .chain(postgres_rows.into_iter().flatten())
-        .collect();
-    for (name, (outcome, rss)) in rows {
+    for (name, measured) in rows {
+        let Some((outcome, rss, cpu_us)) = measured else {
+            continue;
+        };
         let note = if outcome.ran_out {
             "  (ran out of bodies)"
         } else {
             ""
         };
         println!(
-            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9}{note}",
+            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9} {:>11}{note}",
             outcome.rate(),
             outcome.percentile_ms(0.50),
             outcome.percentile_ms(0.99),
@@ -550,54 +567,78 @@ fn drive(duration: Duration, only_postgres: bool) {
                 "—".to_owned()
             } else {
                 format!("{rss:.1}")
+            },
+            if cpu_us.is_nan() {
+                "—".to_owned()
+            } else {
+                format!("{cpu_us:.0}")
             }
         );
     }
-    let check = |label: &str, value: f64, target: f64, at_least: bool| {
+    println!();
+    let ratio = |x: &Option<Measured>, y: &Option<Measured>| {
+        x.as_ref()
+            .zip(y.as_ref())
+            .map(|(x, y)| x.0.rate() / y.0.rate())
+    };
+    let b_p99 = b.as_ref().map(|b| b.0.percentile_ms(0.99));
+    let non_2xx = [&a, &b, &c, &d, &e]
+        .iter()
+        .filter_map(|m| m.as_ref().map(|m| m.0.non_2xx as f64))
+        .reduce(|x, y| x + y);
+    let checks = [
+        ("B/A", ratio(&b, &a), 0.25, true),
+        ("B/D", ratio(&b, &d), 0.65, true),
+        ("C/A", ratio(&c, &a), 0.50, true),
+        ("p99 of B (ms)", b_p99, 10.0, false),
+        ("non-2xx (all)", non_2xx, 0.0, false),
+        ("peak RSS of B (MiB)", b.as_ref().map(|b| b.1), 64.0, false),
+        ("E/D", ratio(&e, &d), 0.90, true),
+        ("P/Q", ratio(&p, &q), 0.60, true),
+        (
+            "p99 of P (ms)",
+            p.as_ref().map(|p| p.0.percentile_ms(0.99)),
+            25.0,
+            false,
+        ),
+        (
+            "non-2xx of P",
+            p.as_ref().map(|p| p.0.non_2xx as f64),
+            0.0,
+            false,
+        ),
+    ];
+    let mut all_met = true;
+    for (label, value, target, at_least) in checks {
+        let sign = if at_least { "≥" } else { "≤" };
+        let Some(value) = value else {
+            println!(
+                "{label:<22} {:>8}   target {sign} {target:<6} not measured",
+                "—"
+            );
+            continue;
+        };
         let ok = if at_least {
             value >= target
         } else {
             value <= target
         };
-        let sign = if at_least { "≥" } else { "≤" };
+        all_met &= ok;
         println!(
             "{label:<22} {value:>8.2}   target {sign} {target:<6} {}",
             if ok { "ok" } else { "MISSED" }
         );
-        ok
-    };
-    println!();
-    let results = [
-        check("B/A", b.0.rate() / a.0.rate(), 0.25, true),
-        check("B/D", b.0.rate() / d.0.rate(), 0.65, true),
-        check("C/A", c.0.rate() / a.0.rate(), 0.50, true),
-        check("p99 of B (ms)", b.0.percentile_ms(0.99), 10.0, false),
-        check(
-            "non-2xx (all)",
-            (a.0.non_2xx + b.0.non_2xx + c.0.non_2xx + d.0.non_2xx) as f64,
-            0.0,
-            false,
-        ),
-        check("peak RSS of B (MiB)", b.1, 64.0, false),
-        check("E/D", e.0.rate() / d.0.rate(), 0.90, true),
-    ];
-    let results: Vec<bool> = match &postgres {
-        Some((p, q, _)) => results
-            .into_iter()
-            .chain([
-                check("P/Q", p.0.rate() / q.0.rate(), 0.60, true),
-                check("p99 of P (ms)", p.0.percentile_ms(0.99), 25.0, false),
-                check("non-2xx of P", p.0.non_2xx as f64, 0.0, false),
-            ])
-            .collect(),
-        None => results.to_vec(),
-    };
-    if results.iter().all(|ok| *ok) {
-        println!("\nall targets met");
+    }
+    if all_met {
+        println!("\nevery target measured is met");
     } else {
         println!("\nsome targets MISSED");
     }
 }
+
+/// A scenario's outcome, its server's peak RSS (MiB) and the server's CPU time (user and
+/// system, all threads) per request, µs.
+type Measured = (Outcome, f64, f64);
 
 /// Sends `count` requests (each body once) as fast as the connections allow; returns the
 /// number of non-2xx answers.
@@ -638,7 +679,7 @@ async fn drop_schema(schema: &str) {
 /// Q: per transaction, the mark of a new nonce, its ledger entry and its client's balance
 /// upserted, from [`CONNECTIONS`] tasks on a pool of [`PG_POOL`] connections, for
 /// `duration`. Latencies are per transaction.
-async fn ceiling(duration: Duration) -> (Outcome, f64) {
+async fn ceiling(duration: Duration) -> Measured {
     let schema = format!("bench_q_{}", std::process::id());
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(PG_POOL)
@@ -718,5 +759,5 @@ async fn ceiling(duration: Duration) -> (Outcome, f64) {
     outcome.latencies_us.sort_unstable();
     pool.close().await;
     drop_schema(&schema).await;
-    (outcome, f64::NAN)
+    (outcome, f64::NAN, f64::NAN)
 }

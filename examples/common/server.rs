@@ -74,6 +74,23 @@ impl Server {
         (field("VmRSS:"), field("VmHWM:"))
     }
 
+    /// CPU time it used so far, user and system, all threads (`/proc/PID/stat`), seconds.
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // The fields after the command's name, which is in parentheses and may hold spaces:
+        // utime and stime are the 14th and 15th fields of the line, in clock ticks.
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: f64 = after_name
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|t| t.parse::<f64>().ok())
+            .sum();
+        // Clock ticks are USER_HZ, which Linux fixes at 100 for user space on x86.
+        ticks / 100.0
+    }
+
     /// Bytes it caused to be written to storage so far (`/proc/PID/io`).
     pub(crate) fn written_bytes(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/io", self.child.id()))

@@ -100,8 +100,10 @@ pub(crate) struct Context {
     /// Test-only: where commits wait for a test to let them go.
     pub(crate) gate: Gate,
     /// Benchmark-only ([`super::SledStore::open_without_durability_for_benchmarks`]):
-    /// commits apply their batch and make nothing durable — no flush, no fdatasync, no
-    /// watermark — so that a benchmark measures payhook's durable path without the disk.
+    /// commits build their batch (claims checked, effects run against the tree and the
+    /// batch, records encoded) and write it nowhere — not to sled, no flush, no fdatasync,
+    /// no watermark — so that a benchmark measures payhook's durable path apart from sled
+    /// and the disk.
     pub(crate) without_durability: bool,
 }
 
@@ -484,7 +486,9 @@ fn commit(context: &Context, jobs: Vec<Job>) {
         let seal = context.watermark.next(now);
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
         if context.without_durability {
-            apply(context, overlay)
+            // Built in full, written nowhere: see `without_durability`.
+            drop(overlay);
+            Ok(())
         } else {
             apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
         }

@@ -88,10 +88,11 @@ impl SledStore {
         Self::open_with(config, trees, false)
     }
 
-    /// **For benchmarks only — it loses acknowledged writes.** The store with its whole
-    /// request path (claims, effects, group commit, waits) whose commits make nothing
-    /// durable: no flush, no fdatasync, no watermark. `bench_callbacks`' scenario E measures
-    /// payhook's own cost of the durable path with it.
+    /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
+    /// request path (claims, effects, group commit, waits) whose commits write their batch
+    /// nowhere: not to sled, no flush, no fdatasync, no watermark. `bench_callbacks`'
+    /// scenario E measures payhook's own cost of the durable path with it, apart from
+    /// sled's and the disk's.
     #[doc(hidden)]
     pub fn open_without_durability_for_benchmarks(
         config: &StoreConfig,
