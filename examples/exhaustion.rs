@@ -43,6 +43,7 @@
 )]
 
 #[path = "common/server.rs"]
+#[allow(dead_code, reason = "not every program uses every part")]
 mod child;
 use payhook::sim::example_merchant as merchant;
 
