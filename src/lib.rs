@@ -123,6 +123,8 @@
 //!   nonce; reconcile) → the Awaitable decisions of [`postponed`] → the handler runner (the
 //!   three handlers, timeouts, failures); the status code table turns every refusal into an
 //!   answer; the operating API sits beside the ingress.
+//! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
+//!   new one), its span names the trace, and the gateway client passes it on.
 //! * [`config`] — assembles the sections, loads them (defaults < file < `PAYHOOK_*`
 //!   environment) and checks what involves more than one.
 //! * [`admin`] — operating commands (postponed validations, failing callbacks, transaction
@@ -172,6 +174,7 @@ pub mod signature;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod store;
+pub mod trace_context;
 
 pub use config::Config;
 pub use error::{Error, bind};

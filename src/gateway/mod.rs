@@ -11,6 +11,9 @@
 //!
 //! The password and the tokens are [`Secret`]s: they appear in no log line and no `Debug`.
 //!
+//! Every call sends a W3C `traceparent`: a child of the [`TraceContext`] it runs in (the
+//! request it serves), else the first span of a new trace ([`crate::trace_context`]).
+//!
 //! ```no_run
 //! use payhook::gateway::GatewayClient;
 //! use payhook::model::PostponedValidationResult;
@@ -34,6 +37,7 @@ mod token;
 mod transport;
 
 use crate::model::ValidationId;
+use crate::trace_context::{self, TraceContext};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
@@ -463,10 +467,13 @@ impl GatewayClient {
             url: url.to_owned(),
             source: Arc::from(source),
         };
+        // A child of the request this call serves, else the first span of a new trace.
+        let trace = TraceContext::current().map_or_else(TraceContext::new_trace, |c| c.child());
         let mut request = Request::builder()
             .method(method)
             .uri(url)
-            .header(header::ACCEPT, "application/json");
+            .header(header::ACCEPT, "application/json")
+            .header(trace_context::HEADER, trace.header_value());
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }

@@ -160,6 +160,7 @@ use crate::model::{
 };
 use crate::signature::Verifier;
 use crate::store::{SledStore, Store, StoreError};
+use crate::trace_context::TraceContext;
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
 use route::{Endpoint, Route, Router};
@@ -365,18 +366,29 @@ impl App {
         self.start_automatic_background();
         let started = Instant::now();
         let id = request_id(request.headers());
+        let caller = request
+            .headers()
+            .get(crate::trace_context::HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(TraceContext::parse);
+        let trace = caller.map_or_else(TraceContext::new_trace, |caller| caller.child());
         let span = tracing::info_span!(
             "request",
             request_id = %id,
             method = %request.method(),
             path = %request.uri().path(),
+            trace_id = %trace.trace_id(),
+            span_id = %trace.span_id(),
+            parent_span_id = field::Empty,
             nonce = field::Empty,
             validation_id = field::Empty,
             reference_id = field::Empty,
         );
-        let (route, mut response) = self
-            .dispatch(request, id.clone())
-            .instrument(span.clone())
+        if let Some(caller) = caller {
+            span.record("parent_span_id", field::display(caller.span_id()));
+        }
+        let (route, mut response) = trace
+            .scope(self.dispatch(request, id.clone()).instrument(span.clone()))
             .await;
         self.inner
             .metrics

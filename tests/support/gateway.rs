@@ -46,6 +46,8 @@ pub struct GatewayState {
     pub attempted: Vec<i64>,
     /// Transaction records by reference id (spec 2.6).
     pub transactions: HashMap<String, Value>,
+    /// The `traceparent` header of every request, with its method and path.
+    pub traceparents: Vec<(String, Option<String>)>,
 }
 
 impl Default for GatewayState {
@@ -64,6 +66,7 @@ impl Default for GatewayState {
             posts: Vec::new(),
             attempted: Vec::new(),
             transactions: HashMap::new(),
+            traceparents: Vec::new(),
         }
     }
 }
@@ -220,6 +223,16 @@ async fn handle(
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
+    let traceparent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    state
+        .lock()
+        .unwrap()
+        .traceparents
+        .push((format!("{method} {path}"), traceparent));
     let authorized = state.lock().unwrap().authorized(&request);
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
     let Ok(body) = body else {

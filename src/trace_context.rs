@@ -1,0 +1,247 @@
+//! W3C Trace Context: the `traceparent` header that connects the aggregator's call to the
+//! merchant's own traces.
+//!
+//! Every request payhook answers runs in a trace context: the caller's, when it sent a valid
+//! `traceparent` (payhook's request is then a child span of the caller's), else a new trace.
+//! The request's span carries `trace_id` and `span_id` (and `parent_span_id` when the
+//! caller sent one), so every log line of the request names its trace. The [`gateway`]
+//! client sends a `traceparent` on every call, as a child of the context it runs in: a
+//! transaction lookup made while answering a request belongs to that request's trace; a
+//! call made outside any request (the outbox's deliveries, the session's refresh) starts a
+//! trace of its own.
+//!
+//! The header is read as the W3C recommendation (level 1) says: version `00` is exactly
+//! `00-{32 hex trace id}-{16 hex parent id}-{2 hex flags}`, lower-case hex only, neither id
+//! all zeros; a later version is read by its first 55 characters when the next one is `-`
+//! (or there is none); version `ff` is invalid. An invalid header is ignored (a new trace
+//! starts), never refused: tracing must not cost a payment.
+//!
+//! [`gateway`]: crate::gateway
+//!
+//! ```
+//! use payhook::trace_context::TraceContext;
+//!
+//! let incoming =
+//!     TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+//! assert_eq!(incoming.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+//! let ours = incoming.child();
+//! assert_eq!(ours.trace_id(), incoming.trace_id());
+//! assert_ne!(ours.span_id(), incoming.span_id());
+//! assert!(ours.header_value().starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+//! assert_eq!(TraceContext::parse("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
+//! ```
+
+use std::fmt::Write as _;
+use std::future::Future;
+
+use ring::rand::{SecureRandom, SystemRandom};
+
+/// The request header, and the header payhook's gateway client sends.
+pub const HEADER: &str = "traceparent";
+
+/// Length of a version-00 `traceparent` value.
+const LENGTH: usize = 55;
+/// The `sampled` trace flag.
+const SAMPLED: u8 = 0x01;
+
+/// One span's place in a trace: the trace's id, the span's id and the trace flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    flags: u8,
+}
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+impl TraceContext {
+    /// Reads a `traceparent` value; `None` when it is not a valid one.
+    pub fn parse(value: &str) -> Option<Self> {
+        let bytes = value.as_bytes();
+        if bytes.len() < LENGTH || (bytes.len() > LENGTH && bytes[LENGTH] != b'-') {
+            return None;
+        }
+        let version = hex::<1>(&bytes[0..2])?[0];
+        if version == 0xff || (version == 0 && bytes.len() != LENGTH) {
+            return None;
+        }
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
+            return None;
+        }
+        let trace_id = hex::<16>(&bytes[3..35])?;
+        let span_id = hex::<8>(&bytes[36..52])?;
+        let flags = hex::<1>(&bytes[53..55])?[0];
+        if trace_id == [0; 16] || span_id == [0; 8] {
+            return None;
+        }
+        Some(Self {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+
+    /// The context of a new trace's first span (not sampled: the decision is the tracing
+    /// backend's).
+    pub fn new_trace() -> Self {
+        Self {
+            trace_id: random(),
+            span_id: random(),
+            flags: 0,
+        }
+    }
+
+    /// A span of the same trace under this one: a new span id, the same flags.
+    #[must_use]
+    pub fn child(&self) -> Self {
+        Self {
+            span_id: random(),
+            ..*self
+        }
+    }
+
+    /// The context the current task runs in, set by [`Self::scope`]: payhook runs each
+    /// request in its own.
+    pub fn current() -> Option<Self> {
+        CURRENT.try_with(|context| *context).ok()
+    }
+
+    /// Runs `future` in this context: [`Self::current`] returns it there.
+    pub async fn scope<F: Future>(self, future: F) -> F::Output {
+        CURRENT.scope(self, future).await
+    }
+
+    /// The trace id, 32 lower-case hex digits.
+    pub fn trace_id(&self) -> String {
+        to_hex(&self.trace_id)
+    }
+
+    /// This span's id, 16 lower-case hex digits.
+    pub fn span_id(&self) -> String {
+        to_hex(&self.span_id)
+    }
+
+    /// Whether the trace's caller sampled it.
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
+    }
+
+    /// The `traceparent` value that makes a callee's span a child of this one (version 00).
+    pub fn header_value(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id(),
+            self.span_id(),
+            self.flags
+        )
+    }
+}
+
+/// `N` bytes from `2 * N` lower-case hex digits.
+fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
+    let digit = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    (digits.len() == 2 * N).then_some(out)
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// `N` random bytes, never all zeros (an id of zeros is invalid).
+fn random<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    while bytes == [0u8; N] {
+        if SystemRandom::new().fill(&mut bytes).is_err() {
+            // No randomness from the system: ids from the clock, still unique enough to
+            // keep spans apart (tracing never stops a payment).
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos());
+            for (byte, source) in bytes.iter_mut().zip(nanos.to_le_bytes().iter().cycle()) {
+                *byte = *source;
+            }
+            bytes[0] |= 1;
+        }
+    }
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_header_is_read_and_written_back_the_same() {
+        let context = TraceContext::parse(VALID).unwrap();
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(context.span_id(), "00f067aa0ba902b7");
+        assert!(context.sampled());
+        assert_eq!(context.header_value(), VALID);
+    }
+
+    #[test]
+    fn invalid_headers_are_refused() {
+        for invalid in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "0x-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceContext::parse(invalid), None, "{invalid:?}");
+        }
+    }
+
+    #[test]
+    fn a_later_version_is_read_by_its_first_fields() {
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        let context = TraceContext::parse(later).unwrap();
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(
+            TraceContext::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x"),
+            None
+        );
+    }
+
+    #[test]
+    fn children_keep_the_trace_and_new_traces_differ() {
+        let parent = TraceContext::parse(VALID).unwrap();
+        let child = parent.child();
+        assert_eq!(child.trace_id(), parent.trace_id());
+        assert_ne!(child.span_id(), parent.span_id());
+        assert_eq!(child.sampled(), parent.sampled());
+        let (one, two) = (TraceContext::new_trace(), TraceContext::new_trace());
+        assert_ne!(one.trace_id(), two.trace_id());
+        assert_eq!(TraceContext::parse(&one.header_value()), Some(one));
+    }
+
+    #[tokio::test]
+    async fn the_current_context_is_the_scopes() {
+        assert_eq!(TraceContext::current(), None);
+        let context = TraceContext::parse(VALID).unwrap();
+        let seen = context.scope(async { TraceContext::current() }).await;
+        assert_eq!(seen, Some(context));
+    }
+}
