@@ -31,6 +31,7 @@
 //! assert_eq!(TraceContext::parse("00-00000000000000000000000000000000-00f067aa0ba902b7-01"), None);
 //! ```
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::future::Future;
 
@@ -162,23 +163,45 @@ fn to_hex(bytes: &[u8]) -> String {
         })
 }
 
-/// `N` random bytes, never all zeros (an id of zeros is invalid).
+/// `N` pseudo-random bytes, never all zeros (an id of zeros is invalid): splitmix64 per
+/// thread, seeded from the system's randomness once, so that a request's ids cost no system
+/// call. Trace ids need to be unique, not secret.
 fn random<const N: usize>() -> [u8; N] {
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(seed());
+    }
     let mut bytes = [0u8; N];
     while bytes == [0u8; N] {
-        if SystemRandom::new().fill(&mut bytes).is_err() {
-            // No randomness from the system: ids from the clock, still unique enough to
-            // keep spans apart (tracing never stops a payment).
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos());
-            for (byte, source) in bytes.iter_mut().zip(nanos.to_le_bytes().iter().cycle()) {
-                *byte = *source;
-            }
-            bytes[0] |= 1;
+        for chunk in bytes.chunks_mut(8) {
+            let next = STATE.with(|state| {
+                let mut z = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+                state.set(z);
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            });
+            chunk.copy_from_slice(&next.to_le_bytes()[..chunk.len()]);
         }
     }
     bytes
+}
+
+/// A thread's first state: from the system's randomness, else from the clock and the
+/// thread (tracing never stops a payment).
+fn seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    if SystemRandom::new().fill(&mut bytes).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&std::thread::current().id(), &mut hasher);
+    std::hash::Hasher::write_u128(
+        &mut hasher,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    std::hash::Hasher::finish(&hasher)
 }
 
 #[cfg(test)]
