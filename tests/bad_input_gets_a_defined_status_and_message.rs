@@ -450,23 +450,26 @@ async fn a_validation_amount_must_be_above_zero_and_a_callback_amount_not_negati
 
 /// The free-form fields the spec makes objects (`additionalData`, `providerData`): an object
 /// or null, as the OpenAPI document says; anything else is 400 naming the field.
+/// The free-form fields of each request: an object (or null) of anything.
+const FREE_FORM: [(&str, &str, &str); 4] = [
+    (
+        PROVIDERS_PATH,
+        PROVIDERS_VALIDATION,
+        "/transactionData/merchantData/additionalData",
+    ),
+    (
+        VALIDATION_PATH,
+        TRANSACTION_VALIDATION,
+        "/merchantData/additionalData",
+    ),
+    (VALIDATION_PATH, TRANSACTION_VALIDATION, "/providerData"),
+    (CALLBACK_PATH, CALLBACK, "/additionalData"),
+];
+
 #[tokio::test]
 async fn a_free_form_field_that_is_not_an_object_is_400_naming_it() {
     let server = TestServer::start().await;
-    for (path, fixture, pointer) in [
-        (
-            PROVIDERS_PATH,
-            PROVIDERS_VALIDATION,
-            "/transactionData/merchantData/additionalData",
-        ),
-        (
-            VALIDATION_PATH,
-            TRANSACTION_VALIDATION,
-            "/merchantData/additionalData",
-        ),
-        (VALIDATION_PATH, TRANSACTION_VALIDATION, "/providerData"),
-        (CALLBACK_PATH, CALLBACK, "/additionalData"),
-    ] {
+    for (path, fixture, pointer) in FREE_FORM {
         let field = pointer.rsplit('/').next().unwrap();
         for bad in [json!([]), json!("x"), json!(1), json!(false)] {
             let body = with(fixture, pointer, Some(bad.clone()));
@@ -559,17 +562,11 @@ async fn a_nul_in_an_identifier_is_400_on_every_endpoint_and_elsewhere_is_accept
     }
     assert!(server.merchant.calls().is_empty());
 
-    let free_form = [
-        (
-            PROVIDERS_PATH,
-            PROVIDERS_VALIDATION,
-            "/transactionData/merchantData/additionalData",
-        ),
-        (VALIDATION_PATH, TRANSACTION_VALIDATION, "/providerData"),
-        (CALLBACK_PATH, CALLBACK, "/additionalData"),
-        (CALLBACK_PATH, CALLBACK, "/transactionStatusMessage"),
-    ];
-    for (path, fixture, pointer) in free_form {
+    let elsewhere =
+        FREE_FORM
+            .into_iter()
+            .chain([(CALLBACK_PATH, CALLBACK, "/transactionStatusMessage")]);
+    for (path, fixture, pointer) in elsewhere {
         let value = if pointer.ends_with("Message") {
             json!("a\u{0}b")
         } else {

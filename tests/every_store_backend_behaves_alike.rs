@@ -383,7 +383,11 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
 
 /// Postpones validation `id` (Awaitable mode): its record and the validation's decision.
 async fn postpone(b: &Backend, id: i64) {
-    let request = validation(&format!("p-{id}"), id, "10");
+    postpone_request(b, validation(&format!("p-{id}"), id, "10")).await;
+}
+
+/// Postpones `request` (Awaitable mode): its record and the validation's decision.
+async fn postpone_request(b: &Backend, request: TransactionValidationRequest) {
     let fingerprint = Fingerprint::of(&request);
     let ValidationBegin::Claimed { claim } = b
         .shared
@@ -394,7 +398,7 @@ async fn postpone(b: &Backend, id: i64) {
         panic!("not claimed");
     };
     let record = PostponedValidation {
-        validation_id: id.into(),
+        validation_id: request.validation_id,
         request: request.clone(),
         received: Utc::now(),
         deadline: Some(Utc::now() + TimeDelta::hours(1)),
@@ -621,32 +625,7 @@ async fn u0000_outside_identifiers_is_kept(b: &Backend) {
     let mut request = validation("p-nul", 31, "10");
     request.provider_data = serde_json::json!({"note\u{0}": ["a\u{0}b"]});
     request.merchant_data.additional_data = serde_json::json!({"c": "d\u{0}"});
-    let fingerprint = Fingerprint::of(&request);
-    let ValidationBegin::Claimed { claim } = b
-        .shared
-        .begin_validation(request.nonce(), &fingerprint, STALE)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
-    let record = PostponedValidation {
-        validation_id: 31.into(),
-        request: request.clone(),
-        received: Utc::now(),
-        deadline: Some(Utc::now() + TimeDelta::hours(1)),
-        result: None,
-    };
-    b.shared
-        .finish_validation(
-            request.nonce(),
-            claim,
-            &fingerprint,
-            &RecordedDecision::Postponed,
-            Some(record),
-        )
-        .await
-        .unwrap();
+    postpone_request(b, request.clone()).await;
     let kept = b.shared.postponed(31.into()).await.unwrap().unwrap();
     assert_eq!(kept.request, request);
 

@@ -8,7 +8,7 @@
 mod support;
 
 use serde_json::json;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use support::*;
 
 /// Each endpoint with its fixture and the pointers to its nonce and client id.
@@ -30,30 +30,7 @@ const ENDPOINTS: [(&str, &str, &str, &str); 3] = [
 
 /// Everything logged by this test binary, as text.
 fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&logs);
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer(move || Sink(Arc::clone(&sink)))
-            .init();
-        logs
-    })
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+    captured_logs(tracing::Level::INFO)
 }
 
 async fn send(server: &TestServer, path: &str, body: &str) -> RawResponse {

@@ -5,39 +5,12 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex, OnceLock};
 use support::gateway::FakeGateway;
 use support::*;
 
 const TOKEN: &str = "admin-token-0123456789";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
-
-fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&logs);
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .with_writer(move || Sink(Arc::clone(&sink)))
-            .init();
-        logs
-    })
-}
-
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Sink {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The fields of a version-00 `traceparent`: trace id, parent id, flags.
 fn fields(traceparent: &str) -> (String, String, String) {
@@ -134,7 +107,7 @@ async fn without_a_valid_traceparent_a_request_starts_a_trace_of_its_own() {
 
 #[tokio::test]
 async fn the_requests_log_lines_name_the_callers_trace() {
-    let logs = logs();
+    let logs = captured_logs(tracing::Level::DEBUG);
     let server = TestServer::start().await;
     let caller = format!("00-{TRACE}-{CALLER_SPAN}-00");
     let body = with(CALLBACK, "/nonce", Some(serde_json::json!("traced-1")));

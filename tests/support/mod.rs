@@ -656,3 +656,35 @@ pub fn signed_callback(
         body.as_bytes(),
     )
 }
+
+/// Everything this test binary logs from now on at `max_level` and above, as text: the
+/// first call installs the binary's subscriber (later calls share it, whatever level).
+pub fn captured_logs(
+    max_level: tracing::Level,
+) -> &'static std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(max_level)
+            .with_writer(move || LogSink(Arc::clone(&sink)))
+            .init();
+        logs
+    })
+}
+
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
