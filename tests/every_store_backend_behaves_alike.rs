@@ -733,15 +733,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     }
     let (claim, attempt) = taken.expect("the dead instance's claim was taken over");
     // The claim taken over books the callback.
-    other
-        .finish_callback(
-            &Nonce::from("n-1"),
-            claim,
-            TransactionStatus::Success,
-            Effects::default(),
-        )
-        .await
-        .unwrap();
+    book(other.as_ref(), &Nonce::from("n-1"), claim).await;
     assert!(
         other
             .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
@@ -753,6 +745,14 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
     assert_eq!(attempt, 1);
     drop(other);
     db.drop_schema().await;
+}
+
+/// Books `nonce`'s success under `claim`, with no effects.
+async fn book(store: &dyn Store, nonce: &Nonce, claim: Claim) {
+    store
+        .finish_callback(nonce, claim, TransactionStatus::Success, Effects::default())
+        .await
+        .unwrap();
 }
 
 /// A PostgreSQL store of `pool_size` connections that waits 300 ms for one, sweeping
@@ -811,15 +811,7 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     ));
     // Once one callback is booked, the next one claims.
     let (nonce, claim) = claims.remove(0);
-    store
-        .finish_callback(
-            &nonce,
-            claim,
-            TransactionStatus::Success,
-            Effects::default(),
-        )
-        .await
-        .unwrap();
+    book(store.as_ref(), &nonce, claim).await;
     assert!(matches!(
         store
             .begin_callback(&Nonce::from("n-next"), TransactionStatus::Success, STALE)
@@ -866,15 +858,7 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
         else {
             panic!("not claimed");
         };
-        store
-            .finish_callback(
-                &nonce,
-                claim,
-                TransactionStatus::Success,
-                Effects::default(),
-            )
-            .await
-            .unwrap();
+        book(store.as_ref(), &nonce, claim).await;
     }
     drop(store);
     db.drop_schema().await;
@@ -914,15 +898,7 @@ async fn stores_in_two_schemas_of_one_database_claim_the_same_nonce_independentl
         panic!("a claim in one schema held the nonce in the other");
     };
     for (store, claim) in [(&one, a), (&other, b)] {
-        store
-            .finish_callback(
-                &nonce,
-                claim,
-                TransactionStatus::Success,
-                Effects::default(),
-            )
-            .await
-            .unwrap();
+        book(store.as_ref(), &nonce, claim).await;
         assert!(
             store
                 .callback_acknowledged(&nonce, TransactionStatus::Success)
