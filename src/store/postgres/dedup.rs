@@ -67,6 +67,7 @@ impl DedupStore for PgStore {
 
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
+            let reason = truncate(&failure.reason, REASON_BYTES);
             sqlx::query(&self.sql(&format!(
                 "INSERT INTO {{s}}.callback_failures AS f (nonce_key, status, nonce, failures, \
                    first_failed, last_failed, last_reason, reference_id, client_id, amount, \
@@ -84,7 +85,7 @@ impl DedupStore for PgStore {
             .bind(failure.status.code())
             .bind(readable(&failure.nonce))
             .bind(failure.at)
-            .bind(readable(&truncate(&failure.reason, REASON_BYTES)).into_owned())
+            .bind(readable(&reason))
             .bind(failure.transaction_reference_id.to_string())
             .bind(readable(&failure.client_id))
             .bind(failure.amount.to_string())
