@@ -161,6 +161,7 @@ pub mod config;
 mod error;
 pub mod gateway;
 pub mod handler;
+pub mod inspector;
 mod logged;
 pub mod model;
 pub mod postponed;

@@ -53,6 +53,7 @@ pub use settings::GatewayConfig;
 pub(crate) use settings::check_remote_url;
 #[cfg(feature = "sim")]
 pub(crate) use settings::parse_http_url;
+pub use token::SessionState;
 use token::Sessions;
 pub(crate) use transport::{HttpClient, direct_client};
 
@@ -337,6 +338,12 @@ impl GatewayClient {
                 sessions: Sessions::new(config.refresh_margin),
             }),
         })
+    }
+
+    /// Where the client's session with the aggregator stands (for the inspector's health
+    /// panel); never waits.
+    pub fn session_state(&self) -> SessionState {
+        self.inner.sessions.state()
     }
 
     /// `POST {auth_url}/api/v1/login` with the configured credentials. The session is not

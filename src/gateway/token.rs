@@ -26,6 +26,24 @@ use crate::model::LoginSession;
 /// A refresh token this close to its expiry is not used: the refresh could arrive late.
 const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
 
+/// Where the merchant's session with the aggregator stands
+/// ([`GatewayClient::session_state`](super::GatewayClient::session_state)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SessionState {
+    /// No session yet: the next call logs in.
+    None,
+    /// A login or refresh is in progress.
+    Renewing,
+    /// A session is held.
+    Held {
+        /// When its access token expires (UTC).
+        access_expires: DateTime<Utc>,
+        /// When its refresh token expires (UTC).
+        refresh_expires: DateTime<Utc>,
+    },
+}
+
 pub(super) struct Sessions {
     current: Mutex<Option<Held>>,
     /// The configured `gateway.refresh_margin`.
@@ -44,6 +62,20 @@ impl Sessions {
         Self {
             current: Mutex::new(None),
             margin: TimeDelta::from_std(margin).unwrap_or(TimeDelta::MAX),
+        }
+    }
+
+    /// Where the session stands, without waiting for a login or refresh in progress.
+    pub(super) fn state(&self) -> SessionState {
+        match self.current.try_lock() {
+            Err(_) => SessionState::Renewing,
+            Ok(current) => match current.as_ref() {
+                None => SessionState::None,
+                Some(held) => SessionState::Held {
+                    access_expires: held.session.access_token_expiry_utc,
+                    refresh_expires: held.session.refresh_token_expiry_utc,
+                },
+            },
         }
     }
 

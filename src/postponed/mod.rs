@@ -229,6 +229,48 @@ impl Resolver {
         }
     }
 
+    /// Makes the next delivery attempt of a queued result due now, and wakes the outbox:
+    /// an operator's "retry now" after fixing what made the attempts fail. Returns `false`
+    /// when the result is not queued (undecided, delivered or refused): nothing changes.
+    ///
+    /// ```no_run
+    /// # async fn run(resolver: payhook::Resolver) -> Result<(), payhook::postponed::ResolveError> {
+    /// if !resolver.retry_now(42).await? {
+    ///     println!("validation 42 has no result waiting for delivery");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError::Unknown`] for an id never postponed, [`ResolveError::Store`] when the
+    /// store fails.
+    pub async fn retry_now(&self, validation_id: impl Into<ValidationId>) -> Result<bool, ResolveError> {
+        let validation_id = validation_id.into();
+        let record = self
+            .store
+            .postponed(validation_id)
+            .await?
+            .ok_or(ResolveError::Unknown(validation_id))?;
+        let Some(Delivery::Queued {
+            attempts,
+            last_error,
+            ..
+        }) = record.result.map(|r| r.delivery)
+        else {
+            return Ok(false);
+        };
+        let due_now = Delivery::Queued {
+            attempts,
+            next_attempt: self.clock.now(),
+            last_error,
+        };
+        self.store.record_delivery(validation_id, due_now).await?;
+        tracing::info!(validation_id = validation_id.get(), "delivery made due now by an operator");
+        self.wake.notify_one();
+        Ok(true)
+    }
+
     /// One postponed validation.
     ///
     /// # Errors

@@ -79,6 +79,8 @@ impl Waiters {
     }
 }
 
+use crate::inspector::note::{self, Outcome};
+
 type Answer = Result<Response<Full<Bytes>>, Problem>;
 
 /// What became of a callback delivery that succeeded.
@@ -203,8 +205,14 @@ impl ExactlyOnce {
         request: RequestContext,
     ) -> Answer {
         match self.deliver(callback, request).await? {
-            Delivered::Booked => ok("callback accepted"),
-            Delivered::Duplicate => ok("callback already processed"),
+            Delivered::Booked => {
+                note::with(|n| n.outcome = Some(Outcome::Booked));
+                ok("callback accepted")
+            }
+            Delivered::Duplicate => {
+                note::with(|n| n.outcome = Some(Outcome::Duplicate));
+                ok("callback already processed")
+            }
         }
     }
 
@@ -452,7 +460,9 @@ impl ExactlyOnce {
                     .metrics
                     .validations_replayed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return answer_for(&decision);
+                let answer = answer_for(&decision);
+                note::with(|n| n.outcome = Some(Outcome::Replayed));
+                return answer;
             }
             ValidationBegin::Mismatch => {
                 self.inner
@@ -547,6 +557,13 @@ impl ExactlyOnce {
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {
+    note::with(|n| {
+        n.outcome = Some(match decision {
+            RecordedDecision::Allow => Outcome::Allowed,
+            RecordedDecision::Deny { .. } => Outcome::Denied,
+            RecordedDecision::Postponed => Outcome::Postponed,
+        });
+    });
     match decision {
         RecordedDecision::Allow => ok("client allowed"),
         RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),

@@ -22,6 +22,7 @@ use super::request::{self, BodyLimits, parse_json};
 use super::route::Endpoint;
 use super::settings::ServerConfig;
 use crate::auth::{AuthError, Cidr, Guard};
+use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
 use crate::signature::{VerifiedCache, Verifier};
@@ -183,12 +184,14 @@ impl Ingress {
         let digest = VerifiedCache::digest(signature, body);
         if self.verified.contains(&digest) {
             tracing::debug!("signature verified before (a retry)");
+            note::with(|n| n.signature = Some(SignatureNote::VerifiedBefore));
             metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         match verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
+                note::with(|n| n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned))));
                 metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
                 self.verified.insert(digest);
                 Ok(())
@@ -204,6 +207,7 @@ impl Ingress {
 /// A refused signature: 401, logged (with the request id of the span, never the body).
 fn unauthorized(error: crate::signature::Error) -> Problem {
     tracing::warn!(%error, "callback signature refused");
+    note::with(|n| n.signature = Some(SignatureNote::Refused(error.to_string())));
     Problem::Unauthorized {
         message: error.to_string(),
         basic: false,
@@ -230,6 +234,10 @@ impl Ingress {
         bytes: &[u8],
     ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
+        note::with(|n| {
+            n.nonce = Some(request.nonce().1.to_owned());
+            n.client = Some(request.client_id().1.to_owned());
+        });
         check_identifiers(&request, self.limits.max_identifier_chars)?;
         request.trace(&tracing::Span::current());
         match request.implausible() {

@@ -134,6 +134,22 @@ impl Metrics {
         self.connections_open.store(open as u64, Ordering::Relaxed);
     }
 
+    /// The counters an operator looks at first, for the inspector's health panel.
+    pub(crate) fn at_a_glance(&self) -> Vec<(&'static str, u64)> {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("callbacks booked", load(&self.callbacks_booked)),
+            ("callbacks duplicate", load(&self.callbacks_duplicate)),
+            ("callback failures", load(&self.callback_failures)),
+            (
+                "validations decided",
+                self.validations.iter().map(load).sum(),
+            ),
+            ("signatures refused", load(&self.signatures_refused)),
+            ("connections open", load(&self.connections_open)),
+        ]
+    }
+
     /// The exposition text.
     pub(crate) fn render(&self, outbox: Option<OutboxCounts>, failing: Option<usize>) -> String {
         let mut out = String::new();

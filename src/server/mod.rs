@@ -160,6 +160,7 @@ use crate::model::{
 };
 use crate::signature::Verifier;
 use crate::store::{SledStore, Store, StoreError};
+use crate::inspector::{self, Inspector, note};
 use crate::trace_context::TraceContext;
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
@@ -238,6 +239,8 @@ struct Inner {
     metrics_allow: Vec<crate::auth::Cidr>,
     /// The operating API; `None` when it is off.
     operating_api: Option<operating_api::OperatingApi>,
+    /// The recent deliveries; `None` when the operating API or recording is off.
+    inspector: Option<Arc<Inspector>>,
 }
 
 impl std::fmt::Debug for App {
@@ -387,9 +390,14 @@ impl App {
         if let Some(caller) = caller {
             span.record("parent_span_id", field::display(caller.span_id()));
         }
+        let noted = self.inner.inspector.as_ref().map(|_| note::new());
+        let dispatched = self.dispatch(request, id.clone()).instrument(span.clone());
         let (route, mut response) = trace
-            .scope(self.dispatch(request, id.clone()).instrument(span.clone()))
+            .scope(note::scope(noted.clone(), dispatched))
             .await;
+        if let (Some(inspector), Some(noted)) = (&self.inner.inspector, noted) {
+            response = record(inspector, &noted, response, &id, &trace, started).await;
+        }
         self.inner
             .metrics
             .answered(route, response.status().as_u16());
@@ -509,6 +517,10 @@ impl App {
     {
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
+        note::with(|n| {
+            n.endpoint = Some(endpoint.name());
+            n.headers = Some(parts.headers.clone());
+        });
         let ingress = &self.inner.ingress;
         let client = ingress.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
@@ -517,6 +529,7 @@ impl App {
             return Err(Problem::UnsupportedMediaType);
         }
         let bytes = ingress.read_body(&parts, body).await?;
+        note::with(|n| n.body = Some(crate::inspector::kept_body(&bytes)));
         if let Some(signature) = signature {
             ingress.check_signature(&bytes, &signature)?;
         }
@@ -565,6 +578,7 @@ impl App {
             .inner
             .ingress
             .parse::<TransactionValidationRequest>(bytes)?;
+        note::with(|n| n.validation_id = Some(request.validation_id.get()));
         self.inner.exactly_once.validate_once(request, ctx).await
     }
 
@@ -577,11 +591,48 @@ impl App {
             return Err(Problem::NotFound);
         }
         let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
+        note::with(|n| {
+            n.reference_id = Some(callback.transaction_reference_id.to_string());
+            n.transaction_status = Some(callback.transaction_status.code());
+        });
         if !self.inner.ingress.verifies_signatures() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
         self.inner.exactly_once.deliver_once(callback, ctx).await
     }
+}
+
+/// Hands an endpoint's request to the inspector with its answer; other routes' requests
+/// (nothing noted an endpoint) are not recorded.
+async fn record(
+    inspector: &Inspector,
+    noted: &note::SharedNote,
+    response: Response<ResponseBody>,
+    request_id: &str,
+    trace: &TraceContext,
+    started: Instant,
+) -> Response<ResponseBody> {
+    let note = std::mem::take(&mut *noted.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    if note.endpoint.is_none() {
+        return response;
+    }
+    // The answer is a `Full` body: collecting it takes its bytes without copying them.
+    let (parts, body) = response.into_parts();
+    let answer = http_body_util::BodyExt::collect(body)
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .unwrap_or_default();
+    inspector.record(
+        note,
+        inspector::Answered {
+            request_id: request_id.to_owned(),
+            trace_id: trace.trace_id(),
+            status: parts.status.as_u16(),
+            answer: answer.clone(),
+            latency: started.elapsed(),
+        },
+    );
+    Response::from_parts(parts, Full::new(answer))
 }
 
 impl App {
@@ -771,6 +822,10 @@ impl AppBuilder {
             trusted_proxies,
             Arc::clone(&metrics),
         ));
+        let inspector = admin
+            .as_ref()
+            .and_then(|_| Inspector::new(self.config.admin.inspector_recent))
+            .map(Arc::new);
         let operating_api = admin.map(|access| {
             operating_api::OperatingApi::new(
                 access,
@@ -779,6 +834,10 @@ impl AppBuilder {
                 awaitable.clone(),
                 gateway.clone(),
                 self.config.callback.retry_after,
+                operating_api::Observed {
+                    inspector: inspector.clone(),
+                    metrics: Arc::clone(&metrics),
+                },
             )
         });
         Ok(App {
@@ -792,6 +851,7 @@ impl AppBuilder {
                 metrics,
                 metrics_allow,
                 operating_api,
+                inspector,
             }),
         })
     }

@@ -7,10 +7,18 @@
 //! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
 //! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
+//! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, the form asking for the token, which sets the page's session cookie |
+//! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
+//! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, credentials redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
+//! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/failing` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
+//! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
+//! `SameSite=Strict`, an HMAC of the token rather than the token), and its changes must
+//! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
+//! send.
 
 use crate::model::ValidationId;
 use bytes::Bytes;
@@ -23,6 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResponseBody;
+use super::metrics::Metrics;
+use crate::inspector::page::{self, Health};
+use crate::inspector::{DeliveryFilter, Inspector};
 use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
 use super::problem::Problem;
@@ -37,15 +48,41 @@ use crate::postponed::{Awaitable, Decision, PostponedState, ResolveError, Resolv
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
     token: Expected,
+    /// The inspector's session cookie value: an HMAC of the token, so that the cookie is not
+    /// the token itself.
+    session: String,
+    session_expected: Expected,
     allow: Vec<Cidr>,
+}
+
+/// The inspector's session cookie.
+const SESSION_COOKIE: &str = "payhook_admin";
+
+/// How a call was let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// `Authorization: Bearer <token>`.
+    Bearer,
+    /// The inspector's session cookie (a browser).
+    Session,
 }
 
 impl AdminAccess {
     /// `None` when no token is configured: the API is off.
     pub(super) fn from_config(config: &AdminConfig) -> Option<Self> {
         let token = config.token.as_ref()?;
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose().as_bytes());
+        let session = ring::hmac::sign(&key, b"payhook inspector session")
+            .as_ref()
+            .iter()
+            .fold(String::new(), |mut out, byte| {
+                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("{byte:02x}"));
+                out
+            });
         Some(Self {
             token: Expected::new(token.expose().as_bytes()),
+            session_expected: Expected::new(session.as_bytes()),
+            session,
             allow: config
                 .allow_ips
                 .iter()
@@ -54,10 +91,45 @@ impl AdminAccess {
         })
     }
 
-    fn check(&self, client: Option<std::net::IpAddr>, headers: &HeaderMap) -> Result<(), Problem> {
-        if !client.is_some_and(|ip| self.allow.iter().any(|net| net.contains(ip))) {
-            return Err(Problem::AddressRefused);
+    fn check_address(&self, client: Option<std::net::IpAddr>) -> Result<(), Problem> {
+        if client.is_some_and(|ip| self.allow.iter().any(|net| net.contains(ip))) {
+            Ok(())
+        } else {
+            Err(Problem::AddressRefused)
         }
+    }
+
+    /// Lets in a bearer of the token, or a browser holding the inspector's session — whose
+    /// changes must also carry the inspector's header, which a cross-site form cannot send.
+    fn check(&self, method: &Method, headers: &HeaderMap) -> Result<Caller, Problem> {
+        if headers.contains_key(http::header::AUTHORIZATION) {
+            return self.check_bearer(headers).map(|()| Caller::Bearer);
+        }
+        if !self.has_session(headers) {
+            return self.check_bearer(headers).map(|()| Caller::Bearer);
+        }
+        if method != Method::GET && !headers.contains_key(page::ACTION_HEADER) {
+            return Err(Problem::Denied(format!(
+                "a change from the inspector must carry the {} header",
+                page::ACTION_HEADER
+            )));
+        }
+        Ok(Caller::Session)
+    }
+
+    fn has_session(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|pair| pair.trim().split_once('='))
+            .any(|(name, value)| {
+                name == SESSION_COOKIE && self.session_expected.matches(value.as_bytes())
+            })
+    }
+
+    fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {
         let presented = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -129,7 +201,18 @@ pub(super) struct OperatingApi {
     awaitable: Option<Arc<Awaitable>>,
     gateway: Option<GatewayClient>,
     retry_after: Duration,
+    observed: Observed,
 }
+
+/// What the inspector shows beside the store: the recent deliveries and the counters.
+pub(super) struct Observed {
+    /// `None` when recording is off (`admin.inspector_recent = 0`).
+    pub(super) inspector: Option<Arc<Inspector>>,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+/// The longest a `GET deliveries?wait=…` waits.
+const LONGEST_WAIT: Duration = Duration::from_secs(30);
 
 impl OperatingApi {
     pub(super) fn new(
@@ -139,6 +222,7 @@ impl OperatingApi {
         awaitable: Option<Arc<Awaitable>>,
         gateway: Option<GatewayClient>,
         retry_after: Duration,
+        observed: Observed,
     ) -> Self {
         Self {
             access,
@@ -147,6 +231,7 @@ impl OperatingApi {
             awaitable,
             gateway,
             retry_after,
+            observed,
         }
     }
 
@@ -160,7 +245,7 @@ impl OperatingApi {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         self.access
-            .check(self.ingress.client_ip(&request), request.headers())?;
+            .check_address(self.ingress.client_ip(&request))?;
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri
@@ -168,7 +253,57 @@ impl OperatingApi {
             .trim_start_matches(ADMIN_PREFIX)
             .trim_end_matches('/');
         let segments: Vec<&str> = rest.split('/').collect();
+        let caller = match (&parts.method, segments.as_slice()) {
+            // The page's way in: a browser without a session gets the login form.
+            (&Method::GET, ["inspector"]) => match self.access.check(&parts.method, &parts.headers) {
+                Ok(_) => return Ok(self.inspector_page().await),
+                Err(_) => return Ok(self.login(parts.uri.query(), None)),
+            },
+            (&Method::POST, ["inspector", "login"]) => {
+                let bytes = self.ingress.read_body(&parts, body).await?;
+                return Ok(self.login(None, Some(&bytes)));
+            }
+            _ => self.access.check(&parts.method, &parts.headers)?,
+        };
+        if caller == Caller::Session && segments.first() == Some(&"inspector") {
+            return self.inspector_fragment(&parts, &segments[1..]).await;
+        }
         match (&parts.method, segments.as_slice()) {
+            (&Method::GET, ["deliveries"]) => {
+                let inspector = self.inspector()?;
+                let query = parts.uri.query().unwrap_or_default();
+                let (after, limit, wait) = list_params(query)?;
+                let filter = DeliveryFilter::from_query(query);
+                Ok(json(&inspector.list(&filter, after, limit, wait).await))
+            }
+            (&Method::GET, ["deliveries", seq]) => {
+                let inspector = self.inspector()?;
+                let detail = seq
+                    .parse()
+                    .ok()
+                    .and_then(|seq| inspector.detail(seq))
+                    .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))?;
+                Ok(json(&detail))
+            }
+            (&Method::POST, ["outbox", id, "retry"]) => {
+                let id: ValidationId = id
+                    .parse()
+                    .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
+                let resolver = self
+                    .awaitable
+                    .as_ref()
+                    .map(|a| a.resolver())
+                    .ok_or(Problem::NotFound)?;
+                match resolver.retry_now(id).await {
+                    Ok(true) => Ok(json(&ErrorBody::new("due now"))),
+                    Ok(false) => Err(Problem::Conflict(format!(
+                        "validation {id} has no result waiting for delivery"
+                    ))),
+                    Err(error @ ResolveError::Unknown(_)) => Err(Problem::Unknown(error.to_string())),
+                    Err(ResolveError::Store(error)) => Err(self.admin_store_failed(&error)),
+                    Err(error) => Err(Problem::Conflict(error.to_string())),
+                }
+            }
             (&Method::GET, ["validations"]) => {
                 let state = match parts.uri.query().and_then(|q| q.strip_prefix("state=")) {
                     None => None,
@@ -264,7 +399,10 @@ impl OperatingApi {
                     .collect::<Vec<_>>();
                 Ok(json(&outcomes))
             }
-            (_, ["callbacks", "failing"]) => Err(Problem::MethodNotAllowed { allow: "GET" }),
+            (_, ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _] | ["inspector", ..]) => {
+                Err(Problem::MethodNotAllowed { allow: "GET" })
+            }
+            (_, ["outbox", _, "retry"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
             (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }
@@ -276,6 +414,187 @@ impl OperatingApi {
         tracing::error!(error = %crate::report::InLine(error), "admin: store failed");
         Problem::StoreFailed {
             retry_after: self.retry_after,
+        }
+    }
+}
+
+/// `after`, `limit` and `wait` of `GET deliveries`: defaults 0, 100 and no wait.
+fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
+    let (mut after, mut limit, mut wait) = (0, 100, Duration::ZERO);
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| Problem::BadRequest(format!("`{key}` must be a whole number")))
+        };
+        match &*key {
+            "after" => after = number()?,
+            "limit" => limit = usize::try_from(number()?).unwrap_or(usize::MAX).clamp(1, 1000),
+            "wait" => wait = Duration::from_secs(number()?).min(LONGEST_WAIT),
+            _ => {}
+        }
+    }
+    Ok((after, limit, wait))
+}
+
+fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
+    let mut response = Response::new(http_body_util::Full::new(Bytes::from(text)));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // The page runs only its own script, and nobody may frame it.
+    headers.insert(
+        http::header::CONTENT_SECURITY_POLICY,
+        http::HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+impl OperatingApi {
+    fn inspector(&self) -> Result<&Inspector, Problem> {
+        self.observed.inspector.as_deref().ok_or_else(|| {
+            Problem::Conflict("the inspector does not record (admin.inspector_recent = 0)".into())
+        })
+    }
+
+    /// The login form, or — given the right token (a `token` query, or the form's body) —
+    /// the session cookie and the way to the page.
+    fn login(&self, query: Option<&str>, form: Option<&[u8]>) -> Response<ResponseBody> {
+        let presented = query
+            .map(str::as_bytes)
+            .or(form)
+            .and_then(|bytes| {
+                form_urlencoded::parse(bytes)
+                    .find(|(key, _)| key == "token")
+                    .map(|(_, value)| value.into_owned())
+            });
+        match presented {
+            Some(token) if self.access.token.matches(token.as_bytes()) => {
+                let mut response = html(http::StatusCode::SEE_OTHER, String::new());
+                let headers = response.headers_mut();
+                headers.insert(
+                    http::header::LOCATION,
+                    http::HeaderValue::from_static("/payhook/admin/inspector"),
+                );
+                if let Ok(cookie) = http::HeaderValue::from_str(&format!(
+                    "{SESSION_COOKIE}={}; Path={ADMIN_PREFIX}; HttpOnly; SameSite=Strict",
+                    self.access.session
+                )) {
+                    headers.insert(http::header::SET_COOKIE, cookie);
+                }
+                response
+            }
+            Some(_) => html(
+                http::StatusCode::UNAUTHORIZED,
+                page::login(Some("invalid token")),
+            ),
+            None => html(http::StatusCode::UNAUTHORIZED, page::login(None)),
+        }
+    }
+
+    async fn inspector_page(&self) -> Response<ResponseBody> {
+        let now = chrono::Utc::now();
+        let postponed = self.postponed_all().await;
+        let page = page::page(
+            &self.deliveries_fragment(&DeliveryFilter::default()).await,
+            &self.failing_fragment(now).await,
+            &page::postponed(&postponed, now),
+            &page::outbox(&postponed, now),
+            &page::health(&self.health().await, now),
+        );
+        html(http::StatusCode::OK, page)
+    }
+
+    /// A panel of the page, for its script.
+    async fn inspector_fragment(
+        &self,
+        parts: &http::request::Parts,
+        rest: &[&str],
+    ) -> Result<Response<ResponseBody>, Problem> {
+        if parts.method != Method::GET {
+            return Err(Problem::MethodNotAllowed { allow: "GET" });
+        }
+        let now = chrono::Utc::now();
+        let text = match rest {
+            ["deliveries"] => {
+                let filter = DeliveryFilter::from_query(parts.uri.query().unwrap_or_default());
+                self.deliveries_fragment(&filter).await
+            }
+            ["failing"] => self.failing_fragment(now).await,
+            ["postponed"] => page::postponed(&self.postponed_all().await, now),
+            ["outbox"] => page::outbox(&self.postponed_all().await, now),
+            ["health"] => page::health(&self.health().await, now),
+            ["delivery", seq] => {
+                let detail = seq
+                    .parse()
+                    .ok()
+                    .and_then(|seq| self.observed.inspector.as_ref()?.detail(seq))
+                    .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))?;
+                page::detail(&detail)
+            }
+            _ => return Err(Problem::NotFound),
+        };
+        Ok(html(http::StatusCode::OK, text))
+    }
+
+    async fn deliveries_fragment(&self, filter: &DeliveryFilter) -> String {
+        match &self.observed.inspector {
+            Some(inspector) => {
+                let list = inspector.list(filter, 0, 200, Duration::ZERO).await;
+                page::deliveries(&list, filter)
+            }
+            None => "<p class=empty>Recording is off (admin.inspector_recent = 0).</p>".into(),
+        }
+    }
+
+    async fn failing_fragment(&self, now: chrono::DateTime<chrono::Utc>) -> String {
+        let Some(store) = self.exactly_once.store() else {
+            return "<p class=empty>No store: failures are not recorded.</p>".into();
+        };
+        match store.failing_callbacks().await {
+            Ok(failing) => page::failing(&failing, now),
+            Err(error) => format!(
+                "<p class=bad>the store failed: {}</p>",
+                page::escape(&crate::report::InLine(&error).to_string())
+            ),
+        }
+    }
+
+    /// Every postponed validation (none when the endpoint is not Awaitable, or the store
+    /// fails: the health panel says so).
+    async fn postponed_all(&self) -> Vec<crate::postponed::PostponedValidation> {
+        match &self.awaitable {
+            Some(awaitable) => awaitable.resolver().list(None).await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
+    async fn health(&self) -> Health {
+        let store = self.exactly_once.store();
+        let outbox_queued = match (store, &self.awaitable) {
+            (Some(store), Some(_)) => store.outbox_len().await.ok(),
+            _ => None,
+        };
+        Health {
+            store_failed: store.map(|s| s.failed()),
+            gateway: self.gateway.as_ref().map(GatewayClient::session_state),
+            outbox_queued,
+            counters: self.observed.metrics.at_a_glance(),
+            kept: self
+                .observed
+                .inspector
+                .as_ref()
+                .map_or(0, |i| i.capacity()),
         }
     }
 }

@@ -132,7 +132,7 @@ impl Runner {
         endpoint: Endpoint,
         work: impl Future<Output = Result<T, Problem>> + Send + 'static,
     ) -> Result<T, Problem> {
-        tokio::spawn(work.in_current_span())
+        tokio::spawn(carried(work.in_current_span()))
             .await
             .unwrap_or_else(|error| {
                 tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
@@ -152,7 +152,7 @@ impl Runner {
         endpoint: Endpoint,
         handler: BoxFuture<T>,
     ) -> Result<T, Problem> {
-        let mut task = tokio::spawn(handler.in_current_span());
+        let mut task = tokio::spawn(carried(handler.in_current_span()));
         let timeout = self.inner.handler_timeout;
         match tokio::time::timeout(timeout, &mut task).await {
             Ok(joined) => self.settle(endpoint, joined),
@@ -219,5 +219,20 @@ impl ValidationHandler for Runner {
 
     fn timeout(&self) -> Duration {
         self.inner.handler_timeout
+    }
+}
+
+/// `work` with the request's trace context and inspector note, for a task of its own: what
+/// it does belongs to the request that spawned it (its gateway calls to the request's
+/// trace, its outcome to the request's note).
+fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    let trace = crate::trace_context::TraceContext::current();
+    let note = crate::inspector::note::current();
+    async move {
+        let work = crate::inspector::note::scope(note, work);
+        match trace {
+            Some(trace) => trace.scope(work).await,
+            None => work.await,
+        }
     }
 }

@@ -209,6 +209,9 @@ pub struct AdminConfig {
     pub token: Option<Secret>,
     /// Networks that may call it (CIDR). Default: loopback only.
     pub allow_ips: Vec<String>,
+    /// How many recent requests to the endpoints the inspector keeps (see
+    /// [`crate::inspector`]); 0 turns recording off. Default 500.
+    pub inspector_recent: usize,
 }
 
 impl Default for AdminConfig {
@@ -216,6 +219,7 @@ impl Default for AdminConfig {
         Self {
             token: None,
             allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+            inspector_recent: 500,
         }
     }
 }

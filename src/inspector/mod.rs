@@ -1,0 +1,542 @@
+//! The inspector: what the service received on its three endpoints and what it answered,
+//! for the last few hundred requests, and as it happens.
+//!
+//! When a payment goes wrong, the questions are: did the callback arrive, what did we
+//! answer, was the signature good, is it being retried, which validations wait for us, did
+//! our decision reach the aggregator? The running service answers them under its operating
+//! API (`/payhook/admin/`, behind the admin token, loopback by default):
+//!
+//! * `GET /payhook/admin/inspector` — a page: recent deliveries (filter by nonce, client,
+//!   outcome; each one's raw request with credential headers redacted), failing callbacks,
+//!   postponed validations with **Approve** / **Deny**, the outbox with **Retry now**, and
+//!   the service's health. It updates itself; it needs no external asset and no build step.
+//! * `GET /payhook/admin/deliveries?after=SEQ&wait=SECONDS` — the same deliveries as JSON
+//!   ([`DeliveryList`]), answered as soon as one newer than `SEQ` is recorded (long poll):
+//!   what `payhook tail` follows.
+//! * `GET /payhook/admin/deliveries/{seq}` — one delivery with its request ([`DeliveryDetail`]).
+//!
+//! Recording is on with the operating API and keeps the last `admin.inspector_recent`
+//! requests (default 500; 0 turns recording off). A request's raw body is kept up to
+//! [`BODY_KEPT`] bytes. What it costs the callback path is one lock and a few small copies
+//! per request; `bench_callbacks` measures B with recording on and off.
+//!
+//! ```
+//! use payhook::inspector::DeliveryFilter;
+//!
+//! let filter = DeliveryFilter::from_query("nonce=n-42&outcome=failed");
+//! assert_eq!(filter.nonce.as_deref(), Some("n-42"));
+//! assert_eq!(filter.outcome.as_deref(), Some("failed"));
+//! assert_eq!(filter.to_query(), "nonce=n-42&outcome=failed");
+//! ```
+
+pub(crate) mod note;
+pub(crate) mod page;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use note::{Note, Outcome, SignatureNote};
+
+/// Bytes of a request's body the inspector keeps (the rest is cut, and said so).
+pub const BODY_KEPT: usize = 64 * 1024;
+
+/// Headers whose values are never shown: credentials.
+const REDACTED: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "x-api-key"];
+
+/// One recorded request.
+struct Recorded {
+    seq: u64,
+    at: DateTime<Utc>,
+    request_id: String,
+    trace_id: String,
+    note: Note,
+    status: u16,
+    answer: Bytes,
+    latency: Duration,
+}
+
+/// The recent deliveries, and a way to wait for the next one. Held by the app when its
+/// operating API is on.
+pub(crate) struct Inspector {
+    capacity: usize,
+    recent: Mutex<VecDeque<Arc<Recorded>>>,
+    /// The last sequence number given; 0 before the first delivery.
+    last: AtomicU64,
+    recorded: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inspector")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the app knows of a request once it is answered.
+pub(crate) struct Answered {
+    pub(crate) request_id: String,
+    pub(crate) trace_id: String,
+    pub(crate) status: u16,
+    pub(crate) answer: Bytes,
+    pub(crate) latency: Duration,
+}
+
+impl Inspector {
+    /// `None` when `capacity` is 0: nothing is recorded.
+    pub(crate) fn new(capacity: usize) -> Option<Self> {
+        (capacity > 0).then(|| Self {
+            capacity,
+            recent: Mutex::new(VecDeque::with_capacity(capacity)),
+            last: AtomicU64::new(0),
+            recorded: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// How many deliveries it keeps.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Records one answered request of an endpoint.
+    pub(crate) fn record(&self, note: Note, answered: Answered) {
+        let mut recent = self.lock();
+        let seq = self.last.load(Ordering::Relaxed) + 1;
+        if recent.len() == self.capacity {
+            recent.pop_front();
+        }
+        recent.push_back(Arc::new(Recorded {
+            seq,
+            at: Utc::now(),
+            request_id: answered.request_id,
+            trace_id: answered.trace_id,
+            note,
+            status: answered.status,
+            answer: answered.answer,
+            latency: answered.latency,
+        }));
+        self.last.store(seq, Ordering::Release);
+        drop(recent);
+        self.recorded.notify_waiters();
+    }
+
+    /// The deliveries after `after` that pass `filter`, oldest first, at most `limit` (the
+    /// newest ones when more passed); waits up to `wait` for one when there is none yet.
+    pub(crate) async fn list(
+        &self,
+        filter: &DeliveryFilter,
+        after: u64,
+        limit: usize,
+        wait: Duration,
+    ) -> DeliveryList {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let recorded = self.recorded.notified();
+            let list = self.list_now(filter, after, limit);
+            if !list.deliveries.is_empty() || wait.is_zero() {
+                return list;
+            }
+            if tokio::time::timeout_at(deadline, recorded).await.is_err() {
+                return self.list_now(filter, after, limit);
+            }
+        }
+    }
+
+    fn list_now(&self, filter: &DeliveryFilter, after: u64, limit: usize) -> DeliveryList {
+        let recent = self.lock();
+        let last = self.last.load(Ordering::Acquire);
+        let oldest = recent.front().map_or(last + 1, |r| r.seq);
+        let missed = (after > 0 && after + 1 < oldest).then(|| oldest - after - 1);
+        let mut deliveries: Vec<DeliveryEntry> = recent
+            .iter()
+            .filter(|r| r.seq > after)
+            .map(|r| entry(r, &recent))
+            .filter(|e| filter.matches(e))
+            .collect();
+        if deliveries.len() > limit {
+            deliveries.drain(..deliveries.len() - limit);
+        }
+        DeliveryList {
+            last,
+            missed,
+            deliveries,
+        }
+    }
+
+    /// One delivery with its request, while it is among the recent ones.
+    pub(crate) fn detail(&self, seq: u64) -> Option<DeliveryDetail> {
+        let recent = self.lock();
+        let recorded = recent.iter().find(|r| r.seq == seq)?;
+        Some(detail(recorded, &recent))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Recorded>>> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Deliveries of `GET /payhook/admin/deliveries`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryList {
+    /// The sequence number of the last delivery recorded (whether listed or not): the
+    /// `after` of the next call.
+    pub last: u64,
+    /// Deliveries after the `after` asked for that are no longer kept (more arrived than
+    /// the inspector keeps); absent when none were missed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed: Option<u64>,
+    /// The deliveries, oldest first.
+    pub deliveries: Vec<DeliveryEntry>,
+}
+
+/// One request to an endpoint and its answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryEntry {
+    /// Its number, increasing by one per recorded request since the service started.
+    pub seq: u64,
+    /// When it was answered (UTC).
+    pub at: DateTime<Utc>,
+    /// `callback`, `transaction_validation` or `providers_validation`.
+    pub endpoint: String,
+    /// The request id (the `X-Request-Id` answered).
+    pub request_id: String,
+    /// The W3C trace id it ran in.
+    pub trace_id: String,
+    /// The nonce, once the body parsed.
+    pub nonce: Option<String>,
+    /// The client id, once the body parsed.
+    pub client: Option<String>,
+    /// The transaction's reference id (callbacks).
+    pub reference_id: Option<String>,
+    /// The transaction status delivered (callbacks).
+    pub transaction_status: Option<i32>,
+    /// The validation id (transaction validations).
+    pub validation_id: Option<i64>,
+    /// `booked`, `duplicate`, `allowed`, `denied`, `postponed`, `replayed`, `answered`,
+    /// `refused` (4xx) or `failed` (5xx).
+    pub outcome: String,
+    /// The answer's HTTP status.
+    pub status: u16,
+    /// The answer's `message`.
+    pub message: Option<String>,
+    /// How long the answer took, in milliseconds.
+    pub latency_ms: f64,
+    /// How the signature went: `verified`, `verified (key …)`, `verified before (a
+    /// retry)`, `refused: …`, or `not checked`.
+    pub signature: String,
+    /// Which delivery of this (endpoint, nonce, status) it is among the recent ones: 1 for
+    /// the first seen.
+    pub attempt: u32,
+    /// Answered from an earlier record (a duplicate callback, a replayed validation).
+    pub duplicate: bool,
+}
+
+/// A delivery with its request: `GET /payhook/admin/deliveries/{seq}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryDetail {
+    /// The delivery.
+    #[serde(flatten)]
+    pub entry: DeliveryEntry,
+    /// The request's headers, credentials redacted.
+    pub headers: Vec<(String, String)>,
+    /// The request's body as received (UTF-8, invalid bytes replaced), up to [`BODY_KEPT`]
+    /// bytes.
+    pub body: String,
+    /// The body was longer than what is kept.
+    pub body_truncated: bool,
+    /// The answer's body.
+    pub answer: String,
+}
+
+/// Which deliveries to list: every given field must match (nonce and client as
+/// substrings, outcome and endpoint exactly).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryFilter {
+    /// Part of the nonce.
+    pub nonce: Option<String>,
+    /// Part of the client id.
+    pub client: Option<String>,
+    /// The outcome (see [`DeliveryEntry::outcome`]).
+    pub outcome: Option<String>,
+    /// The endpoint.
+    pub endpoint: Option<String>,
+}
+
+impl DeliveryFilter {
+    /// Reads `nonce`, `client`, `outcome` and `endpoint` from a URL query; other keys and
+    /// empty values are ignored.
+    pub fn from_query(query: &str) -> Self {
+        let mut filter = Self::default();
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            let value = Some(value.into_owned()).filter(|v| !v.is_empty());
+            match &*key {
+                "nonce" => filter.nonce = value,
+                "client" => filter.client = value,
+                "outcome" => filter.outcome = value,
+                "endpoint" => filter.endpoint = value,
+                _ => {}
+            }
+        }
+        filter
+    }
+
+    /// The filter as a URL query (without `?`).
+    pub fn to_query(&self) -> String {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        for (key, value) in [
+            ("nonce", &self.nonce),
+            ("client", &self.client),
+            ("outcome", &self.outcome),
+            ("endpoint", &self.endpoint),
+        ] {
+            if let Some(value) = value {
+                query.append_pair(key, value);
+            }
+        }
+        query.finish()
+    }
+
+    /// Whether `entry` passes.
+    pub fn matches(&self, entry: &DeliveryEntry) -> bool {
+        let part = |wanted: &Option<String>, value: &Option<String>| {
+            wanted
+                .as_ref()
+                .is_none_or(|w| value.as_ref().is_some_and(|v| v.contains(w.as_str())))
+        };
+        part(&self.nonce, &entry.nonce)
+            && part(&self.client, &entry.client)
+            && self.outcome.as_ref().is_none_or(|o| *o == entry.outcome)
+            && self.endpoint.as_ref().is_none_or(|e| *e == entry.endpoint)
+    }
+}
+
+fn entry(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryEntry {
+    let note = &recorded.note;
+    let same = |other: &Recorded| {
+        other.note.endpoint == note.endpoint
+            && other.note.nonce == note.nonce
+            && other.note.transaction_status == note.transaction_status
+    };
+    let attempt = if note.nonce.is_some() {
+        recent
+            .iter()
+            .take_while(|r| r.seq <= recorded.seq)
+            .filter(|r| same(r))
+            .count()
+    } else {
+        1
+    };
+    DeliveryEntry {
+        seq: recorded.seq,
+        at: recorded.at,
+        endpoint: note.endpoint.unwrap_or("unknown").to_owned(),
+        request_id: recorded.request_id.clone(),
+        trace_id: recorded.trace_id.clone(),
+        nonce: note.nonce.clone(),
+        client: note.client.clone(),
+        reference_id: note.reference_id.clone(),
+        transaction_status: note.transaction_status,
+        validation_id: note.validation_id,
+        outcome: outcome(note.outcome, recorded.status).to_owned(),
+        status: recorded.status,
+        message: message(&recorded.answer),
+        latency_ms: recorded.latency.as_secs_f64() * 1e3,
+        signature: signature(note.signature.as_ref()),
+        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        duplicate: matches!(note.outcome, Some(Outcome::Duplicate | Outcome::Replayed)),
+    }
+}
+
+fn detail(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryDetail {
+    let body = recorded.note.body.as_deref().unwrap_or_default();
+    DeliveryDetail {
+        entry: entry(recorded, recent),
+        headers: recorded
+            .note
+            .headers
+            .as_ref()
+            .map(redacted)
+            .unwrap_or_default(),
+        body: String::from_utf8_lossy(&body[..body.len().min(BODY_KEPT)]).into_owned(),
+        body_truncated: body.len() > BODY_KEPT,
+        answer: String::from_utf8_lossy(&recorded.answer).into_owned(),
+    }
+}
+
+/// The note's outcome, else what the status says.
+fn outcome(noted: Option<Outcome>, status: u16) -> &'static str {
+    match (noted, status) {
+        (_, 500..) => "failed",
+        (Some(outcome), _) => outcome.name(),
+        (None, 200..=299) => "answered",
+        (None, _) => "refused",
+    }
+}
+
+fn signature(noted: Option<&SignatureNote>) -> String {
+    match noted {
+        Some(SignatureNote::Verified(Some(key))) => format!("verified (key {key})"),
+        Some(SignatureNote::Verified(None)) => "verified".into(),
+        Some(SignatureNote::VerifiedBefore) => "verified before (a retry)".into(),
+        Some(SignatureNote::Refused(why)) => format!("refused: {why}"),
+        None => "not checked".into(),
+    }
+}
+
+/// The `message` of a `{"message": "..."}` answer.
+fn message(answer: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Message {
+        message: Option<String>,
+    }
+    serde_json::from_slice::<Message>(answer).ok()?.message
+}
+
+fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            let shown = if REDACTED.contains(&name.as_str()) {
+                "[redacted]".to_owned()
+            } else {
+                String::from_utf8_lossy(value.as_bytes()).into_owned()
+            };
+            (name.as_str().to_owned(), shown)
+        })
+        .collect()
+}
+
+/// What a request's body the note keeps: the bytes themselves (shared, not copied) when
+/// small enough, else a copy of the first [`BODY_KEPT`] and one more byte to say it was cut.
+pub(crate) fn kept_body(body: &Bytes) -> Bytes {
+    if body.len() <= BODY_KEPT {
+        body.clone()
+    } else {
+        Bytes::copy_from_slice(&body[..=BODY_KEPT])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16, message: &str) -> Answered {
+        Answered {
+            request_id: "r".into(),
+            trace_id: "t".into(),
+            status,
+            answer: Bytes::from(format!(r#"{{"message":"{message}"}}"#)),
+            latency: Duration::from_millis(3),
+        }
+    }
+
+    fn callback(nonce: &str, outcome: Option<Outcome>) -> Note {
+        Note {
+            endpoint: Some("callback"),
+            nonce: Some(nonce.into()),
+            transaction_status: Some(4),
+            outcome,
+            ..Note::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn keeps_the_last_n_counts_attempts_and_says_what_was_missed() {
+        let inspector = Inspector::new(3).unwrap();
+        inspector.record(callback("a", None), answered(503, "handler failed"));
+        inspector.record(
+            callback("a", Some(Outcome::Booked)),
+            answered(200, "callback accepted"),
+        );
+        inspector.record(
+            callback("a", Some(Outcome::Duplicate)),
+            answered(200, "callback already processed"),
+        );
+        inspector.record(callback("b", Some(Outcome::Booked)), answered(200, "ok"));
+        let all = DeliveryFilter::default();
+        let list = inspector.list(&all, 0, 10, Duration::ZERO).await;
+        assert_eq!(list.last, 4);
+        assert_eq!(list.missed, None);
+        let seen: Vec<_> = list
+            .deliveries
+            .iter()
+            .map(|d| (d.seq, d.outcome.as_str(), d.attempt, d.duplicate))
+            .collect();
+        // The first delivery of `a` is gone: attempts count among the recent ones.
+        assert_eq!(
+            seen,
+            [
+                (2, "booked", 1, false),
+                (3, "duplicate", 2, true),
+                (4, "booked", 1, false)
+            ]
+        );
+        assert_eq!(
+            list.deliveries[1].message.as_deref(),
+            Some("callback already processed")
+        );
+        let after_one = inspector.list(&all, 1, 10, Duration::ZERO).await;
+        assert_eq!(after_one.missed, None);
+        let late = Inspector::new(1).unwrap();
+        for _ in 0..4 {
+            late.record(callback("c", None), answered(503, "x"));
+        }
+        assert_eq!(late.list(&all, 1, 10, Duration::ZERO).await.missed, Some(2));
+        let failed = DeliveryFilter::from_query("outcome=failed");
+        assert!(inspector.list(&failed, 0, 10, Duration::ZERO).await.deliveries.is_empty());
+        let only_b = DeliveryFilter::from_query("nonce=b");
+        assert_eq!(inspector.list(&only_b, 0, 10, Duration::ZERO).await.deliveries.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_list_is_answered_when_a_delivery_is_recorded() {
+        let inspector = Arc::new(Inspector::new(10).unwrap());
+        let waiting = {
+            let inspector = Arc::clone(&inspector);
+            tokio::spawn(async move {
+                inspector
+                    .list(&DeliveryFilter::default(), 0, 10, Duration::from_secs(30))
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        inspector.record(callback("w", Some(Outcome::Booked)), answered(200, "ok"));
+        let list = waiting.await.unwrap();
+        assert_eq!(list.deliveries.len(), 1);
+        assert_eq!(list.deliveries[0].nonce.as_deref(), Some("w"));
+    }
+
+    #[test]
+    fn credentials_are_redacted_and_a_long_body_is_cut() {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Bearer secret-token".parse().unwrap());
+        headers.insert("x-signature", "c2ln".parse().unwrap());
+        let shown = redacted(&headers);
+        assert!(shown.contains(&("authorization".into(), "[redacted]".into())));
+        assert!(shown.contains(&("x-signature".into(), "c2ln".into())));
+        let long = Bytes::from(vec![b'x'; BODY_KEPT + 10]);
+        let kept = kept_body(&long);
+        assert_eq!(kept.len(), BODY_KEPT + 1);
+        let inspector = Inspector::new(1).unwrap();
+        let mut note = callback("n", None);
+        note.body = Some(kept);
+        note.headers = Some(headers);
+        inspector.record(note, answered(503, "x"));
+        let detail = inspector.detail(1).unwrap();
+        assert!(detail.body_truncated);
+        assert_eq!(detail.body.len(), BODY_KEPT);
+        assert!(!format!("{detail:?}").contains("secret-token"));
+    }
+}

@@ -1,0 +1,112 @@
+//! What one request's handling learns about it, noted as it goes: the task-local [`Note`]
+//! that the ingress, the endpoints and exactly-once delivery fill in, and that the app hands
+//! to the [`super::Inspector`] with the answer.
+//!
+//! A note exists only while the inspector records: everywhere else [`with`] does nothing.
+//! The tasks a request spawns (its detached delivery, its handler) carry it with
+//! [`current`] and [`scope`].
+
+use bytes::Bytes;
+use http::HeaderMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+/// What became of a request, as far as the request itself tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// A callback whose handler acknowledged it; booked.
+    Booked,
+    /// A callback acknowledged before: answered 200 without the handler.
+    Duplicate,
+    /// A validation allowed (or a providers validation answered).
+    Allowed,
+    /// A validation denied.
+    Denied,
+    /// A validation postponed (Awaitable): decided later.
+    Postponed,
+    /// A repeated validation answered from its record.
+    Replayed,
+}
+
+impl Outcome {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Booked => "booked",
+            Self::Duplicate => "duplicate",
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Postponed => "postponed",
+            Self::Replayed => "replayed",
+        }
+    }
+}
+
+/// How the request's signature went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SignatureNote {
+    /// Verified with the public key (its id, when the key has one).
+    Verified(Option<String>),
+    /// The same (signature, body) verified before: a retry.
+    VerifiedBefore,
+    /// Missing, malformed or forged: why.
+    Refused(String),
+}
+
+/// One request's note. Only the inspector reads it.
+#[derive(Default)]
+pub(crate) struct Note {
+    pub(crate) endpoint: Option<&'static str>,
+    pub(crate) nonce: Option<String>,
+    pub(crate) client: Option<String>,
+    pub(crate) reference_id: Option<String>,
+    pub(crate) transaction_status: Option<i32>,
+    pub(crate) validation_id: Option<i64>,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) signature: Option<SignatureNote>,
+    /// The request's headers (credentials are redacted when shown, never here).
+    pub(crate) headers: Option<HeaderMap>,
+    pub(crate) body: Option<Bytes>,
+}
+
+// Headers and bodies carry credentials and payment data: never in `Debug` output.
+impl std::fmt::Debug for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Note")
+            .field("endpoint", &self.endpoint)
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A note shared by the tasks of one request.
+pub(crate) type SharedNote = Arc<Mutex<Note>>;
+
+tokio::task_local! {
+    static CURRENT: SharedNote;
+}
+
+/// A new, empty note.
+pub(crate) fn new() -> SharedNote {
+    Arc::default()
+}
+
+/// The note of the request this task works for, if the inspector records.
+pub(crate) fn current() -> Option<SharedNote> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// Runs `future` with `note` as its note ([`with`] writes to it there); without one, simply
+/// runs it.
+pub(crate) async fn scope<F: Future>(note: Option<SharedNote>, future: F) -> F::Output {
+    match note {
+        Some(note) => CURRENT.scope(note, future).await,
+        None => future.await,
+    }
+}
+
+/// Notes something about the current request; nothing when no note is kept.
+pub(crate) fn with(write: impl FnOnce(&mut Note)) {
+    let _ = CURRENT.try_with(|note| {
+        write(&mut note.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    });
+}

@@ -1,0 +1,442 @@
+//! The inspector's page, rendered on the server: the page itself, and each of its panels as
+//! a fragment the page fetches again to stay current. No external asset and no build step:
+//! the style and the few lines of script are in the page.
+//!
+//! The script long-polls `deliveries?after=…` (answered as soon as a delivery is recorded)
+//! and then fetches the panels; it also fetches them every second, so that deadlines count
+//! down and the outbox's progress shows. Its actions post to the operating API with the
+//! `X-Payhook-Inspector` header, which a cross-site form cannot send.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use std::fmt::Write as _;
+
+use super::{DeliveryDetail, DeliveryFilter, DeliveryList};
+use crate::gateway::SessionState;
+use crate::postponed::{Delivery, PostponedValidation};
+use crate::store::FailingCallback;
+
+/// The header the page's actions carry.
+pub(crate) const ACTION_HEADER: &str = "x-payhook-inspector";
+
+/// The aggregator makes at most this many attempts at a callback (spec 2.7).
+const MOST_ATTEMPTS: u32 = 17;
+
+/// The service's state at a glance.
+pub(crate) struct Health {
+    /// `Some(true)` when the store stopped after a failed write.
+    pub(crate) store_failed: Option<bool>,
+    pub(crate) gateway: Option<SessionState>,
+    pub(crate) outbox_queued: Option<usize>,
+    pub(crate) counters: Vec<(&'static str, u64)>,
+    /// Deliveries the inspector keeps.
+    pub(crate) kept: usize,
+}
+
+/// Escapes text for HTML content and attribute values.
+pub(crate) fn escape(text: &str) -> String {
+    esc(text)
+}
+
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// "in 4m 10s" or "5s ago".
+fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let seconds = (at - now).num_seconds();
+    let span = |s: i64| match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+    };
+    if seconds >= 0 {
+        format!("in {}", span(seconds))
+    } else {
+        format!("{} ago", span(-seconds))
+    }
+}
+
+/// The page asking for the admin token (no token, or a wrong one).
+pub(crate) fn login(problem: Option<&str>) -> String {
+    let problem = problem.map_or_else(String::new, |p| format!("<p class=bad>{}</p>", esc(p)));
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
+         <style>{STYLE}</style></head><body><h1>payhook inspector</h1>{problem}\
+         <form method=post action=inspector/login><label>Admin token \
+         <input type=password name=token id=token autofocus></label> \
+         <button id=login>Open</button></form></body></html>"
+    )
+}
+
+/// The whole page, with each panel rendered now.
+pub(crate) fn page(
+    deliveries: &str,
+    failing: &str,
+    postponed: &str,
+    outbox: &str,
+    health: &str,
+) -> String {
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
+         <style>{STYLE}</style></head><body>\
+         <h1>payhook inspector</h1>\
+         <section id=health>{health}</section>\
+         <section><h2>Deliveries</h2>\
+         <form id=filter><input name=nonce placeholder=nonce> <input name=client placeholder=client> \
+         <select name=outcome><option value=''>any outcome</option>{outcomes}</select></form>\
+         <div id=deliveries>{deliveries}</div><pre id=detail hidden></pre></section>\
+         <section><h2>Failing callbacks</h2><div id=failing>{failing}</div></section>\
+         <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
+         <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
+         <script>{SCRIPT}</script></body></html>",
+        outcomes = [
+            "booked",
+            "duplicate",
+            "allowed",
+            "denied",
+            "postponed",
+            "replayed",
+            "answered",
+            "refused",
+            "failed"
+        ]
+        .iter()
+        .fold(String::new(), |mut out, o| {
+            let _ = write!(out, "<option>{o}</option>");
+            out
+        }),
+    )
+}
+
+/// The deliveries panel: newest first.
+pub(crate) fn deliveries(list: &DeliveryList, filter: &DeliveryFilter) -> String {
+    if list.deliveries.is_empty() {
+        let what = if *filter == DeliveryFilter::default() {
+            "No delivery yet."
+        } else {
+            "No delivery matches the filter."
+        };
+        return format!("<p class=empty>{what}</p>");
+    }
+    let mut out = String::from(
+        "<table><thead><tr><th>#</th><th>time</th><th>endpoint</th><th>nonce</th><th>client</th>\
+         <th>status</th><th>outcome</th><th>answer</th><th>ms</th><th>signature</th><th>attempt</th>\
+         <th></th></tr></thead><tbody>",
+    );
+    for d in list.deliveries.iter().rev() {
+        let _ = write!(
+            out,
+            "<tr class='delivery {outcome}' data-seq={seq}><td>{seq}</td><td>{at}</td><td>{endpoint}</td>\
+             <td class=nonce>{nonce}</td><td>{client}</td><td>{tx}</td><td class=outcome>{outcome}</td>\
+             <td>{status} {message}</td><td>{ms:.1}</td><td>{signature}</td><td>{attempt}{dup}</td>\
+             <td><button data-action=detail data-seq={seq}>request</button></td></tr>",
+            seq = d.seq,
+            at = time(d.at),
+            endpoint = esc(&d.endpoint),
+            nonce = esc(d.nonce.as_deref().unwrap_or("")),
+            client = esc(d.client.as_deref().unwrap_or("")),
+            tx = d.transaction_status.map_or_else(String::new, |s| s.to_string()),
+            outcome = esc(&d.outcome),
+            status = d.status,
+            message = esc(d.message.as_deref().unwrap_or("")),
+            ms = d.latency_ms,
+            signature = esc(&d.signature),
+            attempt = d.attempt,
+            dup = if d.duplicate { " (duplicate)" } else { "" },
+        );
+    }
+    out.push_str("</tbody></table>");
+    if let Some(missed) = list.missed {
+        let _ = write!(out, "<p>{missed} older deliveries are no longer kept.</p>");
+    }
+    out
+}
+
+/// One delivery's request and answer, as plain text for the page's detail box.
+pub(crate) fn detail(detail: &DeliveryDetail) -> String {
+    let mut out = format!(
+        "#{} {} {} → {}\n\n",
+        detail.entry.seq, detail.entry.endpoint, detail.entry.request_id, detail.entry.status
+    );
+    for (name, value) in &detail.headers {
+        let _ = writeln!(out, "{name}: {value}");
+    }
+    out.push('\n');
+    out.push_str(&detail.body);
+    if detail.body_truncated {
+        out.push_str("\n[… cut]");
+    }
+    let _ = write!(out, "\n\nanswer: {}", detail.answer);
+    esc(&out)
+}
+
+/// The failing callbacks panel.
+pub(crate) fn failing(failing: &[FailingCallback], now: DateTime<Utc>) -> String {
+    if failing.is_empty() {
+        return "<p class=empty>No failing callback.</p>".into();
+    }
+    let mut out = String::from(
+        "<table><thead><tr><th>nonce</th><th>status</th><th>failures</th><th>last reason</th>\
+         <th>first</th><th>last</th><th>next expected</th><th>reference</th><th></th></tr></thead><tbody>",
+    );
+    for f in failing {
+        let next = next_expected(f, now);
+        let _ = write!(
+            out,
+            "<tr class=failing><td>{nonce}</td><td>{status}</td><td>{failures}</td><td>{reason}</td>\
+             <td>{first}</td><td>{last}</td><td>{next}</td><td>{reference}</td>\
+             <td><button data-action=book data-reference='{reference}'>book now</button></td></tr>",
+            nonce = esc(f.nonce.as_str()),
+            status = f.status,
+            failures = f.failures,
+            reason = esc(&f.last_reason),
+            first = time(f.first_failed),
+            last = time(f.last_failed),
+            next = esc(&next),
+            reference = esc(&f.transaction_reference_id),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// When the aggregator's next attempt may come. Its schedule is not published (spec 2.7):
+/// estimated from the failures seen so far.
+fn next_expected(failure: &FailingCallback, now: DateTime<Utc>) -> String {
+    if failure.failures >= MOST_ATTEMPTS {
+        return format!("none: {MOST_ATTEMPTS} attempts made, the aggregator gave up");
+    }
+    if failure.failures < 2 {
+        return "unknown (one failure so far)".into();
+    }
+    let mean = (failure.last_failed - failure.first_failed) / i32::try_from(failure.failures - 1).unwrap_or(i32::MAX);
+    format!("≈ {} (estimate)", relative(failure.last_failed + mean, now))
+}
+
+/// The postponed validations waiting for a decision, with Approve and Deny.
+pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> String {
+    let pending: Vec<_> = records.iter().filter(|r| r.result.is_none()).collect();
+    if pending.is_empty() {
+        return "<p class=empty>No validation waits for a decision.</p>".into();
+    }
+    let mut out = String::from(
+        "<table><thead><tr><th>validation</th><th>nonce</th><th>client</th><th>amount</th>\
+         <th>received</th><th>deadline</th><th>decision</th></tr></thead><tbody>",
+    );
+    for r in pending {
+        let payment = &r.request.payment_data;
+        let _ = write!(
+            out,
+            "<tr class=pending data-id={id}><td>{id}</td><td>{nonce}</td><td>{client}</td>\
+             <td>{amount} {currency}</td><td>{received}</td><td>{deadline}</td>\
+             <td><input class=description data-id={id} placeholder=description> \
+             <button data-action=approve data-id={id}>Approve</button> \
+             <button data-action=deny data-id={id}>Deny</button></td></tr>",
+            id = r.validation_id,
+            nonce = esc(r.request.nonce()),
+            client = esc(&r.request.merchant_data.client_id),
+            amount = payment.amount,
+            currency = esc(&payment.currency),
+            received = time(r.received),
+            deadline = r
+                .deadline
+                .map_or_else(|| "none".to_owned(), |d| relative(d, now)),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// The decided validations and their delivery to the aggregator, with Retry now.
+pub(crate) fn outbox(records: &[PostponedValidation], now: DateTime<Utc>) -> String {
+    let decided: Vec<_> = records
+        .iter()
+        .filter_map(|r| Some((r, r.result.as_ref()?)))
+        .collect();
+    if decided.is_empty() {
+        return "<p class=empty>No decided validation.</p>".into();
+    }
+    let mut out = String::from(
+        "<table><thead><tr><th>validation</th><th>decision</th><th>state</th><th>attempts</th>\
+         <th>next / when</th><th>last error</th><th></th></tr></thead><tbody>",
+    );
+    for (record, result) in decided.into_iter().rev() {
+        let (state, attempts, when, error, retry) = match &result.delivery {
+            Delivery::Queued {
+                attempts,
+                next_attempt,
+                last_error,
+            } => (
+                "queued",
+                *attempts,
+                relative(*next_attempt, now),
+                last_error.clone().unwrap_or_default(),
+                true,
+            ),
+            Delivery::Delivered { attempts, at } => {
+                ("delivered", *attempts, time(*at), String::new(), false)
+            }
+            Delivery::Conflict {
+                attempts,
+                message,
+                at,
+            } => ("conflict", *attempts, time(*at), message.clone(), false),
+        };
+        let retry = if retry {
+            format!(
+                "<button data-action=retry data-id={}>Retry now</button>",
+                record.validation_id
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            out,
+            "<tr class='outbox {state}' data-id={id}><td>{id}</td><td>{decision} {description}</td>\
+             <td class=state>{state}</td><td>{attempts}</td><td>{when}</td><td>{error}</td><td>{retry}</td></tr>",
+            id = record.validation_id,
+            decision = if result.success { "approved" } else { "denied" },
+            description = esc(&result.description),
+            error = esc(&error),
+        );
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// The health panel.
+pub(crate) fn health(health: &Health, now: DateTime<Utc>) -> String {
+    let store = match health.store_failed {
+        None => "<span>none</span>".to_owned(),
+        Some(false) => "<span class=good>serving</span>".to_owned(),
+        Some(true) => {
+            "<span class=bad>stopped after a failed write: restart the service</span>".to_owned()
+        }
+    };
+    let gateway = match health.gateway {
+        None => "not configured".to_owned(),
+        Some(SessionState::None) => "no session yet (the next call logs in)".to_owned(),
+        Some(SessionState::Renewing) => "logging in or refreshing".to_owned(),
+        Some(SessionState::Held { access_expires, .. }) if access_expires > now => {
+            format!("session valid, access token expires {}", relative(access_expires, now))
+        }
+        Some(SessionState::Held { .. }) => {
+            "session expired (the next call renews it)".to_owned()
+        }
+    };
+    let outbox = health
+        .outbox_queued
+        .map_or_else(|| "none".to_owned(), |n| n.to_string());
+    let mut out = format!(
+        "<dl><dt>store</dt><dd id=store-state>{store}</dd><dt>gateway</dt><dd>{gateway}</dd>\
+         <dt>outbox queued</dt><dd>{outbox}</dd><dt>kept deliveries</dt><dd>{}</dd>",
+        health.kept
+    );
+    for (name, value) in &health.counters {
+        let _ = write!(out, "<dt>{name}</dt><dd>{value}</dd>");
+    }
+    out.push_str("</dl>");
+    out
+}
+
+const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}\
+h1{font-size:20px}h2{font-size:16px;margin-top:1.5em}table{border-collapse:collapse;width:100%}\
+th,td{border-bottom:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}\
+th{background:#f4f4f4}.refused td.outcome,.failed td.outcome,.bad{color:#b00}\
+.booked td.outcome,.allowed td.outcome,.good,.delivered td.state{color:#070}\
+.empty{color:#777}dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}\
+dt{color:#555}dd{margin:0}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}\
+section#health{background:#fafafa;padding:4px 12px}";
+
+const SCRIPT: &str = r#"
+const base = location.pathname.replace(/inspector\/?$/, '');
+let last = 0;
+function filterQuery() {
+  return new URLSearchParams(new FormData(document.getElementById('filter'))).toString();
+}
+async function panel(name) {
+  const query = name === 'deliveries' ? '?' + filterQuery() : '';
+  const answer = await fetch(base + 'inspector/' + name + query, {credentials: 'same-origin'});
+  if (answer.status === 401) { location.reload(); return; }
+  if (answer.ok) document.getElementById(name).innerHTML = await answer.text();
+}
+function panels() {
+  return Promise.all(['health', 'failing', 'postponed', 'outbox'].map(panel));
+}
+async function follow() {
+  for (;;) {
+    try {
+      const answer = await fetch(base + 'deliveries?limit=1&wait=25&after=' + last);
+      if (!answer.ok) throw new Error(answer.status);
+      const list = await answer.json();
+      if (list.last !== last) { last = list.last; await panel('deliveries'); await panels(); }
+    } catch (e) {
+      await new Promise(r => setTimeout(r, 2000));
+    }
+  }
+}
+async function act(url, body) {
+  const answer = await fetch(base + url, {method: 'POST', credentials: 'same-origin',
+    headers: {'content-type': 'application/json', 'x-payhook-inspector': '1'},
+    body: JSON.stringify(body || {})});
+  if (!answer.ok) alert((await answer.json().catch(() => ({}))).message || answer.status);
+  await panels();
+}
+document.addEventListener('click', async (event) => {
+  const button = event.target.closest('button[data-action]');
+  if (!button) return;
+  const id = button.dataset.id;
+  const description = () => (document.querySelector('input.description[data-id="' + id + '"]') || {}).value || '';
+  switch (button.dataset.action) {
+    case 'approve': return act('validations/' + id, {success: true, description: description()});
+    case 'deny': return act('validations/' + id, {success: false, description: description()});
+    case 'retry': return act('outbox/' + id + '/retry');
+    case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]});
+    case 'detail': {
+      const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq);
+      const box = document.getElementById('detail');
+      box.innerHTML = await answer.text();
+      box.hidden = false;
+    }
+  }
+});
+document.getElementById('filter').addEventListener('input', () => panel('deliveries'));
+setInterval(panels, 1000);
+follow();
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped() {
+        assert_eq!(
+            esc(r#"<script>alert("x")</script>&'"#),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn relative_times_read_naturally() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        assert_eq!(relative(now + chrono::TimeDelta::seconds(250), now), "in 4m 10s");
+        assert_eq!(relative(now - chrono::TimeDelta::seconds(5), now), "5s ago");
+        assert_eq!(relative(now + chrono::TimeDelta::seconds(7300), now), "in 2h 1m");
+    }
+}
