@@ -1,0 +1,264 @@
+//! The inspector over HTTP (`/payhook/admin/…`): each request to an endpoint is recorded
+//! with what was answered and why, a follower is answered as soon as the next one arrives,
+//! the page lets in only a holder of the token (and its session only from its own page),
+//! and a queued result can be retried now. The page in a real browser is
+//! `inspector_page_works_in_a_real_browser.rs`.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::inspector::{DeliveryDetail, DeliveryList};
+use payhook::signature::Algorithm;
+use serde_json::json;
+use std::time::Duration;
+use support::gateway::FakeGateway;
+use support::*;
+
+const TOKEN: &str = "admin-token-0123456789";
+
+fn config(gateway: &FakeGateway) -> payhook::Config {
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.admin.token = Some(TOKEN.into());
+    config
+}
+
+async fn admin(server: &TestServer, method: &str, path: &str, body: Option<&str>) -> RawResponse {
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", bearer.as_str()),
+    ];
+    server
+        .send(&request(method, path, &headers, body.map(str::as_bytes)))
+        .await
+}
+
+async fn deliveries(server: &TestServer, query: &str) -> DeliveryList {
+    let answer = admin(server, "GET", &format!("/payhook/admin/deliveries?{query}"), None).await;
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    serde_json::from_slice(&answer.body).unwrap()
+}
+
+#[tokio::test]
+async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+
+    let first = signed_callback(&signer, "n-booked", 4, "10.50", "client-42");
+    assert_eq!(server.send(&first).await.status, 200);
+    assert_eq!(server.send(&first).await.status, 200);
+    let failing = signed_callback(&signer, "n-failing", 4, "3", "fail");
+    assert_eq!(server.send(&failing).await.status, 503);
+    // A forged signature, with a credential header that must never be shown.
+    let forged = String::from_utf8(signed_callback(&signer, "n-forged", 4, "1", "client-42"))
+        .unwrap()
+        .replace("X-Signature: ", "Authorization: Bearer leaked-secret-77\r\nX-Signature: AAAA");
+    assert_eq!(server.send(forged.as_bytes()).await.status, 401);
+
+    let list = deliveries(&server, "").await;
+    assert_eq!(list.last, 4);
+    let seen: Vec<_> = list
+        .deliveries
+        .iter()
+        .map(|d| {
+            (
+                d.nonce.as_deref().unwrap_or("-"),
+                d.outcome.as_str(),
+                d.status,
+                d.attempt,
+                d.duplicate,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("n-booked", "booked", 200, 1, false),
+            ("n-booked", "duplicate", 200, 2, true),
+            ("n-failing", "failed", 503, 1, false),
+            // Refused before the body was read as JSON: no nonce is known.
+            ("-", "refused", 401, 1, false),
+        ]
+    );
+    let [booked, duplicate, failed, refused] = &list.deliveries[..] else {
+        panic!("four deliveries")
+    };
+    assert_eq!(booked.signature, "verified (key rsa2048)");
+    assert_eq!(duplicate.signature, "verified before (a retry)");
+    assert!(refused.signature.starts_with("refused: "), "{}", refused.signature);
+    assert_eq!(booked.endpoint, "callback");
+    assert_eq!(booked.client.as_deref(), Some("client-42"));
+    assert_eq!(booked.transaction_status, Some(4));
+    assert_eq!(booked.message.as_deref(), Some("callback accepted"));
+    assert_eq!(duplicate.message.as_deref(), Some("callback already processed"));
+    assert!(failed.message.is_some());
+    assert_eq!(booked.trace_id.len(), 32);
+
+    let only_failed = deliveries(&server, "outcome=failed").await;
+    assert_eq!(only_failed.deliveries.len(), 1);
+    assert_eq!(only_failed.deliveries[0].nonce.as_deref(), Some("n-failing"));
+    assert_eq!(deliveries(&server, "nonce=booked").await.deliveries.len(), 2);
+    assert_eq!(deliveries(&server, "after=3").await.deliveries.len(), 1);
+
+    let detail = admin(&server, "GET", &format!("/payhook/admin/deliveries/{}", refused.seq), None).await;
+    assert_eq!(detail.status, 200);
+    let text = String::from_utf8_lossy(&detail.body);
+    assert!(!text.contains("leaked-secret-77"), "a credential was shown: {text}");
+    let detail: DeliveryDetail = serde_json::from_slice(&detail.body).unwrap();
+    assert!(detail.headers.contains(&("authorization".into(), "[redacted]".into())));
+    assert!(detail.body.contains("\"n-forged\""));
+    assert!(detail.answer.contains("message"));
+
+    let gone = admin(&server, "GET", "/payhook/admin/deliveries/999", None).await;
+    assert_eq!((gone.status, gone.message()), (404, "no recent delivery #999".into()));
+    let bad = admin(&server, "GET", "/payhook/admin/deliveries?after=x", None).await;
+    assert_eq!(bad.status, 400);
+    // Operating the service is not recorded as a delivery.
+    assert_eq!(deliveries(&server, "").await.last, 4);
+}
+
+#[tokio::test]
+async fn a_follower_is_answered_as_soon_as_the_next_delivery_is_recorded() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let addr = server.addr;
+    let bearer = format!("Bearer {TOKEN}");
+    let follow = tokio::spawn(async move {
+        let request = request(
+            "GET",
+            "/payhook/admin/deliveries?after=0&wait=30",
+            &[("authorization", bearer.as_str())],
+            None,
+        );
+        exchange(addr, &request).await
+    });
+    // The follower waits: nothing was delivered yet.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!follow.is_finished());
+    let callback = signed_callback(&signer, "n-followed", 4, "2", "client-42");
+    assert_eq!(server.send(&callback).await.status, 200);
+    let answer = tokio::time::timeout(Duration::from_secs(20), follow)
+        .await
+        .expect("answered well before its 30 s wait ran out")
+        .unwrap();
+    let list: DeliveryList = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(list.deliveries.len(), 1);
+    assert_eq!(list.deliveries[0].nonce.as_deref(), Some("n-followed"));
+}
+
+#[tokio::test]
+async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let page = |headers: &[(&str, &str)], query: &str| {
+        request("GET", &format!("/payhook/admin/inspector{query}"), headers, None)
+    };
+
+    let asked = server.send(&page(&[], "")).await;
+    assert_eq!(asked.status, 401);
+    assert_eq!(asked.header("content-type"), Some("text/html; charset=utf-8"));
+    assert!(String::from_utf8_lossy(&asked.body).contains("name=token"));
+    let wrong = server.send(&page(&[], "?token=not-the-token-000000")).await;
+    assert_eq!(wrong.status, 401);
+    assert!(String::from_utf8_lossy(&wrong.body).contains("invalid token"));
+
+    let login = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            format!("token={TOKEN}").as_bytes(),
+        ))
+        .await;
+    assert_eq!(login.status, 303);
+    assert_eq!(login.header("location"), Some("/payhook/admin/inspector"));
+    let cookie = login.header("set-cookie").unwrap().to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(!cookie.contains(TOKEN), "the cookie must not be the token: {cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+
+    let shown = server.send(&page(&[("cookie", &session)], "")).await;
+    assert_eq!(shown.status, 200);
+    let html = String::from_utf8_lossy(&shown.body);
+    for panel in ["Deliveries", "Failing callbacks", "Postponed validations", "Outbox"] {
+        assert!(html.contains(panel), "{panel} in the page");
+    }
+    assert!(shown.header("content-security-policy").is_some());
+    let forged_session = server
+        .send(&page(&[("cookie", "payhook_admin=00112233")], ""))
+        .await;
+    assert_eq!(forged_session.status, 401);
+
+    // A postponed validation, decided with the session: only with the page's header.
+    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!("postpone")));
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let panel = server
+        .send(&request("GET", "/payhook/admin/inspector/postponed", &[("cookie", &session)], None))
+        .await;
+    assert!(String::from_utf8_lossy(&panel.body).contains("Approve"));
+    let decision = br#"{"success": true, "description": "looked at it"}"#;
+    let path = "/payhook/admin/validations/9007199254740993";
+    let cross_site = server
+        .send(&post(path, &[("cookie", &session), ("content-type", "application/json")], decision))
+        .await;
+    assert_eq!(cross_site.status, 403);
+    assert!(cross_site.message().contains("x-payhook-inspector"), "{}", cross_site.message());
+    let from_page = server
+        .send(&post(
+            path,
+            &[
+                ("cookie", &session),
+                ("content-type", "application/json"),
+                ("x-payhook-inspector", "1"),
+            ],
+            decision,
+        ))
+        .await;
+    assert_eq!((from_page.status, from_page.message()), (200, "recorded".into()));
+}
+
+#[tokio::test]
+async fn retry_now_makes_a_queued_result_due_at_once() {
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway);
+    // After a failed attempt the next one would wait an hour.
+    config.validation.retry_schedule = vec![Duration::from_secs(3600)];
+    let server = TestServer::start_with(config).await;
+    gateway.with(|state| state.fail_next.push_back(500));
+    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!("postpone")));
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let id = 9_007_199_254_740_993_i64;
+    let decided = admin(
+        &server,
+        "POST",
+        &format!("/payhook/admin/validations/{id}"),
+        Some(r#"{"success": true, "description": "ok"}"#),
+    )
+    .await;
+    assert_eq!(decided.status, 200);
+    gateway.until("the first attempt failed", |s| s.attempted.len() == 1).await;
+    // The failure is recorded: the result waits for its next attempt, an hour away.
+    let queued = loop {
+        let listed = admin(&server, "GET", "/payhook/admin/validations?state=queued", None).await;
+        let list = listed.json();
+        if list[0]["result"]["delivery"]["attempts"] == 1 {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(queued.as_array().unwrap().len(), 1);
+
+    let retry = admin(&server, "POST", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    assert_eq!((retry.status, retry.message()), (200, "due now".into()));
+    gateway.until("the result delivered", |s| s.results.contains_key(&id)).await;
+
+    let again = admin(&server, "POST", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    assert_eq!(again.status, 409, "delivered: nothing to retry");
+    let unknown = admin(&server, "POST", "/payhook/admin/outbox/5/retry", None).await;
+    assert_eq!((unknown.status, unknown.message()), (404, "no postponed validation with id 5".into()));
+    let method = admin(&server, "GET", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    assert_eq!(method.status, 405);
+}
