@@ -141,12 +141,13 @@ pub(crate) fn deliveries(list: &DeliveryList, filter: &DeliveryFilter) -> String
     for d in list.deliveries.iter().rev() {
         let _ = write!(
             out,
-            "<tr class='delivery {outcome}' data-seq={seq}><td>{seq}</td><td>{at}</td><td>{endpoint}</td>\
+            "<tr class='delivery {outcome}' data-seq={seq}><td>{seq}</td><td title='{at}'>{clock}</td><td>{endpoint}</td>\
              <td class=nonce>{nonce}</td><td>{client}</td><td>{tx}</td><td class=outcome>{outcome}</td>\
              <td>{status} {message}</td><td>{ms:.1}</td><td>{signature}</td><td>{attempt}{dup}</td>\
              <td><button data-action=detail data-seq={seq}>request</button></td></tr>",
             seq = d.seq,
             at = time(d.at),
+            clock = d.at.format("%H:%M:%S%.3f"),
             endpoint = esc(&d.endpoint),
             nonce = esc(d.nonce.as_deref().unwrap_or("")),
             client = esc(d.client.as_deref().unwrap_or("")),

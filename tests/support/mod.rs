@@ -10,6 +10,7 @@
 
 pub mod gateway;
 pub mod postgres;
+pub mod webdriver;
 
 use payhook::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,

@@ -1,0 +1,245 @@
+//! A headless Chromium driven over WebDriver (W3C), for tests of pages: Debian's `chromium`
+//! and `chromium-driver` (`.ci/setup` installs them). Only the few commands the tests use.
+#![allow(dead_code, reason = "not every test binary uses every command")]
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::request;
+
+/// Sends `request` and reads one answer by its `Content-Length` (chromedriver keeps the
+/// connection open whatever `Connection: close` says).
+async fn exchange_sized(addr: SocketAddr, request: &[u8]) -> (u16, Vec<u8>) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut raw = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let read = async {
+        loop {
+            if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if raw.len() >= end + 4 + length {
+                    let status = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                    return (status, raw[end + 4..end + 4 + length].to_vec());
+                }
+            }
+            let n = stream.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "WebDriver closed the connection mid-answer");
+            raw.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(PAGE_DEADLINE * 2, read)
+        .await
+        .expect("WebDriver answered")
+}
+
+/// The key of an element reference in WebDriver's answers.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// How long [`Browser::wait_for`] waits.
+pub const PAGE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A browser session, and the driver that runs it.
+pub struct Browser {
+    driver: Child,
+    addr: SocketAddr,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+/// Where Debian puts them; `PAYHOOK_CHROMIUM` and `PAYHOOK_CHROMEDRIVER` name others.
+fn installed() -> Result<(String, String), String> {
+    let find = |var: &str, default: &str| {
+        let path = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+        std::path::Path::new(&path)
+            .is_file()
+            .then_some(path)
+            .ok_or_else(|| format!("{default} is not installed (set {var}, or run .ci/setup)"))
+    };
+    Ok((
+        find("PAYHOOK_CHROMIUM", "/usr/bin/chromium")?,
+        find("PAYHOOK_CHROMEDRIVER", "/usr/bin/chromedriver")?,
+    ))
+}
+
+impl Browser {
+    /// Starts the driver and a headless session; `Err` says why there is no browser here.
+    pub async fn start() -> Result<Self, String> {
+        let (chromium, chromedriver) = installed()?;
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let driver = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start chromedriver: {e}"))?;
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let profile = tempfile::tempdir().unwrap();
+        let mut browser = Self {
+            driver,
+            addr,
+            session: String::new(),
+            _profile: profile,
+        };
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(started.elapsed() < PAGE_DEADLINE, "chromedriver did not listen");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--window-size=1400,1000",
+                    format!("--user-data-dir={}", browser._profile.path().display()),
+                ],
+            },
+        }}});
+        let created = browser.command("POST", "/session", Some(capabilities)).await;
+        browser.session = created["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_owned();
+        Ok(browser)
+    }
+
+    /// One WebDriver command; its `value`.
+    async fn command(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string());
+        let headers = [("content-type", "application/json")];
+        let (status, answer) = exchange_sized(
+            self.addr,
+            &request(method, path, &headers, body.as_deref().map(str::as_bytes)),
+        )
+        .await;
+        let value: Value = serde_json::from_slice(&answer).unwrap_or_else(|e| {
+            panic!(
+                "WebDriver answered {e}: {:?}",
+                String::from_utf8_lossy(&answer)
+            )
+        });
+        assert_eq!(status, 200, "WebDriver {method} {path}: {value}");
+        value["value"].clone()
+    }
+
+    fn path(&self, rest: &str) -> String {
+        format!("/session/{}{rest}", self.session)
+    }
+
+    /// Opens `url`.
+    pub async fn goto(&self, url: &str) {
+        self.command("POST", &self.path("/url"), Some(json!({"url": url})))
+            .await;
+    }
+
+    /// The elements `css` selects now.
+    pub async fn find_all(&self, css: &str) -> Vec<String> {
+        let found = self
+            .command(
+                "POST",
+                &self.path("/elements"),
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        found
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .filter_map(|e| e[ELEMENT].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element; the first one. The
+    /// page updates itself: nothing here reloads it.
+    pub async fn wait_for(&self, css: &str) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(element) = self.find_all(css).await.into_iter().next() {
+                return element;
+            }
+            assert!(
+                started.elapsed() < PAGE_DEADLINE,
+                "the page showed no `{css}` within {PAGE_DEADLINE:?}; it shows:\n{}",
+                self.page_text().await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn click(&self, element: &str) {
+        self.command(
+            "POST",
+            &self.path(&format!("/element/{element}/click")),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    pub async fn type_into(&self, element: &str, text: &str) {
+        self.command(
+            "POST",
+            &self.path(&format!("/element/{element}/value")),
+            Some(json!({"text": text})),
+        )
+        .await;
+    }
+
+    pub async fn text(&self, element: &str) -> String {
+        self.command("GET", &self.path(&format!("/element/{element}/text")), None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// The text of the whole page.
+    pub async fn page_text(&self) -> String {
+        match self.find_all("body").await.first() {
+            Some(body) => self.text(body).await,
+            None => String::new(),
+        }
+    }
+
+    /// A PNG of the window.
+    pub async fn screenshot(&self) -> Vec<u8> {
+        let encoded = self.command("GET", &self.path("/screenshot"), None).await;
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded.as_str().unwrap_or_default())
+            .unwrap()
+    }
+
+    /// Ends the session (the browser exits) and stops the driver.
+    pub async fn quit(mut self) {
+        self.command("DELETE", &self.path(""), None).await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
