@@ -36,6 +36,7 @@ use std::{fmt::Write as _, io::Write, sync::Arc};
 use uuid::Uuid;
 
 use crate::App;
+use crate::inspector::{DeliveryFilter, DeliveryList};
 use crate::config::Config;
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::TransactionRecord;
@@ -326,6 +327,27 @@ impl AdminClient {
             .map_err(|_| remote(0, "no answer within 60 s".into()))?
     }
 
+    /// The service's recent deliveries after `after` that pass `filter`, waiting up to
+    /// `wait` (at most 30 s) for one when there is none yet (see [`crate::inspector`]).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn deliveries(
+        &self,
+        after: u64,
+        wait: std::time::Duration,
+        filter: &DeliveryFilter,
+    ) -> Result<DeliveryList, AdminError> {
+        let mut path = format!("deliveries?after={after}&wait={}", wait.as_secs());
+        let query = filter.to_query();
+        if !query.is_empty() {
+            path.push('&');
+            path.push_str(&query);
+        }
+        self.call(http::Method::GET, &path, None).await
+    }
+
     /// The callbacks whose handler failed and that are not booked yet.
     ///
     /// # Errors
@@ -568,6 +590,88 @@ pub async fn report(
         Ok(())
     } else {
         Err(AdminError::NotReconciled(lost))
+    }
+}
+
+/// What `payhook tail` follows, and how it prints.
+#[derive(Debug, Clone, Default)]
+pub struct TailOptions {
+    /// Which deliveries.
+    pub filter: DeliveryFilter,
+    /// One JSON object per line instead of a readable line.
+    pub json: bool,
+    /// Print the deliveries the service still keeps before following.
+    pub recent: bool,
+    /// Stop after this many deliveries (`None`: follow until stopped).
+    pub count: Option<usize>,
+}
+
+/// Follows the service's deliveries as they happen (`payhook tail`): one line each, as
+/// [`DeliveryEntry`](crate::inspector::DeliveryEntry)'s `Display` or JSON. It keeps following through a restart of the
+/// service (said in a line) and says how many deliveries it could not show when more
+/// arrived than the service keeps.
+///
+/// # Errors
+///
+/// [`AdminError::Remote`] when the service refuses the call (a wrong token, an address not
+/// allowed, recording off); a service that cannot be reached is waited for.
+/// [`AdminError::Output`] when printing fails.
+pub async fn tail(
+    client: &AdminClient,
+    options: &TailOptions,
+    out: &mut (dyn Write + Send),
+) -> Result<(), AdminError> {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+    let mut after = if options.recent {
+        0
+    } else {
+        client
+            .deliveries(u64::MAX, std::time::Duration::ZERO, &options.filter)
+            .await?
+            .last
+    };
+    let mut printed = 0usize;
+    let mut unreachable = false;
+    loop {
+        let list = match client.deliveries(after, WAIT, &options.filter).await {
+            Ok(list) => list,
+            Err(AdminError::Remote { status: 0, message }) => {
+                if !unreachable {
+                    writeln!(out, "… {message}; trying again")?;
+                    unreachable = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        unreachable = false;
+        if list.last < after {
+            writeln!(out, "… the service restarted; following its new deliveries")?;
+            after = 0;
+            continue;
+        }
+        if let Some(missed) = list.missed {
+            writeln!(
+                out,
+                "… {missed} deliveries not shown: more arrived than the service keeps (admin.inspector_recent)"
+            )?;
+        }
+        for delivery in &list.deliveries {
+            if options.json {
+                let line = serde_json::to_string(delivery)
+                    .map_err(|e| AdminError::Output(std::io::Error::other(e)))?;
+                writeln!(out, "{line}")?;
+            } else {
+                writeln!(out, "{delivery}")?;
+            }
+            printed += 1;
+            if options.count.is_some_and(|count| printed >= count) {
+                return Ok(());
+            }
+        }
+        out.flush()?;
+        after = list.last;
     }
 }
 

@@ -262,3 +262,74 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     let method = admin(&server, "GET", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
     assert_eq!(method.status, 405);
 }
+
+/// Runs the real `payhook` binary off the runtime (the server must keep answering).
+async fn payhook(args: &[&str]) -> std::process::Output {
+    payhook_with_token(args, TOKEN).await
+}
+
+async fn payhook_with_token(args: &[&str], token: &'static str) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(args)
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", token)
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let callback = |nonce: &str, client: &str| signed_callback(&signer, nonce, 4, "5", client);
+    assert_eq!(server.send(&callback("n-tail-1", "client-42")).await.status, 200);
+    assert_eq!(server.send(&callback("n-tail-2", "fail")).await.status, 503);
+
+    let url = format!("http://{}", server.addr);
+    let following = tokio::spawn({
+        let url = url.clone();
+        async move { payhook(&["tail", "--admin-url", &url, "--recent", "--count", "3"]).await }
+    });
+    // The third arrives while tail follows: it waits for it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.send(&callback("n-tail-3", "client-42")).await.status, 200);
+    let output = tokio::time::timeout(Duration::from_secs(30), following)
+        .await
+        .expect("tail stopped after three deliveries")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for (line, (nonce, outcome)) in lines.iter().zip([
+        ("n-tail-1", "booked"),
+        ("n-tail-2", "failed"),
+        ("n-tail-3", "booked"),
+    ]) {
+        assert!(line.contains(nonce) && line.contains(outcome), "{line}");
+        assert!(line.contains("callback") && line.contains("signature verified"), "{line}");
+    }
+
+    let json = payhook(&[
+        "tail", "--admin-url", &url, "--recent", "--outcome", "failed", "--json", "--count", "1",
+    ])
+    .await;
+    let line = String::from_utf8_lossy(&json.stdout);
+    let entry: payhook::inspector::DeliveryEntry = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!((entry.nonce.as_deref(), entry.status), (Some("n-tail-2"), 503));
+
+    let refused = payhook_with_token(&["tail", "--admin-url", &url], "wrong-token-0000000000").await;
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

@@ -242,6 +242,35 @@ pub struct DeliveryEntry {
     pub duplicate: bool,
 }
 
+/// One line, as `payhook tail` prints it:
+///
+/// ```text
+/// 06:53:35.382  callback                n-failing   status 4  failed     503 temporarily unable to process the callback  1.5 ms  signature verified (key rsa2048)  attempt 2
+/// ```
+impl std::fmt::Display for DeliveryEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}  {:<22}  {}",
+            self.at.format("%H:%M:%S%.3f"),
+            self.endpoint,
+            crate::Logged(self.nonce.as_deref().unwrap_or("-")),
+        )?;
+        if let Some(status) = self.transaction_status {
+            write!(f, "  status {status}")?;
+        }
+        write!(f, "  {:<9}  {}", self.outcome, self.status)?;
+        if let Some(message) = &self.message {
+            write!(f, " {}", crate::Logged(message))?;
+        }
+        write!(
+            f,
+            "  {:.1} ms  signature {}  attempt {}",
+            self.latency_ms, self.signature, self.attempt
+        )
+    }
+}
+
 /// A delivery with its request: `GET /payhook/admin/deliveries/{seq}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -17,7 +17,11 @@ use payhook::sim::example_merchant as merchant;
 /// Runs the demo; the data goes to `data` (kept) or to a temporary directory (removed).
 /// With `store` (a PostgreSQL address), the records go to a schema of the demo's own in that
 /// database, removed afterwards unless `data` is given.
-pub(crate) fn run(data: Option<PathBuf>, store: Option<String>) -> Result<(), Failure> {
+pub(crate) fn run(
+    data: Option<PathBuf>,
+    store: Option<String>,
+    inspect: bool,
+) -> Result<(), Failure> {
     let keep = data.is_some();
     let dir = data.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("payhook-demo-{}", uuid::Uuid::new_v4().simple()))
@@ -34,7 +38,7 @@ pub(crate) fn run(data: Option<PathBuf>, store: Option<String>) -> Result<(), Fa
         (url, schema)
     });
     let outcome = runtime.block_on(async {
-        let outcome = demo(&dir, postgres.clone()).await;
+        let outcome = demo(&dir, postgres.clone(), inspect).await;
         if let Some((url, schema)) = postgres.filter(|_| !keep) {
             drop_schema(&url, &schema).await;
         }
@@ -57,7 +61,11 @@ async fn drop_schema(url: &str, schema: &str) {
     }
 }
 
-async fn demo(dir: &std::path::Path, postgres: Option<(String, String)>) -> Result<(), Failure> {
+async fn demo(
+    dir: &std::path::Path,
+    postgres: Option<(String, String)>,
+    inspect: bool,
+) -> Result<(), Failure> {
     let mut config = Config::default();
     config.store.path = dir.join("store");
     let where_kept = match postgres {
@@ -106,6 +114,9 @@ async fn demo(dir: &std::path::Path, postgres: Option<(String, String)>) -> Resu
     config.gateway = mock.gateway_config();
     config.validation.awaitable = true;
     config.validation.retry_schedule = vec![Duration::from_millis(100)];
+    // The inspector's token: made up for this run, printed with its address.
+    let admin_token = format!("demo-{}", uuid::Uuid::new_v4().simple());
+    config.admin.token = Some(admin_token.clone().into());
 
     let shop = merchant::Merchant {
         max_amount: Decimal::from(10_000),
@@ -150,7 +161,7 @@ async fn demo(dir: &std::path::Path, postgres: Option<(String, String)>) -> Resu
     };
     let ledger = merchant::Ledger::of(&store)?;
     let target = Target {
-        base_url,
+        base_url: base_url.clone(),
         paths: config.paths.clone(),
         trigger: Trigger::new(Some(Signer::new(key, &config.signature)?))?,
         gateway: mock.gateway_config(),
@@ -170,6 +181,13 @@ async fn demo(dir: &std::path::Path, postgres: Option<(String, String)>) -> Resu
         if !report.passed() {
             failed.push(scenario.name);
         }
+    }
+    if inspect {
+        println!("the service stays up: its inspector (deliveries, postponed validations, outbox)");
+        println!("  {base_url}/payhook/admin/inspector?token={admin_token}");
+        println!("  payhook tail --admin-url {base_url}   (with PAYHOOK_ADMIN_TOKEN={admin_token})");
+        println!("stop with Ctrl-C");
+        payhook::shutdown_signal().await;
     }
     let _ = stop.send(());
     let _ = server.await;

@@ -203,6 +203,40 @@ enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// Follow a running service's deliveries as they happen: one line each (or JSON), from
+    /// its inspector (admin.token, PAYHOOK_ADMIN_TOKEN).
+    #[command(
+        after_help = "Examples:\n  payhook tail --admin-url http://127.0.0.1:8080\n  payhook tail --admin-url http://127.0.0.1:8080 --outcome failed --json"
+    )]
+    Tail {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The running service (e.g. http://127.0.0.1:8080).
+        #[arg(long, value_name = "URL")]
+        admin_url: String,
+        /// One JSON object per delivery instead of a readable line.
+        #[arg(long)]
+        json: bool,
+        /// Only deliveries whose nonce contains this.
+        #[arg(long)]
+        nonce: Option<String>,
+        /// Only deliveries whose client id contains this.
+        #[arg(long)]
+        client: Option<String>,
+        /// Only this outcome: booked, duplicate, allowed, denied, postponed, replayed,
+        /// answered, refused, failed.
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Only this endpoint: callback, transaction_validation, providers_validation.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// First print the recent deliveries the service keeps.
+        #[arg(long)]
+        recent: bool,
+        /// Stop after this many deliveries.
+        #[arg(long, value_name = "N")]
+        count: Option<usize>,
+    },
     /// The whole protocol in one command: the example merchant and a mock aggregator on
     /// loopback, the shipped scenarios run against them and told as a story.
     Demo {
@@ -213,6 +247,10 @@ enum Command {
         /// demo's own (removed afterwards unless --data is given).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// After the scenarios, keep the service up and print its inspector's address
+        /// (stop with Ctrl-C).
+        #[arg(long)]
+        inspect: bool,
     },
     /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
     Openapi,
@@ -396,7 +434,36 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut command, "payhook", &mut std::io::stdout());
             Ok(())
         }
-        Command::Demo { data, store } => demo::run(data, store),
+        Command::Demo {
+            data,
+            store,
+            inspect,
+        } => demo::run(data, store, inspect),
+        Command::Tail {
+            config,
+            admin_url,
+            json,
+            nonce,
+            client,
+            outcome,
+            endpoint,
+            recent,
+            count,
+        } => tail(
+            config.config.as_deref(),
+            &admin_url,
+            &payhook::admin::TailOptions {
+                filter: payhook::inspector::DeliveryFilter {
+                    nonce,
+                    client,
+                    outcome,
+                    endpoint,
+                },
+                json,
+                recent,
+                count,
+            },
+        ),
         Command::New {
             name,
             path,
@@ -456,6 +523,27 @@ fn init_logging(command: &Command) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// `payhook tail`: follows the service's deliveries until stopped (or `--count`).
+fn tail(
+    config: Option<&std::path::Path>,
+    url: &str,
+    options: &payhook::admin::TailOptions,
+) -> Result<(), Failure> {
+    let config = load_config(config)?;
+    let token = config.admin.token.clone().ok_or_else(|| {
+        Failure(
+            "tail needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)".into(),
+            2,
+        )
+    })?;
+    let client = payhook::admin::AdminClient::new(url, token)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(payhook::admin::tail(&client, options, &mut std::io::stdout()))?;
+    Ok(())
 }
 
 /// Runs an operating command with the service's configuration; the store is opened only
