@@ -36,9 +36,9 @@ use std::{fmt::Write as _, io::Write, sync::Arc};
 use uuid::Uuid;
 
 use crate::App;
-use crate::inspector::{DeliveryFilter, DeliveryList};
 use crate::config::Config;
 use crate::gateway::{GatewayClient, GatewayError};
+use crate::inspector::{DeliveryFilter, DeliveryList};
 use crate::model::TransactionRecord;
 use crate::postponed::{
     Clock, Decision, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,

@@ -58,11 +58,18 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     assert_eq!(server.send(&failing).await.status, 503);
     let failing = browser.wait_for("tr.failing").await;
     let text = browser.text(&failing).await;
-    assert!(text.contains("n-failing") && text.contains("book now"), "{text}");
+    assert!(
+        text.contains("n-failing") && text.contains("book now"),
+        "{text}"
+    );
     browser.wait_for("tr.delivery.failed").await;
 
     // A validation is postponed: it appears with Approve and Deny.
-    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!("postpone")));
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
     assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     let id = 9_007_199_254_740_993_i64;
     let description = browser
@@ -87,7 +94,10 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         .await;
     let text = browser.text(&delivered).await;
     assert!(text.contains("approved checked by hand"), "{text}");
-    assert!(browser.find_all("tr.pending").await.is_empty(), "no longer waiting");
+    assert!(
+        browser.find_all("tr.pending").await.is_empty(),
+        "no longer waiting"
+    );
 
     if let Some(path) = std::env::var_os("PAYHOOK_SCREENSHOT") {
         std::fs::write(path, browser.screenshot().await).unwrap();

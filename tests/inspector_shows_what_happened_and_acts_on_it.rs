@@ -36,8 +36,19 @@ async fn admin(server: &TestServer, method: &str, path: &str, body: Option<&str>
 }
 
 async fn deliveries(server: &TestServer, query: &str) -> DeliveryList {
-    let answer = admin(server, "GET", &format!("/payhook/admin/deliveries?{query}"), None).await;
-    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    let answer = admin(
+        server,
+        "GET",
+        &format!("/payhook/admin/deliveries?{query}"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
     serde_json::from_slice(&answer.body).unwrap()
 }
 
@@ -55,7 +66,10 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     // A forged signature, with a credential header that must never be shown.
     let forged = String::from_utf8(signed_callback(&signer, "n-forged", 4, "1", "client-42"))
         .unwrap()
-        .replace("X-Signature: ", "Authorization: Bearer leaked-secret-77\r\nX-Signature: AAAA");
+        .replace(
+            "X-Signature: ",
+            "Authorization: Bearer leaked-secret-77\r\nX-Signature: AAAA",
+        );
     assert_eq!(server.send(forged.as_bytes()).await.status, 401);
 
     let list = deliveries(&server, "").await;
@@ -88,32 +102,61 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     };
     assert_eq!(booked.signature, "verified (key rsa2048)");
     assert_eq!(duplicate.signature, "verified before (a retry)");
-    assert!(refused.signature.starts_with("refused: "), "{}", refused.signature);
+    assert!(
+        refused.signature.starts_with("refused: "),
+        "{}",
+        refused.signature
+    );
     assert_eq!(booked.endpoint, "callback");
     assert_eq!(booked.client.as_deref(), Some("client-42"));
     assert_eq!(booked.transaction_status, Some(4));
     assert_eq!(booked.message.as_deref(), Some("callback accepted"));
-    assert_eq!(duplicate.message.as_deref(), Some("callback already processed"));
+    assert_eq!(
+        duplicate.message.as_deref(),
+        Some("callback already processed")
+    );
     assert!(failed.message.is_some());
     assert_eq!(booked.trace_id.len(), 32);
 
     let only_failed = deliveries(&server, "outcome=failed").await;
     assert_eq!(only_failed.deliveries.len(), 1);
-    assert_eq!(only_failed.deliveries[0].nonce.as_deref(), Some("n-failing"));
-    assert_eq!(deliveries(&server, "nonce=booked").await.deliveries.len(), 2);
+    assert_eq!(
+        only_failed.deliveries[0].nonce.as_deref(),
+        Some("n-failing")
+    );
+    assert_eq!(
+        deliveries(&server, "nonce=booked").await.deliveries.len(),
+        2
+    );
     assert_eq!(deliveries(&server, "after=3").await.deliveries.len(), 1);
 
-    let detail = admin(&server, "GET", &format!("/payhook/admin/deliveries/{}", refused.seq), None).await;
+    let detail = admin(
+        &server,
+        "GET",
+        &format!("/payhook/admin/deliveries/{}", refused.seq),
+        None,
+    )
+    .await;
     assert_eq!(detail.status, 200);
     let text = String::from_utf8_lossy(&detail.body);
-    assert!(!text.contains("leaked-secret-77"), "a credential was shown: {text}");
+    assert!(
+        !text.contains("leaked-secret-77"),
+        "a credential was shown: {text}"
+    );
     let detail: DeliveryDetail = serde_json::from_slice(&detail.body).unwrap();
-    assert!(detail.headers.contains(&("authorization".into(), "[redacted]".into())));
+    assert!(
+        detail
+            .headers
+            .contains(&("authorization".into(), "[redacted]".into()))
+    );
     assert!(detail.body.contains("\"n-forged\""));
     assert!(detail.answer.contains("message"));
 
     let gone = admin(&server, "GET", "/payhook/admin/deliveries/999", None).await;
-    assert_eq!((gone.status, gone.message()), (404, "no recent delivery #999".into()));
+    assert_eq!(
+        (gone.status, gone.message()),
+        (404, "no recent delivery #999".into())
+    );
     let bad = admin(&server, "GET", "/payhook/admin/deliveries?after=x", None).await;
     assert_eq!(bad.status, 400);
     // Operating the service is not recorded as a delivery.
@@ -155,12 +198,20 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;
     let page = |headers: &[(&str, &str)], query: &str| {
-        request("GET", &format!("/payhook/admin/inspector{query}"), headers, None)
+        request(
+            "GET",
+            &format!("/payhook/admin/inspector{query}"),
+            headers,
+            None,
+        )
     };
 
     let asked = server.send(&page(&[], "")).await;
     assert_eq!(asked.status, 401);
-    assert_eq!(asked.header("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(
+        asked.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
     assert!(String::from_utf8_lossy(&asked.body).contains("name=token"));
     let wrong = server.send(&page(&[], "?token=not-the-token-000000")).await;
     assert_eq!(wrong.status, 401);
@@ -176,14 +227,25 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     assert_eq!(login.status, 303);
     assert_eq!(login.header("location"), Some("/payhook/admin/inspector"));
     let cookie = login.header("set-cookie").unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
-    assert!(!cookie.contains(TOKEN), "the cookie must not be the token: {cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(
+        !cookie.contains(TOKEN),
+        "the cookie must not be the token: {cookie}"
+    );
     let session = cookie.split(';').next().unwrap().to_owned();
 
     let shown = server.send(&page(&[("cookie", &session)], "")).await;
     assert_eq!(shown.status, 200);
     let html = String::from_utf8_lossy(&shown.body);
-    for panel in ["Deliveries", "Failing callbacks", "Postponed validations", "Outbox"] {
+    for panel in [
+        "Deliveries",
+        "Failing callbacks",
+        "Postponed validations",
+        "Outbox",
+    ] {
         assert!(html.contains(panel), "{panel} in the page");
     }
     assert!(shown.header("content-security-policy").is_some());
@@ -193,19 +255,36 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     assert_eq!(forged_session.status, 401);
 
     // A postponed validation, decided with the session: only with the page's header.
-    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!("postpone")));
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
     assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     let panel = server
-        .send(&request("GET", "/payhook/admin/inspector/postponed", &[("cookie", &session)], None))
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector/postponed",
+            &[("cookie", &session)],
+            None,
+        ))
         .await;
     assert!(String::from_utf8_lossy(&panel.body).contains("Approve"));
     let decision = br#"{"success": true, "description": "looked at it"}"#;
     let path = "/payhook/admin/validations/9007199254740993";
     let cross_site = server
-        .send(&post(path, &[("cookie", &session), ("content-type", "application/json")], decision))
+        .send(&post(
+            path,
+            &[("cookie", &session), ("content-type", "application/json")],
+            decision,
+        ))
         .await;
     assert_eq!(cross_site.status, 403);
-    assert!(cross_site.message().contains("x-payhook-inspector"), "{}", cross_site.message());
+    assert!(
+        cross_site.message().contains("x-payhook-inspector"),
+        "{}",
+        cross_site.message()
+    );
     let from_page = server
         .send(&post(
             path,
@@ -217,7 +296,10 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
             decision,
         ))
         .await;
-    assert_eq!((from_page.status, from_page.message()), (200, "recorded".into()));
+    assert_eq!(
+        (from_page.status, from_page.message()),
+        (200, "recorded".into())
+    );
 }
 
 #[tokio::test]
@@ -228,7 +310,11 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     config.validation.retry_schedule = vec![Duration::from_secs(3600)];
     let server = TestServer::start_with(config).await;
     gateway.with(|state| state.fail_next.push_back(500));
-    let body = with(TRANSACTION_VALIDATION, "/merchantData/clientId", Some(json!("postpone")));
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
     assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     let id = 9_007_199_254_740_993_i64;
     let decided = admin(
@@ -239,10 +325,18 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     )
     .await;
     assert_eq!(decided.status, 200);
-    gateway.until("the first attempt failed", |s| s.attempted.len() == 1).await;
+    gateway
+        .until("the first attempt failed", |s| s.attempted.len() == 1)
+        .await;
     // The failure is recorded: the result waits for its next attempt, an hour away.
     let queued = loop {
-        let listed = admin(&server, "GET", "/payhook/admin/validations?state=queued", None).await;
+        let listed = admin(
+            &server,
+            "GET",
+            "/payhook/admin/validations?state=queued",
+            None,
+        )
+        .await;
         let list = listed.json();
         if list[0]["result"]["delivery"]["attempts"] == 1 {
             break list;
@@ -251,15 +345,38 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     };
     assert_eq!(queued.as_array().unwrap().len(), 1);
 
-    let retry = admin(&server, "POST", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    let retry = admin(
+        &server,
+        "POST",
+        &format!("/payhook/admin/outbox/{id}/retry"),
+        None,
+    )
+    .await;
     assert_eq!((retry.status, retry.message()), (200, "due now".into()));
-    gateway.until("the result delivered", |s| s.results.contains_key(&id)).await;
+    gateway
+        .until("the result delivered", |s| s.results.contains_key(&id))
+        .await;
 
-    let again = admin(&server, "POST", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    let again = admin(
+        &server,
+        "POST",
+        &format!("/payhook/admin/outbox/{id}/retry"),
+        None,
+    )
+    .await;
     assert_eq!(again.status, 409, "delivered: nothing to retry");
     let unknown = admin(&server, "POST", "/payhook/admin/outbox/5/retry", None).await;
-    assert_eq!((unknown.status, unknown.message()), (404, "no postponed validation with id 5".into()));
-    let method = admin(&server, "GET", &format!("/payhook/admin/outbox/{id}/retry"), None).await;
+    assert_eq!(
+        (unknown.status, unknown.message()),
+        (404, "no postponed validation with id 5".into())
+    );
+    let method = admin(
+        &server,
+        "GET",
+        &format!("/payhook/admin/outbox/{id}/retry"),
+        None,
+    )
+    .await;
     assert_eq!(method.status, 405);
 }
 
@@ -289,7 +406,10 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
     let server = TestServer::start_with(config(&gateway)).await;
     let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
     let callback = |nonce: &str, client: &str| signed_callback(&signer, nonce, 4, "5", client);
-    assert_eq!(server.send(&callback("n-tail-1", "client-42")).await.status, 200);
+    assert_eq!(
+        server.send(&callback("n-tail-1", "client-42")).await.status,
+        200
+    );
     assert_eq!(server.send(&callback("n-tail-2", "fail")).await.status, 503);
 
     let url = format!("http://{}", server.addr);
@@ -299,13 +419,20 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
     });
     // The third arrives while tail follows: it waits for it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(server.send(&callback("n-tail-3", "client-42")).await.status, 200);
+    assert_eq!(
+        server.send(&callback("n-tail-3", "client-42")).await.status,
+        200
+    );
     let output = tokio::time::timeout(Duration::from_secs(30), following)
         .await
         .expect("tail stopped after three deliveries")
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
     for (line, (nonce, outcome)) in lines.iter().zip([
@@ -314,18 +441,33 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
         ("n-tail-3", "booked"),
     ]) {
         assert!(line.contains(nonce) && line.contains(outcome), "{line}");
-        assert!(line.contains("callback") && line.contains("signature verified"), "{line}");
+        assert!(
+            line.contains("callback") && line.contains("signature verified"),
+            "{line}"
+        );
     }
 
     let json = payhook(&[
-        "tail", "--admin-url", &url, "--recent", "--outcome", "failed", "--json", "--count", "1",
+        "tail",
+        "--admin-url",
+        &url,
+        "--recent",
+        "--outcome",
+        "failed",
+        "--json",
+        "--count",
+        "1",
     ])
     .await;
     let line = String::from_utf8_lossy(&json.stdout);
     let entry: payhook::inspector::DeliveryEntry = serde_json::from_str(line.trim()).unwrap();
-    assert_eq!((entry.nonce.as_deref(), entry.status), (Some("n-tail-2"), 503));
+    assert_eq!(
+        (entry.nonce.as_deref(), entry.status),
+        (Some("n-tail-2"), 503)
+    );
 
-    let refused = payhook_with_token(&["tail", "--admin-url", &url], "wrong-token-0000000000").await;
+    let refused =
+        payhook_with_token(&["tail", "--admin-url", &url], "wrong-token-0000000000").await;
     assert_eq!(refused.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("401"),

@@ -48,7 +48,12 @@ use note::{Note, Outcome, SignatureNote};
 pub const BODY_KEPT: usize = 64 * 1024;
 
 /// Headers whose values are never shown: credentials.
-const REDACTED: [&str; 4] = ["authorization", "proxy-authorization", "cookie", "x-api-key"];
+const REDACTED: [&str; 4] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+];
 
 /// One recorded request.
 struct Recorded {
@@ -524,9 +529,22 @@ mod tests {
         }
         assert_eq!(late.list(&all, 1, 10, Duration::ZERO).await.missed, Some(2));
         let failed = DeliveryFilter::from_query("outcome=failed");
-        assert!(inspector.list(&failed, 0, 10, Duration::ZERO).await.deliveries.is_empty());
+        assert!(
+            inspector
+                .list(&failed, 0, 10, Duration::ZERO)
+                .await
+                .deliveries
+                .is_empty()
+        );
         let only_b = DeliveryFilter::from_query("nonce=b");
-        assert_eq!(inspector.list(&only_b, 0, 10, Duration::ZERO).await.deliveries.len(), 1);
+        assert_eq!(
+            inspector
+                .list(&only_b, 0, 10, Duration::ZERO)
+                .await
+                .deliveries
+                .len(),
+            1
+        );
     }
 
     #[tokio::test]

@@ -107,6 +107,10 @@ pub(crate) async fn scope<F: Future>(note: Option<SharedNote>, future: F) -> F::
 /// Notes something about the current request; nothing when no note is kept.
 pub(crate) fn with(write: impl FnOnce(&mut Note)) {
     let _ = CURRENT.try_with(|note| {
-        write(&mut note.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        write(
+            &mut note
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
     });
 }

@@ -151,7 +151,9 @@ pub(crate) fn deliveries(list: &DeliveryList, filter: &DeliveryFilter) -> String
             endpoint = esc(&d.endpoint),
             nonce = esc(d.nonce.as_deref().unwrap_or("")),
             client = esc(d.client.as_deref().unwrap_or("")),
-            tx = d.transaction_status.map_or_else(String::new, |s| s.to_string()),
+            tx = d
+                .transaction_status
+                .map_or_else(String::new, |s| s.to_string()),
             outcome = esc(&d.outcome),
             status = d.status,
             message = esc(d.message.as_deref().unwrap_or("")),
@@ -225,7 +227,8 @@ fn next_expected(failure: &FailingCallback, now: DateTime<Utc>) -> String {
     if failure.failures < 2 {
         return "unknown (one failure so far)".into();
     }
-    let mean = (failure.last_failed - failure.first_failed) / i32::try_from(failure.failures - 1).unwrap_or(i32::MAX);
+    let mean = (failure.last_failed - failure.first_failed)
+        / i32::try_from(failure.failures - 1).unwrap_or(i32::MAX);
     format!("≈ {} (estimate)", relative(failure.last_failed + mean, now))
 }
 
@@ -334,11 +337,12 @@ pub(crate) fn health(health: &Health, now: DateTime<Utc>) -> String {
         Some(SessionState::None) => "no session yet (the next call logs in)".to_owned(),
         Some(SessionState::Renewing) => "logging in or refreshing".to_owned(),
         Some(SessionState::Held { access_expires, .. }) if access_expires > now => {
-            format!("session valid, access token expires {}", relative(access_expires, now))
+            format!(
+                "session valid, access token expires {}",
+                relative(access_expires, now)
+            )
         }
-        Some(SessionState::Held { .. }) => {
-            "session expired (the next call renews it)".to_owned()
-        }
+        Some(SessionState::Held { .. }) => "session expired (the next call renews it)".to_owned(),
     };
     let outbox = health
         .outbox_queued
@@ -436,8 +440,14 @@ mod tests {
     #[test]
     fn relative_times_read_naturally() {
         let now = DateTime::<Utc>::UNIX_EPOCH;
-        assert_eq!(relative(now + chrono::TimeDelta::seconds(250), now), "in 4m 10s");
+        assert_eq!(
+            relative(now + chrono::TimeDelta::seconds(250), now),
+            "in 4m 10s"
+        );
         assert_eq!(relative(now - chrono::TimeDelta::seconds(5), now), "5s ago");
-        assert_eq!(relative(now + chrono::TimeDelta::seconds(7300), now), "in 2h 1m");
+        assert_eq!(
+            relative(now + chrono::TimeDelta::seconds(7300), now),
+            "in 2h 1m"
+        );
     }
 }

@@ -245,7 +245,10 @@ impl Resolver {
     ///
     /// [`ResolveError::Unknown`] for an id never postponed, [`ResolveError::Store`] when the
     /// store fails.
-    pub async fn retry_now(&self, validation_id: impl Into<ValidationId>) -> Result<bool, ResolveError> {
+    pub async fn retry_now(
+        &self,
+        validation_id: impl Into<ValidationId>,
+    ) -> Result<bool, ResolveError> {
         let validation_id = validation_id.into();
         let record = self
             .store
@@ -266,7 +269,10 @@ impl Resolver {
             last_error,
         };
         self.store.record_delivery(validation_id, due_now).await?;
-        tracing::info!(validation_id = validation_id.get(), "delivery made due now by an operator");
+        tracing::info!(
+            validation_id = validation_id.get(),
+            "delivery made due now by an operator"
+        );
         self.wake.notify_one();
         Ok(true)
     }

@@ -191,7 +191,9 @@ impl Ingress {
         match verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
-                note::with(|n| n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned))));
+                note::with(|n| {
+                    n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned)))
+                });
                 metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
                 self.verified.insert(digest);
                 Ok(())

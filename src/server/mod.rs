@@ -154,13 +154,13 @@ use crate::handler::{
     CallbackReceiver, ErasedCallback, ErasedProviders, ErasedValidation, ProvidersValidator,
     RequestContext, TransactionValidator,
 };
+use crate::inspector::{self, Inspector, note};
 use crate::model::{
     CallbackBody, ErrorBody, ProvidersValidationRequest, ProvidersValidationResponse,
     TransactionValidationRequest,
 };
 use crate::signature::Verifier;
 use crate::store::{SledStore, Store, StoreError};
-use crate::inspector::{self, Inspector, note};
 use crate::trace_context::TraceContext;
 use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
@@ -392,9 +392,7 @@ impl App {
         }
         let noted = self.inner.inspector.as_ref().map(|_| note::new());
         let dispatched = self.dispatch(request, id.clone()).instrument(span.clone());
-        let (route, mut response) = trace
-            .scope(note::scope(noted.clone(), dispatched))
-            .await;
+        let (route, mut response) = trace.scope(note::scope(noted.clone(), dispatched)).await;
         if let (Some(inspector), Some(noted)) = (&self.inner.inspector, noted) {
             response = record(inspector, &noted, response, &id, &trace, started).await;
         }
@@ -612,7 +610,11 @@ async fn record(
     trace: &TraceContext,
     started: Instant,
 ) -> Response<ResponseBody> {
-    let note = std::mem::take(&mut *noted.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let note = std::mem::take(
+        &mut *noted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     if note.endpoint.is_none() {
         return response;
     }

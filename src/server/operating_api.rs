@@ -31,17 +31,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResponseBody;
-use super::metrics::Metrics;
-use crate::inspector::page::{self, Health};
-use crate::inspector::{DeliveryFilter, Inspector};
 use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
+use super::metrics::Metrics;
 use super::problem::Problem;
 use super::reconcile::Reconciled;
 use super::route::ADMIN_PREFIX;
 use super::settings::AdminConfig;
 use crate::auth::{Cidr, Expected};
 use crate::gateway::GatewayClient;
+use crate::inspector::page::{self, Health};
+use crate::inspector::{DeliveryFilter, Inspector};
 use crate::model::ErrorBody;
 use crate::postponed::{Awaitable, Decision, PostponedState, ResolveError, Resolved};
 
@@ -255,7 +255,8 @@ impl OperatingApi {
         let segments: Vec<&str> = rest.split('/').collect();
         let caller = match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
-            (&Method::GET, ["inspector"]) => match self.access.check(&parts.method, &parts.headers) {
+            (&Method::GET, ["inspector"]) => match self.access.check(&parts.method, &parts.headers)
+            {
                 Ok(_) => return Ok(self.inspector_page().await),
                 Err(_) => return Ok(self.login(parts.uri.query(), None)),
             },
@@ -299,7 +300,9 @@ impl OperatingApi {
                     Ok(false) => Err(Problem::Conflict(format!(
                         "validation {id} has no result waiting for delivery"
                     ))),
-                    Err(error @ ResolveError::Unknown(_)) => Err(Problem::Unknown(error.to_string())),
+                    Err(error @ ResolveError::Unknown(_)) => {
+                        Err(Problem::Unknown(error.to_string()))
+                    }
                     Err(ResolveError::Store(error)) => Err(self.admin_store_failed(&error)),
                     Err(error) => Err(Problem::Conflict(error.to_string())),
                 }
@@ -399,9 +402,10 @@ impl OperatingApi {
                     .collect::<Vec<_>>();
                 Ok(json(&outcomes))
             }
-            (_, ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _] | ["inspector", ..]) => {
-                Err(Problem::MethodNotAllowed { allow: "GET" })
-            }
+            (
+                _,
+                ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _] | ["inspector", ..],
+            ) => Err(Problem::MethodNotAllowed { allow: "GET" }),
             (_, ["outbox", _, "retry"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
             (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
@@ -429,7 +433,11 @@ fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
         };
         match &*key {
             "after" => after = number()?,
-            "limit" => limit = usize::try_from(number()?).unwrap_or(usize::MAX).clamp(1, 1000),
+            "limit" => {
+                limit = usize::try_from(number()?)
+                    .unwrap_or(usize::MAX)
+                    .clamp(1, 1000)
+            }
             "wait" => wait = Duration::from_secs(number()?).min(LONGEST_WAIT),
             _ => {}
         }
@@ -470,14 +478,11 @@ impl OperatingApi {
     /// The login form, or — given the right token (a `token` query, or the form's body) —
     /// the session cookie and the way to the page.
     fn login(&self, query: Option<&str>, form: Option<&[u8]>) -> Response<ResponseBody> {
-        let presented = query
-            .map(str::as_bytes)
-            .or(form)
-            .and_then(|bytes| {
-                form_urlencoded::parse(bytes)
-                    .find(|(key, _)| key == "token")
-                    .map(|(_, value)| value.into_owned())
-            });
+        let presented = query.map(str::as_bytes).or(form).and_then(|bytes| {
+            form_urlencoded::parse(bytes)
+                .find(|(key, _)| key == "token")
+                .map(|(_, value)| value.into_owned())
+        });
         match presented {
             Some(token) if self.access.token.matches(token.as_bytes()) => {
                 let mut response = html(http::StatusCode::SEE_OTHER, String::new());
@@ -590,11 +595,7 @@ impl OperatingApi {
             gateway: self.gateway.as_ref().map(GatewayClient::session_state),
             outbox_queued,
             counters: self.observed.metrics.at_a_glance(),
-            kept: self
-                .observed
-                .inspector
-                .as_ref()
-                .map_or(0, |i| i.capacity()),
+            kept: self.observed.inspector.as_ref().map_or(0, |i| i.capacity()),
         }
     }
 }

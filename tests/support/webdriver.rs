@@ -100,7 +100,10 @@ impl Browser {
         };
         let started = Instant::now();
         while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(started.elapsed() < PAGE_DEADLINE, "chromedriver did not listen");
+            assert!(
+                started.elapsed() < PAGE_DEADLINE,
+                "chromedriver did not listen"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let capabilities = json!({"capabilities": {"alwaysMatch": {
@@ -114,7 +117,9 @@ impl Browser {
                 ],
             },
         }}});
-        let created = browser.command("POST", "/session", Some(capabilities)).await;
+        let created = browser
+            .command("POST", "/session", Some(capabilities))
+            .await;
         browser.session = created["sessionId"]
             .as_str()
             .unwrap_or_else(|| panic!("no session: {created}"))

@@ -182,17 +182,8 @@ async fn demo(
             failed.push(scenario.name);
         }
     }
-    if inspect {
-        println!("the service stays up: its inspector (deliveries, postponed validations, outbox)");
-        println!("  {base_url}/payhook/admin/inspector?token={admin_token}");
-        println!("  payhook tail --admin-url {base_url}   (with PAYHOOK_ADMIN_TOKEN={admin_token})");
-        println!("stop with Ctrl-C");
-        payhook::shutdown_signal().await;
-    }
-    let _ = stop.send(());
-    let _ = server.await;
     let total = payhook::sim::scenario::SHIPPED.len();
-    if failed.is_empty() {
+    let outcome = if failed.is_empty() {
         println!("all {total} scenarios passed");
         Ok(())
     } else {
@@ -204,7 +195,19 @@ async fn demo(
             ),
             1,
         ))
+    };
+    if inspect {
+        println!(
+            "\nthe service stays up: its inspector (deliveries, postponed validations, outbox)"
+        );
+        println!("  {base_url}/payhook/admin/inspector?token={admin_token}");
+        println!("  PAYHOOK_ADMIN_TOKEN={admin_token} payhook tail --admin-url {base_url}");
+        println!("stop with Ctrl-C");
+        payhook::shutdown_signal().await;
     }
+    let _ = stop.send(());
+    let _ = server.await;
+    outcome
 }
 
 /// The ledger entry of `nonce`, told in a line.

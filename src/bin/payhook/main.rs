@@ -542,7 +542,11 @@ fn tail(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(payhook::admin::tail(&client, options, &mut std::io::stdout()))?;
+    runtime.block_on(payhook::admin::tail(
+        &client,
+        options,
+        &mut std::io::stdout(),
+    ))?;
     Ok(())
 }
 
