@@ -21,6 +21,8 @@
 //! * **E** — B's whole durable path (claims, effects, group commit, waits) on a store whose
 //!   commits build their batch and write it nowhere (not to sled, no flush, no fdatasync):
 //!   what payhook's own mechanics cost, apart from sled and the disk;
+//! * **I** — B with the inspector recording every request (the operating API on,
+//!   `admin.inspector_recent` at its default): what recording costs the callback path;
 //! * **P** — B on PostgreSQL (`store.url`): the same callbacks, the mark and the example's
 //!   ledger committed in one transaction, with a pool of [`PG_POOL`] connections;
 //! * **Q** — the engine's ceiling, straight from Rust: the same database work alone (the
@@ -32,7 +34,7 @@
 //! afterwards; without a reachable server they are skipped, and the program says so.
 //!
 //! It prints req/s, p50, p99, non-2xx answers and peak RSS for each, and the ratios against
-//! the targets (B/A ≥ 0.25, B/D ≥ 0.65, C/A ≥ 0.50, E/D ≥ 0.90, p99 of B ≤ 10 ms, no non-2xx,
+//! the targets (B/A ≥ 0.25, B/D ≥ 0.65, C/A ≥ 0.50, E/D ≥ 0.90, I/B ≥ 0.95, p99 of B ≤ 10 ms, no non-2xx,
 //! peak RSS of B ≤ 64 MiB; P/Q ≥ 0.60, p99 of P ≤ 25 ms).
 #![allow(
     clippy::print_stdout,
@@ -68,7 +70,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 const CONNECTIONS: usize = 64;
 /// The scenarios a run may choose; P stands for P, P' and Q together.
-const SCENARIOS: [&str; 6] = ["A", "B", "C", "D", "E", "P"];
+const SCENARIOS: [&str; 7] = ["A", "B", "C", "D", "E", "I", "P"];
 
 /// The scenarios chosen on the command line; none chosen is all.
 struct Chosen(Vec<String>);
@@ -232,7 +234,10 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
                 payhook::store::ConfiguredStore::Sled(store),
             )
             .unwrap()
-        } else if scenario == "payhook" {
+        } else if scenario == "payhook" || scenario == "payhook-inspected" {
+            if scenario == "payhook-inspected" {
+                config.admin.token = Some("bench-admin-token-0123456789".into());
+            }
             let store = merchant::open_store(&config).await.unwrap();
             merchant::app(
                 config,
@@ -423,7 +428,9 @@ fn drive(duration: Duration, chosen: &Chosen) {
     let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
     // Enough unique bodies for ~45k req/s over the duration (P alone needs far fewer); D,
     // which keeps nothing, and A cycle through them.
-    let only_postgres = ["A", "B", "C", "D", "E"].iter().all(|s| !chosen.runs(s));
+    let only_postgres = ["A", "B", "C", "D", "E", "I"]
+        .iter()
+        .all(|s| !chosen.runs(s));
     let rate = if only_postgres { 6_000 } else { 45_000 };
     let count = rate * usize::try_from(duration.as_secs()).unwrap_or(5);
     eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
@@ -484,6 +491,7 @@ fn drive(duration: Duration, chosen: &Chosen) {
     let c = run("C", "payhook", "c", &retries, Some(RETRIED_NONCES));
     let d = run("D", "payhook-nostore", "d", &cycle, None);
     let e = run("E", "payhook-e", "e", &unique, None);
+    let i = run("I", "payhook-inspected", "i", &unique, None);
     let reachable = chosen.runs("P") && runtime.block_on(reachable());
     let postgres = reachable.then(|| {
         let schema = format!("bench_p_{}", std::process::id());
@@ -543,6 +551,7 @@ fn drive(duration: Duration, chosen: &Chosen) {
         ("C  payhook: retries of acknowledged nonces", &c),
         ("D  payhook without the store", &d),
         ("E  B's durable path, nothing written", &e),
+        ("I  B with the inspector recording", &i),
         ("P  payhook on PostgreSQL: B's ledger in SQL", &p),
         ("P' payhook on PostgreSQL: B's ledger in trees", &trees),
         ("Q  the database work alone (ceiling)", &q),
@@ -582,7 +591,7 @@ fn drive(duration: Duration, chosen: &Chosen) {
             .map(|(x, y)| x.0.rate() / y.0.rate())
     };
     let b_p99 = b.as_ref().map(|b| b.0.percentile_ms(0.99));
-    let non_2xx = [&a, &b, &c, &d, &e]
+    let non_2xx = [&a, &b, &c, &d, &e, &i]
         .iter()
         .filter_map(|m| m.as_ref().map(|m| m.0.non_2xx as f64))
         .reduce(|x, y| x + y);
@@ -594,6 +603,7 @@ fn drive(duration: Duration, chosen: &Chosen) {
         ("non-2xx (all)", non_2xx, 0.0, false),
         ("peak RSS of B (MiB)", b.as_ref().map(|b| b.1), 64.0, false),
         ("E/D", ratio(&e, &d), 0.90, true),
+        ("I/B", ratio(&i, &b), 0.95, true),
         ("P/Q", ratio(&p, &q), 0.60, true),
         (
             "p99 of P (ms)",

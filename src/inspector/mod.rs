@@ -60,7 +60,7 @@ struct Recorded {
     seq: u64,
     at: DateTime<Utc>,
     request_id: String,
-    trace_id: String,
+    trace: crate::trace_context::TraceContext,
     note: Note,
     status: u16,
     answer: Bytes,
@@ -75,6 +75,9 @@ pub(crate) struct Inspector {
     /// The last sequence number given; 0 before the first delivery.
     last: AtomicU64,
     recorded: tokio::sync::Notify,
+    /// Lists waiting for the next delivery: [`Inspector::record`] wakes them only when
+    /// there are some.
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Inspector {
@@ -88,7 +91,7 @@ impl std::fmt::Debug for Inspector {
 /// What the app knows of a request once it is answered.
 pub(crate) struct Answered {
     pub(crate) request_id: String,
-    pub(crate) trace_id: String,
+    pub(crate) trace: crate::trace_context::TraceContext,
     pub(crate) status: u16,
     pub(crate) answer: Bytes,
     pub(crate) latency: Duration,
@@ -102,6 +105,7 @@ impl Inspector {
             recent: Mutex::new(VecDeque::with_capacity(capacity)),
             last: AtomicU64::new(0),
             recorded: tokio::sync::Notify::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -121,7 +125,7 @@ impl Inspector {
             seq,
             at: Utc::now(),
             request_id: answered.request_id,
-            trace_id: answered.trace_id,
+            trace: answered.trace,
             note,
             status: answered.status,
             answer: answered.answer,
@@ -129,7 +133,9 @@ impl Inspector {
         }));
         self.last.store(seq, Ordering::Release);
         drop(recent);
-        self.recorded.notify_waiters();
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            self.recorded.notify_waiters();
+        }
     }
 
     /// The deliveries after `after` that pass `filter`, oldest first, at most `limit` (the
@@ -141,11 +147,19 @@ impl Inspector {
         limit: usize,
         wait: Duration,
     ) -> DeliveryList {
+        if wait.is_zero() {
+            return self.list_now(filter, after, limit);
+        }
         let deadline = tokio::time::Instant::now() + wait;
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waited = Waiting(&self.waiting);
         loop {
+            // Registered before looking, so that a delivery recorded in between wakes it.
             let recorded = self.recorded.notified();
+            tokio::pin!(recorded);
+            recorded.as_mut().enable();
             let list = self.list_now(filter, after, limit);
-            if !list.deliveries.is_empty() || wait.is_zero() {
+            if !list.deliveries.is_empty() {
                 return list;
             }
             if tokio::time::timeout_at(deadline, recorded).await.is_err() {
@@ -186,6 +200,15 @@ impl Inspector {
         self.recent
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A list waiting for a delivery, counted while it waits.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -377,10 +400,10 @@ fn entry(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryEntry
         at: recorded.at,
         endpoint: note.endpoint.unwrap_or("unknown").to_owned(),
         request_id: recorded.request_id.clone(),
-        trace_id: recorded.trace_id.clone(),
+        trace_id: recorded.trace.trace_id(),
         nonce: note.nonce.clone(),
         client: note.client.clone(),
-        reference_id: note.reference_id.clone(),
+        reference_id: note.reference_id.map(|id| id.to_string()),
         transaction_status: note.transaction_status,
         validation_id: note.validation_id,
         outcome: outcome(note.outcome, recorded.status).to_owned(),
@@ -400,7 +423,7 @@ fn detail(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryDeta
         headers: recorded
             .note
             .headers
-            .as_ref()
+            .as_deref()
             .map(redacted)
             .unwrap_or_default(),
         body: String::from_utf8_lossy(&body[..body.len().min(BODY_KEPT)]).into_owned(),
@@ -438,28 +461,39 @@ fn message(answer: &[u8]) -> Option<String> {
     serde_json::from_slice::<Message>(answer).ok()?.message
 }
 
-fn redacted(headers: &HeaderMap) -> Vec<(String, String)> {
-    headers
-        .iter()
+/// The kept headers ([`kept_headers`]) with credentials' values replaced.
+fn redacted(kept: &str) -> Vec<(String, String)> {
+    kept.lines()
+        .filter_map(|line| line.split_once(": "))
         .map(|(name, value)| {
-            let shown = if REDACTED.contains(&name.as_str()) {
-                "[redacted]".to_owned()
+            let shown = if REDACTED.contains(&name) {
+                "[redacted]"
             } else {
-                String::from_utf8_lossy(value.as_bytes()).into_owned()
+                value
             };
-            (name.as_str().to_owned(), shown)
+            (name.to_owned(), shown.to_owned())
         })
         .collect()
 }
 
-/// What a request's body the note keeps: the bytes themselves (shared, not copied) when
-/// small enough, else a copy of the first [`BODY_KEPT`] and one more byte to say it was cut.
-pub(crate) fn kept_body(body: &Bytes) -> Bytes {
-    if body.len() <= BODY_KEPT {
-        body.clone()
-    } else {
-        Bytes::copy_from_slice(&body[..=BODY_KEPT])
+/// What of a request's body the note keeps: a copy of it, or of its first [`BODY_KEPT`]
+/// bytes and one more to say it was cut. A copy, not a share: the received bytes are a
+/// slice of the connection's read buffer, which a share would keep from being reused.
+pub(crate) fn kept_body(body: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(&body[..body.len().min(BODY_KEPT + 1)])
+}
+
+/// A request's headers as the note keeps them: one `name: value` line each, in one string
+/// (copied for the same reason as the body).
+pub(crate) fn kept_headers(headers: &HeaderMap) -> String {
+    let mut text = String::with_capacity(512);
+    for (name, value) in headers {
+        text.push_str(name.as_str());
+        text.push_str(": ");
+        text.push_str(&String::from_utf8_lossy(value.as_bytes()));
+        text.push('\n');
     }
+    text
 }
 
 #[cfg(test)]
@@ -469,7 +503,7 @@ mod tests {
     fn answered(status: u16, message: &str) -> Answered {
         Answered {
             request_id: "r".into(),
-            trace_id: "t".into(),
+            trace: crate::trace_context::TraceContext::new_trace(),
             status,
             answer: Bytes::from(format!(r#"{{"message":"{message}"}}"#)),
             latency: Duration::from_millis(3),
@@ -570,7 +604,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("authorization", "Bearer secret-token".parse().unwrap());
         headers.insert("x-signature", "c2ln".parse().unwrap());
-        let shown = redacted(&headers);
+        let shown = redacted(&kept_headers(&headers));
         assert!(shown.contains(&("authorization".into(), "[redacted]".into())));
         assert!(shown.contains(&("x-signature".into(), "c2ln".into())));
         let long = Bytes::from(vec![b'x'; BODY_KEPT + 10]);
@@ -579,7 +613,7 @@ mod tests {
         let inspector = Inspector::new(1).unwrap();
         let mut note = callback("n", None);
         note.body = Some(kept);
-        note.headers = Some(headers);
+        note.headers = Some(kept_headers(&headers));
         inspector.record(note, answered(503, "x"));
         let detail = inspector.detail(1).unwrap();
         assert!(detail.body_truncated);

@@ -7,7 +7,6 @@
 //! [`current`] and [`scope`].
 
 use bytes::Bytes;
-use http::HeaderMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
@@ -58,13 +57,14 @@ pub(crate) struct Note {
     pub(crate) endpoint: Option<&'static str>,
     pub(crate) nonce: Option<String>,
     pub(crate) client: Option<String>,
-    pub(crate) reference_id: Option<String>,
+    pub(crate) reference_id: Option<uuid::Uuid>,
     pub(crate) transaction_status: Option<i32>,
     pub(crate) validation_id: Option<i64>,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) signature: Option<SignatureNote>,
-    /// The request's headers (credentials are redacted when shown, never here).
-    pub(crate) headers: Option<HeaderMap>,
+    /// The request's headers, one `name: value` line each (credentials are redacted when
+    /// shown, never here).
+    pub(crate) headers: Option<String>,
     pub(crate) body: Option<Bytes>,
 }
 

@@ -517,7 +517,7 @@ impl App {
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
         note::with(|n| {
             n.endpoint = Some(endpoint.name());
-            n.headers = Some(parts.headers.clone());
+            n.headers = Some(inspector::kept_headers(&parts.headers));
         });
         let ingress = &self.inner.ingress;
         let client = ingress.client_of(peer, &parts.headers);
@@ -590,7 +590,7 @@ impl App {
         }
         let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
         note::with(|n| {
-            n.reference_id = Some(callback.transaction_reference_id.to_string());
+            n.reference_id = Some(callback.transaction_reference_id);
             n.transaction_status = Some(callback.transaction_status.code());
         });
         if !self.inner.ingress.verifies_signatures() {
@@ -628,7 +628,7 @@ async fn record(
         note,
         inspector::Answered {
             request_id: request_id.to_owned(),
-            trace_id: trace.trace_id(),
+            trace: *trace,
             status: parts.status.as_u16(),
             answer: answer.clone(),
             latency: started.elapsed(),
