@@ -73,6 +73,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_GATEWAY_PROXY" => "http://proxy.example:3128".into(),
         "PAYHOOK_GATEWAY_NO_PROXY" => "internal.example, .corp".into(),
         "PAYHOOK_ADMIN_TOKEN" => "admin-token-0123456789".into(),
+        "PAYHOOK_ADMIN_INSPECTOR_RECENT" => "2000".into(),
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
         // The tools' own: the loader leaves them alone.

@@ -211,6 +211,7 @@ pub struct AdminConfig {
     pub allow_ips: Vec<String>,
     /// How many recent requests to the endpoints the inspector keeps (see
     /// [`crate::inspector`]); 0 turns recording off. Default 500.
+    #[serde(deserialize_with = "crate::setting::lenient")]
     pub inspector_recent: usize,
 }
 
