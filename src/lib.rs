@@ -125,10 +125,14 @@
 //!   answer; the operating API sits beside the ingress.
 //! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
 //!   new one), its span names the trace, and the gateway client passes it on.
+//! * [`inspector`] — what happened recently and what is happening now: each request to an
+//!   endpoint noted as it is handled (a task-local note the ingress, the endpoints and
+//!   exactly-once delivery fill in) and kept with its answer, the page served under the
+//!   operating API, and the long-polled stream `payhook tail` follows.
 //! * [`config`] — assembles the sections, loads them (defaults < file < `PAYHOOK_*`
 //!   environment) and checks what involves more than one.
 //! * [`admin`] — operating commands (postponed validations, failing callbacks, transaction
-//!   lookup, reconcile) for the `payhook` binary and a merchant's own binary.
+//!   lookup, reconcile, `tail`) for the `payhook` binary and a merchant's own binary.
 //! * `sim` (feature `sim`) — local testing: a mock gateway, signed triggers, callback
 //!   delivery with the real retry schedule, fault injection, scenario files, and the example
 //!   merchant the demo runs.
