@@ -401,7 +401,7 @@ async fn a_retry_reuses_its_verification_but_any_changed_byte_is_verified_afresh
         .assert_metrics(&[
             "payhook_signatures_verified_total 1",
             "payhook_signatures_reused_total 1",
-            "payhook_signatures_refused_total 2",
+            "payhook_signatures_refused_total{reason=\"invalid\"} 2",
         ])
         .await;
 }

@@ -432,8 +432,9 @@ fn detail(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryDeta
     }
 }
 
-/// The note's outcome, else what the status says.
-fn outcome(noted: Option<Outcome>, status: u16) -> &'static str {
+/// The note's outcome, else what the status says: the outcome label of the inspector's
+/// entries and of `/metrics`' latency histogram.
+pub(crate) fn outcome(noted: Option<Outcome>, status: u16) -> &'static str {
     match (noted, status) {
         (_, 500..) => "failed",
         (Some(outcome), _) => outcome.name(),

@@ -2,7 +2,9 @@
 //! that the ingress, the endpoints and exactly-once delivery fill in, and that the app hands
 //! to the [`super::Inspector`] with the answer.
 //!
-//! A note exists only while the inspector records: everywhere else [`with`] does nothing.
+//! Every request has one (its endpoint and outcome label `/metrics`' latency histogram);
+//! what is copied from the request — identifiers, headers, body — is noted only while the
+//! inspector records. Outside a request [`with`] does nothing.
 //! The tasks a request spawns (its detached delivery, its handler) carry it with
 //! [`current`] and [`scope`].
 
@@ -54,6 +56,9 @@ pub(crate) enum SignatureNote {
 /// One request's note. Only the inspector reads it.
 #[derive(Default)]
 pub(crate) struct Note {
+    /// The inspector records this request: its identifiers, headers and body are kept.
+    /// Otherwise only what `/metrics` needs is noted (endpoint and outcome).
+    pub(crate) recording: bool,
     pub(crate) endpoint: Option<&'static str>,
     pub(crate) nonce: Option<String>,
     pub(crate) client: Option<String>,
@@ -85,9 +90,12 @@ tokio::task_local! {
     static CURRENT: SharedNote;
 }
 
-/// A new, empty note.
-pub(crate) fn new() -> SharedNote {
-    Arc::default()
+/// A new, empty note; `recording` when the inspector keeps the request.
+pub(crate) fn new(recording: bool) -> SharedNote {
+    Arc::new(Mutex::new(Note {
+        recording,
+        ..Note::default()
+    }))
 }
 
 /// The note of the request this task works for, if the inspector records.

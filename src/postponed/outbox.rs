@@ -1,6 +1,7 @@
 //! The worker that delivers decided results and applies deadlines.
 
 use chrono::{DateTime, Utc};
+use prometheus_client::metrics::histogram::Histogram;
 use std::{
     sync::{
         Arc,
@@ -51,11 +52,27 @@ pub struct Outbox {
 }
 
 /// What the outbox worker did since it started.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counters {
     delivered: AtomicU64,
     conflicts: AtomicU64,
     retries: AtomicU64,
+    /// From a result's decision to its delivery (accepted by the aggregator), in seconds.
+    delivery_seconds: Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            delivered: AtomicU64::default(),
+            conflicts: AtomicU64::default(),
+            retries: AtomicU64::default(),
+            // 50 ms to about 3 hours: a first attempt, or retries an hour apart.
+            delivery_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.05, 4.0, 12),
+            ),
+        }
+    }
 }
 
 /// What an [`Outbox`] did since it started.
@@ -106,6 +123,11 @@ impl Outbox {
     /// Results refused by the aggregator (403) since this worker started.
     pub fn conflicts(&self) -> u64 {
         self.counts.conflicts.load(Ordering::Relaxed)
+    }
+
+    /// Seconds from each delivered result's decision to its delivery, for `/metrics`.
+    pub(crate) fn delivery_seconds(&self) -> Histogram {
+        self.counts.delivery_seconds.clone()
     }
 
     /// What this worker did since it started.
@@ -223,6 +245,8 @@ impl Outbox {
         let (delivery, attempt) = match self.gateway.post_validation_result(&body).await {
             Ok(()) => {
                 self.counts.delivered.fetch_add(1, Ordering::Relaxed);
+                let waited = (now - result.decided).to_std().unwrap_or_default();
+                self.counts.delivery_seconds.observe(waited.as_secs_f64());
                 tracing::info!(
                     validation_id = id.get(),
                     success = result.success,

@@ -164,9 +164,7 @@ impl Ingress {
         let wants_signature = guard.is_none_or(Guard::needs_signature);
         match (&self.verifier, wants_signature) {
             (Some(verifier), true) => verifier.read_signature(headers).map(Some).map_err(|error| {
-                self.metrics
-                    .signatures_refused
-                    .fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused_signature(&error);
                 unauthorized(error)
             }),
             // Only callbacks want a signature without a verifier: the build step allowed it
@@ -199,7 +197,7 @@ impl Ingress {
                 Ok(())
             }
             Err(error) => {
-                metrics.signatures_refused.fetch_add(1, Ordering::Relaxed);
+                metrics.refused_signature(&error);
                 Err(unauthorized(error))
             }
         }
@@ -209,7 +207,11 @@ impl Ingress {
 /// A refused signature: 401, logged (with the request id of the span, never the body).
 fn unauthorized(error: crate::signature::Error) -> Problem {
     tracing::warn!(%error, "callback signature refused");
-    note::with(|n| n.signature = Some(SignatureNote::Refused(error.to_string())));
+    note::with(|n| {
+        if n.recording {
+            n.signature = Some(SignatureNote::Refused(error.to_string()));
+        }
+    });
     Problem::Unauthorized {
         message: error.to_string(),
         basic: false,
@@ -237,8 +239,10 @@ impl Ingress {
     ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
         note::with(|n| {
-            n.nonce = Some(request.nonce().1.to_owned());
-            n.client = Some(request.client_id().1.to_owned());
+            if n.recording {
+                n.nonce = Some(request.nonce().1.to_owned());
+                n.client = Some(request.client_id().1.to_owned());
+            }
         });
         check_identifiers(&request, self.limits.max_identifier_chars)?;
         request.trace(&tracing::Span::current());

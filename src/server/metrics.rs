@@ -1,4 +1,5 @@
-//! `/metrics`: what the server did, as Prometheus text (exposition format 0.0.4).
+//! `/metrics`: what the server did, in the OpenMetrics 1.0 text format (which Prometheus
+//! reads), encoded by `prometheus-client`.
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
@@ -21,10 +22,15 @@
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
 //! list turns the route off.
 
-use std::{
-    fmt::Write as _,
-    sync::atomic::{AtomicU64, Ordering},
-};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The routes counted, in the order of [`Metrics::answers`]' rows.
 const ROUTES: [&str; 8] = [
@@ -44,7 +50,7 @@ const STATUSES: [u16; 15] = [
 ];
 
 /// The server's counters: plain atomics, so that counting an answer takes no lock.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Metrics {
     /// Answers by route (row) and status (column).
     answers: [[AtomicU64; STATUSES.len()]; ROUTES.len()],
@@ -57,10 +63,50 @@ pub(crate) struct Metrics {
     pub(crate) nonce_reuse_refused: AtomicU64,
     pub(crate) signatures_verified: AtomicU64,
     pub(crate) signatures_reused: AtomicU64,
-    pub(crate) signatures_refused: AtomicU64,
+    /// Refused signatures, by [`RefusalReason`].
+    signatures_refused: [AtomicU64; RefusalReason::ALL.len()],
     connections_open: AtomicU64,
     /// Connections shed, by [`ShedReason`].
     connections_shed: [AtomicU64; ShedReason::ALL.len()],
+    /// How long endpoints took to answer, by endpoint and outcome.
+    request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram>,
+    /// What lives as long as the server: the histograms above and `build_info`.
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let request_seconds: Family<RequestLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        let mut registry = Registry::with_prefix("payhook");
+        registry.register_with_unit(
+            "request_duration",
+            "How long the endpoints took to answer, from the request's arrival to the answer, by endpoint and outcome (booked, duplicate, allowed, denied, postponed, replayed, answered, refused, failed)",
+            Unit::Seconds,
+            request_seconds.clone(),
+        );
+        registry.register(
+            "build",
+            "The running payhook: its version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Self {
+            answers: Default::default(),
+            callbacks_booked: AtomicU64::default(),
+            callbacks_duplicate: AtomicU64::default(),
+            callback_failures: AtomicU64::default(),
+            validations: Default::default(),
+            validations_replayed: AtomicU64::default(),
+            nonce_reuse_refused: AtomicU64::default(),
+            signatures_verified: AtomicU64::default(),
+            signatures_reused: AtomicU64::default(),
+            signatures_refused: Default::default(),
+            connections_open: AtomicU64::default(),
+            connections_shed: Default::default(),
+            request_seconds,
+            registry,
+        }
+    }
 }
 
 /// Why a connection was closed by the server to keep its slots for work.
@@ -105,6 +151,8 @@ pub(crate) struct OutboxCounts {
     pub(crate) conflicts: u64,
     pub(crate) retries: u64,
     pub(crate) queued: Option<usize>,
+    /// Seconds the oldest queued result has waited since its decision.
+    pub(crate) oldest_queued_seconds: Option<f64>,
 }
 
 impl Metrics {
@@ -145,26 +193,45 @@ impl Metrics {
                 "validations decided",
                 self.validations.iter().map(load).sum(),
             ),
-            ("signatures refused", load(&self.signatures_refused)),
+            (
+                "signatures refused",
+                self.signatures_refused.iter().map(load).sum(),
+            ),
             ("connections open", load(&self.connections_open)),
         ]
     }
 
-    /// The exposition text.
-    pub(crate) fn render(&self, outbox: Option<OutboxCounts>, failing: Option<usize>) -> String {
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    /// Counts a refused signature by why it was refused.
+    pub(crate) fn refused_signature(&self, error: &crate::signature::Error) {
+        let reason = match error {
+            crate::signature::Error::MissingSignature(_) => RefusalReason::Missing,
+            crate::signature::Error::InvalidSignature => RefusalReason::Invalid,
+            _ => RefusalReason::Malformed,
         };
-        family(
-            "payhook_answers_total",
-            "counter",
-            "Answers by route and status code.",
-        );
-        let mut text = String::new();
+        self.signatures_refused[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Observes one answered request of an endpoint: how long it took, by outcome.
+    pub(crate) fn observe_request(
+        &self,
+        endpoint: &'static str,
+        outcome: &'static str,
+        seconds: f64,
+    ) {
+        self.request_seconds
+            .get_or_create(&RequestLabels { endpoint, outcome })
+            .observe(seconds);
+    }
+
+    /// The exposition text (OpenMetrics 1.0): what was counted since start, and `scrape`'s
+    /// values read now.
+    pub(crate) fn render(&self, scrape: &Scrape) -> String {
+        let mut now = Registry::with_prefix("payhook");
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let answers = Family::<Vec<(&'static str, String)>, Counter>::default();
         for (route, row) in ROUTES.iter().zip(&self.answers) {
             for (status, count) in STATUSES.iter().zip(row) {
-                let count = count.load(Ordering::Relaxed);
+                let count = load(count);
                 if count == 0 {
                     continue;
                 }
@@ -173,125 +240,205 @@ impl Metrics {
                 } else {
                     status.to_string()
                 };
-                let _ = writeln!(
-                    text,
-                    "payhook_answers_total{{route=\"{route}\",status=\"{status}\"}} {count}"
-                );
+                answers
+                    .get_or_create(&vec![("route", (*route).to_owned()), ("status", status)])
+                    .inc_by(count);
             }
         }
-        out.push_str(&text);
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let single = [
+        now.register("answers", "Answers by route and status code", answers);
+        for (name, help, value) in [
             (
-                "payhook_callbacks_booked_total",
-                "Callbacks acknowledged by the handler and durably marked.",
+                "callbacks_booked",
+                "Callbacks acknowledged by the handler and durably marked",
                 load(&self.callbacks_booked),
             ),
             (
-                "payhook_callbacks_duplicate_total",
-                "Deliveries of an acknowledged (nonce, status), answered without the handler.",
+                "callbacks_duplicate",
+                "Deliveries of an acknowledged (nonce, status), answered without the handler",
                 load(&self.callbacks_duplicate),
             ),
             (
-                "payhook_callback_failures_total",
-                "Deliveries whose handler failed, answered 503 for a retry.",
+                "callback_failures",
+                "Deliveries whose handler failed, answered 503 for a retry",
                 load(&self.callback_failures),
             ),
             (
-                "payhook_validations_replayed_total",
-                "Repeated validations answered from the record.",
+                "validations_replayed",
+                "Repeated validations answered from the record",
                 load(&self.validations_replayed),
             ),
             (
-                "payhook_nonce_reuse_refused_total",
-                "Validations refused for a nonce used for a different payment.",
+                "nonce_reuse_refused",
+                "Validations refused for a nonce used for a different payment",
                 load(&self.nonce_reuse_refused),
             ),
             (
-                "payhook_signatures_verified_total",
-                "Signatures checked with the public key and found valid.",
+                "signatures_verified",
+                "Signatures checked with the public key and found valid",
                 load(&self.signatures_verified),
             ),
             (
-                "payhook_signatures_reused_total",
-                "Retries whose (signature, body) verified before: no public-key operation.",
+                "signatures_reused",
+                "Retries whose (signature, body) verified before: no public-key operation",
                 load(&self.signatures_reused),
             ),
-            (
-                "payhook_signatures_refused_total",
-                "Missing, malformed or forged signatures (401).",
-                load(&self.signatures_refused),
-            ),
-        ];
-        for (name, help, value) in single {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
+        ] {
+            now.register(name, help, ConstCounter::new(value));
         }
-        let _ = writeln!(
-            out,
-            "# HELP payhook_validations_total Validations decided by the handler.\n# TYPE payhook_validations_total counter"
-        );
-        for (decision, counter) in ["allow", "deny", "postponed"].iter().zip(&self.validations) {
-            let _ = writeln!(
-                out,
-                "payhook_validations_total{{decision=\"{decision}\"}} {}",
-                load(counter)
-            );
-        }
-        if let Some(outbox) = outbox {
-            let counters = [
-                (
-                    "payhook_outbox_delivered_total",
-                    "Postponed results delivered (200).",
-                    outbox.delivered,
-                ),
-                (
-                    "payhook_outbox_conflicts_total",
-                    "Postponed results refused (403): conflicts.",
-                    outbox.conflicts,
-                ),
-                (
-                    "payhook_outbox_retries_total",
-                    "Failed delivery attempts, scheduled again.",
-                    outbox.retries,
-                ),
-            ];
-            for (name, help, value) in counters {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-                );
+        let labelled = |label: &'static str, values: &[(&'static str, u64)]| {
+            let family = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+            for (value, count) in values {
+                family.get_or_create(&vec![(label, *value)]).inc_by(*count);
             }
+            family
+        };
+        let refusals: Vec<_> = RefusalReason::ALL
+            .iter()
+            .zip(&self.signatures_refused)
+            .map(|(reason, count)| (reason.label(), load(count)))
+            .collect();
+        now.register(
+            "signatures_refused",
+            "Missing, malformed or forged (invalid) signatures, answered 401, by reason",
+            labelled("reason", &refusals),
+        );
+        let decisions: Vec<_> = ["allow", "deny", "postponed"]
+            .into_iter()
+            .zip(&self.validations)
+            .map(|(decision, count)| (decision, load(count)))
+            .collect();
+        now.register(
+            "validations",
+            "Validations decided by the handler",
+            labelled("decision", &decisions),
+        );
+        if let Some(outbox) = &scrape.outbox {
+            now.register(
+                "outbox_delivered",
+                "Postponed results delivered (200)",
+                ConstCounter::new(outbox.delivered),
+            );
+            now.register(
+                "outbox_conflicts",
+                "Postponed results refused (403): conflicts",
+                ConstCounter::new(outbox.conflicts),
+            );
+            now.register(
+                "outbox_retries",
+                "Failed delivery attempts, scheduled again",
+                ConstCounter::new(outbox.retries),
+            );
             if let Some(queued) = outbox.queued {
-                let _ = writeln!(
-                    out,
-                    "# HELP payhook_outbox_queued Postponed results waiting for delivery.\n# TYPE payhook_outbox_queued gauge\npayhook_outbox_queued {queued}"
+                now.register(
+                    "outbox_queued",
+                    "Postponed results waiting for delivery",
+                    gauge(queued),
+                );
+            }
+            if let Some(age) = outbox.oldest_queued_seconds {
+                now.register_with_unit(
+                    "outbox_oldest_queued_age",
+                    "How long the oldest result waiting for delivery has waited since it was decided (0: none waits)",
+                    Unit::Seconds,
+                    ConstGauge::new(age),
                 );
             }
         }
-        if let Some(failing) = failing {
-            let _ = writeln!(
-                out,
-                "# HELP payhook_callbacks_failing Callbacks (nonce, status) whose handler failed, not booked yet.\n# TYPE payhook_callbacks_failing gauge\npayhook_callbacks_failing {failing}"
+        if let Some(failing) = scrape.failing {
+            now.register(
+                "callbacks_failing",
+                "Callbacks (nonce, status) whose handler failed, not booked yet",
+                gauge(failing),
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP payhook_connections_open Connections being served.\n# TYPE payhook_connections_open gauge\npayhook_connections_open {}\n# HELP payhook_connections_shed_total Connections closed to keep slots for work, by reason.\n# TYPE payhook_connections_shed_total counter",
-            load(&self.connections_open)
+        if let Some(failed) = scrape.store_failed {
+            now.register(
+                "store_failed",
+                "1 when the store stopped after a write it could not make durable (restart the instance)",
+                ConstGauge::new(i64::from(failed)),
+            );
+        }
+        now.register(
+            "connections_open",
+            "Connections being served",
+            ConstGauge::new(i64::try_from(load(&self.connections_open)).unwrap_or(i64::MAX)),
         );
-        for (reason, counter) in ShedReason::ALL.iter().zip(&self.connections_shed) {
-            let _ = writeln!(
-                out,
-                "payhook_connections_shed_total{{reason=\"{}\"}} {}",
-                reason.label(),
-                load(counter)
-            );
+        let shed: Vec<_> = ShedReason::ALL
+            .iter()
+            .zip(&self.connections_shed)
+            .map(|(reason, count)| (reason.label(), load(count)))
+            .collect();
+        now.register(
+            "connections_shed",
+            "Connections closed to keep slots for work, by reason",
+            labelled("reason", &shed),
+        );
+        let mut out = String::new();
+        // Writing to a `String` cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &now);
+        for (name, help, unit, histogram) in &scrape.histograms {
+            let mut one = Registry::with_prefix("payhook");
+            match unit {
+                Some(unit) => one.register_with_unit(*name, *help, unit.clone(), histogram.clone()),
+                None => one.register(*name, *help, histogram.clone()),
+            }
+            let _ = encode_registry(&mut out, &one);
         }
+        let _ = encode_eof(&mut out);
         out
     }
+}
+
+/// A gauge of a count.
+fn gauge(count: usize) -> ConstGauge {
+    ConstGauge::new(i64::try_from(count).unwrap_or(i64::MAX))
+}
+
+/// What a scrape reads from beyond the counters: the outbox, the store, and histograms kept
+/// by other parts (the store's commits, the outbox's deliveries).
+#[derive(Default)]
+pub(crate) struct Scrape {
+    pub(crate) outbox: Option<OutboxCounts>,
+    pub(crate) failing: Option<usize>,
+    pub(crate) store_failed: Option<bool>,
+    pub(crate) histograms: Vec<(&'static str, &'static str, Option<Unit>, Histogram)>,
+}
+
+/// Why a signature was refused.
+#[derive(Debug, Clone, Copy)]
+enum RefusalReason {
+    Missing = 0,
+    Malformed = 1,
+    Invalid = 2,
+}
+
+impl RefusalReason {
+    const ALL: [Self; 3] = [Self::Missing, Self::Malformed, Self::Invalid];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Missing => "missing",
+            Self::Malformed => "malformed",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+/// The labels of `payhook_request_duration_seconds`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: &'static str,
+    outcome: &'static str,
+}
+
+/// Bounds of the latency histograms, in seconds: 0.5 ms to 10 s.
+pub(crate) const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
 }
 
 #[cfg(test)]
@@ -306,14 +453,19 @@ mod tests {
         metrics.answered("callback", 401);
         metrics.decided(Decision::Deny);
         metrics.callbacks_booked.fetch_add(1, Ordering::Relaxed);
-        let text = metrics.render(
-            Some(OutboxCounts {
+        metrics.refused_signature(&crate::signature::Error::InvalidSignature);
+        metrics.observe_request("callback", "booked", 0.003);
+        let text = metrics.render(&Scrape {
+            outbox: Some(OutboxCounts {
                 delivered: 3,
                 queued: Some(2),
+                oldest_queued_seconds: Some(1.5),
                 ..OutboxCounts::default()
             }),
-            Some(1),
-        );
+            failing: Some(1),
+            store_failed: Some(false),
+            histograms: Vec::new(),
+        });
         for line in [
             "payhook_callbacks_failing 1",
             "payhook_answers_total{route=\"callback\",status=\"200\"} 2",
@@ -323,6 +475,13 @@ mod tests {
             "payhook_outbox_delivered_total 3",
             "payhook_outbox_queued 2",
             "# TYPE payhook_outbox_queued gauge",
+            "payhook_outbox_oldest_queued_age_seconds 1.5",
+            "payhook_signatures_refused_total{reason=\"invalid\"} 1",
+            "payhook_store_failed 0",
+            "payhook_request_duration_seconds_count{endpoint=\"callback\",outcome=\"booked\"} 1",
+            "payhook_request_duration_seconds_bucket{le=\"0.005\",endpoint=\"callback\",outcome=\"booked\"} 1",
+            "payhook_build_info{version=\"0.1.0\"} 1",
+            "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

@@ -390,11 +390,24 @@ impl App {
         if let Some(caller) = caller {
             span.record("parent_span_id", field::display(caller.span_id()));
         }
-        let noted = self.inner.inspector.as_ref().map(|_| note::new());
+        let noted = note::new(self.inner.inspector.is_some());
         let dispatched = self.dispatch(request, id.clone()).instrument(span.clone());
-        let (route, mut response) = trace.scope(note::scope(noted.clone(), dispatched)).await;
-        if let (Some(inspector), Some(noted)) = (&self.inner.inspector, noted) {
-            response = record(inspector, &noted, response, &id, &trace, started).await;
+        let (route, mut response) = trace
+            .scope(note::scope(Some(Arc::clone(&noted)), dispatched))
+            .await;
+        let note = std::mem::take(
+            &mut *noted
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if let Some(endpoint) = note.endpoint {
+            let outcome = inspector::outcome(note.outcome, response.status().as_u16());
+            self.inner
+                .metrics
+                .observe_request(endpoint, outcome, started.elapsed().as_secs_f64());
+            if let Some(inspector) = &self.inner.inspector {
+                response = record(inspector, note, response, &id, &trace, started).await;
+            }
         }
         self.inner
             .metrics
@@ -473,31 +486,64 @@ impl App {
             return Problem::AddressRefused.into_response();
         }
         let store = self.inner.exactly_once.store();
-        let outbox = match self.outbox() {
-            Some(outbox) => {
-                let counts = outbox.counts();
-                let queued = match store {
-                    Some(store) => store.outbox_len().await.ok(),
-                    None => None,
-                };
-                Some(metrics::OutboxCounts {
-                    delivered: counts.delivered,
-                    conflicts: counts.conflicts,
-                    retries: counts.retries,
-                    queued,
-                })
+        let mut scrape = metrics::Scrape::default();
+        if let (Some(outbox), Some(awaitable)) = (self.outbox(), &self.inner.awaitable) {
+            let counts = outbox.counts();
+            let queued = match store {
+                Some(store) => store.outbox_len().await.ok(),
+                None => None,
+            };
+            let oldest_queued_seconds = awaitable
+                .resolver()
+                .list(Some(crate::postponed::PostponedState::Queued))
+                .await
+                .ok()
+                .map(|queued| {
+                    let now = Utc::now();
+                    queued
+                        .iter()
+                        .filter_map(|v| v.result.as_ref())
+                        .map(|r| (now - r.decided).num_milliseconds().max(0) as f64 / 1e3)
+                        .fold(0.0, f64::max)
+                });
+            scrape.outbox = Some(metrics::OutboxCounts {
+                delivered: counts.delivered,
+                conflicts: counts.conflicts,
+                retries: counts.retries,
+                queued,
+                oldest_queued_seconds,
+            });
+            scrape.histograms.push((
+                "outbox_delivery_duration",
+                "From a postponed result's decision to its delivery to the aggregator",
+                Some(prometheus_client::registry::Unit::Seconds),
+                outbox.delivery_seconds(),
+            ));
+        }
+        if let Some(store) = store {
+            scrape.failing = store.failing_callbacks().await.ok().map(|f| f.len());
+            scrape.store_failed = Some(store.failed());
+            if let Some(commits) = store.commit_metrics() {
+                let (seconds, batch) = commits.histograms();
+                scrape.histograms.push((
+                    "store_commit_duration",
+                    "How long the store took to make a batch of writes durable",
+                    Some(prometheus_client::registry::Unit::Seconds),
+                    seconds,
+                ));
+                scrape.histograms.push((
+                    "store_commit_batch_size",
+                    "Writes (requests) made durable together in one commit",
+                    None,
+                    batch,
+                ));
             }
-            None => None,
-        };
-        let failing = match store {
-            Some(store) => store.failing_callbacks().await.ok().map(|f| f.len()),
-            None => None,
-        };
-        let text = self.inner.metrics.render(outbox, failing);
+        }
+        let text = self.inner.metrics.render(&scrape);
         let mut response = Response::new(Full::new(Bytes::from(text)));
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
         );
         response
     }
@@ -517,7 +563,9 @@ impl App {
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
         note::with(|n| {
             n.endpoint = Some(endpoint.name());
-            n.headers = Some(inspector::kept_headers(&parts.headers));
+            if n.recording {
+                n.headers = Some(inspector::kept_headers(&parts.headers));
+            }
         });
         let ingress = &self.inner.ingress;
         let client = ingress.client_of(peer, &parts.headers);
@@ -527,7 +575,11 @@ impl App {
             return Err(Problem::UnsupportedMediaType);
         }
         let bytes = ingress.read_body(&parts, body).await?;
-        note::with(|n| n.body = Some(crate::inspector::kept_body(&bytes)));
+        note::with(|n| {
+            if n.recording {
+                n.body = Some(crate::inspector::kept_body(&bytes));
+            }
+        });
         if let Some(signature) = signature {
             ingress.check_signature(&bytes, &signature)?;
         }
@@ -576,7 +628,11 @@ impl App {
             .inner
             .ingress
             .parse::<TransactionValidationRequest>(bytes)?;
-        note::with(|n| n.validation_id = Some(request.validation_id.get()));
+        note::with(|n| {
+            if n.recording {
+                n.validation_id = Some(request.validation_id.get());
+            }
+        });
         self.inner.exactly_once.validate_once(request, ctx).await
     }
 
@@ -590,8 +646,10 @@ impl App {
         }
         let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
         note::with(|n| {
-            n.reference_id = Some(callback.transaction_reference_id);
-            n.transaction_status = Some(callback.transaction_status.code());
+            if n.recording {
+                n.reference_id = Some(callback.transaction_reference_id);
+                n.transaction_status = Some(callback.transaction_status.code());
+            }
         });
         if !self.inner.ingress.verifies_signatures() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
@@ -600,24 +658,15 @@ impl App {
     }
 }
 
-/// Hands an endpoint's request to the inspector with its answer; other routes' requests
-/// (nothing noted an endpoint) are not recorded.
+/// Hands an endpoint's request to the inspector with its answer.
 async fn record(
     inspector: &Inspector,
-    noted: &note::SharedNote,
+    note: note::Note,
     response: Response<ResponseBody>,
     request_id: &str,
     trace: &TraceContext,
     started: Instant,
 ) -> Response<ResponseBody> {
-    let note = std::mem::take(
-        &mut *noted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    if note.endpoint.is_none() {
-        return response;
-    }
     // The answer is a `Full` body: collecting it takes its bytes without copying them.
     let (parts, body) = response.into_parts();
     let answer = http_body_util::BodyExt::collect(body)

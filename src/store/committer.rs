@@ -105,6 +105,8 @@ pub(crate) struct Context {
     /// no watermark — so that a benchmark measures payhook's durable path apart from sled
     /// and the disk.
     pub(crate) without_durability: bool,
+    /// Each durable commit's time and size.
+    pub(crate) metrics: super::CommitMetrics,
 }
 
 /// Where a commit may be held by a test ([`super::SledStore::hold_commits`]).
@@ -372,6 +374,8 @@ impl Drop for Sweeper {
 
 /// Writes of the batch being built: `None` removes the key.
 fn commit(context: &Context, jobs: Vec<Job>) {
+    let started = Instant::now();
+    let writes = jobs.len();
     let mut overlay = Overlay::new();
     let mut replies = Vec::new();
     // One expiry index entry for the whole batch: its records share their expiry.
@@ -493,9 +497,14 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
         }
     };
-    if let Err(error) = &outcome {
-        tracing::error!(error = %crate::report::InLine(error), "committing a batch failed; the store refuses further work until restarted");
-        context.failed.store(true, Ordering::SeqCst);
+    match &outcome {
+        Err(error) => {
+            tracing::error!(error = %crate::report::InLine(error), "committing a batch failed; the store refuses further work until restarted");
+            context.failed.store(true, Ordering::SeqCst);
+        }
+        Ok(()) => context
+            .metrics
+            .observe(started.elapsed().as_secs_f64(), writes),
     }
     for reply in replies {
         reply(&outcome);

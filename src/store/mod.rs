@@ -197,6 +197,7 @@
 //! case.
 
 mod claims;
+mod commit_metrics;
 mod committer;
 mod configured;
 mod effects;
@@ -220,6 +221,7 @@ use chrono::{DateTime, Utc};
 
 use crate::model::TransactionStatus;
 
+pub use commit_metrics::CommitMetrics;
 pub use configured::ConfiguredStore;
 #[cfg(feature = "postgres")]
 pub use effects::SqlFuture;
@@ -551,6 +553,12 @@ pub trait Store: DedupStore + PostponedStore {
     /// the default, `false`.
     fn failed(&self) -> bool {
         false
+    }
+
+    /// The store's commit time and batch size, for `/metrics`; `None` (the default) when
+    /// the backend does not measure them.
+    fn commit_metrics(&self) -> Option<CommitMetrics> {
+        None
     }
 }
 

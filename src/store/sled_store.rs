@@ -61,6 +61,7 @@ struct Inner {
     failed: Arc<AtomicBool>,
     retention: Duration,
     writer: Arc<Writer>,
+    commit_metrics: super::CommitMetrics,
     _sweeper: Sweeper,
 }
 
@@ -120,6 +121,7 @@ impl SledStore {
         let validation_claims = Arc::new(Claims::default());
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
+        let commit_metrics = super::CommitMetrics::default();
         let writer = Arc::new(Writer::new(Context {
             db,
             tree: tree.clone(),
@@ -132,6 +134,7 @@ impl SledStore {
             watermark,
             gate: Gate::default(),
             without_durability,
+            metrics: commit_metrics.clone(),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
@@ -145,6 +148,7 @@ impl SledStore {
                 failed,
                 retention: config.retention,
                 writer,
+                commit_metrics,
                 _sweeper: sweeper,
             }),
         })
@@ -598,6 +602,10 @@ impl PostponedStore for SledStore {
 impl Store for SledStore {
     fn retention(&self) -> Duration {
         self.inner.retention
+    }
+
+    fn commit_metrics(&self) -> Option<super::CommitMetrics> {
+        Some(self.inner.commit_metrics.clone())
     }
 
     fn failed(&self) -> bool {
