@@ -1,23 +1,35 @@
 //! `/metrics`: what the server did, in the OpenMetrics 1.0 text format (which Prometheus
 //! reads), encoded by `prometheus-client`.
 //!
+//! Names and units follow Prometheus' conventions: base units (`_seconds`), `_total` for
+//! counters. Every metric is here, and `tests/monitoring_examples_name_only_real_metrics.rs`
+//! holds this table, the example dashboard and alerts (`examples/monitoring/`) to what the
+//! server exposes.
+//!
 //! | metric | type | meaning |
 //! |---|---|---|
+//! | `payhook_request_duration_seconds{endpoint, outcome}` | histogram | how long each endpoint took to answer, from the request's arrival to its answer; `outcome`: `booked`, `duplicate` (callbacks), `allowed`, `denied`, `postponed`, `replayed` (validations), `answered` (providers), `refused` (4xx), `failed` (5xx) |
 //! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `admin`, `unknown`) and status code (`other` for codes payhook does not send) |
 //! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
 //! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
-//! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` |
+//! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
 //! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
 //! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
-//! | `payhook_signatures_refused_total` | counter | missing, malformed or forged signatures (401) |
+//! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key) |
+//! | `payhook_store_failed` | gauge | 1 once the store stopped after a write it could not make durable (the instance answers 503 until restarted) |
+//! | `payhook_store_commit_duration_seconds` | histogram | how long the store took to make a batch of writes durable (sled's group commit) |
+//! | `payhook_store_commit_batch_size` | histogram | writes (requests) made durable together in one commit |
 //! | `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total` | counter | postponed results delivered (200), refused (403), retried |
 //! | `payhook_outbox_queued` | gauge | postponed results waiting for delivery |
+//! | `payhook_outbox_oldest_queued_age_seconds` | gauge | how long the oldest result waiting for delivery has waited since its decision (0: none waits) |
+//! | `payhook_outbox_delivery_duration_seconds` | histogram | from a result's decision to its delivery to the aggregator |
 //! | `payhook_connections_open` | gauge | connections being served (when served by [`crate::serve`]) |
 //! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408) |
+//! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
 //!
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
 //! list turns the route off.

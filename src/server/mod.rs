@@ -119,7 +119,7 @@
 mod connection;
 mod exactly_once;
 mod ingress;
-mod metrics;
+pub mod metrics;
 mod operating_api;
 mod preface;
 mod problem;

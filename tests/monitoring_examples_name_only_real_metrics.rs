@@ -1,0 +1,140 @@
+//! The example Grafana dashboard and Prometheus alerts (`examples/monitoring/`) and the
+//! metrics table of `src/server/metrics.rs` name only metrics a running service exposes, and
+//! the table names every one it exposes: a renamed metric cannot leave an alert silently
+//! watching nothing.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use serde_json::json;
+use std::collections::BTreeSet;
+use support::gateway::FakeGateway;
+use support::*;
+
+/// `payhook_…` names in `text`.
+fn names(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("payhook_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        found.insert(name);
+    }
+    found
+}
+
+/// What the service exposes: metric families (from `# TYPE`) and sample names.
+struct Exposed {
+    families: BTreeSet<String>,
+    samples: BTreeSet<String>,
+}
+
+impl Exposed {
+    fn has(&self, name: &str) -> bool {
+        if self.samples.contains(name) || self.families.contains(name) {
+            return true;
+        }
+        ["_bucket", "_sum", "_count", "_total"]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
+            .any(|family| self.families.contains(family))
+    }
+}
+
+async fn exposed() -> Exposed {
+    let gateway = FakeGateway::start().await;
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.admin.token = Some("admin-token-0123456789".into());
+    let server = TestServer::start_with(config).await;
+    // Some traffic, so that every labelled family has a sample.
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    let postponed = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
+    assert_eq!(
+        server.post_json(VALIDATION_PATH, &postponed).await.status,
+        200
+    );
+    let answer = server.send(&request("GET", "/metrics", &[], None)).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    let text = String::from_utf8(answer.body).unwrap();
+    assert_eq!(text.lines().last(), Some("# EOF"), "{text}");
+    let families = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    let samples = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect();
+    Exposed { families, samples }
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap()
+}
+
+#[tokio::test]
+async fn the_dashboard_the_alerts_and_the_table_name_only_exposed_metrics_and_all_of_them() {
+    let exposed = exposed().await;
+    for file in [
+        "examples/monitoring/payhook-dashboard.json",
+        "examples/monitoring/payhook-alerts.yml",
+    ] {
+        let text = read(file);
+        let named = names(&text);
+        assert!(named.len() >= 5, "{file} names metrics: {named:?}");
+        for name in named {
+            assert!(
+                exposed.has(&name),
+                "{file} names `{name}`, which /metrics does not expose"
+            );
+        }
+    }
+    serde_json::from_str::<serde_json::Value>(&read("examples/monitoring/payhook-dashboard.json"))
+        .unwrap();
+
+    let table: String = read("src/server/metrics.rs")
+        .lines()
+        .filter(|l| l.starts_with("//! | `payhook_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    // `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total`: one row.
+    let mut documented = names(&table);
+    documented.extend([
+        "payhook_outbox_conflicts_total".into(),
+        "payhook_outbox_retries_total".into(),
+    ]);
+    for name in &documented {
+        assert!(
+            exposed.has(name),
+            "the table documents `{name}`, which /metrics does not expose"
+        );
+    }
+    for family in &exposed.families {
+        let listed = documented.iter().any(|d| {
+            d == family
+                || d.strip_suffix("_total") == Some(family.as_str())
+                || d.strip_suffix("_info") == Some(family.as_str())
+        });
+        assert!(
+            listed,
+            "/metrics exposes `{family}`, which the table does not document"
+        );
+    }
+}
