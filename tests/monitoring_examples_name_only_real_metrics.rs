@@ -50,6 +50,7 @@ async fn exposed() -> Exposed {
     config.gateway = gateway.config();
     config.validation.awaitable = true;
     config.admin.token = Some("admin-token-0123456789".into());
+    config.validation.retry_schedule = vec![std::time::Duration::from_millis(20)];
     let server = TestServer::start_with(config).await;
     // Some traffic, so that every labelled family has a sample.
     assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
@@ -62,6 +63,19 @@ async fn exposed() -> Exposed {
         server.post_json(VALIDATION_PATH, &postponed).await.status,
         200
     );
+    // Its result delivered on the second attempt: gateway calls, and one that failed.
+    gateway.with(|state| state.fail_next.push_back(500));
+    let id = 9_007_199_254_740_993_i64;
+    server
+        .app
+        .resolver()
+        .unwrap()
+        .resolve(id, payhook::Decision::allow("checked"))
+        .await
+        .unwrap();
+    gateway
+        .until("the result", |s| s.results.contains_key(&id))
+        .await;
     let answer = server.send(&request("GET", "/metrics", &[], None)).await;
     assert_eq!(answer.status, 200);
     assert_eq!(

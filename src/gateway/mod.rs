@@ -32,6 +32,7 @@
 //! # Ok(()) }
 //! ```
 
+mod observed;
 mod settings;
 mod token;
 mod transport;
@@ -49,6 +50,8 @@ use crate::Secret;
 use crate::model::{
     LoginRequest, LoginSession, PostponedValidationResult, RefreshRequest, TransactionRecord,
 };
+use observed::Call;
+pub(crate) use observed::GatewayMetrics;
 pub use settings::GatewayConfig;
 pub(crate) use settings::check_remote_url;
 #[cfg(feature = "sim")]
@@ -165,6 +168,8 @@ struct Inner {
     auth_header: HeaderName,
     auth_scheme: String,
     sessions: Sessions,
+    /// Each call's time and errors.
+    metrics: GatewayMetrics,
 }
 
 impl std::fmt::Debug for GatewayClient {
@@ -336,6 +341,7 @@ impl GatewayClient {
                 auth_header,
                 auth_scheme: config.auth_scheme.clone(),
                 sessions: Sessions::new(config.refresh_margin),
+                metrics: GatewayMetrics::default(),
             }),
         })
     }
@@ -359,7 +365,8 @@ impl GatewayClient {
             password: self.inner.password.clone(),
         };
         let url = format!("{}/api/v1/login", self.inner.auth_url);
-        self.session_call(&url, &request).await
+        self.observed(Call::Login, self.session_call(&url, &request))
+            .await
     }
 
     /// `POST {auth_url}/api/v1/refresh-token`.
@@ -372,7 +379,8 @@ impl GatewayClient {
             refresh_token: refresh_token.clone(),
         };
         let url = format!("{}/api/v1/refresh-token", self.inner.auth_url);
-        self.session_call(&url, &request).await
+        self.observed(Call::Refresh, self.session_call(&url, &request))
+            .await
     }
 
     /// `POST {gateway_url}/api/v1/transactions/validation`: the result of a postponed
@@ -389,15 +397,18 @@ impl GatewayClient {
     ) -> Result<(), GatewayError> {
         let url = format!("{}/api/v1/transactions/validation", self.inner.gateway_url);
         let body = to_json(result);
-        let answer = self.authorized(Method::POST, &url, Some(body)).await?;
-        match answer.status {
-            status if status.is_success() => Ok(()),
-            StatusCode::FORBIDDEN => Err(GatewayError::Conflict {
-                validation_id: result.validation_id,
-                message: answer.message(),
-            }),
-            _ => Err(answer.error()),
-        }
+        self.observed(Call::ValidationResult, async {
+            let answer = self.authorized(Method::POST, &url, Some(body)).await?;
+            match answer.status {
+                status if status.is_success() => Ok(()),
+                StatusCode::FORBIDDEN => Err(GatewayError::Conflict {
+                    validation_id: result.validation_id,
+                    message: answer.message(),
+                }),
+                _ => Err(answer.error()),
+            }
+        })
+        .await
     }
 
     /// `GET {gateway_url}/api/v1/transactions/{reference_id}`: the transaction record (2.6).
@@ -411,12 +422,34 @@ impl GatewayClient {
             "{}/api/v1/transactions/{reference_id}",
             self.inner.gateway_url
         );
-        let answer = self.authorized(Method::GET, &url, None).await?;
-        if answer.status.is_success() {
-            answer.json()
-        } else {
-            Err(answer.error())
-        }
+        self.observed(Call::Transaction, async {
+            let answer = self.authorized(Method::GET, &url, None).await?;
+            if answer.status.is_success() {
+                answer.json()
+            } else {
+                Err(answer.error())
+            }
+        })
+        .await
+    }
+
+    /// The client's calls measured so far (shared by its clones), for `/metrics`.
+    pub(crate) fn metrics(&self) -> &GatewayMetrics {
+        &self.inner.metrics
+    }
+
+    /// Runs `work`, one `call`, and measures it.
+    async fn observed<T>(
+        &self,
+        call: Call,
+        work: impl std::future::Future<Output = Result<T, GatewayError>>,
+    ) -> Result<T, GatewayError> {
+        let started = std::time::Instant::now();
+        let outcome = work.await;
+        self.inner
+            .metrics
+            .observe(call, started.elapsed(), outcome.as_ref().err());
+        outcome
     }
 
     /// A login or refresh exchange: refusals are [`GatewayError::BadCredentials`].

@@ -4,7 +4,8 @@
 //! Names and units follow Prometheus' conventions: base units (`_seconds`), `_total` for
 //! counters. Every metric is here, and `tests/monitoring_examples_name_only_real_metrics.rs`
 //! holds this table, the example dashboard and alerts (`examples/monitoring/`) to what the
-//! server exposes.
+//! server exposes. A family with labels appears once it has a sample (the gateway's
+//! errors after the first error): alert on `rate(...)`, which treats absence as none.
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
@@ -27,6 +28,8 @@
 //! | `payhook_outbox_queued` | gauge | postponed results waiting for delivery |
 //! | `payhook_outbox_oldest_queued_age_seconds` | gauge | how long the oldest result waiting for delivery has waited since its decision (0: none waits) |
 //! | `payhook_outbox_delivery_duration_seconds` | histogram | from a result's decision to its delivery to the aggregator |
+//! | `payhook_gateway_call_duration_seconds{call}` | histogram | how long calls to the aggregator took: `login`, `refresh`, `validation_result` (the outbox's posts), `transaction` (lookups, reconcile) |
+//! | `payhook_gateway_errors_total{call, kind}` | counter | calls to the aggregator that failed, by `kind`: `network`, `timeout`, `status` (an unexpected answer), `decode`, `bad_credentials`, `conflict` (403 to a result: the aggregator holds another), `not_configured` |
 //! | `payhook_connections_open` | gauge | connections being served (when served by [`crate::serve`]) |
 //! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408) |
 //! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
@@ -397,6 +400,21 @@ impl Metrics {
             }
             let _ = encode_registry(&mut out, &one);
         }
+        if let Some(gateway) = &scrape.gateway {
+            let mut calls = Registry::with_prefix("payhook");
+            calls.register_with_unit(
+                "gateway_call_duration",
+                "How long calls to the aggregator took, by call (login, refresh, validation_result, transaction), failed ones included",
+                Unit::Seconds,
+                gateway.seconds.clone(),
+            );
+            calls.register(
+                "gateway_errors",
+                "Calls to the aggregator that failed, by call and kind (network, timeout, status, decode, bad_credentials, conflict, not_configured)",
+                gateway.errors.clone(),
+            );
+            let _ = encode_registry(&mut out, &calls);
+        }
         let _ = encode_eof(&mut out);
         out
     }
@@ -415,6 +433,8 @@ pub(crate) struct Scrape {
     pub(crate) failing: Option<usize>,
     pub(crate) store_failed: Option<bool>,
     pub(crate) histograms: Vec<(&'static str, &'static str, Option<Unit>, Histogram)>,
+    /// The gateway client's calls, when the app has one.
+    pub(crate) gateway: Option<crate::gateway::GatewayMetrics>,
 }
 
 /// Why a signature was refused.
@@ -477,6 +497,7 @@ mod tests {
             failing: Some(1),
             store_failed: Some(false),
             histograms: Vec::new(),
+            gateway: None,
         });
         for line in [
             "payhook_callbacks_failing 1",

@@ -241,6 +241,9 @@ struct Inner {
     operating_api: Option<operating_api::OperatingApi>,
     /// The recent deliveries; `None` when the operating API or recording is off.
     inspector: Option<Arc<Inspector>>,
+    /// The aggregator's client (its calls are measured for `/metrics`); `None` without a
+    /// complete `[gateway]`.
+    gateway: Option<crate::gateway::GatewayClient>,
 }
 
 impl std::fmt::Debug for App {
@@ -539,6 +542,11 @@ impl App {
                 ));
             }
         }
+        scrape.gateway = self
+            .inner
+            .gateway
+            .as_ref()
+            .map(|gateway| gateway.metrics().clone());
         let text = self.inner.metrics.render(&scrape);
         let mut response = Response::new(Full::new(Bytes::from(text)));
         response.headers_mut().insert(
@@ -903,6 +911,7 @@ impl AppBuilder {
                 metrics_allow,
                 operating_api,
                 inspector,
+                gateway,
             }),
         })
     }
