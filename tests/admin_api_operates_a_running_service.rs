@@ -129,13 +129,7 @@ async fn deciding_an_unknown_validation_names_the_id_it_did_not_find() {
 async fn postponed_validations_are_listed_and_decided_once() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;
-    let body = with(
-        TRANSACTION_VALIDATION,
-        "/merchantData/clientId",
-        Some(json!("postpone")),
-    );
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let id = 9_007_199_254_740_993_i64;
+    let id = server.postpone_validation().await;
 
     let listed = call(
         &server,

@@ -11,7 +11,6 @@
 mod support;
 
 use payhook::signature::Algorithm;
-use serde_json::json;
 use support::gateway::FakeGateway;
 use support::webdriver::Browser;
 use support::*;
@@ -65,13 +64,7 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser.wait_for("tr.delivery.failed").await;
 
     // A validation is postponed: it appears with Approve and Deny.
-    let body = with(
-        TRANSACTION_VALIDATION,
-        "/merchantData/clientId",
-        Some(json!("postpone")),
-    );
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let id = 9_007_199_254_740_993_i64;
+    let id = server.postpone_validation().await;
     let description = browser
         .wait_for(&format!("input.description[data-id='{id}']"))
         .await;

@@ -9,7 +9,6 @@ mod support;
 
 use payhook::inspector::{DeliveryDetail, DeliveryList};
 use payhook::signature::Algorithm;
-use serde_json::json;
 use std::time::Duration;
 use support::gateway::FakeGateway;
 use support::*;
@@ -255,12 +254,7 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     assert_eq!(forged_session.status, 401);
 
     // A postponed validation, decided with the session: only with the page's header.
-    let body = with(
-        TRANSACTION_VALIDATION,
-        "/merchantData/clientId",
-        Some(json!("postpone")),
-    );
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let id = server.postpone_validation().await;
     let panel = server
         .send(&request(
             "GET",
@@ -271,7 +265,7 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         .await;
     assert!(String::from_utf8_lossy(&panel.body).contains("Approve"));
     let decision = br#"{"success": true, "description": "looked at it"}"#;
-    let path = "/payhook/admin/validations/9007199254740993";
+    let path = &format!("/payhook/admin/validations/{id}");
     let cross_site = server
         .send(&post(
             path,
@@ -310,13 +304,7 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     config.validation.retry_schedule = vec![Duration::from_secs(3600)];
     let server = TestServer::start_with(config).await;
     gateway.with(|state| state.fail_next.push_back(500));
-    let body = with(
-        TRANSACTION_VALIDATION,
-        "/merchantData/clientId",
-        Some(json!("postpone")),
-    );
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let id = 9_007_199_254_740_993_i64;
+    let id = server.postpone_validation().await;
     let decided = admin(
         &server,
         "POST",

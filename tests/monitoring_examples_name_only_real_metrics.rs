@@ -6,7 +6,6 @@
 
 mod support;
 
-use serde_json::json;
 use std::collections::BTreeSet;
 use support::gateway::FakeGateway;
 use support::*;
@@ -54,18 +53,9 @@ async fn exposed() -> Exposed {
     let server = TestServer::start_with(config).await;
     // Some traffic, so that every labelled family has a sample.
     assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
-    let postponed = with(
-        TRANSACTION_VALIDATION,
-        "/merchantData/clientId",
-        Some(json!("postpone")),
-    );
-    assert_eq!(
-        server.post_json(VALIDATION_PATH, &postponed).await.status,
-        200
-    );
+    let id = server.postpone_validation().await;
     // Its result delivered on the second attempt: gateway calls, and one that failed.
     gateway.with(|state| state.fail_next.push_back(500));
-    let id = 9_007_199_254_740_993_i64;
     server
         .app
         .resolver()

@@ -164,6 +164,30 @@ impl CallbackReceiver for TestMerchant {
     }
 }
 
+/// The validation id of [`TRANSACTION_VALIDATION`].
+pub const POSTPONED_ID: i64 = 9_007_199_254_740_993;
+
+impl TestServer {
+    /// Sends [`TRANSACTION_VALIDATION`] for the client the [`TestMerchant`] postpones (the
+    /// server must be Awaitable); returns its validation id.
+    #[allow(dead_code, reason = "not every test binary postpones")]
+    pub async fn postpone_validation(&self) -> i64 {
+        let body = with(
+            TRANSACTION_VALIDATION,
+            "/merchantData/clientId",
+            Some(serde_json::json!("postpone")),
+        );
+        let answer = self.post_json(VALIDATION_PATH, &body).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        POSTPONED_ID
+    }
+}
+
 /// A configuration fit for tests: unsigned callbacks allowed, everything else default.
 pub fn test_config() -> Config {
     let mut config = Config::default();

@@ -525,6 +525,24 @@ fn init_logging(command: &Command) {
         .init();
 }
 
+/// A client of the running service at `url`, with the configured admin token; `what`
+/// (the command or option) is named when the token is missing.
+fn admin_client(
+    config: &Config,
+    url: &str,
+    what: &str,
+) -> Result<payhook::admin::AdminClient, Failure> {
+    let token = config.admin.token.clone().ok_or_else(|| {
+        Failure(
+            format!(
+                "{what} needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)"
+            ),
+            2,
+        )
+    })?;
+    Ok(payhook::admin::AdminClient::new(url, token)?)
+}
+
 /// `payhook tail`: follows the service's deliveries until stopped (or `--count`).
 fn tail(
     config: Option<&std::path::Path>,
@@ -532,13 +550,7 @@ fn tail(
     options: &payhook::admin::TailOptions,
 ) -> Result<(), Failure> {
     let config = load_config(config)?;
-    let token = config.admin.token.clone().ok_or_else(|| {
-        Failure(
-            "tail needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)".into(),
-            2,
-        )
-    })?;
-    let client = payhook::admin::AdminClient::new(url, token)?;
+    let client = admin_client(&config, url, "tail")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -555,13 +567,7 @@ fn tail(
 fn admin(command: AdminCommand, service: &ServiceArgs) -> Result<(), Failure> {
     let config = load_config(service.config.config.as_deref())?;
     if let Some(url) = service.admin_url.as_deref() {
-        let token = config.admin.token.clone().ok_or_else(|| {
-            Failure(
-                "--admin-url needs the service's admin token: set PAYHOOK_ADMIN_TOKEN (or admin.token in --config)".into(),
-                2,
-            )
-        })?;
-        let client = payhook::admin::AdminClient::new(url, token)?;
+        let client = admin_client(&config, url, "--admin-url")?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
