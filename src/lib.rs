@@ -125,6 +125,7 @@
 //!   answer; the operating API sits beside the ingress.
 //! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
 //!   new one), its span names the trace, and the gateway client passes it on.
+//!   `telemetry` (feature `otel`) exports those spans over OTLP/HTTP.
 //! * [`inspector`] — what happened recently and what is happening now: each request to an
 //!   endpoint noted as it is handled (a task-local note the ingress, the endpoints and
 //!   exactly-once delivery fill in) and kept with its answer, the page served under the
@@ -155,6 +156,7 @@
 //! | `keygen-rsa` | RSA keys from [`signature::generate_key_pair`] (EC and Ed25519 need nothing) |
 //! | `scaffold` | the `scaffold` module behind `payhook new` |
 //! | `clap` | `clap::Subcommand` for [`admin::AdminCommand`], for a merchant's own binary |
+//! | `otel` | `telemetry`: the request spans exported over OTLP/HTTP to an OpenTelemetry collector |
 //! | `cli` | the `payhook` binary: all of the above, logging set-up and shell completions |
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
@@ -179,6 +181,8 @@ pub mod signature;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 pub mod trace_context;
 
 pub use config::Config;

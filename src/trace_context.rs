@@ -114,6 +114,30 @@ impl TraceContext {
         CURRENT.scope(self, future).await
     }
 
+    /// A context of the given ids and flags (e.g. an exporter's span).
+    pub fn from_parts(trace_id: [u8; 16], span_id: [u8; 8], flags: u8) -> Self {
+        Self {
+            trace_id,
+            span_id,
+            flags,
+        }
+    }
+
+    /// The trace id's 16 bytes.
+    pub fn trace_id_bytes(&self) -> [u8; 16] {
+        self.trace_id
+    }
+
+    /// This span's id's 8 bytes.
+    pub fn span_id_bytes(&self) -> [u8; 8] {
+        self.span_id
+    }
+
+    /// The trace flags (`01`: sampled).
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
     /// The trace id, 32 lower-case hex digits.
     pub fn trace_id(&self) -> String {
         to_hex(&self.trace_id)

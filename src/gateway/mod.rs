@@ -44,6 +44,7 @@ use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use serde::{Serialize, de::DeserializeOwned};
 use std::{sync::Arc, time::Duration};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::Secret;
@@ -507,8 +508,12 @@ impl GatewayClient {
             url: url.to_owned(),
             source: Arc::from(source),
         };
-        // A child of the request this call serves, else the first span of a new trace.
+        // A child of the request this call serves, else the first span of a new trace; with
+        // an OpenTelemetry layer, the exported span of this call.
+        let span = tracing::info_span!("gateway call", method = %method, url = %url);
         let trace = TraceContext::current().map_or_else(TraceContext::new_trace, |c| c.child());
+        #[cfg(feature = "otel")]
+        let trace = crate::telemetry::adopt(&span, None, trace);
         let mut request = Request::builder()
             .method(method)
             .uri(url)
@@ -551,6 +556,7 @@ impl GatewayClient {
             })
         };
         let answer = tokio::time::timeout(self.inner.timeout, call)
+            .instrument(span)
             .await
             .map_err(|_| GatewayError::Timeout {
                 url: url.to_owned(),

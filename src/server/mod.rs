@@ -383,13 +383,18 @@ impl App {
             request_id = %id,
             method = %request.method(),
             path = %request.uri().path(),
-            trace_id = %trace.trace_id(),
-            span_id = %trace.span_id(),
+            trace_id = field::Empty,
+            span_id = field::Empty,
             parent_span_id = field::Empty,
             nonce = field::Empty,
             validation_id = field::Empty,
             reference_id = field::Empty,
         );
+        // With an OpenTelemetry layer installed, the exported span's ids are the request's.
+        #[cfg(feature = "otel")]
+        let trace = crate::telemetry::adopt(&span, caller, trace);
+        span.record("trace_id", field::display(trace.trace_id()));
+        span.record("span_id", field::display(trace.span_id()));
         if let Some(caller) = caller {
             span.record("parent_span_id", field::display(caller.span_id()));
         }
