@@ -142,3 +142,56 @@ async fn the_dashboard_the_alerts_and_the_table_name_only_exposed_metrics_and_al
         );
     }
 }
+
+/// The value of the sample `name` (without labels) in `/metrics` of `addr`.
+async fn sample(addr: std::net::SocketAddr, name: &str) -> f64 {
+    let answer = exchange(addr, &request("GET", "/metrics", &[], None)).await;
+    let text = String::from_utf8(answer.body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn each_backend_measures_its_commits() {
+    // sled: the callback's batch.
+    let server = TestServer::start().await;
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    assert!(sample(server.addr, "payhook_store_commit_batch_size_count").await >= 1.0);
+    assert!(sample(server.addr, "payhook_store_commit_batch_size_sum").await >= 1.0);
+
+    // PostgreSQL: one booking, one transaction.
+    let Some(db) = support::postgres::database("commit_metrics").await else {
+        return;
+    };
+    let store_config = db.store_config(std::time::Duration::from_secs(86_400));
+    let store = payhook::store::ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap();
+    let mut config = test_config();
+    config.store = store_config;
+    let app = payhook::App::builder(config)
+        .shared_store(store.shared())
+        .callback_receiver(TestMerchant::default())
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+    let callback = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        CALLBACK.as_bytes(),
+    );
+    assert_eq!(exchange(addr, &callback).await.status, 200);
+    assert_eq!(
+        sample(addr, "payhook_store_commit_batch_size_count").await,
+        1.0
+    );
+    assert_eq!(
+        sample(addr, "payhook_store_commit_batch_size_sum").await,
+        1.0
+    );
+    assert!(sample(addr, "payhook_store_commit_duration_seconds_sum").await > 0.0);
+    db.drop_schema().await;
+}

@@ -1,6 +1,6 @@
 //! What a store's commits cost, for `/metrics`: how long each took to become durable and
-//! how many writes it carried. Kept by the backend that commits in batches (sled's group
-//! commit); shared with the server, which exposes them.
+//! how many writes it carried. Kept by the backends (sled's group commit; PostgreSQL's
+//! booking transactions, one booking each); shared with the server, which exposes them.
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 

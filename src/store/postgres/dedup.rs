@@ -397,6 +397,7 @@ impl PgStore {
                     .await
                 {
                     (Some(mut back), Ok(writes)) => {
+                        let booking = std::time::Instant::now();
                         match self.write_booking(&mut back, &key, status, writes).await {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
@@ -408,6 +409,9 @@ impl PgStore {
                                     self.count_after(&key, attempt).await;
                                     return Err(super::trees::merchant_fault(error.into()));
                                 }
+                                self.inner
+                                    .commit_metrics
+                                    .observe(booking.elapsed().as_secs_f64(), 1);
                                 self.inner.claims.ended(back);
                                 return Ok(());
                             }

@@ -142,6 +142,8 @@ struct Inner {
     claims: claim::HeldClaims,
     /// The statement of a callback's claim, made once for the schema (it runs per claim).
     claim_sql: String,
+    /// Each booking's write and COMMIT (one booking per transaction).
+    commit_metrics: crate::store::CommitMetrics,
 }
 
 impl Drop for Inner {
@@ -221,6 +223,7 @@ impl PgStore {
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size),
                 claim_sql,
+                commit_metrics: crate::store::CommitMetrics::default(),
             }),
         };
         store.start_sweeper(config.sweep_interval);
@@ -517,5 +520,9 @@ impl super::Store for PgStore {
 
     fn retention(&self) -> Duration {
         self.inner.retention
+    }
+
+    fn commit_metrics(&self) -> Option<super::CommitMetrics> {
+        Some(self.inner.commit_metrics.clone())
     }
 }
