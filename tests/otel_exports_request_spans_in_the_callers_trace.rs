@@ -12,11 +12,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use std::sync::{Arc, Mutex};
-use support::gateway::FakeGateway;
-use support::*;
+use support::gateway::lookup_traceparent;
 use tracing_subscriber::prelude::*;
 
-const TOKEN: &str = "admin-token-0123456789";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
@@ -70,39 +68,9 @@ async fn a_request_is_exported_as_a_child_of_the_callers_span_and_its_gateway_ca
     // The whole test binary's subscriber: the server's tasks run on the runtime's threads.
     tracing_subscriber::registry().with(layer).init();
 
-    let gateway = FakeGateway::start().await;
-    let mut config = test_config();
-    config.gateway = gateway.config();
-    config.admin.token = Some(TOKEN.into());
-    let server = TestServer::start_with(config).await;
-    let bearer = format!("Bearer {TOKEN}");
-    let traceparent = format!("00-{TRACE}-{CALLER_SPAN}-01");
-    let reference = uuid::Uuid::new_v4();
-    let body = format!(r#"{{"referenceIds": ["{reference}"]}}"#);
-    let answer = server
-        .send(&request(
-            "POST",
-            "/payhook/admin/reconcile",
-            &[
-                ("content-type", "application/json"),
-                ("authorization", bearer.as_str()),
-                ("traceparent", traceparent.as_str()),
-            ],
-            Some(body.as_bytes()),
-        ))
-        .await;
-    assert_eq!(answer.status, 200);
-
-    // The gateway's lookup carries the caller's trace, with payhook's request span as parent.
-    let lookup = format!("GET /api/v1/transactions/{reference}");
-    let sent = gateway.with(|state| {
-        state
-            .traceparents
-            .iter()
-            .find(|(call, _)| *call == lookup)
-            .and_then(|(_, header)| header.clone())
-            .unwrap()
-    });
+    // A reconcile with the caller's `traceparent`: payhook's request looks the transaction
+    // up at the gateway.
+    let sent = lookup_traceparent(Some(&format!("00-{TRACE}-{CALLER_SPAN}-01"))).await;
     let parts: Vec<&str> = sent.split('-').collect();
     assert_eq!(parts[1], TRACE, "{sent}");
     let request_span = parts[2];

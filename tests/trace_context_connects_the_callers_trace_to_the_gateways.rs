@@ -5,10 +5,10 @@
 
 mod support;
 
-use support::gateway::FakeGateway;
+use support::gateway::lookup_traceparent;
+#[allow(unused_imports, reason = "the log test's helpers")]
 use support::*;
 
-const TOKEN: &str = "admin-token-0123456789";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
@@ -18,54 +18,6 @@ fn fields(traceparent: &str) -> (String, String, String) {
     assert_eq!(parts.len(), 4, "{traceparent}");
     assert_eq!(parts[0], "00", "{traceparent}");
     (parts[1].into(), parts[2].into(), parts[3].into())
-}
-
-/// Reconciles one unknown transaction through the operating API (a lookup at the gateway)
-/// with `traceparent` as the request's header, if any; returns the lookup's `traceparent`.
-async fn lookup_traceparent(traceparent: Option<&str>) -> String {
-    let gateway = FakeGateway::start().await;
-    let mut config = test_config();
-    config.gateway = gateway.config();
-    config.admin.token = Some(TOKEN.into());
-    let server = TestServer::start_with(config).await;
-    let bearer = format!("Bearer {TOKEN}");
-    let mut headers = vec![
-        ("content-type", "application/json"),
-        ("authorization", bearer.as_str()),
-    ];
-    if let Some(traceparent) = traceparent {
-        headers.push(("traceparent", traceparent));
-    }
-    let reference = uuid::Uuid::new_v4();
-    let body = format!(r#"{{"referenceIds": ["{reference}"]}}"#);
-    let answer = server
-        .send(&request(
-            "POST",
-            "/payhook/admin/reconcile",
-            &headers,
-            Some(body.as_bytes()),
-        ))
-        .await;
-    assert_eq!(answer.status, 200, "{:?}", answer.message());
-    let lookup = format!("GET /api/v1/transactions/{reference}");
-    gateway.with(|state| {
-        let seen: Vec<_> = state
-            .traceparents
-            .iter()
-            .filter(|(call, _)| *call == lookup)
-            .collect();
-        assert_eq!(seen.len(), 1, "{:?}", state.traceparents);
-        // Every call carries one, the login included.
-        assert!(
-            state
-                .traceparents
-                .iter()
-                .all(|(_, header)| header.is_some()),
-            "{:?}",
-            state.traceparents
-        );
-        seen[0].1.clone().unwrap()
-    })
 }
 
 #[tokio::test]

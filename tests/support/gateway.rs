@@ -306,3 +306,55 @@ async fn handle(
         _ => message(404, "no such endpoint"),
     }
 }
+
+/// The admin token of [`lookup_traceparent`]'s server.
+pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
+
+/// Reconciles one unknown transaction through the operating API (a lookup at the gateway)
+/// with `traceparent` as the request's header, if any; returns the lookup's `traceparent`.
+#[allow(dead_code, reason = "not every test binary follows traces")]
+pub async fn lookup_traceparent(traceparent: Option<&str>) -> String {
+    let gateway = FakeGateway::start().await;
+    let mut config = super::test_config();
+    config.gateway = gateway.config();
+    config.admin.token = Some(ADMIN_TOKEN.into());
+    let server = super::TestServer::start_with(config).await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", bearer.as_str()),
+    ];
+    if let Some(traceparent) = traceparent {
+        headers.push(("traceparent", traceparent));
+    }
+    let reference = uuid::Uuid::new_v4();
+    let body = format!(r#"{{"referenceIds": ["{reference}"]}}"#);
+    let answer = server
+        .send(&super::request(
+            "POST",
+            "/payhook/admin/reconcile",
+            &headers,
+            Some(body.as_bytes()),
+        ))
+        .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.message());
+    let lookup = format!("GET /api/v1/transactions/{reference}");
+    gateway.with(|state| {
+        let seen: Vec<_> = state
+            .traceparents
+            .iter()
+            .filter(|(call, _)| *call == lookup)
+            .collect();
+        assert_eq!(seen.len(), 1, "{:?}", state.traceparents);
+        // Every call carries one, the login included.
+        assert!(
+            state
+                .traceparents
+                .iter()
+                .all(|(_, header)| header.is_some()),
+            "{:?}",
+            state.traceparents
+        );
+        seen[0].1.clone().unwrap()
+    })
+}
