@@ -450,7 +450,6 @@ async fn a_validation_amount_must_be_above_zero_and_a_callback_amount_not_negati
 
 /// The free-form fields the spec makes objects (`additionalData`, `providerData`): an object
 /// or null, as the OpenAPI document says; anything else is 400 naming the field.
-/// The free-form fields of each request: an object (or null) of anything.
 const FREE_FORM: [(&str, &str, &str); 4] = [
     (
         PROVIDERS_PATH,

@@ -156,8 +156,45 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
         (gone.status, gone.message()),
         (404, "no recent delivery #999".into())
     );
-    let bad = admin(&server, "GET", "/payhook/admin/deliveries?after=x", None).await;
-    assert_eq!(bad.status, 400);
+    let not_a_number = admin(&server, "GET", "/payhook/admin/deliveries/abc", None).await;
+    assert_eq!(
+        (not_a_number.status, not_a_number.message()),
+        (404, "no recent delivery #abc".into())
+    );
+    // Any `after` is a number of the future: nothing yet, and the last number given.
+    let beyond = deliveries(&server, &format!("after={}", u64::MAX)).await;
+    assert_eq!(
+        (beyond.last, beyond.deliveries.len(), beyond.missed),
+        (4, 0, None)
+    );
+    for query in ["after=x", "limit=-1", "wait=soon"] {
+        let bad = admin(
+            &server,
+            "GET",
+            &format!("/payhook/admin/deliveries?{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(bad.status, 400, "{query}");
+        assert!(bad.message().contains("must be a whole number"), "{query}");
+    }
+    // The page's panels answer a bearer of the token too (a script, curl).
+    let panel = admin(&server, "GET", "/payhook/admin/inspector/health", None).await;
+    assert_eq!(panel.status, 200);
+    assert_eq!(
+        panel.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    let nowhere = admin(&server, "GET", "/payhook/admin/inspector/nothing", None).await;
+    assert_eq!(nowhere.status, 404);
+    let changed = admin(
+        &server,
+        "POST",
+        "/payhook/admin/inspector/health",
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(changed.status, 405);
     // Operating the service is not recorded as a delivery.
     assert_eq!(deliveries(&server, "").await.last, 4);
 }
@@ -215,6 +252,16 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     let wrong = server.send(&page(&[], "?token=not-the-token-000000")).await;
     assert_eq!(wrong.status, 401);
     assert!(String::from_utf8_lossy(&wrong.body).contains("invalid token"));
+    let wrong_form = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            b"token=not-the-token-000000",
+        ))
+        .await;
+    assert_eq!(wrong_form.status, 401);
+    assert!(wrong_form.header("set-cookie").is_none());
+    assert!(String::from_utf8_lossy(&wrong_form.body).contains("invalid token"));
 
     let login = server
         .send(&post(
@@ -353,6 +400,11 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     )
     .await;
     assert_eq!(again.status, 409, "delivered: nothing to retry");
+    let not_an_id = admin(&server, "POST", "/payhook/admin/outbox/x/retry", None).await;
+    assert_eq!(
+        (not_an_id.status, not_an_id.message()),
+        (400, "`x` is not a validation id".into())
+    );
     let unknown = admin(&server, "POST", "/payhook/admin/outbox/5/retry", None).await;
     assert_eq!(
         (unknown.status, unknown.message()),

@@ -36,10 +36,9 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use note::{Note, Outcome, SignatureNote};
@@ -71,9 +70,9 @@ struct Recorded {
 /// operating API is on.
 pub(crate) struct Inspector {
     capacity: usize,
-    recent: Mutex<VecDeque<Arc<Recorded>>>,
-    /// The last sequence number given; 0 before the first delivery.
-    last: AtomicU64,
+    /// Oldest first; never empty once something was recorded (capacity is at least 1), so
+    /// the last one's number is the last number given.
+    recent: Mutex<VecDeque<Recorded>>,
     recorded: tokio::sync::Notify,
     /// Lists waiting for the next delivery: [`Inspector::record`] wakes them only when
     /// there are some.
@@ -103,7 +102,6 @@ impl Inspector {
         (capacity > 0).then(|| Self {
             capacity,
             recent: Mutex::new(VecDeque::with_capacity(capacity)),
-            last: AtomicU64::new(0),
             recorded: tokio::sync::Notify::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         })
@@ -117,11 +115,11 @@ impl Inspector {
     /// Records one answered request of an endpoint.
     pub(crate) fn record(&self, note: Note, answered: Answered) {
         let mut recent = self.lock();
-        let seq = self.last.load(Ordering::Relaxed) + 1;
+        let seq = last_seq(&recent) + 1;
         if recent.len() == self.capacity {
             recent.pop_front();
         }
-        recent.push_back(Arc::new(Recorded {
+        recent.push_back(Recorded {
             seq,
             at: Utc::now(),
             request_id: answered.request_id,
@@ -130,8 +128,7 @@ impl Inspector {
             status: answered.status,
             answer: answered.answer,
             latency: answered.latency,
-        }));
-        self.last.store(seq, Ordering::Release);
+        });
         drop(recent);
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.recorded.notify_waiters();
@@ -170,13 +167,16 @@ impl Inspector {
 
     fn list_now(&self, filter: &DeliveryFilter, after: u64, limit: usize) -> DeliveryList {
         let recent = self.lock();
-        let last = self.last.load(Ordering::Acquire);
+        let last = last_seq(&recent);
         let oldest = recent.front().map_or(last + 1, |r| r.seq);
-        let missed = (after > 0 && after + 1 < oldest).then(|| oldest - after - 1);
+        // `after` is the caller's: any number, `u64::MAX` included.
+        let missed = (after > 0 && after.saturating_add(1) < oldest).then(|| oldest - after - 1);
+        let mut attempts = Attempts::default();
         let mut deliveries: Vec<DeliveryEntry> = recent
             .iter()
-            .filter(|r| r.seq > after)
-            .map(|r| entry(r, &recent))
+            .map(|r| (r, attempts.count(r)))
+            .filter(|(r, _)| r.seq > after)
+            .map(|(r, attempt)| entry(r, attempt))
             .filter(|e| filter.matches(e))
             .collect();
         if deliveries.len() > limit {
@@ -192,14 +192,45 @@ impl Inspector {
     /// One delivery with its request, while it is among the recent ones.
     pub(crate) fn detail(&self, seq: u64) -> Option<DeliveryDetail> {
         let recent = self.lock();
-        let recorded = recent.iter().find(|r| r.seq == seq)?;
-        Some(detail(recorded, &recent))
+        let mut attempts = Attempts::default();
+        let (recorded, attempt) = recent
+            .iter()
+            .take_while(|r| r.seq <= seq)
+            .map(|r| (r, attempts.count(r)))
+            .last()
+            .filter(|(r, _)| r.seq == seq)?;
+        Some(detail(recorded, attempt))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<Recorded>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Recorded>> {
         self.recent
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The number of the last delivery kept; 0 before the first.
+fn last_seq(recent: &VecDeque<Recorded>) -> u64 {
+    recent.back().map_or(0, |r| r.seq)
+}
+
+/// Deliveries seen so far per (endpoint, nonce, status), counted oldest first: which
+/// attempt each one is among the kept ones, in one pass.
+#[derive(Default)]
+struct Attempts<'a>(HashMap<(Option<&'static str>, &'a str, Option<i32>), u32>);
+
+impl<'a> Attempts<'a> {
+    fn count(&mut self, recorded: &'a Recorded) -> u32 {
+        let note = &recorded.note;
+        let Some(nonce) = note.nonce.as_deref() else {
+            return 1;
+        };
+        let seen = self
+            .0
+            .entry((note.endpoint, nonce, note.transaction_status))
+            .or_default();
+        *seen += 1;
+        *seen
     }
 }
 
@@ -379,22 +410,8 @@ impl DeliveryFilter {
     }
 }
 
-fn entry(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryEntry {
+fn entry(recorded: &Recorded, attempt: u32) -> DeliveryEntry {
     let note = &recorded.note;
-    let same = |other: &Recorded| {
-        other.note.endpoint == note.endpoint
-            && other.note.nonce == note.nonce
-            && other.note.transaction_status == note.transaction_status
-    };
-    let attempt = if note.nonce.is_some() {
-        recent
-            .iter()
-            .take_while(|r| r.seq <= recorded.seq)
-            .filter(|r| same(r))
-            .count()
-    } else {
-        1
-    };
     DeliveryEntry {
         seq: recorded.seq,
         at: recorded.at,
@@ -411,15 +428,15 @@ fn entry(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryEntry
         message: message(&recorded.answer),
         latency_ms: recorded.latency.as_secs_f64() * 1e3,
         signature: signature(note.signature.as_ref()),
-        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+        attempt,
         duplicate: matches!(note.outcome, Some(Outcome::Duplicate | Outcome::Replayed)),
     }
 }
 
-fn detail(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryDetail {
+fn detail(recorded: &Recorded, attempt: u32) -> DeliveryDetail {
     let body = recorded.note.body.as_deref().unwrap_or_default();
     DeliveryDetail {
-        entry: entry(recorded, recent),
+        entry: entry(recorded, attempt),
         headers: recorded
             .note
             .headers
@@ -431,6 +448,19 @@ fn detail(recorded: &Recorded, recent: &VecDeque<Arc<Recorded>>) -> DeliveryDeta
         answer: String::from_utf8_lossy(&recorded.answer).into_owned(),
     }
 }
+
+/// Every outcome [`outcome`] gives, for filters.
+pub(crate) const OUTCOMES: [&str; 9] = [
+    "booked",
+    "duplicate",
+    "allowed",
+    "denied",
+    "postponed",
+    "replayed",
+    "answered",
+    "refused",
+    "failed",
+];
 
 /// The note's outcome, else what the status says: the outcome label of the inspector's
 /// entries and of `/metrics`' latency histogram.
@@ -582,20 +612,46 @@ mod tests {
         );
     }
 
+    #[test]
+    fn every_outcome_given_is_one_a_filter_offers() {
+        let noted = [
+            None,
+            Some(Outcome::Booked),
+            Some(Outcome::Duplicate),
+            Some(Outcome::Allowed),
+            Some(Outcome::Denied),
+            Some(Outcome::Postponed),
+            Some(Outcome::Replayed),
+        ];
+        for noted in noted {
+            for status in [200, 401, 403, 503] {
+                let given = outcome(noted, status);
+                assert!(OUTCOMES.contains(&given), "{given}");
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_waiting_list_is_answered_when_a_delivery_is_recorded() {
-        let inspector = Arc::new(Inspector::new(10).unwrap());
+        let inspector = std::sync::Arc::new(Inspector::new(10).unwrap());
         let waiting = {
-            let inspector = Arc::clone(&inspector);
+            let inspector = std::sync::Arc::clone(&inspector);
             tokio::spawn(async move {
                 inspector
-                    .list(&DeliveryFilter::default(), 0, 10, Duration::from_secs(30))
+                    .list(&DeliveryFilter::default(), 0, 10, Duration::from_secs(3600))
                     .await
             })
         };
-        tokio::task::yield_now().await;
+        // It waits before anything is recorded ...
+        while inspector.waiting.load(Ordering::Acquire) == 0 {
+            tokio::task::yield_now().await;
+        }
         inspector.record(callback("w", Some(Outcome::Booked)), answered(200, "ok"));
-        let list = waiting.await.unwrap();
+        // ... and is woken by the record, not by its hour running out.
+        let list = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("woken by the delivery")
+            .unwrap();
         assert_eq!(list.deliveries.len(), 1);
         assert_eq!(list.deliveries[0].nonce.as_deref(), Some("w"));
     }

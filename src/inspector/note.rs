@@ -98,7 +98,7 @@ pub(crate) fn new(recording: bool) -> SharedNote {
     }))
 }
 
-/// The note of the request this task works for, if the inspector records.
+/// The note of the request this task works for, if it has one.
 pub(crate) fn current() -> Option<SharedNote> {
     CURRENT.try_with(Arc::clone).ok()
 }
@@ -112,7 +112,7 @@ pub(crate) async fn scope<F: Future>(note: Option<SharedNote>, future: F) -> F::
     }
 }
 
-/// Notes something about the current request; nothing when no note is kept.
+/// Notes something about the current request; nothing outside a request.
 pub(crate) fn with(write: impl FnOnce(&mut Note)) {
     let _ = CURRENT.try_with(|note| {
         write(
@@ -120,5 +120,15 @@ pub(crate) fn with(write: impl FnOnce(&mut Note)) {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
+    });
+}
+
+/// Notes what only the inspector keeps (identifiers, headers, body, signature details):
+/// nothing is copied when it does not record.
+pub(crate) fn kept(write: impl FnOnce(&mut Note)) {
+    with(|note| {
+        if note.recording {
+            write(note);
+        }
     });
 }

@@ -34,10 +34,6 @@ pub(crate) struct Health {
 
 /// Escapes text for HTML content and attribute values.
 pub(crate) fn escape(text: &str) -> String {
-    esc(text)
-}
-
-fn esc(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -73,7 +69,7 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 
 /// The page asking for the admin token (no token, or a wrong one).
 pub(crate) fn login(problem: Option<&str>) -> String {
-    let problem = problem.map_or_else(String::new, |p| format!("<p class=bad>{}</p>", esc(p)));
+    let problem = problem.map_or_else(String::new, |p| format!("<p class=bad>{}</p>", escape(p)));
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
          <style>{STYLE}</style></head><body><h1>payhook inspector</h1>{problem}\
@@ -104,19 +100,7 @@ pub(crate) fn page(
          <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
          <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
          <script>{SCRIPT}</script></body></html>",
-        outcomes = [
-            "booked",
-            "duplicate",
-            "allowed",
-            "denied",
-            "postponed",
-            "replayed",
-            "answered",
-            "refused",
-            "failed"
-        ]
-        .iter()
-        .fold(String::new(), |mut out, o| {
+        outcomes = super::OUTCOMES.iter().fold(String::new(), |mut out, o| {
             let _ = write!(out, "<option>{o}</option>");
             out
         }),
@@ -148,17 +132,17 @@ pub(crate) fn deliveries(list: &DeliveryList, filter: &DeliveryFilter) -> String
             seq = d.seq,
             at = time(d.at),
             clock = d.at.format("%H:%M:%S%.3f"),
-            endpoint = esc(&d.endpoint),
-            nonce = esc(d.nonce.as_deref().unwrap_or("")),
-            client = esc(d.client.as_deref().unwrap_or("")),
+            endpoint = escape(&d.endpoint),
+            nonce = escape(d.nonce.as_deref().unwrap_or("")),
+            client = escape(d.client.as_deref().unwrap_or("")),
             tx = d
                 .transaction_status
                 .map_or_else(String::new, |s| s.to_string()),
-            outcome = esc(&d.outcome),
+            outcome = escape(&d.outcome),
             status = d.status,
-            message = esc(d.message.as_deref().unwrap_or("")),
+            message = escape(d.message.as_deref().unwrap_or("")),
             ms = d.latency_ms,
-            signature = esc(&d.signature),
+            signature = escape(&d.signature),
             attempt = d.attempt,
             dup = if d.duplicate { " (duplicate)" } else { "" },
         );
@@ -185,7 +169,7 @@ pub(crate) fn detail(detail: &DeliveryDetail) -> String {
         out.push_str("\n[… cut]");
     }
     let _ = write!(out, "\n\nanswer: {}", detail.answer);
-    esc(&out)
+    escape(&out)
 }
 
 /// The failing callbacks panel.
@@ -204,14 +188,14 @@ pub(crate) fn failing(failing: &[FailingCallback], now: DateTime<Utc>) -> String
             "<tr class=failing><td>{nonce}</td><td>{status}</td><td>{failures}</td><td>{reason}</td>\
              <td>{first}</td><td>{last}</td><td>{next}</td><td>{reference}</td>\
              <td><button data-action=book data-reference='{reference}'>book now</button></td></tr>",
-            nonce = esc(f.nonce.as_str()),
+            nonce = escape(f.nonce.as_str()),
             status = f.status,
             failures = f.failures,
-            reason = esc(&f.last_reason),
+            reason = escape(&f.last_reason),
             first = time(f.first_failed),
             last = time(f.last_failed),
-            next = esc(&next),
-            reference = esc(&f.transaction_reference_id),
+            next = escape(&next),
+            reference = escape(&f.transaction_reference_id),
         );
     }
     out.push_str("</tbody></table>");
@@ -252,10 +236,10 @@ pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> 
              <button data-action=approve data-id={id}>Approve</button> \
              <button data-action=deny data-id={id}>Deny</button></td></tr>",
             id = r.validation_id,
-            nonce = esc(r.request.nonce()),
-            client = esc(&r.request.merchant_data.client_id),
+            nonce = escape(r.request.nonce()),
+            client = escape(&r.request.merchant_data.client_id),
             amount = payment.amount,
-            currency = esc(&payment.currency),
+            currency = escape(&payment.currency),
             received = time(r.received),
             deadline = r
                 .deadline
@@ -315,8 +299,8 @@ pub(crate) fn outbox(records: &[PostponedValidation], now: DateTime<Utc>) -> Str
              <td class=state>{state}</td><td>{attempts}</td><td>{when}</td><td>{error}</td><td>{retry}</td></tr>",
             id = record.validation_id,
             decision = if result.success { "approved" } else { "denied" },
-            description = esc(&result.description),
-            error = esc(&error),
+            description = escape(&result.description),
+            error = escape(&error),
         );
     }
     out.push_str("</tbody></table>");
@@ -432,7 +416,7 @@ mod tests {
     #[test]
     fn text_is_escaped() {
         assert_eq!(
-            esc(r#"<script>alert("x")</script>&'"#),
+            escape(r#"<script>alert("x")</script>&'"#),
             "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;"
         );
     }

@@ -189,8 +189,8 @@ impl Ingress {
         match verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
-                note::with(|n| {
-                    n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned)))
+                note::kept(|n| {
+                    n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned)));
                 });
                 metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
                 self.verified.insert(digest);
@@ -207,10 +207,8 @@ impl Ingress {
 /// A refused signature: 401, logged (with the request id of the span, never the body).
 fn unauthorized(error: crate::signature::Error) -> Problem {
     tracing::warn!(%error, "callback signature refused");
-    note::with(|n| {
-        if n.recording {
-            n.signature = Some(SignatureNote::Refused(error.to_string()));
-        }
+    note::kept(|n| {
+        n.signature = Some(SignatureNote::Refused(error.to_string()));
     });
     Problem::Unauthorized {
         message: error.to_string(),
@@ -238,11 +236,9 @@ impl Ingress {
         bytes: &[u8],
     ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
-        note::with(|n| {
-            if n.recording {
-                n.nonce = Some(request.nonce().1.to_owned());
-                n.client = Some(request.client_id().1.to_owned());
-            }
+        note::kept(|n| {
+            n.nonce = Some(request.nonce().1.to_owned());
+            n.client = Some(request.client_id().1.to_owned());
         });
         check_identifiers(&request, self.limits.max_identifier_chars)?;
         request.trace(&tracing::Span::current());

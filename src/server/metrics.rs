@@ -388,33 +388,29 @@ impl Metrics {
             "Connections closed to keep slots for work, by reason",
             labelled("reason", &shed),
         );
-        let mut out = String::new();
-        // Writing to a `String` cannot fail.
-        let _ = encode_registry(&mut out, &self.registry);
-        let _ = encode_registry(&mut out, &now);
         for (name, help, unit, histogram) in &scrape.histograms {
-            let mut one = Registry::with_prefix("payhook");
             match unit {
-                Some(unit) => one.register_with_unit(*name, *help, unit.clone(), histogram.clone()),
-                None => one.register(*name, *help, histogram.clone()),
+                Some(unit) => now.register_with_unit(*name, *help, unit.clone(), histogram.clone()),
+                None => now.register(*name, *help, histogram.clone()),
             }
-            let _ = encode_registry(&mut out, &one);
         }
         if let Some(gateway) = &scrape.gateway {
-            let mut calls = Registry::with_prefix("payhook");
-            calls.register_with_unit(
+            now.register_with_unit(
                 "gateway_call_duration",
                 "How long calls to the aggregator took, by call (login, refresh, validation_result, transaction), failed ones included",
                 Unit::Seconds,
                 gateway.seconds.clone(),
             );
-            calls.register(
+            now.register(
                 "gateway_errors",
                 "Calls to the aggregator that failed, by call and kind (network, timeout, status, decode, bad_credentials, conflict, not_configured)",
                 gateway.errors.clone(),
             );
-            let _ = encode_registry(&mut out, &calls);
         }
+        let mut out = String::new();
+        // Writing to a `String` cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &now);
         let _ = encode_eof(&mut out);
         out
     }

@@ -409,12 +409,13 @@ impl App {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
         if let Some(endpoint) = note.endpoint {
+            let latency = started.elapsed();
             let outcome = inspector::outcome(note.outcome, response.status().as_u16());
             self.inner
                 .metrics
-                .observe_request(endpoint, outcome, started.elapsed().as_secs_f64());
+                .observe_request(endpoint, outcome, latency.as_secs_f64());
             if let Some(inspector) = &self.inner.inspector {
-                response = record(inspector, note, response, &id, &trace, started).await;
+                response = record(inspector, note, response, &id, &trace, latency).await;
             }
         }
         self.inner
@@ -497,28 +498,25 @@ impl App {
         let mut scrape = metrics::Scrape::default();
         if let (Some(outbox), Some(awaitable)) = (self.outbox(), &self.inner.awaitable) {
             let counts = outbox.counts();
-            let queued = match store {
-                Some(store) => store.outbox_len().await.ok(),
-                None => None,
-            };
-            let oldest_queued_seconds = awaitable
+            // One read gives both the queue's length and its oldest result's age.
+            let queued = awaitable
                 .resolver()
                 .list(Some(crate::postponed::PostponedState::Queued))
                 .await
-                .ok()
-                .map(|queued| {
-                    let now = Utc::now();
-                    queued
-                        .iter()
-                        .filter_map(|v| v.result.as_ref())
-                        .map(|r| (now - r.decided).num_milliseconds().max(0) as f64 / 1e3)
-                        .fold(0.0, f64::max)
-                });
+                .ok();
+            let now = Utc::now();
+            let oldest_queued_seconds = queued.as_ref().map(|queued| {
+                queued
+                    .iter()
+                    .filter_map(|v| v.result.as_ref())
+                    .map(|r| (now - r.decided).num_milliseconds().max(0) as f64 / 1e3)
+                    .fold(0.0, f64::max)
+            });
             scrape.outbox = Some(metrics::OutboxCounts {
                 delivered: counts.delivered,
                 conflicts: counts.conflicts,
                 retries: counts.retries,
-                queued,
+                queued: queued.as_ref().map(Vec::len),
                 oldest_queued_seconds,
             });
             scrape.histograms.push((
@@ -574,12 +572,8 @@ impl App {
     {
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
-        note::with(|n| {
-            n.endpoint = Some(endpoint.name());
-            if n.recording {
-                n.headers = Some(inspector::kept_headers(&parts.headers));
-            }
-        });
+        note::with(|n| n.endpoint = Some(endpoint.name()));
+        note::kept(|n| n.headers = Some(inspector::kept_headers(&parts.headers)));
         let ingress = &self.inner.ingress;
         let client = ingress.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
@@ -588,10 +582,8 @@ impl App {
             return Err(Problem::UnsupportedMediaType);
         }
         let bytes = ingress.read_body(&parts, body).await?;
-        note::with(|n| {
-            if n.recording {
-                n.body = Some(crate::inspector::kept_body(&bytes));
-            }
+        note::kept(|n| {
+            n.body = Some(crate::inspector::kept_body(&bytes));
         });
         if let Some(signature) = signature {
             ingress.check_signature(&bytes, &signature)?;
@@ -641,10 +633,8 @@ impl App {
             .inner
             .ingress
             .parse::<TransactionValidationRequest>(bytes)?;
-        note::with(|n| {
-            if n.recording {
-                n.validation_id = Some(request.validation_id.get());
-            }
+        note::kept(|n| {
+            n.validation_id = Some(request.validation_id.get());
         });
         self.inner.exactly_once.validate_once(request, ctx).await
     }
@@ -658,11 +648,9 @@ impl App {
             return Err(Problem::NotFound);
         }
         let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
-        note::with(|n| {
-            if n.recording {
-                n.reference_id = Some(callback.transaction_reference_id);
-                n.transaction_status = Some(callback.transaction_status.code());
-            }
+        note::kept(|n| {
+            n.reference_id = Some(callback.transaction_reference_id);
+            n.transaction_status = Some(callback.transaction_status.code());
         });
         if !self.inner.ingress.verifies_signatures() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
@@ -678,7 +666,7 @@ async fn record(
     response: Response<ResponseBody>,
     request_id: &str,
     trace: &TraceContext,
-    started: Instant,
+    latency: std::time::Duration,
 ) -> Response<ResponseBody> {
     // The answer is a `Full` body: collecting it takes its bytes without copying them.
     let (parts, body) = response.into_parts();
@@ -693,7 +681,7 @@ async fn record(
             trace: *trace,
             status: parts.status.as_u16(),
             answer: answer.clone(),
-            latency: started.elapsed(),
+            latency,
         },
     );
     Response::from_parts(parts, Full::new(answer))

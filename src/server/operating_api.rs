@@ -58,15 +58,6 @@ pub(super) struct AdminAccess {
 /// The inspector's session cookie.
 const SESSION_COOKIE: &str = "payhook_admin";
 
-/// How a call was let in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Caller {
-    /// `Authorization: Bearer <token>`.
-    Bearer,
-    /// The inspector's session cookie (a browser).
-    Session,
-}
-
 impl AdminAccess {
     /// `None` when no token is configured: the API is off.
     pub(super) fn from_config(config: &AdminConfig) -> Option<Self> {
@@ -101,12 +92,9 @@ impl AdminAccess {
 
     /// Lets in a bearer of the token, or a browser holding the inspector's session — whose
     /// changes must also carry the inspector's header, which a cross-site form cannot send.
-    fn check(&self, method: &Method, headers: &HeaderMap) -> Result<Caller, Problem> {
-        if headers.contains_key(http::header::AUTHORIZATION) {
-            return self.check_bearer(headers).map(|()| Caller::Bearer);
-        }
-        if !self.has_session(headers) {
-            return self.check_bearer(headers).map(|()| Caller::Bearer);
+    fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), Problem> {
+        if headers.contains_key(http::header::AUTHORIZATION) || !self.has_session(headers) {
+            return self.check_bearer(headers);
         }
         if method != Method::GET && !headers.contains_key(page::ACTION_HEADER) {
             return Err(Problem::Denied(format!(
@@ -114,7 +102,7 @@ impl AdminAccess {
                 page::ACTION_HEADER
             )));
         }
-        Ok(Caller::Session)
+        Ok(())
     }
 
     fn has_session(&self, headers: &HeaderMap) -> bool {
@@ -253,7 +241,7 @@ impl OperatingApi {
             .trim_start_matches(ADMIN_PREFIX)
             .trim_end_matches('/');
         let segments: Vec<&str> = rest.split('/').collect();
-        let caller = match (&parts.method, segments.as_slice()) {
+        match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
             (&Method::GET, ["inspector"]) => match self.access.check(&parts.method, &parts.headers)
             {
@@ -265,8 +253,8 @@ impl OperatingApi {
                 return Ok(self.login(None, Some(&bytes)));
             }
             _ => self.access.check(&parts.method, &parts.headers)?,
-        };
-        if caller == Caller::Session && segments.first() == Some(&"inspector") {
+        }
+        if segments.first() == Some(&"inspector") {
             return self.inspector_fragment(&parts, &segments[1..]).await;
         }
         match (&parts.method, segments.as_slice()) {
@@ -277,15 +265,7 @@ impl OperatingApi {
                 let filter = DeliveryFilter::from_query(query);
                 Ok(json(&inspector.list(&filter, after, limit, wait).await))
             }
-            (&Method::GET, ["deliveries", seq]) => {
-                let inspector = self.inspector()?;
-                let detail = seq
-                    .parse()
-                    .ok()
-                    .and_then(|seq| inspector.detail(seq))
-                    .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))?;
-                Ok(json(&detail))
-            }
+            (&Method::GET, ["deliveries", seq]) => Ok(json(&self.delivery(seq)?)),
             (&Method::POST, ["outbox", id, "retry"]) => {
                 let id: ValidationId = id
                     .parse()
@@ -402,10 +382,9 @@ impl OperatingApi {
                     .collect::<Vec<_>>();
                 Ok(json(&outcomes))
             }
-            (
-                _,
-                ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _] | ["inspector", ..],
-            ) => Err(Problem::MethodNotAllowed { allow: "GET" }),
+            (_, ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _]) => {
+                Err(Problem::MethodNotAllowed { allow: "GET" })
+            }
             (_, ["outbox", _, "retry"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
             (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
@@ -475,6 +454,15 @@ impl OperatingApi {
         })
     }
 
+    /// Delivery number `seq`, while the inspector keeps it.
+    fn delivery(&self, seq: &str) -> Result<crate::inspector::DeliveryDetail, Problem> {
+        let inspector = self.inspector()?;
+        seq.parse()
+            .ok()
+            .and_then(|seq| inspector.detail(seq))
+            .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))
+    }
+
     /// The login form, or — given the right token (a `token` query, or the form's body) —
     /// the session cookie and the way to the page.
     fn login(&self, query: Option<&str>, form: Option<&[u8]>) -> Response<ResponseBody> {
@@ -513,8 +501,8 @@ impl OperatingApi {
         let page = page::page(
             &self.deliveries_fragment(&DeliveryFilter::default()).await,
             &self.failing_fragment(now).await,
-            &page::postponed(&postponed, now),
-            &page::outbox(&postponed, now),
+            &shown(postponed.as_deref().map(|all| page::postponed(all, now))),
+            &shown(postponed.as_deref().map(|all| page::outbox(all, now))),
             &page::health(&self.health().await, now),
         );
         html(http::StatusCode::OK, page)
@@ -536,17 +524,20 @@ impl OperatingApi {
                 self.deliveries_fragment(&filter).await
             }
             ["failing"] => self.failing_fragment(now).await,
-            ["postponed"] => page::postponed(&self.postponed_all().await, now),
-            ["outbox"] => page::outbox(&self.postponed_all().await, now),
+            ["postponed"] => shown(
+                self.postponed_all()
+                    .await
+                    .as_deref()
+                    .map(|all| page::postponed(all, now)),
+            ),
+            ["outbox"] => shown(
+                self.postponed_all()
+                    .await
+                    .as_deref()
+                    .map(|all| page::outbox(all, now)),
+            ),
             ["health"] => page::health(&self.health().await, now),
-            ["delivery", seq] => {
-                let detail = seq
-                    .parse()
-                    .ok()
-                    .and_then(|seq| self.observed.inspector.as_ref()?.detail(seq))
-                    .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))?;
-                page::detail(&detail)
-            }
+            ["delivery", seq] => page::detail(&self.delivery(seq)?),
             _ => return Err(Problem::NotFound),
         };
         Ok(html(http::StatusCode::OK, text))
@@ -566,21 +557,22 @@ impl OperatingApi {
         let Some(store) = self.exactly_once.store() else {
             return "<p class=empty>No store: failures are not recorded.</p>".into();
         };
-        match store.failing_callbacks().await {
-            Ok(failing) => page::failing(&failing, now),
-            Err(error) => format!(
-                "<p class=bad>the store failed: {}</p>",
-                page::escape(&crate::report::InLine(&error).to_string())
-            ),
-        }
+        shown(
+            store
+                .failing_callbacks()
+                .await
+                .as_deref()
+                .map(|failing| page::failing(failing, now)),
+        )
     }
 
-    /// Every postponed validation (none when the endpoint is not Awaitable, or the store
-    /// fails: the health panel says so).
-    async fn postponed_all(&self) -> Vec<crate::postponed::PostponedValidation> {
+    /// Every postponed validation (none when the endpoint is not Awaitable).
+    async fn postponed_all(
+        &self,
+    ) -> Result<Vec<crate::postponed::PostponedValidation>, crate::store::StoreError> {
         match &self.awaitable {
-            Some(awaitable) => awaitable.resolver().list(None).await.unwrap_or_default(),
-            None => Vec::new(),
+            Some(awaitable) => awaitable.resolver().list(None).await,
+            None => Ok(Vec::new()),
         }
     }
 
@@ -598,4 +590,15 @@ impl OperatingApi {
             kept: self.observed.inspector.as_ref().map_or(0, |i| i.capacity()),
         }
     }
+}
+
+/// A panel, or — when the store could not be read — why it is missing: an empty panel
+/// would tell an operator that nothing waits.
+fn shown(panel: Result<String, &crate::store::StoreError>) -> String {
+    panel.unwrap_or_else(|error| {
+        format!(
+            "<p class=bad>the store could not be read: {}</p>",
+            page::escape(&crate::report::InLine(error).to_string())
+        )
+    })
 }
