@@ -300,32 +300,35 @@ impl Metrics {
         ] {
             now.register(name, help, ConstCounter::new(value));
         }
-        let labelled = |label: &'static str, values: &[(&'static str, u64)]| {
+        // A counter per label value, from the atomics counted in the same order.
+        let labelled = |label: &'static str,
+                        values: &mut dyn Iterator<Item = &'static str>,
+                        counts: &[AtomicU64]| {
             let family = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
-            for (value, count) in values {
-                family.get_or_create(&vec![(label, *value)]).inc_by(*count);
+            for (value, count) in values.zip(counts) {
+                family
+                    .get_or_create(&vec![(label, value)])
+                    .inc_by(load(count));
             }
             family
         };
-        let refusals: Vec<_> = RefusalReason::ALL
-            .iter()
-            .zip(&self.signatures_refused)
-            .map(|(reason, count)| (reason.label(), load(count)))
-            .collect();
         now.register(
             "signatures_refused",
             "Missing, malformed or forged (invalid) signatures, answered 401, by reason",
-            labelled("reason", &refusals),
+            labelled(
+                "reason",
+                &mut RefusalReason::ALL.iter().map(|r| r.label()),
+                &self.signatures_refused,
+            ),
         );
-        let decisions: Vec<_> = ["allow", "deny", "postponed"]
-            .into_iter()
-            .zip(&self.validations)
-            .map(|(decision, count)| (decision, load(count)))
-            .collect();
         now.register(
             "validations",
             "Validations decided by the handler",
-            labelled("decision", &decisions),
+            labelled(
+                "decision",
+                &mut ["allow", "deny", "postponed"].into_iter(),
+                &self.validations,
+            ),
         );
         if let Some(outbox) = &scrape.outbox {
             now.register(
@@ -378,15 +381,14 @@ impl Metrics {
             "Connections being served",
             ConstGauge::new(i64::try_from(load(&self.connections_open)).unwrap_or(i64::MAX)),
         );
-        let shed: Vec<_> = ShedReason::ALL
-            .iter()
-            .zip(&self.connections_shed)
-            .map(|(reason, count)| (reason.label(), load(count)))
-            .collect();
         now.register(
             "connections_shed",
             "Connections closed to keep slots for work, by reason",
-            labelled("reason", &shed),
+            labelled(
+                "reason",
+                &mut ShedReason::ALL.iter().map(|r| r.label()),
+                &self.connections_shed,
+            ),
         );
         for (name, help, unit, histogram) in &scrape.histograms {
             match unit {
