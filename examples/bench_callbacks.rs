@@ -8,7 +8,14 @@
 //! cargo run --release --example bench_callbacks -- 10      # 10 s per scenario
 //! cargo run --release --example bench_callbacks -- 5 postgres   # P, P' and Q only
 //! cargo run --release --example bench_callbacks -- 5 D E        # the scenarios named only
+//! cargo run --release --example bench_callbacks -- 5 B D E --rounds 3   # three rounds
 //! ```
+//!
+//! `--rounds N` runs the chosen scenarios (all but P, P' and Q, which run once) N times in
+//! turn, each round on fresh servers and stores, after one signing: a table per round, then
+//! each ratio in every round, its median, and whether its target held in every round. On a
+//! VM whose speed moves by ±20 % between runs, a change is judged by rounds run side by
+//! side, not by one run against another taken earlier.
 //!
 //! Each scenario's server runs as a child process (so that its peak RSS is its own); the
 //! load driver keeps 64 HTTP/1.1 keep-alive connections busy for the same duration:
@@ -72,12 +79,15 @@ const CONNECTIONS: usize = 64;
 /// The scenarios a run may choose; P stands for P, P' and Q together.
 const SCENARIOS: [&str; 7] = ["A", "B", "C", "D", "E", "I", "P"];
 
-/// The scenarios chosen on the command line; none chosen is all.
-struct Chosen(Vec<String>);
+/// The scenarios chosen on the command line (none chosen is all), and how many rounds.
+struct Chosen {
+    scenarios: Vec<String>,
+    rounds: usize,
+}
 
 impl Chosen {
     fn runs(&self, scenario: &str) -> bool {
-        self.0.is_empty() || self.0.iter().any(|s| s == scenario)
+        self.scenarios.is_empty() || self.scenarios.iter().any(|s| s == scenario)
     }
 }
 const PATH: &str = "/payhook/callback";
@@ -97,9 +107,22 @@ fn main() {
         );
     } else {
         let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
-        let chosen: Vec<String> = args
-            .iter()
-            .skip(2)
+        let mut rest: Vec<&String> = args.iter().skip(2).collect();
+        let mut rounds = 1;
+        if let Some(at) = rest.iter().position(|s| *s == "--rounds") {
+            let Some(n) = rest
+                .get(at + 1)
+                .and_then(|n| n.parse().ok())
+                .filter(|n| *n > 0)
+            else {
+                eprintln!("--rounds takes a number of rounds, at least 1");
+                std::process::exit(2);
+            };
+            rounds = n;
+            rest.drain(at..at + 2);
+        }
+        let chosen: Vec<String> = rest
+            .into_iter()
             .map(|s| {
                 if s == "postgres" {
                     "P".to_owned()
@@ -112,7 +135,13 @@ fn main() {
             eprintln!("unknown scenario `{unknown}`: choose among {SCENARIOS:?} (or `postgres`)");
             std::process::exit(2);
         }
-        drive(Duration::from_secs(seconds), &Chosen(chosen));
+        drive(
+            Duration::from_secs(seconds),
+            &Chosen {
+                scenarios: chosen,
+                rounds,
+            },
+        );
     }
 }
 
@@ -486,12 +515,23 @@ fn drive(duration: Duration, chosen: &Chosen) {
             Arc::new(AtomicUsize::new(0)),
         )
     };
-    let a = run("A", "baseline", "a", &cycle, None);
-    let b = run("B", "payhook", "b", &unique, None);
-    let c = run("C", "payhook", "c", &retries, Some(RETRIED_NONCES));
-    let d = run("D", "payhook-nostore", "d", &cycle, None);
-    let e = run("E", "payhook-e", "e", &unique, None);
-    let i = run("I", "payhook-inspected", "i", &unique, None);
+    // Each round on fresh servers and stores; the bodies are signed once.
+    let rounds: Vec<Round> = (1..=chosen.rounds)
+        .map(|round| {
+            if chosen.rounds > 1 {
+                eprintln!("round {round} of {}", chosen.rounds);
+            }
+            let data = |name: &str| format!("{name}{round}");
+            Round {
+                a: run("A", "baseline", &data("a"), &cycle, None),
+                b: run("B", "payhook", &data("b"), &unique, None),
+                c: run("C", "payhook", &data("c"), &retries, Some(RETRIED_NONCES)),
+                d: run("D", "payhook-nostore", &data("d"), &cycle, None),
+                e: run("E", "payhook-e", &data("e"), &unique, None),
+                i: run("I", "payhook-inspected", &data("i"), &unique, None),
+            }
+        })
+        .collect();
     let reachable = chosen.runs("P") && runtime.block_on(reachable());
     let postgres = reachable.then(|| {
         let schema = format!("bench_p_{}", std::process::id());
@@ -537,8 +577,90 @@ fn drive(duration: Duration, chosen: &Chosen) {
         None => (None, None, None),
     };
 
+    let postgres = Postgres { p, q, trees };
+    let mut all_checks = Vec::new();
+    for (index, round) in rounds.iter().enumerate() {
+        let heading = if rounds.len() > 1 {
+            format!(", round {} of {}", index + 1, rounds.len())
+        } else {
+            String::new()
+        };
+        // P, P' and Q run once: they are reported with the last round.
+        let last = index + 1 == rounds.len();
+        let none = Postgres::default();
+        all_checks.push(print_round(
+            duration,
+            &heading,
+            round,
+            if last { &postgres } else { &none },
+        ));
+    }
+    if rounds.len() > 1 {
+        print_summary(&all_checks);
+    }
+    let all_met = all_checks.iter().flatten().all(Check::met);
+    if all_met {
+        println!("\nevery target measured is met");
+    } else {
+        println!("\nsome targets MISSED");
+    }
+}
+
+/// One round's scenarios (those not chosen are `None`).
+struct Round {
+    a: Option<Measured>,
+    b: Option<Measured>,
+    c: Option<Measured>,
+    d: Option<Measured>,
+    e: Option<Measured>,
+    i: Option<Measured>,
+}
+
+/// The PostgreSQL scenarios, run once.
+#[derive(Default)]
+struct Postgres {
+    p: Option<Measured>,
+    q: Option<Measured>,
+    trees: Option<Measured>,
+}
+
+/// One figure against its target.
+struct Check {
+    label: &'static str,
+    value: Option<f64>,
+    target: f64,
+    /// The figure must be at least the target (else at most).
+    at_least: bool,
+}
+
+impl Check {
+    /// Met, or not measured.
+    fn met(&self) -> bool {
+        self.value.is_none_or(|value| {
+            if self.at_least {
+                value >= self.target
+            } else {
+                value <= self.target
+            }
+        })
+    }
+
+    fn sign(&self) -> &'static str {
+        if self.at_least { "≥" } else { "≤" }
+    }
+}
+
+/// Prints one round's table and its figures against the targets; returns the figures.
+fn print_round(
+    duration: Duration,
+    heading: &str,
+    round: &Round,
+    postgres: &Postgres,
+) -> Vec<Check> {
+    let Round { a, b, c, d, e, i } = round;
+    let Postgres { p, q, trees } = postgres;
     println!(
-        "\npayhook callback benchmark — {CONNECTIONS} connections, {}s per scenario, loopback",
+        "\npayhook callback benchmark — {CONNECTIONS} connections, {}s per scenario, loopback{heading}",
         duration.as_secs()
     );
     println!(
@@ -590,59 +712,90 @@ fn drive(duration: Duration, chosen: &Chosen) {
             .zip(y.as_ref())
             .map(|(x, y)| x.0.rate() / y.0.rate())
     };
+    let check = |label, value, target, at_least| Check {
+        label,
+        value,
+        target,
+        at_least,
+    };
     let b_p99 = b.as_ref().map(|b| b.0.percentile_ms(0.99));
-    let non_2xx = [&a, &b, &c, &d, &e, &i]
+    let non_2xx = [a, b, c, d, e, i]
         .iter()
         .filter_map(|m| m.as_ref().map(|m| m.0.non_2xx as f64))
         .reduce(|x, y| x + y);
-    let checks = [
-        ("B/A", ratio(&b, &a), 0.25, true),
-        ("B/D", ratio(&b, &d), 0.65, true),
-        ("C/A", ratio(&c, &a), 0.50, true),
-        ("p99 of B (ms)", b_p99, 10.0, false),
-        ("non-2xx (all)", non_2xx, 0.0, false),
-        ("peak RSS of B (MiB)", b.as_ref().map(|b| b.1), 64.0, false),
-        ("E/D", ratio(&e, &d), 0.90, true),
-        ("I/B", ratio(&i, &b), 0.95, true),
-        ("P/Q", ratio(&p, &q), 0.60, true),
-        (
+    let checks = vec![
+        check("B/A", ratio(b, a), 0.25, true),
+        check("B/D", ratio(b, d), 0.65, true),
+        check("C/A", ratio(c, a), 0.50, true),
+        check("p99 of B (ms)", b_p99, 10.0, false),
+        check("non-2xx (all)", non_2xx, 0.0, false),
+        check("peak RSS of B (MiB)", b.as_ref().map(|b| b.1), 64.0, false),
+        check("E/D", ratio(e, d), 0.90, true),
+        check("I/B", ratio(i, b), 0.95, true),
+        check("P/Q", ratio(p, q), 0.60, true),
+        check(
             "p99 of P (ms)",
             p.as_ref().map(|p| p.0.percentile_ms(0.99)),
             25.0,
             false,
         ),
-        (
+        check(
             "non-2xx of P",
             p.as_ref().map(|p| p.0.non_2xx as f64),
             0.0,
             false,
         ),
     ];
-    let mut all_met = true;
-    for (label, value, target, at_least) in checks {
-        let sign = if at_least { "≥" } else { "≤" };
-        let Some(value) = value else {
+    for check in &checks {
+        let (label, target, sign) = (check.label, check.target, check.sign());
+        let Some(value) = check.value else {
             println!(
                 "{label:<22} {:>8}   target {sign} {target:<6} not measured",
                 "—"
             );
             continue;
         };
-        let ok = if at_least {
-            value >= target
-        } else {
-            value <= target
-        };
-        all_met &= ok;
         println!(
             "{label:<22} {value:>8.2}   target {sign} {target:<6} {}",
-            if ok { "ok" } else { "MISSED" }
+            if check.met() { "ok" } else { "MISSED" }
         );
     }
-    if all_met {
-        println!("\nevery target measured is met");
-    } else {
-        println!("\nsome targets MISSED");
+    checks
+}
+
+/// Each figure in every round, its median, and whether its target held in every round.
+fn print_summary(rounds: &[Vec<Check>]) {
+    println!(
+        "\nover {} rounds (round by round, then the median):",
+        rounds.len()
+    );
+    for (index, first) in rounds[0].iter().enumerate() {
+        let values: Vec<f64> = rounds.iter().filter_map(|r| r[index].value).collect();
+        if values.is_empty() {
+            continue;
+        }
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        let middle = sorted.len() / 2;
+        let median = if sorted.len() % 2 == 0 {
+            f64::midpoint(sorted[middle - 1], sorted[middle])
+        } else {
+            sorted[middle]
+        };
+        let missed = rounds.iter().filter(|r| !r[index].met()).count();
+        let each: Vec<String> = values.iter().map(|v| format!("{v:.2}")).collect();
+        println!(
+            "{:<22} {}   median {median:.2}   target {} {:<6} {}",
+            first.label,
+            each.join(" "),
+            first.sign(),
+            first.target,
+            if missed == 0 {
+                "ok in every round".to_owned()
+            } else {
+                format!("MISSED in {missed} of {}", rounds.len())
+            }
+        );
     }
 }
 
