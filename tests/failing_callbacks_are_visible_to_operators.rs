@@ -136,6 +136,69 @@ async fn failures_are_durable_and_expire_with_the_retention() {
     assert!(store.failing_callbacks().await.unwrap().is_empty());
 }
 
+/// A failure recorded before a restart is forgotten when the callback is booked after it:
+/// the store looks for a record to forget only when it may hold one, and one kept from
+/// before the restart counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_before_a_restart_is_forgotten_once_booked_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    let nonce = payhook::model::Nonce::from("n-1");
+    {
+        let store = SledStore::open(&config, &[]).unwrap();
+        store
+            .record_callback_failure(CallbackFailure {
+                nonce: nonce.as_str().into(),
+                status: TransactionStatus::Success,
+                reason: "the ledger was down".into(),
+                transaction_reference_id: uuid::Uuid::nil(),
+                client_id: "client".into(),
+                amount: rust_decimal::Decimal::new(1050, 2),
+                currency: "EUR".into(),
+                at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+        // A callback of another nonce, booked first: nothing of n-1's is touched.
+        book(&store, &payhook::model::Nonce::from("n-2")).await;
+        assert_eq!(store.failing_callbacks().await.unwrap().len(), 1);
+    }
+    let store = SledStore::open(&config, &[]).unwrap();
+    assert_eq!(store.failing_callbacks().await.unwrap().len(), 1);
+    book(&store, &nonce).await;
+    assert!(
+        store.failing_callbacks().await.unwrap().is_empty(),
+        "the booked callback is still listed as failing"
+    );
+}
+
+/// Claims `nonce` and books it with no effects.
+async fn book(store: &SledStore, nonce: &payhook::model::Nonce) {
+    let begin = store
+        .begin_callback(
+            nonce,
+            TransactionStatus::Success,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let payhook::store::CallbackBegin::Claimed { claim, .. } = begin else {
+        panic!("{nonce:?} was not claimed: {begin:?}");
+    };
+    store
+        .finish_callback(
+            nonce,
+            claim,
+            TransactionStatus::Success,
+            payhook::store::Effects::default(),
+        )
+        .await
+        .unwrap();
+}
+
 /// Runs the real `payhook` binary with only `env`; returns its exit code and stdout.
 async fn payhook(args: &[&str], env: &[(&str, String)]) -> (i32, String) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"));

@@ -122,6 +122,10 @@ pub(crate) struct Context {
     pub(crate) without_durability: bool,
     /// Each durable commit's time and size.
     pub(crate) metrics: super::CommitMetrics,
+    /// Whether the store may hold a failing callback's record: `false` only while none was
+    /// found at open and none was recorded since, so that booking a callback need not look
+    /// for one to forget. Never goes back to `false` (a purge may leave it `true`).
+    pub(crate) may_hold_failures: AtomicBool,
 }
 
 /// Where a commit may be held by a test ([`super::SledStore::hold_commits`]).
@@ -468,6 +472,8 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 replies.push(unit_reply(reply));
             }
             Job::Failure(failure) => {
+                // Before the record is staged: a later callback of this batch looks for it.
+                context.may_hold_failures.store(true, Ordering::Relaxed);
                 let mut staging = Staging::new(&context.tree, &mut overlay);
                 match failing::record(&mut staging, &failure, expires_ms) {
                     Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
@@ -490,19 +496,20 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             }
         }
     }
-    if !indexed.is_empty() {
-        let batch_id = uuid::Uuid::new_v4().as_u64_pair().0;
-        overlay.insert(
-            keys::expiry(expires_ms, batch_id),
-            Some(keys::encode_index(&indexed)),
-        );
-    }
-    let outcome = if overlay.is_empty() {
+    let outcome = if overlay.is_empty() && indexed.is_empty() {
         Ok(())
     } else {
         // The seal goes into the batch; the watermark follows once the batch is durable,
         // before any reply: an acknowledged commit is always at or below the watermark.
         let seal = context.watermark.next(now);
+        if !indexed.is_empty() {
+            // The commit's number tells this batch's index entry from others of the same
+            // expiry (no random number to draw per batch).
+            overlay.insert(
+                keys::expiry(expires_ms, seal.commit),
+                Some(keys::encode_index(&indexed)),
+            );
+        }
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
         if context.without_durability {
             // Built in full, written nowhere: see `without_durability`.
@@ -577,7 +584,11 @@ fn stage_callback(
     record.attempts = record.attempts.max(attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
-    failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)
+    if context.may_hold_failures.load(Ordering::Relaxed) {
+        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)
+    } else {
+        Ok(())
+    }
 }
 
 fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {

@@ -122,6 +122,7 @@ impl SledStore {
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
         let commit_metrics = super::CommitMetrics::default();
+        let may_hold_failures = tree.scan_prefix(keys::FAILING_PREFIX).next().is_some();
         let writer = Arc::new(Writer::new(Context {
             db,
             tree: tree.clone(),
@@ -135,6 +136,7 @@ impl SledStore {
             gate: Gate::default(),
             without_durability,
             metrics: commit_metrics.clone(),
+            may_hold_failures: AtomicBool::new(may_hold_failures),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
