@@ -777,7 +777,7 @@ fn print_summary(rounds: &[Vec<Check>]) {
         let mut sorted = values.clone();
         sorted.sort_by(f64::total_cmp);
         let middle = sorted.len() / 2;
-        let median = if sorted.len() % 2 == 0 {
+        let median = if sorted.len().is_multiple_of(2) {
             f64::midpoint(sorted[middle - 1], sorted[middle])
         } else {
             sorted[middle]
