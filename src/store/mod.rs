@@ -223,6 +223,9 @@
 //!   temporary change): B fell from 9,211 to 3,548 req/s and its CPU per request rose from
 //!   149 to 401 µs, since each applied batch shrank to the requests that arrived while the
 //!   previous one was staged (see `committer.rs`). Not kept.
+//! * sled's cache at 128 MiB instead of `store.cache_bytes`' 16 MiB (a temporary change,
+//!   `-- 5 B --rounds 3` each): B 6,655, 5,840 and 6,266 req/s against 6,652, 7,371 and
+//!   7,713 — no gain; a 5-second run's records fit in the default cache.
 
 mod claims;
 mod commit_metrics;
