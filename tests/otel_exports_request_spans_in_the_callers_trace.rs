@@ -10,7 +10,6 @@ mod support;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use std::sync::{Arc, Mutex};
 use support::gateway::lookup_traceparent;
 use tracing_subscriber::prelude::*;
@@ -20,32 +19,18 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
 /// A collector that keeps the body of every `POST /v1/traces`.
 async fn collector() -> (std::net::SocketAddr, Arc<Mutex<Vec<Bytes>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let received: Arc<Mutex<Vec<Bytes>>> = Arc::default();
     let kept = Arc::clone(&received);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let kept = Arc::clone(&kept);
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    move |request: hyper::Request<hyper::body::Incoming>| {
-                        let kept = Arc::clone(&kept);
-                        async move {
-                            assert_eq!(request.uri().path(), "/v1/traces");
-                            let body = request.into_body().collect().await?.to_bytes();
-                            kept.lock().unwrap().push(body);
-                            Ok::<_, hyper::Error>(hyper::Response::new(Full::new(Bytes::new())))
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+    let addr = support::serve_http(move |request: hyper::Request<hyper::body::Incoming>| {
+        let kept = Arc::clone(&kept);
+        async move {
+            assert_eq!(request.uri().path(), "/v1/traces");
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            kept.lock().unwrap().push(body);
+            hyper::Response::new(Full::new(Bytes::new()))
         }
-    });
+    })
+    .await;
     (addr, received)
 }
 

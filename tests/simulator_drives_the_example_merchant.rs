@@ -111,35 +111,21 @@ async fn signed_triggers_of_every_kind_are_accepted_and_a_tampered_one_refused()
 /// A merchant that answers 503 to the first `failures` deliveries, then 200.
 async fn flaky_merchant(failures: u32) -> (String, Arc<AtomicU32>) {
     let seen = Arc::new(AtomicU32::new(0));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let counter = Arc::clone(&seen);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let counter = Arc::clone(&counter);
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_request| {
-                    let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                    let status = if n <= failures { 503 } else { 200 };
-                    async move {
-                        Ok::<_, std::convert::Infallible>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                                    b"{\"message\":\"scripted\"}",
-                                )))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
+    let addr = serve_http(move |_request| {
+        let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+        let status = if n <= failures { 503 } else { 200 };
+        async move {
+            hyper::Response::builder()
+                .status(status)
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    b"{\"message\":\"scripted\"}",
+                )))
+                .unwrap()
         }
-    });
-    (url, seen)
+    })
+    .await;
+    (format!("http://{addr}/hook"), seen)
 }
 
 fn settings(url: &str, max_attempts: u32, add_signature: bool) -> CallbackSettings {

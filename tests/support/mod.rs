@@ -713,3 +713,33 @@ impl std::io::Write for LogSink {
         Ok(())
     }
 }
+
+/// Serves `handle` over HTTP/1.1 on 127.0.0.1 port 0, every connection on a task of its
+/// own, for as long as the test runs: a peer of payhook's that a test scripts (a merchant's
+/// callback URL, a trace collector). Returns the address.
+pub async fn serve_http<F, R>(handle: F) -> SocketAddr
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> R + Clone + Send + Sync + 'static,
+    R: std::future::Future<Output = hyper::Response<http_body_util::Full<bytes::Bytes>>>
+        + Send
+        + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let answer = handle(request);
+                    async move { Ok::<_, std::convert::Infallible>(answer.await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
