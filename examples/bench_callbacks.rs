@@ -9,6 +9,7 @@
 //! cargo run --release --example bench_callbacks -- 5 postgres   # P, P' and Q only
 //! cargo run --release --example bench_callbacks -- 5 D E        # the scenarios named only
 //! cargo run --release --example bench_callbacks -- 5 B D E --rounds 3   # three rounds
+//! cargo run --release --example bench_callbacks -- 5 B D E --rounds 3 --slices 10
 //! ```
 //!
 //! `--rounds N` runs the chosen scenarios (all but P, P' and Q, which run once) N times in
@@ -16,6 +17,12 @@
 //! each ratio in every round, its median, and whether its target held in every round. On a
 //! VM whose speed moves by ±20 % between runs, a change is judged by rounds run side by
 //! side, not by one run against another taken earlier.
+//!
+//! `--slices N` starts all of a round's servers at once and moves the load from one to the
+//! next in turn, N times, each slice lasting 1/N of the duration: each scenario still gets the
+//! whole duration, but a change of the machine's speed during the round falls on every
+//! scenario alike, so the ratios of a round are taken under the same conditions. Without
+//! it, each scenario runs alone for the whole duration, one after the other.
 //!
 //! Each scenario's server runs as a child process (so that its peak RSS is its own); the
 //! load driver keeps 64 HTTP/1.1 keep-alive connections busy for the same duration:
@@ -83,6 +90,8 @@ const SCENARIOS: [&str; 7] = ["A", "B", "C", "D", "E", "I", "P"];
 struct Chosen {
     scenarios: Vec<String>,
     rounds: usize,
+    /// Slices each scenario's load is cut into, taken in turn across the round's servers.
+    slices: usize,
 }
 
 impl Chosen {
@@ -108,19 +117,8 @@ fn main() {
     } else {
         let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5);
         let mut rest: Vec<&String> = args.iter().skip(2).collect();
-        let mut rounds = 1;
-        if let Some(at) = rest.iter().position(|s| *s == "--rounds") {
-            let Some(n) = rest
-                .get(at + 1)
-                .and_then(|n| n.parse().ok())
-                .filter(|n| *n > 0)
-            else {
-                eprintln!("--rounds takes a number of rounds, at least 1");
-                std::process::exit(2);
-            };
-            rounds = n;
-            rest.drain(at..at + 2);
-        }
+        let rounds = take_count(&mut rest, "--rounds", "a number of rounds");
+        let slices = take_count(&mut rest, "--slices", "a number of slices per scenario");
         let chosen: Vec<String> = rest
             .into_iter()
             .map(|s| {
@@ -140,9 +138,27 @@ fn main() {
             &Chosen {
                 scenarios: chosen,
                 rounds,
+                slices,
             },
         );
     }
+}
+
+/// Takes `name N` out of `rest` (1 when absent); exits with status 2 unless N ≥ 1.
+fn take_count(rest: &mut Vec<&String>, name: &str, what: &str) -> usize {
+    let Some(at) = rest.iter().position(|s| *s == name) else {
+        return 1;
+    };
+    let Some(n) = rest
+        .get(at + 1)
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+    else {
+        eprintln!("{name} takes {what}, at least 1");
+        std::process::exit(2);
+    };
+    rest.drain(at..at + 2);
+    n
 }
 
 // ---------------------------------------------------------------- the servers (children)
@@ -371,6 +387,7 @@ impl Bodies {
 }
 
 /// The outcome of one scenario.
+#[derive(Default)]
 struct Outcome {
     requests: usize,
     non_2xx: usize,
@@ -380,6 +397,15 @@ struct Outcome {
 }
 
 impl Outcome {
+    /// Adds a later slice of the same scenario (latencies left unsorted).
+    fn absorb(&mut self, slice: Self) {
+        self.requests += slice.requests;
+        self.non_2xx += slice.non_2xx;
+        self.elapsed += slice.elapsed;
+        self.latencies_us.extend(slice.latencies_us);
+        self.ran_out |= slice.ran_out;
+    }
+
     fn rate(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
@@ -475,31 +501,6 @@ fn drive(duration: Duration, chosen: &Chosen) {
         .enable_all()
         .build()
         .unwrap();
-    let run = |name: &str,
-               scenario: &str,
-               data: &str,
-               make: &dyn Fn() -> Bodies,
-               warm_up: Option<usize>|
-     -> Option<Measured> {
-        if !chosen.runs(name) {
-            return None;
-        }
-        let data = dir.path().join(data).display().to_string();
-        let key = public_key.display().to_string();
-        let server = Server::start(&["serve", scenario, &data, &key], Stdio::inherit());
-        if let Some(acknowledged) = warm_up {
-            // C: acknowledge the nonces first; their retries are the load.
-            let warm = Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
-            let seeded = runtime.block_on(load_count(server.address, warm, acknowledged));
-            assert_eq!(seeded, 0, "acknowledging the nonces to retry failed");
-        }
-        eprintln!("{name}: {} for {}s ...", scenario, duration.as_secs());
-        let cpu = server.cpu_seconds();
-        let outcome = runtime.block_on(load(server.address, make(), duration));
-        let cpu_us = (server.cpu_seconds() - cpu) * 1e6 / outcome.requests as f64;
-        let rss = server.rss_mib().1;
-        Some((outcome, rss, cpu_us))
-    };
     let unique = || Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
     let retries = || {
         Bodies::Cycle(
@@ -515,21 +516,61 @@ fn drive(duration: Duration, chosen: &Chosen) {
             Arc::new(AtomicUsize::new(0)),
         )
     };
+    // A scenario's server, started (and, for C, its nonces acknowledged first).
+    let start = |spec: Spec| -> Running {
+        let data = dir.path().join(&spec.data).display().to_string();
+        let key = public_key.display().to_string();
+        let server = Server::start(&["serve", spec.scenario, &data, &key], Stdio::inherit());
+        if let Some(acknowledged) = spec.warm_up {
+            // C: acknowledge the nonces first; their retries are the load.
+            let seeded = runtime.block_on(load_count(server.address, unique(), acknowledged));
+            assert_eq!(seeded, 0, "acknowledging the nonces to retry failed");
+        }
+        Running::new(spec, server)
+    };
     // Each round on fresh servers and stores; the bodies are signed once.
     let rounds: Vec<Round> = (1..=chosen.rounds)
         .map(|round| {
             if chosen.rounds > 1 {
                 eprintln!("round {round} of {}", chosen.rounds);
             }
-            let data = |name: &str| format!("{name}{round}");
-            Round {
-                a: run("A", "baseline", &data("a"), &cycle, None),
-                b: run("B", "payhook", &data("b"), &unique, None),
-                c: run("C", "payhook", &data("c"), &retries, Some(RETRIED_NONCES)),
-                d: run("D", "payhook-nostore", &data("d"), &cycle, None),
-                e: run("E", "payhook-e", &data("e"), &unique, None),
-                i: run("I", "payhook-inspected", &data("i"), &unique, None),
-            }
+            let spec = |name, scenario, data: &str, bodies, warm_up| Spec {
+                name,
+                scenario,
+                data: format!("{data}{round}"),
+                bodies,
+                warm_up,
+            };
+            let specs: Vec<Spec> = [
+                spec("A", "baseline", "a", cycle(), None),
+                spec("B", "payhook", "b", unique(), None),
+                spec("C", "payhook", "c", retries(), Some(RETRIED_NONCES)),
+                spec("D", "payhook-nostore", "d", cycle(), None),
+                spec("E", "payhook-e", "e", unique(), None),
+                spec("I", "payhook-inspected", "i", unique(), None),
+            ]
+            .into_iter()
+            .filter(|spec| chosen.runs(spec.name))
+            .collect();
+            let measured: Vec<(&str, Measured)> = if chosen.slices == 1 {
+                // One server at a time, for the whole duration.
+                specs
+                    .into_iter()
+                    .map(|spec| {
+                        let mut running = [start(spec)];
+                        runtime.block_on(measure(&mut running, duration, 1));
+                        let [running] = running;
+                        running.finish()
+                    })
+                    .collect()
+            } else {
+                // Every server up, the load moving from one to the next each slice: a
+                // change of the machine's speed during the round falls on all alike.
+                let mut running: Vec<Running> = specs.into_iter().map(start).collect();
+                runtime.block_on(measure(&mut running, duration, chosen.slices));
+                running.into_iter().map(Running::finish).collect()
+            };
+            Round::from(measured)
         })
         .collect();
     let reachable = chosen.runs("P") && runtime.block_on(reachable());
@@ -614,6 +655,89 @@ struct Round {
     d: Option<Measured>,
     e: Option<Measured>,
     i: Option<Measured>,
+}
+
+impl Round {
+    fn from(mut measured: Vec<(&str, Measured)>) -> Self {
+        let mut take = |name: &str| {
+            let at = measured.iter().position(|(n, _)| *n == name)?;
+            Some(measured.swap_remove(at).1)
+        };
+        Self {
+            a: take("A"),
+            b: take("B"),
+            c: take("C"),
+            d: take("D"),
+            e: take("E"),
+            i: take("I"),
+        }
+    }
+}
+
+/// A scenario of a round: its server, its store's directory and its load.
+struct Spec {
+    name: &'static str,
+    /// The server's kind (`serve`'s argument).
+    scenario: &'static str,
+    data: String,
+    bodies: Bodies,
+    /// Nonces acknowledged before the load (C).
+    warm_up: Option<usize>,
+}
+
+/// A scenario's server under measurement, and what it measured so far.
+struct Running {
+    spec: Spec,
+    server: Server,
+    outcome: Outcome,
+    cpu_seconds: f64,
+}
+
+impl Running {
+    fn new(spec: Spec, server: Server) -> Self {
+        Self {
+            spec,
+            server,
+            outcome: Outcome::default(),
+            cpu_seconds: 0.0,
+        }
+    }
+
+    /// The scenario's figures; its server stops.
+    fn finish(mut self) -> (&'static str, Measured) {
+        self.outcome.latencies_us.sort_unstable();
+        let cpu_us = self.cpu_seconds * 1e6 / self.outcome.requests as f64;
+        let rss = self.server.rss_mib().1;
+        (self.spec.name, (self.outcome, rss, cpu_us))
+    }
+}
+
+/// Loads each of `running` for `duration` in all, cut into `slices` taken in turn.
+async fn measure(running: &mut [Running], duration: Duration, slices: usize) {
+    let slice = duration / u32::try_from(slices).unwrap_or(u32::MAX);
+    let names: Vec<&str> = running.iter().map(|r| r.spec.name).collect();
+    if slices == 1 {
+        eprintln!(
+            "{}: {} for {}s ...",
+            names.join(" "),
+            running[0].spec.scenario,
+            duration.as_secs()
+        );
+    } else {
+        eprintln!(
+            "{} in turn, {slices} slices of {:.2}s each ...",
+            names.join(" "),
+            slice.as_secs_f64()
+        );
+    }
+    for _ in 0..slices {
+        for scenario in running.iter_mut() {
+            let cpu = scenario.server.cpu_seconds();
+            let outcome = load(scenario.server.address, scenario.spec.bodies.clone(), slice).await;
+            scenario.cpu_seconds += scenario.server.cpu_seconds() - cpu;
+            scenario.outcome.absorb(outcome);
+        }
+    }
 }
 
 /// The PostgreSQL scenarios, run once.
