@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::Claim;
+use super::record::CallbackRecord;
 
 /// Shards of the claim map; a nonce's shard is chosen by hash, so unrelated nonces rarely
 /// wait for each other.
@@ -36,6 +37,19 @@ pub(crate) struct Entry {
     pub(crate) attempts: u32,
     /// Last change (ms since the Unix epoch), for pruning forgotten nonces.
     pub(crate) touched_ms: u64,
+    /// A callback's durable record as read when the claim was taken, handed to its commit
+    /// so that the commit need not read it again; `None` when the claim took over a stale
+    /// one (the commit reads the record itself), for validations, and once handed over.
+    pub(crate) record: Option<CallbackRecord>,
+}
+
+/// What a commit takes from the claim it writes for: see [`Claims::take_owned`].
+#[derive(Debug)]
+pub(crate) struct Owned {
+    /// Deliveries of the nonce that reached the handler, this one included.
+    pub(crate) attempts: u32,
+    /// The record read when the claim was taken, if it was kept.
+    pub(crate) record: Option<CallbackRecord>,
 }
 
 /// The claims of one kind (callbacks or validations).
@@ -133,6 +147,21 @@ impl Claims {
             .is_some_and(|(c, _)| c == claim)
     }
 
+    /// For the commit of `claim`'s write: `None` unless `claim` still owns `nonce`; else the
+    /// attempts counted and the record kept when the claim was taken (taken: a commit that
+    /// fails leaves the next claim to read the record again).
+    pub(crate) fn take_owned(&self, nonce: &str, claim: Claim) -> Option<Owned> {
+        let mut shard = self.shard(nonce);
+        let entry = shard.entries.get_mut(nonce)?;
+        if entry.claim.is_none_or(|(c, _)| c != claim) {
+            return None;
+        }
+        Some(Owned {
+            attempts: entry.attempts,
+            record: entry.record.take(),
+        })
+    }
+
     /// Ends `claim` on `nonce`: forgets the nonce when it was acknowledged, else keeps its
     /// attempt count for the next delivery.
     pub(crate) fn end(&self, nonce: &str, claim: Claim, acknowledged: bool, now_ms: u64) {
@@ -148,6 +177,7 @@ impl Claims {
             shard.remove(nonce);
         } else if let Some(entry) = shard.entries.get_mut(nonce) {
             entry.claim = None;
+            entry.record = None;
             entry.touched_ms = now_ms;
             if shard.over_bound() {
                 forget_oldest_unclaimed(&mut shard);
@@ -228,6 +258,7 @@ mod tests {
             claim: Some((live, Instant::now())),
             attempts: 1,
             touched_ms: 0,
+            record: None,
         };
         for (t, nonce) in nonces.iter().enumerate() {
             let claim = claims.new_claim();
@@ -235,6 +266,7 @@ mod tests {
                 claim: Some((claim, Instant::now())),
                 attempts: 1,
                 touched_ms: 0,
+                record: None,
             };
             claims.end(nonce, claim, false, 1_000 + t as u64);
         }

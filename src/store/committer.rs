@@ -51,7 +51,7 @@ use std::{
 };
 use tokio::sync::oneshot;
 
-use super::claims::Claims;
+use super::claims::{Claims, Owned};
 use super::effects::{EffectTx, Effects, Tree, check_declared};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::keys;
@@ -71,7 +71,6 @@ pub(crate) enum Job {
         nonce: String,
         claim: Claim,
         status: i32,
-        attempts: u32,
         effects: Effects,
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
@@ -407,20 +406,19 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 nonce,
                 claim,
                 status,
-                attempts,
                 effects,
                 reply,
             } => {
-                if !context.callback_claims.owns(&nonce, claim) {
+                let Some(owned) = context.callback_claims.take_owned(&nonce, claim) else {
                     let _ = reply.send(Err(StoreError::ClaimLost(nonce)));
                     continue;
-                }
+                };
                 match stage_callback(
                     context,
                     &mut overlay,
                     &nonce,
                     status,
-                    attempts,
+                    owned,
                     &effects,
                     expires_ms,
                 ) {
@@ -542,14 +540,20 @@ fn stage_callback(
     overlay: &mut Overlay,
     nonce: &str,
     status: i32,
-    attempts: u32,
+    owned: Owned,
     effects: &Effects,
     expires_ms: u64,
 ) -> Result<(), StoreError> {
     let key = keys::callback(nonce);
-    let mut record = match read_record(&context.tree, overlay, &key)? {
-        Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
-        None => CallbackRecord::default(),
+    // The record read when the claim was taken, unless this batch wrote it since (it does
+    // not, while claims hold: one write per claim) or the claim took over a stale one.
+    let kept = owned.record.filter(|_| !overlay.contains_key(&key.key));
+    let mut record = match kept {
+        Some(record) => record,
+        None => match read_record(&context.tree, overlay, &key)? {
+            Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?,
+            None => CallbackRecord::default(),
+        },
     };
     if record.done.contains(&status) {
         // Booked already, by a delivery whose claim this one took over (its batch is this
@@ -581,7 +585,7 @@ fn stage_callback(
     if !record.done.contains(&status) {
         record.done.push(status);
     }
-    record.attempts = record.attempts.max(attempts);
+    record.attempts = record.attempts.max(owned.attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
     if context.may_hold_failures.load(Ordering::Relaxed) {

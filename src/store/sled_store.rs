@@ -428,18 +428,11 @@ impl DedupStore for SledStore {
         status: TransactionStatus,
         effects: Effects,
     ) -> DurableFuture<'a> {
-        let attempts = self
-            .inner
-            .callback_claims
-            .shard(nonce)
-            .get(nonce)
-            .map_or(0, |e| e.attempts);
         let (reply, receiver) = oneshot::channel();
         let job = Job::Callback {
             nonce: nonce.as_str().to_owned(),
             claim,
             status: status.code(),
-            attempts,
             effects,
             reply,
         };
@@ -716,7 +709,8 @@ impl SledStore {
         if Claims::live(entry, stale_after) {
             return Ok(Some(CallbackBegin::Busy));
         }
-        if entry.claim.is_some() {
+        let takeover = entry.claim.is_some();
+        if takeover {
             if !durable {
                 return Ok(None);
             }
@@ -736,13 +730,17 @@ impl SledStore {
         entry.attempts = entry.attempts.max(record.attempts).saturating_add(1);
         entry.claim = Some((claim, std::time::Instant::now()));
         entry.touched_ms = now;
+        let previous_status = record
+            .done
+            .last()
+            .map(|code| TransactionStatus::from_code(*code));
+        // The commit starts from this record instead of reading it again: while the claim
+        // is live nobody else writes it. After a takeover the commit reads it itself.
+        entry.record = (!takeover).then_some(record);
         Ok(Some(CallbackBegin::Claimed {
             claim,
             attempt: entry.attempts,
-            previous_status: record
-                .done
-                .last()
-                .map(|code| TransactionStatus::from_code(*code)),
+            previous_status,
         }))
     }
 
