@@ -97,9 +97,16 @@ pub(crate) mod utc_opt {
 
 // Times as the stores keep them: milliseconds since the Unix epoch.
 
-/// Milliseconds since the Unix epoch, now.
+/// Milliseconds since the Unix epoch, now (0 for a clock set before 1970, as
+/// [`ms_from_time`] gives). Straight from the system clock: on every callback's path,
+/// three times, where `Utc::now` would compute a calendar date each time only to be turned
+/// back into milliseconds.
 pub(crate) fn now_ms() -> u64 {
-    ms_from_time(Utc::now())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 /// Milliseconds since the Unix epoch (how the store keeps times) as a UTC time; beyond

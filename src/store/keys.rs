@@ -63,11 +63,17 @@ const DIGESTED: u8 = 0xFF;
 /// A nonce's identifier in keys and in the expiry index: the nonce, or `0xFF` and its
 /// SHA-256 when it is longer than [`SPELLED_OUT_BYTES`].
 pub(crate) fn identifier(nonce: &str) -> Vec<u8> {
+    prefixed_identifier(&[], nonce)
+}
+
+/// `prefix` and the identifier of `nonce`, in one allocation (a record's key is built on
+/// every callback's path).
+fn prefixed_identifier(prefix: &[u8], nonce: &str) -> Vec<u8> {
     if nonce.len() <= SPELLED_OUT_BYTES {
-        return nonce.as_bytes().to_vec();
+        return [prefix, nonce.as_bytes()].concat();
     }
     let digest = ring::digest::digest(&ring::digest::SHA256, nonce.as_bytes());
-    [&[DIGESTED], digest.as_ref()].concat()
+    [prefix, &[DIGESTED], digest.as_ref()].concat()
 }
 
 /// The SHA-256 of `text`, lower-case hex.
@@ -111,7 +117,7 @@ impl RecordKey {
 
     fn new(prefix: &[u8], nonce: &str) -> Self {
         Self {
-            key: [prefix, &identifier(nonce)].concat(),
+            key: prefixed_identifier(prefix, nonce),
             spelled_out: (nonce.len() > SPELLED_OUT_BYTES)
                 .then(|| [prefix, nonce.as_bytes()].concat()),
         }
