@@ -20,6 +20,12 @@
 //! callgrind prints `Collected : N`: the instructions of 20,000 callbacks (the store's open
 //! and the runtime's start are outside `drive_callbacks`). Without valgrind it prints the
 //! time per callback, which moves with the machine like any timing.
+//!
+//! A second number runs that many tasks at once on a runtime of one worker per core, as a
+//! server under load drives the store (`bench_durable_path 200000 64`): commits then batch
+//! the callbacks of several tasks, and the CPU time per callback includes what concurrency
+//! costs — batches' larger maps, hand-offs, wake-ups, contention. A timing again: compare it
+//! with one task's (`bench_durable_path 200000`) run the same minute.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -51,6 +57,13 @@ fn main() {
         &["ledger_entries", "ledger_balances"],
     )
     .unwrap();
+    let tasks: usize = std::env::args()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    if tasks > 1 {
+        return concurrently(&store, callbacks, tasks);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -66,17 +79,67 @@ fn main() {
     );
 }
 
+/// The same callbacks from `tasks` tasks at once on a runtime of one worker per core, as a
+/// server under load drives the store: commits batch the callbacks of several tasks, and
+/// the time per callback includes what concurrency costs (hand-offs, wake-ups, contention).
+/// A timing, which moves with the machine: compare it with one task's, the same minute.
+fn concurrently(store: &SledStore, callbacks: usize, tasks: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cpu = process_cpu_seconds();
+    let started = Instant::now();
+    runtime.block_on(async {
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let store = store.clone();
+                let share = callbacks / tasks;
+                tokio::spawn(async move {
+                    callbacks_in_turn(&store, task * share..(task + 1) * share).await;
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.unwrap();
+        }
+    });
+    let took = started.elapsed().as_secs_f64();
+    let done = (callbacks / tasks * tasks).max(1) as f64;
+    println!(
+        "{done} callbacks from {tasks} tasks in {took:.3} s: {:.0} callbacks/s, {:.2} µs of CPU \
+         each (all threads; time, not instructions)",
+        done / took,
+        (process_cpu_seconds() - cpu) * 1e6 / done
+    );
+}
+
+/// The process' CPU time so far (user and system, all threads); Linux only, else 0.
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    // utime and stime: the 14th and 15th fields, in clock ticks of 1/100 s.
+    after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<f64>().ok())
+        .sum::<f64>()
+        / 100.0
+}
+
 /// Claims, books and acknowledges `callbacks` new nonces, one after another. A plain
 /// function, never inlined, so that callgrind can collect what runs inside it.
 #[inline(never)]
 fn drive_callbacks(runtime: &tokio::runtime::Runtime, store: &SledStore, callbacks: usize) {
-    runtime.block_on(callbacks_in_turn(store, callbacks));
+    runtime.block_on(callbacks_in_turn(store, 0..callbacks));
 }
 
-async fn callbacks_in_turn(store: &SledStore, callbacks: usize) {
+/// Claims, books and acknowledges the nonces numbered `numbers`, one after another.
+async fn callbacks_in_turn(store: &SledStore, numbers: std::ops::Range<usize>) {
     let entries = store.tree("ledger_entries").unwrap();
     let balances = store.tree("ledger_balances").unwrap();
-    for n in 0..callbacks {
+    for n in numbers {
         let nonce = Nonce::from(format!("bench-{n:08}"));
         let status = TransactionStatus::Success;
         let CallbackBegin::Claimed { claim, .. } =

@@ -253,7 +253,13 @@ impl Writer {
             let Ok(guard) = self.lock.try_lock() else {
                 return;
             };
-            let jobs = std::mem::take(&mut *lock(&self.queue));
+            let jobs = {
+                // The next batch's queue starts at this one's size: no regrowing it from
+                // empty, job by job, under the queue's lock.
+                let mut queue = lock(&self.queue);
+                let capacity = queue.len();
+                std::mem::replace(&mut *queue, Vec::with_capacity(capacity))
+            };
             if !jobs.is_empty() {
                 commit(&self.context, jobs);
             }
@@ -395,9 +401,9 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     let started = Instant::now();
     let writes = jobs.len();
     let mut overlay = Overlay::new();
-    let mut replies = Vec::new();
+    let mut replies = Vec::with_capacity(jobs.len());
     // One expiry index entry for the whole batch: its records share their expiry.
-    let mut indexed: Vec<(u8, Vec<u8>)> = Vec::new();
+    let mut indexed: Vec<(u8, Vec<u8>)> = Vec::with_capacity(jobs.len());
     let now = now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
