@@ -226,6 +226,36 @@
 //! * sled's cache at 128 MiB instead of `store.cache_bytes`' 16 MiB (a temporary change,
 //!   `-- 5 B --rounds 3` each): B 6,655, 5,840 and 6,266 req/s against 6,652, 7,371 and
 //!   7,713 — no gain; a 5-second run's records fit in the default cache.
+//!
+//! On 2026-11-25 (seventh session) `bench_callbacks` gained `--slices N`: a round's servers
+//! start together and the load moves from one to the next N times, so that the VM's changes
+//! of speed (D between 13k and 23k req/s within the hour that day) fall on every scenario of
+//! the round alike. Rounds of `-- 5 B D E --rounds 3 --slices 10` gave B/D 0.43, 0.42, 0.44
+//! and E/D 0.86, 0.89, 0.88, where rounds of one scenario after another gave E/D 0.83, 0.99,
+//! 0.84 the same hour. Measured that way, with temporary changes to E's store:
+//!
+//! * **the floor of any store that acknowledges after an `fdatasync` per batch**: E's batch
+//!   appended to a file of its own and `fdatasync`ed — no sled at all, no watermark — gave
+//!   E/D 0.67 and 0.68 in the rounds where B/D was 0.44 and 0.43 (the same file without the
+//!   `fdatasync` 0.67–0.77, and with the watermark's write and its `fdatasync` too
+//!   0.54–0.59, in rounds not yet sliced). B does all of that and writes sled besides: with
+//!   the integrity watermark's second `fdatasync` per batch, B/D ≥ 0.65 is out of reach on
+//!   this VM for any store of that shape, sled or a journal of our own; without it, a store
+//!   would have to add no more than 3 % to a bare append and `fdatasync`. Only larger batches
+//!   (fewer syncs per callback) or fewer syncs per batch move that floor;
+//! * **the leader writing on its runtime worker** instead of under `block_in_place`: B/D
+//!   0.36 and 0.33 against 0.43 — a worker blocked in `fdatasync` holds up the tasks queued
+//!   on it, so `block_in_place` stays.
+//!
+//! `cargo run --release --example bench_durable_path` counts the instructions of the durable
+//! path itself per callback under callgrind (see the example's docs), a figure the VM does
+//! not move: 26,497 before that session's changes, 23,619 after (a commit starts from the
+//! record its claim read and takes the attempts under the lock that checks the claim; a
+//! record's key in one allocation; the clock read without chrono's calendar; the batch's
+//! vectors sized to it). Of those, each sled read is about 1,700 and the record's JSON
+//! encoding about 900. The same program with 64 tasks on two workers spends about twice the
+//! CPU per callback that one task does (6.1–6.9 µs against 3.0–3.3): batches, hand-offs and
+//! wake-ups — where E's cost above D lies, more than in the path's own instructions.
 
 mod claims;
 mod commit_metrics;
