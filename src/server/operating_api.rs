@@ -602,3 +602,26 @@ fn shown(panel: Result<String, &crate::store::StoreError>) -> String {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+    use crate::store::StoreError;
+
+    #[test]
+    fn a_panel_whose_store_could_not_be_read_says_so_instead_of_showing_nothing() {
+        let error = StoreError::backend_message("sled said <no> & gave up");
+        let panel = shown(Err(&error));
+        assert!(
+            panel.starts_with("<p class=bad>the store could not be read: "),
+            "{panel}"
+        );
+        // The error reaches the operator, escaped: a store's message never becomes markup.
+        assert!(
+            panel.contains("sled said &lt;no&gt; &amp; gave up"),
+            "{panel}"
+        );
+        assert!(!panel.contains("<no>"), "{panel}");
+        assert_eq!(shown(Ok("<table></table>".to_owned())), "<table></table>");
+    }
+}
