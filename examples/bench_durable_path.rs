@@ -32,6 +32,10 @@
     reason = "a benchmark prints and stops at the first failure"
 )]
 
+#[path = "common/server.rs"]
+#[allow(dead_code, reason = "only the CPU time is used here")]
+mod child;
+
 use payhook::config::StoreConfig;
 use payhook::model::{Nonce, TransactionStatus};
 use payhook::store::{CallbackBegin, DedupStore, Effects, SledStore, Tree};
@@ -88,7 +92,7 @@ fn concurrently(store: &SledStore, callbacks: usize, tasks: usize) {
         .enable_all()
         .build()
         .unwrap();
-    let cpu = process_cpu_seconds();
+    let cpu = child::cpu_seconds_of("self");
     let started = Instant::now();
     runtime.block_on(async {
         let handles: Vec<_> = (0..tasks)
@@ -110,22 +114,8 @@ fn concurrently(store: &SledStore, callbacks: usize, tasks: usize) {
         "{done} callbacks from {tasks} tasks in {took:.3} s: {:.0} callbacks/s, {:.2} µs of CPU \
          each (all threads; time, not instructions)",
         done / took,
-        (process_cpu_seconds() - cpu) * 1e6 / done
+        (child::cpu_seconds_of("self") - cpu) * 1e6 / done
     );
-}
-
-/// The process' CPU time so far (user and system, all threads); Linux only, else 0.
-fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    // utime and stime: the 14th and 15th fields, in clock ticks of 1/100 s.
-    after_name
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|t| t.parse::<f64>().ok())
-        .sum::<f64>()
-        / 100.0
 }
 
 /// Claims, books and acknowledges `callbacks` new nonces, one after another. A plain

@@ -76,19 +76,7 @@ impl Server {
 
     /// CPU time it used so far, user and system, all threads (`/proc/PID/stat`), seconds.
     pub(crate) fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // The fields after the command's name, which is in parentheses and may hold spaces:
-        // utime and stime are the 14th and 15th fields of the line, in clock ticks.
-        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let ticks: f64 = after_name
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|t| t.parse::<f64>().ok())
-            .sum();
-        // Clock ticks are USER_HZ, which Linux fixes at 100 for user space on x86.
-        ticks / 100.0
+        cpu_seconds_of(&self.child.id().to_string())
     }
 
     /// Bytes it caused to be written to storage so far (`/proc/PID/io`).
@@ -107,4 +95,21 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// CPU time the process `pid` (or `self`) used so far, user and system, all threads
+/// (`/proc/PID/stat`), seconds; 0 where there is no `/proc` (not Linux).
+pub(crate) fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which is in parentheses and may hold spaces:
+    // utime and stime are the 14th and 15th fields of the line, in clock ticks.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: f64 = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<f64>().ok())
+        .sum();
+    // Clock ticks are USER_HZ, which Linux fixes at 100 for user space on x86.
+    ticks / 100.0
 }
