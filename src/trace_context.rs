@@ -32,7 +32,6 @@
 //! ```
 
 use std::cell::Cell;
-use std::fmt::Write as _;
 use std::future::Future;
 
 use ring::rand::{SecureRandom, SystemRandom};
@@ -54,7 +53,7 @@ pub struct TraceContext {
 }
 
 tokio::task_local! {
-    static CURRENT: TraceContext;
+    static CURRENT: Option<TraceContext>;
 }
 
 impl TraceContext {
@@ -106,12 +105,25 @@ impl TraceContext {
     /// The context the current task runs in, set by [`Self::scope`]: payhook runs each
     /// request in its own.
     pub fn current() -> Option<Self> {
-        CURRENT.try_with(|context| *context).ok()
+        CURRENT.try_with(|context| *context).ok().flatten()
     }
 
     /// Runs `future` in this context: [`Self::current`] returns it there.
-    pub async fn scope<F: Future>(self, future: F) -> F::Output {
-        CURRENT.scope(self, future).await
+    ///
+    /// A plain wrapper, not an `async fn`: an `async fn` would keep `future` twice in its
+    /// own state (as its argument and inside the scope it awaits), and a request's future
+    /// is large; every move of it (hyper's, a task spawn's) copies all of it.
+    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        Self::scope_of(Some(self), future)
+    }
+
+    /// Runs `future` in `context` when there is one, else outside any ([`Self::current`]
+    /// returns `None` there).
+    pub(crate) fn scope_of<F: Future>(
+        context: Option<Self>,
+        future: F,
+    ) -> impl Future<Output = F::Output> {
+        CURRENT.scope(context, future)
     }
 
     /// A context of the given ids and flags (e.g. an exporter's span).
@@ -178,19 +190,21 @@ fn hex<const N: usize>(digits: &[u8]) -> Option<[u8; N]> {
     (digits.len() == 2 * N).then_some(out)
 }
 
+/// Lower-case hex, two digits a byte (each request formats its trace and span ids).
 fn to_hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-            let _ = write!(out, "{b:02x}");
-            out
-        })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 /// `N` pseudo-random bytes, never all zeros (an id of zeros is invalid): splitmix64 per
 /// thread, seeded from the system's randomness once, so that a request's ids cost no system
-/// call. Trace ids need to be unique, not secret.
-fn random<const N: usize>() -> [u8; N] {
+/// call. For ids that need to be unique, not secret: trace ids, request ids.
+pub(crate) fn random<const N: usize>() -> [u8; N] {
     thread_local! {
         static STATE: Cell<u64> = Cell::new(seed());
     }

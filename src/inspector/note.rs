@@ -87,7 +87,7 @@ impl std::fmt::Debug for Note {
 pub(crate) type SharedNote = Arc<Mutex<Note>>;
 
 tokio::task_local! {
-    static CURRENT: SharedNote;
+    static CURRENT: Option<SharedNote>;
 }
 
 /// A new, empty note; `recording` when the inspector keeps the request.
@@ -100,26 +100,31 @@ pub(crate) fn new(recording: bool) -> SharedNote {
 
 /// The note of the request this task works for, if it has one.
 pub(crate) fn current() -> Option<SharedNote> {
-    CURRENT.try_with(Arc::clone).ok()
+    CURRENT.try_with(Clone::clone).ok().flatten()
 }
 
 /// Runs `future` with `note` as its note ([`with`] writes to it there); without one, simply
 /// runs it.
-pub(crate) async fn scope<F: Future>(note: Option<SharedNote>, future: F) -> F::Output {
-    match note {
-        Some(note) => CURRENT.scope(note, future).await,
-        None => future.await,
-    }
+///
+/// A plain wrapper, not an `async fn`, so that `future` is held once (see
+/// [`crate::trace_context::TraceContext::scope`]).
+pub(crate) fn scope<F: Future>(
+    note: Option<SharedNote>,
+    future: F,
+) -> impl Future<Output = F::Output> {
+    CURRENT.scope(note, future)
 }
 
 /// Notes something about the current request; nothing outside a request.
 pub(crate) fn with(write: impl FnOnce(&mut Note)) {
     let _ = CURRENT.try_with(|note| {
-        write(
-            &mut note
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        if let Some(note) = note {
+            write(
+                &mut note
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+        }
     });
 }
 

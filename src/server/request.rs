@@ -14,7 +14,8 @@ pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Longest caller-supplied request id that is adopted.
 const MAX_REQUEST_ID_LEN: usize = 128;
 
-/// The caller's request id when it is short and plain, else a new UUID.
+/// The caller's request id when it is short and plain, else a new UUID (version 4, its
+/// random bits from the thread's id generator: no system call per request).
 pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(REQUEST_ID_HEADER)
@@ -25,7 +26,14 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+        .map_or_else(
+            || {
+                uuid::Builder::from_random_bytes(crate::trace_context::random())
+                    .into_uuid()
+                    .to_string()
+            },
+            str::to_owned,
+        )
 }
 
 /// `true` for `application/json` (or `application/*+json`), with no charset but UTF-8.

@@ -226,13 +226,10 @@ impl ValidationHandler for Runner {
 /// it does belongs to the request that spawned it (its gateway calls to the request's
 /// trace, its outcome to the request's note).
 fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    let trace = crate::trace_context::TraceContext::current();
-    let note = crate::inspector::note::current();
-    async move {
-        let work = crate::inspector::note::scope(note, work);
-        match trace {
-            Some(trace) => trace.scope(work).await,
-            None => work.await,
-        }
-    }
+    use crate::{inspector::note, trace_context::TraceContext};
+    // Wrappers, not an `async` block: the work is held once, not once per layer.
+    note::scope(
+        note::current(),
+        TraceContext::scope_of(TraceContext::current(), work),
+    )
 }
