@@ -36,9 +36,11 @@ pub fn parse_utc(text: &str) -> Result<DateTime<Utc>, TimestampError> {
         .map(|time| time.with_timezone(&Utc))
         .ok()
         .or_else(|| {
-            ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"]
-                .iter()
-                .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+            // The aggregator's usual form (`2026-01-02T03:04:05.1234567`, no offset) first,
+            // through chrono's prepared items: a format string is parsed anew on every call.
+            text.parse::<NaiveDateTime>()
+                .ok()
+                .or_else(|| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").ok())
                 .map(|naive| naive.and_utc())
         });
     // Only the years RFC 3339 can write (0000 to 9999, in UTC): a time payhook reads, it

@@ -158,21 +158,35 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem
         }
     }
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        Problem::BadRequest(match inner.classify() {
-            serde_json::error::Category::Data if path != "." => {
-                format!("invalid field `{path}`: {inner}")
-            }
-            serde_json::error::Category::Data => format!("invalid request: {inner}"),
-            _ => format!("malformed JSON: {inner}"),
-        })
-    })?;
-    deserializer
-        .end()
-        .map_err(|inner| Problem::BadRequest(format!("malformed JSON: {inner}")))?;
-    Ok(value)
+    match T::deserialize(&mut deserializer).and_then(|value| deserializer.end().map(|()| value)) {
+        Ok(value) => Ok(value),
+        // Read again, tracking the path, only to say where it went wrong: tracking it costs
+        // a valid body a good part of its parsing.
+        Err(error) => Err(explain::<T>(bytes).unwrap_or_else(|| described(None, &error))),
+    }
+}
+
+/// Why `bytes` is not a `T`, naming the field, line and column; `None` if it is one.
+fn explain<T: DeserializeOwned>(bytes: &[u8]) -> Option<Problem> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
+        Ok(_) => deserializer
+            .end()
+            .err()
+            .map(|inner| described(None, &inner)),
+        Err(error) => Some(described(Some(&error.path().to_string()), error.inner())),
+    }
+}
+
+/// The answer to a body that is not the request: the field's path when known.
+fn described(path: Option<&str>, inner: &serde_json::Error) -> Problem {
+    Problem::BadRequest(match (inner.classify(), path) {
+        (serde_json::error::Category::Data, Some(path)) if path != "." => {
+            format!("invalid field `{path}`: {inner}")
+        }
+        (serde_json::error::Category::Data, _) => format!("invalid request: {inner}"),
+        _ => format!("malformed JSON: {inner}"),
+    })
 }
 
 /// Address of the peer, put in a request's extensions by [`serve`](super::serve). A server
