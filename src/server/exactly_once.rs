@@ -11,7 +11,10 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 use tokio::sync::Notify;
@@ -38,42 +41,58 @@ const STALE_MARGIN: Duration = Duration::from_secs(60);
 const BUSY_POLL: Duration = Duration::from_millis(100);
 
 /// Deliveries waiting for another delivery of the same nonce to finish.
+///
+/// Almost no delivery waits: one registers only after its nonce was found busy, and a
+/// finished delivery looks at the map only while some key is registered.
 #[derive(Default)]
 pub(crate) struct Waiters {
     by_key: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Keys in `by_key`, read without its lock by [`Self::finished`].
+    registered: AtomicUsize,
 }
 
 impl Waiters {
-    fn for_key(&self, key: &str) -> Arc<Notify> {
-        let mut map = self
-            .by_key
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.by_key
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(map.entry(key.to_owned()).or_default())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn for_key(&self, key: &str) -> Arc<Notify> {
+        let mut map = self.lock();
+        if let Some(notify) = map.get(key) {
+            return Arc::clone(notify);
+        }
+        let notify = Arc::new(Notify::new());
+        map.insert(key.to_owned(), Arc::clone(&notify));
+        // SeqCst, paired with the fence in `finished`: a waiter registers and then reads the
+        // store; a finisher writes the store and then looks at the count. One of the two
+        // sees the other.
+        self.registered.fetch_add(1, Ordering::SeqCst);
+        notify
     }
 
     /// Forgets `key` when nobody waits on it any more (a delivery that did not have to wait).
     fn forget_if_unused(&self, key: &str) {
-        let mut map = self
-            .by_key
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self.lock();
         if map
             .get(key)
             .is_some_and(|notify| Arc::strong_count(notify) == 1)
         {
             map.remove(key);
+            self.registered.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Wakes every delivery waiting on `key`; called after the record changed.
     fn finished(&self, key: &str) {
-        let removed = self
-            .by_key
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.registered.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let removed = self.lock().remove(key);
         if let Some(notify) = removed {
+            self.registered.fetch_sub(1, Ordering::SeqCst);
             notify.notify_waiters();
         }
     }
@@ -163,19 +182,27 @@ impl ExactlyOnce {
         is_busy: impl Fn(&B) -> bool,
     ) -> Result<Result<B, StoreError>, Problem> {
         let deadline = Instant::now() + self.inner.runner.handler_timeout();
+        let mut waited = false;
         loop {
-            let outcome = {
+            let outcome = begin().await;
+            if !matches!(&outcome, Ok(b) if is_busy(b)) {
+                if waited {
+                    self.inner.waiters.forget_if_unused(key);
+                }
+                return Ok(outcome);
+            }
+            // Busy: registered before the store is read again, so that a finish between the
+            // two reads is not missed.
+            let again = {
                 let notify = self.inner.waiters.for_key(key);
                 let notified = notify.notified();
                 tokio::pin!(notified);
-                // Registered before the store is read, so a finish in between is not missed.
                 notified.as_mut().enable();
                 match begin().await {
                     Ok(outcome) if is_busy(&outcome) => {
                         // Woken when a delivery of this process finishes; a shared store's
                         // claim may be another instance's, which no one here announces, so
                         // the record is also read again every so often.
-                        let poll = Instant::now() + BUSY_POLL;
                         if Instant::now() >= deadline {
                             tracing::warn!(
                                 "another delivery of this nonce is still in flight; answering 503"
@@ -184,14 +211,15 @@ impl ExactlyOnce {
                                 retry_after: self.inner.runner.retry_after(),
                             });
                         }
+                        let poll = Instant::now() + BUSY_POLL;
                         let _ = tokio::time::timeout_at(poll.min(deadline), notified).await;
                         None
                     }
                     other => Some(other),
                 }
             };
-            if let Some(outcome) = outcome {
-                // Not kept for a delivery that did not wait: duplicates must not grow the map.
+            waited = true;
+            if let Some(outcome) = again {
                 self.inner.waiters.forget_if_unused(key);
                 return Ok(outcome);
             }
@@ -276,7 +304,7 @@ impl ExactlyOnce {
                 self.inner
                     .metrics
                     .callbacks_duplicate
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(1, Ordering::Relaxed);
                 return Ok(Delivered::Duplicate);
             }
         };
@@ -333,7 +361,7 @@ impl ExactlyOnce {
         self.inner
             .metrics
             .callback_failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed);
         if let Err(error) = store.record_callback_failure(failure).await {
             tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
         }
@@ -371,7 +399,7 @@ impl ExactlyOnce {
         self.inner
             .metrics
             .callbacks_booked
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a handler's decision on a validation.
@@ -459,7 +487,7 @@ impl ExactlyOnce {
                 self.inner
                     .metrics
                     .validations_replayed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(1, Ordering::Relaxed);
                 let answer = answer_for(&decision);
                 note::with(|n| n.outcome = Some(Outcome::Replayed));
                 return answer;
@@ -468,7 +496,7 @@ impl ExactlyOnce {
                 self.inner
                     .metrics
                     .nonce_reuse_refused
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     security_event = "nonce_reuse",
                     validation_id = request.validation_id.get(),
@@ -590,6 +618,26 @@ mod tests {
         );
         drop(held);
         waiters.finished("c:n-2");
+        assert!(waiters.by_key.lock().unwrap().is_empty());
+        assert_eq!(waiters.registered.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_finish_wakes_the_registered_waiter_and_costs_nothing_without_one() {
+        let waiters = Waiters::default();
+        // Nobody registered: nothing to look up, nothing kept.
+        waiters.finished("c:n-1");
+        assert!(waiters.by_key.lock().unwrap().is_empty());
+        let notify = waiters.for_key("c:n-1");
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        assert_eq!(waiters.registered.load(Ordering::SeqCst), 1);
+        waiters.finished("c:n-1");
+        tokio::time::timeout(Duration::from_secs(5), notified)
+            .await
+            .expect("the waiter is woken by the finish");
+        assert_eq!(waiters.registered.load(Ordering::SeqCst), 0);
         assert!(waiters.by_key.lock().unwrap().is_empty());
     }
 }
