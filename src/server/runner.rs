@@ -132,7 +132,9 @@ impl Runner {
         endpoint: Endpoint,
         work: impl Future<Output = Result<T, Problem>> + Send + 'static,
     ) -> Result<T, Problem> {
-        tokio::spawn(carried(work.in_current_span()))
+        // Boxed: the task then holds a pointer, not the work's whole state, which tokio
+        // would otherwise copy in and out of the task's cell at spawn and at each stage.
+        tokio::spawn(carried(Box::pin(work.in_current_span())))
             .await
             .unwrap_or_else(|error| {
                 tracing::error!(endpoint = endpoint.name(), %error, "request processing panicked");
