@@ -65,10 +65,11 @@ impl Waiters {
         }
         let notify = Arc::new(Notify::new());
         map.insert(key.to_owned(), Arc::clone(&notify));
-        // SeqCst, paired with the fence in `finished`: a waiter registers and then reads the
-        // store; a finisher writes the store and then looks at the count. One of the two
-        // sees the other.
+        // Fences on both sides: a waiter registers, then reads the store; a finisher writes
+        // the store, then looks at the count. One of the two sees the other's write (and a
+        // wake-up missed all the same would cost the waiter one BUSY_POLL, not a booking).
         self.registered.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         notify
     }
 
