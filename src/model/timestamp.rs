@@ -35,18 +35,28 @@ pub fn parse_utc(text: &str) -> Result<DateTime<Utc>, TimestampError> {
     let time = DateTime::parse_from_rfc3339(text)
         .map(|time| time.with_timezone(&Utc))
         .ok()
-        .or_else(|| {
-            // The aggregator's usual form (`2026-01-02T03:04:05.1234567`, no offset) first,
-            // through chrono's prepared items: a format string is parsed anew on every call.
-            text.parse::<NaiveDateTime>()
-                .ok()
-                .or_else(|| NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").ok())
-                .map(|naive| naive.and_utc())
-        });
+        .or_else(|| naive_utc(text));
     // Only the years RFC 3339 can write (0000 to 9999, in UTC): a time payhook reads, it
     // must be able to write and read again (the naive forms would take `-0026`).
     time.filter(|time| (0..=9999).contains(&time.year()))
         .ok_or_else(|| TimestampError(text.chars().take(40).collect()))
+}
+
+/// A time without an offset, taken as UTC: `2026-01-02T03:04:05.1234567` (the aggregator's
+/// usual form) or `2026-01-02 03:04:05`.
+fn naive_utc(text: &str) -> Option<DateTime<Utc>> {
+    const FORMS: [&str; 2] = ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"];
+    let naive = if text.contains(char::is_whitespace) {
+        FORMS
+            .iter()
+            .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+    } else {
+        // chrono's prepared items for the first form (a format string is parsed anew on
+        // every call). They would also allow whitespace between the fields and after them,
+        // which the forms do not: text with whitespace goes through the forms.
+        text.parse::<NaiveDateTime>().ok()
+    };
+    naive.map(|naive| naive.and_utc())
 }
 
 /// Formats a time as RFC 3339 with `Z`, with as many fractional digits as it needs.
@@ -225,7 +235,16 @@ mod tests {
 
     #[test]
     fn garbage_is_a_clear_error() {
-        for text in ["", "yesterday", "2026-13-01T00:00:00Z", "2026-01-02"] {
+        for text in [
+            "",
+            "yesterday",
+            "2026-13-01T00:00:00Z",
+            "2026-01-02",
+            // Whitespace the accepted forms do not have.
+            "2026-01-02T03:04:05 ",
+            "2026-01-02T03 :04:05",
+            "2026 -01-02T03:04:05.5",
+        ] {
             let error = parse_utc(text).unwrap_err();
             assert!(error.to_string().contains("is not a date-time"), "{text}");
         }
