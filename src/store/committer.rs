@@ -403,7 +403,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     let mut overlay = Overlay::new();
     let mut replies = Vec::with_capacity(jobs.len());
     // One expiry index entry for the whole batch: its records share their expiry.
-    let mut indexed: Vec<(u8, Vec<u8>)> = Vec::with_capacity(jobs.len());
+    let mut indexed = keys::IndexValue::with_capacity(jobs.len());
     let now = now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
@@ -428,8 +428,8 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     &effects,
                     expires_ms,
                 ) {
-                    Ok(()) => {
-                        indexed.push((keys::TAG_CALLBACK, keys::identifier(&nonce)));
+                    Ok(key) => {
+                        indexed.push(keys::TAG_CALLBACK, key.identifier());
                         replies.push(unit_reply(reply));
                     }
                     Err(error) => {
@@ -453,10 +453,10 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     let mut staging = Staging::new(&context.tree, &mut overlay);
                     match postponed_records::create(&mut staging, &record) {
                         Ok(true) => {
-                            indexed.push((
+                            indexed.push(
                                 keys::TAG_POSTPONED,
-                                record.validation_id.to_string().into_bytes(),
-                            ));
+                                record.validation_id.to_string().as_bytes(),
+                            );
                         }
                         Ok(false) => {}
                         Err(error) => {
@@ -471,8 +471,9 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                     expires_ms,
                 };
                 // Claimed: no record of this nonce under either key, nothing to move.
-                overlay.insert(keys::validation(&nonce).key, Some(encode(&record)));
-                indexed.push((keys::TAG_VALIDATION, keys::identifier(&nonce)));
+                let key = keys::validation(&nonce);
+                indexed.push(keys::TAG_VALIDATION, key.identifier());
+                overlay.insert(key.key, Some(encode(&record)));
                 replies.push(unit_reply(reply));
             }
             Job::Failure(failure) => {
@@ -480,7 +481,9 @@ fn commit(context: &Context, jobs: Vec<Job>) {
                 context.may_hold_failures.store(true, Ordering::Relaxed);
                 let mut staging = Staging::new(&context.tree, &mut overlay);
                 match failing::record(&mut staging, &failure, expires_ms) {
-                    Ok(true) => indexed.push((keys::TAG_FAILING, keys::identifier(&failure.nonce))),
+                    Ok(true) => {
+                        indexed.push(keys::TAG_FAILING, &keys::identifier(&failure.nonce));
+                    }
                     Ok(false) => {}
                     Err(error) => {
                         tracing::error!(error = %crate::report::InLine(&error), "recording a callback failure failed");
@@ -511,7 +514,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             // expiry (no random number to draw per batch).
             overlay.insert(
                 keys::expiry(expires_ms, seal.commit),
-                Some(keys::encode_index(&indexed)),
+                Some(indexed.into_value()),
             );
         }
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
@@ -540,7 +543,8 @@ fn commit(context: &Context, jobs: Vec<Job>) {
     }
 }
 
-/// Adds one acknowledged callback to the batch: its effects, its record, its expiry entry.
+/// Adds one acknowledged callback to the batch: its effects and its record. Returns where
+/// the record is kept, for the batch's expiry entry.
 fn stage_callback(
     context: &Context,
     overlay: &mut Overlay,
@@ -549,7 +553,7 @@ fn stage_callback(
     owned: Owned,
     effects: &Effects,
     expires_ms: u64,
-) -> Result<(), StoreError> {
+) -> Result<keys::RecordKey, StoreError> {
     let key = keys::callback(nonce);
     // The record read when the claim was taken, unless this batch wrote it since (it does
     // not, while claims hold: one write per claim) or the claim took over a stale one.
@@ -569,7 +573,7 @@ fn stage_callback(
             nonce = %crate::logged::Logged(nonce),
             "a delivery finished a status already booked by a taken-over claim; its effects are dropped"
         );
-        return Ok(());
+        return Ok(key);
     }
     let tx = OverlayTx {
         context,
@@ -595,10 +599,9 @@ fn stage_callback(
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
     if context.may_hold_failures.load(Ordering::Relaxed) {
-        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)
-    } else {
-        Ok(())
+        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
     }
+    Ok(key)
 }
 
 fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {

@@ -23,6 +23,8 @@
 
 use crate::model::ValidationId;
 
+/// The length of every record prefix below.
+const PREFIX_BYTES: usize = 2;
 pub(crate) const CALLBACK_PREFIX: &[u8] = b"c\0";
 pub(crate) const VALIDATION_PREFIX: &[u8] = b"v\0";
 pub(crate) const EXPIRY_PREFIX: &[u8] = b"x\0";
@@ -115,7 +117,13 @@ impl RecordKey {
         }
     }
 
+    /// The nonce's [`identifier`]: the key without its prefix, as the expiry index lists it.
+    pub(crate) fn identifier(&self) -> &[u8] {
+        self.key.get(PREFIX_BYTES..).unwrap_or_default()
+    }
+
     fn new(prefix: &[u8], nonce: &str) -> Self {
+        debug_assert_eq!(prefix.len(), PREFIX_BYTES);
         Self {
             key: prefixed_identifier(prefix, nonce),
             spelled_out: (nonce.len() > SPELLED_OUT_BYTES)
@@ -164,20 +172,46 @@ pub(crate) fn expiry_upper(now_ms: u64) -> Vec<u8> {
     [EXPIRY_PREFIX, &now_ms.saturating_add(1).to_be_bytes()].concat()
 }
 
-/// The value of an expiry index key: the records of the batch, as `tag · length ·
-/// identifier` (a postponed validation's identifier is its id, in decimal).
-pub(crate) fn encode_index(entries: &[(u8, Vec<u8>)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (tag, identifier) in entries {
-        out.push(*tag);
-        out.extend_from_slice(
+/// The value of an expiry index key, built record by record: the records of the batch, as
+/// `tag · length · identifier` (a postponed validation's identifier is its id, in decimal).
+/// A commit adds each record's identifier as it stages it, so no identifier is built or
+/// copied apart from the value.
+#[derive(Debug, Default)]
+pub(crate) struct IndexValue(Vec<u8>);
+
+impl IndexValue {
+    /// Room for about `records` records with spelled-out nonces.
+    pub(crate) fn with_capacity(records: usize) -> Self {
+        Self(Vec::with_capacity(records.saturating_mul(48)))
+    }
+
+    pub(crate) fn push(&mut self, tag: u8, identifier: &[u8]) {
+        self.0.push(tag);
+        self.0.extend_from_slice(
             &u32::try_from(identifier.len())
                 .unwrap_or(u32::MAX)
                 .to_be_bytes(),
         );
-        out.extend_from_slice(identifier);
+        self.0.extend_from_slice(identifier);
     }
-    out
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value to store under the batch's [`expiry`] key.
+    pub(crate) fn into_value(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// The value of an expiry index key listing `entries` (see [`IndexValue`]).
+pub(crate) fn encode_index(entries: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut value = IndexValue::with_capacity(entries.len());
+    for (tag, identifier) in entries {
+        value.push(*tag, identifier);
+    }
+    value.into_value()
 }
 
 /// The records listed by an expiry index value (a damaged tail is ignored).
@@ -222,6 +256,25 @@ mod tests {
         assert_eq!(
             decode_index(&encode_index(&entries)[..10]),
             [(TAG_CALLBACK, b"n-1".to_vec())]
+        );
+    }
+
+    #[test]
+    fn a_record_keys_identifier_is_the_nonces_as_the_index_lists_it() {
+        for nonce in ["n-1", &"n".repeat(SPELLED_OUT_BYTES), &"nönce".repeat(40)] {
+            assert_eq!(callback(nonce).identifier(), identifier(nonce), "{nonce}");
+            assert_eq!(validation(nonce).identifier(), identifier(nonce), "{nonce}");
+            assert_eq!(failing(nonce).identifier(), identifier(nonce), "{nonce}");
+        }
+        let mut built = IndexValue::default();
+        built.push(TAG_CALLBACK, callback("n-1").identifier());
+        built.push(TAG_VALIDATION, validation(&"nönce".repeat(40)).identifier());
+        assert_eq!(
+            decode_index(&built.into_value()),
+            [
+                (TAG_CALLBACK, identifier("n-1")),
+                (TAG_VALIDATION, identifier(&"nönce".repeat(40)))
+            ]
         );
     }
 
