@@ -256,6 +256,33 @@
 //! encoding about 900. The same program with 64 tasks on two workers spends about twice the
 //! CPU per callback that one task does (6.1–6.9 µs against 3.0–3.3): batches, hand-offs and
 //! wake-ups — where E's cost above D lies, more than in the path's own instructions.
+//!
+//! On 2026-11-25 (ninth session; a faster VM that day, A 94k req/s, D 30–32k, B 10–13k)
+//! three more ways to make B cheaper were measured, each a temporary change run side by side
+//! with the shipped build (`-- 5 B D --rounds 2 --slices 10`, the two builds alternated):
+//!
+//! * **a journal with one sync per batch** — each batch encoded, written into a preallocated
+//!   file and `fdatasync`ed, applied to sled in memory; no sled flush, no `fdatasync` of
+//!   sled's file, no watermark: B/D medians 0.37 and 0.37 against 0.38 and 0.35, p99 of B
+//!   11.7 and 12.3 ms against 11.2 and 12.5. Neither throughput nor latency moved: B is
+//!   bound by CPU (sled's apply and its I/O threads, RSA, the allocator), not by the syncs.
+//!   A journal alone is not worth its recovery code;
+//! * **sled's I/O pool waking one thread per job** instead of all seven idle ones (a
+//!   one-line change to a copy of sled 0.34.7): B/D 0.42 and 0.40 against 0.38 and 0.39,
+//!   p99 of B 9.5 and 10.4 ms against 10.4 and 10.2 — a few hundredths, not worth
+//!   maintaining a fork of sled for;
+//! * **mimalloc as the server's allocator**: B/D 0.41 against 0.38 and E/D 0.92 against
+//!   0.91, but B's peak RSS 113 MiB against 55 (target 64 MiB): not recommended.
+//!
+//! A profile of B that day (`perf record` on the server, 8 s): RSA verification 19 % of the
+//! server's CPU, of which ring re-deriving the public key's Montgomery constants on every
+//! verification 6 % (ring 0.17 has no public way to verify with a parsed RSA key); sled
+//! 31 % (`apply_batch` 11 %, its I/O threads 15 %, half of that waking and switching); the
+//! allocator about 19 %; payhook's own durable path (claims, staging, the commit) about 5 %.
+//! The arithmetic: B/D ≥ 0.65 leaves B at most D / 0.65 of CPU per request, 71 µs against
+//! D's 46 µs that day, and E — B without sled and the disk — already spent 51 µs; sled's
+//! best case for the example's two unique keys per callback (`bench_sled`: 23 µs at 2,000
+//! callbacks per batch) would take B past that budget on its own.
 
 mod claims;
 mod commit_metrics;
