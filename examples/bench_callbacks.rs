@@ -801,8 +801,8 @@ fn print_round(
         duration.as_secs()
     );
     println!(
-        "{:<44} {:>10} {:>9} {:>9} {:>8} {:>9} {:>11}",
-        "scenario", "req/s", "p50 ms", "p99 ms", "non-2xx", "RSS MiB", "CPU µs/req"
+        "{:<44} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>11}",
+        "scenario", "req/s", "p50 ms", "p99 ms", "max ms", "non-2xx", "RSS MiB", "CPU µs/req"
     );
     let rows = [
         ("A  raw hyper: read body, 200", &a),
@@ -825,10 +825,11 @@ fn print_round(
             ""
         };
         println!(
-            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>9} {:>11}{note}",
+            "{name:<44} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>8} {:>9} {:>11}{note}",
             outcome.rate(),
             outcome.percentile_ms(0.50),
             outcome.percentile_ms(0.99),
+            outcome.percentile_ms(1.0),
             outcome.non_2xx,
             // Q runs in this process: it has no RSS of its own.
             if rss.is_nan() {

@@ -18,8 +18,9 @@
 //! of one nonce never both win it. `InFlight` lives in memory: on one machine a claim of a
 //! process that died is void anyway, and writing it would cost a disk write per delivery. The
 //! handler's effects and the `Done` mark are written in one atomic batch; the writes of all
-//! concurrent requests are applied together by whichever request leads, and made durable by
-//! one flush (group commit, see `committer.rs`); the answer (200) is sent only after that
+//! concurrent requests are applied together by whichever request leads (under steady load,
+//! a thread of the runtime's blocking pool that it handed the leading to), and made durable
+//! by one flush (group commit, see `committer.rs`); the answer (200) is sent only after that
 //! flush. A crash
 //! before the flush loses the claim, the mark and the effects together, so the aggregator's
 //! next attempt runs the handler again: **at-least-once until acknowledged, never again

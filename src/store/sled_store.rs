@@ -1,4 +1,5 @@
-//! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader.
+//! The embedded default [`Store`]: sled 0.34, one tree, group commit by a leader (see
+//! `committer.rs`).
 
 use crate::model::{Nonce, ValidationId};
 use chrono::{DateTime, Utc};
@@ -824,5 +825,108 @@ impl SledStore {
         }
         due.next = next_ms.map(time_from_ms);
         Ok(due)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    /// Claims `nonce` and books it with no effects; the commit's outcome.
+    async fn book(store: SledStore, nonce: &'static str) -> Result<(), StoreError> {
+        let nonce = Nonce::from(nonce);
+        let status = TransactionStatus::Success;
+        let CallbackBegin::Claimed { claim, .. } =
+            store.begin_callback(&nonce, status, PATIENCE).await?
+        else {
+            panic!("{nonce:?} was not claimed");
+        };
+        store
+            .finish_callback(&nonce, claim, status, Effects::default())
+            .await
+    }
+
+    /// Under steady load the queue is never empty when a batch ends: a request that kept
+    /// leading would wait for every batch queued behind its own.
+    #[test]
+    fn a_request_that_led_a_batch_is_answered_without_leading_the_ones_queued_behind_it() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            path: dir.path().to_owned(),
+            ..StoreConfig::default()
+        };
+        let store = SledStore::open(&config, &[]).unwrap();
+        let (writer, gate) = (&store.inner.writer, store.inner.writer.gate());
+        let mut held = Released(Vec::new());
+
+        // The first request leads its batch, which waits before its flush …
+        let first_batch = gate.arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&first_batch));
+        let first = runtime.spawn(book(store.clone(), "n-1"));
+        assert!(first_batch.wait_reached(1, PATIENCE));
+        // … while a second request's write queues behind it.
+        let second = runtime.spawn(book(store.clone(), "n-2"));
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while writer.queued() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second write never queued"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+
+        // The second batch waits before its flush too; the first request is answered
+        // meanwhile.
+        let second_batch = gate.arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&second_batch));
+        first_batch.release();
+        assert!(second_batch.wait_reached(1, PATIENCE));
+        let first = runtime.block_on(async { tokio::time::timeout(PATIENCE, first).await });
+        assert!(
+            matches!(first, Ok(Ok(Ok(())))),
+            "the request that led the first batch was not answered while the second was held: {first:?}"
+        );
+        assert!(
+            !second.is_finished(),
+            "the second write was answered before it was durable"
+        );
+
+        drop(held);
+        let second = runtime.block_on(async { tokio::time::timeout(PATIENCE, second).await });
+        assert!(matches!(second, Ok(Ok(Ok(())))), "{second:?}");
+        assert!(
+            block_on_acknowledged(&runtime, &store, "n-1")
+                && block_on_acknowledged(&runtime, &store, "n-2")
+        );
+    }
+
+    /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
+    /// runtime's drop waits for them).
+    struct Released(Vec<Arc<HoldState>>);
+
+    impl Drop for Released {
+        fn drop(&mut self) {
+            for held in &self.0 {
+                held.release();
+            }
+        }
+    }
+
+    fn block_on_acknowledged(
+        runtime: &tokio::runtime::Runtime,
+        store: &SledStore,
+        nonce: &str,
+    ) -> bool {
+        let nonce = Nonce::from(nonce);
+        runtime
+            .block_on(store.callback_acknowledged(&nonce, TransactionStatus::Success))
+            .unwrap()
     }
 }
