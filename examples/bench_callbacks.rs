@@ -51,7 +51,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test`), each in a schema of its own, dropped
 //! afterwards; without a reachable server they are skipped, and the program says so.
 //!
-//! It prints req/s, p50, p99, non-2xx answers and peak RSS for each, and the ratios against
+//! It prints req/s, p50, p99, the slowest answer, non-2xx answers, peak RSS and the server's
+//! CPU time per request for each, and the ratios against
 //! the targets (B/A ≥ 0.25, B/D ≥ 0.65, C/A ≥ 0.50, E/D ≥ 0.90, I/B ≥ 0.95, p99 of B ≤ 10 ms, no non-2xx,
 //! peak RSS of B ≤ 64 MiB; P/Q ≥ 0.60, p99 of P ≤ 25 ms).
 #![allow(

@@ -284,6 +284,40 @@
 //! D's 46 µs that day, and E — B without sled and the disk — already spent 51 µs; sled's
 //! best case for the example's two unique keys per callback (`bench_sled`: 23 µs at 2,000
 //! callbacks per batch) would take B past that budget on its own.
+//!
+//! On 2026-11-26 (tenth session; A 88–97k req/s, D 29–33k, B 9–13k):
+//!
+//! * **A request leads one batch only** (see `committer.rs`): it used to go on leading while
+//!   writes queued behind its batch, which under steady load they always do, so one request
+//!   at a time waited for many batches. Measured side by side with the build before, runs
+//!   alternated (`-- 5 B D E --rounds 3 --slices 10`, and two full runs): the slowest answer
+//!   of B went from 48–204 ms to 13–21 ms (two rounds of twelve at 39 and 81 ms, the latter
+//!   one where B's throughput fell by a fifth); B/D, E/D and p99 of B moved within the rounds' noise (B/D 0.35–0.41 before,
+//!   0.33–0.41 after; E/D 0.84–0.92 before, 0.78–0.98 after); B's peak RSS rose by about
+//!   2–3 MiB (the thread that takes the leading allocates in a malloc arena of its own).
+//! * **What another engine would cost on B's workload.** A throwaway program outside the
+//!   repository (its crates are not payhook's dependencies) wrote `bench_sled`'s workload —
+//!   a lookup of the nonce, a record of about 80 bytes, a ledger entry of about 150 and one
+//!   of 100 hot balances per callback, 300,000 callbacks — in batches, each batch made
+//!   durable, and took the process' CPU time per callback (two runs each):
+//!
+//! | engine, each batch made durable by | 20 per batch | 60 per batch |
+//! |---|---|---|
+//! | sled 0.34: `apply_batch`, `flush`, `fdatasync` of its data file (as payhook does) | 31–34 µs | 18–20 µs |
+//! | redb 2.6: one write transaction, `Durability::Immediate` | 16–19 µs | 10 µs |
+//! | fjall 2.11: one batch, its journal persisted with `SyncData` (memtables flushed at the end) | 11–12 µs | 9–10 µs |
+//! | a bare append and `fdatasync` (the floor of a log of payhook's own) | 4 µs | 2 µs |
+//!
+//! B's batches hold about 18 callbacks. B/D ≥ 0.65 leaves B at most D / 0.65 of CPU per
+//! request — 66–75 µs at that day's D of 43–49 µs — and E, B without the engine and the
+//! disk, already spends 49–55: 15–20 µs for the engine and the disk together. sled takes
+//! about twice that on its own, so the target is out of reach while sled holds every
+//! record; an engine of fjall's cost, or a log with its own index, would fit it.
+//! * **sled's configuration holds no lever left**: 0.34.7 reads `Config::mode` nowhere
+//!   (`LowSpace` and `HighThroughput` behave alike); `segment_size` is written into a store's
+//!   `conf` and checked at open, so another size would refuse every existing store;
+//!   compression is a cargo feature payhook does not enable; a larger cache gained nothing
+//!   (above).
 
 mod claims;
 mod commit_metrics;
