@@ -907,6 +907,60 @@ mod tests {
         );
     }
 
+    /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
+    /// hand-off among them: the write it was to commit is committed all the same.
+    #[test]
+    fn a_write_handed_to_a_runtime_that_shut_down_is_committed_all_the_same() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            path: dir.path().to_owned(),
+            ..StoreConfig::default()
+        };
+        let store = SledStore::open(&config, &[]).unwrap();
+        let (writer, gate) = (&store.inner.writer, store.inner.writer.gate());
+        let mut held = Released(Vec::new());
+
+        // A first write is being committed and a second queues behind it …
+        let first_batch = gate.arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&first_batch));
+        let _first = runtime.spawn(book(store.clone(), "n-1"));
+        assert!(first_batch.wait_reached(1, PATIENCE));
+        let _second = runtime.spawn(book(store.clone(), "n-2"));
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while writer.queued() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second write never queued"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // … when the runtime shuts down: the hand-off of the second finds no pool to run on.
+        runtime.shutdown_background();
+        gate.disarm();
+        drop(held);
+
+        // Nothing else leads here (asking whether a nonce is booked would): the write leaves
+        // the queue only if the dropped hand-off commits it.
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while writer.queued() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second write was left in the queue"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let answer = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(block_on_acknowledged(&answer, &store, "n-1"));
+        assert!(block_on_acknowledged(&answer, &store, "n-2"));
+    }
+
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
     /// runtime's drop waits for them).
     struct Released(Vec<Arc<HoldState>>);
