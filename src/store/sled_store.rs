@@ -831,6 +831,7 @@ impl SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::{runtime::Runtime, task::JoinHandle};
 
     const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -848,10 +849,18 @@ mod tests {
             .await
     }
 
-    /// Under steady load the queue is never empty when a batch ends: a request that kept
-    /// leading would wait for every batch queued behind its own.
-    #[test]
-    fn a_request_that_led_a_batch_is_answered_without_leading_the_ones_queued_behind_it() {
+    /// A store on a multi-threaded runtime whose first write's batch waits before its flush
+    /// while a second write queues behind it.
+    struct Queued {
+        runtime: Runtime,
+        store: SledStore,
+        first: JoinHandle<Result<(), StoreError>>,
+        second: JoinHandle<Result<(), StoreError>>,
+        held: Released,
+        _dir: tempfile::TempDir,
+    }
+
+    fn a_write_queued_behind_a_held_one() -> Queued {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -863,30 +872,43 @@ mod tests {
             ..StoreConfig::default()
         };
         let store = SledStore::open(&config, &[]).unwrap();
-        let (writer, gate) = (&store.inner.writer, store.inner.writer.gate());
-        let mut held = Released(Vec::new());
-
-        // The first request leads its batch, which waits before its flush …
-        let first_batch = gate.arm(HoldPoint::BeforeFlush);
-        held.0.push(Arc::clone(&first_batch));
+        let first_batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
+        let held = Released(vec![Arc::clone(&first_batch)]);
         let first = runtime.spawn(book(store.clone(), "n-1"));
         assert!(first_batch.wait_reached(1, PATIENCE));
-        // … while a second request's write queues behind it.
         let second = runtime.spawn(book(store.clone(), "n-2"));
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while writer.queued() == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the second write never queued"
-            );
-            std::thread::sleep(Duration::from_millis(5));
+        wait_until(
+            || store.inner.writer.queued() > 0,
+            "the second write never queued",
+        );
+        Queued {
+            runtime,
+            store,
+            first,
+            second,
+            held,
+            _dir: dir,
         }
+    }
+
+    /// Under steady load the queue is never empty when a batch ends: a request that kept
+    /// leading would wait for every batch queued behind its own.
+    #[test]
+    fn a_request_that_led_a_batch_is_answered_without_leading_the_ones_queued_behind_it() {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            mut held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
 
         // The second batch waits before its flush too; the first request is answered
         // meanwhile.
-        let second_batch = gate.arm(HoldPoint::BeforeFlush);
+        let second_batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
         held.0.push(Arc::clone(&second_batch));
-        first_batch.release();
+        held.0[0].release();
         assert!(second_batch.wait_reached(1, PATIENCE));
         let first = runtime.block_on(async { tokio::time::timeout(PATIENCE, first).await });
         assert!(
@@ -901,64 +923,36 @@ mod tests {
         drop(held);
         let second = runtime.block_on(async { tokio::time::timeout(PATIENCE, second).await });
         assert!(matches!(second, Ok(Ok(Ok(())))), "{second:?}");
-        assert!(
-            block_on_acknowledged(&runtime, &store, "n-1")
-                && block_on_acknowledged(&runtime, &store, "n-2")
-        );
+        assert!(acknowledged(&runtime, &store, "n-1") && acknowledged(&runtime, &store, "n-2"));
     }
 
     /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
     /// hand-off among them: the write it was to commit is committed all the same.
     #[test]
     fn a_write_handed_to_a_runtime_that_shut_down_is_committed_all_the_same() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let config = StoreConfig {
-            path: dir.path().to_owned(),
-            ..StoreConfig::default()
-        };
-        let store = SledStore::open(&config, &[]).unwrap();
-        let (writer, gate) = (&store.inner.writer, store.inner.writer.gate());
-        let mut held = Released(Vec::new());
-
-        // A first write is being committed and a second queues behind it …
-        let first_batch = gate.arm(HoldPoint::BeforeFlush);
-        held.0.push(Arc::clone(&first_batch));
-        let _first = runtime.spawn(book(store.clone(), "n-1"));
-        assert!(first_batch.wait_reached(1, PATIENCE));
-        let _second = runtime.spawn(book(store.clone(), "n-2"));
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while writer.queued() == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the second write never queued"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // … when the runtime shuts down: the hand-off of the second finds no pool to run on.
+        let Queued {
+            runtime,
+            store,
+            held,
+            _dir,
+            ..
+        } = a_write_queued_behind_a_held_one();
+        // The hand-off of the second write finds no pool to run on.
         runtime.shutdown_background();
-        gate.disarm();
+        store.inner.writer.gate().disarm();
         drop(held);
 
         // Nothing else leads here (asking whether a nonce is booked would): the write leaves
         // the queue only if the dropped hand-off commits it.
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while writer.queued() > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the second write was left in the queue"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            || store.inner.writer.queued() == 0,
+            "the second write was left in the queue",
+        );
         let answer = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        assert!(block_on_acknowledged(&answer, &store, "n-1"));
-        assert!(block_on_acknowledged(&answer, &store, "n-2"));
+        assert!(acknowledged(&answer, &store, "n-1"));
+        assert!(acknowledged(&answer, &store, "n-2"));
     }
 
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
@@ -973,11 +967,15 @@ mod tests {
         }
     }
 
-    fn block_on_acknowledged(
-        runtime: &tokio::runtime::Runtime,
-        store: &SledStore,
-        nonce: &str,
-    ) -> bool {
+    fn wait_until(done: impl Fn() -> bool, failure: &str) {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{failure}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn acknowledged(runtime: &Runtime, store: &SledStore, nonce: &str) -> bool {
         let nonce = Nonce::from(nonce);
         runtime
             .block_on(store.callback_acknowledged(&nonce, TransactionStatus::Success))
