@@ -17,14 +17,15 @@
 //! thread of the runtime's blocking pool, which commits batch after batch until the queue
 //! is empty, while requests only queue. Under steady load the queue is never empty when a
 //! batch ends; a request that went on leading was answered only after every batch that
-//! queued behind its own. `bench_callbacks -- 5 B --rounds 2`, four runs of each build
-//! alternated on 2026-11-26: the slowest answer of a run went from 97–204 ms to 13–20 ms
-//! (one run 69 ms), with B's throughput within the runs' noise (11.5–14.3k req/s before,
-//! 12.2–14.0k after). A dedicated commit thread, started with the store, was measured too:
-//! the same throughput, but B's peak RSS 79–98 MiB against 59 (its own malloc arena held
-//! what sled allocated on it), so the blocking pool's threads it is. Handing off every
-//! durable commit, instead of only the batches that queued behind a request's own, cost B
-//! about a sixth of its throughput (11.1–12.5k req/s, 105–119 µs of CPU per request).
+//! queued behind its own. `bench_callbacks -- 5 B --rounds 2`, runs alternated with the
+//! build before on 2026-11-26 (four rounds before, eight after): the slowest answer of a
+//! round went from 97–204 ms to 13–20 ms (one round 69 ms), with B's throughput within the
+//! rounds' noise (11.5–14.3k req/s before, 12.2–14.0k after). Also measured, not kept:
+//!
+//! * a dedicated commit thread, started with the store: the same throughput, but B's peak
+//!   RSS 79–98 MiB against 59 (79 even with `MALLOC_ARENA_MAX=4`; not explained further);
+//! * handing off every durable commit, not only the batches queued behind a request's own:
+//!   B about a sixth slower (11.1–12.5k req/s, 105–119 µs of CPU per request).
 //!
 //! Staging (claims, effects, records) is CPU work and runs on the leader's own thread; only
 //! the write — sled's apply, flush and `fdatasync`, the watermark — runs under

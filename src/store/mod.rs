@@ -294,7 +294,7 @@
 //!   of B went from 48–204 ms to 13–21 ms (two rounds of twelve at 39 and 81 ms, the latter
 //!   one where B's throughput fell by a fifth); B/D, E/D and p99 of B moved within the rounds' noise (B/D 0.35–0.41 before,
 //!   0.33–0.41 after; E/D 0.84–0.92 before, 0.78–0.98 after); B's peak RSS rose by about
-//!   2–3 MiB (the thread that takes the leading allocates in a malloc arena of its own).
+//!   2–3 MiB (a 10-second run's memory map shows one more malloc arena of 11–13 MB).
 //! * **What another engine would cost on B's workload.** A throwaway program outside the
 //!   repository (its crates are not payhook's dependencies) wrote `bench_sled`'s workload —
 //!   a lookup of the nonce, a record of about 80 bytes, a ledger entry of about 150 and one
