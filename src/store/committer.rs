@@ -445,6 +445,8 @@ struct Handed(Option<Arc<Writer>>);
 
 impl Handed {
     fn run(mut self) {
+        // The writer stays in `self` while it leads, so that a panic's unwinding gives the
+        // leading back (in `drop`); a return has given it back already.
         if let Some(writer) = &self.0 {
             writer.lead_handed_off();
         }

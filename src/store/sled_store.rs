@@ -856,6 +856,8 @@ mod tests {
         store: SledStore,
         first: JoinHandle<Result<(), StoreError>>,
         second: JoinHandle<Result<(), StoreError>>,
+        /// Where the first write's batch waits.
+        first_batch: Arc<HoldState>,
         held: Released,
         _dir: tempfile::TempDir,
     }
@@ -886,6 +888,7 @@ mod tests {
             store,
             first,
             second,
+            first_batch,
             held,
             _dir: dir,
         }
@@ -900,6 +903,7 @@ mod tests {
             store,
             first,
             second,
+            first_batch,
             mut held,
             _dir,
         } = a_write_queued_behind_a_held_one();
@@ -908,7 +912,7 @@ mod tests {
         // meanwhile.
         let second_batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
         held.0.push(Arc::clone(&second_batch));
-        held.0[0].release();
+        first_batch.release();
         assert!(second_batch.wait_reached(1, PATIENCE));
         let first = runtime.block_on(async { tokio::time::timeout(PATIENCE, first).await });
         assert!(
