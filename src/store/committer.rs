@@ -142,18 +142,33 @@ pub(crate) struct Context {
     pub(crate) watermark: Watermark,
     /// Test-only: where commits wait for a test to let them go.
     pub(crate) gate: Gate,
-    /// Benchmark-only ([`super::SledStore::open_without_durability_for_benchmarks`]):
-    /// commits build their batch (claims checked, effects run against the tree and the
-    /// batch, records encoded) and write it nowhere — not to sled, no flush, no fdatasync,
-    /// no watermark — so that a benchmark measures payhook's durable path apart from sled
-    /// and the disk.
-    pub(crate) without_durability: bool,
+    /// Where each batch goes: into sled, except in two benchmarks' stores.
+    pub(crate) destination: Destination,
     /// Each durable commit's time and size.
     pub(crate) metrics: super::CommitMetrics,
     /// Whether the store may hold a failing callback's record: `false` only while none was
     /// found at open and none was recorded since, so that booking a callback need not look
     /// for one to forget. Never goes back to `false` (a purge may leave it `true`).
     pub(crate) may_hold_failures: AtomicBool,
+}
+
+/// Where a commit's batch goes, once staged.
+pub(crate) enum Destination {
+    /// Applied to sled, flushed, `fdatasync`ed, the watermark advanced: every store a
+    /// service opens.
+    Sled,
+    /// Benchmark-only ([`super::SledStore::open_without_durability_for_benchmarks`]):
+    /// commits build their batch (claims checked, effects run against the tree and the
+    /// batch, records encoded) and write it nowhere — not to sled, no flush, no fdatasync,
+    /// no watermark — so that a benchmark measures payhook's durable path apart from sled
+    /// and the disk.
+    Nowhere,
+    /// Benchmark-only ([`super::SledStore::open_appending_only_for_benchmarks`]): each
+    /// batch is appended to this file and `fdatasync`ed before anyone is answered, and
+    /// written nowhere else (not to sled, no watermark): the floor of any store that makes
+    /// each batch durable before it answers, whatever its engine. Nothing reads the file
+    /// back; the store keeps no acknowledged write.
+    Appended(Mutex<File>),
 }
 
 /// Where a commit may be held by a test ([`super::SledStore::hold_commits`]).
@@ -641,15 +656,17 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             );
         }
         overlay.insert(keys::SEAL.to_vec(), Some(seal.encode()));
-        if context.without_durability {
-            // Built in full, written nowhere: see `without_durability`.
-            drop(overlay);
-            Ok(())
-        } else {
+        match &context.destination {
             // The one step that waits for the disk: on the blocking pool.
-            blocking(|| {
+            Destination::Sled => blocking(|| {
                 apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
-            })
+            }),
+            // Built in full, written nowhere: see `Destination::Nowhere`.
+            Destination::Nowhere => {
+                drop(overlay);
+                Ok(())
+            }
+            Destination::Appended(file) => blocking(|| append_durably(file, &overlay)),
         }
     };
     match &outcome {
@@ -735,6 +752,33 @@ fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> 
         .data_file
         .sync_data()
         .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e))
+}
+
+/// Appends `overlay` to `file` and `fdatasync`s it: [`Destination::Appended`]'s write, one
+/// buffer per batch, each key and value length-prefixed (a removal's length `u32::MAX`).
+fn append_durably(file: &Mutex<File>, overlay: &Overlay) -> Result<(), StoreError> {
+    use std::io::Write;
+    let length = |bytes: usize| u32::try_from(bytes).unwrap_or(u32::MAX).to_le_bytes();
+    let size = overlay
+        .iter()
+        .map(|(key, value)| 8 + key.len() + value.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut buffer = Vec::with_capacity(size);
+    for (key, value) in overlay {
+        buffer.extend_from_slice(&length(key.len()));
+        buffer.extend_from_slice(key);
+        match value {
+            Some(value) => {
+                buffer.extend_from_slice(&length(value.len()));
+                buffer.extend_from_slice(value);
+            }
+            None => buffer.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+    }
+    let mut file = lock(file);
+    file.write_all(&buffer)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| StoreError::backend("appending a batch to the benchmark's file failed", e))
 }
 
 /// Applies `overlay` to sled in one atomic batch (not yet durable).

@@ -5,7 +5,7 @@ use crate::model::{Nonce, ValidationId};
 use chrono::{DateTime, Utc};
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use super::StoreConfig;
 use super::claims::Claims;
 pub use super::committer::HoldPoint;
-use super::committer::{Context, Gate, HoldState, Job, Sweeper, Writer};
+use super::committer::{Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
@@ -87,7 +87,7 @@ impl SledStore {
     /// replaced data file, a missing watermark); [`StoreError::Backend`] when the directory
     /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
-        Self::open_with(config, trees, false)
+        Self::open_with(config, trees, Destination::Sled)
     }
 
     /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
@@ -101,13 +101,38 @@ impl SledStore {
         trees: &[&str],
     ) -> Result<Self, StoreError> {
         tracing::warn!("store opened WITHOUT durability: for benchmarks only");
-        Self::open_with(config, trees, true)
+        Self::open_with(config, trees, Destination::Nowhere)
+    }
+
+    /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
+    /// request path whose commits append their batch to a file of its own
+    /// (`appended.bench` in `config.path`) and `fdatasync` it before answering, and write
+    /// nothing to sled and no watermark. `bench_callbacks`' scenario F measures with it the
+    /// floor of any store that makes each batch durable before it answers, whatever its
+    /// engine: B's path with an engine that costs nothing.
+    #[doc(hidden)]
+    pub fn open_appending_only_for_benchmarks(
+        config: &StoreConfig,
+        trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        tracing::warn!("store opened WITHOUT a readable copy of its writes: for benchmarks only");
+        std::fs::create_dir_all(&config.path)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(config.path.join("appended.bench"))
+            })
+            .map_err(|e| StoreError::backend("cannot open the benchmark's file", e))
+            .and_then(|file| {
+                Self::open_with(config, trees, Destination::Appended(Mutex::new(file)))
+            })
     }
 
     fn open_with(
         config: &StoreConfig,
         trees: &[&str],
-        without_durability: bool,
+        destination: Destination,
     ) -> Result<Self, StoreError> {
         if let Some(bad) = trees.iter().find(|t| t.contains('\0')) {
             return Err(StoreError::backend_message(format!(
@@ -135,7 +160,7 @@ impl SledStore {
             failed: Arc::clone(&failed),
             watermark,
             gate: Gate::default(),
-            without_durability,
+            destination,
             metrics: commit_metrics.clone(),
             may_hold_failures: AtomicBool::new(may_hold_failures),
         }));
@@ -957,6 +982,32 @@ mod tests {
             .unwrap();
         assert!(acknowledged(&answer, &store, "n-1"));
         assert!(acknowledged(&answer, &store, "n-2"));
+    }
+
+    /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs
+    /// nothing: each batch is made durable in its file, and sled is left alone.
+    #[test]
+    fn a_benchmark_store_that_only_appends_syncs_each_batch_into_its_file_and_writes_no_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            path: dir.path().to_owned(),
+            ..StoreConfig::default()
+        };
+        let store = SledStore::open_appending_only_for_benchmarks(&config, &[]).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let appended = std::fs::read(dir.path().join("appended.bench")).unwrap();
+        let record = keys::callback("n-1").key;
+        assert!(
+            appended.windows(record.len()).any(|w| w == record),
+            "the batch's record is not in the file"
+        );
+        assert!(
+            store.inner.tree.get(&record).unwrap().is_none(),
+            "the record was written to sled"
+        );
     }
 
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
