@@ -43,7 +43,8 @@
 //! * **F** — B's whole durable path on a store whose commits append their batch to a file of
 //!   its own and `fdatasync` it before answering, and write nothing to sled: B with an engine
 //!   that costs nothing, the floor of any store that makes each batch durable before it
-//!   answers. F/D is printed as a reference, with no target: where B/D would be, whatever the
+//!   answers. The file is zero-filled at the store's open and written in place, as a log of
+//!   payhook's own would be, so that a sync writes no metadata. F/D is printed as a reference, with no target: where B/D would be, whatever the
 //!   engine;
 //! * **I** — B with the inspector recording every request (the operating API on,
 //!   `admin.inspector_recent` at its default): what recording costs the callback path;

@@ -139,7 +139,7 @@
 //! |---|---|---|
 //! | D | verification, parsing, the handler; no store | 42–44 µs |
 //! | E | D plus payhook's durable path: claims, effects, the group commit, the waits; each batch written nowhere | 48–50 µs |
-//! | F | E plus each batch appended to a file of its own and `fdatasync`ed before anyone is answered; nothing written to sled | 62–68 µs |
+//! | F | E plus each batch appended to a file of its own (zero-filled at open, written in place) and `fdatasync`ed before anyone is answered; nothing written to sled | 62–68 µs |
 //! | B | E plus each batch applied to sled, flushed, `fdatasync`ed, the watermark advanced | 92–106 µs |
 //!
 //! (`-- 5 B D E F --rounds 3 --slices 10` on 2026-11-26, on a 2-core AMD EPYC VM that the

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use super::StoreConfig;
 use super::claims::Claims;
 pub use super::committer::HoldPoint;
-use super::committer::{Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
+use super::committer::{BenchFile, Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
@@ -106,7 +106,8 @@ impl SledStore {
 
     /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
     /// request path whose commits append their batch to a file of its own
-    /// (`appended.bench` in `config.path`) and `fdatasync` it before answering, and write
+    /// (`appended.bench` in `config.path`, 64 MiB of zeros written in place, from its start
+    /// again when full) and `fdatasync` it before answering, and write
     /// nothing to sled and no watermark. `bench_callbacks`' scenario F measures with it the
     /// floor of any store that makes each batch durable before it answers, whatever its
     /// engine: B's path with an engine that costs nothing.
@@ -117,13 +118,8 @@ impl SledStore {
     ) -> Result<Self, StoreError> {
         tracing::warn!("store opened WITHOUT a readable copy of its writes: for benchmarks only");
         std::fs::create_dir_all(&config.path)
-            .and_then(|()| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(config.path.join("appended.bench"))
-            })
-            .map_err(|e| StoreError::backend("cannot open the benchmark's file", e))
+            .and_then(|()| BenchFile::create(&config.path.join("appended.bench")))
+            .map_err(|e| StoreError::backend("cannot create the benchmark's file", e))
             .and_then(|file| {
                 Self::open_with(config, trees, Destination::Appended(Mutex::new(file)))
             })
