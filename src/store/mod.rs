@@ -137,22 +137,22 @@
 //!
 //! | scenario | what it does per callback | server CPU per request |
 //! |---|---|---|
-//! | D | verification, parsing, the handler; no store | 42–44 µs |
-//! | E | D plus payhook's durable path: claims, effects, the group commit, the waits; each batch written nowhere | 48–50 µs |
-//! | F | E plus each batch appended to a file of its own (zero-filled at open, written in place) and `fdatasync`ed before anyone is answered; nothing written to sled | 62–68 µs |
-//! | B | E plus each batch applied to sled, flushed, `fdatasync`ed, the watermark advanced | 92–106 µs |
+//! | D | verification, parsing, the handler; no store | 44–45 µs |
+//! | E | D plus payhook's durable path: claims, effects, the group commit, the waits; each batch written nowhere | 50–52 µs |
+//! | F | E plus each batch appended to a file of its own (zero-filled at open, written in place) and `fdatasync`ed before anyone is answered; nothing written to sled | 64–70 µs |
+//! | B | E plus each batch applied to sled, flushed, `fdatasync`ed, the watermark advanced | 107–117 µs |
 //!
-//! (`-- 5 B D E F --rounds 3 --slices 10` on 2026-11-26, on a 2-core AMD EPYC VM that the
-//! load driver shares; each round ran the four servers side by side.) So, per request:
-//! payhook's own mechanics cost about 6 µs (E − D); making each batch durable costs about 14
-//! (F − E: the append, the `fdatasync`, and the threads it puts to sleep and wakes — about
-//! 0.7 context switches per request in F against 0.3 in E, by `perf stat`); sled costs
-//! 30–40 more (B − F).
-//! **F/D was 0.64–0.66, where B/D was 0.38–0.41** (0.59–0.67 and 0.37–0.39 in the nine
-//! rounds of the README's three full runs): F is B on an engine that costs nothing, so
-//! F/D is as high as B/D can go on this machine with any store that makes each batch durable
-//! before it answers. The target B/D ≥ 0.65 is that floor's own level (F/D reached 0.65 in
-//! 3 of those 12 rounds), and B/A ≥ 0.25 is above it (F/A about 0.2).
+//! (`-- 5 B D E F --rounds 3 --slices 10` on 2026-11-26, build b4b2119, on a 2-core AMD EPYC
+//! VM that the load driver shares; each round ran the four servers side by side.) So, per
+//! request: payhook's own mechanics cost about 6 µs (E − D); making each batch durable costs
+//! 14–18 (F − E: the write, the `fdatasync`, and the threads it puts to sleep and wakes —
+//! about 0.7 context switches per request in F against 0.3 in E, by `perf stat`); sled costs
+//! 43–47 more (B − F). **F/D was 0.63–0.67 where B/D was 0.36–0.38** (0.62–0.70 and
+//! 0.36–0.39 in the nine rounds of the README's three full runs): F is B on an engine that
+//! costs nothing, so F/D is as high as B/D can go on this machine with any store that makes
+//! each batch durable before it answers. The target B/D ≥ 0.65 is that floor's own level
+//! (F/D's median over those twelve rounds was 0.65), and B/A ≥ 0.25 is above it (F/A about
+//! 0.2).
 //!
 //! **Where B's CPU goes** (a profile of B's server, 2026-11-25): RSA verification 19 % (of
 //! which ring re-deriving the public key's Montgomery constants on every verification 6 %;
