@@ -105,12 +105,12 @@ impl SledStore {
     }
 
     /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
-    /// request path whose commits append their batch to a file of its own
-    /// (`appended.bench` in `config.path`, 64 MiB of zeros written in place, from its start
-    /// again when full) and `fdatasync` it before answering, and write
-    /// nothing to sled and no watermark. `bench_callbacks`' scenario F measures with it the
-    /// floor of any store that makes each batch durable before it answers, whatever its
-    /// engine: B's path with an engine that costs nothing.
+    /// request path whose commits append their batch to a file of its own (`appended.bench`
+    /// in `config.path`: 64 MiB of zeros, written in place, from its start again when full)
+    /// and `fdatasync` it before answering, and write nothing to sled and no watermark.
+    /// `bench_callbacks`' scenario F measures with it the floor of any store that makes each
+    /// batch durable before it answers, whatever its engine: B's path with an engine that
+    /// costs nothing.
     #[doc(hidden)]
     pub fn open_appending_only_for_benchmarks(
         config: &StoreConfig,
