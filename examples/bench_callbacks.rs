@@ -41,11 +41,12 @@
 //!   commits build their batch and write it nowhere (not to sled, no flush, no fdatasync):
 //!   what payhook's own mechanics cost, apart from sled and the disk;
 //! * **F** — B's whole durable path on a store whose commits append their batch to a file of
-//!   its own and `fdatasync` it before answering, and write nothing to sled: B with an engine
-//!   that costs nothing, the floor of any store that makes each batch durable before it
-//!   answers. The file is zero-filled at the store's open and written in place, as a log of
-//!   payhook's own would be, so that a sync writes no metadata. F/D is printed as a reference, with no target: where B/D would be, whatever the
-//!   engine;
+//!   its own and `fdatasync` it before answering, and write nothing to sled and no watermark:
+//!   B with an engine that costs nothing and one sync per batch, the floor of any store that
+//!   makes each batch durable before it answers. The file is zero-filled at the store's open
+//!   and written in place, as a log of payhook's own would be, so that a sync writes no
+//!   metadata. F/D is printed as a reference, with no target: where B/D would be, whatever
+//!   the engine;
 //! * **I** — B with the inspector recording every request (the operating API on,
 //!   `admin.inspector_recent` at its default): what recording costs the callback path;
 //! * **P** — B on PostgreSQL (`store.url`): the same callbacks, the mark and the example's

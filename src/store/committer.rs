@@ -174,8 +174,9 @@ pub(crate) enum Destination {
 /// [`Destination::Appended`]'s file, written as a log of payhook's own would be: zero-filled
 /// when created and then written in place, each batch after the one before, from the start
 /// again when the next would not fit. The file never grows, so an `fdatasync` writes the
-/// batch and no metadata: measured side by side on 2026-11-26, scenario F's F/D medians were
-/// 0.68 and 0.69 this way against 0.65 and 0.66 appending to a growing file.
+/// batch and no metadata: measured side by side on 2026-11-26 (runs alternated), scenario
+/// F's F/D medians were 0.68 and 0.69 this way against 0.65 and 0.66 appending to a growing
+/// file — a gain about the size of what rounds of different hours move by.
 pub(crate) struct BenchFile {
     file: File,
     /// Where the next batch goes.
@@ -183,7 +184,8 @@ pub(crate) struct BenchFile {
 }
 
 impl BenchFile {
-    /// The file's size: larger than a benchmark's round writes, small enough to fill at once.
+    /// The file's size: more than a 5-second round writes (a longer one wraps around), small
+    /// enough to fill at once.
     const SIZE: u64 = 64 << 20;
 
     /// Creates (or empties) the file at `path` and fills it with zeros, durably.

@@ -132,27 +132,31 @@
 //!
 //! `cargo run --release --example bench_callbacks` measures the callback endpoint against a
 //! raw hyper baseline in one run (its docs list the scenarios and options; the README gives
-//! the latest figures). Four of its scenarios take B apart, each adding one layer to the one
-//! before:
+//! the latest figures). Four of its scenarios take B apart: E adds payhook's durable path
+//! to D, and F and B each add to E a way of making the batch durable:
 //!
 //! | scenario | what it does per callback | server CPU per request |
 //! |---|---|---|
 //! | D | verification, parsing, the handler; no store | 44–45 µs |
 //! | E | D plus payhook's durable path: claims, effects, the group commit, the waits; each batch written nowhere | 50–52 µs |
-//! | F | E plus each batch appended to a file of its own (zero-filled at open, written in place) and `fdatasync`ed before anyone is answered; nothing written to sled | 64–70 µs |
-//! | B | E plus each batch applied to sled, flushed, `fdatasync`ed, the watermark advanced | 107–117 µs |
+//! | F | E plus each batch appended to a file of its own (zero-filled at open, written in place) and `fdatasync`ed before anyone is answered: one sync per batch; nothing written to sled, no watermark | 64–70 µs |
+//! | B | E plus each batch applied to sled, flushed and `fdatasync`ed, then the integrity watermark written and `fdatasync`ed: two syncs per batch | 107–117 µs |
 //!
 //! (`-- 5 B D E F --rounds 3 --slices 10` on 2026-11-26, build b4b2119, on a 2-core AMD EPYC
 //! VM that the load driver shares; each round ran the four servers side by side.) So, per
 //! request: payhook's own mechanics cost about 6 µs (E − D); making each batch durable costs
 //! 14–18 (F − E: the write, the `fdatasync`, and the threads it puts to sleep and wakes —
-//! about 0.7 context switches per request in F against 0.3 in E, by `perf stat`); sled costs
-//! 43–47 more (B − F). **F/D was 0.63–0.67 where B/D was 0.36–0.38** (0.62–0.70 and
-//! 0.36–0.39 in the nine rounds of the README's three full runs): F is B on an engine that
-//! costs nothing, so F/D is as high as B/D can go on this machine with any store that makes
-//! each batch durable before it answers. The target B/D ≥ 0.65 is that floor's own level
-//! (F/D's median over those twelve rounds was 0.65), and B/A ≥ 0.25 is above it (F/A about
-//! 0.2).
+//! about 0.7 context switches per request in F against 0.3 in E, by `perf stat`); sled and
+//! the watermark's second sync cost 43–47 more (B − F). **F/D was 0.63–0.67 where B/D was
+//! 0.36–0.38** (0.62–0.70 and 0.36–0.39 in the nine rounds of the README's three full runs):
+//! F is B on an engine that costs nothing and syncs once per batch, so F/D is as high as B/D
+//! can go on this machine with any store that makes each batch durable before it answers.
+//! The target B/D ≥ 0.65 is that floor's own level (F/D's median over those twelve rounds
+//! was 0.65), and B/A ≥ 0.25 is above it (F/A about 0.2). A second sync per batch, as the
+//! watermark takes, lowers the floor further: on 2026-11-25 the same kind of store measured
+//! 0.67–0.68 with one sync and 0.54–0.59 with the watermark's write and sync added (rounds
+//! not yet sliced). A store that reaches the floor must prove what it acknowledged without a
+//! second sync, for instance by sealing each batch in its own log.
 //!
 //! **Where B's CPU goes** (a profile of B's server, 2026-11-25): RSA verification 19 % (of
 //! which ring re-deriving the public key's Montgomery constants on every verification 6 %;
@@ -181,6 +185,7 @@
 //!
 //! | change | measured | why not kept |
 //! |---|---|---|
+//! | a journal acknowledged at `write()`, before any sync, checkpointed into sled every 500 ms | B/D 0.71, p99 13.6 ms, RSS 68 MiB (2026-11-23) | it acknowledges before the write is durable: a power loss loses acknowledged callbacks |
 //! | a journal in front of sled: each batch appended and `fdatasync`ed, applied to sled without its flush, no watermark | B/D medians 0.37 and 0.37 against 0.38 and 0.35, p99 of B unchanged (2026-11-25); 0.38–0.41 on 2026-11-26, as the shipped build | B is bound by sled's CPU, not by its syncs |
 //! | the same journal, its writes applied to sled in coalesced, sorted batches of 4,096 keys | B/D 0.44–0.45, peak RSS 156–162 MiB (2026-11-26) | sled's cost is per key, batched or not |
 //! | applying each batch to sled while the previous one is flushed | B 3,548 req/s against 9,211 | batches shrank to one or two requests (see `committer.rs`) |
