@@ -21,7 +21,7 @@
 //! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
 //! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
 //! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key) |
-//! | `payhook_store_failed` | gauge | 1 once the store stopped after a write it could not make durable (the instance answers 503 until restarted) |
+//! | `payhook_store_failed` | gauge | 1 once the store stopped after a write it could not make durable, or a commit that panicked (the instance answers 503 until restarted) |
 //! | `payhook_store_commit_duration_seconds` | histogram | how long the store took to make a batch of writes durable: sled's group commit (a batch built, applied, flushed, `fdatasync`ed); on PostgreSQL a callback's booking (its writes and COMMIT) |
 //! | `payhook_store_commit_batch_size` | histogram | writes (requests) made durable together in one commit (always 1 on PostgreSQL: a transaction per booking) |
 //! | `payhook_outbox_delivered_total`, `_conflicts_total`, `_retries_total` | counter | postponed results delivered (200), refused (403), retried |

@@ -46,7 +46,11 @@
 //! write cache (spacejam/sled#1452); every flush is therefore followed by `fdatasync` of
 //! sled's data file, so an acknowledged write survives power loss too. A failed flush makes
 //! the store refuse all further work (503) until restarted: a write whose durability is
-//! unknown must not be acknowledged later as a duplicate.
+//! unknown must not be acknowledged later as a duplicate. So does a commit that panics (a
+//! bug of payhook's: effects' panics are caught where they run): the panic is caught around
+//! the batch, its writers are answered with an error once the store has stopped, and the
+//! writer's lock is not poisoned, so that later work is refused at once instead of waiting
+//! for a leader.
 //!
 //! The lock also serialises the purge of expired records, which a sweeper thread runs every
 //! sweep interval: there is one writer at a time. payhook flushes everything it writes
@@ -75,7 +79,7 @@ use super::record::{
     CallbackRecord, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord, decode,
     encode,
 };
-use super::staging::{Overlay, Staging, lock, read, read_record, write_record};
+use super::staging::{Overlay, Staging, lock, read, read_record, try_lock, write_record};
 use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
 use crate::postponed::record::{PostponedValidation, Resolution};
@@ -237,6 +241,9 @@ pub(crate) struct HoldState {
     reached: Mutex<usize>,
     released: Mutex<bool>,
     changed: Condvar,
+    /// Test-only: a commit that reaches the point panics instead of waiting.
+    #[cfg(test)]
+    panics: bool,
 }
 
 impl HoldState {
@@ -267,6 +274,8 @@ impl HoldState {
     fn pass(&self) {
         *lock(&self.reached) += 1;
         self.changed.notify_all();
+        #[cfg(test)]
+        assert!(!self.panics, "a test made this commit panic");
         let mut released = lock(&self.released);
         while !*released {
             released = self
@@ -286,7 +295,23 @@ pub(crate) struct Gate {
 
 impl Gate {
     pub(crate) fn arm(&self, point: HoldPoint) -> Arc<HoldState> {
-        let state = Arc::new(HoldState::default());
+        self.arm_with(point, HoldState::default())
+    }
+
+    /// Test-only: the next commits that reach `point` panic there.
+    #[cfg(test)]
+    pub(crate) fn arm_panic(&self, point: HoldPoint) -> Arc<HoldState> {
+        self.arm_with(
+            point,
+            HoldState {
+                panics: true,
+                ..HoldState::default()
+            },
+        )
+    }
+
+    fn arm_with(&self, point: HoldPoint, state: HoldState) -> Arc<HoldState> {
+        let state = Arc::new(state);
         *lock(&self.hold) = Some((point, Arc::clone(&state)));
         self.armed.store(true, Ordering::SeqCst);
         state
@@ -364,7 +389,7 @@ impl Writer {
     /// Commits batch after batch while the lock is free and work is queued, until
     /// `handed_on` says another thread took the leading.
     fn commit_while_free(&self, mut handed_on: impl FnMut() -> bool) {
-        while let Ok(guard) = self.lock.try_lock() {
+        while let Some(guard) = try_lock(&self.lock) {
             self.commit_queued(&guard);
             drop(guard);
             if lock(&self.queue).is_empty() || handed_on() {
@@ -382,8 +407,24 @@ impl Writer {
             let capacity = queue.len();
             std::mem::replace(&mut *queue, Vec::with_capacity(capacity))
         };
-        if !jobs.is_empty() {
-            commit(&self.context, jobs);
+        if jobs.is_empty() {
+            return;
+        }
+        // The batch's replies live here, not in `commit`: should it panic (a bug of
+        // payhook's; effects' panics are caught where they run), they are dropped — their
+        // writers answered with an error — only once the store refuses further work. What
+        // the batch applied to sled may not be durable, and must not be reported as booked
+        // meanwhile. Caught here, the panic does not poison the writer's lock either.
+        let mut replies = Vec::with_capacity(jobs.len());
+        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            commit(&self.context, jobs, &mut replies);
+        }));
+        if committed.is_err() {
+            tracing::error!(
+                "committing a batch panicked; the store refuses further work until restarted"
+            );
+            self.context.failed.store(true, Ordering::SeqCst);
+            drop(replies);
         }
     }
 
@@ -522,7 +563,8 @@ impl Drop for Handed {
             return;
         };
         writer.handed_off.store(false, Ordering::SeqCst);
-        // Unwinding from a failed commit: only give the leading back.
+        // Unwinding (from a panic outside a commit: `commit_queued` catches a commit's own):
+        // only give the leading back.
         if !std::thread::panicking() {
             writer.lead_here();
         }
@@ -584,11 +626,10 @@ impl Drop for Sweeper {
 }
 
 /// Writes of the batch being built: `None` removes the key.
-fn commit(context: &Context, jobs: Vec<Job>) {
+fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
     let started = Instant::now();
     let writes = jobs.len();
     let mut overlay = Overlay::new();
-    let mut replies = Vec::with_capacity(jobs.len());
     // One expiry index entry for the whole batch: its records share their expiry.
     let mut indexed = keys::IndexValue::with_capacity(jobs.len());
     let now = now_ms();
@@ -725,7 +766,7 @@ fn commit(context: &Context, jobs: Vec<Job>) {
             .metrics
             .observe(started.elapsed().as_secs_f64(), writes),
     }
-    for reply in replies {
+    for reply in replies.drain(..) {
         reply.send(&outcome);
     }
 }

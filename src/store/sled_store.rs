@@ -980,6 +980,81 @@ mod tests {
         assert!(acknowledged(&answer, &store, "n-2"));
     }
 
+    /// A commit that panics (only a bug of payhook's could: effects' panics are caught where
+    /// they run) after applying its batch to sled, before the flush: what it applied may not
+    /// be durable. Its writer is answered with an error, the store stops as after a failed
+    /// flush (nothing reports the batch as booked, new work is refused at once, not left
+    /// waiting for a leader), and after a restart the write's retry is booked once.
+    #[test]
+    fn a_commit_that_panics_stops_the_store_and_its_write_is_booked_once_after_a_restart() {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            first_batch,
+            held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
+        // The second write's batch, the hand-off's, panics once applied to sled.
+        let panicked = store.inner.writer.gate().arm_panic(HoldPoint::BeforeFlush);
+        first_batch.release();
+        let within =
+            |handle| runtime.block_on(async { tokio::time::timeout(PATIENCE, handle).await });
+        let first = within(first);
+        assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
+        let second = within(second);
+        assert!(
+            matches!(second, Ok(Ok(Err(_)))),
+            "the write whose batch panicked was answered {second:?}"
+        );
+        assert!(panicked.wait_reached(1, PATIENCE));
+        store.inner.writer.gate().disarm();
+        drop(held);
+
+        let status = TransactionStatus::Success;
+        let asked = runtime.block_on(store.callback_acknowledged(&Nonce::from("n-2"), status));
+        assert!(
+            matches!(asked, Err(StoreError::Stopped)),
+            "the unflushed write was reported {asked:?}"
+        );
+        let later = within(runtime.spawn(book(store.clone(), "n-3")));
+        assert!(
+            matches!(later, Ok(Ok(Err(StoreError::Stopped)))),
+            "a write after the panic: {later:?}"
+        );
+
+        // A restart: the retry of the write whose batch panicked is booked, once.
+        drop(store);
+        drop(runtime);
+        let config = StoreConfig {
+            path: _dir.path().to_owned(),
+            ..StoreConfig::default()
+        };
+        let store = SledStore::open(&config, &[]).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(acknowledged(&runtime, &store, "n-1"));
+        let retried = runtime.block_on(async {
+            let nonce = Nonce::from("n-2");
+            match store.begin_callback(&nonce, status, PATIENCE).await? {
+                CallbackBegin::Claimed { claim, .. } => {
+                    store
+                        .finish_callback(&nonce, claim, status, Effects::default())
+                        .await
+                }
+                // The panicked batch reached the disk after all (sled flushes when closed).
+                CallbackBegin::Duplicate => Ok(()),
+                CallbackBegin::Busy => panic!("a claim outlived the restart"),
+            }
+        });
+        assert!(matches!(retried, Ok(())), "the retry: {retried:?}");
+        assert!(acknowledged(&runtime, &store, "n-2"));
+        assert!(!acknowledged(&runtime, &store, "n-3"));
+    }
+
     /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs
     /// nothing: each batch is made durable in its file, and sled is left alone.
     #[test]

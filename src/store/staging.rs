@@ -16,6 +16,16 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Locks `mutex` if it is free (`None` if another holds it); like [`lock`], a panic of an
+/// earlier holder does not poison the store's state.
+pub(crate) fn try_lock<T>(mutex: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 pub(crate) type Overlay = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
 pub(crate) fn read(
