@@ -203,7 +203,7 @@
 //!
 //! **The durable path's instructions.** `cargo run --release --example bench_durable_path`
 //! counts them per callback under callgrind (see the example's docs), a figure the VM does not
-//! move: 21,782 on 2026-11-26, one callback per commit, sled's reads included (about 1,200
+//! move: 21,854 on 2026-11-26, one callback per commit, sled's reads included (about 1,200
 //! each on an empty tree, three per callback) — a fifth of it the allocator.
 
 mod claims;
