@@ -286,15 +286,13 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
                 .unwrap()
         } else if scenario == "payhook-e" || scenario == "payhook-f" {
             let trees = [merchant::ENTRIES, merchant::BALANCES, merchant::QUARANTINE];
-            let store = if scenario == "payhook-e" {
-                payhook::store::SledStore::open_without_durability_for_benchmarks(
-                    &config.store,
-                    &trees,
-                )
+            let kind = if scenario == "payhook-e" {
+                payhook::store::BenchmarkStore::WritesNowhere
             } else {
-                payhook::store::SledStore::open_appending_only_for_benchmarks(&config.store, &trees)
-            }
-            .unwrap();
+                payhook::store::BenchmarkStore::AppendsOnly
+            };
+            let store = payhook::store::SledStore::open_for_benchmarks(&config.store, &trees, kind)
+                .unwrap();
             merchant::app(
                 config,
                 merchant::Merchant {

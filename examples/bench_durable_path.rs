@@ -38,7 +38,7 @@ mod child;
 
 use payhook::config::StoreConfig;
 use payhook::model::{Nonce, TransactionStatus};
-use payhook::store::{CallbackBegin, DedupStore, Effects, SledStore, Tree};
+use payhook::store::{BenchmarkStore, CallbackBegin, DedupStore, Effects, SledStore, Tree};
 use std::time::{Duration, Instant};
 
 /// Clients whose balances the callbacks move (hot keys, like a merchant's).
@@ -56,9 +56,10 @@ fn main() {
         path: dir.path().join("store"),
         ..StoreConfig::default()
     };
-    let store = SledStore::open_without_durability_for_benchmarks(
+    let store = SledStore::open_for_benchmarks(
         &config,
         &["ledger_entries", "ledger_balances"],
+        BenchmarkStore::WritesNowhere,
     )
     .unwrap();
     let tasks: usize = std::env::args()

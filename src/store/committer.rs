@@ -161,13 +161,13 @@ pub(crate) enum Destination {
     /// Applied to sled, flushed, `fdatasync`ed, the watermark advanced: every store a
     /// service opens.
     Sled,
-    /// Benchmark-only ([`super::SledStore::open_without_durability_for_benchmarks`]):
+    /// Benchmark-only ([`super::BenchmarkStore::WritesNowhere`]):
     /// commits build their batch (claims checked, effects run against the tree and the
     /// batch, records encoded) and write it nowhere — not to sled, no flush, no fdatasync,
     /// no watermark — so that a benchmark measures payhook's durable path apart from sled
     /// and the disk.
     Nowhere,
-    /// Benchmark-only ([`super::SledStore::open_appending_only_for_benchmarks`]): each
+    /// Benchmark-only ([`super::BenchmarkStore::AppendsOnly`]): each
     /// batch is appended to this file and `fdatasync`ed before anyone is answered, and
     /// written nowhere else (not to sled, no watermark): the floor of any store that makes
     /// each batch durable before it answers, whatever its engine. Nothing reads the file

@@ -35,6 +35,24 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// The tree that holds everything payhook writes.
 const TREE: &str = "payhook";
 
+/// **For benchmarks only.** What the store of [`SledStore::open_for_benchmarks`] does with
+/// each committed batch instead of writing it to sled. Neither keeps an acknowledged write.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchmarkStore {
+    /// Nothing: the batch is built in full (claims checked, effects run, records encoded) and
+    /// written nowhere — not to sled, no flush, no fdatasync, no watermark. `bench_callbacks`'
+    /// scenario E measures payhook's own cost of the durable path with it, apart from sled's
+    /// and the disk's.
+    WritesNowhere,
+    /// The batch is appended to a file of its own (`appended.bench` in `config.path`: 64 MiB
+    /// of zeros, written in place, from its start again when full) and `fdatasync`ed before
+    /// anyone is answered; nothing goes to sled, and no watermark. Scenario F measures with it
+    /// the floor of any store that makes each batch durable with one sync before it answers,
+    /// whatever its engine: B's path on an engine that costs nothing.
+    AppendsOnly,
+}
+
 /// The sled store. Cheap to clone: clones share the database and its writer.
 ///
 /// ```no_run
@@ -91,38 +109,28 @@ impl SledStore {
     }
 
     /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
-    /// request path (claims, effects, group commit, waits) whose commits write their batch
-    /// nowhere: not to sled, no flush, no fdatasync, no watermark. `bench_callbacks`'
-    /// scenario E measures payhook's own cost of the durable path with it, apart from
-    /// sled's and the disk's.
+    /// request path (claims, effects, group commit, waits) whose commits do what `kind` says
+    /// with each batch instead of writing it to sled (see [`BenchmarkStore`]).
     #[doc(hidden)]
-    pub fn open_without_durability_for_benchmarks(
+    pub fn open_for_benchmarks(
         config: &StoreConfig,
         trees: &[&str],
+        kind: BenchmarkStore,
     ) -> Result<Self, StoreError> {
-        tracing::warn!("store opened WITHOUT durability: for benchmarks only");
-        Self::open_with(config, trees, Destination::Nowhere)
-    }
-
-    /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
-    /// request path whose commits append their batch to a file of its own (`appended.bench`
-    /// in `config.path`: 64 MiB of zeros, written in place, from its start again when full)
-    /// and `fdatasync` it before answering, and write nothing to sled and no watermark.
-    /// `bench_callbacks`' scenario F measures with it the floor of any store that makes each
-    /// batch durable before it answers, whatever its engine: B's path with an engine that
-    /// costs nothing.
-    #[doc(hidden)]
-    pub fn open_appending_only_for_benchmarks(
-        config: &StoreConfig,
-        trees: &[&str],
-    ) -> Result<Self, StoreError> {
-        tracing::warn!("store opened WITHOUT a readable copy of its writes: for benchmarks only");
-        std::fs::create_dir_all(&config.path)
-            .and_then(|()| BenchFile::create(&config.path.join("appended.bench")))
-            .map_err(|e| StoreError::backend("cannot create the benchmark's file", e))
-            .and_then(|file| {
-                Self::open_with(config, trees, Destination::Appended(Mutex::new(file)))
-            })
+        tracing::warn!(
+            ?kind,
+            "store opened WITHOUT durability: for benchmarks only"
+        );
+        let destination = match kind {
+            BenchmarkStore::WritesNowhere => Destination::Nowhere,
+            BenchmarkStore::AppendsOnly => {
+                let file = std::fs::create_dir_all(&config.path)
+                    .and_then(|()| BenchFile::create(&config.path.join("appended.bench")))
+                    .map_err(|e| StoreError::backend("cannot create the benchmark's file", e))?;
+                Destination::Appended(Mutex::new(file))
+            }
+        };
+        Self::open_with(config, trees, destination)
     }
 
     fn open_with(
@@ -1064,7 +1072,8 @@ mod tests {
             path: dir.path().to_owned(),
             ..StoreConfig::default()
         };
-        let store = SledStore::open_appending_only_for_benchmarks(&config, &[]).unwrap();
+        let store =
+            SledStore::open_for_benchmarks(&config, &[], BenchmarkStore::AppendsOnly).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
