@@ -898,10 +898,7 @@ mod tests {
             .build()
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let config = StoreConfig {
-            path: dir.path().to_owned(),
-            ..StoreConfig::default()
-        };
+        let config = config_in(dir.path());
         let store = SledStore::open(&config, &[]).unwrap();
         let first_batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
         let held = Released(vec![Arc::clone(&first_batch)]);
@@ -943,7 +940,7 @@ mod tests {
         held.0.push(Arc::clone(&second_batch));
         first_batch.release();
         assert!(second_batch.wait_reached(1, PATIENCE));
-        let first = runtime.block_on(async { tokio::time::timeout(PATIENCE, first).await });
+        let first = within(&runtime, first);
         assert!(
             matches!(first, Ok(Ok(Ok(())))),
             "the request that led the first batch was not answered while the second was held: {first:?}"
@@ -954,7 +951,7 @@ mod tests {
         );
 
         drop(held);
-        let second = runtime.block_on(async { tokio::time::timeout(PATIENCE, second).await });
+        let second = within(&runtime, second);
         assert!(matches!(second, Ok(Ok(Ok(())))), "{second:?}");
         assert!(acknowledged(&runtime, &store, "n-1") && acknowledged(&runtime, &store, "n-2"));
     }
@@ -1007,11 +1004,9 @@ mod tests {
         // The second write's batch, the hand-off's, panics once applied to sled.
         let panicked = store.inner.writer.gate().arm_panic(HoldPoint::BeforeFlush);
         first_batch.release();
-        let within =
-            |handle| runtime.block_on(async { tokio::time::timeout(PATIENCE, handle).await });
-        let first = within(first);
+        let first = within(&runtime, first);
         assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
-        let second = within(second);
+        let second = within(&runtime, second);
         assert!(
             matches!(second, Ok(Ok(Err(_)))),
             "the write whose batch panicked was answered {second:?}"
@@ -1026,7 +1021,7 @@ mod tests {
             matches!(asked, Err(StoreError::Stopped)),
             "the unflushed write was reported {asked:?}"
         );
-        let later = within(runtime.spawn(book(store.clone(), "n-3")));
+        let later = within(&runtime, runtime.spawn(book(store.clone(), "n-3")));
         assert!(
             matches!(later, Ok(Ok(Err(StoreError::Stopped)))),
             "a write after the panic: {later:?}"
@@ -1035,11 +1030,7 @@ mod tests {
         // A restart: the retry of the write whose batch panicked is booked, once.
         drop(store);
         drop(runtime);
-        let config = StoreConfig {
-            path: _dir.path().to_owned(),
-            ..StoreConfig::default()
-        };
-        let store = SledStore::open(&config, &[]).unwrap();
+        let store = SledStore::open(&config_in(_dir.path()), &[]).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -1068,10 +1059,7 @@ mod tests {
     #[test]
     fn a_benchmark_store_that_only_appends_syncs_each_batch_into_its_file_and_writes_no_sled() {
         let dir = tempfile::tempdir().unwrap();
-        let config = StoreConfig {
-            path: dir.path().to_owned(),
-            ..StoreConfig::default()
-        };
+        let config = config_in(dir.path());
         let store =
             SledStore::open_for_benchmarks(&config, &[], BenchmarkStore::AppendsOnly).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -1100,6 +1088,22 @@ mod tests {
                 held.release();
             }
         }
+    }
+
+    /// A store's configuration in `dir`, the defaults otherwise.
+    fn config_in(dir: &std::path::Path) -> StoreConfig {
+        StoreConfig {
+            path: dir.to_owned(),
+            ..StoreConfig::default()
+        }
+    }
+
+    /// `task`'s outcome, or `Elapsed` when it takes longer than [`PATIENCE`].
+    fn within<T>(
+        runtime: &Runtime,
+        task: JoinHandle<T>,
+    ) -> Result<Result<T, tokio::task::JoinError>, tokio::time::error::Elapsed> {
+        runtime.block_on(async { tokio::time::timeout(PATIENCE, task).await })
     }
 
     fn wait_until(done: impl Fn() -> bool, failure: &str) {
