@@ -179,8 +179,8 @@ impl Ingress {
         };
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
-        let digest = VerifiedCache::digest(signature, body);
-        if self.verified.contains(&digest) {
+        let digest = self.verified.digest(signature, body);
+        if digest.is_some_and(|digest| self.verified.contains(&digest)) {
             tracing::debug!("signature verified before (a retry)");
             note::with(|n| n.signature = Some(SignatureNote::VerifiedBefore));
             metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +193,9 @@ impl Ingress {
                     n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned)));
                 });
                 metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
-                self.verified.insert(digest);
+                if let Some(digest) = digest {
+                    self.verified.insert(digest);
+                }
                 Ok(())
             }
             Err(error) => {

@@ -125,7 +125,8 @@
 //! directory at a time.
 //!
 //! **Retries skip the signature operation.** A retry carries the same bytes and signature; a
-//! (signature, body) pair that verified before (16k SHA-256 digests are remembered) is
+//! (signature, body) pair that verified before (16k keyed tags are remembered, see
+//! `signature/cache.rs`) is
 //! accepted without the public-key operation; any changed byte is verified afresh.
 //!
 //! ## What durability costs
