@@ -126,8 +126,8 @@
 //!
 //! **Retries skip the signature operation.** A retry carries the same bytes and signature; a
 //! (signature, body) pair that verified before (16k keyed tags are remembered, see
-//! `signature/cache.rs`) is
-//! accepted without the public-key operation; any changed byte is verified afresh.
+//! `signature/cache.rs`) is accepted without the public-key operation; any changed byte is
+//! verified afresh.
 //!
 //! ## What durability costs
 //!
