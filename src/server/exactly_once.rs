@@ -26,8 +26,10 @@ use super::route::Endpoint;
 use super::runner::Runner;
 use crate::handler::{CallbackContext, RequestContext};
 use crate::logged::Logged;
-use crate::model::{CallbackBody, ErrorBody, TransactionValidationRequest};
+use crate::model::timestamp::now_ms;
+use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
 use crate::postponed::{Awaitable, Decided, Undecided};
+use crate::signature::{Digest, VerifiedCache};
 use crate::store::{
     CallbackBegin, CallbackFailure, Effects, Fingerprint, RecordedDecision, Store, StoreError,
     ValidationBegin,
@@ -133,6 +135,8 @@ struct Records {
     /// The Awaitable decisions, when the validation endpoint is Awaitable.
     awaitable: Option<Arc<Awaitable>>,
     metrics: Arc<Metrics>,
+    /// Signed (signature, body) pairs, marked here when their callback is booked.
+    signed_pairs: Arc<VerifiedCache>,
 }
 
 impl ExactlyOnce {
@@ -141,6 +145,7 @@ impl ExactlyOnce {
         runner: Runner,
         awaitable: Option<Arc<Awaitable>>,
         metrics: Arc<Metrics>,
+        signed_pairs: Arc<VerifiedCache>,
     ) -> Self {
         Self {
             inner: Arc::new(Records {
@@ -149,6 +154,7 @@ impl ExactlyOnce {
                 runner,
                 awaitable,
                 metrics,
+                signed_pairs,
             }),
         }
     }
@@ -227,13 +233,31 @@ impl ExactlyOnce {
         }
     }
 
-    /// A callback delivery with deduplication.
+    /// A callback delivery with deduplication. `pair` is the tag of its verified (signature,
+    /// body) pair, when pairs are remembered.
+    ///
+    /// Retries of bytes this process booked are answered as duplicates without reading the
+    /// store — what the store would answer, since their record is kept until their mark ends
+    /// (see `signature/cache.rs`) — unless the store has failed, which refuses every request.
     pub(super) async fn deliver_once(
         &self,
         callback: CallbackBody,
         request: RequestContext,
+        pair: Option<Digest>,
     ) -> Answer {
-        match self.deliver(callback, request).await? {
+        let delivered = match pair {
+            Some(pair) if self.booked_here(&pair) => self.duplicate(callback.transaction_status),
+            _ => {
+                // Before the booking: its record's retention counts from its commit, later.
+                let started_ms = now_ms();
+                let delivered = self.deliver(callback, request).await?;
+                if let (Some(pair), Delivered::Booked) = (pair, delivered) {
+                    self.mark_booked(pair, started_ms);
+                }
+                delivered
+            }
+        };
+        match delivered {
             Delivered::Booked => {
                 note::with(|n| n.outcome = Some(Outcome::Booked));
                 ok("callback accepted")
@@ -297,17 +321,7 @@ impl ExactlyOnce {
                     retry_after: self.inner.runner.retry_after(),
                 });
             }
-            CallbackBegin::Duplicate => {
-                tracing::info!(
-                    status = status.code(),
-                    "duplicate callback: already acknowledged, handler not called"
-                );
-                self.inner
-                    .metrics
-                    .callbacks_duplicate
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(Delivered::Duplicate);
-            }
+            CallbackBegin::Duplicate => return Ok(self.duplicate(status)),
         };
         let effects = Effects::default();
         let ctx = CallbackContext {
@@ -346,6 +360,38 @@ impl ExactlyOnce {
         }
         self.inner.waiters.finished(&key);
         answer
+    }
+
+    /// A delivery of a (nonce, status) acknowledged before: the handler is not called.
+    fn duplicate(&self, status: TransactionStatus) -> Delivered {
+        tracing::info!(
+            status = status.code(),
+            "duplicate callback: already acknowledged, handler not called"
+        );
+        self.inner
+            .metrics
+            .callbacks_duplicate
+            .fetch_add(1, Ordering::Relaxed);
+        Delivered::Duplicate
+    }
+
+    /// `true` when this process booked `pair`'s callback and its record is still kept, and
+    /// the store has not failed.
+    fn booked_here(&self, pair: &Digest) -> bool {
+        self.inner
+            .store
+            .as_ref()
+            .is_some_and(|store| !store.failed() && self.inner.signed_pairs.booked(pair, now_ms()))
+    }
+
+    /// Marks `pair` booked for the store's retention from `started_ms`.
+    fn mark_booked(&self, pair: Digest, started_ms: u64) {
+        if let Some(store) = &self.inner.store {
+            let retention_ms = u64::try_from(store.retention().as_millis()).unwrap_or(u64::MAX);
+            self.inner
+                .signed_pairs
+                .mark_booked(pair, started_ms.saturating_add(retention_ms));
+        }
     }
 
     /// A delivery whose handler failed: an error-level line for operators while the

@@ -25,7 +25,7 @@ use crate::auth::{AuthError, Cidr, Guard};
 use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
-use crate::signature::{VerifiedCache, Verifier};
+use crate::signature::{Digest, VerifiedCache, Verifier};
 use tracing::field;
 
 /// The checks before the handlers, with what they need. Built once by the app's builder.
@@ -35,8 +35,9 @@ pub(super) struct Ingress {
     /// Verifies callback signatures (and validation signatures where configured); `None`
     /// when no key is configured.
     verifier: Option<Verifier>,
-    /// (signature, body) pairs that verified, so that retries skip the public-key operation.
-    verified: VerifiedCache,
+    /// (signature, body) pairs that verified, so that retries skip the public-key operation
+    /// (shared with the deliveries, which mark the pairs they booked).
+    verified: Arc<VerifiedCache>,
     providers_guard: Guard,
     validation_guard: Guard,
     /// Proxies whose `X-Forwarded-For` is believed.
@@ -52,11 +53,12 @@ impl Ingress {
         validation_guard: Guard,
         trusted_proxies: Vec<Cidr>,
         metrics: Arc<Metrics>,
+        verified: Arc<VerifiedCache>,
     ) -> Self {
         Self {
             limits,
             verifier,
-            verified: VerifiedCache::default(),
+            verified,
             providers_guard,
             validation_guard,
             trusted_proxies,
@@ -173,9 +175,16 @@ impl Ingress {
         }
     }
 
-    pub(super) fn check_signature(&self, body: &[u8], signature: &[u8]) -> Result<(), Problem> {
+    /// Verifies `signature` over `body`, unless the pair verified before. Returns the pair's
+    /// tag when pairs are remembered (see [`VerifiedCache`]), for the delivery to look up and
+    /// mark.
+    pub(super) fn check_signature(
+        &self,
+        body: &[u8],
+        signature: &[u8],
+    ) -> Result<Option<Digest>, Problem> {
         let Some(verifier) = &self.verifier else {
-            return Ok(());
+            return Ok(None);
         };
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
@@ -184,7 +193,7 @@ impl Ingress {
             tracing::debug!("signature verified before (a retry)");
             note::with(|n| n.signature = Some(SignatureNote::VerifiedBefore));
             metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(digest);
         }
         match verifier.check(body, signature) {
             Ok(key_id) => {
@@ -196,7 +205,7 @@ impl Ingress {
                 if let Some(digest) = digest {
                     self.verified.insert(digest);
                 }
-                Ok(())
+                Ok(digest)
             }
             Err(error) => {
                 metrics.refused_signature(&error);

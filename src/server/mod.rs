@@ -585,9 +585,10 @@ impl App {
         note::kept(|n| {
             n.body = Some(crate::inspector::kept_body(&bytes));
         });
-        if let Some(signature) = signature {
-            ingress.check_signature(&bytes, &signature)?;
-        }
+        let pair = match signature {
+            Some(signature) => ingress.check_signature(&bytes, &signature)?,
+            None => None,
+        };
         let ctx = RequestContext {
             request_id,
             peer,
@@ -597,7 +598,7 @@ impl App {
         match endpoint {
             Endpoint::ProvidersValidation => self.providers_validation(&bytes, ctx).await,
             Endpoint::TransactionValidation => self.transaction_validation(&bytes, ctx).await,
-            Endpoint::Callback => self.callback(&bytes, ctx).await,
+            Endpoint::Callback => self.callback(&bytes, ctx, pair).await,
         }
     }
 
@@ -639,10 +640,13 @@ impl App {
         self.inner.exactly_once.validate_once(request, ctx).await
     }
 
+    /// A callback; `pair` is the tag of its verified (signature, body) pair, when pairs are
+    /// remembered.
     async fn callback(
         &self,
         bytes: &[u8],
         ctx: RequestContext,
+        pair: Option<crate::signature::Digest>,
     ) -> Result<Response<ResponseBody>, Problem> {
         if !self.inner.runner.serves(Endpoint::Callback) {
             return Err(Problem::NotFound);
@@ -655,7 +659,10 @@ impl App {
         if !self.inner.ingress.verifies_signatures() {
             tracing::warn!("unsigned callback accepted (callback.allow_unsigned = true)");
         }
-        self.inner.exactly_once.deliver_once(callback, ctx).await
+        self.inner
+            .exactly_once
+            .deliver_once(callback, ctx, pair)
+            .await
     }
 }
 
@@ -732,7 +739,7 @@ impl AppBuilder {
     }
 
     /// Keeps deduplication records in `store` — typically a [`SledStore`] or a
-    /// [`PgStore`](crate::store::PgStore) opened with the trees your callback effects write.
+    /// `PgStore` (feature `postgres`) opened with the trees your callback effects write.
     /// Default: a [`SledStore`] opened at `store.path` by [`AppBuilder::build`]; with
     /// `store.url` set (PostgreSQL), open the store first — it connects, which `build` does
     /// not — and pass it here or to [`AppBuilder::shared_store`].
@@ -857,11 +864,13 @@ impl AppBuilder {
             None
         };
         let metrics: Arc<metrics::Metrics> = Arc::default();
+        let signed_pairs = Arc::new(crate::signature::VerifiedCache::default());
         let exactly_once = exactly_once::ExactlyOnce::new(
             store,
             runner.clone(),
             awaitable.clone(),
             Arc::clone(&metrics),
+            Arc::clone(&signed_pairs),
         );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
@@ -873,6 +882,7 @@ impl AppBuilder {
             validation_guard,
             trusted_proxies,
             Arc::clone(&metrics),
+            signed_pairs,
         ));
         let inspector = admin
             .as_ref()

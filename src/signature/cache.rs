@@ -1,8 +1,19 @@
-//! Remembering signatures that verified, so that a retry skips the public-key operation.
+//! Remembering signed (signature, body) pairs: those that verified, so that a retry skips the
+//! public-key operation, and those this process booked, so that a retry of one is answered
+//! without reading the store.
 //!
 //! The aggregator retries a callback with the same bytes and the same signature. A retry
 //! whose (signature, body) pair matches one that verified before is accepted without the
 //! RSA or ECDSA operation; any changed byte of either is verified afresh.
+//!
+//! A pair whose callback this process booked — durably, with the store's answer in hand —
+//! is also marked **booked until** its record's retention ends, counted from before the
+//! booking began (so never later than the store would forget the record). A retry of those
+//! exact bytes is a duplicate the store would answer the same way: the record of a booked
+//! (nonce, status) is never removed before its retention ends, and nothing moves a status
+//! back to not booked. So the callback endpoint answers it as a duplicate from this mark
+//! (see `server/exactly_once.rs`), and the store is read only for retries of what another
+//! process, or this one before a restart, booked.
 //!
 //! ## The pair's digest
 //!
@@ -25,16 +36,18 @@
 
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque, hash_map::Entry};
 use std::sync::Mutex;
 
-/// Pairs remembered; the oldest is forgotten first. 16k × 16 bytes, twice, ≈ 0.5 MiB.
+/// Pairs remembered; the oldest is forgotten first. 16k × 24 bytes, and 16 again for their
+/// order, ≈ 1 MiB with the map's overhead.
 const CAPACITY: usize = 16 * 1024;
 
 /// The tag of a (signature, body) pair: see the module docs.
 pub(crate) type Digest = [u8; 16];
 
-/// A bounded set of tags of (signature, body) pairs that verified.
+/// A bounded map of the tags of (signature, body) pairs that verified, each with the time
+/// until which it is known booked.
 pub(crate) struct VerifiedCache {
     /// The process's secret key; `None` when the system gave no randomness (nothing is
     /// remembered then).
@@ -51,10 +64,11 @@ impl std::fmt::Debug for VerifiedCache {
     }
 }
 
-/// The tags, and their order of arrival for forgetting the oldest.
+/// The tags, each with the end of its booking (ms since the Unix epoch; 0 when only
+/// verified), and their order of arrival for forgetting the oldest.
 #[derive(Debug, Default)]
 struct Remembered {
-    set: HashSet<Digest>,
+    booked_until_ms: HashMap<Digest, u64>,
     order: VecDeque<Digest>,
 }
 
@@ -98,18 +112,44 @@ impl VerifiedCache {
 
     /// `true` when the pair verified before.
     pub(crate) fn contains(&self, digest: &Digest) -> bool {
-        self.lock().set.contains(digest)
+        self.lock().booked_until_ms.contains_key(digest)
     }
 
     /// Remembers a pair that verified.
     pub(crate) fn insert(&self, digest: Digest) {
+        self.remember(digest, 0);
+    }
+
+    /// `true` when this process booked the pair's callback and the booking's record is kept
+    /// beyond `now_ms`.
+    pub(crate) fn booked(&self, digest: &Digest, now_ms: u64) -> bool {
+        self.lock()
+            .booked_until_ms
+            .get(digest)
+            .is_some_and(|until| now_ms < *until)
+    }
+
+    /// Marks a verified pair booked until `until_ms`: its callback's (nonce, status) is
+    /// durably booked, and its record kept at least until then.
+    pub(crate) fn mark_booked(&self, digest: Digest, until_ms: u64) {
+        self.remember(digest, until_ms);
+    }
+
+    fn remember(&self, digest: Digest, booked_until_ms: u64) {
         let mut remembered = self.lock();
-        if remembered.set.insert(digest) {
-            remembered.order.push_back(digest);
-            if remembered.order.len() > CAPACITY
-                && let Some(oldest) = remembered.order.pop_front()
-            {
-                remembered.set.remove(&oldest);
+        match remembered.booked_until_ms.entry(digest) {
+            Entry::Occupied(mut known) => {
+                let until = known.get_mut();
+                *until = (*until).max(booked_until_ms);
+            }
+            Entry::Vacant(new) => {
+                new.insert(booked_until_ms);
+                remembered.order.push_back(digest);
+                if remembered.order.len() > CAPACITY
+                    && let Some(oldest) = remembered.order.pop_front()
+                {
+                    remembered.booked_until_ms.remove(&oldest);
+                }
             }
         }
     }
@@ -165,12 +205,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_is_booked_only_once_marked_and_only_until_its_end() {
+        let cache = VerifiedCache::default();
+        let (pair, other) = (tag(&cache, b"sig", b"body"), tag(&cache, b"sig", b"other"));
+        cache.insert(pair);
+        assert!(!cache.booked(&pair, 1_000), "verified is not booked");
+        cache.mark_booked(pair, 2_000);
+        assert!(cache.contains(&pair));
+        assert!(cache.booked(&pair, 1_999));
+        assert!(
+            !cache.booked(&pair, 2_000),
+            "the booking's record may be gone from then on"
+        );
+        assert!(!cache.booked(&other, 1_000));
+        // Verified again later (a retry after the mark was made): still booked.
+        cache.insert(pair);
+        assert!(cache.booked(&pair, 1_999));
+    }
+
+    #[test]
     fn the_cache_is_bounded_and_forgets_the_oldest() {
         let cache = VerifiedCache::default();
         for i in 0..(CAPACITY + 10) as u64 {
             cache.insert(tag(&cache, &i.to_be_bytes(), b""));
         }
-        assert_eq!(cache.lock().set.len(), CAPACITY);
+        assert_eq!(cache.lock().booked_until_ms.len(), CAPACITY);
         assert!(!cache.contains(&tag(&cache, &0u64.to_be_bytes(), b"")));
         assert!(cache.contains(&tag(&cache, &((CAPACITY + 9) as u64).to_be_bytes(), b"")));
     }

@@ -63,7 +63,7 @@ mod sniff;
 
 use http::{HeaderMap, HeaderName};
 
-pub(crate) use cache::VerifiedCache;
+pub(crate) use cache::{Digest, VerifiedCache};
 
 pub use algorithm::{Algorithm, KeyKind};
 pub use encoding::Encoding;

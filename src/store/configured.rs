@@ -39,7 +39,7 @@ impl ConfiguredStore {
     ///
     /// # Errors
     ///
-    /// As [`SledStore::open`] or [`PgStore::open`].
+    /// As [`SledStore::open`] or `PgStore::open` (feature `postgres`).
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         #[cfg(feature = "postgres")]
         if config.is_postgres() {

@@ -213,8 +213,8 @@ impl Effects {
     /// # Errors
     ///
     /// The first effect's error.
-    /// [`StoreError::Unsupported`] when an effect is SQL ([`Effects::postgres`]): that needs
-    /// the PostgreSQL store.
+    /// [`StoreError::Unsupported`] when an effect is SQL (`Effects::postgres`, feature
+    /// `postgres`): that needs the PostgreSQL store.
     pub fn apply(&self, tx: &dyn EffectTx) -> Result<(), StoreError> {
         self.staged().iter().try_for_each(|effect| match effect {
             Staged::Trees(effect) => effect(tx),

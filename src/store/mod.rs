@@ -127,7 +127,9 @@
 //! **Retries skip the signature operation.** A retry carries the same bytes and signature; a
 //! (signature, body) pair that verified before (16k keyed tags are remembered, see
 //! `signature/cache.rs`) is accepted without the public-key operation; any changed byte is
-//! verified afresh.
+//! verified afresh. A retry of a pair whose callback this process booked is answered as a
+//! duplicate without reading the store, until the booking's retention ends counted from
+//! before it began (when the store may forget the record) and unless the store has failed.
 //!
 //! ## What durability costs
 //!

@@ -1,0 +1,119 @@
+//! A retry whose signed bytes this process booked is answered as a duplicate from memory,
+//! without reading the store — and only while the store would answer the same: until the
+//! booking's record may be gone (its retention), and never once the store has failed.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::App;
+use payhook::config::Config;
+use payhook::signature::{Algorithm, Encoding};
+use payhook::store::SledStore;
+use payhook::store::prelude::*;
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::{CALLBACK, CALLBACK_PATH, RawResponse, TestMerchant, exchange, post};
+use tokio::net::TcpListener;
+
+/// A served app with signed callbacks, and its store for the test to act on.
+struct Served {
+    addr: SocketAddr,
+    store: SledStore,
+    merchant: TestMerchant,
+    _data: tempfile::TempDir,
+}
+
+async fn serve(retention: Duration) -> Served {
+    let data = tempfile::tempdir().unwrap();
+    let mut config: Config = support::signed_config(&["rsa2048"]);
+    config.store.path = data.path().join("store");
+    config.store.retention = retention;
+    let store = SledStore::open(&config.store, &[]).unwrap();
+    let merchant = TestMerchant::default();
+    let app = App::builder(config)
+        .store(store.clone())
+        .callback_receiver(merchant.clone())
+        .build()
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+    Served {
+        addr,
+        store,
+        merchant,
+        _data: data,
+    }
+}
+
+/// The test callback, signed: the same bytes and signature each time, as a retry is.
+async fn deliver(served: &Served) -> RawResponse {
+    let signature = support::fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256)
+        .header_value(CALLBACK.as_bytes(), Encoding::Base64, None)
+        .unwrap();
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("X-Signature", signature.as_str()),
+    ];
+    exchange(
+        served.addr,
+        &post(CALLBACK_PATH, &headers, CALLBACK.as_bytes()),
+    )
+    .await
+}
+
+/// Removes every record as if `ahead` had passed: a purge told a later time.
+async fn purge_as_if_later(store: &SledStore, ahead: Duration) -> usize {
+    let later = chrono::Utc::now() + chrono::Duration::from_std(ahead).unwrap();
+    store.purge_expired(later).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_retry_of_a_booking_of_this_process_is_answered_without_reading_the_store() {
+    let served = serve(Duration::from_secs(3600)).await;
+    let booked = deliver(&served).await;
+    assert_eq!(
+        (booked.status, booked.message()),
+        (200, "callback accepted".into())
+    );
+    // The record goes behind the answer's back (a purge told a time two hours on): a store
+    // read would now find nothing and book the callback again.
+    assert!(purge_as_if_later(&served.store, Duration::from_secs(7200)).await >= 1);
+    let retry = deliver(&served).await;
+    assert_eq!(
+        (retry.status, retry.message()),
+        (200, "callback already processed".into()),
+        "the retry was not answered from this process's mark"
+    );
+    assert_eq!(served.merchant.calls().len(), 1, "the handler ran again");
+}
+
+#[tokio::test]
+async fn once_the_retention_has_passed_a_retry_is_answered_by_the_store() {
+    let served = serve(Duration::from_secs(1)).await;
+    assert_eq!(deliver(&served).await.status, 200);
+    assert_eq!(
+        deliver(&served).await.message(),
+        "callback already processed"
+    );
+    // The retention ends; the record is purged as the sweeper would.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    purge_as_if_later(&served.store, Duration::ZERO).await;
+    let after = deliver(&served).await;
+    assert_eq!(
+        (after.status, after.message()),
+        (200, "callback accepted".into()),
+        "beyond the retention the store no longer recognises the nonce, nor may the mark"
+    );
+    assert_eq!(served.merchant.calls().len(), 2);
+}
+
+#[tokio::test]
+async fn once_the_store_has_failed_a_retry_of_a_booking_gets_503_like_every_request() {
+    let served = serve(Duration::from_secs(3600)).await;
+    assert_eq!(deliver(&served).await.status, 200);
+    served.store.mark_failed_for_tests();
+    let retry = deliver(&served).await;
+    assert_eq!(retry.status, 503, "{}", retry.message());
+    assert_eq!(served.merchant.calls().len(), 1);
+}
