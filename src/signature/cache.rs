@@ -13,7 +13,9 @@
 //! (nonce, status) is never removed before its retention ends, and nothing moves a status
 //! back to not booked. So the callback endpoint answers it as a duplicate from this mark
 //! (see `server/exactly_once.rs`), and the store is read only for retries of what another
-//! process, or this one before a restart, booked.
+//! process, or this one before a restart, booked. The one thing a mark does not see is a
+//! record removed by hand from a shared database: the process that booked it answers its
+//! retries as duplicates until the mark ends or the process restarts.
 //!
 //! ## The pair's digest
 //!
