@@ -5,49 +5,27 @@
 
 mod support;
 
-use payhook::App;
-use payhook::config::Config;
 use payhook::signature::{Algorithm, Encoding};
 use payhook::store::SledStore;
 use payhook::store::prelude::*;
-use std::net::SocketAddr;
 use std::time::Duration;
-use support::{CALLBACK, CALLBACK_PATH, RawResponse, TestMerchant, exchange, post};
-use tokio::net::TcpListener;
+use support::{CALLBACK, CALLBACK_PATH, RawResponse, TestServer, post};
 
-/// A served app with signed callbacks, and its store for the test to act on.
-struct Served {
-    addr: SocketAddr,
-    store: SledStore,
-    merchant: TestMerchant,
-    _data: tempfile::TempDir,
-}
-
-async fn serve(retention: Duration) -> Served {
+/// A server for signed callbacks, on a store the test keeps a handle to.
+async fn serve(retention: Duration) -> (TestServer, SledStore) {
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = support::signed_config(&["rsa2048"]);
+    let mut config = support::signed_config(&["rsa2048"]);
     config.store.path = data.path().join("store");
     config.store.retention = retention;
     let store = SledStore::open(&config.store, &[]).unwrap();
-    let merchant = TestMerchant::default();
-    let app = App::builder(config)
-        .store(store.clone())
-        .callback_receiver(merchant.clone())
-        .build()
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
-    Served {
-        addr,
+    (
+        TestServer::start_on(config, data, store.clone()).await,
         store,
-        merchant,
-        _data: data,
-    }
+    )
 }
 
 /// The test callback, signed: the same bytes and signature each time, as a retry is.
-async fn deliver(served: &Served) -> RawResponse {
+async fn deliver(server: &TestServer) -> RawResponse {
     let signature = support::fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256)
         .header_value(CALLBACK.as_bytes(), Encoding::Base64, None)
         .unwrap();
@@ -55,11 +33,9 @@ async fn deliver(served: &Served) -> RawResponse {
         ("Content-Type", "application/json"),
         ("X-Signature", signature.as_str()),
     ];
-    exchange(
-        served.addr,
-        &post(CALLBACK_PATH, &headers, CALLBACK.as_bytes()),
-    )
-    .await
+    server
+        .send(&post(CALLBACK_PATH, &headers, CALLBACK.as_bytes()))
+        .await
 }
 
 /// Removes every record as if `ahead` had passed: a purge told a later time.
@@ -70,50 +46,50 @@ async fn purge_as_if_later(store: &SledStore, ahead: Duration) -> usize {
 
 #[tokio::test]
 async fn a_retry_of_a_booking_of_this_process_is_answered_without_reading_the_store() {
-    let served = serve(Duration::from_secs(3600)).await;
-    let booked = deliver(&served).await;
+    let (server, store) = serve(Duration::from_secs(3600)).await;
+    let booked = deliver(&server).await;
     assert_eq!(
         (booked.status, booked.message()),
         (200, "callback accepted".into())
     );
     // The record goes behind the answer's back (a purge told a time two hours on): a store
     // read would now find nothing and book the callback again.
-    assert!(purge_as_if_later(&served.store, Duration::from_secs(7200)).await >= 1);
-    let retry = deliver(&served).await;
+    assert!(purge_as_if_later(&store, Duration::from_secs(7200)).await >= 1);
+    let retry = deliver(&server).await;
     assert_eq!(
         (retry.status, retry.message()),
         (200, "callback already processed".into()),
         "the retry was not answered from this process's mark"
     );
-    assert_eq!(served.merchant.calls().len(), 1, "the handler ran again");
+    assert_eq!(server.merchant.calls().len(), 1, "the handler ran again");
 }
 
 #[tokio::test]
 async fn once_the_retention_has_passed_a_retry_is_answered_by_the_store() {
-    let served = serve(Duration::from_secs(1)).await;
-    assert_eq!(deliver(&served).await.status, 200);
+    let (server, store) = serve(Duration::from_secs(1)).await;
+    assert_eq!(deliver(&server).await.status, 200);
     assert_eq!(
-        deliver(&served).await.message(),
+        deliver(&server).await.message(),
         "callback already processed"
     );
     // The retention ends; the record is purged as the sweeper would.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    purge_as_if_later(&served.store, Duration::ZERO).await;
-    let after = deliver(&served).await;
+    purge_as_if_later(&store, Duration::ZERO).await;
+    let after = deliver(&server).await;
     assert_eq!(
         (after.status, after.message()),
         (200, "callback accepted".into()),
         "beyond the retention the store no longer recognises the nonce, nor may the mark"
     );
-    assert_eq!(served.merchant.calls().len(), 2);
+    assert_eq!(server.merchant.calls().len(), 2);
 }
 
 #[tokio::test]
 async fn once_the_store_has_failed_a_retry_of_a_booking_gets_503_like_every_request() {
-    let served = serve(Duration::from_secs(3600)).await;
-    assert_eq!(deliver(&served).await.status, 200);
-    served.store.mark_failed_for_tests();
-    let retry = deliver(&served).await;
+    let (server, store) = serve(Duration::from_secs(3600)).await;
+    assert_eq!(deliver(&server).await.status, 200);
+    store.mark_failed_for_tests();
+    let retry = deliver(&server).await;
     assert_eq!(retry.status, 503, "{}", retry.message());
-    assert_eq!(served.merchant.calls().len(), 1);
+    assert_eq!(server.merchant.calls().len(), 1);
 }

@@ -5,10 +5,8 @@
 
 mod support;
 
-use payhook::App;
 use payhook::store::SledStore;
-use support::{CALLBACK, CALLBACK_PATH, TestMerchant, request, test_config};
-use tokio::net::TcpListener;
+use support::{CALLBACK, CALLBACK_PATH, TestServer, request, test_config};
 
 #[tokio::test]
 async fn readyz_answers_503_with_a_message_once_the_store_has_failed() {
@@ -16,17 +14,8 @@ async fn readyz_answers_503_with_a_message_once_the_store_has_failed() {
     let mut config = test_config();
     config.store.path = data.path().join("store");
     let store = SledStore::open(&config.store, &[]).unwrap();
-    let app = App::builder(config)
-        .store(store.clone())
-        .callback_receiver(TestMerchant::default())
-        .build()
-        .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(payhook::serve(listener, app, async move {
-        let _ = stopped.await;
-    }));
+    let mut server = TestServer::start_on(config, data, store.clone()).await;
+    let addr = server.addr;
 
     let ready = support::exchange(addr, &request("GET", "/readyz", &[], None)).await;
     assert_eq!(ready.status, 200, "a healthy store is ready");
@@ -55,6 +44,6 @@ async fn readyz_answers_503_with_a_message_once_the_store_has_failed() {
     .await;
     assert_eq!(callback.status, 503);
 
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    server.shut_down();
+    server.stopped().await;
 }

@@ -17,6 +17,7 @@ use payhook::handler::{
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
+use payhook::store::SledStore;
 use payhook::{App, Config, HandlerError};
 use serde_json::Value;
 use std::{
@@ -215,10 +216,25 @@ impl TestServer {
 
     /// Starts a server with `config`, all three endpoints served by one [`TestMerchant`].
     pub async fn start_with(mut config: Config) -> Self {
-        let merchant = TestMerchant::default();
         let data = tempfile::tempdir().unwrap();
         config.store.path = data.path().join("store");
-        let app = App::builder(config)
+        Self::start_in(config, data, None).await
+    }
+
+    /// Starts a server like [`Self::start_with`] on `store`, which the test opened (at
+    /// `config.store.path`, in `data`) to act on it while the server runs.
+    #[allow(dead_code, reason = "not every test binary acts on the store")]
+    pub async fn start_on(config: Config, data: tempfile::TempDir, store: SledStore) -> Self {
+        Self::start_in(config, data, Some(store)).await
+    }
+
+    async fn start_in(config: Config, data: tempfile::TempDir, store: Option<SledStore>) -> Self {
+        let merchant = TestMerchant::default();
+        let mut builder = App::builder(config);
+        if let Some(store) = store {
+            builder = builder.store(store);
+        }
+        let app = builder
             .providers_validator(merchant.clone())
             .transaction_validator(merchant.clone())
             .callback_receiver(merchant.clone())
