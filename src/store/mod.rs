@@ -161,6 +161,13 @@
 //! not yet sliced). A store that reaches the floor must prove what it acknowledged without a
 //! second sync, for instance by sealing each batch in its own log.
 //!
+//! **The same on an Intel Xeon VM** of the same kind, without SHA instructions (2026-11-26,
+//! build 23af311, nine rounds of three full runs): D 64–75 µs, E 77–91, F 89–105, B
+//! 131–158; F/D 0.67–0.72 and B/D 0.41–0.45. There the floor lies above 0.65 — verification
+//! and hashing cost more, so D is slower and each store's cost weighs less — and B's
+//! distance to it is again sled with the watermark's second sync (B − F about 40–55 µs).
+//! payhook's own mechanics cost more there too (E − D 13–16 µs).
+//!
 //! **Where B's CPU goes** (a profile of B's server, 2026-11-25): RSA verification 19 % (of
 //! which ring re-deriving the public key's Montgomery constants on every verification 6 %;
 //! ring 0.17 has no public way to verify with a parsed RSA key); sled 31 % (`apply_batch`
