@@ -367,7 +367,7 @@ async fn a_retry_reuses_its_verification_but_any_changed_byte_is_verified_afresh
             .status,
         200
     );
-    // The same bytes and signature again: a retry, answered from the record.
+    // The same bytes and signature again: a retry, a duplicate of the booking.
     assert_eq!(
         server
             .send(&signed_post(CALLBACK_PATH, CALLBACK, &signature))

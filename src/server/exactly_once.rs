@@ -236,9 +236,11 @@ impl ExactlyOnce {
     /// A callback delivery with deduplication. `pair` is the tag of its verified (signature,
     /// body) pair, when pairs are remembered.
     ///
-    /// Retries of bytes this process booked are answered as duplicates without reading the
-    /// store — what the store would answer, since their record is kept until their mark ends
-    /// (see `signature/cache.rs`) — unless the store has failed, which refuses every request.
+    /// On a store that allows it ([`Store::process_may_remember_bookings`]: sled, not a
+    /// shared database), retries of bytes this process booked are answered as duplicates
+    /// without reading the store — the answer the store would give, once free of any other
+    /// delivery of the nonce, since their record is kept until their mark ends (see
+    /// `signature/cache.rs`) — unless the store has failed, which refuses every request.
     pub(super) async fn deliver_once(
         &self,
         callback: CallbackBody,
@@ -375,18 +377,25 @@ impl ExactlyOnce {
         Delivered::Duplicate
     }
 
-    /// `true` when this process booked `pair`'s callback and its record is still kept, and
-    /// the store has not failed.
+    /// `true` when this process booked `pair`'s callback and its record is still kept, on a
+    /// store that lets it remember and has not failed.
     fn booked_here(&self, pair: &Digest) -> bool {
-        self.inner
-            .store
-            .as_ref()
-            .is_some_and(|store| !store.failed() && self.inner.signed_pairs.booked(pair, now_ms()))
+        self.inner.store.as_ref().is_some_and(|store| {
+            store.process_may_remember_bookings()
+                && !store.failed()
+                && self.inner.signed_pairs.booked(pair, now_ms())
+        })
     }
 
-    /// Marks `pair` booked for the store's retention from `started_ms`.
+    /// Marks `pair` booked for the store's retention from `started_ms`, on a store that lets
+    /// this process remember.
     fn mark_booked(&self, pair: Digest, started_ms: u64) {
-        if let Some(store) = &self.inner.store {
+        if let Some(store) = self
+            .inner
+            .store
+            .as_ref()
+            .filter(|store| store.process_may_remember_bookings())
+        {
             let retention_ms = u64::try_from(store.retention().as_millis()).unwrap_or(u64::MAX);
             self.inner
                 .signed_pairs

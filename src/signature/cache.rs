@@ -8,14 +8,16 @@
 //!
 //! A pair whose callback this process booked — durably, with the store's answer in hand —
 //! is also marked **booked until** its record's retention ends, counted from before the
-//! booking began (so never later than the store would forget the record). A retry of those
-//! exact bytes is a duplicate the store would answer the same way: the record of a booked
-//! (nonce, status) is never removed before its retention ends, and nothing moves a status
-//! back to not booked. So the callback endpoint answers it as a duplicate from this mark
-//! (see `server/exactly_once.rs`), and the store is read only for retries of what another
-//! process, or this one before a restart, booked. The one thing a mark does not see is a
-//! record removed by hand from a shared database: the process that booked it answers its
-//! retries as duplicates until the mark ends or the process restarts.
+//! booking began, on a store that allows it (`Store::process_may_remember_bookings`: sled,
+//! whose only writer is this process, and which stops rather than go on without what it
+//! acknowledged; not a shared database, which another instance, a failover or an operator can
+//! change underneath). A retry of those exact bytes is a duplicate the store would answer
+//! the same way, once free of any other delivery of its nonce: the record of a booked
+//! (nonce, status) stays until its retention ends on this process's clock, and nothing moves
+//! a status back to not booked. So the callback endpoint answers it as a duplicate from this
+//! mark (see `server/exactly_once.rs`), and the store is read for retries of what another
+//! process, or this one before a restart, booked, and of pairs the cache has forgotten (the
+//! oldest go first beyond its capacity).
 //!
 //! ## The pair's digest
 //!
@@ -23,7 +25,7 @@
 //! length, the signature and the body as associated data (nothing encrypted), under a key
 //! drawn at random when the process starts and a nonce fixed for its life. With the nonce
 //! fixed, the tag is Poly1305 under one secret key: a keyed hash under which two different
-//! inputs of up to L bytes share a tag with probability at most 8⌈L/16⌉/2¹⁰⁶ (below 2⁻⁸⁷ at
+//! inputs of up to L bytes share a tag with probability at most about 8⌈L/16⌉/2¹⁰⁶ (2⁻⁸⁷ at
 //! the largest body `server.body_limit` allows by default, 1 MiB), whatever inputs an
 //! attacker chooses, as long as the key stays secret. It does: tags never leave the process
 //! (not logged, not answered, not stored). An attacker's only view is whether a forged pair
@@ -41,8 +43,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use std::collections::{HashMap, VecDeque, hash_map::Entry};
 use std::sync::Mutex;
 
-/// Pairs remembered; the oldest is forgotten first. 16k × 24 bytes, and 16 again for their
-/// order, ≈ 1 MiB with the map's overhead.
+/// Pairs remembered; the oldest is forgotten first. The map's 32k buckets of 24 bytes and
+/// the order's 32k slots of 16: about 1.3 MiB.
 const CAPACITY: usize = 16 * 1024;
 
 /// The tag of a (signature, body) pair: see the module docs.

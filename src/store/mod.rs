@@ -127,9 +127,10 @@
 //! **Retries skip the signature operation.** A retry carries the same bytes and signature; a
 //! (signature, body) pair that verified before (16k keyed tags are remembered, see
 //! `signature/cache.rs`) is accepted without the public-key operation; any changed byte is
-//! verified afresh. A retry of a pair whose callback this process booked is answered as a
-//! duplicate without reading the store, until the booking's retention ends counted from
-//! before it began (when the store may forget the record) and unless the store has failed.
+//! verified afresh. On sled, a retry of a pair whose callback this process booked is answered
+//! as a duplicate without reading the store, until the booking's retention ends counted from
+//! before it began (when the store may forget the record) and unless the store has failed
+//! ([`Store::process_may_remember_bookings`]).
 //!
 //! ## What durability costs
 //!
@@ -579,6 +580,18 @@ pub trait Store: DedupStore + PostponedStore {
     /// the backend does not measure them.
     fn commit_metrics(&self) -> Option<CommitMetrics> {
         None
+    }
+
+    /// `true` when the process that booked a callback may answer retries of the same signed
+    /// bytes from memory, without reading the store, until the booking's retention ends: the
+    /// process is the store's only writer, the record of a booked (nonce, status) stays for
+    /// the whole retention counted on the process's own clock, and the store stops serving
+    /// ([`Store::failed`]) — or refuses to open — rather than go on without something it
+    /// acknowledged. [`SledStore`] is such a store. The default, `false`, has every retry
+    /// read the store: right for a shared database, which another instance, a failover or an
+    /// operator can change underneath a process.
+    fn process_may_remember_bookings(&self) -> bool {
+        false
     }
 }
 

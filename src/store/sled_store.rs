@@ -637,6 +637,13 @@ impl Store for SledStore {
         self.inner.failed.load(Ordering::SeqCst)
     }
 
+    /// One process writes a sled store; a record stays until the sweep removes it after its
+    /// retention, on this process's clock; a failed flush stops the store, and the watermark
+    /// refuses to open one that lost acknowledged commits.
+    fn process_may_remember_bookings(&self) -> bool {
+        true
+    }
+
     fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize> {
         ready(self.inner.writer.purge(ms_from_time(now)))
     }

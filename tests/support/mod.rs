@@ -17,7 +17,7 @@ use payhook::handler::{
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use payhook::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
-use payhook::store::SledStore;
+use payhook::store::Store;
 use payhook::{App, Config, HandlerError};
 use serde_json::Value;
 use std::{
@@ -221,18 +221,22 @@ impl TestServer {
         Self::start_in(config, data, None).await
     }
 
-    /// Starts a server like [`Self::start_with`] on `store`, which the test opened (at
-    /// `config.store.path`, in `data`) to act on it while the server runs.
+    /// Starts a server like [`Self::start_with`] on `store`, which the test opened (a sled
+    /// one at `config.store.path`, in `data`) to act on it while the server runs.
     #[allow(dead_code, reason = "not every test binary acts on the store")]
-    pub async fn start_on(config: Config, data: tempfile::TempDir, store: SledStore) -> Self {
-        Self::start_in(config, data, Some(store)).await
+    pub async fn start_on(config: Config, data: tempfile::TempDir, store: impl Store) -> Self {
+        Self::start_in(config, data, Some(Arc::new(store))).await
     }
 
-    async fn start_in(config: Config, data: tempfile::TempDir, store: Option<SledStore>) -> Self {
+    async fn start_in(
+        config: Config,
+        data: tempfile::TempDir,
+        store: Option<Arc<dyn Store>>,
+    ) -> Self {
         let merchant = TestMerchant::default();
         let mut builder = App::builder(config);
         if let Some(store) = store {
-            builder = builder.store(store);
+            builder = builder.shared_store(store);
         }
         let app = builder
             .providers_validator(merchant.clone())
