@@ -23,6 +23,13 @@
 //! the PostgreSQL scenarios alone): enough for a slower machine or a profiling run, and far
 //! quicker to sign. A scenario that runs out of unique bodies says so in its row.
 //!
+//! `--instructions` counts instead of timing: each chosen scenario's server (A–I) runs
+//! under `valgrind --tool=callgrind`, one at a time, and the program prints the instructions
+//! it executed per request, and E − D and B − D. A count does not move with the VM's speed,
+//! so a change to payhook's own path (E − D) can be judged by it alone; it says nothing of
+//! waits, contention or the disk. About a minute per scenario for `-- 20 D E --instructions`
+//! (valgrind must be on the PATH; `--rate` defaults to 1,000 bodies per second here).
+//!
 //! `--slices N` starts all of a round's servers at once and moves the load from one to the
 //! next in turn, N times, each slice lasting 1/N of the duration: each scenario still gets the
 //! whole duration, but a change of the machine's speed during the round falls on every
@@ -135,6 +142,7 @@ fn main() {
         let rounds = take_count(&mut rest, "--rounds", "a number of rounds");
         let slices = take_count(&mut rest, "--slices", "a number of slices per scenario");
         let rate = take_number(&mut rest, "--rate", "a number of bodies per second");
+        let instructions = take_flag(&mut rest, "--instructions");
         let chosen: Vec<String> = rest
             .into_iter()
             .map(|s| {
@@ -149,16 +157,24 @@ fn main() {
             eprintln!("unknown scenario `{unknown}`: choose among {SCENARIOS:?} (or `postgres`)");
             std::process::exit(2);
         }
-        drive(
-            Duration::from_secs(seconds),
-            &Chosen {
-                scenarios: chosen,
-                rounds,
-                slices,
-                rate,
-            },
-        );
+        let chosen = Chosen {
+            scenarios: chosen,
+            rounds,
+            slices,
+            rate,
+        };
+        if instructions {
+            count_instructions(Duration::from_secs(seconds), &chosen);
+        } else {
+            drive(Duration::from_secs(seconds), &chosen);
+        }
     }
+}
+
+/// Takes `name` out of `rest`: whether it was there.
+fn take_flag(rest: &mut Vec<&String>, name: &str) -> bool {
+    let at = rest.iter().position(|s| *s == name);
+    at.map(|at| rest.remove(at)).is_some()
 }
 
 /// Takes `name N` out of `rest` (1 when absent); exits with status 2 unless N ≥ 1.
@@ -391,6 +407,20 @@ fn sign_bodies(key: &SigningKey, count: usize) -> Vec<Signed> {
     })
 }
 
+/// Signs enough unique bodies for `rate` requests per second over `duration`, saying so.
+fn sign_for(key: &SigningKey, rate: usize, duration: Duration) -> Arc<Vec<Signed>> {
+    let count = rate * usize::try_from(duration.as_secs()).unwrap_or(5);
+    eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
+    let signing = Instant::now();
+    let bodies = sign_bodies(key, count);
+    eprintln!(
+        "signed in {:.1}s; body size {} bytes",
+        signing.elapsed().as_secs_f64(),
+        bodies[0].body.len()
+    );
+    Arc::new(bodies)
+}
+
 /// Which body each request sends.
 #[derive(Clone)]
 enum Bodies {
@@ -401,6 +431,16 @@ enum Bodies {
 }
 
 impl Bodies {
+    /// Each of `bodies` once.
+    fn unique(bodies: &Arc<Vec<Signed>>) -> Self {
+        Self::Unique(Arc::clone(bodies), Arc::new(AtomicUsize::new(0)))
+    }
+
+    /// The first `n` of `bodies`, over and over.
+    fn cycle(bodies: &Arc<Vec<Signed>>, n: usize) -> Self {
+        Self::Cycle(Arc::clone(bodies), n, Arc::new(AtomicUsize::new(0)))
+    }
+
     fn next(&self) -> Option<&Signed> {
         match self {
             Self::Unique(all, next) => all.get(next.fetch_add(1, Ordering::Relaxed)),
@@ -512,35 +552,13 @@ fn drive(duration: Duration, chosen: &Chosen) {
     let rate = chosen
         .rate
         .unwrap_or(if only_postgres { 6_000 } else { 45_000 });
-    let count = rate * usize::try_from(duration.as_secs()).unwrap_or(5);
-    eprintln!("signing {count} RSA-2048 bodies of ~1 KB ...");
-    let signing = Instant::now();
-    let bodies = Arc::new(sign_bodies(&key, count));
-    eprintln!(
-        "signed in {:.1}s; body size {} bytes",
-        signing.elapsed().as_secs_f64(),
-        bodies[0].body.len()
-    );
+    let bodies = sign_for(&key, rate, duration);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    let unique = || Bodies::Unique(Arc::clone(&bodies), Arc::new(AtomicUsize::new(0)));
-    let retries = || {
-        Bodies::Cycle(
-            Arc::clone(&bodies),
-            RETRIED_NONCES,
-            Arc::new(AtomicUsize::new(0)),
-        )
-    };
-    let cycle = || {
-        Bodies::Cycle(
-            Arc::clone(&bodies),
-            bodies.len(),
-            Arc::new(AtomicUsize::new(0)),
-        )
-    };
+    let unique = || Bodies::unique(&bodies);
     // A scenario's server, started (and, for C, its nonces acknowledged first).
     let start = |spec: Spec| -> Running {
         let data = dir.path().join(&spec.data).display().to_string();
@@ -559,25 +577,7 @@ fn drive(duration: Duration, chosen: &Chosen) {
             if chosen.rounds > 1 {
                 eprintln!("round {round} of {}", chosen.rounds);
             }
-            let spec = |name, scenario, data: &str, bodies, warm_up| Spec {
-                name,
-                scenario,
-                data: format!("{data}{round}"),
-                bodies,
-                warm_up,
-            };
-            let specs: Vec<Spec> = [
-                spec("A", "baseline", "a", cycle(), None),
-                spec("B", "payhook", "b", unique(), None),
-                spec("C", "payhook", "c", retries(), Some(RETRIED_NONCES)),
-                spec("D", "payhook-nostore", "d", cycle(), None),
-                spec("E", "payhook-e", "e", unique(), None),
-                spec("F", "payhook-f", "f", unique(), None),
-                spec("I", "payhook-inspected", "i", unique(), None),
-            ]
-            .into_iter()
-            .filter(|spec| chosen.runs(spec.name))
-            .collect();
+            let specs = Spec::chosen(chosen, round, &bodies);
             let measured: Vec<(&str, Measured)> = if chosen.slices == 1 {
                 // One server at a time, for the whole duration.
                 specs
@@ -673,6 +673,154 @@ fn drive(duration: Duration, chosen: &Chosen) {
     }
 }
 
+// ------------------------------------------------ instructions per request (callgrind)
+
+/// How long each server warms up under load before its instructions are counted: valgrind
+/// translates code on first use, and the first requests fill caches and pools.
+const WARM_UP: Duration = Duration::from_secs(3);
+
+/// `--instructions`: runs each chosen scenario's server (A–I) under callgrind, one at a
+/// time, and counts the instructions it executes per request — a figure that does not move
+/// with the machine's speed, unlike req/s and CPU time, so that E − D (payhook's durable
+/// path, with the example merchant's ledger) can be compared between builds by itself.
+///
+/// Each server warms up under load for [`WARM_UP`]; then, with the server idle (every
+/// request of the warm-up answered), callgrind's counts are zeroed, the load runs for the
+/// duration, and once every request is answered the counts are dumped: the instructions of
+/// exactly the requests counted, plus whatever the idle server's timers ran meanwhile.
+/// `--fair-sched=yes` keeps callgrind's one-thread-at-a-time schedule from starving the
+/// store's leader. Under callgrind a server answers a few hundred requests per second, and
+/// its batches hold one or two callbacks where a native run's hold about ten, so per-batch
+/// costs weigh more than they do natively.
+fn count_instructions(duration: Duration, chosen: &Chosen) {
+    if chosen.runs("P") && !chosen.scenarios.is_empty() {
+        eprintln!("--instructions counts A–I only: P, P' and Q are left out");
+    }
+    if std::process::Command::new("callgrind_control")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("--instructions needs valgrind (its callgrind_control) on the PATH");
+        std::process::exit(2);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (public_key, key) = child::signing_key(dir.path(), Algorithm::RsaPkcs1Sha256);
+    let bodies = sign_for(&key, chosen.rate.unwrap_or(1_000), duration + WARM_UP);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let key = public_key.display().to_string();
+    let mut counted: Vec<(&str, usize, u64)> = Vec::new();
+    for spec in Spec::chosen(chosen, 1, &bodies) {
+        let data = dir.path().join(&spec.data).display().to_string();
+        let out = dir.path().join(format!("callgrind.{}", spec.name));
+        let wrapper: Vec<std::ffi::OsString> = vec![
+            "valgrind".into(),
+            "--tool=callgrind".into(),
+            "--fair-sched=yes".into(),
+            format!("--callgrind-out-file={}", out.display()).into(),
+        ];
+        let server = Server::start_under(
+            &wrapper,
+            &["serve", spec.scenario, &data, &key],
+            Stdio::null(),
+        );
+        eprintln!(
+            "{}: {} under callgrind, warming up ...",
+            spec.name, spec.scenario
+        );
+        if let Some(acknowledged) = spec.warm_up {
+            let seeded = runtime.block_on(load_count(
+                server.address,
+                Bodies::unique(&bodies),
+                acknowledged,
+            ));
+            assert_eq!(seeded, 0, "acknowledging the nonces to retry failed");
+        }
+        runtime.block_on(load(server.address, spec.bodies.clone(), WARM_UP));
+        callgrind_control(&server, "--zero");
+        eprintln!("{}: counting for {}s ...", spec.name, duration.as_secs());
+        let outcome = runtime.block_on(load(server.address, spec.bodies.clone(), duration));
+        callgrind_control(&server, "--dump");
+        let dumped = dir.path().join(format!("callgrind.{}.1", spec.name));
+        let instructions = dumped_total(&dumped);
+        assert_eq!(outcome.non_2xx, 0, "{}: non-2xx answers", spec.name);
+        counted.push((spec.name, outcome.requests, instructions));
+    }
+    print_instructions(duration, &counted);
+}
+
+/// Sends `command` (`--zero`, `--dump`) to the callgrind that runs `server`, and waits for
+/// it to be carried out.
+fn callgrind_control(server: &Server, command: &str) {
+    let status = std::process::Command::new("callgrind_control")
+        .arg(command)
+        .arg(server.pid().to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "callgrind_control {command} failed");
+}
+
+/// The instructions a callgrind dump counted: its `totals:` line, once the file is whole.
+fn dumped_total(path: &Path) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(total) = text
+            .lines()
+            .find_map(|line| line.strip_prefix("totals:"))
+            .and_then(|n| n.trim().parse().ok())
+        {
+            return total;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no callgrind dump at {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The instructions per request of each scenario counted, and E − D and B − D.
+fn print_instructions(duration: Duration, counted: &[(&str, usize, u64)]) {
+    println!(
+        "\npayhook callback benchmark — instructions per request under callgrind, \
+         {CONNECTIONS} connections, {}s counted per scenario",
+        duration.as_secs()
+    );
+    println!("scenario   requests   instructions per request");
+    let per_request = |name: &str| {
+        counted
+            .iter()
+            .find(|(n, ..)| *n == name)
+            .map(|(_, requests, total)| *total as f64 / (*requests).max(1) as f64)
+    };
+    for (name, requests, _) in counted {
+        let per = per_request(name).unwrap_or(f64::NAN);
+        println!("{name:<8} {requests:>10} {per:>26.0}");
+    }
+    let Some(d) = per_request("D") else {
+        return;
+    };
+    for (name, what) in [
+        ("E", "payhook's durable path and the example's ledger"),
+        ("B", "and sled"),
+    ] {
+        if let Some(x) = per_request(name) {
+            println!(
+                "{name} − D {:>12.0} instructions per request ({what}); D/{name} {:.3}",
+                x - d,
+                d / x
+            );
+        }
+    }
+}
+
 /// One round's scenarios (those not chosen are `None`).
 struct Round {
     a: Option<Measured>,
@@ -711,6 +859,36 @@ struct Spec {
     bodies: Bodies,
     /// Nonces acknowledged before the load (C).
     warm_up: Option<usize>,
+}
+
+impl Spec {
+    /// The chosen scenarios among A–I, in that order, for `round` (each its own store).
+    fn chosen(chosen: &Chosen, round: usize, bodies: &Arc<Vec<Signed>>) -> Vec<Self> {
+        let spec = |name, scenario, data: &str, bodies, warm_up| Spec {
+            name,
+            scenario,
+            data: format!("{data}{round}"),
+            bodies,
+            warm_up,
+        };
+        let (unique, cycle) = (
+            || Bodies::unique(bodies),
+            || Bodies::cycle(bodies, bodies.len()),
+        );
+        let retries = || Bodies::cycle(bodies, RETRIED_NONCES);
+        [
+            spec("A", "baseline", "a", cycle(), None),
+            spec("B", "payhook", "b", unique(), None),
+            spec("C", "payhook", "c", retries(), Some(RETRIED_NONCES)),
+            spec("D", "payhook-nostore", "d", cycle(), None),
+            spec("E", "payhook-e", "e", unique(), None),
+            spec("F", "payhook-f", "f", unique(), None),
+            spec("I", "payhook-inspected", "i", unique(), None),
+        ]
+        .into_iter()
+        .filter(|spec| chosen.runs(spec.name))
+        .collect()
+    }
 }
 
 /// A scenario's server under measurement, and what it measured so far.

@@ -8,6 +8,7 @@
 
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
 use std::{
+    ffi::OsString,
     io::{BufRead, BufReader},
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -35,11 +36,18 @@ impl Server {
     /// Runs this executable again with `args`, its standard error going to `stderr`, and
     /// waits for its `listening on ADDRESS` line.
     pub(crate) fn start(args: &[&str], stderr: Stdio) -> Self {
+        let wrapper: Vec<OsString> = std::env::var_os("SERVICE_WRAPPER").into_iter().collect();
+        Self::start_under(&wrapper, args, stderr)
+    }
+
+    /// As [`Server::start`], with the service run by the program and arguments `wrapper`
+    /// (none: run directly), whatever `SERVICE_WRAPPER` says.
+    pub(crate) fn start_under(wrapper: &[OsString], args: &[&str], stderr: Stdio) -> Self {
         let exe = std::env::current_exe().unwrap();
-        let mut command = match std::env::var_os("SERVICE_WRAPPER") {
-            Some(wrapper) => {
-                let mut command = Command::new(wrapper);
-                command.arg(&exe);
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(&exe);
                 command
             }
             None => Command::new(&exe),
@@ -58,6 +66,12 @@ impl Server {
             }
         };
         Self { child, address }
+    }
+
+    /// Its process id (under a wrapper that runs it in-process, as valgrind does, the
+    /// wrapper's).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its resident set size now (`VmRSS`) and at its peak (`VmHWM`), MiB.
