@@ -28,7 +28,8 @@
 //! it executed per request, and E − D and B − D. A count does not move with the VM's speed,
 //! so a change to payhook's own path (E − D) can be judged by it alone; it says nothing of
 //! waits, contention or the disk. About a minute per scenario for `-- 20 D E --instructions`
-//! (valgrind must be on the PATH; `--rate` defaults to 1,000 bodies per second here).
+//! (valgrind must be on the PATH; `--rate` defaults to 1,000 bodies per second here; one
+//! round, each scenario alone, so `--rounds` and `--slices` do not apply).
 //!
 //! `--slices N` starts all of a round's servers at once and moves the load from one to the
 //! next in turn, N times, each slice lasting 1/N of the duration: each scenario still gets the
@@ -693,8 +694,13 @@ const WARM_UP: Duration = Duration::from_secs(3);
 /// its batches hold one or two callbacks where a native run's hold about ten, so per-batch
 /// costs weigh more than they do natively.
 fn count_instructions(duration: Duration, chosen: &Chosen) {
-    if chosen.runs("P") && !chosen.scenarios.is_empty() {
+    if chosen.runs("P") {
         eprintln!("--instructions counts A–I only: P, P' and Q are left out");
+    }
+    if chosen.rounds > 1 || chosen.slices > 1 {
+        eprintln!(
+            "--instructions counts one round, each scenario alone: --rounds and --slices do not apply"
+        );
     }
     if std::process::Command::new("callgrind_control")
         .arg("--version")
