@@ -250,6 +250,13 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // Waiting for delivery: counted, its age since the decision shown.
+    assert_eq!(server.metric("payhook_outbox_queued").await, Some(1.0));
+    let age = server
+        .metric("payhook_outbox_oldest_queued_age_seconds")
+        .await
+        .unwrap();
+    assert!(age > 0.0, "{age}");
     gateway.with(|s| s.fail_next.extend([500, 503]));
     gateway.restart().await;
     state_of(&server, ID, PostponedState::Delivered).await;
@@ -258,6 +265,12 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
         "both failures were answered"
     );
     assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
+    server
+        .assert_metrics(&[
+            "payhook_outbox_queued 0",
+            "payhook_outbox_oldest_queued_age_seconds 0.0",
+        ])
+        .await;
 }
 
 #[tokio::test]

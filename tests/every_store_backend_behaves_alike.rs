@@ -388,6 +388,15 @@ async fn postpone(b: &Backend, id: i64) {
 
 /// Postpones `request` (Awaitable mode): its record and the validation's decision.
 async fn postpone_request(b: &Backend, request: TransactionValidationRequest) {
+    postpone_until(b, request, Some(Utc::now() + TimeDelta::hours(1))).await;
+}
+
+/// Postpones `request` until `deadline` (none: for ever).
+async fn postpone_until(
+    b: &Backend,
+    request: TransactionValidationRequest,
+    deadline: Option<chrono::DateTime<Utc>>,
+) {
     let fingerprint = Fingerprint::of(&request);
     let ValidationBegin::Claimed { claim } = b
         .shared
@@ -401,7 +410,7 @@ async fn postpone_request(b: &Backend, request: TransactionValidationRequest) {
         validation_id: request.validation_id,
         request: request.clone(),
         received: Utc::now(),
-        deadline: Some(Utc::now() + TimeDelta::hours(1)),
+        deadline,
         result: None,
     };
     b.shared
@@ -553,6 +562,66 @@ async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
         .await
         .unwrap();
     assert_eq!(due.now.len(), 1);
+}
+
+behaviour!(each_state_lists_exactly_its_validations);
+async fn each_state_lists_exactly_its_validations(b: &Backend) {
+    // Pending: 21 with a deadline, 22 without one (no deadline index entry to find it by).
+    postpone(b, 21).await;
+    postpone_without_deadline(b, 22).await;
+    // Queued: decided, awaiting delivery; 24 after a failed attempt.
+    for id in [23, 24, 25, 26] {
+        postpone(b, id).await;
+        b.shared
+            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+            .await
+            .unwrap();
+    }
+    let retry = Delivery::Queued {
+        attempts: 1,
+        next_attempt: Utc::now() + TimeDelta::seconds(30),
+        last_error: Some("timeout".into()),
+    };
+    b.shared.record_delivery(24.into(), retry).await.unwrap();
+    // Delivered, and refused (the aggregator holds another result).
+    let delivered = Delivery::Delivered {
+        attempts: 1,
+        at: Utc::now(),
+    };
+    b.shared
+        .record_delivery(25.into(), delivered)
+        .await
+        .unwrap();
+    let conflict = Delivery::Conflict {
+        attempts: 1,
+        message: "another result".into(),
+        at: Utc::now(),
+    };
+    b.shared.record_delivery(26.into(), conflict).await.unwrap();
+
+    let all = b.shared.postponed_all().await.unwrap();
+    assert_eq!(all.len(), 6);
+    for (state, expected) in [
+        (PostponedState::Pending, vec![21, 22]),
+        (PostponedState::Queued, vec![23, 24]),
+        (PostponedState::Delivered, vec![25]),
+        (PostponedState::Conflict, vec![26]),
+    ] {
+        let listed = b.shared.postponed_in(state).await.unwrap();
+        let ids: Vec<i64> = listed.iter().map(|v| v.validation_id.get()).collect();
+        assert_eq!(ids, expected, "{state:?}");
+        let from_all: Vec<_> = all.iter().filter(|v| v.state() == state).collect();
+        assert_eq!(
+            listed.iter().collect::<Vec<_>>(),
+            from_all,
+            "{state:?}: the same records as among every one"
+        );
+    }
+}
+
+/// Postpones validation `id` with no deadline: it waits for a decision for ever.
+async fn postpone_without_deadline(b: &Backend, id: i64) {
+    postpone_until(b, validation(&format!("p-{id}"), id, "10"), None).await;
 }
 
 fn failure(nonce: &str, reason: &str) -> CallbackFailure {

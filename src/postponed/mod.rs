@@ -291,6 +291,10 @@ impl Resolver {
 
     /// Postponed validations in `state` (all of them when `None`), by id.
     ///
+    /// Listing what waits — [`PostponedState::Pending`] or [`PostponedState::Queued`] —
+    /// reads the store's index of it, not the retention period's records: cheap enough to
+    /// call every few seconds (see [`PostponedStore::postponed_in`]).
+    ///
     /// # Errors
     ///
     /// [`StoreError`] when the store fails.
@@ -298,8 +302,9 @@ impl Resolver {
         &self,
         state: Option<PostponedState>,
     ) -> Result<Vec<PostponedValidation>, StoreError> {
-        let mut all = self.store.postponed_all().await?;
-        all.retain(|v| state.is_none_or(|s| v.state() == s));
-        Ok(all)
+        match state {
+            Some(state) => self.store.postponed_in(state).await,
+            None => self.store.postponed_all().await,
+        }
     }
 }

@@ -243,7 +243,9 @@ mod watermark;
 use crate::model::{Nonce, ValidationId};
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use crate::postponed::record::{Decision, Delivery, PostponedValidation, Resolution};
+use crate::postponed::record::{
+    Decision, Delivery, PostponedState, PostponedValidation, Resolution,
+};
 
 use chrono::{DateTime, Utc};
 
@@ -547,6 +549,22 @@ pub trait PostponedStore: Send + Sync + 'static {
 
     /// Every postponed validation held, by id.
     fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>>;
+
+    /// The postponed validations in `state`, by id.
+    ///
+    /// What waits — for a decision ([`PostponedState::Pending`]) or for delivery
+    /// ([`PostponedState::Queued`]) — is a few records among the retention period's many
+    /// (30 days of them by default), and it is read often: on every `/metrics` scrape, by a
+    /// review loop like the example merchant's. sled and PostgreSQL read those two states
+    /// from their indexes, so the cost follows what waits, not what is kept. The default
+    /// reads every record and keeps those in `state`: a backend should do better.
+    fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        Box::pin(async move {
+            let mut all = self.postponed_all().await?;
+            all.retain(|v| v.state() == state);
+            Ok(all)
+        })
+    }
 
     /// Results whose next delivery attempt is due at `now`, for this instance to post. Only
     /// durable ones: what is returned is posted to the aggregator, so it must survive a power

@@ -27,7 +27,7 @@ use super::{
     StoreError, StoreFuture, ValidationBegin, ms_from_time, now_ms, ready, time_from_ms,
 };
 use crate::model::TransactionStatus;
-use crate::postponed::record::{Decision, Delivery, PostponedValidation};
+use crate::postponed::record::{Decision, Delivery, PostponedState, PostponedValidation};
 
 /// A key and its value.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
@@ -579,16 +579,11 @@ impl PostponedStore for SledStore {
     }
 
     fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
-        ready(
-            self.inner
-                .tree
-                .scan_prefix(keys::POSTPONED_PREFIX)
-                .map(|entry| {
-                    let (key, bytes) = entry?;
-                    decode(&format!("{:?}", keys::id_of(&key)), &bytes)
-                })
-                .collect(),
-        )
+        ready(self.postponed_all_now())
+    }
+
+    fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        ready(self.postponed_in_now(state))
     }
 
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
@@ -726,6 +721,47 @@ impl SledStore {
             .get(keys::by_id(keys::POSTPONED_PREFIX, validation_id))?
             .map(|bytes| decode(&validation_id.to_string(), &bytes))
             .transpose()
+    }
+
+    /// The postponed validations in `state`. What waits for a decision or for delivery is
+    /// read through its index (`w`, `o`: see `keys.rs`), one record per entry; a delivered or
+    /// refused one has no index, and is found among every record.
+    fn postponed_in_now(
+        &self,
+        state: PostponedState,
+    ) -> Result<Vec<PostponedValidation>, StoreError> {
+        let index = match state {
+            PostponedState::Pending => keys::WAITING_PREFIX,
+            PostponedState::Queued => keys::OUTBOX_PREFIX,
+            PostponedState::Delivered | PostponedState::Conflict => {
+                let mut all = self.postponed_all_now()?;
+                all.retain(|v| v.state() == state);
+                return Ok(all);
+            }
+        };
+        let mut found = Vec::new();
+        for key in self.inner.tree.scan_prefix(index).keys() {
+            let Some(id) = keys::id_of(&key?) else {
+                continue;
+            };
+            // Read after its index entry, not with it: a record that changed state in
+            // between is left out, as it would have been a moment later.
+            if let Some(record) = self.postponed_now(id)?.filter(|v| v.state() == state) {
+                found.push(record);
+            }
+        }
+        Ok(found)
+    }
+
+    fn postponed_all_now(&self) -> Result<Vec<PostponedValidation>, StoreError> {
+        self.inner
+            .tree
+            .scan_prefix(keys::POSTPONED_PREFIX)
+            .map(|entry| {
+                let (key, bytes) = entry?;
+                decode(&format!("{:?}", keys::id_of(&key)), &bytes)
+            })
+            .collect()
     }
 }
 

@@ -7,7 +7,9 @@ use sqlx::{PgConnection, Row};
 
 use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture};
 use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
-use crate::postponed::record::{Decision, Delivery, NextDue, PostponedValidation, Resolution};
+use crate::postponed::record::{
+    Decision, Delivery, NextDue, PostponedState, PostponedValidation, Resolution,
+};
 
 /// The columns that index a record: its deadline while undecided, its next attempt while
 /// its result awaits delivery, and whether it is final.
@@ -94,6 +96,27 @@ impl PostponedStore for PgStore {
             .fetch_all(self.pool())
             .await?;
             records(&rows)
+        })
+    }
+
+    fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        // Each condition is the predicate of a partial index (`0001_tables.sql`,
+        // `0004_pending_postponed_index.sql`): what waits is read without the rest.
+        let condition = match state {
+            PostponedState::Pending => "NOT final AND deliver_at IS NULL",
+            PostponedState::Queued => "deliver_at IS NOT NULL",
+            PostponedState::Delivered | PostponedState::Conflict => "final",
+        };
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(&format!(
+                "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {condition} \
+                 ORDER BY validation_id"
+            )))
+            .fetch_all(self.pool())
+            .await?;
+            let mut found = records(&rows)?;
+            found.retain(|v| v.state() == state);
+            Ok(found)
         })
     }
 

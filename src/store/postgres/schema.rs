@@ -34,6 +34,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "validation and postponed records as json, which keeps U+0000",
         sql: include_str!("migrations/0003_records_as_json_text.sql"),
     },
+    Migration {
+        version: 4,
+        description: "an index of the postponed validations that wait for a decision",
+        sql: include_str!("migrations/0004_pending_postponed_index.sql"),
+    },
 ];
 
 /// The newest version this payhook knows.
