@@ -29,7 +29,9 @@
 //! so a change to payhook's own path (E − D) can be judged by it alone; it says nothing of
 //! waits, contention or the disk. About a minute per scenario for `-- 20 D E --instructions`
 //! (valgrind must be on the PATH; `--rate` defaults to 1,000 bodies per second here; one
-//! round, each scenario alone, so `--rounds` and `--slices` do not apply).
+//! round, each scenario alone, so `--rounds` and `--slices` do not apply). `--keep DIR`
+//! leaves each counted window's dump in DIR (`callgrind.E.1` for E), for
+//! `callgrind_annotate` to say where the instructions went.
 //!
 //! `--slices N` starts all of a round's servers at once and moves the load from one to the
 //! next in turn, N times, each slice lasting 1/N of the duration: each scenario still gets the
@@ -115,6 +117,8 @@ struct Chosen {
     slices: usize,
     /// Bodies signed per second of the duration, when not the default.
     rate: Option<usize>,
+    /// Where `--instructions` leaves its callgrind dumps, when they are to be kept.
+    keep: Option<std::path::PathBuf>,
 }
 
 impl Chosen {
@@ -144,6 +148,7 @@ fn main() {
         let slices = take_count(&mut rest, "--slices", "a number of slices per scenario");
         let rate = take_number(&mut rest, "--rate", "a number of bodies per second");
         let instructions = take_flag(&mut rest, "--instructions");
+        let keep = take_value(&mut rest, "--keep", "a directory");
         let chosen: Vec<String> = rest
             .into_iter()
             .map(|s| {
@@ -163,7 +168,11 @@ fn main() {
             rounds,
             slices,
             rate,
+            keep: keep.map(std::path::PathBuf::from),
         };
+        if keep_without_instructions(instructions, &chosen) {
+            std::process::exit(2);
+        }
         if instructions {
             count_instructions(Duration::from_secs(seconds), &chosen);
         } else {
@@ -178,6 +187,26 @@ fn take_flag(rest: &mut Vec<&String>, name: &str) -> bool {
     at.map(|at| rest.remove(at)).is_some()
 }
 
+/// Takes `name VALUE` out of `rest`, if there; exits with status 2 when VALUE is missing.
+fn take_value(rest: &mut Vec<&String>, name: &str, what: &str) -> Option<String> {
+    let at = rest.iter().position(|s| *s == name)?;
+    let Some(value) = rest.get(at + 1).map(|v| (*v).clone()) else {
+        eprintln!("{name} takes {what}");
+        std::process::exit(2);
+    };
+    rest.drain(at..at + 2);
+    Some(value)
+}
+
+/// `true` (having said so) when `--keep` was given without `--instructions`.
+fn keep_without_instructions(instructions: bool, chosen: &Chosen) -> bool {
+    let alone = chosen.keep.is_some() && !instructions;
+    if alone {
+        eprintln!("--keep keeps the dumps of --instructions: give both");
+    }
+    alone
+}
+
 /// Takes `name N` out of `rest` (1 when absent); exits with status 2 unless N ≥ 1.
 fn take_count(rest: &mut Vec<&String>, name: &str, what: &str) -> usize {
     take_number(rest, name, what).unwrap_or(1)
@@ -185,16 +214,11 @@ fn take_count(rest: &mut Vec<&String>, name: &str, what: &str) -> usize {
 
 /// Takes `name N` out of `rest`, if there; exits with status 2 unless N ≥ 1.
 fn take_number(rest: &mut Vec<&String>, name: &str, what: &str) -> Option<usize> {
-    let at = rest.iter().position(|s| *s == name)?;
-    let Some(n) = rest
-        .get(at + 1)
-        .and_then(|n| n.parse().ok())
-        .filter(|n| *n > 0)
-    else {
+    let value = take_value(rest, name, what)?;
+    let Some(n) = value.parse().ok().filter(|n| *n > 0) else {
         eprintln!("{name} takes {what}, at least 1");
         std::process::exit(2);
     };
-    rest.drain(at..at + 2);
     Some(n)
 }
 
@@ -718,10 +742,12 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
         .build()
         .unwrap();
     let key = public_key.display().to_string();
+    let dumps = chosen.keep.clone().unwrap_or_else(|| dir.path().to_owned());
+    std::fs::create_dir_all(&dumps).unwrap();
     let mut counted: Vec<(&str, usize, u64)> = Vec::new();
     for spec in Spec::chosen(chosen, 1, &bodies) {
         let data = dir.path().join(&spec.data).display().to_string();
-        let out = dir.path().join(format!("callgrind.{}", spec.name));
+        let out = dumps.join(format!("callgrind.{}", spec.name));
         let wrapper: Vec<std::ffi::OsString> = vec![
             "valgrind".into(),
             "--tool=callgrind".into(),
@@ -750,12 +776,20 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
         eprintln!("{}: counting for {}s ...", spec.name, duration.as_secs());
         let outcome = runtime.block_on(load(server.address, spec.bodies.clone(), duration));
         callgrind_control(&server, "--dump");
-        let dumped = dir.path().join(format!("callgrind.{}.1", spec.name));
+        let dumped = dumps.join(format!("callgrind.{}.1", spec.name));
         let instructions = dumped_total(&dumped);
         assert_eq!(outcome.non_2xx, 0, "{}: non-2xx answers", spec.name);
         counted.push((spec.name, outcome.requests, instructions));
     }
     print_instructions(duration, &counted);
+    if let Some(kept) = &chosen.keep {
+        println!(
+            "\nthe counted windows' dumps are kept in {}: `callgrind_annotate --inclusive=yes \
+             {}/callgrind.E.1` says where a scenario's instructions went",
+            kept.display(),
+            kept.display()
+        );
+    }
 }
 
 /// Sends `command` (`--zero`, `--dump`) to the callgrind that runs `server`, and waits for
