@@ -42,6 +42,29 @@ const STALE_MARGIN: Duration = Duration::from_secs(60);
 /// How often a delivery waiting for a busy nonce reads its record again.
 const BUSY_POLL: Duration = Duration::from_millis(100);
 
+/// What deliveries wait on: a nonce of one endpoint. Its text (the map's key) is built only
+/// when someone waits, not by every delivery that finishes.
+#[derive(Clone, Copy)]
+struct WaitKey<'a> {
+    /// `"c:"` for a callback's nonce, `"v:"` for a validation's.
+    kind: &'static str,
+    nonce: &'a str,
+}
+
+impl<'a> WaitKey<'a> {
+    fn callback(nonce: &'a str) -> Self {
+        Self { kind: "c:", nonce }
+    }
+
+    fn validation(nonce: &'a str) -> Self {
+        Self { kind: "v:", nonce }
+    }
+
+    fn text(self) -> String {
+        [self.kind, self.nonce].concat()
+    }
+}
+
 /// Deliveries waiting for another delivery of the same nonce to finish.
 ///
 /// Almost no delivery waits: one registers only after its nonce was found busy, and a
@@ -60,13 +83,14 @@ impl Waiters {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn for_key(&self, key: &str) -> Arc<Notify> {
+    fn for_key(&self, key: WaitKey<'_>) -> Arc<Notify> {
+        let key = key.text();
         let mut map = self.lock();
-        if let Some(notify) = map.get(key) {
+        if let Some(notify) = map.get(&key) {
             return Arc::clone(notify);
         }
         let notify = Arc::new(Notify::new());
-        map.insert(key.to_owned(), Arc::clone(&notify));
+        map.insert(key, Arc::clone(&notify));
         // Fences on both sides: a waiter registers, then reads the store; a finisher writes
         // the store, then looks at the count. One of the two sees the other's write (and a
         // wake-up missed all the same would cost the waiter one BUSY_POLL, not a booking).
@@ -76,24 +100,25 @@ impl Waiters {
     }
 
     /// Forgets `key` when nobody waits on it any more (a delivery that did not have to wait).
-    fn forget_if_unused(&self, key: &str) {
+    fn forget_if_unused(&self, key: WaitKey<'_>) {
+        let key = key.text();
         let mut map = self.lock();
         if map
-            .get(key)
+            .get(&key)
             .is_some_and(|notify| Arc::strong_count(notify) == 1)
         {
-            map.remove(key);
+            map.remove(&key);
             self.registered.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Wakes every delivery waiting on `key`; called after the record changed.
-    fn finished(&self, key: &str) {
+    fn finished(&self, key: WaitKey<'_>) {
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.registered.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let removed = self.lock().remove(key);
+        let removed = self.lock().remove(&key.text());
         if let Some(notify) = removed {
             self.registered.fetch_sub(1, Ordering::SeqCst);
             notify.notify_waiters();
@@ -184,7 +209,7 @@ impl ExactlyOnce {
     /// the busy delivery to finish — at most until the handler timeout has passed.
     async fn begin_when_free<'s, B>(
         &self,
-        key: &str,
+        key: WaitKey<'_>,
         mut begin: impl FnMut() -> crate::store::StoreFuture<'s, B>,
         is_busy: impl Fn(&B) -> bool,
     ) -> Result<Result<B, StoreError>, Problem> {
@@ -300,11 +325,11 @@ impl ExactlyOnce {
         };
         let nonce = callback.nonce.clone();
         let status = callback.transaction_status;
-        let key = format!("c:{nonce}");
+        let key = WaitKey::callback(&nonce);
         let stale_after = self.stale_after();
         let begin = self
             .begin_when_free(
-                &key,
+                key,
                 || store.begin_callback(&nonce, status, stale_after),
                 |b| *b == CallbackBegin::Busy,
             )
@@ -336,7 +361,9 @@ impl ExactlyOnce {
         // callback; turned into a record only if it fails.
         let (reference, amount) = (callback.transaction_reference_id, callback.amount);
         let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
-        let answer = self.book(store.as_ref(), callback, ctx, claim).await;
+        let answer = self
+            .book(store.as_ref(), &nonce, callback, ctx, claim)
+            .await;
         if let Err(problem) = &answer {
             // The failure is recorded while the claim is still held, so that the next
             // delivery, which claims after the release, finds it (and its booking removes
@@ -360,7 +387,7 @@ impl ExactlyOnce {
                 tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
             }
         }
-        self.inner.waiters.finished(&key);
+        self.inner.waiters.finished(key);
         answer
     }
 
@@ -428,15 +455,16 @@ impl ExactlyOnce {
     async fn book(
         &self,
         store: &dyn Store,
+        nonce: &crate::model::Nonce,
         callback: CallbackBody,
         ctx: CallbackContext,
         claim: crate::store::Claim,
     ) -> Result<Delivered, Problem> {
-        let (nonce, status) = (callback.nonce.clone(), callback.transaction_status);
+        let status = callback.transaction_status;
         let effects = ctx.effects.clone();
         self.inner.runner.acknowledge(callback, ctx).await?;
         // Resolves once the mark and the effects are durable (group commit).
-        if let Err(error) = store.finish_callback(&nonce, claim, status, effects).await {
+        if let Err(error) = store.finish_callback(nonce, claim, status, effects).await {
             return Err(match error {
                 effect @ (StoreError::Aborted { .. }
                 | StoreError::UnknownTree { .. }
@@ -524,11 +552,11 @@ impl ExactlyOnce {
         };
         let nonce = request.nonce().to_owned();
         let fingerprint = Fingerprint::of(&request);
-        let key = format!("v:{nonce}");
+        let key = WaitKey::validation(&nonce);
         let stale_after = self.stale_after();
         let begin = self
             .begin_when_free(
-                &key,
+                key,
                 || store.begin_validation(&nonce, &fingerprint, stale_after),
                 |b| *b == ValidationBegin::Busy,
             )
@@ -635,7 +663,7 @@ impl ExactlyOnce {
                 Err(problem)
             }
         };
-        self.inner.waiters.finished(&key);
+        self.inner.waiters.finished(key);
         answer
     }
 }
@@ -662,18 +690,18 @@ mod tests {
     #[test]
     fn a_key_nobody_waits_on_is_forgotten_and_one_in_use_is_kept() {
         let waiters = Waiters::default();
-        drop(waiters.for_key("c:n-1"));
-        waiters.forget_if_unused("c:n-1");
+        drop(waiters.for_key(WaitKey::callback("n-1")));
+        waiters.forget_if_unused(WaitKey::callback("n-1"));
         assert!(waiters.by_key.lock().unwrap().is_empty());
-        let held = waiters.for_key("c:n-2");
-        waiters.forget_if_unused("c:n-2");
+        let held = waiters.for_key(WaitKey::callback("n-2"));
+        waiters.forget_if_unused(WaitKey::callback("n-2"));
         assert_eq!(
             waiters.by_key.lock().unwrap().len(),
             1,
             "a waiter still holds it"
         );
         drop(held);
-        waiters.finished("c:n-2");
+        waiters.finished(WaitKey::callback("n-2"));
         assert!(waiters.by_key.lock().unwrap().is_empty());
         assert_eq!(waiters.registered.load(Ordering::SeqCst), 0);
     }
@@ -682,14 +710,14 @@ mod tests {
     async fn a_finish_wakes_the_registered_waiter_and_costs_nothing_without_one() {
         let waiters = Waiters::default();
         // Nobody registered: nothing to look up, nothing kept.
-        waiters.finished("c:n-1");
+        waiters.finished(WaitKey::callback("n-1"));
         assert!(waiters.by_key.lock().unwrap().is_empty());
-        let notify = waiters.for_key("c:n-1");
+        let notify = waiters.for_key(WaitKey::callback("n-1"));
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         assert_eq!(waiters.registered.load(Ordering::SeqCst), 1);
-        waiters.finished("c:n-1");
+        waiters.finished(WaitKey::callback("n-1"));
         tokio::time::timeout(Duration::from_secs(5), notified)
             .await
             .expect("the waiter is woken by the finish");
