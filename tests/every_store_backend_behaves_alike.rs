@@ -564,8 +564,8 @@ async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
     assert_eq!(due.now.len(), 1);
 }
 
-behaviour!(each_state_lists_exactly_its_validations);
-async fn each_state_lists_exactly_its_validations(b: &Backend) {
+behaviour!(each_state_lists_exactly_its_validations_and_the_settled_latest_first);
+async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b: &Backend) {
     // Pending: 21 with a deadline, 22 without one (no deadline index entry to find it by).
     postpone(b, 21).await;
     postpone_without_deadline(b, 22).await;
@@ -617,6 +617,17 @@ async fn each_state_lists_exactly_its_validations(b: &Backend) {
             "{state:?}: the same records as among every one"
         );
     }
+    // The delivered and refused ones, the latest (highest id) first, up to a limit.
+    let settled = |limit| async move {
+        let listed = b.shared.postponed_settled(limit).await.unwrap();
+        listed
+            .iter()
+            .map(|v| v.validation_id.get())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(settled(10).await, [26, 25]);
+    assert_eq!(settled(1).await, [26]);
+    assert!(settled(0).await.is_empty());
 }
 
 /// Postpones validation `id` with no deadline: it waits for a decision for ever.

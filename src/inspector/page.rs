@@ -250,8 +250,13 @@ pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> 
     out
 }
 
-/// The decided validations and their delivery to the aggregator, with Retry now.
-pub(crate) fn outbox(records: &[PostponedValidation], now: DateTime<Utc>) -> String {
+/// Delivered or refused results the outbox panel shows, the latest ones; those waiting for
+/// delivery are all shown.
+pub(crate) const SETTLED_SHOWN: usize = 100;
+
+/// The decided validations and their delivery to the aggregator, with Retry now; `more`
+/// when older delivered or refused ones are left out.
+pub(crate) fn outbox(records: &[PostponedValidation], more: bool, now: DateTime<Utc>) -> String {
     let decided: Vec<_> = records
         .iter()
         .filter_map(|r| Some((r, r.result.as_ref()?)))
@@ -304,6 +309,13 @@ pub(crate) fn outbox(records: &[PostponedValidation], now: DateTime<Utc>) -> Str
         );
     }
     out.push_str("</tbody></table>");
+    if more {
+        let _ = write!(
+            out,
+            "<p class=empty>The latest {SETTLED_SHOWN} delivered or refused are shown; \
+             GET /payhook/admin/validations?state=delivered (or conflict) lists them all.</p>"
+        );
+    }
     out
 }
 
@@ -412,6 +424,51 @@ follow();
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn delivered(id: i64) -> PostponedValidation {
+        let request = serde_json::from_str(&format!(
+            r#"{{"merchantData": {{"merchantHash": "h", "clientId": "c"}},
+                "paymentData": {{"nonce": "n-{id}", "amount": 10, "currency": "EUR", "providerId": 1}},
+                "validationId": {id}, "cashIn": true}}"#
+        ))
+        .unwrap();
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let mut record = PostponedValidation {
+            validation_id: id.into(),
+            request,
+            received: now,
+            deadline: None,
+            result: None,
+        };
+        record.resolve(true, "ok".into(), now);
+        if let Some(result) = &mut record.result {
+            result.delivery = Delivery::Delivered {
+                attempts: 1,
+                at: now,
+            };
+        }
+        record
+    }
+
+    #[test]
+    fn the_outbox_panel_says_when_older_settled_results_are_left_out() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let records = [delivered(1), delivered(2)];
+        let all = outbox(&records, false, now);
+        assert_eq!(all.matches("<tr class='outbox delivered'").count(), 2);
+        assert!(!all.contains("are shown"), "{all}");
+        let cut = outbox(&records, true, now);
+        assert!(
+            cut.contains(&format!(
+                "The latest {SETTLED_SHOWN} delivered or refused are shown"
+            )),
+            "{cut}"
+        );
+        assert!(
+            cut.find("data-id=2").unwrap() < cut.find("data-id=1").unwrap(),
+            "the latest first: {cut}"
+        );
+    }
 
     #[test]
     fn text_is_escaped() {

@@ -307,4 +307,15 @@ impl Resolver {
             None => self.store.postponed_all().await,
         }
     }
+
+    /// At most `limit` of the validations whose result was delivered or refused, the
+    /// latest (highest id) first; read without the rest of the retention period's records
+    /// (see [`PostponedStore::postponed_settled`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store fails.
+    pub async fn settled(&self, limit: usize) -> Result<Vec<PostponedValidation>, StoreError> {
+        self.store.postponed_settled(limit).await
+    }
 }

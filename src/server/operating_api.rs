@@ -497,12 +497,11 @@ impl OperatingApi {
 
     async fn inspector_page(&self) -> Response<ResponseBody> {
         let now = chrono::Utc::now();
-        let postponed = self.postponed_all().await;
         let page = page::page(
             &self.deliveries_fragment(&DeliveryFilter::default()).await,
             &self.failing_fragment(now).await,
-            &shown(postponed.as_deref().map(|all| page::postponed(all, now))),
-            &shown(postponed.as_deref().map(|all| page::outbox(all, now))),
+            &self.pending_fragment(now).await,
+            &self.outbox_fragment(now).await,
             &page::health(&self.health().await, now),
         );
         html(http::StatusCode::OK, page)
@@ -524,18 +523,8 @@ impl OperatingApi {
                 self.deliveries_fragment(&filter).await
             }
             ["failing"] => self.failing_fragment(now).await,
-            ["postponed"] => shown(
-                self.postponed_all()
-                    .await
-                    .as_deref()
-                    .map(|all| page::postponed(all, now)),
-            ),
-            ["outbox"] => shown(
-                self.postponed_all()
-                    .await
-                    .as_deref()
-                    .map(|all| page::outbox(all, now)),
-            ),
+            ["postponed"] => self.pending_fragment(now).await,
+            ["outbox"] => self.outbox_fragment(now).await,
             ["health"] => page::health(&self.health().await, now),
             ["delivery", seq] => page::detail(&self.delivery(seq)?),
             _ => return Err(Problem::NotFound),
@@ -566,14 +555,47 @@ impl OperatingApi {
         )
     }
 
-    /// Every postponed validation (none when the endpoint is not Awaitable).
-    async fn postponed_all(
-        &self,
-    ) -> Result<Vec<crate::postponed::PostponedValidation>, crate::store::StoreError> {
-        match &self.awaitable {
-            Some(awaitable) => awaitable.resolver().list(None).await,
+    /// The validations waiting for a decision, read through the store's index: the page
+    /// fetches the panel every second.
+    async fn pending_fragment(&self, now: chrono::DateTime<chrono::Utc>) -> String {
+        let pending = match &self.awaitable {
+            Some(awaitable) => {
+                awaitable
+                    .resolver()
+                    .list(Some(PostponedState::Pending))
+                    .await
+            }
             None => Ok(Vec::new()),
-        }
+        };
+        shown(
+            pending
+                .as_deref()
+                .map(|pending| page::postponed(pending, now)),
+        )
+    }
+
+    /// Every result waiting for delivery, and the latest [`page::SETTLED_SHOWN`] delivered or
+    /// refused: not the retention period's thousands, every second.
+    async fn outbox_fragment(&self, now: chrono::DateTime<chrono::Utc>) -> String {
+        let Some(awaitable) = &self.awaitable else {
+            return page::outbox(&[], false, now);
+        };
+        let resolver = awaitable.resolver();
+        let listed = async {
+            let mut shown = resolver.list(Some(PostponedState::Queued)).await?;
+            let mut settled = resolver.settled(page::SETTLED_SHOWN + 1).await?;
+            let more = settled.len() > page::SETTLED_SHOWN;
+            settled.truncate(page::SETTLED_SHOWN);
+            shown.append(&mut settled);
+            shown.sort_by_key(|v| v.validation_id);
+            Ok::<_, crate::store::StoreError>((shown, more))
+        };
+        shown(
+            listed
+                .await
+                .as_ref()
+                .map(|(records, more)| page::outbox(records, *more, now)),
+        )
     }
 
     async fn health(&self) -> Health {

@@ -566,6 +566,22 @@ pub trait PostponedStore: Send + Sync + 'static {
         })
     }
 
+    /// At most `limit` of the validations whose result was delivered or refused (final),
+    /// those with the highest ids first: the latest ones, as the aggregator numbers them.
+    ///
+    /// For a view of recent outcomes, such as the inspector's outbox panel, which shows them
+    /// every second. sled reads its records from the highest id down and stops at `limit`;
+    /// PostgreSQL walks its primary key the same way. The default reads every record.
+    fn postponed_settled(&self, limit: usize) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        Box::pin(async move {
+            let mut all = self.postponed_all().await?;
+            all.retain(PostponedValidation::is_final);
+            all.reverse();
+            all.truncate(limit);
+            Ok(all)
+        })
+    }
+
     /// Results whose next delivery attempt is due at `now`, for this instance to post. Only
     /// durable ones: what is returned is posted to the aggregator, so it must survive a power
     /// failure. A shared backend leases what it returns to this instance, so that one

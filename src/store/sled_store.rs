@@ -586,6 +586,10 @@ impl PostponedStore for SledStore {
         ready(self.postponed_in_now(state))
     }
 
+    fn postponed_settled(&self, limit: usize) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        ready(self.postponed_settled_now(limit))
+    }
+
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         // Only durable decisions are posted: one lost to a power failure after being posted
         // would come back undecided, and a different decision would then conflict. A store
@@ -747,6 +751,23 @@ impl SledStore {
             // Read after its index entry, not with it: a record that changed state in
             // between is left out, as it would have been a moment later.
             if let Some(record) = self.postponed_now(id)?.filter(|v| v.state() == state) {
+                found.push(record);
+            }
+        }
+        Ok(found)
+    }
+
+    /// At most `limit` final validations, highest id first: the records are read from the
+    /// highest id down, those still waiting (few) passed over.
+    fn postponed_settled_now(&self, limit: usize) -> Result<Vec<PostponedValidation>, StoreError> {
+        let mut found = Vec::new();
+        for entry in self.inner.tree.scan_prefix(keys::POSTPONED_PREFIX).rev() {
+            if found.len() >= limit {
+                break;
+            }
+            let (key, bytes) = entry?;
+            let record: PostponedValidation = decode(&format!("{:?}", keys::id_of(&key)), &bytes)?;
+            if record.is_final() {
                 found.push(record);
             }
         }

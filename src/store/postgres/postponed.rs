@@ -120,6 +120,19 @@ impl PostponedStore for PgStore {
         })
     }
 
+    fn postponed_settled(&self, limit: usize) -> StoreFuture<'_, Vec<PostponedValidation>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(
+                "SELECT validation_id, record::text FROM {s}.postponed WHERE final \
+                 ORDER BY validation_id DESC LIMIT $1",
+            ))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await?;
+            records(&rows)
+        })
+    }
+
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         Box::pin(async move {
             // Leased to this instance: free ones, expired leases, and its own.
