@@ -222,7 +222,10 @@
 //! decimal balances). Natively E − D costs more than those instructions: E switches context
 //! 0.52 times per request against D's 0.39 (`perf stat`), and its memory moves between the
 //! requests' threads and the leader's; E allocates 94 times per request against D's 53
-//! (callgrind's call counts).
+//! (callgrind's call counts). Build 906ed37 cut E − D to 27,312 (a waiters key built only
+//! when someone waits, the nonce borrowed instead of cloned for the booking); `--keep DIR`
+//! leaves the dumps, and `callgrind_annotate` then says where the rest goes: about 8,600
+//! of it the allocator.
 
 mod claims;
 mod commit_metrics;
