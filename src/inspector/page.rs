@@ -172,11 +172,17 @@ pub(crate) fn detail(detail: &DeliveryDetail) -> String {
     escape(&out)
 }
 
-/// The failing callbacks panel.
+/// Failing callbacks the panel shows, the latest failures first: an incident can leave
+/// thousands, and the page fetches the panel every second.
+pub(crate) const FAILING_SHOWN: usize = 100;
+
+/// The failing callbacks panel: the latest [`FAILING_SHOWN`] of `failing` (latest first).
 pub(crate) fn failing(failing: &[FailingCallback], now: DateTime<Utc>) -> String {
     if failing.is_empty() {
         return "<p class=empty>No failing callback.</p>".into();
     }
+    let left_out = failing.len().saturating_sub(FAILING_SHOWN);
+    let failing = &failing[..failing.len().min(FAILING_SHOWN)];
     let mut out = String::from(
         "<table><thead><tr><th>nonce</th><th>status</th><th>failures</th><th>last reason</th>\
          <th>first</th><th>last</th><th>next expected</th><th>reference</th><th></th></tr></thead><tbody>",
@@ -199,6 +205,13 @@ pub(crate) fn failing(failing: &[FailingCallback], now: DateTime<Utc>) -> String
         );
     }
     out.push_str("</tbody></table>");
+    if left_out > 0 {
+        let _ = write!(
+            out,
+            "<p class=empty>{left_out} older ones are not shown; \
+             GET /payhook/admin/callbacks/failing lists them all.</p>"
+        );
+    }
     out
 }
 
@@ -423,6 +436,7 @@ follow();
 
 #[cfg(test)]
 mod tests {
+    use super::failing as failing_panel;
     use super::*;
 
     fn delivered(id: i64) -> PostponedValidation {
@@ -448,6 +462,36 @@ mod tests {
             };
         }
         record
+    }
+
+    #[test]
+    fn the_failing_panel_shows_the_latest_and_says_how_many_are_left_out() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let failing: Vec<FailingCallback> = (0..FAILING_SHOWN + 3)
+            .map(|n| FailingCallback {
+                nonce: format!("n-{n}").into(),
+                status: 4,
+                failures: 1,
+                first_failed: now,
+                last_failed: now,
+                last_reason: "handler failed".into(),
+                transaction_reference_id: format!("ref-{n}"),
+                client_id: "c".into(),
+                amount: "10".into(),
+                currency: "EUR".into(),
+            })
+            .collect();
+        let panel = failing_panel(&failing, now);
+        assert_eq!(panel.matches("<tr class=failing>").count(), FAILING_SHOWN);
+        assert!(
+            panel.contains("<td>n-0</td>"),
+            "the first (latest) is shown"
+        );
+        assert!(!panel.contains(&format!("<td>n-{FAILING_SHOWN}</td>")));
+        assert!(panel.contains("3 older ones are not shown"), "{panel}");
+        let few = failing_panel(&failing[..2], now);
+        assert_eq!(few.matches("<tr class=failing>").count(), 2);
+        assert!(!few.contains("not shown"));
     }
 
     #[test]
