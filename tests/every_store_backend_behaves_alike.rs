@@ -654,6 +654,7 @@ async fn failing_until(b: &Backend, count: usize) -> Vec<payhook::store::Failing
     for _ in 0..200 {
         let failing = b.shared.failing_callbacks().await.unwrap();
         if failing.len() == count {
+            assert_eq!(b.shared.failing_count().await.unwrap(), count);
             return failing;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -685,7 +686,23 @@ async fn failures_are_counted_until_the_status_is_booked(b: &Backend) {
     let counted = counted.expect("the second failure was counted");
     assert_eq!(counted.last_reason, "second");
     assert_eq!(counted.amount, "10.50");
+    // Another status of the same nonce is another failing pair, and another nonce another.
+    let pending = CallbackFailure {
+        status: TransactionStatus::Pending,
+        ..failure("n-1", "pending failed")
+    };
+    b.shared.record_callback_failure(pending).await.unwrap();
+    b.shared
+        .record_callback_failure(failure("n-2", "first"))
+        .await
+        .unwrap();
+    failing_until(b, 3).await;
     b.acknowledge("n-1", TransactionStatus::Success, Effects::default())
+        .await;
+    failing_until(b, 2).await;
+    b.acknowledge("n-1", TransactionStatus::Pending, Effects::default())
+        .await;
+    b.acknowledge("n-2", TransactionStatus::Success, Effects::default())
         .await;
     failing_until(b, 0).await;
     // A late copy's failure of a booked status is not recorded.

@@ -527,7 +527,7 @@ impl App {
             ));
         }
         if let Some(store) = store {
-            scrape.failing = store.failing_callbacks().await.ok().map(|f| f.len());
+            scrape.failing = store.failing_count().await.ok();
             scrape.store_failed = Some(store.failed());
             if let Some(commits) = store.commit_metrics() {
                 let (seconds, batch) = commits.histograms();

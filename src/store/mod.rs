@@ -496,6 +496,13 @@ pub trait DedupStore: Send + Sync + 'static {
     /// recent failure first.
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;
 
+    /// How many (nonce, status) pairs [`DedupStore::failing_callbacks`] would list: what
+    /// `/metrics` reports on every scrape, counted without building each one (an incident
+    /// can leave thousands for the retention period). The default lists them.
+    fn failing_count(&self) -> StoreFuture<'_, usize> {
+        Box::pin(async move { Ok(self.failing_callbacks().await?.len()) })
+    }
+
     /// Whether (`nonce`, `status`) was acknowledged (read-only: claims nothing).
     fn callback_acknowledged<'a>(
         &'a self,

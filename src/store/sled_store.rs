@@ -501,6 +501,10 @@ impl DedupStore for SledStore {
         ready(self.failing_callbacks_now())
     }
 
+    fn failing_count(&self) -> StoreFuture<'_, usize> {
+        ready(self.failing_count_now())
+    }
+
     fn begin_validation<'a>(
         &'a self,
         nonce: &'a Nonce,
@@ -685,6 +689,22 @@ impl SledStore {
                 .contains(&status.code()),
             None => false,
         })
+    }
+
+    /// Counts the failing statuses of every `f` record, each parsed without keeping
+    /// anything of it.
+    fn failing_count_now(&self) -> Result<usize, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Counted {
+            failing: Vec<serde::de::IgnoredAny>,
+        }
+        let mut count = 0;
+        for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
+            let (key, bytes) = entry?;
+            let nonce = keys::describe(&key[keys::FAILING_PREFIX.len()..]);
+            count += decode::<Counted>(&nonce, &bytes)?.failing.len();
+        }
+        Ok(count)
     }
 
     fn failing_callbacks_now(&self) -> Result<Vec<FailingCallback>, StoreError> {

@@ -97,6 +97,15 @@ impl DedupStore for PgStore {
         })
     }
 
+    fn failing_count(&self) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            let row = sqlx::query(&self.sql("SELECT count(*) FROM {s}.callback_failures"))
+                .fetch_one(self.pool())
+                .await?;
+            Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+        })
+    }
+
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>> {
         Box::pin(async move {
             let rows = sqlx::query(&self.sql(
