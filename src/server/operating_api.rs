@@ -582,13 +582,13 @@ impl OperatingApi {
         };
         let resolver = awaitable.resolver();
         let listed = async {
-            let mut shown = resolver.list(Some(PostponedState::Queued)).await?;
+            let mut records = resolver.list(Some(PostponedState::Queued)).await?;
             let mut settled = resolver.settled(page::SETTLED_SHOWN + 1).await?;
             let more = settled.len() > page::SETTLED_SHOWN;
             settled.truncate(page::SETTLED_SHOWN);
-            shown.append(&mut settled);
-            shown.sort_by_key(|v| v.validation_id);
-            Ok::<_, crate::store::StoreError>((shown, more))
+            records.append(&mut settled);
+            records.sort_by_key(|v| v.validation_id);
+            Ok::<_, crate::store::StoreError>((records, more))
         };
         shown(
             listed
