@@ -497,17 +497,8 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
 
 behaviour!(a_refused_result_is_final);
 async fn a_refused_result_is_final(b: &Backend) {
-    postpone(b, 9).await;
-    b.shared
-        .resolve(9.into(), &Decision::allow("ok"), Utc::now())
-        .await
-        .unwrap();
-    let conflict = Delivery::Conflict {
-        attempts: 1,
-        message: "another result".into(),
-        at: Utc::now(),
-    };
-    b.shared.record_delivery(9.into(), conflict).await.unwrap();
+    decide(b, 9).await;
+    refuse(b, 9).await;
     b.shared
         .record_delivery(
             9.into(),
@@ -571,11 +562,7 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     postpone_without_deadline(b, 22).await;
     // Queued: decided, awaiting delivery; 24 after a failed attempt.
     for id in [23, 24, 25, 26] {
-        postpone(b, id).await;
-        b.shared
-            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
-            .await
-            .unwrap();
+        decide(b, id).await;
     }
     let retry = Delivery::Queued {
         attempts: 1,
@@ -592,12 +579,7 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
         .record_delivery(25.into(), delivered)
         .await
         .unwrap();
-    let conflict = Delivery::Conflict {
-        attempts: 1,
-        message: "another result".into(),
-        at: Utc::now(),
-    };
-    b.shared.record_delivery(26.into(), conflict).await.unwrap();
+    refuse(b, 26).await;
 
     let all = b.shared.postponed_all().await.unwrap();
     assert_eq!(all.len(), 6);
@@ -628,6 +610,25 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     assert_eq!(settled(10).await, [26, 25]);
     assert_eq!(settled(1).await, [26]);
     assert!(settled(0).await.is_empty());
+}
+
+/// Postpones validation `id` and allows it: its result is queued for delivery.
+async fn decide(b: &Backend, id: i64) {
+    postpone(b, id).await;
+    b.shared
+        .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+        .await
+        .unwrap();
+}
+
+/// The aggregator refuses validation `id`'s result: it holds another.
+async fn refuse(b: &Backend, id: i64) {
+    let conflict = Delivery::Conflict {
+        attempts: 1,
+        message: "another result".into(),
+        at: Utc::now(),
+    };
+    b.shared.record_delivery(id.into(), conflict).await.unwrap();
 }
 
 /// Postpones validation `id` with no deadline: it waits for a decision for ever.
