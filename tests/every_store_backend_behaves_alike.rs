@@ -920,6 +920,72 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: what waits is read through its partial index, and the index of pending
+/// validations — which has no schema version, so that an older payhook still opens the
+/// database — is built by the open of a schema that lacks it, as one upgraded from a
+/// payhook before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_validations_are_read_through_their_indexes() {
+    use sqlx::Row;
+    let Some(db) = support::postgres::database("waiting_read_by_index").await else {
+        return;
+    };
+    let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+        .await
+        .unwrap();
+    drop(store);
+    let mut conn = db.connect().await;
+    let plan = |condition: &str| {
+        format!(
+            "EXPLAIN SELECT validation_id, record::text FROM {}.postponed WHERE {condition} \
+             ORDER BY validation_id",
+            db.schema
+        )
+    };
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for (condition, index) in [
+        ("NOT final AND deliver_at IS NULL", "postponed_pending"),
+        ("deliver_at IS NOT NULL", "postponed_outbox"),
+    ] {
+        let lines: Vec<String> = sqlx::query(&plan(condition))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert!(
+            lines.iter().any(|line| line.contains(index)),
+            "{condition}: {lines:#?}"
+        );
+    }
+    // A schema without the index (as a payhook before it left it) gets it at the next open.
+    sqlx::raw_sql(&format!("DROP INDEX {}.postponed_pending", db.schema))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+        .await
+        .unwrap();
+    drop(store);
+    let built: bool = sqlx::query(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'postponed_pending'",
+    )
+    .bind(&db.schema)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert!(built, "built again, and valid");
+    drop(conn);
+    db.drop_schema().await;
+}
+
 /// PostgreSQL only: the connection of a claim that ended is kept, with the next claim's
 /// transaction begun on it. Should the database close it meanwhile (here its
 /// `idle_in_transaction_session_timeout`), the next claim takes a pooled connection

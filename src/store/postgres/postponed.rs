@@ -100,8 +100,8 @@ impl PostponedStore for PgStore {
     }
 
     fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
-        // Each condition is the predicate of a partial index (`0001_tables.sql`,
-        // `0004_pending_postponed_index.sql`): what waits is read without the rest.
+        // Each condition is the predicate of a partial index (`0001_tables.sql`, and
+        // `postponed_pending` in `schema.rs`): what waits is read without the rest.
         let condition = match state {
             PostponedState::Pending => "NOT final AND deliver_at IS NULL",
             PostponedState::Queued => "deliver_at IS NOT NULL",

@@ -34,10 +34,26 @@ const MIGRATIONS: &[Migration] = &[
         description: "validation and postponed records as json, which keeps U+0000",
         sql: include_str!("migrations/0003_records_as_json_text.sql"),
     },
-    Migration {
-        version: 4,
-        description: "an index of the postponed validations that wait for a decision",
-        sql: include_str!("migrations/0004_pending_postponed_index.sql"),
+];
+
+/// An index that only makes reads cheaper: built when a store opens and finds it missing,
+/// with no schema version of its own. A version would make an older payhook refuse the
+/// database (it refuses versions it does not know), so that rolling an upgrade back would
+/// need a hand-edited `schema_migrations`; an older payhook simply never uses the index.
+struct ReadIndex {
+    name: &'static str,
+    /// What follows `CREATE INDEX name`; `{schema}` stands for the configured schema.
+    definition: &'static str,
+}
+
+/// Every [`ReadIndex`].
+const READ_INDEXES: &[ReadIndex] = &[
+    // The validations waiting for a decision, read on their own by a review loop every few
+    // seconds among the retention period's delivered ones (30 days by default); those
+    // awaiting delivery have `postponed_outbox`, the final ones `postponed_expiry`.
+    ReadIndex {
+        name: "postponed_pending",
+        definition: "ON {schema}.postponed (validation_id) WHERE NOT final AND deliver_at IS NULL",
     },
 ];
 
@@ -56,7 +72,10 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
         .execute(&mut *conn)
         .await
         .map_err(|e| StoreError::backend("cannot lock the schema for its migrations", e))?;
-    let applied = apply_missing(conn, schema).await;
+    let applied = match apply_missing(conn, schema).await {
+        Ok(applied) => build_read_indexes(conn, schema).await.map(|()| applied),
+        Err(error) => Err(error),
+    };
     let unlocked = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
         .bind(format!("payhook migrations {schema}"))
         .execute(&mut *conn)
@@ -169,6 +188,41 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
         applied.push(migration.version);
     }
     Ok(applied)
+}
+
+/// Builds each [`ReadIndex`] the schema lacks. Building one blocks writes to its table for
+/// as long as it takes — once, at the first open after an upgrade, a few seconds for
+/// millions of rows — and reads go on; `CONCURRENTLY` would not block writes, but it waits
+/// for every older transaction, among them other instances' waits for the migrations' lock
+/// this one holds.
+async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
+    for index in READ_INDEXES {
+        let failed =
+            |e| StoreError::backend(format!("cannot build index {schema}.{}", index.name), e);
+        let exists = sqlx::query(
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+        )
+        .bind(schema)
+        .bind(index.name)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(failed)?
+        .is_some();
+        if exists {
+            continue;
+        }
+        let definition = index.definition.replace("{schema}", schema);
+        sqlx::raw_sql(&format!(
+            "CREATE INDEX IF NOT EXISTS {} {definition}",
+            index.name
+        ))
+        .execute(&mut *conn)
+        .await
+        .map_err(failed)?;
+        tracing::info!(schema, index = index.name, "store index built");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
