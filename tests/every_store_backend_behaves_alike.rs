@@ -580,14 +580,18 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
         .await
         .unwrap();
     refuse(b, 26).await;
+    // A negative id (a `long` on the wire) is listed in the ids' order on every backend.
+    decide(b, -27).await;
+    refuse(b, -27).await;
 
     let all = b.shared.postponed_all().await.unwrap();
-    assert_eq!(all.len(), 6);
+    let ids: Vec<i64> = all.iter().map(|v| v.validation_id.get()).collect();
+    assert_eq!(ids, [-27, 21, 22, 23, 24, 25, 26], "by id");
     for (state, expected) in [
         (PostponedState::Pending, vec![21, 22]),
         (PostponedState::Queued, vec![23, 24]),
         (PostponedState::Delivered, vec![25]),
-        (PostponedState::Conflict, vec![26]),
+        (PostponedState::Conflict, vec![-27, 26]),
     ] {
         let listed = b.shared.postponed_in(state).await.unwrap();
         let ids: Vec<i64> = listed.iter().map(|v| v.validation_id.get()).collect();
@@ -607,7 +611,7 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
             .map(|v| v.validation_id.get())
             .collect::<Vec<_>>()
     };
-    assert_eq!(settled(10).await, [26, 25]);
+    assert_eq!(settled(10).await, [26, 25, -27]);
     assert_eq!(settled(1).await, [26]);
     assert!(settled(0).await.is_empty());
 }

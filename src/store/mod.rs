@@ -581,9 +581,7 @@ pub trait PostponedStore: Send + Sync + 'static {
     ///
     /// For a view of recent outcomes, such as the inspector's outbox panel, which shows them
     /// every second. sled reads its records from the highest id down and stops at `limit`;
-    /// PostgreSQL walks its primary key the same way. The default reads every record. (sled
-    /// orders ids by their 8-byte big-endian form, in which a negative id, should an
-    /// aggregator send one, comes after every positive one.)
+    /// PostgreSQL walks its primary key the same way. The default reads every record.
     fn postponed_settled(&self, limit: usize) -> StoreFuture<'_, Vec<PostponedValidation>> {
         Box::pin(async move {
             let mut all = self.postponed_all().await?;

@@ -764,8 +764,8 @@ impl SledStore {
             }
         };
         let mut found = Vec::new();
-        for key in self.inner.tree.scan_prefix(index).keys() {
-            let Some(id) = keys::id_of(&key?) else {
+        for entry in self.by_id(index, false) {
+            let Some(id) = keys::id_of(&entry?.0) else {
                 continue;
             };
             // Read after its index entry, not with it: a record that changed state in
@@ -777,11 +777,33 @@ impl SledStore {
         Ok(found)
     }
 
+    /// The entries under `prefix`, whose keys end in a validation id, in the ids' numeric
+    /// order (descending when `highest_first`). Their 8-byte big-endian form puts a negative
+    /// id after every positive one: the two halves are read apart.
+    fn by_id(
+        &self,
+        prefix: &[u8],
+        highest_first: bool,
+    ) -> Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> {
+        let negative = [prefix, &[0x80]].concat();
+        let mut end = prefix.to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let positives = self.inner.tree.range(prefix.to_vec()..negative.clone());
+        let negatives = self.inner.tree.range(negative..end);
+        if highest_first {
+            Box::new(positives.rev().chain(negatives.rev()))
+        } else {
+            Box::new(negatives.chain(positives))
+        }
+    }
+
     /// At most `limit` final validations, highest id first: the records are read from the
     /// highest id down, those still waiting (few) passed over.
     fn postponed_settled_now(&self, limit: usize) -> Result<Vec<PostponedValidation>, StoreError> {
         let mut found = Vec::new();
-        for entry in self.inner.tree.scan_prefix(keys::POSTPONED_PREFIX).rev() {
+        for entry in self.by_id(keys::POSTPONED_PREFIX, true) {
             if found.len() >= limit {
                 break;
             }
@@ -795,9 +817,7 @@ impl SledStore {
     }
 
     fn postponed_all_now(&self) -> Result<Vec<PostponedValidation>, StoreError> {
-        self.inner
-            .tree
-            .scan_prefix(keys::POSTPONED_PREFIX)
+        self.by_id(keys::POSTPONED_PREFIX, false)
             .map(|entry| {
                 let (key, bytes) = entry?;
                 decode(&format!("{:?}", keys::id_of(&key)), &bytes)
