@@ -748,6 +748,13 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
     for spec in Spec::chosen(chosen, 1, &bodies) {
         let data = dir.path().join(&spec.data).display().to_string();
         let out = dumps.join(format!("callgrind.{}", spec.name));
+        // A kept directory may hold an earlier run's dumps: never read one of those.
+        for stale in [
+            out.clone(),
+            dumps.join(format!("callgrind.{}.1", spec.name)),
+        ] {
+            let _ = std::fs::remove_file(stale);
+        }
         let wrapper: Vec<std::ffi::OsString> = vec![
             "valgrind".into(),
             "--tool=callgrind".into(),
@@ -782,10 +789,10 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
         counted.push((spec.name, outcome.requests, instructions));
     }
     print_instructions(duration, &counted);
-    if let Some(kept) = &chosen.keep {
+    if let (Some(kept), Some((first, ..))) = (&chosen.keep, counted.first()) {
         println!(
             "\nthe counted windows' dumps are kept in {}: `callgrind_annotate --inclusive=yes \
-             {}/callgrind.E.1` says where a scenario's instructions went",
+             {}/callgrind.{first}.1` says where {first}'s instructions went",
             kept.display(),
             kept.display()
         );

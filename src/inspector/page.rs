@@ -173,7 +173,8 @@ pub(crate) fn detail(detail: &DeliveryDetail) -> String {
 }
 
 /// Failing callbacks the panel shows, the latest failures first: an incident can leave
-/// thousands, and the page fetches the panel every second.
+/// thousands, and the page fetches the panel every second. Only what is rendered is cut:
+/// the store still reads every failure for it (neither backend keeps them by time).
 pub(crate) const FAILING_SHOWN: usize = 100;
 
 /// The failing callbacks panel: the latest [`FAILING_SHOWN`] of `failing` (latest first).
@@ -266,6 +267,22 @@ pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> 
 /// Delivered or refused results the outbox panel shows, the latest ones; those waiting for
 /// delivery are all shown.
 pub(crate) const SETTLED_SHOWN: usize = 100;
+
+/// What the outbox panel shows, and whether older settled ones are left out: every result
+/// `queued`, and of `settled` (the latest first, read with one more than is shown) the first
+/// [`SETTLED_SHOWN`]; by id. The two are read one after the other: a result delivered in
+/// between is in both, and shown once, delivered.
+pub(crate) fn outbox_records(
+    mut queued: Vec<PostponedValidation>,
+    mut settled: Vec<PostponedValidation>,
+) -> (Vec<PostponedValidation>, bool) {
+    let more = settled.len() > SETTLED_SHOWN;
+    settled.truncate(SETTLED_SHOWN);
+    queued.append(&mut settled);
+    queued.sort_by_key(|v| (v.validation_id, !v.is_final()));
+    queued.dedup_by_key(|v| v.validation_id);
+    (queued, more)
+}
 
 /// The decided validations and their delivery to the aggregator, with Retry now; `more`
 /// when older delivered or refused ones are left out.
@@ -492,6 +509,28 @@ mod tests {
         let few = failing_panel(&failing[..2], now);
         assert_eq!(few.matches("<tr class=failing>").count(), 2);
         assert!(!few.contains("not shown"));
+    }
+
+    #[test]
+    fn a_result_delivered_between_the_two_reads_is_shown_once_delivered() {
+        let mut queued = delivered(7);
+        if let Some(result) = &mut queued.result {
+            result.delivery = Delivery::Queued {
+                attempts: 0,
+                next_attempt: DateTime::<Utc>::UNIX_EPOCH,
+                last_error: None,
+            };
+        }
+        let (shown, more) = outbox_records(vec![queued, delivered(9)], vec![delivered(7)]);
+        let ids: Vec<i64> = shown.iter().map(|v| v.validation_id.get()).collect();
+        assert_eq!(ids, [7, 9]);
+        assert!(shown[0].is_final(), "shown delivered");
+        assert!(!more);
+        let settled = (0..=SETTLED_SHOWN as i64).rev().map(delivered).collect();
+        let (shown, more) = outbox_records(Vec::new(), settled);
+        assert_eq!(shown.len(), SETTLED_SHOWN);
+        assert_eq!(shown[0].validation_id.get(), 1, "the oldest left out");
+        assert!(more);
     }
 
     #[test]

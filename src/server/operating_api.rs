@@ -582,13 +582,9 @@ impl OperatingApi {
         };
         let resolver = awaitable.resolver();
         let listed = async {
-            let mut records = resolver.list(Some(PostponedState::Queued)).await?;
-            let mut settled = resolver.settled(page::SETTLED_SHOWN + 1).await?;
-            let more = settled.len() > page::SETTLED_SHOWN;
-            settled.truncate(page::SETTLED_SHOWN);
-            records.append(&mut settled);
-            records.sort_by_key(|v| v.validation_id);
-            Ok::<_, crate::store::StoreError>((records, more))
+            let queued = resolver.list(Some(PostponedState::Queued)).await?;
+            let settled = resolver.settled(page::SETTLED_SHOWN + 1).await?;
+            Ok::<_, crate::store::StoreError>(page::outbox_records(queued, settled))
         };
         shown(
             listed

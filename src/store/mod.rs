@@ -222,10 +222,11 @@
 //! decimal balances). Natively E − D costs more than those instructions: E switches context
 //! 0.52 times per request against D's 0.39 (`perf stat`), and its memory moves between the
 //! requests' threads and the leader's; E allocates 94 times per request against D's 53
-//! (callgrind's call counts). Build 906ed37 cut E − D to 27,312 (a waiters key built only
-//! when someone waits, the nonce borrowed instead of cloned for the booking); `--keep DIR`
-//! leaves the dumps, and `callgrind_annotate` then says where the rest goes (before those
-//! cuts, about 8,600 of the 29,529 were the allocator's).
+//! (callgrind's call counts). On an AMD EPYC VM the same count gave E − D 29,529 with
+//! build d31ca14 and 27,312 with 906ed37 (a waiters key built only when someone waits, the
+//! nonce borrowed instead of cloned for the booking); `--keep DIR` leaves the dumps, and
+//! `callgrind_annotate` then says where the rest goes (about 8,600 of the 29,529 were the
+//! allocator's).
 
 mod claims;
 mod commit_metrics;

@@ -276,9 +276,8 @@ impl TestServer {
             .unwrap();
     }
 
-    /// Reads `/metrics` and checks that each of `lines` is one of its lines, exactly.
-    #[allow(dead_code, reason = "not every test binary reads metrics")]
     /// The value of `name`'s sample (a metric without labels) on `/metrics`, if there.
+    #[allow(dead_code, reason = "not every test binary reads metrics")]
     pub async fn metric(&self, name: &str) -> Option<f64> {
         let response = self.send(&request("GET", "/metrics", &[], None)).await;
         assert_eq!(response.status, 200);
@@ -287,6 +286,8 @@ impl TestServer {
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
 
+    /// Reads `/metrics` and checks that each of `lines` is one of its lines, exactly.
+    #[allow(dead_code, reason = "not every test binary reads metrics")]
     pub async fn assert_metrics(&self, lines: &[&str]) {
         let response = self.send(&request("GET", "/metrics", &[], None)).await;
         let text = String::from_utf8_lossy(&response.body);
