@@ -91,14 +91,7 @@ async fn the_demo_stays_up_with_its_inspector_until_interrupted() {
     );
 
     // Ctrl-C stops it, and it exits as a passed demo.
-    let pid = demo.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    support::signal(demo.id(), "INT");
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = demo.try_wait().unwrap() {

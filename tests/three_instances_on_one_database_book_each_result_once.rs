@@ -328,12 +328,7 @@ async fn three_instances_book_every_result_once_through_kills() {
 
 /// Stops `child` gracefully (SIGTERM: it finishes what it is doing) and waits for it.
 fn terminate(child: &mut Spawned) {
-    let pid = child.0.id().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(child.0.id(), "TERM");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while child.0.try_wait().unwrap().is_none() {
         assert!(

@@ -529,6 +529,17 @@ pub fn signed_config(keys: &[&str]) -> Config {
     config
 }
 
+/// Sends `signal` (`INT`, `TERM`, …) to process `pid` through the shell's own `kill`: no
+/// `kill` program needed (Debian's is in `procps`, which a minimal machine lacks).
+#[allow(dead_code, reason = "not every test binary signals a process")]
+pub fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -{signal} {pid}")])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
 /// The example merchant's binary, built by `cargo test` next to the test binaries.
 pub fn example_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
