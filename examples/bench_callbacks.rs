@@ -760,11 +760,10 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
     for spec in Spec::chosen(chosen, 1, &bodies) {
         let data = dir.path().join(&spec.data).display().to_string();
         let out = dumps.join(format!("callgrind.{}", spec.name));
+        // callgrind numbers each dump after `out`; the counted window's is the first.
+        let dumped = dumps.join(format!("callgrind.{}.1", spec.name));
         // A kept directory may hold an earlier run's dumps: never read one of those.
-        for stale in [
-            out.clone(),
-            dumps.join(format!("callgrind.{}.1", spec.name)),
-        ] {
+        for stale in [&out, &dumped] {
             let _ = std::fs::remove_file(stale);
         }
         let wrapper: Vec<std::ffi::OsString> = vec![
@@ -795,7 +794,6 @@ fn count_instructions(duration: Duration, chosen: &Chosen) {
         eprintln!("{}: counting for {}s ...", spec.name, duration.as_secs());
         let outcome = runtime.block_on(load(server.address, spec.bodies.clone(), duration));
         callgrind_control(&server, "--dump");
-        let dumped = dumps.join(format!("callgrind.{}.1", spec.name));
         let instructions = dumped_total(&dumped);
         assert_eq!(outcome.non_2xx, 0, "{}: non-2xx answers", spec.name);
         counted.push(Counted {

@@ -76,8 +76,8 @@ impl Server {
 
     /// Its resident set size now (`VmRSS`) and at its peak (`VmHWM`), MiB.
     pub(crate) fn rss_mib(&self) -> (f64, f64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         let field = |name: &str| {
             status
                 .lines()

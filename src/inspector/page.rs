@@ -457,20 +457,8 @@ mod tests {
     use super::*;
 
     fn delivered(id: i64) -> PostponedValidation {
-        let request = serde_json::from_str(&format!(
-            r#"{{"merchantData": {{"merchantHash": "h", "clientId": "c"}},
-                "paymentData": {{"nonce": "n-{id}", "amount": 10, "currency": "EUR", "providerId": 1}},
-                "validationId": {id}, "cashIn": true}}"#
-        ))
-        .unwrap();
         let now = DateTime::<Utc>::UNIX_EPOCH;
-        let mut record = PostponedValidation {
-            validation_id: id.into(),
-            request,
-            received: now,
-            deadline: None,
-            result: None,
-        };
+        let mut record = PostponedValidation::pending_for_tests(id);
         record.resolve(true, "ok".into(), now);
         if let Some(result) = &mut record.result {
             result.delivery = Delivery::Delivered {

@@ -232,6 +232,27 @@ pub enum Resolution {
     Unknown,
 }
 
+#[cfg(test)]
+impl PostponedValidation {
+    /// Validation `id` (nonce `n-{id}`), received at the epoch, with no deadline and no
+    /// decision: for unit tests across the crate.
+    pub(crate) fn pending_for_tests(id: i64) -> Self {
+        let request = serde_json::from_str(&format!(
+            r#"{{"merchantData": {{"merchantHash": "h", "clientId": "c"}},
+                "paymentData": {{"nonce": "n-{id}", "amount": 10, "currency": "EUR", "providerId": 1}},
+                "validationId": {id}, "cashIn": true}}"#
+        ))
+        .expect("a valid validation request");
+        Self {
+            validation_id: ValidationId::new(id),
+            request,
+            received: DateTime::<Utc>::UNIX_EPOCH,
+            deadline: None,
+            result: None,
+        }
+    }
+}
+
 impl PostponedValidation {
     /// Takes a decision at `now`, queued for delivery at once: the first decision wins.
     pub(crate) fn resolve(
@@ -277,19 +298,7 @@ mod tests {
     use super::*;
 
     fn pending() -> PostponedValidation {
-        let request = serde_json::from_str(
-            r#"{"merchantData": {"merchantHash": "h", "clientId": "c"},
-                "paymentData": {"nonce": "n-1", "amount": 10, "currency": "EUR", "providerId": 1},
-                "validationId": 7, "cashIn": true}"#,
-        )
-        .unwrap();
-        PostponedValidation {
-            validation_id: ValidationId::new(7),
-            request,
-            received: DateTime::<Utc>::UNIX_EPOCH,
-            deadline: None,
-            result: None,
-        }
+        PostponedValidation::pending_for_tests(7)
     }
 
     #[test]

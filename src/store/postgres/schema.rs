@@ -72,10 +72,12 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
         .execute(&mut *conn)
         .await
         .map_err(|e| StoreError::backend("cannot lock the schema for its migrations", e))?;
-    let applied = match apply_missing(conn, schema).await {
-        Ok(applied) => build_read_indexes(conn, schema).await.map(|()| applied),
-        Err(error) => Err(error),
-    };
+    let applied = async {
+        let applied = apply_missing(conn, schema).await?;
+        build_read_indexes(conn, schema).await?;
+        Ok::<_, StoreError>(applied)
+    }
+    .await;
     let unlocked = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
         .bind(format!("payhook migrations {schema}"))
         .execute(&mut *conn)
