@@ -50,7 +50,9 @@
 //! bug of payhook's: effects' panics are caught where they run): the panic is caught around
 //! the batch, its writers are answered with an error once the store has stopped, and the
 //! writer's lock is not poisoned, so that later work is refused at once instead of waiting
-//! for a leader.
+//! for a leader. A panic on the blocking pool's leading thread outside a commit half-writes
+//! nothing: the writes it left queued are answered with an error (503, retried), and the
+//! store goes on (see `Handed`).
 //!
 //! The lock also serialises the purge of expired records, which a sweeper thread runs every
 //! sweep interval: there is one writer at a time. payhook flushes everything it writes
@@ -232,6 +234,8 @@ pub enum HoldPoint {
     BeforeFlush,
     /// A sweep purged one step, let go of the write lock and has more to purge.
     BetweenPurgeSteps,
+    /// The blocking pool's thread, handed the leading, is about to commit the next batch.
+    BeforeHandedBatch,
 }
 
 /// A hold on commits, shared by the test and the leaders that meet it.
@@ -447,6 +451,7 @@ impl Writer {
     /// back to the requests.
     fn lead_handed_off(&self) {
         loop {
+            self.context.gate.pass(HoldPoint::BeforeHandedBatch);
             // Not `try_lock`: a purge's step or a durable read holds the lock only briefly,
             // and requests leave the committing to this thread.
             let guard = lock(&self.lock);
@@ -473,6 +478,12 @@ impl Writer {
         // Writes queued while the lock was held are committed now.
         self.lead();
         outcome
+    }
+
+    /// Test-only: whether a thread of the blocking pool leads.
+    #[cfg(test)]
+    pub(crate) fn handed_off(&self) -> bool {
+        self.handed_off.load(Ordering::SeqCst)
     }
 
     /// Test-only: how many jobs wait for a leader.
@@ -544,6 +555,13 @@ const PURGE_STEP: usize = 256;
 /// the pool's tasks that have not started: the leading then comes back to whoever drops it,
 /// which commits what is queued (the pool will not), so no write waits for a leader that
 /// never comes.
+///
+/// A panic on that thread outside a commit (a bug of payhook's: [`Writer::commit_queued`]
+/// catches a commit's own) leaves nothing half-written, but commits nothing more either:
+/// committing while unwinding would abort the process at a second panic. The leading comes
+/// back, and the writes still queued are answered with an error — their requests answer 503
+/// and the aggregator retries them — instead of waiting for the next request to lead, which
+/// may be a long time coming. The store goes on.
 struct Handed(Option<Arc<Writer>>);
 
 impl Handed {
@@ -563,9 +581,18 @@ impl Drop for Handed {
             return;
         };
         writer.handed_off.store(false, Ordering::SeqCst);
-        // Unwinding (from a panic outside a commit: `commit_queued` catches a commit's own):
-        // only give the leading back.
-        if !std::thread::panicking() {
+        if std::thread::panicking() {
+            // After the leading is back: a write queued from now on leads its own commit.
+            let stranded = std::mem::take(&mut *lock(&writer.queue));
+            if !stranded.is_empty() {
+                tracing::error!(
+                    writes = stranded.len(),
+                    "the thread committing queued writes panicked; they are answered with an error and will be retried"
+                );
+            }
+            // Dropped, each reply tells its writer the write was dropped.
+            drop(stranded);
+        } else {
             writer.lead_here();
         }
     }

@@ -1158,6 +1158,60 @@ mod tests {
         assert!(!acknowledged(&runtime, &store, "n-3"));
     }
 
+    /// A panic on the hand-off's thread outside a commit (only a bug of payhook's could)
+    /// commits nothing more: the write it was to commit is answered with an error instead of
+    /// waiting for a leader that may never come, the leading comes back to the requests, and
+    /// the store goes on — the write's retry is booked, once.
+    #[test]
+    fn a_hand_off_that_panics_between_batches_answers_the_writes_it_left_and_gives_the_leading_back()
+     {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            first_batch,
+            held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
+        // The hand-off's thread panics before it commits the second write's batch.
+        let panicked = store
+            .inner
+            .writer
+            .gate()
+            .arm_panic(HoldPoint::BeforeHandedBatch);
+        first_batch.release();
+        let first = within(&runtime, first);
+        assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
+        let second = within(&runtime, second);
+        assert!(
+            matches!(second, Ok(Ok(Err(_)))),
+            "the write left by the panicked hand-off was answered {second:?}"
+        );
+        assert!(panicked.wait_reached(1, PATIENCE));
+        store.inner.writer.gate().disarm();
+        drop(held);
+        assert_eq!(store.inner.writer.queued(), 0);
+        assert!(
+            !store.inner.writer.handed_off(),
+            "the leading did not come back"
+        );
+
+        // The store goes on: a new write leads its own commit, and the retry of the write
+        // that was answered with an error is booked (its claim ended with the answer).
+        let later = within(&runtime, runtime.spawn(book(store.clone(), "n-3")));
+        assert!(
+            matches!(later, Ok(Ok(Ok(())))),
+            "a write after the panic: {later:?}"
+        );
+        assert!(!acknowledged(&runtime, &store, "n-2"));
+        let retried = within(&runtime, runtime.spawn(book(store.clone(), "n-2")));
+        assert!(matches!(retried, Ok(Ok(Ok(())))), "the retry: {retried:?}");
+        assert!(acknowledged(&runtime, &store, "n-1"));
+        assert!(acknowledged(&runtime, &store, "n-2"));
+        assert!(acknowledged(&runtime, &store, "n-3"));
+    }
+
     /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs
     /// nothing: each batch is made durable in its file, and sled is left alone.
     #[test]
