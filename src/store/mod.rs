@@ -176,6 +176,18 @@
 //! B switches context 1.9 times per request, half of it in sled's seven I/O threads, which its
 //! thread pool wakes all at once for every job.
 //!
+//! **B's p99 follows its throughput.** The load is a closed loop of 64 connections, so a
+//! scenario's mean latency is 64 ÷ its req/s (Little's law). On the Intel Xeon at 2.1 GHz
+//! (2026-11-26, nine rounds of three full runs) B's p99 was 1.83–1.91 times that mean — D's
+//! 1.92–2.06, A's 2.15–4.54 — and 1.8–2.05 at both ends of the README's other columns: the tail
+//! is the shape of a closed loop on two shared cores, not of the durable path, so the p99 of B
+//! ≤ 10 ms holds where B reaches about 12,000 req/s. Measured inside B's server on the
+//! Intel Xeon at 2.1 GHz (2026-11-26, 9,000–11,000 req/s, a probe not kept): a batch's writers
+//! were polled a median 0.25–0.5 ms after their replies were sent, 16 % of them more than 1 ms
+//! after — the time a woken task waits behind the others for a core; more than half of the
+//! batches held 1–7 writes and a fifth 32–63, but most requests were in the large ones; half
+//! of the commits took more than 1 ms.
+//!
 //! **sled, apart from payhook.** `cargo run --release --example bench_sled` writes the same
 //! keys — a nonce lookup, the record, the ledger entry, one of 100 hot balances — in batches
 //! of `apply_batch` and `flush()`, and takes sled's CPU per callback: 383 µs flushing per
@@ -207,6 +219,9 @@
 //! | sled's I/O pool waking one thread per job (a fork of sled 0.34.7) | B/D +0.02–0.04 | not worth a fork |
 //! | mimalloc as the server's allocator | B/D +0.03, B's peak RSS 113 MiB against 55 | the memory |
 //! | a dedicated commit thread, or handing off every commit (see `committer.rs`) | the same throughput at 79–98 MiB, or B a sixth slower | the memory, the CPU |
+//! | a request going on leading the batches queued behind its own for up to 500 µs before it hands the leading off (a hand-off costs a thread's wake-up; E's batches cost less) | E/D medians 0.90 and 0.90 against 0.90 and 0.90, B/D 0.41 and 0.41 against 0.42 and 0.43 (Intel Xeon at 2.1 GHz, 2026-11-26, runs alternated) | no gain |
+//! | the replies of a handed-off batch sent from a task spawned on the runtime, so that their wake-ups reach a worker's own queue and not, one by one, the runtime's shared queue | B's p99 × req/s ÷ 64 (the p99 over the closed loop's mean latency) 1.76–1.92 against 1.76–1.83 | no gain |
+//! | the hand-off's thread waiting 300 µs before a batch of fewer than 8 writes | a quarter fewer commits, B within the runs' noise (11,609 and 10,704 req/s against 10,386 and 11,505) | no gain |
 //!
 //! sled's configuration holds no lever left: 0.34.7 reads `Config::mode` nowhere;
 //! `segment_size` is written into a store's `conf` and checked at open, so another size would
