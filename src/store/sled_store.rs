@@ -1024,6 +1024,34 @@ mod tests {
         }
     }
 
+    /// [`a_write_queued_behind_a_held_one`], with the hand-off that commits the second write
+    /// panicking at `point`: the first write is answered as booked, the second with an
+    /// error, and every hold is let go. The runtime, the store and its directory.
+    fn the_hand_off_panics_at(point: HoldPoint) -> (Runtime, SledStore, tempfile::TempDir) {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            first_batch,
+            held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
+        let panicked = store.inner.writer.gate().arm_panic(point);
+        first_batch.release();
+        let first = within(&runtime, first);
+        assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
+        let second = within(&runtime, second);
+        assert!(
+            matches!(second, Ok(Ok(Err(_)))),
+            "the write whose hand-off panicked at {point:?} was answered {second:?}"
+        );
+        assert!(panicked.wait_reached(1, PATIENCE));
+        store.inner.writer.gate().disarm();
+        drop(held);
+        (runtime, store, _dir)
+    }
+
     /// Under steady load the queue is never empty when a batch ends: a request that kept
     /// leading would wait for every batch queued behind its own.
     #[test]
@@ -1096,28 +1124,8 @@ mod tests {
     /// waiting for a leader), and after a restart the write's retry is booked once.
     #[test]
     fn a_commit_that_panics_stops_the_store_and_its_write_is_booked_once_after_a_restart() {
-        let Queued {
-            runtime,
-            store,
-            first,
-            second,
-            first_batch,
-            held,
-            _dir,
-        } = a_write_queued_behind_a_held_one();
         // The second write's batch, the hand-off's, panics once applied to sled.
-        let panicked = store.inner.writer.gate().arm_panic(HoldPoint::BeforeFlush);
-        first_batch.release();
-        let first = within(&runtime, first);
-        assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
-        let second = within(&runtime, second);
-        assert!(
-            matches!(second, Ok(Ok(Err(_)))),
-            "the write whose batch panicked was answered {second:?}"
-        );
-        assert!(panicked.wait_reached(1, PATIENCE));
-        store.inner.writer.gate().disarm();
-        drop(held);
+        let (runtime, store, _dir) = the_hand_off_panics_at(HoldPoint::BeforeFlush);
 
         let status = TransactionStatus::Success;
         let asked = runtime.block_on(store.callback_acknowledged(&Nonce::from("n-2"), status));
@@ -1165,32 +1173,8 @@ mod tests {
     #[test]
     fn a_hand_off_that_panics_between_batches_answers_the_writes_it_left_and_gives_the_leading_back()
      {
-        let Queued {
-            runtime,
-            store,
-            first,
-            second,
-            first_batch,
-            held,
-            _dir,
-        } = a_write_queued_behind_a_held_one();
         // The hand-off's thread panics before it commits the second write's batch.
-        let panicked = store
-            .inner
-            .writer
-            .gate()
-            .arm_panic(HoldPoint::BeforeHandedBatch);
-        first_batch.release();
-        let first = within(&runtime, first);
-        assert!(matches!(first, Ok(Ok(Ok(())))), "{first:?}");
-        let second = within(&runtime, second);
-        assert!(
-            matches!(second, Ok(Ok(Err(_)))),
-            "the write left by the panicked hand-off was answered {second:?}"
-        );
-        assert!(panicked.wait_reached(1, PATIENCE));
-        store.inner.writer.gate().disarm();
-        drop(held);
+        let (runtime, store, _dir) = the_hand_off_panics_at(HoldPoint::BeforeHandedBatch);
         assert_eq!(store.inner.writer.queued(), 0);
         assert!(
             !store.inner.writer.handed_off(),
