@@ -583,13 +583,16 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     // A negative id (a `long` on the wire) is listed in the ids' order on every backend.
     decide(b, -27).await;
     refuse(b, -27).await;
+    // And through the indexes of what waits: one pending, one queued.
+    postpone(b, -28).await;
+    decide(b, -29).await;
 
     let all = b.shared.postponed_all().await.unwrap();
     let ids: Vec<i64> = all.iter().map(|v| v.validation_id.get()).collect();
-    assert_eq!(ids, [-27, 21, 22, 23, 24, 25, 26], "by id");
+    assert_eq!(ids, [-29, -28, -27, 21, 22, 23, 24, 25, 26], "by id");
     for (state, expected) in [
-        (PostponedState::Pending, vec![21, 22]),
-        (PostponedState::Queued, vec![23, 24]),
+        (PostponedState::Pending, vec![-28, 21, 22]),
+        (PostponedState::Queued, vec![-29, 23, 24]),
         (PostponedState::Delivered, vec![25]),
         (PostponedState::Conflict, vec![-27, 26]),
     ] {

@@ -290,7 +290,8 @@ impl HoldState {
     }
 }
 
-/// Test-only holds on commits: empty in production (one uncontended check per batch).
+/// Test-only holds on commits: empty in production (an atomic load per batch, and one more
+/// per batch of the hand-off's thread).
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
     armed: AtomicBool,
@@ -582,7 +583,8 @@ impl Drop for Handed {
         };
         writer.handed_off.store(false, Ordering::SeqCst);
         if std::thread::panicking() {
-            // After the leading is back: a write queued from now on leads its own commit.
+            // After the leading is back: a write queued from now on leads its own commit, but
+            // for one queued before this takes the queue, which is answered with the rest.
             let stranded = std::mem::take(&mut *lock(&writer.queue));
             if !stranded.is_empty() {
                 tracing::error!(

@@ -550,6 +550,15 @@ pub trait DedupStore: Send + Sync + 'static {
     fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
 }
 
+/// The validations of `all` in `state`: how a backend without an index of `state` lists it.
+pub(crate) fn in_state(
+    mut all: Vec<PostponedValidation>,
+    state: PostponedState,
+) -> Vec<PostponedValidation> {
+    all.retain(|v| v.state() == state);
+    all
+}
+
 /// The Awaitable mode's state: postponed validations, their decisions, and the outbox of
 /// results to post to the aggregator.
 pub trait PostponedStore: Send + Sync + 'static {
@@ -585,11 +594,7 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// from their indexes, so the cost follows what waits, not what is kept. The default
     /// reads every record and keeps those in `state`: a backend should do better.
     fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
-        Box::pin(async move {
-            let mut all = self.postponed_all().await?;
-            all.retain(|v| v.state() == state);
-            Ok(all)
-        })
+        Box::pin(async move { Ok(in_state(self.postponed_all().await?, state)) })
     }
 
     /// At most `limit` of the validations whose result was delivered or refused (final),

@@ -131,8 +131,17 @@ pub(crate) fn decode<T: for<'de> Deserialize<'de>>(
     key: &str,
     bytes: &[u8],
 ) -> Result<T, StoreError> {
+    decode_named(bytes, || key.to_owned())
+}
+
+/// [`decode`], for scans over many records: the record's name is built only if it does not
+/// decode.
+pub(crate) fn decode_named<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    name: impl FnOnce() -> String,
+) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
-        key: key.to_owned(),
+        key: name(),
         reason: e.to_string(),
     })
 }

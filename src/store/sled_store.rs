@@ -20,7 +20,9 @@ use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
 use super::keys;
 use super::postponed_records::PostponedOp;
-use super::record::{CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode};
+use super::record::{
+    CallbackRecord, Fingerprint, RecordedDecision, ValidationRecord, decode, decode_named,
+};
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, DedupStore, Due, DurableFuture, PostponedStore, ResolveFuture, Store,
@@ -700,9 +702,7 @@ impl SledStore {
         }
         let mut count = 0;
         for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
-            let (key, bytes) = entry?;
-            let nonce = keys::describe(&key[keys::FAILING_PREFIX.len()..]);
-            count += decode::<Counted>(&nonce, &bytes)?.failing.len();
+            count += decode_failing::<Counted>(entry?)?.failing.len();
         }
         Ok(count)
     }
@@ -710,9 +710,7 @@ impl SledStore {
     fn failing_callbacks_now(&self) -> Result<Vec<FailingCallback>, StoreError> {
         let mut failing = Vec::new();
         for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
-            let (key, bytes) = entry?;
-            let nonce = keys::describe(&key[keys::FAILING_PREFIX.len()..]);
-            failing.extend(decode::<FailureRecord>(&nonce, &bytes)?.failing);
+            failing.extend(decode_failing::<FailureRecord>(entry?)?.failing);
         }
         failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed));
         Ok(failing)
@@ -743,7 +741,7 @@ impl SledStore {
         self.inner
             .tree
             .get(keys::by_id(keys::POSTPONED_PREFIX, validation_id))?
-            .map(|bytes| decode(&validation_id.to_string(), &bytes))
+            .map(|bytes| decode_named(&bytes, || validation_id.to_string()))
             .transpose()
     }
 
@@ -758,13 +756,11 @@ impl SledStore {
             PostponedState::Pending => keys::WAITING_PREFIX,
             PostponedState::Queued => keys::OUTBOX_PREFIX,
             PostponedState::Delivered | PostponedState::Conflict => {
-                let mut all = self.postponed_all_now()?;
-                all.retain(|v| v.state() == state);
-                return Ok(all);
+                return Ok(super::in_state(self.postponed_all_now()?, state));
             }
         };
         let mut found = Vec::new();
-        for entry in self.by_id(index, false) {
+        for entry in self.in_id_order(index, false) {
             let Some(id) = keys::id_of(&entry?.0) else {
                 continue;
             };
@@ -780,7 +776,7 @@ impl SledStore {
     /// The entries under `prefix`, whose keys end in a validation id, in the ids' numeric
     /// order (descending when `highest_first`). Their 8-byte big-endian form puts a negative
     /// id after every positive one: the two halves are read apart.
-    fn by_id(
+    fn in_id_order(
         &self,
         prefix: &[u8],
         highest_first: bool,
@@ -803,12 +799,11 @@ impl SledStore {
     /// highest id down, those still waiting (few) passed over.
     fn postponed_settled_now(&self, limit: usize) -> Result<Vec<PostponedValidation>, StoreError> {
         let mut found = Vec::new();
-        for entry in self.by_id(keys::POSTPONED_PREFIX, true) {
+        for entry in self.in_id_order(keys::POSTPONED_PREFIX, true) {
             if found.len() >= limit {
                 break;
             }
-            let (key, bytes) = entry?;
-            let record: PostponedValidation = decode(&format!("{:?}", keys::id_of(&key)), &bytes)?;
+            let record = decode_postponed(entry?)?;
             if record.is_final() {
                 found.push(record);
             }
@@ -817,13 +812,28 @@ impl SledStore {
     }
 
     fn postponed_all_now(&self) -> Result<Vec<PostponedValidation>, StoreError> {
-        self.by_id(keys::POSTPONED_PREFIX, false)
-            .map(|entry| {
-                let (key, bytes) = entry?;
-                decode(&format!("{:?}", keys::id_of(&key)), &bytes)
-            })
+        self.in_id_order(keys::POSTPONED_PREFIX, false)
+            .map(|entry| decode_postponed(entry?))
             .collect()
     }
+}
+
+/// A failing callback's record (`f`), found by a scan: named by its nonce only if it does
+/// not decode.
+fn decode_failing<T: serde::de::DeserializeOwned>(
+    (key, bytes): (sled::IVec, sled::IVec),
+) -> Result<T, StoreError> {
+    decode_named(&bytes, || {
+        keys::describe(&key[keys::FAILING_PREFIX.len()..])
+    })
+}
+
+/// A postponed validation's record, found by a scan: named by its id only if it does not
+/// decode.
+fn decode_postponed(
+    (key, bytes): (sled::IVec, sled::IVec),
+) -> Result<PostponedValidation, StoreError> {
+    decode_named(&bytes, || format!("{:?}", keys::id_of(&key)))
 }
 
 impl SledStore {
@@ -1194,6 +1204,31 @@ mod tests {
         assert!(acknowledged(&runtime, &store, "n-1"));
         assert!(acknowledged(&runtime, &store, "n-2"));
         assert!(acknowledged(&runtime, &store, "n-3"));
+    }
+
+    /// A record that does not decode stops a scan with an error that names it (its nonce,
+    /// its validation id): names built only when one is needed, as they are now.
+    #[test]
+    fn a_scan_that_meets_a_corrupt_record_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let tree = &store.inner.tree;
+        tree.insert(keys::failing("n-7").key, &b"not json"[..])
+            .unwrap();
+        tree.insert(
+            keys::by_id(keys::POSTPONED_PREFIX, crate::model::ValidationId::new(-42)),
+            &b"{"[..],
+        )
+        .unwrap();
+        let named = |outcome: Result<usize, StoreError>| match outcome {
+            Err(StoreError::Corrupt { key, .. }) => key,
+            other => panic!("a corrupt record was read as {other:?}"),
+        };
+        assert_eq!(named(store.failing_count_now()), "n-7");
+        assert_eq!(named(store.failing_callbacks_now().map(|f| f.len())), "n-7");
+        let id = format!("{:?}", Some(crate::model::ValidationId::new(-42)));
+        assert_eq!(named(store.postponed_all_now().map(|p| p.len())), id);
+        assert_eq!(named(store.postponed_settled_now(10).map(|p| p.len())), id);
     }
 
     /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs

@@ -279,9 +279,8 @@ impl TestServer {
     /// The value of `name`'s sample (a metric without labels) on `/metrics`, if there.
     #[allow(dead_code, reason = "not every test binary reads metrics")]
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let response = self.send(&request("GET", "/metrics", &[], None)).await;
-        assert_eq!(response.status, 200);
-        String::from_utf8_lossy(&response.body)
+        self.metrics_text()
+            .await
             .lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
     }
@@ -289,12 +288,19 @@ impl TestServer {
     /// Reads `/metrics` and checks that each of `lines` is one of its lines, exactly.
     #[allow(dead_code, reason = "not every test binary reads metrics")]
     pub async fn assert_metrics(&self, lines: &[&str]) {
-        let response = self.send(&request("GET", "/metrics", &[], None)).await;
-        let text = String::from_utf8_lossy(&response.body);
-        assert_eq!(response.status, 200, "{text}");
+        let text = self.metrics_text().await;
         for line in lines {
             assert!(text.lines().any(|l| l == *line), "{line} in\n{text}");
         }
+    }
+
+    /// `/metrics`' text, answered 200.
+    #[allow(dead_code, reason = "not every test binary reads metrics")]
+    async fn metrics_text(&self) -> String {
+        let response = self.send(&request("GET", "/metrics", &[], None)).await;
+        let text = String::from_utf8_lossy(&response.body).into_owned();
+        assert_eq!(response.status, 200, "{text}");
+        text
     }
 
     /// POSTs a JSON body to `path`.

@@ -114,9 +114,15 @@ impl PostponedStore for PgStore {
             )))
             .fetch_all(self.pool())
             .await?;
-            let mut found = records(&rows)?;
-            found.retain(|v| v.state() == state);
-            Ok(found)
+            let found = records(&rows)?;
+            // The index conditions are exactly Pending and Queued; "final" is both of the
+            // others.
+            Ok(match state {
+                PostponedState::Delivered | PostponedState::Conflict => {
+                    super::super::in_state(found, state)
+                }
+                PostponedState::Pending | PostponedState::Queued => found,
+            })
         })
     }
 

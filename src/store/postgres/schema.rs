@@ -4,7 +4,9 @@
 //! the configured schema. [`migrate`] applies those the database lacks, each in its own
 //! transaction with its row in `{schema}.schema_migrations`, under an advisory lock, so that
 //! instances starting together apply each migration once. A database migrated by a newer
-//! payhook (a version this one does not know) is refused rather than written to.
+//! payhook (a version this one does not know) is refused rather than written to. Beside
+//! them, [`migrate`] builds the read indexes the schema lacks (`READ_INDEXES`), which have no
+//! version: an older payhook simply does not use them.
 
 use sqlx::{Connection, PgConnection, Row};
 
@@ -62,8 +64,8 @@ pub(crate) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// Applies the migrations `conn`'s database lacks in `schema`; returns the versions applied
-/// now (empty when it was up to date).
+/// Applies the migrations `conn`'s database lacks in `schema`, then builds the read indexes
+/// it lacks; returns the versions applied now (empty when it was up to date).
 pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
     check_version(conn).await?;
     // One instance at a time, whatever schema it migrates: a lock number of our own.
