@@ -156,6 +156,9 @@ pub(crate) struct Context {
     /// found at open and none was recorded since, so that booking a callback need not look
     /// for one to forget. Never goes back to `false` (a purge may leave it `true`).
     pub(crate) may_hold_failures: AtomicBool,
+    /// The failing (nonce, status) pairs the store holds durably: changed after each durable
+    /// batch and each purge step that changed failing records.
+    pub(crate) failing: Arc<failing::Count>,
 }
 
 /// Where a commit's batch goes, once staged.
@@ -776,7 +779,11 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
         match &context.destination {
             // The one step that waits for the disk: on the blocking pool.
             Destination::Sled => blocking(|| {
-                apply_durably(context, overlay).and_then(|()| context.watermark.advance(seal))
+                let (added, removed) = failing::pairs_changed(&context.tree, &overlay)?;
+                apply_durably(context, overlay)?;
+                context.watermark.advance(seal)?;
+                context.failing.change(added, removed);
+                Ok(())
             }),
             // Built in full, written nowhere: see `Destination::Nowhere`.
             Destination::Nowhere => {
@@ -917,6 +924,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
     let mut batch = sled::Batch::default();
     let mut indexed = 0usize;
     let mut purged = 0;
+    let mut failing_purged = 0;
     let mut looked_at = 0;
     let mut more = false;
     let mut kept = Vec::new();
@@ -948,14 +956,18 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
             let named = keys::describe(&identifier);
-            let expires = match tag {
-                keys::TAG_CALLBACK => decode::<CallbackRecord>(&named, &bytes)?.expires_ms,
-                keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)?.expires_ms,
-                _ => decode::<ValidationRecord>(&named, &bytes)?.expires_ms,
+            let (expires, pairs) = match tag {
+                keys::TAG_CALLBACK => (decode::<CallbackRecord>(&named, &bytes)?.expires_ms, 0),
+                keys::TAG_FAILING => {
+                    let record = decode::<FailureRecord>(&named, &bytes)?;
+                    (record.expires_ms, record.failing.len())
+                }
+                _ => (decode::<ValidationRecord>(&named, &bytes)?.expires_ms, 0),
             };
             if expires <= now_ms && removed.insert(record_key.clone()) {
                 batch.remove(record_key);
                 purged += 1;
+                failing_purged += pairs;
             }
         }
     }
@@ -970,6 +982,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
     // Nothing expired: nothing to write (an empty batch would still cost sled a log write).
     if indexed > 0 {
         context.tree.apply_batch(batch)?;
+        context.failing.change(0, failing_purged);
     }
     Ok((purged, more))
 }

@@ -10,14 +10,20 @@
 //! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
+//!
+//! How many pairs are failing is what `/metrics` reports on every scrape; an incident can
+//! leave hundreds of thousands of them for the retention period, so the embedded store
+//! does not count them per scrape: it counts them once at open and then keeps the [`Count`]
+//! as each durable batch and each purge changes the records.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::StoreError;
 use super::keys;
 use super::record::{decode, encode};
-use super::staging::Staging;
+use super::staging::{Overlay, Staging};
 use crate::model::TransactionStatus;
 
 /// One failed delivery, as the server reports it to the store.
@@ -74,6 +80,74 @@ pub struct FailingCallback {
 pub(crate) struct FailureRecord {
     pub(crate) failing: Vec<FailingCallback>,
     pub(crate) expires_ms: u64,
+}
+
+/// How many failing (nonce, status) pairs a store holds.
+#[derive(Debug, Default)]
+pub(crate) struct Count(AtomicUsize);
+
+impl Count {
+    /// A count that starts at `pairs`.
+    pub(crate) fn new(pairs: usize) -> Self {
+        Self(AtomicUsize::new(pairs))
+    }
+
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Adds `added` pairs and takes `removed` away (one writer at a time changes it).
+    pub(crate) fn change(&self, added: usize, removed: usize) {
+        let now = self.get().saturating_add(added).saturating_sub(removed);
+        self.0.store(now, Ordering::Relaxed);
+    }
+}
+
+/// The failing pairs in a record's bytes, each parsed without keeping anything of it.
+pub(crate) fn pairs(bytes: &[u8]) -> Result<usize, serde_json::Error> {
+    #[derive(Deserialize)]
+    struct Counted {
+        failing: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Counted>(bytes).map(|counted| counted.failing.len())
+}
+
+/// The pairs a batch's writes add to the store and take away from it: the failing records
+/// among `writes` against what `tree` holds now. A record that does not decode counts no
+/// pairs (the count skipped it at open too).
+pub(crate) fn pairs_changed(
+    tree: &sled::Tree,
+    writes: &Overlay,
+) -> Result<(usize, usize), StoreError> {
+    let (mut added, mut removed) = (0, 0);
+    let failing = writes
+        .range(keys::FAILING_PREFIX.to_vec()..)
+        .take_while(|(key, _)| key.starts_with(keys::FAILING_PREFIX));
+    for (key, value) in failing {
+        added += value
+            .as_deref()
+            .map_or(0, |bytes| pairs(bytes).unwrap_or(0));
+        removed += tree.get(key)?.map_or(0, |bytes| pairs(&bytes).unwrap_or(0));
+    }
+    Ok((added, removed))
+}
+
+/// Counts the failing pairs in `tree`, once, when the store opens. A record that does not
+/// decode is reported and counted as none: the count must not stop the store from opening.
+pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
+    let mut count = 0;
+    for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
+        let (key, bytes) = entry?;
+        match pairs(&bytes) {
+            Ok(pairs) => count += pairs,
+            Err(error) => tracing::error!(
+                nonce = %crate::logged::Logged(&keys::describe(&key[keys::FAILING_PREFIX.len()..])),
+                %error,
+                "a failing callback's record does not decode; it is not counted"
+            ),
+        }
+    }
+    Ok(count)
 }
 
 /// The reason kept, at most this many bytes (a handler's message could be anything).

@@ -83,6 +83,8 @@ struct Inner {
     retention: Duration,
     writer: Arc<Writer>,
     commit_metrics: super::CommitMetrics,
+    /// The failing pairs held durably, for `/metrics`.
+    failing: Arc<super::failing::Count>,
     _sweeper: Sweeper,
 }
 
@@ -154,6 +156,9 @@ impl SledStore {
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
         let commit_metrics = super::CommitMetrics::default();
+        let failing = Arc::new(super::failing::Count::new(super::failing::count_at_open(
+            &tree,
+        )?));
         let may_hold_failures = tree.scan_prefix(keys::FAILING_PREFIX).next().is_some();
         let writer = Arc::new(Writer::new(Context {
             db,
@@ -169,6 +174,7 @@ impl SledStore {
             destination,
             metrics: commit_metrics.clone(),
             may_hold_failures: AtomicBool::new(may_hold_failures),
+            failing: Arc::clone(&failing),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
@@ -183,6 +189,7 @@ impl SledStore {
                 retention: config.retention,
                 writer,
                 commit_metrics,
+                failing,
                 _sweeper: sweeper,
             }),
         })
@@ -503,8 +510,9 @@ impl DedupStore for SledStore {
         ready(self.failing_callbacks_now())
     }
 
+    /// Counted at open, kept since: no scan per scrape.
     fn failing_count(&self) -> StoreFuture<'_, usize> {
-        ready(self.failing_count_now())
+        ready(Ok(self.inner.failing.get()))
     }
 
     fn begin_validation<'a>(
@@ -691,20 +699,6 @@ impl SledStore {
                 .contains(&status.code()),
             None => false,
         })
-    }
-
-    /// Counts the failing statuses of every `f` record, each parsed without keeping
-    /// anything of it.
-    fn failing_count_now(&self) -> Result<usize, StoreError> {
-        #[derive(serde::Deserialize)]
-        struct Counted {
-            failing: Vec<serde::de::IgnoredAny>,
-        }
-        let mut count = 0;
-        for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
-            count += decode_failing::<Counted>(entry?)?.failing.len();
-        }
-        Ok(count)
     }
 
     fn failing_callbacks_now(&self) -> Result<Vec<FailingCallback>, StoreError> {
@@ -1224,11 +1218,84 @@ mod tests {
             Err(StoreError::Corrupt { key, .. }) => key,
             other => panic!("a corrupt record was read as {other:?}"),
         };
-        assert_eq!(named(store.failing_count_now()), "n-7");
         assert_eq!(named(store.failing_callbacks_now().map(|f| f.len())), "n-7");
         let id = format!("{:?}", Some(crate::model::ValidationId::new(-42)));
         assert_eq!(named(store.postponed_all_now().map(|p| p.len())), id);
         assert_eq!(named(store.postponed_settled_now(10).map(|p| p.len())), id);
+    }
+
+    /// `/metrics` reads the failing pairs' count on every scrape, so it is counted once at
+    /// open and kept since, never scanned per scrape: it follows each failure recorded, each
+    /// booking and each purge, and a reopen counts the same (a record that does not decode
+    /// counts none, and does not stop the store from opening).
+    #[test]
+    fn the_failing_count_follows_failures_bookings_purges_and_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let failure = |nonce: &str, status| CallbackFailure {
+            nonce: nonce.into(),
+            status,
+            reason: "handler failed".into(),
+            transaction_reference_id: uuid::Uuid::nil(),
+            client_id: "c-1".into(),
+            amount: rust_decimal::Decimal::new(1050, 2),
+            currency: "EUR".into(),
+            at: chrono::Utc::now(),
+        };
+        let counted = |store: &SledStore| {
+            let count = runtime.block_on(store.failing_count()).unwrap();
+            let listed = store.failing_callbacks_now().unwrap().len();
+            assert_eq!(count, listed, "the count is not what is listed");
+            count
+        };
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        assert_eq!(counted(&store), 0);
+        for (nonce, status) in [
+            ("n-1", TransactionStatus::Success),
+            ("n-1", TransactionStatus::Pending),
+            ("n-2", TransactionStatus::Success),
+            // Counted again, not a pair more.
+            ("n-2", TransactionStatus::Success),
+        ] {
+            runtime
+                .block_on(store.record_callback_failure(failure(nonce, status)))
+                .unwrap();
+        }
+        assert_eq!(counted(&store), 3);
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        assert_eq!(counted(&store), 2);
+        // A late copy's failure of the booked status is not a pair.
+        runtime
+            .block_on(store.record_callback_failure(failure("n-1", TransactionStatus::Success)))
+            .unwrap();
+        assert_eq!(counted(&store), 2);
+        drop(store);
+
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        assert_eq!(counted(&store), 2);
+        let after_retention = chrono::Utc::now() + StoreConfig::default().retention * 2;
+        assert!(
+            runtime
+                .block_on(store.purge_expired(after_retention))
+                .unwrap()
+                > 0
+        );
+        assert_eq!(counted(&store), 0);
+        runtime
+            .block_on(store.record_callback_failure(failure("n-3", TransactionStatus::Success)))
+            .unwrap();
+        store
+            .inner
+            .tree
+            .insert(keys::failing("n-7").key, &b"not json"[..])
+            .unwrap();
+        drop(store);
+
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        assert_eq!(runtime.block_on(store.failing_count()).unwrap(), 1);
     }
 
     /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs
