@@ -159,6 +159,9 @@ pub enum CallbacksCommand {
         /// Print a JSON array instead of text.
         #[cfg_attr(feature = "clap", arg(long))]
         json: bool,
+        /// Only the N that failed last (an incident can leave hundreds of thousands).
+        #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+        latest: Option<usize>,
     },
 }
 
@@ -183,11 +186,14 @@ impl AdminCommand {
                 })?;
                 command.run(store, out).await
             }
-            Self::Callbacks(CallbacksCommand::Failing { json }) => {
+            Self::Callbacks(CallbacksCommand::Failing { json, latest }) => {
                 let store = store.ok_or_else(|| {
                     AdminError::Unsupported("callbacks need the service's store".into())
                 })?;
-                let failing = store.failing_callbacks().await?;
+                let failing = match latest {
+                    Some(limit) => store.failing_latest(limit).await?,
+                    None => store.failing_callbacks().await?,
+                };
                 print(out, json, &failing, |all| describe_failing(all))
             }
             Self::Transaction { reference_id, json } => {
@@ -348,14 +354,21 @@ impl AdminClient {
         self.call(http::Method::GET, &path, None).await
     }
 
-    /// The callbacks whose handler failed and that are not booked yet.
+    /// The callbacks whose handler failed and that are not booked yet, most recent failure
+    /// first: all of them, or the `latest` that failed last.
     ///
     /// # Errors
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached.
-    pub async fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, AdminError> {
-        self.call(http::Method::GET, "callbacks/failing", None)
-            .await
+    pub async fn failing_callbacks(
+        &self,
+        latest: Option<usize>,
+    ) -> Result<Vec<FailingCallback>, AdminError> {
+        let path = match latest {
+            Some(limit) => format!("callbacks/failing?limit={limit}"),
+            None => "callbacks/failing".to_owned(),
+        };
+        self.call(http::Method::GET, &path, None).await
     }
 
     /// The postponed validations (in `state`: `pending`, `queued`, `delivered`, `conflict`).
@@ -455,8 +468,8 @@ impl AdminCommand {
                 )?;
                 Ok(())
             }
-            Self::Callbacks(CallbacksCommand::Failing { json }) => {
-                let failing = client.failing_callbacks().await?;
+            Self::Callbacks(CallbacksCommand::Failing { json, latest }) => {
+                let failing = client.failing_callbacks(latest).await?;
                 print(out, json, &failing, |all| describe_failing(all))
             }
             Self::Reconcile { reference_ids } => {

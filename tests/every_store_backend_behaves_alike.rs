@@ -722,6 +722,68 @@ async fn failures_are_counted_until_the_status_is_booked(b: &Backend) {
     assert!(b.shared.failing_callbacks().await.unwrap().is_empty());
 }
 
+behaviour!(the_latest_failures_are_read_without_the_rest);
+/// The inspector's panel reads the latest failing pairs every second: the first `limit` of
+/// the whole list, in its order, as failures come, come again and are booked.
+async fn the_latest_failures_are_read_without_the_rest(b: &Backend) {
+    let at = |seconds_ago: i64| Utc::now() - chrono::Duration::seconds(seconds_ago);
+    let failed = |nonce: &str, status, seconds_ago| CallbackFailure {
+        status,
+        at: at(seconds_ago),
+        ..failure(nonce, "handler failed")
+    };
+    for (nonce, status, seconds_ago) in [
+        ("n-old", TransactionStatus::Success, 50),
+        ("n-two", TransactionStatus::Success, 40),
+        ("n-mid", TransactionStatus::Success, 30),
+        ("n-two", TransactionStatus::Pending, 20),
+        ("n-new", TransactionStatus::Success, 10),
+    ] {
+        b.shared
+            .record_callback_failure(failed(nonce, status, seconds_ago))
+            .await
+            .unwrap();
+    }
+    let order = |failing: &[payhook::store::FailingCallback]| {
+        failing
+            .iter()
+            .map(|f| format!("{}/{}", f.nonce.as_str(), f.status))
+            .collect::<Vec<_>>()
+    };
+    let all = order(&failing_until(b, 5).await);
+    assert_eq!(all, ["n-new/4", "n-two/3", "n-mid/4", "n-two/4", "n-old/4"]);
+    for limit in 0..=6 {
+        let latest = b.shared.failing_latest(limit).await.unwrap();
+        assert_eq!(order(&latest), all[..limit.min(5)], "the latest {limit}");
+    }
+    // The oldest fails again: now the latest.
+    b.shared
+        .record_callback_failure(failed("n-old", TransactionStatus::Success, 1))
+        .await
+        .unwrap();
+    let mut latest = Vec::new();
+    for _ in 0..200 {
+        latest = order(&b.shared.failing_latest(2).await.unwrap());
+        if latest[0] == "n-old/4" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(latest, ["n-old/4", "n-new/4"]);
+    // A booked pair is no longer listed; its nonce's other pair still is, at its own time.
+    b.acknowledge("n-two", TransactionStatus::Pending, Effects::default())
+        .await;
+    failing_until(b, 4).await;
+    assert_eq!(
+        order(&b.shared.failing_latest(3).await.unwrap()),
+        ["n-old/4", "n-new/4", "n-mid/4"]
+    );
+    assert_eq!(
+        order(&b.shared.failing_latest(4).await.unwrap()),
+        ["n-old/4", "n-new/4", "n-mid/4", "n-two/4"]
+    );
+}
+
 behaviour!(u0000_outside_identifiers_is_kept);
 /// JSON allows U+0000 in any string, and the wire refuses it only in identifiers (PostgreSQL
 /// cannot hold it in `text`): in a postponed validation's free-form data it is kept as sent,

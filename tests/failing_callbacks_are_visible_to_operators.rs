@@ -14,16 +14,24 @@ use support::*;
 const TOKEN: &str = "admin-token-0123456789";
 
 async fn failing(server: &TestServer) -> Vec<Value> {
-    let response = server
+    failing_at(server, "/payhook/admin/callbacks/failing").await
+}
+
+async fn failing_at(server: &TestServer, path: &str) -> Vec<Value> {
+    let response = admin_get(server, path).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    response.json().as_array().unwrap().clone()
+}
+
+async fn admin_get(server: &TestServer, path: &str) -> RawResponse {
+    server
         .send(&request(
             "GET",
-            "/payhook/admin/callbacks/failing",
+            path,
             &[("Authorization", &format!("Bearer {TOKEN}"))],
             None,
         ))
-        .await;
-    assert_eq!(response.status, 200, "{}", response.message());
-    response.json().as_array().unwrap().clone()
+        .await
 }
 
 async fn deliver(server: &TestServer, nonce: &str, client: &str) -> u16 {
@@ -79,6 +87,17 @@ async fn failing_callbacks_are_listed_counted_and_forgotten_once_booked() {
             .unwrap()
             .contains("ledger is being migrated")
     );
+    // `limit`: only the latest.
+    let latest = failing_at(&server, "/payhook/admin/callbacks/failing?limit=1").await;
+    assert_eq!(latest.len(), 1, "{latest:?}");
+    let last_failed = |f: &Value| f["lastFailedMs"].as_i64().unwrap();
+    assert_eq!(
+        last_failed(&latest[0]),
+        listed.iter().map(last_failed).max().unwrap()
+    );
+    let refused = admin_get(&server, "/payhook/admin/callbacks/failing?limit=many").await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.message().contains("limit"), "{}", refused.message());
     server
         .assert_metrics(&[
             "payhook_callbacks_failing 2",
@@ -245,6 +264,29 @@ async fn the_command_line_lists_failing_callbacks_of_a_running_and_a_stopped_ser
     assert!(
         !out.contains('\u{1b}') && out.contains("f-cli\\u{1b}[2J"),
         "a nonce from the wire is printed escaped:\n{out}"
+    );
+    // Only the one that failed last.
+    let (code, latest) = payhook(
+        &[
+            "callbacks",
+            "failing",
+            "--latest",
+            "1",
+            "--json",
+            "--admin-url",
+            &url,
+        ],
+        &[("PAYHOOK_ADMIN_TOKEN", TOKEN.to_owned())],
+    )
+    .await;
+    assert_eq!(code, 0, "{latest}");
+    let latest: Vec<Value> = serde_json::from_str(&latest).unwrap();
+    assert_eq!(latest.len(), 1, "{latest:?}");
+    let last_failed = |f: &Value| f["lastFailedMs"].as_i64().unwrap();
+    let all = failing(&server).await;
+    assert_eq!(
+        last_failed(&latest[0]),
+        all.iter().map(last_failed).max().unwrap()
     );
 
     // The wrong token is refused with the service's message, not a listing.

@@ -173,17 +173,18 @@ pub(crate) fn detail(detail: &DeliveryDetail) -> String {
 }
 
 /// Failing callbacks the panel shows, the latest failures first: an incident can leave
-/// thousands, and the page fetches the panel every second. Only what is rendered is cut:
-/// the store still reads every failure for it (neither backend keeps them by time).
+/// hundreds of thousands, and the page fetches the panel every second, so the store reads
+/// only these, through its index by time.
 pub(crate) const FAILING_SHOWN: usize = 100;
 
-/// The failing callbacks panel: the latest [`FAILING_SHOWN`] of `failing` (latest first).
-pub(crate) fn failing(failing: &[FailingCallback], now: DateTime<Utc>) -> String {
-    if failing.is_empty() {
+/// The failing callbacks panel: the latest of them (latest first, up to [`FAILING_SHOWN`]),
+/// and how many the store holds in all.
+pub(crate) fn failing(latest: &[FailingCallback], count: usize, now: DateTime<Utc>) -> String {
+    if latest.is_empty() {
         return "<p class=empty>No failing callback.</p>".into();
     }
-    let left_out = failing.len().saturating_sub(FAILING_SHOWN);
-    let failing = &failing[..failing.len().min(FAILING_SHOWN)];
+    let failing = &latest[..latest.len().min(FAILING_SHOWN)];
+    let left_out = count.saturating_sub(failing.len());
     let mut out = String::from(
         "<table><thead><tr><th>nonce</th><th>status</th><th>failures</th><th>last reason</th>\
          <th>first</th><th>last</th><th>next expected</th><th>reference</th><th></th></tr></thead><tbody>",
@@ -486,7 +487,7 @@ mod tests {
                 currency: "EUR".into(),
             })
             .collect();
-        let panel = failing_panel(&failing, now);
+        let panel = failing_panel(&failing[..FAILING_SHOWN], failing.len(), now);
         assert_eq!(panel.matches("<tr class=failing>").count(), FAILING_SHOWN);
         assert!(
             panel.contains("<td>n-0</td>"),
@@ -494,7 +495,7 @@ mod tests {
         );
         assert!(!panel.contains(&format!("<td>n-{FAILING_SHOWN}</td>")));
         assert!(panel.contains("3 older ones are not shown"), "{panel}");
-        let few = failing_panel(&failing[..2], now);
+        let few = failing_panel(&failing[..2], 2, now);
         assert_eq!(few.matches("<tr class=failing>").count(), 2);
         assert!(!few.contains("not shown"));
     }

@@ -11,7 +11,7 @@
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, credentials redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
-//! | `GET /payhook/admin/callbacks/failing` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
+//! | `GET /payhook/admin/callbacks/failing?limit=N` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first, the latest `N` only when `limit` is given (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
@@ -342,10 +342,11 @@ impl OperatingApi {
             }
             (&Method::GET, ["callbacks", "failing"]) => {
                 let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
-                let failing = store
-                    .failing_callbacks()
-                    .await
-                    .map_err(|e| self.admin_store_failed(&e))?;
+                let failing = match failing_limit(parts.uri.query().unwrap_or_default())? {
+                    Some(limit) => store.failing_latest(limit).await,
+                    None => store.failing_callbacks().await,
+                }
+                .map_err(|e| self.admin_store_failed(&e))?;
                 Ok(json(&failing))
             }
             (&Method::POST, ["reconcile"]) => {
@@ -422,6 +423,18 @@ fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
         }
     }
     Ok((after, limit, wait))
+}
+
+/// `limit` of `GET callbacks/failing`: the latest `limit` failing pairs; without it, all.
+fn failing_limit(query: &str) -> Result<Option<usize>, Problem> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "limit")
+        .map(|(_, value)| {
+            value
+                .parse::<usize>()
+                .map_err(|_| Problem::BadRequest("`limit` must be a whole number".into()))
+        })
+        .transpose()
 }
 
 fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
@@ -546,13 +559,12 @@ impl OperatingApi {
         let Some(store) = self.exactly_once.store() else {
             return "<p class=empty>No store: failures are not recorded.</p>".into();
         };
-        shown(
-            store
-                .failing_callbacks()
-                .await
-                .as_deref()
-                .map(|failing| page::failing(failing, now)),
-        )
+        let latest = store.failing_latest(page::FAILING_SHOWN).await;
+        let count = store.failing_count().await;
+        match (latest, count) {
+            (Ok(latest), Ok(count)) => page::failing(&latest, count, now),
+            (Err(error), _) | (_, Err(error)) => shown(Err(&error)),
+        }
     }
 
     /// The validations waiting for a decision, read through the store's index: the page

@@ -956,18 +956,24 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
             let named = keys::describe(&identifier);
-            let (expires, pairs) = match tag {
-                keys::TAG_CALLBACK => (decode::<CallbackRecord>(&named, &bytes)?.expires_ms, 0),
+            // A failing record goes with its pairs and its key by time.
+            let (expires, failing) = match tag {
+                keys::TAG_CALLBACK => (decode::<CallbackRecord>(&named, &bytes)?.expires_ms, None),
                 keys::TAG_FAILING => {
                     let record = decode::<FailureRecord>(&named, &bytes)?;
-                    (record.expires_ms, record.failing.len())
+                    (record.expires_ms, Some(record))
                 }
-                _ => (decode::<ValidationRecord>(&named, &bytes)?.expires_ms, 0),
+                _ => (decode::<ValidationRecord>(&named, &bytes)?.expires_ms, None),
             };
             if expires <= now_ms && removed.insert(record_key.clone()) {
                 batch.remove(record_key);
                 purged += 1;
-                failing_purged += pairs;
+                if let Some(record) = failing {
+                    failing_purged += record.failing.len();
+                    if let Some(latest) = record.latest_ms() {
+                        batch.remove(keys::failing_by_time(latest, &identifier));
+                    }
+                }
             }
         }
     }

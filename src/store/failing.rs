@@ -10,14 +10,20 @@
 //! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
+//! Key `l\0` latest failure · nonce, empty: each record listed by its latest failure, kept in
+//! the same batch as the record, so that the latest failures are read without reading them
+//! all ([`latest`]).
 //!
-//! How many pairs are failing is what `/metrics` reports on every scrape; an incident can
-//! leave hundreds of thousands of them for the retention period, so the embedded store
-//! does not count them per scrape: it counts them once at open and then keeps the [`Count`]
-//! as each durable batch and each purge changes the records.
+//! An incident can leave hundreds of thousands of failing pairs for the retention period,
+//! while `/metrics` reports how many there are on every scrape and the inspector's panel
+//! shows the latest every second. So the embedded store counts them once at open and then
+//! keeps the [`Count`] as each durable batch and each purge changes the records, and reads
+//! the latest through the `l` keys.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::StoreError;
@@ -132,20 +138,38 @@ pub(crate) fn pairs_changed(
     Ok((added, removed))
 }
 
-/// Counts the failing pairs in `tree`, once, when the store opens. A record that does not
-/// decode is reported and counted as none: the count must not stop the store from opening.
+/// Counts the failing pairs in `tree`, once, when the store opens, and lists by time each
+/// record that a store written before the `l` keys left unlisted (written and flushed before
+/// the store serves). A record that does not decode is reported and counted as none: it must
+/// not stop the store from opening.
 pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
     let mut count = 0;
+    let mut unlisted = sled::Batch::default();
+    let mut any_unlisted = false;
     for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
         let (key, bytes) = entry?;
-        match pairs(&bytes) {
-            Ok(pairs) => count += pairs,
+        let identifier = &key[keys::FAILING_PREFIX.len()..];
+        match serde_json::from_slice::<FailureRecord>(&bytes) {
+            Ok(record) => {
+                count += record.failing.len();
+                if let Some(latest) = record.latest_ms() {
+                    let listed = keys::failing_by_time(latest, identifier);
+                    if !tree.contains_key(&listed)? {
+                        unlisted.insert(listed, Vec::new());
+                        any_unlisted = true;
+                    }
+                }
+            }
             Err(error) => tracing::error!(
-                nonce = %crate::logged::Logged(&keys::describe(&key[keys::FAILING_PREFIX.len()..])),
+                nonce = %crate::logged::Logged(&keys::describe(identifier)),
                 %error,
                 "a failing callback's record does not decode; it is not counted"
             ),
         }
+    }
+    if any_unlisted {
+        tree.apply_batch(unlisted)?;
+        tree.flush()?;
     }
     Ok(count)
 }
@@ -173,6 +197,7 @@ pub(crate) fn record(
         Some(bytes) => decode::<FailureRecord>(nonce, &bytes)?,
         None => FailureRecord::default(),
     };
+    let listed = record.latest_ms();
     let reason = truncate(&failure.reason, REASON_BYTES);
     match record.failing.iter_mut().find(|f| f.status == status) {
         Some(entry) => {
@@ -194,6 +219,7 @@ pub(crate) fn record(
         }),
     }
     record.expires_ms = expires_ms;
+    relist(staging, &key, listed, record.latest_ms());
     staging.put_record(&key, Some(encode(&record)));
     Ok(true)
 }
@@ -209,10 +235,86 @@ pub(crate) fn booked(
         return Ok(());
     };
     let mut record: FailureRecord = decode(nonce, &bytes)?;
+    let listed = record.latest_ms();
     record.failing.retain(|f| f.status != status);
+    relist(staging, &key, listed, record.latest_ms());
     let value = (!record.failing.is_empty()).then(|| encode(&record));
     staging.put_record(&key, value);
     Ok(())
+}
+
+/// Moves the record at `key` from its `l` key at `listed` (under either key it may have been
+/// found at) to the one at `latest` (`None`: no record, no key).
+fn relist(
+    staging: &mut Staging<'_>,
+    key: &keys::RecordKey,
+    listed: Option<u64>,
+    latest: Option<u64>,
+) {
+    if let Some(listed) = listed {
+        let older = key
+            .spelled_out
+            .as_deref()
+            .and_then(|k| k.get(keys::FAILING_PREFIX.len()..));
+        for identifier in std::iter::once(key.identifier()).chain(older) {
+            staging.put(keys::failing_by_time(listed, identifier), None);
+        }
+    }
+    if let Some(latest) = latest {
+        staging.put(
+            keys::failing_by_time(latest, key.identifier()),
+            Some(Vec::new()),
+        );
+    }
+}
+
+/// The `limit` failing pairs of `tree` that failed last, most recent first, read through the
+/// `l` keys from the latest down: a record's pairs failed at its latest failure or before, so
+/// the reading stops at the first record that cannot hold one of the `limit` latest. An `l`
+/// key whose record has moved on (or gone) is passed over.
+pub(crate) fn latest(tree: &sled::Tree, limit: usize) -> Result<Vec<FailingCallback>, StoreError> {
+    let mut found: Vec<FailingCallback> = Vec::new();
+    // The times of the `limit` latest pairs found so far, the earliest on top.
+    let mut kept = BinaryHeap::with_capacity(limit.saturating_add(1).min(1024));
+    for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX).rev() {
+        let (listed_key, _) = entry?;
+        let Some((listed, identifier)) = keys::of_failing_by_time(&listed_key) else {
+            continue;
+        };
+        if kept.len() >= limit && kept.peek().is_none_or(|Reverse(time)| *time >= listed) {
+            break;
+        }
+        let Some(bytes) = tree.get([keys::FAILING_PREFIX, identifier].concat())? else {
+            continue;
+        };
+        let record: FailureRecord =
+            super::record::decode_named(&bytes, || keys::describe(identifier))?;
+        if record.latest_ms() != Some(listed) {
+            continue;
+        }
+        for pair in record.failing {
+            kept.push(Reverse(ms(pair.last_failed)));
+            if kept.len() > limit {
+                kept.pop();
+            }
+            found.push(pair);
+        }
+    }
+    found.sort_by_key(|f| Reverse(f.last_failed));
+    found.truncate(limit);
+    Ok(found)
+}
+
+/// A failure's time as the `l` keys hold it: milliseconds since the epoch (0 before it).
+fn ms(time: DateTime<Utc>) -> u64 {
+    u64::try_from(time.timestamp_millis()).unwrap_or(0)
+}
+
+impl FailureRecord {
+    /// The latest failure of the record's statuses; `None` when none is failing.
+    pub(crate) fn latest_ms(&self) -> Option<u64> {
+        self.failing.iter().map(|f| ms(f.last_failed)).max()
+    }
 }
 
 pub(crate) fn truncate(text: &str, bytes: usize) -> String {

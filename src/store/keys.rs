@@ -10,6 +10,7 @@
 //! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
 //! | `f\0` | identifier of the nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
+//! | `l\0` | the record's latest failure ms (8 bytes BE) · identifier of the nonce | empty: the failing records by time, latest last |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 //!
@@ -33,6 +34,7 @@ pub(crate) const WAITING_PREFIX: &[u8] = b"w\0";
 pub(crate) const OUTBOX_PREFIX: &[u8] = b"o\0";
 pub(crate) const FAILING_PREFIX: &[u8] = b"f\0";
 pub(crate) const TAG_FAILING: u8 = b'f';
+pub(crate) const FAILING_BY_TIME_PREFIX: &[u8] = b"l\0";
 /// The seal of the last commit, checked against the watermark at open.
 pub(crate) const SEAL: &[u8] = b"m\0seal";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
@@ -142,6 +144,21 @@ pub(crate) fn failing(nonce: &str) -> RecordKey {
 
 pub(crate) fn validation(nonce: &str) -> RecordKey {
     RecordKey::new(VALIDATION_PREFIX, nonce)
+}
+
+/// The key that lists a failing record by its latest failure: `latest_ms`, then the nonce's
+/// `identifier` (as the record's key holds it).
+pub(crate) fn failing_by_time(latest_ms: u64, identifier: &[u8]) -> Vec<u8> {
+    [FAILING_BY_TIME_PREFIX, &latest_ms.to_be_bytes(), identifier].concat()
+}
+
+/// The latest failure ms and the identifier of a key made by [`failing_by_time`].
+pub(crate) fn of_failing_by_time(key: &[u8]) -> Option<(u64, &[u8])> {
+    let time = key.get(PREFIX_BYTES..PREFIX_BYTES + 8)?;
+    Some((
+        u64::from_be_bytes(time.try_into().ok()?),
+        key.get(PREFIX_BYTES + 8..)?,
+    ))
 }
 
 /// The key of the record an expiry index entry lists (`tag`, `identifier`), `None` for a

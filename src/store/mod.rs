@@ -108,9 +108,12 @@
 //! panic, effects that abort) is answered 503 and retried by the aggregator, at most 17 times.
 //! Each failure is logged at error level with the nonce and counted durably per (nonce,
 //! status) with its reason and the payment's reference, client, amount and currency, until that
-//! status is booked: `GET /payhook/admin/callbacks/failing` and `payhook callbacks failing
-//! [--admin-url URL]` (a running service, or a stopped one's store) list them, `/metrics` has
-//! `payhook_callbacks_failing` (alert on it) and `payhook_callback_failures_total`. What the
+//! status is booked: `GET /payhook/admin/callbacks/failing[?limit=N]` and `payhook callbacks
+//! failing [--latest N] [--admin-url URL]` (a running service, or a stopped one's store) list
+//! them, or the N that failed last, `/metrics` has `payhook_callbacks_failing` (alert on it)
+//! and `payhook_callback_failures_total`. An incident can leave hundreds of thousands: both
+//! backends read the latest through an index by time, and the embedded one keeps their count
+//! instead of counting them on every scrape (see `failing.rs`). What the
 //! aggregator gave up on is booked by hand with `payhook reconcile --ref ID --admin-url URL`.
 //!
 //! **Retention.** Records expire `store.retention` (default 30 days, far beyond any retry
@@ -511,6 +514,18 @@ pub trait DedupStore: Send + Sync + 'static {
     /// The (nonce, status) pairs whose handler failed and that are not booked yet, most
     /// recent failure first.
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;
+
+    /// The `limit` (nonce, status) pairs of [`DedupStore::failing_callbacks`] that failed
+    /// last, most recent first: what the inspector's panel reads every second while an
+    /// incident may leave hundreds of thousands, read through an index by time where the
+    /// backend keeps one. The default lists them all and keeps the first `limit`.
+    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
+        Box::pin(async move {
+            let mut failing = self.failing_callbacks().await?;
+            failing.truncate(limit);
+            Ok(failing)
+        })
+    }
 
     /// How many (nonce, status) pairs [`DedupStore::failing_callbacks`] would list: what
     /// `/metrics` reports on every scrape, counted without building each one (an incident

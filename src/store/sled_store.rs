@@ -510,6 +510,10 @@ impl DedupStore for SledStore {
         ready(self.failing_callbacks_now())
     }
 
+    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
+        ready(super::failing::latest(&self.inner.tree, limit))
+    }
+
     /// Counted at open, kept since: no scan per scrape.
     fn failing_count(&self) -> StoreFuture<'_, usize> {
         ready(Ok(self.inner.failing.get()))
@@ -1227,9 +1231,10 @@ mod tests {
     /// `/metrics` reads the failing pairs' count on every scrape, so it is counted once at
     /// open and kept since, never scanned per scrape: it follows each failure recorded, each
     /// booking and each purge, and a reopen counts the same (a record that does not decode
-    /// counts none, and does not stop the store from opening).
+    /// counts none, and does not stop the store from opening). The keys that list the
+    /// records by time follow them alike, and a store without them gets them at open.
     #[test]
-    fn the_failing_count_follows_failures_bookings_purges_and_a_reopen() {
+    fn the_failing_count_and_keys_by_time_follow_failures_bookings_purges_and_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1245,10 +1250,18 @@ mod tests {
             currency: "EUR".into(),
             at: chrono::Utc::now(),
         };
+        // Each failing record is listed by time once, and nothing else is.
         let counted = |store: &SledStore| {
             let count = runtime.block_on(store.failing_count()).unwrap();
             let listed = store.failing_callbacks_now().unwrap().len();
             assert_eq!(count, listed, "the count is not what is listed");
+            let records = store.inner.tree.scan_prefix(keys::FAILING_PREFIX).count();
+            let by_time = store
+                .inner
+                .tree
+                .scan_prefix(keys::FAILING_BY_TIME_PREFIX)
+                .count();
+            assert_eq!(records, by_time, "failing records and their keys by time");
             count
         };
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
@@ -1272,10 +1285,28 @@ mod tests {
             .block_on(store.record_callback_failure(failure("n-1", TransactionStatus::Success)))
             .unwrap();
         assert_eq!(counted(&store), 2);
+        // A store written before the keys by time: its records are listed at open.
+        let by_time: Vec<_> = store
+            .inner
+            .tree
+            .scan_prefix(keys::FAILING_BY_TIME_PREFIX)
+            .keys()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for key in by_time {
+            store.inner.tree.remove(key).unwrap();
+        }
+        assert!(
+            runtime
+                .block_on(store.failing_latest(10))
+                .unwrap()
+                .is_empty()
+        );
         drop(store);
 
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         assert_eq!(counted(&store), 2);
+        assert_eq!(runtime.block_on(store.failing_latest(10)).unwrap().len(), 2);
         let after_retention = chrono::Utc::now() + StoreConfig::default().retention * 2;
         assert!(
             runtime

@@ -29,6 +29,39 @@ struct ClaimRead {
     failing: bool,
 }
 
+impl PgStore {
+    /// The failing pairs, most recent failure first: the first `limit` (through the
+    /// `callback_failures_latest` index), or all of them.
+    fn failing_first(&self, limit: Option<usize>) -> StoreFuture<'_, Vec<FailingCallback>> {
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(
+                "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
+                   reference_id, client_id, amount, currency \
+                 FROM {s}.callback_failures ORDER BY last_failed DESC LIMIT $1",
+            ))
+            .bind(limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX)))
+            .fetch_all(self.pool())
+            .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(FailingCallback {
+                        nonce: row.try_get::<String, _>(0)?.into(),
+                        status: row.try_get(1)?,
+                        failures: u32::try_from(row.try_get::<i32, _>(2)?).unwrap_or(0),
+                        first_failed: row.try_get(3)?,
+                        last_failed: row.try_get(4)?,
+                        last_reason: row.try_get(5)?,
+                        transaction_reference_id: row.try_get(6)?,
+                        client_id: row.try_get(7)?,
+                        amount: row.try_get(8)?,
+                        currency: row.try_get(9)?,
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
 impl DedupStore for PgStore {
     fn begin_callback<'a>(
         &'a self,
@@ -107,31 +140,11 @@ impl DedupStore for PgStore {
     }
 
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>> {
-        Box::pin(async move {
-            let rows = sqlx::query(&self.sql(
-                "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
-                   reference_id, client_id, amount, currency \
-                 FROM {s}.callback_failures ORDER BY last_failed DESC",
-            ))
-            .fetch_all(self.pool())
-            .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(FailingCallback {
-                        nonce: row.try_get::<String, _>(0)?.into(),
-                        status: row.try_get(1)?,
-                        failures: u32::try_from(row.try_get::<i32, _>(2)?).unwrap_or(0),
-                        first_failed: row.try_get(3)?,
-                        last_failed: row.try_get(4)?,
-                        last_reason: row.try_get(5)?,
-                        transaction_reference_id: row.try_get(6)?,
-                        client_id: row.try_get(7)?,
-                        amount: row.try_get(8)?,
-                        currency: row.try_get(9)?,
-                    })
-                })
-                .collect()
-        })
+        self.failing_first(None)
+    }
+
+    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
+        self.failing_first(Some(limit))
     }
 
     fn callback_acknowledged<'a>(

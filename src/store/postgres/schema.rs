@@ -57,6 +57,12 @@ const READ_INDEXES: &[ReadIndex] = &[
         name: "postponed_pending",
         definition: "ON {schema}.postponed (validation_id) WHERE NOT final AND deliver_at IS NULL",
     },
+    // The latest failing callbacks, which the inspector's panel reads every second among
+    // an incident's hundreds of thousands.
+    ReadIndex {
+        name: "callback_failures_latest",
+        definition: "ON {schema}.callback_failures (last_failed DESC)",
+    },
 ];
 
 /// The newest version this payhook knows.
