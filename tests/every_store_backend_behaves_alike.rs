@@ -989,12 +989,13 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     db.drop_schema().await;
 }
 
-/// PostgreSQL only: what waits is read through its partial index, and the index of pending
+/// PostgreSQL only: what waits is read through its partial index, the latest failing
+/// callbacks through theirs, and the index of pending
 /// validations — which has no schema version, so that an older payhook still opens the
 /// database — is built by the open of a schema that lacks it, as one upgraded from a
 /// payhook before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_validations_are_read_through_their_indexes() {
+async fn waiting_validations_and_the_latest_failures_are_read_through_their_indexes() {
     use sqlx::Row;
     let Some(db) = support::postgres::database("waiting_read_by_index").await else {
         return;
@@ -1031,6 +1032,25 @@ async fn waiting_validations_are_read_through_their_indexes() {
             "{condition}: {lines:#?}"
         );
     }
+    // The inspector's latest failing callbacks, every second, among an incident's many.
+    let latest: Vec<String> = sqlx::query(&format!(
+        "EXPLAIN SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
+           reference_id, client_id, amount, currency \
+         FROM {}.callback_failures ORDER BY last_failed DESC LIMIT 100",
+        db.schema
+    ))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| row.get(0))
+    .collect();
+    assert!(
+        latest
+            .iter()
+            .any(|line| line.contains("callback_failures_latest")),
+        "{latest:#?}"
+    );
     // A schema without the index (as a payhook before it left it) gets it at the next open.
     sqlx::raw_sql(&format!("DROP INDEX {}.postponed_pending", db.schema))
         .execute(&mut conn)
