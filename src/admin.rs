@@ -355,19 +355,23 @@ impl AdminClient {
     }
 
     /// The callbacks whose handler failed and that are not booked yet, most recent failure
-    /// first: all of them, or the `latest` that failed last.
+    /// first.
     ///
     /// # Errors
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached.
-    pub async fn failing_callbacks(
-        &self,
-        latest: Option<usize>,
-    ) -> Result<Vec<FailingCallback>, AdminError> {
-        let path = match latest {
-            Some(limit) => format!("callbacks/failing?limit={limit}"),
-            None => "callbacks/failing".to_owned(),
-        };
+    pub async fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, AdminError> {
+        self.call(http::Method::GET, "callbacks/failing", None)
+            .await
+    }
+
+    /// The `limit` of [`AdminClient::failing_callbacks`] that failed last.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn failing_latest(&self, limit: usize) -> Result<Vec<FailingCallback>, AdminError> {
+        let path = format!("callbacks/failing?limit={limit}");
         self.call(http::Method::GET, &path, None).await
     }
 
@@ -469,7 +473,10 @@ impl AdminCommand {
                 Ok(())
             }
             Self::Callbacks(CallbacksCommand::Failing { json, latest }) => {
-                let failing = client.failing_callbacks(latest).await?;
+                let failing = match latest {
+                    Some(limit) => client.failing_latest(limit).await?,
+                    None => client.failing_callbacks().await?,
+                };
                 print(out, json, &failing, |all| describe_failing(all))
             }
             Self::Reconcile { reference_ids } => {

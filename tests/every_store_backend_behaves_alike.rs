@@ -782,6 +782,34 @@ async fn the_latest_failures_are_read_without_the_rest(b: &Backend) {
         order(&b.shared.failing_latest(4).await.unwrap()),
         ["n-old/4", "n-new/4", "n-mid/4", "n-two/4"]
     );
+    // Failures of the same moment (an incident's are) are ordered by nonce, then status, in
+    // the list and in its latest alike.
+    let tie = at(5);
+    for (nonce, status) in [
+        ("t-b", TransactionStatus::Success),
+        ("t-a", TransactionStatus::Success),
+        ("t-c", TransactionStatus::Success),
+        ("t-a", TransactionStatus::Pending),
+    ] {
+        b.shared
+            .record_callback_failure(CallbackFailure {
+                status,
+                at: tie,
+                ..failure(nonce, "handler failed")
+            })
+            .await
+            .unwrap();
+    }
+    let all = order(&failing_until(b, 8).await);
+    assert_eq!(
+        all[1..5],
+        ["t-a/3", "t-a/4", "t-b/4", "t-c/4"],
+        "the failures of one moment: {all:?}"
+    );
+    for limit in 0..=9 {
+        let latest = b.shared.failing_latest(limit).await.unwrap();
+        assert_eq!(order(&latest), all[..limit.min(8)], "the latest {limit}");
+    }
 }
 
 behaviour!(u0000_outside_identifiers_is_kept);
@@ -1051,26 +1079,33 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
             .any(|line| line.contains("callback_failures_latest")),
         "{latest:#?}"
     );
-    // A schema without the index (as a payhook before it left it) gets it at the next open.
-    sqlx::raw_sql(&format!("DROP INDEX {}.postponed_pending", db.schema))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    // A schema without the indexes (as a payhook before them left it) gets them at the next
+    // open.
+    sqlx::raw_sql(&format!(
+        "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.callback_failures_latest",
+        db.schema
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
     let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
         .await
         .unwrap();
     drop(store);
-    let built: bool = sqlx::query(
-        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-         JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = 'postponed_pending'",
-    )
-    .bind(&db.schema)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
-    .get(0);
-    assert!(built, "built again, and valid");
+    for index in ["postponed_pending", "callback_failures_latest"] {
+        let built: bool = sqlx::query(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+        )
+        .bind(&db.schema)
+        .bind(index)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get(0);
+        assert!(built, "{index} built again, and valid");
+    }
     drop(conn);
     db.drop_schema().await;
 }

@@ -688,8 +688,12 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     &effects,
                     expires_ms,
                 ) {
-                    Ok(key) => {
+                    Ok((key, failing_moved)) => {
                         indexed.push(keys::TAG_CALLBACK, key.identifier());
+                        if failing_moved {
+                            // No older index entry names its new key.
+                            indexed.push(keys::TAG_FAILING, keys::failing(&nonce).identifier());
+                        }
                         replies.push(Reply::Written(reply));
                     }
                     Err(error) => {
@@ -780,10 +784,12 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             // The one step that waits for the disk: on the blocking pool.
             Destination::Sled => blocking(|| {
                 let (added, removed) = failing::pairs_changed(&context.tree, &overlay)?;
-                apply_durably(context, overlay)?;
-                context.watermark.advance(seal)?;
+                apply(context, overlay)?;
+                // As readers see the records from now on (should the flush fail, the store
+                // stops, and the next open counts again).
                 context.failing.change(added, removed);
-                Ok(())
+                make_durable(context)?;
+                context.watermark.advance(seal)
             }),
             // Built in full, written nowhere: see `Destination::Nowhere`.
             Destination::Nowhere => {
@@ -808,7 +814,8 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
 }
 
 /// Adds one acknowledged callback to the batch: its effects and its record. Returns where
-/// the record is kept, for the batch's expiry entry.
+/// the record is kept, for the batch's expiry entry, and whether the nonce's failing record
+/// moved to another key (see [`failing::booked`]).
 fn stage_callback(
     context: &Context,
     overlay: &mut Overlay,
@@ -817,7 +824,7 @@ fn stage_callback(
     owned: Owned,
     effects: &Effects,
     expires_ms: u64,
-) -> Result<keys::RecordKey, StoreError> {
+) -> Result<(keys::RecordKey, bool), StoreError> {
     let key = keys::callback(nonce);
     // The record read when the claim was taken, unless this batch wrote it since (it does
     // not, while claims hold: one write per claim) or the claim took over a stale one.
@@ -837,7 +844,7 @@ fn stage_callback(
             nonce = %crate::logged::Logged(nonce),
             "a delivery finished a status already booked by a taken-over claim; its effects are dropped"
         );
-        return Ok(key);
+        return Ok((key, false));
     }
     let tx = OverlayTx {
         context,
@@ -862,14 +869,13 @@ fn stage_callback(
     record.attempts = record.attempts.max(owned.attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
-    if context.may_hold_failures.load(Ordering::Relaxed) {
-        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
-    }
-    Ok(key)
+    let failing_moved = context.may_hold_failures.load(Ordering::Relaxed)
+        && failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
+    Ok((key, failing_moved))
 }
 
-fn apply_durably(context: &Context, overlay: Overlay) -> Result<(), StoreError> {
-    apply(context, overlay)?;
+/// Flushes what was applied to sled, and `fdatasync`s sled's data file.
+fn make_durable(context: &Context) -> Result<(), StoreError> {
     context.gate.pass(HoldPoint::BeforeFlush);
     context.db.flush()?;
     context

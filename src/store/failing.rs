@@ -138,14 +138,15 @@ pub(crate) fn pairs_changed(
     Ok((added, removed))
 }
 
-/// Counts the failing pairs in `tree`, once, when the store opens, and lists by time each
-/// record that a store written before the `l` keys left unlisted (written and flushed before
-/// the store serves). A record that does not decode is reported and counted as none: it must
-/// not stop the store from opening.
+/// Counts the failing pairs in `tree`, once, when the store opens, lists by time each
+/// record that a build before the `l` keys left unlisted, and removes the `l` keys it left
+/// behind (written and flushed before the store serves). A record that does not decode is
+/// reported and counted as none: it must not stop the store from opening.
 pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
     let mut count = 0;
-    let mut unlisted = sled::Batch::default();
-    let mut any_unlisted = false;
+    // The keys by time to add or remove.
+    let mut changes = sled::Batch::default();
+    let mut any_change = false;
     for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
         let (key, bytes) = entry?;
         let identifier = &key[keys::FAILING_PREFIX.len()..];
@@ -155,8 +156,8 @@ pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
                 if let Some(latest) = record.latest_ms() {
                     let listed = keys::failing_by_time(latest, identifier);
                     if !tree.contains_key(&listed)? {
-                        unlisted.insert(listed, Vec::new());
-                        any_unlisted = true;
+                        changes.insert(listed, Vec::new());
+                        any_change = true;
                     }
                 }
             }
@@ -167,8 +168,24 @@ pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
             ),
         }
     }
-    if any_unlisted {
-        tree.apply_batch(unlisted)?;
+    // A key by time whose record is gone or has moved on: left by a build before these keys
+    // that ran on the store after one with them (a rollback, then the upgrade again).
+    for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX) {
+        let (listed_key, _) = entry?;
+        let current = match keys::of_failing_by_time(&listed_key) {
+            Some((listed, identifier)) => tree
+                .get([keys::FAILING_PREFIX, identifier].concat())?
+                .and_then(|bytes| serde_json::from_slice::<FailureRecord>(&bytes).ok())
+                .is_some_and(|record| record.latest_ms() == Some(listed)),
+            None => false,
+        };
+        if !current {
+            changes.remove(listed_key);
+            any_change = true;
+        }
+    }
+    if any_change {
+        tree.apply_batch(changes)?;
         tree.flush()?;
     }
     Ok(count)
@@ -224,23 +241,27 @@ pub(crate) fn record(
     Ok(true)
 }
 
-/// Forgets the failures of (`nonce`, `status`): it is booked in this batch.
+/// Forgets the failures of (`nonce`, `status`): it is booked in this batch. Returns `true`
+/// when the nonce's other failing statuses moved from where a store written before long
+/// nonces were digested kept them to their new key, which no expiry index entry names yet.
 pub(crate) fn booked(
     staging: &mut Staging<'_>,
     nonce: &str,
     status: i32,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let key = keys::failing(nonce);
     let Some(bytes) = staging.get_record(&key)? else {
-        return Ok(());
+        return Ok(false);
     };
+    let spelled_out = key.spelled_out.is_some() && staging.get(&key.key)?.is_none();
     let mut record: FailureRecord = decode(nonce, &bytes)?;
     let listed = record.latest_ms();
     record.failing.retain(|f| f.status != status);
     relist(staging, &key, listed, record.latest_ms());
     let value = (!record.failing.is_empty()).then(|| encode(&record));
+    let moved = spelled_out && value.is_some();
     staging.put_record(&key, value);
-    Ok(())
+    Ok(moved)
 }
 
 /// Moves the record at `key` from its `l` key at `listed` (under either key it may have been
@@ -281,7 +302,8 @@ pub(crate) fn latest(tree: &sled::Tree, limit: usize) -> Result<Vec<FailingCallb
         let Some((listed, identifier)) = keys::of_failing_by_time(&listed_key) else {
             continue;
         };
-        if kept.len() >= limit && kept.peek().is_none_or(|Reverse(time)| *time >= listed) {
+        // Strictly later: pairs failed in the same millisecond are ordered by nonce.
+        if kept.len() >= limit && kept.peek().is_none_or(|Reverse(time)| *time > listed) {
             break;
         }
         let Some(bytes) = tree.get([keys::FAILING_PREFIX, identifier].concat())? else {
@@ -300,9 +322,20 @@ pub(crate) fn latest(tree: &sled::Tree, limit: usize) -> Result<Vec<FailingCallb
             found.push(pair);
         }
     }
-    found.sort_by_key(|f| Reverse(f.last_failed));
+    sort_latest_first(&mut found);
     found.truncate(limit);
     Ok(found)
+}
+
+/// The order pairs are listed in: the latest failure first, then by nonce and status (both
+/// backends alike, so that the first `limit` are the same whichever way they were read).
+pub(crate) fn sort_latest_first(failing: &mut [FailingCallback]) {
+    failing.sort_by(|a, b| {
+        b.last_failed
+            .cmp(&a.last_failed)
+            .then_with(|| a.nonce.as_str().cmp(b.nonce.as_str()))
+            .then(a.status.cmp(&b.status))
+    });
 }
 
 /// A failure's time as the `l` keys hold it: milliseconds since the epoch (0 before it).

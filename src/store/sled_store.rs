@@ -710,7 +710,7 @@ impl SledStore {
         for entry in self.inner.tree.scan_prefix(keys::FAILING_PREFIX) {
             failing.extend(decode_failing::<FailureRecord>(entry?)?.failing);
         }
-        failing.sort_by_key(|f| std::cmp::Reverse(f.last_failed));
+        super::failing::sort_latest_first(&mut failing);
         Ok(failing)
     }
 
@@ -1240,15 +1240,11 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let failure = |nonce: &str, status| CallbackFailure {
-            nonce: nonce.into(),
-            status,
-            reason: "handler failed".into(),
-            transaction_reference_id: uuid::Uuid::nil(),
-            client_id: "c-1".into(),
-            amount: rust_decimal::Decimal::new(1050, 2),
-            currency: "EUR".into(),
-            at: chrono::Utc::now(),
+        // Each failure at its own millisecond, so that each one moves its record's key.
+        let base = chrono::Utc::now();
+        let failure = |nonce: &str, status, seconds_ago| CallbackFailure {
+            at: base - chrono::Duration::seconds(seconds_ago),
+            ..failure(nonce, status)
         };
         // Each failing record is listed by time once, and nothing else is.
         let counted = |store: &SledStore| {
@@ -1266,47 +1262,58 @@ mod tests {
         };
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         assert_eq!(counted(&store), 0);
-        for (nonce, status) in [
-            ("n-1", TransactionStatus::Success),
-            ("n-1", TransactionStatus::Pending),
-            ("n-2", TransactionStatus::Success),
-            // Counted again, not a pair more.
-            ("n-2", TransactionStatus::Success),
+        for (nonce, status, seconds_ago) in [
+            ("n-1", TransactionStatus::Pending, 50),
+            ("n-1", TransactionStatus::Success, 40),
+            ("n-2", TransactionStatus::Success, 30),
+            // Counted again, not a pair more; the record's key moves to its new time.
+            ("n-2", TransactionStatus::Success, 20),
         ] {
             runtime
-                .block_on(store.record_callback_failure(failure(nonce, status)))
+                .block_on(store.record_callback_failure(failure(nonce, status, seconds_ago)))
                 .unwrap();
         }
         assert_eq!(counted(&store), 3);
+        // n-1's latest failure is booked: its key moves back to its other status's time.
         runtime.block_on(book(store.clone(), "n-1")).unwrap();
         assert_eq!(counted(&store), 2);
         // A late copy's failure of the booked status is not a pair.
         runtime
-            .block_on(store.record_callback_failure(failure("n-1", TransactionStatus::Success)))
+            .block_on(store.record_callback_failure(failure("n-1", TransactionStatus::Success, 10)))
             .unwrap();
         assert_eq!(counted(&store), 2);
-        // A store written before the keys by time: its records are listed at open.
-        let by_time: Vec<_> = store
-            .inner
-            .tree
+        let latest = |store: &SledStore| {
+            runtime
+                .block_on(store.failing_latest(10))
+                .unwrap()
+                .iter()
+                .map(|f| (f.nonce.as_str().to_owned(), f.status))
+                .collect::<Vec<_>>()
+        };
+        let listed = vec![("n-2".to_owned(), 4), ("n-1".to_owned(), 3)];
+        assert_eq!(latest(&store), listed);
+        // A store written before the keys by time: its records are listed at open. Keys by
+        // time left by a build before them (a rollback, then the upgrade again) go.
+        let tree = &store.inner.tree;
+        let by_time: Vec<_> = tree
             .scan_prefix(keys::FAILING_BY_TIME_PREFIX)
             .keys()
             .collect::<Result<_, _>>()
             .unwrap();
         for key in by_time {
-            store.inner.tree.remove(key).unwrap();
+            tree.remove(key).unwrap();
         }
-        assert!(
-            runtime
-                .block_on(store.failing_latest(10))
-                .unwrap()
-                .is_empty()
-        );
+        let identifier = keys::failing("n-1").identifier().to_vec();
+        for (time, identifier) in [(7, &identifier), (8, &b"n-gone".to_vec())] {
+            tree.insert(keys::failing_by_time(time, identifier), &b""[..])
+                .unwrap();
+        }
+        assert!(latest(&store).is_empty());
         drop(store);
 
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         assert_eq!(counted(&store), 2);
-        assert_eq!(runtime.block_on(store.failing_latest(10)).unwrap().len(), 2);
+        assert_eq!(latest(&store), listed);
         let after_retention = chrono::Utc::now() + StoreConfig::default().retention * 2;
         assert!(
             runtime
@@ -1316,7 +1323,7 @@ mod tests {
         );
         assert_eq!(counted(&store), 0);
         runtime
-            .block_on(store.record_callback_failure(failure("n-3", TransactionStatus::Success)))
+            .block_on(store.record_callback_failure(failure("n-3", TransactionStatus::Success, 0)))
             .unwrap();
         store
             .inner
@@ -1327,6 +1334,89 @@ mod tests {
 
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         assert_eq!(runtime.block_on(store.failing_count()).unwrap(), 1);
+    }
+
+    /// A failing record that a store written before long nonces were digested kept under
+    /// the nonce spelled out: booking one of its statuses moves the rest to the digested
+    /// key, and the purge still finds it there when it expires.
+    #[test]
+    fn a_failing_record_of_a_long_nonce_moved_by_a_booking_is_still_purged() {
+        const LONG: &str =
+            "n-0123456789012345678901234567890123456789012345678901234567890123456789";
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let key = keys::failing(LONG);
+        let older = key
+            .spelled_out
+            .clone()
+            .expect("a long nonce has an older key");
+        let expires_ms = now_ms() + 1000;
+        let now = chrono::Utc::now();
+        let pair = |status| FailingCallback {
+            nonce: LONG.into(),
+            status,
+            failures: 1,
+            first_failed: now,
+            last_failed: now,
+            last_reason: "handler failed".into(),
+            transaction_reference_id: uuid::Uuid::nil().to_string(),
+            client_id: "c-1".into(),
+            amount: "10.50".into(),
+            currency: "EUR".into(),
+        };
+        let record = FailureRecord {
+            failing: vec![pair(4), pair(3)],
+            expires_ms,
+        };
+        let tree = &store.inner.tree;
+        tree.insert(&older, super::super::record::encode(&record))
+            .unwrap();
+        tree.insert(
+            keys::expiry(expires_ms, 1),
+            keys::encode_index(&[(keys::TAG_FAILING, LONG.as_bytes().to_vec())]),
+        )
+        .unwrap();
+        drop(store);
+
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        assert_eq!(runtime.block_on(store.failing_count()).unwrap(), 2);
+        runtime.block_on(book(store.clone(), LONG)).unwrap();
+        assert_eq!(runtime.block_on(store.failing_count()).unwrap(), 1);
+        let tree = &store.inner.tree;
+        assert!(
+            tree.get(&older).unwrap().is_none(),
+            "moved from the older key"
+        );
+        assert!(
+            tree.get(&key.key).unwrap().is_some(),
+            "moved to the new key"
+        );
+
+        let after_retention = chrono::Utc::now() + StoreConfig::default().retention * 2;
+        runtime
+            .block_on(store.purge_expired(after_retention))
+            .unwrap();
+        assert_eq!(runtime.block_on(store.failing_count()).unwrap(), 0);
+        assert_eq!(tree.scan_prefix(keys::FAILING_PREFIX).count(), 0);
+        assert_eq!(tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX).count(), 0);
+    }
+
+    /// A failure of `nonce`'s `status`, now.
+    fn failure(nonce: &str, status: TransactionStatus) -> CallbackFailure {
+        CallbackFailure {
+            nonce: nonce.into(),
+            status,
+            reason: "handler failed".into(),
+            transaction_reference_id: uuid::Uuid::nil(),
+            client_id: "c-1".into(),
+            amount: rust_decimal::Decimal::new(1050, 2),
+            currency: "EUR".into(),
+            at: chrono::Utc::now(),
+        }
     }
 
     /// Scenario F's store (`bench_callbacks`) measures B's path on an engine that costs

@@ -37,7 +37,8 @@ impl PgStore {
             let rows = sqlx::query(&self.sql(
                 "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
                    reference_id, client_id, amount, currency \
-                 FROM {s}.callback_failures ORDER BY last_failed DESC LIMIT $1",
+                 FROM {s}.callback_failures \
+                 ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1",
             ))
             .bind(limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX)))
             .fetch_all(self.pool())
