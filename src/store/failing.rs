@@ -143,52 +143,95 @@ pub(crate) fn pairs_changed(
 /// behind (written and flushed before the store serves). A record that does not decode is
 /// reported and counted as none: it must not stop the store from opening.
 pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
-    let mut count = 0;
-    // The keys by time to add or remove.
     let mut changes = sled::Batch::default();
-    let mut any_change = false;
-    for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
-        let (key, bytes) = entry?;
-        let identifier = &key[keys::FAILING_PREFIX.len()..];
-        match serde_json::from_slice::<FailureRecord>(&bytes) {
-            Ok(record) => {
-                count += record.failing.len();
-                if let Some(latest) = record.latest_ms() {
-                    let listed = keys::failing_by_time(latest, identifier);
-                    if !tree.contains_key(&listed)? {
-                        changes.insert(listed, Vec::new());
-                        any_change = true;
-                    }
-                }
-            }
-            Err(error) => tracing::error!(
-                nonce = %crate::logged::Logged(&keys::describe(identifier)),
-                %error,
-                "a failing callback's record does not decode; it is not counted"
-            ),
-        }
-    }
-    // A key by time whose record is gone or has moved on: left by a build before these keys
-    // that ran on the store after one with them (a rollback, then the upgrade again).
-    for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX) {
-        let (listed_key, _) = entry?;
-        let current = match keys::of_failing_by_time(&listed_key) {
-            Some((listed, identifier)) => tree
-                .get([keys::FAILING_PREFIX, identifier].concat())?
-                .and_then(|bytes| serde_json::from_slice::<FailureRecord>(&bytes).ok())
-                .is_some_and(|record| record.latest_ms() == Some(listed)),
-            None => false,
-        };
-        if !current {
-            changes.remove(listed_key);
-            any_change = true;
-        }
-    }
-    if any_change {
+    let counted = count_and_list(tree, &mut changes)?;
+    let unlisted = unlist_stale(tree, counted.in_place, &mut changes)?;
+    if counted.listed > 0 || unlisted > 0 {
         tree.apply_batch(changes)?;
         tree.flush()?;
     }
-    Ok(count)
+    Ok(counted.pairs)
+}
+
+/// What [`count_and_list`] found.
+struct Counted {
+    /// Failing pairs.
+    pairs: usize,
+    /// Records whose key by time was in place.
+    in_place: usize,
+    /// Records whose key by time is added to the batch.
+    listed: usize,
+}
+
+/// Counts the failing pairs, and adds to `changes` the key by time of each record without.
+fn count_and_list(tree: &sled::Tree, changes: &mut sled::Batch) -> Result<Counted, StoreError> {
+    let mut counted = Counted {
+        pairs: 0,
+        in_place: 0,
+        listed: 0,
+    };
+    for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
+        let (key, bytes) = entry?;
+        let identifier = &key[keys::FAILING_PREFIX.len()..];
+        let record = match serde_json::from_slice::<FailureRecord>(&bytes) {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::error!(
+                    nonce = %crate::logged::Logged(&keys::describe(identifier)),
+                    %error,
+                    "a failing callback's record does not decode; it is not counted"
+                );
+                continue;
+            }
+        };
+        counted.pairs += record.failing.len();
+        let Some(latest) = record.latest_ms() else {
+            continue;
+        };
+        let listed = keys::failing_by_time(latest, identifier);
+        if tree.contains_key(&listed)? {
+            counted.in_place += 1;
+        } else {
+            changes.insert(listed, Vec::new());
+            counted.listed += 1;
+        }
+    }
+    Ok(counted)
+}
+
+/// Adds to `changes` the removal of each key by time whose record is gone or has moved on:
+/// left by a build before these keys that ran on the store after one with them (a rollback,
+/// then the upgrade again). Looked for only when there are more keys than the `in_place`
+/// ones of the records, as there seldom are. Returns how many.
+fn unlist_stale(
+    tree: &sled::Tree,
+    in_place: usize,
+    changes: &mut sled::Batch,
+) -> Result<usize, StoreError> {
+    let by_time = tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX);
+    if by_time.keys().count() <= in_place {
+        return Ok(0);
+    }
+    let mut unlisted = 0;
+    for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX) {
+        let (listed_key, _) = entry?;
+        if !lists_its_record(tree, &listed_key)? {
+            changes.remove(listed_key);
+            unlisted += 1;
+        }
+    }
+    Ok(unlisted)
+}
+
+/// Whether `listed_key` (an `l` key) lists a failing record at that record's latest failure.
+fn lists_its_record(tree: &sled::Tree, listed_key: &[u8]) -> Result<bool, StoreError> {
+    let Some((listed, identifier)) = keys::of_failing_by_time(listed_key) else {
+        return Ok(false);
+    };
+    Ok(tree
+        .get([keys::FAILING_PREFIX, identifier].concat())?
+        .and_then(|bytes| serde_json::from_slice::<FailureRecord>(&bytes).ok())
+        .is_some_and(|record| record.latest_ms() == Some(listed)))
 }
 
 /// The reason kept, at most this many bytes (a handler's message could be anything).
