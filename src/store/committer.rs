@@ -156,8 +156,8 @@ pub(crate) struct Context {
     /// found at open and none was recorded since, so that booking a callback need not look
     /// for one to forget. Never goes back to `false` (a purge may leave it `true`).
     pub(crate) may_hold_failures: AtomicBool,
-    /// The failing (nonce, status) pairs the store holds durably: changed after each durable
-    /// batch and each purge step that changed failing records.
+    /// The failing (nonce, status) pairs the store holds: changed as each batch and each
+    /// purge step that changed failing records is applied.
     pub(crate) failing: Arc<failing::Count>,
 }
 

@@ -17,7 +17,7 @@
 //! An incident can leave hundreds of thousands of failing pairs for the retention period,
 //! while `/metrics` reports how many there are on every scrape and the inspector's panel
 //! shows the latest every second. So the embedded store counts them once at open and then
-//! keeps the [`Count`] as each durable batch and each purge changes the records, and reads
+//! keeps the [`Count`] as each batch and each purge changes the records, and reads
 //! the latest through the `l` keys. With 100,000 failing records (a release build on the
 //! 2-core AMD EPYC VM, 2026-11-26): the latest 100 in 5.3 ms against 442 ms for all of them,
 //! the count in about a microsecond, and the store reopened, counted and checked in 1.6 s.
@@ -112,7 +112,7 @@ impl Count {
 }
 
 /// The failing pairs in a record's bytes, each parsed without keeping anything of it.
-pub(crate) fn pairs(bytes: &[u8]) -> Result<usize, serde_json::Error> {
+fn pairs(bytes: &[u8]) -> Result<usize, serde_json::Error> {
     #[derive(Deserialize)]
     struct Counted {
         failing: Vec<serde::de::IgnoredAny>,

@@ -83,7 +83,7 @@ struct Inner {
     retention: Duration,
     writer: Arc<Writer>,
     commit_metrics: super::CommitMetrics,
-    /// The failing pairs held durably, for `/metrics`.
+    /// The failing pairs held, for `/metrics`.
     failing: Arc<super::failing::Count>,
     _sweeper: Sweeper,
 }
