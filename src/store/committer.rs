@@ -688,12 +688,8 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     &effects,
                     expires_ms,
                 ) {
-                    Ok((key, failing_moved)) => {
+                    Ok(key) => {
                         indexed.push(keys::TAG_CALLBACK, key.identifier());
-                        if failing_moved {
-                            // No older index entry names its new key.
-                            indexed.push(keys::TAG_FAILING, keys::failing(&nonce).identifier());
-                        }
                         replies.push(Reply::Written(reply));
                     }
                     Err(error) => {
@@ -814,8 +810,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
 }
 
 /// Adds one acknowledged callback to the batch: its effects and its record. Returns where
-/// the record is kept, for the batch's expiry entry, and whether the nonce's failing record
-/// moved to another key (see [`failing::booked`]).
+/// the record is kept, for the batch's expiry entry.
 fn stage_callback(
     context: &Context,
     overlay: &mut Overlay,
@@ -824,7 +819,7 @@ fn stage_callback(
     owned: Owned,
     effects: &Effects,
     expires_ms: u64,
-) -> Result<(keys::RecordKey, bool), StoreError> {
+) -> Result<keys::RecordKey, StoreError> {
     let key = keys::callback(nonce);
     // The record read when the claim was taken, unless this batch wrote it since (it does
     // not, while claims hold: one write per claim) or the claim took over a stale one.
@@ -844,7 +839,7 @@ fn stage_callback(
             nonce = %crate::logged::Logged(nonce),
             "a delivery finished a status already booked by a taken-over claim; its effects are dropped"
         );
-        return Ok((key, false));
+        return Ok(key);
     }
     let tx = OverlayTx {
         context,
@@ -869,9 +864,10 @@ fn stage_callback(
     record.attempts = record.attempts.max(owned.attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
-    let failing_moved = context.may_hold_failures.load(Ordering::Relaxed)
-        && failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
-    Ok((key, failing_moved))
+    if context.may_hold_failures.load(Ordering::Relaxed) {
+        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
+    }
+    Ok(key)
 }
 
 /// Flushes what was applied to sled, and `fdatasync`s sled's data file.
@@ -957,7 +953,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 }
                 continue;
             };
-            let Some(bytes) = context.tree.get(&record_key)? else {
+            let Some((found_at, bytes)) = record_key.find(|k| context.tree.get(k))? else {
                 continue;
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
@@ -971,13 +967,14 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 }
                 _ => (decode::<ValidationRecord>(&named, &bytes)?.expires_ms, None),
             };
-            if expires <= now_ms && removed.insert(record_key.clone()) {
-                batch.remove(record_key);
+            if expires <= now_ms && removed.insert(found_at.to_vec()) {
+                batch.remove(found_at);
                 purged += 1;
                 if let Some(record) = failing {
                     failing_purged += record.failing.len();
                     if let Some(latest) = record.latest_ms() {
-                        batch.remove(keys::failing_by_time(latest, &identifier));
+                        let listed = keys::failing_by_time(latest, keys::identifier_in(found_at));
+                        batch.remove(listed);
                     }
                 }
             }

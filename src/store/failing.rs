@@ -144,7 +144,7 @@ pub(crate) fn pairs_changed(
 /// record that a build before the `l` keys left unlisted, and removes the `l` keys it left
 /// behind (written and flushed before the store serves). A record that does not decode is
 /// reported and counted as none: it must not stop the store from opening.
-pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
+pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<Counted, StoreError> {
     let mut changes = sled::Batch::default();
     let counted = count_and_list(tree, &mut changes)?;
     let unlisted = unlist_stale(tree, counted.in_place, &mut changes)?;
@@ -152,13 +152,15 @@ pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<usize, StoreError> {
         tree.apply_batch(changes)?;
         tree.flush()?;
     }
-    Ok(counted.pairs)
+    Ok(counted)
 }
 
-/// What [`count_and_list`] found.
-struct Counted {
+/// What [`count_at_open`] found.
+pub(crate) struct Counted {
     /// Failing pairs.
-    pairs: usize,
+    pub(crate) pairs: usize,
+    /// Failing records, those that do not decode included.
+    pub(crate) records: usize,
     /// Records whose key by time was in place.
     in_place: usize,
     /// Records whose key by time is added to the batch.
@@ -169,12 +171,14 @@ struct Counted {
 fn count_and_list(tree: &sled::Tree, changes: &mut sled::Batch) -> Result<Counted, StoreError> {
     let mut counted = Counted {
         pairs: 0,
+        records: 0,
         in_place: 0,
         listed: 0,
     };
     for entry in tree.scan_prefix(keys::FAILING_PREFIX) {
         let (key, bytes) = entry?;
-        let identifier = &key[keys::FAILING_PREFIX.len()..];
+        counted.records += 1;
+        let identifier = keys::identifier_in(&key);
         let record = match serde_json::from_slice::<FailureRecord>(&bytes) {
             Ok(record) => record,
             Err(error) => {
@@ -217,7 +221,12 @@ fn unlist_stale(
     let mut unlisted = 0;
     for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX) {
         let (listed_key, _) = entry?;
-        if !lists_its_record(tree, &listed_key)? {
+        // A record that does not decode is not listed either (see `count_and_list`).
+        let listing = match listed_record(tree, &listed_key) {
+            Err(StoreError::Corrupt { .. }) => None,
+            other => other?,
+        };
+        if listing.is_none() {
             changes.remove(listed_key);
             unlisted += 1;
         }
@@ -225,15 +234,20 @@ fn unlist_stale(
     Ok(unlisted)
 }
 
-/// Whether `listed_key` (an `l` key) lists a failing record at that record's latest failure.
-fn lists_its_record(tree: &sled::Tree, listed_key: &[u8]) -> Result<bool, StoreError> {
+/// The failing record `listed_key` (an `l` key) lists; `None` when the record is gone or its
+/// latest failure is no longer the time the key holds.
+fn listed_record(
+    tree: &sled::Tree,
+    listed_key: &[u8],
+) -> Result<Option<FailureRecord>, StoreError> {
     let Some((listed, identifier)) = keys::of_failing_by_time(listed_key) else {
-        return Ok(false);
+        return Ok(None);
     };
-    Ok(tree
-        .get([keys::FAILING_PREFIX, identifier].concat())?
-        .and_then(|bytes| serde_json::from_slice::<FailureRecord>(&bytes).ok())
-        .is_some_and(|record| record.latest_ms() == Some(listed)))
+    let Some(bytes) = tree.get([keys::FAILING_PREFIX, identifier].concat())? else {
+        return Ok(None);
+    };
+    let record: FailureRecord = super::record::decode_named(&bytes, || keys::describe(identifier))?;
+    Ok((record.latest_ms() == Some(listed)).then_some(record))
 }
 
 /// The reason kept, at most this many bytes (a handler's message could be anything).
@@ -286,27 +300,23 @@ pub(crate) fn record(
     Ok(true)
 }
 
-/// Forgets the failures of (`nonce`, `status`): it is booked in this batch. Returns `true`
-/// when the nonce's other failing statuses moved from where a store written before long
-/// nonces were digested kept them to their new key, which no expiry index entry names yet.
+/// Forgets the failures of (`nonce`, `status`): it is booked in this batch.
 pub(crate) fn booked(
     staging: &mut Staging<'_>,
     nonce: &str,
     status: i32,
-) -> Result<bool, StoreError> {
+) -> Result<(), StoreError> {
     let key = keys::failing(nonce);
     let Some(bytes) = staging.get_record(&key)? else {
-        return Ok(false);
+        return Ok(());
     };
-    let spelled_out = key.spelled_out.is_some() && staging.get(&key.key)?.is_none();
     let mut record: FailureRecord = decode(nonce, &bytes)?;
     let listed = record.latest_ms();
     record.failing.retain(|f| f.status != status);
     relist(staging, &key, listed, record.latest_ms());
     let value = (!record.failing.is_empty()).then(|| encode(&record));
-    let moved = spelled_out && value.is_some();
     staging.put_record(&key, value);
-    Ok(moved)
+    Ok(())
 }
 
 /// Moves the record at `key` from its `l` key at `listed` (under either key it may have been
@@ -318,10 +328,7 @@ fn relist(
     latest: Option<u64>,
 ) {
     if let Some(listed) = listed {
-        let older = key
-            .spelled_out
-            .as_deref()
-            .and_then(|k| k.get(keys::FAILING_PREFIX.len()..));
+        let older = key.spelled_out.as_deref().map(keys::identifier_in);
         for identifier in std::iter::once(key.identifier()).chain(older) {
             staging.put(keys::failing_by_time(listed, identifier), None);
         }
@@ -344,21 +351,16 @@ pub(crate) fn latest(tree: &sled::Tree, limit: usize) -> Result<Vec<FailingCallb
     let mut kept = BinaryHeap::with_capacity(limit.saturating_add(1).min(1024));
     for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX).rev() {
         let (listed_key, _) = entry?;
-        let Some((listed, identifier)) = keys::of_failing_by_time(&listed_key) else {
-            continue;
-        };
-        // Strictly later: pairs failed in the same millisecond are ordered by nonce.
-        if kept.len() >= limit && kept.peek().is_none_or(|Reverse(time)| *time > listed) {
+        // Every pair still unread failed at `listed` or before: done once the `limit` kept
+        // all failed strictly later (pairs of the same millisecond are ordered by nonce).
+        let listed = keys::of_failing_by_time(&listed_key).map(|(listed, _)| listed);
+        let all_later = |listed| kept.peek().is_none_or(|Reverse(time)| *time > listed);
+        if kept.len() >= limit && listed.is_some_and(all_later) {
             break;
         }
-        let Some(bytes) = tree.get([keys::FAILING_PREFIX, identifier].concat())? else {
+        let Some(record) = listed_record(tree, &listed_key)? else {
             continue;
         };
-        let record: FailureRecord =
-            super::record::decode_named(&bytes, || keys::describe(identifier))?;
-        if record.latest_ms() != Some(listed) {
-            continue;
-        }
         for pair in record.failing {
             kept.push(Reverse(ms(pair.last_failed)));
             if kept.len() > limit {

@@ -113,18 +113,29 @@ impl RecordKey {
         &self,
         get: impl Fn(&[u8]) -> Result<Option<T>, E>,
     ) -> Result<Option<T>, E> {
-        match (get(&self.key)?, &self.spelled_out) {
-            (None, Some(older)) => get(older),
-            (found, _) => Ok(found),
+        Ok(self.find(get)?.map(|(_, found)| found))
+    }
+
+    /// [`RecordKey::read`], with the key the record was found under.
+    pub(crate) fn find<T, E>(
+        &self,
+        get: impl Fn(&[u8]) -> Result<Option<T>, E>,
+    ) -> Result<Option<(&[u8], T)>, E> {
+        if let Some(found) = get(&self.key)? {
+            return Ok(Some((&self.key, found)));
+        }
+        match &self.spelled_out {
+            Some(older) => Ok(get(older)?.map(|found| (older.as_slice(), found))),
+            None => Ok(None),
         }
     }
 
     /// The nonce's [`identifier`]: the key without its prefix, as the expiry index lists it.
     pub(crate) fn identifier(&self) -> &[u8] {
-        self.key.get(PREFIX_BYTES..).unwrap_or_default()
+        identifier_in(&self.key)
     }
 
-    fn new(prefix: &[u8], nonce: &str) -> Self {
+    pub(crate) fn new(prefix: &[u8], nonce: &str) -> Self {
         debug_assert_eq!(prefix.len(), PREFIX_BYTES);
         Self {
             key: prefixed_identifier(prefix, nonce),
@@ -161,17 +172,29 @@ pub(crate) fn of_failing_by_time(key: &[u8]) -> Option<(u64, &[u8])> {
     ))
 }
 
-/// The key of the record an expiry index entry lists (`tag`, `identifier`), `None` for a
+/// The identifier in a record's key: the key without its prefix.
+pub(crate) fn identifier_in(key: &[u8]) -> &[u8] {
+    key.get(PREFIX_BYTES..).unwrap_or_default()
+}
+
+/// Where the record an expiry index entry lists (`tag`, `identifier`) is kept, `None` for a
 /// postponed validation (its id is not a record key). An entry written before long nonces
-/// were digested holds the nonce itself, and so names the key it was kept under.
-pub(crate) fn indexed_record(tag: u8, identifier: &[u8]) -> Option<Vec<u8>> {
+/// were digested holds the nonce itself: the record is under it, or under the digested key
+/// a later write moved it to (a write that moves a record need not index it again).
+pub(crate) fn indexed_record(tag: u8, identifier: &[u8]) -> Option<RecordKey> {
     let prefix = match tag {
         TAG_CALLBACK => CALLBACK_PREFIX,
         TAG_FAILING => FAILING_PREFIX,
         TAG_VALIDATION => VALIDATION_PREFIX,
         _ => return None,
     };
-    Some([prefix, identifier].concat())
+    Some(match std::str::from_utf8(identifier) {
+        Ok(nonce) if nonce.len() > SPELLED_OUT_BYTES => RecordKey::new(prefix, nonce),
+        _ => RecordKey {
+            key: [prefix, identifier].concat(),
+            spelled_out: None,
+        },
+    })
 }
 
 /// The expiry index key of one batch: when its records expire, and which batch it was.
@@ -324,15 +347,15 @@ mod tests {
         // Distinct long nonces, distinct keys; the same one, the same key.
         assert_ne!(validation(&format!("{long}x")).key, key.key);
         assert_eq!(validation(&long), key);
-        // An index entry names the key in either form.
+        // An index entry names the key in either form; the spelled-out one, both keys.
         assert_eq!(
             indexed_record(TAG_VALIDATION, &identifier(&long)),
-            Some(key.key)
+            Some(RecordKey {
+                key: key.key.clone(),
+                spelled_out: None
+            })
         );
-        assert_eq!(
-            indexed_record(TAG_VALIDATION, long.as_bytes()),
-            key.spelled_out
-        );
+        assert_eq!(indexed_record(TAG_VALIDATION, long.as_bytes()), Some(key));
         assert_eq!(indexed_record(TAG_POSTPONED, b"42"), None);
     }
 }

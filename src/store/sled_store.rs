@@ -156,10 +156,9 @@ impl SledStore {
         let failed = Arc::new(AtomicBool::new(false));
         let effect_trees: Vec<String> = trees.iter().map(|t| (*t).to_owned()).collect();
         let commit_metrics = super::CommitMetrics::default();
-        let failing = Arc::new(super::failing::Count::new(super::failing::count_at_open(
-            &tree,
-        )?));
-        let may_hold_failures = tree.scan_prefix(keys::FAILING_PREFIX).next().is_some();
+        let counted = super::failing::count_at_open(&tree)?;
+        let failing = Arc::new(super::failing::Count::new(counted.pairs));
+        let may_hold_failures = counted.records > 0;
         let writer = Arc::new(Writer::new(Context {
             db,
             tree: tree.clone(),
@@ -821,9 +820,7 @@ impl SledStore {
 fn decode_failing<T: serde::de::DeserializeOwned>(
     (key, bytes): (sled::IVec, sled::IVec),
 ) -> Result<T, StoreError> {
-    decode_named(&bytes, || {
-        keys::describe(&key[keys::FAILING_PREFIX.len()..])
-    })
+    decode_named(&bytes, || keys::describe(keys::identifier_in(&key)))
 }
 
 /// A postponed validation's record, found by a scan: named by its id only if it does not
