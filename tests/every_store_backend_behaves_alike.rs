@@ -1017,8 +1017,9 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
     db.drop_schema().await;
 }
 
-/// PostgreSQL only: what waits is read through its partial index, the latest failing
-/// callbacks through theirs, and the index of pending
+/// PostgreSQL only: the store's own statements (`PgStore::indexed_reads`) read what waits
+/// through its partial index and the latest failing callbacks through theirs, and the
+/// index of pending
 /// validations — which has no schema version, so that an older payhook still opens the
 /// database — is built by the open of a schema that lacks it, as one upgraded from a
 /// payhook before it.
@@ -1028,52 +1029,60 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     let Some(db) = support::postgres::database("waiting_read_by_index").await else {
         return;
     };
-    let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+    let store = payhook::store::PgStore::open(&db.store_config(RETENTION), TREES)
         .await
         .unwrap();
+    // The store's own statements, not copies: a change to one that loses its index fails
+    // here.
+    let reads = store.indexed_reads();
     drop(store);
     let mut conn = db.connect().await;
-    let waiting = |condition: &str| {
-        format!(
-            "SELECT validation_id, record::text FROM {}.postponed WHERE {condition} \
-             ORDER BY validation_id",
-            db.schema
-        )
-    };
     sqlx::raw_sql("SET enable_seqscan = off")
         .execute(&mut conn)
         .await
         .unwrap();
-    for (query, index) in [
-        (
-            waiting("NOT final AND deliver_at IS NULL"),
-            "postponed_pending",
-        ),
-        (waiting("deliver_at IS NOT NULL"), "postponed_outbox"),
-        // The inspector's latest failing callbacks, every second, among an incident's many.
-        (
-            format!(
-                "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
-                   reference_id, client_id, amount, currency \
-                 FROM {}.callback_failures \
-                 ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT 100",
-                db.schema
-            ),
-            "callback_failures_latest",
-        ),
-    ] {
-        let lines: Vec<String> = sqlx::query(&format!("EXPLAIN {query}"))
+    let mut planned = Vec::new();
+    for read in &reads {
+        let (types, values): (Vec<_>, Vec<_>) = read.parameters.iter().copied().unzip();
+        let (types, values) = if types.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (
+                format!("({})", types.join(", ")),
+                format!("({})", values.join(", ")),
+            )
+        };
+        sqlx::raw_sql(&format!("PREPARE indexed_read {types} AS {}", read.sql))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let lines: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE indexed_read {values}"))
             .fetch_all(&mut conn)
             .await
             .unwrap()
             .iter()
             .map(|row| row.get(0))
             .collect();
+        sqlx::raw_sql("DEALLOCATE indexed_read")
+            .execute(&mut conn)
+            .await
+            .unwrap();
         assert!(
-            lines.iter().any(|line| line.contains(index)),
-            "{query}: {lines:#?}"
+            lines.iter().any(|line| line.contains(read.index)),
+            "{}: {lines:#?}",
+            read.sql
         );
+        planned.push(read.index);
     }
+    assert_eq!(
+        planned,
+        [
+            "postponed_pending",
+            "postponed_outbox",
+            "callback_failures_latest"
+        ],
+        "every indexed read was planned"
+    );
     // A schema without the indexes (as a payhook before them left it) gets them at the next
     // open.
     sqlx::raw_sql(&format!(

@@ -280,7 +280,7 @@ pub use effects::SqlFuture;
 pub use effects::{EffectTx, Effects, Tree};
 pub use failing::{CallbackFailure, FailingCallback};
 #[cfg(feature = "postgres")]
-pub use postgres::{Imported, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
+pub use postgres::{Imported, IndexedRead, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
 pub use record::{Fingerprint, RecordedDecision};
 pub use settings::StoreConfig;
 #[cfg(feature = "sim")]

@@ -20,6 +20,13 @@ use super::{
 use crate::model::{Nonce, TransactionStatus};
 use crate::postponed::record::PostponedValidation;
 
+/// The failing pairs, most recent failure first, at most `$1` of them (`NULL`: all);
+/// through the `callback_failures_latest` index (see [`PgStore::indexed_reads`]).
+pub(super) const FAILING_LATEST: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
+       reference_id, client_id, amount, currency \
+     FROM {s}.callback_failures \
+     ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
+
 /// What `{schema}.claim_callback` read, with the claim.
 struct ClaimRead {
     claimed: bool,
@@ -34,15 +41,10 @@ impl PgStore {
     /// `callback_failures_latest` index), or all of them.
     fn failing_first(&self, limit: Option<usize>) -> StoreFuture<'_, Vec<FailingCallback>> {
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql(
-                "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
-                   reference_id, client_id, amount, currency \
-                 FROM {s}.callback_failures \
-                 ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1",
-            ))
-            .bind(limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX)))
-            .fetch_all(self.pool())
-            .await?;
+            let rows = sqlx::query(&self.sql(FAILING_LATEST))
+                .bind(limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX)))
+                .fetch_all(self.pool())
+                .await?;
             rows.iter()
                 .map(|row| {
                     Ok(FailingCallback {

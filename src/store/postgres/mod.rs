@@ -160,6 +160,18 @@ impl Drop for Inner {
     }
 }
 
+/// Test-only: one of [`PgStore::indexed_reads`].
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct IndexedRead {
+    /// The index the statement must be planned through.
+    pub index: &'static str,
+    /// The statement, with its schema, as the store sends it.
+    pub sql: String,
+    /// Each parameter's type and a value to plan it with.
+    pub parameters: &'static [(&'static str, &'static str)],
+}
+
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
@@ -299,6 +311,32 @@ impl PgStore {
         rows.iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect()
+    }
+
+    /// Test-only: the reads that must go through an index — an operator's or a scrape's,
+    /// among an incident's many rows — as this store sends them, each with the index it
+    /// relies on, so that a test can `EXPLAIN` the statement itself rather than a copy.
+    #[doc(hidden)]
+    pub fn indexed_reads(&self) -> Vec<IndexedRead> {
+        use crate::postponed::record::PostponedState;
+        vec![
+            IndexedRead {
+                index: "postponed_pending",
+                sql: self.sql(&postponed::in_state_sql(PostponedState::Pending)),
+                parameters: &[],
+            },
+            IndexedRead {
+                index: "postponed_outbox",
+                sql: self.sql(&postponed::in_state_sql(PostponedState::Queued)),
+                parameters: &[],
+            },
+            IndexedRead {
+                index: "callback_failures_latest",
+                sql: self.sql(dedup::FAILING_LATEST),
+                // The inspector's latest failures, refreshed every second.
+                parameters: &[("bigint", "100")],
+            },
+        ]
     }
 
     /// Number of callback and validation records held.

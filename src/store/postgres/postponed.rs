@@ -11,6 +11,22 @@ use crate::postponed::record::{
     Decision, Delivery, NextDue, PostponedState, PostponedValidation, Resolution,
 };
 
+/// The statement that reads the validations of `state` (`{s}` for the schema). For
+/// Pending and Queued its condition is exactly the predicate of a partial index
+/// (`postponed_pending` in `schema.rs`, `postponed_outbox` in `0001_tables.sql`): what
+/// waits is read without the rest (see [`PgStore::indexed_reads`]).
+pub(super) fn in_state_sql(state: PostponedState) -> String {
+    let condition = match state {
+        PostponedState::Pending => "NOT final AND deliver_at IS NULL",
+        PostponedState::Queued => "deliver_at IS NOT NULL",
+        PostponedState::Delivered | PostponedState::Conflict => "final",
+    };
+    format!(
+        "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {condition} \
+         ORDER BY validation_id"
+    )
+}
+
 /// The columns that index a record: its deadline while undecided, its next attempt while
 /// its result awaits delivery, and whether it is final.
 struct Indexed {
@@ -100,20 +116,10 @@ impl PostponedStore for PgStore {
     }
 
     fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
-        // Each condition is the predicate of a partial index (`0001_tables.sql`, and
-        // `postponed_pending` in `schema.rs`): what waits is read without the rest.
-        let condition = match state {
-            PostponedState::Pending => "NOT final AND deliver_at IS NULL",
-            PostponedState::Queued => "deliver_at IS NOT NULL",
-            PostponedState::Delivered | PostponedState::Conflict => "final",
-        };
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql(&format!(
-                "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {condition} \
-                 ORDER BY validation_id"
-            )))
-            .fetch_all(self.pool())
-            .await?;
+            let rows = sqlx::query(&self.sql(&in_state_sql(state)))
+                .fetch_all(self.pool())
+                .await?;
             let found = records(&rows)?;
             // The index conditions are exactly Pending and Queued; "final" is both of the
             // others.
