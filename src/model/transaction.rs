@@ -19,11 +19,12 @@ pub const MAX_CALLBACK_ATTEMPTS: u32 = 17;
 #[serde(rename_all = "camelCase")]
 pub struct TransactionRecord {
     /// Transaction identifier at the aggregator.
+    #[serde(deserialize_with = "super::integer::integer")]
     pub id: i64,
     /// Reference id of the transaction.
     pub transaction_reference_id: Uuid,
     /// Payment system identifier.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub provider_id: Option<i64>,
     /// Payment system name.
     #[serde(default)]
@@ -32,7 +33,7 @@ pub struct TransactionRecord {
     #[serde(default)]
     pub provider_pay_type: Option<String>,
     /// Merchant identifier.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub merchant_id: Option<i64>,
     /// Merchant name.
     #[serde(default)]
@@ -85,19 +86,19 @@ pub struct TransactionRecord {
     #[serde(default, deserialize_with = "null_as_default")]
     pub is_callback_sending_canceled: bool,
     /// Payment method type identifier.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub payment_method_type: Option<i64>,
     /// Wallet address, account number or other identifier of the payment method.
     #[serde(default)]
     pub payment_method_value: Option<String>,
     /// Payment type identifier.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub pay_type_id: Option<i64>,
     /// Applied fee configuration.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub applied_fee_id: Option<i64>,
     /// Type of the applied fee.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub applied_fee_type: Option<i64>,
     /// Fixed fee amount applied, exact.
     #[serde(default, with = "amount::exact_opt")]
@@ -109,7 +110,7 @@ pub struct TransactionRecord {
     #[serde(default)]
     pub applied_fee_currency: Option<String>,
     /// Which party pays the fee.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::integer::optional")]
     pub applied_fee_payer: Option<i64>,
     /// IP address the payment request came from.
     #[serde(default)]
@@ -242,6 +243,40 @@ mod tests {
         assert_eq!(record.destination_amount, None);
         assert!(!record.is_callback_sending_canceled);
         assert_eq!(record.transaction_status, TransactionStatus::NetworkError);
+    }
+
+    /// A lookup's integers read as a callback's do (`integer`): a sender whose JSON writer
+    /// passes integers through floating point writes `1001.0` or `1.1e1`; a reconcile must
+    /// not fail on them. A fractional id is still refused.
+    #[test]
+    fn a_record_reads_integers_in_any_whole_number_form() {
+        let record: TransactionRecord = serde_json::from_str(
+            r#"{"id":1001.0,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e","nonce":"n",
+                "amount":1,"currency":"EUR","transactionType":1,"transactionStatus":4.0,
+                "providerId":1.1e1,"merchantId":7.00,"paymentMethodType":null,"payTypeId":5E0,
+                "appliedFeeId":3.0,"appliedFeeType":1,"appliedFeePayer":2.0}"#,
+        )
+        .unwrap();
+        assert_eq!(record.id, 1001);
+        assert_eq!(record.provider_id, Some(11));
+        assert_eq!(record.merchant_id, Some(7));
+        assert_eq!(record.payment_method_type, None);
+        assert_eq!(record.pay_type_id, Some(5));
+        assert_eq!(
+            (
+                record.applied_fee_id,
+                record.applied_fee_type,
+                record.applied_fee_payer
+            ),
+            (Some(3), Some(1), Some(2))
+        );
+        assert_eq!(record.transaction_status, TransactionStatus::Success);
+        let fractional = serde_json::from_str::<TransactionRecord>(
+            r#"{"id":1001.5,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e","nonce":"n",
+                "amount":1,"currency":"EUR","transactionType":1,"transactionStatus":4}"#,
+        )
+        .unwrap_err();
+        assert!(fractional.to_string().contains("integer"), "{fractional}");
     }
 
     #[test]
