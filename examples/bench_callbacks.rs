@@ -405,17 +405,21 @@ struct Signed {
 /// Signs `count` ~1 KB callback bodies with unique nonces, on every core.
 fn sign_bodies(key: &SigningKey, count: usize) -> Vec<Signed> {
     let padding = "x".repeat(560);
+    // Transactions that changed now: a callback older than the store's retention is refused.
+    let now = chrono::Utc::now();
+    let created = now.format("%Y-%m-%dT%H:%M:%S%.7f").to_string();
+    let updated = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let threads = std::thread::available_parallelism().map_or(2, usize::from);
     std::thread::scope(|scope| {
         let chunks: Vec<_> = (0..threads)
             .map(|t| {
-                let padding = &padding;
+                let (padding, created, updated) = (&padding, &created, &updated);
                 scope.spawn(move || {
                     (t..count)
                         .step_by(threads)
                         .map(|i| {
                             let body = format!(
-                                r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"bench-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}","note":"{padding}"}},"amount":{}.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05.1234567","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
+                                r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"bench-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}","note":"{padding}"}},"amount":{}.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"{created}","updatedUtc":"{updated}"}}"#,
                                 i % 100,
                                 i % 1000,
                                 i % 100

@@ -285,9 +285,12 @@ fn post(path: &str, body: &str, signature: Option<&str>) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Callback `i`, its transaction changed now (one older than the store's retention is
+/// refused).
 fn callback(i: usize) -> String {
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ");
     format!(
-        r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"cb-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}"}},"amount":10.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"2026-01-02T03:04:05Z","updatedUtc":"2026-01-02T03:04:06Z"}}"#,
+        r#"{{"id":{i},"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-{i:012}","nonce":"cb-{i}","providerId":11,"providerTransactionId":"pt-{i}","transactionType":1,"transactionStatus":4,"transactionStatusMessage":"Success","transactionInternalMessage":"Thank you","clientId":"client-{}","additionalData":{{"orderId":"o-{i}"}},"amount":10.{:02},"currency":"EUR","destinationAmount":null,"destinationCurrency":"EUR","createdUtc":"{now}","updatedUtc":"{now}"}}"#,
         i % 10,
         i % 100
     )

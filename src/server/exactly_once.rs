@@ -361,9 +361,17 @@ impl ExactlyOnce {
         // callback; turned into a record only if it fails.
         let (reference, amount) = (callback.transaction_reference_id, callback.amount);
         let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
-        let answer = self
-            .book(store.as_ref(), &nonce, callback, ctx, claim)
-            .await;
+        // Past the retention a missing record proves nothing: the callback may have been
+        // booked and its record purged since. Its handler is not run; operators see it among
+        // the failing callbacks.
+        let changed = callback.updated_utc.or(callback.created_utc);
+        let answer = match beyond_horizon(changed, callback_horizon(store.retention())) {
+            Some(changed) => Err(Problem::BeyondRetention { changed }),
+            None => {
+                self.book(store.as_ref(), &nonce, callback, ctx, claim)
+                    .await
+            }
+        };
         if let Err(problem) = &answer {
             // The failure is recorded while the claim is still held, so that the next
             // delivery, which claims after the release, finds it (and its booking removes
@@ -681,6 +689,29 @@ fn answer_for(decision: &RecordedDecision) -> Answer {
         RecordedDecision::Deny { message } => Err(Problem::Denied(message.clone())),
         RecordedDecision::Postponed => ok("validation postponed"),
     }
+}
+
+/// `changed` (a transaction's last change, by the aggregator's clock) when it lies `horizon`
+/// or more in the past: then a missing record of its callback proves nothing, since a record
+/// is kept for the store's retention after its booking, which came after that change. `None`
+/// for a time within the horizon, in the future, or unknown.
+pub(super) fn beyond_horizon(
+    changed: Option<chrono::DateTime<chrono::Utc>>,
+    horizon: Duration,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let changed = changed?;
+    let age = chrono::Utc::now()
+        .signed_duration_since(changed)
+        .to_std()
+        .ok()?;
+    (age >= horizon).then_some(changed)
+}
+
+/// How far back a callback's last change may lie for its delivery to trust a missing record:
+/// the retention, less an allowance for the aggregator's clock running ahead of this one (a
+/// tenth of the retention, at most an hour).
+fn callback_horizon(retention: Duration) -> Duration {
+    retention.saturating_sub((retention / 10).min(Duration::from_secs(3600)))
 }
 
 #[cfg(test)]

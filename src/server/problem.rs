@@ -23,6 +23,7 @@
 //! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
+//! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //!
@@ -89,6 +90,12 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     NonceReused,
+    /// A callback whose transaction last changed (`updatedUtc`, else `createdUtc`) longer
+    /// ago than the store keeps records: it may have been booked and its record purged, so
+    /// its handler is not run (see `ExactlyOnce::deliver_claimed`).
+    BeyondRetention {
+        changed: chrono::DateTime<chrono::Utc>,
+    },
     /// A resource of the operating API that does not exist: the message names it.
     Unknown(String),
     Conflict(String),
@@ -116,7 +123,7 @@ impl Problem {
                 ..
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Conflict(_) | Self::BeyondRetention { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -145,7 +152,7 @@ impl Problem {
             Self::Denied(_) | Self::NotAwaitable | Self::NonceReused => {
                 endpoint == TransactionValidation
             }
-            Self::RetryLater { .. } => endpoint == Callback,
+            Self::RetryLater { .. } | Self::BeyondRetention { .. } => endpoint == Callback,
             Self::InFlight { .. } | Self::StoreFailed { .. } => endpoint != ProvidersValidation,
         }
     }
@@ -188,6 +195,9 @@ impl Problem {
             Self::InFlight { retry_after },
             Self::StoreFailed { retry_after },
             Self::NonceReused,
+            Self::BeyondRetention {
+                changed: chrono::DateTime::UNIX_EPOCH,
+            },
         ]
         .into_iter()
         .filter(|problem| problem.applies_to(endpoint))
@@ -232,6 +242,12 @@ impl Problem {
             }
             Self::StoreFailed { .. } => "temporarily unable to record the result".to_owned(),
             Self::NonceReused => "nonce already used for a different payment".to_owned(),
+            Self::BeyondRetention { changed } => format!(
+                "callback older than the store's retention: its transaction last changed at \
+                 {}, so payhook cannot tell whether it was booked; not processed (check the \
+                 ledger, book it by hand if needed)",
+                changed.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
         };
         truncate(message)
     }

@@ -107,12 +107,10 @@ impl ExactlyOnce {
         // A callback's record is kept for the retention after it was acknowledged, which is
         // after the transaction's last change: within that horizon, a missing record means
         // the callback was never booked.
-        if let Some(updated) = record.updated_utc.or(record.created_utc) {
-            let horizon = store.retention().saturating_sub(CLOCK_SKEW);
-            let age = Utc::now().signed_duration_since(updated);
-            if age.to_std().is_ok_and(|age| age >= horizon) {
-                return Err(ReconcileError::BeyondRetention { updated });
-            }
+        let changed = record.updated_utc.or(record.created_utc);
+        let horizon = store.retention().saturating_sub(CLOCK_SKEW);
+        if let Some(updated) = super::exactly_once::beyond_horizon(changed, horizon) {
+            return Err(ReconcileError::BeyondRetention { updated });
         }
         let request = RequestContext {
             request_id: format!("reconcile-{reference_id}"),

@@ -41,7 +41,10 @@ pub struct StoreConfig {
         serialize_with = "crate::setting::duration_text"
     )]
     pub statement_timeout: Duration,
-    /// How long a record is kept after its last write; longer than any retry horizon.
+    /// How long a record is kept after its last write; longer than any retry horizon. It
+    /// bounds deduplication too: a callback whose transaction last changed longer ago (less
+    /// a tenth, at most an hour, for the clocks) is refused with 409 unless its record is
+    /// still kept, since a missing record no longer proves it was never booked.
     #[serde(
         deserialize_with = "crate::setting::duration",
         serialize_with = "crate::setting::duration_text"

@@ -470,7 +470,9 @@ pub const TRANSACTION_VALIDATION: &str = r#"{
   "cashIn": true
 }"#;
 
-/// A callback body with every field of spec 2.7.
+/// A callback body with every field of spec 2.7. Its transaction is dated ahead: a callback
+/// whose transaction last changed longer ago than the store's retention is refused (409),
+/// and the suite must pass whatever day it runs.
 pub const CALLBACK: &str = r#"{
   "id": 1001,
   "transactionReferenceId": "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
@@ -487,8 +489,8 @@ pub const CALLBACK: &str = r#"{
   "currency": "EUR",
   "destinationAmount": 10.50,
   "destinationCurrency": "EUR",
-  "createdUtc": "2026-01-02T03:04:05.1234567",
-  "updatedUtc": "2026-01-02T03:04:06Z"
+  "createdUtc": "2099-01-02T03:04:05.1234567",
+  "updatedUtc": "2099-01-02T03:04:06Z"
 }"#;
 
 /// `body` with the JSON value at `pointer` replaced (or removed when `value` is `None`).
