@@ -407,7 +407,12 @@ fn sign_bodies(key: &SigningKey, count: usize) -> Vec<Signed> {
     let padding = "x".repeat(560);
     // Transactions that changed now: a callback older than the store's retention is refused.
     let now = chrono::Utc::now();
-    let created = now.format("%Y-%m-%dT%H:%M:%S%.7f").to_string();
+    // As .NET writes it, seven digits of a second (the body keeps its size).
+    let created = format!(
+        "{}.{:07}",
+        now.format("%Y-%m-%dT%H:%M:%S"),
+        now.timestamp_subsec_nanos() / 100
+    );
     let updated = now.format("%Y-%m-%dT%H:%M:%SZ").to_string();
     let threads = std::thread::available_parallelism().map_or(2, usize::from);
     std::thread::scope(|scope| {
