@@ -165,12 +165,18 @@
 //! not yet sliced). A store that reaches the floor must prove what it acknowledged without a
 //! second sync, for instance by sealing each batch in its own log.
 //!
-//! **The same on an Intel Xeon VM** of the same kind, without SHA instructions (2026-11-26,
-//! build 23af311, nine rounds of three full runs): D 64–75 µs, E 77–91, F 89–105, B
-//! 131–158; F/D 0.67–0.72 and B/D 0.41–0.45. There the floor lies above 0.65 — verification
-//! and hashing cost more, so D is slower and each store's cost weighs less — and B's
-//! distance to it is again sled with the watermark's second sync (B − F about 40–55 µs).
-//! payhook's own mechanics cost more there too (E − D 13–16 µs).
+//! **The same on an Intel Xeon VM** of the same kind at 2.5 GHz, without SHA instructions
+//! (2026-11-27, build b2e0497, nine rounds of three full runs): D 60–66 µs, E 72–81, F
+//! 81–93, B 117–140; F/D 0.70–0.76 and B/D 0.44–0.48. There the floor lies above 0.65 —
+//! verification and hashing cost more, so D is slower and each store's cost weighs less —
+//! and B's distance to it is again sled with the watermark's second sync (B − F 36–47 µs,
+//! round by round). payhook's own mechanics cost more there too (E − D 12–15 µs), spread
+//! thin: in `perf record` profiles of D's and E's servers the allocator took about 2.6 µs
+//! more per request in E, and no other symbol 1 µs more (sled's reads, the example
+//! merchant's booking, the clock, the group commit); the system time and the context
+//! switches per request barely differed. glibc's allocator tuned for the path
+//! (`GLIBC_TUNABLES=glibc.malloc.tcache_count=2000:glibc.malloc.mxfast=0`) left B/D at
+//! 0.44–0.45 and raised B's peak RSS to 219–231 MiB.
 //!
 //! **Where B's CPU goes** (a profile of B's server, 2026-11-25): RSA verification 19 % (of
 //! which ring re-deriving the public key's Montgomery constants on every verification 6 %;
