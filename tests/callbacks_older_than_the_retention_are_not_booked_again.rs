@@ -10,7 +10,7 @@
 mod support;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use payhook::signature::{Algorithm, Encoding, SigningKey};
+use payhook::signature::{Algorithm, SigningKey};
 use serde_json::{Value, json};
 use std::time::Duration;
 use support::*;
@@ -42,17 +42,7 @@ fn body(nonce: &str, created: Option<DateTime<Utc>>, updated: Option<DateTime<Ut
 }
 
 fn signed(body: &str) -> Vec<u8> {
-    let signature = signer()
-        .header_value(body.as_bytes(), Encoding::Base64, None)
-        .unwrap();
-    post(
-        CALLBACK_PATH,
-        &[
-            ("Content-Type", "application/json"),
-            ("X-Signature", &signature),
-        ],
-        body.as_bytes(),
-    )
+    signed_post(&signer(), body)
 }
 
 fn handled(server: &TestServer, nonce: &str) -> usize {

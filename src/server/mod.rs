@@ -773,6 +773,37 @@ impl AppBuilder {
         self
     }
 
+    /// Warns of a served validation endpoint that answers anyone who reaches it: no
+    /// authentication method and no address allow-list (the spec does not say how the
+    /// aggregator authenticates itself, so none is the default). In Awaitable mode such an
+    /// endpoint's decisions are also posted to the aggregator under the merchant's login.
+    fn warn_of_open_validations(&self) {
+        let auth = &self.config.auth;
+        for (served, endpoint, setting) in [
+            (
+                self.providers.is_some(),
+                &auth.providers_validation,
+                "auth.providers_validation",
+            ),
+            (
+                self.validation.is_some(),
+                &auth.transaction_validation,
+                "auth.transaction_validation",
+            ),
+        ] {
+            if served
+                && endpoint.method == crate::auth::AuthMethod::None
+                && endpoint.allow_ips.is_empty()
+            {
+                tracing::warn!(
+                    "{setting}: method \"none\" and no allow_ips, so the endpoint answers \
+                     anyone who reaches it (in Awaitable mode its decisions are posted to the \
+                     aggregator); set a method (signature, shared_secret, basic) or allow_ips"
+                );
+            }
+        }
+    }
+
     /// Checks the configuration and the handlers, and builds the app.
     ///
     /// # Errors
@@ -801,6 +832,7 @@ impl AppBuilder {
                 (Some(_), false) => {}
             }
         }
+        self.warn_of_open_validations();
         let providers_guard = Guard::from_config(
             &self.config.auth.providers_validation,
             "auth.providers_validation",

@@ -718,6 +718,12 @@ pub fn signed_callback(
             "\"clientId\": \"client-42\"",
             &format!("\"clientId\": \"{client}\""),
         );
+    signed_post(signer, &body)
+}
+
+/// The whole HTTP request of the callback `body`, signed by `signer` in the `X-Signature`
+/// header (base64).
+pub fn signed_post(signer: &payhook::signature::SigningKey, body: &str) -> Vec<u8> {
     let signature = signer
         .header_value(body.as_bytes(), payhook::signature::Encoding::Base64, None)
         .unwrap();
