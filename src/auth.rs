@@ -254,6 +254,12 @@ impl Guard {
         Ok(Self { method, allow })
     }
 
+    /// `true` when the endpoint answers anyone who reaches it: no credentials asked and no
+    /// allow-list.
+    pub(crate) fn is_open(&self) -> bool {
+        matches!(self.method, Method::None) && self.allow.is_empty()
+    }
+
     /// `true` when the body must carry a valid signature.
     pub(crate) fn needs_signature(&self) -> bool {
         matches!(self.method, Method::Signature)

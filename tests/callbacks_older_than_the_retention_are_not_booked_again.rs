@@ -115,10 +115,15 @@ async fn a_callback_older_than_the_retention_is_refused_and_listed_not_booked() 
     );
     assert!(listed.iter().any(|f| f["nonce"] == "old-2"), "{listed:?}");
 
-    // A transaction that changed within the retention, and one whose callback carries no
-    // times (nothing to judge by), are booked as before.
-    for (nonce, changed) in [("recent-1", Some(days_ago(29))), ("untimed-1", None)] {
-        let answer = server.send(&signed(&body(nonce, changed, changed))).await;
+    // A transaction that changed within the retention (`updatedUtc` counts, however old its
+    // creation), and one whose callback carries no times (nothing to judge by), are booked
+    // as before.
+    for (nonce, created, updated) in [
+        ("recent-1", Some(days_ago(29)), Some(days_ago(29))),
+        ("updated-1", Some(days_ago(90)), Some(days_ago(1))),
+        ("untimed-1", None, None),
+    ] {
+        let answer = server.send(&signed(&body(nonce, created, updated))).await;
         assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
         assert_eq!(handled(&server, nonce), 1, "{nonce}");
     }

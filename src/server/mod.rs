@@ -773,37 +773,6 @@ impl AppBuilder {
         self
     }
 
-    /// Warns of a served validation endpoint that answers anyone who reaches it: no
-    /// authentication method and no address allow-list (the spec does not say how the
-    /// aggregator authenticates itself, so none is the default). In Awaitable mode such an
-    /// endpoint's decisions are also posted to the aggregator under the merchant's login.
-    fn warn_of_open_validations(&self) {
-        let auth = &self.config.auth;
-        for (served, endpoint, setting) in [
-            (
-                self.providers.is_some(),
-                &auth.providers_validation,
-                "auth.providers_validation",
-            ),
-            (
-                self.validation.is_some(),
-                &auth.transaction_validation,
-                "auth.transaction_validation",
-            ),
-        ] {
-            if served
-                && endpoint.method == crate::auth::AuthMethod::None
-                && endpoint.allow_ips.is_empty()
-            {
-                tracing::warn!(
-                    "{setting}: method \"none\" and no allow_ips, so the endpoint answers \
-                     anyone who reaches it (in Awaitable mode its decisions are posted to the \
-                     aggregator); set a method (signature, shared_secret, basic) or allow_ips"
-                );
-            }
-        }
-    }
-
     /// Checks the configuration and the handlers, and builds the app.
     ///
     /// # Errors
@@ -832,7 +801,6 @@ impl AppBuilder {
                 (Some(_), false) => {}
             }
         }
-        self.warn_of_open_validations();
         let providers_guard = Guard::from_config(
             &self.config.auth.providers_validation,
             "auth.providers_validation",
@@ -848,6 +816,28 @@ impl AppBuilder {
             Endpoint::TransactionValidation => self.validation.is_some(),
             Endpoint::Callback => self.callbacks.is_some(),
         };
+        // The spec does not say how the aggregator authenticates itself, so an endpoint
+        // without a method or an allow-list is allowed, and said to be open.
+        for (endpoint, guard, setting) in [
+            (
+                Endpoint::ProvidersValidation,
+                &providers_guard,
+                "auth.providers_validation",
+            ),
+            (
+                Endpoint::TransactionValidation,
+                &validation_guard,
+                "auth.transaction_validation",
+            ),
+        ] {
+            if served(endpoint) && guard.is_open() {
+                tracing::warn!(
+                    "{setting}: method \"none\" and no allow_ips, so the endpoint answers \
+                     anyone who reaches it (in Awaitable mode its decisions are posted to the \
+                     aggregator); set a method (signature, shared_secret, basic) or allow_ips"
+                );
+            }
+        }
         let admin = operating_api::AdminAccess::from_config(&self.config.admin);
         let mut router = Router::new(&self.config.paths, served);
         if admin.is_some() {

@@ -58,7 +58,10 @@ pub enum ReconcileError {
     },
 }
 
-/// Allowance for the aggregator's and this machine's clocks disagreeing.
+/// Allowance for the aggregator's and this machine's clocks disagreeing. Wider than a
+/// delivered callback's (a tenth of the retention, at most an hour): a reconcile books what
+/// the aggregator's lookup says long after the fact, on an operator's request, and an
+/// operator can book by hand what it refuses.
 const CLOCK_SKEW: Duration = Duration::from_secs(24 * 3600);
 
 impl ExactlyOnce {

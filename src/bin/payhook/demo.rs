@@ -114,13 +114,13 @@ async fn demo(
     config.gateway = mock.gateway_config();
     // The simulated aggregator calls from this machine: the validation endpoints answer no
     // one else (a service sets a method or the aggregator's addresses).
-    let loopback = vec!["127.0.0.1/32".to_owned(), "::1/128".to_owned()];
-    config
-        .auth
-        .providers_validation
-        .allow_ips
-        .clone_from(&loopback);
-    config.auth.transaction_validation.allow_ips = loopback;
+    let auth = &mut config.auth;
+    for endpoint in [
+        &mut auth.providers_validation,
+        &mut auth.transaction_validation,
+    ] {
+        endpoint.allow_ips = vec!["127.0.0.1/32".to_owned(), "::1/128".to_owned()];
+    }
     config.validation.awaitable = true;
     config.validation.retry_schedule = vec![Duration::from_millis(100)];
     // The inspector's token: made up for this run, printed with its address.
