@@ -45,28 +45,6 @@ fn signed(body: &str) -> Vec<u8> {
     signed_post(&signer(), body)
 }
 
-fn handled(server: &TestServer, nonce: &str) -> usize {
-    server
-        .merchant
-        .calls()
-        .iter()
-        .filter(|seen| seen.endpoint == "callback" && seen.nonce == nonce)
-        .count()
-}
-
-async fn failing(server: &TestServer) -> Vec<Value> {
-    let response = server
-        .send(&request(
-            "GET",
-            "/payhook/admin/callbacks/failing",
-            &[("Authorization", &format!("Bearer {TOKEN}"))],
-            None,
-        ))
-        .await;
-    assert_eq!(response.status, 200, "{}", response.message());
-    response.json().as_array().unwrap().clone()
-}
-
 fn days_ago(days: i64) -> DateTime<Utc> {
     Utc::now() - chrono::Duration::days(days)
 }
@@ -93,15 +71,19 @@ async fn a_callback_older_than_the_retention_is_refused_and_listed_not_booked() 
         );
         assert_eq!(answer.header("Retry-After"), None);
     }
-    assert_eq!(handled(&server, "old-1"), 0, "the handler was never called");
+    assert_eq!(
+        callbacks_handled(&server, "old-1"),
+        0,
+        "the handler was never called"
+    );
     // Only `createdUtc`: the transaction's last known change.
     let created_only = server
         .send(&signed(&body("old-2", Some(days_ago(40)), None)))
         .await;
     assert_eq!(created_only.status, 409, "{}", created_only.message());
-    assert_eq!(handled(&server, "old-2"), 0);
+    assert_eq!(callbacks_handled(&server, "old-2"), 0);
 
-    let listed = failing(&server).await;
+    let listed = failing_listed(&server, TOKEN).await;
     let old_1 = listed
         .iter()
         .find(|f| f["nonce"] == "old-1")
@@ -125,7 +107,7 @@ async fn a_callback_older_than_the_retention_is_refused_and_listed_not_booked() 
     ] {
         let answer = server.send(&signed(&body(nonce, created, updated))).await;
         assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
-        assert_eq!(handled(&server, nonce), 1, "{nonce}");
+        assert_eq!(callbacks_handled(&server, nonce), 1, "{nonce}");
     }
 }
 
@@ -138,7 +120,7 @@ async fn a_duplicate_past_the_horizon_is_answered_from_its_kept_record() {
     let first = signed(&body("late-1", Some(changed), Some(changed)));
     let answer = server.send(&first).await;
     assert_eq!(answer.status, 200, "{}", answer.message());
-    assert_eq!(handled(&server, "late-1"), 1);
+    assert_eq!(callbacks_handled(&server, "late-1"), 1);
 
     // Past the horizon: the booked callback's record is still kept (30 s from its booking).
     let horizon = changed + chrono::Duration::milliseconds(27_200);
@@ -153,7 +135,7 @@ async fn a_duplicate_past_the_horizon_is_answered_from_its_kept_record() {
         again.message()
     );
     assert_eq!(
-        handled(&server, "late-1"),
+        callbacks_handled(&server, "late-1"),
         1,
         "a duplicate, not booked again"
     );
@@ -162,5 +144,5 @@ async fn a_duplicate_past_the_horizon_is_answered_from_its_kept_record() {
         .send(&signed(&body("late-2", Some(changed), Some(changed))))
         .await;
     assert_eq!(unknown.status, 409, "{}", unknown.message());
-    assert_eq!(handled(&server, "late-2"), 0);
+    assert_eq!(callbacks_handled(&server, "late-2"), 0);
 }

@@ -63,10 +63,96 @@ pub struct CallbackBody {
     pub updated_utc: Option<DateTime<Utc>>,
 }
 
+/// What can be read of a callback body that was refused (answered 400): each field on its
+/// own, `None` where it is missing, `null` or of another type, so that an operator can find
+/// the callback among the failing ones (see `server::refusal`). A body that is no JSON
+/// object, or names a field twice, reads as nothing.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct ReadableCallback {
+    pub(crate) nonce: Option<String>,
+    pub(crate) status: Option<TransactionStatus>,
+    pub(crate) reference: Option<Uuid>,
+    pub(crate) client_id: Option<String>,
+    pub(crate) amount: Option<Decimal>,
+    pub(crate) currency: Option<String>,
+}
+
+impl ReadableCallback {
+    /// Reads `bytes`' fields one by one, as [`CallbackBody`] reads them.
+    pub(crate) fn of(bytes: &[u8]) -> Self {
+        use serde_json::value::RawValue;
+
+        /// Each field as it came, to read on its own.
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Fields<'a> {
+            #[serde(borrow, default)]
+            nonce: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            transaction_status: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            transaction_reference_id: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            client_id: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            amount: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            currency: Option<&'a RawValue>,
+        }
+        #[derive(Deserialize)]
+        struct Integer(#[serde(deserialize_with = "super::integer::integer")] i64);
+        #[derive(Deserialize)]
+        struct Amount(#[serde(with = "amount::exact")] Decimal);
+
+        fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+            raw.and_then(|raw| serde_json::from_str(raw.get()).ok())
+        }
+        let Ok(fields) = serde_json::from_slice::<Fields<'_>>(bytes) else {
+            return Self::default();
+        };
+        Self {
+            nonce: read(fields.nonce),
+            status: read(fields.transaction_status)
+                .and_then(|Integer(code)| i32::try_from(code).ok())
+                .map(TransactionStatus::from_code),
+            reference: read(fields.transaction_reference_id),
+            client_id: read(fields.client_id),
+            amount: read(fields.amount).map(|Amount(amount)| amount),
+            currency: read(fields.currency),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::tests::round_trip;
+
+    #[test]
+    fn a_refused_body_is_read_field_by_field() {
+        let readable = ReadableCallback::of(
+            br#"{"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e","nonce":"n-1",
+                "transactionStatus":4.0,"clientId":null,"amount":"12.50","currency":7}"#,
+        );
+        assert_eq!(
+            readable,
+            ReadableCallback {
+                nonce: Some("n-1".to_owned()),
+                status: Some(TransactionStatus::Success),
+                reference: Some("0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e".parse().unwrap()),
+                client_id: None,
+                amount: Some(Decimal::new(1250, 2)),
+                currency: None,
+            }
+        );
+        let unreadable = ReadableCallback::of(
+            br#"{"nonce":42,"transactionStatus":4.5,"transactionReferenceId":"r-1"}"#,
+        );
+        assert_eq!(unreadable, ReadableCallback::default());
+        for body in [&b"[1]"[..], b"not json", br#"{"nonce":"a","nonce":"b"}"#] {
+            assert_eq!(ReadableCallback::of(body), ReadableCallback::default());
+        }
+    }
 
     #[test]
     fn callback_body_round_trips_with_every_field() {

@@ -43,6 +43,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 pub use amount::{AmountError, parse_amount};
 pub use auth::{LoginRequest, LoginSession, RefreshRequest};
 pub use callback::CallbackBody;
+pub(crate) use callback::ReadableCallback;
 pub use nonce::Nonce;
 pub use provider::{Currency, PaymentType, Provider, ProviderCandidate};
 pub use status::{TransactionStatus, TransactionType};

@@ -438,6 +438,30 @@ impl ExactlyOnce {
         }
     }
 
+    /// A callback body refused with `problem` before any handler (see [`super::refusal`]):
+    /// an error-level line for operators, and, where its nonce and status can be read, a
+    /// durable count among the failing callbacks.
+    pub(super) async fn refused(&self, bytes: &[u8], problem: &Problem, max_chars: usize) {
+        let Some(store) = self.inner.store.as_deref() else {
+            return;
+        };
+        let Some(failure) = super::refusal::failure(bytes, problem.message(), max_chars) else {
+            tracing::error!(
+                reason = %Logged(&problem.message()),
+                "callback refused: its body could not be read, nor its nonce and status; the aggregator's retries will be refused alike and it cannot be listed among the failing callbacks"
+            );
+            return;
+        };
+        tracing::error!(
+            nonce = %Logged(&failure.nonce),
+            status = failure.status.code(),
+            reference_id = %failure.transaction_reference_id,
+            reason = %Logged(&failure.reason),
+            "callback refused: its body could not be read; the aggregator's retries will be refused alike (see GET /payhook/admin/callbacks/failing)"
+        );
+        keep_failure(store, failure).await;
+    }
+
     /// A delivery whose handler failed: an error-level line for operators while the
     /// aggregator's retries are still coming, and a durable count per (nonce, status).
     async fn failing(&self, store: &dyn Store, failure: CallbackFailure, attempt: u32) {
@@ -453,9 +477,7 @@ impl ExactlyOnce {
             .metrics
             .callback_failures
             .fetch_add(1, Ordering::Relaxed);
-        if let Err(error) = store.record_callback_failure(failure).await {
-            tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
-        }
+        keep_failure(store, failure).await;
     }
 
     /// Runs the handler for a claimed callback, then writes its effects and the mark
@@ -673,6 +695,13 @@ impl ExactlyOnce {
         };
         self.inner.waiters.finished(key);
         answer
+    }
+}
+
+/// Records `failure` for operators; a store that cannot is only logged.
+async fn keep_failure(store: &dyn Store, failure: CallbackFailure) {
+    if let Err(error) = store.record_callback_failure(failure).await {
+        tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
     }
 }
 

@@ -268,27 +268,37 @@ impl Ingress {
 /// store would answer 503 to every retry of such a callback until the aggregator gave up.
 fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Problem> {
     let (field, nonce) = request.nonce();
-    if nonce.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r')) {
+    if is_blank(nonce) {
         return Err(Problem::BadRequest(format!(
             "invalid field `{field}`: a nonce must not be empty or blank"
         )));
     }
     for (field, value) in [(field, nonce), request.client_id()] {
-        if value.contains('\0') {
+        if let Some(why) = unkeepable(value, max_chars) {
             return Err(Problem::BadRequest(format!(
-                "invalid field `{field}`: an identifier must not carry U+0000"
-            )));
-        }
-        // Counting stops past the limit: a megabyte of nonce is not walked to the end.
-        let chars = value.chars().take(max_chars.saturating_add(1)).count();
-        if chars > max_chars {
-            return Err(Problem::BadRequest(format!(
-                "invalid field `{field}`: longer than the {max_chars} characters accepted \
-                 (server.max_identifier_chars)"
+                "invalid field `{field}`: {why}"
             )));
         }
     }
     Ok(())
+}
+
+/// Empty, or only JSON's own whitespace.
+pub(super) fn is_blank(value: &str) -> bool {
+    value.chars().all(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
+}
+
+/// Why `value` cannot be kept as an identifier (it carries U+0000, or more than
+/// `max_chars` characters); `None` when it can.
+pub(super) fn unkeepable(value: &str, max_chars: usize) -> Option<String> {
+    if value.contains('\0') {
+        return Some("an identifier must not carry U+0000".to_owned());
+    }
+    // Counting stops past the limit: a megabyte of nonce is not walked to the end.
+    let chars = value.chars().take(max_chars.saturating_add(1)).count();
+    (chars > max_chars).then(|| {
+        format!("longer than the {max_chars} characters accepted (server.max_identifier_chars)")
+    })
 }
 
 /// What the wire types cannot say about amounts (spec 2.4, 2.7): an amount is what is

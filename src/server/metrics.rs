@@ -14,7 +14,7 @@
 //! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
 //! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
-//! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
+//! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
@@ -365,7 +365,7 @@ impl Metrics {
         if let Some(failing) = scrape.failing {
             now.register(
                 "callbacks_failing",
-                "Callbacks (nonce, status) whose handler failed, not booked yet",
+                "Callbacks (nonce, status) whose handler failed or whose body was refused, not booked yet",
                 gauge(failing),
             );
         }

@@ -124,6 +124,7 @@ mod operating_api;
 mod preface;
 mod problem;
 mod reconcile;
+mod refusal;
 mod request;
 mod route;
 mod runner;
@@ -651,7 +652,17 @@ impl App {
         if !self.inner.runner.serves(Endpoint::Callback) {
             return Err(Problem::NotFound);
         }
-        let callback = self.inner.ingress.parse::<CallbackBody>(bytes)?;
+        let callback = match self.inner.ingress.parse::<CallbackBody>(bytes) {
+            Ok(callback) => callback,
+            Err(problem) => {
+                let max_chars = self.inner.ingress.server_config().max_identifier_chars;
+                self.inner
+                    .exactly_once
+                    .refused(bytes, &problem, max_chars)
+                    .await;
+                return Err(problem);
+            }
+        };
         note::kept(|n| {
             n.reference_id = Some(callback.transaction_reference_id);
             n.transaction_status = Some(callback.transaction_status.code());

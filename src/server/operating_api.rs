@@ -11,7 +11,7 @@
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, credentials redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
-//! | `GET /payhook/admin/callbacks/failing?limit=N` | 200, the (nonce, status) pairs whose handler failed and that are not booked yet, most recent first, the latest `N` only when `limit` is given (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
+//! | `GET /payhook/admin/callbacks/failing?limit=N` | 200, the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first, the latest `N` only when `limit` is given (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).

@@ -3,7 +3,9 @@
 //! A callback whose handler fails (an error, `RetryLater`, a timeout, a panic, effects that
 //! abort) is answered 503 and the aggregator retries it — up to 17 times, then never again.
 //! Without a record, such a callback is invisible until the retries stop and the booking is
-//! lost. So every failure is counted here, with its reason and the payment's identifiers;
+//! lost. So every failure is counted here, with its reason and the payment's identifiers
+//! (and so is a body refused with 400, under the nonce and status read from it: see
+//! `server::refusal`);
 //! the record of a (nonce, status) goes away in the batch that finally books it, or with the
 //! retention. Operators read the records through the operating API
 //! (`GET /payhook/admin/callbacks/failing`), `/metrics` and an error-level log line per
@@ -34,12 +36,14 @@ use super::record::{decode, encode};
 use super::staging::{Overlay, Staging};
 use crate::model::TransactionStatus;
 
-/// One failed delivery, as the server reports it to the store.
+/// One failed delivery, as the server reports it to the store. For a body refused with 400,
+/// what could not be read of it is left empty: the nil reference, a zero amount, an empty
+/// client id or currency.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CallbackFailure {
     /// The callback's nonce.
     pub nonce: crate::model::Nonce,
-    /// The status whose handler failed.
+    /// The status whose handler failed (or whose body was refused).
     pub status: TransactionStatus,
     /// Why (the answer's message, or the handler's reason).
     pub reason: String,
@@ -55,7 +59,8 @@ pub struct CallbackFailure {
     pub at: DateTime<Utc>,
 }
 
-/// A (nonce, status) whose handler failed and which is not booked yet.
+/// A (nonce, status) whose handler failed, or whose body was refused, and which is not
+/// booked yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FailingCallback {

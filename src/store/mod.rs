@@ -115,6 +115,8 @@
 //! backends read the latest through an index by time, and the embedded one keeps their count
 //! instead of counting them on every scrape (see `failing.rs`). What the
 //! aggregator gave up on is booked by hand with `payhook reconcile --ref ID --admin-url URL`.
+//! A callback whose body is refused (400) is recorded the same way, under the nonce and
+//! status read from it, with the refusal as its reason (see `server::refusal`).
 //!
 //! **Retention.** Records expire `store.retention` (default 30 days, far beyond any retry
 //! horizon) after their last write; a sweeper purges them every `store.sweep_interval` through
@@ -517,8 +519,8 @@ pub trait DedupStore: Send + Sync + 'static {
     /// is booked, or with the retention. A backend may write it without waiting.
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()>;
 
-    /// The (nonce, status) pairs whose handler failed and that are not booked yet, most
-    /// recent failure first.
+    /// The (nonce, status) pairs whose handler failed, or whose body was refused, and that
+    /// are not booked yet, most recent failure first.
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;
 
     /// The `limit` (nonce, status) pairs of [`DedupStore::failing_callbacks`] that failed

@@ -798,3 +798,27 @@ where
     });
     addr
 }
+
+/// How many times the test merchant's callback handler was called for `nonce`.
+pub fn callbacks_handled(server: &TestServer, nonce: &str) -> usize {
+    server
+        .merchant
+        .calls()
+        .iter()
+        .filter(|seen| seen.endpoint == "callback" && seen.nonce == nonce)
+        .count()
+}
+
+/// The failing callbacks the operating API lists, read with the admin bearer `token`.
+pub async fn failing_listed(server: &TestServer, token: &str) -> Vec<Value> {
+    let response = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/callbacks/failing",
+            &[("Authorization", &format!("Bearer {token}"))],
+            None,
+        ))
+        .await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    response.json().as_array().unwrap().clone()
+}

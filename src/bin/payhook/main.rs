@@ -156,7 +156,7 @@ enum Command {
         #[command(subcommand)]
         command: ValidationsCommand,
     },
-    /// Callbacks whose handler failed and that are not booked yet.
+    /// Callbacks whose handler failed, or whose body was refused, and that are not booked yet.
     #[command(
         after_help = "Example:\n  payhook callbacks failing --admin-url http://127.0.0.1:8080 --json"
     )]
