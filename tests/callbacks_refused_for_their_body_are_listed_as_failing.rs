@@ -17,10 +17,14 @@ fn signer() -> SigningKey {
     fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256)
 }
 
-async fn server() -> TestServer {
+fn config() -> payhook::Config {
     let mut config = signed_config(&["rsa2048"]);
     config.admin.token = Some(TOKEN.into());
-    TestServer::start_with(config).await
+    config
+}
+
+async fn server() -> TestServer {
+    TestServer::start_with(config()).await
 }
 
 /// [`CALLBACK`] with `nonce`, and `pointer`'s value replaced (or removed, `None`).
@@ -44,20 +48,39 @@ async fn refused(server: &TestServer, body: &str, field: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_signed_callback_is_listed_until_its_nonce_and_status_are_booked() {
-    let server = server().await;
+    listed_until_booked(&server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_refused_signed_callback_is_listed_until_booked() {
+    let test = "on_postgresql_a_refused_signed_callback_is_listed_until_booked";
+    let Some(db) = support::postgres::database(test).await else {
+        return;
+    };
+    let mut config = config();
+    config.store = db.store_config(std::time::Duration::from_secs(3600));
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    listed_until_booked(&server).await;
+    db.drop_schema().await;
+}
+
+async fn listed_until_booked(server: &TestServer) {
     let null_client = body("refused-1", "/clientId", Some(Value::Null));
     for _ in 0..2 {
-        refused(&server, &null_client, "clientId").await;
+        refused(server, &null_client, "clientId").await;
     }
     refused(
-        &server,
+        server,
         &body("refused-2", "/transactionReferenceId", Some(json!("T-77"))),
         "transactionReferenceId",
     )
     .await;
-    assert_eq!(callbacks_handled(&server, "refused-1"), 0);
+    assert_eq!(callbacks_handled(server, "refused-1"), 0);
 
-    let listed = failing_listed(&server, TOKEN).await;
+    let listed = failing_listed(server, TOKEN).await;
     assert_eq!(listed.len(), 2, "{listed:?}");
     let first = listed.iter().find(|f| f["nonce"] == "refused-1").unwrap();
     assert_eq!(first["status"], 4);
@@ -88,8 +111,8 @@ async fn a_refused_signed_callback_is_listed_until_its_nonce_and_status_are_book
     let corrected = body("refused-1", "/clientId", Some(json!("client-42")));
     let answer = server.send(&signed_post(&signer(), &corrected)).await;
     assert_eq!(answer.status, 200, "{}", answer.message());
-    assert_eq!(callbacks_handled(&server, "refused-1"), 1);
-    let listed = failing_listed(&server, TOKEN).await;
+    assert_eq!(callbacks_handled(server, "refused-1"), 1);
+    let listed = failing_listed(server, TOKEN).await;
     assert!(
         listed.iter().all(|f| f["nonce"] != "refused-1"),
         "{listed:?}"
@@ -99,10 +122,10 @@ async fn a_refused_signed_callback_is_listed_until_its_nonce_and_status_are_book
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_without_a_readable_nonce_and_status_or_a_verified_signature_is_not_listed() {
-    let server = server().await;
-    refused(&server, &body("x", "/nonce", Some(Value::Null)), "nonce").await;
+    let server = &server().await;
+    refused(server, &body("x", "/nonce", Some(Value::Null)), "nonce").await;
     refused(
-        &server,
+        server,
         &body("n-1", "/transactionStatus", Some(json!("success"))),
         "transactionStatus",
     )
@@ -119,7 +142,7 @@ async fn a_refusal_without_a_readable_nonce_and_status_or_a_verified_signature_i
     );
     assert_eq!(server.send(&forged).await.status, 401);
 
-    assert_eq!(failing_listed(&server, TOKEN).await, Vec::<Value>::new());
+    assert_eq!(failing_listed(server, TOKEN).await, Vec::<Value>::new());
     server
         .assert_metrics(&["payhook_callbacks_failing 0"])
         .await;
