@@ -39,7 +39,7 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser.goto(&page).await;
     let token = browser.wait_for("input#token").await;
     browser.type_into(&token, TOKEN).await;
-    browser.click(&browser.wait_for("button#login").await).await;
+    browser.wait_and_click("button#login").await;
     browser.wait_for("section#health dd#store-state").await;
     assert!(browser.page_text().await.contains("No delivery yet."));
 
@@ -47,16 +47,14 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
     let callback = signed_callback(&signer, "n-seen-live", 4, "12.5", "client-42");
     assert_eq!(server.send(&callback).await.status, 200);
-    let row = browser.wait_for("tr.delivery.booked").await;
-    let text = browser.text(&row).await;
+    let text = browser.wait_for_text("tr.delivery.booked").await;
     assert!(text.contains("n-seen-live"), "{text}");
     assert!(text.contains("verified (key rsa2048)"), "{text}");
 
     // A callback whose handler fails: listed as failing, with the way to book it by hand.
     let failing = signed_callback(&signer, "n-failing", 4, "3", "fail");
     assert_eq!(server.send(&failing).await.status, 503);
-    let failing = browser.wait_for("tr.failing").await;
-    let text = browser.text(&failing).await;
+    let text = browser.wait_for_text("tr.failing").await;
     assert!(
         text.contains("n-failing") && text.contains("book now"),
         "{text}"
@@ -69,10 +67,9 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         .wait_for(&format!("input.description[data-id='{id}']"))
         .await;
     browser.type_into(&description, "checked by hand").await;
-    let approve = browser
-        .wait_for(&format!("button[data-action=approve][data-id='{id}']"))
+    browser
+        .wait_and_click(&format!("button[data-action=approve][data-id='{id}']"))
         .await;
-    browser.click(&approve).await;
 
     // The decision reaches the aggregator, and the page shows it delivered.
     gateway
@@ -82,10 +79,9 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         gateway.with(|s| s.results[&id].clone()),
         (true, "checked by hand".to_owned())
     );
-    let delivered = browser
-        .wait_for(&format!("tr.outbox.delivered[data-id='{id}']"))
+    let text = browser
+        .wait_for_text(&format!("tr.outbox.delivered[data-id='{id}']"))
         .await;
-    let text = browser.text(&delivered).await;
     assert!(text.contains("approved checked by hand"), "{text}");
     assert!(
         browser.find_all("tr.pending").await.is_empty(),

@@ -129,6 +129,13 @@ impl Browser {
 
     /// One WebDriver command; its `value`.
     async fn command(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.try_command(method, path, body).await;
+        assert_eq!(status, 200, "WebDriver {method} {path}: {value}");
+        value
+    }
+
+    /// One WebDriver command: its status and `value` (on an error, the error's object).
+    async fn try_command(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map(|b| b.to_string());
         let headers = [("content-type", "application/json")];
         let (status, answer) = exchange_sized(
@@ -142,8 +149,7 @@ impl Browser {
                 String::from_utf8_lossy(&answer)
             )
         });
-        assert_eq!(status, 200, "WebDriver {method} {path}: {value}");
-        value["value"].clone()
+        (status, value["value"].clone())
     }
 
     fn path(&self, rest: &str) -> String {
@@ -192,13 +198,42 @@ impl Browser {
         }
     }
 
-    pub async fn click(&self, element: &str) {
-        self.command(
-            "POST",
-            &self.path(&format!("/element/{element}/click")),
-            Some(json!({})),
-        )
-        .await;
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element; the first one's
+    /// text. The page re-renders its panels as it updates itself, so an element found may
+    /// be gone before its text is read: it is then looked for again.
+    pub async fn wait_for_text(&self, css: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            let path = self.path(&format!("/element/{element}/text"));
+            let (status, value) = self.try_command("GET", &path, None).await;
+            if status == 200 {
+                return value.as_str().unwrap_or_default().to_owned();
+            }
+            assert!(
+                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                "reading the text of `{css}`: {value}"
+            );
+        }
+    }
+
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and clicks the
+    /// first one; one that is gone before the click (the page re-rendered it) is looked for
+    /// again — a click on it did not happen.
+    pub async fn wait_and_click(&self, css: &str) {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            let path = self.path(&format!("/element/{element}/click"));
+            let (status, value) = self.try_command("POST", &path, Some(json!({}))).await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                "clicking `{css}`: {value}"
+            );
+        }
     }
 
     pub async fn type_into(&self, element: &str, text: &str) {
