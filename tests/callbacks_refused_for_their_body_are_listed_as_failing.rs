@@ -147,3 +147,22 @@ async fn a_refusal_without_a_readable_nonce_and_status_or_a_verified_signature_i
         .assert_metrics(&["payhook_callbacks_failing 0"])
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signatures_turned_off_a_refused_callback_is_listed_too() {
+    let mut config = test_config();
+    config.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(config).await;
+    let answer = server
+        .send(&post(
+            CALLBACK_PATH,
+            &[("Content-Type", "application/json")],
+            body("unsigned-1", "/currency", Some(Value::Null)).as_bytes(),
+        ))
+        .await;
+    assert_eq!(answer.status, 400, "{}", answer.message());
+    let listed = failing_listed(&server, TOKEN).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["nonce"], "unsigned-1");
+    assert_eq!(listed[0]["currency"], "");
+}

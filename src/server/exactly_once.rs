@@ -445,9 +445,10 @@ impl ExactlyOnce {
         let Some(store) = self.inner.store.as_deref() else {
             return;
         };
-        let Some(failure) = super::refusal::failure(bytes, problem.message(), max_chars) else {
+        let reason = problem.message();
+        let Some(failure) = super::refusal::failure(bytes, reason.clone(), max_chars) else {
             tracing::error!(
-                reason = %Logged(&problem.message()),
+                reason = %Logged(&reason),
                 "callback refused: its body could not be read, nor its nonce and status; the aggregator's retries will be refused alike and it cannot be listed among the failing callbacks"
             );
             return;
