@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
 use payhook::model::{TransactionStatus, TransactionValidationRequest};
-use payhook::postponed::{Decision, Delivery, PostponedState, PostponedValidation, Resolution};
+use payhook::postponed::{
+    Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution,
+};
 use payhook::store::{
     CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint, RecordedDecision,
     Store, StoreConfig, StoreError, ValidationBegin,
@@ -412,6 +414,8 @@ async fn postpone_until(
         received: Utc::now(),
         deadline,
         result: None,
+        repeat_of: None,
+        repeats: Vec::new(),
     };
     b.shared
         .finish_validation(
@@ -493,6 +497,205 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
         b.shared.postponed(7.into()).await.unwrap().unwrap().state(),
         PostponedState::Delivered
     );
+}
+
+behaviour!(a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered_alone);
+/// The aggregator asks again about a postponed nonce under new validation ids: each is
+/// recorded once as a repeat of the original, a resolve of any of them decides all, and
+/// each result is queued for its own delivery.
+async fn a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered_alone(
+    b: &Backend,
+) {
+    postpone(b, 40).await;
+    let now = Utc::now();
+    let repeat = |id| validation("p-40", id, "10");
+    assert_eq!(
+        b.shared.repeat(&repeat(41), now).await.unwrap(),
+        Repeat::Recorded {
+            of: 40.into(),
+            decided: false
+        }
+    );
+    assert_eq!(
+        b.shared.repeat(&repeat(41), now).await.unwrap(),
+        Repeat::Known,
+        "a retry of the repeat records nothing more"
+    );
+    assert_eq!(
+        b.shared.repeat(&repeat(40), now).await.unwrap(),
+        Repeat::Known,
+        "a retry of the original records nothing"
+    );
+    assert!(matches!(
+        b.shared.repeat(&repeat(42), now).await.unwrap(),
+        Repeat::Recorded { decided: false, .. }
+    ));
+    let original = b.shared.postponed(40.into()).await.unwrap().unwrap();
+    assert_eq!(original.repeats, [41.into(), 42.into()]);
+    let first = b.shared.postponed(41.into()).await.unwrap().unwrap();
+    assert_eq!(first.repeat_of, Some(40.into()));
+    assert_eq!(first.request.validation_id, 41.into());
+    assert_eq!(first.deadline, None, "the original's deadline decides it");
+    let pending: Vec<i64> = b
+        .shared
+        .postponed_in(PostponedState::Pending)
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.validation_id.get())
+        .collect();
+    assert_eq!(pending, [40, 41, 42]);
+    let later = Utc::now() + TimeDelta::hours(2);
+    assert_eq!(
+        b.shared.deadlines_due(later).await.unwrap().now.len(),
+        1,
+        "only the original has a deadline"
+    );
+
+    // Deciding a repeat decides the original, and the original's other repeats.
+    let deny = Decision::deny("documents missing");
+    assert_eq!(
+        b.shared.resolve(41.into(), &deny, now).await.unwrap(),
+        Resolution::Recorded
+    );
+    assert!(matches!(
+        b.shared
+            .resolve(42.into(), &Decision::allow("too late"), now)
+            .await
+            .unwrap(),
+        Resolution::Conflicting { success: false, .. }
+    ));
+    assert_eq!(
+        b.shared.resolve(40.into(), &deny, now).await.unwrap(),
+        Resolution::AlreadyRecorded
+    );
+    let due = b.shared.outbox_due(Utc::now()).await.unwrap();
+    let results: Vec<(i64, bool, String)> = due
+        .now
+        .iter()
+        .map(|p| {
+            let result = p.result.as_ref().unwrap();
+            (
+                p.validation_id.get(),
+                result.success,
+                result.description.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [40, 41, 42].map(|id| (id, false, "documents missing".to_owned()))
+    );
+    assert!(b.shared.deadlines_due(later).await.unwrap().now.is_empty());
+
+    // Each is delivered on its own.
+    let delivered = Delivery::Delivered {
+        attempts: 1,
+        at: Utc::now(),
+    };
+    b.shared
+        .record_delivery(41.into(), delivered.clone())
+        .await
+        .unwrap();
+    let states: Vec<PostponedState> = states_of(b, &[40, 41, 42]).await;
+    assert_eq!(
+        states,
+        [
+            PostponedState::Queued,
+            PostponedState::Delivered,
+            PostponedState::Queued
+        ]
+    );
+
+    // A repeat after the decision gets it at once, queued for its own delivery.
+    assert_eq!(
+        b.shared.repeat(&repeat(43), Utc::now()).await.unwrap(),
+        Repeat::Recorded {
+            of: 40.into(),
+            decided: true
+        }
+    );
+    let late = b.shared.postponed(43.into()).await.unwrap().unwrap();
+    assert_eq!(late.state(), PostponedState::Queued);
+    let result = late.result.unwrap();
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "documents missing")
+    );
+}
+
+/// The states of validations `ids`, in order.
+async fn states_of(b: &Backend, ids: &[i64]) -> Vec<PostponedState> {
+    let mut states = Vec::new();
+    for id in ids {
+        let record = b.shared.postponed((*id).into()).await.unwrap().unwrap();
+        states.push(record.state());
+    }
+    states
+}
+
+behaviour!(a_repeat_without_a_postponed_original_is_not_recorded);
+/// A nonce decided outside Awaitable mode has no postponed validation to repeat, nor has a
+/// nonce never seen; and one validation takes a bounded number of repeats.
+async fn a_repeat_without_a_postponed_original_is_not_recorded(b: &Backend) {
+    let request = validation("v-plain", 50, "10");
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    b.shared
+        .finish_validation(
+            request.nonce(),
+            claim,
+            &fingerprint,
+            &RecordedDecision::Allow,
+            None,
+        )
+        .await
+        .unwrap();
+    let now = Utc::now();
+    assert_eq!(
+        b.shared
+            .repeat(&validation("v-plain", 51, "10"), now)
+            .await
+            .unwrap(),
+        Repeat::Unlinked
+    );
+    assert_eq!(
+        b.shared
+            .repeat(&validation("never-seen", 52, "10"), now)
+            .await
+            .unwrap(),
+        Repeat::Unlinked
+    );
+    assert_eq!(b.shared.postponed_all().await.unwrap().len(), 0);
+
+    postpone(b, 60).await;
+    for id in 0..100 {
+        assert!(matches!(
+            b.shared
+                .repeat(&validation("p-60", 1_000 + id, "10"), now)
+                .await
+                .unwrap(),
+            Repeat::Recorded { .. }
+        ));
+    }
+    assert_eq!(
+        b.shared
+            .repeat(&validation("p-60", 2_000, "10"), now)
+            .await
+            .unwrap(),
+        Repeat::Unlinked,
+        "the original's record stays bounded"
+    );
+    let original = b.shared.postponed(60.into()).await.unwrap().unwrap();
+    assert_eq!(original.repeats.len(), 100);
+    assert!(b.shared.postponed(2_000.into()).await.unwrap().is_none());
 }
 
 behaviour!(a_refused_result_is_final);

@@ -98,6 +98,8 @@ async fn history(config: &StoreConfig) {
             received: Utc::now(),
             deadline: Some(Utc::now() + TimeDelta::hours(1)),
             result: None,
+            repeat_of: None,
+            repeats: Vec::new(),
         });
         store
             .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
 use tracing::Instrument;
 
-use super::record::{Decision, Delivery, PostponedValidation, ValidationResult};
+use super::record::{Decision, Delivery, PostponedValidation, Repeat, ValidationResult};
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Outbox, Resolver};
 use crate::HandlerError;
@@ -21,7 +21,7 @@ use crate::gateway::GatewayClient;
 use crate::handler::{RequestContext, ValidationDecision};
 use crate::model::TransactionValidationRequest;
 use crate::model::timestamp::time_from_ms;
-use crate::store::{PostponedStore, RecordedDecision, Store};
+use crate::store::{PostponedStore, RecordedDecision, Store, StoreError};
 
 /// A validation handler's task and its outcome.
 pub(crate) type HandlerTask = JoinHandle<Result<ValidationDecision, HandlerError>>;
@@ -183,6 +183,8 @@ impl Awaitable {
                 .deadline
                 .map(|d| time_from_ms(received_ms.saturating_add(millis(d)))),
             result: None,
+            repeat_of: None,
+            repeats: Vec::new(),
         };
         let mut task = self
             .handler
@@ -224,6 +226,41 @@ impl Awaitable {
             postponed: Some(postponed),
             later: None,
         })
+    }
+
+    /// A validation whose nonce has a recorded decision, asked about again: under a new
+    /// validation id it is recorded as a repeat of the validation that holds the decision
+    /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
+    /// too. Returns once that is durable; a retry under the same id changes nothing.
+    pub(crate) async fn repeated(
+        &self,
+        store: &dyn Store,
+        request: &TransactionValidationRequest,
+    ) -> Result<(), StoreError> {
+        let validation_id = request.validation_id;
+        // A retry of the same validation, the usual repeat, is a read.
+        if store.postponed(validation_id).await?.is_some() {
+            return Ok(());
+        }
+        match store.repeat(request, self.clock.now()).await? {
+            Repeat::Known => {}
+            Repeat::Recorded { of, decided } => {
+                tracing::info!(
+                    validation_id = validation_id.get(),
+                    repeats = of.get(),
+                    decided,
+                    "the nonce's validation asked about again under a new validation id; it gets the same result"
+                );
+                if decided {
+                    self.result_queued();
+                }
+            }
+            Repeat::Unlinked => tracing::warn!(
+                validation_id = validation_id.get(),
+                "the nonce's validation asked about again under a new validation id, but no postponed validation holds its decision (decided outside Awaitable mode, or repeated too often); no result is posted for this id"
+            ),
+        }
+        Ok(())
     }
 
     /// Wakes the outbox worker: a result was queued with the validation's record.

@@ -50,7 +50,7 @@ pub use clock::Clock;
 pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
 pub use outbox::{Outbox, OutboxCounts, Pass};
 pub use record::{
-    Decision, Delivery, PostponedState, PostponedValidation, Resolution, ValidationResult,
+    Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution, ValidationResult,
 };
 pub use settings::{DeadlineOutcome, ValidationConfig};
 

@@ -100,6 +100,14 @@ pub struct PostponedValidation {
     pub deadline: Option<DateTime<Utc>>,
     /// The decision, once taken.
     pub result: Option<ValidationResult>,
+    /// The validation this one repeats: the aggregator asked again about the same nonce and
+    /// payment under this new id. It shares that validation's decision (a resolve of either
+    /// decides both) and has a delivery of its own. `None` for an original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_of: Option<ValidationId>,
+    /// The validations that repeat this one, oldest first: its decision is theirs too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<ValidationId>,
 }
 
 /// A decision on a postponed validation and where its delivery stands.
@@ -214,6 +222,30 @@ pub(crate) enum NextDue {
     Nothing,
 }
 
+/// How many repeats under new validation ids one validation takes: a repeat beyond them is
+/// answered with the recorded decision, and no result is posted for its id.
+pub(crate) const MAX_REPEATS: usize = 100;
+
+/// What recording a repeat under a new validation id did (see
+/// [`PostponedStore::repeat`](crate::store::PostponedStore::repeat)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repeat {
+    /// The id is known: the aggregator asked again about the same validation.
+    Known,
+    /// Recorded as a repeat of validation `of`: the new id gets its decision, queued now
+    /// (`decided`) or when it is taken.
+    Recorded {
+        /// The validation that holds the decision.
+        of: ValidationId,
+        /// Whether the decision was taken already, and the result is queued.
+        decided: bool,
+    },
+    /// Not recorded: no postponed validation holds the nonce's decision (it was decided
+    /// outside Awaitable mode, or before payhook kept the link), or it has as many repeats
+    /// as it takes ([`MAX_REPEATS`]). No result is posted for the new id.
+    Unlinked,
+}
+
 /// What a resolve did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
@@ -249,6 +281,8 @@ impl PostponedValidation {
             received: DateTime::<Utc>::UNIX_EPOCH,
             deadline: None,
             result: None,
+            repeat_of: None,
+            repeats: Vec::new(),
         }
     }
 }
@@ -278,6 +312,37 @@ impl PostponedValidation {
             delivery: Delivery::queued(now),
         });
         Resolution::Recorded
+    }
+
+    /// The record of `request`, which repeats this validation under a new validation id,
+    /// received at `now`: this validation's decision, if taken, is its too, queued for a
+    /// delivery of its own; without one it waits for this one's (it has no deadline of its
+    /// own). Returns `None` when this validation already has [`MAX_REPEATS`] repeats, which
+    /// keeps its record bounded.
+    pub(crate) fn repeated_by(
+        &mut self,
+        request: TransactionValidationRequest,
+        now: DateTime<Utc>,
+    ) -> Option<PostponedValidation> {
+        if self.repeats.len() >= MAX_REPEATS {
+            return None;
+        }
+        let validation_id = request.validation_id;
+        self.repeats.push(validation_id);
+        Some(PostponedValidation {
+            validation_id,
+            request,
+            received: now,
+            deadline: None,
+            result: self.result.as_ref().map(|taken| ValidationResult {
+                success: taken.success,
+                description: taken.description.clone(),
+                decided: now,
+                delivery: Delivery::queued(now),
+            }),
+            repeat_of: Some(self.validation_id),
+            repeats: Vec::new(),
+        })
     }
 
     /// Records how a delivery attempt went: `Some(true)` when the record changed,

@@ -603,6 +603,13 @@ impl ExactlyOnce {
                     .metrics
                     .validations_replayed
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(awaitable) = self.inner.awaitable.as_ref() {
+                    // Under a new validation id, the aggregator waits for a result for it.
+                    awaitable
+                        .repeated(store.as_ref(), &request)
+                        .await
+                        .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
+                }
                 let answer = answer_for(&decision);
                 note::with(|n| n.outcome = Some(Outcome::Replayed));
                 return answer;

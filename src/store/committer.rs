@@ -60,6 +60,7 @@
 //! flusher is off by default: after many removals it kept relocating log segments forever,
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
 
+use chrono::{DateTime, Utc};
 use std::{
     cell::RefCell,
     fs::File,
@@ -84,7 +85,8 @@ use super::record::{
 use super::staging::{Overlay, Staging, lock, read, read_record, try_lock, write_record};
 use super::watermark::Watermark;
 use super::{Claim, StoreError, now_ms};
-use crate::postponed::record::{PostponedValidation, Resolution};
+use crate::model::{TransactionValidationRequest, ValidationId};
+use crate::postponed::record::{PostponedValidation, Repeat, Resolution};
 
 /// A write waiting for a leader.
 pub(crate) enum Job {
@@ -107,6 +109,13 @@ pub(crate) enum Job {
         op: PostponedOp,
         reply: oneshot::Sender<Result<Resolution, StoreError>>,
     },
+    /// A validation repeated under a new validation id (Awaitable mode): recorded as a
+    /// repeat of the one that holds its nonce's decision.
+    Repeat {
+        request: Box<TransactionValidationRequest>,
+        now: DateTime<Utc>,
+        reply: oneshot::Sender<Result<Repeat, StoreError>>,
+    },
     /// A callback's handler failed: counted for operators (nobody waits for it).
     Failure(Box<CallbackFailure>),
 }
@@ -118,6 +127,8 @@ enum Reply {
     Written(oneshot::Sender<Result<(), StoreError>>),
     /// A postponed validation's operation, and what it did.
     Resolved(oneshot::Sender<Result<Resolution, StoreError>>, Resolution),
+    /// A repeat's record, and what recording it did.
+    Repeated(oneshot::Sender<Result<Repeat, StoreError>>, Repeat),
 }
 
 impl Reply {
@@ -129,6 +140,9 @@ impl Reply {
             }
             Self::Resolved(reply, resolution) => {
                 let _ = reply.send(outcome.clone().map(|()| resolution));
+            }
+            Self::Repeated(reply, repeat) => {
+                let _ = reply.send(outcome.clone().map(|()| repeat));
             }
         }
     }
@@ -709,6 +723,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     let _ = reply.send(Err(StoreError::ClaimLost(nonce)));
                     continue;
                 }
+                let mut validation_id = None;
                 if let Some(record) = postponed {
                     let mut staging = Staging::new(&context.tree, &mut overlay);
                     match postponed_records::create(&mut staging, &record) {
@@ -717,6 +732,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                                 keys::TAG_POSTPONED,
                                 record.validation_id.to_string().as_bytes(),
                             );
+                            validation_id = Some(record.validation_id);
                         }
                         Ok(false) => {}
                         Err(error) => {
@@ -729,6 +745,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     fingerprint: KeptFingerprint::of(&fingerprint),
                     decision,
                     expires_ms,
+                    validation_id,
                 };
                 // Claimed: no record of this nonce under either key, nothing to move.
                 let key = keys::validation(&nonce);
@@ -747,6 +764,24 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     Ok(false) => {}
                     Err(error) => {
                         tracing::error!(error = %crate::report::InLine(&error), "recording a callback failure failed");
+                    }
+                }
+            }
+            Job::Repeat {
+                request,
+                now,
+                reply,
+            } => {
+                let mut staging = Staging::new(&context.tree, &mut overlay);
+                match repeat(&mut staging, *request, now) {
+                    Ok((repeat, written)) => {
+                        if let Some(id) = written {
+                            indexed.push(keys::TAG_POSTPONED, id.to_string().as_bytes());
+                        }
+                        replies.push(Reply::Repeated(reply, repeat));
+                    }
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
                     }
                 }
             }
@@ -994,6 +1029,21 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
         context.failing.change(0, failing_purged);
     }
     Ok((purged, more))
+}
+
+/// Records a repeat under a new validation id as a repeat of the postponed validation that
+/// holds its nonce's decision, found through the nonce's validation record.
+fn repeat(
+    staging: &mut Staging<'_>,
+    request: TransactionValidationRequest,
+    now: DateTime<Utc>,
+) -> Result<(Repeat, Option<ValidationId>), StoreError> {
+    let key = keys::validation(request.nonce().as_str());
+    let original = match staging.get_record(&key)? {
+        Some(bytes) => decode::<ValidationRecord>(request.nonce().as_str(), &bytes)?.validation_id,
+        None => None,
+    };
+    postponed_records::repeat(staging, original, request, now)
 }
 
 /// Removes an expired postponed validation whose result was delivered or refused; returns

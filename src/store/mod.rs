@@ -274,12 +274,12 @@ use crate::model::{Nonce, ValidationId};
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::postponed::record::{
-    Decision, Delivery, PostponedState, PostponedValidation, Resolution,
+    Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution,
 };
 
 use chrono::{DateTime, Utc};
 
-use crate::model::TransactionStatus;
+use crate::model::{TransactionStatus, TransactionValidationRequest};
 
 pub use commit_metrics::CommitMetrics;
 pub use configured::ConfiguredStore;
@@ -593,6 +593,18 @@ pub trait PostponedStore: Send + Sync + 'static {
         decision: &'a Decision,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a>;
+
+    /// Records `request`, a repeat of a recorded validation (same nonce, same payment) that
+    /// arrived under a new validation id, as a repeat of the postponed validation that holds
+    /// its nonce's decision, in one atomic write; resolves once durable. The new id then
+    /// gets that decision — queued for delivery now if it was taken, or when it is — so
+    /// that the aggregator, which waits for a result per validation id, gets one for each.
+    /// A resolve of either id decides both. See [`Repeat`] for what it did.
+    fn repeat<'a>(
+        &'a self,
+        request: &'a TransactionValidationRequest,
+        now: DateTime<Utc>,
+    ) -> StoreFuture<'a, Repeat>;
 
     /// Records the outcome of a delivery attempt; a delivered or refused result stays so.
     /// Ends this instance's lease on the result (see [`PostponedStore::outbox_due`]).

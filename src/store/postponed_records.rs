@@ -12,7 +12,8 @@ use super::StoreError;
 use super::keys;
 use super::record::{decode, encode};
 use super::staging::Staging;
-use crate::postponed::record::{Delivery, NextDue, PostponedValidation, Resolution};
+use crate::model::TransactionValidationRequest;
+use crate::postponed::record::{Delivery, NextDue, PostponedValidation, Repeat, Resolution};
 
 /// A write to the postponed records, applied by the store's writer within a batch.
 pub(crate) enum PostponedOp {
@@ -99,12 +100,25 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             description,
             now,
         } => {
-            let Some(mut record) = read(staging, validation_id)? else {
+            let Some(record) = read(staging, validation_id)? else {
                 return Ok(Resolution::Unknown);
             };
-            let resolution = record.resolve(success, description, now);
+            // A repeat is decided through the validation it repeats, whose decision is its
+            // own; one whose original is gone (purged once delivered) stands alone.
+            let mut record = match record.repeat_of {
+                Some(original) => read(staging, original)?.unwrap_or(record),
+                None => record,
+            };
+            let resolution = record.resolve(success, description.clone(), now);
             if resolution == Resolution::Recorded {
                 put(staging, &record);
+                for id in &record.repeats {
+                    if let Some(mut repeat) = read(staging, *id)?
+                        && repeat.resolve(success, description.clone(), now) == Resolution::Recorded
+                    {
+                        put(staging, &repeat);
+                    }
+                }
             }
             Ok(resolution)
         }
@@ -128,6 +142,41 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
     }
 }
 
+/// Records `request`, a repeat of a recorded validation under a new validation id, as a
+/// repeat of the postponed validation that holds its nonce's decision (`original`, read
+/// from the nonce's validation record by the caller); what it did is returned, and the new
+/// record's id when one was written.
+pub(crate) fn repeat(
+    staging: &mut Staging<'_>,
+    original: Option<ValidationId>,
+    request: TransactionValidationRequest,
+    now: DateTime<Utc>,
+) -> Result<(Repeat, Option<ValidationId>), StoreError> {
+    if read(staging, request.validation_id)?.is_some() {
+        return Ok((Repeat::Known, None));
+    }
+    let Some(mut original) = original
+        .map(|id| read(staging, id))
+        .transpose()?
+        .flatten()
+        .filter(|original| original.request.nonce() == request.nonce())
+    else {
+        return Ok((Repeat::Unlinked, None));
+    };
+    let Some(repeat) = original.repeated_by(request, now) else {
+        return Ok((Repeat::Unlinked, None));
+    };
+    put(staging, &original);
+    put(staging, &repeat);
+    Ok((
+        Repeat::Recorded {
+            of: original.validation_id,
+            decided: repeat.result.is_some(),
+        },
+        Some(repeat.validation_id),
+    ))
+}
+
 /// Whether the sweeper may remove this record at the end of its retention: only once its
 /// result is delivered or refused; an undelivered one is kept (and indexed again).
 pub(crate) fn purgeable(bytes: &[u8], id: &str) -> Result<bool, StoreError> {
@@ -137,7 +186,6 @@ pub(crate) fn purgeable(bytes: &[u8], id: &str) -> Result<bool, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::TransactionValidationRequest;
     use crate::store::time_from_ms;
 
     /// The record of a postponed validation in the JSON written before its times were

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::keys::{SPELLED_OUT_BYTES, sha256_hex};
-use crate::model::TransactionValidationRequest;
+use crate::model::{TransactionValidationRequest, ValidationId};
 
 /// The payment a validation nonce was first used for. A repeat must match it exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +120,11 @@ pub(crate) struct ValidationRecord {
     pub(crate) fingerprint: KeptFingerprint,
     pub(crate) decision: RecordedDecision,
     pub(crate) expires_ms: u64,
+    /// In Awaitable mode, the postponed validation that holds the decision: a repeat under
+    /// a new validation id is recorded as its repeat. Absent outside Awaitable mode, and in
+    /// records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) validation_id: Option<ValidationId>,
 }
 
 pub(crate) fn encode<T: Serialize>(record: &T) -> Vec<u8> {

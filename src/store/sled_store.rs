@@ -28,8 +28,8 @@ use super::{
     CallbackBegin, Claim, DedupStore, Due, DurableFuture, PostponedStore, ResolveFuture, Store,
     StoreError, StoreFuture, ValidationBegin, ms_from_time, now_ms, ready, time_from_ms,
 };
-use crate::model::TransactionStatus;
-use crate::postponed::record::{Decision, Delivery, PostponedState, PostponedValidation};
+use crate::model::{TransactionStatus, TransactionValidationRequest};
+use crate::postponed::record::{Decision, Delivery, PostponedState, PostponedValidation, Repeat};
 
 /// A key and its value.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
@@ -573,6 +573,27 @@ impl PostponedStore for SledStore {
             success: decision.allows(),
             description: decision.description().to_owned(),
             now,
+        })
+    }
+
+    fn repeat<'a>(
+        &'a self,
+        request: &'a TransactionValidationRequest,
+        now: DateTime<Utc>,
+    ) -> StoreFuture<'a, Repeat> {
+        if let Err(error) = self.check_healthy() {
+            return Box::pin(async move { Err(error) });
+        }
+        let (reply, receiver) = oneshot::channel();
+        self.inner.writer.submit(Job::Repeat {
+            request: Box::new(request.clone()),
+            now,
+            reply,
+        });
+        Box::pin(async move {
+            receiver
+                .await
+                .unwrap_or_else(|_| Err(StoreError::backend_message("the write was dropped")))
         })
     }
 

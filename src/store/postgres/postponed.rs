@@ -7,8 +7,9 @@ use sqlx::{PgConnection, Row};
 
 use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture};
 use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
+use crate::model::TransactionValidationRequest;
 use crate::postponed::record::{
-    Decision, Delivery, NextDue, PostponedState, PostponedValidation, Resolution,
+    Decision, Delivery, NextDue, PostponedState, PostponedValidation, Repeat, Resolution,
 };
 
 /// The statement that reads the validations of `state` (`{s}` for the schema). For
@@ -56,17 +57,86 @@ impl PostponedStore for PgStore {
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a> {
         Box::pin(async move {
+            let (success, description) = (decision.allows(), decision.description());
             let mut tx = self.pool().begin().await?;
             let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
                 return Ok(Resolution::Unknown);
             };
-            let resolution =
-                record.resolve(decision.allows(), decision.description().to_owned(), now);
+            // A repeat is decided through the validation it repeats. Every resolve locks an
+            // original before its repeats, so this lock is let go first (a repeat never
+            // stops being one); an original gone (purged once delivered) leaves it alone.
+            if let Some(original) = record.repeat_of {
+                tx.rollback().await?;
+                tx = self.pool().begin().await?;
+                record = match self.locked(&mut tx, original).await? {
+                    Some(original) => original,
+                    None => match self.locked(&mut tx, validation_id).await? {
+                        Some(repeat) => repeat,
+                        None => return Ok(Resolution::Unknown),
+                    },
+                };
+            }
+            let resolution = record.resolve(success, description.to_owned(), now);
             if resolution == Resolution::Recorded {
                 self.update_postponed(&mut tx, &record, false).await?;
+                for id in &record.repeats {
+                    if let Some(mut repeat) = self.locked(&mut tx, *id).await?
+                        && repeat.resolve(success, description.to_owned(), now)
+                            == Resolution::Recorded
+                    {
+                        self.update_postponed(&mut tx, &repeat, false).await?;
+                    }
+                }
                 tx.commit().await?;
             }
             Ok(resolution)
+        })
+    }
+
+    fn repeat<'a>(
+        &'a self,
+        request: &'a TransactionValidationRequest,
+        now: DateTime<Utc>,
+    ) -> StoreFuture<'a, Repeat> {
+        Box::pin(async move {
+            let mut tx = self.pool().begin().await?;
+            // The original holds the nonce's decision: the latest validation of the nonce
+            // that repeats none (an older one is from before the nonce's record expired).
+            let original = sqlx::query(&self.sql(
+                "SELECT validation_id, record::text FROM {s}.postponed \
+                 WHERE nonce = $1 AND record->>'repeat_of' IS NULL \
+                 ORDER BY validation_id DESC LIMIT 1 FOR UPDATE",
+            ))
+            .bind(request.nonce().as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+            // Read under the original's lock: a repeat of it recorded by another instance
+            // a moment ago is seen here.
+            let known =
+                sqlx::query(&self.sql("SELECT 1 FROM {s}.postponed WHERE validation_id = $1"))
+                    .bind(request.validation_id.get())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if known.is_some() {
+                return Ok(Repeat::Known);
+            }
+            let Some(row) = original else {
+                return Ok(Repeat::Unlinked);
+            };
+            let mut original: PostponedValidation = decode_json(
+                &row.try_get::<i64, _>(0)?.to_string(),
+                &row.try_get::<String, _>(1)?,
+            )?;
+            let Some(repeat) = original.repeated_by(request.clone(), now) else {
+                return Ok(Repeat::Unlinked);
+            };
+            self.insert_postponed(&mut tx, &repeat).await?;
+            self.update_postponed(&mut tx, &original, false).await?;
+            tx.commit().await?;
+            Ok(Repeat::Recorded {
+                of: original.validation_id,
+                decided: repeat.result.is_some(),
+            })
         })
     }
 

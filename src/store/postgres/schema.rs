@@ -57,6 +57,12 @@ const READ_INDEXES: &[ReadIndex] = &[
         name: "postponed_pending",
         definition: "ON {schema}.postponed (validation_id) WHERE NOT final AND deliver_at IS NULL",
     },
+    // The validations of a nonce, read when the aggregator asks again about a validated
+    // nonce under a new validation id, to find the one that holds its decision.
+    ReadIndex {
+        name: "postponed_nonce",
+        definition: "ON {schema}.postponed (nonce)",
+    },
     // The latest failing callbacks, which the inspector's panel reads every second among
     // an incident's hundreds of thousands.
     ReadIndex {
