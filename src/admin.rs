@@ -801,7 +801,12 @@ pub fn describe_validations(all: &[PostponedValidation]) -> String {
     for v in all {
         let payment = &v.request.payment_data;
         let (decision, delivery) = match &v.result {
-            None => ("-".to_owned(), "-".to_owned()),
+            // A repeat under a new id is decided with the validation it repeats.
+            None => (
+                v.repeat_of
+                    .map_or_else(|| "-".to_owned(), |of| format!("as {of}")),
+                "-".to_owned(),
+            ),
             Some(result) => (
                 if result.success { "allow" } else { "deny" }.to_owned(),
                 match &result.delivery {
@@ -839,4 +844,27 @@ pub fn describe_validations(all: &[PostponedValidation]) -> String {
         out.push_str("(none)\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_repeat_is_listed_as_decided_with_the_validation_it_repeats() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let mut original = PostponedValidation::pending_for_tests(7);
+        let mut request = original.request.clone();
+        request.validation_id = 8.into();
+        let repeat = original
+            .repeated_by(request, now)
+            .expect("room for a repeat");
+        let table = describe_validations(&[original, repeat]);
+        let rows: Vec<&str> = table.lines().skip(1).collect();
+        assert_eq!(rows.len(), 2, "{table}");
+        assert!(rows[0].starts_with("7 "), "{table}");
+        assert!(!rows[0].contains(" as "), "{table}");
+        assert!(rows[1].starts_with("8 "), "{table}");
+        assert!(rows[1].contains(" as 7 "), "{table}");
+    }
 }

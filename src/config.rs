@@ -43,6 +43,7 @@
 //! | how the aggregator authenticates validation calls | `none` by default; per endpoint: signature, shared-secret header, HTTP Basic, and/or an IP allow-list (`[auth.*]`) |
 //! | the client's address behind a reverse proxy | the socket's peer; with `server.trusted_proxies`, the right-most `X-Forwarded-For` address that is not a trusted proxy (so a client cannot forge an allowed one); a trusted proxy that sends no header, a malformed one or one naming only trusted proxies leaves it unknown, and allow-lists refuse |
 //! | postponed (Awaitable) validation | declared with `validation.awaitable = true`; see the README's "Awaitable validation" |
+//! | a validated nonce asked about again under a new `validationId` | the recorded answer, without the handler; in Awaitable mode the new id is kept as a repeat of the validation the handler saw and gets its result posted too (at most 100 per validation) |
 //! | access token presentation to the gateway | `Authorization: Bearer <accessToken>` (`gateway.auth_header`, `gateway.auth_scheme`) |
 //! | token lifetimes | refreshed `gateway.refresh_margin` (60 s) before `accessTokenExpiryUtc`, but at most half the token's granted lifetime before it (a 30 s token is used for 15 s); login again when the refresh token expired; one refresh and one retry on a 401 |
 //! | when a postponed result counts as delivered | the aggregator's 200; a 403 is final (a conflict); anything else is retried with backoff (`validation.retry_schedule`) |

@@ -179,6 +179,89 @@ async fn allow_and_deny_in_awaitable_mode_are_answered_at_once_and_posted_as_res
 }
 
 #[tokio::test]
+async fn a_validation_asked_about_again_under_a_new_id_gets_its_result_posted_for_each_id() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    let postponed = (200, "validation postponed".to_owned());
+    for id in [101, 102] {
+        let response = server
+            .post_json(VALIDATION_PATH, &validation("postpone", "n-again", id))
+            .await;
+        assert_eq!((response.status, response.message()), postponed);
+    }
+    assert_eq!(server.merchant.calls().len(), 1, "the handler decides once");
+    let resolver = server.app.resolver().unwrap();
+    let pending = resolver.list(Some(PostponedState::Pending)).await.unwrap();
+    let pending: Vec<_> = pending
+        .iter()
+        .map(|p| (p.validation_id.get(), p.repeat_of.map(|o| o.get())))
+        .collect();
+    assert_eq!(pending, [(101, None), (102, Some(101))]);
+
+    // The merchant decides the validation its handler saw: the aggregator gets the result
+    // under both ids, each once.
+    assert_eq!(
+        resolver
+            .resolve(101, Decision::allow("documents checked"))
+            .await
+            .unwrap(),
+        Resolved::Recorded
+    );
+    state_of(&server, 101, PostponedState::Delivered).await;
+    state_of(&server, 102, PostponedState::Delivered).await;
+    let checked = (true, "documents checked".to_owned());
+    assert_eq!(
+        gateway
+            .with(|s| s.results.clone())
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(101, checked.clone()), (102, checked)]
+    );
+    // Asked again under either id: the same answer, nothing more posted.
+    for id in [101, 102] {
+        let response = server
+            .post_json(VALIDATION_PATH, &validation("postpone", "n-again", id))
+            .await;
+        assert_eq!((response.status, response.message()), postponed);
+    }
+    nothing_left_to_send(&server).await;
+    let mut posts = gateway.with(|s| s.posts.clone());
+    posts.sort_unstable();
+    assert_eq!(posts, [(101, true, 200), (102, true, 200)]);
+
+    // Allowed at once, then asked about again under a new id: that id's result is posted
+    // as well, without the handler.
+    let calls = server.merchant.calls().len();
+    for id in [201, 202] {
+        let response = server
+            .post_json(VALIDATION_PATH, &validation("client-42", "n-allowed", id))
+            .await;
+        assert_eq!(
+            (response.status, response.message()),
+            (200, "client allowed".into())
+        );
+    }
+    assert_eq!(server.merchant.calls().len(), calls + 1);
+    gateway
+        .until("both ids' results", |s| {
+            s.results.contains_key(&201) && s.results.contains_key(&202)
+        })
+        .await;
+    assert_eq!(
+        gateway.with(|s| s.results.get(&202).cloned()),
+        Some((true, "client allowed".to_owned()))
+    );
+    // The same nonce for another payment is still refused, under any id.
+    let other = with(
+        &validation("client-42", "n-allowed", 203),
+        "/paymentData/amount",
+        Some(json!(99_999)),
+    );
+    assert_eq!(server.post_json(VALIDATION_PATH, &other).await.status, 403);
+    assert!(resolver.get(203).await.unwrap().is_none());
+}
+
+#[tokio::test]
 async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() {
     let gateway = FakeGateway::start().await;
     gateway.with(|s| s.results.insert(ID, (false, "decided elsewhere".into())));

@@ -256,9 +256,12 @@ pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> 
             amount = payment.amount,
             currency = escape(&payment.currency),
             received = time(r.received),
-            deadline = r
-                .deadline
-                .map_or_else(|| "none".to_owned(), |d| relative(d, now)),
+            deadline = match (r.repeat_of, r.deadline) {
+                // A repeat under a new id is decided with the validation it repeats.
+                (Some(original), _) => format!("that of {original}"),
+                (None, deadline) =>
+                    deadline.map_or_else(|| "none".to_owned(), |d| relative(d, now)),
+            },
         );
     }
     out.push_str("</tbody></table>");
@@ -498,6 +501,20 @@ mod tests {
         let few = failing_panel(&failing[..2], 2, now);
         assert_eq!(few.matches("<tr class=failing>").count(), 2);
         assert!(!few.contains("not shown"));
+    }
+
+    #[test]
+    fn a_pending_repeat_is_shown_as_decided_with_the_validation_it_repeats() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let mut original = PostponedValidation::pending_for_tests(7);
+        original.deadline = Some(now + chrono::TimeDelta::minutes(5));
+        let mut request = original.request.clone();
+        request.validation_id = 8.into();
+        let repeat = original.repeated_by(request, now).unwrap();
+        let panel = postponed(&[original, repeat], now);
+        assert_eq!(panel.matches("<tr class=pending").count(), 2);
+        assert!(panel.contains("<td>that of 7</td>"), "{panel}");
+        assert!(panel.contains("<td>in 5m"), "{panel}");
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //!
 //! * **first decision wins, locally**: a second, different decision is refused with
 //!   [`ResolveError::Conflict`] before anything is sent; the same decision again is a no-op;
+//! * **a result for every validation id**: a repeat of a validated nonce (same payment) is
+//!   answered with the recorded decision, without the handler; under a new `validationId`
+//!   it is also kept as a repeat of the validation the handler saw
+//!   ([`PostponedValidation::repeat_of`]), which gets that decision posted under its own
+//!   id, at once or when it is taken. A resolve of either decides both;
 //! * **time budget**: a handler still deciding after `validation.time_budget` is answered 200
 //!   (postponed) by payhook, and its decision, when it comes, is posted as the result;
 //! * **deadline**: an undecided validation older than `validation.deadline` is resolved with

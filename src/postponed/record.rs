@@ -14,6 +14,12 @@
 //!
 //! The first decision wins: resolving again with the same `success` is a no-op, with the
 //! other one is refused. A final delivery (delivered, conflict) is never left.
+//!
+//! A repeat of a validation under a new validation id (same nonce, same payment) is a
+//! record of its own, linked both ways (`repeat_of`, `repeats`): it starts with the
+//! original's decision, queued, or pending without a deadline; the original's decision,
+//! taken by a resolve of either, is written to every repeat in the same atomic write.
+//! Each has its own delivery.
 
 use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
@@ -242,7 +248,7 @@ pub enum Repeat {
     },
     /// Not recorded: no postponed validation holds the nonce's decision (it was decided
     /// outside Awaitable mode, or before payhook kept the link), or it has as many repeats
-    /// as it takes ([`MAX_REPEATS`]). No result is posted for the new id.
+    /// as it takes (100). No result is posted for the new id.
     Unlinked,
 }
 
