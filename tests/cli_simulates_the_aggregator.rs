@@ -310,7 +310,7 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
 async fn demo_runs_every_shipped_scenario_green() {
     let (code, stdout, stderr) = payhook(args(&["demo"])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 9 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 10 scenarios passed"), "{stdout}");
     for told in [
         "merchant's ledger:",
         "reconcile",
@@ -377,7 +377,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     ]));
     let (code, stdout, stderr) = payhook(command).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 8 scenario(s) passed"), "{stdout}");
+    assert!(stdout.contains("all 9 scenario(s) passed"), "{stdout}");
 
     // An expectation that does not hold: exit 1, and the report says what was wrong.
     let wrong = data.path().join("wrong.toml");
@@ -541,7 +541,7 @@ async fn demo_runs_on_postgres_and_leaves_nothing_behind() {
     };
     let (code, stdout, stderr) = payhook(args(&["demo", "--store", &db.url])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 9 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 10 scenarios passed"), "{stdout}");
     assert!(
         stdout.contains("(store: PostgreSQL, schema payhook_demo_"),
         "{stdout}"

@@ -31,7 +31,7 @@
 //! | step `kind` | what the simulated aggregator does | expectations |
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
-//! | `transaction-validation` | sends the request; with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
+//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered` |
 //! | `lookup` | reads the transaction from the gateway | `delivery_status`, `canceled` |
 //! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked` |
@@ -290,6 +290,10 @@ pub enum Step {
         /// Changes to the transaction.
         #[serde(default)]
         payment: PaymentSpec,
+        /// Ask again about the same transaction (nonce and payment) under a new
+        /// `validationId`, as an aggregator that started its validation over would.
+        #[serde(default)]
+        new_validation_id: bool,
         /// What must hold.
         #[serde(default)]
         expect: Expect,
@@ -340,7 +344,7 @@ pub enum Step {
 }
 
 /// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
-pub const SHIPPED: [(&str, &str); 9] = [
+pub const SHIPPED: [(&str, &str); 10] = [
     ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
     (
         "withdrawal.toml",
@@ -357,6 +361,10 @@ pub const SHIPPED: [(&str, &str); 9] = [
     (
         "postponed-denial.toml",
         include_str!("../../scenarios/postponed-denial.toml"),
+    ),
+    (
+        "postponed-asked-again.toml",
+        include_str!("../../scenarios/postponed-asked-again.toml"),
     ),
     (
         "conflicting-result.toml",
@@ -574,8 +582,20 @@ async fn run_step(
             }
             "providers validation"
         }
-        Step::TransactionValidation { payment, expect } => {
+        Step::TransactionValidation {
+            payment,
+            new_validation_id,
+            expect,
+        } => {
             payment.apply(current)?;
+            let asked_before = new_validation_id.then_some(current.validation_id);
+            if let Some(previous) = asked_before {
+                current.validation_id = Payment::default().validation_id;
+                story.push(format!(
+                    "aggregator: asks again about nonce {} under a new validation id ({previous} before)",
+                    current.nonce
+                ));
+            }
             let conflicts_before = match expect.conflicts {
                 Some(_) => control.counters().await?.conflicts,
                 None => 0,
@@ -635,16 +655,19 @@ async fn run_step(
                 } else {
                     "merchant → gateway"
                 };
-                awaited_result(
-                    target,
-                    control,
-                    current.validation_id,
-                    wanted,
-                    teller,
-                    &mut story,
-                    &mut problems,
-                )
-                .await?;
+                // Asked again under a new id: a result is awaited under each.
+                for validation_id in asked_before.into_iter().chain([current.validation_id]) {
+                    awaited_result(
+                        target,
+                        control,
+                        validation_id,
+                        wanted,
+                        teller,
+                        &mut story,
+                        &mut problems,
+                    )
+                    .await?;
+                }
             }
             "transaction validation"
         }
