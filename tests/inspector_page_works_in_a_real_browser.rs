@@ -63,10 +63,15 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
 
     // A validation is postponed: it appears with Approve and Deny.
     let id = server.postpone_validation().await;
-    let description = browser
-        .wait_for(&format!("input.description[data-id='{id}']"))
-        .await;
-    browser.type_into(&description, "checked by hand").await;
+    let description = format!("input.description[data-id='{id}']");
+    let typed = browser.wait_and_type(&description, "checked by hand").await;
+    // The page refreshes its panels every second: what was typed is kept.
+    assert_eq!(
+        browser
+            .property_once_rendered_again(&description, &typed, "value")
+            .await,
+        "checked by hand"
+    );
     browser
         .wait_and_click(&format!("button[data-action=approve][data-id='{id}']"))
         .await;

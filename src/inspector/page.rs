@@ -408,7 +408,19 @@ async function panel(name) {
   const query = name === 'deliveries' ? '?' + filterQuery() : '';
   const answer = await fetch(base + 'inspector/' + name + query, {credentials: 'same-origin'});
   if (answer.status === 401) { location.reload(); return; }
-  if (answer.ok) document.getElementById(name).innerHTML = await answer.text();
+  if (!answer.ok) return;
+  const html = await answer.text();
+  const box = document.getElementById(name);
+  // A description being typed survives the refresh, and keeps the focus.
+  const typed = new Map();
+  box.querySelectorAll('input.description').forEach(i => typed.set(i.dataset.id, i.value));
+  const active = document.activeElement;
+  const focused = box.contains(active) && active.matches('input.description') ? active.dataset.id : null;
+  box.innerHTML = html;
+  box.querySelectorAll('input.description').forEach(i => {
+    if (typed.has(i.dataset.id)) i.value = typed.get(i.dataset.id);
+    if (i.dataset.id === focused) { i.focus(); i.setSelectionRange(i.value.length, i.value.length); }
+  });
 }
 function panels() {
   return Promise.all(['health', 'failing', 'postponed', 'outbox'].map(panel));

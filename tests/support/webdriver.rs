@@ -236,6 +236,57 @@ impl Browser {
         }
     }
 
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and types `text`
+    /// into the first one; one that is gone before the typing (the page re-rendered it) is
+    /// looked for again. Returns the element typed into.
+    pub async fn wait_and_type(&self, css: &str, text: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            let path = self.path(&format!("/element/{element}/value"));
+            let (status, value) = self
+                .try_command("POST", &path, Some(json!({"text": text})))
+                .await;
+            if status == 200 {
+                return element;
+            }
+            assert!(
+                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                "typing into `{css}`: {value}"
+            );
+        }
+    }
+
+    /// Waits (at most [`PAGE_DEADLINE`]) until the page has rendered `css` again — it
+    /// selects an element other than `before` — and returns the new element's `property`.
+    pub async fn property_once_rendered_again(
+        &self,
+        css: &str,
+        before: &str,
+        property: &str,
+    ) -> String {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            if element != before {
+                let path = self.path(&format!("/element/{element}/property/{property}"));
+                let (status, value) = self.try_command("GET", &path, None).await;
+                if status == 200 {
+                    return value.as_str().unwrap_or_default().to_owned();
+                }
+                assert!(
+                    value["error"] == "stale element reference",
+                    "reading `{property}` of `{css}`: {value}"
+                );
+            }
+            assert!(
+                started.elapsed() < PAGE_DEADLINE,
+                "the page did not render `{css}` again within {PAGE_DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub async fn type_into(&self, element: &str, text: &str) {
         self.command(
             "POST",
