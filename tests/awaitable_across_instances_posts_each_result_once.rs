@@ -1,7 +1,8 @@
 //! Awaitable mode on one PostgreSQL database shared by two instances: a validation postponed
 //! on one instance is resolved on the other; both instances' outbox workers run, and each
 //! result reaches the aggregator once; an instance that dies holding a result's lease (mid
-//! post) hands it to the other at once.
+//! post) hands it to the other at once; a validation asked about again under new ids, on
+//! either instance or on both at once, gets its result posted once under each id.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -303,5 +304,66 @@ async fn a_copy_waiting_on_another_instance_learns_the_decision_made_elsewhere()
         "one handler decided; the copy at the other instance learned its decision"
     );
     drop(apps);
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_asked_again_on_another_instance_gets_its_result_posted_under_each_id() {
+    let Some(db) = support::postgres::database("awaitable_asked_again").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let (one, one_addr) = instance(&gateway, &db).await;
+    let (other, other_addr) = instance(&gateway, &db).await;
+    let ask = |addr, id| async move {
+        let answer = support::exchange(addr, &validation("aw-again", id)).await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    };
+    ask(one_addr, 100).await;
+    // Asked again on the other instance, and under a third id on both at once.
+    ask(other_addr, 101).await;
+    tokio::join!(ask(one_addr, 102), ask(other_addr, 102));
+    let original = one.resolver().unwrap().get(100).await.unwrap().unwrap();
+    assert_eq!(
+        original.repeats,
+        [101.into(), 102.into()],
+        "each id kept once"
+    );
+
+    // Decided through a repeat, on the instance that did not receive the original.
+    let resolved = other
+        .resolver()
+        .unwrap()
+        .resolve(101, Decision::deny("documents missing"))
+        .await
+        .unwrap();
+    assert_eq!(resolved, Resolved::Recorded);
+    gateway
+        .until("a result under every id", |s| s.results.len() == 3)
+        .await;
+    let settled = one.resolver().unwrap();
+    for _ in 0..200 {
+        let all = settled.list(None).await.unwrap();
+        if all.iter().all(|v| v.state() == PostponedState::Delivered) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (mut posts, results) = gateway.with(|s| (s.posts.clone(), s.results.clone()));
+    posts.sort_unstable();
+    assert_eq!(
+        posts,
+        [(100, false, 200), (101, false, 200), (102, false, 200)],
+        "each posted once"
+    );
+    for id in [100, 101, 102] {
+        assert_eq!(results[&id], (false, "documents missing".to_owned()));
+    }
+    drop((one, other));
     db.drop_schema().await;
 }
