@@ -62,6 +62,24 @@ async fn instance(gateway: &FakeGateway, db: &TestDb) -> (App, std::net::SocketA
     (app, addr)
 }
 
+/// Waits until every validation is recorded as delivered (the record of a delivery follows
+/// the aggregator's answer by a moment); fails if they are not within [`support::DEADLINE`].
+async fn settle(app: &App) {
+    let resolver = app.resolver().unwrap();
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        let all = resolver.list(None).await.unwrap();
+        if all.iter().all(|v| v.state() == PostponedState::Delivered) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not all delivered: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn validation(nonce: &str, id: i64) -> Vec<u8> {
     let body = with(
         TRANSACTION_VALIDATION,
@@ -125,27 +143,12 @@ async fn postponed_on_one_instance_resolved_on_another_and_posted_once() {
     gateway
         .until("every result posted", |s| s.results.len() == 20)
         .await;
-    let settled = one.resolver().unwrap();
-    for _ in 0..200 {
-        let all = settled.list(None).await.unwrap();
-        if all.iter().all(|v| v.state() == PostponedState::Delivered) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settle(&one).await;
     let (posts, results) = gateway.with(|s| (s.posts.clone(), s.results.clone()));
     assert_eq!(posts.len(), 20, "each result posted once: {posts:?}");
     for id in 1..=20 {
         assert_eq!(results[&id].0, id % 3 != 0, "validation {id}");
     }
-    assert!(
-        settled
-            .list(None)
-            .await
-            .unwrap()
-            .iter()
-            .all(|v| v.state() == PostponedState::Delivered)
-    );
     drop((one, other));
     db.drop_schema().await;
 }
@@ -346,14 +349,7 @@ async fn a_validation_asked_again_on_another_instance_gets_its_result_posted_und
     gateway
         .until("a result under every id", |s| s.results.len() == 3)
         .await;
-    let settled = one.resolver().unwrap();
-    for _ in 0..200 {
-        let all = settled.list(None).await.unwrap();
-        if all.iter().all(|v| v.state() == PostponedState::Delivered) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    settle(&one).await;
     let (mut posts, results) = gateway.with(|s| (s.posts.clone(), s.results.clone()));
     posts.sort_unstable();
     assert_eq!(
