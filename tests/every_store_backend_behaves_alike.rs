@@ -1282,6 +1282,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         [
             "postponed_pending",
             "postponed_outbox",
+            "postponed_nonce",
             "callback_failures_latest"
         ],
         "every indexed read was planned"
@@ -1289,7 +1290,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     // A schema without the indexes (as a payhook before them left it) gets them at the next
     // open.
     sqlx::raw_sql(&format!(
-        "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.callback_failures_latest",
+        "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_nonce; \
+         DROP INDEX {0}.callback_failures_latest",
         db.schema
     ))
     .execute(&mut conn)
@@ -1299,7 +1301,11 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         .await
         .unwrap();
     drop(store);
-    for index in ["postponed_pending", "callback_failures_latest"] {
+    for index in [
+        "postponed_pending",
+        "postponed_nonce",
+        "callback_failures_latest",
+    ] {
         let built: bool = sqlx::query(
             "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
              JOIN pg_namespace n ON n.oid = c.relnamespace \

@@ -331,6 +331,12 @@ impl PgStore {
                 parameters: &[],
             },
             IndexedRead {
+                index: "postponed_nonce",
+                sql: self.sql(postponed::ORIGINAL_OF_NONCE),
+                // A nonce asked about again under a new validation id.
+                parameters: &[("text", "'n-1'")],
+            },
+            IndexedRead {
                 index: "callback_failures_latest",
                 sql: self.sql(dedup::FAILING_LATEST),
                 // The inspector's latest failures, refreshed every second.

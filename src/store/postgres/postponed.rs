@@ -28,6 +28,13 @@ pub(super) fn in_state_sql(state: PostponedState) -> String {
     )
 }
 
+/// The statement that reads, and locks, the validation that holds nonce `$1`'s decision:
+/// the latest of its validations that repeats none (an older one is from before the
+/// nonce's record expired). Read through the `postponed_nonce` index (`schema.rs`).
+pub(super) const ORIGINAL_OF_NONCE: &str = "SELECT validation_id, record::text FROM {s}.postponed \
+     WHERE nonce = $1 AND record->>'repeat_of' IS NULL \
+     ORDER BY validation_id DESC LIMIT 1 FOR UPDATE";
+
 /// The columns that index a record: its deadline while undecided, its next attempt while
 /// its result awaits delivery, and whether it is final.
 struct Indexed {
@@ -100,16 +107,11 @@ impl PostponedStore for PgStore {
     ) -> StoreFuture<'a, Repeat> {
         Box::pin(async move {
             let mut tx = self.pool().begin().await?;
-            // The original holds the nonce's decision: the latest validation of the nonce
-            // that repeats none (an older one is from before the nonce's record expired).
-            let original = sqlx::query(&self.sql(
-                "SELECT validation_id, record::text FROM {s}.postponed \
-                 WHERE nonce = $1 AND record->>'repeat_of' IS NULL \
-                 ORDER BY validation_id DESC LIMIT 1 FOR UPDATE",
-            ))
-            .bind(request.nonce().as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
+            // The original holds the nonce's decision.
+            let original = sqlx::query(&self.sql(ORIGINAL_OF_NONCE))
+                .bind(request.nonce().as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
             // Read under the original's lock: a repeat of it recorded by another instance
             // a moment ago is seen here.
             let known =
