@@ -314,11 +314,11 @@ impl SledStore {
         }
     }
 
-    fn submit(
+    fn submit<T: Send + 'static>(
         &self,
         job: Job,
-        reply: oneshot::Receiver<Result<(), StoreError>>,
-    ) -> DurableFuture<'_> {
+        reply: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> StoreFuture<'_, T> {
         self.inner.writer.submit(job);
         Box::pin(async move {
             reply
@@ -585,16 +585,12 @@ impl PostponedStore for SledStore {
             return Box::pin(async move { Err(error) });
         }
         let (reply, receiver) = oneshot::channel();
-        self.inner.writer.submit(Job::Repeat {
+        let job = Job::Repeat {
             request: Box::new(request.clone()),
             now,
             reply,
-        });
-        Box::pin(async move {
-            receiver
-                .await
-                .unwrap_or_else(|_| Err(StoreError::backend_message("the write was dropped")))
-        })
+        };
+        self.submit(job, receiver)
     }
 
     fn record_delivery(
@@ -951,12 +947,7 @@ impl SledStore {
             return Box::pin(async move { Err(error) });
         }
         let (reply, receiver) = oneshot::channel();
-        self.inner.writer.submit(Job::Postponed { op, reply });
-        Box::pin(async move {
-            receiver
-                .await
-                .unwrap_or_else(|_| Err(StoreError::backend_message("the write was dropped")))
-        })
+        self.submit(Job::Postponed { op, reply }, receiver)
     }
 
     /// The records indexed under `prefix` whose time (the index value) is at or before

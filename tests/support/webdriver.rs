@@ -198,63 +198,57 @@ impl Browser {
         }
     }
 
-    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element; the first one's
-    /// text. The page re-renders its panels as it updates itself, so an element found may
-    /// be gone before its text is read: it is then looked for again.
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and sends the first
+    /// one `method` `action` (`text`, `click`, `value`) with `body`; its `value`. The page
+    /// re-renders its panels as it updates itself, so an element found may be gone before
+    /// the command reaches it: it is then looked for again (a command on a stale element
+    /// did nothing). `what` names the command in a failure.
+    async fn on_element(
+        &self,
+        css: &str,
+        method: &str,
+        action: &str,
+        body: Option<Value>,
+        what: &str,
+    ) -> (String, Value) {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            let path = self.path(&format!("/element/{element}/{action}"));
+            let (status, value) = self.try_command(method, &path, body.clone()).await;
+            if status == 200 {
+                return (element, value);
+            }
+            assert!(
+                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                "{what} `{css}`: {value}"
+            );
+        }
+    }
+
+    /// Waits until `css` selects an element (see [`Self::on_element`]); the first one's text.
     pub async fn wait_for_text(&self, css: &str) -> String {
-        let started = Instant::now();
-        loop {
-            let element = self.wait_for(css).await;
-            let path = self.path(&format!("/element/{element}/text"));
-            let (status, value) = self.try_command("GET", &path, None).await;
-            if status == 200 {
-                return value.as_str().unwrap_or_default().to_owned();
-            }
-            assert!(
-                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
-                "reading the text of `{css}`: {value}"
-            );
-        }
+        let (_, text) = self
+            .on_element(css, "GET", "text", None, "reading the text of")
+            .await;
+        text.as_str().unwrap_or_default().to_owned()
     }
 
-    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and clicks the
-    /// first one; one that is gone before the click (the page re-rendered it) is looked for
-    /// again — a click on it did not happen.
+    /// Waits until `css` selects an element (see [`Self::on_element`]), and clicks the first
+    /// one.
     pub async fn wait_and_click(&self, css: &str) {
-        let started = Instant::now();
-        loop {
-            let element = self.wait_for(css).await;
-            let path = self.path(&format!("/element/{element}/click"));
-            let (status, value) = self.try_command("POST", &path, Some(json!({}))).await;
-            if status == 200 {
-                return;
-            }
-            assert!(
-                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
-                "clicking `{css}`: {value}"
-            );
-        }
+        self.on_element(css, "POST", "click", Some(json!({})), "clicking")
+            .await;
     }
 
-    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and types `text`
-    /// into the first one; one that is gone before the typing (the page re-rendered it) is
-    /// looked for again. Returns the element typed into.
+    /// Waits until `css` selects an element (see [`Self::on_element`]), and types `text`
+    /// into the first one. Returns the element typed into.
     pub async fn wait_and_type(&self, css: &str, text: &str) -> String {
-        let started = Instant::now();
-        loop {
-            let element = self.wait_for(css).await;
-            let path = self.path(&format!("/element/{element}/value"));
-            let (status, value) = self
-                .try_command("POST", &path, Some(json!({"text": text})))
-                .await;
-            if status == 200 {
-                return element;
-            }
-            assert!(
-                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
-                "typing into `{css}`: {value}"
-            );
-        }
+        let body = json!({"text": text});
+        let (element, _) = self
+            .on_element(css, "POST", "value", Some(body), "typing into")
+            .await;
+        element
     }
 
     /// Waits (at most [`PAGE_DEADLINE`]) until the page has rendered `css` again — it
