@@ -44,7 +44,7 @@ use crate::postponed::{
     Clock, Decision, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
 };
 use crate::server::Reconciled;
-use crate::store::{FailingCallback, Store, StoreError};
+use crate::store::{FailingCallback, FailingCursor, FailingPage, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -292,6 +292,16 @@ impl AdminClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, AdminError> {
+        Ok(self.call_with_headers(method, path, body).await?.0)
+    }
+
+    /// [`AdminClient::call`], with the answer's headers.
+    async fn call_with_headers<T: serde::de::DeserializeOwned>(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(T, http::HeaderMap), AdminError> {
         use http_body_util::BodyExt as _;
         let remote = |status: u16, message: String| AdminError::Remote { status, message };
         let request = http::Request::builder()
@@ -313,8 +323,8 @@ impl AdminClient {
                 .await
                 .map_err(|e| remote(0, format!("cannot reach {}: {e}", self.base)))?;
             let status = response.status();
-            let body = response
-                .into_body()
+            let (parts, body) = response.into_parts();
+            let body = body
                 .collect()
                 .await
                 .map_err(|e| remote(0, e.to_string()))?
@@ -326,7 +336,9 @@ impl AdminClient {
                 );
                 return Err(remote(status.as_u16(), message));
             }
-            serde_json::from_slice(&body).map_err(|e| remote(status.as_u16(), e.to_string()))
+            let value = serde_json::from_slice(&body)
+                .map_err(|e| remote(status.as_u16(), e.to_string()))?;
+            Ok((value, parts.headers))
         };
         tokio::time::timeout(std::time::Duration::from_secs(60), call)
             .await
@@ -355,24 +367,59 @@ impl AdminClient {
     }
 
     /// The callbacks whose handler failed and that are not booked yet, most recent failure
-    /// first.
+    /// first: every page of [`AdminClient::failing_page`], read in turn.
     ///
     /// # Errors
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached.
     pub async fn failing_callbacks(&self) -> Result<Vec<FailingCallback>, AdminError> {
-        self.call(http::Method::GET, "callbacks/failing", None)
-            .await
+        self.failing_latest(usize::MAX).await
     }
 
-    /// The `limit` of [`AdminClient::failing_callbacks`] that failed last.
+    /// The `limit` of [`AdminClient::failing_callbacks`] that failed last, read a page at a
+    /// time.
     ///
     /// # Errors
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached.
     pub async fn failing_latest(&self, limit: usize) -> Result<Vec<FailingCallback>, AdminError> {
-        let path = format!("callbacks/failing?limit={limit}");
-        self.call(http::Method::GET, &path, None).await
+        let mut failing = Vec::new();
+        let mut after = None;
+        while failing.len() < limit {
+            let page = self
+                .failing_page(after.as_ref(), limit - failing.len())
+                .await?;
+            failing.extend(page.failing);
+            after = page.next;
+            if after.is_none() {
+                break;
+            }
+        }
+        Ok(failing)
+    }
+
+    /// One page of the failing callbacks: at most `limit` (the service lists at most 1,000
+    /// a page) after `after`, from the latest without it, and where the next page starts.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn failing_page(
+        &self,
+        after: Option<&FailingCursor>,
+        limit: usize,
+    ) -> Result<FailingPage, AdminError> {
+        let mut path = format!("callbacks/failing?limit={}", limit.max(1));
+        if let Some(cursor) = after {
+            let _ = write!(path, "&after={cursor}");
+        }
+        let (failing, headers): (Vec<FailingCallback>, _) = self
+            .call_with_headers(http::Method::GET, &path, None)
+            .await?;
+        Ok(FailingPage {
+            failing,
+            next: next_after(&headers),
+        })
     }
 
     /// The postponed validations (in `state`: `pending`, `queued`, `delivered`, `conflict`).
@@ -749,6 +796,23 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
         let _ = writeln!(out, "{label:<20}{value}");
     }
     out
+}
+
+/// The `after` of the `rel="next"` link among `headers`: where the next page starts.
+fn next_after(headers: &http::HeaderMap) -> Option<FailingCursor> {
+    headers
+        .get_all(http::header::LINK)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter(|link| link.contains("rel=\"next\""))
+        .find_map(|link| {
+            let target = link.split_once('<')?.1.split_once('>')?.0;
+            let query = target.split_once('?')?.1;
+            form_urlencoded::parse(query.as_bytes())
+                .find(|(key, _)| key == "after")
+                .and_then(|(_, token)| token.parse().ok())
+        })
 }
 
 /// Failing callbacks as a table, one line per (nonce, status); the nonce and reason are

@@ -1015,6 +1015,98 @@ async fn the_latest_failures_are_read_without_the_rest(b: &Backend) {
     }
 }
 
+behaviour!(failing_pairs_are_listed_a_page_at_a_time);
+/// The operating API lists an incident's failing pairs a page at a time: the pages, read in
+/// turn, are the whole list in its order (pairs of one moment, a nonce's pairs at different
+/// times and a nonce too long to be spelled out in a key included), whatever their size.
+/// A pair that fails again while an operator pages moves to the top and is not listed twice,
+/// a pair booked meanwhile is not listed, and a page after a pair booked since still starts
+/// where that pair was.
+async fn failing_pairs_are_listed_a_page_at_a_time(b: &Backend) {
+    let now = Utc::now();
+    let at = |seconds_ago: i64| now - chrono::Duration::seconds(seconds_ago);
+    let long = "l".repeat(100);
+    let failed = |nonce: &str, status, seconds_ago| CallbackFailure {
+        status,
+        at: at(seconds_ago),
+        ..failure(nonce, "handler failed")
+    };
+    for (nonce, status, seconds_ago) in [
+        ("n-a", TransactionStatus::Success, 30),
+        ("n-a", TransactionStatus::Pending, 10),
+        ("t-b", TransactionStatus::Success, 20),
+        ("t-a", TransactionStatus::Success, 20),
+        (long.as_str(), TransactionStatus::Success, 20),
+        ("t-a", TransactionStatus::Pending, 20),
+        ("n-c", TransactionStatus::Success, 40),
+    ] {
+        b.shared
+            .record_callback_failure(failed(nonce, status, seconds_ago))
+            .await
+            .unwrap();
+    }
+    let order = |failing: &[payhook::store::FailingCallback]| {
+        failing
+            .iter()
+            .map(|f| format!("{}/{}", &f.nonce.as_str()[..3], f.status))
+            .collect::<Vec<_>>()
+    };
+    let all = order(&failing_until(b, 7).await);
+    assert_eq!(
+        all,
+        [
+            "n-a/3", "lll/4", "t-a/3", "t-a/4", "t-b/4", "n-a/4", "n-c/4"
+        ]
+    );
+    // Every page size, from one pair to more than there are.
+    for size in 1..=8 {
+        let (mut listed, mut pages, mut after) = (Vec::new(), 0, None);
+        loop {
+            let page = b.shared.failing_page(after, size).await.unwrap();
+            assert!(page.failing.len() <= size, "a page of {size}");
+            pages += 1;
+            listed.extend(order(&page.failing));
+            after = page.next;
+            if after.is_none() {
+                break;
+            }
+            assert_eq!(page.failing.len(), size, "only the last page is short");
+        }
+        assert_eq!(listed, all, "pages of {size}");
+        assert_eq!(pages, all.len().div_ceil(size), "pages of {size}");
+    }
+    // While an operator pages: t-b fails again, n-a's Success is booked, and so is t-a's
+    // Success, the last pair of the page read.
+    let first = b.shared.failing_page(None, 4).await.unwrap();
+    assert_eq!(order(&first.failing), all[..4]);
+    b.shared
+        .record_callback_failure(failed("t-b", TransactionStatus::Success, 1))
+        .await
+        .unwrap();
+    b.acknowledge("n-a", TransactionStatus::Success, Effects::default())
+        .await;
+    b.acknowledge("t-a", TransactionStatus::Success, Effects::default())
+        .await;
+    let mut now_listed = Vec::new();
+    for _ in 0..200 {
+        now_listed = order(&b.shared.failing_callbacks().await.unwrap());
+        if now_listed.first().map(String::as_str) == Some("t-b/4") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(now_listed, ["t-b/4", "n-a/3", "lll/4", "t-a/3", "n-c/4"]);
+    let rest = b.shared.failing_page(first.next, 10).await.unwrap();
+    assert_eq!(order(&rest.failing), ["n-c/4"]);
+    assert_eq!(rest.next, None);
+    // After the last pair: nothing, and no next page.
+    let last = b.shared.failing_page(None, 5).await.unwrap();
+    assert_eq!(last.next, None);
+    let cursor = payhook::store::FailingCursor::after(last.failing.last().unwrap());
+    let after_last = b.shared.failing_page(Some(cursor), 5).await.unwrap();
+    assert!(after_last.failing.is_empty() && after_last.next.is_none());
+}
+
 behaviour!(u0000_outside_identifiers_is_kept);
 /// JSON allows U+0000 in any string, and the wire refuses it only in identifiers (PostgreSQL
 /// cannot hold it in `text`): in a postponed validation's free-form data it is kept as sent,
@@ -1221,7 +1313,8 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
 }
 
 /// PostgreSQL only: the store's own statements (`PgStore::indexed_reads`) read what waits
-/// through its partial index and the latest failing callbacks through theirs, and the
+/// through its partial index and the latest failing callbacks through theirs (a page after
+/// a cursor from the cursor's time down, not the pages before it), and the
 /// index of pending
 /// validations — which has no schema version, so that an older payhook still opens the
 /// database — is built by the open of a schema that lacks it, as one upgraded from a
@@ -1275,6 +1368,13 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
             "{}: {lines:#?}",
             read.sql
         );
+        if let Some(condition) = read.condition {
+            assert!(
+                lines.iter().any(|line| line.contains(condition)),
+                "{} does not begin its scan at `{condition}`: {lines:#?}",
+                read.sql
+            );
+        }
         planned.push(read.index);
     }
     assert_eq!(
@@ -1283,6 +1383,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
             "postponed_pending",
             "postponed_outbox",
             "postponed_nonce",
+            "callback_failures_latest",
             "callback_failures_latest"
         ],
         "every indexed read was planned"

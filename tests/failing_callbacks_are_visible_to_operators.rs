@@ -317,3 +317,124 @@ async fn the_command_line_lists_failing_callbacks_of_a_running_and_a_stopped_ser
     );
     drop(data);
 }
+
+/// An incident can leave more failing pairs than one answer should carry: the operating API
+/// lists them a page at a time (1,000 without `limit`, at most 1,000 with it) and names the
+/// next page in a `Link` header until the last; following the links lists each pair once,
+/// in order. `payhook callbacks failing` reads every page, and `--latest N` as many as it
+/// takes. An `after` that is not a cursor is refused with 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_s_failing_callbacks_are_listed_a_page_at_a_time() {
+    const PAIRS: usize = 1_005;
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.admin.token = Some(TOKEN.into());
+    config.store.path = data.path().join("store");
+    let store = SledStore::open(&config.store, &[]).unwrap();
+    let at = chrono::Utc::now();
+    for i in 0..PAIRS {
+        store
+            .record_callback_failure(CallbackFailure {
+                nonce: format!("n-{i:04}").into(),
+                status: TransactionStatus::Success,
+                reason: "handler failed".into(),
+                transaction_reference_id: uuid::Uuid::nil(),
+                client_id: "client".into(),
+                amount: rust_decimal::Decimal::new(1050, 2),
+                currency: "EUR".into(),
+                // Ten a millisecond: pages end within a moment as well as between two.
+                at: at - chrono::Duration::milliseconds(i64::try_from(i / 10).unwrap()),
+            })
+            .await
+            .unwrap();
+    }
+    while store.failing_count().await.unwrap() < PAIRS {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let server = TestServer::start_on(config, data, store).await;
+    let nonces = |page: &[Value]| {
+        page.iter()
+            .map(|f| f["nonce"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let expected: Vec<String> = (0..PAIRS).map(|i| format!("n-{i:04}")).collect();
+
+    // Without `limit`: 1,000, then the rest through the link.
+    let mut path = "/payhook/admin/callbacks/failing".to_owned();
+    let mut listed = Vec::new();
+    let mut sizes = Vec::new();
+    loop {
+        let response = admin_get(&server, &path).await;
+        assert_eq!(response.status, 200, "{}", response.message());
+        let page = response.json().as_array().unwrap().clone();
+        sizes.push(page.len());
+        listed.extend(nonces(&page));
+        let Some(link) = response.header("link") else {
+            break;
+        };
+        assert!(link.ends_with(r#">; rel="next""#), "{link}");
+        path = link[1..link.find('>').unwrap()].to_owned();
+        assert!(
+            path.starts_with("/payhook/admin/callbacks/failing?"),
+            "{path}"
+        );
+    }
+    assert_eq!(sizes, [1_000, 5]);
+    assert_eq!(listed, expected);
+
+    // A page of 7 at a time, a larger `limit` taken as 1,000.
+    let mut path = "/payhook/admin/callbacks/failing?limit=7".to_owned();
+    let mut listed = Vec::new();
+    while let Some(next) = {
+        let response = admin_get(&server, &path).await;
+        let page = response.json().as_array().unwrap().clone();
+        assert!(page.len() <= 7);
+        listed.extend(nonces(&page));
+        response
+            .header("link")
+            .map(|l| l[1..l.find('>').unwrap()].to_owned())
+    } {
+        path = next;
+    }
+    assert_eq!(listed, expected);
+    let large = failing_at(&server, "/payhook/admin/callbacks/failing?limit=5000").await;
+    assert_eq!(large.len(), 1_000);
+
+    for after in ["garbage", "bm90OmE", "MTcwMDAwMDAwMDAwMDAwMDpub3Q6bi0x"] {
+        let refused = admin_get(
+            &server,
+            &format!("/payhook/admin/callbacks/failing?after={after}"),
+        )
+        .await;
+        assert_eq!(refused.status, 400, "{after}");
+        assert!(refused.message().contains("after"), "{}", refused.message());
+    }
+
+    // The command line reads every page, or as many as `--latest` takes.
+    let url = format!("http://{}", server.addr);
+    let token = [("PAYHOOK_ADMIN_TOKEN", TOKEN.to_owned())];
+    let (code, out) = payhook(
+        &["callbacks", "failing", "--json", "--admin-url", &url],
+        &token,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let all: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(nonces(&all), expected);
+    let (code, out) = payhook(
+        &[
+            "callbacks",
+            "failing",
+            "--latest",
+            "1002",
+            "--json",
+            "--admin-url",
+            &url,
+        ],
+        &token,
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let latest: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(nonces(&latest), expected[..1_002]);
+}

@@ -211,7 +211,8 @@ pub(crate) fn failing(latest: &[FailingCallback], count: usize, now: DateTime<Ut
         let _ = write!(
             out,
             "<p class=empty>{left_out} older ones are not shown; \
-             GET /payhook/admin/callbacks/failing lists them all.</p>"
+             payhook callbacks failing, or GET /payhook/admin/callbacks/failing a page at a time, \
+             lists them all.</p>"
         );
     }
     out

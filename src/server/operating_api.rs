@@ -11,7 +11,7 @@
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, credentials redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
-//! | `GET /payhook/admin/callbacks/failing?limit=N` | 200, the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first, the latest `N` only when `limit` is given (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency) |
+//! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
@@ -342,12 +342,22 @@ impl OperatingApi {
             }
             (&Method::GET, ["callbacks", "failing"]) => {
                 let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
-                let failing = match failing_limit(parts.uri.query().unwrap_or_default())? {
-                    Some(limit) => store.failing_latest(limit).await,
-                    None => store.failing_callbacks().await,
+                let (after, limit) = failing_params(parts.uri.query().unwrap_or_default())?;
+                let page = store
+                    .failing_page(after, limit)
+                    .await
+                    .map_err(|e| self.admin_store_failed(&e))?;
+                let mut response = json(&page.failing);
+                if let Some(next) = page.next {
+                    let link = format!(
+                        "<{}?limit={limit}&after={next}>; rel=\"next\"",
+                        parts.uri.path()
+                    );
+                    if let Ok(value) = http::HeaderValue::from_str(&link) {
+                        response.headers_mut().insert(http::header::LINK, value);
+                    }
                 }
-                .map_err(|e| self.admin_store_failed(&e))?;
-                Ok(json(&failing))
+                Ok(response)
             }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = self.ingress.read_body(&parts, body).await?;
@@ -425,16 +435,33 @@ fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
     Ok((after, limit, wait))
 }
 
-/// `limit` of `GET callbacks/failing`: the latest `limit` failing pairs; without it, all.
-fn failing_limit(query: &str) -> Result<Option<usize>, Problem> {
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(key, _)| key == "limit")
-        .map(|(_, value)| {
-            value
-                .parse::<usize>()
-                .map_err(|_| Problem::BadRequest("`limit` must be a whole number".into()))
-        })
-        .transpose()
+/// The most failing pairs a page of `GET callbacks/failing` lists, and how many without
+/// `limit`: a page stays well under a megabyte of JSON however many an incident left.
+pub(super) const FAILING_PAGE_LIMIT: usize = 1000;
+
+/// `after` and `limit` of `GET callbacks/failing`: from the latest, and
+/// [`FAILING_PAGE_LIMIT`] (at least 1, at most that).
+fn failing_params(query: &str) -> Result<(Option<crate::store::FailingCursor>, usize), Problem> {
+    let (mut after, mut limit) = (None, FAILING_PAGE_LIMIT);
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "after" => {
+                after = Some(
+                    value
+                        .parse()
+                        .map_err(|e| Problem::BadRequest(format!("`after`: {e}")))?,
+                );
+            }
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .map_err(|_| Problem::BadRequest("`limit` must be a whole number".into()))?
+                    .clamp(1, FAILING_PAGE_LIMIT);
+            }
+            _ => {}
+        }
+    }
+    Ok((after, limit))
 }
 
 fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {

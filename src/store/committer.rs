@@ -993,7 +993,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             };
             // A later write moved the record's expiry (and indexed it again): keep it.
             let named = keys::describe(&identifier);
-            // A failing record goes with its pairs and its key by time.
+            // A failing record goes with its pairs and its keys by time.
             let (expires, failing) = match tag {
                 keys::TAG_CALLBACK => (decode::<CallbackRecord>(&named, &bytes)?.expires_ms, None),
                 keys::TAG_FAILING => {
@@ -1007,9 +1007,8 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 purged += 1;
                 if let Some(record) = failing {
                     failing_purged += record.failing.len();
-                    if let Some(latest) = record.latest_ms() {
-                        let listed = keys::failing_by_time(latest, keys::identifier_in(found_at));
-                        batch.remove(listed);
+                    for time in record.times() {
+                        batch.remove(keys::failing_by_time(time, keys::identifier_in(found_at)));
                     }
                 }
             }

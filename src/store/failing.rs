@@ -12,9 +12,11 @@
 //! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
-//! Key `l\0` latest failure · nonce, empty: each record listed by its latest failure, kept in
-//! the same batch as the record, so that the latest failures are read without reading them
-//! all ([`latest`]).
+//! Key `l\0` failure ms · nonce, empty: each record listed at each millisecond one of its
+//! pairs last failed (most records have one pair, so one key), kept in the same batch as the
+//! record. The pairs are read through these keys from the latest down, a page at a time
+//! ([`page`]): the latest without reading the rest, and a page after a [`FailingCursor`]
+//! without reading the pages before it.
 //!
 //! An incident can leave hundreds of thousands of failing pairs for the retention period,
 //! while `/metrics` reports how many there are on every scrape and the inspector's panel
@@ -26,8 +28,6 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::StoreError;
@@ -86,6 +86,135 @@ pub struct FailingCallback {
     pub amount: String,
     /// The currency.
     pub currency: String,
+}
+
+/// Where a page of the failing pairs ended: the last pair it listed. The next page lists
+/// the pairs after it in the listing's order — the latest failure first, then by nonce and
+/// status — so a pair that fails again while an operator pages moves to the top and is
+/// not listed twice further down, and a pair booked meanwhile is simply not listed.
+///
+/// On the wire (the operating API's `after`) it is an opaque token:
+///
+/// ```
+/// use payhook::store::FailingCursor;
+///
+/// let token = "MTcwMDAwMDAwMDAwMDAwMDo0Om4tMQ";
+/// let cursor: FailingCursor = token.parse().unwrap();
+/// assert_eq!(cursor.to_string(), token);
+/// assert!("not a cursor".parse::<FailingCursor>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailingCursor {
+    last_failed: DateTime<Utc>,
+    nonce: crate::model::Nonce,
+    status: i32,
+}
+
+impl FailingCursor {
+    /// The position of `pair`: the next page starts after it.
+    #[must_use]
+    pub fn after(pair: &FailingCallback) -> Self {
+        Self {
+            last_failed: pair.last_failed,
+            nonce: pair.nonce.clone(),
+            status: pair.status,
+        }
+    }
+
+    /// Whether `pair` comes after this position in the listing's order.
+    #[must_use]
+    pub fn precedes(&self, pair: &FailingCallback) -> bool {
+        listing_order(
+            (&self.last_failed, self.nonce.as_str(), self.status),
+            (&pair.last_failed, pair.nonce.as_str(), pair.status),
+        ) == std::cmp::Ordering::Less
+    }
+
+    /// The last failure of the pair it follows (UTC).
+    #[must_use]
+    pub fn last_failed(&self) -> DateTime<Utc> {
+        self.last_failed
+    }
+
+    /// The nonce of the pair it follows.
+    #[must_use]
+    pub fn nonce(&self) -> &crate::model::Nonce {
+        &self.nonce
+    }
+
+    /// The status code of the pair it follows.
+    #[must_use]
+    pub fn status(&self) -> i32 {
+        self.status
+    }
+}
+
+/// The token: URL-safe base64 of `micros:status:nonce` (the time to the microsecond, as
+/// PostgreSQL keeps it).
+impl std::fmt::Display for FailingCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use base64::Engine as _;
+        let text = format!(
+            "{}:{}:{}",
+            self.last_failed.timestamp_micros(),
+            self.status,
+            self.nonce.as_str()
+        );
+        f.write_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text))
+    }
+}
+
+/// A token that is not a cursor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "not a cursor of the failing callbacks' listing (pass on the `after` of a page's `next` link)"
+)]
+pub struct NotACursor;
+
+impl std::str::FromStr for FailingCursor {
+    type Err = NotACursor;
+
+    fn from_str(token: &str) -> Result<Self, NotACursor> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| NotACursor)?;
+        let text = String::from_utf8(bytes).map_err(|_| NotACursor)?;
+        let mut parts = text.splitn(3, ':');
+        let (Some(micros), Some(status), Some(nonce)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(NotACursor);
+        };
+        let micros = micros.parse::<i64>().map_err(|_| NotACursor)?;
+        Ok(Self {
+            last_failed: DateTime::from_timestamp_micros(micros).ok_or(NotACursor)?,
+            status: status.parse().map_err(|_| NotACursor)?,
+            nonce: nonce.into(),
+        })
+    }
+}
+
+/// One page of the failing pairs, in the listing's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailingPage {
+    /// The pairs of this page.
+    pub failing: Vec<FailingCallback>,
+    /// Where the next page starts; `None` when this is the last.
+    pub next: Option<FailingCursor>,
+}
+
+impl FailingPage {
+    /// The first `limit` of `listed` (in the listing's order, after the cursor it was read
+    /// after), and a cursor for the next page when `listed` holds more.
+    pub(crate) fn of(mut listed: Vec<FailingCallback>, limit: usize) -> Self {
+        let more = listed.len() > limit;
+        listed.truncate(limit);
+        let next = listed.last().filter(|_| more).map(FailingCursor::after);
+        Self {
+            failing: listed,
+            next,
+        }
+    }
 }
 
 /// What is stored under a nonce: its failing statuses.
@@ -166,13 +295,14 @@ pub(crate) struct Counted {
     pub(crate) pairs: usize,
     /// Failing records, those that do not decode included.
     pub(crate) records: usize,
-    /// Records whose key by time was in place.
+    /// Keys by time that were in place.
     in_place: usize,
-    /// Records whose key by time is added to the batch.
+    /// Keys by time added to the batch (a record's, or one a build before this one did not
+    /// write: it listed a record at its latest failure only).
     listed: usize,
 }
 
-/// Counts the failing pairs, and adds to `changes` the key by time of each record without.
+/// Counts the failing pairs, and adds to `changes` each key by time a record lacks.
 fn count_and_list(tree: &sled::Tree, changes: &mut sled::Batch) -> Result<Counted, StoreError> {
     let mut counted = Counted {
         pairs: 0,
@@ -196,24 +326,24 @@ fn count_and_list(tree: &sled::Tree, changes: &mut sled::Batch) -> Result<Counte
             }
         };
         counted.pairs += record.failing.len();
-        let Some(latest) = record.latest_ms() else {
-            continue;
-        };
-        let listed = keys::failing_by_time(latest, identifier);
-        if tree.contains_key(&listed)? {
-            counted.in_place += 1;
-        } else {
-            changes.insert(listed, Vec::new());
-            counted.listed += 1;
+        for time in record.times() {
+            let listed = keys::failing_by_time(time, identifier);
+            if tree.contains_key(&listed)? {
+                counted.in_place += 1;
+            } else {
+                changes.insert(listed, Vec::new());
+                counted.listed += 1;
+            }
         }
     }
     Ok(counted)
 }
 
 /// Adds to `changes` the removal of each key by time whose record is gone or has moved on:
-/// left by a build before these keys that ran on the store after one with them (a rollback,
-/// then the upgrade again). Looked for only when there are more keys than the `in_place`
-/// ones of the records, as there seldom are. Returns how many.
+/// left by a build before these keys, or before a record's every pair was listed, that ran
+/// on the store after this one (a rollback, then the upgrade again). Looked for only when
+/// there are more keys than the `in_place` ones of the records, as there seldom are.
+/// Returns how many.
 fn unlist_stale(
     tree: &sled::Tree,
     in_place: usize,
@@ -239,12 +369,12 @@ fn unlist_stale(
     Ok(unlisted)
 }
 
-/// The failing record `listed_key` (an `l` key) lists; `None` when the record is gone or its
-/// latest failure is no longer the time the key holds.
+/// The pairs of the failing record `listed_key` (an `l` key) lists that last failed at the
+/// time the key holds; `None` when the record is gone or none of its pairs failed last then.
 fn listed_record(
     tree: &sled::Tree,
     listed_key: &[u8],
-) -> Result<Option<FailureRecord>, StoreError> {
+) -> Result<Option<Vec<FailingCallback>>, StoreError> {
     let Some((listed, identifier)) = keys::of_failing_by_time(listed_key) else {
         return Ok(None);
     };
@@ -252,7 +382,12 @@ fn listed_record(
         return Ok(None);
     };
     let record: FailureRecord = super::record::decode_named(&bytes, || keys::describe(identifier))?;
-    Ok((record.latest_ms() == Some(listed)).then_some(record))
+    let pairs: Vec<_> = record
+        .failing
+        .into_iter()
+        .filter(|pair| ms(pair.last_failed) == listed)
+        .collect();
+    Ok((!pairs.is_empty()).then_some(pairs))
 }
 
 /// The reason kept, at most this many bytes (a handler's message could be anything).
@@ -278,7 +413,7 @@ pub(crate) fn record(
         Some(bytes) => decode::<FailureRecord>(nonce, &bytes)?,
         None => FailureRecord::default(),
     };
-    let listed = record.latest_ms();
+    let listed = record.times();
     let reason = truncate(&failure.reason, REASON_BYTES);
     match record.failing.iter_mut().find(|f| f.status == status) {
         Some(entry) => {
@@ -300,7 +435,7 @@ pub(crate) fn record(
         }),
     }
     record.expires_ms = expires_ms;
-    relist(staging, &key, listed, record.latest_ms());
+    relist(staging, &key, &listed, &record.times());
     staging.put_record(&key, Some(encode(&record)));
     Ok(true)
 }
@@ -316,78 +451,97 @@ pub(crate) fn booked(
         return Ok(());
     };
     let mut record: FailureRecord = decode(nonce, &bytes)?;
-    let listed = record.latest_ms();
+    let listed = record.times();
     record.failing.retain(|f| f.status != status);
-    relist(staging, &key, listed, record.latest_ms());
+    relist(staging, &key, &listed, &record.times());
     let value = (!record.failing.is_empty()).then(|| encode(&record));
     staging.put_record(&key, value);
     Ok(())
 }
 
-/// Moves the record at `key` from its `l` key at `listed` (under either key it may have been
-/// found at) to the one at `latest` (`None`: no record, no key).
-fn relist(
-    staging: &mut Staging<'_>,
-    key: &keys::RecordKey,
-    listed: Option<u64>,
-    latest: Option<u64>,
-) {
-    if let Some(listed) = listed {
-        let older = key.spelled_out.as_deref().map(keys::identifier_in);
+/// Moves the record at `key` from its `l` keys at the times `listed` (under either key it
+/// may have been found at) to those at `times` (none: no record, no key).
+fn relist(staging: &mut Staging<'_>, key: &keys::RecordKey, listed: &[u64], times: &[u64]) {
+    let older = key.spelled_out.as_deref().map(keys::identifier_in);
+    for &time in listed {
         for identifier in std::iter::once(key.identifier()).chain(older) {
-            staging.put(keys::failing_by_time(listed, identifier), None);
+            staging.put(keys::failing_by_time(time, identifier), None);
         }
     }
-    if let Some(latest) = latest {
+    for &time in times {
         staging.put(
-            keys::failing_by_time(latest, key.identifier()),
+            keys::failing_by_time(time, key.identifier()),
             Some(Vec::new()),
         );
     }
 }
 
-/// The `limit` failing pairs of `tree` that failed last, most recent first, read through the
-/// `l` keys from the latest down: a record's pairs failed at its latest failure or before, so
-/// the reading stops at the first record that cannot hold one of the `limit` latest. An `l`
-/// key whose record has moved on (or gone) is passed over.
-pub(crate) fn latest(tree: &sled::Tree, limit: usize) -> Result<Vec<FailingCallback>, StoreError> {
-    let mut found: Vec<FailingCallback> = Vec::new();
-    // The times of the `limit` latest pairs found so far, the earliest on top.
-    let mut kept = BinaryHeap::with_capacity(limit.saturating_add(1).min(1024));
-    for entry in tree.scan_prefix(keys::FAILING_BY_TIME_PREFIX).rev() {
+/// The failing pairs of `tree` after `after` (from the latest without it), at most `limit`,
+/// in the listing's order: read through the `l` keys from the latest down, one millisecond
+/// at a time (its pairs put in order by nonce and status), until one more than `limit` is
+/// found. A page after a cursor starts at the cursor's millisecond: the pages before it are
+/// not read. An `l` key whose record has moved on (or gone) is passed over.
+pub(crate) fn page(
+    tree: &sled::Tree,
+    after: Option<&FailingCursor>,
+    limit: usize,
+) -> Result<FailingPage, StoreError> {
+    let wanted = limit.saturating_add(1);
+    let end = keys::failing_by_time_end(after.map(|cursor| ms(cursor.last_failed)));
+    let mut found = Vec::new();
+    // The pairs of the millisecond being read, and which one it is.
+    let mut moment = Vec::new();
+    let mut moment_ms = None;
+    for entry in tree.range(keys::FAILING_BY_TIME_PREFIX.to_vec()..end).rev() {
         let (listed_key, _) = entry?;
-        // Every pair still unread failed at `listed` or before: done once the `limit` kept
-        // all failed strictly later (pairs of the same millisecond are ordered by nonce).
-        let listed = keys::of_failing_by_time(&listed_key).map(|(listed, _)| listed);
-        let all_later = |listed| kept.peek().is_none_or(|Reverse(time)| *time > listed);
-        if kept.len() >= limit && listed.is_some_and(all_later) {
-            break;
-        }
-        let Some(record) = listed_record(tree, &listed_key)? else {
+        let Some((listed, _)) = keys::of_failing_by_time(&listed_key) else {
             continue;
         };
-        for pair in record.failing {
-            kept.push(Reverse(ms(pair.last_failed)));
-            if kept.len() > limit {
-                kept.pop();
+        if moment_ms != Some(listed) {
+            take_moment(&mut found, &mut moment, after);
+            if found.len() >= wanted {
+                break;
             }
-            found.push(pair);
+            moment_ms = Some(listed);
         }
+        moment.extend(listed_record(tree, &listed_key)?.unwrap_or_default());
     }
-    sort_latest_first(&mut found);
-    found.truncate(limit);
-    Ok(found)
+    take_moment(&mut found, &mut moment, after);
+    Ok(FailingPage::of(found, limit))
+}
+
+/// Moves the pairs of one millisecond to `found`, in the listing's order, those after
+/// `after` only.
+fn take_moment(
+    found: &mut Vec<FailingCallback>,
+    moment: &mut Vec<FailingCallback>,
+    after: Option<&FailingCursor>,
+) {
+    sort_latest_first(moment);
+    found.extend(
+        moment
+            .drain(..)
+            .filter(|pair| after.is_none_or(|cursor| cursor.precedes(pair))),
+    );
 }
 
 /// The order pairs are listed in: the latest failure first, then by nonce and status (both
 /// backends alike, so that the first `limit` are the same whichever way they were read).
 pub(crate) fn sort_latest_first(failing: &mut [FailingCallback]) {
     failing.sort_by(|a, b| {
-        b.last_failed
-            .cmp(&a.last_failed)
-            .then_with(|| a.nonce.as_str().cmp(b.nonce.as_str()))
-            .then(a.status.cmp(&b.status))
+        listing_order(
+            (&a.last_failed, a.nonce.as_str(), a.status),
+            (&b.last_failed, b.nonce.as_str(), b.status),
+        )
     });
+}
+
+/// The listing's order of two pairs' (last failure, nonce, status).
+fn listing_order(
+    a: (&DateTime<Utc>, &str, i32),
+    b: (&DateTime<Utc>, &str, i32),
+) -> std::cmp::Ordering {
+    b.0.cmp(a.0).then_with(|| a.1.cmp(b.1)).then(a.2.cmp(&b.2))
 }
 
 /// A failure's time as the `l` keys hold it: milliseconds since the epoch (0 before it).
@@ -396,9 +550,12 @@ fn ms(time: DateTime<Utc>) -> u64 {
 }
 
 impl FailureRecord {
-    /// The latest failure of the record's statuses; `None` when none is failing.
-    pub(crate) fn latest_ms(&self) -> Option<u64> {
-        self.failing.iter().map(|f| ms(f.last_failed)).max()
+    /// The milliseconds its statuses last failed at, each once: where its `l` keys list it.
+    pub(crate) fn times(&self) -> Vec<u64> {
+        let mut times: Vec<u64> = self.failing.iter().map(|f| ms(f.last_failed)).collect();
+        times.sort_unstable();
+        times.dedup();
+        times
     }
 }
 
@@ -432,5 +589,70 @@ mod tests {
         let record: FailureRecord = serde_json::from_str(&stored).unwrap();
         assert_eq!(record.failing, vec![failing]);
         assert_eq!(serde_json::to_string(&record).unwrap(), stored);
+    }
+
+    /// A page after a cursor begins at the cursor's millisecond: the records of the pages
+    /// before it are not read (one that does not decode is met only by a page that lists
+    /// it), and a record listed at two times gives each page the pairs of its time.
+    #[test]
+    fn a_page_after_a_cursor_reads_nothing_of_the_pages_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = sled::Config::new()
+            .path(dir.path())
+            .open()
+            .unwrap()
+            .open_tree("t")
+            .unwrap();
+        let pair = |nonce: &str, status, ms: i64| {
+            FailingCallback {
+                last_failed: DateTime::from_timestamp_millis(ms).unwrap(),
+                ..serde_json::from_str(OLD_FORM).unwrap()
+            }
+            .with(nonce, status)
+        };
+        let put = |nonce: &str, failing: Vec<FailingCallback>| {
+            let record = FailureRecord {
+                failing,
+                expires_ms: u64::MAX,
+            };
+            for time in record.times() {
+                tree.insert(keys::failing_by_time(time, nonce.as_bytes()), &[][..])
+                    .unwrap();
+            }
+            tree.insert(keys::failing(nonce).key, encode(&record))
+                .unwrap();
+        };
+        put("n-1", vec![pair("n-1", 3, 3_000), pair("n-1", 4, 1_000)]);
+        put("n-2", vec![pair("n-2", 4, 2_000)]);
+        put("n-3", vec![pair("n-3", 4, 4_000)]);
+        tree.insert(keys::failing_by_time(5_000, b"n-bad"), &[][..])
+            .unwrap();
+        tree.insert(keys::failing("n-bad").key, &b"not json"[..])
+            .unwrap();
+        let listed = |page: &FailingPage| {
+            page.failing
+                .iter()
+                .map(|f| (f.nonce.as_str().to_owned(), f.status))
+                .collect::<Vec<_>>()
+        };
+
+        assert!(matches!(
+            page(&tree, None, 2),
+            Err(StoreError::Corrupt { .. })
+        ));
+        let after_n3 = FailingCursor::after(&pair("n-3", 4, 4_000));
+        let first = page(&tree, Some(&after_n3), 2).unwrap();
+        assert_eq!(listed(&first), [("n-1".into(), 3), ("n-2".into(), 4)]);
+        let second = page(&tree, first.next.as_ref(), 2).unwrap();
+        assert_eq!(listed(&second), [("n-1".into(), 4)]);
+        assert_eq!(second.next, None);
+    }
+
+    impl FailingCallback {
+        fn with(mut self, nonce: &str, status: i32) -> Self {
+            self.nonce = nonce.into();
+            self.status = status;
+            self
+        }
     }
 }

@@ -10,7 +10,7 @@
 //! | `w\0` | validation id | deadline ms (8 bytes BE) or empty: the validation awaits a decision |
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
 //! | `f\0` | identifier of the nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
-//! | `l\0` | the record's latest failure ms (8 bytes BE) · identifier of the nonce | empty: the failing records by time, latest last |
+//! | `l\0` | a failure ms (8 bytes BE) · identifier of the nonce | empty: the failing records by the time each of their pairs last failed, latest last |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 //!
@@ -157,13 +157,26 @@ pub(crate) fn validation(nonce: &str) -> RecordKey {
     RecordKey::new(VALIDATION_PREFIX, nonce)
 }
 
-/// The key that lists a failing record by its latest failure: `latest_ms`, then the nonce's
-/// `identifier` (as the record's key holds it).
-pub(crate) fn failing_by_time(latest_ms: u64, identifier: &[u8]) -> Vec<u8> {
-    [FAILING_BY_TIME_PREFIX, &latest_ms.to_be_bytes(), identifier].concat()
+/// The key that lists a failing record at a time one of its pairs last failed: `failed_ms`,
+/// then the nonce's `identifier` (as the record's key holds it).
+pub(crate) fn failing_by_time(failed_ms: u64, identifier: &[u8]) -> Vec<u8> {
+    [FAILING_BY_TIME_PREFIX, &failed_ms.to_be_bytes(), identifier].concat()
 }
 
-/// The latest failure ms and the identifier of a key made by [`failing_by_time`].
+/// Where the `l` keys of failures at `before_ms` and later begin (the end of those of
+/// every failure before it); `None`: the end of them all.
+pub(crate) fn failing_by_time_end(before_ms: Option<u64>) -> Vec<u8> {
+    match before_ms.and_then(|time| time.checked_add(1)) {
+        Some(end) => failing_by_time(end, &[]),
+        None => [
+            &FAILING_BY_TIME_PREFIX[..1],
+            &[FAILING_BY_TIME_PREFIX[1] + 1],
+        ]
+        .concat(),
+    }
+}
+
+/// The failure ms and the identifier of a key made by [`failing_by_time`].
 pub(crate) fn of_failing_by_time(key: &[u8]) -> Option<(u64, &[u8])> {
     let time = key.get(PREFIX_BYTES..PREFIX_BYTES + 8)?;
     Some((

@@ -108,12 +108,14 @@
 //! panic, effects that abort) is answered 503 and retried by the aggregator, at most 17 times.
 //! Each failure is logged at error level with the nonce and counted durably per (nonce,
 //! status) with its reason and the payment's reference, client, amount and currency, until that
-//! status is booked: `GET /payhook/admin/callbacks/failing[?limit=N]` and `payhook callbacks
-//! failing [--latest N] [--admin-url URL]` (a running service, or a stopped one's store) list
-//! them, or the N that failed last, `/metrics` has `payhook_callbacks_failing` (alert on it)
-//! and `payhook_callback_failures_total`. An incident can leave hundreds of thousands: both
-//! backends read the latest through an index by time, and the embedded one keeps their count
-//! instead of counting them on every scrape (see `failing.rs`). What the
+//! status is booked: `GET /payhook/admin/callbacks/failing[?limit=N][&after=CURSOR]` (a page
+//! at a time, the next one linked) and `payhook callbacks failing [--latest N] [--admin-url
+//! URL]` (a running service, or a stopped one's store) list them, or the N that failed last,
+//! `/metrics` has `payhook_callbacks_failing` (alert on it) and
+//! `payhook_callback_failures_total`. An incident can leave hundreds of thousands: both
+//! backends read each page through an index by time, without the pages before it, and the
+//! embedded one keeps their count instead of counting them on every scrape (see
+//! `failing.rs`). What the
 //! aggregator gave up on is booked by hand with `payhook reconcile --ref ID --admin-url URL`.
 //! A callback whose body is refused (400) is recorded the same way, under the nonce and
 //! status read from it, with the refusal as its reason (see `server::refusal`).
@@ -286,7 +288,7 @@ pub use configured::ConfiguredStore;
 #[cfg(feature = "postgres")]
 pub use effects::SqlFuture;
 pub use effects::{EffectTx, Effects, Tree};
-pub use failing::{CallbackFailure, FailingCallback};
+pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
 #[cfg(feature = "postgres")]
 pub use postgres::{Imported, IndexedRead, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
 pub use record::{Fingerprint, RecordedDecision};
@@ -523,16 +525,32 @@ pub trait DedupStore: Send + Sync + 'static {
     /// are not booked yet, most recent failure first.
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;
 
-    /// The `limit` (nonce, status) pairs of [`DedupStore::failing_callbacks`] that failed
-    /// last, most recent first: what the inspector's panel reads every second while an
-    /// incident may leave hundreds of thousands, read through an index by time where the
-    /// backend keeps one. The default lists them all and keeps the first `limit`.
-    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
+    /// At most `limit` pairs of [`DedupStore::failing_callbacks`], in its order, after
+    /// `after` (from the first without it), and where the next page starts: how the
+    /// operating API lists them while an incident may leave hundreds of thousands, each
+    /// page read through an index by time where the backend keeps one, without the pages
+    /// before it. The default lists them all and keeps the page.
+    fn failing_page(
+        &self,
+        after: Option<FailingCursor>,
+        limit: usize,
+    ) -> StoreFuture<'_, FailingPage> {
         Box::pin(async move {
-            let mut failing = self.failing_callbacks().await?;
-            failing.truncate(limit);
-            Ok(failing)
+            let listed = self.failing_callbacks().await?;
+            let after_cursor = listed
+                .into_iter()
+                .filter(|pair| after.as_ref().is_none_or(|cursor| cursor.precedes(pair)))
+                .take(limit.saturating_add(1))
+                .collect();
+            Ok(FailingPage::of(after_cursor, limit))
         })
+    }
+
+    /// The `limit` (nonce, status) pairs of [`DedupStore::failing_callbacks`] that failed
+    /// last, most recent first: what the inspector's panel reads every second. The first
+    /// of [`DedupStore::failing_page`].
+    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
+        Box::pin(async move { Ok(self.failing_page(None, limit).await?.failing) })
     }
 
     /// How many (nonce, status) pairs [`DedupStore::failing_callbacks`] would list: what

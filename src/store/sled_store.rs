@@ -25,8 +25,9 @@ use super::record::{
 };
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
-    CallbackBegin, Claim, DedupStore, Due, DurableFuture, PostponedStore, ResolveFuture, Store,
-    StoreError, StoreFuture, ValidationBegin, ms_from_time, now_ms, ready, time_from_ms,
+    CallbackBegin, Claim, DedupStore, Due, DurableFuture, FailingCursor, FailingPage,
+    PostponedStore, ResolveFuture, Store, StoreError, StoreFuture, ValidationBegin, ms_from_time,
+    now_ms, ready, time_from_ms,
 };
 use crate::model::{TransactionStatus, TransactionValidationRequest};
 use crate::postponed::record::{Decision, Delivery, PostponedState, PostponedValidation, Repeat};
@@ -509,8 +510,16 @@ impl DedupStore for SledStore {
         ready(self.failing_callbacks_now())
     }
 
-    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
-        ready(super::failing::latest(&self.inner.tree, limit))
+    fn failing_page(
+        &self,
+        after: Option<FailingCursor>,
+        limit: usize,
+    ) -> StoreFuture<'_, FailingPage> {
+        ready(super::failing::page(
+            &self.inner.tree,
+            after.as_ref(),
+            limit,
+        ))
     }
 
     /// Counted at open, kept since: no scan per scrape.
@@ -1255,18 +1264,30 @@ mod tests {
             at: base - chrono::Duration::seconds(seconds_ago),
             ..failure(nonce, status)
         };
-        // Each failing record is listed by time once, and nothing else is.
+        // Each failing record is listed by time once at each millisecond one of its pairs
+        // last failed, and nothing else is.
         let counted = |store: &SledStore| {
             let count = runtime.block_on(store.failing_count()).unwrap();
-            let listed = store.failing_callbacks_now().unwrap().len();
-            assert_eq!(count, listed, "the count is not what is listed");
-            let records = store.inner.tree.scan_prefix(keys::FAILING_PREFIX).count();
-            let by_time = store
+            let listed = store.failing_callbacks_now().unwrap();
+            assert_eq!(count, listed.len(), "the count is not what is listed");
+            let mut expected: Vec<Vec<u8>> = listed
+                .iter()
+                .map(|f| {
+                    let identifier = keys::failing(&f.nonce).identifier().to_vec();
+                    let time = u64::try_from(f.last_failed.timestamp_millis()).unwrap();
+                    keys::failing_by_time(time, &identifier)
+                })
+                .collect();
+            expected.sort();
+            expected.dedup();
+            let by_time: Vec<Vec<u8>> = store
                 .inner
                 .tree
                 .scan_prefix(keys::FAILING_BY_TIME_PREFIX)
-                .count();
-            assert_eq!(records, by_time, "failing records and their keys by time");
+                .keys()
+                .map(|key| key.unwrap().to_vec())
+                .collect();
+            assert_eq!(by_time, expected, "failing pairs and their keys by time");
             count
         };
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
@@ -1283,7 +1304,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(counted(&store), 3);
-        // n-1's latest failure is booked: its key moves back to its other status's time.
+        // n-1's latest failure is booked: its key at that time goes, its other status's stays.
         runtime.block_on(book(store.clone(), "n-1")).unwrap();
         assert_eq!(counted(&store), 2);
         // A late copy's failure of the booked status is not a pair.
@@ -1301,8 +1322,9 @@ mod tests {
         };
         let listed = vec![("n-2".to_owned(), 4), ("n-1".to_owned(), 3)];
         assert_eq!(latest(&store), listed);
-        // A store written before the keys by time: its records are listed at open. Keys by
-        // time left by a build before them (a rollback, then the upgrade again) go.
+        // A store written before the keys by time (or before a record's every pair had
+        // one): its records are listed at open. Keys by time left by a build before them (a
+        // rollback, then the upgrade again) go.
         let tree = &store.inner.tree;
         let by_time: Vec<_> = tree
             .scan_prefix(keys::FAILING_BY_TIME_PREFIX)

@@ -10,7 +10,7 @@ use super::super::failing::{REASON_BYTES, truncate};
 use super::super::record::{KeptFingerprint, RecordedDecision};
 use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
-    Fingerprint, StoreError, StoreFuture, ValidationBegin,
+    FailingCursor, FailingPage, Fingerprint, StoreError, StoreFuture, ValidationBegin,
 };
 use super::claim::HeldClaim;
 use super::{
@@ -27,6 +27,15 @@ pub(super) const FAILING_LATEST: &str = "SELECT nonce, status, failures, first_f
      FROM {s}.callback_failures \
      ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
 
+/// [`FAILING_LATEST`] after the pair (`$2` last failed, `$3` nonce, `$4` status): from `$2`
+/// down through the same index, the pages before it not read.
+pub(super) const FAILING_AFTER: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
+       reference_id, client_id, amount, currency \
+     FROM {s}.callback_failures \
+     WHERE last_failed <= $2 AND (last_failed < $2 OR nonce COLLATE \"C\" > $3 \
+       OR (nonce COLLATE \"C\" = $3 AND status > $4)) \
+     ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
+
 /// What `{schema}.claim_callback` read, with the claim.
 struct ClaimRead {
     claimed: bool,
@@ -37,14 +46,29 @@ struct ClaimRead {
 }
 
 impl PgStore {
-    /// The failing pairs, most recent failure first: the first `limit` (through the
-    /// `callback_failures_latest` index), or all of them.
-    fn failing_first(&self, limit: Option<usize>) -> StoreFuture<'_, Vec<FailingCallback>> {
+    /// The failing pairs, most recent failure first, after `after` (from the first without
+    /// it): the first `limit` (through the `callback_failures_latest` index), or all of them.
+    fn failing_first(
+        &self,
+        after: Option<&FailingCursor>,
+        limit: Option<usize>,
+    ) -> StoreFuture<'_, Vec<FailingCallback>> {
+        let limit = limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX));
+        let after = after.cloned();
         Box::pin(async move {
-            let rows = sqlx::query(&self.sql(FAILING_LATEST))
-                .bind(limit.map(|limit| i64::try_from(limit).unwrap_or(i64::MAX)))
-                .fetch_all(self.pool())
-                .await?;
+            let sql = self.sql(if after.is_some() {
+                FAILING_AFTER
+            } else {
+                FAILING_LATEST
+            });
+            let mut query = sqlx::query(&sql).bind(limit);
+            if let Some(cursor) = &after {
+                query = query
+                    .bind(cursor.last_failed())
+                    .bind(cursor.nonce().as_str())
+                    .bind(cursor.status());
+            }
+            let rows = query.fetch_all(self.pool()).await?;
             rows.iter()
                 .map(|row| {
                     Ok(FailingCallback {
@@ -143,11 +167,20 @@ impl DedupStore for PgStore {
     }
 
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>> {
-        self.failing_first(None)
+        self.failing_first(None, None)
     }
 
-    fn failing_latest(&self, limit: usize) -> StoreFuture<'_, Vec<FailingCallback>> {
-        self.failing_first(Some(limit))
+    fn failing_page(
+        &self,
+        after: Option<FailingCursor>,
+        limit: usize,
+    ) -> StoreFuture<'_, FailingPage> {
+        Box::pin(async move {
+            let listed = self
+                .failing_first(after.as_ref(), Some(limit.saturating_add(1)))
+                .await?;
+            Ok(FailingPage::of(listed, limit))
+        })
     }
 
     fn callback_acknowledged<'a>(

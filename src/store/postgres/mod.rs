@@ -170,6 +170,9 @@ pub struct IndexedRead {
     pub sql: String,
     /// Each parameter's type and a value to plan it with.
     pub parameters: &'static [(&'static str, &'static str)],
+    /// The index condition the scan must begin at, where it must not read the rows before
+    /// it (a page after a cursor).
+    pub condition: Option<&'static str>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -324,23 +327,39 @@ impl PgStore {
                 index: "postponed_pending",
                 sql: self.sql(&postponed::in_state_sql(PostponedState::Pending)),
                 parameters: &[],
+                condition: None,
             },
             IndexedRead {
                 index: "postponed_outbox",
                 sql: self.sql(&postponed::in_state_sql(PostponedState::Queued)),
                 parameters: &[],
+                condition: None,
             },
             IndexedRead {
                 index: "postponed_nonce",
                 sql: self.sql(postponed::ORIGINAL_OF_NONCE),
                 // A nonce asked about again under a new validation id.
                 parameters: &[("text", "'n-1'")],
+                condition: None,
             },
             IndexedRead {
                 index: "callback_failures_latest",
                 sql: self.sql(dedup::FAILING_LATEST),
                 // The inspector's latest failures, refreshed every second.
                 parameters: &[("bigint", "100")],
+                condition: None,
+            },
+            IndexedRead {
+                index: "callback_failures_latest",
+                sql: self.sql(dedup::FAILING_AFTER),
+                // A page of an incident's failures, after the one before it.
+                parameters: &[
+                    ("bigint", "1001"),
+                    ("timestamptz", "now()"),
+                    ("text", "'n-1'"),
+                    ("int4", "4"),
+                ],
+                condition: Some("Index Cond: (last_failed <="),
             },
         ]
     }
