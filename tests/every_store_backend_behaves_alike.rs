@@ -634,6 +634,113 @@ async fn states_of(b: &Backend, ids: &[i64]) -> Vec<PostponedState> {
     states
 }
 
+behaviour!(a_repeat_whose_original_was_purged_keeps_its_own_decision);
+/// An original delivered and purged with the retention while a repeat of it still waits for
+/// delivery: the repeat keeps the decision it was given, a resolve of it answers from its own
+/// record (the same decision unchanged, another a conflict), and it is delivered alone.
+async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) {
+    postpone(b, 60).await;
+    let allow = Decision::allow("documents checked");
+    assert_eq!(
+        b.shared
+            .resolve(60.into(), &allow, Utc::now())
+            .await
+            .unwrap(),
+        Resolution::Recorded
+    );
+    assert_eq!(
+        b.shared
+            .repeat(&validation("p-60", 61, "10"), Utc::now())
+            .await
+            .unwrap(),
+        Repeat::Recorded {
+            of: 60.into(),
+            decided: true
+        }
+    );
+    let delivered = Delivery::Delivered {
+        attempts: 1,
+        at: Utc::now(),
+    };
+    b.shared
+        .record_delivery(60.into(), delivered.clone())
+        .await
+        .unwrap();
+    let after_retention = Utc::now() + TimeDelta::hours(2);
+    assert!(b.shared.purge_expired(after_retention).await.unwrap() >= 1);
+    assert_eq!(
+        b.shared.postponed(60.into()).await.unwrap(),
+        None,
+        "the delivered original is purged"
+    );
+    assert_eq!(states_of(b, &[61]).await, [PostponedState::Queued]);
+
+    assert_eq!(
+        b.shared
+            .resolve(61.into(), &allow, Utc::now())
+            .await
+            .unwrap(),
+        Resolution::AlreadyRecorded
+    );
+    assert!(matches!(
+        b.shared
+            .resolve(61.into(), &Decision::deny("changed my mind"), Utc::now())
+            .await
+            .unwrap(),
+        Resolution::Conflicting { success: true, .. }
+    ));
+    b.shared
+        .record_delivery(61.into(), delivered)
+        .await
+        .unwrap();
+    let repeat = b.shared.postponed(61.into()).await.unwrap().unwrap();
+    assert_eq!(repeat.state(), PostponedState::Delivered);
+    assert_eq!(
+        repeat.result.map(|r| (r.success, r.description)),
+        Some((true, "documents checked".to_owned()))
+    );
+}
+
+behaviour!(a_validation_id_of_another_nonce_is_not_taken_as_a_repeat);
+/// A validation of one nonce asked about under the id of another nonce's validation (the
+/// aggregator's ids are its own; this one contradicts itself) is answered as a known id:
+/// neither validation is linked to the other or changed, so the other's result is never
+/// posted for this nonce, nor this nonce's under the other's id.
+async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) {
+    postpone(b, 70).await;
+    postpone(b, 71).await;
+    let before = [
+        b.shared.postponed(70.into()).await.unwrap(),
+        b.shared.postponed(71.into()).await.unwrap(),
+    ];
+    assert_eq!(
+        b.shared
+            .repeat(&validation("p-70", 71, "10"), Utc::now())
+            .await
+            .unwrap(),
+        Repeat::Known
+    );
+    let after = [
+        b.shared.postponed(70.into()).await.unwrap(),
+        b.shared.postponed(71.into()).await.unwrap(),
+    ];
+    assert_eq!(after, before);
+    let other = after[1].as_ref().unwrap();
+    assert_eq!(
+        (other.request.nonce().as_str(), other.repeat_of),
+        ("p-71", None)
+    );
+    // Deciding one leaves the other pending.
+    b.shared
+        .resolve(70.into(), &Decision::deny("no"), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        states_of(b, &[70, 71]).await,
+        [PostponedState::Queued, PostponedState::Pending]
+    );
+}
+
 behaviour!(a_repeat_without_a_postponed_original_is_not_recorded);
 /// A nonce decided outside Awaitable mode has no postponed validation to repeat, nor has a
 /// nonce never seen; and one validation takes a bounded number of repeats.
