@@ -367,7 +367,8 @@ impl AdminClient {
     }
 
     /// The callbacks whose handler failed and that are not booked yet, most recent failure
-    /// first: every page of [`AdminClient::failing_page`], read in turn.
+    /// first: every page of [`AdminClient::failing_page`], read in turn (see
+    /// [`AdminClient::failing_latest`]).
     ///
     /// # Errors
     ///
@@ -377,25 +378,69 @@ impl AdminClient {
     }
 
     /// The `limit` of [`AdminClient::failing_callbacks`] that failed last, read a page at a
-    /// time.
+    /// time. A pair that fails again while the pages are read moves above them: when it took
+    /// more than one page, the top is read again afterwards, down to [`REREAD_MARGIN`]
+    /// before where it was, and such a pair is listed once, as it is now. (One that fails
+    /// again during that last read is in the next listing.)
     ///
     /// # Errors
     ///
-    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached, or its pages
+    /// do not lead on.
     pub async fn failing_latest(&self, limit: usize) -> Result<Vec<FailingCallback>, AdminError> {
-        let mut failing = Vec::new();
-        let mut after = None;
+        let (failing, pages) = self.failing_walk(limit, None).await?;
+        let Some(top) = failing.first().map(|f| f.last_failed - REREAD_MARGIN) else {
+            return Ok(failing);
+        };
+        if pages < 2 {
+            return Ok(failing);
+        }
+        let (again, _) = self.failing_walk(usize::MAX, Some(top)).await?;
+        let mut latest = std::collections::HashMap::with_capacity(failing.len());
+        for pair in failing.into_iter().chain(again) {
+            latest.insert((pair.nonce.as_str().to_owned(), pair.status), pair);
+        }
+        let mut failing: Vec<_> = latest.into_values().collect();
+        crate::store::sort_latest_first(&mut failing);
+        failing.truncate(limit);
+        Ok(failing)
+    }
+
+    /// Reads pages from the top: `limit` pairs, or those that failed at `down_to` or later,
+    /// or all; and how many pages it took.
+    async fn failing_walk(
+        &self,
+        limit: usize,
+        down_to: Option<DateTime<Utc>>,
+    ) -> Result<(Vec<FailingCallback>, usize), AdminError> {
+        let (mut failing, mut pages, mut after) = (Vec::new(), 0, None);
         while failing.len() < limit {
             let page = self
                 .failing_page(after.as_ref(), limit - failing.len())
                 .await?;
-            failing.extend(page.failing);
-            after = page.next;
-            if after.is_none() {
+            pages += 1;
+            let read = page.failing.len();
+            let before = page
+                .failing
+                .iter()
+                .position(|f| down_to.is_some_and(|time| f.last_failed < time));
+            failing.extend(page.failing.into_iter().take(before.unwrap_or(read)));
+            if before.is_some() {
                 break;
             }
+            match page.next {
+                None => break,
+                Some(next) if read == 0 || after.as_ref() == Some(&next) => {
+                    return Err(AdminError::Remote {
+                        status: 200,
+                        message: "the service's next page of failing callbacks does not move on"
+                            .into(),
+                    });
+                }
+                next => after = next,
+            }
         }
-        Ok(failing)
+        Ok((failing, pages))
     }
 
     /// One page of the failing callbacks: at most `limit` (the service lists at most 1,000
@@ -418,7 +463,7 @@ impl AdminClient {
             .await?;
         Ok(FailingPage {
             failing,
-            next: next_after(&headers),
+            next: next_after(&headers)?,
         })
     }
 
@@ -798,22 +843,38 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
     out
 }
 
-/// The `after` of the `rel="next"` link among `headers`: where the next page starts.
-fn next_after(headers: &http::HeaderMap) -> Option<FailingCursor> {
-    headers
+/// The `after` of the `rel="next"` link among `headers`: where the next page starts
+/// (`None`: this was the last). A next link without a cursor this client reads is an error,
+/// not the end of the listing.
+fn next_after(headers: &http::HeaderMap) -> Result<Option<FailingCursor>, AdminError> {
+    let Some(link) = headers
         .get_all(http::header::LINK)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
-        .filter(|link| link.contains("rel=\"next\""))
-        .find_map(|link| {
-            let target = link.split_once('<')?.1.split_once('>')?.0;
-            let query = target.split_once('?')?.1;
+        .find(|link| link.contains("rel=\"next\""))
+    else {
+        return Ok(None);
+    };
+    let cursor = link
+        .split_once('<')
+        .and_then(|(_, rest)| rest.split_once('>'))
+        .and_then(|(target, _)| target.split_once('?'))
+        .and_then(|(_, query)| {
             form_urlencoded::parse(query.as_bytes())
                 .find(|(key, _)| key == "after")
                 .and_then(|(_, token)| token.parse().ok())
-        })
+        });
+    cursor.map(Some).ok_or_else(|| AdminError::Remote {
+        status: 200,
+        message: format!("the next page's link has no cursor this client reads: {link}"),
+    })
 }
+
+/// How far below the top of the failing callbacks, as it was when their pages began to be
+/// read, [`AdminClient::failing_latest`] reads the top again after the last page: instances
+/// sharing PostgreSQL time their failures by their own clocks, which may differ this much.
+pub const REREAD_MARGIN: chrono::TimeDelta = chrono::TimeDelta::minutes(1);
 
 /// Failing callbacks as a table, one line per (nonce, status); the nonce and reason are
 /// shown escaped, as in logs.

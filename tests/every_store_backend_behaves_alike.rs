@@ -1214,6 +1214,39 @@ async fn failing_pairs_are_listed_a_page_at_a_time(b: &Backend) {
     assert!(after_last.failing.is_empty() && after_last.next.is_none());
 }
 
+behaviour!(a_failure_recorded_late_moves_neither_end_of_its_pair_back);
+/// Failures of one pair can be recorded out of order (instances whose clocks differ, two
+/// refusals of one body racing): each is counted, but the pair's last failure, and its
+/// reason, stay the latest, and its first the earliest, so that a pair never moves down the
+/// listing and an operator paging through it does not meet it twice.
+async fn a_failure_recorded_late_moves_neither_end_of_its_pair_back(b: &Backend) {
+    let now = Utc::now();
+    let failed = |reason: &str, seconds_ago| CallbackFailure {
+        at: now - chrono::Duration::seconds(seconds_ago),
+        ..failure("n-late", reason)
+    };
+    for (reason, seconds_ago) in [("middle", 20), ("latest", 10), ("earliest", 30)] {
+        b.shared
+            .record_callback_failure(failed(reason, seconds_ago))
+            .await
+            .unwrap();
+    }
+    let mut pair = None;
+    for _ in 0..200 {
+        let listed = b.shared.failing_callbacks().await.unwrap();
+        if listed.first().is_some_and(|f| f.failures == 3) {
+            pair = Some(listed[0].clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pair = pair.expect("three failures counted");
+    let ms = |seconds_ago| failed("", seconds_ago).at.timestamp_millis();
+    assert_eq!(pair.last_reason, "latest");
+    assert_eq!(pair.last_failed.timestamp_millis(), ms(10));
+    assert_eq!(pair.first_failed.timestamp_millis(), ms(30));
+}
+
 behaviour!(u0000_outside_identifiers_is_kept);
 /// JSON allows U+0000 in any string, and the wire refuses it only in identifiers (PostgreSQL
 /// cannot hold it in `text`): in a postponed validation's free-form data it is kept as sent,

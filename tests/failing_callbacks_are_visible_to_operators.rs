@@ -400,7 +400,15 @@ async fn an_incident_s_failing_callbacks_are_listed_a_page_at_a_time() {
     let large = failing_at(&server, "/payhook/admin/callbacks/failing?limit=5000").await;
     assert_eq!(large.len(), 1_000);
 
-    for after in ["garbage", "bm90OmE", "MTcwMDAwMDAwMDAwMDAwMDpub3Q6bi0x"] {
+    // Not base64; no time; a status that is not a number; a nonce with U+0000; a time
+    // before any a store holds.
+    for after in [
+        "garbage",
+        "bm90OmE",
+        "MTcwMDAwMDAwMDAwMDAwMDpub3Q6bi0x",
+        "MTcwMDAwMDAwMC4wMDAwMDAwMDA6NDphAGI",
+        "LTMwMDAwMDAwMDAwMC4wMDAwMDAwMDA6NDpuLTE",
+    ] {
         let refused = admin_get(
             &server,
             &format!("/payhook/admin/callbacks/failing?after={after}"),
@@ -437,4 +445,116 @@ async fn an_incident_s_failing_callbacks_are_listed_a_page_at_a_time() {
     assert_eq!(code, 0, "{out}");
     let latest: Vec<Value> = serde_json::from_str(&out).unwrap();
     assert_eq!(nonces(&latest), expected[..1_002]);
+}
+
+/// The admin client lists every failing pair once even when the listing moves under it: a
+/// pair not yet read that fails again while the pages are read moves above them, and the
+/// client reads the top again after the last page. Against a scripted service whose pages
+/// hold two pairs each and where `n-b` fails again right after the first page is served.
+/// A next link the client cannot follow is an error, not the end of the listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_client_lists_a_pair_that_fails_again_while_it_pages_once() {
+    use payhook::store::{FailingCallback, FailingCursor};
+    use std::sync::{Arc, Mutex};
+
+    let now = chrono::Utc::now();
+    let pair = |nonce: &str, seconds_ago: i64| FailingCallback {
+        nonce: nonce.into(),
+        status: 4,
+        failures: 1,
+        first_failed: now - chrono::Duration::seconds(seconds_ago),
+        last_failed: now - chrono::Duration::seconds(seconds_ago),
+        last_reason: "handler failed".into(),
+        transaction_reference_id: uuid::Uuid::nil().to_string(),
+        client_id: "client".into(),
+        amount: "10.50".into(),
+        currency: "EUR".into(),
+    };
+    // The service's pairs, in the listing's order, and how many pages it served.
+    let listing = Arc::new(Mutex::new((
+        vec![
+            pair("n-e", 10),
+            pair("n-d", 20),
+            pair("n-c", 30),
+            pair("n-b", 40),
+            pair("n-a", 50),
+        ],
+        0,
+    )));
+    let served = listing.clone();
+    let addr = serve_http(move |request| {
+        let served = served.clone();
+        async move {
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            let after = query
+                .split('&')
+                .find_map(|p| p.strip_prefix("after="))
+                .map(|token| token.parse::<FailingCursor>().unwrap());
+            let mut state = served.lock().unwrap();
+            let (pairs, pages) = &mut *state;
+            let rest: Vec<FailingCallback> = pairs
+                .iter()
+                .filter(|p| after.as_ref().is_none_or(|c| c.precedes(p)))
+                .cloned()
+                .collect();
+            let page: Vec<FailingCallback> = rest.iter().take(2).cloned().collect();
+            let mut response = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(
+                serde_json::to_vec(&page).unwrap(),
+            )));
+            if rest.len() > 2 {
+                let next = FailingCursor::after(&page[1]);
+                response.headers_mut().insert(
+                    "link",
+                    format!(
+                        "</payhook/admin/callbacks/failing?limit=2&after={next}>; rel=\"next\""
+                    )
+                    .parse()
+                    .unwrap(),
+                );
+            }
+            *pages += 1;
+            if *pages == 1 {
+                // n-b, not read yet, fails again: it moves to the top, above the page read.
+                let moved = pairs.remove(3);
+                pairs.insert(
+                    0,
+                    FailingCallback {
+                        failures: 2,
+                        last_failed: now,
+                        ..moved
+                    },
+                );
+            }
+            response
+        }
+    })
+    .await;
+    let client = payhook::admin::AdminClient::new(&format!("http://{addr}"), TOKEN.into()).unwrap();
+    let listed = client.failing_callbacks().await.unwrap();
+    let nonces: Vec<(&str, u32)> = listed
+        .iter()
+        .map(|f| (f.nonce.as_str(), f.failures))
+        .collect();
+    assert_eq!(
+        nonces,
+        [("n-b", 2), ("n-e", 1), ("n-d", 1), ("n-c", 1), ("n-a", 1)]
+    );
+    assert!(listing.lock().unwrap().1 > 2, "the top was read again");
+
+    // A next link without a cursor the client reads.
+    let addr = serve_http(|_| async {
+        let mut response =
+            hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from("[]")));
+        response.headers_mut().insert(
+            "link",
+            "</payhook/admin/callbacks/failing?after=garbage>; rel=\"next\""
+                .parse()
+                .unwrap(),
+        );
+        response
+    })
+    .await;
+    let client = payhook::admin::AdminClient::new(&format!("http://{addr}"), TOKEN.into()).unwrap();
+    let refused = client.failing_callbacks().await.unwrap_err().to_string();
+    assert!(refused.contains("no cursor"), "{refused}");
 }

@@ -12,7 +12,7 @@
 //! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
-//! Key `l\0` failure ms · nonce, empty: each record listed at each millisecond one of its
+//! Key `l\0` failure ms · the nonce's identifier, empty: each record listed at each millisecond one of its
 //! pairs last failed (most records have one pair, so one key), kept in the same batch as the
 //! record. The pairs are read through these keys from the latest down, a page at a time
 //! ([`page`]): the latest without reading the rest, and a page after a [`FailingCursor`]
@@ -30,7 +30,7 @@
 //! counts and checks the store in 0.56 s. PostgreSQL reads the latest 100 in 0.9 ms, a page
 //! in 4–5 ms, and counts them in 14 ms.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike as _, Utc};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -94,15 +94,18 @@ pub struct FailingCallback {
 
 /// Where a page of the failing pairs ended: the last pair it listed. The next page lists
 /// the pairs after it in the listing's order — the latest failure first, then by nonce and
-/// status — so a pair that fails again while an operator pages moves to the top and is
-/// not listed twice further down, and a pair booked meanwhile is simply not listed.
+/// status. A pair's last failure only moves forward (a failure recorded late does not move
+/// it back), so a pair already listed is not listed again further down: one that fails
+/// again while an operator pages moves to the top, above the pages read (the admin client
+/// reads the top again after the last page for them), and one booked meanwhile is simply
+/// not listed.
 ///
 /// On the wire (the operating API's `after`) it is an opaque token:
 ///
 /// ```
 /// use payhook::store::FailingCursor;
 ///
-/// let token = "MTcwMDAwMDAwMDAwMDAwMDo0Om4tMQ";
+/// let token = "MTcwMDAwMDAwMC4xMjMwMDAwMDA6NDpuLTE";
 /// let cursor: FailingCursor = token.parse().unwrap();
 /// assert_eq!(cursor.to_string(), token);
 /// assert!("not a cursor".parse::<FailingCursor>().is_err());
@@ -153,14 +156,15 @@ impl FailingCursor {
     }
 }
 
-/// The token: URL-safe base64 of `micros:status:nonce` (the time to the microsecond, as
-/// PostgreSQL keeps it).
+/// The token: URL-safe base64 of `seconds.nanoseconds:status:nonce` (the time exactly as
+/// the store holds it, whatever its precision).
 impl std::fmt::Display for FailingCursor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use base64::Engine as _;
         let text = format!(
-            "{}:{}:{}",
-            self.last_failed.timestamp_micros(),
+            "{}.{:09}:{}:{}",
+            self.last_failed.timestamp(),
+            self.last_failed.timestamp_subsec_nanos(),
             self.status,
             self.nonce.as_str()
         );
@@ -185,13 +189,26 @@ impl std::str::FromStr for FailingCursor {
             .map_err(|_| NotACursor)?;
         let text = String::from_utf8(bytes).map_err(|_| NotACursor)?;
         let mut parts = text.splitn(3, ':');
-        let (Some(micros), Some(status), Some(nonce)) = (parts.next(), parts.next(), parts.next())
+        let (Some(time), Some(status), Some(nonce)) = (parts.next(), parts.next(), parts.next())
         else {
             return Err(NotACursor);
         };
-        let micros = micros.parse::<i64>().map_err(|_| NotACursor)?;
+        let (seconds, nanos) = time.split_once('.').ok_or(NotACursor)?;
+        let last_failed = DateTime::from_timestamp(
+            seconds.parse().map_err(|_| NotACursor)?,
+            nanos.parse().map_err(|_| NotACursor)?,
+        )
+        .ok_or(NotACursor)?;
+        // What no store holds: a nonce with U+0000 (refused on the wire, and PostgreSQL's
+        // text cannot hold it) or a time outside PostgreSQL's (4713 BC to 294276 AD).
+        if nonce.is_empty()
+            || nonce.contains('\0')
+            || !(-4712..=294_275).contains(&last_failed.year())
+        {
+            return Err(NotACursor);
+        }
         Ok(Self {
-            last_failed: DateTime::from_timestamp_micros(micros).ok_or(NotACursor)?,
+            last_failed,
             status: status.parse().map_err(|_| NotACursor)?,
             nonce: nonce.into(),
         })
@@ -278,9 +295,11 @@ pub(crate) fn pairs_changed(
     Ok((added, removed))
 }
 
-/// Counts the failing pairs in `tree`, once, when the store opens, lists by time each
-/// record that a build before the `l` keys left unlisted, and removes the `l` keys it left
-/// behind (written and flushed before the store serves). A record that does not decode is
+/// Counts the failing pairs in `tree`, once, when the store opens, lists each record at
+/// every time one of its pairs last failed where a build before left it unlisted (before
+/// the `l` keys, or before a record was listed at each pair's time rather than at its
+/// latest), and removes the `l` keys such a build left behind (written and flushed before
+/// the store serves). A record that does not decode is
 /// reported and counted as none: it must not stop the store from opening.
 pub(crate) fn count_at_open(tree: &sled::Tree) -> Result<Counted, StoreError> {
     let mut changes = sled::Batch::default();
@@ -422,8 +441,13 @@ pub(crate) fn record(
     match record.failing.iter_mut().find(|f| f.status == status) {
         Some(entry) => {
             entry.failures = entry.failures.saturating_add(1);
-            entry.last_failed = failure.at;
-            entry.last_reason = reason;
+            // A failure recorded late (an instance's clock behind, two refusals racing)
+            // moves neither end of the pair back.
+            entry.first_failed = entry.first_failed.min(failure.at);
+            if failure.at >= entry.last_failed {
+                entry.last_failed = failure.at;
+                entry.last_reason = reason;
+            }
         }
         None => record.failing.push(FailingCallback {
             nonce: nonce.clone(),

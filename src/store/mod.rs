@@ -288,6 +288,7 @@ pub use configured::ConfiguredStore;
 #[cfg(feature = "postgres")]
 pub use effects::SqlFuture;
 pub use effects::{EffectTx, Effects, Tree};
+pub(crate) use failing::sort_latest_first;
 pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
 #[cfg(feature = "postgres")]
 pub use postgres::{Imported, IndexedRead, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};

@@ -128,6 +128,8 @@ impl DedupStore for PgStore {
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
             let reason = truncate(&failure.reason, REASON_BYTES);
+            // A failure recorded late (an instance's clock behind, two refusals racing)
+            // moves neither end of the pair back.
             sqlx::query(&self.sql(&format!(
                 "INSERT INTO {{s}}.callback_failures AS f (nonce_key, status, nonce, failures, \
                    first_failed, last_failed, last_reason, reference_id, client_id, amount, \
@@ -137,7 +139,10 @@ impl DedupStore for PgStore {
                  WHERE NOT EXISTS (SELECT 1 FROM {{s}}.callbacks \
                    WHERE nonce_key = $1 AND done @> ARRAY[$2]::int4[]) \
                  ON CONFLICT (nonce_key, status) DO UPDATE SET failures = f.failures + 1, \
-                   last_failed = EXCLUDED.last_failed, last_reason = EXCLUDED.last_reason, \
+                   first_failed = LEAST(f.first_failed, EXCLUDED.first_failed), \
+                   last_failed = GREATEST(f.last_failed, EXCLUDED.last_failed), \
+                   last_reason = CASE WHEN EXCLUDED.last_failed >= f.last_failed \
+                     THEN EXCLUDED.last_reason ELSE f.last_reason END, \
                    expires_at = EXCLUDED.expires_at",
                 unsynced = super::UNSYNCED
             )))
