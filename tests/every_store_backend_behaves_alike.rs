@@ -980,6 +980,35 @@ async fn failing_until(b: &Backend, count: usize) -> Vec<payhook::store::Failing
     panic!("{count} failing callbacks were not listed");
 }
 
+/// Records a failure of each (nonce, status), that many seconds before `now`.
+async fn fail_at(
+    b: &Backend,
+    now: chrono::DateTime<Utc>,
+    failures: &[(&str, TransactionStatus, i64)],
+) {
+    for &(nonce, status, seconds_ago) in failures {
+        b.shared
+            .record_callback_failure(CallbackFailure {
+                status,
+                at: now - chrono::Duration::seconds(seconds_ago),
+                ..failure(nonce, "handler failed")
+            })
+            .await
+            .unwrap();
+    }
+}
+
+/// The pairs listed, each as `nonce/status` (a nonce cut to its first 8 characters).
+fn order(failing: &[payhook::store::FailingCallback]) -> Vec<String> {
+    failing
+        .iter()
+        .map(|f| {
+            let nonce: String = f.nonce.as_str().chars().take(8).collect();
+            format!("{nonce}/{}", f.status)
+        })
+        .collect()
+}
+
 behaviour!(failures_are_counted_until_the_status_is_booked);
 async fn failures_are_counted_until_the_status_is_booked(b: &Backend) {
     b.shared
@@ -1042,24 +1071,18 @@ async fn the_latest_failures_are_read_without_the_rest(b: &Backend) {
         at: at(seconds_ago),
         ..failure(nonce, "handler failed")
     };
-    for (nonce, status, seconds_ago) in [
-        ("n-old", TransactionStatus::Success, 50),
-        ("n-two", TransactionStatus::Success, 40),
-        ("n-mid", TransactionStatus::Success, 30),
-        ("n-two", TransactionStatus::Pending, 20),
-        ("n-new", TransactionStatus::Success, 10),
-    ] {
-        b.shared
-            .record_callback_failure(failed(nonce, status, seconds_ago))
-            .await
-            .unwrap();
-    }
-    let order = |failing: &[payhook::store::FailingCallback]| {
-        failing
-            .iter()
-            .map(|f| format!("{}/{}", f.nonce.as_str(), f.status))
-            .collect::<Vec<_>>()
-    };
+    fail_at(
+        b,
+        Utc::now(),
+        &[
+            ("n-old", TransactionStatus::Success, 50),
+            ("n-two", TransactionStatus::Success, 40),
+            ("n-mid", TransactionStatus::Success, 30),
+            ("n-two", TransactionStatus::Pending, 20),
+            ("n-new", TransactionStatus::Success, 10),
+        ],
+    )
+    .await;
     let all = order(&failing_until(b, 5).await);
     assert_eq!(all, ["n-new/4", "n-two/3", "n-mid/4", "n-two/4", "n-old/4"]);
     for limit in 0..=6 {
@@ -1138,31 +1161,31 @@ async fn failing_pairs_are_listed_a_page_at_a_time(b: &Backend) {
         at: at(seconds_ago),
         ..failure(nonce, "handler failed")
     };
-    for (nonce, status, seconds_ago) in [
-        ("n-a", TransactionStatus::Success, 30),
-        ("n-a", TransactionStatus::Pending, 10),
-        ("t-b", TransactionStatus::Success, 20),
-        ("t-a", TransactionStatus::Success, 20),
-        (long.as_str(), TransactionStatus::Success, 20),
-        ("t-a", TransactionStatus::Pending, 20),
-        ("n-c", TransactionStatus::Success, 40),
-    ] {
-        b.shared
-            .record_callback_failure(failed(nonce, status, seconds_ago))
-            .await
-            .unwrap();
-    }
-    let order = |failing: &[payhook::store::FailingCallback]| {
-        failing
-            .iter()
-            .map(|f| format!("{}/{}", &f.nonce.as_str()[..3], f.status))
-            .collect::<Vec<_>>()
-    };
+    fail_at(
+        b,
+        now,
+        &[
+            ("n-a", TransactionStatus::Success, 30),
+            ("n-a", TransactionStatus::Pending, 10),
+            ("t-b", TransactionStatus::Success, 20),
+            ("t-a", TransactionStatus::Success, 20),
+            (long.as_str(), TransactionStatus::Success, 20),
+            ("t-a", TransactionStatus::Pending, 20),
+            ("n-c", TransactionStatus::Success, 40),
+        ],
+    )
+    .await;
     let all = order(&failing_until(b, 7).await);
     assert_eq!(
         all,
         [
-            "n-a/3", "lll/4", "t-a/3", "t-a/4", "t-b/4", "n-a/4", "n-c/4"
+            "n-a/3",
+            "llllllll/4",
+            "t-a/3",
+            "t-a/4",
+            "t-b/4",
+            "n-a/4",
+            "n-c/4"
         ]
     );
     // Every page size, from one pair to more than there are.
@@ -1202,7 +1225,10 @@ async fn failing_pairs_are_listed_a_page_at_a_time(b: &Backend) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(now_listed, ["t-b/4", "n-a/3", "lll/4", "t-a/3", "n-c/4"]);
+    assert_eq!(
+        now_listed,
+        ["t-b/4", "n-a/3", "llllllll/4", "t-a/3", "n-c/4"]
+    );
     let rest = b.shared.failing_page(first.next, 10).await.unwrap();
     assert_eq!(order(&rest.failing), ["n-c/4"]);
     assert_eq!(rest.next, None);
