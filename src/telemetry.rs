@@ -27,17 +27,12 @@
 //! for its HTTP client), never from a request.
 
 use bytes::Bytes;
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
-};
+use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-use crate::trace_context::TraceContext;
 
 /// Why the exporter could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -111,38 +106,6 @@ where
     let tracer = provider.tracer("payhook");
     let layer = tracing_opentelemetry::layer().with_tracer(tracer);
     Ok((layer, TelemetryGuard { provider }))
-}
-
-/// Makes `span` a child of `caller` (when the caller sent a `traceparent`) and returns the
-/// trace context the request runs in: the exported span's ids when a layer exports it, else
-/// `ours` unchanged.
-pub(crate) fn adopt(
-    span: &tracing::Span,
-    caller: Option<TraceContext>,
-    ours: TraceContext,
-) -> TraceContext {
-    if let Some(caller) = caller {
-        let remote = SpanContext::new(
-            TraceId::from_bytes(caller.trace_id_bytes()),
-            SpanId::from_bytes(caller.span_id_bytes()),
-            TraceFlags::new(caller.flags()),
-            true,
-            TraceState::default(),
-        );
-        let parent = opentelemetry::Context::new().with_remote_span_context(remote);
-        let _ = span.set_parent(parent);
-    }
-    let context = span.context();
-    let exported = context.span().span_context().clone();
-    if exported.is_valid() {
-        TraceContext::from_parts(
-            exported.trace_id().to_bytes(),
-            exported.span_id().to_bytes(),
-            exported.trace_flags().to_u8(),
-        )
-    } else {
-        ours
-    }
 }
 
 /// The exporter's HTTP client: hyper on a one-worker runtime of its own, because the batch

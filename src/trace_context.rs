@@ -242,6 +242,44 @@ fn seed() -> u64 {
     std::hash::Hasher::finish(&hasher)
 }
 
+/// Makes `span` a child of `caller` (when the caller sent a `traceparent`) and returns the
+/// trace context the request (or the gateway's call) runs in: the exported span's ids when
+/// an OpenTelemetry layer exports it (see `telemetry`, feature `otel`), else `ours`
+/// unchanged.
+#[cfg(feature = "otel")]
+pub(crate) fn adopt(
+    span: &tracing::Span,
+    caller: Option<TraceContext>,
+    ours: TraceContext,
+) -> TraceContext {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    };
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    if let Some(caller) = caller {
+        let remote = SpanContext::new(
+            TraceId::from_bytes(caller.trace_id_bytes()),
+            SpanId::from_bytes(caller.span_id_bytes()),
+            TraceFlags::new(caller.flags()),
+            true,
+            TraceState::default(),
+        );
+        let parent = opentelemetry::Context::new().with_remote_span_context(remote);
+        let _ = span.set_parent(parent);
+    }
+    let context = span.context();
+    let exported = context.span().span_context().clone();
+    if exported.is_valid() {
+        TraceContext::from_parts(
+            exported.trace_id().to_bytes(),
+            exported.span_id().to_bytes(),
+            exported.trace_flags().to_u8(),
+        )
+    } else {
+        ours
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -513,7 +513,7 @@ impl GatewayClient {
         let span = tracing::info_span!("gateway call", method = %method, url = %url);
         let trace = TraceContext::current().map_or_else(TraceContext::new_trace, |c| c.child());
         #[cfg(feature = "otel")]
-        let trace = crate::telemetry::adopt(&span, None, trace);
+        let trace = crate::trace_context::adopt(&span, None, trace);
         let mut request = Request::builder()
             .method(method)
             .uri(url)

@@ -393,7 +393,7 @@ impl App {
         );
         // With an OpenTelemetry layer installed, the exported span's ids are the request's.
         #[cfg(feature = "otel")]
-        let trace = crate::telemetry::adopt(&span, caller, trace);
+        let trace = crate::trace_context::adopt(&span, caller, trace);
         span.record("trace_id", field::display(trace.trace_id()));
         span.record("span_id", field::display(trace.span_id()));
         if let Some(caller) = caller {
