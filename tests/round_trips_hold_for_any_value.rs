@@ -1,7 +1,8 @@
 //! Round trips, for generated values rather than a few examples: a callback written as JSON
 //! reads back as the same callback (amounts with every digit and scale, times to the
-//! nanosecond), and a body signed with each kind of key verifies while the same signature
-//! over any other body does not.
+//! nanosecond), a body signed with each kind of key verifies while the same signature
+//! over any other body does not, and a cursor of the failing callbacks' listing reads back
+//! from its token while any other `after` is refused without a panic.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -126,6 +127,70 @@ proptest! {
                 other[at] ^= extra.max(1);
             }
             prop_assert!(verifier.check(&other, &signature).is_err(), "{:?}", algorithm);
+        }
+    }
+}
+
+/// A failing pair at a generated place in the listing: time, nonce and status.
+fn failing_pair() -> impl Strategy<Value = payhook::store::FailingCallback> {
+    (time(), "[^\u{0}]{1,80}", any::<i32>()).prop_map(|(at, nonce, status)| {
+        payhook::store::FailingCallback {
+            nonce: nonce.into(),
+            status,
+            failures: 1,
+            first_failed: at,
+            last_failed: at,
+            last_reason: String::new(),
+            transaction_reference_id: String::new(),
+            client_id: String::new(),
+            amount: "0".into(),
+            currency: "EUR".into(),
+        }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The cursor of a page of failing callbacks reads back from its token as the same place
+    /// (times to the nanosecond, any nonce a store holds), and names a strict order: a pair
+    /// never comes after its own place, and of two places each other, one comes first.
+    #[test]
+    fn a_failing_listing_cursor_reads_back_and_orders_strictly(
+        a in failing_pair(),
+        b in failing_pair(),
+        same_time in any::<bool>(),
+    ) {
+        use payhook::store::FailingCursor;
+        let b = if same_time { payhook::store::FailingCallback { last_failed: a.last_failed, ..b } } else { b };
+        let cursor = FailingCursor::after(&a);
+        let token = cursor.to_string();
+        prop_assert!(token.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+        prop_assert_eq!(token.parse::<FailingCursor>(), Ok(cursor.clone()));
+        prop_assert!(!cursor.precedes(&a));
+        let same_place = (a.last_failed, a.nonce.as_str(), a.status) == (b.last_failed, b.nonce.as_str(), b.status);
+        let other = FailingCursor::after(&b);
+        prop_assert_eq!(cursor.precedes(&b) ^ other.precedes(&a), !same_place);
+    }
+
+    /// Whatever an `after` holds — any text, or the token form of any seconds, nanoseconds,
+    /// status and nonce, in range or not — reading it never panics, and what it reads
+    /// writes back.
+    #[test]
+    fn any_after_is_read_or_refused(
+        text in "\\PC{0,120}",
+        seconds in any::<i64>(),
+        nanos in any::<u32>(),
+        status in "-?[0-9]{1,12}|x",
+        nonce in "\\PC{0,40}",
+    ) {
+        use base64::Engine as _;
+        let shaped = format!("{seconds}.{nanos}:{status}:{nonce}");
+        let encoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(shaped);
+        for token in [text, encoded] {
+            if let Ok(cursor) = token.parse::<payhook::store::FailingCursor>() {
+                prop_assert_eq!(cursor.to_string().parse(), Ok(cursor));
+            }
         }
     }
 }
