@@ -1484,9 +1484,11 @@ async fn callbacks_in_flight_leave_connections_for_the_stores_other_work() {
 /// index of pending
 /// validations — which has no schema version, so that an older payhook still opens the
 /// database — is built by the open of a schema that lacks it, as one upgraded from a
-/// payhook before it.
+/// payhook before it; so is the count of failing callbacks the database keeps, counted from
+/// the rows there are then, and kept and folded since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_validations_and_the_latest_failures_are_read_through_their_indexes() {
+    use payhook::store::prelude::*;
     use sqlx::Row;
     let Some(db) = support::postgres::database("waiting_read_by_index").await else {
         return;
@@ -1554,19 +1556,49 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         ],
         "every indexed read was planned"
     );
-    // A schema without the indexes (as a payhook before them left it) gets them at the next
-    // open.
+    // A schema without the indexes and the count of failing callbacks (as a payhook before
+    // them left it) gets them at the next open, the count counted from the rows there are.
+    let store = payhook::store::PgStore::open(&db.store_config(RETENTION), TREES)
+        .await
+        .unwrap();
+    for nonce in ["n-1", "n-2", "n-3"] {
+        store
+            .record_callback_failure(failure(nonce, "handler failed"))
+            .await
+            .unwrap();
+    }
+    drop(store);
     sqlx::raw_sql(&format!(
         "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_nonce; \
-         DROP INDEX {0}.callback_failures_latest",
+         DROP INDEX {0}.callback_failures_latest; DROP TABLE {0}.callback_failures_count; \
+         DROP TRIGGER callback_failures_counted ON {0}.callback_failures; \
+         DROP FUNCTION {0}.count_callback_failures()",
         db.schema
     ))
     .execute(&mut conn)
     .await
     .unwrap();
-    let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+    let store = payhook::store::PgStore::open(&db.store_config(RETENTION), TREES)
         .await
         .unwrap();
+    assert_eq!(store.failing_count().await.unwrap(), 3);
+    // Kept as rows come and go, and each sweep folds the count's rows into one.
+    store
+        .record_callback_failure(failure("n-4", "handler failed"))
+        .await
+        .unwrap();
+    assert_eq!(store.failing_count().await.unwrap(), 4);
+    store.purge_expired(Utc::now()).await.unwrap();
+    assert_eq!(store.failing_count().await.unwrap(), 4);
+    let rows: i64 = sqlx::query(&format!(
+        "SELECT count(*) FROM {}.callback_failures_count",
+        db.schema
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert_eq!(rows, 1, "the count's rows folded into one");
     drop(store);
     for index in [
         "postponed_pending",

@@ -449,6 +449,16 @@ impl PgStore {
                 }
             }
         }
+        // The count's rows of +1 and −1 since the last sweep, folded into one; nothing is
+        // written when there is one already.
+        sqlx::query(&self.sql(
+            "WITH gone AS (DELETE FROM {s}.callback_failures_count \
+               WHERE (SELECT count(*) FROM {s}.callback_failures_count) > 1 RETURNING n) \
+             INSERT INTO {s}.callback_failures_count (n) \
+               SELECT coalesce(sum(n), 0) FROM gone HAVING count(*) > 0",
+        ))
+        .execute(self.pool())
+        .await?;
         Ok(purged)
     }
 }

@@ -5,8 +5,9 @@
 //! transaction with its row in `{schema}.schema_migrations`, under an advisory lock, so that
 //! instances starting together apply each migration once. A database migrated by a newer
 //! payhook (a version this one does not know) is refused rather than written to. Beside
-//! them, [`migrate`] builds the read indexes the schema lacks (`READ_INDEXES`), which have no
-//! version: an older payhook simply does not use them.
+//! them, [`migrate`] builds the read indexes the schema lacks (`READ_INDEXES`) and the count
+//! of failing callbacks that the database keeps itself (`FAILING_COUNT`), which have no
+//! version: an older payhook simply does not use them (and its writes keep the count).
 
 use sqlx::{Connection, PgConnection, Row};
 
@@ -71,6 +72,29 @@ const READ_INDEXES: &[ReadIndex] = &[
     },
 ];
 
+/// The failing (nonce, status) pairs counted by the database itself, as rows of `callback_
+/// failures` come and go, so that `/metrics` and the inspector read the count without a
+/// `count(*)` over an incident's hundreds of thousands: each row inserted or deleted adds a
+/// row of +1 or −1 to `callback_failures_count` (a row of its own, so that no writer waits
+/// on another, nor on a counter row another transaction holds), the count is their sum, and
+/// each sweep folds them into one. Built with the rows there are then, while writes to the
+/// table wait, in one transaction. No version, like the read indexes: an older payhook
+/// ignores the table, and its writes still keep the count.
+const FAILING_COUNT: &str = "
+LOCK TABLE {schema}.callback_failures IN SHARE ROW EXCLUSIVE MODE;
+CREATE TABLE {schema}.callback_failures_count (n bigint NOT NULL);
+CREATE FUNCTION {schema}.count_callback_failures() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO {schema}.callback_failures_count (n)
+    VALUES (CASE WHEN TG_OP = 'INSERT' THEN 1 ELSE -1 END);
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER callback_failures_counted AFTER INSERT OR DELETE ON {schema}.callback_failures
+  FOR EACH ROW EXECUTE FUNCTION {schema}.count_callback_failures();
+INSERT INTO {schema}.callback_failures_count (n) SELECT count(*) FROM {schema}.callback_failures;
+";
+
 /// The newest version this payhook knows.
 pub(crate) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
@@ -89,6 +113,7 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
     let applied = async {
         let applied = apply_missing(conn, schema).await?;
         build_read_indexes(conn, schema).await?;
+        build_failing_count(conn, schema).await?;
         Ok::<_, StoreError>(applied)
     }
     .await;
@@ -238,6 +263,32 @@ async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(),
         .map_err(failed)?;
         tracing::info!(schema, index = index.name, "store index built");
     }
+    Ok(())
+}
+
+/// Builds [`FAILING_COUNT`] where the schema lacks it.
+async fn build_failing_count(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
+    let failed =
+        |e| StoreError::backend(format!("cannot build {schema}.callback_failures_count"), e);
+    let exists = sqlx::query(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'callback_failures_count'",
+    )
+    .bind(schema)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(failed)?
+    .is_some();
+    if exists {
+        return Ok(());
+    }
+    let mut tx = conn.begin().await.map_err(failed)?;
+    sqlx::raw_sql(&FAILING_COUNT.replace("{schema}", schema))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    tracing::info!(schema, "store count of failing callbacks built");
     Ok(())
 }
 
