@@ -113,9 +113,10 @@
 //! URL]` (a running service, or a stopped one's store) list them, or the N that failed last,
 //! `/metrics` has `payhook_callbacks_failing` (alert on it) and
 //! `payhook_callback_failures_total`. An incident can leave hundreds of thousands: both
-//! backends read each page through an index by time, without the pages before it, and the
-//! embedded one keeps their count instead of counting them on every scrape (see
-//! `failing.rs`). What the
+//! backends read each page through an index by time, without the pages before it, and both
+//! keep their count instead of counting them on every scrape (the embedded one in memory
+//! since it opened, see `failing.rs`; PostgreSQL in a table a trigger keeps, see
+//! `postgres::schema`). What the
 //! aggregator gave up on is booked by hand with `payhook reconcile --ref ID --admin-url URL`.
 //! A callback whose body is refused (400) is recorded the same way, under the nonce and
 //! status read from it, with the refusal as its reason (see `server::refusal`).

@@ -165,6 +165,9 @@ impl DedupStore for PgStore {
     fn failing_count(&self) -> StoreFuture<'_, usize> {
         Box::pin(async move {
             // Kept by the database as rows come and go (see `schema::FAILING_COUNT`).
+            if self.count_to_fold() {
+                self.fold_failing_count().await?;
+            }
             let row = sqlx::query(
                 &self.sql("SELECT coalesce(sum(n), 0)::bigint FROM {s}.callback_failures_count"),
             )

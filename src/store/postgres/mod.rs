@@ -144,6 +144,9 @@ struct Inner {
     claim_sql: String,
     /// Each booking's write and COMMIT (one booking per transaction).
     commit_metrics: crate::store::CommitMetrics,
+    /// When this instance last folded the count of failing callbacks' rows (see
+    /// [`PgStore::fold_failing_count`]).
+    count_folded: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Drop for Inner {
@@ -239,6 +242,7 @@ impl PgStore {
                 claims: claim::HeldClaims::new(pool_size),
                 claim_sql,
                 commit_metrics: crate::store::CommitMetrics::default(),
+                count_folded: std::sync::Mutex::default(),
             }),
         };
         store.start_sweeper(config.sweep_interval);
@@ -449,8 +453,20 @@ impl PgStore {
                 }
             }
         }
-        // The count's rows of +1 and −1 since the last sweep, folded into one; nothing is
-        // written when there is one already.
+        self.fold_failing_count().await?;
+        Ok(purged)
+    }
+
+    /// Folds the rows of +1 and −1 of the count of failing callbacks into one (nothing is
+    /// written when there is one already): at each sweep, and when the count is read and
+    /// this instance last folded them [`COUNT_FOLDED_EVERY`] ago or more, so that reading
+    /// the count sums a few seconds' failures at most, not an incident's.
+    async fn fold_failing_count(&self) -> Result<(), StoreError> {
+        *self
+            .inner
+            .count_folded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(std::time::Instant::now());
         sqlx::query(&self.sql(
             "WITH gone AS (DELETE FROM {s}.callback_failures_count \
                WHERE (SELECT count(*) FROM {s}.callback_failures_count) > 1 RETURNING n) \
@@ -459,9 +475,23 @@ impl PgStore {
         ))
         .execute(self.pool())
         .await?;
-        Ok(purged)
+        Ok(())
+    }
+
+    /// Whether reading the count should fold its rows first (see
+    /// [`PgStore::fold_failing_count`]).
+    fn count_to_fold(&self) -> bool {
+        self.inner
+            .count_folded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|folded| folded.elapsed() >= COUNT_FOLDED_EVERY)
     }
 }
+
+/// How often reading the count of failing callbacks folds its rows, at most (see
+/// [`PgStore::fold_failing_count`]).
+const COUNT_FOLDED_EVERY: Duration = Duration::from_secs(5);
 
 /// A `FROM` item that turns off the wait for the WAL flush at the commit of the statement
 /// it is in (`synchronous_commit = off` for that transaction only): for claims, releases
