@@ -1557,7 +1557,9 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         "every indexed read was planned"
     );
     // A schema without the indexes and the count of failing callbacks (as a payhook before
-    // them left it) gets them at the next open, the count counted from the rows there are.
+    // them left it; its function left behind, as a build that failed half-way would not
+    // leave it but a hand might) gets them at the next open, the count counted from the
+    // rows there are.
     let store = payhook::store::PgStore::open(&db.store_config(RETENTION), TREES)
         .await
         .unwrap();
@@ -1571,8 +1573,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     sqlx::raw_sql(&format!(
         "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_nonce; \
          DROP INDEX {0}.callback_failures_latest; DROP TABLE {0}.callback_failures_count; \
-         DROP TRIGGER callback_failures_counted ON {0}.callback_failures; \
-         DROP FUNCTION {0}.count_callback_failures()",
+         DROP TRIGGER callback_failures_counted ON {0}.callback_failures",
         db.schema
     ))
     .execute(&mut conn)

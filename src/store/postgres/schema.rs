@@ -80,16 +80,24 @@ const READ_INDEXES: &[ReadIndex] = &[
 /// each sweep folds them into one. Built with the rows there are then, while writes to the
 /// table wait, in one transaction. No version, like the read indexes: an older payhook
 /// ignores the table, and its writes still keep the count.
+///
+/// Only what goes around the trigger makes it drift (a `TRUNCATE` of `callback_failures`,
+/// the trigger dropped by hand). To count again, in one transaction: `LOCK TABLE
+/// callback_failures IN SHARE ROW EXCLUSIVE MODE`, `DELETE FROM callback_failures_count`,
+/// `INSERT INTO callback_failures_count (n) SELECT count(*) FROM callback_failures`. (Do not
+/// drop the table while the trigger stands: failures could not be recorded until the next
+/// open builds it again.)
 const FAILING_COUNT: &str = "
 LOCK TABLE {schema}.callback_failures IN SHARE ROW EXCLUSIVE MODE;
 CREATE TABLE {schema}.callback_failures_count (n bigint NOT NULL);
-CREATE FUNCTION {schema}.count_callback_failures() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {schema}.count_callback_failures() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO {schema}.callback_failures_count (n)
     VALUES (CASE WHEN TG_OP = 'INSERT' THEN 1 ELSE -1 END);
   RETURN NULL;
 END
 $$;
+DROP TRIGGER IF EXISTS callback_failures_counted ON {schema}.callback_failures;
 CREATE TRIGGER callback_failures_counted AFTER INSERT OR DELETE ON {schema}.callback_failures
   FOR EACH ROW EXECUTE FUNCTION {schema}.count_callback_failures();
 INSERT INTO {schema}.callback_failures_count (n) SELECT count(*) FROM {schema}.callback_failures;
