@@ -389,12 +389,10 @@ impl AdminClient {
     /// do not lead on.
     pub async fn failing_latest(&self, limit: usize) -> Result<Vec<FailingCallback>, AdminError> {
         let (failing, pages) = self.failing_walk(limit, None).await?;
-        let Some(top) = failing.first().map(|f| f.last_failed - REREAD_MARGIN) else {
-            return Ok(failing);
+        let top = match failing.first() {
+            Some(first) if pages > 1 => first.last_failed - REREAD_MARGIN,
+            _ => return Ok(failing),
         };
-        if pages < 2 {
-            return Ok(failing);
-        }
         let (again, _) = self.failing_walk(usize::MAX, Some(top)).await?;
         let mut latest = std::collections::HashMap::with_capacity(failing.len());
         for pair in failing.into_iter().chain(again) {

@@ -399,6 +399,15 @@ async fn an_incident_s_failing_callbacks_are_listed_a_page_at_a_time() {
     assert_eq!(listed, expected);
     let large = failing_at(&server, "/payhook/admin/callbacks/failing?limit=5000").await;
     assert_eq!(large.len(), 1_000);
+    // A `limit` of 0 is taken as 1: a page of one, and the next linked.
+    let least = admin_get(&server, "/payhook/admin/callbacks/failing?limit=0").await;
+    assert_eq!(least.status, 200);
+    assert_eq!(nonces(least.json().as_array().unwrap()), expected[..1]);
+    let link = least.header("link").unwrap();
+    assert!(
+        link.starts_with("</payhook/admin/callbacks/failing?limit=1&after="),
+        "{link}"
+    );
 
     // Not base64; no time; a status that is not a number; a nonce with U+0000; a time
     // before any a store holds.

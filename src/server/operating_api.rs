@@ -349,13 +349,14 @@ impl OperatingApi {
                     .map_err(|e| self.admin_store_failed(&e))?;
                 let mut response = json(&page.failing);
                 if let Some(next) = page.next {
+                    // Built of the route, a number and the cursor's URL-safe base64 alone:
+                    // nothing from the request, so always a valid header value.
                     let link = format!(
-                        "<{}?limit={limit}&after={next}>; rel=\"next\"",
-                        parts.uri.path()
+                        "<{ADMIN_PREFIX}callbacks/failing?limit={limit}&after={next}>; rel=\"next\""
                     );
-                    if let Ok(value) = http::HeaderValue::from_str(&link) {
-                        response.headers_mut().insert(http::header::LINK, value);
-                    }
+                    let value = http::HeaderValue::from_str(&link)
+                        .map_err(|_| self.failed_to_link(&link))?;
+                    response.headers_mut().insert(http::header::LINK, value);
                 }
                 Ok(response)
             }
@@ -401,6 +402,14 @@ impl OperatingApi {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }
             _ => Err(Problem::NotFound),
+        }
+    }
+
+    /// A next page that cannot be named: answered as a failure, never as the last page.
+    fn failed_to_link(&self, link: &str) -> Problem {
+        tracing::error!(link, "admin: the next page's link is not a header value");
+        Problem::StoreFailed {
+            retry_after: self.retry_after,
         }
     }
 
