@@ -515,3 +515,100 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// A shared secret's header is the merchant's to name, so the inspector keeps the values of
+/// the headers it knows to be harmless and no other: the secret is never shown, whether it
+/// was right or wrong. What a request can make the inspector keep is bounded too: its
+/// headers' bytes, and its identifiers to the longest the service accepts.
+#[tokio::test]
+async fn a_secret_under_a_header_of_the_merchant_s_naming_is_never_kept() {
+    use payhook::config::{AuthMethod, EndpointAuthConfig};
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway);
+    config.validation.awaitable = false;
+    config.auth.transaction_validation = EndpointAuthConfig {
+        method: AuthMethod::SharedSecret,
+        header: "X-Aggregator-Token".into(),
+        secret: Some("merchant-named-secret-5150".into()),
+        ..Default::default()
+    };
+    let max_chars = config.server.max_identifier_chars;
+    let server = TestServer::start_with(config).await;
+    let long_nonce = "n".repeat(50_000);
+    let long_body = with(
+        TRANSACTION_VALIDATION,
+        "/paymentData/nonce",
+        Some(long_nonce.into()),
+    );
+    let filler = "f".repeat(3_000);
+    let mut headers = vec![
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+        (
+            "X-Aggregator-Token".to_owned(),
+            "merchant-named-secret-5150".to_owned(),
+        ),
+    ];
+    headers.extend((0..60).map(|i| (format!("x-filler-{i}"), filler.clone())));
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect();
+    for (body, status) in [(TRANSACTION_VALIDATION.to_owned(), 200), (long_body, 400)] {
+        let answer = server
+            .send(&post(VALIDATION_PATH, &headers, body.as_bytes()))
+            .await;
+        assert_eq!(answer.status, status, "{}", answer.message());
+    }
+    let wrong = post(
+        VALIDATION_PATH,
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Aggregator-Token", "merchant-named-secret-5151"),
+        ],
+        TRANSACTION_VALIDATION.as_bytes(),
+    );
+    assert_eq!(server.send(&wrong).await.status, 401);
+
+    let list = deliveries(&server, "").await;
+    assert_eq!(list.deliveries.len(), 3);
+    for seq in 1..=3 {
+        let detail = admin(
+            &server,
+            "GET",
+            &format!("/payhook/admin/deliveries/{seq}"),
+            None,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&detail.body);
+        assert!(
+            !text.contains("merchant-named-secret"),
+            "a secret was kept: {seq}"
+        );
+        let detail: DeliveryDetail = serde_json::from_slice(&detail.body).unwrap();
+        assert!(
+            detail
+                .headers
+                .contains(&("x-aggregator-token".into(), "[redacted]".into())),
+            "{:?}",
+            detail.headers
+        );
+        assert!(
+            detail
+                .headers
+                .contains(&("content-type".into(), "application/json".into()))
+        );
+        let kept: usize = detail
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 3)
+            .sum();
+        assert!(
+            kept <= payhook::inspector::HEADERS_KEPT + 1024,
+            "{kept} bytes of headers kept"
+        );
+    }
+    let refused = &list.deliveries[1];
+    assert_eq!(refused.status, 400);
+    let nonce = refused.nonce.as_deref().unwrap();
+    assert_eq!(nonce, format!("{}…", "n".repeat(max_chars)));
+}

@@ -67,8 +67,8 @@ pub(crate) struct Note {
     pub(crate) validation_id: Option<i64>,
     pub(crate) outcome: Option<Outcome>,
     pub(crate) signature: Option<SignatureNote>,
-    /// The request's headers, one `name: value` line each (credentials are redacted when
-    /// shown, never here).
+    /// The request's headers, one `name: value` line each, the values of all but the
+    /// harmless ones redacted ([`super::kept_headers`]).
     pub(crate) headers: Option<String>,
     pub(crate) body: Option<Bytes>,
 }

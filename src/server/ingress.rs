@@ -22,6 +22,7 @@ use super::request::{self, BodyLimits, parse_json};
 use super::route::Endpoint;
 use super::settings::ServerConfig;
 use crate::auth::{AuthError, Cidr, Guard};
+use crate::inspector::kept_identifier;
 use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
@@ -69,6 +70,11 @@ impl Ingress {
     /// The `[server]` settings the app was built with.
     pub(super) fn server_config(&self) -> &ServerConfig {
         &self.limits
+    }
+
+    /// The header signatures are read from, when they are verified.
+    pub(super) fn signature_header(&self) -> Option<&http::HeaderName> {
+        self.verifier.as_ref().map(Verifier::header)
     }
 
     /// `true` when signatures are verified (keys are configured).
@@ -247,11 +253,12 @@ impl Ingress {
         bytes: &[u8],
     ) -> Result<T, Problem> {
         let request = parse_json::<T>(bytes)?;
+        let max_chars = self.limits.max_identifier_chars;
         note::kept(|n| {
-            n.nonce = Some(request.nonce().1.to_owned());
-            n.client = Some(request.client_id().1.to_owned());
+            n.nonce = Some(kept_identifier(request.nonce().1, max_chars));
+            n.client = Some(kept_identifier(request.client_id().1, max_chars));
         });
-        check_identifiers(&request, self.limits.max_identifier_chars)?;
+        check_identifiers(&request, max_chars)?;
         request.trace(&tracing::Span::current());
         match request.implausible() {
             Some(reason) => Err(Problem::BadRequest(reason)),

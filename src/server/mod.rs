@@ -574,8 +574,13 @@ impl App {
         let (parts, body) = request.into_parts();
         let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
         note::with(|n| n.endpoint = Some(endpoint.name()));
-        note::kept(|n| n.headers = Some(inspector::kept_headers(&parts.headers)));
         let ingress = &self.inner.ingress;
+        note::kept(|n| {
+            n.headers = Some(inspector::kept_headers(
+                &parts.headers,
+                ingress.signature_header(),
+            ));
+        });
         let client = ingress.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
         let signature = ingress.admit(endpoint, client, &parts.headers)?;
