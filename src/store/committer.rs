@@ -120,6 +120,25 @@ pub(crate) enum Job {
     Failure(Box<CallbackFailure>),
 }
 
+impl Job {
+    /// Answers the job with `error`, nothing of it written.
+    fn refuse(self, error: StoreError) {
+        // A requester that went away no longer waits for its answer.
+        match self {
+            Self::Callback { reply, .. } | Self::Validation { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Postponed { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Repeat { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Self::Failure(_) => {}
+        }
+    }
+}
+
 /// Answers a job once its batch is durable (or failed). An enum, not a boxed closure: one
 /// allocation fewer per job.
 enum Reply {
@@ -430,6 +449,14 @@ impl Writer {
             std::mem::replace(&mut *queue, Vec::with_capacity(capacity))
         };
         if jobs.is_empty() {
+            return;
+        }
+        // A store that failed commits nothing more, not even for claims taken before it
+        // failed: what a failed flush left unwritten may be lost with what follows it.
+        if self.context.failed.load(Ordering::SeqCst) {
+            for job in jobs {
+                job.refuse(StoreError::Stopped);
+            }
             return;
         }
         // The batch's replies live here, not in `commit`: should it panic (a bug of
@@ -886,12 +913,21 @@ fn stage_callback(
     // panic in them fails this callback only, not the batch.
     let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| effects.apply(&tx)))
         .unwrap_or_else(|_| Err(StoreError::abort("an effect panicked")));
-    if let Err(error) = applied {
-        // A backend failure met by an effect fails the batch's commit, whatever the effect
-        // made of it; otherwise the effect's own refusal.
-        return Err(tx.failure.into_inner().unwrap_or(error));
+    let (local, failure) = (tx.local.into_inner(), tx.failure.into_inner());
+    // A backend failure met by an effect fails this callback, whatever the effect made of it
+    // (an effect that took a failed read for an absent key would book a wrong balance);
+    // otherwise the effect's own refusal.
+    if let Some(error) = failure.or(applied.err()) {
+        return Err(error);
     }
-    let local = tx.local.into_inner();
+    // Nothing of this callback is in the batch yet: an error from here on would leave the
+    // batch as it was (the failing record is read before anything is written), and what
+    // follows cannot fail. A callback answered with an error must leave nothing behind: the
+    // batch is still applied and made durable for the others, and the next delivery of this
+    // nonce would find its effects.
+    if context.may_hold_failures.load(Ordering::Relaxed) {
+        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
+    }
     overlay.extend(local);
     if !record.done.contains(&status) {
         record.done.push(status);
@@ -899,9 +935,6 @@ fn stage_callback(
     record.attempts = record.attempts.max(owned.attempts);
     record.expires_ms = expires_ms;
     write_record(overlay, &key, Some(encode(&record)));
-    if context.may_hold_failures.load(Ordering::Relaxed) {
-        failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
-    }
     Ok(key)
 }
 
@@ -1083,6 +1116,11 @@ thread_local! {
     static READ_KEY: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Test-only: the keys (tree prefix and key) whose reads by an effect fail, as a
+/// backend's read would.
+#[cfg(test)]
+pub(crate) static FAILING_READS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
 impl OverlayTx<'_> {
     fn key(&self, tree: &Tree, key: &[u8]) -> Result<Vec<u8>, StoreError> {
         check_declared(&self.context.effect_trees, tree.name())?;
@@ -1100,6 +1138,13 @@ impl EffectTx for OverlayTx<'_> {
             if let Some(value) = self.local.borrow().get(full.as_slice()) {
                 return Ok(value.clone());
             }
+            #[cfg(test)]
+            let read = |tree: &sled::Tree, batch: &Overlay, key: &[u8]| {
+                if lock(&FAILING_READS).iter().any(|failing| failing == key) {
+                    return Err(StoreError::backend_message("a read failed (a test's)"));
+                }
+                read(tree, batch, key)
+            };
             read(&self.context.tree, self.batch, full).inspect_err(|error| {
                 *self.failure.borrow_mut() = Some(error.clone());
             })

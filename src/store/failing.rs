@@ -469,7 +469,8 @@ pub(crate) fn record(
     Ok(true)
 }
 
-/// Forgets the failures of (`nonce`, `status`): it is booked in this batch.
+/// Forgets the failures of (`nonce`, `status`): it is booked in this batch. It fails only
+/// before it writes anything (a read of the store that failed).
 pub(crate) fn booked(
     staging: &mut Staging<'_>,
     nonce: &str,
@@ -479,7 +480,21 @@ pub(crate) fn booked(
     let Some(bytes) = staging.get_record(&key)? else {
         return Ok(());
     };
-    let mut record: FailureRecord = decode(nonce, &bytes)?;
+    // The listing must never keep a callback from being booked: a record that does not
+    // decode is let go (its `l` keys lead nowhere, and are passed over, then removed at the
+    // next open), and said so.
+    let mut record: FailureRecord = match decode(nonce, &bytes) {
+        Ok(record) => record,
+        Err(error) => {
+            tracing::error!(
+                nonce = %crate::logged::Logged(nonce),
+                error = %crate::report::InLine(&error),
+                "a failing callback's record did not decode; it is removed as its callback is booked"
+            );
+            staging.put_record(&key, None);
+            return Ok(());
+        }
+    };
     let listed = record.times();
     record.failing.retain(|f| f.status != status);
     relist(staging, &key, &listed, &record.times());

@@ -111,13 +111,17 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             };
             let resolution = record.resolve(success, description.clone(), now);
             if resolution == Resolution::Recorded {
-                put(staging, &record);
+                // Every read before any write: an error leaves the batch as it was.
+                let mut repeats = Vec::with_capacity(record.repeats.len());
                 for id in &record.repeats {
                     if let Some(mut repeat) = read(staging, *id)?
                         && repeat.resolve(success, description.clone(), now) == Resolution::Recorded
                     {
-                        put(staging, &repeat);
+                        repeats.push(repeat);
                     }
+                }
+                for record in std::iter::once(&record).chain(&repeats) {
+                    put(staging, record);
                 }
             }
             Ok(resolution)

@@ -870,6 +870,9 @@ impl SledStore {
     ) -> Result<Option<CallbackBegin>, StoreError> {
         let now = now_ms();
         let mut shard = self.inner.callback_claims.shard(nonce);
+        // Again under the shard's lock: a batch that failed is marked so before its claims
+        // end, so a record it applied (never durable) is not answered as booked.
+        self.check_healthy()?;
         let entry = shard.entry(nonce);
         if Claims::live(entry, stale_after) {
             return Ok(Some(CallbackBegin::Busy));
@@ -919,6 +922,8 @@ impl SledStore {
     ) -> Result<Option<ValidationBegin>, StoreError> {
         let now = now_ms();
         let mut shard = self.inner.validation_claims.shard(nonce);
+        // Again under the shard's lock: see `try_begin_callback`.
+        self.check_healthy()?;
         // A live claim first: its record may be written but not yet durable, and must not be
         // answered from before it is.
         match shard.get(nonce) {
@@ -1472,6 +1477,133 @@ mod tests {
             store.inner.tree.get(&record).unwrap().is_none(),
             "the record was written to sled"
         );
+    }
+
+    /// Claims `nonce` and books it with `effects`; the commit's outcome.
+    fn book_with(
+        runtime: &Runtime,
+        store: &SledStore,
+        nonce: &str,
+        effects: Effects,
+    ) -> Result<(), StoreError> {
+        let nonce = Nonce::from(nonce);
+        let status = TransactionStatus::Success;
+        runtime.block_on(async {
+            let CallbackBegin::Claimed { claim, .. } =
+                store.begin_callback(&nonce, status, PATIENCE).await?
+            else {
+                panic!("{nonce:?} was not claimed");
+            };
+            store.finish_callback(&nonce, claim, status, effects).await
+        })
+    }
+
+    /// Effects that add 1 to `counter` in `tree`, reading it first the way a careless
+    /// effect might: a failed read taken for an absent key.
+    fn counting(tree: &Tree) -> Effects {
+        let effects = Effects::default();
+        let tree = tree.clone();
+        effects.write(move |tx| {
+            let count = tx
+                .get(&tree, b"counter")
+                .ok()
+                .flatten()
+                .map_or(0, |bytes| bytes[0]);
+            tx.insert(&tree, b"counter", &[count + 1])
+        });
+        effects
+    }
+
+    fn current_thread() -> Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A claim taken before the store failed (a batch's flush failed meanwhile) commits
+    /// nothing: what that flush left unwritten may be lost with what would follow it.
+    #[test]
+    fn a_claim_taken_before_the_store_failed_books_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        let runtime = current_thread();
+        let nonce = Nonce::from("n-1");
+        let status = TransactionStatus::Success;
+        let CallbackBegin::Claimed { claim, .. } = runtime
+            .block_on(store.begin_callback(&nonce, status, PATIENCE))
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        store.mark_failed_for_tests();
+        let finished =
+            runtime.block_on(store.finish_callback(&nonce, claim, status, counting(&ledger)));
+        assert!(matches!(finished, Err(StoreError::Stopped)), "{finished:?}");
+        assert_eq!(store.record_count(), 0);
+        assert_eq!(store.get(&ledger, b"counter").unwrap(), None);
+        let again = runtime.block_on(store.begin_callback(&nonce, status, PATIENCE));
+        assert!(matches!(again, Err(StoreError::Stopped)), "{again:?}");
+    }
+
+    /// An effect that swallows a failed read (and would book a balance from nothing) fails
+    /// its callback all the same; the callback leaves nothing in the batch, and the next
+    /// delivery books it once.
+    #[test]
+    fn an_effect_that_swallows_a_failed_read_books_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        let runtime = current_thread();
+        book_with(&runtime, &store, "n-0", counting(&ledger)).unwrap();
+        let key = ledger.key(b"counter");
+        super::super::staging::lock(&super::super::committer::FAILING_READS).push(key.clone());
+        let failed = book_with(&runtime, &store, "n-1", counting(&ledger));
+        super::super::staging::lock(&super::super::committer::FAILING_READS).retain(|k| *k != key);
+        assert!(
+            matches!(failed, Err(StoreError::Backend { .. })),
+            "{failed:?}"
+        );
+        assert_eq!(store.get(&ledger, b"counter").unwrap(), Some(vec![1]));
+        assert!(!acknowledged(&runtime, &store, "n-1"));
+        book_with(&runtime, &store, "n-1", counting(&ledger)).unwrap();
+        assert_eq!(store.get(&ledger, b"counter").unwrap(), Some(vec![2]));
+        assert!(acknowledged(&runtime, &store, "n-1"));
+    }
+
+    /// A failing callback's record that does not decode (listed among the failing by
+    /// operators only) keeps no callback from being booked: it is let go as the callback is
+    /// booked, and the callback's effects are applied once.
+    #[test]
+    fn a_failing_record_that_does_not_decode_keeps_no_callback_from_being_booked() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_in(dir.path());
+        let failing = keys::failing("n-1").key;
+        {
+            let store = SledStore::open(&config, &["ledger"]).unwrap();
+            store
+                .inner
+                .tree
+                .insert(&failing, b"not json".as_slice())
+                .unwrap();
+            store.inner.tree.flush().unwrap();
+        }
+        let store = SledStore::open(&config, &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        let runtime = current_thread();
+        book_with(&runtime, &store, "n-1", counting(&ledger)).unwrap();
+        assert!(acknowledged(&runtime, &store, "n-1"));
+        assert_eq!(store.get(&ledger, b"counter").unwrap(), Some(vec![1]));
+        assert_eq!(store.inner.tree.get(&failing).unwrap(), None);
+        let again = runtime
+            .block_on(store.begin_callback(
+                &Nonce::from("n-1"),
+                TransactionStatus::Success,
+                PATIENCE,
+            ))
+            .unwrap();
+        assert_eq!(again, CallbackBegin::Duplicate);
     }
 
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
