@@ -1322,6 +1322,68 @@ async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
     b.claim("n-0", TransactionStatus::Success).await;
 }
 
+behaviour!(a_booking_the_retention_sweep_waited_for_is_kept);
+/// A nonce whose record expired gets a new status: its booking renews the record. A sweep
+/// that picked the expired record meanwhile (on PostgreSQL it waits for the booking's row
+/// lock) must not delete the renewed one: a repeat of the new status would run again.
+async fn a_booking_the_retention_sweep_waited_for_is_kept(b: &Backend) {
+    let (first, later) = (TransactionStatus::Success, TransactionStatus::Cancelled);
+    b.acknowledge("n-1", first, Effects::default()).await;
+    let acknowledged_by = Utc::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // On PostgreSQL a claim's transaction may have begun as the claim before it on its
+    // connection ended, and its `now()` dates the renewed record: another booking first.
+    b.acknowledge("n-2", first, Effects::default()).await;
+    let (claim, ..) = b.claim("n-1", later).await;
+    // After the first booking's expiry, before the renewed one's.
+    let sweep_at =
+        acknowledged_by + TimeDelta::from_std(RETENTION).unwrap() + TimeDelta::milliseconds(50);
+    let shared = Arc::clone(&b.shared);
+    let sweep = tokio::spawn(async move { shared.purge_expired(sweep_at).await });
+    if let Some(db) = &b.db {
+        wait_for_a_sweep_held_by_a_lock(db).await;
+    }
+    b.shared
+        .finish_callback(&Nonce::from("n-1"), claim, later, Effects::default())
+        .await
+        .unwrap();
+    sweep.await.unwrap().unwrap();
+    for status in [first, later] {
+        assert_eq!(
+            b.shared
+                .begin_callback(&Nonce::from("n-1"), status, STALE)
+                .await
+                .unwrap(),
+            CallbackBegin::Duplicate,
+            "{status:?}"
+        );
+    }
+}
+
+/// Waits until a statement deleting from the schema's `callbacks` waits for a row's lock.
+async fn wait_for_a_sweep_held_by_a_lock(db: &TestDb) {
+    let mut conn = db.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM ' || $1 || '.callbacks %'",
+        )
+        .bind(&db.schema)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweep never waited for the booking's lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 behaviour!(long_nonces_are_answered_exactly_once);
 async fn long_nonces_are_answered_exactly_once(b: &Backend) {
     let long = "n".repeat(10_000);

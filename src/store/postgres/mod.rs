@@ -429,13 +429,20 @@ impl PgStore {
 
     /// Removes expired rows, [`PURGE_BATCH`] per statement; a postponed validation only once
     /// its result is delivered or refused.
+    ///
+    /// Each statement says twice what expired: the rows it picks, and the rows it deletes.
+    /// Under READ COMMITTED a row picked while a booking held it (a new status of a nonce
+    /// whose record had expired: its claim renews the row until its COMMIT) is deleted once
+    /// the booking commits, and only the outer condition is checked again on the committed
+    /// row: without it, a mark just acknowledged would be deleted, and a repeat of its
+    /// callback run again.
     async fn purge(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
         let tables = [
-            "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2)",
-            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 LIMIT $2)",
-            "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2)",
-            "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2)",
-            "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2)",
+            "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2) AND final AND expires_at <= $1",
         ];
         let mut purged = 0usize;
         for table in tables {
