@@ -1885,6 +1885,89 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     b.finish().await;
 }
 
+/// An effect that ends payhook's transaction (sqlx's `begin()` on the connection, whose
+/// `rollback()` is then a ROLLBACK of the whole booking, mark included) is refused, never
+/// acknowledged: a 200 would leave a callback without its mark, to be run again. Savepoints
+/// of the effect's own work as expected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_that_ends_the_transaction_of_its_booking_is_refused() {
+    let Some(b) = Backend::postgres("an_effect_that_ends").await else {
+        return;
+    };
+    let table = format!("{}.merchant_rows", b.db.as_ref().unwrap().schema);
+    let mut conn = b.db.as_ref().unwrap().connect().await;
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (nonce text PRIMARY KEY)"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let effects = |nonce: &'static str, end_with: &'static str| {
+        let effects = Effects::default();
+        let table = table.clone();
+        effects.postgres(move |conn| {
+            let table = table.clone();
+            Box::pin(async move {
+                let insert = format!("INSERT INTO {table} (nonce) VALUES ($1)");
+                match end_with {
+                    "savepoint" => {
+                        sqlx::query("SAVEPOINT attempt").execute(&mut *conn).await?;
+                        let _duplicate = sqlx::query(&insert).bind("n-0").execute(&mut *conn).await;
+                        sqlx::query("ROLLBACK TO SAVEPOINT attempt")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    nested => {
+                        let mut nested_tx = sqlx::Connection::begin(&mut *conn).await?;
+                        let _duplicate = sqlx::query(&insert)
+                            .bind("n-0")
+                            .execute(&mut *nested_tx)
+                            .await;
+                        if nested == "rollback" {
+                            nested_tx.rollback().await?;
+                        } else {
+                            nested_tx.commit().await?;
+                        }
+                    }
+                }
+                sqlx::query(&insert).bind(nonce).execute(&mut *conn).await?;
+                Ok(())
+            })
+        });
+        effects
+    };
+    b.acknowledge(
+        "n-0",
+        TransactionStatus::Success,
+        effects("n-0", "savepoint"),
+    )
+    .await;
+    for (nonce, end_with) in [("n-1", "rollback"), ("n-2", "commit")] {
+        let (claim, ..) = b.claim(nonce, TransactionStatus::Success).await;
+        let refused = b
+            .shared
+            .finish_callback(
+                &Nonce::from(nonce),
+                claim,
+                TransactionStatus::Success,
+                effects(nonce, end_with),
+            )
+            .await;
+        let Err(StoreError::Aborted { reason }) = &refused else {
+            panic!("{end_with}: {refused:?}");
+        };
+        assert!(reason.contains("ended by one of its effects"), "{reason}");
+    }
+    // The booking whose effect rolled its transaction back left no mark: a repeat runs the
+    // handler again (what the effect wrote after its ROLLBACK committed on its own, as the
+    // refusal says).
+    assert!(
+        !b.shared
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    b.finish().await;
+}
+
 /// Claims `nonce` and finishes it with `effects`, which must fail as the effects' failure:
 /// not acknowledged, and `table` still holds its one row.
 async fn refused_without_a_trace(

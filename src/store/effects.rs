@@ -172,6 +172,14 @@ impl Effects {
     /// must only write through that connection. On a sled store it fails the callback
     /// (answered 503): SQL needs the PostgreSQL store.
     ///
+    /// The transaction is payhook's, begun before sqlx saw the connection: the closure must
+    /// not end it. Neither COMMIT nor ROLLBACK, and not sqlx's `begin()` on the connection
+    /// either, which there sends BEGIN, not SAVEPOINT, so that its `commit()` or
+    /// `rollback()` ends the whole booking, mark included. For a part that may fail, use
+    /// `SAVEPOINT name` and `ROLLBACK TO SAVEPOINT name`. A booking whose transaction an
+    /// effect ended is refused at its COMMIT (503, listed among the failing callbacks),
+    /// never acknowledged; what the effect committed on its own stays committed.
+    ///
     /// ```
     /// use payhook::store::Effects;
     ///

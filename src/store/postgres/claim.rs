@@ -40,6 +40,9 @@ pub(super) struct HeldClaim {
     pub(super) failing: bool,
     /// The status claimed (its code).
     pub(super) status: i32,
+    /// The id of the transaction that holds the claim (`txid_current_if_assigned()` once it
+    /// wrote the mark): what its COMMIT checks it still is.
+    pub(super) transaction: Option<i64>,
 }
 
 impl HeldClaim {
@@ -55,6 +58,7 @@ impl HeldClaim {
             attempt: 0,
             failing: false,
             status: 0,
+            transaction: None,
         }
     }
 
@@ -71,15 +75,31 @@ impl HeldClaim {
     /// COMMIT, and BEGIN the next claim's transaction in the same round trip: the claim
     /// ends, and the connection is parked for the next one (see [`HeldClaims`]).
     ///
-    /// PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
-    /// error: an effect that swallowed its statement's error would otherwise pass for
-    /// committed. A statement first fails in such a transaction (SQLSTATE 25P02), and
-    /// neither COMMIT nor BEGIN after it is run.
+    /// A statement first checks that the transaction is still the claim's, and neither
+    /// COMMIT nor BEGIN after it is run when it fails:
+    ///
+    /// * PostgreSQL answers COMMIT in a failed transaction by rolling it back, without an
+    ///   error: an effect that swallowed its statement's error would otherwise pass for
+    ///   committed. The check fails in such a transaction (SQLSTATE 25P02).
+    /// * An effect may have ended the claim's transaction: a COMMIT or ROLLBACK of its own,
+    ///   or sqlx's `begin()` on the connection (payhook's BEGIN is not one sqlx counts, so
+    ///   its transaction's `commit()` or `rollback()` sends COMMIT or ROLLBACK, not a
+    ///   savepoint's). The mark may then be gone, and what followed committed on its own:
+    ///   answering 200 would acknowledge a callback whose repeat runs its handler again.
+    ///   The check fails when the transaction's id is not the claim's ([`ENDED`], SQLSTATE
+    ///   22P02).
     pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
+        let check = match self.transaction {
+            Some(id) => format!(
+                "SELECT (CASE WHEN txid_current_if_assigned() = {id} THEN '1' ELSE '{ENDED}' END)::int"
+            ),
+            None => "SELECT 1".to_owned(),
+        };
         self.conn
-            .execute(sqlx::raw_sql("SELECT 1; COMMIT; BEGIN"))
+            .execute(sqlx::raw_sql(&format!("{check}; COMMIT; BEGIN")))
             .await?;
         self.parked = true;
+        self.transaction = None;
         Ok(())
     }
 
@@ -138,6 +158,13 @@ impl Drop for HeldClaim {
         }
     }
 }
+
+/// What the COMMIT of a claim's transaction fails with when an effect ended that
+/// transaction (see [`HeldClaim::commit_and_park`]); no quote in it (it is an SQL literal).
+pub(super) const ENDED: &str = "payhook: the transaction of this booking was ended by one of \
+    its effects (a COMMIT or ROLLBACK of its own, or sqlx begin() on the connection, which \
+    is not a savepoint there): nothing is acknowledged, and what the effect committed itself \
+    stays committed; use SAVEPOINT statements for a part that may fail";
 
 /// How long a connection whose claim ended is kept for the next claim before it goes back
 /// to the pool.
@@ -242,6 +269,7 @@ impl HeldClaims {
         claim.attempt = 0;
         claim.failing = false;
         claim.status = 0;
+        claim.transaction = None;
         Ok(claim)
     }
 

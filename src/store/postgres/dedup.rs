@@ -43,6 +43,8 @@ struct ClaimRead {
     previous: Option<i32>,
     attempts: i32,
     failing: bool,
+    /// The claim's transaction, once it wrote the mark.
+    transaction: Option<i64>,
 }
 
 impl PgStore {
@@ -351,6 +353,7 @@ impl PgStore {
             previous: row.try_get(2)?,
             attempts: row.try_get(3)?,
             failing: row.try_get(4)?,
+            transaction: row.try_get(5)?,
         })
     }
 
@@ -384,6 +387,7 @@ impl PgStore {
         if read.claimed && !read.acknowledged {
             held.attempt = read.attempts;
             held.failing = read.failing;
+            held.transaction = read.transaction;
             held.status = status.code();
             let attempt = u32::try_from(held.attempt).unwrap_or(1);
             let claim = self.inner.claims.keep(held);
@@ -519,6 +523,7 @@ impl PgStore {
                 return Err(lost());
             }
             back.failing = read.failing;
+            back.transaction = read.transaction;
             held = back;
         }
     }

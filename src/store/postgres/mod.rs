@@ -227,8 +227,8 @@ impl PgStore {
         let liveness = liveness::hold(&pool, owner).await?;
         let pool_size = pool.options().get_max_connections();
         let claim_sql = format!(
-            "SELECT claimed, acknowledged, previous, attempts, failing \
-             FROM {schema}.claim_callback($1, $2, $3, $4)"
+            "SELECT claimed, acknowledged, previous, attempts, failing, \
+             txid_current_if_assigned() FROM {schema}.claim_callback($1, $2, $3, $4)"
         );
         let store = Self {
             inner: Arc::new(Inner {
