@@ -179,6 +179,8 @@ pub(crate) struct Context {
     pub(crate) failed: Arc<AtomicBool>,
     /// Advanced after each durable commit, before anyone is answered.
     pub(crate) watermark: Watermark,
+    /// sled's blob files, synced before a commit is acknowledged.
+    pub(crate) blobs: super::blobs::Blobs,
     /// Test-only: where commits wait for a test to let them go.
     pub(crate) gate: Gate,
     /// Where each batch goes: into sled, except in two benchmarks' stores.
@@ -542,6 +544,12 @@ impl Writer {
         &self.context.gate
     }
 
+    /// sled's blob files as this writer's commits sync them (for tests).
+    #[cfg(test)]
+    pub(crate) fn blobs(&self) -> &super::blobs::Blobs {
+        &self.context.blobs
+    }
+
     /// Purges expired records now, in steps of at most [`PURGE_STEP`] records: the write
     /// lock is held for one step at a time, and the writes queued meanwhile are committed
     /// between steps, so a sweep never holds a request for long however much expired.
@@ -579,6 +587,9 @@ impl Writer {
             // power cut is redone by the next sweep.
             let flushing = Instant::now();
             self.context.db.flush()?;
+            // A node rewritten whole may have gone to a blob: synced before the next
+            // commit acknowledges anything on top of it.
+            self.context.blobs.sync_new()?;
             tracing::info!(
                 purged,
                 steps,
@@ -942,6 +953,7 @@ fn stage_callback(
 fn make_durable(context: &Context) -> Result<(), StoreError> {
     context.gate.pass(HoldPoint::BeforeFlush);
     context.db.flush()?;
+    context.blobs.sync_new()?;
     context
         .data_file
         .sync_data()

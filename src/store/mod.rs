@@ -257,6 +257,7 @@
 //! `callgrind_annotate` then says where the rest goes (about 8,600 of the 29,529 were the
 //! allocator's).
 
+mod blobs;
 mod claims;
 mod commit_metrics;
 mod committer;

@@ -170,6 +170,7 @@ impl SledStore {
             retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
             failed: Arc::clone(&failed),
             watermark,
+            blobs: super::blobs::Blobs::open(&config.path)?,
             gate: Gate::default(),
             destination,
             metrics: commit_metrics.clone(),
@@ -1604,6 +1605,28 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(again, CallbackBegin::Duplicate);
+    }
+
+    /// A value larger than a quarter of sled's segment goes to a blob file of its own, which
+    /// sled syncs nowhere: the commit that wrote it syncs it before it is acknowledged.
+    #[test]
+    fn a_large_effect_s_blob_is_synced_before_its_callback_is_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        let runtime = current_thread();
+        let effects = Effects::default();
+        let tree = ledger.clone();
+        effects.write(move |tx| tx.insert(&tree, b"statement", &vec![7; 200 * 1024]));
+        book_with(&runtime, &store, "n-1", effects).unwrap();
+        let blobs = std::fs::read_dir(dir.path().join("blobs"))
+            .map(Iterator::count)
+            .unwrap_or(0);
+        assert!(
+            blobs > 0,
+            "sled wrote no blob: the test no longer tests anything"
+        );
+        assert_eq!(store.inner.writer.blobs().synced(), blobs);
     }
 
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
