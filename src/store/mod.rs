@@ -57,6 +57,10 @@
 //!
 //! * its `flush` uses `sync_file_range`, which does not survive a power loss: payhook
 //!   follows every flush with `fdatasync` of sled's data file;
+//! * it writes a log message over about 128 KiB (a large value, or a node of its tree
+//!   written whole) to a file of its own, `blobs/<lsn>`, synced nowhere, and passes over a
+//!   missing one at recovery: payhook `fsync`s each new blob file and the directory before a
+//!   commit is acknowledged (`blobs.rs`);
 //! * it recovers a damaged log by silently cutting it short: payhook's integrity watermark
 //!   refuses to open a store that lost acknowledged commits ([`IntegrityError`]);
 //! * its background flusher rewrites log segments of a store with many removals (about
