@@ -573,6 +573,10 @@ mod tests {
         let cases = [
             ("[server]\nbody_limit = 10", "server.body_limit"),
             (
+                "[server]\nbody_limit = 65536\nbody_memory_limit = 65535",
+                "server.body_memory_limit",
+            ),
+            (
                 "[server]\nmax_identifier_chars = 8",
                 "server.max_identifier_chars",
             ),

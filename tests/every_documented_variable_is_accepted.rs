@@ -74,6 +74,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_GATEWAY_NO_PROXY" => "internal.example, .corp".into(),
         "PAYHOOK_ADMIN_TOKEN" => "admin-token-0123456789".into(),
         "PAYHOOK_ADMIN_INSPECTOR_RECENT" => "2000".into(),
+        // At least the body limit (1 MiB by default).
+        "PAYHOOK_SERVER_BODY_MEMORY_LIMIT" => "8388608".into(),
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
         // The tools' own: the loader leaves them alone.

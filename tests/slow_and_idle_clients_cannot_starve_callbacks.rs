@@ -235,3 +235,117 @@ async fn genuine_callbacks_take_the_place_of_the_least_active_connections_from_t
     }
     assert_eq!(server.merchant.calls().len(), 20);
 }
+
+/// A request body that sends its bytes at once and then holds the stream open, never
+/// ending it.
+struct HeldBack(Option<bytes::Bytes>);
+
+impl http_body::Body for HeldBack {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.take() {
+            Some(bytes) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+/// Bodies sent quickly and then held back, on the streams of one HTTP/2 connection, keep
+/// the pace and could each hold up to `server.body_limit` until the request timeout: all
+/// together they take no more than `server.body_memory_limit`. Past it a stream is answered
+/// 503 with `Retry-After`, a genuine callback still fits in what is left, and what the
+/// held-back bodies took is given back when their connection goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
+    let mut config = test_config();
+    config.server.body_limit = 64 * 1024;
+    config.server.body_memory_limit = 256 * 1024;
+    config.server.request_timeout = Duration::from_secs(600);
+    let server = TestServer::start_with(config).await;
+    let stream = connect(server.addr, ATTACKER).await;
+    let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, HeldBack>(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut answers = JoinSet::new();
+    // Four of 60 KiB fit in 256 KiB; the four after them do not.
+    for _ in 0..8 {
+        sender.ready().await.unwrap();
+        let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
+            .header("content-type", "application/json")
+            .body(HeldBack(Some(vec![b' '; 60 * 1024].into())))
+            .unwrap();
+        answers.spawn(sender.send_request(request));
+    }
+    for _ in 0..4 {
+        let answer = tokio::time::timeout(DEADLINE, answers.join_next())
+            .await
+            .expect("a body past the memory was not refused")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.status(), 503);
+        assert!(answer.headers().contains_key("retry-after"));
+        let body = http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
+            "too many request bodies arriving at once; retry later"
+        );
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), answers.join_next())
+            .await
+            .is_err(),
+        "a body held back was answered"
+    );
+    assert_eq!(genuine(server.addr, GENUINE, "n-small").await, 200);
+    let large = with(
+        CALLBACK,
+        "/padding",
+        Some(serde_json::json!(" ".repeat(60 * 1024))),
+    );
+    let send_large = || async {
+        let mut stream = connect(server.addr, GENUINE).await;
+        let request = post(
+            CALLBACK_PATH,
+            &[("Content-Type", "application/json")],
+            large.as_bytes(),
+        );
+        stream.write_all(&request).await.unwrap();
+        read_response(&mut stream).await.status
+    };
+    assert_eq!(
+        send_large().await,
+        503,
+        "a large body fitted beside the held-back ones"
+    );
+
+    // The connection gone, its bodies give back what they held: a large one fits again.
+    drop(sender);
+    driver.abort();
+    answers.abort_all();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match send_large().await {
+            200 => break,
+            503 => {}
+            other => panic!("a large body was answered {other}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held-back bodies' memory was never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

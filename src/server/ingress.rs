@@ -44,19 +44,22 @@ pub(super) struct Ingress {
     /// Proxies whose `X-Forwarded-For` is believed.
     trusted_proxies: Vec<Cidr>,
     metrics: Arc<Metrics>,
+    /// The bytes of the bodies arriving, all connections together.
+    body_memory: request::BodyMemory,
 }
 
 impl Ingress {
     pub(super) fn new(
         limits: ServerConfig,
         verifier: Option<Verifier>,
-        providers_guard: Guard,
-        validation_guard: Guard,
+        (providers_guard, validation_guard): (Guard, Guard),
         trusted_proxies: Vec<Cidr>,
         metrics: Arc<Metrics>,
         verified: Arc<VerifiedCache>,
+        retry_after: std::time::Duration,
     ) -> Self {
         Self {
+            body_memory: request::BodyMemory::new(limits.body_memory_limit, retry_after),
             limits,
             verifier,
             verified,
@@ -140,7 +143,7 @@ impl Ingress {
             .extensions
             .get::<Arc<connection::Activity>>()
             .map(connection::Activity::receiving);
-        let read = request::read_body(&parts.headers, body, limits).await;
+        let read = request::read_body(&parts.headers, body, limits, &self.body_memory).await;
         drop(receiving);
         if let Err(Problem::BodyTooSlow { .. }) = read {
             self.metrics.count_shed(metrics::ShedReason::SlowBody);

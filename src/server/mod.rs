@@ -108,6 +108,17 @@
 //! Records that an older store kept under a long nonce are still found, and they move to the
 //! new key when they are next written.
 //!
+//! **Bodies held back.** A body that keeps the minimum rate may take up to `server.body_limit`
+//! until the request timeout, and sent quickly then held back it keeps the pace for a long
+//! time (the rate is an average since the headers). One connection could so hold 1 MiB, and
+//! an HTTP/2 connection one per stream (hyper allows 200 at once): tens of GiB over the
+//! connection caps. Now an HTTP/2 connection has at most 32 requests open at once, and the
+//! bodies arriving, all connections and streams together, hold at most
+//! `server.body_memory_limit` (64 MiB by default); a request whose body would pass it is
+//! answered 503 with `Retry-After`, and what a body held is given back as soon as it is
+//! read, refused or its connection goes
+//! (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`).
+//!
 //! **A longer listen queue.** Under this flood, tokio's default listen backlog of 1,024
 //! filled with the attack's reconnections. Three runs in a row then kept a genuine client's SYN
 //! waiting a second for its retransmission (p99 1,029–1,031 ms). `payhook::bind` now asks
@@ -916,11 +927,11 @@ impl AppBuilder {
         let ingress = Arc::new(ingress::Ingress::new(
             self.config.server,
             verifier,
-            providers_guard,
-            validation_guard,
+            (providers_guard, validation_guard),
             trusted_proxies,
             Arc::clone(&metrics),
             signed_pairs,
+            self.config.callback.retry_after,
         ));
         let inspector = admin
             .as_ref()

@@ -10,6 +10,7 @@
 //! | [`Problem::BadRequest`] | 400 | what is wrong, naming the field, line and column |
 //! | [`Problem::BodyTimeout`] | 408 | `request body not received in time` |
 //! | [`Problem::BodyTooSlow`] | 408 | `request body arrives too slowly: …` (below `server.min_body_rate` after its grace) |
+//! | [`Problem::BodiesInFlight`] | 503 + `Retry-After` | `too many request bodies arriving at once; retry later` (past `server.body_memory_limit`) |
 //! | [`Problem::Unauthorized`] | 401 (+ `WWW-Authenticate` for Basic) | `missing signature: …`, `malformed signature: …`, `invalid signature: …`, `missing credentials`, `invalid credentials` |
 //! | [`Problem::AddressRefused`] | 403 | `address not allowed` |
 //! | [`Problem::Denied`] | 403 | the merchant's message |
@@ -59,6 +60,10 @@ pub(crate) enum Problem {
     BodyTooSlow {
         received: u64,
         min_rate: u64,
+    },
+    /// The bodies arriving at once hold `server.body_memory_limit` bytes already.
+    BodiesInFlight {
+        retry_after: Duration,
     },
     Unauthorized {
         message: String,
@@ -113,7 +118,9 @@ impl Problem {
             Self::BodyTimeout | Self::BodyTooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
-            Self::InFlight { .. } | Self::StoreFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::RetryLater { .. }
             | Self::HandlerTimedOut { .. }
             | Self::NotReady
@@ -144,6 +151,7 @@ impl Problem {
             | Self::BadRequest(_)
             | Self::BodyTimeout
             | Self::BodyTooSlow { .. }
+            | Self::BodiesInFlight { .. }
             | Self::Unauthorized { .. } => true,
             Self::HandlerFailed { endpoint: e, .. } | Self::HandlerTimedOut { endpoint: e, .. } => {
                 *e == endpoint
@@ -172,6 +180,7 @@ impl Problem {
                 received: 0,
                 min_rate: 1,
             },
+            Self::BodiesInFlight { retry_after },
             Self::Unauthorized {
                 message: String::new(),
                 basic: false,
@@ -222,6 +231,9 @@ impl Problem {
             Self::BodyTooSlow { received, min_rate } => format!(
                 "request body arrives too slowly: {received} bytes so far, below {min_rate} bytes/s"
             ),
+            Self::BodiesInFlight { .. } => {
+                "too many request bodies arriving at once; retry later".to_owned()
+            }
             Self::RetryLater { reason, .. } => reason.clone(),
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
@@ -257,7 +269,8 @@ impl Problem {
         match self {
             Self::RetryLater { retry_after, .. }
             | Self::InFlight { retry_after }
-            | Self::StoreFailed { retry_after } => Some(*retry_after),
+            | Self::StoreFailed { retry_after }
+            | Self::BodiesInFlight { retry_after } => Some(*retry_after),
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
                 retry_after,

@@ -5,6 +5,7 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::problem::Problem;
@@ -77,13 +78,77 @@ pub(crate) struct BodyLimits {
     pub(crate) grace: Duration,
 }
 
+/// The bytes of request bodies held while they arrive, all requests together, and how many
+/// may be (`server.body_memory_limit`). Each connection and each HTTP/2 stream may hold a
+/// body of up to `server.body_limit` for as long as it keeps the minimum rate: without a
+/// bound over all of them, bodies sent quickly and then stalled would hold that much each.
+#[derive(Debug)]
+pub(crate) struct BodyMemory {
+    limit: usize,
+    held: AtomicUsize,
+    /// The `Retry-After` of a request refused for want of it.
+    retry_after: Duration,
+}
+
+impl BodyMemory {
+    pub(crate) fn new(limit: usize, retry_after: Duration) -> Self {
+        Self {
+            limit,
+            held: AtomicUsize::new(0),
+            retry_after,
+        }
+    }
+
+    /// Takes `bytes` more for `taken`, or refuses them when they would pass the limit.
+    fn take(&self, taken: &mut Taken<'_>, bytes: usize) -> Result<(), Problem> {
+        let mut held = self.held.load(Ordering::Relaxed);
+        loop {
+            let more = held
+                .checked_add(bytes)
+                .filter(|more| *more <= self.limit)
+                .ok_or(Problem::BodiesInFlight {
+                    retry_after: self.retry_after,
+                })?;
+            match self
+                .held
+                .compare_exchange_weak(held, more, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => held = now,
+            }
+        }
+        taken.bytes += bytes;
+        Ok(())
+    }
+
+    /// The bytes held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// What one body holds of the [`BodyMemory`]; given back when it is read, refused or dropped.
+struct Taken<'a> {
+    memory: &'a BodyMemory,
+    bytes: usize,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// Reads the whole body: refused before reading when `Content-Length` is over the limit, cut
 /// off while streaming when the bytes exceed it, and answered 408 when it does not arrive in
-/// time or arrives too slowly.
+/// time or arrives too slowly. While it arrives its bytes are held of `memory`; one that
+/// would pass that is answered 503 (`Retry-After`).
 pub(crate) async fn read_body<B>(
     headers: &HeaderMap,
     body: B,
     limits: BodyLimits,
+    memory: &BodyMemory,
 ) -> Result<Bytes, Problem>
 where
     B: Body<Data = Bytes>,
@@ -98,6 +163,7 @@ where
     let mut body = std::pin::pin!(Limited::new(body, limit));
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut received: u64 = 0;
+    let mut taken = Taken { memory, bytes: 0 };
     loop {
         // The next bytes are due when the average would fall below the minimum rate.
         let due = match limits.min_rate {
@@ -122,6 +188,7 @@ where
         match frame {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data() {
+                    memory.take(&mut taken, data.len())?;
                     received += data.len() as u64;
                     chunks.push(data);
                 }
@@ -273,5 +340,51 @@ mod tests {
             parse_json::<Outer>(b"  \n").unwrap_err(),
             Problem::EmptyBody
         );
+    }
+
+    /// A body of `chunks`, one frame each.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_hold_their_bytes_of_the_memory_while_they_arrive_and_no_more() {
+        let limits = BodyLimits {
+            limit: 1024,
+            timeout: Duration::from_secs(10),
+            min_rate: 0,
+            grace: Duration::from_secs(1),
+        };
+        let memory = BodyMemory::new(1000, Duration::from_secs(7));
+        let body = || Chunks(vec![Bytes::from(vec![b' '; 400]); 2].into());
+        let read = read_body(&HeaderMap::new(), body(), limits, &memory).await;
+        assert_eq!(read.unwrap().len(), 800);
+        assert_eq!(memory.held(), 0, "a body read gives its bytes back");
+        // Another body holds 300 bytes meanwhile: 800 more do not fit.
+        let mut other = Taken {
+            memory: &memory,
+            bytes: 0,
+        };
+        memory.take(&mut other, 300).unwrap();
+        let refused = read_body(&HeaderMap::new(), body(), limits, &memory).await;
+        assert_eq!(
+            refused.unwrap_err(),
+            Problem::BodiesInFlight {
+                retry_after: Duration::from_secs(7)
+            }
+        );
+        assert_eq!(memory.held(), 300, "a body refused gives its bytes back");
+        drop(other);
+        assert_eq!(memory.held(), 0);
     }
 }

@@ -30,6 +30,10 @@ const FULL_RECHECK: Duration = Duration::from_millis(50);
 /// before the connection is closed (a peer that vanished without closing).
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2: requests one connection may have open at once (hyper's default is 200). One
+/// connection's streams take their part of `server.body_memory_limit` like as many
+/// connections would; beyond this many, a client waits for one to end.
+const H2_MAX_STREAMS: u32 = 32;
 
 /// Serves `app` on `listener` until `shutdown` completes, then shuts down gracefully: stops
 /// accepting, lets in-flight requests finish (up to `server.shutdown_grace`), and returns.
@@ -73,6 +77,7 @@ pub async fn serve(
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT);
     let graceful = GracefulShutdown::new();

@@ -62,6 +62,13 @@ pub struct ServerConfig {
         serialize_with = "crate::setting::duration_text"
     )]
     pub idle_timeout: Duration,
+    /// Bytes of request bodies held while they arrive, all connections and HTTP/2 streams
+    /// together; a request whose body would pass it is answered 503 with `Retry-After`
+    /// (default 64 MiB; at least `body_limit`). Every connection may hold a body of up to
+    /// `body_limit` while it keeps the minimum rate: this bounds what bodies sent quickly
+    /// and then held back can take, however many connections and streams carry them.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub body_memory_limit: usize,
     /// Slowest request body accepted, in bytes per second averaged since the headers
     /// arrived, once `min_body_rate_grace` has passed; a slower one is answered 408 and its
     /// connection closed (0: no minimum, only `request_timeout`).
@@ -100,6 +107,7 @@ impl Default for ServerConfig {
             max_connections: 512,
             max_connections_per_address: 128,
             idle_timeout: Duration::from_secs(60),
+            body_memory_limit: 64 * 1024 * 1024,
             min_body_rate: 240,
             min_body_rate_grace: Duration::from_secs(5),
             max_identifier_chars: 256,
@@ -154,6 +162,12 @@ impl ServerConfig {
             return Err(InvalidSetting::new(
                 "server.body_limit",
                 "must be between 1024 bytes and 64 MiB",
+            ));
+        }
+        if self.body_memory_limit < self.body_limit {
+            return Err(InvalidSetting::new(
+                "server.body_memory_limit",
+                "must be at least server.body_limit",
             ));
         }
         let timeouts = [
