@@ -35,6 +35,14 @@ pub(super) const ORIGINAL_OF_NONCE: &str = "SELECT validation_id, record::text F
      WHERE nonce = $1 AND record->>'repeat_of' IS NULL \
      ORDER BY validation_id DESC LIMIT 1 FOR UPDATE";
 
+/// Rolls back `tx`, which wrote nothing, so that the rows it locked are let go now. A
+/// transaction only dropped is rolled back when its connection is next used: until then
+/// its locks stay, and the outbox's `SKIP LOCKED` passes over a result due for delivery.
+async fn let_go(tx: sqlx::Transaction<'_, sqlx::Postgres>) -> Result<(), StoreError> {
+    tx.rollback().await?;
+    Ok(())
+}
+
 /// The columns that index a record: its deadline while undecided, its next attempt while
 /// its result awaits delivery, and whether it is final.
 struct Indexed {
@@ -95,6 +103,9 @@ impl PostponedStore for PgStore {
                     }
                 }
                 tx.commit().await?;
+            } else {
+                // The row's lock goes now (see `let_go`).
+                let_go(tx).await?;
             }
             Ok(resolution)
         })
@@ -120,6 +131,7 @@ impl PostponedStore for PgStore {
                     .fetch_optional(&mut *tx)
                     .await?;
             if known.is_some() {
+                let_go(tx).await?;
                 return Ok(Repeat::Known);
             }
             let Some(row) = original else {
@@ -130,6 +142,7 @@ impl PostponedStore for PgStore {
                 &row.try_get::<String, _>(1)?,
             )?;
             let Some(repeat) = original.repeated_by(request.clone(), now) else {
+                let_go(tx).await?;
                 return Ok(Repeat::Unlinked);
             };
             self.insert_postponed(&mut tx, &repeat).await?;
