@@ -899,7 +899,7 @@ pub fn describe_failing(all: &[FailingCallback]) -> String {
             utc(f.first_failed),
             utc(f.last_failed),
             crate::logged::Logged(&f.client_id).to_string(),
-            format!("{} {}", f.amount, f.currency),
+            format!("{} {}", f.amount, crate::logged::Logged(&f.currency)),
             f.transaction_reference_id,
             crate::logged::Logged(&f.last_reason)
         );
@@ -915,7 +915,9 @@ fn utc(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// Postponed validations as a table.
+/// Postponed validations as a table. What came from the wire (nonce, client id, currency)
+/// and from the aggregator (its errors) is shown escaped and cut, as in logs: a control
+/// character must not redraw what the operator's terminal shows before a decision.
 pub fn describe_validations(all: &[PostponedValidation]) -> String {
     let mut out = format!(
         "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}\n",
@@ -941,13 +943,15 @@ pub fn describe_validations(all: &[PostponedValidation]) -> String {
                         "queued, {attempts} attempt(s){}",
                         last_error
                             .as_ref()
-                            .map(|e| format!(", last: {e}"))
+                            .map(|e| format!(", last: {}", crate::logged::Logged(e)))
                             .unwrap_or_default()
                     ),
                     Delivery::Delivered { attempts, .. } => {
                         format!("delivered after {attempts} attempt(s)")
                     }
-                    Delivery::Conflict { message, .. } => format!("CONFLICT: {message}"),
+                    Delivery::Conflict { message, .. } => {
+                        format!("CONFLICT: {}", crate::logged::Logged(message))
+                    }
                 },
             ),
         };
@@ -956,9 +960,13 @@ pub fn describe_validations(all: &[PostponedValidation]) -> String {
             "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}",
             v.validation_id,
             format!("{:?}", v.state()).to_lowercase(),
-            payment.nonce,
-            v.request.merchant_data.client_id,
-            format!("{} {}", payment.amount, payment.currency),
+            crate::logged::Logged(payment.nonce.as_str()).to_string(),
+            crate::logged::Logged(&v.request.merchant_data.client_id).to_string(),
+            format!(
+                "{} {}",
+                payment.amount,
+                crate::logged::Logged(&payment.currency)
+            ),
             decision,
             delivery
         );
@@ -989,5 +997,32 @@ mod tests {
         assert!(!rows[0].contains(" as "), "{table}");
         assert!(rows[1].starts_with("8 "), "{table}");
         assert!(rows[1].contains(" as 7 "), "{table}");
+    }
+
+    /// What came from the wire is shown escaped: a control character in a nonce, client id
+    /// or currency can neither add a row nor redraw the amount an operator decides on.
+    #[test]
+    fn wire_text_cannot_redraw_the_validations_an_operator_decides_on() {
+        let mut forged = PostponedValidation::pending_for_tests(7);
+        forged.request.payment_data.nonce = "n-1\r\n4242  pending  n-2".into();
+        forged.request.merchant_data.client_id = "c\u{1b}[2J".into();
+        forged.request.payment_data.currency = "\u{1b}[6D    5 EUR".into();
+        let table = describe_validations(&[forged]);
+        assert_eq!(table.lines().count(), 2, "{table}");
+        assert!(!table.contains(['\u{1b}', '\r']), "{table}");
+        let failing = FailingCallback {
+            nonce: "n-1".into(),
+            status: 4,
+            failures: 1,
+            first_failed: DateTime::<Utc>::UNIX_EPOCH,
+            last_failed: DateTime::<Utc>::UNIX_EPOCH,
+            last_reason: "handler failed".into(),
+            transaction_reference_id: "r-1".into(),
+            client_id: "c".into(),
+            amount: "50000".into(),
+            currency: "\u{1b}[6D    5 EUR".into(),
+        };
+        let table = describe_failing(&[failing]);
+        assert!(!table.contains('\u{1b}'), "{table}");
     }
 }
