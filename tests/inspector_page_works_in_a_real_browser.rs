@@ -1,7 +1,8 @@
 //! The inspector's page in a real browser (headless Chromium over WebDriver) against a real
 //! service and the fake aggregator: the token opens it, a callback and a postponed
 //! validation appear without a reload, **Approve** is clicked, the result reaches the
-//! aggregator, and the page shows it delivered.
+//! aggregator, and the page shows it delivered. A panel of buttons that act on money is not
+//! rebuilt under the pointer: a click lands on the validation the operator pointed at.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
 //! them the test says it was skipped, and why; under `CI` it fails instead.
@@ -17,15 +18,32 @@ use support::*;
 
 const TOKEN: &str = "admin-token-0123456789";
 
-#[tokio::test]
-async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
-    let browser = match Browser::start().await {
-        Ok(browser) => browser,
+/// A browser, or `None` (said so) where there is none and `CI` is unset.
+async fn browser() -> Option<Browser> {
+    match Browser::start().await {
+        Ok(browser) => Some(browser),
         Err(why) if std::env::var_os("CI").is_none() => {
             announce_skip("inspector_page_works_in_a_real_browser", &why);
-            return;
+            None
         }
         Err(why) => panic!("CI runs the browser test: {why}"),
+    }
+}
+
+/// Opens the inspector of `server` in `browser`, with the token.
+async fn log_in(browser: &Browser, server: &TestServer) {
+    let page = format!("http://{}/payhook/admin/inspector", server.addr);
+    browser.goto(&page).await;
+    let token = browser.wait_for("input#token").await;
+    browser.type_into(&token, TOKEN).await;
+    browser.wait_and_click("button#login").await;
+    browser.wait_for("section#health dd#store-state").await;
+}
+
+#[tokio::test]
+async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
+    let Some(browser) = browser().await else {
+        return;
     };
     let gateway = FakeGateway::start().await;
     let mut config = signed_config(&["rsa2048"]);
@@ -33,14 +51,9 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     config.validation.awaitable = true;
     config.admin.token = Some(TOKEN.into());
     let server = TestServer::start_with(config).await;
-    let page = format!("http://{}/payhook/admin/inspector", server.addr);
 
     // Without a session the page asks for the token.
-    browser.goto(&page).await;
-    let token = browser.wait_for("input#token").await;
-    browser.type_into(&token, TOKEN).await;
-    browser.wait_and_click("button#login").await;
-    browser.wait_for("section#health dd#store-state").await;
+    log_in(&browser, &server).await;
     assert!(browser.page_text().await.contains("No delivery yet."));
 
     // A callback arrives: the page lists it without being reloaded.
@@ -88,13 +101,91 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         .wait_for_text(&format!("tr.outbox.delivered[data-id='{id}']"))
         .await;
     assert!(text.contains("approved checked by hand"), "{text}");
-    assert!(
-        browser.find_all("tr.pending").await.is_empty(),
-        "no longer waiting"
-    );
+    // The panel of validations is rebuilt once the pointer has left it: no longer waiting.
+    browser.hover("h1").await;
+    browser.wait_for_none("tr.pending").await;
 
     if let Some(path) = std::env::var_os("PAYHOOK_SCREENSHOT") {
         std::fs::write(path, browser.screenshot().await).unwrap();
     }
+    browser.quit().await;
+}
+
+/// Three validations wait; the operator points at the second one's **Approve**. Meanwhile
+/// the first is decided elsewhere (the command line, another page, a deadline): the panel,
+/// rebuilt every second, would move the third one's button under the pointer. It is not
+/// rebuilt while the pointer is over it, so the click approves the second one.
+#[tokio::test]
+async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(config).await;
+    for id in 1..=3 {
+        let body = with(
+            &with(
+                TRANSACTION_VALIDATION,
+                "/merchantData/clientId",
+                Some(serde_json::json!("postpone")),
+            ),
+            "/validationId",
+            Some(serde_json::json!(id)),
+        );
+        let body = with(
+            &body,
+            "/paymentData/nonce",
+            Some(serde_json::json!(format!("n-{id}"))),
+        );
+        assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    }
+    log_in(&browser, &server).await;
+    browser
+        .hover("button[data-action=approve][data-id='2']")
+        .await;
+    let bearer = format!("Bearer {TOKEN}");
+    let decided = server
+        .send(&request(
+            "POST",
+            "/payhook/admin/validations/1",
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &bearer),
+            ],
+            Some(br#"{"success": false, "description": "decided elsewhere"}"#),
+        ))
+        .await;
+    assert_eq!(decided.status, 200, "{}", decided.message());
+    // Two of the page's refreshes.
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    browser.click_where_the_pointer_is().await;
+    gateway
+        .until("the approved result", |s| s.results.contains_key(&2))
+        .await;
+    assert!(gateway.with(|s| s.results[&2].0), "approved");
+    assert!(
+        !gateway.with(|s| s.results.contains_key(&3)),
+        "the third validation was decided by a click meant for the second"
+    );
+    let pending = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/validations?state=pending",
+            &[("authorization", &bearer)],
+            None,
+        ))
+        .await
+        .json();
+    let ids: Vec<i64> = pending
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["validation_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [3], "{pending}");
     browser.quit().await;
 }

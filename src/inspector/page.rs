@@ -405,6 +405,13 @@ let last = 0;
 function filterQuery() {
   return new URLSearchParams(new FormData(document.getElementById('filter'))).toString();
 }
+// Panels whose buttons act on money: not rebuilt while the pointer is over them, so that a
+// row decided elsewhere (or by a deadline) cannot move another validation's button under a
+// click; rebuilt as the pointer leaves.
+const acting = ['failing', 'postponed', 'outbox'];
+function held(box) {
+  return acting.includes(box.id) && box.matches(':hover');
+}
 async function panel(name) {
   const query = name === 'deliveries' ? '?' + filterQuery() : '';
   const answer = await fetch(base + 'inspector/' + name + query, {credentials: 'same-origin'});
@@ -412,6 +419,7 @@ async function panel(name) {
   if (!answer.ok) return;
   const html = await answer.text();
   const box = document.getElementById(name);
+  if (held(box)) return;
   // A description being typed survives the refresh, and keeps the focus.
   const typed = new Map();
   box.querySelectorAll('input.description').forEach(i => typed.set(i.dataset.id, i.value));
@@ -438,23 +446,30 @@ async function follow() {
     }
   }
 }
-async function act(url, body) {
+async function act(url, body, button) {
+  // The row acted on takes no second click while its panel waits to be rebuilt.
+  const row = button.closest('tr');
+  const buttons = row ? [...row.querySelectorAll('button')] : [button];
+  buttons.forEach(b => b.disabled = true);
   const answer = await fetch(base + url, {method: 'POST', credentials: 'same-origin',
     headers: {'content-type': 'application/json', 'x-payhook-inspector': '1'},
     body: JSON.stringify(body || {})});
-  if (!answer.ok) alert((await answer.json().catch(() => ({}))).message || answer.status);
+  if (!answer.ok) {
+    buttons.forEach(b => b.disabled = false);
+    alert((await answer.json().catch(() => ({}))).message || answer.status);
+  }
   await panels();
 }
 document.addEventListener('click', async (event) => {
   const button = event.target.closest('button[data-action]');
-  if (!button) return;
+  if (!button || button.disabled) return;
   const id = button.dataset.id;
   const description = () => (document.querySelector('input.description[data-id="' + id + '"]') || {}).value || '';
   switch (button.dataset.action) {
-    case 'approve': return act('validations/' + id, {success: true, description: description()});
-    case 'deny': return act('validations/' + id, {success: false, description: description()});
-    case 'retry': return act('outbox/' + id + '/retry');
-    case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]});
+    case 'approve': return act('validations/' + id, {success: true, description: description()}, button);
+    case 'deny': return act('validations/' + id, {success: false, description: description()}, button);
+    case 'retry': return act('outbox/' + id + '/retry', null, button);
+    case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'detail': {
       const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq);
       const box = document.getElementById('detail');
@@ -464,6 +479,7 @@ document.addEventListener('click', async (event) => {
   }
 });
 document.getElementById('filter').addEventListener('input', () => panel('deliveries'));
+acting.forEach(name => document.getElementById(name).addEventListener('mouseleave', () => panel(name)));
 setInterval(panels, 1000);
 follow();
 "#;

@@ -198,6 +198,18 @@ impl Browser {
         }
     }
 
+    /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects no element.
+    pub async fn wait_for_none(&self, css: &str) {
+        let started = Instant::now();
+        while !self.find_all(css).await.is_empty() {
+            assert!(
+                started.elapsed() < PAGE_DEADLINE,
+                "the page still showed `{css}` after {PAGE_DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and sends the first
     /// one `method` `action` (`text`, `click`, `value`) with `body`; its `value`. The page
     /// re-renders its panels as it updates itself, so an element found may be gone before
@@ -296,6 +308,56 @@ impl Browser {
             .as_str()
             .unwrap_or_default()
             .to_owned()
+    }
+
+    /// Moves the pointer to the middle of the first element `css` selects now, and leaves it
+    /// there.
+    /// The page may render the element again before the move reaches it: it is then looked
+    /// for again.
+    pub async fn hover(&self, css: &str) {
+        let started = Instant::now();
+        loop {
+            let element = self.wait_for(css).await;
+            let moved = json!({"type": "pointerMove", "duration": 0, "x": 0, "y": 0,
+                               "origin": {ELEMENT: element}});
+            let (status, value) = self
+                .try_command(
+                    "POST",
+                    &self.path("/actions"),
+                    Some(Self::pointer_actions(moved)),
+                )
+                .await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                "moving the pointer to `{css}`: {value}"
+            );
+        }
+    }
+
+    /// Clicks where the pointer is, whatever is there by now.
+    pub async fn click_where_the_pointer_is(&self) {
+        self.pointer(json!({"type": "pointerDown", "button": 0}))
+            .await;
+        self.pointer(json!({"type": "pointerUp", "button": 0}))
+            .await;
+    }
+
+    /// One action of the mouse (W3C "Perform Actions": the pointer stays where it is put).
+    async fn pointer(&self, action: Value) {
+        self.command(
+            "POST",
+            &self.path("/actions"),
+            Some(Self::pointer_actions(action)),
+        )
+        .await;
+    }
+
+    fn pointer_actions(action: Value) -> Value {
+        json!({"actions": [{"type": "pointer", "id": "mouse",
+            "parameters": {"pointerType": "mouse"}, "actions": [action]}]})
     }
 
     /// The text of the whole page.
