@@ -1808,6 +1808,19 @@ async fn a_claim_never_finished_gives_its_connection_back_once_stale() {
     db.drop_schema().await;
 }
 
+/// A table of the merchant's own in the backend's schema (PostgreSQL), its name, and a
+/// connection of the test's to read it.
+async fn merchant_rows(b: &Backend) -> (String, sqlx::PgConnection) {
+    let db = b.db.as_ref().unwrap();
+    let table = format!("{}.merchant_rows", db.schema);
+    let mut conn = db.connect().await;
+    sqlx::raw_sql(&format!("CREATE TABLE {table} (nonce text PRIMARY KEY)"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    (table, conn)
+}
+
 /// SQL effects are PostgreSQL's: a statement the database refuses is the effect's failure
 /// (nothing written, not acknowledged), and on sled such an effect is refused as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1834,12 +1847,7 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     let Some(b) = Backend::postgres("sql_effects").await else {
         return;
     };
-    let table = format!("{}.merchant_rows", b.db.as_ref().unwrap().schema);
-    let mut conn = b.db.as_ref().unwrap().connect().await;
-    sqlx::raw_sql(&format!("CREATE TABLE {table} (nonce text PRIMARY KEY)"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let (table, mut conn) = merchant_rows(&b).await;
     let insert = |nonce: &'static str, table: String| {
         let effects = Effects::default();
         effects.postgres(move |conn| {
@@ -1894,12 +1902,7 @@ async fn an_effect_that_ends_the_transaction_of_its_booking_is_refused() {
     let Some(b) = Backend::postgres("an_effect_that_ends").await else {
         return;
     };
-    let table = format!("{}.merchant_rows", b.db.as_ref().unwrap().schema);
-    let mut conn = b.db.as_ref().unwrap().connect().await;
-    sqlx::raw_sql(&format!("CREATE TABLE {table} (nonce text PRIMARY KEY)"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let (table, _conn) = merchant_rows(&b).await;
     let effects = |nonce: &'static str, end_with: &'static str| {
         let effects = Effects::default();
         let table = table.clone();

@@ -92,6 +92,11 @@ async fn slow_body(server: SocketAddr, from: IpAddr) -> u16 {
 /// A genuine callback with `nonce` from `from`; its status.
 async fn genuine(server: SocketAddr, from: IpAddr, nonce: &str) -> u16 {
     let body = with(CALLBACK, "/nonce", Some(serde_json::json!(nonce)));
+    send_callback(server, from, &body).await
+}
+
+/// A callback of `body` from `from`, on a connection of its own; its status.
+async fn send_callback(server: SocketAddr, from: IpAddr, body: &str) -> u16 {
     let mut stream = connect(server, from).await;
     let request = post(
         CALLBACK_PATH,
@@ -315,16 +320,7 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
         "/padding",
         Some(serde_json::json!(" ".repeat(60 * 1024))),
     );
-    let send_large = || async {
-        let mut stream = connect(server.addr, GENUINE).await;
-        let request = post(
-            CALLBACK_PATH,
-            &[("Content-Type", "application/json")],
-            large.as_bytes(),
-        );
-        stream.write_all(&request).await.unwrap();
-        read_response(&mut stream).await.status
-    };
+    let send_large = || send_callback(server.addr, GENUINE, &large);
     assert_eq!(
         send_large().await,
         503,
