@@ -295,10 +295,44 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         assert!(html.contains(panel), "{panel} in the page");
     }
     assert!(shown.header("content-security-policy").is_some());
-    let forged_session = server
-        .send(&page(&[("cookie", "payhook_admin=00112233")], ""))
-        .await;
-    assert_eq!(forged_session.status, 401);
+    assert!(cookie.contains("Max-Age=43200"), "{cookie}");
+    // A session is the token's signature of its login time: another time is no session, and
+    // one signed by the token longer ago than its life is over.
+    let signed = |issued: u64| {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, TOKEN.as_bytes());
+        let tag = ring::hmac::sign(
+            &key,
+            format!("payhook inspector session {issued}").as_bytes(),
+        );
+        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!("payhook_admin={issued}.{hex}")
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(
+        server
+            .send(&page(&[("cookie", &signed(now - 60))], ""))
+            .await
+            .status,
+        200,
+        "the test signs sessions as the server does"
+    );
+    let (issued, tag) = session
+        .strip_prefix("payhook_admin=")
+        .and_then(|value| value.split_once('.'))
+        .unwrap();
+    let other_time = format!("payhook_admin={}.{tag}", issued.parse::<u64>().unwrap() - 1);
+    for refused in [
+        "payhook_admin=00112233".to_owned(),
+        other_time,
+        signed(now - 13 * 3600),
+        signed(now + 3600),
+    ] {
+        let answer = server.send(&page(&[("cookie", &refused)], "")).await;
+        assert_eq!(answer.status, 401, "{refused}");
+    }
 
     // A postponed validation, decided with the session: only with the page's header.
     let id = server.postpone_validation().await;

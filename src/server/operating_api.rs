@@ -16,7 +16,8 @@
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
-//! `SameSite=Strict`, an HMAC of the token rather than the token), and its changes must
+//! `SameSite=Strict`; the login's time and its HMAC under a key derived from the token, not
+//! the token; good for 12 hours, and for no other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
 //! send.
 
@@ -48,32 +49,31 @@ use crate::postponed::{Awaitable, Decision, PostponedState, ResolveError, Resolv
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
     token: Expected,
-    /// The inspector's session cookie value: an HMAC of the token, so that the cookie is not
-    /// the token itself.
-    session: String,
-    session_expected: Expected,
+    /// Signs the inspector's sessions: a key derived from the token, so that the cookie is
+    /// not the token itself, and a new token ends every session.
+    session_key: ring::hmac::Key,
     allow: Vec<Cidr>,
 }
 
 /// The inspector's session cookie.
 const SESSION_COOKIE: &str = "payhook_admin";
 
+/// How long an inspector session lasts from its login; the page then asks for the token
+/// again. A copied cookie is the operator's power over validations for no longer than this.
+const SESSION_LIFETIME_SECS: u64 = 12 * 60 * 60;
+
+/// Seconds since the Unix epoch, now.
+fn now_secs() -> u64 {
+    crate::model::timestamp::now_ms() / 1000
+}
+
 impl AdminAccess {
     /// `None` when no token is configured: the API is off.
     pub(super) fn from_config(config: &AdminConfig) -> Option<Self> {
         let token = config.token.as_ref()?;
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose().as_bytes());
-        let session = ring::hmac::sign(&key, b"payhook inspector session")
-            .as_ref()
-            .iter()
-            .fold(String::new(), |mut out, byte| {
-                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("{byte:02x}"));
-                out
-            });
         Some(Self {
             token: Expected::new(token.expose().as_bytes()),
-            session_expected: Expected::new(session.as_bytes()),
-            session,
+            session_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose().as_bytes()),
             allow: config
                 .allow_ips
                 .iter()
@@ -106,15 +106,42 @@ impl AdminAccess {
     }
 
     fn has_session(&self, headers: &HeaderMap) -> bool {
+        let now = now_secs();
         headers
             .get_all(http::header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(';'))
             .filter_map(|pair| pair.trim().split_once('='))
-            .any(|(name, value)| {
-                name == SESSION_COOKIE && self.session_expected.matches(value.as_bytes())
+            .any(|(name, value)| name == SESSION_COOKIE && self.is_session(value, now))
+    }
+
+    /// The session cookie's value for a login at `issued` (seconds since the Unix epoch):
+    /// the time, and an HMAC of it under the token's key.
+    fn session(&self, issued: u64) -> String {
+        let tag = ring::hmac::sign(
+            &self.session_key,
+            format!("payhook inspector session {issued}").as_bytes(),
+        );
+        tag.as_ref()
+            .iter()
+            .fold(format!("{issued}."), |mut out, byte| {
+                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("{byte:02x}"));
+                out
             })
+    }
+
+    /// `true` for a session this token signed, issued within [`SESSION_LIFETIME_SECS`]
+    /// before `now` (and not after it, give or take a minute).
+    fn is_session(&self, value: &str, now: u64) -> bool {
+        let Some(issued) = value
+            .split_once('.')
+            .and_then(|(issued, _)| issued.parse::<u64>().ok())
+        else {
+            return false;
+        };
+        let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
+        fresh && Expected::new(self.session(issued).as_bytes()).matches(value.as_bytes())
     }
 
     fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {
@@ -529,8 +556,9 @@ impl OperatingApi {
                     http::HeaderValue::from_static("/payhook/admin/inspector"),
                 );
                 if let Ok(cookie) = http::HeaderValue::from_str(&format!(
-                    "{SESSION_COOKIE}={}; Path={ADMIN_PREFIX}; HttpOnly; SameSite=Strict",
-                    self.access.session
+                    "{SESSION_COOKIE}={}; Path={ADMIN_PREFIX}; Max-Age={SESSION_LIFETIME_SECS}; \
+                     HttpOnly; SameSite=Strict",
+                    self.access.session(now_secs())
                 )) {
                     headers.insert(http::header::SET_COOKIE, cookie);
                 }
