@@ -30,6 +30,18 @@ async fn browser() -> Option<Browser> {
     }
 }
 
+/// A service whose validations are Awaitable, with its operating API, and the fake
+/// aggregator it delivers to.
+async fn awaitable_service() -> (FakeGateway, TestServer) {
+    let gateway = FakeGateway::start().await;
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(config).await;
+    (gateway, server)
+}
+
 /// Opens the inspector of `server` in `browser`, with the token.
 async fn log_in(browser: &Browser, server: &TestServer) {
     let page = format!("http://{}/payhook/admin/inspector", server.addr);
@@ -45,12 +57,7 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     let Some(browser) = browser().await else {
         return;
     };
-    let gateway = FakeGateway::start().await;
-    let mut config = signed_config(&["rsa2048"]);
-    config.gateway = gateway.config();
-    config.validation.awaitable = true;
-    config.admin.token = Some(TOKEN.into());
-    let server = TestServer::start_with(config).await;
+    let (gateway, server) = awaitable_service().await;
 
     // Without a session the page asks for the token.
     log_in(&browser, &server).await;
@@ -120,12 +127,7 @@ async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
     let Some(browser) = browser().await else {
         return;
     };
-    let gateway = FakeGateway::start().await;
-    let mut config = signed_config(&["rsa2048"]);
-    config.gateway = gateway.config();
-    config.validation.awaitable = true;
-    config.admin.token = Some(TOKEN.into());
-    let server = TestServer::start_with(config).await;
+    let (gateway, server) = awaitable_service().await;
     for id in 1..=3 {
         let body = with(
             &with(
