@@ -2,6 +2,7 @@
 //! client id must not forge a log line), and cut to a bounded length (a long identifier must
 //! not make every log line of its request long).
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Characters of a value shown in a log line; the rest is elided.
@@ -42,6 +43,28 @@ impl fmt::Display for Logged<'_> {
     }
 }
 
+/// `text`, or its first `max` bytes (fewer, to end on a whole character) and `…`: for what
+/// is kept of a value from the wire, bounded by bytes.
+pub(crate) fn cut_bytes(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
+}
+
+/// `text`, or its first `max` characters and `…`: for what is kept of a value from the
+/// wire, bounded by characters.
+pub(crate) fn cut_chars(text: &str, max: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]).into(),
+        None => text.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +80,14 @@ mod tests {
         assert!(shown.starts_with(&"x".repeat(SHOWN)));
         assert!(shown.ends_with("…(1000 bytes)"), "{shown}");
         assert_eq!(Logged("plain-nonce").to_string(), "plain-nonce");
+    }
+
+    #[test]
+    fn values_are_cut_on_whole_characters() {
+        assert_eq!(cut_bytes("abc", 3), "abc");
+        assert_eq!(cut_bytes("aé", 2), "a…", "é is two bytes: not cut in half");
+        assert_eq!(cut_bytes("aéb", 3), "aé…");
+        assert_eq!(cut_chars("üüü", 3), "üüü");
+        assert_eq!(cut_chars("üüüü", 3), "üüü…");
     }
 }

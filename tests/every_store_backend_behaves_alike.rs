@@ -474,16 +474,7 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     let due = b.shared.outbox_due(Utc::now()).await.unwrap();
     assert_eq!(due.now.len(), 1);
     assert_eq!(b.shared.outbox_len().await.unwrap(), 1);
-    b.shared
-        .record_delivery(
-            7.into(),
-            Delivery::Delivered {
-                attempts: 1,
-                at: Utc::now(),
-            },
-        )
-        .await
-        .unwrap();
+    deliver(b, 7).await;
     assert!(
         b.shared
             .outbox_due(Utc::now())
@@ -589,14 +580,7 @@ async fn a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered
     assert!(b.shared.deadlines_due(later).await.unwrap().now.is_empty());
 
     // Each is delivered on its own.
-    let delivered = Delivery::Delivered {
-        attempts: 1,
-        at: Utc::now(),
-    };
-    b.shared
-        .record_delivery(41.into(), delivered.clone())
-        .await
-        .unwrap();
+    deliver(b, 41).await;
     let states: Vec<PostponedState> = states_of(b, &[40, 41, 42]).await;
     assert_eq!(
         states,
@@ -658,14 +642,7 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
             decided: true
         }
     );
-    let delivered = Delivery::Delivered {
-        attempts: 1,
-        at: Utc::now(),
-    };
-    b.shared
-        .record_delivery(60.into(), delivered.clone())
-        .await
-        .unwrap();
+    deliver(b, 60).await;
     let after_retention = Utc::now() + TimeDelta::hours(2);
     assert!(b.shared.purge_expired(after_retention).await.unwrap() >= 1);
     assert_eq!(
@@ -689,10 +666,7 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
             .unwrap(),
         Resolution::Conflicting { success: true, .. }
     ));
-    b.shared
-        .record_delivery(61.into(), delivered)
-        .await
-        .unwrap();
+    deliver(b, 61).await;
     let repeat = b.shared.postponed(61.into()).await.unwrap().unwrap();
     assert_eq!(repeat.state(), PostponedState::Delivered);
     assert_eq!(
@@ -881,14 +855,7 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     };
     b.shared.record_delivery(24.into(), retry).await.unwrap();
     // Delivered, and refused (the aggregator holds another result).
-    let delivered = Delivery::Delivered {
-        attempts: 1,
-        at: Utc::now(),
-    };
-    b.shared
-        .record_delivery(25.into(), delivered)
-        .await
-        .unwrap();
+    deliver(b, 25).await;
     refuse(b, 26).await;
     // A negative id (a `long` on the wire) is listed in the ids' order on every backend.
     decide(b, -27).await;
@@ -946,6 +913,18 @@ async fn refuse(b: &Backend, id: i64) {
         at: Utc::now(),
     };
     b.shared.record_delivery(id.into(), conflict).await.unwrap();
+}
+
+/// The aggregator accepts validation `id`'s result at the first attempt.
+async fn deliver(b: &Backend, id: i64) {
+    let delivered = Delivery::Delivered {
+        attempts: 1,
+        at: Utc::now(),
+    };
+    b.shared
+        .record_delivery(id.into(), delivered)
+        .await
+        .unwrap();
 }
 
 /// Postpones validation `id` with no deadline: it waits for a decision for ever.

@@ -51,6 +51,16 @@ async fn deliveries(server: &TestServer, query: &str) -> DeliveryList {
     serde_json::from_slice(&answer.body).unwrap()
 }
 
+/// Delivery `seq` with its request, whose answer must not hold `secret` anywhere.
+async fn detail_without(server: &TestServer, seq: u64, secret: &str) -> DeliveryDetail {
+    let path = format!("/payhook/admin/deliveries/{seq}");
+    let answer = admin(server, "GET", &path, None).await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    let text = String::from_utf8_lossy(&answer.body);
+    assert!(!text.contains(secret), "a secret was kept: {text}");
+    serde_json::from_slice(&answer.body).unwrap()
+}
+
 #[tokio::test]
 async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt() {
     let gateway = FakeGateway::start().await;
@@ -129,20 +139,7 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     );
     assert_eq!(deliveries(&server, "after=3").await.deliveries.len(), 1);
 
-    let detail = admin(
-        &server,
-        "GET",
-        &format!("/payhook/admin/deliveries/{}", refused.seq),
-        None,
-    )
-    .await;
-    assert_eq!(detail.status, 200);
-    let text = String::from_utf8_lossy(&detail.body);
-    assert!(
-        !text.contains("leaked-secret-77"),
-        "a credential was shown: {text}"
-    );
-    let detail: DeliveryDetail = serde_json::from_slice(&detail.body).unwrap();
+    let detail = detail_without(&server, refused.seq, "leaked-secret-77").await;
     assert!(
         detail
             .headers
@@ -326,6 +323,7 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     let other_time = format!("payhook_admin={}.{tag}", issued.parse::<u64>().unwrap() - 1);
     for refused in [
         "payhook_admin=00112233".to_owned(),
+        format!("payhook_admin={issued}.not-hex"),
         other_time,
         signed(now - 13 * 3600),
         signed(now + 3600),
@@ -606,19 +604,7 @@ async fn a_secret_under_a_header_of_the_merchant_s_naming_is_never_kept() {
     let list = deliveries(&server, "").await;
     assert_eq!(list.deliveries.len(), 3);
     for seq in 1..=3 {
-        let detail = admin(
-            &server,
-            "GET",
-            &format!("/payhook/admin/deliveries/{seq}"),
-            None,
-        )
-        .await;
-        let text = String::from_utf8_lossy(&detail.body);
-        assert!(
-            !text.contains("merchant-named-secret"),
-            "a secret was kept: {seq}"
-        );
-        let detail: DeliveryDetail = serde_json::from_slice(&detail.body).unwrap();
+        let detail = detail_without(&server, seq, "merchant-named-secret").await;
         assert!(
             detail
                 .headers

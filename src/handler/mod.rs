@@ -80,13 +80,19 @@ impl RequestContext {
         "traceparent",
     ];
 
+    /// `true` for a header whose value may be shown ([`Self::SHOWN_HEADERS`]): a credential
+    /// may be in any other (this `Debug`, and the inspector, show no other).
+    pub(crate) fn shows(name: &http::HeaderName) -> bool {
+        Self::SHOWN_HEADERS.contains(&name.as_str())
+    }
+
     /// `value` as printed for header `name`: itself for [`Self::SHOWN_HEADERS`], else
     /// `<redacted>` (a credential may be in any other header).
     pub(crate) fn shown_value<'a>(
         name: &http::HeaderName,
         value: &'a http::HeaderValue,
     ) -> &'a str {
-        if Self::SHOWN_HEADERS.contains(&name.as_str()) {
+        if Self::shows(name) {
             value.to_str().unwrap_or("<not text>")
         } else {
             "<redacted>"

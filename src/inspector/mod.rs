@@ -7,9 +7,10 @@
 //! API (`/payhook/admin/`, behind the admin token, loopback by default):
 //!
 //! * `GET /payhook/admin/inspector` — a page: recent deliveries (filter by nonce, client,
-//!   outcome; each one's raw request, every header value but the harmless ones redacted), failing callbacks,
-//!   postponed validations with **Approve** / **Deny**, the outbox with **Retry now**, and
-//!   the service's health. It updates itself; it needs no external asset and no build step.
+//!   outcome; each one's raw request, every header value but the harmless ones redacted),
+//!   failing callbacks, postponed validations with **Approve** / **Deny**, the outbox with
+//!   **Retry now**, and the service's health. It updates itself; it needs no external asset
+//!   and no build step.
 //! * `GET /payhook/admin/deliveries?after=SEQ&wait=SECONDS` — the same deliveries as JSON
 //!   ([`DeliveryList`]), answered as soon as one newer than `SEQ` is recorded (long poll):
 //!   what `payhook tail` follows.
@@ -21,8 +22,9 @@
 //! [`RequestContext::SHOWN_HEADERS`] and of the signature's header: a credential may be in any
 //! other, a shared secret's header being the merchant's to name, so it is never copied), its
 //! identifiers up to `server.max_identifier_chars`, and all the kept requests together up to
-//! [`KEPT_BYTES`]: the oldest go first, whatever a sender sends. What it costs the callback path is one lock and a few small copies
-//! per request; `bench_callbacks` measures B with recording on and off.
+//! [`KEPT_BYTES`]: the oldest go first, whatever a sender sends. What it costs the callback
+//! path is one lock and a few small copies per request; `bench_callbacks` measures B with
+//! recording on and off.
 //!
 //! ```
 //! use payhook::inspector::DeliveryFilter;
@@ -46,6 +48,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::handler::RequestContext;
+use crate::logged::{cut_bytes, cut_chars};
 use note::{Note, Outcome, SignatureNote};
 
 /// Bytes of a request's body the inspector keeps (the rest is cut, and said so).
@@ -570,10 +573,9 @@ pub(crate) fn kept_headers(headers: &HeaderMap, signature: Option<&HeaderName>) 
             left_out += 1;
             continue;
         }
-        text.push_str(cut(name.as_str(), HEADER_PART_KEPT).as_ref());
+        text.push_str(&cut_bytes(name.as_str(), HEADER_PART_KEPT));
         text.push_str(": ");
-        let shown = RequestContext::SHOWN_HEADERS.contains(&name.as_str())
-            || signature.is_some_and(|header| header == name);
+        let shown = RequestContext::shows(name) || signature.is_some_and(|header| header == name);
         if shown {
             // Header values are ASCII but for a rare sender's: `from_utf8` checks a word at
             // a time where `from_utf8_lossy` walks each byte (about 2,700 instructions per
@@ -582,7 +584,7 @@ pub(crate) fn kept_headers(headers: &HeaderMap, signature: Option<&HeaderName>) 
                 Ok(value) => std::borrow::Cow::Borrowed(value),
                 Err(_) => String::from_utf8_lossy(value.as_bytes()),
             };
-            text.push_str(cut(&value, HEADER_PART_KEPT).as_ref());
+            text.push_str(&cut_bytes(&value, HEADER_PART_KEPT));
         } else {
             text.push_str(REDACTED);
         }
@@ -594,26 +596,10 @@ pub(crate) fn kept_headers(headers: &HeaderMap, signature: Option<&HeaderName>) 
     text
 }
 
-/// `text` when it is at most `max` bytes, else its first `max` bytes or fewer (whole
-/// characters) and `…`.
-fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if text.len() <= max {
-        return text.into();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end]).into()
-}
-
 /// An identifier from a request's body as the note keeps it: at most `max_chars`
 /// characters (`server.max_identifier_chars`: a longer one is refused anyway) and `…`.
 pub(crate) fn kept_identifier(identifier: &str, max_chars: usize) -> String {
-    match identifier.char_indices().nth(max_chars) {
-        Some((end, _)) => format!("{}…", &identifier[..end]),
-        None => identifier.to_owned(),
-    }
+    cut_chars(identifier, max_chars).into_owned()
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ use crate::inspector::page::{self, Health};
 use crate::inspector::{DeliveryFilter, Inspector};
 use crate::model::ErrorBody;
 use crate::postponed::{Awaitable, Decision, PostponedState, ResolveError, Resolved};
+use crate::signature::Encoding;
 
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
@@ -61,6 +62,11 @@ const SESSION_COOKIE: &str = "payhook_admin";
 /// How long an inspector session lasts from its login; the page then asks for the token
 /// again. A copied cookie is the operator's power over validations for no longer than this.
 const SESSION_LIFETIME_SECS: u64 = 12 * 60 * 60;
+
+/// What a session's HMAC signs: its login time.
+fn session_message(issued: u64) -> Vec<u8> {
+    format!("payhook inspector session {issued}").into_bytes()
+}
 
 /// Seconds since the Unix epoch, now.
 fn now_secs() -> u64 {
@@ -117,31 +123,23 @@ impl AdminAccess {
     }
 
     /// The session cookie's value for a login at `issued` (seconds since the Unix epoch):
-    /// the time, and an HMAC of it under the token's key.
+    /// the time, and in hex its HMAC under the token's key.
     fn session(&self, issued: u64) -> String {
-        let tag = ring::hmac::sign(
-            &self.session_key,
-            format!("payhook inspector session {issued}").as_bytes(),
-        );
-        tag.as_ref()
-            .iter()
-            .fold(format!("{issued}."), |mut out, byte| {
-                let _ = std::fmt::Write::write_fmt(&mut out, format_args!("{byte:02x}"));
-                out
-            })
+        let tag = ring::hmac::sign(&self.session_key, &session_message(issued));
+        format!("{issued}.{}", Encoding::Hex.encode(tag.as_ref()))
     }
 
-    /// `true` for a session this token signed, issued within [`SESSION_LIFETIME_SECS`]
-    /// before `now` (and not after it, give or take a minute).
+    /// `true` for a session this token signed (compared in constant time), issued within
+    /// [`SESSION_LIFETIME_SECS`] before `now` (and not after it, give or take a minute).
     fn is_session(&self, value: &str, now: u64) -> bool {
-        let Some(issued) = value
-            .split_once('.')
-            .and_then(|(issued, _)| issued.parse::<u64>().ok())
-        else {
+        let Some((issued, tag)) = value.split_once('.') else {
+            return false;
+        };
+        let (Ok(issued), Ok(tag)) = (issued.parse::<u64>(), Encoding::Hex.decode(tag)) else {
             return false;
         };
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
-        fresh && Expected::new(self.session(issued).as_bytes()).matches(value.as_bytes())
+        fresh && ring::hmac::verify(&self.session_key, &session_message(issued), &tag).is_ok()
     }
 
     fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {

@@ -261,7 +261,7 @@ impl Problem {
                 changed.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
         };
-        truncate(message)
+        crate::logged::cut_chars(&message, MAX_MESSAGE_CHARS).into_owned()
     }
 
     /// When the caller should try again, for the answers that invite a retry.
@@ -320,14 +320,6 @@ pub(crate) fn json_response(
         HeaderValue::from_static("application/json"),
     );
     response
-}
-
-fn truncate(mut message: String) -> String {
-    if let Some((at, _)) = message.char_indices().nth(MAX_MESSAGE_CHARS) {
-        message.truncate(at);
-        message.push('…');
-    }
-    message
 }
 
 /// The status codes each endpoint can answer, 200 included, by endpoint name

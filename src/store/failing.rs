@@ -12,11 +12,11 @@
 //! failure, and book what the aggregator gave up on with `payhook reconcile --ref`.
 //!
 //! Key `f\0` nonce; value: JSON of [`FailureRecord`] (every failing status of the nonce).
-//! Key `l\0` failure ms · the nonce's identifier, empty: each record listed at each millisecond one of its
-//! pairs last failed (most records have one pair, so one key), kept in the same batch as the
-//! record. The pairs are read through these keys from the latest down, a page at a time
-//! ([`page`]): the latest without reading the rest, and a page after a [`FailingCursor`]
-//! without reading the pages before it.
+//! Key `l\0` failure ms · the nonce's identifier, empty: each record listed at each
+//! millisecond one of its pairs last failed (most records have one pair, so one key), kept in
+//! the same batch as the record. The pairs are read through these keys from the latest
+//! down, a page at a time ([`page`]): the latest without reading the rest, and a page after
+//! a [`FailingCursor`] without reading the pages before it.
 //!
 //! An incident can leave hundreds of thousands of failing pairs for the retention period,
 //! while `/metrics` reports how many there are on every scrape and the inspector's panel
@@ -31,6 +31,7 @@
 //! in 4–7 ms, and the count the database keeps (see `postgres::schema`) in 0.7 ms, where a
 //! `count(*)` took 14 ms.
 
+use crate::logged::cut_bytes;
 use chrono::{DateTime, Datelike as _, Utc};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -438,7 +439,7 @@ pub(crate) fn record(
         None => FailureRecord::default(),
     };
     let listed = record.times();
-    let reason = truncate(&failure.reason, REASON_BYTES);
+    let reason = cut_bytes(&failure.reason, REASON_BYTES).into_owned();
     match record.failing.iter_mut().find(|f| f.status == status) {
         Some(entry) => {
             entry.failures = entry.failures.saturating_add(1);
@@ -601,17 +602,6 @@ impl FailureRecord {
         times.dedup();
         times
     }
-}
-
-pub(crate) fn truncate(text: &str, bytes: usize) -> String {
-    if text.len() <= bytes {
-        return text.to_owned();
-    }
-    let mut end = bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
 #[cfg(test)]

@@ -1515,6 +1515,15 @@ mod tests {
         effects
     }
 
+    /// A store in a new directory with one effect tree, `ledger`, on a current-thread
+    /// runtime.
+    fn with_a_ledger() -> (tempfile::TempDir, SledStore, Tree, Runtime) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        (dir, store, ledger, current_thread())
+    }
+
     fn current_thread() -> Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1526,10 +1535,7 @@ mod tests {
     /// nothing: what that flush left unwritten may be lost with what would follow it.
     #[test]
     fn a_claim_taken_before_the_store_failed_books_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
-        let ledger = store.tree("ledger").unwrap();
-        let runtime = current_thread();
+        let (_dir, store, ledger, runtime) = with_a_ledger();
         let nonce = Nonce::from("n-1");
         let status = TransactionStatus::Success;
         let CallbackBegin::Claimed { claim, .. } = runtime
@@ -1553,10 +1559,7 @@ mod tests {
     /// delivery books it once.
     #[test]
     fn an_effect_that_swallows_a_failed_read_books_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
-        let ledger = store.tree("ledger").unwrap();
-        let runtime = current_thread();
+        let (_dir, store, ledger, runtime) = with_a_ledger();
         book_with(&runtime, &store, "n-0", counting(&ledger)).unwrap();
         let key = ledger.key(b"counter");
         super::super::staging::lock(&super::super::committer::FAILING_READS).push(key.clone());
@@ -1611,10 +1614,7 @@ mod tests {
     /// sled syncs nowhere: the commit that wrote it syncs it before it is acknowledged.
     #[test]
     fn a_large_effect_s_blob_is_synced_before_its_callback_is_acknowledged() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &["ledger"]).unwrap();
-        let ledger = store.tree("ledger").unwrap();
-        let runtime = current_thread();
+        let (dir, store, ledger, runtime) = with_a_ledger();
         let effects = Effects::default();
         let tree = ledger.clone();
         effects.write(move |tx| tx.insert(&tree, b"statement", &vec![7; 200 * 1024]));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::{Executor, Row};
 
-use super::super::failing::{REASON_BYTES, truncate};
+use super::super::failing::REASON_BYTES;
 use super::super::record::{KeptFingerprint, RecordedDecision};
 use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
@@ -17,6 +17,7 @@ use super::{
     PgStore, TX_ATTEMPTS, claim_id, connection_lost, decode_json, encode_json, new_claim,
     nonce_key, readable, retryable,
 };
+use crate::logged::cut_bytes;
 use crate::model::{Nonce, TransactionStatus};
 use crate::postponed::record::PostponedValidation;
 
@@ -129,7 +130,7 @@ impl DedupStore for PgStore {
 
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let reason = truncate(&failure.reason, REASON_BYTES);
+            let reason = cut_bytes(&failure.reason, REASON_BYTES).into_owned();
             // A failure recorded late (an instance's clock behind, two refusals racing)
             // moves neither end of the pair back.
             sqlx::query(&self.sql(&format!(
