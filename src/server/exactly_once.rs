@@ -26,17 +26,20 @@ use super::route::Endpoint;
 use super::runner::Runner;
 use crate::handler::{CallbackContext, RequestContext};
 use crate::logged::Logged;
+use crate::model::Nonce;
 use crate::model::timestamp::now_ms;
 use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
 use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::signature::{Digest, VerifiedCache};
 use crate::store::{
-    CallbackBegin, CallbackFailure, Effects, Fingerprint, RecordedDecision, Store, StoreError,
-    ValidationBegin,
+    CallbackBegin, CallbackFailure, Claim, Effects, Fingerprint, RecordedDecision, Store,
+    StoreError, ValidationBegin,
 };
 
-/// How much longer than the handler timeout an in-flight claim of this process may stand
-/// before the next delivery takes it over (it can only be a processing task that died).
+/// How much longer than the handler timeout a claim held in a shared store may stand before
+/// the next delivery takes it over (its holder, another instance, hangs). A store whose
+/// claims end with this process ([`Store::claims_end_with_this_process`]) never has one
+/// taken over: see [`ExactlyOnce::stale_after`].
 const STALE_MARGIN: Duration = Duration::from_secs(60);
 
 /// How often a delivery waiting for a busy nonce reads its record again.
@@ -162,6 +165,8 @@ struct Records {
     metrics: Arc<Metrics>,
     /// Signed (signature, body) pairs, marked here when their callback is booked.
     signed_pairs: Arc<VerifiedCache>,
+    /// [`STALE_MARGIN`]; shorter in tests.
+    stale_margin: Duration,
 }
 
 impl ExactlyOnce {
@@ -180,6 +185,7 @@ impl ExactlyOnce {
                 awaitable,
                 metrics,
                 signed_pairs,
+                stale_margin: STALE_MARGIN,
             }),
         }
     }
@@ -194,8 +200,16 @@ impl ExactlyOnce {
         self.inner.runner.serves(Endpoint::Callback)
     }
 
-    fn stale_after(&self) -> Duration {
-        self.inner.runner.handler_timeout() + STALE_MARGIN
+    /// How old a claim must be for a delivery to take it over. Never, on a store whose
+    /// claims end with this process: there a claim's delivery is alive, however long its
+    /// handler blocks a thread, and [`Held`] ends it however the delivery ends — a takeover
+    /// would run a second handler beside the first.
+    fn stale_after(&self, store: &dyn Store) -> Duration {
+        if store.claims_end_with_this_process() {
+            Duration::MAX
+        } else {
+            self.inner.runner.handler_timeout() + self.inner.stale_margin
+        }
     }
 
     fn store_failed(&self, endpoint: Endpoint, error: &StoreError) -> Problem {
@@ -326,7 +340,7 @@ impl ExactlyOnce {
         let nonce = callback.nonce.clone();
         let status = callback.transaction_status;
         let key = WaitKey::callback(&nonce);
-        let stale_after = self.stale_after();
+        let stale_after = self.stale_after(store.as_ref());
         let begin = self
             .begin_when_free(
                 key,
@@ -335,12 +349,16 @@ impl ExactlyOnce {
             )
             .await?
             .map_err(|e| self.store_failed(Endpoint::Callback, &e))?;
-        let (claim, attempt, previous_status) = match begin {
+        let (held, attempt, previous_status) = match begin {
             CallbackBegin::Claimed {
                 claim,
                 attempt,
                 previous_status,
-            } => (claim, attempt, previous_status),
+            } => (
+                Held::new(&store, &nonce, claim, Kind::Callback),
+                attempt,
+                previous_status,
+            ),
             // `begin_when_free` returns only once the nonce is free; should a busy answer
             // ever get here, it is not an acknowledgement.
             CallbackBegin::Busy => {
@@ -368,7 +386,7 @@ impl ExactlyOnce {
         let answer = match beyond_horizon(changed, callback_horizon(store.retention())) {
             Some(changed) => Err(Problem::BeyondRetention { changed }),
             None => {
-                self.book(store.as_ref(), &nonce, callback, ctx, claim)
+                self.book(store.as_ref(), &nonce, callback, ctx, held.claim)
                     .await
             }
         };
@@ -391,10 +409,11 @@ impl ExactlyOnce {
             }
             // An in-memory claim (sled) ends at once; a shared store's claim ends with its
             // connection if this fails, or is taken over when stale.
-            if let Err(error) = store.release_callback(&nonce, claim).await {
+            if let Err(error) = store.release_callback(&nonce, held.claim).await {
                 tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
             }
         }
+        held.ended();
         self.inner.waiters.finished(key);
         answer
     }
@@ -486,10 +505,10 @@ impl ExactlyOnce {
     async fn book(
         &self,
         store: &dyn Store,
-        nonce: &crate::model::Nonce,
+        nonce: &Nonce,
         callback: CallbackBody,
         ctx: CallbackContext,
-        claim: crate::store::Claim,
+        claim: Claim,
     ) -> Result<Delivered, Problem> {
         let status = callback.transaction_status;
         let effects = ctx.effects.clone();
@@ -584,7 +603,7 @@ impl ExactlyOnce {
         let nonce = request.nonce().to_owned();
         let fingerprint = Fingerprint::of(&request);
         let key = WaitKey::validation(&nonce);
-        let stale_after = self.stale_after();
+        let stale_after = self.stale_after(store.as_ref());
         let begin = self
             .begin_when_free(
                 key,
@@ -593,8 +612,10 @@ impl ExactlyOnce {
             )
             .await?
             .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
-        let claim = match begin {
-            ValidationBegin::Claimed { claim } => claim,
+        let held = match begin {
+            ValidationBegin::Claimed { claim } => {
+                Held::new(&store, &nonce, claim, Kind::Validation)
+            }
             ValidationBegin::Recorded(decision) => {
                 tracing::info!(
                     "repeated validation: the recorded decision is returned, handler not called"
@@ -667,7 +688,7 @@ impl ExactlyOnce {
                 match store
                     .finish_validation(
                         &nonce,
-                        claim,
+                        held.claim,
                         &fingerprint,
                         &decided.decision,
                         decided.postponed,
@@ -695,14 +716,82 @@ impl ExactlyOnce {
                 }
             }
             Err(problem) => {
-                if let Err(error) = store.release_validation(&nonce, claim).await {
+                if let Err(error) = store.release_validation(&nonce, held.claim).await {
                     tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
                 }
                 Err(problem)
             }
         };
+        held.ended();
         self.inner.waiters.finished(key);
         answer
+    }
+}
+
+/// Which kind of claim a [`Held`] is.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Callback,
+    Validation,
+}
+
+/// A claim a delivery holds until it finishes or releases it ([`Held::ended`]). Dropped
+/// before that — a delivery that panicked half-way, a bug of payhook's, since handlers and
+/// effects are run where their panics are caught — it releases the claim, so that a claim
+/// never outlives its delivery: what lets a store whose claims end with this process never
+/// take one over.
+struct Held {
+    store: Arc<dyn Store>,
+    nonce: Nonce,
+    claim: Claim,
+    kind: Kind,
+    ended: bool,
+}
+
+impl Held {
+    fn new(store: &Arc<dyn Store>, nonce: &Nonce, claim: Claim, kind: Kind) -> Self {
+        Self {
+            store: Arc::clone(store),
+            nonce: nonce.clone(),
+            claim,
+            kind,
+            ended: false,
+        }
+    }
+
+    /// The claim was finished or released: nothing is left to give back.
+    fn ended(mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        tracing::error!(
+            nonce = %Logged(&self.nonce),
+            "a delivery ended without finishing or releasing its claim; released"
+        );
+        let (store, nonce, claim, kind) = (
+            Arc::clone(&self.store),
+            self.nonce.clone(),
+            self.claim,
+            self.kind,
+        );
+        // Off the runtime (it shuts down) the process ends, and claims in memory with it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let released = match kind {
+                    Kind::Callback => store.release_callback(&nonce, claim).await,
+                    Kind::Validation => store.release_validation(&nonce, claim).await,
+                };
+                if let Err(error) = released {
+                    tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
+                }
+            });
+        }
     }
 }
 
@@ -791,5 +880,163 @@ mod tests {
             .expect("the waiter is woken by the finish");
         assert_eq!(waiters.registered.load(Ordering::SeqCst), 0);
         assert!(waiters.by_key.lock().unwrap().is_empty());
+    }
+
+    /// The store, the runner and the exactly-once delivery of one test, with a callback
+    /// handler and a claim margin (short: a test cannot wait 60 s).
+    fn delivery(
+        dir: &tempfile::TempDir,
+        handler: Arc<dyn crate::handler::ErasedCallback>,
+        handler_timeout: Duration,
+        stale_margin: Duration,
+    ) -> ExactlyOnce {
+        let config = crate::config::StoreConfig {
+            path: dir.path().join("store"),
+            ..crate::config::StoreConfig::default()
+        };
+        let store: Arc<dyn Store> = Arc::new(crate::store::SledStore::open(&config, &[]).unwrap());
+        let runner = Runner::new(
+            None,
+            None,
+            Some(handler),
+            handler_timeout,
+            Duration::from_secs(1),
+        );
+        ExactlyOnce {
+            inner: Arc::new(Records {
+                store: Some(store),
+                waiters: Waiters::default(),
+                runner,
+                awaitable: None,
+                metrics: Arc::default(),
+                signed_pairs: Arc::default(),
+                stale_margin,
+            }),
+        }
+    }
+
+    fn callback() -> CallbackBody {
+        serde_json::from_str(
+            r#"{"id": 1001, "transactionReferenceId": "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+                "nonce": "n-blocking", "providerId": 11, "transactionType": 1,
+                "transactionStatus": 4, "clientId": "client-42", "amount": 10.5,
+                "currency": "EUR"}"#,
+        )
+        .unwrap()
+    }
+
+    fn context() -> RequestContext {
+        RequestContext {
+            request_id: "r-1".into(),
+            peer: None,
+            received_at: chrono::Utc::now(),
+            headers: http::HeaderMap::new(),
+        }
+    }
+
+    /// A callback handler whose first call blocks its thread, as a synchronous client's
+    /// call would, until the test lets it go.
+    struct BlocksItsThread {
+        calls: std::sync::atomic::AtomicU32,
+        started: tokio::sync::mpsc::UnboundedSender<()>,
+        let_go: Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl crate::handler::CallbackReceiver for BlocksItsThread {
+        async fn receive_callback(
+            &self,
+            _: CallbackBody,
+            _: CallbackContext,
+        ) -> Result<crate::handler::CallbackDecision, crate::HandlerError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = self.started.send(());
+                let _ = self
+                    .let_go
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(30));
+            }
+            Ok(crate::handler::CallbackDecision::Ack)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_that_blocks_its_thread_past_the_claim_margin_runs_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+        let (let_go, let_go_rx) = std::sync::mpsc::channel();
+        let handler = Arc::new(BlocksItsThread {
+            calls: std::sync::atomic::AtomicU32::new(0),
+            started: started_tx,
+            let_go: Mutex::new(let_go_rx),
+        });
+        let handler_timeout = Duration::from_millis(50);
+        let margin = Duration::from_millis(100);
+        let once = delivery(&dir, handler.clone(), handler_timeout, margin);
+        let first = tokio::spawn({
+            let once = once.clone();
+            async move { once.deliver(callback(), context()).await }
+        });
+        started.recv().await.unwrap();
+        // The first delivery's claim is now older than the handler timeout and the margin;
+        // its handler still blocks its thread (aborting it waits for its next await).
+        tokio::time::sleep(handler_timeout + margin * 2).await;
+        let second = once.deliver(callback(), context()).await;
+        assert!(
+            matches!(second, Err(Problem::InFlight { .. })),
+            "a second delivery waits, then is answered 503: {second:?}"
+        );
+        assert_eq!(
+            handler.calls.load(Ordering::SeqCst),
+            1,
+            "no second handler ran beside the first"
+        );
+        let_go.send(()).unwrap();
+        let first = first.await.unwrap();
+        assert!(
+            matches!(first, Err(Problem::HandlerTimedOut { .. })),
+            "{first:?}"
+        );
+        // The overrun released the claim: the next delivery books the callback.
+        let third = once.deliver(callback(), context()).await;
+        assert_eq!(third.unwrap(), Delivered::Booked);
+        assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_claim_its_delivery_left_behind_is_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let (started, _) = tokio::sync::mpsc::unbounded_channel();
+        let (_, let_go) = std::sync::mpsc::channel();
+        let handler = Arc::new(BlocksItsThread {
+            calls: std::sync::atomic::AtomicU32::new(0),
+            started,
+            let_go: Mutex::new(let_go),
+        });
+        let once = delivery(&dir, handler, Duration::from_secs(1), STALE_MARGIN);
+        let store = once.store().unwrap();
+        let nonce = Nonce::from("n-left");
+        let begin = || store.begin_callback(&nonce, TransactionStatus::Success, Duration::MAX);
+        let CallbackBegin::Claimed { claim, .. } = begin().await.unwrap() else {
+            panic!("claimed")
+        };
+        // Ended: nothing is given back.
+        Held::new(store, &nonce, claim, Kind::Callback).ended();
+        tokio::task::yield_now().await;
+        assert_eq!(begin().await.unwrap(), CallbackBegin::Busy);
+        // Dropped as by a panic half-way: released.
+        drop(Held::new(store, &nonce, claim, Kind::Callback));
+        let mut begun = begin().await.unwrap();
+        for _ in 0..100 {
+            if begun != CallbackBegin::Busy {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            begun = begin().await.unwrap();
+        }
+        assert!(
+            matches!(begun, CallbackBegin::Claimed { .. }),
+            "the claim was released: {begun:?}"
+        );
     }
 }

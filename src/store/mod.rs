@@ -725,6 +725,18 @@ pub trait Store: DedupStore + PostponedStore {
     fn process_may_remember_bookings(&self) -> bool {
         false
     }
+
+    /// `true` when every claim of the store was taken by a delivery of this process and is
+    /// held in its memory only, so that it dies with the process: the server then never
+    /// takes a claim over as stale. Its delivery is alive however long its handler blocks a
+    /// thread past `server.handler_timeout` (a timed-out handler is aborted at its next
+    /// await, not before), and a delivery ends its claim however it ends; a takeover could
+    /// only run a second handler beside the first. [`SledStore`] is such a store. The
+    /// default, `false`, suits a shared database, where a claim may be held by an instance
+    /// that hangs.
+    fn claims_end_with_this_process(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) use crate::model::timestamp::{epoch_ms, ms_from_time, now_ms, time_from_ms};

@@ -687,6 +687,11 @@ impl Store for SledStore {
         true
     }
 
+    /// Claims live in this process's memory (`store::claims`), never on disk.
+    fn claims_end_with_this_process(&self) -> bool {
+        true
+    }
+
     fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize> {
         ready(self.inner.writer.purge(ms_from_time(now)))
     }
