@@ -513,6 +513,42 @@ async fn a_handler_over_its_time_budget_is_answered_postponed_and_its_decision_p
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_handler_over_its_budget_decides_within_the_handler_timeout_counted_from_its_start() {
+    // The budget (2 s) is part of the handler timeout (10 s), not added to it: a handler
+    // that would allow at 11 s is stopped at 10 s, before a deadline (which must be later
+    // than the handler timeout) could decide the validation while it still runs.
+    let dir = tempfile::tempdir().unwrap();
+    let app = paused_app(&dir, |config| {
+        config.server.handler_timeout = Duration::from_secs(10);
+        config.validation.deadline = Some(Duration::from_secs(11));
+    });
+    let resolver = app.resolver().unwrap();
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        validate(&app, "allow-11", 4).await,
+        (200, "validation postponed".into())
+    );
+    let record = loop {
+        let record = resolver.get(4).await.unwrap().unwrap();
+        if record.result.is_some() {
+            break record;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let decided_after = start.elapsed();
+    let result = record.result.unwrap();
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "validation timed out"),
+        "the handler was stopped at its timeout, not waited for until it allowed"
+    );
+    assert!(
+        decided_after < Duration::from_secs(11),
+        "decided at the handler timeout, before the deadline: {decided_after:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decision_wins() {
     let dir = tempfile::tempdir().unwrap();
     let app = paused_app(&dir, |config| {

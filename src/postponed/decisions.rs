@@ -62,7 +62,21 @@ pub(crate) struct Decided {
     /// Awaitable mode: the validation's postponed record.
     pub(crate) postponed: Option<PostponedValidation>,
     /// Awaitable mode: the handler, still deciding after its time budget.
-    pub(crate) later: Option<HandlerTask>,
+    pub(crate) later: Option<Later>,
+}
+
+/// A handler still deciding after its time budget, and when its handler timeout, counted
+/// from its start, ends.
+pub(crate) struct Later {
+    task: HandlerTask,
+    until: tokio::time::Instant,
+}
+
+impl Later {
+    /// Stops the handler (its validation's record could not be written).
+    pub(crate) fn abort(&self) {
+        self.task.abort();
+    }
 }
 
 /// The Awaitable transaction validation endpoint: its settings, clock, resolver and outbox,
@@ -186,6 +200,7 @@ impl Awaitable {
             repeat_of: None,
             repeats: Vec::new(),
         };
+        let started = tokio::time::Instant::now();
         let mut task = self
             .handler
             .spawn(request, ctx)
@@ -198,7 +213,10 @@ impl Awaitable {
             return Ok(Decided {
                 decision: RecordedDecision::Postponed,
                 postponed: Some(postponed),
-                later: Some(task),
+                later: Some(Later {
+                    task,
+                    until: started + self.handler.timeout(),
+                }),
             });
         };
         let (decision, result) = match self
@@ -268,10 +286,14 @@ impl Awaitable {
         self.outbox.wake();
     }
 
-    /// Waits (within the handler timeout) for a handler that overran its time budget, and
-    /// resolves the validation with its decision.
-    pub(crate) fn resolve_later(&self, validation_id: ValidationId, mut task: HandlerTask) {
+    /// Waits for a handler that overran its time budget, until its handler timeout (counted
+    /// from its start, the budget included) ends, and resolves the validation with its
+    /// decision. A handler is never waited for longer: a deadline (which must be later than
+    /// the handler timeout) then never decides a validation whose handler is still running,
+    /// and a late decision is never refused as a conflict with the deadline's outcome.
+    pub(crate) fn resolve_later(&self, validation_id: ValidationId, later: Later) {
         let (handler, resolver) = (Arc::clone(&self.handler), self.resolver.clone());
+        let Later { mut task, until } = later;
         let limit = handler.timeout();
         // A handler that fails after its budget has no decision to give, and nothing would
         // ever decide the validation (the aggregator waits for a result): it gets the
@@ -281,7 +303,7 @@ impl Awaitable {
             self.config.deadline_description.clone(),
         );
         let later = async move {
-            let decision = match tokio::time::timeout(limit, &mut task).await {
+            let decision = match tokio::time::timeout_at(until, &mut task).await {
                 Ok(joined) => handler.settle(joined),
                 Err(_) => {
                     task.abort();
