@@ -90,3 +90,59 @@ async fn readiness_turns_503_once_shutdown_begins() {
         "still alive while draining"
     );
 }
+
+#[tokio::test]
+async fn shutdown_waits_for_a_validation_handler_deciding_after_its_time_budget() {
+    // Awaitable: a handler over its budget was answered 200 (postponed); the aggregator
+    // waits for its decision, which a restart must not cut off.
+    let mut config = test_config();
+    config.validation.awaitable = true;
+    config.validation.time_budget = std::time::Duration::from_millis(100);
+    config.gateway.auth_url = Some("http://127.0.0.1:1".into());
+    config.gateway.gateway_url = Some("http://127.0.0.1:1".into());
+    config.gateway.username = Some("shop".into());
+    config.gateway.password = Some("pw".into());
+    let mut server = TestServer::start_with(config).await;
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("gate")),
+    );
+    let response = server.post_json(VALIDATION_PATH, &body).await;
+    assert_eq!(
+        (response.status, response.message().as_str()),
+        (200, "validation postponed")
+    );
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["validationId"]
+        .as_i64()
+        .unwrap();
+
+    server.shut_down();
+    let addr = server.addr;
+    tokio::time::timeout(DEADLINE, async {
+        while TcpStream::connect(addr).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the listener closes on shutdown");
+    // No connection is open; serve() still waits for the handler.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        !server.task.is_finished(),
+        "serve() waits for the handler still deciding"
+    );
+
+    server.merchant.gate.notify_one();
+    server.stopped().await;
+    let record = server
+        .app
+        .resolver()
+        .unwrap()
+        .get(id)
+        .await
+        .unwrap()
+        .unwrap();
+    let result = record.result.expect("the handler's decision was recorded");
+    assert!(result.success, "{result:?}");
+}

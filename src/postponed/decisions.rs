@@ -7,7 +7,7 @@
 use crate::model::ValidationId;
 use std::sync::{
     Arc, Mutex, PoisonError,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
 };
 use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
@@ -97,6 +97,35 @@ pub(crate) struct Awaitable {
     /// so that a dropped app lets go of its store. What it had not delivered stays in the
     /// outbox for the next start.
     worker: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Handlers still deciding after their time budget.
+    late: Arc<LateHandlers>,
+}
+
+/// Handlers still deciding after their time budget, counted so that a graceful shutdown can
+/// wait for them: the aggregator waits for their decisions, and without a deadline nothing
+/// else would ever decide their validations.
+#[derive(Default)]
+struct LateHandlers {
+    running: AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+/// One of [`LateHandlers`], counted until dropped (with its task, however it ends).
+struct LateHandler(Arc<LateHandlers>);
+
+impl LateHandler {
+    fn new(late: &Arc<LateHandlers>) -> Self {
+        late.running.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(late))
+    }
+}
+
+impl Drop for LateHandler {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.none_left.notify_waiters();
+        }
+    }
 }
 
 impl Drop for Awaitable {
@@ -134,6 +163,21 @@ impl Awaitable {
             started: Arc::default(),
             automatic: true,
             worker: Mutex::default(),
+            late: Arc::default(),
+        }
+    }
+
+    /// Resolves once no handler is deciding after its time budget any more (each ends
+    /// within the handler timeout).
+    pub(crate) async fn late_handlers_finished(&self) {
+        loop {
+            let none_left = self.late.none_left.notified();
+            tokio::pin!(none_left);
+            none_left.as_mut().enable();
+            if self.late.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            none_left.await;
         }
     }
 
@@ -295,6 +339,7 @@ impl Awaitable {
         let (handler, resolver) = (Arc::clone(&self.handler), self.resolver.clone());
         let Later { mut task, until } = later;
         let limit = handler.timeout();
+        let counted = LateHandler::new(&self.late);
         // A handler that fails after its budget has no decision to give, and nothing would
         // ever decide the validation (the aggregator waits for a result): it gets the
         // deadline's outcome — a refusal unless configured otherwise.
@@ -330,6 +375,7 @@ impl Awaitable {
             {
                 tracing::warn!(error = %crate::report::InLine(&error), "the handler's late decision was not recorded");
             }
+            drop(counted);
         };
         tokio::spawn(later.in_current_span());
     }

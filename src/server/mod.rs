@@ -337,6 +337,26 @@ impl App {
         self.inner.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Resolves once no validation handler is still deciding after its time budget
+    /// (Awaitable mode: a validation answered 200 postponed, whose decision the aggregator
+    /// waits for). [`serve`](crate::serve) waits for it at shutdown, after the connections
+    /// close and within `server.shutdown_grace`, so that a restart does not cut a decision
+    /// off; a server of one's own awaits it before its runtime ends. Each such handler ends
+    /// within `server.handler_timeout` of its start.
+    ///
+    /// ```
+    /// # async fn stop(app: payhook::App) {
+    /// app.begin_shutdown();
+    /// // ... stop accepting, let in-flight requests finish ...
+    /// app.late_handlers_finished().await;
+    /// # }
+    /// ```
+    pub async fn late_handlers_finished(&self) {
+        if let Some(awaitable) = self.inner.awaitable.as_ref() {
+            awaitable.late_handlers_finished().await;
+        }
+    }
+
     /// Decides validations postponed by this app (Awaitable mode); `None` when
     /// `validation.awaitable` is off.
     pub fn resolver(&self) -> Option<crate::postponed::Resolver> {

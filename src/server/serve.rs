@@ -168,11 +168,18 @@ pub async fn serve(
     janitor.abort();
     app.begin_shutdown();
     tracing::info!(in_flight_connections = graceful.count(), "shutting down");
+    let grace_ends = tokio::time::Instant::now() + server.shutdown_grace;
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("all connections closed"),
-        () = tokio::time::sleep(server.shutdown_grace) => {
+        () = tokio::time::sleep_until(grace_ends) => {
             tracing::warn!(grace = ?server.shutdown_grace, "connections still open after the grace period; closing them");
         }
+    }
+    if tokio::time::timeout_at(grace_ends, app.late_handlers_finished())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?server.shutdown_grace, "validation handlers still deciding after their time budget at the end of the grace period; their validations stay pending until decided or their deadline");
     }
     Ok(())
 }
