@@ -175,6 +175,36 @@ async fn concurrent_callers_on_an_expiring_token_share_one_refresh() {
 }
 
 #[tokio::test]
+async fn a_refused_login_is_not_tried_again_by_every_caller_waiting_for_it() {
+    // A password changed at the aggregator while results are queued: one refused login,
+    // not one per result (an account lock-out), until the client's pause (2 s) has passed.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| {
+        s.refuse_logins = true;
+        s.login_delay = Duration::from_millis(200);
+    });
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.transaction(REFERENCE.parse().unwrap()).await })
+        })
+        .collect();
+    for call in calls {
+        let error = call.await.unwrap().unwrap_err();
+        assert!(
+            matches!(error, GatewayError::BadCredentials { .. }),
+            "{error:?}"
+        );
+    }
+    assert_eq!(gateway.with(|s| s.login_attempts), 1);
+    // Once the pause has passed, the next call logs in again.
+    gateway.with(|s| s.refuse_logins = false);
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    look_up(&client).await;
+    assert_eq!(gateway.with(|s| (s.login_attempts, s.logins)), (2, 1));
+}
+
+#[tokio::test]
 async fn wrong_credentials_are_a_clear_error_without_the_password() {
     let (gateway, _) = gateway_with_record().await;
     let mut config = gateway.config();

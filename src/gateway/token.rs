@@ -14,10 +14,17 @@
 //! The margin is `gateway.refresh_margin`, but at most half the lifetime the aggregator
 //! granted the token (measured when it arrived): a margin longer than the lifetime would
 //! make every token "about to expire" the moment it arrives, and every call refresh first.
+//!
+//! A renewal that fails is not tried again by the callers that waited for it, nor by any
+//! other for [`RENEWAL_PAUSE`]: they get its error. A pass of the outbox over hundreds of
+//! queued results after a password change would otherwise send hundreds of refused logins
+//! (an account lock-out at the aggregator), and against a silent auth endpoint wait
+//! `gateway.timeout` once per result.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::time::Duration;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use super::{GatewayClient, GatewayError};
 use crate::Secret;
@@ -25,6 +32,9 @@ use crate::model::LoginSession;
 
 /// A refresh token this close to its expiry is not used: the refresh could arrive late.
 const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
+
+/// How long after a failed login or refresh every call gets its error instead of renewing.
+pub(super) const RENEWAL_PAUSE: Duration = Duration::from_secs(2);
 
 /// Where the merchant's session with the aggregator stands
 /// ([`GatewayClient::session_state`](super::GatewayClient::session_state)).
@@ -45,9 +55,18 @@ pub enum SessionState {
 }
 
 pub(super) struct Sessions {
-    current: Mutex<Option<Held>>,
+    current: Mutex<Current>,
     /// The configured `gateway.refresh_margin`.
     margin: TimeDelta,
+}
+
+/// The session held, if any, and the last renewal's failure, if it failed.
+#[derive(Default)]
+struct Current {
+    held: Option<Held>,
+    /// When the last renewal failed, and how: answered to every call until
+    /// [`RENEWAL_PAUSE`] has passed.
+    failed: Option<(Instant, GatewayError)>,
 }
 
 /// The session in use, with the margin that applies to its access token.
@@ -60,7 +79,7 @@ struct Held {
 impl Sessions {
     pub(super) fn new(margin: Duration) -> Self {
         Self {
-            current: Mutex::new(None),
+            current: Mutex::new(Current::default()),
             margin: TimeDelta::from_std(margin).unwrap_or(TimeDelta::MAX),
         }
     }
@@ -69,7 +88,7 @@ impl Sessions {
     pub(super) fn state(&self) -> SessionState {
         match self.current.try_lock() {
             Err(_) => SessionState::Renewing,
-            Ok(current) => match current.as_ref() {
+            Ok(current) => match current.held.as_ref() {
                 None => SessionState::None,
                 Some(held) => SessionState::Held {
                     access_expires: held.session.access_token_expiry_utc,
@@ -89,12 +108,41 @@ impl Sessions {
         let beyond = |expiry: DateTime<Utc>, margin: TimeDelta| {
             expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
         };
-        if let Some(held) = current.as_ref()
+        if let Some(held) = current.held.as_ref()
             && beyond(held.session.access_token_expiry_utc, held.margin)
         {
             return Ok(held.session.access_token.clone());
         }
-        let renewed = match current.as_ref().map(|held| &held.session) {
+        if let Some((at, error)) = &current.failed
+            && at.elapsed() < RENEWAL_PAUSE
+        {
+            return Err(error.clone());
+        }
+        match self.renew(client, current.held.as_ref(), &beyond).await {
+            Ok(held) => {
+                let token = held.session.access_token.clone();
+                *current = Current {
+                    held: Some(held),
+                    failed: None,
+                };
+                Ok(token)
+            }
+            Err(error) => {
+                current.failed = Some((Instant::now(), error.clone()));
+                Err(error)
+            }
+        }
+    }
+
+    /// A new session: refreshed from `held` while its refresh token is valid, else (or when
+    /// the refresh is refused) logged in.
+    async fn renew(
+        &self,
+        client: &GatewayClient,
+        held: Option<&Held>,
+        beyond: &impl Fn(DateTime<Utc>, TimeDelta) -> bool,
+    ) -> Result<Held, GatewayError> {
+        let renewed = match held.map(|held| &held.session) {
             Some(session) if beyond(session.refresh_token_expiry_utc, REFRESH_TOKEN_SLACK) => {
                 match client.refresh(&session.refresh_token).await {
                     Ok(renewed) => {
@@ -114,7 +162,6 @@ impl Sessions {
                 session
             }
         };
-        let token = renewed.access_token.clone();
         let lifetime = renewed.access_token_expiry_utc - Utc::now();
         let margin = self.margin.min(lifetime / 2).max(TimeDelta::zero());
         if margin < self.margin {
@@ -124,18 +171,17 @@ impl Sessions {
                  refreshing at half its lifetime instead"
             );
         }
-        *current = Some(Held {
+        Ok(Held {
             session: renewed,
             margin,
-        });
-        Ok(token)
+        })
     }
 
     /// The aggregator refused `token` (401): the session is renewed on the next call, unless
     /// another caller renewed it already.
     pub(super) async fn reject(&self, token: &Secret) {
         let mut current = self.current.lock().await;
-        if let Some(held) = current.as_mut()
+        if let Some(held) = current.held.as_mut()
             && held.session.access_token == *token
         {
             held.session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;

@@ -30,6 +30,10 @@ pub struct GatewayState {
     pub refresh_lifetime: TimeDelta,
     /// How long a login takes.
     pub login_delay: Duration,
+    /// Every login is refused (401), as after a password change.
+    pub refuse_logins: bool,
+    /// Login requests, refused ones included.
+    pub login_attempts: u32,
     pub logins: u32,
     pub refreshes: u32,
     /// Calls answered 401 because of a missing, unknown or expired token.
@@ -56,6 +60,8 @@ impl Default for GatewayState {
             access_lifetime: TimeDelta::hours(1),
             refresh_lifetime: TimeDelta::days(1),
             login_delay: Duration::ZERO,
+            refuse_logins: false,
+            login_attempts: 0,
             logins: 0,
             refreshes: 0,
             unauthorized: 0,
@@ -244,7 +250,8 @@ async fn handle(
             let delay = state.lock().unwrap().login_delay;
             tokio::time::sleep(delay).await;
             let mut state = state.lock().unwrap();
-            if json["username"] != USERNAME || json["password"] != PASSWORD {
+            state.login_attempts += 1;
+            if state.refuse_logins || json["username"] != USERNAME || json["password"] != PASSWORD {
                 return message(401, "invalid username or password");
             }
             state.logins += 1;
