@@ -193,11 +193,16 @@ impl Resolver {
     ) -> Result<Resolved, ResolveError> {
         let validation_id = validation_id.into();
         let success = decision.allows();
+        // Noted first: a record whose write ends between this store's answer and the wait
+        // below is no longer being recorded by then, but is durable.
+        let was_recording = self.recording.map().contains_key(&validation_id);
         let mut resolution = self
             .store
             .resolve(validation_id, &decision, self.clock.now())
             .await?;
-        if resolution == Resolution::Unknown && self.recorded(validation_id).await {
+        if resolution == Resolution::Unknown
+            && (self.recorded(validation_id).await || was_recording)
+        {
             resolution = self
                 .store
                 .resolve(validation_id, &decision, self.clock.now())
@@ -322,5 +327,85 @@ impl Resolver {
     /// [`StoreError`] when the store fails.
     pub async fn settled(&self, limit: usize) -> Result<Vec<PostponedValidation>, StoreError> {
         self.store.postponed_settled(limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TransactionValidationRequest;
+    use crate::store::{DurableFuture, ResolveFuture, StoreFuture};
+    use chrono::{DateTime, Utc};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A store whose validation is recorded while its first resolve is answered: that
+    /// resolve finds nothing, and the record's write ends before the resolver waits.
+    #[derive(Default)]
+    struct RecordedMeanwhile {
+        resolves: AtomicU32,
+        recording: Mutex<Option<RecordingGuard>>,
+    }
+
+    impl PostponedStore for RecordedMeanwhile {
+        fn resolve<'a>(
+            &'a self,
+            _: ValidationId,
+            _: &'a Decision,
+            _: DateTime<Utc>,
+        ) -> ResolveFuture<'a> {
+            Box::pin(async move {
+                if self.resolves.fetch_add(1, Ordering::SeqCst) == 0 {
+                    drop(self.recording.lock().unwrap().take());
+                    return Ok(Resolution::Unknown);
+                }
+                Ok(Resolution::Recorded)
+            })
+        }
+
+        fn repeat<'a>(
+            &'a self,
+            _: &'a TransactionValidationRequest,
+            _: DateTime<Utc>,
+        ) -> StoreFuture<'a, Repeat> {
+            unreachable!("not used by resolve")
+        }
+
+        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
+            unreachable!("not used by resolve")
+        }
+
+        fn postponed(&self, _: ValidationId) -> StoreFuture<'_, Option<PostponedValidation>> {
+            unreachable!("not used by resolve")
+        }
+
+        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_len(&self) -> StoreFuture<'_, usize> {
+            unreachable!("not used by resolve")
+        }
+
+        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_whose_record_is_written_while_it_is_refused_is_resolved_again() {
+        let store = Arc::new(RecordedMeanwhile::default());
+        let resolver = Resolver::new(
+            Arc::clone(&store) as Arc<dyn PostponedStore>,
+            Clock::new(),
+            Arc::default(),
+        );
+        *store.recording.lock().unwrap() = Some(resolver.recording(ValidationId::from(7)));
+        let resolved = resolver.resolve(7, Decision::allow("approved")).await;
+        assert!(matches!(resolved, Ok(Resolved::Recorded)), "{resolved:?}");
+        assert_eq!(store.resolves.load(Ordering::SeqCst), 2);
     }
 }
