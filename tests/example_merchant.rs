@@ -198,3 +198,49 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
     assert_eq!(post(callback("minnow-1", "minnow", 1, "10.50")).await, 200);
     assert_eq!(example.balance("minnow", "EUR").await.to_string(), "10.50");
 }
+
+#[tokio::test]
+async fn the_example_quarantines_a_success_whose_direction_it_does_not_know() {
+    let example = start().await;
+    let post = |body: String| {
+        let addr = example.addr.clone();
+        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
+    };
+    // Type 3 is neither a deposit nor a withdrawal: not credited as one.
+    assert_eq!(post(callback("odd-1", "odd", 3, "500")).await, 200);
+    assert_eq!(example.balance("odd", "EUR").await, Decimal::ZERO);
+    assert!(example.entry("odd-1").await.is_none(), "not booked");
+    let quarantined = example
+        .ledger
+        .quarantined("odd-1")
+        .await
+        .unwrap()
+        .expect("quarantined");
+    assert!(
+        quarantined.reason.contains("transaction type 3"),
+        "{quarantined:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_later_status_naming_another_client_corrects_the_balance_first_booked() {
+    let example = start().await;
+    let post = |body: String| {
+        let addr = example.addr.clone();
+        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
+    };
+    assert_eq!(post(callback("n-moved", "first", 1, "10")).await, 200);
+    assert_eq!(example.balance("first", "EUR").await, Decimal::from(10));
+    // The same nonce reversed, the result naming another client: the first client's
+    // deposit is undone, and nothing is taken from the other.
+    let reversed = with(
+        &callback("n-moved", "second", 1, "10"),
+        "/transactionStatus",
+        Some(json!(-2)),
+    );
+    assert_eq!(post(reversed).await, 200);
+    assert_eq!(example.balance("first", "EUR").await, Decimal::ZERO);
+    assert_eq!(example.balance("second", "EUR").await, Decimal::ZERO);
+    let entry = example.entry("n-moved").await.unwrap();
+    assert_eq!((entry.client_id.as_str(), entry.bookings), ("second", 2));
+}

@@ -14,8 +14,9 @@
 //!   often the aggregator retries and whenever the process crashes.
 //!
 //! **What it cannot book, it quarantines.** Balances use checked arithmetic. A result whose
-//! booking would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸) is acknowledged
-//! into the [`QUARANTINE`] tree (nonce → the result and the reason), logged at error
+//! booking would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸), or a successful
+//! one of a transaction type that is neither a deposit nor a withdrawal (which way the money
+//! went is not known), is acknowledged into the [`QUARANTINE`] tree (nonce → the result and the reason), logged at error
 //! level, and leaves the balance untouched. Refusing it instead (503, or 400) would not make
 //! it bookable: the aggregator would retry the same callback up to 17 times, each failing
 //! alike, then give up — the result lost with no record of it. In quarantine it is kept
@@ -233,56 +234,55 @@ fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, StoreErr
 }
 
 /// Books `callback` in the ledger, inside the store's transaction. A new status for a known
-/// nonce (a success, later a reversal) replaces the entry and corrects the balance.
+/// nonce (a success, later a reversal) replaces the entry and corrects the balance its
+/// previous booking changed.
 fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), StoreError> {
     let previous: Option<Entry> = tx
         .get(&ledger.entries, callback.nonce.as_bytes())?
         .map(from_json)
         .transpose()?;
-    let signed = match callback.transaction_type {
-        TransactionType::Withdrawal => -callback.amount,
-        _ => callback.amount,
-    };
     let balance_effect = if callback.transaction_status.is_success() {
-        signed
+        match callback.transaction_type {
+            TransactionType::Deposit => callback.amount,
+            TransactionType::Withdrawal => -callback.amount,
+            // Neither cash-in nor cash-out: which way the money went is not known.
+            TransactionType::Unknown(code) => {
+                let reason =
+                    format!("transaction type {code} is neither a deposit nor a withdrawal");
+                return quarantine(tx, ledger, callback, reason);
+            }
+        }
     } else {
         Decimal::ZERO
     };
+    // What changes on each balance: this booking's effect, less the previous booking's on
+    // the balance it changed (the same one, unless a later status names another client or
+    // currency).
     let key = balance_key(&callback.client_id, &callback.currency);
-    let balance: Decimal = tx
-        .get(&ledger.balances, &key)?
-        .map(from_json)
-        .transpose()?
-        .unwrap_or_default();
-    let undone = previous
-        .as_ref()
-        .map_or(Decimal::ZERO, |p| p.balance_effect);
-    let Some(new_balance) = balance
-        .checked_add(balance_effect)
-        .and_then(|b| b.checked_sub(undone))
-    else {
-        let reason = format!(
-            "the balance of {} {} ({balance}) cannot take {balance_effect} more",
-            callback.client_id, callback.currency
-        );
-        tracing::error!(
-            nonce = %Logged(&callback.nonce),
-            reason = %Logged(&reason),
-            "result acknowledged into quarantine, not booked: resolve it by hand"
-        );
-        let quarantined = Quarantined {
-            client_id: callback.client_id.clone(),
-            currency: callback.currency.clone(),
-            amount: callback.amount,
-            status: callback.transaction_status.code(),
-            reason,
+    let mut changes = vec![(key, balance_effect)];
+    if let Some(previous) = previous.as_ref().filter(|p| !p.balance_effect.is_zero()) {
+        let undone = balance_key(&previous.client_id, &previous.currency);
+        match changes.iter_mut().find(|(key, _)| *key == undone) {
+            Some((_, change)) => *change -= previous.balance_effect,
+            None => changes.push((undone, -previous.balance_effect)),
+        }
+    }
+    let mut balances = Vec::with_capacity(changes.len());
+    for (key, change) in changes {
+        let balance: Decimal = tx
+            .get(&ledger.balances, &key)?
+            .map(from_json)
+            .transpose()?
+            .unwrap_or_default();
+        let Some(new_balance) = balance.checked_add(change) else {
+            let reason = format!(
+                "the balance of {} ({balance}) cannot take {change} more",
+                String::from_utf8_lossy(&key).replace('|', " ")
+            );
+            return quarantine(tx, ledger, callback, reason);
         };
-        return tx.insert(
-            &ledger.quarantine,
-            callback.nonce.as_bytes(),
-            &json(&quarantined),
-        );
-    };
+        balances.push((key, new_balance));
+    }
     let entry = Entry {
         client_id: callback.client_id.clone(),
         currency: callback.currency.clone(),
@@ -291,8 +291,36 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
         balance_effect,
         bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
     };
-    tx.insert(&ledger.balances, &key, &json(&new_balance))?;
+    for (key, new_balance) in balances {
+        tx.insert(&ledger.balances, &key, &json(&new_balance))?;
+    }
     tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))
+}
+
+/// Acknowledges `callback` into quarantine, unbooked, for `reason`: see the module's docs.
+fn quarantine(
+    tx: &dyn EffectTx,
+    ledger: &Ledger,
+    callback: &CallbackBody,
+    reason: String,
+) -> Result<(), StoreError> {
+    tracing::error!(
+        nonce = %Logged(&callback.nonce),
+        reason = %Logged(&reason),
+        "result acknowledged into quarantine, not booked: resolve it by hand"
+    );
+    let quarantined = Quarantined {
+        client_id: callback.client_id.clone(),
+        currency: callback.currency.clone(),
+        amount: callback.amount,
+        status: callback.transaction_status.code(),
+        reason,
+    };
+    tx.insert(
+        &ledger.quarantine,
+        callback.nonce.as_bytes(),
+        &json(&quarantined),
+    )
 }
 
 /// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
