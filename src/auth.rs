@@ -245,6 +245,20 @@ impl Guard {
                         "username and password are required for method = \"basic\"".into(),
                     ));
                 };
+                // An empty value is most often a variable that was not set: it must not
+                // let in anyone who sends it.
+                if user.is_empty() || user.contains(':') {
+                    return Err(invalid(
+                        ".username",
+                        "must be non-empty and without `:` for method = \"basic\"".into(),
+                    ));
+                }
+                if password.is_empty() {
+                    return Err(invalid(
+                        ".password",
+                        "must be non-empty for method = \"basic\"".into(),
+                    ));
+                }
                 let pair = format!("{user}:{}", password.expose());
                 Method::Basic {
                     expected: Expected::new(pair.as_bytes()),
@@ -417,6 +431,25 @@ mod tests {
         assert!(!mapped_all.contains("2001:db8::1".parse().unwrap()));
         // Shorter than the mapping itself: not an IPv4 network.
         assert!("::ffff:0:0/95".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn basic_needs_a_password_and_a_username_that_are_not_empty() {
+        let basic = |username: &str, password: &str| EndpointAuthConfig {
+            method: AuthMethod::Basic,
+            username: Some(username.into()),
+            password: Some(Secret::new(password)),
+            ..EndpointAuthConfig::default()
+        };
+        for (config, key) in [
+            (basic("aggregator", ""), "auth.test.password"),
+            (basic("", "pa55word"), "auth.test.username"),
+            (basic("aggre:gator", "pa55word"), "auth.test.username"),
+        ] {
+            let error = Guard::from_config(&config, "auth.test").unwrap_err();
+            assert_eq!(error.key, key, "{error}");
+        }
+        assert!(Guard::from_config(&basic("aggregator", "pa55word"), "auth.test").is_ok());
     }
 
     fn guard(config: EndpointAuthConfig) -> Guard {
