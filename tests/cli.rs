@@ -204,6 +204,29 @@ mod signature_tools {
         let again = payhook(&["keygen", "--alg", "rsa-pkcs1-sha256", "--out", path(&out)]);
         assert_eq!(again.status.code(), Some(2));
         assert!(stderr(&again).contains("--force"));
+        // Forced over a private key file others may read (a copy, a checkout): the new key
+        // is readable by its owner only.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let private = out.join("private.pem");
+            std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let forced = payhook(&["keygen", "--alg", "ed25519", "--out", path(&out), "--force"]);
+            assert!(forced.status.success(), "{}", stderr(&forced));
+            assert_eq!(
+                std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
+            let rsa = payhook(&[
+                "keygen",
+                "--alg",
+                "rsa-pkcs1-sha256",
+                "--out",
+                path(&out),
+                "--force",
+            ]);
+            assert!(rsa.status.success(), "{}", stderr(&rsa));
+        }
         let body = b"{}";
         let signed = payhook_with_input(&["sign", "--key", path(&out.join("private.pem"))], body);
         let signature = stdout(&signed).trim().to_owned();

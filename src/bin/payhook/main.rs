@@ -812,13 +812,17 @@ fn keygen(algorithm: Algorithm, out: &Path, force: bool) -> Result<(), Failure> 
     Ok(())
 }
 
-/// Writes a private key readable by its owner only.
+/// Writes a private key readable by its owner only: a file it replaces (`--force`) is made
+/// so before the key is written, whatever its mode was.
 fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    std::io::Write::write_all(&mut options.open(path)?, pem.as_bytes())
+    let mut file = options.open(path)?;
+    #[cfg(unix)]
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::io::Write::write_all(&mut file, pem.as_bytes())
 }
 
 fn stdin_bytes() -> Result<Vec<u8>, Failure> {
