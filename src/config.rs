@@ -599,6 +599,10 @@ mod tests {
                 "gateway.gateway_url",
             ),
             ("[callback]\nretry_after = \"10ms\"", "callback.retry_after"),
+            (
+                "[validation]\nretry_schedule = [\"1s\", \"25h\"]",
+                "validation.retry_schedule",
+            ),
             ("[store]\nretention = \"0s\"", "store.retention"),
             (
                 "[auth.transaction_validation]\nmethod = \"signature\"",

@@ -313,7 +313,7 @@ fn backoff(schedule: &[Duration], attempts: u32) -> Duration {
         .get(index)
         .copied()
         .unwrap_or(Duration::from_secs(1));
-    base.mul_f64(0.8 + 0.4 * unit_random())
+    Duration::try_from_secs_f64(base.as_secs_f64() * (0.8 + 0.4 * unit_random())).unwrap_or(base)
 }
 
 /// A random number in [0, 1).

@@ -66,6 +66,10 @@ impl Default for ValidationConfig {
     }
 }
 
+/// The longest wait `validation.retry_schedule` may list: a result waits no longer than
+/// this between two attempts.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl ValidationConfig {
     /// Checks values that have the right type but are not acceptable. How the section fits
     /// `[gateway]` and `[server]` is checked by [`crate::config::Config::validate`].
@@ -82,10 +86,15 @@ impl ValidationConfig {
                 "must be longer than zero",
             ));
         }
-        if self.retry_schedule.is_empty() || self.retry_schedule.iter().any(Duration::is_zero) {
+        if self.retry_schedule.is_empty()
+            || self
+                .retry_schedule
+                .iter()
+                .any(|wait| wait.is_zero() || *wait > MAX_RETRY_WAIT)
+        {
             return Err(InvalidSetting::new(
                 "validation.retry_schedule",
-                "must list at least one wait, each longer than zero",
+                "must list at least one wait, each longer than zero and at most a day",
             ));
         }
         Ok(())

@@ -264,11 +264,17 @@ fn tamper_body(body: &str) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The signature with one character changed (staying in its alphabet).
+/// The signature with one character changed (staying in its alphabet): to another letter
+/// whatever its case, since hex is read in either case (`a` and `A` are the same digit).
 fn tamper_signature(signature: &str) -> String {
     let mut chars: Vec<char> = signature.chars().collect();
-    if let Some(c) = chars.get_mut(signature.len() / 2) {
-        *c = if *c == 'A' { 'B' } else { 'A' };
+    let middle = chars.len() / 2;
+    if let Some(c) = chars.get_mut(middle) {
+        *c = if c.eq_ignore_ascii_case(&'a') {
+            'B'
+        } else {
+            'A'
+        };
     }
     chars.into_iter().collect()
 }
@@ -388,6 +394,26 @@ fn parse_answer(bytes: &[u8]) -> (Option<u16>, String, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tampered_signature_decodes_to_other_bytes_in_every_encoding() {
+        use crate::signature::Encoding;
+        for signature in ["00a0", "00A0", "0aaa", "AAAA", "aaaa", "0b0b", "ab+/"] {
+            let tampered = tamper_signature(signature);
+            assert_ne!(
+                tampered.to_ascii_lowercase(),
+                signature.to_ascii_lowercase(),
+                "{signature}"
+            );
+            for encoding in [Encoding::Hex, Encoding::Base64] {
+                if let (Ok(before), Ok(after)) =
+                    (encoding.decode(signature), encoding.decode(&tampered))
+                {
+                    assert_ne!(before, after, "{signature} {encoding:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn tampering_changes_exactly_one_character() {
