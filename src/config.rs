@@ -456,9 +456,12 @@ fn env_path(rest: &str) -> Option<Vec<String>> {
     })
 }
 
-/// A variable's value: a TOML array or inline table when it looks like one, else a string.
+/// A variable's value: a TOML array or inline table when it looks like one, else a string
+/// (an IPv6 socket address such as `[::]:8080` included, which only looks like an array).
 fn env_value(name: &str, value: String) -> Result<toml::Value, ConfigError> {
-    if !value.trim_start().starts_with(['[', '{']) {
+    if !value.trim_start().starts_with(['[', '{'])
+        || value.trim().parse::<std::net::SocketAddr>().is_ok()
+    {
         return Ok(toml::Value::String(value));
     }
     let parsed: toml::Table = format!("v = {value}")
@@ -637,6 +640,12 @@ mod tests {
             let error = Config::from_toml(toml).unwrap_err();
             assert!(error.to_string().starts_with(key), "{toml}: {error}");
         }
+    }
+
+    #[test]
+    fn an_ipv6_listen_address_is_set_from_the_environment() {
+        let config = Config::load(None, env(&[("PAYHOOK_SERVER_LISTEN", "[::1]:8080")])).unwrap();
+        assert_eq!(config.server.listen, "[::1]:8080".parse().unwrap());
     }
 
     #[test]
