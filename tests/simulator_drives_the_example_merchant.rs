@@ -407,3 +407,34 @@ async fn a_reused_nonce_with_other_payment_data_is_refused_or_not_booked_again()
         "the first amount stays"
     );
 }
+
+#[tokio::test]
+async fn a_slow_body_carries_the_shared_secret_the_endpoint_wants() {
+    let example = Example::start(|config| {
+        config.server.request_timeout = Duration::from_millis(500);
+        let auth = &mut config.auth.transaction_validation;
+        auth.method = payhook::config::AuthMethod::SharedSecret;
+        auth.secret = Some(payhook::Secret::new("s3cr3t-for-validations"));
+    })
+    .await;
+    let trigger = signing_trigger()
+        .with_header("X-Api-Key: s3cr3t-for-validations")
+        .unwrap();
+    let url = format!(
+        "{}{}",
+        example.url,
+        RequestKind::TransactionValidation.default_path()
+    );
+    let verdict = payhook::sim::inject(
+        &trigger,
+        &url,
+        RequestKind::TransactionValidation,
+        &Payment::default(),
+        Fault::SlowBody(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    // Past the credentials, the body is too slow: 408, not a 401 for a missing secret.
+    assert!(verdict.correct, "{verdict:?}");
+    assert!(verdict.answers[0].starts_with("408"), "{verdict:?}");
+}

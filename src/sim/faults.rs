@@ -164,7 +164,8 @@ pub async fn inject(
             )
         }
         Fault::SlowBody(spread) => {
-            let exchange = raw(url, &body, signature(&body)?, Delivery::Slow(spread)).await?;
+            let signed = signature(&body)?;
+            let exchange = raw(url, &body, trigger, signed, Delivery::Slow(spread)).await?;
             (
                 "an answer (2xx, or 408 when it gives up), never a hang",
                 vec![exchange],
@@ -172,7 +173,8 @@ pub async fn inject(
             )
         }
         Fault::DropMidRequest => {
-            let dropped = raw(url, &body, signature(&body)?, Delivery::DropHalfway).await?;
+            let signed = signature(&body)?;
+            let dropped = raw(url, &body, trigger, signed, Delivery::DropHalfway).await?;
             let again = trigger.send(url, body.as_bytes()).await?;
             (
                 "the whole request afterwards answered 2xx",
@@ -287,10 +289,12 @@ enum Delivery {
     DropHalfway,
 }
 
-/// One request over a raw connection (plain `http://` only), to control how the body goes.
+/// One request over a raw connection (plain `http://` only), to control how the body goes;
+/// with `trigger`'s headers (`-H`, a shared secret say) and `signature`.
 async fn raw(
     url: &str,
     body: &str,
+    trigger: &Trigger,
     signature: Option<(http::HeaderName, String)>,
     delivery: Delivery,
 ) -> Result<Exchange, SimError> {
@@ -307,11 +311,22 @@ async fn raw(
         "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    // What is printed: the head with credentials redacted, as `Trigger::send` prints it.
+    let mut shown = head.clone();
+    for (name, value) in trigger.headers() {
+        head.push_str(&format!(
+            "{name}: {}\r\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+        let value = crate::handler::RequestContext::shown_value(name, value);
+        shown.push_str(&format!("{name}: {value}\r\n"));
+    }
     if let Some((name, value)) = &signature {
         head.push_str(&format!("{name}: {value}\r\n"));
+        shown.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    let request = format!("{head}{body}");
+    shown.push_str("\r\n");
     let started = Instant::now();
     let mut stream = tokio::net::TcpStream::connect((host, port))
         .await
@@ -361,7 +376,7 @@ async fn raw(
         Err(error) => (None, String::new(), Some(error)),
     };
     Ok(Exchange {
-        request: request.replace("\r\n", "\n"),
+        request: format!("{shown}{body}").replace("\r\n", "\n"),
         status,
         latency,
         body: answer,

@@ -161,6 +161,11 @@ impl Trigger {
         Ok(self)
     }
 
+    /// The headers added to every request ([`Trigger::with_header`]).
+    pub(crate) fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
+    }
+
     /// Bounds each exchange.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
