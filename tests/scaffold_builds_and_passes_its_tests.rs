@@ -77,6 +77,22 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
     }
     let main = std::fs::read_to_string(shop.join("src/main.rs")).unwrap();
     assert!(!main.contains("todo!") && !main.contains("{{"), "{main}");
+    // As its README says to before production: the aggregator's key in payhook.toml, and
+    // no `allow_unsigned`. Its own test must pass still (it signs with a key of its own).
+    let settings = std::fs::read_to_string(shop.join("payhook.toml")).unwrap();
+    let key = support::signature_fixtures()
+        .join("rsa2048")
+        .join("public.pem");
+    let production = settings.replace("allow_unsigned = true", "").replace(
+        "# keys = [{ id = \"aggregator-2026\", file = \"aggregator-public.pem\" }]",
+        &format!(
+            "keys = [{{ id = \"aggregator-2026\", file = {:?} }}]",
+            key.display().to_string()
+        ),
+    );
+    assert_ne!(production, settings);
+    assert!(production.contains("keys = [{"), "{production}");
+    std::fs::write(shop.join("payhook.toml"), production).unwrap();
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let output = Command::new(cargo)
