@@ -238,6 +238,83 @@ async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
     db.drop_schema().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_whose_lease_ran_out_and_was_taken_over_is_left_to_its_new_holder() {
+    // A long pass (a slow aggregator) outlasts the lease of results it has not posted yet;
+    // another instance takes them over. Before each few posts the first asks which it still
+    // holds: not those.
+    let Some(db) = support::postgres::database("outbox_lease_renewed").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let store_config = db.store_config(Duration::from_secs(86_400));
+    let decider = ConfiguredStore::open(&store_config, &[]).await.unwrap();
+    let app = App::builder(config(&gateway, store_config.clone()))
+        .shared_store(decider.shared())
+        .transaction_validator(Reviewer)
+        .manual_background()
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(
+        listener,
+        app.clone(),
+        std::future::pending(),
+    ));
+    for id in [78, 79] {
+        let nonce = format!("renew-{id}");
+        assert_eq!(
+            support::exchange(addr, &validation(&nonce, id))
+                .await
+                .status,
+            200
+        );
+        app.resolver()
+            .unwrap()
+            .resolve(id, Decision::allow("ok"))
+            .await
+            .unwrap();
+    }
+    let first = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert_eq!(first.outbox_due(Utc::now()).await.unwrap().now.len(), 2);
+    // 78's lease runs out while the first instance is still busy with others.
+    let mut conn = db.connect().await;
+    sqlx::query(&format!(
+        "UPDATE {}.postponed SET lease_until = now() - interval '1 second' \
+         WHERE validation_id = 78",
+        db.schema
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let second = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    let taken = second.outbox_due(Utc::now()).await.unwrap().now;
+    assert_eq!(
+        taken
+            .iter()
+            .map(|r| r.validation_id.get())
+            .collect::<Vec<_>>(),
+        [78]
+    );
+    let ids = [78.into(), 79.into()];
+    assert_eq!(
+        first.renew_outbox_leases(&ids).await.unwrap(),
+        [79.into()],
+        "the first instance still holds 79 only"
+    );
+    assert_eq!(second.renew_outbox_leases(&ids).await.unwrap(), [78.into()]);
+    drop(conn);
+    drop((first, second, app, decider));
+    db.drop_schema().await;
+}
+
 /// Decides slowly (a manual review within the time budget), counting its calls.
 #[derive(Clone, Default)]
 struct SlowReviewer {

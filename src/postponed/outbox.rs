@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
 use crate::gateway::{GatewayClient, GatewayError};
-use crate::model::PostponedValidationResult;
+use crate::model::{PostponedValidationResult, ValidationId};
 use crate::store::{PostponedStore, StoreError, ms_from_time, time_from_ms};
 
 /// The longest the worker sleeps without looking at the store.
@@ -175,10 +175,21 @@ impl Outbox {
             }
         }
         let due = self.store.outbox_due(self.clock.now()).await?;
-        // A few at a time: one slow or hanging post does not hold up the others.
-        for chunk in due.now.chunks(PARALLEL_POSTS) {
+        // A few at a time: one slow or hanging post does not hold up the others. Before each
+        // few but the first (just leased), the leases are renewed: only what this instance
+        // still holds is posted.
+        for (index, chunk) in due.now.chunks(PARALLEL_POSTS).enumerate() {
+            let held = if index == 0 {
+                None
+            } else {
+                let ids: Vec<ValidationId> = chunk.iter().map(|r| r.validation_id).collect();
+                Some(self.store.renew_outbox_leases(&ids).await?)
+            };
             let mut posts = tokio::task::JoinSet::new();
-            for record in chunk {
+            for record in chunk.iter().filter(|r| {
+                held.as_ref()
+                    .is_none_or(|held| held.contains(&r.validation_id))
+            }) {
                 let (outbox, record) = (self.clone(), record.clone());
                 posts.spawn(async move { outbox.deliver(&record).await });
             }

@@ -681,6 +681,18 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// instance takes the result over.
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due>;
 
+    /// Of `ids`, results [`PostponedStore::outbox_due`] leased to this instance, those it
+    /// still holds, each held for a whole lease again: what the outbox asks before each few
+    /// posts of a pass, so that a long pass (a slow aggregator, hundreds of results) never
+    /// posts a result whose lease ran out and another instance took over. The default, for a
+    /// store one process writes (no leases), holds them all.
+    fn renew_outbox_leases<'a>(
+        &'a self,
+        ids: &'a [ValidationId],
+    ) -> StoreFuture<'a, Vec<ValidationId>> {
+        Box::pin(std::future::ready(Ok(ids.to_vec())))
+    }
+
     /// How many results await delivery — a count for monitoring, read without waiting for
     /// writes in progress (it may miss or include a result being written).
     fn outbox_len(&self) -> StoreFuture<'_, usize>;

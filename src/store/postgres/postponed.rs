@@ -277,6 +277,32 @@ impl PostponedStore for PgStore {
         })
     }
 
+    fn renew_outbox_leases<'a>(
+        &'a self,
+        ids: &'a [ValidationId],
+    ) -> StoreFuture<'a, Vec<ValidationId>> {
+        Box::pin(async move {
+            // Still this instance's: not taken over (a lease that ran out and nobody took
+            // is renewed), and not posted meanwhile.
+            let ids: Vec<i64> = ids.iter().map(|id| id.get()).collect();
+            let rows = sqlx::query(&self.sql(
+                "UPDATE {s}.postponed \
+                   SET lease_until = now() + make_interval(secs => $3) \
+                 WHERE validation_id = ANY($1) AND lease_owner = $2 \
+                   AND deliver_at IS NOT NULL \
+                 RETURNING validation_id",
+            ))
+            .bind(&ids)
+            .bind(self.inner.owner)
+            .bind(OUTBOX_LEASE.as_secs_f64())
+            .fetch_all(self.pool())
+            .await?;
+            rows.iter()
+                .map(|row| Ok(ValidationId::from(row.try_get::<i64, _>(0)?)))
+                .collect()
+        })
+    }
+
     fn outbox_len(&self) -> StoreFuture<'_, usize> {
         Box::pin(async move {
             let row = sqlx::query(
