@@ -740,19 +740,20 @@ enum Kind {
 /// effects are run where their panics are caught — it releases the claim, so that a claim
 /// never outlives its delivery: what lets a store whose claims end with this process never
 /// take one over.
-struct Held {
-    store: Arc<dyn Store>,
-    nonce: Nonce,
+/// It borrows the delivery's store and nonce: nothing is copied unless it has to release.
+struct Held<'a> {
+    store: &'a Arc<dyn Store>,
+    nonce: &'a Nonce,
     claim: Claim,
     kind: Kind,
     ended: bool,
 }
 
-impl Held {
-    fn new(store: &Arc<dyn Store>, nonce: &Nonce, claim: Claim, kind: Kind) -> Self {
+impl<'a> Held<'a> {
+    fn new(store: &'a Arc<dyn Store>, nonce: &'a Nonce, claim: Claim, kind: Kind) -> Self {
         Self {
-            store: Arc::clone(store),
-            nonce: nonce.clone(),
+            store,
+            nonce,
             claim,
             kind,
             ended: false,
@@ -765,17 +766,17 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         if self.ended {
             return;
         }
         tracing::error!(
-            nonce = %Logged(&self.nonce),
+            nonce = %Logged(self.nonce),
             "a delivery ended without finishing or releasing its claim; released"
         );
         let (store, nonce, claim, kind) = (
-            Arc::clone(&self.store),
+            Arc::clone(self.store),
             self.nonce.clone(),
             self.claim,
             self.kind,
