@@ -153,16 +153,16 @@ async fn postponed_on_one_instance_resolved_on_another_and_posted_once() {
     db.drop_schema().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
-    let Some(db) = support::postgres::database("outbox_lease_of_the_dead").await else {
-        return;
-    };
-    let gateway = FakeGateway::start().await;
-    let store_config = db.store_config(Duration::from_secs(86_400));
-    // The app that postpones and decides; its outbox worker is never started.
-    let decider = ConfiguredStore::open(&store_config, &[]).await.unwrap();
-    let app = App::builder(config(&gateway, store_config.clone()))
+/// The app that postpones and decides (its outbox worker never started), served on the
+/// shared database, with validations `ids` postponed through it and allowed: their results
+/// wait in the outbox.
+async fn decided(
+    gateway: &FakeGateway,
+    store_config: &StoreConfig,
+    ids: &[i64],
+) -> (ConfiguredStore, App) {
+    let decider = ConfiguredStore::open(store_config, &[]).await.unwrap();
+    let app = App::builder(config(gateway, store_config.clone()))
         .shared_store(decider.shared())
         .transaction_validator(Reviewer)
         .manual_background()
@@ -175,17 +175,31 @@ async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
         app.clone(),
         std::future::pending(),
     ));
-    assert_eq!(
-        support::exchange(addr, &validation("lease-1", 77))
+    for &id in ids {
+        let nonce = format!("decided-{id}");
+        assert_eq!(
+            support::exchange(addr, &validation(&nonce, id))
+                .await
+                .status,
+            200
+        );
+        app.resolver()
+            .unwrap()
+            .resolve(id, Decision::allow("ok"))
             .await
-            .status,
-        200
-    );
-    app.resolver()
-        .unwrap()
-        .resolve(77, Decision::allow("ok"))
-        .await
-        .unwrap();
+            .unwrap();
+    }
+    (decider, app)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
+    let Some(db) = support::postgres::database("outbox_lease_of_the_dead").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let store_config = db.store_config(Duration::from_secs(86_400));
+    let (decider, app) = decided(&gateway, &store_config, &[77]).await;
 
     // An instance takes the result for posting, then dies before it records the post.
     let doomed = ConfiguredStore::open(&store_config, &[])
@@ -248,34 +262,7 @@ async fn a_result_whose_lease_ran_out_and_was_taken_over_is_left_to_its_new_hold
     };
     let gateway = FakeGateway::start().await;
     let store_config = db.store_config(Duration::from_secs(86_400));
-    let decider = ConfiguredStore::open(&store_config, &[]).await.unwrap();
-    let app = App::builder(config(&gateway, store_config.clone()))
-        .shared_store(decider.shared())
-        .transaction_validator(Reviewer)
-        .manual_background()
-        .build()
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(payhook::serve(
-        listener,
-        app.clone(),
-        std::future::pending(),
-    ));
-    for id in [78, 79] {
-        let nonce = format!("renew-{id}");
-        assert_eq!(
-            support::exchange(addr, &validation(&nonce, id))
-                .await
-                .status,
-            200
-        );
-        app.resolver()
-            .unwrap()
-            .resolve(id, Decision::allow("ok"))
-            .await
-            .unwrap();
-    }
+    let (decider, app) = decided(&gateway, &store_config, &[78, 79]).await;
     let first = ConfiguredStore::open(&store_config, &[])
         .await
         .unwrap()

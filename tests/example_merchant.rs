@@ -44,6 +44,11 @@ impl Example {
     async fn balance(&self, client: &str, currency: &str) -> Decimal {
         self.ledger.balance(client, currency).await.unwrap()
     }
+
+    /// Posts a callback body; its status.
+    async fn callback(&self, body: &str) -> u16 {
+        post_to(&self.addr, CALLBACK_PATH, body).await.status
+    }
 }
 
 async fn post_to(addr: &str, path: &str, body: &str) -> RawResponse {
@@ -159,17 +164,23 @@ fn callback(nonce: &str, client: &str, kind: i32, amount: &str) -> String {
 #[tokio::test]
 async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking() {
     let example = start().await;
-    let post = |body: String| {
-        let addr = example.addr.clone();
-        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
-    };
     let max = "79228162514264337593543950335";
-    assert_eq!(post(callback("whale-1", "whale", 1, max)).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("whale-1", "whale", 1, max))
+            .await,
+        200
+    );
     assert_eq!(example.balance("whale", "EUR").await, Decimal::MAX);
 
     // The next deposit cannot be added: acknowledged (never a 503 that would come back
     // forever), kept in quarantine, the balance untouched.
-    assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("whale-2", "whale", 1, "10"))
+            .await,
+        200
+    );
     assert_eq!(example.balance("whale", "EUR").await, Decimal::MAX);
     assert!(example.entry("whale-2").await.is_none(), "not booked");
     let quarantined = example
@@ -187,27 +198,41 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
         "{quarantined:?}"
     );
     // Its retry is a duplicate: acknowledged once, quarantined once.
-    assert_eq!(post(callback("whale-2", "whale", 1, "10")).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("whale-2", "whale", 1, "10"))
+            .await,
+        200
+    );
 
     // Everything else keeps booking: the same client's withdrawal, and other clients.
-    assert_eq!(post(callback("whale-3", "whale", 2, "5")).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("whale-3", "whale", 2, "5"))
+            .await,
+        200
+    );
     assert_eq!(
         example.balance("whale", "EUR").await,
         Decimal::MAX - Decimal::from(5)
     );
-    assert_eq!(post(callback("minnow-1", "minnow", 1, "10.50")).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("minnow-1", "minnow", 1, "10.50"))
+            .await,
+        200
+    );
     assert_eq!(example.balance("minnow", "EUR").await.to_string(), "10.50");
 }
 
 #[tokio::test]
 async fn the_example_quarantines_a_success_whose_direction_it_does_not_know() {
     let example = start().await;
-    let post = |body: String| {
-        let addr = example.addr.clone();
-        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
-    };
     // Type 3 is neither a deposit nor a withdrawal: not credited as one.
-    assert_eq!(post(callback("odd-1", "odd", 3, "500")).await, 200);
+    assert_eq!(
+        example.callback(&callback("odd-1", "odd", 3, "500")).await,
+        200
+    );
     assert_eq!(example.balance("odd", "EUR").await, Decimal::ZERO);
     assert!(example.entry("odd-1").await.is_none(), "not booked");
     let quarantined = example
@@ -225,11 +250,12 @@ async fn the_example_quarantines_a_success_whose_direction_it_does_not_know() {
 #[tokio::test]
 async fn a_later_status_naming_another_client_corrects_the_balance_first_booked() {
     let example = start().await;
-    let post = |body: String| {
-        let addr = example.addr.clone();
-        async move { post_to(&addr, CALLBACK_PATH, &body).await.status }
-    };
-    assert_eq!(post(callback("n-moved", "first", 1, "10")).await, 200);
+    assert_eq!(
+        example
+            .callback(&callback("n-moved", "first", 1, "10"))
+            .await,
+        200
+    );
     assert_eq!(example.balance("first", "EUR").await, Decimal::from(10));
     // The same nonce reversed, the result naming another client: the first client's
     // deposit is undone, and nothing is taken from the other.
@@ -238,7 +264,7 @@ async fn a_later_status_naming_another_client_corrects_the_balance_first_booked(
         "/transactionStatus",
         Some(json!(-2)),
     );
-    assert_eq!(post(reversed).await, 200);
+    assert_eq!(example.callback(&reversed).await, 200);
     assert_eq!(example.balance("first", "EUR").await, Decimal::ZERO);
     assert_eq!(example.balance("second", "EUR").await, Decimal::ZERO);
     let entry = example.entry("n-moved").await.unwrap();
