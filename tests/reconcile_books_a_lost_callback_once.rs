@@ -182,3 +182,52 @@ async fn a_record_with_a_negative_amount_is_refused_not_booked() {
     );
     assert_eq!(callback_count(&server), 0, "the handler never saw it");
 }
+
+#[tokio::test]
+async fn a_record_without_a_time_a_client_or_a_nonce_is_refused_not_booked() {
+    // Each change makes a record the lookup may answer, but that is not booked: without a
+    // time its booking may be long purged; without a client or with a blank nonce its
+    // callback would be refused (400); about another transaction it is not the one asked.
+    let cases: [(&str, fn(&mut serde_json::Value), &str); 6] = [
+        (
+            "no time",
+            |r| {
+                r["createdUtc"] = json!(null);
+                r.as_object_mut().unwrap().remove("updatedUtc");
+            },
+            "no updatedUtc or createdUtc",
+        ),
+        (
+            "no client",
+            |r| {
+                r.as_object_mut().unwrap().remove("merchantClientId");
+            },
+            "merchantClientId",
+        ),
+        (
+            "blank client",
+            |r| r["merchantClientId"] = json!("  "),
+            "merchantClientId",
+        ),
+        ("blank nonce", |r| r["nonce"] = json!(" "), "nonce"),
+        ("NUL in nonce", |r| r["nonce"] = json!("n\u{0}1"), "U+0000"),
+        (
+            "another transaction",
+            |r| r["transactionReferenceId"] = json!("0b7e5a52-2f59-4c1e-9d0c-000000000009"),
+            "answered with transaction",
+        ),
+    ];
+    let id: Uuid = LOST.parse().unwrap();
+    for (case, change, said) in cases {
+        let (gateway, client, server) = setup(4).await;
+        gateway.with(|s| change(s.transactions.get_mut(LOST).unwrap()));
+        let outcome = server.app.reconcile(&client, &[id]).await;
+        let error = outcome[0].1.as_ref().expect_err(case);
+        assert!(error.to_string().contains(said), "{case}: {error}");
+        assert_eq!(
+            callback_count(&server),
+            0,
+            "{case}: the handler never saw it"
+        );
+    }
+}

@@ -759,9 +759,10 @@ impl App {
         gateway: &crate::gateway::GatewayClient,
         reference_ids: &[uuid::Uuid],
     ) -> Vec<(uuid::Uuid, Result<Reconciled, ReconcileError>)> {
+        let max_chars = self.inner.ingress.server_config().max_identifier_chars;
         self.inner
             .exactly_once
-            .reconcile_all(gateway, reference_ids)
+            .reconcile_all(gateway, reference_ids, max_chars)
             .await
     }
 }

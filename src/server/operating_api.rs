@@ -393,7 +393,11 @@ impl OperatingApi {
                 })?;
                 let outcomes = self
                     .exactly_once
-                    .reconcile_all(gateway, &request.reference_ids)
+                    .reconcile_all(
+                        gateway,
+                        &request.reference_ids,
+                        self.ingress.server_config().max_identifier_chars,
+                    )
                     .await
                     .into_iter()
                     .map(|(reference_id, outcome)| {

@@ -38,8 +38,9 @@ pub enum ReconcileError {
     /// reconcile again later.
     #[error("not booked: {0}")]
     NotBooked(String),
-    /// The aggregator's record is not a result that can be booked (a negative amount, which
-    /// a callback would be refused for with 400 too).
+    /// The aggregator's record is not a result that can be booked: what a callback would be
+    /// refused for with 400 (a negative amount, no `merchantClientId`, a blank nonce), or an
+    /// answer about another reference id.
     #[error("not a result that can be booked: {0}")]
     Implausible(String),
     /// The app keeps no deduplication records (`without_store`): booking from the lookup
@@ -56,6 +57,13 @@ pub enum ReconcileError {
         /// The transaction's `updatedUtc` (or `createdUtc`).
         updated: DateTime<Utc>,
     },
+    /// The aggregator's record carries neither `updatedUtc` nor `createdUtc`: its age, and
+    /// so whether its booking's record may have been purged, cannot be told. Not booked, as
+    /// for a record beyond the retention.
+    #[error(
+        "the transaction's record has no updatedUtc or createdUtc: whether it was booked cannot be told; not booked"
+    )]
+    UnknownAge,
 }
 
 /// Allowance for the aggregator's and this machine's clocks disagreeing. Wider than a
@@ -70,12 +78,13 @@ impl ExactlyOnce {
         &self,
         gateway: &GatewayClient,
         reference_ids: &[Uuid],
+        max_chars: usize,
     ) -> Vec<(Uuid, Result<Reconciled, ReconcileError>)> {
         let mut outcomes = Vec::with_capacity(reference_ids.len());
         for &reference_id in reference_ids {
             let span = tracing::info_span!("reconcile", %reference_id);
             let outcome = self
-                .reconcile(gateway, reference_id)
+                .reconcile(gateway, reference_id, max_chars)
                 .instrument(span.clone())
                 .await;
             span.in_scope(|| match &outcome {
@@ -95,6 +104,7 @@ impl ExactlyOnce {
         &self,
         gateway: &GatewayClient,
         reference_id: Uuid,
+        max_chars: usize,
     ) -> Result<Reconciled, ReconcileError> {
         if !self.receives_callbacks() {
             return Err(ReconcileError::NoReceiver);
@@ -103,6 +113,12 @@ impl ExactlyOnce {
             return Err(ReconcileError::NoStore);
         };
         let record = gateway.transaction(reference_id).await?;
+        if record.transaction_reference_id != reference_id {
+            return Err(ReconcileError::Implausible(format!(
+                "the lookup of {reference_id} answered with transaction {}",
+                record.transaction_reference_id
+            )));
+        }
         let status = record.transaction_status;
         if !status.sent_in_callbacks() {
             return Ok(Reconciled::NotFinal(status));
@@ -110,10 +126,17 @@ impl ExactlyOnce {
         // A callback's record is kept for the retention after it was acknowledged, which is
         // after the transaction's last change: within that horizon, a missing record means
         // the callback was never booked.
+        // Of a record without a time, nothing can be told: it may be long purged.
         let changed = record.updated_utc.or(record.created_utc);
+        if changed.is_none() {
+            return Err(ReconcileError::UnknownAge);
+        }
         let horizon = store.retention().saturating_sub(CLOCK_SKEW);
         if let Some(updated) = super::exactly_once::beyond_horizon(changed, horizon) {
             return Err(ReconcileError::BeyondRetention { updated });
+        }
+        if let Some(reason) = unbookable(&record, max_chars) {
+            return Err(ReconcileError::Implausible(reason));
         }
         let request = RequestContext {
             request_id: format!("reconcile-{reference_id}"),
@@ -131,4 +154,26 @@ impl ExactlyOnce {
             Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
         }
     }
+}
+
+/// Why `record` cannot be booked as a callback where its callback would be refused (400): a
+/// result with no client to book it to (`merchantClientId` missing or blank; a callback
+/// must carry `clientId`), a blank nonce (every such result would share one record), or an
+/// identifier that cannot be kept. `None` when it can be booked.
+fn unbookable(record: &crate::model::TransactionRecord, max_chars: usize) -> Option<String> {
+    let client_id = record.merchant_client_id.as_deref().unwrap_or_default();
+    if super::ingress::is_blank(client_id) {
+        return Some("the record names no merchantClientId to book the result to".to_owned());
+    }
+    if super::ingress::is_blank(&record.nonce) {
+        return Some("the record's nonce is empty or blank".to_owned());
+    }
+    [
+        ("nonce", record.nonce.as_str()),
+        ("merchantClientId", client_id),
+    ]
+    .into_iter()
+    .find_map(|(field, value)| {
+        super::ingress::unkeepable(value, max_chars).map(|why| format!("`{field}`: {why}"))
+    })
 }
