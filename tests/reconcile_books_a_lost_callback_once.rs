@@ -183,12 +183,15 @@ async fn a_record_with_a_negative_amount_is_refused_not_booked() {
     assert_eq!(callback_count(&server), 0, "the handler never saw it");
 }
 
+/// A change made to the aggregator's record.
+type Change = fn(&mut serde_json::Value);
+
 #[tokio::test]
 async fn a_record_without_a_time_a_client_or_a_nonce_is_refused_not_booked() {
     // Each change makes a record the lookup may answer, but that is not booked: without a
     // time its booking may be long purged; without a client or with a blank nonce its
     // callback would be refused (400); about another transaction it is not the one asked.
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 6] = [
+    let cases: [(&str, Change, &str); 6] = [
         (
             "no time",
             |r| {
