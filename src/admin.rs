@@ -680,6 +680,12 @@ pub async fn report(
                 let status = record.transaction_status;
                 if store.callback_acknowledged(&record.nonce, status).await? {
                     format!("{id}: booked ({status})")
+                } else if let Some(untold) = crate::server::untellable(&record, store.retention()) {
+                    lost += 1;
+                    format!(
+                        "{id}: cannot tell ({status}, nonce {}): {untold}; check your own books",
+                        record.nonce
+                    )
                 } else {
                     lost += 1;
                     format!(

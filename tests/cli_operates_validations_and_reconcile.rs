@@ -188,7 +188,7 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
                 "merchantClientId": "client-42", "accountData": {}, "nonce": "nonce-lost",
                 "amount": 25.50, "currency": "EUR", "transactionType": 1, "transactionStatus": 4,
                 "transactionStatusMessage": "Success", "callbackDeliveryStatus": "Failed",
-                "isCallbackSendingCanceled": true
+                "isCallbackSendingCanceled": true, "updatedUtc": chrono::Utc::now().to_rfc3339()
             }),
         )
     });
@@ -234,4 +234,18 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
     let (code, stdout, stderr) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains(": booked (4 (success))"), "{stdout}");
+
+    // A lost result whose record carries no time may have been booked and purged long ago:
+    // not reported LOST (which invites booking it again), but as one that cannot be told.
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(REFERENCE).unwrap();
+        record["nonce"] = json!("nonce-untold");
+        record.as_object_mut().unwrap().remove("updatedUtc");
+    });
+    let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains("cannot tell") && !stdout.contains("LOST"),
+        "{stdout}"
+    );
 }

@@ -126,14 +126,8 @@ impl ExactlyOnce {
         // A callback's record is kept for the retention after it was acknowledged, which is
         // after the transaction's last change: within that horizon, a missing record means
         // the callback was never booked.
-        // Of a record without a time, nothing can be told: it may be long purged.
-        let changed = record.updated_utc.or(record.created_utc);
-        if changed.is_none() {
-            return Err(ReconcileError::UnknownAge);
-        }
-        let horizon = store.retention().saturating_sub(CLOCK_SKEW);
-        if let Some(updated) = super::exactly_once::beyond_horizon(changed, horizon) {
-            return Err(ReconcileError::BeyondRetention { updated });
+        if let Some(untold) = untellable(&record, store.retention()) {
+            return Err(untold);
         }
         if let Some(reason) = unbookable(&record, max_chars) {
             return Err(ReconcileError::Implausible(reason));
@@ -176,4 +170,21 @@ fn unbookable(record: &crate::model::TransactionRecord, max_chars: usize) -> Opt
     .find_map(|(field, value)| {
         super::ingress::unkeepable(value, max_chars).map(|why| format!("`{field}`: {why}"))
     })
+}
+
+/// Why whether `record`'s result was booked cannot be told from a store of `retention`: a
+/// callback's record is kept for the retention after it was acknowledged, which is after
+/// the transaction's last change; beyond that horizon (less [`CLOCK_SKEW`]), or without any
+/// time (it may be long purged), a missing record proves nothing. `None` within it.
+pub(crate) fn untellable(
+    record: &crate::model::TransactionRecord,
+    retention: Duration,
+) -> Option<ReconcileError> {
+    let changed = record.updated_utc.or(record.created_utc);
+    if changed.is_none() {
+        return Some(ReconcileError::UnknownAge);
+    }
+    let horizon = retention.saturating_sub(CLOCK_SKEW);
+    super::exactly_once::beyond_horizon(changed, horizon)
+        .map(|updated| ReconcileError::BeyondRetention { updated })
 }
