@@ -116,6 +116,18 @@ async fn history(config: &StoreConfig) {
     }
 }
 
+/// The command, as an operator runs it: the service stopped, PAYHOOK_STORE_URL set.
+fn copy_from_sled(sled: &StoreConfig, db: &support::postgres::TestDb) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(["store", "copy-from-sled", "--data"])
+        .arg(&sled.path)
+        .env_clear()
+        .env("PAYHOOK_STORE_URL", &db.url)
+        .env("PAYHOOK_STORE_SCHEMA", &db.schema)
+        .output()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let Some(db) = support::postgres::database("moving_from_sled").await else {
@@ -128,17 +140,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     };
     history(&sled).await;
 
-    // The command, as an operator runs it: the service stopped, PAYHOOK_STORE_URL set.
-    let copy = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-            .args(["store", "copy-from-sled", "--data"])
-            .arg(&sled.path)
-            .env_clear()
-            .env("PAYHOOK_STORE_URL", &db.url)
-            .env("PAYHOOK_STORE_SCHEMA", &db.schema)
-            .output()
-            .unwrap()
-    };
+    let copy = || copy_from_sled(&sled, &db);
     let first = copy();
     let said = String::from_utf8_lossy(&first.stdout).into_owned();
     assert!(
@@ -203,6 +205,61 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let moved = shared.postponed(2.into()).await.unwrap().unwrap();
     assert_eq!(moved.state(), PostponedState::Queued);
     assert_eq!(shared.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
+    drop((shared, store));
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
+    // PostgreSQL booked a later status of a moved nonce before the copy reached it (the
+    // instances started early, or the copy is run again): the copy adds sled's statuses to
+    // it, and drops none, so a retry of that status stays a duplicate.
+    let Some(db) = support::postgres::database("moving_from_sled_merges").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    history(&sled).await;
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    let shared = store.shared();
+    let nonce = Nonce::from("moved-1");
+    let CallbackBegin::Claimed { claim, .. } = shared
+        .begin_callback(&nonce, TransactionStatus::Cancelled, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    shared
+        .finish_callback(
+            &nonce,
+            claim,
+            TransactionStatus::Cancelled,
+            Effects::default(),
+        )
+        .await
+        .unwrap();
+    drop((shared, store));
+
+    let copied = copy_from_sled(&sled, &db);
+    assert!(
+        copied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    let shared = store.shared();
+    for status in [TransactionStatus::Cancelled, TransactionStatus::Success] {
+        assert_eq!(
+            shared.begin_callback(&nonce, status, STALE).await.unwrap(),
+            CallbackBegin::Duplicate,
+            "{status:?} stays acknowledged"
+        );
+    }
     drop((shared, store));
     db.drop_schema().await;
 }

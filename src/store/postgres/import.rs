@@ -4,9 +4,12 @@
 //! store (`payhook store copy-from-sled`).
 //!
 //! The copy is idempotent and resumable: every row is inserted unless the database already
-//! holds it (a callback's acknowledged statuses are replaced only when the database holds
-//! fewer of them), so a copy that stopped half-way is run again from the start. A retry of
-//! a callback acknowledged before the move is answered as a duplicate after it.
+//! holds it (a callback's acknowledged statuses are merged: those the database lacks are
+//! added, none it holds is dropped), so a copy that stopped half-way is run again from the
+//! start. A retry of a callback acknowledged before the move is answered as a duplicate
+//! after it, and one acknowledged by PostgreSQL meanwhile still is. Run it before the
+//! PostgreSQL instances serve: a run after they did adds back tree keys and failing
+//! callbacks they removed since (it never overwrites what they wrote).
 
 use chrono::Utc;
 
@@ -109,7 +112,11 @@ impl PgStore {
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (nonce_key) DO UPDATE \
-                   SET done = EXCLUDED.done, expires_at = greatest(c.expires_at, EXCLUDED.expires_at) \
+                   SET done = c.done || ARRAY(SELECT status \
+                       FROM unnest(EXCLUDED.done) WITH ORDINALITY AS sled(status, at) \
+                       WHERE NOT status = ANY(c.done) ORDER BY at), \
+                     attempts = greatest(c.attempts, EXCLUDED.attempts), \
+                     expires_at = greatest(c.expires_at, EXCLUDED.expires_at) \
                    WHERE NOT (c.done @> EXCLUDED.done)",
             ))
             .bind(&named)
