@@ -1039,13 +1039,23 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             // A later write moved the record's expiry (and indexed it again): keep it.
             let named = keys::describe(&identifier);
             // A failing record goes with its pairs and its keys by time.
-            let (expires, failing) = match tag {
-                keys::TAG_CALLBACK => (decode::<CallbackRecord>(&named, &bytes)?.expires_ms, None),
-                keys::TAG_FAILING => {
-                    let record = decode::<FailureRecord>(&named, &bytes)?;
-                    (record.expires_ms, Some(record))
+            let decoded = match tag {
+                keys::TAG_CALLBACK => {
+                    decode::<CallbackRecord>(&named, &bytes).map(|r| (r.expires_ms, None))
                 }
-                _ => (decode::<ValidationRecord>(&named, &bytes)?.expires_ms, None),
+                keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)
+                    .map(|record| (record.expires_ms, Some(record))),
+                _ => decode::<ValidationRecord>(&named, &bytes).map(|r| (r.expires_ms, None)),
+            };
+            // One that does not decode (damaged, or written by a newer payhook) is kept and
+            // looked at again a retention later: it must not stop every purge behind it.
+            let (expires, failing) = match decoded {
+                Ok(decoded) => decoded,
+                Err(error) => {
+                    tracing::error!(error = %crate::report::InLine(&error), "a record past its retention does not decode; kept, the sweep goes on");
+                    kept.push((tag, identifier));
+                    continue;
+                }
             };
             if expires <= now_ms && removed.insert(found_at.to_vec()) {
                 batch.remove(found_at);
@@ -1105,11 +1115,17 @@ fn purge_postponed(
     let Some(bytes) = context.tree.get(&key)? else {
         return Ok(true);
     };
-    if postponed_records::purgeable(&bytes, &id)? {
-        batch.remove(key);
-        Ok(true)
-    } else {
-        Ok(false)
+    match postponed_records::purgeable(&bytes, &id) {
+        Ok(true) => {
+            batch.remove(key);
+            Ok(true)
+        }
+        Ok(false) => Ok(false),
+        // Kept, and looked at again later, like any other record that does not decode.
+        Err(error) => {
+            tracing::error!(error = %crate::report::InLine(&error), "a postponed validation past its retention does not decode; kept, the sweep goes on");
+            Ok(false)
+        }
     }
 }
 

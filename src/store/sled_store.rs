@@ -1615,6 +1615,34 @@ mod tests {
         assert_eq!(again, CallbackBegin::Duplicate);
     }
 
+    #[test]
+    fn a_record_that_does_not_decode_is_kept_and_stops_no_purge() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let runtime = current_thread();
+        for nonce in ["n-1", "n-2"] {
+            book_with(&runtime, &store, nonce, Effects::default()).unwrap();
+        }
+        // n-1's record damaged (or written by a newer payhook) before it expires.
+        let damaged = keys::callback("n-1").key;
+        store
+            .inner
+            .tree
+            .insert(&damaged, b"not json".as_slice())
+            .unwrap();
+        let after_retention = Utc::now() + chrono::TimeDelta::days(3650);
+        let purged = runtime
+            .block_on(store.purge_expired(after_retention))
+            .unwrap();
+        assert_eq!(purged, 1, "n-2 purged past n-1");
+        assert!(!acknowledged(&runtime, &store, "n-2"));
+        assert_eq!(
+            store.inner.tree.get(&damaged).unwrap().as_deref(),
+            Some(b"not json".as_slice()),
+            "kept for a person to look at"
+        );
+    }
+
     /// A value larger than a quarter of sled's segment goes to a blob file of its own, which
     /// sled syncs nowhere: the commit that wrote it syncs it before it is acknowledged.
     #[test]
