@@ -23,18 +23,33 @@ use crate::postponed::record::PostponedValidation;
 
 /// The failing pairs, most recent failure first, at most `$1` of them (`NULL`: all);
 /// through the `callback_failures_latest` index (see [`PgStore::indexed_reads`]).
+///
+/// A pair whose status is booked is left out: its row is removed by the booking, but a
+/// failure recorded while the booking's transaction was open (a refused body of the same
+/// pair, which cannot see the uncommitted mark) outlives it until the sweep
+/// ([`BOOKED_FAILURES`]).
 pub(super) const FAILING_LATEST: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
        reference_id, client_id, amount, currency \
-     FROM {s}.callback_failures \
+     FROM {s}.callback_failures f WHERE NOT EXISTS (SELECT 1 FROM {s}.callbacks c \
+       WHERE c.nonce_key = f.nonce_key AND c.done @> ARRAY[f.status]) \
      ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
+
+/// Removes at most `$2` failing pairs whose status is booked (see [`FAILING_LATEST`]); `$1`,
+/// the sweep's time, is not needed.
+pub(super) const BOOKED_FAILURES: &str = "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN \
+       (SELECT f.nonce_key, f.status FROM {s}.callback_failures f JOIN {s}.callbacks c \
+         ON c.nonce_key = f.nonce_key AND c.done @> ARRAY[f.status] \
+       WHERE $1::timestamptz IS NOT NULL LIMIT $2)";
 
 /// [`FAILING_LATEST`] after the pair (`$2` last failed, `$3` nonce, `$4` status): from `$2`
 /// down through the same index, the pages before it not read.
 pub(super) const FAILING_AFTER: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
        reference_id, client_id, amount, currency \
-     FROM {s}.callback_failures \
+     FROM {s}.callback_failures f \
      WHERE last_failed <= $2 AND (last_failed < $2 OR nonce COLLATE \"C\" > $3 \
        OR (nonce COLLATE \"C\" = $3 AND status > $4)) \
+       AND NOT EXISTS (SELECT 1 FROM {s}.callbacks c \
+         WHERE c.nonce_key = f.nonce_key AND c.done @> ARRAY[f.status]) \
      ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
 
 /// What `{schema}.claim_callback` read, with the claim.

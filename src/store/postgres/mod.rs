@@ -443,6 +443,7 @@ impl PgStore {
             "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2) AND final AND expires_at <= $1",
+            dedup::BOOKED_FAILURES,
         ];
         let mut purged = 0usize;
         for table in tables {
