@@ -80,6 +80,12 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         "{text}"
     );
     browser.wait_for("tr.delivery.failed").await;
+    // Booking it by hand finds no such transaction at the aggregator: the page says so.
+    browser
+        .wait_and_click("tr.failing button[data-action=book]")
+        .await;
+    let told = browser.accept_alert().await;
+    assert!(told.contains("error") && told.contains("404"), "{told}");
 
     // A validation is postponed: it appears with Approve and Deny.
     let id = server.postpone_validation().await;

@@ -457,6 +457,14 @@ async function act(url, body, button) {
   if (!answer.ok) {
     buttons.forEach(b => b.disabled = false);
     alert((await answer.json().catch(() => ({}))).message || answer.status);
+  } else if (url === 'reconcile') {
+    // Answered 200 whatever became of each transaction: what was not booked now is told.
+    const untold = (await answer.json().catch(() => [])).filter(o => o.outcome !== 'booked');
+    if (untold.length) {
+      buttons.forEach(b => b.disabled = false);
+      alert(untold.map(o => o.referenceId + ': ' + o.outcome.replace('_', ' ')
+        + (o.message ? ' \u2014 ' + o.message : '')).join('\n'));
+    }
   }
   await panels();
 }

@@ -360,6 +360,26 @@ impl Browser {
             "parameters": {"pointerType": "mouse"}, "actions": [action]}]})
     }
 
+    /// Waits for the page's alert, accepts it, and returns its text.
+    pub async fn accept_alert(&self) -> String {
+        let started = Instant::now();
+        loop {
+            let (status, value) = self
+                .try_command("GET", &self.path("/alert/text"), None)
+                .await;
+            if status == 200 {
+                self.command("POST", &self.path("/alert/accept"), Some(json!({})))
+                    .await;
+                return value.as_str().unwrap_or_default().to_owned();
+            }
+            assert!(
+                started.elapsed() < PAGE_DEADLINE,
+                "no alert within {PAGE_DEADLINE:?}: {value}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The text of the whole page.
     pub async fn page_text(&self) -> String {
         match self.find_all("body").await.first() {
