@@ -571,7 +571,19 @@ impl AdminCommand {
             }
             Self::Reconcile { reference_ids } => {
                 let mut failed = 0;
-                for outcome in client.reconcile(&reference_ids).await? {
+                // One request per transaction: each is answered within the client's bound
+                // (a lookup takes up to `gateway.timeout`), and printed as it is.
+                for id in &reference_ids {
+                    let Some(outcome) = client
+                        .reconcile(std::slice::from_ref(id))
+                        .await?
+                        .into_iter()
+                        .next()
+                    else {
+                        failed += 1;
+                        writeln!(out, "{id}: NOT reconciled: the service answered nothing")?;
+                        continue;
+                    };
                     let status = outcome
                         .status
                         .map(|s| crate::model::TransactionStatus::from_code(s).to_string())

@@ -304,12 +304,27 @@ async fn the_command_line_operates_the_running_example_merchant() {
     .await;
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("booked now"), "{out}");
-    let (_, out) = run(
-        args(&["reconcile", "--ref", &reference, "--admin-url", &url]),
+    // Several at once: each asked and told in turn, one the aggregator does not know.
+    let unknown = "00000000-0000-0000-0000-000000000000";
+    let (code, out) = run(
+        args(&[
+            "reconcile",
+            "--ref",
+            &reference,
+            "--ref",
+            unknown,
+            "--admin-url",
+            &url,
+        ]),
         env.clone(),
     )
     .await;
-    assert!(out.contains("already booked"), "{out}");
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(&format!("{reference}: already booked")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{unknown}: NOT reconciled")), "{out}");
     // Without the token, a clear refusal.
     let no_token: Vec<(String, String)> = env
         .into_iter()
