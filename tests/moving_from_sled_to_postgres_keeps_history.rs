@@ -116,6 +116,16 @@ async fn history(config: &StoreConfig) {
     }
 }
 
+/// A stopped sled store in `dir` with [`history`] in it.
+async fn sled_with_history(dir: &tempfile::TempDir) -> StoreConfig {
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    history(&sled).await;
+    sled
+}
+
 /// The command, as an operator runs it: the service stopped, PAYHOOK_STORE_URL set.
 fn copy_from_sled(sled: &StoreConfig, db: &support::postgres::TestDb) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
@@ -134,11 +144,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let sled = StoreConfig {
-        path: dir.path().join("store"),
-        ..StoreConfig::default()
-    };
-    history(&sled).await;
+    let sled = sled_with_history(&dir).await;
 
     let copy = || copy_from_sled(&sled, &db);
     let first = copy();
@@ -218,11 +224,7 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let sled = StoreConfig {
-        path: dir.path().join("store"),
-        ..StoreConfig::default()
-    };
-    history(&sled).await;
+    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let shared = store.shared();
