@@ -262,6 +262,22 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
             "{status:?} stays acknowledged"
         );
     }
+    // sled's success came first, PostgreSQL's cancellation after it: the next status is
+    // told it follows the cancellation.
+    let next = shared
+        .begin_callback(&nonce, TransactionStatus::PaymentSystemError, STALE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            next,
+            CallbackBegin::Claimed {
+                previous_status: Some(TransactionStatus::Cancelled),
+                ..
+            }
+        ),
+        "{next:?}"
+    );
     drop((shared, store));
     db.drop_schema().await;
 }

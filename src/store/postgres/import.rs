@@ -5,7 +5,7 @@
 //!
 //! The copy is idempotent and resumable: every row is inserted unless the database already
 //! holds it (a callback's acknowledged statuses are merged: those the database lacks are
-//! added, none it holds is dropped), so a copy that stopped half-way is run again from the
+//! added before its own, which came later, and none it holds is dropped), so a copy that stopped half-way is run again from the
 //! start. A retry of a callback acknowledged before the move is answered as a duplicate
 //! after it, and one acknowledged by PostgreSQL meanwhile still is. Run it before the
 //! PostgreSQL instances serve: a run after they did adds back tree keys and failing
@@ -112,9 +112,9 @@ impl PgStore {
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (nonce_key) DO UPDATE \
-                   SET done = c.done || ARRAY(SELECT status \
+                   SET done = ARRAY(SELECT status \
                        FROM unnest(EXCLUDED.done) WITH ORDINALITY AS sled(status, at) \
-                       WHERE NOT status = ANY(c.done) ORDER BY at), \
+                       WHERE NOT status = ANY(c.done) ORDER BY at) || c.done, \
                      attempts = greatest(c.attempts, EXCLUDED.attempts), \
                      expires_at = greatest(c.expires_at, EXCLUDED.expires_at) \
                    WHERE NOT (c.done @> EXCLUDED.done)",
