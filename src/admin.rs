@@ -206,7 +206,8 @@ impl AdminCommand {
                 match (app, store) {
                     (Some(app), _) => reconcile(app, &gateway, &reference_ids, out).await,
                     (None, Some(store)) => {
-                        report(store.as_ref(), &gateway, &reference_ids, out).await
+                        let max_chars = config.server.max_identifier_chars;
+                        report(store.as_ref(), &gateway, &reference_ids, max_chars, out).await
                     }
                     (None, None) => Err(AdminError::Unsupported(
                         "reconcile needs the service's store".into(),
@@ -670,7 +671,10 @@ pub async fn reconcile(
 }
 
 /// Without the callback handler: tells, per reference id, whether its result is booked in
-/// `store` or was lost (and must be booked by the service's own binary).
+/// `store` or was lost (and must be booked by the service's own binary, or by hand when its
+/// record cannot be booked: one without `merchantClientId`, say, or whose nonce or client
+/// id is longer than `max_chars`), or whether that cannot be told (the record is beyond the
+/// retention, or carries no time).
 ///
 /// # Errors
 ///
@@ -679,6 +683,7 @@ pub async fn report(
     store: &dyn Store,
     gateway: &GatewayClient,
     reference_ids: &[Uuid],
+    max_chars: usize,
     out: &mut dyn Write,
 ) -> Result<(), AdminError> {
     let mut lost = 0;
@@ -696,6 +701,12 @@ pub async fn report(
                     lost += 1;
                     format!(
                         "{id}: cannot tell ({status}, nonce {}): {untold}; check your own books",
+                        record.nonce
+                    )
+                } else if let Some(unfit) = crate::server::unbookable(&record, max_chars) {
+                    lost += 1;
+                    format!(
+                        "{id}: LOST ({status}, nonce {}), and its record cannot be booked ({unfit}): book it by hand",
                         record.nonce
                     )
                 } else {

@@ -234,3 +234,33 @@ async fn a_record_without_a_time_a_client_or_a_nonce_is_refused_not_booked() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_booked_result_is_told_booked_whatever_its_record_lacks() {
+    // Its callback was booked; the lookup's record has neither client nor time: it is not
+    // booked again, and the operator is told it is booked, not that it failed.
+    let (gateway, client, server) = setup(4).await;
+    let delivered = with(CALLBACK, "/nonce", Some(json!("nonce-lost")));
+    assert_eq!(
+        server.post_json(CALLBACK_PATH, &delivered).await.status,
+        200
+    );
+    gateway.with(|s| {
+        let record = s
+            .transactions
+            .get_mut(LOST)
+            .unwrap()
+            .as_object_mut()
+            .unwrap();
+        record.remove("merchantClientId");
+        record.remove("updatedUtc");
+        record.remove("createdUtc");
+    });
+    let id: Uuid = LOST.parse().unwrap();
+    let outcome = server.app.reconcile(&client, &[id]).await;
+    assert!(
+        matches!(outcome[0].1, Ok(Reconciled::AlreadyBooked(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(callback_count(&server), 1);
+}

@@ -123,14 +123,19 @@ impl ExactlyOnce {
         if !status.sent_in_callbacks() {
             return Ok(Reconciled::NotFinal(status));
         }
-        // A callback's record is kept for the retention after it was acknowledged, which is
-        // after the transaction's last change: within that horizon, a missing record means
-        // the callback was never booked.
-        if let Some(untold) = untellable(&record, store.retention()) {
-            return Err(untold);
-        }
-        if let Some(reason) = unbookable(&record, max_chars) {
-            return Err(ReconcileError::Implausible(reason));
+        // What is booked is told so, whatever the record lacks; what is not is booked only
+        // when its record proves it never was (see `untellable`) and it can be booked.
+        let untold = untellable(&record, store.retention());
+        let unfit = unbookable(&record, max_chars).map(ReconcileError::Implausible);
+        if let Some(refused) = untold.or(unfit) {
+            if store
+                .callback_acknowledged(&record.nonce, status)
+                .await
+                .unwrap_or(false)
+            {
+                return Ok(Reconciled::AlreadyBooked(status));
+            }
+            return Err(refused);
         }
         let request = RequestContext {
             request_id: format!("reconcile-{reference_id}"),
@@ -154,7 +159,10 @@ impl ExactlyOnce {
 /// result with no client to book it to (`merchantClientId` missing or blank; a callback
 /// must carry `clientId`), a blank nonce (every such result would share one record), or an
 /// identifier that cannot be kept. `None` when it can be booked.
-fn unbookable(record: &crate::model::TransactionRecord, max_chars: usize) -> Option<String> {
+pub(crate) fn unbookable(
+    record: &crate::model::TransactionRecord,
+    max_chars: usize,
+) -> Option<String> {
     let client_id = record.merchant_client_id.as_deref().unwrap_or_default();
     if super::ingress::is_blank(client_id) {
         return Some("the record names no merchantClientId to book the result to".to_owned());
