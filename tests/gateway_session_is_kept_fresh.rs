@@ -205,6 +205,28 @@ async fn a_refused_login_is_not_tried_again_by_every_caller_waiting_for_it() {
 }
 
 #[tokio::test]
+async fn a_token_due_for_renewal_is_used_until_it_expires_when_the_renewal_fails() {
+    // Tokens of 4 s are renewed once 2 s of them have passed; the renewal (a login: the
+    // refresh token is too close to its own expiry) is refused, and the token, good for
+    // another 2 s, is used meanwhile.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| {
+        s.access_lifetime = TimeDelta::seconds(4);
+        s.refresh_lifetime = TimeDelta::seconds(4);
+    });
+    look_up(&client).await;
+    gateway.with(|s| s.refuse_logins = true);
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    look_up(&client).await;
+    look_up(&client).await;
+    assert_eq!(
+        gateway.with(|s| (s.login_attempts, s.logins)),
+        (2, 1),
+        "one refused renewal; the held token served both lookups"
+    );
+}
+
+#[tokio::test]
 async fn wrong_credentials_are_a_clear_error_without_the_password() {
     let (gateway, _) = gateway_with_record().await;
     let mut config = gateway.config();

@@ -113,10 +113,17 @@ impl Sessions {
         {
             return Ok(held.session.access_token.clone());
         }
+        // Renewed ahead of its expiry, a token is still good when the renewal fails: it is
+        // used until it expires (or the aggregator refuses it).
+        let still_good = current
+            .held
+            .as_ref()
+            .filter(|held| beyond(held.session.access_token_expiry_utc, TimeDelta::zero()))
+            .map(|held| held.session.access_token.clone());
         if let Some((at, error)) = &current.failed
             && at.elapsed() < RENEWAL_PAUSE
         {
-            return Err(error.clone());
+            return still_good.ok_or_else(|| error.clone());
         }
         match self.renew(client, current.held.as_ref(), &beyond).await {
             Ok(held) => {
@@ -129,7 +136,7 @@ impl Sessions {
             }
             Err(error) => {
                 current.failed = Some((Instant::now(), error.clone()));
-                Err(error)
+                still_good.ok_or(error)
             }
         }
     }
