@@ -2055,3 +2055,25 @@ async fn a_failure_recorded_while_its_status_is_being_booked_is_not_listed_after
     b.shared.purge_expired(Utc::now()).await.unwrap();
     assert_eq!(b.shared.failing_count().await.unwrap(), 0);
 }
+
+behaviour!(a_body_refused_while_its_status_is_being_booked_is_not_counted_as_failing);
+async fn a_body_refused_while_its_status_is_being_booked_is_not_counted_as_failing(b: &Backend) {
+    // A copy of the pair whose body is refused (400) arrives while a reconcile books it:
+    // its failure is recorded after the booking ends, which its check then sees.
+    let nonce = Nonce::from("n-refused");
+    let (claim, _, _) = b.claim("n-refused", TransactionStatus::Success).await;
+    let refused = tokio::spawn({
+        let store = Arc::clone(&b.shared);
+        async move {
+            store
+                .record_refused_callback(failure("n-refused", "body refused"))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    book(b.shared.as_ref(), &nonce, claim).await;
+    refused.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(b.shared.failing_callbacks().await.unwrap().is_empty());
+    assert_eq!(b.shared.failing_count().await.unwrap(), 0, "nor counted");
+}

@@ -341,14 +341,23 @@ impl ExactlyOnce {
         let status = callback.transaction_status;
         let key = WaitKey::callback(&nonce);
         let stale_after = self.stale_after(store.as_ref());
-        let begin = self
+        let begin = match self
             .begin_when_free(
                 key,
                 || store.begin_callback(&nonce, status, stale_after),
                 |b| *b == CallbackBegin::Busy,
             )
-            .await?
-            .map_err(|e| self.store_failed(Endpoint::Callback, &e))?;
+            .await
+        {
+            Ok(begun) => begun.map_err(|e| self.store_failed(Endpoint::Callback, &e))?,
+            // Still in flight after a whole handler timeout: that delivery's handler hangs
+            // (or the instance that holds it does). Counted among the failing callbacks, so
+            // that a result whose every retry meets it is seen by operators.
+            Err(problem) => {
+                keep_failure(store.as_ref(), failure_of(&callback, problem.message())).await;
+                return Err(problem);
+            }
+        };
         let (held, attempt, previous_status) = match begin {
             CallbackBegin::Claimed {
                 claim,
@@ -376,9 +385,8 @@ impl ExactlyOnce {
             effects: effects.clone(),
         };
         // What an operator needs of a failed delivery, kept before the handler takes the
-        // callback; turned into a record only if it fails.
-        let (reference, amount) = (callback.transaction_reference_id, callback.amount);
-        let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
+        // callback; recorded only if it fails.
+        let unbooked = failure_of(&callback, String::new());
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
@@ -396,14 +404,9 @@ impl ExactlyOnce {
             // it).
             if !matches!(problem, Problem::StoreFailed { .. }) {
                 let failure = CallbackFailure {
-                    nonce: nonce.clone(),
-                    status,
                     reason: problem.message(),
-                    transaction_reference_id: reference,
-                    client_id,
-                    amount,
-                    currency,
                     at: chrono::Utc::now(),
+                    ..unbooked
                 };
                 self.failing(store.as_ref(), failure, attempt).await;
             }
@@ -479,7 +482,9 @@ impl ExactlyOnce {
             reason = %Logged(&failure.reason),
             "callback refused: its body could not be read; the aggregator's retries will be refused alike (see GET /payhook/admin/callbacks/failing)"
         );
-        keep_failure(store, failure).await;
+        if let Err(error) = store.record_refused_callback(failure).await {
+            tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
+        }
     }
 
     /// A delivery whose handler failed: an error-level line for operators while the
@@ -796,6 +801,20 @@ impl Drop for Held<'_> {
     }
 }
 
+/// `callback` as a failing callback, for `reason`, now.
+fn failure_of(callback: &CallbackBody, reason: String) -> CallbackFailure {
+    CallbackFailure {
+        nonce: callback.nonce.clone(),
+        status: callback.transaction_status,
+        reason,
+        transaction_reference_id: callback.transaction_reference_id,
+        client_id: callback.client_id.clone(),
+        amount: callback.amount,
+        currency: callback.currency.clone(),
+        at: chrono::Utc::now(),
+    }
+}
+
 /// Records `failure` for operators; a store that cannot is only logged.
 async fn keep_failure(store: &dyn Store, failure: CallbackFailure) {
     if let Err(error) = store.record_callback_failure(failure).await {
@@ -992,6 +1011,21 @@ mod tests {
             1,
             "no second handler ran beside the first"
         );
+        // Operators see it among the failing callbacks (written without waiting).
+        let store = once.store().unwrap();
+        let mut failing = Vec::new();
+        for _ in 0..200 {
+            failing = store.failing_callbacks().await.unwrap();
+            if !failing.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(failing.len(), 1, "{failing:?}");
+        assert!(
+            failing[0].last_reason.contains("being processed"),
+            "{failing:?}"
+        );
         let_go.send(()).unwrap();
         let first = first.await.unwrap();
         assert!(
@@ -1002,6 +1036,10 @@ mod tests {
         let third = once.deliver(callback(), context()).await;
         assert_eq!(third.unwrap(), Delivered::Booked);
         assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+        assert!(
+            store.failing_callbacks().await.unwrap().is_empty(),
+            "booked"
+        );
     }
 
     #[tokio::test]

@@ -528,6 +528,15 @@ pub trait DedupStore: Send + Sync + 'static {
     /// is booked, or with the retention. A backend may write it without waiting.
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()>;
 
+    /// Counts a delivery of (nonce, status) refused for its body, before any claim: like
+    /// [`DedupStore::record_callback_failure`], but where another instance may be booking
+    /// the pair at this moment (a reconcile, a corrected delivery), after that booking ends,
+    /// so that a failure is never recorded beside a booking that then commits. The default
+    /// records it at once: right for a store whose writes are serialised (sled).
+    fn record_refused_callback(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
+        self.record_callback_failure(failure)
+    }
+
     /// The (nonce, status) pairs whose handler failed, or whose body was refused, and that
     /// are not booked yet, most recent failure first.
     fn failing_callbacks(&self) -> StoreFuture<'_, Vec<FailingCallback>>;

@@ -144,38 +144,25 @@ impl DedupStore for PgStore {
     }
 
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.insert_failure(self.pool(), &failure).await })
+    }
+
+    fn record_refused_callback(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let reason = cut_bytes(&failure.reason, REASON_BYTES).into_owned();
-            // A failure recorded late (an instance's clock behind, two refusals racing)
-            // moves neither end of the pair back.
-            sqlx::query(&self.sql(&format!(
-                "INSERT INTO {{s}}.callback_failures AS f (nonce_key, status, nonce, failures, \
-                   first_failed, last_failed, last_reason, reference_id, client_id, amount, \
-                   currency, expires_at) \
-                 SELECT $1, $2, $3, 1, $4, $4, $5, $6, $7, $8, $9, \
-                   now() + make_interval(secs => $10) FROM {unsynced} \
-                 WHERE NOT EXISTS (SELECT 1 FROM {{s}}.callbacks \
-                   WHERE nonce_key = $1 AND done @> ARRAY[$2]::int4[]) \
-                 ON CONFLICT (nonce_key, status) DO UPDATE SET failures = f.failures + 1, \
-                   first_failed = LEAST(f.first_failed, EXCLUDED.first_failed), \
-                   last_failed = GREATEST(f.last_failed, EXCLUDED.last_failed), \
-                   last_reason = CASE WHEN EXCLUDED.last_failed >= f.last_failed \
-                     THEN EXCLUDED.last_reason ELSE f.last_reason END, \
-                   expires_at = EXCLUDED.expires_at",
-                unsynced = super::UNSYNCED
-            )))
+            // The nonce's claim lock, waited for: a booking of the pair in progress ends
+            // first, and the insert's check then sees its mark (it runs in a statement of
+            // its own, with a snapshot taken after the wait).
+            let mut tx = self.pool().begin().await?;
+            sqlx::query(
+                &self.sql(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('{s}/callback/' || $1, 11))",
+                ),
+            )
             .bind(nonce_key(&failure.nonce))
-            .bind(failure.status.code())
-            .bind(readable(&failure.nonce))
-            .bind(failure.at)
-            .bind(readable(&reason))
-            .bind(failure.transaction_reference_id.to_string())
-            .bind(readable(&failure.client_id))
-            .bind(failure.amount.to_string())
-            .bind(readable(&failure.currency))
-            .bind(self.retention_secs())
-            .execute(self.pool())
+            .execute(&mut *tx)
             .await?;
+            self.insert_failure(&mut *tx, &failure).await?;
+            tx.commit().await?;
             Ok(())
         })
     }
@@ -278,6 +265,47 @@ impl DedupStore for PgStore {
 }
 
 impl PgStore {
+    /// Inserts or counts `failure` (see [`DedupStore::record_callback_failure`]) through
+    /// `executor`: the pool, or a transaction.
+    async fn insert_failure<'e>(
+        &self,
+        executor: impl Executor<'e, Database = sqlx::Postgres>,
+        failure: &CallbackFailure,
+    ) -> Result<(), StoreError> {
+        let reason = cut_bytes(&failure.reason, REASON_BYTES).into_owned();
+        // A failure recorded late (an instance's clock behind, two refusals racing)
+        // moves neither end of the pair back.
+        sqlx::query(&self.sql(&format!(
+            "INSERT INTO {{s}}.callback_failures AS f (nonce_key, status, nonce, failures, \
+               first_failed, last_failed, last_reason, reference_id, client_id, amount, \
+               currency, expires_at) \
+             SELECT $1, $2, $3, 1, $4, $4, $5, $6, $7, $8, $9, \
+               now() + make_interval(secs => $10) FROM {unsynced} \
+             WHERE NOT EXISTS (SELECT 1 FROM {{s}}.callbacks \
+               WHERE nonce_key = $1 AND done @> ARRAY[$2]::int4[]) \
+             ON CONFLICT (nonce_key, status) DO UPDATE SET failures = f.failures + 1, \
+               first_failed = LEAST(f.first_failed, EXCLUDED.first_failed), \
+               last_failed = GREATEST(f.last_failed, EXCLUDED.last_failed), \
+               last_reason = CASE WHEN EXCLUDED.last_failed >= f.last_failed \
+                 THEN EXCLUDED.last_reason ELSE f.last_reason END, \
+               expires_at = EXCLUDED.expires_at",
+            unsynced = super::UNSYNCED
+        )))
+        .bind(nonce_key(&failure.nonce))
+        .bind(failure.status.code())
+        .bind(readable(&failure.nonce))
+        .bind(failure.at)
+        .bind(readable(&reason))
+        .bind(failure.transaction_reference_id.to_string())
+        .bind(readable(&failure.client_id))
+        .bind(failure.amount.to_string())
+        .bind(readable(&failure.currency))
+        .bind(self.retention_secs())
+        .execute(executor)
+        .await?;
+        Ok(())
+    }
+
     /// What the booking writes besides the mark (written at the claim): the removal of the
     /// status's failure record, when the claim saw one, and the tree effects' writes — one
     /// statement, when there is anything to write.
