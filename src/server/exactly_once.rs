@@ -385,8 +385,9 @@ impl ExactlyOnce {
             effects: effects.clone(),
         };
         // What an operator needs of a failed delivery, kept before the handler takes the
-        // callback; recorded only if it fails.
-        let unbooked = failure_of(&callback, String::new());
+        // callback; turned into a record only if it fails.
+        let (reference, amount) = (callback.transaction_reference_id, callback.amount);
+        let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
@@ -404,9 +405,14 @@ impl ExactlyOnce {
             // it).
             if !matches!(problem, Problem::StoreFailed { .. }) {
                 let failure = CallbackFailure {
+                    nonce: nonce.clone(),
+                    status,
                     reason: problem.message(),
+                    transaction_reference_id: reference,
+                    client_id,
+                    amount,
+                    currency,
                     at: chrono::Utc::now(),
-                    ..unbooked
                 };
                 self.failing(store.as_ref(), failure, attempt).await;
             }
