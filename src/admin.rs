@@ -703,7 +703,7 @@ pub async fn report(
                         "{id}: cannot tell ({status}, nonce {}): {untold}; check your own books",
                         record.nonce
                     )
-                } else if let Some(unfit) = crate::server::unbookable(&record, max_chars) {
+                } else if let Err(unfit) = crate::server::bookable(&record, max_chars) {
                     lost += 1;
                     format!(
                         "{id}: LOST ({status}, nonce {}), and its record cannot be booked ({unfit}): book it by hand",

@@ -16,7 +16,8 @@
 //! make every token "about to expire" the moment it arrives, and every call refresh first.
 //!
 //! A renewal that fails is not tried again by the callers that waited for it, nor by any
-//! other for [`RENEWAL_PAUSE`]: they get its error. A pass of the outbox over hundreds of
+//! other for [`RENEWAL_PAUSE`]: they get its error, or the token held while it has not
+//! expired (a renewal ahead of expiry failed). A pass of the outbox over hundreds of
 //! queued results after a password change would otherwise send hundreds of refused logins
 //! (an account lock-out at the aggregator), and against a silent auth endpoint wait
 //! `gateway.timeout` once per result.

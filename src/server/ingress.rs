@@ -263,10 +263,27 @@ impl Ingress {
         });
         check_identifiers(&request, max_chars)?;
         request.trace(&tracing::Span::current());
-        match request.implausible() {
-            Some(reason) => Err(Problem::BadRequest(reason)),
-            None => Ok(request),
-        }
+        check_plausible(&request)?;
+        Ok(request)
+    }
+}
+
+/// What a well-formed request is refused for (400) before any handler: identifiers payhook
+/// cannot key or keep, and values that are no payment. A lost callback rebuilt from the
+/// aggregator's lookup is held to it too.
+pub(super) fn admissible(
+    request: &(impl Traced + Plausible),
+    max_chars: usize,
+) -> Result<(), Problem> {
+    check_identifiers(request, max_chars)?;
+    check_plausible(request)
+}
+
+/// Refuses a value that is no payment (see [`Plausible`]).
+fn check_plausible(request: &impl Plausible) -> Result<(), Problem> {
+    match request.implausible() {
+        Some(reason) => Err(Problem::BadRequest(reason)),
+        None => Ok(()),
     }
 }
 

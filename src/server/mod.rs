@@ -181,7 +181,7 @@ use route::{Endpoint, Route, Router};
 pub use operating_api::{AdminDecision, AdminReconcile, AdminReconciled};
 pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
-pub(crate) use reconcile::{unbookable, untellable};
+pub(crate) use reconcile::{bookable, untellable};
 
 /// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them (default
 /// paths), printed by `payhook openapi`.

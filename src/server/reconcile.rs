@@ -125,28 +125,30 @@ impl ExactlyOnce {
         }
         // What is booked is told so, whatever the record lacks; what is not is booked only
         // when its record proves it never was (see `untellable`) and it can be booked.
-        let untold = untellable(&record, store.retention());
-        let unfit = unbookable(&record, max_chars).map(ReconcileError::Implausible);
-        if let Some(refused) = untold.or(unfit) {
-            if store
-                .callback_acknowledged(&record.nonce, status)
-                .await
-                .unwrap_or(false)
-            {
-                return Ok(Reconciled::AlreadyBooked(status));
+        let booking = match (
+            untellable(&record, store.retention()),
+            bookable(&record, max_chars),
+        ) {
+            (None, Ok(callback)) => Ok(callback),
+            (Some(untold), _) => Err(untold),
+            (None, Err(why)) => Err(ReconcileError::Implausible(why)),
+        };
+        let callback = match booking {
+            Ok(callback) => callback,
+            Err(refused) => {
+                let booked = store.callback_acknowledged(&record.nonce, status).await;
+                return match booked {
+                    Ok(true) => Ok(Reconciled::AlreadyBooked(status)),
+                    _ => Err(refused),
+                };
             }
-            return Err(refused);
-        }
+        };
         let request = RequestContext {
             request_id: format!("reconcile-{reference_id}"),
             peer: None,
             received_at: Utc::now(),
             headers: HeaderMap::new(),
         };
-        let callback = record.to_callback();
-        if let Some(reason) = super::ingress::Plausible::implausible(&callback) {
-            return Err(ReconcileError::Implausible(reason));
-        }
         match self.deliver(callback, request).await {
             Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
             Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
@@ -155,29 +157,24 @@ impl ExactlyOnce {
     }
 }
 
-/// Why `record` cannot be booked as a callback where its callback would be refused (400): a
-/// result with no client to book it to (`merchantClientId` missing or blank; a callback
-/// must carry `clientId`), a blank nonce (every such result would share one record), or an
-/// identifier that cannot be kept. `None` when it can be booked.
-pub(crate) fn unbookable(
+/// The callback `record` stands for, to book; or why it cannot be booked: no client to book
+/// it to (`merchantClientId` missing or blank), or what its callback would be refused for
+/// (400) before any handler (see `ingress::admissible`: a blank nonce, an identifier that
+/// cannot be kept, a negative amount).
+pub(crate) fn bookable(
     record: &crate::model::TransactionRecord,
     max_chars: usize,
-) -> Option<String> {
-    let client_id = record.merchant_client_id.as_deref().unwrap_or_default();
-    if super::ingress::is_blank(client_id) {
-        return Some("the record names no merchantClientId to book the result to".to_owned());
+) -> Result<crate::model::CallbackBody, String> {
+    if record
+        .merchant_client_id
+        .as_deref()
+        .is_none_or(super::ingress::is_blank)
+    {
+        return Err("the record names no merchantClientId to book the result to".to_owned());
     }
-    if super::ingress::is_blank(&record.nonce) {
-        return Some("the record's nonce is empty or blank".to_owned());
-    }
-    [
-        ("nonce", record.nonce.as_str()),
-        ("merchantClientId", client_id),
-    ]
-    .into_iter()
-    .find_map(|(field, value)| {
-        super::ingress::unkeepable(value, max_chars).map(|why| format!("`{field}`: {why}"))
-    })
+    let callback = record.to_callback();
+    super::ingress::admissible(&callback, max_chars).map_err(|refused| refused.message())?;
+    Ok(callback)
 }
 
 /// Why whether `record`'s result was booked cannot be told from a store of `retention`: a

@@ -149,9 +149,10 @@ impl DedupStore for PgStore {
 
     fn record_refused_callback(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            // The nonce's claim lock, waited for: a booking of the pair in progress ends
-            // first, and the insert's check then sees its mark (it runs in a statement of
-            // its own, with a snapshot taken after the wait).
+            // The nonce's claim lock (the key `{schema}.claim_callback` of migration 0002
+            // takes), waited for: a booking of the pair in progress ends first, and the
+            // insert's check then sees its mark (it runs in a statement of its own, with a
+            // snapshot taken after the wait). Nothing here holds a claim to wait on itself.
             let mut tx = self.pool().begin().await?;
             sqlx::query(
                 &self.sql(
