@@ -14,9 +14,9 @@ use super::request;
 
 /// Sends `request` and reads one answer by its `Content-Length` (chromedriver keeps the
 /// connection open whatever `Connection: close` says).
-async fn exchange_sized(addr: SocketAddr, request: &[u8]) -> (u16, Vec<u8>) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
+async fn exchange_sized(addr: SocketAddr, request: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request).await?;
     let mut raw = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
     let read = async {
@@ -34,17 +34,19 @@ async fn exchange_sized(addr: SocketAddr, request: &[u8]) -> (u16, Vec<u8>) {
                         .nth(1)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(0);
-                    return (status, raw[end + 4..end + 4 + length].to_vec());
+                    return Ok((status, raw[end + 4..end + 4 + length].to_vec()));
                 }
             }
-            let n = stream.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "WebDriver closed the connection mid-answer");
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
             raw.extend_from_slice(&chunk[..n]);
         }
     };
     tokio::time::timeout(PAGE_DEADLINE * 2, read)
         .await
-        .expect("WebDriver answered")
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// The key of an element reference in WebDriver's answers.
@@ -55,10 +57,10 @@ pub const PAGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A browser session, and the driver that runs it.
 pub struct Browser {
-    driver: Child,
+    driver: std::sync::Mutex<Child>,
     addr: SocketAddr,
     session: String,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 /// Where Debian puts them; `PAYHOOK_CHROMIUM` and `PAYHOOK_CHROMEDRIVER` name others.
@@ -80,32 +82,16 @@ impl Browser {
     /// Starts the driver and a headless session; `Err` says why there is no browser here.
     pub async fn start() -> Result<Self, String> {
         let (chromium, chromedriver) = installed()?;
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap().port()
-        };
-        let driver = Command::new(chromedriver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start chromedriver: {e}"))?;
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let profile = tempfile::tempdir().unwrap();
+        let log = profile.path().join("chromedriver.log");
+        let (driver, port) = Self::spawn_driver(&chromedriver, &log).await?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut browser = Self {
-            driver,
+            driver: std::sync::Mutex::new(driver),
             addr,
             session: String::new(),
-            _profile: profile,
+            profile,
         };
-        let started = Instant::now();
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            assert!(
-                started.elapsed() < PAGE_DEADLINE,
-                "chromedriver did not listen"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -113,7 +99,7 @@ impl Browser {
                 "args": [
                     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--window-size=1400,1000",
-                    format!("--user-data-dir={}", browser._profile.path().display()),
+                    format!("--user-data-dir={}", browser.profile.path().display()),
                 ],
             },
         }}});
@@ -125,6 +111,57 @@ impl Browser {
             .unwrap_or_else(|| panic!("no session: {created}"))
             .to_owned();
         Ok(browser)
+    }
+
+    /// Starts chromedriver on a port of its own choosing (`--port=0`) and reads the port
+    /// from what it prints once it listens. Choosing a free port here and handing it over
+    /// would leave a window in which another server of the same test binary takes it, and
+    /// the commands meant for the driver would reach that server.
+    /// Its log goes to `log`, which a failed command quotes.
+    async fn spawn_driver(
+        chromedriver: &str,
+        log: &std::path::Path,
+    ) -> Result<(Child, u16), String> {
+        let mut driver = Command::new(chromedriver)
+            .arg("--port=0")
+            .arg("--log-level=INFO")
+            .arg(format!("--log-path={}", log.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start chromedriver: {e}"))?;
+        let stdout = driver.stdout.take().expect("piped");
+        let (tell, told) = tokio::sync::oneshot::channel();
+        // Reads to the end, so the driver never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut tell = Some(tell);
+            let mut seen = String::new();
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+                let Ok(line) = line else { break };
+                if tell.is_none() {
+                    continue;
+                }
+                let port = line
+                    .split_once("started successfully on port ")
+                    .and_then(|(_, rest)| rest.trim_end_matches('.').trim().parse::<u16>().ok());
+                match port {
+                    Some(port) => drop(tell.take().map(|t| t.send(Ok(port)))),
+                    None => seen.push_str(&format!("{line}\n")),
+                }
+            }
+            if let Some(tell) = tell {
+                let _ = tell.send(Err(seen));
+            }
+        });
+        let why = match tokio::time::timeout(PAGE_DEADLINE, told).await {
+            Ok(Ok(Ok(port))) => return Ok((driver, port)),
+            Ok(Ok(Err(printed))) => format!("it stopped after printing:\n{printed}"),
+            Ok(Err(_)) => "its output could not be read".to_owned(),
+            Err(_) => format!("it did not listen within {PAGE_DEADLINE:?}"),
+        };
+        let _ = driver.kill();
+        let status = driver.wait();
+        panic!("chromedriver did not start ({status:?}): {why}")
     }
 
     /// One WebDriver command; its `value`.
@@ -142,7 +179,8 @@ impl Browser {
             self.addr,
             &request(method, path, &headers, body.as_deref().map(str::as_bytes)),
         )
-        .await;
+        .await
+        .unwrap_or_else(|e| panic!("WebDriver {method} {path}: {e}; {}", self.driver_state()));
         let value: Value = serde_json::from_slice(&answer).unwrap_or_else(|e| {
             panic!(
                 "WebDriver answered {e}: {:?}",
@@ -150,6 +188,21 @@ impl Browser {
             )
         });
         (status, value["value"].clone())
+    }
+
+    /// Whether the driver still runs, and the end of its log: what a failed exchange shows.
+    fn driver_state(&self) -> String {
+        let running = match self.driver.lock().map(|mut d| d.try_wait()) {
+            Ok(Ok(None)) => "chromedriver is running".to_owned(),
+            Ok(Ok(Some(status))) => format!("chromedriver exited: {status}"),
+            Ok(Err(e)) => format!("chromedriver's state is unknown: {e}"),
+            Err(_) => "chromedriver's state is unknown".to_owned(),
+        };
+        let log = std::fs::read_to_string(self.profile.path().join("chromedriver.log"))
+            .unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        format!("{running}; the end of its log:\n{tail}")
     }
 
     fn path(&self, rest: &str) -> String {
@@ -397,16 +450,16 @@ impl Browser {
     }
 
     /// Ends the session (the browser exits) and stops the driver.
-    pub async fn quit(mut self) {
+    pub async fn quit(self) {
         self.command("DELETE", &self.path(""), None).await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        if let Ok(driver) = self.driver.get_mut() {
+            let _ = driver.kill();
+            let _ = driver.wait();
+        }
     }
 }
