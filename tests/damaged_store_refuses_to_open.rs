@@ -96,6 +96,13 @@ fn damage(path: &Path, how: &str, other_store: &Path) {
             }
         }
         "watermark removed" => std::fs::remove_file(path.join("payhook.watermark")).unwrap(),
+        "seal undecodable" => {
+            // sled's own checks pass: the record is whole, its value is not a seal.
+            let db = sled::open(path).unwrap();
+            let tree = db.open_tree("payhook").unwrap();
+            tree.insert(b"m\0seal", &garbage[..7]).unwrap();
+            db.flush().unwrap();
+        }
         other => panic!("no damage {other}"),
     }
 }
@@ -117,7 +124,7 @@ fn overwrite(file: &Path, offset: u64, bytes: &[u8]) {
     file.sync_all().unwrap();
 }
 
-const DAMAGES: [&str; 8] = [
+const DAMAGES: [&str; 9] = [
     "data file truncated to half",
     "4 KiB of garbage in the middle of the data file",
     "data file truncated to zero",
@@ -126,6 +133,7 @@ const DAMAGES: [&str; 8] = [
     "garbage conf",
     "data file of another store",
     "watermark removed",
+    "seal undecodable",
 ];
 
 /// The pristine store and another store's, built once per test.
@@ -179,6 +187,13 @@ async fn every_damage_is_refused_with_the_path_what_is_missing_and_the_way_out()
             ("conf removed" | "garbage conf", IntegrityError::Unreadable { .. })
             | ("data file of another store", IntegrityError::ForeignData { .. })
             | ("watermark removed", IntegrityError::Watermark { missing: true, .. }) => {}
+            ("seal undecodable", IntegrityError::DamagedSeal { acknowledged, .. }) => {
+                assert_eq!(
+                    acknowledged.map(|mark| mark.commit),
+                    Some(ACKNOWLEDGED as u64),
+                    "{message}"
+                );
+            }
             (how, other) => panic!("{how}: not the expected refusal: {other}"),
         }
         assert!(
@@ -243,6 +258,48 @@ async fn an_operator_who_accepts_the_loss_can_serve_on_what_is_left_and_it_is_re
     SledStore::open(&config(&path), &["ledger"]).unwrap();
     // Accepting on a sound store changes nothing.
     assert_eq!(SledStore::accept_loss(&config(&pristine)).unwrap(), None);
+}
+
+/// A seal that does not decode leaves the operator the same way out as any other damage:
+/// accept-loss seals the store anew (a new id) and it serves on the records it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_seal_is_damaged_can_be_accepted_and_keeps_its_records() {
+    let root = tempfile::tempdir().unwrap();
+    let (pristine, other) = pristine(root.path()).await;
+    let path = root.path().join("damaged");
+    copy_dir(&pristine, &path);
+    damage(&path, "seal undecodable", &other);
+    assert!(SledStore::open(&config(&path), &["ledger"]).is_err());
+
+    let given_up = SledStore::accept_loss(&config(&path)).unwrap();
+    assert!(
+        matches!(given_up, Some(IntegrityError::DamagedSeal { .. })),
+        "{given_up:?}"
+    );
+    let audit = std::fs::read_to_string(path.join("payhook.audit.log")).unwrap();
+    assert!(
+        audit.contains("seal") && audit.contains("is damaged"),
+        "{audit}"
+    );
+    let report = SledStore::check(&config(&path)).unwrap();
+    assert_eq!(report.held.commit, 0, "sealed anew");
+    let before = SledStore::check(&config(&pristine)).unwrap();
+    assert_ne!(report.held.store_id, before.held.store_id);
+
+    // The records it held are still there: an acknowledged nonce is a duplicate.
+    let store = SledStore::open(&config(&path), &["ledger"]).unwrap();
+    let begun = store
+        .begin_callback(
+            &Nonce::from("nonce-0007"),
+            TransactionStatus::Success,
+            STALE,
+        )
+        .await
+        .unwrap();
+    assert!(
+        !matches!(begun, CallbackBegin::Claimed { .. }),
+        "an acknowledged callback would be booked again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,6 +177,27 @@ pub enum IntegrityError {
         /// The last commit sled holds, if any.
         held: Option<Seal>,
     },
+    /// sled holds a seal payhook cannot read: the record of its last commit is damaged, so
+    /// what it holds cannot be compared with what was acknowledged.
+    #[error(
+        "the store at {} cannot prove it holds everything it acknowledged: sled's seal (the \
+         record of its last commit, key `m\\0seal`) is damaged, and {}. Restore the directory \
+         from a backup, or check the data against the aggregator's reports (`payhook reconcile \
+         --ref ...`), then run `payhook store accept-loss --data {}` to seal it anew and serve \
+         on what it holds",
+        path.display(),
+        acknowledged.map_or_else(
+            || "no watermark says what was acknowledged".to_owned(),
+            |mark| format!("{mark} was acknowledged")
+        ),
+        path.display()
+    )]
+    DamagedSeal {
+        /// The store's directory.
+        path: PathBuf,
+        /// The last commit acknowledged, when the watermark says.
+        acknowledged: Option<Seal>,
+    },
     /// sled could not read its own files (its configuration or log is damaged).
     #[error(
         "the store at {} is damaged: sled cannot read it ({reason}). Restore the directory \
@@ -213,21 +234,17 @@ impl fmt::Debug for Watermark {
 /// What the directory holds, read without changing anything.
 struct Found {
     held: Option<Seal>,
+    /// sled holds a seal that does not decode (`held` is then `None`).
+    damaged_seal: bool,
     /// `None`: no watermark file; `Some(None)`: a file with no valid slot.
     watermark: Option<Option<Seal>>,
 }
 
 impl Found {
     fn read(dir: &Path, tree: &sled::Tree) -> Result<Self, StoreError> {
-        let held = tree
-            .get(keys::SEAL)?
-            .map(|bytes| {
-                Seal::decode(&bytes).ok_or_else(|| StoreError::Corrupt {
-                    key: "seal".into(),
-                    reason: "not a seal".into(),
-                })
-            })
-            .transpose()?;
+        let stored = tree.get(keys::SEAL)?;
+        let held = stored.as_deref().and_then(Seal::decode);
+        let damaged_seal = stored.is_some() && held.is_none();
         let watermark = match File::open(dir.join(FILE_NAME)) {
             Ok(mut file) => {
                 let mut bytes = Vec::new();
@@ -237,13 +254,23 @@ impl Found {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io_error(dir, e)),
         };
-        Ok(Self { held, watermark })
+        Ok(Self {
+            held,
+            damaged_seal,
+            watermark,
+        })
     }
 
     /// Checks sled's seal against the watermark: the seal the store continues from, `None`
     /// for a store never sealed (new, or written by a payhook before seals), or what is lost.
     fn verdict(&self, dir: &Path) -> Result<Option<Seal>, IntegrityError> {
         let path = dir.to_path_buf();
+        if self.damaged_seal {
+            return Err(IntegrityError::DamagedSeal {
+                path,
+                acknowledged: self.watermark.flatten(),
+            });
+        }
         match (self.held, self.watermark) {
             (None, None) => Ok(None),
             // Created, and cut off before the first commit was acknowledged.
@@ -300,7 +327,8 @@ impl Watermark {
     }
 
     /// The operator's decision to serve on what sled holds: the watermark moves to sled's
-    /// seal (a new seal when sled holds none). Returns what was given up, if anything.
+    /// seal (a new seal when sled holds none, or one that does not decode). Returns what was
+    /// given up, if anything.
     pub(crate) fn accept_loss(
         dir: &Path,
         db: &sled::Db,
