@@ -45,7 +45,7 @@ async fn the_demo_stays_up_with_its_inspector_until_interrupted() {
             });
         if let Some(at) = line
             .find("http://")
-            .filter(|_| line.contains("/payhook/admin/inspector?token="))
+            .filter(|_| line.contains("/payhook/admin/inspector#token="))
         {
             break line[at..].trim().to_owned();
         }
@@ -59,7 +59,22 @@ async fn the_demo_stays_up_with_its_inspector_until_interrupted() {
     let rest = url.strip_prefix("http://").unwrap();
     let (addr, path) = rest.split_once('/').unwrap();
     let addr = addr.parse().unwrap();
-    let login = exchange(addr, &request("GET", &format!("/{path}"), &[], None)).await;
+    // The token is in the fragment, which a browser never sends: the page's form takes it.
+    let (path, token) = path.split_once("#token=").unwrap();
+    let asked = exchange(addr, &request("GET", &format!("/{path}"), &[], None)).await;
+    assert_eq!(asked.status, 401);
+    assert!(String::from_utf8_lossy(&asked.body).contains("location.hash"));
+    let form = format!("token={token}");
+    let login = exchange(
+        addr,
+        &request(
+            "POST",
+            &format!("/{path}/login"),
+            &[("content-type", "application/x-www-form-urlencoded")],
+            Some(form.as_bytes()),
+        ),
+    )
+    .await;
     assert_eq!(
         login.status,
         303,

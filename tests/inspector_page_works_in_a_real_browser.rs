@@ -1,7 +1,8 @@
 //! The inspector's page in a real browser (headless Chromium over WebDriver) against a real
 //! service and the fake aggregator: the token opens it, a callback and a postponed
 //! validation appear without a reload, **Approve** is clicked, the result reaches the
-//! aggregator, and the page shows it delivered. A panel of buttons that act on money is not
+//! aggregator, and the page shows it delivered; logging out ends the session, and a
+//! `#token=` link logs in again. A panel of buttons that act on money is not
 //! rebuilt under the pointer: a click lands on the validation the operator pointed at.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
@@ -121,7 +122,24 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     if let Some(path) = std::env::var_os("PAYHOOK_SCREENSHOT") {
         std::fs::write(path, browser.screenshot().await).unwrap();
     }
+
+    // Logging out ends the session: the page asks for the token again. A link with the
+    // token in its fragment (never sent, so in no log) logs in, and leaves no token in the
+    // address.
+    browser.wait_and_click("button#logout").await;
+    browser.wait_for("input#token").await;
+    log_in_by_link(&browser, &server).await;
     browser.quit().await;
+}
+
+/// Opens the inspector of `server` in `browser` with a `#token=…` link, as `payhook demo
+/// --inspect` prints it.
+async fn log_in_by_link(browser: &Browser, server: &TestServer) {
+    let page = format!("http://{}/payhook/admin/inspector", server.addr);
+    browser.goto(&format!("{page}#token={TOKEN}")).await;
+    browser.wait_for("section#health dd#store-state").await;
+    let shown = browser.url().await;
+    assert_eq!(shown, page, "the token left in the address");
 }
 
 /// Three validations wait; the operator points at the second one's **Approve**. Meanwhile
@@ -151,7 +169,7 @@ async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
         );
         assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
     }
-    log_in(&browser, &server).await;
+    log_in_by_link(&browser, &server).await;
     browser
         .hover("button[data-action=approve][data-id='2']")
         .await;

@@ -246,9 +246,6 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         Some("text/html; charset=utf-8")
     );
     assert!(String::from_utf8_lossy(&asked.body).contains("name=token"));
-    let wrong = server.send(&page(&[], "?token=not-the-token-000000")).await;
-    assert_eq!(wrong.status, 401);
-    assert!(String::from_utf8_lossy(&wrong.body).contains("invalid token"));
     let wrong_form = server
         .send(&post(
             "/payhook/admin/inspector/login",
@@ -258,7 +255,10 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         .await;
     assert_eq!(wrong_form.status, 401);
     assert!(wrong_form.header("set-cookie").is_none());
-    assert!(String::from_utf8_lossy(&wrong_form.body).contains("invalid token"));
+    let again = String::from_utf8_lossy(&wrong_form.body);
+    assert!(again.contains("invalid token"), "{again}");
+    // Answered at …/inspector/login, the form posts to the same address again.
+    assert!(again.contains("action=login "), "{again}");
 
     let login = server
         .send(&post(
@@ -293,16 +293,17 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     }
     assert!(shown.header("content-security-policy").is_some());
     assert!(cookie.contains("Max-Age=43200"), "{cookie}");
-    // A session is the token's signature of its login time: another time is no session, and
-    // one signed by the token longer ago than its life is over.
+    // A session is the token's signature of its login time and a random id: another time
+    // or id is no session, and one signed by the token longer ago than its life is over.
     let signed = |issued: u64| {
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, TOKEN.as_bytes());
+        let id = "00112233445566778899aabbccddeeff";
         let tag = ring::hmac::sign(
             &key,
-            format!("payhook inspector session {issued}").as_bytes(),
+            format!("payhook inspector session {issued} {id}").as_bytes(),
         );
         let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        format!("payhook_admin={issued}.{hex}")
+        format!("payhook_admin={issued}.{id}.{hex}")
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -316,15 +317,23 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         200,
         "the test signs sessions as the server does"
     );
-    let (issued, tag) = session
-        .strip_prefix("payhook_admin=")
-        .and_then(|value| value.split_once('.'))
-        .unwrap();
-    let other_time = format!("payhook_admin={}.{tag}", issued.parse::<u64>().unwrap() - 1);
+    let value = session.strip_prefix("payhook_admin=").unwrap();
+    let [issued, id, tag] = value.split('.').collect::<Vec<_>>()[..] else {
+        panic!("a session is its time, its id and their tag: {value}");
+    };
+    assert_eq!(id.len(), 32, "{value}");
+    let other_time = format!(
+        "payhook_admin={}.{id}.{tag}",
+        issued.parse::<u64>().unwrap() - 1
+    );
+    let other_id = format!("payhook_admin={issued}.{}.{tag}", "0".repeat(32));
     for refused in [
         "payhook_admin=00112233".to_owned(),
-        format!("payhook_admin={issued}.not-hex"),
+        format!("payhook_admin={issued}.{id}.not-hex"),
+        format!("payhook_admin={issued}.{tag}"),
+        format!("payhook_admin={value}.00"),
         other_time,
+        other_id,
         signed(now - 13 * 3600),
         signed(now + 3600),
     ] {
@@ -631,4 +640,111 @@ async fn a_secret_under_a_header_of_the_merchant_s_naming_is_never_kept() {
     assert_eq!(refused.status, 400);
     let nonce = refused.nonce.as_deref().unwrap();
     assert_eq!(nonce, format!("{}…", "n".repeat(max_chars)));
+}
+
+/// The session cookie a login with `headers` sets (its whole `Set-Cookie`).
+async fn logged_in(server: &TestServer, headers: &[(&str, &str)]) -> String {
+    let mut headers = headers.to_vec();
+    headers.push(("content-type", "application/x-www-form-urlencoded"));
+    let login = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &headers,
+            format!("token={TOKEN}").as_bytes(),
+        ))
+        .await;
+    assert_eq!(
+        login.status,
+        303,
+        "{}",
+        String::from_utf8_lossy(&login.body)
+    );
+    login.header("set-cookie").unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_session() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let page = |cookie: &str| {
+        request(
+            "GET",
+            "/payhook/admin/inspector",
+            &[("cookie", cookie)],
+            None,
+        )
+    };
+
+    // The right token in the query opens nothing: it would stay in logs and the history.
+    let in_query = server
+        .send(&request(
+            "GET",
+            &format!("/payhook/admin/inspector?token={TOKEN}"),
+            &[],
+            None,
+        ))
+        .await;
+    assert_eq!(in_query.status, 401);
+    assert!(in_query.header("set-cookie").is_none());
+    let asked = String::from_utf8_lossy(&in_query.body);
+    assert!(asked.contains("#token="), "{asked}");
+    assert!(!asked.contains(TOKEN), "{asked}");
+    // The form the page shows posts relative to the page, and a fragment fills it.
+    assert!(asked.contains("action=inspector/login "), "{asked}");
+    assert!(asked.contains("location.hash"), "{asked}");
+
+    // Over plain HTTP the cookie is not `Secure` (the browser would drop it), whatever the
+    // client says of itself; behind a trusted proxy that was reached over HTTPS, it is.
+    let plain = logged_in(&server, &[]).await;
+    assert!(!plain.contains("Secure"), "{plain}");
+    let claimed = logged_in(&server, &[("x-forwarded-proto", "https")]).await;
+    assert!(!claimed.contains("Secure"), "{claimed}");
+    let mut behind_proxy = config(&gateway);
+    behind_proxy.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    let proxied = TestServer::start_with(behind_proxy).await;
+    let via = |proto| [("x-forwarded-for", "::1"), ("x-forwarded-proto", proto)];
+    let secure = logged_in(&proxied, &via("https")).await;
+    assert!(secure.contains("; Secure"), "{secure}");
+    let not_secure = logged_in(&proxied, &via("http")).await;
+    assert!(!not_secure.contains("Secure"), "{not_secure}");
+    let session = plain.split(';').next().unwrap().to_owned();
+    assert_eq!(server.send(&page(&session)).await.status, 200);
+
+    // Logging out: only from the page (its header), then the cookie is removed, and the
+    // session is refused even to whoever kept a copy of it.
+    let logout = |headers: Vec<(&'static str, String)>| {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post("/payhook/admin/inspector/logout", &headers, b"")
+    };
+    let cross_site = server
+        .send(&logout(vec![("cookie", session.clone())]))
+        .await;
+    assert_eq!(cross_site.status, 403);
+    assert_eq!(server.send(&page(&session)).await.status, 200);
+    let other = logged_in(&server, &[]).await;
+    let other = other.split(';').next().unwrap().to_owned();
+    let out = server
+        .send(&logout(vec![
+            ("cookie", session.clone()),
+            ("x-payhook-inspector", "1".into()),
+        ]))
+        .await;
+    assert_eq!((out.status, out.message()), (200, "logged out".into()));
+    let removed = out.header("set-cookie").unwrap();
+    assert!(
+        removed.starts_with("payhook_admin=;") && removed.contains("Max-Age=0"),
+        "{removed}"
+    );
+    assert_eq!(server.send(&page(&session)).await.status, 401);
+    let panel = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector/health",
+            &[("cookie", &session)],
+            None,
+        ))
+        .await;
+    assert_eq!(panel.status, 401);
+    // Another login's session is its own: it goes on.
+    assert_eq!(server.send(&page(&other)).await.status, 200);
 }

@@ -67,17 +67,47 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// The page asking for the admin token (no token, or a wrong one).
-pub(crate) fn login(problem: Option<&str>) -> String {
+/// Which address answered with the login form: its form posts relative to it, so that the
+/// page works behind a proxy that serves it under another prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoginFrom {
+    /// `…/inspector`, the page's own address.
+    Page,
+    /// `…/inspector/login`, after a wrong token.
+    Login,
+}
+
+/// The page asking for the admin token (no token, or a wrong one). A `#token=…` fragment
+/// (never sent to the server, so in no log) fills the form, leaves the address and submits.
+pub(crate) fn login(problem: Option<&str>, from: LoginFrom) -> String {
     let problem = problem.map_or_else(String::new, |p| format!("<p class=bad>{}</p>", escape(p)));
+    let action = match from {
+        LoginFrom::Page => "inspector/login",
+        LoginFrom::Login => "login",
+    };
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
          <style>{STYLE}</style></head><body><h1>payhook inspector</h1>{problem}\
-         <form method=post action=inspector/login><label>Admin token \
+         <form method=post action={action} id=login-form><label>Admin token \
          <input type=password name=token id=token autofocus></label> \
-         <button id=login>Open</button></form></body></html>"
+         <button id=login>Open</button></form><script>{LOGIN_SCRIPT}</script></body></html>"
     )
 }
+
+/// Takes the token from a `#token=…` fragment into the form, removes it from the address
+/// (and so from the history) and submits the form: when the page opens, and when only the
+/// fragment changes (a link pasted into the tab that shows the form).
+const LOGIN_SCRIPT: &str = r#"
+function take() {
+  const given = location.hash.match(/^#token=(.+)$/);
+  if (!given) return;
+  history.replaceState(null, '', location.pathname);
+  document.getElementById('token').value = decodeURIComponent(given[1]);
+  document.getElementById('login-form').submit();
+}
+window.addEventListener('hashchange', take);
+take();
+"#;
 
 /// The whole page, with each panel rendered now.
 pub(crate) fn page(
@@ -90,7 +120,7 @@ pub(crate) fn page(
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
          <style>{STYLE}</style></head><body>\
-         <h1>payhook inspector</h1>\
+         <h1>payhook inspector <button id=logout data-action=logout>Log out</button></h1>\
          <section id=health>{health}</section>\
          <section><h2>Deliveries</h2>\
          <form id=filter><input name=nonce placeholder=nonce> <input name=client placeholder=client> \
@@ -397,7 +427,7 @@ th{background:#f4f4f4}.refused td.outcome,.failed td.outcome,.bad{color:#b00}\
 .booked td.outcome,.allowed td.outcome,.good,.delivered td.state{color:#070}\
 .empty{color:#777}dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}\
 dt{color:#555}dd{margin:0}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}\
-section#health{background:#fafafa;padding:4px 12px}";
+section#health{background:#fafafa;padding:4px 12px}#logout{float:right;font-size:13px}";
 
 const SCRIPT: &str = r#"
 const base = location.pathname.replace(/inspector\/?$/, '');
@@ -477,6 +507,11 @@ document.addEventListener('click', async (event) => {
     case 'approve': return act('validations/' + id, {success: true, description: description()}, button);
     case 'deny': return act('validations/' + id, {success: false, description: description()}, button);
     case 'retry': return act('outbox/' + id + '/retry', null, button);
+    case 'logout': {
+      await fetch(base + 'inspector/logout', {method: 'POST', credentials: 'same-origin',
+        headers: {'x-payhook-inspector': '1'}});
+      return location.reload();
+    }
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'detail': {
       const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq);

@@ -91,6 +91,24 @@ impl Ingress {
         self.client_of(peer, request.headers())
     }
 
+    /// Whether the browser reached the service over HTTPS, as a trusted proxy says
+    /// (`X-Forwarded-Proto: https`, its left-most value: the client's side). payhook serves
+    /// plain HTTP itself, so a request from anyone else came over HTTP.
+    pub(super) fn forwarded_https<B>(&self, request: &Request<B>) -> bool {
+        let from_proxy = request.extensions().get::<PeerAddr>().is_some_and(|peer| {
+            self.trusted_proxies
+                .iter()
+                .any(|net| net.contains(peer.0.ip()))
+        });
+        from_proxy
+            && request
+                .headers()
+                .get("x-forwarded-proto")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(',').next())
+                .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+    }
+
     /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the
     /// right-most `X-Forwarded-For` address that is not a trusted proxy. `None` when unknown
     /// (no peer; a trusted proxy that sent no `X-Forwarded-For`, a malformed one, or one

@@ -7,7 +7,9 @@
 //! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
 //! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
-//! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, the form asking for the token, which sets the page's session cookie |
+//! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
+//! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token |
+//! | `POST /payhook/admin/inspector/logout` | 200 `logged out`: the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
@@ -16,7 +18,8 @@
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
-//! `SameSite=Strict`; the login's time and its HMAC under a key derived from the token, not
+//! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
+//! HTTPS; the login's time, a random id and their HMAC under a key derived from the token, not
 //! the token; good for 12 hours, and for no other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
 //! send.
@@ -53,8 +56,23 @@ pub(super) struct AdminAccess {
     /// Signs the inspector's sessions: a key derived from the token, so that the cookie is
     /// not the token itself, and a new token ends every session.
     session_key: ring::hmac::Key,
+    /// The sessions ended by logging out, until their life would have ended anyway.
+    ended: std::sync::Mutex<Ended>,
     allow: Vec<Cidr>,
 }
+
+/// Sessions ended before their time: each by its login time and id, and every session
+/// issued up to `all_through` (seconds since the Unix epoch) once more were ended than are
+/// kept one by one. Kept in memory: a restart forgets them (a session copied before its
+/// logout is good again until its 12 hours are over).
+#[derive(Default)]
+struct Ended {
+    sessions: std::collections::HashSet<Session>,
+    all_through: u64,
+}
+
+/// How many ended sessions are kept one by one; beyond, every session so far is ended.
+const ENDED_KEPT: usize = 1024;
 
 /// The inspector's session cookie.
 const SESSION_COOKIE: &str = "payhook_admin";
@@ -63,10 +81,14 @@ const SESSION_COOKIE: &str = "payhook_admin";
 /// again. A copied cookie is the operator's power over validations for no longer than this.
 const SESSION_LIFETIME_SECS: u64 = 12 * 60 * 60;
 
-/// What a session's HMAC signs: its login time.
-fn session_message(issued: u64) -> Vec<u8> {
-    format!("payhook inspector session {issued}").into_bytes()
+/// What a session's HMAC signs: its login time and its random id (hex), which tells apart
+/// two logins of the same second.
+fn session_message(issued: u64, id: &str) -> Vec<u8> {
+    format!("payhook inspector session {issued} {id}").into_bytes()
 }
+
+/// A session, as its cookie names it: the login time and the random id.
+type Session = (u64, String);
 
 /// Seconds since the Unix epoch, now.
 fn now_secs() -> u64 {
@@ -80,6 +102,7 @@ impl AdminAccess {
         Some(Self {
             token: Expected::new(token.expose().as_bytes()),
             session_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose().as_bytes()),
+            ended: std::sync::Mutex::default(),
             allow: config
                 .allow_ips
                 .iter()
@@ -112,6 +135,11 @@ impl AdminAccess {
     }
 
     fn has_session(&self, headers: &HeaderMap) -> bool {
+        self.session_of(headers).is_some()
+    }
+
+    /// The good session the request's cookies hold, if any.
+    fn session_of(&self, headers: &HeaderMap) -> Option<Session> {
         let now = now_secs();
         headers
             .get_all(http::header::COOKIE)
@@ -119,27 +147,79 @@ impl AdminAccess {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(';'))
             .filter_map(|pair| pair.trim().split_once('='))
-            .any(|(name, value)| name == SESSION_COOKIE && self.is_session(value, now))
+            .filter(|(name, _)| *name == SESSION_COOKIE)
+            .find_map(|(_, value)| self.session_in(value, now))
     }
 
-    /// The session cookie's value for a login at `issued` (seconds since the Unix epoch):
-    /// the time, and in hex its HMAC under the token's key.
-    fn session(&self, issued: u64) -> String {
-        let tag = ring::hmac::sign(&self.session_key, &session_message(issued));
-        format!("{issued}.{}", Encoding::Hex.encode(tag.as_ref()))
+    /// The session cookie's value for a login now: the time, a random id, and in hex their
+    /// HMAC under the token's key. Never a time whose sessions were all ended.
+    fn new_session(&self) -> Result<String, Problem> {
+        let issued = now_secs().max(self.ended().all_through.saturating_add(1));
+        let id: [u8; 16] = ring::rand::generate(&ring::rand::SystemRandom::new())
+            .map(|random| random.expose())
+            .map_err(|_| Problem::RetryLater {
+                reason: "no random bytes for a session".into(),
+                retry_after: Duration::from_secs(1),
+            })?;
+        let id = Encoding::Hex.encode(&id);
+        let tag = ring::hmac::sign(&self.session_key, &session_message(issued, &id));
+        Ok(format!(
+            "{issued}.{id}.{}",
+            Encoding::Hex.encode(tag.as_ref())
+        ))
     }
 
-    /// `true` for a session this token signed (compared in constant time), issued within
-    /// [`SESSION_LIFETIME_SECS`] before `now` (and not after it, give or take a minute).
-    fn is_session(&self, value: &str, now: u64) -> bool {
-        let Some((issued, tag)) = value.split_once('.') else {
-            return false;
-        };
+    /// The session `value` names, when this token signed it (compared in constant time)
+    /// within [`SESSION_LIFETIME_SECS`] before `now` (and not after it, give or take a
+    /// minute) and it was not ended.
+    fn session_in(&self, value: &str, now: u64) -> Option<Session> {
+        let mut parts = value.split('.');
+        let (issued, id, tag) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
         let (Ok(issued), Ok(tag)) = (issued.parse::<u64>(), Encoding::Hex.decode(tag)) else {
-            return false;
+            return None;
         };
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
-        fresh && ring::hmac::verify(&self.session_key, &session_message(issued), &tag).is_ok()
+        let message = session_message(issued, id);
+        let signed = ring::hmac::verify(&self.session_key, &message, &tag).is_ok();
+        let session = (issued, id.to_owned());
+        let ended = {
+            let ended = self.ended();
+            issued <= ended.all_through || ended.sessions.contains(&session)
+        };
+        (fresh && signed && !ended).then_some(session)
+    }
+
+    fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
+        self.ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ends the session the request holds (logging out): it is refused from now on, and
+    /// kept as ended until its life would have ended anyway.
+    fn end_session(&self, headers: &HeaderMap) {
+        let Some(session) = self.session_of(headers) else {
+            return;
+        };
+        let now = now_secs();
+        let mut ended = self.ended();
+        ended
+            .sessions
+            .retain(|(issued, _)| now.saturating_sub(*issued) <= SESSION_LIFETIME_SECS);
+        if ended.sessions.len() < ENDED_KEPT {
+            ended.sessions.insert(session);
+        } else {
+            tracing::warn!(
+                kept = ENDED_KEPT,
+                "admin: more inspector sessions ended than are kept one by one; every session \
+                 so far is ended"
+            );
+            ended.sessions.clear();
+            ended.all_through = ended.all_through.max(now.max(session.0));
+        }
     }
 
     fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {
@@ -259,6 +339,7 @@ impl OperatingApi {
     {
         self.access
             .check_address(self.ingress.client_ip(&request))?;
+        let https = self.ingress.forwarded_https(&request);
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri
@@ -268,14 +349,22 @@ impl OperatingApi {
         let segments: Vec<&str> = rest.split('/').collect();
         match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
-            (&Method::GET, ["inspector"]) => match self.access.check(&parts.method, &parts.headers)
-            {
-                Ok(_) => return Ok(self.inspector_page().await),
-                Err(_) => return Ok(self.login(parts.uri.query(), None)),
-            },
+            (&Method::GET, ["inspector"]) => {
+                return Ok(match self.access.check(&parts.method, &parts.headers) {
+                    Ok(()) => self.inspector_page().await,
+                    Err(_) => login_asked(parts.uri.query()),
+                });
+            }
             (&Method::POST, ["inspector", "login"]) => {
                 let bytes = self.ingress.read_body(&parts, body).await?;
-                return Ok(self.login(None, Some(&bytes)));
+                return self.login(&bytes, https);
+            }
+            (&Method::POST, ["inspector", "logout"]) => {
+                self.access.check(&parts.method, &parts.headers)?;
+                self.access.end_session(&parts.headers);
+                let mut response = json(&ErrorBody::new("logged out"));
+                set_session_cookie(&mut response, "", 0, https);
+                return Ok(response);
             }
             _ => self.access.check(&parts.method, &parts.headers)?,
         }
@@ -502,6 +591,44 @@ fn failing_params(query: &str) -> Result<(Option<crate::store::FailingCursor>, u
     Ok((after, limit))
 }
 
+/// The form asking for the token, for a browser without a session. A token in the address
+/// is refused, not taken: it would be kept in the browser's history and in the logs of every
+/// proxy on the way (`#token=…` — a fragment, never sent — fills the form instead).
+fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
+    let in_address = query.is_some_and(|query| {
+        form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token")
+    });
+    let problem = in_address.then_some(
+        "a token in the address is not taken (it would stay in the browser's history and in \
+         proxies' logs): type it here, or open the page with #token=… instead of ?token=…",
+    );
+    html(
+        http::StatusCode::UNAUTHORIZED,
+        page::login(problem, page::LoginFrom::Page),
+    )
+}
+
+/// Sets the inspector's session cookie to `value` for `max_age` seconds (0 removes it);
+/// `Secure` when the browser reached the service over HTTPS.
+fn set_session_cookie(
+    response: &mut Response<ResponseBody>,
+    value: &str,
+    max_age: u64,
+    https: bool,
+) {
+    let secure = if https { "; Secure" } else { "" };
+    let cookie = format!(
+        "{SESSION_COOKIE}={value}; Path={ADMIN_PREFIX}; Max-Age={max_age}; HttpOnly; \
+         SameSite=Strict{secure}"
+    );
+    // Built of constants, a number and the session's digits, dots and hex alone.
+    if let Ok(cookie) = http::HeaderValue::from_str(&cookie) {
+        response
+            .headers_mut()
+            .insert(http::header::SET_COOKIE, cookie);
+    }
+}
+
 fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
     let mut response = Response::new(http_body_util::Full::new(Bytes::from(text)));
     *response.status_mut() = status;
@@ -541,36 +668,31 @@ impl OperatingApi {
             .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))
     }
 
-    /// The login form, or — given the right token (a `token` query, or the form's body) —
-    /// the session cookie and the way to the page.
-    fn login(&self, query: Option<&str>, form: Option<&[u8]>) -> Response<ResponseBody> {
-        let presented = query.map(str::as_bytes).or(form).and_then(|bytes| {
-            form_urlencoded::parse(bytes)
-                .find(|(key, _)| key == "token")
-                .map(|(_, value)| value.into_owned())
-        });
+    /// Given the right token (the form's body), the session cookie and the way to the
+    /// page; otherwise the form again, saying why. `https`: the cookie is `Secure`.
+    fn login(&self, form: &[u8], https: bool) -> Result<Response<ResponseBody>, Problem> {
+        let presented = form_urlencoded::parse(form)
+            .find(|(key, _)| key == "token")
+            .map(|(_, value)| value.into_owned());
         match presented {
             Some(token) if self.access.token.matches(token.as_bytes()) => {
                 let mut response = html(http::StatusCode::SEE_OTHER, String::new());
-                let headers = response.headers_mut();
-                headers.insert(
+                response.headers_mut().insert(
                     http::header::LOCATION,
                     http::HeaderValue::from_static("/payhook/admin/inspector"),
                 );
-                if let Ok(cookie) = http::HeaderValue::from_str(&format!(
-                    "{SESSION_COOKIE}={}; Path={ADMIN_PREFIX}; Max-Age={SESSION_LIFETIME_SECS}; \
-                     HttpOnly; SameSite=Strict",
-                    self.access.session(now_secs())
-                )) {
-                    headers.insert(http::header::SET_COOKIE, cookie);
-                }
-                response
+                let session = self.access.new_session()?;
+                set_session_cookie(&mut response, &session, SESSION_LIFETIME_SECS, https);
+                Ok(response)
             }
-            Some(_) => html(
+            Some(_) => Ok(html(
                 http::StatusCode::UNAUTHORIZED,
-                page::login(Some("invalid token")),
-            ),
-            None => html(http::StatusCode::UNAUTHORIZED, page::login(None)),
+                page::login(Some("invalid token"), page::LoginFrom::Login),
+            )),
+            None => Ok(html(
+                http::StatusCode::UNAUTHORIZED,
+                page::login(None, page::LoginFrom::Login),
+            )),
         }
     }
 
@@ -719,5 +841,47 @@ mod tests {
         );
         assert!(!panel.contains("<no>"), "{panel}");
         assert_eq!(shown(Ok("<table></table>".to_owned())), "<table></table>");
+    }
+
+    fn access() -> super::AdminAccess {
+        let config = super::AdminConfig {
+            token: Some("admin-token-0123456789".into()),
+            ..super::AdminConfig::default()
+        };
+        super::AdminAccess::from_config(&config).unwrap()
+    }
+
+    fn holding(session: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        let cookie = format!("other=1; {}={session}", super::SESSION_COOKIE);
+        headers.insert(http::header::COOKIE, cookie.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn logging_out_ends_that_session_only_and_more_than_are_kept_end_them_all() {
+        let access = access();
+        let first = access.new_session().unwrap();
+        let second = access.new_session().unwrap();
+        assert_ne!(first, second, "two logins of one second are two sessions");
+        assert!(access.has_session(&holding(&first)));
+        access.end_session(&holding(&first));
+        assert!(!access.has_session(&holding(&first)));
+        assert!(access.has_session(&holding(&second)));
+
+        // One more ended session than are kept one by one: every session so far is ended,
+        // and a login after it is good.
+        for _ in 0..super::ENDED_KEPT {
+            let session = access.new_session().unwrap();
+            access.end_session(&holding(&session));
+        }
+        assert!(!access.has_session(&holding(&first)));
+        assert!(
+            !access.has_session(&holding(&second)),
+            "every session so far is ended"
+        );
+        let after = access.new_session().unwrap();
+        assert!(access.has_session(&holding(&after)));
+        assert!(access.ended().sessions.len() <= super::ENDED_KEPT);
     }
 }

@@ -215,6 +215,15 @@ impl Browser {
             .await;
     }
 
+    /// The address the browser shows now.
+    pub async fn url(&self) -> String {
+        self.command("GET", &self.path("/url"), None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The elements `css` selects now.
     pub async fn find_all(&self, css: &str) -> Vec<String> {
         let found = self

@@ -209,7 +209,7 @@ async fn demo(
         println!(
             "\nthe service stays up: its inspector (deliveries, postponed validations, outbox)"
         );
-        println!("  {base_url}/payhook/admin/inspector?token={admin_token}");
+        println!("  {base_url}/payhook/admin/inspector#token={admin_token}");
         println!("  PAYHOOK_ADMIN_TOKEN={admin_token} payhook tail --admin-url {base_url}");
         println!("stop with Ctrl-C");
         payhook::shutdown_signal().await;
