@@ -129,6 +129,10 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser.wait_and_click("button#logout").await;
     browser.wait_for("input#token").await;
     log_in_by_link(&browser, &server).await;
+    // Nor in the history: the entry the link made was rewritten before the form left.
+    browser.back().await;
+    let before = browser.url().await;
+    assert!(!before.contains("token"), "the history kept {before}");
     browser.quit().await;
 }
 

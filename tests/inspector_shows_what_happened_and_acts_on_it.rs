@@ -293,14 +293,15 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     }
     assert!(shown.header("content-security-policy").is_some());
     assert!(cookie.contains("Max-Age=43200"), "{cookie}");
-    // A session is the token's signature of its login time and a random id: another time
+    // A session is the token's signature of its generation (0 until more sessions were
+    // ended than are kept), its login time and a random id: another time
     // or id is no session, and one signed by the token longer ago than its life is over.
     let signed = |issued: u64| {
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, TOKEN.as_bytes());
         let id = "00112233445566778899aabbccddeeff";
         let tag = ring::hmac::sign(
             &key,
-            format!("payhook inspector session {issued} {id}").as_bytes(),
+            format!("payhook inspector session 0 {issued} {id}").as_bytes(),
         );
         let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         format!("payhook_admin={issued}.{id}.{hex}")
@@ -687,7 +688,10 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
     assert_eq!(in_query.status, 401);
     assert!(in_query.header("set-cookie").is_none());
     let asked = String::from_utf8_lossy(&in_query.body);
-    assert!(asked.contains("#token="), "{asked}");
+    assert!(
+        asked.contains("a token in the address is not taken"),
+        "{asked}"
+    );
     assert!(!asked.contains(TOKEN), "{asked}");
     // The form the page shows posts relative to the page, and a fragment fills it.
     assert!(asked.contains("action=inspector/login "), "{asked}");
@@ -730,6 +734,14 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
         ]))
         .await;
     assert_eq!((out.status, out.message()), (200, "logged out".into()));
+    let bearer = format!("Bearer {TOKEN}");
+    let without_session = server.send(&logout(vec![("authorization", bearer)])).await;
+    assert_eq!(without_session.status, 200);
+    assert!(
+        without_session.message().starts_with("no session to end"),
+        "{}",
+        without_session.message()
+    );
     let removed = out.header("set-cookie").unwrap();
     assert!(
         removed.starts_with("payhook_admin=;") && removed.contains("Max-Age=0"),

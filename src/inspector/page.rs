@@ -67,8 +67,9 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// Which address answered with the login form: its form posts relative to it, so that the
-/// page works behind a proxy that serves it under another prefix.
+/// Which address answered with the login form: its form posts relative to that address
+/// (`…/inspector` or, after a wrong token, `…/inspector/login`), so that it reaches
+/// `…/inspector/login` from either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LoginFrom {
     /// `…/inspector`, the page's own address.
@@ -102,7 +103,12 @@ function take() {
   const given = location.hash.match(/^#token=(.+)$/);
   if (!given) return;
   history.replaceState(null, '', location.pathname);
-  document.getElementById('token').value = decodeURIComponent(given[1]);
+  let token;
+  try { token = decodeURIComponent(given[1]); } catch (e) {
+    alert('The link\'s token is not well encoded: type the token instead.');
+    return;
+  }
+  document.getElementById('token').value = token;
   document.getElementById('login-form').submit();
 }
 window.addEventListener('hashchange', take);
@@ -508,8 +514,12 @@ document.addEventListener('click', async (event) => {
     case 'deny': return act('validations/' + id, {success: false, description: description()}, button);
     case 'retry': return act('outbox/' + id + '/retry', null, button);
     case 'logout': {
-      await fetch(base + 'inspector/logout', {method: 'POST', credentials: 'same-origin',
-        headers: {'x-payhook-inspector': '1'}});
+      const answer = await fetch(base + 'inspector/logout', {method: 'POST',
+        credentials: 'same-origin', headers: {'x-payhook-inspector': '1'}});
+      if (!answer.ok) {
+        return alert('Not logged out: ' + ((await answer.json().catch(() => ({}))).message
+          || answer.status));
+      }
       return location.reload();
     }
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);

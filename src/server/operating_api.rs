@@ -9,7 +9,7 @@
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token |
-//! | `POST /payhook/admin/inspector/logout` | 200 `logged out`: the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
+//! | `POST /payhook/admin/inspector/logout` | 200 `logged out` (or `no session to end…` for a request that held none): the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now; 409 when it is not queued; 404 for an unknown id |
@@ -61,14 +61,14 @@ pub(super) struct AdminAccess {
     allow: Vec<Cidr>,
 }
 
-/// Sessions ended before their time: each by its login time and id, and every session
-/// issued up to `all_through` (seconds since the Unix epoch) once more were ended than are
-/// kept one by one. Kept in memory: a restart forgets them (a session copied before its
-/// logout is good again until its 12 hours are over).
+/// Sessions ended before their time, each by its login time and id; and the generation
+/// sessions are signed in, which moves on (ending every session so far) once more were ended
+/// than are kept one by one. Kept in memory: a restart forgets them (a session copied before
+/// its logout is good again until its 12 hours are over).
 #[derive(Default)]
 struct Ended {
     sessions: std::collections::HashSet<Session>,
-    all_through: u64,
+    generation: u64,
 }
 
 /// How many ended sessions are kept one by one; beyond, every session so far is ended.
@@ -81,10 +81,10 @@ const SESSION_COOKIE: &str = "payhook_admin";
 /// again. A copied cookie is the operator's power over validations for no longer than this.
 const SESSION_LIFETIME_SECS: u64 = 12 * 60 * 60;
 
-/// What a session's HMAC signs: its login time and its random id (hex), which tells apart
-/// two logins of the same second.
-fn session_message(issued: u64, id: &str) -> Vec<u8> {
-    format!("payhook inspector session {issued} {id}").into_bytes()
+/// What a session's HMAC signs: the generation it was signed in (see [`Ended`]), its login
+/// time and its random id (hex), which tells apart two logins of the same second.
+fn session_message(generation: u64, issued: u64, id: &str) -> Vec<u8> {
+    format!("payhook inspector session {generation} {issued} {id}").into_bytes()
 }
 
 /// A session, as its cookie names it: the login time and the random id.
@@ -152,9 +152,9 @@ impl AdminAccess {
     }
 
     /// The session cookie's value for a login now: the time, a random id, and in hex their
-    /// HMAC under the token's key. Never a time whose sessions were all ended.
+    /// HMAC (with the current generation) under the token's key.
     fn new_session(&self) -> Result<String, Problem> {
-        let issued = now_secs().max(self.ended().all_through.saturating_add(1));
+        let issued = now_secs();
         let id: [u8; 16] = ring::rand::generate(&ring::rand::SystemRandom::new())
             .map(|random| random.expose())
             .map_err(|_| Problem::RetryLater {
@@ -162,7 +162,11 @@ impl AdminAccess {
                 retry_after: Duration::from_secs(1),
             })?;
         let id = Encoding::Hex.encode(&id);
-        let tag = ring::hmac::sign(&self.session_key, &session_message(issued, &id));
+        // Signed under the lock: a generation moving on meanwhile cannot end it at birth.
+        let ended = self.ended();
+        let message = session_message(ended.generation, issued, &id);
+        let tag = ring::hmac::sign(&self.session_key, &message);
+        drop(ended);
         Ok(format!(
             "{issued}.{id}.{}",
             Encoding::Hex.encode(tag.as_ref())
@@ -182,14 +186,11 @@ impl AdminAccess {
             return None;
         };
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
-        let message = session_message(issued, id);
-        let signed = ring::hmac::verify(&self.session_key, &message, &tag).is_ok();
         let session = (issued, id.to_owned());
-        let ended = {
-            let ended = self.ended();
-            issued <= ended.all_through || ended.sessions.contains(&session)
-        };
-        (fresh && signed && !ended).then_some(session)
+        let ended = self.ended();
+        let message = session_message(ended.generation, issued, id);
+        let signed = ring::hmac::verify(&self.session_key, &message, &tag).is_ok();
+        (fresh && signed && !ended.sessions.contains(&session)).then_some(session)
     }
 
     fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
@@ -199,10 +200,10 @@ impl AdminAccess {
     }
 
     /// Ends the session the request holds (logging out): it is refused from now on, and
-    /// kept as ended until its life would have ended anyway.
-    fn end_session(&self, headers: &HeaderMap) {
+    /// kept as ended until its life would have ended anyway. `false` when it holds none.
+    fn end_session(&self, headers: &HeaderMap) -> bool {
         let Some(session) = self.session_of(headers) else {
-            return;
+            return false;
         };
         let now = now_secs();
         let mut ended = self.ended();
@@ -218,8 +219,9 @@ impl AdminAccess {
                  so far is ended"
             );
             ended.sessions.clear();
-            ended.all_through = ended.all_through.max(now.max(session.0));
+            ended.generation += 1;
         }
+        true
     }
 
     fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {
@@ -361,8 +363,12 @@ impl OperatingApi {
             }
             (&Method::POST, ["inspector", "logout"]) => {
                 self.access.check(&parts.method, &parts.headers)?;
-                self.access.end_session(&parts.headers);
-                let mut response = json(&ErrorBody::new("logged out"));
+                let ended = self.access.end_session(&parts.headers);
+                let mut response = json(&ErrorBody::new(if ended {
+                    "logged out"
+                } else {
+                    "no session to end: the cookie holds none"
+                }));
                 set_session_cookie(&mut response, "", 0, https);
                 return Ok(response);
             }

@@ -79,7 +79,11 @@ impl Seal {
         .concat()
     }
 
+    /// `None` unless `bytes` is exactly what [`Self::encode`] writes (32 bytes).
     fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != 32 {
+            return None;
+        }
         Some(Self {
             store_id: uuid::Uuid::from_slice(bytes.get(..16)?).ok()?,
             commit: u64::from_be_bytes(bytes.get(16..24)?.try_into().ok()?),

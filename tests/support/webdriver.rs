@@ -215,6 +215,12 @@ impl Browser {
             .await;
     }
 
+    /// Goes one step back in the window's history.
+    pub async fn back(&self) {
+        self.command("POST", &self.path("/back"), Some(json!({})))
+            .await;
+    }
+
     /// The address the browser shows now.
     pub async fn url(&self) -> String {
         self.command("GET", &self.path("/url"), None)
