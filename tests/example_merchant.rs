@@ -185,7 +185,7 @@ async fn the_example_quarantines_what_would_overflow_a_balance_and_keeps_booking
     assert!(example.entry("whale-2").await.is_none(), "not booked");
     let quarantined = example
         .ledger
-        .quarantined("whale-2")
+        .quarantined("whale-2", 4)
         .await
         .unwrap()
         .expect("quarantined");
@@ -237,7 +237,7 @@ async fn the_example_quarantines_a_success_whose_direction_it_does_not_know() {
     assert!(example.entry("odd-1").await.is_none(), "not booked");
     let quarantined = example
         .ledger
-        .quarantined("odd-1")
+        .quarantined("odd-1", 4)
         .await
         .unwrap()
         .expect("quarantined");
@@ -269,4 +269,160 @@ async fn a_later_status_naming_another_client_corrects_the_balance_first_booked(
     assert_eq!(example.balance("second", "EUR").await, Decimal::ZERO);
     let entry = example.entry("n-moved").await.unwrap();
     assert_eq!((entry.client_id.as_str(), entry.bookings), ("second", 2));
+}
+
+/// `body` with its status and the time it last changed on the payment system.
+fn at(body: &str, status: i32, updated: &str) -> String {
+    let body = with(body, "/transactionStatus", Some(json!(status)));
+    with(&body, "/updatedUtc", Some(json!(updated)))
+}
+
+impl Example {
+    async fn quarantined(&self, nonce: &str, status: i32) -> merchant::Quarantined {
+        self.ledger
+            .quarantined(nonce, status)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{nonce}|{status} was not quarantined"))
+    }
+}
+
+#[tokio::test]
+async fn a_status_that_is_no_final_result_leaves_the_booked_one_alone() {
+    let example = start().await;
+    let withdrawal = callback("w-1", "payee", 2, "100");
+    assert_eq!(
+        example
+            .callback(&at(&withdrawal, 4, "2099-01-02T03:04:06Z"))
+            .await,
+        200
+    );
+    assert_eq!(example.balance("payee", "EUR").await, Decimal::from(-100));
+    // Pending (3) and a code the spec does not define (99), later than the success:
+    // acknowledged, neither pays the withdrawal back.
+    for status in [3, 99] {
+        assert_eq!(
+            example
+                .callback(&at(&withdrawal, status, "2099-01-02T03:05:00Z"))
+                .await,
+            200
+        );
+        let kept = example.quarantined("w-1", status).await;
+        assert!(kept.reason.contains("no final result"), "{kept:?}");
+    }
+    assert_eq!(example.balance("payee", "EUR").await, Decimal::from(-100));
+    let entry = example.entry("w-1").await.unwrap();
+    assert_eq!((entry.status, entry.bookings), (4, 1));
+}
+
+/// The aggregator's failure is answered 503 (or lost), its success follows and is booked,
+/// then the failure's retry arrives: it is older than the success and must not undo it.
+#[tokio::test]
+async fn a_late_retry_of_an_older_failure_does_not_undo_the_success_that_followed_it() {
+    let example = start().await;
+    for (nonce, kind) in [("d-late", 1), ("w-late", 2)] {
+        let body = callback(nonce, "late", kind, "40");
+        assert_eq!(
+            example
+                .callback(&at(&body, 4, "2099-01-02T03:04:06Z"))
+                .await,
+            200
+        );
+        assert_eq!(
+            example
+                .callback(&at(&body, -3, "2099-01-02T03:04:01Z"))
+                .await,
+            200
+        );
+        let kept = example.quarantined(nonce, -3).await;
+        assert!(kept.reason.contains("older"), "{kept:?}");
+        let entry = example.entry(nonce).await.unwrap();
+        assert_eq!((entry.status, entry.bookings), (4, 1), "{nonce}");
+    }
+    // The deposit's credit and the withdrawal's debit both stand.
+    assert_eq!(example.balance("late", "EUR").await, Decimal::ZERO);
+    assert_eq!(
+        example.entry("d-late").await.unwrap().balance_effect,
+        Decimal::from(40)
+    );
+    assert_eq!(
+        example.entry("w-late").await.unwrap().balance_effect,
+        Decimal::from(-40)
+    );
+}
+
+#[tokio::test]
+async fn a_later_failure_takes_back_a_deposit_but_pays_back_a_withdrawal_only_on_minus_2() {
+    let example = start().await;
+    // A deposit's credit is taken back by any later failure: the merchant's safe side.
+    let deposit = callback("d-1", "both", 1, "30");
+    assert_eq!(
+        example
+            .callback(&at(&deposit, 4, "2099-01-02T03:04:06Z"))
+            .await,
+        200
+    );
+    assert_eq!(
+        example
+            .callback(&at(&deposit, -3, "2099-01-02T03:04:07Z"))
+            .await,
+        200
+    );
+    assert_eq!(example.balance("both", "EUR").await, Decimal::ZERO);
+    assert_eq!(example.entry("d-1").await.unwrap().status, -3);
+
+    // A withdrawal said to be paid out is not paid back on a generic failure...
+    let withdrawal = callback("w-1", "both", 2, "25");
+    assert_eq!(
+        example
+            .callback(&at(&withdrawal, 4, "2099-01-02T03:04:06Z"))
+            .await,
+        200
+    );
+    assert_eq!(example.balance("both", "EUR").await, Decimal::from(-25));
+    assert_eq!(
+        example
+            .callback(&at(&withdrawal, -3, "2099-01-02T03:04:07Z"))
+            .await,
+        200
+    );
+    let kept = example.quarantined("w-1", -3).await;
+    assert!(kept.reason.contains("paid out"), "{kept:?}");
+    assert_eq!(example.balance("both", "EUR").await, Decimal::from(-25));
+    // ...but when the money has to be returned (-2), it is.
+    assert_eq!(
+        example
+            .callback(&at(&withdrawal, -2, "2099-01-02T03:04:08Z"))
+            .await,
+        200
+    );
+    assert_eq!(example.balance("both", "EUR").await, Decimal::ZERO);
+    let entry = example.entry("w-1").await.unwrap();
+    assert_eq!((entry.status, entry.bookings), (-2, 2));
+}
+
+#[tokio::test]
+async fn a_sum_a_decimal_would_round_is_quarantined_not_booked_rounded() {
+    let example = start().await;
+    assert_eq!(
+        example
+            .callback(&callback("fine-1", "fine", 1, "100000000000000000000"))
+            .await,
+        200
+    );
+    // 10^20 + 10^-27 needs 48 digits; a Decimal keeps 28, and would drop the fraction.
+    let tiny = "0.000000000000000000000000001";
+    assert_eq!(
+        example.callback(&callback("fine-2", "fine", 1, tiny)).await,
+        200
+    );
+    let kept = example.quarantined("fine-2", 4).await;
+    assert!(kept.reason.contains("exactly"), "{kept:?}");
+    assert!(example.entry("fine-2").await.is_none());
+    let books = example.ledger.books().await.unwrap();
+    assert!(books.balanced(), "{books:?}");
+    assert_eq!(
+        example.balance("fine", "EUR").await,
+        Decimal::from(100_000_000_000_000_000_000_u128)
+    );
 }

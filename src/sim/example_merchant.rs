@@ -13,11 +13,28 @@
 //!   as the mark that the callback is done — so a result is booked exactly once, however
 //!   often the aggregator retries and whenever the process crashes.
 //!
-//! **What it cannot book, it quarantines.** Balances use checked arithmetic. A result whose
-//! booking would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸), or a successful
-//! one of a transaction type that is neither a deposit nor a withdrawal (which way the money
-//! went is not known), is acknowledged into the [`QUARANTINE`] tree (nonce → the result and the reason), logged at error
-//! level, and leaves the balance untouched. Refusing it instead (503, or 400) would not make
+//! **A later result of a booked transaction** replaces its booking and corrects the balance
+//! — a failure then a success (results delivered out of order), or a success then `-2`
+//! (money has to be returned) — unless moving the money back is not the example's to decide
+//! (below).
+//!
+//! **What it cannot book, it quarantines.** Balances use checked arithmetic. These results
+//! are acknowledged into the [`QUARANTINE`] tree (`nonce|status` → the result and the
+//! reason), logged at error level, and leave the entry and the balance untouched:
+//!
+//! * a status that is no final result (the aggregator sends only 4 and -1 to -6): payhook
+//!   hands a handler every status it receives;
+//! * a result older (`updatedUtc`) than the one booked for its nonce: a retry of a failure
+//!   that was delivered late, after the success that followed it, must not undo the success;
+//! * a failure other than `-2` after a booked successful withdrawal: the aggregator said the
+//!   money was paid out, so giving it back to the client's balance is for a person to decide
+//!   (a deposit's credit is taken back: the merchant's safe side);
+//! * a booking that would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸), or whose
+//!   sum would need more decimal places than a `Decimal` keeps (it would be rounded);
+//! * a success of a transaction type that is neither a deposit nor a withdrawal (which way
+//!   the money went is not known).
+//!
+//! Refusing it instead (503, or 400) would not make
 //! it bookable: the aggregator would retry the same callback up to 17 times, each failing
 //! alike, then give up — the result lost with no record of it. In quarantine it is kept
 //! durably and exactly once, for a person to resolve, and every other callback of that
@@ -42,7 +59,8 @@ use crate::handler::{
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use crate::model::{
-    CallbackBody, ProvidersValidationRequest, TransactionType, TransactionValidationRequest,
+    CallbackBody, ProvidersValidationRequest, TransactionStatus, TransactionType,
+    TransactionValidationRequest,
 };
 use crate::store::{ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
@@ -53,7 +71,9 @@ use serde::{Deserialize, Serialize};
 pub const ENTRIES: &str = "ledger_entries";
 /// The ledger's balances in the store: `client|currency` → amount.
 pub const BALANCES: &str = "ledger_balances";
-/// Results acknowledged but not booked, for a person to resolve: nonce → [`Quarantined`].
+/// Results acknowledged but not booked, for a person to resolve: `nonce|status` →
+/// [`Quarantined`] (each (nonce, status) is handed to the handler once: none replaces
+/// another).
 pub const QUARANTINE: &str = "ledger_quarantine";
 
 /// The ledger: its trees, as handles of the store that declared them ([`open_store`]),
@@ -66,7 +86,7 @@ pub struct Ledger {
     pub entries: Tree,
     /// [`BALANCES`]: `client|currency` → amount.
     pub balances: Tree,
-    /// [`QUARANTINE`]: nonce → [`Quarantined`].
+    /// [`QUARANTINE`]: `nonce|status` → [`Quarantined`].
     pub quarantine: Tree,
 }
 
@@ -104,13 +124,18 @@ impl Ledger {
         Ok(self.read(&self.balances, &key).await?.unwrap_or_default())
     }
 
-    /// The result quarantined for `nonce`, if any.
+    /// The result of `nonce` under `status` that was quarantined, if any.
     ///
     /// # Errors
     ///
     /// When the store fails or the record is not a [`Quarantined`].
-    pub async fn quarantined(&self, nonce: &str) -> Result<Option<Quarantined>, StoreError> {
-        self.read(&self.quarantine, nonce.as_bytes()).await
+    pub async fn quarantined(
+        &self,
+        nonce: &str,
+        status: i32,
+    ) -> Result<Option<Quarantined>, StoreError> {
+        self.read(&self.quarantine, &quarantine_key(nonce, status))
+            .await
     }
 
     /// Every booked entry, by nonce, and every balance, by `client|currency`.
@@ -218,6 +243,15 @@ pub struct Entry {
     pub balance_effect: Decimal,
     /// How many results of this nonce were booked: 1, unless its status changed later.
     pub bookings: u32,
+    /// When the booked result last changed on the payment system (`updatedUtc`, else
+    /// `createdUtc`), when it said: an older result does not replace it.
+    #[serde(default)]
+    pub updated_utc: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The quarantine's key of `nonce`'s result under `status`.
+pub fn quarantine_key(nonce: &str, status: i32) -> Vec<u8> {
+    format!("{nonce}|{status}").into_bytes()
 }
 
 /// The balance key of a client in a currency.
@@ -235,13 +269,29 @@ fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, StoreErr
 
 /// Books `callback` in the ledger, inside the store's transaction. A new status for a known
 /// nonce (a success, later a reversal) replaces the entry and corrects the balance its
-/// previous booking changed.
+/// previous booking changed; what the example must not book is quarantined (module docs).
 fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), StoreError> {
+    let status = callback.transaction_status;
+    if !status.is_final() {
+        let reason = format!(
+            "status {} ({}) is no final result: the aggregator sends only 4 and -1 to -6",
+            status.code(),
+            status.description()
+        );
+        return quarantine(tx, ledger, callback, reason);
+    }
     let previous: Option<Entry> = tx
         .get(&ledger.entries, callback.nonce.as_bytes())?
         .map(from_json)
         .transpose()?;
-    let balance_effect = if callback.transaction_status.is_success() {
+    let changed = callback.updated_utc.or(callback.created_utc);
+    if let Some(reason) = previous
+        .as_ref()
+        .and_then(|previous| not_replacing(previous, status, changed))
+    {
+        return quarantine(tx, ledger, callback, reason);
+    }
+    let balance_effect = if status.is_success() {
         match callback.transaction_type {
             TransactionType::Deposit => callback.amount,
             TransactionType::Withdrawal => -callback.amount,
@@ -274,9 +324,9 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
             .map(from_json)
             .transpose()?
             .unwrap_or_default();
-        let Some(new_balance) = balance.checked_add(change) else {
+        let Some(new_balance) = exact_sum(balance, change) else {
             let reason = format!(
-                "the balance of {} ({balance}) cannot take {change} more",
+                "the balance of {} ({balance}) cannot take {change} more exactly",
                 String::from_utf8_lossy(&key).replace('|', " ")
             );
             return quarantine(tx, ledger, callback, reason);
@@ -287,14 +337,51 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
         client_id: callback.client_id.clone(),
         currency: callback.currency.clone(),
         amount: callback.amount,
-        status: callback.transaction_status.code(),
+        status: status.code(),
         balance_effect,
         bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
+        updated_utc: changed,
     };
     for (key, new_balance) in balances {
         tx.insert(&ledger.balances, &key, &json(&new_balance))?;
     }
     tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))
+}
+
+/// Why a result with `status`, changed at `changed`, must not replace the booked `previous`
+/// (`None`: it replaces it).
+fn not_replacing(
+    previous: &Entry,
+    status: TransactionStatus,
+    changed: Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<String> {
+    if let (Some(changed), Some(booked)) = (changed, previous.updated_utc)
+        && changed < booked
+    {
+        return Some(format!(
+            "older ({changed}) than the status {} booked for this transaction ({booked})",
+            previous.status
+        ));
+    }
+    let paid_out = previous.status == TransactionStatus::Success.code()
+        && previous.balance_effect.is_sign_negative()
+        && !previous.balance_effect.is_zero();
+    (paid_out && status.is_failure() && status != TransactionStatus::PaymentSystemError).then(
+        || {
+            format!(
+                "a failure ({}) after the withdrawal was booked as paid out: giving the money \
+                 back is for a person to decide (only -2 says it has to be returned)",
+                status.description()
+            )
+        },
+    )
+}
+
+/// `balance + change`, unless it overflows or would be rounded (a `Decimal` keeps 28 digits:
+/// a sum that needs more loses decimal places instead of failing).
+fn exact_sum(balance: Decimal, change: Decimal) -> Option<Decimal> {
+    let sum = balance.checked_add(change)?;
+    (sum.scale() >= balance.scale().max(change.scale())).then_some(sum)
 }
 
 /// Acknowledges `callback` into quarantine, unbooked, for `reason`: see the module's docs.
@@ -318,7 +405,7 @@ fn quarantine(
     };
     tx.insert(
         &ledger.quarantine,
-        callback.nonce.as_bytes(),
+        &quarantine_key(&callback.nonce, quarantined.status),
         &json(&quarantined),
     )
 }
@@ -326,7 +413,8 @@ fn quarantine(
 /// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
 #[derive(Debug, Clone)]
 pub struct Merchant {
-    /// Largest amount a client may deposit or withdraw in one transaction.
+    /// Largest amount a client may deposit or withdraw in one transaction, whatever its
+    /// currency (a merchant with several currencies keeps a limit per currency).
     pub max_amount: Decimal,
     /// In Awaitable mode, amounts above this wait for the review; `None`: never.
     pub review_above: Option<Decimal>,
