@@ -581,3 +581,65 @@ async fn a_nul_in_an_identifier_is_400_on_every_endpoint_and_elsewhere_is_accept
         );
     }
 }
+
+/// What hyper cannot parse as HTTP never reaches payhook: hyper answers it itself (400, or
+/// 431 for too many headers) with an empty body and closes the connection, as the README's
+/// table says. Nothing is booked, and the server goes on serving.
+#[tokio::test]
+async fn a_request_the_http_layer_cannot_parse_is_refused_by_it_and_books_nothing() {
+    let server = TestServer::start().await;
+    let body = CALLBACK.as_bytes();
+    let valid = json_post(CALLBACK_PATH, body);
+    let head_end = valid.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let with_head = |head: String| [head.as_bytes(), &valid[head_end..]].concat();
+    let many_headers: String = (0..101).map(|i| format!("X-Filler-{i}: {i}\r\n")).collect();
+    let unparsable: [(&str, Vec<u8>, u16); 4] = [
+        (
+            "a malformed request line",
+            [
+                b"POST /payhook/callback HTTP/1.1 extra\r\n".as_slice(),
+                &valid[head_end + 2..],
+            ]
+            .concat(),
+            400,
+        ),
+        (
+            "a Content-Length that is no number",
+            with_head(format!(
+                "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                 Content-Type: application/json\r\nContent-Length: abc"
+            )),
+            400,
+        ),
+        (
+            "a header name with a space",
+            with_head(format!(
+                "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Name: 1\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}",
+                body.len()
+            )),
+            400,
+        ),
+        (
+            "more than 100 headers",
+            with_head(format!(
+                "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{many_headers}\
+                 Content-Type: application/json\r\nContent-Length: {}",
+                body.len()
+            )),
+            431,
+        ),
+    ];
+    for (what, request, status) in unparsable {
+        // `send` reads to the end: the answer comes with the connection closed.
+        let answer = server.send(&request).await;
+        assert_eq!(answer.status, status, "{what}");
+        assert!(answer.body.is_empty(), "{what}: {:?}", answer.body);
+    }
+    let booked = server.send(&valid).await;
+    assert_eq!(
+        (booked.status, booked.message()),
+        (200, "callback accepted".to_owned()),
+        "the refused requests booked nothing"
+    );
+}
