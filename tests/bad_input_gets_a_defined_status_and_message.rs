@@ -168,6 +168,31 @@ async fn a_body_over_the_limit_is_413_before_reading_when_content_length_says_so
 }
 
 #[tokio::test]
+async fn a_chunked_body_with_broken_framing_is_400_and_reaches_no_handler() {
+    let server = TestServer::start().await;
+    for (path, fixture, ..) in ENDPOINTS {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        // A chunk size that is no hexadecimal number, after a first good chunk.
+        let (first, _) = fixture.split_at(10);
+        let request = format!(
+            "{head}{:x}\r\n{first}\r\nzz\r\nrest\r\n0\r\n\r\n",
+            first.len()
+        );
+        assert_refused(
+            &server,
+            path,
+            request.as_bytes(),
+            400,
+            "request body could not be read",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
+#[tokio::test]
 async fn a_chunked_body_over_the_limit_is_413_while_streaming() {
     let server = TestServer::start().await;
     let chunk = vec![b' '; 64 * 1024];
