@@ -125,7 +125,7 @@ async fn the_example_corrects_the_balance_when_a_success_is_reversed() {
         post_to(&example.addr, CALLBACK_PATH, CALLBACK).await.status,
         200
     );
-    let reversed = with(CALLBACK, "/transactionStatus", Some(json!(-2)));
+    let reversed = at(CALLBACK, -2, "2099-01-02T03:04:07Z");
     assert_eq!(
         post_to(&example.addr, CALLBACK_PATH, &reversed)
             .await
@@ -259,10 +259,10 @@ async fn a_later_status_naming_another_client_corrects_the_balance_first_booked(
     assert_eq!(example.balance("first", "EUR").await, Decimal::from(10));
     // The same nonce reversed, the result naming another client: the first client's
     // deposit is undone, and nothing is taken from the other.
-    let reversed = with(
+    let reversed = at(
         &callback("n-moved", "second", 1, "10"),
-        "/transactionStatus",
-        Some(json!(-2)),
+        -2,
+        "2099-01-02T03:04:07Z",
     );
     assert_eq!(example.callback(&reversed).await, 200);
     assert_eq!(example.balance("first", "EUR").await, Decimal::ZERO);
@@ -424,5 +424,56 @@ async fn a_sum_a_decimal_would_round_is_quarantined_not_booked_rounded() {
     assert_eq!(
         example.balance("fine", "EUR").await,
         Decimal::from(100_000_000_000_000_000_000_u128)
+    );
+}
+
+/// A failure after a booked success, when which came last is not known: the same
+/// `updatedUtc`, or none. A late retry of the failure that came before the success would
+/// look the same, so neither undoes the success.
+#[tokio::test]
+async fn a_failure_not_known_to_be_newer_than_the_booked_success_leaves_it() {
+    let example = start().await;
+    let deposit = callback("d-same", "same", 1, "30");
+    let booked_at = "2099-01-02T03:04:06Z";
+    assert_eq!(example.callback(&at(&deposit, 4, booked_at)).await, 200);
+    let same_time = at(&deposit, -3, booked_at);
+    let no_time = with(&at(&deposit, -2, booked_at), "/updatedUtc", None);
+    for (status, body) in [(-3, same_time), (-2, no_time)] {
+        assert_eq!(example.callback(&body).await, 200);
+        let kept = example.quarantined("d-same", status).await;
+        assert!(kept.reason.contains("not known to be newer"), "{kept:?}");
+    }
+    assert_eq!(example.balance("same", "EUR").await, Decimal::from(30));
+    assert_eq!(example.entry("d-same").await.unwrap().status, 4);
+}
+
+/// A balance back at zero keeps the scale of what was booked ("0.0"); a sum with it is
+/// exact whatever the other amount's decimals.
+#[tokio::test]
+async fn a_balance_back_at_zero_takes_any_amount() {
+    let example = start().await;
+    let first = callback("z-1", "zero", 1, "12.50");
+    assert_eq!(
+        example
+            .callback(&at(&first, 4, "2099-01-02T03:04:06Z"))
+            .await,
+        200
+    );
+    assert_eq!(
+        example
+            .callback(&at(&first, -3, "2099-01-02T03:04:07Z"))
+            .await,
+        200
+    );
+    let zero = example.balance("zero", "EUR").await;
+    assert!(zero.is_zero() && zero.scale() > 0, "{zero}");
+    assert_eq!(
+        example.callback(&callback("z-2", "zero", 1, "5")).await,
+        200
+    );
+    assert_eq!(example.balance("zero", "EUR").await, Decimal::from(5));
+    assert!(
+        example.entry("z-2").await.is_some(),
+        "booked, not quarantined"
     );
 }

@@ -121,6 +121,56 @@ async fn logs_in_again_when_the_refresh_token_expired_too() {
     assert_eq!(gateway.with(|s| (s.logins, s.refreshes)), (2, 0));
 }
 
+/// The spec does not say how a refused refresh is answered: a refresh token revoked and
+/// refused with 404 or 422 leads to a new login, as a 401 does, not to failing every call
+/// until the token would have expired.
+#[tokio::test]
+async fn a_refresh_refused_with_any_client_error_logs_in_again() {
+    for status in [404, 422] {
+        let (gateway, client) = gateway_with_record().await;
+        gateway.with(|s| {
+            s.access_lifetime = SHORT_LIFETIME;
+            s.refuse_refreshes = Some(status);
+        });
+        look_up(&client).await;
+        tokio::time::sleep(PAST_HALF_LIFE).await;
+        look_up(&client).await;
+        assert_eq!(
+            gateway.with(|s| (s.logins, s.refreshes)),
+            (2, 0),
+            "{status}"
+        );
+    }
+}
+
+/// A refusal that quotes the request (a proxy's error page) keeps no secret in the error,
+/// which the outbox stores and the inspector shows.
+#[tokio::test]
+async fn a_refusal_that_echoes_the_request_keeps_no_password_or_refresh_token() {
+    let (gateway, client) = gateway_with_record().await;
+    let session = client.login().await.unwrap();
+    gateway.with(|s| {
+        s.echo_refusals = true;
+        s.refuse_logins = true;
+        s.refuse_refreshes = Some(401);
+    });
+    let refused_login = client.login().await.unwrap_err();
+    let refused_refresh = client.refresh(&session.refresh_token).await.unwrap_err();
+    for error in [refused_login, refused_refresh] {
+        let GatewayError::BadCredentials { message, .. } = &error else {
+            panic!("not a refusal: {error:?}");
+        };
+        assert!(
+            message.contains("refused:") && message.contains("***"),
+            "{message}"
+        );
+        for text in [message.clone(), error.to_string(), format!("{error:?}")] {
+            assert!(!text.contains(PASSWORD), "{text}");
+            assert!(!text.contains(session.refresh_token.expose()), "{text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_401_renews_the_session_once_and_retries_once() {
     let (gateway, client) = gateway_with_record().await;

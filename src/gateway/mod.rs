@@ -75,7 +75,8 @@ pub enum GatewayError {
     /// A setting the client needs is missing or unusable.
     #[error("gateway not configured: {0}")]
     NotConfigured(String),
-    /// Login or refresh was refused (the aggregator's message).
+    /// Login or refresh was refused: answered with a 4xx other than 408 and 429 (the
+    /// aggregator's message, the password or refresh token sent replaced by `***`).
     #[error("login refused by {url}: {message}")]
     BadCredentials {
         /// The endpoint called.
@@ -200,10 +201,24 @@ impl Answer {
 
     /// The aggregator's `message`, or the start of the body when it sent no JSON message.
     fn message(&self) -> String {
+        self.message_without(&[])
+    }
+
+    /// [`Self::message`], each of `secrets` in it replaced by `***` before it is cut short
+    /// (so that no part of one is left): an answer that echoes the request — an error page
+    /// of a proxy — would otherwise keep a password or token in the outbox's last error, the
+    /// logs and the inspector.
+    fn message_without(&self, secrets: &[&str]) -> String {
         #[derive(serde::Deserialize)]
         struct Message {
             message: String,
         }
+        let redacted = |text: &str| {
+            secrets
+                .iter()
+                .filter(|secret| !secret.is_empty())
+                .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
+        };
         serde_json::from_slice::<Message>(&self.body).map_or_else(
             |_| {
                 let text = String::from_utf8_lossy(&self.body);
@@ -214,10 +229,10 @@ impl Answer {
                         .unwrap_or("no message")
                         .to_owned()
                 } else {
-                    text.chars().take(200).collect()
+                    redacted(text).chars().take(200).collect()
                 }
             },
-            |m| m.message,
+            |m| redacted(&m.message),
         )
     }
 
@@ -366,7 +381,8 @@ impl GatewayClient {
             password: self.inner.password.clone(),
         };
         let url = format!("{}/api/v1/login", self.inner.auth_url);
-        self.observed(Call::Login, self.session_call(&url, &request))
+        let secrets = [self.inner.password.expose()];
+        self.observed(Call::Login, self.session_call(&url, &request, &secrets))
             .await
     }
 
@@ -380,7 +396,8 @@ impl GatewayClient {
             refresh_token: refresh_token.clone(),
         };
         let url = format!("{}/api/v1/refresh-token", self.inner.auth_url);
-        self.observed(Call::Refresh, self.session_call(&url, &request))
+        let secrets = [refresh_token.expose()];
+        self.observed(Call::Refresh, self.session_call(&url, &request, &secrets))
             .await
     }
 
@@ -453,25 +470,36 @@ impl GatewayClient {
         outcome
     }
 
-    /// A login or refresh exchange: refusals are [`GatewayError::BadCredentials`].
+    /// A login or refresh exchange, whose request carries `secrets`: refusals are
+    /// [`GatewayError::BadCredentials`] — every 4xx but 408 and 429, which ask to try again
+    /// (the spec does not say which status refuses a refresh token: a refresh refused as 404
+    /// or 422 must still lead to a new login, not to failing until the token expires).
     async fn session_call<T: Serialize>(
         &self,
         url: &str,
         request: &T,
+        secrets: &[&str],
     ) -> Result<LoginSession, GatewayError> {
         let answer = self
             .exchange(Method::POST, url, Some(to_json(request)), None)
             .await?;
-        match answer.status {
-            status if status.is_success() => answer.json(),
-            StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                Err(GatewayError::BadCredentials {
-                    url: url.to_owned(),
-                    message: answer.message(),
-                })
-            }
-            _ => Err(answer.error()),
+        let status = answer.status;
+        if status.is_success() {
+            return answer.json();
         }
+        let message = answer.message_without(secrets);
+        let again = [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS];
+        if status.is_client_error() && !again.contains(&status) {
+            return Err(GatewayError::BadCredentials {
+                url: url.to_owned(),
+                message,
+            });
+        }
+        Err(GatewayError::Status {
+            url: answer.url,
+            status: status.as_u16(),
+            message,
+        })
     }
 
     /// A call with the access token; on a 401 the session is renewed once and the call

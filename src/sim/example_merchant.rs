@@ -26,6 +26,8 @@
 //!   hands a handler every status it receives;
 //! * a result older (`updatedUtc`) than the one booked for its nonce: a retry of a failure
 //!   that was delivered late, after the success that followed it, must not undo the success;
+//!   nor does a failure after a booked success when which is newer is not known (either
+//!   `updatedUtc` missing, or the same);
 //! * a failure other than `-2` after a booked successful withdrawal: the aggregator said the
 //!   money was paid out, so giving it back to the client's balance is for a person to decide
 //!   (a deposit's credit is taken back: the merchant's safe side);
@@ -243,8 +245,8 @@ pub struct Entry {
     pub balance_effect: Decimal,
     /// How many results of this nonce were booked: 1, unless its status changed later.
     pub bookings: u32,
-    /// When the booked result last changed on the payment system (`updatedUtc`, else
-    /// `createdUtc`), when it said: an older result does not replace it.
+    /// When the booked result last changed on the payment system (`updatedUtc`), when it
+    /// said: an older result does not replace it.
     #[serde(default)]
     pub updated_utc: Option<chrono::DateTime<chrono::Utc>>,
 }
@@ -284,7 +286,9 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
         .get(&ledger.entries, callback.nonce.as_bytes())?
         .map(from_json)
         .transpose()?;
-    let changed = callback.updated_utc.or(callback.created_utc);
+    // Only `updatedUtc` orders the results of one transaction: `createdUtc` is the same
+    // for all of them.
+    let changed = callback.updated_utc;
     if let Some(reason) = previous
         .as_ref()
         .and_then(|previous| not_replacing(previous, status, changed))
@@ -348,22 +352,34 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
     tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))
 }
 
-/// Why a result with `status`, changed at `changed`, must not replace the booked `previous`
-/// (`None`: it replaces it).
+/// Why a result with `status`, changed at `changed` (`updatedUtc`), must not replace the
+/// booked `previous` (`None`: it replaces it).
 fn not_replacing(
     previous: &Entry,
     status: TransactionStatus,
     changed: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Option<String> {
-    if let (Some(changed), Some(booked)) = (changed, previous.updated_utc)
-        && changed < booked
-    {
+    let newer = match (changed, previous.updated_utc) {
+        (Some(changed), Some(booked)) if changed < booked => {
+            return Some(format!(
+                "older ({changed}) than the status {} booked for this transaction ({booked})",
+                previous.status
+            ));
+        }
+        (Some(changed), Some(booked)) => changed > booked,
+        _ => false,
+    };
+    let booked_success = previous.status == TransactionStatus::Success.code();
+    // Which came last is not known (a time missing, or the same): a late retry of the
+    // failure that preceded the success would look the same.
+    if booked_success && status.is_failure() && !newer {
         return Some(format!(
-            "older ({changed}) than the status {} booked for this transaction ({booked})",
-            previous.status
+            "a failure ({}) after a booked success, not known to be newer (its updatedUtc is \
+             missing or the same): which result stands is for a person to decide",
+            status.description()
         ));
     }
-    let paid_out = previous.status == TransactionStatus::Success.code()
+    let paid_out = booked_success
         && previous.balance_effect.is_sign_negative()
         && !previous.balance_effect.is_zero();
     (paid_out && status.is_failure() && status != TransactionStatus::PaymentSystemError).then(
@@ -378,10 +394,13 @@ fn not_replacing(
 }
 
 /// `balance + change`, unless it overflows or would be rounded (a `Decimal` keeps 28 digits:
-/// a sum that needs more loses decimal places instead of failing).
+/// a sum that needs more loses decimal places instead of failing). A sum with a zero is the
+/// other operand as it is (rust_decimal returns it with its own scale: exact).
 fn exact_sum(balance: Decimal, change: Decimal) -> Option<Decimal> {
     let sum = balance.checked_add(change)?;
-    (sum.scale() >= balance.scale().max(change.scale())).then_some(sum)
+    let exact =
+        balance.is_zero() || change.is_zero() || sum.scale() >= balance.scale().max(change.scale());
+    exact.then_some(sum)
 }
 
 /// Acknowledges `callback` into quarantine, unbooked, for `reason`: see the module's docs.

@@ -34,6 +34,11 @@ pub struct GatewayState {
     pub refuse_logins: bool,
     /// Login requests, refused ones included.
     pub login_attempts: u32,
+    /// Every refresh is refused with this status (the spec does not say which).
+    pub refuse_refreshes: Option<u16>,
+    /// Refusals of a login or refresh quote the request's body, as some proxies' error
+    /// pages do.
+    pub echo_refusals: bool,
     pub logins: u32,
     pub refreshes: u32,
     /// Calls answered 401 because of a missing, unknown or expired token.
@@ -62,6 +67,8 @@ impl Default for GatewayState {
             login_delay: Duration::ZERO,
             refuse_logins: false,
             login_attempts: 0,
+            refuse_refreshes: None,
+            echo_refusals: false,
             logins: 0,
             refreshes: 0,
             unauthorized: 0,
@@ -223,6 +230,20 @@ fn message(status: u16, text: &str) -> Response<Full<Bytes>> {
     answer(status, &json!({ "message": text }))
 }
 
+/// A refusal of a login or refresh: `text`, or — with [`GatewayState::echo_refusals`] — a
+/// page that quotes the request's `body`.
+fn refusal(state: &GatewayState, status: u16, text: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    if !state.echo_refusals {
+        return message(status, text);
+    }
+    let page = format!("<html>refused: {}</html>", String::from_utf8_lossy(body));
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/html")
+        .body(Full::new(Bytes::from(page)))
+        .unwrap()
+}
+
 async fn handle(
     state: &Mutex<GatewayState>,
     request: Request<hyper::body::Incoming>,
@@ -252,13 +273,16 @@ async fn handle(
             let mut state = state.lock().unwrap();
             state.login_attempts += 1;
             if state.refuse_logins || json["username"] != USERNAME || json["password"] != PASSWORD {
-                return message(401, "invalid username or password");
+                return refusal(&state, 401, "invalid username or password", &body);
             }
             state.logins += 1;
             answer(200, &state.session())
         }
         ("POST", "/api/v1/refresh-token") => {
             let mut state = state.lock().unwrap();
+            if let Some(status) = state.refuse_refreshes {
+                return refusal(&state, status, "refresh token revoked", &body);
+            }
             let token = json["refreshToken"].as_str().unwrap_or_default();
             let valid = state
                 .refresh
