@@ -46,7 +46,22 @@ async fn a_signed_callback_reaches_the_handler() {
 async fn missing_malformed_and_forged_signatures_get_401_saying_which() {
     let server = TestServer::start_with(signed_config(&["rsa2048"])).await;
     let tampered = CALLBACK.replace("\"amount\": 0.1", "\"amount\": 1000.1");
-    let cases: [(Vec<u8>, &str); 6] = [
+    let valid = sign("rsa2048", CALLBACK);
+    // Two signature headers, whichever verifies: which one was meant is not known.
+    let twice = |second: &str| {
+        post(
+            CALLBACK_PATH,
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Signature", &valid),
+                ("X-Signature", second),
+            ],
+            CALLBACK.as_bytes(),
+        )
+    };
+    let cases: [(Vec<u8>, &str); 8] = [
+        (twice("AAAA"), "malformed signature"),
+        (twice(&valid), "malformed signature"),
         (
             post(
                 CALLBACK_PATH,
