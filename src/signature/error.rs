@@ -63,6 +63,15 @@ pub enum Error {
         /// What it was configured for.
         algorithm: Algorithm,
     },
+    /// The key itself allows other algorithms only than the one configured (an
+    /// `id-RSASSA-PSS` key, a JWK's `alg`).
+    #[error("the key cannot verify {algorithm}: {by} restricts it to other algorithms")]
+    KeyRestricted {
+        /// What restricts the key.
+        by: String,
+        /// What it was configured for.
+        algorithm: Algorithm,
+    },
     /// A private key for signing could not be read.
     #[error("not a PKCS#8 private key for {algorithm}: {reason}")]
     BadPrivateKey {

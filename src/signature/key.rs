@@ -44,6 +44,41 @@ pub(crate) enum Material {
 pub struct PublicKey {
     id: Option<String>,
     material: Material,
+    /// What the key itself says it may verify, when it says (an `id-RSASSA-PSS` key, a JWK's
+    /// `alg`): a key is used for nothing else, whatever the configuration names.
+    only: Option<Only>,
+}
+
+/// A key's own restriction to some algorithms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Only {
+    /// What restricts it, for the error that names it.
+    by: String,
+    algorithms: &'static [Algorithm],
+}
+
+/// The RSA-PSS algorithms: all an `id-RSASSA-PSS` key may verify.
+const PSS: &[Algorithm] = &[
+    Algorithm::RsaPssSha256,
+    Algorithm::RsaPssSha384,
+    Algorithm::RsaPssSha512,
+];
+
+/// The algorithms a JWK's `alg` (RFC 7518 §3.1, RFC 8037) allows. ES256 and ES384 are the
+/// fixed `r‖s` signatures of JWS, and the same curve's DER ones carry the same values.
+fn jwk_algorithms(alg: &str) -> Option<&'static [Algorithm]> {
+    Some(match alg {
+        "RS256" => &[Algorithm::RsaPkcs1Sha256],
+        "RS384" => &[Algorithm::RsaPkcs1Sha384],
+        "RS512" => &[Algorithm::RsaPkcs1Sha512],
+        "PS256" => &[Algorithm::RsaPssSha256],
+        "PS384" => &[Algorithm::RsaPssSha384],
+        "PS512" => &[Algorithm::RsaPssSha512],
+        "ES256" => &[Algorithm::EcdsaP256Sha256Fixed, Algorithm::EcdsaP256Sha256],
+        "ES384" => &[Algorithm::EcdsaP384Sha384Fixed, Algorithm::EcdsaP384Sha384],
+        "EdDSA" | "Ed25519" => &[Algorithm::Ed25519],
+        _ => return None,
+    })
 }
 
 impl fmt::Debug for PublicKey {
@@ -122,15 +157,21 @@ impl PublicKey {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongKeyKind`] when it cannot.
+    /// [`Error::WrongKeyKind`] when it cannot; [`Error::KeyRestricted`] when the key itself
+    /// allows other algorithms only (an `id-RSASSA-PSS` key, a JWK's `alg`).
     pub fn check_fits(&self, algorithm: Algorithm) -> Result<(), Error> {
-        if self.kind() == algorithm.key_kind() {
-            Ok(())
-        } else {
-            Err(Error::WrongKeyKind {
+        if self.kind() != algorithm.key_kind() {
+            return Err(Error::WrongKeyKind {
                 kind: self.kind(),
                 algorithm,
-            })
+            });
+        }
+        match &self.only {
+            Some(only) if !only.algorithms.contains(&algorithm) => Err(Error::KeyRestricted {
+                by: only.by.clone(),
+                algorithm,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -173,7 +214,19 @@ impl PublicKey {
                 return Err(Error::KeyTooSmall(bits));
             }
         }
-        Ok(Self { id: None, material })
+        Ok(Self {
+            id: None,
+            material,
+            only: None,
+        })
+    }
+
+    fn only(mut self, by: impl Into<String>, algorithms: &'static [Algorithm]) -> Self {
+        self.only = Some(Only {
+            by: by.into(),
+            algorithms,
+        });
+        self
     }
 }
 
@@ -236,8 +289,10 @@ fn parse_spki(der: &[u8]) -> Result<PublicKey, Error> {
         .map_err(|e| Error::UnrecognisedKey(format!("SubjectPublicKeyInfo: {e}")))?;
     let key = spki.subject_public_key.raw_bytes();
     let oid = spki.algorithm.oid;
-    if oid == OID_RSA || oid == OID_RSA_PSS {
+    if oid == OID_RSA {
         parse_pkcs1(key)
+    } else if oid == OID_RSA_PSS {
+        Ok(parse_pkcs1(key)?.only("its SubjectPublicKeyInfo (id-RSASSA-PSS)", PSS))
     } else if oid == OID_EC {
         let curve = spki
             .algorithm
@@ -313,6 +368,7 @@ fn parse_xml(text: &str) -> Result<PublicKey, Error> {
 struct Jwk {
     kty: String,
     kid: Option<String>,
+    alg: Option<String>,
     #[serde(rename = "use")]
     usage: Option<String>,
     crv: Option<String>,
@@ -386,6 +442,14 @@ fn parse_jwk(jwk: Jwk) -> Result<PublicKey, Error> {
                 "JWK kty `{kty}` crv `{}`",
                 crv.unwrap_or("-")
             )));
+        }
+    };
+    let key = match jwk.alg.as_deref() {
+        None => key,
+        Some(alg) => {
+            let algorithms = jwk_algorithms(alg)
+                .ok_or_else(|| Error::UnsupportedKey(format!("JWK alg `{alg}`")))?;
+            key.only(format!("its JWK alg `{alg}`"), algorithms)
         }
     };
     Ok(match jwk.kid {
@@ -484,7 +548,11 @@ impl SigningKey {
             Pair::Ecdsa(pair) => Material::EcP384(pair.public_key().as_ref().to_vec()),
             Pair::Ed25519(pair) => Material::Ed25519(pair.public_key().as_ref().to_vec()),
         };
-        PublicKey { id: None, material }
+        PublicKey {
+            id: None,
+            material,
+            only: None,
+        }
     }
 
     /// Signs `message` (the raw body bytes).
@@ -548,6 +616,44 @@ mod tests {
         ));
         assert!(matches!(
             PublicKey::parse(b"{\"kty\":\"oct\",\"k\":\"AA\"}"),
+            Err(Error::UnsupportedKey(_))
+        ));
+    }
+
+    #[test]
+    fn a_key_that_says_what_it_verifies_verifies_nothing_else() {
+        // `openssl genpkey -algorithm RSA-PSS`: an id-RSASSA-PSS key.
+        let pss = "-----BEGIN PUBLIC KEY-----
+MIIBIDALBgkqhkiG9w0BAQoDggEPADCCAQoCggEBAM8Ln7qnuSRO4LWvVE6YHayW
+W/Sc2U7if+pIn31f9BYWIKhB7ZsOv4t7DcMEwfX3oOxC3PRBX5dgdkkOOxZj4MXR
+wE++yMwH9DlZYeTt5TtDS4OfgPh3JyRtzcdNrnGsaoVuPP0GuoEMXvaDAdD2Rx6h
+0VC63M7LBLVyt3LC3y89i6yzFBy9/+emJ7qdOdw0c1qnCvnpmNw84Y1bYt7dbs3W
+tTOY9j9SBNGKl0Ldh+kHHB4oEmzQd8VEwj33SYtFWfZA5o6MRJs1YNSg5wEs0eRe
+T1M6feulOeQNcmJmysW0f/xmgv6f/sVyNvW5N5/0XYtm1BAiOY2bPmrX/BnWdWUC
+AwEAAQ==
+-----END PUBLIC KEY-----";
+        let key = PublicKey::parse(pss.as_bytes()).unwrap().remove(0);
+        assert_eq!(key.kind(), KeyKind::Rsa);
+        assert!(key.check_fits(Algorithm::RsaPssSha256).is_ok());
+        let refused = key.check_fits(Algorithm::RsaPkcs1Sha256).unwrap_err();
+        assert!(
+            matches!(&refused, Error::KeyRestricted { by, .. } if by.contains("RSASSA-PSS")),
+            "{refused}"
+        );
+        assert!(!key.verifies(Algorithm::RsaPkcs1Sha256, b"body", &[0; 256]));
+
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let jwk = |alg: &str| format!(r#"{{"kty":"OKP","crv":"Ed25519","alg":"{alg}","x":"{x}"}}"#);
+        let eddsa = PublicKey::parse(jwk("EdDSA").as_bytes()).unwrap().remove(0);
+        assert!(eddsa.check_fits(Algorithm::Ed25519).is_ok());
+        // An alg that does not fit the key verifies nothing with it.
+        let mislabelled = PublicKey::parse(jwk("RS256").as_bytes()).unwrap().remove(0);
+        assert!(matches!(
+            mislabelled.check_fits(Algorithm::Ed25519),
+            Err(Error::KeyRestricted { .. })
+        ));
+        assert!(matches!(
+            PublicKey::parse(jwk("HS256").as_bytes()),
             Err(Error::UnsupportedKey(_))
         ));
     }
