@@ -808,6 +808,45 @@ async fn a_refused_result_is_final(b: &Backend) {
     assert_eq!(b.shared.postponed_all().await.unwrap().len(), 1);
 }
 
+behaviour!(a_refused_result_is_queued_again_only_when_an_operator_asks);
+async fn a_refused_result_is_queued_again_only_when_an_operator_asks(b: &Backend) {
+    decide(b, 10).await;
+    // Not refused: nothing to queue again.
+    assert!(
+        !b.shared
+            .requeue_refused(10.into(), Utc::now())
+            .await
+            .unwrap()
+    );
+    refuse(b, 10).await;
+    let now = Utc::now();
+    assert!(b.shared.requeue_refused(10.into(), now).await.unwrap());
+    let record = b.shared.postponed(10.into()).await.unwrap().unwrap();
+    assert_eq!(record.state(), PostponedState::Queued);
+    let Some(Delivery::Queued { last_error, .. }) = record.result.map(|r| r.delivery) else {
+        panic!("not queued");
+    };
+    assert!(
+        last_error.is_some_and(|e| e.contains("queued again by an operator")),
+        "the refusal is kept in the record"
+    );
+    let due = b.shared.outbox_due(now).await.unwrap();
+    assert_eq!(due.now.len(), 1, "due at once");
+    // Queued: a second request changes nothing; an unknown id is no such result.
+    assert!(
+        !b.shared
+            .requeue_refused(10.into(), Utc::now())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.shared
+            .requeue_refused(999.into(), Utc::now())
+            .await
+            .unwrap()
+    );
+}
+
 behaviour!(a_failed_delivery_is_retried_when_due);
 async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
     postpone(b, 11).await;

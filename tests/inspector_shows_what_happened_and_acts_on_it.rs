@@ -760,3 +760,71 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
     // Another login's session is its own: it goes on.
     assert_eq!(server.send(&page(&other)).await.status, 200);
 }
+
+/// A result the aggregator refused (403) is final for the outbox; an operator who finds the
+/// refusal was not the aggregator's (a firewall, a missing role) sends it again.
+#[tokio::test]
+async fn a_refused_result_is_sent_again_when_an_operator_asks() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    gateway.with(|state| state.fail_next.push_back(403));
+    let id = server.postpone_validation().await;
+    let decided = admin(
+        &server,
+        "POST",
+        &format!("/payhook/admin/validations/{id}"),
+        Some(r#"{"success": true, "description": "ok"}"#),
+    )
+    .await;
+    assert_eq!(decided.status, 200);
+    let refused = loop {
+        let listed = admin(
+            &server,
+            "GET",
+            "/payhook/admin/validations?state=conflict",
+            None,
+        )
+        .await
+        .json();
+        if listed.as_array().is_some_and(|l| !l.is_empty()) {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused[0]["validation_id"], id);
+    // The page offers to send it again.
+    let panel = admin(&server, "GET", "/payhook/admin/inspector/outbox", None).await;
+    let html = String::from_utf8_lossy(&panel.body);
+    assert!(html.contains("Send again"), "{html}");
+
+    let retry = admin(
+        &server,
+        "POST",
+        &format!("/payhook/admin/outbox/{id}/retry"),
+        None,
+    )
+    .await;
+    assert_eq!((retry.status, retry.message()), (200, "due now".into()));
+    gateway
+        .until("the result delivered", |s| s.results.contains_key(&id))
+        .await;
+    assert_eq!(
+        gateway.with(|s| s.results[&id].clone()),
+        (true, "ok".into())
+    );
+    let delivered = loop {
+        let listed = admin(
+            &server,
+            "GET",
+            "/payhook/admin/validations?state=delivered",
+            None,
+        )
+        .await
+        .json();
+        if listed.as_array().is_some_and(|l| !l.is_empty()) {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(delivered[0]["result"]["delivery"]["attempts"], 2);
+}

@@ -350,25 +350,31 @@ pub(crate) fn outbox(records: &[PostponedValidation], more: bool, now: DateTime<
                 *attempts,
                 relative(*next_attempt, now),
                 last_error.clone().unwrap_or_default(),
-                true,
+                Some("Retry now"),
             ),
             Delivery::Delivered { attempts, at } => {
-                ("delivered", *attempts, time(*at), String::new(), false)
+                ("delivered", *attempts, time(*at), String::new(), None)
             }
+            // Refused (403): sent again only when an operator judges the refusal not the
+            // aggregator's (a firewall, a missing role).
             Delivery::Conflict {
                 attempts,
                 message,
                 at,
-            } => ("conflict", *attempts, time(*at), message.clone(), false),
+            } => (
+                "conflict",
+                *attempts,
+                time(*at),
+                message.clone(),
+                Some("Send again"),
+            ),
         };
-        let retry = if retry {
+        let retry = retry.map_or_else(String::new, |label| {
             format!(
-                "<button data-action=retry data-id={}>Retry now</button>",
+                "<button data-action=retry data-id={}>{label}</button>",
                 record.validation_id
             )
-        } else {
-            String::new()
-        };
+        });
         let _ = write!(
             out,
             "<tr class='outbox {state}' data-id={id}><td>{id}</td><td>{decision} {description}</td>\

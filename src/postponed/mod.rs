@@ -240,8 +240,11 @@ impl Resolver {
     }
 
     /// Makes the next delivery attempt of a queued result due now, and wakes the outbox:
-    /// an operator's "retry now" after fixing what made the attempts fail. Returns `false`
-    /// when the result is not queued (undecided, delivered or refused): nothing changes.
+    /// an operator's "retry now" after fixing what made the attempts fail. A result the
+    /// aggregator refused as conflicting (403) is queued again, due now: the operator judged
+    /// the refusal not the aggregator's (a firewall, a missing role); if it was, the next
+    /// attempt is refused again. Returns `false` when the result is undecided or delivered:
+    /// nothing changes.
     ///
     /// ```no_run
     /// # async fn run(resolver: payhook::Resolver) -> Result<(), payhook::postponed::ResolveError> {
@@ -265,13 +268,28 @@ impl Resolver {
             .postponed(validation_id)
             .await?
             .ok_or(ResolveError::Unknown(validation_id))?;
-        let Some(Delivery::Queued {
-            attempts,
-            last_error,
-            ..
-        }) = record.result.map(|r| r.delivery)
-        else {
-            return Ok(false);
+        let (attempts, last_error) = match record.result.map(|r| r.delivery) {
+            Some(Delivery::Queued {
+                attempts,
+                last_error,
+                ..
+            }) => (attempts, last_error),
+            Some(Delivery::Conflict { .. }) => {
+                if !self
+                    .store
+                    .requeue_refused(validation_id, self.clock.now())
+                    .await?
+                {
+                    return Ok(false);
+                }
+                tracing::warn!(
+                    validation_id = validation_id.get(),
+                    "a result the aggregator refused (403) was queued again by an operator"
+                );
+                self.wake.notify_one();
+                return Ok(true);
+            }
+            _ => return Ok(false),
         };
         let due_now = Delivery::Queued {
             attempts,
@@ -371,6 +389,10 @@ mod tests {
         }
 
         fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
+            unreachable!("not used by resolve")
+        }
+
+        fn requeue_refused(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
             unreachable!("not used by resolve")
         }
 

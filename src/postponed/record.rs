@@ -351,6 +351,30 @@ impl PostponedValidation {
         })
     }
 
+    /// Queues again, due at `now`, a result the aggregator refused as conflicting (403): an
+    /// operator's decision, when the refusal was not the aggregator's (a firewall, a missing
+    /// role). `true` when it was refused and is queued now; a result in any other state is
+    /// left as it is.
+    pub(crate) fn requeue_refused(&mut self, now: DateTime<Utc>) -> bool {
+        let Some(result) = self.result.as_mut() else {
+            return false;
+        };
+        let Delivery::Conflict {
+            attempts, message, ..
+        } = &result.delivery
+        else {
+            return false;
+        };
+        result.delivery = Delivery::Queued {
+            attempts: *attempts,
+            next_attempt: now,
+            last_error: Some(format!(
+                "refused (403): {message}; queued again by an operator"
+            )),
+        };
+        true
+    }
+
     /// Records how a delivery attempt went: `Some(true)` when the record changed,
     /// `Some(false)` when it was final already (a late attempt's outcome does not undo it),
     /// `None` when there is no decision to deliver.

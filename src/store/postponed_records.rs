@@ -29,6 +29,11 @@ pub(crate) enum PostponedOp {
         validation_id: ValidationId,
         delivery: Delivery,
     },
+    /// Queue a refused result again (an operator's decision).
+    Requeue {
+        validation_id: ValidationId,
+        now: DateTime<Utc>,
+    },
 }
 
 fn read(
@@ -142,6 +147,16 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
                     Ok(Resolution::Recorded)
                 }
             }
+        }
+        PostponedOp::Requeue { validation_id, now } => {
+            let Some(mut record) = read(staging, validation_id)? else {
+                return Ok(Resolution::Unknown);
+            };
+            if !record.requeue_refused(now) {
+                return Ok(Resolution::AlreadyRecorded);
+            }
+            put(staging, &record);
+            Ok(Resolution::Recorded)
         }
     }
 }

@@ -173,6 +173,25 @@ impl PostponedStore for PgStore {
         })
     }
 
+    fn requeue_refused(
+        &self,
+        validation_id: ValidationId,
+        now: DateTime<Utc>,
+    ) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let mut tx = self.pool().begin().await?;
+            let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
+                return Ok(false);
+            };
+            if !record.requeue_refused(now) {
+                return Ok(false);
+            }
+            self.update_postponed(&mut tx, &record, true).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+    }
+
     fn postponed(
         &self,
         validation_id: ValidationId,
