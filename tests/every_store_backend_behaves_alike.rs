@@ -808,19 +808,21 @@ async fn a_refused_result_is_final(b: &Backend) {
     assert_eq!(b.shared.postponed_all().await.unwrap().len(), 1);
 }
 
-behaviour!(a_refused_result_is_queued_again_only_when_an_operator_asks);
-async fn a_refused_result_is_queued_again_only_when_an_operator_asks(b: &Backend) {
+behaviour!(an_operator_makes_a_result_due_now_and_sends_a_refused_one_again);
+async fn an_operator_makes_a_result_due_now_and_sends_a_refused_one_again(b: &Backend) {
+    // Undecided, or unknown: nothing to send.
+    postpone(b, 12).await;
+    assert!(!b.shared.make_due(12.into(), Utc::now()).await.unwrap());
+    assert!(!b.shared.make_due(999.into(), Utc::now()).await.unwrap());
+    // Delivered: sent already.
+    decide(b, 13).await;
+    deliver(b, 13).await;
+    assert!(!b.shared.make_due(13.into(), Utc::now()).await.unwrap());
+
     decide(b, 10).await;
-    // Not refused: nothing to queue again.
-    assert!(
-        !b.shared
-            .requeue_refused(10.into(), Utc::now())
-            .await
-            .unwrap()
-    );
     refuse(b, 10).await;
     let now = Utc::now();
-    assert!(b.shared.requeue_refused(10.into(), now).await.unwrap());
+    assert!(b.shared.make_due(10.into(), now).await.unwrap());
     let record = b.shared.postponed(10.into()).await.unwrap().unwrap();
     assert_eq!(record.state(), PostponedState::Queued);
     let Some(Delivery::Queued { last_error, .. }) = record.result.map(|r| r.delivery) else {
@@ -831,20 +833,21 @@ async fn a_refused_result_is_queued_again_only_when_an_operator_asks(b: &Backend
         "the refusal is kept in the record"
     );
     let due = b.shared.outbox_due(now).await.unwrap();
-    assert_eq!(due.now.len(), 1, "due at once");
-    // Queued: a second request changes nothing; an unknown id is no such result.
-    assert!(
-        !b.shared
-            .requeue_refused(10.into(), Utc::now())
+    let due: Vec<i64> = due.now.iter().map(|v| v.validation_id.get()).collect();
+    assert_eq!(due, [10], "due at once");
+    // The refused attempt's outcome again (another instance's, late): it changes nothing.
+    refuse(b, 10).await;
+    assert_eq!(
+        b.shared
+            .postponed(10.into())
             .await
             .unwrap()
-    );
-    assert!(
-        !b.shared
-            .requeue_refused(999.into(), Utc::now())
-            .await
             .unwrap()
+            .state(),
+        PostponedState::Queued
     );
+    // Queued: made due now again.
+    assert!(b.shared.make_due(10.into(), Utc::now()).await.unwrap());
 }
 
 behaviour!(a_failed_delivery_is_retried_when_due);

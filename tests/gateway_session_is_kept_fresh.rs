@@ -169,6 +169,18 @@ async fn a_refusal_that_echoes_the_request_keeps_no_password_or_refresh_token() 
             assert!(!text.contains(session.refresh_token.expose()), "{text}");
         }
     }
+    // A password with characters JSON escapes is quoted escaped: redacted all the same.
+    let mut config = gateway.config();
+    let odd = r#"pa"ss\word-0123"#;
+    config.password = Some(payhook::Secret::new(odd));
+    let error = GatewayClient::new(&config)
+        .unwrap()
+        .login()
+        .await
+        .unwrap_err();
+    let text = error.to_string();
+    assert!(text.contains("***"), "{text}");
+    assert!(!text.contains("word-0123"), "{text}");
 }
 
 #[tokio::test]

@@ -385,6 +385,42 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     );
 }
 
+/// Postpones a validation and approves it through the operating API; its id.
+async fn approved(server: &TestServer) -> i64 {
+    let id = server.postpone_validation().await;
+    let decided = admin(
+        server,
+        "POST",
+        &format!("/payhook/admin/validations/{id}"),
+        Some(r#"{"success": true, "description": "ok"}"#),
+    )
+    .await;
+    assert_eq!(decided.status, 200);
+    id
+}
+
+/// The validations in `state` once `ready` holds for the list (polled).
+async fn listed_once(
+    server: &TestServer,
+    state: &str,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let path = format!("/payhook/admin/validations?state={state}");
+    loop {
+        let list = admin(server, "GET", &path, None).await.json();
+        if ready(&list) {
+            return list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Asks for the result of validation `id` to be sent now: the answer.
+async fn retry(server: &TestServer, id: &str) -> RawResponse {
+    let path = format!("/payhook/admin/outbox/{id}/retry");
+    admin(server, "POST", &path, None).await
+}
+
 #[tokio::test]
 async fn retry_now_makes_a_queued_result_due_at_once() {
     let gateway = FakeGateway::start().await;
@@ -393,56 +429,26 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     config.validation.retry_schedule = vec![Duration::from_secs(3600)];
     let server = TestServer::start_with(config).await;
     gateway.with(|state| state.fail_next.push_back(500));
-    let id = server.postpone_validation().await;
-    let decided = admin(
-        &server,
-        "POST",
-        &format!("/payhook/admin/validations/{id}"),
-        Some(r#"{"success": true, "description": "ok"}"#),
-    )
-    .await;
-    assert_eq!(decided.status, 200);
+    let id = approved(&server).await;
     gateway
         .until("the first attempt failed", |s| s.attempted.len() == 1)
         .await;
     // The failure is recorded: the result waits for its next attempt, an hour away.
-    let queued = loop {
-        let listed = admin(
-            &server,
-            "GET",
-            "/payhook/admin/validations?state=queued",
-            None,
-        )
-        .await;
-        let list = listed.json();
-        if list[0]["result"]["delivery"]["attempts"] == 1 {
-            break list;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let queued = listed_once(&server, "queued", |list| {
+        list[0]["result"]["delivery"]["attempts"] == 1
+    })
+    .await;
     assert_eq!(queued.as_array().unwrap().len(), 1);
 
-    let retry = admin(
-        &server,
-        "POST",
-        &format!("/payhook/admin/outbox/{id}/retry"),
-        None,
-    )
-    .await;
-    assert_eq!((retry.status, retry.message()), (200, "due now".into()));
+    let retried = retry(&server, &id.to_string()).await;
+    assert_eq!((retried.status, retried.message()), (200, "due now".into()));
     gateway
         .until("the result delivered", |s| s.results.contains_key(&id))
         .await;
 
-    let again = admin(
-        &server,
-        "POST",
-        &format!("/payhook/admin/outbox/{id}/retry"),
-        None,
-    )
-    .await;
+    let again = retry(&server, &id.to_string()).await;
     assert_eq!(again.status, 409, "delivered: nothing to retry");
-    let not_an_id = admin(&server, "POST", "/payhook/admin/outbox/x/retry", None).await;
+    let not_an_id = retry(&server, "x").await;
     assert_eq!(
         (not_an_id.status, not_an_id.message()),
         (400, "`x` is not a validation id".into())
@@ -768,43 +774,17 @@ async fn a_refused_result_is_sent_again_when_an_operator_asks() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;
     gateway.with(|state| state.fail_next.push_back(403));
-    let id = server.postpone_validation().await;
-    let decided = admin(
-        &server,
-        "POST",
-        &format!("/payhook/admin/validations/{id}"),
-        Some(r#"{"success": true, "description": "ok"}"#),
-    )
-    .await;
-    assert_eq!(decided.status, 200);
-    let refused = loop {
-        let listed = admin(
-            &server,
-            "GET",
-            "/payhook/admin/validations?state=conflict",
-            None,
-        )
-        .await
-        .json();
-        if listed.as_array().is_some_and(|l| !l.is_empty()) {
-            break listed;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let id = approved(&server).await;
+    let not_empty = |list: &serde_json::Value| list.as_array().is_some_and(|l| !l.is_empty());
+    let refused = listed_once(&server, "conflict", not_empty).await;
     assert_eq!(refused[0]["validation_id"], id);
     // The page offers to send it again.
     let panel = admin(&server, "GET", "/payhook/admin/inspector/outbox", None).await;
     let html = String::from_utf8_lossy(&panel.body);
     assert!(html.contains("Send again"), "{html}");
 
-    let retry = admin(
-        &server,
-        "POST",
-        &format!("/payhook/admin/outbox/{id}/retry"),
-        None,
-    )
-    .await;
-    assert_eq!((retry.status, retry.message()), (200, "due now".into()));
+    let retried = retry(&server, &id.to_string()).await;
+    assert_eq!((retried.status, retried.message()), (200, "due now".into()));
     gateway
         .until("the result delivered", |s| s.results.contains_key(&id))
         .await;
@@ -812,19 +792,6 @@ async fn a_refused_result_is_sent_again_when_an_operator_asks() {
         gateway.with(|s| s.results[&id].clone()),
         (true, "ok".into())
     );
-    let delivered = loop {
-        let listed = admin(
-            &server,
-            "GET",
-            "/payhook/admin/validations?state=delivered",
-            None,
-        )
-        .await
-        .json();
-        if listed.as_array().is_some_and(|l| !l.is_empty()) {
-            break listed;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let delivered = listed_once(&server, "delivered", not_empty).await;
     assert_eq!(delivered[0]["result"]["delivery"]["attempts"], 2);
 }

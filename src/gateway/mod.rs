@@ -213,11 +213,20 @@ impl Answer {
         struct Message {
             message: String,
         }
+        // Each secret as it is, and as the request carried it (escaped in JSON: a `"` or a
+        // `\` in a password is sent as `\"` or `\\`).
+        let forms: Vec<String> = secrets
+            .iter()
+            .filter(|secret| !secret.is_empty())
+            .flat_map(|secret| {
+                let json = serde_json::to_string(secret).unwrap_or_default();
+                [(*secret).to_owned(), json.trim_matches('"').to_owned()]
+            })
+            .collect();
         let redacted = |text: &str| {
-            secrets
-                .iter()
-                .filter(|secret| !secret.is_empty())
-                .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
+            forms.iter().fold(text.to_owned(), |text, form| {
+                text.replace(form.as_str(), "***")
+            })
         };
         serde_json::from_slice::<Message>(&self.body).map_or_else(
             |_| {

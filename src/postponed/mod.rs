@@ -268,39 +268,24 @@ impl Resolver {
             .postponed(validation_id)
             .await?
             .ok_or(ResolveError::Unknown(validation_id))?;
-        let (attempts, last_error) = match record.result.map(|r| r.delivery) {
-            Some(Delivery::Queued {
-                attempts,
-                last_error,
-                ..
-            }) => (attempts, last_error),
-            Some(Delivery::Conflict { .. }) => {
-                if !self
-                    .store
-                    .requeue_refused(validation_id, self.clock.now())
-                    .await?
-                {
-                    return Ok(false);
-                }
-                tracing::warn!(
-                    validation_id = validation_id.get(),
-                    "a result the aggregator refused (403) was queued again by an operator"
-                );
-                self.wake.notify_one();
-                return Ok(true);
-            }
-            _ => return Ok(false),
-        };
-        let due_now = Delivery::Queued {
-            attempts,
-            next_attempt: self.clock.now(),
-            last_error,
-        };
-        self.store.record_delivery(validation_id, due_now).await?;
-        tracing::info!(
-            validation_id = validation_id.get(),
-            "delivery made due now by an operator"
+        let refused = matches!(
+            record.result.map(|r| r.delivery),
+            Some(Delivery::Conflict { .. })
         );
+        if !self.store.make_due(validation_id, self.clock.now()).await? {
+            return Ok(false);
+        }
+        if refused {
+            tracing::warn!(
+                validation_id = validation_id.get(),
+                "a result the aggregator refused (403) was queued again by an operator"
+            );
+        } else {
+            tracing::info!(
+                validation_id = validation_id.get(),
+                "delivery made due now by an operator"
+            );
+        }
         self.wake.notify_one();
         Ok(true)
     }
@@ -392,7 +377,7 @@ mod tests {
             unreachable!("not used by resolve")
         }
 
-        fn requeue_refused(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
+        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
             unreachable!("not used by resolve")
         }
 

@@ -10,10 +10,14 @@
 //!   handler Allow/Deny in Awaitable mode ─────────────────────────────────▶ Queued ──403──▶ Conflict
 //!                                                                 ▲  │ network, 5xx, 401: next attempt
 //!                                                                 └──┘
+//!                                              Queued ◀── an operator's "send again" ── Conflict
 //! ```
 //!
 //! The first decision wins: resolving again with the same `success` is a no-op, with the
-//! other one is refused. A final delivery (delivered, conflict) is never left.
+//! other one is refused. A delivered result is never left; a refused one (conflict) only by
+//! an operator's decision ([`PostponedValidation::due_now`]). An attempt's outcome is
+//! recorded only when it follows the attempts recorded so far (its count is one more): the
+//! late outcome of an attempt another instance has since repeated changes nothing.
 //!
 //! A repeat of a validation under a new validation id (same nonce, same payment) is a
 //! record of its own, linked both ways (`repeat_of`, `repeats`): it starts with the
@@ -152,7 +156,8 @@ pub enum Delivery {
         #[serde(rename = "at_ms", with = "crate::model::timestamp::epoch_ms")]
         at: DateTime<Utc>,
     },
-    /// The aggregator answered 403: it holds a different result. Final.
+    /// The aggregator answered 403: it holds a different result. Final, unless an operator
+    /// sends it again ([`PostponedValidation::due_now`]).
     Conflict {
         /// Attempts it took.
         attempts: u32,
@@ -171,6 +176,15 @@ impl Delivery {
             attempts: 0,
             next_attempt: now,
             last_error: None,
+        }
+    }
+
+    /// The attempts made so far.
+    pub fn attempts(&self) -> u32 {
+        match self {
+            Self::Queued { attempts, .. }
+            | Self::Delivered { attempts, .. }
+            | Self::Conflict { attempts, .. } => *attempts,
         }
     }
 }
@@ -351,36 +365,50 @@ impl PostponedValidation {
         })
     }
 
-    /// Queues again, due at `now`, a result the aggregator refused as conflicting (403): an
-    /// operator's decision, when the refusal was not the aggregator's (a firewall, a missing
-    /// role). `true` when it was refused and is queued now; a result in any other state is
-    /// left as it is.
-    pub(crate) fn requeue_refused(&mut self, now: DateTime<Utc>) -> bool {
+    /// Makes the result's next attempt due at `now` (an operator's "retry now"); a result the
+    /// aggregator refused as conflicting (403) is queued again, the refusal kept as its last
+    /// error — the operator judged the refusal not the aggregator's (a firewall, a missing
+    /// role). `true` when the record changed: it was queued or refused, not undecided or
+    /// delivered.
+    pub(crate) fn due_now(&mut self, now: DateTime<Utc>) -> bool {
         let Some(result) = self.result.as_mut() else {
             return false;
         };
-        let Delivery::Conflict {
-            attempts, message, ..
-        } = &result.delivery
-        else {
-            return false;
+        let (attempts, last_error) = match &result.delivery {
+            Delivery::Queued {
+                attempts,
+                last_error,
+                ..
+            } => (*attempts, last_error.clone()),
+            Delivery::Conflict {
+                attempts, message, ..
+            } => (
+                *attempts,
+                Some(format!(
+                    "refused (403): {message}; queued again by an operator"
+                )),
+            ),
+            Delivery::Delivered { .. } => return false,
         };
         result.delivery = Delivery::Queued {
-            attempts: *attempts,
+            attempts,
             next_attempt: now,
-            last_error: Some(format!(
-                "refused (403): {message}; queued again by an operator"
-            )),
+            last_error,
         };
         true
     }
 
     /// Records how a delivery attempt went: `Some(true)` when the record changed,
-    /// `Some(false)` when it was final already (a late attempt's outcome does not undo it),
+    /// `Some(false)` when it was final already, or the outcome is not that of the attempt
+    /// after those recorded (a late attempt's outcome does not undo what followed it),
     /// `None` when there is no decision to deliver.
     pub(crate) fn record_delivery(&mut self, delivery: Delivery) -> Option<bool> {
         let result = self.result.as_mut()?;
-        if !matches!(result.delivery, Delivery::Queued { .. }) {
+        let Delivery::Queued { attempts: made, .. } = result.delivery else {
+            return Some(false);
+        };
+        // Not the outcome of the attempt after those recorded: a late one, repeated since.
+        if delivery.attempts() != made.saturating_add(1) {
             return Some(false);
         }
         result.delivery = delivery;
@@ -432,5 +460,31 @@ mod tests {
         assert_eq!(record.record_delivery(Delivery::queued(now)), Some(false));
         assert_eq!(record.state(), PostponedState::Delivered);
         assert!(record.is_final());
+        assert!(!record.due_now(now), "a delivered result is not sent again");
+    }
+
+    #[test]
+    fn a_refused_result_is_queued_again_and_a_late_outcome_changes_nothing() {
+        let mut record = pending();
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        record.resolve(true, "ok".into(), now);
+        let refused = Delivery::Conflict {
+            attempts: 1,
+            message: "held".into(),
+            at: now,
+        };
+        assert_eq!(record.record_delivery(refused.clone()), Some(true));
+        assert!(record.due_now(now));
+        assert_eq!(record.state(), PostponedState::Queued);
+        // The outcome of attempt 1 again (another instance's, late): ignored.
+        assert_eq!(record.record_delivery(refused), Some(false));
+        assert_eq!(record.state(), PostponedState::Queued);
+        // Attempt 2's outcome is recorded.
+        let delivered = Delivery::Delivered {
+            attempts: 2,
+            at: now,
+        };
+        assert_eq!(record.record_delivery(delivered), Some(true));
+        assert_eq!(record.state(), PostponedState::Delivered);
     }
 }

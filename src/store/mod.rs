@@ -645,14 +645,11 @@ pub trait PostponedStore: Send + Sync + 'static {
     fn record_delivery(&self, validation_id: ValidationId, delivery: Delivery)
     -> DurableFuture<'_>;
 
-    /// Queues again, due at `now`, the result of `validation_id` that the aggregator refused
-    /// as conflicting (403); `true` when it was such a result (any other is left as it is).
-    /// Resolves once durable.
-    fn requeue_refused(
-        &self,
-        validation_id: ValidationId,
-        now: DateTime<Utc>,
-    ) -> StoreFuture<'_, bool>;
+    /// Makes the next delivery attempt of `validation_id`'s result due at `now`, queueing it
+    /// again when the aggregator refused it as conflicting (403): an operator's decision.
+    /// `true` when it was queued or refused (an undecided or delivered one is left as it
+    /// is). Resolves once durable.
+    fn make_due(&self, validation_id: ValidationId, now: DateTime<Utc>) -> StoreFuture<'_, bool>;
 
     /// One postponed validation.
     fn postponed(

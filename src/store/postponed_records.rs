@@ -29,8 +29,9 @@ pub(crate) enum PostponedOp {
         validation_id: ValidationId,
         delivery: Delivery,
     },
-    /// Queue a refused result again (an operator's decision).
-    Requeue {
+    /// Make a result's next attempt due now, queueing a refused one again (an operator's
+    /// decision).
+    MakeDue {
         validation_id: ValidationId,
         now: DateTime<Utc>,
     },
@@ -148,11 +149,11 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
                 }
             }
         }
-        PostponedOp::Requeue { validation_id, now } => {
+        PostponedOp::MakeDue { validation_id, now } => {
             let Some(mut record) = read(staging, validation_id)? else {
                 return Ok(Resolution::Unknown);
             };
-            if !record.requeue_refused(now) {
+            if !record.due_now(now) {
                 return Ok(Resolution::AlreadyRecorded);
             }
             put(staging, &record);

@@ -615,12 +615,8 @@ impl PostponedStore for SledStore {
         Box::pin(async move { written.await.map(|_| ()) })
     }
 
-    fn requeue_refused(
-        &self,
-        validation_id: ValidationId,
-        now: DateTime<Utc>,
-    ) -> StoreFuture<'_, bool> {
-        let written = self.postponed_op(PostponedOp::Requeue { validation_id, now });
+    fn make_due(&self, validation_id: ValidationId, now: DateTime<Utc>) -> StoreFuture<'_, bool> {
+        let written = self.postponed_op(PostponedOp::MakeDue { validation_id, now });
         Box::pin(async move { Ok(matches!(written.await?, super::Resolution::Recorded)) })
     }
 

@@ -173,17 +173,14 @@ impl PostponedStore for PgStore {
         })
     }
 
-    fn requeue_refused(
-        &self,
-        validation_id: ValidationId,
-        now: DateTime<Utc>,
-    ) -> StoreFuture<'_, bool> {
+    fn make_due(&self, validation_id: ValidationId, now: DateTime<Utc>) -> StoreFuture<'_, bool> {
         Box::pin(async move {
             let mut tx = self.pool().begin().await?;
             let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
                 return Ok(false);
             };
-            if !record.requeue_refused(now) {
+            if !record.due_now(now) {
+                let_go(tx).await?;
                 return Ok(false);
             }
             self.update_postponed(&mut tx, &record, true).await?;
