@@ -157,7 +157,7 @@ pub enum Delivery {
         at: DateTime<Utc>,
     },
     /// The aggregator answered 403: it holds a different result. Final, unless an operator
-    /// sends it again ([`PostponedValidation::due_now`]).
+    /// sends it again (`Resolver::retry_now`, the operating API's `outbox/{id}/retry`).
     Conflict {
         /// Attempts it took.
         attempts: u32,
