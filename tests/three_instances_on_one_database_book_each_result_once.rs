@@ -47,12 +47,19 @@ struct Result_ {
 
 fn callback(signer: &SigningKey, i: usize, status: i32, amount: Decimal) -> Result_ {
     let nonce = format!("storm-{i:04}");
-    let request = signed_callback(
+    // A reversal is a later status: it carries a later time.
+    let updated = if status == -2 {
+        "2099-01-02T03:05:00Z"
+    } else {
+        "2099-01-02T03:04:06Z"
+    };
+    let request = signed_callback_changed_at(
         signer,
         &nonce,
         status,
         &amount.to_string(),
         &format!("client-{}", i % 50),
+        updated,
     );
     Result_ {
         nonce,

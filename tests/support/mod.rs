@@ -707,7 +707,31 @@ pub fn signed_callback(
     amount: &str,
     client: &str,
 ) -> Vec<u8> {
+    signed_callback_changed_at(
+        signer,
+        nonce,
+        status,
+        amount,
+        client,
+        "2099-01-02T03:04:06Z",
+    )
+}
+
+/// [`signed_callback`] whose transaction last changed at `updated` (`updatedUtc`): a later
+/// status of a transaction carries a later time.
+pub fn signed_callback_changed_at(
+    signer: &payhook::signature::SigningKey,
+    nonce: &str,
+    status: i32,
+    amount: &str,
+    client: &str,
+    updated: &str,
+) -> Vec<u8> {
     let body = CALLBACK
+        .replace(
+            "\"updatedUtc\": \"2099-01-02T03:04:06Z\"",
+            &format!("\"updatedUtc\": \"{updated}\""),
+        )
         .replace("\"nonce-cb-1\"", &format!("\"{nonce}\""))
         .replace(
             "\"transactionStatus\": 4",
