@@ -795,3 +795,30 @@ async fn a_refused_result_is_sent_again_when_an_operator_asks() {
     let delivered = listed_once(&server, "delivered", not_empty).await;
     assert_eq!(delivered[0]["result"]["delivery"]["attempts"], 2);
 }
+
+/// What a service without a part cannot do is a 409 that names the part: no recording, no
+/// deliveries to list; no gateway, nothing to reconcile against.
+#[tokio::test]
+async fn an_operation_whose_part_is_off_is_409_naming_it() {
+    let mut config = test_config();
+    config.admin.token = Some(TOKEN.into());
+    config.admin.inspector_recent = 0;
+    let server = TestServer::start_with(config).await;
+    for path in ["/payhook/admin/deliveries", "/payhook/admin/deliveries/1"] {
+        let answer = admin(&server, "GET", path, None).await;
+        assert_eq!(
+            (answer.status, answer.message()),
+            (
+                409,
+                "the inspector does not record (admin.inspector_recent = 0)".into()
+            ),
+            "{path}"
+        );
+    }
+    let body = r#"{"referenceIds": ["0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e"]}"#;
+    let answer = admin(&server, "POST", "/payhook/admin/reconcile", Some(body)).await;
+    assert_eq!(
+        (answer.status, answer.message()),
+        (409, "reconcile needs a complete [gateway] section".into())
+    );
+}
