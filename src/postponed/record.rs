@@ -374,27 +374,20 @@ impl PostponedValidation {
         let Some(result) = self.result.as_mut() else {
             return false;
         };
-        let (attempts, last_error) = match &result.delivery {
-            Delivery::Queued {
-                attempts,
-                last_error,
-                ..
-            } => (*attempts, last_error.clone()),
+        match &mut result.delivery {
+            Delivery::Queued { next_attempt, .. } => *next_attempt = now,
             Delivery::Conflict {
                 attempts, message, ..
-            } => (
-                *attempts,
-                Some(format!(
-                    "refused (403): {message}; queued again by an operator"
-                )),
-            ),
+            } => {
+                let last_error = format!("refused (403): {message}; queued again by an operator");
+                result.delivery = Delivery::Queued {
+                    attempts: *attempts,
+                    next_attempt: now,
+                    last_error: Some(last_error),
+                };
+            }
             Delivery::Delivered { .. } => return false,
-        };
-        result.delivery = Delivery::Queued {
-            attempts,
-            next_attempt: now,
-            last_error,
-        };
+        }
         true
     }
 

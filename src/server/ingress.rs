@@ -91,15 +91,18 @@ impl Ingress {
         self.client_of(peer, request.headers())
     }
 
+    fn is_trusted_proxy(&self, ip: std::net::IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(ip))
+    }
+
     /// Whether the browser reached the service over HTTPS, as a trusted proxy says
     /// (`X-Forwarded-Proto: https`, its left-most value: the client's side). payhook serves
     /// plain HTTP itself, so a request from anyone else came over HTTP.
     pub(super) fn forwarded_https<B>(&self, request: &Request<B>) -> bool {
-        let from_proxy = request.extensions().get::<PeerAddr>().is_some_and(|peer| {
-            self.trusted_proxies
-                .iter()
-                .any(|net| net.contains(peer.0.ip()))
-        });
+        let from_proxy = request
+            .extensions()
+            .get::<PeerAddr>()
+            .is_some_and(|peer| self.is_trusted_proxy(peer.0.ip()));
         from_proxy
             && request
                 .headers()
@@ -119,8 +122,7 @@ impl Ingress {
         peer: Option<SocketAddr>,
         headers: &HeaderMap,
     ) -> Option<std::net::IpAddr> {
-        let trusted =
-            |ip: std::net::IpAddr| self.trusted_proxies.iter().any(|net| net.contains(ip));
+        let trusted = |ip| self.is_trusted_proxy(ip);
         let mut client = peer?.ip();
         if !trusted(client) {
             return Some(client);

@@ -379,9 +379,7 @@ fn not_replacing(
             status.description()
         ));
     }
-    let paid_out = booked_success
-        && previous.balance_effect.is_sign_negative()
-        && !previous.balance_effect.is_zero();
+    let paid_out = booked_success && previous.balance_effect < Decimal::ZERO;
     (paid_out && status.is_failure() && status != TransactionStatus::PaymentSystemError).then(
         || {
             format!(
