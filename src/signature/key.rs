@@ -22,6 +22,11 @@ const OID_EC: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1
 const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
 const OID_P384: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
 const OID_ED25519: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
+const OID_MGF1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.8");
+const OID_SHA1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.14.3.2.26");
+const OID_SHA256: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.1");
+const OID_SHA384: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.2");
+const OID_SHA512: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.101.3.4.2.3");
 
 /// Smallest RSA modulus accepted, in bits (ring's verifiers refuse smaller ones anyway).
 const MIN_RSA_BITS: usize = 2048;
@@ -292,7 +297,23 @@ fn parse_spki(der: &[u8]) -> Result<PublicKey, Error> {
     if oid == OID_RSA {
         parse_pkcs1(key)
     } else if oid == OID_RSA_PSS {
-        Ok(parse_pkcs1(key)?.only("its SubjectPublicKeyInfo (id-RSASSA-PSS)", PSS))
+        let key = parse_pkcs1(key)?;
+        match spki.algorithm.parameters {
+            None => Ok(key.only("its SubjectPublicKeyInfo (id-RSASSA-PSS)", PSS)),
+            Some(parameters) => {
+                let parameters = parameters
+                    .decode_as::<pkcs1::RsaPssParams<'_>>()
+                    .map_err(|e| Error::UnrecognisedKey(format!("RSASSA-PSS parameters: {e}")))?;
+                let only = pss_algorithm(&parameters)?;
+                Ok(key.only(
+                    format!(
+                        "its SubjectPublicKeyInfo (id-RSASSA-PSS with the parameters of {})",
+                        only[0]
+                    ),
+                    only,
+                ))
+            }
+        }
     } else if oid == OID_EC {
         let curve = spki
             .algorithm
@@ -315,6 +336,43 @@ fn parse_spki(der: &[u8]) -> Result<PublicKey, Error> {
     } else {
         Err(Error::UnsupportedKey(format!("algorithm {oid}")))
     }
+}
+
+/// The one algorithm an `id-RSASSA-PSS` key with parameters verifies (RFC 4055 §3.1): its
+/// hash, MGF1 with the same hash, and a salt as long as the hash, which is what ring's RSA-PSS
+/// verification checks. A key that names anything else could never verify a signature here,
+/// so it is refused when it is read rather than answering every callback 401.
+fn pss_algorithm(parameters: &pkcs1::RsaPssParams<'_>) -> Result<&'static [Algorithm], Error> {
+    let (only, hash_len): (&'static [Algorithm], usize) = match parameters.hash.oid {
+        OID_SHA256 => (&[Algorithm::RsaPssSha256], 32),
+        OID_SHA384 => (&[Algorithm::RsaPssSha384], 48),
+        OID_SHA512 => (&[Algorithm::RsaPssSha512], 64),
+        OID_SHA1 => {
+            return Err(Error::UnsupportedKey(
+                "RSA-PSS key restricted to SHA-1 (SHA-256, SHA-384 and SHA-512 are verified)"
+                    .into(),
+            ));
+        }
+        other => {
+            return Err(Error::UnsupportedKey(format!(
+                "RSA-PSS key restricted to hash {other} (SHA-256, SHA-384 and SHA-512 are verified)"
+            )));
+        }
+    };
+    let algorithm = only[0];
+    let mask = &parameters.mask_gen;
+    if mask.oid != OID_MGF1 || mask.parameters.map(|hash| hash.oid) != Some(parameters.hash.oid) {
+        return Err(Error::UnsupportedKey(format!(
+            "RSA-PSS key whose mask generation is not MGF1 with its own hash ({algorithm} is verified with MGF1 of the same hash)"
+        )));
+    }
+    if usize::from(parameters.salt_len) != hash_len {
+        return Err(Error::UnsupportedKey(format!(
+            "RSA-PSS key with a salt of {} bytes ({algorithm} is verified with a salt as long as its hash, {hash_len} bytes)",
+            parameters.salt_len
+        )));
+    }
+    Ok(only)
 }
 
 /// An uncompressed point of a curve whose coordinates are `len` bytes.
@@ -371,6 +429,7 @@ struct Jwk {
     alg: Option<String>,
     #[serde(rename = "use")]
     usage: Option<String>,
+    key_ops: Option<Vec<String>>,
     crv: Option<String>,
     n: Option<String>,
     e: Option<String>,
@@ -382,6 +441,28 @@ struct Jwk {
 #[derive(Deserialize)]
 struct Jwks {
     keys: Vec<serde_json::Value>,
+}
+
+impl Jwk {
+    /// `false` for a key a JWKS publishes for something other than verifying signatures:
+    /// `use: enc`, `key_ops` without `verify`, or an `alg` of encryption (RFC 7518 §4), such
+    /// as the aggregator's key for encrypting to it. A JWKS's other keys are read; a key
+    /// meant to verify that payhook cannot read still stops the set (an error at start-up,
+    /// rather than a callback signed with it refused later).
+    fn may_verify(&self) -> bool {
+        const ENCRYPTION: [&str; 6] = ["RSA1_5", "RSA-OAEP", "ECDH-ES", "A128", "A192", "A256"];
+        let encrypts = |alg: &str| {
+            alg == "dir"
+                || alg.starts_with("PBES2")
+                || ENCRYPTION.iter().any(|p| alg.starts_with(p))
+        };
+        self.usage.as_deref() != Some("enc")
+            && self
+                .key_ops
+                .as_ref()
+                .is_none_or(|ops| ops.iter().any(|op| op == "verify"))
+            && !self.alg.as_deref().is_some_and(encrypts)
+    }
 }
 
 fn parse_jwk_or_jwks(text: &str) -> Result<Vec<PublicKey>, Error> {
@@ -397,7 +478,7 @@ fn parse_jwk_or_jwks(text: &str) -> Result<Vec<PublicKey>, Error> {
                 serde_json::from_value::<Jwk>(k)
                     .map_err(|e| Error::UnrecognisedKey(format!("JWK: {e}")))
             })
-            .filter(|jwk| !matches!(jwk, Ok(Jwk { usage: Some(u), .. }) if u == "enc"))
+            .filter(|jwk| !matches!(jwk, Ok(jwk) if !jwk.may_verify()))
             .map(|jwk| jwk.and_then(parse_jwk))
             .collect::<Result<Vec<_>, _>>()?;
         if keys.is_empty() {
@@ -407,6 +488,11 @@ fn parse_jwk_or_jwks(text: &str) -> Result<Vec<PublicKey>, Error> {
     } else {
         let jwk: Jwk = serde_json::from_value(value)
             .map_err(|e| Error::UnrecognisedKey(format!("JWK: {e}")))?;
+        if !jwk.may_verify() {
+            return Err(Error::UnsupportedKey(
+                "a JWK for encryption (its `use`, `key_ops` or `alg` says so), not for verifying signatures".into(),
+            ));
+        }
         Ok(vec![parse_jwk(jwk)?])
     }
 }
@@ -449,6 +535,13 @@ fn parse_jwk(jwk: Jwk) -> Result<PublicKey, Error> {
         Some(alg) => {
             let algorithms = jwk_algorithms(alg)
                 .ok_or_else(|| Error::UnsupportedKey(format!("JWK alg `{alg}`")))?;
+            if algorithms[0].key_kind() != key.kind() {
+                return Err(Error::UnsupportedKey(format!(
+                    "JWK alg `{alg}` on a {} key: `{alg}` needs a {} key, so this key would verify nothing",
+                    key.kind(),
+                    algorithms[0].key_kind()
+                )));
+            }
             key.only(format!("its JWK alg `{alg}`"), algorithms)
         }
     };
@@ -646,16 +739,131 @@ AwEAAQ==
         let jwk = |alg: &str| format!(r#"{{"kty":"OKP","crv":"Ed25519","alg":"{alg}","x":"{x}"}}"#);
         let eddsa = PublicKey::parse(jwk("EdDSA").as_bytes()).unwrap().remove(0);
         assert!(eddsa.check_fits(Algorithm::Ed25519).is_ok());
-        // An alg that does not fit the key verifies nothing with it.
-        let mislabelled = PublicKey::parse(jwk("RS256").as_bytes()).unwrap().remove(0);
+        // An alg that does not fit the key would verify nothing with it: refused when read.
+        let mislabelled = PublicKey::parse(jwk("RS256").as_bytes()).unwrap_err();
+        assert!(
+            matches!(&mislabelled, Error::UnsupportedKey(why) if why.contains("needs a RSA key")),
+            "{mislabelled}"
+        );
+        let p256 = r#"{"kty":"EC","crv":"P-256","alg":"ES384",
+            "x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
+            "y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}"#;
         assert!(matches!(
-            mislabelled.check_fits(Algorithm::Ed25519),
-            Err(Error::KeyRestricted { .. })
+            PublicKey::parse(p256.as_bytes()),
+            Err(Error::UnsupportedKey(_))
         ));
+        assert!(
+            PublicKey::parse(p256.replace("ES384", "ES256").as_bytes()).unwrap()[0]
+                .check_fits(Algorithm::EcdsaP256Sha256Fixed)
+                .is_ok()
+        );
         assert!(matches!(
             PublicKey::parse(jwk("HS256").as_bytes()),
             Err(Error::UnsupportedKey(_))
         ));
+    }
+
+    /// `openssl genpkey -algorithm RSA-PSS -pkeyopt rsa_pss_keygen_md:sha384
+    /// -pkeyopt rsa_pss_keygen_mgf1_md:sha384 -pkeyopt rsa_pss_keygen_saltlen:48`, and its
+    /// signature of `body` (`openssl dgst -sha384 -sigopt rsa_padding_mode:pss
+    /// -sigopt rsa_pss_saltlen:48 -sign`).
+    const PSS_SHA384: &str = "-----BEGIN PUBLIC KEY-----
+MIIBVjBBBgkqhkiG9w0BAQowNKAPMA0GCWCGSAFlAwQCAgUAoRwwGgYJKoZIhvcN
+AQEIMA0GCWCGSAFlAwQCAgUAogMCATADggEPADCCAQoCggEBANE/QGdgPyFck2Rd
+5e6tVReYJW4DvZPi8hSi40T/YfVdAyM7f7YnHrdQC30zkeNspdnTfdFTy7agzrJF
+jTBkYXKilBdmbCqABUCmxTYlN2d/3f+6CGZTM457BjcfPx7K4+eL9b5shQnROqFP
+UJRWI5XR41i/jHYA8DV4Z+H5JXHtZoWzUoD5CH1uO4nYkk+SA3xacbgTsD2bvRd1
+OsFs5nk0qDDU62P9P69OiBUh3iXg9fMAlmaQ4vwYQwd7LQAADZs+ykV9KxwikII0
++0R8Uuyuecu5Wy1FBaa7OckMY9320dML0w6tCj+YGpJQVUXI0jBdjB+J3YoN31mg
+4gIYYfECAwEAAQ==
+-----END PUBLIC KEY-----";
+    const PSS_SHA384_SIGNATURE: &str = "h0xMnkn3c1MMHGt0kIGWa2TlkVQyN/OXyfSw/oW9pBmDluN2RSUHIcdI+OANJhzWugQfS+4SmK8f4b5OvHQBqTHhZ0C+oqW6CMPMmI9YpMJKp87u9LVFc1onmvBjaX0AgbZDeGZHSDwkutAQ9aCQdEVimRPxxzI+sSSW6H5m7fuR5jLs1D03BhFPd8tEw9Pov/ZzL5DbSg3geFTvVfXLP5hTLe56cjdYWAi7MZdRoRwt3NgS7jJq4q8fNh/+cfP3mJdcmg+1QT1q0D8hab1RxAtsYvYcsLwSkiKutuRDkP5WIwmuAd2ffNEUY98Kt/xh59CaJ74ORewzDPiowCPWYg==";
+
+    #[test]
+    fn an_rsa_pss_key_with_parameters_verifies_only_what_they_name() {
+        let key = PublicKey::parse(PSS_SHA384.as_bytes()).unwrap().remove(0);
+        let signature = base64::engine::general_purpose::STANDARD
+            .decode(PSS_SHA384_SIGNATURE)
+            .unwrap();
+        assert!(key.verifies(Algorithm::RsaPssSha384, b"body", &signature));
+        assert!(!key.verifies(Algorithm::RsaPssSha384, b"bodY", &signature));
+        for other in [Algorithm::RsaPssSha256, Algorithm::RsaPssSha512] {
+            let refused = key.check_fits(other).unwrap_err();
+            assert!(
+                matches!(&refused, Error::KeyRestricted { by, .. } if by.contains("rsa-pss-sha384")),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_rsa_pss_key_whose_parameters_ring_cannot_verify_is_refused() {
+        // SHA-256 with the defaults for the rest: MGF1 with SHA-1 and a 20-byte salt.
+        let sha256_defaults = "-----BEGIN PUBLIC KEY-----
+MIIBMzAeBgkqhkiG9w0BAQowEaAPMA0GCWCGSAFlAwQCAQUAA4IBDwAwggEKAoIB
+AQCaX7M9jgnHwfttX1frpJKSV50KpFulMfqSUk84LTEzwSF+QEpcbGypmkFAEtLm
+IPINmzbf4u6SJas/iz7z3WsZnBFSihR5JA/63iVKCjdBFNyIIPba+SpWHetFENsb
+tfCV1+6b6z9ewUyni/H9914ScuCgN9k1UcY8bp8OjEqR7R9/sS0G8+4p/cbMUMtY
+4sKmdnKhG5fImeLLFC5XiBHwdV3He7+Zo2G76aQUxfTpVCQ5qfOUlVOhPGktCeiH
+mWfgaPakauWQPGRljZh/bCgRNnrFAqyHlNbchoikVoVEtHjSKXulgm4Yzgtv8XTO
+w76pH3mhY6G83FUaFv2AHQ/nAgMBAAE=
+-----END PUBLIC KEY-----";
+        let refused = PublicKey::parse(sha256_defaults.as_bytes()).unwrap_err();
+        assert!(
+            matches!(&refused, Error::UnsupportedKey(why) if why.contains("MGF1")),
+            "{refused}"
+        );
+        // Empty parameters: every default, SHA-1.
+        let sha1 = "-----BEGIN PUBLIC KEY-----
+MIIBIjANBgkqhkiG9w0BAQowAAOCAQ8AMIIBCgKCAQEAnwGb1sgnOVLo0+vxX3Ir
+oYL7PtdNXGgl3LNJdvL5HQvrw0FFOZmy8a0iHTew4Ff/60TVshdHpiiJ68gKFKvy
+EOyX48i/0DBUZ2MjnWDWgmP399rpmo4EBfEu881lWtsdIQ/VtK6JE8TcDbb+FMER
+1cDKr1j6Ztj84xVf0NWhIDNdrg+4PjaJ2m42CS+EkVMIzu7F7YdSwozxTZuWNs0R
+A6BK3GW+VZaAup9epQSQzYe/ctlPh6Si7VzpUIHhs9N7IJODlPdzVBlWZcmQSIVI
+n/ptxmXQwL5Z3EGCjBqr2UitDE7B5uRHXWxH6c04IeOG27O+mYrs99jW8bBoO0Dg
+QQIDAQAB
+-----END PUBLIC KEY-----";
+        let refused = PublicKey::parse(sha1.as_bytes()).unwrap_err();
+        assert!(
+            matches!(&refused, Error::UnsupportedKey(why) if why.contains("SHA-1")),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_jwks_skips_the_keys_it_publishes_for_encryption() {
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let signing = format!(r#"{{"kty":"OKP","crv":"Ed25519","kid":"sig","x":"{x}"}}"#);
+        // RSA members that are no key at all: read, they would stop the set.
+        let rsa =
+            |extra: &str| format!(r#"{{"kty":"RSA","kid":"enc","n":"AA","e":"AQAB",{extra}}}"#);
+        for encryption in [
+            rsa(r#""use":"enc""#),
+            rsa(r#""alg":"RSA-OAEP-256""#),
+            rsa(r#""alg":"RSA1_5""#),
+            rsa(r#""key_ops":["encrypt","wrapKey"]"#),
+            r#"{"kty":"oct","alg":"A256KW","k":"AA"}"#.to_owned(),
+        ] {
+            let jwks = format!(r#"{{"keys":[{encryption},{signing}]}}"#);
+            let keys = PublicKey::parse(jwks.as_bytes()).unwrap();
+            assert_eq!(keys.len(), 1, "{encryption}");
+            assert_eq!(keys[0].id(), Some("sig"));
+            // Alone, it is no key to verify with.
+            assert!(matches!(
+                PublicKey::parse(encryption.as_bytes()),
+                Err(Error::UnsupportedKey(_))
+            ));
+        }
+        // A key meant to verify that cannot be read still stops the set.
+        let unreadable = rsa(r#""use":"sig""#);
+        let jwks = format!(r#"{{"keys":[{unreadable},{signing}]}}"#);
+        assert!(matches!(
+            PublicKey::parse(jwks.as_bytes()),
+            Err(Error::KeyTooSmall(0))
+        ));
+        let verify_op = rsa(r#""key_ops":["verify"]"#);
+        let jwks = format!(r#"{{"keys":[{verify_op},{signing}]}}"#);
+        assert!(PublicKey::parse(jwks.as_bytes()).is_err());
     }
 
     #[test]
