@@ -608,7 +608,7 @@ async fn a_nul_in_an_identifier_is_400_on_every_endpoint_and_elsewhere_is_accept
 }
 
 /// What hyper cannot parse as HTTP never reaches payhook: hyper answers it itself (400, or
-/// 431 for too many headers) with an empty body and closes the connection, as the README's
+/// 431 for too many headers or a head over 64 KiB) with an empty body and closes the connection, as the README's
 /// table says. Nothing is booked, and the server goes on serving.
 #[tokio::test]
 async fn a_request_the_http_layer_cannot_parse_is_refused_by_it_and_books_nothing() {
@@ -618,7 +618,9 @@ async fn a_request_the_http_layer_cannot_parse_is_refused_by_it_and_books_nothin
     let head_end = valid.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
     let with_head = |head: String| [head.as_bytes(), &valid[head_end..]].concat();
     let many_headers: String = (0..101).map(|i| format!("X-Filler-{i}: {i}\r\n")).collect();
-    let unparsable: [(&str, Vec<u8>, u16); 4] = [
+    let long_header = format!("X-Filler: {}\r\n", "a".repeat(64 * 1024));
+    let long_query = "a".repeat(64 * 1024);
+    let unparsable: [(&str, Vec<u8>, u16); 6] = [
         (
             "a malformed request line",
             [
@@ -649,6 +651,24 @@ async fn a_request_the_http_layer_cannot_parse_is_refused_by_it_and_books_nothin
             "more than 100 headers",
             with_head(format!(
                 "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{many_headers}\
+                 Content-Type: application/json\r\nContent-Length: {}",
+                body.len()
+            )),
+            431,
+        ),
+        (
+            "a head over 64 KiB",
+            with_head(format!(
+                "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n{long_header}\
+                 Content-Type: application/json\r\nContent-Length: {}",
+                body.len()
+            )),
+            431,
+        ),
+        (
+            "a URI over 64 KiB",
+            with_head(format!(
+                "POST {CALLBACK_PATH}?{long_query} HTTP/1.1\r\nHost: 127.0.0.1\r\n\
                  Content-Type: application/json\r\nContent-Length: {}",
                 body.len()
             )),

@@ -119,6 +119,14 @@
 //! read, refused or its connection goes
 //! (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`).
 //!
+//! **Bodies sent a byte at a time.** hyper hands a body over as slices of the connection's
+//! read buffer, and starts a new buffer (8 KiB) when the last is still shared. A body kept as
+//! the frames it arrived in, sent one byte per segment at the minimum rate, so kept some
+//! 8 KiB alive for each byte the memory counted: about 60 MiB per connection within the
+//! request timeout, counted as a few KiB. Now a body's frames after its first are copied into
+//! one buffer and dropped, and the memory counts that buffer's capacity (a body arriving in
+//! one frame, as most do, is still not copied; `server/request.rs`'s tests).
+//!
 //! **A longer listen queue.** Under this flood, tokio's default listen backlog of 1,024
 //! filled with the attack's reconnections. Three runs in a row then kept a genuine client's SYN
 //! waiting a second for its retransmission (p99 1,029–1,031 ms). `payhook::bind` now asks

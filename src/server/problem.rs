@@ -33,8 +33,8 @@
 //!
 //! A request whose head is not HTTP never becomes a [`Problem`]: hyper refuses it before
 //! the service is called — 400 (a malformed request line or header, a `Content-Length` that
-//! is no number), 431 (more than 100 headers, or a head over its buffer) or 414 (a URI over
-//! 64 KiB) — with an empty body, and closes the connection. hyper has no hook to answer
+//! is no number) or 431 (more than 100 headers, or a head over 64 KiB, a long URI included)
+//! — with an empty body, and closes the connection. hyper has no hook to answer
 //! these otherwise; nothing of such a request is recorded.
 
 use bytes::Bytes;

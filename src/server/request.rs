@@ -121,6 +121,18 @@ impl BodyMemory {
         Ok(())
     }
 
+    /// Holds `total` bytes for `taken` from now on: takes what it holds fewer (refused past
+    /// the limit), gives back what it holds more.
+    fn hold(&self, taken: &mut Taken<'_>, total: usize) -> Result<(), Problem> {
+        if total > taken.bytes {
+            self.take(taken, total - taken.bytes)
+        } else {
+            self.held.fetch_sub(taken.bytes - total, Ordering::AcqRel);
+            taken.bytes = total;
+            Ok(())
+        }
+    }
+
     /// The bytes held now.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
@@ -161,9 +173,13 @@ where
     let start = Instant::now();
     let deadline = start + limits.timeout;
     let mut body = std::pin::pin!(Limited::new(body, limit));
-    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut arriving = Arriving {
+        first: Bytes::new(),
+        joined: Vec::new(),
+        taken: Taken { memory, bytes: 0 },
+        limit,
+    };
     let mut received: u64 = 0;
-    let mut taken = Taken { memory, bytes: 0 };
     loop {
         // The next bytes are due when the average would fall below the minimum rate.
         let due = match limits.min_rate {
@@ -188,9 +204,8 @@ where
         match frame {
             Ok(frame) => {
                 if let Ok(data) = frame.into_data() {
-                    memory.take(&mut taken, data.len())?;
                     received += data.len() as u64;
-                    chunks.push(data);
+                    arriving.push(data)?;
                 }
             }
             Err(error) if error.is::<LengthLimitError>() => {
@@ -204,11 +219,53 @@ where
             }
         }
     }
-    Ok(match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => chunks.concat().into(),
-    })
+    Ok(arriving.into_bytes())
+}
+
+/// A body's bytes as they arrive. The first frame is kept as it came: a body that arrives in
+/// one frame is not copied. From the second on, the frames are copied into one buffer and
+/// dropped: a frame is a slice of the connection's read buffer, and a body kept as many small
+/// frames — one byte per TCP segment, at the minimum rate — would keep a buffer of some KiB
+/// alive for each byte (hyper starts a new one when the last is still shared). The memory
+/// holds what this keeps: the first frame's bytes, then the buffer's capacity, which grows
+/// by doubling up to the body limit.
+struct Arriving<'a> {
+    first: Bytes,
+    joined: Vec<u8>,
+    taken: Taken<'a>,
+    limit: usize,
+}
+
+impl Arriving<'_> {
+    fn push(&mut self, data: Bytes) -> Result<(), Problem> {
+        let memory = self.taken.memory;
+        if self.first.is_empty() && self.joined.is_empty() {
+            memory.hold(&mut self.taken, data.len())?;
+            self.first = data;
+            return Ok(());
+        }
+        let needed = self.first.len() + self.joined.len() + data.len();
+        if needed > self.joined.capacity() {
+            let capacity = (2 * self.joined.capacity()).clamp(needed, self.limit.max(needed));
+            // The first frame's bytes are part of it: they are copied in and dropped at once.
+            memory.hold(&mut self.taken, capacity)?;
+            self.joined.reserve_exact(capacity - self.joined.len());
+        }
+        if !self.first.is_empty() {
+            self.joined.extend_from_slice(&self.first);
+            self.first = Bytes::new();
+        }
+        self.joined.extend_from_slice(&data);
+        memory.hold(&mut self.taken, self.joined.capacity())
+    }
+
+    fn into_bytes(self) -> Bytes {
+        if self.joined.is_empty() {
+            self.first
+        } else {
+            self.joined.into()
+        }
+    }
 }
 
 /// Parses a JSON body into `T`; the error names the field, line and column.
@@ -342,6 +399,9 @@ mod tests {
         );
     }
 
+    use std::future::Future;
+    use std::task::Poll;
+
     /// A body of `chunks`, one frame each.
     struct Chunks(std::collections::VecDeque<Bytes>);
 
@@ -385,6 +445,73 @@ mod tests {
         );
         assert_eq!(memory.held(), 300, "a body refused gives its bytes back");
         drop(other);
+        assert_eq!(memory.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_of_many_small_frames_keeps_none_of_the_buffers_they_are_cut_from() {
+        // As hyper gives a body sent one byte per segment: each frame a slice of a read
+        // buffer of 8 KiB.
+        let buffers: Vec<Bytes> = (0..100u8)
+            .map(|i| Bytes::from(vec![b'a' + i % 26; 8192]))
+            .collect();
+        let frames = buffers.iter().map(|buffer| buffer.slice(0..1)).collect();
+        let limits = BodyLimits {
+            limit: 1024,
+            timeout: Duration::from_secs(10),
+            min_rate: 0,
+            grace: Duration::from_secs(1),
+        };
+        let memory = BodyMemory::new(1024, Duration::from_secs(1));
+        let headers = HeaderMap::new();
+        let mut read = std::pin::pin!(read_body(&headers, Stalling(frames), limits, &memory));
+        // Every frame taken, and the rest of the body still to come.
+        let poll = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        assert!(poll.is_pending());
+        let mut buffers = buffers;
+        assert!(
+            buffers.iter_mut().all(|buffer| buffer.is_unique()),
+            "a body arriving keeps no read buffer alive"
+        );
+        // The buffer it copies into, which grows by doubling: 128 bytes for 100.
+        assert_eq!(memory.held(), 128, "it holds the buffer it keeps");
+    }
+
+    /// A body of `frames`, one each, and then nothing more for ever.
+    struct Stalling(std::collections::VecDeque<Bytes>);
+
+    impl Body for Stalling {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            match self.0.pop_front() {
+                Some(frame) => Poll::Ready(Some(Ok(http_body::Frame::data(frame)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_holds_the_memory_of_the_buffer_it_is_copied_into() {
+        let limits = BodyLimits {
+            limit: 1000,
+            timeout: Duration::from_secs(10),
+            min_rate: 0,
+            grace: Duration::from_secs(1),
+        };
+        // Three frames of 300: the buffer grows to 600, then to the limit (1,000), which a
+        // memory of 999 cannot hold though the body's 900 bytes would fit.
+        let frames = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());
+        let memory = BodyMemory::new(1000, Duration::from_secs(1));
+        let read = read_body(&HeaderMap::new(), frames(), limits, &memory).await;
+        assert_eq!(read.unwrap().len(), 900);
+        let memory = BodyMemory::new(999, Duration::from_secs(1));
+        let refused = read_body(&HeaderMap::new(), frames(), limits, &memory).await;
+        assert!(matches!(refused, Err(Problem::BodiesInFlight { .. })));
         assert_eq!(memory.held(), 0);
     }
 }

@@ -34,6 +34,13 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection's streams take their part of `server.body_memory_limit` like as many
 /// connections would; beyond this many, a client waits for one to end.
 const H2_MAX_STREAMS: u32 = 32;
+/// HTTP/1: the most a request's head may take while it arrives (hyper's default is about
+/// 400 KiB). A connection that sends its head quickly is never behind the pace, so this is
+/// what each connection may hold until `header_read_timeout`: with `max_connections` of
+/// them, 32 MiB at most instead of 200. A longer head (a URI included) is answered 431 by
+/// hyper. It also caps a read from the socket, so a large body arrives in frames of at
+/// most this.
+const H1_MAX_HEAD: usize = 64 * 1024;
 
 /// Serves `app` on `listener` until `shutdown` completes, then shuts down gracefully: stops
 /// accepting, lets in-flight requests finish (up to `server.shutdown_grace`), and returns.
@@ -73,7 +80,8 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(server.header_read_timeout);
+        .header_read_timeout(server.header_read_timeout)
+        .max_buf_size(H1_MAX_HEAD);
     builder
         .http2()
         .timer(TokioTimer::new())
