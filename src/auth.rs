@@ -231,6 +231,16 @@ impl Guard {
                         format!("`{}` is not a header name", config.header),
                     )
                 })?;
+                if crate::handler::RequestContext::shows(&header) {
+                    // Its value would be shown: by the inspector, and by a handler that logs
+                    // its request context.
+                    return Err(invalid(
+                        ".header",
+                        format!(
+                            "`{header}` is a header whose value payhook shows (the inspector, a logged request context); carry the secret in another, such as X-Api-Key"
+                        ),
+                    ));
+                }
                 Method::SharedSecret {
                     header,
                     expected: Expected::new(secret.expose().as_bytes()),

@@ -271,6 +271,18 @@ impl Config {
                     "\"signature\" needs the aggregator's keys in signature.keys",
                 ));
             }
+            if endpoint.method == AuthMethod::SharedSecret
+                && endpoint
+                    .header
+                    .trim()
+                    .eq_ignore_ascii_case(self.signature.header.trim())
+            {
+                // The inspector shows the signature's header, whatever its name.
+                return Err(InvalidSetting::new(
+                    format!("{key}.header"),
+                    "is signature.header, whose value payhook shows (the inspector); carry the secret in another header",
+                ));
+            }
         }
         let validation = &self.validation;
         let handler_timeout = self.server.handler_timeout;
@@ -618,6 +630,19 @@ mod tests {
             (
                 "[auth.providers_validation]\nallow_ips = [\"10.0.0.0/33\"]",
                 "auth.providers_validation.allow_ips",
+            ),
+            // A secret in a header whose value payhook shows.
+            (
+                "[auth.providers_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"User-Agent\"",
+                "auth.providers_validation.header",
+            ),
+            (
+                "[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"X-Signature\"",
+                "auth.transaction_validation.header",
+            ),
+            (
+                "[signature]\nheader = \"X-Hook-Sig\"\n[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"x-hook-sig\"",
+                "auth.transaction_validation.header",
             ),
             (
                 concat!(
