@@ -725,3 +725,58 @@ fn a_worker_that_ended_with_its_runtime_is_started_again_by_the_next_request() {
             .await;
     });
 }
+
+/// A retry of a repeat — the same new validation id, sent again while the first is being
+/// written — is answered only once the repeat's record is durable: before, it was answered
+/// on the record it read while the record was applied but not flushed, which a crash would
+/// have lost with no result ever posted for that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_repeat_is_answered_only_once_the_repeat_is_durable() {
+    use payhook::store::{HoldPoint, SledStore};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = stored_config(&gateway, &dir);
+    let store = SledStore::open(&config.store, &[]).unwrap();
+    let server = TestServer::start_on(config, dir, store.clone()).await;
+    let postponed = (200, "validation postponed".to_owned());
+    let first = server
+        .post_json(VALIDATION_PATH, &validation("postpone", "n-held", 201))
+        .await;
+    assert_eq!((first.status, first.message()), postponed);
+
+    // The repeat's batch is applied (readable) but not flushed.
+    let hold = store.hold_commits(HoldPoint::BeforeFlush);
+    let repeat = validation("postpone", "n-held", 202);
+    let released = AtomicBool::new(false);
+    let (answer, (retry, answered_after_release)) =
+        tokio::join!(server.post_json(VALIDATION_PATH, &repeat), async {
+            let hold = tokio::task::spawn_blocking(move || {
+                hold.wait_reached(1);
+                hold
+            })
+            .await
+            .unwrap();
+            let retry = async {
+                let answer = server.post_json(VALIDATION_PATH, &repeat).await;
+                (answer, released.load(Ordering::SeqCst))
+            };
+            let release = async {
+                // Time for the retry to overtake the held flush, if it can.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                released.store(true, Ordering::SeqCst);
+                hold.release();
+            };
+            tokio::join!(retry, release).0
+        });
+    assert_eq!((answer.status, answer.message()), postponed);
+    assert_eq!((retry.status, retry.message()), postponed);
+    assert!(
+        answered_after_release,
+        "the retry was answered before the repeat's record was durable"
+    );
+    let resolver = server.app.resolver().unwrap();
+    let repeated = resolver.get(202).await.unwrap().unwrap();
+    assert_eq!(repeated.repeat_of.map(|id| id.get()), Some(201));
+}

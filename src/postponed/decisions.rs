@@ -300,10 +300,10 @@ impl Awaitable {
         request: &TransactionValidationRequest,
     ) -> Result<(), StoreError> {
         let validation_id = request.validation_id;
-        // A retry of the same validation, the usual repeat, is a read.
-        if store.postponed(validation_id).await?.is_some() {
-            return Ok(());
-        }
+        // A retry of the same validation, the usual repeat, is answered `Known` by the store
+        // with nothing written. Not read here first: a record another request of the same id
+        // is writing may be visible before it is durable (on sled, until its flush ends), and
+        // this request would be answered on a record a crash could still lose.
         match store.repeat(request, self.clock.now()).await? {
             Repeat::Known => {}
             Repeat::Recorded { of, decided } => {

@@ -389,6 +389,9 @@ pub(crate) struct Writer {
     /// Whether a thread of the runtime's blocking pool leads (see [`Writer::lead`]): while
     /// it does, a request queues its job and leaves the commit to it.
     handed_off: AtomicBool,
+    /// Test-only: how many reads wait for the lock in [`Writer::read_durable`].
+    #[cfg(test)]
+    readers_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Writer {
@@ -398,6 +401,8 @@ impl Writer {
             queue: Mutex::default(),
             lock: Mutex::default(),
             handed_off: AtomicBool::new(false),
+            #[cfg(test)]
+            readers_waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -515,16 +520,28 @@ impl Writer {
     }
 
     /// Runs `read` holding the write lock: every write it can see is durable (a leader lets
-    /// go of the lock only after its batch is flushed). For reads whose result leaves the
-    /// process — the outbox's, whose entries are posted to the aggregator.
+    /// go of the lock only after its batch is flushed) — unless the store stopped meanwhile:
+    /// a leader whose flush failed lets go with its batch applied, so `read` must ask
+    /// whether the store is healthy itself, under the lock. For reads whose result leaves
+    /// the process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(self: &Arc<Self>, read: impl FnOnce() -> R) -> R {
         let outcome = blocking(|| {
+            #[cfg(test)]
+            self.readers_waiting.fetch_add(1, Ordering::SeqCst);
             let _guard = lock(&self.lock);
+            #[cfg(test)]
+            self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
             read()
         });
         // Writes queued while the lock was held are committed now.
         self.lead();
         outcome
+    }
+
+    /// Test-only: how many reads wait for the write lock.
+    #[cfg(test)]
+    pub(crate) fn readers_waiting(&self) -> usize {
+        self.readers_waiting.load(Ordering::SeqCst)
     }
 
     /// Test-only: whether a thread of the blocking pool leads.

@@ -644,10 +644,14 @@ impl PostponedStore for SledStore {
         // would come back undecided, and a different decision would then conflict. A store
         // whose last batch failed to flush may show writes that are not durable: it posts
         // nothing. One process holds a sled store, so there is nothing to lease.
+        //
+        // Healthy is asked under the writer lock too: a leader whose flush failed lets go of
+        // the lock with its batch applied and the store stopped.
         ready(self.check_healthy().and_then(|()| {
-            self.inner
-                .writer
-                .read_durable(|| self.due(keys::OUTBOX_PREFIX, ms_from_time(now)))
+            self.inner.writer.read_durable(|| {
+                self.check_healthy()?;
+                self.due(keys::OUTBOX_PREFIX, ms_from_time(now))
+            })
         }))
     }
 
@@ -665,9 +669,10 @@ impl PostponedStore for SledStore {
 
     fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         ready(self.check_healthy().and_then(|()| {
-            self.inner
-                .writer
-                .read_durable(|| self.due(keys::WAITING_PREFIX, ms_from_time(now)))
+            self.inner.writer.read_durable(|| {
+                self.check_healthy()?;
+                self.due(keys::WAITING_PREFIX, ms_from_time(now))
+            })
         }))
     }
 }
@@ -729,10 +734,11 @@ impl SledStore {
     ) -> Result<bool, StoreError> {
         self.check_healthy()?;
         // Under the writer lock: a mark still being flushed is not reported as booked.
-        let record = self
-            .inner
-            .writer
-            .read_durable(|| self.record(&keys::callback(nonce)))?;
+        // Healthy asked again under it: see `outbox_due`.
+        let record = self.inner.writer.read_durable(|| {
+            self.check_healthy()?;
+            self.record(&keys::callback(nonce))
+        })?;
         Ok(match record {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?
                 .done
@@ -1092,6 +1098,43 @@ mod tests {
         store.inner.writer.gate().disarm();
         drop(held);
         (runtime, store, _dir)
+    }
+
+    /// A read that leaves the process (is it booked? what is due for the aggregator?) waits
+    /// for the batch being flushed; if the store stops meanwhile, that batch is applied but
+    /// not durable, and the read must not report it.
+    #[test]
+    fn a_read_that_waited_for_a_batch_reports_the_store_stopped_not_the_batch() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
+        let held = Released(vec![Arc::clone(&batch)]);
+        let booking = runtime.spawn(book(store.clone(), "n-1"));
+        assert!(batch.wait_reached(1, PATIENCE));
+        let reader = store.clone();
+        let read = runtime.spawn(async move {
+            reader
+                .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
+                .await
+        });
+        wait_until(
+            || store.inner.writer.readers_waiting() == 1,
+            "the read never waited for the lock",
+        );
+        // What a failed flush does: the store stops, and the leader lets go of the lock.
+        store.mark_failed_for_tests();
+        drop(held);
+        let read = within(&runtime, read);
+        assert!(
+            matches!(read, Ok(Ok(Err(StoreError::Stopped)))),
+            "the read reported {read:?}"
+        );
+        let _ = within(&runtime, booking);
     }
 
     /// Under steady load the queue is never empty when a batch ends: a request that kept
