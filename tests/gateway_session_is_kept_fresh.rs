@@ -345,6 +345,40 @@ async fn postponed_results_are_200_the_same_again_and_403_for_a_different_one() 
     assert!(error.is_transient());
 }
 
+/// An answer to a result post that quotes the request (a proxy's error page) keeps no access
+/// token in the error, which the outbox stores as the last error and the inspector shows, and
+/// a long message is cut short.
+#[tokio::test]
+async fn an_answer_that_echoes_the_request_keeps_no_access_token() {
+    let (gateway, client) = gateway_with_record().await;
+    let session = client.login().await.unwrap();
+    let result = PostponedValidationResult {
+        validation_id: 6.into(),
+        success: true,
+        description: "checked".into(),
+    };
+    gateway.with(|s| {
+        s.echo_failures = true;
+        s.fail_next.extend([503, 403]);
+    });
+    for _ in 0..2 {
+        let error = client.post_validation_result(&result).await.unwrap_err();
+        let (GatewayError::Status { message, .. } | GatewayError::Conflict { message, .. }) =
+            &error
+        else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.starts_with("refused: Authorization: Bearer ***"),
+            "{message}"
+        );
+        assert_eq!(message.chars().count(), 200, "{message}");
+        for text in [message.clone(), error.to_string(), format!("{error:?}")] {
+            assert!(!text.contains(session.access_token.expose()), "{text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_unknown_reference_id_is_the_aggregators_404() {
     let (_gateway, client) = gateway_with_record().await;

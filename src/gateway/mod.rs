@@ -189,7 +189,12 @@ struct Answer {
     url: String,
     status: StatusCode,
     body: Bytes,
+    /// The access token the request carried: never part of a message made of the answer.
+    token: Option<Secret>,
 }
+
+/// The most of an answer's message kept (the outbox's last error, a conflict's message).
+const MESSAGE_CHARS: usize = 200;
 
 impl Answer {
     fn json<T: DeserializeOwned>(&self) -> Result<T, GatewayError> {
@@ -199,7 +204,8 @@ impl Answer {
         })
     }
 
-    /// The aggregator's `message`, or the start of the body when it sent no JSON message.
+    /// The aggregator's `message`, or the start of the body when it sent no JSON message; at
+    /// most [`MESSAGE_CHARS`] characters, without the access token the request carried.
     fn message(&self) -> String {
         self.message_without(&[])
     }
@@ -215,8 +221,11 @@ impl Answer {
         }
         // Each secret as it is, and as the request carried it (escaped in JSON: a `"` or a
         // `\` in a password is sent as `\"` or `\\`).
+        let token = self.token.as_ref().map(Secret::expose);
         let forms: Vec<String> = secrets
             .iter()
+            .copied()
+            .chain(token)
             .filter(|secret| !secret.is_empty())
             .flat_map(|secret| {
                 let json = serde_json::to_string(secret).unwrap_or_default();
@@ -238,10 +247,10 @@ impl Answer {
                         .unwrap_or("no message")
                         .to_owned()
                 } else {
-                    redacted(text).chars().take(200).collect()
+                    redacted(text).chars().take(MESSAGE_CHARS).collect()
                 }
             },
-            |m| redacted(&m.message),
+            |m| redacted(&m.message).chars().take(MESSAGE_CHARS).collect(),
         )
     }
 
@@ -590,6 +599,7 @@ impl GatewayClient {
                 url: url.to_owned(),
                 status,
                 body,
+                token: token.cloned(),
             })
         };
         let answer = tokio::time::timeout(self.inner.timeout, call)

@@ -39,6 +39,9 @@ pub struct GatewayState {
     /// Refusals of a login or refresh quote the request's body, as some proxies' error
     /// pages do.
     pub echo_refusals: bool,
+    /// Scripted failures of result posts ([`Self::fail_next`]) quote the request's
+    /// `Authorization` header in a long JSON message, as some proxies' error pages do.
+    pub echo_failures: bool,
     pub logins: u32,
     pub refreshes: u32,
     /// Calls answered 401 because of a missing, unknown or expired token.
@@ -69,6 +72,7 @@ impl Default for GatewayState {
             login_attempts: 0,
             refuse_refreshes: None,
             echo_refusals: false,
+            echo_failures: false,
             logins: 0,
             refreshes: 0,
             unauthorized: 0,
@@ -261,6 +265,12 @@ async fn handle(
         .traceparents
         .push((format!("{method} {path}"), traceparent));
     let authorized = state.lock().unwrap().authorized(&request);
+    let authorization = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let body = request.into_body().collect().await.map(|b| b.to_bytes());
     let Ok(body) = body else {
         return message(400, "unreadable body");
@@ -304,6 +314,13 @@ async fn handle(
                 state.attempted.push(id);
             }
             if let Some(status) = state.fail_next.pop_front() {
+                if state.echo_failures {
+                    let echo = format!(
+                        "refused: Authorization: {authorization} {}",
+                        "x".repeat(4_000)
+                    );
+                    return message(status, &echo);
+                }
                 return message(status, "scripted failure");
             }
             let (Some(id), Some(success)) =
