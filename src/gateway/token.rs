@@ -20,7 +20,11 @@
 //! expired (a renewal ahead of expiry failed). A pass of the outbox over hundreds of
 //! queued results after a password change would otherwise send hundreds of refused logins
 //! (an account lock-out at the aggregator), and against a silent auth endpoint wait
-//! `gateway.timeout` once per result.
+//! `gateway.timeout` once per result. When the credentials themselves are refused, the pause
+//! doubles with each refusal in a row, up to [`LONGEST_REFUSAL_PAUSE`]: the outbox retries
+//! its results on their own schedule, and a pause of two seconds would still let it send a
+//! refused login every few seconds for as long as the password is wrong (some 1,800 an hour
+//! with a few hundred results queued). A renewal that succeeds ends the pauses.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::time::Duration;
@@ -36,6 +40,21 @@ const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
 
 /// How long after a failed login or refresh every call gets its error instead of renewing.
 pub(super) const RENEWAL_PAUSE: Duration = Duration::from_secs(2);
+
+/// The longest pause after refusals of the credentials in a row.
+pub(super) const LONGEST_REFUSAL_PAUSE: Duration = Duration::from_secs(5 * 60);
+
+/// The pause after a renewal failed with `error`, the one before having been `previous`
+/// (when the renewal before failed too): doubled after each refusal of the credentials in a
+/// row, [`RENEWAL_PAUSE`] after any other failure.
+fn pause_after(error: &GatewayError, previous: Option<Duration>) -> Duration {
+    match (error, previous) {
+        (GatewayError::BadCredentials { .. }, Some(previous)) => {
+            (previous * 2).clamp(RENEWAL_PAUSE, LONGEST_REFUSAL_PAUSE)
+        }
+        _ => RENEWAL_PAUSE,
+    }
+}
 
 /// Where the merchant's session with the aggregator stands
 /// ([`GatewayClient::session_state`](super::GatewayClient::session_state)).
@@ -65,9 +84,16 @@ pub(super) struct Sessions {
 #[derive(Default)]
 struct Current {
     held: Option<Held>,
-    /// When the last renewal failed, and how: answered to every call until
-    /// [`RENEWAL_PAUSE`] has passed.
-    failed: Option<(Instant, GatewayError)>,
+    /// The last renewal's failure, answered to every call until its pause has passed.
+    failed: Option<Failed>,
+}
+
+/// A renewal that failed.
+struct Failed {
+    at: Instant,
+    error: GatewayError,
+    /// How long no renewal is tried after it ([`pause_after`]).
+    pause: Duration,
 }
 
 /// The session in use, with the margin that applies to its access token.
@@ -121,10 +147,10 @@ impl Sessions {
             .as_ref()
             .filter(|held| beyond(held.session.access_token_expiry_utc, TimeDelta::zero()))
             .map(|held| held.session.access_token.clone());
-        if let Some((at, error)) = &current.failed
-            && at.elapsed() < RENEWAL_PAUSE
+        if let Some(failed) = &current.failed
+            && failed.at.elapsed() < failed.pause
         {
-            return still_good.ok_or_else(|| error.clone());
+            return still_good.ok_or_else(|| failed.error.clone());
         }
         match self.renew(client, current.held.as_ref(), &beyond).await {
             Ok(held) => {
@@ -136,7 +162,18 @@ impl Sessions {
                 Ok(token)
             }
             Err(error) => {
-                current.failed = Some((Instant::now(), error.clone()));
+                let pause = pause_after(&error, current.failed.as_ref().map(|f| f.pause));
+                if pause > RENEWAL_PAUSE {
+                    tracing::warn!(
+                        pause_s = pause.as_secs(),
+                        "the aggregator refused the gateway credentials again; no login is tried for a while"
+                    );
+                }
+                current.failed = Some(Failed {
+                    at: Instant::now(),
+                    error: error.clone(),
+                    pause,
+                });
                 still_good.ok_or(error)
             }
         }
@@ -194,5 +231,33 @@ impl Sessions {
         {
             held.session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_of_the_credentials_in_a_row_pause_renewals_ever_longer() {
+        let refused = GatewayError::BadCredentials {
+            url: "https://auth.example/api/v1/login".into(),
+            message: "invalid username or password".into(),
+        };
+        let mut pauses = Vec::new();
+        let mut previous = None;
+        for _ in 0..10 {
+            let pause = pause_after(&refused, previous);
+            pauses.push(pause.as_secs());
+            previous = Some(pause);
+        }
+        assert_eq!(pauses, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // Any other failure pauses for the short while, and starts the doubling again.
+        let silent = GatewayError::Timeout {
+            url: "https://auth.example/api/v1/login".into(),
+            timeout: Duration::from_secs(10),
+        };
+        assert_eq!(pause_after(&silent, previous), RENEWAL_PAUSE);
+        assert_eq!(pause_after(&refused, None), RENEWAL_PAUSE);
     }
 }
