@@ -52,7 +52,11 @@
 //!   to a replica loses what the replica had not received — acknowledged callbacks among
 //!   it, which the aggregator will not resend; use synchronous replication
 //!   (`synchronous_standby_names` with `synchronous_commit = on` or `remote_apply`) where a
-//!   failover must lose nothing.
+//!   failover must lose nothing. A COMMIT waits for the standby however long it takes
+//!   (`store.statement_timeout` ends before the commit itself begins), and a claim whose
+//!   COMMIT waits so is not taken over (migration 4): terminating it would not undo the
+//!   commit, and the claimant would answer the callback as acknowledged from a mark no
+//!   standby has.
 //!
 //! The schema is created and migrated at open ([`schema`]); see the README for its tables.
 //!

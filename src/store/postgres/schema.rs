@@ -37,6 +37,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "validation and postponed records as json, which keeps U+0000",
         sql: include_str!("migrations/0003_records_as_json_text.sql"),
     },
+    Migration {
+        version: 4,
+        description: "a claim whose COMMIT waits for a synchronous standby is not taken over",
+        sql: include_str!("migrations/0004_no_takeover_of_a_commit_waiting_for_a_standby.sql"),
+    },
 ];
 
 /// An index that only makes reads cheaper: built when a store opens and finds it missing,
