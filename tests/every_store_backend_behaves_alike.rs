@@ -1992,6 +1992,69 @@ async fn an_effect_that_ends_the_transaction_of_its_booking_is_refused() {
     b.finish().await;
 }
 
+/// After an effect that ended payhook's transaction, nothing more is written: neither the
+/// booking's own tree writes (which would otherwise commit on their own, each statement its
+/// own transaction, before the refusal) nor a later effect's SQL. A repeat runs the handler
+/// again, and whatever such writes had committed would be booked twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_written_after_an_effect_ended_the_transaction_of_its_booking() {
+    let Some(b) = Backend::postgres("nothing_after_an_ended").await else {
+        return;
+    };
+    let (table, mut conn) = merchant_rows(&b).await;
+    let effects = |then: &str| {
+        let effects = Effects::default();
+        effects.postgres(|conn| {
+            Box::pin(async move {
+                // The common shape: begin, find the work done already, return (dropped: a
+                // ROLLBACK of payhook's transaction, sent before the next statement).
+                let _nested = sqlx::Connection::begin(&mut *conn).await?;
+                Ok(())
+            })
+        });
+        if then == "tree" {
+            let ledger = b.store.tree("ledger").unwrap();
+            effects.write(move |tx| tx.insert(&ledger, b"c-after", &5i64.to_be_bytes()));
+        } else {
+            let table = table.clone();
+            effects.postgres(move |conn| {
+                let table = table.clone();
+                Box::pin(async move {
+                    sqlx::query(&format!("INSERT INTO {table} (nonce) VALUES ('after')"))
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        effects
+    };
+    for (nonce, then) in [("n-tree", "tree"), ("n-sql", "sql")] {
+        let (claim, ..) = b.claim(nonce, TransactionStatus::Success).await;
+        let refused = b
+            .shared
+            .finish_callback(
+                &Nonce::from(nonce),
+                claim,
+                TransactionStatus::Success,
+                effects(then),
+            )
+            .await;
+        let Err(StoreError::Aborted { reason }) = &refused else {
+            panic!("{then}: {refused:?}");
+        };
+        assert!(reason.contains("ended by one of its effects"), "{reason}");
+    }
+    assert_eq!(b.balance("c-after").await, 0, "the tree write committed");
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the later effect's SQL committed");
+    drop(conn);
+    b.finish().await;
+}
+
 /// Claims `nonce` and finishes it with `effects`, which must fail as the effects' failure:
 /// not acknowledged, and `table` still holds its one row.
 async fn refused_without_a_trace(

@@ -89,17 +89,35 @@ impl HeldClaim {
     ///   The check fails when the transaction's id is not the claim's ([`ENDED`], SQLSTATE
     ///   22P02).
     pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
-        let check = match self.transaction {
-            Some(id) => format!(
-                "SELECT (CASE WHEN txid_current_if_assigned() = {id} THEN '1' ELSE '{ENDED}' END)::int"
-            ),
-            None => "SELECT 1".to_owned(),
-        };
+        let check = self.still_its_own();
         self.conn
-            .execute(sqlx::raw_sql(&format!("{check}; COMMIT; BEGIN")))
+            .execute(sqlx::raw_sql(&format!("SELECT {check}; COMMIT; BEGIN")))
             .await?;
         self.parked = true;
         self.transaction = None;
+        Ok(())
+    }
+
+    /// An SQL expression that is 1 while the connection's transaction is still the claim's,
+    /// and fails the statement it is in with [`ENDED`] (SQLSTATE 22P02) once an effect ended
+    /// it (see [`Self::commit_and_park`]). In a statement that writes, it keeps the write
+    /// from committing on its own, outside the claim's transaction.
+    pub(super) fn still_its_own(&self) -> String {
+        match self.transaction {
+            Some(id) => format!(
+                "(CASE WHEN txid_current_if_assigned() = {id} THEN '1' ELSE '{ENDED}' END)::int"
+            ),
+            None => "1".to_owned(),
+        }
+    }
+
+    /// Fails with [`ENDED`] when an effect ended the claim's transaction: checked after an
+    /// effect of the merchant's SQL, before anything else runs on the connection.
+    pub(super) async fn check_still_its_own(&mut self) -> Result<(), sqlx::Error> {
+        if self.transaction.is_some() {
+            let check = format!("SELECT {}", self.still_its_own());
+            self.conn.execute(sqlx::raw_sql(&check)).await?;
+        }
         Ok(())
     }
 

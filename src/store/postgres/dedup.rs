@@ -321,7 +321,10 @@ impl PgStore {
         if !(held.failing || upserts || removals) {
             return Ok(());
         }
-        let mut parts = Vec::new();
+        // Its first part fails the statement when an effect ended the claim's transaction:
+        // the writes would otherwise commit on their own before the COMMIT's check refused
+        // the booking, and its repeat would write them again.
+        let mut parts = vec![format!("still AS (SELECT {} AS ok)", held.still_its_own())];
         let mut next = 1;
         if held.failing {
             parts.push(format!(
@@ -352,7 +355,7 @@ impl PgStore {
                 next + 1
             ));
         }
-        let sql = self.sql(&format!("WITH {} SELECT 1", parts.join(", ")));
+        let sql = self.sql(&format!("WITH {} SELECT ok FROM still", parts.join(", ")));
         let mut query = sqlx::query(&sql);
         if held.failing {
             query = query.bind(key).bind(status.code());

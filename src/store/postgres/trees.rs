@@ -145,6 +145,13 @@ pub(super) async fn apply(
                     return (Some(tx), Err(merchant_fault(error)));
                 }
                 index += 1;
+                // The merchant's SQL may have ended the claim's transaction: what follows
+                // would then run, and commit, on its own.
+                if index < staged.len()
+                    && let Err(error) = tx.check_still_its_own().await
+                {
+                    return (Some(tx), Err(merchant_fault(error.into())));
+                }
             }
             Staged::Trees(_) => {
                 // The run of tree effects from here, on one blocking thread.
