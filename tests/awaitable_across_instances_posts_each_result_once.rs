@@ -297,8 +297,33 @@ async fn a_result_whose_lease_ran_out_and_was_taken_over_is_left_to_its_new_hold
         "the first instance still holds 79 only"
     );
     assert_eq!(second.renew_outbox_leases(&ids).await.unwrap(), [78.into()]);
+
+    // The first instance's late outcome for 78 (a post it made before its lease ran out,
+    // failed: due again at once) leaves the second's lease alone, and so does an operator's
+    // "retry now": a third instance takes 78 only once the second lets it go.
+    first
+        .record_delivery(
+            78.into(),
+            Delivery::Queued {
+                attempts: 1,
+                next_attempt: Utc::now(),
+                last_error: Some("503 from the aggregator".into()),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(first.make_due(78.into(), Utc::now()).await.unwrap());
+    let third = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert!(
+        third.outbox_due(Utc::now()).await.unwrap().now.is_empty(),
+        "the second instance's lease was ended by another"
+    );
+    assert_eq!(second.renew_outbox_leases(&ids).await.unwrap(), [78.into()]);
     drop(conn);
-    drop((first, second, app, decider));
+    drop((first, second, third, app, decider));
     db.drop_schema().await;
 }
 

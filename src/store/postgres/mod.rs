@@ -415,7 +415,10 @@ impl PgStore {
                 if given_up > 0 {
                     tracing::warn!(given_up, "callback claims held past their time were given up");
                 }
-                match store.purge(Utc::now()).await {
+                // By the database's clock, which set the expiry times: an instance whose
+                // clock runs ahead would purge marks early, and a retry arriving in between
+                // would run its handler again.
+                match store.purge_now().await {
                     Ok(0) => {}
                     Ok(purged) => tracing::info!(purged, "expired records purged"),
                     Err(error) => {
@@ -429,6 +432,14 @@ impl PgStore {
             .sweeper
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+    }
+
+    /// [`Self::purge`] at the database's `now()`.
+    async fn purge_now(&self) -> Result<usize, StoreError> {
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(self.pool())
+            .await?;
+        self.purge(now).await
     }
 
     /// Removes expired rows, [`PURGE_BATCH`] per statement; a postponed validation only once

@@ -380,7 +380,9 @@ impl PgStore {
             .transpose()
     }
 
-    /// Writes `record` back with its index columns; `end_lease` ends an outbox lease.
+    /// Writes `record` back with its index columns; `end_lease` ends this instance's outbox
+    /// lease on it. Another instance's lease stays: it took the result over (this one's ran
+    /// out) and may be posting it now; ended, a third instance would post it beside it.
     async fn update_postponed(
         &self,
         conn: &mut PgConnection,
@@ -389,7 +391,8 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         let index = indexed(record);
         let lease = if end_lease {
-            ", lease_owner = NULL, lease_until = NULL"
+            ", lease_owner = CASE WHEN lease_owner = $7 THEN NULL ELSE lease_owner END, \
+               lease_until = CASE WHEN lease_owner = $7 THEN NULL ELSE lease_until END"
         } else {
             ""
         };
@@ -404,6 +407,7 @@ impl PgStore {
         .bind(index.deadline_at)
         .bind(index.deliver_at)
         .bind(self.retention_secs())
+        .bind(self.inner.owner)
         .execute(&mut *conn)
         .await?;
         Ok(())
