@@ -2182,3 +2182,23 @@ async fn a_body_refused_while_its_status_is_being_booked_is_not_counted_as_faili
     assert!(b.shared.failing_callbacks().await.unwrap().is_empty());
     assert_eq!(b.shared.failing_count().await.unwrap(), 0, "nor counted");
 }
+
+/// The schema is written into every statement payhook sends: one that is no plain
+/// identifier is refused before anything is sent, also when the configuration was built in
+/// code (where `Config`'s validation never ran).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_that_is_no_plain_identifier_is_refused_however_the_configuration_was_made() {
+    let Some(db) = support::postgres::database("schema_refused").await else {
+        return;
+    };
+    let mut config = db.store_config(RETENTION);
+    config.schema = format!("{}; DROP SCHEMA {} CASCADE; --", db.schema, db.schema);
+    let opened = payhook::store::PgStore::open(&config, &[]).await;
+    let Err(refused) = opened else {
+        panic!("a schema of SQL was opened");
+    };
+    assert!(refused.to_string().contains("store.schema"), "{refused}");
+    let refused = payhook::store::PgStore::migrate(&config).await.unwrap_err();
+    assert!(refused.to_string().contains("store.schema"), "{refused}");
+    db.drop_schema().await;
+}

@@ -112,19 +112,8 @@ impl StoreConfig {
                 ));
             }
         }
-        let identifier = |s: &str| {
-            s.chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-                && s.len() <= 63
-                && s.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        };
-        if !identifier(&self.schema) {
-            return Err(InvalidSetting::new(
-                "store.schema",
-                "must be a plain PostgreSQL identifier: lower-case letters, digits and _, at most 63",
-            ));
+        if !plain_identifier(&self.schema) {
+            return Err(InvalidSetting::new("store.schema", PLAIN_IDENTIFIER));
         }
         if self.pool_size == 0 {
             return Err(InvalidSetting::new("store.pool_size", "must be at least 1"));
@@ -144,6 +133,22 @@ impl StoreConfig {
     pub fn is_postgres(&self) -> bool {
         self.url.is_some()
     }
+}
+
+/// What `store.schema` must be.
+pub(crate) const PLAIN_IDENTIFIER: &str =
+    "must be a plain PostgreSQL identifier: lower-case letters, digits and _, at most 63";
+
+/// `true` for a plain PostgreSQL identifier: it stands in SQL as it is, unquoted (the schema
+/// is written into every statement payhook sends, its migrations included).
+pub(crate) fn plain_identifier(text: &str) -> bool {
+    text.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && text.len() <= 63
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 #[cfg(test)]

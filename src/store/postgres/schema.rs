@@ -116,6 +116,14 @@ pub(crate) fn latest() -> i32 {
 /// Applies the migrations `conn`'s database lacks in `schema`, then builds the read indexes
 /// it lacks; returns the versions applied now (empty when it was up to date).
 pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
+    // Checked here too, whoever made the configuration: the schema is written into every
+    // statement, and a `StoreConfig` built in code is not validated on its way.
+    if !crate::store::settings::plain_identifier(schema) {
+        return Err(StoreError::backend_message(format!(
+            "store.schema {}",
+            crate::store::settings::PLAIN_IDENTIFIER
+        )));
+    }
     check_version(conn).await?;
     // One instance at a time, whatever schema it migrates: a lock number of our own.
     sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
