@@ -184,7 +184,7 @@ impl AdminCommand {
                 let store = store.ok_or_else(|| {
                     AdminError::Unsupported("validations need the service's store".into())
                 })?;
-                command.run(store, out).await
+                command.run(config, store, out).await
             }
             Self::Callbacks(CallbacksCommand::Failing { json, latest }) => {
                 let store = store.ok_or_else(|| {
@@ -219,8 +219,14 @@ impl AdminCommand {
 }
 
 impl ValidationsCommand {
-    async fn run(self, store: Arc<dyn Store>, out: &mut dyn Write) -> Result<(), AdminError> {
-        let resolver = Resolver::new(store, Clock::new(), Arc::default());
+    async fn run(
+        self,
+        config: &Config,
+        store: Arc<dyn Store>,
+        out: &mut dyn Write,
+    ) -> Result<(), AdminError> {
+        let resolver =
+            Resolver::new(store, Clock::new(), Arc::default()).with_deadline_of(&config.validation);
         match self {
             Self::List {
                 pending,

@@ -591,6 +591,58 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
     ));
 }
 
+/// A decision taken after the deadline, before the outbox's next pass applied it, comes too
+/// late: the validation gets the deadline's outcome, and the reviewer is told so — it was
+/// posted as if in time, though the merchant's cut-off had passed.
+#[tokio::test(start_paused = true)]
+async fn a_decision_after_the_deadline_comes_too_late_even_before_the_outbox_applied_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = paused_app(&dir, |config| {
+        config.validation.deadline = Some(Duration::from_secs(300));
+    });
+    let resolver = app.resolver().unwrap();
+    assert_eq!(
+        validate(&app, "postpone", 8).await,
+        (200, "validation postponed".into())
+    );
+    tokio::time::advance(Duration::from_secs(301)).await;
+    // No pass of the outbox since.
+    let late = resolver.resolve(8, Decision::allow("checked, late")).await;
+    assert!(
+        matches!(
+            &late,
+            Err(ResolveError::Conflict {
+                recorded_success: false,
+                recorded_description,
+                ..
+            }) if recorded_description == "validation timed out"
+        ),
+        "{late:?}"
+    );
+    let result = resolver.get(8).await.unwrap().unwrap().result.unwrap();
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "validation timed out")
+    );
+    // The deadline's own outcome asked for: unchanged, already so.
+    assert_eq!(
+        resolver.resolve(8, Decision::deny("no")).await.unwrap(),
+        Resolved::Unchanged
+    );
+    // Before its deadline, a decision is taken as ever.
+    assert_eq!(
+        validate(&app, "postpone", 9).await,
+        (200, "validation postponed".into())
+    );
+    assert_eq!(
+        resolver
+            .resolve(9, Decision::allow("in time"))
+            .await
+            .unwrap(),
+        Resolved::Recorded
+    );
+}
+
 /// Postpones, handing the validation to a reviewer that decides at once — before payhook
 /// has written the postponed record.
 struct FastReviewer {

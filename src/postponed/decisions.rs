@@ -152,7 +152,8 @@ impl Awaitable {
         let clock = Clock::new();
         let wake = Arc::default();
         let postponed: Arc<dyn PostponedStore> = Arc::clone(store) as Arc<dyn PostponedStore>;
-        let resolver = Resolver::new(Arc::clone(&postponed), clock, Arc::clone(&wake));
+        let resolver = Resolver::new(Arc::clone(&postponed), clock, Arc::clone(&wake))
+            .with_deadline_of(config);
         let outbox = Outbox::new(postponed, gateway, config.clone(), clock, wake);
         Self {
             config: config.clone(),

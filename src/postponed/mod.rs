@@ -18,7 +18,8 @@
 //! * **time budget**: a handler still deciding after `validation.time_budget` is answered 200
 //!   (postponed) by payhook, and its decision, when it comes, is posted as the result;
 //! * **deadline**: an undecided validation older than `validation.deadline` is resolved with
-//!   `validation.deadline_outcome`;
+//!   `validation.deadline_outcome`, by the worker's next pass or by a decision asked for
+//!   after the deadline (which then comes too late: a conflict);
 //! * **durable outbox**: a decision and its outbox entry are one atomic, durable write; the
 //!   worker posts with exponential backoff and jitter (`validation.retry_schedule`) until a
 //!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts and 5xx
@@ -101,6 +102,10 @@ pub struct Resolver {
     wake: Arc<Notify>,
     /// Validations whose record is being written.
     recording: Arc<Recording>,
+    /// What a validation whose deadline passed undecided is resolved as
+    /// (`validation.deadline_outcome`), when the resolver knows: a decision arriving after
+    /// the deadline then comes too late.
+    deadline_decision: Option<Decision>,
 }
 
 /// How long a resolve waits for the record of a validation still being written.
@@ -147,7 +152,25 @@ impl Resolver {
             clock,
             wake,
             recording: Arc::default(),
+            deadline_decision: None,
         }
+    }
+
+    /// This resolver with the outcome of `config`'s deadline
+    /// (`validation.deadline_outcome`, `validation.deadline_description`): a validation
+    /// whose deadline passed undecided is resolved with it before any decision asked of
+    /// this resolver, which then comes too late. The outbox applies deadlines only at its
+    /// passes: without this, a reviewer's decision taken after the deadline and before the
+    /// next pass would be posted as if in time.
+    #[must_use]
+    pub fn with_deadline_of(mut self, config: &ValidationConfig) -> Self {
+        self.deadline_decision = config.deadline.map(|_| {
+            Decision::allow_if(
+                config.deadline_outcome == DeadlineOutcome::Allow,
+                config.deadline_description.clone(),
+            )
+        });
+        self
     }
 
     /// Marks `validation_id` as being recorded until the guard is dropped: a merchant's task
@@ -192,6 +215,48 @@ impl Resolver {
         decision: Decision,
     ) -> Result<Resolved, ResolveError> {
         let validation_id = validation_id.into();
+        if let Some(outcome) = &self.deadline_decision {
+            self.expire_if_past_deadline(validation_id, outcome).await?;
+        }
+        self.decide(validation_id, decision).await
+    }
+
+    /// Resolves `validation_id` with the deadline's `outcome` when its deadline has passed
+    /// and it is undecided; `true` when this did.
+    pub(crate) async fn expire_if_past_deadline(
+        &self,
+        validation_id: ValidationId,
+        outcome: &Decision,
+    ) -> Result<bool, ResolveError> {
+        let now = self.clock.now();
+        let record = self.store.postponed(validation_id).await?;
+        let past = record.is_some_and(|record| {
+            record.result.is_none() && record.deadline.is_some_and(|deadline| deadline <= now)
+        });
+        if !past {
+            return Ok(false);
+        }
+        match self.decide(validation_id, outcome.clone()).await {
+            Ok(Resolved::Recorded) => {
+                tracing::warn!(
+                    validation_id = validation_id.get(),
+                    success = outcome.allows(),
+                    "postponed validation reached its deadline undecided; resolved with the configured outcome"
+                );
+                Ok(true)
+            }
+            // Decided meanwhile.
+            Ok(Resolved::Unchanged) | Err(ResolveError::Conflict { .. }) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// [`Self::resolve`], whatever the deadline.
+    async fn decide(
+        &self,
+        validation_id: ValidationId,
+        decision: Decision,
+    ) -> Result<Resolved, ResolveError> {
         let success = decision.allows();
         // Noted first: a record whose write ends between this store's answer and the wait
         // below is no longer being recorded by then, but is durable.

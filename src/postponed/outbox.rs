@@ -12,7 +12,7 @@ use std::{
 use tokio::sync::Notify;
 
 use super::settings::{DeadlineOutcome, ValidationConfig};
-use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolved, Resolver};
+use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolver};
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::model::{PostponedValidationResult, ValidationId};
 use crate::store::{PostponedStore, StoreError, ms_from_time, time_from_ms};
@@ -219,18 +219,12 @@ impl Outbox {
     async fn expire(&self, record: &PostponedValidation) -> Result<bool, StoreError> {
         let success = self.config.deadline_outcome == DeadlineOutcome::Allow;
         let decision = super::Decision::allow_if(success, self.config.deadline_description.clone());
-        let id = record.validation_id;
-        match self.resolver.resolve(id, decision).await {
-            // The same decision taken by the merchant meanwhile: not an expiry.
-            Ok(Resolved::Unchanged) => Ok(false),
-            Ok(Resolved::Recorded) => {
-                tracing::warn!(
-                    validation_id = id.get(),
-                    success,
-                    "postponed validation reached its deadline undecided; resolved with the configured outcome"
-                );
-                Ok(true)
-            }
+        match self
+            .resolver
+            .expire_if_past_deadline(record.validation_id, &decision)
+            .await
+        {
+            Ok(expired) => Ok(expired),
             Err(ResolveError::Store(error)) => Err(error),
             Err(ResolveError::Conflict { .. } | ResolveError::Unknown(_)) => Ok(false),
         }
