@@ -35,6 +35,8 @@ pub(crate) struct Entry {
     pub(crate) claim: Option<(Claim, Instant)>,
     /// Deliveries of this nonce that reached the handler in this process.
     pub(crate) attempts: u32,
+    /// The status code a callback's current claim is for (0 for validations).
+    pub(crate) status: i32,
     /// Last change (ms since the Unix epoch), for pruning forgotten nonces.
     pub(crate) touched_ms: u64,
     /// A callback's durable record as read when the claim was taken, handed to its commit
@@ -259,6 +261,7 @@ mod tests {
             attempts: 1,
             touched_ms: 0,
             record: None,
+            ..Entry::default()
         };
         for (t, nonce) in nonces.iter().enumerate() {
             let claim = claims.new_claim();
@@ -267,6 +270,7 @@ mod tests {
                 attempts: 1,
                 touched_ms: 0,
                 record: None,
+                ..Entry::default()
             };
             claims.end(nonce, claim, false, 1_000 + t as u64);
         }

@@ -494,6 +494,27 @@ pub struct Due {
     pub next: Option<DateTime<Utc>>,
 }
 
+/// A postponed validation read for the outbox or its deadline, or `None` when its record
+/// cannot be decoded: logged at error level and left out, so that one damaged record does
+/// not keep every other result from the aggregator (an error would fail each pass before any
+/// post). Any other error is the store's and stands.
+pub(crate) fn unless_unreadable(
+    read: Result<PostponedValidation, StoreError>,
+) -> Result<Option<PostponedValidation>, StoreError> {
+    match read {
+        Ok(record) => Ok(Some(record)),
+        Err(StoreError::Corrupt { key, reason }) => {
+            tracing::error!(
+                validation_id = %key,
+                reason,
+                "a postponed validation's record cannot be read: left out, and its result is not delivered until it is repaired"
+            );
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Deduplication: what was done per nonce, the claims of deliveries in progress, and the
 /// merchant's effects committed with the mark. `finish_*` must be atomic with what it
 /// writes, and resolve only once the write is durable.

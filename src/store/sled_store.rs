@@ -892,7 +892,26 @@ impl SledStore {
         self.check_healthy()?;
         let entry = shard.entry(nonce);
         if Claims::live(entry, stale_after) {
-            return Ok(Some(CallbackBegin::Busy));
+            // Another status of the nonce in progress. This one booked before that claim was
+            // taken is a duplicate, not busy for as long as the other's handler runs (a
+            // reversal's, say): its retries would be answered 503 until the aggregator gave
+            // up. Read durably: only the claimed status may be written and not yet flushed.
+            let other_status = entry.status != status.code();
+            drop(shard);
+            let booked = other_status
+                && if durable {
+                    self.record(&keys::callback(nonce))?
+                        .map(|bytes| decode::<CallbackRecord>(nonce, &bytes))
+                        .transpose()?
+                        .is_some_and(|record| record.done.contains(&status.code()))
+                } else {
+                    self.callback_acknowledged_now(nonce, status)?
+                };
+            return Ok(Some(if booked {
+                CallbackBegin::Duplicate
+            } else {
+                CallbackBegin::Busy
+            }));
         }
         let takeover = entry.claim.is_some();
         if takeover {
@@ -914,6 +933,7 @@ impl SledStore {
         let claim = self.inner.callback_claims.new_claim();
         entry.attempts = entry.attempts.max(record.attempts).saturating_add(1);
         entry.claim = Some((claim, std::time::Instant::now()));
+        entry.status = status.code();
         entry.touched_ms = now;
         let previous_status = record
             .done
@@ -996,11 +1016,11 @@ impl SledStore {
                 next_ms = Some(next_ms.map_or(at, |n| n.min(at)));
                 continue;
             }
-            if let Some(record) = keys::id_of(&key)
-                .map(|id| self.postponed_now(id))
-                .transpose()?
-                .flatten()
-            {
+            let Some(id) = keys::id_of(&key) else {
+                continue;
+            };
+            let read = self.postponed_now(id).transpose();
+            if let Some(record) = read.map(super::unless_unreadable).transpose()?.flatten() {
                 due.now.push(record);
             }
         }
@@ -1530,6 +1550,88 @@ mod tests {
         assert!(
             store.inner.tree.get(&record).unwrap().is_none(),
             "the record was written to sled"
+        );
+    }
+
+    /// One postponed record that cannot be decoded is left out of what is due; the others
+    /// are still delivered (an error would fail every pass of the outbox before any post).
+    #[test]
+    fn a_damaged_postponed_record_keeps_no_other_result_from_delivery() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let tree = &store.inner.tree;
+        let due_at = 1_000u64.to_be_bytes();
+        let damaged = ValidationId::from(5);
+        tree.insert(
+            keys::by_id(keys::POSTPONED_PREFIX, damaged),
+            &b"{not json"[..],
+        )
+        .unwrap();
+        tree.insert(keys::by_id(keys::OUTBOX_PREFIX, damaged), &due_at[..])
+            .unwrap();
+        tree.insert(keys::by_id(keys::WAITING_PREFIX, damaged), &due_at[..])
+            .unwrap();
+        let mut sound = PostponedValidation::pending_for_tests(6);
+        let _ = sound.resolve(true, "ok".into(), time_from_ms(500));
+        tree.insert(
+            keys::by_id(keys::POSTPONED_PREFIX, sound.validation_id),
+            crate::store::record::encode(&sound),
+        )
+        .unwrap();
+        tree.insert(
+            keys::by_id(keys::OUTBOX_PREFIX, sound.validation_id),
+            &due_at[..],
+        )
+        .unwrap();
+        let now = time_from_ms(2_000);
+        let due = runtime.block_on(store.outbox_due(now)).unwrap();
+        let ids: Vec<i64> = due.now.iter().map(|r| r.validation_id.get()).collect();
+        assert_eq!(ids, [6]);
+        let deadlines = runtime.block_on(store.deadlines_due(now)).unwrap();
+        assert!(deadlines.now.is_empty());
+    }
+
+    /// While another status of a nonce is being booked (a reversal whose handler is slow), a
+    /// retry of a status booked before is a duplicate: answered 200 at once, not 503 for as
+    /// long as the other handler runs. A retry of the status being booked is busy.
+    #[test]
+    fn a_status_booked_before_is_a_duplicate_while_another_of_its_nonce_is_being_booked() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        book_with(&runtime, &store, "n-1", Effects::default()).unwrap();
+        let nonce = Nonce::from("n-1");
+        let begin = |status| {
+            runtime
+                .block_on(store.begin_callback(&nonce, status, PATIENCE))
+                .unwrap()
+        };
+        let CallbackBegin::Claimed { claim, .. } = begin(TransactionStatus::Cancelled) else {
+            panic!("the reversal was not claimed");
+        };
+        assert_eq!(begin(TransactionStatus::Success), CallbackBegin::Duplicate);
+        assert_eq!(begin(TransactionStatus::Cancelled), CallbackBegin::Busy);
+        assert_eq!(begin(TransactionStatus::NetworkError), CallbackBegin::Busy);
+        runtime
+            .block_on(store.finish_callback(
+                &nonce,
+                claim,
+                TransactionStatus::Cancelled,
+                Effects::default(),
+            ))
+            .unwrap();
+        assert_eq!(
+            begin(TransactionStatus::Cancelled),
+            CallbackBegin::Duplicate
         );
     }
 

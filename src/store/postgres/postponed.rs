@@ -270,7 +270,7 @@ impl PostponedStore for PgStore {
             .fetch_all(self.pool())
             .await?;
             let mut due = Due {
-                now: records(&rows)?,
+                now: due_records(&rows)?,
                 next: None,
             };
             due.now.sort_by_key(|r| r.validation_id);
@@ -347,11 +347,23 @@ impl PostponedStore for PgStore {
             .fetch_one(self.pool())
             .await?;
             Ok(Due {
-                now: records(&rows)?,
+                now: due_records(&rows)?,
                 next: next.try_get(0)?,
             })
         })
     }
+}
+
+/// [`records`] for the outbox and the deadlines: a record that cannot be decoded is left
+/// out ([`super::super::unless_unreadable`]).
+fn due_records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, StoreError> {
+    let mut due = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id: i64 = row.try_get(0)?;
+        let read = decode_json(&id.to_string(), &row.try_get::<String, _>(1)?);
+        due.extend(super::super::unless_unreadable(read)?);
+    }
+    Ok(due)
 }
 
 fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, StoreError> {
