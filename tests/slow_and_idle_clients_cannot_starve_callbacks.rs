@@ -260,19 +260,18 @@ impl http_body::Body for HeldBack {
     }
 }
 
-/// Bodies sent quickly and then held back, on the streams of one HTTP/2 connection, keep
-/// the pace and could each hold up to `server.body_limit` until the request timeout: all
-/// together they take no more than `server.body_memory_limit`. Past it a stream is answered
-/// 503 with `Retry-After`, a genuine callback still fits in what is left, and what the
-/// held-back bodies took is given back when their connection goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
-    let mut config = test_config();
-    config.server.body_limit = 64 * 1024;
-    config.server.body_memory_limit = 256 * 1024;
-    config.server.request_timeout = Duration::from_secs(600);
-    let server = TestServer::start_with(config).await;
-    let stream = connect(server.addr, ATTACKER).await;
+/// Bodies of 60 KiB, `count` of them, sent from `from` on the streams of one HTTP/2
+/// connection and then held back: the connection's sender, its driver, and the answers.
+async fn held_back_bodies(
+    server: SocketAddr,
+    from: IpAddr,
+    count: usize,
+) -> (
+    hyper::client::conn::http2::SendRequest<HeldBack>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+    JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
+) {
+    let stream = connect(server, from).await;
     let (mut sender, connection) = hyper::client::conn::http2::handshake::<_, _, HeldBack>(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(stream),
@@ -281,8 +280,7 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
     .unwrap();
     let driver = tokio::spawn(connection);
     let mut answers = JoinSet::new();
-    // Four of 60 KiB fit in 256 KiB; the four after them do not.
-    for _ in 0..8 {
+    for _ in 0..count {
         sender.ready().await.unwrap();
         let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
             .header("content-type", "application/json")
@@ -290,30 +288,67 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
             .unwrap();
         answers.spawn(sender.send_request(request));
     }
-    for _ in 0..4 {
-        let answer = tokio::time::timeout(DEADLINE, answers.join_next())
-            .await
-            .expect("a body past the memory was not refused")
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert_eq!(answer.status(), 503);
-        assert!(answer.headers().contains_key("retry-after"));
-        let body = http_body_util::BodyExt::collect(answer.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
-            "too many request bodies arriving at once; retry later"
+    (sender, driver, answers)
+}
+
+/// The next of `answers`: a 503 with `Retry-After` for want of body memory.
+async fn refused_for_memory(
+    answers: &mut JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
+) {
+    let answer = tokio::time::timeout(DEADLINE, answers.join_next())
+        .await
+        .expect("a body past the memory was not refused")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    let body = http_body_util::BodyExt::collect(answer.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
+        "too many request bodies arriving at once; retry later"
+    );
+}
+
+/// Bodies sent quickly and then held back, on the streams of HTTP/2 connections, keep the
+/// pace and could each hold up to `server.body_limit` until the request timeout: all
+/// together they take no more than `server.body_memory_limit`, and those of one client no
+/// more than a quarter of it. Past either a stream is answered 503 with `Retry-After`, a
+/// genuine callback still fits in what is left, and what the held-back bodies took is given
+/// back when their connection goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
+    let mut config = test_config();
+    config.server.body_limit = 64 * 1024;
+    config.server.body_memory_limit = 288 * 1024;
+    config.server.request_timeout = Duration::from_secs(600);
+    let server = TestServer::start_with(config).await;
+    // A body of 60 KiB arrives in frames of 16 KiB, copied into a buffer that doubles: it
+    // holds 64 KiB. Four clients: one such body each fits in a client's 72 KiB (a quarter),
+    // the second does not.
+    let mut attacks = Vec::new();
+    for client in 11..15 {
+        let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
+        let (sender, driver, mut answers) = held_back_bodies(server.addr, from, 2).await;
+        refused_for_memory(&mut answers).await;
+        attacks.push((sender, driver, answers));
+    }
+    // A fifth client's body does not fit in the 32 KiB the four left.
+    let fifth = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 15));
+    let (_fifth_sender, _fifth_driver, mut fifth_answers) =
+        held_back_bodies(server.addr, fifth, 1).await;
+    refused_for_memory(&mut fifth_answers).await;
+    for (_, _, answers) in &mut attacks {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), answers.join_next())
+                .await
+                .is_err(),
+            "a body held back was answered"
         );
     }
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), answers.join_next())
-            .await
-            .is_err(),
-        "a body held back was answered"
-    );
     assert_eq!(genuine(server.addr, GENUINE, "n-small").await, 200);
     let large = with(
         CALLBACK,
@@ -327,7 +362,8 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
         "a large body fitted beside the held-back ones"
     );
 
-    // The connection gone, its bodies give back what they held: a large one fits again.
+    // A connection gone, its bodies give back what they held: a large one fits again.
+    let (sender, driver, mut answers) = attacks.pop().unwrap();
     drop(sender);
     driver.abort();
     answers.abort_all();

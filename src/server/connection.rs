@@ -16,7 +16,9 @@
 //!   began — the oldest of equals. A connection just accepted is behind by nothing, so a
 //!   genuine client is not shed before it could send; one whose handler runs is never shed.
 //!   If no connection is behind, a new one waits in the listen backlog.
-//! * **One address holds at most `server.max_connections_per_address`** (0: no limit). A
+//! * **One address holds at most `server.max_connections_per_address`** (0: no limit), an
+//!   IPv6 client's whole /64 counting as one address (one host is given a /64 to pick
+//!   from, so an attacker has as many addresses as it likes within it). A
 //!   new connection over it sheds that address's least active connection (the oldest of
 //!   those whose handler is not running, when none is behind), or is closed at once when all
 //!   of them are working. Behind a reverse proxy every connection comes from
@@ -131,6 +133,7 @@ impl Connections {
     }
 
     fn admit_at(self: &Arc<Self>, address: IpAddr, now: u64) -> Admission {
+        let address = client_of(address);
         let pace = self.limits.pace;
         let mut table = self.table();
         let limit = self.limits.per_address;
@@ -336,6 +339,21 @@ impl Drop for ReceivingGuard {
     }
 }
 
+/// The address a connection counts against: an IPv6 address's /64 (its network prefix,
+/// the rest zero), an IPv4-mapped IPv6 address's IPv4 one, any other as it is.
+pub(crate) fn client_of(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let [a, b, c, d, ..] = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(a, b, c, d, 0, 0, 0, 0))
+            }
+        },
+        v4 @ IpAddr::V4(_) => v4,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
@@ -403,6 +421,25 @@ mod tests {
         // is left, and it is behind by nothing: the next one waits.
         let _busy2 = chatty.activity.request();
         assert!(matches!(table.admit_at(B, 60_000), Admission::Full));
+    }
+
+    #[test]
+    fn an_ipv6_clients_addresses_within_its_64_count_as_one() {
+        let table = connections(10, 2);
+        let in_64 =
+            |last: u16| IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 0, 0, 0, last));
+        let elsewhere = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 1, 3, 0, 0, 0, 1));
+        let first = admitted(table.admit_at(in_64(1), 0));
+        let second = admitted(table.admit_at(in_64(2), 0));
+        let other = admitted(table.admit_at(elsewhere, 0));
+        // A third address of the same /64 is over its limit: it sheds the oldest of them.
+        let third = admitted(table.admit_at(in_64(3), 1_000));
+        assert!(!open(&table, &first) && open(&table, &second) && open(&table, &third));
+        assert!(open(&table, &other));
+        // An IPv4-mapped address is its IPv4 address.
+        let mapped = "::ffff:127.0.0.1".parse().unwrap();
+        let _a = admitted(table.admit_at(mapped, 0));
+        assert_eq!(table.table().per_address[&A], 1);
     }
 
     #[test]

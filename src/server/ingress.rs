@@ -59,7 +59,11 @@ impl Ingress {
         retry_after: std::time::Duration,
     ) -> Self {
         Self {
-            body_memory: request::BodyMemory::new(limits.body_memory_limit, retry_after),
+            body_memory: request::BodyMemory::new(
+                limits.body_memory_limit,
+                limits.body_limit,
+                retry_after,
+            ),
             limits,
             verifier,
             verified,
@@ -163,7 +167,12 @@ impl Ingress {
             .extensions
             .get::<Arc<connection::Activity>>()
             .map(connection::Activity::receiving);
-        let read = request::read_body(&parts.headers, body, limits, &self.body_memory).await;
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
+        let client = self
+            .client_of(peer, &parts.headers)
+            .map(connection::client_of);
+        let read =
+            request::read_body(&parts.headers, body, limits, (&self.body_memory, client)).await;
         drop(receiving);
         if let Err(Problem::BodyTooSlow { .. }) = read {
             self.metrics.count_shed(metrics::ShedReason::SlowBody);

@@ -117,7 +117,11 @@
 //! `server.body_memory_limit` (64 MiB by default); a request whose body would pass it is
 //! answered 503 with `Retry-After`, and what a body held is given back as soon as it is
 //! read, refused or its connection goes
-//! (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`).
+//! (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`). One client — an address, an
+//! IPv6 client's /64, the forwarded client behind a trusted proxy — holds a quarter of it at
+//! most: 64 connections of one address that sent 1 MiB less a byte each and held on took it
+//! all, and every other request was answered 503 until their request timeout
+//! (`server/request.rs`'s tests).
 //!
 //! **Bodies sent a byte at a time.** hyper hands a body over as slices of the connection's
 //! read buffer, and starts a new buffer (8 KiB) when the last is still shared. A body kept as

@@ -5,6 +5,9 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -82,33 +85,63 @@ pub(crate) struct BodyLimits {
 /// may be (`server.body_memory_limit`). Each connection and each HTTP/2 stream may hold a
 /// body of up to `server.body_limit` for as long as it keeps the minimum rate: without a
 /// bound over all of them, bodies sent quickly and then stalled would hold that much each.
+///
+/// One client (an address; an IPv6 client's /64; behind a trusted proxy, the forwarded
+/// client) may hold a quarter of it at most ([`CLIENT_SHARE`]), and at least one body of the
+/// limit: without that, one client's connections held back after sending most of their
+/// bodies took all of it, and every other request was answered 503 for as long as they
+/// held on. The aggregator's callbacks, a few KiB each, are far from a quarter.
 #[derive(Debug)]
 pub(crate) struct BodyMemory {
     limit: usize,
     held: AtomicUsize,
+    /// The most one client may hold.
+    per_client: usize,
+    /// What each client holds (only clients that hold something).
+    clients: Mutex<HashMap<Option<IpAddr>, usize>>,
     /// The `Retry-After` of a request refused for want of it.
     retry_after: Duration,
 }
 
+/// The part of the body memory one client may hold at most (see [`BodyMemory`]).
+const CLIENT_SHARE: usize = 4;
+
 impl BodyMemory {
-    pub(crate) fn new(limit: usize, retry_after: Duration) -> Self {
+    /// A memory of `limit` bytes; one client may hold a quarter of it, and at least
+    /// `body_limit`.
+    pub(crate) fn new(limit: usize, body_limit: usize, retry_after: Duration) -> Self {
         Self {
             limit,
             held: AtomicUsize::new(0),
+            per_client: (limit / CLIENT_SHARE).max(body_limit).min(limit),
+            clients: Mutex::default(),
             retry_after,
         }
     }
 
-    /// Takes `bytes` more for `taken`, or refuses them when they would pass the limit.
+    /// Takes `bytes` more for `taken`, or refuses them when they would pass the limit or
+    /// the client's share.
     fn take(&self, taken: &mut Taken<'_>, bytes: usize) -> Result<(), Problem> {
+        let refused = Problem::BodiesInFlight {
+            retry_after: self.retry_after,
+        };
+        {
+            let mut clients = self.clients();
+            let held = clients.entry(taken.client).or_default();
+            match held
+                .checked_add(bytes)
+                .filter(|more| *more <= self.per_client)
+            {
+                Some(more) => *held = more,
+                None => return Err(refused),
+            }
+        }
         let mut held = self.held.load(Ordering::Relaxed);
         loop {
-            let more = held
-                .checked_add(bytes)
-                .filter(|more| *more <= self.limit)
-                .ok_or(Problem::BodiesInFlight {
-                    retry_after: self.retry_after,
-                })?;
+            let Some(more) = held.checked_add(bytes).filter(|more| *more <= self.limit) else {
+                self.give_back_of_client(taken.client, bytes);
+                return Err(refused);
+            };
             match self
                 .held
                 .compare_exchange_weak(held, more, Ordering::AcqRel, Ordering::Relaxed)
@@ -121,13 +154,35 @@ impl BodyMemory {
         Ok(())
     }
 
+    /// Gives `bytes` back: of the memory and of `client`'s share.
+    fn give_back(&self, client: Option<IpAddr>, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+        self.give_back_of_client(client, bytes);
+    }
+
+    fn give_back_of_client(&self, client: Option<IpAddr>, bytes: usize) {
+        let mut clients = self.clients();
+        if let Some(held) = clients.get_mut(&client) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                clients.remove(&client);
+            }
+        }
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<Option<IpAddr>, usize>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Holds `total` bytes for `taken` from now on: takes what it holds fewer (refused past
     /// the limit), gives back what it holds more.
     fn hold(&self, taken: &mut Taken<'_>, total: usize) -> Result<(), Problem> {
         if total > taken.bytes {
             self.take(taken, total - taken.bytes)
         } else {
-            self.held.fetch_sub(taken.bytes - total, Ordering::AcqRel);
+            self.give_back(taken.client, taken.bytes - total);
             taken.bytes = total;
             Ok(())
         }
@@ -143,24 +198,29 @@ impl BodyMemory {
 /// What one body holds of the [`BodyMemory`]; given back when it is read, refused or dropped.
 struct Taken<'a> {
     memory: &'a BodyMemory,
+    /// The client whose share it is.
+    client: Option<IpAddr>,
     bytes: usize,
 }
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        if self.bytes > 0 {
+            self.memory.give_back(self.client, self.bytes);
+        }
     }
 }
 
 /// Reads the whole body: refused before reading when `Content-Length` is over the limit, cut
 /// off while streaming when the bytes exceed it, and answered 408 when it does not arrive in
-/// time or arrives too slowly. While it arrives its bytes are held of `memory`; one that
-/// would pass that is answered 503 (`Retry-After`).
+/// time or arrives too slowly. While it arrives its bytes are held of `memory`, as
+/// `client`'s; one that would pass that or the client's share is answered 503
+/// (`Retry-After`).
 pub(crate) async fn read_body<B>(
     headers: &HeaderMap,
     body: B,
     limits: BodyLimits,
-    memory: &BodyMemory,
+    (memory, client): (&BodyMemory, Option<IpAddr>),
 ) -> Result<Bytes, Problem>
 where
     B: Body<Data = Bytes>,
@@ -176,7 +236,13 @@ where
     let mut arriving = Arriving {
         first: Bytes::new(),
         joined: Vec::new(),
-        taken: Taken { memory, bytes: 0 },
+        // At most the limit: a longer declared body was refused above.
+        expected: declared_length(headers).and_then(|length| usize::try_from(length).ok()),
+        taken: Taken {
+            memory,
+            client,
+            bytes: 0,
+        },
         limit,
     };
     let mut received: u64 = 0;
@@ -228,10 +294,12 @@ where
 /// frames — one byte per TCP segment, at the minimum rate — would keep a buffer of some KiB
 /// alive for each byte (hyper starts a new one when the last is still shared). The memory
 /// holds what this keeps: the first frame's bytes, then the buffer's capacity, which grows
-/// by doubling up to the body limit.
+/// by doubling up to the body's declared length (`Content-Length`), or else the body limit.
 struct Arriving<'a> {
     first: Bytes,
     joined: Vec<u8>,
+    /// The body's declared length, when it has one.
+    expected: Option<usize>,
     taken: Taken<'a>,
     limit: usize,
 }
@@ -246,7 +314,8 @@ impl Arriving<'_> {
         }
         let needed = self.first.len() + self.joined.len() + data.len();
         if needed > self.joined.capacity() {
-            let capacity = (2 * self.joined.capacity()).clamp(needed, self.limit.max(needed));
+            let ceiling = self.expected.unwrap_or(self.limit).max(needed);
+            let capacity = (2 * self.joined.capacity()).clamp(needed, ceiling);
             // The first frame's bytes are part of it: they are copied in and dropped at once.
             memory.hold(&mut self.taken, capacity)?;
             self.joined.reserve_exact(capacity - self.joined.len());
@@ -425,18 +494,19 @@ mod tests {
             min_rate: 0,
             grace: Duration::from_secs(1),
         };
-        let memory = BodyMemory::new(1000, Duration::from_secs(7));
+        let memory = BodyMemory::new(1000, 1000, Duration::from_secs(7));
         let body = || Chunks(vec![Bytes::from(vec![b' '; 400]); 2].into());
-        let read = read_body(&HeaderMap::new(), body(), limits, &memory).await;
+        let read = read_body(&HeaderMap::new(), body(), limits, (&memory, None)).await;
         assert_eq!(read.unwrap().len(), 800);
         assert_eq!(memory.held(), 0, "a body read gives its bytes back");
         // Another body holds 300 bytes meanwhile: 800 more do not fit.
         let mut other = Taken {
             memory: &memory,
+            client: None,
             bytes: 0,
         };
         memory.take(&mut other, 300).unwrap();
-        let refused = read_body(&HeaderMap::new(), body(), limits, &memory).await;
+        let refused = read_body(&HeaderMap::new(), body(), limits, (&memory, None)).await;
         assert_eq!(
             refused.unwrap_err(),
             Problem::BodiesInFlight {
@@ -462,9 +532,14 @@ mod tests {
             min_rate: 0,
             grace: Duration::from_secs(1),
         };
-        let memory = BodyMemory::new(1024, Duration::from_secs(1));
+        let memory = BodyMemory::new(1024, 1024, Duration::from_secs(1));
         let headers = HeaderMap::new();
-        let mut read = std::pin::pin!(read_body(&headers, Stalling(frames), limits, &memory));
+        let mut read = std::pin::pin!(read_body(
+            &headers,
+            Stalling(frames),
+            limits,
+            (&memory, None)
+        ));
         // Every frame taken, and the rest of the body still to come.
         let poll = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
         assert!(poll.is_pending());
@@ -496,6 +571,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_client_holds_a_quarter_of_the_memory_at_most() {
+        let limits = BodyLimits {
+            limit: 1000,
+            timeout: Duration::from_secs(10),
+            min_rate: 0,
+            grace: Duration::from_secs(1),
+        };
+        let memory = BodyMemory::new(4000, 1000, Duration::from_secs(1));
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let headers = HeaderMap::new();
+        let held_back = || Stalling(vec![Bytes::from(vec![b' '; 600])].into());
+        // Client a's first body holds 600 of its 1,000, and stalls.
+        let mut first =
+            std::pin::pin!(read_body(&headers, held_back(), limits, (&memory, Some(a))));
+        let poll = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+        assert!(poll.is_pending());
+        // Its second does not fit its share, though the memory has 3,400 left; b's does.
+        let second = read_body(&headers, held_back(), limits, (&memory, Some(a))).await;
+        assert!(
+            matches!(second, Err(Problem::BodiesInFlight { .. })),
+            "{second:?}"
+        );
+        let whole = || Chunks(vec![Bytes::from(vec![b' '; 600])].into());
+        let other = read_body(&headers, whole(), limits, (&memory, Some(b))).await;
+        assert_eq!(other.unwrap().len(), 600);
+        assert_eq!(memory.held(), 600);
+        assert_eq!(
+            memory.clients().len(),
+            1,
+            "a client that holds nothing is forgotten"
+        );
+    }
+
+    #[tokio::test]
     async fn a_body_holds_the_memory_of_the_buffer_it_is_copied_into() {
         let limits = BodyLimits {
             limit: 1000,
@@ -506,11 +615,11 @@ mod tests {
         // Three frames of 300: the buffer grows to 600, then to the limit (1,000), which a
         // memory of 999 cannot hold though the body's 900 bytes would fit.
         let frames = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());
-        let memory = BodyMemory::new(1000, Duration::from_secs(1));
-        let read = read_body(&HeaderMap::new(), frames(), limits, &memory).await;
+        let memory = BodyMemory::new(1000, 1000, Duration::from_secs(1));
+        let read = read_body(&HeaderMap::new(), frames(), limits, (&memory, None)).await;
         assert_eq!(read.unwrap().len(), 900);
-        let memory = BodyMemory::new(999, Duration::from_secs(1));
-        let refused = read_body(&HeaderMap::new(), frames(), limits, &memory).await;
+        let memory = BodyMemory::new(999, 999, Duration::from_secs(1));
+        let refused = read_body(&HeaderMap::new(), frames(), limits, (&memory, None)).await;
         assert!(matches!(refused, Err(Problem::BodiesInFlight { .. })));
         assert_eq!(memory.held(), 0);
     }

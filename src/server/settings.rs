@@ -49,7 +49,8 @@ pub struct ServerConfig {
     /// process' open-files limit).
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub max_connections: usize,
-    /// Connections one client address may hold at once (0: no limit); over it, that
+    /// Connections one client address (an IPv6 client: its /64) may hold at once (0: no
+    /// limit); over it, that
     /// address's least active connection is closed for the new one, or the new one is
     /// closed when all of them are working. Behind a reverse proxy every connection comes
     /// from the proxy: raise it or set 0 there.
@@ -66,7 +67,9 @@ pub struct ServerConfig {
     /// together; a request whose body would pass it is answered 503 with `Retry-After`
     /// (default 64 MiB; at least `body_limit`). Every connection may hold a body of up to
     /// `body_limit` while it keeps the minimum rate: this bounds what bodies sent quickly
-    /// and then held back can take, however many connections and streams carry them.
+    /// and then held back can take, however many connections and streams carry them. One
+    /// client (an address, an IPv6 client's /64) may hold a quarter of it, and at least one
+    /// body of `body_limit`.
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub body_memory_limit: usize,
     /// Slowest request body accepted, in bytes per second averaged since the headers

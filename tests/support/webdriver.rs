@@ -281,8 +281,8 @@ impl Browser {
     /// Waits (at most [`PAGE_DEADLINE`]) until `css` selects an element, and sends the first
     /// one `method` `action` (`text`, `click`, `value`) with `body`; its `value`. The page
     /// re-renders its panels as it updates itself, so an element found may be gone before
-    /// the command reaches it: it is then looked for again (a command on a stale element
-    /// did nothing). `what` names the command in a failure.
+    /// the command reaches it, or not shown yet: it is then looked for again (a command on
+    /// a stale element did nothing). `what` names the command in a failure.
     async fn on_element(
         &self,
         css: &str,
@@ -299,10 +299,15 @@ impl Browser {
             if status == 200 {
                 return (element, value);
             }
+            // Replaced by the page's refresh meanwhile, or not shown yet (laid out by a
+            // render still under way on a busy machine): found again, as a person would.
+            let transient = value["error"] == "stale element reference"
+                || value["error"] == "element not interactable";
             assert!(
-                value["error"] == "stale element reference" && started.elapsed() < PAGE_DEADLINE,
+                transient && started.elapsed() < PAGE_DEADLINE,
                 "{what} `{css}`: {value}"
             );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
