@@ -1064,14 +1064,7 @@ mod tests {
     }
 
     fn a_write_queued_behind_a_held_one() -> Queued {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let config = config_in(dir.path());
-        let store = SledStore::open(&config, &[]).unwrap();
+        let (runtime, store, dir) = on_two_threads();
         let first_batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
         let held = Released(vec![Arc::clone(&first_batch)]);
         let first = runtime.spawn(book(store.clone(), "n-1"));
@@ -1125,13 +1118,7 @@ mod tests {
     /// not durable, and the read must not report it.
     #[test]
     fn a_read_that_waited_for_a_batch_reports_the_store_stopped_not_the_batch() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let (runtime, store, _dir) = on_two_threads();
         let batch = store.inner.writer.gate().arm(HoldPoint::BeforeFlush);
         let held = Released(vec![Arc::clone(&batch)]);
         let booking = runtime.spawn(book(store.clone(), "n-1"));
@@ -1557,13 +1544,7 @@ mod tests {
     /// are still delivered (an error would fail every pass of the outbox before any post).
     #[test]
     fn a_damaged_postponed_record_keeps_no_other_result_from_delivery() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let (runtime, store, _dir) = on_two_threads();
         let tree = &store.inner.tree;
         let due_at = 1_000u64.to_be_bytes();
         let damaged = ValidationId::from(5);
@@ -1601,13 +1582,7 @@ mod tests {
     /// long as the other handler runs. A retry of the status being booked is busy.
     #[test]
     fn a_status_booked_before_is_a_duplicate_while_another_of_its_nonce_is_being_booked() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let (runtime, store, _dir) = on_two_threads();
         book_with(&runtime, &store, "n-1", Effects::default()).unwrap();
         let nonce = Nonce::from("n-1");
         let begin = |status| {
@@ -1822,6 +1797,18 @@ mod tests {
                 held.release();
             }
         }
+    }
+
+    /// A runtime of two worker threads, and a new store in a directory of its own.
+    fn on_two_threads() -> (Runtime, SledStore, tempfile::TempDir) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        (runtime, store, dir)
     }
 
     /// A store's configuration in `dir`, the defaults otherwise.

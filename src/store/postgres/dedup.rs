@@ -536,7 +536,9 @@ impl PgStore {
                                 self.inner.claims.ended(back);
                                 return Ok(());
                             }
-                            Err(error) => (Some(back), error),
+                            // Its check that the transaction is still the claim's is an
+                            // effect's fault when it fails, as the COMMIT's is.
+                            Err(error) => (Some(back), super::trees::when_ended_by_effect(error)),
                         }
                     }
                     (back, Err(error)) => (back, error),

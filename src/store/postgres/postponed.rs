@@ -269,8 +269,9 @@ impl PostponedStore for PgStore {
             .bind(OUTBOX_BATCH)
             .fetch_all(self.pool())
             .await?;
+            let now_due = self.due_records(&rows, "deliver_at").await?;
             let mut due = Due {
-                now: due_records(&rows)?,
+                now: now_due,
                 next: None,
             };
             due.now.sort_by_key(|r| r.validation_id);
@@ -347,23 +348,11 @@ impl PostponedStore for PgStore {
             .fetch_one(self.pool())
             .await?;
             Ok(Due {
-                now: due_records(&rows)?,
+                now: self.due_records(&rows, "deadline_at").await?,
                 next: next.try_get(0)?,
             })
         })
     }
-}
-
-/// [`records`] for the outbox and the deadlines: a record that cannot be decoded is left
-/// out ([`super::super::unless_unreadable`]).
-fn due_records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, StoreError> {
-    let mut due = Vec::with_capacity(rows.len());
-    for row in rows {
-        let id: i64 = row.try_get(0)?;
-        let read = decode_json(&id.to_string(), &row.try_get::<String, _>(1)?);
-        due.extend(super::super::unless_unreadable(read)?);
-    }
-    Ok(due)
 }
 
 fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, StoreError> {
@@ -375,7 +364,43 @@ fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, S
         .collect()
 }
 
+/// How long a postponed record that cannot be decoded is left before it is read again.
+const UNREADABLE_LEFT_FOR: &str = "interval '1 hour'";
+
 impl PgStore {
+    /// [`records`] for the outbox and the deadlines: a record that cannot be decoded is left
+    /// out ([`super::super::unless_unreadable`]), and its time in `column` (`deliver_at`,
+    /// `deadline_at`) moved an hour on, with its lease ended: it would otherwise come first
+    /// in every batch, taken again each pass, until enough of them kept every other record
+    /// out of the batch.
+    async fn due_records(
+        &self,
+        rows: &[sqlx::postgres::PgRow],
+        column: &str,
+    ) -> Result<Vec<PostponedValidation>, StoreError> {
+        let mut due = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
+        for row in rows {
+            let id: i64 = row.try_get(0)?;
+            let read = decode_json(&id.to_string(), &row.try_get::<String, _>(1)?);
+            match super::super::unless_unreadable(read)? {
+                Some(record) => due.push(record),
+                None => unreadable.push(id),
+            }
+        }
+        if !unreadable.is_empty() {
+            sqlx::query(&self.sql(&format!(
+                "UPDATE {{s}}.postponed SET {column} = now() + {UNREADABLE_LEFT_FOR}, \
+                   lease_owner = NULL, lease_until = NULL \
+                 WHERE validation_id = ANY($1) AND {column} IS NOT NULL"
+            )))
+            .bind(&unreadable)
+            .execute(self.pool())
+            .await?;
+        }
+        Ok(due)
+    }
+
     /// The record of `validation_id`, locked for the rest of the transaction.
     async fn locked(
         &self,

@@ -206,6 +206,15 @@ pub(super) async fn apply(
 /// as failing and recorded for operators, like an effect that aborts. A lost connection, a
 /// database shutting down or out of resources stays a store failure, and a deadlock stays
 /// retryable.
+/// `error` as it is, unless it is the check that the booking's transaction is still the
+/// claim's failing (see `HeldClaim::still_its_own`): then the effect's fault that ended it.
+pub(super) fn when_ended_by_effect(error: StoreError) -> StoreError {
+    let ended = super::sqlx_cause(&error)
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|database| database.message().contains(super::claim::ENDED));
+    if ended { merchant_fault(error) } else { error }
+}
+
 pub(super) fn merchant_fault(error: StoreError) -> StoreError {
     let Some(database) = super::sqlx_cause(&error).and_then(|e| e.as_database_error()) else {
         return error;
