@@ -340,16 +340,21 @@ impl Drop for ReceivingGuard {
 }
 
 /// The address a connection counts against: an IPv6 address's /64 (its network prefix,
-/// the rest zero), an IPv4-mapped IPv6 address's IPv4 one, any other as it is.
+/// the rest zero); the IPv4 address an IPv6 one carries (IPv4-mapped, or NAT64's
+/// well-known `64:ff9b::/96`, where IPv4 clients share one prefix); any other as it is.
 pub(crate) fn client_of(address: IpAddr) -> IpAddr {
     match address {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let [a, b, c, d, ..] = v6.segments();
+        IpAddr::V6(v6) => {
+            let [a, b, c, d, e, f, ..] = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                IpAddr::V4(v4)
+            } else if [a, b, c, d, e, f] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let [.., w, x, y, z] = v6.octets();
+                IpAddr::V4(std::net::Ipv4Addr::new(w, x, y, z))
+            } else {
                 IpAddr::V6(std::net::Ipv6Addr::new(a, b, c, d, 0, 0, 0, 0))
             }
-        },
+        }
         v4 @ IpAddr::V4(_) => v4,
     }
 }
@@ -436,10 +441,13 @@ mod tests {
         let third = admitted(table.admit_at(in_64(3), 1_000));
         assert!(!open(&table, &first) && open(&table, &second) && open(&table, &third));
         assert!(open(&table, &other));
-        // An IPv4-mapped address is its IPv4 address.
+        // An IPv4-mapped address is its IPv4 address, and so is a NAT64 one.
         let mapped = "::ffff:127.0.0.1".parse().unwrap();
         let _a = admitted(table.admit_at(mapped, 0));
         assert_eq!(table.table().per_address[&A], 1);
+        let nat64 = "64:ff9b::7f00:1".parse().unwrap();
+        let _b = admitted(table.admit_at(nat64, 0));
+        assert_eq!(table.table().per_address[&A], 2);
     }
 
     #[test]

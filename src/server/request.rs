@@ -127,14 +127,14 @@ impl BodyMemory {
         };
         {
             let mut clients = self.clients();
-            let held = clients.entry(taken.client).or_default();
+            let held = clients.get(&taken.client).copied().unwrap_or(0);
             match held
                 .checked_add(bytes)
                 .filter(|more| *more <= self.per_client)
             {
-                Some(more) => *held = more,
+                Some(more) => clients.insert(taken.client, more),
                 None => return Err(refused),
-            }
+            };
         }
         let mut held = self.held.load(Ordering::Relaxed);
         loop {

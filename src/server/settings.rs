@@ -69,7 +69,9 @@ pub struct ServerConfig {
     /// `body_limit` while it keeps the minimum rate: this bounds what bodies sent quickly
     /// and then held back can take, however many connections and streams carry them. One
     /// client (an address, an IPv6 client's /64) may hold a quarter of it, and at least one
-    /// body of `body_limit`.
+    /// body of `body_limit`. Behind a reverse proxy, list it in `trusted_proxies` (the client
+    /// is then the one it forwards for): otherwise every request is the proxy's, and all of
+    /// them share that quarter.
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub body_memory_limit: usize,
     /// Slowest request body accepted, in bytes per second averaged since the headers
