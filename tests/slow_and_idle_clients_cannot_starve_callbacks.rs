@@ -58,6 +58,12 @@ async fn slow_headers(server: SocketAddr, from: IpAddr) {
 /// Sends a whole head and then a body of 64 KiB, 16 bytes every 200 ms; returns the status
 /// answered (0 when the connection was closed without one).
 async fn slow_body(server: SocketAddr, from: IpAddr) -> u16 {
+    dripping_body(server, from, 16).await
+}
+
+/// A callback whose body arrives `bytes` every 200 ms, for ever (it is 64 KiB long); its
+/// status, or 0 when the connection closed without one.
+async fn dripping_body(server: SocketAddr, from: IpAddr, bytes: usize) -> u16 {
     let mut stream = connect(server, from).await;
     let head = format!(
         "POST {CALLBACK_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n"
@@ -68,7 +74,7 @@ async fn slow_body(server: SocketAddr, from: IpAddr) -> u16 {
     let (mut read, mut write) = stream.into_split();
     let drip = async move {
         loop {
-            if write.write_all(&[b' '; 16]).await.is_err() {
+            if write.write_all(&vec![b' '; bytes]).await.is_err() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -180,6 +186,36 @@ async fn a_body_slower_than_the_minimum_rate_is_408_after_its_grace() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(read_response(&mut stream).await.status, 200);
+}
+
+/// Connections that keep just above the minimum rate (a body dripping in at 640 bytes/s
+/// against 240) hold their places only for `server.min_body_rate_grace`: past it, a genuine
+/// callback takes the place of the one in its phase longest, instead of waiting in the
+/// listen backlog until their request timeout (ten minutes away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_keeping_just_above_the_rate_give_their_places_up_past_the_grace() {
+    let mut config = test_config();
+    config.server.max_connections = 8;
+    config.server.max_connections_per_address = 0;
+    config.server.request_timeout = Duration::from_secs(600);
+    config.server.min_body_rate_grace = Duration::from_millis(500);
+    let server = TestServer::start_with(config).await;
+    let mut steady = JoinSet::new();
+    for _ in 0..8 {
+        steady.spawn(dripping_body(server.addr, ATTACKER, 128));
+    }
+    // Every steady connection is connected and dripping.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = tokio::time::timeout(DEADLINE, genuine(server.addr, GENUINE, "n-steady"))
+        .await
+        .expect("the genuine callback waited for a place until the deadline");
+    assert_eq!(status, 200);
+    let closed = tokio::time::timeout(DEADLINE, steady.join_next())
+        .await
+        .expect("no steady connection gave its place up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(closed, 0, "closed without an answer");
 }
 
 /// A server whose timeouts alone would let the slow clients hold their slots for a minute:

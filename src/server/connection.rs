@@ -15,7 +15,11 @@
 //!   behind `server.min_body_rate` bytes per second since its current request (or idleness)
 //!   began — the oldest of equals. A connection just accepted is behind by nothing, so a
 //!   genuine client is not shed before it could send; one whose handler runs is never shed.
-//!   If no connection is behind, a new one waits in the listen backlog.
+//!   If no connection is behind, the one whose current phase (its head, a body, idleness)
+//!   began longest ago gives its place up, once that phase has lasted longer than
+//!   `server.min_body_rate_grace`: connections trickling just above the rate would
+//!   otherwise hold every place for their head and body timeouts. If there is none either,
+//!   a new one waits in the listen backlog.
 //! * **One address holds at most `server.max_connections_per_address`** (0: no limit), an
 //!   IPv6 client's whole /64 counting as one address (one host is given a /64 to pick
 //!   from, so an attacker has as many addresses as it likes within it). A
@@ -50,6 +54,10 @@ pub(crate) struct Limits {
     pub(crate) idle_timeout: Duration,
     /// Bytes per second a connection is measured against when one must give its place up.
     pub(crate) pace: u64,
+    /// How long one phase of a connection (its head, a body, idleness) may last before the
+    /// connection gives its place up to a newcomer when the server is full, however well it
+    /// keeps the pace (`server.min_body_rate_grace`).
+    pub(crate) patience: Duration,
 }
 
 /// The open connections of one server.
@@ -150,7 +158,15 @@ impl Connections {
             }
         }
         if table.open.len() >= self.limits.max {
-            match table.furthest_behind(now, pace, None, 0) {
+            // Behind the pace first; else the one whose phase has lasted longest, once past
+            // the patience: connections trickling just above the pace would otherwise hold
+            // every place for their whole head and body timeouts, while a genuine client,
+            // whose head and body take milliseconds, waited in the listen backlog.
+            let patience = u64::try_from(self.limits.patience.as_millis()).unwrap_or(u64::MAX);
+            let victim = table
+                .furthest_behind(now, pace, None, 0)
+                .or_else(|| table.longest_in_phase(now, patience));
+            match victim {
                 Some(victim) => self.shed(&mut table, &victim, ShedReason::LeastActive),
                 None => return Admission::Full,
             }
@@ -238,6 +254,18 @@ impl Table {
     /// arriving), by more than `beyond` bytes; the oldest of equals. A connection just
     /// accepted is behind by nothing yet, so it is never taken before one that has been
     /// silent for a while.
+    /// The connection not working whose current phase began earliest, more than
+    /// `patience_ms` before `now_ms`.
+    fn longest_in_phase(&self, now_ms: u64, patience_ms: u64) -> Option<Arc<Activity>> {
+        self.open
+            .values()
+            .filter(|a| !a.working())
+            .map(|a| (a.phase_ms.load(Ordering::Acquire), a))
+            .filter(|(began, _)| now_ms.saturating_sub(*began) > patience_ms)
+            .min_by_key(|(began, a)| (*began, a.id))
+            .map(|(_, a)| Arc::clone(a))
+    }
+
     fn furthest_behind(
         &self,
         now_ms: u64,
@@ -371,6 +399,7 @@ mod tests {
                 per_address,
                 idle_timeout: Duration::from_secs(60),
                 pace: 240,
+                patience: Duration::from_secs(5),
             },
             Arc::default(),
         )
@@ -428,6 +457,31 @@ mod tests {
         assert!(matches!(table.admit_at(B, 60_000), Admission::Full));
     }
 
+    /// Connections that keep ahead of the pace (a body trickling in just fast enough) hold
+    /// their places only for the patience: past it, the one whose phase began first gives
+    /// its place up to a newcomer, never a working one.
+    #[test]
+    fn a_full_server_sheds_the_connection_longest_in_its_phase_past_the_patience() {
+        let table = connections(3, 0);
+        let working = admitted(table.admit_at(A, 0));
+        let _busy = working.activity.request();
+        let first = admitted(table.admit_at(A, 0));
+        let second = admitted(table.admit_at(A, 1_000));
+        for slot in [&first, &second] {
+            slot.activity.read(1_000_000);
+        }
+        // Within the patience (5 s): nobody gives way.
+        assert!(matches!(table.admit_at(B, 4_000), Admission::Full));
+        // Past it, the first (its phase began at 0), though far ahead of the pace.
+        let newcomer = admitted(table.admit_at(B, 5_500));
+        assert!(!open(&table, &first) && open(&table, &second) && open(&table, &working));
+        newcomer.activity.read(1_000_000);
+        // The second's phase is past the patience too; the newcomer's is not.
+        let next = admitted(table.admit_at(B, 6_500));
+        assert!(!open(&table, &second) && open(&table, &newcomer) && open(&table, &next));
+        assert!(matches!(table.admit_at(B, 6_500), Admission::Full));
+    }
+
     #[test]
     fn an_ipv6_clients_addresses_within_its_64_count_as_one() {
         let table = connections(10, 2);
@@ -479,6 +533,7 @@ mod tests {
                 per_address: 0,
                 idle_timeout: Duration::ZERO,
                 pace: 240,
+                patience: Duration::from_secs(5),
             },
             Arc::default(),
         );

@@ -96,6 +96,7 @@ pub async fn serve(
             idle_timeout: server.idle_timeout,
             // With the minimum rate off, a connection silent for a second is behind.
             pace: server.min_body_rate.max(1),
+            patience: server.min_body_rate_grace,
         },
         Arc::clone(&app.inner.metrics),
     );

@@ -43,8 +43,9 @@ pub struct ServerConfig {
     )]
     pub shutdown_grace: Duration,
     /// Connections served at once. When all are taken, the least active connection whose
-    /// handler is not running (idle, or sending slowly) is closed for a new one; when every
-    /// one is working, a new one waits in the listen backlog. Keeps file descriptors for the
+    /// handler is not running (idle, sending slowly, or in one phase for longer than
+    /// `min_body_rate_grace`) is closed for a new one; when none is, a new one waits in the
+    /// listen backlog. Keeps file descriptors for the
     /// store and the aggregator however many connections clients open (keep it below the
     /// process' open-files limit).
     #[serde(deserialize_with = "crate::setting::lenient")]
@@ -79,7 +80,9 @@ pub struct ServerConfig {
     /// connection closed (0: no minimum, only `request_timeout`).
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub min_body_rate: u64,
-    /// How long a body may arrive slower than `min_body_rate` at first.
+    /// How long a body may arrive slower than `min_body_rate` at first. Also how long one
+    /// phase of a connection (its head, a body, idleness) keeps its place when the server is
+    /// full and a new connection comes, however well it keeps the rate.
     #[serde(
         deserialize_with = "crate::setting::duration",
         serialize_with = "crate::setting::duration_text"
