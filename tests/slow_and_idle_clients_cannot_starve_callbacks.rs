@@ -296,8 +296,9 @@ impl http_body::Body for HeldBack {
     }
 }
 
-/// Bodies of 60 KiB, `count` of them, sent from `from` on the streams of one HTTP/2
-/// connection and then held back: the connection's sender, its driver, and the answers.
+/// Bodies of 6 KiB (one DATA frame each), `count` of them, sent from `from` on the streams
+/// of one HTTP/2 connection and then held back: the connection's sender, its driver, and
+/// the answers.
 async fn held_back_bodies(
     server: SocketAddr,
     from: IpAddr,
@@ -320,7 +321,7 @@ async fn held_back_bodies(
         sender.ready().await.unwrap();
         let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
             .header("content-type", "application/json")
-            .body(HeldBack(Some(vec![b' '; 60 * 1024].into())))
+            .body(HeldBack(Some(vec![b' '; 6 * 1024].into())))
             .unwrap();
         answers.spawn(sender.send_request(request));
     }
@@ -358,13 +359,13 @@ async fn refused_for_memory(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
     let mut config = test_config();
-    config.server.body_limit = 64 * 1024;
-    config.server.body_memory_limit = 288 * 1024;
+    config.server.body_limit = 8 * 1024;
+    config.server.body_memory_limit = 28 * 1024;
     config.server.request_timeout = Duration::from_secs(600);
     let server = TestServer::start_with(config).await;
-    // A body of 60 KiB arrives in frames of 16 KiB, copied into a buffer that doubles: it
-    // holds 64 KiB. Four clients: one such body each fits in a client's 72 KiB (a quarter),
-    // the second does not.
+    // Four clients: one body of 6 KiB each fits in a client's 8 KiB (a quarter of 28, and at
+    // least one body of the limit), the second does not. A body in one frame is held as it
+    // came, whole, so each client's other body is refused only once this one is held.
     let mut attacks = Vec::new();
     for client in 11..15 {
         let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
@@ -372,7 +373,7 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
         refused_for_memory(&mut answers).await;
         attacks.push((sender, driver, answers));
     }
-    // A fifth client's body does not fit in the 32 KiB the four left.
+    // A fifth client's body does not fit in the 4 KiB the four left.
     let fifth = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 15));
     let (_fifth_sender, _fifth_driver, mut fifth_answers) =
         held_back_bodies(server.addr, fifth, 1).await;
@@ -389,7 +390,7 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
     let large = with(
         CALLBACK,
         "/padding",
-        Some(serde_json::json!(" ".repeat(60 * 1024))),
+        Some(serde_json::json!(" ".repeat(5 * 1024))),
     );
     let send_large = || send_callback(server.addr, GENUINE, &large);
     assert_eq!(
