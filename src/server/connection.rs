@@ -141,7 +141,7 @@ impl Connections {
     }
 
     fn admit_at(self: &Arc<Self>, address: IpAddr, now: u64) -> Admission {
-        let address = client_of(address);
+        let address = network_of(address);
         let pace = self.limits.pace;
         let mut table = self.table();
         let limit = self.limits.per_address;
@@ -370,7 +370,7 @@ impl Drop for ReceivingGuard {
 /// The address a connection counts against: an IPv6 address's /64 (its network prefix,
 /// the rest zero); the IPv4 address an IPv6 one carries (IPv4-mapped, or NAT64's
 /// well-known `64:ff9b::/96`, where IPv4 clients share one prefix); any other as it is.
-pub(crate) fn client_of(address: IpAddr) -> IpAddr {
+pub(crate) fn network_of(address: IpAddr) -> IpAddr {
     match address {
         IpAddr::V6(v6) => {
             let [a, b, c, d, e, f, ..] = v6.segments();

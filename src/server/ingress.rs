@@ -145,12 +145,20 @@ impl Ingress {
         None
     }
 
-    /// Reads a request's body within `[server]`'s limits; while it arrives, the connection
-    /// counts as receiving (see `connection.rs`), not working.
+    /// The client's address of a request's `parts` (see [`Ingress::client_of`]).
+    pub(super) fn client_of_parts(&self, parts: &http::request::Parts) -> Option<std::net::IpAddr> {
+        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
+        self.client_of(peer, &parts.headers)
+    }
+
+    /// Reads a request's body within `[server]`'s limits, as `client`'s (its share of the
+    /// body memory); while it arrives, the connection counts as receiving (see
+    /// `connection.rs`), not working.
     pub(super) async fn read_body<B>(
         &self,
         parts: &http::request::Parts,
         body: B,
+        client: Option<std::net::IpAddr>,
     ) -> Result<Bytes, Problem>
     where
         B: Body<Data = Bytes>,
@@ -167,10 +175,7 @@ impl Ingress {
             .extensions
             .get::<Arc<connection::Activity>>()
             .map(connection::Activity::receiving);
-        let peer = parts.extensions.get::<PeerAddr>().map(|p| p.0);
-        let client = self
-            .client_of(peer, &parts.headers)
-            .map(connection::client_of);
+        let client = client.map(connection::network_of);
         let read =
             request::read_body(&parts.headers, body, limits, (&self.body_memory, client)).await;
         drop(receiving);

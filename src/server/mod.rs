@@ -631,7 +631,7 @@ impl App {
         if !is_json(&parts.headers) {
             return Err(Problem::UnsupportedMediaType);
         }
-        let bytes = ingress.read_body(&parts, body).await?;
+        let bytes = ingress.read_body(&parts, body, client).await?;
         note::kept(|n| {
             n.body = Some(crate::inspector::kept_body(&bytes));
         });

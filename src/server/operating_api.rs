@@ -358,7 +358,10 @@ impl OperatingApi {
                 });
             }
             (&Method::POST, ["inspector", "login"]) => {
-                let bytes = self.ingress.read_body(&parts, body).await?;
+                let bytes = self
+                    .ingress
+                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .await?;
                 return self.login(&bytes, https);
             }
             (&Method::POST, ["inspector", "logout"]) => {
@@ -435,7 +438,10 @@ impl OperatingApi {
                 let id: ValidationId = id
                     .parse()
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
-                let bytes = self.ingress.read_body(&parts, body).await?;
+                let bytes = self
+                    .ingress
+                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .await?;
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
                 let resolver = self
                     .awaitable
@@ -481,7 +487,10 @@ impl OperatingApi {
                 Ok(response)
             }
             (&Method::POST, ["reconcile"]) => {
-                let bytes = self.ingress.read_body(&parts, body).await?;
+                let bytes = self
+                    .ingress
+                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
                 let gateway = self.gateway.as_ref().ok_or_else(|| {
                     Problem::Conflict("reconcile needs a complete [gateway] section".into())

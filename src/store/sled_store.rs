@@ -735,11 +735,16 @@ impl SledStore {
         self.check_healthy()?;
         // Under the writer lock: a mark still being flushed is not reported as booked.
         // Healthy asked again under it: see `outbox_due`.
-        let record = self.inner.writer.read_durable(|| {
+        self.inner.writer.read_durable(|| {
             self.check_healthy()?;
-            self.record(&keys::callback(nonce))
-        })?;
-        Ok(match record {
+            self.booked(nonce, status)
+        })
+    }
+
+    /// Whether the record of `nonce` holds `status`, as sled shows it now (durable only
+    /// under the writer lock).
+    fn booked(&self, nonce: &str, status: TransactionStatus) -> Result<bool, StoreError> {
+        Ok(match self.record(&keys::callback(nonce))? {
             Some(bytes) => decode::<CallbackRecord>(nonce, &bytes)?
                 .done
                 .contains(&status.code()),
@@ -900,10 +905,8 @@ impl SledStore {
             drop(shard);
             let booked = other_status
                 && if durable {
-                    self.record(&keys::callback(nonce))?
-                        .map(|bytes| decode::<CallbackRecord>(nonce, &bytes))
-                        .transpose()?
-                        .is_some_and(|record| record.done.contains(&status.code()))
+                    // Under the writer lock already (a takeover's read).
+                    self.booked(nonce, status)?
                 } else {
                     self.callback_acknowledged_now(nonce, status)?
                 };
