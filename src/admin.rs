@@ -353,7 +353,9 @@ impl AdminClient {
     }
 
     /// The service's recent deliveries after `after` that pass `filter`, waiting up to
-    /// `wait` (at most 30 s) for one when there is none yet (see [`crate::inspector`]).
+    /// `wait` (at most 30 s) for one when there is none yet (see [`crate::inspector`]): the
+    /// oldest 1,000 of them, with [`DeliveryList::more`](crate::inspector::DeliveryList::more)
+    /// set when others follow.
     ///
     /// # Errors
     ///
@@ -364,7 +366,10 @@ impl AdminClient {
         wait: std::time::Duration,
         filter: &DeliveryFilter,
     ) -> Result<DeliveryList, AdminError> {
-        let mut path = format!("deliveries?after={after}&wait={}", wait.as_secs());
+        let mut path = format!(
+            "deliveries?after={after}&wait={}&oldest=true&limit={FOLLOWED_PAGE}",
+            wait.as_secs()
+        );
         let query = filter.to_query();
         if !query.is_empty() {
             path.push('&');
@@ -767,18 +772,21 @@ pub async fn tail(
     out: &mut (dyn Write + Send),
 ) -> Result<(), AdminError> {
     const WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+    let mut instance = None;
     let mut after = if options.recent {
         0
     } else {
-        client
+        let now = client
             .deliveries(u64::MAX, std::time::Duration::ZERO, &options.filter)
-            .await?
-            .last
+            .await?;
+        instance = Some(now.instance);
+        now.last
     };
+    let mut wait = WAIT;
     let mut printed = 0usize;
     let mut unreachable = false;
     loop {
-        let list = match client.deliveries(after, WAIT, &options.filter).await {
+        let list = match client.deliveries(after, wait, &options.filter).await {
             Ok(list) => list,
             Err(AdminError::Remote { status: 0, message }) => {
                 if !unreachable {
@@ -791,9 +799,16 @@ pub async fn tail(
             Err(error) => return Err(error),
         };
         unreachable = false;
-        if list.last < after {
+        // Another recording process (or, from a service that does not name its own, a
+        // number below the one followed): the service restarted and numbers from 1 again.
+        let other = instance
+            .as_ref()
+            .is_some_and(|known: &String| !list.instance.is_empty() && *known != list.instance);
+        instance = Some(list.instance.clone());
+        if other || list.last < after {
             writeln!(out, "… the service restarted; following its new deliveries")?;
             after = 0;
+            wait = std::time::Duration::ZERO;
             continue;
         }
         if let Some(missed) = list.missed {
@@ -817,8 +832,17 @@ pub async fn tail(
         }
         out.flush()?;
         after = list.last;
+        // More than a page arrived: the rest at once, in order.
+        wait = if list.more {
+            std::time::Duration::ZERO
+        } else {
+            WAIT
+        };
     }
 }
+
+/// Deliveries a follower asks for at once: the oldest after the last it printed.
+const FOLLOWED_PAGE: usize = 1000;
 
 /// A transaction record (2.6) as labelled lines.
 pub fn describe_transaction(record: &TransactionRecord) -> String {

@@ -32,6 +32,24 @@ pub enum AuthMethod {
     Basic,
 }
 
+/// A credential set in `config` while its method asks for none. Set without the method
+/// (left at `none`), a secret looks in force — `check-config` shows it, redacted — while
+/// the endpoint answers whoever calls it. (Under another method, a credential of another
+/// one is left over, not a door left open: it is taken.)
+fn unused_credential(config: &EndpointAuthConfig) -> Option<&'static str> {
+    if config.method != AuthMethod::None {
+        return None;
+    }
+    [
+        ("secret", config.secret.is_some()),
+        ("username", config.username.is_some()),
+        ("password", config.password.is_some()),
+    ]
+    .into_iter()
+    .find(|(_, set)| *set)
+    .map(|(field, _)| field)
+}
+
 /// An IPv4 or IPv6 network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`; a bare address
 /// is a /32 or /128).
 ///
@@ -217,6 +235,16 @@ impl Guard {
                     .map_err(|e| invalid(".allow_ips", e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(field) = unused_credential(config) {
+            return Err(invalid(
+                &format!(".{field}"),
+                format!(
+                    "is set, but method = \"none\": the endpoint would not ask for it and \
+                     would answer anyone (set method = \"shared_secret\" or \"basic\", or \
+                     remove {field})"
+                ),
+            ));
+        }
         let method = match config.method {
             AuthMethod::None => Method::None,
             AuthMethod::Signature => Method::Signature,
@@ -555,5 +583,47 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().starts_with("auth.x.allow_ips"), "{error}");
+    }
+
+    #[test]
+    fn credentials_without_a_method_are_refused_not_ignored() {
+        let secret = || Some(Secret::new("s3cret-value"));
+        let refused = |config: EndpointAuthConfig, key: &str| {
+            let error = Guard::from_config(&config, "auth.transaction_validation").unwrap_err();
+            assert_eq!(error.key, key, "{error}");
+            assert!(error.reason.contains("method = \"none\""), "{error}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        };
+        // A secret with the method left at its default, behind an allow-list: it would
+        // look in force while anyone in 10/8 is let in without it.
+        refused(
+            EndpointAuthConfig {
+                secret: secret(),
+                allow_ips: vec!["10.0.0.0/8".into()],
+                ..EndpointAuthConfig::default()
+            },
+            "auth.transaction_validation.secret",
+        );
+        refused(
+            EndpointAuthConfig {
+                username: Some("aggregator".into()),
+                password: secret(),
+                ..EndpointAuthConfig::default()
+            },
+            "auth.transaction_validation.username",
+        );
+        // Under a method that asks for a credential, one of another method is left over.
+        assert!(
+            Guard::from_config(
+                &EndpointAuthConfig {
+                    method: AuthMethod::SharedSecret,
+                    secret: secret(),
+                    username: Some("aggregator".into()),
+                    ..EndpointAuthConfig::default()
+                },
+                "auth.transaction_validation",
+            )
+            .is_ok()
+        );
     }
 }

@@ -357,7 +357,8 @@ fn syntax_error(origin: &str, text: &str, error: &toml::de::Error) -> ConfigErro
 
 /// The keys whose values are secrets: never quoted in an error, never read as TOML from
 /// the environment (a password may well start with `[` or `{`).
-const SECRET_KEYS: [&[&str]; 7] = [
+const SECRET_KEYS: [&[&str]; 8] = [
+    &["store", "url"],
     &["gateway", "password"],
     &["gateway", "proxy"],
     &["admin", "token"],
@@ -479,11 +480,13 @@ fn env_value(name: &str, value: String) -> Result<toml::Value, ConfigError> {
     let parsed: toml::Table = format!("v = {value}")
         .parse()
         .map_err(|e: toml::de::Error| {
-            // Not a secret (those are never parsed), so the value may be quoted.
+            // Not quoted: a secret's variable with a typo in its name (PAYHOOK_GATEWAY_PASWORD)
+            // is no secret's key, and its value would be.
             ConfigError::Parse {
                 origin: name.to_owned(),
                 message: format!(
-                    "`{value}` is not a TOML array or inline table: {}",
+                    "starts like a TOML array or inline table but is not one: {} (the value \
+                     is not shown: it may be a secret)",
                     error_message(&e)
                 ),
             }
@@ -620,6 +623,23 @@ mod tests {
             ),
             ("[store]\nretention = \"0s\"", "store.retention"),
             (
+                "[store]\nstatement_timeout = \"0s\"",
+                "store.statement_timeout",
+            ),
+            ("[store]\nconnect_timeout = 0", "store.connect_timeout"),
+            (
+                "[server]\nmin_body_rate_grace = \"0s\"",
+                "server.min_body_rate_grace",
+            ),
+            (
+                "[paths]\ncallback = \"/payhook/admin/cb\"",
+                "paths.callback",
+            ),
+            (
+                "[auth.transaction_validation]\nsecret = \"s3cr3t\"\nallow_ips = [\"10.0.0.0/8\"]",
+                "auth.transaction_validation.secret",
+            ),
+            (
                 "[auth.transaction_validation]\nmethod = \"signature\"",
                 "auth.transaction_validation.method",
             ),
@@ -737,6 +757,49 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("").is_err());
+        assert_eq!(
+            parse_duration("36500d"),
+            Ok(Duration::from_secs(36_500 * 86_400))
+        );
+        assert!(parse_duration("36501d").is_err());
+    }
+
+    #[test]
+    fn a_duration_of_seconds_is_held_to_the_bound_of_text() {
+        // Taken as it was, `Instant::now() + handler_timeout` panicked on every request.
+        for toml in [
+            "[server]\nhandler_timeout = 9223372036854775807",
+            "[server]\nhandler_timeout = 3153600001",
+            "[validation]\ndeadline = 9223372036854775807",
+        ] {
+            let error = Config::from_toml(toml).unwrap_err().to_string();
+            assert!(error.contains("too long"), "{toml}: {error}");
+        }
+        let config = Config::from_toml("[server]\nhandler_timeout = 3153600000").unwrap();
+        assert_eq!(
+            config.server.handler_timeout,
+            Duration::from_secs(3_153_600_000)
+        );
+        assert_eq!(
+            Config::from_toml("[store]\nretention = 60")
+                .unwrap()
+                .store
+                .retention,
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn a_variable_that_is_not_toml_is_refused_without_its_value() {
+        // A password's variable with a typo in its name is no secret's key.
+        let error = Config::load(
+            None,
+            env(&[("PAYHOOK_GATEWAY_PASWORD", "[s3cret-with-a-bracket")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("PAYHOOK_GATEWAY_PASWORD"), "{error}");
+        assert!(!error.contains("s3cret"), "{error}");
     }
 
     #[test]

@@ -31,6 +31,15 @@ impl InvalidSetting {
     }
 }
 
+/// Refuses the first of `durations` (a dotted key and its value) that is zero: a timeout,
+/// an interval or a budget of nothing.
+pub(crate) fn longer_than_zero(durations: &[(&str, Duration)]) -> Result<(), InvalidSetting> {
+    match durations.iter().find(|(_, value)| value.is_zero()) {
+        Some((key, _)) => Err(InvalidSetting::new(*key, "must be longer than zero")),
+        None => Ok(()),
+    }
+}
+
 /// How every secret is written when a configuration is serialized.
 pub const REDACTED: &str = "<redacted>";
 
@@ -110,9 +119,14 @@ where
 /// Reads a duration: `"250ms"`, `"10s"`, `"5m"`, `"1h"`, or a number of seconds.
 pub(crate) fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
     match DurationText::deserialize(deserializer)? {
-        DurationText::Seconds(seconds) => Ok(Duration::from_secs(seconds)),
+        DurationText::Seconds(seconds) => seconds_duration(seconds).map_err(de::Error::custom),
         DurationText::Text(text) => parse_duration(&text).map_err(de::Error::custom),
     }
+}
+
+/// A duration written as a bare number of seconds, held to the same bound as text.
+fn seconds_duration(seconds: u64) -> Result<Duration, DurationError> {
+    parse_duration(&seconds.to_string())
 }
 
 /// A duration as written: a number of seconds, or text for [`parse_duration`].
@@ -128,7 +142,9 @@ pub(crate) fn optional_duration<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<Duration>, D::Error> {
     match DurationText::deserialize(deserializer)? {
-        DurationText::Seconds(seconds) => Ok(Some(Duration::from_secs(seconds))),
+        DurationText::Seconds(seconds) => seconds_duration(seconds)
+            .map(Some)
+            .map_err(de::Error::custom),
         DurationText::Text(text) if text.trim().is_empty() || text.trim() == "none" => Ok(None),
         DurationText::Text(text) => parse_duration(&text).map(Some).map_err(de::Error::custom),
     }
@@ -154,7 +170,8 @@ pub struct DurationError {
     reason: &'static str,
 }
 
-/// Parses `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"` or `"10"` (seconds).
+/// Parses `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"` or `"10"` (seconds), up to a hundred
+/// years (`"36500d"`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -189,6 +206,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
         _ => return Err(fail("has an unknown unit: use ms, s, m, h or d")),
     };
     millis
+        .filter(|millis| *millis <= LONGEST_MILLIS)
         .map(Duration::from_millis)
-        .ok_or_else(|| fail("is too long"))
+        .ok_or_else(|| fail("is too long: at most 36500d"))
 }
+
+/// The longest duration a setting takes: a hundred years. Every time payhook computes from
+/// a setting (a deadline, an expiry, a timer) stays far inside what clocks and calendars
+/// hold; a number of seconds such as `9223372036854775807` is refused, not a panic on the
+/// first request that adds it to the time.
+const LONGEST_MILLIS: u64 = 36_500 * 86_400_000;

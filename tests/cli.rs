@@ -77,6 +77,28 @@ fn check_config_names_the_bad_key_and_fails() {
 }
 
 #[test]
+fn check_config_reads_the_gateway_s_files_as_the_service_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payhook.toml");
+    std::fs::write(
+        &file,
+        concat!(
+            "[gateway]\nauth_url = \"https://auth.example\"\n",
+            "gateway_url = \"https://gateway.example\"\nusername = \"shop\"\n",
+            "password = \"hunter2\"\nca_file = \"no-such-ca.pem\"\n",
+        ),
+    )
+    .unwrap();
+    let output = payhook(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stdout(&output));
+    assert!(
+        stderr(&output).contains("ca_file") && !stderr(&output).contains("hunter2"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
 fn check_config_reports_a_missing_file() {
     let output = payhook(&["check-config", "/nonexistent/payhook.toml"]);
     assert_eq!(output.status.code(), Some(2));

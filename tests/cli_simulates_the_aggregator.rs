@@ -301,7 +301,7 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
     .await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
-        stdout.contains("tamper-body: WRONG") && stdout.contains("a correct receiver: 401"),
+        stdout.contains("tamper-body: WRONG") && stdout.contains("then the forged one 401"),
         "{stdout}"
     );
 }
@@ -423,7 +423,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, _, stderr) = payhook(base.clone()).await;
     assert_eq!(code, 2);
     assert!(stderr.contains("--reconcile-command"), "{stderr}");
-    let mut with_command = base;
+    let mut with_command = base.clone();
     with_command.extend(args(&[
         "--reconcile-command",
         "echo {reference_id}: booked now",
@@ -431,6 +431,18 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, stdout, stderr) = payhook(with_command).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("→ booked now"), "{stdout}");
+    // What a command prints counts only when it ends well.
+    let mut failing_command = base;
+    failing_command.extend(args(&[
+        "--reconcile-command",
+        "echo {reference_id}: booked now; exit 3",
+    ]));
+    let (code, stdout, stderr) = payhook(failing_command).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("the reconcile command failed"),
+        "{stdout}{stderr}"
+    );
     merchant.kill();
 }
 

@@ -54,6 +54,29 @@ fn options_that_mean_nothing_to_a_command_are_refused() {
             text(&output.stderr)
         );
     }
+    // --expect judges one request's answer; with --settings or --fault it would be
+    // silently ignored (a delivery judged by its own verdict, exit 1 for another reason).
+    for other in [&["--settings", "s.json"][..], &["--fault", "duplicate"]] {
+        let mut args = vec![
+            "trigger",
+            "callback",
+            "--to",
+            "http://127.0.0.1:1",
+            "--expect",
+            "401",
+        ];
+        if other[0] == "--settings" {
+            args.retain(|a| *a != "--to" && *a != "http://127.0.0.1:1");
+        }
+        args.extend_from_slice(other);
+        let output = payhook(&args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&output.stderr).contains("cannot be used with"),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+    }
     // Where they mean something, they are taken after the subcommand too.
     let output = payhook(&["validations", "list", "--help"]);
     let help = text(&output.stdout);

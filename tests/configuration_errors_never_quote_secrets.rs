@@ -82,13 +82,32 @@ fn a_secret_variable_that_looks_like_toml_is_taken_as_it_is() {
         "PAYHOOK_AUTH_PROVIDERS_VALIDATION_PASSWORD",
     ] {
         let value = format!("{{[{SECRET}");
-        let output = check_config(&file, &[(name, &value)]);
+        // An endpoint's credential is taken only with the method that uses it.
+        let method: &[(&str, &str)] = match name {
+            "PAYHOOK_AUTH_TRANSACTION_VALIDATION_SECRET" => &[(
+                "PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD",
+                "shared_secret",
+            )],
+            "PAYHOOK_AUTH_PROVIDERS_VALIDATION_PASSWORD" => &[
+                ("PAYHOOK_AUTH_PROVIDERS_VALIDATION_METHOD", "basic"),
+                ("PAYHOOK_AUTH_PROVIDERS_VALIDATION_USERNAME", "aggregator"),
+            ],
+            _ => &[],
+        };
+        let mut variables = vec![(name, value.as_str())];
+        variables.extend_from_slice(method);
+        let output = check_config(&file, &variables);
         let text = all_output(&output);
         assert!(output.status.success(), "{name}: {text}");
         assert!(!text.contains("s3cret"), "{name} leaked: {text}");
 
-        let config = payhook::Config::load(Some(&file), [(name.to_owned(), value.clone())])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let config = payhook::Config::load(
+            Some(&file),
+            variables
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned())),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
         let secret = match name {
             "PAYHOOK_GATEWAY_PASSWORD" => config.gateway.password,
             "PAYHOOK_ADMIN_TOKEN" => config.admin.token,

@@ -59,6 +59,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_SIGNATURE_ALGORITHM" => "ed25519".into(),
         "PAYHOOK_SIGNATURE_ENCODING" => "base64url".into(),
         "PAYHOOK_SIGNATURE_PREFIX" => "sig=".into(),
+        // Not a shared secret's header (its value is shown).
+        "PAYHOOK_SIGNATURE_HEADER" => "X-Test-Signature".into(),
         "PAYHOOK_SIGNATURE_KEYS" => format!("[{{id = \"k1\", file = \"{}\"}}]", key.display()),
         "PAYHOOK_STORE_PATH" => dir.join("data").display().to_string(),
         // Nothing here connects: the commands below do not open the store.
@@ -81,7 +83,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         // The tools' own: the loader leaves them alone.
         "PAYHOOK_TEST_DATABASE_URL" | "PAYHOOK_BENCH_DATABASE_URL" => "not-a-setting".into(),
         _ if suffix("_URL") => "https://aggregator.example".into(),
-        _ if suffix("_METHOD") => "none".into(),
+        // A credential is taken only with a method that asks for one.
+        _ if suffix("_METHOD") => "shared_secret".into(),
         _ if suffix("_HEADER") => "X-Test-Header".into(),
         _ if suffix("_ALLOW_IPS") || suffix("_PROXIES") => r#"["10.0.0.0/8"]"#.into(),
         _ if suffix("_LIMIT") => "65536".into(),
@@ -99,8 +102,11 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         {
             "5s".into()
         }
-        // Files read when a gateway client is built, not when the configuration loads.
-        _ if suffix("_FILE") => dir.join("a-file.pem").display().to_string(),
+        // Read when a gateway client is built (`check-config` builds one): see
+        // `gateway_files`.
+        "PAYHOOK_GATEWAY_CA_FILE" => dir.join("ca.pem").display().to_string(),
+        "PAYHOOK_GATEWAY_CLIENT_CERT_FILE" => dir.join("client.pem").display().to_string(),
+        "PAYHOOK_GATEWAY_CLIENT_KEY_FILE" => dir.join("client-key.pem").display().to_string(),
         _ if name.starts_with("PAYHOOK_PATHS_") => format!("/test/{}", name.to_lowercase()),
         _ if suffix("_USERNAME")
             || suffix("_PASSWORD")
@@ -111,6 +117,43 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         }
         _ => panic!("the test has no valid value for {name}: add one"),
     }
+}
+
+/// The files the gateway's variables name, in `dir`: a CA certificate, and a client
+/// certificate with its key.
+fn gateway_files(dir: &std::path::Path) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let client = rcgen::CertificateParams::new(vec!["merchant.example".to_owned()])
+        .unwrap()
+        .signed_by(&client_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("client.pem"), client.pem()).unwrap();
+    std::fs::write(dir.join("client-key.pem"), client_key.serialize_pem()).unwrap();
+}
+
+/// The variables a variable needs beside it to be valid alone: an endpoint's method and
+/// its credential go together.
+fn companions(name: &str, dir: &std::path::Path) -> Vec<(String, String)> {
+    let Some(endpoint) = ["PROVIDERS_VALIDATION", "TRANSACTION_VALIDATION"]
+        .into_iter()
+        .find(|e| name.starts_with(&format!("PAYHOOK_AUTH_{e}_")))
+    else {
+        return Vec::new();
+    };
+    ["METHOD", "SECRET"]
+        .into_iter()
+        .map(|key| format!("PAYHOOK_AUTH_{endpoint}_{key}"))
+        .filter(|companion| companion != name)
+        .map(|companion| {
+            let value = valid_value(&companion, dir);
+            (companion, value)
+        })
+        .collect()
 }
 
 #[test]
@@ -137,8 +180,9 @@ fn each_documented_variable_is_accepted_by_the_configuration_loader() {
     for name in &names {
         let value = valid_value(name, dir.path());
         let file = (name == "PAYHOOK_CONFIG").then(|| std::path::PathBuf::from(&value));
-        if let Err(error) = payhook::Config::load(file.as_deref(), [(name.clone(), value.clone())])
-        {
+        let mut variables = vec![(name.clone(), value.clone())];
+        variables.extend(companions(name, dir.path()));
+        if let Err(error) = payhook::Config::load(file.as_deref(), variables) {
             panic!("{name}={value}: {error}");
         }
     }
@@ -159,6 +203,7 @@ fn the_commands_start_with_every_documented_variable_exported() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("payhook.toml");
     std::fs::write(&file, "[server]\n").unwrap();
+    gateway_files(dir.path());
     let env: Vec<(String, String)> = documented_variables()
         .into_iter()
         .map(|name| {

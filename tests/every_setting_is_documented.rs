@@ -35,6 +35,8 @@ fn every_setting_set() -> Config {
         &mut config.auth.providers_validation,
         &mut config.auth.transaction_validation,
     ] {
+        // A credential is taken only with a method that asks for one.
+        endpoint.method = payhook::config::AuthMethod::SharedSecret;
         endpoint.secret = Some("secret".into());
         endpoint.username = Some("user".into());
         endpoint.password = Some("password".into());

@@ -156,7 +156,7 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     let not_a_number = admin(&server, "GET", "/payhook/admin/deliveries/abc", None).await;
     assert_eq!(
         (not_a_number.status, not_a_number.message()),
-        (404, "no recent delivery #abc".into())
+        (400, "`abc` is not a delivery's number".into())
     );
     // Any `after` is a number of the future: nothing yet, and the last number given.
     let beyond = deliveries(&server, &format!("after={}", u64::MAX)).await;
@@ -257,8 +257,20 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     assert!(wrong_form.header("set-cookie").is_none());
     let again = String::from_utf8_lossy(&wrong_form.body);
     assert!(again.contains("invalid token"), "{again}");
-    // Answered at …/inspector/login, the form posts to the same address again.
-    assert!(again.contains("action=login "), "{again}");
+    // Answered at …/inspector/login, the form posts to the login's own address again.
+    assert!(
+        again.contains("action=/payhook/admin/inspector/login "),
+        "{again}"
+    );
+    // So does the form shown at …/inspector/ (a relative action would post to
+    // …/inspector/inspector/login, and the token typed would be lost).
+    let slashed = server.send(&page(&[], "/")).await;
+    assert_eq!(slashed.status, 401);
+    assert!(
+        String::from_utf8_lossy(&slashed.body).contains("action=/payhook/admin/inspector/login "),
+        "{}",
+        String::from_utf8_lossy(&slashed.body)
+    );
 
     let login = server
         .send(&post(
@@ -564,6 +576,36 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
     );
 }
 
+/// `payhook tail --recent` shows every delivery the service keeps, oldest first, however
+/// many more than one answer holds (it showed the newest 100 and skipped the rest).
+#[tokio::test]
+async fn payhook_tail_shows_every_kept_delivery_in_order() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    const SENT: usize = 150;
+    for n in 0..SENT {
+        let nonce = format!("n-many-{n:03}");
+        let callback = signed_callback(&signer, &nonce, 4, "5", "client-42");
+        assert_eq!(server.send(&callback).await.status, 200);
+    }
+    let url = format!("http://{}", server.addr);
+    let count = SENT.to_string();
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        payhook(&["tail", "--admin-url", &url, "--recent", "--count", &count]),
+    )
+    .await
+    .expect("every kept delivery printed, then tail stopped");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), SENT, "{stdout}");
+    for (n, line) in lines.iter().enumerate() {
+        assert!(line.contains(&format!("n-many-{n:03}")), "line {n}: {line}");
+    }
+}
+
 /// A shared secret's header is the merchant's to name, so the inspector keeps the values of
 /// the headers it knows to be harmless and no other: the secret is never shown, whether it
 /// was right or wrong. What a request can make the inspector keep is bounded too: its
@@ -700,8 +742,11 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
         "{asked}"
     );
     assert!(!asked.contains(TOKEN), "{asked}");
-    // The form the page shows posts relative to the page, and a fragment fills it.
-    assert!(asked.contains("action=inspector/login "), "{asked}");
+    // The form the page shows posts to the login's address, and a fragment fills it.
+    assert!(
+        asked.contains("action=/payhook/admin/inspector/login "),
+        "{asked}"
+    );
     assert!(asked.contains("location.hash"), "{asked}");
 
     // Over plain HTTP the cookie is not `Secure` (the browser would drop it), whatever the

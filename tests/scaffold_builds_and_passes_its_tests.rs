@@ -77,13 +77,21 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
     }
     let main = std::fs::read_to_string(shop.join("src/main.rs")).unwrap();
     assert!(!main.contains("todo!") && !main.contains("{{"), "{main}");
-    // As its README says to before production: the aggregator's key in payhook.toml, and
-    // no `allow_unsigned`. Its own test must pass still (it signs with a key of its own).
+    // Unsigned callbacks are a choice the merchant makes, not one the scaffold makes.
     let settings = std::fs::read_to_string(shop.join("payhook.toml")).unwrap();
+    assert!(
+        !settings
+            .lines()
+            .any(|line| line.trim_start().starts_with("allow_unsigned")),
+        "{settings}"
+    );
+    std::fs::write(shop.join("payhook.generated.toml"), &settings).unwrap();
+    // As its README says to before production: the aggregator's key in payhook.toml. Its
+    // own test must pass still (it signs with a key of its own).
     let key = support::signature_fixtures()
         .join("rsa2048")
         .join("public.pem");
-    let production = settings.replace("allow_unsigned = true", "").replace(
+    let production = settings.replace(
         "# keys = [{ id = \"aggregator-2026\", file = \"aggregator-public.pem\" }]",
         &format!(
             "keys = [{{ id = \"aggregator-2026\", file = {:?} }}]",
@@ -99,6 +107,9 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
         .args(["test", "--offline"])
         .current_dir(&shop)
         .env("CARGO_TARGET_DIR", Path::new(checkout).join("target"))
+        // Built as this checkout builds its dependencies (no debug info), so that they
+        // are the same artifacts, reused, not a second set of them beside the first.
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
         .env_remove("RUSTFLAGS")
         .output()
         .unwrap();
@@ -108,6 +119,19 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
         printed.contains("test every_scenario_passes ... ok"),
         "{printed}"
     );
+
+    // With the settings as generated (no aggregator key), the service does not start: it
+    // says what to set rather than book callbacks anyone could forge.
+    let service = Path::new(checkout).join("target/debug/shop");
+    let output = Command::new(&service)
+        .current_dir(&shop)
+        .env("PAYHOOK_CONFIG", shop.join("payhook.generated.toml"))
+        .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    let printed = text(&output);
+    assert!(!output.status.success(), "{printed}");
+    assert!(printed.contains("signature.keys"), "{printed}");
 }
 
 /// `payhook new --store postgres`: the same service with payhook's `postgres` feature; its
@@ -139,6 +163,7 @@ async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
                 .args(["test", "--offline"])
                 .current_dir(&shop)
                 .env("CARGO_TARGET_DIR", Path::new(checkout).join("target"))
+                .env("CARGO_PROFILE_DEV_DEBUG", "false")
                 .env("PAYHOOK_TEST_DATABASE_URL", &db.url)
                 .env("PAYHOOK_TEST_SCHEMA", &db.schema)
                 .env_remove("RUSTFLAGS")
@@ -154,7 +179,8 @@ async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
         printed.contains("test every_scenario_passes ... ok"),
         "{printed}"
     );
-    // It ran on PostgreSQL: its ledger is in the schema.
+    // It ran on PostgreSQL: its ledger is in the schema, an entry for the scenario's
+    // transaction and one for its test's reordered results.
     let mut conn = db.connect().await;
     let booked: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {}.trees WHERE tree = 'ledger'",
@@ -163,7 +189,7 @@ async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    assert_eq!(booked, 1);
+    assert_eq!(booked, 2);
     drop(conn);
     db.drop_schema().await;
 }

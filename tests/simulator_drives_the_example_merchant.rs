@@ -331,27 +331,41 @@ async fn duplicates_in_a_row_and_at_once_book_one_ledger_entry() {
 }
 
 #[tokio::test]
-async fn tampered_or_foreign_signatures_are_refused_and_book_nothing() {
+async fn tampered_or_foreign_signatures_are_refused_and_change_nothing_booked() {
     let example = Example::start(|_| {}).await;
     for fault in [Fault::TamperBody, Fault::TamperSignature, Fault::WrongKey] {
         let payment = Payment::default();
         let verdict = inject(&example, RequestKind::Callback, &payment, fault).await;
+        // The genuine request first: the receiver is shown to accept the aggregator's own.
         assert!(
-            verdict.answers[0].starts_with("401 invalid signature"),
+            verdict.answers[0].ends_with("callback accepted"),
             "{verdict:?}"
         );
-        assert!(example.entry(&payment.nonce).await.is_none());
+        assert!(
+            verdict.answers[1].starts_with("401 invalid signature"),
+            "{verdict:?}"
+        );
+        let entry = example.entry(&payment.nonce).await.unwrap();
+        assert_eq!((entry.bookings, entry.amount), (1, payment.amount));
     }
 }
 
 #[tokio::test]
-async fn a_failure_then_a_success_for_one_nonce_books_the_success_over_the_failure() {
+async fn a_failure_delivered_after_the_later_success_leaves_the_success_booked() {
     let example = Example::start(|_| {}).await;
     let payment = Payment::default();
     inject(&example, RequestKind::Callback, &payment, Fault::Reorder).await;
     let entry = example.entry(&payment.nonce).await.unwrap();
-    assert_eq!((entry.status, entry.bookings), (4, 2));
+    assert_eq!((entry.status, entry.bookings), (4, 1));
     assert_eq!(entry.balance_effect, payment.amount);
+    // The late failure is kept aside for a person, not booked.
+    let quarantined = example
+        .ledger
+        .quarantined(&payment.nonce, -3)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(quarantined.reason.contains("older"), "{quarantined:?}");
 }
 
 #[tokio::test]

@@ -56,7 +56,8 @@ pub struct GatewayConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub proxy: Option<Secret>,
-    /// Hosts reached without `proxy` (`NO_PROXY` syntax: `example.com, .internal, 10.0.0.0/8`).
+    /// Hosts reached without the proxy, `proxy` or the environment's (`NO_PROXY` syntax:
+    /// `example.com, .internal, 10.0.0.0/8`); unset, the environment's `NO_PROXY`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_proxy: Option<String>,
     /// PEM file of CA certificates trusted besides the web's roots: an aggregator endpoint
@@ -119,12 +120,7 @@ impl GatewayConfig {
                 });
             }
         }
-        if self.timeout.is_zero() {
-            return Err(InvalidSetting {
-                key: "gateway.timeout".to_owned(),
-                reason: "must be longer than zero".to_owned(),
-            });
-        }
+        crate::setting::longer_than_zero(&[("gateway.timeout", self.timeout)])?;
         if http::HeaderName::from_bytes(self.auth_header.as_bytes()).is_err() {
             return Err(InvalidSetting {
                 key: "gateway.auth_header".to_owned(),

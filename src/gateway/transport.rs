@@ -90,16 +90,43 @@ fn client(tls: rustls::ClientConfig, proxy: Matcher) -> HttpClient {
         .build(https)
 }
 
-/// Which proxy `https://` calls go through: `gateway.proxy` (with `gateway.no_proxy`) when
-/// set, else the environment's `HTTPS_PROXY`, `ALL_PROXY` and `NO_PROXY`.
+/// Which proxy `https://` calls go through: `gateway.proxy` when set, else the
+/// environment's `HTTPS_PROXY` (or `ALL_PROXY`); the hosts reached without it are
+/// `gateway.no_proxy` when set, else the environment's `NO_PROXY` — whichever of the two
+/// named the proxy.
 fn proxy_matcher(config: &GatewayConfig) -> Result<Matcher, TransportError> {
+    proxy_matcher_in(config, |name| std::env::var(name).ok())
+}
+
+/// [`proxy_matcher`] with the environment's variables read by `env`.
+fn proxy_matcher_in(
+    config: &GatewayConfig,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Matcher, TransportError> {
+    // As curl reads them: the upper-case name first, then the lower-case one.
+    let variable = |upper: &str| env(upper).or_else(|| env(&upper.to_ascii_lowercase()));
+    let no_proxy = config
+        .no_proxy
+        .clone()
+        .or_else(|| variable("NO_PROXY"))
+        .unwrap_or_default();
     let Some(proxy) = config
         .proxy
         .as_ref()
         .map(Secret::expose)
         .filter(|p| !p.trim().is_empty())
     else {
-        return Ok(Matcher::from_env());
+        // Under CGI, HTTP_PROXY may come from a request's `Proxy:` header (httpoxy): no
+        // proxy of the environment is believed there, as hyper-util's own reading does.
+        if env("REQUEST_METHOD").is_some() {
+            return Ok(Matcher::builder().build());
+        }
+        return Ok(Matcher::builder()
+            .http(variable("HTTP_PROXY").unwrap_or_default())
+            .https(variable("HTTPS_PROXY").unwrap_or_default())
+            .all(variable("ALL_PROXY").unwrap_or_default())
+            .no(no_proxy)
+            .build());
     };
     // The URL may carry the proxy's credentials (`user:password@`): errors never quote it.
     let uri: Uri = proxy.parse().map_err(|_| {
@@ -114,10 +141,7 @@ fn proxy_matcher(config: &GatewayConfig) -> Result<Matcher, TransportError> {
             "give the proxy as http://host:port, a CONNECT proxy (the value is not shown: it may hold credentials)",
         ));
     }
-    Ok(Matcher::builder()
-        .https(proxy)
-        .no(config.no_proxy.as_deref().unwrap_or_default())
-        .build())
+    Ok(Matcher::builder().https(proxy).no(no_proxy).build())
 }
 
 /// rustls with the web's roots, the certificates of `ca_file`, and a client certificate.
@@ -218,5 +242,81 @@ impl tower_service::Service<Uri> for Route {
             }
             None => Box::pin(async move { Ok(direct.call(destination).await?) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxied(matcher: &Matcher, url: &str) -> bool {
+        matcher.intercept(&url.parse().unwrap()).is_some()
+    }
+
+    fn environment(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn gateway_no_proxy_applies_to_the_proxy_of_the_environment() {
+        let config = GatewayConfig {
+            no_proxy: Some("aggregator.internal".into()),
+            ..GatewayConfig::default()
+        };
+        let env = environment(&[("HTTPS_PROXY", "http://egress:3128"), ("NO_PROXY", "")]);
+        let matcher = proxy_matcher_in(&config, env).unwrap();
+        assert!(!proxied(
+            &matcher,
+            "https://aggregator.internal/api/v1/login"
+        ));
+        assert!(proxied(&matcher, "https://aggregator.example/api/v1/login"));
+    }
+
+    #[test]
+    fn without_gateway_no_proxy_the_environment_says_which_hosts_go_direct() {
+        let config = GatewayConfig {
+            proxy: Some("http://egress:3128".into()),
+            ..GatewayConfig::default()
+        };
+        let env = environment(&[("no_proxy", "aggregator.internal")]);
+        let matcher = proxy_matcher_in(&config, env).unwrap();
+        assert!(!proxied(&matcher, "https://aggregator.internal/"));
+        assert!(proxied(&matcher, "https://aggregator.example/"));
+        // gateway.no_proxy, when set, is the list (the environment's is not added to it).
+        let config = GatewayConfig {
+            no_proxy: Some("other.internal".into()),
+            ..config
+        };
+        let env = environment(&[("NO_PROXY", "aggregator.internal")]);
+        let matcher = proxy_matcher_in(&config, env).unwrap();
+        assert!(proxied(&matcher, "https://aggregator.internal/"));
+        assert!(!proxied(&matcher, "https://other.internal/"));
+    }
+
+    #[test]
+    fn the_environment_proxy_is_used_unless_under_cgi() {
+        let config = GatewayConfig::default();
+        let env = environment(&[("ALL_PROXY", "http://egress:3128")]);
+        assert!(proxied(
+            &proxy_matcher_in(&config, env).unwrap(),
+            "https://aggregator.example/"
+        ));
+        let cgi = environment(&[
+            ("HTTPS_PROXY", "http://evil:3128"),
+            ("REQUEST_METHOD", "GET"),
+        ]);
+        assert!(!proxied(
+            &proxy_matcher_in(&config, cgi).unwrap(),
+            "https://aggregator.example/"
+        ));
     }
 }

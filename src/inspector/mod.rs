@@ -132,6 +132,18 @@ pub(crate) struct Inspector {
     /// Lists waiting for the next delivery: [`Inspector::record`] wakes them only when
     /// there are some.
     waiting: std::sync::atomic::AtomicUsize,
+    /// This recorder's own name, random: numbers begin again at 1 in another process.
+    instance: String,
+}
+
+/// Which of the deliveries after a number a list gives when more pass than its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Window {
+    /// The newest (a page showing what happened last).
+    Newest,
+    /// The oldest, with [`DeliveryList::more`] set and `last` the last one listed (a
+    /// follower that shows every delivery in turn).
+    Oldest,
 }
 
 impl std::fmt::Debug for Inspector {
@@ -159,6 +171,7 @@ impl Inspector {
             recent: Mutex::new(Recent::default()),
             recorded: tokio::sync::Notify::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            instance: uuid::Uuid::new_v4().simple().to_string(),
         })
     }
 
@@ -188,17 +201,17 @@ impl Inspector {
         }
     }
 
-    /// The deliveries after `after` that pass `filter`, oldest first, at most `limit` (the
-    /// newest ones when more passed); waits up to `wait` for one when there is none yet.
+    /// The deliveries after `after` that pass `filter`, oldest first, at most `limit` (which
+    /// ones when more passed: `window`); waits up to `wait` for one when there is none yet.
     pub(crate) async fn list(
         &self,
         filter: &DeliveryFilter,
         after: u64,
-        limit: usize,
+        (limit, window): (usize, Window),
         wait: Duration,
     ) -> DeliveryList {
         if wait.is_zero() {
-            return self.list_now(filter, after, limit);
+            return self.list_now(filter, after, limit, window);
         }
         let deadline = tokio::time::Instant::now() + wait;
         self.waiting.fetch_add(1, Ordering::AcqRel);
@@ -208,19 +221,25 @@ impl Inspector {
             let recorded = self.recorded.notified();
             tokio::pin!(recorded);
             recorded.as_mut().enable();
-            let list = self.list_now(filter, after, limit);
+            let list = self.list_now(filter, after, limit, window);
             if !list.deliveries.is_empty() {
                 return list;
             }
             if tokio::time::timeout_at(deadline, recorded).await.is_err() {
-                return self.list_now(filter, after, limit);
+                return self.list_now(filter, after, limit, window);
             }
         }
     }
 
-    fn list_now(&self, filter: &DeliveryFilter, after: u64, limit: usize) -> DeliveryList {
+    fn list_now(
+        &self,
+        filter: &DeliveryFilter,
+        after: u64,
+        limit: usize,
+        window: Window,
+    ) -> DeliveryList {
         let recent = self.lock();
-        let last = recent.last_seq();
+        let mut last = recent.last_seq();
         let oldest = recent.entries.front().map_or(last + 1, |r| r.seq);
         // `after` is the caller's: any number, `u64::MAX` included.
         let missed = (after > 0 && after.saturating_add(1) < oldest).then(|| oldest - after - 1);
@@ -233,12 +252,21 @@ impl Inspector {
             .map(|(r, attempt)| entry(r, attempt))
             .filter(|e| filter.matches(e))
             .collect();
-        if deliveries.len() > limit {
-            deliveries.drain(..deliveries.len() - limit);
+        let more = deliveries.len() > limit;
+        if more {
+            match window {
+                Window::Newest => drop(deliveries.drain(..deliveries.len() - limit)),
+                Window::Oldest => {
+                    deliveries.truncate(limit);
+                    last = deliveries.last().map_or(last, |d| d.seq);
+                }
+            }
         }
         DeliveryList {
             last,
             missed,
+            more: more && window == Window::Oldest,
+            instance: self.instance.clone(),
             deliveries,
         }
     }
@@ -304,6 +332,14 @@ pub struct DeliveryList {
     /// the inspector keeps); absent when none were missed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub missed: Option<u64>,
+    /// Asked for the oldest (`oldest=true`): more deliveries after `last` passed than
+    /// `limit` let in; ask again from `last` at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+    /// The recording process's own name, random: another one means the service restarted
+    /// and numbered its deliveries from 1 again. Empty from a service before this field.
+    #[serde(default)]
+    pub instance: String,
     /// The deliveries, oldest first.
     pub deliveries: Vec<DeliveryEntry>,
 }
@@ -641,7 +677,9 @@ mod tests {
         );
         inspector.record(callback("b", Some(Outcome::Booked)), answered(200, "ok"));
         let all = DeliveryFilter::default();
-        let list = inspector.list(&all, 0, 10, Duration::ZERO).await;
+        let list = inspector
+            .list(&all, 0, (10, Window::Newest), Duration::ZERO)
+            .await;
         assert_eq!(list.last, 4);
         assert_eq!(list.missed, None);
         let seen: Vec<_> = list
@@ -662,17 +700,24 @@ mod tests {
             list.deliveries[1].message.as_deref(),
             Some("callback already processed")
         );
-        let after_one = inspector.list(&all, 1, 10, Duration::ZERO).await;
+        let after_one = inspector
+            .list(&all, 1, (10, Window::Newest), Duration::ZERO)
+            .await;
         assert_eq!(after_one.missed, None);
         let late = Inspector::new(1).unwrap();
         for _ in 0..4 {
             late.record(callback("c", None), answered(503, "x"));
         }
-        assert_eq!(late.list(&all, 1, 10, Duration::ZERO).await.missed, Some(2));
+        assert_eq!(
+            late.list(&all, 1, (10, Window::Newest), Duration::ZERO)
+                .await
+                .missed,
+            Some(2)
+        );
         let failed = DeliveryFilter::from_query("outcome=failed");
         assert!(
             inspector
-                .list(&failed, 0, 10, Duration::ZERO)
+                .list(&failed, 0, (10, Window::Newest), Duration::ZERO)
                 .await
                 .deliveries
                 .is_empty()
@@ -680,11 +725,54 @@ mod tests {
         let only_b = DeliveryFilter::from_query("nonce=b");
         assert_eq!(
             inspector
-                .list(&only_b, 0, 10, Duration::ZERO)
+                .list(&only_b, 0, (10, Window::Newest), Duration::ZERO)
                 .await
                 .deliveries
                 .len(),
             1
+        );
+    }
+
+    #[tokio::test]
+    async fn a_follower_gets_the_oldest_first_and_is_told_there_is_more() {
+        let inspector = Inspector::new(10).unwrap();
+        for n in 0..5 {
+            inspector.record(
+                callback(&format!("n{n}"), Some(Outcome::Booked)),
+                answered(200, "ok"),
+            );
+        }
+        let all = DeliveryFilter::default();
+        let seqs = |list: &DeliveryList| list.deliveries.iter().map(|d| d.seq).collect::<Vec<_>>();
+        let newest = inspector
+            .list(&all, 0, (2, Window::Newest), Duration::ZERO)
+            .await;
+        assert_eq!(
+            (seqs(&newest), newest.last, newest.more),
+            (vec![4, 5], 5, false)
+        );
+        let mut after = 0;
+        let mut followed = Vec::new();
+        loop {
+            let page = inspector
+                .list(&all, after, (2, Window::Oldest), Duration::ZERO)
+                .await;
+            followed.extend(seqs(&page));
+            after = page.last;
+            if !page.more {
+                break;
+            }
+        }
+        assert_eq!(followed, [1, 2, 3, 4, 5]);
+        assert_eq!(after, 5);
+        // Another process numbers from 1 again: its name tells it apart.
+        let restarted = Inspector::new(10).unwrap();
+        assert_ne!(
+            restarted
+                .list(&all, 0, (2, Window::Oldest), Duration::ZERO)
+                .await
+                .instance,
+            newest.instance
         );
     }
 
@@ -714,7 +802,12 @@ mod tests {
             let inspector = std::sync::Arc::clone(&inspector);
             tokio::spawn(async move {
                 inspector
-                    .list(&DeliveryFilter::default(), 0, 10, Duration::from_secs(3600))
+                    .list(
+                        &DeliveryFilter::default(),
+                        0,
+                        (10, Window::Newest),
+                        Duration::from_secs(3600),
+                    )
                     .await
             })
         };

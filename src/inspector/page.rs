@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use super::{DeliveryDetail, DeliveryFilter, DeliveryList};
 use crate::gateway::SessionState;
 use crate::postponed::{Delivery, PostponedValidation};
+use crate::server::ADMIN_PREFIX;
 use crate::store::FailingCallback;
 
 /// The header the page's actions carry.
@@ -67,25 +68,13 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// Which address answered with the login form: its form posts relative to that address
-/// (`…/inspector` or, after a wrong token, `…/inspector/login`), so that it reaches
-/// `…/inspector/login` from either.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LoginFrom {
-    /// `…/inspector`, the page's own address.
-    Page,
-    /// `…/inspector/login`, after a wrong token.
-    Login,
-}
-
 /// The page asking for the admin token (no token, or a wrong one). A `#token=…` fragment
 /// (never sent to the server, so in no log) fills the form, leaves the address and submits.
-pub(crate) fn login(problem: Option<&str>, from: LoginFrom) -> String {
+/// The form posts to the login's absolute address, whichever address showed it
+/// (`…/inspector`, `…/inspector/` or, after a wrong token, `…/inspector/login`).
+pub(crate) fn login(problem: Option<&str>) -> String {
     let problem = problem.map_or_else(String::new, |p| format!("<p class=bad>{}</p>", escape(p)));
-    let action = match from {
-        LoginFrom::Page => "inspector/login",
-        LoginFrom::Login => "login",
-    };
+    let action = format!("{ADMIN_PREFIX}inspector/login");
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
          <style>{STYLE}</style></head><body><h1>payhook inspector</h1>{problem}\

@@ -74,18 +74,13 @@ impl ValidationConfig {
     /// Checks values that have the right type but are not acceptable. How the section fits
     /// `[gateway]` and `[server]` is checked by [`crate::config::Config::validate`].
     pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
-        if self.time_budget.is_zero() {
-            return Err(InvalidSetting::new(
-                "validation.time_budget",
-                "must be longer than zero",
-            ));
-        }
-        if self.deadline.is_some_and(|d| d.is_zero()) {
-            return Err(InvalidSetting::new(
+        crate::setting::longer_than_zero(&[
+            ("validation.time_budget", self.time_budget),
+            (
                 "validation.deadline",
-                "must be longer than zero",
-            ));
-        }
+                self.deadline.unwrap_or(Duration::MAX),
+            ),
+        ])?;
         if self.retry_schedule.is_empty()
             || self
                 .retry_schedule

@@ -154,6 +154,14 @@ mod runner;
 mod serve;
 mod settings;
 
+pub(crate) use route::ADMIN_PREFIX;
+
+/// How long the aggregator's deliveries of one callback may go on, as far as payhook
+/// knows: the spec gives no interval between its 17 attempts; the simulator's schedule
+/// (`sim::Schedule`) spreads them over about 3 days, and a day more lets `reconcile` book
+/// what none of them delivered. A retention shorter than this is said at start-up.
+const RETRIES_MAY_LAST: std::time::Duration = std::time::Duration::from_secs(4 * 86_400);
+
 use bytes::Bytes;
 use chrono::Utc;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -922,6 +930,17 @@ impl AppBuilder {
             }
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
+        let retention = self.config.store.retention;
+        if self.callbacks.is_some() && store.is_some() && retention < RETRIES_MAY_LAST {
+            tracing::warn!(
+                retention_s = retention.as_secs(),
+                "store.retention is shorter than the aggregator's retries of one callback may \
+                 last (the spec gives no interval; payhook's simulator spreads its 17 attempts \
+                 over about 3 days, and reconcile needs a day more): a retry that comes later \
+                 is refused 409, not booked, and listed among the failing callbacks; keep it \
+                 at 4d or more"
+            );
+        }
         let runner = runner::Runner::new(
             self.providers,
             self.validation,

@@ -10,7 +10,7 @@
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token |
 //! | `POST /payhook/admin/inspector/logout` | 200 `logged out` (or `no session to end…` for a request that held none): the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
-//! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
+//! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&oldest=BOOL&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), at most `N` (100; at most 1,000): the newest, or with `oldest=true` the oldest, `more` saying others follow `last`; waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
@@ -384,9 +384,9 @@ impl OperatingApi {
             (&Method::GET, ["deliveries"]) => {
                 let inspector = self.inspector()?;
                 let query = parts.uri.query().unwrap_or_default();
-                let (after, limit, wait) = list_params(query)?;
+                let (after, window, wait) = list_params(query)?;
                 let filter = DeliveryFilter::from_query(query);
-                Ok(json(&inspector.list(&filter, after, limit, wait).await))
+                Ok(json(&inspector.list(&filter, after, window, wait).await))
             }
             (&Method::GET, ["deliveries", seq]) => Ok(json(&self.delivery(seq)?)),
             (&Method::POST, ["outbox", id, "retry"]) => {
@@ -555,8 +555,9 @@ impl OperatingApi {
 }
 
 /// `after`, `limit` and `wait` of `GET deliveries`: defaults 0, 100 and no wait.
-fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
+fn list_params(query: &str) -> Result<(u64, (usize, crate::inspector::Window), Duration), Problem> {
     let (mut after, mut limit, mut wait) = (0, 100, Duration::ZERO);
+    let mut window = crate::inspector::Window::Newest;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         let number = || {
             value
@@ -571,10 +572,19 @@ fn list_params(query: &str) -> Result<(u64, usize, Duration), Problem> {
                     .clamp(1, 1000)
             }
             "wait" => wait = Duration::from_secs(number()?).min(LONGEST_WAIT),
+            "oldest" => {
+                window = match &*value {
+                    "true" => crate::inspector::Window::Oldest,
+                    "false" => crate::inspector::Window::Newest,
+                    _ => {
+                        return Err(Problem::BadRequest("`oldest` must be true or false".into()));
+                    }
+                }
+            }
             _ => {}
         }
     }
-    Ok((after, limit, wait))
+    Ok((after, (limit, window), wait))
 }
 
 /// The most failing pairs a page of `GET callbacks/failing` lists, and how many without
@@ -617,10 +627,7 @@ fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
         "a token in the address is not taken (it would stay in the browser's history and in \
          proxies' logs): type it here, or open the page with #token=… instead of ?token=…",
     );
-    html(
-        http::StatusCode::UNAUTHORIZED,
-        page::login(problem, page::LoginFrom::Page),
-    )
+    html(http::StatusCode::UNAUTHORIZED, page::login(problem))
 }
 
 /// Sets the inspector's session cookie to `value` for `max_age` seconds (0 removes it);
@@ -677,9 +684,11 @@ impl OperatingApi {
     /// Delivery number `seq`, while the inspector keeps it.
     fn delivery(&self, seq: &str) -> Result<crate::inspector::DeliveryDetail, Problem> {
         let inspector = self.inspector()?;
-        seq.parse()
-            .ok()
-            .and_then(|seq| inspector.detail(seq))
+        let number = seq
+            .parse()
+            .map_err(|_| Problem::BadRequest(format!("`{seq}` is not a delivery's number")))?;
+        inspector
+            .detail(number)
             .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))
     }
 
@@ -702,12 +711,9 @@ impl OperatingApi {
             }
             Some(_) => Ok(html(
                 http::StatusCode::UNAUTHORIZED,
-                page::login(Some("invalid token"), page::LoginFrom::Login),
+                page::login(Some("invalid token")),
             )),
-            None => Ok(html(
-                http::StatusCode::UNAUTHORIZED,
-                page::login(None, page::LoginFrom::Login),
-            )),
+            None => Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None))),
         }
     }
 
@@ -751,7 +757,14 @@ impl OperatingApi {
     async fn deliveries_fragment(&self, filter: &DeliveryFilter) -> String {
         match &self.observed.inspector {
             Some(inspector) => {
-                let list = inspector.list(filter, 0, 200, Duration::ZERO).await;
+                let list = inspector
+                    .list(
+                        filter,
+                        0,
+                        (200, crate::inspector::Window::Newest),
+                        Duration::ZERO,
+                    )
+                    .await;
                 page::deliveries(&list, filter)
             }
             None => "<p class=empty>Recording is off (admin.inspector_recent = 0).</p>".into(),

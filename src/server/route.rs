@@ -99,7 +99,7 @@ impl Router {
         let endpoints = all
             .into_iter()
             .filter(|(_, e)| served(*e))
-            .map(|(p, e)| (p.clone(), e))
+            .map(|(p, e)| (normal(p).to_owned(), e))
             .collect();
         Self {
             endpoints,
@@ -115,11 +115,7 @@ impl Router {
 
     /// The route for `path`; a trailing slash is tolerated.
     pub(crate) fn route(&self, path: &str) -> Option<Route> {
-        let path = if path.len() > 1 {
-            path.strip_suffix('/').unwrap_or(path)
-        } else {
-            path
-        };
+        let path = normal(path);
         match path {
             HEALTH_PATH => Some(Route::Health),
             READY_PATH => Some(Route::Ready),
@@ -136,6 +132,23 @@ impl Router {
 
 /// Paths payhook serves itself, which the endpoint paths must not take.
 const RESERVED_PATHS: [&str; 3] = [HEALTH_PATH, READY_PATH, METRICS_PATH];
+
+/// `path` as the router compares it: a trailing slash is tolerated, so it is left out (but
+/// of `/` itself). A configured `/hooks/callback/` serves what a request for
+/// `/hooks/callback` or `/hooks/callback/` asks for.
+fn normal(path: &str) -> &str {
+    if path.len() > 1 {
+        path.strip_suffix('/').unwrap_or(path)
+    } else {
+        path
+    }
+}
+
+/// Whether `path` (normal) lies under the operating API, which is routed before the
+/// endpoints once `admin.token` is set: an endpoint there would stop being served then.
+fn under_admin(path: &str) -> bool {
+    path.starts_with(ADMIN_PREFIX) || path == normal(ADMIN_PREFIX)
+}
 
 /// `[paths]`: where the three endpoints are served.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -172,12 +185,17 @@ impl PathsConfig {
                 Some("must start with `/`".to_owned())
             } else if path.contains(['?', '#', ' ']) {
                 Some("must be a plain path, without query, fragment or spaces".to_owned())
-            } else if RESERVED_PATHS.contains(&path.as_str()) {
+            } else if RESERVED_PATHS.contains(&normal(path)) {
                 Some(format!("`{path}` is served by payhook itself"))
+            } else if under_admin(normal(path)) {
+                Some(format!(
+                    "`{path}` is under {ADMIN_PREFIX}, where the operating API is served \
+                     once admin.token is set"
+                ))
             } else {
                 all[..i]
                     .iter()
-                    .find(|(_, other)| other == path)
+                    .find(|(_, other)| normal(other) == normal(path))
                     .map(|(other, _)| format!("same path as {other}"))
             };
             if let Some(reason) = reason {
@@ -209,6 +227,49 @@ mod tests {
         assert_eq!(router.route("/healthz"), Some(Route::Health));
         assert_eq!(router.route("/payhook"), None);
         assert_eq!(router.route("/"), None);
+    }
+
+    #[test]
+    fn a_configured_trailing_slash_routes_both_spellings() {
+        let paths = PathsConfig {
+            callback: "/hooks/callback/".to_owned(),
+            ..PathsConfig::default()
+        };
+        assert_eq!(paths.validate(), Ok(()));
+        let router = Router::new(&paths, |_| true);
+        for path in ["/hooks/callback", "/hooks/callback/"] {
+            assert_eq!(
+                router.route(path),
+                Some(Route::Endpoint(Endpoint::Callback)),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn endpoint_paths_that_payhook_serves_or_that_collide_are_refused() {
+        let refused = |paths: PathsConfig, key: &str, why: &str| {
+            let error = paths.validate().unwrap_err();
+            assert_eq!(error.key, key);
+            assert!(error.reason.contains(why), "{}", error.reason);
+        };
+        let callback = |path: &str| PathsConfig {
+            callback: path.to_owned(),
+            ..PathsConfig::default()
+        };
+        refused(callback("/metrics/"), "paths.callback", "served by payhook");
+        refused(
+            callback("/payhook/admin/callback"),
+            "paths.callback",
+            "admin.token",
+        );
+        refused(callback("/payhook/admin"), "paths.callback", "admin.token");
+        refused(
+            callback("/payhook/transaction-validation/"),
+            "paths.callback",
+            "same path as paths.transaction_validation",
+        );
+        assert_eq!(callback("/payhook/administration").validate(), Ok(()));
     }
 
     #[test]

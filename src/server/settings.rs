@@ -178,16 +178,19 @@ impl ServerConfig {
                 "must be at least server.body_limit",
             ));
         }
-        let timeouts = [
+        crate::setting::longer_than_zero(&[
             ("server.header_read_timeout", self.header_read_timeout),
             ("server.request_timeout", self.request_timeout),
             ("server.handler_timeout", self.handler_timeout),
             ("server.idle_timeout", self.idle_timeout),
-        ];
-        for (key, value) in timeouts {
-            if value.is_zero() {
-                return Err(InvalidSetting::new(key, "must be longer than zero"));
-            }
+        ])?;
+        // With no grace, a body's first bytes are due when its head arrives: every body not
+        // sent in the head's packets would be refused 408.
+        if self.min_body_rate > 0 && self.min_body_rate_grace.is_zero() {
+            return Err(InvalidSetting::new(
+                "server.min_body_rate_grace",
+                "must be longer than zero while server.min_body_rate is set (0 turns the rate off)",
+            ));
         }
         let networks = [
             ("server.metrics_allow_ips", &self.metrics_allow_ips),

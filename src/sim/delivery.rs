@@ -136,7 +136,8 @@ pub async fn deliver(
         attempts: Vec::new(),
     };
     let mut at = Duration::ZERO;
-    for number in 1..=settings.max_attempts.min(MAX_CALLBACK_ATTEMPTS) {
+    let last = settings.max_attempts.min(MAX_CALLBACK_ATTEMPTS);
+    for number in 1..=last {
         let exchange = trigger
             .send_with(&settings.callback_url, body, signature.clone())
             .await?;
@@ -148,7 +149,7 @@ pub async fn deliver(
         progress(&attempt);
         let done = attempt.exchange.is_success();
         delivery.attempts.push(attempt);
-        if done || number == settings.max_attempts {
+        if done || number == last {
             break;
         }
         let wait = schedule.wait_after(number);
@@ -274,6 +275,29 @@ mod tests {
             let error = recipients(&[settings], 3, TransactionType::Deposit).unwrap_err();
             assert!(error.to_string().contains("1 to 17"), "{error}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_last_attempt_allowed_is_not_followed_by_a_wait() {
+        // 17 attempts at most, whatever maxAttempts says past it: after the 17th, no wait
+        // (here a day long) before the delivery is reported.
+        let mut settings = url(3, true, None);
+        settings.max_attempts = 18;
+        let mut waits = vec![Duration::ZERO; 16];
+        waits.push(Duration::from_secs(86_400));
+        let schedule = Schedule { waits, fast: false };
+        let trigger = Trigger::new(None)
+            .unwrap()
+            .with_timeout(Duration::from_secs(2));
+        let delivery = tokio::time::timeout(
+            Duration::from_secs(60),
+            deliver(&trigger, &settings, b"{}", &schedule, |_| {}),
+        )
+        .await
+        .expect("reported after the 17th attempt, not a day later")
+        .unwrap();
+        assert_eq!(delivery.attempts.len(), 17);
+        assert!(!delivery.delivered());
     }
 
     #[test]

@@ -5,13 +5,13 @@
 //! |---|---|---|
 //! | `duplicate` | the same signed request, again and again | answers 2xx every time (and books once) |
 //! | `concurrent` | the same signed request, several at the same moment | answers 2xx to all (and books once) |
-//! | `tamper-body` | a byte of the body changed after signing | refuses with 401 |
-//! | `tamper-signature` | a character of the signature changed | refuses with 401 |
-//! | `wrong-key` | signed with a key the merchant does not know | refuses with 401 |
-//! | `reorder` | a failure (-3), then a success (4), for one nonce | acknowledges both (2xx): a new final status is new information |
+//! | `tamper-body` | the genuine request, then a byte of its body changed after signing | accepts the genuine one, refuses the other with 401 |
+//! | `tamper-signature` | the genuine request, then a character of its signature changed | accepts the genuine one, refuses the other with 401 |
+//! | `wrong-key` | the genuine request, then signed with a key the merchant does not know | accepts the genuine one, refuses the other with 401 |
+//! | `reorder` | a success (4), then the failure (-3) that came before it, delivered late (its `updatedUtc` a minute older) | acknowledges both (2xx); its booking keeps the success (a result older than the one booked must not replace it) |
 //! | `slow-body` | the body trickled out over a while | answers — 2xx, or 408 when it gives up — and never hangs |
 //! | `drop-mid-request` | half the body, then the connection closed; then the whole request | answers the whole request 2xx |
-//! | `reuse-nonce` | a request, then the same nonce with another amount | validation: 403 to the second; callback: no second booking (2xx "already processed" or a 4xx) |
+//! | `reuse-nonce` | a request, then the same nonce with another amount | accepts the first (2xx); validation: 403 to the second; callback: no second booking (2xx "already processed" or a 4xx) |
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::SimError;
-use super::request::{Payment, RequestKind, set, to_text};
+use super::request::{Payment, RequestKind, set, set_updated, to_text};
 use super::trigger::{Exchange, Trigger};
 use crate::model::TransactionStatus;
 use crate::signature::{SigningKey, generate_key_pair};
@@ -37,7 +37,7 @@ pub enum Fault {
     TamperSignature,
     /// Signed with an unknown key.
     WrongKey,
-    /// A failure, then a success, for one nonce (callbacks).
+    /// A success, then the older failure of the same nonce, delivered late (callbacks).
     Reorder,
     /// The body sent slowly over this long.
     SlowBody(Duration),
@@ -112,23 +112,31 @@ pub async fn inject(
                 .collect::<Result<Vec<_>, _>>()?;
             ("2xx to every copy", all, all_success)
         }
+        // Each of these sends the genuine request first: a receiver that refuses it too
+        // (the wrong key configured, every request refused) tells nothing by refusing the
+        // forged one, and is not judged correct.
         Fault::TamperBody => {
             let signed = signature(&body)?;
             needs_signer()?;
+            let genuine = trigger
+                .send_with(url, body.as_bytes(), signed.clone())
+                .await?;
             let tampered = tamper_body(&body);
             let exchange = trigger.send_with(url, tampered.as_bytes(), signed).await?;
-            ("401", vec![exchange], all_401)
+            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
         }
         Fault::TamperSignature => {
             let signer = needs_signer()?;
+            let genuine = trigger.send(url, body.as_bytes()).await?;
             let value = tamper_signature(&signer.value(body.as_bytes())?);
             let exchange = trigger
                 .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
                 .await?;
-            ("401", vec![exchange], all_401)
+            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
         }
         Fault::WrongKey => {
             let signer = needs_signer()?;
+            let genuine = trigger.send(url, body.as_bytes()).await?;
             let algorithm = signer.algorithm();
             let pair = generate_key_pair(algorithm)
                 .map_err(|e| SimError::request("cannot make a stranger's key").because(e))?;
@@ -138,27 +146,32 @@ pub async fn inject(
             let exchange = trigger
                 .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
                 .await?;
-            ("401", vec![exchange], all_401)
+            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
         }
         Fault::Reorder => {
             if kind != RequestKind::Callback {
                 return Err(SimError::request("reorder applies to callbacks"));
             }
-            let failure = Payment {
-                status: TransactionStatus::GenericPaymentSystemError,
-                ..payment.clone()
-            };
             let success = Payment {
                 status: TransactionStatus::Success,
                 ..payment.clone()
             };
+            let failure = Payment {
+                status: TransactionStatus::GenericPaymentSystemError,
+                ..payment.clone()
+            };
+            let newer = to_text(&success.body(kind));
+            // The failure came first (a minute before the success), and its delivery was
+            // still being retried when the success was delivered.
+            let mut late = failure.body(kind);
+            set_updated(&mut late, chrono::Utc::now() - chrono::Duration::minutes(1));
             let mut all = Vec::new();
-            for step in [failure, success] {
-                let body = to_text(&step.body(kind));
+            for body in [newer, to_text(&late)] {
                 all.push(trigger.send(url, body.as_bytes()).await?);
             }
             (
-                "2xx to both: each final status is acknowledged",
+                "2xx to both: the late failure is acknowledged, and must not undo the success \
+                 (its updatedUtc is older)",
                 all,
                 all_success,
             )
@@ -194,11 +207,14 @@ pub async fn inject(
             set(&mut other, path, &amount)?;
             let second = trigger.send(url, to_text(&other).as_bytes()).await?;
             match kind {
-                RequestKind::TransactionValidation => {
-                    ("403 to the second request", vec![first, second], second_403)
-                }
+                RequestKind::TransactionValidation => (
+                    "the first allowed (2xx), the second 403",
+                    vec![first, second],
+                    second_403,
+                ),
                 RequestKind::Callback => (
-                    "no second booking: 2xx \"already processed\" or a 4xx",
+                    "the first acknowledged (2xx), then no second booking: 2xx \"already \
+                     processed\" or a 4xx",
                     vec![first, second],
                     not_booked_twice,
                 ),
@@ -225,8 +241,13 @@ fn all_success(all: &[Exchange]) -> bool {
     all.iter().all(Exchange::is_success)
 }
 
-fn all_401(all: &[Exchange]) -> bool {
-    all.iter().all(|e| e.status == Some(401))
+/// What a correct receiver answers to a genuine request and then a forged one.
+const GENUINE_THEN_401: &str =
+    "the genuine request accepted (any answer but 401), then the forged one 401";
+
+fn genuine_then_401(all: &[Exchange]) -> bool {
+    matches!(all, [genuine, forged]
+        if genuine.status.is_some_and(|s| s != 401) && forged.status == Some(401))
 }
 
 fn answered_2xx_or_408(all: &[Exchange]) -> bool {
@@ -237,15 +258,22 @@ fn last_success(all: &[Exchange]) -> bool {
     all.last().is_some_and(Exchange::is_success)
 }
 
+/// The first request accepted: without it, a refusal of the second proves nothing (a
+/// receiver that refuses everything refuses it too).
+fn first_accepted(all: &[Exchange]) -> bool {
+    all.first().is_some_and(Exchange::is_success)
+}
+
 fn second_403(all: &[Exchange]) -> bool {
-    all.get(1).is_some_and(|e| e.status == Some(403))
+    first_accepted(all) && all.get(1).is_some_and(|e| e.status == Some(403))
 }
 
 fn not_booked_twice(all: &[Exchange]) -> bool {
-    all.get(1).is_some_and(|e| {
-        e.status.is_some_and(|s| (400..500).contains(&s))
-            || (e.is_success() && e.message().is_some_and(|m| m.contains("already")))
-    })
+    first_accepted(all)
+        && all.get(1).is_some_and(|e| {
+            e.status.is_some_and(|s| (400..500).contains(&s))
+                || (e.is_success() && e.message().is_some_and(|m| m.contains("already")))
+        })
 }
 
 /// The body with one digit of its amount changed (or else its last byte).

@@ -141,14 +141,7 @@ impl Payment {
                 "cashIn": cash_in,
             }),
             RequestKind::Callback => {
-                // As the aggregator (.NET) writes them: 7 fractional digits, one without `Z`,
-                // so a merchant's own parsing meets both forms here rather than in production.
-                let now = chrono::Utc::now();
-                let dotnet = format!(
-                    "{}.{:07}",
-                    now.format("%Y-%m-%dT%H:%M:%S"),
-                    now.timestamp_subsec_nanos() / 100
-                );
+                let dotnet = dotnet_time(chrono::Utc::now());
                 json!({
                     "id": self.transaction_id,
                     "transactionReferenceId": self.reference_id,
@@ -170,6 +163,27 @@ impl Payment {
                 })
             }
         }
+    }
+}
+
+/// A time as the aggregator (.NET) writes it: 7 fractional digits, without `Z` (a callback
+/// carries one time without it and one with it, so that a merchant's own parsing meets both
+/// forms here rather than in production).
+fn dotnet_time(time: chrono::DateTime<chrono::Utc>) -> String {
+    format!(
+        "{}.{:07}",
+        time.format("%Y-%m-%dT%H:%M:%S"),
+        time.timestamp_subsec_nanos() / 100
+    )
+}
+
+/// Sets a callback body's `updatedUtc` to `updated`, as the aggregator writes it.
+pub(crate) fn set_updated(body: &mut Value, updated: chrono::DateTime<chrono::Utc>) {
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert(
+            "updatedUtc".into(),
+            Value::String(format!("{}Z", dotnet_time(updated))),
+        );
     }
 }
 
@@ -223,7 +237,8 @@ impl Payment {
 
 /// Sets `path` (dot-separated object keys and array indexes: `paymentData.amount`,
 /// `providers.0.id`) in `body` to `value`, read as JSON when it is JSON (numbers exactly as
-/// written) and as a string otherwise. Missing objects on the way are created.
+/// written; `"42"`, quoted, the string of those digits) and as a string otherwise. Missing
+/// objects on the way are created.
 ///
 /// # Errors
 ///
@@ -276,7 +291,14 @@ fn parse_value(value: &str) -> Value {
         return exact_number(trimmed);
     }
     match serde_json::from_str::<Value>(trimmed) {
-        Ok(parsed @ (Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_))) => parsed,
+        // A JSON string literal (`"42"`) is its text: the way to write digits as a string.
+        Ok(
+            parsed @ (Value::Null
+            | Value::Bool(_)
+            | Value::String(_)
+            | Value::Array(_)
+            | Value::Object(_)),
+        ) => parsed,
         _ => Value::String(value.into()),
     }
 }
@@ -358,6 +380,7 @@ mod tests {
         )
         .unwrap();
         set(&mut body, "extra.deep.key", "7").unwrap();
+        set(&mut body, "extra.digits", "\"42\"").unwrap();
         let text = to_text(&body);
         assert!(text.contains(r#""amount":0.10"#), "{text}");
         let value: Value = serde_json::from_str(&text).unwrap();
@@ -368,6 +391,7 @@ mod tests {
             3
         );
         assert_eq!(value["extra"]["deep"]["key"], 7);
+        assert_eq!(value["extra"]["digits"], "42");
         assert!(set(&mut body, "providers.9.id", "1").is_err());
         assert!(set(&mut body, "transactionData.cashIn.x", "1").is_err());
     }

@@ -118,13 +118,13 @@ impl StoreConfig {
         if self.pool_size == 0 {
             return Err(InvalidSetting::new("store.pool_size", "must be at least 1"));
         }
-        if self.sweep_interval.is_zero() {
-            return Err(InvalidSetting::new(
-                "store.sweep_interval",
-                "must be longer than zero",
-            ));
-        }
-        Ok(())
+        // PostgreSQL reads a statement_timeout of 0 as no limit at all, and a connect
+        // timeout of 0 fails every wait for a pooled connection at once.
+        crate::setting::longer_than_zero(&[
+            ("store.sweep_interval", self.sweep_interval),
+            ("store.connect_timeout", self.connect_timeout),
+            ("store.statement_timeout", self.statement_timeout),
+        ])
     }
 }
 

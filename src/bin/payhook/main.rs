@@ -766,6 +766,11 @@ fn check_config(file: &Path) -> Result<(), Failure> {
     if !config.signature.keys.is_empty() {
         Verifier::from_config(&config.signature)?;
     }
+    // The gateway's client as the service builds it: its CA file, client certificate and
+    // proxy are read now, not at start-up.
+    if config.gateway.is_complete() {
+        payhook::gateway::GatewayClient::new(&config.gateway)?;
+    }
     let text = format!(
         "# {}: ok; the effective settings, secrets redacted:\n{}",
         file.display(),

@@ -115,6 +115,16 @@ fn command_reconciler(command: String) -> Reconciler {
             .map_err(HandlerError::from)?
             .map_err(HandlerError::from)?;
             let stdout = String::from_utf8_lossy(&output.stdout);
+            // What it printed counts only when it ended well: a command that printed
+            // "booked now" and then failed (its commit, say) booked nothing for sure.
+            if !output.status.success() {
+                return Err(HandlerError::msg(format!(
+                    "the reconcile command failed ({}): {}{}",
+                    output.status,
+                    stdout.trim(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                )));
+            }
             if stdout.contains("booked now") {
                 Ok(true)
             } else if stdout.contains("already booked") {

@@ -44,7 +44,7 @@ pub(crate) enum FaultName {
     TamperSignature,
     /// Signed with a key the merchant does not know.
     WrongKey,
-    /// A failure, then a success, for one nonce (callbacks).
+    /// A success, then the older failure of the same nonce delivered late (callbacks).
     Reorder,
     /// The body trickled out over --slow-for.
     SlowBody,
@@ -245,8 +245,9 @@ pub(crate) struct TriggerArgs {
     payment: PaymentArgs,
     #[command(flatten)]
     signing: SigningArgs,
-    /// Exit 1 unless the merchant answers this status (for a merchant's CI).
-    #[arg(long)]
+    /// Exit 1 unless the merchant answers this status (for a merchant's CI). One request's
+    /// answer: --settings and --fault judge their own.
+    #[arg(long, conflicts_with_all = ["settings", "fault"])]
     expect: Option<u16>,
     /// After a transaction validation is answered 200, wait for the merchant's posted result
     /// at the mock gateway (--gateway) and print it.
