@@ -756,7 +756,9 @@ pub struct TailOptions {
     pub count: Option<usize>,
 }
 
-/// Follows the service's deliveries as they happen (`payhook tail`): one line each, as
+/// Follows the service's deliveries as they happen (`payhook tail`) — one process's: each
+/// instance records its own, so behind a load balancer `client` should reach one instance
+/// (another answering is taken for a restart) — one line each, as
 /// [`DeliveryEntry`](crate::inspector::DeliveryEntry)'s `Display` or JSON. It keeps following through a restart of the
 /// service (said in a line) and says how many deliveries it could not show when more
 /// arrived than the service keeps.

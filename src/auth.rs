@@ -40,10 +40,15 @@ fn unused_credential(config: &EndpointAuthConfig) -> Option<&'static str> {
     if config.method != AuthMethod::None {
         return None;
     }
+    // An empty value is a variable exported empty: nothing set (as shared_secret reads it).
+    let set = |value: Option<&str>| value.is_some_and(|v| !v.is_empty());
     [
-        ("secret", config.secret.is_some()),
-        ("username", config.username.is_some()),
-        ("password", config.password.is_some()),
+        ("secret", set(config.secret.as_ref().map(Secret::expose))),
+        ("username", set(config.username.as_deref())),
+        (
+            "password",
+            set(config.password.as_ref().map(Secret::expose)),
+        ),
     ]
     .into_iter()
     .find(|(_, set)| *set)

@@ -628,6 +628,14 @@ mod tests {
             ),
             ("[store]\nconnect_timeout = 0", "store.connect_timeout"),
             (
+                "[store]\nstatement_timeout = \"25d\"",
+                "store.statement_timeout",
+            ),
+            (
+                "[server]\nmin_body_rate = 0\nmin_body_rate_grace = \"0s\"",
+                "server.min_body_rate_grace",
+            ),
+            (
                 "[server]\nmin_body_rate_grace = \"0s\"",
                 "server.min_body_rate_grace",
             ),

@@ -301,7 +301,7 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
     .await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
-        stdout.contains("tamper-body: WRONG") && stdout.contains("then the forged one 401"),
+        stdout.contains("tamper-body: WRONG") && stdout.contains("the forged request 401"),
         "{stdout}"
     );
 }

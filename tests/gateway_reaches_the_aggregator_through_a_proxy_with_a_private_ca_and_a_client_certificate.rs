@@ -156,6 +156,8 @@ fn config(front: u16, proxy: u16, pki: &Pki, mock: &GatewayConfig) -> GatewayCon
         auth_url: Some(url.clone()),
         gateway_url: Some(url),
         proxy: Some(format!("http://127.0.0.1:{proxy}").into()),
+        // Every host through the proxy, whatever NO_PROXY the machine exports.
+        no_proxy: Some(String::new()),
         ca_file: Some(pki.file("ca.pem")),
         client_cert_file: Some(pki.file("client.pem")),
         client_key_file: Some(pki.file("client-key.pem")),

@@ -336,13 +336,14 @@ async fn tampered_or_foreign_signatures_are_refused_and_change_nothing_booked() 
     for fault in [Fault::TamperBody, Fault::TamperSignature, Fault::WrongKey] {
         let payment = Payment::default();
         let verdict = inject(&example, RequestKind::Callback, &payment, fault).await;
-        // The genuine request first: the receiver is shown to accept the aggregator's own.
         assert!(
-            verdict.answers[0].ends_with("callback accepted"),
+            verdict.answers[0].starts_with("401 invalid signature"),
             "{verdict:?}"
         );
+        // Then the genuine request: the receiver is shown to accept the aggregator's own,
+        // the forgery having left no trace of its nonce.
         assert!(
-            verdict.answers[1].starts_with("401 invalid signature"),
+            verdict.answers[1].ends_with("callback accepted"),
             "{verdict:?}"
         );
         let entry = example.entry(&payment.nonce).await.unwrap();

@@ -930,8 +930,10 @@ impl AppBuilder {
             }
             StoreChoice::Default => Some(Arc::new(SledStore::open(&self.config.store, &[])?)),
         };
-        let retention = self.config.store.retention;
-        if self.callbacks.is_some() && store.is_some() && retention < RETRIES_MAY_LAST {
+        let retention = store.as_ref().map(|store| store.retention());
+        if self.callbacks.is_some()
+            && let Some(retention) = retention.filter(|r| *r < RETRIES_MAY_LAST)
+        {
             tracing::warn!(
                 retention_s = retention.as_secs(),
                 "store.retention is shorter than the aggregator's retries of one callback may \

@@ -184,14 +184,13 @@ impl ServerConfig {
             ("server.handler_timeout", self.handler_timeout),
             ("server.idle_timeout", self.idle_timeout),
         ])?;
-        // With no grace, a body's first bytes are due when its head arrives: every body not
-        // sent in the head's packets would be refused 408.
-        if self.min_body_rate > 0 && self.min_body_rate_grace.is_zero() {
-            return Err(InvalidSetting::new(
-                "server.min_body_rate_grace",
-                "must be longer than zero while server.min_body_rate is set (0 turns the rate off)",
-            ));
-        }
+        // With no grace, a body's first bytes would be due when its head arrives (every body
+        // not sent in the head's packets refused 408), and a full server would shed any
+        // connection mid-request for a newcomer (the grace is its patience too).
+        crate::setting::longer_than_zero(&[(
+            "server.min_body_rate_grace",
+            self.min_body_rate_grace,
+        )])?;
         let networks = [
             ("server.metrics_allow_ips", &self.metrics_allow_ips),
             ("server.trusted_proxies", &self.trusted_proxies),

@@ -5,10 +5,10 @@
 //! |---|---|---|
 //! | `duplicate` | the same signed request, again and again | answers 2xx every time (and books once) |
 //! | `concurrent` | the same signed request, several at the same moment | answers 2xx to all (and books once) |
-//! | `tamper-body` | the genuine request, then a byte of its body changed after signing | accepts the genuine one, refuses the other with 401 |
-//! | `tamper-signature` | the genuine request, then a character of its signature changed | accepts the genuine one, refuses the other with 401 |
-//! | `wrong-key` | the genuine request, then signed with a key the merchant does not know | accepts the genuine one, refuses the other with 401 |
-//! | `reorder` | a success (4), then the failure (-3) that came before it, delivered late (its `updatedUtc` a minute older) | acknowledges both (2xx); its booking keeps the success (a result older than the one booked must not replace it) |
+//! | `tamper-body` | a byte of the body changed after signing, then the genuine request | refuses the forgery with 401, accepts the genuine one |
+//! | `tamper-signature` | a character of the signature changed, then the genuine request | refuses the forgery with 401, accepts the genuine one |
+//! | `wrong-key` | signed with a key the merchant does not know, then the genuine request | refuses the forgery with 401, accepts the genuine one |
+//! | `reorder` | a success (4), then the failure (-3) that came before it, delivered late (its `updatedUtc` a minute older) | acknowledges both (2xx); its booking keeps the success (a result older than the one booked must not replace it — not seen from outside: a test of the merchant's own checks it) |
 //! | `slow-body` | the body trickled out over a while | answers — 2xx, or 408 when it gives up — and never hangs |
 //! | `drop-mid-request` | half the body, then the connection closed; then the whole request | answers the whole request 2xx |
 //! | `reuse-nonce` | a request, then the same nonce with another amount | accepts the first (2xx); validation: 403 to the second; callback: no second booking (2xx "already processed" or a 4xx) |
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::SimError;
-use super::request::{Payment, RequestKind, set, set_updated, to_text};
+use super::request::{Payment, RequestKind, set, set_times, to_text};
 use super::trigger::{Exchange, Trigger};
 use crate::model::TransactionStatus;
 use crate::signature::{SigningKey, generate_key_pair};
@@ -31,11 +31,11 @@ pub enum Fault {
     Duplicate(u32),
     /// The same request `n` times at once.
     Concurrent(u32),
-    /// A body byte changed after signing.
+    /// A body byte changed after signing, then the genuine request.
     TamperBody,
-    /// A signature character changed.
+    /// A signature character changed, then the genuine request.
     TamperSignature,
-    /// Signed with an unknown key.
+    /// Signed with an unknown key, then the genuine request.
     WrongKey,
     /// A success, then the older failure of the same nonce, delivered late (callbacks).
     Reorder,
@@ -112,41 +112,54 @@ pub async fn inject(
                 .collect::<Result<Vec<_>, _>>()?;
             ("2xx to every copy", all, all_success)
         }
-        // Each of these sends the genuine request first: a receiver that refuses it too
-        // (the wrong key configured, every request refused) tells nothing by refusing the
-        // forged one, and is not judged correct.
+        // Each of these sends the forged request, then the genuine one: a receiver that
+        // refuses both (the wrong key configured, every request refused) tells nothing by
+        // refusing the forgery, and one that held the nonce as seen after the forgery
+        // refuses the aggregator's own retry; neither is judged correct.
         Fault::TamperBody => {
             let signed = signature(&body)?;
             needs_signer()?;
-            let genuine = trigger
-                .send_with(url, body.as_bytes(), signed.clone())
-                .await?;
             let tampered = tamper_body(&body);
-            let exchange = trigger.send_with(url, tampered.as_bytes(), signed).await?;
-            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
+            let forged = trigger
+                .send_with(url, tampered.as_bytes(), signed.clone())
+                .await?;
+            let genuine = trigger.send_with(url, body.as_bytes(), signed).await?;
+            (
+                FORGED_401_THEN_GENUINE,
+                vec![forged, genuine],
+                forged_401_then_genuine,
+            )
         }
         Fault::TamperSignature => {
             let signer = needs_signer()?;
-            let genuine = trigger.send(url, body.as_bytes()).await?;
             let value = tamper_signature(&signer.value(body.as_bytes())?);
-            let exchange = trigger
+            let forged = trigger
                 .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
                 .await?;
-            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
+            let genuine = trigger.send(url, body.as_bytes()).await?;
+            (
+                FORGED_401_THEN_GENUINE,
+                vec![forged, genuine],
+                forged_401_then_genuine,
+            )
         }
         Fault::WrongKey => {
             let signer = needs_signer()?;
-            let genuine = trigger.send(url, body.as_bytes()).await?;
             let algorithm = signer.algorithm();
             let pair = generate_key_pair(algorithm)
                 .map_err(|e| SimError::request("cannot make a stranger's key").because(e))?;
             let stranger = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), algorithm)
                 .map_err(|e| SimError::request("cannot read the stranger's key").because(e))?;
             let value = signer.with_key(stranger).value(body.as_bytes())?;
-            let exchange = trigger
+            let forged = trigger
                 .send_with(url, body.as_bytes(), Some((signer.header().clone(), value)))
                 .await?;
-            (GENUINE_THEN_401, vec![genuine, exchange], genuine_then_401)
+            let genuine = trigger.send(url, body.as_bytes()).await?;
+            (
+                FORGED_401_THEN_GENUINE,
+                vec![forged, genuine],
+                forged_401_then_genuine,
+            )
         }
         Fault::Reorder => {
             if kind != RequestKind::Callback {
@@ -160,13 +173,17 @@ pub async fn inject(
                 status: TransactionStatus::GenericPaymentSystemError,
                 ..payment.clone()
             };
-            let newer = to_text(&success.body(kind));
-            // The failure came first (a minute before the success), and its delivery was
-            // still being retried when the success was delivered.
+            // One transaction, created two minutes ago: it failed a minute ago, and that
+            // failure's delivery was still being retried when its success (now) was
+            // delivered.
+            let now = chrono::Utc::now();
+            let created = now - chrono::Duration::minutes(2);
+            let mut newer = success.body(kind);
+            set_times(&mut newer, created, now);
             let mut late = failure.body(kind);
-            set_updated(&mut late, chrono::Utc::now() - chrono::Duration::minutes(1));
+            set_times(&mut late, created, now - chrono::Duration::minutes(1));
             let mut all = Vec::new();
-            for body in [newer, to_text(&late)] {
+            for body in [to_text(&newer), to_text(&late)] {
                 all.push(trigger.send(url, body.as_bytes()).await?);
             }
             (
@@ -241,13 +258,13 @@ fn all_success(all: &[Exchange]) -> bool {
     all.iter().all(Exchange::is_success)
 }
 
-/// What a correct receiver answers to a genuine request and then a forged one.
-const GENUINE_THEN_401: &str =
-    "the genuine request accepted (any answer but 401), then the forged one 401";
+/// What a correct receiver answers to a forged request and then the genuine one.
+const FORGED_401_THEN_GENUINE: &str =
+    "the forged request 401, then the genuine one accepted (any answer but 401)";
 
-fn genuine_then_401(all: &[Exchange]) -> bool {
-    matches!(all, [genuine, forged]
-        if genuine.status.is_some_and(|s| s != 401) && forged.status == Some(401))
+fn forged_401_then_genuine(all: &[Exchange]) -> bool {
+    matches!(all, [forged, genuine]
+        if forged.status == Some(401) && genuine.status.is_some_and(|s| s != 401))
 }
 
 fn answered_2xx_or_408(all: &[Exchange]) -> bool {

@@ -177,9 +177,14 @@ fn dotnet_time(time: chrono::DateTime<chrono::Utc>) -> String {
     )
 }
 
-/// Sets a callback body's `updatedUtc` to `updated`, as the aggregator writes it.
-pub(crate) fn set_updated(body: &mut Value, updated: chrono::DateTime<chrono::Utc>) {
+/// Sets a callback body's `createdUtc` and `updatedUtc`, as the aggregator writes them.
+pub(crate) fn set_times(
+    body: &mut Value,
+    created: chrono::DateTime<chrono::Utc>,
+    updated: chrono::DateTime<chrono::Utc>,
+) {
     if let Some(fields) = body.as_object_mut() {
+        fields.insert("createdUtc".into(), Value::String(dotnet_time(created)));
         fields.insert(
             "updatedUtc".into(),
             Value::String(format!("{}Z", dotnet_time(updated))),

@@ -32,16 +32,19 @@
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
-//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered` |
+//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `bookings` |
 //! | `lookup` | reads the transaction from the gateway | `delivery_status`, `canceled` |
-//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked` |
+//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
 //!
 //! Any step can change the transaction with a `payment` table (`amount`, `currency`,
 //! `client`, `direction`, `provider`, `collab`, `status`). An expectation a step does not
 //! check (the table's last column; none for a `lost` callback) is refused when the file is
-//! read, so that a scenario cannot pass without testing what it says.
+//! read, so that a scenario cannot pass without testing what it says. `bookings` — how many
+//! results of the transaction the merchant's books count — is seen through the target's
+//! [`Observer`]; a run without one (`payhook scenario` against a service from outside) says
+//! which expectations it could not check, beside its verdict.
 
 use crate::model::ValidationId;
 use serde::Deserialize;
@@ -109,6 +112,7 @@ impl Expect {
             ("delivery_status", self.delivery_status.is_some()),
             ("canceled", self.canceled.is_some()),
             ("booked", self.booked.is_some()),
+            ("bookings", self.bookings.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, set)| set.then_some(name))
@@ -149,9 +153,12 @@ impl Step {
                     "concurrent copies are sent once each: max_attempts does not apply".into(),
                 );
             }
-            Self::Callback { expect, .. } => (Some(expect), &["status", "message", "delivered"]),
+            Self::Callback { expect, .. } => (
+                Some(expect),
+                &["status", "message", "delivered", "bookings"],
+            ),
             Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
-            Self::Reconcile { expect } => (Some(expect), &["booked"]),
+            Self::Reconcile { expect } => (Some(expect), &["booked", "bookings"]),
             Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
         };
         let unchecked: Vec<&str> = expect
@@ -270,6 +277,10 @@ pub struct Expect {
     pub canceled: Option<bool>,
     /// Reconcile booked the result now (`true`) or found it booked (`false`).
     pub booked: Option<bool>,
+    /// How many results of the transaction the merchant's books count after the step (1
+    /// however often one result was delivered): seen through [`Target::observer`]; a run
+    /// without one says it could not check it.
+    pub bookings: Option<u32>,
 }
 
 /// One step of a scenario.
@@ -393,12 +404,23 @@ pub type Reconciler = Arc<
         + Sync,
 >;
 
-/// Tells what the merchant booked for a nonce (for the story), when the runner can see it.
+/// Tells what the merchant booked for a nonce, when the runner can see its books (`None`:
+/// it cannot).
 pub type Observer = Arc<
-    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>>
+    dyn Fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Observed>> + Send>>
         + Send
         + Sync,
 >;
+
+/// What an [`Observer`] saw of a transaction in the merchant's books.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// A line for the story (`n-1 booked 25.50 EUR …`, or that nothing is booked).
+    pub summary: String,
+    /// How many results of the transaction were booked (0: none), when the books count
+    /// them; checked against a step's `bookings`.
+    pub bookings: Option<u32>,
+}
 
 /// The merchant under test and the simulated aggregator around it.
 pub struct Target {
@@ -414,7 +436,7 @@ pub struct Target {
     pub await_timeout: Duration,
     /// The merchant's reconcile, for `reconcile` steps.
     pub reconciler: Option<Reconciler>,
-    /// What the merchant booked, for the story.
+    /// What the merchant booked: told in the story, and checked against `bookings`.
     pub observer: Option<Observer>,
 }
 
@@ -435,6 +457,9 @@ pub struct StepReport {
     pub story: Vec<String>,
     /// Unmet expectations (empty: the step passed).
     pub problems: Vec<String>,
+    /// Expectations this run could not check (`bookings` without an observer): said, and
+    /// not counted as met.
+    pub unchecked: Vec<String>,
 }
 
 /// A scenario's outcome.
@@ -474,10 +499,25 @@ impl Report {
             for problem in &step.problems {
                 out.push_str(&format!("       ✗ {problem}\n"));
             }
+            for unchecked in &step.unchecked {
+                out.push_str(&format!("       ⚠ not checked: {unchecked}\n"));
+            }
         }
         let verdict = if self.passed() { "passed" } else { "FAILED" };
-        out.push_str(&format!("  {verdict}\n"));
+        let unchecked = self.unchecked();
+        if unchecked == 0 {
+            out.push_str(&format!("  {verdict}\n"));
+        } else {
+            out.push_str(&format!(
+                "  {verdict}, {unchecked} expectation(s) not checked\n"
+            ));
+        }
         out
+    }
+
+    /// How many expectations this run could not check.
+    pub fn unchecked(&self) -> usize {
+        self.steps.iter().map(|s| s.unchecked.len()).sum()
     }
 }
 
@@ -553,6 +593,7 @@ async fn run_step(
 ) -> Result<StepReport, SimError> {
     let mut story = Vec::new();
     let mut problems = Vec::new();
+    let mut unchecked = Vec::new();
     let title = match step {
         Step::ProvidersValidation { payment, expect } => {
             payment.apply(current)?;
@@ -728,11 +769,15 @@ async fn run_step(
                     }
                 }
             }
-            if let Some(observer) = &target.observer
-                && let Some(booked) = observer(current.nonce.clone()).await
-            {
-                story.push(format!("merchant's ledger: {booked}"));
-            }
+            observe(
+                target,
+                &current.nonce,
+                expect.bookings,
+                &mut story,
+                &mut problems,
+                &mut unchecked,
+            )
+            .await;
             "callback"
         }
         Step::Lookup { expect } => {
@@ -780,11 +825,15 @@ async fn run_step(
                 }
                 Err(error) => problems.push(format!("reconcile failed: {error}")),
             }
-            if let Some(observer) = &target.observer
-                && let Some(booked) = observer(current.nonce.clone()).await
-            {
-                story.push(format!("merchant's ledger: {booked}"));
-            }
+            observe(
+                target,
+                &current.nonce,
+                expect.bookings,
+                &mut story,
+                &mut problems,
+                &mut unchecked,
+            )
+            .await;
             "reconcile"
         }
         Step::GatewayResult {
@@ -819,7 +868,40 @@ async fn run_step(
         title: title.to_owned(),
         story,
         problems,
+        unchecked,
     })
+}
+
+/// Tells what the merchant's books hold for `nonce`, when the target can see them, and
+/// checks the `bookings` wanted against them (or says it could not).
+async fn observe(
+    target: &Target,
+    nonce: &str,
+    wanted: Option<u32>,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+    unchecked: &mut Vec<String>,
+) {
+    let observed = match &target.observer {
+        Some(observer) => observer(nonce.to_owned()).await,
+        None => None,
+    };
+    if let Some(observed) = &observed {
+        story.push(format!("merchant's ledger: {}", observed.summary));
+    }
+    let Some(wanted) = wanted else {
+        return;
+    };
+    match observed.and_then(|o| o.bookings) {
+        Some(counted) if counted == wanted => {}
+        Some(counted) => problems.push(format!(
+            "expected {wanted} booking(s) of the transaction, the merchant's books count {counted}"
+        )),
+        None => unchecked.push(format!(
+            "bookings = {wanted}: this run cannot see the merchant's books (an in-process \
+             observer sees them, as in `payhook demo` or a test of the merchant's own)"
+        )),
+    }
 }
 
 /// Waits for the merchant's posted result and compares it.

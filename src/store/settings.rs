@@ -120,6 +120,14 @@ impl StoreConfig {
         }
         // PostgreSQL reads a statement_timeout of 0 as no limit at all, and a connect
         // timeout of 0 fails every wait for a pooled connection at once.
+        // PostgreSQL takes a statement_timeout of at most 2147483647 ms (about 24.8 days):
+        // a longer one would fail every connection.
+        if self.statement_timeout.as_millis() > i32::MAX as u128 {
+            return Err(InvalidSetting::new(
+                "store.statement_timeout",
+                "must be at most 24d (PostgreSQL's limit)",
+            ));
+        }
         crate::setting::longer_than_zero(&[
             ("store.sweep_interval", self.sweep_interval),
             ("store.connect_timeout", self.connect_timeout),

@@ -6,7 +6,7 @@ use payhook::HandlerError;
 use payhook::gateway::GatewayClient;
 use payhook::server::Reconciled;
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
-use payhook::sim::scenario::{Reconciler, Scenario, Target};
+use payhook::sim::scenario::{Observed, Reconciler, Scenario, Target};
 use payhook::sim::{MockGateway, MockGatewayConfig, Signer, Trigger};
 use rust_decimal::Decimal;
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -219,21 +219,30 @@ async fn demo(
     outcome
 }
 
-/// The ledger entry of `nonce`, told in a line.
-async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<String> {
-    let entry = ledger.entry(nonce).await.ok()??;
+/// The ledger entry of `nonce`, told in a line, and how many results it booked; `None` when
+/// the ledger cannot be read.
+async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
+    let Some(entry) = ledger.entry(nonce).await.ok()? else {
+        return Some(Observed {
+            summary: format!("{nonce}: nothing booked"),
+            bookings: Some(0),
+        });
+    };
     let balance = ledger
         .balance(&entry.client_id, &entry.currency)
         .await
         .unwrap_or_default();
-    Some(format!(
-        "{} booked {} {} (status {}, {} booking(s)); balance of {} now {balance} {}",
-        nonce,
-        entry.balance_effect,
-        entry.currency,
-        entry.status,
-        entry.bookings,
-        entry.client_id,
-        entry.currency
-    ))
+    Some(Observed {
+        summary: format!(
+            "{} booked {} {} (status {}, {} booking(s)); balance of {} now {balance} {}",
+            nonce,
+            entry.balance_effect,
+            entry.currency,
+            entry.status,
+            entry.bookings,
+            entry.client_id,
+            entry.currency
+        ),
+        bookings: Some(entry.bookings),
+    })
 }

@@ -38,11 +38,11 @@ pub(crate) enum FaultName {
     Duplicate,
     /// The same request --copies times at once.
     Concurrent,
-    /// A body byte changed after signing.
+    /// A body byte changed after signing, then the genuine request.
     TamperBody,
-    /// A signature character changed.
+    /// A signature character changed, then the genuine request.
     TamperSignature,
-    /// Signed with a key the merchant does not know.
+    /// Signed with a key the merchant does not know, then the genuine request.
     WrongKey,
     /// A success, then the older failure of the same nonce delivered late (callbacks).
     Reorder,
