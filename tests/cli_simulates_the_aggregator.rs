@@ -378,6 +378,43 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, stdout, stderr) = payhook(command).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("all 9 scenario(s) passed"), "{stdout}");
+    // From outside, the merchant's books cannot be seen: said, not passed over.
+    assert!(
+        stdout.contains("⚠ not checked: bookings = 1")
+            && stdout.contains("expectation(s) not checked"),
+        "{stdout}"
+    );
+
+    // `conflicts = 0` holds once the merchant's result is posted, not before: watched at
+    // a gateway the merchant does not post to, it is unmet.
+    let elsewhere = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let no_conflict = data.path().join("no-conflict.toml");
+    std::fs::write(
+        &no_conflict,
+        "name = \"no conflict\"\n[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, conflicts = 0 }\n",
+    )
+    .unwrap();
+    for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
+        let (code, stdout, _) = payhook(args(&[
+            "scenario",
+            no_conflict.to_str().unwrap(),
+            "--to",
+            &to,
+            "--gateway",
+            &gateway,
+            "--key",
+            &private_key(),
+            "--await-timeout",
+            "2s",
+        ]))
+        .await;
+        assert_eq!(code, code_wanted, "{stdout}");
+        if code_wanted == 1 {
+            assert!(stdout.contains("no result was posted"), "{stdout}");
+        }
+    }
 
     // An expectation that does not hold: exit 1, and the report says what was wrong.
     let wrong = data.path().join("wrong.toml");

@@ -95,6 +95,7 @@ struct State {
 
 /// What the mock gateway has seen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MockCounters {
     /// Successful logins.
     pub logins: u32,
@@ -104,6 +105,8 @@ pub struct MockCounters {
     pub unauthorized: u32,
     /// Postponed results refused with 403 (a different one was recorded).
     pub conflicts: u32,
+    /// Postponed results answered 200 (recorded, or the one recorded again).
+    pub results: u32,
 }
 
 struct Shared {
@@ -520,9 +523,13 @@ fn validation_result(shared: &Shared, body: &[u8]) -> Response<Full<Bytes>> {
                 .push(result.clone());
             true
         }
-        Some(_) => false,
+        Some(_) => {
+            s.counters.results += 1;
+            false
+        }
         None => {
             s.results.insert(result.validation_id.get(), result.clone());
+            s.counters.results += 1;
             false
         }
     });

@@ -53,7 +53,7 @@ use uuid::Uuid;
 
 use super::SimError;
 use super::delivery::{Schedule, deliver_callback};
-use super::mock_gateway::MockControl;
+use super::mock_gateway::{MockControl, MockCounters};
 use super::request::{Payment, RequestKind, to_text};
 use super::trigger::{Exchange, Trigger};
 use crate::config::GatewayConfig;
@@ -637,9 +637,9 @@ async fn run_step(
                     current.nonce
                 ));
             }
-            let conflicts_before = match expect.conflicts {
-                Some(_) => control.counters().await?.conflicts,
-                None => 0,
+            let before = match expect.conflicts {
+                Some(_) => control.counters().await?,
+                None => MockCounters::default(),
             };
             let body = to_text(&current.body(RequestKind::TransactionValidation));
             let exchange = target
@@ -666,19 +666,18 @@ async fn run_step(
             // With a conflict expected, the result the gateway holds is not the merchant's:
             // tell the merchant's refused result first, then what the gateway kept.
             if let Some(wanted) = expect.conflicts {
+                // Counted once the merchant posted its result (accepted or refused): read at
+                // once, `conflicts = 0` would hold before anything was posted.
                 let deadline = tokio::time::Instant::now() + target.await_timeout;
-                let mut seen = control
-                    .counters()
-                    .await?
-                    .conflicts
-                    .saturating_sub(conflicts_before);
-                while seen < wanted && tokio::time::Instant::now() < deadline {
+                let since = |now: MockCounters| {
+                    let refused = now.conflicts.saturating_sub(before.conflicts);
+                    let posted = refused + now.results.saturating_sub(before.results);
+                    (refused, posted)
+                };
+                let (mut seen, mut posted) = since(control.counters().await?);
+                while (seen < wanted || posted == 0) && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    seen = control
-                        .counters()
-                        .await?
-                        .conflicts
-                        .saturating_sub(conflicts_before);
+                    (seen, posted) = since(control.counters().await?);
                 }
                 for refused in control.refused_results(current.validation_id).await? {
                     story.push(format!(
@@ -686,7 +685,12 @@ async fn run_step(
                         current.validation_id, refused.success, refused.description
                     ));
                 }
-                if seen != wanted {
+                if posted == 0 {
+                    problems.push(format!(
+                        "expected {wanted} refused result(s), but no result was posted within {:?}",
+                        target.await_timeout
+                    ));
+                } else if seen != wanted {
                     problems.push(format!("expected {wanted} refused result(s), saw {seen}"));
                 }
             }
