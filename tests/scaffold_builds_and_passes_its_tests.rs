@@ -23,25 +23,6 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// `command`'s output once it ends; killed, and the test failed, if it runs past `limit` (a
-/// service that starts would serve forever).
-fn ended_within(mut command: Command, limit: std::time::Duration) -> Output {
-    let mut child = command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let began = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if began.elapsed() > limit {
-            child.kill().ok();
-            panic!("{command:?} still ran after {limit:?}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
 #[test]
 fn bad_names_and_non_empty_directories_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,7 +128,7 @@ fn a_scaffolded_service_builds_offline_and_passes_its_own_test() {
         .current_dir(&shop)
         .env("PAYHOOK_CONFIG", shop.join("payhook.generated.toml"))
         .env("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0");
-    let output = ended_within(start, std::time::Duration::from_secs(60));
+    let output = support::exited_within(start, std::time::Duration::from_secs(60));
     let printed = text(&output);
     assert!(!output.status.success(), "{printed}");
     assert!(printed.contains("signature.keys"), "{printed}");

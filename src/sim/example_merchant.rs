@@ -7,7 +7,10 @@
 //! * transaction validation: denies amounts above [`Merchant::max_amount`], with a message; in
 //!   Awaitable mode, postpones amounts above [`Merchant::review_above`], and [`review`]
 //!   decides them with payhook's `Resolver` — the results go to the aggregator through the
-//!   outbox;
+//!   outbox. It does not look at the client's balance: a withdrawal larger than what the
+//!   ledger holds for the client is allowed, and its success books the balance negative. A
+//!   merchant whose clients withdraw from a balance it keeps decides on that balance here
+//!   (and holds it while the withdrawal is pending), which is its own rule, not payhook's;
 //! * callbacks: books each transaction result in a ledger (one [`Entry`] per nonce, a balance
 //!   per client and currency) kept in payhook's sled store, written in the same atomic write
 //!   as the mark that the callback is done — so a result is booked exactly once, however

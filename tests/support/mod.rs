@@ -590,11 +590,20 @@ pub fn spawn_example(env: &[(&str, String)]) -> (Spawned, SocketAddr) {
 /// errors) and `args` until it exits on its own — for start-ups that must fail. Panics if it
 /// is still running after [`DEADLINE`].
 pub fn run_example_to_exit(env: &[(&str, String)], args: &[&str]) -> std::process::Output {
-    let mut child = std::process::Command::new(example_binary())
+    let mut command = std::process::Command::new(example_binary());
+    command
         .env_clear()
         .env("RUST_LOG", "error")
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .args(args)
+        .args(args);
+    exited_within(command, DEADLINE)
+}
+
+/// `command`'s output once it exits on its own — for start-ups that must fail. Panics,
+/// with what it printed, if it is still running after `limit` (a service that started would
+/// serve forever).
+pub fn exited_within(mut command: std::process::Command, limit: Duration) -> std::process::Output {
+    let mut child = command
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -602,11 +611,11 @@ pub fn run_example_to_exit(env: &[(&str, String)], args: &[&str]) -> std::proces
         .unwrap();
     let started = std::time::Instant::now();
     while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > DEADLINE {
+        if started.elapsed() > limit {
             let _ = child.kill();
             let output = child.wait_with_output().unwrap();
             panic!(
-                "the example merchant did not exit; stderr: {}",
+                "{command:?} did not exit within {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&output.stderr)
             );
         }
