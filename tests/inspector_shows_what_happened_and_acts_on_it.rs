@@ -158,6 +158,17 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
         (not_a_number.status, not_a_number.message()),
         (400, "`abc` is not a delivery's number".into())
     );
+    let not_a_window = admin(
+        &server,
+        "GET",
+        "/payhook/admin/deliveries?oldest=maybe",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (not_a_window.status, not_a_window.message()),
+        (400, "`oldest` must be true or false".into())
+    );
     // Any `after` is a number of the future: nothing yet, and the last number given.
     let beyond = deliveries(&server, &format!("after={}", u64::MAX)).await;
     assert_eq!(

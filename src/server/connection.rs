@@ -249,11 +249,6 @@ impl Table {
         true
     }
 
-    /// The connection (of `address`, if given) whose handler is not running and that is
-    /// furthest behind `pace` bytes per second in its current phase (idle, or a request
-    /// arriving), by more than `beyond` bytes; the oldest of equals. A connection just
-    /// accepted is behind by nothing yet, so it is never taken before one that has been
-    /// silent for a while.
     /// The connection not working whose current phase began earliest, more than
     /// `patience_ms` before `now_ms`.
     fn longest_in_phase(&self, now_ms: u64, patience_ms: u64) -> Option<Arc<Activity>> {
@@ -266,6 +261,11 @@ impl Table {
             .map(|(_, a)| Arc::clone(a))
     }
 
+    /// The connection (of `address`, if given) whose handler is not running and that is
+    /// furthest behind `pace` bytes per second in its current phase (idle, or a request
+    /// arriving), by more than `beyond` bytes; the oldest of equals. A connection just
+    /// accepted is behind by nothing yet, so it is never taken before one that has been
+    /// silent for a while.
     fn furthest_behind(
         &self,
         now_ms: u64,

@@ -179,7 +179,10 @@ impl BodyMemory {
     /// Holds `total` bytes for `taken` from now on: takes what it holds fewer (refused past
     /// the limit), gives back what it holds more.
     fn hold(&self, taken: &mut Taken<'_>, total: usize) -> Result<(), Problem> {
-        if total > taken.bytes {
+        if total == taken.bytes {
+            // Most frames: the buffer did not grow, and the clients' map is left unlocked.
+            Ok(())
+        } else if total > taken.bytes {
             self.take(taken, total - taken.bytes)
         } else {
             self.give_back(taken.client, taken.bytes - total);
@@ -227,7 +230,8 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let limit = limits.limit;
-    if declared_length(headers).is_some_and(|length| length > limit as u64) {
+    let declared = declared_length(headers);
+    if declared.is_some_and(|length| length > limit as u64) {
         return Err(Problem::PayloadTooLarge { limit });
     }
     let start = Instant::now();
@@ -237,7 +241,7 @@ where
         first: Bytes::new(),
         joined: Vec::new(),
         // At most the limit: a longer declared body was refused above.
-        expected: declared_length(headers).and_then(|length| usize::try_from(length).ok()),
+        expected: declared.and_then(|length| usize::try_from(length).ok()),
         taken: Taken {
             memory,
             client,
@@ -486,14 +490,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn bodies_hold_their_bytes_of_the_memory_while_they_arrive_and_no_more() {
-        let limits = BodyLimits {
-            limit: 1024,
+    /// A body limit of `limit` bytes, ten seconds to arrive, no minimum rate.
+    fn plain_limits(limit: usize) -> BodyLimits {
+        BodyLimits {
+            limit,
             timeout: Duration::from_secs(10),
             min_rate: 0,
             grace: Duration::from_secs(1),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_hold_their_bytes_of_the_memory_while_they_arrive_and_no_more() {
+        let limits = plain_limits(1024);
         let memory = BodyMemory::new(1000, 1000, Duration::from_secs(7));
         let body = || Chunks(vec![Bytes::from(vec![b' '; 400]); 2].into());
         let read = read_body(&HeaderMap::new(), body(), limits, (&memory, None)).await;
@@ -526,12 +535,7 @@ mod tests {
             .map(|i| Bytes::from(vec![b'a' + i % 26; 8192]))
             .collect();
         let frames = buffers.iter().map(|buffer| buffer.slice(0..1)).collect();
-        let limits = BodyLimits {
-            limit: 1024,
-            timeout: Duration::from_secs(10),
-            min_rate: 0,
-            grace: Duration::from_secs(1),
-        };
+        let limits = plain_limits(1024);
         let memory = BodyMemory::new(1024, 1024, Duration::from_secs(1));
         let headers = HeaderMap::new();
         let mut read = std::pin::pin!(read_body(
@@ -550,6 +554,22 @@ mod tests {
         );
         // The buffer it copies into, which grows by doubling: 128 bytes for 100.
         assert_eq!(memory.held(), 128, "it holds the buffer it keeps");
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_bounds_the_buffer_a_body_grows_into() {
+        // Three frames of 300: copied into a buffer that doubles, it would take the whole
+        // body limit (1,024) of a memory of 950; its Content-Length holds it to 900.
+        let body = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());
+        let memory = BodyMemory::new(950, 950, Duration::from_secs(1));
+        let mut declared = HeaderMap::new();
+        declared.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(900));
+        let read = read_body(&declared, body(), plain_limits(1024), (&memory, None)).await;
+        assert_eq!(read.unwrap().len(), 900);
+        let none = HeaderMap::new();
+        let undeclared = read_body(&none, body(), plain_limits(1024), (&memory, None)).await;
+        assert!(matches!(undeclared, Err(Problem::BodiesInFlight { .. })));
+        assert_eq!(memory.held(), 0);
     }
 
     /// A body of `frames`, one each, and then nothing more for ever.
@@ -572,12 +592,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_client_holds_a_quarter_of_the_memory_at_most() {
-        let limits = BodyLimits {
-            limit: 1000,
-            timeout: Duration::from_secs(10),
-            min_rate: 0,
-            grace: Duration::from_secs(1),
-        };
+        let limits = plain_limits(1000);
         let memory = BodyMemory::new(4000, 1000, Duration::from_secs(1));
         let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
         let headers = HeaderMap::new();
@@ -606,12 +621,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_holds_the_memory_of_the_buffer_it_is_copied_into() {
-        let limits = BodyLimits {
-            limit: 1000,
-            timeout: Duration::from_secs(10),
-            min_rate: 0,
-            grace: Duration::from_secs(1),
-        };
+        let limits = plain_limits(1000);
         // Three frames of 300: the buffer grows to 600, then to the limit (1,000), which a
         // memory of 999 cannot hold though the body's 900 bytes would fit.
         let frames = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());

@@ -519,9 +519,10 @@ pub(crate) fn unless_unreadable(
 /// merchant's effects committed with the mark. `finish_*` must be atomic with what it
 /// writes, and resolve only once the write is durable.
 pub trait DedupStore: Send + Sync + 'static {
-    /// Starts processing a callback delivery of `nonce` with `status`. A claim older than
-    /// `stale_after` (by the backend's clock: the database's for a shared store) is taken
-    /// over; a younger one answers [`CallbackBegin::Busy`].
+    /// Starts processing a callback delivery of `nonce` with `status`. A status already
+    /// booked durably is a duplicate, whatever else of the nonce is being booked. A claim
+    /// older than `stale_after` (by the backend's clock: the database's for a shared store)
+    /// is taken over; a younger one answers [`CallbackBegin::Busy`].
     fn begin_callback<'a>(
         &'a self,
         nonce: &'a Nonce,

@@ -201,11 +201,6 @@ pub(super) async fn apply(
     (Some(tx), Ok(written.into()))
 }
 
-/// An error of the merchant's SQL that the database refused as such (a constraint, a type,
-/// a missing table) is the effect's failure, not the store's: the callback is answered 503
-/// as failing and recorded for operators, like an effect that aborts. A lost connection, a
-/// database shutting down or out of resources stays a store failure, and a deadlock stays
-/// retryable.
 /// `error` as it is, unless it is the check that the booking's transaction is still the
 /// claim's failing (see `HeldClaim::still_its_own`): then the effect's fault that ended it.
 pub(super) fn when_ended_by_effect(error: StoreError) -> StoreError {
@@ -215,6 +210,11 @@ pub(super) fn when_ended_by_effect(error: StoreError) -> StoreError {
     if ended { merchant_fault(error) } else { error }
 }
 
+/// An error of the merchant's SQL that the database refused as such (a constraint, a type,
+/// a missing table) is the effect's failure, not the store's: the callback is answered 503
+/// as failing and recorded for operators, like an effect that aborts. A lost connection, a
+/// database shutting down or out of resources stays a store failure, and a deadlock stays
+/// retryable.
 pub(super) fn merchant_fault(error: StoreError) -> StoreError {
     let Some(database) = super::sqlx_cause(&error).and_then(|e| e.as_database_error()) else {
         return error;
