@@ -41,7 +41,8 @@ use crate::gateway::{GatewayClient, GatewayError};
 use crate::inspector::{DeliveryFilter, DeliveryList};
 use crate::model::TransactionRecord;
 use crate::postponed::{
-    Clock, Decision, Delivery, PostponedState, PostponedValidation, ResolveError, Resolver,
+    Clock, Decision, Delivery, PostponedPage, PostponedState, PostponedValidation, ResolveError,
+    Resolver,
 };
 use crate::server::Reconciled;
 use crate::store::{FailingCallback, FailingCursor, FailingPage, Store, StoreError};
@@ -238,8 +239,18 @@ impl ValidationsCommand {
                     (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
-                let all = resolver.list(state).await?;
-                print(out, json, &all, |all| describe_validations(all))?;
+                let mut listing = ValidationsOut::new(out, json)?;
+                let resolver = &resolver;
+                each_validations_page(
+                    |after| async move {
+                        Ok(resolver
+                            .page(state, after, crate::server::VALIDATIONS_PAGE_LIMIT)
+                            .await?)
+                    },
+                    |page| listing.page(&page),
+                )
+                .await?;
+                listing.finish()?;
             }
             Self::Resolve {
                 id,
@@ -477,20 +488,58 @@ impl AdminClient {
         })
     }
 
-    /// The postponed validations (in `state`: `pending`, `queued`, `delivered`, `conflict`).
+    /// The postponed validations (in `state`; in any when `None`), by id: every page of
+    /// [`AdminClient::validations_page`], read in turn and held together (a listing of the
+    /// retention period's records may be long: read it a page at a time where that
+    /// matters).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached, or its pages
+    /// do not lead on.
+    pub async fn validations(
+        &self,
+        state: Option<PostponedState>,
+    ) -> Result<Vec<PostponedValidation>, AdminError> {
+        let mut all = Vec::new();
+        each_validations_page(
+            |after| self.validations_page(state, after, crate::server::VALIDATIONS_PAGE_LIMIT),
+            |page| {
+                all.extend(page);
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(all)
+    }
+
+    /// One page of the postponed validations in `state` (in any when `None`): at most
+    /// `limit` (the service lists at most 500 a page) whose id follows `after` (from the
+    /// lowest without it), by id, and where the next page starts.
     ///
     /// # Errors
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached.
-    pub async fn validations(
+    pub async fn validations_page(
         &self,
-        state: Option<&str>,
-    ) -> Result<Vec<PostponedValidation>, AdminError> {
-        let path = state.map_or_else(
-            || "validations".to_owned(),
-            |s| format!("validations?state={s}"),
-        );
-        self.call(http::Method::GET, &path, None).await
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> Result<PostponedPage, AdminError> {
+        let mut path = format!("validations?limit={}", limit.max(1));
+        if let Some(state) = state {
+            let _ = write!(path, "&state={}", state.as_str());
+        }
+        if let Some(after) = after {
+            let _ = write!(path, "&after={after}");
+        }
+        let (validations, headers) = self
+            .call_with_headers(http::Method::GET, &path, None)
+            .await?;
+        Ok(PostponedPage {
+            validations,
+            next: next_after(&headers)?,
+        })
     }
 
     /// Decides a postponed validation; returns `recorded` or `unchanged`.
@@ -551,12 +600,19 @@ impl AdminCommand {
                 json,
             }) => {
                 let state = match (pending, conflicts) {
-                    (true, _) => Some("pending"),
-                    (_, true) => Some("conflict"),
+                    (true, _) => Some(PostponedState::Pending),
+                    (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
-                let all = client.validations(state).await?;
-                print(out, json, &all, |all| describe_validations(all))
+                let mut listing = ValidationsOut::new(out, json)?;
+                each_validations_page(
+                    |after| {
+                        client.validations_page(state, after, crate::server::VALIDATIONS_PAGE_LIMIT)
+                    },
+                    |page| listing.page(&page),
+                )
+                .await?;
+                listing.finish()
             }
             Self::Validations(ValidationsCommand::Resolve {
                 id,
@@ -902,10 +958,98 @@ pub fn describe_transaction(record: &TransactionRecord) -> String {
     out
 }
 
+/// Reads every page of a listing of postponed validations, from the lowest id: `read` reads
+/// the page after an id (from the first without one), `each` takes each page in turn.
+///
+/// # Errors
+///
+/// As `read` and `each`, and [`AdminError::Remote`] when a page names a next one that does
+/// not move on (the listing would never end).
+async fn each_validations_page<R, F>(
+    mut read: R,
+    mut each: impl FnMut(Vec<PostponedValidation>) -> Result<(), AdminError>,
+) -> Result<(), AdminError>
+where
+    R: FnMut(Option<ValidationId>) -> F,
+    F: std::future::Future<Output = Result<PostponedPage, AdminError>>,
+{
+    let mut after = None;
+    loop {
+        let page = read(after).await?;
+        let read_none = page.validations.is_empty();
+        each(page.validations)?;
+        match page.next {
+            None => return Ok(()),
+            Some(next) if read_none || after.is_some_and(|after| next <= after) => {
+                return Err(AdminError::Remote {
+                    status: 200,
+                    message: format!(
+                        "the next page of validations, after {next}, does not move on"
+                    ),
+                });
+            }
+            next => after = next,
+        }
+    }
+}
+
+/// A listing of postponed validations written as its pages are read — the text's lines
+/// under one header, or one JSON array — so that the command holds one page at a time, not
+/// the retention period's records.
+struct ValidationsOut<'a> {
+    out: &'a mut dyn Write,
+    json: bool,
+    listed: usize,
+}
+
+impl<'a> ValidationsOut<'a> {
+    fn new(out: &'a mut dyn Write, json: bool) -> Result<Self, AdminError> {
+        if json {
+            out.write_all(b"[")?;
+        } else {
+            out.write_all(validations_header().as_bytes())?;
+        }
+        Ok(Self {
+            out,
+            json,
+            listed: 0,
+        })
+    }
+
+    fn page(&mut self, page: &[PostponedValidation]) -> Result<(), AdminError> {
+        for validation in page {
+            if self.json {
+                // As `serde_json::to_writer_pretty` writes an array: each element indented
+                // by two (a JSON string holds no raw line break, so every one is the
+                // layout's).
+                let text = serde_json::to_string_pretty(validation)
+                    .map_err(|error| AdminError::Output(std::io::Error::other(error)))?;
+                let before = if self.listed == 0 { "\n  " } else { ",\n  " };
+                write!(self.out, "{before}{}", text.replace('\n', "\n  "))?;
+            } else {
+                self.out.write_all(validation_line(validation).as_bytes())?;
+            }
+            self.listed += 1;
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), AdminError> {
+        let end: &[u8] = match (self.json, self.listed) {
+            (true, 0) => b"]\n",
+            (true, _) => b"\n]\n",
+            (false, 0) => b"(none)\n",
+            (false, _) => b"",
+        };
+        self.out.write_all(end)?;
+        Ok(())
+    }
+}
+
 /// The `after` of the `rel="next"` link among `headers`: where the next page starts
 /// (`None`: this was the last). A next link without a cursor this client reads is an error,
 /// not the end of the listing.
-fn next_after(headers: &http::HeaderMap) -> Result<Option<FailingCursor>, AdminError> {
+fn next_after<C: std::str::FromStr>(headers: &http::HeaderMap) -> Result<Option<C>, AdminError> {
     let Some(link) = headers
         .get_all(http::header::LINK)
         .iter()
@@ -980,57 +1124,9 @@ fn utc(time: DateTime<Utc>) -> String {
 /// and from the aggregator (its errors) is shown escaped and cut, as in logs: a control
 /// character must not redraw what the operator's terminal shows before a decision.
 pub fn describe_validations(all: &[PostponedValidation]) -> String {
-    let mut out = format!(
-        "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}\n",
-        "validation id", "state", "nonce", "client", "amount", "decision", "delivery"
-    );
+    let mut out = validations_header();
     for v in all {
-        let payment = &v.request.payment_data;
-        let (decision, delivery) = match &v.result {
-            // A repeat under a new id is decided with the validation it repeats.
-            None => (
-                v.repeat_of
-                    .map_or_else(|| "-".to_owned(), |of| format!("as {of}")),
-                "-".to_owned(),
-            ),
-            Some(result) => (
-                if result.success { "allow" } else { "deny" }.to_owned(),
-                match &result.delivery {
-                    Delivery::Queued {
-                        attempts,
-                        last_error,
-                        ..
-                    } => format!(
-                        "queued, {attempts} attempt(s){}",
-                        last_error
-                            .as_ref()
-                            .map(|e| format!(", last: {}", crate::logged::Logged(e)))
-                            .unwrap_or_default()
-                    ),
-                    Delivery::Delivered { attempts, .. } => {
-                        format!("delivered after {attempts} attempt(s)")
-                    }
-                    Delivery::Conflict { message, .. } => {
-                        format!("CONFLICT: {}", crate::logged::Logged(message))
-                    }
-                },
-            ),
-        };
-        let _ = writeln!(
-            out,
-            "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}",
-            v.validation_id,
-            format!("{:?}", v.state()).to_lowercase(),
-            crate::logged::Logged(payment.nonce.as_str()).to_string(),
-            crate::logged::Logged(&v.request.merchant_data.client_id).to_string(),
-            format!(
-                "{} {}",
-                payment.amount,
-                crate::logged::Logged(&payment.currency)
-            ),
-            decision,
-            delivery
-        );
+        out.push_str(&validation_line(v));
     }
     if all.is_empty() {
         out.push_str("(none)\n");
@@ -1038,9 +1134,129 @@ pub fn describe_validations(all: &[PostponedValidation]) -> String {
     out
 }
 
+/// The first line of [`describe_validations`]: the columns' names.
+fn validations_header() -> String {
+    format!(
+        "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}\n",
+        "validation id", "state", "nonce", "client", "amount", "decision", "delivery"
+    )
+}
+
+/// A validation's line of [`describe_validations`].
+fn validation_line(v: &PostponedValidation) -> String {
+    let payment = &v.request.payment_data;
+    let (decision, delivery) = match &v.result {
+        // A repeat under a new id is decided with the validation it repeats.
+        None => (
+            v.repeat_of
+                .map_or_else(|| "-".to_owned(), |of| format!("as {of}")),
+            "-".to_owned(),
+        ),
+        Some(result) => (
+            if result.success { "allow" } else { "deny" }.to_owned(),
+            match &result.delivery {
+                Delivery::Queued {
+                    attempts,
+                    last_error,
+                    ..
+                } => format!(
+                    "queued, {attempts} attempt(s){}",
+                    last_error
+                        .as_ref()
+                        .map(|e| format!(", last: {}", crate::logged::Logged(e)))
+                        .unwrap_or_default()
+                ),
+                Delivery::Delivered { attempts, .. } => {
+                    format!("delivered after {attempts} attempt(s)")
+                }
+                Delivery::Conflict { message, .. } => {
+                    format!("CONFLICT: {}", crate::logged::Logged(message))
+                }
+            },
+        ),
+    };
+    format!(
+        "{:<20} {:<9} {:<24} {:<16} {:>14} {:<8} {}\n",
+        v.validation_id,
+        v.state().as_str(),
+        crate::logged::Logged(payment.nonce.as_str()).to_string(),
+        crate::logged::Logged(&v.request.merchant_data.client_id).to_string(),
+        format!(
+            "{} {}",
+            payment.amount,
+            crate::logged::Logged(&payment.currency)
+        ),
+        decision,
+        delivery
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listing_written_a_page_at_a_time_reads_as_one_written_whole() {
+        let all: Vec<_> = (1..=3)
+            .map(PostponedValidation::pending_for_tests)
+            .collect();
+        for listed in [&all[..0], &all[..1], &all[..]] {
+            for json in [true, false] {
+                let mut paged = Vec::new();
+                let mut listing = ValidationsOut::new(&mut paged, json).unwrap();
+                for page in listed.chunks(2) {
+                    listing.page(page).unwrap();
+                }
+                listing.finish().unwrap();
+                let mut whole = Vec::new();
+                print(&mut whole, json, listed, describe_validations).unwrap();
+                assert_eq!(
+                    String::from_utf8(paged).unwrap(),
+                    String::from_utf8(whole).unwrap(),
+                    "{} of {}, json: {json}",
+                    listed.len(),
+                    all.len()
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn pages_that_do_not_move_on_end_the_listing_with_an_error() {
+        let page = |ids: &[i64], next: Option<i64>| PostponedPage {
+            validations: ids
+                .iter()
+                .map(|id| PostponedValidation::pending_for_tests(*id))
+                .collect(),
+            next: next.map(Into::into),
+        };
+        let walk = |pages: Vec<PostponedPage>| async move {
+            let pages = std::sync::Mutex::new(pages.into_iter());
+            let mut seen = Vec::new();
+            let walked = each_validations_page(
+                |_| std::future::ready(Ok(pages.lock().unwrap().next().unwrap())),
+                |page| {
+                    seen.extend(page.iter().map(|v| v.validation_id.get()));
+                    Ok(())
+                },
+            )
+            .await;
+            (walked, seen)
+        };
+        let (walked, seen) = walk(vec![page(&[1, 2], Some(2)), page(&[3], None)]).await;
+        assert!(walked.is_ok());
+        assert_eq!(seen, [1, 2, 3]);
+        for stuck in [
+            vec![page(&[1, 2], Some(2)), page(&[1, 2], Some(2))],
+            vec![page(&[1, 2], Some(2)), page(&[], Some(3))],
+        ] {
+            let (walked, _) = walk(stuck).await;
+            let Err(AdminError::Remote { message, .. }) = walked else {
+                panic!("walked on: {walked:?}");
+            };
+            assert!(message.contains("does not move on"), "{message}");
+        }
+    }
 
     #[test]
     fn a_pending_repeat_is_listed_as_decided_with_the_validation_it_repeats() {

@@ -210,6 +210,180 @@ async fn postponed_validations_are_listed_and_decided_once() {
         .await;
 }
 
+/// Postpones validation `id` (nonce `page-{id}`): the client `postpone` waits for a decision.
+async fn postpone(server: &TestServer, id: i64) {
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/merchantData/clientId",
+        Some(json!("postpone")),
+    );
+    let body = with(
+        &body,
+        "/paymentData/nonce",
+        Some(json!(format!("page-{id}"))),
+    );
+    let body = with(&body, "/validationId", Some(json!(id)));
+    let answer = server.post_json(VALIDATION_PATH, &body).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+}
+
+/// The ids of a page of `GET validations`, and the next page's address from its `Link`.
+fn page_of(answer: &RawResponse) -> (Vec<i64>, Option<String>) {
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let ids = answer
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["validation_id"].as_i64().unwrap())
+        .collect();
+    let next = answer.header("link").map(|link| {
+        assert!(link.ends_with(">; rel=\"next\""), "{link}");
+        link.trim_start_matches('<')
+            .trim_end_matches(">; rel=\"next\"")
+            .to_owned()
+    });
+    (ids, next)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postponed_validations_are_listed_a_page_at_a_time() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    // More than the 500 a page holds at most: a listing takes two pages whatever asks.
+    let ids: Vec<i64> = (1..=503).collect();
+    for id in &ids {
+        postpone(&server, *id).await;
+    }
+    let decide = json!({"success": true, "description": "reviewed"}).to_string();
+    for id in [2, 4] {
+        let path = format!("/payhook/admin/validations/{id}");
+        let decided = call(&server, "POST", &path, Some(TOKEN), Some(&decide)).await;
+        assert_eq!(decided.status, 200);
+    }
+    let pending: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| ![2, 4].contains(id))
+        .collect();
+
+    // Two at a time, each page naming the next, the last none.
+    let first = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations?state=pending&limit=2",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    let (listed, mut next) = page_of(&first);
+    assert_eq!(listed, [1, 3], "the decided one left out");
+    assert_eq!(
+        next.as_deref(),
+        Some("/payhook/admin/validations?state=pending&limit=2&after=3")
+    );
+    let mut walked = listed;
+    let mut pages = 1;
+    while let Some(path) = next {
+        let (listed, following) = page_of(&call(&server, "GET", &path, Some(TOKEN), None).await);
+        assert!(
+            !listed.is_empty() && listed.len() <= 2,
+            "{path}: {listed:?}"
+        );
+        walked.extend(listed);
+        next = following;
+        pages += 1;
+    }
+    assert_eq!(walked, pending, "every pending one, once, by id");
+    assert_eq!(pages, pending.len().div_ceil(2));
+    // Without a limit, 500; asked for more, 500; for none, one.
+    let (whole, next) = page_of(
+        &call(
+            &server,
+            "GET",
+            "/payhook/admin/validations",
+            Some(TOKEN),
+            None,
+        )
+        .await,
+    );
+    assert_eq!(whole, ids[..500]);
+    assert_eq!(
+        next.as_deref(),
+        Some("/payhook/admin/validations?limit=500&after=500")
+    );
+    let (more, _) = page_of(
+        &call(
+            &server,
+            "GET",
+            "/payhook/admin/validations?limit=100000",
+            Some(TOKEN),
+            None,
+        )
+        .await,
+    );
+    assert_eq!(more.len(), 500);
+    let (one, _) = page_of(
+        &call(
+            &server,
+            "GET",
+            "/payhook/admin/validations?limit=0&state=pending",
+            Some(TOKEN),
+            None,
+        )
+        .await,
+    );
+    assert_eq!(one, [1]);
+    let (rest, next) = page_of(
+        &call(
+            &server,
+            "GET",
+            "/payhook/admin/validations?after=500",
+            Some(TOKEN),
+            None,
+        )
+        .await,
+    );
+    assert_eq!((rest, next), (vec![501, 502, 503], None));
+    for (query, named) in [
+        ("after=x", "`after`"),
+        ("limit=-1", "`limit`"),
+        ("state=lost", "state `lost`"),
+    ] {
+        let bad = call(
+            &server,
+            "GET",
+            &format!("/payhook/admin/validations?{query}"),
+            Some(TOKEN),
+            None,
+        )
+        .await;
+        assert_eq!(bad.status, 400, "{query}");
+        assert!(bad.message().contains(named), "{query}: {}", bad.message());
+    }
+
+    // The operating API's client reads every page in turn.
+    let client =
+        payhook::admin::AdminClient::new(&format!("http://{}", server.addr), TOKEN.into()).unwrap();
+    let held = client
+        .validations(Some(payhook::postponed::PostponedState::Pending))
+        .await
+        .unwrap();
+    let held: Vec<i64> = held.iter().map(|v| v.validation_id.get()).collect();
+    assert_eq!(held, pending);
+    assert_eq!(client.validations(None).await.unwrap().len(), ids.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_operates_the_running_example_merchant() {
     let mock = MockGateway::start(MockGatewayConfig::default())

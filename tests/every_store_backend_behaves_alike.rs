@@ -881,8 +881,9 @@ async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
     assert_eq!(due.now.len(), 1);
 }
 
-behaviour!(each_state_lists_exactly_its_validations_and_the_settled_latest_first);
-async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b: &Backend) {
+/// Validations in every state, with negative ids among them: those of
+/// [`each_state_lists_exactly_its_validations_and_the_settled_latest_first`].
+async fn one_in_each_state(b: &Backend) {
     // Pending: 21 with a deadline, 22 without one (no deadline index entry to find it by).
     postpone(b, 21).await;
     postpone_without_deadline(b, 22).await;
@@ -905,7 +906,11 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     // And through the indexes of what waits: one pending, one queued.
     postpone(b, -28).await;
     decide(b, -29).await;
+}
 
+behaviour!(each_state_lists_exactly_its_validations_and_the_settled_latest_first);
+async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b: &Backend) {
+    one_in_each_state(b).await;
     let all = b.shared.postponed_all().await.unwrap();
     let ids: Vec<i64> = all.iter().map(|v| v.validation_id.get()).collect();
     assert_eq!(ids, [-29, -28, -27, 21, 22, 23, 24, 25, 26], "by id");
@@ -936,6 +941,71 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
     assert_eq!(settled(10).await, [26, 25, -27]);
     assert_eq!(settled(1).await, [26]);
     assert!(settled(0).await.is_empty());
+}
+
+behaviour!(each_state_is_listed_a_page_at_a_time_by_id);
+async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
+    one_in_each_state(b).await;
+    let all = b.shared.postponed_all().await.unwrap();
+    let states = [None].into_iter().chain(PostponedState::ALL.map(Some));
+    for state in states {
+        let expected: Vec<i64> = all
+            .iter()
+            .filter(|v| state.is_none_or(|state| v.state() == state))
+            .map(|v| v.validation_id.get())
+            .collect();
+        // Every start — before, at and between the ids, each sign, the ends of the range —
+        // and every page size.
+        let starts = [
+            None,
+            Some(i64::MIN),
+            Some(-29),
+            Some(-28),
+            Some(-1),
+            Some(0),
+        ]
+        .into_iter()
+        .chain([Some(22), Some(25), Some(26), Some(i64::MAX)]);
+        for after in starts {
+            let following: Vec<i64> = expected
+                .iter()
+                .copied()
+                .filter(|id| after.is_none_or(|after| *id > after))
+                .collect();
+            for limit in 1..=following.len() + 1 {
+                let page = b
+                    .shared
+                    .postponed_page(state, after.map(Into::into), limit)
+                    .await
+                    .unwrap();
+                let ids: Vec<i64> = page
+                    .validations
+                    .iter()
+                    .map(|v| v.validation_id.get())
+                    .collect();
+                let at = format!("{state:?} after {after:?}, {limit} a page");
+                assert_eq!(ids, following[..limit.min(following.len())], "{at}");
+                let next = (following.len() > limit).then(|| ids[limit - 1].into());
+                assert_eq!(page.next, next, "{at}: the next page starts after its last");
+                for listed in &page.validations {
+                    let held = all.iter().find(|v| v.validation_id == listed.validation_id);
+                    assert_eq!(Some(listed), held, "{at}: the record as held");
+                }
+            }
+        }
+        // Walked from the start, the pages hold the listing once, in order.
+        let mut walked = Vec::new();
+        let mut after = None;
+        loop {
+            let page = b.shared.postponed_page(state, after, 2).await.unwrap();
+            walked.extend(page.validations.iter().map(|v| v.validation_id.get()));
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(walked, expected, "{state:?} walked two at a time");
+    }
 }
 
 /// Postpones validation `id` and allows it: its result is queued for delivery.
@@ -1633,6 +1703,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         [
             "postponed_pending",
             "postponed_outbox",
+            "postponed_pending",
+            "postponed_pkey",
             "postponed_nonce",
             "callback_failures_latest",
             "callback_failures_latest"

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use super::{DeliveryDetail, DeliveryFilter, DeliveryList};
 use crate::gateway::SessionState;
-use crate::postponed::{Delivery, PostponedValidation};
+use crate::postponed::{Delivery, PostponedPage, PostponedValidation};
 use crate::server::ADMIN_PREFIX;
 use crate::store::FailingCallback;
 
@@ -257,9 +257,19 @@ fn next_expected(failure: &FailingCallback, now: DateTime<Utc>) -> String {
     format!("≈ {} (estimate)", relative(failure.last_failed + mean, now))
 }
 
-/// The postponed validations waiting for a decision, with Approve and Deny.
-pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> String {
-    let pending: Vec<_> = records.iter().filter(|r| r.result.is_none()).collect();
+/// Validations waiting, for a decision or for delivery, that each panel shows: the first
+/// ones by id. A review queue or an aggregator down for hours can leave thousands, and the
+/// page fetches its panels every second.
+pub(crate) const WAITING_SHOWN: usize = 100;
+
+/// The postponed validations waiting for a decision, with Approve and Deny: a first page of
+/// them, read with [`WAITING_SHOWN`] a page, and whether more wait.
+pub(crate) fn postponed(first: &PostponedPage, now: DateTime<Utc>) -> String {
+    let pending: Vec<_> = first
+        .validations
+        .iter()
+        .filter(|r| r.result.is_none())
+        .collect();
     if pending.is_empty() {
         return "<p class=empty>No validation waits for a decision.</p>".into();
     }
@@ -291,32 +301,56 @@ pub(crate) fn postponed(records: &[PostponedValidation], now: DateTime<Utc>) -> 
         );
     }
     out.push_str("</tbody></table>");
+    if first.next.is_some() {
+        let _ = write!(
+            out,
+            "<p class=empty>The first {WAITING_SHOWN} waiting are shown, by id; \
+             <code>payhook validations list --pending</code> (GET \
+             /payhook/admin/validations?state=pending) lists them all.</p>"
+        );
+    }
     out
 }
 
-/// Delivered or refused results the outbox panel shows, the latest ones; those waiting for
-/// delivery are all shown.
+/// Delivered or refused results the outbox panel shows, the latest ones.
 pub(crate) const SETTLED_SHOWN: usize = 100;
 
-/// What the outbox panel shows, and whether older settled ones are left out: every result
-/// `queued`, and of `settled` (the latest first, read with one more than is shown) the first
-/// [`SETTLED_SHOWN`]; by id. The two are read one after the other: a result delivered in
-/// between is in both, and shown once, delivered.
-pub(crate) fn outbox_records(
-    mut queued: Vec<PostponedValidation>,
-    mut settled: Vec<PostponedValidation>,
-) -> (Vec<PostponedValidation>, bool) {
-    let more = settled.len() > SETTLED_SHOWN;
-    settled.truncate(SETTLED_SHOWN);
-    queued.append(&mut settled);
-    queued.sort_by_key(|v| (v.validation_id, !v.is_final()));
-    queued.dedup_by_key(|v| v.validation_id);
-    (queued, more)
+/// What the outbox panel leaves out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LeftOut {
+    /// Results waiting for delivery after the first [`WAITING_SHOWN`].
+    pub(crate) queued: bool,
+    /// Delivered or refused results older than the latest [`SETTLED_SHOWN`].
+    pub(crate) settled: bool,
 }
 
-/// The decided validations and their delivery to the aggregator, with Retry now; `more`
-/// when older delivered or refused ones are left out.
-pub(crate) fn outbox(records: &[PostponedValidation], more: bool, now: DateTime<Utc>) -> String {
+/// What the outbox panel shows, and what it leaves out: the `queued` page (the first
+/// [`WAITING_SHOWN`] waiting for delivery), and of `settled` (the latest first, read with
+/// one more than is shown) the first [`SETTLED_SHOWN`]; by id. The two are read one after
+/// the other: a result delivered in between is in both, and shown once, delivered.
+pub(crate) fn outbox_records(
+    queued: PostponedPage,
+    mut settled: Vec<PostponedValidation>,
+) -> (Vec<PostponedValidation>, LeftOut) {
+    let left_out = LeftOut {
+        queued: queued.next.is_some(),
+        settled: settled.len() > SETTLED_SHOWN,
+    };
+    settled.truncate(SETTLED_SHOWN);
+    let mut shown = queued.validations;
+    shown.append(&mut settled);
+    shown.sort_by_key(|v| (v.validation_id, !v.is_final()));
+    shown.dedup_by_key(|v| v.validation_id);
+    (shown, left_out)
+}
+
+/// The decided validations and their delivery to the aggregator, with Retry now, and what is
+/// left out.
+pub(crate) fn outbox(
+    records: &[PostponedValidation],
+    left_out: LeftOut,
+    now: DateTime<Utc>,
+) -> String {
     let decided: Vec<_> = records
         .iter()
         .filter_map(|r| Some((r, r.result.as_ref()?)))
@@ -375,7 +409,14 @@ pub(crate) fn outbox(records: &[PostponedValidation], more: bool, now: DateTime<
         );
     }
     out.push_str("</tbody></table>");
-    if more {
+    if left_out.queued {
+        let _ = write!(
+            out,
+            "<p class=empty>The first {WAITING_SHOWN} waiting for delivery are shown, by id; \
+             GET /payhook/admin/validations?state=queued lists them all.</p>"
+        );
+    }
+    if left_out.settled {
         let _ = write!(
             out,
             "<p class=empty>The latest {SETTLED_SHOWN} delivered or refused are shown; \
@@ -588,7 +629,13 @@ mod tests {
         let mut request = original.request.clone();
         request.validation_id = 8.into();
         let repeat = original.repeated_by(request, now).unwrap();
-        let panel = postponed(&[original, repeat], now);
+        let panel = postponed(
+            &PostponedPage {
+                validations: vec![original, repeat],
+                next: None,
+            },
+            now,
+        );
         assert_eq!(panel.matches("<tr class=pending").count(), 2);
         assert!(panel.contains("<td>that of 7</td>"), "{panel}");
         assert!(panel.contains("<td>in 5m"), "{panel}");
@@ -604,26 +651,68 @@ mod tests {
                 last_error: None,
             };
         }
-        let (shown, more) = outbox_records(vec![queued, delivered(9)], vec![delivered(7)]);
+        let first = PostponedPage {
+            validations: vec![queued, delivered(9)],
+            next: None,
+        };
+        let (shown, left_out) = outbox_records(first, vec![delivered(7)]);
         let ids: Vec<i64> = shown.iter().map(|v| v.validation_id.get()).collect();
         assert_eq!(ids, [7, 9]);
         assert!(shown[0].is_final(), "shown delivered");
-        assert!(!more);
+        assert_eq!(left_out, LeftOut::default());
         let settled = (0..=SETTLED_SHOWN as i64).rev().map(delivered).collect();
-        let (shown, more) = outbox_records(Vec::new(), settled);
+        let (shown, left_out) = outbox_records(PostponedPage::default(), settled);
         assert_eq!(shown.len(), SETTLED_SHOWN);
         assert_eq!(shown[0].validation_id.get(), 1, "the oldest left out");
-        assert!(more);
+        assert!(left_out.settled && !left_out.queued);
+    }
+
+    #[test]
+    fn the_waiting_panels_say_when_more_wait_than_they_show() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let whole = PostponedPage {
+            validations: vec![PostponedValidation::pending_for_tests(7)],
+            next: None,
+        };
+        let all = postponed(&whole, now);
+        assert_eq!(all.matches("<tr class=pending").count(), 1);
+        assert!(!all.contains("are shown"), "{all}");
+        let first = PostponedPage {
+            next: Some(7.into()),
+            ..whole
+        };
+        let cut = postponed(&first, now);
+        assert!(
+            cut.contains(&format!("The first {WAITING_SHOWN} waiting are shown")),
+            "{cut}"
+        );
+        let queued = LeftOut {
+            queued: true,
+            settled: false,
+        };
+        let cut = outbox(&[delivered(1)], queued, now);
+        assert!(
+            cut.contains(&format!(
+                "The first {WAITING_SHOWN} waiting for delivery are shown"
+            )),
+            "{cut}"
+        );
+        assert!(!cut.contains("delivered or refused are shown"), "{cut}");
     }
 
     #[test]
     fn the_outbox_panel_says_when_older_settled_results_are_left_out() {
         let now = DateTime::<Utc>::UNIX_EPOCH;
         let records = [delivered(1), delivered(2)];
-        let all = outbox(&records, false, now);
+        let all = outbox(&records, LeftOut::default(), now);
         assert_eq!(all.matches("<tr class='outbox delivered'").count(), 2);
         assert!(!all.contains("are shown"), "{all}");
-        let cut = outbox(&records, true, now);
+        let settled = LeftOut {
+            queued: false,
+            settled: true,
+        };
+        let cut = outbox(&records, settled, now);
+        assert!(!cut.contains("waiting for delivery are shown"), "{cut}");
         assert!(
             cut.contains(&format!(
                 "The latest {SETTLED_SHOWN} delivered or refused are shown"

@@ -56,7 +56,8 @@ pub use clock::Clock;
 pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
 pub use outbox::{Outbox, OutboxCounts, Pass};
 pub use record::{
-    Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution, ValidationResult,
+    Decision, Delivery, PostponedPage, PostponedState, PostponedValidation, Repeat, Resolution,
+    ValidationResult,
 };
 pub use settings::{DeadlineOutcome, ValidationConfig};
 
@@ -367,11 +368,14 @@ impl Resolver {
         self.store.postponed(validation_id.into()).await
     }
 
-    /// Postponed validations in `state` (all of them when `None`), by id.
+    /// Postponed validations in `state` (all of them when `None`), by id, in one piece.
     ///
     /// Listing what waits — [`PostponedState::Pending`] or [`PostponedState::Queued`] —
     /// reads the store's index of it, not the retention period's records: cheap enough to
-    /// call every few seconds (see [`PostponedStore::postponed_in`]).
+    /// call every few seconds while little waits (see [`PostponedStore::postponed_in`]).
+    /// Every validation, or the delivered ones, are the retention period's records (30
+    /// days of them by default): read those with [`Resolver::page`], as is what waits when
+    /// it may be many (an aggregator unreachable for hours leaves its results queued).
     ///
     /// # Errors
     ///
@@ -384,6 +388,43 @@ impl Resolver {
             Some(state) => self.store.postponed_in(state).await,
             None => self.store.postponed_all().await,
         }
+    }
+
+    /// A page of the postponed validations in `state` (in any when `None`): at most `limit`
+    /// of those whose id follows `after` (from the lowest without it), by id, and the
+    /// `after` of the next page while more follow. How a listing that may hold the whole
+    /// retention period's records is read without holding them all (see
+    /// [`PostponedStore::postponed_page`]).
+    ///
+    /// ```
+    /// # async fn run(resolver: payhook::postponed::Resolver) -> Result<(), payhook::store::StoreError> {
+    /// use payhook::postponed::PostponedState;
+    ///
+    /// let mut after = None;
+    /// loop {
+    ///     let page = resolver.page(Some(PostponedState::Pending), after, 500).await?;
+    ///     for validation in &page.validations {
+    ///         println!("{} waits for a decision", validation.validation_id);
+    ///     }
+    ///     match page.next {
+    ///         Some(next) => after = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store fails.
+    pub async fn page(
+        &self,
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> Result<PostponedPage, StoreError> {
+        self.store.postponed_page(state, after, limit).await
     }
 
     /// At most `limit` of the validations whose result was delivered or refused, the

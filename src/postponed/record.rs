@@ -120,6 +120,35 @@ pub struct PostponedValidation {
     pub repeats: Vec<ValidationId>,
 }
 
+/// One page of postponed validations, by id (the aggregator's numbering): what
+/// [`PostponedStore::postponed_page`](crate::store::PostponedStore::postponed_page) reads, so
+/// that a listing of the retention period's records is never read, or sent, in one piece.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PostponedPage {
+    /// The validations of this page, lowest id first.
+    pub validations: Vec<PostponedValidation>,
+    /// The `after` of the next page (this page's last id) while more follow; `None` when
+    /// this is the last.
+    pub next: Option<ValidationId>,
+}
+
+impl PostponedPage {
+    /// The first `limit` of `listed` (by id, after the page's `after`), and where the next
+    /// page starts when `listed` holds more: read `limit + 1` to know.
+    pub(crate) fn of(mut listed: Vec<PostponedValidation>, limit: usize) -> Self {
+        let more = listed.len() > limit;
+        listed.truncate(limit);
+        let next = listed
+            .last()
+            .filter(|_| more)
+            .map(|last| last.validation_id);
+        Self {
+            validations: listed,
+            next,
+        }
+    }
+}
+
 /// A decision on a postponed validation and where its delivery stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ValidationResult {
@@ -200,6 +229,27 @@ pub enum PostponedState {
     Delivered,
     /// Decided, but the aggregator holds a different result.
     Conflict,
+}
+
+impl PostponedState {
+    /// Every state, in the order of a validation's life.
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Queued, Self::Delivered, Self::Conflict];
+
+    /// Its name in the operating API's `state=` and the command line's listings.
+    ///
+    /// ```
+    /// use payhook::postponed::PostponedState;
+    ///
+    /// assert_eq!(PostponedState::Conflict.as_str(), "conflict");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Queued => "queued",
+            Self::Delivered => "delivered",
+            Self::Conflict => "conflict",
+        }
+    }
 }
 
 impl PostponedValidation {

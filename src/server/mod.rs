@@ -198,6 +198,7 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
 use route::{Endpoint, Route, Router};
 
+pub(crate) use operating_api::VALIDATIONS_PAGE_LIMIT;
 pub use operating_api::{AdminDecision, AdminReconcile, AdminReconciled};
 pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};

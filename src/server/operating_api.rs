@@ -4,7 +4,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /payhook/admin/validations[?state=pending\|queued\|delivered\|conflict]` | 200, the postponed validations (JSON array) |
+//! | `GET /payhook/admin/validations?state=…&limit=N&after=ID` | 200, a page of the postponed validations (JSON array), by id: those in `state` (`pending`, `queued`, `delivered` or `conflict`; every state without it), at most `N` (default and most 500; 0 is taken as 1) whose id follows `ID` (from the lowest without it); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an unknown state or an `after` that is not an id) |
 //! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
@@ -411,28 +411,23 @@ impl OperatingApi {
                 }
             }
             (&Method::GET, ["validations"]) => {
-                let state = match parts.uri.query().and_then(|q| q.strip_prefix("state=")) {
-                    None => None,
-                    Some("pending") => Some(PostponedState::Pending),
-                    Some("queued") => Some(PostponedState::Queued),
-                    Some("delivered") => Some(PostponedState::Delivered),
-                    Some("conflict") => Some(PostponedState::Conflict),
-                    Some(other) => {
-                        return Err(Problem::BadRequest(format!(
-                            "state `{other}`: use pending, queued, delivered or conflict"
-                        )));
-                    }
-                };
+                let query = parts.uri.query().unwrap_or_default();
+                let state = validations_state(query)?;
+                let (after, limit) = page_params(query, VALIDATIONS_PAGE_LIMIT)?;
                 let resolver = self
                     .awaitable
                     .as_ref()
                     .map(|a| a.resolver())
                     .ok_or(Problem::NotFound)?;
-                let list = resolver
-                    .list(state)
+                let page = resolver
+                    .page(state, after, limit)
                     .await
                     .map_err(|e| self.admin_store_failed(&e))?;
-                Ok(json(&list))
+                let state = state.map_or(String::new(), |s| format!("state={}&", s.as_str()));
+                let next = page
+                    .next
+                    .map(|next| format!("validations?{state}limit={limit}&after={next}"));
+                self.with_next(json(&page.validations), next)
             }
             (&Method::POST, ["validations", id]) => {
                 let id: ValidationId = id
@@ -468,23 +463,16 @@ impl OperatingApi {
             }
             (&Method::GET, ["callbacks", "failing"]) => {
                 let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
-                let (after, limit) = failing_params(parts.uri.query().unwrap_or_default())?;
+                let query = parts.uri.query().unwrap_or_default();
+                let (after, limit) = page_params(query, FAILING_PAGE_LIMIT)?;
                 let page = store
                     .failing_page(after, limit)
                     .await
                     .map_err(|e| self.admin_store_failed(&e))?;
-                let mut response = json(&page.failing);
-                if let Some(next) = page.next {
-                    // Built of the route, a number and the cursor's URL-safe base64 alone:
-                    // nothing from the request, so always a valid header value.
-                    let link = format!(
-                        "<{ADMIN_PREFIX}callbacks/failing?limit={limit}&after={next}>; rel=\"next\""
-                    );
-                    let value = http::HeaderValue::from_str(&link)
-                        .map_err(|_| self.failed_to_link(&link))?;
-                    response.headers_mut().insert(http::header::LINK, value);
-                }
-                Ok(response)
+                let next = page
+                    .next
+                    .map(|next| format!("callbacks/failing?limit={limit}&after={next}"));
+                self.with_next(json(&page.failing), next)
             }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = self
@@ -538,12 +526,28 @@ impl OperatingApi {
         }
     }
 
-    /// A next page that cannot be named: answered as a failure, never as the last page.
-    fn failed_to_link(&self, link: &str) -> Problem {
-        tracing::error!(link, "admin: the next page's link is not a header value");
-        Problem::StoreFailed {
-            retry_after: self.retry_after,
-        }
+    /// `response`, a page of a listing, with a `Link: <…>; rel="next"` header naming the
+    /// next page when there is one (`next`: its route and query under the prefix). A next
+    /// page that cannot be named is answered as a failure, never as the last page.
+    fn with_next(
+        &self,
+        mut response: Response<ResponseBody>,
+        next: Option<String>,
+    ) -> Result<Response<ResponseBody>, Problem> {
+        let Some(next) = next else {
+            return Ok(response);
+        };
+        // Built of the route, a state's name, numbers and a cursor's URL-safe base64: nothing
+        // from the request as it came, so always a valid header value.
+        let link = format!("<{ADMIN_PREFIX}{next}>; rel=\"next\"");
+        let Ok(value) = http::HeaderValue::from_str(&link) else {
+            tracing::error!(link, "admin: the next page's link is not a header value");
+            return Err(Problem::StoreFailed {
+                retry_after: self.retry_after,
+            });
+        };
+        response.headers_mut().insert(http::header::LINK, value);
+        Ok(response)
     }
 
     fn admin_store_failed(&self, error: &crate::store::StoreError) -> Problem {
@@ -591,10 +595,18 @@ fn list_params(query: &str) -> Result<(u64, (usize, crate::inspector::Window), D
 /// `limit`: a page stays well under a megabyte of JSON however many an incident left.
 pub(super) const FAILING_PAGE_LIMIT: usize = 1000;
 
-/// `after` and `limit` of `GET callbacks/failing`: from the latest, and
-/// [`FAILING_PAGE_LIMIT`] (at least 1, at most that).
-fn failing_params(query: &str) -> Result<(Option<crate::store::FailingCursor>, usize), Problem> {
-    let (mut after, mut limit) = (None, FAILING_PAGE_LIMIT);
+/// The most postponed validations a page of `GET validations` lists, and how many without
+/// `limit`: a record holds its request, so a page is kept near a megabyte of JSON.
+pub(crate) const VALIDATIONS_PAGE_LIMIT: usize = 500;
+
+/// `after` and `limit` of a listing's page (`GET callbacks/failing`, `GET validations`): from
+/// the listing's start, and `most` (at least 1, at most `most`).
+fn page_params<C>(query: &str, most: usize) -> Result<(Option<C>, usize), Problem>
+where
+    C: std::str::FromStr,
+    C::Err: std::fmt::Display,
+{
+    let (mut after, mut limit) = (None, most);
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match &*key {
             "after" => {
@@ -608,12 +620,30 @@ fn failing_params(query: &str) -> Result<(Option<crate::store::FailingCursor>, u
                 limit = value
                     .parse::<usize>()
                     .map_err(|_| Problem::BadRequest("`limit` must be a whole number".into()))?
-                    .clamp(1, FAILING_PAGE_LIMIT);
+                    .clamp(1, most);
             }
             _ => {}
         }
     }
     Ok((after, limit))
+}
+
+/// `state` of `GET validations`: `None` (every state) without it.
+fn validations_state(query: &str) -> Result<Option<PostponedState>, Problem> {
+    let Some((_, state)) = form_urlencoded::parse(query.as_bytes()).find(|(key, _)| key == "state")
+    else {
+        return Ok(None);
+    };
+    PostponedState::ALL
+        .into_iter()
+        .find(|known| known.as_str() == state)
+        .map(Some)
+        .ok_or_else(|| {
+            Problem::BadRequest(format!(
+                "state `{}`: use pending, queued, delivered or conflict",
+                crate::logged::Logged(&state)
+            ))
+        })
 }
 
 /// The form asking for the token, for a browser without a session. A token in the address
@@ -783,34 +813,33 @@ impl OperatingApi {
         }
     }
 
-    /// The validations waiting for a decision, read through the store's index: the page
-    /// fetches the panel every second.
+    /// The first [`page::WAITING_SHOWN`] validations waiting for a decision, read through
+    /// the store's index: the page fetches the panel every second.
     async fn pending_fragment(&self, now: chrono::DateTime<chrono::Utc>) -> String {
         let pending = match &self.awaitable {
             Some(awaitable) => {
                 awaitable
                     .resolver()
-                    .list(Some(PostponedState::Pending))
+                    .page(Some(PostponedState::Pending), None, page::WAITING_SHOWN)
                     .await
             }
-            None => Ok(Vec::new()),
+            None => Ok(crate::postponed::PostponedPage::default()),
         };
-        shown(
-            pending
-                .as_deref()
-                .map(|pending| page::postponed(pending, now)),
-        )
+        shown(pending.as_ref().map(|first| page::postponed(first, now)))
     }
 
-    /// Every result waiting for delivery, and the latest [`page::SETTLED_SHOWN`] delivered or
-    /// refused: not the retention period's thousands, every second.
+    /// The first [`page::WAITING_SHOWN`] results waiting for delivery, and the latest
+    /// [`page::SETTLED_SHOWN`] delivered or refused: not the retention period's thousands,
+    /// nor an outage's backlog, every second.
     async fn outbox_fragment(&self, now: chrono::DateTime<chrono::Utc>) -> String {
         let Some(awaitable) = &self.awaitable else {
-            return page::outbox(&[], false, now);
+            return page::outbox(&[], page::LeftOut::default(), now);
         };
         let resolver = awaitable.resolver();
         let listed = async {
-            let queued = resolver.list(Some(PostponedState::Queued)).await?;
+            let queued = resolver
+                .page(Some(PostponedState::Queued), None, page::WAITING_SHOWN)
+                .await?;
             let settled = resolver.settled(page::SETTLED_SHOWN + 1).await?;
             Ok::<_, crate::store::StoreError>(page::outbox_records(queued, settled))
         };
@@ -818,7 +847,7 @@ impl OperatingApi {
             listed
                 .await
                 .as_ref()
-                .map(|(records, more)| page::outbox(records, *more, now)),
+                .map(|(records, left_out)| page::outbox(records, *left_out, now)),
         )
     }
 

@@ -441,44 +441,61 @@ pub struct Merchant {
 }
 
 /// The review of postponed validations: approves every client except `blocked*` ones.
-/// Runs every `every` until the process ends.
+/// Runs every `every` until the process ends, reading what waits a page at a time (a backlog
+/// of thousands is never held at once).
 pub async fn review(resolver: crate::postponed::Resolver, every: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let pending = match resolver
-            .list(Some(crate::postponed::PostponedState::Pending))
-            .await
-        {
-            Ok(pending) => pending,
-            Err(error) => {
-                tracing::error!(error = %crate::report::InLine(&error), "review: cannot list pending validations");
-                continue;
-            }
-        };
-        for validation in pending {
-            let client = &validation.request.merchant_data.client_id;
-            let approve = !client.starts_with("blocked");
-            let description = if approve {
-                format!("reviewed: {client} approved")
-            } else {
-                format!("reviewed: {client} is blocked")
-            };
-            match resolver
-                .resolve(
-                    validation.validation_id,
-                    crate::postponed::Decision::allow_if(approve, description),
-                )
+        let mut after = None;
+        loop {
+            let page = match resolver
+                .page(Some(crate::postponed::PostponedState::Pending), after, 500)
                 .await
             {
-                Ok(_) => tracing::info!(
-                    validation_id = validation.validation_id.get(),
-                    approve,
-                    "reviewed"
-                ),
+                Ok(page) => page,
                 Err(error) => {
-                    tracing::warn!(error = %crate::report::InLine(&error), "review: not recorded")
+                    tracing::error!(error = %crate::report::InLine(&error), "review: cannot list pending validations");
+                    break;
                 }
+            };
+            for validation in page.validations {
+                review_one(&resolver, &validation).await;
             }
+            match page.next {
+                // Pages follow ids: one decided meanwhile moves no other to another page.
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+    }
+}
+
+/// Decides one postponed validation, as [`review`] does.
+async fn review_one(
+    resolver: &crate::postponed::Resolver,
+    validation: &crate::postponed::PostponedValidation,
+) {
+    let client = &validation.request.merchant_data.client_id;
+    let approve = !client.starts_with("blocked");
+    let description = if approve {
+        format!("reviewed: {client} approved")
+    } else {
+        format!("reviewed: {client} is blocked")
+    };
+    match resolver
+        .resolve(
+            validation.validation_id,
+            crate::postponed::Decision::allow_if(approve, description),
+        )
+        .await
+    {
+        Ok(_) => tracing::info!(
+            validation_id = validation.validation_id.get(),
+            approve,
+            "reviewed"
+        ),
+        Err(error) => {
+            tracing::warn!(error = %crate::report::InLine(&error), "review: not recorded")
         }
     }
 }

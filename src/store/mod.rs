@@ -282,7 +282,7 @@ use crate::model::{Nonce, ValidationId};
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::postponed::record::{
-    Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution,
+    Decision, Delivery, PostponedPage, PostponedState, PostponedValidation, Repeat, Resolution,
 };
 
 use chrono::{DateTime, Utc};
@@ -692,6 +692,37 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// reads every record and keeps those in `state`: a backend should do better.
     fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
         Box::pin(async move { Ok(in_state(self.postponed_all().await?, state)) })
+    }
+
+    /// At most `limit` postponed validations in `state` (in any when `None`) whose id
+    /// follows `after` (from the lowest without it), by id, and where the next page starts:
+    /// how the operating API and `payhook validations list` read a listing that may hold the
+    /// whole retention period's records (30 days of them by default), a page at a time.
+    ///
+    /// sled and PostgreSQL read a page of what waits ([`PostponedState::Pending`],
+    /// [`PostponedState::Queued`]) through its index, and of the rest from their records by
+    /// id, starting at `after` and stopping once the page is full (a page of a rare state,
+    /// such as [`PostponedState::Conflict`], passes over the records of other states between
+    /// its own). The default reads every record and keeps the page: a backend should do
+    /// better.
+    fn postponed_page(
+        &self,
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> StoreFuture<'_, PostponedPage> {
+        Box::pin(async move {
+            let listed = match state {
+                Some(state) => self.postponed_in(state).await?,
+                None => self.postponed_all().await?,
+            };
+            let after_cursor = listed
+                .into_iter()
+                .filter(|v| after.is_none_or(|after| v.validation_id > after))
+                .take(limit.saturating_add(1))
+                .collect();
+            Ok(PostponedPage::of(after_cursor, limit))
+        })
     }
 
     /// At most `limit` of the validations whose result was delivered or refused (final),

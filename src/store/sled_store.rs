@@ -4,6 +4,7 @@
 use crate::model::{Nonce, ValidationId};
 use chrono::{DateTime, Utc};
 use std::{
+    ops::Bound,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -30,7 +31,9 @@ use super::{
     now_ms, ready, time_from_ms,
 };
 use crate::model::{TransactionStatus, TransactionValidationRequest};
-use crate::postponed::record::{Decision, Delivery, PostponedState, PostponedValidation, Repeat};
+use crate::postponed::record::{
+    Decision, Delivery, PostponedPage, PostponedState, PostponedValidation, Repeat,
+};
 
 /// A key and its value.
 pub type KeyValue = (Vec<u8>, Vec<u8>);
@@ -639,6 +642,15 @@ impl PostponedStore for SledStore {
         ready(self.postponed_settled_now(limit))
     }
 
+    fn postponed_page(
+        &self,
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> StoreFuture<'_, PostponedPage> {
+        ready(self.postponed_page_now(state, after, limit))
+    }
+
     fn outbox_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         // Only durable decisions are posted: one lost to a power failure after being posted
         // would come back undecided, and a different decision would then conflict. A store
@@ -797,15 +809,25 @@ impl SledStore {
         &self,
         state: PostponedState,
     ) -> Result<Vec<PostponedValidation>, StoreError> {
-        let index = match state {
-            PostponedState::Pending => keys::WAITING_PREFIX,
-            PostponedState::Queued => keys::OUTBOX_PREFIX,
-            PostponedState::Delivered | PostponedState::Conflict => {
-                return Ok(super::in_state(self.postponed_all_now()?, state));
-            }
+        let Some(index) = index_of(state) else {
+            return Ok(super::in_state(self.postponed_all_now()?, state));
         };
+        self.indexed(state, self.in_id_order(index, false), usize::MAX)
+    }
+
+    /// Up to `wanted` records in `state`, read through `entries` of its index, in their
+    /// order.
+    fn indexed(
+        &self,
+        state: PostponedState,
+        entries: IdOrder,
+        wanted: usize,
+    ) -> Result<Vec<PostponedValidation>, StoreError> {
         let mut found = Vec::new();
-        for entry in self.in_id_order(index, false) {
+        for entry in entries {
+            if found.len() >= wanted {
+                break;
+            }
             let Some(id) = keys::id_of(&entry?.0) else {
                 continue;
             };
@@ -818,25 +840,65 @@ impl SledStore {
         Ok(found)
     }
 
+    /// A page of [`PostponedStore::postponed_page`]: what waits read through its index, the
+    /// rest from the records, by id from `after` on, stopping once the page holds one more
+    /// than `limit` (which says that more follow).
+    fn postponed_page_now(
+        &self,
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> Result<PostponedPage, StoreError> {
+        let wanted = limit.saturating_add(1);
+        let found = match state.map(|state| (state, index_of(state))) {
+            Some((state, Some(index))) => {
+                self.indexed(state, self.in_id_order_after(index, after), wanted)?
+            }
+            _ => {
+                let mut found = Vec::new();
+                for entry in self.in_id_order_after(keys::POSTPONED_PREFIX, after) {
+                    if found.len() >= wanted {
+                        break;
+                    }
+                    let record = decode_postponed(entry?)?;
+                    if state.is_none_or(|state| record.state() == state) {
+                        found.push(record);
+                    }
+                }
+                found
+            }
+        };
+        Ok(PostponedPage::of(found, limit))
+    }
+
     /// The entries under `prefix`, whose keys end in a validation id, in the ids' numeric
     /// order (descending when `highest_first`). Their 8-byte big-endian form puts a negative
     /// id after every positive one: the two halves are read apart.
-    fn in_id_order(
-        &self,
-        prefix: &[u8],
-        highest_first: bool,
-    ) -> Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>> {
-        let negative = [prefix, &[0x80]].concat();
-        let mut end = prefix.to_vec();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
+    fn in_id_order(&self, prefix: &[u8], highest_first: bool) -> IdOrder {
+        let (negative, end) = id_halves(prefix);
         let positives = self.inner.tree.range(prefix.to_vec()..negative.clone());
         let negatives = self.inner.tree.range(negative..end);
         if highest_first {
             Box::new(positives.rev().chain(negatives.rev()))
         } else {
             Box::new(negatives.chain(positives))
+        }
+    }
+
+    /// The entries under `prefix`, as [`SledStore::in_id_order`] reads them lowest first,
+    /// of the ids above `after` (all without it).
+    fn in_id_order_after(&self, prefix: &[u8], after: Option<ValidationId>) -> IdOrder {
+        let Some(after) = after else {
+            return self.in_id_order(prefix, false);
+        };
+        let (negative, end) = id_halves(prefix);
+        let from = Bound::Excluded(keys::by_id(prefix, after));
+        if after.get() < 0 {
+            let negatives = self.inner.tree.range((from, Bound::Excluded(end)));
+            let positives = self.inner.tree.range(prefix.to_vec()..negative);
+            Box::new(negatives.chain(positives))
+        } else {
+            Box::new(self.inner.tree.range((from, Bound::Excluded(negative))))
         }
     }
 
@@ -860,6 +922,30 @@ impl SledStore {
         self.in_id_order(keys::POSTPONED_PREFIX, false)
             .map(|entry| decode_postponed(entry?))
             .collect()
+    }
+}
+
+/// Entries of the store's tree, in some order of the validation ids their keys end in.
+type IdOrder = Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>>;
+
+/// Where the keys of the negative ids under `prefix` start (8-byte big-endian, they sort
+/// after every positive one), and where `prefix`'s keys end.
+fn id_halves(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let negative = [prefix, &[0x80]].concat();
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    (negative, end)
+}
+
+/// The index that lists the validations in `state`: what waits for a decision (`w`) or
+/// for delivery (`o`); a delivered or refused one has none.
+fn index_of(state: PostponedState) -> Option<&'static [u8]> {
+    match state {
+        PostponedState::Pending => Some(keys::WAITING_PREFIX),
+        PostponedState::Queued => Some(keys::OUTBOX_PREFIX),
+        PostponedState::Delivered | PostponedState::Conflict => None,
     }
 }
 

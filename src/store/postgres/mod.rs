@@ -344,6 +344,20 @@ impl PgStore {
                 condition: None,
             },
             IndexedRead {
+                index: "postponed_pending",
+                sql: self.sql(&postponed::page_sql(Some(PostponedState::Pending))),
+                // A page of the validations waiting for a decision, after the one before.
+                parameters: &[("bigint", "1001"), ("bigint", "1001")],
+                condition: Some("Index Cond: (validation_id >="),
+            },
+            IndexedRead {
+                index: "postponed_pkey",
+                sql: self.sql(&postponed::page_sql(Some(PostponedState::Conflict))),
+                // A page of the refused results, among every record, after the one before.
+                parameters: &[("bigint", "1001"), ("bigint", "1001")],
+                condition: Some("Index Cond: (validation_id >="),
+            },
+            IndexedRead {
                 index: "postponed_nonce",
                 sql: self.sql(postponed::ORIGINAL_OF_NONCE),
                 // A nonce asked about again under a new validation id.

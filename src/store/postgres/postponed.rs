@@ -9,7 +9,8 @@ use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError
 use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::record::{
-    Decision, Delivery, NextDue, PostponedState, PostponedValidation, Repeat, Resolution,
+    Decision, Delivery, NextDue, PostponedPage, PostponedState, PostponedValidation, Repeat,
+    Resolution,
 };
 
 /// The statement that reads the validations of `state` (`{s}` for the schema). For
@@ -18,14 +19,41 @@ use crate::postponed::record::{
 /// waits is read without the rest (see [`PgStore::indexed_reads`]).
 pub(super) fn in_state_sql(state: PostponedState) -> String {
     let condition = match state {
-        PostponedState::Pending => "NOT final AND deliver_at IS NULL",
-        PostponedState::Queued => "deliver_at IS NOT NULL",
+        PostponedState::Pending | PostponedState::Queued => state_condition(Some(state)),
         PostponedState::Delivered | PostponedState::Conflict => "final",
     };
     format!(
         "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {condition} \
          ORDER BY validation_id"
     )
+}
+
+/// The statement that reads a page of the validations in `state` (any when `None`): ids
+/// from `$1` on, by id, at most `$2`. What waits is read through its partial index, as in
+/// [`in_state_sql`]; the rest along the primary key from `$1`, a delivered or refused one
+/// told apart by its record.
+pub(super) fn page_sql(state: Option<PostponedState>) -> String {
+    format!(
+        "SELECT validation_id, record::text FROM {{s}}.postponed \
+         WHERE {} AND validation_id >= $1 ORDER BY validation_id LIMIT $2",
+        state_condition(state)
+    )
+}
+
+/// The condition on a row of `postponed` that holds for a validation in `state`: for
+/// Pending and Queued, exactly the predicate of their partial index.
+fn state_condition(state: Option<PostponedState>) -> &'static str {
+    match state {
+        None => "true",
+        Some(PostponedState::Pending) => "NOT final AND deliver_at IS NULL",
+        Some(PostponedState::Queued) => "deliver_at IS NOT NULL",
+        Some(PostponedState::Delivered) => {
+            "final AND record->'result'->'delivery'->>'state' = 'delivered'"
+        }
+        Some(PostponedState::Conflict) => {
+            "final AND record->'result'->'delivery'->>'state' = 'conflict'"
+        }
+    }
 }
 
 /// The statement that reads, and locks, the validation that holds nonce `$1`'s decision:
@@ -243,6 +271,29 @@ impl PostponedStore for PgStore {
             .fetch_all(self.pool())
             .await?;
             records(&rows)
+        })
+    }
+
+    fn postponed_page(
+        &self,
+        state: Option<PostponedState>,
+        after: Option<ValidationId>,
+        limit: usize,
+    ) -> StoreFuture<'_, PostponedPage> {
+        Box::pin(async move {
+            let from = match after {
+                None => i64::MIN,
+                Some(after) => match after.get().checked_add(1) {
+                    Some(from) => from,
+                    None => return Ok(PostponedPage::default()),
+                },
+            };
+            let rows = sqlx::query(&self.sql(&page_sql(state)))
+                .bind(from)
+                .bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX))
+                .fetch_all(self.pool())
+                .await?;
+            Ok(PostponedPage::of(records(&rows)?, limit))
         })
     }
 
