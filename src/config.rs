@@ -328,8 +328,36 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    text.parse::<toml::Table>()
-        .map_err(|e| syntax_error(&path.display().to_string(), &text, &e))
+    let table = text
+        .parse::<toml::Table>()
+        .map_err(|e| syntax_error(&path.display().to_string(), &text, &e))?;
+    let secrets = secrets_in(&table);
+    if !secrets.is_empty() {
+        crate::secret::warn_if_readable_by_others(path, &secrets.join(", "));
+    }
+    Ok(table)
+}
+
+/// The secret keys (see [`SECRET_KEYS`]) `table` sets to a value that is not empty.
+fn secrets_in(table: &toml::Table) -> Vec<String> {
+    SECRET_KEYS
+        .iter()
+        .filter(|path| {
+            secret_value(table, path).is_some_and(|v| v.as_str().is_none_or(|s| !s.is_empty()))
+        })
+        .map(|path| path.join("."))
+        .collect()
+}
+
+/// The value at `path` in `table`, if set.
+fn secret_value<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+    let mut value = None;
+    let mut current = Some(table);
+    for name in path {
+        value = current.and_then(|t| t.get(*name));
+        current = value.and_then(toml::Value::as_table);
+    }
+    value
 }
 
 /// A TOML syntax error, told by its position and what is wrong — never by quoting the
@@ -378,13 +406,7 @@ fn is_secret(path: &[String]) -> bool {
 /// (`invalid type: integer `12345678`, expected a string`).
 fn check_secrets_are_strings(table: &toml::Table) -> Result<(), ConfigError> {
     for path in SECRET_KEYS {
-        let mut value = None;
-        let mut current = Some(table);
-        for name in path {
-            value = current.and_then(|t| t.get(*name));
-            current = value.and_then(toml::Value::as_table);
-        }
-        if value.is_some_and(|v| !v.is_str()) {
+        if secret_value(table, path).is_some_and(|v| !v.is_str()) {
             return Err(ConfigError::Invalid {
                 key: path.join("."),
                 reason: "must be a string (the value is not shown: it is a secret)".to_owned(),

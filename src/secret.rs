@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::path::Path;
 
 /// A string that redacts itself in `Debug` output.
 ///
@@ -52,5 +53,59 @@ impl From<String> for Secret {
 impl From<&str> for Secret {
     fn from(value: &str) -> Self {
         Self(value.to_owned())
+    }
+}
+
+/// Warns when the file at `path`, which holds `holding` (the secret's name, never its
+/// value), can be read by users other than its owner: its group's or others' read
+/// permission is set (Unix), so anyone on the machine who reads it holds the secret. A
+/// warning, not a refusal: an orchestrator's mounted secrets are often readable by all
+/// (`0644`) inside a container that has one user. Nothing on other systems, or when the
+/// file's permissions cannot be read (reading it then fails with its own error).
+pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
+    if let Some(mode) = readable_by_others(path) {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format_args!("{mode:04o}"),
+            "{} holds {holding} and can be read by users other than its owner: restrict it \
+             (chmod 600 {})",
+            path.display(),
+            path.display()
+        );
+    }
+}
+
+/// The permission bits of the file at `path` when its group or others may read it.
+#[cfg(unix)]
+fn readable_by_others(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    (mode & 0o044 != 0).then_some(mode)
+}
+
+#[cfg(not(unix))]
+fn readable_by_others(_: &Path) -> Option<u32> {
+    None
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_file_is_readable_by_others_when_its_group_or_others_may_read_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "token").unwrap();
+        for (mode, readable) in [(0o600, false), (0o400, false), (0o640, true), (0o604, true)] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                readable_by_others(&path),
+                readable.then_some(mode),
+                "{mode:o}"
+            );
+        }
+        assert_eq!(readable_by_others(&dir.path().join("missing")), None);
     }
 }

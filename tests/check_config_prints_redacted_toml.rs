@@ -38,6 +38,13 @@ username = "aggregator"
         ),
     )
     .unwrap();
+    // Readable by its owner alone, as a file holding secrets should be (otherwise the
+    // command warns on stderr).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     file
 }
 

@@ -133,7 +133,14 @@ fn gateway_files(dir: &std::path::Path) {
         .unwrap();
     std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
     std::fs::write(dir.join("client.pem"), client.pem()).unwrap();
-    std::fs::write(dir.join("client-key.pem"), client_key.serialize_pem()).unwrap();
+    let key_file = dir.join("client-key.pem");
+    std::fs::write(&key_file, client_key.serialize_pem()).unwrap();
+    // Readable by its owner alone, as a private key should be (otherwise the commands warn).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
 }
 
 /// The variables a variable needs beside it to be valid alone: an endpoint's method and

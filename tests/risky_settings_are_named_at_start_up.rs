@@ -6,6 +6,8 @@
 //!   itself, so that is the default.
 //! * A retention shorter than the aggregator's retries of one callback may last: a late
 //!   retry is refused 409 (not booked twice, but not booked).
+//! * A file holding a secret — a configuration file with a password or a token, the
+//!   gateway's client key — that users other than its owner can read.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -78,4 +80,105 @@ fn a_retention_shorter_than_the_retries_is_named_and_the_default_is_not() {
     );
     let quiet = callback_warnings_of(test_config());
     assert!(!quiet.contains("store.retention"), "{quiet}");
+}
+
+/// What runs `read` logs at WARN.
+fn warnings_while(read: impl FnOnce()) -> String {
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let logs = captured_logs(tracing::Level::WARN);
+    logs.lock().unwrap().clear();
+    read();
+    String::from_utf8(logs.lock().unwrap().clone()).unwrap()
+}
+
+/// Sets the permission bits of the file at `path`.
+#[cfg(unix)]
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn a_configuration_file_holding_a_secret_that_others_can_read_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payhook.toml");
+    std::fs::write(
+        &file,
+        "[admin]\ntoken = \"tok-3f9a1c-5e8b2d7a0c\"\n[gateway]\npassword = \"pw-77d2\"\n",
+    )
+    .unwrap();
+    let load = || {
+        Config::load(Some(&file), []).unwrap();
+    };
+    chmod(&file, 0o644);
+    let warned = warnings_while(load);
+    assert!(
+        warned.contains(
+            "holds gateway.password, admin.token and can be read by users other than its owner"
+        ),
+        "{warned}"
+    );
+    assert!(
+        warned.contains(&format!("chmod 600 {}", file.display())),
+        "{warned}"
+    );
+    assert!(warned.contains("0644"), "{warned}");
+    assert!(
+        !warned.contains("tok-3f9a1c-5e8b2d7a0c") && !warned.contains("pw-77d2"),
+        "{warned}"
+    );
+
+    chmod(&file, 0o600);
+    let quiet = warnings_while(load);
+    assert!(!quiet.contains("can be read by users"), "{quiet}");
+
+    // A file without a secret may be read by anyone.
+    std::fs::write(&file, "[server]\nbody_limit = 65536\n").unwrap();
+    chmod(&file, 0o644);
+    let quiet = warnings_while(load);
+    assert!(!quiet.contains("can be read by users"), "{quiet}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_client_key_others_can_read_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["shop.example".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_file, key_file) = (
+        dir.path().join("client.pem"),
+        dir.path().join("client-key.pem"),
+    );
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let config = payhook::gateway::GatewayConfig {
+        auth_url: Some("https://aggregator.example".into()),
+        gateway_url: Some("https://aggregator.example".into()),
+        username: Some("shop".into()),
+        password: Some("password".into()),
+        client_cert_file: Some(cert_file),
+        client_key_file: Some(key_file.clone()),
+        ..payhook::gateway::GatewayConfig::default()
+    };
+    let build = || {
+        payhook::gateway::GatewayClient::new(&config).unwrap();
+    };
+    chmod(&key_file, 0o640);
+    let warned = warnings_while(build);
+    assert!(
+        warned.contains(&format!(
+            "{} holds the gateway's client key and can be read by users other than its owner",
+            key_file.display()
+        )),
+        "{warned}"
+    );
+    chmod(&key_file, 0o600);
+    let quiet = warnings_while(build);
+    assert!(!quiet.contains("can be read by users"), "{quiet}");
 }

@@ -175,6 +175,7 @@ fn tls_config(
         None => Ok(builder.with_no_client_auth()),
         Some((cert, key)) => {
             let chain = read_certificates(cert, "gateway.client_cert_file")?;
+            crate::secret::warn_if_readable_by_others(key, "the gateway's client key");
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                 TransportError::new(
                     "gateway.client_key_file",

@@ -494,6 +494,11 @@ pub struct Due {
     pub next: Option<DateTime<Utc>>,
 }
 
+/// How long a postponed record that cannot be decoded is left out of what is due before it
+/// is read again (and logged again): it would otherwise be met, and logged at error level, on
+/// every pass of the outbox.
+pub(crate) const UNREADABLE_LEFT_FOR: Duration = Duration::from_secs(3600);
+
 /// A postponed validation read for the outbox or its deadline, or `None` when its record
 /// cannot be decoded: logged at error level and left out, so that one damaged record does
 /// not keep every other result from the aggregator (an error would fail each pass before any

@@ -89,6 +89,11 @@ struct Inner {
     commit_metrics: super::CommitMetrics,
     /// The failing pairs held, for `/metrics`.
     failing: Arc<super::failing::Count>,
+    /// Postponed validations whose record cannot be decoded, each left out of what is due
+    /// until the time (ms) it holds ([`super::UNREADABLE_LEFT_FOR`] after it was met): kept
+    /// in memory, where PostgreSQL moves the record's time on, since a fix needs the store
+    /// stopped anyway (one process holds it) and a restart reads it again.
+    left_out: Mutex<std::collections::HashMap<ValidationId, u64>>,
     _sweeper: Sweeper,
 }
 
@@ -194,6 +199,7 @@ impl SledStore {
                 writer,
                 commit_metrics,
                 failing,
+                left_out: Mutex::default(),
                 _sweeper: sweeper,
             }),
         })
@@ -1092,6 +1098,29 @@ impl SledStore {
 
     /// The records indexed under `prefix` whose time (the index value) is at or before
     /// `now_ms`; entries without a time are never due.
+    /// Until when (ms) validation `id`, whose record could not be decoded, is left out of
+    /// what is due.
+    fn left_out_until(&self, id: ValidationId) -> Option<u64> {
+        let left_out = self
+            .inner
+            .left_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        left_out.get(&id).copied()
+    }
+
+    /// Leaves validation `id`, whose record could not be decoded at `now_ms`, out of what is
+    /// due for [`super::UNREADABLE_LEFT_FOR`].
+    fn leave_out(&self, id: ValidationId, now_ms: u64) {
+        let left_for = u64::try_from(super::UNREADABLE_LEFT_FOR.as_millis()).unwrap_or(u64::MAX);
+        let mut left_out = self
+            .inner
+            .left_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        left_out.insert(id, now_ms.saturating_add(left_for));
+    }
+
     fn due(&self, prefix: &[u8], now_ms: u64) -> Result<Due, StoreError> {
         let mut due = Due::default();
         let mut next_ms: Option<u64> = None;
@@ -1108,9 +1137,16 @@ impl SledStore {
             let Some(id) = keys::id_of(&key) else {
                 continue;
             };
-            let read = self.postponed_now(id).transpose();
-            if let Some(record) = read.map(super::unless_unreadable).transpose()?.flatten() {
-                due.now.push(record);
+            if self.left_out_until(id).is_some_and(|until| until > now_ms) {
+                continue;
+            }
+            // Gone since its index entry was read: decided, delivered, purged.
+            let Some(read) = self.postponed_now(id).transpose() else {
+                continue;
+            };
+            match super::unless_unreadable(read)? {
+                Some(record) => due.now.push(record),
+                None => self.leave_out(id, now_ms),
             }
         }
         due.next = next_ms.map(time_from_ms);
@@ -1399,6 +1435,42 @@ mod tests {
         let id = format!("{:?}", Some(crate::model::ValidationId::new(-42)));
         assert_eq!(named(store.postponed_all_now().map(|p| p.len())), id);
         assert_eq!(named(store.postponed_settled_now(10).map(|p| p.len())), id);
+    }
+
+    /// A postponed record that cannot be decoded is left out of what is due, and not read
+    /// (nor logged) again for an hour, rather than on every pass of the outbox; the others
+    /// are due as ever, and it is read again once the hour is over.
+    #[test]
+    fn an_unreadable_postponed_record_is_left_out_of_what_is_due_for_an_hour() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let tree = &store.inner.tree;
+        let due_at = |id: i64, record: &[u8]| {
+            let id = crate::model::ValidationId::new(id);
+            tree.insert(keys::by_id(keys::POSTPONED_PREFIX, id), record)
+                .unwrap();
+            tree.insert(
+                keys::by_id(keys::OUTBOX_PREFIX, id),
+                &1_000u64.to_be_bytes(),
+            )
+            .unwrap();
+        };
+        let readable =
+            |id| serde_json::to_vec(&PostponedValidation::pending_for_tests(id)).unwrap();
+        due_at(21, b"{");
+        due_at(22, &readable(22));
+        let due_ids = |now_ms| -> Vec<i64> {
+            let due = store.due(keys::OUTBOX_PREFIX, now_ms).unwrap();
+            due.now.iter().map(|v| v.validation_id.get()).collect()
+        };
+        let met = 2_000;
+        assert_eq!(due_ids(met), [22], "the other one is due");
+        let hour = u64::try_from(super::super::UNREADABLE_LEFT_FOR.as_millis()).unwrap();
+        assert_eq!(store.left_out_until(21.into()), Some(met + hour));
+        // Repaired meanwhile (as a restart would find it): not read again within the hour.
+        due_at(21, &readable(21));
+        assert_eq!(due_ids(met + hour - 1), [22]);
+        assert_eq!(due_ids(met + hour), [21, 22], "read again after the hour");
     }
 
     /// `/metrics` reads the failing pairs' count on every scrape, so it is counted once at

@@ -415,13 +415,10 @@ fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, S
         .collect()
 }
 
-/// How long a postponed record that cannot be decoded is left before it is read again.
-const UNREADABLE_LEFT_FOR: &str = "interval '1 hour'";
-
 impl PgStore {
     /// [`records`] for the outbox and the deadlines: a record that cannot be decoded is left
     /// out ([`super::super::unless_unreadable`]), and its time in `column` (`deliver_at`,
-    /// `deadline_at`) moved an hour on, with its lease ended: it would otherwise come first
+    /// `deadline_at`) moved [`super::super::UNREADABLE_LEFT_FOR`] on, with its lease ended: it would otherwise come first
     /// in every batch, taken again each pass, until enough of them kept every other record
     /// out of the batch.
     async fn due_records(
@@ -440,8 +437,9 @@ impl PgStore {
             }
         }
         if !unreadable.is_empty() {
+            let left_for = super::super::UNREADABLE_LEFT_FOR.as_secs();
             sqlx::query(&self.sql(&format!(
-                "UPDATE {{s}}.postponed SET {column} = now() + {UNREADABLE_LEFT_FOR}, \
+                "UPDATE {{s}}.postponed SET {column} = now() + make_interval(secs => {left_for}), \
                    lease_owner = NULL, lease_until = NULL \
                  WHERE validation_id = ANY($1) AND {column} IS NOT NULL"
             )))
