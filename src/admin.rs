@@ -239,7 +239,7 @@ impl ValidationsCommand {
                     (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
-                let mut listing = ValidationsOut::new(out, json)?;
+                let mut listing = ValidationsOut::new(out, json);
                 let resolver = &resolver;
                 each_validations_page(
                     |after| async move {
@@ -526,10 +526,13 @@ impl AdminClient {
         after: Option<ValidationId>,
         limit: usize,
     ) -> Result<PostponedPage, AdminError> {
-        let mut path = format!("validations?limit={}", limit.max(1));
+        // `state` first: a service from before pages read the query's start as the state,
+        // and refuses `state=pending&limit=…` (400) rather than answering every state.
+        let mut path = String::from("validations?");
         if let Some(state) = state {
-            let _ = write!(path, "&state={}", state.as_str());
+            let _ = write!(path, "state={}&", state.as_str());
         }
+        let _ = write!(path, "limit={}", limit.max(1));
         if let Some(after) = after {
             let _ = write!(path, "&after={after}");
         }
@@ -604,7 +607,7 @@ impl AdminCommand {
                     (_, true) => Some(PostponedState::Conflict),
                     _ => None,
                 };
-                let mut listing = ValidationsOut::new(out, json)?;
+                let mut listing = ValidationsOut::new(out, json);
                 each_validations_page(
                     |after| {
                         client.validations_page(state, after, crate::server::VALIDATIONS_PAGE_LIMIT)
@@ -995,28 +998,42 @@ where
 
 /// A listing of postponed validations written as its pages are read — the text's lines
 /// under one header, or one JSON array — so that the command holds one page at a time, not
-/// the retention period's records.
+/// the retention period's records. Nothing is written before the first page is read (a
+/// refused token prints no header); a failure on a later page leaves the pages before it
+/// written, and the command fails.
 struct ValidationsOut<'a> {
     out: &'a mut dyn Write,
     json: bool,
+    opened: bool,
     listed: usize,
 }
 
 impl<'a> ValidationsOut<'a> {
-    fn new(out: &'a mut dyn Write, json: bool) -> Result<Self, AdminError> {
-        if json {
-            out.write_all(b"[")?;
-        } else {
-            out.write_all(validations_header().as_bytes())?;
-        }
-        Ok(Self {
+    fn new(out: &'a mut dyn Write, json: bool) -> Self {
+        Self {
             out,
             json,
+            opened: false,
             listed: 0,
-        })
+        }
+    }
+
+    /// The header, or the array's `[`, once.
+    fn open(&mut self) -> Result<(), AdminError> {
+        if !self.opened {
+            let opening = if self.json {
+                "[".to_owned()
+            } else {
+                validations_header()
+            };
+            self.out.write_all(opening.as_bytes())?;
+            self.opened = true;
+        }
+        Ok(())
     }
 
     fn page(&mut self, page: &[PostponedValidation]) -> Result<(), AdminError> {
+        self.open()?;
         for validation in page {
             if self.json {
                 // As `serde_json::to_writer_pretty` writes an array: each element indented
@@ -1034,7 +1051,8 @@ impl<'a> ValidationsOut<'a> {
         Ok(())
     }
 
-    fn finish(self) -> Result<(), AdminError> {
+    fn finish(mut self) -> Result<(), AdminError> {
+        self.open()?;
         let end: &[u8] = match (self.json, self.listed) {
             (true, 0) => b"]\n",
             (true, _) => b"\n]\n",
@@ -1196,6 +1214,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_listing_whose_first_page_failed_writes_nothing() {
+        let mut out = Vec::new();
+        {
+            let _listing = ValidationsOut::new(&mut out, true);
+        }
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn a_listing_written_a_page_at_a_time_reads_as_one_written_whole() {
         let all: Vec<_> = (1..=3)
             .map(PostponedValidation::pending_for_tests)
@@ -1203,7 +1230,7 @@ mod tests {
         for listed in [&all[..0], &all[..1], &all[..]] {
             for json in [true, false] {
                 let mut paged = Vec::new();
-                let mut listing = ValidationsOut::new(&mut paged, json).unwrap();
+                let mut listing = ValidationsOut::new(&mut paged, json);
                 for page in listed.chunks(2) {
                     listing.page(page).unwrap();
                 }

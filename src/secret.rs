@@ -68,9 +68,9 @@ pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
             file = %path.display(),
             mode = format_args!("{mode:04o}"),
             "{} holds {holding} and can be read by users other than its owner: restrict it \
-             (chmod 600 {})",
+             (chmod 600 {:?})",
             path.display(),
-            path.display()
+            path.display().to_string()
         );
     }
 }

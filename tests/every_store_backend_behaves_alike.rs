@@ -946,7 +946,44 @@ async fn each_state_lists_exactly_its_validations_and_the_settled_latest_first(b
 behaviour!(each_state_is_listed_a_page_at_a_time_by_id);
 async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
     one_in_each_state(b).await;
+    // The ends of the ids' range; and a delivered and a refused record holding U+0000,
+    // which PostgreSQL cannot read inside a `json` value: a page never looks inside one.
+    postpone(b, i64::MIN).await;
+    decide(b, i64::MAX).await;
+    for (id, delivered) in [(30, true), (31, false)] {
+        let mut request = validation(&format!("p-nul-{id}"), id, "10");
+        request.provider_data = serde_json::json!({"note\u{0}": ["a\u{0}b"]});
+        postpone_request(b, request).await;
+        b.shared
+            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+            .await
+            .unwrap();
+        if delivered {
+            deliver(b, id).await;
+        } else {
+            refuse(b, id).await;
+        }
+    }
     let all = b.shared.postponed_all().await.unwrap();
+    let ids: Vec<i64> = all.iter().map(|v| v.validation_id.get()).collect();
+    assert_eq!(
+        ids,
+        [
+            i64::MIN,
+            -29,
+            -28,
+            -27,
+            21,
+            22,
+            23,
+            24,
+            25,
+            26,
+            30,
+            31,
+            i64::MAX
+        ]
+    );
     let states = [None].into_iter().chain(PostponedState::ALL.map(Some));
     for state in states {
         let expected: Vec<i64> = all
@@ -965,14 +1002,16 @@ async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
             Some(0),
         ]
         .into_iter()
-        .chain([Some(22), Some(25), Some(26), Some(i64::MAX)]);
+        .chain([Some(22), Some(25), Some(26), Some(30), Some(i64::MAX - 1)])
+        .chain([Some(i64::MAX)]);
         for after in starts {
             let following: Vec<i64> = expected
                 .iter()
                 .copied()
                 .filter(|id| after.is_none_or(|after| *id > after))
                 .collect();
-            for limit in 1..=following.len() + 1 {
+            // A limit of 0 is taken as 1.
+            for limit in 0..=following.len() + 1 {
                 let page = b
                     .shared
                     .postponed_page(state, after.map(Into::into), limit)
@@ -984,6 +1023,7 @@ async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
                     .map(|v| v.validation_id.get())
                     .collect();
                 let at = format!("{state:?} after {after:?}, {limit} a page");
+                let limit = limit.max(1);
                 assert_eq!(ids, following[..limit.min(following.len())], "{at}");
                 let next = (following.len() > limit).then(|| ids[limit - 1].into());
                 assert_eq!(page.next, next, "{at}: the next page starts after its last");
@@ -1702,8 +1742,9 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         planned,
         [
             "postponed_pending",
-            "postponed_outbox",
+            "postponed_queued",
             "postponed_pending",
+            "postponed_queued",
             "postponed_pkey",
             "postponed_nonce",
             "callback_failures_latest",
@@ -1726,7 +1767,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     }
     drop(store);
     sqlx::raw_sql(&format!(
-        "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_nonce; \
+        "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_queued; \
+         DROP INDEX {0}.postponed_nonce; \
          DROP INDEX {0}.callback_failures_latest; DROP TABLE {0}.callback_failures_count; \
          DROP TRIGGER callback_failures_counted ON {0}.callback_failures",
         db.schema
@@ -1758,6 +1800,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     drop(store);
     for index in [
         "postponed_pending",
+        "postponed_queued",
         "postponed_nonce",
         "callback_failures_latest",
     ] {

@@ -391,7 +391,7 @@ impl Resolver {
     }
 
     /// A page of the postponed validations in `state` (in any when `None`): at most `limit`
-    /// of those whose id follows `after` (from the lowest without it), by id, and the
+    /// (0 is taken as 1) of those whose id follows `after` (from the lowest without it), by id, and the
     /// `after` of the next page while more follow. How a listing that may hold the whole
     /// retention period's records is read without holding them all (see
     /// [`PostponedStore::postponed_page`]).

@@ -699,8 +699,9 @@ pub trait PostponedStore: Send + Sync + 'static {
         Box::pin(async move { Ok(in_state(self.postponed_all().await?, state)) })
     }
 
-    /// At most `limit` postponed validations in `state` (in any when `None`) whose id
-    /// follows `after` (from the lowest without it), by id, and where the next page starts:
+    /// At most `limit` postponed validations (0 is taken as 1) in `state` (in any when
+    /// `None`) whose id follows `after` (from the lowest without it), by id, and where the
+    /// next page starts:
     /// how the operating API and `payhook validations list` read a listing that may hold the
     /// whole retention period's records (30 days of them by default), a page at a time.
     ///
@@ -717,6 +718,7 @@ pub trait PostponedStore: Send + Sync + 'static {
         limit: usize,
     ) -> StoreFuture<'_, PostponedPage> {
         Box::pin(async move {
+            let limit = limit.max(1);
             let listed = match state {
                 Some(state) => self.postponed_in(state).await?,
                 None => self.postponed_all().await?,

@@ -855,6 +855,7 @@ impl SledStore {
         after: Option<ValidationId>,
         limit: usize,
     ) -> Result<PostponedPage, StoreError> {
+        let limit = limit.max(1);
         let wanted = limit.saturating_add(1);
         let found = match state.map(|state| (state, index_of(state))) {
             Some((state, Some(index))) => {
@@ -1096,8 +1097,6 @@ impl SledStore {
         self.submit(Job::Postponed { op, reply }, receiver)
     }
 
-    /// The records indexed under `prefix` whose time (the index value) is at or before
-    /// `now_ms`; entries without a time are never due.
     /// Until when (ms) validation `id`, whose record could not be decoded, is left out of
     /// what is due.
     fn left_out_until(&self, id: ValidationId) -> Option<u64> {
@@ -1110,17 +1109,22 @@ impl SledStore {
     }
 
     /// Leaves validation `id`, whose record could not be decoded at `now_ms`, out of what is
-    /// due for [`super::UNREADABLE_LEFT_FOR`].
-    fn leave_out(&self, id: ValidationId, now_ms: u64) {
+    /// due for [`super::UNREADABLE_LEFT_FOR`] (`None`: takes it back, read or gone).
+    fn leave_out(&self, id: ValidationId, now_ms: Option<u64>) {
         let left_for = u64::try_from(super::UNREADABLE_LEFT_FOR.as_millis()).unwrap_or(u64::MAX);
         let mut left_out = self
             .inner
             .left_out
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        left_out.insert(id, now_ms.saturating_add(left_for));
+        match now_ms {
+            Some(now_ms) => left_out.insert(id, now_ms.saturating_add(left_for)),
+            None => left_out.remove(&id),
+        };
     }
 
+    /// The records indexed under `prefix` whose time (the index value) is at or before
+    /// `now_ms`; entries without a time are never due.
     fn due(&self, prefix: &[u8], now_ms: u64) -> Result<Due, StoreError> {
         let mut due = Due::default();
         let mut next_ms: Option<u64> = None;
@@ -1137,16 +1141,24 @@ impl SledStore {
             let Some(id) = keys::id_of(&key) else {
                 continue;
             };
-            if self.left_out_until(id).is_some_and(|until| until > now_ms) {
+            let left_out = self.left_out_until(id);
+            if left_out.is_some_and(|until| until > now_ms) {
                 continue;
             }
-            // Gone since its index entry was read: decided, delivered, purged.
-            let Some(read) = self.postponed_now(id).transpose() else {
-                continue;
+            let read = self.postponed_now(id).transpose();
+            let unreadable = match read.map(super::unless_unreadable).transpose()? {
+                Some(Some(record)) => {
+                    due.now.push(record);
+                    false
+                }
+                Some(None) => true,
+                // Gone since its index entry was read: decided, delivered, purged.
+                None => false,
             };
-            match super::unless_unreadable(read)? {
-                Some(record) => due.now.push(record),
-                None => self.leave_out(id, now_ms),
+            if unreadable {
+                self.leave_out(id, Some(now_ms));
+            } else if left_out.is_some() {
+                self.leave_out(id, None);
             }
         }
         due.next = next_ms.map(time_from_ms);
@@ -1471,6 +1483,11 @@ mod tests {
         due_at(21, &readable(21));
         assert_eq!(due_ids(met + hour - 1), [22]);
         assert_eq!(due_ids(met + hour), [21, 22], "read again after the hour");
+        assert_eq!(
+            store.left_out_until(21.into()),
+            None,
+            "and no longer left out"
+        );
     }
 
     /// `/metrics` reads the failing pairs' count on every scrape, so it is counted once at

@@ -338,7 +338,7 @@ impl PgStore {
                 condition: None,
             },
             IndexedRead {
-                index: "postponed_outbox",
+                index: "postponed_queued",
                 sql: self.sql(&postponed::in_state_sql(PostponedState::Queued)),
                 parameters: &[],
                 condition: None,
@@ -347,6 +347,13 @@ impl PgStore {
                 index: "postponed_pending",
                 sql: self.sql(&postponed::page_sql(Some(PostponedState::Pending))),
                 // A page of the validations waiting for a decision, after the one before.
+                parameters: &[("bigint", "1001"), ("bigint", "1001")],
+                condition: Some("Index Cond: (validation_id >="),
+            },
+            IndexedRead {
+                index: "postponed_queued",
+                sql: self.sql(&postponed::page_sql(Some(PostponedState::Queued))),
+                // A page of the results waiting for delivery, after the one before.
                 parameters: &[("bigint", "1001"), ("bigint", "1001")],
                 condition: Some("Index Cond: (validation_id >="),
             },

@@ -15,23 +15,23 @@ use crate::postponed::record::{
 
 /// The statement that reads the validations of `state` (`{s}` for the schema). For
 /// Pending and Queued its condition is exactly the predicate of a partial index
-/// (`postponed_pending` in `schema.rs`, `postponed_outbox` in `0001_tables.sql`): what
-/// waits is read without the rest (see [`PgStore::indexed_reads`]).
+/// (`postponed_pending` and `postponed_queued` in `schema.rs`): what waits is read without
+/// the rest (see [`PgStore::indexed_reads`]). Delivered and
+/// refused ones are both `final`, told apart once decoded.
 pub(super) fn in_state_sql(state: PostponedState) -> String {
-    let condition = match state {
-        PostponedState::Pending | PostponedState::Queued => state_condition(Some(state)),
-        PostponedState::Delivered | PostponedState::Conflict => "final",
-    };
     format!(
-        "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {condition} \
-         ORDER BY validation_id"
+        "SELECT validation_id, record::text FROM {{s}}.postponed WHERE {} \
+         ORDER BY validation_id",
+        state_condition(Some(state))
     )
 }
 
 /// The statement that reads a page of the validations in `state` (any when `None`): ids
-/// from `$1` on, by id, at most `$2`. What waits is read through its partial index, as in
-/// [`in_state_sql`]; the rest along the primary key from `$1`, a delivered or refused one
-/// told apart by its record.
+/// from `$1` on, by id, at most `$2`. What waits is read through its partial index by id
+/// (`postponed_pending`, `postponed_queued` in `schema.rs`); the rest along the primary key
+/// from `$1`. Delivered and refused ones are both `final`: the caller tells them apart once
+/// decoded — never in SQL, where reading inside a `json` record fails on a `\u0000`
+/// anywhere in it (see `0003_records_as_json_text.sql`).
 pub(super) fn page_sql(state: Option<PostponedState>) -> String {
     format!(
         "SELECT validation_id, record::text FROM {{s}}.postponed \
@@ -40,19 +40,15 @@ pub(super) fn page_sql(state: Option<PostponedState>) -> String {
     )
 }
 
-/// The condition on a row of `postponed` that holds for a validation in `state`: for
-/// Pending and Queued, exactly the predicate of their partial index.
+/// The condition on a row of `postponed` that holds for a validation in `state` (any when
+/// `None`): for Pending and Queued, exactly the predicate of their partial indexes; for
+/// Delivered and Conflict, `final`, which holds for both.
 fn state_condition(state: Option<PostponedState>) -> &'static str {
     match state {
         None => "true",
         Some(PostponedState::Pending) => "NOT final AND deliver_at IS NULL",
         Some(PostponedState::Queued) => "deliver_at IS NOT NULL",
-        Some(PostponedState::Delivered) => {
-            "final AND record->'result'->'delivery'->>'state' = 'delivered'"
-        }
-        Some(PostponedState::Conflict) => {
-            "final AND record->'result'->'delivery'->>'state' = 'conflict'"
-        }
+        Some(PostponedState::Delivered | PostponedState::Conflict) => "final",
     }
 }
 
@@ -281,19 +277,34 @@ impl PostponedStore for PgStore {
         limit: usize,
     ) -> StoreFuture<'_, PostponedPage> {
         Box::pin(async move {
-            let from = match after {
-                None => i64::MIN,
-                Some(after) => match after.get().checked_add(1) {
-                    Some(from) => from,
-                    None => return Ok(PostponedPage::default()),
-                },
-            };
-            let rows = sqlx::query(&self.sql(&page_sql(state)))
-                .bind(from)
-                .bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX))
-                .fetch_all(self.pool())
-                .await?;
-            Ok(PostponedPage::of(records(&rows)?, limit))
+            let limit = limit.max(1);
+            let wanted = limit.saturating_add(1);
+            let sql = self.sql(&page_sql(state));
+            let mut found = Vec::new();
+            let mut from = after.map_or(Some(i64::MIN), |after| after.get().checked_add(1));
+            // One read, but for a delivered or refused page: `final` holds both, so reads
+            // go on from the last row read until the page is full or the rows end.
+            while let Some(start) = from {
+                let rows = sqlx::query(&sql)
+                    .bind(start)
+                    .bind(i64::try_from(wanted).unwrap_or(i64::MAX))
+                    .fetch_all(self.pool())
+                    .await?;
+                let read = records(&rows)?;
+                let ended = read.len() < wanted;
+                from = read
+                    .last()
+                    .and_then(|last| last.validation_id.get().checked_add(1));
+                found.extend(
+                    read.into_iter()
+                        .filter(|v| state.is_none_or(|state| v.state() == state)),
+                );
+                if ended || found.len() >= wanted {
+                    break;
+                }
+            }
+            found.truncate(wanted);
+            Ok(PostponedPage::of(found, limit))
         })
     }
 
@@ -418,9 +429,9 @@ fn records(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<PostponedValidation>, S
 impl PgStore {
     /// [`records`] for the outbox and the deadlines: a record that cannot be decoded is left
     /// out ([`super::super::unless_unreadable`]), and its time in `column` (`deliver_at`,
-    /// `deadline_at`) moved [`super::super::UNREADABLE_LEFT_FOR`] on, with its lease ended: it would otherwise come first
-    /// in every batch, taken again each pass, until enough of them kept every other record
-    /// out of the batch.
+    /// `deadline_at`) moved [`super::super::UNREADABLE_LEFT_FOR`] on, with its lease ended:
+    /// it would otherwise come first in every batch, taken again each pass, until enough of
+    /// them kept every other record out of the batch.
     async fn due_records(
         &self,
         rows: &[sqlx::postgres::PgRow],

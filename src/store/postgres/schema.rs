@@ -58,10 +58,18 @@ struct ReadIndex {
 const READ_INDEXES: &[ReadIndex] = &[
     // The validations waiting for a decision, read on their own by a review loop every few
     // seconds among the retention period's delivered ones (30 days by default); those
-    // awaiting delivery have `postponed_outbox`, the final ones `postponed_expiry`.
+    // awaiting delivery have `postponed_outbox` and `postponed_queued`, the final ones
+    // `postponed_expiry`.
     ReadIndex {
         name: "postponed_pending",
         definition: "ON {schema}.postponed (validation_id) WHERE NOT final AND deliver_at IS NULL",
+    },
+    // The results waiting for delivery by id, read a page at a time by the operating API
+    // and the inspector's outbox panel (every second); `postponed_outbox` has them by the
+    // time they fall due.
+    ReadIndex {
+        name: "postponed_queued",
+        definition: "ON {schema}.postponed (validation_id) WHERE deliver_at IS NOT NULL",
     },
     // The validations of a nonce, read when the aggregator asks again about a validated
     // nonce under a new validation id, to find the one that holds its decision.
