@@ -301,6 +301,80 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
     assert_eq!(gateway.with(|s| s.posts.len()), 1, "a 403 is final");
 }
 
+/// A 403 that is not the aggregator's (no `{"message": …}` body: a role the merchant's
+/// user lacks, a firewall) says nothing about the result: it is tried again, not recorded
+/// as a conflict, which would leave the result undelivered for good.
+#[tokio::test]
+async fn a_403_without_the_aggregators_error_body_is_tried_again() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.bare_failures = true;
+        s.fail_next.push_back(403);
+    });
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    let body = validation("postpone", "n-bare-403", ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    server
+        .app
+        .resolver()
+        .unwrap()
+        .resolve(ID, Decision::allow("approved"))
+        .await
+        .unwrap();
+    state_of(&server, ID, PostponedState::Delivered).await;
+    assert_eq!(
+        gateway.with(|s| s.attempted.clone()),
+        [ID, ID],
+        "tried again"
+    );
+    assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
+    assert_eq!(server.app.outbox().unwrap().conflicts(), 0);
+}
+
+/// The next attempt waits from the end of the failed one, not its start: a post that took
+/// longer than the wait (a slow aggregator, a timeout) is not tried again at once.
+#[tokio::test]
+async fn the_wait_before_the_next_attempt_runs_from_the_end_of_the_failed_one() {
+    let gateway = FakeGateway::start().await;
+    let post = Duration::from_millis(1_000);
+    gateway.with(|s| {
+        s.post_delay = post;
+        s.fail_next.push_back(503);
+    });
+    let mut config = awaitable_config(&gateway);
+    config.validation.retry_schedule = vec![Duration::from_secs(1)];
+    let server = TestServer::start_with(config).await;
+    let body = validation("postpone", "n-slow", ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let resolver = server.app.resolver().unwrap();
+    resolver
+        .resolve(ID, Decision::allow("approved"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    let (decided, next_attempt) = loop {
+        let result = resolver.get(ID).await.unwrap().unwrap().result.unwrap();
+        if let Delivery::Queued {
+            attempts: 1,
+            next_attempt,
+            ..
+        } = result.delivery
+        {
+            break (result.decided, next_attempt);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no failed attempt");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The post began after the decision and took `post`; the wait is 1 s less its jitter.
+    let least = chrono::TimeDelta::from_std(post + Duration::from_millis(800)).unwrap();
+    assert!(
+        next_attempt - decided >= least,
+        "next attempt {} after the decision",
+        next_attempt - decided
+    );
+    state_of(&server, ID, PostponedState::Delivered).await;
+}
+
 #[tokio::test]
 async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered() {
     let mut gateway = FakeGateway::start().await;
@@ -589,6 +663,48 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
             ..
         })
     ));
+}
+
+/// A repeat (the validation asked about again under a new id) has no deadline of its own:
+/// a decision on it after the original's deadline comes too late as one on the original
+/// would, since it decides both.
+#[tokio::test(start_paused = true)]
+async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = paused_app(&dir, |config| {
+        config.validation.deadline = Some(Duration::from_secs(300));
+    });
+    let resolver = app.resolver().unwrap();
+    assert_eq!(
+        validate(&app, "postpone", 20).await,
+        (200, "validation postponed".into())
+    );
+    let again = app.handle(validation_request("postpone", "n-20", 21)).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(
+        resolver.get(21).await.unwrap().unwrap().repeat_of,
+        Some(20.into())
+    );
+    tokio::time::advance(Duration::from_secs(301)).await;
+    let late = resolver.resolve(21, Decision::allow("checked, late")).await;
+    assert!(
+        matches!(
+            &late,
+            Err(ResolveError::Conflict {
+                recorded_success: false,
+                ..
+            })
+        ),
+        "{late:?}"
+    );
+    for id in [20, 21] {
+        let result = resolver.get(id).await.unwrap().unwrap().result.unwrap();
+        assert_eq!(
+            (result.success, result.description.as_str()),
+            (false, "validation timed out"),
+            "{id}"
+        );
+    }
 }
 
 /// A decision taken after the deadline, before the outbox's next pass applied it, comes too

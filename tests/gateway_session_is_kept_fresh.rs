@@ -197,6 +197,32 @@ async fn a_401_renews_the_session_once_and_retries_once() {
     );
 }
 
+/// An aggregator whose clock is behind this host's (or whose times come without their zone)
+/// hands out tokens that look expired on arrival: they are used until it refuses one, not
+/// renewed before every call.
+#[tokio::test]
+async fn a_token_that_looks_expired_on_arrival_is_used_until_refused() {
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.reported_skew = TimeDelta::minutes(-70));
+    for _ in 0..3 {
+        look_up(&client).await;
+    }
+    assert_eq!(
+        gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
+        (1, 0, 0),
+        "one login, its token used"
+    );
+    // Refused (expired by the aggregator's clock): renewed once, and used again.
+    gateway.with(|s| s.revoke_access_tokens());
+    for _ in 0..3 {
+        look_up(&client).await;
+    }
+    assert_eq!(
+        gateway.with(|s| (s.logins, s.refreshes, s.unauthorized)),
+        (1, 1, 1)
+    );
+}
+
 #[tokio::test]
 async fn a_second_401_is_an_error_not_a_loop() {
     let (gateway, client) = gateway_with_record().await;

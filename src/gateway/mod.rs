@@ -5,8 +5,10 @@
 //! in on first use, refreshes `refresh_margin` before `accessTokenExpiryUtc` (at most half
 //! the token's granted lifetime before it), logs in again
 //! when the refresh token has expired too, and on a 401 refreshes once and retries once.
-//! Concurrent callers share one login or refresh. Every call is bounded by
-//! `gateway.timeout`. TLS is rustls on the ring provider with the webpki roots; plain HTTP is
+//! Concurrent callers share one login or refresh. Every HTTP exchange is bounded by
+//! `gateway.timeout`; a call may make several (a renewal of the session — a refresh, then a
+//! login if the refresh is refused — and, after a 401, a renewal and the call again), and
+//! waits meanwhile for a renewal another caller has in progress. TLS is rustls on the ring provider with the webpki roots; plain HTTP is
 //! accepted on loopback hosts only (see [`GatewayConfig`]).
 //!
 //! The password and the tokens are [`Secret`]s: they appear in no log line and no `Debug`.
@@ -196,7 +198,19 @@ struct Answer {
 /// The most of an answer's message kept (the outbox's last error, a conflict's message).
 const MESSAGE_CHARS: usize = 200;
 
+/// The aggregator's error body (spec, section 7): `{"message": "..."}`.
+#[derive(serde::Deserialize)]
+struct Message {
+    message: String,
+}
+
 impl Answer {
+    /// Whether the body is the aggregator's error body, `{"message": "..."}`, as every error
+    /// of its own is (spec, section 7); a proxy's or a framework's refusal is not.
+    fn is_aggregators_error(&self) -> bool {
+        serde_json::from_slice::<Message>(&self.body).is_ok()
+    }
+
     fn json<T: DeserializeOwned>(&self) -> Result<T, GatewayError> {
         serde_json::from_slice(&self.body).map_err(|e| GatewayError::Decode {
             url: self.url.clone(),
@@ -215,10 +229,6 @@ impl Answer {
     /// of a proxy — would otherwise keep a password or token in the outbox's last error, the
     /// logs and the inspector.
     fn message_without(&self, secrets: &[&str]) -> String {
-        #[derive(serde::Deserialize)]
-        struct Message {
-            message: String,
-        }
         // Each secret as it is, and as the request carried it (escaped in JSON: a `"` or a
         // `\` in a password is sent as `\"` or `\\`).
         let token = self.token.as_ref().map(Secret::expose);
@@ -424,8 +434,10 @@ impl GatewayClient {
     ///
     /// # Errors
     ///
-    /// [`GatewayError::Conflict`] on a 403 (a different result was received before: final);
-    /// the other variants as for every call ([`GatewayError::is_transient`] tells whether to
+    /// [`GatewayError::Conflict`] on a 403 with the aggregator's error body (a different
+    /// result was received before: final); a 403 without one (`{"message": …}`, spec section
+    /// 7) is a [`GatewayError::Status`], tried again like any refusal; the other variants as
+    /// for every call ([`GatewayError::is_transient`] tells whether to
     /// try again).
     pub async fn post_validation_result(
         &self,
@@ -437,10 +449,16 @@ impl GatewayClient {
             let answer = self.authorized(Method::POST, &url, Some(body)).await?;
             match answer.status {
                 status if status.is_success() => Ok(()),
-                StatusCode::FORBIDDEN => Err(GatewayError::Conflict {
-                    validation_id: result.validation_id,
-                    message: answer.message(),
-                }),
+                // The aggregator's own 403 says it holds a different result. One without its
+                // error body — a role the merchant's user lacks, a firewall, a proxy — is no
+                // answer about the result: taken for final, the result would never be
+                // delivered; as any other refusal, it is tried again.
+                StatusCode::FORBIDDEN if answer.is_aggregators_error() => {
+                    Err(GatewayError::Conflict {
+                        validation_id: result.validation_id,
+                        message: answer.message(),
+                    })
+                }
                 _ => Err(answer.error()),
             }
         })

@@ -14,6 +14,9 @@
 //! The margin is `gateway.refresh_margin`, but at most half the lifetime the aggregator
 //! granted the token (measured when it arrived): a margin longer than the lifetime would
 //! make every token "about to expire" the moment it arrives, and every call refresh first.
+//! A token that arrives already expired by this host's clock (a clock ahead of the
+//! aggregator's, or its times sent without their zone) would have the same effect: it is
+//! used, with a warning, until the aggregator refuses it (401), which renews the session.
 //!
 //! A renewal that fails is not tried again by the callers that waited for it, nor by any
 //! other for [`RENEWAL_PAUSE`]: they get its error, or the token held while it has not
@@ -101,6 +104,11 @@ struct Held {
     session: LoginSession,
     /// The configured margin, or half the token's granted lifetime when that is shorter.
     margin: TimeDelta,
+    /// When its access token is taken to expire: the aggregator's expiry, or — for a token
+    /// that arrived already expired by this host's clock (a clock ahead of the aggregator's,
+    /// times sent without their zone) — never, until the aggregator refuses it (401, see
+    /// [`Sessions::reject`]); either way, the moment of a refusal.
+    expires: DateTime<Utc>,
 }
 
 impl Sessions {
@@ -136,7 +144,7 @@ impl Sessions {
             expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
         };
         if let Some(held) = current.held.as_ref()
-            && beyond(held.session.access_token_expiry_utc, held.margin)
+            && beyond(held.expires, held.margin)
         {
             return Ok(held.session.access_token.clone());
         }
@@ -145,7 +153,7 @@ impl Sessions {
         let still_good = current
             .held
             .as_ref()
-            .filter(|held| beyond(held.session.access_token_expiry_utc, TimeDelta::zero()))
+            .filter(|held| beyond(held.expires, TimeDelta::zero()))
             .map(|held| held.session.access_token.clone());
         if let Some(failed) = &current.failed
             && failed.at.elapsed() < failed.pause
@@ -208,6 +216,18 @@ impl Sessions {
             }
         };
         let lifetime = renewed.access_token_expiry_utc - Utc::now();
+        let expires = if lifetime > TimeDelta::zero() {
+            renewed.access_token_expiry_utc
+        } else {
+            // Renewing at every call would not help: every token would arrive so.
+            tracing::warn!(
+                expiry = %renewed.access_token_expiry_utc,
+                "the aggregator's access token arrived already expired by this host's clock \
+                 (is the clock ahead, or are the aggregator's times not UTC?); it is used until \
+                 the aggregator refuses it"
+            );
+            DateTime::<Utc>::MAX_UTC
+        };
         let margin = self.margin.min(lifetime / 2).max(TimeDelta::zero());
         if margin < self.margin {
             tracing::debug!(
@@ -219,6 +239,7 @@ impl Sessions {
         Ok(Held {
             session: renewed,
             margin,
+            expires,
         })
     }
 
@@ -229,7 +250,7 @@ impl Sessions {
         if let Some(held) = current.held.as_mut()
             && held.session.access_token == *token
         {
-            held.session.access_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
+            held.expires = DateTime::<Utc>::MIN_UTC;
         }
     }
 }

@@ -91,9 +91,9 @@ fn client(tls: rustls::ClientConfig, proxy: Matcher) -> HttpClient {
 }
 
 /// Which proxy `https://` calls go through: `gateway.proxy` when set, else the
-/// environment's `HTTPS_PROXY` (or `ALL_PROXY`); the hosts reached without it are
-/// `gateway.no_proxy` when set, else the environment's `NO_PROXY` — whichever of the two
-/// named the proxy.
+/// environment's `HTTPS_PROXY` (or `ALL_PROXY`), each an HTTP CONNECT proxy; the hosts
+/// reached without it are `gateway.no_proxy` when set, else the environment's `NO_PROXY`
+/// (either, whichever of the two named the proxy).
 fn proxy_matcher(config: &GatewayConfig) -> Result<Matcher, TransportError> {
     proxy_matcher_in(config, |name| std::env::var(name).ok())
 }
@@ -121,6 +121,14 @@ fn proxy_matcher_in(
         if env("REQUEST_METHOD").is_some() {
             return Ok(Matcher::builder().build());
         }
+        // The proxy `https://` calls go through, as the matcher picks it.
+        let (name, https) = match variable("HTTPS_PROXY").filter(|p| !p.trim().is_empty()) {
+            Some(proxy) => ("HTTPS_PROXY", Some(proxy)),
+            None => ("ALL_PROXY", variable("ALL_PROXY")),
+        };
+        if let Some(proxy) = https.filter(|p| !p.trim().is_empty()) {
+            check_connect_proxy(&proxy, name)?;
+        }
         return Ok(Matcher::builder()
             .http(variable("HTTP_PROXY").unwrap_or_default())
             .https(variable("HTTPS_PROXY").unwrap_or_default())
@@ -128,7 +136,6 @@ fn proxy_matcher_in(
             .no(no_proxy)
             .build());
     };
-    // The URL may carry the proxy's credentials (`user:password@`): errors never quote it.
     let uri: Uri = proxy.parse().map_err(|_| {
         TransportError::new(
             "gateway.proxy",
@@ -136,12 +143,34 @@ fn proxy_matcher_in(
         )
     })?;
     if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        return Err(TransportError::new(
-            "gateway.proxy",
-            "give the proxy as http://host:port, a CONNECT proxy (the value is not shown: it may hold credentials)",
-        ));
+        return Err(not_a_connect_proxy("gateway.proxy"));
     }
     Ok(Matcher::builder().https(proxy).no(no_proxy).build())
+}
+
+/// Refuses a proxy of the environment (`name`: `HTTPS_PROXY`, `ALL_PROXY`) that is not an
+/// HTTP CONNECT proxy — `https://`, `socks5://` — the only kind the gateway's calls go
+/// through: each call would otherwise fail. Without a scheme it is `http://`, as curl reads
+/// it.
+fn check_connect_proxy(proxy: &str, name: &str) -> Result<(), TransportError> {
+    let uri: Option<Uri> = if proxy.contains("://") {
+        proxy.parse().ok()
+    } else {
+        format!("http://{proxy}").parse().ok()
+    };
+    match uri {
+        Some(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(()),
+        _ => Err(not_a_connect_proxy(name)),
+    }
+}
+
+/// A proxy `setting` names that the gateway's calls cannot go through. The URL may carry the
+/// proxy's credentials (`user:password@`): the error never quotes it.
+fn not_a_connect_proxy(setting: &str) -> TransportError {
+    TransportError::new(
+        setting,
+        "give the proxy as http://host:port, a CONNECT proxy (the value is not shown: it may hold credentials)",
+    )
 }
 
 /// rustls with the web's roots, the certificates of `ca_file`, and a client certificate.
@@ -265,6 +294,37 @@ mod tests {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         }
+    }
+
+    #[test]
+    fn a_proxy_of_the_environment_that_is_no_connect_proxy_is_refused() {
+        let config = GatewayConfig::default();
+        for (name, proxy) in [
+            ("HTTPS_PROXY", "https://user:pw-9f2@egress:3128"),
+            ("HTTPS_PROXY", "socks5://egress:1080"),
+            ("ALL_PROXY", "socks5h://egress:1080"),
+        ] {
+            let Err(error) = proxy_matcher_in(&config, environment(&[(name, proxy)])) else {
+                panic!("{name}={proxy} taken");
+            };
+            let text = error.to_string();
+            assert!(text.contains(name) && !text.contains("pw-9f2"), "{text}");
+        }
+        for (name, proxy) in [
+            ("HTTPS_PROXY", "http://egress:3128"),
+            ("https_proxy", "egress:3128"),
+            ("ALL_PROXY", "http://egress:3128"),
+            ("HTTP_PROXY", "socks5://only-for-http:1080"),
+        ] {
+            let matcher = proxy_matcher_in(&config, environment(&[(name, proxy)]));
+            assert!(matcher.is_ok(), "{name}={proxy}");
+        }
+        // HTTPS_PROXY named, ALL_PROXY is not the one used.
+        let both = environment(&[
+            ("HTTPS_PROXY", "http://egress:3128"),
+            ("ALL_PROXY", "socks5://egress:1080"),
+        ]);
+        assert!(proxy_matcher_in(&config, both).is_ok());
     }
 
     #[test]

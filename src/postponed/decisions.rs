@@ -370,12 +370,9 @@ impl Awaitable {
                     failed
                 }
             };
-            if let Err(error) = resolver
-                .resolve(validation_id, Decision::allow_if(success, description))
-                .await
-            {
-                tracing::warn!(error = %crate::report::InLine(&error), "the handler's late decision was not recorded");
-            }
+            resolver
+                .resolve_until_recorded(validation_id, Decision::allow_if(success, description))
+                .await;
             drop(counted);
         };
         tokio::spawn(later.in_current_span());

@@ -22,9 +22,10 @@
 //!   after the deadline (which then comes too late: a conflict);
 //! * **durable outbox**: a decision and its outbox entry are one atomic, durable write; the
 //!   worker posts with exponential backoff and jitter (`validation.retry_schedule`) until a
-//!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts and 5xx
-//!   are retried; a 403 ("a different result was already received") is final: recorded as a
-//!   conflict, logged at error, visible in [`PostponedState::Conflict`]. Nothing is lost
+//!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts, 5xx
+//!   and any other refusal are retried; the aggregator's 403 ("a different result was
+//!   already received", with its `{"message": …}` body; one without it is retried) is final:
+//!   recorded as a conflict, logged at error, visible in [`PostponedState::Conflict`]. Nothing is lost
 //!   across restarts or crashes: the worker starts with whatever the outbox holds.
 //!
 //! ```no_run
@@ -222,15 +223,58 @@ impl Resolver {
         self.decide(validation_id, decision).await
     }
 
+    /// [`Self::resolve`] for a decision nobody else holds — a handler's, given after its
+    /// time budget: a failing store is asked again, waiting [`LATE_RETRY_FIRST`] and then
+    /// twice as long each time up to [`LATE_RETRY_MOST`], until the decision is recorded or
+    /// refused, for as long as the process lives (a store that failed for good stops the
+    /// service's readiness, and a restart follows). Given up on, the decision would be lost:
+    /// without a deadline the validation would wait for ever, with one the aggregator would
+    /// get the deadline's outcome instead of the handler's.
+    pub(crate) async fn resolve_until_recorded(
+        &self,
+        validation_id: ValidationId,
+        decision: Decision,
+    ) {
+        let mut wait = LATE_RETRY_FIRST;
+        loop {
+            match self.resolve(validation_id, decision.clone()).await {
+                Ok(_) => return,
+                Err(ResolveError::Store(error)) => {
+                    tracing::error!(
+                        validation_id = validation_id.get(),
+                        error = %crate::report::InLine(&error),
+                        retry_in = ?wait,
+                        "the handler's late decision could not be recorded: trying again"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(LATE_RETRY_MOST);
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        validation_id = validation_id.get(),
+                        error = %crate::report::InLine(&error),
+                        "the handler's late decision was not recorded"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
     /// Resolves `validation_id` with the deadline's `outcome` when its deadline has passed
-    /// and it is undecided; `true` when this did.
+    /// and it is undecided; `true` when this did. A repeat (a validation asked about again
+    /// under a new id) has no deadline of its own: it is decided with the validation it
+    /// repeats, whose deadline it is judged by.
     pub(crate) async fn expire_if_past_deadline(
         &self,
         validation_id: ValidationId,
         outcome: &Decision,
     ) -> Result<bool, ResolveError> {
         let now = self.clock.now();
-        let record = self.store.postponed(validation_id).await?;
+        let mut record = self.store.postponed(validation_id).await?;
+        if let Some(original) = record.as_ref().and_then(|r| r.repeat_of) {
+            record = self.store.postponed(original).await?;
+        }
         let past = record.is_some_and(|record| {
             record.result.is_none() && record.deadline.is_some_and(|deadline| deadline <= now)
         });
@@ -439,6 +483,13 @@ impl Resolver {
     }
 }
 
+/// How long a handler's late decision waits before the store is asked again after a failure
+/// ([`Resolver::resolve_until_recorded`]); each wait doubles, up to [`LATE_RETRY_MOST`].
+const LATE_RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts to record a handler's late decision.
+const LATE_RETRY_MOST: Duration = Duration::from_secs(30);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +557,91 @@ mod tests {
         fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
             unreachable!("not used by resolve")
         }
+    }
+
+    /// A store whose first resolves fail (a pool timeout, a failover).
+    #[derive(Default)]
+    struct FailsFirst {
+        failures: u32,
+        resolves: AtomicU32,
+    }
+
+    impl PostponedStore for FailsFirst {
+        fn resolve<'a>(
+            &'a self,
+            _: ValidationId,
+            _: &'a Decision,
+            _: DateTime<Utc>,
+        ) -> ResolveFuture<'a> {
+            Box::pin(async move {
+                if self.resolves.fetch_add(1, Ordering::SeqCst) < self.failures {
+                    return Err(StoreError::backend_message("the pool timed out"));
+                }
+                Ok(Resolution::Recorded)
+            })
+        }
+
+        fn repeat<'a>(
+            &'a self,
+            _: &'a TransactionValidationRequest,
+            _: DateTime<Utc>,
+        ) -> StoreFuture<'a, Repeat> {
+            unreachable!("not used by resolve")
+        }
+
+        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
+            unreachable!("not used by resolve")
+        }
+
+        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
+            unreachable!("not used by resolve")
+        }
+
+        fn postponed(&self, _: ValidationId) -> StoreFuture<'_, Option<PostponedValidation>> {
+            unreachable!("not used by resolve")
+        }
+
+        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_len(&self) -> StoreFuture<'_, usize> {
+            unreachable!("not used by resolve")
+        }
+
+        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_decision_is_recorded_once_the_store_answers_again() {
+        let store = Arc::new(FailsFirst {
+            failures: 12,
+            ..FailsFirst::default()
+        });
+        let resolver = Resolver::new(
+            Arc::clone(&store) as Arc<dyn PostponedStore>,
+            Clock::new(),
+            Arc::default(),
+        );
+        let started = tokio::time::Instant::now();
+        resolver
+            .resolve_until_recorded(7.into(), Decision::allow("approved"))
+            .await;
+        assert_eq!(
+            store.resolves.load(Ordering::SeqCst),
+            13,
+            "asked until recorded"
+        );
+        // 0.1 + 0.2 + … + 25.6 s, then 30 s each: the waits grow, and stop growing.
+        let waited = started.elapsed();
+        let doubling: Duration = (0..9).map(|n| LATE_RETRY_FIRST * 2u32.pow(n)).sum();
+        assert_eq!(waited, doubling + LATE_RETRY_MOST * 3);
     }
 
     #[tokio::test]

@@ -193,15 +193,26 @@ impl Outbox {
                 let (outbox, record) = (self.clone(), record.clone());
                 posts.spawn(async move { outbox.deliver(&record).await });
             }
+            // Every post of the few is awaited, whatever another's outcome: dropping the set
+            // would abort posts in flight, which may have reached the aggregator, before
+            // their outcome is recorded. The first failure ends the pass after them.
+            let mut failed = None;
             while let Some(joined) = posts.join_next().await {
-                let attempt =
-                    joined.map_err(|e| StoreError::backend("a delivery task failed", e))??;
+                let attempt = joined
+                    .map_err(|e| StoreError::backend("a delivery task failed", e))
+                    .and_then(|attempt| attempt);
                 match attempt {
-                    Attempt::Delivered => pass.delivered += 1,
-                    Attempt::Conflict => pass.conflicts += 1,
-                    Attempt::Retry => pass.retried += 1,
-                    Attempt::Nothing => {}
+                    Ok(Attempt::Delivered) => pass.delivered += 1,
+                    Ok(Attempt::Conflict) => pass.conflicts += 1,
+                    Ok(Attempt::Retry) => pass.retried += 1,
+                    Ok(Attempt::Nothing) => {}
+                    Err(error) => {
+                        failed.get_or_insert(error);
+                    }
                 }
+            }
+            if let Some(error) = failed {
+                return Err(error);
             }
         }
         let after = self.store.outbox_due(self.clock.now()).await?;
@@ -245,9 +256,12 @@ impl Outbox {
             success: result.success,
             description: result.description.clone(),
         };
+        let posted = self.gateway.post_validation_result(&body).await;
+        // Read once the post is over: it may have taken up to the gateway's timeout (twice,
+        // and a renewal, after a 401), and the next attempt waits from its end.
         let now_ms = self.clock.now_ms();
         let now = time_from_ms(now_ms);
-        let (delivery, attempt) = match self.gateway.post_validation_result(&body).await {
+        let (delivery, attempt) = match posted {
             Ok(()) => {
                 self.counts.delivered.fetch_add(1, Ordering::Relaxed);
                 let waited = (now - result.decided).to_std().unwrap_or_default();

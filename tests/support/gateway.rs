@@ -30,6 +30,11 @@ pub struct GatewayState {
     pub refresh_lifetime: TimeDelta,
     /// How long a login takes.
     pub login_delay: Duration,
+    /// How long a result post takes before it is answered.
+    pub post_delay: Duration,
+    /// Added to the expiries it reports (not to those it keeps): an aggregator whose clock
+    /// is behind this host's by as much, when negative.
+    pub reported_skew: TimeDelta,
     /// Every login is refused (401), as after a password change.
     pub refuse_logins: bool,
     /// Login requests, refused ones included.
@@ -42,6 +47,9 @@ pub struct GatewayState {
     /// Scripted failures of result posts ([`Self::fail_next`]) quote the request's
     /// `Authorization` header in a long JSON message, as some proxies' error pages do.
     pub echo_failures: bool,
+    /// Scripted failures of result posts ([`Self::fail_next`]) carry no body, as a
+    /// framework's or a proxy's refusal (a role the user lacks, a firewall) may not.
+    pub bare_failures: bool,
     pub logins: u32,
     pub refreshes: u32,
     /// Calls answered 401 because of a missing, unknown or expired token.
@@ -68,11 +76,14 @@ impl Default for GatewayState {
             access_lifetime: TimeDelta::hours(1),
             refresh_lifetime: TimeDelta::days(1),
             login_delay: Duration::ZERO,
+            post_delay: Duration::ZERO,
+            reported_skew: TimeDelta::zero(),
             refuse_logins: false,
             login_attempts: 0,
             refuse_refreshes: None,
             echo_refusals: false,
             echo_failures: false,
+            bare_failures: false,
             logins: 0,
             refreshes: 0,
             unauthorized: 0,
@@ -106,8 +117,8 @@ impl GatewayState {
             "username": USERNAME,
             "accessToken": access,
             "refreshToken": refresh,
-            "accessTokenExpiryUtc": access_expiry.to_rfc3339(),
-            "refreshTokenExpiryUtc": refresh_expiry.to_rfc3339(),
+            "accessTokenExpiryUtc": (access_expiry + self.reported_skew).to_rfc3339(),
+            "refreshTokenExpiryUtc": (refresh_expiry + self.reported_skew).to_rfc3339(),
             "roles": ["merchant"],
         })
     }
@@ -309,6 +320,8 @@ async fn handle(
             message(401, "unauthorized")
         }
         ("POST", "/api/v1/transactions/validation") => {
+            let delay = state.lock().unwrap().post_delay;
+            tokio::time::sleep(delay).await;
             let mut state = state.lock().unwrap();
             if let Some(id) = json["validationId"].as_i64() {
                 state.attempted.push(id);
@@ -320,6 +333,12 @@ async fn handle(
                         "x".repeat(4_000)
                     );
                     return message(status, &echo);
+                }
+                if state.bare_failures {
+                    return Response::builder()
+                        .status(status)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
                 }
                 return message(status, "scripted failure");
             }
