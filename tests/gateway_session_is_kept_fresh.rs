@@ -293,6 +293,36 @@ async fn a_refused_login_is_not_tried_again_by_every_caller_waiting_for_it() {
 }
 
 #[tokio::test]
+async fn calls_go_on_with_a_good_token_while_a_renewal_ahead_of_its_expiry_is_slow() {
+    // Tokens of 4 s are renewed once 2 s of them have passed; the renewal (the refresh
+    // refused, then a login that takes 3 s) holds the session, and a call meanwhile uses
+    // the token, good for another 2 s, instead of waiting behind it.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(4));
+    look_up(&client).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    gateway.with(|s| {
+        s.refuse_refreshes = Some(400);
+        s.login_delay = Duration::from_secs(3);
+    });
+    let renewing = tokio::spawn({
+        let client = client.clone();
+        async move { look_up(&client).await }
+    });
+    while client.session_state() != payhook::gateway::SessionState::Renewing {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    look_up(&client).await;
+    assert_eq!(
+        client.session_state(),
+        payhook::gateway::SessionState::Renewing,
+        "the call was answered while the renewal went on"
+    );
+    renewing.await.unwrap();
+    assert_eq!(gateway.with(|s| (s.logins, s.unauthorized)), (2, 0));
+}
+
+#[tokio::test]
 async fn a_token_due_for_renewal_is_used_until_it_expires_when_the_renewal_fails() {
     // Tokens of 4 s are renewed once 2 s of them have passed; the renewal (a login: the
     // refresh token is too close to its own expiry) is refused, and the token, good for

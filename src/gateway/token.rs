@@ -2,7 +2,9 @@
 //!
 //! The session sits behind an async mutex that is held across a login or a refresh, so that
 //! callers arriving meanwhile wait for that one renewal and then use its token: a burst of
-//! calls on an expired token causes one refresh, not one per call.
+//! calls on an expired token causes one refresh, not one per call. A caller arriving while
+//! the token held is still good (renewed ahead of its expiry, within the margin) uses it
+//! instead of waiting: a slow or silent auth endpoint holds up no call that needs none.
 //!
 //! | state of the session | what `access_token` does |
 //! |---|---|
@@ -79,6 +81,10 @@ pub enum SessionState {
 
 pub(super) struct Sessions {
     current: Mutex<Current>,
+    /// The access token held and when it is taken to expire, readable while another caller
+    /// holds `current` (a renewal, which may take the gateway's timeout twice): a token still
+    /// good is used meanwhile instead of waiting behind a renewal ahead of its expiry.
+    usable: std::sync::Mutex<Option<(Secret, DateTime<Utc>)>>,
     /// The configured `gateway.refresh_margin`.
     margin: TimeDelta,
 }
@@ -115,8 +121,25 @@ impl Sessions {
     pub(super) fn new(margin: Duration) -> Self {
         Self {
             current: Mutex::new(Current::default()),
+            usable: std::sync::Mutex::default(),
             margin: TimeDelta::from_std(margin).unwrap_or(TimeDelta::MAX),
         }
+    }
+
+    /// The token held while it has not expired, read without waiting for `current`.
+    fn usable_now(&self) -> Option<Secret> {
+        let usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Utc::now();
+        usable
+            .as_ref()
+            .filter(|(_, expires)| *expires > now)
+            .map(|(token, _)| token.clone())
+    }
+
+    /// Makes `held` (its token and expiry) what [`Self::usable_now`] reads.
+    fn publish(&self, held: &Held) {
+        let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+        *usable = Some((held.session.access_token.clone(), held.expires));
     }
 
     /// Where the session stands, without waiting for a login or refresh in progress.
@@ -138,7 +161,15 @@ impl Sessions {
         &self,
         client: &GatewayClient,
     ) -> Result<Secret, GatewayError> {
-        let mut current = self.current.lock().await;
+        let mut current = match self.current.try_lock() {
+            Ok(current) => current,
+            // Another caller holds the session, renewing it perhaps: a token still good
+            // serves this call meanwhile; without one, the call waits for the renewal.
+            Err(_) => match self.usable_now() {
+                Some(token) => return Ok(token),
+                None => self.current.lock().await,
+            },
+        };
         let now = Utc::now();
         let beyond = |expiry: DateTime<Utc>, margin: TimeDelta| {
             expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
@@ -163,6 +194,7 @@ impl Sessions {
         match self.renew(client, current.held.as_ref(), &beyond).await {
             Ok(held) => {
                 let token = held.session.access_token.clone();
+                self.publish(&held);
                 *current = Current {
                     held: Some(held),
                     failed: None,
@@ -246,6 +278,15 @@ impl Sessions {
     /// The aggregator refused `token` (401): the session is renewed on the next call, unless
     /// another caller renewed it already.
     pub(super) async fn reject(&self, token: &Secret) {
+        // At once, before waiting for the session: no other caller takes it meanwhile.
+        {
+            let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((held, expires)) = usable.as_mut()
+                && held == token
+            {
+                *expires = DateTime::<Utc>::MIN_UTC;
+            }
+        }
         let mut current = self.current.lock().await;
         if let Some(held) = current.held.as_mut()
             && held.session.access_token == *token
