@@ -1453,6 +1453,58 @@ async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
     b.claim("n-0", TransactionStatus::Success).await;
 }
 
+behaviour!(a_nonce_whose_validation_awaits_its_result_outlives_the_retention);
+/// A validation waiting for its decision (or its decided result for delivery) past the
+/// retention keeps its nonce's record: asked about again, the nonce is answered with the
+/// recorded decision, not handed to the handler as new (which could decide it otherwise).
+/// Once its result is delivered, the record goes at the next sweep.
+async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &Backend) {
+    let long = format!("p-{}", "x".repeat(80));
+    postpone_without_deadline(b, 50).await;
+    postpone_until(b, validation(&long, 52, "10"), None).await;
+    decide(b, 51).await;
+    let asked_again = |nonce: String, id: i64| async move {
+        let request = validation(&nonce, id, "10");
+        b.shared
+            .begin_validation(request.nonce(), &Fingerprint::of(&request), STALE)
+            .await
+            .unwrap()
+    };
+    let later = Utc::now() + TimeDelta::hours(2);
+    b.shared.purge_expired(later).await.unwrap();
+    for (nonce, id) in [
+        ("p-50".to_owned(), 50),
+        ("p-51".to_owned(), 51),
+        (long.clone(), 52),
+    ] {
+        let begin = asked_again(nonce.clone(), id).await;
+        assert!(
+            matches!(begin, ValidationBegin::Recorded(_)),
+            "{nonce}: {begin:?}"
+        );
+    }
+    for id in [50, 52] {
+        b.shared
+            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+            .await
+            .unwrap();
+    }
+    for id in [50, 51, 52] {
+        deliver(b, id).await;
+    }
+    b.shared
+        .purge_expired(later + TimeDelta::hours(2))
+        .await
+        .unwrap();
+    for (nonce, id) in [("p-50".to_owned(), 50), ("p-51".to_owned(), 51), (long, 52)] {
+        let begin = asked_again(nonce.clone(), id).await;
+        assert!(
+            matches!(begin, ValidationBegin::Claimed { .. }),
+            "{nonce}: {begin:?}"
+        );
+    }
+}
+
 behaviour!(a_booking_the_retention_sweep_waited_for_is_kept);
 /// A nonce whose record expired gets a new status: its booking renews the record. A sweep
 /// that picked the expired record meanwhile (on PostgreSQL it waits for the booking's row

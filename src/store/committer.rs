@@ -1062,7 +1062,16 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 }
                 keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)
                     .map(|record| (record.expires_ms, Some(record))),
-                _ => decode::<ValidationRecord>(&named, &bytes).map(|r| (r.expires_ms, None)),
+                _ => match decode::<ValidationRecord>(&named, &bytes) {
+                    // A nonce whose validation still waits for its decision, or for its
+                    // delivery, keeps its record: a new validation of it would otherwise run
+                    // the handler again, and could decide it otherwise.
+                    Ok(record) if awaits_its_result(context, record.validation_id)? => {
+                        kept.push((tag, identifier));
+                        continue;
+                    }
+                    decoded => decoded.map(|r| (r.expires_ms, None)),
+                },
             };
             // One that does not decode (damaged, or written by a newer payhook) is kept and
             // looked at again a retention later: it must not stop every purge behind it.
@@ -1115,6 +1124,22 @@ fn repeat(
         None => None,
     };
     postponed_records::repeat(staging, original, request, now)
+}
+
+/// Whether postponed validation `id` (the one holding a nonce's decision) is held and not
+/// final: undecided, or its result not delivered yet.
+fn awaits_its_result(
+    context: &Context,
+    id: Option<crate::model::ValidationId>,
+) -> Result<bool, StoreError> {
+    let Some(id) = id else {
+        return Ok(false);
+    };
+    let Some(bytes) = context.tree.get(keys::by_id(keys::POSTPONED_PREFIX, id))? else {
+        return Ok(false);
+    };
+    // One that does not decode is not final as far as anyone can tell.
+    Ok(!postponed_records::purgeable(&bytes, &id.to_string()).unwrap_or(false))
 }
 
 /// Removes an expired postponed validation whose result was delivered or refused; returns

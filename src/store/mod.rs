@@ -485,6 +485,11 @@ pub(crate) fn ready<'a, T: Send + 'a>(outcome: Result<T, StoreError>) -> StoreFu
     Box::pin(std::future::ready(outcome))
 }
 
+/// Postponed validations one pass of the outbox takes at most, of those whose delivery, or of
+/// those whose deadline, is due: an aggregator down for hours can leave many thousands, and a
+/// pass posts a few at a time; the rest are the next pass's, at once.
+pub(crate) const DUE_BATCH: usize = 256;
+
 /// Postponed validations due for some work, and when the next one falls due.
 #[derive(Debug, Clone, Default)]
 pub struct Due {

@@ -1124,7 +1124,9 @@ impl SledStore {
     }
 
     /// The records indexed under `prefix` whose time (the index value) is at or before
-    /// `now_ms`; entries without a time are never due.
+    /// `now_ms`, at most [`super::DUE_BATCH`] of them (read under the writer lock, which
+    /// every commit waits for: the rest are due at once, for the next pass); entries without
+    /// a time are never due.
     fn due(&self, prefix: &[u8], now_ms: u64) -> Result<Due, StoreError> {
         let mut due = Due::default();
         let mut next_ms: Option<u64> = None;
@@ -1134,7 +1136,7 @@ impl SledStore {
                 continue;
             }
             let at = keys::millis_of(&value);
-            if at > now_ms {
+            if at > now_ms || due.now.len() >= super::DUE_BATCH {
                 next_ms = Some(next_ms.map_or(at, |n| n.min(at)));
                 continue;
             }
@@ -1487,6 +1489,37 @@ mod tests {
             store.left_out_until(21.into()),
             None,
             "and no longer left out"
+        );
+    }
+
+    /// A pass takes at most a batch of what is due, read under the writer lock every commit
+    /// waits for; the rest are due at once, for the next pass.
+    #[test]
+    fn what_is_due_is_read_a_batch_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let tree = &store.inner.tree;
+        let due_count = super::super::DUE_BATCH + 10;
+        for id in 1..=i64::try_from(due_count).unwrap() {
+            let id = crate::model::ValidationId::new(id);
+            let record = PostponedValidation::pending_for_tests(id.get());
+            tree.insert(
+                keys::by_id(keys::POSTPONED_PREFIX, id),
+                serde_json::to_vec(&record).unwrap(),
+            )
+            .unwrap();
+            tree.insert(
+                keys::by_id(keys::OUTBOX_PREFIX, id),
+                &1_000u64.to_be_bytes(),
+            )
+            .unwrap();
+        }
+        let due = store.due(keys::OUTBOX_PREFIX, 2_000).unwrap();
+        assert_eq!(due.now.len(), super::super::DUE_BATCH);
+        assert_eq!(
+            due.next,
+            Some(time_from_ms(1_000)),
+            "the rest are due already"
         );
     }
 

@@ -108,8 +108,8 @@ pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
 /// Rows removed by one statement of a purge.
 pub const PURGE_BATCH: i64 = 500;
 
-/// Results one outbox pass leases at most.
-const OUTBOX_BATCH: i64 = 256;
+/// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
+const OUTBOX_BATCH: i64 = super::DUE_BATCH as i64;
 
 /// The PostgreSQL store. Cheap to clone: clones share the pool.
 ///
@@ -475,7 +475,14 @@ impl PgStore {
     async fn purge(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
         let tables = [
             "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
-            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            // A nonce whose validation still waits for its decision or its delivery keeps
+            // its record (a new validation of it would run the handler again): the nonce's
+            // key as `keys::identifier` names it, the digest's for a long one.
+            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 \
+               AND nonce_key NOT IN (SELECT CASE WHEN octet_length(p.nonce) <= 64 THEN p.nonce \
+                 ELSE 'sha256:' || encode(sha256(convert_to(p.nonce, 'UTF8')), 'hex') END \
+                 FROM {s}.postponed p WHERE (NOT p.final AND p.deliver_at IS NULL) OR p.deliver_at IS NOT NULL) \
+               LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2) AND final AND expires_at <= $1",
