@@ -1456,13 +1456,20 @@ async fn retention_purges_what_expired_and_nothing_else(b: &Backend) {
 behaviour!(a_nonce_whose_validation_awaits_its_result_outlives_the_retention);
 /// A validation waiting for its decision (or its decided result for delivery) past the
 /// retention keeps its nonce's record: asked about again, the nonce is answered with the
-/// recorded decision, not handed to the handler as new (which could decide it otherwise).
-/// Once its result is delivered, the record goes at the next sweep.
+/// recorded decision, not handed to the handler as new (which could decide it otherwise) —
+/// so does a repeat's whose original was delivered. Once every result is delivered, the
+/// record goes at a later sweep (on sled, a retention after it was kept).
 async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &Backend) {
     let long = format!("p-{}", "x".repeat(80));
     postpone_without_deadline(b, 50).await;
     postpone_until(b, validation(&long, 52, "10"), None).await;
     decide(b, 51).await;
+    // An original delivered, its repeat under a new id (same nonce) not yet.
+    decide(b, 53).await;
+    let repeat = validation("p-53", 54, "10");
+    let recorded = b.shared.repeat(&repeat, Utc::now()).await.unwrap();
+    assert!(matches!(recorded, Repeat::Recorded { .. }), "{recorded:?}");
+    deliver(b, 53).await;
     let asked_again = |nonce: String, id: i64| async move {
         let request = validation(&nonce, id, "10");
         b.shared
@@ -1470,13 +1477,15 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
             .await
             .unwrap()
     };
-    let later = Utc::now() + TimeDelta::hours(2);
-    b.shared.purge_expired(later).await.unwrap();
-    for (nonce, id) in [
+    let nonces = [
         ("p-50".to_owned(), 50),
         ("p-51".to_owned(), 51),
-        (long.clone(), 52),
-    ] {
+        (long, 52),
+        ("p-53".to_owned(), 55),
+    ];
+    let later = Utc::now() + TimeDelta::hours(2);
+    b.shared.purge_expired(later).await.unwrap();
+    for (nonce, id) in nonces.clone() {
         let begin = asked_again(nonce.clone(), id).await;
         assert!(
             matches!(begin, ValidationBegin::Recorded(_)),
@@ -1489,14 +1498,14 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
             .await
             .unwrap();
     }
-    for id in [50, 51, 52] {
+    for id in [50, 51, 52, 54] {
         deliver(b, id).await;
     }
     b.shared
         .purge_expired(later + TimeDelta::hours(2))
         .await
         .unwrap();
-    for (nonce, id) in [("p-50".to_owned(), 50), ("p-51".to_owned(), 51), (long, 52)] {
+    for (nonce, id) in nonces {
         let begin = asked_again(nonce.clone(), id).await;
         assert!(
             matches!(begin, ValidationBegin::Claimed { .. }),

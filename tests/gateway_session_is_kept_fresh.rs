@@ -294,16 +294,17 @@ async fn a_refused_login_is_not_tried_again_by_every_caller_waiting_for_it() {
 
 #[tokio::test]
 async fn calls_go_on_with_a_good_token_while_a_renewal_ahead_of_its_expiry_is_slow() {
-    // Tokens of 4 s are renewed once 2 s of them have passed; the renewal (the refresh
-    // refused, then a login that takes 3 s) holds the session, and a call meanwhile uses
-    // the token, good for another 2 s, instead of waiting behind it.
+    // Tokens of 16 s are renewed once 8 s of them have passed; the renewal (the refresh
+    // refused, then a login that takes 2 s) holds the session, and a call meanwhile uses
+    // the token, good for another 8 s (more than the 5 s a token must have left to be used
+    // so), instead of waiting behind it.
     let (gateway, client) = gateway_with_record().await;
-    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(4));
+    gateway.with(|s| s.access_lifetime = TimeDelta::seconds(16));
     look_up(&client).await;
-    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    tokio::time::sleep(Duration::from_millis(8_100)).await;
     gateway.with(|s| {
         s.refuse_refreshes = Some(400);
-        s.login_delay = Duration::from_secs(3);
+        s.login_delay = Duration::from_secs(2);
     });
     let renewing = tokio::spawn({
         let client = client.clone();

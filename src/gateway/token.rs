@@ -43,6 +43,10 @@ use crate::model::LoginSession;
 /// A refresh token this close to its expiry is not used: the refresh could arrive late.
 const REFRESH_TOKEN_SLACK: TimeDelta = TimeDelta::seconds(5);
 
+/// An access token this close to its expiry is not used while another caller renews the
+/// session: the call waits for the renewal instead.
+const USABLE_SLACK: TimeDelta = TimeDelta::seconds(5);
+
 /// How long after a failed login or refresh every call gets its error instead of renewing.
 pub(super) const RENEWAL_PAUSE: Duration = Duration::from_secs(2);
 
@@ -126,13 +130,18 @@ impl Sessions {
         }
     }
 
-    /// The token held while it has not expired, read without waiting for `current`.
+    /// The token held while it is good for [`USABLE_SLACK`] more, read without waiting for
+    /// `current`: one about to expire would expire on its way, and cost a 401.
     fn usable_now(&self) -> Option<Secret> {
         let usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
         let now = Utc::now();
         usable
             .as_ref()
-            .filter(|(_, expires)| *expires > now)
+            .filter(|(_, expires)| {
+                expires
+                    .checked_sub_signed(USABLE_SLACK)
+                    .is_some_and(|usable_until| usable_until > now)
+            })
             .map(|(token, _)| token.clone())
     }
 

@@ -121,20 +121,20 @@ fn proxy_matcher_in(
         if env("REQUEST_METHOD").is_some() {
             return Ok(Matcher::builder().build());
         }
-        // The proxy `https://` calls go through, as the matcher picks it.
-        let (name, https) = match variable("HTTPS_PROXY").filter(|p| !p.trim().is_empty()) {
-            Some(proxy) => ("HTTPS_PROXY", Some(proxy)),
-            None => ("ALL_PROXY", variable("ALL_PROXY")),
-        };
-        if let Some(proxy) = https.filter(|p| !p.trim().is_empty()) {
-            check_connect_proxy(&proxy, name)?;
-        }
-        return Ok(Matcher::builder()
+        let matcher = Matcher::builder()
             .http(variable("HTTP_PROXY").unwrap_or_default())
             .https(variable("HTTPS_PROXY").unwrap_or_default())
             .all(variable("ALL_PROXY").unwrap_or_default())
             .no(no_proxy)
-            .build());
+            .build();
+        // Which variable named the proxy of `https://` calls, as the matcher reads them.
+        let named = if variable("HTTPS_PROXY").is_some_and(|p| !p.trim().is_empty()) {
+            "HTTPS_PROXY"
+        } else {
+            "ALL_PROXY"
+        };
+        check_connect_proxies(config, &matcher, named)?;
+        return Ok(matcher);
     };
     let uri: Uri = proxy.parse().map_err(|_| {
         TransportError::new(
@@ -148,20 +148,27 @@ fn proxy_matcher_in(
     Ok(Matcher::builder().https(proxy).no(no_proxy).build())
 }
 
-/// Refuses a proxy of the environment (`name`: `HTTPS_PROXY`, `ALL_PROXY`) that is not an
-/// HTTP CONNECT proxy — `https://`, `socks5://` — the only kind the gateway's calls go
-/// through: each call would otherwise fail. Without a scheme it is `http://`, as curl reads
-/// it.
-fn check_connect_proxy(proxy: &str, name: &str) -> Result<(), TransportError> {
-    let uri: Option<Uri> = if proxy.contains("://") {
-        proxy.parse().ok()
-    } else {
-        format!("http://{proxy}").parse().ok()
-    };
-    match uri {
-        Some(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(()),
-        _ => Err(not_a_connect_proxy(name)),
+/// Refuses a proxy of the environment (`named`: `HTTPS_PROXY`, `ALL_PROXY`) that the
+/// aggregator's addresses would go through and that is not an HTTP CONNECT proxy —
+/// `https://`, `socks5://` — the only kind the gateway's calls go through: each call would
+/// otherwise fail. An address `NO_PROXY` exempts is reached directly, whatever the proxy.
+fn check_connect_proxies(
+    config: &GatewayConfig,
+    matcher: &Matcher,
+    named: &str,
+) -> Result<(), TransportError> {
+    let addresses = [&config.auth_url, &config.gateway_url];
+    for address in addresses.into_iter().flatten() {
+        let Ok(uri) = address.parse::<Uri>() else {
+            continue;
+        };
+        if let Some(proxy) = matcher.intercept(&uri)
+            && proxy.uri().scheme_str() != Some("http")
+        {
+            return Err(not_a_connect_proxy(named));
+        }
     }
+    Ok(())
 }
 
 /// A proxy `setting` names that the gateway's calls cannot go through. The URL may carry the
@@ -298,7 +305,11 @@ mod tests {
 
     #[test]
     fn a_proxy_of_the_environment_that_is_no_connect_proxy_is_refused() {
-        let config = GatewayConfig::default();
+        let config = GatewayConfig {
+            auth_url: Some("https://auth.aggregator.example".into()),
+            gateway_url: Some("https://aggregator.example".into()),
+            ..GatewayConfig::default()
+        };
         for (name, proxy) in [
             ("HTTPS_PROXY", "https://user:pw-9f2@egress:3128"),
             ("HTTPS_PROXY", "socks5://egress:1080"),
@@ -310,21 +321,25 @@ mod tests {
             let text = error.to_string();
             assert!(text.contains(name) && !text.contains("pw-9f2"), "{text}");
         }
-        for (name, proxy) in [
-            ("HTTPS_PROXY", "http://egress:3128"),
-            ("https_proxy", "egress:3128"),
-            ("ALL_PROXY", "http://egress:3128"),
-            ("HTTP_PROXY", "socks5://only-for-http:1080"),
+        for pairs in [
+            &[("HTTPS_PROXY", "http://egress:3128")][..],
+            &[("https_proxy", "egress:3128")],
+            &[("ALL_PROXY", "http://egress:3128")],
+            &[("HTTP_PROXY", "socks5://only-for-http:1080")],
+            // The one HTTPS_PROXY names is used, not ALL_PROXY's.
+            &[
+                ("HTTPS_PROXY", "http://egress:3128"),
+                ("ALL_PROXY", "socks5://egress:1080"),
+            ],
+            // The aggregator is reached directly: its proxy is no concern.
+            &[
+                ("ALL_PROXY", "socks5://egress:1080"),
+                ("NO_PROXY", "aggregator.example"),
+            ],
         ] {
-            let matcher = proxy_matcher_in(&config, environment(&[(name, proxy)]));
-            assert!(matcher.is_ok(), "{name}={proxy}");
+            let matcher = proxy_matcher_in(&config, environment(pairs));
+            assert!(matcher.is_ok(), "{pairs:?}");
         }
-        // HTTPS_PROXY named, ALL_PROXY is not the one used.
-        let both = environment(&[
-            ("HTTPS_PROXY", "http://egress:3128"),
-            ("ALL_PROXY", "socks5://egress:1080"),
-        ]);
-        assert!(proxy_matcher_in(&config, both).is_ok());
     }
 
     #[test]

@@ -224,22 +224,26 @@ impl Resolver {
     }
 
     /// [`Self::resolve`] for a decision nobody else holds — a handler's, given after its
-    /// time budget: a failing store is asked again, waiting [`LATE_RETRY_FIRST`] and then
-    /// twice as long each time up to [`LATE_RETRY_MOST`], until the decision is recorded or
-    /// refused, for as long as the process lives (a store that failed for good stops the
-    /// service's readiness, and a restart follows). Given up on, the decision would be lost:
-    /// without a deadline the validation would wait for ever, with one the aggregator would
-    /// get the deadline's outcome instead of the handler's.
+    /// time budget: while the store fails for a while (a lost connection, a pool timeout, a
+    /// failover), it is asked again, waiting [`LATE_RETRY_FIRST`] and then twice as long each
+    /// time up to [`LATE_RETRY_MOST`], until the decision is recorded or refused. Given up
+    /// on, the decision would be lost: without a deadline the validation would wait for
+    /// ever, with one the aggregator would get the deadline's outcome instead of the
+    /// handler's. The decision was given in time: a retry after the deadline records it
+    /// still, unless the deadline's outcome was recorded meanwhile. A store that failed for
+    /// good (it stopped after a write it could not make durable) is not asked again: the
+    /// service is no longer ready, and the validation's deadline decides it after a restart.
     pub(crate) async fn resolve_until_recorded(
         &self,
         validation_id: ValidationId,
         decision: Decision,
     ) {
         let mut wait = LATE_RETRY_FIRST;
+        let mut outcome = self.resolve(validation_id, decision.clone()).await;
         loop {
-            match self.resolve(validation_id, decision.clone()).await {
+            match outcome {
                 Ok(_) => return,
-                Err(ResolveError::Store(error)) => {
+                Err(ResolveError::Store(error @ StoreError::Backend { .. })) => {
                     tracing::error!(
                         validation_id = validation_id.get(),
                         error = %crate::report::InLine(&error),
@@ -248,9 +252,10 @@ impl Resolver {
                     );
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(LATE_RETRY_MOST);
+                    outcome = self.decide(validation_id, decision.clone()).await;
                 }
                 Err(error) => {
-                    tracing::warn!(
+                    tracing::error!(
                         validation_id = validation_id.get(),
                         error = %crate::report::InLine(&error),
                         "the handler's late decision was not recorded"
@@ -498,87 +503,39 @@ mod tests {
     use chrono::{DateTime, Utc};
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    /// A store whose validation is recorded while its first resolve is answered: that
-    /// resolve finds nothing, and the record's write ends before the resolver waits.
-    #[derive(Default)]
-    struct RecordedMeanwhile {
+    /// A store that only resolves, answering the `n`th resolve (from 0) with `answer(n)`.
+    struct ResolvesOnly<F> {
         resolves: AtomicU32,
-        recording: Mutex<Option<RecordingGuard>>,
+        answer: F,
     }
 
-    impl PostponedStore for RecordedMeanwhile {
+    impl<F> ResolvesOnly<F>
+    where
+        F: Fn(u32) -> Result<Resolution, StoreError> + Send + Sync + 'static,
+    {
+        /// The store, and a resolver over it.
+        fn resolver(answer: F) -> (Arc<Self>, Resolver) {
+            let store = Arc::new(Self {
+                resolves: AtomicU32::new(0),
+                answer,
+            });
+            let shared = Arc::clone(&store) as Arc<dyn PostponedStore>;
+            (store, Resolver::new(shared, Clock::new(), Arc::default()))
+        }
+    }
+
+    impl<F> PostponedStore for ResolvesOnly<F>
+    where
+        F: Fn(u32) -> Result<Resolution, StoreError> + Send + Sync + 'static,
+    {
         fn resolve<'a>(
             &'a self,
             _: ValidationId,
             _: &'a Decision,
             _: DateTime<Utc>,
         ) -> ResolveFuture<'a> {
-            Box::pin(async move {
-                if self.resolves.fetch_add(1, Ordering::SeqCst) == 0 {
-                    drop(self.recording.lock().unwrap().take());
-                    return Ok(Resolution::Unknown);
-                }
-                Ok(Resolution::Recorded)
-            })
-        }
-
-        fn repeat<'a>(
-            &'a self,
-            _: &'a TransactionValidationRequest,
-            _: DateTime<Utc>,
-        ) -> StoreFuture<'a, Repeat> {
-            unreachable!("not used by resolve")
-        }
-
-        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
-            unreachable!("not used by resolve")
-        }
-
-        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
-            unreachable!("not used by resolve")
-        }
-
-        fn postponed(&self, _: ValidationId) -> StoreFuture<'_, Option<PostponedValidation>> {
-            unreachable!("not used by resolve")
-        }
-
-        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_len(&self) -> StoreFuture<'_, usize> {
-            unreachable!("not used by resolve")
-        }
-
-        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
-    }
-
-    /// A store whose first resolves fail (a pool timeout, a failover).
-    #[derive(Default)]
-    struct FailsFirst {
-        failures: u32,
-        resolves: AtomicU32,
-    }
-
-    impl PostponedStore for FailsFirst {
-        fn resolve<'a>(
-            &'a self,
-            _: ValidationId,
-            _: &'a Decision,
-            _: DateTime<Utc>,
-        ) -> ResolveFuture<'a> {
-            Box::pin(async move {
-                if self.resolves.fetch_add(1, Ordering::SeqCst) < self.failures {
-                    return Err(StoreError::backend_message("the pool timed out"));
-                }
-                Ok(Resolution::Recorded)
-            })
+            let n = self.resolves.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready((self.answer)(n)))
         }
 
         fn repeat<'a>(
@@ -620,15 +577,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_decision_is_recorded_once_the_store_answers_again() {
-        let store = Arc::new(FailsFirst {
-            failures: 12,
-            ..FailsFirst::default()
+        // A store that fails 12 times (a pool timeout, a failover), then records.
+        let (store, resolver) = ResolvesOnly::resolver(|n| {
+            if n < 12 {
+                Err(StoreError::backend_message("the pool timed out"))
+            } else {
+                Ok(Resolution::Recorded)
+            }
         });
-        let resolver = Resolver::new(
-            Arc::clone(&store) as Arc<dyn PostponedStore>,
-            Clock::new(),
-            Arc::default(),
-        );
         let started = tokio::time::Instant::now();
         resolver
             .resolve_until_recorded(7.into(), Decision::allow("approved"))
@@ -642,17 +598,31 @@ mod tests {
         let waited = started.elapsed();
         let doubling: Duration = (0..9).map(|n| LATE_RETRY_FIRST * 2u32.pow(n)).sum();
         assert_eq!(waited, doubling + LATE_RETRY_MOST * 3);
+
+        // A store that stopped for good is not asked again.
+        let (stopped, resolver) = ResolvesOnly::resolver(|_| Err(StoreError::Stopped));
+        resolver
+            .resolve_until_recorded(7.into(), Decision::allow("approved"))
+            .await;
+        assert_eq!(stopped.resolves.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
     async fn a_decision_whose_record_is_written_while_it_is_refused_is_resolved_again() {
-        let store = Arc::new(RecordedMeanwhile::default());
-        let resolver = Resolver::new(
-            Arc::clone(&store) as Arc<dyn PostponedStore>,
-            Clock::new(),
-            Arc::default(),
-        );
-        *store.recording.lock().unwrap() = Some(resolver.recording(ValidationId::from(7)));
+        // The validation is recorded while the first resolve is answered: that resolve
+        // finds nothing, and the record's write ends before the resolver waits.
+        let recording: Arc<Mutex<Option<RecordingGuard>>> = Arc::default();
+        let (store, resolver) = ResolvesOnly::resolver({
+            let recording = Arc::clone(&recording);
+            move |n| {
+                if n == 0 {
+                    drop(recording.lock().unwrap().take());
+                    return Ok(Resolution::Unknown);
+                }
+                Ok(Resolution::Recorded)
+            }
+        });
+        *recording.lock().unwrap() = Some(resolver.recording(ValidationId::from(7)));
         let resolved = resolver.resolve(7, Decision::allow("approved")).await;
         assert!(matches!(resolved, Ok(Resolved::Recorded)), "{resolved:?}");
         assert_eq!(store.resolves.load(Ordering::SeqCst), 2);

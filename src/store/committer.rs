@@ -1058,24 +1058,16 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
             // A failing record goes with its pairs and its keys by time.
             let decoded = match tag {
                 keys::TAG_CALLBACK => {
-                    decode::<CallbackRecord>(&named, &bytes).map(|r| (r.expires_ms, None))
+                    decode::<CallbackRecord>(&named, &bytes).map(|r| (r.expires_ms, None, None))
                 }
                 keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)
-                    .map(|record| (record.expires_ms, Some(record))),
-                _ => match decode::<ValidationRecord>(&named, &bytes) {
-                    // A nonce whose validation still waits for its decision, or for its
-                    // delivery, keeps its record: a new validation of it would otherwise run
-                    // the handler again, and could decide it otherwise.
-                    Ok(record) if awaits_its_result(context, record.validation_id)? => {
-                        kept.push((tag, identifier));
-                        continue;
-                    }
-                    decoded => decoded.map(|r| (r.expires_ms, None)),
-                },
+                    .map(|record| (record.expires_ms, Some(record), None)),
+                _ => decode::<ValidationRecord>(&named, &bytes)
+                    .map(|r| (r.expires_ms, None, r.validation_id)),
             };
             // One that does not decode (damaged, or written by a newer payhook) is kept and
             // looked at again a retention later: it must not stop every purge behind it.
-            let (expires, failing) = match decoded {
+            let (expires, failing, holder) = match decoded {
                 Ok(decoded) => decoded,
                 Err(error) => {
                     tracing::error!(error = %crate::report::InLine(&error), "a record past its retention does not decode; kept, the sweep goes on");
@@ -1083,6 +1075,13 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                     continue;
                 }
             };
+            // A nonce whose validation still waits for its decision, or for its delivery,
+            // keeps its record: a new validation of it would otherwise run the handler again,
+            // and could decide it otherwise.
+            if expires <= now_ms && awaits_its_result(context, holder)? {
+                kept.push((tag, identifier));
+                continue;
+            }
             if expires <= now_ms && removed.insert(found_at.to_vec()) {
                 batch.remove(found_at);
                 purged += 1;
@@ -1126,24 +1125,61 @@ fn repeat(
     postponed_records::repeat(staging, original, request, now)
 }
 
-/// Whether postponed validation `id` (the one holding a nonce's decision) is held and not
-/// final: undecided, or its result not delivered yet.
-fn awaits_its_result(
+/// Postponed validation `id` as held: `None` when it is not; `Err` named by its id when it
+/// does not decode.
+fn held_postponed(
     context: &Context,
-    id: Option<crate::model::ValidationId>,
-) -> Result<bool, StoreError> {
+    id: ValidationId,
+) -> Result<Option<Result<PostponedValidation, StoreError>>, StoreError> {
+    let Some(bytes) = context.tree.get(keys::by_id(keys::POSTPONED_PREFIX, id))? else {
+        return Ok(None);
+    };
+    Ok(Some(decode::<PostponedValidation>(&id.to_string(), &bytes)))
+}
+
+/// Whether `record`, or one of the repeats that share its decision, is not final:
+/// undecided, or its result not delivered yet. A repeat that does not decode counts as not
+/// final (logged): what it awaits cannot be told.
+fn awaits(context: &Context, record: &PostponedValidation) -> Result<bool, StoreError> {
+    if !record.is_final() {
+        return Ok(true);
+    }
+    for repeat in &record.repeats {
+        match held_postponed(context, *repeat)? {
+            Some(Ok(repeat)) if repeat.is_final() => {}
+            None => {}
+            Some(Ok(_)) => return Ok(true),
+            Some(Err(error)) => {
+                tracing::error!(error = %crate::report::InLine(&error), "a repeat of a postponed validation does not decode; kept, with the validation it repeats");
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Whether the postponed validation `id` that holds a nonce's decision, or one of its
+/// repeats, awaits its result (see [`awaits`]): the nonce's record is kept meanwhile. One
+/// that does not decode counts as awaiting (logged).
+fn awaits_its_result(context: &Context, id: Option<ValidationId>) -> Result<bool, StoreError> {
     let Some(id) = id else {
         return Ok(false);
     };
-    let Some(bytes) = context.tree.get(keys::by_id(keys::POSTPONED_PREFIX, id))? else {
-        return Ok(false);
-    };
-    // One that does not decode is not final as far as anyone can tell.
-    Ok(!postponed_records::purgeable(&bytes, &id.to_string()).unwrap_or(false))
+    match held_postponed(context, id)? {
+        None => Ok(false),
+        Some(Ok(record)) => awaits(context, &record),
+        Some(Err(error)) => {
+            tracing::error!(error = %crate::report::InLine(&error), "the postponed validation of a nonce past its retention does not decode; the nonce's record is kept, the sweep goes on");
+            Ok(true)
+        }
+    }
 }
 
 /// Removes an expired postponed validation whose result was delivered or refused; returns
-/// `false` when it must be kept (still undecided or undelivered).
+/// `false` when it must be kept (still undecided or undelivered). An original goes though a
+/// repeat of it still awaits its result (the repeat holds its decision itself); the nonce's
+/// record, which names the original, is then kept by [`awaits_its_result`] for another
+/// retention, read in the same sweep as the original.
 fn purge_postponed(
     context: &Context,
     batch: &mut sled::Batch,
@@ -1153,18 +1189,17 @@ fn purge_postponed(
     let Ok(id_number) = id.parse::<crate::model::ValidationId>() else {
         return Ok(true);
     };
-    let key = keys::by_id(keys::POSTPONED_PREFIX, id_number);
-    let Some(bytes) = context.tree.get(&key)? else {
-        return Ok(true);
-    };
-    match postponed_records::purgeable(&bytes, &id) {
-        Ok(true) => {
-            batch.remove(key);
+    match held_postponed(context, id_number)? {
+        None => Ok(true),
+        Some(Ok(record)) => {
+            if !record.is_final() {
+                return Ok(false);
+            }
+            batch.remove(keys::by_id(keys::POSTPONED_PREFIX, id_number));
             Ok(true)
         }
-        Ok(false) => Ok(false),
         // Kept, and looked at again later, like any other record that does not decode.
-        Err(error) => {
+        Some(Err(error)) => {
             tracing::error!(error = %crate::report::InLine(&error), "a postponed validation past its retention does not decode; kept, the sweep goes on");
             Ok(false)
         }

@@ -197,12 +197,6 @@ pub(crate) fn repeat(
     ))
 }
 
-/// Whether the sweeper may remove this record at the end of its retention: only once its
-/// result is delivered or refused; an undelivered one is kept (and indexed again).
-pub(crate) fn purgeable(bytes: &[u8], id: &str) -> Result<bool, StoreError> {
-    Ok(decode::<PostponedValidation>(id, bytes)?.is_final())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

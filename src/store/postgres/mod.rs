@@ -479,7 +479,7 @@ impl PgStore {
             // its record (a new validation of it would run the handler again): the nonce's
             // key as `keys::identifier` names it, the digest's for a long one.
             "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 \
-               AND nonce_key NOT IN (SELECT CASE WHEN octet_length(p.nonce) <= 64 THEN p.nonce \
+               AND nonce_key NOT IN (SELECT CASE WHEN octet_length(convert_to(p.nonce, 'UTF8')) <= 64 THEN p.nonce \
                  ELSE 'sha256:' || encode(sha256(convert_to(p.nonce, 'UTF8')), 'hex') END \
                  FROM {s}.postponed p WHERE (NOT p.final AND p.deliver_at IS NULL) OR p.deliver_at IS NOT NULL) \
                LIMIT $2) AND expires_at <= $1",
