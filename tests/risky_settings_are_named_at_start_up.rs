@@ -8,6 +8,8 @@
 //!   retry is refused 409 (not booked twice, but not booked).
 //! * A file holding a secret — a configuration file with a password or a token, the
 //!   gateway's client key — that users other than its owner can read.
+//! * A validation deadline within a minute of the handler timeout: clocks that differ by
+//!   seconds can let the deadline decide while the handler still runs.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -80,6 +82,43 @@ fn a_retention_shorter_than_the_retries_is_named_and_the_default_is_not() {
     );
     let quiet = callback_warnings_of(test_config());
     assert!(!quiet.contains("store.retention"), "{quiet}");
+}
+
+/// What building an app of `config` in Awaitable mode, its store in a temporary directory,
+/// logs at WARN.
+fn awaitable_warnings_of(mut config: Config) -> String {
+    let data = tempfile::tempdir().unwrap();
+    config.store.path = data.path().join("store");
+    config.validation.awaitable = true;
+    config.gateway.auth_url = Some("http://127.0.0.1:1".into());
+    config.gateway.gateway_url = Some("http://127.0.0.1:1".into());
+    config.gateway.username = Some("shop".into());
+    config.gateway.password = Some("pw".into());
+    warnings_while(|| {
+        App::builder(config)
+            .transaction_validator(TestMerchant::default())
+            .manual_background()
+            .build()
+            .unwrap();
+    })
+}
+
+#[test]
+fn a_deadline_close_to_the_handler_timeout_is_named() {
+    let mut close = test_config();
+    close.server.handler_timeout = std::time::Duration::from_secs(20);
+    close.validation.deadline = Some(std::time::Duration::from_secs(30));
+    let warned = awaitable_warnings_of(close.clone());
+    assert!(
+        warned.contains(
+            "validation.deadline is less than a minute longer than server.handler_timeout"
+        ),
+        "{warned}"
+    );
+    let mut apart = close;
+    apart.validation.deadline = Some(std::time::Duration::from_secs(80));
+    let quiet = awaitable_warnings_of(apart);
+    assert!(!quiet.contains("validation.deadline"), "{quiet}");
 }
 
 /// What runs `read` logs at WARN.

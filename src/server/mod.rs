@@ -162,6 +162,11 @@ pub(crate) use route::ADMIN_PREFIX;
 /// what none of them delivered. A retention shorter than this is said at start-up.
 const RETRIES_MAY_LAST: std::time::Duration = std::time::Duration::from_secs(4 * 86_400);
 
+/// How much longer than `server.handler_timeout` a `validation.deadline` should be, beyond
+/// which it is not warned about: the clocks it is measured on (this host's wall clock, which
+/// NTP may step; another instance's, on a shared store) may differ by seconds.
+const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 use bytes::Bytes;
 use chrono::Utc;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -942,6 +947,20 @@ impl AppBuilder {
                  over about 3 days, and reconcile needs a day more): a retry that comes later \
                  is refused 409, not booked, and listed among the failing callbacks; keep it \
                  at 4d or more"
+            );
+        }
+        if self.config.validation.awaitable
+            && let Some(deadline) = self.config.validation.deadline
+            && deadline < self.config.server.handler_timeout + DEADLINE_MARGIN
+        {
+            tracing::warn!(
+                deadline_s = deadline.as_secs(),
+                handler_timeout_s = self.config.server.handler_timeout.as_secs(),
+                "validation.deadline is less than a minute longer than server.handler_timeout: \
+                 a wall clock stepped by NTP, or another instance's clock ahead of this one's, \
+                 can let the deadline decide a validation whose handler is still running, and \
+                 the handler's decision is then refused as a conflict; keep a minute between \
+                 them"
             );
         }
         let runner = runner::Runner::new(
