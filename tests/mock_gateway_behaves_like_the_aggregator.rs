@@ -93,6 +93,20 @@ async fn a_second_different_result_is_refused_with_403_and_the_same_one_accepted
     );
     assert_eq!(mock.validation_result(42.into()), Some(result(true)));
     assert_eq!(mock.counters().conflicts, 1);
+    // Counted per validation too, as the simulator's `conflicts` expectation reads them.
+    let control = payhook::sim::MockControl::new(&mock.url()).unwrap();
+    let posts = |id: i64| control.validation_posts(id.into());
+    assert_eq!(
+        posts(42).await.unwrap(),
+        payhook::sim::ValidationPosts {
+            accepted: 2,
+            refused: 1
+        }
+    );
+    assert_eq!(
+        posts(43).await.unwrap(),
+        payhook::sim::ValidationPosts::default()
+    );
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@
 //! | `PUT /sim/v1/transactions/{referenceId}` | (simulator) create or replace a transaction record |
 //! | `GET /sim/v1/validations/{validationId}` | (simulator) the result posted for a validation, 404 while none |
 //! | `GET /sim/v1/validations/{validationId}/refused` | (simulator) the results refused with 403 for a validation, in order |
+//! | `GET /sim/v1/validations/{validationId}/posts` | (simulator) how many results were posted for a validation: answered 200, refused 403 |
 //! | `GET /sim/v1/counters` | (simulator) logins, refreshes, refused tokens, conflicting results |
 //!
 //! Every error body is `{"message": "..."}`. State is kept in memory, or in a sled directory
@@ -88,9 +89,22 @@ struct State {
     /// Results refused with 403 (a different one was held), by validation, in order.
     #[serde(default)]
     refused: BTreeMap<i64, Vec<PostponedValidationResult>>,
+    /// Results answered 200 (recorded, or the one recorded again), by validation.
+    #[serde(default)]
+    accepted: BTreeMap<i64, u32>,
     /// Refresh tokens already used (by `jti`): a refresh token works once.
     used_refresh: HashSet<String>,
     counters: MockCounters,
+}
+
+/// The results posted for one validation, as the mock answered them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ValidationPosts {
+    /// Answered 200: recorded, or the one recorded again.
+    pub accepted: u32,
+    /// Refused with 403: a different result was recorded before.
+    pub refused: u32,
 }
 
 /// What the mock gateway has seen.
@@ -442,6 +456,21 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         (&Method::GET, ["sim", "v1", "counters"]) => {
             answer_typed(StatusCode::OK, &shared.read(|s| s.counters))
         }
+        (&Method::GET, ["sim", "v1", "validations", id, "posts"]) => {
+            let posts =
+                id.parse::<ValidationId>()
+                    .ok()
+                    .map_or_else(ValidationPosts::default, |id| {
+                        shared.read(|s| ValidationPosts {
+                            accepted: s.accepted.get(&id.get()).copied().unwrap_or(0),
+                            refused: s
+                                .refused
+                                .get(&id.get())
+                                .map_or(0, |r| u32::try_from(r.len()).unwrap_or(u32::MAX)),
+                        })
+                    });
+            answer_typed(StatusCode::OK, &posts)
+        }
         (&Method::GET, ["sim", "v1", "validations", id, "refused"]) => {
             let refused = id.parse::<ValidationId>().ok().map_or_else(Vec::new, |id| {
                 shared.read(|s| s.refused.get(&id.get()).cloned().unwrap_or_default())
@@ -525,11 +554,13 @@ fn validation_result(shared: &Shared, body: &[u8]) -> Response<Full<Bytes>> {
         }
         Some(_) => {
             s.counters.results += 1;
+            *s.accepted.entry(result.validation_id.get()).or_default() += 1;
             false
         }
         None => {
             s.results.insert(result.validation_id.get(), result.clone());
             s.counters.results += 1;
+            *s.accepted.entry(result.validation_id.get()).or_default() += 1;
             false
         }
     });
@@ -642,6 +673,20 @@ impl MockControl {
             return Err(SimError::gateway(format!("mock gateway answered {status}")));
         }
         serde_json::from_slice(&body).map_err(|e| SimError::gateway("refused").because(e))
+    }
+
+    /// How many results were posted for validation `id`, accepted and refused.
+    ///
+    /// # Errors
+    ///
+    /// [`SimError::Gateway`] when the mock cannot be reached or answers strangely.
+    pub async fn validation_posts(&self, id: ValidationId) -> Result<ValidationPosts, SimError> {
+        let path = format!("/sim/v1/validations/{id}/posts");
+        let (status, body) = self.call(Method::GET, &path, None).await?;
+        if !status.is_success() {
+            return Err(SimError::gateway(format!("mock gateway answered {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| SimError::gateway("posts").because(e))
     }
 
     /// Waits (polling) up to `timeout` for the result of validation `id`.

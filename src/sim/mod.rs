@@ -32,6 +32,7 @@ pub use delivery::{Attempt, Delivery, Report, Schedule, deliver, deliver_callbac
 pub use faults::{Fault, Verdict, inject};
 pub use mock_gateway::{
     DEFAULT_PASSWORD, DEFAULT_USERNAME, MockControl, MockCounters, MockGateway, MockGatewayConfig,
+    ValidationPosts,
 };
 pub use request::{Payment, RequestKind, set, to_text};
 pub use trigger::{Exchange, Signer, Trigger};

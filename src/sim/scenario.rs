@@ -53,7 +53,7 @@ use uuid::Uuid;
 
 use super::SimError;
 use super::delivery::{Schedule, deliver_callback};
-use super::mock_gateway::{MockControl, MockCounters};
+use super::mock_gateway::{MockControl, ValidationPosts};
 use super::request::{Payment, RequestKind, to_text};
 use super::trigger::{Exchange, Trigger};
 use crate::config::GatewayConfig;
@@ -637,9 +637,11 @@ async fn run_step(
                     current.nonce
                 ));
             }
+            // Counted for the validation asked about alone: another's result posted late
+            // must not be taken for this one's.
             let before = match expect.conflicts {
-                Some(_) => control.counters().await?,
-                None => MockCounters::default(),
+                Some(_) => control.validation_posts(current.validation_id).await?,
+                None => ValidationPosts::default(),
             };
             let body = to_text(&current.body(RequestKind::TransactionValidation));
             let exchange = target
@@ -669,15 +671,16 @@ async fn run_step(
                 // Counted once the merchant posted its result (accepted or refused): read at
                 // once, `conflicts = 0` would hold before anything was posted.
                 let deadline = tokio::time::Instant::now() + target.await_timeout;
-                let since = |now: MockCounters| {
-                    let refused = now.conflicts.saturating_sub(before.conflicts);
-                    let posted = refused + now.results.saturating_sub(before.results);
+                let since = |now: ValidationPosts| {
+                    let refused = now.refused.saturating_sub(before.refused);
+                    let posted = refused + now.accepted.saturating_sub(before.accepted);
                     (refused, posted)
                 };
-                let (mut seen, mut posted) = since(control.counters().await?);
+                let posts = || control.validation_posts(current.validation_id);
+                let (mut seen, mut posted) = since(posts().await?);
                 while (seen < wanted || posted == 0) && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    (seen, posted) = since(control.counters().await?);
+                    (seen, posted) = since(posts().await?);
                 }
                 for refused in control.refused_results(current.validation_id).await? {
                     story.push(format!(
