@@ -322,6 +322,13 @@ async fn a_result_whose_lease_ran_out_and_was_taken_over_is_left_to_its_new_hold
         "the second instance's lease was ended by another"
     );
     assert_eq!(second.renew_outbox_leases(&ids).await.unwrap(), [78.into()]);
+    // Nor does a "retry now" on the instance that holds the lease (its outbox posting the
+    // result): another instance would post the same attempt beside it.
+    assert!(second.make_due(78.into(), Utc::now()).await.unwrap());
+    assert!(
+        third.outbox_due(Utc::now()).await.unwrap().now.is_empty(),
+        "the lease holder's own retry ended its lease"
+    );
     drop(conn);
     drop((first, second, third, app, decider));
     db.drop_schema().await;

@@ -207,7 +207,10 @@ impl PostponedStore for PgStore {
                 let_go(tx).await?;
                 return Ok(false);
             }
-            self.update_postponed(&mut tx, &record, true).await?;
+            // A lease is this instance's only while its outbox posts the result: ended here,
+            // another instance could post the same attempt beside it. The post's outcome
+            // ends it.
+            self.update_postponed(&mut tx, &record, false).await?;
             tx.commit().await?;
             Ok(true)
         })
