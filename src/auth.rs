@@ -258,6 +258,15 @@ impl Guard {
                 let secret = secret.ok_or_else(|| {
                     invalid(".secret", "required for method = \"shared_secret\"".into())
                 })?;
+                if secret.expose().trim() != secret.expose() {
+                    // HTTP takes the spaces around a header's value off: it would never match.
+                    return Err(invalid(
+                        ".secret",
+                        "begins or ends with white space, which no header value carries \
+                         (the value is not shown: it is a secret)"
+                            .into(),
+                    ));
+                }
                 let header = HeaderName::try_from(config.header.trim()).map_err(|_| {
                     invalid(
                         ".header",
@@ -338,12 +347,14 @@ impl Guard {
         }
     }
 
-    /// The header credentials (the signature, if any, is checked with the body).
+    /// The header credentials (the signature, if any, is checked with the body). A
+    /// credential header sent twice is refused, as a signature header is: which of the two a
+    /// proxy on the way would have read is anyone's guess.
     pub(crate) fn check_headers(&self, headers: &HeaderMap) -> Result<(), AuthError> {
         match &self.method {
             Method::None | Method::Signature => Ok(()),
             Method::SharedSecret { header, expected } => {
-                let presented = headers.get(header).ok_or(AuthError::Missing)?;
+                let presented = only_one(headers, header)?;
                 if expected.matches(presented.as_bytes()) {
                     Ok(())
                 } else {
@@ -351,9 +362,7 @@ impl Guard {
                 }
             }
             Method::Basic { expected } => {
-                let value = headers
-                    .get(header::AUTHORIZATION)
-                    .ok_or(AuthError::Missing)?;
+                let value = only_one(headers, &header::AUTHORIZATION)?;
                 let encoded = value
                     .to_str()
                     .ok()
@@ -372,6 +381,20 @@ impl Guard {
             }
         }
     }
+}
+
+/// The one value of `name` among `headers`: [`AuthError::Missing`] without one,
+/// [`AuthError::Wrong`] for two or more.
+fn only_one<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<&'h http::HeaderValue, AuthError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next().ok_or(AuthError::Missing)?;
+    if values.next().is_some() {
+        return Err(AuthError::Wrong);
+    }
+    Ok(first)
 }
 
 /// `[auth]`: one table per validation endpoint.
@@ -518,6 +541,23 @@ mod tests {
         }
         headers.insert("x-api-key", "s3cret".parse().unwrap());
         assert_eq!(guard.check_headers(&headers), Ok(()));
+        // Sent twice — the right one among them — it is refused, as a signature header is.
+        headers.append("x-api-key", "guess".parse().unwrap());
+        assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
+    }
+
+    #[test]
+    fn a_shared_secret_no_header_value_can_carry_is_refused_when_read() {
+        for secret in [" s3cret", "s3cret\t", "s3cret "] {
+            let config = EndpointAuthConfig {
+                method: AuthMethod::SharedSecret,
+                secret: Some(Secret::new(secret)),
+                ..EndpointAuthConfig::default()
+            };
+            let error = Guard::from_config(&config, "auth.test").unwrap_err();
+            assert_eq!(error.key, "auth.test.secret", "{secret:?}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        }
     }
 
     #[test]
@@ -546,6 +586,13 @@ mod tests {
         );
         assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
         headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
+        // The right credentials and another pair: refused.
+        headers.insert(
+            header::AUTHORIZATION,
+            basic("aggregator:pa:ss").parse().unwrap(),
+        );
+        headers.append(header::AUTHORIZATION, basic("x:y").parse().unwrap());
         assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
     }
 

@@ -58,7 +58,26 @@ pub(crate) struct InLine<'a>(pub(crate) &'a (dyn StdError + 'static));
 
 impl fmt::Display for InLine<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_with_causes(self.0, ": ", f)
+        // A message may carry text from the wire (a handler's error quoting a client id): a
+        // line break in it must not forge a log record.
+        write_with_causes(self.0, ": ", &mut Escaped(f))
+    }
+}
+
+/// Writes to the formatter with control characters escaped (`\n`, `\u{1b}`), as
+/// [`crate::Logged`] shows a value from the wire.
+struct Escaped<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for Escaped<'_, '_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            if c.is_control() {
+                write!(self.0, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(self.0, c)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -67,7 +86,7 @@ impl fmt::Display for InLine<'_> {
 fn write_with_causes(
     error: &(dyn StdError + 'static),
     separator: &str,
-    f: &mut fmt::Formatter<'_>,
+    f: &mut dyn fmt::Write,
 ) -> fmt::Result {
     let mut shown = error.to_string();
     f.write_str(&shown)?;
@@ -81,4 +100,21 @@ fn write_with_causes(
         cause = error.source();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_in_line_forges_no_log_line() {
+        let inner = std::io::Error::other("client a\n2026-01-01T00:00:00Z INFO booked\u{1b}[2J");
+        let outer = crate::store::StoreError::backend("handler failed\r\nagain", inner);
+        let line = InLine(&outer).to_string();
+        assert!(!line.chars().any(char::is_control), "{line}");
+        assert_eq!(
+            line,
+            "handler failed\\r\\nagain: client a\\n2026-01-01T00:00:00Z INFO booked\\u{1b}[2J"
+        );
+    }
 }

@@ -98,12 +98,16 @@ async fn a_callback_older_than_the_retention_is_refused_and_listed_not_booked() 
     assert!(listed.iter().any(|f| f["nonce"] == "old-2"), "{listed:?}");
 
     // A transaction that changed within the retention (`updatedUtc` counts, however old its
-    // creation), and one whose callback carries no times (nothing to judge by), are booked
-    // as before.
+    // creation), one whose callback carries no times (nothing to judge by), and ones whose
+    // times are a sender's unset dates (.NET's `DateTime.MinValue`, the Unix epoch: no real
+    // time, so the other one counts, or none) are booked as before.
+    let min_value: DateTime<Utc> = "0001-01-01T00:00:00Z".parse().unwrap();
     for (nonce, created, updated) in [
         ("recent-1", Some(days_ago(29)), Some(days_ago(29))),
         ("updated-1", Some(days_ago(90)), Some(days_ago(1))),
         ("untimed-1", None, None),
+        ("unset-1", Some(days_ago(2)), Some(min_value)),
+        ("unset-2", Some(min_value), Some(DateTime::UNIX_EPOCH)),
     ] {
         let answer = server.send(&signed(&body(nonce, created, updated))).await;
         assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());

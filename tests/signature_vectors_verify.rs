@@ -360,3 +360,27 @@ fn a_key_configured_for_the_wrong_algorithm_is_refused_by_name() {
         "{error}"
     );
 }
+
+/// An RSA signature written as a minimal integer — its leading zero byte dropped, as some
+/// signers' big-integer encodings do about once in 256 signatures — is the same signature:
+/// it verifies, and stays bound to its body.
+#[test]
+fn an_rsa_signature_without_its_leading_zero_byte_verifies() {
+    let pem = std::fs::read(fixtures().join("rsa2048").join("private.pem")).unwrap();
+    let signer = SigningKey::from_pkcs8(&pem, Algorithm::RsaPkcs1Sha256).unwrap();
+    let key = public_key("rsa2048");
+    // PKCS#1 v1.5 is deterministic: the first body whose signature starts with a zero byte
+    // is always the same one.
+    let (body, signature) = (0..10_000)
+        .map(|i| format!("{{\"nonce\":\"n-{i}\"}}").into_bytes())
+        .map(|body| {
+            let signature = signer.sign(&body).unwrap();
+            (body, signature)
+        })
+        .find(|(_, signature)| signature[0] == 0)
+        .expect("a signature with a leading zero byte among 10,000");
+    let minimal = &signature[1..];
+    assert!(key.verifies(Algorithm::RsaPkcs1Sha256, &body, &signature));
+    assert!(key.verifies(Algorithm::RsaPkcs1Sha256, &body, minimal));
+    assert!(!key.verifies(Algorithm::RsaPkcs1Sha256, b"{\"nonce\":\"other\"}", minimal));
+}

@@ -59,9 +59,12 @@ pub struct RequestContext {
     /// Id of this request: the caller's `X-Request-Id` when it sent a sane one, else a new
     /// UUID. It is echoed in the response's `X-Request-Id` and carried by every log line.
     pub request_id: String,
-    /// Address of the caller, when payhook serves the socket itself.
+    /// Address of the connection's other end, when payhook serves the socket itself:
+    /// behind a proxy, the proxy (the client it forwards for is what `allow_ips` and the
+    /// per-client limits judge, from its `X-Forwarded-For` when the proxy is trusted).
     pub peer: Option<SocketAddr>,
-    /// When the request's headers were received.
+    /// When the request was read and its credentials checked, just before the handler was
+    /// called.
     pub received_at: DateTime<Utc>,
     /// The request's headers.
     pub headers: HeaderMap,

@@ -109,6 +109,19 @@ pub(crate) mod utc_opt {
 
 // Times as the stores keep them: milliseconds since the Unix epoch.
 
+/// A transaction's last change, as a callback or a record of the aggregator gives it:
+/// `updated`, else `created`, each left out when it is no real time — before the year 2000,
+/// as a sender's unset date writes it (.NET's `DateTime.MinValue`, the Unix epoch). Taken
+/// for a real time, such a date would put every callback of the transaction beyond any
+/// retention, refused for ever.
+pub(crate) fn last_change(
+    updated: Option<DateTime<Utc>>,
+    created: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
+    let real = |time: &DateTime<Utc>| time.year() >= 2000;
+    updated.filter(real).or(created.filter(real))
+}
+
 /// Milliseconds since the Unix epoch, now (0 for a clock set before 1970, as
 /// [`ms_from_time`] gives). Straight from the system clock: on every callback's path,
 /// three times, where `Utc::now` would compute a calendar date each time only to be turned

@@ -245,29 +245,36 @@ impl ExactlyOnce {
                 tokio::pin!(notified);
                 notified.as_mut().enable();
                 match begin().await {
+                    // Woken when a delivery of this process finishes; a shared store's claim
+                    // may be another instance's, which no one here announces, so the record
+                    // is also read again every so often — until the deadline.
+                    Ok(outcome) if is_busy(&outcome) && Instant::now() >= deadline => Some(Err(())),
                     Ok(outcome) if is_busy(&outcome) => {
-                        // Woken when a delivery of this process finishes; a shared store's
-                        // claim may be another instance's, which no one here announces, so
-                        // the record is also read again every so often.
-                        if Instant::now() >= deadline {
-                            tracing::warn!(
-                                "another delivery of this nonce is still in flight; answering 503"
-                            );
-                            return Err(Problem::InFlight {
-                                retry_after: self.inner.runner.retry_after(),
-                            });
-                        }
                         let poll = Instant::now() + BUSY_POLL;
                         let _ = tokio::time::timeout_at(poll.min(deadline), notified).await;
                         None
                     }
-                    other => Some(other),
+                    other => Some(Ok(other)),
                 }
             };
             waited = true;
-            if let Some(outcome) = again {
-                self.inner.waiters.forget_if_unused(key);
-                return Ok(outcome);
+            // Out of the block, this delivery's hold on the key's entry is let go: the entry
+            // goes with the last of them, whatever the answer.
+            match again {
+                None => {}
+                Some(Ok(outcome)) => {
+                    self.inner.waiters.forget_if_unused(key);
+                    return Ok(outcome);
+                }
+                Some(Err(())) => {
+                    self.inner.waiters.forget_if_unused(key);
+                    tracing::warn!(
+                        "another delivery of this nonce is still in flight; answering 503"
+                    );
+                    return Err(Problem::InFlight {
+                        retry_after: self.inner.runner.retry_after(),
+                    });
+                }
             }
         }
     }
@@ -391,7 +398,8 @@ impl ExactlyOnce {
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
-        let changed = callback.updated_utc.or(callback.created_utc);
+        let changed =
+            crate::model::timestamp::last_change(callback.updated_utc, callback.created_utc);
         let answer = match beyond_horizon(changed, callback_horizon(store.retention())) {
             Some(changed) => Err(Problem::BeyondRetention { changed }),
             None => {
@@ -1012,6 +1020,11 @@ mod tests {
             matches!(second, Err(Problem::InFlight { .. })),
             "a second delivery waits, then is answered 503: {second:?}"
         );
+        assert!(
+            once.inner.waiters.by_key.lock().unwrap().is_empty(),
+            "the waiter's entry goes with its answer"
+        );
+        assert_eq!(once.inner.waiters.registered.load(Ordering::SeqCst), 0);
         assert_eq!(
             handler.calls.load(Ordering::SeqCst),
             1,

@@ -441,7 +441,8 @@ impl App {
             "request",
             request_id = %id,
             method = %request.method(),
-            path = %request.uri().path(),
+            // Any path may come: escaped, and cut short (a 404's path is the client's).
+            path = %crate::Logged(request.uri().path()),
             trace_id = field::Empty,
             span_id = field::Empty,
             parent_span_id = field::Empty,

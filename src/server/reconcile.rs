@@ -185,7 +185,7 @@ pub(crate) fn untellable(
     record: &crate::model::TransactionRecord,
     retention: Duration,
 ) -> Option<ReconcileError> {
-    let changed = record.updated_utc.or(record.created_utc);
+    let changed = crate::model::timestamp::last_change(record.updated_utc, record.created_utc);
     if changed.is_none() {
         return Some(ReconcileError::UnknownAge);
     }

@@ -77,8 +77,16 @@ impl Runner {
         ctx: RequestContext,
     ) -> Result<ProvidersDecision, Problem> {
         let handler = self.inner.providers.clone().ok_or(Problem::NotFound)?;
-        self.run(Endpoint::ProvidersValidation, handler.call(request, ctx))
-            .await
+        // Watched on a task of its own, like the other endpoints' handlers: a client that
+        // goes away drops this future, and with it would go the handler's timeout — a
+        // handler waiting on a hung service would then never be stopped.
+        let runner = self.clone();
+        self.detached(Endpoint::ProvidersValidation, async move {
+            runner
+                .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
+                .await
+        })
+        .await
     }
 
     /// The validation handler's decision on an endpoint that is not Awaitable: a decision
@@ -234,4 +242,74 @@ fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
         note::current(),
         TraceContext::scope_of(TraceContext::current(), work),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::{ProvidersValidator, RequestContext};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A providers handler that waits for ever, telling whether it was stopped.
+    #[derive(Default)]
+    struct Hangs {
+        stopped: Arc<AtomicBool>,
+    }
+
+    /// Sets its flag when dropped: the handler's future went without finishing.
+    struct Stopped(Arc<AtomicBool>);
+
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl ProvidersValidator for Hangs {
+        async fn validate_providers(
+            &self,
+            _: ProvidersValidationRequest,
+            _: RequestContext,
+        ) -> Result<crate::handler::ProvidersDecision, crate::HandlerError> {
+            let _stopped = Stopped(Arc::clone(&self.stopped));
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_providers_handler_is_stopped_at_its_timeout_when_its_client_went_away() {
+        let handler = Hangs::default();
+        let stopped = Arc::clone(&handler.stopped);
+        let runner = Runner::new(
+            Some(Arc::new(handler)),
+            None,
+            None,
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+        );
+        let request: ProvidersValidationRequest = serde_json::from_str(
+            r#"{"transactionData": {"merchantData": {"merchantHash": "h", "clientId": "c"},
+                "paymentData": {"nonce": "n-1", "amount": 10, "currency": "EUR"},
+                "cashIn": true},
+               "providers": []}"#,
+        )
+        .unwrap();
+        let ctx = RequestContext {
+            request_id: "r-1".into(),
+            peer: None,
+            received_at: chrono::Utc::now(),
+            headers: http::HeaderMap::new(),
+        };
+        // The request's future, dropped as a closed connection drops it.
+        let answering = tokio::spawn(async move { runner.providers(request, ctx).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        answering.abort();
+        let _ = answering.await;
+        assert!(
+            !stopped.load(Ordering::SeqCst),
+            "not stopped before its timeout"
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(stopped.load(Ordering::SeqCst), "stopped at its timeout");
+    }
 }

@@ -55,6 +55,11 @@ pub enum Error {
     /// The key is too weak.
     #[error("RSA key of {0} bits is too small; at least 2048 bits are required")]
     KeyTooSmall(usize),
+    /// An RSA key no verification accepts: over 8192 bits, or a public exponent that is
+    /// even, below 3 or over 2^33 − 1. Refused when read, rather than answering every
+    /// callback 401.
+    #[error("RSA key cannot verify anything: {0}")]
+    UnusableRsaKey(String),
     /// The key cannot verify the configured algorithm.
     #[error("a {kind} key cannot verify {algorithm}")]
     WrongKeyKind {

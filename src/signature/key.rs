@@ -31,6 +31,51 @@ const OID_SHA512: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.10
 /// Smallest RSA modulus accepted, in bits (ring's verifiers refuse smaller ones anyway).
 const MIN_RSA_BITS: usize = 2048;
 
+/// `signature` with the zero bytes in front that make it as long as the modulus `n`, when
+/// it is shorter: a signer that writes the signature as a minimal integer (a `BigInteger`'s
+/// bytes) drops them about once in 256 signatures, and ring wants the modulus's length. The
+/// same integer, so the same signature. `None` when it needs no padding.
+fn padded_to_modulus(n: &[u8], signature: &[u8]) -> Option<Vec<u8>> {
+    let modulus_len = n.iter().position(|b| *b != 0).map_or(0, |i| n.len() - i);
+    (signature.len() < modulus_len).then(|| {
+        let mut padded = vec![0u8; modulus_len - signature.len()];
+        padded.extend_from_slice(signature);
+        padded
+    })
+}
+
+/// The largest RSA modulus ring verifies with (`RSA_PKCS1_2048_8192_*`, `RSA_PSS_2048_8192_*`).
+const MAX_RSA_BITS: usize = 8192;
+
+/// The largest public exponent ring verifies with: 2^33 − 1.
+const MAX_RSA_EXPONENT: u64 = (1 << 33) - 1;
+
+/// Refuses an RSA key every verification would refuse (ring's bounds): a modulus of over
+/// [`MAX_RSA_BITS`], or a public exponent `e` (big-endian) that is even, below 3 or over
+/// [`MAX_RSA_EXPONENT`].
+fn check_rsa_verifiable(bits: usize, e: &[u8]) -> Result<(), Error> {
+    if bits > MAX_RSA_BITS {
+        return Err(Error::UnusableRsaKey(format!(
+            "a modulus of {bits} bits; at most {MAX_RSA_BITS} are verified"
+        )));
+    }
+    let significant = e.iter().position(|b| *b != 0).map_or(&[][..], |i| &e[i..]);
+    let exponent = (significant.len() <= 8).then(|| {
+        significant
+            .iter()
+            .fold(0u64, |value, byte| (value << 8) | u64::from(*byte))
+    });
+    match exponent {
+        Some(e) if (3..=MAX_RSA_EXPONENT).contains(&e) && e % 2 == 1 => Ok(()),
+        Some(e) => Err(Error::UnusableRsaKey(format!(
+            "public exponent {e}; it must be odd, at least 3 and at most 2^33 - 1"
+        ))),
+        None => Err(Error::UnusableRsaKey(
+            "a public exponent of more than 64 bits; it must be at most 2^33 - 1".into(),
+        )),
+    }
+}
+
 /// The key material itself.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Material {
@@ -196,9 +241,13 @@ impl PublicKey {
             // (`bench_callbacks -- 20 D --instructions`). ring 0.17 has no public way to keep
             // them with the key; aws-lc-rs's `ParsedPublicKey` does (21.5 µs per verification
             // against ring's 30 µs, measured outside the repository on 2026-11-26).
-            (Material::Rsa { n, e }, Some(params), _) => ring_sig::RsaPublicKeyComponents { n, e }
-                .verify(params, message, signature)
-                .is_ok(),
+            (Material::Rsa { n, e }, Some(params), _) => {
+                let components = ring_sig::RsaPublicKeyComponents { n, e };
+                match padded_to_modulus(n, signature) {
+                    Some(padded) => components.verify(params, message, &padded).is_ok(),
+                    None => components.verify(params, message, signature).is_ok(),
+                }
+            }
             (
                 Material::EcP256(point) | Material::EcP384(point) | Material::Ed25519(point),
                 _,
@@ -211,13 +260,14 @@ impl PublicKey {
     }
 
     fn new(material: Material) -> Result<Self, Error> {
-        if let Material::Rsa { n, .. } = &material {
+        if let Material::Rsa { n, e } = &material {
             // An empty modulus (all zero bytes, stripped) has no bits.
             let bits =
                 (n.len() * 8).saturating_sub(n.first().map_or(0, |b| b.leading_zeros() as usize));
             if bits < MIN_RSA_BITS {
                 return Err(Error::KeyTooSmall(bits));
             }
+            check_rsa_verifiable(bits, e)?;
         }
         Ok(Self {
             id: None,
@@ -890,6 +940,35 @@ QQIDAQAB
             PublicKey::parse(br#"{"kty":"RSA","n":"AA","e":"AQAB"}"#),
             Err(Error::KeyTooSmall(0))
         ));
+    }
+
+    #[test]
+    fn rsa_keys_no_verification_accepts_are_refused_when_read() {
+        let xml = |modulus_bytes: usize, exponent: &[u8]| {
+            let engine = base64::engine::general_purpose::STANDARD;
+            format!(
+                "<RSAKeyValue><Modulus>{}</Modulus><Exponent>{}</Exponent></RSAKeyValue>",
+                engine.encode(vec![0xffu8; modulus_bytes]),
+                engine.encode(exponent)
+            )
+        };
+        let unusable = |modulus_bytes, exponent: &[u8]| {
+            matches!(
+                PublicKey::parse(xml(modulus_bytes, exponent).as_bytes()),
+                Err(Error::UnusableRsaKey(_))
+            )
+        };
+        // 8192 bits and 65537, 3, 2^33 - 1: taken.
+        for exponent in [&[1u8, 0, 1][..], &[3], &[1, 0xff, 0xff, 0xff, 0xff]] {
+            assert!(
+                PublicKey::parse(xml(1024, exponent).as_bytes()).is_ok(),
+                "{exponent:?}"
+            );
+        }
+        assert!(unusable(1025, &[1, 0, 1]), "8200 bits");
+        for exponent in [&[1u8][..], &[0], &[], &[0, 2], &[2, 0, 0, 0, 1], &[9; 9]] {
+            assert!(unusable(256, exponent), "{exponent:?}");
+        }
     }
 
     #[test]
