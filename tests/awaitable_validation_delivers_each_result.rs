@@ -622,12 +622,27 @@ async fn a_handler_over_its_budget_decides_within_the_handler_timeout_counted_fr
     );
 }
 
+/// [`paused_app`] whose postponed validations have a deadline of 300 s.
+fn app_with_deadline(dir: &tempfile::TempDir) -> App {
+    paused_app(dir, |config| {
+        config.validation.deadline = Some(Duration::from_secs(300));
+    })
+}
+
+/// Asserts that validation `id` was decided by the deadline's outcome (a refusal).
+async fn decided_by_the_deadline(resolver: &payhook::postponed::Resolver, id: i64) {
+    let result = resolver.get(id).await.unwrap().unwrap().result.unwrap();
+    assert_eq!(
+        (result.success, result.description.as_str()),
+        (false, "validation timed out"),
+        "{id}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decision_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let app = paused_app(&dir, |config| {
-        config.validation.deadline = Some(Duration::from_secs(300));
-    });
+    let app = app_with_deadline(&dir);
     let resolver = app.resolver().unwrap();
     let outbox = app.outbox().unwrap();
     assert_eq!(
@@ -651,11 +666,7 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
         (1, 1),
         "expired, then one failed delivery"
     );
-    let result = resolver.get(7).await.unwrap().unwrap().result.unwrap();
-    assert_eq!(
-        (result.success, result.description.as_str()),
-        (false, "validation timed out")
-    );
+    decided_by_the_deadline(&resolver, 7).await;
     assert!(matches!(
         resolver.resolve(7, Decision::allow("too late")).await,
         Err(ResolveError::Conflict {
@@ -671,9 +682,7 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
 #[tokio::test(start_paused = true)]
 async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
     let dir = tempfile::tempdir().unwrap();
-    let app = paused_app(&dir, |config| {
-        config.validation.deadline = Some(Duration::from_secs(300));
-    });
+    let app = app_with_deadline(&dir);
     let resolver = app.resolver().unwrap();
     assert_eq!(
         validate(&app, "postpone", 20).await,
@@ -698,12 +707,7 @@ async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
         "{late:?}"
     );
     for id in [20, 21] {
-        let result = resolver.get(id).await.unwrap().unwrap().result.unwrap();
-        assert_eq!(
-            (result.success, result.description.as_str()),
-            (false, "validation timed out"),
-            "{id}"
-        );
+        decided_by_the_deadline(&resolver, id).await;
     }
 }
 
@@ -713,9 +717,7 @@ async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
 #[tokio::test(start_paused = true)]
 async fn a_decision_after_the_deadline_comes_too_late_even_before_the_outbox_applied_it() {
     let dir = tempfile::tempdir().unwrap();
-    let app = paused_app(&dir, |config| {
-        config.validation.deadline = Some(Duration::from_secs(300));
-    });
+    let app = app_with_deadline(&dir);
     let resolver = app.resolver().unwrap();
     assert_eq!(
         validate(&app, "postpone", 8).await,
@@ -735,11 +737,7 @@ async fn a_decision_after_the_deadline_comes_too_late_even_before_the_outbox_app
         ),
         "{late:?}"
     );
-    let result = resolver.get(8).await.unwrap().unwrap().result.unwrap();
-    assert_eq!(
-        (result.success, result.description.as_str()),
-        (false, "validation timed out")
-    );
+    decided_by_the_deadline(&resolver, 8).await;
     // The deadline's own outcome asked for: unchanged, already so.
     assert_eq!(
         resolver.resolve(8, Decision::deny("no")).await.unwrap(),
