@@ -1213,13 +1213,24 @@ fn validation_line(v: &PostponedValidation) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_listing_whose_first_page_failed_writes_nothing() {
-        let mut out = Vec::new();
-        {
-            let _listing = ValidationsOut::new(&mut out, true);
+    #[tokio::test]
+    async fn a_listing_whose_first_page_failed_writes_nothing() {
+        for json in [true, false] {
+            let mut out = Vec::new();
+            let mut listing = ValidationsOut::new(&mut out, json);
+            let walked = each_validations_page(
+                |_| {
+                    std::future::ready(Err(AdminError::Remote {
+                        status: 401,
+                        message: "refused".into(),
+                    }))
+                },
+                |page| listing.page(&page),
+            )
+            .await;
+            assert!(walked.is_err());
+            assert!(out.is_empty(), "json: {json}: {out:?}");
         }
-        assert!(out.is_empty());
     }
 
     #[test]

@@ -29,18 +29,28 @@ pub struct Logged<'a>(pub &'a str);
 
 impl fmt::Display for Logged<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for c in self.0.chars().take(SHOWN) {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                fmt::Write::write_char(f, c)?;
-            }
-        }
+        write_escaped(f, self.0.chars().take(SHOWN))?;
         if self.0.chars().nth(SHOWN).is_some() {
             write!(f, "…({} bytes)", self.0.len())?;
         }
         Ok(())
     }
+}
+
+/// Writes `chars` to `out` with control characters escaped (`\n`, `\u{1b}`): a line break
+/// from the wire must not forge a log line.
+pub(crate) fn write_escaped(
+    out: &mut dyn fmt::Write,
+    chars: impl Iterator<Item = char>,
+) -> fmt::Result {
+    for c in chars {
+        if c.is_control() {
+            write!(out, "{}", c.escape_default())?;
+        } else {
+            out.write_char(c)?;
+        }
+    }
+    Ok(())
 }
 
 /// `text`, or its first `max` bytes (fewer, to end on a whole character) and `…`: for what

@@ -64,20 +64,13 @@ impl fmt::Display for InLine<'_> {
     }
 }
 
-/// Writes to the formatter with control characters escaped (`\n`, `\u{1b}`), as
-/// [`crate::Logged`] shows a value from the wire.
+/// Writes to the formatter with control characters escaped, as [`crate::Logged`] shows a
+/// value from the wire.
 struct Escaped<'a, 'b>(&'a mut fmt::Formatter<'b>);
 
 impl fmt::Write for Escaped<'_, '_> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            if c.is_control() {
-                write!(self.0, "{}", c.escape_default())?;
-            } else {
-                fmt::Write::write_char(self.0, c)?;
-            }
-        }
-        Ok(())
+        crate::logged::write_escaped(self.0, text.chars())
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use payhook::handler::{RequestContext, TransactionValidator, ValidationDecision};
 use payhook::model::TransactionValidationRequest;
-use payhook::postponed::{Decision, Delivery, PostponedState, ResolveError, Resolved};
+use payhook::postponed::{Decision, Delivery, PostponedState, ResolveError, Resolved, Resolver};
 use payhook::{App, Config, HandlerError};
 use serde_json::json;
 use std::time::Duration;
@@ -26,7 +26,19 @@ fn awaitable_config(gateway: &FakeGateway) -> Config {
     config
 }
 
-/// The validation request of client `client`, with its own nonce and validation id.
+/// Postpones validation [`ID`] (nonce `nonce`) on `server`, then allows it: its result is
+/// queued for the outbox. The app's resolver.
+async fn postponed_then_allowed(server: &TestServer, nonce: &str) -> Resolver {
+    let body = validation("postpone", nonce, ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
+    let resolver = server.app.resolver().unwrap();
+    resolver
+        .resolve(ID, Decision::allow("approved"))
+        .await
+        .unwrap();
+    resolver
+}
+
 /// [`awaitable_config`] with its store in `dir`.
 fn stored_config(gateway: &FakeGateway, dir: &tempfile::TempDir) -> Config {
     let mut config = awaitable_config(gateway);
@@ -34,6 +46,7 @@ fn stored_config(gateway: &FakeGateway, dir: &tempfile::TempDir) -> Config {
     config
 }
 
+/// The validation request of client `client`, with its own nonce and validation id.
 fn validation(client: &str, nonce: &str, id: i64) -> String {
     let body = with(
         TRANSACTION_VALIDATION,
@@ -266,13 +279,7 @@ async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() 
     let gateway = FakeGateway::start().await;
     gateway.with(|s| s.results.insert(ID, (false, "decided elsewhere".into())));
     let server = TestServer::start_with(awaitable_config(&gateway)).await;
-    let body = validation("postpone", "n-conflict", ID);
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let resolver = server.app.resolver().unwrap();
-    resolver
-        .resolve(ID, Decision::allow("approved"))
-        .await
-        .unwrap();
+    let resolver = postponed_then_allowed(&server, "n-conflict").await;
     state_of(&server, ID, PostponedState::Conflict).await;
     let record = resolver.get(ID).await.unwrap().unwrap();
     let result = record.result.unwrap();
@@ -312,15 +319,7 @@ async fn a_403_without_the_aggregators_error_body_is_tried_again() {
         s.fail_next.push_back(403);
     });
     let server = TestServer::start_with(awaitable_config(&gateway)).await;
-    let body = validation("postpone", "n-bare-403", ID);
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    server
-        .app
-        .resolver()
-        .unwrap()
-        .resolve(ID, Decision::allow("approved"))
-        .await
-        .unwrap();
+    postponed_then_allowed(&server, "n-bare-403").await;
     state_of(&server, ID, PostponedState::Delivered).await;
     assert_eq!(
         gateway.with(|s| s.attempted.clone()),
@@ -344,13 +343,7 @@ async fn the_wait_before_the_next_attempt_runs_from_the_end_of_the_failed_one() 
     let mut config = awaitable_config(&gateway);
     config.validation.retry_schedule = vec![Duration::from_secs(1)];
     let server = TestServer::start_with(config).await;
-    let body = validation("postpone", "n-slow", ID);
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let resolver = server.app.resolver().unwrap();
-    resolver
-        .resolve(ID, Decision::allow("approved"))
-        .await
-        .unwrap();
+    let resolver = postponed_then_allowed(&server, "n-slow").await;
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     let (decided, next_attempt) = loop {
         let result = resolver.get(ID).await.unwrap().unwrap().result.unwrap();
@@ -380,13 +373,7 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
     let mut gateway = FakeGateway::start().await;
     let server = TestServer::start_with(awaitable_config(&gateway)).await;
     gateway.stop();
-    let body = validation("postpone", "n-retry", ID);
-    assert_eq!(server.post_json(VALIDATION_PATH, &body).await.status, 200);
-    let resolver = server.app.resolver().unwrap();
-    resolver
-        .resolve(ID, Decision::allow("approved"))
-        .await
-        .unwrap();
+    let resolver = postponed_then_allowed(&server, "n-retry").await;
     // Wait until two attempts have failed against the closed port.
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     loop {
@@ -630,7 +617,7 @@ fn app_with_deadline(dir: &tempfile::TempDir) -> App {
 }
 
 /// Asserts that validation `id` was decided by the deadline's outcome (a refusal).
-async fn decided_by_the_deadline(resolver: &payhook::postponed::Resolver, id: i64) {
+async fn decided_by_the_deadline(resolver: &Resolver, id: i64) {
     let result = resolver.get(id).await.unwrap().unwrap().result.unwrap();
     assert_eq!(
         (result.success, result.description.as_str()),

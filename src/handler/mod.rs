@@ -63,8 +63,8 @@ pub struct RequestContext {
     /// behind a proxy, the proxy (the client it forwards for is what `allow_ips` and the
     /// per-client limits judge, from its `X-Forwarded-For` when the proxy is trusted).
     pub peer: Option<SocketAddr>,
-    /// When the request was read and its credentials checked, just before the handler was
-    /// called.
+    /// When the request had been read and its credentials checked (before its claim on the
+    /// nonce, and any wait for another delivery of it).
     pub received_at: DateTime<Utc>,
     /// The request's headers.
     pub headers: HeaderMap,

@@ -306,7 +306,7 @@ pub(crate) fn postponed(first: &PostponedPage, now: DateTime<Utc>) -> String {
             out,
             "<p class=empty>The first {WAITING_SHOWN} waiting are shown, by id; \
              <code>payhook validations list --pending</code> (GET \
-             /payhook/admin/validations?state=pending) lists them all.</p>"
+             /payhook/admin/validations?state=pending, a page at a time) lists them all.</p>"
         );
     }
     out
@@ -413,14 +413,15 @@ pub(crate) fn outbox(
         let _ = write!(
             out,
             "<p class=empty>The first {WAITING_SHOWN} waiting for delivery are shown, by id; \
-             GET /payhook/admin/validations?state=queued lists them all.</p>"
+             GET /payhook/admin/validations?state=queued (a page at a time) lists them all.</p>"
         );
     }
     if left_out.settled {
         let _ = write!(
             out,
             "<p class=empty>The latest {SETTLED_SHOWN} delivered or refused are shown; \
-             GET /payhook/admin/validations?state=delivered (or conflict) lists them all.</p>"
+             GET /payhook/admin/validations?state=delivered (or conflict, a page at a time) \
+             lists them all.</p>"
         );
     }
     out

@@ -135,17 +135,10 @@ pub struct PostponedPage {
 impl PostponedPage {
     /// The first `limit` of `listed` (by id, after the page's `after`), and where the next
     /// page starts when `listed` holds more: read `limit + 1` to know.
-    pub(crate) fn of(mut listed: Vec<PostponedValidation>, limit: usize) -> Self {
-        let more = listed.len() > limit;
-        listed.truncate(limit);
-        let next = listed
-            .last()
-            .filter(|_| more)
-            .map(|last| last.validation_id);
-        Self {
-            validations: listed,
-            next,
-        }
+    pub(crate) fn of(listed: Vec<PostponedValidation>, limit: usize) -> Self {
+        let (validations, next) =
+            crate::store::first_page(listed, limit, |last| last.validation_id);
+        Self { validations, next }
     }
 }
 

@@ -248,7 +248,14 @@ impl ExactlyOnce {
                     // Woken when a delivery of this process finishes; a shared store's claim
                     // may be another instance's, which no one here announces, so the record
                     // is also read again every so often — until the deadline.
-                    Ok(outcome) if is_busy(&outcome) && Instant::now() >= deadline => Some(Err(())),
+                    Ok(outcome) if is_busy(&outcome) && Instant::now() >= deadline => {
+                        tracing::warn!(
+                            "another delivery of this nonce is still in flight; answering 503"
+                        );
+                        Some(Err(Problem::InFlight {
+                            retry_after: self.inner.runner.retry_after(),
+                        }))
+                    }
                     Ok(outcome) if is_busy(&outcome) => {
                         let poll = Instant::now() + BUSY_POLL;
                         let _ = tokio::time::timeout_at(poll.min(deadline), notified).await;
@@ -260,21 +267,9 @@ impl ExactlyOnce {
             waited = true;
             // Out of the block, this delivery's hold on the key's entry is let go: the entry
             // goes with the last of them, whatever the answer.
-            match again {
-                None => {}
-                Some(Ok(outcome)) => {
-                    self.inner.waiters.forget_if_unused(key);
-                    return Ok(outcome);
-                }
-                Some(Err(())) => {
-                    self.inner.waiters.forget_if_unused(key);
-                    tracing::warn!(
-                        "another delivery of this nonce is still in flight; answering 503"
-                    );
-                    return Err(Problem::InFlight {
-                        retry_after: self.inner.runner.retry_after(),
-                    });
-                }
+            if let Some(answer) = again {
+                self.inner.waiters.forget_if_unused(key);
+                return answer;
             }
         }
     }

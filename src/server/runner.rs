@@ -77,16 +77,8 @@ impl Runner {
         ctx: RequestContext,
     ) -> Result<ProvidersDecision, Problem> {
         let handler = self.inner.providers.clone().ok_or(Problem::NotFound)?;
-        // Watched on a task of its own, like the other endpoints' handlers: a client that
-        // goes away drops this future, and with it would go the handler's timeout — a
-        // handler waiting on a hung service would then never be stopped.
-        let runner = self.clone();
-        self.detached(Endpoint::ProvidersValidation, async move {
-            runner
-                .run(Endpoint::ProvidersValidation, handler.call(request, ctx))
-                .await
-        })
-        .await
+        self.run(Endpoint::ProvidersValidation, handler.call(request, ctx))
+            .await
     }
 
     /// The validation handler's decision on an endpoint that is not Awaitable: a decision
@@ -156,27 +148,32 @@ impl Runner {
     /// Runs a handler on its own task within the handler timeout.
     ///
     /// The task is not cancelled when the client goes away, so that a handler is never
-    /// stopped half-way by a dropped connection; it is aborted when it overruns the timeout.
+    /// stopped half-way by a dropped connection; the timeout runs on that task too, so a
+    /// handler is stopped when it overruns, whoever is still waiting for it. A stopped
+    /// handler ends at its next await (until then it still runs); the answer waits for that,
+    /// and the nonce stays claimed meanwhile, so that no second run can start beside it.
     async fn run<T: Send + 'static>(
         &self,
         endpoint: Endpoint,
         handler: BoxFuture<T>,
     ) -> Result<T, Problem> {
-        let mut task = tokio::spawn(carried(handler.in_current_span()));
         let timeout = self.inner.handler_timeout;
-        match tokio::time::timeout(timeout, &mut task).await {
-            Ok(joined) => self.settle(endpoint, joined),
-            Err(_elapsed) => {
-                task.abort();
+        let started = tokio::time::Instant::now();
+        let task = tokio::spawn(carried(
+            tokio::time::timeout(timeout, handler).in_current_span(),
+        ));
+        match task.await {
+            // A handler that blocked its thread past the timeout is late when it returns,
+            // whatever it returns: its claim may have been taken over meanwhile.
+            Ok(Ok(decided)) if started.elapsed() < timeout => self.settle(endpoint, Ok(decided)),
+            Ok(_) => {
                 tracing::error!(endpoint = endpoint.name(), ?timeout, "handler timed out");
-                // Aborting takes effect at the handler's next await: until then it still runs,
-                // and the nonce stays claimed so that no second run can start beside it.
-                let _ = (&mut task).await;
                 Err(Problem::HandlerTimedOut {
                     endpoint,
                     retry_after: self.inner.retry_after,
                 })
             }
+            Err(join_error) => self.settle(endpoint, Err(join_error)),
         }
     }
 

@@ -31,14 +31,13 @@ const OID_SHA512: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.10
 /// Smallest RSA modulus accepted, in bits (ring's verifiers refuse smaller ones anyway).
 const MIN_RSA_BITS: usize = 2048;
 
-/// `signature` with the zero bytes in front that make it as long as the modulus `n`, when
-/// it is shorter: a signer that writes the signature as a minimal integer (a `BigInteger`'s
+/// `signature` with the zero bytes in front that make it as long as the modulus `n` (its
+/// leading zeros stripped, as [`Material::Rsa`] holds it), when it is shorter: a signer that writes the signature as a minimal integer (a `BigInteger`'s
 /// bytes) drops them about once in 256 signatures, and ring wants the modulus's length. The
 /// same integer, so the same signature. `None` when it needs no padding.
 fn padded_to_modulus(n: &[u8], signature: &[u8]) -> Option<Vec<u8>> {
-    let modulus_len = n.iter().position(|b| *b != 0).map_or(0, |i| n.len() - i);
-    (signature.len() < modulus_len).then(|| {
-        let mut padded = vec![0u8; modulus_len - signature.len()];
+    (signature.len() < n.len()).then(|| {
+        let mut padded = vec![0u8; n.len() - signature.len()];
         padded.extend_from_slice(signature);
         padded
     })
@@ -51,18 +50,16 @@ const MAX_RSA_BITS: usize = 8192;
 const MAX_RSA_EXPONENT: u64 = (1 << 33) - 1;
 
 /// Refuses an RSA key every verification would refuse (ring's bounds): a modulus of over
-/// [`MAX_RSA_BITS`], or a public exponent `e` (big-endian) that is even, below 3 or over
-/// [`MAX_RSA_EXPONENT`].
+/// [`MAX_RSA_BITS`], or a public exponent `e` (big-endian, without leading zeros, as
+/// [`Material::Rsa`] holds it) that is even, below 3 or over [`MAX_RSA_EXPONENT`].
 fn check_rsa_verifiable(bits: usize, e: &[u8]) -> Result<(), Error> {
     if bits > MAX_RSA_BITS {
         return Err(Error::UnusableRsaKey(format!(
             "a modulus of {bits} bits; at most {MAX_RSA_BITS} are verified"
         )));
     }
-    let significant = e.iter().position(|b| *b != 0).map_or(&[][..], |i| &e[i..]);
-    let exponent = (significant.len() <= 8).then(|| {
-        significant
-            .iter()
+    let exponent = (e.len() <= 8).then(|| {
+        e.iter()
             .fold(0u64, |value, byte| (value << 8) | u64::from(*byte))
     });
     match exponent {
@@ -242,11 +239,10 @@ impl PublicKey {
             // them with the key; aws-lc-rs's `ParsedPublicKey` does (21.5 µs per verification
             // against ring's 30 µs, measured outside the repository on 2026-11-26).
             (Material::Rsa { n, e }, Some(params), _) => {
-                let components = ring_sig::RsaPublicKeyComponents { n, e };
-                match padded_to_modulus(n, signature) {
-                    Some(padded) => components.verify(params, message, &padded).is_ok(),
-                    None => components.verify(params, message, signature).is_ok(),
-                }
+                let padded = padded_to_modulus(n, signature);
+                ring_sig::RsaPublicKeyComponents { n, e }
+                    .verify(params, message, padded.as_deref().unwrap_or(signature))
+                    .is_ok()
             }
             (
                 Material::EcP256(point) | Material::EcP384(point) | Material::Ed25519(point),
@@ -966,7 +962,15 @@ QQIDAQAB
             );
         }
         assert!(unusable(1025, &[1, 0, 1]), "8200 bits");
-        for exponent in [&[1u8][..], &[0], &[], &[0, 2], &[2, 0, 0, 0, 1], &[9; 9]] {
+        for exponent in [
+            &[1u8][..],
+            &[0],
+            &[],
+            &[0, 2],
+            &[1, 0, 0],
+            &[2, 0, 0, 0, 1],
+            &[9; 9],
+        ] {
             assert!(unusable(256, exponent), "{exponent:?}");
         }
     }

@@ -1075,14 +1075,14 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                     continue;
                 }
             };
-            // A nonce whose validation still waits for its decision, or for its delivery,
-            // keeps its record: a new validation of it would otherwise run the handler again,
-            // and could decide it otherwise.
-            if expires <= now_ms && awaits_its_result(context, holder)? {
-                kept.push((tag, identifier));
-                continue;
-            }
             if expires <= now_ms && removed.insert(found_at.to_vec()) {
+                // A nonce whose validation still waits for its decision, or for its delivery,
+                // keeps its record: a new validation of it would otherwise run the handler
+                // again, and could decide it otherwise.
+                if awaits_its_result(context, holder)? {
+                    kept.push((tag, identifier));
+                    continue;
+                }
                 batch.remove(found_at);
                 purged += 1;
                 if let Some(record) = failing {
@@ -1134,7 +1134,7 @@ fn held_postponed(
     let Some(bytes) = context.tree.get(keys::by_id(keys::POSTPONED_PREFIX, id))? else {
         return Ok(None);
     };
-    Ok(Some(decode::<PostponedValidation>(&id.to_string(), &bytes)))
+    Ok(Some(super::record::decode_named(&bytes, || id.to_string())))
 }
 
 /// Whether `record`, or one of the repeats that share its decision, is not final:

@@ -229,14 +229,9 @@ pub struct FailingPage {
 impl FailingPage {
     /// The first `limit` of `listed` (in the listing's order, after the cursor it was read
     /// after), and a cursor for the next page when `listed` holds more.
-    pub(crate) fn of(mut listed: Vec<FailingCallback>, limit: usize) -> Self {
-        let more = listed.len() > limit;
-        listed.truncate(limit);
-        let next = listed.last().filter(|_| more).map(FailingCursor::after);
-        Self {
-            failing: listed,
-            next,
-        }
+    pub(crate) fn of(listed: Vec<FailingCallback>, limit: usize) -> Self {
+        let (failing, next) = super::first_page(listed, limit, FailingCursor::after);
+        Self { failing, next }
     }
 }
 

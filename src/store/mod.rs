@@ -42,7 +42,9 @@
 //! ## Retention
 //!
 //! Every write also writes an entry in an expiry index; a background sweeper removes records
-//! older than the retention (default 30 days), so the store stays bounded.
+//! older than the retention (default 30 days), so the store stays bounded — but for a
+//! postponed validation still waiting for its decision or its delivery, which is kept with
+//! its nonce's record until it is final.
 //!
 //! [`Store`] is the seam for other backends, asynchronous throughout: [`DedupStore`] (claims,
 //! marks written with the merchant's effects, failures) and [`PostponedStore`] (the
@@ -129,7 +131,10 @@
 //! horizon) after their last write; a sweeper purges them every `store.sweep_interval` through
 //! an expiry index, so the store stays bounded under a constant stream of new nonces. A sweep
 //! purges in steps of 256 records and lets go of the write lock between steps, so requests are
-//! never held behind everything that expired at once.
+//! never held behind everything that expired at once. A postponed validation that is not
+//! final (undecided, or its result undelivered) is kept, and so is its nonce's validation
+//! record while it, or a repeat of it, is: asked about again, the nonce gets the recorded
+//! answer, never the handler a second time.
 //!
 //! **In flight.** A claim ("this delivery is processing this nonce") lives in memory: on one
 //! machine, the claim of a process that died is void anyway. The PostgreSQL store keeps claims
@@ -483,6 +488,20 @@ pub type ResolveFuture<'a> = StoreFuture<'a, Resolution>;
 /// read) answers through the seam.
 pub(crate) fn ready<'a, T: Send + 'a>(outcome: Result<T, StoreError>) -> StoreFuture<'a, T> {
     Box::pin(std::future::ready(outcome))
+}
+
+/// A page of a listing: the first `limit` of `listed` (read with one more than a page, in
+/// the listing's order), and — when `listed` held more — where the next page starts,
+/// `cursor` of this page's last.
+pub(crate) fn first_page<T, C>(
+    mut listed: Vec<T>,
+    limit: usize,
+    cursor: impl FnOnce(&T) -> C,
+) -> (Vec<T>, Option<C>) {
+    let more = listed.len() > limit;
+    listed.truncate(limit);
+    let next = listed.last().filter(|_| more).map(cursor);
+    (listed, next)
 }
 
 /// Postponed validations one pass of the outbox takes at most, of those whose delivery, or of

@@ -1136,9 +1136,14 @@ impl SledStore {
                 continue;
             }
             let at = keys::millis_of(&value);
-            if at > now_ms || due.now.len() >= super::DUE_BATCH {
+            if at > now_ms {
                 next_ms = Some(next_ms.map_or(at, |n| n.min(at)));
                 continue;
+            }
+            if due.now.len() >= super::DUE_BATCH {
+                // More are due: the next pass comes at once, whatever else the index holds.
+                next_ms = Some(at);
+                break;
             }
             let Some(id) = keys::id_of(&key) else {
                 continue;

@@ -306,7 +306,6 @@ impl PostponedStore for PgStore {
                     break;
                 }
             }
-            found.truncate(wanted);
             Ok(PostponedPage::of(found, limit))
         })
     }
