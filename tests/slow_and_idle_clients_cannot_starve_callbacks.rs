@@ -328,6 +328,24 @@ async fn held_back_bodies(
     (sender, driver, answers)
 }
 
+/// The next of `answers` within the test's deadline.
+async fn next_answer(
+    answers: &mut JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
+) -> (u16, serde_json::Value) {
+    let answer = tokio::time::timeout(DEADLINE, answers.join_next())
+        .await
+        .expect("no body was answered")
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let status = answer.status().as_u16();
+    let body = http_body_util::BodyExt::collect(answer.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
 /// The next of `answers`: a 503 with `Retry-After` for want of body memory.
 async fn refused_for_memory(
     answers: &mut JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
@@ -362,6 +380,8 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
     config.server.body_limit = 8 * 1024;
     config.server.body_memory_limit = 28 * 1024;
     config.server.request_timeout = Duration::from_secs(600);
+    // No body gives way to another within the test (see the next test).
+    config.server.min_body_rate_grace = Duration::from_secs(600);
     let server = TestServer::start_with(config).await;
     // Four clients: one body of 6 KiB each fits in a client's 8 KiB (a quarter of 28, and at
     // least one body of the limit), the second does not. A body in one frame is held as it
@@ -417,4 +437,109 @@ async fn bodies_held_back_on_http2_streams_take_no_more_than_the_body_memory() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Four clients that each send bodies at once and then hold them back take all the body
+/// memory, a quarter each, while keeping the minimum rate. Once they have been arriving for
+/// longer than `server.min_body_rate_grace`, the oldest gives its memory up to a genuine
+/// callback that needs it, is answered 408 and counted; the others hold on, and a client
+/// short of its own quarter takes it from its own bodies, not from other clients'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callback() {
+    let mut config = test_config();
+    config.server.body_limit = 8 * 1024;
+    config.server.body_memory_limit = 28 * 1024;
+    config.server.request_timeout = Duration::from_secs(600);
+    let grace = Duration::from_secs(1);
+    config.server.min_body_rate_grace = grace;
+    let server = TestServer::start_with(config).await;
+    // 6 KiB each, four clients: 24 KiB of 28 held, and each keeps the rate (240 bytes/s)
+    // on average for 25 s.
+    let mut attacks = Vec::new();
+    for client in 11..15 {
+        let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
+        attacks.push(held_back_bodies(server.addr, from, 1).await);
+    }
+    tokio::time::sleep(grace).await;
+    // A callback of over 5 KiB does not fit in the 4 KiB left: once the held-back bodies
+    // have been arriving for longer than the grace, the oldest gives way.
+    let large = with(
+        CALLBACK,
+        "/padding",
+        Some(serde_json::json!(" ".repeat(5 * 1024))),
+    );
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match send_callback(server.addr, GENUINE, &large).await {
+            200 => break,
+            // A held-back body reached the server late: not yet past its grace.
+            503 => {}
+            other => panic!("the genuine callback was answered {other}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no held-back body gave way"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut gave_way = Vec::new();
+    for (index, (_, _, answers)) in attacks.iter_mut().enumerate() {
+        if let Ok(Some(answer)) =
+            tokio::time::timeout(Duration::from_millis(200), answers.join_next()).await
+        {
+            let answer = answer.unwrap().unwrap();
+            assert_eq!(answer.status(), 408);
+            let body = http_body_util::BodyExt::collect(answer.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            assert_eq!(
+                serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
+                "request body still arriving after 1s while other requests needed the memory it held"
+            );
+            gave_way.push(index);
+        }
+    }
+    assert_eq!(gave_way.len(), 1, "one body was enough to make room");
+    server
+        .assert_metrics(&["payhook_connections_shed_total{reason=\"body_memory\"} 1"])
+        .await;
+
+    // A held-back client sends a second body: short of its quarter (8 KiB), it takes the
+    // memory of its own first body, not another client's.
+    let kept = (0..4).find(|index| !gave_way.contains(index)).unwrap();
+    let (sender, _, first) = &mut attacks[kept];
+    sender.ready().await.unwrap();
+    let mut second = JoinSet::new();
+    let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
+        .header("content-type", "application/json")
+        .body(HeldBack(Some(vec![b' '; 6 * 1024].into())))
+        .unwrap();
+    second.spawn(sender.send_request(request));
+    let (status, body) = next_answer(first).await;
+    assert_eq!(
+        (status, &body["message"]),
+        (
+            408,
+            &serde_json::json!(
+                "request body still arriving after 1s while other requests needed the memory it held"
+            )
+        )
+    );
+    for (index, (_, _, answers)) in attacks.iter_mut().enumerate() {
+        if index != kept && !gave_way.contains(&index) {
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), answers.join_next())
+                    .await
+                    .is_err(),
+                "another client's body gave way"
+            );
+        }
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), second.join_next())
+            .await
+            .is_err(),
+        "the second body was answered"
+    );
 }

@@ -62,6 +62,7 @@ impl Ingress {
             body_memory: request::BodyMemory::new(
                 limits.body_memory_limit,
                 limits.body_limit,
+                limits.min_body_rate_grace,
                 retry_after,
             ),
             limits,
@@ -179,8 +180,14 @@ impl Ingress {
         let read =
             request::read_body(&parts.headers, body, limits, (&self.body_memory, client)).await;
         drop(receiving);
-        if let Err(Problem::BodyTooSlow { .. }) = read {
-            self.metrics.count_shed(metrics::ShedReason::SlowBody);
+        match read {
+            Err(Problem::BodyTooSlow { .. }) => {
+                self.metrics.count_shed(metrics::ShedReason::SlowBody);
+            }
+            Err(Problem::BodyShed { .. }) => {
+                self.metrics.count_shed(metrics::ShedReason::BodyMemory);
+            }
+            _ => {}
         }
         read
     }

@@ -31,7 +31,7 @@
 //! | `payhook_gateway_call_duration_seconds{call}` | histogram | how long calls to the aggregator took: `login`, `refresh`, `validation_result` (the outbox's posts), `transaction` (lookups, reconcile) |
 //! | `payhook_gateway_errors_total{call, kind}` | counter | calls to the aggregator that failed, by `kind`: `network`, `timeout`, `status` (an unexpected answer), `decode`, `bad_credentials`, `conflict` (403 to a result: the aggregator holds another), `not_configured` |
 //! | `payhook_connections_open` | gauge | connections being served (when served by [`crate::serve`]) |
-//! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408) |
+//! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408), `body_memory` (a body arriving for longer than `server.min_body_rate_grace` gave its part of `server.body_memory_limit` up to another, answered 408) |
 //! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
 //!
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
@@ -131,14 +131,16 @@ pub(crate) enum ShedReason {
     LeastActive,
     AddressLimit,
     SlowBody,
+    BodyMemory,
 }
 
 impl ShedReason {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::Idle,
         Self::LeastActive,
         Self::AddressLimit,
         Self::SlowBody,
+        Self::BodyMemory,
     ];
 
     fn label(self) -> &'static str {
@@ -147,6 +149,7 @@ impl ShedReason {
             Self::LeastActive => "least_active",
             Self::AddressLimit => "address_limit",
             Self::SlowBody => "slow_body",
+            Self::BodyMemory => "body_memory",
         }
     }
 }

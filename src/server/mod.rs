@@ -123,6 +123,16 @@
 //! all, and every other request was answered 503 until their request timeout
 //! (`server/request.rs`'s tests).
 //!
+//! **The bodies arriving longest give way.** Four clients, a quarter each, could still take
+//! all of it: 16 connections each that send 1 MiB at once and then keep the average rate
+//! for their request timeout — about 2 MB/s resent every 30 s, and no genuine callback was
+//! answered but 503 meanwhile. Now a body that does not fit takes the memory of those that
+//! have been arriving for longer than `server.min_body_rate_grace`, the oldest first (of
+//! its own client first, when its share is what is short): they are answered 408 and
+//! their connection closed (`payhook_connections_shed_total{reason="body_memory"}`). To
+//! keep a callback out, an attack must now send the whole memory again within every grace:
+//! 64 MiB every 5 s by default (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`).
+//!
 //! **Bodies sent a byte at a time.** hyper hands a body over as slices of the connection's
 //! read buffer, and starts a new buffer (8 KiB) when the last is still shared. A body kept as
 //! the frames it arrived in, sent one byte per segment at the minimum rate, so kept some

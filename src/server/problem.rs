@@ -10,6 +10,7 @@
 //! | [`Problem::BadRequest`] | 400 | what is wrong, naming the field, line and column |
 //! | [`Problem::BodyTimeout`] | 408 | `request body not received in time` |
 //! | [`Problem::BodyTooSlow`] | 408 | `request body arrives too slowly: …` (below `server.min_body_rate` after its grace) |
+//! | [`Problem::BodyShed`] | 408 | `request body still arriving after Ns while other requests needed the memory it held` (it gave its part of `server.body_memory_limit` up to another body) |
 //! | [`Problem::BodiesInFlight`] | 503 + `Retry-After` | `too many request bodies arriving at once; retry later` (past `server.body_memory_limit`) |
 //! | [`Problem::Unauthorized`] | 401 (+ `WWW-Authenticate` for Basic) | `missing signature: …`, `malformed signature: …`, `invalid signature: …`, `missing credentials`, `invalid credentials` |
 //! | [`Problem::AddressRefused`] | 403 | `address not allowed` |
@@ -67,6 +68,11 @@ pub(crate) enum Problem {
         received: u64,
         min_rate: u64,
     },
+    /// The body had been arriving for longer than `patience` (`server.min_body_rate_grace`)
+    /// when another needed the body memory it held.
+    BodyShed {
+        patience: Duration,
+    },
     /// The bodies arriving at once hold `server.body_memory_limit` bytes already.
     BodiesInFlight {
         retry_after: Duration,
@@ -121,7 +127,9 @@ impl Problem {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::EmptyBody | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::BodyTimeout | Self::BodyTooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTimeout | Self::BodyTooSlow { .. } | Self::BodyShed { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
@@ -157,6 +165,7 @@ impl Problem {
             | Self::BadRequest(_)
             | Self::BodyTimeout
             | Self::BodyTooSlow { .. }
+            | Self::BodyShed { .. }
             | Self::BodiesInFlight { .. }
             | Self::Unauthorized { .. } => true,
             Self::HandlerFailed { endpoint: e, .. } | Self::HandlerTimedOut { endpoint: e, .. } => {
@@ -185,6 +194,9 @@ impl Problem {
             Self::BodyTooSlow {
                 received: 0,
                 min_rate: 1,
+            },
+            Self::BodyShed {
+                patience: retry_after,
             },
             Self::BodiesInFlight { retry_after },
             Self::Unauthorized {
@@ -236,6 +248,10 @@ impl Problem {
             Self::BodyTimeout => "request body not received in time".to_owned(),
             Self::BodyTooSlow { received, min_rate } => format!(
                 "request body arrives too slowly: {received} bytes so far, below {min_rate} bytes/s"
+            ),
+            Self::BodyShed { patience } => format!(
+                "request body still arriving after {}s while other requests needed the memory it held",
+                patience.as_secs_f64()
             ),
             Self::BodiesInFlight { .. } => {
                 "too many request bodies arriving at once; retry later".to_owned()

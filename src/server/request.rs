@@ -5,11 +5,11 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 use super::problem::Problem;
 
@@ -91,101 +91,230 @@ pub(crate) struct BodyLimits {
 /// limit: without that, one client's connections held back after sending most of their
 /// bodies took all of it, and every other request was answered 503 for as long as they
 /// held on. The aggregator's callbacks, a few KiB each, are far from a quarter.
+///
+/// **The bodies arriving longest give way.** The shares alone let four clients take it all,
+/// a quarter each, and hold it until their request timeout while keeping the minimum rate
+/// (a body sent quickly keeps the average for long); every other body was then answered
+/// 503. So when a body's bytes do not fit, the bodies that have been arriving for longer
+/// than `patience` (`server.min_body_rate_grace`) give their memory up to it, the oldest
+/// first — of the same client when its share is what is short, of any client when the
+/// memory is — as the least active connection gives its place up when the server is full
+/// (`connection.rs`). Each is told at once and answered 408 ([`Problem::BodyShed`]), and
+/// what it held counts as given back from that moment (its buffer is freed as soon as its
+/// task runs). None gives way unless together they make room: a body that cannot fit is
+/// answered 503 with `Retry-After` as before, and takes nothing from anyone. A genuine
+/// callback arrives within milliseconds; to keep the memory full, an attacker now has to
+/// send it all again within every `patience`.
 #[derive(Debug)]
 pub(crate) struct BodyMemory {
     limit: usize,
-    held: AtomicUsize,
     /// The most one client may hold.
     per_client: usize,
-    /// What each client holds (only clients that hold something).
-    clients: Mutex<HashMap<Option<IpAddr>, usize>>,
+    /// How long a body arrives before it gives way to others when the memory is short.
+    patience: Duration,
     /// The `Retry-After` of a request refused for want of it.
     retry_after: Duration,
+    ledger: Mutex<Ledger>,
 }
 
 /// The part of the body memory one client may hold at most (see [`BodyMemory`]).
 const CLIENT_SHARE: usize = 4;
 
-impl BodyMemory {
-    /// A memory of `limit` bytes; one client may hold a quarter of it, and at least
-    /// `body_limit`.
-    pub(crate) fn new(limit: usize, body_limit: usize, retry_after: Duration) -> Self {
-        Self {
-            limit,
-            held: AtomicUsize::new(0),
-            per_client: (limit / CLIENT_SHARE).max(body_limit).min(limit),
-            clients: Mutex::default(),
-            retry_after,
+/// Who holds what of the [`BodyMemory`].
+#[derive(Debug, Default)]
+struct Ledger {
+    /// All bodies together.
+    held: usize,
+    /// What each client holds (only clients that hold something).
+    clients: HashMap<Option<IpAddr>, usize>,
+    /// The bodies that hold something, the longest arriving first.
+    bodies: BTreeMap<BodyKey, Holder>,
+    /// The last body's number.
+    numbered: u64,
+}
+
+/// A body in the [`Ledger`]: when it began to arrive, and a number to tell bodies that
+/// began at the same instant apart.
+type BodyKey = (Instant, u64);
+
+/// What one body holds, and how it is told to give it up.
+#[derive(Debug)]
+struct Holder {
+    client: Option<IpAddr>,
+    bytes: usize,
+    shed: Arc<Notify>,
+}
+
+impl Ledger {
+    /// Takes `bytes` off `key`'s holding (all it holds, when more): of the memory and of its
+    /// client's share.
+    fn release(&mut self, key: &BodyKey, bytes: usize) {
+        let Some(holder) = self.bodies.get_mut(key) else {
+            return;
+        };
+        let bytes = bytes.min(holder.bytes);
+        holder.bytes -= bytes;
+        let client = holder.client;
+        self.held -= bytes;
+        if let Some(held) = self.clients.get_mut(&client) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                self.clients.remove(&client);
+            }
         }
     }
 
-    /// Takes `bytes` more for `taken`, or refuses them when they would pass the limit or
-    /// the client's share.
-    fn take(&self, taken: &mut Taken<'_>, bytes: usize) -> Result<(), Problem> {
-        let refused = Problem::BodiesInFlight {
-            retry_after: self.retry_after,
-        };
+    /// Forgets `key`, giving back all it holds; its holder, when it was there.
+    fn remove(&mut self, key: &BodyKey) -> Option<Holder> {
+        self.release(key, usize::MAX);
+        self.bodies.remove(key)
+    }
+
+    /// The bodies that would give way, oldest first, for `needed` bytes more of `client`
+    /// (whose own body is `own`): those that began by `before`, of `client` while its
+    /// share is short, then of anyone while the memory is. `None` when they would not make
+    /// room.
+    fn to_give_way(
+        &self,
+        (client, own): (Option<IpAddr>, Option<&BodyKey>),
+        needed: usize,
+        (limit, per_client): (usize, usize),
+        before: Instant,
+    ) -> Option<Vec<BodyKey>> {
+        let mut share = per_client.saturating_sub(self.clients.get(&client).copied().unwrap_or(0));
+        let mut free = limit.saturating_sub(self.held);
+        let mut giving = Vec::new();
+        let patient = self
+            .bodies
+            .iter()
+            .take_while(|((began, _), _)| *began <= before)
+            .filter(|(key, _)| Some(*key) != own);
+        for (key, holder) in patient
+            .clone()
+            .filter(|(_, holder)| holder.client == client)
         {
-            let mut clients = self.clients();
-            let held = clients.get(&taken.client).copied().unwrap_or(0);
-            match held
-                .checked_add(bytes)
-                .filter(|more| *more <= self.per_client)
-            {
-                Some(more) => clients.insert(taken.client, more),
-                None => return Err(refused),
-            };
+            if share >= needed {
+                break;
+            }
+            giving.push(*key);
+            share += holder.bytes;
+            free += holder.bytes;
         }
-        let mut held = self.held.load(Ordering::Relaxed);
-        loop {
-            let Some(more) = held.checked_add(bytes).filter(|more| *more <= self.limit) else {
-                self.give_back_of_client(taken.client, bytes);
-                return Err(refused);
-            };
-            match self
-                .held
-                .compare_exchange_weak(held, more, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(now) => held = now,
+        if share < needed {
+            return None;
+        }
+        for (key, holder) in patient {
+            if free >= needed {
+                break;
+            }
+            if !giving.contains(key) {
+                giving.push(*key);
+                free += holder.bytes;
+            }
+        }
+        (free >= needed).then_some(giving)
+    }
+}
+
+impl BodyMemory {
+    /// A memory of `limit` bytes; one client may hold a quarter of it, and at least
+    /// `body_limit`; a body arriving for longer than `patience` gives way to others.
+    pub(crate) fn new(
+        limit: usize,
+        body_limit: usize,
+        patience: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        Self {
+            limit,
+            per_client: (limit / CLIENT_SHARE).max(body_limit).min(limit),
+            patience,
+            retry_after,
+            ledger: Mutex::default(),
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes `bytes` more for `taken`: refused when they would pass the limit or the
+    /// client's share and the bodies arriving longest cannot make room; those make room when
+    /// they can. [`Problem::BodyShed`] when `taken` itself gave way meanwhile.
+    fn take(&self, taken: &mut Taken<'_>, bytes: usize) -> Result<(), Problem> {
+        let mut ledger = self.ledger();
+        if let Some(key) = &taken.key
+            && !ledger.bodies.contains_key(key)
+        {
+            return Err(Problem::BodyShed {
+                patience: self.patience,
+            });
+        }
+        let held = ledger.clients.get(&taken.client).copied().unwrap_or(0);
+        let fits = held.saturating_add(bytes) <= self.per_client
+            && ledger.held.saturating_add(bytes) <= self.limit;
+        if !fits {
+            let giving = Instant::now()
+                .checked_sub(self.patience)
+                .and_then(|before| {
+                    ledger.to_give_way(
+                        (taken.client, taken.key.as_ref()),
+                        bytes,
+                        (self.limit, self.per_client),
+                        before,
+                    )
+                })
+                .ok_or(Problem::BodiesInFlight {
+                    retry_after: self.retry_after,
+                })?;
+            for key in giving {
+                if let Some(holder) = ledger.remove(&key) {
+                    holder.shed.notify_one();
+                }
+            }
+        }
+        ledger.held += bytes;
+        *ledger.clients.entry(taken.client).or_default() += bytes;
+        match &taken.key {
+            Some(key) => {
+                if let Some(holder) = ledger.bodies.get_mut(key) {
+                    holder.bytes += bytes;
+                }
+            }
+            None => {
+                ledger.numbered += 1;
+                let key = (taken.began, ledger.numbered);
+                let shed = Arc::new(Notify::new());
+                taken.shed = Some(Arc::clone(&shed));
+                ledger.bodies.insert(
+                    key,
+                    Holder {
+                        client: taken.client,
+                        bytes,
+                        shed,
+                    },
+                );
+                taken.key = Some(key);
             }
         }
         taken.bytes += bytes;
         Ok(())
     }
 
-    /// Gives `bytes` back: of the memory and of `client`'s share.
-    fn give_back(&self, client: Option<IpAddr>, bytes: usize) {
-        self.held.fetch_sub(bytes, Ordering::AcqRel);
-        self.give_back_of_client(client, bytes);
-    }
-
-    fn give_back_of_client(&self, client: Option<IpAddr>, bytes: usize) {
-        let mut clients = self.clients();
-        if let Some(held) = clients.get_mut(&client) {
-            *held = held.saturating_sub(bytes);
-            if *held == 0 {
-                clients.remove(&client);
-            }
-        }
-    }
-
-    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<Option<IpAddr>, usize>> {
-        self.clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Holds `total` bytes for `taken` from now on: takes what it holds fewer (refused past
     /// the limit), gives back what it holds more.
     fn hold(&self, taken: &mut Taken<'_>, total: usize) -> Result<(), Problem> {
         if total == taken.bytes {
-            // Most frames: the buffer did not grow, and the clients' map is left unlocked.
+            // Most frames: the buffer did not grow, and the ledger is left unlocked.
             Ok(())
         } else if total > taken.bytes {
             self.take(taken, total - taken.bytes)
         } else {
-            self.give_back(taken.client, taken.bytes - total);
+            if let Some(key) = &taken.key {
+                self.ledger().release(key, taken.bytes - total);
+            }
             taken.bytes = total;
             Ok(())
         }
@@ -194,22 +323,52 @@ impl BodyMemory {
     /// The bytes held now.
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+        self.ledger().held
     }
 }
 
-/// What one body holds of the [`BodyMemory`]; given back when it is read, refused or dropped.
+/// What one body holds of the [`BodyMemory`]; given back when it is read, refused, dropped
+/// or gives way.
 struct Taken<'a> {
     memory: &'a BodyMemory,
     /// The client whose share it is.
     client: Option<IpAddr>,
+    /// When the body began to arrive.
+    began: Instant,
+    /// Its place in the ledger, from the first byte it holds.
+    key: Option<BodyKey>,
+    /// What it holds as far as it knows: the ledger's holding is this or, once it gave way,
+    /// nothing.
     bytes: usize,
+    /// Told when it gives way.
+    shed: Option<Arc<Notify>>,
+}
+
+impl Taken<'_> {
+    fn new(memory: &BodyMemory, client: Option<IpAddr>, began: Instant) -> Taken<'_> {
+        Taken {
+            memory,
+            client,
+            began,
+            key: None,
+            bytes: 0,
+            shed: None,
+        }
+    }
+
+    /// Completes when the body is told to give way (never before it holds something).
+    async fn given_way(&self) {
+        match &self.shed {
+            Some(shed) => shed.notified().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.memory.give_back(self.client, self.bytes);
+        if let Some(key) = &self.key {
+            self.memory.ledger().remove(key);
         }
     }
 }
@@ -218,7 +377,8 @@ impl Drop for Taken<'_> {
 /// off while streaming when the bytes exceed it, and answered 408 when it does not arrive in
 /// time or arrives too slowly. While it arrives its bytes are held of `memory`, as
 /// `client`'s; one that would pass that or the client's share is answered 503
-/// (`Retry-After`).
+/// (`Retry-After`) unless bodies arriving for longer make room, and one that gives way to
+/// another is answered 408 ([`BodyMemory`]).
 pub(crate) async fn read_body<B>(
     headers: &HeaderMap,
     body: B,
@@ -242,11 +402,7 @@ where
         joined: Vec::new(),
         // At most the limit: a longer declared body was refused above.
         expected: declared.and_then(|length| usize::try_from(length).ok()),
-        taken: Taken {
-            memory,
-            client,
-            bytes: 0,
-        },
+        taken: Taken::new(memory, client, start),
         limit,
     };
     let mut received: u64 = 0;
@@ -260,7 +416,15 @@ where
                     .max(Duration::from_millis(received.saturating_mul(1000) / rate)))
             .min(deadline),
         };
-        let frame = match tokio::time::timeout_at(due.into(), body.frame()).await {
+        let next = tokio::select! {
+            next = tokio::time::timeout_at(due.into(), body.frame()) => next,
+            () = arriving.taken.given_way() => {
+                return Err(Problem::BodyShed {
+                    patience: memory.patience,
+                });
+            }
+        };
+        let frame = match next {
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(_) if due < deadline => {
@@ -490,6 +654,9 @@ mod tests {
         }
     }
 
+    /// A patience no body in these tests outlasts: none gives way.
+    const PATIENT: Duration = Duration::from_secs(600);
+
     /// A body limit of `limit` bytes, ten seconds to arrive, no minimum rate.
     fn plain_limits(limit: usize) -> BodyLimits {
         BodyLimits {
@@ -503,17 +670,13 @@ mod tests {
     #[tokio::test]
     async fn bodies_hold_their_bytes_of_the_memory_while_they_arrive_and_no_more() {
         let limits = plain_limits(1024);
-        let memory = BodyMemory::new(1000, 1000, Duration::from_secs(7));
+        let memory = BodyMemory::new(1000, 1000, PATIENT, Duration::from_secs(7));
         let body = || Chunks(vec![Bytes::from(vec![b' '; 400]); 2].into());
         let read = read_body(&HeaderMap::new(), body(), limits, (&memory, None)).await;
         assert_eq!(read.unwrap().len(), 800);
         assert_eq!(memory.held(), 0, "a body read gives its bytes back");
         // Another body holds 300 bytes meanwhile: 800 more do not fit.
-        let mut other = Taken {
-            memory: &memory,
-            client: None,
-            bytes: 0,
-        };
+        let mut other = Taken::new(&memory, None, Instant::now());
         memory.take(&mut other, 300).unwrap();
         let refused = read_body(&HeaderMap::new(), body(), limits, (&memory, None)).await;
         assert_eq!(
@@ -536,7 +699,7 @@ mod tests {
             .collect();
         let frames = buffers.iter().map(|buffer| buffer.slice(0..1)).collect();
         let limits = plain_limits(1024);
-        let memory = BodyMemory::new(1024, 1024, Duration::from_secs(1));
+        let memory = BodyMemory::new(1024, 1024, PATIENT, Duration::from_secs(1));
         let headers = HeaderMap::new();
         let mut read = std::pin::pin!(read_body(
             &headers,
@@ -561,7 +724,7 @@ mod tests {
         // Three frames of 300: copied into a buffer that doubles, it would take the whole
         // body limit (1,024) of a memory of 950; its Content-Length holds it to 900.
         let body = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());
-        let memory = BodyMemory::new(950, 950, Duration::from_secs(1));
+        let memory = BodyMemory::new(950, 950, PATIENT, Duration::from_secs(1));
         let mut declared = HeaderMap::new();
         declared.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(900));
         let read = read_body(&declared, body(), plain_limits(1024), (&memory, None)).await;
@@ -593,7 +756,7 @@ mod tests {
     #[tokio::test]
     async fn one_client_holds_a_quarter_of_the_memory_at_most() {
         let limits = plain_limits(1000);
-        let memory = BodyMemory::new(4000, 1000, Duration::from_secs(1));
+        let memory = BodyMemory::new(4000, 1000, PATIENT, Duration::from_secs(1));
         let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
         let headers = HeaderMap::new();
         let held_back = || Stalling(vec![Bytes::from(vec![b' '; 600])].into());
@@ -612,10 +775,11 @@ mod tests {
         let other = read_body(&headers, whole(), limits, (&memory, Some(b))).await;
         assert_eq!(other.unwrap().len(), 600);
         assert_eq!(memory.held(), 600);
+        let ledger = memory.ledger();
         assert_eq!(
-            memory.clients().len(),
-            1,
-            "a client that holds nothing is forgotten"
+            (ledger.clients.len(), ledger.bodies.len()),
+            (1, 1),
+            "a client or a body that holds nothing is forgotten"
         );
     }
 
@@ -625,12 +789,140 @@ mod tests {
         // Three frames of 300: the buffer grows to 600, then to the limit (1,000), which a
         // memory of 999 cannot hold though the body's 900 bytes would fit.
         let frames = || Chunks(vec![Bytes::from(vec![b' '; 300]); 3].into());
-        let memory = BodyMemory::new(1000, 1000, Duration::from_secs(1));
+        let memory = BodyMemory::new(1000, 1000, PATIENT, Duration::from_secs(1));
         let read = read_body(&HeaderMap::new(), frames(), limits, (&memory, None)).await;
         assert_eq!(read.unwrap().len(), 900);
-        let memory = BodyMemory::new(999, 999, Duration::from_secs(1));
+        let memory = BodyMemory::new(999, 999, PATIENT, Duration::from_secs(1));
         let refused = read_body(&HeaderMap::new(), frames(), limits, (&memory, None)).await;
         assert!(matches!(refused, Err(Problem::BodiesInFlight { .. })));
         assert_eq!(memory.held(), 0);
+    }
+
+    /// Polls `read` once: it must still be waiting for the rest of its body.
+    async fn still_arriving<F: Future>(read: std::pin::Pin<&mut F>) {
+        let mut read = read;
+        let poll = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        assert!(poll.is_pending(), "the body was answered");
+    }
+
+    #[tokio::test]
+    async fn the_body_arriving_longest_gives_its_memory_up_to_one_that_does_not_fit() {
+        // No patience: every body arriving gives way when another needs its memory.
+        let memory = BodyMemory::new(2000, 1000, Duration::ZERO, Duration::from_secs(1));
+        let limits = plain_limits(1000);
+        let headers = HeaderMap::new();
+        let client = |last: u8| Some(IpAddr::from([192, 0, 2, last]));
+        let held_back = || Stalling(vec![Bytes::from(vec![b' '; 1000])].into());
+        let mut oldest = std::pin::pin!(read_body(
+            &headers,
+            held_back(),
+            limits,
+            (&memory, client(1))
+        ));
+        still_arriving(oldest.as_mut()).await;
+        let mut younger = Box::pin(read_body(
+            &headers,
+            held_back(),
+            limits,
+            (&memory, client(2)),
+        ));
+        still_arriving(younger.as_mut()).await;
+        assert_eq!(memory.held(), 2000);
+
+        let whole = Chunks(vec![Bytes::from(vec![b' '; 600])].into());
+        let read = read_body(&headers, whole, limits, (&memory, client(3))).await;
+        assert_eq!(read.unwrap().len(), 600, "the new body was not given room");
+        assert_eq!(memory.held(), 1000, "only the oldest gave its memory up");
+        assert_eq!(
+            oldest.await.unwrap_err(),
+            Problem::BodyShed {
+                patience: Duration::ZERO
+            }
+        );
+        still_arriving(younger.as_mut()).await;
+        drop(younger);
+        let ledger = memory.ledger();
+        assert_eq!(
+            (ledger.held, ledger.clients.len(), ledger.bodies.len()),
+            (0, 0, 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_short_of_its_share_takes_it_from_its_own_bodies_not_from_others() {
+        let memory = BodyMemory::new(4000, 1000, Duration::ZERO, Duration::from_secs(1));
+        let limits = plain_limits(1000);
+        let headers = HeaderMap::new();
+        let (a, b) = (
+            Some(IpAddr::from([192, 0, 2, 1])),
+            Some(IpAddr::from([192, 0, 2, 2])),
+        );
+        let held_back = || Stalling(vec![Bytes::from(vec![b' '; 600])].into());
+        let mut others = std::pin::pin!(read_body(&headers, held_back(), limits, (&memory, b)));
+        still_arriving(others.as_mut()).await;
+        let mut own = std::pin::pin!(read_body(&headers, held_back(), limits, (&memory, a)));
+        still_arriving(own.as_mut()).await;
+        // a's second body does not fit a's share (1,000): a's first gives way, though b's
+        // began earlier.
+        let mut second = std::pin::pin!(read_body(&headers, held_back(), limits, (&memory, a)));
+        still_arriving(second.as_mut()).await;
+        assert!(matches!(own.await, Err(Problem::BodyShed { .. })));
+        still_arriving(others.as_mut()).await;
+        assert_eq!(memory.held(), 1200);
+    }
+
+    #[test]
+    fn bodies_give_way_only_when_together_they_make_room_and_never_before_their_patience() {
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let (a, b) = (
+            Some(IpAddr::from([192, 0, 2, 1])),
+            Some(IpAddr::from([192, 0, 2, 2])),
+        );
+        let mut ledger = Ledger::default();
+        for (number, (began, client, bytes)) in [
+            (at(0), a, 300),
+            (at(1), b, 300),
+            (at(2), b, 300),
+            (at(3), a, 100),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let key = (began, number as u64);
+            ledger.bodies.insert(
+                key,
+                Holder {
+                    client,
+                    bytes,
+                    shed: Arc::default(),
+                },
+            );
+            ledger.held += bytes;
+            *ledger.clients.entry(client).or_default() += bytes;
+        }
+        let key = |seconds: u64| (at(seconds), seconds);
+        let limits = (1000, 1000);
+        // 500 for a third client, the memory full: the two oldest make room, the first
+        // three (all that began by 2 s) would be more than needed.
+        let c = Some(IpAddr::from([192, 0, 2, 3]));
+        assert_eq!(
+            ledger.to_give_way((c, None), 500, limits, at(2)),
+            Some(vec![key(0), key(1)])
+        );
+        // Those that began by 1 s hold 600: not room for 700, and none gives way.
+        assert_eq!(ledger.to_give_way((c, None), 700, limits, at(1)), None);
+        // A body never gives way to itself: b's body of 1 s growing by 400 takes a's of 0 s
+        // and b's own of 2 s.
+        assert_eq!(
+            ledger.to_give_way((b, Some(&key(1))), 400, limits, at(3)),
+            Some(vec![key(0), key(2)])
+        );
+        // Its share short (a holds 400 of 500) and the memory not, a takes from its own
+        // bodies alone: of 0 s and of 3 s, though b's began before the second.
+        assert_eq!(
+            ledger.to_give_way((a, None), 500, (2000, 500), at(3)),
+            Some(vec![key(0), key(3)])
+        );
     }
 }

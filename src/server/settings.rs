@@ -65,14 +65,16 @@ pub struct ServerConfig {
     )]
     pub idle_timeout: Duration,
     /// Bytes of request bodies held while they arrive, all connections and HTTP/2 streams
-    /// together; a request whose body would pass it is answered 503 with `Retry-After`
-    /// (default 64 MiB; at least `body_limit`). Every connection may hold a body of up to
-    /// `body_limit` while it keeps the minimum rate: this bounds what bodies sent quickly
-    /// and then held back can take, however many connections and streams carry them. One
-    /// client (an address, an IPv6 client's /64) may hold a quarter of it, and at least one
-    /// body of `body_limit`. Behind a reverse proxy, list it in `trusted_proxies` (the client
-    /// is then the one it forwards for): otherwise every request is the proxy's, and all of
-    /// them share that quarter.
+    /// together (default 64 MiB; at least `body_limit`). Every connection may hold a body of
+    /// up to `body_limit` while it keeps the minimum rate: this bounds what bodies sent
+    /// quickly and then held back can take, however many connections and streams carry
+    /// them. One client (an address, an IPv6 client's /64) may hold a quarter of it, and at
+    /// least one body of `body_limit`. A body that would pass either takes the memory of the
+    /// bodies arriving for longer than `min_body_rate_grace`, the oldest first (the client's
+    /// own first when its quarter is what is short), which are answered 408; when those
+    /// cannot make room, it is answered 503 with `Retry-After`. Behind a reverse proxy, list
+    /// it in `trusted_proxies` (the client is then the one it forwards for): otherwise every
+    /// request is the proxy's, and all of them share that quarter.
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub body_memory_limit: usize,
     /// Slowest request body accepted, in bytes per second averaged since the headers
@@ -82,7 +84,8 @@ pub struct ServerConfig {
     pub min_body_rate: u64,
     /// How long a body may arrive slower than `min_body_rate` at first. Also how long one
     /// phase of a connection (its head, a body, idleness) keeps its place when the server is
-    /// full and a new connection comes, however well it keeps the rate.
+    /// full and a new connection comes, and how long a body keeps its part of
+    /// `body_memory_limit` when another needs it, however well either keeps the rate.
     #[serde(
         deserialize_with = "crate::setting::duration",
         serialize_with = "crate::setting::duration_text"
