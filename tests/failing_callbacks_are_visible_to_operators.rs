@@ -567,3 +567,32 @@ async fn the_admin_client_lists_a_pair_that_fails_again_while_it_pages_once() {
     let refused = client.failing_callbacks().await.unwrap_err().to_string();
     assert!(refused.contains("no cursor"), "{refused}");
 }
+
+/// The line logged for each delivery not booked says why: a handler that failed is an
+/// error; one that asked to be called again later is a warning, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_says_why_a_callback_was_not_booked() {
+    let logs = captured_logs(tracing::Level::WARN);
+    let server = TestServer::start().await;
+    assert_eq!(deliver(&server, "why-failed", "fail").await, 503);
+    assert_eq!(deliver(&server, "why-retry", "retry").await, 503);
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let line_of = |nonce: &str| {
+        text.lines()
+            .find(|line| line.contains("callback not booked") && line.contains(nonce))
+            .unwrap_or_else(|| panic!("no line for {nonce} in:\n{text}"))
+            .to_owned()
+    };
+    let failed = line_of("why-failed");
+    assert!(
+        failed.contains("ERROR") && failed.contains("its handler failed"),
+        "{failed}"
+    );
+    let retry = line_of("why-retry");
+    assert!(
+        retry.contains("WARN")
+            && retry.contains("its handler asked to be called again later")
+            && retry.contains("ledger is being migrated"),
+        "{retry}"
+    );
+}

@@ -417,7 +417,8 @@ impl ExactlyOnce {
                     currency,
                     at: chrono::Utc::now(),
                 };
-                self.failing(store.as_ref(), failure, attempt).await;
+                self.failing(store.as_ref(), failure, (attempt, problem))
+                    .await;
             }
             // An in-memory claim (sled) ends at once; a shared store's claim ends with its
             // connection if this fails, or is taken over when stale.
@@ -496,17 +497,40 @@ impl ExactlyOnce {
         }
     }
 
-    /// A delivery whose handler failed: an error-level line for operators while the
-    /// aggregator's retries are still coming, and a durable count per (nonce, status).
-    async fn failing(&self, store: &dyn Store, failure: CallbackFailure, attempt: u32) {
-        tracing::error!(
-            nonce = %Logged(&failure.nonce),
-            status = failure.status.code(),
-            attempt,
-            reference_id = %failure.transaction_reference_id,
-            reason = %Logged(&failure.reason),
-            "callback not booked: its handler failed; the aggregator will retry it (see GET /payhook/admin/callbacks/failing)"
-        );
+    /// A delivery not booked: a line for operators while the aggregator's retries are still
+    /// coming — error-level unless the handler itself asked for the retry — and a durable
+    /// count per (nonce, status).
+    async fn failing(
+        &self,
+        store: &dyn Store,
+        failure: CallbackFailure,
+        (attempt, problem): (u32, &Problem),
+    ) {
+        let why = match problem {
+            Problem::RetryLater { .. } => "its handler asked to be called again later",
+            Problem::HandlerTimedOut { .. } => "its handler did not decide in time",
+            Problem::BeyondRetention { .. } => {
+                "it changed before what the store's records vouch for, so its handler was not run"
+            }
+            _ => "its handler failed",
+        };
+        macro_rules! not_booked {
+            ($level:ident) => {
+                tracing::$level!(
+                    nonce = %Logged(&failure.nonce),
+                    status = failure.status.code(),
+                    attempt,
+                    reference_id = %failure.transaction_reference_id,
+                    reason = %Logged(&failure.reason),
+                    "callback not booked: {why}; the aggregator will retry it (see GET /payhook/admin/callbacks/failing)"
+                )
+            };
+        }
+        if matches!(problem, Problem::RetryLater { .. }) {
+            not_booked!(warn);
+        } else {
+            not_booked!(error);
+        }
         self.inner
             .metrics
             .callback_failures
