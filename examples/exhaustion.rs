@@ -11,8 +11,10 @@
 //! retention so that the end of it is seen). Then:
 //!
 //! 1. **Connections.** From 127.0.0.1, 2,000 clients send request headers one byte a second,
-//!    1,000 send a body ten bytes a second, 1,000 keep an HTTP/2 connection open with no
-//!    stream (answering PINGs); each reconnects when the server closes it. Beside them, 50
+//!    1,000 send a body ten bytes a second (under a signature header of the right form that
+//!    verifies nothing, without which a body is refused before it is read), 1,000 keep an
+//!    HTTP/2 connection open with no stream (answering PINGs); each reconnects when the
+//!    server closes it. Beside them, 50
 //!    genuine signed callbacks from 127.0.0.2, then 50 from 127.0.0.1 itself, each on a new
 //!    connection, five at a time. Targets: all 200, p99 under 1 s from 127.0.0.2.
 //! 2. **Identifiers.** 10,000 transaction validations the merchant denies, each with a
@@ -20,6 +22,12 @@
 //! 3. **Retention.** Idle until the records' retention ended and the sweeper purged them:
 //!    RSS back to the order of magnitude of the start; then 20 s more of idleness, with the
 //!    bytes the service writes to disk meanwhile (an idle service should write nothing).
+//! 4. **Bodies held back.** Four clients (127.0.0.11–14), 16 connections each, each sending
+//!    a callback body of the limit (1 MiB) at once but for its last byte, which it holds
+//!    back; each reconnects when the server closes it. Each client so holds its quarter of
+//!    the body memory (64 MiB), keeping the minimum rate on average. After 7 s (past the
+//!    bodies' grace), 50 genuine signed callbacks from 127.0.0.2, one every 100 ms or so.
+//!    Target: all 200 (the bodies arriving longest give their memory up to them).
 //!
 //! It prints each figure, the server's shed counters, and the longest line the service
 //! logged (target: at most 4 KiB, whatever the input).
@@ -69,6 +77,10 @@ const SLOW_HEADERS: usize = 2_000;
 const SLOW_BODIES: usize = 1_000;
 const IDLE_HTTP2: usize = 1_000;
 const GENUINE_CALLBACKS: usize = 50;
+/// Clients holding bodies back, and connections each: a quarter of the default body memory
+/// (64 MiB) each, in bodies of the default limit (1 MiB).
+const HOLDING_CLIENTS: u8 = 4;
+const HELD_BODIES_PER_CLIENT: usize = 16;
 const VALIDATIONS: usize = 10_000;
 const LONGEST_IDENTIFIER: usize = 4_096;
 const RETENTION: Duration = Duration::from_secs(30);
@@ -167,6 +179,17 @@ struct Attack {
     closed_by_server: AtomicU64,
 }
 
+impl Attack {
+    /// The connections it opened and the server closed.
+    fn connections(&self) -> String {
+        format!(
+            "attack: {} connections opened, {} closed by the server",
+            self.opened.load(Ordering::Relaxed),
+            self.closed_by_server.load(Ordering::Relaxed)
+        )
+    }
+}
+
 async fn connect(server: SocketAddr, from: IpAddr) -> Option<TcpStream> {
     let socket = TcpSocket::new_v4().ok()?;
     socket.bind(SocketAddr::new(from, 0)).ok()?;
@@ -214,13 +237,18 @@ enum Kind {
     SlowHeaders,
     SlowBody,
     IdleHttp2,
+    /// A body of the limit (1 MiB) sent at once but for its last byte, which is held back.
+    HeldBody,
 }
 
 /// One attacking client: holds a connection its way, reconnects when it is closed.
-async fn attacker(server: SocketAddr, kind: Kind, attack: Arc<Attack>) {
+async fn attacker(server: SocketAddr, from: IpAddr, kind: Kind, attack: Arc<Attack>) {
     let head = "POST /payhook/callback HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+    // A signature of the right form and length (RSA-2048, base64) that verifies nothing:
+    // without one a callback is refused before its body is read.
+    let forged = format!("X-Signature: {}==\r\n", "A".repeat(342));
     while !attack.stop.load(Ordering::Relaxed) {
-        let Some(stream) = connect(server, ATTACKER).await else {
+        let Some(stream) = connect(server, from).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -231,7 +259,7 @@ async fn attacker(server: SocketAddr, kind: Kind, attack: Arc<Attack>) {
                     trickle(stream, head.as_bytes(), b"a", Duration::from_secs(1)).await;
                 }
                 Kind::SlowBody => {
-                    let first = format!("{head}Content-Length: 100000\r\n\r\n{{");
+                    let first = format!("{head}{forged}Content-Length: 100000\r\n\r\n{{");
                     trickle(
                         stream,
                         first.as_bytes(),
@@ -241,6 +269,13 @@ async fn attacker(server: SocketAddr, kind: Kind, attack: Arc<Attack>) {
                     .await;
                 }
                 Kind::IdleHttp2 => idle_http2(stream).await,
+                Kind::HeldBody => {
+                    let limit = Config::default().server.body_limit;
+                    let mut first =
+                        format!("{head}{forged}Content-Length: {limit}\r\n\r\n").into_bytes();
+                    first.resize(first.len() + limit - 1, b' ');
+                    trickle(stream, &first, b"", Duration::from_secs(1)).await;
+                }
             }
         };
         tokio::select! {
@@ -296,6 +331,19 @@ fn callback(i: usize) -> String {
     )
 }
 
+/// Callbacks `numbers`, signed with `key`, each a request of its own.
+fn signed_callbacks(key: &SigningKey, numbers: std::ops::Range<usize>) -> Vec<Vec<u8>> {
+    numbers
+        .map(|i| {
+            let body = callback(i);
+            let signature = key
+                .header_value(body.as_bytes(), Encoding::Base64, None)
+                .unwrap();
+            post("/payhook/callback", &body, Some(&signature))
+        })
+        .collect()
+}
+
 /// Runs `requests` (from `from`) `parallel` at a time; the statuses and latencies.
 async fn run_all(
     server: SocketAddr,
@@ -341,10 +389,11 @@ fn summary(results: &[(u16, Duration)]) -> String {
     )
 }
 
-/// The server's `payhook_connections_*` lines.
+/// The server's `payhook_connections_*` lines, read from 127.0.0.1 (the only address
+/// `server.metrics_allow_ips` lets in by default), once its attack has stopped.
 async fn connection_metrics(server: SocketAddr) -> String {
     let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    let Some(mut stream) = connect(server, GENUINE).await else {
+    let Some(mut stream) = connect(server, ATTACKER).await else {
         return String::new();
     };
     let _ = stream.write_all(request).await;
@@ -371,15 +420,7 @@ fn drive() {
     println!("service started: RSS {start_rss:.1} MiB");
 
     // 1. Connections.
-    let signed: Vec<Vec<u8>> = (0..2 * GENUINE_CALLBACKS)
-        .map(|i| {
-            let body = callback(i);
-            let signature = key
-                .header_value(body.as_bytes(), Encoding::Base64, None)
-                .unwrap();
-            post("/payhook/callback", &body, Some(&signature))
-        })
-        .collect();
+    let signed = signed_callbacks(&key, 0..2 * GENUINE_CALLBACKS);
     let attack = Arc::new(Attack::default());
     let (from_elsewhere, from_attacker) = runtime.block_on(async {
         let mut attackers = tokio::task::JoinSet::new();
@@ -389,7 +430,7 @@ fn drive() {
             (Kind::IdleHttp2, IDLE_HTTP2),
         ] {
             for _ in 0..count {
-                attackers.spawn(attacker(address, kind, Arc::clone(&attack)));
+                attackers.spawn(attacker(address, ATTACKER, kind, Arc::clone(&attack)));
             }
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -404,11 +445,7 @@ fn drive() {
     println!(
         "\n1. connections: {SLOW_HEADERS} slow-header + {SLOW_BODIES} slow-body + {IDLE_HTTP2} idle HTTP/2 clients from 127.0.0.1, reconnecting"
     );
-    println!(
-        "  attack: {} connections opened, {} closed by the server",
-        attack.opened.load(Ordering::Relaxed),
-        attack.closed_by_server.load(Ordering::Relaxed)
-    );
+    println!("  {}", attack.connections());
     println!(
         "  genuine callbacks from 127.0.0.2: {}",
         summary(&from_elsewhere)
@@ -462,6 +499,43 @@ fn drive() {
         IDLE_SAMPLE.as_secs(),
         idle_rate / 1024.0
     );
+
+    // 4. Bodies held back.
+    let (from_elsewhere, held) = runtime.block_on(async {
+        let attack = Arc::new(Attack::default());
+        let mut attackers = tokio::task::JoinSet::new();
+        for client in 0..HOLDING_CLIENTS {
+            let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 11 + client));
+            for _ in 0..HELD_BODIES_PER_CLIENT {
+                attackers.spawn(attacker(address, from, Kind::HeldBody, Arc::clone(&attack)));
+            }
+        }
+        // Past the bodies' grace (`server.min_body_rate_grace`, 5 s): each now holds its
+        // memory as long as it may.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        // One at a time, 100 ms apart: the attack fills again what a body gave up (it
+        // reconnects 200 ms after it is closed), so that each may need room of its own.
+        let mut elsewhere = Vec::new();
+        for request in signed_callbacks(&key, 2 * GENUINE_CALLBACKS..3 * GENUINE_CALLBACKS) {
+            elsewhere.push(exchange(address, GENUINE, &request).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        attack.stop.store(true, Ordering::Relaxed);
+        while attackers.join_next().await.is_some() {}
+        (elsewhere, attack)
+    });
+    let (_, peak) = server.rss_mib();
+    println!(
+        "\n4. bodies held back: {HOLDING_CLIENTS} clients (127.0.0.11–{}), {HELD_BODIES_PER_CLIENT} connections each, each sending a body of 1 MiB less a byte at once and holding the last byte back, reconnecting",
+        10 + HOLDING_CLIENTS
+    );
+    println!("  {}", held.connections());
+    println!(
+        "  genuine callbacks from 127.0.0.2: {} (target: all 200)",
+        summary(&from_elsewhere)
+    );
+    println!("  peak RSS {peak:.1} MiB");
+    print!("{}", runtime.block_on(connection_metrics(address)));
 
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let longest = text.lines().map(str::len).max().unwrap_or(0);

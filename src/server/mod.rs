@@ -38,24 +38,29 @@
 //!
 //! ## Under load and under attack
 //!
-//! **Hostile clients** — `cargo run --release --example exhaustion` (about two minutes, loopback only) runs the example
-//! merchant as a child process and attacks it without credentials: 2,000 clients sending
-//! headers a byte a second, 1,000 sending a body ten bytes a second and 1,000 holding idle
-//! HTTP/2 connections, all from 127.0.0.1 and reconnecting whenever they are closed; beside
-//! them 50 genuine signed callbacks from 127.0.0.2, then 50 from 127.0.0.1; then 10,000
-//! validations with 4,096-character nonces and client ids (the largest `server.max_identifier_chars`
-//! allows); then the records' retention ends and the service idles. Figures on 2026-11-23
-//! (2-core VM, release build, three runs, after the changes described below):
+//! **Hostile clients** — `cargo run --release --example exhaustion` (about 2.5 minutes,
+//! loopback only) runs the example merchant as a child process and attacks it without
+//! credentials: 2,000 clients sending headers a byte a second, 1,000 sending a body ten
+//! bytes a second (under a signature header of the right form that verifies nothing) and
+//! 1,000 holding idle HTTP/2 connections, all from 127.0.0.1 and reconnecting whenever they
+//! are closed; beside them 50 genuine signed callbacks from 127.0.0.2, then 50 from
+//! 127.0.0.1; then 10,000 validations with 4,096-character nonces and client ids (the
+//! largest `server.max_identifier_chars` allows); then the records' retention ends and the
+//! service idles; last, four addresses hold the whole body memory with 64 bodies of 1 MiB
+//! sent at once but for their last byte, and reconnect when closed, while 50 genuine
+//! callbacks come one every 100 ms. Figures on 2026-11-29 (a 2-core AMD EPYC VM, release
+//! build, three runs):
 //!
 //! | figure | measured | target |
 //! |---|---|---|
-//! | genuine callbacks from another address beside the attack | 50/50 answered 200, p99 14.9–81.1 ms | all 200, p99 < 1 s |
-//! | genuine callbacks from the attacking address | 4–10 of 50 answered 200 (the rest closed) | — |
-//! | attack connections closed by the server | 51,655–58,023 of 51,836–58,202 opened in about 3 s | shed |
-//! | peak RSS after 10,000 validations with 4 KiB identifiers | 27.6–28.4 MiB (139–184 MiB before long identifiers were digested) | < 128 MiB |
-//! | RSS after the retention and its sweeps | 29.7–33.7 MiB, from 7.0–7.7 at the start (194–207 MiB before) | the start's order of magnitude (7 MiB) |
+//! | genuine callbacks from another address beside the attack | 50/50 answered 200, p99 9.7–14.0 ms | all 200, p99 < 1 s |
+//! | genuine callbacks from the attacking address | 14–23 of 50 answered 200 (the rest closed) | — |
+//! | attack connections closed by the server | 56,889–58,481 of 57,017–58,609 opened | shed |
+//! | peak RSS after 10,000 validations with 4 KiB identifiers | 31.9–33.9 MiB (139–184 MiB before long identifiers were digested) | < 128 MiB |
+//! | RSS after the retention and its sweeps | 33.6–37.0 MiB, from 9.6–10.2 at the start (194–207 MiB before) | the start's order of magnitude |
 //! | disk writes while idle after the purges | 0 KiB/s (1,101 KiB/s before sled's background flusher was turned off) | 0 |
-//! | longest log line | 520 bytes (4,473 before the example escaped and cut its own fields) | ≤ 4 KiB |
+//! | longest log line | 597 bytes (4,473 before the example escaped and cut its own fields) | ≤ 4 KiB |
+//! | genuine callbacks beside bodies holding the whole body memory | 50/50 answered 200, p99 1.8–2.3 ms; 25 held bodies gave way (408), of 89 connections; peak RSS 108–112 MiB (0 of 50 answered 200 with build 5283e90, before the bodies arriving longest gave way) | all 200 |
 //!
 //! **Soak** — `cargo run --release --example exhaustion -- soak 30 15`: 400 Ed25519-signed
 //! callbacks a second (one in five a repeat) over 8 keep-alive connections for 30 minutes, a
