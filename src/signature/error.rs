@@ -60,6 +60,10 @@ pub enum Error {
     /// callback 401.
     #[error("RSA key cannot verify anything: {0}")]
     UnusableRsaKey(String),
+    /// An EC key whose point is not on its curve: no verification accepts it. Refused when
+    /// read, rather than answering every callback 401.
+    #[error("EC key cannot verify anything: {0}")]
+    UnusableEcKey(String),
     /// The key cannot verify the configured algorithm.
     #[error("a {kind} key cannot verify {algorithm}")]
     WrongKeyKind {

@@ -6,6 +6,7 @@
 
 use base64::Engine;
 use ring::{
+    agreement,
     rand::SystemRandom,
     signature::{self as ring_sig, KeyPair},
 };
@@ -71,6 +72,27 @@ fn check_rsa_verifiable(bits: usize, e: &[u8]) -> Result<(), Error> {
             "a public exponent of more than 64 bits; it must be at most 2^33 - 1".into(),
         )),
     }
+}
+
+/// Refuses an EC public key whose point is not on its curve (or is its point at infinity):
+/// every verification would refuse it, and every callback would be answered 401. ring checks
+/// the point only when it uses it, and its key agreement checks it the same way as its
+/// verification does: an agreement with a key of our own, made for the purpose and
+/// discarded, tells.
+fn check_on_curve(curve: &'static agreement::Algorithm, point: &[u8]) -> Result<(), Error> {
+    let name = if curve == &agreement::ECDH_P256 {
+        "P-256"
+    } else {
+        "P-384"
+    };
+    let ours = agreement::EphemeralPrivateKey::generate(curve, &SystemRandom::new())
+        .map_err(|_| Error::UnusableEcKey("no random numbers to check its point with".into()))?;
+    agreement::agree_ephemeral(
+        ours,
+        &agreement::UnparsedPublicKey::new(curve, point),
+        |_| (),
+    )
+    .map_err(|_| Error::UnusableEcKey(format!("its point is not on the curve {name}")))
 }
 
 /// The key material itself.
@@ -256,14 +278,20 @@ impl PublicKey {
     }
 
     fn new(material: Material) -> Result<Self, Error> {
-        if let Material::Rsa { n, e } = &material {
-            // An empty modulus (all zero bytes, stripped) has no bits.
-            let bits =
-                (n.len() * 8).saturating_sub(n.first().map_or(0, |b| b.leading_zeros() as usize));
-            if bits < MIN_RSA_BITS {
-                return Err(Error::KeyTooSmall(bits));
+        match &material {
+            Material::Rsa { n, e } => {
+                // An empty modulus (all zero bytes, stripped) has no bits.
+                let bits = (n.len() * 8)
+                    .saturating_sub(n.first().map_or(0, |b| b.leading_zeros() as usize));
+                if bits < MIN_RSA_BITS {
+                    return Err(Error::KeyTooSmall(bits));
+                }
+                check_rsa_verifiable(bits, e)?;
             }
-            check_rsa_verifiable(bits, e)?;
+            Material::EcP256(point) => check_on_curve(&agreement::ECDH_P256, point)?,
+            Material::EcP384(point) => check_on_curve(&agreement::ECDH_P384, point)?,
+            // ring has no public way to check an Ed25519 point apart from a verification.
+            Material::Ed25519(_) => {}
         }
         Ok(Self {
             id: None,
@@ -976,6 +1004,47 @@ QQIDAQAB
     }
 
     #[test]
+    fn ec_keys_whose_point_is_not_on_their_curve_are_refused_when_read() {
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        for (algorithm, curve, len) in [
+            (Algorithm::EcdsaP256Sha256, "P-256", 32),
+            (Algorithm::EcdsaP384Sha384, "P-384", 48),
+        ] {
+            let pair = super::super::generate_key_pair(algorithm).unwrap();
+            let public = PublicKey::parse(pair.public_pem.as_bytes())
+                .unwrap()
+                .remove(0);
+            let (Material::EcP256(point) | Material::EcP384(point)) = &public.material else {
+                panic!("not an EC key");
+            };
+            let jwk = |y: &[u8]| {
+                format!(
+                    r#"{{"kty":"EC","crv":"{curve}","x":"{}","y":"{}"}}"#,
+                    engine.encode(&point[1..=len]),
+                    engine.encode(y)
+                )
+            };
+            let y = &point[1 + len..];
+            assert!(PublicKey::parse(jwk(y).as_bytes()).is_ok(), "{curve}");
+            // The same x with y one off: a point of no curve, read from a JWK and from PEM.
+            let mut off = y.to_vec();
+            off[len - 1] ^= 1;
+            let refused = PublicKey::parse(jwk(&off).as_bytes()).unwrap_err();
+            assert!(
+                matches!(&refused, Error::UnusableEcKey(reason) if reason.contains(curve)),
+                "{refused}"
+            );
+            let mut der = pem_body(&pair.public_pem);
+            let last = der.len() - 1;
+            der[last] ^= 1;
+            assert!(
+                matches!(PublicKey::parse(&der), Err(Error::UnusableEcKey(_))),
+                "{curve} DER"
+            );
+        }
+    }
+
+    #[test]
     fn generated_keys_sign_and_verify_with_every_algorithm() {
         for algorithm in Algorithm::ALL
             .into_iter()
@@ -997,5 +1066,16 @@ QQIDAQAB
                 "{algorithm}"
             );
         }
+    }
+
+    /// The DER inside a PEM block.
+    fn pem_body(pem: &str) -> Vec<u8> {
+        let base64: String = pem
+            .lines()
+            .filter(|line| !line.starts_with("-----"))
+            .collect();
+        base64::engine::general_purpose::STANDARD
+            .decode(base64)
+            .unwrap()
     }
 }
