@@ -416,7 +416,10 @@ where
                     .max(Duration::from_millis(received.saturating_mul(1000) / rate)))
             .min(deadline),
         };
+        // The body first: a body whose frames are there (most arrive in one) is read without
+        // waiting on its signal to give way, which costs a registration each time.
         let next = tokio::select! {
+            biased;
             next = tokio::time::timeout_at(due.into(), body.frame()) => next,
             () = arriving.taken.given_way() => {
                 return Err(Problem::BodyShed {
