@@ -134,7 +134,8 @@
 //! answered but 503 meanwhile. Now a body that does not fit takes the memory of those that
 //! have been arriving for longer than `server.min_body_rate_grace`, the oldest first (of
 //! its own client first, when its share is what is short): they are answered 408 and
-//! their connection closed (`payhook_connections_shed_total{reason="body_memory"}`). To
+//! their connection closed (an HTTP/2 stream alone ends;
+//! `payhook_connections_shed_total{reason="body_memory"}` counts them). To
 //! keep a callback out, an attack must now send the whole memory again within every grace:
 //! 64 MiB every 5 s by default (`tests/slow_and_idle_clients_cannot_starve_callbacks.rs`).
 //!
