@@ -450,7 +450,7 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
     config.server.body_limit = 8 * 1024;
     config.server.body_memory_limit = 28 * 1024;
     config.server.request_timeout = Duration::from_secs(600);
-    let grace = Duration::from_secs(1);
+    let grace = Duration::from_secs(2);
     config.server.min_body_rate_grace = grace;
     let server = TestServer::start_with(config).await;
     // 6 KiB each, four clients: 24 KiB of 28 held, and each keeps the rate (240 bytes/s)
@@ -460,28 +460,28 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
         let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, client));
         attacks.push(held_back_bodies(server.addr, from, 1).await);
     }
-    tokio::time::sleep(grace).await;
-    // A callback of over 5 KiB does not fit in the 4 KiB left: once the held-back bodies
-    // have been arriving for longer than the grace, the oldest gives way.
+    // A callback of over 5 KiB does not fit in the 4 KiB left once all four are held:
+    // answered 503 then, within their grace (200 before, while one is still on its way).
     let large = with(
         CALLBACK,
         "/padding",
         Some(serde_json::json!(" ".repeat(5 * 1024))),
     );
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        match send_callback(server.addr, GENUINE, &large).await {
-            200 => break,
-            // A held-back body reached the server late: not yet past its grace.
-            503 => {}
-            other => panic!("the genuine callback was answered {other}"),
+    let send_large = || send_callback(server.addr, GENUINE, &large);
+    let until = |answer: u16| async move {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while send_large().await != answer {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never answered {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no held-back body gave way"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    until(503).await;
+    // Past the grace, the oldest held-back body gives way to it.
+    tokio::time::sleep(grace).await;
+    until(200).await;
     let mut gave_way = Vec::new();
     for (index, (_, _, answers)) in attacks.iter_mut().enumerate() {
         if let Ok(Some(answer)) =
@@ -495,7 +495,7 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
                 .to_bytes();
             assert_eq!(
                 serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
-                "request body still arriving after 1s while other requests needed the memory it held"
+                "request body still arriving after 2s while other requests needed the memory it held"
             );
             gave_way.push(index);
         }
@@ -522,7 +522,7 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
         (
             408,
             &serde_json::json!(
-                "request body still arriving after 1s while other requests needed the memory it held"
+                "request body still arriving after 2s while other requests needed the memory it held"
             )
         )
     );
