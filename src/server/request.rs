@@ -5,8 +5,10 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
+use std::collections::HashSet;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -142,7 +144,26 @@ type BodyKey = (Instant, u64);
 struct Holder {
     client: Option<IpAddr>,
     bytes: usize,
-    shed: Arc<Notify>,
+    shed: Arc<GiveWay>,
+}
+
+/// A body's word that it gave way: a flag its reader checks as it reads, and a signal that
+/// wakes it while it waits for its next bytes.
+#[derive(Debug, Default)]
+struct GiveWay {
+    given: AtomicBool,
+    signal: Notify,
+}
+
+impl GiveWay {
+    fn tell(&self) {
+        self.given.store(true, Ordering::Release);
+        self.signal.notify_one();
+    }
+
+    fn given(&self) -> bool {
+        self.given.load(Ordering::Acquire)
+    }
 }
 
 impl Ledger {
@@ -189,25 +210,28 @@ impl Ledger {
             .iter()
             .take_while(|((began, _), _)| *began <= before)
             .filter(|(key, _)| Some(*key) != own);
-        for (key, holder) in patient
-            .clone()
-            .filter(|(_, holder)| holder.client == client)
-        {
-            if share >= needed {
-                break;
-            }
-            giving.push(*key);
-            share += holder.bytes;
-            free += holder.bytes;
-        }
         if share < needed {
-            return None;
+            for (key, holder) in patient
+                .clone()
+                .filter(|(_, holder)| holder.client == client)
+            {
+                giving.push(*key);
+                share += holder.bytes;
+                free += holder.bytes;
+                if share >= needed {
+                    break;
+                }
+            }
+            if share < needed {
+                return None;
+            }
         }
+        let own_giving: HashSet<BodyKey> = giving.iter().copied().collect();
         for (key, holder) in patient {
             if free >= needed {
                 break;
             }
-            if !giving.contains(key) {
+            if !own_giving.contains(key) {
                 giving.push(*key);
                 free += holder.bytes;
             }
@@ -271,7 +295,7 @@ impl BodyMemory {
                 })?;
             for key in giving {
                 if let Some(holder) = ledger.remove(&key) {
-                    holder.shed.notify_one();
+                    holder.shed.tell();
                 }
             }
         }
@@ -286,7 +310,7 @@ impl BodyMemory {
             None => {
                 ledger.numbered += 1;
                 let key = (taken.began, ledger.numbered);
-                let shed = Arc::new(Notify::new());
+                let shed = Arc::new(GiveWay::default());
                 taken.shed = Some(Arc::clone(&shed));
                 ledger.bodies.insert(
                     key,
@@ -308,7 +332,7 @@ impl BodyMemory {
     fn hold(&self, taken: &mut Taken<'_>, total: usize) -> Result<(), Problem> {
         if total == taken.bytes {
             // Most frames: the buffer did not grow, and the ledger is left unlocked.
-            Ok(())
+            taken.still_held()
         } else if total > taken.bytes {
             self.take(taken, total - taken.bytes)
         } else {
@@ -341,7 +365,7 @@ struct Taken<'a> {
     /// nothing.
     bytes: usize,
     /// Told when it gives way.
-    shed: Option<Arc<Notify>>,
+    shed: Option<Arc<GiveWay>>,
 }
 
 impl Taken<'_> {
@@ -359,8 +383,19 @@ impl Taken<'_> {
     /// Completes when the body is told to give way (never before it holds something).
     async fn given_way(&self) {
         match &self.shed {
-            Some(shed) => shed.notified().await,
+            Some(shed) => shed.signal.notified().await,
             None => std::future::pending().await,
+        }
+    }
+
+    /// [`Problem::BodyShed`] once the body gave way: its bytes are no longer counted, so it
+    /// may not go on as if they were, even when the rest of it is already there.
+    fn still_held(&self) -> Result<(), Problem> {
+        match &self.shed {
+            Some(shed) if shed.given() => Err(Problem::BodyShed {
+                patience: self.memory.patience,
+            }),
+            _ => Ok(()),
         }
     }
 }
@@ -429,7 +464,10 @@ where
         };
         let frame = match next {
             Ok(Some(frame)) => frame,
-            Ok(None) => break,
+            Ok(None) => {
+                arriving.taken.still_held()?;
+                break;
+            }
             Err(_) if due < deadline => {
                 return Err(Problem::BodyTooSlow {
                     received,
@@ -875,6 +913,29 @@ mod tests {
     }
 
     #[test]
+    fn a_body_that_gave_way_goes_on_no_further_even_without_growing() {
+        let memory = BodyMemory::new(1000, 1000, Duration::ZERO, Duration::from_secs(1));
+        let mut gone = Taken::new(&memory, None, Instant::now());
+        memory.hold(&mut gone, 1000).unwrap();
+        let mut newcomer = Taken::new(&memory, Some(IpAddr::from([192, 0, 2, 1])), Instant::now());
+        memory.hold(&mut newcomer, 500).unwrap();
+        // Its whole declared length already held, the rest of its bytes would grow nothing.
+        assert_eq!(
+            memory.hold(&mut gone, 1000),
+            Err(Problem::BodyShed {
+                patience: Duration::ZERO
+            })
+        );
+        assert!(gone.still_held().is_err());
+        drop(gone);
+        assert_eq!(
+            memory.held(),
+            500,
+            "the body that gave way gives nothing back twice"
+        );
+    }
+
+    #[test]
     fn bodies_give_way_only_when_together_they_make_room_and_never_before_their_patience() {
         let start = Instant::now();
         let at = |seconds: u64| start + Duration::from_secs(seconds);
@@ -920,6 +981,12 @@ mod tests {
         assert_eq!(
             ledger.to_give_way((b, Some(&key(1))), 400, limits, at(3)),
             Some(vec![key(0), key(2)])
+        );
+        // Both short (a holds 400 of 500, the memory 1,000 of 1,000): a's own bodies first
+        // (0 s, 3 s: its share then has room), then the oldest of others' (b's of 1 s).
+        assert_eq!(
+            ledger.to_give_way((a, None), 500, (1000, 500), at(3)),
+            Some(vec![key(0), key(3), key(1)])
         );
         // Its share short (a holds 400 of 500) and the memory not, a takes from its own
         // bodies alone: of 0 s and of 3 s, though b's began before the second.
