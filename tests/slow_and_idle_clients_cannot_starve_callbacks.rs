@@ -319,54 +319,63 @@ async fn held_back_bodies(
     let mut answers = JoinSet::new();
     for _ in 0..count {
         sender.ready().await.unwrap();
-        let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
-            .header("content-type", "application/json")
-            .body(HeldBack(Some(vec![b' '; 6 * 1024].into())))
-            .unwrap();
-        answers.spawn(sender.send_request(request));
+        answers.spawn(sender.send_request(held_back_request()));
     }
     (sender, driver, answers)
 }
 
-/// The next of `answers` within the test's deadline.
+/// A callback whose body, 6 KiB in one DATA frame, is sent at once and then held back.
+fn held_back_request() -> http::Request<HeldBack> {
+    http::Request::post(format!("http://x{CALLBACK_PATH}"))
+        .header("content-type", "application/json")
+        .body(HeldBack(Some(vec![b' '; 6 * 1024].into())))
+        .unwrap()
+}
+
+/// An answer's status, whether it carries `Retry-After`, and its message.
+async fn status_and_message(
+    answer: http::Response<hyper::body::Incoming>,
+) -> (u16, bool, serde_json::Value) {
+    let status = answer.status().as_u16();
+    let retry_after = answer.headers().contains_key("retry-after");
+    let body = http_body_util::BodyExt::collect(answer.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let message = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"].take();
+    (status, retry_after, message)
+}
+
+/// The next of `answers` within the test's deadline: its status, `Retry-After` and message.
 async fn next_answer(
     answers: &mut JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
-) -> (u16, serde_json::Value) {
+) -> (u16, bool, serde_json::Value) {
     let answer = tokio::time::timeout(DEADLINE, answers.join_next())
         .await
         .expect("no body was answered")
         .unwrap()
         .unwrap()
         .unwrap();
-    let status = answer.status().as_u16();
-    let body = http_body_util::BodyExt::collect(answer.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    (status, serde_json::from_slice(&body).unwrap())
+    status_and_message(answer).await
 }
 
 /// The next of `answers`: a 503 with `Retry-After` for want of body memory.
 async fn refused_for_memory(
     answers: &mut JoinSet<Result<http::Response<hyper::body::Incoming>, hyper::Error>>,
 ) {
-    let answer = tokio::time::timeout(DEADLINE, answers.join_next())
-        .await
-        .expect("a body past the memory was not refused")
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer.status(), 503);
-    assert!(answer.headers().contains_key("retry-after"));
-    let body = http_body_util::BodyExt::collect(answer.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
     assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
-        "too many request bodies arriving at once; retry later"
+        next_answer(answers).await,
+        (
+            503,
+            true,
+            serde_json::json!("too many request bodies arriving at once; retry later")
+        )
     );
 }
+
+/// The answer of a body that gave its memory up after a grace of 5 s.
+const GAVE_WAY: &str =
+    "request body still arriving after 5s while other requests needed the memory it held";
 
 /// Bodies sent quickly and then held back, on the streams of HTTP/2 connections, keep the
 /// pace and could each hold up to `server.body_limit` until the request timeout: all
@@ -504,14 +513,9 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
         );
     };
     let (gave_way, answer) = (vec![gave_way.0], gave_way.1);
-    assert_eq!(answer.status(), 408);
-    let body = http_body_util::BodyExt::collect(answer.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
     assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["message"],
-        "request body still arriving after 5s while other requests needed the memory it held"
+        status_and_message(answer).await,
+        (408, false, serde_json::json!(GAVE_WAY))
     );
     // One body was enough to make room: the others hold on.
     for (index, (_, _, answers)) in attacks.iter_mut().enumerate() {
@@ -534,20 +538,10 @@ async fn bodies_held_back_past_the_grace_give_their_memory_up_to_a_genuine_callb
     let (sender, _, first) = &mut attacks[kept];
     sender.ready().await.unwrap();
     let mut second = JoinSet::new();
-    let request = http::Request::post(format!("http://x{CALLBACK_PATH}"))
-        .header("content-type", "application/json")
-        .body(HeldBack(Some(vec![b' '; 6 * 1024].into())))
-        .unwrap();
-    second.spawn(sender.send_request(request));
-    let (status, body) = next_answer(first).await;
+    second.spawn(sender.send_request(held_back_request()));
     assert_eq!(
-        (status, &body["message"]),
-        (
-            408,
-            &serde_json::json!(
-                "request body still arriving after 5s while other requests needed the memory it held"
-            )
-        )
+        next_answer(first).await,
+        (408, false, serde_json::json!(GAVE_WAY))
     );
     for (index, (_, _, answers)) in attacks.iter_mut().enumerate() {
         if index != kept && !gave_way.contains(&index) {

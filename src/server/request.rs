@@ -269,13 +269,8 @@ impl BodyMemory {
     /// they can. [`Problem::BodyShed`] when `taken` itself gave way meanwhile.
     fn take(&self, taken: &mut Taken<'_>, bytes: usize) -> Result<(), Problem> {
         let mut ledger = self.ledger();
-        if let Some(key) = &taken.key
-            && !ledger.bodies.contains_key(key)
-        {
-            return Err(Problem::BodyShed {
-                patience: self.patience,
-            });
-        }
+        // Told under this lock when it gave way.
+        taken.still_held()?;
         let held = ledger.clients.get(&taken.client).copied().unwrap_or(0);
         let fits = held.saturating_add(bytes) <= self.per_client
             && ledger.held.saturating_add(bytes) <= self.limit;
@@ -284,7 +279,7 @@ impl BodyMemory {
                 .checked_sub(self.patience)
                 .and_then(|before| {
                     ledger.to_give_way(
-                        (taken.client, taken.key.as_ref()),
+                        (taken.client, taken.place.as_ref().map(|(key, _)| key)),
                         bytes,
                         (self.limit, self.per_client),
                         before,
@@ -301,8 +296,8 @@ impl BodyMemory {
         }
         ledger.held += bytes;
         *ledger.clients.entry(taken.client).or_default() += bytes;
-        match &taken.key {
-            Some(key) => {
+        match &taken.place {
+            Some((key, _)) => {
                 if let Some(holder) = ledger.bodies.get_mut(key) {
                     holder.bytes += bytes;
                 }
@@ -311,16 +306,15 @@ impl BodyMemory {
                 ledger.numbered += 1;
                 let key = (taken.began, ledger.numbered);
                 let shed = Arc::new(GiveWay::default());
-                taken.shed = Some(Arc::clone(&shed));
                 ledger.bodies.insert(
                     key,
                     Holder {
                         client: taken.client,
                         bytes,
-                        shed,
+                        shed: Arc::clone(&shed),
                     },
                 );
-                taken.key = Some(key);
+                taken.place = Some((key, shed));
             }
         }
         taken.bytes += bytes;
@@ -336,7 +330,7 @@ impl BodyMemory {
         } else if total > taken.bytes {
             self.take(taken, total - taken.bytes)
         } else {
-            if let Some(key) = &taken.key {
+            if let Some((key, _)) = &taken.place {
                 self.ledger().release(key, taken.bytes - total);
             }
             taken.bytes = total;
@@ -359,13 +353,11 @@ struct Taken<'a> {
     client: Option<IpAddr>,
     /// When the body began to arrive.
     began: Instant,
-    /// Its place in the ledger, from the first byte it holds.
-    key: Option<BodyKey>,
+    /// Its place in the ledger and how it is told to give way, from the first byte it holds.
+    place: Option<(BodyKey, Arc<GiveWay>)>,
     /// What it holds as far as it knows: the ledger's holding is this or, once it gave way,
     /// nothing.
     bytes: usize,
-    /// Told when it gives way.
-    shed: Option<Arc<GiveWay>>,
 }
 
 impl Taken<'_> {
@@ -374,16 +366,15 @@ impl Taken<'_> {
             memory,
             client,
             began,
-            key: None,
+            place: None,
             bytes: 0,
-            shed: None,
         }
     }
 
     /// Completes when the body is told to give way (never before it holds something).
     async fn given_way(&self) {
-        match &self.shed {
-            Some(shed) => shed.signal.notified().await,
+        match &self.place {
+            Some((_, shed)) => shed.signal.notified().await,
             None => std::future::pending().await,
         }
     }
@@ -391,8 +382,8 @@ impl Taken<'_> {
     /// [`Problem::BodyShed`] once the body gave way: its bytes are no longer counted, so it
     /// may not go on as if they were, even when the rest of it is already there.
     fn still_held(&self) -> Result<(), Problem> {
-        match &self.shed {
-            Some(shed) if shed.given() => Err(Problem::BodyShed {
+        match &self.place {
+            Some((_, shed)) if shed.given() => Err(Problem::BodyShed {
                 patience: self.memory.patience,
             }),
             _ => Ok(()),
@@ -402,7 +393,7 @@ impl Taken<'_> {
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if let Some(key) = &self.key {
+        if let Some((key, _)) = &self.place {
             self.memory.ledger().remove(key);
         }
     }

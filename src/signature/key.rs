@@ -79,14 +79,16 @@ fn check_rsa_verifiable(bits: usize, e: &[u8]) -> Result<(), Error> {
 /// the point only when it uses it, and its key agreement checks it the same way as its
 /// verification does: an agreement with a key of our own, made for the purpose and
 /// discarded, tells.
-fn check_on_curve(curve: &'static agreement::Algorithm, point: &[u8]) -> Result<(), Error> {
-    let name = if curve == &agreement::ECDH_P256 {
-        "P-256"
-    } else {
-        "P-384"
-    };
-    let ours = agreement::EphemeralPrivateKey::generate(curve, &SystemRandom::new())
-        .map_err(|_| Error::UnusableEcKey("no random numbers to check its point with".into()))?;
+fn check_on_curve(
+    (curve, name): (&'static agreement::Algorithm, &str),
+    point: &[u8],
+) -> Result<(), Error> {
+    let ours =
+        agreement::EphemeralPrivateKey::generate(curve, &SystemRandom::new()).map_err(|_| {
+            Error::Keygen(format!(
+                "no {name} key to check a point with: no randomness"
+            ))
+        })?;
     agreement::agree_ephemeral(
         ours,
         &agreement::UnparsedPublicKey::new(curve, point),
@@ -288,8 +290,8 @@ impl PublicKey {
                 }
                 check_rsa_verifiable(bits, e)?;
             }
-            Material::EcP256(point) => check_on_curve(&agreement::ECDH_P256, point)?,
-            Material::EcP384(point) => check_on_curve(&agreement::ECDH_P384, point)?,
+            Material::EcP256(point) => check_on_curve((&agreement::ECDH_P256, "P-256"), point)?,
+            Material::EcP384(point) => check_on_curve((&agreement::ECDH_P384, "P-384"), point)?,
             // ring has no public way to check an Ed25519 point apart from a verification.
             Material::Ed25519(_) => {}
         }
