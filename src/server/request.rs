@@ -5,8 +5,7 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
-use std::collections::HashSet;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -127,8 +126,8 @@ const CLIENT_SHARE: usize = 4;
 struct Ledger {
     /// All bodies together.
     held: usize,
-    /// What each client holds (only clients that hold something).
-    clients: HashMap<Option<IpAddr>, usize>,
+    /// The clients with a body in the ledger: what each holds, and its bodies.
+    clients: HashMap<Option<IpAddr>, Client>,
     /// The bodies that hold something, the longest arriving first.
     bodies: BTreeMap<BodyKey, Holder>,
     /// The last body's number.
@@ -145,6 +144,14 @@ struct Holder {
     client: Option<IpAddr>,
     bytes: usize,
     shed: Arc<GiveWay>,
+}
+
+/// What one client holds, and its bodies, the longest arriving first: so that a client
+/// short of its share finds its own among its own, not among everyone's.
+#[derive(Debug, Default)]
+struct Client {
+    held: usize,
+    bodies: BTreeSet<BodyKey>,
 }
 
 /// A body's word that it gave way: a flag its reader checks as it reads, and a signal that
@@ -167,6 +174,32 @@ impl GiveWay {
 }
 
 impl Ledger {
+    /// What `client` holds.
+    fn held_by(&self, client: Option<IpAddr>) -> usize {
+        self.clients.get(&client).map_or(0, |held| held.held)
+    }
+
+    /// Enters the body `key` with what it holds.
+    fn insert(&mut self, key: BodyKey, holder: Holder) {
+        self.held += holder.bytes;
+        let client = self.clients.entry(holder.client).or_default();
+        client.held += holder.bytes;
+        client.bodies.insert(key);
+        self.bodies.insert(key, holder);
+    }
+
+    /// Adds `bytes` to `key`'s holding: to the memory and to its client's share.
+    fn grow(&mut self, key: &BodyKey, bytes: usize) {
+        let Some(holder) = self.bodies.get_mut(key) else {
+            return;
+        };
+        holder.bytes += bytes;
+        self.held += bytes;
+        if let Some(client) = self.clients.get_mut(&holder.client) {
+            client.held += bytes;
+        }
+    }
+
     /// Takes `bytes` off `key`'s holding (all it holds, when more): of the memory and of its
     /// client's share.
     fn release(&mut self, key: &BodyKey, bytes: usize) {
@@ -175,20 +208,24 @@ impl Ledger {
         };
         let bytes = bytes.min(holder.bytes);
         holder.bytes -= bytes;
-        let client = holder.client;
         self.held -= bytes;
-        if let Some(held) = self.clients.get_mut(&client) {
-            *held = held.saturating_sub(bytes);
-            if *held == 0 {
-                self.clients.remove(&client);
-            }
+        if let Some(client) = self.clients.get_mut(&holder.client) {
+            client.held = client.held.saturating_sub(bytes);
         }
     }
 
-    /// Forgets `key`, giving back all it holds; its holder, when it was there.
+    /// Forgets `key`, giving back all it holds (and its client, when it was the client's
+    /// last body); its holder, when it was there.
     fn remove(&mut self, key: &BodyKey) -> Option<Holder> {
         self.release(key, usize::MAX);
-        self.bodies.remove(key)
+        let holder = self.bodies.remove(key)?;
+        if let Some(client) = self.clients.get_mut(&holder.client) {
+            client.bodies.remove(key);
+            if client.bodies.is_empty() {
+                self.clients.remove(&holder.client);
+            }
+        }
+        Some(holder)
     }
 
     /// The bodies that would give way, oldest first, for `needed` bytes more of `client`
@@ -202,22 +239,23 @@ impl Ledger {
         (limit, per_client): (usize, usize),
         before: Instant,
     ) -> Option<Vec<BodyKey>> {
-        let mut share = per_client.saturating_sub(self.clients.get(&client).copied().unwrap_or(0));
+        let mut share = per_client.saturating_sub(self.held_by(client));
         let mut free = limit.saturating_sub(self.held);
         let mut giving = Vec::new();
-        let patient = self
-            .bodies
-            .iter()
-            .take_while(|((began, _), _)| *began <= before)
-            .filter(|(key, _)| Some(*key) != own);
+        let patient = |(began, _): &&BodyKey| *began <= before;
+        let not_own = |key: &&BodyKey| Some(*key) != own;
         if share < needed {
-            for (key, holder) in patient
-                .clone()
-                .filter(|(_, holder)| holder.client == client)
+            let bodies = self.clients.get(&client).map(|client| &client.bodies);
+            for key in bodies
+                .into_iter()
+                .flatten()
+                .take_while(patient)
+                .filter(not_own)
             {
+                let bytes = self.bodies.get(key).map_or(0, |holder| holder.bytes);
                 giving.push(*key);
-                share += holder.bytes;
-                free += holder.bytes;
+                share += bytes;
+                free += bytes;
                 if share >= needed {
                     break;
                 }
@@ -227,7 +265,12 @@ impl Ledger {
             }
         }
         let own_giving: HashSet<BodyKey> = giving.iter().copied().collect();
-        for (key, holder) in patient {
+        for (key, holder) in self
+            .bodies
+            .iter()
+            .take_while(|(key, _)| patient(key))
+            .filter(|(key, _)| not_own(key))
+        {
             if free >= needed {
                 break;
             }
@@ -271,7 +314,7 @@ impl BodyMemory {
         let mut ledger = self.ledger();
         // Told under this lock when it gave way.
         taken.still_held()?;
-        let held = ledger.clients.get(&taken.client).copied().unwrap_or(0);
+        let held = ledger.held_by(taken.client);
         let fits = held.saturating_add(bytes) <= self.per_client
             && ledger.held.saturating_add(bytes) <= self.limit;
         if !fits {
@@ -294,26 +337,18 @@ impl BodyMemory {
                 }
             }
         }
-        ledger.held += bytes;
-        *ledger.clients.entry(taken.client).or_default() += bytes;
         match &taken.place {
-            Some((key, _)) => {
-                if let Some(holder) = ledger.bodies.get_mut(key) {
-                    holder.bytes += bytes;
-                }
-            }
+            Some((key, _)) => ledger.grow(key, bytes),
             None => {
                 ledger.numbered += 1;
                 let key = (taken.began, ledger.numbered);
                 let shed = Arc::new(GiveWay::default());
-                ledger.bodies.insert(
-                    key,
-                    Holder {
-                        client: taken.client,
-                        bytes,
-                        shed: Arc::clone(&shed),
-                    },
-                );
+                let holder = Holder {
+                    client: taken.client,
+                    bytes,
+                    shed: Arc::clone(&shed),
+                };
+                ledger.insert(key, holder);
                 taken.place = Some((key, shed));
             }
         }
@@ -927,6 +962,51 @@ mod tests {
     }
 
     #[test]
+    fn each_client_knows_its_own_bodies_and_is_forgotten_with_its_last() {
+        let start = Instant::now();
+        let (a, b) = (
+            Some(IpAddr::from([192, 0, 2, 1])),
+            Some(IpAddr::from([192, 0, 2, 2])),
+        );
+        let mut ledger = Ledger::default();
+        let holder = |client, bytes| Holder {
+            client,
+            bytes,
+            shed: Arc::default(),
+        };
+        let keys: Vec<BodyKey> = (0..3).map(|n| (start, n)).collect();
+        ledger.insert(keys[0], holder(a, 100));
+        ledger.insert(keys[1], holder(b, 200));
+        ledger.insert(keys[2], holder(a, 300));
+        ledger.grow(&keys[2], 50);
+        ledger.release(&keys[0], 40);
+        let own = |ledger: &Ledger, client| {
+            ledger.clients.get(&client).map(|client| {
+                (
+                    client.held,
+                    client.bodies.iter().copied().collect::<Vec<_>>(),
+                )
+            })
+        };
+        assert_eq!(own(&ledger, a), Some((410, vec![keys[0], keys[2]])));
+        assert_eq!(own(&ledger, b), Some((200, vec![keys[1]])));
+        assert_eq!(ledger.held, 610);
+        // A body that holds nothing yet is still the client's until it is removed.
+        ledger.release(&keys[1], 200);
+        assert_eq!(own(&ledger, b), Some((0, vec![keys[1]])));
+        assert_eq!(ledger.remove(&keys[1]).map(|h| h.bytes), Some(0));
+        assert_eq!(own(&ledger, b), None, "forgotten with its last body");
+        ledger.remove(&keys[2]);
+        assert_eq!(own(&ledger, a), Some((60, vec![keys[0]])));
+        ledger.remove(&keys[0]);
+        assert!(ledger.remove(&keys[0]).is_none(), "removed once");
+        assert_eq!(
+            (ledger.held, ledger.clients.len(), ledger.bodies.len()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
     fn bodies_give_way_only_when_together_they_make_room_and_never_before_their_patience() {
         let start = Instant::now();
         let at = |seconds: u64| start + Duration::from_secs(seconds);
@@ -945,7 +1025,7 @@ mod tests {
         .enumerate()
         {
             let key = (began, number as u64);
-            ledger.bodies.insert(
+            ledger.insert(
                 key,
                 Holder {
                     client,
@@ -953,8 +1033,6 @@ mod tests {
                     shed: Arc::default(),
                 },
             );
-            ledger.held += bytes;
-            *ledger.clients.entry(client).or_default() += bytes;
         }
         let key = |seconds: u64| (at(seconds), seconds);
         let limits = (1000, 1000);
