@@ -698,6 +698,62 @@ async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
     }
 }
 
+/// A repeat whose record was damaged (a disk's fault, or a newer payhook's format read after
+/// a downgrade) keeps neither its original from its deadline nor any other result from the
+/// aggregator: the outbox's pass used to end at the damaged record, every pass, before any
+/// post.
+#[tokio::test(start_paused = true)]
+async fn a_damaged_repeat_keeps_neither_its_original_from_its_deadline_nor_others_from_delivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app_with_deadline(&dir);
+    assert_eq!(
+        validate(&app, "postpone", 20).await,
+        (200, "validation postponed".into())
+    );
+    let again = app.handle(validation_request("postpone", "n-20", 21)).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(
+        validate(&app, "postpone", 30).await,
+        (200, "validation postponed".into())
+    );
+    let resolver = app.resolver().unwrap();
+    resolver
+        .resolve(30, Decision::allow("approved"))
+        .await
+        .unwrap();
+    drop(resolver);
+    drop(app);
+    {
+        // The repeat's record, no longer one: sled's own checks pass, payhook cannot read it.
+        let db = sled::open(dir.path().join("store")).unwrap();
+        let tree = db.open_tree("payhook").unwrap();
+        let key = [&b"p\0"[..], &21i64.to_be_bytes()].concat();
+        assert!(tree.get(&key).unwrap().is_some(), "the repeat's record");
+        tree.insert(key, &b"{not a record"[..]).unwrap();
+        db.flush().unwrap();
+    }
+
+    let app = app_with_deadline(&dir);
+    let (resolver, outbox) = (app.resolver().unwrap(), app.outbox().unwrap());
+    tokio::time::advance(Duration::from_secs(301)).await;
+    let pass = outbox.run_once().await.unwrap();
+    // The original is decided by its deadline; its result and validation 30's are posted
+    // (to a closed port: each is to be tried again).
+    assert_eq!((pass.expired, pass.retried), (1, 2), "{pass:?}");
+    decided_by_the_deadline(&resolver, 20).await;
+    for id in [20, 30] {
+        let result = resolver.get(id).await.unwrap().unwrap().result.unwrap();
+        assert!(
+            matches!(result.delivery, Delivery::Queued { attempts: 1, .. }),
+            "{id}: {:?}",
+            result.delivery
+        );
+    }
+    // An operator's decision on the damaged repeat is refused as the store's error, not
+    // taken as a decision of the original.
+    assert!(resolver.resolve(21, Decision::allow("late")).await.is_err());
+}
+
 /// A decision taken after the deadline, before the outbox's next pass applied it, comes too
 /// late: the validation gets the deadline's outcome, and the reviewer is told so — it was
 /// posted as if in time, though the merchant's cut-off had passed.

@@ -178,6 +178,27 @@ async fn the_first_delivery_claims_and_a_repeat_is_a_duplicate(b: &Backend) {
     assert_eq!(b.balance("c-1").await, 5, "the effects were applied once");
 }
 
+behaviour!(nonces_are_told_apart_byte_for_byte_not_by_their_unicode_form);
+/// The merchant issued its nonces: two spellings of one text in Unicode (composed and
+/// decomposed) are two nonces, each booked once, neither a duplicate of the other.
+async fn nonces_are_told_apart_byte_for_byte_not_by_their_unicode_form(b: &Backend) {
+    let (composed, decomposed) = ("n-caf\u{e9}", "n-cafe\u{301}");
+    b.acknowledge(composed, TransactionStatus::Success, b.add("c-1", 5))
+        .await;
+    let (_, attempt, previous) = b.claim(decomposed, TransactionStatus::Success).await;
+    assert_eq!((attempt, previous), (1, None), "a nonce of its own");
+    for nonce in [composed, decomposed] {
+        assert_eq!(
+            b.shared
+                .callback_acknowledged(&Nonce::from(nonce), TransactionStatus::Success)
+                .await
+                .unwrap(),
+            nonce == composed,
+            "{nonce:?}"
+        );
+    }
+}
+
 behaviour!(a_new_status_runs_again_and_is_told_the_previous_one);
 async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
     b.acknowledge("n-1", TransactionStatus::Success, Effects::default())
@@ -616,6 +637,53 @@ async fn states_of(b: &Backend, ids: &[i64]) -> Vec<PostponedState> {
         states.push(record.state());
     }
     states
+}
+
+behaviour!(a_repeat_of_a_validation_whose_record_holds_u0000_shares_its_decision);
+/// A validation whose record holds U+0000 (the aggregator's `providerData`, a decision's
+/// description), asked about again under a new id: the repeat is recorded and decided with
+/// it, as any other. PostgreSQL cannot read inside a `json` value that holds `\u0000`, and
+/// finding the original that way refused every such repeat for ever.
+async fn a_repeat_of_a_validation_whose_record_holds_u0000_shares_its_decision(b: &Backend) {
+    let request = |id| {
+        let mut request = validation("p-nul", id, "10");
+        request.provider_data = serde_json::json!({"note\u{0}": ["a\u{0}b"]});
+        request
+    };
+    postpone_request(b, request(80)).await;
+    assert_eq!(
+        b.shared.repeat(&request(81), Utc::now()).await.unwrap(),
+        Repeat::Recorded {
+            of: 80.into(),
+            decided: false
+        }
+    );
+    let deny = Decision::deny("documents missing: a\u{0}b");
+    assert_eq!(
+        b.shared
+            .resolve(81.into(), &deny, Utc::now())
+            .await
+            .unwrap(),
+        Resolution::Recorded
+    );
+    // Decided, and its description holding U+0000 too: a later repeat gets the decision.
+    assert_eq!(
+        b.shared.repeat(&request(82), Utc::now()).await.unwrap(),
+        Repeat::Recorded {
+            of: 80.into(),
+            decided: true
+        }
+    );
+    for id in [80, 81, 82] {
+        let record = b.shared.postponed(id.into()).await.unwrap().unwrap();
+        assert_eq!(record.state(), PostponedState::Queued, "{id}");
+        let result = record.result.unwrap();
+        assert_eq!(
+            (result.success, result.description.as_str()),
+            (false, "documents missing: a\u{0}b"),
+            "{id}"
+        );
+    }
 }
 
 behaviour!(a_repeat_whose_original_was_purged_keeps_its_own_decision);

@@ -544,6 +544,20 @@ pub(crate) fn unless_unreadable(
     }
 }
 
+/// A postponed validation read as another's decision is written to it (a repeat, or the
+/// original a repeat is decided through), or `None` when it is gone or its record cannot be
+/// decoded (logged, as by [`unless_unreadable`]): one damaged repeat does not keep its
+/// original and the other repeats from their decision, nor the outbox, which decides them
+/// at their deadline, from every other result. Any other error is the store's and stands.
+pub(crate) fn unless_gone_or_unreadable(
+    read: Result<Option<PostponedValidation>, StoreError>,
+) -> Result<Option<PostponedValidation>, StoreError> {
+    read.transpose()
+        .map(unless_unreadable)
+        .transpose()
+        .map(Option::flatten)
+}
+
 /// Deduplication: what was done per nonce, the claims of deliveries in progress, and the
 /// merchant's effects committed with the mark. `finish_*` must be atomic with what it
 /// writes, and resolve only once the write is durable.

@@ -8,10 +8,10 @@
 use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
 use super::keys;
 use super::record::{decode, encode};
 use super::staging::Staging;
+use super::{StoreError, unless_gone_or_unreadable};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::record::{Delivery, NextDue, PostponedValidation, Repeat, Resolution};
 
@@ -112,7 +112,9 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             // A repeat is decided through the validation it repeats, whose decision is its
             // own; one whose original is gone (purged once delivered) stands alone.
             let mut record = match record.repeat_of {
-                Some(original) => read(staging, original)?.unwrap_or(record),
+                Some(original) => {
+                    unless_gone_or_unreadable(read(staging, original))?.unwrap_or(record)
+                }
                 None => record,
             };
             let resolution = record.resolve(success, description.clone(), now);
@@ -120,7 +122,7 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
                 // Every read before any write: an error leaves the batch as it was.
                 let mut repeats = Vec::with_capacity(record.repeats.len());
                 for id in &record.repeats {
-                    if let Some(mut repeat) = read(staging, *id)?
+                    if let Some(mut repeat) = unless_gone_or_unreadable(read(staging, *id))?
                         && repeat.resolve(success, description.clone(), now) == Resolution::Recorded
                     {
                         repeats.push(repeat);

@@ -366,7 +366,7 @@ impl PgStore {
             },
             IndexedRead {
                 index: "postponed_nonce",
-                sql: self.sql(postponed::ORIGINAL_OF_NONCE),
+                sql: self.sql(postponed::VALIDATIONS_OF_NONCE),
                 // A nonce asked about again under a new validation id.
                 parameters: &[("text", "'n-1'")],
                 condition: None,

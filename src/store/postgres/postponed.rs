@@ -5,7 +5,10 @@ use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::super::{Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture};
+use super::super::{
+    Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture,
+    unless_gone_or_unreadable,
+};
 use super::{OUTBOX_BATCH, OUTBOX_LEASE, PgStore, decode_json, encode_json};
 use crate::model::TransactionValidationRequest;
 use crate::postponed::record::{
@@ -52,12 +55,11 @@ fn state_condition(state: Option<PostponedState>) -> &'static str {
     }
 }
 
-/// The statement that reads, and locks, the validation that holds nonce `$1`'s decision:
-/// the latest of its validations that repeats none (an older one is from before the
-/// nonce's record expired). Read through the `postponed_nonce` index (`schema.rs`).
-pub(super) const ORIGINAL_OF_NONCE: &str = "SELECT validation_id, record::text FROM {s}.postponed \
-     WHERE nonce = $1 AND record->>'repeat_of' IS NULL \
-     ORDER BY validation_id DESC LIMIT 1 FOR UPDATE";
+/// The statement that reads the validations of nonce `$1`, the latest first, among which
+/// the one that holds its decision is found ([`PgStore::original_of_nonce`]). Read through
+/// the `postponed_nonce` index (`schema.rs`).
+pub(super) const VALIDATIONS_OF_NONCE: &str = "SELECT validation_id, record::text FROM {s}.postponed \
+     WHERE nonce = $1 ORDER BY validation_id DESC";
 
 /// Rolls back `tx`, which wrote nothing, so that the rows it locked are let go now. A
 /// transaction only dropped is rolled back when its connection is next used: until then
@@ -107,7 +109,7 @@ impl PostponedStore for PgStore {
             if let Some(original) = record.repeat_of {
                 tx.rollback().await?;
                 tx = self.pool().begin().await?;
-                record = match self.locked(&mut tx, original).await? {
+                record = match unless_gone_or_unreadable(self.locked(&mut tx, original).await)? {
                     Some(original) => original,
                     None => match self.locked(&mut tx, validation_id).await? {
                         Some(repeat) => repeat,
@@ -119,7 +121,8 @@ impl PostponedStore for PgStore {
             if resolution == Resolution::Recorded {
                 self.update_postponed(&mut tx, &record, false).await?;
                 for id in &record.repeats {
-                    if let Some(mut repeat) = self.locked(&mut tx, *id).await?
+                    if let Some(mut repeat) =
+                        unless_gone_or_unreadable(self.locked(&mut tx, *id).await)?
                         && repeat.resolve(success, description.to_owned(), now)
                             == Resolution::Recorded
                     {
@@ -143,9 +146,8 @@ impl PostponedStore for PgStore {
         Box::pin(async move {
             let mut tx = self.pool().begin().await?;
             // The original holds the nonce's decision.
-            let original = sqlx::query(&self.sql(ORIGINAL_OF_NONCE))
-                .bind(request.nonce().as_str())
-                .fetch_optional(&mut *tx)
+            let original = self
+                .original_of_nonce(&mut tx, request.nonce().as_str())
                 .await?;
             // Read under the original's lock: a repeat of it recorded by another instance
             // a moment ago is seen here.
@@ -158,13 +160,10 @@ impl PostponedStore for PgStore {
                 let_go(tx).await?;
                 return Ok(Repeat::Known);
             }
-            let Some(row) = original else {
+            let Some(mut original) = original else {
+                let_go(tx).await?;
                 return Ok(Repeat::Unlinked);
             };
-            let mut original: PostponedValidation = decode_json(
-                &row.try_get::<i64, _>(0)?.to_string(),
-                &row.try_get::<String, _>(1)?,
-            )?;
             let Some(repeat) = original.repeated_by(request.clone(), now) else {
                 let_go(tx).await?;
                 return Ok(Repeat::Unlinked);
@@ -464,6 +463,35 @@ impl PgStore {
     }
 
     /// The record of `validation_id`, locked for the rest of the transaction.
+    /// The validation that holds `nonce`'s decision, locked: the latest of its validations
+    /// that repeats none (an older one is from before the nonce's record expired).
+    ///
+    /// Which one repeats none is read from the records in Rust, not with `record->>` in SQL:
+    /// PostgreSQL reads inside a `json` value only by converting all of it, which fails on a
+    /// `\u0000` anywhere in it (migration 3 keeps records as `json` for that character), and
+    /// every repeat of such a validation was refused for ever. The original is then locked
+    /// and read again; it stays an original (a record's `repeat_of` never changes), and a
+    /// repeat recorded meanwhile is in what is read under the lock.
+    async fn original_of_nonce(
+        &self,
+        conn: &mut PgConnection,
+        nonce: &str,
+    ) -> Result<Option<PostponedValidation>, StoreError> {
+        let rows = sqlx::query(&self.sql(VALIDATIONS_OF_NONCE))
+            .bind(nonce)
+            .fetch_all(&mut *conn)
+            .await?;
+        for row in rows {
+            let id = row.try_get::<i64, _>(0)?;
+            let record: PostponedValidation =
+                decode_json(&id.to_string(), &row.try_get::<String, _>(1)?)?;
+            if record.repeat_of.is_none() {
+                return self.locked(conn, record.validation_id).await;
+            }
+        }
+        Ok(None)
+    }
+
     async fn locked(
         &self,
         conn: &mut PgConnection,
