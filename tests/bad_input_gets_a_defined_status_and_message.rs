@@ -537,6 +537,70 @@ async fn an_integer_with_a_fraction_and_a_spaced_numeric_string_are_400() {
     assert!(server.merchant.calls().is_empty());
 }
 
+/// A status or type code that is no integer, though it rounds to one through `f64`
+/// (`3.9999999999999999` is 4.0 there: a success), is 400 like any fraction; nothing is
+/// booked from it.
+#[tokio::test]
+async fn a_code_that_only_rounds_to_a_status_is_400() {
+    let server = TestServer::start().await;
+    for (field, from, to) in [
+        (
+            "transactionStatus",
+            r#""transactionStatus": 4"#,
+            r#""transactionStatus": 3.9999999999999999"#,
+        ),
+        (
+            "transactionStatus",
+            r#""transactionStatus": 4"#,
+            r#""transactionStatus": 4.0000000000000001"#,
+        ),
+        (
+            "transactionType",
+            r#""transactionType": 1"#,
+            r#""transactionType": 1.99999999999999999"#,
+        ),
+    ] {
+        assert!(CALLBACK.contains(from));
+        let body = CALLBACK.replace(from, to);
+        let request = json_post(CALLBACK_PATH, body.as_bytes());
+        assert_refused(&server, CALLBACK_PATH, &request, 400, field).await;
+    }
+    // The same code written as a whole number in another form is that code.
+    let body = CALLBACK.replace(r#""transactionStatus": 4"#, r#""transactionStatus": 4.0e0"#);
+    let response = server
+        .send(&json_post(CALLBACK_PATH, body.as_bytes()))
+        .await;
+    assert_eq!(response.status, 200, "{:?}", response.message());
+    assert_eq!(server.merchant.calls().len(), 1);
+}
+
+/// A field given twice — whatever the spelling of its name — is 400 on every endpoint: the
+/// handler would see one value while a log, a proxy or another reader of the same signed
+/// bytes could see the other.
+#[tokio::test]
+async fn a_field_given_twice_is_400_on_every_endpoint() {
+    let server = TestServer::start().await;
+    for (path, fixture, _, _) in ENDPOINTS {
+        for doubled in [r#""amount": 1,"#, r#""amo\u0075nt": 1,"#] {
+            let body = fixture.replacen("\"amount\"", &format!("{doubled} \"amount\""), 1);
+            assert_ne!(body, fixture);
+            let request = json_post(path, body.as_bytes());
+            assert_refused(&server, path, &request, 400, "duplicate field `amount`").await;
+        }
+    }
+    let body = CALLBACK.replacen(r#""nonce""#, r#""nonce": "nonce-other", "nonce""#, 1);
+    let request = json_post(CALLBACK_PATH, body.as_bytes());
+    assert_refused(
+        &server,
+        CALLBACK_PATH,
+        &request,
+        400,
+        "duplicate field `nonce`",
+    )
+    .await;
+    assert!(server.merchant.calls().is_empty());
+}
+
 /// U+0000 in an identifier — a nonce, a client id — is refused before the handler and the
 /// store on every endpoint: PostgreSQL cannot keep it in `text` (so a shared store would
 /// answer 503 to every retry of such a callback until it was lost), and the aggregator

@@ -42,7 +42,7 @@ impl de::Expected for Expecting {
     }
 }
 
-fn from_text<E: de::Error>(text: &str) -> Result<i64, E> {
+pub(super) fn from_text<E: de::Error>(text: &str) -> Result<i64, E> {
     if let Ok(value) = text.parse::<i64>() {
         return Ok(value);
     }

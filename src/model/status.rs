@@ -200,45 +200,26 @@ impl fmt::Display for TransactionType {
     }
 }
 
-/// Reads a wire code: an integer in `i32` range (in any JSON form of a whole number, `4` or
-/// `4.0`, as JSON Schema counts integers), or a string holding one in decimal digits.
+/// Reads a wire code: an integer in `i32` range, in any JSON form of a whole number (`4`,
+/// `4.0`, `4e0`, as JSON Schema counts integers), or a string holding one in decimal digits.
+///
+/// Read from the number's text, exactly, as every integer of the model is
+/// ([`super::integer`]): through `f64`, `3.9999999999999999` rounds to `4.0` and was read
+/// as a success.
 fn code_from<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
-    struct CodeVisitor;
-
-    impl de::Visitor<'_> for CodeVisitor {
-        type Value = i32;
-
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an integer code")
-        }
-
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<i32, E> {
-            i32::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
-        }
-
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<i32, E> {
-            i32::try_from(v).map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
-        }
-
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<i32, E> {
-            // Every i32 is exact in an f64, so a whole f64 in range is that code exactly.
-            let whole =
-                v.fract() == 0.0 && (f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&v);
-            if whole {
-                #[allow(clippy::cast_possible_truncation, reason = "whole and in range")]
-                Ok(v as i32)
-            } else {
-                Err(E::invalid_value(de::Unexpected::Float(v), &self))
-            }
-        }
-
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<i32, E> {
-            v.parse()
-                .map_err(|_| E::invalid_value(de::Unexpected::Str(v), &self))
-        }
+    let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
+    let text = raw.get();
+    let expected = &"an integer code";
+    if text.starts_with('"') {
+        let digits: String = serde_json::from_str(text).map_err(de::Error::custom)?;
+        return digits
+            .parse()
+            .map_err(|_| de::Error::invalid_value(de::Unexpected::Str(&digits), expected));
     }
-
-    deserializer.deserialize_any(CodeVisitor)
+    let code = super::integer::from_text::<D::Error>(text)
+        .map_err(|_| de::Error::invalid_value(de::Unexpected::Other(text), expected))?;
+    i32::try_from(code)
+        .map_err(|_| de::Error::invalid_value(de::Unexpected::Signed(code), expected))
 }
 
 macro_rules! wire_code_serde {
@@ -315,7 +296,20 @@ mod tests {
             serde_json::from_str::<TransactionType>("-0.0").unwrap(),
             TransactionType::from_code(0)
         );
-        for refused in ["4.5", "2147483648.0", "\" 4\""] {
+        assert_eq!(
+            serde_json::from_str::<TransactionStatus>("4e0").unwrap(),
+            TransactionStatus::Success
+        );
+        // Read through f64, each of these was a whole code (4, -1, 2): a success, a
+        // cancellation, a withdrawal.
+        for refused in [
+            "4.5",
+            "2147483648.0",
+            "\" 4\"",
+            "3.9999999999999999",
+            "-0.9999999999999999999",
+            "1.99999999999999999",
+        ] {
             assert!(
                 serde_json::from_str::<TransactionStatus>(refused).is_err(),
                 "{refused}"
