@@ -15,8 +15,8 @@ use payhook::postponed::{
     Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution,
 };
 use payhook::store::{
-    CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint, RecordedDecision,
-    Store, StoreConfig, StoreError, ValidationBegin,
+    CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint, OutboxSummary,
+    RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
 };
 use support::postgres::TestDb;
 
@@ -845,6 +845,34 @@ async fn a_repeat_without_a_postponed_original_is_not_recorded(b: &Backend) {
     let original = b.shared.postponed(60.into()).await.unwrap().unwrap();
     assert_eq!(original.repeats.len(), 100);
     assert!(b.shared.postponed(2_000.into()).await.unwrap().is_none());
+}
+
+behaviour!(the_outbox_summary_counts_what_awaits_delivery_and_its_oldest_decision);
+/// What `/metrics` reads on every scrape: how many results await delivery, and when the
+/// oldest of them was decided.
+async fn the_outbox_summary_counts_what_awaits_delivery_and_its_oldest_decision(b: &Backend) {
+    assert_eq!(
+        b.shared.outbox_summary().await.unwrap(),
+        OutboxSummary::default()
+    );
+    for id in [90, 91, 92] {
+        postpone(b, id).await;
+    }
+    // Milliseconds, as both backends keep times.
+    let at = |seconds: i64| chrono::DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap();
+    for (id, seconds) in [(91, 20), (90, 10)] {
+        let decision = Decision::allow("approved");
+        b.shared
+            .resolve(id.into(), &decision, at(seconds))
+            .await
+            .unwrap();
+    }
+    let summary = b.shared.outbox_summary().await.unwrap();
+    assert_eq!((summary.queued, summary.oldest_decided), (2, Some(at(10))));
+    deliver(b, 90).await;
+    let summary = b.shared.outbox_summary().await.unwrap();
+    assert_eq!((summary.queued, summary.oldest_decided), (1, Some(at(20))));
+    assert_eq!(summary.queued, b.shared.outbox_len().await.unwrap());
 }
 
 behaviour!(a_refused_result_is_final);

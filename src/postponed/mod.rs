@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
-use crate::store::{PostponedStore, StoreError};
+use crate::store::{OutboxSummary, PostponedStore, StoreError};
 
 pub use clock::Clock;
 pub(crate) use decisions::{Awaitable, Decided, HandlerTask, Undecided, ValidationHandler};
@@ -437,6 +437,16 @@ impl Resolver {
             Some(state) => self.store.postponed_in(state).await,
             None => self.store.postponed_all().await,
         }
+    }
+
+    /// How many results await delivery and when the oldest of them was decided (see
+    /// [`PostponedStore::outbox_summary`]).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] when the store cannot be read.
+    pub async fn outbox_summary(&self) -> Result<OutboxSummary, StoreError> {
+        self.store.outbox_summary().await
     }
 
     /// A page of the postponed validations in `state` (in any when `None`): at most `limit`

@@ -574,25 +574,18 @@ impl App {
         let mut scrape = metrics::Scrape::default();
         if let (Some(outbox), Some(awaitable)) = (self.outbox(), &self.inner.awaitable) {
             let counts = outbox.counts();
-            // One read gives both the queue's length and its oldest result's age.
-            let queued = awaitable
-                .resolver()
-                .list(Some(crate::postponed::PostponedState::Queued))
-                .await
-                .ok();
+            let summary = awaitable.resolver().outbox_summary().await.ok();
             let now = Utc::now();
-            let oldest_queued_seconds = queued.as_ref().map(|queued| {
-                queued
-                    .iter()
-                    .filter_map(|v| v.result.as_ref())
-                    .map(|r| (now - r.decided).num_milliseconds().max(0) as f64 / 1e3)
-                    .fold(0.0, f64::max)
+            let oldest_queued_seconds = summary.map(|summary| {
+                summary.oldest_decided.map_or(0.0, |decided| {
+                    (now - decided).num_milliseconds().max(0) as f64 / 1e3
+                })
             });
             scrape.outbox = Some(metrics::OutboxCounts {
                 delivered: counts.delivered,
                 conflicts: counts.conflicts,
                 retries: counts.retries,
-                queued: queued.as_ref().map(Vec::len),
+                queued: summary.map(|summary| summary.queued),
                 oldest_queued_seconds,
             });
             scrape.histograms.push((

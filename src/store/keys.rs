@@ -53,9 +53,30 @@ pub(crate) fn id_of(key: &[u8]) -> Option<ValidationId> {
     )))
 }
 
-/// A millisecond time stored as a value: 8 bytes big-endian; anything else reads as 0.
+/// The millisecond time an index entry's value begins with (8 bytes big-endian: a
+/// deadline, a next attempt); a shorter value reads as 0.
 pub(crate) fn millis_of(value: &[u8]) -> u64 {
-    value.try_into().map_or(0, u64::from_be_bytes)
+    millis_at(value, 0).unwrap_or(0)
+}
+
+/// The second millisecond time of an outbox entry's value, when it holds one: when its
+/// result was decided. Entries written before it was kept have none.
+pub(crate) fn decided_of(value: &[u8]) -> Option<u64> {
+    millis_at(value, 8)
+}
+
+/// An outbox entry's value: when its result is next attempted, and when it was decided.
+pub(crate) fn outbox_entry(next_attempt: u64, decided: Option<u64>) -> Vec<u8> {
+    let mut value = next_attempt.to_be_bytes().to_vec();
+    if let Some(decided) = decided {
+        value.extend_from_slice(&decided.to_be_bytes());
+    }
+    value
+}
+
+fn millis_at(value: &[u8], at: usize) -> Option<u64> {
+    let bytes = value.get(at..at.checked_add(8)?)?;
+    bytes.try_into().ok().map(u64::from_be_bytes)
 }
 
 /// Nonces up to this many bytes are spelled out in their records' keys; longer ones are

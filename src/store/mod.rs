@@ -518,6 +518,28 @@ pub struct Due {
     pub next: Option<DateTime<Utc>>,
 }
 
+/// The results awaiting delivery, as `/metrics` reports them on every scrape.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxSummary {
+    /// How many there are.
+    pub queued: usize,
+    /// When the oldest of them was decided (UTC); `None` when there are none.
+    pub oldest_decided: Option<DateTime<Utc>>,
+}
+
+impl OutboxSummary {
+    /// The summary of `queued`, results awaiting delivery.
+    pub fn of(queued: &[PostponedValidation]) -> Self {
+        Self {
+            queued: queued.len(),
+            oldest_decided: queued
+                .iter()
+                .filter_map(|v| v.result.as_ref().map(|r| r.decided))
+                .min(),
+        }
+    }
+}
+
 /// How long a postponed record that cannot be decoded is left out of what is due before it
 /// is read again (and logged again): it would otherwise be met, and logged at error level, on
 /// every pass of the outbox.
@@ -729,9 +751,9 @@ pub trait PostponedStore: Send + Sync + 'static {
     ///
     /// What waits — for a decision ([`PostponedState::Pending`]) or for delivery
     /// ([`PostponedState::Queued`]) — is a few records among the retention period's many
-    /// (30 days of them by default), and it is read often: on every `/metrics` scrape, by a
-    /// review loop like the example merchant's. sled and PostgreSQL read those two states
-    /// from their indexes, so the cost follows what waits, not what is kept. The default
+    /// (30 days of them by default), and it is read often: by a review loop like the example
+    /// merchant's. sled and PostgreSQL read those two states from their indexes, so the cost
+    /// follows what waits, not what is kept. The default
     /// reads every record and keeps those in `state`: a backend should do better.
     fn postponed_in(&self, state: PostponedState) -> StoreFuture<'_, Vec<PostponedValidation>> {
         Box::pin(async move { Ok(in_state(self.postponed_all().await?, state)) })
@@ -809,6 +831,18 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// How many results await delivery — a count for monitoring, read without waiting for
     /// writes in progress (it may miss or include a result being written).
     fn outbox_len(&self) -> StoreFuture<'_, usize>;
+
+    /// How many results await delivery and when the oldest of them was decided: what
+    /// `/metrics` reads on every scrape, read without waiting for writes in progress, like
+    /// [`PostponedStore::outbox_len`]. sled reads both from its outbox index, without
+    /// reading a record; the default (PostgreSQL's) reads the records awaiting delivery,
+    /// which an aggregator that is down for long makes many.
+    fn outbox_summary(&self) -> StoreFuture<'_, OutboxSummary> {
+        Box::pin(async move {
+            let queued = self.postponed_in(PostponedState::Queued).await?;
+            Ok(OutboxSummary::of(&queued))
+        })
+    }
 
     /// Undecided validations whose deadline passed at `now`.
     fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due>;

@@ -1,9 +1,9 @@
 //! Postponed validations and the outbox of their results, as the store keeps them: their
 //! records under their validation id, the index of the undecided ones (by deadline) and of
-//! the outbox (by next attempt), all written in the batch that changes them. Their life
-//! cycle is the Awaitable domain's (`crate::postponed::record`); this module applies it
-//! inside the store's atomic write, so that a decision and the outbox entry that delivers it
-//! are durable together.
+//! the outbox (by next attempt, with each result's decision time), all written in the
+//! batch that changes them. Their life cycle is the Awaitable domain's
+//! (`crate::postponed::record`); this module applies it inside the store's atomic write, so
+//! that a decision and the outbox entry that delivers it are durable together.
 
 use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
@@ -65,9 +65,13 @@ pub(crate) fn put(staging: &mut Staging<'_>, record: &PostponedValidation) {
             staging.put(outbox, None);
         }
         NextDue::Delivery(next_attempt) => {
-            let next_attempt = super::ms_from_time(next_attempt);
+            let decided = record
+                .result
+                .as_ref()
+                .map(|r| super::ms_from_time(r.decided));
+            let entry = keys::outbox_entry(super::ms_from_time(next_attempt), decided);
             staging.put(waiting, None);
-            staging.put(outbox, Some(next_attempt.to_be_bytes().to_vec()));
+            staging.put(outbox, Some(entry));
         }
         NextDue::Nothing => {
             staging.put(waiting, None);

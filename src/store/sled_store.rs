@@ -685,6 +685,10 @@ impl PostponedStore for SledStore {
         ready(Ok(queued))
     }
 
+    fn outbox_summary(&self) -> StoreFuture<'_, super::OutboxSummary> {
+        ready(self.outbox_summary_now())
+    }
+
     fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         ready(self.check_healthy().and_then(|()| {
             self.inner.writer.read_durable(|| {
@@ -811,6 +815,27 @@ impl SledStore {
     /// The postponed validations in `state`. What waits for a decision or for delivery is
     /// read through its index (`w`, `o`: see `keys.rs`), one record per entry; a delivered or
     /// refused one has no index, and is found among every record.
+    /// The outbox's length and its oldest decision, from its index: an entry holds when its
+    /// result was decided; one written before it did has it read from its record.
+    fn outbox_summary_now(&self) -> Result<super::OutboxSummary, StoreError> {
+        let mut summary = super::OutboxSummary::default();
+        for entry in self.inner.tree.scan_prefix(keys::OUTBOX_PREFIX) {
+            let (key, value) = entry?;
+            if value.is_empty() {
+                continue;
+            }
+            summary.queued += 1;
+            let decided = match keys::decided_of(&value) {
+                Some(ms) => Some(time_from_ms(ms)),
+                None => keys::id_of(&key)
+                    .and_then(|id| self.postponed_now(id).ok().flatten())
+                    .and_then(|record| record.result.map(|result| result.decided)),
+            };
+            summary.oldest_decided = summary.oldest_decided.into_iter().chain(decided).min();
+        }
+        Ok(summary)
+    }
+
     fn postponed_in_now(
         &self,
         state: PostponedState,
@@ -1495,6 +1520,71 @@ mod tests {
             None,
             "and no longer left out"
         );
+    }
+
+    /// `/metrics` reads the outbox's length and its oldest decision on every scrape: from
+    /// the index alone, which holds each result's decision time; an entry written before it
+    /// did has it read from the result's record.
+    #[test]
+    fn the_outbox_summary_is_read_from_its_index() {
+        let (runtime, store, _dir) = on_two_threads();
+        let tree = &store.inner.tree;
+        let queued = |id: i64, decided_ms: u64| {
+            let mut record = PostponedValidation::pending_for_tests(id);
+            let _ = record.resolve(true, "ok".into(), time_from_ms(decided_ms));
+            record
+        };
+        // Written by this version: the entry holds the decision time.
+        let newer = queued(7, 5_000);
+        let mut overlay = super::super::staging::Overlay::new();
+        let mut staging = super::super::staging::Staging::new(tree, &mut overlay);
+        super::super::postponed_records::put(&mut staging, &newer);
+        for (key, value) in overlay {
+            match value {
+                Some(value) => tree.insert(key, value).unwrap(),
+                None => tree.remove(key).unwrap(),
+            };
+        }
+        let entry = tree
+            .get(keys::by_id(keys::OUTBOX_PREFIX, 7.into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys::decided_of(&entry), Some(5_000));
+        // Written before: the next attempt alone, the decision in the record.
+        let older = queued(8, 3_000);
+        tree.insert(
+            keys::by_id(keys::POSTPONED_PREFIX, older.validation_id),
+            crate::store::record::encode(&older),
+        )
+        .unwrap();
+        tree.insert(
+            keys::by_id(keys::OUTBOX_PREFIX, 8.into()),
+            &9_000u64.to_be_bytes(),
+        )
+        .unwrap();
+        let summary = runtime.block_on(store.outbox_summary()).unwrap();
+        assert_eq!(
+            summary,
+            crate::store::OutboxSummary {
+                queued: 2,
+                oldest_decided: Some(time_from_ms(3_000)),
+            }
+        );
+        // Its record no longer needed for it: a damaged one is counted, its age unknown.
+        tree.insert(keys::by_id(keys::POSTPONED_PREFIX, 7.into()), &b"{"[..])
+            .unwrap();
+        tree.remove(keys::by_id(keys::OUTBOX_PREFIX, 8.into()))
+            .unwrap();
+        let summary = runtime.block_on(store.outbox_summary()).unwrap();
+        assert_eq!(
+            (summary.queued, summary.oldest_decided),
+            (1, Some(time_from_ms(5_000)))
+        );
+        // What is due reads the entry's first time: its next attempt.
+        let Some(Delivery::Queued { next_attempt, .. }) = newer.result.map(|r| r.delivery) else {
+            panic!("not queued");
+        };
+        assert_eq!(keys::millis_of(&entry), ms_from_time(next_attempt));
     }
 
     /// A pass takes at most a batch of what is due, read under the writer lock every commit
