@@ -1,6 +1,7 @@
 //! A merchant moves from sled to PostgreSQL: `payhook store copy-from-sled` copies what the
-//! sled store holds within retention — callback marks, validation decisions, failing
-//! callbacks, pending validations and their outbox, the merchant's trees — so that a retry
+//! sled store holds within retention — callback marks, validation decisions (and those sled
+//! keeps past it while their validation awaits its result), failing callbacks, pending
+//! validations and their outbox, the merchant's trees — so that a retry
 //! of a callback acknowledged before the move is answered as a duplicate after it. The copy
 //! is idempotent: run twice, it writes nothing the second time.
 #![cfg(unix)]
@@ -16,7 +17,7 @@ use payhook::model::TransactionStatus;
 use payhook::postponed::{Decision, PostponedState, PostponedValidation};
 use payhook::store::{
     CallbackBegin, CallbackFailure, ConfiguredStore, DedupStore, Effects, Fingerprint,
-    PostponedStore, RecordedDecision, SledStore, StoreConfig, ValidationBegin,
+    PostponedStore, RecordedDecision, SledStore, Store, StoreConfig, ValidationBegin,
 };
 
 const STALE: Duration = Duration::from_secs(600);
@@ -277,6 +278,120 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
             }
         ),
         "{next:?}"
+    );
+    drop((shared, store));
+    db.drop_schema().await;
+}
+
+/// sled keeps a nonce's validation record past its retention while the nonce's postponed
+/// validation awaits its result (a validation without a deadline, undecided): the copy
+/// brings it over, so that the aggregator asking about the nonce again after the move is
+/// answered from it, and the handler does not run a second time. A record past its
+/// retention whose validation awaits nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_when_copied() {
+    let Some(db) = support::postgres::database("moving_from_sled_awaiting").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        retention: Duration::from_secs(1),
+        ..StoreConfig::default()
+    };
+    {
+        let store = SledStore::open(&sled, &[]).unwrap();
+        for (nonce, id, decision, postponed) in [
+            ("v-awaits", 5, RecordedDecision::Postponed, true),
+            ("v-allowed", 6, RecordedDecision::Allow, false),
+        ] {
+            if !postponed {
+                // Past the retention, and swept: sled keeps the awaiting nonce's record.
+                let later = Utc::now() + TimeDelta::seconds(5);
+                store.purge_expired(later).await.unwrap();
+                let fingerprint = Fingerprint::of(&validation("v-awaits", 5));
+                assert_eq!(
+                    store
+                        .begin_validation(&Nonce::from("v-awaits"), &fingerprint, STALE)
+                        .await
+                        .unwrap(),
+                    ValidationBegin::Recorded(RecordedDecision::Postponed)
+                );
+            }
+            let request = validation(nonce, id);
+            let fingerprint = Fingerprint::of(&request);
+            let ValidationBegin::Claimed { claim } = store
+                .begin_validation(&Nonce::from(nonce), &fingerprint, STALE)
+                .await
+                .unwrap()
+            else {
+                panic!("not claimed");
+            };
+            let record = postponed.then(|| PostponedValidation {
+                validation_id: id.into(),
+                request: request.clone(),
+                received: Utc::now(),
+                deadline: None,
+                result: None,
+                repeat_of: None,
+                repeats: Vec::new(),
+            });
+            store
+                .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)
+                .await
+                .unwrap();
+        }
+    }
+    // The allowed validation's record past its retention too, not yet swept.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let copy = copy_from_sled(&sled, &db);
+    let said = String::from_utf8_lossy(&copy.stdout).into_owned();
+    assert!(
+        copy.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    assert!(
+        said.contains("1 validation record(s), 0 failing callback(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
+        "{said}"
+    );
+
+    let store = ConfiguredStore::open(&db.store_config(Duration::from_secs(1)), &[])
+        .await
+        .unwrap();
+    let shared = store.shared();
+    let fingerprint = Fingerprint::of(&validation("v-awaits", 5));
+    assert_eq!(
+        shared
+            .begin_validation(&Nonce::from("v-awaits"), &fingerprint, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Recorded(RecordedDecision::Postponed),
+        "asked again after the move: answered from its record, not run again"
+    );
+    // The other, awaiting nothing, was left behind: its nonce is new to the database.
+    assert!(matches!(
+        shared
+            .begin_validation(
+                &Nonce::from("v-allowed"),
+                &Fingerprint::of(&validation("v-allowed", 6)),
+                STALE
+            )
+            .await
+            .unwrap(),
+        ValidationBegin::Claimed { .. }
+    ));
+    // PostgreSQL's sweep keeps the awaiting one, as sled's did.
+    shared
+        .purge_expired(Utc::now() + TimeDelta::seconds(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        shared
+            .begin_validation(&Nonce::from("v-awaits"), &fingerprint, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Recorded(RecordedDecision::Postponed)
     );
     drop((shared, store));
     db.drop_schema().await;

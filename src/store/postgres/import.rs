@@ -1,5 +1,7 @@
 //! Moving a running merchant from sled to PostgreSQL without losing history: the
-//! deduplication records still within retention, the callbacks failing, the postponed
+//! deduplication records still within retention (and a validation record past it whose
+//! nonce's postponed validation still awaits its result, which sled keeps: a new validation
+//! of the nonce would run the handler again), the callbacks failing, the postponed
 //! validations with their outbox, and the merchant's trees, copied from a stopped sled
 //! store (`payhook store copy-from-sled`).
 //!
@@ -56,6 +58,17 @@ impl std::fmt::Display for Imported {
 /// Rows written per transaction.
 const BATCH: usize = 500;
 
+/// What one sled entry came to.
+enum Copied {
+    /// A record, written or already there.
+    Record,
+    /// Nothing: not a record, or one past its retention left behind.
+    Nothing,
+    /// A validation record past its retention (its nonce's key and the record), copied once
+    /// the postponed validations are, if one of its nonce awaits its result.
+    Later((String, ValidationRecord)),
+}
+
 impl PgStore {
     /// Copies the stopped sled store at `sled` into this database (see the module docs).
     ///
@@ -69,12 +82,17 @@ impl PgStore {
         let now_ms = u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0);
         let mut tx = self.pool().begin().await?;
         let mut in_batch = 0;
+        let mut past_retention = Vec::new();
         for entry in SledStore::export(sled)? {
             let (key, value) = entry?;
             let written = self
-                .import_one(&mut tx, &key, &value, now_ms, &mut imported)
+                .import_one(&mut tx, (&key, &value), now_ms, &mut imported)
                 .await?;
-            in_batch += usize::from(written);
+            match written {
+                Copied::Record => in_batch += 1,
+                Copied::Nothing => {}
+                Copied::Later(validation) => past_retention.push(validation),
+            }
             if in_batch >= BATCH {
                 tx.commit().await?;
                 tx = self.pool().begin().await?;
@@ -82,32 +100,78 @@ impl PgStore {
             }
         }
         tx.commit().await?;
+        // Once every postponed validation is in: those past their retention whose nonce's
+        // validation still awaits its result.
+        for batch in past_retention.chunks(BATCH) {
+            let mut tx = self.pool().begin().await?;
+            for (named, record) in batch {
+                let done = self.copy_validation(&mut tx, named, record, true).await?;
+                imported.validations += done;
+                imported.expired += 1 - done.min(1);
+            }
+            tx.commit().await?;
+        }
         tracing::info!(%imported, "sled store copied into PostgreSQL");
         Ok(imported)
     }
 
-    /// Copies one sled entry; `true` when it was a record (written or already there).
+    /// Copies `record`, nonce `named`'s validation record, unless the database holds one;
+    /// when `if_awaited`, only if a postponed validation of the nonce awaits its decision or
+    /// its delivery. The rows written.
+    async fn copy_validation(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        named: &str,
+        record: &ValidationRecord,
+        if_awaited: bool,
+    ) -> Result<u64, StoreError> {
+        let condition = if if_awaited {
+            concat!("WHERE $1 IN (", super::awaiting_nonce_keys!(), ")")
+        } else {
+            ""
+        };
+        let done = sqlx::query(&self.sql(&format!(
+            "INSERT INTO {{s}}.validations (nonce_key, fingerprint, decision, expires_at) \
+             SELECT $1, $2::json, $3::json, $4 {condition} ON CONFLICT (nonce_key) DO NOTHING"
+        )))
+        .bind(named)
+        .bind(super::encode_json(&record.fingerprint))
+        .bind(super::encode_json(&record.decision))
+        .bind(time_from_ms(record.expires_ms))
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        Ok(done)
+    }
+
+    /// Copies one sled entry: whether it was a record (written or already there), or a
+    /// validation record past its retention, copied after the postponed validations.
     async fn import_one(
         &self,
         conn: &mut sqlx::PgConnection,
-        key: &[u8],
-        value: &[u8],
+        (key, value): (&[u8], &[u8]),
         now_ms: u64,
         imported: &mut Imported,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Copied, StoreError> {
         let nonce_key = |rest: &[u8]| match rest.first() {
             // A digested identifier, as PostgreSQL keys it too.
             Some(0xFF) => keys::describe(rest),
             // A nonce spelled out (by an older store even when long).
             _ => super::nonce_key(&String::from_utf8_lossy(rest)),
         };
-        let count = |done: u64| done > 0;
+        let count = |done: u64| {
+            if done > 0 {
+                Copied::Record
+            } else {
+                Copied::Nothing
+            }
+        };
         if let Some(rest) = key.strip_prefix(keys::CALLBACK_PREFIX) {
             let named = nonce_key(rest);
             let record: CallbackRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
                 imported.expired += 1;
-                return Ok(false);
+                return Ok(Copied::Nothing);
             }
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
@@ -133,20 +197,12 @@ impl PgStore {
             let named = nonce_key(rest);
             let record: ValidationRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
-                imported.expired += 1;
-                return Ok(false);
+                // sled keeps it past its retention while the nonce's validation awaits its
+                // result (a new validation of the nonce would run the handler again): whether
+                // it does is known once the postponed validations are copied.
+                return Ok(Copied::Later((named, record)));
             }
-            let done = sqlx::query(&self.sql(
-                "INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
-                 VALUES ($1, $2::json, $3::json, $4) ON CONFLICT (nonce_key) DO NOTHING",
-            ))
-            .bind(&named)
-            .bind(super::encode_json(&record.fingerprint))
-            .bind(super::encode_json(&record.decision))
-            .bind(time_from_ms(record.expires_ms))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+            let done = self.copy_validation(conn, &named, &record, false).await?;
             imported.validations += done;
             return Ok(count(done));
         }
@@ -155,7 +211,7 @@ impl PgStore {
             let record: FailureRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
                 imported.expired += 1;
-                return Ok(false);
+                return Ok(Copied::Nothing);
             }
             for failing in record.failing {
                 let done = sqlx::query(&self.sql(
@@ -182,14 +238,14 @@ impl PgStore {
                 .rows_affected();
                 imported.failures += done;
             }
-            return Ok(true);
+            return Ok(Copied::Record);
         }
         if key.starts_with(keys::POSTPONED_PREFIX) {
             let id = keys::id_of(key).map_or_else(String::new, |id| id.to_string());
             let record: PostponedValidation = decode(&id, value)?;
             let done = self.insert_postponed(conn, &record).await?;
             imported.postponed += u64::from(done);
-            return Ok(done);
+            return Ok(count(u64::from(done)));
         }
         if let Some(rest) = key.strip_prefix(b"t".as_slice())
             && let Some(end) = rest.iter().position(|b| *b == 0)
@@ -210,6 +266,6 @@ impl PgStore {
         }
         // The expiry index, the postponed indexes and the seal: PostgreSQL keeps their
         // content in columns of the rows above.
-        Ok(false)
+        Ok(Copied::Nothing)
     }
 }

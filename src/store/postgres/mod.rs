@@ -99,6 +99,19 @@ pub use import::Imported;
 use super::effects::{Tree, check_declared};
 use super::{KeyValue, StoreConfig, StoreError, StoreFuture, keys};
 
+/// The keys (as `keys::identifier` names them: the nonce, or the digest's for a long one) of
+/// the nonces whose postponed validation still waits for its decision or its delivery: their
+/// validation record is kept past its retention, since a new validation of the nonce would
+/// run the handler again. The purge keeps them; a copy from sled brings them over.
+macro_rules! awaiting_nonce_keys {
+    () => {
+        "SELECT CASE WHEN octet_length(convert_to(p.nonce, 'UTF8')) <= 64 THEN p.nonce \
+           ELSE 'sha256:' || encode(sha256(convert_to(p.nonce, 'UTF8')), 'hex') END \
+           FROM {s}.postponed p WHERE (NOT p.final AND p.deliver_at IS NULL) OR p.deliver_at IS NOT NULL"
+    };
+}
+use awaiting_nonce_keys;
+
 /// Attempts of a transaction that meets a deadlock or a serialization failure.
 pub const TX_ATTEMPTS: u32 = 5;
 
@@ -476,13 +489,13 @@ impl PgStore {
         let tables = [
             "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             // A nonce whose validation still waits for its decision or its delivery keeps
-            // its record (a new validation of it would run the handler again): the nonce's
-            // key as `keys::identifier` names it, the digest's for a long one.
-            "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 \
-               AND nonce_key NOT IN (SELECT CASE WHEN octet_length(convert_to(p.nonce, 'UTF8')) <= 64 THEN p.nonce \
-                 ELSE 'sha256:' || encode(sha256(convert_to(p.nonce, 'UTF8')), 'hex') END \
-                 FROM {s}.postponed p WHERE (NOT p.final AND p.deliver_at IS NULL) OR p.deliver_at IS NOT NULL) \
-               LIMIT $2) AND expires_at <= $1",
+            // its record (a new validation of it would run the handler again).
+            concat!(
+                "DELETE FROM {s}.validations WHERE nonce_key IN (SELECT nonce_key FROM {s}.validations WHERE expires_at <= $1 \
+                   AND nonce_key NOT IN (",
+                awaiting_nonce_keys!(),
+                ") LIMIT $2) AND expires_at <= $1"
+            ),
             "DELETE FROM {s}.validation_claims WHERE nonce_key IN (SELECT nonce_key FROM {s}.validation_claims WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2) AND final AND expires_at <= $1",
