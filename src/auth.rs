@@ -91,6 +91,23 @@ impl Cidr {
             _ => false,
         }
     }
+
+    /// `true` when every address of this network is a loopback address: this machine.
+    ///
+    /// ```
+    /// use payhook::config::Cidr;
+    ///
+    /// let only: Cidr = "127.0.0.1/32".parse()?;
+    /// let wider: Cidr = "0.0.0.0/0".parse()?;
+    /// assert!(only.is_loopback_only() && !wider.is_loopback_only());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_loopback_only(&self) -> bool {
+        match self.network.to_canonical() {
+            IpAddr::V4(net) => net.is_loopback() && self.prefix >= 8,
+            IpAddr::V6(net) => net.is_loopback() && self.prefix == 128,
+        }
+    }
 }
 
 fn prefix_matches(network: &[u8], address: &[u8], prefix: u8) -> bool {

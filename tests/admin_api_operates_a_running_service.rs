@@ -100,6 +100,69 @@ async fn the_api_is_off_without_a_token_and_guarded_with_one() {
     assert!(error.contains("admin.token"), "{error}");
 }
 
+/// The token and the inspector's session never cross a network in the clear: a call from
+/// another machine is let in only through a trusted proxy that says it came over HTTPS
+/// (payhook serves plain HTTP), unless `admin.allow_plain_http` says otherwise. Refused
+/// before its credentials are read: a wrong token gets the same answer.
+#[tokio::test]
+async fn a_call_from_another_machine_over_plain_http_is_refused() {
+    let gateway = FakeGateway::start().await;
+    let mut remote = config(&gateway);
+    remote.admin.allow_ips = vec!["0.0.0.0/0".into(), "::/0".into()];
+    // The test client connects from 127.0.0.1: the proxy, forwarding for 198.51.100.7.
+    remote.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    let server = TestServer::start_with(remote.clone()).await;
+    let via = |proto: &'static str| {
+        [
+            ("x-forwarded-for", "198.51.100.7"),
+            ("x-forwarded-proto", proto),
+            ("authorization", "Bearer admin-token-0123456789"),
+        ]
+    };
+    let listing =
+        |headers: &[(&str, &str)]| request("GET", "/payhook/admin/validations", headers, None);
+    let in_the_clear = server.send(&listing(&via("http"))).await;
+    assert_eq!(in_the_clear.status, 403);
+    assert!(
+        in_the_clear.message().contains("admin.allow_plain_http"),
+        "{}",
+        in_the_clear.message()
+    );
+    let wrong_token = [
+        ("x-forwarded-for", "198.51.100.7"),
+        ("authorization", "Bearer admin-token-wrong-000000"),
+    ];
+    assert_eq!(server.send(&listing(&wrong_token)).await.status, 403);
+    let login = |proto: &'static str| {
+        post(
+            "/payhook/admin/inspector/login",
+            &[
+                ("x-forwarded-for", "198.51.100.7"),
+                ("x-forwarded-proto", proto),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+            format!("token={TOKEN}").as_bytes(),
+        )
+    };
+    let form = server.send(&login("http")).await;
+    assert_eq!(form.status, 403);
+    assert!(form.header("set-cookie").is_none());
+    // Over HTTPS to the proxy: let in.
+    assert_eq!(server.send(&listing(&via("https"))).await.status, 200);
+    assert_eq!(server.send(&login("https")).await.status, 303);
+    // From this machine, through the proxy or not: nothing crossed a network.
+    let local = [
+        ("x-forwarded-for", "::1"),
+        ("authorization", "Bearer admin-token-0123456789"),
+    ];
+    assert_eq!(server.send(&listing(&local)).await.status, 200);
+
+    // The operator's explicit choice.
+    remote.admin.allow_plain_http = true;
+    let server = TestServer::start_with(remote).await;
+    assert_eq!(server.send(&listing(&via("http"))).await.status, 200);
+}
+
 #[tokio::test]
 async fn deciding_an_unknown_validation_names_the_id_it_did_not_find() {
     let gateway = FakeGateway::start().await;

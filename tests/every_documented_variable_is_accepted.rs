@@ -79,6 +79,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         // At least the body limit (1 MiB by default).
         "PAYHOOK_SERVER_BODY_MEMORY_LIMIT" => "8388608".into(),
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
+        "PAYHOOK_ADMIN_ALLOW_PLAIN_HTTP" => "false".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
         // The tools' own: the loader leaves them alone.
         "PAYHOOK_TEST_DATABASE_URL" | "PAYHOOK_BENCH_DATABASE_URL" => "not-a-setting".into(),

@@ -10,6 +10,9 @@
 //!   gateway's client key — that users other than its owner can read.
 //! * A validation deadline within a minute of the handler timeout: clocks that differ by
 //!   seconds can let the deadline decide while the handler still runs.
+//! * An operating API open to other machines: over plain HTTP (`admin.allow_plain_http`),
+//!   its token is anyone's who watches the network; without a trusted proxy speaking HTTPS,
+//!   every call from them is refused.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -220,4 +223,29 @@ fn a_client_key_others_can_read_is_named() {
     chmod(&key_file, 0o600);
     let quiet = warnings_while(build);
     assert!(!quiet.contains("can be read by users"), "{quiet}");
+}
+
+#[test]
+fn an_operating_api_open_to_other_machines_says_how_its_token_may_travel() {
+    let with_admin = |allow: &[&str], proxies: &[&str], plain: bool| {
+        let mut config = test_config();
+        config.admin.token = Some("admin-token-0123456789".into());
+        config.admin.allow_ips = allow.iter().map(|a| (*a).to_owned()).collect();
+        config.server.trusted_proxies = proxies.iter().map(|p| (*p).to_owned()).collect();
+        config.admin.allow_plain_http = plain;
+        warnings_of(config)
+    };
+    let plain = with_admin(&["10.0.0.0/8"], &["10.0.0.1/32"], true);
+    assert!(plain.contains("admin.allow_plain_http = true"), "{plain}");
+    let unreachable = with_admin(&["10.0.0.0/8"], &[], false);
+    assert!(
+        unreachable.contains("admin.allow_ips admits other machines"),
+        "{unreachable}"
+    );
+    for quiet in [
+        with_admin(&["10.0.0.0/8"], &["10.0.0.1/32"], false),
+        with_admin(&["127.0.0.1/32", "::1/128"], &[], true),
+    ] {
+        assert!(!quiet.contains("admin."), "{quiet}");
+    }
 }

@@ -16,7 +16,11 @@
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
-//! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403).
+//! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403),
+//! and from this machine or through a trusted proxy that says it came over HTTPS (403
+//! [`Problem::InTheClear`] otherwise, before its credentials are read, unless
+//! `admin.allow_plain_http`: a token that crossed a network in the clear is anyone's who
+//! watches it, and payhook serves plain HTTP itself).
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
 //! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
 //! HTTPS; the login's time, a random id and their HMAC under a key derived from the token, not
@@ -58,6 +62,8 @@ pub(super) struct AdminAccess {
     session_key: ring::hmac::Key,
     /// The sessions ended by logging out, until their life would have ended anyway.
     ended: std::sync::Mutex<Ended>,
+    /// `admin.allow_plain_http`: calls over plain HTTP from other machines are let in.
+    plain_http: bool,
     allow: Vec<Cidr>,
 }
 
@@ -108,7 +114,19 @@ impl AdminAccess {
                 .iter()
                 .filter_map(|text| text.parse().ok())
                 .collect(),
+            plain_http: config.allow_plain_http,
         })
+    }
+
+    /// Refuses a call whose credentials crossed a network in the clear: one that came
+    /// neither from this machine nor over HTTPS (as a trusted proxy says), unless
+    /// `admin.allow_plain_http`.
+    fn check_channel(&self, came_from_this_machine: bool, https: bool) -> Result<(), Problem> {
+        if came_from_this_machine || https || self.plain_http {
+            Ok(())
+        } else {
+            Err(Problem::InTheClear)
+        }
     }
 
     fn check_address(&self, client: Option<std::net::IpAddr>) -> Result<(), Problem> {
@@ -342,6 +360,8 @@ impl OperatingApi {
         self.access
             .check_address(self.ingress.client_ip(&request))?;
         let https = self.ingress.forwarded_https(&request);
+        self.access
+            .check_channel(self.ingress.came_from_this_machine(&request), https)?;
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri

@@ -28,6 +28,7 @@
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
+//! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
 //! panics) are logged where they happen and never reach the wire.
@@ -116,6 +117,10 @@ pub(crate) enum Problem {
     /// A resource of the operating API that does not exist: the message names it.
     Unknown(String),
     Conflict(String),
+    /// A call of the operating API that came over plain HTTP from another machine: its
+    /// token, or the inspector's session, crossed a network in the clear (see
+    /// `admin.allow_plain_http`).
+    InTheClear,
 }
 
 impl Problem {
@@ -131,7 +136,9 @@ impl Problem {
                 StatusCode::REQUEST_TIMEOUT
             }
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            Self::AddressRefused | Self::Denied(_) | Self::NonceReused => StatusCode::FORBIDDEN,
+            Self::AddressRefused | Self::Denied(_) | Self::NonceReused | Self::InTheClear => {
+                StatusCode::FORBIDDEN
+            }
             Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -157,7 +164,8 @@ impl Problem {
             | Self::NotReady
             | Self::StoreBroken
             | Self::Unknown(_)
-            | Self::Conflict(_) => false,
+            | Self::Conflict(_)
+            | Self::InTheClear => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -245,6 +253,10 @@ impl Problem {
             | Self::Denied(message)
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),
+            Self::InTheClear => "the operating API takes its token over HTTPS (through a trusted \
+                proxy that says so) or from this machine only; admin.allow_plain_http = true \
+                accepts it over plain HTTP"
+                .to_owned(),
             Self::BodyTimeout => "request body not received in time".to_owned(),
             Self::BodyTooSlow { received, min_rate } => format!(
                 "request body arrives too slowly: {received} bytes so far, below {min_rate} bytes/s"

@@ -224,7 +224,9 @@ impl CallbackConfig {
 
 /// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
 /// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
-/// set; then callers need `Authorization: Bearer <token>` and an address in `allow_ips`.
+/// set; then callers need `Authorization: Bearer <token>`, an address in `allow_ips`, and
+/// to be on this machine or behind a trusted proxy that speaks HTTPS to them (unless
+/// `allow_plain_http`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
@@ -236,6 +238,13 @@ pub struct AdminConfig {
     pub token: Option<Secret>,
     /// Networks that may call it (CIDR). Default: loopback only.
     pub allow_ips: Vec<String>,
+    /// Accept the token, and the inspector's login and session, over plain HTTP from
+    /// another machine. Off by default: a call that comes neither from this machine nor
+    /// through a trusted proxy (`server.trusted_proxies`) that says the browser or the
+    /// command came over HTTPS is refused 403, since its token crossed a network in the
+    /// clear and is anyone's who watches it. Said at start-up when on.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub allow_plain_http: bool,
     /// How many recent requests to the endpoints the inspector keeps (see
     /// [`crate::inspector`]); 0 turns recording off. Default 500.
     #[serde(deserialize_with = "crate::setting::lenient")]
@@ -247,6 +256,7 @@ impl Default for AdminConfig {
         Self {
             token: None,
             allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
+            allow_plain_http: false,
             inspector_recent: 500,
         }
     }
