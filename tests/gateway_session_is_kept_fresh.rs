@@ -293,6 +293,48 @@ async fn a_refused_login_is_not_tried_again_by_every_caller_waiting_for_it() {
 }
 
 #[tokio::test]
+async fn callers_that_give_up_leave_the_login_to_finish_for_the_next_one() {
+    // Handlers stopped at their timeout while the auth endpoint is slow (a login takes 2 s
+    // here): their login goes on, and the next caller uses it. Abandoned with its caller,
+    // each caller next in line logged in again, and no session was ever kept.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.login_delay = Duration::from_secs(2));
+    for _ in 0..5 {
+        let call = client.transaction(REFERENCE.parse().unwrap());
+        let gave_up = tokio::time::timeout(Duration::from_millis(100), call).await;
+        assert!(gave_up.is_err(), "answered before the login was");
+    }
+    look_up(&client).await;
+    assert_eq!(gateway.with(|s| (s.login_attempts, s.logins)), (1, 1));
+}
+
+#[tokio::test]
+async fn a_refresh_token_the_aggregator_refused_is_not_sent_again() {
+    // The refresh refused and the login after it too (the auth endpoint failing): the token
+    // held serves until it expires; the next renewal logs in, without the refused refresh.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.access_lifetime = SHORT_LIFETIME);
+    look_up(&client).await;
+    tokio::time::sleep(PAST_HALF_LIFE).await;
+    gateway.with(|s| {
+        s.refuse_refreshes = Some(400);
+        s.refuse_logins = true;
+    });
+    look_up(&client).await;
+    assert_eq!(
+        gateway.with(|s| (s.refresh_attempts, s.login_attempts)),
+        (1, 2)
+    );
+    gateway.with(|s| s.refuse_logins = false);
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    look_up(&client).await;
+    assert_eq!(
+        gateway.with(|s| (s.refresh_attempts, s.login_attempts, s.logins)),
+        (1, 3, 2)
+    );
+}
+
+#[tokio::test]
 async fn calls_go_on_with_a_good_token_while_a_renewal_ahead_of_its_expiry_is_slow() {
     // Tokens of 16 s are renewed once 8 s of them have passed; the renewal (the refresh
     // refused, then a login that takes 2 s) holds the session, and a call meanwhile uses

@@ -32,8 +32,9 @@
 //! with a few hundred results queued). A renewal that succeeds ends the pauses.
 
 use chrono::{DateTime, TimeDelta, Utc};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use super::{GatewayClient, GatewayError};
@@ -65,6 +66,13 @@ fn pause_after(error: &GatewayError, previous: Option<Duration>) -> Duration {
     }
 }
 
+/// Whether `expiry` is more than `margin` away from now.
+fn beyond(expiry: DateTime<Utc>, margin: TimeDelta) -> bool {
+    expiry
+        .checked_sub_signed(margin)
+        .is_some_and(|t| t > Utc::now())
+}
+
 /// Where the merchant's session with the aggregator stands
 /// ([`GatewayClient::session_state`](super::GatewayClient::session_state)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +92,8 @@ pub enum SessionState {
 }
 
 pub(super) struct Sessions {
-    current: Mutex<Current>,
+    /// Shared with the task that renews it (see [`Sessions::access_token`]).
+    current: Arc<Mutex<Current>>,
     /// The access token held and when it is taken to expire, readable while another caller
     /// holds `current` (a renewal, which may take the gateway's timeout twice): a token still
     /// good is used meanwhile instead of waiting behind a renewal ahead of its expiry.
@@ -124,7 +133,7 @@ struct Held {
 impl Sessions {
     pub(super) fn new(margin: Duration) -> Self {
         Self {
-            current: Mutex::new(Current::default()),
+            current: Arc::new(Mutex::new(Current::default())),
             usable: std::sync::Mutex::default(),
             margin: TimeDelta::from_std(margin).unwrap_or(TimeDelta::MAX),
         }
@@ -166,22 +175,23 @@ impl Sessions {
     }
 
     /// A valid access token, renewing the session first when it is about to expire.
+    ///
+    /// The renewal runs as a task of its own, holding the session: a caller that gives up
+    /// meanwhile (a handler stopped at its timeout, a request whose client went away) does not
+    /// abandon it half-way. Abandoned, it recorded no failure to pause on, and each caller
+    /// next in line logged in again: one login per call, and no session ever kept.
     pub(super) async fn access_token(
         &self,
         client: &GatewayClient,
     ) -> Result<Secret, GatewayError> {
-        let mut current = match self.current.try_lock() {
+        let current = match Arc::clone(&self.current).try_lock_owned() {
             Ok(current) => current,
             // Another caller holds the session, renewing it perhaps: a token still good
             // serves this call meanwhile; without one, the call waits for the renewal.
             Err(_) => match self.usable_now() {
                 Some(token) => return Ok(token),
-                None => self.current.lock().await,
+                None => Arc::clone(&self.current).lock_owned().await,
             },
-        };
-        let now = Utc::now();
-        let beyond = |expiry: DateTime<Utc>, margin: TimeDelta| {
-            expiry.checked_sub_signed(margin).is_some_and(|t| t > now)
         };
         if let Some(held) = current.held.as_ref()
             && beyond(held.expires, held.margin)
@@ -200,7 +210,29 @@ impl Sessions {
         {
             return still_good.ok_or_else(|| failed.error.clone());
         }
-        match self.renew(client, current.held.as_ref(), &beyond).await {
+        let renewing = client.clone();
+        let renewal =
+            tokio::spawn(
+                async move { renewing.inner.sessions.renew_held(&renewing, current).await },
+            );
+        match renewal.await {
+            Ok(Ok(token)) => Ok(token),
+            Ok(Err(error)) => still_good.ok_or(error),
+            Err(stopped) => Err(GatewayError::Network {
+                url: client.inner.auth_url.clone(),
+                source: Arc::new(stopped),
+            }),
+        }
+    }
+
+    /// Renews the session held in `current` and records how it went: the new session, or
+    /// the failure that pauses renewals.
+    async fn renew_held(
+        &self,
+        client: &GatewayClient,
+        mut current: OwnedMutexGuard<Current>,
+    ) -> Result<Secret, GatewayError> {
+        match self.renew(client, &mut current.held).await {
             Ok(held) => {
                 let token = held.session.access_token.clone();
                 self.publish(&held);
@@ -223,20 +255,22 @@ impl Sessions {
                     error: error.clone(),
                     pause,
                 });
-                still_good.ok_or(error)
+                Err(error)
             }
         }
     }
 
     /// A new session: refreshed from `held` while its refresh token is valid, else (or when
     /// the refresh is refused) logged in.
+    ///
+    /// A refresh token the aggregator refused is not sent again: when the login after it
+    /// fails too, the next renewal logs in.
     async fn renew(
         &self,
         client: &GatewayClient,
-        held: Option<&Held>,
-        beyond: &impl Fn(DateTime<Utc>, TimeDelta) -> bool,
+        held: &mut Option<Held>,
     ) -> Result<Held, GatewayError> {
-        let renewed = match held.map(|held| &held.session) {
+        let renewed = match held.as_mut().map(|held| &mut held.session) {
             Some(session) if beyond(session.refresh_token_expiry_utc, REFRESH_TOKEN_SLACK) => {
                 match client.refresh(&session.refresh_token).await {
                     Ok(renewed) => {
@@ -245,6 +279,7 @@ impl Sessions {
                     }
                     Err(GatewayError::BadCredentials { message, .. }) => {
                         tracing::info!(message = %crate::Logged(&message), "refresh refused; logging in again");
+                        session.refresh_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
                         client.login().await?
                     }
                     Err(error) => return Err(error),

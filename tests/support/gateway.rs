@@ -37,8 +37,11 @@ pub struct GatewayState {
     pub reported_skew: TimeDelta,
     /// Every login is refused (401), as after a password change.
     pub refuse_logins: bool,
-    /// Login requests, refused ones included.
+    /// Login requests, refused ones and those given up by the client included (counted as
+    /// they arrive, before [`Self::login_delay`]).
     pub login_attempts: u32,
+    /// Refresh requests, refused ones included.
+    pub refresh_attempts: u32,
     /// Every refresh is refused with this status (the spec does not say which).
     pub refuse_refreshes: Option<u16>,
     /// Refusals of a login or refresh quote the request's body, as some proxies' error
@@ -80,6 +83,7 @@ impl Default for GatewayState {
             reported_skew: TimeDelta::zero(),
             refuse_logins: false,
             login_attempts: 0,
+            refresh_attempts: 0,
             refuse_refreshes: None,
             echo_refusals: false,
             echo_failures: false,
@@ -289,10 +293,13 @@ async fn handle(
     let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match (method.as_str(), path.as_str()) {
         ("POST", "/api/v1/login") => {
-            let delay = state.lock().unwrap().login_delay;
+            let delay = {
+                let mut state = state.lock().unwrap();
+                state.login_attempts += 1;
+                state.login_delay
+            };
             tokio::time::sleep(delay).await;
             let mut state = state.lock().unwrap();
-            state.login_attempts += 1;
             if state.refuse_logins || json["username"] != USERNAME || json["password"] != PASSWORD {
                 return refusal(&state, 401, "invalid username or password", &body);
             }
@@ -301,6 +308,7 @@ async fn handle(
         }
         ("POST", "/api/v1/refresh-token") => {
             let mut state = state.lock().unwrap();
+            state.refresh_attempts += 1;
             if let Some(status) = state.refuse_refreshes {
                 return refusal(&state, status, "refresh token revoked", &body);
             }
