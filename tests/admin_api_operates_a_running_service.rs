@@ -163,6 +163,61 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
     assert_eq!(server.send(&listing(&via("http"))).await.status, 200);
 }
 
+/// A web page the operator visits can point a name of its own at 127.0.0.1 (DNS rebinding)
+/// and have the browser call the API as that page's site: over plain HTTP, a call names the
+/// service by an address or `localhost`, or is refused before its credentials are read.
+#[tokio::test]
+async fn a_call_naming_the_service_by_another_name_over_plain_http_is_refused() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let bearer = format!("Bearer {TOKEN}");
+    let named = |host: &str| {
+        let listing = request(
+            "GET",
+            "/payhook/admin/validations",
+            &[("authorization", bearer.as_str())],
+            None,
+        );
+        let listing = String::from_utf8(listing).unwrap();
+        listing
+            .replacen("Host: 127.0.0.1", &format!("Host: {host}"), 1)
+            .into_bytes()
+    };
+    let rebound = server.send(&named("evil.example:8080")).await;
+    assert_eq!(rebound.status, 403);
+    assert!(
+        rebound.message().contains("not by the name evil.example"),
+        "{}",
+        rebound.message()
+    );
+    let login = String::from_utf8(post(
+        "/payhook/admin/inspector/login",
+        &[("content-type", "application/x-www-form-urlencoded")],
+        format!("token={TOKEN}").as_bytes(),
+    ))
+    .unwrap()
+    .replacen("Host: 127.0.0.1", "Host: evil.example", 1);
+    let guessed = server.send(login.as_bytes()).await;
+    assert_eq!(guessed.status, 403);
+    assert!(guessed.header("set-cookie").is_none());
+    for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"] {
+        assert_eq!(server.send(&named(host)).await.status, 200, "{host}");
+    }
+
+    // Behind a trusted proxy that speaks HTTPS, the service has the proxy's name.
+    let mut proxied = config(&gateway);
+    proxied.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    let server = TestServer::start_with(proxied).await;
+    let via_https = String::from_utf8(named("admin.shop.example"))
+        .unwrap()
+        .replacen(
+            "\r\n\r\n",
+            "\r\nx-forwarded-for: ::1\r\nx-forwarded-proto: https\r\n\r\n",
+            1,
+        );
+    assert_eq!(server.send(via_https.as_bytes()).await.status, 200);
+}
+
 #[tokio::test]
 async fn deciding_an_unknown_validation_names_the_id_it_did_not_find() {
     let gateway = FakeGateway::start().await;

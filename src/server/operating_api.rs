@@ -20,7 +20,10 @@
 //! and from this machine or through a trusted proxy that says it came over HTTPS (403
 //! [`Problem::InTheClear`] otherwise, before its credentials are read, unless
 //! `admin.allow_plain_http`: a token that crossed a network in the clear is anyone's who
-//! watches it, and payhook serves plain HTTP itself).
+//! watches it, and payhook serves plain HTTP itself). Over plain HTTP, a call names the
+//! service by an address or `localhost` (403 [`Problem::HostRefused`] otherwise): a web
+//! page can point a name of its own at this machine and have the operator's browser call
+//! the API as that page's site.
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
 //! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
 //! HTTPS; the login's time, a random id and their HMAC under a key derived from the token, not
@@ -362,6 +365,9 @@ impl OperatingApi {
         let https = self.ingress.forwarded_https(&request);
         self.access
             .check_channel(self.ingress.came_from_this_machine(&request), https)?;
+        if !https {
+            check_host(&request)?;
+        }
         let (parts, body) = request.into_parts();
         let rest = parts
             .uri
@@ -681,6 +687,35 @@ fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
 }
 
 /// Sets the inspector's session cookie to `value` for `max_age` seconds (0 removes it);
+/// Refuses a call over plain HTTP that names the service by a name other than `localhost`
+/// (its `Host`, or an HTTP/2 request's authority): a web page the operator visits can point
+/// a name of its own at this machine (DNS rebinding) and have the browser call the API as
+/// that page's site, which no cookie or allow-list of addresses tells apart. An address, or
+/// `localhost`, names this machine whatever any DNS says. A request naming nothing (HTTP/1.0)
+/// passes: no browser sends one.
+fn check_host<B>(request: &Request<B>) -> Result<(), Problem> {
+    let named = request.uri().host().map(str::to_owned).or_else(|| {
+        request
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|host| host.parse::<http::uri::Authority>().ok())
+            .map(|authority| authority.host().to_owned())
+    });
+    match named {
+        Some(host) if !names_this_machine(&host) => Err(Problem::HostRefused(host)),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `host` (without its port) names this machine whatever DNS says: an IP address
+/// (an IPv6 one in brackets), `localhost` or a name under it.
+fn names_this_machine(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    bare.parse::<std::net::IpAddr>().is_ok() || host == "localhost" || host.ends_with(".localhost")
+}
+
 /// `Secure` when the browser reached the service over HTTPS.
 fn set_session_cookie(
     response: &mut Response<ResponseBody>,
@@ -900,8 +935,31 @@ fn shown(panel: Result<String, &crate::store::StoreError>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::shown;
+    use super::{names_this_machine, shown};
     use crate::store::StoreError;
+
+    #[test]
+    fn only_an_address_or_localhost_names_this_machine_whatever_dns_says() {
+        for host in [
+            "127.0.0.1",
+            "[::1]",
+            "::1",
+            "10.0.0.5",
+            "localhost",
+            "LocalHost.",
+            "admin.localhost",
+        ] {
+            assert!(names_this_machine(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "localhost.evil.example",
+            "payhook",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!names_this_machine(host), "{host}");
+        }
+    }
 
     #[test]
     fn a_panel_whose_store_could_not_be_read_says_so_instead_of_showing_nothing() {

@@ -28,6 +28,7 @@
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
+//! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -121,6 +122,9 @@ pub(crate) enum Problem {
     /// token, or the inspector's session, crossed a network in the clear (see
     /// `admin.allow_plain_http`).
     InTheClear,
+    /// A call of the operating API over plain HTTP that names the service by a name other
+    /// than `localhost` (which a web page may have pointed at this machine).
+    HostRefused(String),
 }
 
 impl Problem {
@@ -136,9 +140,11 @@ impl Problem {
                 StatusCode::REQUEST_TIMEOUT
             }
             Self::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
-            Self::AddressRefused | Self::Denied(_) | Self::NonceReused | Self::InTheClear => {
-                StatusCode::FORBIDDEN
-            }
+            Self::AddressRefused
+            | Self::Denied(_)
+            | Self::NonceReused
+            | Self::InTheClear
+            | Self::HostRefused(_) => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -165,7 +171,8 @@ impl Problem {
             | Self::StoreBroken
             | Self::Unknown(_)
             | Self::Conflict(_)
-            | Self::InTheClear => false,
+            | Self::InTheClear
+            | Self::HostRefused(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -253,6 +260,11 @@ impl Problem {
             | Self::Denied(message)
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),
+            Self::HostRefused(host) => format!(
+                "over plain HTTP the operating API is called by an address or localhost, not by \
+                 the name {}",
+                crate::Logged(host)
+            ),
             Self::InTheClear => "the operating API takes its token over HTTPS (through a trusted \
                 proxy that says so) or from this machine only; admin.allow_plain_http = true \
                 accepts it over plain HTTP"
