@@ -879,3 +879,136 @@ async fn an_operation_whose_part_is_off_is_409_naming_it() {
         (409, "reconcile needs a complete [gateway] section".into())
     );
 }
+
+/// Whatever a sender writes in a field the inspector shows — a nonce, a client id, a
+/// currency, a body, a header — is shown as text on every panel, never as markup: the
+/// page runs a script of its own, and one value left unescaped would run a sender's script
+/// in the operator's session, which can approve validations.
+#[tokio::test]
+async fn what_senders_write_is_shown_as_text_on_every_panel() {
+    const HOSTILE: &str = r#"<img src=x onerror=alert(1)>'"&"#;
+    let gateway = FakeGateway::start().await;
+    let mut unsigned = test_config();
+    unsigned.gateway = gateway.config();
+    unsigned.validation.awaitable = true;
+    unsigned.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(unsigned).await;
+    let hostile = || Some(serde_json::json!(HOSTILE));
+    let set = |body: &str, fields: &[(&str, Option<serde_json::Value>)]| {
+        fields
+            .iter()
+            .fold(body.to_owned(), |body, (pointer, value)| {
+                with(&body, pointer, value.clone())
+            })
+    };
+    // A callback whose handler fails (listed as failing), one refused for its body (a
+    // negative amount), and a postponed validation (on the postponed panel).
+    let failing = set(
+        CALLBACK,
+        &[
+            ("/nonce", hostile()),
+            ("/currency", hostile()),
+            ("/clientId", Some(serde_json::json!("fail"))),
+        ],
+    );
+    let request_id = [("x-request-id", HOSTILE)];
+    let answer = server
+        .send(&post(
+            CALLBACK_PATH,
+            &[("content-type", "application/json"), request_id[0]],
+            failing.as_bytes(),
+        ))
+        .await;
+    assert_eq!(answer.status, 503, "{}", answer.message());
+    let refused = set(
+        CALLBACK,
+        &[
+            ("/nonce", Some(serde_json::json!("n-refused"))),
+            ("/clientId", hostile()),
+            ("/amount", Some(serde_json::json!(-1))),
+        ],
+    );
+    assert_eq!(server.post_json(CALLBACK_PATH, &refused).await.status, 400);
+    let postponed = set(
+        TRANSACTION_VALIDATION,
+        &[
+            ("/paymentData/nonce", hostile()),
+            (
+                "/merchantData/clientId",
+                Some(serde_json::json!("postpone")),
+            ),
+        ],
+    );
+    let answer = server.post_json(VALIDATION_PATH, &postponed).await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+
+    let mut panels = ["deliveries", "failing", "postponed", "outbox", "health"]
+        .map(|panel| format!("/payhook/admin/inspector/{panel}"))
+        .to_vec();
+    for entry in deliveries(&server, "").await.deliveries {
+        panels.push(format!("/payhook/admin/inspector/delivery/{}", entry.seq));
+    }
+    assert_eq!(panels.len(), 8, "three deliveries recorded");
+    // In a body, the quote is JSON's too (`\"`): the markup's part is enough to find.
+    let escaped = "&lt;img src=x onerror=alert(1)&gt;";
+    let mut shown = Vec::new();
+    for panel in &panels {
+        let answer = admin(&server, "GET", panel, None).await;
+        assert_eq!(answer.status, 200, "{panel}");
+        let text = String::from_utf8_lossy(&answer.body);
+        assert!(!text.contains("<img"), "{panel}: {text}");
+        assert!(!text.contains(HOSTILE), "{panel}: {text}");
+        if text.contains(escaped) {
+            shown.push(panel.rsplit("inspector/").next().unwrap().to_owned());
+        }
+    }
+    // Shown, as text: on the deliveries, failing and postponed panels, and in each
+    // delivery's request.
+    assert_eq!(
+        shown,
+        [
+            "deliveries",
+            "failing",
+            "postponed",
+            "delivery/1",
+            "delivery/2",
+            "delivery/3"
+        ]
+    );
+}
+
+/// No other site's page may call the operating API from the operator's browser: no
+/// cross-origin answer is ever allowed (a preflight gets no `Access-Control-Allow-*`), so
+/// a change, which needs the inspector's header, cannot be sent from elsewhere.
+#[tokio::test]
+async fn no_other_origin_is_allowed_to_call_the_operating_api() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    for path in [
+        "/payhook/admin/validations/7",
+        "/payhook/admin/inspector/login",
+        "/payhook/admin/outbox/7/retry",
+    ] {
+        let preflight = server
+            .send(&request(
+                "OPTIONS",
+                path,
+                &[
+                    ("origin", "https://evil.example"),
+                    ("access-control-request-method", "POST"),
+                    ("access-control-request-headers", "x-payhook-inspector"),
+                ],
+                None,
+            ))
+            .await;
+        assert!(
+            preflight
+                .headers
+                .iter()
+                .all(|(name, _)| !name.to_ascii_lowercase().starts_with("access-control-")),
+            "{path}: {:?}",
+            preflight.headers
+        );
+        assert!(preflight.status >= 400, "{path}: {}", preflight.status);
+    }
+}
