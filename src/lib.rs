@@ -50,10 +50,12 @@
 //! impl CallbackReceiver for Shop {
 //!     async fn receive_callback(&self, callback: CallbackBody, ctx: CallbackContext)
 //!         -> Result<CallbackDecision, HandlerError> {
-//!         // Booked atomically with the mark that this (nonce, status) is done: exactly once.
+//!         // Recorded atomically with the mark that this (nonce, status) is done: exactly once.
+//!         // Each status of a nonce is a result of its own (a success, then -2: money returned).
+//!         let key = format!("{}|{}", callback.nonce, callback.transaction_status.code());
 //!         let entry = format!("{} {} {}", callback.client_id, callback.amount, callback.currency);
 //!         let ledger = self.ledger.clone();
-//!         ctx.effects.write(move |tx| tx.insert(&ledger, callback.nonce.as_bytes(), entry.as_bytes()));
+//!         ctx.effects.write(move |tx| tx.insert(&ledger, key.as_bytes(), entry.as_bytes()));
 //!         Ok(CallbackDecision::Ack)
 //!     }
 //! }

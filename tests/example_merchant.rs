@@ -447,6 +447,31 @@ async fn a_failure_not_known_to_be_newer_than_the_booked_success_leaves_it() {
     assert_eq!(example.entry("d-same").await.unwrap().status, 4);
 }
 
+/// A success after a booked failure, when which came last is not known: a late retry of
+/// the success that came before the failure (money returned, a cancellation) would look the
+/// same, and crediting it would pay the client for a payment that did not stand. With a
+/// newer `updatedUtc`, the success replaces the failure.
+#[tokio::test]
+async fn a_success_not_known_to_be_newer_than_the_booked_failure_leaves_it() {
+    let example = start().await;
+    let deposit = callback("d-back", "back", 1, "30");
+    let booked_at = "2099-01-02T03:04:06Z";
+    assert_eq!(example.callback(&at(&deposit, -1, booked_at)).await, 200);
+    let no_time = with(&at(&deposit, 4, booked_at), "/updatedUtc", None);
+    assert_eq!(example.callback(&no_time).await, 200);
+    let kept = example.quarantined("d-back", 4).await;
+    assert!(kept.reason.contains("not known to be newer"), "{kept:?}");
+    assert_eq!(example.balance("back", "EUR").await, Decimal::ZERO);
+    assert_eq!(example.entry("d-back").await.unwrap().status, -1);
+
+    let later = callback("d-later", "later", 1, "30");
+    assert_eq!(example.callback(&at(&later, -3, booked_at)).await, 200);
+    let newer = at(&later, 4, "2099-01-02T03:04:07Z");
+    assert_eq!(example.callback(&newer).await, 200);
+    assert_eq!(example.balance("later", "EUR").await, Decimal::from(30));
+    assert_eq!(example.entry("d-later").await.unwrap().status, 4);
+}
+
 /// A balance back at zero keeps the scale of what was booked ("0.0"); a sum with it is
 /// exact whatever the other amount's decimals.
 #[tokio::test]

@@ -134,8 +134,11 @@ pub struct CallbackContext {
     /// (its process killed; on PostgreSQL, also its database connection lost) is not
     /// counted.
     pub attempt: u32,
-    /// The status acknowledged earlier for this nonce, when this callback brings a new one
-    /// (e.g. a success, later a reversal).
+    /// The status acknowledged last for this nonce, when this callback brings a new one
+    /// (e.g. a success, later a reversal). Acknowledged is not booked: a handler that
+    /// acknowledged a result without booking it (the example merchant's quarantine: a late
+    /// retry of an older failure) is told that status here, not the one its books hold.
+    /// What stands is in the handler's own books; read them.
     pub previous_status: Option<TransactionStatus>,
     /// Writes to apply atomically with the mark that this callback is done; see [`Effects`].
     pub effects: Effects,
@@ -273,10 +276,13 @@ pub trait TransactionValidator: Send + Sync + 'static {
 ///         callback: CallbackBody,
 ///         ctx: CallbackContext,
 ///     ) -> Result<CallbackDecision, HandlerError> {
+///         // One entry per (nonce, status): a later status of the nonce (a success, then -2:
+///         // money returned) is a result of its own, and runs the handler again.
+///         let key = format!("{}|{}", callback.nonce, callback.transaction_status.code());
 ///         let entry = format!("{} {}", callback.amount, callback.currency);
-///         // Written in the same atomic write as the mark that this nonce is done.
+///         // Written in the same atomic write as the mark that this (nonce, status) is done.
 ///         let entries = self.entries.clone();
-///         ctx.effects.write(move |tx| tx.insert(&entries, callback.nonce.as_bytes(), entry.as_bytes()));
+///         ctx.effects.write(move |tx| tx.insert(&entries, key.as_bytes(), entry.as_bytes()));
 ///         Ok(CallbackDecision::Ack)
 ///     }
 /// }
@@ -285,7 +291,8 @@ pub trait TransactionValidator: Send + Sync + 'static {
 /// The handler runs at most once per acknowledged (nonce, status): a repeat of an
 /// acknowledged delivery is answered 200 without calling it. Until the acknowledgement is
 /// durable it may run again (a crash, an error, `RetryLater`), so book through
-/// [`CallbackContext::effects`] — atomically with the mark — or keyed by the nonce.
+/// [`CallbackContext::effects`] — atomically with the mark — or keyed by (nonce, status):
+/// keyed by the nonce alone, a later status of it (a reversal) would be dropped as a repeat.
 pub trait CallbackReceiver: Send + Sync + 'static {
     /// Books the result; return [`CallbackDecision::Ack`] only once it is booked (or staged
     /// in `ctx.effects`).

@@ -16,10 +16,9 @@
 //!   as the mark that the callback is done — so a result is booked exactly once, however
 //!   often the aggregator retries and whenever the process crashes.
 //!
-//! **A later result of a booked transaction** replaces its booking and corrects the balance
-//! — a failure then a success (results delivered out of order), or a success then `-2`
-//! (money has to be returned) — unless moving the money back is not the example's to decide
-//! (below).
+//! **A later result of a booked transaction** (a newer `updatedUtc`) replaces its booking and
+//! corrects the balance — a failure then a success, or a success then `-2` (money has to be
+//! returned) — unless moving the money back is not the example's to decide (below).
 //!
 //! **What it cannot book, it quarantines.** Balances use checked arithmetic. These results
 //! are acknowledged into the [`QUARANTINE`] tree (`nonce|status` → the result and the
@@ -29,8 +28,10 @@
 //!   hands a handler every status it receives;
 //! * a result older (`updatedUtc`) than the one booked for its nonce: a retry of a failure
 //!   that was delivered late, after the success that followed it, must not undo the success;
-//!   nor does a failure after a booked success when which is newer is not known (either
-//!   `updatedUtc` missing, or the same);
+//!   nor does a failure after a booked success, or a success after a booked failure, when
+//!   which is newer is not known (either `updatedUtc` missing, or the same): a late retry of
+//!   the result booked before would look the same, and moving the money would undo the
+//!   result that stands;
 //! * a failure other than `-2` after a booked successful withdrawal: the aggregator said the
 //!   money was paid out, so giving it back to the client's balance is for a person to decide
 //!   (a deposit's credit is taken back: the merchant's safe side);
@@ -374,12 +375,21 @@ fn not_replacing(
     };
     let booked_success = previous.status == TransactionStatus::Success.code();
     // Which came last is not known (a time missing, or the same): a late retry of the
-    // failure that preceded the success would look the same.
+    // result booked before would look the same — of the failure that preceded a success, or
+    // of the success that preceded a failure (money returned) — and moving the money would
+    // undo the result that stands.
     if booked_success && status.is_failure() && !newer {
         return Some(format!(
             "a failure ({}) after a booked success, not known to be newer (its updatedUtc is \
              missing or the same): which result stands is for a person to decide",
             status.description()
+        ));
+    }
+    if !booked_success && status == TransactionStatus::Success && !newer {
+        return Some(format!(
+            "a success after a booked failure ({}), not known to be newer (its updatedUtc is \
+             missing or the same): which result stands is for a person to decide",
+            previous.status
         ));
     }
     let paid_out = booked_success && previous.balance_effect < Decimal::ZERO;
