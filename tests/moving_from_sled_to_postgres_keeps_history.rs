@@ -355,6 +355,12 @@ async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_wh
         said.contains("1 validation record(s), 0 failing callback(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "{said}"
     );
+    let again = copy_from_sled(&sled, &db);
+    let said = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert!(
+        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
+        "a second copy writes nothing, and leaves the same behind: {said}"
+    );
 
     let store = ConfiguredStore::open(&db.store_config(Duration::from_secs(1)), &[])
         .await

@@ -105,9 +105,11 @@ impl PgStore {
         for batch in past_retention.chunks(BATCH) {
             let mut tx = self.pool().begin().await?;
             for (named, record) in batch {
-                let done = self.copy_validation(&mut tx, named, record, true).await?;
-                imported.validations += done;
-                imported.expired += 1 - done.min(1);
+                if self.awaited(&mut tx, named).await? {
+                    imported.validations += self.copy_validation(&mut tx, named, record).await?;
+                } else {
+                    imported.expired += 1;
+                }
             }
             tx.commit().await?;
         }
@@ -115,25 +117,36 @@ impl PgStore {
         Ok(imported)
     }
 
-    /// Copies `record`, nonce `named`'s validation record, unless the database holds one;
-    /// when `if_awaited`, only if a postponed validation of the nonce awaits its decision or
-    /// its delivery. The rows written.
+    /// Whether a postponed validation of the nonce keyed `named` awaits its decision or its
+    /// delivery (the rule by which PostgreSQL's sweep keeps its validation record).
+    async fn awaited(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        named: &str,
+    ) -> Result<bool, StoreError> {
+        let row = sqlx::query(&self.sql(concat!(
+            "SELECT $1 IN (",
+            super::awaiting_nonce_keys!(),
+            ")"
+        )))
+        .bind(named)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(sqlx::Row::try_get::<bool, _>(&row, 0)?)
+    }
+
+    /// Copies `record`, nonce `named`'s validation record, unless the database holds one.
+    /// The rows written.
     async fn copy_validation(
         &self,
         conn: &mut sqlx::PgConnection,
         named: &str,
         record: &ValidationRecord,
-        if_awaited: bool,
     ) -> Result<u64, StoreError> {
-        let condition = if if_awaited {
-            concat!("WHERE $1 IN (", super::awaiting_nonce_keys!(), ")")
-        } else {
-            ""
-        };
-        let done = sqlx::query(&self.sql(&format!(
-            "INSERT INTO {{s}}.validations (nonce_key, fingerprint, decision, expires_at) \
-             SELECT $1, $2::json, $3::json, $4 {condition} ON CONFLICT (nonce_key) DO NOTHING"
-        )))
+        let done = sqlx::query(&self.sql(
+            "INSERT INTO {s}.validations (nonce_key, fingerprint, decision, expires_at) \
+             VALUES ($1, $2::json, $3::json, $4) ON CONFLICT (nonce_key) DO NOTHING",
+        ))
         .bind(named)
         .bind(super::encode_json(&record.fingerprint))
         .bind(super::encode_json(&record.decision))
@@ -202,7 +215,7 @@ impl PgStore {
                 // it does is known once the postponed validations are copied.
                 return Ok(Copied::Later((named, record)));
             }
-            let done = self.copy_validation(conn, &named, &record, false).await?;
+            let done = self.copy_validation(conn, &named, &record).await?;
             imported.validations += done;
             return Ok(count(done));
         }
