@@ -2186,6 +2186,101 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     b.finish().await;
 }
 
+/// A statement of a booking that outlasts `store.statement_timeout` (here the merchant's
+/// insert, waiting on a row another transaction holds) fails the callback, not the store:
+/// nothing of the booking is written or acknowledged, and once the other transaction is
+/// gone the next delivery books it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_inside_a_booking_writes_nothing_and_the_next_delivery_books_once() {
+    let Some(db) = support::postgres::database("statement_timeout").await else {
+        return;
+    };
+    let mut config = db.store_config(RETENTION);
+    config.statement_timeout = Duration::from_millis(300);
+    let store = ConfiguredStore::open(&config, TREES).await.unwrap();
+    let b = Backend {
+        shared: store.shared(),
+        store,
+        _dir: None,
+        db: Some(db.clone()),
+    };
+    let (table, mut conn) = merchant_rows(&b).await;
+    let insert = || {
+        let effects = Effects::default();
+        let table = table.clone();
+        effects.postgres(move |conn| {
+            let table = table.clone();
+            Box::pin(async move {
+                sqlx::query(&format!("INSERT INTO {table} (nonce) VALUES ('n-1')"))
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        });
+        effects
+    };
+    // Another transaction holds the row the booking's insert needs, uncommitted.
+    let mut holder = db.connect().await;
+    sqlx::raw_sql(&format!(
+        "BEGIN; INSERT INTO {table} (nonce) VALUES ('n-1')"
+    ))
+    .execute(&mut holder)
+    .await
+    .unwrap();
+    let nonce = Nonce::from("n-1");
+    let (claim, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(attempt, 1);
+    let timed_out = b
+        .shared
+        .finish_callback(&nonce, claim, TransactionStatus::Success, insert())
+        .await;
+    let error = payhook::Report::new(&timed_out.unwrap_err()).to_string();
+    assert!(error.contains("statement timeout"), "{error}");
+    assert!(
+        !b.shared
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let count = format!("SELECT count(*) FROM {table}");
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the timed-out booking wrote nothing");
+
+    let (claim, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
+    assert_eq!(attempt, 2, "the failed delivery is counted");
+    b.shared
+        .finish_callback(&nonce, claim, TransactionStatus::Success, insert())
+        .await
+        .unwrap();
+    assert!(
+        b.shared
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        b.shared
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    let rows: i64 = sqlx::query_scalar(&count)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "booked once");
+    drop((conn, holder));
+    b.finish().await;
+}
+
 /// An effect that ends payhook's transaction (sqlx's `begin()` on the connection, whose
 /// `rollback()` is then a ROLLBACK of the whole booking, mark included) is refused, never
 /// acknowledged: a 200 would leave a callback without its mark, to be run again. Savepoints
