@@ -224,6 +224,15 @@ async fn a_new_status_runs_again_and_is_told_the_previous_one(b: &Backend) {
             CallbackBegin::Duplicate
         );
     }
+    // A third status is told the last one acknowledged — whatever the handler made of it
+    // (the example merchant may have quarantined it), not the one its books hold.
+    let (claim, attempt, previous) = b.claim("n-1", TransactionStatus::PaymentSystemError).await;
+    assert_eq!(attempt, 3);
+    assert_eq!(previous, Some(TransactionStatus::Cancelled.code()));
+    b.shared
+        .release_callback(&Nonce::from("n-1"), claim)
+        .await
+        .unwrap();
 }
 
 behaviour!(concurrent_copies_of_a_nonce_claim_it_once);
