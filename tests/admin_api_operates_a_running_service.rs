@@ -200,6 +200,9 @@ async fn a_call_naming_the_service_by_another_name_over_plain_http_is_refused() 
     let guessed = server.send(login.as_bytes()).await;
     assert_eq!(guessed.status, 403);
     assert!(guessed.header("set-cookie").is_none());
+    // A Host that names nothing readable is refused too, not taken as naming nothing.
+    let unreadable = server.send(&named("127.0.0.1:80:80")).await;
+    assert_eq!(unreadable.status, 403, "{}", unreadable.message());
     for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"] {
         assert_eq!(server.send(&named(host)).await.status, 200, "{host}");
     }

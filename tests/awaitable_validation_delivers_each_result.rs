@@ -663,6 +663,19 @@ async fn an_undecided_validation_is_resolved_by_its_deadline_and_the_first_decis
     ));
 }
 
+/// Postpones validation 20 (nonce `n-20`) on `app`, then has it asked about again under id
+/// 21: a repeat of it.
+async fn postponed_20_and_its_repeat_21(app: &App) {
+    assert_eq!(
+        validate(app, "postpone", 20).await,
+        (200, "validation postponed".into())
+    );
+    let again = app.handle(validation_request("postpone", "n-20", 21)).await;
+    assert_eq!(again.status(), 200);
+    let repeat = app.resolver().unwrap().get(21).await.unwrap().unwrap();
+    assert_eq!(repeat.repeat_of, Some(20.into()));
+}
+
 /// A repeat (the validation asked about again under a new id) has no deadline of its own:
 /// a decision on it after the original's deadline comes too late as one on the original
 /// would, since it decides both.
@@ -671,16 +684,7 @@ async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
     let dir = tempfile::tempdir().unwrap();
     let app = app_with_deadline(&dir);
     let resolver = app.resolver().unwrap();
-    assert_eq!(
-        validate(&app, "postpone", 20).await,
-        (200, "validation postponed".into())
-    );
-    let again = app.handle(validation_request("postpone", "n-20", 21)).await;
-    assert_eq!(again.status(), 200);
-    assert_eq!(
-        resolver.get(21).await.unwrap().unwrap().repeat_of,
-        Some(20.into())
-    );
+    postponed_20_and_its_repeat_21(&app).await;
     tokio::time::advance(Duration::from_secs(301)).await;
     let late = resolver.resolve(21, Decision::allow("checked, late")).await;
     assert!(
@@ -706,12 +710,7 @@ async fn a_decision_on_a_repeat_after_its_originals_deadline_comes_too_late() {
 async fn a_damaged_repeat_keeps_neither_its_original_from_its_deadline_nor_others_from_delivery() {
     let dir = tempfile::tempdir().unwrap();
     let app = app_with_deadline(&dir);
-    assert_eq!(
-        validate(&app, "postpone", 20).await,
-        (200, "validation postponed".into())
-    );
-    let again = app.handle(validation_request("postpone", "n-20", 21)).await;
-    assert_eq!(again.status(), 200);
+    postponed_20_and_its_repeat_21(&app).await;
     assert_eq!(
         validate(&app, "postpone", 30).await,
         (200, "validation postponed".into())

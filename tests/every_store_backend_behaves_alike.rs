@@ -438,15 +438,7 @@ async fn postpone_until(
     else {
         panic!("not claimed");
     };
-    let record = PostponedValidation {
-        validation_id: request.validation_id,
-        request: request.clone(),
-        received: Utc::now(),
-        deadline,
-        result: None,
-        repeat_of: None,
-        repeats: Vec::new(),
-    };
+    let record = PostponedValidation::new(request.clone(), Utc::now(), deadline);
     b.shared
         .finish_validation(
             request.nonce(),

@@ -33,6 +33,32 @@ fn validation(nonce: &str, id: i64) -> payhook::model::TransactionValidationRequ
     .unwrap()
 }
 
+/// Decides validation `id` of `nonce` on `store` with `decision`; when `postponed` is
+/// `Some(deadline)`, with its postponed record (Awaitable), undecided until `deadline`.
+async fn decide(
+    store: &SledStore,
+    nonce: &str,
+    id: i64,
+    decision: RecordedDecision,
+    postponed: Option<Option<chrono::DateTime<Utc>>>,
+) {
+    let request = validation(nonce, id);
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = store
+        .begin_validation(&Nonce::from(nonce), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let record =
+        postponed.map(|deadline| PostponedValidation::new(request.clone(), Utc::now(), deadline));
+    store
+        .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)
+        .await
+        .unwrap();
+}
+
 /// A sled store with history: two callbacks acknowledged (one long nonce), one failing, a
 /// validation denied, one postponed and decided (its result in the outbox), a ledger key.
 async fn history(config: &StoreConfig) {
@@ -84,28 +110,8 @@ async fn history(config: &StoreConfig) {
         ),
         ("v-postponed", 2, RecordedDecision::Postponed, true),
     ] {
-        let request = validation(nonce, id);
-        let fingerprint = Fingerprint::of(&request);
-        let ValidationBegin::Claimed { claim } = store
-            .begin_validation(&Nonce::from(nonce), &fingerprint, STALE)
-            .await
-            .unwrap()
-        else {
-            panic!("not claimed");
-        };
-        let record = postponed.then(|| PostponedValidation {
-            validation_id: id.into(),
-            request: request.clone(),
-            received: Utc::now(),
-            deadline: Some(Utc::now() + TimeDelta::hours(1)),
-            result: None,
-            repeat_of: None,
-            repeats: Vec::new(),
-        });
-        store
-            .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)
-            .await
-            .unwrap();
+        let deadline = postponed.then(|| Some(Utc::now() + TimeDelta::hours(1)));
+        decide(&store, nonce, id, decision, deadline).await;
     }
     store
         .resolve(2.into(), &Decision::allow("reviewed"), Utc::now())
@@ -318,28 +324,7 @@ async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_wh
                     ValidationBegin::Recorded(RecordedDecision::Postponed)
                 );
             }
-            let request = validation(nonce, id);
-            let fingerprint = Fingerprint::of(&request);
-            let ValidationBegin::Claimed { claim } = store
-                .begin_validation(&Nonce::from(nonce), &fingerprint, STALE)
-                .await
-                .unwrap()
-            else {
-                panic!("not claimed");
-            };
-            let record = postponed.then(|| PostponedValidation {
-                validation_id: id.into(),
-                request: request.clone(),
-                received: Utc::now(),
-                deadline: None,
-                result: None,
-                repeat_of: None,
-                repeats: Vec::new(),
-            });
-            store
-                .finish_validation(&Nonce::from(nonce), claim, &fingerprint, &decision, record)
-                .await
-                .unwrap();
+            decide(&store, nonce, id, decision, postponed.then_some(None)).await;
         }
     }
     // The allowed validation's record past its retention too, not yet swept.

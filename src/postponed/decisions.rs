@@ -233,18 +233,11 @@ impl Awaitable {
     ) -> Result<Decided, Undecided> {
         let received_ms = self.clock.now_ms();
         let received = time_from_ms(received_ms);
-        let mut postponed = PostponedValidation {
-            validation_id: request.validation_id,
-            request: request.clone(),
-            received,
-            deadline: self
-                .config
-                .deadline
-                .map(|d| time_from_ms(received_ms.saturating_add(millis(d)))),
-            result: None,
-            repeat_of: None,
-            repeats: Vec::new(),
-        };
+        let deadline = self
+            .config
+            .deadline
+            .map(|d| time_from_ms(received_ms.saturating_add(millis(d))));
+        let mut postponed = PostponedValidation::new(request.clone(), received, deadline);
         let started = tokio::time::Instant::now();
         let mut task = self
             .handler

@@ -246,6 +246,37 @@ impl PostponedState {
 }
 
 impl PostponedValidation {
+    /// `request`, postponed at `received`: undecided, and decided with the deadline's
+    /// outcome at `deadline` (never without one); repeated by none yet.
+    ///
+    /// ```
+    /// use payhook::postponed::{PostponedState, PostponedValidation};
+    ///
+    /// let request = serde_json::from_value(serde_json::json!({
+    ///     "merchantData": {"merchantHash": "h", "clientId": "c"},
+    ///     "paymentData": {"nonce": "n-7", "amount": 10, "currency": "EUR", "providerId": 1},
+    ///     "validationId": 7, "cashIn": true
+    /// }))?;
+    /// let postponed = PostponedValidation::new(request, chrono::Utc::now(), None);
+    /// assert_eq!((postponed.validation_id.get(), postponed.state()), (7, PostponedState::Pending));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn new(
+        request: TransactionValidationRequest,
+        received: DateTime<Utc>,
+        deadline: Option<DateTime<Utc>>,
+    ) -> Self {
+        Self {
+            validation_id: request.validation_id,
+            request,
+            received,
+            deadline,
+            result: None,
+            repeat_of: None,
+            repeats: Vec::new(),
+        }
+    }
+
     /// Where it stands.
     pub fn state(&self) -> PostponedState {
         match self.result.as_ref().map(|r| &r.delivery) {
@@ -338,15 +369,7 @@ impl PostponedValidation {
                 "validationId": {id}, "cashIn": true}}"#
         ))
         .expect("a valid validation request");
-        Self {
-            validation_id: ValidationId::new(id),
-            request,
-            received: DateTime::<Utc>::UNIX_EPOCH,
-            deadline: None,
-            result: None,
-            repeat_of: None,
-            repeats: Vec::new(),
-        }
+        Self::new(request, DateTime::<Utc>::UNIX_EPOCH, None)
     }
 }
 

@@ -117,16 +117,20 @@ impl Ingress {
                 .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
     }
 
-    /// Whether `request` came from this machine: its socket's peer is a loopback address,
-    /// and so is the client a trusted proxy there forwards for. Nothing it sent crossed a
-    /// network.
-    pub(super) fn came_from_this_machine<B>(&self, request: &Request<B>) -> bool {
+    /// Whether `request`, whose client is `client` ([`Ingress::client_ip`]), came from this
+    /// machine: its socket's peer is a loopback address, and so is the client a trusted proxy
+    /// there forwards for. Nothing it sent crossed a network.
+    pub(super) fn came_from_this_machine<B>(
+        &self,
+        request: &Request<B>,
+        client: Option<std::net::IpAddr>,
+    ) -> bool {
         let loopback = |ip: std::net::IpAddr| ip.to_canonical().is_loopback();
         request
             .extensions()
             .get::<PeerAddr>()
             .is_some_and(|peer| loopback(peer.0.ip()))
-            && self.client_ip(request).is_some_and(loopback)
+            && client.is_some_and(loopback)
     }
 
     /// The client's address: the socket's peer, or — when the peer is a trusted proxy — the

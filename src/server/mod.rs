@@ -804,34 +804,6 @@ impl App {
     }
 }
 
-/// Says at start-up how the operating API's token may travel, when other machines may call
-/// it: over plain HTTP (`admin.allow_plain_http`), or only through a trusted proxy that
-/// speaks HTTPS to them — without one, every call from them is refused.
-fn warn_of_admin_channel(config: &Config) {
-    let others_allowed = config.admin.allow_ips.iter().any(|text| {
-        text.parse::<crate::auth::Cidr>()
-            .is_ok_and(|net| !net.is_loopback_only())
-    });
-    if !others_allowed {
-        return;
-    }
-    if config.admin.allow_plain_http {
-        tracing::warn!(
-            "admin.allow_plain_http = true: the operating API's token and the inspector's \
-             session are accepted over plain HTTP from admin.allow_ips, where anyone who \
-             watches the network can take them and approve or deny validations; put a proxy \
-             that speaks HTTPS in front (server.trusted_proxies) and turn it off"
-        );
-    } else if config.server.trusted_proxies.is_empty() {
-        tracing::warn!(
-            "admin.allow_ips admits other machines, but payhook serves plain HTTP and no \
-             server.trusted_proxies is set: their calls of the operating API are refused (403) \
-             so that the token never crosses a network in the clear; reach it through a proxy \
-             that speaks HTTPS (server.trusted_proxies), or from this machine"
-        );
-    }
-}
-
 impl AppBuilder {
     /// Serves the providers validation endpoint with `handler`. Default: not served (404).
     pub fn providers_validator(mut self, handler: impl ProvidersValidator) -> Self {
@@ -952,8 +924,8 @@ impl AppBuilder {
             }
         }
         let admin = operating_api::AdminAccess::from_config(&self.config.admin);
-        if admin.is_some() {
-            warn_of_admin_channel(&self.config);
+        if let Some(admin) = &admin {
+            admin.warn_of_channel(&self.config.server.trusted_proxies);
         }
         let mut router = Router::new(&self.config.paths, served);
         if admin.is_some() {

@@ -121,6 +121,31 @@ impl AdminAccess {
         })
     }
 
+    /// Says at start-up how the token may travel, when other machines may call the API:
+    /// over plain HTTP (`admin.allow_plain_http`), or only through a trusted proxy that
+    /// speaks HTTPS to them — without one (`trusted_proxies` empty), every call from them is
+    /// refused.
+    pub(super) fn warn_of_channel(&self, trusted_proxies: &[String]) {
+        if self.allow.iter().all(Cidr::is_loopback_only) {
+            return;
+        }
+        if self.plain_http {
+            tracing::warn!(
+                "admin.allow_plain_http = true: the operating API's token and the inspector's \
+                 session are accepted over plain HTTP from admin.allow_ips, where anyone who \
+                 watches the network can take them and approve or deny validations; put a \
+                 proxy that speaks HTTPS in front (server.trusted_proxies) and turn it off"
+            );
+        } else if trusted_proxies.is_empty() {
+            tracing::warn!(
+                "admin.allow_ips admits other machines, but payhook serves plain HTTP and no \
+                 server.trusted_proxies is set: their calls of the operating API are refused \
+                 (403) so that the token never crosses a network in the clear; reach it through \
+                 a proxy that speaks HTTPS (server.trusted_proxies), or from this machine"
+            );
+        }
+    }
+
     /// Refuses a call whose credentials crossed a network in the clear: one that came
     /// neither from this machine nor over HTTPS (as a trusted proxy says), unless
     /// `admin.allow_plain_http`.
@@ -360,11 +385,11 @@ impl OperatingApi {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        self.access
-            .check_address(self.ingress.client_ip(&request))?;
+        let client = self.ingress.client_ip(&request);
+        self.access.check_address(client)?;
         let https = self.ingress.forwarded_https(&request);
         self.access
-            .check_channel(self.ingress.came_from_this_machine(&request), https)?;
+            .check_channel(self.ingress.came_from_this_machine(&request, client), https)?;
         if !https {
             check_host(&request)?;
         }
@@ -692,19 +717,27 @@ fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
 /// a name of its own at this machine (DNS rebinding) and have the browser call the API as
 /// that page's site, which no cookie or allow-list of addresses tells apart. An address, or
 /// `localhost`, names this machine whatever any DNS says. A request naming nothing (HTTP/1.0)
-/// passes: no browser sends one.
+/// passes: no browser sends one. A `Host` that names nothing readable is refused.
 fn check_host<B>(request: &Request<B>) -> Result<(), Problem> {
-    let named = request.uri().host().map(str::to_owned).or_else(|| {
-        request
-            .headers()
-            .get(http::header::HOST)
-            .and_then(|v| v.to_str().ok())
+    let host = match (
+        request.uri().host(),
+        request.headers().get(http::header::HOST),
+    ) {
+        (Some(host), _) => host.to_owned(),
+        (None, None) => return Ok(()),
+        (None, Some(value)) => value
+            .to_str()
+            .ok()
             .and_then(|host| host.parse::<http::uri::Authority>().ok())
             .map(|authority| authority.host().to_owned())
-    });
-    match named {
-        Some(host) if !names_this_machine(&host) => Err(Problem::HostRefused(host)),
-        _ => Ok(()),
+            .ok_or_else(|| {
+                Problem::HostRefused(String::from_utf8_lossy(value.as_bytes()).into_owned())
+            })?,
+    };
+    if names_this_machine(&host) {
+        Ok(())
+    } else {
+        Err(Problem::HostRefused(host))
     }
 }
 

@@ -123,7 +123,8 @@ pub(crate) enum Problem {
     /// `admin.allow_plain_http`).
     InTheClear,
     /// A call of the operating API over plain HTTP that names the service by a name other
-    /// than `localhost` (which a web page may have pointed at this machine).
+    /// than `localhost` (which a web page may have pointed at this machine), or by a `Host`
+    /// that cannot be read.
     HostRefused(String),
 }
 

@@ -5,7 +5,7 @@ use http::{HeaderMap, header};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -264,7 +264,11 @@ impl Ledger {
                 return None;
             }
         }
-        let own_giving: HashSet<BodyKey> = giving.iter().copied().collect();
+        // The client's bodies giving way already are its oldest, up to the last of them.
+        let own_given = giving.last().copied();
+        let given = |key: &BodyKey, holder: &Holder| {
+            holder.client == client && own_given.is_some_and(|last| *key <= last)
+        };
         for (key, holder) in self
             .bodies
             .iter()
@@ -274,7 +278,7 @@ impl Ledger {
             if free >= needed {
                 break;
             }
-            if !own_giving.contains(key) {
+            if !given(key, holder) {
                 giving.push(*key);
                 free += holder.bytes;
             }
