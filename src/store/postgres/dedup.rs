@@ -445,19 +445,24 @@ impl PgStore {
                 previous_status: read.previous.map(TransactionStatus::from_code),
             });
         }
-        // A connection that cannot roll back is closed instead: the answer stands.
+        if read.acknowledged {
+            // Committed, not rolled back: where a synchronous standby is configured, the
+            // claim wrote a message for this COMMIT to wait on until the standby has the
+            // mark (migration 5). Until it returns, the duplicate is not answered; on an
+            // error, it is not answered at all (the connection is closed, dropped open).
+            held.commit_and_park().await?;
+            self.inner.claims.ended(held);
+            return Ok(CallbackBegin::Duplicate);
+        }
+        // Claimed elsewhere now. A connection that cannot roll back is closed instead: the
+        // answer stands.
         match held.rollback_and_park().await {
             Ok(()) => self.inner.claims.ended(held),
             Err(error) => {
                 tracing::debug!(%error, "a claim's connection could not roll back; closing it");
             }
         }
-        Ok(if read.acknowledged {
-            CallbackBegin::Duplicate
-        } else {
-            // Claimed elsewhere now.
-            CallbackBegin::Busy
-        })
+        Ok(CallbackBegin::Busy)
     }
 
     /// Ends a claim whose handler did not book it: the status leaves the mark written at

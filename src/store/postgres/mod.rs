@@ -55,8 +55,12 @@
 //!   failover must lose nothing. A COMMIT waits for the standby however long it takes
 //!   (`store.statement_timeout` ends before the commit itself begins), and a claim whose
 //!   COMMIT waits so is not taken over (migration 4): terminating it would not undo the
-//!   commit, and the claimant would answer the callback as acknowledged from a mark no
-//!   standby has.
+//!   commit. A duplicate is answered only once the mark it was answered from is on the
+//!   standby (migration 5): a mark can be on the primary alone — its transaction's wait was
+//!   cancelled, its backend crashed, or it began waiting just as another instance took its
+//!   claim over — so with synchronous replication on, the claim that reads an acknowledged
+//!   status writes a transactional logical message (`pg_logical_emit_message`, prefix
+//!   `payhook`), and its COMMIT waits for the standby before the duplicate's 200.
 //!
 //! The schema is created and migrated at open ([`schema`]); see the README for its tables.
 //!

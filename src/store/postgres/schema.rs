@@ -42,6 +42,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "a claim whose COMMIT waits for a synchronous standby is not taken over",
         sql: include_str!("migrations/0004_no_takeover_of_a_commit_waiting_for_a_standby.sql"),
     },
+    Migration {
+        version: 5,
+        description: "a duplicate is answered once its mark is on the synchronous standby",
+        sql: include_str!("migrations/0005_a_duplicate_waits_for_the_standby.sql"),
+    },
 ];
 
 /// An index that only makes reads cheaper: built when a store opens and finds it missing,
