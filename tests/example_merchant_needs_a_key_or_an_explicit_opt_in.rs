@@ -58,3 +58,32 @@ async fn with_a_key_an_unsigned_callback_is_refused() {
     let (_merchant, address) = spawn_example(&env);
     assert_eq!(unsigned_callback(address).await, 401);
 }
+
+/// A placeholder for the key (an Ed25519 key of 32 zero bytes, a point of small order)
+/// would accept signatures anyone can make: the merchant refuses to start, naming the key.
+#[test]
+fn a_placeholder_key_that_would_accept_forgeries_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("placeholder.pem");
+    std::fs::write(
+        &key,
+        "-----BEGIN PUBLIC KEY-----\n\
+         MCowBQYDK2VwAyEAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n\
+         -----END PUBLIC KEY-----\n",
+    )
+    .unwrap();
+    let mut env = data_env(dir.path());
+    env.push(("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519".to_owned()));
+    env.push((
+        "PAYHOOK_SIGNATURE_KEYS",
+        format!("[{{id = \"placeholder\", file = \"{}\"}}]", key.display()),
+    ));
+    let output = run_example_to_exit(&env, &[]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("signature.keys[0]") && stderr.contains("placeholder"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("accepts forged signatures"), "{stderr}");
+}

@@ -64,6 +64,10 @@ pub enum Error {
     /// read, rather than answering every callback 401.
     #[error("EC key cannot verify anything: {0}")]
     UnusableEcKey(String),
+    /// A key that verifies signatures made without its private key: an Ed25519 point of
+    /// small order (all zero bytes, a placeholder, is one). Refused when read.
+    #[error("key accepts forged signatures: {0}")]
+    ForgeableKey(String),
     /// The key cannot verify the configured algorithm.
     #[error("a {kind} key cannot verify {algorithm}")]
     WrongKeyKind {

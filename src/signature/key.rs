@@ -97,6 +97,61 @@ fn check_on_curve(
     .map_err(|_| Error::UnusableEcKey(format!("its point is not on the curve {name}")))
 }
 
+/// The Ed25519 points of small order (1, 2, 4 and 8) as encoded, but for the sign of x
+/// (bit 255): the identity (y = 1), y = p − 1, y = 0, the two y of the points of order 8,
+/// and the non-canonical encodings of 0 and 1 (p, p + 1). The list libsodium refuses
+/// (`has_small_order`).
+///
+/// Under such a key, [k]A takes at most eight values, so a signature made without any
+/// private key verifies: R the identity and S = 0 pass for one message in eight or more
+/// (where [k]A is the identity). All zero bytes, a placeholder, is one of them.
+const ED25519_SMALL_ORDER: [[u8; 32]; 7] = [
+    [0; 32],
+    [
+        1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    ],
+    [
+        0x26, 0xe8, 0x95, 0x8f, 0xc2, 0xb2, 0x27, 0xb0, 0x45, 0xc3, 0xf4, 0x89, 0xf2, 0xef, 0x98,
+        0xf0, 0xd5, 0xdf, 0xac, 0x05, 0xd3, 0xc6, 0x33, 0x39, 0xb1, 0x38, 0x02, 0x88, 0x6d, 0x53,
+        0xfc, 0x05,
+    ],
+    [
+        0xc7, 0x17, 0x6a, 0x70, 0x3d, 0x4d, 0xd8, 0x4f, 0xba, 0x3c, 0x0b, 0x76, 0x0d, 0x10, 0x67,
+        0x0f, 0x2a, 0x20, 0x53, 0xfa, 0x2c, 0x39, 0xcc, 0xc6, 0x4e, 0xc7, 0xfd, 0x77, 0x92, 0xac,
+        0x03, 0x7a,
+    ],
+    ed25519_near_p(0xec),
+    ed25519_near_p(0xed),
+    ed25519_near_p(0xee),
+];
+
+/// p − 1, p or p + 1 (p = 2^255 − 19) as an Ed25519 encoding, by its first byte.
+const fn ed25519_near_p(first: u8) -> [u8; 32] {
+    let mut bytes = [0xff; 32];
+    bytes[0] = first;
+    bytes[31] = 0x7f;
+    bytes
+}
+
+/// Refuses an Ed25519 key of small order ([`ED25519_SMALL_ORDER`]): it would accept
+/// signatures anyone can make.
+fn check_ed25519_order(point: &[u8]) -> Result<(), Error> {
+    let small = point.len() == 32
+        && ED25519_SMALL_ORDER
+            .iter()
+            .any(|weak| weak[..31] == point[..31] && weak[31] == point[31] & 0x7f);
+    if small {
+        return Err(Error::ForgeableKey(
+            "the Ed25519 point is of small order (all zero bytes, a placeholder, is one), so \
+             signatures made without any private key verify under it; give the aggregator's \
+             public key"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The key material itself.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Material {
@@ -292,8 +347,9 @@ impl PublicKey {
             }
             Material::EcP256(point) => check_on_curve((&agreement::ECDH_P256, "P-256"), point)?,
             Material::EcP384(point) => check_on_curve((&agreement::ECDH_P384, "P-384"), point)?,
-            // ring has no public way to check an Ed25519 point apart from a verification.
-            Material::Ed25519(_) => {}
+            // ring has no public way to check that an Ed25519 point is on the curve apart
+            // from a verification; one of small order is refused here.
+            Material::Ed25519(point) => check_ed25519_order(point)?,
         }
         Ok(Self {
             id: None,
@@ -1071,6 +1127,70 @@ QQIDAQAB
     }
 
     /// The DER inside a PEM block.
+    /// A signature made with no private key: R the identity, S = 0.
+    const FORGED: [u8; 64] = {
+        let mut signature = [0; 64];
+        signature[0] = 1;
+        signature
+    };
+
+    /// Whether [`FORGED`] verifies under `point` for one of 256 messages.
+    fn accepts_a_forgery(point: &[u8]) -> bool {
+        (0..256u32).any(|i| {
+            ring_sig::UnparsedPublicKey::new(&ring_sig::ED25519, point)
+                .verify(&i.to_be_bytes(), &FORGED)
+                .is_ok()
+        })
+    }
+
+    #[test]
+    fn ed25519_keys_of_small_order_accept_forged_signatures_and_are_refused_when_read() {
+        let spki = |point: &[u8]| {
+            let mut der = vec![
+                0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+            ];
+            der.extend_from_slice(point);
+            der
+        };
+        let jwk = |point: &[u8]| {
+            format!(
+                r#"{{"kty":"OKP","crv":"Ed25519","x":"{}"}}"#,
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(point)
+            )
+        };
+        for (i, weak) in ED25519_SMALL_ORDER.iter().enumerate() {
+            // The list is what it says: under each canonical encoding (all but p and
+            // p + 1), ring verifies a signature no one made.
+            if i < 5 {
+                assert!(accepts_a_forgery(weak), "entry {i}");
+            }
+            let mut signed = *weak;
+            signed[31] |= 0x80;
+            for point in [*weak, signed] {
+                for read in [
+                    PublicKey::parse(&spki(&point)),
+                    PublicKey::parse(jwk(&point).as_bytes()),
+                ] {
+                    let refused = read.unwrap_err();
+                    assert!(
+                        matches!(&refused, Error::ForgeableKey(reason) if reason.contains("small order")),
+                        "entry {i}: {refused}"
+                    );
+                }
+            }
+        }
+        // A key of its own: refuses the forgery, and is read.
+        let pair = super::super::generate_key_pair(Algorithm::Ed25519).unwrap();
+        let public = PublicKey::parse(pair.public_pem.as_bytes())
+            .unwrap()
+            .remove(0);
+        let Material::Ed25519(point) = &public.material else {
+            panic!("not an Ed25519 key");
+        };
+        assert!(!accepts_a_forgery(point));
+        assert!(PublicKey::parse(&spki(point)).is_ok());
+    }
+
     fn pem_body(pem: &str) -> Vec<u8> {
         let base64: String = pem
             .lines()
