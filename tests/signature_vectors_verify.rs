@@ -234,15 +234,26 @@ fn empty_truncated_and_over_long_signatures_fail() {
     for vector in &vectors {
         let key = public_key(&vector.key);
         let signature = vector.signature();
-        let cases = [
+        let zero_in_front = [&[0], signature.as_slice()].concat();
+        let mut cases = vec![
             Vec::new(),
             signature[..signature.len() - 1].to_vec(),
             signature[1..].to_vec(),
             signature[..signature.len() / 2].to_vec(),
             [signature.as_slice(), &[0]].concat(),
-            [&[0], signature.as_slice()].concat(),
             [signature.as_slice(), signature.as_slice()].concat(),
         ];
+        if key.kind() == KeyKind::Rsa {
+            // The same integer (a signed integer's sign byte): see
+            // `an_rsa_signature_with_a_sign_byte_in_front_verifies`.
+            assert!(
+                key.verifies(vector.algorithm(), &body, &zero_in_front),
+                "{}",
+                vector.name
+            );
+        } else {
+            cases.push(zero_in_front);
+        }
         for (i, case) in cases.iter().enumerate() {
             assert!(
                 !key.verifies(vector.algorithm(), &body, case),
@@ -383,4 +394,37 @@ fn an_rsa_signature_without_its_leading_zero_byte_verifies() {
     assert!(key.verifies(Algorithm::RsaPkcs1Sha256, &body, &signature));
     assert!(key.verifies(Algorithm::RsaPkcs1Sha256, &body, minimal));
     assert!(!key.verifies(Algorithm::RsaPkcs1Sha256, b"{\"nonce\":\"other\"}", minimal));
+}
+
+/// An RSA signature written as a signed integer — a zero sign byte in front when its first
+/// bit is set, as Java's `BigInteger.toByteArray()` and .NET's `BigInteger` bytes write about
+/// half of all signatures — is the same signature: it verifies, on the wire too, and stays
+/// bound to its body. A byte in front that is not zero makes another integer, refused.
+#[test]
+fn an_rsa_signature_with_a_sign_byte_in_front_verifies() {
+    let pem = std::fs::read(fixtures().join("rsa2048").join("private.pem")).unwrap();
+    let signer = SigningKey::from_pkcs8(&pem, Algorithm::RsaPkcs1Sha256).unwrap();
+    let key = public_key("rsa2048");
+    let body = (0..100)
+        .map(|i| format!("{{\"nonce\":\"n-{i}\"}}").into_bytes())
+        .find(|body| signer.sign(body).unwrap()[0] >= 0x80)
+        .expect("a signature whose first bit is set among 100");
+    let genuine = signer.sign(&body).unwrap();
+    let signed = [&[0u8][..], &genuine].concat();
+    assert_eq!(signed.len(), 257);
+    assert!(key.verifies(Algorithm::RsaPkcs1Sha256, &body, &signed));
+    assert!(!key.verifies(Algorithm::RsaPkcs1Sha256, b"{\"nonce\":\"other\"}", &signed));
+    let other = [&[1u8][..], &genuine].concat();
+    assert!(!key.verifies(Algorithm::RsaPkcs1Sha256, &body, &other));
+
+    let verifier = Verifier::new("X-Signature", Encoding::Base64, None)
+        .unwrap()
+        .with_key(key, Algorithm::RsaPkcs1Sha256)
+        .unwrap();
+    let header = |signature: &[u8]| {
+        use base64::Engine as _;
+        headers(&base64::engine::general_purpose::STANDARD.encode(signature))
+    };
+    assert!(verifier.verify(&header(&signed), &body).is_ok());
+    assert!(verifier.verify(&header(&other), &body).is_err());
 }

@@ -12,6 +12,7 @@ use ring::{
 };
 use serde::Deserialize;
 use spki::der::{Decode, asn1::ObjectIdentifier};
+use std::borrow::Cow;
 use std::fmt;
 
 use super::algorithm::{Algorithm, KeyKind};
@@ -32,16 +33,29 @@ const OID_SHA512: ObjectIdentifier = ObjectIdentifier::new_unwrap("2.16.840.1.10
 /// Smallest RSA modulus accepted, in bits (ring's verifiers refuse smaller ones anyway).
 const MIN_RSA_BITS: usize = 2048;
 
-/// `signature` with the zero bytes in front that make it as long as the modulus `n` (its
-/// leading zeros stripped, as [`Material::Rsa`] holds it), when it is shorter: a signer that writes the signature as a minimal integer (a `BigInteger`'s
-/// bytes) drops them about once in 256 signatures, and ring wants the modulus's length. The
-/// same integer, so the same signature. `None` when it needs no padding.
-fn padded_to_modulus(n: &[u8], signature: &[u8]) -> Option<Vec<u8>> {
-    (signature.len() < n.len()).then(|| {
-        let mut padded = vec![0u8; n.len() - signature.len()];
-        padded.extend_from_slice(signature);
-        padded
-    })
+/// `signature` as long as the modulus `n` (its leading zeros stripped, as
+/// [`Material::Rsa`] holds it), which ring wants; the same integer, so the same signature:
+///
+/// * shorter: with the zero bytes in front that a signer writing a minimal integer drops
+///   (about once in 256 signatures);
+/// * longer by zero bytes in front: without them — a signer writing a signed integer (Java's
+///   `BigInteger.toByteArray()`, .NET's `BigInteger` bytes) puts a zero sign byte before
+///   every signature whose first bit is set, about half of them.
+///
+/// A longer one whose extra bytes are not all zero is another integer, left as it is (ring
+/// refuses it).
+fn fitted_to_modulus<'a>(n: &[u8], signature: &'a [u8]) -> Cow<'a, [u8]> {
+    match signature.len().checked_sub(n.len()) {
+        None => {
+            let mut padded = vec![0u8; n.len() - signature.len()];
+            padded.extend_from_slice(signature);
+            Cow::Owned(padded)
+        }
+        Some(extra) => match signature.split_at(extra) {
+            (sign, rest) if sign.iter().all(|b| *b == 0) => Cow::Borrowed(rest),
+            _ => Cow::Borrowed(signature),
+        },
+    }
 }
 
 /// The largest RSA modulus ring verifies with (`RSA_PKCS1_2048_8192_*`, `RSA_PSS_2048_8192_*`).
@@ -317,12 +331,9 @@ impl PublicKey {
             // (`bench_callbacks -- 20 D --instructions`). ring 0.17 has no public way to keep
             // them with the key; aws-lc-rs's `ParsedPublicKey` does (21.5 µs per verification
             // against ring's 30 µs, measured outside the repository on 2026-11-26).
-            (Material::Rsa { n, e }, Some(params), _) => {
-                let padded = padded_to_modulus(n, signature);
-                ring_sig::RsaPublicKeyComponents { n, e }
-                    .verify(params, message, padded.as_deref().unwrap_or(signature))
-                    .is_ok()
-            }
+            (Material::Rsa { n, e }, Some(params), _) => ring_sig::RsaPublicKeyComponents { n, e }
+                .verify(params, message, &fitted_to_modulus(n, signature))
+                .is_ok(),
             (
                 Material::EcP256(point) | Material::EcP384(point) | Material::Ed25519(point),
                 _,
