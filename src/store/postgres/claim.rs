@@ -36,8 +36,6 @@ pub(super) struct HeldClaim {
     stale_after: Duration,
     /// The delivery's attempt number, written with the mark.
     pub(super) attempt: i32,
-    /// A failure of the claimed status is recorded: the booking removes it.
-    pub(super) failing: bool,
     /// The status claimed (its code).
     pub(super) status: i32,
     /// The id of the transaction that holds the claim (`txid_current_if_assigned()` once it
@@ -56,7 +54,6 @@ impl HeldClaim {
             since: Instant::now(),
             stale_after,
             attempt: 0,
-            failing: false,
             status: 0,
             transaction: None,
         }
@@ -88,10 +85,15 @@ impl HeldClaim {
     ///   answering 200 would acknowledge a callback whose repeat runs its handler again.
     ///   The check fails when the transaction's id is not the claim's ([`ENDED`], SQLSTATE
     ///   22P02).
-    pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
+    ///
+    /// `also` (statements, each ended by `;`, or nothing) runs after the check, before
+    /// COMMIT, in the same round trip.
+    pub(super) async fn commit_and_park(&mut self, also: &str) -> Result<(), sqlx::Error> {
         let check = self.still_its_own();
         self.conn
-            .execute(sqlx::raw_sql(&format!("SELECT {check}; COMMIT; BEGIN")))
+            .execute(sqlx::raw_sql(&format!(
+                "SELECT {check}; {also} COMMIT; BEGIN"
+            )))
             .await?;
         self.parked = true;
         self.transaction = None;
@@ -285,7 +287,6 @@ impl HeldClaims {
         claim.since = Instant::now();
         claim.stale_after = stale_after;
         claim.attempt = 0;
-        claim.failing = false;
         claim.status = 0;
         claim.transaction = None;
         Ok(claim)
