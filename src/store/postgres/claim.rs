@@ -36,6 +36,8 @@ pub(super) struct HeldClaim {
     stale_after: Duration,
     /// The delivery's attempt number, written with the mark.
     pub(super) attempt: i32,
+    /// A failure of the claimed status is recorded: the booking removes it.
+    pub(super) failing: bool,
     /// The status claimed (its code).
     pub(super) status: i32,
     /// The id of the transaction that holds the claim (`txid_current_if_assigned()` once it
@@ -54,6 +56,7 @@ impl HeldClaim {
             since: Instant::now(),
             stale_after,
             attempt: 0,
+            failing: false,
             status: 0,
             transaction: None,
         }
@@ -85,15 +88,10 @@ impl HeldClaim {
     ///   answering 200 would acknowledge a callback whose repeat runs its handler again.
     ///   The check fails when the transaction's id is not the claim's ([`ENDED`], SQLSTATE
     ///   22P02).
-    ///
-    /// `also` (statements, each ended by `;`, or nothing) runs after the check, before
-    /// COMMIT, in the same round trip.
-    pub(super) async fn commit_and_park(&mut self, also: &str) -> Result<(), sqlx::Error> {
+    pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
         let check = self.still_its_own();
         self.conn
-            .execute(sqlx::raw_sql(&format!(
-                "SELECT {check}; {also} COMMIT; BEGIN"
-            )))
+            .execute(sqlx::raw_sql(&format!("SELECT {check}; COMMIT; BEGIN")))
             .await?;
         self.parked = true;
         self.transaction = None;
@@ -287,6 +285,7 @@ impl HeldClaims {
         claim.since = Instant::now();
         claim.stale_after = stale_after;
         claim.attempt = 0;
+        claim.failing = false;
         claim.status = 0;
         claim.transaction = None;
         Ok(claim)

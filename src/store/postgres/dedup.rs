@@ -24,9 +24,9 @@ use crate::postponed::record::PostponedValidation;
 /// The failing pairs, most recent failure first, at most `$1` of them (`NULL`: all);
 /// through the `callback_failures_latest` index (see [`PgStore::indexed_reads`]).
 ///
-/// A pair whose status is booked is left out: its row is removed by the booking's COMMIT
-/// ([`PgStore::booked_sql`]), but a failure whose statement began before that COMMIT and
-/// ended after it (it cannot see the uncommitted mark) outlives it until the sweep
+/// A pair whose status is booked is left out: its row is removed by the booking, but a
+/// failure recorded while the booking's transaction was open (a refused body of the same
+/// pair, which cannot see the uncommitted mark) outlives it until the sweep
 /// ([`BOOKED_FAILURES`]).
 pub(super) const FAILING_LATEST: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
        reference_id, client_id, amount, currency \
@@ -58,6 +58,7 @@ struct ClaimRead {
     acknowledged: bool,
     previous: Option<i32>,
     attempts: i32,
+    failing: bool,
     /// The claim's transaction, once it wrote the mark.
     transaction: Option<i64>,
 }
@@ -306,31 +307,18 @@ impl PgStore {
         Ok(())
     }
 
-    /// The statement that goes with the COMMIT of a claim whose `status` is booked (or
-    /// found acknowledged): it removes the pair's failure record. One recorded while the
-    /// booking was open (a delivery that waited for it in vain, a refused copy) could not
-    /// see the uncommitted mark, and would otherwise be counted among the failing
-    /// callbacks until the sweep ([`BOOKED_FAILURES`]); only one whose statement began
-    /// before this COMMIT and ends after it still is. The nonce's key is the one the claim
-    /// kept in the transaction (`payhook.claim`): no text of the request is written into
-    /// the SQL.
-    fn booked_sql(&self, status: i32) -> String {
-        self.sql(&format!(
-            "DELETE FROM {{s}}.callback_failures \
-             WHERE nonce_key = current_setting('payhook.claim', true) AND status = {status};"
-        ))
-    }
-
-    /// What the booking writes besides the mark (written at the claim): the tree effects'
-    /// writes — one statement, when there is anything to write. (The removal of the
-    /// status's failure record goes with the COMMIT: see [`Self::booked_sql`].)
+    /// What the booking writes besides the mark (written at the claim): the removal of the
+    /// status's failure record, when the claim saw one, and the tree effects' writes — one
+    /// statement, when there is anything to write.
     async fn write_booking(
         &self,
         held: &mut HeldClaim,
+        key: &str,
+        status: TransactionStatus,
         writes: super::trees::Writes,
     ) -> Result<(), StoreError> {
         let (upserts, removals) = (!writes.trees.is_empty(), !writes.removed_trees.is_empty());
-        if !(upserts || removals) {
+        if !(held.failing || upserts || removals) {
             return Ok(());
         }
         // Its first part fails the statement when an effect ended the claim's transaction:
@@ -338,6 +326,15 @@ impl PgStore {
         // the booking, and its repeat would write them again.
         let mut parts = vec![format!("still AS (SELECT {} AS ok)", held.still_its_own())];
         let mut next = 1;
+        if held.failing {
+            parts.push(format!(
+                "booked AS (DELETE FROM {{s}}.callback_failures \
+                 WHERE nonce_key = ${} AND status = ${})",
+                next,
+                next + 1
+            ));
+            next += 2;
+        }
         if upserts {
             parts.push(format!(
                 "written AS (INSERT INTO {{s}}.trees (tree, key, value) \
@@ -360,6 +357,9 @@ impl PgStore {
         }
         let sql = self.sql(&format!("WITH {} SELECT ok FROM still", parts.join(", ")));
         let mut query = sqlx::query(&sql);
+        if held.failing {
+            query = query.bind(key).bind(status.code());
+        }
         if upserts {
             query = query
                 .bind(writes.trees)
@@ -400,7 +400,8 @@ impl PgStore {
             acknowledged: row.try_get(1)?,
             previous: row.try_get(2)?,
             attempts: row.try_get(3)?,
-            transaction: row.try_get(4)?,
+            failing: row.try_get(4)?,
+            transaction: row.try_get(5)?,
         })
     }
 
@@ -433,6 +434,7 @@ impl PgStore {
         };
         if read.claimed && !read.acknowledged {
             held.attempt = read.attempts;
+            held.failing = read.failing;
             held.transaction = read.transaction;
             held.status = status.code();
             let attempt = u32::try_from(held.attempt).unwrap_or(1);
@@ -448,8 +450,7 @@ impl PgStore {
             // claim wrote a message for this COMMIT to wait on until the standby has the
             // mark (migration 5). Until it returns, the duplicate is not answered; on an
             // error, it is not answered at all (the connection is closed, dropped open).
-            held.commit_and_park(&self.booked_sql(status.code()))
-                .await?;
+            held.commit_and_park().await?;
             self.inner.claims.ended(held);
             return Ok(CallbackBegin::Duplicate);
         }
@@ -479,7 +480,7 @@ impl PgStore {
         .bind(status)
         .execute(conn)
         .await?;
-        held.commit_and_park("").await?;
+        held.commit_and_park().await?;
         self.inner.claims.ended(held);
         Ok(())
     }
@@ -523,12 +524,11 @@ impl PgStore {
                 {
                     (Some(mut back), Ok(writes)) => {
                         let booking = std::time::Instant::now();
-                        match self.write_booking(&mut back, writes).await {
+                        match self.write_booking(&mut back, &key, status, writes).await {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
                             Ok(()) => {
-                                let booked = self.booked_sql(status.code());
-                                if let Err(error) = back.commit_and_park(&booked).await {
+                                if let Err(error) = back.commit_and_park().await {
                                     // Rolled back (or, with the connection lost, perhaps
                                     // not): the attempt is counted either way.
                                     drop(back);
@@ -577,6 +577,7 @@ impl PgStore {
                 let _ = back.rollback().await;
                 return Err(lost());
             }
+            back.failing = read.failing;
             back.transaction = read.transaction;
             held = back;
         }

@@ -247,12 +247,9 @@ impl PgStore {
         let owner = i32::try_from(id & 0x7fff_ffff).unwrap_or(1);
         let liveness = liveness::hold(&pool, owner).await?;
         let pool_size = pool.options().get_max_connections();
-        // The nonce's key is also kept in the transaction (`payhook.claim`) for the
-        // statement that ends the claim (see `PgStore::booked_sql`).
         let claim_sql = format!(
-            "SELECT claimed, acknowledged, previous, attempts, txid_current_if_assigned(), \
-             set_config('payhook.claim', $1, true) \
-             FROM {schema}.claim_callback($1, $2, $3, $4)"
+            "SELECT claimed, acknowledged, previous, attempts, failing, \
+             txid_current_if_assigned() FROM {schema}.claim_callback($1, $2, $3, $4)"
         );
         let store = Self {
             inner: Arc::new(Inner {
