@@ -527,13 +527,16 @@ where
     Ok(arriving.into_bytes())
 }
 
-/// A body's bytes as they arrive. The first frame is kept as it came: a body that arrives in
-/// one frame is not copied. From the second on, the frames are copied into one buffer and
+/// A body's bytes as they arrive. A first frame that is the whole declared body
+/// (`Content-Length`) is kept as it came: a body that arrives in one frame is not copied,
+/// and goes on to its handler at once. Any other frame is copied into one buffer and
 /// dropped: a frame is a slice of the connection's read buffer, and a body kept as many small
 /// frames — one byte per TCP segment, at the minimum rate — would keep a buffer of some KiB
-/// alive for each byte (hyper starts a new one when the last is still shared). The memory
-/// holds what this keeps: the first frame's bytes, then the buffer's capacity, which grows
-/// by doubling up to the body's declared length (`Content-Length`), or else the body limit.
+/// alive for each byte (hyper starts a new one when the last is still shared); so would a
+/// first frame of one byte on each of an HTTP/2 connection's streams, each a slice of a
+/// buffer of its own. The memory holds what this keeps: the first frame's bytes, or the
+/// buffer's capacity, which grows by doubling up to the body's declared length, or else the
+/// body limit.
 struct Arriving<'a> {
     first: Bytes,
     joined: Vec<u8>,
@@ -546,7 +549,7 @@ struct Arriving<'a> {
 impl Arriving<'_> {
     fn push(&mut self, data: Bytes) -> Result<(), Problem> {
         let memory = self.taken.memory;
-        if self.first.is_empty() && self.joined.is_empty() {
+        if self.first.is_empty() && self.joined.is_empty() && self.expected == Some(data.len()) {
             memory.hold(&mut self.taken, data.len())?;
             self.first = data;
             return Ok(());
@@ -788,6 +791,44 @@ mod tests {
         );
         // The buffer it copies into, which grows by doubling: 128 bytes for 100.
         assert_eq!(memory.held(), 128, "it holds the buffer it keeps");
+    }
+
+    #[tokio::test]
+    async fn a_body_stalled_after_its_first_frame_keeps_no_buffer_it_was_cut_from() {
+        // As h2 gives a stream's first DATA frame of one byte: a slice of a read buffer of
+        // its own, while the rest of the declared body never comes.
+        let buffer = Bytes::from(vec![b'{'; 16 * 1024]);
+        let limits = plain_limits(1024);
+        let memory = BodyMemory::new(1024, 1024, PATIENT, Duration::from_secs(1));
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_LENGTH, "100".parse().unwrap());
+        {
+            let mut read = std::pin::pin!(read_body(
+                &headers,
+                Stalling(vec![buffer.slice(0..1)].into()),
+                limits,
+                (&memory, None)
+            ));
+            let poll = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            assert!(poll.is_pending());
+            assert!(
+                buffer.is_unique(),
+                "the stalled body keeps no read buffer alive"
+            );
+            assert_eq!(memory.held(), 1, "it holds the byte it copied");
+        }
+        // A body that arrives whole in its first frame is kept as it came.
+        headers.insert(http::header::CONTENT_LENGTH, "10".parse().unwrap());
+        let whole = buffer.slice(0..10);
+        let read = read_body(
+            &headers,
+            Chunks(vec![whole.clone()].into()),
+            plain_limits(1024),
+            (&memory, None),
+        )
+        .await
+        .unwrap();
+        assert_eq!(read.as_ptr(), whole.as_ptr(), "not copied");
     }
 
     #[tokio::test]

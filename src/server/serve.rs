@@ -81,7 +81,11 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
-        .max_buf_size(H1_MAX_HEAD);
+        .max_buf_size(H1_MAX_HEAD)
+        // A client that shuts its sending side once its request is out (`nc -N`, some
+        // proxies' health checks) is still answered: without it hyper takes the end of
+        // input for a request cut short, and closes the connection unanswered.
+        .half_close(true);
     builder
         .http2()
         .timer(TokioTimer::new())
