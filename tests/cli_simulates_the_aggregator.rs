@@ -15,6 +15,7 @@ use std::{
     process::{Command, Output, Stdio},
 };
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example merchant's binary, verifying the Ed25519 fixture key; `extra` adds settings.
 fn start_merchant(data: &Path, extra: &[(&str, String)]) -> (Spawned, SocketAddr) {
@@ -304,6 +305,75 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
         stdout.contains("tamper-body: WRONG") && stdout.contains("the forged request 401"),
         "{stdout}"
     );
+
+    // A receiver that holds the nonce as seen before it checks the signature refuses the
+    // forgery, then answers the aggregator's genuine request as a duplicate and never books
+    // it; one that refuses the genuine request with 500 has not taken it either. Neither
+    // is judged correct.
+    for (genuine, message) in [(200, "callback already processed"), (500, "internal error")] {
+        let receiver =
+            scripted_receiver(vec![(401, "invalid signature"), (genuine, message)]).await;
+        let (code, stdout, stderr) = payhook(args(&[
+            "trigger",
+            "callback",
+            "--to",
+            &format!("http://{receiver}"),
+            "--key",
+            &private_key(),
+            "--fault",
+            "tamper-signature",
+        ]))
+        .await;
+        assert_eq!(code, 1, "{genuine}: {stdout}{stderr}");
+        assert!(stdout.contains("tamper-signature: WRONG"), "{stdout}");
+    }
+}
+
+/// A receiver on 127.0.0.1 that answers each request it reads with the next of `answers`
+/// (status, JSON message), one request per connection.
+async fn scripted_receiver(answers: Vec<(u16, &'static str)>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for (status, message) in answers {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let _ = read_request(&mut stream).await;
+            let body = serde_json::json!({ "message": message }).to_string();
+            let head = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    address
+}
+
+/// Reads one request's head and its `Content-Length` body.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(bytes);
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if bytes.len() >= end + 4 + length {
+            return Ok(bytes);
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,23 +435,64 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         .filter(|p| !p.ends_with("lost-callback.toml"))
         .collect();
     files.sort();
-    let mut command = vec!["scenario".to_owned()];
-    command.extend(files);
-    command.extend(args(&[
-        "--to",
-        &to,
-        "--gateway",
-        &mock.url(),
-        "--key",
-        &private_key(),
-    ]));
-    let (code, stdout, stderr) = payhook(command).await;
+    let run_on = |files: &[String], extra: &[&str]| {
+        let mut command = vec!["scenario".to_owned()];
+        command.extend(files.iter().cloned());
+        command.extend(args(&[
+            "--to",
+            &to,
+            "--gateway",
+            &mock.url(),
+            "--key",
+            &private_key(),
+        ]));
+        command.extend(args(extra));
+        payhook(command)
+    };
+    let (code, stdout, stderr) = run_on(&files, &["--allow-unchecked"]).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 9 scenario(s) passed"), "{stdout}");
     // From outside, the merchant's books cannot be seen: said, not passed over.
     assert!(
         stdout.contains("⚠ not checked: bookings = 1")
-            && stdout.contains("expectation(s) not checked"),
+            && stdout.contains("all 9 scenario(s) passed, ")
+            && stdout.contains("expectation(s) not checked (--allow-unchecked)"),
+        "{stdout}"
+    );
+    // Without --allow-unchecked, a run that could not check them all is no pass: a
+    // receiver that books every copy of a callback meets every other expectation.
+    let deposit = vec![shipped.join("deposit.toml").display().to_string()];
+    let (code, stdout, stderr) = run_on(&deposit, &[]).await;
+    assert_eq!(code, 3, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("1 could not be checked") && stderr.contains("--bookings-command"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("scenario(s) passed"), "{stdout}");
+    // A command that reads the books checks them: the count it prints, for the nonce.
+    let (code, stdout, stderr) = run_on(
+        &deposit,
+        &[
+            "--bookings-command",
+            r#"test "$PAYHOOK_NONCE" = "{nonce}" && echo 1"#,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("1 result(s) booked (the bookings command)")
+            && stdout.contains("all 1 scenario(s) passed\n"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run_on(&deposit, &["--bookings-command", "echo 2"]).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("expected 1 booking(s) of the transaction, the merchant's books count 2"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = run_on(&deposit, &["--bookings-command", "echo no; exit 4"]).await;
+    assert_eq!(code, 3, "{stdout}");
+    assert!(
+        stdout.contains("the bookings command did not print a count"),
         "{stdout}"
     );
 

@@ -5,9 +5,9 @@
 //! |---|---|---|
 //! | `duplicate` | the same signed request, again and again | answers 2xx every time (and books once) |
 //! | `concurrent` | the same signed request, several at the same moment | answers 2xx to all (and books once) |
-//! | `tamper-body` | a byte of the body changed after signing, then the genuine request | refuses the forgery with 401, accepts the genuine one |
-//! | `tamper-signature` | a character of the signature changed, then the genuine request | refuses the forgery with 401, accepts the genuine one |
-//! | `wrong-key` | signed with a key the merchant does not know, then the genuine request | refuses the forgery with 401, accepts the genuine one |
+//! | `tamper-body` | a byte of the body changed after signing, then the genuine request | refuses the forgery with 401, then accepts the genuine one as new (2xx, not "already processed") |
+//! | `tamper-signature` | a character of the signature changed, then the genuine request | refuses the forgery with 401, then accepts the genuine one as new (2xx, not "already processed") |
+//! | `wrong-key` | signed with a key the merchant does not know, then the genuine request | refuses the forgery with 401, then accepts the genuine one as new (2xx, not "already processed") |
 //! | `reorder` | a success (4), then the failure (-3) that came before it, delivered late (its `updatedUtc` a minute older) | acknowledges both (2xx); its booking keeps the success (a result older than the one booked must not replace it — not seen from outside: a test of the merchant's own checks it) |
 //! | `slow-body` | the body trickled out over a while | answers — 2xx, or 408 when it gives up — and never hangs |
 //! | `drop-mid-request` | half the body, then the connection closed; then the whole request | answers the whole request 2xx |
@@ -259,12 +259,23 @@ fn all_success(all: &[Exchange]) -> bool {
 }
 
 /// What a correct receiver answers to a forged request and then the genuine one.
-const FORGED_401_THEN_GENUINE: &str =
-    "the forged request 401, then the genuine one accepted (any answer but 401)";
+const FORGED_401_THEN_GENUINE: &str = "the forged request 401, then the genuine one accepted \
+     (2xx, and not as one already processed: the forgery must leave no trace)";
 
+/// The forgery refused with 401, and the genuine request then accepted as new: a 2xx
+/// whose message does not say "already". A receiver that marked the nonce as seen before
+/// it checked the forgery's signature answers the aggregator's genuine request as a
+/// duplicate, and never books it; one that answers it 4xx or 5xx has not taken it either.
 fn forged_401_then_genuine(all: &[Exchange]) -> bool {
     matches!(all, [forged, genuine]
-        if forged.status == Some(401) && genuine.status.is_some_and(|s| s != 401))
+        if forged.status == Some(401) && genuine.is_success() && !said_already(genuine))
+}
+
+/// Whether the answer's message says the request was processed already.
+fn said_already(exchange: &Exchange) -> bool {
+    exchange
+        .message()
+        .is_some_and(|m| m.to_ascii_lowercase().contains("already"))
 }
 
 fn answered_2xx_or_408(all: &[Exchange]) -> bool {
@@ -288,8 +299,7 @@ fn second_403(all: &[Exchange]) -> bool {
 fn not_booked_twice(all: &[Exchange]) -> bool {
     first_accepted(all)
         && all.get(1).is_some_and(|e| {
-            e.status.is_some_and(|s| (400..500).contains(&s))
-                || (e.is_success() && e.message().is_some_and(|m| m.contains("already")))
+            e.status.is_some_and(|s| (400..500).contains(&s)) || (e.is_success() && said_already(e))
         })
 }
 

@@ -4,7 +4,7 @@
 use clap::Args;
 use payhook::Config;
 use payhook::HandlerError;
-use payhook::sim::scenario::{Reconciler, Scenario, Target};
+use payhook::sim::scenario::{Observed, Observer, Reconciler, Scenario, Target};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::Failure;
@@ -42,6 +42,16 @@ pub(crate) struct ScenarioArgs {
     /// How long to wait for a posted validation result.
     #[arg(long, default_value = "30s", value_parser = payhook::config::parse_duration)]
     await_timeout: Duration,
+    /// How `bookings` expectations read the merchant's books: a command run with `sh -c`
+    /// that prints how many results of the transaction are booked (`{nonce}` is replaced,
+    /// and the nonce is also in PAYHOOK_NONCE), e.g. `psql -Atc "SELECT count(*) FROM
+    /// ledger WHERE nonce = '$PAYHOOK_NONCE'"`. Without it they cannot be checked.
+    #[arg(long)]
+    bookings_command: Option<String>,
+    /// Exit 0 although some expectations could not be checked (`bookings` without
+    /// --bookings-command); otherwise that run exits 3.
+    #[arg(long)]
+    allow_unchecked: bool,
 }
 
 impl ScenarioArgs {
@@ -79,15 +89,23 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
             gateway,
             await_timeout: args.await_timeout,
             reconciler: args.reconcile_command.clone().map(command_reconciler),
-            observer: None,
+            observer: args.bookings_command.clone().map(command_observer),
         };
-        let mut failed = 0;
+        if target.trigger.signer().is_none() {
+            eprintln!(
+                "payhook scenario: no --key, so every request goes out unsigned: this run \
+                 says nothing of the merchant's signature checks (a merchant that checks \
+                 them refuses every callback; `payhook trigger --fault tamper-body` tries them)"
+            );
+        }
+        let (mut failed, mut unchecked) = (0, 0);
         for scenario in &scenarios {
             let report = payhook::sim::scenario::run(scenario, &target).await?;
             println!("{}", report.render());
             if !report.passed() {
                 failed += 1;
             }
+            unchecked += report.unchecked();
         }
         if failed > 0 {
             return Err(Failure(
@@ -95,9 +113,89 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
                 1,
             ));
         }
-        println!("all {} scenario(s) passed", scenarios.len());
+        if unchecked > 0 && !args.allow_unchecked {
+            // Not a pass: a receiver that books every copy of a callback meets every
+            // other expectation of the shipped scenarios.
+            return Err(Failure(
+                format!(
+                    "no expectation failed, but {unchecked} could not be checked (see \
+                     \"not checked\" above): give --bookings-command to read the merchant's \
+                     books, or --allow-unchecked to accept the run without them"
+                ),
+                3,
+            ));
+        }
+        if unchecked > 0 {
+            println!(
+                "all {} scenario(s) passed, {unchecked} expectation(s) not checked \
+                 (--allow-unchecked)",
+                scenarios.len()
+            );
+        } else {
+            println!("all {} scenario(s) passed", scenarios.len());
+        }
         Ok(())
     })
+}
+
+/// What the merchant's books hold for a nonce, as `command` prints it: the count of the
+/// transaction's results booked, on the last line of its output. A command that fails, or
+/// prints no count, checks nothing (the expectation is said not checked, with why).
+fn command_observer(command: String) -> Observer {
+    Arc::new(move |nonce: String| {
+        let command = command.clone();
+        Box::pin(async move {
+            // Written into a shell command only when it needs no quoting (the simulator's
+            // nonces do not); PAYHOOK_NONCE carries any nonce.
+            let plain = nonce
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
+            if command.contains("{nonce}") && !plain {
+                return Some(unobserved(format!(
+                    "the nonce {nonce:?} is not written into a shell command: use \
+                     $PAYHOOK_NONCE in --bookings-command"
+                )));
+            }
+            let line = command.replace("{nonce}", &nonce);
+            let output = tokio::task::spawn_blocking(move || {
+                std::process::Command::new("sh")
+                    .arg("-c")
+                    .arg(&line)
+                    .env("PAYHOOK_NONCE", &nonce)
+                    .output()
+            })
+            .await;
+            let output = match output {
+                Ok(Ok(output)) => output,
+                Ok(Err(error)) => {
+                    return Some(unobserved(format!("the bookings command: {error}")));
+                }
+                Err(error) => return Some(unobserved(format!("the bookings command: {error}"))),
+            };
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let printed = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty());
+            match printed.map(str::parse::<u32>) {
+                Some(Ok(count)) if output.status.success() => Some(Observed {
+                    summary: format!("{count} result(s) booked (the bookings command)"),
+                    bookings: Some(count),
+                }),
+                _ => Some(unobserved(format!(
+                    "the bookings command did not print a count ({}): {}{}",
+                    output.status,
+                    stdout.trim(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ))),
+            }
+        })
+    })
+}
+
+/// What the books are said to hold when they could not be read: nothing to check against.
+fn unobserved(why: String) -> Observed {
+    Observed {
+        summary: why,
+        bookings: None,
+    }
 }
 
 /// A reconcile that runs the merchant's command and reads its report line.
