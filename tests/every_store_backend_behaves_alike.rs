@@ -2544,6 +2544,39 @@ async fn a_failure_recorded_while_its_status_is_being_booked_is_not_listed_after
     assert_eq!(b.shared.failing_count().await.unwrap(), 0);
 }
 
+behaviour!(a_failure_recorded_beside_a_booking_is_forgotten_once_it_commits);
+async fn a_failure_recorded_beside_a_booking_is_forgotten_once_it_commits(b: &Backend) {
+    // A delivery that gave up waiting for the pair's booking records it as failing; the
+    // booking then commits. Asked to forget the failure of a booked pair, every backend
+    // leaves it neither listed nor counted; a pair not booked keeps its failure.
+    let nonce = Nonce::from("n-beside");
+    let (claim, _, _) = b.claim("n-beside", TransactionStatus::Success).await;
+    b.shared
+        .record_callback_failure(failure("n-beside", "still being processed"))
+        .await
+        .unwrap();
+    b.shared
+        .record_callback_failure(failure("n-unbooked", "handler failed"))
+        .await
+        .unwrap();
+    failing_until(b, 2).await;
+    book(b.shared.as_ref(), &nonce, claim).await;
+    for pair in ["n-beside", "n-unbooked"] {
+        b.shared
+            .forget_failure_if_booked(&Nonce::from(pair), TransactionStatus::Success)
+            .await
+            .unwrap();
+    }
+    let failing = b.shared.failing_callbacks().await.unwrap();
+    assert_eq!(failing.len(), 1, "{failing:?}");
+    assert_eq!(failing[0].nonce.as_str(), "n-unbooked");
+    assert_eq!(
+        b.shared.failing_count().await.unwrap(),
+        1,
+        "the count follows"
+    );
+}
+
 behaviour!(a_body_refused_while_its_status_is_being_booked_is_not_counted_as_failing);
 async fn a_body_refused_while_its_status_is_being_booked_is_not_counted_as_failing(b: &Backend) {
     // A copy of the pair whose body is refused (400) arrives while a reconcile books it:

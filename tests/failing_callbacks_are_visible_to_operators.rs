@@ -596,3 +596,108 @@ async fn the_log_says_why_a_callback_was_not_booked() {
         "{retry}"
     );
 }
+
+/// Books each callback with an effect on PostgreSQL; the first delivery's effect waits,
+/// holding its booking open, until the test lets it go on to COMMIT.
+struct HeldOpen {
+    reached: tokio::sync::mpsc::UnboundedSender<()>,
+    go: std::sync::Arc<tokio::sync::Notify>,
+    held_once: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl payhook::handler::CallbackReceiver for HeldOpen {
+    async fn receive_callback(
+        &self,
+        _callback: payhook::model::CallbackBody,
+        ctx: payhook::handler::CallbackContext,
+    ) -> Result<payhook::handler::CallbackDecision, payhook::HandlerError> {
+        let hold = !self
+            .held_once
+            .swap(true, std::sync::atomic::Ordering::SeqCst);
+        let (reached, go) = (self.reached.clone(), std::sync::Arc::clone(&self.go));
+        ctx.effects.postgres(move |conn| {
+            let (reached, go) = (reached.clone(), std::sync::Arc::clone(&go));
+            Box::pin(async move {
+                sqlx::query("SELECT 1").execute(&mut *conn).await?;
+                if hold {
+                    let _ = reached.send(());
+                    go.notified().await;
+                }
+                Ok(())
+            })
+        });
+        Ok(payhook::handler::CallbackDecision::Ack)
+    }
+}
+
+/// On PostgreSQL, a delivery that waits a whole handler timeout for its pair's booking in
+/// flight gives up (503) and records the pair as failing, beside that booking, whose mark
+/// it cannot see before the commit. Once the booking commits, the failure goes: neither
+/// listed nor counted (an alert on the count would otherwise fire for a booked callback
+/// until the retention sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_gave_up_waiting_for_a_booking_leaves_no_failure_once_it_commits() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    let Some(db) = support::postgres::database("gave_up_waiting").await else {
+        return;
+    };
+    let mut config = test_config();
+    config.store = db.store_config(Duration::from_secs(3600));
+    config.server.handler_timeout = Duration::from_secs(1);
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let (reached_tx, mut reached) = tokio::sync::mpsc::unbounded_channel();
+    let go = Arc::new(tokio::sync::Notify::new());
+    let app = payhook::App::builder(config)
+        .shared_store(Arc::new(store.clone()))
+        .callback_receiver(HeldOpen {
+            reached: reached_tx,
+            go: Arc::clone(&go),
+            held_once: Arc::default(),
+        })
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(listener, app, std::future::pending()));
+    let request = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        CALLBACK.as_bytes(),
+    );
+    let first = tokio::spawn({
+        let request = request.clone();
+        async move { exchange(addr, &request).await }
+    });
+    tokio::time::timeout(DEADLINE, reached.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // The aggregator's retry meets the booking in flight for a whole handler timeout.
+    let second = exchange(addr, &request).await;
+    assert_eq!(second.status, 503, "{}", second.message());
+    assert_eq!(
+        store.failing_count().await.unwrap(),
+        1,
+        "recorded as failing"
+    );
+    go.notify_one();
+    let first = tokio::time::timeout(DEADLINE, first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.message());
+    // Looked at again once the booking has had a handler's time: gone.
+    let limit = tokio::time::Instant::now() + DEADLINE;
+    while store.failing_count().await.unwrap() > 0 {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "the booked pair is still counted as failing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.failing_callbacks().await.unwrap().is_empty());
+    db.drop_schema().await;
+}

@@ -357,6 +357,7 @@ impl ExactlyOnce {
             // that a result whose every retry meets it is seen by operators.
             Err(problem) => {
                 keep_failure(store.as_ref(), failure_of(&callback, problem.message())).await;
+                self.forget_failure_once_booked(&store, &nonce, status);
                 return Err(problem);
             }
         };
@@ -536,6 +537,38 @@ impl ExactlyOnce {
             .callback_failures
             .fetch_add(1, Ordering::Relaxed);
         keep_failure(store, failure).await;
+    }
+
+    /// The failure a delivery that gave up waiting recorded, beside a booking in flight
+    /// that could not be seen, is removed if that booking commits: looked at once the
+    /// booking has had the time a handler has (spawned; nothing waits for it). Without it,
+    /// a shared store would count the booked pair as failing until its retention sweep.
+    fn forget_failure_once_booked(
+        &self,
+        store: &Arc<dyn Store>,
+        nonce: &Nonce,
+        status: TransactionStatus,
+    ) {
+        // A store whose claims end with this process writes failures and bookings in one
+        // order, and keeps no such record.
+        if store.claims_end_with_this_process() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, nonce) = (Arc::clone(store), nonce.clone());
+        let after = self
+            .inner
+            .runner
+            .handler_timeout()
+            .max(Duration::from_secs(1));
+        runtime.spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Err(error) = store.forget_failure_if_booked(&nonce, status).await {
+                tracing::debug!(error = %crate::report::InLine(&error), "a booked pair's failure record stays until the sweep");
+            }
+        });
     }
 
     /// Runs the handler for a claimed callback, then writes its effects and the mark

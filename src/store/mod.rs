@@ -615,6 +615,20 @@ pub trait DedupStore: Send + Sync + 'static {
     /// is booked, or with the retention. A backend may write it without waiting.
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()>;
 
+    /// Removes the failure record of (`nonce`, `status`) if that status is booked: for a
+    /// failure recorded beside a booking of the pair in progress — by a delivery that gave
+    /// up waiting for it — which could not see that booking's mark before its commit. The
+    /// default does nothing: right for a store that writes failures and bookings in one
+    /// order (sled), where a booking removes every failure recorded before it.
+    fn forget_failure_if_booked<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, ()> {
+        let _ = (nonce, status);
+        Box::pin(async { Ok(()) })
+    }
+
     /// Counts a delivery of (nonce, status) refused for its body, before any claim: like
     /// [`DedupStore::record_callback_failure`], but where another instance may be booking
     /// the pair at this moment (a reconcile, a corrected delivery), after that booking ends,

@@ -25,9 +25,11 @@ use crate::postponed::record::PostponedValidation;
 /// through the `callback_failures_latest` index (see [`PgStore::indexed_reads`]).
 ///
 /// A pair whose status is booked is left out: its row is removed by the booking, but a
-/// failure recorded while the booking's transaction was open (a refused body of the same
-/// pair, which cannot see the uncommitted mark) outlives it until the sweep
-/// ([`BOOKED_FAILURES`]).
+/// failure recorded while the booking's transaction was open (by a delivery that gave up
+/// waiting for it, which cannot see the uncommitted mark) outlives it until that delivery
+/// has it forgotten a handler timeout later (`forget_failure_if_booked`), or else until the
+/// sweep ([`BOOKED_FAILURES`]). A refused body waits for the booking instead
+/// (`record_refused_callback`).
 pub(super) const FAILING_LATEST: &str = "SELECT nonce, status, failures, first_failed, last_failed, last_reason, \
        reference_id, client_id, amount, currency \
      FROM {s}.callback_failures f WHERE NOT EXISTS (SELECT 1 FROM {s}.callbacks c \
@@ -145,6 +147,25 @@ impl DedupStore for PgStore {
 
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move { self.insert_failure(self.pool(), &failure).await })
+    }
+
+    fn forget_failure_if_booked<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            sqlx::query(&self.sql(
+                "DELETE FROM {s}.callback_failures \
+                 WHERE nonce_key = $1 AND status = $2 AND EXISTS (SELECT 1 FROM {s}.callbacks \
+                   WHERE nonce_key = $1 AND done @> ARRAY[$2]::int4[])",
+            ))
+            .bind(nonce_key(nonce))
+            .bind(status.code())
+            .execute(self.pool())
+            .await?;
+            Ok(())
+        })
     }
 
     fn record_refused_callback(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
