@@ -505,6 +505,30 @@ async fn a_free_form_field_that_is_not_an_object_is_400_naming_it() {
     assert!(server.merchant.calls().is_empty());
 }
 
+/// A free-form object of more JSON values than a parsed request may keep (10,000: parsed,
+/// `[0,0,0,…]` takes 16–32 times the bytes it came in, held while the handler runs, beyond
+/// what the body memory counts) is 400 naming the field, on every endpoint; one of 5,000
+/// values is read.
+#[tokio::test]
+async fn a_free_form_field_of_too_many_values_is_400_naming_it() {
+    let server = TestServer::start().await;
+    for (path, fixture, pointer) in FREE_FORM {
+        let field = pointer.rsplit('/').next().unwrap();
+        let many = json!({ "k": vec![0; 20_000] });
+        let body = with(fixture, pointer, Some(many));
+        let request = json_post(path, body.as_bytes());
+        assert_refused(&server, path, &request, 400, field).await;
+        assert_refused(&server, path, &request, 400, "more than 10000 JSON values").await;
+    }
+    assert!(server.merchant.calls().is_empty());
+    for (path, fixture, pointer) in FREE_FORM {
+        let enough = json!({ "k": vec![0; 5_000] });
+        let body = with(fixture, pointer, Some(enough));
+        let response = server.send(&json_post(path, body.as_bytes())).await;
+        assert_eq!(response.status, 200, "{path}: {}", response.message());
+    }
+}
+
 /// Numbers the OpenAPI document allows but no `i64` or `Decimal` holds exactly: a fraction
 /// in an integer field, and numeric strings with spaces, are 400; nothing is rounded.
 #[tokio::test]

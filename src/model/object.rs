@@ -27,22 +27,52 @@ where
     deserializer.deserialize_seq(ObjectsVisitor(PhantomData))
 }
 
+/// The most JSON values (objects, arrays, strings, numbers, … each one) a free-form object
+/// may hold. A parsed value takes 32 bytes and more where the body spent two
+/// (`[0,0,0,…]`), and a request's parsed fields are kept while its handler runs, beyond
+/// what the body memory counts: without a bound, a body of 1 MiB on an open endpoint would
+/// hold some 16–32 MiB. The aggregator's `additionalData` is a handful of fields.
+pub(crate) const MAX_FREE_FORM_VALUES: usize = 10_000;
+
 /// Reads a free-form object (`additionalData`, `providerData`): a JSON object, or `null`
 /// for none (as absent is). Any other value is refused with "expected a JSON object or null":
-/// the spec makes these fields objects, and a merchant's code reading them expects one.
+/// the spec makes these fields objects, and a merchant's code reading them expects one. One
+/// of more than [`MAX_FREE_FORM_VALUES`] values is refused too.
 pub(crate) fn object_or_null<'de, D>(deserializer: D) -> Result<serde_json::Value, D::Error>
 where
     D: Deserializer<'de>,
 {
     let value = serde_json::Value::deserialize(deserializer)?;
-    if value.is_object() || value.is_null() {
-        Ok(value)
-    } else {
-        Err(de::Error::invalid_type(
+    if !(value.is_object() || value.is_null()) {
+        return Err(de::Error::invalid_type(
             unexpected(&value),
             &"a JSON object or null",
-        ))
+        ));
     }
+    if holds_more_values_than(&value, MAX_FREE_FORM_VALUES) {
+        return Err(de::Error::custom(format!(
+            "a free-form object of more than {MAX_FREE_FORM_VALUES} JSON values"
+        )));
+    }
+    Ok(value)
+}
+
+/// Whether `value` holds more than `limit` values, itself included (stops counting there).
+fn holds_more_values_than(value: &serde_json::Value, limit: usize) -> bool {
+    let mut pending = vec![value];
+    let mut counted = 0;
+    while let Some(value) = pending.pop() {
+        counted += 1;
+        if counted > limit {
+            return true;
+        }
+        match value {
+            serde_json::Value::Array(items) => pending.extend(items),
+            serde_json::Value::Object(fields) => pending.extend(fields.values()),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// How serde names the kind of `value` in an error.
@@ -122,6 +152,30 @@ mod tests {
     struct Free {
         #[serde(default, deserialize_with = "object_or_null")]
         data: serde_json::Value,
+    }
+
+    #[test]
+    fn free_form_fields_of_more_values_than_the_bound_are_refused() {
+        // The object itself, its array, and the numbers in it.
+        let of = |numbers: usize| {
+            let list = vec!["0"; numbers].join(",");
+            format!(r#"{{"data": {{"k": [{list}]}}}}"#)
+        };
+        let at_bound = of(MAX_FREE_FORM_VALUES - 2);
+        assert!(serde_json::from_str::<Free>(&at_bound).is_ok());
+        let error = serde_json::from_str::<Free>(&of(MAX_FREE_FORM_VALUES - 1)).unwrap_err();
+        assert!(
+            error.to_string().contains("more than 10000 JSON values"),
+            "{error}"
+        );
+        assert!(holds_more_values_than(
+            &serde_json::json!({"a": {"b": [1, 2]}}),
+            4
+        ));
+        assert!(!holds_more_values_than(
+            &serde_json::json!({"a": {"b": [1, 2]}}),
+            5
+        ));
     }
 
     #[test]
