@@ -473,7 +473,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         &deposit,
         &[
             "--bookings-command",
-            r#"test "$PAYHOOK_NONCE" = "{nonce}" && echo 1"#,
+            r#"test "$PAYHOOK_MOCK_NONCE" = "{nonce}" && echo 1"#,
         ],
     )
     .await;

@@ -81,6 +81,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_CALLBACK_ALLOW_UNSIGNED" => "true".into(),
         "PAYHOOK_ADMIN_ALLOW_PLAIN_HTTP" => "false".into(),
         "PAYHOOK_MOCK_PASSWORD" => "mock-password-1".into(),
+        // Set by `payhook scenario` for its --bookings-command; the loader ignores it.
+        "PAYHOOK_MOCK_NONCE" => "sim-0123456789ab".into(),
         // The tools' own: the loader leaves them alone.
         "PAYHOOK_TEST_DATABASE_URL" | "PAYHOOK_BENCH_DATABASE_URL" => "not-a-setting".into(),
         _ if suffix("_URL") => "https://aggregator.example".into(),

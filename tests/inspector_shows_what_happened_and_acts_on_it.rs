@@ -72,12 +72,13 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     assert_eq!(server.send(&first).await.status, 200);
     let failing = signed_callback(&signer, "n-failing", 4, "3", "fail");
     assert_eq!(server.send(&failing).await.status, 503);
-    // A forged signature, with a credential header that must never be shown.
+    // A forged signature (bytes put before a genuine one, not zeros: another integer), with
+    // a credential header that must never be shown.
     let forged = String::from_utf8(signed_callback(&signer, "n-forged", 4, "1", "client-42"))
         .unwrap()
         .replace(
             "X-Signature: ",
-            "Authorization: Bearer leaked-secret-77\r\nX-Signature: AAAA",
+            "Authorization: Bearer leaked-secret-77\r\nX-Signature: QUFB",
         );
     assert_eq!(server.send(forged.as_bytes()).await.status, 401);
 

@@ -44,8 +44,8 @@ pub(crate) struct ScenarioArgs {
     await_timeout: Duration,
     /// How `bookings` expectations read the merchant's books: a command run with `sh -c`
     /// that prints how many results of the transaction are booked (`{nonce}` is replaced,
-    /// and the nonce is also in PAYHOOK_NONCE), e.g. `psql -Atc "SELECT count(*) FROM
-    /// ledger WHERE nonce = '$PAYHOOK_NONCE'"`. Without it they cannot be checked.
+    /// and the nonce is also in PAYHOOK_MOCK_NONCE), e.g. `psql -Atc "SELECT count(*) FROM
+    /// ledger WHERE nonce = '$PAYHOOK_MOCK_NONCE'"`. Without it they cannot be checked.
     #[arg(long)]
     bookings_command: Option<String>,
     /// Exit 0 although some expectations could not be checked (`bookings` without
@@ -146,14 +146,14 @@ fn command_observer(command: String) -> Observer {
         let command = command.clone();
         Box::pin(async move {
             // Written into a shell command only when it needs no quoting (the simulator's
-            // nonces do not); PAYHOOK_NONCE carries any nonce.
+            // nonces do not); PAYHOOK_MOCK_NONCE carries any nonce.
             let plain = nonce
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c));
             if command.contains("{nonce}") && !plain {
                 return Some(unobserved(format!(
                     "the nonce {nonce:?} is not written into a shell command: use \
-                     $PAYHOOK_NONCE in --bookings-command"
+                     $PAYHOOK_MOCK_NONCE in --bookings-command"
                 )));
             }
             let line = command.replace("{nonce}", &nonce);
@@ -161,7 +161,7 @@ fn command_observer(command: String) -> Observer {
                 std::process::Command::new("sh")
                     .arg("-c")
                     .arg(&line)
-                    .env("PAYHOOK_NONCE", &nonce)
+                    .env("PAYHOOK_MOCK_NONCE", &nonce)
                     .output()
             })
             .await;
