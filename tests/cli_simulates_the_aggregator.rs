@@ -551,6 +551,32 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "{stdout}"
     );
 
+    // A callback acknowledged only at its second attempt (days late on the aggregator's
+    // schedule) is delivered, but not by the attempt a scenario asks for.
+    let late = data.path().join("late.toml");
+    std::fs::write(
+        &late,
+        "name = \"late\"\n[[step]]\nkind = \"callback\"\nexpect = { delivered = true, attempts = 1 }\n",
+    )
+    .unwrap();
+    let flaky = scripted_receiver(vec![(500, "try later"), (200, "callback accepted")]).await;
+    let (code, stdout, stderr) = payhook(args(&[
+        "scenario",
+        late.to_str().unwrap(),
+        "--to",
+        &format!("http://{flaky}"),
+        "--gateway",
+        &mock.url(),
+        "--key",
+        &private_key(),
+    ]))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("expected acknowledged by attempt 1; acknowledged at attempt 2"),
+        "{stdout}"
+    );
+
     // A reconcile step runs the merchant's command; without one it is a clear error.
     let lost = data.path().join("lost.toml");
     std::fs::write(

@@ -32,7 +32,7 @@
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
-//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `bookings` |
+//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings` |
 //! | `lookup` | reads the transaction from the gateway | `delivery_status`, `canceled` |
 //! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
@@ -109,6 +109,7 @@ impl Expect {
             ("result", self.result.is_some()),
             ("conflicts", self.conflicts.is_some()),
             ("delivered", self.delivered.is_some()),
+            ("attempts", self.attempts.is_some()),
             ("delivery_status", self.delivery_status.is_some()),
             ("canceled", self.canceled.is_some()),
             ("booked", self.booked.is_some()),
@@ -153,9 +154,17 @@ impl Step {
                     "concurrent copies are sent once each: max_attempts does not apply".into(),
                 );
             }
-            Self::Callback { expect, .. } => (
+            Self::Callback {
+                concurrent: true,
+                expect,
+                ..
+            } => (
                 Some(expect),
                 &["status", "message", "delivered", "bookings"],
+            ),
+            Self::Callback { expect, .. } => (
+                Some(expect),
+                &["status", "message", "delivered", "attempts", "bookings"],
             ),
             Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
             Self::Reconcile { expect } => (Some(expect), &["booked", "bookings"]),
@@ -271,6 +280,10 @@ pub struct Expect {
     pub conflicts: Option<u32>,
     /// Whether the callback reached a 2xx.
     pub delivered: Option<bool>,
+    /// The attempt by which the callback reached a 2xx, at the latest (1: acknowledged at
+    /// once). Delivery runs on a fast clock: without it, a merchant that fails the first 16
+    /// attempts — days late on the aggregator's schedule — still has `delivered = true`.
+    pub attempts: Option<u32>,
     /// The record's `callbackDeliveryStatus`.
     pub delivery_status: Option<String>,
     /// The record's `isCallbackSendingCanceled`.
@@ -1032,6 +1045,18 @@ async fn callback(
     {
         problems.push(format!("expected delivered = {wanted}"));
     }
+    if let Some(wanted) = expect.attempts {
+        let took = u32::try_from(attempts.len()).unwrap_or(u32::MAX);
+        if !delivered {
+            problems.push(format!(
+                "expected acknowledged by attempt {wanted}; not acknowledged in {took}"
+            ));
+        } else if took > wanted {
+            problems.push(format!(
+                "expected acknowledged by attempt {wanted}; acknowledged at attempt {took}"
+            ));
+        }
+    }
     if let Some(last) = attempts.last() {
         check_answer(expect, &last.exchange, problems);
     }
@@ -1069,6 +1094,18 @@ mod tests {
             .unwrap_err(),
         );
         assert!(typo.contains("delivery"), "{typo}");
+        // Concurrent copies are sent once each: no attempt to count.
+        let concurrent = report(
+            Scenario::parse(
+                "name = \"x\"\n[[step]]\nkind = \"callback\"\ncopies = 2\nconcurrent = true\nexpect = { attempts = 1 }\n",
+                "c.toml",
+            )
+            .unwrap_err(),
+        );
+        assert!(
+            concurrent.contains("does not check attempts"),
+            "{concurrent}"
+        );
         let empty = Scenario::parse("name = \"x\"\n", "z.toml")
             .unwrap_err()
             .to_string();
