@@ -74,3 +74,27 @@ async fn a_body_cut_short_by_the_end_of_its_input_is_answered_at_once() {
     assert_eq!(answer.message(), "request body could not be read");
     assert!(server.merchant.seen.lock().unwrap().is_empty());
 }
+
+/// A request whose head is cut short by the end of its input holds no connection: it is
+/// closed, unanswered as hyper answers a head it cannot read, not kept until the
+/// header-read timeout.
+#[tokio::test]
+async fn a_head_cut_short_by_the_end_of_its_input_frees_its_connection() {
+    use tokio::io::AsyncReadExt;
+    let mut config = test_config();
+    // Far beyond the test's own deadline: a connection kept for it would fail the test.
+    config.server.header_read_timeout = DEADLINE * 3;
+    let server = TestServer::start_with(config).await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    stream
+        .write_all(b"POST /payhook/callback HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    stream.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection was kept")
+        .unwrap();
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+}

@@ -164,12 +164,11 @@ fn command_observer(command: String) -> Observer {
                     .env("PAYHOOK_MOCK_NONCE", &nonce)
                     .output()
             })
-            .await;
+            .await
+            .map_err(|error| error.to_string())
+            .and_then(|ran| ran.map_err(|error| error.to_string()));
             let output = match output {
-                Ok(Ok(output)) => output,
-                Ok(Err(error)) => {
-                    return Some(unobserved(format!("the bookings command: {error}")));
-                }
+                Ok(output) => output,
                 Err(error) => return Some(unobserved(format!("the bookings command: {error}"))),
             };
             let stdout = String::from_utf8_lossy(&output.stdout);
