@@ -33,7 +33,7 @@
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings` |
-//! | `lookup` | reads the transaction from the gateway | `delivery_status`, `canceled` |
+//! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled` |
 //! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
@@ -805,7 +805,7 @@ async fn run_step(
             let record = client.transaction(current.reference_id).await?;
             let status = record.callback_delivery_status.clone().unwrap_or_default();
             story.push(format!(
-                "merchant → gateway: GET transaction {} → {}, callbackDeliveryStatus {status}, canceled {}",
+                "simulator → gateway, as the merchant's lookup would: GET transaction {} → {}, callbackDeliveryStatus {status}, canceled {}",
                 current.reference_id, record.transaction_status, record.is_callback_sending_canceled
             ));
             if let Some(wanted) = &expect.delivery_status
