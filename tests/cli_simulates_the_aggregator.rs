@@ -380,7 +380,7 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec
 async fn demo_runs_every_shipped_scenario_green() {
     let (code, stdout, stderr) = payhook(args(&["demo"])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 10 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 11 scenarios passed"), "{stdout}");
     for told in [
         "merchant's ledger:",
         "reconcile",
@@ -454,7 +454,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     // From outside, the merchant's books cannot be seen: said, not passed over.
     assert!(
         stdout.contains("⚠ not checked: bookings = 1")
-            && stdout.contains("all 9 scenario(s) passed, ")
+            && stdout.contains("all 10 scenario(s) passed, ")
             && stdout.contains("expectation(s) not checked (--allow-unchecked)"),
         "{stdout}"
     );
@@ -574,6 +574,37 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
         stdout.contains("expected acknowledged by attempt 1; acknowledged at attempt 2"),
+        "{stdout}"
+    );
+
+    // A receiver that records a forgery's nonce before checking its signature fails a
+    // forged-callback step: its genuine callback is answered as a duplicate.
+    let forged = data.path().join("forged.toml");
+    std::fs::write(
+        &forged,
+        "name = \"forged\"\n[[step]]\nkind = \"forged-callback\"\nforgery = \"tamper-body\"\n",
+    )
+    .unwrap();
+    let careless = scripted_receiver(vec![
+        (401, "invalid signature"),
+        (200, "callback already processed"),
+    ])
+    .await;
+    let (code, stdout, stderr) = payhook(args(&[
+        "scenario",
+        forged.to_str().unwrap(),
+        "--to",
+        &format!("http://{careless}"),
+        "--gateway",
+        &mock.url(),
+        "--key",
+        &private_key(),
+    ]))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("forged (tamper-body) → 401")
+            && stdout.contains("expected the forged request 401, then the genuine one accepted"),
         "{stdout}"
     );
 
@@ -727,7 +758,7 @@ async fn demo_runs_on_postgres_and_leaves_nothing_behind() {
     };
     let (code, stdout, stderr) = payhook(args(&["demo", "--store", &db.url])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 10 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 11 scenarios passed"), "{stdout}");
     assert!(
         stdout.contains("(store: PostgreSQL, schema payhook_demo_"),
         "{stdout}"

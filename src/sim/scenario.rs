@@ -33,6 +33,7 @@
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings` |
+//! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings` |
 //! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled` |
 //! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
@@ -166,6 +167,7 @@ impl Step {
                 Some(expect),
                 &["status", "message", "delivered", "attempts", "bookings"],
             ),
+            Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings"]),
             Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
             Self::Reconcile { expect } => (Some(expect), &["booked", "bookings"]),
             Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
@@ -343,6 +345,19 @@ pub enum Step {
         #[serde(default)]
         expect: Expect,
     },
+    /// Send the transaction's callback forged, then the genuine one (as `payhook trigger
+    /// --fault` does): a correct receiver refuses the forgery with 401 and accepts the
+    /// genuine callback as new. Needs the aggregator's signing key.
+    ForgedCallback {
+        /// Changes to the transaction.
+        #[serde(default)]
+        payment: PaymentSpec,
+        /// How the forgery is made.
+        forgery: Forgery,
+        /// What must hold.
+        #[serde(default)]
+        expect: Expect,
+    },
     /// Read the transaction from the gateway.
     Lookup {
         /// What must hold.
@@ -367,9 +382,45 @@ pub enum Step {
     NewTransaction,
 }
 
+/// How a `forged-callback` step forges the callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Forgery {
+    /// A byte of the body changed after signing.
+    TamperBody,
+    /// A character of the signature changed.
+    TamperSignature,
+    /// Signed with a key the merchant does not know.
+    WrongKey,
+}
+
+impl Forgery {
+    /// Its name in a scenario file.
+    fn name(self) -> &'static str {
+        match self {
+            Self::TamperBody => "tamper-body",
+            Self::TamperSignature => "tamper-signature",
+            Self::WrongKey => "wrong-key",
+        }
+    }
+
+    /// The fault that sends it.
+    fn fault(self) -> super::Fault {
+        match self {
+            Self::TamperBody => super::Fault::TamperBody,
+            Self::TamperSignature => super::Fault::TamperSignature,
+            Self::WrongKey => super::Fault::WrongKey,
+        }
+    }
+}
+
 /// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
-pub const SHIPPED: [(&str, &str); 10] = [
+pub const SHIPPED: [(&str, &str); 11] = [
     ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
+    (
+        "forged-callbacks.toml",
+        include_str!("../../scenarios/forged-callbacks.toml"),
+    ),
     (
         "withdrawal.toml",
         include_str!("../../scenarios/withdrawal.toml"),
@@ -799,6 +850,45 @@ async fn run_step(
             )
             .await;
             "callback"
+        }
+        Step::ForgedCallback {
+            payment,
+            forgery,
+            expect,
+        } => {
+            payment.apply(current)?;
+            let verdict = super::inject(
+                &target.trigger,
+                &url(target, RequestKind::Callback),
+                RequestKind::Callback,
+                current,
+                forgery.fault(),
+            )
+            .await?;
+            if let [forged, genuine] = verdict.answers.as_slice() {
+                story.push(format!(
+                    "aggregator → merchant: the {} callback of {} forged ({}) → {forged}",
+                    current.status,
+                    current.nonce,
+                    forgery.name()
+                ));
+                story.push(format!(
+                    "aggregator → merchant: the genuine callback → {genuine}"
+                ));
+            }
+            if !verdict.correct {
+                problems.push(format!("expected {}", verdict.expected));
+            }
+            observe(
+                target,
+                &current.nonce,
+                expect.bookings,
+                &mut story,
+                &mut problems,
+                &mut unchecked,
+            )
+            .await;
+            "forged callback"
         }
         Step::Lookup { expect } => {
             let client = GatewayClient::new(&target.gateway)?;
