@@ -112,7 +112,8 @@ enum Command {
         after_help = "Example:\n  payhook verify --key aggregator.pem --signature \"$SIG\" < body.json"
     )]
     Verify {
-        /// Public key: PEM, DER, .NET XML, JWK or JWKS (any key of a JWKS may verify).
+        /// Public key: PEM, DER, .NET XML, JWK or JWKS (any key of a JWKS may verify; each
+        /// must fit --alg).
         #[arg(long, value_name = "FILE")]
         key: PathBuf,
         /// The signature algorithm (the aggregator's `signature.algorithm`).
