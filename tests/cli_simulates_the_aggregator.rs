@@ -676,6 +676,25 @@ async fn trigger_redacts_credentials_and_refuses_contradicting_flags() {
         !stdout.contains("s3cr3t") && !stdout.contains("c2hvcDpwYXNzd29yZA"),
         "{stdout}"
     );
+    // A header given wrong (`=` for `:`, a line break carried in from a file) is refused
+    // without its value in the message: it is often the secret, and this runs in CI logs.
+    for wrong in ["X-Api-Key=s3cr3t-typo", "X-Api-Key: s3cr3t\rcrlf"] {
+        let (code, stdout, stderr) = payhook(args(&[
+            "trigger",
+            "transaction-validation",
+            "--to",
+            "http://127.0.0.1:1",
+            "-H",
+            wrong,
+        ]))
+        .await;
+        assert_eq!(code, 2, "{stdout}{stderr}");
+        assert!(stderr.contains("not shown"), "{stderr}");
+        assert!(
+            !stderr.contains("s3cr3t") && !stdout.contains("s3cr3t"),
+            "{stderr}"
+        );
+    }
 
     let refusals = [
         (

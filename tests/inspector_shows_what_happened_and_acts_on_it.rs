@@ -1013,3 +1013,69 @@ async fn no_other_origin_is_allowed_to_call_the_operating_api() {
         assert!(preflight.status >= 400, "{path}: {}", preflight.status);
     }
 }
+
+/// Where the aggregator signs callbacks in `Authorization` and the validations come with
+/// Basic credentials in that same header, the inspector shows the callback's signature but
+/// never the validation's credentials: the signature header is shown only on an endpoint
+/// that verifies signatures.
+#[tokio::test]
+async fn basic_credentials_in_the_signature_header_are_not_kept() {
+    use base64::Engine as _;
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway);
+    config.signature.header = "Authorization".into();
+    config.signature.prefix = "Signature ".into();
+    config.auth.transaction_validation = payhook::config::EndpointAuthConfig {
+        method: payhook::config::AuthMethod::Basic,
+        username: Some("aggregator".into()),
+        password: Some("basic-password-4242".into()),
+        ..Default::default()
+    };
+    let server = TestServer::start_with(config).await;
+    let credentials =
+        base64::engine::general_purpose::STANDARD.encode("aggregator:basic-password-4242");
+    let basic = format!("Basic {credentials}");
+    let validation = post(
+        VALIDATION_PATH,
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", basic.as_str()),
+        ],
+        TRANSACTION_VALIDATION.as_bytes(),
+    );
+    assert_eq!(server.send(&validation).await.status, 200);
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let signature = signer
+        .header_value(
+            CALLBACK.as_bytes(),
+            payhook::signature::Encoding::Base64,
+            Some("Signature "),
+        )
+        .unwrap();
+    let callback = post(
+        CALLBACK_PATH,
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", signature.as_str()),
+        ],
+        CALLBACK.as_bytes(),
+    );
+    assert_eq!(server.send(&callback).await.status, 200);
+
+    let detail = detail_without(&server, 1, &credentials).await;
+    assert!(
+        detail
+            .headers
+            .contains(&("authorization".into(), "[redacted]".into())),
+        "{:?}",
+        detail.headers
+    );
+    let detail = detail_without(&server, 2, &credentials).await;
+    assert!(
+        detail
+            .headers
+            .contains(&("authorization".into(), signature.clone())),
+        "the callback's signature is shown: {:?}",
+        detail.headers
+    );
+}

@@ -85,6 +85,25 @@ impl Ingress {
         self.verifier.as_ref().map(Verifier::header)
     }
 
+    /// The header `endpoint`'s signatures are read from, when it verifies them: on an
+    /// endpoint that asks for credentials instead, that header may carry them (Basic
+    /// credentials in `Authorization`, where the aggregator's signatures go too).
+    pub(super) fn signature_header_of(&self, endpoint: Endpoint) -> Option<&http::HeaderName> {
+        self.guard(endpoint)
+            .is_none_or(Guard::needs_signature)
+            .then(|| self.signature_header())
+            .flatten()
+    }
+
+    /// The credentials and address rules of `endpoint`; none for callbacks (a signature).
+    fn guard(&self, endpoint: Endpoint) -> Option<&Guard> {
+        match endpoint {
+            Endpoint::ProvidersValidation => Some(&self.providers_guard),
+            Endpoint::TransactionValidation => Some(&self.validation_guard),
+            Endpoint::Callback => None,
+        }
+    }
+
     /// `true` when signatures are verified (keys are configured).
     pub(super) fn verifies_signatures(&self) -> bool {
         self.verifier.is_some()
@@ -216,11 +235,7 @@ impl Ingress {
         client: Option<std::net::IpAddr>,
         headers: &HeaderMap,
     ) -> Result<Option<Vec<u8>>, Problem> {
-        let guard = match endpoint {
-            Endpoint::ProvidersValidation => Some(&self.providers_guard),
-            Endpoint::TransactionValidation => Some(&self.validation_guard),
-            Endpoint::Callback => None,
-        };
+        let guard = self.guard(endpoint);
         if let Some(guard) = guard {
             guard
                 .check_peer(client)

@@ -646,7 +646,7 @@ impl App {
         note::kept(|n| {
             n.headers = Some(inspector::kept_headers(
                 &parts.headers,
-                ingress.signature_header(),
+                ingress.signature_header_of(endpoint),
             ));
         });
         let client = ingress.client_of(peer, &parts.headers);

@@ -152,11 +152,24 @@ impl Trigger {
     /// # Errors
     ///
     /// [`SimError::Request`] when it is not `Name: value`.
+    ///
+    /// The error never quotes the value: it is often a secret, and this runs in CI logs.
     pub fn with_header(mut self, line: &str) -> Result<Self, SimError> {
-        let bad = || SimError::request(format!("header `{line}` is not `Name: value`"));
-        let (name, value) = line.split_once(':').ok_or_else(bad)?;
-        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(SimError::request(
+                "a header given is not `Name: value` (it has no `:`; its text is not shown, \
+                 as it may hold a secret)",
+            ));
+        };
+        let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+            SimError::request("a header given has no valid name before its `:` (not shown)")
+        })?;
+        let value = HeaderValue::from_str(value.trim()).map_err(|_| {
+            SimError::request(format!(
+                "the value of header `{name}` is not a valid header value (a line break or \
+                 another control character in it?); the value is not shown"
+            ))
+        })?;
         self.headers.push((name, value));
         Ok(self)
     }
