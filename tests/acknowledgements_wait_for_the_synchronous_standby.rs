@@ -24,6 +24,10 @@ use support::*;
 /// The standby the test names: no such server ever connects.
 const ABSENT: &str = "payhook_test_absent_standby";
 
+/// The logical message payhook writes for a duplicate under synchronous replication, as a
+/// privilege (some managed services revoke it from PUBLIC).
+const EMIT: &str = "EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text)";
+
 const TEST: &str = "acknowledgements_wait_for_the_synchronous_standby";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,13 +44,28 @@ async fn acknowledgements_wait_for_the_synchronous_standby() {
         announce_skip(TEST, &why);
         return;
     }
+    // payhook connects as a role of its own, no superuser: as a service does, and so that
+    // what PUBLIC may run applies to it.
+    let role = format!("{}_role", db.schema);
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role} LOGIN; CREATE SCHEMA {} AUTHORIZATION {role}",
+        db.schema
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
     let standby = Removed(db.clone());
-    scenario(db.clone()).await;
+    scenario(&db, &role).await;
     drop(standby);
     db.drop_schema().await;
+    sqlx::raw_sql(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
 }
 
-/// Removes the standby the test names when dropped, however the test ends (a panic too).
+/// What the test changes server-wide, undone when dropped, however the test ends (a panic
+/// too): the standby it names, and the logical messages it revokes from PUBLIC.
 struct Removed(TestDb);
 
 impl Drop for Removed {
@@ -60,7 +79,12 @@ impl Drop for Removed {
                 .unwrap()
                 .block_on(async {
                     let mut admin = db.connect().await;
+                    // The standby first: the GRANT's COMMIT would wait for it.
                     name_standby(&db, &mut admin, None).await;
+                    sqlx::raw_sql(&format!("GRANT {EMIT} TO PUBLIC"))
+                        .execute(&mut admin)
+                        .await
+                        .unwrap();
                 });
         })
         .join();
@@ -73,10 +97,12 @@ impl Drop for Removed {
     }
 }
 
-async fn scenario(db: TestDb) {
+async fn scenario(db: &TestDb, role: &str) {
     let retention = Duration::from_secs(3600);
     let mut config = test_config();
     config.store = db.store_config(retention);
+    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    config.store.url = Some(url.as_str().into());
     // Two instances on the database: the first books, the second answers its retry.
     let first_store = PgStore::open(&config.store, &[]).await.unwrap();
     let second_store = PgStore::open(&config.store, &[]).await.unwrap();
@@ -98,7 +124,7 @@ async fn scenario(db: TestDb) {
     );
 
     let mut admin = db.connect().await;
-    name_standby(&db, &mut admin, Some(ABSENT)).await;
+    name_standby(db, &mut admin, Some(ABSENT)).await;
 
     // A booking whose COMMIT waits for the standby is not taken over, however stale.
     let nonce = Nonce::from("standby-waiting");
@@ -166,7 +192,7 @@ async fn scenario(db: TestDb) {
     assert!(!retry.is_finished());
 
     // The standby "answers" (it is no longer required): both go on.
-    name_standby(&db, &mut admin, None).await;
+    name_standby(db, &mut admin, None).await;
     tokio::time::timeout(DEADLINE, holder)
         .await
         .unwrap()
@@ -204,9 +230,48 @@ async fn scenario(db: TestDb) {
     .unwrap()
     .get(0);
     assert_eq!(marks, 2, "each nonce booked once");
+
+    // Where logical messages are revoked from PUBLIC, a duplicate still waits for the
+    // standby (the claim rewrites the nonce's row instead), and is then answered.
+    sqlx::raw_sql(&format!("REVOKE {EMIT} FROM PUBLIC"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    name_standby(db, &mut admin, Some(ABSENT)).await;
+    let retry = {
+        let (addr, booked) = (second.addr, booked.clone());
+        tokio::spawn(async move {
+            exchange(
+                addr,
+                &post(
+                    CALLBACK_PATH,
+                    &[("Content-Type", "application/json")],
+                    booked.as_bytes(),
+                ),
+            )
+            .await
+        })
+    };
+    waiting_for_the_standby(&mut admin, 1, || retry.is_finished()).await;
+    name_standby(db, &mut admin, None).await;
+    let answer = tokio::time::timeout(DEADLINE, retry)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert!(second.merchant.seen.lock().unwrap().is_empty());
+    sqlx::raw_sql(&format!("GRANT {EMIT} TO PUBLIC"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
     support::announce(&format!(
         "{TEST}: a booking waiting for the standby answered Busy to a claimant; a duplicate \
-         waited for the standby"
+         waited for the standby, with logical messages allowed and revoked"
     ));
 }
 

@@ -60,7 +60,8 @@
 //!   cancelled, its backend crashed, or it began waiting just as another instance took its
 //!   claim over — so with synchronous replication on, the claim that reads an acknowledged
 //!   status writes a transactional logical message (`pg_logical_emit_message`, prefix
-//!   `payhook`), and its COMMIT waits for the standby before the duplicate's 200.
+//!   `payhook`; for a role the function is revoked from, it rewrites the nonce's row as it
+//!   is), and its COMMIT waits for the standby before the duplicate's 200.
 //!
 //! The schema is created and migrated at open ([`schema`]); see the README for its tables.
 //!

@@ -11,8 +11,9 @@
 --
 -- So when the status read is acknowledged and synchronous replication is on, the claim
 -- writes a transactional logical message (WAL and a transaction id, no row: it waits on no
--- lock), and payhook COMMITs the claim's transaction before answering: the COMMIT returns
--- once the standby has WAL past it, and so past the mark. Without synchronous replication
+-- lock) — or, for a role the function is revoked from, rewrites the nonce's row as it is —
+-- and payhook COMMITs the claim's transaction before answering: the COMMIT returns once the
+-- standby has WAL past it, and so past the mark. Without synchronous replication
 -- nothing is written, and the COMMIT costs what the ROLLBACK did.
 --
 -- The function is otherwise that of migration 4; its columns are unchanged, so an instance
@@ -61,7 +62,15 @@ BEGIN
     END IF;
     IF acknowledged AND current_setting('synchronous_standby_names') <> ''
        AND current_setting('synchronous_commit') NOT IN ('off', 'local') THEN
-        PERFORM pg_logical_emit_message(true, 'payhook', 'duplicate answered');
+        BEGIN
+            PERFORM pg_logical_emit_message(true, 'payhook', 'duplicate answered');
+        EXCEPTION WHEN insufficient_privilege OR undefined_function THEN
+            -- A role the function is revoked from (as some managed services do): the
+            -- nonce's row, rewritten as it is, gives the COMMIT its WAL instead (and may
+            -- wait for a booking of another status of the nonce that holds it).
+            UPDATE {schema}.callbacks AS cb SET attempts = cb.attempts
+            WHERE cb.nonce_key = key COLLATE "default";
+        END;
     END IF;
 END
 $$;
