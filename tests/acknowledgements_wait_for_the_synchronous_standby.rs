@@ -46,16 +46,9 @@ async fn acknowledgements_wait_for_the_synchronous_standby() {
     }
     // payhook connects as a role of its own, no superuser: as a service does, and so that
     // what PUBLIC may run applies to it.
-    let role = format!("{}_role", db.schema);
-    sqlx::raw_sql(&format!(
-        "CREATE ROLE {role} LOGIN; CREATE SCHEMA {} AUTHORIZATION {role}",
-        db.schema
-    ))
-    .execute(&mut admin)
-    .await
-    .unwrap();
+    let (role, url) = db.own_role().await;
     let standby = Removed(db.clone());
-    scenario(&db, &role).await;
+    scenario(&db, &url).await;
     drop(standby);
     db.drop_schema().await;
     sqlx::raw_sql(&format!("DROP ROLE {role}"))
@@ -97,12 +90,12 @@ impl Drop for Removed {
     }
 }
 
-async fn scenario(db: &TestDb, role: &str) {
+/// The test, with payhook connecting at `url` (as the test's own role).
+async fn scenario(db: &TestDb, url: &str) {
     let retention = Duration::from_secs(3600);
     let mut config = test_config();
     config.store = db.store_config(retention);
-    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
-    config.store.url = Some(url.as_str().into());
+    config.store.url = Some(url.into());
     // Two instances on the database: the first books, the second answers its retry.
     let first_store = PgStore::open(&config.store, &[]).await.unwrap();
     let second_store = PgStore::open(&config.store, &[]).await.unwrap();
@@ -174,20 +167,7 @@ async fn scenario(db: &TestDb, role: &str) {
 
     // A retry of the booked callback, at the other instance: not answered while the
     // standby lacks the booking.
-    let retry = {
-        let (addr, booked) = (second.addr, booked.clone());
-        tokio::spawn(async move {
-            exchange(
-                addr,
-                &post(
-                    CALLBACK_PATH,
-                    &[("Content-Type", "application/json")],
-                    booked.as_bytes(),
-                ),
-            )
-            .await
-        })
-    };
+    let retry = deliver(second.addr, &booked);
     waiting_for_the_standby(&mut admin, 2, || retry.is_finished()).await;
     assert!(!retry.is_finished());
 
@@ -238,20 +218,7 @@ async fn scenario(db: &TestDb, role: &str) {
         .await
         .unwrap();
     name_standby(db, &mut admin, Some(ABSENT)).await;
-    let retry = {
-        let (addr, booked) = (second.addr, booked.clone());
-        tokio::spawn(async move {
-            exchange(
-                addr,
-                &post(
-                    CALLBACK_PATH,
-                    &[("Content-Type", "application/json")],
-                    booked.as_bytes(),
-                ),
-            )
-            .await
-        })
-    };
+    let retry = deliver(second.addr, &booked);
     waiting_for_the_standby(&mut admin, 1, || retry.is_finished()).await;
     name_standby(db, &mut admin, None).await;
     let answer = tokio::time::timeout(DEADLINE, retry)
@@ -273,6 +240,19 @@ async fn scenario(db: &TestDb, role: &str) {
         "{TEST}: a booking waiting for the standby answered Busy to a claimant; a duplicate \
          waited for the standby, with logical messages allowed and revoked"
     ));
+}
+
+/// The callback `body` delivered to `addr`, on a task of its own (its answer may wait).
+fn deliver(
+    addr: std::net::SocketAddr,
+    body: &str,
+) -> tokio::task::JoinHandle<support::RawResponse> {
+    let request = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    tokio::spawn(async move { exchange(addr, &request).await })
 }
 
 /// `Err` (why) when the test cannot name a standby on this server: it must be its

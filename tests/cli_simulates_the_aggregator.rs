@@ -329,6 +329,30 @@ async fn faults_report_right_and_wrong_receivers_through_the_exit_code() {
     }
 }
 
+/// `payhook scenario FILES --to TO --gateway GATEWAY --key (the fixture's) EXTRA…`.
+fn scenario_command(files: &[String], to: &str, gateway: &str, extra: &[&str]) -> Vec<String> {
+    let mut command = vec!["scenario".to_owned()];
+    command.extend(files.iter().cloned());
+    command.extend(args(&[
+        "--to",
+        to,
+        "--gateway",
+        gateway,
+        "--key",
+        &private_key(),
+    ]));
+    command.extend(args(extra));
+    command
+}
+
+/// A scenario file named `name` in `dir` with `steps`; a list of its path, for
+/// [`scenario_command`].
+fn scenario_file(dir: &Path, name: &str, steps: &str) -> Vec<String> {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, format!("name = \"{name}\"\n{steps}")).unwrap();
+    vec![path.display().to_string()]
+}
+
 /// A receiver on 127.0.0.1 that answers each request it reads with the next of `answers`
 /// (status, JSON message), one request per connection.
 async fn scripted_receiver(answers: Vec<(u16, &'static str)>) -> SocketAddr {
@@ -436,18 +460,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         .collect();
     files.sort();
     let run_on = |files: &[String], extra: &[&str]| {
-        let mut command = vec!["scenario".to_owned()];
-        command.extend(files.iter().cloned());
-        command.extend(args(&[
-            "--to",
-            &to,
-            "--gateway",
-            &mock.url(),
-            "--key",
-            &private_key(),
-        ]));
-        command.extend(args(extra));
-        payhook(command)
+        payhook(scenario_command(files, &to, &mock.url(), extra))
     };
     let (code, stdout, stderr) = run_on(&files, &["--allow-unchecked"]).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
@@ -501,25 +514,18 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let elsewhere = MockGateway::start(MockGatewayConfig::default())
         .await
         .unwrap();
-    let no_conflict = data.path().join("no-conflict.toml");
-    std::fs::write(
-        &no_conflict,
-        "name = \"no conflict\"\n[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, conflicts = 0 }\n",
-    )
-    .unwrap();
+    let no_conflict = scenario_file(
+        data.path(),
+        "no-conflict",
+        "[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, conflicts = 0 }\n",
+    );
     for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
-        let (code, stdout, _) = payhook(args(&[
-            "scenario",
-            no_conflict.to_str().unwrap(),
-            "--to",
+        let (code, stdout, _) = payhook(scenario_command(
+            &no_conflict,
             &to,
-            "--gateway",
             &gateway,
-            "--key",
-            &private_key(),
-            "--await-timeout",
-            "2s",
-        ]))
+            &["--await-timeout", "2s"],
+        ))
         .await;
         assert_eq!(code, code_wanted, "{stdout}");
         if code_wanted == 1 {
@@ -528,23 +534,12 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     }
 
     // An expectation that does not hold: exit 1, and the report says what was wrong.
-    let wrong = data.path().join("wrong.toml");
-    std::fs::write(
-        &wrong,
-        "name = \"wrong\"\n[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 500 }\n",
-    )
-    .unwrap();
-    let (code, stdout, _) = payhook(args(&[
-        "scenario",
-        wrong.to_str().unwrap(),
-        "--to",
-        &to,
-        "--gateway",
-        &mock.url(),
-        "--key",
-        &private_key(),
-    ]))
-    .await;
+    let wrong = scenario_file(
+        data.path(),
+        "wrong",
+        "[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 500 }\n",
+    );
+    let (code, stdout, _) = payhook(scenario_command(&wrong, &to, &mock.url(), &[])).await;
     assert_eq!(code, 1, "{stdout}");
     assert!(
         stdout.contains("✗ expected status 500, got 200"),
@@ -553,53 +548,62 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
 
     // A callback acknowledged only at its second attempt (days late on the aggregator's
     // schedule) is delivered, but not by the attempt a scenario asks for.
-    let late = data.path().join("late.toml");
-    std::fs::write(
-        &late,
-        "name = \"late\"\n[[step]]\nkind = \"callback\"\nexpect = { delivered = true, attempts = 1 }\n",
-    )
-    .unwrap();
+    let late = scenario_file(
+        data.path(),
+        "late",
+        "[[step]]\nkind = \"callback\"\nexpect = { delivered = true, attempts = 1 }\n",
+    );
     let flaky = scripted_receiver(vec![(500, "try later"), (200, "callback accepted")]).await;
-    let (code, stdout, stderr) = payhook(args(&[
-        "scenario",
-        late.to_str().unwrap(),
-        "--to",
+    let (code, stdout, stderr) = payhook(scenario_command(
+        &late,
         &format!("http://{flaky}"),
-        "--gateway",
         &mock.url(),
-        "--key",
-        &private_key(),
-    ]))
+        &[],
+    ))
     .await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
         stdout.contains("expected acknowledged by attempt 1; acknowledged at attempt 2"),
         "{stdout}"
     );
+    // One never acknowledged is said so.
+    let never = scenario_file(
+        data.path(),
+        "never",
+        "[[step]]\nkind = \"callback\"\nmax_attempts = 2\nexpect = { attempts = 2 }\n",
+    );
+    let refusing = scripted_receiver(vec![(500, "down"), (500, "down")]).await;
+    let (code, stdout, stderr) = payhook(scenario_command(
+        &never,
+        &format!("http://{refusing}"),
+        &mock.url(),
+        &[],
+    ))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("expected acknowledged by attempt 2; not acknowledged in 2"),
+        "{stdout}"
+    );
 
     // A receiver that records a forgery's nonce before checking its signature fails a
     // forged-callback step: its genuine callback is answered as a duplicate.
-    let forged = data.path().join("forged.toml");
-    std::fs::write(
-        &forged,
-        "name = \"forged\"\n[[step]]\nkind = \"forged-callback\"\nforgery = \"tamper-body\"\n",
-    )
-    .unwrap();
+    let forged = scenario_file(
+        data.path(),
+        "forged",
+        "[[step]]\nkind = \"forged-callback\"\nforgery = \"tamper-body\"\n",
+    );
     let careless = scripted_receiver(vec![
         (401, "invalid signature"),
         (200, "callback already processed"),
     ])
     .await;
-    let (code, stdout, stderr) = payhook(args(&[
-        "scenario",
-        forged.to_str().unwrap(),
-        "--to",
+    let (code, stdout, stderr) = payhook(scenario_command(
+        &forged,
         &format!("http://{careless}"),
-        "--gateway",
         &mock.url(),
-        "--key",
-        &private_key(),
-    ]))
+        &[],
+    ))
     .await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
@@ -607,24 +611,21 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
             && stdout.contains("expected the forged request 401, then the genuine one accepted"),
         "{stdout}"
     );
+    // Without the signing key, a forgery cannot be made: a clear error, not a pass.
+    let mut unsigned = scenario_command(&forged, &to, &mock.url(), &[]);
+    let key = unsigned.iter().position(|a| a == "--key").unwrap();
+    unsigned.drain(key..key + 2);
+    let (code, stdout, stderr) = payhook(unsigned).await;
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stderr.contains("needs a signing key (--key)"), "{stderr}");
 
     // A reconcile step runs the merchant's command; without one it is a clear error.
-    let lost = data.path().join("lost.toml");
-    std::fs::write(
-        &lost,
-        "name = \"lost\"\n[[step]]\nkind = \"callback\"\nlost = true\n[[step]]\nkind = \"reconcile\"\nexpect = { booked = true }\n",
-    )
-    .unwrap();
-    let base = args(&[
-        "scenario",
-        lost.to_str().unwrap(),
-        "--to",
-        &to,
-        "--gateway",
-        &mock.url(),
-        "--key",
-        &private_key(),
-    ]);
+    let lost = scenario_file(
+        data.path(),
+        "lost",
+        "[[step]]\nkind = \"callback\"\nlost = true\n[[step]]\nkind = \"reconcile\"\nexpect = { booked = true }\n",
+    );
+    let base = scenario_command(&lost, &to, &mock.url(), &[]);
     let (code, _, stderr) = payhook(base.clone()).await;
     assert_eq!(code, 2);
     assert!(stderr.contains("--reconcile-command"), "{stderr}");

@@ -125,12 +125,11 @@ async fn connections_killed_and_refused_answer_503_and_lose_nothing() {
         return;
     };
     // A role of the test's own, whose connections can be killed and refused.
-    let role = format!("{}_role", db.schema);
+    let (role, url) = db.own_role().await;
     admin(
         &db,
         &format!(
-            "CREATE ROLE {role} LOGIN; CREATE SCHEMA {s} AUTHORIZATION {role}; \
-             CREATE TABLE {s}.ledger (nonce text, status int, client text, amount numeric, \
+            "CREATE TABLE {s}.ledger (nonce text, status int, client text, amount numeric, \
                PRIMARY KEY (nonce, status)); \
              CREATE TABLE {s}.balances (client text PRIMARY KEY, total numeric NOT NULL); \
              ALTER TABLE {s}.ledger OWNER TO {role}; ALTER TABLE {s}.balances OWNER TO {role};",
@@ -138,7 +137,6 @@ async fn connections_killed_and_refused_answer_503_and_lose_nothing() {
         ),
     )
     .await;
-    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
     let store_config = StoreConfig {
         url: Some(url.as_str().into()),
         schema: db.schema.clone(),

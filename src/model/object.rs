@@ -58,21 +58,22 @@ where
 }
 
 /// Whether `value` holds more than `limit` values, itself included (stops counting there).
+/// Recursive, with no allocation on the request path: serde_json's recursion limit (128)
+/// bounds the depth of what was parsed.
 fn holds_more_values_than(value: &serde_json::Value, limit: usize) -> bool {
-    let mut pending = vec![value];
-    let mut counted = 0;
-    while let Some(value) = pending.pop() {
-        counted += 1;
-        if counted > limit {
-            return true;
-        }
+    fn within(value: &serde_json::Value, left: &mut usize) -> bool {
+        let Some(rest) = left.checked_sub(1) else {
+            return false;
+        };
+        *left = rest;
         match value {
-            serde_json::Value::Array(items) => pending.extend(items),
-            serde_json::Value::Object(fields) => pending.extend(fields.values()),
-            _ => {}
+            serde_json::Value::Array(items) => items.iter().all(|item| within(item, left)),
+            serde_json::Value::Object(fields) => fields.values().all(|field| within(field, left)),
+            _ => true,
         }
     }
-    false
+    let mut left = limit;
+    !within(value, &mut left)
 }
 
 /// How serde names the kind of `value` in an error.

@@ -74,6 +74,28 @@ impl TestDb {
         }
     }
 
+    /// A role of this test's own, no superuser, owning the test's schema, and the database's
+    /// address as that role: as a merchant's service connects. It has a password, so that
+    /// it logs in however the server authenticates 127.0.0.1 (trust on the project's
+    /// machines; a fresh install trusts only `postgres` there, and asks others for one).
+    pub async fn own_role(&self) -> (String, String) {
+        const PASSWORD: &str = "payhook-test-role";
+        let role = format!("{}_role", self.schema);
+        let mut conn = self.connect().await;
+        sqlx::raw_sql(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'; \
+             CREATE SCHEMA {} AUTHORIZATION {role}",
+            self.schema
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let url = self
+            .url
+            .replacen("postgres@", &format!("{role}:{PASSWORD}@"), 1);
+        (role, url)
+    }
+
     /// A connection of its own, for the test's checks.
     pub async fn connect(&self) -> sqlx::PgConnection {
         sqlx::PgConnection::connect(&self.url).await.unwrap()

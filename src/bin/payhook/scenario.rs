@@ -157,17 +157,7 @@ fn command_observer(command: String) -> Observer {
                 )));
             }
             let line = command.replace("{nonce}", &nonce);
-            let output = tokio::task::spawn_blocking(move || {
-                std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(&line)
-                    .env("PAYHOOK_MOCK_NONCE", &nonce)
-                    .output()
-            })
-            .await
-            .map_err(|error| error.to_string())
-            .and_then(|ran| ran.map_err(|error| error.to_string()));
-            let output = match output {
+            let output = match shell(line, Some(("PAYHOOK_MOCK_NONCE", nonce))).await {
                 Ok(output) => output,
                 Err(error) => return Some(unobserved(format!("the bookings command: {error}"))),
             };
@@ -179,14 +169,40 @@ fn command_observer(command: String) -> Observer {
                     bookings: Some(count),
                 }),
                 _ => Some(unobserved(format!(
-                    "the bookings command did not print a count ({}): {}{}",
+                    "the bookings command did not print a count ({}): {}",
                     output.status,
-                    stdout.trim(),
-                    String::from_utf8_lossy(&output.stderr).trim()
+                    printed_by(&output)
                 ))),
             }
         })
     })
+}
+
+/// Runs `line` with `sh -c` (off the runtime's threads), with `env` set.
+async fn shell(
+    line: String,
+    env: Option<(&'static str, String)>,
+) -> Result<std::process::Output, String> {
+    tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new("sh");
+        command.arg("-c").arg(&line);
+        if let Some((name, value)) = env {
+            command.env(name, value);
+        }
+        command.output()
+    })
+    .await
+    .map_err(|error| error.to_string())?
+    .map_err(|error| error.to_string())
+}
+
+/// What a command printed, its output then its errors, each trimmed.
+fn printed_by(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )
 }
 
 /// What the books are said to hold when they could not be read: nothing to check against.
@@ -202,24 +218,15 @@ fn command_reconciler(command: String) -> Reconciler {
     Arc::new(move |reference_id| {
         let command = command.replace("{reference_id}", &reference_id.to_string());
         Box::pin(async move {
-            let output = tokio::task::spawn_blocking(move || {
-                std::process::Command::new("sh")
-                    .arg("-c")
-                    .arg(&command)
-                    .output()
-            })
-            .await
-            .map_err(HandlerError::from)?
-            .map_err(HandlerError::from)?;
+            let output = shell(command, None).await.map_err(HandlerError::msg)?;
             let stdout = String::from_utf8_lossy(&output.stdout);
             // What it printed counts only when it ended well: a command that printed
             // "booked now" and then failed (its commit, say) booked nothing for sure.
             if !output.status.success() {
                 return Err(HandlerError::msg(format!(
-                    "the reconcile command failed ({}): {}{}",
+                    "the reconcile command failed ({}): {}",
                     output.status,
-                    stdout.trim(),
-                    String::from_utf8_lossy(&output.stderr).trim()
+                    printed_by(&output)
                 )));
             }
             if stdout.contains("booked now") {
@@ -228,9 +235,8 @@ fn command_reconciler(command: String) -> Reconciler {
                 Ok(false)
             } else {
                 Err(HandlerError::msg(format!(
-                    "the reconcile command said: {}{}",
-                    stdout.trim(),
-                    String::from_utf8_lossy(&output.stderr).trim()
+                    "the reconcile command said: {}",
+                    printed_by(&output)
                 )))
             }
         })
