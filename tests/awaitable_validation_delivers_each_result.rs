@@ -724,7 +724,7 @@ async fn a_damaged_repeat_keeps_neither_its_original_from_its_deadline_nor_other
     drop(app);
     {
         // The repeat's record, no longer one: sled's own checks pass, payhook cannot read it.
-        let db = sled::open(dir.path().join("store")).unwrap();
+        let db = support::sled_when_free(&dir.path().join("store"));
         let tree = db.open_tree("payhook").unwrap();
         let key = [&b"p\0"[..], &21i64.to_be_bytes()].concat();
         assert!(tree.get(&key).unwrap().is_some(), "the repeat's record");

@@ -6,6 +6,8 @@
 //! a false alarm.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod support;
+
 use payhook::config::StoreConfig;
 use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
@@ -98,7 +100,7 @@ fn damage(path: &Path, how: &str, other_store: &Path) {
         "watermark removed" => std::fs::remove_file(path.join("payhook.watermark")).unwrap(),
         "seal undecodable" => {
             // sled's own checks pass: the record is whole, its value is not a seal.
-            let db = sled::open(path).unwrap();
+            let db = support::sled_when_free(path);
             let tree = db.open_tree("payhook").unwrap();
             tree.insert(b"m\0seal", &garbage[..7]).unwrap();
             db.flush().unwrap();

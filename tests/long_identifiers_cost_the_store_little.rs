@@ -4,6 +4,8 @@
 //! ones; and records an older store kept under a long nonce spelled out are still found.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
+mod support;
+
 use payhook::config::StoreConfig;
 use payhook::model::Nonce;
 use payhook::model::TransactionStatus;
@@ -80,7 +82,7 @@ async fn deny(store: &SledStore, nonce: &str, fingerprint: &Fingerprint) {
 
 /// Every key and value of payhook's tree, read with sled directly (the store closed).
 fn raw_entries(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let db = sled::open(dir.join("store")).unwrap();
+    let db = support::sled_when_free(&dir.join("store"));
     let tree = db.open_tree(TREE).unwrap();
     tree.iter()
         .map(|entry| {
@@ -175,7 +177,7 @@ async fn records_an_older_store_kept_under_a_long_nonce_spelled_out_are_still_fo
     // in the record.
     let expires_ms = now_ms() + 3_600_000;
     {
-        let db = sled::open(dir.path().join("store")).unwrap();
+        let db = support::sled_when_free(&dir.path().join("store"));
         let tree = db.open_tree(TREE).unwrap();
         let callback = format!(r#"{{"done":[4],"attempts":1,"expires_ms":{expires_ms}}}"#);
         tree.insert([b"c\0", nonce.as_bytes()].concat(), callback.as_bytes())

@@ -855,3 +855,23 @@ pub async fn failing_listed(server: &TestServer, token: &str) -> Vec<Value> {
     assert_eq!(response.status, 200, "{}", response.message());
     response.json().as_array().unwrap().clone()
 }
+
+/// sled's database at `path`, opened directly (a test reading or damaging what payhook
+/// wrote), once a store of this process that used it has let it go: sled releases the
+/// directory's lock only when its last I/O thread ends, a moment after the store was
+/// dropped — as `SledStore::open` waits for it too.
+pub fn sled_when_free(path: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => panic!("cannot open sled at {}: {error}", path.display()),
+        }
+    }
+}
