@@ -720,6 +720,26 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
         "the delivered original is purged"
     );
     assert_eq!(states_of(b, &[61]).await, [PostponedState::Queued]);
+    // A retention later, the repeat still waiting for its delivery: the nonce's record is
+    // kept all the same, and the nonce asked about again gets the recorded answer, never
+    // the handler a second time.
+    let request = validation("p-60", 62, "10");
+    for retentions in [4, 8] {
+        let later = Utc::now() + TimeDelta::hours(retentions);
+        b.shared.purge_expired(later).await.unwrap();
+        let begin = b
+            .shared
+            .begin_validation(request.nonce(), &Fingerprint::of(&request), STALE)
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                begin,
+                ValidationBegin::Recorded(RecordedDecision::Postponed)
+            ),
+            "{begin:?}"
+        );
+    }
 
     assert_eq!(
         b.shared

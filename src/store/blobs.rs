@@ -27,7 +27,18 @@ use super::staging::lock;
 #[derive(Debug)]
 pub(crate) struct Blobs {
     dir: PathBuf,
-    synced: Mutex<HashSet<OsString>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The blob files known synced.
+    synced: HashSet<OsString>,
+    /// A sync failed: what it left unwritten may be lost, and a later sync of the same file
+    /// through another descriptor can succeed without writing it (Linux reports a write-back
+    /// error to the descriptors open when it happened, and may mark the pages clean). Every
+    /// later sync fails, so that nothing is acknowledged on top of it.
+    failed: bool,
 }
 
 impl Blobs {
@@ -38,7 +49,7 @@ impl Blobs {
         sync(store_dir)?;
         let blobs = Self {
             dir: store_dir.join("blobs"),
-            synced: Mutex::default(),
+            state: Mutex::default(),
         };
         blobs.sync_new()?;
         Ok(blobs)
@@ -46,18 +57,46 @@ impl Blobs {
 
     /// `fsync`s each blob file not synced yet, then the directory when there was one (its
     /// entries are what finds them); returns how many there were. A file sled removed
-    /// meanwhile is passed over.
+    /// meanwhile is passed over. Once a sync failed, every call fails: see
+    /// [`State::failed`].
     pub(crate) fn sync_new(&self) -> Result<usize, StoreError> {
-        let entries = match std::fs::read_dir(&self.dir) {
+        // Held throughout, so that no sync can pass between a failure and its record.
+        let mut state = lock(&self.state);
+        if state.failed {
+            return Err(StoreError::backend_message(format!(
+                "an earlier fsync of a blob file in {} failed: what it left unwritten may be lost",
+                self.dir.display()
+            )));
+        }
+        let synced = Self::sync_unsynced(&self.dir, &state.synced);
+        match synced {
+            Ok((new, present)) => {
+                // Only those present: sled removes a blob once nothing refers to it.
+                state.synced = present;
+                Ok(new)
+            }
+            Err(error) => {
+                state.failed = true;
+                Err(error)
+            }
+        }
+    }
+
+    /// Syncs the files of `dir` not in `synced`, and `dir` after them when there were any:
+    /// how many, and the files present.
+    fn sync_unsynced(
+        dir: &Path,
+        synced: &HashSet<OsString>,
+    ) -> Result<(usize, HashSet<OsString>), StoreError> {
+        let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(error) if error.kind() == ErrorKind::NotFound => return Ok(0),
-            Err(error) => return Err(failed(&self.dir, error)),
+            Err(error) if error.kind() == ErrorKind::NotFound => return Ok((0, HashSet::new())),
+            Err(error) => return Err(failed(dir, error)),
         };
-        let mut synced = lock(&self.synced);
         let mut present = HashSet::with_capacity(synced.len());
         let mut new = 0;
         for entry in entries {
-            let entry = entry.map_err(|e| failed(&self.dir, e))?;
+            let entry = entry.map_err(|e| failed(dir, e))?;
             let name = entry.file_name();
             if !synced.contains(&name) {
                 match File::open(entry.path()).and_then(|file| file.sync_all()) {
@@ -69,17 +108,15 @@ impl Blobs {
             present.insert(name);
         }
         if new > 0 {
-            sync(&self.dir)?;
+            sync(dir)?;
         }
-        // Only those present: sled removes a blob once nothing refers to it.
-        *synced = present;
-        Ok(new)
+        Ok((new, present))
     }
 
     /// How many blob files are known synced (for tests).
     #[cfg(test)]
     pub(crate) fn synced(&self) -> usize {
-        lock(&self.synced).len()
+        lock(&self.state).synced.len()
     }
 }
 
@@ -115,5 +152,22 @@ mod tests {
         assert_eq!(blobs.synced(), 2);
         // A store opened again syncs what it finds.
         assert_eq!(Blobs::open(dir.path()).unwrap().synced(), 2);
+    }
+
+    /// A file that cannot be synced (here a link to itself, which no `open` follows) fails
+    /// the sync, and every one after it, once the file is gone too: a later sync through
+    /// a new descriptor would not say what the failed one left unwritten.
+    #[test]
+    fn once_a_sync_failed_every_later_one_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = Blobs::open(dir.path()).unwrap();
+        let blob_dir = dir.path().join("blobs");
+        std::fs::create_dir(&blob_dir).unwrap();
+        std::os::unix::fs::symlink("7", blob_dir.join("7")).unwrap();
+        assert!(blobs.sync_new().is_err(), "a loop cannot be opened");
+        std::fs::remove_file(blob_dir.join("7")).unwrap();
+        std::fs::write(blob_dir.join("8"), b"blob").unwrap();
+        let error = blobs.sync_new().unwrap_err().to_string();
+        assert!(error.contains("an earlier fsync"), "{error}");
     }
 }

@@ -603,10 +603,21 @@ impl Writer {
             // written out here, once per sweep. They need no fdatasync: a purge lost to a
             // power cut is redone by the next sweep.
             let flushing = Instant::now();
-            self.context.db.flush()?;
             // A node rewritten whole may have gone to a blob: synced before the next
-            // commit acknowledges anything on top of it.
-            self.context.blobs.sync_new()?;
+            // commit acknowledges anything on top of it. Either failing stops the store,
+            // as a commit's would: a later flush or sync could succeed without writing
+            // what this one left unwritten, and a commit would be acknowledged on top of it.
+            let durable = self
+                .context
+                .db
+                .flush()
+                .map_err(StoreError::from)
+                .and_then(|_| self.context.blobs.sync_new());
+            if let Err(error) = durable {
+                tracing::error!(error = %crate::report::InLine(&error), "writing out a purge failed; the store refuses further work until restarted");
+                self.context.failed.store(true, Ordering::SeqCst);
+                return Err(error);
+            }
             tracing::info!(
                 purged,
                 steps,
@@ -801,6 +812,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     decision,
                     expires_ms,
                     validation_id,
+                    repeats_awaiting: Vec::new(),
                 };
                 // Claimed: no record of this nonce under either key, nothing to move.
                 let key = keys::validation(&nonce);
@@ -1063,11 +1075,11 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)
                     .map(|record| (record.expires_ms, Some(record), None)),
                 _ => decode::<ValidationRecord>(&named, &bytes)
-                    .map(|r| (r.expires_ms, None, r.validation_id)),
+                    .map(|r| (r.expires_ms, None, Some(r))),
             };
             // One that does not decode (damaged, or written by a newer payhook) is kept and
             // looked at again a retention later: it must not stop every purge behind it.
-            let (expires, failing, holder) = match decoded {
+            let (expires, failing, nonce_record) = match decoded {
                 Ok(decoded) => decoded,
                 Err(error) => {
                     tracing::error!(error = %crate::report::InLine(&error), "a record past its retention does not decode; kept, the sweep goes on");
@@ -1079,7 +1091,7 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 // A nonce whose validation still waits for its decision, or for its delivery,
                 // keeps its record: a new validation of it would otherwise run the handler
                 // again, and could decide it otherwise.
-                if awaits_its_result(context, holder)? {
+                if awaits_its_result(context, nonce_record.as_ref())? {
                     kept.push((tag, identifier));
                     continue;
                 }
@@ -1144,7 +1156,13 @@ fn awaits(context: &Context, record: &PostponedValidation) -> Result<bool, Store
     if !record.is_final() {
         return Ok(true);
     }
-    for repeat in &record.repeats {
+    any_awaits(context, &record.repeats)
+}
+
+/// Whether one of the postponed validations `repeats` is held and not final (or does not
+/// decode, logged).
+fn any_awaits(context: &Context, repeats: &[ValidationId]) -> Result<bool, StoreError> {
+    for repeat in repeats {
         match held_postponed(context, *repeat)? {
             Some(Ok(repeat)) if repeat.is_final() => {}
             None => {}
@@ -1158,15 +1176,24 @@ fn awaits(context: &Context, record: &PostponedValidation) -> Result<bool, Store
     Ok(false)
 }
 
-/// Whether the postponed validation `id` that holds a nonce's decision, or one of its
-/// repeats, awaits its result (see [`awaits`]): the nonce's record is kept meanwhile. One
-/// that does not decode counts as awaiting (logged).
-fn awaits_its_result(context: &Context, id: Option<ValidationId>) -> Result<bool, StoreError> {
-    let Some(id) = id else {
+/// Whether the postponed validation that holds a nonce's decision (`record` names it), or
+/// one of its repeats, awaits its result (see [`awaits`]): the nonce's record is kept
+/// meanwhile. One that does not decode counts as awaiting (logged). Once the original is
+/// purged, the repeats that awaited then are those `record` lists.
+fn awaits_its_result(
+    context: &Context,
+    record: Option<&ValidationRecord>,
+) -> Result<bool, StoreError> {
+    let Some(ValidationRecord {
+        validation_id: Some(id),
+        repeats_awaiting,
+        ..
+    }) = record
+    else {
         return Ok(false);
     };
-    match held_postponed(context, id)? {
-        None => Ok(false),
+    match held_postponed(context, *id)? {
+        None => any_awaits(context, repeats_awaiting),
         Some(Ok(record)) => awaits(context, &record),
         Some(Err(error)) => {
             tracing::error!(error = %crate::report::InLine(&error), "the postponed validation of a nonce past its retention does not decode; the nonce's record is kept, the sweep goes on");
@@ -1178,8 +1205,9 @@ fn awaits_its_result(context: &Context, id: Option<ValidationId>) -> Result<bool
 /// Removes an expired postponed validation whose result was delivered or refused; returns
 /// `false` when it must be kept (still undecided or undelivered). An original goes though a
 /// repeat of it still awaits its result (the repeat holds its decision itself); the nonce's
-/// record, which names the original, is then kept by [`awaits_its_result`] for another
-/// retention, read in the same sweep as the original.
+/// record, which names the original, is then given the repeats to look at in its place
+/// ([`awaits_its_result`]): without them it would go a retention later, and the nonce asked
+/// about again would reach the handler a second time.
 fn purge_postponed(
     context: &Context,
     batch: &mut sled::Batch,
@@ -1195,6 +1223,9 @@ fn purge_postponed(
             if !record.is_final() {
                 return Ok(false);
             }
+            if any_awaits(context, &record.repeats)? {
+                hand_repeats_to_nonce_record(context, batch, &record)?;
+            }
             batch.remove(keys::by_id(keys::POSTPONED_PREFIX, id_number));
             Ok(true)
         }
@@ -1204,6 +1235,29 @@ fn purge_postponed(
             Ok(false)
         }
     }
+}
+
+/// Writes `original`'s repeats into its nonce's record, which names it, as `original` goes
+/// while one of them awaits its result. A nonce record that does not decode is left as it
+/// is (it is kept anyway, see `purge_step`).
+fn hand_repeats_to_nonce_record(
+    context: &Context,
+    batch: &mut sled::Batch,
+    original: &PostponedValidation,
+) -> Result<(), StoreError> {
+    let nonce = original.request.nonce().as_str();
+    let key = keys::validation(nonce);
+    let Some((found_at, bytes)) = key.find(|k| context.tree.get(k))? else {
+        return Ok(());
+    };
+    let Ok(mut record) = decode::<ValidationRecord>(nonce, &bytes) else {
+        return Ok(());
+    };
+    if record.validation_id == Some(original.validation_id) {
+        record.repeats_awaiting.clone_from(&original.repeats);
+        batch.insert(found_at, encode(&record));
+    }
+    Ok(())
 }
 
 /// [`EffectTx`] over the batch being built: reads see earlier writes of this batch and of

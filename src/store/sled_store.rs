@@ -2093,6 +2093,27 @@ mod tests {
         assert_eq!(store.inner.writer.blobs().synced(), blobs);
     }
 
+    /// A sweep whose writing out fails (here a blob file that cannot be synced) stops the
+    /// store as a commit's failure does: a later sync could succeed without writing what
+    /// this one left unwritten, and a commit would be acknowledged on top of it.
+    #[test]
+    fn a_purge_that_cannot_be_made_durable_stops_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let runtime = current_thread();
+        book_with(&runtime, &store, "n-1", Effects::default()).unwrap();
+        let blob_dir = dir.path().join("blobs");
+        std::fs::create_dir_all(&blob_dir).unwrap();
+        std::os::unix::fs::symlink("9", blob_dir.join("9")).unwrap();
+        let after_retention = Utc::now() + chrono::TimeDelta::days(3650);
+        let purged = runtime.block_on(store.purge_expired(after_retention));
+        assert!(purged.is_err(), "{purged:?}");
+        assert!(store.failed(), "the store goes on after a failed purge");
+        std::fs::remove_file(blob_dir.join("9")).unwrap();
+        let next = book_with(&runtime, &store, "n-2", Effects::default());
+        assert!(matches!(next, Err(StoreError::Stopped)), "{next:?}");
+    }
+
     /// Lets every held commit go when dropped, a failed assertion's unwinding included (the
     /// runtime's drop waits for them).
     struct Released(Vec<Arc<HoldState>>);

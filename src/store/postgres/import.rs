@@ -66,7 +66,7 @@ enum Copied {
     Nothing,
     /// A validation record past its retention (its nonce's key and the record), copied once
     /// the postponed validations are, if one of its nonce awaits its result.
-    Later((String, ValidationRecord)),
+    Later(Box<(String, ValidationRecord)>),
 }
 
 impl PgStore {
@@ -91,7 +91,7 @@ impl PgStore {
             match written {
                 Copied::Record => in_batch += 1,
                 Copied::Nothing => {}
-                Copied::Later(validation) => past_retention.push(validation),
+                Copied::Later(validation) => past_retention.push(*validation),
             }
             if in_batch >= BATCH {
                 tx.commit().await?;
@@ -213,7 +213,7 @@ impl PgStore {
                 // sled keeps it past its retention while the nonce's validation awaits its
                 // result (a new validation of the nonce would run the handler again): whether
                 // it does is known once the postponed validations are copied.
-                return Ok(Copied::Later((named, record)));
+                return Ok(Copied::Later(Box::new((named, record))));
             }
             let done = self.copy_validation(conn, &named, &record).await?;
             imported.validations += done;
