@@ -89,3 +89,49 @@ async fn only_allowed_networks_read_metrics_and_an_empty_list_turns_them_off() {
         .to_string();
     assert!(error.contains("server.metrics_allow_ips"), "{error}");
 }
+
+/// A store that does not answer (here PostgreSQL holding the failing count's table locked,
+/// as a long migration or a stuck session would) costs a scrape that figure only: the rest
+/// is answered, the store's health and every counter kept in memory among it, where the
+/// scrape used to wait as long as the database's statement timeout (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
+    use sqlx::Connection;
+    use std::time::Duration;
+    let Some(db) = support::postgres::database("scrape_store_locked").await else {
+        return;
+    };
+    let mut config = test_config();
+    config.store = db.store_config(Duration::from_secs(3600));
+    config.store.statement_timeout = Duration::from_secs(3600);
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    let (status, text) = metrics(&server).await;
+    assert_eq!(status, 200);
+    assert!(text.contains("payhook_callbacks_failing 0"), "{text}");
+
+    let mut holder = db.connect().await;
+    let mut locked = holder.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "LOCK TABLE {}.callback_failures_count IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    ))
+    .execute(&mut *locked)
+    .await
+    .unwrap();
+    let (status, text) = tokio::time::timeout(DEADLINE, metrics(&server))
+        .await
+        .expect("the scrape waited for the locked table");
+    assert_eq!(status, 200);
+    assert!(!text.contains("payhook_callbacks_failing"), "{text}");
+    for kept in ["payhook_store_failed 0", "payhook_callbacks_booked_total 1"] {
+        assert!(text.lines().any(|line| line == kept), "{kept} in {text}");
+    }
+    locked.rollback().await.unwrap();
+    let (_, text) = metrics(&server).await;
+    assert!(text.contains("payhook_callbacks_failing 0"), "{text}");
+    db.drop_schema().await;
+}

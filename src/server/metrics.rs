@@ -34,6 +34,11 @@
 //! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408), `body_memory` (a body arriving for longer than `server.min_body_rate_grace` gave its part of `server.body_memory_limit` up to another, answered 408) |
 //! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
 //!
+//! `payhook_callbacks_failing`, `payhook_outbox_queued` and
+//! `payhook_outbox_oldest_queued_age_seconds` are read from the store on each scrape; one the
+//! store does not give within 2 seconds (a database unreachable or locked) is left out of
+//! that scrape, and the rest is answered: alert on `absent(...)` of them beside their value.
+//!
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
 //! list turns the route off.
 
@@ -60,8 +65,8 @@ const ROUTES: [&str; 8] = [
 ];
 
 /// The statuses the server answers with; any other is counted under the last column.
-const STATUSES: [u16; 15] = [
-    200, 400, 401, 403, 404, 405, 408, 409, 413, 415, 500, 502, 503, 504, 0,
+const STATUSES: [u16; 16] = [
+    200, 303, 400, 401, 403, 404, 405, 408, 409, 413, 415, 500, 502, 503, 504, 0,
 ];
 
 /// The server's counters: plain atomics, so that counting an answer takes no lock.
@@ -465,9 +470,12 @@ struct RequestLabels {
     outcome: &'static str,
 }
 
-/// Bounds of the latency histograms, in seconds: 0.5 ms to 10 s.
-pub(crate) const LATENCY_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// Bounds of the latency histograms, in seconds: 0.5 ms to 60 s, so that an answer at
+/// `server.handler_timeout` (20 s by default; a gateway call's timeout, twice after a 401)
+/// falls in a bucket of its own rather than `+Inf`.
+pub(crate) const LATENCY_BUCKETS: [f64; 17] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
+    30.0, 60.0,
 ];
 
 fn latency_histogram() -> Histogram {
@@ -484,6 +492,7 @@ mod tests {
         metrics.answered("callback", 200);
         metrics.answered("callback", 200);
         metrics.answered("callback", 401);
+        metrics.answered("admin", 303);
         metrics.decided(Decision::Deny);
         metrics.callbacks_booked.fetch_add(1, Ordering::Relaxed);
         metrics.refused_signature(&crate::signature::Error::InvalidSignature);
@@ -514,6 +523,8 @@ mod tests {
             "payhook_store_failed 0",
             "payhook_request_duration_seconds_count{endpoint=\"callback\",outcome=\"booked\"} 1",
             "payhook_request_duration_seconds_bucket{le=\"0.005\",endpoint=\"callback\",outcome=\"booked\"} 1",
+            "payhook_request_duration_seconds_bucket{le=\"20.0\",endpoint=\"callback\",outcome=\"booked\"} 1",
+            "payhook_answers_total{route=\"admin\",status=\"303\"} 1",
             "payhook_build_info{version=\"0.1.0\"} 1",
             "# EOF",
         ] {

@@ -183,6 +183,21 @@ const RETRIES_MAY_LAST: std::time::Duration = std::time::Duration::from_secs(4 *
 /// NTP may step; another instance's, on a shared store) may differ by seconds.
 const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a `/metrics` scrape waits for each figure it reads from the store (the outbox's
+/// queue, the failing count): a store that does not answer (a database unreachable or
+/// locked) leaves out that figure, not the whole scrape — Prometheus gives up on a scrape
+/// after 10 seconds by default, and with it would go every counter kept in memory, the
+/// store's failure among them, when an alert needs them most.
+const SCRAPE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `read`'s value, or `None` when it fails or takes longer than [`SCRAPE_READ_LIMIT`].
+async fn read_for_scrape<T, E>(read: impl std::future::Future<Output = Result<T, E>>) -> Option<T> {
+    tokio::time::timeout(SCRAPE_READ_LIMIT, read)
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
 use bytes::Bytes;
 use chrono::Utc;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -574,7 +589,7 @@ impl App {
         let mut scrape = metrics::Scrape::default();
         if let (Some(outbox), Some(awaitable)) = (self.outbox(), &self.inner.awaitable) {
             let counts = outbox.counts();
-            let summary = awaitable.resolver().outbox_summary().await.ok();
+            let summary = read_for_scrape(awaitable.resolver().outbox_summary()).await;
             let now = Utc::now();
             let oldest_queued_seconds = summary.map(|summary| {
                 summary.oldest_decided.map_or(0.0, |decided| {
@@ -596,7 +611,7 @@ impl App {
             ));
         }
         if let Some(store) = store {
-            scrape.failing = store.failing_count().await.ok();
+            scrape.failing = read_for_scrape(store.failing_count()).await;
             scrape.store_failed = Some(store.failed());
             if let Some(commits) = store.commit_metrics() {
                 let (seconds, batch) = commits.histograms();

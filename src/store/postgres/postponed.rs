@@ -394,6 +394,25 @@ impl PostponedStore for PgStore {
         })
     }
 
+    fn outbox_summary(&self) -> StoreFuture<'_, crate::store::OutboxSummary> {
+        Box::pin(async move {
+            // Counted and dated in the database: a scrape reads two numbers however many
+            // results an aggregator that is down for long leaves queued.
+            let row = sqlx::query(&self.sql(
+                "SELECT count(*), min((record->'result'->>'decided_ms')::bigint) \
+                 FROM {s}.postponed WHERE deliver_at IS NOT NULL",
+            ))
+            .fetch_one(self.pool())
+            .await?;
+            let queued = usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0);
+            let oldest_ms: Option<i64> = row.try_get(1)?;
+            Ok(crate::store::OutboxSummary {
+                queued,
+                oldest_decided: oldest_ms.and_then(DateTime::from_timestamp_millis),
+            })
+        })
+    }
+
     fn deadlines_due(&self, now: DateTime<Utc>) -> StoreFuture<'_, Due> {
         Box::pin(async move {
             let rows = sqlx::query(&self.sql(
