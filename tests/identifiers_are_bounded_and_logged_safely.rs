@@ -91,6 +91,40 @@ async fn identifiers_up_to_the_limit_pass_and_longer_ones_are_refused() {
     }
 }
 
+/// A transaction validation's record keeps its currency (the payment a repeat must match):
+/// held to the identifiers' limit, a currency cannot make each record as large as the body.
+/// The other endpoints keep no currency, and a callback's is not refused for its length: its
+/// refusal would lose the payment's result.
+#[tokio::test]
+async fn a_validation_s_currency_is_bounded_as_its_record_keeps_it() {
+    logs();
+    let mut config = test_config();
+    config.server.body_limit = 2 << 20;
+    let server = TestServer::start_with(config).await;
+    let currency = "/paymentData/currency";
+    for refused in ["E".repeat(257), "E".repeat(1 << 20), "EU\u{0}R".to_owned()] {
+        let body = with(TRANSACTION_VALIDATION, currency, Some(json!(refused)));
+        let response = send(&server, VALIDATION_PATH, &body).await;
+        assert_eq!(response.status, 400, "{}", response.message());
+        assert!(
+            response.message().contains("paymentData.currency"),
+            "{}",
+            response.message()
+        );
+    }
+    assert!(server.merchant.calls().is_empty(), "no handler saw them");
+    let longest = with(
+        TRANSACTION_VALIDATION,
+        currency,
+        Some(json!("E".repeat(256))),
+    );
+    let response = send(&server, VALIDATION_PATH, &longest).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    let callback = with(CALLBACK, "/currency", Some(json!("E".repeat(1 << 20))));
+    let response = send(&server, CALLBACK_PATH, &callback).await;
+    assert_eq!(response.status, 200, "{}", response.message());
+}
+
 #[tokio::test]
 async fn control_characters_from_the_wire_cannot_forge_a_log_line() {
     let logs = logs();

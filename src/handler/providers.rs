@@ -28,7 +28,9 @@ pub fn tags_allow<S: AsRef<str>>(requested: &[String], provider_tags: &[S]) -> b
 /// [`ProviderFilter::from_request`] takes every criterion from the request; the setters
 /// narrow or widen it. Tags of a candidate come from its `tags` field, or from the merchant's
 /// own mapping given to [`ProviderFilter::apply_with_tags`]. When the request asks for tags
-/// and a candidate has none, the candidate is left out (fail closed).
+/// and a candidate has none, the candidate is left out (fail closed), and a warning says how
+/// many were: the spec's request table gives candidates no tags, so a merchant whose
+/// aggregator sends none maps them with [`ProviderFilter::apply_with_tags`].
 ///
 /// ```
 /// use payhook::handler::ProviderFilter;
@@ -130,14 +132,27 @@ impl ProviderFilter {
     where
         F: Fn(&ProviderCandidate) -> Vec<String>,
     {
-        candidates
+        let mut untagged = 0usize;
+        let allowed: Vec<Provider> = candidates
             .iter()
             .filter_map(|candidate| {
                 let provider = candidate.to_provider();
-                self.allows(&provider, &tags_of(candidate))
-                    .then_some(provider)
+                let tags = tags_of(candidate);
+                untagged += usize::from(tags.is_empty());
+                self.allows(&provider, &tags).then_some(provider)
             })
-            .collect()
+            .collect();
+        // Fail closed, and said: an aggregator that sends no tags with its candidates would
+        // otherwise leave every client of a tagged request without a provider, silently.
+        if !self.tags.is_empty() && untagged > 0 {
+            tracing::warn!(
+                requested = ?self.tags.iter().map(|tag| crate::Logged(tag).to_string()).collect::<Vec<_>>(),
+                untagged,
+                candidates = candidates.len(),
+                "the request asks for provider tags and some candidates carry none: those are left out; give the providers' tags with ProviderFilter::apply_with_tags"
+            );
+        }
+        allowed
     }
 }
 
@@ -210,5 +225,52 @@ mod tests {
         assert!(fiat.allows(&provider(1, "EUR", true, true), &["fiat"]));
         assert!(!fiat.allows(&provider(1, "EUR", true, true), NO_TAGS));
         assert!(ProviderFilter::allow_all().allows(&provider(1, "EUR", true, true), NO_TAGS));
+    }
+
+    /// Candidates left out for want of tags are said in the log: an aggregator that sends
+    /// none would otherwise leave every tagged request without a provider, silently.
+    #[test]
+    fn untagged_candidates_left_out_are_said() {
+        use std::sync::{Arc, Mutex};
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let candidates: Vec<ProviderCandidate> = serde_json::from_str(
+            r#"[{"id":1,"currencies":["EUR"],"payTypes":[]},
+                {"id":2,"currencies":["EUR"],"payTypes":[],"tags":["fiat"]}]"#,
+        )
+        .unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let said = |filter: ProviderFilter| {
+            logs.lock().unwrap().clear();
+            let sink = Arc::clone(&logs);
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || Sink(Arc::clone(&sink)))
+                .finish();
+            let allowed =
+                tracing::subscriber::with_default(subscriber, || filter.apply(&candidates));
+            let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+            (allowed.iter().map(|p| p.id).collect::<Vec<_>>(), text)
+        };
+        let (allowed, text) = said(ProviderFilter::allow_all().tags(vec!["fiat".into()]));
+        assert_eq!(allowed, [2]);
+        assert!(
+            text.contains("carry none") && text.contains("untagged=1"),
+            "{text}"
+        );
+        let (allowed, text) = said(ProviderFilter::allow_all());
+        assert_eq!(allowed, [1, 2]);
+        assert!(
+            text.is_empty(),
+            "nothing to say without requested tags: {text}"
+        );
     }
 }

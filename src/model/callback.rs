@@ -100,8 +100,6 @@ impl ReadableCallback {
             currency: Option<&'a RawValue>,
         }
         #[derive(Deserialize)]
-        struct Integer(#[serde(deserialize_with = "super::integer::integer")] i64);
-        #[derive(Deserialize)]
         struct Amount(#[serde(with = "amount::exact")] Decimal);
 
         fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
@@ -112,9 +110,7 @@ impl ReadableCallback {
         };
         Self {
             nonce: read(fields.nonce),
-            status: read(fields.transaction_status)
-                .and_then(|Integer(code)| i32::try_from(code).ok())
-                .map(TransactionStatus::from_code),
+            status: read(fields.transaction_status),
             reference: read(fields.transaction_reference_id),
             client_id: read(fields.client_id),
             amount: read(fields.amount).map(|Amount(amount)| amount),

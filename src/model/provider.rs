@@ -30,13 +30,39 @@ pub struct ProviderCandidate {
     #[serde(default, deserialize_with = "null_as_default")]
     pub pay_types: Vec<Value>,
     /// Tags of the provider (`fiat`, `crypto`, the merchant's own). Not in the request table
-    /// of interface 0.3.2; read when the aggregator sends it, empty otherwise.
+    /// of interface 0.3.2; read when the aggregator sends it, empty otherwise. Read loosely,
+    /// as the lists whose shape the spec does not show: a list of names, or of objects
+    /// naming one (`name`, else `code`); any other element is passed over, and a field of
+    /// another shape is no tags — never a refusal of the whole request.
     #[serde(
         default,
-        deserialize_with = "null_as_default",
+        deserialize_with = "loose_tags",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub tags: Vec<String>,
+}
+
+/// Reads a candidate's `tags` (see [`ProviderCandidate::tags`]).
+fn loose_tags<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    fn name_of(element: Value) -> Option<String> {
+        match element {
+            Value::String(name) => Some(name),
+            Value::Object(mut fields) => {
+                ["name", "code"]
+                    .into_iter()
+                    .find_map(|field| match fields.remove(field) {
+                        Some(Value::String(name)) => Some(name),
+                        _ => None,
+                    })
+            }
+            _ => None,
+        }
+    }
+    Ok(match Value::deserialize(deserializer)? {
+        Value::Array(elements) => elements.into_iter().filter_map(name_of).collect(),
+        Value::String(name) => vec![name],
+        _ => Vec::new(),
+    })
 }
 
 impl ProviderCandidate {
@@ -218,6 +244,32 @@ mod tests {
             }]
         );
         assert!(provider.pay_types.is_empty());
+    }
+
+    /// `tags` is not in the spec's table: a shape other than a list of names is read as
+    /// well as it can be, never refused (a refusal would leave the client no provider).
+    #[test]
+    fn tags_of_any_shape_are_read_loosely() {
+        let tags = |field: &str| {
+            let text = format!(r#"{{"id":1,"currencies":[],"payTypes":[]{field}}}"#);
+            serde_json::from_str::<ProviderCandidate>(&text)
+                .map(|candidate| candidate.tags)
+                .unwrap()
+        };
+        assert_eq!(tags(r#","tags":["fiat","eu"]"#), ["fiat", "eu"]);
+        assert_eq!(
+            tags(r#","tags":[{"id":1,"name":"fiat"},{"id":2,"code":"eu"},{"id":3},7]"#),
+            ["fiat", "eu"]
+        );
+        assert_eq!(tags(r#","tags":"crypto""#), ["crypto"]);
+        for nothing in [
+            "",
+            r#","tags":null"#,
+            r#","tags":{"fiat":true}"#,
+            r#","tags":3"#,
+        ] {
+            assert!(tags(nothing).is_empty(), "{nothing}");
+        }
     }
 
     #[test]

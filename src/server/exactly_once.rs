@@ -590,7 +590,7 @@ impl ExactlyOnce {
                 effect @ (StoreError::Aborted { .. }
                 | StoreError::UnknownTree { .. }
                 | StoreError::Unsupported(_)) => {
-                    tracing::error!(error = %effect, "the handler's effects did not apply; not acknowledged");
+                    tracing::error!(error = %crate::report::InLine(&effect), "the handler's effects did not apply; not acknowledged");
                     self.callback_failed()
                 }
                 other => self.store_failed(Endpoint::Callback, &other),

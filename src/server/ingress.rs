@@ -372,7 +372,11 @@ fn check_identifiers(request: &impl Traced, max_chars: usize) -> Result<(), Prob
             "invalid field `{field}`: a nonce must not be empty or blank"
         )));
     }
-    for (field, value) in [(field, nonce), request.client_id()] {
+    let currency = request.currency();
+    for (field, value) in [(field, nonce), request.client_id()]
+        .into_iter()
+        .chain(currency)
+    {
         if let Some(why) = unkeepable(value, max_chars) {
             return Err(Problem::BadRequest(format!(
                 "invalid field `{field}`: {why}"
@@ -453,6 +457,13 @@ pub(super) trait Traced {
     fn nonce(&self) -> (&'static str, &str);
     /// The client id and the path of its field.
     fn client_id(&self) -> (&'static str, &str);
+    /// The currency and the path of its field, where a record keeps it (a transaction
+    /// validation's fingerprint): held to the identifiers' rules, so that what a record holds
+    /// does not grow with what a sender chose. Nothing keeps a callback's or a providers
+    /// validation's, and they are not held.
+    fn currency(&self) -> Option<(&'static str, &str)> {
+        None
+    }
 
     fn trace(&self, span: &tracing::Span) {
         span.record("nonce", field::display(Logged(self.nonce().1)));
@@ -479,6 +490,10 @@ impl Traced for TransactionValidationRequest {
 
     fn client_id(&self) -> (&'static str, &str) {
         ("merchantData.clientId", &self.merchant_data.client_id)
+    }
+
+    fn currency(&self) -> Option<(&'static str, &str)> {
+        Some(("paymentData.currency", &self.payment_data.currency))
     }
 
     fn trace(&self, span: &tracing::Span) {

@@ -67,13 +67,31 @@ mod tests {
         assert_eq!(failure.currency, "");
     }
 
+    /// The status is read as a delivery reads it: a sender that writes its numbers as
+    /// strings has `"4"` read as a success, and a body refused for another field (an id
+    /// as a string, which no integer field accepts) is listed, not only logged.
+    #[test]
+    fn a_status_is_read_as_the_body_reads_it() {
+        let body = br#"{"id":"1001","nonce":"n-1","transactionStatus":"4"}"#;
+        let listed = failure(body, "invalid field `id`".to_owned(), 64).unwrap();
+        assert_eq!(listed.status, TransactionStatus::Success);
+        for (code, status) in [
+            ("4.0", TransactionStatus::Success),
+            ("\"-1\"", TransactionStatus::from_code(-1)),
+        ] {
+            let body = format!(r#"{{"nonce":"n-1","transactionStatus":{code}}}"#);
+            let listed = failure(body.as_bytes(), String::new(), 64).unwrap();
+            assert_eq!(listed.status, status, "{code}");
+        }
+    }
+
     #[test]
     fn a_body_without_a_keepable_nonce_and_status_is_not_recorded() {
         for body in [
             &br#"{"nonce":null,"transactionStatus":4}"#[..],
             br#"{"nonce":" \t","transactionStatus":4}"#,
             br#"{"nonce":"0123456789","transactionStatus":4}"#,
-            br#"{"nonce":"n-1","transactionStatus":"4"}"#,
+            br#"{"nonce":"n-1","transactionStatus":"four"}"#,
             br#"{"nonce":"n-1"}"#,
             b"{",
         ] {
