@@ -644,13 +644,22 @@ impl AdminCommand {
                 let mut failed = 0;
                 // One request per transaction: each is answered within the client's bound
                 // (a lookup takes up to `gateway.timeout`), and printed as it is.
+                // A transaction the service could not be asked about (unreachable, or
+                // refused) is reported and counted, and the rest are still asked.
                 for id in &reference_ids {
-                    let Some(outcome) = client
-                        .reconcile(std::slice::from_ref(id))
-                        .await?
-                        .into_iter()
-                        .next()
-                    else {
+                    let answered = match client.reconcile(std::slice::from_ref(id)).await {
+                        Ok(answered) => answered,
+                        Err(error) => {
+                            failed += 1;
+                            writeln!(
+                                out,
+                                "{id}: NOT reconciled: {}",
+                                crate::report::InLine(&error)
+                            )?;
+                            continue;
+                        }
+                    };
+                    let Some(outcome) = answered.into_iter().next() else {
                         failed += 1;
                         writeln!(out, "{id}: NOT reconciled: the service answered nothing")?;
                         continue;

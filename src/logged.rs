@@ -38,19 +38,38 @@ impl fmt::Display for Logged<'_> {
 }
 
 /// Writes `chars` to `out` with control characters escaped (`\n`, `\u{1b}`): a line break
-/// from the wire must not forge a log line.
+/// from the wire must not forge a log line. So are the characters that break or reorder a
+/// line without being controls ([`rewrites_the_line`]).
 pub(crate) fn write_escaped(
     out: &mut dyn fmt::Write,
     chars: impl Iterator<Item = char>,
 ) -> fmt::Result {
     for c in chars {
-        if c.is_control() {
+        if c.is_control() || rewrites_the_line(c) {
             write!(out, "{}", c.escape_default())?;
         } else {
             out.write_char(c)?;
         }
     }
     Ok(())
+}
+
+/// Characters that are not controls but change how a line reads: the line and paragraph
+/// separators (U+2028, U+2029), which some log viewers and terminals break lines on, and
+/// the bidirectional marks, embeddings, overrides and isolates, which show a nonce's
+/// characters in another order than they are (U+061C, U+200E, U+200F, U+202A to U+202E,
+/// U+2066 to U+2069).
+fn rewrites_the_line(c: char) -> bool {
+    matches!(
+        c,
+        '\u{2028}'
+            | '\u{2029}'
+            | '\u{061C}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// `text`, or its first `max` bytes (fewer, to end on a whole character) and `…`: for what
@@ -90,6 +109,29 @@ mod tests {
         assert!(shown.starts_with(&"x".repeat(SHOWN)));
         assert!(shown.ends_with("…(1000 bytes)"), "{shown}");
         assert_eq!(Logged("plain-nonce").to_string(), "plain-nonce");
+    }
+
+    #[test]
+    fn separators_and_bidirectional_controls_are_escaped() {
+        // U+2028 breaks the line in some viewers; U+202E shows `n-123` as `n-321`.
+        assert_eq!(
+            Logged("a\u{2028}b\u{2029}c").to_string(),
+            "a\\u{2028}b\\u{2029}c"
+        );
+        assert_eq!(
+            Logged("n-\u{202E}321\u{202C}").to_string(),
+            "n-\\u{202e}321\\u{202c}"
+        );
+        for c in [
+            '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{2066}', '\u{2069}',
+        ] {
+            assert_eq!(
+                Logged(&c.to_string()).to_string(),
+                c.escape_default().to_string()
+            );
+        }
+        // Letters of right-to-left scripts are shown as they are.
+        assert_eq!(Logged("שלום-ü").to_string(), "שלום-ü");
     }
 
     #[test]

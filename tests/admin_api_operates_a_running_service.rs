@@ -621,6 +621,7 @@ async fn the_command_line_operates_the_running_example_merchant() {
     );
     assert!(out.contains(&format!("{unknown}: NOT reconciled")), "{out}");
     // Without the token, a clear refusal.
+    let env_with_token = env.clone();
     let no_token: Vec<(String, String)> = env
         .into_iter()
         .filter(|(k, _)| k != "PAYHOOK_ADMIN_TOKEN")
@@ -632,7 +633,26 @@ async fn the_command_line_operates_the_running_example_merchant() {
     .await;
     assert_eq!(code, 2);
     assert!(out.contains("PAYHOOK_ADMIN_TOKEN"), "{out}");
+    // A service that cannot be asked: every transaction is told as not reconciled, not
+    // only the first (the rest were left untold).
     child.kill();
+    let (code, out) = run(
+        args(&[
+            "reconcile",
+            "--ref",
+            &reference,
+            "--ref",
+            unknown,
+            "--admin-url",
+            &url,
+        ]),
+        env_with_token,
+    )
+    .await;
+    assert_eq!(code, 2, "{out}");
+    for id in [reference.as_str(), unknown] {
+        assert!(out.contains(&format!("{id}: NOT reconciled")), "{out}");
+    }
 }
 
 #[test]

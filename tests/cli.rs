@@ -303,6 +303,20 @@ mod signature_tools {
             &body,
         );
         assert_refused(&malformed, "malformed signature");
+        // A value no header can carry (a line break) is malformed too, not a usage error.
+        let unsendable = payhook_with_input(
+            &[
+                "verify",
+                "--key",
+                path(&key),
+                "--alg",
+                alg,
+                "--signature",
+                "abc\ndef",
+            ],
+            &body,
+        );
+        assert_refused(&unsendable, "malformed signature");
     }
 
     #[test]

@@ -716,6 +716,35 @@ async fn trigger_redacts_credentials_and_refuses_contradicting_flags() {
             vec!["callback", "--await", "--gateway", "http://127.0.0.1:1"],
             "--await waits for a postponed validation's result",
         ),
+        // Faults judge their own requests: they neither await a result nor record the
+        // transaction at the mock gateway, which these flags would otherwise promise.
+        (
+            vec![
+                "transaction-validation",
+                "--fault",
+                "duplicate",
+                "--await",
+                "--gateway",
+                "http://127.0.0.1:1",
+            ],
+            "--fault judges its own requests",
+        ),
+        (
+            vec![
+                "callback",
+                "--fault",
+                "duplicate",
+                "--gateway",
+                "http://127.0.0.1:1",
+            ],
+            "--fault judges its own requests",
+        ),
+        // The retry schedule is --settings' delivery's; one request has none.
+        (vec!["callback", "--fast"], "--schedule and --fast pace"),
+        (
+            vec!["callback", "--schedule", "1s"],
+            "--schedule and --fast pace",
+        ),
     ];
     for (flags, reason) in refusals {
         let mut command = vec!["trigger"];

@@ -868,7 +868,7 @@ fn verify(
     }
     let mut headers = http::HeaderMap::new();
     let value = http::HeaderValue::from_str(signature)
-        .map_err(|_| Failure::msg("the signature is not a valid header value"))?;
+        .map_err(|_| Failure("malformed signature: not a valid header value".into(), 1))?;
     headers.insert(verifier.header().clone(), value);
     match verifier.verify(&headers, &stdin_bytes()?) {
         Ok(key_id) => {

@@ -235,10 +235,11 @@ pub(crate) struct TriggerArgs {
     /// array of callback settings (spec 2.5), with retries; instead of --to.
     #[arg(long, conflicts_with = "to")]
     settings: Option<PathBuf>,
-    /// The waits between delivery attempts, e.g. `5s,30s,5m` (the last repeats).
+    /// With --settings: the waits between delivery attempts, e.g. `5s,30s,5m` (the last
+    /// repeats).
     #[arg(long, value_delimiter = ',', value_parser = payhook::config::parse_duration)]
     schedule: Vec<Duration>,
-    /// Let the waits pass on a virtual clock: no sleeping.
+    /// With --settings: let the waits pass on a virtual clock, no sleeping.
     #[arg(long)]
     fast: bool,
     #[command(flatten)]
@@ -432,6 +433,16 @@ fn check_combination(args: &TriggerArgs, kind: RequestKind) -> Result<(), Failur
     if args.wait && kind != RequestKind::TransactionValidation {
         return refuse(
             "--await waits for a postponed validation's result: transaction-validation only",
+        );
+    }
+    if args.settings.is_none() && (args.fast || !args.schedule.is_empty()) {
+        return refuse(
+            "--schedule and --fast pace the retries of a delivery to --settings; one request to --to has none",
+        );
+    }
+    if !args.fault.is_empty() && (args.wait || args.gateway.is_some()) {
+        return refuse(
+            "--fault judges its own requests and records nothing at the mock gateway; it cannot be combined with --await or --gateway",
         );
     }
     if custom_body && !args.fault.is_empty() {
