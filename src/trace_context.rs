@@ -43,6 +43,10 @@ pub const HEADER: &str = "traceparent";
 const LENGTH: usize = 55;
 /// The `sampled` trace flag.
 const SAMPLED: u8 = 0x01;
+/// The flags a `traceparent` of version 00 may carry: `sampled`, and trace context level
+/// 2's `random` (the trace id's right part is random), kept as the trace id is. The others
+/// are reserved, and a sender sets them to zero, whatever a caller set.
+const DEFINED_FLAGS: u8 = SAMPLED | 0x02;
 
 /// One span's place in a trace: the trace's id, the span's id and the trace flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,13 +169,14 @@ impl TraceContext {
         self.flags & SAMPLED != 0
     }
 
-    /// The `traceparent` value that makes a callee's span a child of this one (version 00).
+    /// The `traceparent` value that makes a callee's span a child of this one (version 00,
+    /// reserved flags zero).
     pub fn header_value(&self) -> String {
         format!(
             "00-{}-{}-{:02x}",
             self.trace_id(),
             self.span_id(),
-            self.flags
+            self.flags & DEFINED_FLAGS
         )
     }
 }
@@ -311,6 +316,18 @@ mod tests {
         ] {
             assert_eq!(TraceContext::parse(invalid), None, "{invalid:?}");
         }
+    }
+
+    /// Flags the caller set that version 00 reserves are not sent on: a callee of a
+    /// stricter reading would refuse the header.
+    #[test]
+    fn reserved_flags_are_not_sent_on() {
+        let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff";
+        let context = TraceContext::parse(caller).unwrap();
+        assert!(context.sampled());
+        assert!(context.child().header_value().ends_with("-03"));
+        let unsampled = TraceContext::parse(&caller.replace("-ff", "-fc")).unwrap();
+        assert!(unsampled.header_value().ends_with("-00"));
     }
 
     #[test]

@@ -135,3 +135,46 @@ async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
     assert!(text.contains("payhook_callbacks_failing 0"), "{text}");
     db.drop_schema().await;
 }
+
+/// One app served on two listeners (an IPv4 and an IPv6 address, say) counts the connections
+/// of both, where each listener used to write its own count over the other's.
+#[tokio::test]
+async fn connections_are_counted_across_listeners() {
+    let server = TestServer::start().await;
+    let second = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second_addr = second.local_addr().unwrap();
+    tokio::spawn(payhook::serve(
+        second,
+        server.app.clone(),
+        std::future::pending(),
+    ));
+    let mut held = Vec::new();
+    for addr in [server.addr, second_addr] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut stream,
+            b"GET /healthz HTTP/1.1\r\nHost: payhook\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        // Answered (so admitted), and kept open.
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 512];
+            let read = tokio::time::timeout(
+                DEADLINE,
+                tokio::io::AsyncReadExt::read(&mut stream, &mut chunk),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+            assert!(read > 0, "closed before its answer");
+            head.extend_from_slice(&chunk[..read]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+        held.push(stream);
+    }
+    // The scrape's own connection is the third.
+    assert_eq!(server.metric("payhook_connections_open").await, Some(3.0));
+    drop(held);
+}

@@ -185,7 +185,7 @@ impl Connections {
         });
         table.open.insert(activity.id, Arc::clone(&activity));
         *table.per_address.entry(address).or_default() += 1;
-        self.metrics.set_connections_open(table.open.len());
+        self.metrics.connection_opened();
         Admission::Admitted(Slot {
             connections: Arc::clone(self),
             activity,
@@ -228,7 +228,7 @@ impl Connections {
         if table.remove(victim) {
             tracing::debug!(address = %victim.address, ?reason, "connection shed");
             self.metrics.count_shed(reason);
-            self.metrics.set_connections_open(table.open.len());
+            self.metrics.connection_closed();
             victim.shed.notify_one();
         }
     }
@@ -340,7 +340,7 @@ impl Drop for Slot {
         let connections = &self.connections;
         let mut table = connections.table();
         if table.remove(&self.activity) {
-            connections.metrics.set_connections_open(table.open.len());
+            connections.metrics.connection_closed();
         }
         drop(table);
         connections.freed.notify_one();

@@ -201,8 +201,15 @@ impl Metrics {
         self.connections_shed[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_connections_open(&self, open: usize) {
-        self.connections_open.store(open as u64, Ordering::Relaxed);
+    /// A connection entered a server's table: counted up, not set, so that one `App` served
+    /// on several listeners counts the connections of all of them.
+    pub(crate) fn connection_opened(&self) {
+        self.connections_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection left a server's table (once per [`Self::connection_opened`]).
+    pub(crate) fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The counters an operator looks at first, for the inspector's health panel.
