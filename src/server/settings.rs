@@ -92,7 +92,8 @@ pub struct ServerConfig {
     )]
     pub min_body_rate_grace: Duration,
     /// Longest nonce and client id accepted, in characters (Unicode code points, as the
-    /// OpenAPI document's `maxLength` counts them); a longer one is refused with 400.
+    /// OpenAPI document's `maxLength` counts them), and transaction validation's currency
+    /// (its nonce's record keeps it); a longer one is refused with 400.
     /// Identifiers are kept in memory, in the store for the retention period and in logs:
     /// without a bound, a client could fill all three. The default fits every real
     /// identifier (a GUID is 36 characters).
