@@ -35,7 +35,7 @@
 //! | unknown status / type codes | kept as `Unknown(code)`, never an error |
 //! | unknown fields | ignored; `null` and absence are the same for optional fields |
 //! | required fields | the ones money depends on: ids, nonce, amount, currency, direction, status, client id |
-//! | identifiers | a nonce must not be empty or blank (it keys deduplication: blank nonces would all share one record); nonce and client id at most 256 characters (`server.max_identifier_chars`); both 400 otherwise. In logs, values from the wire have control characters escaped and are cut to 128 characters |
+//! | identifiers | a nonce must not be empty or blank (it keys deduplication: blank nonces would all share one record); nonce and client id, and a transaction validation's currency (its record keeps it), at most 256 characters (`server.max_identifier_chars`); 400 otherwise. In logs, values from the wire have control characters, line separators and bidirectional controls escaped and are cut to 128 characters |
 //! | callback signature header | `X-Signature` (`signature.header`) |
 //! | signature algorithm | RSA PKCS#1 v1.5 SHA-256, what .NET's `RSA.SignData` produces (`signature.algorithm`) |
 //! | signature encoding | standard base64 (`signature.encoding`); padding optional when reading |

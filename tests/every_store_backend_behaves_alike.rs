@@ -894,6 +894,12 @@ async fn the_outbox_summary_counts_what_awaits_delivery_and_its_oldest_decision(
     let summary = b.shared.outbox_summary().await.unwrap();
     assert_eq!((summary.queued, summary.oldest_decided), (1, Some(at(20))));
     assert_eq!(summary.queued, b.shared.outbox_len().await.unwrap());
+    // A result whose record holds U+0000 (a merchant's message quoting the wire, say), which
+    // PostgreSQL cannot read inside a `json` value: counted and dated all the same.
+    let decision = Decision::deny("documents missing: a\u{0}b");
+    b.shared.resolve(92.into(), &decision, at(5)).await.unwrap();
+    let summary = b.shared.outbox_summary().await.unwrap();
+    assert_eq!((summary.queued, summary.oldest_decided), (2, Some(at(5))));
 }
 
 behaviour!(a_refused_result_is_final);
@@ -2203,6 +2209,11 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
         })
     });
     refused_without_a_trace(&b, &mut conn, &table, "n-3", swallowing).await;
+    // An effect that panics after its statement fails its callback as one that aborts, as
+    // a tree effect's panic does: it used to unwind the delivery past its failure's record.
+    let panicking = insert("n-4", table.clone());
+    panicking.postgres(|_| Box::pin(async { panic!("the merchant's effect panicked") }));
+    refused_without_a_trace(&b, &mut conn, &table, "n-4", panicking).await;
     drop(conn);
     b.finish().await;
 }

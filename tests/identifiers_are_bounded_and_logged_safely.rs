@@ -93,13 +93,15 @@ async fn identifiers_up_to_the_limit_pass_and_longer_ones_are_refused() {
 
 /// A transaction validation's record keeps its currency (the payment a repeat must match):
 /// held to the identifiers' limit, a currency cannot make each record as large as the body.
-/// The other endpoints keep no currency, and a callback's is not refused for its length: its
-/// refusal would lose the payment's result.
+/// A providers validation keeps no currency, and a callback's is not refused for its
+/// length (its refusal would lose the payment's result): a failing callback's record keeps
+/// it cut.
 #[tokio::test]
 async fn a_validation_s_currency_is_bounded_as_its_record_keeps_it() {
     logs();
     let mut config = test_config();
     config.server.body_limit = 2 << 20;
+    config.admin.token = Some("identifiers-test-token-0123456789".into());
     let server = TestServer::start_with(config).await;
     let currency = "/paymentData/currency";
     for refused in ["E".repeat(257), "E".repeat(1 << 20), "EU\u{0}R".to_owned()] {
@@ -123,6 +125,13 @@ async fn a_validation_s_currency_is_bounded_as_its_record_keeps_it() {
     let callback = with(CALLBACK, "/currency", Some(json!("E".repeat(1 << 20))));
     let response = send(&server, CALLBACK_PATH, &callback).await;
     assert_eq!(response.status, 200, "{}", response.message());
+    let failing = with(&callback, "/clientId", Some(json!("fail")));
+    let failing = with(&failing, "/nonce", Some(json!("n-long-currency")));
+    let response = send(&server, CALLBACK_PATH, &failing).await;
+    assert_eq!(response.status, 503, "{}", response.message());
+    let listed = failing_listed(&server, "identifiers-test-token-0123456789").await;
+    let kept = listed[0]["currency"].as_str().unwrap();
+    assert_eq!(kept, format!("{}…", "E".repeat(64)), "cut, not kept whole");
 }
 
 #[tokio::test]

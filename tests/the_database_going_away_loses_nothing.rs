@@ -300,3 +300,55 @@ async fn connections_killed_and_refused_answer_503_and_lose_nothing() {
     db.drop_schema().await;
     admin(&db, &format!("DROP ROLE {role}")).await;
 }
+
+/// A server or role that closes sessions idle in a transaction (here after 100 ms) does not
+/// end a claim: its transaction idles while the handler runs, and closed, it let a retry's
+/// handler run beside the first one, whose booking then failed. payhook's connections turn
+/// the limit off for themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_outlives_an_idle_in_transaction_limit_of_the_database() {
+    let Some(db) = support::postgres::database("idle_in_transaction").await else {
+        return;
+    };
+    let (role, url) = db.own_role().await;
+    admin(
+        &db,
+        &format!("ALTER ROLE {role} SET idle_in_transaction_session_timeout = '100ms'"),
+    )
+    .await;
+    let mut config = test_config();
+    config.store = StoreConfig {
+        url: Some(url.into()),
+        ..db.store_config(Duration::from_secs(3600))
+    };
+    let store = PgStore::open(&config.store, &[]).await.unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    let body = with(CALLBACK, "/clientId", Some(serde_json::json!("gate")));
+    let request = post(
+        CALLBACK_PATH,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    );
+    let first = tokio::spawn({
+        let (addr, request) = (server.addr, request.clone());
+        async move { exchange(addr, &request).await }
+    });
+    tokio::time::timeout(DEADLINE, server.merchant.entered_gate.notified())
+        .await
+        .unwrap();
+    // The claim's transaction idles five times the role's limit while the handler runs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.merchant.gate.notify_one();
+    let first = tokio::time::timeout(DEADLINE, first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, 200, "{}", first.message());
+    let retry = exchange(server.addr, &request).await;
+    assert_eq!(retry.status, 200, "{}", retry.message());
+    assert_eq!(retry.message(), "callback already processed");
+    assert_eq!(server.merchant.calls().len(), 1, "the handler ran once");
+    drop(server);
+    db.drop_schema().await;
+    admin(&db, &format!("DROP ROLE {role}")).await;
+}

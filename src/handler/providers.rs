@@ -105,6 +105,11 @@ impl ProviderFilter {
 
     /// `true` when `provider`, whose tags are `provider_tags`, meets every criterion.
     pub fn allows<S: AsRef<str>>(&self, provider: &Provider, provider_tags: &[S]) -> bool {
+        self.serves(provider) && tags_allow(&self.tags, provider_tags)
+    }
+
+    /// `true` when `provider` meets every criterion but the tags.
+    fn serves(&self, provider: &Provider) -> bool {
         let currency_ok = self
             .currency
             .as_deref()
@@ -117,13 +122,13 @@ impl ProviderFilter {
             (None, Some(cash_in)) => provider.enabled_for(cash_in),
             (None, None) => true,
         };
-        currency_ok && direction_ok && tags_allow(&self.tags, provider_tags)
+        currency_ok && direction_ok
     }
 
     /// The candidates that meet every criterion, in the response shape, tags read from each
     /// candidate's `tags` field.
     pub fn apply(&self, candidates: &[ProviderCandidate]) -> Vec<Provider> {
-        self.apply_with_tags(candidates, |candidate| candidate.tags.clone())
+        self.select(candidates, |candidate| candidate.tags.clone(), true)
     }
 
     /// Like [`ProviderFilter::apply`], with the tags of each candidate given by `tags_of`
@@ -132,24 +137,44 @@ impl ProviderFilter {
     where
         F: Fn(&ProviderCandidate) -> Vec<String>,
     {
+        self.select(candidates, tags_of, false)
+    }
+
+    /// The candidates that meet every criterion. With `say_untagged` (tags read from the
+    /// candidates), those left out only for carrying no tags are counted in a warning: an
+    /// aggregator that sends none would otherwise leave every client of a tagged request
+    /// without a provider, silently. The merchant's own mapping is its own to tell.
+    fn select<F>(
+        &self,
+        candidates: &[ProviderCandidate],
+        tags_of: F,
+        say_untagged: bool,
+    ) -> Vec<Provider>
+    where
+        F: Fn(&ProviderCandidate) -> Vec<String>,
+    {
         let mut untagged = 0usize;
         let allowed: Vec<Provider> = candidates
             .iter()
             .filter_map(|candidate| {
                 let provider = candidate.to_provider();
+                if !self.serves(&provider) {
+                    return None;
+                }
                 let tags = tags_of(candidate);
+                if tags_allow(&self.tags, &tags) {
+                    return Some(provider);
+                }
                 untagged += usize::from(tags.is_empty());
-                self.allows(&provider, &tags).then_some(provider)
+                None
             })
             .collect();
-        // Fail closed, and said: an aggregator that sends no tags with its candidates would
-        // otherwise leave every client of a tagged request without a provider, silently.
-        if !self.tags.is_empty() && untagged > 0 {
+        if say_untagged && untagged > 0 {
             tracing::warn!(
                 requested = ?self.tags.iter().map(|tag| crate::Logged(tag).to_string()).collect::<Vec<_>>(),
                 untagged,
                 candidates = candidates.len(),
-                "the request asks for provider tags and some candidates carry none: those are left out; give the providers' tags with ProviderFilter::apply_with_tags"
+                "the request asks for provider tags, and candidates that would serve it otherwise carry none: they are left out; give the providers' tags with ProviderFilter::apply_with_tags"
             );
         }
         allowed
@@ -248,18 +273,18 @@ mod tests {
         )
         .unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));
-        let said = |filter: ProviderFilter| {
+        let said_of = |select: &dyn Fn() -> Vec<Provider>| {
             logs.lock().unwrap().clear();
             let sink = Arc::clone(&logs);
             let subscriber = tracing_subscriber::fmt()
                 .with_ansi(false)
                 .with_writer(move || Sink(Arc::clone(&sink)))
                 .finish();
-            let allowed =
-                tracing::subscriber::with_default(subscriber, || filter.apply(&candidates));
+            let allowed = tracing::subscriber::with_default(subscriber, select);
             let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
             (allowed.iter().map(|p| p.id).collect::<Vec<_>>(), text)
         };
+        let said = |filter: ProviderFilter| said_of(&|| filter.apply(&candidates));
         let (allowed, text) = said(ProviderFilter::allow_all().tags(vec!["fiat".into()]));
         assert_eq!(allowed, [2]);
         assert!(
@@ -272,5 +297,18 @@ mod tests {
             text.is_empty(),
             "nothing to say without requested tags: {text}"
         );
+        // Left out for its currency first: nothing to say of its tags.
+        let (allowed, text) = said(
+            ProviderFilter::allow_all()
+                .tags(vec!["crypto".into()])
+                .currency(Some("USD")),
+        );
+        assert!(allowed.is_empty());
+        assert!(text.is_empty(), "{text}");
+        // The merchant's own mapping is its own to tell.
+        let fiat = ProviderFilter::allow_all().tags(vec!["fiat".into()]);
+        let (allowed, text) = said_of(&|| fiat.apply_with_tags(&candidates, |_| Vec::new()));
+        assert!(allowed.is_empty());
+        assert!(text.is_empty(), "{text}");
     }
 }

@@ -390,7 +390,10 @@ impl ExactlyOnce {
         // What an operator needs of a failed delivery, kept before the handler takes the
         // callback; turned into a record only if it fails.
         let (reference, amount) = (callback.transaction_reference_id, callback.amount);
-        let (client_id, currency) = (callback.client_id.clone(), callback.currency.clone());
+        let (client_id, currency) = (
+            callback.client_id.clone(),
+            kept_currency(&callback.currency),
+        );
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
@@ -876,9 +879,19 @@ fn failure_of(callback: &CallbackBody, reason: String) -> CallbackFailure {
         transaction_reference_id: callback.transaction_reference_id,
         client_id: callback.client_id.clone(),
         amount: callback.amount,
-        currency: callback.currency.clone(),
+        currency: kept_currency(&callback.currency),
         at: chrono::Utc::now(),
     }
+}
+
+/// The most characters of a callback's currency a failure record keeps. A callback is not
+/// refused for a long currency (its refusal would lose the payment's result), but what its
+/// failure record holds for the retention must not grow with what a sender chose.
+const KEPT_CURRENCY_CHARS: usize = 64;
+
+/// A callback's currency as its failure record keeps it: cut at [`KEPT_CURRENCY_CHARS`].
+fn kept_currency(currency: &str) -> String {
+    crate::logged::cut_chars(currency, KEPT_CURRENCY_CHARS).into_owned()
 }
 
 /// Records `failure` for operators; a store that cannot is only logged.

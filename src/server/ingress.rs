@@ -459,8 +459,9 @@ pub(super) trait Traced {
     fn client_id(&self) -> (&'static str, &str);
     /// The currency and the path of its field, where a record keeps it (a transaction
     /// validation's fingerprint): held to the identifiers' rules, so that what a record holds
-    /// does not grow with what a sender chose. Nothing keeps a callback's or a providers
-    /// validation's, and they are not held.
+    /// does not grow with what a sender chose. A providers validation's is kept nowhere,
+    /// and a callback's is not refused (that would lose the payment's result): its failure
+    /// record keeps it cut (`exactly_once::kept_currency`).
     fn currency(&self) -> Option<(&'static str, &str)> {
         None
     }

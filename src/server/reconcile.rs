@@ -66,10 +66,11 @@ pub enum ReconcileError {
     UnknownAge,
 }
 
-/// Allowance for the aggregator's and this machine's clocks disagreeing. Wider than a
-/// delivered callback's (a tenth of the retention, at most an hour): a reconcile books what
-/// the aggregator's lookup says long after the fact, on an operator's request, and an
-/// operator can book by hand what it refuses.
+/// Allowance for the aggregator's and this machine's clocks disagreeing, at most: a tenth of
+/// the retention up to a day. Wider than a delivered callback's (a tenth of the retention, at
+/// most an hour): a reconcile books what the aggregator's lookup says long after the fact,
+/// on an operator's request, and an operator can book by hand what it refuses. A fixed day
+/// left nothing of a retention of a day or less: every reconcile was refused.
 const CLOCK_SKEW: Duration = Duration::from_secs(24 * 3600);
 
 impl ExactlyOnce {
@@ -179,8 +180,9 @@ pub(crate) fn bookable(
 
 /// Why whether `record`'s result was booked cannot be told from a store of `retention`: a
 /// callback's record is kept for the retention after it was acknowledged, which is after
-/// the transaction's last change; beyond that horizon (less [`CLOCK_SKEW`]), or without any
-/// time (it may be long purged), a missing record proves nothing. `None` within it.
+/// the transaction's last change; beyond that horizon (less a tenth of it, at most
+/// [`CLOCK_SKEW`]), or without any time (it may be long purged), a missing record proves
+/// nothing. `None` within it.
 pub(crate) fn untellable(
     record: &crate::model::TransactionRecord,
     retention: Duration,
@@ -189,7 +191,47 @@ pub(crate) fn untellable(
     if changed.is_none() {
         return Some(ReconcileError::UnknownAge);
     }
-    let horizon = retention.saturating_sub(CLOCK_SKEW);
+    let horizon = retention.saturating_sub(CLOCK_SKEW.min(retention / 10));
     super::exactly_once::beyond_horizon(changed, horizon)
         .map(|updated| ReconcileError::BeyondRetention { updated })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn changed_ago(ago: chrono::TimeDelta) -> crate::model::TransactionRecord {
+        let changed = (chrono::Utc::now() - ago).format("%Y-%m-%dT%H:%M:%SZ");
+        serde_json::from_str(&format!(
+            r#"{{"id":1,"transactionReferenceId":"6f0b2a3e-31c2-4f4e-9d3c-1c7e3d5f2a10",
+                "nonce":"n-1","amount":1,"currency":"EUR","transactionType":1,"transactionStatus":4,"updatedUtc":"{changed}"}}"#
+        ))
+        .unwrap()
+    }
+
+    /// The allowance for clocks is at most a tenth of the retention: with a retention of a
+    /// day or less a fixed day left no horizon, and every reconcile was refused.
+    #[test]
+    fn a_short_retention_still_tells_a_recent_change() {
+        let hour = Duration::from_secs(3600);
+        let recent = changed_ago(chrono::TimeDelta::minutes(1));
+        assert!(untellable(&recent, hour).is_none());
+        assert!(untellable(&recent, 24 * hour).is_none());
+        let old = changed_ago(chrono::TimeDelta::minutes(58));
+        assert!(matches!(
+            untellable(&old, hour),
+            Some(ReconcileError::BeyondRetention { .. })
+        ));
+        // A month's retention keeps its day of allowance.
+        let month = 30 * 24 * hour;
+        assert!(untellable(&changed_ago(chrono::TimeDelta::days(28)), month).is_none());
+        assert!(
+            untellable(
+                &changed_ago(chrono::TimeDelta::days(29) + chrono::TimeDelta::hours(1)),
+                month
+            )
+            .is_some()
+        );
+    }
 }

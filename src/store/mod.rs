@@ -848,10 +848,11 @@ pub trait PostponedStore: Send + Sync + 'static {
 
     /// How many results await delivery and when the oldest of them was decided: what
     /// `/metrics` reads on every scrape, read without waiting for writes in progress, like
-    /// [`PostponedStore::outbox_len`]. sled reads both from its outbox index, and PostgreSQL
-    /// counts them in one statement, neither reading a whole record; the default reads the
-    /// records awaiting delivery, which an aggregator that is down for long makes many:
-    /// another backend should answer it from an index.
+    /// [`PostponedStore::outbox_len`]. sled reads both from its outbox index without reading
+    /// a record; PostgreSQL counts them and reads each one's decision in one statement,
+    /// sending no record; the default reads and sends the records awaiting delivery, which
+    /// an aggregator that is down for long makes many: another backend should answer it
+    /// from an index.
     fn outbox_summary(&self) -> StoreFuture<'_, OutboxSummary> {
         Box::pin(async move {
             let queued = self.postponed_in(PostponedState::Queued).await?;

@@ -116,8 +116,21 @@ impl SledStore {
     ///
     /// [`StoreError::Integrity`] when the store lost acknowledged writes (a damaged or
     /// replaced data file, a missing watermark); [`StoreError::Backend`] when the directory
-    /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte.
+    /// cannot be opened (e.g. another process holds it) or a tree name contains a NUL byte;
+    /// [`StoreError::Unsupported`] when `config.url` names a PostgreSQL database: a service
+    /// configured for one must not go on alone on a directory of its own, each instance
+    /// booking what the others booked (open [`super::ConfiguredStore`], which opens what
+    /// the configuration names).
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
+        if config.is_postgres() {
+            return Err(StoreError::Unsupported(
+                "store.url names PostgreSQL, and SledStore opens store.path only: open the store \
+                 with `ConfiguredStore::open(&config.store, &trees).await` (PostgreSQL when \
+                 store.url is set, sled otherwise) and give `store.shared()` to \
+                 AppBuilder::shared_store"
+                    .into(),
+            ));
+        }
         Self::open_with(config, trees, Destination::Sled)
     }
 
@@ -2091,6 +2104,24 @@ mod tests {
             "sled wrote no blob: the test no longer tests anything"
         );
         assert_eq!(store.inner.writer.blobs().synced(), blobs);
+    }
+
+    /// A configuration that names PostgreSQL is not opened as sled: a service built from
+    /// the quick start, given `PAYHOOK_STORE_URL`, would otherwise keep a directory of its
+    /// own on each instance, silently.
+    #[test]
+    fn a_configuration_naming_postgres_is_not_opened_as_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            url: Some("postgres://payhook@db.internal/payments".into()),
+            ..config_in(dir.path())
+        };
+        let error = SledStore::open(&config, &[]).unwrap_err().to_string();
+        assert!(error.contains("ConfiguredStore::open"), "{error}");
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "nothing written"
+        );
     }
 
     /// A sweep whose writing out fails (here a blob file that cannot be synced) stops the

@@ -224,7 +224,10 @@ impl PgStore {
 
     /// The store over a pool the service already has (its own queries share the
     /// connections); `config.url` and the pool settings are not used. The connections
-    /// should commit synchronously (`synchronous_commit = on`, PostgreSQL's default).
+    /// should commit synchronously (`synchronous_commit = on`, PostgreSQL's default) and
+    /// not be closed for idling in a transaction (`idle_in_transaction_session_timeout = 0`,
+    /// the default; a claim's transaction idles while its handler runs): one that is set is
+    /// warned of at open.
     ///
     /// # Errors
     ///
@@ -240,6 +243,19 @@ impl PgStore {
             .await
             .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
         schema::migrate(&mut conn, &schema).await?;
+        let idle_limit: String =
+            sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
+                .fetch_one(&mut *conn)
+                .await?;
+        if idle_limit != "0" {
+            tracing::warn!(
+                idle_in_transaction_session_timeout = %idle_limit,
+                "the pool's connections are closed after idling in a transaction: a claim idles \
+                 so while its handler runs, and closed, a retry's handler runs beside it and its \
+                 booking fails; set idle_in_transaction_session_timeout = 0 on the pool's \
+                 connections (PgStore::open does)"
+            );
+        }
         drop(conn);
         let mut id = [0u8; 8];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
@@ -580,8 +596,11 @@ fn owner_alive(column: &str) -> String {
     )
 }
 
-/// A pool of `size` connections to `config.url`: every connection commits synchronously and
-/// bounds its statements by `store.statement_timeout`.
+/// A pool of `size` connections to `config.url`: every connection commits synchronously,
+/// bounds its statements by `store.statement_timeout`, and is not closed for idling in a
+/// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
+/// claim is a transaction that idles while its handler runs, and closed it would let a
+/// retry's handler run beside the first one, and the first one's booking fail.
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
@@ -594,6 +613,7 @@ async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> 
         .options([
             ("synchronous_commit", "on"),
             ("statement_timeout", statement_ms.as_str()),
+            ("idle_in_transaction_session_timeout", "0"),
         ]);
     PgPoolOptions::new()
         .max_connections(size)

@@ -396,19 +396,48 @@ impl PostponedStore for PgStore {
 
     fn outbox_summary(&self) -> StoreFuture<'_, crate::store::OutboxSummary> {
         Box::pin(async move {
-            // Counted and dated in the database: a scrape reads two numbers however many
-            // results an aggregator that is down for long leaves queued.
+            // Counted and dated in the database, each record's decision read there, where
+            // it can be: PostgreSQL cannot read inside a `json` record that holds a
+            // `\u0000` anywhere (see `0003_records_as_json_text.sql`), so those few are
+            // read here instead. `chr(92) || 'u0000'` is the escape as the text holds it,
+            // whatever the server's `standard_conforming_strings`.
             let row = sqlx::query(&self.sql(
-                "SELECT count(*), min((record->'result'->>'decided_ms')::bigint) \
+                "SELECT count(*), \
+                   min(CASE WHEN strpos(record::text, chr(92) || 'u0000') = 0 \
+                       THEN (record->'result'->>'decided_ms')::bigint END), \
+                   count(*) FILTER (WHERE strpos(record::text, chr(92) || 'u0000') > 0) \
                  FROM {s}.postponed WHERE deliver_at IS NOT NULL",
             ))
             .fetch_one(self.pool())
             .await?;
             let queued = usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0);
-            let oldest_ms: Option<i64> = row.try_get(1)?;
+            let mut oldest_decided = row
+                .try_get::<Option<i64>, _>(1)?
+                .and_then(DateTime::from_timestamp_millis);
+            if row.try_get::<i64, _>(2)? > 0 {
+                let rows = sqlx::query(&self.sql(
+                    "SELECT validation_id, record::text FROM {s}.postponed \
+                     WHERE deliver_at IS NOT NULL AND strpos(record::text, chr(92) || 'u0000') > 0",
+                ))
+                .fetch_all(self.pool())
+                .await?;
+                for row in &rows {
+                    let (id, text) = (row.try_get::<i64, _>(0)?, row.try_get::<String, _>(1)?);
+                    // One that does not decode is the outbox's to log (`unless_unreadable`).
+                    let Ok(record) = decode_json::<PostponedValidation>(&id.to_string(), &text)
+                    else {
+                        continue;
+                    };
+                    let decided = record.result.map(|result| result.decided);
+                    oldest_decided = match (oldest_decided, decided) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
             Ok(crate::store::OutboxSummary {
                 queued,
-                oldest_decided: oldest_ms.and_then(DateTime::from_timestamp_millis),
+                oldest_decided,
             })
         })
     }

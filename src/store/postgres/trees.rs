@@ -126,8 +126,9 @@ impl EffectTx for Trees {
 }
 
 /// Runs `effects` in order inside `tx`, and hands the transaction back with the outcome:
-/// what the tree effects wrote, for the statement of the mark to write. A tree effect that
-/// panics fails the callback ([`StoreError::Aborted`]); its transaction is then rolled back
+/// what the tree effects wrote, for the statement of the mark to write. An effect that
+/// panics, a tree effect or an SQL one, fails the callback ([`StoreError::Aborted`]) as one
+/// that aborts does, and is recorded as failing; its transaction is then rolled back
 /// (dropped), and `None` is returned in its place.
 pub(super) async fn apply(
     mut tx: Tx,
@@ -141,8 +142,16 @@ pub(super) async fn apply(
     while index < staged.len() {
         match &staged[index] {
             Staged::Sql(effect) => {
-                if let Err(error) = effect(&mut tx).await {
-                    return (Some(tx), Err(merchant_fault(error)));
+                match CatchPanic(effect(&mut tx)).await {
+                    Some(Ok(())) => {}
+                    Some(Err(error)) => return (Some(tx), Err(merchant_fault(error))),
+                    None => {
+                        drop(tx);
+                        return (
+                            None,
+                            Err(StoreError::abort("an effect panicked; nothing was written")),
+                        );
+                    }
                 }
                 index += 1;
                 // The merchant's SQL may have ended the claim's transaction: what follows
@@ -199,6 +208,26 @@ pub(super) async fn apply(
         }
     }
     (Some(tx), Ok(written.into()))
+}
+
+/// An SQL effect's future, whose panic (while it is polled) is caught: `None` then. It
+/// would otherwise unwind the whole delivery, with no failure recorded for operators.
+struct CatchPanic<'c>(crate::store::effects::SqlFuture<'c>);
+
+impl std::future::Future for CatchPanic<'_> {
+    type Output = Option<Result<(), StoreError>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Ready(outcome)) => std::task::Poll::Ready(Some(outcome)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(None),
+        }
+    }
 }
 
 /// `error` as it is, unless it is the check that the booking's transaction is still the
