@@ -154,12 +154,13 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
+//! | `postgres` | `store::PgStore`: PostgreSQL shared by several instances, `Effects::postgres`, and [`store::ConfiguredStore`] opening it when `store.url` is set |
 //! | `sim` | the `sim` module: the simulated aggregator, for a merchant's tests |
 //! | `keygen-rsa` | RSA keys from [`signature::generate_key_pair`] (EC and Ed25519 need nothing) |
 //! | `scaffold` | the `scaffold` module behind `payhook new` |
 //! | `clap` | `clap::Subcommand` for [`admin::AdminCommand`], for a merchant's own binary |
 //! | `otel` | `telemetry`: the request spans exported over OTLP/HTTP to an OpenTelemetry collector |
-//! | `cli` | the `payhook` binary: all of the above, logging set-up and shell completions |
+//! | `cli` | the `payhook` binary: all of the above but `otel`, logging set-up and shell completions |
 
 #![cfg_attr(test, allow(clippy::unwrap_used, reason = "tests unwrap freely"))]
 

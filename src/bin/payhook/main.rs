@@ -240,6 +240,9 @@ enum Command {
     },
     /// The whole protocol in one command: the example merchant and a mock aggregator on
     /// loopback, the shipped scenarios run against them and told as a story.
+    #[command(
+        after_help = "Examples:\n  payhook demo\n  payhook demo --inspect --data demo-data\n  payhook demo --store postgres://postgres@127.0.0.1/test"
+    )]
     Demo {
         /// Keep the data here (default: a temporary directory, removed afterwards).
         #[arg(long, value_name = "DIR")]
@@ -254,6 +257,7 @@ enum Command {
         inspect: bool,
     },
     /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
+    #[command(after_help = "Example:\n  payhook openapi > merchant-endpoints.json")]
     Openapi,
     /// Scaffold a merchant service crate: handlers with working defaults, a commented
     /// payhook.toml, a scenario and an integration test that runs it.
