@@ -601,19 +601,16 @@ async fn the_command_line_operates_the_running_example_merchant() {
     assert!(out.contains("booked now"), "{out}");
     // Several at once: each asked and told in turn, one the aggregator does not know.
     let unknown = "00000000-0000-0000-0000-000000000000";
-    let (code, out) = run(
-        args(&[
-            "reconcile",
-            "--ref",
-            &reference,
-            "--ref",
-            unknown,
-            "--admin-url",
-            &url,
-        ]),
-        env.clone(),
-    )
-    .await;
+    let reconcile_both = args(&[
+        "reconcile",
+        "--ref",
+        &reference,
+        "--ref",
+        unknown,
+        "--admin-url",
+        &url,
+    ]);
+    let (code, out) = run(reconcile_both.clone(), env.clone()).await;
     assert_eq!(code, 2, "{out}");
     assert!(
         out.contains(&format!("{reference}: already booked")),
@@ -636,19 +633,7 @@ async fn the_command_line_operates_the_running_example_merchant() {
     // A service that cannot be asked: every transaction is told as not reconciled, not
     // only the first (the rest were left untold).
     child.kill();
-    let (code, out) = run(
-        args(&[
-            "reconcile",
-            "--ref",
-            &reference,
-            "--ref",
-            unknown,
-            "--admin-url",
-            &url,
-        ]),
-        env_with_token,
-    )
-    .await;
+    let (code, out) = run(reconcile_both, env_with_token).await;
     assert_eq!(code, 2, "{out}");
     for id in [reference.as_str(), unknown] {
         assert!(out.contains(&format!("{id}: NOT reconciled")), "{out}");

@@ -277,46 +277,25 @@ mod signature_tools {
             .join("public.xml");
         let alg = vector["algorithm"].as_str().unwrap();
         let signature = vector["header_value"].as_str().unwrap();
-        let ok = payhook_with_input(
-            &[
-                "verify",
-                "--key",
-                path(&key),
-                "--alg",
-                alg,
-                "--signature",
-                signature,
-            ],
-            &body,
-        );
+        let verify = |signature: &str| {
+            payhook_with_input(
+                &[
+                    "verify",
+                    "--key",
+                    path(&key),
+                    "--alg",
+                    alg,
+                    "--signature",
+                    signature,
+                ],
+                &body,
+            )
+        };
+        let ok = verify(signature);
         assert!(ok.status.success(), "{}", stderr(&ok));
-        let malformed = payhook_with_input(
-            &[
-                "verify",
-                "--key",
-                path(&key),
-                "--alg",
-                alg,
-                "--signature",
-                "%%%",
-            ],
-            &body,
-        );
-        assert_refused(&malformed, "malformed signature");
+        assert_refused(&verify("%%%"), "malformed signature");
         // A value no header can carry (a line break) is malformed too, not a usage error.
-        let unsendable = payhook_with_input(
-            &[
-                "verify",
-                "--key",
-                path(&key),
-                "--alg",
-                alg,
-                "--signature",
-                "abc\ndef",
-            ],
-            &body,
-        );
-        assert_refused(&unsendable, "malformed signature");
+        assert_refused(&verify("abc\ndef"), "malformed signature");
     }
 
     #[test]

@@ -2693,3 +2693,27 @@ async fn an_unreadable_postponed_record_keeps_no_other_result_from_delivery() {
     drop(conn);
     b.finish().await;
 }
+
+/// A tree name no backend can keep (a NUL byte: PostgreSQL's `text` cannot hold it) is
+/// refused when the store opens, on both backends, not at the first callback that writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_name_with_a_nul_byte_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    let refused = payhook::store::SledStore::open(&sled, &["ledger\0x"])
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("NUL byte"), "{refused}");
+    let Some(db) = support::postgres::database("nul_tree_name").await else {
+        return;
+    };
+    let refused = payhook::store::PgStore::open(&db.store_config(RETENTION), &["ledger\0x"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("NUL byte"), "{refused}");
+    db.drop_schema().await;
+}

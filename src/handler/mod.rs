@@ -16,6 +16,13 @@
 //!
 //! Handlers run on their own task: a client that disconnects does not cancel a handler
 //! half-way, and a panic in a handler is an error answer, not a dropped connection.
+//!
+//! A handler still running at `server.handler_timeout` is dropped at its next `.await`, its
+//! claim on the nonce released and the delivery answered 503 for a retry; what it staged in
+//! [`Effects`](crate::store::Effects) is never written, so the retry's run books alone. Work
+//! it handed elsewhere (a `tokio::spawn`, a `spawn_blocking`, a call to another service
+//! already sent) is not stopped, and may run beside the retry's: book through `Effects`, or
+//! make such work idempotent by the nonce and status.
 
 mod providers;
 

@@ -76,6 +76,17 @@ pub(crate) fn check_declared(declared: &[String], name: &str) -> Result<(), Stor
     }
 }
 
+/// Refuses tree names that no backend can keep: one with a NUL byte (PostgreSQL's `text`
+/// cannot hold it; every read and write of it would fail, callback after callback).
+pub(crate) fn check_tree_names(trees: &[&str]) -> Result<(), StoreError> {
+    match trees.iter().find(|t| t.contains('\0')) {
+        Some(bad) => Err(StoreError::backend_message(format!(
+            "tree name {bad:?} contains a NUL byte"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl std::fmt::Debug for Tree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Tree").field(&self.name).finish()

@@ -164,11 +164,7 @@ impl SledStore {
         trees: &[&str],
         destination: Destination,
     ) -> Result<Self, StoreError> {
-        if let Some(bad) = trees.iter().find(|t| t.contains('\0')) {
-            return Err(StoreError::backend_message(format!(
-                "tree name {bad:?} contains a NUL byte"
-            )));
-        }
+        super::effects::check_tree_names(trees)?;
         let (db, tree) = open_sled(config, false)?;
         let watermark = Watermark::open(&config.path, &db, &tree)?;
         let data_file = std::fs::File::open(config.path.join("db"))

@@ -237,6 +237,7 @@ impl PgStore {
         config: &StoreConfig,
         trees: &[&str],
     ) -> Result<Self, StoreError> {
+        crate::store::effects::check_tree_names(trees)?;
         let schema = config.schema.clone();
         let mut conn = pool
             .acquire()
