@@ -19,10 +19,10 @@
 //!
 //! A handler still running at `server.handler_timeout` is dropped at its next `.await`, its
 //! claim on the nonce released and the delivery answered 503 for a retry; what it staged in
-//! [`Effects`](crate::store::Effects) is never written, so the retry's run books alone. Work
-//! it handed elsewhere (a `tokio::spawn`, a `spawn_blocking`, a call to another service
-//! already sent) is not stopped, and may run beside the retry's: book through `Effects`, or
-//! make such work idempotent by the nonce and status.
+//! [`Effects`] is never written, so the retry's run books alone. Work it handed elsewhere (a
+//! `tokio::spawn`, a `spawn_blocking`, a call to another service already sent) is not
+//! stopped, and may run beside the retry's: book through `Effects`, or make such work
+//! idempotent by the nonce and status.
 
 mod providers;
 
