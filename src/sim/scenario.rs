@@ -42,7 +42,9 @@
 //! Any step can change the transaction with a `payment` table (`amount`, `currency`,
 //! `client`, `direction`, `provider`, `collab`, `status`). An expectation a step does not
 //! check (the table's last column; none for a `lost` callback) is refused when the file is
-//! read, so that a scenario cannot pass without testing what it says. `bookings` — how many
+//! read, and so is a step that checks something but is given no expectation (a
+//! `forged-callback` judges itself; a lost callback, `gateway-result` and `new-transaction`
+//! only set up), so that a scenario cannot pass without testing what it says. `bookings` — how many
 //! results of the transaction the merchant's books count — is seen through the target's
 //! [`Observer`]; a run without one (`payhook scenario` against a service from outside) says
 //! which expectations it could not check, beside its verdict.
@@ -172,9 +174,18 @@ impl Step {
             Self::Reconcile { expect } => (Some(expect), &["booked", "bookings"]),
             Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
         };
-        let unchecked: Vec<&str> = expect
-            .map(Expect::set)
-            .unwrap_or_default()
+        let set = expect.map(Expect::set).unwrap_or_default();
+        // A step that sends something and checks nothing would pass whatever the merchant
+        // answered. A forged callback has its own verdict (refused, and nothing booked), and
+        // set-up steps (a lost callback, the gateway's result, a new transaction) none.
+        if set.is_empty() && !checked.is_empty() && !matches!(self, Self::ForgedCallback { .. }) {
+            return Err(format!(
+                "this step checks nothing, and would pass whatever the answer: give it an \
+                 `expect` of {}",
+                checked.join(", ")
+            ));
+        }
+        let unchecked: Vec<&str> = set
             .into_iter()
             .filter(|name| !checked.contains(name))
             .collect();
@@ -1242,8 +1253,28 @@ mod tests {
             "kind = \"providers-validation\"\nexpect = { booked = true }",
             "does not check booked",
         );
-        // What the step checks is accepted.
+        // A step that sends and checks nothing would pass whatever the answer.
+        for kind in [
+            "callback",
+            "transaction-validation",
+            "providers-validation",
+            "lookup",
+            "reconcile",
+        ] {
+            refused(&format!("kind = \"{kind}\""), "this step checks nothing");
+        }
+        // What the step checks is accepted, and so are the steps that only set up (a lost
+        // callback, a new transaction) or judge themselves (a forged callback).
         let fine = "name = \"x\"\n[[step]]\nkind = \"callback\"\ncopies = 3\nexpect = { status = 200, delivered = true }\n";
         assert!(Scenario::parse(fine, "ok.toml").is_ok());
+        for set_up in [
+            "kind = \"callback\"\nlost = true",
+            "kind = \"new-transaction\"",
+            "kind = \"forged-callback\"\nforgery = \"tamper-body\"",
+        ] {
+            let text = format!("name = \"x\"\n[[step]]\n{set_up}\n");
+            let parsed = Scenario::parse(&text, "ok.toml");
+            assert!(parsed.is_ok(), "{set_up}: {parsed:?}");
+        }
     }
 }
