@@ -178,16 +178,7 @@ async fn scenario(db: &TestDb, url: &str) {
         .unwrap()
         .unwrap()
         .unwrap();
-    let answer = tokio::time::timeout(DEADLINE, retry)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
+    answered_200(retry).await;
     assert!(
         second.merchant.seen.lock().unwrap().is_empty(),
         "the retry is a duplicate: no handler ran for it"
@@ -221,16 +212,7 @@ async fn scenario(db: &TestDb, url: &str) {
     let retry = deliver(second.addr, &booked);
     waiting_for_the_standby(&mut admin, 1, || retry.is_finished()).await;
     name_standby(db, &mut admin, None).await;
-    let answer = tokio::time::timeout(DEADLINE, retry)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        answer.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
+    answered_200(retry).await;
     assert!(second.merchant.seen.lock().unwrap().is_empty());
     sqlx::raw_sql(&format!("GRANT {EMIT} TO PUBLIC"))
         .execute(&mut admin)
@@ -253,6 +235,20 @@ fn deliver(
         body.as_bytes(),
     );
     tokio::spawn(async move { exchange(addr, &request).await })
+}
+
+/// Waits for `delivery`'s answer, which must be 200.
+async fn answered_200(delivery: tokio::task::JoinHandle<support::RawResponse>) {
+    let answer = tokio::time::timeout(DEADLINE, delivery)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
 }
 
 /// `Err` (why) when the test cannot name a standby on this server: it must be its

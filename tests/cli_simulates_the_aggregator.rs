@@ -355,6 +355,25 @@ fn scenario_file(dir: &Path, name: &str, steps: &str) -> Vec<String> {
 
 /// A receiver on 127.0.0.1 that answers each request it reads with the next of `answers`
 /// (status, JSON message), one request per connection.
+/// Runs `scenario` against a receiver that answers `script` in turn, expecting it unmet
+/// (exit 1); what it printed.
+async fn unmet_against(
+    scenario: &[String],
+    gateway: &str,
+    script: Vec<(u16, &'static str)>,
+) -> String {
+    let receiver = scripted_receiver(script).await;
+    let (code, stdout, stderr) = payhook(scenario_command(
+        scenario,
+        &format!("http://{receiver}"),
+        gateway,
+        &[],
+    ))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    stdout
+}
+
 async fn scripted_receiver(answers: Vec<(u16, &'static str)>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -553,15 +572,8 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "late",
         "[[step]]\nkind = \"callback\"\nexpect = { delivered = true, attempts = 1 }\n",
     );
-    let flaky = scripted_receiver(vec![(500, "try later"), (200, "callback accepted")]).await;
-    let (code, stdout, stderr) = payhook(scenario_command(
-        &late,
-        &format!("http://{flaky}"),
-        &mock.url(),
-        &[],
-    ))
-    .await;
-    assert_eq!(code, 1, "{stdout}{stderr}");
+    let flaky = vec![(500, "try later"), (200, "callback accepted")];
+    let stdout = unmet_against(&late, &mock.url(), flaky).await;
     assert!(
         stdout.contains("expected acknowledged by attempt 1; acknowledged at attempt 2"),
         "{stdout}"
@@ -572,15 +584,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "never",
         "[[step]]\nkind = \"callback\"\nmax_attempts = 2\nexpect = { attempts = 2 }\n",
     );
-    let refusing = scripted_receiver(vec![(500, "down"), (500, "down")]).await;
-    let (code, stdout, stderr) = payhook(scenario_command(
-        &never,
-        &format!("http://{refusing}"),
-        &mock.url(),
-        &[],
-    ))
-    .await;
-    assert_eq!(code, 1, "{stdout}{stderr}");
+    let stdout = unmet_against(&never, &mock.url(), vec![(500, "down"), (500, "down")]).await;
     assert!(
         stdout.contains("expected acknowledged by attempt 2; not acknowledged in 2"),
         "{stdout}"
@@ -593,19 +597,11 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "forged",
         "[[step]]\nkind = \"forged-callback\"\nforgery = \"tamper-body\"\n",
     );
-    let careless = scripted_receiver(vec![
+    let careless = vec![
         (401, "invalid signature"),
         (200, "callback already processed"),
-    ])
-    .await;
-    let (code, stdout, stderr) = payhook(scenario_command(
-        &forged,
-        &format!("http://{careless}"),
-        &mock.url(),
-        &[],
-    ))
-    .await;
-    assert_eq!(code, 1, "{stdout}{stderr}");
+    ];
+    let stdout = unmet_against(&forged, &mock.url(), careless).await;
     assert!(
         stdout.contains("forged (tamper-body) → 401")
             && stdout.contains("expected the forged request 401, then the genuine one accepted"),
