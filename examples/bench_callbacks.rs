@@ -92,7 +92,7 @@ use child::Server;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use payhook::handler::{CallbackContext, CallbackDecision, CallbackReceiver};
-use payhook::model::CallbackBody;
+use payhook::model::{CallbackBody, TransactionStatus, TransactionType};
 use payhook::signature::{Algorithm, Encoding, SigningKey};
 use payhook::{App, Config, HandlerError};
 use std::{
@@ -227,7 +227,11 @@ fn take_number(rest: &mut Vec<&String>, name: &str, what: &str) -> Option<usize>
 // ---------------------------------------------------------------- the servers (children)
 
 /// P's handler on PostgreSQL: B's ledger written the way a merchant on PostgreSQL writes it,
-/// in payhook's transaction — an entry per nonce, the client's balance upserted.
+/// in payhook's transaction — an entry per (nonce, status), the client's balance upserted.
+/// It books successful deposits (+) and withdrawals (−) only, which is all the benchmark
+/// sends; any other result is failed (503: retried, and listed among the failing callbacks)
+/// rather than booked wrong. A ledger that takes every result — a reversal undoing the
+/// success it follows — is the example merchant's (`src/sim/example_merchant.rs`, `book`).
 struct SqlLedger {
     schema: String,
 }
@@ -238,8 +242,20 @@ impl CallbackReceiver for SqlLedger {
         callback: CallbackBody,
         ctx: CallbackContext,
     ) -> Result<CallbackDecision, HandlerError> {
+        let change = match (callback.transaction_status, callback.transaction_type) {
+            (TransactionStatus::Success, TransactionType::Deposit) => callback.amount,
+            (TransactionStatus::Success, TransactionType::Withdrawal) => -callback.amount,
+            (status, kind) => {
+                return Err(HandlerError::msg(format!(
+                    "this ledger books successful deposits and withdrawals only, not status {} \
+                     of type {kind:?}",
+                    status.code()
+                )));
+            }
+        };
         let entry = format!(
-            "INSERT INTO {}.ledger_entries (nonce, client, amount) VALUES ($1, $2, $3::numeric)",
+            "INSERT INTO {}.ledger_entries (nonce, status, client, amount) \
+             VALUES ($1, $2, $3, $4::numeric)",
             self.schema
         );
         let balance = format!(
@@ -253,13 +269,14 @@ impl CallbackReceiver for SqlLedger {
                 let client = format!("{}|{}", callback.client_id, callback.currency);
                 sqlx::query(&entry)
                     .bind(&callback.nonce)
+                    .bind(callback.transaction_status.code())
                     .bind(&client)
                     .bind(callback.amount.to_string())
                     .execute(&mut *conn)
                     .await?;
                 sqlx::query(&balance)
                     .bind(&client)
-                    .bind(callback.amount.to_string())
+                    .bind(change.to_string())
                     .execute(&mut *conn)
                     .await?;
                 Ok(())
@@ -313,7 +330,8 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
                 .unwrap();
             sqlx::raw_sql(&format!(
                 "CREATE TABLE IF NOT EXISTS {schema}.ledger_entries \
-                   (nonce text PRIMARY KEY, client text NOT NULL, amount numeric NOT NULL); \
+                   (nonce text, status int4, client text NOT NULL, amount numeric NOT NULL, \
+                    PRIMARY KEY (nonce, status)); \
                  CREATE TABLE IF NOT EXISTS {schema}.ledger_balances \
                    (client text PRIMARY KEY, amount numeric NOT NULL);"
             ))

@@ -38,7 +38,9 @@ mod child;
 
 use payhook::config::StoreConfig;
 use payhook::model::{Nonce, TransactionStatus};
-use payhook::store::{BenchmarkStore, CallbackBegin, DedupStore, Effects, SledStore, Tree};
+use payhook::store::{
+    BenchmarkStore, CallbackBegin, DedupStore, Effects, SledStore, StoreError, Tree,
+};
 use std::time::{Duration, Instant};
 
 /// Clients whose balances the callbacks move (hot keys, like a merchant's).
@@ -164,14 +166,17 @@ fn ledger(entries: &Tree, balances: &Tree, nonce: &str, client: usize) -> Effect
     let effects = Effects::default();
     effects.write(move |tx| {
         let previous = tx.get(&entries, &nonce)?;
-        let balance: i64 = tx
-            .get(&balances, client.as_bytes())?
-            .and_then(|v| serde_json::from_slice(&v).ok())
-            .unwrap_or_default();
+        // A balance that does not read stops the booking (as the example merchant's does):
+        // read as zero, it would be overwritten.
+        let balance: i64 = match tx.get(&balances, client.as_bytes())? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| StoreError::abort(format!("balance of {client}: {e}")))?,
+            None => 0,
+        };
         let entry = Entry {
             client_id: &client,
             amount: "10.00",
-            status: 2,
+            status: TransactionStatus::Success.code(),
             bookings: u32::from(previous.is_some()) + 1,
         };
         tx.insert(

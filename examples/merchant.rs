@@ -21,6 +21,18 @@
 //! review runs: it approves every client except those whose id starts with `blocked`. It
 //! prints `listening on ADDRESS` once it serves.
 //!
+//! Before copying it for production, know what it leaves to you:
+//!
+//! - Its validation endpoints are open, as payhook's are by default: anyone who reaches
+//!   them is answered, and in Awaitable mode its decisions are posted to the aggregator.
+//!   Set `auth.providers_validation` and `auth.transaction_validation` (a method, or
+//!   `allow_ips`; README, "Callback signatures", on the validation endpoints).
+//! - Its limit is one amount per transaction, whatever the currency, and a withdrawal is
+//!   not checked against the client's balance.
+//! - A result it will not book (module docs of `example_merchant`) is acknowledged into its
+//!   `ledger_quarantine` tree and logged at error level, and nothing else: alert on that
+//!   line, or count the tree, so that a person resolves it.
+//!
 //! With arguments it runs an operating command of [`payhook::admin`] instead, with its own
 //! handlers — e.g. `cargo run --example merchant -- reconcile --ref REFERENCE_ID` books lost
 //! callbacks into the ledger (with the service stopped: one process holds the store).

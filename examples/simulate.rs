@@ -23,7 +23,8 @@ use payhook::sim::{
 use payhook::{App, Config, HandlerError};
 use std::time::Duration;
 
-/// The merchant under test: postpones every validation, books every callback.
+/// The merchant under test: postpones every validation, acknowledges every callback (it books
+/// nothing: the test looks at what the aggregator's side sees).
 struct Shop;
 
 impl TransactionValidator for Shop {

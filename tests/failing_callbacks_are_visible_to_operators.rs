@@ -194,8 +194,83 @@ async fn a_failure_recorded_before_a_restart_is_forgotten_once_booked_after_it()
     );
 }
 
+/// A booking that fails (here an effect aborts it) ends a shared store's claim with its
+/// transaction, before the delivery records the failure: another delivery may book the pair
+/// meanwhile, unseen by the record's check (its transaction still open). The failure is
+/// then forgotten once that booking has had a handler's time, not counted as failing until
+/// the retention sweep. The race is made certain by holding the failing count's table
+/// locked, which the record's insert waits on after its check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_recorded_beside_a_booking_after_a_failed_one_is_forgotten() {
+    use sqlx::Connection as _;
+    let Some(db) = support::postgres::database("failure_beside_a_booking").await else {
+        return;
+    };
+    let mut config = test_config();
+    config.store = db.store_config(std::time::Duration::from_secs(3600));
+    config.server.handler_timeout = std::time::Duration::from_secs(1);
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let other = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    let mut holder = db.connect().await;
+    let mut locked = holder.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "LOCK TABLE {}.callback_failures_count IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    ))
+    .execute(&mut *locked)
+    .await
+    .unwrap();
+    let nonce = payhook::model::Nonce::from("n-beside");
+    let beside = async {
+        // The failed delivery's record waits on the lock, its check done.
+        let mut watcher = db.connect().await;
+        let waiting = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND query LIKE '%{}.callback_failures %'",
+            db.schema
+        );
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let (n,): (i64,) = sqlx::query_as(&waiting)
+                .fetch_one(&mut watcher)
+                .await
+                .unwrap();
+            if n > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the failure's record never waited"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        book(&other, &nonce).await;
+        locked.rollback().await.unwrap();
+    };
+    let (status, ()) = tokio::join!(deliver(&server, "n-beside", "abort"), beside);
+    assert_eq!(status, 503, "the aborted booking is not acknowledged");
+    assert!(
+        other.failing_callbacks().await.unwrap().is_empty(),
+        "a booked pair is never listed"
+    );
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while other.failing_count().await.unwrap() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the booked pair's failure is still counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    db.drop_schema().await;
+}
+
 /// Claims `nonce` and books it with no effects.
-async fn book(store: &SledStore, nonce: &payhook::model::Nonce) {
+async fn book(store: &dyn Store, nonce: &payhook::model::Nonce) {
     let begin = store
         .begin_callback(
             nonce,

@@ -58,22 +58,24 @@ where
 }
 
 /// Whether `value` holds more than `limit` values, itself included (stops counting there).
-/// Recursive, with no allocation on the request path: serde_json's recursion limit (128)
-/// bounds the depth of what was parsed.
 fn holds_more_values_than(value: &serde_json::Value, limit: usize) -> bool {
-    fn within(value: &serde_json::Value, left: &mut usize) -> bool {
-        let Some(rest) = left.checked_sub(1) else {
-            return false;
-        };
-        *left = rest;
-        match value {
-            serde_json::Value::Array(items) => items.iter().all(|item| within(item, left)),
-            serde_json::Value::Object(fields) => fields.values().all(|field| within(field, left)),
-            _ => true,
-        }
-    }
     let mut left = limit;
-    !within(value, &mut left)
+    !spend(value, &mut left)
+}
+
+/// Takes the values `value` holds, itself included, from `left`; `false` (and stops
+/// counting) once they are more than was left. Recursive, with no allocation on the request
+/// path: serde_json's recursion limit (128) bounds the depth of what was parsed.
+pub(crate) fn spend(value: &serde_json::Value, left: &mut usize) -> bool {
+    let Some(rest) = left.checked_sub(1) else {
+        return false;
+    };
+    *left = rest;
+    match value {
+        serde_json::Value::Array(items) => items.iter().all(|item| spend(item, left)),
+        serde_json::Value::Object(fields) => fields.values().all(|field| spend(field, left)),
+        _ => true,
+    }
 }
 
 /// How serde names the kind of `value` in an error.

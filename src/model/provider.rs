@@ -65,6 +65,41 @@ fn loose_tags<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<S
     })
 }
 
+/// The most JSON values a providers validation's candidates may hold together: one for each
+/// candidate, and each value of its `currencies`, `payTypes` and `tags`. Parsed, a body's
+/// values take 16–32 times their bytes (`[0,0,0,…]`) and are kept while the handler runs,
+/// beyond what the body memory counts; a catalogue of hundreds of providers, each with
+/// dozens of currencies and payment types, holds a few tens of thousands.
+pub(crate) const MAX_CANDIDATE_VALUES: usize = 100_000;
+
+/// Reads a providers validation's candidates (a list of objects), at most
+/// [`MAX_CANDIDATE_VALUES`] values together.
+pub(crate) fn candidates<'de, D>(deserializer: D) -> Result<Vec<ProviderCandidate>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let candidates: Vec<ProviderCandidate> = super::object::objects(deserializer)?;
+    let mut left = MAX_CANDIDATE_VALUES;
+    let within = candidates.iter().all(|candidate| {
+        let own = 1 + candidate.tags.len();
+        left.checked_sub(own).is_some_and(|rest| {
+            left = rest;
+            candidate
+                .currencies
+                .iter()
+                .chain(&candidate.pay_types)
+                .all(|value| super::object::spend(value, &mut left))
+        })
+    });
+    if within {
+        Ok(candidates)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "candidates holding more than {MAX_CANDIDATE_VALUES} JSON values together"
+        )))
+    }
+}
+
 impl ProviderCandidate {
     /// The candidate in the response shape: elements of `currencies` and `payTypes` that read
     /// as the response's objects are kept typed; a currency sent as a bare string becomes a

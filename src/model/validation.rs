@@ -62,8 +62,9 @@ pub struct ProvidersValidationRequest {
     /// The transaction the providers are for.
     #[serde(deserialize_with = "super::object::object")]
     pub transaction_data: TransactionData,
-    /// Candidate providers.
-    #[serde(deserialize_with = "super::object::objects")]
+    /// Candidate providers: together at most 100,000 JSON values (each candidate, and each
+    /// value of its `currencies`, `payTypes` and `tags`), else the request is refused.
+    #[serde(deserialize_with = "super::provider::candidates")]
     pub providers: Vec<ProviderCandidate>,
 }
 

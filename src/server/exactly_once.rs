@@ -392,7 +392,7 @@ impl ExactlyOnce {
         let (reference, amount) = (callback.transaction_reference_id, callback.amount);
         let (client_id, currency) = (
             callback.client_id.clone(),
-            kept_currency(&callback.currency),
+            CallbackFailure::kept_currency(&callback.currency),
         );
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
@@ -400,13 +400,17 @@ impl ExactlyOnce {
         let changed =
             crate::model::timestamp::last_change(callback.updated_utc, callback.created_utc);
         let answer = match beyond_horizon(changed, callback_horizon(store.retention())) {
-            Some(changed) => Err(Problem::BeyondRetention { changed }),
+            Some(changed) => Err(NotBooked::claim_held(Problem::BeyondRetention { changed })),
             None => {
                 self.book(store.as_ref(), &nonce, callback, ctx, held.claim)
                     .await
             }
         };
-        if let Err(problem) = &answer {
+        if let Err(NotBooked {
+            problem,
+            claim_ended,
+        }) = &answer
+        {
             // The failure is recorded while the claim is still held, so that the next
             // delivery, which claims after the release, finds it (and its booking removes
             // it).
@@ -423,6 +427,11 @@ impl ExactlyOnce {
                 };
                 self.failing(store.as_ref(), failure, (attempt, problem))
                     .await;
+                // A booking that failed ended a shared store's claim with its transaction:
+                // a delivery booking the pair meanwhile may not have been seen.
+                if *claim_ended {
+                    self.forget_failure_once_booked(&store, &nonce, status);
+                }
             }
             // An in-memory claim (sled) ends at once; a shared store's claim ends with its
             // connection if this fails, or is taken over when stale.
@@ -432,7 +441,7 @@ impl ExactlyOnce {
         }
         held.ended();
         self.inner.waiters.finished(key);
-        answer
+        answer.map_err(|not_booked| not_booked.problem)
     }
 
     /// A delivery of a (nonce, status) acknowledged before: the handler is not called.
@@ -583,13 +592,17 @@ impl ExactlyOnce {
         callback: CallbackBody,
         ctx: CallbackContext,
         claim: Claim,
-    ) -> Result<Delivered, Problem> {
+    ) -> Result<Delivered, NotBooked> {
         let status = callback.transaction_status;
         let effects = ctx.effects.clone();
-        self.inner.runner.acknowledge(callback, ctx).await?;
+        self.inner
+            .runner
+            .acknowledge(callback, ctx)
+            .await
+            .map_err(NotBooked::claim_held)?;
         // Resolves once the mark and the effects are durable (group commit).
         if let Err(error) = store.finish_callback(nonce, claim, status, effects).await {
-            return Err(match error {
+            let problem = match error {
                 effect @ (StoreError::Aborted { .. }
                 | StoreError::UnknownTree { .. }
                 | StoreError::Unsupported(_)) => {
@@ -597,6 +610,10 @@ impl ExactlyOnce {
                     self.callback_failed()
                 }
                 other => self.store_failed(Endpoint::Callback, &other),
+            };
+            return Err(NotBooked {
+                problem,
+                claim_ended: true,
             });
         }
         self.booked();
@@ -879,19 +896,26 @@ fn failure_of(callback: &CallbackBody, reason: String) -> CallbackFailure {
         transaction_reference_id: callback.transaction_reference_id,
         client_id: callback.client_id.clone(),
         amount: callback.amount,
-        currency: kept_currency(&callback.currency),
+        currency: CallbackFailure::kept_currency(&callback.currency),
         at: chrono::Utc::now(),
     }
 }
 
-/// The most characters of a callback's currency a failure record keeps. A callback is not
-/// refused for a long currency (its refusal would lose the payment's result), but what its
-/// failure record holds for the retention must not grow with what a sender chose.
-const KEPT_CURRENCY_CHARS: usize = 64;
+/// Why a claimed delivery was not booked, and whether its claim ended with the attempt (a
+/// shared store's claim is its booking's transaction, and ends with it).
+struct NotBooked {
+    problem: Problem,
+    claim_ended: bool,
+}
 
-/// A callback's currency as its failure record keeps it: cut at [`KEPT_CURRENCY_CHARS`].
-fn kept_currency(currency: &str) -> String {
-    crate::logged::cut_chars(currency, KEPT_CURRENCY_CHARS).into_owned()
+impl NotBooked {
+    /// Not booked before the booking was tried: the claim is still held.
+    fn claim_held(problem: Problem) -> Self {
+        Self {
+            problem,
+            claim_ended: false,
+        }
+    }
 }
 
 /// Records `failure` for operators; a store that cannot is only logged.

@@ -461,7 +461,7 @@ pub(super) trait Traced {
     /// validation's fingerprint): held to the identifiers' rules, so that what a record holds
     /// does not grow with what a sender chose. A providers validation's is kept nowhere,
     /// and a callback's is not refused (that would lose the payment's result): its failure
-    /// record keeps it cut (`exactly_once::kept_currency`).
+    /// record keeps it cut (`CallbackFailure::kept_currency`).
     fn currency(&self) -> Option<(&'static str, &str)> {
         None
     }

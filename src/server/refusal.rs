@@ -14,7 +14,8 @@
 //! retention.
 //!
 //! What could not be read is left empty in the record: the nil reference, a zero amount, an
-//! empty client id or currency (the reason names the field that was refused). A body whose
+//! empty client id or currency (the reason names the field that was refused). A currency is
+//! kept as a failed delivery's is (`CallbackFailure::kept_currency`): cut, never refused. A body whose
 //! nonce or status cannot be read has no (nonce, status) to be listed under; its refusal is
 //! logged at error level.
 
@@ -42,7 +43,10 @@ pub(super) fn failure(bytes: &[u8], reason: String, max_chars: usize) -> Option<
         transaction_reference_id: readable.reference.unwrap_or_default(),
         client_id: kept(readable.client_id),
         amount: readable.amount.unwrap_or_default(),
-        currency: kept(readable.currency),
+        currency: readable
+            .currency
+            .map(|currency| CallbackFailure::kept_currency(&currency))
+            .unwrap_or_default(),
         at: chrono::Utc::now(),
     })
 }
@@ -98,5 +102,22 @@ mod tests {
             let text = String::from_utf8_lossy(body);
             assert_eq!(failure(body, String::new(), 9), None, "{text}");
         }
+    }
+
+    /// A refused body's currency is kept by the rule a failed delivery's is: a long one cut,
+    /// U+0000 shown as U+FFFD, not emptied.
+    #[test]
+    fn a_currency_is_kept_as_a_failed_delivery_keeps_it() {
+        let long = format!(
+            r#"{{"nonce":"n-1","transactionStatus":4,"currency":"{}"}}"#,
+            "E".repeat(300)
+        );
+        let kept = failure(long.as_bytes(), String::new(), 256)
+            .unwrap()
+            .currency;
+        assert_eq!(kept, format!("{}…", "E".repeat(64)));
+        let body = br#"{"nonce":"n-1","transactionStatus":4,"currency":"EU\u0000"}"#;
+        let kept = failure(body, String::new(), 256).unwrap().currency;
+        assert_eq!(kept, "EU\u{fffd}");
     }
 }

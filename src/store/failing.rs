@@ -65,6 +65,25 @@ pub struct CallbackFailure {
     pub at: DateTime<Utc>,
 }
 
+impl CallbackFailure {
+    /// The most characters of a callback's currency a failure record keeps.
+    const KEPT_CURRENCY_CHARS: usize = 64;
+
+    /// A callback's currency as every failure record keeps it, whether its delivery failed
+    /// or its body was refused: cut at 64 characters, U+0000 shown as U+FFFD. A callback is
+    /// not refused for its currency (that would lose the payment's result), but what its
+    /// failure record holds for the retention must not grow with what a sender chose, and
+    /// both stores keep the same text.
+    pub(crate) fn kept_currency(currency: &str) -> String {
+        let cut = crate::logged::cut_chars(currency, Self::KEPT_CURRENCY_CHARS);
+        if cut.contains('\0') {
+            cut.replace('\0', "\u{fffd}")
+        } else {
+            cut.into_owned()
+        }
+    }
+}
+
 /// A (nonce, status) whose handler failed, or whose body was refused, and which is not
 /// booked yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

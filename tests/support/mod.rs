@@ -160,6 +160,12 @@ impl CallbackReceiver for TestMerchant {
         self.script(&callback.client_id).await?;
         Ok(match callback.client_id.as_str() {
             "retry" => CallbackDecision::retry_later("ledger is being migrated"),
+            // Acknowledged, with an effect that aborts the booking.
+            "abort" => {
+                ctx.effects
+                    .write(|_| Err(payhook::store::StoreError::abort("insufficient funds")));
+                CallbackDecision::Ack
+            }
             _ => CallbackDecision::Ack,
         })
     }
