@@ -2391,6 +2391,65 @@ async fn an_effect_that_ends_the_transaction_of_its_booking_is_refused() {
     b.finish().await;
 }
 
+/// An effect whose own transaction commits (sqlx's `begin()` and `commit()` on the
+/// connection it is given, as code written for a pool does) would commit payhook's: the mark
+/// with what the effect wrote so far, every retry then a duplicate (200) while the effects
+/// staged after it never run. Its COMMIT is refused instead (migration 6): nothing is
+/// written, nothing acknowledged, and a repeat runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_cannot_commit_the_transaction_of_its_booking() {
+    let Some(b) = Backend::postgres("an_effect_cannot_commit").await else {
+        return;
+    };
+    let (table, mut conn) = merchant_rows(&b).await;
+    let effects = Effects::default();
+    let insert = |row: &'static str| format!("INSERT INTO {table} (nonce) VALUES ('{row}')");
+    let (first, then) = (insert("committed"), insert("after"));
+    effects.postgres(move |conn| {
+        let first = first.clone();
+        Box::pin(async move {
+            let mut own = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::query(&first).execute(&mut *own).await?;
+            own.commit().await?;
+            Ok(())
+        })
+    });
+    effects.postgres(move |conn| {
+        let then = then.clone();
+        Box::pin(async move {
+            sqlx::query(&then).execute(&mut *conn).await?;
+            Ok(())
+        })
+    });
+    let nonce = Nonce::from("n-commits");
+    let (claim, ..) = b.claim("n-commits", TransactionStatus::Success).await;
+    let refused = b
+        .shared
+        .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+        .await;
+    let Err(StoreError::Aborted { reason }) = &refused else {
+        panic!("{refused:?}");
+    };
+    assert!(reason.contains("payhook commits it"), "{reason}");
+    assert!(
+        !b.shared
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
+            .unwrap(),
+        "acknowledged with its effects half run"
+    );
+    let rows: Vec<String> = sqlx::query_scalar(&format!("SELECT nonce FROM {table}"))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert!(rows.is_empty(), "{rows:?} committed");
+    // The repeat claims the pair again: its handler runs.
+    let (claim, ..) = b.claim("n-commits", TransactionStatus::Success).await;
+    book(b.shared.as_ref(), &nonce, claim).await;
+    drop(conn);
+    b.finish().await;
+}
+
 /// After an effect that ended payhook's transaction, nothing more is written: neither the
 /// booking's own tree writes (which would otherwise commit on their own, each statement its
 /// own transaction, before the refusal) nor a later effect's SQL. A repeat runs the handler

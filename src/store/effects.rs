@@ -189,7 +189,9 @@ impl Effects {
     /// `rollback()` ends the whole booking, mark included. For a part that may fail, use
     /// `SAVEPOINT name` and `ROLLBACK TO SAVEPOINT name`. A booking whose transaction an
     /// effect ended is refused at its COMMIT (503, listed among the failing callbacks),
-    /// never acknowledged; what the effect committed on its own stays committed.
+    /// never acknowledged. The effect's own COMMIT fails (on a schema at version 6 or
+    /// later), taking the mark and what it wrote with it; what it writes after its COMMIT
+    /// or ROLLBACK commits on its own.
     ///
     /// ```
     /// use payhook::store::Effects;

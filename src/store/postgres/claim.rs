@@ -84,14 +84,18 @@ impl HeldClaim {
     /// * An effect may have ended the claim's transaction: a COMMIT or ROLLBACK of its own,
     ///   or sqlx's `begin()` on the connection (payhook's BEGIN is not one sqlx counts, so
     ///   its transaction's `commit()` or `rollback()` sends COMMIT or ROLLBACK, not a
-    ///   savepoint's). The mark may then be gone, and what followed committed on its own:
-    ///   answering 200 would acknowledge a callback whose repeat runs its handler again.
-    ///   The check fails when the transaction's id is not the claim's ([`ENDED`], SQLSTATE
-    ///   22P02).
+    ///   savepoint's). The mark is then gone: a ROLLBACK takes it, and a COMMIT fails and
+    ///   takes it too (the claim declares the transaction a booking, which only this
+    ///   statement's declaration lets commit: migration 6). What the effect wrote after
+    ///   that committed on its own, and answering 200 would acknowledge a callback whose
+    ///   repeat runs its handler again. The check fails when the transaction's id is not
+    ///   the claim's ([`ENDED`], SQLSTATE 22P02).
     pub(super) async fn commit_and_park(&mut self) -> Result<(), sqlx::Error> {
         let check = self.still_its_own();
         self.conn
-            .execute(sqlx::raw_sql(&format!("SELECT {check}; COMMIT; BEGIN")))
+            .execute(sqlx::raw_sql(&format!(
+                "SELECT {check}, set_config('payhook.booking', 'commit', true); COMMIT; BEGIN"
+            )))
             .await?;
         self.parked = true;
         self.transaction = None;
@@ -181,8 +185,8 @@ impl Drop for HeldClaim {
 /// transaction (see [`HeldClaim::commit_and_park`]); no quote in it (it is an SQL literal).
 pub(super) const ENDED: &str = "payhook: the transaction of this booking was ended by one of \
     its effects (a COMMIT or ROLLBACK of its own, or sqlx begin() on the connection, which \
-    is not a savepoint there): nothing is acknowledged, and what the effect committed itself \
-    stays committed; use SAVEPOINT statements for a part that may fail";
+    is not a savepoint there): nothing is acknowledged, and what the effect wrote after it \
+    committed on its own; use SAVEPOINT statements for a part that may fail";
 
 /// How long a connection whose claim ended is kept for the next claim before it goes back
 /// to the pool.

@@ -37,7 +37,10 @@
 //!   the merchant's own ([`Effects::postgres`](crate::store::Effects::postgres)) runs on the
 //!   same connection. A deadlock or serialization failure (SQLSTATE 40P01, 40001) retries
 //!   the whole transaction, up to [`TX_ATTEMPTS`] times; effects therefore may run more
-//!   than once, and must write only through the transaction.
+//!   than once, and must write only through the transaction. Only payhook commits it: the
+//!   claim declares the transaction a booking (`payhook.booking`), and a deferred trigger
+//!   on the mark's row refuses any other COMMIT (migration 6), so that an effect's own
+//!   `commit()` cannot acknowledge the callback with its effects half run.
 //! * **Awaitable.** Postponed validations and their results are rows of
 //!   `{schema}.postponed`; a decision locks its row (`FOR UPDATE`), so the first decision
 //!   wins whichever instance takes it. Each instance's outbox worker leases the results due
@@ -267,7 +270,8 @@ impl PgStore {
         let pool_size = pool.options().get_max_connections();
         let claim_sql = format!(
             "SELECT claimed, acknowledged, previous, attempts, failing, \
-             txid_current_if_assigned() FROM {schema}.claim_callback($1, $2, $3, $4)"
+             txid_current_if_assigned(), set_config('payhook.booking', 'held', true) \
+             FROM {schema}.claim_callback($1, $2, $3, $4)"
         );
         let store = Self {
             inner: Arc::new(Inner {

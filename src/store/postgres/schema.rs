@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "a duplicate is answered once its mark is on the synchronous standby",
         sql: include_str!("migrations/0005_a_duplicate_waits_for_the_standby.sql"),
     },
+    Migration {
+        version: 6,
+        description: "a booking is committed by payhook alone, never by one of its effects",
+        sql: include_str!("migrations/0006_a_booking_is_committed_by_payhook_alone.sql"),
+    },
 ];
 
 /// An index that only makes reads cheaper: built when a store opens and finds it missing,
