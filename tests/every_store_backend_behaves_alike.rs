@@ -2709,6 +2709,41 @@ async fn a_schema_that_is_no_plain_identifier_is_refused_however_the_configurati
     db.drop_schema().await;
 }
 
+/// Migrating waits as long as it needs, not `store.statement_timeout`: an instance that
+/// starts while another migrates waits for it (here the migrations' lock is held past the
+/// timeout), where it used to fail to open — as a rewrite of a large table stopped by the
+/// timeout would fail on every start. The pool's connections keep their limit after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrating_is_not_bounded_by_the_statement_timeout() {
+    let Some(db) = support::postgres::database("migrating_unbounded").await else {
+        return;
+    };
+    let mut config = db.store_config(Duration::from_secs(3600));
+    config.statement_timeout = Duration::from_millis(500);
+    let mut holder = db.connect().await;
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(format!("payhook migrations {}", db.schema))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        sqlx::query("SELECT pg_advisory_unlock_all()")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+    };
+    let (opened, ()) = tokio::join!(payhook::store::PgStore::open(&config, &[]), release);
+    let store = opened.unwrap();
+    let timeout: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(timeout, "500ms", "the pool's limit is kept");
+    drop((store, holder));
+    db.drop_schema().await;
+}
+
 /// A postponed record the database holds but payhook cannot decode (written by hand, or by a
 /// newer payhook) is left out of what is due, and moved an hour on, rather than failing
 /// every pass of the outbox or coming first in every batch: the other results go out.

@@ -143,6 +143,25 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
         )));
     }
     check_version(conn).await?;
+    // A migration takes the time it needs, and so does the wait for another instance's:
+    // `store.statement_timeout` bounds a request's statements, and a rewrite of a large
+    // table stopped by it would roll back on every start, the service never opening. The
+    // connection's own limit is back once migrated, whatever happened.
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| StoreError::backend("cannot lift the statement timeout to migrate", e))?;
+    let applied = migrate_unbounded(conn, schema).await;
+    let reset = sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await;
+    let applied = applied?;
+    reset.map_err(|e| StoreError::backend("cannot restore the statement timeout", e))?;
+    Ok(applied)
+}
+
+/// [`migrate`] once its connection's statements are unbounded.
+async fn migrate_unbounded(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>, StoreError> {
     // One instance at a time, whatever schema it migrates: a lock number of our own.
     sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
         .bind(format!("payhook migrations {schema}"))
