@@ -2047,6 +2047,72 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: a claim's transaction is READ COMMITTED and commits synchronously
+/// whatever the defaults of a pool the merchant gave: under SERIALIZABLE (or REPEATABLE
+/// READ) the claim would
+/// read with a snapshot taken before the nonce's lock, and with `synchronous_commit = off`
+/// a booking would be acknowledged before it is durable (a crash of the database then loses
+/// it, and the aggregator, answered 200, never sends it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_commits_durably_whatever_the_pools_defaults() {
+    use std::str::FromStr;
+    let Some(db) = support::postgres::database("a_booking_durably").await else {
+        return;
+    };
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .options([
+            ("default_transaction_isolation", "serializable"),
+            ("synchronous_commit", "off"),
+        ]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
+            .await
+            .unwrap(),
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The first claim begins its transaction; the second finds one begun by the first's
+    // COMMIT.
+    for nonce in ["n-1", "n-2"] {
+        let nonce = Nonce::from(nonce);
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let effects = Effects::default();
+        let seen = Arc::clone(&seen);
+        effects.postgres(move |conn| {
+            let seen = Arc::clone(&seen);
+            Box::pin(async move {
+                let settings: (String, String) = sqlx::query_as(
+                    "SELECT current_setting('transaction_isolation'), \
+                     current_setting('synchronous_commit')",
+                )
+                .fetch_one(&mut *conn)
+                .await?;
+                seen.lock().unwrap().push(settings);
+                Ok(())
+            })
+        });
+        store
+            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+            .await
+            .unwrap();
+    }
+    let expected = ("read committed".to_owned(), "on".to_owned());
+    assert_eq!(*seen.lock().unwrap(), vec![expected.clone(), expected]);
+    drop(store);
+    db.drop_schema().await;
+}
+
 /// PostgreSQL only: claims are per schema. Two services sharing one database, each in its
 /// own schema, claim and book the same nonce independently: a claim's lock is named by
 /// the schema as well as the nonce.

@@ -94,7 +94,8 @@ impl HeldClaim {
         let check = self.still_its_own();
         self.conn
             .execute(sqlx::raw_sql(&format!(
-                "SELECT {check}, set_config('payhook.booking', 'commit', true); COMMIT; BEGIN"
+                "SELECT {check}, set_config('payhook.booking', 'commit', true); COMMIT; \
+                 {BEGIN_CLAIM}"
             )))
             .await?;
         self.parked = true;
@@ -127,7 +128,9 @@ impl HeldClaim {
 
     /// ROLLBACK, and BEGIN the next claim's transaction in the same round trip.
     pub(super) async fn rollback_and_park(&mut self) -> Result<(), sqlx::Error> {
-        self.conn.execute(sqlx::raw_sql("ROLLBACK; BEGIN")).await?;
+        self.conn
+            .execute(sqlx::raw_sql(&format!("ROLLBACK; {BEGIN_CLAIM}")))
+            .await?;
         self.parked = true;
         Ok(())
     }
@@ -180,6 +183,14 @@ impl Drop for HeldClaim {
         }
     }
 }
+
+/// What begins a claim's transaction, whatever the pool's defaults (a pool the merchant
+/// gave, `PgStore::with_pool`): READ COMMITTED, so that each of the claim's statements reads
+/// what committed before it — after the nonce's lock was taken, not before — and a
+/// synchronous COMMIT, so that a booking is acknowledged only once it is durable (on the
+/// synchronous standby, where one is configured).
+pub(super) const BEGIN_CLAIM: &str =
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on";
 
 /// What the COMMIT of a claim's transaction fails with when an effect ended that
 /// transaction (see [`HeldClaim::commit_and_park`]); no quote in it (it is an SQL literal).

@@ -405,7 +405,8 @@ impl PgStore {
     ) -> Result<ClaimRead, StoreError> {
         if !held.opening() {
             let conn: &mut sqlx::PgConnection = held;
-            conn.execute("BEGIN").await?;
+            conn.execute(sqlx::raw_sql(super::claim::BEGIN_CLAIM))
+                .await?;
         }
         let stale_after = held.stale_after().as_secs_f64();
         let conn: &mut sqlx::PgConnection = held;

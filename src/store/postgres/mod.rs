@@ -226,11 +226,13 @@ impl PgStore {
     }
 
     /// The store over a pool the service already has (its own queries share the
-    /// connections); `config.url` and the pool settings are not used. The connections
-    /// should commit synchronously (`synchronous_commit = on`, PostgreSQL's default) and
-    /// not be closed for idling in a transaction (`idle_in_transaction_session_timeout = 0`,
-    /// the default; a claim's transaction idles while its handler runs): one that is set is
-    /// warned of at open.
+    /// connections); `config.url` and the pool settings are not used. A callback's booking
+    /// is READ COMMITTED and commits synchronously whatever the pool's defaults; the other
+    /// records (validations, postponed results) follow the pool's, which should commit
+    /// synchronously too (`synchronous_commit = on`, PostgreSQL's default). The connections
+    /// must not be closed for idling in a transaction (`idle_in_transaction_session_timeout
+    /// = 0`, the default; a claim's transaction idles while its handler runs): one that is
+    /// set is warned of at open.
     ///
     /// # Errors
     ///
