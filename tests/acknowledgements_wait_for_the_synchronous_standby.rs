@@ -361,7 +361,7 @@ async fn waiting_for_the_standby(
     loop {
         let waiting: i64 = sqlx::query(
             "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event = 'SyncRep' AND query LIKE '%COMMIT; BEGIN'",
+             WHERE wait_event = 'SyncRep' AND query LIKE '%COMMIT; BEGIN%'",
         )
         .fetch_one(&mut *admin)
         .await
