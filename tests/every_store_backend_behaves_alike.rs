@@ -1931,6 +1931,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
             "postponed_queued",
             "postponed_pkey",
             "postponed_nonce",
+            "postponed_outbox",
+            "postponed_leased",
             "callback_failures_latest",
             "callback_failures_latest"
         ],
@@ -1952,7 +1954,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     drop(store);
     sqlx::raw_sql(&format!(
         "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_queued; \
-         DROP INDEX {0}.postponed_nonce; \
+         DROP INDEX {0}.postponed_nonce; DROP INDEX {0}.postponed_leased; \
          DROP INDEX {0}.callback_failures_latest; DROP TABLE {0}.callback_failures_count; \
          DROP TRIGGER callback_failures_counted ON {0}.callback_failures",
         db.schema
@@ -1986,6 +1988,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         "postponed_pending",
         "postponed_queued",
         "postponed_nonce",
+        "postponed_leased",
         "callback_failures_latest",
     ] {
         let built: bool = sqlx::query(
@@ -2111,6 +2114,42 @@ async fn a_booking_commits_durably_whatever_the_pools_defaults() {
     assert_eq!(*seen.lock().unwrap(), vec![expected.clone(), expected]);
     drop(store);
     db.drop_schema().await;
+}
+
+/// PostgreSQL only: a result another live instance has leased is not due here, and falls
+/// due when that lease runs out (an instance that stalls mid-post gives it up then), not
+/// never; one this instance could take counts from when it falls due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_leased_to_another_live_instance_falls_due_when_its_lease_runs_out() {
+    let Some(b) = Backend::postgres("leased_elsewhere").await else {
+        return;
+    };
+    postpone(&b, 21).await;
+    b.shared
+        .resolve(21.into(), &Decision::allow("checked"), Utc::now())
+        .await
+        .unwrap();
+    let leased = b.shared.outbox_due(Utc::now()).await.unwrap();
+    assert_eq!(leased.now.len(), 1, "leased here");
+    let config = b.db.as_ref().unwrap().store_config(RETENTION);
+    let other = payhook::store::PgStore::open(&config, TREES).await.unwrap();
+    let before = Utc::now();
+    let seen = payhook::store::PostponedStore::outbox_due(&other, before)
+        .await
+        .unwrap();
+    assert!(
+        seen.now.is_empty(),
+        "leased to a live instance: {:?}",
+        seen.now
+    );
+    let next = seen.next.expect("the leased result is never due elsewhere");
+    let lease = TimeDelta::from_std(payhook::store::OUTBOX_LEASE).unwrap();
+    assert!(
+        next > before + lease / 2 && next <= Utc::now() + lease + TimeDelta::seconds(1),
+        "due at {next}, not when the lease of {lease} from {before} runs out"
+    );
+    drop(other);
+    b.finish().await;
 }
 
 /// PostgreSQL only: claims are per schema. Two services sharing one database, each in its

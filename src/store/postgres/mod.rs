@@ -413,6 +413,21 @@ impl PgStore {
                 condition: None,
             },
             IndexedRead {
+                index: "postponed_outbox",
+                sql: self.sql(&postponed::outbox_next_sql()),
+                // When this instance's outbox has work next, each pass: the first result
+                // due after now...
+                parameters: &[("timestamptz", "now()"), ("int4", "1")],
+                condition: Some("Index Cond: (deliver_at >"),
+            },
+            IndexedRead {
+                index: "postponed_leased",
+                sql: self.sql(&postponed::outbox_next_sql()),
+                // ... and the results leased elsewhere now.
+                parameters: &[("timestamptz", "now()"), ("int4", "1")],
+                condition: Some("Index Cond: (lease_until >"),
+            },
+            IndexedRead {
                 index: "callback_failures_latest",
                 sql: self.sql(dedup::FAILING_LATEST),
                 // The inspector's latest failures, refreshed every second.

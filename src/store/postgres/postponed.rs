@@ -55,6 +55,26 @@ fn state_condition(state: Option<PostponedState>) -> &'static str {
     }
 }
 
+/// When the outbox has work next for this instance (`$2`) after `$1`: a result not leased
+/// elsewhere when it falls due, one leased to a live instance when that lease runs out.
+/// Each part reads its few rows through an index — the first result due after `$1`
+/// (`postponed_outbox`), the results leased now (`postponed_leased`) — where one expression
+/// over both would read every queued result on every pass: an aggregator's outage queues
+/// tens of thousands.
+pub(super) fn outbox_next_sql() -> String {
+    format!(
+        "SELECT least( \
+           (SELECT deliver_at FROM {{s}}.postponed \
+            WHERE deliver_at > $1 \
+              AND NOT (lease_until > now() AND lease_owner <> $2 AND {alive}) \
+            ORDER BY deliver_at LIMIT 1), \
+           (SELECT min(greatest(deliver_at, lease_until)) FROM {{s}}.postponed \
+            WHERE lease_until > now() AND deliver_at IS NOT NULL AND lease_owner <> $2 \
+              AND {alive} AND greatest(deliver_at, lease_until) > $1))",
+        alive = super::owner_alive("lease_owner")
+    )
+}
+
 /// The statement that reads the validations of nonce `$1`, the latest first, among which
 /// the one that holds its decision is found ([`PgStore::original_of_nonce`]). Read through
 /// the `postponed_nonce` index (`schema.rs`).
@@ -338,20 +358,11 @@ impl PostponedStore for PgStore {
                 next: None,
             };
             due.now.sort_by_key(|r| r.validation_id);
-            // The next one this instance could take: a result leased elsewhere counts from
-            // when that lease runs out.
-            let next = sqlx::query(&self.sql(&format!(
-                "SELECT min(t) FROM (SELECT CASE \
-                   WHEN lease_until > now() AND lease_owner <> $2 AND {alive} \
-                     THEN greatest(deliver_at, lease_until) \
-                   ELSE deliver_at END AS t \
-                 FROM {{s}}.postponed WHERE deliver_at IS NOT NULL) AS pending WHERE t > $1",
-                alive = super::owner_alive("lease_owner")
-            )))
-            .bind(now)
-            .bind(self.inner.owner)
-            .fetch_one(self.pool())
-            .await?;
+            let next = sqlx::query(&self.sql(&outbox_next_sql()))
+                .bind(now)
+                .bind(self.inner.owner)
+                .fetch_one(self.pool())
+                .await?;
             due.next = next.try_get(0)?;
             Ok(due)
         })

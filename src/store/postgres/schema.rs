@@ -87,6 +87,12 @@ const READ_INDEXES: &[ReadIndex] = &[
         name: "postponed_nonce",
         definition: "ON {schema}.postponed (nonce)",
     },
+    // The results leased to an instance now, a few among an outage's queued thousands,
+    // read on every pass of each instance's outbox for when their leases run out.
+    ReadIndex {
+        name: "postponed_leased",
+        definition: "ON {schema}.postponed (lease_until) WHERE lease_until IS NOT NULL",
+    },
     // The latest failing callbacks, which the inspector's panel reads every second among
     // an incident's hundreds of thousands.
     ReadIndex {
