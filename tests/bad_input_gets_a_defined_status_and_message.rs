@@ -529,47 +529,61 @@ async fn a_free_form_field_of_too_many_values_is_400_naming_it() {
     }
 }
 
-/// A providers validation's candidates hold at most 100,000 JSON values together (each
-/// candidate, and each value of its `currencies`, `payTypes` and `tags`), for the reason a
-/// free-form object is bounded: spread over many candidates, or in one list of `[0,0,…]`, a
-/// body of 1 MiB would keep some 16–32 MiB while the handler runs. Past the bound the
-/// request is 400 naming `providers`; a catalogue within it is read whole.
+/// A providers validation's candidates hold at most one JSON value for each 10 bytes of
+/// `server.body_limit` together (104,857 with the default 1 MiB, at least 100,000): each
+/// candidate, each of its tags, each value in its `currencies` and `payTypes`. The reason
+/// is a free-form object's: in one list of `[0,0,…]`, or spread over many candidates, a
+/// body would keep 16–32 times its bytes while the handler runs. Past the bound the request
+/// is 400 naming `providers`; a catalogue within it is read whole, and a service that takes
+/// larger bodies takes larger catalogues.
 #[tokio::test]
 async fn candidates_of_too_many_values_are_400_naming_them() {
-    let mut config = test_config();
-    config.server.body_limit = 4 << 20;
-    let server = TestServer::start_with(config).await;
-    let candidate =
-        |id: usize| json!({"id": id, "currencies": ["EUR"], "payTypes": [], "tags": ["fiat"]});
-    for too_many in [
-        // One candidate whose list holds them.
-        json!([{"id": 1, "currencies": vec![0; 100_000]}]),
-        // 33,334 candidates of three values each.
-        json!((0..33_334).map(candidate).collect::<Vec<_>>()),
-        // Tags count as the lists do.
-        json!([{"id": 1, "tags": vec![""; 100_000]}]),
-    ] {
-        let body = with(PROVIDERS_VALIDATION, "/providers", Some(too_many));
-        let request = json_post(PROVIDERS_PATH, body.as_bytes());
+    let server = TestServer::start().await;
+    let limit = 1_048_576 / 10;
+    let body =
+        |candidates: serde_json::Value| with(PROVIDERS_VALIDATION, "/providers", Some(candidates));
+    // One candidate whose list holds them; tags count as the lists do.
+    let over = [
+        body(json!([{"id": 1, "currencies": vec![0; limit]}])),
+        body(json!([{"id": 1, "tags": vec![""; limit]}])),
+    ];
+    for request in &over {
+        let request = json_post(PROVIDERS_PATH, request.as_bytes());
         assert_refused(&server, PROVIDERS_PATH, &request, 400, "providers").await;
         assert_refused(
             &server,
             PROVIDERS_PATH,
             &request,
             400,
-            "more than 100000 JSON values",
+            "more than 104857 JSON values",
         )
         .await;
     }
     assert!(server.merchant.calls().is_empty());
-    // 33,333 candidates of three values each: 99,999.
-    let within = json!((0..33_333).map(candidate).collect::<Vec<_>>());
-    let body = with(PROVIDERS_VALIDATION, "/providers", Some(within));
+    let within = body(json!([{"id": 1, "currencies": vec![0; limit - 1]}]));
     let response = server
-        .send(&json_post(PROVIDERS_PATH, body.as_bytes()))
+        .send(&json_post(PROVIDERS_PATH, within.as_bytes()))
         .await;
     assert_eq!(response.status, 200, "{}", response.message());
     assert_eq!(server.merchant.calls().len(), 1, "the handler read them");
+    // A service that takes bodies of 4 MiB takes four times the values.
+    let mut config = test_config();
+    config.server.body_limit = 4 << 20;
+    let roomy = TestServer::start_with(config).await;
+    let response = roomy
+        .send(&json_post(PROVIDERS_PATH, over[0].as_bytes()))
+        .await;
+    assert_eq!(response.status, 200, "{}", response.message());
+    let many = body(json!([{"id": 1, "currencies": vec![0; 4 * limit + 2]}]));
+    let request = json_post(PROVIDERS_PATH, many.as_bytes());
+    assert_refused(
+        &roomy,
+        PROVIDERS_PATH,
+        &request,
+        400,
+        "more than 419430 JSON values",
+    )
+    .await;
 }
 
 /// Numbers the OpenAPI document allows but no `i64` or `Decimal` holds exactly: a fraction

@@ -46,6 +46,7 @@ pub use callback::CallbackBody;
 pub(crate) use callback::ReadableCallback;
 pub use nonce::Nonce;
 pub use provider::{Currency, PaymentType, Provider, ProviderCandidate};
+pub(crate) use provider::{candidates_within, max_candidate_values};
 pub use status::{TransactionStatus, TransactionType};
 pub use timestamp::{TimestampError, format_utc, parse_utc};
 pub use transaction::{CallbackSettings, MAX_CALLBACK_ATTEMPTS, TransactionRecord};

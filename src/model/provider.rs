@@ -65,22 +65,29 @@ fn loose_tags<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<S
     })
 }
 
-/// The most JSON values a providers validation's candidates may hold together: one for each
-/// candidate, and each value of its `currencies`, `payTypes` and `tags`. Parsed, a body's
-/// values take 16–32 times their bytes (`[0,0,0,…]`) and are kept while the handler runs,
-/// beyond what the body memory counts; a catalogue of hundreds of providers, each with
-/// dozens of currencies and payment types, holds a few tens of thousands.
-pub(crate) const MAX_CANDIDATE_VALUES: usize = 100_000;
+/// The fewest JSON values a providers validation's candidates may hold together, whatever
+/// `server.body_limit` (see [`candidates_within`]).
+pub(crate) const MIN_CANDIDATE_VALUES: usize = 100_000;
 
-/// Reads a providers validation's candidates (a list of objects), at most
-/// [`MAX_CANDIDATE_VALUES`] values together.
-pub(crate) fn candidates<'de, D>(deserializer: D) -> Result<Vec<ProviderCandidate>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    let candidates: Vec<ProviderCandidate> = super::object::objects(deserializer)?;
-    let mut left = MAX_CANDIDATE_VALUES;
-    let within = candidates.iter().all(|candidate| {
+/// How many bytes of `server.body_limit` allow one JSON value among the candidates.
+pub(crate) const BODY_BYTES_PER_CANDIDATE_VALUE: usize = 10;
+
+/// The most JSON values the candidates of a body of at most `body_limit` bytes may hold
+/// together: one for each [`BODY_BYTES_PER_CANDIDATE_VALUE`] bytes, at least
+/// [`MIN_CANDIDATE_VALUES`] (104,857 with the default limit of 1 MiB).
+pub(crate) fn max_candidate_values(body_limit: usize) -> usize {
+    (body_limit / BODY_BYTES_PER_CANDIDATE_VALUE).max(MIN_CANDIDATE_VALUES)
+}
+
+/// Whether `candidates` hold at most `limit` JSON values together: one for each candidate,
+/// each of its tags, and each value in its `currencies` and `payTypes`, nested ones
+/// included (a payment type of seven fields is eight). Parsed, a body's values take 16–32
+/// times their bytes (`[0,0,0,…]`) and are kept while the handler runs, beyond what the
+/// body memory counts: bounded by the body's limit, they hold a few times that at most.
+/// Stops counting at the limit.
+pub(crate) fn candidates_within(candidates: &[ProviderCandidate], limit: usize) -> bool {
+    let mut left = limit;
+    candidates.iter().all(|candidate| {
         let own = 1 + candidate.tags.len();
         left.checked_sub(own).is_some_and(|rest| {
             left = rest;
@@ -90,14 +97,7 @@ where
                 .chain(&candidate.pay_types)
                 .all(|value| super::object::spend(value, &mut left))
         })
-    });
-    if within {
-        Ok(candidates)
-    } else {
-        Err(serde::de::Error::custom(format!(
-            "candidates holding more than {MAX_CANDIDATE_VALUES} JSON values together"
-        )))
-    }
+    })
 }
 
 impl ProviderCandidate {

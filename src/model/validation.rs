@@ -62,9 +62,11 @@ pub struct ProvidersValidationRequest {
     /// The transaction the providers are for.
     #[serde(deserialize_with = "super::object::object")]
     pub transaction_data: TransactionData,
-    /// Candidate providers: together at most 100,000 JSON values (each candidate, and each
-    /// value of its `currencies`, `payTypes` and `tags`), else the request is refused.
-    #[serde(deserialize_with = "super::provider::candidates")]
+    /// Candidate providers. The server refuses candidates holding more JSON values together
+    /// than one for each 10 bytes of `server.body_limit` (at least 100,000): each
+    /// candidate, each of its tags, and each value in its `currencies` and `payTypes`,
+    /// nested ones included.
+    #[serde(deserialize_with = "super::object::objects")]
     pub providers: Vec<ProviderCandidate>,
 }
 

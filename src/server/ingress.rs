@@ -335,6 +335,9 @@ impl Ingress {
         });
         check_identifiers(&request, max_chars)?;
         request.trace(&tracing::Span::current());
+        if let Some(why) = request.overfull(self.limits.body_limit) {
+            return Err(Problem::BadRequest(why));
+        }
         check_plausible(&request)?;
         Ok(request)
     }
@@ -466,6 +469,13 @@ pub(super) trait Traced {
         None
     }
 
+    /// Why the request holds more parsed values than a body of at most `body_limit` bytes
+    /// may keep while its handler runs; `None` when it does not (a providers validation's
+    /// candidates are bounded; the free-form objects are bounded as they are read).
+    fn overfull(&self, _body_limit: usize) -> Option<String> {
+        None
+    }
+
     fn trace(&self, span: &tracing::Span) {
         span.record("nonce", field::display(Logged(self.nonce().1)));
     }
@@ -474,6 +484,16 @@ pub(super) trait Traced {
 impl Traced for ProvidersValidationRequest {
     fn nonce(&self) -> (&'static str, &str) {
         ("transactionData.paymentData.nonce", Self::nonce(self))
+    }
+
+    fn overfull(&self, body_limit: usize) -> Option<String> {
+        let limit = crate::model::max_candidate_values(body_limit);
+        (!crate::model::candidates_within(&self.providers, limit)).then(|| {
+            format!(
+                "invalid field `providers`: candidates holding more than {limit} JSON values \
+                 together (one for each 10 bytes of server.body_limit, at least 100000)"
+            )
+        })
     }
 
     fn client_id(&self) -> (&'static str, &str) {

@@ -191,7 +191,8 @@ impl Effects {
     /// effect ended is refused at its COMMIT (503, listed among the failing callbacks),
     /// never acknowledged. The effect's own COMMIT fails (on a schema at version 6 or
     /// later), taking the mark and what it wrote with it; what it writes after its COMMIT
-    /// or ROLLBACK commits on its own.
+    /// or ROLLBACK commits on its own. `SET CONSTRAINTS ALL IMMEDIATE` fails the booking
+    /// too (it fires payhook's own deferred check early): name the constraints instead.
     ///
     /// ```
     /// use payhook::store::Effects;

@@ -186,11 +186,13 @@ impl Drop for HeldClaim {
 
 /// What begins a claim's transaction, whatever the pool's defaults (a pool the merchant
 /// gave, `PgStore::with_pool`): READ COMMITTED, so that each of the claim's statements reads
-/// what committed before it — after the nonce's lock was taken, not before — and a
-/// synchronous COMMIT, so that a booking is acknowledged only once it is durable (on the
-/// synchronous standby, where one is configured).
-pub(super) const BEGIN_CLAIM: &str =
-    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = on";
+/// what committed before it — after the nonce's lock was taken, not before — and a COMMIT
+/// at least as synchronous as `on`, so that a booking is acknowledged only once it is
+/// durable (on the synchronous standby, where one is configured): `off`, `local` and
+/// `remote_write` are raised to `on`, and `remote_apply` is kept.
+pub(super) const BEGIN_CLAIM: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+     SELECT set_config('synchronous_commit', 'on', true) \
+     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
 
 /// What the COMMIT of a claim's transaction fails with when an effect ended that
 /// transaction (see [`HeldClaim::commit_and_park`]); no quote in it (it is an SQL literal).

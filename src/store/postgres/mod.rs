@@ -524,13 +524,17 @@ impl PgStore {
     ///
     /// Each statement says twice what expired: the rows it picks, and the rows it deletes.
     /// Under READ COMMITTED a row picked while a booking held it (a new status of a nonce
-    /// whose record had expired: its claim renews the row until its COMMIT) is deleted once
-    /// the booking commits, and only the outer condition is checked again on the committed
-    /// row: without it, a mark just acknowledged would be deleted, and a repeat of its
-    /// callback run again.
+    /// whose record had expired: its claim renews the row until its COMMIT) would be deleted
+    /// once the booking commits, and only the outer condition is checked again on the
+    /// committed row: without it, a mark just acknowledged would be deleted, and a repeat of
+    /// its callback run again. (A callback's row a claim holds is passed over, not waited
+    /// for: `SKIP LOCKED`.)
     async fn purge(&self, now: DateTime<Utc>) -> Result<usize, StoreError> {
         let tables = [
-            "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
+            // A row a claim holds (its handler running, up to the handler's timeout) is
+            // passed over, not waited for: the wait would outlast the statement's timeout
+            // and fail the whole sweep, and a later sweep removes it if it still expired.
+            "DELETE FROM {s}.callbacks WHERE nonce_key IN (SELECT nonce_key FROM {s}.callbacks WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED) AND expires_at <= $1",
             // A nonce whose validation still waits for its decision or its delivery keeps
             // its record (a new validation of it would run the handler again).
             concat!(

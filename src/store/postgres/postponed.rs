@@ -66,7 +66,7 @@ pub(super) fn outbox_next_sql() -> String {
         "SELECT least( \
            (SELECT deliver_at FROM {{s}}.postponed \
             WHERE deliver_at > $1 \
-              AND NOT (lease_until > now() AND lease_owner <> $2 AND {alive}) \
+              AND (lease_until > now() AND lease_owner <> $2 AND {alive}) IS NOT TRUE \
             ORDER BY deliver_at LIMIT 1), \
            (SELECT min(greatest(deliver_at, lease_until)) FROM {{s}}.postponed \
             WHERE lease_until > now() AND deliver_at IS NOT NULL AND lease_owner <> $2 \

@@ -9,6 +9,7 @@
 //! of failing callbacks that the database keeps itself (`FAILING_COUNT`), which have no
 //! version: an older payhook simply does not use them (and its writes keep the count).
 
+use sqlx::Executor as _;
 use sqlx::{Connection, PgConnection, Row};
 
 use super::super::StoreError;
@@ -153,12 +154,18 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
     // `store.statement_timeout` bounds a request's statements, and a rewrite of a large
     // table stopped by it would roll back on every start, the service never opening. The
     // connection's own limit is back once migrated, whatever happened.
+    // The connection's own limit, however it was set (a startup option, a pool's SET).
+    let limit: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| StoreError::backend("cannot read the statement timeout", e))?;
     sqlx::query("SET statement_timeout = 0")
         .execute(&mut *conn)
         .await
         .map_err(|e| StoreError::backend("cannot lift the statement timeout to migrate", e))?;
     let applied = migrate_unbounded(conn, schema).await;
-    let reset = sqlx::query("RESET statement_timeout")
+    let reset = sqlx::query("SELECT set_config('statement_timeout', $1, false)")
+        .bind(limit)
         .execute(&mut *conn)
         .await;
     let applied = applied?;
@@ -188,6 +195,48 @@ async fn migrate_unbounded(conn: &mut PgConnection, schema: &str) -> Result<Vec<
     let applied = applied?;
     unlocked.map_err(|e| StoreError::backend("cannot release the migrations' lock", e))?;
     Ok(applied)
+}
+
+/// How long a migration waits for a lock on a table it changes before it gives way
+/// (`lock_timeout`): while it waits, every request's statement on that table waits behind
+/// it, so it waits briefly, lets them through ([`LOCK_PAUSE`]), and tries again.
+const LOCK_WAIT: &str = "2s";
+
+/// The pause between two attempts of a migration that could not lock its tables.
+const LOCK_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How many times a migration tries to lock its tables (about 7 minutes) before the open
+/// fails.
+const LOCK_ATTEMPTS: u32 = 150;
+
+/// Applies `migration` and records it, in one transaction.
+async fn apply(
+    conn: &mut PgConnection,
+    schema: &str,
+    migration: &Migration,
+) -> Result<(), sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let sql = format!(
+        "SET LOCAL lock_timeout = '{LOCK_WAIT}'; {}",
+        migration.sql.replace("{schema}", schema)
+    );
+    (&mut *tx).execute(sqlx::raw_sql(&sql)).await?;
+    sqlx::query(&format!(
+        "INSERT INTO {schema}.schema_migrations (version, description) VALUES ($1, $2)"
+    ))
+    .bind(migration.version)
+    .bind(migration.description)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Whether `error` is a lock not granted within `lock_timeout` (SQLSTATE 55P03).
+fn lock_not_available(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "55P03")
 }
 
 /// The oldest server this payhook runs on: a callback's claim is taken over with
@@ -231,21 +280,23 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
         .map_err(failed("cannot look the schema up"))?
         .is_some();
     if !exists {
-        sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
-            .execute(&mut *conn)
+        let sql = format!("CREATE SCHEMA IF NOT EXISTS {schema}");
+        (&mut *conn)
+            .execute(sqlx::raw_sql(&sql))
             .await
             .map_err(failed("cannot create the schema"))?;
     }
-    sqlx::raw_sql(&format!(
+    let sql = format!(
         "CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
              version integer PRIMARY KEY,
              description text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now()
          );"
-    ))
-    .execute(&mut *conn)
-    .await
-    .map_err(failed("cannot create the migrations' table"))?;
+    );
+    (&mut *conn)
+        .execute(sqlx::raw_sql(&sql))
+        .await
+        .map_err(failed("cannot create the migrations' table"))?;
     let known: Vec<i32> = sqlx::query(&format!(
         "SELECT version FROM {schema}.schema_migrations ORDER BY version"
     ))
@@ -265,25 +316,23 @@ async fn apply_missing(conn: &mut PgConnection, schema: &str) -> Result<Vec<i32>
     }
     let mut applied = Vec::new();
     for migration in MIGRATIONS.iter().filter(|m| !known.contains(&m.version)) {
-        let mut tx = conn
-            .begin()
-            .await
-            .map_err(failed("cannot begin a migration"))?;
-        sqlx::raw_sql(&migration.sql.replace("{schema}", schema))
-            .execute(&mut *tx)
-            .await
-            .map_err(failed(&format!("migration {} failed", migration.version)))?;
-        sqlx::query(&format!(
-            "INSERT INTO {schema}.schema_migrations (version, description) VALUES ($1, $2)"
-        ))
-        .bind(migration.version)
-        .bind(migration.description)
-        .execute(&mut *tx)
-        .await
-        .map_err(failed("cannot record a migration"))?;
-        tx.commit()
-            .await
-            .map_err(failed(&format!("migration {} failed", migration.version)))?;
+        let mut attempt = 1;
+        while let Err(error) = apply(conn, schema, migration).await {
+            if !lock_not_available(&error) || attempt >= LOCK_ATTEMPTS {
+                return Err(failed(&format!("migration {} failed", migration.version))(
+                    error,
+                ));
+            }
+            tracing::info!(
+                schema,
+                version = migration.version,
+                attempt,
+                "a store migration waits for requests that hold the tables it changes; trying \
+                 again (or apply it with `payhook store migrate` at a quiet time)"
+            );
+            attempt += 1;
+            tokio::time::sleep(LOCK_PAUSE).await;
+        }
         tracing::info!(
             schema,
             version = migration.version,
@@ -318,13 +367,11 @@ async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(),
             continue;
         }
         let definition = index.definition.replace("{schema}", schema);
-        sqlx::raw_sql(&format!(
-            "CREATE INDEX IF NOT EXISTS {} {definition}",
-            index.name
-        ))
-        .execute(&mut *conn)
-        .await
-        .map_err(failed)?;
+        let sql = format!("CREATE INDEX IF NOT EXISTS {} {definition}", index.name);
+        (&mut *conn)
+            .execute(sqlx::raw_sql(&sql))
+            .await
+            .map_err(failed)?;
         tracing::info!(schema, index = index.name, "store index built");
     }
     Ok(())
@@ -347,8 +394,9 @@ async fn build_failing_count(conn: &mut PgConnection, schema: &str) -> Result<()
         return Ok(());
     }
     let mut tx = conn.begin().await.map_err(failed)?;
-    sqlx::raw_sql(&FAILING_COUNT.replace("{schema}", schema))
-        .execute(&mut *tx)
+    let sql = FAILING_COUNT.replace("{schema}", schema);
+    (&mut *tx)
+        .execute(sqlx::raw_sql(&sql))
         .await
         .map_err(failed)?;
     tx.commit().await.map_err(failed)?;

@@ -10,7 +10,9 @@
 -- So the claim declares its transaction a booking (payhook.booking = 'held', for that
 -- transaction only), and a deferred trigger on the mark's row refuses a COMMIT while it is
 -- so: the COMMIT fails, and the mark goes with everything else the transaction wrote. payhook
--- declares its own COMMIT first (payhook.booking = 'commit'). A transaction that declares
+-- declares its own COMMIT first (payhook.booking = 'commit'). (An effect's SET CONSTRAINTS
+-- ALL IMMEDIATE fires the check early, and fails the booking too: an effect names the
+-- constraints it checks early.) A transaction that declares
 -- nothing — an instance of an earlier version, an import — passes. (The check is queued for
 -- every write of a mark: the claim declares its transaction in the statement that writes
 -- it, after the write.)
@@ -19,16 +21,17 @@ CREATE OR REPLACE FUNCTION {schema}.booking_committed_by_payhook() RETURNS trigg
 LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('payhook.booking', true) = 'held' THEN
-        RAISE EXCEPTION 'an effect committed the transaction of its callback''s booking; payhook commits it'
-            USING HINT = 'write through the connection given to the effect without COMMIT or '
-                'ROLLBACK: sqlx''s begin() on it opens no savepoint; use SAVEPOINT and '
-                'ROLLBACK TO SAVEPOINT';
+        RAISE EXCEPTION 'an effect committed the transaction of its callback''s booking, or set all its constraints immediate; payhook commits it'
+            USING HINT = 'write through the connection given to the effect without COMMIT, '
+                'ROLLBACK or SET CONSTRAINTS ALL: sqlx''s begin() on it opens no savepoint; use '
+                'SAVEPOINT and ROLLBACK TO SAVEPOINT, and name the constraints to check early';
     END IF;
     RETURN NULL;
 END
 $$;
 
-DROP TRIGGER IF EXISTS booking_committed_by_payhook ON {schema}.callbacks;
+-- Creating the trigger locks `callbacks` against writes (SHARE ROW EXCLUSIVE) until the
+-- migration commits; the migration waits for it two seconds at a time (schema.rs).
 CREATE CONSTRAINT TRIGGER booking_committed_by_payhook
     AFTER INSERT OR UPDATE OF done ON {schema}.callbacks
     DEFERRABLE INITIALLY DEFERRED
