@@ -359,6 +359,7 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
                 merchant::Merchant {
                     max_amount: 1_000_000.into(),
                     review_above: None,
+                    provider_tags: merchant::ProviderTags::default(),
                 },
                 payhook::store::ConfiguredStore::Sled(store),
             )
@@ -373,6 +374,7 @@ fn serve(scenario: &str, data: &Path, public_key: &Path, schema: Option<&str>) {
                 merchant::Merchant {
                     max_amount: 1_000_000.into(),
                     review_above: None,
+                    provider_tags: merchant::ProviderTags::default(),
                 },
                 store,
             )

@@ -138,6 +138,7 @@ fn serve(data: &Path, public_key: &Path, mode: &str) {
         let merchant = merchant::Merchant {
             max_amount: 10_000.into(),
             review_above: None,
+            provider_tags: merchant::ProviderTags::default(),
         };
         let app = merchant::app(config, merchant, store).unwrap();
         println!("listening on {}", listener.local_addr().unwrap());

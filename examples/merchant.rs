@@ -18,8 +18,11 @@
 //! aggregator's key); `MERCHANT_MAX_AMOUNT` (default 10000) is this merchant's own limit per
 //! transaction; `MERCHANT_REVIEW_ABOVE` (default 1000) the amount above which an Awaitable
 //! validation waits for review, and `MERCHANT_REVIEW_EVERY` (default `2s`) how often the
-//! review runs: it approves every client except those whose id starts with `blocked`. It
-//! prints `listening on ADDRESS` once it serves.
+//! review runs: it approves every client except those whose id starts with `blocked`;
+//! `MERCHANT_PROVIDER_TAGS` (e.g. `11=fiat,eu;12=crypto`) files providers under tags, which
+//! a request's `providerTags` is matched against (the spec's candidates carry none of
+//! their own: without it, a request that asks for tags is offered no provider). It prints
+//! `listening on ADDRESS` once it serves.
 //!
 //! Before copying it for production, know what it leaves to you:
 //!
@@ -39,7 +42,7 @@
 
 use payhook::Config;
 use payhook::model::parse_amount;
-use payhook::sim::example_merchant::{Merchant, app, open_store, review};
+use payhook::sim::example_merchant::{Merchant, ProviderTags, app, open_store, review};
 use rust_decimal::Decimal;
 
 /// The example's command line: no arguments serves; an operating command runs it.
@@ -103,6 +106,11 @@ async fn main() -> std::process::ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let max_amount = setting("MERCHANT_MAX_AMOUNT", Decimal::from(10_000), parse_amount)?;
     let review_above = setting("MERCHANT_REVIEW_ABOVE", Decimal::from(1_000), parse_amount)?;
+    let provider_tags = setting(
+        "MERCHANT_PROVIDER_TAGS",
+        ProviderTags::default(),
+        str::parse,
+    )?;
     let review_every = setting(
         "MERCHANT_REVIEW_EVERY",
         std::time::Duration::from_secs(2),
@@ -122,6 +130,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let merchant = Merchant {
             max_amount,
             review_above,
+            provider_tags: provider_tags.clone(),
         };
         let app = app(config.clone(), merchant, store).map_err(payhook::Error::from)?;
         command
@@ -134,6 +143,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let merchant = Merchant {
         max_amount,
         review_above,
+        provider_tags,
     };
     let app = app(config, merchant, store).map_err(payhook::Error::from)?;
     if let Some(resolver) = app.resolver() {

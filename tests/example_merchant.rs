@@ -23,6 +23,7 @@ async fn start() -> Example {
     let merchant = merchant::Merchant {
         max_amount: Decimal::from(1000),
         review_above: None,
+        provider_tags: "11=fiat,eu;12=crypto;13=fiat".parse().unwrap(),
     };
     let ledger = merchant::Ledger::of(&store).unwrap();
     let app = merchant::app(config, merchant, store).unwrap();
@@ -71,6 +72,47 @@ async fn the_example_offers_only_providers_fit_for_the_request() {
     assert_eq!(response.status, 200);
     assert_eq!(response.json()["providers"].as_array().unwrap().len(), 1);
     assert_eq!(response.json()["message"], "1 of 3 providers available");
+}
+
+/// A request that asks for provider tags is matched against the tags the merchant files its
+/// providers under (the spec's candidates carry none), or a candidate's own where it has
+/// some: never left with no provider only because the aggregator sends no tags.
+#[tokio::test]
+async fn the_example_offers_the_providers_its_tags_allow() {
+    let example = start().await;
+    let offered = |tags: serde_json::Value, own: Option<serde_json::Value>| {
+        let mut body = with(
+            PROVIDERS_VALIDATION,
+            "/transactionData/paymentData/providerTags",
+            Some(tags),
+        );
+        if let Some(own) = own {
+            body = with(&body, "/providers/0/tags", Some(own));
+        }
+        let addr = example.addr.clone();
+        async move {
+            let response = post_to(&addr, PROVIDERS_PATH, &body).await;
+            assert_eq!(response.status, 200, "{}", response.message());
+            response.json()["providers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["id"].as_i64().unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    // 11 is the one EUR card provider for deposits; the merchant files it as fiat and eu.
+    assert_eq!(offered(json!(["EU"]), None).await, [11]);
+    assert_eq!(offered(json!(["crypto"]), None).await, Vec::<i64>::new());
+    // A candidate's own tags come first.
+    assert_eq!(
+        offered(json!(["crypto"]), Some(json!(["crypto"]))).await,
+        [11]
+    );
+    assert_eq!(
+        offered(json!(["eu"]), Some(json!(["crypto"]))).await,
+        Vec::<i64>::new()
+    );
 }
 
 #[tokio::test]

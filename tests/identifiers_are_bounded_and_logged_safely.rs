@@ -234,6 +234,7 @@ async fn control_characters_in_any_field_forge_no_log_line_in_the_library_or_the
     let shop = merchant::Merchant {
         max_amount: rust_decimal::Decimal::from(1000),
         review_above: None,
+        provider_tags: merchant::ProviderTags::default(),
     };
     let app = merchant::app(config, shop, store).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -40,6 +40,7 @@ impl Example {
         let shop = merchant::Merchant {
             max_amount: Decimal::from(1000),
             review_above: None,
+            provider_tags: merchant::ProviderTags::default(),
         };
         let ledger = merchant::Ledger::of(&store).unwrap();
         let app = merchant::app(config, shop, store).unwrap();

@@ -3,7 +3,9 @@
 //! `examples/merchant.rs` serves; read it as a model of the three traits.
 //!
 //! * providers validation: offers the providers that support the request's currency, payment
-//!   type and direction (and its provider tags);
+//!   type and direction, and, when the request asks for provider tags, carry one of them —
+//!   the candidate's own, or else the merchant's for that provider ([`ProviderTags`]: the
+//!   spec's candidates carry none);
 //! * transaction validation: denies amounts above [`Merchant::max_amount`], with a message; in
 //!   Awaitable mode, postpones amounts above [`Merchant::review_above`], and [`review`]
 //!   decides them with payhook's `Resolver` — the results go to the aggregator through the
@@ -54,7 +56,11 @@
 //!
 //! # async fn run(config: payhook::Config) -> Result<(), Box<dyn std::error::Error>> {
 //! let store = open_store(&config).await?;
-//! let merchant = Merchant { max_amount: Decimal::from(10_000), review_above: None };
+//! let merchant = Merchant {
+//!     max_amount: Decimal::from(10_000),
+//!     review_above: None,
+//!     provider_tags: "11=fiat,eu;12=crypto".parse()?,
+//! };
 //! let listener = payhook::bind(config.server.listen).await?;
 //! payhook::serve(listener, app(config, merchant, store)?, payhook::shutdown_signal()).await?;
 //! # Ok(()) }
@@ -65,8 +71,8 @@ use crate::handler::{
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
 use crate::model::{
-    CallbackBody, ProvidersValidationRequest, TransactionStatus, TransactionType,
-    TransactionValidationRequest,
+    CallbackBody, ProviderCandidate, ProvidersValidationRequest, TransactionStatus,
+    TransactionType, TransactionValidationRequest,
 };
 use crate::store::{ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
@@ -448,6 +454,73 @@ pub struct Merchant {
     pub max_amount: Decimal,
     /// In Awaitable mode, amounts above this wait for the review; `None`: never.
     pub review_above: Option<Decimal>,
+    /// The tags of each provider as this merchant files them, matched against a request's
+    /// `providerTags`. Without them, a request that asks for tags is offered only the
+    /// candidates that carry tags of their own, which the spec's do not.
+    pub provider_tags: ProviderTags,
+}
+
+/// The tags of providers, by provider id ([`Merchant::provider_tags`]). Read from text as
+/// `ID=TAG,TAG;ID=TAG` (`MERCHANT_PROVIDER_TAGS` of `examples/merchant.rs`):
+///
+/// ```
+/// use payhook::model::ProviderCandidate;
+/// use payhook::sim::example_merchant::ProviderTags;
+///
+/// let tags: ProviderTags = "11=fiat,eu; 12=crypto".parse()?;
+/// let candidate: ProviderCandidate = serde_json::from_str(r#"{"id": 11}"#)?;
+/// assert_eq!(tags.of(&candidate), ["fiat", "eu"]);
+/// let tagged: ProviderCandidate = serde_json::from_str(r#"{"id": 11, "tags": ["card"]}"#)?;
+/// assert_eq!(tags.of(&tagged), ["card"], "a candidate's own tags come first");
+/// assert!("11".parse::<ProviderTags>().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderTags(std::collections::BTreeMap<i64, Vec<String>>);
+
+impl ProviderTags {
+    /// The tags of `candidate`: its own when it carries some, else this merchant's for its
+    /// id (none when it has none).
+    pub fn of(&self, candidate: &ProviderCandidate) -> Vec<String> {
+        if candidate.tags.is_empty() {
+            self.0.get(&candidate.id).cloned().unwrap_or_default()
+        } else {
+            candidate.tags.clone()
+        }
+    }
+}
+
+/// Text that is no `ID=TAG,TAG;…` list ([`ProviderTags`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{entry}` is not ID=TAG,TAG (a provider id, then its tags)")]
+pub struct ProviderTagsError {
+    entry: String,
+}
+
+impl std::str::FromStr for ProviderTags {
+    type Err = ProviderTagsError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut tags = std::collections::BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let refused = || ProviderTagsError {
+                entry: entry.to_owned(),
+            };
+            let (id, names) = entry.split_once('=').ok_or_else(refused)?;
+            let id: i64 = id.trim().parse().map_err(|_| refused())?;
+            let names: Vec<String> = names
+                .split(',')
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if names.is_empty() {
+                return Err(refused());
+            }
+            tags.entry(id).or_insert_with(Vec::new).extend(names);
+        }
+        Ok(Self(tags))
+    }
 }
 
 /// The review of postponed validations: approves every client except `blocked*` ones.
@@ -516,7 +589,10 @@ impl ProvidersValidator for Merchant {
         request: ProvidersValidationRequest,
         ctx: RequestContext,
     ) -> Result<ProvidersDecision, HandlerError> {
-        let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+        let providers = ProviderFilter::from_request(&request)
+            .apply_with_tags(&request.providers, |candidate| {
+                self.provider_tags.of(candidate)
+            });
         tracing::info!(
             request_id = %ctx.request_id,
             client = %Logged(&request.transaction_data.merchant_data.client_id),

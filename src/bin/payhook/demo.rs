@@ -130,6 +130,7 @@ async fn demo(
     let shop = merchant::Merchant {
         max_amount: Decimal::from(10_000),
         review_above: Some(Decimal::from(1_000)),
+        provider_tags: merchant::ProviderTags::default(),
     };
     let app = merchant::app(config.clone(), shop, store.clone())?;
     if let Some(resolver) = app.resolver() {
