@@ -2137,8 +2137,10 @@ async fn a_sweep_passes_over_a_record_a_claim_holds() {
     };
     let mut config = db.store_config(RETENTION);
     config.statement_timeout = Duration::from_millis(500);
-    let store: Arc<dyn Store> =
-        Arc::new(payhook::store::PgStore::open(&config, TREES).await.unwrap());
+    // Opened on a task of its own, as a service that opens its store off `main` does: the
+    // open's future is `Send` (its migrations' statements were not, before).
+    let opened = tokio::spawn(async move { payhook::store::PgStore::open(&config, TREES).await });
+    let store: Arc<dyn Store> = Arc::new(opened.await.unwrap().unwrap());
     for nonce in ["n-held", "n-free"] {
         let nonce = Nonce::from(nonce);
         let CallbackBegin::Claimed { claim, .. } = store
@@ -2906,21 +2908,8 @@ async fn a_migration_gives_way_to_requests_while_it_waits_for_its_lock() {
              WHERE NOT granted AND relation = '{}.callbacks'::regclass",
             db.schema
         );
-        let deadline = tokio::time::Instant::now() + support::DEADLINE;
-        loop {
-            let (n,): (i64,) = sqlx::query_as(&waiting)
-                .fetch_one(&mut admin)
-                .await
-                .unwrap();
-            if n > 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline && !migrating.is_finished(),
-                "the migration never waited"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        db.until_counted(&waiting, "the migration's wait", || migrating.is_finished())
+            .await;
         // ... and a new booking's statement on the table gets through meanwhile.
         let mut next = db.connect().await;
         let mut booking = next.begin().await.unwrap();

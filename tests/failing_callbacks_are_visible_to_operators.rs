@@ -228,27 +228,13 @@ async fn a_failure_recorded_beside_a_booking_after_a_failed_one_is_forgotten() {
     let nonce = payhook::model::Nonce::from("n-beside");
     let beside = async {
         // The failed delivery's record waits on the lock, its check done.
-        let mut watcher = db.connect().await;
         let waiting = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
              AND query LIKE '%{}.callback_failures %'",
             db.schema
         );
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (n,): (i64,) = sqlx::query_as(&waiting)
-                .fetch_one(&mut watcher)
-                .await
-                .unwrap();
-            if n > 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the failure's record never waited"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        db.until_counted(&waiting, "the failure's record waiting", || false)
+            .await;
         book(&other, &nonce).await;
         locked.rollback().await.unwrap();
     };

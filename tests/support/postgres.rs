@@ -101,6 +101,26 @@ impl TestDb {
         sqlx::PgConnection::connect(&self.url).await.unwrap()
     }
 
+    /// Returns once `count` (a statement counting rows, e.g. of `pg_locks`) counts one or
+    /// more; panics saying `what` never happened after [`super::DEADLINE`], or once
+    /// `gave_up()` says the awaited work ended without it.
+    #[allow(dead_code, reason = "not every test binary waits on the database")]
+    pub async fn until_counted(&self, count: &str, what: &str, gave_up: impl Fn() -> bool) {
+        let mut conn = self.connect().await;
+        let deadline = tokio::time::Instant::now() + super::DEADLINE;
+        loop {
+            let (n,): (i64,) = sqlx::query_as(count).fetch_one(&mut conn).await.unwrap();
+            if n > 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline && !gave_up(),
+                "{what} never happened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Removes the schema and everything in it.
     pub async fn drop_schema(&self) {
         let mut conn = self.connect().await;
