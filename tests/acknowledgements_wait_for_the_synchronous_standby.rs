@@ -1,6 +1,7 @@
 //! With synchronous replication on PostgreSQL, a callback is acknowledged only once the
 //! standby has its booking: a retry that another instance answers as a duplicate waits for
-//! the standby too (its booking may be on the primary alone), and a booking whose COMMIT
+//! the standby too (its booking may be on the primary alone), so does a validation asked
+//! again and answered from its record, and a booking whose COMMIT
 //! waits for the standby is not taken over as stale (terminating it would not undo its
 //! commit).
 //!
@@ -116,6 +117,17 @@ async fn scenario(db: &TestDb, url: &str) {
         String::from_utf8_lossy(&answer.body)
     );
 
+    // A validation decided at the first instance, before the standby is required.
+    let answer = first
+        .post_json(VALIDATION_PATH, TRANSACTION_VALIDATION)
+        .await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+
     let mut admin = db.connect().await;
     name_standby(db, &mut admin, Some(ABSENT)).await;
 
@@ -145,7 +157,7 @@ async fn scenario(db: &TestDb, url: &str) {
                 .await
         })
     };
-    waiting_for_the_standby(&mut admin, 1, || holder.is_finished()).await;
+    waiting_for_the_standby(&mut admin, (1, CLAIMS), || holder.is_finished()).await;
     let taking_over = tokio::time::timeout(
         DEADLINE,
         second_store.begin_callback(&nonce, TransactionStatus::Success, Duration::ZERO),
@@ -168,8 +180,12 @@ async fn scenario(db: &TestDb, url: &str) {
     // A retry of the booked callback, at the other instance: not answered while the
     // standby lacks the booking.
     let retry = deliver(second.addr, &booked);
-    waiting_for_the_standby(&mut admin, 2, || retry.is_finished()).await;
+    waiting_for_the_standby(&mut admin, (2, CLAIMS), || retry.is_finished()).await;
     assert!(!retry.is_finished());
+    // So is the validation's, which the second instance reads as decided: its decision's
+    // COMMIT may have been cut short in its own wait.
+    let asked_again = post_to(second.addr, VALIDATION_PATH, TRANSACTION_VALIDATION);
+    waiting_for_the_standby(&mut admin, (1, ANSWERED), || asked_again.is_finished()).await;
 
     // The standby "answers" (it is no longer required): both go on.
     name_standby(db, &mut admin, None).await;
@@ -179,11 +195,16 @@ async fn scenario(db: &TestDb, url: &str) {
         .unwrap()
         .unwrap();
     answered_200(retry).await;
+    answered_200(asked_again).await;
     assert!(
         second.merchant.seen.lock().unwrap().is_empty(),
-        "the retry is a duplicate: no handler ran for it"
+        "the retries are answered from the records: no handler ran for them"
     );
-    assert_eq!(first.merchant.seen.lock().unwrap().len(), 1);
+    assert_eq!(
+        first.merchant.seen.lock().unwrap().len(),
+        2,
+        "the first delivery and the first validation"
+    );
     assert_eq!(
         second_store
             .begin_callback(&nonce, TransactionStatus::Success, Duration::ZERO)
@@ -210,9 +231,12 @@ async fn scenario(db: &TestDb, url: &str) {
         .unwrap();
     name_standby(db, &mut admin, Some(ABSENT)).await;
     let retry = deliver(second.addr, &booked);
-    waiting_for_the_standby(&mut admin, 1, || retry.is_finished()).await;
+    waiting_for_the_standby(&mut admin, (1, CLAIMS), || retry.is_finished()).await;
+    let asked_again = post_to(second.addr, VALIDATION_PATH, TRANSACTION_VALIDATION);
+    waiting_for_the_standby(&mut admin, (1, REWRITTEN), || asked_again.is_finished()).await;
     name_standby(db, &mut admin, None).await;
     answered_200(retry).await;
+    answered_200(asked_again).await;
     assert!(second.merchant.seen.lock().unwrap().is_empty());
     sqlx::raw_sql(&format!("GRANT {EMIT} TO PUBLIC"))
         .execute(&mut admin)
@@ -224,13 +248,28 @@ async fn scenario(db: &TestDb, url: &str) {
     ));
 }
 
+/// What a validation answered again from its record reads as in `pg_stat_activity` while
+/// it waits for the standby: the logical message, or the row rewritten where the message
+/// is revoked.
+const ANSWERED: &str = "%validation answered%";
+const REWRITTEN: &str = "%SET expires_at = expires_at%";
+
 /// The callback `body` delivered to `addr`, on a task of its own (its answer may wait).
 fn deliver(
     addr: std::net::SocketAddr,
     body: &str,
 ) -> tokio::task::JoinHandle<support::RawResponse> {
+    post_to(addr, CALLBACK_PATH, body)
+}
+
+/// `body` posted to `path` at `addr`, on a task of its own (its answer may wait).
+fn post_to(
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &str,
+) -> tokio::task::JoinHandle<support::RawResponse> {
     let request = post(
-        CALLBACK_PATH,
+        path,
         &[("Content-Type", "application/json")],
         body.as_bytes(),
     );
@@ -350,19 +389,24 @@ async fn commits_wait(db: &TestDb, admin: &mut PgConnection) -> bool {
     }
 }
 
-/// Returns once `count` of payhook's COMMITs (each ends a claim's transaction and begins
-/// the next one's) wait for the standby; fails if `answered` first.
+/// What payhook's COMMIT of a claim's transaction (which begins the next one's) reads as
+/// in `pg_stat_activity`.
+const CLAIMS: &str = "%COMMIT; BEGIN%";
+
+/// Returns once `count` of payhook's statements whose text is `like` (a claim's COMMIT,
+/// [`CLAIMS`]; a validation answered again) wait for the standby; fails if `answered` first.
 async fn waiting_for_the_standby(
     admin: &mut PgConnection,
-    count: i64,
+    (count, like): (i64, &str),
     answered: impl Fn() -> bool,
 ) {
     let limit = tokio::time::Instant::now() + DEADLINE;
     loop {
         let waiting: i64 = sqlx::query(
             "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event = 'SyncRep' AND query LIKE '%COMMIT; BEGIN%'",
+             WHERE wait_event = 'SyncRep' AND query LIKE $1",
         )
+        .bind(like)
         .fetch_one(&mut *admin)
         .await
         .unwrap()

@@ -659,11 +659,51 @@ impl PgStore {
         };
         let (kept, decision): (String, String) = (row.try_get(0)?, row.try_get(1)?);
         let kept: KeptFingerprint = decode_json(nonce, &kept)?;
-        Ok(if kept.matches(fingerprint) {
-            ValidationBegin::Recorded(decode_json(nonce, &decision)?)
-        } else {
-            ValidationBegin::Mismatch
-        })
+        if !kept.matches(fingerprint) {
+            return Ok(ValidationBegin::Mismatch);
+        }
+        let decision = decode_json(nonce, &decision)?;
+        self.on_the_standby(&key).await?;
+        Ok(ValidationBegin::Recorded(decision))
+    }
+
+    /// Returns once a decision read from the primary is on the synchronous standby too,
+    /// where one is configured: the decision's COMMIT may have been cut short in its wait for
+    /// the standby (an operator's `pg_cancel_backend`, a crashed backend), and answered from
+    /// the primary alone, a failover would lose it — a postponed validation's record with
+    /// it, its result then never delivered. A transactional logical message (WAL and a
+    /// commit, no row) commits after it, and its COMMIT waits for the standby to have the WAL
+    /// so far; a role the function is revoked from rewrites the decision's row as it is
+    /// instead. Without synchronous replication nothing is written. (Callbacks do the same in
+    /// their claim: migration 5.)
+    async fn on_the_standby(&self, key: &str) -> Result<(), StoreError> {
+        const REPLICATING: &str = "current_setting('synchronous_standby_names') <> '' \
+             AND current_setting('synchronous_commit') NOT IN ('off', 'local')";
+        let message = sqlx::query(&format!(
+            "SELECT pg_logical_emit_message(true, 'payhook', 'validation answered') \
+             WHERE {REPLICATING}"
+        ))
+        .execute(self.pool())
+        .await;
+        match message {
+            Ok(_) => Ok(()),
+            Err(error)
+                if error
+                    .as_database_error()
+                    .and_then(|db| db.code())
+                    .is_some_and(|code| code == "42501" || code == "42883") =>
+            {
+                sqlx::query(&self.sql(&format!(
+                    "UPDATE {{s}}.validations SET expires_at = expires_at \
+                     WHERE nonce_key = $1 AND {REPLICATING}"
+                )))
+                .bind(key)
+                .execute(self.pool())
+                .await?;
+                Ok(())
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn finish_validation_now(

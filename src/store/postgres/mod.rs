@@ -64,7 +64,8 @@
 //!   claim over — so with synchronous replication on, the claim that reads an acknowledged
 //!   status writes a transactional logical message (`pg_logical_emit_message`, prefix
 //!   `payhook`; for a role the function is revoked from, it rewrites the nonce's row as it
-//!   is), and its COMMIT waits for the standby before the duplicate's 200.
+//!   is), and its COMMIT waits for the standby before the duplicate's 200. A validation's
+//!   recorded decision is answered again the same way (`on_the_standby`).
 //!
 //! The schema is created and migrated at open ([`schema`]); see the README for its tables.
 //!
