@@ -2036,57 +2036,64 @@ async fn a_booking_commits_durably_whatever_the_pools_defaults() {
     let Some(db) = support::postgres::database("a_booking_durably").await else {
         return;
     };
-    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
-        .unwrap()
-        .options([
-            ("default_transaction_isolation", "serializable"),
-            ("synchronous_commit", "off"),
-        ]);
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let store: Arc<dyn Store> = Arc::new(
-        payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
-            .await
-            .unwrap(),
-    );
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    // The first claim begins its transaction; the second finds one begun by the first's
-    // COMMIT.
-    for nonce in ["n-1", "n-2"] {
-        let nonce = Nonce::from(nonce);
-        let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
-            .await
+    // A pool that commits asynchronously has its bookings commit synchronously; one that
+    // waits for the standby to apply keeps that.
+    for (pool_commit, booking_commit) in [("off", "on"), ("remote_apply", "remote_apply")] {
+        let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
             .unwrap()
-        else {
-            panic!("not claimed");
-        };
-        let effects = Effects::default();
-        let seen = Arc::clone(&seen);
-        effects.postgres(move |conn| {
-            let seen = Arc::clone(&seen);
-            Box::pin(async move {
-                let settings: (String, String) = sqlx::query_as(
-                    "SELECT current_setting('transaction_isolation'), \
-                     current_setting('synchronous_commit')",
-                )
-                .fetch_one(&mut *conn)
-                .await?;
-                seen.lock().unwrap().push(settings);
-                Ok(())
-            })
-        });
-        store
-            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+            .options([
+                ("default_transaction_isolation", "serializable"),
+                ("synchronous_commit", pool_commit),
+            ]);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
             .await
             .unwrap();
+        let store: Arc<dyn Store> = Arc::new(
+            payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
+                .await
+                .unwrap(),
+        );
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // The first claim begins its transaction; the second finds one begun by the
+        // first's COMMIT.
+        for nonce in ["n-1", "n-2"] {
+            let nonce = Nonce::from(format!("{pool_commit}-{nonce}"));
+            let CallbackBegin::Claimed { claim, .. } = store
+                .begin_callback(&nonce, TransactionStatus::Success, STALE)
+                .await
+                .unwrap()
+            else {
+                panic!("not claimed");
+            };
+            let effects = Effects::default();
+            let seen = Arc::clone(&seen);
+            effects.postgres(move |conn| {
+                let seen = Arc::clone(&seen);
+                Box::pin(async move {
+                    let settings: (String, String) = sqlx::query_as(
+                        "SELECT current_setting('transaction_isolation'), \
+                         current_setting('synchronous_commit')",
+                    )
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    seen.lock().unwrap().push(settings);
+                    Ok(())
+                })
+            });
+            store
+                .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+                .await
+                .unwrap();
+        }
+        let expected = ("read committed".to_owned(), booking_commit.to_owned());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![expected.clone(), expected],
+            "a pool committing {pool_commit}"
+        );
     }
-    let expected = ("read committed".to_owned(), "on".to_owned());
-    assert_eq!(*seen.lock().unwrap(), vec![expected.clone(), expected]);
-    drop(store);
     db.drop_schema().await;
 }
 
