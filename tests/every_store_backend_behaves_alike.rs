@@ -1985,7 +1985,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
 /// PostgreSQL only: the connection of a claim that ended is kept, with the next claim's
 /// transaction begun on it. Should the database close it meanwhile (here its
 /// `idle_in_transaction_session_timeout`), the next claim takes a pooled connection
-/// instead of failing.
+/// instead of failing. A pool whose connections are so closed is warned of when the store
+/// opens on it: a claim idles in its transaction while its handler runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_connection_the_database_closed_is_replaced() {
     use std::str::FromStr;
@@ -2000,10 +2001,18 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
         .connect_with(options)
         .await
         .unwrap();
+    let logs = support::captured_logs(tracing::Level::WARN);
     let store: Arc<dyn Store> = Arc::new(
         payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
             .await
             .unwrap(),
+    );
+    let logged = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        logged.lines().any(|line| line.contains("WARN")
+            && line.contains("closed after idling in a transaction")
+            && line.contains("idle_in_transaction_session_timeout=200ms")),
+        "{logged}"
     );
     for (round, nonce) in ["n-1", "n-2", "n-3"].into_iter().enumerate() {
         if round > 0 {
