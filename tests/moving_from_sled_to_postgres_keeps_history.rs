@@ -289,6 +289,104 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
     db.drop_schema().await;
 }
 
+/// A delivery at a PostgreSQL instance that serves while the copy runs (against the
+/// README's order, or in the moment between) meets a moved nonce whose copied row is not
+/// committed yet: it is told the nonce is busy, and once the copy commits its retry is a
+/// duplicate. It used to read no status, run its handler for one sled had booked, and
+/// append that status a second time. The copy is held between the nonce's row and its
+/// commit by the `trees` table, locked by the test (sled's ledger key is copied after the
+/// callbacks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
+    use sqlx::Connection as _;
+    let Some(db) = support::postgres::database("moving_beside_a_delivery").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    let shared = store.shared();
+    let mut holder = db.connect().await;
+    let mut locked = holder.begin().await.unwrap();
+    sqlx::raw_sql(&format!(
+        "LOCK TABLE {}.trees IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    ))
+    .execute(&mut *locked)
+    .await
+    .unwrap();
+    let copy = tokio::task::spawn_blocking({
+        let (sled, db) = (sled.clone(), db.clone());
+        move || copy_from_sled(&sled, &db)
+    });
+    let held = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
+        db.schema
+    );
+    db.until_counted(&held, "the copy's wait for the trees", || {
+        copy.is_finished()
+    })
+    .await;
+    let nonce = Nonce::from("moved-1");
+    let claim = tokio::spawn({
+        let shared = std::sync::Arc::clone(&shared);
+        let nonce = nonce.clone();
+        async move {
+            shared
+                .begin_callback(&nonce, TransactionStatus::Success, STALE)
+                .await
+        }
+    });
+    // The delivery is answered at once; were it to wait behind the copy's row instead, the
+    // copy is let go, and its answer told.
+    let behind_the_copy = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' \
+         AND pid <> pg_backend_pid() AND EXISTS (SELECT 1 FROM pg_stat_activity a \
+           WHERE a.pid = pg_locks.pid AND a.query LIKE '%{}.claim_callback%')",
+        db.schema
+    );
+    let mut watcher = db.connect().await;
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    while !claim.is_finished() {
+        let (n,): (i64,) = sqlx::query_as(&behind_the_copy)
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the delivery neither answered nor waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    locked.rollback().await.ok();
+    let begun = claim.await.unwrap().unwrap();
+    assert_eq!(
+        begun,
+        CallbackBegin::Busy,
+        "the copy's nonce is busy, not claimed"
+    );
+    let copied = copy.await.unwrap();
+    assert!(
+        copied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    assert_eq!(
+        shared
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate,
+        "the retry after the copy"
+    );
+    drop((shared, store, holder));
+    db.drop_schema().await;
+}
+
 /// sled keeps a nonce's validation record past its retention while the nonce's postponed
 /// validation awaits its result (a validation without a deadline, undecided): the copy
 /// brings it over, so that the aggregator asking about the nonce again after the move is

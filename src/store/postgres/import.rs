@@ -9,9 +9,12 @@
 //! holds it (a callback's acknowledged statuses are merged: those the database lacks are
 //! added before its own, which came later, and none it holds is dropped), so a copy that stopped half-way is run again from the
 //! start. A retry of a callback acknowledged before the move is answered as a duplicate
-//! after it, and one acknowledged by PostgreSQL meanwhile still is. Run it before the
-//! PostgreSQL instances serve: a run after they did adds back tree keys and failing
-//! callbacks they removed since (it never overwrites what they wrote).
+//! after it, and one acknowledged by PostgreSQL meanwhile still is; a delivery that meets a
+//! nonce the copy is writing is told it is busy (the copy holds the nonce's claim lock
+//! until its batch commits). Run it before the PostgreSQL instances serve: one that serves
+//! first books a retry of a callback sled booked again, and a run after they did adds back
+//! tree keys, failing callbacks and delivered results they removed since (it never
+//! overwrites what they wrote).
 
 use chrono::Utc;
 
@@ -186,6 +189,19 @@ impl PgStore {
                 imported.expired += 1;
                 return Ok(Copied::Nothing);
             }
+            // The nonce's claim lock (migration 2's), held until the batch commits: a
+            // delivery of the nonce at a serving instance meanwhile is told it is busy, and
+            // claims again once the statuses copied are there to read. Without it, it read
+            // none while the copy's row was uncommitted, ran its handler for a status sled
+            // had booked, and its claim appended that status a second time.
+            sqlx::query(
+                &self.sql(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('{s}/callback/' || $1, 11))",
+                ),
+            )
+            .bind(&named)
+            .execute(&mut *conn)
+            .await?;
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (nonce_key) DO UPDATE \
