@@ -387,6 +387,59 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
     db.drop_schema().await;
 }
 
+/// A sled store written before identifiers with U+0000 were refused (or through the
+/// library) may hold records of such a nonce, which PostgreSQL cannot hold in text: the copy
+/// leaves them behind, says how many, and copies everything else. It used to fail on the
+/// first of them, every run, and never finish. (No delivery of such a nonce reaches a
+/// handler on PostgreSQL: it is refused with 400.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted() {
+    let Some(db) = support::postgres::database("moving_unstorable").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    {
+        let store = SledStore::open(&sled, &["ledger"]).unwrap();
+        let nul = Nonce::from("nul-\u{0}-1");
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nul, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        store
+            .finish_callback(&nul, claim, TransactionStatus::Success, Effects::default())
+            .await
+            .unwrap();
+    }
+    let copied = copy_from_sled(&sled, &db);
+    let said = String::from_utf8_lossy(&copied.stdout);
+    assert!(
+        copied.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    assert!(
+        said.contains("copied 2 callback record(s)")
+            && said.contains("1 record(s) of a nonce with U+0000 left behind"),
+        "{said}"
+    );
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    let shared = store.shared();
+    assert_eq!(
+        shared
+            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    drop((shared, store));
+    db.drop_schema().await;
+}
+
 /// sled keeps a nonce's validation record past its retention while the nonce's postponed
 /// validation awaits its result (a validation without a deadline, undecided): the copy
 /// brings it over, so that the aggregator asking about the nonce again after the move is

@@ -40,6 +40,10 @@ pub struct Imported {
     pub tree_keys: u64,
     /// Records past their retention, left behind.
     pub expired: u64,
+    /// Records of a nonce carrying U+0000, left behind: PostgreSQL cannot hold it in text,
+    /// and refuses a delivery or a validation of such a nonce before any handler (400).
+    /// An older sled store, or one written through the library, may hold them.
+    pub unstorable: u64,
 }
 
 impl std::fmt::Display for Imported {
@@ -54,7 +58,16 @@ impl std::fmt::Display for Imported {
             self.postponed,
             self.tree_keys,
             self.expired
-        )
+        )?;
+        if self.unstorable > 0 {
+            write!(
+                f,
+                "; {} record(s) of a nonce with U+0000 left behind (PostgreSQL cannot hold it, \
+                 and refuses its deliveries with 400)",
+                self.unstorable
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +197,9 @@ impl PgStore {
         };
         if let Some(rest) = key.strip_prefix(keys::CALLBACK_PREFIX) {
             let named = nonce_key(rest);
+            if unstorable(&named, imported) {
+                return Ok(Copied::Nothing);
+            }
             let record: CallbackRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
                 imported.expired += 1;
@@ -224,6 +240,9 @@ impl PgStore {
         }
         if let Some(rest) = key.strip_prefix(keys::VALIDATION_PREFIX) {
             let named = nonce_key(rest);
+            if unstorable(&named, imported) {
+                return Ok(Copied::Nothing);
+            }
             let record: ValidationRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
                 // sled keeps it past its retention while the nonce's validation awaits its
@@ -237,6 +256,9 @@ impl PgStore {
         }
         if let Some(rest) = key.strip_prefix(keys::FAILING_PREFIX) {
             let named = nonce_key(rest);
+            if unstorable(&named, imported) {
+                return Ok(Copied::Nothing);
+            }
             let record: FailureRecord = decode(&named, value)?;
             if record.expires_ms <= now_ms {
                 imported.expired += 1;
@@ -272,6 +294,9 @@ impl PgStore {
         if key.starts_with(keys::POSTPONED_PREFIX) {
             let id = keys::id_of(key).map_or_else(String::new, |id| id.to_string());
             let record: PostponedValidation = decode(&id, value)?;
+            if unstorable(record.request.nonce(), imported) {
+                return Ok(Copied::Nothing);
+            }
             let done = self.insert_postponed(conn, &record).await?;
             imported.postponed += u64::from(done);
             return Ok(count(u64::from(done)));
@@ -297,4 +322,18 @@ impl PgStore {
         // content in columns of the rows above.
         Ok(Copied::Nothing)
     }
+}
+
+/// Whether the records of the nonce keyed `named` cannot be held by PostgreSQL (U+0000 in a
+/// nonce short enough to be its own key): counted and logged, left behind.
+fn unstorable(named: &str, imported: &mut Imported) -> bool {
+    let unstorable = named.contains('\0');
+    if unstorable {
+        imported.unstorable += 1;
+        tracing::warn!(
+            nonce = %crate::Logged(named),
+            "a record of a nonce with U+0000 is left behind: PostgreSQL cannot hold it"
+        );
+    }
+    unstorable
 }
