@@ -202,7 +202,6 @@ async fn a_failure_recorded_before_a_restart_is_forgotten_once_booked_after_it()
 /// locked, which the record's insert waits on after its check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_recorded_beside_a_booking_after_a_failed_one_is_forgotten() {
-    use sqlx::Connection as _;
     let Some(db) = support::postgres::database("failure_beside_a_booking").await else {
         return;
     };
@@ -216,15 +215,7 @@ async fn a_failure_recorded_beside_a_booking_after_a_failed_one_is_forgotten() {
         .await
         .unwrap();
     let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
-    let mut holder = db.connect().await;
-    let mut locked = holder.begin().await.unwrap();
-    sqlx::raw_sql(&format!(
-        "LOCK TABLE {}.callback_failures_count IN ACCESS EXCLUSIVE MODE",
-        db.schema
-    ))
-    .execute(&mut *locked)
-    .await
-    .unwrap();
+    let locked = db.lock("callback_failures_count", "ACCESS EXCLUSIVE").await;
     let nonce = payhook::model::Nonce::from("n-beside");
     let beside = async {
         // The failed delivery's record waits on the lock, its check done.
@@ -236,7 +227,7 @@ async fn a_failure_recorded_beside_a_booking_after_a_failed_one_is_forgotten() {
         db.until_counted(&waiting, "the failure's record waiting", || false)
             .await;
         book(&other, &nonce).await;
-        locked.rollback().await.unwrap();
+        locked.release().await;
     };
     let (status, ()) = tokio::join!(deliver(&server, "n-beside", "abort"), beside);
     assert_eq!(status, 503, "the aborted booking is not acknowledged");

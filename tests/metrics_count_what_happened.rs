@@ -96,7 +96,6 @@ async fn only_allowed_networks_read_metrics_and_an_empty_list_turns_them_off() {
 /// scrape used to wait as long as the database's statement timeout (an hour here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
-    use sqlx::Connection;
     use std::time::Duration;
     let Some(db) = support::postgres::database("scrape_store_locked").await else {
         return;
@@ -113,15 +112,7 @@ async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
     assert_eq!(status, 200);
     assert!(text.contains("payhook_callbacks_failing 0"), "{text}");
 
-    let mut holder = db.connect().await;
-    let mut locked = holder.begin().await.unwrap();
-    sqlx::raw_sql(&format!(
-        "LOCK TABLE {}.callback_failures_count IN ACCESS EXCLUSIVE MODE",
-        db.schema
-    ))
-    .execute(&mut *locked)
-    .await
-    .unwrap();
+    let locked = db.lock("callback_failures_count", "ACCESS EXCLUSIVE").await;
     let (status, text) = tokio::time::timeout(DEADLINE, metrics(&server))
         .await
         .expect("the scrape waited for the locked table");
@@ -130,7 +121,7 @@ async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
     for kept in ["payhook_store_failed 0", "payhook_callbacks_booked_total 1"] {
         assert!(text.lines().any(|line| line == kept), "{kept} in {text}");
     }
-    locked.rollback().await.unwrap();
+    locked.release().await;
     let (_, text) = metrics(&server).await;
     assert!(text.contains("payhook_callbacks_failing 0"), "{text}");
     db.drop_schema().await;

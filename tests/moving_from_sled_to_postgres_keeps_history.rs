@@ -298,7 +298,6 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
 /// callbacks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
-    use sqlx::Connection as _;
     let Some(db) = support::postgres::database("moving_beside_a_delivery").await else {
         return;
     };
@@ -307,15 +306,7 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let shared = store.shared();
-    let mut holder = db.connect().await;
-    let mut locked = holder.begin().await.unwrap();
-    sqlx::raw_sql(&format!(
-        "LOCK TABLE {}.trees IN ACCESS EXCLUSIVE MODE",
-        db.schema
-    ))
-    .execute(&mut *locked)
-    .await
-    .unwrap();
+    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
     let copy = tokio::task::spawn_blocking({
         let (sled, db) = (sled.clone(), db.clone());
         move || copy_from_sled(&sled, &db)
@@ -362,7 +353,7 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    locked.rollback().await.ok();
+    locked.release().await;
     let begun = claim.await.unwrap().unwrap();
     assert_eq!(
         begun,
@@ -383,7 +374,7 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         CallbackBegin::Duplicate,
         "the retry after the copy"
     );
-    drop((shared, store, holder));
+    drop((shared, store));
     db.drop_schema().await;
 }
 

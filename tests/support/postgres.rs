@@ -121,11 +121,36 @@ impl TestDb {
         }
     }
 
+    /// A connection holding `table` of this schema locked in `mode` (`ACCESS EXCLUSIVE`, …)
+    /// in a transaction of its own, until [`Locked::release`] (or the connection's end).
+    #[allow(dead_code, reason = "not every test binary locks a table")]
+    pub async fn lock(&self, table: &str, mode: &str) -> Locked {
+        let mut conn = self.connect().await;
+        let lock = format!("BEGIN; LOCK TABLE {}.{table} IN {mode} MODE", self.schema);
+        sqlx::raw_sql(&lock).execute(&mut conn).await.unwrap();
+        Locked(conn)
+    }
+
     /// Removes the schema and everything in it.
     pub async fn drop_schema(&self) {
         let mut conn = self.connect().await;
         sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema))
             .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// A table held locked by a test ([`TestDb::lock`]).
+#[allow(dead_code, reason = "not every test binary locks a table")]
+pub struct Locked(sqlx::PgConnection);
+
+#[allow(dead_code, reason = "not every test binary locks a table")]
+impl Locked {
+    /// Lets the table go (ROLLBACK).
+    pub async fn release(mut self) {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut self.0)
             .await
             .unwrap();
     }
