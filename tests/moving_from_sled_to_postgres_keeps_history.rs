@@ -172,6 +172,11 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s)"),
         "a second copy writes nothing: {said}"
     );
+    let logged = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !logged.contains("validation_id_reuse") && !said.contains("validation_id_reuse"),
+        "a second copy meets its own records, not a validation id arriving again: {logged}"
+    );
 
     let store = ConfiguredStore::open(
         &db.store_config(Duration::from_secs(30 * 86_400)),
@@ -428,6 +433,53 @@ async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted()
         CallbackBegin::Duplicate
     );
     drop((shared, store));
+    db.drop_schema().await;
+}
+
+/// A tree key PostgreSQL cannot index (a btree row holds about 2,700 bytes) stops the copy
+/// at it on every run: the copy says which tree, how long the key is, and what to do, not
+/// only PostgreSQL's index row size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_key_postgresql_cannot_index_stops_the_copy_saying_what_to_do() {
+    let Some(db) = support::postgres::database("moving_unindexable").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    {
+        let store = SledStore::open(&sled, &["ledger"]).unwrap();
+        let ledger = store.tree("ledger").unwrap();
+        // 3,000 bytes no compression shortens.
+        let mut state = 12_345_u32;
+        let key: Vec<u8> = (0..3_000)
+            .map(|_| {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                state.to_be_bytes()[1]
+            })
+            .collect();
+        let nonce = Nonce::from("long-key-1");
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let effects = Effects::default();
+        effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
+        store
+            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+            .await
+            .unwrap();
+    }
+    let copied = copy_from_sled(&sled, &db);
+    let said = String::from_utf8_lossy(&copied.stderr);
+    assert!(!copied.status.success(), "{said}");
+    assert!(
+        said.contains("tree `ledger`: a key of 3000 bytes is more than PostgreSQL can index")
+            && said.contains("shorten it in the sled store"),
+        "{said}"
+    );
     db.drop_schema().await;
 }
 

@@ -297,7 +297,7 @@ impl PgStore {
             if unstorable(record.request.nonce(), imported) {
                 return Ok(Copied::Nothing);
             }
-            let done = self.insert_postponed(conn, &record).await?;
+            let done = self.insert_postponed_row(conn, &record).await?;
             imported.postponed += u64::from(done);
             return Ok(count(u64::from(done)));
         }
@@ -313,7 +313,8 @@ impl PgStore {
             .bind(tree_key)
             .bind(value)
             .execute(&mut *conn)
-            .await?
+            .await
+            .map_err(|error| unindexable(error, &tree, tree_key.len()))?
             .rows_affected();
             imported.tree_keys += done;
             return Ok(count(done));
@@ -336,4 +337,24 @@ fn unstorable(named: &str, imported: &mut Imported) -> bool {
         );
     }
     unstorable
+}
+
+/// `error`, or — where PostgreSQL cannot index the key of `len` bytes of `tree` (SQLSTATE
+/// 54000: a btree row holds about 2,700 bytes) — what it means for the copy, which stops at
+/// that key on every run.
+fn unindexable(error: sqlx::Error, tree: &str, len: usize) -> StoreError {
+    let too_long = error
+        .as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "54000");
+    if !too_long {
+        return error.into();
+    }
+    StoreError::backend_message(format!(
+        "tree `{}`: a key of {len} bytes is more than PostgreSQL can index (about 2,700 bytes), \
+         and the copy stops at it on every run; the keys before it were copied. A merchant's \
+         effects cannot write such a key on PostgreSQL either: shorten it in the sled store \
+         (with the service stopped) and run the copy again",
+        crate::Logged(tree)
+    ))
 }

@@ -607,6 +607,25 @@ impl PgStore {
         conn: &mut PgConnection,
         record: &PostponedValidation,
     ) -> Result<bool, StoreError> {
+        let inserted = self.insert_postponed_row(conn, record).await?;
+        if !inserted {
+            tracing::warn!(
+                security_event = "validation_id_reuse",
+                validation_id = record.validation_id.get(),
+                "a validation id arrived again; the first record is kept"
+            );
+        }
+        Ok(inserted)
+    }
+
+    /// Inserts `record` unless a record of its validation id is there already; `true` when
+    /// it was inserted. (A copy run again meets its own records: no validation id arrived
+    /// again, and nothing is said.)
+    pub(super) async fn insert_postponed_row(
+        &self,
+        conn: &mut PgConnection,
+        record: &PostponedValidation,
+    ) -> Result<bool, StoreError> {
         let index = indexed(record);
         let inserted = sqlx::query(&self.sql(
             "INSERT INTO {s}.postponed (validation_id, nonce, record, final, deadline_at, \
@@ -624,13 +643,6 @@ impl PgStore {
         .execute(&mut *conn)
         .await?
         .rows_affected();
-        if inserted == 0 {
-            tracing::warn!(
-                security_event = "validation_id_reuse",
-                validation_id = record.validation_id.get(),
-                "a validation id arrived again; the first record is kept"
-            );
-        }
         Ok(inserted > 0)
     }
 }
