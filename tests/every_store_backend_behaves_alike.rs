@@ -2064,46 +2064,84 @@ async fn a_booking_commits_durably_whatever_the_pools_defaults() {
                 .await
                 .unwrap(),
         );
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        // The first claim begins its transaction; the second finds one begun by the
-        // first's COMMIT.
-        for nonce in ["n-1", "n-2"] {
-            let nonce = Nonce::from(format!("{pool_commit}-{nonce}"));
-            let CallbackBegin::Claimed { claim, .. } = store
-                .begin_callback(&nonce, TransactionStatus::Success, STALE)
-                .await
-                .unwrap()
-            else {
-                panic!("not claimed");
-            };
-            let effects = Effects::default();
-            let seen = Arc::clone(&seen);
-            effects.postgres(move |conn| {
-                let seen = Arc::clone(&seen);
-                Box::pin(async move {
-                    let settings: (String, String) = sqlx::query_as(
-                        "SELECT current_setting('transaction_isolation'), \
-                         current_setting('synchronous_commit')",
-                    )
-                    .fetch_one(&mut *conn)
-                    .await?;
-                    seen.lock().unwrap().push(settings);
-                    Ok(())
-                })
-            });
-            store
-                .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
-                .await
-                .unwrap();
-        }
+        let seen = settings_of_two_bookings(store.as_ref(), pool_commit).await;
         let expected = ("read committed".to_owned(), booking_commit.to_owned());
         assert_eq!(
-            *seen.lock().unwrap(),
+            seen,
             vec![expected.clone(), expected],
             "a pool committing {pool_commit}"
         );
     }
     db.drop_schema().await;
+}
+
+/// PostgreSQL only: payhook's own pool (`PgStore::open`) sets `synchronous_commit = on` on
+/// each connection, which its role's defaults do not override, and its claims begin READ
+/// COMMITTED: no statement is spent per booking on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payhook_s_own_pool_books_durably_whatever_its_role_s_defaults() {
+    let Some(db) = support::postgres::database("own_pool_durably").await else {
+        return;
+    };
+    let (role, url) = db.own_role().await;
+    let mut admin = db.connect().await;
+    sqlx::raw_sql(&format!(
+        "ALTER ROLE {role} SET default_transaction_isolation = 'serializable'; \
+         ALTER ROLE {role} SET synchronous_commit = off"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let mut config = db.store_config(RETENTION);
+    config.url = Some(url.as_str().into());
+    let store: Arc<dyn Store> =
+        Arc::new(payhook::store::PgStore::open(&config, TREES).await.unwrap());
+    let seen = settings_of_two_bookings(store.as_ref(), "own").await;
+    let expected = ("read committed".to_owned(), "on".to_owned());
+    assert_eq!(seen, vec![expected.clone(), expected]);
+    drop(store);
+    db.drop_schema().await;
+    sqlx::raw_sql(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+}
+
+/// Books two callbacks on `store` (the first begins its claim's transaction, the second
+/// finds one its COMMIT began), each with an effect that reads the isolation and the
+/// `synchronous_commit` of the transaction it runs in.
+async fn settings_of_two_bookings(store: &dyn Store, prefix: &str) -> Vec<(String, String)> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for nonce in ["n-1", "n-2"] {
+        let nonce = Nonce::from(format!("{prefix}-{nonce}"));
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let effects = Effects::default();
+        let seen = Arc::clone(&seen);
+        effects.postgres(move |conn| {
+            let seen = Arc::clone(&seen);
+            Box::pin(async move {
+                let settings: (String, String) = sqlx::query_as(
+                    "SELECT current_setting('transaction_isolation'), \
+                     current_setting('synchronous_commit')",
+                )
+                .fetch_one(&mut *conn)
+                .await?;
+                seen.lock().unwrap().push(settings);
+                Ok(())
+            })
+        });
+        store
+            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+            .await
+            .unwrap();
+    }
+    seen.lock().unwrap().clone()
 }
 
 /// PostgreSQL only: a result another live instance has leased is not due here, and falls

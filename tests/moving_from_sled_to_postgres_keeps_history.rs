@@ -65,26 +65,11 @@ async fn history(config: &StoreConfig) {
     let store = SledStore::open(config, &["ledger"]).unwrap();
     let ledger = store.tree("ledger").unwrap();
     for nonce in ["moved-1", LONG] {
-        let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
-            .await
-            .unwrap()
-        else {
-            panic!("not claimed");
-        };
         let effects = Effects::default();
         let ledger = ledger.clone();
         let key = nonce.as_bytes().to_vec();
         effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
-        store
-            .finish_callback(
-                &Nonce::from(nonce),
-                claim,
-                TransactionStatus::Success,
-                effects,
-            )
-            .await
-            .unwrap();
+        book_in_sled(&store, nonce, effects).await;
     }
     store
         .record_callback_failure(CallbackFailure {
@@ -121,6 +106,22 @@ async fn history(config: &StoreConfig) {
     while store.failing_callbacks().await.unwrap().is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Books a success of `nonce` in the sled `store`, with `effects`.
+async fn book_in_sled(store: &SledStore, nonce: &str, effects: Effects) {
+    let nonce = Nonce::from(nonce);
+    let CallbackBegin::Claimed { claim, .. } = store
+        .begin_callback(&nonce, TransactionStatus::Success, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("{nonce:?} was not claimed");
+    };
+    store
+        .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+        .await
+        .unwrap();
 }
 
 /// A stopped sled store in `dir` with [`history`] in it.
@@ -397,18 +398,7 @@ async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted()
     let sled = sled_with_history(&dir).await;
     {
         let store = SledStore::open(&sled, &["ledger"]).unwrap();
-        let nul = Nonce::from("nul-\u{0}-1");
-        let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&nul, TransactionStatus::Success, STALE)
-            .await
-            .unwrap()
-        else {
-            panic!("not claimed");
-        };
-        store
-            .finish_callback(&nul, claim, TransactionStatus::Success, Effects::default())
-            .await
-            .unwrap();
+        book_in_sled(&store, "nul-\u{0}-1", Effects::default()).await;
     }
     let copied = copy_from_sled(&sled, &db);
     let said = String::from_utf8_lossy(&copied.stdout);
@@ -457,20 +447,9 @@ async fn a_tree_key_postgresql_cannot_index_stops_the_copy_saying_what_to_do() {
                 state.to_be_bytes()[1]
             })
             .collect();
-        let nonce = Nonce::from("long-key-1");
-        let CallbackBegin::Claimed { claim, .. } = store
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
-            .await
-            .unwrap()
-        else {
-            panic!("not claimed");
-        };
         let effects = Effects::default();
         effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
-        store
-            .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
-            .await
-            .unwrap();
+        book_in_sled(&store, "long-key-1", effects).await;
     }
     let copied = copy_from_sled(&sled, &db);
     let said = String::from_utf8_lossy(&copied.stderr);

@@ -45,8 +45,10 @@ pub use auth::{LoginRequest, LoginSession, RefreshRequest};
 pub use callback::CallbackBody;
 pub(crate) use callback::ReadableCallback;
 pub use nonce::Nonce;
+pub(crate) use provider::{
+    BODY_BYTES_PER_CANDIDATE_VALUE, MIN_CANDIDATE_VALUES, candidates_within, max_candidate_values,
+};
 pub use provider::{Currency, PaymentType, Provider, ProviderCandidate};
-pub(crate) use provider::{candidates_within, max_candidate_values};
 pub use status::{TransactionStatus, TransactionType};
 pub use timestamp::{TimestampError, format_utc, parse_utc};
 pub use transaction::{CallbackSettings, MAX_CALLBACK_ATTEMPTS, TransactionRecord};

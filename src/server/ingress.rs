@@ -487,11 +487,16 @@ impl Traced for ProvidersValidationRequest {
     }
 
     fn overfull(&self, body_limit: usize) -> Option<String> {
-        let limit = crate::model::max_candidate_values(body_limit);
-        (!crate::model::candidates_within(&self.providers, limit)).then(|| {
+        use crate::model::{
+            BODY_BYTES_PER_CANDIDATE_VALUE, MIN_CANDIDATE_VALUES, candidates_within,
+            max_candidate_values,
+        };
+        let limit = max_candidate_values(body_limit);
+        (!candidates_within(&self.providers, limit)).then(|| {
             format!(
                 "invalid field `providers`: candidates holding more than {limit} JSON values \
-                 together (one for each 10 bytes of server.body_limit, at least 100000)"
+                 together (one for each {BODY_BYTES_PER_CANDIDATE_VALUE} bytes of \
+                 server.body_limit, at least {MIN_CANDIDATE_VALUES})"
             )
         })
     }

@@ -15,9 +15,9 @@
 //!
 //! What could not be read is left empty in the record: the nil reference, a zero amount, an
 //! empty client id or currency (the reason names the field that was refused). A currency is
-//! kept as a failed delivery's is (`CallbackFailure::kept_currency`): cut, never refused. A body whose
-//! nonce or status cannot be read has no (nonce, status) to be listed under; its refusal is
-//! logged at error level.
+//! kept as a failed delivery's is (`CallbackFailure::kept_currency`): cut, never refused. A
+//! body whose nonce or status cannot be read has no (nonce, status) to be listed under; its
+//! refusal is logged at error level.
 
 use crate::model::ReadableCallback;
 use crate::store::CallbackFailure;

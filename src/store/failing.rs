@@ -75,12 +75,22 @@ impl CallbackFailure {
     /// failure record holds for the retention must not grow with what a sender chose, and
     /// both stores keep the same text.
     pub(crate) fn kept_currency(currency: &str) -> String {
-        let cut = crate::logged::cut_chars(currency, Self::KEPT_CURRENCY_CHARS);
-        if cut.contains('\0') {
-            cut.replace('\0', "\u{fffd}")
-        } else {
-            cut.into_owned()
-        }
+        readable(&crate::logged::cut_chars(
+            currency,
+            Self::KEPT_CURRENCY_CHARS,
+        ))
+        .into_owned()
+    }
+}
+
+/// Text of a failure record a person reads (its reason, client, currency): PostgreSQL's
+/// `text` cannot hold U+0000, so each is kept as U+FFFD, the replacement character, where
+/// refusing the record would lose the failure.
+pub(crate) fn readable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "\u{fffd}").into()
+    } else {
+        text.into()
     }
 }
 

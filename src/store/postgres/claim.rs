@@ -43,12 +43,15 @@ pub(super) struct HeldClaim {
     /// The id of the transaction that holds the claim (`txid_current_if_assigned()` once it
     /// wrote the mark): what its COMMIT checks it still is.
     pub(super) transaction: Option<i64>,
+    /// What begins a claim's transaction on this connection ([`Begin`]).
+    begin: Begin,
 }
 
 impl HeldClaim {
     /// A connection of the pool, for a claim judged stale after `stale_after`.
-    fn new(conn: PoolConnection<Postgres>, stale_after: Duration) -> Self {
+    fn new(conn: PoolConnection<Postgres>, stale_after: Duration, begin: Begin) -> Self {
         Self {
+            begin,
             conn,
             permit: None,
             open: false,
@@ -60,6 +63,11 @@ impl HeldClaim {
             status: 0,
             transaction: None,
         }
+    }
+
+    /// What begins a claim's transaction on this connection.
+    pub(super) fn begin(&self) -> Begin {
+        self.begin
     }
 
     /// The statement about to be sent begins the transaction, or the claim, in the
@@ -94,8 +102,8 @@ impl HeldClaim {
         let check = self.still_its_own();
         self.conn
             .execute(sqlx::raw_sql(&format!(
-                "SELECT {check}, set_config('payhook.booking', 'commit', true); COMMIT; \
-                 {BEGIN_CLAIM}"
+                "SELECT {check}, set_config('payhook.booking', 'commit', true); COMMIT; {}",
+                self.begin.sql()
             )))
             .await?;
         self.parked = true;
@@ -129,7 +137,7 @@ impl HeldClaim {
     /// ROLLBACK, and BEGIN the next claim's transaction in the same round trip.
     pub(super) async fn rollback_and_park(&mut self) -> Result<(), sqlx::Error> {
         self.conn
-            .execute(sqlx::raw_sql(&format!("ROLLBACK; {BEGIN_CLAIM}")))
+            .execute(sqlx::raw_sql(&format!("ROLLBACK; {}", self.begin.sql())))
             .await?;
         self.parked = true;
         Ok(())
@@ -184,15 +192,35 @@ impl Drop for HeldClaim {
     }
 }
 
-/// What begins a claim's transaction, whatever the pool's defaults (a pool the merchant
-/// gave, `PgStore::with_pool`): READ COMMITTED, so that each of the claim's statements reads
-/// what committed before it — after the nonce's lock was taken, not before — and a COMMIT
-/// at least as synchronous as `on`, so that a booking is acknowledged only once it is
-/// durable (on the synchronous standby, where one is configured): `off`, `local` and
-/// `remote_write` are raised to `on`, and `remote_apply` is kept.
-pub(super) const BEGIN_CLAIM: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
-     SELECT set_config('synchronous_commit', 'on', true) \
-     WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')";
+/// What begins a claim's transaction: READ COMMITTED whatever the pool's default, so that
+/// each of the claim's statements reads what committed before it — after the nonce's lock
+/// was taken, not before — and a COMMIT at least as synchronous as `on`, so that a booking is
+/// acknowledged only once it is durable (on the synchronous standby, where one is
+/// configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Begin {
+    /// payhook's own pool, whose connections set `synchronous_commit = on` at start-up
+    /// (which a role's or database's setting does not override): nothing more to say.
+    OwnPool,
+    /// A pool the merchant gave (`PgStore::with_pool`), whose connections may commit
+    /// asynchronously: `off`, `local` and `remote_write` are raised to `on` for the
+    /// transaction, and `remote_apply` is kept.
+    GivenPool,
+}
+
+impl Begin {
+    /// The statements that begin the transaction.
+    pub(super) fn sql(self) -> &'static str {
+        match self {
+            Self::OwnPool => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            Self::GivenPool => {
+                "BEGIN ISOLATION LEVEL READ COMMITTED; \
+                 SELECT set_config('synchronous_commit', 'on', true) \
+                 WHERE current_setting('synchronous_commit') IN ('off', 'local', 'remote_write')"
+            }
+        }
+    }
+}
 
 /// What the COMMIT of a claim's transaction fails with when an effect ended that
 /// transaction (see [`HeldClaim::commit_and_park`]); no quote in it (it is an SQL literal).
@@ -231,17 +259,19 @@ pub(super) struct HeldClaims {
     last: AtomicU64,
     permits: Arc<Semaphore>,
     spare: Mutex<Vec<(HeldClaim, Instant)>>,
+    begin: Begin,
 }
 
 impl HeldClaims {
-    /// Claims on a pool of `pool_size` connections.
-    pub(super) fn new(pool_size: u32) -> Self {
+    /// Claims on a pool of `pool_size` connections, their transactions begun by `begin`.
+    pub(super) fn new(pool_size: u32, begin: Begin) -> Self {
         let permits = pool_size.saturating_sub(LEFT_FOR_OTHERS).max(1);
         Self {
             held: Mutex::default(),
             last: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(usize::try_from(permits).unwrap_or(1))),
             spare: Mutex::default(),
+            begin,
         }
     }
 
@@ -295,7 +325,7 @@ impl HeldClaims {
                             "no PostgreSQL connection within {timeout:?}"
                         ))
                     })??;
-                HeldClaim::new(conn, stale_after)
+                HeldClaim::new(conn, stale_after, self.begin)
             }
         };
         claim.permit = Some(permit);

@@ -54,6 +54,12 @@ pub(super) const FAILING_AFTER: &str = "SELECT nonce, status, failures, first_fa
          WHERE c.nonce_key = f.nonce_key AND c.done @> ARRAY[f.status]) \
      ORDER BY last_failed DESC, nonce COLLATE \"C\", status LIMIT $1";
 
+/// Takes the claim lock of the nonce keyed `$1` (the key `{schema}.claim_callback` of
+/// migration 2 tries) until the transaction ends, waiting for a claim that holds it: a
+/// delivery claiming the nonce meanwhile is told it is busy.
+pub(super) const WAIT_FOR_NONCE_CLAIM: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('{s}/callback/' || $1, 11))";
+
 /// What `{schema}.claim_callback` read, with the claim.
 struct ClaimRead {
     claimed: bool,
@@ -175,14 +181,10 @@ impl DedupStore for PgStore {
             // insert's check then sees its mark (it runs in a statement of its own, with a
             // snapshot taken after the wait). Nothing here holds a claim to wait on itself.
             let mut tx = self.pool().begin().await?;
-            sqlx::query(
-                &self.sql(
-                    "SELECT pg_advisory_xact_lock(hashtextextended('{s}/callback/' || $1, 11))",
-                ),
-            )
-            .bind(nonce_key(&failure.nonce))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(&self.sql(WAIT_FOR_NONCE_CLAIM))
+                .bind(nonce_key(&failure.nonce))
+                .execute(&mut *tx)
+                .await?;
             self.insert_failure(&mut *tx, &failure).await?;
             tx.commit().await?;
             Ok(())
@@ -404,9 +406,9 @@ impl PgStore {
         status: TransactionStatus,
     ) -> Result<ClaimRead, StoreError> {
         if !held.opening() {
+            let begin = held.begin().sql();
             let conn: &mut sqlx::PgConnection = held;
-            conn.execute(sqlx::raw_sql(super::claim::BEGIN_CLAIM))
-                .await?;
+            conn.execute(sqlx::raw_sql(begin)).await?;
         }
         let stale_after = held.stale_after().as_secs_f64();
         let conn: &mut sqlx::PgConnection = held;
@@ -687,12 +689,8 @@ impl PgStore {
         .await;
         match message {
             Ok(_) => Ok(()),
-            Err(error)
-                if error
-                    .as_database_error()
-                    .and_then(|db| db.code())
-                    .is_some_and(|code| code == "42501" || code == "42883") =>
-            {
+            // Revoked (insufficient privilege), or not there (undefined function).
+            Err(error) if super::refused_with(&error, &["42501", "42883"]) => {
                 sqlx::query(&self.sql(&format!(
                     "UPDATE {{s}}.validations SET expires_at = expires_at \
                      WHERE nonce_key = $1 AND {REPLICATING}"

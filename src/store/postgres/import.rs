@@ -210,14 +210,10 @@ impl PgStore {
             // claims again once the statuses copied are there to read. Without it, it read
             // none while the copy's row was uncommitted, ran its handler for a status sled
             // had booked, and its claim appended that status a second time.
-            sqlx::query(
-                &self.sql(
-                    "SELECT pg_advisory_xact_lock(hashtextextended('{s}/callback/' || $1, 11))",
-                ),
-            )
-            .bind(&named)
-            .execute(&mut *conn)
-            .await?;
+            sqlx::query(&self.sql(super::dedup::WAIT_FOR_NONCE_CLAIM))
+                .bind(&named)
+                .execute(&mut *conn)
+                .await?;
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks AS c (nonce_key, done, attempts, expires_at) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT (nonce_key) DO UPDATE \
@@ -343,11 +339,7 @@ fn unstorable(named: &str, imported: &mut Imported) -> bool {
 /// 54000: a btree row holds about 2,700 bytes) — what it means for the copy, which stops at
 /// that key on every run.
 fn unindexable(error: sqlx::Error, tree: &str, len: usize) -> StoreError {
-    let too_long = error
-        .as_database_error()
-        .and_then(|db| db.code())
-        .is_some_and(|code| code == "54000");
-    if !too_long {
+    if !super::refused_with(&error, &["54000"]) {
         return error.into();
     }
     StoreError::backend_message(format!(

@@ -79,8 +79,11 @@
 //! also BEGINs the next claim's transaction on the same connection, kept for it
 //! ([`claim`]) where sqlx would test a pooled connection with a round trip of its own: two
 //! round trips fewer per transaction than Q's. On a 2-core VM with the database on the
-//! same cores, P reached 0.75–0.83 of Q in four consecutive runs (target 0.60), with p99
-//! 17–22 ms (target 25); both are CPU-bound. Measured with pgbench on the same
+//! same cores, P reached 0.75–0.83 of Q in four consecutive runs on 2026-11-25 (target
+//! 0.60), with p99 17–22 ms (target 25); both are CPU-bound. On 2026-11-29 the same machine
+//! ran the database slower (Q 3,855–4,784 transactions/s), and five runs gave P/Q 0.52–0.75
+//! with p99 31–45 ms, before and after that day's changes alike: the targets did not hold
+//! in most runs (README, Performance). Measured with pgbench on the same
 //! machine, the database side of P's transaction runs at about 0.8 of Q's (the claim's
 //! lock and read); the rest is the service's own CPU, which shares the two cores with the
 //! database: verification, HTTP, and the client side of the round trips (sqlx, TLS,
@@ -106,6 +109,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 pub use import::Imported;
 
 use super::effects::{Tree, check_declared};
+use super::failing::readable;
 use super::{KeyValue, StoreConfig, StoreError, StoreFuture, keys};
 
 /// The keys (as `keys::identifier` names them: the nonce, or the digest's for a long one) of
@@ -223,7 +227,8 @@ impl PgStore {
     /// [`StoreError::Backend`] when `store.url` is unset or unusable, the database cannot be
     /// reached, or a migration fails.
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
-        Self::with_pool(connect(config, config.pool_size).await?, config, trees).await
+        let pool = connect(config, config.pool_size).await?;
+        Self::over(pool, config, trees, claim::Begin::OwnPool).await
     }
 
     /// The store over a pool the service already has (its own queries share the
@@ -242,6 +247,16 @@ impl PgStore {
         pool: PgPool,
         config: &StoreConfig,
         trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        Self::over(pool, config, trees, claim::Begin::GivenPool).await
+    }
+
+    /// The store over `pool`, its claims' transactions begun by `begin`.
+    async fn over(
+        pool: PgPool,
+        config: &StoreConfig,
+        trees: &[&str],
+        begin: claim::Begin,
     ) -> Result<Self, StoreError> {
         crate::store::effects::check_tree_names(trees)?;
         let schema = config.schema.clone();
@@ -285,7 +300,7 @@ impl PgStore {
                 owner,
                 liveness: std::sync::Mutex::new(Some(liveness)),
                 sweeper: std::sync::Mutex::default(),
-                claims: claim::HeldClaims::new(pool_size),
+                claims: claim::HeldClaims::new(pool_size, begin),
                 claim_sql,
                 commit_metrics: crate::store::CommitMetrics::default(),
                 count_folded: std::sync::Mutex::default(),
@@ -659,17 +674,6 @@ fn nonce_key(nonce: &str) -> String {
     keys::describe(&keys::identifier(nonce))
 }
 
-/// Text for a column a person reads (a failure's reason, client, currency): PostgreSQL's
-/// `text` cannot hold U+0000, so each is kept as U+FFFD, the replacement character, where
-/// refusing the record would lose the failure.
-fn readable(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.contains('\0') {
-        text.replace('\0', "\u{fffd}").into()
-    } else {
-        text.into()
-    }
-}
-
 /// A new claim: random, so that instances never hand out the same one.
 fn new_claim() -> Result<super::Claim, StoreError> {
     let mut id = [0u8; 8];
@@ -701,10 +705,20 @@ fn sqlx_cause(error: &StoreError) -> Option<&sqlx::Error> {
 
 /// The SQLSTATE of the database error a backend failure carries.
 fn sqlstate(error: &StoreError) -> Option<String> {
-    sqlx_cause(error)
-        .and_then(|e| e.as_database_error())
+    sqlx_cause(error).and_then(code_of)
+}
+
+/// The SQLSTATE of `error`, when the database refused a statement.
+fn code_of(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
         .and_then(|e| e.code())
         .map(std::borrow::Cow::into_owned)
+}
+
+/// Whether the database refused a statement with one of the SQLSTATE `codes`.
+fn refused_with(error: &sqlx::Error, codes: &[&str]) -> bool {
+    code_of(error).is_some_and(|code| codes.contains(&code.as_str()))
 }
 
 /// `true` for a failure that a retry of the whole transaction may not meet again: a

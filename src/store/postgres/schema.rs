@@ -153,8 +153,8 @@ pub(crate) async fn migrate(conn: &mut PgConnection, schema: &str) -> Result<Vec
     // A migration takes the time it needs, and so does the wait for another instance's:
     // `store.statement_timeout` bounds a request's statements, and a rewrite of a large
     // table stopped by it would roll back on every start, the service never opening. The
-    // connection's own limit is back once migrated, whatever happened.
-    // The connection's own limit, however it was set (a startup option, a pool's SET).
+    // connection's own limit, however it was set (a startup option, a pool's SET), is back
+    // once migrated, whatever happened.
     let limit: String = sqlx::query_scalar("SHOW statement_timeout")
         .fetch_one(&mut *conn)
         .await
@@ -233,10 +233,7 @@ async fn apply(
 
 /// Whether `error` is a lock not granted within `lock_timeout` (SQLSTATE 55P03).
 fn lock_not_available(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|db| db.code())
-        .is_some_and(|code| code == "55P03")
+    super::refused_with(error, &["55P03"])
 }
 
 /// The oldest server this payhook runs on: a callback's claim is taken over with
