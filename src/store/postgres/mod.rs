@@ -83,7 +83,9 @@
 //! 0.60), with p99 17–22 ms (target 25); both are CPU-bound. On 2026-11-29 the same machine
 //! ran the database slower (Q 3,855–4,784 transactions/s), and five runs gave P/Q 0.52–0.75
 //! with p99 31–45 ms, before and after that day's changes alike: the targets did not hold
-//! in most runs (README, Performance). Measured with pgbench on the same
+//! in most runs. Three runs later that day, once a claim on payhook's own pool no longer
+//! spent a statement on `synchronous_commit`, gave P/Q 0.65–0.69 and p99 27–28 ms (README,
+//! Performance). Measured with pgbench on the same
 //! machine, the database side of P's transaction runs at about 0.8 of Q's (the claim's
 //! lock and read); the rest is the service's own CPU, which shares the two cores with the
 //! database: verification, HTTP, and the client side of the round trips (sqlx, TLS,
