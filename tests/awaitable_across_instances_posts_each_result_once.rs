@@ -1,7 +1,8 @@
 //! Awaitable mode on one PostgreSQL database shared by two instances: a validation postponed
 //! on one instance is resolved on the other; both instances' outbox workers run, and each
 //! result reaches the aggregator once; an instance that dies holding a result's lease (mid
-//! post) hands it to the other at once; a validation asked about again under new ids, on
+//! post) hands it to the other at once, while one that only loses a connection keeps it; a
+//! validation asked about again under new ids, on
 //! either instance or on both at once, gets its result posted once under each id.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -249,6 +250,92 @@ async fn a_result_leased_by_an_instance_that_died_is_posted_by_another() {
             .is_empty()
     );
     drop((survivor, app, decider));
+    db.drop_schema().await;
+}
+
+/// The liveness lock's first key ("payh"), as `src/store/postgres/liveness.rs` names it.
+const LIVENESS_KEY: i64 = 0x7061_7968;
+
+/// The backends holding the liveness lock of instance `owner`.
+fn liveness_holders(owner: i32) -> String {
+    format!(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+           AND classid = {LIVENESS_KEY}::oid AND objid = {owner}::oid AND objsubid = 2 \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_instance_that_loses_a_connection_keeps_its_lease() {
+    // A proxy's idle cut or an operator's pg_terminate_backend ends one of a live
+    // instance's connections: if that made it look dead, another instance would post the
+    // result it is posting (and run a validation handler it is running) a second time.
+    let Some(db) = support::postgres::database("outbox_lease_of_the_living").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let store_config = db.store_config(Duration::from_secs(86_400));
+    let (decider, app) = decided(&gateway, &store_config, &[78]).await;
+    let holder = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert_eq!(holder.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
+    let mut conn = db.connect().await;
+    let (owner,): (i32,) = sqlx::query_as(&format!(
+        "SELECT lease_owner FROM {}.postponed WHERE validation_id = 78",
+        db.schema
+    ))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let holders: Vec<i32> = sqlx::query_scalar(&liveness_holders(owner))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(holders.len(), 2, "the lock is held on two connections");
+    let (ended,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1, 10000)")
+        .bind(holders[0])
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(ended);
+
+    let other = ConfiguredStore::open(&store_config, &[])
+        .await
+        .unwrap()
+        .shared();
+    assert!(
+        other.outbox_due(Utc::now()).await.unwrap().now.is_empty(),
+        "the lease of an instance holding its lock on its other connection stands"
+    );
+    db.until_counted(
+        &format!(
+            "SELECT count(*) FILTER (WHERE pid <> {}) / 2 FROM ({}) AS held",
+            holders[0],
+            liveness_holders(owner)
+        ),
+        "the lost hold taken again on a new connection",
+        || false,
+    )
+    .await;
+    assert!(other.outbox_due(Utc::now()).await.unwrap().now.is_empty());
+    drop(holder);
+    db.until_counted(
+        &format!(
+            "SELECT 1 - count(*) FROM ({}) AS held",
+            liveness_holders(owner)
+        ),
+        "the closed instance's holds released",
+        || false,
+    )
+    .await;
+    assert_eq!(
+        other.outbox_due(Utc::now()).await.unwrap().now.len(),
+        1,
+        "once the instance is gone, its lease is void"
+    );
+    drop((other, app, decider, conn));
     db.drop_schema().await;
 }
 

@@ -24,9 +24,10 @@
 //!   durability, so claiming writes no WAL): a lease taken and judged by the database's
 //!   clock (`now()`), so that an instance whose clock is off can neither steal a live claim
 //!   nor keep a dead one. It also names the instance that holds it, and every instance
-//!   holds a session advisory lock of its own for as long as it lives (on a connection of
-//!   its own, taken again if that connection drops): a claim whose instance no longer
-//!   holds its lock is taken over at once instead of after its lease.
+//!   holds a session advisory lock of its own for as long as it lives, shared on two
+//!   connections of its own (`liveness`; a connection that drops is replaced, and the
+//!   other holds meanwhile): a claim whose instance holds its lock on no connection is
+//!   taken over at once instead of after its lease.
 //! * **The merchant's rows commit with the mark.** A callback's mark, the removal of its
 //!   failure record and every effect the handler staged run in one transaction; 200 is
 //!   sent only after COMMIT. Effects on the merchant's declared trees
@@ -281,12 +282,10 @@ impl PgStore {
             );
         }
         drop(conn);
-        let mut id = [0u8; 8];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut id)
-            .map_err(|_| StoreError::backend_message("no randomness for the instance's name"))?;
-        let id = u64::from_le_bytes(id);
-        let owner = i32::try_from(id & 0x7fff_ffff).unwrap_or(1);
-        let liveness = liveness::hold(&pool, owner).await?;
+        let liveness::Liveness {
+            owner,
+            task: liveness,
+        } = liveness::hold(&pool).await?;
         let pool_size = pool.options().get_max_connections();
         let claim_sql = format!(
             "SELECT claimed, acknowledged, previous, attempts, failing, \
@@ -644,7 +643,10 @@ fn owner_alive(column: &str) -> String {
 /// bounds its statements by `store.statement_timeout`, and is not closed for idling in a
 /// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
 /// claim is a transaction that idles while its handler runs, and closed it would let a
-/// retry's handler run beside the first one, and the first one's booking fail.
+/// retry's handler run beside the first one, and the first one's booking fail. Nor is one
+/// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
+/// not tested before use, so one closed so would fail the request that took it, and the
+/// liveness lock's connections idle between their checks.
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
@@ -658,6 +660,7 @@ async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> 
             ("synchronous_commit", "on"),
             ("statement_timeout", statement_ms.as_str()),
             ("idle_in_transaction_session_timeout", "0"),
+            ("idle_session_timeout", "0"),
         ]);
     PgPoolOptions::new()
         .max_connections(size)
