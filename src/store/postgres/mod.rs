@@ -644,9 +644,9 @@ fn owner_alive(column: &str) -> String {
 /// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
 /// claim is a transaction that idles while its handler runs, and closed it would let a
 /// retry's handler run beside the first one, and the first one's booking fail. Nor is one
-/// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
-/// not tested before use, so one closed so would fail the request that took it, and the
-/// liveness lock's connections idle between their checks.
+/// closed for idling outside a transaction (`idle_session_timeout`): the liveness lock's
+/// connections idle between their checks, and closed so, the instance would look dead to
+/// the others.
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
