@@ -354,54 +354,69 @@ async fn a_claim_outlives_an_idle_in_transaction_limit_of_the_database() {
 }
 
 /// A server or role that closes idle sessions (`idle_session_timeout`, here after 100 ms)
-/// does not close payhook's. The connections holding the instance's liveness lock idle
-/// between their checks: closed so, the instance looked dead to the others (which take a
-/// dead instance's validation claims and result leases over) for all but a moment after each
-/// check. (A pooled connection closed so is replaced when a callback takes it: the callbacks
-/// pass either way.)
+/// does not close the connections holding an instance's liveness lock, whether payhook's
+/// own pool or a merchant's ([`PgStore::with_pool`]) opens them. They idle between their
+/// checks: closed so, the instance looked dead to the others (which take a dead instance's
+/// validation claims and result leases over) for all but a moment after each check. (A
+/// pooled connection closed so is replaced when a callback takes it: the callbacks pass
+/// either way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_outlive_an_idle_session_limit_of_the_database() {
-    let Some(db) = support::postgres::database("idle_session").await else {
-        return;
-    };
-    let (role, url) = db.own_role().await;
-    admin(
-        &db,
-        &format!("ALTER ROLE {role} SET idle_session_timeout = '100ms'"),
-    )
-    .await;
-    let mut config = test_config();
-    config.store = StoreConfig {
-        url: Some(url.into()),
-        ..db.store_config(Duration::from_secs(3600))
-    };
-    let store = PgStore::open(&config.store, &[]).await.unwrap();
-    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
-    for nonce in ["idle-1", "idle-2", "idle-3"] {
-        let body = with(CALLBACK, "/nonce", Some(serde_json::json!(nonce)));
-        let request = post(
-            CALLBACK_PATH,
-            &[("Content-Type", "application/json")],
-            body.as_bytes(),
+    for merchants_pool in [false, true] {
+        let Some(db) = support::postgres::database("idle_session").await else {
+            return;
+        };
+        let (role, url) = db.own_role().await;
+        admin(
+            &db,
+            &format!("ALTER ROLE {role} SET idle_session_timeout = '100ms'"),
+        )
+        .await;
+        let mut config = test_config();
+        config.store = StoreConfig {
+            url: Some(url.clone().into()),
+            ..db.store_config(Duration::from_secs(3600))
+        };
+        let store = if merchants_pool {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .connect(&url)
+                .await
+                .unwrap();
+            PgStore::with_pool(pool, &config.store, &[]).await.unwrap()
+        } else {
+            PgStore::open(&config.store, &[]).await.unwrap()
+        };
+        let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+        for nonce in ["idle-1", "idle-2", "idle-3"] {
+            let body = with(CALLBACK, "/nonce", Some(serde_json::json!(nonce)));
+            let request = post(
+                CALLBACK_PATH,
+                &[("Content-Type", "application/json")],
+                body.as_bytes(),
+            );
+            let answer = exchange(server.addr, &request).await;
+            assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
+            // Every connection idles five times the role's limit.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut conn = db.connect().await;
+        let (holding,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = x'70617968'::int::oid \
+               AND a.usename = $1",
+        )
+        .bind(&role)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            holding, 2,
+            "both liveness connections still hold the lock (merchant's pool: {merchants_pool})"
         );
-        let answer = exchange(server.addr, &request).await;
-        assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
-        // Every connection idles five times the role's limit.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(server.merchant.calls().len(), 3);
+        drop((server, conn));
+        db.drop_schema().await;
+        admin(&db, &format!("DROP ROLE {role}")).await;
     }
-    let mut conn = db.connect().await;
-    let (holding,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = x'70617968'::int::oid \
-           AND a.usename = $1",
-    )
-    .bind(&role)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(holding, 2, "both liveness connections still hold the lock");
-    assert_eq!(server.merchant.calls().len(), 3);
-    drop((server, conn));
-    db.drop_schema().await;
-    admin(&db, &format!("DROP ROLE {role}")).await;
 }

@@ -133,13 +133,20 @@ async fn share(conn: &mut PgConnection, owner: i32) -> Result<(), StoreError> {
 }
 
 /// A connection of the instance's own: taken out of the pool, so that it stays open for as
-/// long as the store does.
+/// long as the store does, and not closed for idling between its checks whatever the
+/// server's or role's `idle_session_timeout` (a merchant's pool given to
+/// [`PgStore::with_pool`](super::PgStore::with_pool) does not turn it off as payhook's does).
 async fn connection(pool: &PgPool) -> Result<PgConnection, StoreError> {
-    Ok(pool
+    let mut conn = pool
         .acquire()
         .await
         .map_err(|e| StoreError::backend("cannot connect for the liveness lock", e))?
-        .detach())
+        .detach();
+    sqlx::query("SET idle_session_timeout = 0")
+        .execute(&mut conn)
+        .await
+        .map_err(|e| StoreError::backend("cannot connect for the liveness lock", e))?;
+    Ok(conn)
 }
 
 /// A positive `int4`, random, so that instances starting together pick different numbers.

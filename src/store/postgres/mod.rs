@@ -241,7 +241,8 @@ impl PgStore {
     /// synchronously too (`synchronous_commit = on`, PostgreSQL's default). The connections
     /// must not be closed for idling in a transaction (`idle_in_transaction_session_timeout
     /// = 0`, the default; a claim's transaction idles while its handler runs): one that is
-    /// set is warned of at open.
+    /// set is warned of at open. The two connections the store takes out of the pool to hold
+    /// its liveness lock turn `idle_session_timeout` off for themselves.
     ///
     /// # Errors
     ///
