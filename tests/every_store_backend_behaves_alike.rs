@@ -2923,6 +2923,74 @@ async fn migrating_is_not_bounded_by_the_statement_timeout() {
     db.drop_schema().await;
 }
 
+/// An open given up while it migrates (its future dropped: a start-up deadline, a service
+/// shutting down) leaves nothing on the merchant's pool: the connection it migrated on had
+/// its statements unbounded and was waiting for (or holding) the migrations' lock; back in
+/// the pool, its next user ran unbounded and a later instance's migration waited on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_given_up_while_migrating_leaves_the_pool_as_it_was() {
+    use std::str::FromStr;
+    let Some(db) = support::postgres::database("migrating_given_up").await else {
+        return;
+    };
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .options([("statement_timeout", "5000")]);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let mut holder = db.connect().await;
+    let lock = format!("payhook migrations {}", db.schema);
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")
+        .bind(&lock)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    // The migrations' lock as pg_locks shows it (a bigint key: its halves).
+    let on_lock = format!(
+        "locktype = 'advisory' AND objsubid = 1 \
+           AND classid = ((hashtextextended('{lock}', 0) >> 32) & 4294967295)::oid \
+           AND objid = (hashtextextended('{lock}', 0) & 4294967295)::oid"
+    );
+    let config = db.store_config(RETENTION);
+    let mut opening = Box::pin(payhook::store::PgStore::with_pool(
+        pool.clone(),
+        &config,
+        TREES,
+    ));
+    let waiting = format!("SELECT count(*) FROM pg_locks WHERE {on_lock} AND NOT granted");
+    tokio::select! {
+        opened = &mut opening => panic!("opened while the lock is held: {:?}", opened.err()),
+        () = db.until_counted(&waiting, "the open waiting for the migrations' lock", || false) => {}
+    }
+    // Given up while waiting for the lock, its statements unbounded.
+    drop(opening);
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let timeout: String = sqlx::query_scalar("SELECT current_setting('statement_timeout')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(timeout, "5s", "the pool's connection keeps its limit");
+    // The given-up connection's backend takes the lock it was waiting for, finds its
+    // client gone and ends, letting it go.
+    db.until_counted(
+        &format!("SELECT 1 - count(*) FROM pg_locks WHERE {on_lock}"),
+        "the migrations' lock let go by everyone",
+        || false,
+    )
+    .await;
+    let store = payhook::store::PgStore::with_pool(pool, &config, TREES)
+        .await
+        .unwrap();
+    drop((store, holder));
+    db.drop_schema().await;
+}
+
 /// A migration that must lock a table requests hold (migration 6 adds a trigger to
 /// `callbacks`, whose rows each booking writes while its handler runs) waits for it a
 /// moment at a time: while it waits, every request's statement on that table waits behind

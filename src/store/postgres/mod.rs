@@ -264,14 +264,18 @@ impl PgStore {
     ) -> Result<Self, StoreError> {
         crate::store::effects::check_tree_names(trees)?;
         let schema = config.schema.clone();
+        // Taken out of the pool: an open given up mid-way (its future dropped) closes it
+        // with its statements unbounded and the migrations' lock held or awaited, rather
+        // than hand it so to the pool's next user.
         let mut conn = pool
             .acquire()
             .await
-            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?;
+            .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?
+            .detach();
         schema::migrate(&mut conn, &schema).await?;
         let idle_limit: String =
             sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
-                .fetch_one(&mut *conn)
+                .fetch_one(&mut conn)
                 .await?;
         if idle_limit != "0" {
             tracing::warn!(
@@ -282,7 +286,9 @@ impl PgStore {
                  connections (PgStore::open does)"
             );
         }
-        drop(conn);
+        if let Err(error) = sqlx::Connection::close(conn).await {
+            tracing::debug!(error = %crate::report::InLine(&error), "the migrations' connection closed uncleanly");
+        }
         let liveness::Liveness {
             owner,
             task: liveness,
