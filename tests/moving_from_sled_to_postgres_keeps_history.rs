@@ -295,10 +295,35 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
     db.drop_schema().await;
 }
 
-/// A delivery at a PostgreSQL instance that serves while the copy runs (against the
-/// README's order, or in the moment between) meets a moved nonce whose copied row is not
-/// committed yet: it is told the nonce is busy, and once the copy commits its retry is a
-/// duplicate. It used to read no status, run its handler for one sled had booked, and
+/// The claim of a delivery at an instance serving `schema` as a payhook older than the
+/// copy's guard does (it holds the schema open by no lock, so neither refuses the other):
+/// whether it claimed the nonce, and whether it found `status` acknowledged. Its
+/// transaction is rolled back.
+async fn older_instance_claims(
+    conn: &mut sqlx::PgConnection,
+    schema: &str,
+    nonce: &str,
+    status: TransactionStatus,
+) -> (bool, bool) {
+    sqlx::Executor::execute(&mut *conn, "BEGIN").await.unwrap();
+    let claimed = sqlx::query_as(&format!(
+        "SELECT claimed, acknowledged FROM {schema}.claim_callback($1, $2, 600, 2592000)"
+    ))
+    .bind(nonce)
+    .bind(status.code())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::Executor::execute(&mut *conn, "ROLLBACK")
+        .await
+        .unwrap();
+    claimed
+}
+
+/// A delivery at a PostgreSQL instance that serves while the copy runs (a payhook older
+/// than the copy's guard, which takes no part in it) meets a moved nonce whose copied row
+/// is not committed yet: it is told the nonce is busy, and once the copy commits its retry
+/// is a duplicate. It used to read no status, run its handler for one sled had booked, and
 /// append that status a second time. The copy is held between the nonce's row and its
 /// commit by the `trees` table, locked by the test (sled's ledger key is copied after the
 /// callbacks).
@@ -310,8 +335,7 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
     let dir = tempfile::tempdir().unwrap();
     let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
-    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
-    let shared = store.shared();
+    payhook::store::PgStore::migrate(&config).await.unwrap();
     let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
     let copy = tokio::task::spawn_blocking({
         let (sled, db) = (sled.clone(), db.clone());
@@ -325,14 +349,11 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         copy.is_finished()
     })
     .await;
-    let nonce = Nonce::from("moved-1");
     let claim = tokio::spawn({
-        let shared = std::sync::Arc::clone(&shared);
-        let nonce = nonce.clone();
+        let schema = db.schema.clone();
+        let mut older = db.connect().await;
         async move {
-            shared
-                .begin_callback(&nonce, TransactionStatus::Success, STALE)
-                .await
+            older_instance_claims(&mut older, &schema, "moved-1", TransactionStatus::Success).await
         }
     });
     // The delivery is answered at once; were it to wait behind the copy's row instead, the
@@ -360,10 +381,9 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     locked.release().await;
-    let begun = claim.await.unwrap().unwrap();
     assert_eq!(
-        begun,
-        CallbackBegin::Busy,
+        claim.await.unwrap(),
+        (false, false),
         "the copy's nonce is busy, not claimed"
     );
     let copied = copy.await.unwrap();
@@ -373,14 +393,109 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         String::from_utf8_lossy(&copied.stderr)
     );
     assert_eq!(
-        shared
-            .begin_callback(&nonce, TransactionStatus::Success, STALE)
+        older_instance_claims(
+            &mut watcher,
+            &db.schema,
+            "moved-1",
+            TransactionStatus::Success
+        )
+        .await,
+        (true, true),
+        "the retry after the copy is a duplicate"
+    );
+    drop(watcher);
+    db.drop_schema().await;
+}
+
+/// The copy refuses while an instance (or a tool) has the schema open: that instance would
+/// book again a retry of a callback sled booked that the copy has not reached yet. It waits
+/// a few seconds first, for an instance stopped just before it to close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_copy_refuses_while_an_instance_has_the_schema_open() {
+    let Some(db) = support::postgres::database("moving_beside_an_instance").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    let refused = tokio::task::spawn_blocking({
+        let (sled, db) = (sled.clone(), db.clone());
+        move || copy_from_sled(&sled, &db)
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("schema {} is open elsewhere", db.schema))
+            && said.contains("stop every one using it, then copy"),
+        "{said}"
+    );
+    let mut conn = db.connect().await;
+    let (copied,): (i64,) =
+        sqlx::query_as(&format!("SELECT count(*) FROM {}.callbacks", db.schema))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(copied, 0, "nothing was copied");
+    drop(store);
+    db.drop_schema().await;
+}
+
+/// No store opens while the copy writes: an instance starting then is refused, saying so,
+/// and opens once the copy has finished. The copy is held mid-way by the `trees` table,
+/// locked by the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_does_not_open_while_the_copy_writes() {
+    let Some(db) = support::postgres::database("opening_beside_the_copy").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    payhook::store::PgStore::migrate(&config).await.unwrap();
+    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
+    let copy = tokio::task::spawn_blocking({
+        let (sled, db) = (sled.clone(), db.clone());
+        move || copy_from_sled(&sled, &db)
+    });
+    let held = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
+        db.schema
+    );
+    db.until_counted(&held, "the copy's wait for the trees", || {
+        copy.is_finished()
+    })
+    .await;
+    let Err(refused) = ConfiguredStore::open(&config, &["ledger"]).await else {
+        panic!("an instance opened while the copy writes");
+    };
+    let refused = refused.to_string();
+    assert!(
+        refused.contains(&format!(
+            "a copy from sled (payhook store copy-from-sled) is writing into schema {}",
+            db.schema
+        )),
+        "{refused}"
+    );
+    locked.release().await;
+    let copied = copy.await.unwrap();
+    assert!(
+        copied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
+    assert_eq!(
+        store
+            .shared()
+            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
             .await
             .unwrap(),
-        CallbackBegin::Duplicate,
-        "the retry after the copy"
+        CallbackBegin::Duplicate
     );
-    drop((shared, store));
+    drop(store);
     db.drop_schema().await;
 }
 

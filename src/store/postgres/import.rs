@@ -14,7 +14,9 @@
 //! until its batch commits). Run it before the PostgreSQL instances serve: one that serves
 //! first books a retry of a callback sled booked again, and a run after they did adds back
 //! tree keys, failing callbacks and delivered results they removed since (it never
-//! overwrites what they wrote).
+//! overwrites what they wrote). So the copy refuses while another store has the schema
+//! open (waiting five seconds for one just stopped to close), and no store opens while the
+//! copy writes (see `liveness`); a payhook older than this check takes no part in it.
 
 use chrono::Utc;
 
@@ -91,9 +93,23 @@ impl PgStore {
     /// # Errors
     ///
     /// [`StoreError::Integrity`] when the sled store lost acknowledged commits;
-    /// [`StoreError::Backend`] when it cannot be read (it is in use: stop the service) or
-    /// the database fails. What was copied before an error stays; run the copy again.
+    /// [`StoreError::Backend`] when it cannot be read (it is in use: stop the service), when
+    /// another store (an instance, a tool) still has the schema open five seconds on, when
+    /// another copy writes into it, or when the database fails. What was copied before an
+    /// error stays; run the copy again.
     pub async fn import_sled(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
+        // Held until the copy ends (the connection closed, on an error too).
+        let alone =
+            super::liveness::copy_alone(self.pool(), &self.inner.schema, self.inner.owner).await?;
+        let imported = self.copy_records(sled).await?;
+        if let Err(error) = sqlx::Connection::close(alone).await {
+            tracing::debug!(error = %crate::report::InLine(&error), "the copy's lock connection closed uncleanly");
+        }
+        Ok(imported)
+    }
+
+    /// [`PgStore::import_sled`] once the copy is alone on the schema.
+    async fn copy_records(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
         let mut imported = Imported::default();
         let now_ms = u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0);
         let mut tx = self.pool().begin().await?;

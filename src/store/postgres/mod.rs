@@ -292,7 +292,7 @@ impl PgStore {
         let liveness::Liveness {
             owner,
             task: liveness,
-        } = liveness::hold(&pool).await?;
+        } = liveness::hold(&pool, &schema).await?;
         let pool_size = pool.options().get_max_connections();
         let claim_sql = format!(
             "SELECT claimed, acknowledged, previous, attempts, failing, \
