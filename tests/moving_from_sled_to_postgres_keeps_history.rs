@@ -228,6 +228,61 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     db.drop_schema().await;
 }
 
+/// Once copied, the sled directory says so, and a sled instance started on it by mistake
+/// is refused: it would book again the retries of callbacks PostgreSQL booked since. The
+/// copy itself still reads it (run again, it writes nothing); removing the file (a move
+/// abandoned) serves from sled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_sled_store_is_not_served_again() {
+    let Some(db) = support::postgres::database("moved_sled_refused").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    let copied = copy_from_sled(&sled, &db);
+    assert!(
+        copied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    let marker = sled.path.join(payhook::store::MOVED_FILE_NAME);
+    let said = std::fs::read_to_string(&marker).unwrap();
+    assert!(
+        said.starts_with(&format!("copied into PostgreSQL schema {} on ", db.schema)),
+        "{said}"
+    );
+    let Err(refused) = SledStore::open(&sled, &["ledger"]) else {
+        panic!("a moved sled store opened");
+    };
+    let refused = refused.to_string();
+    assert!(
+        refused.contains(&format!(
+            "was copied into PostgreSQL schema {} on ",
+            db.schema
+        )) && refused.contains("a sled instance would book their retries again")
+            && refused.contains(&marker.display().to_string()),
+        "{refused}"
+    );
+    let again = copy_from_sled(&sled, &db);
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("copied 0 callback record(s)"),
+        "{}",
+        String::from_utf8_lossy(&again.stdout)
+    );
+    std::fs::remove_file(&marker).unwrap();
+    let store = SledStore::open(&sled, &["ledger"]).unwrap();
+    assert_eq!(
+        store
+            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate
+    );
+    drop(store);
+    db.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
     // PostgreSQL booked a later status of a moved nonce before the copy reached it (the
@@ -474,7 +529,7 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
     let refused = refused.to_string();
     assert!(
         refused.contains(&format!(
-            "a copy from sled (payhook store copy-from-sled) is writing into schema {}",
+            "a copy from sled (payhook store copy-from-sled) holds schema {}",
             db.schema
         )),
         "{refused}"
@@ -496,6 +551,59 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
         CallbackBegin::Duplicate
     );
     drop(store);
+    db.drop_schema().await;
+}
+
+/// A store whose every connection holding the schema open was lost at the moment the copy
+/// looked (a proxy restarted, its sessions terminated) holds it again at its next check: the
+/// copy sees it before it commits its next batch, and stops saying who has the schema open,
+/// rather than copy on beside an instance that serves. The test holds the schema open as
+/// such a store does, while the copy waits for the `trees` table it locked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
+    let Some(db) = support::postgres::database("store_back_mid_copy").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    payhook::store::PgStore::migrate(&config).await.unwrap();
+    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
+    let copy = tokio::task::spawn_blocking({
+        let (sled, db) = (sled.clone(), db.clone());
+        move || copy_from_sled(&sled, &db)
+    });
+    let held = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
+        db.schema
+    );
+    db.until_counted(&held, "the copy's wait for the trees", || {
+        copy.is_finished()
+    })
+    .await;
+    let mut back = db.connect().await;
+    // The schema's open lock ("payo", hashtext of the schema), as a store holds it.
+    sqlx::query("SELECT pg_advisory_lock_shared(x'7061796f'::int, hashtext($1))")
+        .bind(&db.schema)
+        .execute(&mut back)
+        .await
+        .unwrap();
+    locked.release().await;
+    let stopped = copy.await.unwrap();
+    let said = String::from_utf8_lossy(&stopped.stderr).into_owned();
+    assert!(!stopped.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("schema {} is open elsewhere", db.schema))
+            && said.contains("from 127.0.0.1"),
+        "{said}"
+    );
+    let (copied,): (i64,) =
+        sqlx::query_as(&format!("SELECT count(*) FROM {}.callbacks", db.schema))
+            .fetch_one(&mut back)
+            .await
+            .unwrap();
+    assert_eq!(copied, 0, "the batch was not committed");
+    drop(back);
     db.drop_schema().await;
 }
 

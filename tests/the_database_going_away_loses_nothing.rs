@@ -388,6 +388,9 @@ async fn connections_outlive_an_idle_session_limit_of_the_database() {
             PgStore::open(&config.store, &[]).await.unwrap()
         };
         let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+        let mut conn = db.connect().await;
+        let holders = liveness_holders(&mut conn, &role).await;
+        assert_eq!(holders.len(), 2, "the lock is held on two connections");
         for nonce in ["idle-1", "idle-2", "idle-3"] {
             let body = with(CALLBACK, "/nonce", Some(serde_json::json!(nonce)));
             let request = post(
@@ -397,26 +400,31 @@ async fn connections_outlive_an_idle_session_limit_of_the_database() {
             );
             let answer = exchange(server.addr, &request).await;
             assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
-            // Every connection idles five times the role's limit.
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Every connection idles ten times the role's limit; the three together outlast
+            // the liveness lock's check (every 2 s).
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        let mut conn = db.connect().await;
-        let (holding,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = x'70617968'::int::oid \
-               AND a.usename = $1",
-        )
-        .bind(&role)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
         assert_eq!(
-            holding, 2,
-            "both liveness connections still hold the lock (merchant's pool: {merchants_pool})"
+            liveness_holders(&mut conn, &role).await,
+            holders,
+            "the same two connections hold the lock (merchant's pool: {merchants_pool})"
         );
         assert_eq!(server.merchant.calls().len(), 3);
         drop((server, conn));
         db.drop_schema().await;
         admin(&db, &format!("DROP ROLE {role}")).await;
     }
+}
+
+/// The sessions of role `role` holding a liveness lock.
+async fn liveness_holders(conn: &mut sqlx::PgConnection, role: &str) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = x'70617968'::int::oid \
+           AND a.usename = $1 ORDER BY l.pid",
+    )
+    .bind(role)
+    .fetch_all(conn)
+    .await
+    .unwrap()
 }

@@ -307,7 +307,7 @@ pub use record::{Fingerprint, RecordedDecision};
 pub use settings::StoreConfig;
 #[cfg(feature = "sim")]
 pub(crate) use sled_store::open_locked;
-pub use sled_store::{BenchmarkStore, CommitHold, HoldPoint, KeyValue, SledStore};
+pub use sled_store::{BenchmarkStore, CommitHold, HoldPoint, KeyValue, MOVED_FILE_NAME, SledStore};
 pub use watermark::{IntegrityError, IntegrityReport, Seal};
 
 /// The store's traits, for calling their methods on a concrete store (`SledStore`,

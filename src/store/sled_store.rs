@@ -120,7 +120,9 @@ impl SledStore {
     /// [`StoreError::Unsupported`] when `config.url` names a PostgreSQL database: a service
     /// configured for one must not go on alone on a directory of its own, each instance
     /// booking what the others booked (open [`super::ConfiguredStore`], which opens what
-    /// the configuration names).
+    /// the configuration names); [`StoreError::Unsupported`] too when the store was copied
+    /// into PostgreSQL (`payhook store copy-from-sled` marks its directory): its callbacks
+    /// are booked there since, and a sled instance would book their retries again.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         if config.is_postgres() {
             return Err(StoreError::Unsupported(
@@ -131,7 +133,44 @@ impl SledStore {
                     .into(),
             ));
         }
+        refuse_if_moved(config)?;
         Self::open_with(config, trees, Destination::Sled)
+    }
+
+    /// Marks the store at `config.path` as copied into PostgreSQL schema `schema` (a file
+    /// [`MOVED_FILE_NAME`] in its directory, saying where and when): [`SledStore::open`]
+    /// refuses it from then on. A copy run again reads it as before.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when the file cannot be written and made durable.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn mark_moved(config: &StoreConfig, schema: &str) -> Result<(), StoreError> {
+        use std::io::Write as _;
+        let said = format!(
+            "copied into PostgreSQL schema {schema} on {} by payhook store copy-from-sled; \
+             the service books its callbacks there since\n",
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        let path = config.path.join(MOVED_FILE_NAME);
+        std::fs::File::create(&path)
+            .and_then(|mut file| {
+                file.write_all(said.as_bytes())?;
+                file.sync_all()
+            })
+            .and_then(|()| std::fs::File::open(&config.path)?.sync_all())
+            .map_err(|e| {
+                StoreError::backend(
+                    format!(
+                        "the copy is complete, but {} cannot be written to mark the sled store \
+                         as moved (a sled instance started on it would book again what \
+                         PostgreSQL books); make the directory writable and run the copy again \
+                         (it writes nothing twice)",
+                        path.display()
+                    ),
+                    e,
+                )
+            })
     }
 
     /// **For benchmarks only — it keeps no acknowledged write.** The store with its whole
@@ -417,6 +456,31 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
 }
 
 /// Refuses a directory that holds no store (an offline command must not create one).
+/// The file in a sled store's directory saying it was copied into PostgreSQL.
+pub const MOVED_FILE_NAME: &str = "MOVED-TO-POSTGRESQL";
+
+/// Refuses a store copied into PostgreSQL (see [`SledStore::mark_moved`]), saying where to and
+/// how to serve from sled again should the move be abandoned.
+fn refuse_if_moved(config: &StoreConfig) -> Result<(), StoreError> {
+    let path = config.path.join(MOVED_FILE_NAME);
+    match std::fs::read_to_string(&path) {
+        Ok(said) => Err(StoreError::Unsupported(format!(
+            "the sled store at {} was {}: its callbacks are booked in PostgreSQL since, and a sled \
+             instance would book their retries again; set store.url to serve from PostgreSQL \
+             (if the move was abandoned and nothing was served from PostgreSQL, remove {} to \
+             serve from sled again)",
+            config.path.display(),
+            said.trim_end().split(';').next().unwrap_or_default(),
+            path.display()
+        ))),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(StoreError::backend(
+            format!("cannot read {}", path.display()),
+            error,
+        )),
+    }
+}
+
 fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
     if config.path.join("db").is_file() || config.path.join(super::watermark::FILE_NAME).is_file() {
         Ok(())

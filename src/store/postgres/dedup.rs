@@ -644,7 +644,7 @@ impl PgStore {
         .bind(claim_id(claim))
         .bind(self.retention_secs())
         .bind(stale_after.as_secs_f64())
-        .bind(self.inner.owner)
+        .bind(self.inner.liveness.owner)
         .fetch_optional(self.pool())
         .await?;
         if claimed.is_some() {

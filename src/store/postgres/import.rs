@@ -14,9 +14,12 @@
 //! until its batch commits). Run it before the PostgreSQL instances serve: one that serves
 //! first books a retry of a callback sled booked again, and a run after they did adds back
 //! tree keys, failing callbacks and delivered results they removed since (it never
-//! overwrites what they wrote). So the copy refuses while another store has the schema
-//! open (waiting five seconds for one just stopped to close), and no store opens while the
-//! copy writes (see `liveness`); a payhook older than this check takes no part in it.
+//! overwrites what they wrote). The copy refuses while another store has the schema open
+//! (waiting five seconds for one just stopped to close), stops when one holds it again
+//! before a batch commits, and no store opens while the copy holds it (see `liveness`); a
+//! payhook older than this check takes no part in it. Nothing guards a copy run again
+//! after instances served and stopped. Once everything is copied, the sled directory is
+//! marked as moved, and a sled store refuses to open on it.
 
 use chrono::Utc;
 
@@ -25,6 +28,7 @@ use super::super::keys;
 use super::super::record::{CallbackRecord, ValidationRecord, decode};
 use super::super::{SledStore, StoreConfig, StoreError, time_from_ms};
 use super::PgStore;
+use super::liveness::CopyLock;
 use crate::postponed::record::PostponedValidation;
 
 /// What a copy wrote (rows already in the database are not counted).
@@ -97,19 +101,28 @@ impl PgStore {
     /// another store (an instance, a tool) still has the schema open five seconds on, when
     /// another copy writes into it, or when the database fails. What was copied before an
     /// error stays; run the copy again.
+    ///
+    /// Once everything is copied, the sled directory is marked as moved
+    /// ([`MOVED_FILE_NAME`](crate::store::MOVED_FILE_NAME)): [`SledStore::open`] refuses it
+    /// from then on, so that a sled instance started by mistake does not book again what
+    /// PostgreSQL books. A copy run again reads it as before.
     pub async fn import_sled(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
-        // Held until the copy ends (the connection closed, on an error too).
-        let alone =
-            super::liveness::copy_alone(self.pool(), &self.inner.schema, self.inner.owner).await?;
-        let imported = self.copy_records(sled).await?;
-        if let Err(error) = sqlx::Connection::close(alone).await {
-            tracing::debug!(error = %crate::report::InLine(&error), "the copy's lock connection closed uncleanly");
-        }
+        // Held until the copy ends (its connection closed on an error).
+        let mut alone =
+            CopyLock::take(self.pool(), &self.inner.schema, self.inner.liveness.owner).await?;
+        let imported = self.copy_records(sled, &mut alone).await?;
+        SledStore::mark_moved(sled, &self.inner.schema)?;
+        alone.release().await;
         Ok(imported)
     }
 
-    /// [`PgStore::import_sled`] once the copy is alone on the schema.
-    async fn copy_records(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
+    /// [`PgStore::import_sled`] once the copy holds the schema alone; it checks that it
+    /// still does before each batch it commits.
+    async fn copy_records(
+        &self,
+        sled: &StoreConfig,
+        alone: &mut CopyLock,
+    ) -> Result<Imported, StoreError> {
         let mut imported = Imported::default();
         let now_ms = u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0);
         let mut tx = self.pool().begin().await?;
@@ -126,11 +139,13 @@ impl PgStore {
                 Copied::Later(validation) => past_retention.push(*validation),
             }
             if in_batch >= BATCH {
+                alone.still_alone().await?;
                 tx.commit().await?;
                 tx = self.pool().begin().await?;
                 in_batch = 0;
             }
         }
+        alone.still_alone().await?;
         tx.commit().await?;
         // Once every postponed validation is in: those past their retention whose nonce's
         // validation still awaits its result.
@@ -143,6 +158,7 @@ impl PgStore {
                     imported.expired += 1;
                 }
             }
+            alone.still_alone().await?;
             tx.commit().await?;
         }
         tracing::info!(%imported, "sled store copied into PostgreSQL");

@@ -167,9 +167,9 @@ struct Inner {
     schema: String,
     trees: Vec<String>,
     retention: Duration,
-    /// This instance's number in claims, and the second key of its liveness lock.
-    owner: i32,
-    liveness: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// This instance's number in claims (`liveness.owner`, the second key of its liveness
+    /// lock); its holds let go when the store is dropped.
+    liveness: liveness::Liveness,
     sweeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The callbacks this instance has claimed and not yet booked or released.
     claims: claim::HeldClaims,
@@ -184,14 +184,13 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for task in [&mut self.sweeper, &mut self.liveness] {
-            if let Some(task) = task
-                .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
-            {
-                task.abort();
-            }
+        if let Some(task) = self
+            .sweeper
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
         }
     }
 }
@@ -264,6 +263,9 @@ impl PgStore {
     ) -> Result<Self, StoreError> {
         crate::store::effects::check_tree_names(trees)?;
         let schema = config.schema.clone();
+        // Before the migrations: a copy from sled holding the schema refuses the store
+        // before it writes anything (the migrations' locks would stall the copy).
+        let liveness = liveness::hold(&pool, &schema).await?;
         // Taken out of the pool: an open given up mid-way (its future dropped) closes it
         // with its statements unbounded and the migrations' lock held or awaited, rather
         // than hand it so to the pool's next user.
@@ -289,10 +291,6 @@ impl PgStore {
         if let Err(error) = sqlx::Connection::close(conn).await {
             tracing::debug!(error = %crate::report::InLine(&error), "the migrations' connection closed uncleanly");
         }
-        let liveness::Liveness {
-            owner,
-            task: liveness,
-        } = liveness::hold(&pool, &schema).await?;
         let pool_size = pool.options().get_max_connections();
         let claim_sql = format!(
             "SELECT claimed, acknowledged, previous, attempts, failing, \
@@ -305,8 +303,7 @@ impl PgStore {
                 schema,
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
                 retention: config.retention,
-                owner,
-                liveness: std::sync::Mutex::new(Some(liveness)),
+                liveness,
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size, begin),
                 claim_sql,
@@ -651,9 +648,9 @@ fn owner_alive(column: &str) -> String {
 /// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
 /// claim is a transaction that idles while its handler runs, and closed it would let a
 /// retry's handler run beside the first one, and the first one's booking fail. Nor is one
-/// closed for idling outside a transaction (`idle_session_timeout`): the liveness lock's
-/// connections idle between their checks, and closed so, the instance would look dead to
-/// the others.
+/// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
+/// not tested before it is used, and one closed so would fail the request that took it
+/// next. (The liveness lock's connections set both themselves: see `liveness`.)
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
@@ -667,10 +664,22 @@ async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> 
             ("synchronous_commit", "on"),
             ("statement_timeout", statement_ms.as_str()),
             ("idle_in_transaction_session_timeout", "0"),
-            ("idle_session_timeout", "0"),
         ]);
     PgPoolOptions::new()
         .max_connections(size)
+        // Not a start-up option: a server before 14 would refuse the connection over a
+        // setting it does not know, before the version check could say what is wrong.
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(
+                    conn,
+                    "SELECT set_config('idle_session_timeout', '0', false) \
+                     WHERE current_setting('idle_session_timeout', true) IS NOT NULL",
+                )
+                .await
+                .map(drop)
+            })
+        })
         .acquire_timeout(config.connect_timeout)
         // No round trip before each use: a connection the database dropped fails its
         // request (503, retried) and is replaced.

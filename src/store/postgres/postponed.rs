@@ -347,7 +347,7 @@ impl PostponedStore for PgStore {
                 alive = super::owner_alive("lease_owner")
             )))
             .bind(now)
-            .bind(self.inner.owner)
+            .bind(self.inner.liveness.owner)
             .bind(OUTBOX_LEASE.as_secs_f64())
             .bind(OUTBOX_BATCH)
             .fetch_all(self.pool())
@@ -360,7 +360,7 @@ impl PostponedStore for PgStore {
             due.now.sort_by_key(|r| r.validation_id);
             let next = sqlx::query(&self.sql(&outbox_next_sql()))
                 .bind(now)
-                .bind(self.inner.owner)
+                .bind(self.inner.liveness.owner)
                 .fetch_one(self.pool())
                 .await?;
             due.next = next.try_get(0)?;
@@ -384,7 +384,7 @@ impl PostponedStore for PgStore {
                  RETURNING validation_id",
             ))
             .bind(&ids)
-            .bind(self.inner.owner)
+            .bind(self.inner.liveness.owner)
             .bind(OUTBOX_LEASE.as_secs_f64())
             .fetch_all(self.pool())
             .await?;
@@ -594,7 +594,7 @@ impl PgStore {
         .bind(index.deadline_at)
         .bind(index.deliver_at)
         .bind(self.retention_secs())
-        .bind(self.inner.owner)
+        .bind(self.inner.liveness.owner)
         .execute(&mut *conn)
         .await?;
         Ok(())
