@@ -358,7 +358,10 @@ enum StoreCommand {
     Migrate,
     /// Copy a stopped sled store (its records within retention, failing callbacks,
     /// postponed validations and outbox, and the merchant's trees) into the PostgreSQL
-    /// database of store.url. Idempotent: run it again after an interruption.
+    /// database of store.url. Idempotent: run it again after an interruption. Refuses
+    /// while another payhook has store.schema open (no instance opens it while the copy
+    /// runs); once done, marks the sled directory MOVED-TO-POSTGRESQL, which a sled
+    /// instance then refuses.
     CopyFromSled {
         /// The sled store's directory (default: store.path of the configuration).
         #[arg(long)]
