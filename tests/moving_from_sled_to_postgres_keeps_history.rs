@@ -146,6 +146,35 @@ fn copy_from_sled(sled: &StoreConfig, db: &support::postgres::TestDb) -> std::pr
         .unwrap()
 }
 
+/// A copy of a sled store with history (in `dir`) into `db`, once migrated, run by the
+/// command and held by the test after it wrote its callbacks' rows and before it commits
+/// them: the `trees` table, which it writes next, is locked until the test releases it.
+async fn copy_held_at_the_trees(
+    dir: &tempfile::TempDir,
+    db: &support::postgres::TestDb,
+    config: &StoreConfig,
+) -> (
+    support::postgres::Locked,
+    tokio::task::JoinHandle<std::process::Output>,
+) {
+    let sled = sled_with_history(dir).await;
+    payhook::store::PgStore::migrate(config).await.unwrap();
+    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
+    let copy = tokio::task::spawn_blocking({
+        let db = db.clone();
+        move || copy_from_sled(&sled, &db)
+    });
+    let held = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
+        db.schema
+    );
+    db.until_counted(&held, "the copy's wait for the trees", || {
+        copy.is_finished()
+    })
+    .await;
+    (locked, copy)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let Some(db) = support::postgres::database("moving_from_sled").await else {
@@ -388,22 +417,8 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
-    payhook::store::PgStore::migrate(&config).await.unwrap();
-    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
-    let copy = tokio::task::spawn_blocking({
-        let (sled, db) = (sled.clone(), db.clone());
-        move || copy_from_sled(&sled, &db)
-    });
-    let held = format!(
-        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
-        db.schema
-    );
-    db.until_counted(&held, "the copy's wait for the trees", || {
-        copy.is_finished()
-    })
-    .await;
+    let (locked, copy) = copy_held_at_the_trees(&dir, &db, &config).await;
     let claim = tokio::spawn({
         let schema = db.schema.clone();
         let mut older = db.connect().await;
@@ -507,22 +522,8 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
-    payhook::store::PgStore::migrate(&config).await.unwrap();
-    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
-    let copy = tokio::task::spawn_blocking({
-        let (sled, db) = (sled.clone(), db.clone());
-        move || copy_from_sled(&sled, &db)
-    });
-    let held = format!(
-        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
-        db.schema
-    );
-    db.until_counted(&held, "the copy's wait for the trees", || {
-        copy.is_finished()
-    })
-    .await;
+    let (locked, copy) = copy_held_at_the_trees(&dir, &db, &config).await;
     let Err(refused) = ConfiguredStore::open(&config, &["ledger"]).await else {
         panic!("an instance opened while the copy writes");
     };
@@ -565,22 +566,8 @@ async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
-    payhook::store::PgStore::migrate(&config).await.unwrap();
-    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
-    let copy = tokio::task::spawn_blocking({
-        let (sled, db) = (sled.clone(), db.clone());
-        move || copy_from_sled(&sled, &db)
-    });
-    let held = format!(
-        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
-        db.schema
-    );
-    db.until_counted(&held, "the copy's wait for the trees", || {
-        copy.is_finished()
-    })
-    .await;
+    let (locked, copy) = copy_held_at_the_trees(&dir, &db, &config).await;
     let mut back = db.connect().await;
     // The schema's open lock ("payo", hashtext of the schema), as a store holds it.
     sqlx::query("SELECT pg_advisory_lock_shared(x'7061796f'::int, hashtext($1))")
