@@ -42,7 +42,9 @@
 
 use payhook::Config;
 use payhook::model::parse_amount;
-use payhook::sim::example_merchant::{Merchant, ProviderTags, app, open_store, review};
+use payhook::sim::example_merchant::{
+    Merchant, ProviderTags, app, open_existing_store, open_store, review,
+};
 use rust_decimal::Decimal;
 
 /// The example's command line: no arguments serves; an operating command runs it.
@@ -125,8 +127,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let review_above = config.validation.awaitable.then_some(review_above);
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
-        // its ledger); the service itself must be stopped: one process holds the store.
-        let store = open_store(&config).await.map_err(payhook::Error::from)?;
+        // its ledger); the service itself must be stopped: one process holds the store. A
+        // store.path naming no store is refused, not opened empty.
+        let store = open_existing_store(&config)
+            .await
+            .map_err(payhook::Error::from)?;
         let merchant = Merchant {
             max_amount,
             review_above,

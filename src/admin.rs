@@ -649,6 +649,18 @@ impl AdminCommand {
                 for id in &reference_ids {
                     let answered = match client.reconcile(std::slice::from_ref(id)).await {
                         Ok(answered) => answered,
+                        // No answer: the service may have booked it, or may still (its
+                        // booking runs on beside a client that gave up waiting).
+                        Err(AdminError::Remote { status: 0, message }) => {
+                            failed += 1;
+                            writeln!(
+                                out,
+                                "{id}: outcome unknown ({message}): the service may have booked \
+                                 it; run reconcile again to see (it books nothing twice), and do \
+                                 not book it by hand meanwhile"
+                            )?;
+                            continue;
+                        }
                         Err(error) => {
                             failed += 1;
                             writeln!(
@@ -752,8 +764,9 @@ pub async fn reconcile(
 /// Without the callback handler: tells, per reference id, whether its result is booked in
 /// `store` or was lost (and must be booked by the service's own binary, or by hand when its
 /// record cannot be booked: one without `merchantClientId`, say, or whose nonce or client
-/// id is longer than `max_chars`), or whether that cannot be told (the record is beyond the
-/// retention, or carries no time).
+/// id is longer than `max_chars`), or whether that cannot be told (the transaction was
+/// created beyond the retention, or its record carries no creation time). A lookup that
+/// answers about another transaction is not checked.
 ///
 /// # Errors
 ///
@@ -768,6 +781,13 @@ pub async fn report(
     let mut lost = 0;
     for &id in reference_ids {
         let line = match gateway.transaction(id).await {
+            Ok(record) if record.transaction_reference_id != id => {
+                lost += 1;
+                format!(
+                    "{id}: NOT checked: the lookup answered with transaction {}",
+                    record.transaction_reference_id
+                )
+            }
             Ok(record) if !record.transaction_status.sent_in_callbacks() => format!(
                 "{id}: not final yet ({}); nothing to book",
                 record.transaction_status

@@ -630,13 +630,18 @@ async fn the_command_line_operates_the_running_example_merchant() {
     .await;
     assert_eq!(code, 2);
     assert!(out.contains("PAYHOOK_ADMIN_TOKEN"), "{out}");
-    // A service that cannot be asked: every transaction is told as not reconciled, not
-    // only the first (the rest were left untold).
+    // A service that does not answer: every transaction is told, not only the first (the
+    // rest were left untold), and told as unknown — not as "NOT reconciled", which invites
+    // booking by hand what a service that stopped answering may have booked.
     child.kill();
     let (code, out) = run(reconcile_both, env_with_token).await;
     assert_eq!(code, 2, "{out}");
     for id in [reference.as_str(), unknown] {
-        assert!(out.contains(&format!("{id}: NOT reconciled")), "{out}");
+        assert!(
+            out.contains(&format!("{id}: outcome unknown"))
+                && out.contains("run reconcile again to see"),
+            "{out}"
+        );
     }
 }
 

@@ -188,11 +188,14 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
                 "merchantClientId": "client-42", "accountData": {}, "nonce": "nonce-lost",
                 "amount": 25.50, "currency": "EUR", "transactionType": 1, "transactionStatus": 4,
                 "transactionStatusMessage": "Success", "callbackDeliveryStatus": "Failed",
-                "isCallbackSendingCanceled": true, "updatedUtc": chrono::Utc::now().to_rfc3339()
+                "isCallbackSendingCanceled": true, "createdUtc": chrono::Utc::now().to_rfc3339(),
+                "updatedUtc": chrono::Utc::now().to_rfc3339()
             }),
         )
     });
     let dir = tempfile::tempdir().unwrap();
+    // The service's store: it ran before.
+    drop(payhook::store::SledStore::open(&config_at(&dir.path().join("store")), &[]).unwrap());
     let env = env(&gateway, &dir.path().join("store"));
 
     let (code, stdout, stderr) = payhook(&["transaction", REFERENCE], &env).await;
@@ -235,12 +238,13 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains(": booked (4 (success))"), "{stdout}");
 
-    // A lost result whose record carries no time may have been booked and purged long ago:
-    // not reported LOST (which invites booking it again), but as one that cannot be told.
+    // A lost result whose record carries no creation time may have been booked and purged
+    // long ago: not reported LOST (which invites booking it again), but as one that cannot
+    // be told.
     gateway.with(|s| {
         let record = s.transactions.get_mut(REFERENCE).unwrap();
         record["nonce"] = json!("nonce-untold");
-        record.as_object_mut().unwrap().remove("updatedUtc");
+        record.as_object_mut().unwrap().remove("createdUtc");
     });
     let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
     assert_eq!(code, 2);
@@ -248,4 +252,71 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
         stdout.contains("cannot tell") && !stdout.contains("LOST"),
         "{stdout}"
     );
+
+    // A lookup that answers about another transaction tells nothing of this one: neither
+    // booked nor LOST.
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(REFERENCE).unwrap();
+        record["nonce"] = json!("nonce-lost");
+        record["transactionReferenceId"] = json!("0b7e5a52-2f59-4c1e-9d0c-000000000009");
+    });
+    let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains(
+            "NOT checked: the lookup answered with transaction 0b7e5a52-2f59-4c1e-9d0c-000000000009"
+        ) && !stdout.contains("booked"),
+        "{stdout}"
+    );
+}
+
+/// The store settings of a sled store in `path`.
+fn config_at(path: &Path) -> payhook::store::StoreConfig {
+    payhook::store::StoreConfig {
+        path: path.to_owned(),
+        ..payhook::store::StoreConfig::default()
+    }
+}
+
+/// An operating command pointed at a directory that holds no store (a relative
+/// `store.path` read from another directory, a missing `PAYHOOK_STORE_PATH`) is refused,
+/// and creates nothing there: it used to open a new, empty store, in which `reconcile`
+/// reported every booked result LOST — an invitation to book it by hand a second time —
+/// and `validations list --pending` showed nothing waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operating_command_on_a_path_without_a_store_is_refused_and_creates_nothing() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.transactions.insert(
+            REFERENCE.to_owned(),
+            json!({
+                "id": 1001, "transactionReferenceId": REFERENCE, "merchantClientId": "client-42",
+                "nonce": "nonce-booked", "amount": 25.50, "currency": "EUR", "transactionType": 1,
+                "transactionStatus": 4, "createdUtc": chrono::Utc::now().to_rfc3339()
+            }),
+        )
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = dir.path().join("not-the-store");
+    let env = env(&gateway, &nowhere);
+    for args in [
+        &["reconcile", "--ref", REFERENCE][..],
+        &["validations", "list", "--pending"][..],
+        &["callbacks", "failing"][..],
+    ] {
+        let (code, stdout, stderr) = payhook(args, &env).await;
+        assert_eq!(code, 2, "{args:?}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(&format!("there is no store at {}", nowhere.display()))
+                && !stdout.contains("LOST"),
+            "{args:?}: {stdout}{stderr}"
+        );
+        assert!(!nowhere.exists(), "{args:?} created a store");
+    }
+    // The merchant's own binary, which books through its handlers, refuses it too.
+    let output = run(example_binary(), &["reconcile", "--ref", REFERENCE], &env).await;
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(said.contains("there is no store at"), "{said}");
+    assert!(!nowhere.exists(), "the merchant's binary created a store");
 }

@@ -141,6 +141,25 @@ async fn a_transaction_older_than_the_retention_is_not_booked_again() {
         "{outcome:?}"
     );
     assert_eq!(callback_count(&server), 0);
+    // Created beyond it and changed yesterday (the aggregator records its callbacks'
+    // delivery after the booking): the booking may be as old as the creation, its record
+    // purged since. It used to be judged by the change, and booked again.
+    let mut config = test_config();
+    config.store.retention = std::time::Duration::from_secs(40 * 24 * 3600);
+    let (gateway, client, server) = setup_aged(4, chrono::Duration::days(1), config).await;
+    gateway.with(|s| {
+        let created = chrono::Utc::now() - chrono::Duration::days(45);
+        s.transactions.get_mut(LOST).unwrap()["createdUtc"] = json!(created.to_rfc3339());
+    });
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(&outcome[0].1, Err(ReconcileError::BeyondRetention { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(callback_count(&server), 0);
     // Within the retention less a day of clock skew, it is booked.
     let (outcome, server, _gateway) = reconcile_aged(38).await;
     assert!(
@@ -191,14 +210,22 @@ async fn a_record_without_a_time_a_client_or_a_nonce_is_refused_not_booked() {
     // Each change makes a record the lookup may answer, but that is not booked: without a
     // time its booking may be long purged; without a client or with a blank nonce its
     // callback would be refused (400); about another transaction it is not the one asked.
-    let cases: [(&str, Change, &str); 6] = [
+    let cases: [(&str, Change, &str); 7] = [
         (
             "no time",
             |r| {
                 r["createdUtc"] = json!(null);
                 r.as_object_mut().unwrap().remove("updatedUtc");
             },
-            "no updatedUtc or createdUtc",
+            "no createdUtc",
+        ),
+        (
+            // The last change comes after the booking, and says nothing of when it was.
+            "only its last change",
+            |r| {
+                r.as_object_mut().unwrap().remove("createdUtc");
+            },
+            "no createdUtc",
         ),
         (
             "no client",

@@ -118,8 +118,12 @@ pub(crate) fn last_change(
     updated: Option<DateTime<Utc>>,
     created: Option<DateTime<Utc>>,
 ) -> Option<DateTime<Utc>> {
-    let real = |time: &DateTime<Utc>| time.year() >= 2000;
-    updated.filter(real).or(created.filter(real))
+    real(updated).or(real(created))
+}
+
+/// `time`, unless it is no real time (before the year 2000: see [`last_change`]).
+pub(crate) fn real(time: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    time.filter(|time| time.year() >= 2000)
 }
 
 /// Milliseconds since the Unix epoch, now (0 for a clock set before 1970, as

@@ -47,21 +47,22 @@ pub enum ReconcileError {
     /// could book a result its callback booked already.
     #[error("reconcile needs the store's deduplication records; the app runs without a store")]
     NoStore,
-    /// The transaction's last change is older than the store's retention, less a day for
-    /// clock skew: its deduplication record may be purged, so whether its callback was
-    /// booked can no longer be told. Check the merchant's own books instead.
+    /// The transaction was created before the store's retention, less an allowance for
+    /// clock skew: its result may have been booked that long ago and its deduplication
+    /// record purged since, so whether its callback was booked can no longer be told. Check
+    /// the merchant's own books instead.
     #[error(
-        "the transaction last changed {updated}, beyond the store's retention: whether it was booked cannot be told; not booked again"
+        "the transaction was created {created}, beyond the store's retention: whether it was booked cannot be told; not booked again"
     )]
     BeyondRetention {
-        /// The transaction's `updatedUtc` (or `createdUtc`).
-        updated: DateTime<Utc>,
+        /// The transaction's `createdUtc`.
+        created: DateTime<Utc>,
     },
-    /// The aggregator's record carries neither `updatedUtc` nor `createdUtc`: its age, and
-    /// so whether its booking's record may have been purged, cannot be told. Not booked, as
-    /// for a record beyond the retention.
+    /// The aggregator's record carries no `createdUtc`: when its result may have been
+    /// booked, and so whether its booking's record may have been purged, cannot be told.
+    /// Not booked, as for a record beyond the retention.
     #[error(
-        "the transaction's record has no updatedUtc or createdUtc: whether it was booked cannot be told; not booked"
+        "the transaction's record has no createdUtc: whether it was booked cannot be told; not booked"
     )]
     UnknownAge,
 }
@@ -180,20 +181,23 @@ pub(crate) fn bookable(
 
 /// Why whether `record`'s result was booked cannot be told from a store of `retention`: a
 /// callback's record is kept for the retention after it was acknowledged, which is after
-/// the transaction's last change; beyond that horizon (less a tenth of it, at most
-/// [`CLOCK_SKEW`]), or without any time (it may be long purged), a missing record proves
-/// nothing. `None` within it.
+/// the transaction was created — the one time the lookup gives that is known to come no
+/// later than the booking (`updatedUtc` may: the aggregator's record changes after the
+/// result was booked, as its callbacks' delivery is recorded, and a record booked a month
+/// ago and touched yesterday would read as recent once the booking's record was purged).
+/// Beyond that horizon (less a tenth of it, at most [`CLOCK_SKEW`]), or without a creation
+/// time, a missing record proves nothing. `None` within it.
 pub(crate) fn untellable(
     record: &crate::model::TransactionRecord,
     retention: Duration,
 ) -> Option<ReconcileError> {
-    let changed = crate::model::timestamp::last_change(record.updated_utc, record.created_utc);
-    if changed.is_none() {
+    let created = crate::model::timestamp::real(record.created_utc);
+    if created.is_none() {
         return Some(ReconcileError::UnknownAge);
     }
     let horizon = retention.saturating_sub(CLOCK_SKEW.min(retention / 10));
-    super::exactly_once::beyond_horizon(changed, horizon)
-        .map(|updated| ReconcileError::BeyondRetention { updated })
+    super::exactly_once::beyond_horizon(created, horizon)
+        .map(|created| ReconcileError::BeyondRetention { created })
 }
 
 #[cfg(test)]
@@ -201,11 +205,11 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
-    fn changed_ago(ago: chrono::TimeDelta) -> crate::model::TransactionRecord {
-        let changed = (chrono::Utc::now() - ago).format("%Y-%m-%dT%H:%M:%SZ");
+    fn created_ago(ago: chrono::TimeDelta) -> crate::model::TransactionRecord {
+        let created = (chrono::Utc::now() - ago).format("%Y-%m-%dT%H:%M:%SZ");
         serde_json::from_str(&format!(
             r#"{{"id":1,"transactionReferenceId":"6f0b2a3e-31c2-4f4e-9d3c-1c7e3d5f2a10",
-                "nonce":"n-1","amount":1,"currency":"EUR","transactionType":1,"transactionStatus":4,"updatedUtc":"{changed}"}}"#
+                "nonce":"n-1","amount":1,"currency":"EUR","transactionType":1,"transactionStatus":4,"createdUtc":"{created}"}}"#
         ))
         .unwrap()
     }
@@ -215,20 +219,20 @@ mod tests {
     #[test]
     fn a_short_retention_still_tells_a_recent_change() {
         let hour = Duration::from_secs(3600);
-        let recent = changed_ago(chrono::TimeDelta::minutes(1));
+        let recent = created_ago(chrono::TimeDelta::minutes(1));
         assert!(untellable(&recent, hour).is_none());
         assert!(untellable(&recent, 24 * hour).is_none());
-        let old = changed_ago(chrono::TimeDelta::minutes(58));
+        let old = created_ago(chrono::TimeDelta::minutes(58));
         assert!(matches!(
             untellable(&old, hour),
             Some(ReconcileError::BeyondRetention { .. })
         ));
         // A month's retention keeps its day of allowance.
         let month = 30 * 24 * hour;
-        assert!(untellable(&changed_ago(chrono::TimeDelta::days(28)), month).is_none());
+        assert!(untellable(&created_ago(chrono::TimeDelta::days(28)), month).is_none());
         assert!(
             untellable(
-                &changed_ago(chrono::TimeDelta::days(29) + chrono::TimeDelta::hours(1)),
+                &created_ago(chrono::TimeDelta::days(29) + chrono::TimeDelta::hours(1)),
                 month
             )
             .is_some()

@@ -684,6 +684,18 @@ pub async fn open_store(config: &Config) -> Result<ConfiguredStore, crate::store
     ConfiguredStore::open(&config.store, &[ENTRIES, BALANCES, QUARANTINE]).await
 }
 
+/// Opens the configured store as [`open_store`] does, only where the service has written
+/// one: for an operating command ([`ConfiguredStore::open_existing`]).
+///
+/// # Errors
+///
+/// As [`ConfiguredStore::open_existing`].
+pub async fn open_existing_store(
+    config: &Config,
+) -> Result<ConfiguredStore, crate::store::StoreError> {
+    ConfiguredStore::open_existing(&config.store, &[ENTRIES, BALANCES, QUARANTINE]).await
+}
+
 /// The merchant's app: its rules behind payhook's three endpoints, its ledger in `store`.
 ///
 /// # Errors

@@ -53,6 +53,28 @@ impl ConfiguredStore {
         Ok(Self::Sled(SledStore::open(config, trees)?))
     }
 
+    /// Opens the store `config` names only where a service has written one, for a command
+    /// that reads what the service holds (`payhook reconcile`, `validations`, `callbacks`
+    /// without `--admin-url`): a `store.path` or `store.schema` that names nothing would
+    /// otherwise open a new, empty store, in which every booked result reads as missing —
+    /// and a result booked by hand on that word is booked twice.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when sled has no store at `store.path`, or the database has
+    /// no payhook tables in `store.schema`; otherwise as [`ConfiguredStore::open`].
+    pub async fn open_existing(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
+        #[cfg(feature = "postgres")]
+        if config.is_postgres() {
+            PgStore::require_existing(config).await?;
+            return Self::open(config, trees).await;
+        }
+        if !config.is_postgres() {
+            super::sled_store::require_existing(config)?;
+        }
+        Self::open(config, trees).await
+    }
+
     /// The store behind the seam, for [`AppBuilder::shared_store`](crate::AppBuilder::shared_store).
     pub fn shared(&self) -> Arc<dyn Store> {
         match self {

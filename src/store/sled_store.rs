@@ -481,13 +481,17 @@ fn refuse_if_moved(config: &StoreConfig) -> Result<(), StoreError> {
     }
 }
 
-fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
+/// Refuses a `store.path` where no service has written a store: a command that reads what
+/// a service holds must not create an empty one there and report everything missing.
+pub(crate) fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
     if config.path.join("db").is_file() || config.path.join(super::watermark::FILE_NAME).is_file() {
         Ok(())
     } else {
+        let path = std::path::absolute(&config.path).unwrap_or_else(|_| config.path.clone());
         Err(StoreError::backend_message(format!(
-            "there is no store at {}",
-            config.path.display()
+            "there is no store at {} (store.path, PAYHOOK_STORE_PATH; a relative path is read \
+             from the directory the command runs in): point it at the service's data directory",
+            path.display()
         )))
     }
 }

@@ -668,10 +668,19 @@ fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
 }
 
 async fn open_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
-    let store = payhook::store::ConfiguredStore::open(&config.store, &[]).await;
+    let store = payhook::store::ConfiguredStore::open_existing(&config.store, &[]).await;
     store.map(|store| store.shared()).map_err(|error| {
         let path = config.store.path.display();
-        if error.to_string().contains("in use") {
+        if config.store.is_postgres() {
+            Failure(
+                format!(
+                    "store in schema {}: {}",
+                    config.store.schema,
+                    payhook::Report::new(&error)
+                ),
+                2,
+            )
+        } else if error.to_string().contains("in use") {
             Failure(
                 format!(
                     "the store at {path} is in use, probably by the running service: stop it, \

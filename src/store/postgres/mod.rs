@@ -327,6 +327,26 @@ impl PgStore {
         schema::migrate(&mut conn, &config.schema).await
     }
 
+    /// Refuses a `store.schema` in which no payhook has created its tables (see
+    /// [`ConfiguredStore::open_existing`](crate::store::ConfiguredStore::open_existing)).
+    pub(crate) async fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
+        let pool = connect(config, 1).await?;
+        let found: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(format!("{}.schema_migrations", config.schema))
+            .fetch_one(&pool)
+            .await?;
+        pool.close().await;
+        if found {
+            Ok(())
+        } else {
+            Err(StoreError::backend_message(format!(
+                "there is no payhook store in schema {} of store.url's database (store.schema, \
+                 PAYHOOK_STORE_SCHEMA): point it at the service's schema",
+                config.schema
+            )))
+        }
+    }
+
     /// The newest schema version this payhook migrates to.
     pub fn schema_version() -> i32 {
         schema::latest()
