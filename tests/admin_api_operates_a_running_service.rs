@@ -163,6 +163,46 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
     assert_eq!(server.send(&listing(&via("http"))).await.status, 200);
 }
 
+/// A proxy on the service's machine that is not in `server.trusted_proxies` (nginx in front,
+/// the setting forgotten) makes every caller it forwards look like this machine, which the
+/// default allow-list (loopback) lets in: the operating API would be open to anyone who has
+/// the token, from anywhere. A call carrying a proxy's forwarding headers from such a peer
+/// is refused, saying what to set.
+#[tokio::test]
+async fn a_call_forwarded_by_a_proxy_that_is_not_trusted_is_refused() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway)).await;
+    let bearer = format!("Bearer {TOKEN}");
+    for forwarded in [
+        ("x-forwarded-for", "203.0.113.9"),
+        ("forwarded", "for=203.0.113.9;proto=https"),
+        ("x-real-ip", "203.0.113.9"),
+    ] {
+        let listing = request(
+            "GET",
+            "/payhook/admin/validations",
+            &[("authorization", bearer.as_str()), forwarded],
+            None,
+        );
+        let refused = server.send(&listing).await;
+        assert_eq!(refused.status, 403, "{forwarded:?}");
+        assert!(
+            refused
+                .message()
+                .contains("forwarded by a proxy that is not in server.trusted_proxies"),
+            "{forwarded:?}: {}",
+            refused.message()
+        );
+    }
+    let direct = request(
+        "GET",
+        "/payhook/admin/validations",
+        &[("authorization", bearer.as_str())],
+        None,
+    );
+    assert_eq!(server.send(&direct).await.status, 200);
+}
+
 /// A web page the operator visits can point a name of its own at 127.0.0.1 (DNS rebinding)
 /// and have the browser call the API as that page's site: over plain HTTP, a call names the
 /// service by an address or `localhost`, or is refused before its credentials are read.

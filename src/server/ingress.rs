@@ -115,6 +115,20 @@ impl Ingress {
         self.client_of(peer, request.headers())
     }
 
+    /// Whether `request` carries a proxy's forwarding headers (`X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP`) from a peer that is not a trusted proxy: its client is then
+    /// taken to be the peer, which for a proxy on this machine is this machine.
+    pub(super) fn forwarded_by_stranger<B>(&self, request: &Request<B>) -> bool {
+        let forwarded = ["x-forwarded-for", "forwarded", "x-real-ip"]
+            .iter()
+            .any(|name| request.headers().contains_key(*name));
+        forwarded
+            && !request
+                .extensions()
+                .get::<PeerAddr>()
+                .is_some_and(|peer| self.is_trusted_proxy(peer.0.ip()))
+    }
+
     fn is_trusted_proxy(&self, ip: std::net::IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(ip))
     }

@@ -387,6 +387,9 @@ impl OperatingApi {
     {
         let client = self.ingress.client_ip(&request);
         self.access.check_address(client)?;
+        if self.ingress.forwarded_by_stranger(&request) {
+            return Err(Problem::ForwardedByStranger);
+        }
         let https = self.ingress.forwarded_https(&request);
         self.access
             .check_channel(self.ingress.came_from_this_machine(&request, client), https)?;

@@ -29,6 +29,7 @@
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
+//! | [`Problem::ForwardedByStranger`] (operating API only) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -122,6 +123,10 @@ pub(crate) enum Problem {
     /// token, or the inspector's session, crossed a network in the clear (see
     /// `admin.allow_plain_http`).
     InTheClear,
+    /// A call of the operating API that carries a proxy's forwarding headers from a peer
+    /// that is not a trusted proxy: a proxy on this machine left out of
+    /// `server.trusted_proxies` makes every caller look like this machine.
+    ForwardedByStranger,
     /// A call of the operating API over plain HTTP that names the service by a name other
     /// than `localhost` (which a web page may have pointed at this machine), or by a `Host`
     /// that cannot be read.
@@ -145,6 +150,7 @@ impl Problem {
             | Self::Denied(_)
             | Self::NonceReused
             | Self::InTheClear
+            | Self::ForwardedByStranger
             | Self::HostRefused(_) => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -173,6 +179,7 @@ impl Problem {
             | Self::Unknown(_)
             | Self::Conflict(_)
             | Self::InTheClear
+            | Self::ForwardedByStranger
             | Self::HostRefused(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
@@ -266,6 +273,10 @@ impl Problem {
                  the name {}",
                 crate::Logged(host)
             ),
+            Self::ForwardedByStranger => "the call was forwarded by a proxy that is not in \
+                server.trusted_proxies: every caller it forwards would look like the proxy's \
+                address; list the proxy there, or call the operating API directly"
+                .to_owned(),
             Self::InTheClear => "the operating API takes its token over HTTPS (through a trusted \
                 proxy that says so) or from this machine only; admin.allow_plain_http = true \
                 accepts it over plain HTTP"
