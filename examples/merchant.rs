@@ -128,10 +128,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(command) = <Args as clap::Parser>::parse().admin {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store. A
-        // store.path naming no store is refused, not opened empty.
-        let store = open_existing_store(&config)
-            .await
-            .map_err(payhook::Error::from)?;
+        // store.path naming no store is refused, not opened empty — but for a lookup of a
+        // transaction, which reads the aggregator alone.
+        let store = if matches!(command, payhook::admin::AdminCommand::Transaction { .. }) {
+            open_store(&config).await
+        } else {
+            open_existing_store(&config).await
+        }
+        .map_err(payhook::Error::from)?;
         let merchant = Merchant {
             max_amount,
             review_above,

@@ -63,8 +63,11 @@ pub enum AdminError {
     /// Printing failed.
     #[error("cannot write the output: {0}")]
     Output(std::io::Error),
-    /// Some reference ids were not reconciled (each is reported in the output).
-    #[error("{0} of the reference ids were not reconciled")]
+    /// Some reference ids were not reconciled, or their outcome is unknown (each is
+    /// reported in the output, saying which).
+    #[error(
+        "{0} of the reference ids were not reconciled, or their outcome is unknown (each is told above)"
+    )]
     NotReconciled(usize),
     /// The command needs what this binary does not have.
     #[error("{0}")]
@@ -649,15 +652,14 @@ impl AdminCommand {
                 for id in &reference_ids {
                     let answered = match client.reconcile(std::slice::from_ref(id)).await {
                         Ok(answered) => answered,
-                        // No answer: the service may have booked it, or may still (its
-                        // booking runs on beside a client that gave up waiting).
-                        Err(AdminError::Remote { status: 0, message }) => {
+                        Err(error) if outcome_unknown(&error) => {
                             failed += 1;
                             writeln!(
                                 out,
-                                "{id}: outcome unknown ({message}): the service may have booked \
-                                 it; run reconcile again to see (it books nothing twice), and do \
-                                 not book it by hand meanwhile"
+                                "{id}: outcome unknown ({}): the service may have booked it; run \
+                                 reconcile again to see (it books nothing twice), and do not book \
+                                 it by hand meanwhile",
+                                crate::report::InLine(&error)
                             )?;
                             continue;
                         }
@@ -709,6 +711,15 @@ impl AdminCommand {
             command @ Self::Transaction { .. } => command.run(config, None, None, out).await,
         }
     }
+}
+
+/// Whether a reconcile that ended in `error` may have booked all the same: no answer (the
+/// service's booking runs on beside a client that gave up waiting), a proxy's 502 or 504
+/// (payhook sends neither: its read of the answer gave up), or a success whose body could
+/// not be read.
+fn outcome_unknown(error: &AdminError) -> bool {
+    matches!(error, AdminError::Remote { status, .. }
+        if matches!(status, 0 | 502 | 504 | 200..=299))
 }
 
 /// Writes `value` to `out` as pretty JSON (for scripts) or as `describe` tells it.

@@ -201,6 +201,13 @@ async fn a_call_forwarded_by_a_proxy_that_is_not_trusted_is_refused() {
         None,
     );
     assert_eq!(server.send(&direct).await.status, 200);
+    // The metrics' allow-list (loopback by default) is not served to the world either.
+    let scrape = |headers: &[(&str, &str)]| request("GET", "/metrics", headers, None);
+    let refused = server
+        .send(&scrape(&[("x-forwarded-for", "203.0.113.9")]))
+        .await;
+    assert_eq!(refused.status, 403);
+    assert_eq!(server.send(&scrape(&[])).await.status, 200);
 }
 
 /// A web page the operator visits can point a name of its own at 127.0.0.1 (DNS rebinding)

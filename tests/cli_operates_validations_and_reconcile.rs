@@ -320,3 +320,35 @@ async fn an_operating_command_on_a_path_without_a_store_is_refused_and_creates_n
     assert!(said.contains("there is no store at"), "{said}");
     assert!(!nowhere.exists(), "the merchant's binary created a store");
 }
+
+/// On PostgreSQL, an operating command pointed at a schema in which no service created its
+/// tables (`store.schema` mistyped) is refused, and creates nothing: no schema, no tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operating_command_on_a_schema_without_a_store_is_refused_and_creates_nothing() {
+    let Some(db) = support::postgres::database("no_store_in_schema").await else {
+        return;
+    };
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = env(&gateway, &dir.path().join("unused"));
+    env.extend([
+        ("PAYHOOK_STORE_URL".to_owned(), db.url.clone()),
+        ("PAYHOOK_STORE_SCHEMA".to_owned(), db.schema.clone()),
+    ]);
+    let (code, stdout, stderr) = payhook(&["validations", "list", "--pending"], &env).await;
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "there is no payhook store in schema {} of store.url's database",
+            db.schema
+        )),
+        "{stderr}"
+    );
+    let mut conn = db.connect().await;
+    let (created,): (bool,) = sqlx::query_as("SELECT to_regnamespace($1) IS NOT NULL")
+        .bind(&db.schema)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(!created, "the command created the schema");
+}

@@ -533,6 +533,21 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
     let dir = tempfile::tempdir().unwrap();
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let (locked, copy) = copy_held_at_the_trees(&dir, &db, &config).await;
+    // Nor a sled instance on the directory being copied: it is marked from the start.
+    let sled = StoreConfig {
+        path: dir.path().join("store"),
+        ..StoreConfig::default()
+    };
+    let Err(moving) = SledStore::open(&sled, &["ledger"]) else {
+        panic!("a sled instance opened on the directory being copied");
+    };
+    assert!(
+        moving.to_string().contains(&format!(
+            "was being copied into PostgreSQL schema {} since ",
+            db.schema
+        )),
+        "{moving}"
+    );
     let Err(refused) = ConfiguredStore::open(&config, &["ledger"]).await else {
         panic!("an instance opened while the copy writes");
     };
@@ -578,6 +593,10 @@ async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let (locked, copy) = copy_held_at_the_trees(&dir, &db, &config).await;
     let mut back = db.connect().await;
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut back)
+        .await
+        .unwrap();
     // The schema's open lock ("payo", hashtext of the schema), as a store holds it.
     sqlx::query("SELECT pg_advisory_lock_shared(x'7061796f'::int, hashtext($1))")
         .bind(&db.schema)
@@ -586,8 +605,8 @@ async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
         .unwrap();
     locked.release().await;
     let stopped = copy.await.unwrap();
-    // The session is named: its address among them.
-    stopped_as_open_elsewhere(&stopped, &db, "from 127.0.0.1").await;
+    // The session is named, that an operator may find it.
+    stopped_as_open_elsewhere(&stopped, &db, &format!("pid {pid} (")).await;
     drop(back);
     db.drop_schema().await;
 }

@@ -40,7 +40,9 @@
 //! that scrape, and the rest is answered: alert on `absent(...)` of them beside their value.
 //!
 //! Only the addresses of `server.metrics_allow_ips` (default: loopback) may read it; an empty
-//! list turns the route off.
+//! list turns the route off. A scrape carrying a proxy's forwarding headers from a peer not
+//! in `server.trusted_proxies` is refused (403): through a proxy on this machine left out of
+//! it, every caller would look local.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};

@@ -564,6 +564,11 @@ impl App {
                 Problem::StoreBroken.into_response()
             }
             Route::Ready => json_response(StatusCode::OK, &ErrorBody::new("ready")),
+            // Refused as the operating API refuses it: a proxy on this machine left out of
+            // `server.trusted_proxies` would serve the default loopback allow-list to anyone.
+            Route::Metrics if inner.ingress.forwarded_by_stranger(&request) => {
+                Problem::ForwardedByStranger.into_response()
+            }
             Route::Metrics => Box::pin(self.metrics(self.inner.ingress.client_ip(&request))).await,
             Route::Admin => match &inner.operating_api {
                 Some(api) => Box::pin(api.answer(request)).await,

@@ -17,7 +17,9 @@
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
 //! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403),
-//! and from this machine or through a trusted proxy that says it came over HTTPS (403
+//! without a proxy's forwarding headers unless its peer is a trusted proxy (403
+//! [`Problem::ForwardedByStranger`]: a proxy on this machine left out of
+//! `server.trusted_proxies` would make every caller look local), and from this machine or through a trusted proxy that says it came over HTTPS (403
 //! [`Problem::InTheClear`] otherwise, before its credentials are read, unless
 //! `admin.allow_plain_http`: a token that crossed a network in the clear is anyone's who
 //! watches it, and payhook serves plain HTTP itself). Over plain HTTP, a call names the

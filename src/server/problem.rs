@@ -29,7 +29,7 @@
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
-//! | [`Problem::ForwardedByStranger`] (operating API only) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
+//! | [`Problem::ForwardedByStranger`] (operating API and `/metrics` only) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -123,8 +123,8 @@ pub(crate) enum Problem {
     /// token, or the inspector's session, crossed a network in the clear (see
     /// `admin.allow_plain_http`).
     InTheClear,
-    /// A call of the operating API that carries a proxy's forwarding headers from a peer
-    /// that is not a trusted proxy: a proxy on this machine left out of
+    /// A call of the operating API (or `/metrics`) that carries a proxy's forwarding headers
+    /// from a peer that is not a trusted proxy: a proxy on this machine left out of
     /// `server.trusted_proxies` makes every caller look like this machine.
     ForwardedByStranger,
     /// A call of the operating API over plain HTTP that names the service by a name other

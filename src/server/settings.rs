@@ -103,7 +103,10 @@ pub struct ServerConfig {
     pub metrics_allow_ips: Vec<String>,
     /// Reverse proxies (CIDR) whose `X-Forwarded-For` is believed: for a request from one of
     /// them, the client is the right-most address of the header that is not a trusted proxy.
-    /// Empty (the default): the header is ignored and the socket's peer is the client.
+    /// Empty (the default): the header is ignored and the socket's peer is the client — but
+    /// the operating API refuses a call that carries it (or `Forwarded`, `X-Real-IP`) from a
+    /// peer not listed here: a proxy on this machine left out would make every caller look
+    /// local.
     pub trusted_proxies: Vec<String>,
 }
 

@@ -137,21 +137,35 @@ impl SledStore {
         Self::open_with(config, trees, Destination::Sled)
     }
 
-    /// Marks the store at `config.path` as copied into PostgreSQL schema `schema` (a file
-    /// [`MOVED_FILE_NAME`] in its directory, saying where and when): [`SledStore::open`]
-    /// refuses it from then on. A copy run again reads it as before.
+    /// Marks the store at `config.path` as being copied (`done`: as copied) into PostgreSQL
+    /// schema `schema`, a file [`MOVED_FILE_NAME`] in its directory saying where and when:
+    /// [`SledStore::open`] refuses it from then on. The copy marks it while it holds the
+    /// store (sled's lock), before it reads a record and once it has written the last, so
+    /// that no sled instance opens the store between the copy and its mark. A copy run again
+    /// reads it as before.
     ///
     /// # Errors
     ///
     /// [`StoreError::Backend`] when the file cannot be written and made durable.
     #[cfg(feature = "postgres")]
-    pub(crate) fn mark_moved(config: &StoreConfig, schema: &str) -> Result<(), StoreError> {
+    pub(crate) fn mark_moved(
+        config: &StoreConfig,
+        schema: &str,
+        done: bool,
+    ) -> Result<(), StoreError> {
         use std::io::Write as _;
-        let said = format!(
-            "copied into PostgreSQL schema {schema} on {} by payhook store copy-from-sled; \
-             the service books its callbacks there since\n",
-            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        );
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let said = if done {
+            format!(
+                "copied into PostgreSQL schema {schema} on {now} by payhook store \
+                 copy-from-sled; the service books its callbacks there since\n"
+            )
+        } else {
+            format!(
+                "being copied into PostgreSQL schema {schema} since {now} by payhook store \
+                 copy-from-sled; run the copy again until it finishes\n"
+            )
+        };
         let path = config.path.join(MOVED_FILE_NAME);
         std::fs::File::create(&path)
             .and_then(|mut file| {
@@ -160,12 +174,16 @@ impl SledStore {
             })
             .and_then(|()| std::fs::File::open(&config.path)?.sync_all())
             .map_err(|e| {
+                let stage = if done {
+                    "the copy is complete, but"
+                } else {
+                    "nothing is copied yet:"
+                };
                 StoreError::backend(
                     format!(
-                        "the copy is complete, but {} cannot be written to mark the sled store \
-                         as moved (a sled instance started on it would book again what \
-                         PostgreSQL books); make the directory writable and run the copy again \
-                         (it writes nothing twice)",
+                        "{stage} {} cannot be written to mark the sled store as moved (a sled \
+                         instance started on it would book again what PostgreSQL books); make \
+                         the directory writable and run the copy again (it writes nothing twice)",
                         path.display()
                     ),
                     e,
@@ -455,8 +473,8 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
     Ok((db, tree))
 }
 
-/// Refuses a directory that holds no store (an offline command must not create one).
-/// The file in a sled store's directory saying it was copied into PostgreSQL.
+/// The file in a sled store's directory saying it is being, or was, copied into PostgreSQL
+/// (see [`SledStore::open`]).
 pub const MOVED_FILE_NAME: &str = "MOVED-TO-POSTGRESQL";
 
 /// Refuses a store copied into PostgreSQL (see [`SledStore::mark_moved`]), saying where to and
@@ -489,8 +507,9 @@ pub(crate) fn require_existing(config: &StoreConfig) -> Result<(), StoreError> {
     } else {
         let path = std::path::absolute(&config.path).unwrap_or_else(|_| config.path.clone());
         Err(StoreError::backend_message(format!(
-            "there is no store at {} (store.path, PAYHOOK_STORE_PATH; a relative path is read \
-             from the directory the command runs in): point it at the service's data directory",
+            "there is no store at {} (store.path, PAYHOOK_STORE_PATH, or the command's --data; \
+             a relative path is read from the directory the command runs in): point it at the \
+             service's data directory",
             path.display()
         )))
     }

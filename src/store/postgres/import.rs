@@ -18,15 +18,16 @@
 //! (waiting five seconds for one just stopped to close), stops when one holds it again
 //! before a batch commits, and no store opens while the copy holds it (see `liveness`); a
 //! payhook older than this check takes no part in it. Nothing guards a copy run again
-//! after instances served and stopped. Once everything is copied, the sled directory is
-//! marked as moved, and a sled store refuses to open on it.
+//! after instances served and stopped. The sled directory is marked as moving when the copy
+//! begins and as moved when it ends (under sled's lock throughout), and a sled store refuses
+//! to open on it.
 
 use chrono::Utc;
 
 use super::super::failing::FailureRecord;
 use super::super::keys;
 use super::super::record::{CallbackRecord, ValidationRecord, decode};
-use super::super::{SledStore, StoreConfig, StoreError, time_from_ms};
+use super::super::{KeyValue, SledStore, StoreConfig, StoreError, time_from_ms};
 use super::PgStore;
 use super::liveness::CopyLock;
 use crate::postponed::record::PostponedValidation;
@@ -102,16 +103,21 @@ impl PgStore {
     /// another copy writes into it, or when the database fails. What was copied before an
     /// error stays; run the copy again.
     ///
-    /// Once everything is copied, the sled directory is marked as moved
-    /// ([`MOVED_FILE_NAME`](crate::store::MOVED_FILE_NAME)): [`SledStore::open`] refuses it
-    /// from then on, so that a sled instance started by mistake does not book again what
-    /// PostgreSQL books. A copy run again reads it as before.
+    /// The sled directory is marked as moving before the first record is read, and as
+    /// moved once everything is copied ([`MOVED_FILE_NAME`](crate::store::MOVED_FILE_NAME)):
+    /// [`SledStore::open`] refuses it from then on, so that a sled instance started by
+    /// mistake does not book again what PostgreSQL books. A copy run again reads it as
+    /// before.
     pub async fn import_sled(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
         // Held until the copy ends (its connection closed on an error).
         let mut alone =
             CopyLock::take(self.pool(), &self.inner.schema, self.inner.liveness.owner).await?;
-        let imported = self.copy_records(sled, &mut alone).await?;
-        SledStore::mark_moved(sled, &self.inner.schema)?;
+        // sled's lock is held for as long as its records are: until the copy is marked done.
+        let mut records = SledStore::export(sled)?;
+        SledStore::mark_moved(sled, &self.inner.schema, false)?;
+        let imported = self.copy_records(&mut records, &mut alone).await?;
+        SledStore::mark_moved(sled, &self.inner.schema, true)?;
+        drop(records);
         alone.release().await;
         Ok(imported)
     }
@@ -120,7 +126,7 @@ impl PgStore {
     /// still does before each batch it commits.
     async fn copy_records(
         &self,
-        sled: &StoreConfig,
+        records: &mut impl Iterator<Item = Result<KeyValue, StoreError>>,
         alone: &mut CopyLock,
     ) -> Result<Imported, StoreError> {
         let mut imported = Imported::default();
@@ -128,7 +134,7 @@ impl PgStore {
         let mut tx = self.pool().begin().await?;
         let mut in_batch = 0;
         let mut past_retention = Vec::new();
-        for entry in SledStore::export(sled)? {
+        for entry in records {
             let (key, value) = entry?;
             let written = self
                 .import_one(&mut tx, (&key, &value), now_ms, &mut imported)

@@ -60,11 +60,13 @@ const OWNER_TRIES: usize = 8;
 /// to [`PgStore::with_pool`](super::PgStore::with_pool) does not turn it off as payhook's
 /// does; PostgreSQL before 14 has none), and its client seen gone within about 25 s by the
 /// server's keepalives when its host vanishes (the server's default waits two hours).
-/// Ignored over a Unix socket.
-const HOLDER_SETTINGS: &str = "SELECT set_config('idle_session_timeout', '0', false) \
-       WHERE current_setting('idle_session_timeout', true) IS NOT NULL; \
-     SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
-     SET tcp_keepalives_count = 3; SET tcp_user_timeout = 25000";
+/// Ignored over a Unix socket. A setting the server does not know is left out, so that a
+/// server too old for payhook is refused by the version check, saying so.
+const HOLDER_SETTINGS: &str = "SELECT set_config(name, value, false) FROM (VALUES \
+       ('idle_session_timeout', '0'), ('tcp_keepalives_idle', '10'), \
+       ('tcp_keepalives_interval', '5'), ('tcp_keepalives_count', '3'), \
+       ('tcp_user_timeout', '25000')) AS wanted (name, value) \
+     WHERE current_setting(name, true) IS NOT NULL";
 
 /// An instance's liveness: its owner number and the task keeping its holds, which ends
 /// (letting every hold go) when this is dropped.

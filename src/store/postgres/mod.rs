@@ -222,12 +222,16 @@ impl std::fmt::Debug for PgStore {
 impl PgStore {
     /// Connects to `config.url` with a pool of `config.pool_size`, applies the migrations
     /// the database lacks, and declares the merchant's `trees` that callback effects may
-    /// write. Starts the retention sweeper on the current tokio runtime.
+    /// write. Starts the retention sweeper on the current tokio runtime. Besides the pool,
+    /// the store keeps two connections of its own holding its liveness lock (three for a
+    /// moment while it replaces one that stopped answering), and opens one more while it
+    /// migrates and, during a copy from sled, one for the copy's lock.
     ///
     /// # Errors
     ///
     /// [`StoreError::Backend`] when `store.url` is unset or unusable, the database cannot be
-    /// reached, or a migration fails.
+    /// reached, a copy from sled holds the schema (`payhook store copy-from-sled`; start
+    /// again once it has finished), or a migration fails.
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         let pool = connect(config, config.pool_size).await?;
         Self::over(pool, config, trees, claim::Begin::OwnPool).await
@@ -240,8 +244,10 @@ impl PgStore {
     /// synchronously too (`synchronous_commit = on`, PostgreSQL's default). The connections
     /// must not be closed for idling in a transaction (`idle_in_transaction_session_timeout
     /// = 0`, the default; a claim's transaction idles while its handler runs): one that is
-    /// set is warned of at open. The two connections the store takes out of the pool to hold
-    /// its liveness lock turn `idle_session_timeout` off for themselves.
+    /// set is warned of at open. The connections the store keeps to hold its liveness lock
+    /// (see [`PgStore::open`]) are detached from the pool, which opens others in their place:
+    /// the pool's connections and these together may exceed its `max_connections` by two
+    /// or three. They turn `idle_session_timeout` off for themselves.
     ///
     /// # Errors
     ///
