@@ -136,9 +136,26 @@ async fn sled_with_history(dir: &tempfile::TempDir) -> StoreConfig {
 
 /// The command, as an operator runs it: the service stopped, PAYHOOK_STORE_URL set.
 fn copy_from_sled(sled: &StoreConfig, db: &support::postgres::TestDb) -> std::process::Output {
+    copy_with(sled, db, &[])
+}
+
+/// The command run again over a copy that finished (`--again`).
+fn copy_from_sled_again(
+    sled: &StoreConfig,
+    db: &support::postgres::TestDb,
+) -> std::process::Output {
+    copy_with(sled, db, &["--again"])
+}
+
+fn copy_with(
+    sled: &StoreConfig,
+    db: &support::postgres::TestDb,
+    extra: &[&str],
+) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
         .args(["store", "copy-from-sled", "--data"])
         .arg(&sled.path)
+        .args(extra)
         .env_clear()
         .env("PAYHOOK_STORE_URL", &db.url)
         .env("PAYHOOK_STORE_SCHEMA", &db.schema)
@@ -195,7 +212,19 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 postponed validation(s), 2 tree key(s)"),
         "{said}"
     );
-    let again = copy();
+    // A copy that finished is not run again by mistake: after the instances served, it
+    // would add back what they removed.
+    let refused = copy();
+    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "{why}");
+    assert!(
+        why.contains(&format!(
+            "was copied into PostgreSQL schema {} on ",
+            db.schema
+        )) && why.contains("run it again with --again"),
+        "{why}"
+    );
+    let again = copy_from_sled_again(&sled, &db);
     let said = String::from_utf8_lossy(&again.stdout).into_owned();
     assert!(again.status.success());
     assert!(
@@ -292,7 +321,7 @@ async fn a_copied_sled_store_is_not_served_again() {
             && refused.contains(&marker.display().to_string()),
         "{refused}"
     );
-    let again = copy_from_sled(&sled, &db);
+    let again = copy_from_sled_again(&sled, &db);
     assert!(again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stdout).contains("copied 0 callback record(s)"),
@@ -740,7 +769,7 @@ async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_wh
         said.contains("1 validation record(s), 0 failing callback(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "{said}"
     );
-    let again = copy_from_sled(&sled, &db);
+    let again = copy_from_sled_again(&sled, &db);
     let said = String::from_utf8_lossy(&again.stdout).into_owned();
     assert!(
         said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),

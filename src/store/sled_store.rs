@@ -480,18 +480,32 @@ pub const MOVED_FILE_NAME: &str = "MOVED-TO-POSTGRESQL";
 /// Refuses a store copied into PostgreSQL (see [`SledStore::mark_moved`]), saying where to and
 /// how to serve from sled again should the move be abandoned.
 fn refuse_if_moved(config: &StoreConfig) -> Result<(), StoreError> {
+    match moved(config)? {
+        Some(said) => Err(StoreError::Unsupported(format!(
+            "the sled store at {} was {said}: its callbacks are booked in PostgreSQL since, and \
+             a sled instance would book their retries again; set store.url to serve from \
+             PostgreSQL (if the move was abandoned and nothing was served from PostgreSQL, \
+             remove {} to serve from sled again)",
+            config.path.display(),
+            config.path.join(MOVED_FILE_NAME).display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// What the store at `config.path` says of its move to PostgreSQL ([`MOVED_FILE_NAME`]'s
+/// first clause: `being copied into …` or `copied into …`), if it was moved.
+pub(crate) fn moved(config: &StoreConfig) -> Result<Option<String>, StoreError> {
     let path = config.path.join(MOVED_FILE_NAME);
     match std::fs::read_to_string(&path) {
-        Ok(said) => Err(StoreError::Unsupported(format!(
-            "the sled store at {} was {}: its callbacks are booked in PostgreSQL since, and a sled \
-             instance would book their retries again; set store.url to serve from PostgreSQL \
-             (if the move was abandoned and nothing was served from PostgreSQL, remove {} to \
-             serve from sled again)",
-            config.path.display(),
-            said.trim_end().split(';').next().unwrap_or_default(),
-            path.display()
-        ))),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(said) => Ok(Some(
+            said.trim_end()
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        )),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(StoreError::backend(
             format!("cannot read {}", path.display()),
             error,

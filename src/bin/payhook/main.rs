@@ -360,12 +360,16 @@ enum StoreCommand {
     /// postponed validations and outbox, and the merchant's trees) into the PostgreSQL
     /// database of store.url. Idempotent: run it again after an interruption. Refuses
     /// while another payhook has store.schema open (no instance opens it while the copy
-    /// runs); once done, marks the sled directory MOVED-TO-POSTGRESQL, which a sled
-    /// instance then refuses.
+    /// runs); marks the sled directory MOVED-TO-POSTGRESQL, which a sled instance then
+    /// refuses. A copy that finished runs again only with --again.
     CopyFromSled {
         /// The sled store's directory (default: store.path of the configuration).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Copy a store whose copy finished before: only while no instance has served from
+        /// PostgreSQL since (a copy after they did adds back what their work removed).
+        #[arg(long)]
+        again: bool,
     },
 }
 
@@ -701,7 +705,9 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
     let mut store = load_config(file)?.store;
     if let StoreCommand::Check { data: Some(data) }
     | StoreCommand::AcceptLoss { data: Some(data) }
-    | StoreCommand::CopyFromSled { data: Some(data) } = &command
+    | StoreCommand::CopyFromSled {
+        data: Some(data), ..
+    } = &command
     {
         store.path.clone_from(data);
     }
@@ -742,7 +748,7 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
                 }
             );
         }
-        StoreCommand::CopyFromSled { .. } => {
+        StoreCommand::CopyFromSled { again, .. } => {
             if !store.is_postgres() {
                 return Err(Failure(
                     "copy-from-sled needs the PostgreSQL database: set store.url (PAYHOOK_STORE_URL)"
@@ -756,7 +762,11 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
             let imported = runtime
                 .block_on(async {
                     let target = payhook::store::PgStore::open(&store, &[]).await?;
-                    target.import_sled(&store).await
+                    if again {
+                        target.import_sled_again(&store).await
+                    } else {
+                        target.import_sled(&store).await
+                    }
                 })
                 .map_err(failure)?;
             println!("{imported}");

@@ -17,8 +17,9 @@
 //! overwrites what they wrote). The copy refuses while another store has the schema open
 //! (waiting five seconds for one just stopped to close), stops when one holds it again
 //! before a batch commits, and no store opens while the copy holds it (see `liveness`); a
-//! payhook older than this check takes no part in it. Nothing guards a copy run again
-//! after instances served and stopped. The sled directory is marked as moving when the copy
+//! payhook older than this check takes no part in it. A copy that finished runs again only
+//! when asked ([`PgStore::import_sled_again`]): after instances served and stopped, it
+//! would add back what they removed. The sled directory is marked as moving when the copy
 //! begins and as moved when it ends (under sled's lock throughout), and a sled store refuses
 //! to open on it.
 
@@ -106,14 +107,43 @@ impl PgStore {
     /// The sled directory is marked as moving before the first record is read, and as
     /// moved once everything is copied ([`MOVED_FILE_NAME`](crate::store::MOVED_FILE_NAME)):
     /// [`SledStore::open`] refuses it from then on, so that a sled instance started by
-    /// mistake does not book again what PostgreSQL books. A copy run again reads it as
-    /// before.
+    /// mistake does not book again what PostgreSQL books. A copy that did not finish is run
+    /// again as it was; one that finished is refused (run after the instances served, it
+    /// would add back what they removed since): see [`PgStore::import_sled_again`].
     pub async fn import_sled(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
+        self.import(sled, false).await
+    }
+
+    /// [`PgStore::import_sled`] of a sled store whose copy finished before
+    /// (`payhook store copy-from-sled --again`): for when no instance has served from
+    /// PostgreSQL since — a copy after they did adds back the tree keys, failing callbacks
+    /// and delivered results (which the outbox would post again) that their work removed.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgStore::import_sled`].
+    pub async fn import_sled_again(&self, sled: &StoreConfig) -> Result<Imported, StoreError> {
+        self.import(sled, true).await
+    }
+
+    async fn import(&self, sled: &StoreConfig, again: bool) -> Result<Imported, StoreError> {
         // Held until the copy ends (its connection closed on an error).
         let mut alone =
             CopyLock::take(self.pool(), &self.inner.schema, self.inner.liveness.owner).await?;
         // sled's lock is held for as long as its records are: until the copy is marked done.
         let mut records = SledStore::export(sled)?;
+        if let Some(said) = super::super::sled_store::moved(sled)?
+            && said.starts_with("copied into")
+            && !again
+        {
+            return Err(StoreError::backend_message(format!(
+                "the sled store at {} was {said}: a copy run again after the instances served \
+                 from PostgreSQL would add back what their work removed since (tree keys, \
+                 failing callbacks, delivered results the outbox would post again); if none has \
+                 served since, run it again with --again",
+                sled.path.display()
+            )));
+        }
         SledStore::mark_moved(sled, &self.inner.schema, false)?;
         let imported = self.copy_records(&mut records, &mut alone).await?;
         SledStore::mark_moved(sled, &self.inner.schema, true)?;
