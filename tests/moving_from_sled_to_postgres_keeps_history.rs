@@ -175,17 +175,31 @@ async fn copy_held_at_the_trees(
     tokio::task::JoinHandle<std::process::Output>,
 ) {
     let sled = sled_with_history(dir).await;
+    copy_held_at("trees", sled, db, config).await
+}
+
+/// The copy of `sled` into `db`, once migrated, run by the command and held by the test
+/// where it first writes `table`, which is locked until the test releases it.
+async fn copy_held_at(
+    table: &str,
+    sled: StoreConfig,
+    db: &support::postgres::TestDb,
+    config: &StoreConfig,
+) -> (
+    support::postgres::Locked,
+    tokio::task::JoinHandle<std::process::Output>,
+) {
     payhook::store::PgStore::migrate(config).await.unwrap();
-    let locked = db.lock("trees", "ACCESS EXCLUSIVE").await;
+    let locked = db.lock(table, "ACCESS EXCLUSIVE").await;
     let copy = tokio::task::spawn_blocking({
         let db = db.clone();
         move || copy_from_sled(&sled, &db)
     });
     let held = format!(
-        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.trees'::regclass",
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = '{}.{table}'::regclass",
         db.schema
     );
-    db.until_counted(&held, "the copy's wait for the trees", || {
+    db.until_counted(&held, &format!("the copy's wait for {table}"), || {
         copy.is_finished()
     })
     .await;
@@ -636,6 +650,45 @@ async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
     let stopped = copy.await.unwrap();
     // The session is named, that an operator may find it.
     stopped_as_open_elsewhere(&stopped, &db, &format!("pid {pid} (")).await;
+    drop(back);
+    db.drop_schema().await;
+}
+
+/// The copy looks again before each batch it commits, not only at its end: a store that
+/// holds the schema again while the first batch of a long copy is written stops it there,
+/// that batch not committed. (The test holds the copy at its first callback's row with the
+/// `callbacks` table locked; 600 callbacks make more than one batch of 500.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_holding_the_schema_again_stops_a_long_copy_at_its_next_batch() {
+    let Some(db) = support::postgres::database("store_back_mid_batch").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    {
+        let store = SledStore::open(&sled, &["ledger"]).unwrap();
+        let mut booked = tokio::task::JoinSet::new();
+        for n in 0..600 {
+            let store = store.clone();
+            booked.spawn(async move {
+                book_in_sled(&store, &format!("many-{n}"), Effects::default()).await;
+            });
+        }
+        while let Some(done) = booked.join_next().await {
+            done.unwrap();
+        }
+    }
+    let config = db.store_config(Duration::from_secs(30 * 86_400));
+    let (locked, copy) = copy_held_at("callbacks", sled, &db, &config).await;
+    let mut back = db.connect().await;
+    sqlx::query("SELECT pg_advisory_lock_shared(x'7061796f'::int, hashtext($1))")
+        .bind(&db.schema)
+        .execute(&mut back)
+        .await
+        .unwrap();
+    locked.release().await;
+    let stopped = copy.await.unwrap();
+    stopped_as_open_elsewhere(&stopped, &db, "stop every one using it, then copy").await;
     drop(back);
     db.drop_schema().await;
 }
