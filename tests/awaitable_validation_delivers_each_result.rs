@@ -274,6 +274,44 @@ async fn a_validation_asked_about_again_under_a_new_id_gets_its_result_posted_fo
     assert!(resolver.get(203).await.unwrap().is_none());
 }
 
+/// A validation under an id the service already holds for another nonce is refused (403),
+/// before its handler runs: the aggregator never reuses an id, so one of the two is not
+/// the aggregator's — a forgery sent ahead under a guessed id, on an endpoint open to
+/// others. Answered "postponed", it had the aggregator wait for a result for the id, and
+/// the outbox then posted the other payment's (the forger's approval for a withdrawal a
+/// reviewer never saw). The first record stays as it was, and so does its delivery.
+#[tokio::test]
+async fn a_validation_under_an_id_held_for_another_nonce_is_refused_before_its_handler() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    postponed_then_allowed(&server, "forged-first").await;
+    let calls = server.merchant.calls().len();
+    let real = validation("postpone", "the-real-one", ID);
+    let refused = server.post_json(VALIDATION_PATH, &real).await;
+    assert_eq!(refused.status, 403, "{}", refused.message());
+    assert_eq!(
+        refused.message(),
+        "validationId already used for a different payment"
+    );
+    assert_eq!(
+        server.merchant.calls().len(),
+        calls,
+        "the handler did not run"
+    );
+    let kept = server
+        .app
+        .resolver()
+        .unwrap()
+        .get(ID)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.request.nonce().as_str(), "forged-first");
+    // The same request again (the first's nonce) is its repeat, answered as before.
+    let first = validation("postpone", "forged-first", ID);
+    assert_eq!(server.post_json(VALIDATION_PATH, &first).await.status, 200);
+}
+
 #[tokio::test]
 async fn a_403_from_the_gateway_ends_as_a_visible_conflict_and_is_not_retried() {
     let gateway = FakeGateway::start().await;

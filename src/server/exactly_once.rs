@@ -681,6 +681,38 @@ impl ExactlyOnce {
             .await
     }
 
+    /// Refuses (403) a validation whose id the store holds for another nonce, before its
+    /// handler runs or a recorded decision is answered: the aggregator never reuses an id,
+    /// so one of the two is not the aggregator's (a forgery on an endpoint open to others,
+    /// sent under an id it guessed ahead), and answered "postponed", the aggregator would
+    /// wait for a result for the id — the other payment's.
+    async fn refuse_a_taken_validation_id(
+        &self,
+        store: &dyn Store,
+        request: &TransactionValidationRequest,
+    ) -> Result<(), Problem> {
+        let kept = store
+            .postponed(request.validation_id)
+            .await
+            .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
+        match kept {
+            Some(kept) if kept.request.nonce() != request.nonce() => {
+                self.inner
+                    .metrics
+                    .nonce_reuse_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    security_event = "validation_id_reuse",
+                    validation_id = request.validation_id.get(),
+                    client = %Logged(&request.merchant_data.client_id),
+                    "validation id already used for another nonce; refused"
+                );
+                Err(Problem::ValidationIdReused)
+            }
+            _ => Ok(()),
+        }
+    }
+
     async fn validate_claimed(
         &self,
         request: TransactionValidationRequest,
@@ -692,6 +724,10 @@ impl ExactlyOnce {
             return answer_for(&decision);
         };
         let nonce = request.nonce().to_owned();
+        if self.inner.awaitable.is_some() {
+            self.refuse_a_taken_validation_id(store.as_ref(), &request)
+                .await?;
+        }
         let fingerprint = Fingerprint::of(&request);
         let key = WaitKey::validation(&nonce);
         let stale_after = self.stale_after(store.as_ref());

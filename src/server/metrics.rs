@@ -17,7 +17,7 @@
 //! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
-//! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment |
+//! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment (and, in Awaitable mode, for a `validationId` used for a different payment) |
 //! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
 //! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
 //! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key) |

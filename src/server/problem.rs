@@ -25,6 +25,7 @@
 //! | [`Problem::InFlight`] | 503 + `Retry-After` | `another delivery of this nonce is being processed; retry later` |
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
+//! | [`Problem::ValidationIdReused`] (Awaitable mode) | 403 | `validationId already used for a different payment` |
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
@@ -110,6 +111,11 @@ pub(crate) enum Problem {
         retry_after: Duration,
     },
     NonceReused,
+    /// In Awaitable mode, a transaction validation whose `validationId` the store holds for
+    /// another nonce: the aggregator never reuses an id, so one of the two is not the
+    /// aggregator's, and answered "postponed", the aggregator would wait for a result that
+    /// is the other payment's.
+    ValidationIdReused,
     /// A callback whose transaction last changed (`updatedUtc`, else `createdUtc`) longer
     /// ago than the store keeps records: it may have been booked and its record purged, so
     /// its handler is not run (see `ExactlyOnce::deliver_claimed`).
@@ -149,6 +155,7 @@ impl Problem {
             Self::AddressRefused
             | Self::Denied(_)
             | Self::NonceReused
+            | Self::ValidationIdReused
             | Self::InTheClear
             | Self::ForwardedByStranger
             | Self::HostRefused(_) => StatusCode::FORBIDDEN,
@@ -195,7 +202,7 @@ impl Problem {
                 *e == endpoint
             }
             Self::AddressRefused => endpoint != Callback,
-            Self::Denied(_) | Self::NotAwaitable | Self::NonceReused => {
+            Self::Denied(_) | Self::NotAwaitable | Self::NonceReused | Self::ValidationIdReused => {
                 endpoint == TransactionValidation
             }
             Self::RetryLater { .. } | Self::BeyondRetention { .. } => endpoint == Callback,
@@ -245,6 +252,7 @@ impl Problem {
             Self::InFlight { retry_after },
             Self::StoreFailed { retry_after },
             Self::NonceReused,
+            Self::ValidationIdReused,
             Self::BeyondRetention {
                 changed: chrono::DateTime::UNIX_EPOCH,
             },
@@ -312,6 +320,9 @@ impl Problem {
             }
             Self::StoreFailed { .. } => "temporarily unable to record the result".to_owned(),
             Self::NonceReused => "nonce already used for a different payment".to_owned(),
+            Self::ValidationIdReused => {
+                "validationId already used for a different payment".to_owned()
+            }
             Self::BeyondRetention { changed } => format!(
                 "callback older than the store's retention: its transaction last changed at \
                  {}, so payhook cannot tell whether it was booked; not processed (check the \
