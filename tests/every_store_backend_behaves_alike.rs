@@ -804,6 +804,55 @@ async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) 
     );
 }
 
+behaviour!(a_postponed_validation_under_an_id_held_for_another_nonce_writes_nothing);
+/// Two validations of two nonces under one id (the aggregator never reuses one: one of them
+/// is not the aggregator's) that both passed the service's check before their handlers ran:
+/// the second to be written is refused, and nothing of it is written — neither a postponed
+/// record nor its nonce's decision, so that the nonce asked again reaches a handler, and
+/// the first keeps the id and its delivery.
+async fn a_postponed_validation_under_an_id_held_for_another_nonce_writes_nothing(b: &Backend) {
+    postpone(b, 80).await;
+    let request = validation("other-80", 80, "10");
+    let fingerprint = Fingerprint::of(&request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    let refused = b
+        .shared
+        .finish_validation(
+            request.nonce(),
+            claim,
+            &fingerprint,
+            &RecordedDecision::Postponed,
+            Some(PostponedValidation::new(request.clone(), Utc::now(), None)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, payhook::store::StoreError::ValidationIdTaken(80)),
+        "{refused:?}"
+    );
+    b.shared
+        .release_validation(request.nonce(), claim)
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.shared
+            .begin_validation(request.nonce(), &fingerprint, STALE)
+            .await
+            .unwrap(),
+        ValidationBegin::Claimed { .. }
+    ));
+    let kept = b.shared.postponed(80.into()).await.unwrap().unwrap();
+    assert_eq!(kept.request.nonce().as_str(), "p-80");
+    assert_eq!(kept.state(), PostponedState::Pending);
+}
+
 behaviour!(a_repeat_without_a_postponed_original_is_not_recorded);
 /// A nonce decided outside Awaitable mode has no postponed validation to repeat, nor has a
 /// nonce never seen; and one validation takes a bounded number of repeats.

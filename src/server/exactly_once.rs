@@ -838,7 +838,16 @@ impl ExactlyOnce {
                         if let Some(task) = decided.later {
                             task.abort();
                         }
-                        Err(self.store_failed(Endpoint::TransactionValidation, &error))
+                        if let StoreError::ValidationIdTaken(_) = error {
+                            // Another nonce's validation took the id between the check
+                            // before the handler and this write.
+                            if let Err(error) = store.release_validation(&nonce, held.claim).await {
+                                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
+                            }
+                            Err(Problem::ValidationIdReused)
+                        } else {
+                            Err(self.store_failed(Endpoint::TransactionValidation, &error))
+                        }
                     }
                 }
             }

@@ -793,14 +793,21 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 if let Some(record) = postponed {
                     let mut staging = Staging::new(&context.tree, &mut overlay);
                     match postponed_records::create(&mut staging, &record) {
-                        Ok(true) => {
+                        Ok(postponed_records::Created::New) => {
                             indexed.push(
                                 keys::TAG_POSTPONED,
                                 record.validation_id.to_string().as_bytes(),
                             );
                             validation_id = Some(record.validation_id);
                         }
-                        Ok(false) => {}
+                        Ok(postponed_records::Created::Known) => {}
+                        // Nothing of this validation is written: answered as refused, its
+                        // nonce free for the aggregator to ask again.
+                        Ok(postponed_records::Created::TakenByAnotherNonce) => {
+                            let id = record.validation_id.get();
+                            let _ = reply.send(Err(StoreError::ValidationIdTaken(id)));
+                            continue;
+                        }
                         Err(error) => {
                             let _ = reply.send(Err(error));
                             continue;

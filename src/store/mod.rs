@@ -417,6 +417,10 @@ pub enum StoreError {
     /// The claim was lost (taken over as stale); nothing was written.
     #[error("claim on `{0}` was lost")]
     ClaimLost(String),
+    /// A postponed validation's id is held for another nonce (the aggregator never reuses
+    /// one: one of the two is not the aggregator's); nothing of the validation was written.
+    #[error("validation id {0} is held for another nonce; nothing was written")]
+    ValidationIdTaken(i64),
     /// The store cannot prove it holds everything it acknowledged; it refuses to open.
     #[error(transparent)]
     Integrity(#[from] IntegrityError),

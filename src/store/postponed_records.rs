@@ -80,13 +80,23 @@ pub(crate) fn put(staging: &mut Staging<'_>, record: &PostponedValidation) {
     }
 }
 
-/// Stores a new postponed validation, unless its id is already known (the first one stays:
-/// the aggregator never reuses a validation id, and a replay must not reset a decision).
-/// Returns `true` when written.
+/// What [`create`] did.
+pub(crate) enum Created {
+    /// The record was written.
+    New,
+    /// Its id was known for the same nonce: nothing written (a replay must not reset a
+    /// decision).
+    Known,
+    /// Its id was known for another nonce: nothing written, the first one stays (the
+    /// aggregator never reuses a validation id).
+    TakenByAnotherNonce,
+}
+
+/// Stores a new postponed validation, unless its id is already known (the first one stays).
 pub(crate) fn create(
     staging: &mut Staging<'_>,
     record: &PostponedValidation,
-) -> Result<bool, StoreError> {
+) -> Result<Created, StoreError> {
     if let Some(existing) = read(staging, record.validation_id)? {
         if existing.request.nonce() != record.request.nonce() {
             tracing::warn!(
@@ -94,11 +104,12 @@ pub(crate) fn create(
                 validation_id = record.validation_id.get(),
                 "a validation id arrived again with another nonce; the first is kept"
             );
+            return Ok(Created::TakenByAnotherNonce);
         }
-        return Ok(false);
+        return Ok(Created::Known);
     }
     put(staging, record);
-    Ok(true)
+    Ok(Created::New)
 }
 
 /// Applies `op`; what it did is returned (for a delivery, `Recorded` unless unknown).
