@@ -335,6 +335,23 @@ async fn a_copied_sled_store_is_not_served_again() {
             && refused.contains(&marker.display().to_string()),
         "{refused}"
     );
+    // The operator's check of the directory says so too.
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(["store", "check", "--data"])
+        .arg(&sled.path)
+        .env_clear()
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "it is not served: {} says it was copied into PostgreSQL schema {} on ",
+            marker.display(),
+            db.schema
+        )),
+        "{said}"
+    );
     let again = copy_from_sled_again(&sled, &db);
     assert!(again.status.success());
     assert!(
