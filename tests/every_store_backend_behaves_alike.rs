@@ -2038,18 +2038,15 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
 /// opens on it: a claim idles in its transaction while its handler runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_connection_the_database_closed_is_replaced() {
-    use std::str::FromStr;
     let Some(db) = support::postgres::database("a_kept_connection_closed").await else {
         return;
     };
-    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
-        .unwrap()
-        .options([("idle_in_transaction_session_timeout", "200")]);
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-        .unwrap();
+    let pool = support::postgres::pool_at(
+        &db.url,
+        4,
+        &[("idle_in_transaction_session_timeout", "200")],
+    )
+    .await;
     let logs = support::captured_logs(tracing::Level::WARN);
     let store: Arc<dyn Store> = Arc::new(
         payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
@@ -2090,24 +2087,21 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
 /// it, and the aggregator, answered 200, never sends it again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_booking_commits_durably_whatever_the_pools_defaults() {
-    use std::str::FromStr;
     let Some(db) = support::postgres::database("a_booking_durably").await else {
         return;
     };
     // A pool that commits asynchronously has its bookings commit synchronously; one that
     // waits for the standby to apply keeps that.
     for (pool_commit, booking_commit) in [("off", "on"), ("remote_apply", "remote_apply")] {
-        let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
-            .unwrap()
-            .options([
+        let pool = support::postgres::pool_at(
+            &db.url,
+            4,
+            &[
                 ("default_transaction_isolation", "serializable"),
                 ("synchronous_commit", pool_commit),
-            ]);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .unwrap();
+            ],
+        )
+        .await;
         let store: Arc<dyn Store> = Arc::new(
             payhook::store::PgStore::with_pool(pool, &db.store_config(RETENTION), TREES)
                 .await
@@ -2978,18 +2972,10 @@ async fn migrating_is_not_bounded_by_the_statement_timeout() {
 /// the pool, its next user ran unbounded and a later instance's migration waited on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_given_up_while_migrating_leaves_the_pool_as_it_was() {
-    use std::str::FromStr;
     let Some(db) = support::postgres::database("migrating_given_up").await else {
         return;
     };
-    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url)
-        .unwrap()
-        .options([("statement_timeout", "5000")]);
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
+    let pool = support::postgres::pool_at(&db.url, 1, &[("statement_timeout", "5000")]).await;
     let mut holder = db.connect().await;
     let lock = format!("payhook migrations {}", db.schema);
     sqlx::query("SELECT pg_advisory_lock(hashtextextended($1, 0))")

@@ -163,6 +163,17 @@ fn copy_with(
         .unwrap()
 }
 
+/// The standard output of a command `run` that must have succeeded (else its output is told).
+fn succeeded(run: &std::process::Output) -> String {
+    let said = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    said
+}
+
 /// A copy of a sled store with history (in `dir`) into `db`, once migrated, run by the
 /// command and held by the test after it wrote its callbacks' rows and before it commits
 /// them: the `trees` table, which it writes next, is locked until the test releases it.
@@ -215,13 +226,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let sled = sled_with_history(&dir).await;
 
     let copy = || copy_from_sled(&sled, &db);
-    let first = copy();
-    let said = String::from_utf8_lossy(&first.stdout).into_owned();
-    assert!(
-        first.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    let said = succeeded(&copy());
     assert!(
         said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 postponed validation(s), 2 tree key(s)"),
         "{said}"
@@ -239,8 +244,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         "{why}"
     );
     let again = copy_from_sled_again(&sled, &db);
-    let said = String::from_utf8_lossy(&again.stdout).into_owned();
-    assert!(again.status.success());
+    let said = succeeded(&again);
     assert!(
         said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s)"),
         "a second copy writes nothing: {said}"
@@ -311,12 +315,7 @@ async fn a_copied_sled_store_is_not_served_again() {
     };
     let dir = tempfile::tempdir().unwrap();
     let sled = sled_with_history(&dir).await;
-    let copied = copy_from_sled(&sled, &db);
-    assert!(
-        copied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&copied.stderr)
-    );
+    succeeded(&copy_from_sled(&sled, &db));
     let marker = sled.path.join(payhook::store::MOVED_FILE_NAME);
     let said = std::fs::read_to_string(&marker).unwrap();
     assert!(
@@ -342,8 +341,7 @@ async fn a_copied_sled_store_is_not_served_again() {
         .env_clear()
         .output()
         .unwrap();
-    let said = String::from_utf8_lossy(&checked.stdout);
-    assert!(checked.status.success(), "{said}");
+    let said = succeeded(&checked);
     assert!(
         said.contains(&format!(
             "it is not served: {} says it was copied into PostgreSQL schema {} on ",
@@ -352,13 +350,8 @@ async fn a_copied_sled_store_is_not_served_again() {
         )),
         "{said}"
     );
-    let again = copy_from_sled_again(&sled, &db);
-    assert!(again.status.success());
-    assert!(
-        String::from_utf8_lossy(&again.stdout).contains("copied 0 callback record(s)"),
-        "{}",
-        String::from_utf8_lossy(&again.stdout)
-    );
+    let said = succeeded(&copy_from_sled_again(&sled, &db));
+    assert!(said.contains("copied 0 callback record(s)"), "{said}");
     std::fs::remove_file(&marker).unwrap();
     let store = SledStore::open(&sled, &["ledger"]).unwrap();
     assert_eq!(
@@ -404,12 +397,7 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
         .unwrap();
     drop((shared, store));
 
-    let copied = copy_from_sled(&sled, &db);
-    assert!(
-        copied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&copied.stderr)
-    );
+    succeeded(&copy_from_sled(&sled, &db));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let shared = store.shared();
     for status in [TransactionStatus::Cancelled, TransactionStatus::Success] {
@@ -516,12 +504,7 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
         (false, false),
         "the copy's nonce is busy, not claimed"
     );
-    let copied = copy.await.unwrap();
-    assert!(
-        copied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&copied.stderr)
-    );
+    succeeded(&copy.await.unwrap());
     assert_eq!(
         older_instance_claims(
             &mut watcher,
@@ -620,12 +603,7 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
         "{refused}"
     );
     locked.release().await;
-    let copied = copy.await.unwrap();
-    assert!(
-        copied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&copied.stderr)
-    );
+    succeeded(&copy.await.unwrap());
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     assert_eq!(
         store
@@ -726,13 +704,7 @@ async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted()
         let store = SledStore::open(&sled, &["ledger"]).unwrap();
         book_in_sled(&store, "nul-\u{0}-1", Effects::default()).await;
     }
-    let copied = copy_from_sled(&sled, &db);
-    let said = String::from_utf8_lossy(&copied.stdout);
-    assert!(
-        copied.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&copied.stderr)
-    );
+    let said = succeeded(&copy_from_sled(&sled, &db));
     assert!(
         said.contains("copied 2 callback record(s)")
             && said.contains("1 record(s) of a nonce with U+0000 left behind"),
@@ -828,19 +800,12 @@ async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_wh
     }
     // The allowed validation's record past its retention too, not yet swept.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let copy = copy_from_sled(&sled, &db);
-    let said = String::from_utf8_lossy(&copy.stdout).into_owned();
-    assert!(
-        copy.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&copy.stderr)
-    );
+    let said = succeeded(&copy_from_sled(&sled, &db));
     assert!(
         said.contains("1 validation record(s), 0 failing callback(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "{said}"
     );
-    let again = copy_from_sled_again(&sled, &db);
-    let said = String::from_utf8_lossy(&again.stdout).into_owned();
+    let said = succeeded(&copy_from_sled_again(&sled, &db));
     assert!(
         said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "a second copy writes nothing, and leaves the same behind: {said}"

@@ -378,11 +378,7 @@ async fn connections_outlive_an_idle_session_limit_of_the_database() {
             ..db.store_config(Duration::from_secs(3600))
         };
         let store = if merchants_pool {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(8)
-                .connect(&url)
-                .await
-                .unwrap();
+            let pool = support::postgres::pool_at(&url, 8, &[]).await;
             PgStore::with_pool(pool, &config.store, &[]).await.unwrap()
         } else {
             PgStore::open(&config.store, &[]).await.unwrap()

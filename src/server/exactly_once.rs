@@ -696,21 +696,35 @@ impl ExactlyOnce {
             .await
             .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
         match kept {
-            Some(kept) if kept.request.nonce() != request.nonce() => {
-                self.inner
-                    .metrics
-                    .nonce_reuse_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    security_event = "validation_id_reuse",
-                    validation_id = request.validation_id.get(),
-                    client = %Logged(&request.merchant_data.client_id),
-                    "validation id already used for another nonce; refused"
-                );
-                Err(Problem::ValidationIdReused)
-            }
+            Some(kept) if kept.request.nonce() != request.nonce() => Err(self.refused_as_reuse(
+                "validation_id_reuse",
+                request,
+                Problem::ValidationIdReused,
+            )),
             _ => Ok(()),
         }
+    }
+
+    /// `problem`, for a validation refused because what identifies it (its nonce, its id)
+    /// was used for a different payment: counted, and logged as security event `event`.
+    fn refused_as_reuse(
+        &self,
+        event: &'static str,
+        request: &TransactionValidationRequest,
+        problem: Problem,
+    ) -> Problem {
+        self.inner
+            .metrics
+            .nonce_reuse_refused
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            security_event = event,
+            validation_id = request.validation_id.get(),
+            client = %Logged(&request.merchant_data.client_id),
+            "{}; refused",
+            problem.message()
+        );
+        problem
     }
 
     async fn validate_claimed(
@@ -763,17 +777,7 @@ impl ExactlyOnce {
                 return answer;
             }
             ValidationBegin::Mismatch => {
-                self.inner
-                    .metrics
-                    .nonce_reuse_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    security_event = "nonce_reuse",
-                    validation_id = request.validation_id.get(),
-                    client = %Logged(&request.merchant_data.client_id),
-                    "nonce already used for a different payment; refused"
-                );
-                return Err(Problem::NonceReused);
+                return Err(self.refused_as_reuse("nonce_reuse", &request, Problem::NonceReused));
             }
             ValidationBegin::Busy => {
                 return Err(Problem::InFlight {

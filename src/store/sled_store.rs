@@ -137,6 +137,31 @@ impl SledStore {
         Self::open_with(config, trees, Destination::Sled)
     }
 
+    /// What the store at `config.path` says of its move to PostgreSQL: [`MOVED_FILE_NAME`]'s
+    /// first clause (`being copied into PostgreSQL schema … since …`, or, once the copy
+    /// finished, `copied into PostgreSQL schema … on …`); `None` when it was not moved.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Backend`] when the file is there but cannot be read.
+    pub fn moved(config: &StoreConfig) -> Result<Option<String>, StoreError> {
+        let path = config.path.join(MOVED_FILE_NAME);
+        match std::fs::read_to_string(&path) {
+            Ok(said) => Ok(Some(
+                said.trim_end()
+                    .split(';')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(StoreError::backend(
+                format!("cannot read {}", path.display()),
+                error,
+            )),
+        }
+    }
+
     /// Marks the store at `config.path` as being copied (`done`: as copied) into PostgreSQL
     /// schema `schema`, a file [`MOVED_FILE_NAME`] in its directory saying where and when:
     /// [`SledStore::open`] refuses it from then on. The copy marks it while it holds the
@@ -157,7 +182,7 @@ impl SledStore {
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         let said = if done {
             format!(
-                "copied into PostgreSQL schema {schema} on {now} by payhook store \
+                "{COPIED_INTO} PostgreSQL schema {schema} on {now} by payhook store \
                  copy-from-sled; the service books its callbacks there since\n"
             )
         } else {
@@ -477,10 +502,13 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
 /// (see [`SledStore::open`]).
 pub const MOVED_FILE_NAME: &str = "MOVED-TO-POSTGRESQL";
 
+/// How [`SledStore::moved`] begins once the copy finished.
+pub(crate) const COPIED_INTO: &str = "copied into";
+
 /// Refuses a store copied into PostgreSQL (see [`SledStore::mark_moved`]), saying where to and
 /// how to serve from sled again should the move be abandoned.
 fn refuse_if_moved(config: &StoreConfig) -> Result<(), StoreError> {
-    match moved(config)? {
+    match SledStore::moved(config)? {
         Some(said) => Err(StoreError::Unsupported(format!(
             "the sled store at {} was {said}: its callbacks are booked in PostgreSQL since, and \
              a sled instance would book their retries again; set store.url to serve from \
@@ -490,26 +518,6 @@ fn refuse_if_moved(config: &StoreConfig) -> Result<(), StoreError> {
             config.path.join(MOVED_FILE_NAME).display()
         ))),
         None => Ok(()),
-    }
-}
-
-/// What the store at `config.path` says of its move to PostgreSQL ([`MOVED_FILE_NAME`]'s
-/// first clause: `being copied into …` or `copied into …`), if it was moved.
-pub(crate) fn moved(config: &StoreConfig) -> Result<Option<String>, StoreError> {
-    let path = config.path.join(MOVED_FILE_NAME);
-    match std::fs::read_to_string(&path) {
-        Ok(said) => Ok(Some(
-            said.trim_end()
-                .split(';')
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
-        )),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(error) => Err(StoreError::backend(
-            format!("cannot read {}", path.display()),
-            error,
-        )),
     }
 }
 

@@ -62,6 +62,21 @@ fn unreachable(test: &str, why: &str) -> Option<TestDb> {
     None
 }
 
+/// A pool of `max` connections to `url` whose connections start with `options` set (as a
+/// merchant's service builds one to give `PgStore::with_pool`).
+#[allow(dead_code, reason = "not every test binary builds a pool of its own")]
+pub async fn pool_at(url: &str, max: u32, options: &[(&str, &str)]) -> sqlx::PgPool {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)
+        .unwrap()
+        .options(options.iter().copied());
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max)
+        .connect_with(options)
+        .await
+        .unwrap()
+}
+
 impl TestDb {
     /// The store settings of this schema, with `retention`.
     pub fn store_config(&self, retention: Duration) -> StoreConfig {

@@ -718,12 +718,10 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
     match command {
         StoreCommand::Check { .. } => {
             println!("{}", SledStore::check(&store).map_err(failure)?);
-            let marker = store.path.join(payhook::store::MOVED_FILE_NAME);
-            if let Ok(said) = std::fs::read_to_string(&marker) {
+            if let Some(said) = SledStore::moved(&store).map_err(failure)? {
                 println!(
-                    "it is not served: {} says it was {} (a sled instance refuses to open it)",
-                    marker.display(),
-                    said.trim_end().split(';').next().unwrap_or_default()
+                    "it is not served: {} says it was {said} (a sled instance refuses to open it)",
+                    store.path.join(payhook::store::MOVED_FILE_NAME).display(),
                 );
             }
         }

@@ -637,7 +637,7 @@ impl PgStore {
                    OR v.claimed_at <= now() - make_interval(secs => $4) \
                    OR NOT {alive}) \
              RETURNING 1",
-            alive = super::owner_alive("v.claim_owner"),
+            alive = super::liveness::owner_alive("v.claim_owner"),
             unsynced = super::UNSYNCED
         )))
         .bind(&key)

@@ -132,8 +132,8 @@ impl PgStore {
             CopyLock::take(self.pool(), &self.inner.schema, self.inner.liveness.owner).await?;
         // sled's lock is held for as long as its records are: until the copy is marked done.
         let mut records = SledStore::export(sled)?;
-        if let Some(said) = super::super::sled_store::moved(sled)?
-            && said.starts_with("copied into")
+        if let Some(said) = SledStore::moved(sled)?
+            && said.starts_with(super::super::sled_store::COPIED_INTO)
             && !again
         {
             return Err(StoreError::backend_message(format!(

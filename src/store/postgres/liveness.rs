@@ -31,7 +31,7 @@ use sqlx::{Connection, Executor as _, PgConnection};
 use super::super::StoreError;
 
 /// The first key of every liveness lock ("payh").
-pub(super) const LOCK_KEY: i32 = 0x7061_7968;
+const LOCK_KEY: i32 = 0x7061_7968;
 
 /// The first key of the lock every open store of a schema holds shared ("payo").
 const OPEN_KEY: i32 = 0x7061_796f;
@@ -58,15 +58,30 @@ const OWNER_TRIES: usize = 8;
 /// The session settings of a holding connection: never closed for idling between its
 /// checks, whatever the server's or role's `idle_session_timeout` (a merchant's pool given
 /// to [`PgStore::with_pool`](super::PgStore::with_pool) does not turn it off as payhook's
-/// does; PostgreSQL before 14 has none), and its client seen gone within about 25 s by the
-/// server's keepalives when its host vanishes (the server's default waits two hours).
-/// Ignored over a Unix socket. A setting the server does not know is left out, so that a
-/// server too old for payhook is refused by the version check, saying so.
-const HOLDER_SETTINGS: &str = "SELECT set_config(name, value, false) FROM (VALUES \
-       ('idle_session_timeout', '0'), ('tcp_keepalives_idle', '10'), \
-       ('tcp_keepalives_interval', '5'), ('tcp_keepalives_count', '3'), \
-       ('tcp_user_timeout', '25000')) AS wanted (name, value) \
-     WHERE current_setting(name, true) IS NOT NULL";
+/// does), and its client seen gone within about 25 s by the server's keepalives when its
+/// host vanishes (the server's default waits two hours). Ignored over a Unix socket.
+const HOLDER_SETTINGS: [(&str, &str); 5] = [
+    ("idle_session_timeout", "0"),
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "25000"),
+];
+
+/// A statement setting `settings` for the session, each only where the server knows it
+/// (`idle_session_timeout` is new in PostgreSQL 14, `tcp_user_timeout` in 12): a server
+/// too old for payhook is then refused by the version check, saying so, not by a setting.
+pub(super) fn set_where_known(settings: &[(&str, &str)]) -> String {
+    let wanted: Vec<String> = settings
+        .iter()
+        .map(|(name, value)| format!("('{name}', '{value}')"))
+        .collect();
+    format!(
+        "SELECT set_config(name, value, false) FROM (VALUES {}) AS wanted (name, value) \
+         WHERE current_setting(name, true) IS NOT NULL",
+        wanted.join(", ")
+    )
+}
 
 /// An instance's liveness: its owner number and the task keeping its holds, which ends
 /// (letting every hold go) when this is dropped.
@@ -229,23 +244,36 @@ async fn copying(conn: &mut PgConnection, schema: &str, owner: i32) -> Result<bo
     .map_err(|e| StoreError::backend("cannot read whether a copy from sled is under way", e))
 }
 
-/// SQL true of a granted row `row` of `pg_locks` for `(key, hashtext($1))` in this
-/// database.
-fn schema_lock(row: &str, key: i32) -> String {
+/// SQL true of a row `row` of `pg_locks` that is a granted advisory lock `(key, second)` of
+/// this database (`second`: SQL for the lock's second key).
+fn advisory_held(row: &str, key: i32, second: &str) -> String {
     format!(
         "{row}.locktype = 'advisory' AND {row}.granted AND {row}.classid = {key}::oid \
-           AND {row}.objid = hashtext($1)::oid AND {row}.objsubid = 2 \
+           AND {row}.objid = ({second})::oid AND {row}.objsubid = 2 \
            AND {row}.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     )
+}
+
+/// SQL true of a granted row `row` of `pg_locks` for `(key, hashtext($1))`.
+fn schema_lock(row: &str, key: i32) -> String {
+    advisory_held(row, key, "hashtext($1)")
 }
 
 /// SQL true of a row `row` of `pg_locks` held by a session that does not hold instance
 /// `owner`'s liveness lock.
 fn not_of(owner: i32, row: &str) -> String {
     format!(
-        "NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = {row}.pid \
-           AND l.locktype = 'advisory' AND l.granted AND l.classid = {LOCK_KEY}::oid \
-           AND l.objid = {owner}::oid AND l.objsubid = 2)"
+        "NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = {row}.pid AND {})",
+        advisory_held("l", LOCK_KEY, &owner.to_string())
+    )
+}
+
+/// SQL that is true while the instance named by the claim owner column `column` lives
+/// (holds its liveness lock on some connection).
+pub(super) fn owner_alive(column: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_locks l WHERE {})",
+        advisory_held("l", LOCK_KEY, column)
     )
 }
 
@@ -363,7 +391,7 @@ async fn connection(pool: &PgPool) -> Result<PgConnection, StoreError> {
         .await
         .map_err(|e| StoreError::backend("cannot connect for the liveness lock", e))?
         .detach();
-    conn.execute(HOLDER_SETTINGS)
+    conn.execute(set_where_known(&HOLDER_SETTINGS).as_str())
         .await
         .map_err(|e| StoreError::backend("cannot connect for the liveness lock", e))?;
     Ok(conn)

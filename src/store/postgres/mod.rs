@@ -658,17 +658,6 @@ const COUNT_FOLDED_EVERY: Duration = Duration::from_secs(5);
 /// marks and the merchant's effects always commit synchronously.
 const UNSYNCED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS unsynced";
 
-/// SQL that is true while the instance named by the claim owner column `column` lives
-/// (holds its liveness lock).
-fn owner_alive(column: &str) -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-           AND classid = {key}::oid AND objid = {column}::oid AND objsubid = 2 \
-           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
-        key = liveness::LOCK_KEY
-    )
-}
-
 /// A pool of `size` connections to `config.url`: every connection commits synchronously,
 /// bounds its statements by `store.statement_timeout`, and is not closed for idling in a
 /// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
@@ -697,13 +686,8 @@ async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> 
         // setting it does not know, before the version check could say what is wrong.
         .after_connect(|conn, _| {
             Box::pin(async move {
-                sqlx::Executor::execute(
-                    conn,
-                    "SELECT set_config('idle_session_timeout', '0', false) \
-                     WHERE current_setting('idle_session_timeout', true) IS NOT NULL",
-                )
-                .await
-                .map(drop)
+                let off = liveness::set_where_known(&[("idle_session_timeout", "0")]);
+                sqlx::Executor::execute(conn, off.as_str()).await.map(drop)
             })
         })
         .acquire_timeout(config.connect_timeout)

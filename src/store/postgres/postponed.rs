@@ -71,7 +71,7 @@ pub(super) fn outbox_next_sql() -> String {
            (SELECT min(greatest(deliver_at, lease_until)) FROM {{s}}.postponed \
             WHERE lease_until > now() AND deliver_at IS NOT NULL AND lease_owner <> $2 \
               AND {alive} AND greatest(deliver_at, lease_until) > $1))",
-        alive = super::owner_alive("lease_owner")
+        alive = super::liveness::owner_alive("lease_owner")
     )
 }
 
@@ -344,7 +344,7 @@ impl PostponedStore for PgStore {
                    SET lease_owner = $2, lease_until = now() + make_interval(secs => $3) \
                  FROM due WHERE p.validation_id = due.validation_id \
                  RETURNING p.validation_id, p.record::text",
-                alive = super::owner_alive("lease_owner")
+                alive = super::liveness::owner_alive("lease_owner")
             )))
             .bind(now)
             .bind(self.inner.liveness.owner)
