@@ -124,6 +124,18 @@ async fn book_in_sled(store: &SledStore, nonce: &str, effects: Effects) {
         .unwrap();
 }
 
+/// Asserts that `store` answers a retry of `nonce`'s success as a duplicate.
+async fn retried_as_duplicate(store: &dyn DedupStore, nonce: &str) {
+    assert_eq!(
+        store
+            .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
+            .await
+            .unwrap(),
+        CallbackBegin::Duplicate,
+        "{nonce}: acknowledged before the move, a duplicate after it"
+    );
+}
+
 /// A stopped sled store in `dir` with [`history`] in it.
 async fn sled_with_history(dir: &tempfile::TempDir) -> StoreConfig {
     let sled = StoreConfig {
@@ -263,14 +275,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     .unwrap();
     let shared = store.shared();
     for nonce in ["moved-1", LONG] {
-        assert_eq!(
-            shared
-                .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
-                .await
-                .unwrap(),
-            CallbackBegin::Duplicate,
-            "{nonce}: acknowledged before the move, a duplicate after it"
-        );
+        retried_as_duplicate(shared.as_ref(), nonce).await;
         let ledger = store.tree("ledger").unwrap();
         assert_eq!(
             store
@@ -354,13 +359,7 @@ async fn a_copied_sled_store_is_not_served_again() {
     assert!(said.contains("copied 0 callback record(s)"), "{said}");
     std::fs::remove_file(&marker).unwrap();
     let store = SledStore::open(&sled, &["ledger"]).unwrap();
-    assert_eq!(
-        store
-            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
-            .await
-            .unwrap(),
-        CallbackBegin::Duplicate
-    );
+    retried_as_duplicate(&store, "moved-1").await;
     drop(store);
     db.drop_schema().await;
 }
@@ -605,14 +604,7 @@ async fn an_instance_does_not_open_while_the_copy_writes() {
     locked.release().await;
     succeeded(&copy.await.unwrap());
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
-    assert_eq!(
-        store
-            .shared()
-            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
-            .await
-            .unwrap(),
-        CallbackBegin::Duplicate
-    );
+    retried_as_duplicate(store.shared().as_ref(), "moved-1").await;
     drop(store);
     db.drop_schema().await;
 }
@@ -713,13 +705,7 @@ async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted()
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let shared = store.shared();
-    assert_eq!(
-        shared
-            .begin_callback(&Nonce::from("moved-1"), TransactionStatus::Success, STALE)
-            .await
-            .unwrap(),
-        CallbackBegin::Duplicate
-    );
+    retried_as_duplicate(shared.as_ref(), "moved-1").await;
     drop((shared, store));
     db.drop_schema().await;
 }
