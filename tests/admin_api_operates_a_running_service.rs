@@ -713,3 +713,74 @@ fn the_admin_client_sends_its_token_in_the_clear_only_to_loopback() {
         );
     }
 }
+
+/// Answers every request on `listener` with `status` and `body` once it has read the whole
+/// request (headers and `Content-Length` bytes): a proxy in front of the service.
+async fn answer_all(listener: tokio::net::TcpListener, status: u16, body: &'static str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut read = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = socket.read(&mut buf).await.unwrap();
+            read.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&read).to_ascii_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                if read.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            assert!(n > 0, "the request ended early");
+        }
+        let answer = format!(
+            "HTTP/1.1 {status} Whatever\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(answer.as_bytes()).await.unwrap();
+    }
+}
+
+/// A reconcile through `--admin-url` whose answer never came from the service — a proxy that
+/// gave up waiting (502, 504: payhook sends neither) — is told as of unknown outcome, to be
+/// run again, not as "NOT reconciled": the service may have booked it meanwhile, and an
+/// operator who books by hand on that word books it twice. The service's own refusal stays
+/// "NOT reconciled".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_a_proxy_gave_up_on_is_told_of_unknown_outcome() {
+    let id = "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e";
+    for (status, body, said) in [
+        (504, "<html>gateway timeout</html>", "outcome unknown"),
+        (502, "<html>bad gateway</html>", "outcome unknown"),
+        (
+            409,
+            r#"{"message":"reconcile needs a complete [gateway] section"}"#,
+            "NOT reconciled",
+        ),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(answer_all(listener, status, body));
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_payhook"))
+                .args(["reconcile", "--ref", id, "--admin-url", &url])
+                .env_clear()
+                .env("PAYHOOK_ADMIN_TOKEN", TOKEN)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(2), "{status}: {out}");
+        assert!(
+            out.contains(&format!("{id}: {said}")),
+            "{status}: {out}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

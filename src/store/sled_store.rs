@@ -503,6 +503,7 @@ fn open_sled(config: &StoreConfig, repair: bool) -> Result<(sled::Db, sled::Tree
 pub const MOVED_FILE_NAME: &str = "MOVED-TO-POSTGRESQL";
 
 /// How [`SledStore::moved`] begins once the copy finished.
+#[cfg(feature = "postgres")]
 pub(crate) const COPIED_INTO: &str = "copied into";
 
 /// Refuses a store copied into PostgreSQL (see [`SledStore::mark_moved`]), saying where to and
