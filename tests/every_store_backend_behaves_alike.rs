@@ -2223,6 +2223,74 @@ async fn a_result_leased_to_another_live_instance_falls_due_when_its_lease_runs_
     b.finish().await;
 }
 
+/// PostgreSQL only: a repeat under an id that another nonce's validation is writing at the
+/// same moment (both past the service's check before the handler) links nothing: the id
+/// stays that payment's, and a decision of the repeated nonce decides its own validations
+/// alone. The repeat's insert met the other's row and did nothing, and the id was linked all
+/// the same: allowing the repeated nonce approved the other payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_racing_another_nonces_validation_for_its_id_links_nothing() {
+    let Some(b) = Backend::postgres("repeat_races_an_id").await else {
+        return;
+    };
+    let db = b.db.as_ref().unwrap();
+    postpone(&b, 90).await;
+    postpone(&b, 91).await;
+    // Validation 91 of the other nonce, written again in a transaction not yet committed: a
+    // repeat's read does not see it, and its insert waits for it.
+    let mut writer = db.connect().await;
+    let table = format!("{}.postponed", db.schema);
+    for statements in [
+        format!(
+            "CREATE TEMP TABLE written AS SELECT * FROM {table} WHERE validation_id = 91; \
+             DELETE FROM {table} WHERE validation_id = 91"
+        ),
+        format!("BEGIN; INSERT INTO {table} SELECT * FROM written"),
+    ] {
+        sqlx::raw_sql(&statements)
+            .execute(&mut writer)
+            .await
+            .unwrap();
+    }
+    let store = b.shared.clone();
+    let repeat = tokio::spawn(async move {
+        store
+            .repeat(&validation("p-90", 91, "10"), Utc::now())
+            .await
+    });
+    let behind_the_writer = format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' \
+         AND pid <> pg_backend_pid() AND EXISTS (SELECT 1 FROM pg_stat_activity a \
+           WHERE a.pid = pg_locks.pid AND a.query LIKE '%INSERT INTO {table}%')"
+    );
+    db.until_counted(
+        &behind_the_writer,
+        "the repeat waiting for the other insert",
+        || repeat.is_finished(),
+    )
+    .await;
+    sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
+    assert_eq!(repeat.await.unwrap().unwrap(), Repeat::Known);
+    let original = b.shared.postponed(90.into()).await.unwrap().unwrap();
+    assert!(original.repeats.is_empty(), "{:?}", original.repeats);
+    let other = b.shared.postponed(91.into()).await.unwrap().unwrap();
+    assert_eq!(
+        (other.request.nonce().as_str(), other.repeat_of),
+        ("p-91", None)
+    );
+    b.shared
+        .resolve(90.into(), &Decision::allow("checked"), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        states_of(&b, &[90, 91]).await,
+        [PostponedState::Queued, PostponedState::Pending],
+        "the other payment is still undecided"
+    );
+    drop(writer);
+    b.finish().await;
+}
+
 /// PostgreSQL only: a sweep passes over a callback's record that a claim holds (a new
 /// status of an expired nonce, its handler running) rather than wait for it: the wait
 /// outlasted the statement timeout and failed the whole sweep, every other table's expired

@@ -188,7 +188,13 @@ impl PostponedStore for PgStore {
                 let_go(tx).await?;
                 return Ok(Repeat::Unlinked);
             };
-            self.insert_postponed(&mut tx, &repeat).await?;
+            if !self.insert_postponed(&mut tx, &repeat).await? {
+                // Another nonce's validation wrote the id between the read above and this
+                // insert (its lock is not the original's): the id is its own, and nothing
+                // is linked to it, or a decision of this nonce would decide that payment.
+                tx.rollback().await?;
+                return Ok(Repeat::Known);
+            }
             self.update_postponed(&mut tx, &original, false).await?;
             tx.commit().await?;
             Ok(Repeat::Recorded {
