@@ -58,6 +58,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     config.callback.allow_unsigned = true; // a test without keys; production verifies
     config.gateway = mock.gateway_config();
     config.validation.awaitable = true;
+    // Its decisions are posted to the aggregator, so the endpoint answers only its caller:
+    // here the simulated aggregator on this machine (a service sets a method or the
+    // aggregator's addresses).
+    config.auth.transaction_validation.allow_ips = vec!["127.0.0.1/32".into()];
     let app = App::builder(config)
         .transaction_validator(Shop)
         .callback_receiver(Shop)

@@ -451,6 +451,14 @@ pub struct EndpointAuthConfig {
     pub allow_ips: Vec<String>,
 }
 
+impl EndpointAuthConfig {
+    /// `true` when the endpoint would answer anyone who reaches it: method `none` and no
+    /// `allow_ips`.
+    pub fn is_open(&self) -> bool {
+        self.method == AuthMethod::None && self.allow_ips.is_empty()
+    }
+}
+
 impl Default for EndpointAuthConfig {
     fn default() -> Self {
         Self {

@@ -40,7 +40,7 @@
 //! | signature algorithm | RSA PKCS#1 v1.5 SHA-256, what .NET's `RSA.SignData` produces (`signature.algorithm`) |
 //! | signature encoding | standard base64 (`signature.encoding`); padding optional when reading |
 //! | callbacks without keys | refused at start-up unless `callback.allow_unsigned = true` (then each unsigned callback logs a warning); with keys, every callback must be signed |
-//! | how the aggregator authenticates validation calls | `none` by default; per endpoint: signature, shared-secret header, HTTP Basic, and/or an IP allow-list (`[auth.*]`) |
+//! | how the aggregator authenticates validation calls | `none` by default; per endpoint: signature, shared-secret header, HTTP Basic, and/or an IP allow-list (`[auth.*]`). In Awaitable mode the transaction validation endpoint's decisions are posted to the aggregator, so there an open endpoint (no method, no allow-list) is refused at start-up unless `validation.allow_unauthenticated = true` |
 //! | the client's address behind a reverse proxy | the socket's peer; with `server.trusted_proxies`, the right-most `X-Forwarded-For` address that is not a trusted proxy (so a client cannot forge an allowed one); a trusted proxy that sends no header, a malformed one or one naming only trusted proxies leaves it unknown, and allow-lists refuse |
 //! | postponed (Awaitable) validation | declared with `validation.awaitable = true`; see the README's "Awaitable validation" |
 //! | a validated nonce asked about again under a new `validationId` | the recorded answer, without the handler; in Awaitable mode the new id is kept as a repeat of the validation the handler saw and gets its result posted too (at most 100 per validation) |
@@ -290,6 +290,18 @@ impl Config {
             return Err(InvalidSetting::new(
                 "validation.awaitable",
                 "Awaitable mode posts results to the aggregator: set gateway.auth_url, gateway.gateway_url, gateway.username and gateway.password",
+            ));
+        }
+        if validation.awaitable
+            && self.auth.transaction_validation.is_open()
+            && !validation.allow_unauthenticated
+        {
+            return Err(InvalidSetting::new(
+                "auth.transaction_validation.method",
+                "is \"none\" with no allow_ips, and Awaitable mode posts that endpoint's decisions to the \
+                 aggregator: anyone who reaches it could have a decision posted under a validationId they \
+                 guess. Set a method (signature, shared_secret, basic) or allow_ips, or \
+                 validation.allow_unauthenticated = true to serve it open deliberately",
             ));
         }
         if validation.awaitable && validation.time_budget >= handler_timeout {
@@ -698,7 +710,7 @@ mod tests {
                 concat!(
                     "[gateway]\nauth_url = \"https://a.example\"\ngateway_url = \"https://g.example\"\n",
                     "username = \"u\"\npassword = \"p\"\n",
-                    "[validation]\nawaitable = true\ntime_budget = \"20s\""
+                    "[validation]\nawaitable = true\nallow_unauthenticated = true\ntime_budget = \"20s\""
                 ),
                 "validation.time_budget",
             ),
@@ -706,9 +718,17 @@ mod tests {
                 concat!(
                     "[gateway]\nauth_url = \"https://a.example\"\ngateway_url = \"https://g.example\"\n",
                     "username = \"u\"\npassword = \"p\"\n",
-                    "[validation]\nawaitable = true\ndeadline = \"10s\""
+                    "[validation]\nawaitable = true\nallow_unauthenticated = true\ndeadline = \"10s\""
                 ),
                 "validation.deadline",
+            ),
+            (
+                concat!(
+                    "[gateway]\nauth_url = \"https://a.example\"\ngateway_url = \"https://g.example\"\n",
+                    "username = \"u\"\npassword = \"p\"\n",
+                    "[validation]\nawaitable = true"
+                ),
+                "auth.transaction_validation.method",
             ),
         ];
         for (toml, key) in cases {

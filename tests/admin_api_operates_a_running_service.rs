@@ -18,6 +18,8 @@ fn config(gateway: &FakeGateway) -> payhook::Config {
     let mut config = test_config();
     config.gateway = gateway.config();
     config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
     config.admin.token = Some(TOKEN.into());
     config
 }
@@ -569,6 +571,10 @@ async fn the_command_line_operates_the_running_example_merchant() {
         ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".to_owned()),
         ("PAYHOOK_STORE_PATH", data.path().display().to_string()),
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".to_owned()),
+        (
+            "PAYHOOK_VALIDATION_ALLOW_UNAUTHENTICATED",
+            "true".to_owned(),
+        ),
         ("MERCHANT_REVIEW_EVERY", "1h".to_owned()),
         // No aggregator key here: unsigned callbacks only by explicit opt-in.
         ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".to_owned()),

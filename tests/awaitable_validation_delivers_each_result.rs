@@ -22,6 +22,8 @@ fn awaitable_config(gateway: &FakeGateway) -> Config {
     let mut config = test_config();
     config.gateway = gateway.config();
     config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
     config.validation.retry_schedule = vec![Duration::from_millis(10), Duration::from_millis(30)];
     config
 }
@@ -459,6 +461,8 @@ async fn the_outbox_retries_through_refused_connections_and_5xx_until_delivered(
 async fn awaitable_mode_needs_a_complete_gateway_section() {
     let mut config = test_config();
     config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
     let error = App::builder(config)
         .transaction_validator(support::TestMerchant::default())
         .build()
@@ -505,6 +509,8 @@ fn paused_app(dir: &tempfile::TempDir, tweak: impl FnOnce(&mut Config)) -> App {
     let mut config = test_config();
     config.store.path = dir.path().join("store");
     config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
     config.gateway.auth_url = Some("http://127.0.0.1:1".into());
     config.gateway.gateway_url = Some("http://127.0.0.1:1".into());
     config.gateway.username = Some("shop".into());

@@ -119,6 +119,7 @@ async fn await_prints_the_result_the_merchant_posts_to_the_mock_gateway() {
     let mut env = gateway_env(&mock.gateway_config());
     env.extend([
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("PAYHOOK_VALIDATION_ALLOW_UNAUTHENTICATED", "true".into()),
         ("MERCHANT_REVIEW_ABOVE", "100".into()),
         ("MERCHANT_REVIEW_EVERY", "50ms".into()),
     ]);
@@ -466,6 +467,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let mut env = gateway_env(&gateway);
     env.extend([
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("PAYHOOK_VALIDATION_ALLOW_UNAUTHENTICATED", "true".into()),
         ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["100ms"]"#.into()),
         ("MERCHANT_REVIEW_EVERY", "100ms".into()),
     ]);

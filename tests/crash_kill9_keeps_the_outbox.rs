@@ -20,6 +20,7 @@ fn start_merchant(gateway: &FakeGateway, data: &Path) -> (Spawned, SocketAddr) {
         ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".into()),
         ("PAYHOOK_STORE_PATH", data.display().to_string()),
         ("PAYHOOK_VALIDATION_AWAITABLE", "true".into()),
+        ("PAYHOOK_VALIDATION_ALLOW_UNAUTHENTICATED", "true".into()),
         ("PAYHOOK_VALIDATION_RETRY_SCHEDULE", r#"["50ms"]"#.into()),
         ("MERCHANT_REVIEW_ABOVE", "100".into()),
         ("MERCHANT_REVIEW_EVERY", "50ms".into()),

@@ -68,6 +68,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_STORE_SCHEMA" => "payhook_test".into(),
         "PAYHOOK_STORE_POOL_SIZE" => "4".into(),
         "PAYHOOK_VALIDATION_AWAITABLE" => "false".into(),
+        "PAYHOOK_VALIDATION_ALLOW_UNAUTHENTICATED" => "true".into(),
         "PAYHOOK_VALIDATION_DEADLINE_OUTCOME" => "allow".into(),
         "PAYHOOK_VALIDATION_DEADLINE" => "30m".into(),
         "PAYHOOK_VALIDATION_RETRY_SCHEDULE" => r#"["1s", "10s"]"#.into(),

@@ -3,7 +3,9 @@
 //!
 //! * A validation endpoint served with no authentication method and no address allow-list
 //!   answers anyone who reaches it. The spec does not say how the aggregator authenticates
-//!   itself, so that is the default.
+//!   itself, so that is the default — except in Awaitable mode, where the transaction
+//!   validation endpoint's decisions are posted to the aggregator: there it is refused unless
+//!   `validation.allow_unauthenticated` says it is served open deliberately.
 //! * A retention shorter than the aggregator's retries of one callback may last: a late
 //!   retry is refused 409 (not booked twice, but not booked).
 //! * A file holding a secret — a configuration file with a password or a token, the
@@ -87,23 +89,86 @@ fn a_retention_shorter_than_the_retries_is_named_and_the_default_is_not() {
     assert!(!quiet.contains("store.retention"), "{quiet}");
 }
 
-/// What building an app of `config` in Awaitable mode, its store in a temporary directory,
-/// logs at WARN.
-fn awaitable_warnings_of(mut config: Config) -> String {
-    let data = tempfile::tempdir().unwrap();
-    config.store.path = data.path().join("store");
+/// `config` in Awaitable mode, its store in `data`.
+fn awaitable(mut config: Config, data: &std::path::Path) -> Config {
+    config.store.path = data.join("store");
     config.validation.awaitable = true;
     config.gateway.auth_url = Some("http://127.0.0.1:1".into());
     config.gateway.gateway_url = Some("http://127.0.0.1:1".into());
     config.gateway.username = Some("shop".into());
     config.gateway.password = Some("pw".into());
+    config
+}
+
+/// Builds an app serving transaction validations of `config`.
+fn build_validations(config: Config) -> Result<App, payhook::server::BuildError> {
+    App::builder(config)
+        .transaction_validator(TestMerchant::default())
+        .manual_background()
+        .build()
+}
+
+/// What building an app of `config` in Awaitable mode, its store in a temporary directory,
+/// logs at WARN.
+fn awaitable_warnings_of(config: Config) -> String {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = awaitable(config, data.path());
+    // Its caller would be a test on loopback; not what these tests are about.
+    config.validation.allow_unauthenticated = true;
     warnings_while(|| {
-        App::builder(config)
-            .transaction_validator(TestMerchant::default())
-            .manual_background()
-            .build()
-            .unwrap();
+        build_validations(config).unwrap();
     })
+}
+
+/// An open validation endpoint in Awaitable mode would let anyone have a decision posted to
+/// the aggregator: refused, naming the setting and the ways out, unless opted into.
+#[test]
+fn an_open_awaitable_validation_endpoint_is_refused_unless_served_open_deliberately() {
+    let data = tempfile::tempdir().unwrap();
+    let open = awaitable(test_config(), data.path());
+    let Err(refused) = build_validations(open.clone()) else {
+        panic!("an open Awaitable validation endpoint was served");
+    };
+    let said = refused.to_string();
+    for words in [
+        "auth.transaction_validation.method",
+        "Awaitable mode posts",
+        "allow_ips",
+        "validation.allow_unauthenticated = true",
+    ] {
+        assert!(said.contains(words), "{words:?} missing from: {said}");
+    }
+    assert!(
+        !data.path().join("store").exists(),
+        "refused before the store is opened"
+    );
+    // The configuration alone is refused too (`payhook check-config` says so).
+    assert!(open.validate().is_err());
+
+    let mut listed = open.clone();
+    listed.auth.transaction_validation.allow_ips = vec!["10.0.0.0/8".into()];
+    build_validations(listed).unwrap();
+
+    let mut signed = open.clone();
+    signed.auth.transaction_validation.method = payhook::config::AuthMethod::Signature;
+    signed.signature = signed_config(&["rsa2048"]).signature;
+    build_validations(signed).unwrap();
+
+    // The providers validation endpoint's answers are posted nowhere: open, it is named only.
+    let mut guarded = open.clone();
+    guarded.auth.transaction_validation.allow_ips = vec!["10.0.0.0/8".into()];
+    assert!(guarded.auth.providers_validation.is_open());
+    assert!(guarded.validate().is_ok());
+
+    let mut deliberate = open;
+    deliberate.validation.allow_unauthenticated = true;
+    let warned = warnings_while(|| {
+        build_validations(deliberate).unwrap();
+    });
+    assert!(
+        warned.contains("auth.transaction_validation: method \"none\" and no allow_ips"),
+        "{warned}"
+    );
 }
 
 #[test]

@@ -266,6 +266,8 @@ async fn an_awaitable_validation_triggered_by_the_simulator_gets_its_result_at_t
     let mut config = test_config();
     config.gateway = mock.gateway_config();
     config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
     let server = TestServer::start_with(config).await;
     let payment = Payment {
         client_id: "postpone".into(),

@@ -15,6 +15,10 @@
 //!   it is also kept as a repeat of the validation the handler saw
 //!   ([`PostponedValidation::repeat_of`]), which gets that decision posted under its own
 //!   id, at once or when it is taken. A resolve of either decides both;
+//! * **an authenticated caller**: the endpoint's decisions are posted to the aggregator
+//!   under the merchant's login, so `[auth.transaction_validation]` must name a method or
+//!   `allow_ips`; an open endpoint is refused at start-up unless
+//!   `validation.allow_unauthenticated = true` says it is open deliberately;
 //! * **time budget**: a handler still deciding after `validation.time_budget` is answered 200
 //!   (postponed) by payhook, and its decision, when it comes, is posted as the result;
 //! * **deadline**: an undecided validation older than `validation.deadline` is resolved with

@@ -25,6 +25,14 @@ pub struct ValidationConfig {
     /// Needs a complete `[gateway]` section.
     #[serde(deserialize_with = "crate::setting::lenient")]
     pub awaitable: bool,
+    /// In Awaitable mode, serve the transaction validation endpoint with no authentication
+    /// method and no `allow_ips` all the same. Off by default: that endpoint's decisions are
+    /// posted to the aggregator, so an open one lets anyone who reaches it have a decision
+    /// posted under a `validationId` they guess — an approval for another client's
+    /// withdrawal. Set it only where something in front of payhook (a gateway, a private
+    /// network) admits the aggregator alone.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub allow_unauthenticated: bool,
     /// In Awaitable mode, a handler still deciding after this long is answered 200
     /// (postponed) by payhook, and its eventual decision is posted as the result.
     #[serde(
@@ -57,6 +65,7 @@ impl Default for ValidationConfig {
     fn default() -> Self {
         Self {
             awaitable: false,
+            allow_unauthenticated: false,
             time_budget: Duration::from_secs(5),
             deadline: None,
             deadline_outcome: DeadlineOutcome::Deny,
