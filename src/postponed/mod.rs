@@ -29,8 +29,12 @@
 //!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts, 5xx
 //!   and any other refusal are retried; the aggregator's 403 ("a different result was
 //!   already received", with its `{"message": …}` body; one without it is retried) is final:
-//!   recorded as a conflict, logged at error, visible in [`PostponedState::Conflict`]. Nothing is lost
-//!   across restarts or crashes: the worker starts with whatever the outbox holds.
+//!   recorded as a conflict, logged at error, visible in [`PostponedState::Conflict`]. No
+//!   recorded decision is lost across restarts or crashes: the worker starts with whatever
+//!   the outbox holds. A decision a handler is still making after its time budget is in
+//!   memory until it is recorded: a crash before then loses it, and the validation, answered
+//!   "postponed", waits for a decision (a resolve, or `validation.deadline`: set one to bound
+//!   that wait).
 //!
 //! ```no_run
 //! # async fn review(app: payhook::App) -> Result<(), payhook::postponed::ResolveError> {

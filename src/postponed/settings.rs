@@ -48,7 +48,9 @@ pub struct ValidationConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub deadline: Option<Duration>,
-    /// The result a passed deadline resolves to.
+    /// The result a passed deadline resolves to — and also a validation whose handler,
+    /// past its time budget, then gave no decision (it failed, panicked or overran the
+    /// handler timeout): nothing else would decide it. So `allow` here approves those too.
     pub deadline_outcome: DeadlineOutcome,
     /// The description sent with that result.
     pub deadline_description: String,

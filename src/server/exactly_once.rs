@@ -4,7 +4,9 @@
 //! One delivery of a nonce claims it; a second delivery of the same nonce at the same moment
 //! waits (at most the handler timeout) for the first to finish and then answers from the
 //! record — or gets 503 with `Retry-After`. The waiting is in memory ([`Waiters`]); the
-//! claim itself is in the store, so a claim left by a crashed process is taken over.
+//! claim itself is the store's: on sled it is in the process's memory and goes with it (one
+//! process writes a sled store), on PostgreSQL it is the database's, and a claim left by an
+//! instance that crashed is taken over.
 
 use bytes::Bytes;
 use http::{Response, StatusCode};

@@ -365,6 +365,11 @@ impl SledStore {
 
     /// The value of `key` in one of the merchant's trees.
     ///
+    /// Read outside the group commit, it may be a batch's that is applied but not flushed
+    /// yet: should that flush fail, the store stops and the value is not kept. Read what
+    /// decides money inside a callback's effects ([`EffectTx`](super::EffectTx)), which see
+    /// only durable values and their own batch's.
+    ///
     /// # Errors
     ///
     /// [`StoreError::UnknownTree`] for a handle of another store; [`StoreError::Backend`]
