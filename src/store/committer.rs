@@ -55,7 +55,13 @@
 //! store goes on (see `Handed`).
 //!
 //! The lock also serialises the purge of expired records, which a sweeper thread runs every
-//! sweep interval: there is one writer at a time. payhook flushes everything it writes
+//! sweep interval, and the reads whose answer leaves the process: there is one writer at a
+//! time. Such work takes the lock ahead of the leaders: while it waits, no leader takes the
+//! lock again (the hand-off's thread, letting go between batches, would otherwise take it
+//! back before the waiting thread wakes, batch after batch, for as long as requests keep
+//! coming), and it leads what queued meanwhile once it is done. The sweeper, outside the
+//! runtime, leads one batch and then hands the leading to a thread of its own rather than
+//! lead while requests keep coming, so that its sweep goes on. payhook flushes everything it writes
 //! itself (each batch, and each sweep that purged something), so sled's own background
 //! flusher is off by default: after many removals it kept relocating log segments forever,
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
@@ -389,9 +395,13 @@ pub(crate) struct Writer {
     /// Whether a thread of the runtime's blocking pool leads (see [`Writer::lead`]): while
     /// it does, a request queues its job and leaves the commit to it.
     handed_off: AtomicBool,
-    /// Test-only: how many reads wait for the lock in [`Writer::read_durable`].
+    /// Threads waiting for the lock for work of their own, a purge step or a durable read
+    /// ([`Writer::lock_ahead`]): while one waits, no leader takes the lock, and the waiter
+    /// leads once it is done.
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Test-only: purge steps done.
     #[cfg(test)]
-    readers_waiting: std::sync::atomic::AtomicUsize,
+    purge_steps: std::sync::atomic::AtomicUsize,
 }
 
 impl Writer {
@@ -401,8 +411,9 @@ impl Writer {
             queue: Mutex::default(),
             lock: Mutex::default(),
             handed_off: AtomicBool::new(false),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
             #[cfg(test)]
-            readers_waiting: std::sync::atomic::AtomicUsize::new(0),
+            purge_steps: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -435,9 +446,12 @@ impl Writer {
     }
 
     /// Commits batch after batch while the lock is free and work is queued, until
-    /// `handed_on` says another thread took the leading.
+    /// `handed_on` says another thread took the leading — or a thread waits for the lock
+    /// for work of its own ([`Writer::lock_ahead`]), which leads once it is done.
     fn commit_while_free(&self, mut handed_on: impl FnMut() -> bool) {
-        while let Some(guard) = try_lock(&self.lock) {
+        while self.waiting.load(Ordering::SeqCst) == 0
+            && let Some(guard) = try_lock(&self.lock)
+        {
             self.commit_queued(&guard);
             drop(guard);
             if lock(&self.queue).is_empty() || handed_on() {
@@ -499,13 +513,54 @@ impl Writer {
         }
     }
 
+    /// Takes the write lock for work of this thread's own (a purge step, a durable read)
+    /// ahead of the leaders: none takes it while this waits. The caller must [`lead`]
+    /// once it has let go: what queued meanwhile is left to it.
+    ///
+    /// [`lead`]: Writer::lead
+    fn lock_ahead(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let guard = lock(&self.lock);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        guard
+    }
+
+    /// [`Writer::lead`] for the sweeper's thread, outside the runtime: it commits a batch
+    /// and hands what queued meanwhile to a thread of its own (there is no blocking pool to
+    /// hand it to), rather than lead for as long as requests keep coming, its sweep waiting.
+    fn lead_from_the_sweeper(self: &Arc<Self>) {
+        if !self.handed_off.load(Ordering::SeqCst) {
+            self.commit_while_free(|| self.hand_off() || self.hand_off_to_a_new_thread());
+        }
+    }
+
+    /// Hands the leading to a thread started for it. Should the thread not start, the
+    /// unrun hand-off leads on this thread when dropped (see `Handed`).
+    fn hand_off_to_a_new_thread(self: &Arc<Self>) -> bool {
+        if !self.handed_off.swap(true, Ordering::SeqCst) {
+            let handed = Handed(Some(Arc::clone(self)));
+            if let Err(error) = std::thread::Builder::new()
+                .name("payhook-commit".into())
+                .spawn(move || handed.run())
+            {
+                tracing::warn!(error = %error, "no thread could be started to commit the queued writes; the sweeper committed them");
+            }
+        }
+        true
+    }
+
     /// The blocking pool's thread: commits until the queue is empty, then gives the leading
     /// back to the requests.
     fn lead_handed_off(&self) {
         loop {
             self.context.gate.pass(HoldPoint::BeforeHandedBatch);
-            // Not `try_lock`: a purge's step or a durable read holds the lock only briefly,
-            // and requests leave the committing to this thread.
+            if self.waiting.load(Ordering::SeqCst) > 0 {
+                // A purge step or a durable read waits for the lock: it leads once it is
+                // done (see `lock_ahead`).
+                self.handed_off.store(false, Ordering::SeqCst);
+                return;
+            }
+            // Not `try_lock`: requests leave the committing to this thread.
             let guard = lock(&self.lock);
             self.commit_queued(&guard);
             drop(guard);
@@ -526,11 +581,7 @@ impl Writer {
     /// the process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(self: &Arc<Self>, read: impl FnOnce() -> R) -> R {
         let outcome = blocking(|| {
-            #[cfg(test)]
-            self.readers_waiting.fetch_add(1, Ordering::SeqCst);
-            let _guard = lock(&self.lock);
-            #[cfg(test)]
-            self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
+            let _guard = self.lock_ahead();
             read()
         });
         // Writes queued while the lock was held are committed now.
@@ -538,10 +589,17 @@ impl Writer {
         outcome
     }
 
-    /// Test-only: how many reads wait for the write lock.
+    /// Test-only: how many threads wait for the write lock for work of their own (purge
+    /// steps, durable reads).
     #[cfg(test)]
-    pub(crate) fn readers_waiting(&self) -> usize {
-        self.readers_waiting.load(Ordering::SeqCst)
+    pub(crate) fn waiting_ahead(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Test-only: how many purge steps were done.
+    #[cfg(test)]
+    pub(crate) fn purge_steps(&self) -> usize {
+        self.purge_steps.load(Ordering::SeqCst)
     }
 
     /// Test-only: whether a thread of the blocking pool leads.
@@ -576,15 +634,17 @@ impl Writer {
         let (mut steps, mut longest_hold) = (0u32, Duration::ZERO);
         loop {
             let step = {
-                let _guard = lock(&self.lock);
+                let _guard = self.lock_ahead();
                 let held = Instant::now();
                 let step = purge_step(&self.context, now_ms, PURGE_STEP);
                 longest_hold = longest_hold.max(held.elapsed());
+                #[cfg(test)]
+                self.purge_steps.fetch_add(1, Ordering::SeqCst);
                 step
             };
             steps += 1;
-            // Writes queued while the step held the lock are committed now.
-            self.lead();
+            // Writes queued while the step waited for the lock or held it are committed now.
+            self.lead_from_the_sweeper();
             let (count, more) = step?;
             purged += count;
             if !more {

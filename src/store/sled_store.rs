@@ -1423,7 +1423,7 @@ mod tests {
                 .await
         });
         wait_until(
-            || store.inner.writer.readers_waiting() == 1,
+            || store.inner.writer.waiting_ahead() == 1,
             "the read never waited for the lock",
         );
         // What a failed flush does: the store stops, and the leader lets go of the lock.
@@ -1471,6 +1471,76 @@ mod tests {
         let second = within(&runtime, second);
         assert!(matches!(second, Ok(Ok(Ok(())))), "{second:?}");
         assert!(acknowledged(&runtime, &store, "n-1") && acknowledged(&runtime, &store, "n-2"));
+    }
+
+    /// Under steady load, the hand-off's thread finds writes queued after every batch. A
+    /// sweep waiting for the lock gets it between two batches — the thread let go of it and
+    /// took it back before the sweeper woke, batch after batch, while requests kept coming —
+    /// and the sweeper, outside the runtime, leads one batch and hands the next to a thread
+    /// of its own instead of leading while requests keep coming, so that its sweep goes on.
+    #[test]
+    fn a_sweep_under_steady_load_takes_its_turn_and_leaves_the_leading_to_another_thread() {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            first_batch,
+            mut held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
+        let writer = &store.inner.writer;
+        // The hand-off's thread commits the second write; its batch waits before the flush.
+        let second_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&second_batch));
+        first_batch.release();
+        assert!(second_batch.wait_reached(1, PATIENCE));
+        assert!(writer.handed_off(), "the second batch was not handed off");
+
+        // A sweep starts, on a thread of its own as the sweeper's, and waits for the lock.
+        let (swept, sweep) = std::sync::mpsc::channel();
+        let sweeper = Arc::clone(writer);
+        std::thread::spawn(move || {
+            let _ = swept.send(sweeper.purge(ms_from_time(chrono::Utc::now())));
+        });
+        wait_until(
+            || writer.waiting_ahead() == 1,
+            "the sweep never waited for the lock",
+        );
+        // A third write queues meanwhile; whoever commits it waits before the flush.
+        let third = runtime.spawn(book(store.clone(), "n-3"));
+        wait_until(|| writer.queued() > 0, "the third write never queued");
+        let third_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&third_batch));
+        second_batch.release();
+        assert!(third_batch.wait_reached(1, PATIENCE));
+        assert_eq!(
+            writer.purge_steps(),
+            1,
+            "the third batch took the lock before the sweep that waited for it"
+        );
+
+        // The sweeper led the third batch; a fourth write queues behind it.
+        let fourth = runtime.spawn(book(store.clone(), "n-4"));
+        wait_until(|| writer.queued() > 0, "the fourth write never queued");
+        let fourth_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&fourth_batch));
+        third_batch.release();
+        assert!(fourth_batch.wait_reached(1, PATIENCE));
+        let swept = sweep.recv_timeout(PATIENCE);
+        assert!(
+            matches!(swept, Ok(Ok(0))),
+            "the sweep did not end while another thread committed the fourth batch: {swept:?}"
+        );
+
+        drop(held);
+        for write in [first, second, third, fourth] {
+            let answered = within(&runtime, write);
+            assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
+        }
+        for nonce in ["n-1", "n-2", "n-3", "n-4"] {
+            assert!(acknowledged(&runtime, &store, nonce), "{nonce}");
+        }
     }
 
     /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
