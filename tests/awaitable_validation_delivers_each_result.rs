@@ -1032,3 +1032,72 @@ async fn a_retry_of_a_repeat_is_answered_only_once_the_repeat_is_durable() {
     let repeated = resolver.get(202).await.unwrap().unwrap();
     assert_eq!(repeated.repeat_of.map(|id| id.get()), Some(201));
 }
+
+/// [`a_validation_under_an_id_held_for_another_nonce_is_refused_before_its_handler`] when the
+/// other payment's validation writes the id after the check made before the handler: the
+/// nonce's own repeat meets it at the store, and is refused (403) with nothing linked. It
+/// was answered 200 with the nonce's recorded decision, and the aggregator, which waits for
+/// a result under that id, then got the other payment's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_under_an_id_another_payment_takes_meanwhile_is_refused() {
+    use payhook::store::{HoldPoint, SledStore};
+
+    let logs = support::captured_logs(tracing::Level::INFO);
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = stored_config(&gateway, &dir);
+    let store = SledStore::open(&config.store, &[]).unwrap();
+    let server = TestServer::start_on(config, dir, store.clone()).await;
+    let first = server
+        .post_json(VALIDATION_PATH, &validation("postpone", "race-first", 301))
+        .await;
+    assert_eq!(first.status, 200);
+
+    // Another payment's validation under 302: its record staged, not applied, so that the
+    // check before the handler does not see it.
+    let hold = store.hold_commits(HoldPoint::BeforeApply);
+    let other = validation("postpone", "race-other", 302);
+    let repeat = validation("postpone", "race-first", 302);
+    let (other, refused) = tokio::join!(server.post_json(VALIDATION_PATH, &other), async {
+        let hold = tokio::task::spawn_blocking(move || {
+            hold.wait_reached(1);
+            hold
+        })
+        .await
+        .unwrap();
+        // The repeat past the check, its nonce's recorded decision read; then the other's
+        // batch goes on, the repeat's behind it or after it.
+        let (refused, ()) = tokio::join!(server.post_json(VALIDATION_PATH, &repeat), async {
+            let deadline = tokio::time::Instant::now() + support::DEADLINE;
+            loop {
+                let said = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+                if said
+                    .lines()
+                    .any(|line| line.contains("race-first") && line.contains("repeated validation"))
+                {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the repeat never read its nonce's decision"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            hold.release();
+        });
+        refused
+    });
+    assert_eq!(other.status, 200, "{}", other.message());
+    assert_eq!(
+        (refused.status, refused.message().as_str()),
+        (403, "validationId already used for a different payment")
+    );
+    let resolver = server.app.resolver().unwrap();
+    let original = resolver.get(301).await.unwrap().unwrap();
+    assert!(original.repeats.is_empty(), "{:?}", original.repeats);
+    let kept = resolver.get(302).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.request.nonce().as_str(), kept.repeat_of),
+        ("race-other", None)
+    );
+}

@@ -766,9 +766,10 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
 
 behaviour!(a_validation_id_of_another_nonce_is_not_taken_as_a_repeat);
 /// A validation of one nonce asked about under the id of another nonce's validation (the
-/// aggregator's ids are its own; this one contradicts itself) is answered as a known id:
-/// neither validation is linked to the other or changed, so the other's result is never
-/// posted for this nonce, nor this nonce's under the other's id.
+/// aggregator's ids are its own: one of the two is not the aggregator's) is answered as a
+/// taken id (the service refuses it, 403): neither validation is linked to the other or
+/// changed, so the other's result is never posted for this nonce, nor this nonce's under
+/// the other's id.
 async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) {
     postpone(b, 70).await;
     postpone(b, 71).await;
@@ -781,7 +782,7 @@ async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) 
             .repeat(&validation("p-70", 71, "10"), Utc::now())
             .await
             .unwrap(),
-        Repeat::Known
+        Repeat::Taken
     );
     let after = [
         b.shared.postponed(70.into()).await.unwrap(),
@@ -2224,8 +2225,8 @@ async fn a_result_leased_to_another_live_instance_falls_due_when_its_lease_runs_
 }
 
 /// PostgreSQL only: a repeat under an id that another nonce's validation is writing at the
-/// same moment (both past the service's check before the handler) links nothing: the id
-/// stays that payment's, and a decision of the repeated nonce decides its own validations
+/// same moment (both past the service's check before the handler) is a taken id and links
+/// nothing: the id stays that payment's, and a decision of the repeated nonce decides its own validations
 /// alone. The repeat's insert met the other's row and did nothing, and the id was linked all
 /// the same: allowing the repeated nonce approved the other payment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2270,7 +2271,7 @@ async fn a_repeat_racing_another_nonces_validation_for_its_id_links_nothing() {
     )
     .await;
     sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
-    assert_eq!(repeat.await.unwrap().unwrap(), Repeat::Known);
+    assert_eq!(repeat.await.unwrap().unwrap(), Repeat::Taken);
     let original = b.shared.postponed(90.into()).await.unwrap().unwrap();
     assert!(original.repeats.is_empty(), "{:?}", original.repeats);
     let other = b.shared.postponed(91.into()).await.unwrap().unwrap();

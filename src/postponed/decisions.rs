@@ -288,6 +288,7 @@ impl Awaitable {
     /// validation id it is recorded as a repeat of the validation that holds the decision
     /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
     /// too. Returns once that is durable; a retry under the same id changes nothing.
+    /// [`StoreError::ValidationIdTaken`] when the id is another nonce's validation.
     pub(crate) async fn repeated(
         &self,
         store: &dyn Store,
@@ -300,6 +301,8 @@ impl Awaitable {
         // this request would be answered on a record a crash could still lose.
         match store.repeat(request, self.clock.now()).await? {
             Repeat::Known => {}
+            // Written by another nonce's validation after the service's check.
+            Repeat::Taken => return Err(StoreError::ValidationIdTaken(validation_id.get())),
             Repeat::Recorded { of, decided } => {
                 tracing::info!(
                     validation_id = validation_id.get(),

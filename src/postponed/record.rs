@@ -326,6 +326,10 @@ pub(crate) const MAX_REPEATS: usize = 100;
 pub enum Repeat {
     /// The id is known: the aggregator asked again about the same validation.
     Known,
+    /// Not recorded: the id is another nonce's validation. The aggregator never gives two
+    /// payments one id, so one of the two requests is not the aggregator's; answered like a
+    /// validation under a taken id ([`crate::store::StoreError::ValidationIdTaken`]).
+    Taken,
     /// Recorded as a repeat of validation `of`: the new id gets its decision, queued now
     /// (`decided`) or when it is taken.
     Recorded {

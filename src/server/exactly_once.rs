@@ -772,7 +772,15 @@ impl ExactlyOnce {
                     awaitable
                         .repeated(store.as_ref(), &request)
                         .await
-                        .map_err(|e| self.store_failed(Endpoint::TransactionValidation, &e))?;
+                        .map_err(|e| match e {
+                            // Another nonce's validation took the id after the check above.
+                            StoreError::ValidationIdTaken(_) => self.refused_as_reuse(
+                                "validation_id_reuse",
+                                &request,
+                                Problem::ValidationIdReused,
+                            ),
+                            e => self.store_failed(Endpoint::TransactionValidation, &e),
+                        })?;
                 }
                 let answer = answer_for(&decision);
                 note::with(|n| n.outcome = Some(Outcome::Replayed));

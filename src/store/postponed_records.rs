@@ -189,8 +189,13 @@ pub(crate) fn repeat(
     request: TransactionValidationRequest,
     now: DateTime<Utc>,
 ) -> Result<(Repeat, Option<ValidationId>), StoreError> {
-    if read(staging, request.validation_id)?.is_some() {
-        return Ok((Repeat::Known, None));
+    if let Some(known) = read(staging, request.validation_id)? {
+        let repeat = if known.request.nonce() == request.nonce() {
+            Repeat::Known
+        } else {
+            Repeat::Taken
+        };
+        return Ok((repeat, None));
     }
     let Some(mut original) = original
         .map(|id| read(staging, id))

@@ -171,14 +171,9 @@ impl PostponedStore for PgStore {
                 .await?;
             // Read under the original's lock: a repeat of it recorded by another instance
             // a moment ago is seen here.
-            let known =
-                sqlx::query(&self.sql("SELECT 1 FROM {s}.postponed WHERE validation_id = $1"))
-                    .bind(request.validation_id.get())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if known.is_some() {
+            if let Some(known) = self.known(&mut tx, request).await? {
                 let_go(tx).await?;
-                return Ok(Repeat::Known);
+                return Ok(known);
             }
             let Some(mut original) = original else {
                 let_go(tx).await?;
@@ -189,11 +184,12 @@ impl PostponedStore for PgStore {
                 return Ok(Repeat::Unlinked);
             };
             if !self.insert_postponed(&mut tx, &repeat).await? {
-                // Another nonce's validation wrote the id between the read above and this
-                // insert (its lock is not the original's): the id is its own, and nothing
-                // is linked to it, or a decision of this nonce would decide that payment.
+                // Another validation wrote the id between the read above and this insert
+                // (another nonce's takes no lock of the original's): nothing is linked to
+                // it, or a decision of this nonce would decide that payment.
+                let known = self.known(&mut tx, request).await?;
                 tx.rollback().await?;
-                return Ok(Repeat::Known);
+                return Ok(known.unwrap_or(Repeat::Known));
             }
             self.update_postponed(&mut tx, &original, false).await?;
             tx.commit().await?;
@@ -608,6 +604,28 @@ impl PgStore {
 
     /// Stores a new postponed validation, unless its id is known (the first one stays);
     /// `true` when written.
+    /// What a repeat under `request`'s id is when the id is held already: [`Repeat::Known`]
+    /// for its own nonce's, [`Repeat::Taken`] for another's; `None` when it is not held.
+    async fn known(
+        &self,
+        conn: &mut PgConnection,
+        request: &TransactionValidationRequest,
+    ) -> Result<Option<Repeat>, StoreError> {
+        let nonce: Option<String> = sqlx::query_scalar(
+            &self.sql("SELECT nonce FROM {s}.postponed WHERE validation_id = $1"),
+        )
+        .bind(request.validation_id.get())
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(nonce.map(|nonce| {
+            if nonce == request.nonce().as_str() {
+                Repeat::Known
+            } else {
+                Repeat::Taken
+            }
+        }))
+    }
+
     pub(super) async fn insert_postponed(
         &self,
         conn: &mut PgConnection,
