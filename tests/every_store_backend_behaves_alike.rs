@@ -2292,6 +2292,48 @@ async fn a_repeat_racing_another_nonces_validation_for_its_id_links_nothing() {
     b.finish().await;
 }
 
+/// PostgreSQL only: a nonce validated again once its record expired (a new payment under
+/// it; the earlier validation's record, touched later, is kept longer), under a lower id
+/// than before — the aggregator's ids need not grow with time. A repeat of it is linked to
+/// the validation received last, which holds the nonce's decision; it was linked to the one
+/// of the higher id, and that other payment's result was posted under the repeat's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_is_linked_to_its_nonces_latest_validation_whatever_the_ids() {
+    let Some(b) = Backend::postgres("repeat_of_the_latest").await else {
+        return;
+    };
+    postpone_request(&b, validation("reused", 200, "10")).await;
+    b.shared
+        .resolve(200.into(), &Decision::allow("checked"), Utc::now())
+        .await
+        .unwrap();
+    // The nonce's record expired and was purged.
+    let mut conn = b.db.as_ref().unwrap().connect().await;
+    let schema = &b.db.as_ref().unwrap().schema;
+    sqlx::raw_sql(&format!(
+        "DELETE FROM {schema}.validations WHERE nonce_key = 'reused'; \
+         DELETE FROM {schema}.validation_claims WHERE nonce_key = 'reused'"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    drop(conn);
+    postpone_request(&b, validation("reused", 100, "20")).await;
+    assert_eq!(
+        b.shared
+            .repeat(&validation("reused", 300, "20"), Utc::now())
+            .await
+            .unwrap(),
+        Repeat::Recorded {
+            of: 100.into(),
+            decided: false
+        }
+    );
+    let earlier = b.shared.postponed(200.into()).await.unwrap().unwrap();
+    assert!(earlier.repeats.is_empty(), "{:?}", earlier.repeats);
+    b.finish().await;
+}
+
 /// PostgreSQL only: a sweep passes over a callback's record that a claim holds (a new
 /// status of an expired nonce, its handler running) rather than wait for it: the wait
 /// outlasted the statement timeout and failed the whole sweep, every other table's expired

@@ -524,9 +524,10 @@ impl PgStore {
         Ok(due)
     }
 
-    /// The record of `validation_id`, locked for the rest of the transaction.
-    /// The validation that holds `nonce`'s decision, locked: the latest of its validations
-    /// that repeats none (an older one is from before the nonce's record expired).
+    /// The validation that holds `nonce`'s decision, locked: of its validations that repeat
+    /// none, the one received last (an older one is from before the nonce's record expired;
+    /// received, not numbered, last: the aggregator's ids need not grow with time). The
+    /// sled store keeps the link in the nonce's record itself.
     ///
     /// Which one repeats none is read from the records in Rust, not with `record->>` in SQL:
     /// PostgreSQL reads inside a `json` value only by converting all of it, which fails on a
@@ -543,17 +544,25 @@ impl PgStore {
             .bind(nonce)
             .fetch_all(&mut *conn)
             .await?;
+        let mut latest: Option<(DateTime<Utc>, ValidationId)> = None;
         for row in rows {
             let id = row.try_get::<i64, _>(0)?;
             let record: PostponedValidation =
                 decode_json(&id.to_string(), &row.try_get::<String, _>(1)?)?;
-            if record.repeat_of.is_none() {
-                return self.locked(conn, record.validation_id).await;
+            // Rows come by id, highest first: of two received at once, the higher id.
+            if record.repeat_of.is_none()
+                && latest.is_none_or(|(received, _)| record.received > received)
+            {
+                latest = Some((record.received, record.validation_id));
             }
         }
-        Ok(None)
+        match latest {
+            Some((_, id)) => self.locked(conn, id).await,
+            None => Ok(None),
+        }
     }
 
+    /// The record of `validation_id`, locked for the rest of the transaction.
     async fn locked(
         &self,
         conn: &mut PgConnection,
