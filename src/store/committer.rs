@@ -280,6 +280,9 @@ pub enum HoldPoint {
     BetweenPurgeSteps,
     /// The blocking pool's thread, handed the leading, is about to commit the next batch.
     BeforeHandedBatch,
+    /// The thread handed the leading is giving it up to a thread waiting for the lock
+    /// ([`Writer::lock_ahead`]).
+    BeforeHandedYield,
 }
 
 /// A hold on commits, shared by the test and the leaders that meet it.
@@ -399,6 +402,9 @@ pub(crate) struct Writer {
     /// ([`Writer::lock_ahead`]): while one waits, no leader takes the lock, and the waiter
     /// leads once it is done.
     waiting: std::sync::atomic::AtomicUsize,
+    /// The thread the sweeper last handed the leading to ([`Writer::hand_off_to_a_new_thread`]),
+    /// joined when the sweeper stops: it holds the writer, and sled's files with it.
+    commit_thread: Mutex<Option<JoinHandle<()>>>,
     /// Test-only: purge steps done.
     #[cfg(test)]
     purge_steps: std::sync::atomic::AtomicUsize,
@@ -412,6 +418,7 @@ impl Writer {
             lock: Mutex::default(),
             handed_off: AtomicBool::new(false),
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            commit_thread: Mutex::default(),
             #[cfg(test)]
             purge_steps: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -514,39 +521,54 @@ impl Writer {
     }
 
     /// Takes the write lock for work of this thread's own (a purge step, a durable read)
-    /// ahead of the leaders: none takes it while this waits. The caller must [`lead`]
-    /// once it has let go: what queued meanwhile is left to it.
-    ///
-    /// [`lead`]: Writer::lead
-    fn lock_ahead(&self) -> std::sync::MutexGuard<'_, ()> {
+    /// ahead of the leaders: none takes it while this waits, so what queues meanwhile is
+    /// left to this thread, which leads it when it lets go ([`Ahead`]). The sweeper's
+    /// thread (`sweeper`), outside the runtime, commits one batch and hands the rest to a
+    /// thread of its own (there is no blocking pool to hand it to), rather than lead for as
+    /// long as requests keep coming, its sweep waiting.
+    fn lock_ahead(self: &Arc<Self>, sweeper: bool) -> Ahead<'_> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let guard = lock(&self.lock);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
-        guard
-    }
-
-    /// [`Writer::lead`] for the sweeper's thread, outside the runtime: it commits a batch
-    /// and hands what queued meanwhile to a thread of its own (there is no blocking pool to
-    /// hand it to), rather than lead for as long as requests keep coming, its sweep waiting.
-    fn lead_from_the_sweeper(self: &Arc<Self>) {
-        if !self.handed_off.load(Ordering::SeqCst) {
-            self.commit_while_free(|| self.hand_off() || self.hand_off_to_a_new_thread());
+        Ahead {
+            writer: self,
+            guard: Some(guard),
+            sweeper,
         }
     }
 
-    /// Hands the leading to a thread started for it. Should the thread not start, the
-    /// unrun hand-off leads on this thread when dropped (see `Handed`).
+    /// Hands the leading to a thread started for it (joined when the sweeper stops).
+    /// Should the thread not start, the unrun hand-off leads on this thread when dropped
+    /// (see `Handed`).
     fn hand_off_to_a_new_thread(self: &Arc<Self>) -> bool {
         if !self.handed_off.swap(true, Ordering::SeqCst) {
             let handed = Handed(Some(Arc::clone(self)));
-            if let Err(error) = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name("payhook-commit".into())
                 .spawn(move || handed.run())
             {
-                tracing::warn!(error = %error, "no thread could be started to commit the queued writes; the sweeper committed them");
+                Ok(thread) => {
+                    // The one before gave the leading up (it was free to take): it ends now.
+                    let before = lock(&self.commit_thread).replace(thread);
+                    if let Some(before) = before {
+                        let _ = before.join();
+                    }
+                }
+                Err(error) => tracing::warn!(
+                    error = %error,
+                    "no thread could be started to commit the queued writes; the sweeper committed them"
+                ),
             }
         }
         true
+    }
+
+    /// Waits for the thread the sweeper last handed the leading to, if any.
+    pub(crate) fn join_commit_thread(&self) {
+        let thread = lock(&self.commit_thread).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
     }
 
     /// The blocking pool's thread: commits until the queue is empty, then gives the leading
@@ -556,9 +578,17 @@ impl Writer {
             self.context.gate.pass(HoldPoint::BeforeHandedBatch);
             if self.waiting.load(Ordering::SeqCst) > 0 {
                 // A purge step or a durable read waits for the lock: it leads once it is
-                // done (see `lock_ahead`).
+                // done (see `lock_ahead`) — unless it was done before the store below and
+                // found the leading still taken: then what queued is this thread's again.
+                self.context.gate.pass(HoldPoint::BeforeHandedYield);
                 self.handed_off.store(false, Ordering::SeqCst);
-                return;
+                if self.waiting.load(Ordering::SeqCst) > 0
+                    || lock(&self.queue).is_empty()
+                    || self.handed_off.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+                continue;
             }
             // Not `try_lock`: requests leave the committing to this thread.
             let guard = lock(&self.lock);
@@ -580,12 +610,12 @@ impl Writer {
     /// whether the store is healthy itself, under the lock. For reads whose result leaves
     /// the process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(self: &Arc<Self>, read: impl FnOnce() -> R) -> R {
-        let outcome = blocking(|| {
-            let _guard = self.lock_ahead();
-            read()
+        let (outcome, ahead) = blocking(|| {
+            let ahead = self.lock_ahead(false);
+            (read(), ahead)
         });
-        // Writes queued while the lock was held are committed now.
-        self.lead();
+        // Writes queued while the read waited for the lock or held it are committed now.
+        drop(ahead);
         outcome
     }
 
@@ -634,7 +664,9 @@ impl Writer {
         let (mut steps, mut longest_hold) = (0u32, Duration::ZERO);
         loop {
             let step = {
-                let _guard = self.lock_ahead();
+                // Let go at the block's end: writes queued while the step waited for the
+                // lock or held it are committed then.
+                let _ahead = self.lock_ahead(true);
                 let held = Instant::now();
                 let step = purge_step(&self.context, now_ms, PURGE_STEP);
                 longest_hold = longest_hold.max(held.elapsed());
@@ -643,8 +675,6 @@ impl Writer {
                 step
             };
             steps += 1;
-            // Writes queued while the step waited for the lock or held it are committed now.
-            self.lead_from_the_sweeper();
             let (count, more) = step?;
             purged += count;
             if !more {
@@ -743,6 +773,34 @@ impl Drop for Handed {
     }
 }
 
+/// The write lock, taken ahead of the leaders ([`Writer::lock_ahead`]). Let go, it leads
+/// what queued meanwhile, which was left to it; should its holder's work panic, it hands
+/// that to another thread instead (a commit while unwinding would abort the process at a
+/// second panic), so that no write waits for a leader that is not coming.
+pub(crate) struct Ahead<'w> {
+    writer: &'w Arc<Writer>,
+    guard: Option<std::sync::MutexGuard<'w, ()>>,
+    /// Taken by the sweeper's thread: outside the runtime.
+    sweeper: bool,
+}
+
+impl Drop for Ahead<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let writer = self.writer;
+        if writer.handed_off.load(Ordering::SeqCst) {
+            return;
+        }
+        if std::thread::panicking() {
+            let _ = writer.hand_off() || writer.hand_off_to_a_new_thread();
+        } else {
+            writer.commit_while_free(|| {
+                writer.hand_off() || (self.sweeper && writer.hand_off_to_a_new_thread())
+            });
+        }
+    }
+}
+
 /// Runs blocking storage work: on a multi-threaded tokio runtime the worker's other tasks
 /// move to another thread meanwhile; elsewhere it simply runs.
 fn blocking<R>(work: impl FnOnce() -> R) -> R {
@@ -758,12 +816,14 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 pub(crate) struct Sweeper {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
+    writer: Arc<Writer>,
 }
 
 impl Sweeper {
     pub(crate) fn start(writer: Arc<Writer>, interval: Duration) -> std::io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_stop = Arc::clone(&stop);
+        let sweeper_writer = Arc::clone(&writer);
         let thread = std::thread::Builder::new()
             .name("payhook-sweeper".into())
             .spawn(move || {
@@ -774,7 +834,7 @@ impl Sweeper {
                         .wait_timeout(stopped, interval)
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
-                    if !*stopped && let Err(error) = writer.purge(now_ms()) {
+                    if !*stopped && let Err(error) = sweeper_writer.purge(now_ms()) {
                         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
                     }
                 }
@@ -782,6 +842,7 @@ impl Sweeper {
         Ok(Self {
             stop,
             thread: Some(thread),
+            writer,
         })
     }
 }
@@ -794,6 +855,8 @@ impl Drop for Sweeper {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        // The thread a sweep handed the leading to ends once the queue is empty.
+        self.writer.join_commit_thread();
     }
 }
 

@@ -1543,6 +1543,105 @@ mod tests {
         }
     }
 
+    /// The hand-off's thread gives the leading up to a durable read that waits for the
+    /// lock; should the read be done before the thread has given it up — it found the
+    /// leading still taken, and left the queue to that thread — a write queued meanwhile is
+    /// committed all the same: it waited for a leader until the next request came.
+    #[test]
+    fn a_write_queued_while_the_hand_off_yields_to_a_read_is_committed() {
+        let Queued {
+            runtime,
+            store,
+            first,
+            second,
+            first_batch,
+            mut held,
+            _dir,
+        } = a_write_queued_behind_a_held_one();
+        let writer = &store.inner.writer;
+        let second_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&second_batch));
+        first_batch.release();
+        assert!(second_batch.wait_reached(1, PATIENCE));
+
+        // A durable read waits for the lock the hand-off's thread holds.
+        let reader = Arc::clone(writer);
+        let read = std::thread::spawn(move || reader.read_durable(|| ()));
+        wait_until(
+            || writer.waiting_ahead() == 1,
+            "the read never waited for the lock",
+        );
+        // A third write queues, left to the read.
+        let third = runtime.spawn(book(store.clone(), "n-3"));
+        wait_until(|| writer.queued() > 0, "the third write never queued");
+        // The thread stops as it gives the leading up; the read meanwhile takes the lock,
+        // is done, and finds the leading still taken.
+        let yielding = writer.gate().arm(HoldPoint::BeforeHandedYield);
+        held.0.push(Arc::clone(&yielding));
+        second_batch.release();
+        assert!(yielding.wait_reached(1, PATIENCE));
+        read.join().unwrap();
+        assert!(writer.handed_off());
+        assert_eq!(writer.queued(), 1, "the third write was committed before");
+
+        drop(held);
+        for write in [first, second, third] {
+            let answered = within(&runtime, write);
+            assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
+        }
+        assert!(acknowledged(&runtime, &store, "n-3"));
+    }
+
+    /// A durable read that panics (only a bug of payhook's could) after waiting for the
+    /// lock ahead of the leaders leaves no write behind: on a current-thread runtime, with
+    /// no blocking pool to hand the leading to, the write queued while it waited was left
+    /// to it, and is handed to a thread of its own.
+    #[test]
+    fn a_read_that_panics_ahead_of_the_leaders_leaves_no_write_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let writer = &store.inner.writer;
+        let on_a_thread_of_its_own = |nonce: &'static str| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(book(store, nonce))
+            })
+        };
+        let batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        let held = Released(vec![Arc::clone(&batch)]);
+        let first = on_a_thread_of_its_own("n-1");
+        assert!(batch.wait_reached(1, PATIENCE));
+        let reader = Arc::clone(writer);
+        let read = std::thread::spawn(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                reader.read_durable(|| panic!("a bug"))
+            }))
+        });
+        wait_until(
+            || writer.waiting_ahead() == 1,
+            "the read never waited for the lock",
+        );
+        let second = on_a_thread_of_its_own("n-2");
+        wait_until(|| writer.queued() > 0, "the second write never queued");
+
+        drop(held);
+        assert!(read.join().unwrap().is_err(), "the read did not panic");
+        assert!(matches!(first.join().unwrap(), Ok(())));
+        wait_until(
+            || second.is_finished(),
+            "the write left to the read that panicked was never committed",
+        );
+        assert!(matches!(second.join().unwrap(), Ok(())));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(acknowledged(&runtime, &store, "n-2"));
+    }
+
     /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
     /// hand-off among them: the write it was to commit is committed all the same.
     #[test]
