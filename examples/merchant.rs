@@ -27,9 +27,11 @@
 //! Before copying it for production, know what it leaves to you:
 //!
 //! - Its validation endpoints are open, as payhook's are by default: anyone who reaches
-//!   them is answered, and in Awaitable mode its decisions are posted to the aggregator.
-//!   Set `auth.providers_validation` and `auth.transaction_validation` (a method, or
-//!   `allow_ips`; README, "Callback signatures", on the validation endpoints).
+//!   them is answered. Set `auth.providers_validation` and `auth.transaction_validation`
+//!   (a method, or `allow_ips`; README, "Callback signatures", on the validation
+//!   endpoints). In Awaitable mode, whose decisions are posted to the aggregator, an open
+//!   transaction validation endpoint is refused at start-up (and so are its operating
+//!   commands, which read the same settings) unless `validation.allow_unauthenticated`.
 //! - Its limit is one amount per transaction, whatever the currency, and a withdrawal is
 //!   not checked against the client's balance.
 //! - A result it will not book (module docs of `example_merchant`) is acknowledged into its

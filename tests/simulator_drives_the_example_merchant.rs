@@ -426,6 +426,57 @@ async fn a_reused_nonce_with_other_payment_data_is_refused_or_not_booked_again()
     );
 }
 
+/// A receiver that tells payments apart by the aggregator's ids — a validation by its
+/// `validationId`, a callback by its `id` — refusing a changed request under a known id and
+/// taking a new id for a new payment, would approve a second payment under a used nonce:
+/// the aggregator sends it with ids of its own. The `reuse-nonce` fault judges it wrong; it
+/// sent the second payment under the first one's ids, and such a receiver passed.
+#[tokio::test]
+async fn reuse_nonce_sends_the_second_payment_with_ids_of_its_own() {
+    use http_body_util::BodyExt;
+    let seen: Arc<std::sync::Mutex<std::collections::HashMap<String, bytes::Bytes>>> =
+        Arc::default();
+    let keyed_by_id = serve_http(move |request: hyper::Request<hyper::body::Incoming>| {
+        let seen = Arc::clone(&seen);
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let fields: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let id = fields
+                .get("validationId")
+                .or_else(|| fields.get("id"))
+                .unwrap()
+                .to_string();
+            let mut seen = seen.lock().unwrap();
+            let (status, message) = match seen.get(&id) {
+                Some(before) if *before != body => (403, "changed under a known id"),
+                Some(_) => (200, "already processed"),
+                None => {
+                    seen.insert(id, body);
+                    (200, "ok")
+                }
+            };
+            hyper::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                    r#"{{"message":"{message}"}}"#
+                ))))
+                .unwrap()
+        }
+    })
+    .await;
+    for kind in [RequestKind::TransactionValidation, RequestKind::Callback] {
+        let url = format!("http://{keyed_by_id}{}", kind.default_path());
+        let trigger = payhook::sim::Trigger::new(None).unwrap();
+        let verdict =
+            payhook::sim::inject(&trigger, &url, kind, &Payment::default(), Fault::ReuseNonce)
+                .await
+                .unwrap();
+        assert!(!verdict.correct, "{kind:?}: {verdict:?}");
+        assert_eq!(verdict.answers[1], "200 ok", "{kind:?}: {verdict:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_slow_body_carries_the_shared_secret_the_endpoint_wants() {
     let example = Example::start(|config| {

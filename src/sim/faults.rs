@@ -14,12 +14,11 @@
 //! | `reuse-nonce` | a request, then the same nonce with another amount | accepts the first (2xx); validation: 403 to the second; callback: no second booking (2xx "already processed" or a 4xx) |
 
 use bytes::Bytes;
-use serde_json::Value;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::SimError;
-use super::request::{Payment, RequestKind, set, set_times, to_text};
+use super::request::{Payment, RequestKind, set_times, to_text};
 use super::trigger::{Exchange, Trigger};
 use crate::model::TransactionStatus;
 use crate::signature::{SigningKey, generate_key_pair};
@@ -43,7 +42,8 @@ pub enum Fault {
     SlowBody(Duration),
     /// The connection dropped half-way through the body, then the request again.
     DropMidRequest,
-    /// The nonce again with another amount.
+    /// The nonce again for another payment: another amount, and the aggregator's ids of
+    /// that payment (validation id, transaction id, reference id).
     ReuseNonce,
 }
 
@@ -214,15 +214,21 @@ pub async fn inject(
         }
         Fault::ReuseNonce => {
             let first = trigger.send(url, body.as_bytes()).await?;
-            let mut other: Value = payment.body(kind);
-            let path = match kind {
-                RequestKind::ProvidersValidation => "transactionData.paymentData.amount",
-                RequestKind::TransactionValidation => "paymentData.amount",
-                RequestKind::Callback => "amount",
+            // Another payment under the same nonce, as the aggregator would send it: ids of
+            // its own (a retry of the first would keep them) and another amount. Under the
+            // first one's ids, a receiver that tells payments apart by those ids — and
+            // would approve the second payment — passed.
+            let fresh = Payment::default();
+            let other = Payment {
+                amount: payment.amount + rust_decimal::Decimal::ONE,
+                validation_id: fresh.validation_id,
+                transaction_id: fresh.transaction_id,
+                reference_id: fresh.reference_id,
+                ..payment.clone()
             };
-            let amount = (payment.amount + rust_decimal::Decimal::ONE).to_string();
-            set(&mut other, path, &amount)?;
-            let second = trigger.send(url, to_text(&other).as_bytes()).await?;
+            let second = trigger
+                .send(url, to_text(&other.body(kind)).as_bytes())
+                .await?;
             match kind {
                 RequestKind::TransactionValidation => (
                     "the first allowed (2xx), the second 403",

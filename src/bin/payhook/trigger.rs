@@ -50,7 +50,7 @@ pub(crate) enum FaultName {
     SlowBody,
     /// Half the body, the connection closed, then the request again.
     DropMidRequest,
-    /// The nonce again with another amount.
+    /// The nonce again for another payment: another amount, that payment's own ids.
     ReuseNonce,
 }
 
@@ -547,6 +547,8 @@ async fn faults(
         let payment = Payment {
             nonce: fresh.nonce,
             validation_id: fresh.validation_id,
+            transaction_id: fresh.transaction_id,
+            reference_id: fresh.reference_id,
             ..payment.clone()
         };
         let verdict = payhook::sim::inject(trigger, url, kind, &payment, args.fault(*name)).await?;

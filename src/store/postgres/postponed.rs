@@ -611,8 +611,6 @@ impl PgStore {
         Ok(())
     }
 
-    /// Stores a new postponed validation, unless its id is known (the first one stays);
-    /// `true` when written.
     /// What a repeat under `request`'s id is when the id is held already: [`Repeat::Known`]
     /// for its own nonce's, [`Repeat::Taken`] for another's; `None` when it is not held.
     async fn known(
@@ -635,6 +633,8 @@ impl PgStore {
         }))
     }
 
+    /// Stores a new postponed validation, unless its id is known (the first one stays);
+    /// `true` when written.
     pub(super) async fn insert_postponed(
         &self,
         conn: &mut PgConnection,
