@@ -498,25 +498,39 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, stdout, stderr) = run_on(&deposit, &[]).await;
     assert_eq!(code, 3, "{stdout}{stderr}");
     assert!(
-        stderr.contains("1 could not be checked") && stderr.contains("--bookings-command"),
+        stderr.contains("2 could not be checked") && stderr.contains("--bookings-command"),
         "{stderr}"
     );
     assert!(!stdout.contains("scenario(s) passed"), "{stdout}");
-    // A command that reads the books checks them: the count it prints, for the nonce.
+    // A command that reads the books checks them: the count it prints, for the nonce, and
+    // how the transaction moved the balance.
     let (code, stdout, stderr) = run_on(
         &deposit,
         &[
             "--bookings-command",
-            r#"test "$PAYHOOK_MOCK_NONCE" = "{nonce}" && echo 1"#,
+            r#"test "$PAYHOOK_MOCK_NONCE" = "{nonce}" && echo 1 25.5"#,
         ],
     )
     .await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("1 result(s) booked (the bookings command)")
+        stdout.contains("1 result(s) booked, the balance moved by 25.5 (the bookings command)")
             && stdout.contains("all 1 scenario(s) passed\n"),
         "{stdout}"
     );
+    // Counted once but credited the wrong way: a withdrawal's sign on a deposit.
+    let (code, stdout, _) = run_on(&deposit, &["--bookings-command", "echo 1 -25.50"]).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(
+            "expected the transaction to move the balance by 25.50, the merchant's books moved it by -25.50"
+        ),
+        "{stdout}"
+    );
+    // A count without the amount checks the count alone: `moved` is said not checked.
+    let (code, stdout, _) = run_on(&deposit, &["--bookings-command", "echo 1"]).await;
+    assert_eq!(code, 3, "{stdout}");
+    assert!(stdout.contains("⚠ not checked: moved = 25.50"), "{stdout}");
     let (code, stdout, _) = run_on(&deposit, &["--bookings-command", "echo 2"]).await;
     assert_eq!(code, 1, "{stdout}");
     assert!(

@@ -32,10 +32,10 @@
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
-//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings` |
-//! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings` |
+//! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings`, `moved` |
+//! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings`, `moved` |
 //! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled` |
-//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings` |
+//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings`, `moved` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
 //!
@@ -45,9 +45,11 @@
 //! read, and so is a step that checks something but is given no expectation (a
 //! `forged-callback` judges itself; a lost callback, `gateway-result` and `new-transaction`
 //! only set up), so that a scenario cannot pass without testing what it says. `bookings` — how many
-//! results of the transaction the merchant's books count — is seen through the target's
-//! [`Observer`]; a run without one (`payhook scenario` against a service from outside) says
-//! which expectations it could not check, beside its verdict.
+//! results of the transaction the merchant's books count — and `moved` — how the
+//! transaction moved the client's balance, signed (`"-40.00"` a withdrawal debited, `"0"` a
+//! failure booked without moving money) — are seen through the target's [`Observer`]; a run
+//! without one (`payhook scenario` against a service from outside) says which expectations
+//! it could not check, beside its verdict.
 
 use crate::model::ValidationId;
 use serde::Deserialize;
@@ -117,6 +119,7 @@ impl Expect {
             ("canceled", self.canceled.is_some()),
             ("booked", self.booked.is_some()),
             ("bookings", self.bookings.is_some()),
+            ("moved", self.moved.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, set)| set.then_some(name))
@@ -163,17 +166,31 @@ impl Step {
                 ..
             } => (
                 Some(expect),
-                &["status", "message", "delivered", "bookings"],
+                &["status", "message", "delivered", "bookings", "moved"],
             ),
             Self::Callback { expect, .. } => (
                 Some(expect),
-                &["status", "message", "delivered", "attempts", "bookings"],
+                &[
+                    "status",
+                    "message",
+                    "delivered",
+                    "attempts",
+                    "bookings",
+                    "moved",
+                ],
             ),
-            Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings"]),
+            Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings", "moved"]),
             Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
-            Self::Reconcile { expect } => (Some(expect), &["booked", "bookings"]),
+            Self::Reconcile { expect } => (Some(expect), &["booked", "bookings", "moved"]),
             Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
         };
+        if let Some(moved) = expect.and_then(|e| e.moved.as_deref())
+            && moved.trim().parse::<rust_decimal::Decimal>().is_err()
+        {
+            return Err(format!(
+                "moved = {moved:?} is not a decimal amount (e.g. \"25.50\", \"-40.00\", \"0\")"
+            ));
+        }
         let set = expect.map(Expect::set).unwrap_or_default();
         // A step that sends something and checks nothing would pass whatever the merchant
         // answered. A forged callback has its own verdict (refused, and nothing booked), and
@@ -307,6 +324,13 @@ pub struct Expect {
     /// however often one result was delivered): seen through [`Target::observer`]; a run
     /// without one says it could not check it.
     pub bookings: Option<u32>,
+    /// How the transaction moved the client's balance in the merchant's books after the
+    /// step, signed, as decimal text: `"25.50"` a deposit credited, `"-40.00"` a withdrawal
+    /// debited, `"0"` a failure booked without moving money. Compared by value (`"40"` is
+    /// `"40.00"`); seen through [`Target::observer`] ([`Observed::moved`]), and said not
+    /// checked where the observer cannot tell. A count alone passes a merchant that credits
+    /// a failed deposit or books a withdrawal as a deposit.
+    pub moved: Option<String>,
 }
 
 /// One step of a scenario.
@@ -495,6 +519,9 @@ pub struct Observed {
     /// How many results of the transaction were booked (0: none), when the books count
     /// them; checked against a step's `bookings`.
     pub bookings: Option<u32>,
+    /// How the transaction moved the client's balance, signed (zero when nothing is
+    /// booked), when the books tell; checked against a step's `moved`.
+    pub moved: Option<rust_decimal::Decimal>,
 }
 
 /// The merchant under test and the simulated aggregator around it.
@@ -854,7 +881,7 @@ async fn run_step(
             observe(
                 target,
                 &current.nonce,
-                expect.bookings,
+                expect,
                 &mut story,
                 &mut problems,
                 &mut unchecked,
@@ -893,7 +920,7 @@ async fn run_step(
             observe(
                 target,
                 &current.nonce,
-                expect.bookings,
+                expect,
                 &mut story,
                 &mut problems,
                 &mut unchecked,
@@ -949,7 +976,7 @@ async fn run_step(
             observe(
                 target,
                 &current.nonce,
-                expect.bookings,
+                expect,
                 &mut story,
                 &mut problems,
                 &mut unchecked,
@@ -994,11 +1021,11 @@ async fn run_step(
 }
 
 /// Tells what the merchant's books hold for `nonce`, when the target can see them, and
-/// checks the `bookings` wanted against them (or says it could not).
+/// checks the `bookings` and `moved` wanted against them (or says it could not).
 async fn observe(
     target: &Target,
     nonce: &str,
-    wanted: Option<u32>,
+    expect: &Expect,
     story: &mut Vec<String>,
     problems: &mut Vec<String>,
     unchecked: &mut Vec<String>,
@@ -1010,7 +1037,22 @@ async fn observe(
     if let Some(observed) = &observed {
         story.push(format!("merchant's ledger: {}", observed.summary));
     }
-    let Some(wanted) = wanted else {
+    if let Some(wanted) = expect.moved.as_deref() {
+        // Checked when the scenario was read.
+        let wanted_amount = wanted.trim().parse::<rust_decimal::Decimal>().ok();
+        match observed.as_ref().and_then(|o| o.moved) {
+            Some(moved) if Some(moved) == wanted_amount => {}
+            Some(moved) => problems.push(format!(
+                "expected the transaction to move the balance by {wanted}, the merchant's books moved it by {moved}"
+            )),
+            None => unchecked.push(format!(
+                "moved = {wanted}: this run cannot see how the merchant's books moved (an \
+                 in-process observer that reports it, or a bookings command that prints the \
+                 amount after the count)"
+            )),
+        }
+    }
+    let Some(wanted) = expect.bookings else {
         return;
     };
     match observed.and_then(|o| o.bookings) {
@@ -1219,6 +1261,59 @@ mod tests {
         assert!(bad_amount.apply(&mut payment).is_err());
     }
 
+    /// The money a step moved is checked by value, whatever its scale, and a count alone
+    /// does not pass it: a receiver that credits a failed deposit, or books a withdrawal as
+    /// a deposit, counts one booking all the same.
+    #[tokio::test]
+    async fn moved_is_compared_by_value_and_is_not_checked_without_an_amount() {
+        let observed = |moved: Option<&str>| Observed {
+            summary: "seen".into(),
+            bookings: Some(1),
+            moved: moved.map(|m| m.parse().unwrap()),
+        };
+        let expect = Expect {
+            bookings: Some(1),
+            moved: Some("-40.00".into()),
+            ..Expect::default()
+        };
+        for (books, problems, unchecked) in [
+            (Some("-40"), 0, 0),
+            (Some("40.00"), 1, 0),
+            (Some("0"), 1, 0),
+            (None, 0, 1),
+        ] {
+            let seen = observed(books);
+            let observer: Observer = Arc::new(move |_| {
+                let seen = seen.clone();
+                Box::pin(async move { Some(seen) })
+            });
+            let target = Target {
+                base_url: String::new(),
+                paths: crate::config::PathsConfig::default(),
+                trigger: Trigger::new(None).unwrap(),
+                gateway: GatewayConfig::default(),
+                await_timeout: Duration::from_secs(1),
+                reconciler: None,
+                observer: Some(observer),
+            };
+            let (mut story, mut found, mut not_checked) = (Vec::new(), Vec::new(), Vec::new());
+            observe(
+                &target,
+                "n-1",
+                &expect,
+                &mut story,
+                &mut found,
+                &mut not_checked,
+            )
+            .await;
+            assert_eq!(
+                (found.len(), not_checked.len()),
+                (problems, unchecked),
+                "{books:?}: {found:?} {not_checked:?}"
+            );
+        }
+    }
+
     #[test]
     fn an_expectation_the_step_would_not_check_is_refused() {
         let refused = |step: &str, wanted: &str| {
@@ -1252,6 +1347,14 @@ mod tests {
         refused(
             "kind = \"providers-validation\"\nexpect = { booked = true }",
             "does not check booked",
+        );
+        refused(
+            "kind = \"lookup\"\nexpect = { moved = \"1.00\" }",
+            "does not check moved",
+        );
+        refused(
+            "kind = \"callback\"\nexpect = { moved = \"ten\" }",
+            "moved = \"ten\" is not a decimal amount",
         );
         // A step that sends and checks nothing would pass whatever the answer.
         for kind in [

@@ -229,6 +229,7 @@ async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
         return Some(Observed {
             summary: format!("{nonce}: nothing booked"),
             bookings: Some(0),
+            moved: Some(rust_decimal::Decimal::ZERO),
         });
     };
     let balance = ledger
@@ -247,5 +248,6 @@ async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
             entry.currency
         ),
         bookings: Some(entry.bookings),
+        moved: Some(entry.balance_effect),
     })
 }

@@ -42,14 +42,16 @@ pub(crate) struct ScenarioArgs {
     /// How long to wait for a posted validation result.
     #[arg(long, default_value = "30s", value_parser = payhook::config::parse_duration)]
     await_timeout: Duration,
-    /// How `bookings` expectations read the merchant's books: a command run with `sh -c`
-    /// that prints how many results of the transaction are booked (`{nonce}` is replaced,
-    /// and the nonce is also in PAYHOOK_MOCK_NONCE), e.g. `psql -Atc "SELECT count(*) FROM
-    /// ledger WHERE nonce = '$PAYHOOK_MOCK_NONCE'"`. Without it they cannot be checked.
+    /// How `bookings` and `moved` expectations read the merchant's books: a command run
+    /// with `sh -c` that prints how many results of the transaction are booked and then,
+    /// for `moved`, how it moved the client's balance, signed (`1 -40.00`; `{nonce}` is
+    /// replaced, and the nonce is also in PAYHOOK_MOCK_NONCE), e.g. `psql -AtF ' ' -c
+    /// "SELECT count(*), coalesce(sum(moved), 0) FROM ledger WHERE nonce =
+    /// '$PAYHOOK_MOCK_NONCE'"`. Without it they cannot be checked.
     #[arg(long)]
     bookings_command: Option<String>,
-    /// Exit 0 although some expectations could not be checked (`bookings` without
-    /// --bookings-command); otherwise that run exits 3.
+    /// Exit 0 although some expectations could not be checked (`bookings` or `moved`
+    /// without --bookings-command); otherwise that run exits 3.
     #[arg(long)]
     allow_unchecked: bool,
 }
@@ -138,9 +140,11 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
     })
 }
 
-/// What the merchant's books hold for a nonce, as `command` prints it: the count of the
-/// transaction's results booked, on the last line of its output. A command that fails, or
-/// prints no count, checks nothing (the expectation is said not checked, with why).
+/// What the merchant's books hold for a nonce, as `command` prints it on the last line of
+/// its output: the count of the transaction's results booked, then, optionally, how it moved
+/// the client's balance, signed (`1 -40.00`). A command that fails, or prints no count,
+/// checks nothing (the expectation is said not checked, with why); one that prints no amount
+/// checks no `moved`.
 fn command_observer(command: String) -> Observer {
     Arc::new(move |nonce: String| {
         let command = command.clone();
@@ -163,19 +167,37 @@ fn command_observer(command: String) -> Observer {
             };
             let stdout = String::from_utf8_lossy(&output.stdout);
             let printed = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty());
-            match printed.map(str::parse::<u32>) {
-                Some(Ok(count)) if output.status.success() => Some(Observed {
-                    summary: format!("{count} result(s) booked (the bookings command)"),
+            match printed.and_then(count_and_moved) {
+                Some((count, moved)) if output.status.success() => Some(Observed {
+                    summary: match moved {
+                        Some(moved) => format!(
+                            "{count} result(s) booked, the balance moved by {moved} (the bookings command)"
+                        ),
+                        None => format!("{count} result(s) booked (the bookings command)"),
+                    },
                     bookings: Some(count),
+                    moved,
                 }),
                 _ => Some(unobserved(format!(
-                    "the bookings command did not print a count ({}): {}",
+                    "the bookings command did not print a count, and perhaps an amount ({}): {}",
                     output.status,
                     printed_by(&output)
                 ))),
             }
         })
     })
+}
+
+/// A bookings command's line: a count, then perhaps a signed amount (`1`, `1 -40.00`);
+/// `None` for anything else.
+fn count_and_moved(line: &str) -> Option<(u32, Option<rust_decimal::Decimal>)> {
+    let mut words = line.split_whitespace();
+    let count = words.next()?.parse().ok()?;
+    let moved = match words.next() {
+        Some(amount) => Some(amount.parse().ok()?),
+        None => None,
+    };
+    words.next().is_none().then_some((count, moved))
 }
 
 /// Runs `line` with `sh -c` (off the runtime's threads), with `env` set.
@@ -210,6 +232,7 @@ fn unobserved(why: String) -> Observed {
     Observed {
         summary: why,
         bookings: None,
+        moved: None,
     }
 }
 
