@@ -568,6 +568,32 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         }
     }
 
+    // A result the scenario posted itself (`gateway-result`) is not the merchant's: with
+    // the same result expected, the merchant's own post is looked for. Watched at a gateway
+    // the merchant does not post to, none comes, and the expectation is unmet.
+    let own_result = scenario_file(
+        data.path(),
+        "own-result",
+        "[[step]]\nkind = \"gateway-result\"\nsuccess = true\n\n\
+         [[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, result = \"allow\" }\n",
+    );
+    for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
+        let (code, stdout, _) = payhook(scenario_command(
+            &own_result,
+            &to,
+            &gateway,
+            &["--await-timeout", "2s"],
+        ))
+        .await;
+        assert_eq!(code, code_wanted, "{stdout}");
+        if code_wanted == 1 {
+            assert!(
+                stdout.contains("the result the gateway holds is this scenario's own"),
+                "{stdout}"
+            );
+        }
+    }
+
     // An expectation that does not hold: exit 1, and the report says what was wrong.
     let wrong = scenario_file(
         data.path(),

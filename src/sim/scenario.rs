@@ -31,7 +31,7 @@
 //! | step `kind` | what the simulated aggregator does | expectations |
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
-//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
+//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it) | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings`, `moved` |
 //! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings`, `moved` |
 //! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled` |
@@ -666,6 +666,7 @@ pub async fn run(scenario: &Scenario, target: &Target) -> Result<Report, SimErro
     let mut base = Payment::default();
     scenario.payment.apply(&mut base)?;
     let mut current = base.clone();
+    let mut posted_here = PostedHere::default();
     let control = MockControl::new(target.gateway.gateway_url.as_deref().unwrap_or_default())?;
     let mut report = Report {
         name: scenario.name.clone(),
@@ -673,7 +674,7 @@ pub async fn run(scenario: &Scenario, target: &Target) -> Result<Report, SimErro
         steps: Vec::new(),
     };
     for step in &scenario.steps {
-        let step_report = run_step(step, target, &control, &mut current).await?;
+        let step_report = run_step(step, target, &control, &mut current, &mut posted_here).await?;
         report.steps.push(step_report);
     }
     Ok(report)
@@ -687,11 +688,16 @@ fn url(target: &Target, kind: RequestKind) -> String {
     )
 }
 
+/// The validation ids whose result a `gateway-result` step of the scenario posted itself:
+/// that the gateway holds a result for one of them says nothing of the merchant.
+type PostedHere = std::collections::HashSet<ValidationId>;
+
 async fn run_step(
     step: &Step,
     target: &Target,
     control: &MockControl,
     current: &mut Payment,
+    posted_here: &mut PostedHere,
 ) -> Result<StepReport, SimError> {
     let mut story = Vec::new();
     let mut problems = Vec::new();
@@ -739,11 +745,17 @@ async fn run_step(
                     current.nonce
                 ));
             }
+            // With a result the scenario posted itself held already, a `result` is the
+            // merchant's only if the merchant posts one (the same: accepted) during the step.
+            let own_result = expect.result.is_some()
+                && expect.conflicts.is_none()
+                && posted_here.contains(&current.validation_id);
             // Counted for the validation asked about alone: another's result posted late
             // must not be taken for this one's.
-            let before = match expect.conflicts {
-                Some(_) => control.validation_posts(current.validation_id).await?,
-                None => ValidationPosts::default(),
+            let before = if expect.conflicts.is_some() || own_result {
+                control.validation_posts(current.validation_id).await?
+            } else {
+                ValidationPosts::default()
             };
             let body = to_text(&current.body(RequestKind::TransactionValidation));
             let exchange = target
@@ -817,6 +829,22 @@ async fn run_step(
                         &mut problems,
                     )
                     .await?;
+                }
+                if own_result {
+                    let deadline = tokio::time::Instant::now() + target.await_timeout;
+                    let posted = || control.validation_posts(current.validation_id);
+                    let mut accepted = posted().await?.accepted > before.accepted;
+                    while !accepted && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        accepted = posted().await?.accepted > before.accepted;
+                    }
+                    if !accepted {
+                        problems.push(format!(
+                            "the result the gateway holds is this scenario's own (gateway-result): \
+                             the merchant posted none for validation {} within {:?}",
+                            current.validation_id, target.await_timeout
+                        ));
+                    }
                 }
             }
             "transaction validation"
@@ -988,6 +1016,7 @@ async fn run_step(
             success,
             description,
         } => {
+            posted_here.insert(current.validation_id);
             let client = GatewayClient::new(&target.gateway)?;
             client
                 .post_validation_result(&PostponedValidationResult {

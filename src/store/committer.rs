@@ -56,12 +56,14 @@
 //!
 //! The lock also serialises the purge of expired records, which a sweeper thread runs every
 //! sweep interval, and the reads whose answer leaves the process: there is one writer at a
-//! time. Such work takes the lock ahead of the leaders: while it waits, no leader takes the
-//! lock again (the hand-off's thread, letting go between batches, would otherwise take it
-//! back before the waiting thread wakes, batch after batch, for as long as requests keep
-//! coming), and it leads what queued meanwhile once it is done. The sweeper, outside the
-//! runtime, leads one batch and then hands the leading to a thread of its own rather than
-//! lead while requests keep coming, so that its sweep goes on. payhook flushes everything it writes
+//! time. A purge step takes the lock ahead of the leaders: while it waits, no leader takes
+//! the lock again (the hand-off's thread, letting go between batches, would otherwise take
+//! it back before the sweeper wakes, batch after batch, for as long as requests keep
+//! coming), and the sweeper leads what queued meanwhile once its step is done: one batch,
+//! then it hands the leading to a thread of its own rather than lead while requests keep
+//! coming, so that its sweep goes on. (Only the sweeper: reads taking it ahead too, one
+//! waiting while another held it, could keep every write waiting for as long as they
+//! overlapped.) payhook flushes everything it writes
 //! itself (each batch, and each sweep that purged something), so sled's own background
 //! flusher is off by default: after many removals it kept relocating log segments forever,
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
@@ -283,6 +285,8 @@ pub enum HoldPoint {
     /// The thread handed the leading is giving it up to a thread waiting for the lock
     /// ([`Writer::lock_ahead`]).
     BeforeHandedYield,
+    /// A purge step holds the write lock, taken ahead of the leaders.
+    InPurgeStep,
 }
 
 /// A hold on commits, shared by the test and the leaders that meet it.
@@ -398,9 +402,8 @@ pub(crate) struct Writer {
     /// Whether a thread of the runtime's blocking pool leads (see [`Writer::lead`]): while
     /// it does, a request queues its job and leaves the commit to it.
     handed_off: AtomicBool,
-    /// Threads waiting for the lock for work of their own, a purge step or a durable read
-    /// ([`Writer::lock_ahead`]): while one waits, no leader takes the lock, and the waiter
-    /// leads once it is done.
+    /// Purge steps waiting for the lock ([`Writer::lock_ahead`]): while one waits, no
+    /// leader takes the lock, and the step leads once it is done.
     waiting: std::sync::atomic::AtomicUsize,
     /// The thread the sweeper last handed the leading to ([`Writer::hand_off_to_a_new_thread`]),
     /// joined when the sweeper stops: it holds the writer, and sled's files with it.
@@ -408,6 +411,9 @@ pub(crate) struct Writer {
     /// Test-only: purge steps done.
     #[cfg(test)]
     purge_steps: std::sync::atomic::AtomicUsize,
+    /// Test-only: how many reads wait for the lock in [`Writer::read_durable`].
+    #[cfg(test)]
+    readers_waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl Writer {
@@ -421,6 +427,8 @@ impl Writer {
             commit_thread: Mutex::default(),
             #[cfg(test)]
             purge_steps: std::sync::atomic::AtomicUsize::new(0),
+            #[cfg(test)]
+            readers_waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -520,20 +528,18 @@ impl Writer {
         }
     }
 
-    /// Takes the write lock for work of this thread's own (a purge step, a durable read)
-    /// ahead of the leaders: none takes it while this waits, so what queues meanwhile is
-    /// left to this thread, which leads it when it lets go ([`Ahead`]). The sweeper's
-    /// thread (`sweeper`), outside the runtime, commits one batch and hands the rest to a
-    /// thread of its own (there is no blocking pool to hand it to), rather than lead for as
-    /// long as requests keep coming, its sweep waiting.
-    fn lock_ahead(self: &Arc<Self>, sweeper: bool) -> Ahead<'_> {
+    /// Takes the write lock for a purge step ahead of the leaders: none takes it while this
+    /// waits, so what queues meanwhile is left to this thread, which leads it when it lets
+    /// go ([`Ahead`]): one batch, then it hands the rest to another thread (outside the
+    /// runtime, a thread of its own), rather than lead for as long as requests keep coming,
+    /// its sweep waiting.
+    fn lock_ahead(self: &Arc<Self>) -> Ahead<'_> {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let guard = lock(&self.lock);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         Ahead {
             writer: self,
             guard: Some(guard),
-            sweeper,
         }
     }
 
@@ -556,17 +562,21 @@ impl Writer {
                 }
                 Err(error) => tracing::warn!(
                     error = %error,
-                    "no thread could be started to commit the queued writes; the sweeper committed them"
+                    "no thread could be started to commit the queued writes; this one commits them (unwinding, it answers them with an error)"
                 ),
             }
         }
         true
     }
 
-    /// Waits for the thread the sweeper last handed the leading to, if any.
+    /// Waits for the thread the sweeper last handed the leading to, if any — unless it is
+    /// this thread (the store's last handle dropped in its commit, by an effect that held
+    /// one): a thread cannot wait for itself.
     pub(crate) fn join_commit_thread(&self) {
         let thread = lock(&self.commit_thread).take();
-        if let Some(thread) = thread {
+        if let Some(thread) = thread
+            && thread.thread().id() != std::thread::current().id()
+        {
             let _ = thread.join();
         }
     }
@@ -576,24 +586,18 @@ impl Writer {
     fn lead_handed_off(&self) {
         loop {
             self.context.gate.pass(HoldPoint::BeforeHandedBatch);
-            if self.waiting.load(Ordering::SeqCst) > 0 {
-                // A purge step or a durable read waits for the lock: it leads once it is
-                // done (see `lock_ahead`) — unless it was done before the store below and
-                // found the leading still taken: then what queued is this thread's again.
-                self.context.gate.pass(HoldPoint::BeforeHandedYield);
-                self.handed_off.store(false, Ordering::SeqCst);
-                if self.waiting.load(Ordering::SeqCst) > 0
-                    || lock(&self.queue).is_empty()
-                    || self.handed_off.swap(true, Ordering::SeqCst)
-                {
-                    return;
-                }
-                continue;
+            if self.waiting.load(Ordering::SeqCst) > 0 && self.give_up_to_the_sweeper() {
+                return;
             }
             // Not `try_lock`: requests leave the committing to this thread.
             let guard = lock(&self.lock);
             self.commit_queued(&guard);
+            // Read with the lock held: a purge step counted now cannot have taken it yet.
+            let sweeper_waits = self.waiting.load(Ordering::SeqCst) > 0;
             drop(guard);
+            if sweeper_waits && self.give_up_to_the_sweeper() {
+                return;
+            }
             if lock(&self.queue).is_empty() {
                 self.handed_off.store(false, Ordering::SeqCst);
                 // A job queued between the look and the store was left to this thread.
@@ -604,26 +608,46 @@ impl Writer {
         }
     }
 
+    /// Gives the leading up to a purge step waiting for the lock, which leads once it is
+    /// done (see `lock_ahead`); `false` when it is this thread's again: the step was done
+    /// before the leading was given up, found it still taken, and left what queued to it.
+    fn give_up_to_the_sweeper(&self) -> bool {
+        self.context.gate.pass(HoldPoint::BeforeHandedYield);
+        self.handed_off.store(false, Ordering::SeqCst);
+        self.waiting.load(Ordering::SeqCst) > 0
+            || lock(&self.queue).is_empty()
+            || self.handed_off.swap(true, Ordering::SeqCst)
+    }
+
     /// Runs `read` holding the write lock: every write it can see is durable (a leader lets
     /// go of the lock only after its batch is flushed) — unless the store stopped meanwhile:
     /// a leader whose flush failed lets go with its batch applied, so `read` must ask
     /// whether the store is healthy itself, under the lock. For reads whose result leaves
     /// the process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(self: &Arc<Self>, read: impl FnOnce() -> R) -> R {
-        let (outcome, ahead) = blocking(|| {
-            let ahead = self.lock_ahead(false);
-            (read(), ahead)
+        let outcome = blocking(|| {
+            #[cfg(test)]
+            self.readers_waiting.fetch_add(1, Ordering::SeqCst);
+            let _guard = lock(&self.lock);
+            #[cfg(test)]
+            self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
+            read()
         });
-        // Writes queued while the read waited for the lock or held it are committed now.
-        drop(ahead);
+        // Writes queued while the lock was held are committed now.
+        self.lead();
         outcome
     }
 
-    /// Test-only: how many threads wait for the write lock for work of their own (purge
-    /// steps, durable reads).
+    /// Test-only: how many purge steps wait for the write lock.
     #[cfg(test)]
     pub(crate) fn waiting_ahead(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Test-only: how many reads wait for the write lock.
+    #[cfg(test)]
+    pub(crate) fn readers_waiting(&self) -> usize {
+        self.readers_waiting.load(Ordering::SeqCst)
     }
 
     /// Test-only: how many purge steps were done.
@@ -666,7 +690,8 @@ impl Writer {
             let step = {
                 // Let go at the block's end: writes queued while the step waited for the
                 // lock or held it are committed then.
-                let _ahead = self.lock_ahead(true);
+                let _ahead = self.lock_ahead();
+                self.context.gate.pass(HoldPoint::InPurgeStep);
                 let held = Instant::now();
                 let step = purge_step(&self.context, now_ms, PURGE_STEP);
                 longest_hold = longest_hold.max(held.elapsed());
@@ -773,15 +798,15 @@ impl Drop for Handed {
     }
 }
 
-/// The write lock, taken ahead of the leaders ([`Writer::lock_ahead`]). Let go, it leads
-/// what queued meanwhile, which was left to it; should its holder's work panic, it hands
-/// that to another thread instead (a commit while unwinding would abort the process at a
-/// second panic), so that no write waits for a leader that is not coming.
+/// The write lock, taken ahead of the leaders for a purge step ([`Writer::lock_ahead`]).
+/// Let go, it leads what queued meanwhile, which was left to it: one batch, then the rest
+/// goes to another thread. Should the step panic, all of it goes to a thread of its own
+/// (a commit while unwinding would abort the process at a second panic; so would tokio's
+/// `spawn_blocking` failing to start a thread, where `std` returns an error), so that no
+/// write waits for a leader that is not coming.
 pub(crate) struct Ahead<'w> {
     writer: &'w Arc<Writer>,
     guard: Option<std::sync::MutexGuard<'w, ()>>,
-    /// Taken by the sweeper's thread: outside the runtime.
-    sweeper: bool,
 }
 
 impl Drop for Ahead<'_> {
@@ -792,11 +817,9 @@ impl Drop for Ahead<'_> {
             return;
         }
         if std::thread::panicking() {
-            let _ = writer.hand_off() || writer.hand_off_to_a_new_thread();
+            writer.hand_off_to_a_new_thread();
         } else {
-            writer.commit_while_free(|| {
-                writer.hand_off() || (self.sweeper && writer.hand_off_to_a_new_thread())
-            });
+            writer.commit_while_free(|| writer.hand_off() || writer.hand_off_to_a_new_thread());
         }
     }
 }

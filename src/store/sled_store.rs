@@ -1423,7 +1423,7 @@ mod tests {
                 .await
         });
         wait_until(
-            || store.inner.writer.waiting_ahead() == 1,
+            || store.inner.writer.readers_waiting() == 1,
             "the read never waited for the lock",
         );
         // What a failed flush does: the store stops, and the leader lets go of the lock.
@@ -1474,12 +1474,10 @@ mod tests {
     }
 
     /// Under steady load, the hand-off's thread finds writes queued after every batch. A
-    /// sweep waiting for the lock gets it between two batches — the thread let go of it and
-    /// took it back before the sweeper woke, batch after batch, while requests kept coming —
-    /// and the sweeper, outside the runtime, leads one batch and hands the next to a thread
-    /// of its own instead of leading while requests keep coming, so that its sweep goes on.
+    /// sweep waiting for the lock gets it between two batches: the thread let go of it and
+    /// took it back before the sweeper woke, batch after batch, while requests kept coming.
     #[test]
-    fn a_sweep_under_steady_load_takes_its_turn_and_leaves_the_leading_to_another_thread() {
+    fn a_sweep_under_steady_load_takes_its_turn_between_two_batches() {
         let Queued {
             runtime,
             store,
@@ -1498,11 +1496,8 @@ mod tests {
         assert!(writer.handed_off(), "the second batch was not handed off");
 
         // A sweep starts, on a thread of its own as the sweeper's, and waits for the lock.
-        let (swept, sweep) = std::sync::mpsc::channel();
         let sweeper = Arc::clone(writer);
-        std::thread::spawn(move || {
-            let _ = swept.send(sweeper.purge(ms_from_time(chrono::Utc::now())));
-        });
+        let sweep = std::thread::spawn(move || sweeper.purge(ms_from_time(chrono::Utc::now())));
         wait_until(
             || writer.waiting_ahead() == 1,
             "the sweep never waited for the lock",
@@ -1520,35 +1515,102 @@ mod tests {
             "the third batch took the lock before the sweep that waited for it"
         );
 
-        // The sweeper led the third batch; a fourth write queues behind it.
-        let fourth = runtime.spawn(book(store.clone(), "n-4"));
-        wait_until(|| writer.queued() > 0, "the fourth write never queued");
-        let fourth_batch = writer.gate().arm(HoldPoint::BeforeFlush);
-        held.0.push(Arc::clone(&fourth_batch));
-        third_batch.release();
-        assert!(fourth_batch.wait_reached(1, PATIENCE));
-        let swept = sweep.recv_timeout(PATIENCE);
-        assert!(
-            matches!(swept, Ok(Ok(0))),
-            "the sweep did not end while another thread committed the fourth batch: {swept:?}"
-        );
-
         drop(held);
-        for write in [first, second, third, fourth] {
+        assert!(matches!(sweep.join().unwrap(), Ok(0)));
+        for write in [first, second, third] {
             let answered = within(&runtime, write);
             assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
         }
-        for nonce in ["n-1", "n-2", "n-3", "n-4"] {
+        for nonce in ["n-1", "n-2", "n-3"] {
             assert!(acknowledged(&runtime, &store, nonce), "{nonce}");
         }
     }
 
-    /// The hand-off's thread gives the leading up to a durable read that waits for the
-    /// lock; should the read be done before the thread has given it up — it found the
-    /// leading still taken, and left the queue to that thread — a write queued meanwhile is
+    /// Books `nonce` on a current-thread runtime of a thread of its own: a request whose
+    /// thread has no blocking pool to hand the leading to.
+    fn book_on_a_thread_of_its_own(
+        store: &SledStore,
+        nonce: &'static str,
+    ) -> std::thread::JoinHandle<Result<(), StoreError>> {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(book(store, nonce))
+        })
+    }
+
+    /// A sweep's step, on a thread of its own as the sweeper's; what it returned.
+    fn sweep_on_a_thread_of_its_own(
+        store: &SledStore,
+    ) -> std::thread::JoinHandle<std::thread::Result<Result<usize, StoreError>>> {
+        let sweeper = Arc::clone(&store.inner.writer);
+        std::thread::spawn(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sweeper.purge(ms_from_time(chrono::Utc::now()))
+            }))
+        })
+    }
+
+    /// The writes queued while a sweep waited for the lock are left to the sweeper, which
+    /// commits one batch and hands the rest to a thread of its own — it has no blocking pool
+    /// to hand them to — instead of leading for as long as requests keep coming, its sweep
+    /// waiting meanwhile.
+    #[test]
+    fn a_sweeper_leads_one_batch_and_hands_the_rest_to_a_thread_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let writer = &store.inner.writer;
+        let first_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        let mut held = Released(vec![Arc::clone(&first_batch)]);
+        let first = book_on_a_thread_of_its_own(&store, "n-1");
+        assert!(first_batch.wait_reached(1, PATIENCE));
+        let sweep = sweep_on_a_thread_of_its_own(&store);
+        wait_until(
+            || writer.waiting_ahead() == 1,
+            "the sweep never waited for the lock",
+        );
+        // Left to the sweep: its request does not lead while the sweep waits.
+        let second = book_on_a_thread_of_its_own(&store, "n-2");
+        wait_until(|| writer.queued() > 0, "the second write never queued");
+        let second_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&second_batch));
+        first_batch.release();
+        // The sweeper commits the second write; a third queues behind it.
+        assert!(second_batch.wait_reached(1, PATIENCE));
+        assert!(!sweep.is_finished() && !writer.handed_off());
+        let third = book_on_a_thread_of_its_own(&store, "n-3");
+        wait_until(|| writer.queued() > 0, "the third write never queued");
+        let third_batch = writer.gate().arm(HoldPoint::BeforeFlush);
+        held.0.push(Arc::clone(&third_batch));
+        second_batch.release();
+        assert!(third_batch.wait_reached(1, PATIENCE));
+        wait_until(
+            || sweep.is_finished(),
+            "the sweep did not end while another thread committed the third batch",
+        );
+        assert!(matches!(sweep.join().unwrap(), Ok(Ok(0))));
+
+        drop(held);
+        for write in [first, second, third] {
+            assert!(matches!(write.join().unwrap(), Ok(())));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for nonce in ["n-1", "n-2", "n-3"] {
+            assert!(acknowledged(&runtime, &store, nonce), "{nonce}");
+        }
+    }
+
+    /// The hand-off's thread gives the leading up to a sweep that waits for the lock; should
+    /// the sweep's step be done before the thread has given it up — it found the leading
+    /// still taken, and left the queue to that thread — a write queued meanwhile is
     /// committed all the same: it waited for a leader until the next request came.
     #[test]
-    fn a_write_queued_while_the_hand_off_yields_to_a_read_is_committed() {
+    fn a_write_queued_while_the_hand_off_yields_to_a_sweep_is_committed() {
         let Queued {
             runtime,
             store,
@@ -1564,23 +1626,21 @@ mod tests {
         first_batch.release();
         assert!(second_batch.wait_reached(1, PATIENCE));
 
-        // A durable read waits for the lock the hand-off's thread holds.
-        let reader = Arc::clone(writer);
-        let read = std::thread::spawn(move || reader.read_durable(|| ()));
+        // A sweep waits for the lock the hand-off's thread holds; a third write queues.
+        let sweep = sweep_on_a_thread_of_its_own(&store);
         wait_until(
             || writer.waiting_ahead() == 1,
-            "the read never waited for the lock",
+            "the sweep never waited for the lock",
         );
-        // A third write queues, left to the read.
         let third = runtime.spawn(book(store.clone(), "n-3"));
         wait_until(|| writer.queued() > 0, "the third write never queued");
-        // The thread stops as it gives the leading up; the read meanwhile takes the lock,
+        // The thread stops as it gives the leading up; the sweep meanwhile takes the lock,
         // is done, and finds the leading still taken.
         let yielding = writer.gate().arm(HoldPoint::BeforeHandedYield);
         held.0.push(Arc::clone(&yielding));
         second_batch.release();
         assert!(yielding.wait_reached(1, PATIENCE));
-        read.join().unwrap();
+        assert!(matches!(sweep.join().unwrap(), Ok(Ok(0))));
         assert!(writer.handed_off());
         assert_eq!(writer.queued(), 1, "the third write was committed before");
 
@@ -1592,48 +1652,38 @@ mod tests {
         assert!(acknowledged(&runtime, &store, "n-3"));
     }
 
-    /// A durable read that panics (only a bug of payhook's could) after waiting for the
-    /// lock ahead of the leaders leaves no write behind: on a current-thread runtime, with
-    /// no blocking pool to hand the leading to, the write queued while it waited was left
-    /// to it, and is handed to a thread of its own.
+    /// A purge step that panics (only a bug of payhook's could) after waiting for the lock
+    /// ahead of the leaders leaves no write behind: the write queued while it waited was
+    /// left to it, and goes to a thread of its own.
     #[test]
-    fn a_read_that_panics_ahead_of_the_leaders_leaves_no_write_waiting() {
+    fn a_purge_step_that_panics_leaves_no_write_waiting() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         let writer = &store.inner.writer;
-        let on_a_thread_of_its_own = |nonce: &'static str| {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap()
-                    .block_on(book(store, nonce))
-            })
-        };
         let batch = writer.gate().arm(HoldPoint::BeforeFlush);
         let held = Released(vec![Arc::clone(&batch)]);
-        let first = on_a_thread_of_its_own("n-1");
+        let first = book_on_a_thread_of_its_own(&store, "n-1");
         assert!(batch.wait_reached(1, PATIENCE));
-        let reader = Arc::clone(writer);
-        let read = std::thread::spawn(move || {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                reader.read_durable(|| panic!("a bug"))
-            }))
-        });
+        let sweep = sweep_on_a_thread_of_its_own(&store);
         wait_until(
             || writer.waiting_ahead() == 1,
-            "the read never waited for the lock",
+            "the sweep never waited for the lock",
         );
-        let second = on_a_thread_of_its_own("n-2");
+        let second = book_on_a_thread_of_its_own(&store, "n-2");
         wait_until(|| writer.queued() > 0, "the second write never queued");
+        let panicked = writer.gate().arm_panic(HoldPoint::InPurgeStep);
 
         drop(held);
-        assert!(read.join().unwrap().is_err(), "the read did not panic");
+        assert!(
+            sweep.join().unwrap().is_err(),
+            "the purge step did not panic"
+        );
+        assert!(panicked.wait_reached(1, PATIENCE));
+        writer.gate().disarm();
         assert!(matches!(first.join().unwrap(), Ok(())));
         wait_until(
             || second.is_finished(),
-            "the write left to the read that panicked was never committed",
+            "the write left to the purge step that panicked was never committed",
         );
         assert!(matches!(second.join().unwrap(), Ok(())));
         let runtime = tokio::runtime::Builder::new_current_thread()
