@@ -625,17 +625,17 @@ impl Writer {
     /// whether the store is healthy itself, under the lock. For reads whose result leaves
     /// the process — the outbox's, whose entries are posted to the aggregator.
     pub(crate) fn read_durable<R>(self: &Arc<Self>, read: impl FnOnce() -> R) -> R {
-        let outcome = blocking(|| {
+        // Writes queued while the lock was held are committed once it is let go — also
+        // should `read` panic (see `LeadsAfter`).
+        let _lead = LeadsAfter(self);
+        blocking(|| {
             #[cfg(test)]
             self.readers_waiting.fetch_add(1, Ordering::SeqCst);
             let _guard = lock(&self.lock);
             #[cfg(test)]
             self.readers_waiting.fetch_sub(1, Ordering::SeqCst);
             read()
-        });
-        // Writes queued while the lock was held are committed now.
-        self.lead();
-        outcome
+        })
     }
 
     /// Test-only: how many purge steps wait for the write lock.
@@ -820,6 +820,25 @@ impl Drop for Ahead<'_> {
             writer.hand_off_to_a_new_thread();
         } else {
             writer.commit_while_free(|| writer.hand_off() || writer.hand_off_to_a_new_thread());
+        }
+    }
+}
+
+/// Leads when dropped, after a durable read let the write lock go: the writes queued while
+/// it held the lock were left to it. Should the read panic, they go to a thread of their
+/// own instead (no commit while unwinding, see [`Ahead`]).
+struct LeadsAfter<'w>(&'w Arc<Writer>);
+
+impl Drop for LeadsAfter<'_> {
+    fn drop(&mut self) {
+        let writer = self.0;
+        if !std::thread::panicking() {
+            writer.lead();
+        } else if !writer.handed_off.load(Ordering::SeqCst)
+            && writer.waiting.load(Ordering::SeqCst) == 0
+        {
+            // (A purge step waiting leads them itself.)
+            writer.hand_off_to_a_new_thread();
         }
     }
 }

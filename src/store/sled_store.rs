@@ -1692,6 +1692,42 @@ mod tests {
         assert!(acknowledged(&runtime, &store, "n-2"));
     }
 
+    /// A durable read that panics (only a bug of payhook's could) while it holds the lock
+    /// leaves no write behind: the write queued meanwhile, left to it, goes to a thread of
+    /// its own (it waited for the next request to lead).
+    #[test]
+    fn a_durable_read_that_panics_leaves_no_write_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let writer = &store.inner.writer;
+        let (holding, held) = std::sync::mpsc::channel();
+        let (go_on, going_on) = std::sync::mpsc::channel::<()>();
+        let reader = Arc::clone(writer);
+        let read = std::thread::spawn(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                reader.read_durable(|| {
+                    holding.send(()).unwrap();
+                    let _ = going_on.recv();
+                    panic!("a bug");
+                })
+            }))
+        });
+        held.recv_timeout(PATIENCE).unwrap();
+        let write = book_on_a_thread_of_its_own(&store, "n-1");
+        wait_until(|| writer.queued() > 0, "the write never queued");
+        go_on.send(()).unwrap();
+        assert!(read.join().unwrap().is_err(), "the read did not panic");
+        wait_until(
+            || write.is_finished(),
+            "the write left to the read that panicked was never committed",
+        );
+        assert!(matches!(write.join().unwrap(), Ok(())));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(acknowledged(&runtime, &store, "n-1"));
+    }
+
     /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
     /// hand-off among them: the write it was to commit is committed all the same.
     #[test]
