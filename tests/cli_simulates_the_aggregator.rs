@@ -554,19 +554,22 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "no-conflict",
         "[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, conflicts = 0 }\n",
     );
-    for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
-        let (code, stdout, _) = payhook(scenario_command(
-            &no_conflict,
-            &to,
-            &gateway,
-            &["--await-timeout", "2s"],
-        ))
-        .await;
-        assert_eq!(code, code_wanted, "{stdout}");
-        if code_wanted == 1 {
-            assert!(stdout.contains("no result was posted"), "{stdout}");
+    let met_here_not_elsewhere = async |scenario: &[String], unmet: &str| {
+        for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
+            let (code, stdout, _) = payhook(scenario_command(
+                scenario,
+                &to,
+                &gateway,
+                &["--await-timeout", "2s"],
+            ))
+            .await;
+            assert_eq!(code, code_wanted, "{stdout}");
+            if code_wanted == 1 {
+                assert!(stdout.contains(unmet), "{stdout}");
+            }
         }
-    }
+    };
+    met_here_not_elsewhere(&no_conflict, "no result was posted").await;
 
     // A result the scenario posted itself (`gateway-result`) is not the merchant's: with
     // the same result expected, the merchant's own post is looked for. Watched at a gateway
@@ -577,22 +580,11 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
         "[[step]]\nkind = \"gateway-result\"\nsuccess = true\n\n\
          [[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, result = \"allow\" }\n",
     );
-    for (gateway, code_wanted) in [(mock.url(), 0), (elsewhere.url(), 1)] {
-        let (code, stdout, _) = payhook(scenario_command(
-            &own_result,
-            &to,
-            &gateway,
-            &["--await-timeout", "2s"],
-        ))
-        .await;
-        assert_eq!(code, code_wanted, "{stdout}");
-        if code_wanted == 1 {
-            assert!(
-                stdout.contains("the result the gateway holds is this scenario's own"),
-                "{stdout}"
-            );
-        }
-    }
+    met_here_not_elsewhere(
+        &own_result,
+        "the result the gateway holds is this scenario's own",
+    )
+    .await;
 
     // An expectation that does not hold: exit 1, and the report says what was wrong.
     let wrong = scenario_file(

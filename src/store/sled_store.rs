@@ -1473,11 +1473,21 @@ mod tests {
         assert!(acknowledged(&runtime, &store, "n-1") && acknowledged(&runtime, &store, "n-2"));
     }
 
-    /// Under steady load, the hand-off's thread finds writes queued after every batch. A
-    /// sweep waiting for the lock gets it between two batches: the thread let go of it and
-    /// took it back before the sweeper woke, batch after batch, while requests kept coming.
-    #[test]
-    fn a_sweep_under_steady_load_takes_its_turn_between_two_batches() {
+    /// [`a_write_queued_behind_a_held_one`], the second write handed off, its batch held
+    /// before the flush; a sweep waiting for the lock the hand-off's thread holds, and a
+    /// third write queued behind.
+    struct SweepWaiting {
+        runtime: Runtime,
+        store: SledStore,
+        /// The three writes, in order.
+        writes: Vec<JoinHandle<Result<(), StoreError>>>,
+        second_batch: Arc<HoldState>,
+        held: Released,
+        sweep: std::thread::JoinHandle<std::thread::Result<Result<usize, StoreError>>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn a_sweep_waiting_behind_the_hand_off() -> SweepWaiting {
         let Queued {
             runtime,
             store,
@@ -1494,17 +1504,40 @@ mod tests {
         first_batch.release();
         assert!(second_batch.wait_reached(1, PATIENCE));
         assert!(writer.handed_off(), "the second batch was not handed off");
-
-        // A sweep starts, on a thread of its own as the sweeper's, and waits for the lock.
-        let sweeper = Arc::clone(writer);
-        let sweep = std::thread::spawn(move || sweeper.purge(ms_from_time(chrono::Utc::now())));
+        let sweep = sweep_on_a_thread_of_its_own(&store);
         wait_until(
             || writer.waiting_ahead() == 1,
             "the sweep never waited for the lock",
         );
-        // A third write queues meanwhile; whoever commits it waits before the flush.
         let third = runtime.spawn(book(store.clone(), "n-3"));
         wait_until(|| writer.queued() > 0, "the third write never queued");
+        SweepWaiting {
+            runtime,
+            store,
+            writes: vec![first, second, third],
+            second_batch,
+            held,
+            sweep,
+            _dir,
+        }
+    }
+
+    /// Under steady load, the hand-off's thread finds writes queued after every batch. A
+    /// sweep waiting for the lock gets it between two batches: the thread let go of it and
+    /// took it back before the sweeper woke, batch after batch, while requests kept coming.
+    #[test]
+    fn a_sweep_under_steady_load_takes_its_turn_between_two_batches() {
+        let SweepWaiting {
+            runtime,
+            store,
+            writes,
+            second_batch,
+            mut held,
+            sweep,
+            _dir,
+        } = a_sweep_waiting_behind_the_hand_off();
+        let writer = &store.inner.writer;
+        // Whoever commits the third write waits before the flush.
         let third_batch = writer.gate().arm(HoldPoint::BeforeFlush);
         held.0.push(Arc::clone(&third_batch));
         second_batch.release();
@@ -1516,8 +1549,8 @@ mod tests {
         );
 
         drop(held);
-        assert!(matches!(sweep.join().unwrap(), Ok(0)));
-        for write in [first, second, third] {
+        assert!(matches!(sweep.join().unwrap(), Ok(Ok(0))));
+        for write in writes {
             let answered = within(&runtime, write);
             assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
         }
@@ -1611,29 +1644,16 @@ mod tests {
     /// committed all the same: it waited for a leader until the next request came.
     #[test]
     fn a_write_queued_while_the_hand_off_yields_to_a_sweep_is_committed() {
-        let Queued {
+        let SweepWaiting {
             runtime,
             store,
-            first,
-            second,
-            first_batch,
+            writes,
+            second_batch,
             mut held,
+            sweep,
             _dir,
-        } = a_write_queued_behind_a_held_one();
+        } = a_sweep_waiting_behind_the_hand_off();
         let writer = &store.inner.writer;
-        let second_batch = writer.gate().arm(HoldPoint::BeforeFlush);
-        held.0.push(Arc::clone(&second_batch));
-        first_batch.release();
-        assert!(second_batch.wait_reached(1, PATIENCE));
-
-        // A sweep waits for the lock the hand-off's thread holds; a third write queues.
-        let sweep = sweep_on_a_thread_of_its_own(&store);
-        wait_until(
-            || writer.waiting_ahead() == 1,
-            "the sweep never waited for the lock",
-        );
-        let third = runtime.spawn(book(store.clone(), "n-3"));
-        wait_until(|| writer.queued() > 0, "the third write never queued");
         // The thread stops as it gives the leading up; the sweep meanwhile takes the lock,
         // is done, and finds the leading still taken.
         let yielding = writer.gate().arm(HoldPoint::BeforeHandedYield);
@@ -1645,7 +1665,7 @@ mod tests {
         assert_eq!(writer.queued(), 1, "the third write was committed before");
 
         drop(held);
-        for write in [first, second, third] {
+        for write in writes {
             let answered = within(&runtime, write);
             assert!(matches!(answered, Ok(Ok(Ok(())))), "{answered:?}");
         }
@@ -1681,15 +1701,28 @@ mod tests {
         assert!(panicked.wait_reached(1, PATIENCE));
         writer.gate().disarm();
         assert!(matches!(first.join().unwrap(), Ok(())));
-        wait_until(
-            || second.is_finished(),
+        booked_by_another_leader(
+            &store,
+            second,
+            "n-2",
             "the write left to the purge step that panicked was never committed",
         );
-        assert!(matches!(second.join().unwrap(), Ok(())));
+    }
+
+    /// Waits for `write` of `nonce`, left to a thread that did not lead it, to be answered
+    /// (panics saying `failure` otherwise), and checks it was booked.
+    fn booked_by_another_leader(
+        store: &SledStore,
+        write: std::thread::JoinHandle<Result<(), StoreError>>,
+        nonce: &str,
+        failure: &str,
+    ) {
+        wait_until(|| write.is_finished(), failure);
+        assert!(matches!(write.join().unwrap(), Ok(())));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        assert!(acknowledged(&runtime, &store, "n-2"));
+        assert!(acknowledged(&runtime, store, nonce));
     }
 
     /// A durable read that panics (only a bug of payhook's could) while it holds the lock
@@ -1717,15 +1750,12 @@ mod tests {
         wait_until(|| writer.queued() > 0, "the write never queued");
         go_on.send(()).unwrap();
         assert!(read.join().unwrap().is_err(), "the read did not panic");
-        wait_until(
-            || write.is_finished(),
+        booked_by_another_leader(
+            &store,
+            write,
+            "n-1",
             "the write left to the read that panicked was never committed",
         );
-        assert!(matches!(write.join().unwrap(), Ok(())));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        assert!(acknowledged(&runtime, &store, "n-1"));
     }
 
     /// A runtime that shuts down drops the blocking pool's tasks that have not started, the
