@@ -461,8 +461,8 @@ impl Writer {
     }
 
     /// Commits batch after batch while the lock is free and work is queued, until
-    /// `handed_on` says another thread took the leading — or a thread waits for the lock
-    /// for work of its own ([`Writer::lock_ahead`]), which leads once it is done.
+    /// `handed_on` says another thread took the leading — or a purge step waits for the
+    /// lock ([`Writer::lock_ahead`]), which leads once it is done.
     fn commit_while_free(&self, mut handed_on: impl FnMut() -> bool) {
         while self.waiting.load(Ordering::SeqCst) == 0
             && let Some(guard) = try_lock(&self.lock)
