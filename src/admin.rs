@@ -562,6 +562,7 @@ impl AdminClient {
         let body = serde_json::to_vec(&crate::server::AdminDecision {
             success: decision.allows(),
             description: decision.description().to_owned(),
+            nonce: None,
         })
         .unwrap_or_default();
         let answer: crate::model::ErrorBody = self

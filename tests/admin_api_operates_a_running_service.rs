@@ -316,7 +316,46 @@ async fn postponed_validations_are_listed_and_decided_once() {
 
     let path = format!("/payhook/admin/validations/{id}");
     let decide = |success: bool| json!({"success": success, "description": "reviewed"}).to_string();
-    let first = call(&server, "POST", &path, Some(TOKEN), Some(&decide(true))).await;
+    // A decision taken on a row that showed another validation (the inspector sends the
+    // nonce it showed; a redraw can move another row under the pointer) is refused, and
+    // nothing is recorded.
+    let on_the_row_of = |nonce: &str| {
+        json!({"success": true, "description": "reviewed", "nonce": nonce}).to_string()
+    };
+    let elsewhere = call(
+        &server,
+        "POST",
+        &path,
+        Some(TOKEN),
+        Some(&on_the_row_of("n-other")),
+    )
+    .await;
+    assert_eq!(elsewhere.status, 409, "{}", elsewhere.message());
+    assert!(
+        elsewhere
+            .message()
+            .contains("not of the nonce shown (n-other): nothing recorded"),
+        "{}",
+        elsewhere.message()
+    );
+    let pending = call(
+        &server,
+        "GET",
+        "/payhook/admin/validations?state=pending",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(pending.json().as_array().unwrap().len(), 1);
+    let nonce = list[0]["request"]["paymentData"]["nonce"].as_str().unwrap();
+    let first = call(
+        &server,
+        "POST",
+        &path,
+        Some(TOKEN),
+        Some(&on_the_row_of(nonce)),
+    )
+    .await;
     assert_eq!((first.status, first.message()), (200, "recorded".into()));
     let same = call(&server, "POST", &path, Some(TOKEN), Some(&decide(true))).await;
     assert_eq!((same.status, same.message()), (200, "unchanged".into()));

@@ -284,8 +284,8 @@ pub(crate) fn postponed(first: &PostponedPage, now: DateTime<Utc>) -> String {
             "<tr class=pending data-id={id}><td>{id}</td><td>{nonce}</td><td>{client}</td>\
              <td>{amount} {currency}</td><td>{received}</td><td>{deadline}</td>\
              <td><input class=description data-id={id} placeholder=description> \
-             <button data-action=approve data-id={id}>Approve</button> \
-             <button data-action=deny data-id={id}>Deny</button></td></tr>",
+             <button data-action=approve data-id={id} data-nonce=\"{nonce}\">Approve</button> \
+             <button data-action=deny data-id={id} data-nonce=\"{nonce}\">Deny</button></td></tr>",
             id = r.validation_id,
             nonce = escape(r.request.nonce()),
             client = escape(&r.request.merchant_data.client_id),
@@ -547,8 +547,9 @@ document.addEventListener('click', async (event) => {
   const id = button.dataset.id;
   const description = () => (document.querySelector('input.description[data-id="' + id + '"]') || {}).value || '';
   switch (button.dataset.action) {
-    case 'approve': return act('validations/' + id, {success: true, description: description()}, button);
-    case 'deny': return act('validations/' + id, {success: false, description: description()}, button);
+    // With the nonce shown beside the button: a row redrawn under the pointer is refused.
+    case 'approve': return act('validations/' + id, {success: true, description: description(), nonce: button.dataset.nonce}, button);
+    case 'deny': return act('validations/' + id, {success: false, description: description(), nonce: button.dataset.nonce}, button);
     case 'retry': return act('outbox/' + id + '/retry', null, button);
     case 'logout': {
       const answer = await fetch(base + 'inspector/logout', {method: 'POST',

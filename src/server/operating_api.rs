@@ -5,7 +5,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /payhook/admin/validations?state=…&limit=N&after=ID` | 200, a page of the postponed validations (JSON array), by id: those in `state` (`pending`, `queued`, `delivered` or `conflict`; every state without it), at most `N` (default and most 500; 0 is taken as 1) whose id follows `ID` (from the lowest without it); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an unknown state or an `after` that is not an id) |
-//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently; 404 `no postponed validation with id N` |
+//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token |
@@ -299,6 +299,12 @@ pub struct AdminDecision {
     /// The explanation sent with the result.
     #[serde(default)]
     pub description: String,
+    /// The nonce of the validation the decision was taken on (the inspector sends the one
+    /// it showed beside the button): when given, a validation of another nonce under the id
+    /// is refused (409) and nothing is recorded — a page redrawn under the pointer moves
+    /// another validation's row where the operator clicked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 /// The body of `POST /payhook/admin/reconcile`.
@@ -499,6 +505,20 @@ impl OperatingApi {
                     .as_ref()
                     .map(|a| a.resolver())
                     .ok_or(Problem::NotFound)?;
+                if let Some(shown) = &decision.nonce {
+                    // A validation's nonce never changes: checked once, it holds.
+                    let held = resolver
+                        .get(id)
+                        .await
+                        .map_err(|e| self.admin_store_failed(&e))?;
+                    if let Some(held) = held.filter(|h| h.request.nonce().as_str() != shown) {
+                        return Err(Problem::Conflict(format!(
+                            "validation {id} is of nonce {}, not of the nonce shown ({}): nothing recorded",
+                            crate::logged::Logged(held.request.nonce().as_str()),
+                            crate::logged::Logged(shown.as_str())
+                        )));
+                    }
+                }
                 match resolver
                     .resolve(
                         id,
