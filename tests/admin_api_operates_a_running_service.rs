@@ -301,14 +301,16 @@ async fn postponed_validations_are_listed_and_decided_once() {
     let server = TestServer::start_with(config(&gateway)).await;
     let id = server.postpone_validation().await;
 
-    let listed = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations?state=pending",
-        Some(TOKEN),
-        None,
-    )
-    .await;
+    let pending = || {
+        call(
+            &server,
+            "GET",
+            "/payhook/admin/validations?state=pending",
+            Some(TOKEN),
+            None,
+        )
+    };
+    let listed = pending().await;
     assert_eq!(listed.status, 200);
     let list: Value = listed.json();
     assert_eq!(list.as_array().unwrap().len(), 1);
@@ -338,15 +340,7 @@ async fn postponed_validations_are_listed_and_decided_once() {
         "{}",
         elsewhere.message()
     );
-    let pending = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations?state=pending",
-        Some(TOKEN),
-        None,
-    )
-    .await;
-    assert_eq!(pending.json().as_array().unwrap().len(), 1);
+    assert_eq!(pending().await.json().as_array().unwrap().len(), 1);
     let nonce = list[0]["request"]["paymentData"]["nonce"].as_str().unwrap();
     let first = call(
         &server,
