@@ -136,6 +136,17 @@ async fn retried_as_duplicate(store: &dyn DedupStore, nonce: &str) {
     );
 }
 
+/// A test's database (`None`: skipped, and said so) and a stopped sled store with
+/// [`history`] in a directory of its own, to copy into it.
+async fn history_to_copy(
+    test: &str,
+) -> Option<(support::postgres::TestDb, tempfile::TempDir, StoreConfig)> {
+    let db = support::postgres::database(test).await?;
+    let dir = tempfile::tempdir().unwrap();
+    let sled = sled_with_history(&dir).await;
+    Some((db, dir, sled))
+}
+
 /// A stopped sled store in `dir` with [`history`] in it.
 async fn sled_with_history(dir: &tempfile::TempDir) -> StoreConfig {
     let sled = StoreConfig {
@@ -231,11 +242,9 @@ async fn copy_held_at(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
-    let Some(db) = support::postgres::database("moving_from_sled").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moving_from_sled").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
 
     let copy = || copy_from_sled(&sled, &db);
     let said = succeeded(&copy());
@@ -315,11 +324,9 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
 /// abandoned) serves from sled again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_sled_store_is_not_served_again() {
-    let Some(db) = support::postgres::database("moved_sled_refused").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moved_sled_refused").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     succeeded(&copy_from_sled(&sled, &db));
     let marker = sled.path.join(payhook::store::MOVED_FILE_NAME);
     let said = std::fs::read_to_string(&marker).unwrap();
@@ -369,11 +376,9 @@ async fn a_copy_keeps_the_statuses_the_database_booked_meanwhile() {
     // PostgreSQL booked a later status of a moved nonce before the copy reached it (the
     // instances started early, or the copy is run again): the copy adds sled's statuses to
     // it, and drops none, so a retry of that status stays a duplicate.
-    let Some(db) = support::postgres::database("moving_from_sled_merges").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moving_from_sled_merges").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let shared = store.shared();
@@ -524,11 +529,9 @@ async fn a_delivery_beside_the_copy_of_its_nonce_is_not_booked_again() {
 /// a few seconds first, for an instance stopped just before it to close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_copy_refuses_while_an_instance_has_the_schema_open() {
-    let Some(db) = support::postgres::database("moving_beside_an_instance").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moving_beside_an_instance").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     let config = db.store_config(Duration::from_secs(30 * 86_400));
     let store = ConfiguredStore::open(&config, &["ledger"]).await.unwrap();
     let refused = tokio::task::spawn_blocking({
@@ -647,11 +650,9 @@ async fn a_store_holding_the_schema_again_mid_copy_stops_the_copy() {
 /// `callbacks` table locked; 600 callbacks make more than one batch of 500.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_holding_the_schema_again_stops_a_long_copy_at_its_next_batch() {
-    let Some(db) = support::postgres::database("store_back_mid_batch").await else {
+    let Some((db, _dir, sled)) = history_to_copy("store_back_mid_batch").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     {
         let store = SledStore::open(&sled, &["ledger"]).unwrap();
         let mut booked = tokio::task::JoinSet::new();
@@ -687,11 +688,9 @@ async fn a_store_holding_the_schema_again_stops_a_long_copy_at_its_next_batch() 
 /// handler on PostgreSQL: it is refused with 400.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted() {
-    let Some(db) = support::postgres::database("moving_unstorable").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moving_unstorable").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     {
         let store = SledStore::open(&sled, &["ledger"]).unwrap();
         book_in_sled(&store, "nul-\u{0}-1", Effects::default()).await;
@@ -715,11 +714,9 @@ async fn records_of_a_nonce_postgresql_cannot_hold_are_left_behind_and_counted()
 /// only PostgreSQL's index row size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_key_postgresql_cannot_index_stops_the_copy_saying_what_to_do() {
-    let Some(db) = support::postgres::database("moving_unindexable").await else {
+    let Some((db, _dir, sled)) = history_to_copy("moving_unindexable").await else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let sled = sled_with_history(&dir).await;
     {
         let store = SledStore::open(&sled, &["ledger"]).unwrap();
         let ledger = store.tree("ledger").unwrap();
