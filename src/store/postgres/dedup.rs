@@ -734,19 +734,12 @@ impl PgStore {
         }
         if let Some(record) = postponed
             && !self.insert_postponed(&mut tx, record).await?
+            && self.known(&mut tx, &record.request).await? == Some(crate::postponed::Repeat::Taken)
         {
-            let kept: Option<String> = sqlx::query_scalar(
-                &self.sql("SELECT nonce FROM {s}.postponed WHERE validation_id = $1"),
-            )
-            .bind(record.validation_id.get())
-            .fetch_optional(&mut *tx)
-            .await?;
-            if kept.is_some_and(|kept| kept != record.request.nonce().as_str()) {
-                // Nothing of this validation is written; its claim stays the caller's to
-                // release.
-                tx.rollback().await?;
-                return Err(StoreError::ValidationIdTaken(record.validation_id.get()));
-            }
+            // Nothing of this validation is written; its claim stays the caller's to
+            // release.
+            tx.rollback().await?;
+            return Err(StoreError::ValidationIdTaken(record.validation_id.get()));
         }
         tx.commit().await?;
         Ok(())

@@ -611,9 +611,10 @@ impl PgStore {
         Ok(())
     }
 
-    /// What a repeat under `request`'s id is when the id is held already: [`Repeat::Known`]
-    /// for its own nonce's, [`Repeat::Taken`] for another's; `None` when it is not held.
-    async fn known(
+    /// Whom `request`'s validation id is held for, when it is: [`Repeat::Known`] for its own
+    /// nonce, [`Repeat::Taken`] for another's; `None` when it is not held. (A repeat's
+    /// answer, and a postponed validation's refusal under a taken id.)
+    pub(super) async fn known(
         &self,
         conn: &mut PgConnection,
         request: &TransactionValidationRequest,
