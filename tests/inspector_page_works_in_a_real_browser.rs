@@ -3,7 +3,10 @@
 //! validation appear without a reload, **Approve** is clicked, the result reaches the
 //! aggregator, and the page shows it delivered; logging out ends the session, and a
 //! `#token=` link logs in again. A panel of buttons that act on money is not
-//! rebuilt under the pointer: a click lands on the validation the operator pointed at.
+//! rebuilt under the pointer: a click lands on the validation the operator pointed at. A
+//! booking whose answer a proxy lost (504, a dropped connection, an unreadable success) is
+//! told as of unknown outcome, never as booked nor as refused; an answer that is not the
+//! service's fragment is shown as text, never written into the page.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
 //! them the test says it was skipped, and why; under `CI` it fails instead.
@@ -12,7 +15,12 @@
 
 mod support;
 
+use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use payhook::signature::Algorithm;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use support::gateway::FakeGateway;
 use support::webdriver::Browser;
 use support::*;
@@ -47,7 +55,12 @@ async fn awaitable_service() -> (FakeGateway, TestServer) {
 
 /// Opens the inspector of `server` in `browser`, with the token.
 async fn log_in(browser: &Browser, server: &TestServer) {
-    let page = format!("http://{}/payhook/admin/inspector", server.addr);
+    log_in_at(browser, server.addr).await;
+}
+
+/// Opens the inspector served at `addr` (the service, or a proxy in front of it).
+async fn log_in_at(browser: &Browser, addr: SocketAddr) {
+    let page = format!("http://{addr}/payhook/admin/inspector");
     browser.goto(&page).await;
     let token = browser.wait_for("input#token").await;
     browser.type_into(&token, TOKEN).await;
@@ -219,5 +232,161 @@ async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
         .map(|v| v["validation_id"].as_i64().unwrap())
         .collect();
     assert_eq!(ids, [3], "{pending}");
+    browser.quit().await;
+}
+
+/// How the proxy in front of the service loses the answer to a request of the page, once the
+/// service has answered it (what the service did is done).
+#[derive(Clone, Copy, Debug)]
+enum Lost {
+    /// The proxy gave up waiting: 504, with its own page.
+    GaveUp,
+    /// The connection closed without an answer.
+    Dropped,
+    /// A 200 whose body is not the service's.
+    Unreadable,
+}
+
+/// Which answers the proxy loses: those to requests whose path holds `path`.
+type Losing = Arc<Mutex<Option<(&'static str, Lost)>>>;
+
+/// A proxy on loopback in front of `service`: forwards each request, and loses the answers
+/// `losing` names.
+async fn lossy_proxy(service: SocketAddr, losing: Losing) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http::<Incoming>();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (client, losing) = (client.clone(), Arc::clone(&losing));
+            let forward =
+                hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+                    let client = client.clone();
+                    let lost = match *losing.lock().unwrap() {
+                        Some((path, lost)) if request.uri().path().contains(path) => Some(lost),
+                        _ => None,
+                    };
+                    async move {
+                        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+                        *request.uri_mut() = format!("http://{service}{target}").parse().unwrap();
+                        let answer = client
+                            .request(request)
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        let Some(lost) = lost else {
+                            return Ok(
+                                answer.map(|body| body.map_err(std::io::Error::other).boxed())
+                            );
+                        };
+                        // The service's whole answer is in: whatever it did is done.
+                        answer
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        let own = |status: u16, text: &'static str| {
+                            let body = Full::new(Bytes::from_static(text.as_bytes()))
+                                .map_err(|never| match never {});
+                            hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "text/html")
+                                .body(BoxBody::new(body))
+                                .unwrap()
+                        };
+                        match lost {
+                            Lost::GaveUp => Ok(own(504, "<b id=injected>gateway timeout</b>")),
+                            Lost::Dropped => {
+                                Err(std::io::Error::other("the proxy dropped the answer"))
+                            }
+                            Lost::Unreadable => Ok(own(200, "<html>ok</html>")),
+                        }
+                    }
+                });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), forward),
+            );
+        }
+    });
+    addr
+}
+
+/// A proxy between the page and the service loses the answer to **book now** after the
+/// service booked: it gave up (504), it dropped the connection, or its 200 is not the
+/// service's. Each time the page says the outcome is unknown and that pressing again books
+/// nothing twice — not "booked", not a bare status, not silence — and the booking shows as
+/// done once the panel is rebuilt. An answer to **request** that is not the service's
+/// fragment is shown as text, not written into the page.
+#[tokio::test]
+async fn a_booking_whose_answer_a_proxy_lost_is_told_of_unknown_outcome() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let (gateway, server) = awaitable_service().await;
+    let losing: Losing = Arc::default();
+    let proxy = lossy_proxy(server.addr, Arc::clone(&losing)).await;
+    log_in_at(&browser, proxy).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let now = chrono::Utc::now().to_rfc3339();
+    for (n, (lost, why)) in [
+        (Lost::GaveUp, "(504 from a proxy)"),
+        (Lost::Dropped, "(no answer: "),
+        (Lost::Unreadable, "(the answer could not be read)"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let nonce = format!("n-lost-{n}");
+        let reference = format!("0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5{n}");
+        gateway.with(|s| {
+            s.transactions.insert(
+                reference.clone(),
+                serde_json::json!({
+                    "id": 2000 + n, "transactionReferenceId": reference, "providerId": 11,
+                    "providerName": "Card", "merchantClientId": "client-42", "accountData": {},
+                    "nonce": nonce, "amount": 7.5, "currency": "EUR", "transactionType": 1,
+                    "transactionStatus": 4, "transactionStatusMessage": "Success",
+                    "callbackDeliveryStatus": "Failed", "isCallbackSendingCanceled": true,
+                    "createdUtc": now, "updatedUtc": now
+                }),
+            )
+        });
+        let body = [
+            ("/nonce", nonce.as_str()),
+            ("/transactionReferenceId", reference.as_str()),
+            ("/clientId", "fail"),
+        ]
+        .into_iter()
+        .fold(CALLBACK.to_owned(), |body, (at, value)| {
+            with(&body, at, Some(serde_json::json!(value)))
+        });
+        assert_eq!(server.send(&signed_post(&signer, &body)).await.status, 503);
+        let book = format!("tr.failing button[data-action=book][data-reference='{reference}']");
+        *losing.lock().unwrap() = Some(("/reconcile", lost));
+        browser.wait_and_click(&book).await;
+        let told = browser.accept_alert().await;
+        assert!(
+            told.starts_with(&format!("Outcome unknown {why}"))
+                && told.contains("press book now again to see (it books nothing twice)"),
+            "{lost:?}: {told}"
+        );
+        // The service did book it: gone from the failing panel once it is rebuilt.
+        browser.hover("h1").await;
+        browser.wait_for_none(&book).await;
+    }
+
+    *losing.lock().unwrap() = Some(("/inspector/delivery/", Lost::GaveUp));
+    browser
+        .wait_and_click("tr.delivery button[data-action=detail]")
+        .await;
+    let started = std::time::Instant::now();
+    let mut shown = String::new();
+    while shown.is_empty() && started.elapsed() < support::webdriver::PAGE_DEADLINE {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        shown = browser.wait_for_text("#detail").await;
+    }
+    assert_eq!(shown, "Not shown: 504");
+    assert!(browser.find_all("#detail b#injected").await.is_empty());
     browser.quit().await;
 }

@@ -27,7 +27,9 @@ pub(crate) struct Health {
     /// `Some(true)` when the store stopped after a failed write.
     pub(crate) store_failed: Option<bool>,
     pub(crate) gateway: Option<SessionState>,
-    pub(crate) outbox_queued: Option<usize>,
+    /// Results waiting for delivery: `None` outside Awaitable mode, an error's text when the
+    /// store could not be read (never shown as "none": an operator would read nothing waits).
+    pub(crate) outbox_queued: Option<Result<usize, String>>,
     pub(crate) counters: Vec<(&'static str, u64)>,
     /// Deliveries the inspector keeps.
     pub(crate) kept: usize,
@@ -448,9 +450,14 @@ pub(crate) fn health(health: &Health, now: DateTime<Utc>) -> String {
         }
         Some(SessionState::Held { .. }) => "session expired (the next call renews it)".to_owned(),
     };
-    let outbox = health
-        .outbox_queued
-        .map_or_else(|| "none".to_owned(), |n| n.to_string());
+    let outbox = match &health.outbox_queued {
+        None => "none (not in Awaitable mode)".to_owned(),
+        Some(Ok(queued)) => queued.to_string(),
+        Some(Err(error)) => format!(
+            "<span class=bad>unknown: the store could not be read: {}</span>",
+            escape(error)
+        ),
+    };
     let mut out = format!(
         "<dl><dt>store</dt><dd id=store-state>{store}</dd><dt>gateway</dt><dd>{gateway}</dd>\
          <dt>outbox queued</dt><dd>{outbox}</dd><dt>kept deliveries</dt><dd>{}</dd>",
@@ -519,27 +526,48 @@ async function follow() {
     }
   }
 }
+// What an action whose answer was lost tells the operator: a dropped connection, a proxy's
+// 502 or 504 (payhook sends neither), or a success that could not be read. The service may
+// have acted; acting again is safe (a booking is made once, a decision recorded once).
+function unknown(url, why) {
+  const booking = url === 'reconcile';
+  return 'Outcome unknown (' + why + '): the service may have '
+    + (booking ? 'booked it; press book now again to see (it books nothing twice), and do not book it by hand meanwhile.'
+               : 'acted on it; the panels show what it holds.');
+}
 async function act(url, body, button) {
   // The row acted on takes no second click while its panel waits to be rebuilt.
   const row = button.closest('tr');
   const buttons = row ? [...row.querySelectorAll('button')] : [button];
   buttons.forEach(b => b.disabled = true);
-  const answer = await fetch(base + url, {method: 'POST', credentials: 'same-origin',
-    headers: {'content-type': 'application/json', 'x-payhook-inspector': '1'},
-    body: JSON.stringify(body || {})});
-  if (!answer.ok) {
-    buttons.forEach(b => b.disabled = false);
-    alert((await answer.json().catch(() => ({}))).message || answer.status);
+  const told = message => { buttons.forEach(b => b.disabled = false); alert(message); };
+  let answer;
+  try {
+    answer = await fetch(base + url, {method: 'POST', credentials: 'same-origin',
+      headers: {'content-type': 'application/json', 'x-payhook-inspector': '1'},
+      body: JSON.stringify(body || {})});
+  } catch (e) {
+    told(unknown(url, 'no answer: ' + e.message));
+    return panels();
+  }
+  if (answer.status === 502 || answer.status === 504) {
+    told(unknown(url, answer.status + ' from a proxy'));
+  } else if (!answer.ok) {
+    told((await answer.json().catch(() => ({}))).message || answer.status);
   } else if (url === 'reconcile') {
     // Answered 200 whatever became of each transaction: what was not booked now is told.
-    const untold = (await answer.json().catch(() => [])).filter(o => o.outcome !== 'booked');
-    if (untold.length) {
-      buttons.forEach(b => b.disabled = false);
-      alert(untold.map(o => o.referenceId + ': ' + o.outcome.replace('_', ' ')
-        + (o.message ? ' \u2014 ' + o.message : '')).join('\n'));
+    const outcomes = await answer.json().catch(() => null);
+    if (!Array.isArray(outcomes)) {
+      told(unknown(url, 'the answer could not be read'));
+    } else {
+      const untold = outcomes.filter(o => o.outcome !== 'booked');
+      if (untold.length) {
+        told(untold.map(o => o.referenceId + ': ' + o.outcome.replace('_', ' ')
+          + (o.message ? ' \u2014 ' + o.message : '')).join('\n'));
+      }
     }
   }
-  await panels();
+  return panels();
 }
 document.addEventListener('click', async (event) => {
   const button = event.target.closest('button[data-action]');
@@ -562,9 +590,15 @@ document.addEventListener('click', async (event) => {
     }
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'detail': {
-      const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq);
       const box = document.getElementById('detail');
-      box.innerHTML = await answer.text();
+      // Only the service's own fragment is written as HTML; anything else, as text.
+      const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq).catch(e => e);
+      if (answer.ok) {
+        box.innerHTML = await answer.text();
+      } else {
+        box.textContent = 'Not shown: ' + (answer instanceof Error ? answer.message
+          : ((await answer.json().catch(() => ({}))).message || answer.status));
+      }
       box.hidden = false;
     }
   }
@@ -591,6 +625,33 @@ mod tests {
             };
         }
         record
+    }
+
+    #[test]
+    fn the_health_panel_says_the_outbox_is_unknown_when_the_store_could_not_be_read() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let with = |outbox_queued| {
+            health(
+                &Health {
+                    store_failed: Some(false),
+                    gateway: None,
+                    outbox_queued,
+                    counters: Vec::new(),
+                    kept: 0,
+                },
+                now,
+            )
+        };
+        let unread = with(Some(Err("store failed: <disk> gone".to_owned())));
+        assert!(
+            unread.contains(
+                "<dt>outbox queued</dt><dd><span class=bad>unknown: the store could not be read: \
+                 store failed: &lt;disk&gt; gone</span></dd>"
+            ),
+            "{unread}"
+        );
+        assert!(with(Some(Ok(3))).contains("<dt>outbox queued</dt><dd>3</dd>"));
+        assert!(with(None).contains("<dt>outbox queued</dt><dd>none (not in Awaitable mode)</dd>"));
     }
 
     #[test]

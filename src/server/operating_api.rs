@@ -967,8 +967,14 @@ impl OperatingApi {
     async fn health(&self) -> Health {
         let store = self.exactly_once.store();
         let outbox_queued = match (store, &self.awaitable) {
-            (Some(store), Some(_)) => store.outbox_len().await.ok(),
-            _ => None,
+            (Some(store), Some(_)) => Some(
+                store
+                    .outbox_len()
+                    .await
+                    .map_err(|error| crate::report::InLine(&error).to_string()),
+            ),
+            (None, Some(_)) => Some(Err("no store".to_owned())),
+            (_, None) => None,
         };
         Health {
             store_failed: store.map(|s| s.failed()),
