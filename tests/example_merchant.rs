@@ -514,6 +514,37 @@ async fn a_success_not_known_to_be_newer_than_the_booked_failure_leaves_it() {
     assert_eq!(example.entry("d-later").await.unwrap().status, 4);
 }
 
+/// A failure without `updatedUtc` replaces the failure booked before it (no money moves),
+/// and keeps that one's time: the success that follows, newer than it, is booked. (The
+/// booked time was erased, and the success was quarantined as not known to be newer.)
+#[tokio::test]
+async fn a_result_without_a_time_keeps_the_time_booked_before() {
+    let example = start().await;
+    let deposit = callback("d-untimed", "untimed", 1, "30");
+    assert_eq!(
+        example
+            .callback(&at(&deposit, -3, "2099-01-02T03:04:06Z"))
+            .await,
+        200
+    );
+    let untimed = with(
+        &at(&deposit, -1, "2099-01-02T03:04:06Z"),
+        "/updatedUtc",
+        None,
+    );
+    assert_eq!(example.callback(&untimed).await, 200);
+    let entry = example.entry("d-untimed").await.unwrap();
+    assert_eq!((entry.status, entry.bookings), (-1, 2));
+    assert_eq!(
+        example
+            .callback(&at(&deposit, 4, "2099-01-02T03:04:07Z"))
+            .await,
+        200
+    );
+    assert_eq!(example.entry("d-untimed").await.unwrap().status, 4);
+    assert_eq!(example.balance("untimed", "EUR").await, Decimal::from(30));
+}
+
 /// A balance back at zero keeps the scale of what was booked ("0.0"); a sum with it is
 /// exact whatever the other amount's decimals.
 #[tokio::test]

@@ -256,7 +256,8 @@ pub struct Entry {
     /// How many results of this nonce were booked: 1, unless its status changed later.
     pub bookings: u32,
     /// When the booked result last changed on the payment system (`updatedUtc`), when it
-    /// said: an older result does not replace it.
+    /// said (a result without one keeps the time of the result it replaced): an older
+    /// result does not replace it.
     #[serde(default)]
     pub updated_utc: Option<chrono::DateTime<chrono::Utc>>,
 }
@@ -353,8 +354,10 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
         amount: callback.amount,
         status: status.code(),
         balance_effect,
+        // A result without a time (it replaces only one of its kind) keeps the time booked
+        // before: a later result is still known to be newer than it.
+        updated_utc: changed.or(previous.as_ref().and_then(|p| p.updated_utc)),
         bookings: previous.map_or(0, |p| p.bookings).saturating_add(1),
-        updated_utc: changed,
     };
     for (key, new_balance) in balances {
         tx.insert(&ledger.balances, &key, &json(&new_balance))?;
