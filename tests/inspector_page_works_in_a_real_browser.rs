@@ -6,7 +6,8 @@
 //! rebuilt under the pointer: a click lands on the validation the operator pointed at. A
 //! booking whose answer a proxy lost (504, a dropped connection, an unreadable success) is
 //! told as of unknown outcome, never as booked nor as refused; an answer that is not the
-//! service's fragment is shown as text, never written into the page.
+//! service's fragment is shown as text, never written into the page. An Approve of a
+//! validation approved elsewhere meanwhile says so.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/setup` installs them). Without
 //! them the test says it was skipped, and why; under `CI` it fails instead.
@@ -232,6 +233,54 @@ async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
         .map(|v| v["validation_id"].as_i64().unwrap())
         .collect();
     assert_eq!(ids, [3], "{pending}");
+    browser.quit().await;
+}
+
+/// The operator types a description and points at **Approve**; meanwhile the validation is
+/// approved elsewhere (the command line, another page) with a description of its own. The
+/// click is answered 200 "unchanged": the page says the validation was already decided so
+/// and that the aggregator gets the description recorded then — not silence, which read as
+/// the operator's own approval, description and all.
+#[tokio::test]
+async fn an_approve_of_a_validation_approved_elsewhere_meanwhile_says_so() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let (gateway, server) = awaitable_service().await;
+    let id = server.postpone_validation().await;
+    log_in(&browser, &server).await;
+    let description = format!("input.description[data-id='{id}']");
+    browser.wait_and_type(&description, "mine").await;
+    browser
+        .hover(&format!("button[data-action=approve][data-id='{id}']"))
+        .await;
+    let decided = server
+        .send(&request(
+            "POST",
+            &format!("/payhook/admin/validations/{id}"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &format!("Bearer {TOKEN}")),
+            ],
+            Some(br#"{"success": true, "description": "decided elsewhere"}"#),
+        ))
+        .await;
+    assert_eq!(decided.status, 200, "{}", decided.message());
+    browser.click_where_the_pointer_is().await;
+    let told = browser.accept_alert().await;
+    assert!(
+        told.contains(&format!("Validation {id} was already decided so"))
+            && told.contains("unchanged")
+            && told.contains("not the one typed here"),
+        "{told}"
+    );
+    gateway
+        .until("the approved result", |s| s.results.contains_key(&id))
+        .await;
+    assert_eq!(
+        gateway.with(|s| s.results[&id].clone()),
+        (true, "decided elsewhere".to_owned())
+    );
     browser.quit().await;
 }
 

@@ -554,6 +554,15 @@ async function act(url, body, button) {
     told(unknown(url, answer.status + ' from a proxy'));
   } else if (!answer.ok) {
     told((await answer.json().catch(() => ({}))).message || answer.status);
+  } else if (url.startsWith('validations/')) {
+    // Decided the same way before (elsewhere, or by its deadline): nothing was recorded, and
+    // the description typed here is not the one the aggregator gets.
+    const said = await answer.json().catch(() => ({}));
+    if (said.message === 'unchanged') {
+      told('Validation ' + url.slice('validations/'.length) + ' was already decided so '
+        + '(elsewhere, or by its deadline): unchanged. The aggregator gets the description '
+        + 'recorded then, not the one typed here.');
+    }
   } else if (url === 'reconcile') {
     // Answered 200 whatever became of each transaction: what was not booked now is told.
     const outcomes = await answer.json().catch(() => null);
