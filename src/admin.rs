@@ -692,6 +692,15 @@ impl AdminCommand {
                             "{}: not final yet ({status}); nothing to book",
                             outcome.reference_id
                         ),
+                        // The service could not tell whether it booked: said as it said it.
+                        "unknown" => {
+                            failed += 1;
+                            format!(
+                                "{}: {}",
+                                outcome.reference_id,
+                                outcome.message.as_deref().unwrap_or("outcome unknown")
+                            )
+                        }
                         _ => {
                             failed += 1;
                             format!(
@@ -759,6 +768,10 @@ pub async fn reconcile(
             Ok(Reconciled::NotFinal(status)) => {
                 format!("{id}: not final yet ({status}); nothing to book")
             }
+            Err(error @ crate::server::ReconcileError::OutcomeUnknown(_)) => {
+                failed += 1;
+                format!("{id}: {error}")
+            }
             Err(error) => {
                 failed += 1;
                 format!("{id}: NOT reconciled: {error}")
@@ -800,7 +813,7 @@ pub async fn report(
                     record.transaction_reference_id
                 )
             }
-            Ok(record) if !record.transaction_status.sent_in_callbacks() => format!(
+            Ok(record) if record.transaction_status.in_progress() => format!(
                 "{id}: not final yet ({}); nothing to book",
                 record.transaction_status
             ),

@@ -492,6 +492,10 @@ async fn retry_now_makes_a_queued_result_due_at_once() {
     )
     .await;
     assert_eq!(method.status, 405);
+    assert_eq!(method.header("allow"), Some("POST"));
+    // Reconcile is a POST only: the answer says so, not "GET, POST".
+    let method = admin(&server, "GET", "/payhook/admin/reconcile", None).await;
+    assert_eq!((method.status, method.header("allow")), (405, Some("POST")));
 }
 
 /// Runs the real `payhook` binary off the runtime (the server must keep answering).

@@ -122,6 +122,62 @@ async fn a_pending_transaction_or_an_unknown_reference_books_nothing() {
     assert_eq!(callback_count(&server), 0);
 }
 
+/// A status the spec does not define (a code the aggregator added since) is handed to the
+/// handler, as its callback would be: the handler decides whether it is a result. It was
+/// told "not final yet; nothing to book", and a lost result with a new code was dropped.
+#[tokio::test]
+async fn a_status_the_spec_does_not_define_is_handed_to_the_handler() {
+    let (_gateway, client, server) = setup(-7).await;
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(
+            outcome[0].1,
+            Ok(Reconciled::Booked(TransactionStatus::Unknown(-7)))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(callback_count(&server), 1);
+}
+
+/// The store fails while the reconciled result is recorded, after its handler ran: whether
+/// it was booked is not known (a commit that failed may have happened), and the operator is
+/// told to reconcile again, not to book it by hand — it was told "not booked", on which a
+/// person books it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_whose_store_failed_is_told_of_unknown_outcome() {
+    let gateway = FakeGateway::start().await;
+    let mut gated = record("nonce-lost", 4, chrono::Duration::minutes(5));
+    gated["merchantClientId"] = json!("gate");
+    gateway.with(|s| s.transactions.insert(LOST.to_owned(), gated));
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    let store = payhook::store::SledStore::open(&config.store, &[]).unwrap();
+    let server = TestServer::start_on(config, data, store.clone()).await;
+    let entered = server.merchant.entered_gate.notified();
+    let app = server.app.clone();
+    let reconciling =
+        tokio::spawn(async move { app.reconcile(&client, &[LOST.parse().unwrap()]).await });
+    entered.await;
+    store.mark_failed_for_tests();
+    server.merchant.gate.notify_one();
+    let outcome = reconciling.await.unwrap();
+    let told = match &outcome[0].1 {
+        Err(error @ ReconcileError::OutcomeUnknown(_)) => error.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        told.starts_with("outcome unknown (")
+            && told.contains("it may have been booked; reconcile again to see")
+            && told.contains("do not book it by hand"),
+        "{told}"
+    );
+}
+
 #[tokio::test]
 async fn a_transaction_older_than_the_retention_is_not_booked_again() {
     // Its callback's record may be purged: a missing record no longer means "never booked".

@@ -572,6 +572,7 @@ async function act(url, body, button) {
       const untold = outcomes.filter(o => o.outcome !== 'booked');
       if (untold.length) {
         told(untold.map(o => o.referenceId + ': ' + o.outcome.replace('_', ' ')
+          + (o.status != null ? ' (status ' + o.status + ')' : '')
           + (o.message ? ' \u2014 ' + o.message : '')).join('\n'));
       }
     }

@@ -117,6 +117,13 @@ impl TransactionStatus {
         self.is_final()
     }
 
+    /// `true` for the codes the spec defines for a transaction still in progress (0 to 3):
+    /// no callback is due for it yet. An unknown code is not one of them: what it means is
+    /// not known, and a callback may carry it.
+    pub(crate) fn in_progress(self) -> bool {
+        !self.is_final() && !matches!(self, Self::Unknown(_))
+    }
+
     /// The spec's meaning of the code, for logs and reports.
     pub fn description(self) -> &'static str {
         match self {

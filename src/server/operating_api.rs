@@ -48,7 +48,7 @@ use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
 use super::metrics::Metrics;
 use super::problem::Problem;
-use super::reconcile::Reconciled;
+use super::reconcile::{ReconcileError, Reconciled};
 use super::route::ADMIN_PREFIX;
 use super::settings::AdminConfig;
 use crate::auth::{Cidr, Expected};
@@ -321,11 +321,12 @@ pub struct AdminReconcile {
 pub struct AdminReconciled {
     /// The transaction.
     pub reference_id: Uuid,
-    /// `booked`, `already_booked`, `not_final` or `error`.
+    /// `booked`, `already_booked`, `not_final`, `unknown` (it may have been booked:
+    /// reconcile again to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.
     pub status: Option<i32>,
-    /// Why it failed, for `error`.
+    /// Why it failed, for `unknown` and `error`.
     pub message: Option<String>,
 }
 
@@ -575,6 +576,11 @@ impl OperatingApi {
                                 ("already_booked", Some(s.code()), None)
                             }
                             Ok(Reconciled::NotFinal(s)) => ("not_final", Some(s.code()), None),
+                            Err(error @ ReconcileError::OutcomeUnknown(_)) => (
+                                "unknown",
+                                None,
+                                Some(crate::report::InLine(&error).to_string()),
+                            ),
                             Err(error) => (
                                 "error",
                                 None,
@@ -595,9 +601,10 @@ impl OperatingApi {
                 Err(Problem::MethodNotAllowed { allow: "GET" })
             }
             (_, ["outbox", _, "retry"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
-            (_, ["validations"] | ["validations", _] | ["reconcile"]) => {
+            (_, ["validations"] | ["validations", _]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }
+            (_, ["reconcile"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
             _ => Err(Problem::NotFound),
         }
     }

@@ -9,6 +9,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::exactly_once::{Delivered, ExactlyOnce};
+use super::problem::Problem;
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
 use crate::model::TransactionStatus;
@@ -20,7 +21,9 @@ pub enum Reconciled {
     Booked(TransactionStatus),
     /// The result was booked before (its callback arrived): nothing done.
     AlreadyBooked(TransactionStatus),
-    /// The transaction has no final status yet: no callback is due; nothing done.
+    /// The transaction is still in progress (a status the spec defines, 0 to 3): no
+    /// callback is due; nothing done. A status the spec does not define is handed to the
+    /// handler, as its callback would be.
     NotFinal(TransactionStatus),
 }
 
@@ -34,10 +37,18 @@ pub enum ReconcileError {
     /// The app serves no callback endpoint: there is nothing to book with.
     #[error("the app has no callback receiver")]
     NoReceiver,
-    /// The handler did not book it (it failed, asked to retry later, or the store failed);
-    /// reconcile again later.
+    /// The handler did not book it (it failed, or asked to retry later); reconcile again
+    /// later.
     #[error("not booked: {0}")]
     NotBooked(String),
+    /// Whether it was booked is not known: the store failed while the booking was recorded
+    /// (a commit whose outcome is not known), or another delivery of the transaction was
+    /// still being booked. Reconcile again to see: it books nothing twice; booking it by
+    /// hand meanwhile could book it twice.
+    #[error(
+        "outcome unknown ({0}): it may have been booked; reconcile again to see (it books nothing twice), and do not book it by hand meanwhile"
+    )]
+    OutcomeUnknown(String),
     /// The aggregator's record is not a result that can be booked: what a callback would be
     /// refused for with 400 (a negative amount, no `merchantClientId`, a blank nonce), or an
     /// answer about another reference id.
@@ -122,7 +133,7 @@ impl ExactlyOnce {
             )));
         }
         let status = record.transaction_status;
-        if !status.sent_in_callbacks() {
+        if status.in_progress() {
             return Ok(Reconciled::NotFinal(status));
         }
         // What is booked is told so, whatever the record lacks; what is not is booked only
@@ -154,6 +165,9 @@ impl ExactlyOnce {
         match self.deliver(callback, request).await {
             Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
             Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
+            Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {
+                Err(ReconcileError::OutcomeUnknown(problem.message()))
+            }
             Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
         }
     }
