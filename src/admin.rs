@@ -352,9 +352,14 @@ impl AdminClient {
                 .to_bytes();
             if !status.is_success() {
                 let message = serde_json::from_slice::<crate::model::ErrorBody>(&body).map_or_else(
-                    |_| String::from_utf8_lossy(&body).into_owned(),
+                    |_| String::from_utf8_lossy(&body).trim().to_owned(),
                     |b| b.message,
                 );
+                // An answer that is not the service's (a proxy's error page, a wrong
+                // `--admin-url`) may echo the request: never its token on a terminal or in
+                // a CI log, nor a whole page.
+                let message =
+                    crate::secret::redacted(&message, &[self.token.expose()], REMOTE_MESSAGE_CHARS);
                 return Err(remote(status.as_u16(), message));
             }
             let value = serde_json::from_slice(&body)
@@ -958,6 +963,10 @@ pub async fn tail(
 
 /// Deliveries a follower asks for at once: the oldest after the last it printed.
 const FOLLOWED_PAGE: usize = 1000;
+
+/// The most of a refusal's message the command line prints: the service's own are a line;
+/// anything longer is another server's page.
+const REMOTE_MESSAGE_CHARS: usize = 1000;
 
 /// A transaction record (2.6) as labelled lines.
 pub fn describe_transaction(record: &TransactionRecord) -> String {

@@ -56,6 +56,27 @@ impl From<&str> for Secret {
     }
 }
 
+/// `text` — an answer that may echo the request that carried `secrets`, such as a proxy's
+/// error page — with each of them replaced by `***`, as it is and as a JSON string carries
+/// it (a `"` or a `\` in a password is sent as `\"` or `\\`), then cut to `chars`
+/// characters (after the replacement, so that no part of one is left).
+pub(crate) fn redacted(text: &str, secrets: &[&str], chars: usize) -> String {
+    let forms = secrets
+        .iter()
+        .filter(|secret| !secret.is_empty())
+        .flat_map(|secret| {
+            let json = serde_json::to_string(secret).unwrap_or_default();
+            [(*secret).to_owned(), json.trim_matches('"').to_owned()]
+        });
+    forms
+        .fold(text.to_owned(), |text, form| {
+            text.replace(form.as_str(), "***")
+        })
+        .chars()
+        .take(chars)
+        .collect()
+}
+
 /// Warns when the file at `path`, which holds `holding` (the secret's name, never its
 /// value), can be read by users other than its owner: its group's or others' read
 /// permission is set (Unix), so anyone on the machine who reads it holds the secret. A
@@ -92,6 +113,18 @@ fn readable_by_others(_: &Path) -> Option<u32> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_secret_is_redacted_as_it_is_and_as_json_carries_it_before_the_text_is_cut() {
+        let text = r#"echo: {"password":"pa\"ss"} pa"ss Bearer tok-123"#;
+        assert_eq!(
+            redacted(text, &["pa\"ss", "tok-123", ""], 200),
+            r#"echo: {"password":"***"} *** Bearer ***"#
+        );
+        // Cut after the replacement: no part of the token is left at the cut.
+        assert_eq!(redacted("Bearer tok-123", &["tok-123"], 10), "Bearer ***");
+        assert_eq!(redacted("Bearer tok-123", &["tok-123"], 9), "Bearer **");
+    }
 
     #[test]
     fn a_file_is_readable_by_others_when_its_group_or_others_may_read_it() {

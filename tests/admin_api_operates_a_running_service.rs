@@ -756,6 +756,15 @@ fn the_admin_client_sends_its_token_in_the_clear_only_to_loopback() {
 /// Answers every request on `listener` with `status` and `body` once it has read the whole
 /// request (headers and `Content-Length` bytes): a proxy in front of the service.
 async fn answer_all(listener: tokio::net::TcpListener, status: u16, body: &'static str) {
+    answer_each(listener, status, move |_| body.to_owned()).await;
+}
+
+/// [`answer_all`] with the body `body` makes of each request's text.
+async fn answer_each(
+    listener: tokio::net::TcpListener,
+    status: u16,
+    body: impl Fn(&str) -> String,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
         let (mut socket, _) = listener.accept().await.unwrap();
@@ -776,6 +785,7 @@ async fn answer_all(listener: tokio::net::TcpListener, status: u16, body: &'stat
             }
             assert!(n > 0, "the request ended early");
         }
+        let body = body(&String::from_utf8_lossy(&read));
         let answer = format!(
             "HTTP/1.1 {status} Whatever\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
@@ -822,4 +832,42 @@ async fn a_reconcile_a_proxy_gave_up_on_is_told_of_unknown_outcome() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
+}
+
+/// A proxy's error page that echoes the request — its `Authorization` header with it — is
+/// printed without the token, and cut short: the command line's output lands on terminals
+/// and in CI logs. (It was printed whole, token and all.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_that_echoes_the_request_is_printed_without_the_token() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(answer_each(listener, 400, |request| {
+        format!(
+            "<html><pre>{request}</pre>{}</html>",
+            "padding ".repeat(1000)
+        )
+    }));
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(["callbacks", "failing", "--admin-url", &url])
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{printed}");
+    assert!(
+        printed.contains("authorization: Bearer ***")
+            || printed.contains("Authorization: Bearer ***"),
+        "{printed}"
+    );
+    assert!(!printed.contains(TOKEN), "{printed}");
+    assert!(printed.len() < 1_500, "{} bytes: {printed}", printed.len());
 }

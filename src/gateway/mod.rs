@@ -229,24 +229,8 @@ impl Answer {
     /// of a proxy — would otherwise keep a password or token in the outbox's last error, the
     /// logs and the inspector.
     fn message_without(&self, secrets: &[&str]) -> String {
-        // Each secret as it is, and as the request carried it (escaped in JSON: a `"` or a
-        // `\` in a password is sent as `\"` or `\\`).
         let token = self.token.as_ref().map(Secret::expose);
-        let forms: Vec<String> = secrets
-            .iter()
-            .copied()
-            .chain(token)
-            .filter(|secret| !secret.is_empty())
-            .flat_map(|secret| {
-                let json = serde_json::to_string(secret).unwrap_or_default();
-                [(*secret).to_owned(), json.trim_matches('"').to_owned()]
-            })
-            .collect();
-        let redacted = |text: &str| {
-            forms.iter().fold(text.to_owned(), |text, form| {
-                text.replace(form.as_str(), "***")
-            })
-        };
+        let secrets: Vec<&str> = secrets.iter().copied().chain(token).collect();
         serde_json::from_slice::<Message>(&self.body).map_or_else(
             |_| {
                 let text = String::from_utf8_lossy(&self.body);
@@ -257,10 +241,10 @@ impl Answer {
                         .unwrap_or("no message")
                         .to_owned()
                 } else {
-                    redacted(text).chars().take(MESSAGE_CHARS).collect()
+                    crate::secret::redacted(text, &secrets, MESSAGE_CHARS)
                 }
             },
-            |m| redacted(&m.message).chars().take(MESSAGE_CHARS).collect(),
+            |m| crate::secret::redacted(&m.message, &secrets, MESSAGE_CHARS),
         )
     }
 
