@@ -353,6 +353,11 @@ impl Guard {
         matches!(self.method, Method::Basic { .. })
     }
 
+    /// `true` when callers are refused by address (`allow_ips`).
+    pub(crate) fn has_allow_list(&self) -> bool {
+        !self.allow.is_empty()
+    }
+
     /// The allow-list: a caller outside it, or of unknown address, is refused.
     pub(crate) fn check_peer(&self, peer: Option<IpAddr>) -> Result<(), AuthError> {
         if self.allow.is_empty() {

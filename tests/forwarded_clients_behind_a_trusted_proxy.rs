@@ -80,3 +80,55 @@ async fn without_trusted_proxies_the_header_is_ignored() {
         .to_string();
     assert!(error.contains("server.trusted_proxies"), "{error}");
 }
+
+/// A proxy on this machine left out of `server.trusted_proxies`, whose own address is in
+/// `allow_ips` (loopback, or an ingress's network): every client it forwards would be taken
+/// to be the proxy, and let in. A request with forwarding headers from a peer that is not a
+/// trusted proxy is refused, saying why; without them it is the peer's own. (It was let in.)
+#[tokio::test]
+async fn a_proxy_left_out_of_trusted_proxies_does_not_pass_its_clients_as_itself() {
+    let mut config = config(&[]);
+    config
+        .auth
+        .transaction_validation
+        .allow_ips
+        .push("127.0.0.1".into());
+    let server = TestServer::start_with(config).await;
+    let forwarded = server
+        .send(&post(
+            VALIDATION_PATH,
+            &[
+                ("content-type", "application/json"),
+                ("x-forwarded-for", "198.51.100.1"),
+            ],
+            TRANSACTION_VALIDATION.as_bytes(),
+        ))
+        .await;
+    assert_eq!(forwarded.status, 403);
+    assert!(
+        forwarded
+            .message()
+            .starts_with("the call was forwarded by a proxy that is not in server.trusted_proxies"),
+        "{}",
+        forwarded.message()
+    );
+    for header in ["forwarded", "x-real-ip"] {
+        let forwarded = server
+            .send(&post(
+                VALIDATION_PATH,
+                &[
+                    ("content-type", "application/json"),
+                    (header, "198.51.100.1"),
+                ],
+                TRANSACTION_VALIDATION.as_bytes(),
+            ))
+            .await;
+        assert_eq!(forwarded.status, 403, "{header}");
+    }
+    // The proxy host's own call (a health check): its address is allowed.
+    assert_eq!(validate(&server, &[]).await, 200);
+    // An endpoint without allow_ips takes the forwarded request as before: no address is
+    // believed or checked.
+    let open = TestServer::start_with(test_config()).await;
+    assert_eq!(validate(&open, &["198.51.100.1"]).await, 200);
+}

@@ -119,14 +119,16 @@ impl Ingress {
     /// `Forwarded`, `X-Real-IP`) from a peer that is not a trusted proxy: its client is then
     /// taken to be the peer, which for a proxy on this machine is this machine.
     pub(super) fn forwarded_by_stranger<B>(&self, request: &Request<B>) -> bool {
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+        self.forwarded_by_stranger_of(peer, request.headers())
+    }
+
+    /// [`Ingress::forwarded_by_stranger`] of a request from `peer` with `headers`.
+    fn forwarded_by_stranger_of(&self, peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
         let forwarded = ["x-forwarded-for", "forwarded", "x-real-ip"]
             .iter()
-            .any(|name| request.headers().contains_key(*name));
-        forwarded
-            && !request
-                .extensions()
-                .get::<PeerAddr>()
-                .is_some_and(|peer| self.is_trusted_proxy(peer.0.ip()))
+            .any(|name| headers.contains_key(*name));
+        forwarded && !peer.is_some_and(|peer| self.is_trusted_proxy(peer.ip()))
     }
 
     fn is_trusted_proxy(&self, ip: std::net::IpAddr) -> bool {
@@ -241,16 +243,22 @@ impl Ingress {
         read
     }
 
-    /// Authenticates the caller from its address and headers. Returns the signature to check
-    /// over the body, when the endpoint requires one.
+    /// Authenticates the caller from its address and headers (`client`, from `peer`'s
+    /// request: see [`Ingress::client_of`]). Returns the signature to check over the body,
+    /// when the endpoint requires one. An allow-list refuses a request a proxy forwarded
+    /// from a peer not in `server.trusted_proxies`: the client would be taken to be the
+    /// proxy, and a proxy whose address is allowed would let in everyone it forwards.
     pub(super) fn admit(
         &self,
         endpoint: Endpoint,
-        client: Option<std::net::IpAddr>,
+        (peer, client): (Option<SocketAddr>, Option<std::net::IpAddr>),
         headers: &HeaderMap,
     ) -> Result<Option<Vec<u8>>, Problem> {
         let guard = self.guard(endpoint);
         if let Some(guard) = guard {
+            if guard.has_allow_list() && self.forwarded_by_stranger_of(peer, headers) {
+                return Err(Problem::ForwardedByStranger);
+            }
             guard
                 .check_peer(client)
                 .map_err(|error| refused(&error, false))?;

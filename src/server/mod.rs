@@ -671,7 +671,7 @@ impl App {
         });
         let client = ingress.client_of(peer, &parts.headers);
         // Everything that needs no body is checked before the body is read.
-        let signature = ingress.admit(endpoint, client, &parts.headers)?;
+        let signature = ingress.admit(endpoint, (peer, client), &parts.headers)?;
         if !is_json(&parts.headers) {
             return Err(Problem::UnsupportedMediaType);
         }

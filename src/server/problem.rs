@@ -30,7 +30,7 @@
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
-//! | [`Problem::ForwardedByStranger`] (operating API and `/metrics` only) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
+//! | [`Problem::ForwardedByStranger`] (operating API, `/metrics`, and validation endpoints with `allow_ips`) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -129,9 +129,10 @@ pub(crate) enum Problem {
     /// token, or the inspector's session, crossed a network in the clear (see
     /// `admin.allow_plain_http`).
     InTheClear,
-    /// A call of the operating API (or `/metrics`) that carries a proxy's forwarding headers
-    /// from a peer that is not a trusted proxy: a proxy on this machine left out of
-    /// `server.trusted_proxies` makes every caller look like this machine.
+    /// A call of the operating API (or `/metrics`, or a validation endpoint with
+    /// `allow_ips`) that carries a proxy's forwarding headers from a peer that is not a
+    /// trusted proxy: a proxy left out of `server.trusted_proxies` makes every caller look
+    /// like the proxy (on this machine, like this machine).
     ForwardedByStranger,
     /// A call of the operating API over plain HTTP that names the service by a name other
     /// than `localhost` (which a web page may have pointed at this machine), or by a `Host`
@@ -283,7 +284,7 @@ impl Problem {
             ),
             Self::ForwardedByStranger => "the call was forwarded by a proxy that is not in \
                 server.trusted_proxies: every caller it forwards would look like the proxy's \
-                address; list the proxy there, or call the operating API directly"
+                address; list the proxy there, or call the service directly"
                 .to_owned(),
             Self::InTheClear => "the operating API takes its token over HTTPS (through a trusted \
                 proxy that says so) or from this machine only; admin.allow_plain_http = true \
