@@ -319,11 +319,19 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     }
     assert!(shown.header("content-security-policy").is_some());
     assert!(cookie.contains("Max-Age=43200"), "{cookie}");
-    // A session is the token's signature of its generation (0 until more sessions were
-    // ended than are kept), its login time and a random id: another time
-    // or id is no session, and one signed by the token longer ago than its life is over.
+    // A session is the signature of its generation (0 until more sessions were ended than
+    // are kept), its login time and a random id, under a key PBKDF2 derives from the token:
+    // another time or id is no session, and one signed longer ago than its life is over.
+    let mut derived = [0u8; 32];
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA256,
+        std::num::NonZeroU32::new(100_000).unwrap(),
+        b"payhook inspector session key",
+        TOKEN.as_bytes(),
+        &mut derived,
+    );
     let signed = |issued: u64| {
-        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, TOKEN.as_bytes());
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &derived);
         let id = "00112233445566778899aabbccddeeff";
         let tag = ring::hmac::sign(
             &key,

@@ -28,8 +28,9 @@
 //! the API as that page's site.
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
 //! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
-//! HTTPS; the login's time, a random id and their HMAC under a key derived from the token, not
-//! the token; good for 12 hours, and for no other token), and its changes must
+//! HTTPS; the login's time, a random id and their HMAC under a key derived from the token
+//! (PBKDF2-HMAC-SHA256, 100,000 iterations), not the token; good for 12 hours, and for no
+//! other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
 //! send.
 
@@ -62,9 +63,12 @@ use crate::signature::Encoding;
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
     token: Expected,
-    /// Signs the inspector's sessions: a key derived from the token, so that the cookie is
-    /// not the token itself, and a new token ends every session.
-    session_key: ring::hmac::Key,
+    /// Signs the inspector's sessions: a key derived from the token ([`session_key`]) at
+    /// the first login or cookie, so that the cookie is not the token itself, and a new
+    /// token ends every session.
+    session_key: std::sync::OnceLock<ring::hmac::Key>,
+    /// The token, for [`session_key`].
+    token_for_sessions: crate::Secret,
     /// The sessions ended by logging out, until their life would have ended anyway.
     ended: std::sync::Mutex<Ended>,
     /// `admin.allow_plain_http`: calls over plain HTTP from other machines are let in.
@@ -98,6 +102,25 @@ fn session_message(generation: u64, issued: u64, id: &str) -> Vec<u8> {
     format!("payhook inspector session {generation} {issued} {id}").into_bytes()
 }
 
+/// Iterations of PBKDF2 that make the sessions' key from the token.
+const SESSION_KEY_ITERATIONS: u32 = 100_000;
+
+/// The key that signs the inspector's sessions: PBKDF2-HMAC-SHA256 of the token, so that a
+/// cookie read where it should not be (a proxy's log, a shared browser) costs a guess of
+/// the token a hundred thousand HMACs, not one. The same in every instance of one token
+/// (a session holds at whichever a load balancer picks), unlike a random key.
+fn session_key(token: &crate::Secret) -> ring::hmac::Key {
+    let mut key = [0u8; 32];
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA256,
+        std::num::NonZeroU32::new(SESSION_KEY_ITERATIONS).unwrap_or(std::num::NonZeroU32::MIN),
+        b"payhook inspector session key",
+        token.expose().as_bytes(),
+        &mut key,
+    );
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key)
+}
+
 /// A session, as its cookie names it: the login time and the random id.
 type Session = (u64, String);
 
@@ -112,7 +135,8 @@ impl AdminAccess {
         let token = config.token.as_ref()?;
         Some(Self {
             token: Expected::new(token.expose().as_bytes()),
-            session_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose().as_bytes()),
+            session_key: std::sync::OnceLock::new(),
+            token_for_sessions: token.clone(),
             ended: std::sync::Mutex::default(),
             allow: config
                 .allow_ips
@@ -182,6 +206,12 @@ impl AdminAccess {
         Ok(())
     }
 
+    /// The key sessions are signed under, derived once.
+    fn session_key(&self) -> &ring::hmac::Key {
+        self.session_key
+            .get_or_init(|| session_key(&self.token_for_sessions))
+    }
+
     fn has_session(&self, headers: &HeaderMap) -> bool {
         self.session_of(headers).is_some()
     }
@@ -213,7 +243,7 @@ impl AdminAccess {
         // Signed under the lock: a generation moving on meanwhile cannot end it at birth.
         let ended = self.ended();
         let message = session_message(ended.generation, issued, &id);
-        let tag = ring::hmac::sign(&self.session_key, &message);
+        let tag = ring::hmac::sign(self.session_key(), &message);
         drop(ended);
         Ok(format!(
             "{issued}.{id}.{}",
@@ -237,7 +267,7 @@ impl AdminAccess {
         let session = (issued, id.to_owned());
         let ended = self.ended();
         let message = session_message(ended.generation, issued, id);
-        let signed = ring::hmac::verify(&self.session_key, &message, &tag).is_ok();
+        let signed = ring::hmac::verify(self.session_key(), &message, &tag).is_ok();
         (fresh && signed && !ended.sessions.contains(&session)).then_some(session)
     }
 
@@ -1006,8 +1036,36 @@ fn shown(panel: Result<String, &crate::store::StoreError>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{names_this_machine, shown};
+    use super::{AdminAccess, AdminConfig, Encoding, names_this_machine, now_secs, shown};
     use crate::store::StoreError;
+
+    /// The session's tag is an HMAC under a key PBKDF2 derives from the token, not under the
+    /// token itself: a cookie read where it should not be is not one HMAC away from testing
+    /// a guess of the token. A tag made under the token itself is refused.
+    #[test]
+    fn a_session_is_signed_under_a_key_derived_from_the_token_not_the_token() {
+        let token = "admin-token-0123456789";
+        let config = AdminConfig {
+            token: Some(token.into()),
+            ..AdminConfig::default()
+        };
+        let access = AdminAccess::from_config(&config).unwrap();
+        let cookie = access.new_session().unwrap();
+        let now = now_secs();
+        assert!(access.session_in(&cookie, now).is_some());
+        let (signed, _) = cookie.rsplit_once('.').unwrap();
+        let (issued, id) = signed.split_once('.').unwrap();
+        let under_the_token = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes()),
+            &super::session_message(0, issued.parse().unwrap(), id),
+        );
+        let forged = format!(
+            "{signed}.{}",
+            Encoding::Hex.encode(under_the_token.as_ref())
+        );
+        assert_ne!(forged, cookie);
+        assert!(access.session_in(&forged, now).is_none());
+    }
 
     #[test]
     fn only_an_address_or_localhost_names_this_machine_whatever_dns_says() {
