@@ -826,7 +826,7 @@ pub async fn report(
                 let status = record.transaction_status;
                 if store.callback_acknowledged(&record.nonce, status).await? {
                     format!("{id}: booked ({status})")
-                } else if let Some(untold) = crate::server::untellable(&record, store.retention()) {
+                } else if let Some(untold) = crate::server::untellable(&record, store.reach()) {
                     lost += 1;
                     format!(
                         "{id}: cannot tell ({status}, nonce {}): {untold}; check your own books",

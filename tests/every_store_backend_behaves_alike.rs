@@ -62,6 +62,34 @@ impl Backend {
         })
     }
 
+    /// The same store, closed and opened again with `retention`.
+    async fn opened_again_with(self, retention: Duration) -> Self {
+        let Self {
+            store,
+            shared,
+            _dir,
+            db,
+        } = self;
+        let config = match (&_dir, &db) {
+            (Some(dir), _) => StoreConfig {
+                path: dir.path().join("store"),
+                retention,
+                ..StoreConfig::default()
+            },
+            (None, Some(db)) => db.store_config(retention),
+            (None, None) => unreachable!("a backend is sled or PostgreSQL"),
+        };
+        drop(shared);
+        drop(store);
+        let store = ConfiguredStore::open(&config, TREES).await.unwrap();
+        Self {
+            shared: store.shared(),
+            store,
+            _dir,
+            db,
+        }
+    }
+
     async fn finish(self) {
         let db = self.db.clone();
         drop(self);
@@ -3263,4 +3291,45 @@ async fn a_tree_name_with_a_nul_byte_is_refused_at_open() {
         .to_string();
     assert!(refused.contains("NUL byte"), "{refused}");
     db.drop_schema().await;
+}
+
+/// A store opened again with a longer retention reaches back only as far as the records
+/// written before were kept (each keeps the expiry it was written with), opened again with
+/// the same still so, and with a shorter one reaches that. A missing record proves nothing
+/// beyond the reach: a callback or a reconcile older than it is not booked again.
+async fn a_longer_retention_reaches_back_only_as_far_as_the_records_kept(b: Backend) {
+    let minute = Duration::from_secs(60);
+    let near = |reach: Duration, expected: Duration| {
+        assert!(
+            reach <= expected && reach + minute > expected,
+            "{reach:?}, not {expected:?}"
+        );
+    };
+    near(b.shared.reach(), RETENTION);
+    let b = b.opened_again_with(48 * RETENTION).await;
+    near(b.shared.reach(), RETENTION);
+    assert_eq!(b.shared.retention(), 48 * RETENTION);
+    let b = b.opened_again_with(48 * RETENTION).await;
+    near(b.shared.reach(), RETENTION);
+    let b = b.opened_again_with(RETENTION / 2).await;
+    near(b.shared.reach(), RETENTION / 2);
+    b.finish().await;
+}
+
+mod a_longer_retention_reaches_back_only_as_far_as_the_records_kept {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sled() {
+        super::a_longer_retention_reaches_back_only_as_far_as_the_records_kept(
+            super::Backend::sled().await,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let Some(backend) = super::Backend::postgres("longer_retention_reach").await else {
+            return;
+        };
+        super::a_longer_retention_reaches_back_only_as_far_as_the_records_kept(backend).await;
+    }
 }

@@ -178,6 +178,68 @@ async fn a_booking_whose_store_failed_is_told_of_unknown_outcome() {
     );
 }
 
+/// A store kept for an hour, opened again with two days: its records reach back an hour,
+/// not two days (each was written to expire with the retention of its day). A transaction
+/// created three hours ago may have been booked then and its record purged since: neither
+/// its reconcile nor its callback is booked again. It was: the horizon was read from the
+/// new retention alone. A store opened for the first time with two days vouches for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_retention_does_not_vouch_for_what_the_shorter_one_purged() {
+    let hour = std::time::Duration::from_secs(3600);
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    config.store.retention = hour;
+    drop(payhook::store::SledStore::open(&config.store, &[]).unwrap());
+    config.store.retention = 48 * hour;
+    let store = payhook::store::SledStore::open(&config.store, &[]).unwrap();
+    let reach = payhook::store::Store::reach(&store);
+    assert!(
+        reach <= hour && reach > hour - std::time::Duration::from_secs(60),
+        "{reach:?}"
+    );
+
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.transactions.insert(
+            LOST.to_owned(),
+            record("nonce-lost", 4, chrono::Duration::hours(3)),
+        )
+    });
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    let server = TestServer::start_on(config, data, store).await;
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(outcome[0].1, Err(ReconcileError::BeyondRetention { .. })),
+        "{outcome:?}"
+    );
+    let three_hours_ago = (chrono::Utc::now() - chrono::Duration::hours(3)).to_rfc3339();
+    let late = with(
+        &with(CALLBACK, "/nonce", Some(json!("nonce-lost"))),
+        "/updatedUtc",
+        Some(json!(three_hours_ago)),
+    );
+    let late = with(&late, "/createdUtc", Some(json!(three_hours_ago)));
+    assert_eq!(server.post_json(CALLBACK_PATH, &late).await.status, 409);
+    assert_eq!(callback_count(&server), 0);
+
+    // A new store with the same two days: nothing was written before, it vouches for them.
+    let mut fresh = test_config();
+    fresh.store.retention = 48 * hour;
+    let (_gateway, client, server) = setup_aged(4, chrono::Duration::hours(3), fresh).await;
+    let outcome = server
+        .app
+        .reconcile(&client, &[LOST.parse().unwrap()])
+        .await;
+    assert!(
+        matches!(outcome[0].1, Ok(Reconciled::Booked(_))),
+        "{outcome:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_transaction_older_than_the_retention_is_not_booked_again() {
     // Its callback's record may be purged: a missing record no longer means "never booked".

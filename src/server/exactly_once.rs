@@ -401,7 +401,7 @@ impl ExactlyOnce {
         // the failing callbacks.
         let changed =
             crate::model::timestamp::last_change(callback.updated_utc, callback.created_utc);
-        let answer = match beyond_horizon(changed, callback_horizon(store.retention())) {
+        let answer = match beyond_horizon(changed, callback_horizon(store.reach())) {
             Some(changed) => Err(NotBooked::claim_held(Problem::BeyondRetention { changed })),
             None => {
                 self.book(store.as_ref(), &nonce, callback, ctx, held.claim)

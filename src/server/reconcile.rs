@@ -139,7 +139,7 @@ impl ExactlyOnce {
         // What is booked is told so, whatever the record lacks; what is not is booked only
         // when its record proves it never was (see `untellable`) and it can be booked.
         let booking = match (
-            untellable(&record, store.retention()),
+            untellable(&record, store.reach()),
             bookable(&record, max_chars),
         ) {
             (None, Ok(callback)) => Ok(callback),

@@ -37,6 +37,9 @@ pub(crate) const TAG_FAILING: u8 = b'f';
 pub(crate) const FAILING_BY_TIME_PREFIX: &[u8] = b"l\0";
 /// The seal of the last commit, checked against the watermark at open.
 pub(crate) const SEAL: &[u8] = b"m\0seal";
+/// The retention the records were written with, and its last growth
+/// (`horizon::Vouched`, JSON).
+pub(crate) const VOUCHED: &[u8] = b"m\0vouched";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
 pub(crate) const TAG_VALIDATION: u8 = b'v';
 pub(crate) const TAG_POSTPONED: u8 = b'p';

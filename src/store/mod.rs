@@ -273,6 +273,7 @@ mod committer;
 mod configured;
 mod effects;
 mod failing;
+mod horizon;
 mod keys;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -880,6 +881,16 @@ pub trait Store: DedupStore + PostponedStore {
     /// How long a record is kept after its last write: a repeat of an older nonce is no
     /// longer recognised.
     fn retention(&self) -> Duration;
+
+    /// How far back from now the store's records reach: what a missing record proves by
+    /// (a callback changed, or a transaction created, before that may have been booked and
+    /// its record purged). The retention, unless it grew lately: records written before
+    /// keep the expiry they were written with, and the reach grows back to the retention as
+    /// they age out. [`SledStore`] and PostgreSQL keep what they were written with; the
+    /// default is [`Store::retention`], right for a store whose retention never changes.
+    fn reach(&self) -> Duration {
+        self.retention()
+    }
 
     /// `true` once the store has failed for good — a write could not be made durable — and
     /// refuses all further work until the service restarts. `/readyz` answers 503 then, so

@@ -85,6 +85,8 @@ struct Inner {
     /// Set when a batch could not be made durable: all further work is refused.
     failed: Arc<AtomicBool>,
     retention: Duration,
+    /// What the records reach back to (see [`super::horizon`]), as kept at open.
+    vouched: super::horizon::Vouched,
     writer: Arc<Writer>,
     commit_metrics: super::CommitMetrics,
     /// The failing pairs held, for `/metrics`.
@@ -249,6 +251,7 @@ impl SledStore {
         super::effects::check_tree_names(trees)?;
         let (db, tree) = open_sled(config, false)?;
         let watermark = Watermark::open(&config.path, &db, &tree)?;
+        let vouched = vouched_at_open(&tree, config.retention)?;
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::backend("cannot open sled's data file", e))?;
         let callback_claims = Arc::new(Claims::default());
@@ -287,6 +290,7 @@ impl SledStore {
                 validation_claims,
                 failed,
                 retention: config.retention,
+                vouched,
                 writer,
                 commit_metrics,
                 failing,
@@ -823,9 +827,35 @@ impl PostponedStore for SledStore {
     }
 }
 
+/// What the records of `tree` reach back to, now that it is opened with `retention`: the
+/// stored [`super::horizon::Vouched`] (a store kept before there was one, or a new store:
+/// every record written with `retention`), moved on and written back — made durable before
+/// the store serves, so that a crash cannot leave it behind a longer retention's records.
+fn vouched_at_open(
+    tree: &sled::Tree,
+    retention: Duration,
+) -> Result<super::horizon::Vouched, StoreError> {
+    use super::horizon::Vouched;
+    let stored = match tree.get(keys::VOUCHED)? {
+        Some(bytes) => serde_json::from_slice::<Vouched>(&bytes)
+            .map_err(|e| StoreError::backend("the store's retention record does not decode", e))?,
+        None => Vouched::new(retention),
+    };
+    let vouched = stored.opened_with(retention, now_ms());
+    let json = serde_json::to_vec(&vouched)
+        .map_err(|e| StoreError::backend("cannot encode the store's retention record", e))?;
+    tree.insert(keys::VOUCHED, json)?;
+    tree.flush()?;
+    Ok(vouched)
+}
+
 impl Store for SledStore {
     fn retention(&self) -> Duration {
         self.inner.retention
+    }
+
+    fn reach(&self) -> Duration {
+        self.inner.vouched.reach(now_ms()).min(self.inner.retention)
     }
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {

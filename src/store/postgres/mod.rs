@@ -95,6 +95,7 @@
 
 mod claim;
 mod dedup;
+mod horizon;
 mod import;
 mod liveness;
 mod postponed;
@@ -167,6 +168,8 @@ struct Inner {
     schema: String,
     trees: Vec<String>,
     retention: Duration,
+    /// What the schema's records reach back to (see [`horizon`]), as read last.
+    vouched: std::sync::Mutex<crate::store::horizon::Vouched>,
     /// This instance's number in claims (`liveness.owner`, the second key of its liveness
     /// lock); its holds let go when the store is dropped.
     liveness: liveness::Liveness,
@@ -281,6 +284,7 @@ impl PgStore {
             .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?
             .detach();
         schema::migrate(&mut conn, &schema).await?;
+        let vouched = horizon::at_open(&mut conn, &schema, config.retention).await?;
         let idle_limit: String =
             sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
                 .fetch_one(&mut conn)
@@ -309,6 +313,7 @@ impl PgStore {
                 schema,
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
                 retention: config.retention,
+                vouched: std::sync::Mutex::new(vouched),
                 liveness,
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size, begin),
@@ -558,8 +563,18 @@ impl PgStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
     }
 
-    /// [`Self::purge`] at the database's `now()`.
+    /// [`Self::purge`] at the database's `now()`, after reading again what the schema's
+    /// records reach back to (an instance opened since may have changed it).
     async fn purge_now(&self) -> Result<usize, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        if let Some(vouched) = horizon::read(&mut conn, &self.inner.schema).await? {
+            *self
+                .inner
+                .vouched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = vouched;
+        }
+        drop(conn);
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(self.pool())
             .await?;
@@ -784,6 +799,15 @@ impl super::Store for PgStore {
 
     fn retention(&self) -> Duration {
         self.inner.retention
+    }
+
+    fn reach(&self) -> Duration {
+        self.inner
+            .vouched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .reach(crate::store::now_ms())
+            .min(self.inner.retention)
     }
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {

@@ -185,6 +185,7 @@ async fn migrate_unbounded(conn: &mut PgConnection, schema: &str) -> Result<Vec<
         let applied = apply_missing(conn, schema).await?;
         build_read_indexes(conn, schema).await?;
         build_failing_count(conn, schema).await?;
+        super::horizon::build(conn, schema).await?;
         Ok::<_, StoreError>(applied)
     }
     .await;

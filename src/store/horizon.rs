@@ -1,0 +1,152 @@
+//! Since when a store's records vouch for what was booked, across changes of
+//! `store.retention`.
+//!
+//! A record's expiry is fixed when it is written, with the retention configured then. A store
+//! kept for 30 days and opened again with 90 still holds only the last 30 days of what it
+//! booked before: a callback retried, or a transaction reconciled, 40 days after its booking
+//! would find no record and be booked a second time, were the horizon read from the new
+//! retention alone. So a store keeps, beside its records, the retention they were written
+//! with and — when it grew — when, and how far back the records written before then reach:
+//! [`Vouched`]. What it vouches for grows back to the new retention as the old records age
+//! out. A retention made shorter needs nothing: the records written before outlive it.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What a store's records reach back to: every record written since [`Vouched::since_ms`]
+/// is still kept.
+///
+/// ```text
+/// since(now) = max(now − retention, min(now − kept, grew_at))
+/// ```
+///
+/// where `kept` is how far back the records reached when the retention last grew, at
+/// `grew_at`: those written before it expire by the retention they were written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Vouched {
+    /// The retention records are written with now, in milliseconds.
+    retention_ms: u64,
+    /// When the retention last grew, while what was written before still matters.
+    grew: Option<Grew>,
+}
+
+/// A growth of the retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Grew {
+    /// When (milliseconds since the Unix epoch).
+    at_ms: u64,
+    /// How far back the records reached then, in milliseconds.
+    kept_ms: u64,
+}
+
+impl Vouched {
+    /// A store whose records were all written with `retention`: one opened for the first
+    /// time, or one kept before stores kept this.
+    pub(crate) fn new(retention: Duration) -> Self {
+        Self {
+            retention_ms: millis(retention),
+            grew: None,
+        }
+    }
+
+    /// The store opened at `now_ms` with `retention`: what it vouches for from then on.
+    pub(crate) fn opened_with(self, retention: Duration, now_ms: u64) -> Self {
+        let retention_ms = millis(retention);
+        let grew = if retention_ms > self.retention_ms {
+            Some(Grew {
+                at_ms: now_ms,
+                kept_ms: now_ms.saturating_sub(self.since_ms(now_ms)),
+            })
+        } else {
+            self.grew
+        };
+        // Once the records written before the growth have aged out, it no longer matters.
+        let grew = grew.filter(|g| now_ms.saturating_sub(retention_ms) < g.at_ms);
+        Self { retention_ms, grew }
+    }
+
+    /// The earliest time (milliseconds since the Unix epoch) since which every record
+    /// written is still kept, at `now_ms`.
+    pub(crate) fn since_ms(&self, now_ms: u64) -> u64 {
+        let written_now = now_ms.saturating_sub(self.retention_ms);
+        match self.grew {
+            None => written_now,
+            Some(grew) => written_now.max(now_ms.saturating_sub(grew.kept_ms).min(grew.at_ms)),
+        }
+    }
+
+    /// How far back from `now_ms` the records reach: the retention to judge a horizon by.
+    pub(crate) fn reach(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.since_ms(now_ms)))
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOUR: u64 = 3_600_000;
+    const DAY: u64 = 24 * HOUR;
+
+    fn days(n: u64) -> Duration {
+        Duration::from_millis(n * DAY)
+    }
+
+    /// Kept 30 days, opened with 90 on day 100: the records reach back 30 days then, and
+    /// that reach grows day by day (nothing written after the change expires before 90
+    /// days) until it is 90, 60 days later.
+    #[test]
+    fn a_longer_retention_vouches_only_for_what_the_old_one_kept_until_it_ages_out() {
+        let now = 100 * DAY;
+        let vouched = Vouched::new(days(30)).opened_with(days(90), now);
+        assert_eq!(vouched.reach(now), days(30));
+        // Ten days on, the records written before the change still expire after 30 days.
+        assert_eq!(vouched.reach(now + 10 * DAY), days(30));
+        // Thirty days on, those are gone: the reach is from the change on.
+        assert_eq!(vouched.reach(now + 30 * DAY), days(30));
+        assert_eq!(vouched.reach(now + 45 * DAY), days(45));
+        assert_eq!(vouched.reach(now + 90 * DAY), days(90));
+        assert_eq!(vouched.reach(now + 200 * DAY), days(90));
+        // Opened again once it has aged out, nothing of the change is kept.
+        let later = vouched.opened_with(days(90), now + 95 * DAY);
+        assert_eq!(later, Vouched::new(days(90)));
+    }
+
+    /// A shorter retention vouches for itself at once: what was written before outlives it.
+    #[test]
+    fn a_shorter_retention_vouches_for_itself() {
+        let now = 100 * DAY;
+        let vouched = Vouched::new(days(90)).opened_with(days(30), now);
+        assert_eq!(vouched.reach(now), days(30));
+        assert_eq!(vouched.reach(now + DAY), days(30));
+    }
+
+    /// Grown twice, the second time before the first aged out: the reach never exceeds what
+    /// either regime's records still hold.
+    #[test]
+    fn a_retention_grown_twice_reaches_no_further_than_its_oldest_records() {
+        let first = 100 * DAY;
+        let vouched = Vouched::new(days(30)).opened_with(days(60), first);
+        let second = first + 10 * DAY;
+        let vouched = vouched.opened_with(days(90), second);
+        assert_eq!(vouched.reach(second), days(30));
+        // Records written before the first growth are gone 30 days after it; those written
+        // between the two were written for 60 days.
+        assert_eq!(vouched.reach(first + 30 * DAY), days(30));
+        assert_eq!(vouched.reach(first + 40 * DAY), days(30));
+        assert!(vouched.reach(first + 80 * DAY) <= days(80));
+        assert_eq!(vouched.reach(second + 90 * DAY), days(90));
+    }
+
+    /// The same retention, opened again: unchanged.
+    #[test]
+    fn the_same_retention_changes_nothing() {
+        let vouched = Vouched::new(days(30));
+        assert_eq!(vouched.opened_with(days(30), 100 * DAY), vouched);
+        assert_eq!(vouched.reach(100 * DAY), days(30));
+    }
+}
