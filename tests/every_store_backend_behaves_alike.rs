@@ -62,15 +62,9 @@ impl Backend {
         })
     }
 
-    /// The same store, closed and opened again with `retention`.
-    async fn opened_again_with(self, retention: Duration) -> Self {
-        let Self {
-            store,
-            shared,
-            _dir,
-            db,
-        } = self;
-        let config = match (&_dir, &db) {
+    /// The configuration of this store, with `retention`.
+    fn config_with(&self, retention: Duration) -> StoreConfig {
+        match (&self._dir, &self.db) {
             (Some(dir), _) => StoreConfig {
                 path: dir.path().join("store"),
                 retention,
@@ -78,9 +72,26 @@ impl Backend {
             },
             (None, Some(db)) => db.store_config(retention),
             (None, None) => unreachable!("a backend is sled or PostgreSQL"),
-        };
+        }
+    }
+
+    /// The same store closed, `meanwhile` run (sled lets one holder open it), and opened
+    /// again with `retention`.
+    async fn reopened(
+        self,
+        retention: Duration,
+        meanwhile: impl std::future::Future<Output = ()>,
+    ) -> Self {
+        let config = self.config_with(retention);
+        let Self {
+            store,
+            shared,
+            _dir,
+            db,
+        } = self;
         drop(shared);
         drop(store);
+        meanwhile.await;
         let store = ConfiguredStore::open(&config, TREES).await.unwrap();
         Self {
             shared: store.shared(),
@@ -88,6 +99,11 @@ impl Backend {
             _dir,
             db,
         }
+    }
+
+    /// The same store, closed and opened again with `retention`.
+    async fn opened_again_with(self, retention: Duration) -> Self {
+        self.reopened(retention, async {}).await
     }
 
     async fn finish(self) {
@@ -3296,7 +3312,9 @@ async fn a_tree_name_with_a_nul_byte_is_refused_at_open() {
 /// A store opened again with a longer retention reaches back only as far as the records
 /// written before were kept (each keeps the expiry it was written with), opened again with
 /// the same still so, and with a shorter one reaches that. A missing record proves nothing
-/// beyond the reach: a callback or a reconcile older than it is not booked again.
+/// beyond the reach: a callback or a reconcile older than it is not booked again. An
+/// operator's command that opens the store with another retention reads the record and
+/// leaves it: the service opened again with its own finds what it wrote.
 async fn a_longer_retention_reaches_back_only_as_far_as_the_records_kept(b: Backend) {
     let minute = Duration::from_secs(60);
     let near = |reach: Duration, expected: Duration| {
@@ -3305,6 +3323,16 @@ async fn a_longer_retention_reaches_back_only_as_far_as_the_records_kept(b: Back
             "{reach:?}, not {expected:?}"
         );
     };
+    near(b.shared.reach(), RETENTION);
+    let shorter = b.config_with(RETENTION / 2);
+    let b = b
+        .reopened(RETENTION, async move {
+            let operator = ConfiguredStore::open_existing(&shorter, TREES)
+                .await
+                .unwrap();
+            near(operator.shared().reach(), RETENTION / 2);
+        })
+        .await;
     near(b.shared.reach(), RETENTION);
     let b = b.opened_again_with(48 * RETENTION).await;
     near(b.shared.reach(), RETENTION);
@@ -3332,4 +3360,41 @@ mod a_longer_retention_reaches_back_only_as_far_as_the_records_kept {
         };
         super::a_longer_retention_reaches_back_only_as_far_as_the_records_kept(backend).await;
     }
+}
+
+/// A schema written by a payhook that kept no record of its retention, upgraded and given a
+/// longer retention in one restart: its records reach as far as its newest one lives (the
+/// least they were written with), not the new retention. A schema holding no callback at
+/// all vouches for its retention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_that_raises_the_retention_reaches_only_as_far_as_the_newest_record_lives() {
+    let Some(b) = Backend::postgres("upgrade_raises_retention").await else {
+        return;
+    };
+    b.acknowledge("n-upgraded", TransactionStatus::Success, Effects::default())
+        .await;
+    let db = b.db.clone().unwrap();
+    let forget = || async {
+        sqlx::query(&format!("DELETE FROM {}.vouched", db.schema))
+            .execute(&mut db.connect().await)
+            .await
+            .unwrap();
+    };
+    let b = b.reopened(48 * RETENTION, forget()).await;
+    let reach = b.shared.reach();
+    assert!(
+        reach <= RETENTION && reach + Duration::from_secs(60) > RETENTION,
+        "{reach:?}"
+    );
+    let b = b
+        .reopened(48 * RETENTION, async {
+            forget().await;
+            sqlx::query(&format!("DELETE FROM {}.callbacks", db.schema))
+                .execute(&mut db.connect().await)
+                .await
+                .unwrap();
+        })
+        .await;
+    assert_eq!(b.shared.reach(), 48 * RETENTION);
+    b.finish().await;
 }

@@ -436,6 +436,19 @@ async fn a_booking_whose_answer_a_proxy_lost_is_told_of_unknown_outcome() {
         shown = browser.wait_for_text("#detail").await;
     }
     assert_eq!(shown, "Not shown: 504");
+    // A 200 that is not the service's fragment (a proxy's login page): text too.
+    *losing.lock().unwrap() = Some(("/inspector/delivery/", Lost::Unreadable));
+    browser
+        .wait_and_click("tr.delivery button[data-action=detail]")
+        .await;
+    let started = std::time::Instant::now();
+    while shown != "Not shown: 200, not the service's answer"
+        && started.elapsed() < support::webdriver::PAGE_DEADLINE
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        shown = browser.wait_for_text("#detail").await;
+    }
+    assert_eq!(shown, "Not shown: 200, not the service's answer");
     assert!(browser.find_all("#detail b#injected").await.is_empty());
     browser.quit().await;
 }

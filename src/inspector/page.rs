@@ -492,11 +492,16 @@ const acting = ['failing', 'postponed', 'outbox'];
 function held(box) {
   return acting.includes(box.id) && box.matches(':hover');
 }
+// Only the service's own fragments are written into the page as HTML: it marks them (a
+// proxy's error or login page answered in their place is not).
+function fragment(answer) {
+  return answer.ok && answer.headers.get('x-payhook-inspector') === 'fragment';
+}
 async function panel(name) {
   const query = name === 'deliveries' ? '?' + filterQuery() : '';
   const answer = await fetch(base + 'inspector/' + name + query, {credentials: 'same-origin'});
   if (answer.status === 401) { location.reload(); return; }
-  if (!answer.ok) return;
+  if (!fragment(answer)) return;
   const html = await answer.text();
   const box = document.getElementById(name);
   if (held(box)) return;
@@ -559,7 +564,8 @@ async function act(url, body, button) {
     // the description typed here is not the one the aggregator gets.
     const said = await answer.json().catch(() => ({}));
     if (said.message === 'unchanged') {
-      told('Validation ' + url.slice('validations/'.length) + ' was already decided so '
+      // Decided: its buttons stay off until the panel is rebuilt without it.
+      alert('Validation ' + url.slice('validations/'.length) + ' was already decided so '
         + '(elsewhere, or by its deadline): unchanged. The aggregator gets the description '
         + 'recorded then, not the one typed here.');
     }
@@ -603,11 +609,13 @@ document.addEventListener('click', async (event) => {
       const box = document.getElementById('detail');
       // Only the service's own fragment is written as HTML; anything else, as text.
       const answer = await fetch(base + 'inspector/delivery/' + button.dataset.seq).catch(e => e);
-      if (answer.ok) {
+      if (!(answer instanceof Error) && fragment(answer)) {
         box.innerHTML = await answer.text();
       } else {
-        box.textContent = 'Not shown: ' + (answer instanceof Error ? answer.message
-          : ((await answer.json().catch(() => ({}))).message || answer.status));
+        const why = answer instanceof Error ? answer.message
+          : answer.ok ? answer.status + ', not the service\'s answer'
+          : ((await answer.json().catch(() => ({}))).message || answer.status);
+        box.textContent = 'Not shown: ' + why;
       }
       box.hidden = false;
     }

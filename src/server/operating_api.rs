@@ -241,9 +241,11 @@ impl AdminAccess {
             })?;
         let id = Encoding::Hex.encode(&id);
         // Signed under the lock: a generation moving on meanwhile cannot end it at birth.
+        // Derived (once, a hundred thousand HMACs) before the lock, not under it.
+        let key = self.session_key();
         let ended = self.ended();
         let message = session_message(ended.generation, issued, &id);
-        let tag = ring::hmac::sign(self.session_key(), &message);
+        let tag = ring::hmac::sign(key, &message);
         drop(ended);
         Ok(format!(
             "{issued}.{id}.{}",
@@ -265,9 +267,10 @@ impl AdminAccess {
         };
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
         let session = (issued, id.to_owned());
+        let key = self.session_key();
         let ended = self.ended();
         let message = session_message(ended.generation, issued, id);
-        let signed = ring::hmac::verify(self.session_key(), &message, &tag).is_ok();
+        let signed = ring::hmac::verify(key, &message, &tag).is_ok();
         (fresh && signed && !ended.sessions.contains(&session)).then_some(session)
     }
 
@@ -931,7 +934,13 @@ impl OperatingApi {
             ["delivery", seq] => page::detail(&self.delivery(seq)?),
             _ => return Err(Problem::NotFound),
         };
-        Ok(html(http::StatusCode::OK, text))
+        let mut fragment = html(http::StatusCode::OK, text);
+        // What the page writes into itself as HTML: the service's own, not a proxy's page.
+        fragment.headers_mut().insert(
+            page::ACTION_HEADER,
+            http::HeaderValue::from_static("fragment"),
+        );
+        Ok(fragment)
     }
 
     async fn deliveries_fragment(&self, filter: &DeliveryFilter) -> String {

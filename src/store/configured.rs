@@ -67,12 +67,15 @@ impl ConfiguredStore {
         #[cfg(feature = "postgres")]
         if config.is_postgres() {
             PgStore::require_existing(config).await?;
+            return Ok(Self::Postgres(
+                PgStore::open_for_operator(config, trees).await?,
+            ));
+        }
+        if config.is_postgres() {
             return Self::open(config, trees).await;
         }
-        if !config.is_postgres() {
-            super::sled_store::require_existing(config)?;
-        }
-        Self::open(config, trees).await
+        super::sled_store::require_existing(config)?;
+        Ok(Self::Sled(SledStore::open_for_operator(config, trees)?))
     }
 
     /// The store behind the seam, for [`AppBuilder::shared_store`](crate::AppBuilder::shared_store).

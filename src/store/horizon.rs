@@ -9,9 +9,28 @@
 //! with and — when it grew — when, and how far back the records written before then reach:
 //! [`Vouched`]. What it vouches for grows back to the new retention as the old records age
 //! out. A retention made shorter needs nothing: the records written before outlive it.
+//!
+//! Only an instance that serves moves the record on ([`at_open`]); an operator's command
+//! that opens a stopped store (`payhook reconcile`, `validations`, `callbacks`) reads it,
+//! so that a command run with another `store.retention` than the service's does not stand
+//! for a change of the service's. A store that kept no record — written by an earlier
+//! version, or one whose record does not decode — is taken to have been written with the
+//! remaining life of its newest record, the least it can have been (see
+//! [`Vouched::unrecorded`]): upgrading and raising the retention in one restart is then a
+//! growth too.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+use super::StoreError;
+
+/// Who opens a store: a service, which moves its record of its retention on, or an
+/// operator's command on a stopped store, which reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opener {
+    Service,
+    Operator,
+}
 
 /// What a store's records reach back to: every record written since [`Vouched::since_ms`]
 /// is still kept.
@@ -49,6 +68,31 @@ impl Vouched {
         }
     }
 
+    /// A store that kept no record of its retention, opened at `now_ms`: one holding no
+    /// record vouches for `retention` (a new store: nothing was booked before it); one whose
+    /// newest record expires at `newest_expiry_ms` was written with at least that record's
+    /// remaining life — all it is taken to vouch for (an idle store's newest record is
+    /// older, and the reach grows back meanwhile).
+    pub(crate) fn unrecorded(
+        retention: Duration,
+        newest_expiry_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Self {
+        match newest_expiry_ms {
+            None => Self::new(retention),
+            Some(expiry_ms) => Self {
+                retention_ms: expiry_ms.saturating_sub(now_ms),
+                grew: None,
+            },
+        }
+    }
+
+    /// The record as a store keeps it (JSON).
+    pub(crate) fn encode(&self) -> Result<String, StoreError> {
+        serde_json::to_string(self)
+            .map_err(|e| StoreError::backend("cannot encode the store's retention record", e))
+    }
+
     /// The store opened at `now_ms` with `retention`: what it vouches for from then on.
     pub(crate) fn opened_with(self, retention: Duration, now_ms: u64) -> Self {
         let retention_ms = millis(retention);
@@ -79,6 +123,45 @@ impl Vouched {
     pub(crate) fn reach(&self, now_ms: u64) -> Duration {
         Duration::from_millis(now_ms.saturating_sub(self.since_ms(now_ms)))
     }
+
+    /// [`Vouched::reach`] for an instance that writes with `retention` itself: no further
+    /// back than that, whatever another instance recorded.
+    pub(crate) fn reach_within(&self, retention: Duration, now_ms: u64) -> Duration {
+        self.reach(now_ms).min(retention)
+    }
+}
+
+/// What an open with `retention` at `now_ms` makes of the `stored` record (its JSON; `None`
+/// when there is none): read, or taken from the newest record's expiry
+/// ([`Vouched::unrecorded`]) when there is none or it does not decode (said in a
+/// warning), and moved on by the open when `moves` (an instance that serves; see the module
+/// docs).
+pub(crate) fn at_open(
+    stored: Option<&[u8]>,
+    retention: Duration,
+    newest_expiry_ms: impl FnOnce() -> Result<Option<u64>, StoreError>,
+    (now_ms, moves): (u64, bool),
+) -> Result<Vouched, StoreError> {
+    let decoded = stored.and_then(|bytes| {
+        serde_json::from_slice::<Vouched>(bytes)
+            .inspect_err(|error| {
+                tracing::warn!(
+                    %error,
+                    "the store's record of its retention does not decode: its records are taken \
+                     to reach as far as the newest one's remaining life"
+                );
+            })
+            .ok()
+    });
+    let vouched = match decoded {
+        Some(vouched) => vouched,
+        None => Vouched::unrecorded(retention, newest_expiry_ms()?, now_ms),
+    };
+    Ok(if moves {
+        vouched.opened_with(retention, now_ms)
+    } else {
+        vouched
+    })
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -97,8 +180,9 @@ mod tests {
     }
 
     /// Kept 30 days, opened with 90 on day 100: the records reach back 30 days then, and
-    /// that reach grows day by day (nothing written after the change expires before 90
-    /// days) until it is 90, 60 days later.
+    /// for 30 days more (the records written before the change expire after 30 days); from
+    /// then on the reach is from the change, growing day by day until it is 90, 90 days
+    /// after the change.
     #[test]
     fn a_longer_retention_vouches_only_for_what_the_old_one_kept_until_it_ages_out() {
         let now = 100 * DAY;
@@ -140,6 +224,32 @@ mod tests {
         assert_eq!(vouched.reach(first + 40 * DAY), days(30));
         assert!(vouched.reach(first + 80 * DAY) <= days(80));
         assert_eq!(vouched.reach(second + 90 * DAY), days(90));
+    }
+
+    /// A store written before it kept a record is taken to reach as far as its newest
+    /// record's remaining life: opened with a longer retention in the same restart, that is
+    /// a growth. Without any record (a new store) it vouches for its retention; an operator's
+    /// open reads and does not move what it finds.
+    #[test]
+    fn a_store_without_a_record_reaches_as_far_as_its_newest_record_lives() {
+        let now = 100 * DAY;
+        let written_for_30 = Some(now + 30 * DAY - HOUR);
+        let opened = at_open(None, days(90), || Ok(written_for_30), (now, true)).unwrap();
+        assert_eq!(opened.reach(now), Duration::from_millis(30 * DAY - HOUR));
+        let new = at_open(None, days(90), || Ok(None), (now, true)).unwrap();
+        assert_eq!(new.reach(now), days(90));
+        let garbled = at_open(
+            Some(b"{not json"),
+            days(90),
+            || Ok(written_for_30),
+            (now, true),
+        );
+        assert_eq!(garbled.unwrap(), opened);
+        let stored = Vouched::new(days(30)).encode().unwrap();
+        let read = at_open(Some(stored.as_bytes()), days(90), || Ok(None), (now, false)).unwrap();
+        assert_eq!(read, Vouched::new(days(30)));
+        assert_eq!(read.reach_within(days(90), now), days(30));
+        assert_eq!(Vouched::new(days(90)).reach_within(days(30), now), days(30));
     }
 
     /// The same retention, opened again: unchanged.

@@ -19,6 +19,7 @@ pub use super::committer::HoldPoint;
 use super::committer::{BenchFile, Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
+use super::horizon::Opener;
 use super::keys;
 use super::postponed_records::PostponedOp;
 use super::record::{
@@ -126,6 +127,19 @@ impl SledStore {
     /// into PostgreSQL (`payhook store copy-from-sled` marks its directory): its callbacks
     /// are booked there since, and a sled instance would book their retries again.
     pub fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
+        Self::open_as(config, trees, Opener::Service)
+    }
+
+    /// [`SledStore::open`] for an operator's command on a stopped store, which reads the
+    /// store's record of its retention and does not move it (see `horizon`).
+    pub(crate) fn open_for_operator(
+        config: &StoreConfig,
+        trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        Self::open_as(config, trees, Opener::Operator)
+    }
+
+    fn open_as(config: &StoreConfig, trees: &[&str], opener: Opener) -> Result<Self, StoreError> {
         if config.is_postgres() {
             return Err(StoreError::Unsupported(
                 "store.url names PostgreSQL, and SledStore opens store.path only: open the store \
@@ -136,7 +150,7 @@ impl SledStore {
             ));
         }
         refuse_if_moved(config)?;
-        Self::open_with(config, trees, Destination::Sled)
+        Self::open_with(config, trees, (Destination::Sled, opener))
     }
 
     /// What the store at `config.path` says of its move to PostgreSQL: [`MOVED_FILE_NAME`]'s
@@ -240,18 +254,18 @@ impl SledStore {
                 Destination::Appended(Mutex::new(file))
             }
         };
-        Self::open_with(config, trees, destination)
+        Self::open_with(config, trees, (destination, Opener::Service))
     }
 
     fn open_with(
         config: &StoreConfig,
         trees: &[&str],
-        destination: Destination,
+        (destination, opener): (Destination, Opener),
     ) -> Result<Self, StoreError> {
         super::effects::check_tree_names(trees)?;
         let (db, tree) = open_sled(config, false)?;
         let watermark = Watermark::open(&config.path, &db, &tree)?;
-        let vouched = vouched_at_open(&tree, config.retention)?;
+        let vouched = vouched_at_open(&tree, config.retention, opener)?;
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::backend("cannot open sled's data file", e))?;
         let callback_claims = Arc::new(Claims::default());
@@ -827,25 +841,33 @@ impl PostponedStore for SledStore {
     }
 }
 
-/// What the records of `tree` reach back to, now that it is opened with `retention`: the
-/// stored [`super::horizon::Vouched`] (a store kept before there was one, or a new store:
-/// every record written with `retention`), moved on and written back — made durable before
-/// the store serves, so that a crash cannot leave it behind a longer retention's records.
+/// What the records of `tree` reach back to, opened with `retention` by `opener` (see
+/// [`super::horizon::at_open`]); a service's open writes it back, made durable before the
+/// store serves, so that a crash cannot leave it behind a longer retention's records.
 fn vouched_at_open(
     tree: &sled::Tree,
     retention: Duration,
+    opener: Opener,
 ) -> Result<super::horizon::Vouched, StoreError> {
-    use super::horizon::Vouched;
-    let stored = match tree.get(keys::VOUCHED)? {
-        Some(bytes) => serde_json::from_slice::<Vouched>(&bytes)
-            .map_err(|e| StoreError::backend("the store's retention record does not decode", e))?,
-        None => Vouched::new(retention),
+    let stored = tree.get(keys::VOUCHED)?;
+    let newest_expiry_ms = || {
+        Ok(tree
+            .scan_prefix(keys::EXPIRY_PREFIX)
+            .next_back()
+            .transpose()?
+            .and_then(|(key, _)| keys::expiry_of(&key)))
     };
-    let vouched = stored.opened_with(retention, now_ms());
-    let json = serde_json::to_vec(&vouched)
-        .map_err(|e| StoreError::backend("cannot encode the store's retention record", e))?;
-    tree.insert(keys::VOUCHED, json)?;
-    tree.flush()?;
+    let serves = opener == Opener::Service;
+    let vouched = super::horizon::at_open(
+        stored.as_deref(),
+        retention,
+        newest_expiry_ms,
+        (now_ms(), serves),
+    )?;
+    if serves && stored.as_deref() != Some(vouched.encode()?.as_bytes()) {
+        tree.insert(keys::VOUCHED, vouched.encode()?.as_bytes())?;
+        tree.flush()?;
+    }
     Ok(vouched)
 }
 
@@ -855,7 +877,9 @@ impl Store for SledStore {
     }
 
     fn reach(&self) -> Duration {
-        self.inner.vouched.reach(now_ms()).min(self.inner.retention)
+        self.inner
+            .vouched
+            .reach_within(self.inner.retention, now_ms())
     }
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {

@@ -114,6 +114,7 @@ pub use import::Imported;
 
 use super::effects::{Tree, check_declared};
 use super::failing::readable;
+use super::horizon::Opener;
 use super::{KeyValue, StoreConfig, StoreError, StoreFuture, keys};
 
 /// The keys (as `keys::identifier` names them: the nonce, or the digest's for a long one) of
@@ -170,6 +171,8 @@ struct Inner {
     retention: Duration,
     /// What the schema's records reach back to (see [`horizon`]), as read last.
     vouched: std::sync::Mutex<crate::store::horizon::Vouched>,
+    /// Whether this instance serves (and moves the record on at each sweep).
+    opener: Opener,
     /// This instance's number in claims (`liveness.owner`, the second key of its liveness
     /// lock); its holds let go when the store is dropped.
     liveness: liveness::Liveness,
@@ -237,7 +240,29 @@ impl PgStore {
     /// again once it has finished), or a migration fails.
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
         let pool = connect(config, config.pool_size).await?;
-        Self::over(pool, config, trees, claim::Begin::OwnPool).await
+        Self::over(
+            pool,
+            config,
+            trees,
+            (claim::Begin::OwnPool, Opener::Service),
+        )
+        .await
+    }
+
+    /// [`PgStore::open`] for an operator's command, which reads the schema's record of its
+    /// retention and does not move it (see `horizon`).
+    pub(crate) async fn open_for_operator(
+        config: &StoreConfig,
+        trees: &[&str],
+    ) -> Result<Self, StoreError> {
+        let pool = connect(config, config.pool_size).await?;
+        Self::over(
+            pool,
+            config,
+            trees,
+            (claim::Begin::OwnPool, Opener::Operator),
+        )
+        .await
     }
 
     /// The store over a pool the service already has (its own queries share the
@@ -260,15 +285,21 @@ impl PgStore {
         config: &StoreConfig,
         trees: &[&str],
     ) -> Result<Self, StoreError> {
-        Self::over(pool, config, trees, claim::Begin::GivenPool).await
+        Self::over(
+            pool,
+            config,
+            trees,
+            (claim::Begin::GivenPool, Opener::Service),
+        )
+        .await
     }
 
-    /// The store over `pool`, its claims' transactions begun by `begin`.
+    /// The store over `pool`, its claims' transactions begun by `begin`, opened by `opener`.
     async fn over(
         pool: PgPool,
         config: &StoreConfig,
         trees: &[&str],
-        begin: claim::Begin,
+        (begin, opener): (claim::Begin, Opener),
     ) -> Result<Self, StoreError> {
         crate::store::effects::check_tree_names(trees)?;
         let schema = config.schema.clone();
@@ -284,7 +315,7 @@ impl PgStore {
             .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?
             .detach();
         schema::migrate(&mut conn, &schema).await?;
-        let vouched = horizon::at_open(&mut conn, &schema, config.retention).await?;
+        let vouched = horizon::at_open(&mut conn, &schema, config.retention, opener).await?;
         let idle_limit: String =
             sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
                 .fetch_one(&mut conn)
@@ -314,6 +345,7 @@ impl PgStore {
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
                 retention: config.retention,
                 vouched: std::sync::Mutex::new(vouched),
+                opener,
                 liveness,
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size, begin),
@@ -563,18 +595,25 @@ impl PgStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
     }
 
-    /// [`Self::purge`] at the database's `now()`, after reading again what the schema's
-    /// records reach back to (an instance opened since may have changed it).
+    /// [`Self::purge`] at the database's `now()`, after the schema's record of its retention
+    /// is read again and — by an instance that serves — moved on by this instance's
+    /// retention: an instance opened since with another retention changed it, and one
+    /// still writing with a shorter retention than another recorded must count.
     async fn purge_now(&self) -> Result<usize, StoreError> {
         let mut conn = self.pool().acquire().await?;
-        if let Some(vouched) = horizon::read(&mut conn, &self.inner.schema).await? {
-            *self
-                .inner
-                .vouched
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = vouched;
-        }
+        let vouched = horizon::at_open(
+            &mut conn,
+            &self.inner.schema,
+            self.inner.retention,
+            self.inner.opener,
+        )
+        .await?;
         drop(conn);
+        *self
+            .inner
+            .vouched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = vouched;
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(self.pool())
             .await?;
@@ -806,8 +845,7 @@ impl super::Store for PgStore {
             .vouched
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .reach(crate::store::now_ms())
-            .min(self.inner.retention)
+            .reach_within(self.inner.retention, crate::store::now_ms())
     }
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {
