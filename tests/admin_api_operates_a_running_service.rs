@@ -753,6 +753,23 @@ fn the_admin_client_sends_its_token_in_the_clear_only_to_loopback() {
     }
 }
 
+/// The `payhook` binary run with `args` against the service at `url` (`--admin-url`), with
+/// the token and nothing else in its environment; off the runtime.
+async fn payhook_at(url: &str, args: &[&str]) -> std::process::Output {
+    let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    args.extend(["--admin-url".to_owned(), url.to_owned()]);
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(&args)
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", TOKEN)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 /// Answers every request on `listener` with `status` and `body` once it has read the whole
 /// request (headers and `Content-Length` bytes): a proxy in front of the service.
 async fn answer_all(listener: tokio::net::TcpListener, status: u16, body: &'static str) {
@@ -814,16 +831,7 @@ async fn a_reconcile_a_proxy_gave_up_on_is_told_of_unknown_outcome() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(answer_all(listener, status, body));
-        let output = tokio::task::spawn_blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_payhook"))
-                .args(["reconcile", "--ref", id, "--admin-url", &url])
-                .env_clear()
-                .env("PAYHOOK_ADMIN_TOKEN", TOKEN)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
+        let output = payhook_at(&url, &["reconcile", "--ref", id]).await;
         let out = String::from_utf8_lossy(&output.stdout);
         assert_eq!(output.status.code(), Some(2), "{status}: {out}");
         assert!(
@@ -847,16 +855,7 @@ async fn a_refusal_that_echoes_the_request_is_printed_without_the_token() {
             "padding ".repeat(1000)
         )
     }));
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_payhook"))
-            .args(["callbacks", "failing", "--admin-url", &url])
-            .env_clear()
-            .env("PAYHOOK_ADMIN_TOKEN", TOKEN)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = payhook_at(&url, &["callbacks", "failing"]).await;
     let printed = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -15,6 +15,17 @@ fn config(trusted: &[&str]) -> payhook::Config {
     config
 }
 
+/// `config` with the proxy's own address (this machine: the test connects from it) allowed
+/// too.
+fn proxy_host_allowed(mut config: payhook::Config) -> payhook::Config {
+    config
+        .auth
+        .transaction_validation
+        .allow_ips
+        .push("127.0.0.1".into());
+    config
+}
+
 async fn validate(server: &TestServer, forwarded: &[&str]) -> u16 {
     let mut headers = vec![("content-type", "application/json")];
     headers.extend(forwarded.iter().map(|f| ("x-forwarded-for", *f)));
@@ -51,13 +62,7 @@ async fn a_trusted_proxy_forwards_the_client_address() {
 #[tokio::test]
 async fn a_proxy_that_forwards_no_client_address_does_not_stand_in_for_its_clients() {
     // The proxy's own address is allowed too (say, a health check from the proxy host)...
-    let mut config = config(&["127.0.0.1/32"]);
-    config
-        .auth
-        .transaction_validation
-        .allow_ips
-        .push("127.0.0.1".into());
-    let server = TestServer::start_with(config).await;
+    let server = TestServer::start_with(proxy_host_allowed(config(&["127.0.0.1/32"]))).await;
     assert_eq!(validate(&server, &["203.0.113.9"]).await, 200);
     // ...but a request it forwards without saying from whom is not the proxy's own: every
     // client behind a proxy that sets no X-Forwarded-For would otherwise be let in.
@@ -87,13 +92,7 @@ async fn without_trusted_proxies_the_header_is_ignored() {
 /// trusted proxy is refused, saying why; without them it is the peer's own. (It was let in.)
 #[tokio::test]
 async fn a_proxy_left_out_of_trusted_proxies_does_not_pass_its_clients_as_itself() {
-    let mut config = config(&[]);
-    config
-        .auth
-        .transaction_validation
-        .allow_ips
-        .push("127.0.0.1".into());
-    let server = TestServer::start_with(config).await;
+    let server = TestServer::start_with(proxy_host_allowed(config(&[]))).await;
     let forwarded = server
         .send(&post(
             VALIDATION_PATH,

@@ -284,6 +284,21 @@ async fn an_approve_of_a_validation_approved_elsewhere_meanwhile_says_so() {
     browser.quit().await;
 }
 
+/// Clicks a delivery's **request** and waits (at most the page's deadline) for the detail
+/// box to show `expected`; what it shows then.
+async fn detail_shown(browser: &Browser, expected: &str) -> String {
+    browser
+        .wait_and_click("tr.delivery button[data-action=detail]")
+        .await;
+    let started = std::time::Instant::now();
+    let mut shown = String::new();
+    while shown != expected && started.elapsed() < support::webdriver::PAGE_DEADLINE {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        shown = browser.wait_for_text("#detail").await;
+    }
+    shown
+}
+
 /// How the proxy in front of the service loses the answer to a request of the page, once the
 /// service has answered it (what the service did is done).
 #[derive(Clone, Copy, Debug)]
@@ -426,29 +441,14 @@ async fn a_booking_whose_answer_a_proxy_lost_is_told_of_unknown_outcome() {
     }
 
     *losing.lock().unwrap() = Some(("/inspector/delivery/", Lost::GaveUp));
-    browser
-        .wait_and_click("tr.delivery button[data-action=detail]")
-        .await;
-    let started = std::time::Instant::now();
-    let mut shown = String::new();
-    while shown.is_empty() && started.elapsed() < support::webdriver::PAGE_DEADLINE {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        shown = browser.wait_for_text("#detail").await;
-    }
-    assert_eq!(shown, "Not shown: 504");
+    assert_eq!(
+        detail_shown(&browser, "Not shown: 504").await,
+        "Not shown: 504"
+    );
     // A 200 that is not the service's fragment (a proxy's login page): text too.
     *losing.lock().unwrap() = Some(("/inspector/delivery/", Lost::Unreadable));
-    browser
-        .wait_and_click("tr.delivery button[data-action=detail]")
-        .await;
-    let started = std::time::Instant::now();
-    while shown != "Not shown: 200, not the service's answer"
-        && started.elapsed() < support::webdriver::PAGE_DEADLINE
-    {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        shown = browser.wait_for_text("#detail").await;
-    }
-    assert_eq!(shown, "Not shown: 200, not the service's answer");
+    let expected = "Not shown: 200, not the service's answer";
+    assert_eq!(detail_shown(&browser, expected).await, expected);
     assert!(browser.find_all("#detail b#injected").await.is_empty());
     browser.quit().await;
 }

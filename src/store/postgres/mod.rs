@@ -239,14 +239,7 @@ impl PgStore {
     /// reached, a copy from sled holds the schema (`payhook store copy-from-sled`; start
     /// again once it has finished), or a migration fails.
     pub async fn open(config: &StoreConfig, trees: &[&str]) -> Result<Self, StoreError> {
-        let pool = connect(config, config.pool_size).await?;
-        Self::over(
-            pool,
-            config,
-            trees,
-            (claim::Begin::OwnPool, Opener::Service),
-        )
-        .await
+        Self::open_as(config, trees, Opener::Service).await
     }
 
     /// [`PgStore::open`] for an operator's command, which reads the schema's record of its
@@ -255,14 +248,16 @@ impl PgStore {
         config: &StoreConfig,
         trees: &[&str],
     ) -> Result<Self, StoreError> {
+        Self::open_as(config, trees, Opener::Operator).await
+    }
+
+    async fn open_as(
+        config: &StoreConfig,
+        trees: &[&str],
+        opener: Opener,
+    ) -> Result<Self, StoreError> {
         let pool = connect(config, config.pool_size).await?;
-        Self::over(
-            pool,
-            config,
-            trees,
-            (claim::Begin::OwnPool, Opener::Operator),
-        )
-        .await
+        Self::over(pool, config, trees, (claim::Begin::OwnPool, opener)).await
     }
 
     /// The store over a pool the service already has (its own queries share the
