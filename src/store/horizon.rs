@@ -13,11 +13,16 @@
 //! Only an instance that serves moves the record on ([`at_open`]); an operator's command
 //! that opens a stopped store (`payhook reconcile`, `validations`, `callbacks`) reads it,
 //! so that a command run with another `store.retention` than the service's does not stand
-//! for a change of the service's. A store that kept no record — written by an earlier
-//! version, or one whose record does not decode — is taken to have been written with the
-//! remaining life of its newest record, the least it can have been (see
-//! [`Vouched::unrecorded`]): upgrading and raising the retention in one restart is then a
-//! growth too.
+//! for a change of the service's. Where several instances write (PostgreSQL), a growth
+//! counts from a little after it was recorded (`settle`): an instance still writing with
+//! the shorter retention moves the record back at its next sweep, and one that stopped
+//! before its next sweep wrote nothing after that.
+//!
+//! A store that kept no record — written by an earlier payhook — is taken to have been
+//! written with the retention it is opened with, as before there was one (said in a
+//! warning when it holds records): upgrade first, and raise the retention afterwards.
+//! Guessing from its newest record would refuse every callback of a store whose records
+//! had all expired. A record that does not decode is taken so too, with a warning.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -68,37 +73,24 @@ impl Vouched {
         }
     }
 
-    /// A store that kept no record of its retention, opened at `now_ms`: one holding no
-    /// record vouches for `retention` (a new store: nothing was booked before it); one whose
-    /// newest record expires at `newest_expiry_ms` was written with at least that record's
-    /// remaining life — all it is taken to vouch for (an idle store's newest record is
-    /// older, and the reach grows back meanwhile).
-    pub(crate) fn unrecorded(
-        retention: Duration,
-        newest_expiry_ms: Option<u64>,
-        now_ms: u64,
-    ) -> Self {
-        match newest_expiry_ms {
-            None => Self::new(retention),
-            Some(expiry_ms) => Self {
-                retention_ms: expiry_ms.saturating_sub(now_ms),
-                grew: None,
-            },
-        }
-    }
-
     /// The record as a store keeps it (JSON).
     pub(crate) fn encode(&self) -> Result<String, StoreError> {
         serde_json::to_string(self)
             .map_err(|e| StoreError::backend("cannot encode the store's retention record", e))
     }
 
-    /// The store opened at `now_ms` with `retention`: what it vouches for from then on.
-    pub(crate) fn opened_with(self, retention: Duration, now_ms: u64) -> Self {
+    /// The store opened at `now_ms` with `retention`: what it vouches for from then on. A
+    /// growth counts from `settle` after now: what another instance still writing with the
+    /// shorter retention writes meanwhile was written for that one.
+    pub(crate) fn opened_with(
+        self,
+        retention: Duration,
+        (now_ms, settle): (u64, Duration),
+    ) -> Self {
         let retention_ms = millis(retention);
         let grew = if retention_ms > self.retention_ms {
             Some(Grew {
-                at_ms: now_ms,
+                at_ms: now_ms.saturating_add(millis(settle)),
                 kept_ms: now_ms.saturating_sub(self.since_ms(now_ms)),
             })
         } else {
@@ -132,33 +124,40 @@ impl Vouched {
 }
 
 /// What an open with `retention` at `now_ms` makes of the `stored` record (its JSON; `None`
-/// when there is none): read, or taken from the newest record's expiry
-/// ([`Vouched::unrecorded`]) when there is none or it does not decode (said in a
-/// warning), and moved on by the open when `moves` (an instance that serves; see the module
-/// docs).
+/// when there is none): read — or, when there is none or it does not decode, taken to be
+/// the retention the store is opened with (said in a warning when the store `holds_records`,
+/// or the record does not decode) — and moved on by the open when it `moves` (an instance
+/// that serves: see the module docs), a growth counting from `settle` after now.
 pub(crate) fn at_open(
     stored: Option<&[u8]>,
     retention: Duration,
-    newest_expiry_ms: impl FnOnce() -> Result<Option<u64>, StoreError>,
-    (now_ms, moves): (u64, bool),
+    holds_records: impl FnOnce() -> Result<bool, StoreError>,
+    (now_ms, moves, settle): (u64, bool, Duration),
 ) -> Result<Vouched, StoreError> {
-    let decoded = stored.and_then(|bytes| {
-        serde_json::from_slice::<Vouched>(bytes)
-            .inspect_err(|error| {
+    let vouched = match stored.map(serde_json::from_slice::<Vouched>) {
+        Some(Ok(vouched)) => vouched,
+        Some(Err(error)) => {
+            tracing::warn!(
+                %error,
+                "the store's record of the retention its records were written with does not \
+                 decode: they are taken to have been written with store.retention"
+            );
+            Vouched::new(retention)
+        }
+        None => {
+            if holds_records()? {
                 tracing::warn!(
-                    %error,
-                    "the store's record of its retention does not decode: its records are taken \
-                     to reach as far as the newest one's remaining life"
+                    "this store kept no record of the retention its records were written with \
+                     (an earlier payhook wrote them): they are taken to have been written with \
+                     store.retention; if it was raised in this restart, records of the old \
+                     one's length may be missing (see the README, Exactly once)"
                 );
-            })
-            .ok()
-    });
-    let vouched = match decoded {
-        Some(vouched) => vouched,
-        None => Vouched::unrecorded(retention, newest_expiry_ms()?, now_ms),
+            }
+            Vouched::new(retention)
+        }
     };
     Ok(if moves {
-        vouched.opened_with(retention, now_ms)
+        vouched.opened_with(retention, (now_ms, settle))
     } else {
         vouched
     })
@@ -186,7 +185,7 @@ mod tests {
     #[test]
     fn a_longer_retention_vouches_only_for_what_the_old_one_kept_until_it_ages_out() {
         let now = 100 * DAY;
-        let vouched = Vouched::new(days(30)).opened_with(days(90), now);
+        let vouched = Vouched::new(days(30)).opened_with(days(90), (now, Duration::ZERO));
         assert_eq!(vouched.reach(now), days(30));
         // Ten days on, the records written before the change still expire after 30 days.
         assert_eq!(vouched.reach(now + 10 * DAY), days(30));
@@ -196,7 +195,7 @@ mod tests {
         assert_eq!(vouched.reach(now + 90 * DAY), days(90));
         assert_eq!(vouched.reach(now + 200 * DAY), days(90));
         // Opened again once it has aged out, nothing of the change is kept.
-        let later = vouched.opened_with(days(90), now + 95 * DAY);
+        let later = vouched.opened_with(days(90), (now + 95 * DAY, Duration::ZERO));
         assert_eq!(later, Vouched::new(days(90)));
     }
 
@@ -204,7 +203,7 @@ mod tests {
     #[test]
     fn a_shorter_retention_vouches_for_itself() {
         let now = 100 * DAY;
-        let vouched = Vouched::new(days(90)).opened_with(days(30), now);
+        let vouched = Vouched::new(days(90)).opened_with(days(30), (now, Duration::ZERO));
         assert_eq!(vouched.reach(now), days(30));
         assert_eq!(vouched.reach(now + DAY), days(30));
     }
@@ -214,9 +213,9 @@ mod tests {
     #[test]
     fn a_retention_grown_twice_reaches_no_further_than_its_oldest_records() {
         let first = 100 * DAY;
-        let vouched = Vouched::new(days(30)).opened_with(days(60), first);
+        let vouched = Vouched::new(days(30)).opened_with(days(60), (first, Duration::ZERO));
         let second = first + 10 * DAY;
-        let vouched = vouched.opened_with(days(90), second);
+        let vouched = vouched.opened_with(days(90), (second, Duration::ZERO));
         assert_eq!(vouched.reach(second), days(30));
         // Records written before the first growth are gone 30 days after it; those written
         // between the two were written for 60 days.
@@ -226,27 +225,41 @@ mod tests {
         assert_eq!(vouched.reach(second + 90 * DAY), days(90));
     }
 
-    /// A store written before it kept a record is taken to reach as far as its newest
-    /// record's remaining life: opened with a longer retention in the same restart, that is
-    /// a growth. Without any record (a new store) it vouches for its retention; an operator's
-    /// open reads and does not move what it finds.
+    /// Several writers: a growth recorded now counts from `settle` later — what an instance
+    /// still writing with the shorter retention writes until then was written for that one.
     #[test]
-    fn a_store_without_a_record_reaches_as_far_as_its_newest_record_lives() {
+    fn a_growth_among_several_writers_counts_from_its_settling() {
         let now = 100 * DAY;
-        let written_for_30 = Some(now + 30 * DAY - HOUR);
-        let opened = at_open(None, days(90), || Ok(written_for_30), (now, true)).unwrap();
-        assert_eq!(opened.reach(now), Duration::from_millis(30 * DAY - HOUR));
-        let new = at_open(None, days(90), || Ok(None), (now, true)).unwrap();
-        assert_eq!(new.reach(now), days(90));
-        let garbled = at_open(
-            Some(b"{not json"),
-            days(90),
-            || Ok(written_for_30),
-            (now, true),
+        let settle = Duration::from_millis(2 * HOUR);
+        let vouched = Vouched::new(days(30)).opened_with(days(90), (now, settle));
+        // Thirty days after the growth, what was written up to its settling is still taken
+        // as written for 30 days.
+        assert_eq!(vouched.reach(now + 30 * DAY), days(30));
+        assert_eq!(
+            vouched.reach(now + 31 * DAY),
+            Duration::from_millis(31 * DAY - 2 * HOUR)
         );
-        assert_eq!(garbled.unwrap(), opened);
+    }
+
+    /// A store without a record is taken to have been written with the retention it is
+    /// opened with; one whose record does not decode too. An operator's open reads and does
+    /// not move what it finds.
+    #[test]
+    fn a_store_without_a_record_is_taken_at_its_retention_and_an_operator_moves_nothing() {
+        let now = 100 * DAY;
+        let still = (now, true, Duration::ZERO);
+        let new = at_open(None, days(90), || Ok(true), still).unwrap();
+        assert_eq!(new, Vouched::new(days(90)));
+        let garbled = at_open(Some(b"{not json"), days(90), || Ok(true), still).unwrap();
+        assert_eq!(garbled, Vouched::new(days(90)));
         let stored = Vouched::new(days(30)).encode().unwrap();
-        let read = at_open(Some(stored.as_bytes()), days(90), || Ok(None), (now, false)).unwrap();
+        let read = at_open(
+            Some(stored.as_bytes()),
+            days(90),
+            || Ok(true),
+            (now, false, Duration::ZERO),
+        )
+        .unwrap();
         assert_eq!(read, Vouched::new(days(30)));
         assert_eq!(read.reach_within(days(90), now), days(30));
         assert_eq!(Vouched::new(days(90)).reach_within(days(30), now), days(30));
@@ -256,7 +269,10 @@ mod tests {
     #[test]
     fn the_same_retention_changes_nothing() {
         let vouched = Vouched::new(days(30));
-        assert_eq!(vouched.opened_with(days(30), 100 * DAY), vouched);
+        assert_eq!(
+            vouched.opened_with(days(30), (100 * DAY, Duration::ZERO)),
+            vouched
+        );
         assert_eq!(vouched.reach(100 * DAY), days(30));
     }
 }

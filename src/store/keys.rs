@@ -245,12 +245,6 @@ pub(crate) fn expiry(expires_ms: u64, batch: u64) -> Vec<u8> {
     .concat()
 }
 
-/// The expiry (ms) an expiry index key holds.
-pub(crate) fn expiry_of(key: &[u8]) -> Option<u64> {
-    let ms = key.get(PREFIX_BYTES..PREFIX_BYTES + 8)?;
-    Some(u64::from_be_bytes(ms.try_into().ok()?))
-}
-
 /// The first index key after every entry expiring at or before `now_ms`.
 pub(crate) fn expiry_upper(now_ms: u64) -> Vec<u8> {
     [EXPIRY_PREFIX, &now_ms.saturating_add(1).to_be_bytes()].concat()
@@ -329,11 +323,6 @@ mod tests {
 
     #[test]
     fn expiry_keys_sort_by_time_and_index_values_read_back() {
-        assert_eq!(
-            expiry_of(&expiry(1_700_000_000_123, 42)),
-            Some(1_700_000_000_123)
-        );
-        assert_eq!(expiry_of(EXPIRY_PREFIX), None);
         let early = expiry(1_000, u64::MAX);
         let late = expiry(2_000, 0);
         assert!(early < late && late < expiry_upper(2_000) && expiry_upper(1_999) <= late);

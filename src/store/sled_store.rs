@@ -850,19 +850,14 @@ fn vouched_at_open(
     opener: Opener,
 ) -> Result<super::horizon::Vouched, StoreError> {
     let stored = tree.get(keys::VOUCHED)?;
-    let newest_expiry_ms = || {
-        Ok(tree
-            .scan_prefix(keys::EXPIRY_PREFIX)
-            .next_back()
-            .transpose()?
-            .and_then(|(key, _)| keys::expiry_of(&key)))
-    };
+    let holds_records = || Ok(tree.scan_prefix(keys::EXPIRY_PREFIX).next().is_some());
     let serves = opener == Opener::Service;
+    // One writer: a growth counts at once.
     let vouched = super::horizon::at_open(
         stored.as_deref(),
         retention,
-        newest_expiry_ms,
-        (now_ms(), serves),
+        holds_records,
+        (now_ms(), serves, Duration::ZERO),
     )?;
     if serves && stored.as_deref() != Some(vouched.encode()?.as_bytes()) {
         tree.insert(keys::VOUCHED, vouched.encode()?.as_bytes())?;

@@ -3,12 +3,13 @@
 //!
 //! Each instance that serves moves it on by its own retention when it opens and again at
 //! each sweep (under a lock on the table, so that two do not both start from the same row):
-//! an instance opened since with a longer retention recorded a growth that an instance
-//! still writing with the shorter one takes back at its next sweep, and the growth counts
-//! from the next sweep of one with the longer — from when no shorter writer is left, give
-//! or take a sweep. An operator's command reads it. An instance judges by its own retention
-//! at most. Like the read indexes, the table has no schema version: an older payhook
-//! ignores it (and does not move it on).
+//! a growth an instance with a longer retention records counts from two of its sweeps
+//! later, and an instance still writing with the shorter one moves the record back at its
+//! next sweep — so the growth counts only once none has written with the shorter one since
+//! (one that stopped before its next sweep wrote nothing after that). An operator's command
+//! reads it. An instance judges by its own retention at most. Like the read indexes, the
+//! table has no schema version: an older payhook ignores it (and does not move it on), so
+//! every instance is upgraded before the retention is raised.
 
 use sqlx::PgConnection;
 use sqlx::{Connection as _, Executor as _};
@@ -34,53 +35,94 @@ pub(super) async fn build(conn: &mut PgConnection, schema: &str) -> Result<(), S
 
 /// The schema's record as an open with `retention` by `opener` finds it (see
 /// [`horizon::at_open`]); a service's open moves it on and writes it back, under a lock on
-/// the table (two opens do not both start from the same record). Times are this process's,
-/// as [`crate::store::Store::reach`] reads them.
+/// the table (two opens do not both start from the same record), a growth counting from
+/// `settle` later (see the module docs). A lock not granted within [`LOCK_WAIT`] (another
+/// instance's transaction on it stalled) leaves the record as it is, read: the sweep and
+/// the open go on. Times are this process's, as [`crate::store::Store::reach`] reads them.
 pub(super) async fn at_open(
     conn: &mut PgConnection,
     schema: &str,
     retention: Duration,
-    opener: Opener,
+    (opener, settle): (Opener, Duration),
 ) -> Result<Vouched, StoreError> {
-    let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
-    let mut tx = conn.begin().await.map_err(failed)?;
-    let serves = opener == Opener::Service;
-    if serves {
-        sqlx::query(&format!(
-            "LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(failed)?;
+    if opener == Opener::Service {
+        match moved_on(conn, schema, retention, settle).await {
+            Err(error) if super::refused_with(&error, &["55P03"]) => {
+                tracing::warn!(
+                    schema,
+                    "the record of the retention the records were written with is locked by \
+                     a stalled transaction: read, not moved on, this time"
+                );
+            }
+            Err(error) => {
+                return Err(StoreError::backend(
+                    format!("cannot update {schema}.vouched"),
+                    error,
+                ));
+            }
+            Ok(moved) => return moved,
+        }
     }
-    let stored: Option<String> =
-        sqlx::query_scalar(&format!("SELECT record FROM {schema}.vouched"))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(failed)?;
-    let newest_expiry_ms: Option<i64> = sqlx::query_scalar(&format!(
-        "SELECT (extract(epoch FROM max(expires_at)) * 1000)::bigint FROM {schema}.callbacks"
-    ))
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(failed)?;
-    let vouched = horizon::at_open(
+    let stored = stored(conn, schema)
+        .await
+        .map_err(|e| StoreError::backend(format!("cannot read {schema}.vouched"), e))?;
+    horizon::at_open(
         stored.as_deref().map(str::as_bytes),
         retention,
-        || Ok(newest_expiry_ms.map(|ms| u64::try_from(ms).unwrap_or_default())),
-        (crate::store::now_ms(), serves),
-    )?;
-    let record = vouched.encode()?;
-    if serves && stored.as_deref() != Some(record.as_str()) {
+        || Ok(false),
+        (crate::store::now_ms(), false, settle),
+    )
+}
+
+/// How long an open or a sweep waits for the record's lock.
+const LOCK_WAIT: &str = "2s";
+
+/// [`at_open`] for a service: the record moved on and written back, in one transaction.
+async fn moved_on(
+    conn: &mut PgConnection,
+    schema: &str,
+    retention: Duration,
+    settle: Duration,
+) -> Result<Result<Vouched, StoreError>, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    (&mut *tx)
+        .execute(sqlx::raw_sql(&format!(
+            "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
+             LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
+        )))
+        .await?;
+    let stored = stored(&mut tx, schema).await?;
+    let holds_records: bool =
+        sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
+            .fetch_one(&mut *tx)
+            .await?;
+    let moved = horizon::at_open(
+        stored.as_deref().map(str::as_bytes),
+        retention,
+        || Ok(holds_records),
+        (crate::store::now_ms(), true, settle),
+    )
+    .and_then(|vouched| Ok((vouched.encode()?, vouched)));
+    let (record, vouched) = match moved {
+        Ok(moved) => moved,
+        Err(error) => return Ok(Err(error)),
+    };
+    if stored.as_deref() != Some(record.as_str()) {
         sqlx::query(&format!(
             "INSERT INTO {schema}.vouched (record) VALUES ($1) \
              ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
         ))
         .bind(record)
         .execute(&mut *tx)
-        .await
-        .map_err(failed)?;
+        .await?;
     }
-    tx.commit().await.map_err(failed)?;
-    Ok(vouched)
+    tx.commit().await?;
+    Ok(Ok(vouched))
+}
+
+/// The schema's record, if any.
+async fn stored(conn: &mut PgConnection, schema: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(&format!("SELECT record FROM {schema}.vouched"))
+        .fetch_optional(&mut *conn)
+        .await
 }

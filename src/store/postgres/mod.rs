@@ -130,6 +130,14 @@ macro_rules! awaiting_nonce_keys {
 }
 use awaiting_nonce_keys;
 
+/// How long after this instance records a growth of the retention it counts: two of its
+/// sweeps, at each of which an instance still writing with the shorter retention moves the
+/// record back — one that stopped before its next sweep wrote nothing after that (the
+/// instances share `store.sweep_interval`).
+fn settle_of(sweep_interval: Duration) -> Duration {
+    sweep_interval.saturating_mul(2)
+}
+
 /// Attempts of a transaction that meets a deadlock or a serialization failure.
 pub const TX_ATTEMPTS: u32 = 5;
 
@@ -173,6 +181,8 @@ struct Inner {
     vouched: std::sync::Mutex<crate::store::horizon::Vouched>,
     /// Whether this instance serves (and moves the record on at each sweep).
     opener: Opener,
+    /// How long after it is recorded a growth of the retention counts ([`settle_of`]).
+    settle: Duration,
     /// This instance's number in claims (`liveness.owner`, the second key of its liveness
     /// lock); its holds let go when the store is dropped.
     liveness: liveness::Liveness,
@@ -310,7 +320,13 @@ impl PgStore {
             .map_err(|e| StoreError::backend("cannot connect to PostgreSQL (store.url)", e))?
             .detach();
         schema::migrate(&mut conn, &schema).await?;
-        let vouched = horizon::at_open(&mut conn, &schema, config.retention, opener).await?;
+        let vouched = horizon::at_open(
+            &mut conn,
+            &schema,
+            config.retention,
+            (opener, settle_of(config.sweep_interval)),
+        )
+        .await?;
         let idle_limit: String =
             sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
                 .fetch_one(&mut conn)
@@ -341,6 +357,7 @@ impl PgStore {
                 retention: config.retention,
                 vouched: std::sync::Mutex::new(vouched),
                 opener,
+                settle: settle_of(config.sweep_interval),
                 liveness,
                 sweeper: std::sync::Mutex::default(),
                 claims: claim::HeldClaims::new(pool_size, begin),
@@ -600,7 +617,7 @@ impl PgStore {
             &mut conn,
             &self.inner.schema,
             self.inner.retention,
-            self.inner.opener,
+            (self.inner.opener, self.inner.settle),
         )
         .await?;
         drop(conn);
