@@ -3424,6 +3424,21 @@ async fn a_stalled_lock_on_the_record_of_the_retention_does_not_stop_an_open() {
         "{reach:?}"
     );
     drop(other);
+    // Nor with a statement timeout shorter than the lock's wait (the LOCK is cancelled
+    // first).
+    let impatient = StoreConfig {
+        statement_timeout: Duration::from_millis(500),
+        ..db.store_config(48 * RETENTION)
+    };
+    let other = tokio::time::timeout(
+        Duration::from_secs(30),
+        ConfiguredStore::open(&impatient, TREES),
+    )
+    .await
+    .expect("the open waited for the stalled lock")
+    .unwrap();
+    assert!(other.shared().reach() <= RETENTION);
+    drop(other);
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut stalled)
         .await

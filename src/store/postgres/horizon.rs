@@ -37,8 +37,8 @@ pub(super) async fn build(conn: &mut PgConnection, schema: &str) -> Result<(), S
 /// [`horizon::at_open`]); a service's open moves it on and writes it back, under a lock on
 /// the table (two opens do not both start from the same record), a growth counting from
 /// `settle` later (see the module docs). A lock not granted within [`LOCK_WAIT`] (another
-/// instance's transaction on it stalled) leaves the record as it is, read: the sweep and
-/// the open go on. Times are this process's, as [`crate::store::Store::reach`] reads them.
+/// instance's transaction on it stalled), or within a shorter `store.statement_timeout`,
+/// leaves the record as it is, read: the sweep and the open go on. Times are this process's, as [`crate::store::Store::reach`] reads them.
 pub(super) async fn at_open(
     conn: &mut PgConnection,
     schema: &str,
@@ -47,7 +47,9 @@ pub(super) async fn at_open(
 ) -> Result<Vouched, StoreError> {
     if opener == Opener::Service {
         match moved_on(conn, schema, retention, settle).await {
-            Err(error) if super::refused_with(&error, &["55P03"]) => {
+            // Not granted within its wait (55P03), or within a statement timeout shorter
+            // than that wait (57014).
+            Err(error) if super::refused_with(&error, &["55P03", "57014"]) => {
                 tracing::warn!(
                     schema,
                     "the record of the retention the records were written with is locked by \

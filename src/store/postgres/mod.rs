@@ -612,6 +612,8 @@ impl PgStore {
     /// retention: an instance opened since with another retention changed it, and one
     /// still writing with a shorter retention than another recorded must count.
     async fn purge_now(&self) -> Result<usize, StoreError> {
+        // What the records are deleted by is their own expiry, not this record: a failure
+        // to read it keeps the last one read and purges all the same.
         let mut conn = self.pool().acquire().await?;
         let vouched = horizon::at_open(
             &mut conn,
@@ -619,13 +621,20 @@ impl PgStore {
             self.inner.retention,
             (self.inner.opener, self.inner.settle),
         )
-        .await?;
+        .await;
         drop(conn);
-        *self
-            .inner
-            .vouched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = vouched;
+        match vouched {
+            Ok(vouched) => {
+                *self
+                    .inner
+                    .vouched
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = vouched;
+            }
+            Err(error) => {
+                tracing::warn!(error = %crate::report::InLine(&error), "the record of the retention the records were written with could not be read; the last one read stands");
+            }
+        }
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(self.pool())
             .await?;
