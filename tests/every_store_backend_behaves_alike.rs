@@ -3309,6 +3309,15 @@ async fn a_tree_name_with_a_nul_byte_is_refused_at_open() {
     db.drop_schema().await;
 }
 
+/// That `reach` is `expected`, or less by the time taken since it was recorded (a minute at
+/// most): the records written then have come that much closer to their expiry.
+fn assert_reach_near(reach: Duration, expected: Duration) {
+    assert!(
+        reach <= expected && reach + Duration::from_secs(60) > expected,
+        "{reach:?}, not {expected:?}"
+    );
+}
+
 /// A store opened again with a longer retention reaches back only as far as the records
 /// written before were kept (each keeps the expiry it was written with), opened again with
 /// the same still so, and with a shorter one reaches that. A missing record proves nothing
@@ -3316,13 +3325,7 @@ async fn a_tree_name_with_a_nul_byte_is_refused_at_open() {
 /// operator's command that opens the store with another retention reads the record and
 /// leaves it: the service opened again with its own finds what it wrote.
 async fn a_longer_retention_reaches_back_only_as_far_as_the_records_kept(b: Backend) {
-    let minute = Duration::from_secs(60);
-    let near = |reach: Duration, expected: Duration| {
-        assert!(
-            reach <= expected && reach + minute > expected,
-            "{reach:?}, not {expected:?}"
-        );
-    };
+    let near = assert_reach_near;
     near(b.shared.reach(), RETENTION);
     let shorter = b.config_with(RETENTION / 2);
     let b = b
@@ -3385,11 +3388,7 @@ async fn a_schema_that_kept_no_record_of_its_retention_is_taken_at_its_retention
         .await;
     assert_eq!(b.shared.reach(), RETENTION);
     let b = b.opened_again_with(48 * RETENTION).await;
-    let reach = b.shared.reach();
-    assert!(
-        reach <= RETENTION && reach + Duration::from_secs(60) > RETENTION,
-        "{reach:?}"
-    );
+    assert_reach_near(b.shared.reach(), RETENTION);
     b.finish().await;
 }
 
@@ -3411,34 +3410,24 @@ async fn a_stalled_lock_on_the_record_of_the_retention_does_not_stop_an_open() {
     .execute(&mut stalled)
     .await
     .unwrap();
-    let other = tokio::time::timeout(
-        Duration::from_secs(30),
-        ConfiguredStore::open(&db.store_config(48 * RETENTION), TREES),
-    )
-    .await
-    .expect("the open waited for the stalled lock")
-    .unwrap();
-    let reach = other.shared().reach();
-    assert!(
-        reach <= RETENTION && reach + Duration::from_secs(60) > RETENTION,
-        "{reach:?}"
-    );
-    drop(other);
+    let beside_the_stalled_lock = |config: StoreConfig| async move {
+        let other = tokio::time::timeout(
+            Duration::from_secs(30),
+            ConfiguredStore::open(&config, TREES),
+        )
+        .await
+        .expect("the open waited for the stalled lock")
+        .unwrap();
+        assert_reach_near(other.shared().reach(), RETENTION);
+    };
+    beside_the_stalled_lock(db.store_config(48 * RETENTION)).await;
     // Nor with a statement timeout shorter than the lock's wait (the LOCK is cancelled
     // first).
-    let impatient = StoreConfig {
+    beside_the_stalled_lock(StoreConfig {
         statement_timeout: Duration::from_millis(500),
         ..db.store_config(48 * RETENTION)
-    };
-    let other = tokio::time::timeout(
-        Duration::from_secs(30),
-        ConfiguredStore::open(&impatient, TREES),
-    )
-    .await
-    .expect("the open waited for the stalled lock")
-    .unwrap();
-    assert!(other.shared().reach() <= RETENTION);
-    drop(other);
+    })
+    .await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut stalled)
         .await

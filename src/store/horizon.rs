@@ -131,9 +131,9 @@ impl Vouched {
 pub(crate) fn at_open(
     stored: Option<&[u8]>,
     retention: Duration,
-    holds_records: impl FnOnce() -> Result<bool, StoreError>,
+    holds_records: bool,
     (now_ms, moves, settle): (u64, bool, Duration),
-) -> Result<Vouched, StoreError> {
+) -> Vouched {
     let vouched = match stored.map(serde_json::from_slice::<Vouched>) {
         Some(Ok(vouched)) => vouched,
         Some(Err(error)) => {
@@ -145,7 +145,7 @@ pub(crate) fn at_open(
             Vouched::new(retention)
         }
         None => {
-            if holds_records()? {
+            if holds_records {
                 tracing::warn!(
                     "this store kept no record of the retention its records were written with \
                      (an earlier payhook wrote them): they are taken to have been written with \
@@ -156,11 +156,11 @@ pub(crate) fn at_open(
             Vouched::new(retention)
         }
     };
-    Ok(if moves {
+    if moves {
         vouched.opened_with(retention, (now_ms, settle))
     } else {
         vouched
-    })
+    }
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -248,18 +248,17 @@ mod tests {
     fn a_store_without_a_record_is_taken_at_its_retention_and_an_operator_moves_nothing() {
         let now = 100 * DAY;
         let still = (now, true, Duration::ZERO);
-        let new = at_open(None, days(90), || Ok(true), still).unwrap();
+        let new = at_open(None, days(90), true, still);
         assert_eq!(new, Vouched::new(days(90)));
-        let garbled = at_open(Some(b"{not json"), days(90), || Ok(true), still).unwrap();
+        let garbled = at_open(Some(b"{not json"), days(90), true, still);
         assert_eq!(garbled, Vouched::new(days(90)));
         let stored = Vouched::new(days(30)).encode().unwrap();
         let read = at_open(
             Some(stored.as_bytes()),
             days(90),
-            || Ok(true),
+            true,
             (now, false, Duration::ZERO),
-        )
-        .unwrap();
+        );
         assert_eq!(read, Vouched::new(days(30)));
         assert_eq!(read.reach_within(days(90), now), days(30));
         assert_eq!(Vouched::new(days(90)).reach_within(days(30), now), days(30));

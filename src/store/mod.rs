@@ -134,7 +134,11 @@
 //! never held behind everything that expired at once. A postponed validation that is not
 //! final (undecided, or its result undelivered) is kept, and so is its nonce's validation
 //! record while it, or a repeat of it, is: asked about again, the nonce gets the recorded
-//! answer, never the handler a second time.
+//! answer, never the handler a second time. Each record keeps the expiry it was written
+//! with: a store also keeps the retention its records were written with (`horizon`), and
+//! [`Store::reach`], not the configured retention alone, is how far back a missing record
+//! proves a callback was never booked — after `store.retention` grows, the reach grows back
+//! to it as the older records age out.
 //!
 //! **In flight.** A claim ("this delivery is processing this nonce") lives in memory: on one
 //! machine, the claim of a process that died is void anyway. The PostgreSQL store keeps claims

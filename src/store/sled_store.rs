@@ -850,7 +850,7 @@ fn vouched_at_open(
     opener: Opener,
 ) -> Result<super::horizon::Vouched, StoreError> {
     let stored = tree.get(keys::VOUCHED)?;
-    let holds_records = || Ok(tree.scan_prefix(keys::EXPIRY_PREFIX).next().is_some());
+    let holds_records = tree.scan_prefix(keys::EXPIRY_PREFIX).next().is_some();
     let serves = opener == Opener::Service;
     // One writer: a growth counts at once.
     let vouched = super::horizon::at_open(
@@ -858,9 +858,10 @@ fn vouched_at_open(
         retention,
         holds_records,
         (now_ms(), serves, Duration::ZERO),
-    )?;
-    if serves && stored.as_deref() != Some(vouched.encode()?.as_bytes()) {
-        tree.insert(keys::VOUCHED, vouched.encode()?.as_bytes())?;
+    );
+    let record = vouched.encode()?;
+    if serves && stored.as_deref() != Some(record.as_bytes()) {
+        tree.insert(keys::VOUCHED, record.as_bytes())?;
         tree.flush()?;
     }
     Ok(vouched)
@@ -1636,17 +1637,26 @@ mod tests {
         })
     }
 
-    /// The writes queued while a sweep waited for the lock are left to the sweeper, which
-    /// commits one batch and hands the rest to a thread of its own — it has no blocking pool
-    /// to hand them to — instead of leading for as long as requests keep coming, its sweep
-    /// waiting meanwhile.
-    #[test]
-    fn a_sweeper_leads_one_batch_and_hands_the_rest_to_a_thread_of_its_own() {
+    /// A store on threads of its own (the sweeper's has no runtime) whose first write's batch
+    /// waits before its flush, a sweep waiting for the lock ahead of the leaders, and a
+    /// second write queued meanwhile, left to the sweep.
+    struct SweepAhead {
+        store: SledStore,
+        /// Where the first write's batch waits.
+        first_batch: Arc<HoldState>,
+        held: Released,
+        first: std::thread::JoinHandle<Result<(), StoreError>>,
+        sweep: std::thread::JoinHandle<std::thread::Result<Result<usize, StoreError>>>,
+        second: std::thread::JoinHandle<Result<(), StoreError>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn a_sweep_ahead_of_a_queued_write() -> SweepAhead {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         let writer = &store.inner.writer;
         let first_batch = writer.gate().arm(HoldPoint::BeforeFlush);
-        let mut held = Released(vec![Arc::clone(&first_batch)]);
+        let held = Released(vec![Arc::clone(&first_batch)]);
         let first = book_on_a_thread_of_its_own(&store, "n-1");
         assert!(first_batch.wait_reached(1, PATIENCE));
         let sweep = sweep_on_a_thread_of_its_own(&store);
@@ -1657,6 +1667,33 @@ mod tests {
         // Left to the sweep: its request does not lead while the sweep waits.
         let second = book_on_a_thread_of_its_own(&store, "n-2");
         wait_until(|| writer.queued() > 0, "the second write never queued");
+        SweepAhead {
+            store,
+            first_batch,
+            held,
+            first,
+            sweep,
+            second,
+            _dir: dir,
+        }
+    }
+
+    /// The writes queued while a sweep waited for the lock are left to the sweeper, which
+    /// commits one batch and hands the rest to a thread of its own — it has no blocking pool
+    /// to hand them to — instead of leading for as long as requests keep coming, its sweep
+    /// waiting meanwhile.
+    #[test]
+    fn a_sweeper_leads_one_batch_and_hands_the_rest_to_a_thread_of_its_own() {
+        let SweepAhead {
+            store,
+            first_batch,
+            mut held,
+            first,
+            sweep,
+            second,
+            _dir,
+        } = a_sweep_ahead_of_a_queued_write();
+        let writer = &store.inner.writer;
         let second_batch = writer.gate().arm(HoldPoint::BeforeFlush);
         held.0.push(Arc::clone(&second_batch));
         first_batch.release();
@@ -1726,20 +1763,16 @@ mod tests {
     /// left to it, and goes to a thread of its own.
     #[test]
     fn a_purge_step_that_panics_leaves_no_write_waiting() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let SweepAhead {
+            store,
+            held,
+            first,
+            sweep,
+            second,
+            _dir,
+            ..
+        } = a_sweep_ahead_of_a_queued_write();
         let writer = &store.inner.writer;
-        let batch = writer.gate().arm(HoldPoint::BeforeFlush);
-        let held = Released(vec![Arc::clone(&batch)]);
-        let first = book_on_a_thread_of_its_own(&store, "n-1");
-        assert!(batch.wait_reached(1, PATIENCE));
-        let sweep = sweep_on_a_thread_of_its_own(&store);
-        wait_until(
-            || writer.waiting_ahead() == 1,
-            "the sweep never waited for the lock",
-        );
-        let second = book_on_a_thread_of_its_own(&store, "n-2");
-        wait_until(|| writer.queued() > 0, "the second write never queued");
         let panicked = writer.gate().arm_panic(HoldPoint::InPurgeStep);
 
         drop(held);

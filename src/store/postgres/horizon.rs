@@ -38,7 +38,8 @@ pub(super) async fn build(conn: &mut PgConnection, schema: &str) -> Result<(), S
 /// the table (two opens do not both start from the same record), a growth counting from
 /// `settle` later (see the module docs). A lock not granted within [`LOCK_WAIT`] (another
 /// instance's transaction on it stalled), or within a shorter `store.statement_timeout`,
-/// leaves the record as it is, read: the sweep and the open go on. Times are this process's, as [`crate::store::Store::reach`] reads them.
+/// leaves the record as it is, read: the sweep and the open go on. Times are this
+/// process's, as [`crate::store::Store::reach`] reads them.
 pub(super) async fn at_open(
     conn: &mut PgConnection,
     schema: &str,
@@ -46,69 +47,63 @@ pub(super) async fn at_open(
     (opener, settle): (Opener, Duration),
 ) -> Result<Vouched, StoreError> {
     if opener == Opener::Service {
-        match moved_on(conn, schema, retention, settle).await {
-            // Not granted within its wait (55P03), or within a statement timeout shorter
-            // than that wait (57014).
-            Err(error) if super::refused_with(&error, &["55P03", "57014"]) => {
-                tracing::warn!(
-                    schema,
-                    "the record of the retention the records were written with is locked by \
-                     a stalled transaction: read, not moved on, this time"
-                );
-            }
-            Err(error) => {
-                return Err(StoreError::backend(
-                    format!("cannot update {schema}.vouched"),
-                    error,
-                ));
-            }
-            Ok(moved) => return moved,
+        if let Some(moved) = moved_on(conn, schema, retention, settle).await? {
+            return Ok(moved);
         }
+        tracing::warn!(
+            schema,
+            "the record of the retention the records were written with is locked by a \
+             stalled transaction: read, not moved on, this time"
+        );
     }
     let stored = stored(conn, schema)
         .await
         .map_err(|e| StoreError::backend(format!("cannot read {schema}.vouched"), e))?;
-    horizon::at_open(
+    Ok(horizon::at_open(
         stored.as_deref().map(str::as_bytes),
         retention,
-        || Ok(false),
+        false,
         (crate::store::now_ms(), false, settle),
-    )
+    ))
 }
 
 /// How long an open or a sweep waits for the record's lock.
 const LOCK_WAIT: &str = "2s";
 
-/// [`at_open`] for a service: the record moved on and written back, in one transaction.
+/// [`at_open`] for a service: the record moved on and written back, in one transaction;
+/// `None` when its lock was not granted within [`LOCK_WAIT`] (55P03), or within a statement
+/// timeout shorter than that (57014).
 async fn moved_on(
     conn: &mut PgConnection,
     schema: &str,
     retention: Duration,
     settle: Duration,
-) -> Result<Result<Vouched, StoreError>, sqlx::Error> {
-    let mut tx = conn.begin().await?;
-    (&mut *tx)
+) -> Result<Option<Vouched>, StoreError> {
+    let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
+    let mut tx = conn.begin().await.map_err(failed)?;
+    let locked = (&mut *tx)
         .execute(sqlx::raw_sql(&format!(
             "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
              LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
         )))
-        .await?;
-    let stored = stored(&mut tx, schema).await?;
+        .await;
+    match locked {
+        Err(error) if super::refused_with(&error, &["55P03", "57014"]) => return Ok(None),
+        locked => locked.map_err(failed)?,
+    };
+    let stored = stored(&mut tx, schema).await.map_err(failed)?;
     let holds_records: bool =
         sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
             .fetch_one(&mut *tx)
-            .await?;
-    let moved = horizon::at_open(
+            .await
+            .map_err(failed)?;
+    let vouched = horizon::at_open(
         stored.as_deref().map(str::as_bytes),
         retention,
-        || Ok(holds_records),
+        holds_records,
         (crate::store::now_ms(), true, settle),
-    )
-    .and_then(|vouched| Ok((vouched.encode()?, vouched)));
-    let (record, vouched) = match moved {
-        Ok(moved) => moved,
-        Err(error) => return Ok(Err(error)),
-    };
+    );
+    let record = vouched.encode()?;
     if stored.as_deref() != Some(record.as_str()) {
         sqlx::query(&format!(
             "INSERT INTO {schema}.vouched (record) VALUES ($1) \
@@ -116,10 +111,11 @@ async fn moved_on(
         ))
         .bind(record)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .map_err(failed)?;
     }
-    tx.commit().await?;
-    Ok(Ok(vouched))
+    tx.commit().await.map_err(failed)?;
+    Ok(Some(vouched))
 }
 
 /// The schema's record, if any.
