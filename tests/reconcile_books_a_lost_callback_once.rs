@@ -100,6 +100,140 @@ async fn a_callback_that_arrived_first_makes_the_reconcile_a_no_op() {
     assert_eq!(callback_count(&server), 1);
 }
 
+/// Reconciles [`LOST`] with a lookup that reads the aggregator's record (as set up) and,
+/// before its answer arrives, the record changes to `now` and a callback of `callback` is
+/// booked — the reconcile then claims the nonce after that booking. `after` changes the
+/// record again before the reconcile goes on. Returns the outcome, the handler's calls and
+/// the lookups made.
+async fn reconcile_overtaken(
+    (gateway, client, server): (FakeGateway, GatewayClient, TestServer),
+    (now, callback): (i32, i32),
+    after: impl FnOnce(&mut support::gateway::GatewayState),
+) -> (Result<Reconciled, ReconcileError>, Vec<support::Seen>, u32) {
+    let (release, hold) = tokio::sync::oneshot::channel();
+    gateway.with(|s| s.hold_next_lookup = Some(hold));
+    let id: Uuid = LOST.parse().unwrap();
+    let reconcile = {
+        let (app, client) = (server.app.clone(), client.clone());
+        tokio::spawn(async move { app.reconcile(&client, &[id]).await })
+    };
+    gateway
+        .until("the reconcile's lookup", |s| s.lookups == 1)
+        .await;
+    let changed = record("nonce-lost", now, chrono::Duration::minutes(1));
+    gateway.with(|s| s.transactions.insert(LOST.to_owned(), changed));
+    let delivered = with(
+        &with(CALLBACK, "/nonce", Some(json!("nonce-lost"))),
+        "/transactionStatus",
+        Some(json!(callback)),
+    );
+    assert_eq!(
+        server.post_json(CALLBACK_PATH, &delivered).await.status,
+        200
+    );
+    gateway.with(after);
+    release.send(()).unwrap();
+    let mut outcome = reconcile.await.unwrap();
+    let calls = server.merchant.calls();
+    (outcome.remove(0).1, calls, gateway.with(|s| s.lookups))
+}
+
+/// The lookup answered −4; before its answer arrived the aggregator moved the transaction to
+/// 4 and its callback was booked. The reconcile, claiming the nonce after that booking, reads
+/// the record again and books nothing stale: it handed the handler −4 after 4 (a booked
+/// success then read as reversed by a network error).
+#[tokio::test]
+async fn a_lookup_overtaken_by_a_booked_callback_books_nothing_stale() {
+    let overtaken = reconcile_overtaken(setup(-4).await, (4, 4), |_| {}).await;
+    assert_nothing_stale_booked(overtaken);
+}
+
+/// As [`a_lookup_overtaken_by_a_booked_callback_books_nothing_stale`], on PostgreSQL: the
+/// claim read again under is the database's, rolled back when nothing is booked.
+#[tokio::test]
+async fn a_lookup_overtaken_on_a_shared_database_books_nothing_stale() {
+    let test = "a_lookup_overtaken_on_a_shared_database_books_nothing_stale";
+    let Some(db) = support::postgres::database(test).await else {
+        return;
+    };
+    let mut config = test_config();
+    config.store = db.store_config(std::time::Duration::from_secs(3600));
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let gateway = FakeGateway::start().await;
+    let looked_up = record("nonce-lost", -4, chrono::Duration::minutes(5));
+    gateway.with(|s| s.transactions.insert(LOST.to_owned(), looked_up));
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    let overtaken = reconcile_overtaken((gateway, client, server), (4, 4), |_| {}).await;
+    assert_nothing_stale_booked(overtaken);
+    db.drop_schema().await;
+}
+
+/// The reconcile of a lookup overtaken by the booking of 4 is told booked, and the handler
+/// saw the callback's booking only.
+fn assert_nothing_stale_booked(
+    (outcome, calls, lookups): (Result<Reconciled, ReconcileError>, Vec<support::Seen>, u32),
+) {
+    assert!(
+        matches!(
+            outcome,
+            Ok(Reconciled::AlreadyBooked(TransactionStatus::Success))
+        ),
+        "{outcome:?}"
+    );
+    let callbacks: Vec<_> = calls.iter().filter(|c| c.endpoint == "callback").collect();
+    assert_eq!(callbacks.len(), 1, "{calls:?}");
+    assert_eq!(callbacks[0].previous_status, None);
+    assert_eq!(lookups, 2, "the record is read again under the claim");
+}
+
+/// A status the aggregator really moved to after the booked one (read again under the
+/// claim, it still says so) is booked, after the booked one.
+#[tokio::test]
+async fn a_status_the_record_still_holds_when_read_again_is_booked_after_the_booked_one() {
+    let (outcome, calls, lookups) = reconcile_overtaken(setup(-4).await, (-4, 4), |_| {}).await;
+    assert!(
+        matches!(
+            outcome,
+            Ok(Reconciled::Booked(TransactionStatus::NetworkError))
+        ),
+        "{outcome:?}"
+    );
+    let previous: Vec<_> = calls.iter().map(|c| c.previous_status).collect();
+    assert_eq!(previous, [None, Some(4)]);
+    assert_eq!(lookups, 2);
+}
+
+/// The record read again under the claim is a third status: that one is reconciled (here,
+/// still in progress: nothing booked); and a record that cannot be read again books nothing.
+#[tokio::test]
+async fn a_record_that_changed_again_or_cannot_be_read_again_books_nothing_stale() {
+    let (outcome, calls, _) = reconcile_overtaken(setup(-4).await, (4, 4), |s| {
+        s.transactions.insert(
+            LOST.to_owned(),
+            record("nonce-lost", 3, chrono::Duration::zero()),
+        );
+    })
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            Ok(Reconciled::NotFinal(TransactionStatus::Pending))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let (outcome, calls, _) =
+        reconcile_overtaken(setup(-4).await, (4, 4), |s| s.transactions.clear()).await;
+    assert!(
+        matches!(&outcome, Err(ReconcileError::Gateway(e)) if e.status() == Some(404)),
+        "{outcome:?}"
+    );
+    assert_eq!(calls.len(), 1, "{calls:?}");
+}
+
 #[tokio::test]
 async fn a_pending_transaction_or_an_unknown_reference_books_nothing() {
     let (_gateway, client, server) = setup(3).await;

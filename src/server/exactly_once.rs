@@ -144,6 +144,37 @@ pub(super) enum Delivered {
     Duplicate,
 }
 
+/// A look, under a delivery's claim, at whether its callback is still the one to book —
+/// taken when the nonce's last acknowledged status is another. A delivered callback is
+/// booked as the aggregator signed it (`()`); a reconcile's lookup may be older than a
+/// callback booked while the reconcile waited for the claim, and is read again
+/// (`reconcile::LookupAgain`).
+pub(super) trait Recheck: Send + 'static {
+    /// Why the callback is not the one to book after all.
+    type Stale: Send + 'static;
+    /// `Ok` to book `callback` after `previous`, the nonce's last acknowledged status;
+    /// answered `within` (the claim is held meanwhile).
+    fn recheck(
+        self,
+        callback: &CallbackBody,
+        previous: TransactionStatus,
+        within: Duration,
+    ) -> impl Future<Output = Result<(), Self::Stale>> + Send;
+}
+
+impl Recheck for () {
+    type Stale = std::convert::Infallible;
+
+    async fn recheck(
+        self,
+        _: &CallbackBody,
+        _: TransactionStatus,
+        _: Duration,
+    ) -> Result<(), Self::Stale> {
+        Ok(())
+    }
+}
+
 fn ok(message: &str) -> Answer {
     Ok(json_response(StatusCode::OK, &ErrorBody::new(message)))
 }
@@ -324,22 +355,36 @@ impl ExactlyOnce {
         callback: CallbackBody,
         request: RequestContext,
     ) -> Result<Delivered, Problem> {
+        let delivered = self.deliver_rechecked(callback, request, ()).await?;
+        Ok(delivered.unwrap_or_else(|never| match never {}))
+    }
+
+    /// [`Self::deliver`], with `recheck` asked under the claim whether the callback is
+    /// still the one to book when the nonce's last acknowledged status is another; when it
+    /// is not, nothing is booked and the claim is released.
+    pub(super) async fn deliver_rechecked<R: Recheck>(
+        &self,
+        callback: CallbackBody,
+        request: RequestContext,
+        recheck: R,
+    ) -> Result<Result<Delivered, R::Stale>, Problem> {
         let this = self.clone();
         self.inner
             .runner
             .detached(Endpoint::Callback, async move {
-                this.deliver_claimed(callback, request).await
+                this.deliver_claimed(callback, request, recheck).await
             })
             .await
     }
 
-    async fn deliver_claimed(
+    async fn deliver_claimed<R: Recheck>(
         &self,
         callback: CallbackBody,
         request: RequestContext,
-    ) -> Result<Delivered, Problem> {
+        recheck: R,
+    ) -> Result<Result<Delivered, R::Stale>, Problem> {
         let Some(store) = self.inner.store.clone() else {
-            return self.deliver_unrecorded(callback, request).await;
+            return self.deliver_unrecorded(callback, request).await.map(Ok);
         };
         let nonce = callback.nonce.clone();
         let status = callback.transaction_status;
@@ -380,8 +425,17 @@ impl ExactlyOnce {
                     retry_after: self.inner.runner.retry_after(),
                 });
             }
-            CallbackBegin::Duplicate => return Ok(self.duplicate(status)),
+            CallbackBegin::Duplicate => return Ok(Ok(self.duplicate(status))),
         };
+        if let Some(previous) = previous_status.filter(|previous| *previous != status) {
+            let within = self.inner.stale_margin / 2;
+            if let Err(stale) = recheck.recheck(&callback, previous, within).await {
+                release(store.as_ref(), &nonce, held.claim).await;
+                held.ended();
+                self.inner.waiters.finished(key);
+                return Ok(Err(stale));
+            }
+        }
         let effects = Effects::default();
         let ctx = CallbackContext {
             request,
@@ -435,15 +489,11 @@ impl ExactlyOnce {
                     self.forget_failure_once_booked(&store, &nonce, status);
                 }
             }
-            // An in-memory claim (sled) ends at once; a shared store's claim ends with its
-            // connection if this fails, or is taken over when stale.
-            if let Err(error) = store.release_callback(&nonce, held.claim).await {
-                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
-            }
+            release(store.as_ref(), &nonce, held.claim).await;
         }
         held.ended();
         self.inner.waiters.finished(key);
-        answer.map_err(|not_booked| not_booked.problem)
+        answer.map(Ok).map_err(|not_booked| not_booked.problem)
     }
 
     /// A delivery of a (nonce, status) acknowledged before: the handler is not called.
@@ -974,6 +1024,15 @@ impl NotBooked {
             problem,
             claim_ended: false,
         }
+    }
+}
+
+/// Releases the claim of a callback not booked. An in-memory claim (sled) ends at once; a
+/// shared store's claim ends with its connection if this fails, or is taken over when
+/// stale.
+async fn release(store: &dyn Store, nonce: &Nonce, claim: Claim) {
+    if let Err(error) = store.release_callback(nonce, claim).await {
+        tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
     }
 }
 

@@ -8,11 +8,11 @@ use std::time::Duration;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::exactly_once::{Delivered, ExactlyOnce};
+use super::exactly_once::{Delivered, ExactlyOnce, Recheck};
 use super::problem::Problem;
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
-use crate::model::TransactionStatus;
+use crate::model::{CallbackBody, TransactionRecord, TransactionStatus};
 
 /// What became of one reference id in [`App::reconcile`](super::App::reconcile).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,10 +122,37 @@ impl ExactlyOnce {
         if !self.receives_callbacks() {
             return Err(ReconcileError::NoReceiver);
         }
+        if self.store().is_none() {
+            return Err(ReconcileError::NoStore);
+        }
+        let mut record = gateway.transaction(reference_id).await?;
+        for _ in 0..READINGS {
+            match self
+                .reconcile_record(gateway, reference_id, record, max_chars)
+                .await?
+            {
+                Reading::Done(reconciled) => return Ok(reconciled),
+                Reading::Changed(fresh) => record = *fresh,
+            }
+        }
+        Err(ReconcileError::NotBooked(format!(
+            "the transaction's status changed at each of {READINGS} readings while it was reconciled; reconcile it again"
+        )))
+    }
+
+    /// Books the result `record` says, fetched from the aggregator, through the callback
+    /// handler and the same records as its callbacks — unless, read again under the claim
+    /// because a callback of another status was booked meanwhile, the record has changed.
+    async fn reconcile_record(
+        &self,
+        gateway: &GatewayClient,
+        reference_id: Uuid,
+        record: TransactionRecord,
+        max_chars: usize,
+    ) -> Result<Reading, ReconcileError> {
         let Some(store) = self.store() else {
             return Err(ReconcileError::NoStore);
         };
-        let record = gateway.transaction(reference_id).await?;
         if record.transaction_reference_id != reference_id {
             return Err(ReconcileError::Implausible(format!(
                 "the lookup of {reference_id} answered with transaction {}",
@@ -134,7 +161,7 @@ impl ExactlyOnce {
         }
         let status = record.transaction_status;
         if status.in_progress() {
-            return Ok(Reconciled::NotFinal(status));
+            return Ok(Reading::Done(Reconciled::NotFinal(status)));
         }
         // What is booked is told so, whatever the record lacks; what is not is booked only
         // when its record proves it never was (see `untellable`) and it can be booked.
@@ -151,7 +178,7 @@ impl ExactlyOnce {
             Err(refused) => {
                 let booked = store.callback_acknowledged(&record.nonce, status).await;
                 return match booked {
-                    Ok(true) => Ok(Reconciled::AlreadyBooked(status)),
+                    Ok(true) => Ok(Reading::Done(Reconciled::AlreadyBooked(status))),
                     _ => Err(refused),
                 };
             }
@@ -162,9 +189,14 @@ impl ExactlyOnce {
             received_at: Utc::now(),
             headers: HeaderMap::new(),
         };
-        match self.deliver(callback, request).await {
-            Ok(Delivered::Booked) => Ok(Reconciled::Booked(status)),
-            Ok(Delivered::Duplicate) => Ok(Reconciled::AlreadyBooked(status)),
+        let again = LookupAgain {
+            gateway: gateway.clone(),
+        };
+        match self.deliver_rechecked(callback, request, again).await {
+            Ok(Ok(Delivered::Booked)) => Ok(Reading::Done(Reconciled::Booked(status))),
+            Ok(Ok(Delivered::Duplicate)) => Ok(Reading::Done(Reconciled::AlreadyBooked(status))),
+            Ok(Err(Stale::Changed(fresh))) => Ok(Reading::Changed(fresh)),
+            Ok(Err(Stale::Unread(why))) => Err(why),
             Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {
                 Err(ReconcileError::OutcomeUnknown(problem.message()))
             }
@@ -173,12 +205,75 @@ impl ExactlyOnce {
     }
 }
 
+/// How many times a reconcile reads a transaction's record that keeps changing under it
+/// before it gives up (nothing booked).
+const READINGS: usize = 3;
+
+/// What one reading of the aggregator's record came to.
+enum Reading {
+    Done(Reconciled),
+    /// A callback of another status was booked while the reconcile waited for the claim,
+    /// and the record, read again, says another status than the one read first: this one
+    /// is reconciled instead.
+    Changed(Box<TransactionRecord>),
+}
+
+/// A reconcile's second reading of the aggregator's record, under the claim, when a callback
+/// of another status was booked since the first ([`Recheck`]). Without it, a lookup that
+/// read −4 just before the aggregator moved the transaction to 4 and its callback booked 4
+/// handed the handler −4 after 4: a booked success read as reversed.
+struct LookupAgain {
+    gateway: GatewayClient,
+}
+
+/// Why a reconciled result was not booked after its second reading.
+enum Stale {
+    /// The record says another status now.
+    Changed(Box<TransactionRecord>),
+    /// The record could not be read again: nothing booked.
+    Unread(ReconcileError),
+}
+
+impl Recheck for LookupAgain {
+    type Stale = Stale;
+
+    async fn recheck(
+        self,
+        callback: &CallbackBody,
+        previous: TransactionStatus,
+        within: Duration,
+    ) -> Result<(), Stale> {
+        let reference_id = callback.transaction_reference_id;
+        let fresh = match tokio::time::timeout(within, self.gateway.transaction(reference_id)).await
+        {
+            Ok(Ok(fresh)) => fresh,
+            Ok(Err(error)) => return Err(Stale::Unread(error.into())),
+            Err(_) => {
+                return Err(Stale::Unread(ReconcileError::NotBooked(format!(
+                    "the aggregator's record, read again after its callback of status {} was booked meanwhile, did not come within {within:?}",
+                    previous.code()
+                ))));
+            }
+        };
+        if fresh.transaction_status == callback.transaction_status {
+            return Ok(());
+        }
+        tracing::info!(
+            looked_up = callback.transaction_status.code(),
+            booked_meanwhile = previous.code(),
+            now = fresh.transaction_status.code(),
+            "the transaction's record changed while it was reconciled; reconciling what it says now"
+        );
+        Err(Stale::Changed(Box::new(fresh)))
+    }
+}
+
 /// The callback `record` stands for, to book; or why it cannot be booked: no client to book
 /// it to (`merchantClientId` missing or blank), or what its callback would be refused for
 /// (400) before any handler (see `ingress::admissible`: a blank nonce, an identifier that
 /// cannot be kept, a negative amount).
 pub(crate) fn bookable(
-    record: &crate::model::TransactionRecord,
+    record: &TransactionRecord,
     max_chars: usize,
 ) -> Result<crate::model::CallbackBody, String> {
     if record
@@ -202,7 +297,7 @@ pub(crate) fn bookable(
 /// Beyond that horizon (less a tenth of it, at most [`CLOCK_SKEW`]), or without a creation
 /// time, a missing record proves nothing. `None` within it.
 pub(crate) fn untellable(
-    record: &crate::model::TransactionRecord,
+    record: &TransactionRecord,
     retention: Duration,
 ) -> Option<ReconcileError> {
     let created = crate::model::timestamp::real(record.created_utc);
@@ -219,7 +314,7 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
-    fn created_ago(ago: chrono::TimeDelta) -> crate::model::TransactionRecord {
+    fn created_ago(ago: chrono::TimeDelta) -> TransactionRecord {
         let created = (chrono::Utc::now() - ago).format("%Y-%m-%dT%H:%M:%SZ");
         serde_json::from_str(&format!(
             r#"{{"id":1,"transactionReferenceId":"6f0b2a3e-31c2-4f4e-9d3c-1c7e3d5f2a10",

@@ -69,6 +69,11 @@ pub struct GatewayState {
     pub attempted: Vec<i64>,
     /// Transaction records by reference id (spec 2.6).
     pub transactions: HashMap<String, Value>,
+    /// Transaction lookups that arrived (counted once their record is read).
+    pub lookups: u32,
+    /// The next lookup reads its record as it arrives, then waits for this to be sent (or
+    /// dropped) before answering with it: an answer on its way while the record changes.
+    pub hold_next_lookup: Option<tokio::sync::oneshot::Receiver<()>>,
     /// The `traceparent` header of every request, with its method and path.
     pub traceparents: Vec<(String, Option<String>)>,
 }
@@ -98,6 +103,8 @@ impl Default for GatewayState {
             posts: Vec::new(),
             attempted: Vec::new(),
             transactions: HashMap::new(),
+            lookups: 0,
+            hold_next_lookup: None,
             traceparents: Vec::new(),
         }
     }
@@ -373,8 +380,17 @@ async fn handle(
         }
         ("GET", path) if path.starts_with("/api/v1/transactions/") => {
             let reference = &path["/api/v1/transactions/".len()..];
-            match state.lock().unwrap().transactions.get(reference) {
-                Some(record) => answer(200, record),
+            let (record, hold) = {
+                let mut state = state.lock().unwrap();
+                state.lookups += 1;
+                let record = state.transactions.get(reference).cloned();
+                (record, state.hold_next_lookup.take())
+            };
+            if let Some(hold) = hold {
+                let _ = hold.await;
+            }
+            match record {
+                Some(record) => answer(200, &record),
                 None => message(404, "transaction not found"),
             }
         }
