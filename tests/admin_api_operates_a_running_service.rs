@@ -165,6 +165,90 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
     assert_eq!(server.send(&listing(&via("http"))).await.status, 200);
 }
 
+/// Wrong tokens from one address, ten at once and then one per six seconds: the eleventh is
+/// answered 429 with `Retry-After`, and so is every credential from that address until its
+/// allowance grows back — the right token too (were it let through, the refusals would tell
+/// a right guess from a wrong one) — as a bearer or in the inspector's login form. Other
+/// addresses count apart, and right tokens do not count.
+#[tokio::test]
+async fn guessing_the_token_is_slowed_down_per_address() {
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway);
+    config.admin.allow_ips = vec!["0.0.0.0/0".into()];
+    // The test client connects from 127.0.0.1: the proxy, forwarding for each caller.
+    config.server.trusted_proxies = vec!["127.0.0.1/32".into()];
+    let server = TestServer::start_with(config).await;
+    let listing = |client: &str, token: &str| {
+        let bearer = format!("Bearer {token}");
+        let headers = [
+            ("x-forwarded-for", client),
+            ("x-forwarded-proto", "https"),
+            ("authorization", bearer.as_str()),
+        ];
+        request("GET", "/payhook/admin/validations", &headers, None)
+    };
+    let login = |client: &str, token: &str| {
+        let headers = [
+            ("x-forwarded-for", client),
+            ("x-forwarded-proto", "https"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+        post(
+            "/payhook/admin/inspector/login",
+            &headers,
+            format!("token={token}").as_bytes(),
+        )
+    };
+    let (guesser, operator) = ("198.51.100.7", "198.51.100.8");
+    const WRONG: &str = "admin-token-wrong-000000";
+    for _ in 0..30 {
+        assert_eq!(server.send(&listing(operator, TOKEN)).await.status, 200);
+    }
+    for guess in 0..10 {
+        let wrong = if guess % 2 == 0 {
+            server.send(&listing(guesser, WRONG)).await
+        } else {
+            server.send(&login(guesser, WRONG)).await
+        };
+        assert_eq!(wrong.status, 401, "guess {guess}");
+    }
+    for refused in [
+        server.send(&listing(guesser, WRONG)).await,
+        server.send(&listing(guesser, TOKEN)).await,
+    ] {
+        assert_eq!(refused.status, 429);
+        let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=6).contains(&wait), "{wait}");
+        assert_eq!(
+            refused.message(),
+            format!("too many wrong tokens from this address; try again in {wait}s")
+        );
+    }
+    let form = server.send(&login(guesser, TOKEN)).await;
+    assert_eq!(form.status, 429);
+    assert!(form.header("retry-after").is_some());
+    assert!(form.header("set-cookie").is_none());
+    let page = String::from_utf8_lossy(&form.body).into_owned();
+    assert!(
+        page.contains("too many wrong tokens from this address"),
+        "{page}"
+    );
+    // Without credentials nothing is guessed: the usual answer.
+    let bare = request(
+        "GET",
+        "/payhook/admin/validations",
+        &[("x-forwarded-for", guesser), ("x-forwarded-proto", "https")],
+        None,
+    );
+    assert_eq!(server.send(&bare).await.status, 401);
+    // The operator, at another address, guessed nothing wrong (thirty right tokens).
+    for _ in 0..9 {
+        assert_eq!(server.send(&listing(operator, WRONG)).await.status, 401);
+    }
+    assert_eq!(server.send(&listing(operator, TOKEN)).await.status, 200);
+    assert_eq!(server.send(&login(operator, TOKEN)).await.status, 303);
+}
+
 /// A proxy on the service's machine that is not in `server.trusted_proxies` (nginx in front,
 /// the setting forgotten) makes every caller it forwards look like this machine, which the
 /// default allow-list (loopback) lets in: the operating API would be open to anyone who has

@@ -26,7 +26,8 @@
 //!    │      ├─▶ postponed::Awaitable (the time budget, pending records, late decisions,
 //!    │      │                         the outbox worker)
 //!    │      └─▶ Runner    (runner.rs: the three handlers, timeouts, failures)
-//!    └─▶ OperatingApi     (operating_api.rs: validations, failing callbacks, reconcile)
+//!    └─▶ OperatingApi     (operating_api.rs: validations, failing callbacks, reconcile;
+//!                          guesses.rs: wrong tokens counted per address)
 //! ```
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
@@ -157,6 +158,7 @@
 
 mod connection;
 mod exactly_once;
+mod guesses;
 mod ingress;
 pub mod metrics;
 mod operating_api;

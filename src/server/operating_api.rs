@@ -16,7 +16,9 @@
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
-//! (compared in constant time; 401 otherwise) from an address in `admin.allow_ips` (403),
+//! (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
+//! `Retry-After`, without comparing it, from an address that presented too many wrong
+//! tokens, see [`super::guesses`]) from an address in `admin.allow_ips` (403),
 //! without a proxy's forwarding headers unless its peer is a trusted proxy (403
 //! [`Problem::ForwardedByStranger`]: a proxy on this machine left out of
 //! `server.trusted_proxies` would make every caller look local), and from this machine or through a trusted proxy that says it came over HTTPS (403
@@ -41,11 +43,13 @@ use http_body::Body;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResponseBody;
 use super::exactly_once::ExactlyOnce;
+use super::guesses::Guesses;
 use super::ingress::Ingress;
 use super::metrics::Metrics;
 use super::problem::Problem;
@@ -74,6 +78,8 @@ pub(super) struct AdminAccess {
     /// `admin.allow_plain_http`: calls over plain HTTP from other machines are let in.
     plain_http: bool,
     allow: Vec<Cidr>,
+    /// The tokens presented, counted per address: too many wrong ones get 429.
+    guesses: Guesses,
 }
 
 /// Sessions ended before their time, each by its login time and id; and the generation
@@ -144,6 +150,7 @@ impl AdminAccess {
                 .filter_map(|text| text.parse().ok())
                 .collect(),
             plain_http: config.allow_plain_http,
+            guesses: Guesses::default(),
         })
     }
 
@@ -193,9 +200,15 @@ impl AdminAccess {
 
     /// Lets in a bearer of the token, or a browser holding the inspector's session — whose
     /// changes must also carry the inspector's header, which a cross-site form cannot send.
-    fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), Problem> {
+    /// A bearer from `client` is one of its guesses ([`Guesses`]).
+    fn check(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        client: Option<IpAddr>,
+    ) -> Result<(), Problem> {
         if headers.contains_key(http::header::AUTHORIZATION) || !self.has_session(headers) {
-            return self.check_bearer(headers);
+            return self.check_bearer(headers, client);
         }
         if method != Method::GET && !headers.contains_key(page::ACTION_HEADER) {
             return Err(Problem::Denied(format!(
@@ -305,22 +318,40 @@ impl AdminAccess {
         true
     }
 
-    fn check_bearer(&self, headers: &HeaderMap) -> Result<(), Problem> {
+    fn check_bearer(&self, headers: &HeaderMap, client: Option<IpAddr>) -> Result<(), Problem> {
         let presented = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        match presented {
-            Some(token) if self.token.matches(token.as_bytes()) => Ok(()),
-            Some(_) => Err(Problem::Unauthorized {
-                message: "invalid credentials".into(),
-                basic: false,
-            }),
-            None => Err(Problem::Unauthorized {
+        let Some(token) = presented else {
+            return Err(Problem::Unauthorized {
                 message: "missing credentials".into(),
                 basic: false,
-            }),
+            });
+        };
+        if self.token_is(token, client)? {
+            Ok(())
+        } else {
+            Err(Problem::Unauthorized {
+                message: "invalid credentials".into(),
+                basic: false,
+            })
         }
+    }
+
+    /// Whether `presented` is the token (compared in constant time), as a guess by
+    /// `client`: [`Problem::TooManyGuesses`], without comparing it, when `client` is out of
+    /// guesses.
+    fn token_is(&self, presented: &str, client: Option<IpAddr>) -> Result<bool, Problem> {
+        let guess = self
+            .guesses
+            .guess(client, std::time::Instant::now())
+            .map_err(|retry_after| Problem::TooManyGuesses { retry_after })?;
+        let right = self.token.matches(presented.as_bytes());
+        if right {
+            guess.right();
+        }
+        Ok(right)
     }
 }
 
@@ -448,20 +479,22 @@ impl OperatingApi {
         match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
             (&Method::GET, ["inspector"]) => {
-                return Ok(match self.access.check(&parts.method, &parts.headers) {
-                    Ok(()) => self.inspector_page().await,
-                    Err(_) => login_asked(parts.uri.query()),
-                });
+                return Ok(
+                    match self.access.check(&parts.method, &parts.headers, client) {
+                        Ok(()) => self.inspector_page().await,
+                        Err(_) => login_asked(parts.uri.query()),
+                    },
+                );
             }
             (&Method::POST, ["inspector", "login"]) => {
                 let bytes = self
                     .ingress
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
                     .await?;
-                return self.login(&bytes, https);
+                return self.login(&bytes, https, client);
             }
             (&Method::POST, ["inspector", "logout"]) => {
-                self.access.check(&parts.method, &parts.headers)?;
+                self.access.check(&parts.method, &parts.headers, client)?;
                 let ended = self.access.end_session(&parts.headers);
                 let mut response = json(&ErrorBody::new(if ended {
                     "logged out"
@@ -471,7 +504,7 @@ impl OperatingApi {
                 set_session_cookie(&mut response, "", 0, https);
                 return Ok(response);
             }
-            _ => self.access.check(&parts.method, &parts.headers)?,
+            _ => self.access.check(&parts.method, &parts.headers, client)?,
         }
         if segments.first() == Some(&"inspector") {
             return self.inspector_fragment(&parts, &segments[1..]).await;
@@ -876,13 +909,35 @@ impl OperatingApi {
     }
 
     /// Given the right token (the form's body), the session cookie and the way to the
-    /// page; otherwise the form again, saying why. `https`: the cookie is `Secure`.
-    fn login(&self, form: &[u8], https: bool) -> Result<Response<ResponseBody>, Problem> {
+    /// page; otherwise the form again, saying why. `https`: the cookie is `Secure`. The
+    /// token is one of `client`'s guesses ([`Guesses`]): out of them, the form says when to
+    /// try again (429).
+    fn login(
+        &self,
+        form: &[u8],
+        https: bool,
+        client: Option<IpAddr>,
+    ) -> Result<Response<ResponseBody>, Problem> {
         let presented = form_urlencoded::parse(form)
             .find(|(key, _)| key == "token")
             .map(|(_, value)| value.into_owned());
+        let right = match &presented {
+            Some(token) => match self.access.token_is(token, client) {
+                Ok(right) => right,
+                Err(problem @ Problem::TooManyGuesses { .. }) => {
+                    let mut response = html(
+                        http::StatusCode::TOO_MANY_REQUESTS,
+                        page::login(Some(&problem.message())),
+                    );
+                    problem.set_retry_after(response.headers_mut());
+                    return Ok(response);
+                }
+                Err(problem) => return Err(problem),
+            },
+            None => false,
+        };
         match presented {
-            Some(token) if self.access.token.matches(token.as_bytes()) => {
+            Some(_) if right => {
                 let mut response = html(http::StatusCode::SEE_OTHER, String::new());
                 response.headers_mut().insert(
                     http::header::LOCATION,

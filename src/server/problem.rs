@@ -31,6 +31,7 @@
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
 //! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
 //! | [`Problem::ForwardedByStranger`] (operating API, `/metrics`, and validation endpoints with `allow_ips`) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
+//! | [`Problem::TooManyGuesses`] (operating API only) | 429 + `Retry-After` | `too many wrong tokens from this address; try again in Ns` (its credentials are refused, the right token included, until then) |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
 //!
 //! Client errors carry a short message; internal errors a bare one. Details (handler errors,
@@ -134,6 +135,11 @@ pub(crate) enum Problem {
     /// trusted proxy: a proxy left out of `server.trusted_proxies` makes every caller look
     /// like the proxy (on this machine, like this machine).
     ForwardedByStranger,
+    /// A call of the operating API presenting a token from an address that presented too
+    /// many wrong ones (see `server::guesses`): refused without comparing it.
+    TooManyGuesses {
+        retry_after: Duration,
+    },
     /// A call of the operating API over plain HTTP that names the service by a name other
     /// than `localhost` (which a web page may have pointed at this machine), or by a `Host`
     /// that cannot be read.
@@ -173,6 +179,7 @@ impl Problem {
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Conflict(_) | Self::BeyondRetention { .. } => StatusCode::CONFLICT,
+            Self::TooManyGuesses { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -188,6 +195,7 @@ impl Problem {
             | Self::Conflict(_)
             | Self::InTheClear
             | Self::ForwardedByStranger
+            | Self::TooManyGuesses { .. }
             | Self::HostRefused(_) => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
@@ -286,6 +294,10 @@ impl Problem {
                 server.trusted_proxies: every caller it forwards would look like the proxy's \
                 address; list the proxy there, or call the service directly"
                 .to_owned(),
+            Self::TooManyGuesses { retry_after } => format!(
+                "too many wrong tokens from this address; try again in {}s",
+                seconds_up(*retry_after)
+            ),
             Self::InTheClear => "the operating API takes its token over HTTPS (through a trusted \
                 proxy that says so) or from this machine only; admin.allow_plain_http = true \
                 accepts it over plain HTTP"
@@ -340,7 +352,8 @@ impl Problem {
             Self::RetryLater { retry_after, .. }
             | Self::InFlight { retry_after }
             | Self::StoreFailed { retry_after }
-            | Self::BodiesInFlight { retry_after } => Some(*retry_after),
+            | Self::BodiesInFlight { retry_after }
+            | Self::TooManyGuesses { retry_after } => Some(*retry_after),
             Self::HandlerFailed {
                 endpoint: Endpoint::Callback,
                 retry_after,
@@ -366,14 +379,23 @@ impl Problem {
                 HeaderValue::from_static("Basic realm=\"payhook\""),
             );
         }
-        if let Some(after) = self.retry_after() {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(after.as_secs().max(1)),
-            );
-        }
+        self.set_retry_after(headers);
         response
     }
+
+    /// Sets `Retry-After` in `headers` for the answers that invite a retry (whole seconds,
+    /// at least one).
+    pub(crate) fn set_retry_after(&self, headers: &mut http::HeaderMap) {
+        if let Some(after) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds_up(after)));
+        }
+    }
+}
+
+/// `wait` in whole seconds, rounded up, at least one: a caller that waits as long is not
+/// early.
+fn seconds_up(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 /// A JSON answer with `status` and `body`.
