@@ -241,6 +241,27 @@ async fn guessing_the_token_is_slowed_down_per_address() {
         None,
     );
     assert_eq!(server.send(&bare).await.status, 401);
+    // A login another site's page posts (the browser says so) is refused before its token
+    // is read: it spends no one's guesses.
+    let cross_site = |token: &str| {
+        let headers = [
+            ("x-forwarded-for", operator),
+            ("x-forwarded-proto", "https"),
+            ("sec-fetch-site", "cross-site"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+        post(
+            "/payhook/admin/inspector/login",
+            &headers,
+            format!("token={token}").as_bytes(),
+        )
+    };
+    for token in [WRONG; 20].into_iter().chain([TOKEN]) {
+        let refused = server.send(&cross_site(token)).await;
+        assert_eq!(refused.status, 403);
+        assert!(refused.message().contains("another site's page"));
+        assert!(refused.header("set-cookie").is_none());
+    }
     // The operator, at another address, guessed nothing wrong (thirty right tokens).
     for _ in 0..9 {
         assert_eq!(server.send(&listing(operator, WRONG)).await.status, 401);

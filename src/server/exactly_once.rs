@@ -144,33 +144,23 @@ pub(super) enum Delivered {
     Duplicate,
 }
 
-/// A look, under a delivery's claim, at whether its callback is still the one to book —
-/// taken when the nonce's last acknowledged status is another. A delivered callback is
-/// booked as the aggregator signed it (`()`); a reconcile's lookup may be older than a
-/// callback booked while the reconcile waited for the claim, and is read again
-/// (`reconcile::LookupAgain`).
-pub(super) trait Recheck: Send + 'static {
-    /// Why the callback is not the one to book after all.
-    type Stale: Send + 'static;
-    /// `Ok` to book `callback` after `previous`, the nonce's last acknowledged status;
-    /// answered `within` (the claim is held meanwhile).
-    fn recheck(
-        self,
-        callback: &CallbackBody,
-        previous: TransactionStatus,
-        within: Duration,
-    ) -> impl Future<Output = Result<(), Self::Stale>> + Send;
+/// Whether a claimed callback may be booked after `previous`, the nonce's last acknowledged
+/// status when it is another — decided at once, under the claim. A delivered callback is
+/// booked as the aggregator signed it, after whatever was booked (`()`); a reconcile's
+/// lookup may be older than a callback booked while the reconcile waited for the claim
+/// (`reconcile::ReadAfter`), and is then not booked: the claim is released, and the
+/// reconcile reads the record again.
+pub(super) trait BookAfter: Send + 'static {
+    /// Why the callback is not booked after `previous`.
+    type Refused: Send + 'static;
+    /// `Ok` to book after `previous`.
+    fn book_after(&self, previous: TransactionStatus) -> Result<(), Self::Refused>;
 }
 
-impl Recheck for () {
-    type Stale = std::convert::Infallible;
+impl BookAfter for () {
+    type Refused = std::convert::Infallible;
 
-    async fn recheck(
-        self,
-        _: &CallbackBody,
-        _: TransactionStatus,
-        _: Duration,
-    ) -> Result<(), Self::Stale> {
+    fn book_after(&self, _: TransactionStatus) -> Result<(), Self::Refused> {
         Ok(())
     }
 }
@@ -355,34 +345,34 @@ impl ExactlyOnce {
         callback: CallbackBody,
         request: RequestContext,
     ) -> Result<Delivered, Problem> {
-        let delivered = self.deliver_rechecked(callback, request, ()).await?;
+        let delivered = self.deliver_after(callback, request, ()).await?;
         Ok(delivered.unwrap_or_else(|never| match never {}))
     }
 
-    /// [`Self::deliver`], with `recheck` asked under the claim whether the callback is
-    /// still the one to book when the nonce's last acknowledged status is another; when it
-    /// is not, nothing is booked and the claim is released.
-    pub(super) async fn deliver_rechecked<R: Recheck>(
+    /// [`Self::deliver`], booked only if `after` agrees to the nonce's last acknowledged
+    /// status when it is another; when it does not, nothing is booked and the claim is
+    /// released at once.
+    pub(super) async fn deliver_after<A: BookAfter>(
         &self,
         callback: CallbackBody,
         request: RequestContext,
-        recheck: R,
-    ) -> Result<Result<Delivered, R::Stale>, Problem> {
+        after: A,
+    ) -> Result<Result<Delivered, A::Refused>, Problem> {
         let this = self.clone();
         self.inner
             .runner
             .detached(Endpoint::Callback, async move {
-                this.deliver_claimed(callback, request, recheck).await
+                this.deliver_claimed(callback, request, after).await
             })
             .await
     }
 
-    async fn deliver_claimed<R: Recheck>(
+    async fn deliver_claimed<A: BookAfter>(
         &self,
         callback: CallbackBody,
         request: RequestContext,
-        recheck: R,
-    ) -> Result<Result<Delivered, R::Stale>, Problem> {
+        after: A,
+    ) -> Result<Result<Delivered, A::Refused>, Problem> {
         let Some(store) = self.inner.store.clone() else {
             return self.deliver_unrecorded(callback, request).await.map(Ok);
         };
@@ -427,14 +417,13 @@ impl ExactlyOnce {
             }
             CallbackBegin::Duplicate => return Ok(Ok(self.duplicate(status))),
         };
-        if let Some(previous) = previous_status.filter(|previous| *previous != status) {
-            let within = self.inner.stale_margin / 2;
-            if let Err(stale) = recheck.recheck(&callback, previous, within).await {
-                release(store.as_ref(), &nonce, held.claim).await;
-                held.ended();
-                self.inner.waiters.finished(key);
-                return Ok(Err(stale));
-            }
+        if let Some(previous) = previous_status.filter(|previous| *previous != status)
+            && let Err(refused) = after.book_after(previous)
+        {
+            release(store.as_ref(), &nonce, held.claim).await;
+            held.ended();
+            self.inner.waiters.finished(key);
+            return Ok(Err(refused));
         }
         let effects = Effects::default();
         let ctx = CallbackContext {

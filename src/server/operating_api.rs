@@ -8,7 +8,7 @@
 //! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N` |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
-//! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token |
+//! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token; 429 and the form saying when to try again for an address out of guesses; 403 when the browser says another site's page posted it (`Sec-Fetch-Site`) |
 //! | `POST /payhook/admin/inspector/logout` | 200 `logged out` (or `no session to end…` for a request that held none): the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&oldest=BOOL&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), at most `N` (100; at most 1,000): the newest, or with `oldest=true` the oldest, `more` saying others follow `last`; waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
@@ -350,6 +350,8 @@ impl AdminAccess {
         let right = self.token.matches(presented.as_bytes());
         if right {
             guess.right();
+        } else {
+            guess.wrong();
         }
         Ok(right)
     }
@@ -487,6 +489,7 @@ impl OperatingApi {
                 );
             }
             (&Method::POST, ["inspector", "login"]) => {
+                refuse_cross_site(&parts.headers)?;
                 let bytes = self
                     .ingress
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
@@ -798,6 +801,24 @@ fn validations_state(query: &str) -> Result<Option<PostponedState>, Problem> {
 /// The form asking for the token, for a browser without a session. A token in the address
 /// is refused, not taken: it would be kept in the browser's history and in the logs of every
 /// proxy on the way (`#token=…` — a fragment, never sent — fills the form instead).
+/// Refuses a login form posted by another site's page, as the browser says
+/// (`Sec-Fetch-Site`, which a page cannot set): a page the operator opens could post wrong
+/// tokens to the service on this machine and spend the operator's guesses ([`Guesses`]).
+/// Posted from the inspector's own page, or typed (`none`), it is let through; a browser
+/// that does not say (one older than 2023, or over plain HTTP to another machine) too.
+fn refuse_cross_site(headers: &HeaderMap) -> Result<(), Problem> {
+    match headers
+        .get("sec-fetch-site")
+        .map(http::HeaderValue::as_bytes)
+    {
+        None | Some(b"same-origin" | b"none") => Ok(()),
+        Some(_) => Err(Problem::Denied(
+            "a login posted from another site's page is refused; open the inspector's own page"
+                .into(),
+        )),
+    }
+}
+
 fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
     let in_address = query.is_some_and(|query| {
         form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token")

@@ -8,11 +8,11 @@ use std::time::Duration;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::exactly_once::{Delivered, ExactlyOnce, Recheck};
+use super::exactly_once::{BookAfter, Delivered, ExactlyOnce};
 use super::problem::Problem;
 use crate::gateway::{GatewayClient, GatewayError};
 use crate::handler::RequestContext;
-use crate::model::{CallbackBody, TransactionRecord, TransactionStatus};
+use crate::model::{TransactionRecord, TransactionStatus};
 
 /// What became of one reference id in [`App::reconcile`](super::App::reconcile).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,28 +126,42 @@ impl ExactlyOnce {
             return Err(ReconcileError::NoStore);
         }
         let mut record = gateway.transaction(reference_id).await?;
+        // The status booked when the record was read, as far as is known: none at first.
+        let mut read_after = ReadAfter(None);
         for _ in 0..READINGS {
             match self
-                .reconcile_record(gateway, reference_id, record, max_chars)
+                .reconcile_record(reference_id, &record, read_after, max_chars)
                 .await?
             {
                 Reading::Done(reconciled) => return Ok(reconciled),
-                Reading::Changed(fresh) => record = *fresh,
+                // Read after the claim saw `booked`: what the record says now is booked
+                // after it, whatever it is — unless yet another status is booked meanwhile.
+                Reading::Overtaken(booked) => {
+                    tracing::info!(
+                        looked_up = record.transaction_status.code(),
+                        booked = booked.code(),
+                        "another status of the transaction was booked before the one looked up \
+                         could be; reading the record again"
+                    );
+                    record = gateway.transaction(reference_id).await?;
+                    read_after = ReadAfter(Some(booked));
+                }
             }
         }
         Err(ReconcileError::NotBooked(format!(
-            "the transaction's status changed at each of {READINGS} readings while it was reconciled; reconcile it again"
+            "another status of the transaction was booked at each of {READINGS} readings of its \
+             record while it was reconciled; reconcile it again"
         )))
     }
 
-    /// Books the result `record` says, fetched from the aggregator, through the callback
-    /// handler and the same records as its callbacks — unless, read again under the claim
-    /// because a callback of another status was booked meanwhile, the record has changed.
+    /// Books the result `record` says, fetched from the aggregator through the callback
+    /// handler and the same records as its callbacks — after `read_after` (see
+    /// [`ReadAfter`]).
     async fn reconcile_record(
         &self,
-        gateway: &GatewayClient,
         reference_id: Uuid,
-        record: TransactionRecord,
+        record: &TransactionRecord,
+        read_after: ReadAfter,
         max_chars: usize,
     ) -> Result<Reading, ReconcileError> {
         let Some(store) = self.store() else {
@@ -166,8 +180,8 @@ impl ExactlyOnce {
         // What is booked is told so, whatever the record lacks; what is not is booked only
         // when its record proves it never was (see `untellable`) and it can be booked.
         let booking = match (
-            untellable(&record, store.reach()),
-            bookable(&record, max_chars),
+            untellable(record, store.reach()),
+            bookable(record, max_chars),
         ) {
             (None, Ok(callback)) => Ok(callback),
             (Some(untold), _) => Err(untold),
@@ -189,82 +203,52 @@ impl ExactlyOnce {
             received_at: Utc::now(),
             headers: HeaderMap::new(),
         };
-        let again = LookupAgain {
-            gateway: gateway.clone(),
-        };
-        match self.deliver_rechecked(callback, request, again).await {
-            Ok(Ok(Delivered::Booked)) => Ok(Reading::Done(Reconciled::Booked(status))),
-            Ok(Ok(Delivered::Duplicate)) => Ok(Reading::Done(Reconciled::AlreadyBooked(status))),
-            Ok(Err(Stale::Changed(fresh))) => Ok(Reading::Changed(fresh)),
-            Ok(Err(Stale::Unread(why))) => Err(why),
+        let done = match self.deliver_after(callback, request, read_after).await {
+            Ok(Ok(Delivered::Booked)) => Reconciled::Booked(status),
+            Ok(Ok(Delivered::Duplicate)) => Reconciled::AlreadyBooked(status),
+            Ok(Err(Overtaken(booked))) => return Ok(Reading::Overtaken(booked)),
             Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {
-                Err(ReconcileError::OutcomeUnknown(problem.message()))
+                return Err(ReconcileError::OutcomeUnknown(problem.message()));
             }
-            Err(problem) => Err(ReconcileError::NotBooked(problem.message())),
-        }
+            Err(problem) => return Err(ReconcileError::NotBooked(problem.message())),
+        };
+        Ok(Reading::Done(done))
     }
 }
 
-/// How many times a reconcile reads a transaction's record that keeps changing under it
-/// before it gives up (nothing booked).
+/// How many times a reconcile reads a transaction's record while other statuses of it are
+/// booked before the one read can be, before it gives up (nothing booked).
 const READINGS: usize = 3;
 
 /// What one reading of the aggregator's record came to.
 enum Reading {
     Done(Reconciled),
-    /// A callback of another status was booked while the reconcile waited for the claim,
-    /// and the record, read again, says another status than the one read first: this one
-    /// is reconciled instead.
-    Changed(Box<TransactionRecord>),
+    /// Another status was booked before the one read could be: see [`ReadAfter`].
+    Overtaken(TransactionStatus),
 }
 
-/// A reconcile's second reading of the aggregator's record, under the claim, when a callback
-/// of another status was booked since the first ([`Recheck`]). Without it, a lookup that
-/// read −4 just before the aggregator moved the transaction to 4 and its callback booked 4
-/// handed the handler −4 after 4: a booked success read as reversed.
-struct LookupAgain {
-    gateway: GatewayClient,
-}
+/// The status booked (as far as the reconcile knows) when the aggregator's record was read:
+/// the record's status is booked only after it. A lookup that read −4 just before the
+/// aggregator moved the transaction to 4 and its callback booked 4 found 4 booked when it
+/// claimed the nonce; booked then, −4 reached the handler after 4 — a booked success read as
+/// reversed. The claim is released instead, and the record read again (no call to the
+/// aggregator is made while a claim is held: a claim on a shared store is taken over once
+/// it is held for the handler timeout and a margin).
+#[derive(Debug, Clone, Copy)]
+struct ReadAfter(Option<TransactionStatus>);
 
-/// Why a reconciled result was not booked after its second reading.
-enum Stale {
-    /// The record says another status now.
-    Changed(Box<TransactionRecord>),
-    /// The record could not be read again: nothing booked.
-    Unread(ReconcileError),
-}
+/// Another status, booked before the one read could be.
+struct Overtaken(TransactionStatus);
 
-impl Recheck for LookupAgain {
-    type Stale = Stale;
+impl BookAfter for ReadAfter {
+    type Refused = Overtaken;
 
-    async fn recheck(
-        self,
-        callback: &CallbackBody,
-        previous: TransactionStatus,
-        within: Duration,
-    ) -> Result<(), Stale> {
-        let reference_id = callback.transaction_reference_id;
-        let fresh = match tokio::time::timeout(within, self.gateway.transaction(reference_id)).await
-        {
-            Ok(Ok(fresh)) => fresh,
-            Ok(Err(error)) => return Err(Stale::Unread(error.into())),
-            Err(_) => {
-                return Err(Stale::Unread(ReconcileError::NotBooked(format!(
-                    "the aggregator's record, read again after its callback of status {} was booked meanwhile, did not come within {within:?}",
-                    previous.code()
-                ))));
-            }
-        };
-        if fresh.transaction_status == callback.transaction_status {
-            return Ok(());
+    fn book_after(&self, previous: TransactionStatus) -> Result<(), Overtaken> {
+        if self.0 == Some(previous) {
+            Ok(())
+        } else {
+            Err(Overtaken(previous))
         }
-        tracing::info!(
-            looked_up = callback.transaction_status.code(),
-            booked_meanwhile = previous.code(),
-            now = fresh.transaction_status.code(),
-            "the transaction's record changed while it was reconciled; reconciling what it says now"
-        );
-        Err(Stale::Changed(Box::new(fresh)))
     }
 }
 
