@@ -876,66 +876,78 @@ pub struct TailOptions {
 
 /// Follows the service's deliveries as they happen (`payhook tail`) — one process's: each
 /// instance records its own, so behind a load balancer `client` should reach one instance
-/// (another answering is taken for a restart) — one line each, as
-/// [`DeliveryEntry`](crate::inspector::DeliveryEntry)'s `Display` or JSON. It keeps following through a restart of the
-/// service (said in a line) and says how many deliveries it could not show when more
-/// arrived than the service keeps.
+/// (two answering in turn end it, saying so) — one line each, as
+/// [`DeliveryEntry`](crate::inspector::DeliveryEntry)'s `Display` or JSON. It keeps
+/// following through a restart of the service and says how many deliveries it could not
+/// show when more arrived than the service keeps, each in a line of its own (with `--json`,
+/// an object with an `event`: `waiting`, `restarted`, `missed`), so that JSON output stays
+/// JSON.
 ///
 /// # Errors
 ///
 /// [`AdminError::Remote`] when the service refuses the call (a wrong token, an address not
-/// allowed, recording off); a service that cannot be reached is waited for.
-/// [`AdminError::Output`] when printing fails.
+/// allowed, recording off) or two instances answer in turn; a service that cannot be
+/// reached, or answers 429 (too many wrong tokens from this address), 502, 503 or 504 (a
+/// proxy in front while it restarts) is waited for. [`AdminError::Output`] when printing
+/// fails.
 pub async fn tail(
     client: &AdminClient,
     options: &TailOptions,
     out: &mut (dyn Write + Send),
 ) -> Result<(), AdminError> {
     const WAIT: std::time::Duration = std::time::Duration::from_secs(25);
-    let mut instance = None;
-    let mut after = if options.recent {
-        0
-    } else {
-        let now = client
-            .deliveries(u64::MAX, std::time::Duration::ZERO, &options.filter)
-            .await?;
-        instance = Some(now.instance);
-        now.last
-    };
+    // `None`: from the service's next delivery on.
+    let mut after = options.recent.then_some(0);
+    let mut instance = Followed::default();
     let mut wait = WAIT;
     let mut printed = 0usize;
-    let mut unreachable = false;
+    // What was said of the last call that failed, while they keep failing.
+    let mut failing: Option<String> = None;
     loop {
-        let list = match client.deliveries(after, wait, &options.filter).await {
+        // At once while nothing is followed yet, or after a failure: a restarted service
+        // is seen at once, not at the end of a wait for numbers it has not reached.
+        let asked = if after.is_none() || failing.is_some() {
+            std::time::Duration::ZERO
+        } else {
+            wait
+        };
+        let list = match client
+            .deliveries(after.unwrap_or(u64::MAX), asked, &options.filter)
+            .await
+        {
             Ok(list) => list,
-            Err(AdminError::Remote { status: 0, message }) => {
-                if !unreachable {
-                    writeln!(out, "… {message}; trying again")?;
-                    unreachable = true;
+            Err(error) => {
+                let Some(pause) = passing(&error) else {
+                    return Err(error);
+                };
+                let said = match &error {
+                    AdminError::Remote { status: 0, message } => message.clone(),
+                    other => other.to_string(),
+                };
+                if failing.as_deref() != Some(said.as_str()) {
+                    notice(out, options.json, &Notice::Waiting(&said))?;
+                    failing = Some(said);
                 }
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                tokio::time::sleep(pause).await;
                 continue;
             }
-            Err(error) => return Err(error),
         };
-        unreachable = false;
+        failing = None;
+        let restarted = instance.answered(&list)?;
+        let Some(followed) = after else {
+            after = Some(list.last);
+            continue;
+        };
         // Another recording process (or, from a service that does not name its own, a
         // number below the one followed): the service restarted and numbers from 1 again.
-        let other = instance
-            .as_ref()
-            .is_some_and(|known: &String| !list.instance.is_empty() && *known != list.instance);
-        instance = Some(list.instance.clone());
-        if other || list.last < after {
-            writeln!(out, "… the service restarted; following its new deliveries")?;
-            after = 0;
+        if restarted || list.last < followed {
+            notice(out, options.json, &Notice::Restarted)?;
+            after = Some(0);
             wait = std::time::Duration::ZERO;
             continue;
         }
         if let Some(missed) = list.missed {
-            writeln!(
-                out,
-                "… {missed} deliveries not shown: more arrived than the service keeps (admin.inspector_recent)"
-            )?;
+            notice(out, options.json, &Notice::Missed(missed))?;
         }
         for delivery in &list.deliveries {
             if options.json {
@@ -951,13 +963,98 @@ pub async fn tail(
             }
         }
         out.flush()?;
-        after = list.last;
+        after = Some(list.last);
         // More than a page arrived: the rest at once, in order.
         wait = if list.more {
             std::time::Duration::ZERO
         } else {
             WAIT
         };
+    }
+}
+
+/// The recording processes `payhook tail` has heard from: the one followed, and those
+/// before it — heard from again, two instances answer in turn (a load balancer), and
+/// following would be a restart at every answer.
+#[derive(Default)]
+struct Followed {
+    now: Option<String>,
+    before: std::collections::HashSet<String>,
+}
+
+impl Followed {
+    /// `list`'s process heard from: whether it is another than the one followed (a
+    /// restart).
+    fn answered(&mut self, list: &crate::inspector::DeliveryList) -> Result<bool, AdminError> {
+        if list.instance.is_empty() {
+            return Ok(false);
+        }
+        if self.before.contains(&list.instance) {
+            return Err(AdminError::Remote {
+                status: 200,
+                message: "more than one instance answers this address (a load balancer?): each \
+                          records its own deliveries; tail one instance's own address"
+                    .into(),
+            });
+        }
+        match self.now.replace(list.instance.clone()) {
+            Some(earlier) if earlier != list.instance => {
+                self.before.insert(earlier);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// How long to wait before asking again after `error`, when it passes: no answer, 429 (too
+/// many wrong tokens: the token is right, or the service would have said 401 first), or a
+/// proxy's 502, 503 or 504 while the service restarts.
+fn passing(error: &AdminError) -> Option<std::time::Duration> {
+    match error {
+        AdminError::Remote {
+            status: 0 | 429 | 502..=504,
+            ..
+        } => Some(std::time::Duration::from_secs(1)),
+        _ => None,
+    }
+}
+
+/// What `payhook tail` says between deliveries.
+enum Notice<'a> {
+    /// The service cannot be asked now (what it answered): asked again until it can.
+    Waiting(&'a str),
+    /// Another process answers: what the previous one recorded after the last delivery
+    /// shown is not shown.
+    Restarted,
+    /// Deliveries no longer kept when asked for.
+    Missed(u64),
+}
+
+/// Says `notice` in a line of its own: readable, or with `json` an object with an `event`.
+fn notice(out: &mut (dyn Write + Send), json: bool, notice: &Notice<'_>) -> std::io::Result<()> {
+    if json {
+        let line = match notice {
+            Notice::Waiting(message) => {
+                serde_json::json!({"event": "waiting", "message": message})
+            }
+            Notice::Restarted => serde_json::json!({"event": "restarted"}),
+            Notice::Missed(count) => serde_json::json!({"event": "missed", "count": count}),
+        };
+        return writeln!(out, "{line}");
+    }
+    match notice {
+        Notice::Waiting(message) => writeln!(out, "… {message}; trying again"),
+        Notice::Restarted => writeln!(
+            out,
+            "… the service restarted; following its new deliveries (what the previous process \
+             recorded after the last one shown is not shown)"
+        ),
+        Notice::Missed(count) => writeln!(
+            out,
+            "… {count} deliveries not shown: more arrived than the service keeps \
+             (admin.inspector_recent)"
+        ),
     }
 }
 
@@ -1275,6 +1372,22 @@ fn validation_line(v: &PostponedValidation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `payhook tail` waits out what passes — no answer, too many wrong tokens from this
+    /// address, a proxy's 502 to 504 — and ends on what does not.
+    #[test]
+    fn tail_waits_out_what_passes_and_ends_on_a_refusal() {
+        let answered = |status| AdminError::Remote {
+            status,
+            message: String::new(),
+        };
+        for status in [0, 429, 502, 503, 504] {
+            assert!(passing(&answered(status)).is_some(), "{status}");
+        }
+        for status in [400, 401, 403, 404, 409, 500] {
+            assert!(passing(&answered(status)).is_none(), "{status}");
+        }
+    }
 
     #[tokio::test]
     async fn a_listing_whose_first_page_failed_writes_nothing() {

@@ -602,6 +602,130 @@ async fn payhook_tail_prints_what_is_kept_then_each_delivery_as_it_happens() {
     );
 }
 
+/// An operating API that answers `GET …/deliveries` from `script`, in turn (then as the
+/// last answer did): (status, body).
+async fn scripted_deliveries(script: Vec<(u16, serde_json::Value)>) -> payhook::admin::AdminClient {
+    let script = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+        script,
+    )));
+    let addr = serve_http(move |_request| {
+        let script = std::sync::Arc::clone(&script);
+        async move {
+            let (status, body) = {
+                let mut script = script.lock().unwrap();
+                if script.len() > 1 {
+                    script.pop_front().unwrap()
+                } else {
+                    script[0].clone()
+                }
+            };
+            hyper::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(
+                    body.to_string(),
+                )))
+                .unwrap()
+        }
+    })
+    .await;
+    payhook::admin::AdminClient::new(&format!("http://{addr}"), "token-0123456789abcdef".into())
+        .unwrap()
+}
+
+/// A list of deliveries as the operating API answers it, from the process `instance`.
+fn listed(instance: &str, last: u64, seqs: &[u64]) -> serde_json::Value {
+    let deliveries: Vec<_> = seqs
+        .iter()
+        .map(|seq| {
+            serde_json::json!({
+                "seq": seq, "at": "2026-11-29T12:00:00Z", "endpoint": "callback",
+                "requestId": format!("r-{seq}"), "traceId": "t", "nonce": format!("n-{seq}"),
+                "client": null, "referenceId": null, "transactionStatus": 4,
+                "validationId": null, "outcome": "booked", "status": 200, "message": null,
+                "latencyMs": 1.0, "signature": "verified", "attempt": 1, "duplicate": false
+            })
+        })
+        .collect();
+    serde_json::json!({"last": last, "instance": instance, "deliveries": deliveries})
+}
+
+/// `payhook tail --json` follows a restart behind a proxy: the proxy's 503 meanwhile is
+/// waited out (it ended tail), and what tail says of it is JSON too (plain lines among the
+/// JSON broke whatever read it); the new process's deliveries follow.
+#[tokio::test]
+async fn payhook_tail_waits_out_a_restart_and_keeps_its_json_json() {
+    let client = scripted_deliveries(vec![
+        (200, listed("a", 5, &[])),
+        (200, listed("a", 6, &[6])),
+        (503, serde_json::json!({"message": "upstream restarting"})),
+        (200, listed("b", 1, &[])),
+        (200, listed("b", 1, &[1])),
+    ])
+    .await;
+    let options = payhook::admin::TailOptions {
+        filter: Default::default(),
+        json: true,
+        recent: false,
+        count: Some(2),
+    };
+    let mut out = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        payhook::admin::tail(&client, &options, &mut out),
+    )
+    .await
+    .expect("tail stopped after two deliveries")
+    .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let said: Vec<String> = lines
+        .iter()
+        .map(|line| match line.get("event") {
+            Some(event) => event.as_str().unwrap().to_owned(),
+            None => line["nonce"].as_str().unwrap().to_owned(),
+        })
+        .collect();
+    assert_eq!(said, ["n-6", "waiting", "restarted", "n-1"]);
+    assert!(
+        lines[1]["message"]
+            .as_str()
+            .unwrap()
+            .contains("upstream restarting"),
+        "{lines:?}"
+    );
+}
+
+/// Two instances answering one address in turn (a load balancer) end `payhook tail`, saying
+/// so: every answer looked like a restart, and it asked again at once, for ever.
+#[tokio::test]
+async fn payhook_tail_ends_when_two_instances_answer_in_turn() {
+    let client = scripted_deliveries(vec![
+        (200, listed("a", 3, &[])),
+        (200, listed("b", 5, &[])),
+        (200, listed("a", 3, &[])),
+    ])
+    .await;
+    let options = payhook::admin::TailOptions {
+        filter: Default::default(),
+        json: false,
+        recent: false,
+        count: None,
+    };
+    let mut out = Vec::new();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(30),
+        payhook::admin::tail(&client, &options, &mut out),
+    )
+    .await
+    .expect("tail ended");
+    let error = ended.unwrap_err().to_string();
+    assert!(error.contains("more than one instance answers"), "{error}");
+}
+
 /// `payhook tail --recent` shows every delivery the service keeps, oldest first, however
 /// many more than one answer holds (it showed the newest 100 and skipped the rest).
 #[tokio::test]
