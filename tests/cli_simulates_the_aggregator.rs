@@ -648,6 +648,29 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let (code, stdout, stderr) = payhook(unsigned).await;
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(stderr.contains("needs a signing key (--key)"), "{stderr}");
+    // A run without the key whose expectations all hold is no pass: unsigned, it passes
+    // exactly the receiver that books forged callbacks — unless --allow-unsigned says so.
+    let delivered = scenario_file(
+        data.path(),
+        "delivered",
+        "[[step]]\nkind = \"callback\"\nexpect = { delivered = true }\n",
+    );
+    for (allow, wanted) in [(&[][..], 3), (&["--allow-unsigned"][..], 0)] {
+        let receiver = scripted_receiver(vec![(200, "callback accepted")]).await;
+        let mut unsigned = scenario_command(
+            &delivered,
+            &format!("http://{receiver}"),
+            &mock.url(),
+            allow,
+        );
+        let key = unsigned.iter().position(|a| a == "--key").unwrap();
+        unsigned.drain(key..key + 2);
+        let (code, stdout, stderr) = payhook(unsigned).await;
+        assert_eq!(code, wanted, "{stdout}{stderr}");
+        if wanted == 3 {
+            assert!(stderr.contains("--allow-unsigned"), "{stderr}");
+        }
+    }
 
     // A reconcile step runs the merchant's command; without one it is a clear error.
     let lost = scenario_file(

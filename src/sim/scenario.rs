@@ -182,7 +182,7 @@ impl Step {
             Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings", "moved"]),
             Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
             Self::Reconcile { expect } => (Some(expect), &["booked", "bookings", "moved"]),
-            Self::GatewayResult { .. } | Self::NewTransaction => (None, &[]),
+            Self::GatewayResult { .. } | Self::NewTransaction {} => (None, &[]),
         };
         if let Some(moved) = expect.and_then(|e| e.moved.as_deref())
             && moved.trim().parse::<rust_decimal::Decimal>().is_err()
@@ -413,8 +413,10 @@ pub enum Step {
         #[serde(default)]
         description: String,
     },
-    /// Fresh nonce and ids for the steps after this one.
-    NewTransaction,
+    /// Fresh nonce and ids for the steps after this one. A struct variant, so that a key
+    /// beside its `kind` is refused: a unit variant of an internally tagged enum ignores
+    /// every other key, and a `payment` or `expect` written under it was dropped unseen.
+    NewTransaction {},
 }
 
 /// How a `forged-callback` step forges the callback.
@@ -1031,7 +1033,7 @@ async fn run_step(
             ));
             "a result received before"
         }
-        Step::NewTransaction => {
+        Step::NewTransaction {} => {
             let fresh = Payment::default();
             current.nonce = fresh.nonce;
             current.validation_id = fresh.validation_id;
@@ -1266,6 +1268,13 @@ mod tests {
             .unwrap_err(),
         );
         assert!(typo.contains("delivery"), "{typo}");
+        // A new transaction takes nothing but its kind: what is written beside it is not
+        // dropped unseen.
+        for beside in ["payment = { status = -2 }", "expect = { moved = \"0\" }"] {
+            let text = format!("name = \"x\"\n[[step]]\nkind = \"new-transaction\"\n{beside}\n");
+            let refused = report(Scenario::parse(&text, "n.toml").unwrap_err());
+            assert!(refused.contains("unknown field"), "{beside}: {refused}");
+        }
         // Concurrent copies are sent once each: no attempt to count.
         let concurrent = report(
             Scenario::parse(

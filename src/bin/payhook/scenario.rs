@@ -54,6 +54,10 @@ pub(crate) struct ScenarioArgs {
     /// without --bookings-command); otherwise that run exits 3.
     #[arg(long)]
     allow_unchecked: bool,
+    /// Exit 0 from a run without --key (every request unsigned); otherwise that run exits 3:
+    /// it passes exactly the merchant that does not check signatures.
+    #[arg(long)]
+    allow_unsigned: bool,
 }
 
 impl ScenarioArgs {
@@ -93,7 +97,8 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
             reconciler: args.reconcile_command.clone().map(command_reconciler),
             observer: args.bookings_command.clone().map(command_observer),
         };
-        if target.trigger.signer().is_none() {
+        let unsigned = target.trigger.signer().is_none();
+        if unsigned {
             eprintln!(
                 "payhook scenario: no --key, so every request goes out unsigned: this run \
                  says nothing of the merchant's signature checks (a merchant that checks \
@@ -124,6 +129,18 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
                      \"not checked\" above): give --bookings-command to read the merchant's \
                      books, or --allow-unchecked to accept the run without them"
                 ),
+                3,
+            ));
+        }
+        if unsigned && !args.allow_unsigned {
+            // Not a pass: unsigned, the run passes exactly the merchant that books forged
+            // callbacks.
+            return Err(Failure(
+                "no expectation failed, but every request went out unsigned (no --key): a \
+                 merchant that does not check signatures passes such a run; give --key (the \
+                 key the merchant's [signature] verifies), or --allow-unsigned to accept the \
+                 run without it"
+                    .into(),
                 3,
             ));
         }
