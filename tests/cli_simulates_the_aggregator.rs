@@ -705,6 +705,91 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     merchant.kill();
 }
 
+/// A merchant that answers every transaction validation "postponed" and posts to the
+/// gateway `results` (success, after how long) for it, in turn, whatever each answer —
+/// `first` of them before it answers.
+async fn merchant_posting(
+    gateway: payhook::config::GatewayConfig,
+    results: &'static [(bool, u64)],
+    first: usize,
+) -> SocketAddr {
+    let client = GatewayClient::new(&gateway).unwrap();
+    serve_http(move |request: hyper::Request<hyper::body::Incoming>| {
+        let client = client.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let asked: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let validation_id = asked["validationId"].as_i64().unwrap();
+            let post = move |client: GatewayClient, results: &'static [(bool, u64)]| async move {
+                for &(success, after_ms) in results {
+                    tokio::time::sleep(std::time::Duration::from_millis(after_ms)).await;
+                    let result = payhook::model::PostponedValidationResult {
+                        validation_id: validation_id.into(),
+                        success,
+                        description: String::new(),
+                    };
+                    let _ = client.post_validation_result(&result).await;
+                }
+            };
+            post(client.clone(), &results[..first]).await;
+            tokio::spawn(post(client, &results[first..]));
+            hyper::Response::builder()
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                    br#"{"message":"validation postponed"}"#,
+                )))
+                .unwrap()
+        }
+    })
+    .await
+}
+
+/// A merchant that posts its refused result again (a 403 is final) fails a step expecting
+/// one refusal: it passed, the watch ending at the first. And one that posts the expected
+/// result and then another fails a step expecting that result and no conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_posted_again_after_its_refusal_or_contradicted_fails_the_step() {
+    let mock = MockGateway::start(MockGatewayConfig::default())
+        .await
+        .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let conflicting = vec![
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("scenarios/conflicting-result.toml")
+            .display()
+            .to_string(),
+    ];
+    let stubborn = merchant_posting(mock.gateway_config(), &[(true, 0), (true, 1_000)], 0).await;
+    let to = format!("http://{stubborn}");
+    let (code, stdout, stderr) =
+        payhook(scenario_command(&conflicting, &to, &mock.url(), &[])).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("expected 1 refused result(s), saw 2"),
+        "{stdout}"
+    );
+
+    let approve = scenario_file(
+        data.path(),
+        "approve",
+        "[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200, result = \"allow\" }\n",
+    );
+    // Both posted before the validation is answered: the second is refused before the step
+    // looks.
+    let fickle = merchant_posting(mock.gateway_config(), &[(true, 0), (false, 0)], 2).await;
+    let to = format!("http://{fickle}");
+    let (code, stdout, stderr) = payhook(scenario_command(
+        &approve,
+        &to,
+        &mock.url(),
+        &["--allow-unchecked"],
+    ))
+    .await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stdout.contains("that the gateway refused (403"), "{stdout}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trigger_redacts_credentials_and_refuses_contradicting_flags() {
     // Nothing listens on port 1: no answer is a failure, and the printed request keeps the

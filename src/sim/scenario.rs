@@ -304,9 +304,12 @@ pub struct Expect {
     pub message: Option<String>,
     /// Number of providers offered back.
     pub providers: Option<usize>,
-    /// The result the merchant posts to the gateway (awaited).
+    /// The result the merchant posts to the gateway (awaited). Without `conflicts`, no
+    /// result of the merchant's for the validation may have been refused by then (it
+    /// posted another after it).
     pub result: Option<ExpectedResult>,
-    /// Results the gateway refused with 403 during the step.
+    /// Results the gateway refused with 403 during the step — watched for two seconds more
+    /// once reached: a merchant posting a refused result again (a 403 is final) fails.
     pub conflicts: Option<u32>,
     /// Whether the callback reached a 2xx.
     pub delivered: Option<bool>,
@@ -332,6 +335,11 @@ pub struct Expect {
     /// a failed deposit or books a withdrawal as a deposit.
     pub moved: Option<String>,
 }
+
+/// How long a step expecting refused results watches on once it saw them: longer than a
+/// merchant's first retry (payhook's outbox waits about a second), which a refused result
+/// must not get.
+const CONFLICT_WATCH: Duration = Duration::from_secs(2);
 
 /// One step of a scenario.
 #[derive(Debug, Clone, Deserialize)]
@@ -798,6 +806,15 @@ async fn run_step(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     (seen, posted) = since(posts().await?);
                 }
+                // Reached, watched a while longer: a merchant that posts a refused result
+                // again (a 403 is final) does so after its first retry's wait, not at once.
+                if posted > 0 && seen == wanted {
+                    let watched = tokio::time::Instant::now() + CONFLICT_WATCH;
+                    while seen == wanted && tokio::time::Instant::now() < watched {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        (seen, _) = since(posts().await?);
+                    }
+                }
                 for refused in control.refused_results(current.validation_id).await? {
                     story.push(format!(
                         "merchant → gateway: result of validation {}: success = {} ({:?}) → 403, a different result was received before",
@@ -831,6 +848,20 @@ async fn run_step(
                         &mut problems,
                     )
                     .await?;
+                }
+                // Without a conflict expected, no result of the merchant's is refused: one
+                // that posts the expected result and another after it disagrees with the
+                // aggregator, whatever it holds.
+                if expect.conflicts.is_none() {
+                    let refused = control.refused_results(current.validation_id).await?;
+                    if !refused.is_empty() {
+                        problems.push(format!(
+                            "the merchant also posted {} result(s) for validation {} that the \
+                             gateway refused (403: a different result was received before)",
+                            refused.len(),
+                            current.validation_id
+                        ));
+                    }
                 }
                 if own_result {
                     let deadline = tokio::time::Instant::now() + target.await_timeout;
