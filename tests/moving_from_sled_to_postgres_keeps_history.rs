@@ -175,6 +175,16 @@ fn copy_with(
     db: &support::postgres::TestDb,
     extra: &[&str],
 ) -> std::process::Output {
+    copy_configured(sled, db, extra, &[])
+}
+
+/// The command with `extra` arguments and `env` settings.
+fn copy_configured(
+    sled: &StoreConfig,
+    db: &support::postgres::TestDb,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
         .args(["store", "copy-from-sled", "--data"])
         .arg(&sled.path)
@@ -182,6 +192,7 @@ fn copy_with(
         .env_clear()
         .env("PAYHOOK_STORE_URL", &db.url)
         .env("PAYHOOK_STORE_SCHEMA", &db.schema)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -315,6 +326,74 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     assert_eq!(moved.state(), PostponedState::Queued);
     assert_eq!(shared.outbox_due(Utc::now()).await.unwrap().now.len(), 1);
     drop((shared, store));
+    db.drop_schema().await;
+}
+
+fn days(n: u64) -> Duration {
+    Duration::from_secs(n * 86_400)
+}
+
+/// `reach` is `wanted`, give or take the seconds the test took.
+fn assert_reach(reach: Duration, wanted: Duration) {
+    assert!(
+        reach <= wanted && wanted - reach < Duration::from_secs(60),
+        "reach {reach:?}, wanted {wanted:?}"
+    );
+}
+
+/// What sled's records reach back to moves with them. Its retention raised from 7 to 90
+/// days just before the move, they reach back 7 days, not 90: PostgreSQL, fresh, said 90,
+/// and a callback retried or a transaction reconciled 20 days after its booking found no
+/// record and was booked again. And a copy run with a shorter retention than sled's (7
+/// days, for sled's 30) does not make PostgreSQL refuse, for weeks, what sled's records
+/// still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_copy_carries_how_far_back_sled_s_records_reach() {
+    let Some(db) = support::postgres::database("copy_carries_reach").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let week = StoreConfig {
+        path: dir.path().join("store"),
+        retention: days(7),
+        ..StoreConfig::default()
+    };
+    history(&week).await;
+    let raised = StoreConfig {
+        retention: days(90),
+        ..week.clone()
+    };
+    drop(SledStore::open(&raised, &["ledger"]).unwrap());
+    succeeded(&copy_configured(
+        &raised,
+        &db,
+        &[],
+        &[("PAYHOOK_STORE_RETENTION", "90d")],
+    ));
+    let served = payhook::store::PgStore::open(&db.store_config(days(90)), &[])
+        .await
+        .unwrap();
+    assert_reach(served.reach(), days(7));
+    drop(served);
+    db.drop_schema().await;
+
+    let Some(db) = support::postgres::database("copy_carries_reach").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let month = sled_with_history(&dir).await;
+    assert_eq!(month.retention, days(30));
+    succeeded(&copy_configured(
+        &month,
+        &db,
+        &[],
+        &[("PAYHOOK_STORE_RETENTION", "7d")],
+    ));
+    let served = payhook::store::PgStore::open(&db.store_config(days(30)), &[])
+        .await
+        .unwrap();
+    assert_reach(served.reach(), days(30));
+    drop(served);
     db.drop_schema().await;
 }
 

@@ -116,6 +116,32 @@ impl Vouched {
         Duration::from_millis(now_ms.saturating_sub(self.since_ms(now_ms)))
     }
 
+    /// What a store whose records are this one's and `other`'s (copied into it at `now_ms`)
+    /// vouches for: no further back, then or later, than either. The records written before
+    /// now are taken to reach back as far as the nearer of the two did now, and to age from
+    /// then on (each reach grows no faster than time passes), counting from the later of
+    /// now and a growth of either still settling; those written from now on, with the
+    /// shorter of their retentions.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "copies into PostgreSQL")
+    )]
+    pub(crate) fn joined(self, other: Self, now_ms: u64) -> Self {
+        let kept = self.reach(now_ms).min(other.reach(now_ms));
+        let settling = [self.grew, other.grew]
+            .into_iter()
+            .flatten()
+            .map(|grew| grew.at_ms)
+            .fold(now_ms, u64::max);
+        let retention_ms = self.retention_ms.min(other.retention_ms);
+        let grew = Some(Grew {
+            at_ms: settling,
+            kept_ms: millis(kept),
+        })
+        .filter(|g| now_ms.saturating_sub(retention_ms) < g.at_ms);
+        Self { retention_ms, grew }
+    }
+
     /// [`Vouched::reach`] for an instance that writes with `retention` itself: no further
     /// back than that, whatever another instance recorded.
     pub(crate) fn reach_within(&self, retention: Duration, now_ms: u64) -> Duration {
@@ -239,6 +265,41 @@ mod tests {
             vouched.reach(now + 31 * DAY),
             Duration::from_millis(31 * DAY - 2 * HOUR)
         );
+    }
+
+    /// Joined, two stores' records reach no further back than either, at any time after:
+    /// checked day by day over both retentions, growths settling or not.
+    #[test]
+    fn joined_records_reach_no_further_than_either_from_then_on() {
+        let now = 300 * DAY;
+        let settle = Duration::from_millis(2 * HOUR);
+        let grown = Vouched::new(days(7)).opened_with(days(30), (now - 3 * DAY, Duration::ZERO));
+        let settling = Vouched::new(days(30)).opened_with(days(90), (now, settle));
+        let stores = [
+            Vouched::new(days(30)),
+            Vouched::new(days(7)),
+            grown,
+            settling,
+        ];
+        for a in stores {
+            for b in stores {
+                let joined = a.joined(b, now);
+                for hours in 0..=(100 * 24) {
+                    let then = now + hours * HOUR;
+                    assert!(
+                        joined.since_ms(then) >= a.since_ms(then).max(b.since_ms(then)),
+                        "{a:?} + {b:?} at +{hours}h"
+                    );
+                }
+                assert_eq!(joined.reach(now), a.reach(now).min(b.reach(now)));
+            }
+        }
+        // Grown three days ago from 7 to 30: 7 days back, and a week on still 7 (the grown
+        // store's own would say 10: joined, what was written before the copy ages from it).
+        let fresh = Vouched::new(days(30));
+        assert_eq!(fresh.joined(grown, now).reach(now), days(7));
+        assert_eq!(fresh.joined(grown, now).reach(now + 7 * DAY), days(7));
+        assert_eq!(fresh.joined(grown, now).reach(now + 30 * DAY), days(30));
     }
 
     /// A store without a record is taken to have been written with the retention it is

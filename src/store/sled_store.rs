@@ -329,18 +329,28 @@ impl SledStore {
     }
 
     /// Every `(key, value)` of payhook's tree in the stopped store at `config.path`, for a
-    /// copy into another backend; refused when the store lost acknowledged commits (see
+    /// copy into another backend, with what its records reach back to (see
+    /// [`super::horizon`]); refused when the store lost acknowledged commits (see
     /// [`SledStore::check`]): a copy must not carry a loss on unnoticed.
     #[cfg(feature = "postgres")]
     pub(crate) fn export(
         config: &StoreConfig,
-    ) -> Result<impl Iterator<Item = Result<KeyValue, StoreError>>, StoreError> {
+    ) -> Result<
+        (
+            super::horizon::Vouched,
+            impl Iterator<Item = Result<KeyValue, StoreError>>,
+        ),
+        StoreError,
+    > {
         Self::check(config)?;
         let (_db, tree) = open_sled(config, false)?;
-        Ok(tree.iter().map(|entry| {
+        // As an operator's command reads it: a record not moved on.
+        let vouched = vouched_at_open(&tree, config.retention, Opener::Operator)?;
+        let records = tree.iter().map(|entry| {
             let (key, value) = entry?;
             Ok((key.to_vec(), value.to_vec()))
-        }))
+        });
+        Ok((vouched, records))
     }
 
     /// The operator's decision to serve on what the store at `config.path` holds, after it

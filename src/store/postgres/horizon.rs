@@ -118,6 +118,62 @@ async fn moved_on(
     Ok(Some(vouched))
 }
 
+/// Writes into the schema's record that a copy from sled brings records reaching back to
+/// `copied` (sled's record, as read): a schema that holds no callback records takes it as it
+/// is — sled's store moved, as it was — and one that holds some (read as an open with
+/// `retention` would) joins it, no further back than either (see [`Vouched::joined`]).
+/// Written before the first record is copied, so that a copy run again finds it. No
+/// instance serves the schema meanwhile (the copy holds it alone); the lock is waited for
+/// [`LOCK_WAIT`], then the copy fails.
+pub(super) async fn copied_in(
+    conn: &mut PgConnection,
+    schema: &str,
+    retention: Duration,
+    copied: Vouched,
+) -> Result<(), StoreError> {
+    let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
+    let mut tx = conn.begin().await.map_err(failed)?;
+    (&mut *tx)
+        .execute(sqlx::raw_sql(&format!(
+            "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
+             LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
+        )))
+        .await
+        .map_err(failed)?;
+    let stored = stored(&mut tx, schema).await.map_err(failed)?;
+    let holds_records: bool =
+        sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(failed)?;
+    let now = crate::store::now_ms();
+    let vouched = if holds_records {
+        let own = horizon::at_open(
+            stored.as_deref().map(str::as_bytes),
+            retention,
+            true,
+            (now, false, Duration::ZERO),
+        );
+        own.joined(copied, now)
+    } else {
+        copied
+    };
+    sqlx::query(&format!(
+        "INSERT INTO {schema}.vouched (record) VALUES ($1) \
+         ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
+    ))
+    .bind(vouched.encode()?)
+    .execute(&mut *tx)
+    .await
+    .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    tracing::info!(
+        reach_days = vouched.reach(now).as_secs() / 86_400,
+        "the copy's records reach back as far as sled's did: recorded in {schema}.vouched"
+    );
+    Ok(())
+}
+
 /// The schema's record, if any.
 async fn stored(conn: &mut PgConnection, schema: &str) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar(&format!("SELECT record FROM {schema}.vouched"))

@@ -22,6 +22,11 @@
 //! would add back what they removed. The sled directory is marked as moving when the copy
 //! begins and as moved when it ends (under sled's lock throughout), and a sled store refuses
 //! to open on it.
+//!
+//! What the copied records reach back to (sled's record of the retention they were written
+//! with, see `store::horizon`) is written into the schema before the first is copied —
+//! joined with the schema's own when it holds callback records — so that the database
+//! vouches for no more than sled did.
 
 use chrono::Utc;
 
@@ -131,7 +136,7 @@ impl PgStore {
         let mut alone =
             CopyLock::take(self.pool(), &self.inner.schema, self.inner.liveness.owner).await?;
         // sled's lock is held for as long as its records are: until the copy is marked done.
-        let mut records = SledStore::export(sled)?;
+        let (vouched, mut records) = SledStore::export(sled)?;
         if let Some(said) = SledStore::moved(sled)?
             && said.starts_with(super::super::sled_store::COPIED_INTO)
             && !again
@@ -145,11 +150,25 @@ impl PgStore {
             )));
         }
         SledStore::mark_moved(sled, &self.inner.schema, false)?;
+        self.copy_vouched(vouched).await?;
         let imported = self.copy_records(&mut records, &mut alone).await?;
         SledStore::mark_moved(sled, &self.inner.schema, true)?;
         drop(records);
         alone.release().await;
         Ok(imported)
+    }
+
+    /// Records in the schema what the copied records reach back to (sled's `vouched`),
+    /// before the first is copied: a schema that said it held the whole retention's
+    /// records, with sled's reaching back less (its retention raised shortly before), let a
+    /// result booked before the move be booked again.
+    async fn copy_vouched(
+        &self,
+        vouched: super::super::horizon::Vouched,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        super::horizon::copied_in(&mut conn, &self.inner.schema, self.inner.retention, vouched)
+            .await
     }
 
     /// [`PgStore::import_sled`] once the copy holds the schema alone; it checks that it
