@@ -370,6 +370,16 @@ async fn the_copy_carries_how_far_back_sled_s_records_reach() {
         &[],
         &[("PAYHOOK_STORE_RETENTION", "90d")],
     ));
+    // Run again (--again: no instance served since), the record it wrote stays as it is:
+    // joined with itself, its growth would age from the second copy, not from the raise.
+    let recorded = vouched_row(&db).await;
+    succeeded(&copy_configured(
+        &raised,
+        &db,
+        &["--again"],
+        &[("PAYHOOK_STORE_RETENTION", "90d")],
+    ));
+    assert_eq!(vouched_row(&db).await, recorded);
     let served = payhook::store::PgStore::open(&db.store_config(days(90)), &[])
         .await
         .unwrap();
@@ -394,6 +404,43 @@ async fn the_copy_carries_how_far_back_sled_s_records_reach() {
         .unwrap();
     assert_reach(served.reach(), days(30));
     drop(served);
+    db.drop_schema().await;
+}
+
+/// The schema's record of how far back its records reach, as it is stored.
+async fn vouched_row(db: &support::postgres::TestDb) -> String {
+    let mut conn = db.connect().await;
+    sqlx::query_scalar(&format!("SELECT record FROM {}.vouched", db.schema))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// A sled store an earlier payhook wrote keeps no record of the retention its records were
+/// written with: the copy refuses it, saying what to do, rather than take the copy's
+/// `store.retention` for it — longer than sled's, the database would vouch for records
+/// sled purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sled_store_without_its_retention_record_is_not_copied() {
+    let Some((db, _dir, sled)) = history_to_copy("copy_needs_the_record").await else {
+        return;
+    };
+    {
+        let earlier = support::sled_when_free(&sled.path);
+        let tree = earlier.open_tree("payhook").unwrap();
+        tree.remove(b"m\0vouched").unwrap().unwrap();
+        earlier.flush().unwrap();
+    }
+    let refused = copy_from_sled(&sled, &db);
+    let why = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(!refused.status.success(), "{why}");
+    assert!(
+        why.contains("keeps no record of the retention") && why.contains("copy again"),
+        "{why}"
+    );
+    // Started once by this payhook, it has one, and is copied.
+    drop(SledStore::open(&sled, &["ledger"]).unwrap());
+    succeeded(&copy_from_sled(&sled, &db));
     db.drop_schema().await;
 }
 

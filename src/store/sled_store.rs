@@ -344,6 +344,19 @@ impl SledStore {
     > {
         Self::check(config)?;
         let (_db, tree) = open_sled(config, false)?;
+        // Without one, what its records reach back to would be taken from the copy's
+        // `store.retention`: longer than the retention they were written with, the database
+        // would vouch for records sled purged.
+        if tree.get(keys::VOUCHED)?.is_none()
+            && tree.scan_prefix(keys::EXPIRY_PREFIX).next().is_some()
+        {
+            return Err(StoreError::backend_message(format!(
+                "the sled store at {} keeps no record of the retention its records were written \
+                 with (an earlier payhook wrote them): start its service once with this payhook \
+                 and its own store.retention, stop it, and copy again",
+                config.path.display()
+            )));
+        }
         // As an operator's command reads it: a record not moved on.
         let vouched = vouched_at_open(&tree, config.retention, Opener::Operator)?;
         let records = tree.iter().map(|entry| {

@@ -767,7 +767,7 @@ fn store_command(command: StoreCommand, file: Option<&Path>) -> Result<(), Failu
                 .build()?;
             let imported = runtime
                 .block_on(async {
-                    let target = payhook::store::PgStore::open(&store, &[]).await?;
+                    let target = payhook::store::PgStore::open_for_copy(&store).await?;
                     if again {
                         target.import_sled_again(&store).await
                     } else {

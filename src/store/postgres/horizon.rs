@@ -121,8 +121,9 @@ async fn moved_on(
 /// Writes into the schema's record that a copy from sled brings records reaching back to
 /// `copied` (sled's record, as read): a schema that holds no callback records takes it as it
 /// is — sled's store moved, as it was — and one that holds some (read as an open with
-/// `retention` would) joins it, no further back than either (see [`Vouched::joined`]).
-/// Written before the first record is copied, so that a copy run again finds it. No
+/// `retention` would) joins it, no further back than either (see [`Vouched::joined`]) —
+/// unless its record is `copied` already (the copy run again). Written before the first
+/// record is copied, so that a copy run again finds it. No
 /// instance serves the schema meanwhile (the copy holds it alone); the lock is waited for
 /// [`LOCK_WAIT`], then the copy fails.
 pub(super) async fn copied_in(
@@ -147,7 +148,13 @@ pub(super) async fn copied_in(
             .await
             .map_err(failed)?;
     let now = crate::store::now_ms();
-    let vouched = if holds_records {
+    let ours = copied.encode()?;
+    // The copy run again (after an interruption, or with --again before any instance
+    // served): the record it wrote, kept as it is — joined with itself, its growth would
+    // age from now.
+    let vouched = if stored.as_deref() == Some(ours.as_str()) {
+        copied
+    } else if holds_records {
         let own = horizon::at_open(
             stored.as_deref().map(str::as_bytes),
             retention,
@@ -169,7 +176,8 @@ pub(super) async fn copied_in(
     tx.commit().await.map_err(failed)?;
     tracing::info!(
         reach_days = vouched.reach(now).as_secs() / 86_400,
-        "the copy's records reach back as far as sled's did: recorded in {schema}.vouched"
+        joined = vouched != copied,
+        "how far back the records reach, with the copy's: recorded in {schema}.vouched"
     );
     Ok(())
 }

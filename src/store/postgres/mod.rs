@@ -252,6 +252,18 @@ impl PgStore {
         Self::open_as(config, trees, Opener::Service).await
     }
 
+    /// [`PgStore::open`] for a copy into the schema ([`PgStore::import_sled`]): an open that
+    /// reads the schema's record of the retention its records were written with and never
+    /// moves it, at open or at a sweep, as an operator's command does — the copy writes what
+    /// sled's records reach back to instead, whatever `config.retention` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgStore::open`].
+    pub async fn open_for_copy(config: &StoreConfig) -> Result<Self, StoreError> {
+        Self::open_as(config, &[], Opener::Operator).await
+    }
+
     /// [`PgStore::open`] for an operator's command, which reads the schema's record of its
     /// retention and does not move it (see `horizon`).
     pub(crate) async fn open_for_operator(
