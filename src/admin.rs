@@ -72,6 +72,12 @@ pub enum AdminError {
     /// The command needs what this binary does not have.
     #[error("{0}")]
     Unsupported(String),
+    /// More than one instance answers the address `payhook tail` follows (a load balancer):
+    /// each records its own deliveries.
+    #[error(
+        "more than one instance answers this address (a load balancer?): each records its own deliveries; tail one instance's own address"
+    )]
+    ManyInstances,
     /// The running service's operating API refused or failed.
     #[error("the service answered {status}: {message}")]
     Remote {
@@ -990,12 +996,7 @@ impl Followed {
             return Ok(false);
         }
         if self.before.contains(&list.instance) {
-            return Err(AdminError::Remote {
-                status: 200,
-                message: "more than one instance answers this address (a load balancer?): each \
-                          records its own deliveries; tail one instance's own address"
-                    .into(),
-            });
+            return Err(AdminError::ManyInstances);
         }
         match self.now.replace(list.instance.clone()) {
             Some(earlier) if earlier != list.instance => {
@@ -1008,8 +1009,8 @@ impl Followed {
 }
 
 /// How long to wait before asking again after `error`, when it passes: no answer, 429 (too
-/// many wrong tokens: the token is right, or the service would have said 401 first), or a
-/// proxy's 502, 503 or 504 while the service restarts.
+/// many wrong tokens from this address — others', or this token's, which a 401 ends once
+/// the allowance grows back), or a proxy's 502, 503 or 504 while the service restarts.
 fn passing(error: &AdminError) -> Option<std::time::Duration> {
     match error {
         AdminError::Remote {

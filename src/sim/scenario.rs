@@ -304,9 +304,9 @@ pub struct Expect {
     pub message: Option<String>,
     /// Number of providers offered back.
     pub providers: Option<usize>,
-    /// The result the merchant posts to the gateway (awaited). Without `conflicts`, no
-    /// result of the merchant's for the validation may have been refused by then (it
-    /// posted another after it).
+    /// The result the merchant posts to the gateway (awaited, under each validation id the
+    /// step asked). Without `conflicts`, no result of the merchant's for them may have been
+    /// refused during the step by the time it is seen (it posted another beside it).
     pub result: Option<ExpectedResult>,
     /// Results the gateway refused with 403 during the step — watched for two seconds more
     /// once reached: a merchant posting a refused result again (a 403 is final) fails.
@@ -767,6 +767,19 @@ async fn run_step(
             } else {
                 ValidationPosts::default()
             };
+            // Asked again under a new id: a result is awaited under each.
+            let awaited: Vec<_> = asked_before
+                .into_iter()
+                .chain([current.validation_id])
+                .collect();
+            // A result expected with no conflict: the merchant's results refused before the
+            // step, under each id, not to be counted against it.
+            let mut refused_before = Vec::new();
+            if expect.result.is_some() && expect.conflicts.is_none() {
+                for &id in &awaited {
+                    refused_before.push((id, control.validation_posts(id).await?.refused));
+                }
+            }
             let body = to_text(&current.body(RequestKind::TransactionValidation));
             let exchange = target
                 .trigger
@@ -836,8 +849,7 @@ async fn run_step(
                 } else {
                     "merchant → gateway"
                 };
-                // Asked again under a new id: a result is awaited under each.
-                for validation_id in asked_before.into_iter().chain([current.validation_id]) {
+                for &validation_id in &awaited {
                     awaited_result(
                         target,
                         control,
@@ -849,17 +861,20 @@ async fn run_step(
                     )
                     .await?;
                 }
-                // Without a conflict expected, no result of the merchant's is refused: one
-                // that posts the expected result and another after it disagrees with the
-                // aggregator, whatever it holds.
-                if expect.conflicts.is_none() {
-                    let refused = control.refused_results(current.validation_id).await?;
-                    if !refused.is_empty() {
+                // Without a conflict expected, no result of the merchant's is refused during
+                // the step: one that posts the expected result and another after it
+                // disagrees with the aggregator, whatever it holds. Looked at once the
+                // result is seen (one posted later than that is not).
+                for &(id, before) in &refused_before {
+                    let refused = control
+                        .validation_posts(id)
+                        .await?
+                        .refused
+                        .saturating_sub(before);
+                    if refused > 0 {
                         problems.push(format!(
-                            "the merchant also posted {} result(s) for validation {} that the \
-                             gateway refused (403: a different result was received before)",
-                            refused.len(),
-                            current.validation_id
+                            "the merchant also posted {refused} result(s) for validation {id} \
+                             that the gateway refused (403: a different result was received before)"
                         ));
                     }
                 }
