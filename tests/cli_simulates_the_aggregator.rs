@@ -691,7 +691,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(stdout.contains("→ booked now"), "{stdout}");
     // What a command prints counts only when it ends well.
-    let mut failing_command = base;
+    let mut failing_command = base.clone();
     failing_command.extend(args(&[
         "--reconcile-command",
         "echo {reference_id}: booked now; exit 3",
@@ -700,6 +700,23 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(
         stdout.contains("the reconcile command failed"),
+        "{stdout}{stderr}"
+    );
+    // One that hangs is stopped, and the step fails saying so: it hung the run.
+    let mut hanging = base;
+    hanging.extend(args(&[
+        "--reconcile-command",
+        "sleep 600",
+        "--command-timeout",
+        "500ms",
+    ]));
+    let (code, stdout, stderr) =
+        tokio::time::timeout(std::time::Duration::from_secs(60), payhook(hanging))
+            .await
+            .expect("the hanging command was stopped");
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("did not end within 500ms (--command-timeout)"),
         "{stdout}{stderr}"
     );
     merchant.kill();

@@ -58,6 +58,11 @@ pub(crate) struct ScenarioArgs {
     /// it passes exactly the merchant that does not check signatures.
     #[arg(long)]
     allow_unsigned: bool,
+    /// How long --reconcile-command and --bookings-command may run before they are stopped
+    /// (the step then fails, or its books are said not read): a command that hangs would
+    /// hang the run, and a merchant's CI with it.
+    #[arg(long, default_value = "10m", value_parser = payhook::config::parse_duration)]
+    command_timeout: Duration,
 }
 
 impl ScenarioArgs {
@@ -94,8 +99,10 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
             trigger: args.signing.trigger(config)?,
             gateway,
             await_timeout: args.await_timeout,
-            reconciler: args.reconcile_command.clone().map(command_reconciler),
-            observer: args.bookings_command.clone().map(command_observer),
+            reconciler: (args.reconcile_command.clone())
+                .map(|command| command_reconciler(command, args.command_timeout)),
+            observer: (args.bookings_command.clone())
+                .map(|command| command_observer(command, args.command_timeout)),
         };
         let unsigned = target.trigger.signer().is_none();
         if unsigned {
@@ -162,7 +169,7 @@ pub(crate) fn run(args: ScenarioArgs, config: &Config) -> Result<(), Failure> {
 /// the client's balance, signed (`1 -40.00`). A command that fails, or prints no count,
 /// checks nothing (the expectation is said not checked, with why); one that prints no amount
 /// checks no `moved`.
-fn command_observer(command: String) -> Observer {
+fn command_observer(command: String, within: Duration) -> Observer {
     Arc::new(move |nonce: String| {
         let command = command.clone();
         Box::pin(async move {
@@ -178,7 +185,7 @@ fn command_observer(command: String) -> Observer {
                 )));
             }
             let line = command.replace("{nonce}", &nonce);
-            let output = match shell(line, Some(("PAYHOOK_MOCK_NONCE", nonce))).await {
+            let output = match shell(line, Some(("PAYHOOK_MOCK_NONCE", nonce)), within).await {
                 Ok(output) => output,
                 Err(error) => return Some(unobserved(format!("the bookings command: {error}"))),
             };
@@ -217,22 +224,34 @@ fn count_and_moved(line: &str) -> Option<(u32, Option<rust_decimal::Decimal>)> {
     words.next().is_none().then_some((count, moved))
 }
 
-/// Runs `line` with `sh -c` (off the runtime's threads), with `env` set.
+/// Runs `line` with `sh -c`, with `env` set; stopped (the shell killed) when it has not
+/// ended `within`.
 async fn shell(
     line: String,
     env: Option<(&'static str, String)>,
+    within: Duration,
 ) -> Result<std::process::Output, String> {
-    tokio::task::spawn_blocking(move || {
-        let mut command = std::process::Command::new("sh");
-        command.arg("-c").arg(&line);
-        if let Some((name, value)) = env {
-            command.env(name, value);
-        }
-        command.output()
-    })
-    .await
-    .map_err(|error| error.to_string())?
-    .map_err(|error| error.to_string())
+    let mut command = tokio::process::Command::new("sh");
+    command.arg("-c").arg(&line).kill_on_drop(true);
+    if let Some((name, value)) = env {
+        command.env(name, value);
+    }
+    match tokio::time::timeout(within, command.output()).await {
+        Ok(output) => output.map_err(|error| error.to_string()),
+        Err(_) => Err(format!(
+            "it did not end within {} (--command-timeout), and was stopped",
+            duration_text(within)
+        )),
+    }
+}
+
+/// `wait` as a setting would say it: whole seconds, or milliseconds below a second.
+fn duration_text(wait: Duration) -> String {
+    if wait.subsec_millis() == 0 && wait.as_secs() > 0 {
+        format!("{}s", wait.as_secs())
+    } else {
+        format!("{}ms", wait.as_millis())
+    }
 }
 
 /// What a command printed, its output then its errors, each trimmed.
@@ -254,11 +273,13 @@ fn unobserved(why: String) -> Observed {
 }
 
 /// A reconcile that runs the merchant's command and reads its report line.
-fn command_reconciler(command: String) -> Reconciler {
+fn command_reconciler(command: String, within: Duration) -> Reconciler {
     Arc::new(move |reference_id| {
         let command = command.replace("{reference_id}", &reference_id.to_string());
         Box::pin(async move {
-            let output = shell(command, None).await.map_err(HandlerError::msg)?;
+            let output = shell(command, None, within)
+                .await
+                .map_err(|why| HandlerError::msg(format!("the reconcile command: {why}")))?;
             let stdout = String::from_utf8_lossy(&output.stdout);
             // What it printed counts only when it ended well: a command that printed
             // "booked now" and then failed (its commit, say) booked nothing for sure.
