@@ -230,3 +230,32 @@ fn the_documents_examples_are_requests_the_server_reads() {
         .unwrap();
     serde_json::from_str::<CallbackBody>(&example(&paths.callback)).unwrap();
 }
+
+/// The document's examples, sent as they are (the callback signed), are answered 200 — an
+/// example is what a merchant's QA sends first. The callback's carried a date that aged past
+/// the default retention in a month: answered 409, its handler not run.
+#[tokio::test]
+async fn the_documents_examples_are_answered_200() {
+    use payhook::signature::Algorithm;
+    let doc = doc();
+    let example = |path: &str| {
+        doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["example"]
+            .to_string()
+    };
+    let paths = Config::default().paths;
+    let mut config = signed_config(&["rsa2048"]);
+    config.validation.allow_unauthenticated = true;
+    let server = TestServer::start_with(config).await;
+    for path in [&paths.providers_validation, &paths.transaction_validation] {
+        let answer = server.post_json(path, &example(path)).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.message());
+    }
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let answer = server
+        .send(&signed_post(&signer, &example(&paths.callback)))
+        .await;
+    assert_eq!(
+        (answer.status, answer.message()),
+        (200, "callback accepted".to_owned())
+    );
+}

@@ -34,6 +34,63 @@ pub(crate) fn or_zero<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64,
     optional(deserializer).map(Option::unwrap_or_default)
 }
 
+/// For an integer that may be read from a `serde_json::Value` as well as from text (a
+/// provider candidate's currencies and payment types are kept as values, which hold `742.0`
+/// as a float, and read from them): a whole float below 2^53, where each float stands for
+/// one integer only, is that integer (from 2^53 on, `…993.0` reads as `…992`: refused). Read as a typed field from text, the number comes as an integer
+/// or a float the same way.
+pub(crate) fn whole<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    deserializer.deserialize_any(Whole { null: None })
+}
+
+/// [`whole`], with `null` (and, with `#[serde(default)]`, absence) taken for 0.
+pub(crate) fn whole_or_zero<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    deserializer.deserialize_any(Whole { null: Some(0) })
+}
+
+/// Reads a whole number in any of serde_json's forms; `null` as `null` says.
+struct Whole {
+    null: Option<i64>,
+}
+
+/// 2^53: below it, a whole float stands for one integer only.
+const EXACT_IN_F64: f64 = 9_007_199_254_740_992.0;
+
+impl de::Visitor<'_> for Whole {
+    type Value = i64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        de::Expected::fmt(&Expecting, f)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<i64, E> {
+        Ok(value)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<i64, E> {
+        i64::try_from(value)
+            .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(value), &Expecting))
+    }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<i64, E> {
+        let refused = || E::invalid_value(de::Unexpected::Float(value), &Expecting);
+        if value.fract() != 0.0 || value.abs() >= EXACT_IN_F64 {
+            return Err(refused());
+        }
+        // A whole float below 2^53 prints as its digits, without exponent or fraction.
+        format!("{value}").parse().map_err(|_| refused())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<i64, E> {
+        self.null
+            .ok_or_else(|| E::invalid_type(de::Unexpected::Unit, &Expecting))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<i64, E> {
+        self.visit_unit()
+    }
+}
+
 struct Expecting;
 
 impl de::Expected for Expecting {

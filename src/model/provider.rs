@@ -180,7 +180,7 @@ impl Provider {
 #[serde(rename_all = "camelCase")]
 pub struct Currency {
     /// Currency identifier at the aggregator.
-    #[serde(default, deserialize_with = "null_as_default")]
+    #[serde(default, deserialize_with = "super::integer::whole_or_zero")]
     pub id: i64,
     /// ISO 4217 code.
     pub code: String,
@@ -204,6 +204,7 @@ impl Currency {
 #[serde(rename_all = "camelCase")]
 pub struct PaymentType {
     /// Unique payment type identifier.
+    #[serde(deserialize_with = "super::integer::whole")]
     pub id: i64,
     /// Internal code of the payment type.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -245,6 +246,38 @@ mod tests {
         "currencies":[{"id":1,"code":"EUR"},{"id":2,"code":"USD"}],
         "payTypes":[{"id":5,"code":"card","name":"Bank card","cashIn":true,"cashOut":true,
                      "isCashInEnabled":true,"isCashOutEnabled":false}]}"#;
+
+    /// A candidate's currencies and payment types are kept as JSON values, which hold an
+    /// id written `1.0` as a float: read as its integer, as every integer field is. It was
+    /// dropped, and the provider filtered out for lacking the currency: a client offered no
+    /// providers, without a word.
+    #[test]
+    fn a_candidate_s_ids_written_as_whole_floats_are_read_as_integers() {
+        let candidate: ProviderCandidate = serde_json::from_str(
+            r#"{"id":11,"name":"Card","collabId":3,
+                "currencies":[{"id":1.0,"code":"EUR"},{"id":2e0,"code":"USD"},{"id":null,"code":"GBP"}],
+                "payTypes":[{"id":5.0,"code":"card","name":"Bank card","cashIn":true,"cashOut":true,
+                             "isCashInEnabled":true,"isCashOutEnabled":true}]}"#,
+        )
+        .unwrap();
+        let provider = candidate.to_provider();
+        let ids: Vec<i64> = provider.currencies.iter().map(|c| c.id).collect();
+        assert_eq!(ids, [1, 2, 0]);
+        assert_eq!(provider.pay_type("card").map(|t| t.id), Some(5));
+        // Not whole, or past where floats are exact: not an id.
+        for id in ["1.5", "9007199254740993.0", "\"5\""] {
+            let value: Value =
+                serde_json::from_str(&format!(r#"{{"id":{id},"code":"card"}}"#)).unwrap();
+            assert!(PaymentType::deserialize(&value).is_err(), "{id}");
+        }
+        assert_eq!(
+            serde_json::from_str::<Provider>(CARD.replace(":5,", ":5.0,").as_str())
+                .unwrap()
+                .pay_types[0]
+                .id,
+            5
+        );
+    }
 
     #[test]
     fn response_provider_round_trips() {
