@@ -16,10 +16,22 @@ use std::path::Path;
 /// let password = Secret::new("hunter2");
 /// assert_eq!(format!("{password:?}"), "Secret(***)");
 /// assert_eq!(password.expose(), "hunter2");
+/// assert!(password == Secret::new("hunter2") && password != Secret::new("hunter3"));
 /// ```
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// Compared in constant time: the HMACs of the two values (under a key of no secrecy: only
+/// the comparison's time matters) are compared by ring. A derived `==` on a secret a caller
+/// presented would tell, by its time, how many of its first bytes were right.
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"payhook secret comparison");
+        let tag = ring::hmac::sign(&key, self.0.as_bytes());
+        ring::hmac::verify(&key, other.0.as_bytes(), tag.as_ref()).is_ok()
+    }
+}
 
 impl Secret {
     /// Wraps a secret value.
