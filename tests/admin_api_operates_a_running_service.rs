@@ -130,6 +130,19 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
         "{}",
         in_the_clear.message()
     );
+    // A client's own `X-Forwarded-Proto: https`, to which a proxy appended what it saw, is
+    // not believed: every value must say https (the left-most alone was taken).
+    for proto in ["https, http", "https,http"] {
+        let appended = server.send(&listing(&via(proto))).await;
+        assert_eq!(appended.status, 403, "{proto}");
+    }
+    let two_lines = [
+        ("x-forwarded-for", "198.51.100.7"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-proto", "http"),
+        ("authorization", "Bearer admin-token-0123456789"),
+    ];
+    assert_eq!(server.send(&listing(&two_lines)).await.status, 403);
     let wrong_token = [
         ("x-forwarded-for", "198.51.100.7"),
         ("authorization", "Bearer admin-token-wrong-000000"),

@@ -136,20 +136,29 @@ impl Ingress {
     }
 
     /// Whether the browser reached the service over HTTPS, as a trusted proxy says
-    /// (`X-Forwarded-Proto: https`, its left-most value: the client's side). payhook serves
-    /// plain HTTP itself, so a request from anyone else came over HTTP.
+    /// (`X-Forwarded-Proto`): every value it carries, on every line, is `https`. payhook
+    /// serves plain HTTP itself, so a request from anyone else came over HTTP. Not its
+    /// left-most value alone: a client may send `X-Forwarded-Proto: https` itself, and a
+    /// proxy that appends (`https, http`) rather than replaces would have it believed; a
+    /// chain whose inner hop is plain HTTP is taken for plain HTTP too.
     pub(super) fn forwarded_https<B>(&self, request: &Request<B>) -> bool {
         let from_proxy = request
             .extensions()
             .get::<PeerAddr>()
             .is_some_and(|peer| self.is_trusted_proxy(peer.0.ip()));
+        let mut said = request
+            .headers()
+            .get_all("x-forwarded-proto")
+            .iter()
+            .peekable();
         from_proxy
-            && request
-                .headers()
-                .get("x-forwarded-proto")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(',').next())
-                .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
+            && said.peek().is_some()
+            && said.all(|line| {
+                line.to_str().is_ok_and(|line| {
+                    line.split(',')
+                        .all(|proto| proto.trim().eq_ignore_ascii_case("https"))
+                })
+            })
     }
 
     /// Whether `request`, whose client is `client` ([`Ingress::client_ip`]), came from this
