@@ -81,22 +81,11 @@ async fn moved_on(
 ) -> Result<Option<Vouched>, StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
     let mut tx = conn.begin().await.map_err(failed)?;
-    let locked = (&mut *tx)
-        .execute(sqlx::raw_sql(&format!(
-            "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
-             LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
-        )))
-        .await;
-    match locked {
+    match lock(&mut tx, schema).await {
         Err(error) if super::refused_with(&error, &["55P03", "57014"]) => return Ok(None),
         locked => locked.map_err(failed)?,
     };
-    let stored = stored(&mut tx, schema).await.map_err(failed)?;
-    let holds_records: bool =
-        sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(failed)?;
+    let (stored, holds_records) = read_locked(&mut tx, schema).await.map_err(failed)?;
     let vouched = horizon::at_open(
         stored.as_deref().map(str::as_bytes),
         retention,
@@ -105,17 +94,46 @@ async fn moved_on(
     );
     let record = vouched.encode()?;
     if stored.as_deref() != Some(record.as_str()) {
-        sqlx::query(&format!(
-            "INSERT INTO {schema}.vouched (record) VALUES ($1) \
-             ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
-        ))
-        .bind(record)
-        .execute(&mut *tx)
-        .await
-        .map_err(failed)?;
+        write(&mut tx, schema, record).await.map_err(failed)?;
     }
     tx.commit().await.map_err(failed)?;
     Ok(Some(vouched))
+}
+
+/// Locks the record's table in the transaction on `conn`, waiting at most [`LOCK_WAIT`]: two
+/// that move it on do not both start from the same record.
+async fn lock(conn: &mut PgConnection, schema: &str) -> Result<(), sqlx::Error> {
+    conn.execute(sqlx::raw_sql(&format!(
+        "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
+         LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
+    )))
+    .await
+    .map(|_| ())
+}
+
+/// The schema's record, and whether it holds callback records, read under [`lock`].
+async fn read_locked(
+    conn: &mut PgConnection,
+    schema: &str,
+) -> Result<(Option<String>, bool), sqlx::Error> {
+    let stored = stored(conn, schema).await?;
+    let holds_records =
+        sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok((stored, holds_records))
+}
+
+/// Writes `record` as the schema's.
+async fn write(conn: &mut PgConnection, schema: &str, record: String) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "INSERT INTO {schema}.vouched (record) VALUES ($1) \
+         ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
+    ))
+    .bind(record)
+    .execute(conn)
+    .await
+    .map(|_| ())
 }
 
 /// Writes into the schema's record that a copy from sled brings records reaching back to
@@ -134,19 +152,8 @@ pub(super) async fn copied_in(
 ) -> Result<(), StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
     let mut tx = conn.begin().await.map_err(failed)?;
-    (&mut *tx)
-        .execute(sqlx::raw_sql(&format!(
-            "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
-             LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
-        )))
-        .await
-        .map_err(failed)?;
-    let stored = stored(&mut tx, schema).await.map_err(failed)?;
-    let holds_records: bool =
-        sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {schema}.callbacks)"))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(failed)?;
+    lock(&mut tx, schema).await.map_err(failed)?;
+    let (stored, holds_records) = read_locked(&mut tx, schema).await.map_err(failed)?;
     let now = crate::store::now_ms();
     let ours = copied.encode()?;
     // The copy run again (after an interruption, or with --again before any instance
@@ -165,14 +172,9 @@ pub(super) async fn copied_in(
     } else {
         copied
     };
-    sqlx::query(&format!(
-        "INSERT INTO {schema}.vouched (record) VALUES ($1) \
-         ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
-    ))
-    .bind(vouched.encode()?)
-    .execute(&mut *tx)
-    .await
-    .map_err(failed)?;
+    write(&mut tx, schema, vouched.encode()?)
+        .await
+        .map_err(failed)?;
     tx.commit().await.map_err(failed)?;
     tracing::info!(
         reach_days = vouched.reach(now).as_secs() / 86_400,
