@@ -130,19 +130,31 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
         "{}",
         in_the_clear.message()
     );
-    // A client's own `X-Forwarded-Proto: https`, to which a proxy appended what it saw, is
-    // not believed: every value must say https (the left-most alone was taken).
-    for proto in ["https, http", "https,http"] {
-        let appended = server.send(&listing(&via(proto))).await;
-        assert_eq!(appended.status, 403, "{proto}");
-    }
+    // A client's own `X-Forwarded-Proto: https`, to which a proxy appended the `http` it
+    // saw, is not believed: the value read is the client's hop's (the left-most was taken).
     let two_lines = [
         ("x-forwarded-for", "198.51.100.7"),
         ("x-forwarded-proto", "https"),
         ("x-forwarded-proto", "http"),
         ("authorization", "Bearer admin-token-0123456789"),
     ];
-    assert_eq!(server.send(&listing(&two_lines)).await.status, 403);
+    for refused in [
+        server.send(&listing(&via("https, http"))).await,
+        server.send(&listing(&via("https,http"))).await,
+        server.send(&listing(&two_lines)).await,
+    ] {
+        assert_eq!(refused.status, 403);
+        assert!(refused.message().contains("admin.allow_plain_http"));
+    }
+    // Behind two proxies that append — HTTPS to the outer one, whose address the inner one
+    // (trusted) appended — the client's hop is the outer one's: https.
+    let chained = [
+        ("x-forwarded-for", "198.51.100.7, 127.0.0.1"),
+        ("x-forwarded-proto", "https, http"),
+        ("authorization", "Bearer admin-token-0123456789"),
+    ];
+    assert_eq!(server.send(&listing(&chained)).await.status, 200);
+    assert_eq!(server.send(&listing(&via("HTTPS"))).await.status, 200);
     let wrong_token = [
         ("x-forwarded-for", "198.51.100.7"),
         ("authorization", "Bearer admin-token-wrong-000000"),

@@ -37,7 +37,10 @@ pub(crate) fn or_zero<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64,
 /// For an integer that may be read from a `serde_json::Value` as well as from text (a
 /// provider candidate's currencies and payment types are kept as values, which hold `742.0`
 /// as a float, and read from them): a whole float below 2^53, where each float stands for
-/// one integer only, is that integer (from 2^53 on, `…993.0` reads as `…992`: refused). Read as a typed field from text, the number comes as an integer
+/// one integer only, is that integer (from 2^53 on, `…993.0` reads as `…992`: refused).
+/// Through a float, a fraction finer than a float holds is lost before it is seen
+/// (`1.0000000000000001` reads as 1): unlike [`integer`], not exact — for ids the spec
+/// leaves free-form only. Read as a typed field from text, the number comes as an integer
 /// or a float the same way.
 pub(crate) fn whole<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     deserializer.deserialize_any(Whole { null: None })

@@ -248,7 +248,8 @@ mod tests {
                      "isCashInEnabled":true,"isCashOutEnabled":false}]}"#;
 
     /// A candidate's currencies and payment types are kept as JSON values, which hold an
-    /// id written `1.0` as a float: read as its integer, as every integer field is. It was
+    /// id written `1.0` as a float: read as its integer, as the request's integer fields
+    /// are. It was
     /// dropped, and the provider filtered out for lacking the currency: a client offered no
     /// providers, without a word.
     #[test]

@@ -136,29 +136,36 @@ impl Ingress {
     }
 
     /// Whether the browser reached the service over HTTPS, as a trusted proxy says
-    /// (`X-Forwarded-Proto`): every value it carries, on every line, is `https`. payhook
-    /// serves plain HTTP itself, so a request from anyone else came over HTTP. Not its
-    /// left-most value alone: a client may send `X-Forwarded-Proto: https` itself, and a
-    /// proxy that appends (`https, http`) rather than replaces would have it believed; a
-    /// chain whose inner hop is plain HTTP is taken for plain HTTP too.
+    /// (`X-Forwarded-Proto`). payhook serves plain HTTP itself, so a request from anyone else
+    /// came over HTTP. The value read is the client's hop's: each proxy appends one address
+    /// to `X-Forwarded-For` and, when it appends, one scheme here, so the client's scheme
+    /// stands as many places from the right as trusted proxies stand right of the client in
+    /// `X-Forwarded-For` (see [`Ingress::client_of`]) — the left-most value when fewer are
+    /// there (a proxy that replaces the header). Not the left-most alone: a client's own
+    /// `https`, to which a proxy appended the `http` it saw, was believed.
     pub(super) fn forwarded_https<B>(&self, request: &Request<B>) -> bool {
-        let from_proxy = request
-            .extensions()
-            .get::<PeerAddr>()
-            .is_some_and(|peer| self.is_trusted_proxy(peer.0.ip()));
-        let mut said = request
+        let peer = request.extensions().get::<PeerAddr>().map(|p| p.0);
+        if !peer.is_some_and(|peer| self.is_trusted_proxy(peer.ip())) {
+            return false;
+        }
+        // Without X-Forwarded-For, the proxy in front named no client: its own scheme.
+        let trusted_hops = self
+            .forwarded_client(request.headers())
+            .map_or(0, |(_, hops)| hops);
+        let Ok(lines) = request
             .headers()
             .get_all("x-forwarded-proto")
             .iter()
-            .peekable();
-        from_proxy
-            && said.peek().is_some()
-            && said.all(|line| {
-                line.to_str().is_ok_and(|line| {
-                    line.split(',')
-                        .all(|proto| proto.trim().eq_ignore_ascii_case("https"))
-                })
-            })
+            .map(|line| line.to_str())
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return false;
+        };
+        let said: Vec<&str> = lines.iter().flat_map(|line| line.split(',')).collect();
+        said.len()
+            .checked_sub(1)
+            .map(|last| said[last.saturating_sub(trusted_hops)])
+            .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
     }
 
     /// Whether `request`, whose client is `client` ([`Ingress::client_ip`]), came from this
@@ -187,20 +194,27 @@ impl Ingress {
         peer: Option<SocketAddr>,
         headers: &HeaderMap,
     ) -> Option<std::net::IpAddr> {
-        let trusted = |ip| self.is_trusted_proxy(ip);
-        let mut client = peer?.ip();
-        if !trusted(client) {
-            return Some(client);
+        let peer = peer?.ip();
+        if !self.is_trusted_proxy(peer) {
+            return Some(peer);
         }
+        self.forwarded_client(headers).map(|(client, _)| client)
+    }
+
+    /// The right-most address of `X-Forwarded-For` that is not a trusted proxy (of a request
+    /// a trusted proxy sent), with how many trusted ones stand right of it; `None` when the
+    /// header is absent or unreadable, an entry is not an address, or every one is trusted.
+    fn forwarded_client(&self, headers: &HeaderMap) -> Option<(std::net::IpAddr, usize)> {
         let forwarded: Vec<&str> = headers
             .get_all("x-forwarded-for")
             .iter()
             .map(|value| value.to_str().ok())
             .collect::<Option<_>>()?;
-        for hop in forwarded.iter().flat_map(|v| v.split(',')).rev() {
-            client = hop.trim().parse().ok()?;
-            if !trusted(client) {
-                return Some(client);
+        let hops = forwarded.iter().flat_map(|v| v.split(',')).rev();
+        for (trusted_hops, hop) in hops.enumerate() {
+            let client = hop.trim().parse().ok()?;
+            if !self.is_trusted_proxy(client) {
+                return Some((client, trusted_hops));
             }
         }
         None
