@@ -156,6 +156,19 @@ async fn a_lookup_overtaken_on_a_shared_database_books_nothing_stale() {
     let Some(db) = support::postgres::database(test).await else {
         return;
     };
+    let overtaken = reconcile_overtaken(setup_on(&db).await, (4, 4), |_| {}).await;
+    assert_nothing_stale_booked(overtaken);
+    db.drop_schema().await;
+    let Some(db) = support::postgres::database(test).await else {
+        return;
+    };
+    let overtaken = reconcile_overtaken(setup_on(&db).await, (-4, 4), |_| {}).await;
+    assert_booked_after_the_booked_one(overtaken);
+    db.drop_schema().await;
+}
+
+/// [`setup`] on PostgreSQL, in `db`'s schema: the record of [`LOST`] says −4.
+async fn setup_on(db: &support::postgres::TestDb) -> (FakeGateway, GatewayClient, TestServer) {
     let mut config = test_config();
     config.store = db.store_config(std::time::Duration::from_secs(3600));
     let store = payhook::store::PgStore::open(&config.store, &[])
@@ -166,9 +179,7 @@ async fn a_lookup_overtaken_on_a_shared_database_books_nothing_stale() {
     gateway.with(|s| s.transactions.insert(LOST.to_owned(), looked_up));
     let client = GatewayClient::new(&gateway.config()).unwrap();
     let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
-    let overtaken = reconcile_overtaken((gateway, client, server), (4, 4), |_| {}).await;
-    assert_nothing_stale_booked(overtaken);
-    db.drop_schema().await;
+    (gateway, client, server)
 }
 
 /// The reconcile of a lookup overtaken by the booking of 4 is told booked, and the handler
@@ -193,7 +204,16 @@ fn assert_nothing_stale_booked(
 /// claim, it still says so) is booked, after the booked one.
 #[tokio::test]
 async fn a_status_the_record_still_holds_when_read_again_is_booked_after_the_booked_one() {
-    let (outcome, calls, lookups) = reconcile_overtaken(setup(-4).await, (-4, 4), |_| {}).await;
+    let overtaken = reconcile_overtaken(setup(-4).await, (-4, 4), |_| {}).await;
+    assert_booked_after_the_booked_one(overtaken);
+}
+
+/// The reconcile of a lookup overtaken by the booking of 4, whose record still says −4 when
+/// read again, booked −4 after 4: the second delivery to reach the handler (the claim given
+/// back before any handler ran counted none).
+fn assert_booked_after_the_booked_one(
+    (outcome, calls, lookups): (Result<Reconciled, ReconcileError>, Vec<support::Seen>, u32),
+) {
     assert!(
         matches!(
             outcome,
@@ -201,8 +221,11 @@ async fn a_status_the_record_still_holds_when_read_again_is_booked_after_the_boo
         ),
         "{outcome:?}"
     );
-    let previous: Vec<_> = calls.iter().map(|c| c.previous_status).collect();
-    assert_eq!(previous, [None, Some(4)]);
+    let seen: Vec<_> = calls
+        .iter()
+        .map(|c| (c.previous_status, c.attempt))
+        .collect();
+    assert_eq!(seen, [(None, 1), (Some(4), 2)]);
     assert_eq!(lookups, 2);
 }
 

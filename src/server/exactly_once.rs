@@ -420,7 +420,9 @@ impl ExactlyOnce {
         if let Some(previous) = previous_status.filter(|previous| *previous != status)
             && let Err(refused) = after.book_after(previous)
         {
-            release(store.as_ref(), &nonce, held.claim).await;
+            if let Err(error) = store.give_back_callback(&nonce, held.claim).await {
+                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be given back; it will be taken over when stale");
+            }
             held.ended();
             self.inner.waiters.finished(key);
             return Ok(Err(refused));

@@ -187,6 +187,20 @@ impl Claims {
         }
     }
 
+    /// [`Claims::end`] of a claim given up before any handler ran: its attempt is not
+    /// counted.
+    pub(crate) fn give_back(&self, nonce: &str, claim: Claim, now_ms: u64) {
+        {
+            let mut shard = self.shard(nonce);
+            if let Some(entry) = shard.entries.get_mut(nonce)
+                && entry.claim.is_some_and(|(c, _)| c == claim)
+            {
+                entry.attempts = entry.attempts.saturating_sub(1);
+            }
+        }
+        self.end(nonce, claim, false, now_ms);
+    }
+
     /// Forgets unclaimed nonces untouched since `before_ms` (never acknowledged, given up).
     pub(crate) fn prune(&self, before_ms: u64) {
         for shard in &self.shards {

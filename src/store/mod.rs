@@ -620,6 +620,14 @@ pub trait DedupStore: Send + Sync + 'static {
     /// Gives the claim up (the handler failed or asked for a retry).
     fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
 
+    /// Gives the claim up before any handler ran (a reconcile whose lookup another status
+    /// overtook): unlike [`Store::release_callback`], the claim does not count as a delivery
+    /// that reached the handler, and the next one's attempt number is what it would have
+    /// been without it. By default, [`Store::release_callback`].
+    fn give_back_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
+        self.release_callback(nonce, claim)
+    }
+
     /// Counts a failed delivery of (nonce, status) for operators; forgotten once that status
     /// is booked, or with the retention. A backend may write it without waiting.
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()>;

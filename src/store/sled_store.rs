@@ -674,6 +674,11 @@ impl DedupStore for SledStore {
         ready(Ok(()))
     }
 
+    fn give_back_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
+        self.inner.callback_claims.give_back(nonce, claim, now_ms());
+        ready(Ok(()))
+    }
+
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         if self.check_healthy().is_ok() {
             self.inner.writer.submit(Job::Failure(Box::new(failure)));

@@ -151,6 +151,24 @@ impl DedupStore for PgStore {
         })
     }
 
+    /// Rolled back: the claim's mark and its attempt with it.
+    fn give_back_callback<'a>(&'a self, _: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(mut held) = self.inner.claims.take(claim.id) else {
+                return Ok(());
+            };
+            // A connection that cannot roll back is closed instead: the database rolls the
+            // transaction back all the same.
+            match held.rollback_and_park().await {
+                Ok(()) => self.inner.claims.ended(held),
+                Err(error) => {
+                    tracing::debug!(%error, "a claim's connection could not roll back; closing it");
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn record_callback_failure(&self, failure: CallbackFailure) -> StoreFuture<'_, ()> {
         Box::pin(async move { self.insert_failure(self.pool(), &failure).await })
     }
