@@ -231,7 +231,8 @@ enum Reading {
 /// the record's status is booked only after it. A lookup that read −4 just before the
 /// aggregator moved the transaction to 4 and its callback booked 4 found 4 booked when it
 /// claimed the nonce; booked then, −4 reached the handler after 4 — a booked success read as
-/// reversed. The claim is released instead, and the record read again (no call to the
+/// reversed. The claim is given back instead (counting no attempt), and the record read
+/// again (no call to the
 /// aggregator is made while a claim is held: a claim on a shared store is taken over once
 /// it is held for the handler timeout and a margin).
 #[derive(Debug, Clone, Copy)]

@@ -621,9 +621,9 @@ pub trait DedupStore: Send + Sync + 'static {
     fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
 
     /// Gives the claim up before any handler ran (a reconcile whose lookup another status
-    /// overtook): unlike [`Store::release_callback`], the claim does not count as a delivery
+    /// overtook): unlike [`DedupStore::release_callback`], the claim does not count as a delivery
     /// that reached the handler, and the next one's attempt number is what it would have
-    /// been without it. By default, [`Store::release_callback`].
+    /// been without it. By default, [`DedupStore::release_callback`].
     fn give_back_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         self.release_callback(nonce, claim)
     }
