@@ -393,6 +393,30 @@ async fn a_late_retry_of_an_older_failure_does_not_undo_the_success_that_followe
     );
 }
 
+/// A success whose `updatedUtc` is a sender's unset date (year 1) is booked without a time:
+/// the failure that preceded it, retried late with its real time, is not taken for newer
+/// and does not take the deposit back (it was: year 1 is older than anything).
+#[tokio::test]
+async fn a_success_with_an_unset_date_is_not_undone_by_a_late_failure() {
+    let example = start().await;
+    let body = callback("d-unset", "unset", 1, "40");
+    assert_eq!(
+        example.callback(&at(&body, 4, "0001-01-01T00:00:00")).await,
+        200
+    );
+    assert_eq!(
+        example
+            .callback(&at(&body, -4, "2099-01-02T03:04:01Z"))
+            .await,
+        200
+    );
+    let kept = example.quarantined("d-unset", -4).await;
+    assert!(kept.reason.contains("not known to be newer"), "{kept:?}");
+    assert_eq!(example.balance("unset", "EUR").await, Decimal::from(40));
+    let entry = example.entry("d-unset").await.unwrap();
+    assert_eq!((entry.status, entry.bookings), (4, 1));
+}
+
 #[tokio::test]
 async fn a_later_failure_takes_back_a_deposit_but_pays_back_a_withdrawal_only_on_minus_2() {
     let example = start().await;

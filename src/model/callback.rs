@@ -63,6 +63,27 @@ pub struct CallbackBody {
     pub updated_utc: Option<DateTime<Utc>>,
 }
 
+impl CallbackBody {
+    /// `updatedUtc` when it is a real time: a date before 2000 is none — a sender's unset
+    /// date (.NET's `DateTime.MinValue`, the Unix epoch), which payhook accepts and hands
+    /// on. What orders the results of one transaction (`createdUtc` is the same for all):
+    /// taken as a real time, an unset date makes every result look older than any other,
+    /// and a late retry of a failure newer than a booked success.
+    ///
+    /// ```
+    /// # use payhook::model::CallbackBody;
+    /// let unset = r#"{"id":1,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+    ///   "nonce":"n-1","transactionType":1,"transactionStatus":4,"clientId":"c","amount":1,
+    ///   "currency":"EUR","updatedUtc":"0001-01-01T00:00:00"}"#;
+    /// let callback: CallbackBody = serde_json::from_str(unset)?;
+    /// assert!(callback.updated_utc.is_some() && callback.updated().is_none());
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn updated(&self) -> Option<DateTime<Utc>> {
+        timestamp::real(self.updated_utc)
+    }
+}
+
 /// What can be read of a callback body that was refused (answered 400): each field on its
 /// own, `None` where it is missing, `null` or of another type, so that an operator can find
 /// the callback among the failing ones (see `server::refusal`). A body that is no JSON

@@ -298,8 +298,8 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
         .map(from_json)
         .transpose()?;
     // Only `updatedUtc` orders the results of one transaction: `createdUtc` is the same
-    // for all of them.
-    let changed = callback.updated_utc;
+    // for all of them. An unset date (before 2000) is no time.
+    let changed = callback.updated();
     if let Some(reason) = previous
         .as_ref()
         .and_then(|previous| not_replacing(previous, status, changed))
