@@ -923,9 +923,9 @@ pub async fn tail(
         {
             Ok(list) => list,
             Err(error) => {
-                let Some(pause) = passing(&error) else {
+                if !passing(&error) {
                     return Err(error);
-                };
+                }
                 let said = match &error {
                     AdminError::Remote { status: 0, message } => message.clone(),
                     other => other.to_string(),
@@ -934,7 +934,7 @@ pub async fn tail(
                     notice(out, options.json, &Notice::Waiting(&said))?;
                     failing = Some(said);
                 }
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 continue;
             }
         };
@@ -1008,17 +1008,17 @@ impl Followed {
     }
 }
 
-/// How long to wait before asking again after `error`, when it passes: no answer, 429 (too
-/// many wrong tokens from this address — others', or this token's, which a 401 ends once
-/// the allowance grows back), or a proxy's 502, 503 or 504 while the service restarts.
-fn passing(error: &AdminError) -> Option<std::time::Duration> {
-    match error {
+/// Whether `error` passes, to be waited out (asked again a second later): no answer, 429
+/// (too many wrong tokens from this address — others', or this token's, which a 401 ends
+/// once the allowance grows back), or a proxy's 502, 503 or 504 while the service restarts.
+fn passing(error: &AdminError) -> bool {
+    matches!(
+        error,
         AdminError::Remote {
             status: 0 | 429 | 502..=504,
             ..
-        } => Some(std::time::Duration::from_secs(1)),
-        _ => None,
-    }
+        }
+    )
 }
 
 /// What `payhook tail` says between deliveries.
@@ -1383,10 +1383,10 @@ mod tests {
             message: String::new(),
         };
         for status in [0, 429, 502, 503, 504] {
-            assert!(passing(&answered(status)).is_some(), "{status}");
+            assert!(passing(&answered(status)), "{status}");
         }
         for status in [400, 401, 403, 404, 409, 500] {
-            assert!(passing(&answered(status)).is_none(), "{status}");
+            assert!(!passing(&answered(status)), "{status}");
         }
     }
 

@@ -61,7 +61,7 @@ pub use crate::auth::{AuthConfig, AuthMethod, Cidr, CidrError, EndpointAuthConfi
 pub use crate::gateway::GatewayConfig;
 pub use crate::postponed::{DeadlineOutcome, ValidationConfig};
 pub use crate::server::{AdminConfig, CallbackConfig, PathsConfig, ServerConfig};
-pub use crate::setting::{DurationError, REDACTED, parse_duration};
+pub use crate::setting::{DurationError, REDACTED, format_duration, parse_duration};
 pub use crate::signature::{KeySource, SignatureConfig};
 pub use crate::store::StoreConfig;
 

@@ -76,8 +76,15 @@ pub(crate) fn durations_text<S: Serializer>(
     serializer.collect_seq(values.iter().map(|d| format_duration(*d)))
 }
 
-/// `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"`: the largest unit that holds it exactly.
-fn format_duration(value: Duration) -> String {
+/// `"250ms"`, `"10s"`, `"5m"`, `"1h"`, `"30d"`: the largest unit that holds it exactly, as
+/// [`parse_duration`] reads it.
+///
+/// ```
+/// use payhook::config::format_duration;
+/// assert_eq!(format_duration(std::time::Duration::from_millis(500)), "500ms");
+/// assert_eq!(format_duration(std::time::Duration::from_secs(600)), "10m");
+/// ```
+pub fn format_duration(value: Duration) -> String {
     let millis = value.as_millis();
     let units = [
         (86_400_000, "d"),

@@ -141,6 +141,8 @@ async fn a_call_from_another_machine_over_plain_http_is_refused() {
     for refused in [
         server.send(&listing(&via("https, http"))).await,
         server.send(&listing(&via("https,http"))).await,
+        // An empty value (a trailing comma) is no https either.
+        server.send(&listing(&via("https,"))).await,
         server.send(&listing(&two_lines)).await,
     ] {
         assert_eq!(refused.status, 403);

@@ -148,8 +148,8 @@ pub(super) enum Delivered {
 /// status when it is another — decided at once, under the claim. A delivered callback is
 /// booked as the aggregator signed it, after whatever was booked (`()`); a reconcile's
 /// lookup may be older than a callback booked while the reconcile waited for the claim
-/// (`reconcile::ReadAfter`), and is then not booked: the claim is released, and the
-/// reconcile reads the record again.
+/// (`reconcile::ReadAfter`), and is then not booked: the claim is given back (counting no
+/// attempt), and the reconcile reads the record again.
 pub(super) trait BookAfter: Send + 'static {
     /// Why the callback is not booked after `previous`.
     type Refused: Send + 'static;
@@ -351,7 +351,7 @@ impl ExactlyOnce {
 
     /// [`Self::deliver`], booked only if `after` agrees to the nonce's last acknowledged
     /// status when it is another; when it does not, nothing is booked and the claim is
-    /// released at once.
+    /// given back at once.
     pub(super) async fn deliver_after<A: BookAfter>(
         &self,
         callback: CallbackBody,
@@ -420,9 +420,7 @@ impl ExactlyOnce {
         if let Some(previous) = previous_status.filter(|previous| *previous != status)
             && let Err(refused) = after.book_after(previous)
         {
-            if let Err(error) = store.give_back_callback(&nonce, held.claim).await {
-                tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be given back; it will be taken over when stale");
-            }
+            let_go(store.as_ref(), &nonce, held.claim, Ran::NoHandler).await;
             held.ended();
             self.inner.waiters.finished(key);
             return Ok(Err(refused));
@@ -480,7 +478,7 @@ impl ExactlyOnce {
                     self.forget_failure_once_booked(&store, &nonce, status);
                 }
             }
-            release(store.as_ref(), &nonce, held.claim).await;
+            let_go(store.as_ref(), &nonce, held.claim, Ran::Handler).await;
         }
         held.ended();
         self.inner.waiters.finished(key);
@@ -1018,12 +1016,26 @@ impl NotBooked {
     }
 }
 
-/// Releases the claim of a callback not booked. An in-memory claim (sled) ends at once; a
-/// shared store's claim ends with its connection if this fails, or is taken over when
-/// stale.
-async fn release(store: &dyn Store, nonce: &Nonce, claim: Claim) {
-    if let Err(error) = store.release_callback(nonce, claim).await {
-        tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
+/// What ran under a claim let go of.
+#[derive(Clone, Copy)]
+enum Ran {
+    /// The handler (or the booking was refused before it for the record's sake): the attempt
+    /// counts.
+    Handler,
+    /// Nothing: given back before any handler ran, it counts no attempt.
+    NoHandler,
+}
+
+/// Lets go of the claim of a callback not booked: released, or given back when no handler
+/// ran. An in-memory claim (sled) ends at once; a shared store's claim ends with its
+/// connection if this fails, or is taken over when stale.
+async fn let_go(store: &dyn Store, nonce: &Nonce, claim: Claim, ran: Ran) {
+    let ended = match ran {
+        Ran::Handler => store.release_callback(nonce, claim),
+        Ran::NoHandler => store.give_back_callback(nonce, claim),
+    };
+    if let Err(error) = ended.await {
+        tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be let go of; it will be taken over when stale");
     }
 }
 

@@ -44,13 +44,12 @@ enum Guesser {
     V4([u8; 4]),
     /// The /64 of an IPv6 address.
     V6([u8; 8]),
-    /// A caller whose address is not known (a server of one's own that does not give it).
-    Unknown,
     /// An IPv4 /24, for its addresses past [`ADDRESSES_KEPT`].
     Network4([u8; 3]),
     /// An IPv6 /48, for its addresses past [`ADDRESSES_KEPT`].
     Network6([u8; 6]),
-    /// Every address past [`ADDRESSES_KEPT`] and [`NETWORKS_KEPT`].
+    /// Every address past [`ADDRESSES_KEPT`] and [`NETWORKS_KEPT`], and a caller whose
+    /// address is not known.
     Everyone,
 }
 
@@ -59,7 +58,9 @@ impl Guesser {
         match client.map(|ip| ip.to_canonical()) {
             Some(IpAddr::V4(ip)) => Self::V4(ip.octets()),
             Some(IpAddr::V6(ip)) => Self::V6(first(&ip.octets())),
-            None => Self::Unknown,
+            // Not known (a server of one's own that does not give it; the operating API
+            // refuses such a caller first): counted with everyone past the networks.
+            None => Self::Everyone,
         }
     }
 

@@ -798,9 +798,6 @@ fn validations_state(query: &str) -> Result<Option<PostponedState>, Problem> {
         })
 }
 
-/// The form asking for the token, for a browser without a session. A token in the address
-/// is refused, not taken: it would be kept in the browser's history and in the logs of every
-/// proxy on the way (`#token=…` — a fragment, never sent — fills the form instead).
 /// Refuses a login form posted by another site's page, as the browser says
 /// (`Sec-Fetch-Site`, which a page cannot set): a page the operator opens could post wrong
 /// tokens to the service on this machine and spend the operator's guesses ([`Guesses`]).
@@ -819,6 +816,9 @@ fn refuse_cross_site(headers: &HeaderMap) -> Result<(), Problem> {
     }
 }
 
+/// The form asking for the token, for a browser without a session. A token in the address
+/// is refused, not taken: it would be kept in the browser's history and in the logs of every
+/// proxy on the way (`#token=…` — a fragment, never sent — fills the form instead).
 fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
     let in_address = query.is_some_and(|query| {
         form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token")
@@ -942,23 +942,11 @@ impl OperatingApi {
         let presented = form_urlencoded::parse(form)
             .find(|(key, _)| key == "token")
             .map(|(_, value)| value.into_owned());
-        let right = match &presented {
-            Some(token) => match self.access.token_is(token, client) {
-                Ok(right) => right,
-                Err(problem @ Problem::TooManyGuesses { .. }) => {
-                    let mut response = html(
-                        http::StatusCode::TOO_MANY_REQUESTS,
-                        page::login(Some(&problem.message())),
-                    );
-                    problem.set_retry_after(response.headers_mut());
-                    return Ok(response);
-                }
-                Err(problem) => return Err(problem),
-            },
-            None => false,
+        let Some(token) = presented else {
+            return Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None)));
         };
-        match presented {
-            Some(_) if right => {
+        match self.access.token_is(&token, client) {
+            Ok(true) => {
                 let mut response = html(http::StatusCode::SEE_OTHER, String::new());
                 response.headers_mut().insert(
                     http::header::LOCATION,
@@ -968,11 +956,19 @@ impl OperatingApi {
                 set_session_cookie(&mut response, &session, SESSION_LIFETIME_SECS, https);
                 Ok(response)
             }
-            Some(_) => Ok(html(
+            Ok(false) => Ok(html(
                 http::StatusCode::UNAUTHORIZED,
                 page::login(Some("invalid token")),
             )),
-            None => Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None))),
+            Err(problem @ Problem::TooManyGuesses { .. }) => {
+                let mut response = html(
+                    http::StatusCode::TOO_MANY_REQUESTS,
+                    page::login(Some(&problem.message())),
+                );
+                problem.set_retry_after(response.headers_mut());
+                Ok(response)
+            }
+            Err(problem) => Err(problem),
         }
     }
 

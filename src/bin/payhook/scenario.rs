@@ -240,17 +240,8 @@ async fn shell(
         Ok(output) => output.map_err(|error| error.to_string()),
         Err(_) => Err(format!(
             "it did not end within {} (--command-timeout), and was stopped",
-            duration_text(within)
+            payhook::config::format_duration(within)
         )),
-    }
-}
-
-/// `wait` as a setting would say it: whole seconds, or milliseconds below a second.
-fn duration_text(wait: Duration) -> String {
-    if wait.subsec_millis() == 0 && wait.as_secs() > 0 {
-        format!("{}s", wait.as_secs())
-    } else {
-        format!("{}ms", wait.as_millis())
     }
 }
 

@@ -154,16 +154,8 @@ impl DedupStore for PgStore {
     /// Rolled back: the claim's mark and its attempt with it.
     fn give_back_callback<'a>(&'a self, _: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let Some(mut held) = self.inner.claims.take(claim.id) else {
-                return Ok(());
-            };
-            // A connection that cannot roll back is closed instead: the database rolls the
-            // transaction back all the same.
-            match held.rollback_and_park().await {
-                Ok(()) => self.inner.claims.ended(held),
-                Err(error) => {
-                    tracing::debug!(%error, "a claim's connection could not roll back; closing it");
-                }
+            if let Some(held) = self.inner.claims.take(claim.id) {
+                self.roll_back(held).await;
             }
             Ok(())
         })
@@ -496,15 +488,21 @@ impl PgStore {
             self.inner.claims.ended(held);
             return Ok(CallbackBegin::Duplicate);
         }
-        // Claimed elsewhere now. A connection that cannot roll back is closed instead: the
-        // answer stands.
+        // Claimed elsewhere now: the answer stands, however the rollback goes.
+        self.roll_back(held).await;
+        Ok(CallbackBegin::Busy)
+    }
+
+    /// Rolls the claim's transaction back and parks its connection for the next claim; a
+    /// connection that cannot roll back is closed instead (dropped open), and the database
+    /// rolls the transaction back all the same.
+    async fn roll_back(&self, mut held: HeldClaim) {
         match held.rollback_and_park().await {
             Ok(()) => self.inner.claims.ended(held),
             Err(error) => {
                 tracing::debug!(%error, "a claim's connection could not roll back; closing it");
             }
         }
-        Ok(CallbackBegin::Busy)
     }
 
     /// Ends a claim whose handler did not book it: the status leaves the mark written at
