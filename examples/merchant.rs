@@ -35,8 +35,9 @@
 //! - Its limit is one amount per transaction, whatever the currency, and a withdrawal is
 //!   not checked against the client's balance.
 //! - A result it will not book (module docs of `example_merchant`) is acknowledged into its
-//!   `ledger_quarantine` tree and logged at error level, and nothing else: alert on that
-//!   line, or count the tree, so that a person resolves it.
+//!   `ledger_quarantine` tree, and payhook reports the callback held, not booked (logged at
+//!   error level with the reason, counted in `payhook_callbacks_held_total`: the shipped
+//!   alert `PayhookCallbacksHeld` fires on it), so that a person resolves it.
 //!
 //! With arguments it runs an operating command of [`payhook::admin`] instead, with its own
 //! handlers — e.g. `cargo run --example merchant -- reconcile --ref REFERENCE_ID` books lost

@@ -696,6 +696,11 @@ impl AdminCommand {
                         .unwrap_or_default();
                     let line = match outcome.outcome.as_str() {
                         "booked" => format!("{}: booked now ({status})", outcome.reference_id),
+                        "held" => held_line(
+                            outcome.reference_id,
+                            &status,
+                            outcome.message.as_deref().unwrap_or_default(),
+                        ),
                         "already_booked" => {
                             format!("{}: already booked ({status})", outcome.reference_id)
                         }
@@ -760,6 +765,13 @@ fn print<T: serde::Serialize + ?Sized>(
     Ok(())
 }
 
+/// The line of a reconciled transaction whose result the merchant held, not booked.
+fn held_line(id: Uuid, status: &str, reason: &str) -> String {
+    format!(
+        "{id}: acknowledged now ({status}) but HELD by the merchant, not booked: {reason} — for a person to resolve"
+    )
+}
+
 /// Books lost callbacks through `app` and reports each id on `out`.
 ///
 /// # Errors
@@ -775,6 +787,7 @@ pub async fn reconcile(
     for (id, outcome) in app.reconcile(gateway, reference_ids).await {
         let line = match outcome {
             Ok(Reconciled::Booked(status)) => format!("{id}: booked now ({status})"),
+            Ok(Reconciled::Held { status, reason }) => held_line(id, &status.to_string(), &reason),
             Ok(Reconciled::AlreadyBooked(status)) => format!("{id}: already booked ({status})"),
             Ok(Reconciled::NotFinal(status)) => {
                 format!("{id}: not final yet ({status}); nothing to book")

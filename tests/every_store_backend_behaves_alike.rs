@@ -15,8 +15,8 @@ use payhook::postponed::{
     Decision, Delivery, PostponedState, PostponedValidation, Repeat, Resolution,
 };
 use payhook::store::{
-    CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint, OutboxSummary,
-    RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
+    Booking, CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint,
+    OutboxSummary, RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
 };
 use support::postgres::TestDb;
 
@@ -389,6 +389,37 @@ async fn effects_that_abort_write_nothing_and_acknowledge_nothing(b: &Backend) {
     // The claim ended with the failure: the retry claims it.
     let (_, attempt, _) = b.claim("n-1", TransactionStatus::Success).await;
     assert_eq!(attempt, 2);
+}
+
+behaviour!(a_result_its_effects_hold_is_acknowledged_with_what_they_wrote);
+async fn a_result_its_effects_hold_is_acknowledged_with_what_they_wrote(b: &Backend) {
+    let ledger = b.store.tree("ledger").unwrap();
+    let effects = b.add("c-1", 3);
+    effects.book(move |tx| {
+        tx.insert(&ledger, b"aside|n-1", b"a currency not kept")?;
+        Ok(Booking::held("a currency not kept"))
+    });
+    b.acknowledge("n-1", TransactionStatus::Success, effects.clone())
+        .await;
+    assert_eq!(effects.held().as_deref(), Some("a currency not kept"));
+    assert_eq!(b.balance("c-1").await, 3, "what the effects wrote is kept");
+    let aside = b.store.tree("ledger").unwrap();
+    assert_eq!(
+        b.store.get(&aside, b"aside|n-1").await.unwrap().as_deref(),
+        Some(&b"a currency not kept"[..])
+    );
+    assert!(
+        b.shared
+            .callback_acknowledged(&Nonce::from("n-1"), TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    let booked = b.add("c-1", 4);
+    booked.book(|_| Ok(Booking::Booked));
+    b.acknowledge("n-2", TransactionStatus::Success, booked.clone())
+        .await;
+    assert_eq!(booked.held(), None);
+    assert_eq!(b.balance("c-1").await, 7);
 }
 
 behaviour!(concurrent_read_modify_writes_of_one_balance_lose_nothing);

@@ -368,8 +368,9 @@ pub struct DeliveryEntry {
     pub transaction_status: Option<i32>,
     /// The validation id (transaction validations).
     pub validation_id: Option<i64>,
-    /// `booked`, `duplicate`, `allowed`, `denied`, `postponed`, `replayed`, `answered`,
-    /// `refused` (4xx) or `failed` (5xx).
+    /// `booked`, `held` (acknowledged, but held by the merchant instead of booked),
+    /// `duplicate`, `allowed`, `denied`, `postponed`, `replayed`, `answered`, `refused`
+    /// (4xx) or `failed` (5xx).
     pub outcome: String,
     /// The answer's HTTP status.
     pub status: u16,
@@ -537,8 +538,9 @@ fn detail(recorded: &Recorded, attempt: u32) -> DeliveryDetail {
 }
 
 /// Every outcome [`outcome`] gives, for filters.
-pub(crate) const OUTCOMES: [&str; 9] = [
+pub(crate) const OUTCOMES: [&str; 10] = [
     "booked",
+    "held",
     "duplicate",
     "allowed",
     "denied",
@@ -781,6 +783,7 @@ mod tests {
         let noted = [
             None,
             Some(Outcome::Booked),
+            Some(Outcome::Held),
             Some(Outcome::Duplicate),
             Some(Outcome::Allowed),
             Some(Outcome::Denied),

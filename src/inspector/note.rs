@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 pub(crate) enum Outcome {
     /// A callback whose handler acknowledged it; booked.
     Booked,
+    /// A callback whose handler acknowledged it, but held it instead of booking it.
+    Held,
     /// A callback acknowledged before: answered 200 without the handler.
     Duplicate,
     /// A validation allowed (or a providers validation answered).
@@ -33,6 +35,7 @@ impl Outcome {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Booked => "booked",
+            Self::Held => "held",
             Self::Duplicate => "duplicate",
             Self::Allowed => "allowed",
             Self::Denied => "denied",

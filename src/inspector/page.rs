@@ -477,7 +477,7 @@ th{background:#f4f4f4}.refused td.outcome,.failed td.outcome,.bad{color:#b00}\
 .booked td.outcome,.allowed td.outcome,.good,.delivered td.state{color:#070}\
 .empty{color:#777}dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}\
 dt{color:#555}dd{margin:0}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}\
-section#health{background:#fafafa;padding:4px 12px}#logout{float:right;font-size:13px}";
+section#health{background:#fafafa;padding:4px 12px}.held td.outcome{color:#a50}#logout{float:right;font-size:13px}";
 
 const SCRIPT: &str = r#"
 const base = location.pathname.replace(/inspector\/?$/, '');

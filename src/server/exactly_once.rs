@@ -136,10 +136,14 @@ use crate::inspector::note::{self, Outcome};
 type Answer = Result<Response<Full<Bytes>>, Problem>;
 
 /// What became of a callback delivery that succeeded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Delivered {
     /// The handler acknowledged it; its effects and the mark are durable.
     Booked,
+    /// The handler acknowledged it, but its effects held the result instead of booking it
+    /// ([`Booking::Held`](crate::store::Booking::Held), why): durable as a booking is,
+    /// answered 200 alike, reported as held.
+    Held(String),
     /// This (nonce, status) was acknowledged before; the handler was not called.
     Duplicate,
 }
@@ -317,7 +321,7 @@ impl ExactlyOnce {
                 // Before the booking: its record's retention counts from its commit, later.
                 let started_ms = now_ms();
                 let delivered = self.deliver(callback, request).await?;
-                if let (Some(pair), Delivered::Booked) = (pair, delivered) {
+                if let (Some(pair), Delivered::Booked | Delivered::Held(_)) = (pair, &delivered) {
                     self.mark_booked(pair, started_ms);
                 }
                 delivered
@@ -326,6 +330,12 @@ impl ExactlyOnce {
         match delivered {
             Delivered::Booked => {
                 note::with(|n| n.outcome = Some(Outcome::Booked));
+                ok("callback accepted")
+            }
+            // The aggregator is answered as for a booking: the result is acknowledged, and
+            // its retries would be held alike.
+            Delivered::Held(_) => {
+                note::with(|n| n.outcome = Some(Outcome::Held));
                 ok("callback accepted")
             }
             Delivered::Duplicate => {
@@ -642,7 +652,10 @@ impl ExactlyOnce {
             .await
             .map_err(NotBooked::claim_held)?;
         // Resolves once the mark and the effects are durable (group commit).
-        if let Err(error) = store.finish_callback(nonce, claim, status, effects).await {
+        if let Err(error) = store
+            .finish_callback(nonce, claim, status, effects.clone())
+            .await
+        {
             let problem = match error {
                 effect @ (StoreError::Aborted { .. }
                 | StoreError::UnknownTree { .. }
@@ -657,14 +670,38 @@ impl ExactlyOnce {
                 claim_ended: true,
             });
         }
-        self.booked();
-        Ok(Delivered::Booked)
+        match effects.held() {
+            Some(reason) => {
+                self.held(nonce, status, &reason);
+                Ok(Delivered::Held(reason))
+            }
+            None => {
+                self.booked();
+                Ok(Delivered::Booked)
+            }
+        }
     }
 
     fn booked(&self) {
         self.inner
             .metrics
             .callbacks_booked
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A result acknowledged but held by the handler's effects, not booked: said once, at
+    /// error level, now that it is durable (an effect may run more than once, and its
+    /// writes may not commit), and counted.
+    fn held(&self, nonce: &Nonce, status: TransactionStatus, reason: &str) {
+        tracing::error!(
+            nonce = %Logged(nonce),
+            status = status.code(),
+            reason = %Logged(reason),
+            "callback acknowledged and held, not booked: the merchant's effects kept it aside for a person to resolve"
+        );
+        self.inner
+            .metrics
+            .callbacks_held
             .fetch_add(1, Ordering::Relaxed);
     }
 

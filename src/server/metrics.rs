@@ -9,9 +9,10 @@
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
-//! | `payhook_request_duration_seconds{endpoint, outcome}` | histogram | how long each endpoint took to answer, from the request's arrival to its answer; `outcome`: `booked`, `duplicate` (callbacks), `allowed`, `denied`, `postponed`, `replayed` (validations), `answered` (providers), `refused` (4xx), `failed` (5xx) |
+//! | `payhook_request_duration_seconds{endpoint, outcome}` | histogram | how long each endpoint took to answer, from the request's arrival to its answer; `outcome`: `booked`, `held`, `duplicate` (callbacks), `allowed`, `denied`, `postponed`, `replayed` (validations), `answered` (providers), `refused` (4xx), `failed` (5xx) |
 //! | `payhook_answers_total{route, status}` | counter | answers by route (`callback`, `transaction_validation`, `providers_validation`, `healthz`, `readyz`, `metrics`, `admin`, `unknown`) and status code (`other` for codes payhook does not send) |
 //! | `payhook_callbacks_booked_total` | counter | callbacks whose handler acknowledged and whose mark is durable (reconciled ones included) |
+//! | `payhook_callbacks_held_total` | counter | callbacks acknowledged (answered 200, durably marked) whose handler's effects held the result for a person to resolve instead of booking it ([`Booking::Held`](crate::store::Booking::Held)): alert on any increase |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
 //! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
 //! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
@@ -77,6 +78,8 @@ pub(crate) struct Metrics {
     /// Answers by route (row) and status (column).
     answers: [[AtomicU64; STATUSES.len()]; ROUTES.len()],
     pub(crate) callbacks_booked: AtomicU64,
+    /// Acknowledged, but held by the handler's effects instead of booked.
+    pub(crate) callbacks_held: AtomicU64,
     pub(crate) callbacks_duplicate: AtomicU64,
     /// Deliveries whose handler failed (answered 503 for a retry).
     pub(crate) callback_failures: AtomicU64,
@@ -103,7 +106,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("payhook");
         registry.register_with_unit(
             "request_duration",
-            "How long the endpoints took to answer, from the request's arrival to the answer, by endpoint and outcome (booked, duplicate, allowed, denied, postponed, replayed, answered, refused, failed)",
+            "How long the endpoints took to answer, from the request's arrival to the answer, by endpoint and outcome (booked, held, duplicate, allowed, denied, postponed, replayed, answered, refused, failed)",
             Unit::Seconds,
             request_seconds.clone(),
         );
@@ -115,6 +118,7 @@ impl Default for Metrics {
         Self {
             answers: Default::default(),
             callbacks_booked: AtomicU64::default(),
+            callbacks_held: AtomicU64::default(),
             callbacks_duplicate: AtomicU64::default(),
             callback_failures: AtomicU64::default(),
             validations: Default::default(),
@@ -219,6 +223,7 @@ impl Metrics {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         vec![
             ("callbacks booked", load(&self.callbacks_booked)),
+            ("callbacks held", load(&self.callbacks_held)),
             ("callbacks duplicate", load(&self.callbacks_duplicate)),
             ("callback failures", load(&self.callback_failures)),
             (
@@ -283,6 +288,11 @@ impl Metrics {
                 "callbacks_booked",
                 "Callbacks acknowledged by the handler and durably marked",
                 load(&self.callbacks_booked),
+            ),
+            (
+                "callbacks_held",
+                "Callbacks acknowledged and durably marked, whose handler held the result for a person instead of booking it",
+                load(&self.callbacks_held),
             ),
             (
                 "callbacks_duplicate",

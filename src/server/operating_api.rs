@@ -387,12 +387,13 @@ pub struct AdminReconcile {
 pub struct AdminReconciled {
     /// The transaction.
     pub reference_id: Uuid,
-    /// `booked`, `already_booked`, `not_final`, `unknown` (it may have been booked:
-    /// reconcile again to see) or `error`.
+    /// `booked`, `held` (acknowledged, but held by the merchant for a person to resolve),
+    /// `already_booked`, `not_final`, `unknown` (it may have been booked: reconcile again
+    /// to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.
     pub status: Option<i32>,
-    /// Why it failed, for `unknown` and `error`.
+    /// Why it was held (`held`), or why it failed (`unknown` and `error`).
     pub message: Option<String>,
 }
 
@@ -641,6 +642,9 @@ impl OperatingApi {
                     .map(|(reference_id, outcome)| {
                         let (outcome, status, message) = match outcome {
                             Ok(Reconciled::Booked(s)) => ("booked", Some(s.code()), None),
+                            Ok(Reconciled::Held { status, reason }) => {
+                                ("held", Some(status.code()), Some(reason))
+                            }
                             Ok(Reconciled::AlreadyBooked(s)) => {
                                 ("already_booked", Some(s.code()), None)
                             }

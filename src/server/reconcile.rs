@@ -19,7 +19,17 @@ use crate::model::{TransactionRecord, TransactionStatus};
 pub enum Reconciled {
     /// The result was booked now: its callback had been lost.
     Booked(TransactionStatus),
-    /// The result was booked before (its callback arrived): nothing done.
+    /// The result was acknowledged now (its callback had been lost), but the handler's
+    /// effects held it for a person to resolve instead of booking it
+    /// ([`Booking::Held`](crate::store::Booking::Held)).
+    Held {
+        /// The status read and acknowledged.
+        status: TransactionStatus,
+        /// Why the handler held it.
+        reason: String,
+    },
+    /// The result was acknowledged before (its callback arrived): nothing done. Booked
+    /// then, or held ([`Reconciled::Held`]): what the merchant's records say.
     AlreadyBooked(TransactionStatus),
     /// The transaction is still in progress (a status the spec defines, 0 to 3): no
     /// callback is due; nothing done. A status the spec does not define is handed to the
@@ -205,6 +215,7 @@ impl ExactlyOnce {
         };
         let done = match self.deliver_after(callback, request, read_after).await {
             Ok(Ok(Delivered::Booked)) => Reconciled::Booked(status),
+            Ok(Ok(Delivered::Held(reason))) => Reconciled::Held { status, reason },
             Ok(Ok(Delivered::Duplicate)) => Reconciled::AlreadyBooked(status),
             Ok(Err(Overtaken(booked))) => return Ok(Reading::Overtaken(booked)),
             Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {

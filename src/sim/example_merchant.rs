@@ -24,7 +24,10 @@
 //!
 //! **What it cannot book, it quarantines.** Balances use checked arithmetic. These results
 //! are acknowledged into the [`QUARANTINE`] tree (`nonce|status` → the result and the
-//! reason), logged at error level, and leave the entry and the balance untouched:
+//! reason) and leave the entry and the balance untouched; the effect says so
+//! ([`Booking::Held`]), and payhook reports the callback held, not booked (logged at error
+//! level with the reason, counted in `payhook_callbacks_held_total`, "held" on the
+//! inspector and in a reconcile):
 //!
 //! * a status that is no final result (the aggregator sends only 4 and -1 to -6): payhook
 //!   hands a handler every status it receives;
@@ -74,7 +77,7 @@ use crate::model::{
     CallbackBody, ProviderCandidate, ProvidersValidationRequest, TransactionStatus,
     TransactionType, TransactionValidationRequest,
 };
-use crate::store::{ConfiguredStore, EffectTx, StoreError, Tree};
+use crate::store::{Booking, ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -283,7 +286,11 @@ fn from_json<T: for<'de> Deserialize<'de>>(bytes: Vec<u8>) -> Result<T, StoreErr
 /// Books `callback` in the ledger, inside the store's transaction. A new status for a known
 /// nonce (a success, later a reversal) replaces the entry and corrects the balance its
 /// previous booking changed; what the example must not book is quarantined (module docs).
-fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(), StoreError> {
+fn book(
+    tx: &dyn EffectTx,
+    ledger: &Ledger,
+    callback: &CallbackBody,
+) -> Result<Booking, StoreError> {
     let status = callback.transaction_status;
     if !status.is_final() {
         let reason = format!(
@@ -362,7 +369,8 @@ fn book(tx: &dyn EffectTx, ledger: &Ledger, callback: &CallbackBody) -> Result<(
     for (key, new_balance) in balances {
         tx.insert(&ledger.balances, &key, &json(&new_balance))?;
     }
-    tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))
+    tx.insert(&ledger.entries, callback.nonce.as_bytes(), &json(&entry))?;
+    Ok(Booking::Booked)
 }
 
 /// Why a result with `status`, changed at `changed` (`updatedUtc`), must not replace the
@@ -424,17 +432,13 @@ fn exact_sum(balance: Decimal, change: Decimal) -> Option<Decimal> {
 }
 
 /// Acknowledges `callback` into quarantine, unbooked, for `reason`: see the module's docs.
+/// payhook reports it held, with `reason`, once it is durable.
 fn quarantine(
     tx: &dyn EffectTx,
     ledger: &Ledger,
     callback: &CallbackBody,
     reason: String,
-) -> Result<(), StoreError> {
-    tracing::error!(
-        nonce = %Logged(&callback.nonce),
-        reason = %Logged(&reason),
-        "result acknowledged into quarantine, not booked: resolve it by hand"
-    );
+) -> Result<Booking, StoreError> {
     let quarantined = Quarantined {
         client_id: callback.client_id.clone(),
         currency: callback.currency.clone(),
@@ -446,7 +450,10 @@ fn quarantine(
         &ledger.quarantine,
         &quarantine_key(&callback.nonce, quarantined.status),
         &json(&quarantined),
-    )
+    )?;
+    Ok(Booking::Held {
+        reason: quarantined.reason,
+    })
 }
 
 /// The merchant's own business rules. Cloned into each endpoint; clones share nothing mutable.
@@ -669,9 +676,10 @@ impl CallbackReceiver for Bookkeeper {
             previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"
         );
-        // Booked in the same atomic write that marks this (nonce, status) as done.
+        // Booked (or held in quarantine) in the same atomic write that marks this (nonce,
+        // status) as done.
         let ledger = self.ledger.clone();
-        ctx.effects.write(move |tx| book(tx, &ledger, &callback));
+        ctx.effects.book(move |tx| book(tx, &ledger, &callback));
         Ok(CallbackDecision::Ack)
     }
 }

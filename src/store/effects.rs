@@ -159,6 +159,37 @@ pub(crate) enum Staged {
 #[derive(Clone, Default)]
 pub struct Effects {
     staged: Arc<Mutex<Vec<Staged>>>,
+    /// What each booking effect ([`Effects::book`]) made of the result in its last run:
+    /// the reason it held it, or `None` when it booked it. One slot per booking effect,
+    /// overwritten each time the effects run (a transaction retried after a conflict runs
+    /// them all again).
+    holds: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+/// What a booking effect ([`Effects::book`]) made of a transaction result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Booking {
+    /// In the merchant's books.
+    Booked,
+    /// Acknowledged but kept aside for a person to resolve (a quarantine): the result is
+    /// written where the merchant keeps such results, the aggregator is answered 200 and
+    /// stops retrying, and payhook reports it as held, not booked — counted in
+    /// `payhook_callbacks_held_total`, shown as "held" by the inspector, logged at error
+    /// level with `reason` once the write is durable, and said "held" by a reconcile.
+    Held {
+        /// Why it could not be booked, for the person who resolves it.
+        reason: String,
+    },
+}
+
+impl Booking {
+    /// A [`Booking::Held`] for `reason`.
+    pub fn held(reason: impl Into<String>) -> Self {
+        Self::Held {
+            reason: reason.into(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Effects {
@@ -174,6 +205,62 @@ impl Effects {
         F: Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync + 'static,
     {
         self.lock().push(Staged::Trees(Arc::new(effect)));
+    }
+
+    /// Stages `effect`, which books the result or holds it ([`Booking`]), to run in the
+    /// transaction that marks this callback done. Either way the callback is acknowledged
+    /// (200) once what the effect wrote is durable; a held result is reported as held, not
+    /// booked. What the effect returns in its last run counts: like every effect it may run
+    /// more than once.
+    ///
+    /// ```
+    /// use payhook::store::{Booking, Effects, SledStore, StoreConfig};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// # let config = StoreConfig { path: dir.path().join("data"), ..StoreConfig::default() };
+    /// let store = SledStore::open(&config, &["ledger", "quarantine"])?;
+    /// let (ledger, quarantine) = (store.tree("ledger")?, store.tree("quarantine")?);
+    ///
+    /// let effects = Effects::default();
+    /// let nonce = "n-1".to_owned();
+    /// effects.book(move |tx| {
+    ///     if tx.get(&ledger, nonce.as_bytes())?.is_some() {
+    ///         tx.insert(&quarantine, nonce.as_bytes(), b"a second result")?;
+    ///         return Ok(Booking::held("a second result of a booked transaction"));
+    ///     }
+    ///     tx.insert(&ledger, nonce.as_bytes(), b"booked")?;
+    ///     Ok(Booking::Booked)
+    /// });
+    /// assert_eq!(effects.held(), None, "nothing has run yet");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn book<F>(&self, effect: F)
+    where
+        F: Fn(&dyn EffectTx) -> Result<Booking, StoreError> + Send + Sync + 'static,
+    {
+        let slot = {
+            let mut holds = lock(&self.holds);
+            holds.push(None);
+            holds.len() - 1
+        };
+        let holds = Arc::clone(&self.holds);
+        self.write(move |tx| {
+            let held = match effect(tx)? {
+                Booking::Booked => None,
+                Booking::Held { reason } => Some(reason),
+            };
+            if let Some(outcome) = lock(&holds).get_mut(slot) {
+                *outcome = held;
+            }
+            Ok(())
+        });
+    }
+
+    /// Why the result was held, not booked, when a booking effect ([`Effects::book`]) held
+    /// it the last time the effects ran (the first such reason); `None` when none did, or
+    /// they have not run.
+    pub fn held(&self) -> Option<String> {
+        lock(&self.holds).iter().flatten().next().cloned()
     }
 
     /// Stages the merchant's own SQL to run in the PostgreSQL transaction that marks this
@@ -255,9 +342,77 @@ impl Effects {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Staged>> {
-        // A panic while holding this lock only interrupted a push; the list is still whole.
-        self.staged
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.staged)
+    }
+}
+
+/// `list`, locked. A panic while holding one of these locks only interrupted a push or a
+/// write of one slot; the list is still whole.
+fn lock<T>(list: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+    list.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A transaction that holds nothing: what the effects return is all that is looked at.
+    struct Nothing;
+
+    impl EffectTx for Nothing {
+        fn get(&self, _: &Tree, _: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(None)
+        }
+        fn insert(&self, _: &Tree, _: &[u8], _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn remove(&self, _: &Tree, _: &[u8]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// A transaction retried after a conflict runs the effects again: what the last run
+    /// said counts, not a hold of a run that did not commit.
+    #[test]
+    fn the_last_run_of_the_effects_says_whether_the_result_was_held() {
+        let effects = Effects::default();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        effects.book(move |_| {
+            Ok(match counted.fetch_add(1, Ordering::SeqCst) {
+                0 => Booking::held("the balance was read before another booking"),
+                _ => Booking::Booked,
+            })
+        });
+        effects.write(|_| Ok(()));
+        assert_eq!(effects.held(), None, "nothing ran yet");
+        effects.apply(&Nothing).unwrap();
+        assert_eq!(
+            effects.held().as_deref(),
+            Some("the balance was read before another booking")
+        );
+        effects.apply(&Nothing).unwrap();
+        assert_eq!(effects.held(), None, "the run that committed booked it");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+
+    /// Of several booking effects, one that holds the result holds it, whatever the others
+    /// did; its reason is told.
+    #[test]
+    fn one_booking_effect_that_holds_the_result_holds_it() {
+        let effects = Effects::default();
+        effects.book(|_| Ok(Booking::Booked));
+        effects.book(|_| Ok(Booking::held("a currency the books do not keep")));
+        effects.book(|_| Ok(Booking::Booked));
+        effects.apply(&Nothing).unwrap();
+        assert_eq!(
+            effects.held().as_deref(),
+            Some("a currency the books do not keep")
+        );
+        let clone = effects.clone();
+        assert_eq!(clone.held(), effects.held(), "clones share what was said");
     }
 }

@@ -303,7 +303,7 @@ pub use commit_metrics::CommitMetrics;
 pub use configured::ConfiguredStore;
 #[cfg(feature = "postgres")]
 pub use effects::SqlFuture;
-pub use effects::{EffectTx, Effects, Tree};
+pub use effects::{Booking, EffectTx, Effects, Tree};
 pub(crate) use failing::sort_latest_first;
 pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
 #[cfg(feature = "postgres")]

@@ -159,6 +159,9 @@ async fn demo(
                 let outcome = app.reconcile(&gateway, &[reference_id]).await;
                 match outcome.into_iter().next().map(|(_, o)| o) {
                     Some(Ok(Reconciled::Booked(_))) => Ok(true),
+                    Some(Ok(Reconciled::Held { reason, .. })) => {
+                        Err(HandlerError::msg(format!("held, not booked: {reason}")))
+                    }
                     Some(Ok(Reconciled::AlreadyBooked(_))) => Ok(false),
                     Some(Ok(Reconciled::NotFinal(status))) => {
                         Err(HandlerError::msg(format!("not final: {status}")))

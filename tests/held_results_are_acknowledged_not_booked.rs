@@ -1,0 +1,259 @@
+//! A result the merchant's effects hold instead of booking (`Booking::Held`: the example
+//! merchant's quarantine) is acknowledged — the aggregator stops retrying, its retries are
+//! duplicates — and reported as held, not booked: in the metrics, on the inspector, and by
+//! a reconcile (the library call, the operating command's line and the operating API).
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::gateway::GatewayClient;
+use payhook::model::TransactionStatus;
+use payhook::server::Reconciled;
+use payhook::sim::example_merchant as merchant;
+use rust_decimal::Decimal;
+use serde_json::json;
+use support::gateway::FakeGateway;
+use support::*;
+use uuid::Uuid;
+
+const TOKEN: &str = "admin-token-0123456789";
+/// Transactions the aggregator holds, whose callbacks were lost.
+const LOST: [&str; 3] = [
+    "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+    "7d3c1f00-5b2a-4e8e-8f61-2a9c0e4b7d11",
+    "c1a0e6d2-9f3b-4a57-b2e8-64d0f5a3c9e7",
+];
+
+/// The example merchant served on port 0, its store in a temp dir, its operating API
+/// behind `TOKEN`, looking transactions up at `gateway`.
+struct Example {
+    addr: std::net::SocketAddr,
+    app: payhook::App,
+    ledger: merchant::Ledger,
+    _data: tempfile::TempDir,
+}
+
+async fn start(gateway: &FakeGateway) -> Example {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store.path = data.path().join("store");
+    config.gateway = gateway.config();
+    config.admin.token = Some(TOKEN.into());
+    let store = merchant::open_store(&config).await.unwrap();
+    let ledger = merchant::Ledger::of(&store).unwrap();
+    let example = merchant::Merchant {
+        max_amount: Decimal::from(1000),
+        review_above: None,
+        provider_tags: payhook::sim::example_merchant::ProviderTags::default(),
+    };
+    let app = merchant::app(config, example, store).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(payhook::serve(
+        listener,
+        app.clone(),
+        std::future::pending(),
+    ));
+    Example {
+        addr,
+        app,
+        ledger,
+        _data: data,
+    }
+}
+
+impl Example {
+    async fn callback(&self, body: &str) -> RawResponse {
+        let headers = [("Content-Type", "application/json")];
+        exchange(self.addr, &post(CALLBACK_PATH, &headers, body.as_bytes())).await
+    }
+
+    async fn admin(&self, method: &str, path: &str, body: Option<&str>) -> RawResponse {
+        let bearer = format!("Bearer {TOKEN}");
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", bearer.as_str()),
+        ];
+        let answer = exchange(
+            self.addr,
+            &request(method, path, &headers, body.map(str::as_bytes)),
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer
+    }
+
+    /// The value of `name` (a metric without labels) on `/metrics`.
+    async fn metric(&self, name: &str) -> f64 {
+        let answer = exchange(self.addr, &request("GET", "/metrics", &[], None)).await;
+        let text = String::from_utf8_lossy(&answer.body).into_owned();
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in\n{text}"))
+    }
+}
+
+/// A callback of `nonce` with transaction type `kind`: 3 is neither a deposit nor a
+/// withdrawal, whose success the example does not book (which way the money went is not
+/// known) but holds.
+fn callback(nonce: &str, kind: i32) -> String {
+    let body = with(CALLBACK, "/nonce", Some(json!(nonce)));
+    with(&body, "/transactionType", Some(json!(kind)))
+}
+
+/// The aggregator's record of `reference_id`: a success of transaction type 3.
+fn record(reference_id: &str, nonce: &str) -> serde_json::Value {
+    let updated = chrono::Utc::now() - chrono::Duration::minutes(5);
+    json!({
+        "id": 1001, "transactionReferenceId": reference_id, "providerId": 11,
+        "merchantClientId": "client-42", "accountData": {"orderId": "o-1"}, "nonce": nonce,
+        "amount": 25.50, "currency": "EUR", "transactionType": 3, "transactionStatus": 4,
+        "transactionStatusMessage": "Success", "callbackDeliveryStatus": "Failed",
+        "isCallbackSendingCanceled": true,
+        "createdUtc": (updated - chrono::Duration::seconds(1)).to_rfc3339(),
+        "updatedUtc": updated.to_rfc3339()
+    })
+}
+
+#[tokio::test]
+async fn a_held_result_is_acknowledged_once_and_reported_held_not_booked() {
+    let gateway = FakeGateway::start().await;
+    let example = start(&gateway).await;
+
+    let held = example.callback(&callback("n-odd", 3)).await;
+    assert_eq!(
+        (held.status, held.message()),
+        (200, "callback accepted".into())
+    );
+    let retry = example.callback(&callback("n-odd", 3)).await;
+    assert_eq!(
+        (retry.status, retry.message()),
+        (200, "callback already processed".into())
+    );
+    let booked = example.callback(&callback("n-deposit", 1)).await;
+    assert_eq!(booked.status, 200);
+
+    assert_eq!(example.metric("payhook_callbacks_held_total").await, 1.0);
+    assert_eq!(example.metric("payhook_callbacks_booked_total").await, 1.0);
+    assert_eq!(
+        example.metric("payhook_callbacks_duplicate_total").await,
+        1.0
+    );
+    let list: payhook::inspector::DeliveryList = serde_json::from_slice(
+        &example
+            .admin("GET", "/payhook/admin/deliveries", None)
+            .await
+            .body,
+    )
+    .unwrap();
+    let seen: Vec<_> = list
+        .deliveries
+        .iter()
+        .map(|d| {
+            (
+                d.nonce.as_deref().unwrap_or("-"),
+                d.outcome.as_str(),
+                d.status,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("n-odd", "held", 200),
+            ("n-odd", "duplicate", 200),
+            ("n-deposit", "booked", 200)
+        ]
+    );
+    let quarantined = example
+        .ledger
+        .quarantined("n-odd", 4)
+        .await
+        .unwrap()
+        .expect("held in the example's quarantine");
+    assert!(
+        quarantined.reason.contains("transaction type 3"),
+        "{quarantined:?}"
+    );
+    assert!(
+        example.ledger.entry("n-odd").await.unwrap().is_none(),
+        "not booked"
+    );
+    assert!(example.ledger.entry("n-deposit").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_reconciled_result_the_merchant_holds_is_told_held() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        for (i, id) in LOST.iter().enumerate() {
+            s.transactions
+                .insert((*id).to_owned(), record(id, &format!("n-lost-{i}")));
+        }
+    });
+    let example = start(&gateway).await;
+    let client = GatewayClient::new(&gateway.config()).unwrap();
+    let first: Uuid = LOST[0].parse().unwrap();
+
+    let outcome = example.app.reconcile(&client, &[first]).await;
+    let [(id, Ok(Reconciled::Held { status, reason }))] = &outcome[..] else {
+        panic!("held: {outcome:?}")
+    };
+    assert_eq!((*id, *status), (first, TransactionStatus::Success));
+    assert!(reason.contains("transaction type 3"), "{reason}");
+    // Acknowledged: the aggregator's record is not booked, nor held, twice.
+    let again = example.app.reconcile(&client, &[first]).await;
+    assert!(
+        matches!(again[..], [(_, Ok(Reconciled::AlreadyBooked(_)))]),
+        "{again:?}"
+    );
+    let late = example
+        .callback(&with(
+            &callback("n-lost-0", 3),
+            "/transactionReferenceId",
+            Some(json!(LOST[0])),
+        ))
+        .await;
+    assert_eq!(late.message(), "callback already processed");
+
+    // The operating command's line says so plainly, and so does the operating API.
+    let mut out = Vec::new();
+    let second: Uuid = LOST[1].parse().unwrap();
+    payhook::admin::reconcile(&example.app, &client, &[second], &mut out)
+        .await
+        .unwrap();
+    let line = String::from_utf8(out).unwrap();
+    assert!(
+        line.starts_with(&format!("{second}: acknowledged now (")),
+        "{line}"
+    );
+    assert!(
+        line.contains("HELD by the merchant, not booked: "),
+        "{line}"
+    );
+    assert!(line.contains("transaction type 3"), "{line}");
+    let answer = example
+        .admin(
+            "POST",
+            "/payhook/admin/reconcile",
+            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
+        )
+        .await;
+    let answered = answer.json();
+    assert_eq!(answered[0]["outcome"], "held", "{answered}");
+    assert_eq!(answered[0]["status"], 4);
+    assert!(
+        answered[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("transaction type 3"),
+        "{answered}"
+    );
+    assert_eq!(example.metric("payhook_callbacks_held_total").await, 3.0);
+    assert_eq!(example.metric("payhook_callbacks_booked_total").await, 0.0);
+}
