@@ -41,12 +41,14 @@
 //!
 //! With arguments it runs an operating command of [`payhook::admin`] instead, with its own
 //! handlers — e.g. `cargo run --example merchant -- reconcile --ref REFERENCE_ID` books lost
-//! callbacks into the ledger (with the service stopped: one process holds the store).
+//! callbacks into the ledger (with the service stopped: one process holds the store) — or
+//! its own: `cargo run --example merchant -- quarantine` lists the results it acknowledged
+//! but held, not booked, for a person to resolve.
 
 use payhook::Config;
 use payhook::model::parse_amount;
 use payhook::sim::example_merchant::{
-    Merchant, ProviderTags, app, open_existing_store, open_store, review,
+    Ledger, Merchant, ProviderTags, app, open_existing_store, open_store, review,
 };
 use rust_decimal::Decimal;
 
@@ -55,7 +57,17 @@ use rust_decimal::Decimal;
 #[command(about = "The example merchant: serves, or runs an operating command")]
 struct Args {
     #[command(subcommand)]
-    admin: Option<payhook::admin::AdminCommand>,
+    command: Option<Command>,
+}
+
+/// The example's operating commands: payhook's, and its own.
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Lists the results acknowledged but held in quarantine, not booked (the
+    /// `ledger_quarantine` tree): each is for a person to resolve in the books
+    Quarantine,
+    #[command(flatten)]
+    Admin(payhook::admin::AdminCommand),
 }
 
 /// A `MERCHANT_*` setting of this example that could not be read.
@@ -128,7 +140,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::from_env().map_err(payhook::Error::from)?;
     // Postponing is only valid on an endpoint declared Awaitable.
     let review_above = config.validation.awaitable.then_some(review_above);
-    if let Some(command) = <Args as clap::Parser>::parse().admin {
+    let command = match <Args as clap::Parser>::parse().command {
+        None => None,
+        Some(Command::Quarantine) => return quarantine(&config).await,
+        Some(Command::Admin(command)) => Some(command),
+    };
+    if let Some(command) = command {
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store. A
         // store.path naming no store is refused, not opened empty — but for a lookup of a
@@ -171,5 +188,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         println!("listening on {address}");
     }
     payhook::serve(listener, app, payhook::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Prints each result in quarantine, one line each, from the store of a stopped service (on
+/// PostgreSQL, of a running one too).
+async fn quarantine(config: &Config) -> Result<(), Box<dyn std::error::Error>> {
+    let store = open_existing_store(config)
+        .await
+        .map_err(payhook::Error::from)?;
+    let held = Ledger::of(&store)
+        .map_err(payhook::Error::from)?
+        .quarantined_all()
+        .await
+        .map_err(payhook::Error::from)?;
+    #[allow(clippy::print_stdout, reason = "the command's output")]
+    {
+        for (nonce, quarantined) in &held {
+            println!("{}: {quarantined}", payhook::Logged(nonce));
+        }
+        println!("{} result(s) in quarantine", held.len());
+    }
     Ok(())
 }

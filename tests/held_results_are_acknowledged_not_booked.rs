@@ -257,3 +257,60 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     assert_eq!(example.metric("payhook_callbacks_held_total").await, 3.0);
     assert_eq!(example.metric("payhook_callbacks_booked_total").await, 0.0);
 }
+
+/// The example's own operating command lists what it holds, for the person who resolves it:
+/// the real binary served the held callback, was killed (nothing held is lost with it), and
+/// lists it from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_lists_what_it_holds_in_quarantine() {
+    let data = tempfile::tempdir().unwrap();
+    let env = [
+        ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".to_owned()),
+        (
+            "PAYHOOK_STORE_PATH",
+            data.path().join("store").display().to_string(),
+        ),
+        ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".to_owned()),
+    ];
+    let (mut example, addr) = spawn_example(&env);
+    let odd = with(
+        &callback("n-odd\u{1b}[2J", 3),
+        "/clientId",
+        Some(json!("client-7")),
+    );
+    let headers = [("Content-Type", "application/json")];
+    let answer = exchange(addr, &post(CALLBACK_PATH, &headers, odd.as_bytes())).await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    let booked = exchange(
+        addr,
+        &post(CALLBACK_PATH, &headers, callback("n-deposit", 1).as_bytes()),
+    )
+    .await;
+    assert_eq!(booked.status, 200);
+    example.kill();
+
+    let listed = tokio::task::spawn_blocking(move || run_example_to_exit(&env, &["quarantine"]))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    // The nonce as it came, its control characters escaped: not a terminal's command.
+    assert!(
+        lines[0].starts_with("n-odd\\u{1b}[2J: status 4 of "),
+        "{stdout}"
+    );
+    for said in [
+        "for client client-7",
+        "transaction 0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
+        "transaction type 3 is neither a deposit nor a withdrawal",
+    ] {
+        assert!(lines[0].contains(said), "{said} in {stdout}");
+    }
+    assert_eq!(lines[1], "1 result(s) in quarantine");
+}

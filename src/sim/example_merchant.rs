@@ -153,6 +153,37 @@ impl Ledger {
             .await
     }
 
+    /// Every result in quarantine, in key order (nonce, then status): what a person has to
+    /// resolve (`cargo run --example merchant -- quarantine` prints it).
+    ///
+    /// # Errors
+    ///
+    /// When the store fails or a record is not a [`Quarantined`].
+    pub async fn quarantined_all(&self) -> Result<Vec<(String, Quarantined)>, StoreError> {
+        self.store
+            .entries(&self.quarantine)
+            .await?
+            .into_iter()
+            .map(|(key, value)| {
+                let nonce = key
+                    .rsplitn(2, |b| *b == b'|')
+                    .nth(1)
+                    .map(|nonce| String::from_utf8_lossy(nonce).into_owned());
+                let quarantined = decode(&self.quarantine, &key, &value)?;
+                nonce
+                    .map(|nonce| (nonce, quarantined))
+                    .ok_or_else(|| StoreError::Corrupt {
+                        key: format!(
+                            "{}/{}",
+                            self.quarantine.name(),
+                            String::from_utf8_lossy(&key)
+                        ),
+                        reason: "no `nonce|status` key".into(),
+                    })
+            })
+            .collect()
+    }
+
     /// Every booked entry, by nonce, and every balance, by `client|currency`.
     ///
     /// # Errors
@@ -240,6 +271,35 @@ pub struct Quarantined {
     pub status: i32,
     /// Why it was not booked.
     pub reason: String,
+    /// The aggregator's id of the transaction (what `payhook transaction` looks it up by);
+    /// `None` in a record an earlier version wrote.
+    #[serde(default)]
+    pub transaction_reference_id: Option<uuid::Uuid>,
+    /// When the result changed on the payment system (`updatedUtc`), when it said.
+    #[serde(default)]
+    pub updated_utc: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl std::fmt::Display for Quarantined {
+    /// One line for a person: what the result was and why it was not booked (values from
+    /// the wire with their control characters escaped).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status {} of {} {} for client {}",
+            self.status,
+            self.amount,
+            Logged(&self.currency),
+            Logged(&self.client_id)
+        )?;
+        if let Some(reference) = self.transaction_reference_id {
+            write!(f, ", transaction {reference}")?;
+        }
+        if let Some(updated) = self.updated_utc {
+            write!(f, ", changed {}", updated.to_rfc3339())?;
+        }
+        write!(f, ": {}", Logged(&self.reason))
+    }
 }
 
 /// One booked transaction, keyed by its nonce.
@@ -445,6 +505,8 @@ fn quarantine(
         amount: callback.amount,
         status: callback.transaction_status.code(),
         reason,
+        transaction_reference_id: Some(callback.transaction_reference_id),
+        updated_utc: callback.updated(),
     };
     tx.insert(
         &ledger.quarantine,
