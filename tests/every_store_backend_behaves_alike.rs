@@ -2626,6 +2626,61 @@ async fn sql_effects_commit_with_the_mark_or_fail_as_the_effects_failure() {
     b.finish().await;
 }
 
+/// PostgreSQL only: SQL that holds a result instead of booking it writes what it wrote with
+/// the mark, and says why; SQL that books it says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_that_holds_a_result_commits_it_with_the_mark_and_says_why() {
+    let Some(b) = Backend::postgres("sql_holds").await else {
+        return;
+    };
+    let (table, mut conn) = merchant_rows(&b).await;
+    let aside = |nonce: &'static str, hold: bool| {
+        let effects = Effects::default();
+        let table = table.clone();
+        effects.postgres_book(move |conn| {
+            let table = table.clone();
+            Box::pin(async move {
+                sqlx::query(&format!("INSERT INTO {table} (nonce) VALUES ($1)"))
+                    .bind(nonce)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if hold {
+                    Booking::held("a currency these books do not keep")
+                } else {
+                    Booking::Booked
+                })
+            })
+        });
+        effects
+    };
+    let held = aside("n-held", true);
+    b.acknowledge("n-held", TransactionStatus::Success, held.clone())
+        .await;
+    assert_eq!(
+        held.held().as_deref(),
+        Some("a currency these books do not keep")
+    );
+    let booked = aside("n-booked", false);
+    b.acknowledge("n-booked", TransactionStatus::Success, booked.clone())
+        .await;
+    assert_eq!(booked.held(), None);
+    let rows: Vec<(String,)> = sqlx::query_as(&format!("SELECT nonce FROM {table} ORDER BY nonce"))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, [("n-booked".to_owned(),), ("n-held".to_owned(),)]);
+    for nonce in ["n-held", "n-booked"] {
+        assert!(
+            b.shared
+                .callback_acknowledged(&Nonce::from(nonce), TransactionStatus::Success)
+                .await
+                .unwrap()
+        );
+    }
+    drop(conn);
+    b.finish().await;
+}
+
 /// A statement of a booking that outlasts `store.statement_timeout` (here the merchant's
 /// insert, waiting on a row another transaction holds) fails the callback, not the store:
 /// nothing of the booking is written or acknowledged, and once the other transaction is

@@ -122,6 +122,30 @@ pub trait EffectTx {
 
 type Effect = Arc<dyn Fn(&dyn EffectTx) -> Result<(), StoreError> + Send + Sync>;
 
+/// The future of a booking SQL effect ([`Effects::postgres_book`]).
+#[cfg(feature = "postgres")]
+pub type SqlBookingFuture<'c> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Booking, StoreError>> + Send + 'c>>;
+
+/// Where one booking effect says what it made of the result, each time it runs.
+#[derive(Clone)]
+struct Slot {
+    holds: Arc<Mutex<Vec<Option<String>>>>,
+    index: usize,
+}
+
+impl Slot {
+    fn say(&self, booking: Booking) {
+        let held = match booking {
+            Booking::Booked => None,
+            Booking::Held { reason } => Some(reason),
+        };
+        if let Some(said) = lock(&self.holds).get_mut(self.index) {
+            *said = held;
+        }
+    }
+}
+
 /// The future of a SQL effect: the merchant's own statements on the store's connection.
 #[cfg(feature = "postgres")]
 pub type SqlFuture<'c> =
@@ -238,22 +262,64 @@ impl Effects {
     where
         F: Fn(&dyn EffectTx) -> Result<Booking, StoreError> + Send + Sync + 'static,
     {
-        let slot = {
-            let mut holds = lock(&self.holds);
-            holds.push(None);
-            holds.len() - 1
-        };
-        let holds = Arc::clone(&self.holds);
+        let slot = self.slot();
         self.write(move |tx| {
-            let held = match effect(tx)? {
-                Booking::Booked => None,
-                Booking::Held { reason } => Some(reason),
-            };
-            if let Some(outcome) = lock(&holds).get_mut(slot) {
-                *outcome = held;
-            }
+            slot.say(effect(tx)?);
             Ok(())
         });
+    }
+
+    /// [`Effects::postgres`] for SQL that books the result or holds it, as
+    /// [`Effects::book`] does for trees: what the future returns in the last run counts.
+    ///
+    /// ```
+    /// use payhook::store::{Booking, Effects};
+    ///
+    /// let effects = Effects::default();
+    /// let nonce = "n-1".to_owned();
+    /// effects.postgres_book(move |conn| {
+    ///     let nonce = nonce.clone();
+    ///     Box::pin(async move {
+    ///         let known: Option<(String,)> =
+    ///             sqlx::query_as("SELECT currency FROM currencies WHERE code = 'XTS'")
+    ///                 .fetch_optional(&mut *conn)
+    ///                 .await?;
+    ///         if known.is_none() {
+    ///             sqlx::query("INSERT INTO set_aside (nonce) VALUES ($1)")
+    ///                 .bind(nonce)
+    ///                 .execute(&mut *conn)
+    ///                 .await?;
+    ///             return Ok(Booking::held("a currency these books do not keep"));
+    ///         }
+    ///         Ok(Booking::Booked)
+    ///     })
+    /// });
+    /// assert_eq!(effects.len(), 1);
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres_book<F>(&self, effect: F)
+    where
+        F: for<'c> Fn(&'c mut sqlx::PgConnection) -> SqlBookingFuture<'c> + Send + Sync + 'static,
+    {
+        let slot = self.slot();
+        self.postgres(move |conn| {
+            let booking = effect(conn);
+            let slot = slot.clone();
+            Box::pin(async move {
+                slot.say(booking.await?);
+                Ok(())
+            })
+        });
+    }
+
+    /// A new slot for what one booking effect says.
+    fn slot(&self) -> Slot {
+        let mut holds = lock(&self.holds);
+        holds.push(None);
+        Slot {
+            holds: Arc::clone(&self.holds),
+            index: holds.len() - 1,
+        }
     }
 
     /// Why the result was held, not booked, when a booking effect ([`Effects::book`]) held

@@ -301,9 +301,9 @@ use crate::model::{TransactionStatus, TransactionValidationRequest};
 
 pub use commit_metrics::CommitMetrics;
 pub use configured::ConfiguredStore;
-#[cfg(feature = "postgres")]
-pub use effects::SqlFuture;
 pub use effects::{Booking, EffectTx, Effects, Tree};
+#[cfg(feature = "postgres")]
+pub use effects::{SqlBookingFuture, SqlFuture};
 pub(crate) use failing::sort_latest_first;
 pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
 #[cfg(feature = "postgres")]
