@@ -105,8 +105,9 @@
 //! * [`store`] — exactly-once effects behind an async seam (`DedupStore` for claims and
 //!   marks, `PostponedStore` for the Awaitable state): deduplication records per nonce in
 //!   sled (durable group commit, integrity watermark) or PostgreSQL (feature `postgres`,
-//!   shared by several instances), handler effects written atomically with the mark,
-//!   retention; `[store]`.
+//!   shared by several instances), handler effects written atomically with the mark
+//!   (booking the result, or holding it aside for a person: `Booking`), retention;
+//!   `[store]`.
 //! * [`handler`] — the three traits a merchant implements, their decisions, the request
 //!   context, and provider filter helpers.
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
@@ -154,7 +155,7 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `postgres` | `store::PgStore`: PostgreSQL shared by several instances, `Effects::postgres`, and [`store::ConfiguredStore`] opening it when `store.url` is set |
+//! | `postgres` | `store::PgStore`: PostgreSQL shared by several instances, `Effects::postgres` (and `postgres_book`), and [`store::ConfiguredStore`] opening it when `store.url` is set |
 //! | `sim` | the `sim` module: the simulated aggregator, for a merchant's tests |
 //! | `keygen-rsa` | RSA keys from [`signature::generate_key_pair`] (EC and Ed25519 need nothing) |
 //! | `scaffold` | the `scaffold` module behind `payhook new` |
