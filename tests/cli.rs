@@ -366,3 +366,48 @@ mod signature_tools {
         assert_refused(&wrong_key, "no header");
     }
 }
+
+/// `payhook openapi` prints the document as the service's configuration (its file, then
+/// `PAYHOOK_*`) serves it, never a secret of it; `--shipped` prints the shipped one.
+#[test]
+fn openapi_prints_the_document_as_the_configuration_serves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payhook.toml");
+    std::fs::write(
+        &file,
+        "[paths]\ncallback = \"/shop/results\"\n\n\
+         [auth.transaction_validation]\nmethod = \"shared_secret\"\nheader = \"X-Shop-Key\"\n\
+         secret = \"never-printed-0123456789\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(["openapi", "--config"])
+        .arg(&file)
+        .env_remove("PAYHOOK_CONFIG")
+        .env("PAYHOOK_PATHS_PROVIDERS_VALIDATION", "/shop/providers")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let printed = stdout(&output);
+    assert!(!printed.contains("never-printed"), "a secret was printed");
+    let doc: serde_json::Value = serde_json::from_str(&printed).unwrap();
+    for path in [
+        "/shop/results",
+        "/shop/providers",
+        "/payhook/transaction-validation",
+    ] {
+        assert!(doc["paths"][path]["post"].is_object(), "{path}");
+    }
+    assert_eq!(
+        doc["paths"]["/payhook/transaction-validation"]["post"]["security"],
+        serde_json::json!([{"sharedSecretTransaction": []}])
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["sharedSecretTransaction"]["name"],
+        "X-Shop-Key"
+    );
+
+    let shipped = payhook(&["openapi", "--shipped"]);
+    assert!(shipped.status.success());
+    assert_eq!(stdout(&shipped), format!("{}\n", payhook::server::OPENAPI));
+}

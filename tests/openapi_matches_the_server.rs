@@ -259,3 +259,179 @@ async fn the_documents_examples_are_answered_200() {
         (200, "callback accepted".to_owned())
     );
 }
+
+/// Every `maxLength` in `value`.
+fn max_lengths(value: &Value, found: &mut Vec<u64>) {
+    match value {
+        Value::Object(object) => {
+            if let Some(max) = object.get("maxLength").and_then(Value::as_u64) {
+                found.push(max);
+            }
+            object.values().for_each(|v| max_lengths(v, found));
+        }
+        Value::Array(items) => items.iter().for_each(|v| max_lengths(v, found)),
+        _ => {}
+    }
+}
+
+/// `payhook openapi` renders the document from the merchant's configuration, and what it
+/// says is what a server of that configuration answers: its examples, sent to its paths
+/// with the credentials its security requirements name (in the headers its schemes name),
+/// are answered 200, and without them 401.
+#[tokio::test]
+async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() {
+    use base64::Engine;
+    use payhook::config::AuthMethod;
+    use payhook::signature::{Algorithm, Encoding};
+
+    let mut config = signed_config(&["rsa2048"]);
+    config.paths.providers_validation = "/shop/aggregator/providers".into();
+    config.paths.transaction_validation = "/shop/aggregator/transactions".into();
+    config.paths.callback = "/shop/aggregator/results".into();
+    config.signature.header = "X-Aggregator-Signature".into();
+    config.server.max_identifier_chars = 64;
+    let providers = &mut config.auth.providers_validation;
+    providers.method = AuthMethod::Basic;
+    providers.username = Some("aggregator".into());
+    providers.password = Some("basic-password-1".into());
+    let transactions = &mut config.auth.transaction_validation;
+    transactions.method = AuthMethod::SharedSecret;
+    transactions.header = "X-Shop-Key".into();
+    transactions.secret = Some("shared-secret-0123456789".into());
+    let doc = payhook::server::openapi(&config);
+
+    let documented: BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        documented,
+        BTreeSet::from([
+            "/shop/aggregator/providers",
+            "/shop/aggregator/transactions",
+            "/shop/aggregator/results",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+        ])
+    );
+    let schemes = &doc["components"]["securitySchemes"];
+    let named: BTreeSet<&str> = schemes
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        named,
+        BTreeSet::from(["aggregatorSignature", "basic", "sharedSecretTransaction"]),
+        "only the schemes in use"
+    );
+    let security = |path: &str| doc["paths"][path]["post"]["security"].clone();
+    assert_eq!(
+        security("/shop/aggregator/providers"),
+        json!([{"basic": []}])
+    );
+    assert_eq!(
+        security("/shop/aggregator/transactions"),
+        json!([{"sharedSecretTransaction": []}])
+    );
+    assert_eq!(
+        security("/shop/aggregator/results"),
+        json!([{"aggregatorSignature": []}]),
+        "signed: unsigned callbacks are not allowed"
+    );
+    let mut lengths = Vec::new();
+    max_lengths(&doc, &mut lengths);
+    assert_eq!(lengths.len(), 6, "{lengths:?}");
+    assert!(lengths.iter().all(|max| *max == 64), "{lengths:?}");
+    let description = doc["info"]["description"].as_str().unwrap();
+    assert!(
+        description.contains("at most 64 characters") && description.contains("1048576 bytes"),
+        "{description}"
+    );
+
+    // The server of that configuration, asked as the document says.
+    let server = TestServer::start_with(config).await;
+    let example = |path: &str| {
+        doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["example"]
+            .to_string()
+    };
+    let ask = |path: &str, header: Option<(&str, &str)>| {
+        let mut headers = vec![("Content-Type", "application/json")];
+        headers.extend(header);
+        post(path, &headers, example(path).as_bytes())
+    };
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("aggregator:basic-password-1")
+    );
+    let secret_header = schemes["sharedSecretTransaction"]["name"].as_str().unwrap();
+    let signature_header = schemes["aggregatorSignature"]["name"].as_str().unwrap();
+    assert_eq!(schemes["basic"]["scheme"], "basic");
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let callback = example("/shop/aggregator/results");
+    let signature = signer
+        .header_value(callback.as_bytes(), Encoding::Base64, None)
+        .unwrap();
+    let asked = [
+        (
+            "/shop/aggregator/providers",
+            ("Authorization", basic.as_str()),
+        ),
+        (
+            "/shop/aggregator/transactions",
+            (secret_header, "shared-secret-0123456789"),
+        ),
+        (
+            "/shop/aggregator/results",
+            (signature_header, signature.as_str()),
+        ),
+    ];
+    for (path, credential) in asked {
+        let answer = server.send(&ask(path, Some(credential))).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.message());
+        let refused = server.send(&ask(path, None)).await;
+        assert_eq!(refused.status, 401, "{path} without credentials");
+    }
+}
+
+/// Without settings of its own, the rendered document is the shipped one but where the
+/// shipped one leaves the choice to the configuration: its validation endpoints are open
+/// (payhook's default method is none), so only the signature's scheme is left, and its
+/// description names the configured algorithm and encoding.
+#[test]
+fn the_default_configuration_renders_the_shipped_document_with_its_choices_made() {
+    let mut rendered = payhook::server::openapi(&Config::default());
+    let mut shipped = doc();
+    assert_ne!(
+        rendered["info"]["description"],
+        shipped["info"]["description"]
+    );
+    let paths = Config::default().paths;
+    for path in [&paths.providers_validation, &paths.transaction_validation] {
+        assert_eq!(rendered["paths"][path]["post"]["security"], json!([{}]));
+        rendered["paths"][path]["post"]["security"] = Value::Null;
+        shipped["paths"][path]["post"]["security"] = Value::Null;
+    }
+    let schemes = rendered["components"]["securitySchemes"].clone();
+    assert_eq!(
+        schemes.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["aggregatorSignature"]
+    );
+    assert_eq!(schemes["aggregatorSignature"]["name"], "X-Signature");
+    assert!(
+        schemes["aggregatorSignature"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("rsa-pkcs1-sha256, base64"),
+        "{schemes}"
+    );
+    for doc in [&mut rendered, &mut shipped] {
+        doc["info"]["description"] = Value::Null;
+        doc["components"]["securitySchemes"] = Value::Null;
+    }
+    assert_eq!(rendered, shipped);
+}

@@ -161,6 +161,7 @@ mod exactly_once;
 mod guesses;
 mod ingress;
 pub mod metrics;
+mod openapi;
 mod operating_api;
 mod preface;
 mod problem;
@@ -242,9 +243,7 @@ pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
 
-/// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them (default
-/// paths), printed by `payhook openapi`.
-pub const OPENAPI: &str = include_str!("../../openapi/merchant-endpoints.json");
+pub use openapi::{OPENAPI, openapi};
 pub use request::PeerAddr;
 pub use route::PathsConfig;
 pub use serve::{serve, shutdown_signal};

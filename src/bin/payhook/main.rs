@@ -256,9 +256,20 @@ enum Command {
         #[arg(long)]
         inspect: bool,
     },
-    /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints.
-    #[command(after_help = "Example:\n  payhook openapi > merchant-endpoints.json")]
-    Openapi,
+    /// Print the OpenAPI 3.1 document of the merchant-hosted endpoints as the service's
+    /// configuration serves them: its paths, each endpoint's authentication, the signature
+    /// header, the identifier and body limits.
+    #[command(
+        after_help = "Example:\n  payhook openapi --config payhook.toml > merchant-endpoints.json"
+    )]
+    Openapi {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Print the document as shipped (payhook's defaults), without reading any
+        /// configuration.
+        #[arg(long)]
+        shipped: bool,
+    },
     /// Scaffold a merchant service crate: handlers with working defaults, a commented
     /// payhook.toml, a scenario and an integration test that runs it.
     #[command(after_help = "Example:\n  payhook new shop && cd shop && cargo test")]
@@ -484,10 +495,7 @@ fn main() -> ExitCode {
             payhook_version,
             store,
         } => scaffold(name, path, force, payhook_path, payhook_version, store),
-        Command::Openapi => {
-            println!("{}", payhook::server::OPENAPI);
-            Ok(())
-        }
+        Command::Openapi { config, shipped } => openapi(config.config.as_deref(), shipped),
         Command::Scenario(args) => {
             load_config(args.config_file()).and_then(|config| scenario::run(*args, &config))
         }
@@ -792,6 +800,18 @@ fn mock_gateway(config: payhook::sim::MockGatewayConfig) -> Result<(), Failure> 
         mock.stop().await;
         Ok(())
     })
+}
+
+/// Prints the OpenAPI document: as the configuration read from `file` (or `PAYHOOK_CONFIG`)
+/// and `PAYHOOK_*` serves it, or as shipped.
+fn openapi(file: Option<&Path>, shipped: bool) -> Result<(), Failure> {
+    if shipped {
+        println!("{}", payhook::server::OPENAPI);
+    } else {
+        let doc = payhook::server::openapi(&load_config(file)?);
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    }
+    Ok(())
 }
 
 fn check_config(file: &Path) -> Result<(), Failure> {

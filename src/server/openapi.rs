@@ -1,0 +1,178 @@
+//! The OpenAPI document of the merchant-hosted endpoints, as one configuration serves them:
+//! the shipped document ([`OPENAPI`], payhook's defaults) with the configured paths, each
+//! endpoint's authentication, the signature header and the identifier limit put in. What the
+//! aggregator's integrators read should be what this service answers.
+
+use serde_json::{Value, json};
+
+use crate::auth::{AuthMethod, EndpointAuthConfig};
+use crate::config::Config;
+
+/// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them with
+/// its defaults, as shipped (`openapi/merchant-endpoints.json`).
+pub const OPENAPI: &str = include_str!("../../openapi/merchant-endpoints.json");
+
+/// The shipped document's path of each endpoint (payhook's default paths).
+const SHIPPED_PATHS: [&str; 3] = [
+    "/payhook/providers-validation",
+    "/payhook/transaction-validation",
+    "/payhook/callback",
+];
+
+/// The sentence of the shipped document's description that says it describes the defaults.
+const SHIPPED_SAYS: &str = "Paths are payhook's defaults (configurable), as are each endpoint's authentication, the signature header and the identifier and body limits: `payhook openapi` prints this document as the merchant's configuration serves them (`--shipped`: as here).";
+
+/// The OpenAPI document of the endpoints as `config` serves them: its paths, the
+/// authentication of each validation endpoint (`[auth]`) and of the callback (signed unless
+/// `callback.allow_unsigned`), the signature header, `server.max_identifier_chars` and
+/// `server.body_limit`. `payhook openapi` prints it for the configuration it reads.
+///
+/// ```
+/// let mut config = payhook::Config::default();
+/// config.paths.callback = "/shop/aggregator/callback".into();
+/// config.signature.header = "X-Aggregator-Signature".into();
+/// let doc = payhook::server::openapi(&config);
+/// assert!(doc["paths"]["/shop/aggregator/callback"]["post"].is_object());
+/// assert_eq!(
+///     doc["components"]["securitySchemes"]["aggregatorSignature"]["name"],
+///     "X-Aggregator-Signature"
+/// );
+/// ```
+#[must_use]
+pub fn openapi(config: &Config) -> Value {
+    // The shipped document is part of the crate and checked by its tests: it parses.
+    let mut doc: Value = serde_json::from_str(OPENAPI).unwrap_or_default();
+    let configured = [
+        &config.paths.providers_validation,
+        &config.paths.transaction_validation,
+        &config.paths.callback,
+    ];
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        // Every shipped path is taken out before any is put back: a configuration may swap
+        // two of them.
+        let operations: Vec<Value> = SHIPPED_PATHS
+            .iter()
+            .map(|path| paths.remove(*path).unwrap_or_default())
+            .collect();
+        for (path, operation) in configured.into_iter().zip(operations) {
+            paths.insert(path.clone(), operation);
+        }
+    }
+    let signature = &config.signature;
+    let named = |value: Value| value.as_str().unwrap_or_default().to_owned();
+    let algorithm = named(json!(signature.algorithm));
+    let encoding = named(json!(signature.encoding));
+    let schemes = &mut doc["components"]["securitySchemes"];
+    schemes["aggregatorSignature"]["name"] = json!(signature.header);
+    schemes["aggregatorSignature"]["description"] = json!(format!(
+        "The aggregator's signature of the raw request body in {}{}: {algorithm}, {encoding}. \
+         Required on callbacks unless the merchant opts out (callback.allow_unsigned); on \
+         validations whose auth method is `signature`.",
+        signature.header,
+        if signature.prefix.is_empty() {
+            String::new()
+        } else {
+            format!(", after `{}`", signature.prefix)
+        },
+    ));
+    let requirements = [
+        requirement(schemes, &config.auth.providers_validation, "Providers"),
+        requirement(schemes, &config.auth.transaction_validation, "Transaction"),
+    ];
+    let mut used = vec!["aggregatorSignature".to_owned()];
+    let endpoints = [
+        (&config.auth.providers_validation, configured[0]),
+        (&config.auth.transaction_validation, configured[1]),
+    ];
+    for ((auth, path), requirement) in endpoints.into_iter().zip(requirements) {
+        used.extend(requirement.keys().cloned());
+        let operation = &mut doc["paths"][path.as_str()]["post"];
+        operation["security"] = json!([requirement]);
+        if !auth.allow_ips.is_empty() {
+            note(
+                operation,
+                "Answered only to the networks of its auth.*.allow_ips; any other address gets 403.",
+            );
+        }
+    }
+    doc["paths"][configured[2].as_str()]["post"]["security"] = if config.callback.allow_unsigned {
+        json!([{}, {"aggregatorSignature": []}])
+    } else {
+        json!([{"aggregatorSignature": []}])
+    };
+    if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
+        schemes.retain(|name, _| used.contains(name));
+    }
+    limit_identifiers(&mut doc, config.server.max_identifier_chars);
+    let description = doc["info"]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .replace(
+            SHIPPED_SAYS,
+            &format!(
+                "Rendered by `payhook openapi` from the merchant's configuration: its paths, each endpoint's authentication, its signature header, identifiers of at most {} characters (server.max_identifier_chars) and bodies of at most {} bytes (server.body_limit).",
+                config.server.max_identifier_chars, config.server.body_limit
+            ),
+        );
+    doc["info"]["description"] = json!(description);
+    doc
+}
+
+/// The security requirement of a validation endpoint authenticated by `auth`: no
+/// credentials (`{}`), the signature, HTTP Basic, or its shared-secret header — a scheme of
+/// its own (`sharedSecret{name}`, the shipped `sharedSecret` with the configured header)
+/// written into `schemes`.
+fn requirement(
+    schemes: &mut Value,
+    auth: &EndpointAuthConfig,
+    name: &str,
+) -> serde_json::Map<String, Value> {
+    let scheme = match auth.method {
+        AuthMethod::None => return serde_json::Map::new(),
+        AuthMethod::Signature => "aggregatorSignature".to_owned(),
+        AuthMethod::Basic => "basic".to_owned(),
+        AuthMethod::SharedSecret => {
+            let scheme = format!("sharedSecret{name}");
+            let mut shared = schemes["sharedSecret"].clone();
+            shared["name"] = json!(auth.header);
+            shared["description"] = json!(format!(
+                "A static secret in {}, compared in constant time.",
+                auth.header
+            ));
+            schemes[scheme.as_str()] = shared;
+            scheme
+        }
+    };
+    let mut requirement = serde_json::Map::new();
+    requirement.insert(scheme, json!([]));
+    requirement
+}
+
+/// Adds `sentence` to `operation`'s description.
+fn note(operation: &mut Value, sentence: &str) {
+    let described = operation["description"].as_str().unwrap_or_default();
+    operation["description"] = json!(format!("{described} {sentence}").trim().to_owned());
+}
+
+/// Sets every identifier's `maxLength` (the ones the document ties to
+/// `server.max_identifier_chars`) to `max_chars`.
+fn limit_identifiers(value: &mut Value, max_chars: usize) {
+    match value {
+        Value::Object(object) => {
+            let identifier = object
+                .get("description")
+                .and_then(Value::as_str)
+                .is_some_and(|d| d.contains("server.max_identifier_chars"));
+            if identifier && object.contains_key("maxLength") {
+                object.insert("maxLength".to_owned(), json!(max_chars));
+            }
+            object
+                .values_mut()
+                .for_each(|v| limit_identifiers(v, max_chars));
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| limit_identifiers(v, max_chars)),
+        _ => {}
+    }
+}
