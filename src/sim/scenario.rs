@@ -460,7 +460,7 @@ impl Forgery {
 }
 
 /// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
-pub const SHIPPED: [(&str, &str); 11] = [
+pub const SHIPPED: [(&str, &str); 12] = [
     ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
     (
         "forged-callbacks.toml",
@@ -501,6 +501,10 @@ pub const SHIPPED: [(&str, &str); 11] = [
     (
         "duplicates.toml",
         include_str!("../../scenarios/duplicates.toml"),
+    ),
+    (
+        "held-result.toml",
+        include_str!("../../scenarios/held-result.toml"),
     ),
 ];
 

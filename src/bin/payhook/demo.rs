@@ -225,9 +225,23 @@ async fn demo(
     outcome
 }
 
+/// The ledger entry of `nonce`, told in a line with the results of it held in quarantine,
+/// and how many results it booked; `None` when the ledger cannot be read.
+async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
+    let mut observed = booked_entry(ledger, nonce).await?;
+    for (held, quarantined) in ledger.quarantined_all().await.ok()? {
+        if held == nonce {
+            observed
+                .summary
+                .push_str(&format!("; held in quarantine, not booked: {quarantined}"));
+        }
+    }
+    Some(observed)
+}
+
 /// The ledger entry of `nonce`, told in a line, and how many results it booked; `None` when
 /// the ledger cannot be read.
-async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
+async fn booked_entry(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
     let Some(entry) = ledger.entry(nonce).await.ok()? else {
         return Some(Observed {
             summary: format!("{nonce}: nothing booked"),
