@@ -146,25 +146,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(Command::Admin(command)) => Some(command),
     };
     if let Some(command) = command {
+        let out = &mut std::io::stdout();
+        // A lookup of a transaction reads the aggregator alone: no store is opened (nor
+        // created), and it runs beside the service.
+        if matches!(command, payhook::admin::AdminCommand::Transaction { .. }) {
+            command.run(&config, None, None, out).await?;
+            return Ok(());
+        }
         // An operating command, run with this merchant's handlers (reconcile books through
         // its ledger); the service itself must be stopped: one process holds the store. A
-        // store.path naming no store is refused, not opened empty — but for a lookup of a
-        // transaction, which reads the aggregator alone.
-        let store = if matches!(command, payhook::admin::AdminCommand::Transaction { .. }) {
-            open_store(&config).await
-        } else {
-            open_existing_store(&config).await
-        }
-        .map_err(payhook::Error::from)?;
+        // store.path naming no store is refused, not opened empty.
+        let store = open_existing_store(&config)
+            .await
+            .map_err(payhook::Error::from)?;
         let merchant = Merchant {
             max_amount,
             review_above,
             provider_tags: provider_tags.clone(),
         };
         let app = app(config.clone(), merchant, store).map_err(payhook::Error::from)?;
-        command
-            .run(&config, app.store(), Some(&app), &mut std::io::stdout())
-            .await?;
+        command.run(&config, app.store(), Some(&app), out).await?;
         return Ok(());
     }
     let listener = payhook::bind(config.server.listen).await?;
@@ -205,7 +206,7 @@ async fn quarantine(config: &Config) -> Result<(), Box<dyn std::error::Error>> {
     #[allow(clippy::print_stdout, reason = "the command's output")]
     {
         for (nonce, quarantined) in &held {
-            println!("{}: {quarantined}", payhook::Logged(nonce));
+            println!("{}: {quarantined}", payhook::Escaped(nonce));
         }
         println!("{} result(s) in quarantine", held.len());
     }

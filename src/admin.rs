@@ -701,9 +701,7 @@ impl AdminCommand {
                             &status,
                             outcome.message.as_deref().unwrap_or_default(),
                         ),
-                        "already_booked" => {
-                            format!("{}: already booked ({status})", outcome.reference_id)
-                        }
+                        "already_booked" => already_acknowledged(outcome.reference_id, &status),
                         "not_final" => format!(
                             "{}: not final yet ({status}); nothing to book",
                             outcome.reference_id
@@ -765,10 +763,17 @@ fn print<T: serde::Serialize + ?Sized>(
     Ok(())
 }
 
+/// The line of a transaction whose result was acknowledged before the reconcile: booked
+/// then, or held by the merchant (what the store's mark does not tell).
+fn already_acknowledged(id: Uuid, status: &str) -> String {
+    format!("{id}: already acknowledged ({status}): booked, or held by the merchant; nothing done")
+}
+
 /// The line of a reconciled transaction whose result the merchant held, not booked.
 fn held_line(id: Uuid, status: &str, reason: &str) -> String {
     format!(
-        "{id}: acknowledged now ({status}) but HELD by the merchant, not booked: {reason} — for a person to resolve"
+        "{id}: acknowledged now ({status}) but HELD by the merchant, not booked: {} — for a person to resolve",
+        crate::Escaped(reason)
     )
 }
 
@@ -788,7 +793,7 @@ pub async fn reconcile(
         let line = match outcome {
             Ok(Reconciled::Booked(status)) => format!("{id}: booked now ({status})"),
             Ok(Reconciled::Held { status, reason }) => held_line(id, &status.to_string(), &reason),
-            Ok(Reconciled::AlreadyBooked(status)) => format!("{id}: already booked ({status})"),
+            Ok(Reconciled::AlreadyBooked(status)) => already_acknowledged(id, &status.to_string()),
             Ok(Reconciled::NotFinal(status)) => {
                 format!("{id}: not final yet ({status}); nothing to book")
             }
@@ -844,7 +849,9 @@ pub async fn report(
             Ok(record) => {
                 let status = record.transaction_status;
                 if store.callback_acknowledged(&record.nonce, status).await? {
-                    format!("{id}: booked ({status})")
+                    format!(
+                        "{id}: acknowledged ({status}): booked, unless your handler held it (your books say)"
+                    )
                 } else if let Some(untold) = crate::server::untellable(&record, store.reach()) {
                     lost += 1;
                     format!(

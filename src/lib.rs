@@ -196,7 +196,7 @@ pub use handler::{
     ProvidersDecision, ProvidersValidator, RequestContext, TransactionValidator,
     ValidationDecision,
 };
-pub use logged::Logged;
+pub use logged::{Escaped, Logged};
 pub use model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
 pub use postponed::{Decision, Resolver};
 pub use report::Report;

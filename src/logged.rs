@@ -37,6 +37,26 @@ impl fmt::Display for Logged<'_> {
     }
 }
 
+/// `value` whole, for a person to read (a listing on a terminal, a reason to act on):
+/// control characters escaped as [`Logged`] escapes them, nothing cut.
+///
+/// ```
+/// use payhook::Escaped;
+///
+/// let reason = format!("{} cannot take 10 more\u{1b}[2J", "c".repeat(300));
+/// let shown = Escaped(&reason).to_string();
+/// assert!(shown.starts_with(&"c".repeat(300)));
+/// assert!(shown.ends_with("cannot take 10 more\\u{1b}[2J"));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_escaped(f, self.0.chars())
+    }
+}
+
 /// Writes `chars` to `out` with control characters escaped (`\n`, `\u{1b}`): a line break
 /// from the wire must not forge a log line. So are the characters that break or reorder a
 /// line without being controls ([`rewrites_the_line`]).

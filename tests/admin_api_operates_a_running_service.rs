@@ -831,7 +831,7 @@ async fn the_command_line_operates_the_running_example_merchant() {
     let (code, out) = run(reconcile_both.clone(), env.clone()).await;
     assert_eq!(code, 2, "{out}");
     assert!(
-        out.contains(&format!("{reference}: already booked")),
+        out.contains(&format!("{reference}: already acknowledged")),
         "{out}"
     );
     assert!(out.contains(&format!("{unknown}: NOT reconciled")), "{out}");

@@ -234,11 +234,14 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
     assert!(merchant(env.clone()).await.contains("booked now"));
-    assert!(merchant(env.clone()).await.contains("already booked"));
+    assert!(merchant(env.clone()).await.contains("already acknowledged"));
     // …and then it is booked.
     let (code, stdout, stderr) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains(": booked (4 (success))"), "{stdout}");
+    assert!(
+        stdout.contains(": acknowledged (4 (success)): booked, unless your handler held it"),
+        "{stdout}"
+    );
 
     // A lost result whose record carries no creation time may have been booked and purged
     // long ago: not reported LOST (which invites booking it again), but as one that cannot
@@ -353,4 +356,55 @@ async fn an_operating_command_on_a_schema_without_a_store_is_refused_and_creates
         .await
         .unwrap();
     assert!(!created, "the command created the schema");
+}
+
+/// The example's lookup of a transaction reads the aggregator alone: it opens no store, so
+/// it creates none where the service never ran, and it runs beside a service that holds its
+/// sled store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_transaction_lookup_opens_no_store() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.transactions.insert(
+            REFERENCE.to_owned(),
+            json!({
+                "id": 1001, "transactionReferenceId": REFERENCE, "providerId": 11,
+                "merchantClientId": "client-42", "accountData": {}, "nonce": "nonce-looked-up",
+                "amount": 25.50, "currency": "EUR", "transactionType": 1, "transactionStatus": 4,
+                "callbackDeliveryStatus": "Delivered", "isCallbackSendingCanceled": false,
+                "createdUtc": chrono::Utc::now().to_rfc3339(),
+                "updatedUtc": chrono::Utc::now().to_rfc3339()
+            }),
+        )
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("never-ran");
+    let output = run(
+        example_binary(),
+        &["transaction", REFERENCE],
+        &env(&gateway, &store),
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("nonce-looked-up"));
+    assert!(!store.exists(), "a store was created by a lookup");
+
+    // Beside a service that holds its store.
+    let held = dir.path().join("held");
+    let _service = payhook::store::SledStore::open(&config_at(&held), &[]).unwrap();
+    let output = run(
+        example_binary(),
+        &["transaction", REFERENCE],
+        &env(&gateway, &held),
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -273,10 +273,12 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         ("PAYHOOK_CALLBACK_ALLOW_UNSIGNED", "true".to_owned()),
     ];
     let (mut example, addr) = spawn_example(&env);
+    // A client id longer than a log line shows: listed whole.
+    let client = format!("client-{}", "7".repeat(200));
     let odd = with(
         &callback("n-odd\u{1b}[2J", 3),
         "/clientId",
-        Some(json!("client-7")),
+        Some(json!(client)),
     );
     let headers = [("Content-Type", "application/json")];
     let answer = exchange(addr, &post(CALLBACK_PATH, &headers, odd.as_bytes())).await;
@@ -306,7 +308,7 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         "{stdout}"
     );
     for said in [
-        "for client client-7",
+        &format!("for client {client},"),
         "transaction 0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e",
         "transaction type 3 is neither a deposit nor a withdrawal",
     ] {

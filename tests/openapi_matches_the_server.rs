@@ -290,13 +290,18 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
     config.paths.callback = "/shop/aggregator/results".into();
     config.signature.header = "X-Aggregator-Signature".into();
     config.server.max_identifier_chars = 64;
+    // Ignored beside keys: every callback must still be signed.
+    config.callback.allow_unsigned = true;
+    // No one may read metrics: the route is gone.
+    config.server.metrics_allow_ips = Vec::new();
     let providers = &mut config.auth.providers_validation;
     providers.method = AuthMethod::Basic;
     providers.username = Some("aggregator".into());
     providers.password = Some("basic-password-1".into());
     let transactions = &mut config.auth.transaction_validation;
     transactions.method = AuthMethod::SharedSecret;
-    transactions.header = "X-Shop-Key".into();
+    // Read trimmed by the server, and so named.
+    transactions.header = " X-Shop-Key ".into();
     transactions.secret = Some("shared-secret-0123456789".into());
     let doc = payhook::server::openapi(&config);
 
@@ -314,10 +319,10 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
             "/shop/aggregator/results",
             "/healthz",
             "/readyz",
-            "/metrics",
         ])
     );
     let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["sharedSecretTransaction"]["name"], "X-Shop-Key");
     let named: BTreeSet<&str> = schemes
         .as_object()
         .unwrap()
@@ -341,7 +346,7 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
     assert_eq!(
         security("/shop/aggregator/results"),
         json!([{"aggregatorSignature": []}]),
-        "signed: unsigned callbacks are not allowed"
+        "signed: with keys, callback.allow_unsigned is ignored"
     );
     let mut lengths = Vec::new();
     max_lengths(&doc, &mut lengths);
@@ -396,6 +401,8 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
         let refused = server.send(&ask(path, None)).await;
         assert_eq!(refused.status, 401, "{path} without credentials");
     }
+    let metrics = server.send(&request("GET", "/metrics", &[], None)).await;
+    assert_eq!(metrics.status, 404, "a route the document leaves out");
 }
 
 /// Without settings of its own, the rendered document is the shipped one but where the
@@ -426,7 +433,7 @@ fn the_default_configuration_renders_the_shipped_document_with_its_choices_made(
         schemes["aggregatorSignature"]["description"]
             .as_str()
             .unwrap()
-            .contains("rsa-pkcs1-sha256, base64"),
+            .contains("rsa-pkcs1-sha256 (unless a key names its own), base64"),
         "{schemes}"
     );
     for doc in [&mut rendered, &mut shipped] {

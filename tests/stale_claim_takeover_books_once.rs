@@ -58,18 +58,16 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// Finishes `claim` on a thread of its own (the commit may be held there).
-fn finish_on_a_thread(store: &SledStore, claim: Claim) -> JoinHandle<bool> {
+/// Finishes `claim` on a thread of its own (the commit may be held there): whether it was
+/// written, and whether its effects ran.
+fn finish_on_a_thread(store: &SledStore, claim: Claim) -> JoinHandle<(bool, bool)> {
     let store = store.clone();
     std::thread::spawn(move || {
         let nonce = Nonce::from("n-1");
-        let written = store.finish_callback(
-            &nonce,
-            claim,
-            TransactionStatus::Success,
-            count_booking(&store),
-        );
-        block_on(written).is_ok()
+        let effects = count_booking(&store);
+        let written =
+            store.finish_callback(&nonce, claim, TransactionStatus::Success, effects.clone());
+        (block_on(written).is_ok(), effects.ran())
     })
 }
 
@@ -103,7 +101,7 @@ fn a_takeover_during_a_stalled_flush_waits_for_it_instead_of_answering_duplicate
     };
     release_later(hold, &flushed);
     let (begin, after_flush) = takeover.join().unwrap();
-    assert!(first_delivery.join().unwrap());
+    assert_eq!(first_delivery.join().unwrap(), (true, true));
     assert_eq!(begin, CallbackBegin::Duplicate);
     assert!(
         after_flush,
@@ -131,16 +129,17 @@ fn a_takeover_racing_a_staged_batch_does_not_book_the_effects_twice() {
             CallbackBegin::Claimed { claim, .. } => {
                 finish_on_a_thread(&store, claim).join().unwrap()
             }
-            CallbackBegin::Duplicate => true,
-            CallbackBegin::Busy => false,
+            CallbackBegin::Duplicate => (true, false),
+            CallbackBegin::Busy => (false, false),
         })
     };
     release_later(hold, &AtomicBool::new(false));
-    assert!(first_delivery.join().unwrap());
-    assert!(
-        second_delivery.join().unwrap(),
-        "the retry was not answered 200"
-    );
+    assert_eq!(first_delivery.join().unwrap(), (true, true));
+    let (answered, ran) = second_delivery.join().unwrap();
+    assert!(answered, "the retry was not answered 200");
+    // Its effects were dropped unrun: it is told so, and reported as a duplicate, not as a
+    // booking (nor a hold) of its own.
+    assert!(!ran, "the second delivery's effects say they ran");
     assert_eq!(bookings(&store), 1, "the effects were booked twice");
     assert_eq!(claim(&store, STALE), CallbackBegin::Duplicate);
 }

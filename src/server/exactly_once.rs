@@ -332,8 +332,8 @@ impl ExactlyOnce {
                 note::with(|n| n.outcome = Some(Outcome::Booked));
                 ok("callback accepted")
             }
-            // The aggregator is answered as for a booking: the result is acknowledged, and
-            // its retries would be held alike.
+            // The aggregator is answered as for a booking: the result is acknowledged (its
+            // retries are duplicates).
             Delivered::Held(_) => {
                 note::with(|n| n.outcome = Some(Outcome::Held));
                 ok("callback accepted")
@@ -670,6 +670,11 @@ impl ExactlyOnce {
                 claim_ended: true,
             });
         }
+        if !effects.ran() {
+            // Booked already, by a delivery whose claim this one took over: its booking,
+            // not this one, is what the store holds.
+            return Ok(self.duplicate(status));
+        }
         match effects.held() {
             Some(reason) => {
                 self.held(nonce, status, &reason);
@@ -696,7 +701,7 @@ impl ExactlyOnce {
         tracing::error!(
             nonce = %Logged(nonce),
             status = status.code(),
-            reason = %Logged(reason),
+            reason = %crate::Escaped(reason),
             "callback acknowledged and held, not booked: the merchant's effects kept it aside for a person to resolve"
         );
         self.inner

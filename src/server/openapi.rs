@@ -23,8 +23,8 @@ const SHIPPED_PATHS: [&str; 3] = [
 const SHIPPED_SAYS: &str = "Paths are payhook's defaults (configurable), as are each endpoint's authentication, the signature header and the identifier and body limits: `payhook openapi` prints this document as the merchant's configuration serves them (`--shipped`: as here).";
 
 /// The OpenAPI document of the endpoints as `config` serves them: its paths, the
-/// authentication of each validation endpoint (`[auth]`) and of the callback (signed unless
-/// `callback.allow_unsigned`), the signature header, `server.max_identifier_chars` and
+/// authentication of each validation endpoint (`[auth]`) and of the callback (signed, unless
+/// `callback.allow_unsigned` with no key to verify), the signature header, `server.max_identifier_chars` and
 /// `server.body_limit`. `payhook openapi` prints it for the configuration it reads.
 ///
 /// ```
@@ -62,13 +62,14 @@ pub fn openapi(config: &Config) -> Value {
     let named = |value: Value| value.as_str().unwrap_or_default().to_owned();
     let algorithm = named(json!(signature.algorithm));
     let encoding = named(json!(signature.encoding));
+    // Header names as the server reads them: it trims what the configuration says.
+    let header = signature.header.trim();
     let schemes = &mut doc["components"]["securitySchemes"];
-    schemes["aggregatorSignature"]["name"] = json!(signature.header);
+    schemes["aggregatorSignature"]["name"] = json!(header);
     schemes["aggregatorSignature"]["description"] = json!(format!(
-        "The aggregator's signature of the raw request body in {}{}: {algorithm}, {encoding}. \
-         Required on callbacks unless the merchant opts out (callback.allow_unsigned); on \
-         validations whose auth method is `signature`.",
-        signature.header,
+        "The aggregator's signature of the raw request body in {header}{}: {algorithm} (unless \
+         a key names its own), {encoding}. Required on callbacks; on validations whose auth \
+         method is `signature`.",
         if signature.prefix.is_empty() {
             String::new()
         } else {
@@ -81,25 +82,44 @@ pub fn openapi(config: &Config) -> Value {
     ];
     let mut used = vec!["aggregatorSignature".to_owned()];
     let endpoints = [
-        (&config.auth.providers_validation, configured[0]),
-        (&config.auth.transaction_validation, configured[1]),
+        (
+            &config.auth.providers_validation,
+            configured[0],
+            "providers",
+        ),
+        (
+            &config.auth.transaction_validation,
+            configured[1],
+            "transaction",
+        ),
     ];
-    for ((auth, path), requirement) in endpoints.into_iter().zip(requirements) {
+    for ((auth, path, section), requirement) in endpoints.into_iter().zip(requirements) {
         used.extend(requirement.keys().cloned());
         let operation = &mut doc["paths"][path.as_str()]["post"];
         operation["security"] = json!([requirement]);
         if !auth.allow_ips.is_empty() {
             note(
                 operation,
-                "Answered only to the networks of its auth.*.allow_ips; any other address gets 403.",
+                &format!(
+                    "Answered only to the networks of auth.{section}_validation.allow_ips; any other address gets 403."
+                ),
             );
         }
     }
-    doc["paths"][configured[2].as_str()]["post"]["security"] = if config.callback.allow_unsigned {
-        json!([{}, {"aggregatorSignature": []}])
+    // Unsigned callbacks are taken only where no key could verify one: with keys, every
+    // callback must be signed, callback.allow_unsigned or not.
+    let unsigned = config.callback.allow_unsigned && signature.keys.is_empty();
+    doc["paths"][configured[2].as_str()]["post"]["security"] = if unsigned {
+        json!([{}])
     } else {
         json!([{"aggregatorSignature": []}])
     };
+    if config.server.metrics_allow_ips.is_empty()
+        && let Some(paths) = doc["paths"].as_object_mut()
+    {
+        // An empty list removes the route.
+        paths.remove("/metrics");
+    }
     if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
         schemes.retain(|name, _| used.contains(name));
     }
@@ -134,10 +154,10 @@ fn requirement(
         AuthMethod::SharedSecret => {
             let scheme = format!("sharedSecret{name}");
             let mut shared = schemes["sharedSecret"].clone();
-            shared["name"] = json!(auth.header);
+            let header = auth.header.trim();
+            shared["name"] = json!(header);
             shared["description"] = json!(format!(
-                "A static secret in {}, compared in constant time.",
-                auth.header
+                "A static secret in {header}, compared in constant time."
             ));
             schemes[scheme.as_str()] = shared;
             scheme

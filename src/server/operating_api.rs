@@ -388,7 +388,7 @@ pub struct AdminReconciled {
     /// The transaction.
     pub reference_id: Uuid,
     /// `booked`, `held` (acknowledged, but held by the merchant for a person to resolve),
-    /// `already_booked`, `not_final`, `unknown` (it may have been booked: reconcile again
+    /// `already_booked` (acknowledged before: booked, or held), `not_final`, `unknown` (it may have been booked: reconcile again
     /// to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.

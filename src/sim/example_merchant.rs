@@ -78,7 +78,7 @@ use crate::model::{
     TransactionType, TransactionValidationRequest,
 };
 use crate::store::{Booking, ConfiguredStore, EffectTx, StoreError, Tree};
-use crate::{App, Config, HandlerError, Logged};
+use crate::{App, Config, Escaped, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
@@ -282,15 +282,15 @@ pub struct Quarantined {
 
 impl std::fmt::Display for Quarantined {
     /// One line for a person: what the result was and why it was not booked (values from
-    /// the wire with their control characters escaped).
+    /// the wire whole, their control characters escaped).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "status {} of {} {} for client {}",
             self.status,
             self.amount,
-            Logged(&self.currency),
-            Logged(&self.client_id)
+            Escaped(&self.currency),
+            Escaped(&self.client_id)
         )?;
         if let Some(reference) = self.transaction_reference_id {
             write!(f, ", transaction {reference}")?;
@@ -298,7 +298,7 @@ impl std::fmt::Display for Quarantined {
         if let Some(updated) = self.updated_utc {
             write!(f, ", changed {}", updated.to_rfc3339())?;
         }
-        write!(f, ": {}", Logged(&self.reason))
+        write!(f, ": {}", Escaped(&self.reason))
     }
 }
 

@@ -1044,7 +1044,7 @@ async fn run_step(
                         if booked {
                             "booked now"
                         } else {
-                            "already booked"
+                            "already acknowledged"
                         }
                     ));
                     if expect.booked.is_some_and(|wanted| wanted != booked) {

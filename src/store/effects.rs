@@ -188,6 +188,9 @@ pub struct Effects {
     /// overwritten each time the effects run (a transaction retried after a conflict runs
     /// them all again).
     holds: Arc<Mutex<Vec<Option<String>>>>,
+    /// Whether the store ran the effects: not when the status was booked already, by a
+    /// delivery whose claim this one took over.
+    ran: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What a booking effect ([`Effects::book`]) made of a transaction result.
@@ -391,6 +394,7 @@ impl Effects {
     /// [`StoreError::Unsupported`] when an effect is SQL (`Effects::postgres`, feature
     /// `postgres`): that needs the PostgreSQL store.
     pub fn apply(&self, tx: &dyn EffectTx) -> Result<(), StoreError> {
+        self.running();
         self.staged().iter().try_for_each(|effect| match effect {
             Staged::Trees(effect) => effect(tx),
             #[cfg(feature = "postgres")]
@@ -400,6 +404,19 @@ impl Effects {
                     .into(),
             )),
         })
+    }
+
+    /// Notes that the store runs the effects (each time it does).
+    pub(crate) fn running(&self) {
+        self.ran.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the store ran the effects (with the mark that this callback is done): a
+    /// store that finds the status booked already, by a delivery whose claim this one took
+    /// over, drops them unrun — what they would have said (booked, held) is not this
+    /// delivery's to tell, and payhook answers it as a duplicate.
+    pub fn ran(&self) -> bool {
+        self.ran.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What is staged, in order.

@@ -36,7 +36,8 @@ pub(crate) struct ScenarioArgs {
     #[command(flatten)]
     signing: SigningArgs,
     /// The merchant's reconcile for `reconcile` steps, run with `sh -c`; `{reference_id}` is
-    /// replaced, e.g. `cargo run --example merchant -- reconcile --ref {reference_id}`.
+    /// replaced, e.g. `cargo run --example merchant -- reconcile --ref {reference_id}`; it
+    /// prints what `payhook::admin` prints: `booked now`, or `already acknowledged`.
     #[arg(long)]
     reconcile_command: Option<String>,
     /// How long to wait for a posted validation result.
@@ -283,7 +284,7 @@ fn command_reconciler(command: String, within: Duration) -> Reconciler {
             }
             if stdout.contains("booked now") {
                 Ok(true)
-            } else if stdout.contains("already booked") {
+            } else if stdout.contains("already acknowledged") {
                 Ok(false)
             } else {
                 Err(HandlerError::msg(format!(

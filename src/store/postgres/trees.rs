@@ -136,6 +136,7 @@ pub(super) async fn apply(
     schema: &str,
     declared: &[String],
 ) -> (Option<Tx>, Result<Writes, StoreError>) {
+    effects.running();
     let staged = effects.staged();
     let mut written = Written::new();
     let mut index = 0;
