@@ -189,6 +189,33 @@ impl Config {
         Ok(config)
     }
 
+    /// The settings `file` holds, as written: without `PAYHOOK_*` and unchecked — for a
+    /// test that replaces what is production's (the store, the aggregator's keys, the
+    /// endpoints' credentials, the gateway) and then checks the rest with
+    /// [`Config::validate`]. A file that names a secret it leaves to the environment (a
+    /// shared secret, a gateway password) reads here; [`Config::load`] would refuse it
+    /// without the variable. A service loads with [`Config::load`].
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir()?;
+    /// let file = dir.path().join("payhook.toml");
+    /// // The secret comes from PAYHOOK_AUTH_TRANSACTION_VALIDATION_SECRET in production.
+    /// std::fs::write(&file, "[auth.transaction_validation]\nmethod = \"shared_secret\"\n")?;
+    /// assert!(payhook::Config::load(Some(&file), std::iter::empty()).is_err());
+    /// let mut config = payhook::Config::read_unchecked(&file)?;
+    /// config.auth = payhook::config::AuthConfig::default(); // the test's own
+    /// config.validate()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when the file cannot be read, is no TOML, or holds a key or a type
+    /// payhook does not know.
+    pub fn read_unchecked(file: &Path) -> Result<Self, ConfigError> {
+        Self::from_table(read_table(file)?, &file.display().to_string())
+    }
+
     /// The effective settings as a TOML document, every secret written as [`REDACTED`] —
     /// what `payhook check-config` prints. It reads back as the same settings, secrets aside.
     ///

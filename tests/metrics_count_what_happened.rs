@@ -127,6 +127,41 @@ async fn a_store_that_does_not_answer_leaves_out_its_figures_only() {
     db.drop_schema().await;
 }
 
+/// A request the store fails (here PostgreSQL's statement timeout, its table locked) is
+/// answered 503 and counted in `payhook_store_errors_total`: on PostgreSQL
+/// `payhook_store_failed` (sled's stop) stays 0, and this counter is what an outage shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_store_fails_are_counted() {
+    use std::time::Duration;
+    let Some(db) = support::postgres::database("store_errors_counted").await else {
+        return;
+    };
+    let mut config = test_config();
+    config.store = db.store_config(Duration::from_secs(3600));
+    config.store.statement_timeout = Duration::from_millis(300);
+    let store = payhook::store::PgStore::open(&config.store, &[])
+        .await
+        .unwrap();
+    let server = TestServer::start_on(config, tempfile::tempdir().unwrap(), store).await;
+    let (_, text) = metrics(&server).await;
+    assert!(
+        text.lines().any(|l| l == "payhook_store_errors_total 0"),
+        "{text}"
+    );
+
+    let locked = db.lock("callbacks", "ACCESS EXCLUSIVE").await;
+    let answer = server.post_json(CALLBACK_PATH, CALLBACK).await;
+    locked.release().await;
+    assert_eq!(answer.status, 503, "{}", answer.message());
+    let (_, text) = metrics(&server).await;
+    for line in ["payhook_store_errors_total 1", "payhook_store_failed 0"] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+    // The store answers again: the aggregator's retry is booked.
+    assert_eq!(server.post_json(CALLBACK_PATH, CALLBACK).await.status, 200);
+    db.drop_schema().await;
+}
+
 /// One app served on two listeners (an IPv4 and an IPv6 address, say) counts the connections
 /// of both, where each listener used to write its own count over the other's.
 #[tokio::test]

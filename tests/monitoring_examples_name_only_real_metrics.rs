@@ -25,13 +25,34 @@ fn names(text: &str) -> BTreeSet<String> {
     found
 }
 
-/// What the service exposes: metric families (from `# TYPE`) and sample names.
+/// What the service exposes: metric families (from `# TYPE`), sample names, and each
+/// sample's labels.
 struct Exposed {
     families: BTreeSet<String>,
     samples: BTreeSet<String>,
+    /// Per sample name, every `label=value` pair one of its samples carries.
+    labels: std::collections::BTreeMap<String, BTreeSet<(String, String)>>,
 }
 
 impl Exposed {
+    /// Whether a query may name `name`: a sample /metrics has — `payhook_x_total` for a
+    /// counter, `payhook_x_bucket` for a histogram, never the bare family of either, which
+    /// Prometheus holds no series of.
+    fn has_sample(&self, name: &str) -> bool {
+        self.samples.contains(name)
+    }
+
+    /// Whether a query's matcher `label` `op` `value` can select a sample of `name`: the
+    /// label exists on it, and for `=` some sample has that value.
+    fn matches(&self, name: &str, label: &str, op: &str, value: &str) -> bool {
+        let pairs = self.labels.get(name);
+        pairs.is_some_and(|pairs| match op {
+            "=" => pairs.contains(&(label.to_owned(), value.to_owned())),
+            _ => pairs.iter().any(|(l, _)| l == label),
+        })
+    }
+
+    /// Whether the table may name `name`: a family, or one of its samples.
     fn has(&self, name: &str) -> bool {
         if self.samples.contains(name) || self.families.contains(name) {
             return true;
@@ -88,7 +109,84 @@ async fn exposed() -> Exposed {
         .filter_map(|l| l.split(['{', ' ']).next())
         .map(str::to_owned)
         .collect();
-    Exposed { families, samples }
+    let mut labels: std::collections::BTreeMap<String, BTreeSet<(String, String)>> =
+        Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if let Some((name, rest)) = line.split_once('{') {
+            let set = labels.entry(name.to_owned()).or_default();
+            let inside = rest.split_once('}').map_or("", |(inside, _)| inside);
+            set.extend(matchers(inside).into_iter().map(|(l, _, v)| (l, v)));
+        }
+    }
+    Exposed {
+        families,
+        samples,
+        labels,
+    }
+}
+
+/// One matcher of a selector: (label, operator, value).
+type Matcher = (String, String, String);
+
+/// The `label="value"`, `label!="value"` (and `=~`, `!~`) pairs inside one `{…}`.
+fn matchers(inside: &str) -> Vec<Matcher> {
+    let mut found = Vec::new();
+    let mut rest = inside;
+    while let Some(quote) = rest.find('"') {
+        let head = rest[..quote].trim_start_matches([',', ' ']);
+        let op_at = head.find(['=', '!']).unwrap_or(head.len());
+        let (label, op) = head.split_at(op_at);
+        let tail = &rest[quote + 1..];
+        let end = tail.find('"').unwrap_or(tail.len());
+        found.push((
+            label.trim().to_owned(),
+            op.trim().to_owned(),
+            tail[..end].to_owned(),
+        ));
+        rest = tail.get(end + 1..).unwrap_or("");
+    }
+    found
+}
+
+/// The queries (`expr:`) of a Prometheus rules file, one- or many-lined (`expr: |`): not
+/// the descriptions, which may name a metric in prose.
+fn exprs(rules: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut lines = rules.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        let indent = line.len() - line.trim_start().len();
+        if rest.trim() != "|" {
+            found.push(rest.trim().to_owned());
+            continue;
+        }
+        let mut block = Vec::new();
+        while let Some(next) = lines.next_if(|l| l.len() - l.trim_start().len() > indent) {
+            block.push(next.trim());
+        }
+        found.push(block.join(" "));
+    }
+    found
+}
+
+/// Each `payhook_…{…}` selector in the queries of `text`: the metric's name and the
+/// matchers inside its braces.
+fn selectors(text: &str) -> Vec<(String, Vec<Matcher>)> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("payhook_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        if let Some(inside) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) {
+            found.push((name, matchers(inside.0)));
+        }
+    }
+    found
 }
 
 fn read(path: &str) -> String {
@@ -98,22 +196,44 @@ fn read(path: &str) -> String {
 #[tokio::test]
 async fn the_dashboard_the_alerts_and_the_table_name_only_exposed_metrics_and_all_of_them() {
     let exposed = exposed().await;
-    for file in [
-        "examples/monitoring/payhook-dashboard.json",
-        "examples/monitoring/payhook-alerts.yml",
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("examples/monitoring/payhook-dashboard.json")).unwrap();
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|target| target["expr"].as_str().map(str::to_owned))
+        .collect();
+    for (file, text) in [
+        (
+            "examples/monitoring/payhook-dashboard.json",
+            queries.join("\n"),
+        ),
+        (
+            "examples/monitoring/payhook-alerts.yml",
+            exprs(&read("examples/monitoring/payhook-alerts.yml")).join("\n"),
+        ),
     ] {
-        let text = read(file);
         let named = names(&text);
-        assert!(named.len() >= 5, "{file} names metrics: {named:?}");
+        assert!(named.len() >= 8, "{file} queries metrics: {named:?}");
         for name in named {
             assert!(
-                exposed.has(&name),
-                "{file} names `{name}`, which /metrics does not expose"
+                exposed.has_sample(&name),
+                "{file} names `{name}`, which is no sample /metrics exposes (a counter is \
+                 queried as `_total`, a histogram as `_bucket`, `_sum` or `_count`)"
             );
         }
+        for (name, matchers) in selectors(&text) {
+            for (label, op, value) in matchers {
+                assert!(
+                    exposed.matches(&name, &label, &op, &value),
+                    "{file} selects `{name}{{{label}{op}\"{value}\"}}`, which matches no sample \
+                     /metrics exposes"
+                );
+            }
+        }
     }
-    serde_json::from_str::<serde_json::Value>(&read("examples/monitoring/payhook-dashboard.json"))
-        .unwrap();
 
     let table: String = read("src/server/metrics.rs")
         .lines()

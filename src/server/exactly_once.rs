@@ -241,6 +241,10 @@ impl ExactlyOnce {
 
     fn store_failed(&self, endpoint: Endpoint, error: &StoreError) -> Problem {
         tracing::error!(endpoint = endpoint.name(), error = %crate::report::InLine(error), "store failed");
+        self.inner
+            .metrics
+            .store_errors
+            .fetch_add(1, Ordering::Relaxed);
         Problem::StoreFailed {
             retry_after: self.inner.runner.retry_after(),
         }

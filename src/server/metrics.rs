@@ -15,6 +15,7 @@
 //! | `payhook_callbacks_held_total` | counter | callbacks acknowledged (answered 200, durably marked) whose handler's effects held the result for a person to resolve instead of booking it ([`Booking::Held`](crate::store::Booking::Held)): alert on any increase |
 //! | `payhook_callbacks_duplicate_total` | counter | deliveries of an acknowledged (nonce, status): answered 200 without the handler |
 //! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
+//! | `payhook_store_errors_total` | counter | requests of the aggregator answered 503 because the store could not read or write their records (a database unreachable or refusing, a sled store stopped): alert on any increase — on PostgreSQL it is the sign of an outage (`payhook_store_failed` is sled's) |
 //! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
@@ -30,7 +31,7 @@
 //! | `payhook_outbox_oldest_queued_age_seconds` | gauge | how long the oldest result waiting for delivery has waited since its decision (0: none waits) |
 //! | `payhook_outbox_delivery_duration_seconds` | histogram | from a result's decision to its delivery to the aggregator |
 //! | `payhook_gateway_call_duration_seconds{call}` | histogram | how long calls to the aggregator took: `login`, `refresh`, `validation_result` (the outbox's posts), `transaction` (lookups, reconcile) |
-//! | `payhook_gateway_errors_total{call, kind}` | counter | calls to the aggregator that failed, by `kind`: `network`, `timeout`, `status` (an unexpected answer), `decode`, `bad_credentials`, `conflict` (403 to a result: the aggregator holds another), `not_configured` |
+//! | `payhook_gateway_errors_total{call, kind}` | counter | calls to the aggregator that failed, by `kind`: `network`, `timeout`, `status` (an unexpected answer), `decode`, `bad_credentials`, `conflict` (403 to a result: the aggregator holds another), `not_configured`, `other` |
 //! | `payhook_connections_open` | gauge | connections being served (when served by [`crate::serve`]) |
 //! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408), `body_memory` (a body arriving for longer than `server.min_body_rate_grace` gave its part of `server.body_memory_limit` up to another, answered 408) |
 //! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
@@ -83,6 +84,8 @@ pub(crate) struct Metrics {
     pub(crate) callbacks_duplicate: AtomicU64,
     /// Deliveries whose handler failed (answered 503 for a retry).
     pub(crate) callback_failures: AtomicU64,
+    /// Requests answered 503 because the store failed them.
+    pub(crate) store_errors: AtomicU64,
     validations: [AtomicU64; 3],
     pub(crate) validations_replayed: AtomicU64,
     pub(crate) nonce_reuse_refused: AtomicU64,
@@ -121,6 +124,7 @@ impl Default for Metrics {
             callbacks_held: AtomicU64::default(),
             callbacks_duplicate: AtomicU64::default(),
             callback_failures: AtomicU64::default(),
+            store_errors: AtomicU64::default(),
             validations: Default::default(),
             validations_replayed: AtomicU64::default(),
             nonce_reuse_refused: AtomicU64::default(),
@@ -226,6 +230,7 @@ impl Metrics {
             ("callbacks held", load(&self.callbacks_held)),
             ("callbacks duplicate", load(&self.callbacks_duplicate)),
             ("callback failures", load(&self.callback_failures)),
+            ("store errors", load(&self.store_errors)),
             (
                 "validations decided",
                 self.validations.iter().map(load).sum(),
@@ -303,6 +308,11 @@ impl Metrics {
                 "callback_failures",
                 "Deliveries whose handler failed, answered 503 for a retry",
                 load(&self.callback_failures),
+            ),
+            (
+                "store_errors",
+                "Requests answered 503 because the store could not read or write their records",
+                load(&self.store_errors),
             ),
             (
                 "validations_replayed",
