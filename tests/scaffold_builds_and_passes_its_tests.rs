@@ -27,7 +27,7 @@ fn text(output: &Output) -> String {
 fn bad_names_and_non_empty_directories_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("x");
-    for bad in ["2shop", "my shop", "payhook"] {
+    for bad in ["2shop", "my shop", "payhook", "type", "Tokio", "serde-json"] {
         let output = payhook(&["new", bad, "--path", target.to_str().unwrap()]);
         assert_eq!(output.status.code(), Some(2), "{bad}");
         assert!(
