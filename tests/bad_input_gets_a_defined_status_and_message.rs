@@ -682,6 +682,37 @@ async fn a_field_given_twice_is_400_on_every_endpoint() {
     assert!(server.merchant.calls().is_empty());
 }
 
+/// Bytes that are not the JSON the spec names — a byte-order mark before it, an escaped lone
+/// surrogate (no character: a reader in another language would make it U+FFFD, or refuse)
+/// in a string payhook reads — are 400 on every endpoint, before the handler, with a message
+/// that says what. (In a field payhook does not read, the string is skipped as the field is.)
+#[tokio::test]
+async fn a_byte_order_mark_or_a_lone_surrogate_is_400_on_every_endpoint() {
+    let server = TestServer::start().await;
+    for (path, fixture, _, _) in ENDPOINTS {
+        let with_bom = [b"\xEF\xBB\xBF".as_slice(), fixture.as_bytes()].concat();
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, &with_bom),
+            400,
+            "must be a JSON object",
+        )
+        .await;
+        let lone = fixture.replacen("\"nonce\": \"", "\"nonce\": \"\\ud800", 1);
+        assert_ne!(lone, fixture, "{path}");
+        assert_refused(
+            &server,
+            path,
+            &json_post(path, lone.as_bytes()),
+            400,
+            "escape at line",
+        )
+        .await;
+    }
+    assert!(server.merchant.calls().is_empty());
+}
+
 /// U+0000 in an identifier — a nonce, a client id — is refused before the handler and the
 /// store on every endpoint: PostgreSQL cannot keep it in `text` (so a shared store would
 /// answer 503 to every retry of such a callback until it was lost), and the aggregator
