@@ -289,6 +289,32 @@ async fn the_example_quarantines_a_success_whose_direction_it_does_not_know() {
     );
 }
 
+/// The balance key joins client and currency with `|`: a client id `a|EUR` paying in USD
+/// would share the balance of client `a` in `EUR|USD`. Such a result is held, not booked
+/// into another client's balance.
+#[tokio::test]
+async fn a_client_or_currency_with_the_key_separator_is_quarantined() {
+    let example = start().await;
+    let body = callback("pipe-1", "a|EUR", 1, "10");
+    let body = with(&body, "/currency", Some(json!("USD")));
+    assert_eq!(example.callback(&body).await, 200);
+    let body = callback("pipe-2", "a", 1, "5");
+    let body = with(&body, "/currency", Some(json!("EUR|USD")));
+    assert_eq!(example.callback(&body).await, 200);
+    assert_eq!(example.balance("a|EUR", "USD").await, Decimal::ZERO);
+    assert_eq!(example.balance("a", "EUR|USD").await, Decimal::ZERO);
+    for nonce in ["pipe-1", "pipe-2"] {
+        assert!(example.entry(nonce).await.is_none(), "{nonce} booked");
+        let held = example
+            .ledger
+            .quarantined(nonce, 4)
+            .await
+            .unwrap()
+            .expect("quarantined");
+        assert!(held.reason.contains("`|`"), "{held:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_later_status_naming_another_client_corrects_the_balance_first_booked() {
     let example = start().await;

@@ -43,7 +43,9 @@
 //! * a booking that would overflow a balance (a `Decimal` holds about 7.9 × 10²⁸), or whose
 //!   sum would need more decimal places than a `Decimal` keeps (it would be rounded);
 //! * a success of a transaction type that is neither a deposit nor a withdrawal (which way
-//!   the money went is not known).
+//!   the money went is not known);
+//! * a result whose client id or currency holds `|`, which joins them in a balance's key
+//!   (two clients' balances could otherwise share one).
 //!
 //! Refusing it instead (503, or 400) would not make
 //! it bookable: the aggregator would retry the same callback up to 17 times, each failing
@@ -358,6 +360,14 @@ fn book(
             status.code(),
             status.description()
         );
+        return quarantine(tx, ledger, callback, reason);
+    }
+    // The balance key joins them with `|`: one in either would let two clients' balances
+    // share a key (`a|EUR` in USD and `a` in `EUR|USD`).
+    if callback.client_id.contains('|') || callback.currency.contains('|') {
+        let reason = "a client id or currency with `|`, which the ledger's balance keys \
+                      cannot tell apart"
+            .to_owned();
         return quarantine(tx, ledger, callback, reason);
     }
     let previous: Option<Entry> = tx
