@@ -143,8 +143,9 @@ pub struct CallbackContext {
     pub attempt: u32,
     /// The status acknowledged last for this nonce, when this callback brings a new one
     /// (e.g. a success, later a reversal). Acknowledged is not booked: a handler that
-    /// acknowledged a result without booking it (the example merchant's quarantine: a late
-    /// retry of an older failure) is told that status here, not the one its books hold.
+    /// acknowledged a result without booking it (held it, [`Booking::Held`](crate::store::Booking::Held):
+    /// the example merchant's quarantine of a late retry of an older failure) is told that
+    /// status here, not the one its books hold.
     /// What stands is in the handler's own books; read them.
     pub previous_status: Option<TransactionStatus>,
     /// Writes to apply atomically with the mark that this callback is done; see [`Effects`].
@@ -187,7 +188,8 @@ impl ValidationDecision {
 /// The merchant's answer to a callback.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallbackDecision {
-    /// The result is booked: 200, the aggregator stops retrying.
+    /// The result is booked — or held aside for a person, when the staged effects say so
+    /// ([`Effects::book`](crate::store::Effects::book)): 200, the aggregator stops retrying.
     Ack,
     /// Not now (a dependency is down, say): 503 with `Retry-After`, the aggregator retries.
     RetryLater {
