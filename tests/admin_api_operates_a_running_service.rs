@@ -289,6 +289,35 @@ async fn guessing_the_token_is_slowed_down_per_address() {
         assert!(refused.message().contains("another site's page"));
         assert!(refused.header("set-cookie").is_none());
     }
+    // A browser that does not say Sec-Fetch-Site (over plain HTTP to another machine, or
+    // an old one) names the page's origin: another site's, or `null`, is refused alike.
+    let from_origin = |origin: &str, token: &str| {
+        let headers = [
+            ("x-forwarded-for", operator),
+            ("x-forwarded-proto", "https"),
+            ("origin", origin),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ];
+        post(
+            "/payhook/admin/inspector/login",
+            &headers,
+            format!("token={token}").as_bytes(),
+        )
+    };
+    for origin in [
+        "https://evil.example",
+        "null",
+        "http://127.0.0.1.evil.example",
+    ] {
+        for token in [WRONG; 12] {
+            let refused = server.send(&from_origin(origin, token)).await;
+            assert_eq!(refused.status, 403, "{origin}");
+            assert!(refused.message().contains("another site's page"));
+        }
+    }
+    // Its own origin (the address the form was sent to) is let through.
+    let own = server.send(&from_origin("http://127.0.0.1", TOKEN)).await;
+    assert_eq!(own.status, 303, "{}", own.message());
     // The operator, at another address, guessed nothing wrong (thirty right tokens).
     for _ in 0..9 {
         assert_eq!(server.send(&listing(operator, WRONG)).await.status, 401);

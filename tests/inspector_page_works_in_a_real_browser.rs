@@ -153,13 +153,55 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
 }
 
 /// Opens the inspector of `server` in `browser` with a `#token=…` link, as `payhook demo
-/// --inspect` prints it.
+/// --inspect` prints it: the link fills the form and leaves the address; **Open** logs in.
 async fn log_in_by_link(browser: &Browser, server: &TestServer) {
     let page = format!("http://{}/payhook/admin/inspector", server.addr);
     browser.goto(&format!("{page}#token={TOKEN}")).await;
+    browser.wait_for("input#token").await;
+    address_cleaned(browser, &page).await;
+    browser.wait_and_click("button#login").await;
     browser.wait_for("section#health dd#store-state").await;
-    let shown = browser.url().await;
+}
+
+/// Waits (a few seconds at most) until the browser's address is `page`: the fragment with
+/// the token taken out of it (a fragment-only navigation is handled after `goto` returns).
+async fn address_cleaned(browser: &Browser, page: &str) {
+    let mut shown = browser.url().await;
+    for _ in 0..50 {
+        if shown == page {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        shown = browser.url().await;
+    }
     assert_eq!(shown, page, "the token left in the address");
+}
+
+/// Another site's page can open the inspector with a token of its choosing in the
+/// fragment, as often as it likes: the link fills the form, it does not send it, so no
+/// guess of the operator's is spent (each one sent would be, posted by the inspector's own
+/// page). After twelve such links the operator still logs in.
+#[tokio::test]
+async fn a_link_with_a_token_fills_the_form_and_spends_no_guess() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let (_gateway, server) = awaitable_service().await;
+    let page = format!("http://{}/payhook/admin/inspector", server.addr);
+    for n in 0..12 {
+        browser.goto("about:blank").await;
+        browser
+            .goto(&format!("{page}#token=wrong-token-{n:02}-0123456789"))
+            .await;
+        browser.wait_for("input#token").await;
+        address_cleaned(&browser, &page).await;
+    }
+    // Not submitted: still the form, and no answer of a wrong token on it.
+    let text = browser.page_text().await;
+    assert!(!text.contains("wrong"), "{text}");
+    assert!(!text.contains("too many"), "{text}");
+    log_in(&browser, &server).await;
+    browser.quit().await;
 }
 
 /// Three validations wait; the operator points at the second one's **Approve**. Meanwhile

@@ -317,7 +317,30 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     ] {
         assert!(html.contains(panel), "{panel} in the page");
     }
-    assert!(shown.header("content-security-policy").is_some());
+    // Only the page's own scripts and style run (by their hashes): markup that got past the
+    // escaping would run no script. Nothing of it is cached, sniffed or sent as a Referer.
+    let policy = shown.header("content-security-policy").unwrap().to_owned();
+    assert!(
+        !policy.contains("unsafe-inline")
+            && policy.matches("'sha256-").count() == 3
+            && policy.contains("base-uri 'none'")
+            && policy.contains("frame-ancestors 'none'"),
+        "{policy}"
+    );
+    let listed = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/deliveries",
+            &[("cookie", &session)],
+            None,
+        ))
+        .await;
+    assert_eq!(listed.status, 200);
+    for answer in [&shown, &listed] {
+        assert_eq!(answer.header("cache-control"), Some("no-store"));
+        assert_eq!(answer.header("x-content-type-options"), Some("nosniff"));
+        assert_eq!(answer.header("referrer-policy"), Some("no-referrer"));
+    }
     assert!(cookie.contains("Max-Age=43200"), "{cookie}");
     // A session is the signature of its generation (0 until more sessions were ended than
     // are kept), its login time and a random id, under a key PBKDF2 derives from the token:

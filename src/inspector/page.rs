@@ -71,7 +71,8 @@ fn relative(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
 }
 
 /// The page asking for the admin token (no token, or a wrong one). A `#token=…` fragment
-/// (never sent to the server, so in no log) fills the form, leaves the address and submits.
+/// (never sent to the server, so in no log) fills the form and leaves the address; the
+/// operator presses **Open**.
 /// The form posts to the login's absolute address, whichever address showed it
 /// (`…/inspector`, `…/inspector/` or, after a wrong token, `…/inspector/login`).
 pub(crate) fn login(problem: Option<&str>) -> String {
@@ -86,9 +87,13 @@ pub(crate) fn login(problem: Option<&str>) -> String {
     )
 }
 
-/// Takes the token from a `#token=…` fragment into the form, removes it from the address
-/// (and so from the history) and submits the form: when the page opens, and when only the
-/// fragment changes (a link pasted into the tab that shows the form).
+/// Takes the token from a `#token=…` fragment into the form and removes it from the address
+/// (the current history entry; a browser may have kept the link itself in its history):
+/// when the page opens, and when only the fragment changes (a link pasted into the tab that
+/// shows the form). It does not submit the form: another site's page could open this page
+/// with wrong tokens in the fragment, again and again, and each submit — posted from this
+/// page, so not cross-site — would spend one of the operator's guesses. The operator
+/// presses **Open**.
 const LOGIN_SCRIPT: &str = r#"
 function take() {
   const given = location.hash.match(/^#token=(.+)$/);
@@ -100,11 +105,35 @@ function take() {
     return;
   }
   document.getElementById('token').value = token;
-  document.getElementById('login-form').submit();
+  document.getElementById('login').focus();
 }
 window.addEventListener('hashchange', take);
 take();
 "#;
+
+/// The page's Content-Security-Policy: its two scripts and its style run by their hashes
+/// (nothing else inline would: an injection that got past the escaping runs no script),
+/// nothing is loaded from elsewhere, nobody frames it, forms post only to it.
+pub(crate) fn content_security_policy() -> &'static str {
+    static POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let hash = |text: &str| {
+            use base64::Engine as _;
+            let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+            format!(
+                "'sha256-{}'",
+                base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+            )
+        };
+        format!(
+            "default-src 'none'; script-src {} {}; style-src {}; connect-src 'self'; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            hash(SCRIPT),
+            hash(LOGIN_SCRIPT),
+            hash(STYLE)
+        )
+    });
+    &POLICY
+}
 
 /// The whole page, with each panel rendered now.
 pub(crate) fn page(

@@ -571,11 +571,15 @@ impl App {
                 Problem::ForwardedByStranger.into_response()
             }
             Route::Metrics => Box::pin(self.metrics(self.inner.ingress.client_ip(&request))).await,
-            Route::Admin => match &inner.operating_api {
-                Some(api) => Box::pin(api.answer(request)).await,
-                None => Err(Problem::NotFound),
+            Route::Admin => {
+                let mut answer = match &inner.operating_api {
+                    Some(api) => Box::pin(api.answer(request)).await,
+                    None => Err(Problem::NotFound),
+                }
+                .unwrap_or_else(Problem::into_response);
+                operating_api::kept_private(&mut answer);
+                answer
             }
-            .unwrap_or_else(Problem::into_response),
             Route::Endpoint(endpoint) => self
                 .endpoint(endpoint, request, request_id)
                 .await

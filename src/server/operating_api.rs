@@ -490,7 +490,7 @@ impl OperatingApi {
                 );
             }
             (&Method::POST, ["inspector", "login"]) => {
-                refuse_cross_site(&parts.headers)?;
+                refuse_cross_site(&parts)?;
                 let bytes = self
                     .ingress
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
@@ -805,18 +805,49 @@ fn validations_state(query: &str) -> Result<Option<PostponedState>, Problem> {
 /// Refuses a login form posted by another site's page, as the browser says
 /// (`Sec-Fetch-Site`, which a page cannot set): a page the operator opens could post wrong
 /// tokens to the service on this machine and spend the operator's guesses ([`Guesses`]).
-/// Posted from the inspector's own page, or typed (`none`), it is let through; a browser
-/// that does not say (one older than 2023, or over plain HTTP to another machine) too.
-fn refuse_cross_site(headers: &HeaderMap) -> Result<(), Problem> {
-    match headers
+/// Posted from the inspector's own page, or typed (`none`), it is let through. A browser
+/// that does not say (one older than 2023, or over plain HTTP to another machine) still
+/// sends `Origin` with a form's POST: one that names another site than the address the
+/// request was sent to (or `null`) is refused. (With `Sec-Fetch-Site` the origin is not
+/// compared: behind a proxy that rewrites `Host`, the two differ for the operator too.)
+fn refuse_cross_site(parts: &http::request::Parts) -> Result<(), Problem> {
+    let refused = || {
+        Err(Problem::Denied(
+            "a login posted from another site's page is refused; open the inspector's own page"
+                .into(),
+        ))
+    };
+    match parts
+        .headers
         .get("sec-fetch-site")
         .map(http::HeaderValue::as_bytes)
     {
-        None | Some(b"same-origin" | b"none") => Ok(()),
-        Some(_) => Err(Problem::Denied(
-            "a login posted from another site's page is refused; open the inspector's own page"
-                .into(),
-        )),
+        Some(b"same-origin" | b"none") => Ok(()),
+        Some(_) => refused(),
+        None => match parts.headers.get(http::header::ORIGIN) {
+            None => Ok(()),
+            Some(origin) => {
+                let named = origin
+                    .to_str()
+                    .ok()
+                    .and_then(|origin| origin.split_once("://"))
+                    .map(|(_, authority)| authority);
+                let sent_to = parts
+                    .uri
+                    .authority()
+                    .map(http::uri::Authority::as_str)
+                    .or_else(|| {
+                        parts
+                            .headers
+                            .get(http::header::HOST)
+                            .and_then(|host| host.to_str().ok())
+                    });
+                match (named, sent_to) {
+                    (Some(named), Some(sent_to)) if named.eq_ignore_ascii_case(sent_to) => Ok(()),
+                    _ => refused(),
+                }
+            }
+        },
     }
 }
 
@@ -892,6 +923,26 @@ fn set_session_cookie(
     }
 }
 
+/// Marks every answer of the operating API as the operator's alone: no cache keeps it (a
+/// delivery's raw body, a validation's data, fetched with the token or the session), no
+/// browser reads it as another type than it says, and no address of it leaves as a
+/// `Referer`.
+pub(super) fn kept_private(response: &mut Response<ResponseBody>) {
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    headers.insert(
+        http::header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        http::header::REFERRER_POLICY,
+        http::HeaderValue::from_static("no-referrer"),
+    );
+}
+
 fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
     let mut response = Response::new(http_body_util::Full::new(Bytes::from(text)));
     *response.status_mut() = status;
@@ -903,10 +954,7 @@ fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
     // The page runs only its own script, and nobody may frame it.
     headers.insert(
         http::header::CONTENT_SECURITY_POLICY,
-        http::HeaderValue::from_static(
-            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
-             connect-src 'self'; form-action 'self'; frame-ancestors 'none'",
-        ),
+        http::HeaderValue::from_static(crate::inspector::page::content_security_policy()),
     );
     headers.insert(
         http::header::CACHE_CONTROL,

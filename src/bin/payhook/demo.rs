@@ -216,6 +216,7 @@ async fn demo(
             "\nthe service stays up: its inspector (deliveries, postponed validations, outbox)"
         );
         println!("  {base_url}/payhook/admin/inspector#token={admin_token}");
+        println!("  (the link fills the token in; press Open)");
         println!("  PAYHOOK_ADMIN_TOKEN={admin_token} payhook tail --admin-url {base_url}");
         println!("stop with Ctrl-C");
         payhook::shutdown_signal().await;
