@@ -16,6 +16,7 @@ use crate::model::{TransactionRecord, TransactionStatus};
 
 /// What became of one reference id in [`App::reconcile`](super::App::reconcile).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reconciled {
     /// The result was booked now: its callback had been lost.
     Booked(TransactionStatus),

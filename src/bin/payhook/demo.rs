@@ -166,6 +166,7 @@ async fn demo(
                     Some(Ok(Reconciled::NotFinal(status))) => {
                         Err(HandlerError::msg(format!("not final: {status}")))
                     }
+                    Some(Ok(other)) => Err(HandlerError::msg(format!("{other:?}"))),
                     Some(Err(error)) => Err(HandlerError::from(error)),
                     None => Err(HandlerError::msg("nothing reconciled")),
                 }
