@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use support::gateway::FakeGateway;
 use support::*;
 
-/// `payhook_…` names in `text`.
-fn names(text: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
+/// Each `payhook_…` name in `text`, with what stands inside the braces right after it (a
+/// selector's matchers), if any.
+fn mentions(text: &str) -> Vec<(String, Option<&str>)> {
+    let mut found = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find("payhook_") {
         let name: String = rest[at..]
@@ -20,9 +21,18 @@ fn names(text: &str) -> BTreeSet<String> {
             .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
             .collect();
         rest = &rest[at + name.len()..];
-        found.insert(name);
+        let inside = rest
+            .strip_prefix('{')
+            .and_then(|r| r.split_once('}'))
+            .map(|(inside, _)| inside);
+        found.push((name, inside));
     }
     found
+}
+
+/// `payhook_…` names in `text`.
+fn names(text: &str) -> BTreeSet<String> {
+    mentions(text).into_iter().map(|(name, _)| name).collect()
 }
 
 /// What the service exposes: metric families (from `# TYPE`), sample names, and each
@@ -174,19 +184,10 @@ fn exprs(rules: &str) -> Vec<String> {
 /// Each `payhook_…{…}` selector in the queries of `text`: the metric's name and the
 /// matchers inside its braces.
 fn selectors(text: &str) -> Vec<(String, Vec<Matcher>)> {
-    let mut found = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find("payhook_") {
-        let name: String = rest[at..]
-            .chars()
-            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
-            .collect();
-        rest = &rest[at + name.len()..];
-        if let Some(inside) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) {
-            found.push((name, matchers(inside.0)));
-        }
-    }
-    found
+    mentions(text)
+        .into_iter()
+        .filter_map(|(name, inside)| inside.map(|inside| (name, matchers(inside))))
+        .collect()
 }
 
 fn read(path: &str) -> String {

@@ -260,6 +260,16 @@ async fn the_documents_examples_are_answered_200() {
     );
 }
 
+/// The keys of the object `value`.
+fn keys(value: &Value) -> BTreeSet<&str> {
+    value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
 /// Every `maxLength` in `value`.
 fn max_lengths(value: &Value, found: &mut Vec<u64>) {
     match value {
@@ -305,14 +315,8 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
     transactions.secret = Some("shared-secret-0123456789".into());
     let doc = payhook::server::openapi(&config);
 
-    let documented: BTreeSet<&str> = doc["paths"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
     assert_eq!(
-        documented,
+        keys(&doc["paths"]),
         BTreeSet::from([
             "/shop/aggregator/providers",
             "/shop/aggregator/transactions",
@@ -323,14 +327,8 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
     );
     let schemes = &doc["components"]["securitySchemes"];
     assert_eq!(schemes["sharedSecretTransaction"]["name"], "X-Shop-Key");
-    let named: BTreeSet<&str> = schemes
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
     assert_eq!(
-        named,
+        keys(schemes),
         BTreeSet::from(["aggregatorSignature", "basic", "sharedSecretTransaction"]),
         "only the schemes in use"
     );
