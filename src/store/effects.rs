@@ -130,7 +130,7 @@ pub type SqlBookingFuture<'c> =
 /// Where one booking effect says what it made of the result, each time it runs.
 #[derive(Clone)]
 struct Slot {
-    holds: Arc<Mutex<Vec<Option<String>>>>,
+    holds: Holds,
     index: usize,
 }
 
@@ -182,16 +182,28 @@ pub(crate) enum Staged {
 /// ```
 #[derive(Clone, Default)]
 pub struct Effects {
-    staged: Arc<Mutex<Vec<Staged>>>,
+    /// One allocation per callback, shared by the clones.
+    inner: Arc<Staging>,
+}
+
+/// What [`Effects`] holds.
+#[derive(Default)]
+struct Staging {
+    staged: Mutex<Vec<Staged>>,
     /// What each booking effect ([`Effects::book`]) made of the result in its last run:
     /// the reason it held it, or `None` when it booked it. One slot per booking effect,
     /// overwritten each time the effects run (a transaction retried after a conflict runs
-    /// them all again).
-    holds: Arc<Mutex<Vec<Option<String>>>>,
+    /// them all again). Made by the first booking effect (none: nothing to allocate); its
+    /// own `Arc`, which the effects' closures hold (the staging itself, which holds them,
+    /// would be a cycle).
+    holds: std::sync::OnceLock<Holds>,
     /// Whether the store ran the effects: not when the status was booked already, by a
     /// delivery whose claim this one took over.
-    ran: Arc<std::sync::atomic::AtomicBool>,
+    ran: std::sync::atomic::AtomicBool,
 }
+
+/// The slots of the booking effects.
+type Holds = Arc<Mutex<Vec<Option<String>>>>;
 
 /// What a booking effect ([`Effects::book`]) made of a transaction result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,10 +329,11 @@ impl Effects {
 
     /// A new slot for what one booking effect says.
     fn slot(&self) -> Slot {
-        let mut holds = lock(&self.holds);
+        let shared = self.inner.holds.get_or_init(Holds::default);
+        let mut holds = lock(shared);
         holds.push(None);
         Slot {
-            holds: Arc::clone(&self.holds),
+            holds: Arc::clone(shared),
             index: holds.len() - 1,
         }
     }
@@ -329,7 +342,8 @@ impl Effects {
     /// it the last time the effects ran (the first such reason); `None` when none did, or
     /// they have not run.
     pub fn held(&self) -> Option<String> {
-        lock(&self.holds).iter().flatten().next().cloned()
+        let holds = self.inner.holds.get()?;
+        lock(holds).iter().flatten().next().cloned()
     }
 
     /// Stages the merchant's own SQL to run in the PostgreSQL transaction that marks this
@@ -408,7 +422,9 @@ impl Effects {
 
     /// Notes that the store runs the effects (each time it does).
     pub(crate) fn running(&self) {
-        self.ran.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .ran
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the store ran the effects (with the mark that this callback is done): a
@@ -416,7 +432,7 @@ impl Effects {
     /// over, drops them unrun — what they would have said (booked, held) is not this
     /// delivery's to tell, and payhook answers it as a duplicate.
     pub fn ran(&self) -> bool {
-        self.ran.load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.ran.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What is staged, in order.
@@ -425,7 +441,7 @@ impl Effects {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Staged>> {
-        lock(&self.staged)
+        lock(&self.inner.staged)
     }
 }
 
