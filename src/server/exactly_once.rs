@@ -674,9 +674,10 @@ impl ExactlyOnce {
                 claim_ended: true,
             });
         }
-        if !effects.ran() {
+        if !effects.is_empty() && !effects.ran() {
             // Booked already, by a delivery whose claim this one took over: its booking,
-            // not this one, is what the store holds.
+            // not this one, is what the store holds. (Nothing staged tells nothing: a store
+            // of the merchant's own may skip running an empty list.)
             return Ok(self.duplicate(status));
         }
         match effects.held() {

@@ -604,8 +604,11 @@ pub trait DedupStore: Send + Sync + 'static {
         stale_after: Duration,
     ) -> StoreFuture<'a, CallbackBegin>;
 
-    /// Marks the callback done and applies `effects`, in one atomic write; resolves once it
-    /// is durable. The claim ends either way.
+    /// Marks the callback done and applies `effects` ([`Effects::apply`]), in one atomic
+    /// write; resolves once it is durable. The claim ends either way. A store that finds the
+    /// status done already (a delivery whose claim this one took over booked it) drops the
+    /// effects unrun and resolves: payhook then answers the delivery as a duplicate
+    /// ([`Effects::ran`]).
     ///
     /// Resolves to [`StoreError::Aborted`] when an effect aborts and
     /// [`StoreError::ClaimLost`] when the claim was taken over; nothing is written then.
