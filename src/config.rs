@@ -636,6 +636,25 @@ mod tests {
         assert!(error.to_string().contains("body_limt"), "{error}");
     }
 
+    /// Unchecked is not unparsed: a file read for a test still names a key payhook does
+    /// not know, or a value of the wrong type, and one that cannot be read.
+    #[test]
+    fn a_file_read_unchecked_still_names_unknown_keys_and_wrong_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("payhook.toml");
+        for (text, named) in [
+            ("[server]\nbody_limt = 5\n", "body_limt"),
+            ("[server]\nbody_limit = \"big\"\n", "body_limit"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let error = Config::read_unchecked(&file).unwrap_err();
+            assert!(error.to_string().contains(named), "{error}");
+        }
+        let missing = dir.path().join("missing.toml");
+        let error = Config::read_unchecked(&missing).unwrap_err();
+        assert!(error.to_string().contains("missing.toml"), "{error}");
+    }
+
     #[test]
     fn an_unknown_variable_is_named() {
         let error = Config::load(None, env(&[("PAYHOOK_SERVR_LISTEN", "x")])).unwrap_err();

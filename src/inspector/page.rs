@@ -117,11 +117,10 @@ take();
 pub(crate) fn content_security_policy() -> &'static str {
     static POLICY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let hash = |text: &str| {
-            use base64::Engine as _;
             let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
             format!(
                 "'sha256-{}'",
-                base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+                crate::signature::Encoding::Base64.encode(digest.as_ref())
             )
         };
         format!(

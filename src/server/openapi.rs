@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use crate::auth::{AuthMethod, EndpointAuthConfig};
 use crate::config::Config;
+use crate::signature::SignatureConfig;
 
 /// The OpenAPI 3.1 document of the merchant-hosted endpoints as payhook serves them with
 /// its defaults, as shipped (`openapi/merchant-endpoints.json`).
@@ -42,58 +43,29 @@ const SHIPPED_SAYS: &str = "Paths are payhook's defaults (configurable), as are 
 pub fn openapi(config: &Config) -> Value {
     // The shipped document is part of the crate and checked by its tests: it parses.
     let mut doc: Value = serde_json::from_str(OPENAPI).unwrap_or_default();
-    let configured = [
+    let paths = [
         &config.paths.providers_validation,
         &config.paths.transaction_validation,
         &config.paths.callback,
     ];
-    if let Some(paths) = doc["paths"].as_object_mut() {
-        // Every shipped path is taken out before any is put back: a configuration may swap
-        // two of them.
-        let operations: Vec<Value> = SHIPPED_PATHS
-            .iter()
-            .map(|path| paths.remove(*path).unwrap_or_default())
-            .collect();
-        for (path, operation) in configured.into_iter().zip(operations) {
-            paths.insert(path.clone(), operation);
-        }
-    }
-    let signature = &config.signature;
-    let named = |value: Value| value.as_str().unwrap_or_default().to_owned();
-    let algorithm = named(json!(signature.algorithm));
-    let encoding = named(json!(signature.encoding));
-    // Header names as the server reads them: it trims what the configuration says.
-    let header = signature.header.trim();
-    let schemes = &mut doc["components"]["securitySchemes"];
-    schemes["aggregatorSignature"]["name"] = json!(header);
-    schemes["aggregatorSignature"]["description"] = json!(format!(
-        "The aggregator's signature of the raw request body in {header}{}: {algorithm} (unless \
-         a key names its own), {encoding}. Required on callbacks; on validations whose auth \
-         method is `signature`.",
-        if signature.prefix.is_empty() {
-            String::new()
-        } else {
-            format!(", after `{}`", signature.prefix)
-        },
-    ));
-    let requirements = [
-        requirement(schemes, &config.auth.providers_validation, "Providers"),
-        requirement(schemes, &config.auth.transaction_validation, "Transaction"),
-    ];
-    let mut used = vec!["aggregatorSignature".to_owned()];
-    let endpoints = [
+    place(&mut doc, paths);
+    let mut used = vec![describe_signature(&mut doc, &config.signature)];
+    let validations = [
         (
             &config.auth.providers_validation,
-            configured[0],
-            "providers",
+            paths[0],
+            "providers_validation",
+            "Providers",
         ),
         (
             &config.auth.transaction_validation,
-            configured[1],
-            "transaction",
+            paths[1],
+            "transaction_validation",
+            "Transaction",
         ),
     ];
-    for ((auth, path, section), requirement) in endpoints.into_iter().zip(requirements) {
+    for (auth, path, section, scheme) in validations {
+        let requirement = requirement(&mut doc["components"]["securitySchemes"], auth, scheme);
         used.extend(requirement.keys().cloned());
         let operation = &mut doc["paths"][path.as_str()]["post"];
         operation["security"] = json!([requirement]);
@@ -101,27 +73,27 @@ pub fn openapi(config: &Config) -> Value {
             note(
                 operation,
                 &format!(
-                    "Answered only to the networks of auth.{section}_validation.allow_ips; any other address gets 403."
+                    "Answered only to the networks of auth.{section}.allow_ips; any other address gets 403."
                 ),
             );
         }
     }
     // Unsigned callbacks are taken only where no key could verify one: with keys, every
     // callback must be signed, callback.allow_unsigned or not.
-    let unsigned = config.callback.allow_unsigned && signature.keys.is_empty();
-    doc["paths"][configured[2].as_str()]["post"]["security"] = if unsigned {
+    let unsigned = config.callback.allow_unsigned && config.signature.keys.is_empty();
+    doc["paths"][paths[2].as_str()]["post"]["security"] = if unsigned {
         json!([{}])
     } else {
         json!([{"aggregatorSignature": []}])
     };
+    if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
+        schemes.retain(|name, _| used.contains(name));
+    }
     if config.server.metrics_allow_ips.is_empty()
         && let Some(paths) = doc["paths"].as_object_mut()
     {
         // An empty list removes the route.
         paths.remove("/metrics");
-    }
-    if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
-        schemes.retain(|name, _| used.contains(name));
     }
     limit_identifiers(&mut doc, config.server.max_identifier_chars);
     let description = doc["info"]["description"]
@@ -136,6 +108,43 @@ pub fn openapi(config: &Config) -> Value {
         );
     doc["info"]["description"] = json!(description);
     doc
+}
+
+/// Moves the operations of the shipped paths to `configured` (providers validation,
+/// transaction validation, callback). Every shipped path is taken out before any is put
+/// back: a configuration may swap two of them.
+fn place(doc: &mut Value, configured: [&String; 3]) {
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    let operations: Vec<Value> = SHIPPED_PATHS
+        .iter()
+        .map(|path| paths.remove(*path).unwrap_or_default())
+        .collect();
+    for (path, operation) in configured.into_iter().zip(operations) {
+        paths.insert(path.clone(), operation);
+    }
+}
+
+/// Describes the signature's scheme as `signature` configures it — its header as the server
+/// reads it (trimmed), its prefix, algorithm and encoding; returns the scheme's name.
+fn describe_signature(doc: &mut Value, signature: &SignatureConfig) -> String {
+    let (algorithm, encoding) = (signature.algorithm.name(), signature.encoding.name());
+    let header = signature.header.trim();
+    let prefix = if signature.prefix.is_empty() {
+        String::new()
+    } else {
+        format!(", after `{}`", signature.prefix)
+    };
+    let scheme = &mut doc["components"]["securitySchemes"]["aggregatorSignature"];
+    scheme["name"] = json!(header);
+    scheme["description"] = json!(format!(
+        "The aggregator's signature of the raw request body in {header}{prefix}: {algorithm} \
+         (unless a key names its own), {encoding}. Required on callbacks unless the service \
+         takes them unsigned (callback.allow_unsigned with no key); on validations whose auth \
+         method is `signature`."
+    ));
+    "aggregatorSignature".to_owned()
 }
 
 /// The security requirement of a validation endpoint authenticated by `auth`: no

@@ -388,8 +388,8 @@ pub struct AdminReconciled {
     /// The transaction.
     pub reference_id: Uuid,
     /// `booked`, `held` (acknowledged, but held by the merchant for a person to resolve),
-    /// `already_booked` (acknowledged before: booked, or held), `not_final`, `unknown` (it may have been booked: reconcile again
-    /// to see) or `error`.
+    /// `already_booked` (acknowledged before: booked, or held), `not_final`, `unknown` (it
+    /// may have been booked: reconcile again to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.
     pub status: Option<i32>,
@@ -811,44 +811,42 @@ fn validations_state(query: &str) -> Result<Option<PostponedState>, Problem> {
 /// request was sent to (or `null`) is refused. (With `Sec-Fetch-Site` the origin is not
 /// compared: behind a proxy that rewrites `Host`, the two differ for the operator too.)
 fn refuse_cross_site(parts: &http::request::Parts) -> Result<(), Problem> {
-    let refused = || {
+    let own_page = match parts.headers.get("sec-fetch-site") {
+        Some(said) => matches!(said.as_bytes(), b"same-origin" | b"none"),
+        None => origin_is_own(parts),
+    };
+    if own_page {
+        Ok(())
+    } else {
         Err(Problem::Denied(
             "a login posted from another site's page is refused; open the inspector's own page"
                 .into(),
         ))
-    };
-    match parts
-        .headers
-        .get("sec-fetch-site")
-        .map(http::HeaderValue::as_bytes)
-    {
-        Some(b"same-origin" | b"none") => Ok(()),
-        Some(_) => refused(),
-        None => match parts.headers.get(http::header::ORIGIN) {
-            None => Ok(()),
-            Some(origin) => {
-                let named = origin
-                    .to_str()
-                    .ok()
-                    .and_then(|origin| origin.split_once("://"))
-                    .map(|(_, authority)| authority);
-                let sent_to = parts
-                    .uri
-                    .authority()
-                    .map(http::uri::Authority::as_str)
-                    .or_else(|| {
-                        parts
-                            .headers
-                            .get(http::header::HOST)
-                            .and_then(|host| host.to_str().ok())
-                    });
-                match (named, sent_to) {
-                    (Some(named), Some(sent_to)) if named.eq_ignore_ascii_case(sent_to) => Ok(()),
-                    _ => refused(),
-                }
-            }
-        },
     }
+}
+
+/// Whether the request's `Origin`, when it has one, names the address it was sent to (its
+/// authority, or its `Host`); `null` names none.
+fn origin_is_own(parts: &http::request::Parts) -> bool {
+    let Some(origin) = parts.headers.get(http::header::ORIGIN) else {
+        return true;
+    };
+    let named = origin
+        .to_str()
+        .ok()
+        .and_then(|origin| origin.split_once("://"))
+        .map(|(_, authority)| authority);
+    let sent_to = parts
+        .uri
+        .authority()
+        .map(http::uri::Authority::as_str)
+        .or_else(|| {
+            parts
+                .headers
+                .get(http::header::HOST)
+                .and_then(|host| host.to_str().ok())
+        });
+    matches!((named, sent_to), (Some(named), Some(sent_to)) if named.eq_ignore_ascii_case(sent_to))
 }
 
 /// The form asking for the token, for a browser without a session. A token in the address
@@ -951,14 +949,11 @@ fn html(status: http::StatusCode, text: String) -> Response<ResponseBody> {
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/html; charset=utf-8"),
     );
-    // The page runs only its own script, and nobody may frame it.
+    // The page runs only its own scripts, and nobody may frame it. (Not cached: no answer
+    // of the operating API is, `kept_private`.)
     headers.insert(
         http::header::CONTENT_SECURITY_POLICY,
         http::HeaderValue::from_static(crate::inspector::page::content_security_policy()),
-    );
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        http::HeaderValue::from_static("no-store"),
     );
     response
 }

@@ -244,9 +244,8 @@ enum Reading {
 /// aggregator moved the transaction to 4 and its callback booked 4 found 4 booked when it
 /// claimed the nonce; booked then, −4 reached the handler after 4 — a booked success read as
 /// reversed. The claim is given back instead (counting no attempt), and the record read
-/// again (no call to the
-/// aggregator is made while a claim is held: a claim on a shared store is taken over once
-/// it is held for the handler timeout and a margin).
+/// again (no call to the aggregator is made while a claim is held: a claim on a shared store
+/// is taken over once it is held for the handler timeout and a margin).
 #[derive(Debug, Clone, Copy)]
 struct ReadAfter(Option<TransactionStatus>);
 

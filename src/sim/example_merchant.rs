@@ -167,21 +167,12 @@ impl Ledger {
             .await?
             .into_iter()
             .map(|(key, value)| {
-                let nonce = key
-                    .rsplitn(2, |b| *b == b'|')
-                    .nth(1)
-                    .map(|nonce| String::from_utf8_lossy(nonce).into_owned());
-                let quarantined = decode(&self.quarantine, &key, &value)?;
-                nonce
-                    .map(|nonce| (nonce, quarantined))
-                    .ok_or_else(|| StoreError::Corrupt {
-                        key: format!(
-                            "{}/{}",
-                            self.quarantine.name(),
-                            String::from_utf8_lossy(&key)
-                        ),
-                        reason: "no `nonce|status` key".into(),
-                    })
+                // `nonce|status` (`quarantine_key`): a nonce may hold `|`, a status not.
+                let nonce = String::from_utf8_lossy(&key)
+                    .rsplit_once('|')
+                    .map(|(nonce, _status)| nonce.to_owned())
+                    .ok_or_else(|| corrupt(&self.quarantine, &key, "no `nonce|status` key"))?;
+                Ok((nonce, decode(&self.quarantine, &key, &value)?))
             })
             .collect()
     }
@@ -254,10 +245,15 @@ fn decode<T: for<'de> Deserialize<'de>>(
     key: &[u8],
     bytes: &[u8],
 ) -> Result<T, StoreError> {
-    serde_json::from_slice(bytes).map_err(|error| StoreError::Corrupt {
+    serde_json::from_slice(bytes).map_err(|error| corrupt(tree, key, error.to_string()))
+}
+
+/// The record of `key` in `tree` is not what the ledger wrote, for `reason`.
+fn corrupt(tree: &Tree, key: &[u8], reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
         key: format!("{}/{}", tree.name(), String::from_utf8_lossy(key)),
-        reason: error.to_string(),
-    })
+        reason: reason.into(),
+    }
 }
 
 /// A result the ledger could not hold, kept instead of booked.
