@@ -16,7 +16,7 @@ use payhook::postponed::{
 };
 use payhook::store::{
     Booking, CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint,
-    OutboxSummary, RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
+    HeldCallback, OutboxSummary, RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
 };
 use support::postgres::TestDb;
 
@@ -420,6 +420,86 @@ async fn a_result_its_effects_hold_is_acknowledged_with_what_they_wrote(b: &Back
         .await;
     assert_eq!(booked.held(), None);
     assert_eq!(b.balance("c-1").await, 7);
+}
+
+/// A held result is kept with the mark, in the same write: listed, counted and found by
+/// its (nonce, status) until a person resolves it — across a restart too — while a booked
+/// one is never listed. Resolving it forgets it once, durably, and leaves the mark: the
+/// aggregator's retries stay duplicates.
+async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
+    let hold = |reason: &'static str| {
+        let effects = Effects::default();
+        effects.book(move |_| Ok(Booking::held(reason)));
+        effects
+    };
+    let (success, cancelled) = (TransactionStatus::Success, TransactionStatus::Cancelled);
+    b.acknowledge("n-1", success, hold("a currency not kept"))
+        .await;
+    let booked = Effects::default();
+    booked.book(|_| Ok(Booking::Booked));
+    b.acknowledge("n-2", success, booked).await;
+    b.acknowledge("n-1", cancelled, hold("a reversal of a held result"))
+        .await;
+    let listed = |held: &[HeldCallback]| {
+        let mut pairs: Vec<(String, i32, String)> = held
+            .iter()
+            .map(|h| (h.nonce.to_string(), h.status, h.reason.clone()))
+            .collect();
+        pairs.sort();
+        pairs
+    };
+    let both = vec![
+        ("n-1".to_owned(), cancelled.code(), "a reversal of a held result".to_owned()),
+        ("n-1".to_owned(), success.code(), "a currency not kept".to_owned()),
+    ];
+    let held = b.shared.held_callbacks(100).await.unwrap();
+    assert_eq!(listed(&held), both);
+    assert!(held.windows(2).all(|w| w[0].held_at >= w[1].held_at), "latest first");
+    assert_eq!(held[0].transaction_reference_id, uuid::Uuid::nil().to_string());
+    assert_eq!(b.shared.held_count().await.unwrap(), 2);
+    assert_eq!(b.shared.held_callbacks(1).await.unwrap().len(), 1);
+    let n1 = Nonce::from("n-1");
+    let found = b.shared.held_callback(&n1, success).await.unwrap().unwrap();
+    assert_eq!(found.reason, "a currency not kept");
+    let n2 = Nonce::from("n-2");
+    assert_eq!(b.shared.held_callback(&n2, success).await.unwrap(), None);
+
+    let b = b.opened_again_with(RETENTION).await;
+    assert_eq!(b.shared.held_count().await.unwrap(), 2, "counted again at open");
+    assert_eq!(listed(&b.shared.held_callbacks(100).await.unwrap()), both);
+
+    let resolved = b.shared.resolve_held(&n1, success).await.unwrap();
+    assert_eq!(resolved.map(|h| h.reason).as_deref(), Some("a currency not kept"));
+    assert_eq!(b.shared.resolve_held(&n1, success).await.unwrap(), None, "once");
+    assert_eq!(b.shared.resolve_held(&n2, success).await.unwrap(), None);
+    assert_eq!(b.shared.held_count().await.unwrap(), 1);
+    assert_eq!(b.shared.held_callback(&n1, success).await.unwrap(), None);
+    assert_eq!(listed(&b.shared.held_callbacks(100).await.unwrap()), both[..1]);
+    assert_eq!(
+        b.shared.begin_callback(&n1, success, STALE).await.unwrap(),
+        CallbackBegin::Duplicate,
+        "resolved is still acknowledged"
+    );
+
+    let b = b.opened_again_with(RETENTION).await;
+    assert_eq!(b.shared.held_count().await.unwrap(), 1, "resolved durably");
+    b.finish().await;
+}
+
+mod a_held_result_is_kept_until_a_person_resolves_it {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sled() {
+        super::a_held_result_is_kept_until_a_person_resolves_it(super::Backend::sled().await)
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let Some(backend) = super::Backend::postgres("held_kept").await else {
+            return;
+        };
+        super::a_held_result_is_kept_until_a_person_resolves_it(backend).await;
+    }
 }
 
 behaviour!(concurrent_read_modify_writes_of_one_balance_lose_nothing);
@@ -2677,6 +2757,14 @@ async fn sql_that_holds_a_result_commits_it_with_the_mark_and_says_why() {
                 .unwrap()
         );
     }
+    let kept = b.shared.held_callbacks(10).await.unwrap();
+    assert_eq!(
+        kept.iter()
+            .map(|h| (h.nonce.as_str(), h.reason.as_str()))
+            .collect::<Vec<_>>(),
+        [("n-held", "a currency these books do not keep")],
+        "kept with the mark, by SQL effects too"
+    );
     drop(conn);
     b.finish().await;
 }

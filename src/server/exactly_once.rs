@@ -35,7 +35,7 @@ use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::signature::{Digest, VerifiedCache};
 use crate::store::{
     CallbackBegin, CallbackFailure, Claim, Effects, Fingerprint, RecordedDecision, Store,
-    StoreError, ValidationBegin,
+    StoreError, Subject, ValidationBegin,
 };
 
 /// How much longer than the handler timeout a claim held in a shared store may stand before
@@ -440,19 +440,15 @@ impl ExactlyOnce {
             return Ok(Err(refused));
         }
         let effects = Effects::default();
+        // What an operator needs of a delivery that fails, or whose result the merchant
+        // holds, kept before the handler takes the callback.
+        effects.about(subject_of(&callback));
         let ctx = CallbackContext {
             request,
             attempt,
             previous_status,
             effects: effects.clone(),
         };
-        // What an operator needs of a failed delivery, kept before the handler takes the
-        // callback; turned into a record only if it fails.
-        let (reference, amount) = (callback.transaction_reference_id, callback.amount);
-        let (client_id, currency) = (
-            callback.client_id.clone(),
-            CallbackFailure::kept_currency(&callback.currency),
-        );
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
@@ -473,17 +469,10 @@ impl ExactlyOnce {
             // The failure is recorded while the claim is still held, so that the next
             // delivery, which claims after the release, finds it (and its booking removes
             // it).
-            if !matches!(problem, Problem::StoreFailed { .. }) {
-                let failure = CallbackFailure {
-                    nonce: nonce.clone(),
-                    status,
-                    reason: problem.message(),
-                    transaction_reference_id: reference,
-                    client_id,
-                    amount,
-                    currency,
-                    at: chrono::Utc::now(),
-                };
+            if !matches!(problem, Problem::StoreFailed { .. })
+                && let Some(subject) = effects.subject()
+            {
+                let failure = subject.failure(&nonce, status, problem.message());
                 self.failing(store.as_ref(), failure, (attempt, problem))
                     .await;
                 // A booking that failed ended a shared store's claim with its transaction:
@@ -1034,15 +1023,16 @@ impl Drop for Held<'_> {
 
 /// `callback` as a failing callback, for `reason`, now.
 fn failure_of(callback: &CallbackBody, reason: String) -> CallbackFailure {
-    CallbackFailure {
-        nonce: callback.nonce.clone(),
-        status: callback.transaction_status,
-        reason,
+    subject_of(callback).failure(&callback.nonce, callback.transaction_status, reason)
+}
+
+/// The payment `callback` books, as a failure or a held result's record keeps it.
+fn subject_of(callback: &CallbackBody) -> Subject {
+    Subject {
         transaction_reference_id: callback.transaction_reference_id,
         client_id: callback.client_id.clone(),
         amount: callback.amount,
         currency: CallbackFailure::kept_currency(&callback.currency),
-        at: chrono::Utc::now(),
     }
 }
 

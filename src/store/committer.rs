@@ -84,6 +84,7 @@ use tokio::sync::oneshot;
 use super::claims::{Claims, Owned};
 use super::effects::{EffectTx, Effects, Tree, check_declared};
 use super::failing::{self, CallbackFailure, FailureRecord};
+use super::held::{self, HeldCallback};
 use super::keys;
 use super::postponed_records::{self, PostponedOp};
 use super::record::{
@@ -126,6 +127,12 @@ pub(crate) enum Job {
     },
     /// A callback's handler failed: counted for operators (nobody waits for it).
     Failure(Box<CallbackFailure>),
+    /// A person resolved a held result: it is forgotten.
+    Resolve {
+        nonce: String,
+        status: i32,
+        reply: oneshot::Sender<Result<Option<HeldCallback>, StoreError>>,
+    },
 }
 
 impl Job {
@@ -142,6 +149,9 @@ impl Job {
             Self::Repeat { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
+            Self::Resolve { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
             Self::Failure(_) => {}
         }
     }
@@ -156,6 +166,11 @@ enum Reply {
     Resolved(oneshot::Sender<Result<Resolution, StoreError>>, Resolution),
     /// A repeat's record, and what recording it did.
     Repeated(oneshot::Sender<Result<Repeat, StoreError>>, Repeat),
+    /// A held result forgotten, and what it was.
+    Forgotten(
+        oneshot::Sender<Result<Option<HeldCallback>, StoreError>>,
+        Option<HeldCallback>,
+    ),
 }
 
 impl Reply {
@@ -170,6 +185,9 @@ impl Reply {
             }
             Self::Repeated(reply, repeat) => {
                 let _ = reply.send(outcome.clone().map(|()| repeat));
+            }
+            Self::Forgotten(reply, held) => {
+                let _ = reply.send(outcome.clone().map(|()| held));
             }
         }
     }
@@ -202,6 +220,9 @@ pub(crate) struct Context {
     /// The failing (nonce, status) pairs the store holds: changed as each batch and each
     /// purge step that changed failing records is applied.
     pub(crate) failing: Arc<failing::Count>,
+    /// The held results the store keeps: changed as each batch that changed them is
+    /// applied.
+    pub(crate) held: Arc<failing::Count>,
 }
 
 /// Where a commit's batch goes, once staged.
@@ -1024,6 +1045,28 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                     }
                 }
             }
+            Job::Resolve {
+                nonce,
+                status,
+                reply,
+            } => {
+                let key = held::key(&nonce, status);
+                match read(&context.tree, &overlay, &key).and_then(|bytes| {
+                    bytes
+                        .map(|bytes| decode::<HeldCallback>(&nonce, &bytes))
+                        .transpose()
+                }) {
+                    Ok(held) => {
+                        if held.is_some() {
+                            overlay.insert(key, None);
+                        }
+                        replies.push(Reply::Forgotten(reply, held));
+                    }
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
             Job::Postponed { op, reply } => {
                 let mut staging = Staging::new(&context.tree, &mut overlay);
                 match postponed_records::apply(&mut staging, op) {
@@ -1054,10 +1097,12 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             // The one step that waits for the disk: on the blocking pool.
             Destination::Sled => blocking(|| {
                 let (added, removed) = failing::pairs_changed(&context.tree, &overlay)?;
+                let (held, resolved) = held::changed(&context.tree, &overlay)?;
                 apply(context, overlay)?;
                 // As readers see the records from now on (should the flush fail, the store
                 // stops, and the next open counts again).
                 context.failing.change(added, removed);
+                context.held.change(held, resolved);
                 make_durable(context)?;
                 context.watermark.advance(seal)
             }),
@@ -1141,6 +1186,13 @@ fn stage_callback(
         failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
     }
     overlay.extend(local);
+    if let Some(reason) = effects.held() {
+        let subject = effects.subject();
+        held::stage(
+            overlay,
+            &HeldCallback::new(nonce, status, &reason, subject, Utc::now()),
+        );
+    }
     if !record.done.contains(&status) {
         record.done.push(status);
     }

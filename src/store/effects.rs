@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::StoreError;
 use super::keys;
+use super::held::Subject;
 
 /// A key-value tree of the merchant's own, declared when the store was opened. Only the
 /// store makes one ([`SledStore::tree`](super::SledStore::tree)), so every `Tree` names a
@@ -200,6 +201,9 @@ struct Staging {
     /// Whether the store ran the effects: not when the status was booked already, by a
     /// delivery whose claim this one took over.
     ran: std::sync::atomic::AtomicBool,
+    /// The payment these effects book, as the server read it from the callback: what a
+    /// held result's record keeps for the person who resolves it.
+    subject: std::sync::OnceLock<Subject>,
 }
 
 /// The slots of the booking effects.
@@ -388,6 +392,17 @@ impl Effects {
         F: for<'c> Fn(&'c mut sqlx::PgConnection) -> SqlFuture<'c> + Send + Sync + 'static,
     {
         self.lock().push(Staged::Sql(Arc::new(effect)));
+    }
+
+    /// Says which payment these effects book (set once, by the server, before the
+    /// handler runs).
+    pub(crate) fn about(&self, subject: Subject) {
+        let _ = self.inner.subject.set(subject);
+    }
+
+    /// The payment these effects book, when the server said it.
+    pub(crate) fn subject(&self) -> Option<&Subject> {
+        self.inner.subject.get()
     }
 
     /// Number of staged effects.

@@ -277,6 +277,7 @@ mod committer;
 mod configured;
 mod effects;
 mod failing;
+mod held;
 mod horizon;
 mod keys;
 #[cfg(feature = "postgres")]
@@ -306,6 +307,8 @@ pub use effects::{Booking, EffectTx, Effects, Tree};
 pub use effects::{SqlBookingFuture, SqlFuture};
 pub(crate) use failing::sort_latest_first;
 pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
+pub(crate) use held::Subject;
+pub use held::HeldCallback;
 #[cfg(feature = "postgres")]
 pub use postgres::{Imported, IndexedRead, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
 pub use record::{Fingerprint, RecordedDecision};
@@ -703,6 +706,53 @@ pub trait DedupStore: Send + Sync + 'static {
         nonce: &'a Nonce,
         status: TransactionStatus,
     ) -> StoreFuture<'a, bool>;
+
+    /// The result of (`nonce`, `status`) that the merchant's effects held instead of
+    /// booking ([`Booking::Held`]) and that no one has resolved yet. A store that keeps held
+    /// results writes one in [`DedupStore::finish_callback`]'s atomic write whenever
+    /// [`Effects::held`] says so after the effects ran, and keeps it until
+    /// [`DedupStore::resolve_held`]. The default keeps none.
+    fn held_callback<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        let _ = (nonce, status);
+        Box::pin(async { Ok(None) })
+    }
+
+    /// The `limit` held results ([`DedupStore::held_callback`]) held last, latest first.
+    /// The default keeps none.
+    fn held_callbacks(&self, limit: usize) -> StoreFuture<'_, Vec<HeldCallback>> {
+        let _ = limit;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// How many held results ([`DedupStore::held_callback`]) are unresolved: what `/metrics`
+    /// reports on every scrape. The default keeps none.
+    fn held_count(&self) -> StoreFuture<'_, usize> {
+        Box::pin(async { Ok(0) })
+    }
+
+    /// Forgets the held result of (`nonce`, `status`), durably: a person resolved it in the
+    /// merchant's books. Resolves to what was held, or `None` when nothing was (not held, or
+    /// resolved already).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] by default: a store that keeps no held results.
+    fn resolve_held<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        let _ = (nonce, status);
+        Box::pin(async {
+            Err(StoreError::Unsupported(
+                "this store keeps no held results".into(),
+            ))
+        })
+    }
 
     /// Starts processing a transaction validation; like [`DedupStore::begin_callback`].
     fn begin_validation<'a>(

@@ -19,6 +19,7 @@ pub use super::committer::HoldPoint;
 use super::committer::{BenchFile, Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
+use super::held::HeldCallback;
 use super::horizon::Opener;
 use super::keys;
 use super::postponed_records::PostponedOp;
@@ -92,6 +93,8 @@ struct Inner {
     commit_metrics: super::CommitMetrics,
     /// The failing pairs held, for `/metrics`.
     failing: Arc<super::failing::Count>,
+    /// The held results kept, for `/metrics`.
+    held: Arc<super::failing::Count>,
     /// Postponed validations whose record cannot be decoded, each left out of what is due
     /// until the time (ms) it holds ([`super::UNREADABLE_LEFT_FOR`] after it was met): kept
     /// in memory, where PostgreSQL moves the record's time on, since a fix needs the store
@@ -276,6 +279,7 @@ impl SledStore {
         let counted = super::failing::count_at_open(&tree)?;
         let failing = Arc::new(super::failing::Count::new(counted.pairs));
         let may_hold_failures = counted.records > 0;
+        let held = Arc::new(super::failing::Count::new(super::held::count(&tree)?));
         let writer = Arc::new(Writer::new(Context {
             db,
             tree: tree.clone(),
@@ -292,6 +296,7 @@ impl SledStore {
             metrics: commit_metrics.clone(),
             may_hold_failures: AtomicBool::new(may_hold_failures),
             failing: Arc::clone(&failing),
+            held: Arc::clone(&held),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
@@ -308,6 +313,7 @@ impl SledStore {
                 writer,
                 commit_metrics,
                 failing,
+                held,
                 left_out: Mutex::default(),
                 _sweeper: sweeper,
             }),
@@ -705,6 +711,50 @@ impl DedupStore for SledStore {
     /// Counted at open, kept since: no scan per scrape.
     fn failing_count(&self) -> StoreFuture<'_, usize> {
         ready(Ok(self.inner.failing.get()))
+    }
+
+    fn held_callback<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        ready(self.check_healthy().and_then(|()| {
+            // Under the writer lock: a held result still being flushed is not reported.
+            self.inner.writer.read_durable(|| {
+                self.check_healthy()?;
+                super::held::get(&self.inner.tree, nonce, status.code())
+            })
+        }))
+    }
+
+    fn held_callbacks(&self, limit: usize) -> StoreFuture<'_, Vec<HeldCallback>> {
+        ready(self.check_healthy().and_then(|()| {
+            let mut held = super::held::all(&self.inner.tree)?;
+            held.truncate(limit);
+            Ok(held)
+        }))
+    }
+
+    /// Counted at open, kept since: no scan per scrape.
+    fn held_count(&self) -> StoreFuture<'_, usize> {
+        ready(Ok(self.inner.held.get()))
+    }
+
+    fn resolve_held<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        if let Err(error) = self.check_healthy() {
+            return ready(Err(error));
+        }
+        let (reply, receiver) = oneshot::channel();
+        let job = Job::Resolve {
+            nonce: nonce.as_str().to_owned(),
+            status: status.code(),
+            reply,
+        };
+        self.submit(job, receiver)
     }
 
     fn begin_validation<'a>(

@@ -10,7 +10,8 @@ use super::super::failing::REASON_BYTES;
 use super::super::record::{KeptFingerprint, RecordedDecision};
 use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
-    FailingCursor, FailingPage, Fingerprint, StoreError, StoreFuture, ValidationBegin,
+    FailingCursor, FailingPage, Fingerprint, HeldCallback, StoreError, StoreFuture,
+    ValidationBegin,
 };
 use super::claim::HeldClaim;
 use super::{
@@ -113,6 +114,24 @@ impl PgStore {
                 .collect()
         })
     }
+}
+
+/// The columns of `callbacks_held` that [`held_of`] reads, in its order.
+const HELD_COLUMNS: &str =
+    "nonce, status, reason, held_at, reference_id, client_id, amount, currency";
+
+/// A row of [`HELD_COLUMNS`].
+fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
+    Ok(HeldCallback {
+        nonce: row.try_get::<String, _>(0)?.into(),
+        status: row.try_get(1)?,
+        reason: row.try_get(2)?,
+        held_at: row.try_get(3)?,
+        transaction_reference_id: row.try_get(4)?,
+        client_id: row.try_get(5)?,
+        amount: row.try_get(6)?,
+        currency: row.try_get(7)?,
+    })
 }
 
 impl DedupStore for PgStore {
@@ -254,6 +273,65 @@ impl DedupStore for PgStore {
         })
     }
 
+    fn held_callback<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        Box::pin(async move {
+            let row = sqlx::query(&self.sql(&format!(
+                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held \
+                 WHERE nonce_key = $1 AND status = $2"
+            )))
+            .bind(nonce_key(nonce))
+            .bind(status.code())
+            .fetch_optional(self.pool())
+            .await?;
+            row.as_ref().map(held_of).transpose()
+        })
+    }
+
+    fn held_callbacks(&self, limit: usize) -> StoreFuture<'_, Vec<HeldCallback>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Box::pin(async move {
+            let rows = sqlx::query(&self.sql(&format!(
+                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held \
+                 ORDER BY held_at DESC, nonce COLLATE \"C\", status LIMIT $1"
+            )))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
+            rows.iter().map(held_of).collect()
+        })
+    }
+
+    fn held_count(&self) -> StoreFuture<'_, usize> {
+        Box::pin(async move {
+            let row = sqlx::query(&self.sql("SELECT count(*) FROM {s}.callbacks_held"))
+                .fetch_one(self.pool())
+                .await?;
+            Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+        })
+    }
+
+    fn resolve_held<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        status: TransactionStatus,
+    ) -> StoreFuture<'a, Option<HeldCallback>> {
+        Box::pin(async move {
+            let row = sqlx::query(&self.sql(&format!(
+                "DELETE FROM {{s}}.callbacks_held WHERE nonce_key = $1 AND status = $2 \
+                 RETURNING {HELD_COLUMNS}"
+            )))
+            .bind(nonce_key(nonce))
+            .bind(status.code())
+            .fetch_optional(self.pool())
+            .await?;
+            row.as_ref().map(held_of).transpose()
+        })
+    }
+
     fn begin_validation<'a>(
         &'a self,
         nonce: &'a Nonce,
@@ -349,9 +427,10 @@ impl PgStore {
         key: &str,
         status: TransactionStatus,
         writes: super::trees::Writes,
+        kept: Option<&HeldCallback>,
     ) -> Result<(), StoreError> {
         let (upserts, removals) = (!writes.trees.is_empty(), !writes.removed_trees.is_empty());
-        if !(held.failing || upserts || removals) {
+        if !(held.failing || upserts || removals || kept.is_some()) {
             return Ok(());
         }
         // Its first part fails the statement when an effect ended the claim's transaction:
@@ -387,6 +466,25 @@ impl PgStore {
                 next,
                 next + 1
             ));
+            next += 2;
+        }
+        if kept.is_some() {
+            // A status is held once: its mark makes every later delivery a duplicate.
+            parts.push(format!(
+                "kept AS (INSERT INTO {{s}}.callbacks_held (nonce_key, status, nonce, reason, \
+                   held_at, reference_id, client_id, amount, currency) \
+                 VALUES (${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}) \
+                 ON CONFLICT (nonce_key, status) DO NOTHING)",
+                next,
+                next + 1,
+                next + 2,
+                next + 3,
+                next + 4,
+                next + 5,
+                next + 6,
+                next + 7,
+                next + 8
+            ));
         }
         let sql = self.sql(&format!("WITH {} SELECT ok FROM still", parts.join(", ")));
         let mut query = sqlx::query(&sql);
@@ -401,6 +499,18 @@ impl PgStore {
         }
         if removals {
             query = query.bind(writes.removed_trees).bind(writes.removed_keys);
+        }
+        if let Some(kept) = kept {
+            query = query
+                .bind(key)
+                .bind(status.code())
+                .bind(kept.nonce.as_str())
+                .bind(&kept.reason)
+                .bind(kept.held_at)
+                .bind(&kept.transaction_reference_id)
+                .bind(&kept.client_id)
+                .bind(&kept.amount)
+                .bind(&kept.currency);
         }
         let conn: &mut sqlx::PgConnection = held;
         query.execute(conn).await?;
@@ -564,7 +674,20 @@ impl PgStore {
                 {
                     (Some(mut back), Ok(writes)) => {
                         let booking = std::time::Instant::now();
-                        match self.write_booking(&mut back, &key, status, writes).await {
+                        // What the effects said in this run, the one that commits.
+                        let held = effects.held().map(|reason| {
+                            HeldCallback::new(
+                                nonce,
+                                status.code(),
+                                &reason,
+                                effects.subject(),
+                                chrono::Utc::now(),
+                            )
+                        });
+                        let written = self
+                            .write_booking(&mut back, &key, status, writes, held.as_ref())
+                            .await;
+                        match written {
                             // A COMMIT that fails may or may not have happened: not retried
                             // here. The next delivery finds the mark, or claims again.
                             Ok(()) => {

@@ -133,6 +133,26 @@ CREATE TRIGGER callback_failures_counted AFTER INSERT OR DELETE ON {schema}.call
 INSERT INTO {schema}.callback_failures_count (n) SELECT count(*) FROM {schema}.callback_failures;
 ";
 
+/// The results the merchant's effects held instead of booking, kept until a person resolves
+/// them (see `store::held`): written in a booking's transaction, listed latest first. No
+/// version, like the read indexes: an older payhook ignores the table (and records no held
+/// result in it).
+const HELD_TABLE: &str = "
+CREATE TABLE {schema}.callbacks_held (
+    nonce_key    text NOT NULL,
+    status       integer NOT NULL,
+    nonce        text NOT NULL,
+    reason       text NOT NULL,
+    held_at      timestamptz NOT NULL,
+    reference_id text NOT NULL,
+    client_id    text NOT NULL,
+    amount       text NOT NULL,
+    currency     text NOT NULL,
+    PRIMARY KEY (nonce_key, status)
+);
+CREATE INDEX callbacks_held_latest ON {schema}.callbacks_held (held_at DESC);
+";
+
 /// The newest version this payhook knows.
 pub(crate) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
@@ -185,6 +205,7 @@ async fn migrate_unbounded(conn: &mut PgConnection, schema: &str) -> Result<Vec<
         let applied = apply_missing(conn, schema).await?;
         build_read_indexes(conn, schema).await?;
         build_failing_count(conn, schema).await?;
+        build_held_table(conn, schema).await?;
         super::horizon::build(conn, schema).await?;
         Ok::<_, StoreError>(applied)
     }
@@ -377,29 +398,50 @@ async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(),
 
 /// Builds [`FAILING_COUNT`] where the schema lacks it.
 async fn build_failing_count(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
-    let failed =
-        |e| StoreError::backend(format!("cannot build {schema}.callback_failures_count"), e);
+    if build_table(conn, schema, "callback_failures_count", FAILING_COUNT).await? {
+        tracing::info!(schema, "store count of failing callbacks built");
+    }
+    Ok(())
+}
+
+/// Builds [`HELD_TABLE`] where the schema lacks it.
+async fn build_held_table(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
+    if build_table(conn, schema, "callbacks_held", HELD_TABLE).await? {
+        tracing::info!(schema, "store table of held results built");
+    }
+    Ok(())
+}
+
+/// Runs `sql` (`{schema}` standing for the schema) in one transaction unless the schema
+/// holds table `name` already; `true` when it ran.
+async fn build_table(
+    conn: &mut PgConnection,
+    schema: &str,
+    name: &str,
+    sql: &str,
+) -> Result<bool, StoreError> {
+    let failed = |e| StoreError::backend(format!("cannot build {schema}.{name}"), e);
     let exists = sqlx::query(
         "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = 'callback_failures_count'",
+         WHERE n.nspname = $1 AND c.relname = $2",
     )
     .bind(schema)
+    .bind(name)
     .fetch_optional(&mut *conn)
     .await
     .map_err(failed)?
     .is_some();
     if exists {
-        return Ok(());
+        return Ok(false);
     }
     let mut tx = conn.begin().await.map_err(failed)?;
-    let sql = FAILING_COUNT.replace("{schema}", schema);
+    let sql = sql.replace("{schema}", schema);
     (&mut *tx)
         .execute(sqlx::raw_sql(&sql))
         .await
         .map_err(failed)?;
     tx.commit().await.map_err(failed)?;
-    tracing::info!(schema, "store count of failing callbacks built");
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -1,0 +1,229 @@
+//! Results the merchant acknowledged but held instead of booking, kept durably until a
+//! person resolves them.
+//!
+//! A booking effect that returns [`Booking::Held`](super::Booking::Held) (a quarantine) has
+//! the callback acknowledged: the aggregator stops retrying, and what the merchant's books
+//! lack now depends on a person. So the store writes a [`HeldCallback`] per (nonce, status)
+//! in the same atomic write as the callback's mark and the merchant's effects: either all of
+//! it is durable or none of it. It is kept until an operator resolves it
+//! (`POST /payhook/admin/callbacks/held/resolve`, `payhook callbacks resolve`), never
+//! purged with the retention: `/metrics` counts the unresolved ones
+//! (`payhook_callbacks_held`), which an alert can follow until it is zero, and a reconcile
+//! of a held result says it is held, not booked, after a restart too.
+//!
+//! Key `h\0` status (4 bytes BE) · the nonce's identifier; value: JSON of [`HeldCallback`].
+//! Held results are exceptions a person resolves one by one: the embedded store counts
+//! them once at open and then as each batch changes them, and reads them all to list them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use super::failing::{CallbackFailure, REASON_BYTES, readable};
+use super::keys;
+use super::record::{decode_named, encode};
+use super::staging::Overlay;
+use crate::logged::cut_bytes;
+use crate::model::TransactionStatus;
+
+/// A result acknowledged but held by the merchant's effects, not booked, and not resolved
+/// yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldCallback {
+    /// The callback's nonce.
+    pub nonce: crate::model::Nonce,
+    /// The status code the merchant held.
+    pub status: i32,
+    /// Why, as the merchant's effect said (cut at 512 bytes).
+    pub reason: String,
+    /// When it was acknowledged and held (UTC).
+    #[serde(rename = "heldMs", with = "super::epoch_ms")]
+    pub held_at: DateTime<Utc>,
+    /// The aggregator's reference of the transaction (`payhook reconcile --ref`).
+    pub transaction_reference_id: String,
+    /// The merchant's client.
+    pub client_id: String,
+    /// The amount, as received.
+    pub amount: String,
+    /// The currency.
+    pub currency: String,
+}
+
+/// What the server knows of a callback it hands to the store with its effects: the
+/// payment an operator needs to resolve it, should it fail or be held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Subject {
+    pub(crate) transaction_reference_id: uuid::Uuid,
+    pub(crate) client_id: String,
+    pub(crate) amount: rust_decimal::Decimal,
+    /// As a failure record keeps it ([`CallbackFailure::kept_currency`]).
+    pub(crate) currency: String,
+}
+
+impl Subject {
+    /// The failure of this callback's (`nonce`, `status`), for `reason`, now.
+    pub(crate) fn failure(
+        &self,
+        nonce: &crate::model::Nonce,
+        status: TransactionStatus,
+        reason: String,
+    ) -> CallbackFailure {
+        CallbackFailure {
+            nonce: nonce.clone(),
+            status,
+            reason,
+            transaction_reference_id: self.transaction_reference_id,
+            client_id: self.client_id.clone(),
+            amount: self.amount,
+            currency: self.currency.clone(),
+            at: Utc::now(),
+        }
+    }
+}
+
+impl HeldCallback {
+    /// The held result of (`nonce`, `status`) for `reason`, at `at`, of the payment
+    /// `subject` (what could not be known of it left empty: the nil reference, a zero
+    /// amount, an empty client and currency). Text a person reads is kept as both stores
+    /// can: the reason cut at 512 bytes, U+0000 as U+FFFD.
+    pub(crate) fn new(
+        nonce: &str,
+        status: i32,
+        reason: &str,
+        subject: Option<&Subject>,
+        at: DateTime<Utc>,
+    ) -> Self {
+        let text = |s: &str| readable(s).into_owned();
+        Self {
+            nonce: nonce.into(),
+            status,
+            reason: text(&cut_bytes(reason, REASON_BYTES)),
+            held_at: at,
+            transaction_reference_id: subject
+                .map_or(uuid::Uuid::nil(), |s| s.transaction_reference_id)
+                .to_string(),
+            client_id: subject.map_or_else(String::new, |s| text(&s.client_id)),
+            amount: subject
+                .map_or(rust_decimal::Decimal::ZERO, |s| s.amount)
+                .to_string(),
+            currency: subject.map_or_else(String::new, |s| text(&s.currency)),
+        }
+    }
+}
+
+/// Latest first, then by nonce and status: the order every listing of held results has.
+pub(crate) fn sort_latest_first(held: &mut [HeldCallback]) {
+    held.sort_by(|a, b| {
+        b.held_at
+            .cmp(&a.held_at)
+            .then_with(|| a.nonce.as_str().cmp(b.nonce.as_str()))
+            .then_with(|| a.status.cmp(&b.status))
+    });
+}
+
+/// The key of (`nonce`, `status`)'s held result.
+pub(crate) fn key(nonce: &str, status: i32) -> Vec<u8> {
+    [keys::HELD_PREFIX, &status.to_be_bytes(), &keys::identifier(nonce)].concat()
+}
+
+/// Writes `held` into the batch.
+pub(crate) fn stage(overlay: &mut Overlay, held: &HeldCallback) {
+    overlay.insert(
+        key(held.nonce.as_str(), held.status),
+        Some(encode(held)),
+    );
+}
+
+/// The held result of (`nonce`, `status`) in `tree`, if one is kept.
+pub(crate) fn get(
+    tree: &sled::Tree,
+    nonce: &str,
+    status: i32,
+) -> Result<Option<HeldCallback>, StoreError> {
+    tree.get(key(nonce, status))?
+        .map(|bytes| decode_named(&bytes, || describe(nonce, status)))
+        .transpose()
+}
+
+/// Every held result in `tree`, latest first.
+pub(crate) fn all(tree: &sled::Tree) -> Result<Vec<HeldCallback>, StoreError> {
+    let mut held = Vec::new();
+    for entry in tree.scan_prefix(keys::HELD_PREFIX) {
+        let (key, bytes) = entry?;
+        held.push(decode_named(&bytes, || key_name(&key))?);
+    }
+    sort_latest_first(&mut held);
+    Ok(held)
+}
+
+/// How many held results `tree` keeps.
+pub(crate) fn count(tree: &sled::Tree) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for entry in tree.scan_prefix(keys::HELD_PREFIX) {
+        entry?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The held results a batch's writes add to the store and take away from it.
+pub(crate) fn changed(tree: &sled::Tree, writes: &Overlay) -> Result<(usize, usize), StoreError> {
+    let (mut added, mut removed) = (0, 0);
+    let held = writes
+        .range(keys::HELD_PREFIX.to_vec()..)
+        .take_while(|(key, _)| key.starts_with(keys::HELD_PREFIX));
+    for (key, value) in held {
+        match (value.is_some(), tree.contains_key(key)?) {
+            (true, false) => added += 1,
+            (false, true) => removed += 1,
+            _ => {}
+        }
+    }
+    Ok((added, removed))
+}
+
+fn describe(nonce: &str, status: i32) -> String {
+    format!("held {} {status}", crate::logged::Logged(nonce))
+}
+
+fn key_name(key: &[u8]) -> String {
+    let status = key
+        .get(2..6)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, i32::from_be_bytes);
+    let identifier = key.get(6..).unwrap_or_default();
+    format!("held {} {status}", keys::describe(identifier))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_text_is_cut_and_readable_and_an_unknown_payment_left_empty() {
+        let at = Utc::now();
+        let long = "x".repeat(600);
+        let held = HeldCallback::new("n-1", 1, &long, None, at);
+        assert_eq!(held.reason.len(), REASON_BYTES);
+        assert_eq!(held.transaction_reference_id, uuid::Uuid::nil().to_string());
+        assert_eq!((held.client_id.as_str(), held.amount.as_str()), ("", "0"));
+
+        let subject = Subject {
+            transaction_reference_id: uuid::Uuid::from_u128(7),
+            client_id: "a\0b".into(),
+            amount: rust_decimal::Decimal::new(1050, 2),
+            currency: "EUR".into(),
+        };
+        let held = HeldCallback::new("n-1", -2, "why\0", Some(&subject), at);
+        assert_eq!(held.reason, "why\u{fffd}");
+        assert_eq!(held.client_id, "a\u{fffd}b");
+        assert_eq!((held.amount.as_str(), held.currency.as_str()), ("10.50", "EUR"));
+    }
+
+    #[test]
+    fn keys_of_two_statuses_of_one_nonce_differ_and_name_both() {
+        assert_ne!(key("n-1", 1), key("n-1", -2));
+        assert_eq!(key_name(&key("n-1", -2)), "held n-1 -2");
+    }
+}
