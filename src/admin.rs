@@ -45,7 +45,7 @@ use crate::postponed::{
     Resolver,
 };
 use crate::server::Reconciled;
-use crate::store::{FailingCallback, FailingCursor, FailingPage, Store, StoreError};
+use crate::store::{FailingCallback, FailingCursor, FailingPage, HeldCallback, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +78,14 @@ pub enum AdminError {
         "more than one instance answers this address (a load balancer?): each records its own deliveries; tail one instance's own address"
     )]
     ManyInstances,
+    /// `callbacks resolve` named a result that is not held (or was resolved already).
+    #[error("nothing held for nonce {nonce}, status {status}: not held, or resolved already")]
+    NotHeld {
+        /// The nonce named (escaped, as in logs).
+        nonce: String,
+        /// The status code named.
+        status: i32,
+    },
     /// The running service's operating API refused or failed.
     #[error("the service answered {status}: {message}")]
     Remote {
@@ -101,7 +109,8 @@ pub enum AdminCommand {
     /// Postponed (Awaitable) validations in the store.
     #[cfg_attr(feature = "clap", command(subcommand))]
     Validations(ValidationsCommand),
-    /// Callbacks whose handler failed and that are not booked yet.
+    /// Callbacks whose handler failed and that are not booked yet; results held by the
+    /// merchant and not resolved yet.
     #[cfg_attr(feature = "clap", command(subcommand))]
     Callbacks(CallbacksCommand),
     /// Fetch a transaction from the aggregator by its reference id and print it (spec 2.6).
@@ -173,6 +182,28 @@ pub enum CallbacksCommand {
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         latest: Option<usize>,
     },
+    /// List the results acknowledged but held by the merchant's effects (a quarantine) and
+    /// not resolved yet, latest first: the aggregator stopped retrying them, and a person
+    /// puts the merchant's books right.
+    Held {
+        /// Print a JSON array instead of text.
+        #[cfg_attr(feature = "clap", arg(long))]
+        json: bool,
+        /// At most N (default and most 1,000).
+        #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+        latest: Option<usize>,
+    },
+    /// Mark a held result resolved, once a person put the merchant's books right: it is no
+    /// longer listed or counted (`payhook_callbacks_held_unresolved`). Nothing is booked,
+    /// and the aggregator's retries of it stay answered as acknowledged.
+    Resolve {
+        /// The callback's nonce.
+        #[cfg_attr(feature = "clap", arg(long))]
+        nonce: String,
+        /// The status code held (e.g. 1, -1, -2).
+        #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
+        status: i32,
+    },
 }
 
 impl AdminCommand {
@@ -196,15 +227,31 @@ impl AdminCommand {
                 })?;
                 command.run(config, store, out).await
             }
-            Self::Callbacks(CallbacksCommand::Failing { json, latest }) => {
+            Self::Callbacks(command) => {
                 let store = store.ok_or_else(|| {
                     AdminError::Unsupported("callbacks need the service's store".into())
                 })?;
-                let failing = match latest {
-                    Some(limit) => store.failing_latest(limit).await?,
-                    None => store.failing_callbacks().await?,
-                };
-                print(out, json, &failing, |all| describe_failing(all))
+                match command {
+                    CallbacksCommand::Failing { json, latest } => {
+                        let failing = match latest {
+                            Some(limit) => store.failing_latest(limit).await?,
+                            None => store.failing_callbacks().await?,
+                        };
+                        print(out, json, &failing, |all| describe_failing(all))
+                    }
+                    CallbacksCommand::Held { json, latest } => {
+                        let limit = held_limit(latest);
+                        let held = store.held_callbacks(limit).await?;
+                        print(out, json, &held, |all| describe_held(all, limit))
+                    }
+                    CallbacksCommand::Resolve { nonce, status } => {
+                        let code = crate::model::TransactionStatus::from_code(status);
+                        let resolved = store.resolve_held(&nonce.as_str().into(), code).await?;
+                        let resolved = resolved.ok_or_else(|| nothing_held(&nonce, status))?;
+                        writeln!(out, "{}", resolved_line(&resolved))?;
+                        Ok(())
+                    }
+                }
             }
             Self::Transaction { reference_id, json } => {
                 let gateway = GatewayClient::new(&config.gateway)?;
@@ -502,6 +549,38 @@ impl AdminClient {
         })
     }
 
+    /// The `limit` results held last and not resolved yet, latest first (the service lists
+    /// at most 1,000).
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached.
+    pub async fn held_callbacks(&self, limit: usize) -> Result<Vec<HeldCallback>, AdminError> {
+        let limit = limit.clamp(1, crate::server::HELD_LIMIT);
+        self.call(
+            http::Method::GET,
+            &format!("callbacks/held?limit={limit}"),
+            None,
+        )
+        .await
+    }
+
+    /// Resolves the held result of (`nonce`, `status`): what it was.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] when the service refuses or cannot be reached, with status 404
+    /// when nothing is held for the pair.
+    pub async fn resolve_held(&self, nonce: &str, status: i32) -> Result<HeldCallback, AdminError> {
+        let body = serde_json::to_vec(&crate::server::AdminHeldPair {
+            nonce: nonce.to_owned(),
+            status,
+        })
+        .unwrap_or_default();
+        self.call(http::Method::POST, "callbacks/held/resolve", Some(body))
+            .await
+    }
+
     /// The postponed validations (in `state`; in any when `None`), by id: every page of
     /// [`AdminClient::validations_page`], read in turn and held together (a listing of the
     /// retention period's records may be long: read it a page at a time where that
@@ -655,6 +734,16 @@ impl AdminCommand {
                 };
                 print(out, json, &failing, |all| describe_failing(all))
             }
+            Self::Callbacks(CallbacksCommand::Held { json, latest }) => {
+                let limit = held_limit(latest);
+                let held = client.held_callbacks(limit).await?;
+                print(out, json, &held, |all| describe_held(all, limit))
+            }
+            Self::Callbacks(CallbacksCommand::Resolve { nonce, status }) => {
+                let resolved = client.resolve_held(&nonce, status).await?;
+                writeln!(out, "{}", resolved_line(&resolved))?;
+                Ok(())
+            }
             Self::Reconcile { reference_ids } => {
                 let mut failed = 0;
                 // One request per transaction: each is answered within the client's bound
@@ -702,6 +791,11 @@ impl AdminCommand {
                             outcome.message.as_deref().unwrap_or_default(),
                         ),
                         "already_booked" => already_acknowledged(outcome.reference_id, &status),
+                        "already_held" => already_held(
+                            outcome.reference_id,
+                            &status,
+                            outcome.message.as_deref().unwrap_or_default(),
+                        ),
                         "not_final" => format!(
                             "{}: not final yet ({status}); nothing to book",
                             outcome.reference_id
@@ -769,6 +863,15 @@ fn already_acknowledged(id: Uuid, status: &str) -> String {
     format!("{id}: already acknowledged ({status}): booked, or held by the merchant; nothing done")
 }
 
+/// The line of a transaction whose result was acknowledged before the reconcile and is
+/// held by the merchant, not resolved yet.
+fn already_held(id: Uuid, status: &str, reason: &str) -> String {
+    format!(
+        "{id}: already acknowledged ({status}) but HELD by the merchant, not booked: {}; nothing done — resolve it in your books, then `payhook callbacks resolve`",
+        crate::Escaped(reason)
+    )
+}
+
 /// The line of a reconciled transaction whose result the merchant held, not booked.
 fn held_line(id: Uuid, status: &str, reason: &str) -> String {
     format!(
@@ -794,6 +897,9 @@ pub async fn reconcile(
             Ok(Reconciled::Booked(status)) => format!("{id}: booked now ({status})"),
             Ok(Reconciled::Held { status, reason }) => held_line(id, &status.to_string(), &reason),
             Ok(Reconciled::AlreadyBooked(status)) => already_acknowledged(id, &status.to_string()),
+            Ok(Reconciled::AlreadyHeld { status, reason }) => {
+                already_held(id, &status.to_string(), &reason)
+            }
             Ok(Reconciled::NotFinal(status)) => {
                 format!("{id}: not final yet ({status}); nothing to book")
             }
@@ -849,9 +955,12 @@ pub async fn report(
             Ok(record) => {
                 let status = record.transaction_status;
                 if store.callback_acknowledged(&record.nonce, status).await? {
-                    format!(
-                        "{id}: acknowledged ({status}): booked, unless your handler held it (your books say)"
-                    )
+                    match store.held_callback(&record.nonce, status).await? {
+                        Some(held) => already_held(id, &status.to_string(), &held.reason),
+                        None => format!(
+                            "{id}: acknowledged ({status}): booked, unless your handler held it (your books say)"
+                        ),
+                    }
                 } else if let Some(untold) = crate::server::untellable(&record, store.reach()) {
                     lost += 1;
                     format!(
@@ -1312,6 +1421,63 @@ pub fn describe_failing(all: &[FailingCallback]) -> String {
         out.push_str("(none)\n");
     }
     out
+}
+
+/// How many held results a listing shows: `latest`, within what the service lists.
+fn held_limit(latest: Option<usize>) -> usize {
+    latest.map_or(crate::server::HELD_LIMIT, |n| {
+        n.clamp(1, crate::server::HELD_LIMIT)
+    })
+}
+
+/// Held results as a table; what came from the wire or the merchant is shown escaped, as in
+/// logs. Says so when the listing may have stopped at `limit`.
+pub fn describe_held(all: &[HeldCallback], limit: usize) -> String {
+    let mut out = format!(
+        "{:<24} {:<10} {:<24} {:<16} {:>14} {:<36} {}\n",
+        "nonce", "status", "held (UTC)", "client", "amount", "reference id", "reason"
+    );
+    for h in all {
+        let _ = writeln!(
+            out,
+            "{:<24} {:<10} {:<24} {:<16} {:>14} {:<36} {}",
+            crate::logged::Logged(&h.nonce).to_string(),
+            crate::model::TransactionStatus::from_code(h.status).to_string(),
+            utc(h.held_at),
+            crate::logged::Logged(&h.client_id).to_string(),
+            format!("{} {}", h.amount, crate::logged::Logged(&h.currency)),
+            h.transaction_reference_id,
+            crate::Escaped(&h.reason)
+        );
+    }
+    if all.is_empty() {
+        out.push_str("(none)\n");
+    } else if all.len() >= limit {
+        let _ = writeln!(
+            out,
+            "(the latest {limit}; payhook_callbacks_held_unresolved on /metrics counts them all)"
+        );
+    }
+    out
+}
+
+/// What `callbacks resolve` says of the result it resolved.
+fn resolved_line(held: &HeldCallback) -> String {
+    format!(
+        "resolved: nonce {} ({}), held {}: {} — no longer listed; nothing booked, and the aggregator's retries stay acknowledged",
+        crate::logged::Logged(&held.nonce),
+        crate::model::TransactionStatus::from_code(held.status),
+        utc(held.held_at),
+        crate::Escaped(&held.reason)
+    )
+}
+
+/// `callbacks resolve` of a pair that is not held.
+fn nothing_held(nonce: &str, status: i32) -> AdminError {
+    AdminError::NotHeld {
+        nonce: crate::logged::Logged(nonce).to_string(),
+        status,
+    }
 }
 
 /// A time as RFC 3339 in UTC, to the millisecond: `2026-11-23T10:15:00.123Z`.

@@ -449,13 +449,27 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
         pairs
     };
     let both = vec![
-        ("n-1".to_owned(), cancelled.code(), "a reversal of a held result".to_owned()),
-        ("n-1".to_owned(), success.code(), "a currency not kept".to_owned()),
+        (
+            "n-1".to_owned(),
+            cancelled.code(),
+            "a reversal of a held result".to_owned(),
+        ),
+        (
+            "n-1".to_owned(),
+            success.code(),
+            "a currency not kept".to_owned(),
+        ),
     ];
     let held = b.shared.held_callbacks(100).await.unwrap();
     assert_eq!(listed(&held), both);
-    assert!(held.windows(2).all(|w| w[0].held_at >= w[1].held_at), "latest first");
-    assert_eq!(held[0].transaction_reference_id, uuid::Uuid::nil().to_string());
+    assert!(
+        held.windows(2).all(|w| w[0].held_at >= w[1].held_at),
+        "latest first"
+    );
+    assert_eq!(
+        held[0].transaction_reference_id,
+        uuid::Uuid::nil().to_string()
+    );
     assert_eq!(b.shared.held_count().await.unwrap(), 2);
     assert_eq!(b.shared.held_callbacks(1).await.unwrap().len(), 1);
     let n1 = Nonce::from("n-1");
@@ -465,16 +479,30 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
     assert_eq!(b.shared.held_callback(&n2, success).await.unwrap(), None);
 
     let b = b.opened_again_with(RETENTION).await;
-    assert_eq!(b.shared.held_count().await.unwrap(), 2, "counted again at open");
+    assert_eq!(
+        b.shared.held_count().await.unwrap(),
+        2,
+        "counted again at open"
+    );
     assert_eq!(listed(&b.shared.held_callbacks(100).await.unwrap()), both);
 
     let resolved = b.shared.resolve_held(&n1, success).await.unwrap();
-    assert_eq!(resolved.map(|h| h.reason).as_deref(), Some("a currency not kept"));
-    assert_eq!(b.shared.resolve_held(&n1, success).await.unwrap(), None, "once");
+    assert_eq!(
+        resolved.map(|h| h.reason).as_deref(),
+        Some("a currency not kept")
+    );
+    assert_eq!(
+        b.shared.resolve_held(&n1, success).await.unwrap(),
+        None,
+        "once"
+    );
     assert_eq!(b.shared.resolve_held(&n2, success).await.unwrap(), None);
     assert_eq!(b.shared.held_count().await.unwrap(), 1);
     assert_eq!(b.shared.held_callback(&n1, success).await.unwrap(), None);
-    assert_eq!(listed(&b.shared.held_callbacks(100).await.unwrap()), both[..1]);
+    assert_eq!(
+        listed(&b.shared.held_callbacks(100).await.unwrap()),
+        both[..1]
+    );
     assert_eq!(
         b.shared.begin_callback(&n1, success, STALE).await.unwrap(),
         CallbackBegin::Duplicate,
@@ -489,8 +517,7 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
 mod a_held_result_is_kept_until_a_person_resolves_it {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sled() {
-        super::a_held_result_is_kept_until_a_person_resolves_it(super::Backend::sled().await)
-            .await;
+        super::a_held_result_is_kept_until_a_person_resolves_it(super::Backend::sled().await).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

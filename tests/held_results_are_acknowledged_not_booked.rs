@@ -68,17 +68,23 @@ impl Example {
         exchange(self.addr, &post(CALLBACK_PATH, &headers, body.as_bytes())).await
     }
 
-    async fn admin(&self, method: &str, path: &str, body: Option<&str>) -> RawResponse {
+    /// The operating API's answer to `method` `path`.
+    async fn admin_answer(&self, method: &str, path: &str, body: Option<&str>) -> RawResponse {
         let bearer = format!("Bearer {TOKEN}");
         let headers = [
             ("content-type", "application/json"),
             ("authorization", bearer.as_str()),
         ];
-        let answer = exchange(
+        exchange(
             self.addr,
             &request(method, path, &headers, body.map(str::as_bytes)),
         )
-        .await;
+        .await
+    }
+
+    /// [`Example::admin_answer`], which must be 200.
+    async fn admin(&self, method: &str, path: &str, body: Option<&str>) -> RawResponse {
+        let answer = self.admin_answer(method, path, body).await;
         assert_eq!(
             answer.status,
             200,
@@ -187,6 +193,116 @@ async fn a_held_result_is_acknowledged_once_and_reported_held_not_booked() {
     assert!(example.ledger.entry("n-deposit").await.unwrap().is_some());
 }
 
+/// payhook keeps what was held, with the payment, until a person resolves it: listed by the
+/// operating API and command, counted on `/metrics`, and resolved once — after which the
+/// aggregator's retries are still duplicates.
+#[tokio::test]
+async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
+    let gateway = FakeGateway::start().await;
+    let example = start(&gateway).await;
+    assert_eq!(
+        example.metric("payhook_callbacks_held_unresolved").await,
+        0.0
+    );
+    assert_eq!(example.callback(&callback("n-odd", 3)).await.status, 200);
+    assert_eq!(
+        example.callback(&callback("n-deposit", 1)).await.status,
+        200
+    );
+
+    assert_eq!(
+        example.metric("payhook_callbacks_held_unresolved").await,
+        1.0
+    );
+    let listed = example
+        .admin("GET", "/payhook/admin/callbacks/held", None)
+        .await
+        .json();
+    let [held] = listed.as_array().unwrap().as_slice() else {
+        panic!("one held result: {listed}")
+    };
+    assert_eq!(held["nonce"], "n-odd");
+    assert_eq!(held["status"], 4);
+    assert_eq!(
+        held["transactionReferenceId"],
+        "0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e"
+    );
+    assert_eq!(
+        (&held["clientId"], &held["amount"], &held["currency"]),
+        (&json!("client-42"), &json!("0.1"), &json!("EUR")),
+        "{held}"
+    );
+    assert!(
+        held["reason"]
+            .as_str()
+            .unwrap()
+            .contains("transaction type 3")
+    );
+    assert!(held["heldMs"].as_i64().unwrap() > 0);
+
+    // The operating command, through the running service's API.
+    let config = test_config();
+    let client =
+        payhook::admin::AdminClient::new(&format!("http://{}", example.addr), TOKEN.into())
+            .unwrap();
+    let mut out = Vec::new();
+    let held_command = payhook::admin::CallbacksCommand::Held {
+        json: false,
+        latest: None,
+    };
+    payhook::admin::AdminCommand::Callbacks(held_command)
+        .run_remote(&config, &client, &mut out)
+        .await
+        .unwrap();
+    let table = String::from_utf8(out).unwrap();
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert!(rows[0].starts_with("n-odd "), "{table}");
+    assert!(rows[0].contains("transaction type 3"), "{table}");
+
+    let pair = json!({"nonce": "n-odd", "status": 4}).to_string();
+    let other = json!({"nonce": "n-deposit", "status": 4}).to_string();
+    let path = "/payhook/admin/callbacks/held/resolve";
+    let refused = example.admin_answer("POST", path, Some(&other)).await;
+    assert_eq!(refused.status, 404, "booked, never held");
+    assert!(
+        refused
+            .message()
+            .starts_with("nothing held for nonce n-deposit")
+    );
+    let resolved = example.admin("POST", path, Some(&pair)).await.json();
+    assert_eq!(resolved["nonce"], "n-odd");
+    assert_eq!(resolved["reason"], held["reason"]);
+    assert_eq!(
+        example.metric("payhook_callbacks_held_unresolved").await,
+        0.0
+    );
+    let again = example.admin_answer("POST", path, Some(&pair)).await;
+    assert_eq!(again.status, 404, "resolved once");
+    let mut out = Vec::new();
+    let resolve = payhook::admin::CallbacksCommand::Resolve {
+        nonce: "n-odd".into(),
+        status: 4,
+    };
+    let refused = payhook::admin::AdminCommand::Callbacks(resolve)
+        .run_remote(&config, &client, &mut out)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(payhook::admin::AdminError::Remote { status: 404, .. })
+        ),
+        "{refused:?}"
+    );
+    let listed = example
+        .admin("GET", "/payhook/admin/callbacks/held", None)
+        .await
+        .json();
+    assert_eq!(listed, json!([]));
+    let retry = example.callback(&callback("n-odd", 3)).await;
+    assert_eq!(retry.message(), "callback already processed");
+}
+
 #[tokio::test]
 async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     let gateway = FakeGateway::start().await;
@@ -206,10 +322,11 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     };
     assert_eq!((*id, *status), (first, TransactionStatus::Success));
     assert!(reason.contains("transaction type 3"), "{reason}");
-    // Acknowledged: the aggregator's record is not booked, nor held, twice.
+    // Acknowledged: the aggregator's record is not booked, nor held, twice; and it is told
+    // held still, since no one has resolved it.
     let again = example.app.reconcile(&client, &[first]).await;
     assert!(
-        matches!(again[..], [(_, Ok(Reconciled::AlreadyBooked(_)))]),
+        matches!(&again[..], [(_, Ok(Reconciled::AlreadyHeld { reason: r, .. }))] if r == reason),
         "{again:?}"
     );
     let late = example
@@ -256,6 +373,41 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     );
     assert_eq!(example.metric("payhook_callbacks_held_total").await, 3.0);
     assert_eq!(example.metric("payhook_callbacks_booked_total").await, 0.0);
+    assert_eq!(
+        example.metric("payhook_callbacks_held_unresolved").await,
+        3.0
+    );
+
+    // Reconciled again, each is told still held: by the line and by the operating API.
+    let mut out = Vec::new();
+    payhook::admin::reconcile(&example.app, &client, &[second], &mut out)
+        .await
+        .unwrap();
+    let line = String::from_utf8(out).unwrap();
+    assert!(
+        line.starts_with(&format!("{second}: already acknowledged (")),
+        "{line}"
+    );
+    assert!(
+        line.contains("HELD by the merchant, not booked: "),
+        "{line}"
+    );
+    let answer = example
+        .admin(
+            "POST",
+            "/payhook/admin/reconcile",
+            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
+        )
+        .await;
+    let answered = answer.json();
+    assert_eq!(answered[0]["outcome"], "already_held", "{answered}");
+    assert!(
+        answered[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("transaction type 3"),
+        "{answered}"
+    );
 }
 
 /// The example's own operating command lists what it holds, for the person who resolves it:

@@ -17,6 +17,7 @@
 //! | `payhook_callback_failures_total` | counter | deliveries whose handler failed (an error, `RetryLater`, a timeout, a panic, effects that aborted): answered 503 for a retry |
 //! | `payhook_store_errors_total` | counter | requests of the aggregator answered 503 because the store could not read or write their records (a database unreachable or refusing, a sled store stopped): alert on any increase — on PostgreSQL it is the sign of an outage (`payhook_store_failed` is sled's) |
 //! | `payhook_callbacks_failing` | gauge | (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet: alert on it, list them with `GET /payhook/admin/callbacks/failing` or on the inspector |
+//! | `payhook_callbacks_held_unresolved` | gauge | results acknowledged but held by the merchant's effects and not resolved yet: alert while it is above 0, list them with `GET /payhook/admin/callbacks/held` (`payhook callbacks held`), resolve each with `payhook callbacks resolve` once the merchant's books are put right |
 //! | `payhook_validations_total{decision}` | counter | validations decided by the handler: `allow`, `deny`, `postponed` |
 //! | `payhook_validations_replayed_total` | counter | repeated validations answered from the record |
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment (and, in Awaitable mode, for a `validationId` used for a different payment) |
@@ -36,7 +37,7 @@
 //! | `payhook_connections_shed_total{reason}` | counter | connections closed to keep slots for work: `idle` (no request for `server.idle_timeout`), `least_active` (the server was full), `address_limit` (its address held `server.max_connections_per_address`), `slow_body` (a body below `server.min_body_rate`, answered 408), `body_memory` (a body arriving for longer than `server.min_body_rate_grace` gave its part of `server.body_memory_limit` up to another, answered 408) |
 //! | `payhook_build_info{version}` | gauge (info) | the running payhook's version, always 1 |
 //!
-//! `payhook_callbacks_failing`, `payhook_outbox_queued` and
+//! `payhook_callbacks_failing`, `payhook_callbacks_held_unresolved`, `payhook_outbox_queued` and
 //! `payhook_outbox_oldest_queued_age_seconds` are read from the store on each scrape; one the
 //! store does not give within 2 seconds (a database unreachable or locked) is left out of
 //! that scrape, and the rest is answered: alert on `absent(...)` of them beside their value.
@@ -406,6 +407,13 @@ impl Metrics {
                 gauge(failing),
             );
         }
+        if let Some(held) = scrape.held {
+            now.register(
+                "callbacks_held_unresolved",
+                "Results acknowledged but held by the merchant's effects, not resolved yet",
+                gauge(held),
+            );
+        }
         if let Some(failed) = scrape.store_failed {
             now.register(
                 "store_failed",
@@ -466,6 +474,7 @@ fn gauge(count: usize) -> ConstGauge {
 pub(crate) struct Scrape {
     pub(crate) outbox: Option<OutboxCounts>,
     pub(crate) failing: Option<usize>,
+    pub(crate) held: Option<usize>,
     pub(crate) store_failed: Option<bool>,
     pub(crate) histograms: Vec<(&'static str, &'static str, Option<Unit>, Histogram)>,
     /// The gateway client's calls, when the app has one.
@@ -534,12 +543,14 @@ mod tests {
                 ..OutboxCounts::default()
             }),
             failing: Some(1),
+            held: Some(2),
             store_failed: Some(false),
             histograms: Vec::new(),
             gateway: None,
         });
         for line in [
             "payhook_callbacks_failing 1",
+            "payhook_callbacks_held_unresolved 2",
             "payhook_answers_total{route=\"callback\",status=\"200\"} 2",
             "payhook_answers_total{route=\"callback\",status=\"401\"} 1",
             "payhook_validations_total{decision=\"deny\"} 1",

@@ -237,8 +237,8 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
 use route::{Endpoint, Route, Router};
 
-pub(crate) use operating_api::VALIDATIONS_PAGE_LIMIT;
-pub use operating_api::{AdminDecision, AdminReconcile, AdminReconciled};
+pub use operating_api::{AdminDecision, AdminHeldPair, AdminReconcile, AdminReconciled};
+pub(crate) use operating_api::{HELD_LIMIT, VALIDATIONS_PAGE_LIMIT};
 pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
@@ -622,6 +622,7 @@ impl App {
         }
         if let Some(store) = store {
             scrape.failing = read_for_scrape(store.failing_count()).await;
+            scrape.held = read_for_scrape(store.held_count()).await;
             scrape.store_failed = Some(store.failed());
             if let Some(commits) = store.commit_metrics() {
                 let (seconds, batch) = commits.histograms();

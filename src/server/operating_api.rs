@@ -13,6 +13,8 @@
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&oldest=BOOL&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), at most `N` (100; at most 1,000): the newest, or with `oldest=true` the oldest, `more` saying others follow `last`; waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
+//! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all |
+//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N}` | 200, the held result, now forgotten (a person put the merchant's books right: no longer listed or counted; its mark stays, so the aggregator's retries are still duplicates), logged at warn level; 404 `nothing held for nonce …` when it is not held or was resolved already |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
@@ -373,6 +375,16 @@ pub struct AdminDecision {
     pub nonce: Option<String>,
 }
 
+/// The body of `POST /payhook/admin/callbacks/held/resolve`: the held result a person
+/// resolved in the merchant's books.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminHeldPair {
+    /// The callback's nonce.
+    pub nonce: String,
+    /// The status code held.
+    pub status: i32,
+}
+
 /// The body of `POST /payhook/admin/reconcile`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -388,12 +400,13 @@ pub struct AdminReconciled {
     /// The transaction.
     pub reference_id: Uuid,
     /// `booked`, `held` (acknowledged, but held by the merchant for a person to resolve),
-    /// `already_booked` (acknowledged before: booked, or held), `not_final`, `unknown` (it
-    /// may have been booked: reconcile again to see) or `error`.
+    /// `already_booked` (acknowledged before, and not kept held), `already_held`
+    /// (acknowledged before and held by the merchant, not resolved yet), `not_final`,
+    /// `unknown` (it may have been booked: reconcile again to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.
     pub status: Option<i32>,
-    /// Why it was held (`held`), or why it failed (`unknown` and `error`).
+    /// Why it was held (`held`, `already_held`), or why it failed (`unknown` and `error`).
     pub message: Option<String>,
 }
 
@@ -621,6 +634,50 @@ impl OperatingApi {
                     .map(|next| format!("callbacks/failing?limit={limit}&after={next}"));
                 self.with_next(json(&page.failing), next)
             }
+            (&Method::GET, ["callbacks", "held"]) => {
+                let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
+                let query = parts.uri.query().unwrap_or_default();
+                let (after, limit) = page_params::<String>(query, HELD_LIMIT)?;
+                if after.is_some() {
+                    return Err(Problem::BadRequest(
+                        "held results are listed in one page, latest first: `after` is not taken"
+                            .into(),
+                    ));
+                }
+                let held = store
+                    .held_callbacks(limit)
+                    .await
+                    .map_err(|e| self.admin_store_failed(&e))?;
+                Ok(json(&held))
+            }
+            (&Method::POST, ["callbacks", "held", "resolve"]) => {
+                let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
+                let bytes = self
+                    .ingress
+                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .await?;
+                let pair: AdminHeldPair = super::request::parse_json(&bytes)?;
+                let nonce = crate::model::Nonce::from(pair.nonce);
+                let status = crate::model::TransactionStatus::from_code(pair.status);
+                let resolved = store
+                    .resolve_held(&nonce, status)
+                    .await
+                    .map_err(|e| self.admin_store_failed(&e))?;
+                let Some(resolved) = resolved else {
+                    return Err(Problem::Unknown(format!(
+                        "nothing held for nonce {}, status {}: not held, or resolved already",
+                        crate::logged::Logged(nonce.as_str()),
+                        pair.status
+                    )));
+                };
+                tracing::warn!(
+                    nonce = %crate::logged::Logged(nonce.as_str()),
+                    status = pair.status,
+                    reason = %crate::Escaped(&resolved.reason),
+                    "a held result was resolved by an operator: no longer listed or counted"
+                );
+                Ok(json(&resolved))
+            }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = self
                     .ingress
@@ -648,6 +705,9 @@ impl OperatingApi {
                             Ok(Reconciled::AlreadyBooked(s)) => {
                                 ("already_booked", Some(s.code()), None)
                             }
+                            Ok(Reconciled::AlreadyHeld { status, reason }) => {
+                                ("already_held", Some(status.code()), Some(reason))
+                            }
                             Ok(Reconciled::NotFinal(s)) => ("not_final", Some(s.code()), None),
                             Err(error @ ReconcileError::OutcomeUnknown(_)) => (
                                 "unknown",
@@ -670,7 +730,10 @@ impl OperatingApi {
                     .collect::<Vec<_>>();
                 Ok(json(&outcomes))
             }
-            (_, ["callbacks", "failing"] | ["deliveries"] | ["deliveries", _]) => {
+            (_, ["callbacks", "held", "resolve"]) => {
+                Err(Problem::MethodNotAllowed { allow: "POST" })
+            }
+            (_, ["callbacks", "failing" | "held"] | ["deliveries"] | ["deliveries", _]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET" })
             }
             (_, ["outbox", _, "retry"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
@@ -746,6 +809,9 @@ fn list_params(query: &str) -> Result<(u64, (usize, crate::inspector::Window), D
     }
     Ok((after, (limit, window), wait))
 }
+
+/// The most held results `GET callbacks/held` lists, and how many without `limit`.
+pub(crate) const HELD_LIMIT: usize = 1000;
 
 /// The most failing pairs a page of `GET callbacks/failing` lists, and how many without
 /// `limit`: a page stays well under a megabyte of JSON however many an incident left.

@@ -30,8 +30,19 @@ pub enum Reconciled {
         reason: String,
     },
     /// The result was acknowledged before (its callback arrived): nothing done. Booked
-    /// then, or held ([`Reconciled::Held`]): what the merchant's records say.
+    /// then, as far as the store tells: a held result it keeps is [`Reconciled::AlreadyHeld`]
+    /// (one held before payhook kept them, or in a store of the merchant's own that keeps
+    /// none, reads as this; the merchant's records say).
     AlreadyBooked(TransactionStatus),
+    /// The result was acknowledged before, but the handler's effects held it for a person
+    /// to resolve, and no one has yet ([`DedupStore::resolve_held`](crate::store::DedupStore::resolve_held)):
+    /// nothing done.
+    AlreadyHeld {
+        /// The status acknowledged and held.
+        status: TransactionStatus,
+        /// Why the handler held it.
+        reason: String,
+    },
     /// The transaction is still in progress (a status the spec defines, 0 to 3): no
     /// callback is due; nothing done. A status the spec does not define is handed to the
     /// handler, as its callback would be.
@@ -203,7 +214,9 @@ impl ExactlyOnce {
             Err(refused) => {
                 let booked = store.callback_acknowledged(&record.nonce, status).await;
                 return match booked {
-                    Ok(true) => Ok(Reading::Done(Reconciled::AlreadyBooked(status))),
+                    Ok(true) => Ok(Reading::Done(
+                        already(store.as_ref(), &record.nonce, status).await,
+                    )),
                     _ => Err(refused),
                 };
             }
@@ -217,7 +230,7 @@ impl ExactlyOnce {
         let done = match self.deliver_after(callback, request, read_after).await {
             Ok(Ok(Delivered::Booked)) => Reconciled::Booked(status),
             Ok(Ok(Delivered::Held(reason))) => Reconciled::Held { status, reason },
-            Ok(Ok(Delivered::Duplicate)) => Reconciled::AlreadyBooked(status),
+            Ok(Ok(Delivered::Duplicate)) => already(store.as_ref(), &record.nonce, status).await,
             Ok(Err(Overtaken(booked))) => return Ok(Reading::Overtaken(booked)),
             Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {
                 return Err(ReconcileError::OutcomeUnknown(problem.message()));
@@ -225,6 +238,26 @@ impl ExactlyOnce {
             Err(problem) => return Err(ReconcileError::NotBooked(problem.message())),
         };
         Ok(Reading::Done(done))
+    }
+}
+
+/// What a result acknowledged before is: held, when the store keeps it held (a read that
+/// fails tells nothing more than the mark), or else booked.
+async fn already(
+    store: &dyn crate::store::Store,
+    nonce: &crate::model::Nonce,
+    status: TransactionStatus,
+) -> Reconciled {
+    match store.held_callback(nonce, status).await {
+        Ok(Some(held)) => Reconciled::AlreadyHeld {
+            status,
+            reason: held.reason,
+        },
+        Ok(None) => Reconciled::AlreadyBooked(status),
+        Err(error) => {
+            tracing::warn!(error = %crate::report::InLine(&error), "whether the acknowledged result is held could not be read");
+            Reconciled::AlreadyBooked(status)
+        }
     }
 }
 

@@ -14,8 +14,8 @@
 use std::sync::{Arc, Mutex};
 
 use super::StoreError;
-use super::keys;
 use super::held::Subject;
+use super::keys;
 
 /// A key-value tree of the merchant's own, declared when the store was opened. Only the
 /// store makes one ([`SledStore::tree`](super::SledStore::tree)), so every `Tree` names a

@@ -124,15 +124,17 @@ pub(crate) fn sort_latest_first(held: &mut [HeldCallback]) {
 
 /// The key of (`nonce`, `status`)'s held result.
 pub(crate) fn key(nonce: &str, status: i32) -> Vec<u8> {
-    [keys::HELD_PREFIX, &status.to_be_bytes(), &keys::identifier(nonce)].concat()
+    [
+        keys::HELD_PREFIX,
+        &status.to_be_bytes(),
+        &keys::identifier(nonce),
+    ]
+    .concat()
 }
 
 /// Writes `held` into the batch.
 pub(crate) fn stage(overlay: &mut Overlay, held: &HeldCallback) {
-    overlay.insert(
-        key(held.nonce.as_str(), held.status),
-        Some(encode(held)),
-    );
+    overlay.insert(key(held.nonce.as_str(), held.status), Some(encode(held)));
 }
 
 /// The held result of (`nonce`, `status`) in `tree`, if one is kept.
@@ -218,7 +220,10 @@ mod tests {
         let held = HeldCallback::new("n-1", -2, "why\0", Some(&subject), at);
         assert_eq!(held.reason, "why\u{fffd}");
         assert_eq!(held.client_id, "a\u{fffd}b");
-        assert_eq!((held.amount.as_str(), held.currency.as_str()), ("10.50", "EUR"));
+        assert_eq!(
+            (held.amount.as_str(), held.currency.as_str()),
+            ("10.50", "EUR")
+        );
     }
 
     #[test]

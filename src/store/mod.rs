@@ -307,8 +307,8 @@ pub use effects::{Booking, EffectTx, Effects, Tree};
 pub use effects::{SqlBookingFuture, SqlFuture};
 pub(crate) use failing::sort_latest_first;
 pub use failing::{CallbackFailure, FailingCallback, FailingCursor, FailingPage, NotACursor};
-pub(crate) use held::Subject;
 pub use held::HeldCallback;
+pub(crate) use held::Subject;
 #[cfg(feature = "postgres")]
 pub use postgres::{Imported, IndexedRead, OUTBOX_LEASE, PURGE_BATCH, PgStore, TX_ATTEMPTS};
 pub use record::{Fingerprint, RecordedDecision};

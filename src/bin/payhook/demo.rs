@@ -162,7 +162,9 @@ async fn demo(
                     Some(Ok(Reconciled::Held { reason, .. })) => {
                         Err(HandlerError::msg(format!("held, not booked: {reason}")))
                     }
-                    Some(Ok(Reconciled::AlreadyBooked(_))) => Ok(false),
+                    Some(Ok(Reconciled::AlreadyBooked(_) | Reconciled::AlreadyHeld { .. })) => {
+                        Ok(false)
+                    }
                     Some(Ok(Reconciled::NotFinal(status))) => {
                         Err(HandlerError::msg(format!("not final: {status}")))
                     }
