@@ -16,7 +16,7 @@ use chrono::{TimeDelta, Utc};
 use payhook::model::TransactionStatus;
 use payhook::postponed::{Decision, PostponedState, PostponedValidation};
 use payhook::store::{
-    CallbackBegin, CallbackFailure, ConfiguredStore, DedupStore, Effects, Fingerprint,
+    Booking, CallbackBegin, CallbackFailure, ConfiguredStore, DedupStore, Effects, Fingerprint,
     PostponedStore, RecordedDecision, SledStore, Store, StoreConfig, ValidationBegin,
 };
 
@@ -59,8 +59,9 @@ async fn decide(
         .unwrap();
 }
 
-/// A sled store with history: two callbacks acknowledged (one long nonce), one failing, a
-/// validation denied, one postponed and decided (its result in the outbox), a ledger key.
+/// A sled store with history: two callbacks acknowledged (one long nonce, whose result the
+/// merchant held), one failing, a validation denied, one postponed and decided (its result
+/// in the outbox), a ledger key.
 async fn history(config: &StoreConfig) {
     let store = SledStore::open(config, &["ledger"]).unwrap();
     let ledger = store.tree("ledger").unwrap();
@@ -68,7 +69,15 @@ async fn history(config: &StoreConfig) {
         let effects = Effects::default();
         let ledger = ledger.clone();
         let key = nonce.as_bytes().to_vec();
-        effects.write(move |tx| tx.insert(&ledger, &key, b"booked"));
+        let held = nonce == LONG;
+        effects.book(move |tx| {
+            tx.insert(&ledger, &key, b"booked")?;
+            Ok(if held {
+                Booking::held("kept aside before the move")
+            } else {
+                Booking::Booked
+            })
+        });
         book_in_sled(&store, nonce, effects).await;
     }
     store
@@ -260,7 +269,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let copy = || copy_from_sled(&sled, &db);
     let said = succeeded(&copy());
     assert!(
-        said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 postponed validation(s), 2 tree key(s)"),
+        said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 held result(s), 1 postponed validation(s), 2 tree key(s)"),
         "{said}"
     );
     // A copy that finished is not run again by mistake: after the instances served, it
@@ -278,7 +287,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let again = copy_from_sled_again(&sled, &db);
     let said = succeeded(&again);
     assert!(
-        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s)"),
+        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 held result(s), 0 postponed validation(s), 0 tree key(s)"),
         "a second copy writes nothing: {said}"
     );
     let logged = String::from_utf8_lossy(&again.stderr);
@@ -309,6 +318,19 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let failing = shared.failing_callbacks().await.unwrap();
     assert_eq!(failing.len(), 1);
     assert_eq!(failing[0].last_reason, "the ledger was down");
+    let held = shared.held_callbacks(10).await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (held[0].nonce.as_str(), held[0].reason.as_str()),
+        (LONG, "kept aside before the move")
+    );
+    let long = Nonce::from(LONG);
+    let found = shared
+        .held_callback(&long, TransactionStatus::Success)
+        .await
+        .unwrap();
+    assert_eq!(found.as_ref(), held.first(), "keyed as PostgreSQL keys it");
+    assert_eq!(shared.held_count().await.unwrap(), 1);
     assert_eq!(
         shared
             .begin_validation(
@@ -911,12 +933,12 @@ async fn a_validation_awaiting_its_result_past_the_retention_keeps_its_record_wh
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let said = succeeded(&copy_from_sled(&sled, &db));
     assert!(
-        said.contains("1 validation record(s), 0 failing callback(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
+        said.contains("1 validation record(s), 0 failing callback(s), 0 held result(s), 1 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "{said}"
     );
     let said = succeeded(&copy_from_sled_again(&sled, &db));
     assert!(
-        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
+        said.contains("copied 0 callback record(s), 0 validation record(s), 0 failing callback(s), 0 held result(s), 0 postponed validation(s), 0 tree key(s); 1 expired record(s) left behind"),
         "a second copy writes nothing, and leaves the same behind: {said}"
     );
 

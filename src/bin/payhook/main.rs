@@ -368,8 +368,8 @@ enum StoreCommand {
     /// Create or migrate payhook's tables in the PostgreSQL database of store.url, in
     /// store.schema (a service also does it when it starts).
     Migrate,
-    /// Copy a stopped sled store (its records within retention, failing callbacks,
-    /// postponed validations and outbox, and the merchant's trees) into the PostgreSQL
+    /// Copy a stopped sled store (its records within retention, failing callbacks, held
+    /// results, postponed validations and outbox, and the merchant's trees) into the PostgreSQL
     /// database of store.url. Idempotent: run it again after an interruption. Refuses
     /// while another payhook has store.schema open (no instance opens it while the copy
     /// runs); marks the sled directory MOVED-TO-POSTGRESQL, which a sled instance then

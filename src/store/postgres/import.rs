@@ -1,7 +1,8 @@
 //! Moving a running merchant from sled to PostgreSQL without losing history: the
 //! deduplication records still within retention (and a validation record past it whose
 //! nonce's postponed validation still awaits its result, which sled keeps: a new validation
-//! of the nonce would run the handler again), the callbacks failing, the postponed
+//! of the nonce would run the handler again), the callbacks failing, the results held and
+//! not resolved yet, the postponed
 //! validations with their outbox, and the merchant's trees, copied from a stopped sled
 //! store (`payhook store copy-from-sled`).
 //!
@@ -31,6 +32,7 @@
 use chrono::Utc;
 
 use super::super::failing::FailureRecord;
+use super::super::held::HeldCallback;
 use super::super::keys;
 use super::super::record::{CallbackRecord, ValidationRecord, decode};
 use super::super::{KeyValue, SledStore, StoreConfig, StoreError, time_from_ms};
@@ -47,6 +49,8 @@ pub struct Imported {
     pub validations: u64,
     /// Failing callbacks, per (nonce, status).
     pub failures: u64,
+    /// Results held by the merchant and not resolved yet, per (nonce, status).
+    pub held: u64,
     /// Postponed validations, their results and outbox state included.
     pub postponed: u64,
     /// Keys of the merchant's trees.
@@ -64,10 +68,12 @@ impl std::fmt::Display for Imported {
         write!(
             f,
             "copied {} callback record(s), {} validation record(s), {} failing callback(s), \
-             {} postponed validation(s), {} tree key(s); {} expired record(s) left behind",
+             {} held result(s), {} postponed validation(s), {} tree key(s); {} expired \
+             record(s) left behind",
             self.callbacks,
             self.validations,
             self.failures,
+            self.held,
             self.postponed,
             self.tree_keys,
             self.expired
@@ -335,6 +341,40 @@ impl PgStore {
             }
             let done = self.copy_validation(conn, &named, &record).await?;
             imported.validations += done;
+            return Ok(count(done));
+        }
+        if let Some(rest) = key.strip_prefix(keys::HELD_PREFIX) {
+            // Kept until a person resolves it: no retention to check.
+            let Some(identifier) = rest.get(4..) else {
+                return Err(StoreError::Corrupt {
+                    key: keys::describe(rest),
+                    reason: "a held result's key without its status".into(),
+                });
+            };
+            let named = nonce_key(identifier);
+            if unstorable(&named, imported) {
+                return Ok(Copied::Nothing);
+            }
+            let held: HeldCallback = decode(&named, value)?;
+            let done = sqlx::query(&self.sql(
+                "INSERT INTO {s}.callbacks_held (nonce_key, status, nonce, reason, held_at, \
+                   reference_id, client_id, amount, currency) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (nonce_key, status) DO NOTHING",
+            ))
+            .bind(&named)
+            .bind(held.status)
+            .bind(held.nonce.as_str())
+            .bind(&held.reason)
+            .bind(held.held_at)
+            .bind(&held.transaction_reference_id)
+            .bind(&held.client_id)
+            .bind(&held.amount)
+            .bind(&held.currency)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            imported.held += done;
             return Ok(count(done));
         }
         if let Some(rest) = key.strip_prefix(keys::FAILING_PREFIX) {
