@@ -1,6 +1,7 @@
 //! The inspector's page in a real browser (headless Chromium over WebDriver) against a real
 //! service and the fake aggregator: the token opens it, a callback and a postponed
-//! validation appear without a reload, **Approve** is clicked, the result reaches the
+//! validation appear without a reload, a held result is marked resolved, **Approve** is
+//! clicked, the result reaches the
 //! aggregator, and the page shows it delivered; logging out ends the session, and a
 //! `#token=` link logs in again. A panel of buttons that act on money is not
 //! rebuilt under the pointer: a click lands on the validation the operator pointed at. A
@@ -103,6 +104,32 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         .await;
     let told = browser.accept_alert().await;
     assert!(told.contains("error") && told.contains("404"), "{told}");
+
+    // A result the merchant holds: listed until a person says it is resolved (the page asks
+    // first), then gone from the panel.
+    let hold = signed_callback(&signer, "n-held", 4, "7", "hold");
+    assert_eq!(server.send(&hold).await.status, 200);
+    let text = browser.wait_for_text("tr.unresolved").await;
+    assert!(
+        text.contains("n-held") && text.contains("the test merchant holds client hold"),
+        "{text}"
+    );
+    browser
+        .wait_and_click("tr.unresolved button[data-action=resolve][data-nonce='n-held']")
+        .await;
+    let asked = browser.accept_alert().await;
+    assert!(
+        asked.contains("n-held") && asked.contains("Nothing is booked"),
+        "{asked}"
+    );
+    browser.hover("h1").await;
+    browser.wait_for_none("tr.unresolved").await;
+    assert!(
+        browser
+            .page_text()
+            .await
+            .contains("No held result waits for a person.")
+    );
 
     // A validation is postponed: it appears with Approve and Deny.
     let id = server.postpone_validation().await;

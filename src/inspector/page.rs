@@ -14,7 +14,7 @@ use super::{DeliveryDetail, DeliveryFilter, DeliveryList};
 use crate::gateway::SessionState;
 use crate::postponed::{Delivery, PostponedPage, PostponedValidation};
 use crate::server::ADMIN_PREFIX;
-use crate::store::FailingCallback;
+use crate::store::{FailingCallback, HeldCallback};
 
 /// The header the page's actions carry.
 pub(crate) const ACTION_HEADER: &str = "x-payhook-inspector";
@@ -138,6 +138,7 @@ pub(crate) fn content_security_policy() -> &'static str {
 pub(crate) fn page(
     deliveries: &str,
     failing: &str,
+    held: &str,
     postponed: &str,
     outbox: &str,
     health: &str,
@@ -152,6 +153,7 @@ pub(crate) fn page(
          <select name=outcome><option value=''>any outcome</option>{outcomes}</select></form>\
          <div id=deliveries>{deliveries}</div><pre id=detail hidden></pre></section>\
          <section><h2>Failing callbacks</h2><div id=failing>{failing}</div></section>\
+         <section><h2>Held results</h2><div id=held>{held}</div></section>\
          <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
          <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
          <script>{SCRIPT}</script></body></html>",
@@ -268,6 +270,46 @@ pub(crate) fn failing(latest: &[FailingCallback], count: usize, now: DateTime<Ut
             "<p class=empty>{left_out} older ones are not shown; \
              payhook callbacks failing, or GET /payhook/admin/callbacks/failing a page at a time, \
              lists them all.</p>"
+        );
+    }
+    out
+}
+
+/// The held results panel: the latest of them (latest first, up to [`FAILING_SHOWN`]), and
+/// how many the store holds in all. Each row's button says a person resolved it in the
+/// merchant's books (the page asks first: nothing is booked by it).
+pub(crate) fn held(latest: &[HeldCallback], count: usize) -> String {
+    if latest.is_empty() {
+        return "<p class=empty>No held result waits for a person.</p>".into();
+    }
+    let held = &latest[..latest.len().min(FAILING_SHOWN)];
+    let left_out = count.saturating_sub(held.len());
+    let mut out = String::from(
+        "<table><thead><tr><th>nonce</th><th>status</th><th>reason</th><th>held</th>\
+         <th>client</th><th>amount</th><th>reference</th><th></th></tr></thead><tbody>",
+    );
+    for h in held {
+        let _ = write!(
+            out,
+            "<tr class=unresolved><td>{nonce}</td><td>{status}</td><td>{reason}</td><td>{at}</td>\
+             <td>{client}</td><td>{amount} {currency}</td><td>{reference}</td>\
+             <td><button data-action=resolve data-nonce=\"{nonce}\" data-status={status}>resolved</button></td></tr>",
+            nonce = escape(h.nonce.as_str()),
+            status = h.status,
+            reason = escape(&h.reason),
+            at = time(h.held_at),
+            client = escape(&h.client_id),
+            amount = escape(&h.amount),
+            currency = escape(&h.currency),
+            reference = escape(&h.transaction_reference_id),
+        );
+    }
+    out.push_str("</tbody></table>");
+    if left_out > 0 {
+        let _ = write!(
+            out,
+            "<p class=empty>{left_out} older ones are not shown; payhook callbacks held lists \
+             up to 1,000.</p>"
         );
     }
     out
@@ -516,7 +558,7 @@ function filterQuery() {
 // Panels whose buttons act on money: not rebuilt while the pointer is over them, so that a
 // row decided elsewhere (or by a deadline) cannot move another validation's button under a
 // click; rebuilt as the pointer leaves.
-const acting = ['failing', 'postponed', 'outbox'];
+const acting = ['failing', 'held', 'postponed', 'outbox'];
 function held(box) {
   return acting.includes(box.id) && box.matches(':hover');
 }
@@ -545,7 +587,7 @@ async function panel(name) {
   });
 }
 function panels() {
-  return Promise.all(['health', 'failing', 'postponed', 'outbox'].map(panel));
+  return Promise.all(['health', 'failing', 'held', 'postponed', 'outbox'].map(panel));
 }
 async function follow() {
   for (;;) {
@@ -633,6 +675,12 @@ document.addEventListener('click', async (event) => {
       return location.reload();
     }
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
+    case 'resolve': {
+      const pair = {nonce: button.dataset.nonce, status: Number(button.dataset.status)};
+      if (!confirm('Mark the held result of nonce ' + pair.nonce + ' (status ' + pair.status
+        + ') resolved? Nothing is booked: say so once the merchant\'s books are right.')) return;
+      return act('callbacks/held/resolve', pair, button);
+    }
     case 'detail': {
       const box = document.getElementById('detail');
       // Only the service's own fragment is written as HTML; anything else, as text.
@@ -728,6 +776,38 @@ mod tests {
         let few = failing_panel(&failing[..2], 2, now);
         assert_eq!(few.matches("<tr class=failing>").count(), 2);
         assert!(!few.contains("not shown"));
+    }
+
+    #[test]
+    fn the_held_panel_shows_the_latest_escaped_and_says_how_many_are_left_out() {
+        let now = DateTime::<Utc>::UNIX_EPOCH;
+        let held: Vec<HeldCallback> = (0..FAILING_SHOWN + 2)
+            .map(|n| HeldCallback {
+                nonce: format!("n-{n}\"<b>").into(),
+                status: -2,
+                reason: "<script>".into(),
+                held_at: now,
+                transaction_reference_id: format!("ref-{n}"),
+                client_id: "c".into(),
+                amount: "10".into(),
+                currency: "EUR".into(),
+            })
+            .collect();
+        let panel = super::held(&held[..FAILING_SHOWN], held.len());
+        assert_eq!(
+            panel.matches("<tr class=unresolved>").count(),
+            FAILING_SHOWN
+        );
+        assert!(panel.contains("2 older ones are not shown"), "{panel}");
+        assert!(
+            !panel.contains("<script>") && !panel.contains("<b>"),
+            "{panel}"
+        );
+        assert!(
+            panel.contains("data-nonce=\"n-0&quot;&lt;b&gt;\" data-status=-2>resolved"),
+            "{panel}"
+        );
+        assert!(super::held(&[], 0).contains("No held result"));
     }
 
     #[test]

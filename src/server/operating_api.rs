@@ -1090,6 +1090,7 @@ impl OperatingApi {
         let page = page::page(
             &self.deliveries_fragment(&DeliveryFilter::default()).await,
             &self.failing_fragment(now).await,
+            &self.held_fragment().await,
             &self.pending_fragment(now).await,
             &self.outbox_fragment(now).await,
             &page::health(&self.health().await, now),
@@ -1113,6 +1114,7 @@ impl OperatingApi {
                 self.deliveries_fragment(&filter).await
             }
             ["failing"] => self.failing_fragment(now).await,
+            ["held"] => self.held_fragment().await,
             ["postponed"] => self.pending_fragment(now).await,
             ["outbox"] => self.outbox_fragment(now).await,
             ["health"] => page::health(&self.health().await, now),
@@ -1153,6 +1155,18 @@ impl OperatingApi {
         let count = store.failing_count().await;
         match (latest, count) {
             (Ok(latest), Ok(count)) => page::failing(&latest, count, now),
+            (Err(error), _) | (_, Err(error)) => shown(Err(&error)),
+        }
+    }
+
+    async fn held_fragment(&self) -> String {
+        let Some(store) = self.exactly_once.store() else {
+            return "<p class=empty>No store: held results are not kept.</p>".into();
+        };
+        let latest = store.held_callbacks(page::FAILING_SHOWN).await;
+        let count = store.held_count().await;
+        match (latest, count) {
+            (Ok(latest), Ok(count)) => page::held(&latest, count),
             (Err(error), _) | (_, Err(error)) => shown(Err(&error)),
         }
     }

@@ -35,7 +35,7 @@ pub struct HeldCallback {
     pub nonce: crate::model::Nonce,
     /// The status code the merchant held.
     pub status: i32,
-    /// Why, as the merchant's effect said (cut at 512 bytes).
+    /// Why, as the merchant's effect said (cut after 512 bytes, with `…`).
     pub reason: String,
     /// When it was acknowledged and held (UTC).
     #[serde(rename = "heldMs", with = "super::epoch_ms")]
@@ -86,7 +86,7 @@ impl HeldCallback {
     /// The held result of (`nonce`, `status`) for `reason`, at `at`, of the payment
     /// `subject` (what could not be known of it left empty: the nil reference, a zero
     /// amount, an empty client and currency). Text a person reads is kept as both stores
-    /// can: the reason cut at 512 bytes, U+0000 as U+FFFD.
+    /// can: the reason cut after 512 bytes, U+0000 as U+FFFD.
     pub(crate) fn new(
         nonce: &str,
         status: i32,
@@ -207,7 +207,7 @@ mod tests {
         let at = Utc::now();
         let long = "x".repeat(600);
         let held = HeldCallback::new("n-1", 1, &long, None, at);
-        assert_eq!(held.reason.len(), REASON_BYTES);
+        assert_eq!(held.reason, format!("{}…", "x".repeat(REASON_BYTES)));
         assert_eq!(held.transaction_reference_id, uuid::Uuid::nil().to_string());
         assert_eq!((held.client_id.as_str(), held.amount.as_str()), ("", "0"));
 

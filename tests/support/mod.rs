@@ -166,6 +166,15 @@ impl CallbackReceiver for TestMerchant {
                     .write(|_| Err(payhook::store::StoreError::abort("insufficient funds")));
                 CallbackDecision::Ack
             }
+            // Acknowledged, but held for a person instead of booked.
+            "hold" => {
+                ctx.effects.book(|_| {
+                    Ok(payhook::store::Booking::held(
+                        "the test merchant holds client hold",
+                    ))
+                });
+                CallbackDecision::Ack
+            }
             _ => CallbackDecision::Ack,
         })
     }
