@@ -36,8 +36,9 @@
 //!   not checked against the client's balance.
 //! - A result it will not book (module docs of `example_merchant`) is acknowledged into its
 //!   `ledger_quarantine` tree, and payhook reports the callback held, not booked (logged at
-//!   error level with the reason, counted in `payhook_callbacks_held_total`: the shipped
-//!   alert `PayhookCallbacksHeld` fires on it), so that a person resolves it.
+//!   error level with the reason, counted in `payhook_callbacks_held_total`) and keeps it
+//!   until a person resolves it (`payhook callbacks held`, `payhook callbacks resolve`; the
+//!   shipped alert `PayhookCallbacksHeld` fires while one waits).
 //!
 //! With arguments it runs an operating command of [`payhook::admin`] instead, with its own
 //! handlers — e.g. `cargo run --example merchant -- reconcile --ref REFERENCE_ID` books lost

@@ -79,7 +79,9 @@ pub enum AdminError {
     )]
     ManyInstances,
     /// `callbacks resolve` named a result that is not held (or was resolved already).
-    #[error("nothing held for nonce {nonce}, status {status}: not held, or resolved already")]
+    #[error(
+        "no held result of nonce {nonce}, status {status} waits: not held, or resolved already"
+    )]
     NotHeld {
         /// The nonce named (escaped, as in logs).
         nonce: String,
@@ -193,9 +195,9 @@ pub enum CallbacksCommand {
         #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
         latest: Option<usize>,
     },
-    /// Mark a held result resolved, once a person put the merchant's books right: it is no
-    /// longer listed or counted (`payhook_callbacks_held_unresolved`). Nothing is booked,
-    /// and the aggregator's retries of it stay answered as acknowledged.
+    /// Mark a held result resolved, once a person put the merchant's books right: it is kept
+    /// with the note, and no longer listed or counted (`payhook_callbacks_held_unresolved`).
+    /// Nothing is booked, and the aggregator's retries of it stay answered as acknowledged.
     Resolve {
         /// The callback's nonce.
         #[cfg_attr(feature = "clap", arg(long))]
@@ -203,6 +205,10 @@ pub enum CallbacksCommand {
         /// The status code held (e.g. 1, -1, -2).
         #[cfg_attr(feature = "clap", arg(long, allow_negative_numbers = true))]
         status: i32,
+        /// What was done in the merchant's books: kept with the result, and told by a later
+        /// reconcile of the transaction.
+        #[cfg_attr(feature = "clap", arg(long))]
+        note: String,
     },
 }
 
@@ -244,10 +250,23 @@ impl AdminCommand {
                         let held = store.held_callbacks(limit).await?;
                         print(out, json, &held, |all| describe_held(all, limit))
                     }
-                    CallbacksCommand::Resolve { nonce, status } => {
+                    CallbacksCommand::Resolve {
+                        nonce,
+                        status,
+                        note,
+                    } => {
+                        if let Some(refused) = crate::store::held::note_refused(&note) {
+                            return Err(AdminError::Unsupported(format!("--note: {refused}")));
+                        }
                         let code = crate::model::TransactionStatus::from_code(status);
-                        let resolved = store.resolve_held(&nonce.as_str().into(), code).await?;
+                        let resolved = store
+                            .resolve_held(&nonce.as_str().into(), code, &note)
+                            .await?;
                         let resolved = resolved.ok_or_else(|| nothing_held(&nonce, status))?;
+                        crate::store::held::log_resolved(
+                            &resolved,
+                            "the command line, on the store",
+                        );
                         writeln!(out, "{}", resolved_line(&resolved))?;
                         Ok(())
                     }
@@ -571,10 +590,16 @@ impl AdminClient {
     ///
     /// [`AdminError::Remote`] when the service refuses or cannot be reached, with status 404
     /// when nothing is held for the pair.
-    pub async fn resolve_held(&self, nonce: &str, status: i32) -> Result<HeldCallback, AdminError> {
+    pub async fn resolve_held(
+        &self,
+        nonce: &str,
+        status: i32,
+        note: &str,
+    ) -> Result<HeldCallback, AdminError> {
         let body = serde_json::to_vec(&crate::server::AdminHeldPair {
             nonce: nonce.to_owned(),
             status,
+            note: note.to_owned(),
         })
         .unwrap_or_default();
         self.call(http::Method::POST, "callbacks/held/resolve", Some(body))
@@ -739,8 +764,12 @@ impl AdminCommand {
                 let held = client.held_callbacks(limit).await?;
                 print(out, json, &held, |all| describe_held(all, limit))
             }
-            Self::Callbacks(CallbacksCommand::Resolve { nonce, status }) => {
-                let resolved = client.resolve_held(&nonce, status).await?;
+            Self::Callbacks(CallbacksCommand::Resolve {
+                nonce,
+                status,
+                note,
+            }) => {
+                let resolved = client.resolve_held(&nonce, status, &note).await?;
                 writeln!(out, "{}", resolved_line(&resolved))?;
                 Ok(())
             }
@@ -791,9 +820,10 @@ impl AdminCommand {
                             outcome.message.as_deref().unwrap_or_default(),
                         ),
                         "already_booked" => already_acknowledged(outcome.reference_id, &status),
-                        "already_held" => already_held(
+                        "already_held" | "already_resolved" => already_held(
                             outcome.reference_id,
                             &status,
+                            outcome.outcome == "already_held",
                             outcome.message.as_deref().unwrap_or_default(),
                         ),
                         "not_final" => format!(
@@ -857,19 +887,30 @@ fn print<T: serde::Serialize + ?Sized>(
     Ok(())
 }
 
-/// The line of a transaction whose result was acknowledged before the reconcile: booked
-/// then, or held by the merchant (what the store's mark does not tell).
+/// The line of a transaction whose result was acknowledged before the reconcile and that
+/// the store does not keep as held: booked then — or held before payhook kept held results,
+/// or by a store that keeps none.
 fn already_acknowledged(id: Uuid, status: &str) -> String {
-    format!("{id}: already acknowledged ({status}): booked, or held by the merchant; nothing done")
+    format!(
+        "{id}: already acknowledged ({status}): booked (unless held before held results were kept); nothing done"
+    )
 }
 
-/// The line of a transaction whose result was acknowledged before the reconcile and is
-/// held by the merchant, not resolved yet.
-fn already_held(id: Uuid, status: &str, reason: &str) -> String {
-    format!(
-        "{id}: already acknowledged ({status}) but HELD by the merchant, not booked: {}; nothing done — resolve it in your books, then `payhook callbacks resolve`",
-        crate::Escaped(reason)
-    )
+/// The line of a transaction whose result was acknowledged before the reconcile and held by
+/// the merchant: waiting for a person, or resolved by one (`told`: the reason, and how it
+/// was resolved).
+fn already_held(id: Uuid, status: &str, waiting: bool, told: &str) -> String {
+    if waiting {
+        format!(
+            "{id}: already acknowledged ({status}) but HELD by the merchant, not booked: {}; nothing done — put your books right, then `payhook callbacks resolve`",
+            crate::Escaped(told)
+        )
+    } else {
+        format!(
+            "{id}: already acknowledged ({status}), held by the merchant, not booked: {}; nothing done",
+            crate::Escaped(told)
+        )
+    }
 }
 
 /// The line of a reconciled transaction whose result the merchant held, not booked.
@@ -897,9 +938,12 @@ pub async fn reconcile(
             Ok(Reconciled::Booked(status)) => format!("{id}: booked now ({status})"),
             Ok(Reconciled::Held { status, reason }) => held_line(id, &status.to_string(), &reason),
             Ok(Reconciled::AlreadyBooked(status)) => already_acknowledged(id, &status.to_string()),
-            Ok(Reconciled::AlreadyHeld { status, reason }) => {
-                already_held(id, &status.to_string(), &reason)
-            }
+            Ok(Reconciled::AlreadyHeld { status, held }) => already_held(
+                id,
+                &status.to_string(),
+                held.unresolved(),
+                &crate::store::held::told(&held),
+            ),
             Ok(Reconciled::NotFinal(status)) => {
                 format!("{id}: not final yet ({status}); nothing to book")
             }
@@ -956,9 +1000,14 @@ pub async fn report(
                 let status = record.transaction_status;
                 if store.callback_acknowledged(&record.nonce, status).await? {
                     match store.held_callback(&record.nonce, status).await? {
-                        Some(held) => already_held(id, &status.to_string(), &held.reason),
+                        Some(held) => already_held(
+                            id,
+                            &status.to_string(),
+                            held.unresolved(),
+                            &crate::store::held::told(&held),
+                        ),
                         None => format!(
-                            "{id}: acknowledged ({status}): booked, unless your handler held it (your books say)"
+                            "{id}: acknowledged ({status}): booked (unless your handler held it before held results were kept: your books say)"
                         ),
                     }
                 } else if let Some(untold) = crate::server::untellable(&record, store.reach()) {
@@ -1464,11 +1513,12 @@ pub fn describe_held(all: &[HeldCallback], limit: usize) -> String {
 /// What `callbacks resolve` says of the result it resolved.
 fn resolved_line(held: &HeldCallback) -> String {
     format!(
-        "resolved: nonce {} ({}), held {}: {} — no longer listed; nothing booked, and the aggregator's retries stay acknowledged",
+        "resolved: nonce {} ({}), held {}: {} — kept with your note ({}), no longer listed; nothing booked, and the aggregator's retries stay acknowledged",
         crate::logged::Logged(&held.nonce),
         crate::model::TransactionStatus::from_code(held.status),
         utc(held.held_at),
-        crate::Escaped(&held.reason)
+        crate::Escaped(&held.reason),
+        crate::Escaped(&held.resolution)
     )
 }
 

@@ -424,8 +424,8 @@ async fn a_result_its_effects_hold_is_acknowledged_with_what_they_wrote(b: &Back
 
 /// A held result is kept with the mark, in the same write: listed, counted and found by
 /// its (nonce, status) until a person resolves it — across a restart too — while a booked
-/// one is never listed. Resolving it forgets it once, durably, and leaves the mark: the
-/// aggregator's retries stay duplicates.
+/// one is never listed. Resolving it, once, keeps it with the note, durably, no longer
+/// listed nor counted, and leaves the mark: the aggregator's retries stay duplicates.
 async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
     let hold = |reason: &'static str| {
         let effects = Effects::default();
@@ -486,19 +486,26 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
     );
     assert_eq!(listed(&b.shared.held_callbacks(100).await.unwrap()), both);
 
-    let resolved = b.shared.resolve_held(&n1, success).await.unwrap();
+    let note = "booked by hand, journal 42";
+    let resolved = b
+        .shared
+        .resolve_held(&n1, success, note)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resolved.reason, "a currency not kept");
+    assert_eq!(resolved.resolution, note);
+    let at = resolved.resolved_at.expect("resolved now");
+    assert!(at >= resolved.held_at);
+    let again = b.shared.resolve_held(&n1, success, "again").await.unwrap();
+    assert_eq!(again, None, "once");
     assert_eq!(
-        resolved.map(|h| h.reason).as_deref(),
-        Some("a currency not kept")
+        b.shared.resolve_held(&n2, success, note).await.unwrap(),
+        None
     );
-    assert_eq!(
-        b.shared.resolve_held(&n1, success).await.unwrap(),
-        None,
-        "once"
-    );
-    assert_eq!(b.shared.resolve_held(&n2, success).await.unwrap(), None);
     assert_eq!(b.shared.held_count().await.unwrap(), 1);
-    assert_eq!(b.shared.held_callback(&n1, success).await.unwrap(), None);
+    let kept = b.shared.held_callback(&n1, success).await.unwrap().unwrap();
+    assert_eq!(kept, resolved, "kept, resolved, as it was said");
     assert_eq!(
         listed(&b.shared.held_callbacks(100).await.unwrap()),
         both[..1]
@@ -511,6 +518,11 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
 
     let b = b.opened_again_with(RETENTION).await;
     assert_eq!(b.shared.held_count().await.unwrap(), 1, "resolved durably");
+    let kept = b.shared.held_callback(&n1, success).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.resolved_at, kept.resolution.as_str()),
+        (Some(at), note)
+    );
     b.finish().await;
 }
 

@@ -260,19 +260,33 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     assert!(rows[0].starts_with("n-odd "), "{table}");
     assert!(rows[0].contains("transaction type 3"), "{table}");
 
-    let pair = json!({"nonce": "n-odd", "status": 4}).to_string();
-    let other = json!({"nonce": "n-deposit", "status": 4}).to_string();
+    let note = "booked by hand as an adjustment";
+    let pair = json!({"nonce": "n-odd", "status": 4, "note": note}).to_string();
+    let other = json!({"nonce": "n-deposit", "status": 4, "note": note}).to_string();
     let path = "/payhook/admin/callbacks/held/resolve";
+    let unsaid = json!({"nonce": "n-odd", "status": 4, "note": " "}).to_string();
+    let refused = example.admin_answer("POST", path, Some(&unsaid)).await;
+    assert_eq!(
+        (refused.status, refused.message()),
+        (
+            400,
+            "`note`: a note saying what was done in the merchant's books is needed".into()
+        )
+    );
     let refused = example.admin_answer("POST", path, Some(&other)).await;
     assert_eq!(refused.status, 404, "booked, never held");
     assert!(
         refused
             .message()
-            .starts_with("nothing held for nonce n-deposit")
+            .starts_with("no held result of nonce n-deposit"),
+        "{}",
+        refused.message()
     );
     let resolved = example.admin("POST", path, Some(&pair)).await.json();
     assert_eq!(resolved["nonce"], "n-odd");
     assert_eq!(resolved["reason"], held["reason"]);
+    assert_eq!(resolved["resolution"], note);
+    assert!(resolved["resolvedMs"].as_i64().unwrap() >= held["heldMs"].as_i64().unwrap());
     assert_eq!(
         example.metric("payhook_callbacks_held_unresolved").await,
         0.0
@@ -283,6 +297,7 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     let resolve = payhook::admin::CallbacksCommand::Resolve {
         nonce: "n-odd".into(),
         status: 4,
+        note: note.into(),
     };
     let refused = payhook::admin::AdminCommand::Callbacks(resolve)
         .run_remote(&config, &client, &mut out)
@@ -326,7 +341,8 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     // held still, since no one has resolved it.
     let again = example.app.reconcile(&client, &[first]).await;
     assert!(
-        matches!(&again[..], [(_, Ok(Reconciled::AlreadyHeld { reason: r, .. }))] if r == reason),
+        matches!(&again[..], [(_, Ok(Reconciled::AlreadyHeld { held, .. }))]
+            if held.reason == *reason && held.unresolved()),
         "{again:?}"
     );
     let late = example
@@ -378,7 +394,8 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
         3.0
     );
 
-    // Reconciled again, each is told still held: by the line and by the operating API.
+    // Reconciled again, each is told still held: by the line and by the operating API;
+    // once a person resolved it, resolved, when, and what they said.
     let mut out = Vec::new();
     payhook::admin::reconcile(&example.app, &client, &[second], &mut out)
         .await
@@ -407,6 +424,41 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
             .unwrap()
             .contains("transaction type 3"),
         "{answered}"
+    );
+    let pair = json!({"nonce": "n-lost-2", "status": 4, "note": "refunded to the client"});
+    example
+        .admin(
+            "POST",
+            "/payhook/admin/callbacks/held/resolve",
+            Some(&pair.to_string()),
+        )
+        .await;
+    let answer = example
+        .admin(
+            "POST",
+            "/payhook/admin/reconcile",
+            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
+        )
+        .await;
+    let answered = answer.json();
+    assert_eq!(answered[0]["outcome"], "already_resolved", "{answered}");
+    let told = answered[0]["message"].as_str().unwrap();
+    assert!(
+        told.contains("transaction type 3") && told.ends_with(": refunded to the client"),
+        "{answered}"
+    );
+    let third: Uuid = LOST[2].parse().unwrap();
+    let outcome = example.app.reconcile(&client, &[third]).await;
+    let [(_, Ok(Reconciled::AlreadyHeld { held, .. }))] = &outcome[..] else {
+        panic!("resolved: {outcome:?}")
+    };
+    assert_eq!(
+        (held.unresolved(), held.resolution.as_str()),
+        (false, "refunded to the client")
+    );
+    assert_eq!(
+        example.metric("payhook_callbacks_held_unresolved").await,
+        2.0
     );
 }
 
@@ -443,9 +495,11 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
     assert_eq!(booked.status, 200);
     example.kill();
 
-    let listed = tokio::task::spawn_blocking(move || run_example_to_exit(&env, &["quarantine"]))
-        .await
-        .unwrap();
+    let example_env = env.clone();
+    let listed =
+        tokio::task::spawn_blocking(move || run_example_to_exit(&example_env, &["quarantine"]))
+            .await
+            .unwrap();
     let stdout = String::from_utf8_lossy(&listed.stdout);
     assert!(
         listed.status.success(),
@@ -467,4 +521,50 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         assert!(lines[0].contains(said), "{said} in {stdout}");
     }
     assert_eq!(lines[1], "1 result(s) in quarantine");
+
+    // payhook's own commands on the stopped store: listed, then resolved once with a note.
+    let payhook = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"));
+        command
+            .env_clear()
+            .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(args);
+        command.output().unwrap()
+    };
+    let listed = payhook(&["callbacks", "held", "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let held: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(held[0]["nonce"], "n-odd\u{1b}[2J", "{held}");
+    assert_eq!(held[0]["clientId"], client.as_str());
+    let nonce = held[0]["nonce"].as_str().unwrap();
+    let resolve = ["callbacks", "resolve", "--nonce", nonce, "--status", "4"];
+    let resolved = payhook(&[&resolve[..], &["--note", "booked by hand"]].concat());
+    let said = String::from_utf8_lossy(&resolved.stdout);
+    assert!(resolved.status.success(), "{resolved:?}");
+    assert!(
+        said.starts_with("resolved: nonce n-odd\\u{1b}[2J (4 (success)), held "),
+        "{said}"
+    );
+    assert!(
+        said.contains("kept with your note (booked by hand)"),
+        "{said}"
+    );
+    let logged = String::from_utf8_lossy(&resolved.stderr);
+    assert!(
+        logged.contains("a held result was resolved by a person")
+            && logged.contains("the command line, on the store"),
+        "{logged}"
+    );
+    let again = payhook(&[&resolve[..], &["--note", "again"]].concat());
+    assert_eq!(again.status.code(), Some(2), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("status 4 waits: not held, or resolved"),
+        "{again:?}"
+    );
+    let listed = payhook(&["callbacks", "held"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("(none)"),
+        "{listed:?}"
+    );
 }

@@ -117,7 +117,7 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser
         .wait_and_click("tr.unresolved button[data-action=resolve][data-nonce='n-held']")
         .await;
-    let asked = browser.accept_alert().await;
+    let asked = browser.answer_prompt("paid back by hand").await;
     assert!(
         asked.contains("n-held") && asked.contains("Nothing is booked"),
         "{asked}"

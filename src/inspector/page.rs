@@ -677,9 +677,11 @@ document.addEventListener('click', async (event) => {
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'resolve': {
       const pair = {nonce: button.dataset.nonce, status: Number(button.dataset.status)};
-      if (!confirm('Mark the held result of nonce ' + pair.nonce + ' (status ' + pair.status
-        + ') resolved? Nothing is booked: say so once the merchant\'s books are right.')) return;
-      return act('callbacks/held/resolve', pair, button);
+      // Nothing is booked by it: a person's word, with what they did, kept with the result.
+      const note = prompt('Resolve the held result of nonce ' + pair.nonce + ' (status '
+        + pair.status + ')? Nothing is booked: say what was done in the merchant\'s books.');
+      if (note === null || !note.trim()) return;
+      return act('callbacks/held/resolve', {...pair, note}, button);
     }
     case 'detail': {
       const box = document.getElementById('detail');
@@ -791,6 +793,8 @@ mod tests {
                 client_id: "c".into(),
                 amount: "10".into(),
                 currency: "EUR".into(),
+                resolved_at: None,
+                resolution: String::new(),
             })
             .collect();
         let panel = super::held(&held[..FAILING_SHOWN], held.len());

@@ -13,8 +13,8 @@
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&oldest=BOOL&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), at most `N` (100; at most 1,000): the newest, or with `oldest=true` the oldest, `more` saying others follow `last`; waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
-//! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all |
-//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N}` | 200, the held result, now forgotten (a person put the merchant's books right: no longer listed or counted; its mark stays, so the aggregator's retries are still duplicates), logged at warn level; 404 `nothing held for nonce …` when it is not held or was resolved already |
+//! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
+//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…"}` | 200, the held result as kept now: resolved, with the time and the note (a person put the merchant's books right, and says how: the note is needed, 400 without), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
@@ -376,13 +376,17 @@ pub struct AdminDecision {
 }
 
 /// The body of `POST /payhook/admin/callbacks/held/resolve`: the held result a person
-/// resolved in the merchant's books.
+/// resolved in the merchant's books, and what they did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AdminHeldPair {
     /// The callback's nonce.
     pub nonce: String,
     /// The status code held.
     pub status: i32,
+    /// What was done in the merchant's books (needed: kept with the result, and read by
+    /// whoever reconciles the transaction later).
+    #[serde(default)]
+    pub note: String,
 }
 
 /// The body of `POST /payhook/admin/reconcile`.
@@ -401,12 +405,14 @@ pub struct AdminReconciled {
     pub reference_id: Uuid,
     /// `booked`, `held` (acknowledged, but held by the merchant for a person to resolve),
     /// `already_booked` (acknowledged before, and not kept held), `already_held`
-    /// (acknowledged before and held by the merchant, not resolved yet), `not_final`,
-    /// `unknown` (it may have been booked: reconcile again to see) or `error`.
+    /// (acknowledged before and held by the merchant, not resolved yet),
+    /// `already_resolved` (held, and resolved by a person since), `not_final`, `unknown`
+    /// (it may have been booked: reconcile again to see) or `error`.
     pub outcome: String,
     /// The transaction's status code, when it was read.
     pub status: Option<i32>,
-    /// Why it was held (`held`, `already_held`), or why it failed (`unknown` and `error`).
+    /// Why it was held (`held`, `already_held`; and for `already_resolved`, when and how it
+    /// was resolved), or why it failed (`unknown` and `error`).
     pub message: Option<String>,
 }
 
@@ -647,7 +653,7 @@ impl OperatingApi {
                 let held = store
                     .held_callbacks(limit)
                     .await
-                    .map_err(|e| self.admin_store_failed(&e))?;
+                    .map_err(|e| self.held_store_failed(&e))?;
                 Ok(json(&held))
             }
             (&Method::POST, ["callbacks", "held", "resolve"]) => {
@@ -657,25 +663,28 @@ impl OperatingApi {
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
                     .await?;
                 let pair: AdminHeldPair = super::request::parse_json(&bytes)?;
+                if let Some(refused) = crate::store::held::note_refused(&pair.note) {
+                    return Err(Problem::BadRequest(format!("`note`: {refused}")));
+                }
                 let nonce = crate::model::Nonce::from(pair.nonce);
                 let status = crate::model::TransactionStatus::from_code(pair.status);
                 let resolved = store
-                    .resolve_held(&nonce, status)
+                    .resolve_held(&nonce, status, &pair.note)
                     .await
-                    .map_err(|e| self.admin_store_failed(&e))?;
+                    .map_err(|e| self.held_store_failed(&e))?;
                 let Some(resolved) = resolved else {
                     return Err(Problem::Unknown(format!(
-                        "nothing held for nonce {}, status {}: not held, or resolved already",
+                        "no held result of nonce {}, status {} waits: not held, or resolved already",
                         crate::logged::Logged(nonce.as_str()),
                         pair.status
                     )));
                 };
-                tracing::warn!(
-                    nonce = %crate::logged::Logged(nonce.as_str()),
-                    status = pair.status,
-                    reason = %crate::Escaped(&resolved.reason),
-                    "a held result was resolved by an operator: no longer listed or counted"
+                let client = self.ingress.client_of_parts(&parts);
+                let by = format!(
+                    "the operating API, from {}",
+                    client.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())
                 );
+                crate::store::held::log_resolved(&resolved, &by);
                 Ok(json(&resolved))
             }
             (&Method::POST, ["reconcile"]) => {
@@ -705,9 +714,15 @@ impl OperatingApi {
                             Ok(Reconciled::AlreadyBooked(s)) => {
                                 ("already_booked", Some(s.code()), None)
                             }
-                            Ok(Reconciled::AlreadyHeld { status, reason }) => {
-                                ("already_held", Some(status.code()), Some(reason))
-                            }
+                            Ok(Reconciled::AlreadyHeld { status, held }) => (
+                                if held.unresolved() {
+                                    "already_held"
+                                } else {
+                                    "already_resolved"
+                                },
+                                Some(status.code()),
+                                Some(crate::store::held::told(&held)),
+                            ),
                             Ok(Reconciled::NotFinal(s)) => ("not_final", Some(s.code()), None),
                             Err(error @ ReconcileError::OutcomeUnknown(_)) => (
                                 "unknown",
@@ -773,6 +788,15 @@ impl OperatingApi {
         tracing::error!(error = %crate::report::InLine(error), "admin: store failed");
         Problem::StoreFailed {
             retry_after: self.retry_after,
+        }
+    }
+
+    /// [`OperatingApi::admin_store_failed`], but a store of the merchant's own that keeps
+    /// no held results is told so (409), not retried.
+    fn held_store_failed(&self, error: &crate::store::StoreError) -> Problem {
+        match error {
+            crate::store::StoreError::Unsupported(why) => Problem::Conflict(why.clone()),
+            other => self.admin_store_failed(other),
         }
     }
 }

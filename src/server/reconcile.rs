@@ -35,13 +35,13 @@ pub enum Reconciled {
     /// none, reads as this; the merchant's records say).
     AlreadyBooked(TransactionStatus),
     /// The result was acknowledged before, but the handler's effects held it for a person
-    /// to resolve, and no one has yet ([`DedupStore::resolve_held`](crate::store::DedupStore::resolve_held)):
-    /// nothing done.
+    /// to resolve: nothing done. Whether a person has, and what they said
+    /// ([`DedupStore::resolve_held`](crate::store::DedupStore::resolve_held)), is in `held`.
     AlreadyHeld {
         /// The status acknowledged and held.
         status: TransactionStatus,
-        /// Why the handler held it.
-        reason: String,
+        /// The held result as the store keeps it.
+        held: Box<crate::store::HeldCallback>,
     },
     /// The transaction is still in progress (a status the spec defines, 0 to 3): no
     /// callback is due; nothing done. A status the spec does not define is handed to the
@@ -214,9 +214,9 @@ impl ExactlyOnce {
             Err(refused) => {
                 let booked = store.callback_acknowledged(&record.nonce, status).await;
                 return match booked {
-                    Ok(true) => Ok(Reading::Done(
-                        already(store.as_ref(), &record.nonce, status).await,
-                    )),
+                    Ok(true) => already(store.as_ref(), &record.nonce, status)
+                        .await
+                        .map(Reading::Done),
                     _ => Err(refused),
                 };
             }
@@ -230,7 +230,7 @@ impl ExactlyOnce {
         let done = match self.deliver_after(callback, request, read_after).await {
             Ok(Ok(Delivered::Booked)) => Reconciled::Booked(status),
             Ok(Ok(Delivered::Held(reason))) => Reconciled::Held { status, reason },
-            Ok(Ok(Delivered::Duplicate)) => already(store.as_ref(), &record.nonce, status).await,
+            Ok(Ok(Delivered::Duplicate)) => already(store.as_ref(), &record.nonce, status).await?,
             Ok(Err(Overtaken(booked))) => return Ok(Reading::Overtaken(booked)),
             Err(problem @ (Problem::StoreFailed { .. } | Problem::InFlight { .. })) => {
                 return Err(ReconcileError::OutcomeUnknown(problem.message()));
@@ -241,23 +241,28 @@ impl ExactlyOnce {
     }
 }
 
-/// What a result acknowledged before is: held, when the store keeps it held (a read that
-/// fails tells nothing more than the mark), or else booked.
+/// What a result acknowledged before is: held (resolved or not), when the store keeps it
+/// so, or else booked — as far as a store that keeps no held results can tell.
+///
+/// # Errors
+///
+/// [`ReconcileError::OutcomeUnknown`] when the store could not say whether it is held: told
+/// booked, a quarantined payment would be taken for one in the books.
 async fn already(
     store: &dyn crate::store::Store,
     nonce: &crate::model::Nonce,
     status: TransactionStatus,
-) -> Reconciled {
+) -> Result<Reconciled, ReconcileError> {
     match store.held_callback(nonce, status).await {
-        Ok(Some(held)) => Reconciled::AlreadyHeld {
+        Ok(Some(held)) => Ok(Reconciled::AlreadyHeld {
             status,
-            reason: held.reason,
-        },
-        Ok(None) => Reconciled::AlreadyBooked(status),
-        Err(error) => {
-            tracing::warn!(error = %crate::report::InLine(&error), "whether the acknowledged result is held could not be read");
-            Reconciled::AlreadyBooked(status)
-        }
+            held: Box::new(held),
+        }),
+        Ok(None) => Ok(Reconciled::AlreadyBooked(status)),
+        Err(error) => Err(ReconcileError::OutcomeUnknown(format!(
+            "acknowledged before ({status}), but whether the merchant held it could not be read: {}",
+            crate::report::InLine(&error)
+        ))),
     }
 }
 

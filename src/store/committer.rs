@@ -127,10 +127,12 @@ pub(crate) enum Job {
     },
     /// A callback's handler failed: counted for operators (nobody waits for it).
     Failure(Box<CallbackFailure>),
-    /// A person resolved a held result: it is forgotten.
+    /// A person resolved a held result: it is kept, resolved at `at` with `resolution`.
     Resolve {
         nonce: String,
         status: i32,
+        resolution: String,
+        at: DateTime<Utc>,
         reply: oneshot::Sender<Result<Option<HeldCallback>, StoreError>>,
     },
 }
@@ -166,8 +168,8 @@ enum Reply {
     Resolved(oneshot::Sender<Result<Resolution, StoreError>>, Resolution),
     /// A repeat's record, and what recording it did.
     Repeated(oneshot::Sender<Result<Repeat, StoreError>>, Repeat),
-    /// A held result forgotten, and what it was.
-    Forgotten(
+    /// A held result resolved, as it is kept now.
+    HeldResolved(
         oneshot::Sender<Result<Option<HeldCallback>, StoreError>>,
         Option<HeldCallback>,
     ),
@@ -186,7 +188,7 @@ impl Reply {
             Self::Repeated(reply, repeat) => {
                 let _ = reply.send(outcome.clone().map(|()| repeat));
             }
-            Self::Forgotten(reply, held) => {
+            Self::HeldResolved(reply, held) => {
                 let _ = reply.send(outcome.clone().map(|()| held));
             }
         }
@@ -1048,6 +1050,8 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             Job::Resolve {
                 nonce,
                 status,
+                resolution,
+                at,
                 reply,
             } => {
                 let key = held::key(&nonce, status);
@@ -1057,10 +1061,13 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                         .transpose()
                 }) {
                     Ok(held) => {
-                        if held.is_some() {
-                            overlay.insert(key, None);
+                        let resolved = held
+                            .filter(HeldCallback::unresolved)
+                            .map(|held| held.resolved(at, &resolution));
+                        if let Some(resolved) = &resolved {
+                            overlay.insert(key, Some(encode(resolved)));
                         }
-                        replies.push(Reply::Forgotten(reply, held));
+                        replies.push(Reply::HeldResolved(reply, resolved));
                     }
                     Err(error) => {
                         let _ = reply.send(Err(error));
@@ -1177,6 +1184,14 @@ fn stage_callback(
     if let Some(error) = failure.or(applied.err()) {
         return Err(error);
     }
+    // Read before anything of this callback is written (see below).
+    let held = match effects.held() {
+        Some(reason) => {
+            let held = HeldCallback::new(nonce, status, &reason, effects.subject(), Utc::now());
+            held::write_of(&context.tree, overlay, &held)?
+        }
+        None => None,
+    };
     // Nothing of this callback is in the batch yet: an error from here on would leave the
     // batch as it was (the failing record is read before anything is written), and what
     // follows cannot fail. A callback answered with an error must leave nothing behind: the
@@ -1186,12 +1201,8 @@ fn stage_callback(
         failing::booked(&mut Staging::new(&context.tree, overlay), nonce, status)?;
     }
     overlay.extend(local);
-    if let Some(reason) = effects.held() {
-        let subject = effects.subject();
-        held::stage(
-            overlay,
-            &HeldCallback::new(nonce, status, &reason, subject, Utc::now()),
-        );
+    if let Some((key, value)) = held {
+        overlay.insert(key, Some(value));
     }
     if !record.done.contains(&status) {
         record.done.push(status);

@@ -5,15 +5,18 @@
 //! the callback acknowledged: the aggregator stops retrying, and what the merchant's books
 //! lack now depends on a person. So the store writes a [`HeldCallback`] per (nonce, status)
 //! in the same atomic write as the callback's mark and the merchant's effects: either all of
-//! it is durable or none of it. It is kept until an operator resolves it
-//! (`POST /payhook/admin/callbacks/held/resolve`, `payhook callbacks resolve`), never
-//! purged with the retention: `/metrics` counts the unresolved ones
-//! (`payhook_callbacks_held`), which an alert can follow until it is zero, and a reconcile
-//! of a held result says it is held, not booked, after a restart too.
+//! it is durable or none of it. It waits for a person, who says when the merchant's books
+//! are right (`POST /payhook/admin/callbacks/held/resolve`, `payhook callbacks resolve`,
+//! the inspector), with a note: the record then keeps when and what was said. It is never
+//! purged with the retention, resolved or not: `/metrics` counts the unresolved ones
+//! (`payhook_callbacks_held_unresolved`), which an alert follows until it is zero, and a
+//! reconcile of a held result says it is held, not booked — or resolved, when, and the note —
+//! after a restart too. A result is held once: the first record of a (nonce, status) stands.
 //!
 //! Key `h\0` status (4 bytes BE) · the nonce's identifier; value: JSON of [`HeldCallback`].
-//! Held results are exceptions a person resolves one by one: the embedded store counts
-//! them once at open and then as each batch changes them, and reads them all to list them.
+//! Held results are exceptions a person resolves one by one: the embedded store counts the
+//! unresolved ones once at open and then as each batch changes them, and reads them all to
+//! list them. A record that does not decode is neither listed nor counted (logged).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -26,10 +29,11 @@ use super::staging::Overlay;
 use crate::logged::cut_bytes;
 use crate::model::TransactionStatus;
 
-/// A result acknowledged but held by the merchant's effects, not booked, and not resolved
-/// yet.
+/// A result acknowledged but held by the merchant's effects, not booked: waiting for a
+/// person, or resolved by one (`resolved_at`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct HeldCallback {
     /// The callback's nonce.
     pub nonce: crate::model::Nonce,
@@ -48,6 +52,17 @@ pub struct HeldCallback {
     pub amount: String,
     /// The currency.
     pub currency: String,
+    /// When a person said the merchant's books were put right; `None` while it waits.
+    #[serde(
+        rename = "resolvedMs",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::epoch_ms::option"
+    )]
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// What they said of it (cut after 512 bytes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resolution: String,
 }
 
 /// What the server knows of a callback it hands to the store with its effects: the
@@ -98,8 +113,9 @@ impl HeldCallback {
         Self {
             nonce: nonce.into(),
             status,
-            reason: text(&cut_bytes(reason, REASON_BYTES)),
-            held_at: at,
+            reason: kept_text(reason),
+            // To the millisecond, as both stores keep it (and order by it).
+            held_at: super::time_from_ms(super::ms_from_time(at)),
             transaction_reference_id: subject
                 .map_or(uuid::Uuid::nil(), |s| s.transaction_reference_id)
                 .to_string(),
@@ -108,8 +124,62 @@ impl HeldCallback {
                 .map_or(rust_decimal::Decimal::ZERO, |s| s.amount)
                 .to_string(),
             currency: subject.map_or_else(String::new, |s| text(&s.currency)),
+            resolved_at: None,
+            resolution: String::new(),
         }
     }
+
+    /// Whether it still waits for a person.
+    pub fn unresolved(&self) -> bool {
+        self.resolved_at.is_none()
+    }
+
+    /// This result, resolved at `at` with `resolution` (kept as the reason is).
+    pub(crate) fn resolved(mut self, at: DateTime<Utc>, resolution: &str) -> Self {
+        self.resolved_at = Some(super::time_from_ms(super::ms_from_time(at)));
+        self.resolution = kept_text(resolution);
+        self
+    }
+}
+
+/// Why a note cannot resolve a held result: it says nothing. A resolution is a person's
+/// word that the books were put right, read later by whoever reconciles the transaction.
+pub(crate) fn note_refused(note: &str) -> Option<&'static str> {
+    note.trim()
+        .is_empty()
+        .then_some("a note saying what was done in the merchant's books is needed")
+}
+
+/// Logs, at warn level, that a person resolved `held`, and how (`by`: the operating API
+/// from an address, or a stopped store's command line).
+pub(crate) fn log_resolved(held: &HeldCallback, by: &str) {
+    tracing::warn!(
+        nonce = %crate::logged::Logged(held.nonce.as_str()),
+        status = held.status,
+        reason = %crate::Escaped(&held.reason),
+        resolution = %crate::Escaped(&held.resolution),
+        by,
+        "a held result was resolved by a person: no longer listed nor counted as waiting"
+    );
+}
+
+/// What a held result is, in words, as it came (escape it to print it): its reason, and
+/// when it was resolved and how.
+pub(crate) fn told(held: &HeldCallback) -> String {
+    match held.resolved_at {
+        None => held.reason.clone(),
+        Some(at) => format!(
+            "{} — resolved {}: {}",
+            held.reason,
+            at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            held.resolution
+        ),
+    }
+}
+
+/// Text of a held result a person wrote or reads: cut after 512 bytes, U+0000 as U+FFFD.
+fn kept_text(text: &str) -> String {
+    readable(&cut_bytes(text, REASON_BYTES)).into_owned()
 }
 
 /// Latest first, then by nonce and status: the order every listing of held results has.
@@ -132,9 +202,21 @@ pub(crate) fn key(nonce: &str, status: i32) -> Vec<u8> {
     .concat()
 }
 
-/// Writes `held` into the batch.
-pub(crate) fn stage(overlay: &mut Overlay, held: &HeldCallback) {
-    overlay.insert(key(held.nonce.as_str(), held.status), Some(encode(held)));
+/// A key and the value to write under it.
+pub(crate) type Write = (Vec<u8>, Vec<u8>);
+
+/// The write that keeps `held` (key, value), unless (nonce, status) was held before in
+/// `tree` or the batch `overlay`: the first record stands, resolved or not. Only reads, so
+/// that a caller can find out before it writes anything.
+pub(crate) fn write_of(
+    tree: &sled::Tree,
+    overlay: &Overlay,
+    held: &HeldCallback,
+) -> Result<Option<Write>, StoreError> {
+    let key = key(held.nonce.as_str(), held.status);
+    Ok(super::staging::read(tree, overlay, &key)?
+        .is_none()
+        .then(|| (key, encode(held))))
 }
 
 /// The held result of (`nonce`, `status`) in `tree`, if one is kept.
@@ -148,41 +230,60 @@ pub(crate) fn get(
         .transpose()
 }
 
-/// Every held result in `tree`, latest first.
-pub(crate) fn all(tree: &sled::Tree) -> Result<Vec<HeldCallback>, StoreError> {
+/// Every result in `tree` held and not resolved yet, latest first.
+pub(crate) fn unresolved(tree: &sled::Tree) -> Result<Vec<HeldCallback>, StoreError> {
     let mut held = Vec::new();
     for entry in tree.scan_prefix(keys::HELD_PREFIX) {
         let (key, bytes) = entry?;
-        held.push(decode_named(&bytes, || key_name(&key))?);
+        held.extend(readable_record(&key, &bytes).filter(HeldCallback::unresolved));
     }
     sort_latest_first(&mut held);
     Ok(held)
 }
 
-/// How many held results `tree` keeps.
+/// How many results `tree` holds unresolved.
 pub(crate) fn count(tree: &sled::Tree) -> Result<usize, StoreError> {
     let mut n = 0;
     for entry in tree.scan_prefix(keys::HELD_PREFIX) {
-        entry?;
-        n += 1;
+        let (key, bytes) = entry?;
+        n += usize::from(waits(&key, Some(&bytes)));
     }
     Ok(n)
 }
 
-/// The held results a batch's writes add to the store and take away from it.
+/// The unresolved held results a batch's writes add to the store and take away from it.
 pub(crate) fn changed(tree: &sled::Tree, writes: &Overlay) -> Result<(usize, usize), StoreError> {
     let (mut added, mut removed) = (0, 0);
     let held = writes
         .range(keys::HELD_PREFIX.to_vec()..)
         .take_while(|(key, _)| key.starts_with(keys::HELD_PREFIX));
     for (key, value) in held {
-        match (value.is_some(), tree.contains_key(key)?) {
-            (true, false) => added += 1,
-            (false, true) => removed += 1,
+        let before = waits(key, tree.get(key)?.as_deref());
+        match (before, waits(key, value.as_deref())) {
+            (false, true) => added += 1,
+            (true, false) => removed += 1,
             _ => {}
         }
     }
     Ok((added, removed))
+}
+
+/// Whether the record at `key` (if any) is a held result waiting for a person.
+fn waits(key: &[u8], bytes: Option<&[u8]>) -> bool {
+    bytes
+        .and_then(|bytes| readable_record(key, bytes))
+        .is_some_and(|held| held.unresolved())
+}
+
+/// The record at `key`; one that does not decode is logged and left out.
+fn readable_record(key: &[u8], bytes: &[u8]) -> Option<HeldCallback> {
+    match decode_named(bytes, || key_name(key)) {
+        Ok(held) => Some(held),
+        Err(error) => {
+            tracing::error!(error = %crate::report::InLine(&error), "a held result's record does not decode; it is neither listed nor counted");
+            None
+        }
+    }
 }
 
 fn describe(nonce: &str, status: i32) -> String {

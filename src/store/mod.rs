@@ -277,7 +277,7 @@ mod committer;
 mod configured;
 mod effects;
 mod failing;
-mod held;
+pub(crate) mod held;
 mod horizon;
 mod keys;
 #[cfg(feature = "postgres")]
@@ -592,6 +592,11 @@ pub(crate) fn unless_gone_or_unreadable(
         .map(Option::flatten)
 }
 
+/// What a store that keeps no held results answers when asked for them.
+fn keeps_no_held_results() -> StoreError {
+    StoreError::Unsupported("this store keeps no held results".into())
+}
+
 /// Deduplication: what was done per nonce, the claims of deliveries in progress, and the
 /// merchant's effects committed with the mark. `finish_*` must be atomic with what it
 /// writes, and resolve only once the write is durable.
@@ -708,10 +713,11 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> StoreFuture<'a, bool>;
 
     /// The result of (`nonce`, `status`) that the merchant's effects held instead of
-    /// booking ([`Booking::Held`]) and that no one has resolved yet. A store that keeps held
-    /// results writes one in [`DedupStore::finish_callback`]'s atomic write whenever
-    /// [`Effects::held`] says so after the effects ran, and keeps it until
-    /// [`DedupStore::resolve_held`]. The default keeps none.
+    /// booking ([`Booking::Held`]), waiting for a person or resolved by one
+    /// ([`HeldCallback::resolved_at`]). A store that keeps held results writes one in
+    /// [`DedupStore::finish_callback`]'s atomic write whenever [`Effects::held`] says so
+    /// after the effects ran (the first one of a pair stands), and keeps it, resolved or
+    /// not. The default keeps none.
     fn held_callback<'a>(
         &'a self,
         nonce: &'a Nonce,
@@ -721,22 +727,33 @@ pub trait DedupStore: Send + Sync + 'static {
         Box::pin(async { Ok(None) })
     }
 
-    /// The `limit` held results ([`DedupStore::held_callback`]) held last, latest first.
-    /// The default keeps none.
+    /// The `limit` unresolved held results ([`DedupStore::held_callback`]) held last,
+    /// latest first.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] by default: a store that keeps no held results (an empty
+    /// list would say none waits).
     fn held_callbacks(&self, limit: usize) -> StoreFuture<'_, Vec<HeldCallback>> {
         let _ = limit;
-        Box::pin(async { Ok(Vec::new()) })
+        Box::pin(async { Err(keeps_no_held_results()) })
     }
 
     /// How many held results ([`DedupStore::held_callback`]) are unresolved: what `/metrics`
-    /// reports on every scrape. The default keeps none.
+    /// reports on every scrape.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] by default (`/metrics` then leaves the gauge out, rather
+    /// than say 0).
     fn held_count(&self) -> StoreFuture<'_, usize> {
-        Box::pin(async { Ok(0) })
+        Box::pin(async { Err(keeps_no_held_results()) })
     }
 
-    /// Forgets the held result of (`nonce`, `status`), durably: a person resolved it in the
-    /// merchant's books. Resolves to what was held, or `None` when nothing was (not held, or
-    /// resolved already).
+    /// Says, durably, that a person resolved the held result of (`nonce`, `status`) in the
+    /// merchant's books, with `resolution` (their note): it is kept resolved, no longer
+    /// listed by [`DedupStore::held_callbacks`] nor counted. Resolves to the result as it is
+    /// kept now, or `None` when none waits (not held, or resolved already).
     ///
     /// # Errors
     ///
@@ -745,13 +762,10 @@ pub trait DedupStore: Send + Sync + 'static {
         &'a self,
         nonce: &'a Nonce,
         status: TransactionStatus,
+        resolution: &'a str,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
-        let _ = (nonce, status);
-        Box::pin(async {
-            Err(StoreError::Unsupported(
-                "this store keeps no held results".into(),
-            ))
-        })
+        let _ = (nonce, status, resolution);
+        Box::pin(async { Err(keeps_no_held_results()) })
     }
 
     /// Starts processing a transaction validation; like [`DedupStore::begin_callback`].

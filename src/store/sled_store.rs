@@ -729,9 +729,13 @@ impl DedupStore for SledStore {
 
     fn held_callbacks(&self, limit: usize) -> StoreFuture<'_, Vec<HeldCallback>> {
         ready(self.check_healthy().and_then(|()| {
-            let mut held = super::held::all(&self.inner.tree)?;
-            held.truncate(limit);
-            Ok(held)
+            // Under the writer lock, as `held_callback`: a person acts on what is durable.
+            self.inner.writer.read_durable(|| {
+                self.check_healthy()?;
+                let mut held = super::held::unresolved(&self.inner.tree)?;
+                held.truncate(limit);
+                Ok(held)
+            })
         }))
     }
 
@@ -744,6 +748,7 @@ impl DedupStore for SledStore {
         &'a self,
         nonce: &'a Nonce,
         status: TransactionStatus,
+        resolution: &'a str,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         if let Err(error) = self.check_healthy() {
             return ready(Err(error));
@@ -752,6 +757,8 @@ impl DedupStore for SledStore {
         let job = Job::Resolve {
             nonce: nonce.as_str().to_owned(),
             status: status.code(),
+            resolution: resolution.to_owned(),
+            at: chrono::Utc::now(),
             reply,
         };
         self.submit(job, receiver)

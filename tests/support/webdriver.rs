@@ -435,12 +435,33 @@ impl Browser {
 
     /// Waits for the page's alert, accepts it, and returns its text.
     pub async fn accept_alert(&self) -> String {
+        self.answer_dialog(None).await
+    }
+
+    /// Waits for the page's prompt, types `answer` into it, accepts it, and returns its
+    /// text.
+    #[allow(dead_code, reason = "not every browser test answers a prompt")]
+    pub async fn answer_prompt(&self, answer: &str) -> String {
+        self.answer_dialog(Some(answer)).await
+    }
+
+    /// Waits for the page's dialog, types `answer` into it (a prompt), accepts it, and
+    /// returns its text.
+    async fn answer_dialog(&self, answer: Option<&str>) -> String {
         let started = Instant::now();
         loop {
             let (status, value) = self
                 .try_command("GET", &self.path("/alert/text"), None)
                 .await;
             if status == 200 {
+                if let Some(answer) = answer {
+                    self.command(
+                        "POST",
+                        &self.path("/alert/text"),
+                        Some(json!({"text": answer})),
+                    )
+                    .await;
+                }
                 self.command("POST", &self.path("/alert/accept"), Some(json!({})))
                     .await;
                 return value.as_str().unwrap_or_default().to_owned();

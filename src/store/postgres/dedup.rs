@@ -117,8 +117,8 @@ impl PgStore {
 }
 
 /// The columns of `callbacks_held` that [`held_of`] reads, in its order.
-const HELD_COLUMNS: &str =
-    "nonce, status, reason, held_at, reference_id, client_id, amount, currency";
+const HELD_COLUMNS: &str = "nonce, status, reason, held_at, reference_id, client_id, amount, \
+     currency, resolved_at, resolution";
 
 /// A row of [`HELD_COLUMNS`].
 fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
@@ -131,6 +131,8 @@ fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
         client_id: row.try_get(5)?,
         amount: row.try_get(6)?,
         currency: row.try_get(7)?,
+        resolved_at: row.try_get(8)?,
+        resolution: row.try_get(9)?,
     })
 }
 
@@ -295,7 +297,7 @@ impl DedupStore for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         Box::pin(async move {
             let rows = sqlx::query(&self.sql(&format!(
-                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held \
+                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held WHERE resolved_at IS NULL \
                  ORDER BY held_at DESC, nonce COLLATE \"C\", status LIMIT $1"
             )))
             .bind(limit)
@@ -307,9 +309,11 @@ impl DedupStore for PgStore {
 
     fn held_count(&self) -> StoreFuture<'_, usize> {
         Box::pin(async move {
-            let row = sqlx::query(&self.sql("SELECT count(*) FROM {s}.callbacks_held"))
-                .fetch_one(self.pool())
-                .await?;
+            let row = sqlx::query(
+                &self.sql("SELECT count(*) FROM {s}.callbacks_held WHERE resolved_at IS NULL"),
+            )
+            .fetch_one(self.pool())
+            .await?;
             Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
         })
     }
@@ -318,14 +322,21 @@ impl DedupStore for PgStore {
         &'a self,
         nonce: &'a Nonce,
         status: TransactionStatus,
+        resolution: &'a str,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         Box::pin(async move {
+            // Kept as the embedded store keeps it (to the millisecond, the note cut).
+            let kept = HeldCallback::new(nonce, status.code(), "", None, chrono::Utc::now())
+                .resolved(chrono::Utc::now(), resolution);
             let row = sqlx::query(&self.sql(&format!(
-                "DELETE FROM {{s}}.callbacks_held WHERE nonce_key = $1 AND status = $2 \
+                "UPDATE {{s}}.callbacks_held SET resolved_at = $3, resolution = $4 \
+                 WHERE nonce_key = $1 AND status = $2 AND resolved_at IS NULL \
                  RETURNING {HELD_COLUMNS}"
             )))
             .bind(nonce_key(nonce))
             .bind(status.code())
+            .bind(kept.resolved_at)
+            .bind(&kept.resolution)
             .fetch_optional(self.pool())
             .await?;
             row.as_ref().map(held_of).transpose()

@@ -49,7 +49,7 @@ pub struct Imported {
     pub validations: u64,
     /// Failing callbacks, per (nonce, status).
     pub failures: u64,
-    /// Results held by the merchant and not resolved yet, per (nonce, status).
+    /// Results held by the merchant, resolved or not, per (nonce, status).
     pub held: u64,
     /// Postponed validations, their results and outbox state included.
     pub postponed: u64,
@@ -358,19 +358,21 @@ impl PgStore {
             let held: HeldCallback = decode(&named, value)?;
             let done = sqlx::query(&self.sql(
                 "INSERT INTO {s}.callbacks_held (nonce_key, status, nonce, reason, held_at, \
-                   reference_id, client_id, amount, currency) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                   reference_id, client_id, amount, currency, resolved_at, resolution) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                  ON CONFLICT (nonce_key, status) DO NOTHING",
             ))
             .bind(&named)
             .bind(held.status)
-            .bind(held.nonce.as_str())
-            .bind(&held.reason)
+            .bind(super::readable(&held.nonce))
+            .bind(super::readable(&held.reason))
             .bind(held.held_at)
             .bind(&held.transaction_reference_id)
-            .bind(&held.client_id)
+            .bind(super::readable(&held.client_id))
             .bind(&held.amount)
-            .bind(&held.currency)
+            .bind(super::readable(&held.currency))
+            .bind(held.resolved_at)
+            .bind(super::readable(&held.resolution))
             .execute(&mut *conn)
             .await?
             .rows_affected();

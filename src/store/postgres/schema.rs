@@ -133,10 +133,10 @@ CREATE TRIGGER callback_failures_counted AFTER INSERT OR DELETE ON {schema}.call
 INSERT INTO {schema}.callback_failures_count (n) SELECT count(*) FROM {schema}.callback_failures;
 ";
 
-/// The results the merchant's effects held instead of booking, kept until a person resolves
-/// them (see `store::held`): written in a booking's transaction, listed latest first. No
-/// version, like the read indexes: an older payhook ignores the table (and records no held
-/// result in it).
+/// The results the merchant's effects held instead of booking, waiting for a person or
+/// resolved by one (see `store::held`): written in a booking's transaction, the unresolved
+/// ones listed latest first. No version, like the read indexes: an older payhook ignores
+/// the table (and records no held result in it).
 const HELD_TABLE: &str = "
 CREATE TABLE {schema}.callbacks_held (
     nonce_key    text NOT NULL,
@@ -148,9 +148,12 @@ CREATE TABLE {schema}.callbacks_held (
     client_id    text NOT NULL,
     amount       text NOT NULL,
     currency     text NOT NULL,
+    resolved_at  timestamptz,
+    resolution   text NOT NULL DEFAULT '',
     PRIMARY KEY (nonce_key, status)
 );
-CREATE INDEX callbacks_held_latest ON {schema}.callbacks_held (held_at DESC);
+CREATE INDEX callbacks_held_waiting ON {schema}.callbacks_held (held_at DESC)
+    WHERE resolved_at IS NULL;
 ";
 
 /// The newest version this payhook knows.
