@@ -327,6 +327,37 @@ mod tests {
         );
     }
 
+    /// A pair held again (only a takeover could, its mark being there) keeps its first
+    /// record, resolved or not, as PostgreSQL's `ON CONFLICT DO NOTHING` does; and only the
+    /// unresolved ones count.
+    #[test]
+    fn the_first_record_of_a_pair_stands_and_only_the_waiting_count() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        let at = Utc::now();
+        let first = HeldCallback::new("n-1", 4, "first", None, at);
+        let (key, value) = write_of(&tree, &Overlay::new(), &first).unwrap().unwrap();
+        let mut overlay = Overlay::new();
+        overlay.insert(key.clone(), Some(value.clone()));
+        let second = HeldCallback::new("n-1", 4, "second", None, at);
+        assert_eq!(write_of(&tree, &overlay, &second).unwrap(), None, "in the batch");
+        assert_eq!(changed(&tree, &overlay).unwrap(), (1, 0));
+        tree.insert(&key, value).unwrap();
+        assert_eq!(write_of(&tree, &Overlay::new(), &second).unwrap(), None, "in the tree");
+        assert_eq!(count(&tree).unwrap(), 1);
+
+        let resolved = first.resolved(at, "done");
+        let mut overlay = Overlay::new();
+        overlay.insert(key.clone(), Some(encode(&resolved)));
+        assert_eq!(changed(&tree, &overlay).unwrap(), (0, 1));
+        tree.insert(&key, encode(&resolved)).unwrap();
+        assert_eq!(count(&tree).unwrap(), 0);
+        assert_eq!(unresolved(&tree).unwrap(), []);
+        assert_eq!(get(&tree, "n-1", 4).unwrap(), Some(resolved));
+        tree.insert(super::key("n-2", 4), b"{".to_vec()).unwrap();
+        assert_eq!((count(&tree).unwrap(), unresolved(&tree).unwrap().len()), (0, 0));
+    }
+
     #[test]
     fn keys_of_two_statuses_of_one_nonce_differ_and_name_both() {
         assert_ne!(key("n-1", 1), key("n-1", -2));
