@@ -239,7 +239,7 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
     let (code, stdout, stderr) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(
-        stdout.contains(": acknowledged (4 (success)): booked, unless your handler held it"),
+        stdout.contains(": acknowledged (4 (success)): booked (unless your handler held it"),
         "{stdout}"
     );
 
