@@ -78,6 +78,9 @@ pub enum AdminError {
         "more than one instance answers this address (a load balancer?): each records its own deliveries; tail one instance's own address"
     )]
     ManyInstances,
+    /// What the command was given is refused (it says why), before anything was done.
+    #[error("{0}")]
+    Refused(String),
     /// `callbacks resolve` named a result that is not held (or was resolved already).
     #[error(
         "no held result of nonce {nonce}, status {status} waits: not held, or resolved already"
@@ -256,7 +259,7 @@ impl AdminCommand {
                         note,
                     } => {
                         if let Some(refused) = crate::store::held::note_refused(&note) {
-                            return Err(AdminError::Unsupported(format!("--note: {refused}")));
+                            return Err(AdminError::Refused(format!("--note: {refused}")));
                         }
                         let code = crate::model::TransactionStatus::from_code(status);
                         let resolved = store
@@ -588,8 +591,8 @@ impl AdminClient {
     ///
     /// # Errors
     ///
-    /// [`AdminError::Remote`] when the service refuses or cannot be reached, with status 404
-    /// when nothing is held for the pair.
+    /// [`AdminError::NotHeld`] when no held result of the pair waits;
+    /// [`AdminError::Remote`] when the service refuses otherwise or cannot be reached.
     pub async fn resolve_held(
         &self,
         nonce: &str,
@@ -602,8 +605,13 @@ impl AdminClient {
             note: note.to_owned(),
         })
         .unwrap_or_default();
-        self.call(http::Method::POST, "callbacks/held/resolve", Some(body))
+        match self
+            .call(http::Method::POST, "callbacks/held/resolve", Some(body))
             .await
+        {
+            Err(AdminError::Remote { status: 404, .. }) => Err(nothing_held(nonce, status)),
+            answered => answered,
+        }
     }
 
     /// The postponed validations (in `state`; in any when `None`), by id: every page of

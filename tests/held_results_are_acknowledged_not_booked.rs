@@ -305,7 +305,7 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     assert!(
         matches!(
             refused,
-            Err(payhook::admin::AdminError::Remote { status: 404, .. })
+            Err(payhook::admin::AdminError::NotHeld { status: 4, .. })
         ),
         "{refused:?}"
     );

@@ -1054,19 +1054,13 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 at,
                 reply,
             } => {
-                let key = held::key(&nonce, status);
-                match read(&context.tree, &overlay, &key).and_then(|bytes| {
-                    bytes
-                        .map(|bytes| decode::<HeldCallback>(&nonce, &bytes))
-                        .transpose()
-                }) {
-                    Ok(held) => {
-                        let resolved = held
-                            .filter(HeldCallback::unresolved)
-                            .map(|held| held.resolved(at, &resolution));
-                        if let Some(resolved) = &resolved {
-                            overlay.insert(key, Some(encode(resolved)));
-                        }
+                let pair = (nonce.as_str(), status);
+                match held::resolve(&context.tree, &overlay, pair, at, &resolution) {
+                    Ok(resolved) => {
+                        let resolved = resolved.map(|(resolved, writes)| {
+                            overlay.extend(writes);
+                            resolved
+                        });
                         replies.push(Reply::HeldResolved(reply, resolved));
                     }
                     Err(error) => {

@@ -13,10 +13,12 @@
 //! reconcile of a held result says it is held, not booked — or resolved, when, and the note —
 //! after a restart too. A result is held once: the first record of a (nonce, status) stands.
 //!
-//! Key `h\0` status (4 bytes BE) · the nonce's identifier; value: JSON of [`HeldCallback`].
-//! Held results are exceptions a person resolves one by one: the embedded store counts the
-//! unresolved ones once at open and then as each batch changes them, and reads them all to
-//! list them. A record that does not decode is neither listed nor counted (logged).
+//! Key `h\0` status (4 bytes BE) · the nonce's identifier while it waits, `r\0` and the
+//! same once resolved (moved in one batch); value: JSON of [`HeldCallback`]. Held results
+//! are exceptions a person resolves one by one: the embedded store counts the waiting ones
+//! once at open and then as each batch changes them, and reads them all (never the resolved
+//! ones, which only grow) to list them. A record that does not decode is neither listed nor
+//! counted (logged).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -33,7 +35,6 @@ use crate::model::TransactionStatus;
 /// person, or resolved by one (`resolved_at`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct HeldCallback {
     /// The callback's nonce.
     pub nonce: crate::model::Nonce,
@@ -134,9 +135,11 @@ impl HeldCallback {
         self.resolved_at.is_none()
     }
 
-    /// This result, resolved at `at` with `resolution` (kept as the reason is).
+    /// This result, resolved at `at` (never before it was held: clocks differ) with
+    /// `resolution` (kept as the reason is).
     pub(crate) fn resolved(mut self, at: DateTime<Utc>, resolution: &str) -> Self {
-        self.resolved_at = Some(super::time_from_ms(super::ms_from_time(at)));
+        let at = super::time_from_ms(super::ms_from_time(at));
+        self.resolved_at = Some(at.max(self.held_at));
         self.resolution = kept_text(resolution);
         self
     }
@@ -192,18 +195,26 @@ pub(crate) fn sort_latest_first(held: &mut [HeldCallback]) {
     });
 }
 
-/// The key of (`nonce`, `status`)'s held result.
+/// The key of (`nonce`, `status`)'s held result while it waits for a person.
 pub(crate) fn key(nonce: &str, status: i32) -> Vec<u8> {
-    [
-        keys::HELD_PREFIX,
-        &status.to_be_bytes(),
-        &keys::identifier(nonce),
-    ]
-    .concat()
+    key_under(keys::HELD_PREFIX, nonce, status)
+}
+
+/// The key of (`nonce`, `status`)'s held result once a person resolved it.
+pub(crate) fn resolved_key(nonce: &str, status: i32) -> Vec<u8> {
+    key_under(keys::RESOLVED_PREFIX, nonce, status)
+}
+
+fn key_under(prefix: &[u8], nonce: &str, status: i32) -> Vec<u8> {
+    [prefix, &status.to_be_bytes(), &keys::identifier(nonce)].concat()
 }
 
 /// A key and the value to write under it.
 pub(crate) type Write = (Vec<u8>, Vec<u8>);
+
+/// A held result as resolved, and the batch's writes that move it there (a removal, an
+/// insert).
+pub(crate) type Resolution = (HeldCallback, [(Vec<u8>, Option<Vec<u8>>); 2]);
 
 /// The write that keeps `held` (key, value), unless (nonce, status) was held before in
 /// `tree` or the batch `overlay`: the first record stands, resolved or not. Only reads, so
@@ -213,21 +224,48 @@ pub(crate) fn write_of(
     overlay: &Overlay,
     held: &HeldCallback,
 ) -> Result<Option<Write>, StoreError> {
-    let key = key(held.nonce.as_str(), held.status);
-    Ok(super::staging::read(tree, overlay, &key)?
-        .is_none()
-        .then(|| (key, encode(held))))
+    let (nonce, status) = (held.nonce.as_str(), held.status);
+    let resolved = super::staging::read(tree, overlay, &resolved_key(nonce, status))?;
+    let key = key(nonce, status);
+    let waiting = super::staging::read(tree, overlay, &key)?;
+    Ok((waiting.is_none() && resolved.is_none()).then(|| (key, encode(held))))
 }
 
-/// The held result of (`nonce`, `status`) in `tree`, if one is kept.
+/// The held result of (`nonce`, `status`) in `tree`, waiting or resolved, if one is kept.
 pub(crate) fn get(
     tree: &sled::Tree,
     nonce: &str,
     status: i32,
 ) -> Result<Option<HeldCallback>, StoreError> {
-    tree.get(key(nonce, status))?
-        .map(|bytes| decode_named(&bytes, || describe(nonce, status)))
+    let kept = match tree.get(key(nonce, status))? {
+        Some(waiting) => Some(waiting),
+        None => tree.get(resolved_key(nonce, status))?,
+    };
+    kept.map(|bytes| decode_named(&bytes, || describe(nonce, status)))
         .transpose()
+}
+
+/// The batch's writes that resolve (`nonce`, `status`)'s held result at `at` with
+/// `resolution` — its record moved from waiting to resolved — and the result as kept then;
+/// `None` when none waits.
+pub(crate) fn resolve(
+    tree: &sled::Tree,
+    overlay: &Overlay,
+    (nonce, status): (&str, i32),
+    at: DateTime<Utc>,
+    resolution: &str,
+) -> Result<Option<Resolution>, StoreError> {
+    let key = key(nonce, status);
+    let Some(bytes) = super::staging::read(tree, overlay, &key)? else {
+        return Ok(None);
+    };
+    let held: HeldCallback = decode_named(&bytes, || describe(nonce, status))?;
+    let resolved = held.resolved(at, resolution);
+    let value = encode(&resolved);
+    Ok(Some((
+        resolved,
+        [(key, None), (resolved_key(nonce, status), Some(value))],
+    )))
 }
 
 /// Every result in `tree` held and not resolved yet, latest first.
@@ -235,7 +273,7 @@ pub(crate) fn unresolved(tree: &sled::Tree) -> Result<Vec<HeldCallback>, StoreEr
     let mut held = Vec::new();
     for entry in tree.scan_prefix(keys::HELD_PREFIX) {
         let (key, bytes) = entry?;
-        held.extend(readable_record(&key, &bytes).filter(HeldCallback::unresolved));
+        held.extend(readable_record(&key, &bytes));
     }
     sort_latest_first(&mut held);
     Ok(held)
@@ -340,22 +378,52 @@ mod tests {
         let mut overlay = Overlay::new();
         overlay.insert(key.clone(), Some(value.clone()));
         let second = HeldCallback::new("n-1", 4, "second", None, at);
-        assert_eq!(write_of(&tree, &overlay, &second).unwrap(), None, "in the batch");
+        assert_eq!(
+            write_of(&tree, &overlay, &second).unwrap(),
+            None,
+            "in the batch"
+        );
         assert_eq!(changed(&tree, &overlay).unwrap(), (1, 0));
         tree.insert(&key, value).unwrap();
-        assert_eq!(write_of(&tree, &Overlay::new(), &second).unwrap(), None, "in the tree");
+        assert_eq!(
+            write_of(&tree, &Overlay::new(), &second).unwrap(),
+            None,
+            "in the tree"
+        );
         assert_eq!(count(&tree).unwrap(), 1);
 
-        let resolved = first.resolved(at, "done");
-        let mut overlay = Overlay::new();
-        overlay.insert(key.clone(), Some(encode(&resolved)));
+        let earlier = at - chrono::TimeDelta::seconds(5);
+        let (resolved, writes) = resolve(&tree, &Overlay::new(), ("n-1", 4), earlier, "done")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            resolved.resolved_at,
+            Some(first.held_at),
+            "never before it was held"
+        );
+        let overlay: Overlay = writes.into_iter().collect();
         assert_eq!(changed(&tree, &overlay).unwrap(), (0, 1));
-        tree.insert(&key, encode(&resolved)).unwrap();
+        for (key, value) in overlay {
+            match value {
+                Some(value) => tree.insert(key, value).map(drop).unwrap(),
+                None => tree.remove(key).map(drop).unwrap(),
+            }
+        }
         assert_eq!(count(&tree).unwrap(), 0);
         assert_eq!(unresolved(&tree).unwrap(), []);
         assert_eq!(get(&tree, "n-1", 4).unwrap(), Some(resolved));
+        let again = resolve(&tree, &Overlay::new(), ("n-1", 4), at, "again").unwrap();
+        assert!(again.is_none(), "resolved once");
+        assert_eq!(
+            write_of(&tree, &Overlay::new(), &second).unwrap(),
+            None,
+            "resolved"
+        );
         tree.insert(super::key("n-2", 4), b"{".to_vec()).unwrap();
-        assert_eq!((count(&tree).unwrap(), unresolved(&tree).unwrap().len()), (0, 0));
+        assert_eq!(
+            (count(&tree).unwrap(), unresolved(&tree).unwrap().len()),
+            (0, 0)
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! | `o\0` | validation id | next attempt ms (8 bytes BE): the result awaits delivery (the outbox) |
 //! | `f\0` | identifier of the nonce | its statuses whose handler failed and are not booked yet (JSON, see `failing.rs`) |
 //! | `l\0` | a failure ms (8 bytes BE) · identifier of the nonce | empty: the failing records by the time each of their pairs last failed, latest last |
-//! | `h\0` | status (4 bytes BE) · identifier of the nonce | a result the merchant held instead of booking, until a person resolves it (JSON, see `held.rs`) |
+//! | `h\0` | status (4 bytes BE) · identifier of the nonce | a result the merchant held instead of booking, waiting for a person (JSON, see `held.rs`) |
+//! | `r\0` | the same | a held result a person resolved (moved from `h\0`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `m\0vouched` | — | the retention the records were written with, and its last growth (see `horizon.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
@@ -38,6 +39,7 @@ pub(crate) const FAILING_PREFIX: &[u8] = b"f\0";
 pub(crate) const TAG_FAILING: u8 = b'f';
 pub(crate) const FAILING_BY_TIME_PREFIX: &[u8] = b"l\0";
 pub(crate) const HELD_PREFIX: &[u8] = b"h\0";
+pub(crate) const RESOLVED_PREFIX: &[u8] = b"r\0";
 /// The seal of the last commit, checked against the watermark at open.
 pub(crate) const SEAL: &[u8] = b"m\0seal";
 /// The retention the records were written with, and its last growth

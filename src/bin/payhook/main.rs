@@ -160,7 +160,7 @@ enum Command {
     /// Callbacks whose handler failed, or whose body was refused, and that are not booked
     /// yet; results the merchant held instead of booking, until a person resolves them.
     #[command(
-        after_help = "Examples:\n  payhook callbacks failing --admin-url http://127.0.0.1:8080 --json\n  payhook callbacks held --admin-url http://127.0.0.1:8080\n  payhook callbacks resolve --nonce n-42 --status 1 --admin-url http://127.0.0.1:8080"
+        after_help = "Examples:\n  payhook callbacks failing --admin-url http://127.0.0.1:8080 --json\n  payhook callbacks held --admin-url http://127.0.0.1:8080\n  payhook callbacks resolve --nonce n-42 --status 1 --note \"refunded by hand\" --admin-url http://127.0.0.1:8080"
     )]
     Callbacks {
         #[command(flatten)]

@@ -329,7 +329,8 @@ impl DedupStore for PgStore {
             let kept = HeldCallback::new(nonce, status.code(), "", None, chrono::Utc::now())
                 .resolved(chrono::Utc::now(), resolution);
             let row = sqlx::query(&self.sql(&format!(
-                "UPDATE {{s}}.callbacks_held SET resolved_at = $3, resolution = $4 \
+                "UPDATE {{s}}.callbacks_held \
+                 SET resolved_at = greatest(held_at, $3), resolution = $4 \
                  WHERE nonce_key = $1 AND status = $2 AND resolved_at IS NULL \
                  RETURNING {HELD_COLUMNS}"
             )))

@@ -1,8 +1,8 @@
 //! Moving a running merchant from sled to PostgreSQL without losing history: the
 //! deduplication records still within retention (and a validation record past it whose
 //! nonce's postponed validation still awaits its result, which sled keeps: a new validation
-//! of the nonce would run the handler again), the callbacks failing, the results held and
-//! not resolved yet, the postponed
+//! of the nonce would run the handler again), the callbacks failing, the results held
+//! (waiting for a person or resolved), the postponed
 //! validations with their outbox, and the merchant's trees, copied from a stopped sled
 //! store (`payhook store copy-from-sled`).
 //!
@@ -343,8 +343,11 @@ impl PgStore {
             imported.validations += done;
             return Ok(count(done));
         }
-        if let Some(rest) = key.strip_prefix(keys::HELD_PREFIX) {
-            // Kept until a person resolves it: no retention to check.
+        if let Some(rest) = key
+            .strip_prefix(keys::HELD_PREFIX)
+            .or_else(|| key.strip_prefix(keys::RESOLVED_PREFIX))
+        {
+            // Waiting or resolved, kept with no retention to check.
             let Some(identifier) = rest.get(4..) else {
                 return Err(StoreError::Corrupt {
                     key: keys::describe(rest),
