@@ -94,6 +94,23 @@ impl Example {
         answer
     }
 
+    /// What the operating command's reconcile says of `reference_id`.
+    async fn reconcile_line(&self, gateway: &GatewayClient, reference_id: Uuid) -> String {
+        let mut out = Vec::new();
+        payhook::admin::reconcile(&self.app, gateway, &[reference_id], &mut out)
+            .await
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    /// What the operating API's reconcile answers of `reference_id`.
+    async fn reconcile_api(&self, reference_id: &str) -> serde_json::Value {
+        let body = json!({"referenceIds": [reference_id]}).to_string();
+        self.admin("POST", "/payhook/admin/reconcile", Some(&body))
+            .await
+            .json()
+    }
+
     /// The value of `name` (a metric without labels) on `/metrics`.
     async fn metric(&self, name: &str) -> f64 {
         let answer = exchange(self.addr, &request("GET", "/metrics", &[], None)).await;
@@ -355,12 +372,8 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
     assert_eq!(late.message(), "callback already processed");
 
     // The operating command's line says so plainly, and so does the operating API.
-    let mut out = Vec::new();
     let second: Uuid = LOST[1].parse().unwrap();
-    payhook::admin::reconcile(&example.app, &client, &[second], &mut out)
-        .await
-        .unwrap();
-    let line = String::from_utf8(out).unwrap();
+    let line = example.reconcile_line(&client, second).await;
     assert!(
         line.starts_with(&format!("{second}: acknowledged now (")),
         "{line}"
@@ -370,14 +383,7 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
         "{line}"
     );
     assert!(line.contains("transaction type 3"), "{line}");
-    let answer = example
-        .admin(
-            "POST",
-            "/payhook/admin/reconcile",
-            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
-        )
-        .await;
-    let answered = answer.json();
+    let answered = example.reconcile_api(LOST[2]).await;
     assert_eq!(answered[0]["outcome"], "held", "{answered}");
     assert_eq!(answered[0]["status"], 4);
     assert!(
@@ -396,11 +402,7 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
 
     // Reconciled again, each is told still held: by the line and by the operating API;
     // once a person resolved it, resolved, when, and what they said.
-    let mut out = Vec::new();
-    payhook::admin::reconcile(&example.app, &client, &[second], &mut out)
-        .await
-        .unwrap();
-    let line = String::from_utf8(out).unwrap();
+    let line = example.reconcile_line(&client, second).await;
     assert!(
         line.starts_with(&format!("{second}: already acknowledged (")),
         "{line}"
@@ -409,14 +411,7 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
         line.contains("HELD by the merchant, not booked: "),
         "{line}"
     );
-    let answer = example
-        .admin(
-            "POST",
-            "/payhook/admin/reconcile",
-            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
-        )
-        .await;
-    let answered = answer.json();
+    let answered = example.reconcile_api(LOST[2]).await;
     assert_eq!(answered[0]["outcome"], "already_held", "{answered}");
     assert!(
         answered[0]["message"]
@@ -433,14 +428,7 @@ async fn a_reconciled_result_the_merchant_holds_is_told_held() {
             Some(&pair.to_string()),
         )
         .await;
-    let answer = example
-        .admin(
-            "POST",
-            "/payhook/admin/reconcile",
-            Some(&json!({"referenceIds": [LOST[2]]}).to_string()),
-        )
-        .await;
-    let answered = answer.json();
+    let answered = example.reconcile_api(LOST[2]).await;
     assert_eq!(answered[0]["outcome"], "already_resolved", "{answered}");
     let told = answered[0]["message"].as_str().unwrap();
     assert!(

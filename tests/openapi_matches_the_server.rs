@@ -398,15 +398,31 @@ async fn a_document_rendered_from_a_configuration_is_what_that_server_answers() 
         assert_eq!(answer.status, 200, "{path}: {}", answer.message());
         let refused = server.send(&ask(path, None)).await;
         assert_eq!(refused.status, 401, "{path} without credentials");
+        // The challenge header where the document names it (Basic), and nowhere else.
+        let unauthorized = &doc["paths"][path]["post"]["responses"]["401"];
+        assert_eq!(
+            refused.header("WWW-Authenticate").is_some(),
+            unauthorized["headers"]["WWW-Authenticate"].is_object(),
+            "{path}: {unauthorized}"
+        );
     }
+    let said = |path: &str| doc["paths"][path]["post"]["responses"]["401"]["description"].clone();
+    assert_eq!(
+        said("/shop/aggregator/transactions"),
+        "Missing or wrong secret in X-Shop-Key."
+    );
+    assert_eq!(
+        said("/shop/aggregator/providers"),
+        "Missing or wrong HTTP Basic credentials."
+    );
     let metrics = server.send(&request("GET", "/metrics", &[], None)).await;
     assert_eq!(metrics.status, 404, "a route the document leaves out");
 }
 
 /// Without settings of its own, the rendered document is the shipped one but where the
 /// shipped one leaves the choice to the configuration: its validation endpoints are open
-/// (payhook's default method is none), so only the signature's scheme is left, and its
-/// description names the configured algorithm and encoding.
+/// (payhook's default method is none), so they answer no 401 and only the signature's
+/// scheme is left, and its description names the configured algorithm and encoding.
 #[test]
 fn the_default_configuration_renders_the_shipped_document_with_its_choices_made() {
     let mut rendered = payhook::server::openapi(&Config::default());
@@ -420,7 +436,17 @@ fn the_default_configuration_renders_the_shipped_document_with_its_choices_made(
         assert_eq!(rendered["paths"][path]["post"]["security"], json!([{}]));
         rendered["paths"][path]["post"]["security"] = Value::Null;
         shipped["paths"][path]["post"]["security"] = Value::Null;
+        assert!(rendered["paths"][path]["post"]["responses"]["401"].is_null());
+        let shipped_responses = shipped["paths"][path]["post"]["responses"]
+            .as_object_mut()
+            .unwrap();
+        assert!(shipped_responses.remove("401").is_some());
     }
+    assert_eq!(
+        rendered["paths"][&paths.callback]["post"]["responses"]["401"],
+        shipped["paths"][&paths.callback]["post"]["responses"]["401"],
+        "signed callbacks are refused as the shipped document says"
+    );
     let schemes = rendered["components"]["securitySchemes"].clone();
     assert_eq!(
         schemes.as_object().unwrap().keys().collect::<Vec<_>>(),
@@ -439,4 +465,17 @@ fn the_default_configuration_renders_the_shipped_document_with_its_choices_made(
         doc["components"]["securitySchemes"] = Value::Null;
     }
     assert_eq!(rendered, shipped);
+}
+
+/// A service that takes callbacks unsigned (`callback.allow_unsigned`, no key) refuses none
+/// as unauthorized, and its document says so: no security requirement, no 401.
+#[test]
+fn a_document_of_unsigned_callbacks_documents_no_401_for_them() {
+    let mut config = Config::default();
+    config.callback.allow_unsigned = true;
+    let doc = payhook::server::openapi(&config);
+    let callback = &doc["paths"][&config.paths.callback]["post"];
+    assert_eq!(callback["security"], json!([{}]));
+    assert!(callback["responses"]["401"].is_null(), "{callback}");
+    assert!(callback["responses"]["200"].is_object());
 }

@@ -69,6 +69,7 @@ pub fn openapi(config: &Config) -> Value {
         used.extend(requirement.keys().cloned());
         let operation = &mut doc["paths"][path.as_str()]["post"];
         operation["security"] = json!([requirement]);
+        describe_unauthorized(operation, auth, config.signature.header.trim());
         if !auth.allow_ips.is_empty() {
             note(
                 operation,
@@ -81,11 +82,16 @@ pub fn openapi(config: &Config) -> Value {
     // Unsigned callbacks are taken only where no key could verify one: with keys, every
     // callback must be signed, callback.allow_unsigned or not.
     let unsigned = config.callback.allow_unsigned && config.signature.keys.is_empty();
-    doc["paths"][paths[2].as_str()]["post"]["security"] = if unsigned {
+    let callback = &mut doc["paths"][paths[2].as_str()]["post"];
+    callback["security"] = if unsigned {
         json!([{}])
     } else {
         json!([{"aggregatorSignature": []}])
     };
+    if unsigned && let Some(responses) = callback["responses"].as_object_mut() {
+        // Nothing is asked of the caller: nothing is refused as unauthorized.
+        responses.remove("401");
+    }
     if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
         schemes.retain(|name, _| used.contains(name));
     }
@@ -175,6 +181,36 @@ fn requirement(
     let mut requirement = serde_json::Map::new();
     requirement.insert(scheme, json!([]));
     requirement
+}
+
+/// The 401 answer of a validation endpoint as `auth` refuses (`signature_header`: where a
+/// signature is read): none for an endpoint that asks for nothing, and the header
+/// `WWW-Authenticate` only where the server sends it (Basic).
+fn describe_unauthorized(operation: &mut Value, auth: &EndpointAuthConfig, signature_header: &str) {
+    let Some(responses) = operation["responses"].as_object_mut() else {
+        return;
+    };
+    let said = match auth.method {
+        AuthMethod::None => {
+            responses.remove("401");
+            return;
+        }
+        AuthMethod::Signature => {
+            format!("Missing, malformed or invalid signature in {signature_header}.")
+        }
+        AuthMethod::SharedSecret => format!("Missing or wrong secret in {}.", auth.header.trim()),
+        AuthMethod::Basic => "Missing or wrong HTTP Basic credentials.".to_owned(),
+    };
+    let Some(unauthorized) = responses.get_mut("401") else {
+        return;
+    };
+    unauthorized["description"] = json!(said);
+    if auth.method == AuthMethod::Basic {
+        unauthorized["headers"]["WWW-Authenticate"]["description"] =
+            json!("Basic realm=\"payhook\"");
+    } else if let Some(fields) = unauthorized.as_object_mut() {
+        fields.remove("headers");
+    }
 }
 
 /// Adds `sentence` to `operation`'s description.
