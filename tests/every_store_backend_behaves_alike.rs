@@ -706,6 +706,32 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     );
 }
 
+behaviour!(a_postponed_validation_of_the_longest_nonce_is_kept_and_repeated);
+/// A nonce as long as `server.max_identifier_chars` lets one be (4,096 characters, which
+/// do not compress) is postponed and found again by a repeat under a new validation id: a
+/// shared store indexes no nonce whole (a btree row holds about 2,700 bytes).
+async fn a_postponed_validation_of_the_longest_nonce_is_kept_and_repeated(b: &Backend) {
+    // A different character at every place: nothing for a compression to find.
+    let nonce: String = (0..4096u32)
+        .map(|i| char::from_u32(0x4E00 + (i * 7919) % 20_000).unwrap())
+        .collect();
+    assert!(nonce.len() > 12_000, "{} bytes", nonce.len());
+    postpone_request(b, validation(&nonce, 60, "10")).await;
+    assert_eq!(
+        b.shared
+            .repeat(&validation(&nonce, 61, "10"), Utc::now())
+            .await
+            .unwrap(),
+        Repeat::Recorded {
+            of: 60.into(),
+            decided: false
+        }
+    );
+    let kept = b.shared.postponed(60.into()).await.unwrap().unwrap();
+    assert_eq!(kept.request.nonce().as_str(), nonce);
+    assert_eq!(kept.repeats, [61.into()]);
+}
+
 behaviour!(a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered_alone);
 /// The aggregator asks again about a postponed nonce under new validation ids: each is
 /// recorded once as a repeat of the original, a resolve of any of them decides all, and
@@ -2148,7 +2174,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
             "postponed_pending",
             "postponed_queued",
             "postponed_pkey",
-            "postponed_nonce",
+            "postponed_nonce_hash",
             "postponed_outbox",
             "postponed_leased",
             "callback_failures_latest",
@@ -2172,7 +2198,8 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     drop(store);
     sqlx::raw_sql(&format!(
         "DROP INDEX {0}.postponed_pending; DROP INDEX {0}.postponed_queued; \
-         DROP INDEX {0}.postponed_nonce; DROP INDEX {0}.postponed_leased; \
+         DROP INDEX {0}.postponed_nonce_hash; CREATE INDEX postponed_nonce ON {0}.postponed (nonce); \
+         DROP INDEX {0}.postponed_leased; \
          DROP INDEX {0}.callback_failures_latest; DROP TABLE {0}.callback_failures_count; \
          DROP TRIGGER callback_failures_counted ON {0}.callback_failures",
         db.schema
@@ -2205,7 +2232,7 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     for index in [
         "postponed_pending",
         "postponed_queued",
-        "postponed_nonce",
+        "postponed_nonce_hash",
         "postponed_leased",
         "callback_failures_latest",
     ] {
@@ -2222,6 +2249,18 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
         .get(0);
         assert!(built, "{index} built again, and valid");
     }
+    let retired: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = 'postponed_nonce'",
+    )
+    .bind(&db.schema)
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        retired, None,
+        "the btree of whole nonces an earlier payhook built is dropped"
+    );
     drop(conn);
     db.drop_schema().await;
 }

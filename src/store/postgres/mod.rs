@@ -514,7 +514,7 @@ impl PgStore {
                 condition: Some("Index Cond: (validation_id >="),
             },
             IndexedRead {
-                index: "postponed_nonce",
+                index: "postponed_nonce_hash",
                 sql: self.sql(postponed::VALIDATIONS_OF_NONCE),
                 // A nonce asked about again under a new validation id.
                 parameters: &[("text", "'n-1'")],

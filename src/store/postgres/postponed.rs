@@ -77,7 +77,7 @@ pub(super) fn outbox_next_sql() -> String {
 
 /// The statement that reads the validations of nonce `$1`, the latest first, among which
 /// the one that holds its decision is found ([`PgStore::original_of_nonce`]). Read through
-/// the `postponed_nonce` index (`schema.rs`).
+/// the `postponed_nonce_hash` index (`schema.rs`).
 pub(super) const VALIDATIONS_OF_NONCE: &str = "SELECT validation_id, record::text FROM {s}.postponed \
      WHERE nonce = $1 ORDER BY validation_id DESC";
 

@@ -83,10 +83,13 @@ const READ_INDEXES: &[ReadIndex] = &[
         definition: "ON {schema}.postponed (validation_id) WHERE deliver_at IS NOT NULL",
     },
     // The validations of a nonce, read when the aggregator asks again about a validated
-    // nonce under a new validation id, to find the one that holds its decision.
+    // nonce under a new validation id, to find the one that holds its decision. By the
+    // nonce's hash: a btree row holds about 2,700 bytes, and a nonce may be longer
+    // (`server.max_identifier_chars` up to 4,096 characters), which a btree index refused
+    // with the whole validation (`RETIRED_INDEXES`).
     ReadIndex {
-        name: "postponed_nonce",
-        definition: "ON {schema}.postponed (nonce)",
+        name: "postponed_nonce_hash",
+        definition: "ON {schema}.postponed USING hash (nonce)",
     },
     // The results leased to an instance now, a few among an outage's queued thousands,
     // read on every pass of each instance's outbox for when their leases run out.
@@ -101,6 +104,11 @@ const READ_INDEXES: &[ReadIndex] = &[
         definition: "ON {schema}.callback_failures (last_failed DESC)",
     },
 ];
+
+/// Read indexes an earlier payhook built that this one drops at open: `postponed_nonce`, a
+/// btree of whole nonces, refused a postponed validation whose nonce it could not hold
+/// (index row size, SQLSTATE 54000). A payhook before it builds it again when it opens.
+const RETIRED_INDEXES: &[&str] = &["postponed_nonce"];
 
 /// The failing (nonce, status) pairs counted by the database itself, as rows of `callback_
 /// failures` come and go, so that `/metrics` and the inspector read the count without a
@@ -207,6 +215,7 @@ async fn migrate_unbounded(conn: &mut PgConnection, schema: &str) -> Result<Vec<
     let applied = async {
         let applied = apply_missing(conn, schema).await?;
         build_read_indexes(conn, schema).await?;
+        drop_retired_indexes(conn, schema).await?;
         build_failing_count(conn, schema).await?;
         build_held_table(conn, schema).await?;
         super::horizon::build(conn, schema).await?;
@@ -395,6 +404,19 @@ async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(),
             .await
             .map_err(failed)?;
         tracing::info!(schema, index = index.name, "store index built");
+    }
+    Ok(())
+}
+
+/// Drops each of [`RETIRED_INDEXES`] the schema holds (after its replacement is built).
+async fn drop_retired_indexes(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
+    for name in RETIRED_INDEXES {
+        let failed = |e| StoreError::backend(format!("cannot drop index {schema}.{name}"), e);
+        let sql = format!("DROP INDEX IF EXISTS {schema}.{name}");
+        (&mut *conn)
+            .execute(sqlx::raw_sql(&sql))
+            .await
+            .map_err(failed)?;
     }
     Ok(())
 }
