@@ -2265,6 +2265,45 @@ async fn waiting_validations_and_the_latest_failures_are_read_through_their_inde
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: the btree of whole nonces an earlier payhook built is dropped at open —
+/// but a drop that cannot have its table's lock within the migrations' wait (a long
+/// transaction reads `postponed`) neither holds the open nor fails it: the next open drops
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_index_whose_table_is_busy_is_dropped_by_a_later_open() {
+    let Some(db) = support::postgres::database("retired_index_busy").await else {
+        return;
+    };
+    let config = db.store_config(RETENTION);
+    drop(payhook::store::PgStore::open(&config, TREES).await.unwrap());
+    let mut conn = db.connect().await;
+    let retired = format!(
+        "CREATE INDEX postponed_nonce ON {}.postponed (nonce)",
+        db.schema
+    );
+    sqlx::raw_sql(&retired).execute(&mut conn).await.unwrap();
+    let exists = "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = $1 AND c.relname = 'postponed_nonce'";
+    let reading = db.lock("postponed", "ACCESS SHARE").await;
+    drop(payhook::store::PgStore::open(&config, TREES).await.unwrap());
+    let left: i64 = sqlx::query_scalar(exists)
+        .bind(&db.schema)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "left while the table was busy");
+    reading.release().await;
+    drop(payhook::store::PgStore::open(&config, TREES).await.unwrap());
+    let left: i64 = sqlx::query_scalar(exists)
+        .bind(&db.schema)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "dropped by the next open");
+    drop(conn);
+    db.drop_schema().await;
+}
+
 /// PostgreSQL only: the connection of a claim that ended is kept, with the next claim's
 /// transaction begun on it. Should the database close it meanwhile (here its
 /// `idle_in_transaction_session_timeout`), the next claim takes a pooled connection

@@ -88,9 +88,16 @@ pub fn openapi(config: &Config) -> Value {
     } else {
         json!([{"aggregatorSignature": []}])
     };
-    if unsigned && let Some(responses) = callback["responses"].as_object_mut() {
-        // Nothing is asked of the caller: nothing is refused as unauthorized.
-        responses.remove("401");
+    if let Some(responses) = callback["responses"].as_object_mut() {
+        if unsigned {
+            // Nothing is asked of the caller: nothing is refused as unauthorized.
+            responses.remove("401");
+        } else if let Some(unauthorized) = responses.get_mut("401") {
+            unauthorized["description"] = json!(format!(
+                "Missing, malformed or invalid signature in {}.",
+                config.signature.header.trim()
+            ));
+        }
     }
     if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
         schemes.retain(|name, _| used.contains(name));

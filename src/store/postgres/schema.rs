@@ -408,15 +408,29 @@ async fn build_read_indexes(conn: &mut PgConnection, schema: &str) -> Result<(),
     Ok(())
 }
 
-/// Drops each of [`RETIRED_INDEXES`] the schema holds (after its replacement is built).
+/// Drops each of [`RETIRED_INDEXES`] the schema holds (after its replacement is built),
+/// waiting at most [`LOCK_WAIT`] for its table's lock, as a migration does: requests on the
+/// table wait behind the drop meanwhile. One not dropped is said and left for the next
+/// open: its replacement serves the reads already.
 async fn drop_retired_indexes(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
     for name in RETIRED_INDEXES {
-        let failed = |e| StoreError::backend(format!("cannot drop index {schema}.{name}"), e);
-        let sql = format!("DROP INDEX IF EXISTS {schema}.{name}");
-        (&mut *conn)
-            .execute(sqlx::raw_sql(&sql))
-            .await
-            .map_err(failed)?;
+        let dropped = async {
+            let mut tx = conn.begin().await?;
+            let sql = format!(
+                "SET LOCAL lock_timeout = '{LOCK_WAIT}'; DROP INDEX IF EXISTS {schema}.{name}"
+            );
+            (&mut *tx).execute(sqlx::raw_sql(&sql)).await?;
+            tx.commit().await
+        }
+        .await;
+        if let Err(error) = dropped {
+            tracing::warn!(
+                schema,
+                index = name,
+                %error,
+                "a retired index could not be dropped now; the next open tries again"
+            );
+        }
     }
     Ok(())
 }
