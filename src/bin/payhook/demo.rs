@@ -216,7 +216,7 @@ async fn demo(
     };
     if inspect {
         println!(
-            "\nthe service stays up: its inspector (deliveries, postponed validations, outbox)"
+            "\nthe service stays up: its inspector (deliveries, failing callbacks, held results, postponed validations, outbox)"
         );
         println!("  {base_url}/payhook/admin/inspector#token={admin_token}");
         println!("  (the link fills the token in; press Open)");

@@ -42,6 +42,7 @@ use crate::postponed::record::PostponedValidation;
 
 /// What a copy wrote (rows already in the database are not counted).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Imported {
     /// Callback records (nonce → acknowledged statuses).
     pub callbacks: u64,
