@@ -1103,8 +1103,10 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 // As readers see the records from now on (should the flush fail, the store
                 // stops, and the next open counts again).
                 context.failing.change(added, removed);
-                context.held.change(held, resolved);
                 make_durable(context)?;
+                // Once durable: a person counts on a held result only as it is kept (its
+                // listing reads under the writer lock, durable records only, too).
+                context.held.change(held, resolved);
                 context.watermark.advance(seal)
             }),
             // Built in full, written nowhere: see `Destination::Nowhere`.
