@@ -135,8 +135,9 @@
 //!   operating API, and the long-polled stream `payhook tail` follows.
 //! * [`config`] — assembles the sections, loads them (defaults < file < `PAYHOOK_*`
 //!   environment) and checks what involves more than one.
-//! * [`admin`] — operating commands (postponed validations, failing callbacks, transaction
-//!   lookup, reconcile, `tail`) for the `payhook` binary and a merchant's own binary.
+//! * [`admin`] — operating commands (postponed validations, failing callbacks, held results
+//!   and their resolution, transaction lookup, reconcile, `tail`) for the `payhook` binary
+//!   and a merchant's own binary.
 //! * `sim` (feature `sim`) — local testing: a mock gateway, signed triggers, callback
 //!   delivery with the real retry schedule, fault injection, scenario files, and the example
 //!   merchant the demo runs.

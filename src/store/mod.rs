@@ -127,6 +127,14 @@
 //! A callback whose body is refused (400) is recorded the same way, under the nonce and
 //! status read from it, with the refusal as its reason (see `server::refusal`).
 //!
+//! **Held results.** A result the merchant's effects hold instead of booking
+//! ([`Booking::Held`], a quarantine) is acknowledged like a booking, and kept as a
+//! [`HeldCallback`] in the same atomic write as its mark, never purged: it waits for a
+//! person, who resolves it with a note once the merchant's books are right
+//! ([`DedupStore::resolve_held`]; `payhook callbacks held` / `resolve`, the operating API,
+//! the inspector). `payhook_callbacks_held_unresolved` counts the waiting ones, and a
+//! reconcile tells held (and resolved) from booked. See `held.rs`.
+//!
 //! **Retention.** Records expire `store.retention` (default 30 days, far beyond any retry
 //! horizon) after their last write; a sweeper purges them every `store.sweep_interval` through
 //! an expiry index, so the store stays bounded under a constant stream of new nonces. A sweep
