@@ -290,6 +290,14 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
             "`note`: a note saying what was done in the merchant's books is needed".into()
         )
     );
+    for malformed in [
+        json!({"nonce": "n-odd", "status": "4", "note": note}).to_string(),
+        json!({"status": 4, "note": note}).to_string(),
+        "{\"nonce\": \"n-odd\", ".to_owned(),
+    ] {
+        let refused = example.admin_answer("POST", path, Some(&malformed)).await;
+        assert_eq!(refused.status, 400, "{malformed}: {}", refused.message());
+    }
     let refused = example.admin_answer("POST", path, Some(&other)).await;
     assert_eq!(refused.status, 404, "booked, never held");
     assert!(

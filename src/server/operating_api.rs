@@ -653,7 +653,7 @@ impl OperatingApi {
                 let held = store
                     .held_callbacks(limit)
                     .await
-                    .map_err(|e| self.held_store_failed(&e))?;
+                    .map_err(|e| self.admin_store_failed(&e))?;
                 Ok(json(&held))
             }
             (&Method::POST, ["callbacks", "held", "resolve"]) => {
@@ -671,7 +671,7 @@ impl OperatingApi {
                 let resolved = store
                     .resolve_held(&nonce, status, &pair.note)
                     .await
-                    .map_err(|e| self.held_store_failed(&e))?;
+                    .map_err(|e| self.admin_store_failed(&e))?;
                 let Some(resolved) = resolved else {
                     return Err(Problem::Unknown(format!(
                         "no held result of nonce {}, status {} waits: not held, or resolved already",
@@ -784,19 +784,16 @@ impl OperatingApi {
         Ok(response)
     }
 
+    /// What an operating call answers when the store did not do it: 503 to retry, but 409
+    /// for what the store cannot do at all (a store of the merchant's own that keeps no
+    /// held results, say) — a retry would meet the same.
     fn admin_store_failed(&self, error: &crate::store::StoreError) -> Problem {
+        if let crate::store::StoreError::Unsupported(why) = error {
+            return Problem::Conflict(why.clone());
+        }
         tracing::error!(error = %crate::report::InLine(error), "admin: store failed");
         Problem::StoreFailed {
             retry_after: self.retry_after,
-        }
-    }
-
-    /// [`OperatingApi::admin_store_failed`], but a store of the merchant's own that keeps
-    /// no held results is told so (409), not retried.
-    fn held_store_failed(&self, error: &crate::store::StoreError) -> Problem {
-        match error {
-            crate::store::StoreError::Unsupported(why) => Problem::Conflict(why.clone()),
-            other => self.admin_store_failed(other),
         }
     }
 }

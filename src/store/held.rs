@@ -115,8 +115,7 @@ impl HeldCallback {
             nonce: nonce.into(),
             status,
             reason: kept_text(reason),
-            // To the millisecond, as both stores keep it (and order by it).
-            held_at: super::time_from_ms(super::ms_from_time(at)),
+            held_at: to_the_millisecond(at),
             transaction_reference_id: subject
                 .map_or(uuid::Uuid::nil(), |s| s.transaction_reference_id)
                 .to_string(),
@@ -138,8 +137,7 @@ impl HeldCallback {
     /// This result, resolved at `at` (never before it was held: clocks differ) with
     /// `resolution` (kept as the reason is).
     pub(crate) fn resolved(mut self, at: DateTime<Utc>, resolution: &str) -> Self {
-        let at = super::time_from_ms(super::ms_from_time(at));
-        self.resolved_at = Some(at.max(self.held_at));
+        self.resolved_at = Some(to_the_millisecond(at).max(self.held_at));
         self.resolution = kept_text(resolution);
         self
     }
@@ -180,8 +178,13 @@ pub(crate) fn told(held: &HeldCallback) -> String {
     }
 }
 
+/// A time as both stores keep a held result's (and order by it): to the millisecond.
+pub(crate) fn to_the_millisecond(at: DateTime<Utc>) -> DateTime<Utc> {
+    super::time_from_ms(super::ms_from_time(at))
+}
+
 /// Text of a held result a person wrote or reads: cut after 512 bytes, U+0000 as U+FFFD.
-fn kept_text(text: &str) -> String {
+pub(crate) fn kept_text(text: &str) -> String {
     readable(&cut_bytes(text, REASON_BYTES)).into_owned()
 }
 

@@ -326,8 +326,8 @@ impl DedupStore for PgStore {
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         Box::pin(async move {
             // Kept as the embedded store keeps it (to the millisecond, the note cut).
-            let kept = HeldCallback::new(nonce, status.code(), "", None, chrono::Utc::now())
-                .resolved(chrono::Utc::now(), resolution);
+            let at = crate::store::held::to_the_millisecond(chrono::Utc::now());
+            let note = crate::store::held::kept_text(resolution);
             let row = sqlx::query(&self.sql(&format!(
                 "UPDATE {{s}}.callbacks_held \
                  SET resolved_at = greatest(held_at, $3), resolution = $4 \
@@ -336,8 +336,8 @@ impl DedupStore for PgStore {
             )))
             .bind(nonce_key(nonce))
             .bind(status.code())
-            .bind(kept.resolved_at)
-            .bind(&kept.resolution)
+            .bind(at)
+            .bind(note)
             .fetch_optional(self.pool())
             .await?;
             row.as_ref().map(held_of).transpose()
