@@ -424,7 +424,7 @@ async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Vec
 async fn demo_runs_every_shipped_scenario_green() {
     let (code, stdout, stderr) = payhook(args(&["demo"])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 12 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 13 scenarios passed"), "{stdout}");
     for told in [
         "merchant's ledger:",
         "reconcile",
@@ -488,7 +488,7 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     // From outside, the merchant's books cannot be seen: said, not passed over.
     assert!(
         stdout.contains("⚠ not checked: bookings = 1")
-            && stdout.contains("all 11 scenario(s) passed, ")
+            && stdout.contains("all 12 scenario(s) passed, ")
             && stdout.contains("expectation(s) not checked (--allow-unchecked)"),
         "{stdout}"
     );
@@ -962,7 +962,7 @@ async fn demo_runs_on_postgres_and_leaves_nothing_behind() {
     };
     let (code, stdout, stderr) = payhook(args(&["demo", "--store", &db.url])).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.contains("all 12 scenarios passed"), "{stdout}");
+    assert!(stdout.contains("all 13 scenarios passed"), "{stdout}");
     assert!(
         stdout.contains("(store: PostgreSQL, schema payhook_demo_"),
         "{stdout}"

@@ -16,7 +16,8 @@ use payhook::postponed::{
 };
 use payhook::store::{
     Booking, CallbackBegin, CallbackFailure, Claim, ConfiguredStore, Effects, Fingerprint,
-    HeldCallback, OutboxSummary, RecordedDecision, Store, StoreConfig, StoreError, ValidationBegin,
+    HeldCallback, OutboxSummary, RecordedDecision, Store, StoreConfig, StoreError,
+    ValidatedDecision, ValidationBegin,
 };
 use support::postgres::TestDb;
 
@@ -605,6 +606,96 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
             .unwrap(),
         ValidationBegin::Mismatch
     );
+}
+
+/// Answers `request` with `decision` (not postponed).
+async fn answer(b: &Backend, request: &TransactionValidationRequest, decision: &RecordedDecision) {
+    let fingerprint = Fingerprint::of(request);
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &fingerprint, STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    b.shared
+        .finish_validation(request.nonce(), claim, &fingerprint, decision, None)
+        .await
+        .unwrap();
+}
+
+behaviour!(a_validation_is_read_back_with_its_payment_and_decision);
+/// What a callback handler reads of its nonce's validation: the payment as asked and the
+/// decision — a postponed one's as it is taken — and nothing for a nonce never validated.
+async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
+    let read = |nonce: &'static str| {
+        let shared = Arc::clone(&b.shared);
+        async move { shared.validated_payment(&Nonce::from(nonce)).await.unwrap() }
+    };
+    assert_eq!(read("never-validated").await, None);
+
+    answer(
+        b,
+        &validation("v-allowed", 1, "10.50"),
+        &RecordedDecision::Allow,
+    )
+    .await;
+    let allowed = read("v-allowed").await.unwrap();
+    assert_eq!(allowed.amount, "10.5".parse().unwrap());
+    assert_eq!(allowed.currency, "EUR");
+    assert_eq!((allowed.provider_id, allowed.cash_in), (1, true));
+    assert_eq!(allowed.client_id(), Some("client-1"));
+    assert!(allowed.client_is("client-1") && !allowed.client_is("client-2"));
+    assert_eq!(allowed.decision, ValidatedDecision::Allowed);
+    assert_eq!(allowed.allowed(), Some(true));
+
+    let deny = RecordedDecision::Deny {
+        message: "limit".into(),
+    };
+    answer(b, &validation("v-denied", 2, "99"), &deny).await;
+    let denied = read("v-denied").await.unwrap();
+    assert_eq!(
+        denied.decision,
+        ValidatedDecision::Denied {
+            message: "limit".into()
+        }
+    );
+    assert_eq!(denied.allowed(), Some(false));
+
+    // A client id longer than a record spells out is kept by its digest: still compared.
+    let long_client = "c".repeat(300);
+    let mut long = validation("v-long", 3, "5");
+    long.merchant_data.client_id.clone_from(&long_client);
+    answer(b, &long, &RecordedDecision::Allow).await;
+    let kept = read("v-long").await.unwrap();
+    assert_eq!(kept.client_id(), None);
+    assert!(kept.client_is(&long_client) && !kept.client_is(&"d".repeat(300)));
+
+    // Postponed: undecided, then as decided — for the original and its repeat alike.
+    postpone(b, 70).await;
+    let pending = read("p-70").await.unwrap();
+    assert_eq!(
+        pending.decision,
+        ValidatedDecision::Postponed { allowed: None }
+    );
+    assert_eq!(
+        b.shared
+            .repeat(&validation("p-70", 71, "10"), Utc::now())
+            .await
+            .unwrap(),
+        Repeat::Recorded {
+            of: 70.into(),
+            decided: false
+        }
+    );
+    b.shared
+        .resolve(71.into(), &Decision::deny("blocked"), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(read("p-70").await.unwrap().allowed(), Some(false));
+    decide(b, 72).await;
+    assert_eq!(read("p-72").await.unwrap().allowed(), Some(true));
 }
 
 /// Postpones validation `id` (Awaitable mode): its record and the validation's decision.

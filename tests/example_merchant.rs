@@ -625,3 +625,132 @@ async fn a_balance_back_at_zero_takes_any_amount() {
         "booked, not quarantined"
     );
 }
+
+/// A transaction validation of `nonce`: `amount` EUR, a deposit of client-42 through
+/// provider 11.
+fn validation_of(nonce: &str, amount: &str) -> String {
+    let body = with(
+        TRANSACTION_VALIDATION,
+        "/paymentData/nonce",
+        Some(json!(nonce)),
+    );
+    with(
+        &body,
+        "/paymentData/amount",
+        Some(serde_json::from_str(amount).unwrap()),
+    )
+}
+
+#[tokio::test]
+async fn a_success_unlike_its_validation_is_held_not_credited() {
+    let example = start().await;
+    let validated = |nonce: &str| (nonce.to_owned(), "250.00");
+    // Each a deposit of 250.00 EUR by client-42 through provider 11, allowed.
+    for nonce in [
+        "v-same",
+        "v-amount",
+        "v-client",
+        "v-currency",
+        "v-type",
+        "v-provider",
+        "v-failed",
+    ] {
+        let (nonce, amount) = validated(nonce);
+        let answer = post_to(
+            &example.addr,
+            VALIDATION_PATH,
+            &validation_of(&nonce, amount),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
+    }
+    let denied = post_to(
+        &example.addr,
+        VALIDATION_PATH,
+        &validation_of("v-denied", "1000.01"),
+    )
+    .await;
+    assert_eq!(denied.status, 403);
+
+    let success = |nonce: &str, amount: &str| callback(nonce, "client-42", 1, amount);
+    let booked_as_validated = [
+        // The same payment: its amount in another scale, its currency in lower case.
+        with(&success("v-same", "250"), "/currency", Some(json!("eur"))),
+        // Another provider moved the same money.
+        with(
+            &success("v-provider", "250.00"),
+            "/providerId",
+            Some(json!(12)),
+        ),
+        // No validation of it is recorded: the callback is all there is to go by.
+        success("never-validated", "40.00"),
+        // A failure moves no money: booked as such, whatever it says.
+        with(
+            &success("v-failed", "9999"),
+            "/transactionStatus",
+            Some(json!(-1)),
+        ),
+    ];
+    for body in &booked_as_validated {
+        assert_eq!(example.callback(body).await, 200, "{body}");
+    }
+    let held = [
+        (
+            success("v-amount", "2500.00"),
+            "v-amount",
+            "amount 2500.00, validated 250.00",
+        ),
+        (
+            callback("v-client", "client-7", 1, "250.00"),
+            "v-client",
+            "client client-7, validated client-42",
+        ),
+        (
+            with(
+                &success("v-currency", "250.00"),
+                "/currency",
+                Some(json!("USD")),
+            ),
+            "v-currency",
+            "currency USD, validated EUR",
+        ),
+        (
+            callback("v-type", "client-42", 2, "250.00"),
+            "v-type",
+            "a withdrawal, validated a deposit",
+        ),
+        (
+            success("v-denied", "1000.01"),
+            "v-denied",
+            "a success of a payment the merchant denied at its validation \
+             (amount 1000.01 EUR is above the limit of 1000 per transaction)",
+        ),
+    ];
+    for (body, nonce, reason) in &held {
+        // Acknowledged: the aggregator stops retrying; kept for a person.
+        assert_eq!(example.callback(body).await, 200, "{nonce}");
+        assert_eq!(example.entry(nonce).await, None, "{nonce} not booked");
+        let quarantined = example.ledger.quarantined(nonce, 4).await.unwrap();
+        let quarantined = quarantined.unwrap_or_else(|| panic!("{nonce} held"));
+        assert!(
+            quarantined.reason.ends_with(reason),
+            "{nonce}: {}",
+            quarantined.reason
+        );
+    }
+    for nonce in ["v-same", "v-provider", "never-validated", "v-failed"] {
+        assert!(example.entry(nonce).await.is_some(), "{nonce} booked");
+    }
+    // `eur` and `EUR` are one balance: 250 + 250 + 40, the failure moving nothing.
+    assert_eq!(
+        example.balance("client-42", "EUR").await,
+        Decimal::from(540)
+    );
+    assert_eq!(
+        example.balance("client-42", "eur").await,
+        Decimal::from(540)
+    );
+    let books = example.ledger.books().await.unwrap();
+    assert!(books.balanced(), "{books:?}");
+    assert_eq!(books.balances.len(), 1, "{books:?}");
+}

@@ -34,7 +34,7 @@ use crate::model::{
     CallbackBody, Provider, ProvidersValidationRequest, TransactionStatus,
     TransactionValidationRequest,
 };
-use crate::store::Effects;
+use crate::store::{Effects, Store, StoreError, ValidatedPayment};
 
 pub use providers::{ProviderFilter, tags_allow};
 
@@ -131,7 +131,10 @@ impl std::fmt::Debug for RequestContext {
     }
 }
 
-/// What a callback handler is told besides the callback itself.
+/// What a callback handler is told besides the callback itself; and where it reads what
+/// payhook recorded of the callback's validation ([`Self::validated_payment`]).
+///
+/// payhook makes it for each delivery; [`Self::new`] makes one for a handler's own tests.
 #[derive(Debug, Clone)]
 pub struct CallbackContext {
     /// The HTTP request.
@@ -150,6 +153,92 @@ pub struct CallbackContext {
     pub previous_status: Option<TransactionStatus>,
     /// Writes to apply atomically with the mark that this callback is done; see [`Effects`].
     pub effects: Effects,
+    /// The store the validations are read from.
+    validations: Validations,
+}
+
+impl CallbackContext {
+    /// The context of a first delivery of `request` (attempt 1, no previous status, no
+    /// effects staged) with no store: [`Self::validated_payment`] finds no validation.
+    /// For a handler's own tests.
+    ///
+    /// ```
+    /// use payhook::handler::{CallbackContext, RequestContext};
+    ///
+    /// let ctx = CallbackContext::new(RequestContext {
+    ///     request_id: "r-1".into(),
+    ///     peer: None,
+    ///     received_at: chrono::Utc::now(),
+    ///     headers: http::HeaderMap::new(),
+    /// });
+    /// assert_eq!(ctx.attempt, 1);
+    /// assert!(ctx.effects.is_empty());
+    /// ```
+    pub fn new(request: RequestContext) -> Self {
+        Self {
+            request,
+            attempt: 1,
+            previous_status: None,
+            effects: Effects::default(),
+            validations: Validations(None),
+        }
+    }
+
+    /// The context payhook makes for a delivery booked through `store`.
+    pub(crate) fn delivered(
+        request: RequestContext,
+        attempt: u32,
+        previous_status: Option<TransactionStatus>,
+        effects: Effects,
+        store: Option<Arc<dyn Store>>,
+    ) -> Self {
+        Self {
+            request,
+            attempt,
+            previous_status,
+            effects,
+            validations: Validations(store),
+        }
+    }
+
+    /// What payhook recorded of the transaction validation of `callback`'s nonce: the
+    /// payment it was asked about and the merchant's decision (see
+    /// [`ValidatedPayment`], and [`ValidatedPayment::differences`] to compare). `None` when
+    /// no validation of the nonce is recorded: this service did not answer it (another did,
+    /// or the aggregator validated without the merchant), it was answered longer ago than
+    /// `store.retention`, or the app has no store. One read of the store, made only when
+    /// asked.
+    ///
+    /// A signed callback whose payment differs from the one validated — another amount,
+    /// currency, client or direction — or that reports a success of a payment the merchant
+    /// denied, is the aggregator's word against the merchant's decision: hold it for a
+    /// person ([`Booking::Held`](crate::store::Booking::Held)) rather than book it, as the
+    /// example merchant does.
+    ///
+    /// # Errors
+    ///
+    /// The store's: it failed, a record does not decode, or it is a store of the merchant's
+    /// own that cannot read its validations back ([`StoreError::Unsupported`]).
+    pub async fn validated_payment(
+        &self,
+        callback: &CallbackBody,
+    ) -> Result<Option<ValidatedPayment>, StoreError> {
+        match &self.validations.0 {
+            Some(store) => store.validated_payment(&callback.nonce).await,
+            None => Ok(None),
+        }
+    }
+}
+
+/// The store a [`CallbackContext`] reads validations from: none for a context made by
+/// [`CallbackContext::new`] or in an app without a store.
+#[derive(Clone)]
+struct Validations(Option<Arc<dyn Store>>);
+
+impl fmt::Debug for Validations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "store" } else { "none" })
+    }
 }
 
 /// The merchant's answer to a providers validation.

@@ -443,12 +443,13 @@ impl ExactlyOnce {
         // What an operator needs of a delivery that fails, or whose result the merchant
         // holds, kept before the handler takes the callback.
         effects.about(subject_of(&callback));
-        let ctx = CallbackContext {
+        let ctx = CallbackContext::delivered(
             request,
             attempt,
             previous_status,
-            effects: effects.clone(),
-        };
+            effects.clone(),
+            Some(Arc::clone(&store)),
+        );
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among
         // the failing callbacks.
@@ -724,12 +725,7 @@ impl ExactlyOnce {
         request: RequestContext,
     ) -> Result<Delivered, Problem> {
         let effects = Effects::default();
-        let ctx = CallbackContext {
-            request,
-            attempt: 1,
-            previous_status: None,
-            effects: effects.clone(),
-        };
+        let ctx = CallbackContext::delivered(request, 1, None, effects.clone(), None);
         self.inner.runner.acknowledge(callback, ctx).await?;
         if !effects.is_empty() {
             tracing::error!(

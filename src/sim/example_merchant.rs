@@ -14,7 +14,7 @@
 //!   merchant whose clients withdraw from a balance it keeps decides on that balance here
 //!   (and holds it while the withdrawal is pending), which is its own rule, not payhook's;
 //! * callbacks: books each transaction result in a ledger (one [`Entry`] per nonce, a balance
-//!   per client and currency) kept in payhook's sled store, written in the same atomic write
+//!   per client and currency, its code in any case: `eur` is `EUR`) kept in payhook's sled store, written in the same atomic write
 //!   as the mark that the callback is done — so a result is booked exactly once, however
 //!   often the aggregator retries and whenever the process crashes.
 //!
@@ -31,6 +31,11 @@
 //!
 //! * a status that is no final result (the aggregator sends only 4 and -1 to -6): payhook
 //!   hands a handler every status it receives;
+//! * a success that is not the payment validated — another amount, currency, client or
+//!   direction than payhook recorded when it answered the nonce's transaction validation
+//!   (the provider may differ) — or a success of a payment the merchant denied there
+//!   ([`CallbackContext::validated_payment`]). A success whose validation is not recorded
+//!   (answered elsewhere, or longer ago than `store.retention`) is booked as it comes;
 //! * a result older (`updatedUtc`) than the one booked for its nonce: a retry of a failure
 //!   that was delivered late, after the success that followed it, must not undo the success;
 //!   nor does a failure after a booked success, or a success after a booked failure, when
@@ -79,7 +84,9 @@ use crate::model::{
     CallbackBody, ProviderCandidate, ProvidersValidationRequest, TransactionStatus,
     TransactionType, TransactionValidationRequest,
 };
-use crate::store::{Booking, ConfiguredStore, EffectTx, StoreError, Tree};
+use crate::store::{
+    Booking, ConfiguredStore, Difference, EffectTx, StoreError, Tree, ValidatedDecision,
+};
 use crate::{App, Config, Escaped, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -226,8 +233,9 @@ impl Books {
     pub fn balanced(&self) -> bool {
         let mut sums: std::collections::BTreeMap<String, Decimal> = Default::default();
         for (_, entry) in &self.entries {
+            let key = balance_key(&entry.client_id, &entry.currency);
             *sums
-                .entry(format!("{}|{}", entry.client_id, entry.currency))
+                .entry(String::from_utf8_lossy(&key).into_owned())
                 .or_default() += entry.balance_effect;
         }
         let balances: std::collections::BTreeMap<String, Decimal> =
@@ -328,9 +336,10 @@ pub fn quarantine_key(nonce: &str, status: i32) -> Vec<u8> {
     format!("{nonce}|{status}").into_bytes()
 }
 
-/// The balance key of a client in a currency.
+/// The balance key of a client in a currency: the currency's code in upper case, as
+/// payhook compares a validation's (`eur` is `EUR`: one balance, not two).
 pub fn balance_key(client_id: &str, currency: &str) -> Vec<u8> {
-    format!("{client_id}|{currency}").into_bytes()
+    format!("{client_id}|{}", currency.trim().to_ascii_uppercase()).into_bytes()
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -348,6 +357,7 @@ fn book(
     tx: &dyn EffectTx,
     ledger: &Ledger,
     callback: &CallbackBody,
+    unlike_its_validation: Option<&str>,
 ) -> Result<Booking, StoreError> {
     let status = callback.transaction_status;
     if !status.is_final() {
@@ -357,6 +367,9 @@ fn book(
             status.description()
         );
         return quarantine(tx, ledger, callback, reason);
+    }
+    if let Some(reason) = unlike_its_validation {
+        return quarantine(tx, ledger, callback, reason.to_owned());
     }
     // The balance key joins them with `|`: one in either would let two clients' balances
     // share a key (`a|EUR` in USD and `a` in `EUR|USD`).
@@ -744,12 +757,64 @@ impl CallbackReceiver for Bookkeeper {
             previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"
         );
+        let unlike = if callback.transaction_status.is_success() {
+            unlike_its_validation(&callback, &ctx).await?
+        } else {
+            None
+        };
         // Booked (or held in quarantine) in the same atomic write that marks this (nonce,
         // status) as done.
         let ledger = self.ledger.clone();
-        ctx.effects.book(move |tx| book(tx, &ledger, &callback));
+        ctx.effects
+            .book(move |tx| book(tx, &ledger, &callback, unlike.as_deref()));
         Ok(CallbackDecision::Ack)
     }
+}
+
+/// Why the success `callback` must not be booked as it stands against what payhook
+/// recorded of its validation (see the module's docs); `None` when it may (also when no
+/// validation of it is recorded: the callback is then all there is to go by).
+///
+/// # Errors
+///
+/// When the store cannot be read now: the delivery fails (503) and the aggregator retries.
+async fn unlike_its_validation(
+    callback: &CallbackBody,
+    ctx: &CallbackContext,
+) -> Result<Option<String>, HandlerError> {
+    let validated = match ctx.validated_payment(callback).await {
+        Ok(Some(validated)) => validated,
+        Ok(None) => return Ok(None),
+        // A record that does not decode will not decode on a retry either: a person looks.
+        Err(StoreError::Corrupt { reason, .. }) => {
+            return Ok(Some(format!(
+                "its validation's record cannot be read ({reason})"
+            )));
+        }
+        Err(error) => return Err(error.into()),
+    };
+    // Another provider moved the same money: not the books' concern.
+    let differences: Vec<String> = validated
+        .differences(callback)
+        .iter()
+        .filter(|difference| !matches!(difference, Difference::Provider { .. }))
+        .map(ToString::to_string)
+        .collect();
+    if !differences.is_empty() {
+        return Ok(Some(format!(
+            "the success is not the payment validated: {}",
+            differences.join("; ")
+        )));
+    }
+    Ok(match &validated.decision {
+        ValidatedDecision::Denied { message } => Some(format!(
+            "a success of a payment the merchant denied at its validation ({})",
+            Escaped(message)
+        )),
+        _ => (validated.allowed() == Some(false)).then(|| {
+            "a success of a payment the merchant denied on review of its validation".to_owned()
+        }),
+    })
 }
 
 /// Opens the configured store (sled, or PostgreSQL when `store.url` is set) with the

@@ -460,7 +460,7 @@ impl Forgery {
 }
 
 /// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
-pub const SHIPPED: [(&str, &str); 12] = [
+pub const SHIPPED: [(&str, &str); 13] = [
     ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
     (
         "forged-callbacks.toml",
@@ -505,6 +505,10 @@ pub const SHIPPED: [(&str, &str); 12] = [
     (
         "held-result.toml",
         include_str!("../../scenarios/held-result.toml"),
+    ),
+    (
+        "unlike-validation.toml",
+        include_str!("../../scenarios/unlike-validation.toml"),
     ),
 ];
 

@@ -295,6 +295,7 @@ mod record;
 mod settings;
 mod sled_store;
 mod staging;
+mod validated;
 mod watermark;
 
 use crate::model::{Nonce, ValidationId};
@@ -324,6 +325,7 @@ pub use settings::StoreConfig;
 #[cfg(feature = "sim")]
 pub(crate) use sled_store::open_locked;
 pub use sled_store::{BenchmarkStore, CommitHold, HoldPoint, KeyValue, MOVED_FILE_NAME, SledStore};
+pub use validated::{Difference, ValidatedDecision, ValidatedPayment};
 pub use watermark::{IntegrityError, IntegrityReport, Seal};
 
 /// The store's traits, for calling their methods on a concrete store (`SledStore`,
@@ -798,6 +800,29 @@ pub trait DedupStore: Send + Sync + 'static {
 
     /// Gives a validation claim up.
     fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()>;
+
+    /// The payment the transaction validation of `nonce` was asked about and what was
+    /// decided, as recorded ([`DedupStore::finish_validation`]) — in Awaitable mode with the
+    /// decision taken later, while the postponed validation is kept; `None` when no
+    /// validation of `nonce` is recorded (none was asked here, or it was purged with the
+    /// retention). What a callback handler reads through
+    /// [`CallbackContext::validated_payment`](crate::handler::CallbackContext::validated_payment).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] by default: a store that cannot read its validations
+    /// back (`None` would say none was made).
+    fn validated_payment<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+    ) -> StoreFuture<'a, Option<ValidatedPayment>> {
+        let _ = nonce;
+        Box::pin(async {
+            Err(StoreError::Unsupported(
+                "this store does not read its validations back".into(),
+            ))
+        })
+    }
 }
 
 /// The validations of `all` in `state`: how a backend without an index of `state` lists it.

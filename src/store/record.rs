@@ -68,19 +68,49 @@ impl KeptFingerprint {
 
     /// Whether `fingerprint` is the payment this one was kept for.
     pub(crate) fn matches(&self, fingerprint: &Fingerprint) -> bool {
-        let client = match (&self.client_id, &self.client_id_sha256) {
-            (Some(client_id), _) => *client_id == fingerprint.client_id,
-            (None, Some(digest)) => {
-                fingerprint.client_id.len() > SPELLED_OUT_BYTES
-                    && *digest == sha256_hex(&fingerprint.client_id)
-            }
-            (None, None) => false,
-        };
-        client
+        self.client_is(&fingerprint.client_id)
             && self.amount == fingerprint.amount
             && self.currency == fingerprint.currency
             && self.provider_id == fingerprint.provider_id
             && self.cash_in == fingerprint.cash_in
+    }
+
+    /// Whether `client_id` is the client this payment was kept for.
+    pub(crate) fn client_is(&self, client_id: &str) -> bool {
+        match (&self.client_id, &self.client_id_sha256) {
+            (Some(kept), _) => kept == client_id,
+            (None, Some(digest)) => {
+                client_id.len() > SPELLED_OUT_BYTES && *digest == sha256_hex(client_id)
+            }
+            (None, None) => false,
+        }
+    }
+
+    /// The client as kept: spelled out, or `None` for a long one kept by its digest.
+    pub(crate) fn client_id(&self) -> Option<&str> {
+        self.client_id.as_deref()
+    }
+
+    /// The amount as kept (normalised), read back.
+    pub(crate) fn amount(&self) -> Result<Decimal, String> {
+        self.amount
+            .parse()
+            .map_err(|e| format!("amount `{}`: {e}", self.amount))
+    }
+
+    /// The currency as kept (upper case).
+    pub(crate) fn currency(&self) -> &str {
+        &self.currency
+    }
+
+    /// The provider as kept.
+    pub(crate) fn provider_id(&self) -> i64 {
+        self.provider_id
+    }
+
+    /// Deposit (`true`) or withdrawal, as kept.
+    pub(crate) fn cash_in(&self) -> bool {
+        self.cash_in
     }
 }
 

@@ -29,8 +29,8 @@ use super::record::{
 use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, DedupStore, Due, DurableFuture, FailingCursor, FailingPage,
-    PostponedStore, ResolveFuture, Store, StoreError, StoreFuture, ValidationBegin, ms_from_time,
-    now_ms, ready, time_from_ms,
+    PostponedStore, ResolveFuture, Store, StoreError, StoreFuture, ValidatedPayment,
+    ValidationBegin, ms_from_time, now_ms, ready, time_from_ms, unless_gone_or_unreadable,
 };
 use crate::model::{TransactionStatus, TransactionValidationRequest};
 use crate::postponed::record::{
@@ -809,6 +809,13 @@ impl DedupStore for SledStore {
             .end(nonce, claim, false, now_ms());
         ready(Ok(()))
     }
+
+    fn validated_payment<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+    ) -> StoreFuture<'a, Option<ValidatedPayment>> {
+        ready(self.validated_payment_now(nonce))
+    }
 }
 
 impl PostponedStore for SledStore {
@@ -1331,6 +1338,25 @@ impl SledStore {
             attempt: entry.attempts,
             previous_status,
         }))
+    }
+
+    /// The validation of `nonce` as recorded, with the decision of its postponed
+    /// validation while that is kept (its id is in the record: not in records written
+    /// before it was kept, whose postponed decision is then not known).
+    fn validated_payment_now(&self, nonce: &str) -> Result<Option<ValidatedPayment>, StoreError> {
+        self.check_healthy()?;
+        let Some(bytes) = self.record(&keys::validation(nonce))? else {
+            return Ok(None);
+        };
+        let record: ValidationRecord = decode(nonce, &bytes)?;
+        let allowed = match (&record.decision, record.validation_id) {
+            (RecordedDecision::Postponed, Some(id)) => {
+                unless_gone_or_unreadable(self.postponed_now(id))?
+                    .and_then(|postponed| postponed.result.map(|result| result.success))
+            }
+            _ => None,
+        };
+        ValidatedPayment::of(nonce, &record.fingerprint, &record.decision, allowed).map(Some)
     }
 
     /// Begins a transaction validation; like [`Self::try_begin_callback`].

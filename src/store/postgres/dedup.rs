@@ -11,7 +11,7 @@ use super::super::record::{KeptFingerprint, RecordedDecision};
 use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
     FailingCursor, FailingPage, Fingerprint, HeldCallback, StoreError, StoreFuture,
-    ValidationBegin,
+    ValidatedPayment, ValidationBegin, unless_gone_or_unreadable,
 };
 use super::claim::HeldClaim;
 use super::{
@@ -370,6 +370,13 @@ impl DedupStore for PgStore {
             }
             outcome
         })
+    }
+
+    fn validated_payment<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+    ) -> StoreFuture<'a, Option<ValidatedPayment>> {
+        Box::pin(self.validated_payment_now(nonce))
     }
 
     fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
@@ -765,6 +772,33 @@ impl PgStore {
         if let Err(error) = self.count_attempt(key, attempt).await {
             tracing::warn!(error = %crate::report::InLine(&error), "the callback's attempt could not be counted");
         }
+    }
+
+    /// The validation of `nonce` as recorded, with the decision of its postponed
+    /// validation while that is kept.
+    async fn validated_payment_now(
+        &self,
+        nonce: &str,
+    ) -> Result<Option<ValidatedPayment>, StoreError> {
+        let row = sqlx::query(&self.sql(
+            "SELECT fingerprint::text, decision::text FROM {s}.validations WHERE nonce_key = $1",
+        ))
+        .bind(nonce_key(nonce))
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let kept: KeptFingerprint = decode_json(nonce, &row.try_get::<String, _>(0)?)?;
+        let decision: RecordedDecision = decode_json(nonce, &row.try_get::<String, _>(1)?)?;
+        let allowed = match decision {
+            RecordedDecision::Postponed => {
+                unless_gone_or_unreadable(self.latest_original(self.pool(), nonce).await)?
+                    .and_then(|original| original.result.map(|result| result.success))
+            }
+            _ => None,
+        };
+        ValidatedPayment::of(nonce, &kept, &decision, allowed).map(Some)
     }
 
     async fn begin_validation_now(

@@ -540,26 +540,38 @@ impl PgStore {
         conn: &mut PgConnection,
         nonce: &str,
     ) -> Result<Option<PostponedValidation>, StoreError> {
+        match self.latest_original(&mut *conn, nonce).await? {
+            Some(original) => self.locked(conn, original.validation_id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The validation that holds `nonce`'s decision (see [`Self::original_of_nonce`]), as
+    /// read now, unlocked.
+    pub(super) async fn latest_original<'c>(
+        &self,
+        conn: impl sqlx::PgExecutor<'c>,
+        nonce: &str,
+    ) -> Result<Option<PostponedValidation>, StoreError> {
         let rows = sqlx::query(&self.sql(VALIDATIONS_OF_NONCE))
             .bind(nonce)
-            .fetch_all(&mut *conn)
+            .fetch_all(conn)
             .await?;
-        let mut latest: Option<(DateTime<Utc>, ValidationId)> = None;
+        let mut latest: Option<PostponedValidation> = None;
         for row in rows {
             let id = row.try_get::<i64, _>(0)?;
             let record: PostponedValidation =
                 decode_json(&id.to_string(), &row.try_get::<String, _>(1)?)?;
             // Rows come by id, highest first: of two received at once, the higher id.
             if record.repeat_of.is_none()
-                && latest.is_none_or(|(received, _)| record.received > received)
+                && latest
+                    .as_ref()
+                    .is_none_or(|latest| record.received > latest.received)
             {
-                latest = Some((record.received, record.validation_id));
+                latest = Some(record);
             }
         }
-        match latest {
-            Some((_, id)) => self.locked(conn, id).await,
-            None => Ok(None),
-        }
+        Ok(latest)
     }
 
     /// The record of `validation_id`, locked for the rest of the transaction.
