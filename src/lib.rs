@@ -106,10 +106,12 @@
 //!   marks, `PostponedStore` for the Awaitable state): deduplication records per nonce in
 //!   sled (durable group commit, integrity watermark) or PostgreSQL (feature `postgres`,
 //!   shared by several instances), handler effects written atomically with the mark
-//!   (booking the result, or holding it aside for a person: `Booking`), retention;
+//!   (booking the result, or holding it aside for a person: `Booking`), each validation's
+//!   payment and decision read back for its callback (`ValidatedPayment`), retention;
 //!   `[store]`.
 //! * [`handler`] — the three traits a merchant implements, their decisions, the request
-//!   context, and provider filter helpers.
+//!   context (a callback's: attempt, previous status, effects, and what its validation
+//!   recorded), and provider filter helpers.
 //! * [`gateway`] — a client of the aggregator's own endpoints (login, refresh, postponed
 //!   results, transaction lookup) with the session kept fresh, through a proxy, a private
 //!   CA and a client certificate where needed; `[gateway]`.

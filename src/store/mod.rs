@@ -30,7 +30,9 @@
 //!
 //! `InFlight` → `Done { decision }` the same way. A repeat with the same payment data
 //! (amount, currency, client, provider, direction) gets the recorded decision; with different
-//! data it is refused ([`ValidationBegin::Mismatch`]).
+//! data it is refused ([`ValidationBegin::Mismatch`]). The record is read back for the
+//! nonce's callback ([`DedupStore::validated_payment`], a [`ValidatedPayment`]): what was
+//! validated and decided, to compare with what the callback reports.
 //!
 //! ## Integrity
 //!
