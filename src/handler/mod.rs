@@ -230,6 +230,35 @@ impl CallbackContext {
     }
 }
 
+impl CallbackContext {
+    /// Why `callback` should be held for a person rather than booked, against what payhook
+    /// recorded of its validation: [`ValidatedPayment::hold_reason`] (a success that is not
+    /// the payment validated, or that the merchant denied), or that the validation's record
+    /// does not decode (it would not on a retry either). `None` when it may be booked: not
+    /// a success (nothing is read then), no validation recorded, or the payment validated
+    /// and allowed. The example merchant and `payhook new`'s service call it.
+    ///
+    /// # Errors
+    ///
+    /// The store's, other than a record that does not decode: fail the delivery, and the
+    /// aggregator's retry asks again.
+    pub async fn hold_against_validation(
+        &self,
+        callback: &CallbackBody,
+    ) -> Result<Option<String>, StoreError> {
+        if !callback.transaction_status.is_success() {
+            return Ok(None);
+        }
+        match self.validated_payment(callback).await {
+            Ok(validated) => Ok(validated.and_then(|validated| validated.hold_reason(callback))),
+            Err(StoreError::Corrupt { reason, .. }) => Ok(Some(format!(
+                "its validation's record cannot be read ({reason})"
+            ))),
+            Err(error) => Err(error),
+        }
+    }
+}
+
 /// The store a [`CallbackContext`] reads validations from: none for a context made by
 /// [`CallbackContext::new`] or in an app without a store.
 #[derive(Clone)]

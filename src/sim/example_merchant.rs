@@ -84,9 +84,7 @@ use crate::model::{
     CallbackBody, ProviderCandidate, ProvidersValidationRequest, TransactionStatus,
     TransactionType, TransactionValidationRequest,
 };
-use crate::store::{
-    Booking, ConfiguredStore, Difference, EffectTx, StoreError, Tree, ValidatedDecision,
-};
+use crate::store::{Booking, ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, Escaped, HandlerError, Logged};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
@@ -757,11 +755,8 @@ impl CallbackReceiver for Bookkeeper {
             previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"
         );
-        let unlike = if callback.transaction_status.is_success() {
-            unlike_its_validation(&callback, &ctx).await?
-        } else {
-            None
-        };
+        // A success that is not the payment validated, or that was denied there, is held.
+        let unlike = ctx.hold_against_validation(&callback).await?;
         // Booked (or held in quarantine) in the same atomic write that marks this (nonce,
         // status) as done.
         let ledger = self.ledger.clone();
@@ -769,52 +764,6 @@ impl CallbackReceiver for Bookkeeper {
             .book(move |tx| book(tx, &ledger, &callback, unlike.as_deref()));
         Ok(CallbackDecision::Ack)
     }
-}
-
-/// Why the success `callback` must not be booked as it stands against what payhook
-/// recorded of its validation (see the module's docs); `None` when it may (also when no
-/// validation of it is recorded: the callback is then all there is to go by).
-///
-/// # Errors
-///
-/// When the store cannot be read now: the delivery fails (503) and the aggregator retries.
-async fn unlike_its_validation(
-    callback: &CallbackBody,
-    ctx: &CallbackContext,
-) -> Result<Option<String>, HandlerError> {
-    let validated = match ctx.validated_payment(callback).await {
-        Ok(Some(validated)) => validated,
-        Ok(None) => return Ok(None),
-        // A record that does not decode will not decode on a retry either: a person looks.
-        Err(StoreError::Corrupt { reason, .. }) => {
-            return Ok(Some(format!(
-                "its validation's record cannot be read ({reason})"
-            )));
-        }
-        Err(error) => return Err(error.into()),
-    };
-    // Another provider moved the same money: not the books' concern.
-    let differences: Vec<String> = validated
-        .differences(callback)
-        .iter()
-        .filter(|difference| !matches!(difference, Difference::Provider { .. }))
-        .map(ToString::to_string)
-        .collect();
-    if !differences.is_empty() {
-        return Ok(Some(format!(
-            "the success is not the payment validated: {}",
-            differences.join("; ")
-        )));
-    }
-    Ok(match &validated.decision {
-        ValidatedDecision::Denied { message } => Some(format!(
-            "a success of a payment the merchant denied at its validation ({})",
-            Escaped(message)
-        )),
-        _ => (validated.allowed() == Some(false)).then(|| {
-            "a success of a payment the merchant denied on review of its validation".to_owned()
-        }),
-    })
 }
 
 /// Opens the configured store (sled, or PostgreSQL when `store.url` is set) with the

@@ -22,7 +22,7 @@ use rust_decimal::Decimal;
 
 use super::StoreError;
 use super::record::{KeptFingerprint, RecordedDecision};
-use crate::logged::Logged;
+use crate::logged::{Escaped, Logged};
 use crate::model::{CallbackBody, TransactionType};
 
 /// The payment a nonce's transaction validation was asked about, as the store kept it, and
@@ -215,6 +215,45 @@ impl ValidatedPayment {
         }
         differences
     }
+
+    /// Why the success `callback` should be held for a person rather than booked: its
+    /// payment is not the one validated — another amount, currency, client or direction
+    /// ([`Self::differences`]; another provider that moved the same money is not a reason)
+    /// — or the merchant denied it (at once, or on review of a postponed validation). `None`
+    /// when it may be booked, and for a callback that is not a success (a failure moves no
+    /// money in).
+    ///
+    /// What the example merchant and `payhook new`'s service hold; the rule is the
+    /// merchant's to change.
+    pub fn hold_reason(&self, callback: &CallbackBody) -> Option<String> {
+        if !callback.transaction_status.is_success() {
+            return None;
+        }
+        let differences: Vec<String> = self
+            .differences(callback)
+            .iter()
+            .filter(|difference| !matches!(difference, Difference::Provider { .. }))
+            .map(ToString::to_string)
+            .collect();
+        if !differences.is_empty() {
+            return Some(format!(
+                "the success is not the payment validated: {}",
+                differences.join("; ")
+            ));
+        }
+        match &self.decision {
+            ValidatedDecision::Denied { message } => Some(format!(
+                "a success of a payment the merchant denied at its validation ({})",
+                Escaped(message)
+            )),
+            ValidatedDecision::Postponed {
+                allowed: Some(false),
+            } => Some(
+                "a success of a payment the merchant denied on review of its validation".to_owned(),
+            ),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Difference {
@@ -341,6 +380,50 @@ mod tests {
             other[0]
                 .to_string()
                 .contains("validated another (a long id)")
+        );
+    }
+
+    #[test]
+    fn a_success_is_held_for_its_payment_or_its_denial_and_nothing_else() {
+        let allowed = validated("client-42", RecordedDecision::Allow);
+        let held = |payment: &ValidatedPayment, body: &CallbackBody| payment.hold_reason(body);
+        assert_eq!(
+            held(&allowed, &callback("client-42", "40.00", "EUR", 1)),
+            None
+        );
+        let mut other_provider = callback("client-42", "40.00", "EUR", 1);
+        other_provider.provider_id = Some(12);
+        assert_eq!(allowed.differences(&other_provider).len(), 1);
+        assert_eq!(held(&allowed, &other_provider), None);
+        assert_eq!(
+            held(&allowed, &callback("client-42", "41", "EUR", 1)).as_deref(),
+            Some("the success is not the payment validated: amount 41, validated 40")
+        );
+        let mut failure = callback("client-42", "41", "EUR", 1);
+        failure.transaction_status = crate::model::TransactionStatus::Cancelled;
+        assert_eq!(held(&allowed, &failure), None);
+        let denied = validated(
+            "client-42",
+            RecordedDecision::Deny {
+                message: "limit\nforged".into(),
+            },
+        );
+        assert_eq!(
+            held(&denied, &callback("client-42", "40", "EUR", 1)).as_deref(),
+            Some("a success of a payment the merchant denied at its validation (limit\\nforged)")
+        );
+        let mut reviewed = validated("client-42", RecordedDecision::Postponed);
+        assert_eq!(
+            held(&reviewed, &callback("client-42", "40", "EUR", 1)),
+            None
+        );
+        reviewed.decision = ValidatedDecision::Postponed {
+            allowed: Some(false),
+        };
+        assert!(
+            held(&reviewed, &callback("client-42", "40", "EUR", 1))
+                .unwrap()
+                .contains("denied on review")
         );
     }
 
