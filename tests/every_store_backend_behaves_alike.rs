@@ -675,10 +675,7 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
     // Postponed: undecided, then as decided — for the original and its repeat alike.
     postpone(b, 70).await;
     let pending = read("p-70").await.unwrap();
-    assert_eq!(
-        pending.decision,
-        ValidatedDecision::Postponed { allowed: None }
-    );
+    assert_eq!(pending.decision, ValidatedDecision::Awaiting);
     assert_eq!(
         b.shared
             .repeat(&validation("p-70", 71, "10"), Utc::now())
@@ -693,9 +690,15 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
         .resolve(71.into(), &Decision::deny("blocked"), Utc::now())
         .await
         .unwrap();
-    assert_eq!(read("p-70").await.unwrap().allowed(), Some(false));
+    assert_eq!(
+        read("p-70").await.unwrap().decision,
+        ValidatedDecision::Reviewed { allowed: false }
+    );
     decide(b, 72).await;
-    assert_eq!(read("p-72").await.unwrap().allowed(), Some(true));
+    assert_eq!(
+        read("p-72").await.unwrap().decision,
+        ValidatedDecision::Reviewed { allowed: true }
+    );
 }
 
 /// Postpones validation `id` (Awaitable mode): its record and the validation's decision.
@@ -3617,6 +3620,29 @@ async fn a_migration_gives_way_to_requests_while_it_waits_for_its_lock() {
     assert_eq!(migrating.await.unwrap().unwrap(), [6]);
     drop((admin, in_flight));
     db.drop_schema().await;
+}
+
+/// A validation whose postponed record does not decode is read back as an error — a success
+/// is not booked past it — not as a decision no longer known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_whose_postponed_record_does_not_decode_is_not_read_as_unknown() {
+    let Some(b) = Backend::postgres("a_validation_whose_postponed").await else {
+        return;
+    };
+    postpone(&b, 31).await;
+    let db = b.db.as_ref().unwrap();
+    let mut conn = db.connect().await;
+    sqlx::query(&format!(
+        "UPDATE {}.postponed SET record = '{{\"not\": \"a record\"}}'::json WHERE validation_id = 31",
+        db.schema
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    drop(conn);
+    let read = b.shared.validated_payment(&Nonce::from("p-31")).await;
+    assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{read:?}");
+    b.finish().await;
 }
 
 /// A postponed record the database holds but payhook cannot decode (written by hand, or by a

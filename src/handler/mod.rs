@@ -228,20 +228,21 @@ impl CallbackContext {
             None => Ok(None),
         }
     }
-}
 
-impl CallbackContext {
     /// Why `callback` should be held for a person rather than booked, against what payhook
     /// recorded of its validation: [`ValidatedPayment::hold_reason`] (a success that is not
-    /// the payment validated, or that the merchant denied), or that the validation's record
-    /// does not decode (it would not on a retry either). `None` when it may be booked: not
-    /// a success (nothing is read then), no validation recorded, or the payment validated
-    /// and allowed. The example merchant and `payhook new`'s service call it.
+    /// the payment validated, that the merchant denied, or whose postponed validation it has
+    /// not decided yet), or that the validation's record does not decode (it would not on a
+    /// retry either). `None` when it may be booked: not a success (nothing is read then), no
+    /// validation recorded, the payment validated and allowed — or a store of the merchant's
+    /// own that cannot read its validations back ([`StoreError::Unsupported`], warned about
+    /// once): the callback alone then decides, as it did before stores read them. The
+    /// example merchant and `payhook new`'s service call it.
     ///
     /// # Errors
     ///
-    /// The store's, other than a record that does not decode: fail the delivery, and the
-    /// aggregator's retry asks again.
+    /// The store's, other than those above: fail the delivery, and the aggregator's retry
+    /// asks again.
     pub async fn hold_against_validation(
         &self,
         callback: &CallbackBody,
@@ -249,13 +250,32 @@ impl CallbackContext {
         if !callback.transaction_status.is_success() {
             return Ok(None);
         }
-        match self.validated_payment(callback).await {
-            Ok(validated) => Ok(validated.and_then(|validated| validated.hold_reason(callback))),
-            Err(StoreError::Corrupt { reason, .. }) => Ok(Some(format!(
-                "its validation's record cannot be read ({reason})"
-            ))),
-            Err(error) => Err(error),
+        held_against(self.validated_payment(callback).await, callback)
+    }
+}
+
+/// [`CallbackContext::hold_against_validation`] of what the store answered.
+fn held_against(
+    read: Result<Option<ValidatedPayment>, StoreError>,
+    callback: &CallbackBody,
+) -> Result<Option<String>, StoreError> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    match read {
+        Ok(validated) => Ok(validated.and_then(|validated| validated.hold_reason(callback))),
+        Err(StoreError::Corrupt { reason, .. }) => Ok(Some(format!(
+            "its validation's record cannot be read ({reason})"
+        ))),
+        Err(StoreError::Unsupported(what)) => {
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    store = %what,
+                    "the store cannot read validations back: callbacks are not compared with \
+                     their validations"
+                );
+            });
+            Ok(None)
         }
+        Err(error) => Err(error),
     }
 }
 
@@ -534,5 +554,38 @@ impl<H: CallbackReceiver> ErasedCallback for H {
         ctx: CallbackContext,
     ) -> BoxFuture<CallbackDecision> {
         Box::pin(async move { self.receive_callback(callback, ctx).await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_validation_that_cannot_be_read_is_held_retried_or_passed_by_what_failed() {
+        let callback: CallbackBody = serde_json::from_str(
+            r#"{"id":1,"transactionReferenceId":"0b7e5a52-2f59-4c1e-9d0c-000000000001",
+                "nonce":"n-1","transactionType":1,"transactionStatus":4,
+                "clientId":"client-42","amount":40,"currency":"EUR"}"#,
+        )
+        .unwrap();
+        assert_eq!(held_against(Ok(None), &callback).unwrap(), None);
+        // Undecodable: held, as a retry would read the same.
+        let corrupt = StoreError::Corrupt {
+            key: "n-1".into(),
+            reason: "expected value".into(),
+        };
+        assert_eq!(
+            held_against(Err(corrupt), &callback).unwrap().as_deref(),
+            Some("its validation's record cannot be read (expected value)")
+        );
+        // A store that keeps none: the callback alone decides, as before.
+        let unsupported = StoreError::Unsupported("a store of the merchant's own".into());
+        assert_eq!(held_against(Err(unsupported), &callback).unwrap(), None);
+        // Anything else may pass: the delivery fails and is retried.
+        assert!(matches!(
+            held_against(Err(StoreError::Stopped), &callback),
+            Err(StoreError::Stopped)
+        ));
     }
 }

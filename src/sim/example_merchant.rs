@@ -33,9 +33,11 @@
 //!   hands a handler every status it receives;
 //! * a success that is not the payment validated — another amount, currency, client or
 //!   direction than payhook recorded when it answered the nonce's transaction validation
-//!   (the provider may differ) — or a success of a payment the merchant denied there
-//!   ([`CallbackContext::validated_payment`]). A success whose validation is not recorded
-//!   (answered elsewhere, or longer ago than `store.retention`) is booked as it comes;
+//!   (the provider may differ) — or a success of a payment the merchant denied there, or
+//!   whose postponed validation it has not decided yet
+//!   ([`CallbackContext::hold_against_validation`]). A success whose validation is not
+//!   recorded (answered elsewhere, or longer ago than `store.retention`) is booked as it
+//!   comes;
 //! * a result older (`updatedUtc`) than the one booked for its nonce: a retry of a failure
 //!   that was delivered late, after the success that followed it, must not undo the success;
 //!   nor does a failure after a booked success, or a success after a booked failure, when

@@ -812,6 +812,8 @@ pub trait DedupStore: Send + Sync + 'static {
     ///
     /// # Errors
     ///
+    /// [`StoreError::Corrupt`] when the validation's record, or its postponed validation's,
+    /// does not decode (a decision not known is not a decision to book on);
     /// [`StoreError::Unsupported`] by default: a store that cannot read its validations
     /// back (`None` would say none was made).
     fn validated_payment<'a>(

@@ -30,7 +30,7 @@ use super::watermark::{IntegrityError, IntegrityReport, Watermark};
 use super::{
     CallbackBegin, Claim, DedupStore, Due, DurableFuture, FailingCursor, FailingPage,
     PostponedStore, ResolveFuture, Store, StoreError, StoreFuture, ValidatedPayment,
-    ValidationBegin, ms_from_time, now_ms, ready, time_from_ms, unless_gone_or_unreadable,
+    ValidationBegin, ms_from_time, now_ms, ready, time_from_ms,
 };
 use crate::model::{TransactionStatus, TransactionValidationRequest};
 use crate::postponed::record::{
@@ -1340,23 +1340,27 @@ impl SledStore {
         }))
     }
 
-    /// The validation of `nonce` as recorded, with the decision of its postponed
-    /// validation while that is kept (its id is in the record: not in records written
-    /// before it was kept, whose postponed decision is then not known).
+    /// The validation of `nonce` as recorded, with its postponed validation's record while
+    /// that is kept (its id is in the record: not in records written before it was kept,
+    /// whose postponed decision is then not known). A record that does not decode is an
+    /// error, postponed or not: a success is not booked past it.
     fn validated_payment_now(&self, nonce: &str) -> Result<Option<ValidatedPayment>, StoreError> {
         self.check_healthy()?;
         let Some(bytes) = self.record(&keys::validation(nonce))? else {
             return Ok(None);
         };
         let record: ValidationRecord = decode(nonce, &bytes)?;
-        let allowed = match (&record.decision, record.validation_id) {
-            (RecordedDecision::Postponed, Some(id)) => {
-                unless_gone_or_unreadable(self.postponed_now(id))?
-                    .and_then(|postponed| postponed.result.map(|result| result.success))
-            }
+        let postponed = match (&record.decision, record.validation_id) {
+            (RecordedDecision::Postponed, Some(id)) => self.postponed_now(id)?,
             _ => None,
         };
-        ValidatedPayment::of(nonce, &record.fingerprint, &record.decision, allowed).map(Some)
+        ValidatedPayment::of(
+            nonce,
+            &record.fingerprint,
+            &record.decision,
+            postponed.as_ref(),
+        )
+        .map(Some)
     }
 
     /// Begins a transaction validation; like [`Self::try_begin_callback`].
@@ -2791,5 +2795,70 @@ mod tests {
         runtime
             .block_on(store.callback_acknowledged(&nonce, TransactionStatus::Success))
             .unwrap()
+    }
+
+    /// What a callback's handler reads of its validation: the payment and the decision; a
+    /// postponed one's decision unknown when its record is gone, or when the validation's
+    /// record is older than the link; and a record that does not decode, of the validation
+    /// or of its postponed validation, an error rather than a decision unknown.
+    #[test]
+    fn a_validation_is_read_back_and_what_does_not_decode_is_an_error() {
+        use super::super::ValidatedDecision;
+        use super::super::record::{KeptFingerprint, encode};
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let fingerprint = KeptFingerprint::of(&Fingerprint {
+            amount: "40".into(),
+            currency: "EUR".into(),
+            client_id: "client-42".into(),
+            provider_id: 11,
+            cash_in: true,
+        });
+        let write = |nonce: &str, decision: RecordedDecision, validation_id: Option<i64>| {
+            let record = ValidationRecord {
+                fingerprint: fingerprint.clone(),
+                decision,
+                expires_ms: now_ms() + 60_000,
+                validation_id: validation_id.map(ValidationId::from),
+                repeats_awaiting: Vec::new(),
+            };
+            store
+                .inner
+                .tree
+                .insert(keys::validation(nonce).key, encode(&record))
+                .unwrap();
+        };
+        let read = |nonce: &str| store.validated_payment_now(nonce);
+
+        write("allowed", RecordedDecision::Allow, None);
+        let allowed = read("allowed").unwrap().unwrap();
+        assert_eq!(allowed.decision, ValidatedDecision::Allowed);
+        assert!(allowed.client_is("client-42"));
+        assert_eq!(read("never").unwrap(), None);
+
+        // Postponed, its record gone; or recorded before the link was kept.
+        write("purged", RecordedDecision::Postponed, Some(9));
+        write("older", RecordedDecision::Postponed, None);
+        for nonce in ["purged", "older"] {
+            let unknown = read(nonce).unwrap().unwrap();
+            assert_eq!(
+                unknown.decision,
+                ValidatedDecision::PostponedUnknown,
+                "{nonce}"
+            );
+        }
+        // Its postponed record does not decode: an error, not "unknown".
+        store
+            .inner
+            .tree
+            .insert(keys::by_id(keys::POSTPONED_PREFIX, 9.into()), &b"{"[..])
+            .unwrap();
+        assert!(matches!(read("purged"), Err(StoreError::Corrupt { .. })));
+        store
+            .inner
+            .tree
+            .insert(keys::validation("spoiled").key, &b"not json"[..])
+            .unwrap();
+        assert!(matches!(read("spoiled"), Err(StoreError::Corrupt { .. })));
     }
 }

@@ -22,8 +22,9 @@ use rust_decimal::Decimal;
 
 use super::StoreError;
 use super::record::{KeptFingerprint, RecordedDecision};
-use crate::logged::{Escaped, Logged};
+use crate::logged::Logged;
 use crate::model::{CallbackBody, TransactionType};
+use crate::postponed::PostponedValidation;
 
 /// The payment a nonce's transaction validation was asked about, as the store kept it, and
 /// what was decided.
@@ -70,12 +71,18 @@ pub enum ValidatedDecision {
         /// The merchant's message.
         message: String,
     },
-    /// Postponed (Awaitable mode) and decided later.
-    Postponed {
-        /// The decision: `Some(true)` allowed, `Some(false)` denied; `None` while none is
-        /// taken yet, or once the postponed validation's record is no longer kept.
-        allowed: Option<bool>,
+    /// Postponed (Awaitable mode), and not decided yet: the aggregator has no result.
+    Awaiting,
+    /// Postponed, and decided later.
+    Reviewed {
+        /// Whether the merchant allowed it.
+        allowed: bool,
     },
+    /// Postponed, and what was decided later is no longer known: the postponed
+    /// validation's record is gone (purged after its result was delivered, a retention
+    /// ago), or, on sled, the validation was recorded by a payhook before the one that
+    /// links the two.
+    PostponedUnknown,
 }
 
 /// How a callback's payment differs from the one validated ([`ValidatedPayment::differences`]).
@@ -121,13 +128,13 @@ pub enum Difference {
 }
 
 impl ValidatedPayment {
-    /// The payment of a validation record, decided `decision`; `allowed` is the decision of
-    /// a postponed one, when known.
+    /// The payment of a validation record, decided `decision`; `postponed` is the record of
+    /// a postponed one, when it is kept.
     pub(crate) fn of(
         nonce: &str,
         kept: &KeptFingerprint,
         decision: &RecordedDecision,
-        allowed: Option<bool>,
+        postponed: Option<&PostponedValidation>,
     ) -> Result<Self, StoreError> {
         let amount = kept.amount().map_err(|reason| StoreError::Corrupt {
             key: nonce.to_owned(),
@@ -143,7 +150,13 @@ impl ValidatedPayment {
                 RecordedDecision::Deny { message } => ValidatedDecision::Denied {
                     message: message.clone(),
                 },
-                RecordedDecision::Postponed => ValidatedDecision::Postponed { allowed },
+                RecordedDecision::Postponed => match postponed.map(|p| p.result.as_ref()) {
+                    None => ValidatedDecision::PostponedUnknown,
+                    Some(None) => ValidatedDecision::Awaiting,
+                    Some(Some(result)) => ValidatedDecision::Reviewed {
+                        allowed: result.success,
+                    },
+                },
             },
             client_id: kept.client_id().map(str::to_owned),
             kept: kept.clone(),
@@ -162,12 +175,13 @@ impl ValidatedPayment {
     }
 
     /// Whether the merchant allowed the payment: `Some(false)` when it denied it, `None`
-    /// while a postponed decision is not taken (or no longer known).
+    /// while a postponed decision is not taken, or is no longer known.
     pub fn allowed(&self) -> Option<bool> {
         match &self.decision {
             ValidatedDecision::Allowed => Some(true),
             ValidatedDecision::Denied { .. } => Some(false),
-            ValidatedDecision::Postponed { allowed } => *allowed,
+            ValidatedDecision::Reviewed { allowed } => Some(*allowed),
+            ValidatedDecision::Awaiting | ValidatedDecision::PostponedUnknown => None,
         }
     }
 
@@ -219,9 +233,10 @@ impl ValidatedPayment {
     /// Why the success `callback` should be held for a person rather than booked: its
     /// payment is not the one validated — another amount, currency, client or direction
     /// ([`Self::differences`]; another provider that moved the same money is not a reason)
-    /// — or the merchant denied it (at once, or on review of a postponed validation). `None`
-    /// when it may be booked, and for a callback that is not a success (a failure moves no
-    /// money in).
+    /// — or the merchant denied it (at once, or on review of a postponed validation), or
+    /// has not decided it yet (the aggregator had no result to go on). `None` when it may
+    /// be booked — also when a postponed decision is no longer known — and for a callback
+    /// that is not a success (a failure moves no money in).
     ///
     /// What the example merchant and `payhook new`'s service hold; the rule is the
     /// merchant's to change.
@@ -241,17 +256,22 @@ impl ValidatedPayment {
                 differences.join("; ")
             ));
         }
+        // The reason is escaped where it is shown (logs, listings), not here.
         match &self.decision {
             ValidatedDecision::Denied { message } => Some(format!(
-                "a success of a payment the merchant denied at its validation ({})",
-                Escaped(message)
+                "a success of a payment the merchant denied at its validation ({message})"
             )),
-            ValidatedDecision::Postponed {
-                allowed: Some(false),
-            } => Some(
+            ValidatedDecision::Reviewed { allowed: false } => Some(
                 "a success of a payment the merchant denied on review of its validation".to_owned(),
             ),
-            _ => None,
+            ValidatedDecision::Awaiting => Some(
+                "a success of a payment whose postponed validation the merchant has not \
+                 decided yet"
+                    .to_owned(),
+            ),
+            ValidatedDecision::Allowed
+            | ValidatedDecision::Reviewed { allowed: true }
+            | ValidatedDecision::PostponedUnknown => None,
         }
     }
 }
@@ -405,25 +425,30 @@ mod tests {
         let denied = validated(
             "client-42",
             RecordedDecision::Deny {
-                message: "limit\nforged".into(),
+                message: "limit".into(),
             },
         );
+        let success = callback("client-42", "40", "EUR", 1);
         assert_eq!(
-            held(&denied, &callback("client-42", "40", "EUR", 1)).as_deref(),
-            Some("a success of a payment the merchant denied at its validation (limit\\nforged)")
+            held(&denied, &success).as_deref(),
+            Some("a success of a payment the merchant denied at its validation (limit)")
         );
-        let mut reviewed = validated("client-42", RecordedDecision::Postponed);
-        assert_eq!(
-            held(&reviewed, &callback("client-42", "40", "EUR", 1)),
-            None
-        );
-        reviewed.decision = ValidatedDecision::Postponed {
-            allowed: Some(false),
-        };
+        let mut postponed = validated("client-42", RecordedDecision::Postponed);
+        assert_eq!(postponed.decision, ValidatedDecision::PostponedUnknown);
+        assert_eq!(held(&postponed, &success), None);
+        postponed.decision = ValidatedDecision::Reviewed { allowed: true };
+        assert_eq!(held(&postponed, &success), None);
+        postponed.decision = ValidatedDecision::Reviewed { allowed: false };
         assert!(
-            held(&reviewed, &callback("client-42", "40", "EUR", 1))
+            held(&postponed, &success)
                 .unwrap()
                 .contains("denied on review")
+        );
+        postponed.decision = ValidatedDecision::Awaiting;
+        assert!(
+            held(&postponed, &success)
+                .unwrap()
+                .contains("not decided yet")
         );
     }
 

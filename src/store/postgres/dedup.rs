@@ -11,7 +11,7 @@ use super::super::record::{KeptFingerprint, RecordedDecision};
 use super::super::{
     CallbackBegin, CallbackFailure, Claim, DedupStore, DurableFuture, Effects, FailingCallback,
     FailingCursor, FailingPage, Fingerprint, HeldCallback, StoreError, StoreFuture,
-    ValidatedPayment, ValidationBegin, unless_gone_or_unreadable,
+    ValidatedPayment, ValidationBegin,
 };
 use super::claim::HeldClaim;
 use super::{
@@ -774,8 +774,8 @@ impl PgStore {
         }
     }
 
-    /// The validation of `nonce` as recorded, with the decision of its postponed
-    /// validation while that is kept.
+    /// The validation of `nonce` as recorded, with its postponed validation's record while
+    /// that is kept (the latest original of the nonce, as a repeat finds it).
     async fn validated_payment_now(
         &self,
         nonce: &str,
@@ -791,14 +791,13 @@ impl PgStore {
         };
         let kept: KeptFingerprint = decode_json(nonce, &row.try_get::<String, _>(0)?)?;
         let decision: RecordedDecision = decode_json(nonce, &row.try_get::<String, _>(1)?)?;
-        let allowed = match decision {
-            RecordedDecision::Postponed => {
-                unless_gone_or_unreadable(self.latest_original(self.pool(), nonce).await)?
-                    .and_then(|original| original.result.map(|result| result.success))
-            }
+        // A postponed record that does not decode is an error: a success is not booked
+        // past it.
+        let postponed = match decision {
+            RecordedDecision::Postponed => self.latest_original(self.pool(), nonce).await?,
             _ => None,
         };
-        ValidatedPayment::of(nonce, &kept, &decision, allowed).map(Some)
+        ValidatedPayment::of(nonce, &kept, &decision, postponed.as_ref()).map(Some)
     }
 
     async fn begin_validation_now(
