@@ -432,7 +432,22 @@ async fn demo_runs_every_shipped_scenario_green() {
         "callback already processed",
     ] {
         assert!(stdout.contains(told), "the story tells {told}: {stdout}");
-    } // The conflicting second result is told as it happened: the merchant's approval went
+    }
+    // A success unlike its validation is held, in the example's quarantine and in
+    // payhook's list for a person.
+    let unlike = stdout
+        .split("▶ ")
+        .find(|story| story.starts_with("a result unlike its validation"))
+        .unwrap();
+    assert!(
+        unlike.contains("nothing booked; held in quarantine")
+            && unlike.contains(
+                "the success is not the payment validated: amount 400.00, validated 40.00"
+            )
+            && unlike.contains("payhook lists it among the held results"),
+        "{unlike}"
+    );
+    // The conflicting second result is told as it happened: the merchant's approval went
     // out and was refused; the gateway kept its denial.
     let conflict = stdout
         .split("▶ ")

@@ -4,10 +4,12 @@
 use payhook::Config;
 use payhook::HandlerError;
 use payhook::gateway::GatewayClient;
+use payhook::model::{Nonce, TransactionStatus};
 use payhook::server::Reconciled;
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
 use payhook::sim::scenario::{Observed, Reconciler, Scenario, Target};
 use payhook::sim::{MockGateway, MockGatewayConfig, Signer, Trigger};
+use payhook::store::Store;
 use rust_decimal::Decimal;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -176,6 +178,7 @@ async fn demo(
         })
     };
     let ledger = merchant::Ledger::of(&store)?;
+    let shared = store.shared();
     let target = Target {
         base_url: base_url.clone(),
         paths: config.paths.clone(),
@@ -184,8 +187,8 @@ async fn demo(
         await_timeout: Duration::from_secs(10),
         reconciler: Some(reconciler),
         observer: Some(Arc::new(move |nonce: String| {
-            let ledger = ledger.clone();
-            Box::pin(async move { booked(&ledger, &nonce).await })
+            let (ledger, shared) = (ledger.clone(), Arc::clone(&shared));
+            Box::pin(async move { booked(&ledger, shared.as_ref(), &nonce).await })
         })),
     };
 
@@ -229,15 +232,24 @@ async fn demo(
     outcome
 }
 
-/// The ledger entry of `nonce`, told in a line with the results of it held in quarantine,
-/// and how many results it booked; `None` when the ledger cannot be read.
-async fn booked(ledger: &merchant::Ledger, nonce: &str) -> Option<Observed> {
+/// The ledger entry of `nonce`, told in a line with the results of it held in quarantine
+/// (and whether payhook's store keeps each for a person), and how many results it booked;
+/// `None` when the ledger cannot be read.
+async fn booked(ledger: &merchant::Ledger, store: &dyn Store, nonce: &str) -> Option<Observed> {
     let mut observed = booked_entry(ledger, nonce).await?;
     for (held, quarantined) in ledger.quarantined_all().await.ok()? {
         if held == nonce {
-            observed
-                .summary
-                .push_str(&format!("; held in quarantine, not booked: {quarantined}"));
+            let status = TransactionStatus::from_code(quarantined.status);
+            let kept = match store.held_callback(&Nonce::from(nonce), status).await {
+                Ok(Some(kept)) if kept.unresolved() => {
+                    " (payhook lists it among the held results until a person resolves it: \
+                     payhook callbacks held, payhook callbacks resolve)"
+                }
+                _ => "",
+            };
+            observed.summary.push_str(&format!(
+                "; held in quarantine, not booked: {quarantined}{kept}"
+            ));
         }
     }
     Some(observed)
