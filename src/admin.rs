@@ -212,6 +212,10 @@ pub enum CallbacksCommand {
         /// reconcile of the transaction.
         #[cfg_attr(feature = "clap", arg(long))]
         note: String,
+        /// Who resolves it, kept with the note (default: `$USER`, or `$USERNAME`; none
+        /// when neither is set).
+        #[cfg_attr(feature = "clap", arg(long))]
+        by: Option<String>,
     },
 }
 
@@ -257,13 +261,15 @@ impl AdminCommand {
                         nonce,
                         status,
                         note,
+                        by,
                     } => {
                         if let Some(refused) = crate::store::held::note_refused(&note) {
                             return Err(AdminError::Refused(format!("--note: {refused}")));
                         }
                         let code = crate::model::TransactionStatus::from_code(status);
+                        let by = resolver_named(by);
                         let resolved = store
-                            .resolve_held(&nonce.as_str().into(), code, &note)
+                            .resolve_held(&nonce.as_str().into(), code, &note, by.as_deref())
                             .await?;
                         let resolved = resolved.ok_or_else(|| nothing_held(&nonce, status))?;
                         crate::store::held::log_resolved(
@@ -587,7 +593,8 @@ impl AdminClient {
         .await
     }
 
-    /// Resolves the held result of (`nonce`, `status`): what it was.
+    /// Resolves the held result of (`nonce`, `status`) with `note`, by the person `by` (as
+    /// they name themselves; none when `None`): what it is now.
     ///
     /// # Errors
     ///
@@ -598,11 +605,13 @@ impl AdminClient {
         nonce: &str,
         status: i32,
         note: &str,
+        by: Option<&str>,
     ) -> Result<HeldCallback, AdminError> {
         let body = serde_json::to_vec(&crate::server::AdminHeldPair {
             nonce: nonce.to_owned(),
             status,
             note: note.to_owned(),
+            by: by.map(str::to_owned),
         })
         .unwrap_or_default();
         match self
@@ -776,8 +785,12 @@ impl AdminCommand {
                 nonce,
                 status,
                 note,
+                by,
             }) => {
-                let resolved = client.resolve_held(&nonce, status, &note).await?;
+                let by = resolver_named(by);
+                let resolved = client
+                    .resolve_held(&nonce, status, &note, by.as_deref())
+                    .await?;
                 writeln!(out, "{}", resolved_line(&resolved))?;
                 Ok(())
             }
@@ -1521,13 +1534,25 @@ pub fn describe_held(all: &[HeldCallback], limit: usize) -> String {
 /// What `callbacks resolve` says of the result it resolved.
 fn resolved_line(held: &HeldCallback) -> String {
     format!(
-        "resolved: nonce {} ({}), held {}: {} — kept with your note ({}), no longer listed; nothing booked, and the aggregator's retries stay acknowledged",
+        "resolved: nonce {} ({}), held {}: {} — kept with your note ({}){}, no longer listed; nothing booked, and the aggregator's retries stay acknowledged",
         crate::logged::Logged(&held.nonce),
         crate::model::TransactionStatus::from_code(held.status),
         utc(held.held_at),
         crate::Escaped(&held.reason),
-        crate::Escaped(&held.resolution)
+        crate::Escaped(&held.resolution),
+        held.resolved_by
+            .as_deref()
+            .map_or_else(String::new, |by| format!(
+                " and your name ({})",
+                crate::Escaped(by)
+            ))
     )
+}
+
+/// Who resolves a held result: `--by`, else the user the command runs as.
+fn resolver_named(by: Option<String>) -> Option<String> {
+    by.or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("USERNAME").ok())
 }
 
 /// `callbacks resolve` of a pair that is not held.

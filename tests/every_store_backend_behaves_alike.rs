@@ -490,18 +490,30 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
     let note = "booked by hand, journal 42";
     let resolved = b
         .shared
-        .resolve_held(&n1, success, note)
+        .resolve_held(&n1, success, note, Some("  Alice\n(ops)  "))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(resolved.reason, "a currency not kept");
     assert_eq!(resolved.resolution, note);
+    assert_eq!(
+        resolved.resolved_by.as_deref(),
+        Some("Alice\n(ops)"),
+        "who, as said"
+    );
     let at = resolved.resolved_at.expect("resolved now");
     assert!(at >= resolved.held_at);
-    let again = b.shared.resolve_held(&n1, success, "again").await.unwrap();
+    let again = b
+        .shared
+        .resolve_held(&n1, success, "again", Some("Bob"))
+        .await
+        .unwrap();
     assert_eq!(again, None, "once");
     assert_eq!(
-        b.shared.resolve_held(&n2, success, note).await.unwrap(),
+        b.shared
+            .resolve_held(&n2, success, note, None)
+            .await
+            .unwrap(),
         None
     );
     assert_eq!(b.shared.held_count().await.unwrap(), 1);
@@ -521,9 +533,33 @@ async fn a_held_result_is_kept_until_a_person_resolves_it(b: Backend) {
     assert_eq!(b.shared.held_count().await.unwrap(), 1, "resolved durably");
     let kept = b.shared.held_callback(&n1, success).await.unwrap().unwrap();
     assert_eq!(
-        (kept.resolved_at, kept.resolution.as_str()),
-        (Some(at), note)
+        (
+            kept.resolved_at,
+            kept.resolution.as_str(),
+            kept.resolved_by.as_deref()
+        ),
+        (Some(at), note, Some("Alice\n(ops)"))
     );
+    // Who is not said (or only blanks): none is kept.
+    let unnamed = b
+        .shared
+        .resolve_held(&n1, cancelled, "reversed by hand", Some("   "))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(unnamed.resolved_by, None);
+    let b = b.opened_again_with(RETENTION).await;
+    let kept = b
+        .shared
+        .held_callback(&n1, cancelled)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kept.resolution.as_str(), kept.resolved_by),
+        ("reversed by hand", None)
+    );
+    assert_eq!(b.shared.held_count().await.unwrap(), 0);
     b.finish().await;
 }
 

@@ -278,7 +278,8 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     assert!(rows[0].contains("transaction type 3"), "{table}");
 
     let note = "booked by hand as an adjustment";
-    let pair = json!({"nonce": "n-odd", "status": 4, "note": note}).to_string();
+    let pair =
+        json!({"nonce": "n-odd", "status": 4, "note": note, "by": "Alice (ops)"}).to_string();
     let other = json!({"nonce": "n-deposit", "status": 4, "note": note}).to_string();
     let path = "/payhook/admin/callbacks/held/resolve";
     let unsaid = json!({"nonce": "n-odd", "status": 4, "note": " "}).to_string();
@@ -311,6 +312,7 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     assert_eq!(resolved["nonce"], "n-odd");
     assert_eq!(resolved["reason"], held["reason"]);
     assert_eq!(resolved["resolution"], note);
+    assert_eq!(resolved["resolvedBy"], "Alice (ops)");
     assert!(resolved["resolvedMs"].as_i64().unwrap() >= held["heldMs"].as_i64().unwrap());
     assert_eq!(
         example.metric("payhook_callbacks_held_unresolved").await,
@@ -323,6 +325,7 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
         nonce: "n-odd".into(),
         status: 4,
         note: note.into(),
+        by: Some("Bob".into()),
     };
     let refused = payhook::admin::AdminCommand::Callbacks(resolve)
         .run_remote(&config, &client, &mut out)
@@ -524,6 +527,8 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         command
             .env_clear()
             .env("RUST_LOG", "warn")
+            // Who resolves, unless `--by` says: the user the command runs as.
+            .env("USER", "carol")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(args);
         command.output().unwrap()
@@ -543,12 +548,13 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         "{said}"
     );
     assert!(
-        said.contains("kept with your note (booked by hand)"),
+        said.contains("kept with your note (booked by hand) and your name (carol)"),
         "{said}"
     );
     let logged = String::from_utf8_lossy(&resolved.stderr);
     assert!(
         logged.contains("a held result was resolved by a person")
+            && logged.contains("by=carol")
             && logged.contains("the command line, on the store"),
         "{logged}"
     );

@@ -122,8 +122,22 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         asked.contains("n-held") && asked.contains("Nothing is booked"),
         "{asked}"
     );
+    let asked = browser.answer_prompt("Dana (ops)").await;
+    assert!(asked.contains("Your name"), "{asked}");
     browser.hover("h1").await;
     browser.wait_for_none("tr.unresolved").await;
+    let kept = server
+        .app
+        .store()
+        .unwrap()
+        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
+        ("paid back by hand", Some("Dana (ops)"))
+    );
     assert!(
         browser
             .page_text()

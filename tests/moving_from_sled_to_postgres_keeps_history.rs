@@ -80,6 +80,20 @@ async fn history(config: &StoreConfig) {
         });
         book_in_sled(&store, nonce, effects).await;
     }
+    // A later status of the long nonce, held too, and resolved by a person before the move.
+    let effects = Effects::default();
+    effects.book(|_| Ok(Booking::held("a reversal kept aside")));
+    book_status_in_sled(&store, LONG, TransactionStatus::Cancelled, effects).await;
+    store
+        .resolve_held(
+            &Nonce::from(LONG),
+            TransactionStatus::Cancelled,
+            "reversed by hand",
+            Some("Erin"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     store
         .record_callback_failure(CallbackFailure {
             nonce: "failing-1".into(),
@@ -119,16 +133,26 @@ async fn history(config: &StoreConfig) {
 
 /// Books a success of `nonce` in the sled `store`, with `effects`.
 async fn book_in_sled(store: &SledStore, nonce: &str, effects: Effects) {
+    book_status_in_sled(store, nonce, TransactionStatus::Success, effects).await;
+}
+
+/// Books `status` of `nonce` in the sled `store`, with `effects`.
+async fn book_status_in_sled(
+    store: &SledStore,
+    nonce: &str,
+    status: TransactionStatus,
+    effects: Effects,
+) {
     let nonce = Nonce::from(nonce);
     let CallbackBegin::Claimed { claim, .. } = store
-        .begin_callback(&nonce, TransactionStatus::Success, STALE)
+        .begin_callback(&nonce, status, STALE)
         .await
         .unwrap()
     else {
         panic!("{nonce:?} was not claimed");
     };
     store
-        .finish_callback(&nonce, claim, TransactionStatus::Success, effects)
+        .finish_callback(&nonce, claim, status, effects)
         .await
         .unwrap();
 }
@@ -269,7 +293,7 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
     let copy = || copy_from_sled(&sled, &db);
     let said = succeeded(&copy());
     assert!(
-        said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 1 held result(s), 1 postponed validation(s), 2 tree key(s)"),
+        said.contains("copied 2 callback record(s), 2 validation record(s), 1 failing callback(s), 2 held result(s), 1 postponed validation(s), 2 tree key(s)"),
         "{said}"
     );
     // A copy that finished is not run again by mistake: after the instances served, it
@@ -331,6 +355,19 @@ async fn a_copied_store_answers_retries_as_duplicates_and_keeps_its_outbox() {
         .unwrap();
     assert_eq!(found.as_ref(), held.first(), "keyed as PostgreSQL keys it");
     assert_eq!(shared.held_count().await.unwrap(), 1);
+    let resolved = shared
+        .held_callback(&long, TransactionStatus::Cancelled)
+        .await
+        .unwrap()
+        .expect("the resolved one moved too");
+    assert_eq!(
+        (
+            resolved.resolution.as_str(),
+            resolved.resolved_by.as_deref(),
+            resolved.unresolved()
+        ),
+        ("reversed by hand", Some("Erin"), false)
+    );
     assert_eq!(
         shared
             .begin_validation(

@@ -681,7 +681,12 @@ document.addEventListener('click', async (event) => {
       const note = prompt('Resolve the held result of nonce ' + pair.nonce + ' (status '
         + pair.status + ')? Nothing is booked: say what was done in the merchant\'s books.');
       if (note === null || !note.trim()) return;
-      return act('callbacks/held/resolve', {...pair, note}, button);
+      // Who: one token serves every operator, so the page asks (and remembers the answer
+      // in this browser); kept with the note.
+      const by = prompt('Your name, kept with the note:', localStorage.getItem('payhook.by') || '');
+      if (by === null) return;
+      if (by.trim()) localStorage.setItem('payhook.by', by.trim());
+      return act('callbacks/held/resolve', {...pair, note, by: by.trim() || undefined}, button);
     }
     case 'detail': {
       const box = document.getElementById('detail');
@@ -795,6 +800,7 @@ mod tests {
                 currency: "EUR".into(),
                 resolved_at: None,
                 resolution: String::new(),
+                resolved_by: None,
             })
             .collect();
         let panel = super::held(&held[..FAILING_SHOWN], held.len());

@@ -14,7 +14,7 @@
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
-//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…"}` | 200, the held result as kept now: resolved, with the time and the note (a person put the merchant's books right, and says how: the note is needed, 400 without), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
+//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who as they named themselves (`by`, optional: one token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
@@ -387,6 +387,10 @@ pub struct AdminHeldPair {
     /// whoever reconciles the transaction later).
     #[serde(default)]
     pub note: String,
+    /// Who resolved it, as they name themselves (optional; cut after 128 bytes): kept with
+    /// the result and logged. The API has one token, so it is their word, not a login.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// The body of `POST /payhook/admin/reconcile`.
@@ -669,7 +673,7 @@ impl OperatingApi {
                 let nonce = crate::model::Nonce::from(pair.nonce);
                 let status = crate::model::TransactionStatus::from_code(pair.status);
                 let resolved = store
-                    .resolve_held(&nonce, status, &pair.note)
+                    .resolve_held(&nonce, status, &pair.note, pair.by.as_deref())
                     .await
                     .map_err(|e| self.admin_store_failed(&e))?;
                 let Some(resolved) = resolved else {

@@ -127,11 +127,11 @@ pub(crate) enum Job {
     },
     /// A callback's handler failed: counted for operators (nobody waits for it).
     Failure(Box<CallbackFailure>),
-    /// A person resolved a held result: it is kept, resolved at `at` with `resolution`.
+    /// A person resolved a held result: it is kept, resolved at `at` as `resolving` says.
     Resolve {
         nonce: String,
         status: i32,
-        resolution: String,
+        resolving: held::Resolving,
         at: DateTime<Utc>,
         reply: oneshot::Sender<Result<Option<HeldCallback>, StoreError>>,
     },
@@ -1050,12 +1050,12 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             Job::Resolve {
                 nonce,
                 status,
-                resolution,
+                resolving,
                 at,
                 reply,
             } => {
                 let pair = (nonce.as_str(), status);
-                match held::resolve(&context.tree, &overlay, pair, at, &resolution) {
+                match held::resolve(&context.tree, &overlay, pair, at, &resolving) {
                     Ok(resolved) => {
                         let resolved = resolved.map(|(resolved, writes)| {
                             overlay.extend(writes);

@@ -64,6 +64,40 @@ pub struct HeldCallback {
     /// What they said of it (cut after 512 bytes).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resolution: String,
+    /// Who resolved it, as they named themselves (`payhook callbacks resolve --by`, the
+    /// inspector's prompt, the API's `by`; cut after 128 bytes); `None` when not said.
+    /// The operating API has one token: a name is a person's word, not a login.
+    #[serde(
+        rename = "resolvedBy",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resolved_by: Option<String>,
+}
+
+/// How many bytes of a resolver's name are kept.
+const NAME_BYTES: usize = 128;
+
+/// What a person says when they resolve a held result: what was done (needed), and who
+/// they are (when they say).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resolving {
+    pub(crate) note: String,
+    pub(crate) by: Option<String>,
+}
+
+impl Resolving {
+    /// `note` by `by`, kept as the stores keep them: cut, U+0000 as U+FFFD, a name of
+    /// blanks taken as none.
+    pub(crate) fn new(note: &str, by: Option<&str>) -> Self {
+        Self {
+            note: kept_text(note),
+            by: by
+                .map(str::trim)
+                .filter(|by| !by.is_empty())
+                .map(|by| readable(&cut_bytes(by, NAME_BYTES)).into_owned()),
+        }
+    }
 }
 
 /// What the server knows of a callback it hands to the store with its effects: the
@@ -126,6 +160,7 @@ impl HeldCallback {
             currency: subject.map_or_else(String::new, |s| text(&s.currency)),
             resolved_at: None,
             resolution: String::new(),
+            resolved_by: None,
         }
     }
 
@@ -134,11 +169,12 @@ impl HeldCallback {
         self.resolved_at.is_none()
     }
 
-    /// This result, resolved at `at` (never before it was held: clocks differ) with
-    /// `resolution` (kept as the reason is).
-    pub(crate) fn resolved(mut self, at: DateTime<Utc>, resolution: &str) -> Self {
+    /// This result, resolved at `at` (never before it was held: clocks differ) as
+    /// `resolving` says.
+    pub(crate) fn resolved(mut self, at: DateTime<Utc>, resolving: &Resolving) -> Self {
         self.resolved_at = Some(to_the_millisecond(at).max(self.held_at));
-        self.resolution = kept_text(resolution);
+        self.resolution.clone_from(&resolving.note);
+        self.resolved_by.clone_from(&resolving.by);
         self
     }
 }
@@ -151,15 +187,16 @@ pub(crate) fn note_refused(note: &str) -> Option<&'static str> {
         .then_some("a note saying what was done in the merchant's books is needed")
 }
 
-/// Logs, at warn level, that a person resolved `held`, and how (`by`: the operating API
-/// from an address, or a stopped store's command line).
-pub(crate) fn log_resolved(held: &HeldCallback, by: &str) {
+/// Logs, at warn level, that a person resolved `held`, who as they said, and how (`via`:
+/// the operating API from an address, or a stopped store's command line).
+pub(crate) fn log_resolved(held: &HeldCallback, via: &str) {
     tracing::warn!(
         nonce = %crate::logged::Logged(held.nonce.as_str()),
         status = held.status,
         reason = %crate::Escaped(&held.reason),
         resolution = %crate::Escaped(&held.resolution),
-        by,
+        by = %crate::logged::Logged(held.resolved_by.as_deref().unwrap_or("(not said)")),
+        via,
         "a held result was resolved by a person: no longer listed nor counted as waiting"
     );
 }
@@ -170,9 +207,12 @@ pub(crate) fn told(held: &HeldCallback) -> String {
     match held.resolved_at {
         None => held.reason.clone(),
         Some(at) => format!(
-            "{} — resolved {}: {}",
+            "{} — resolved {}{}: {}",
             held.reason,
             at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            held.resolved_by
+                .as_deref()
+                .map_or_else(String::new, |by| format!(" by {by}")),
             held.resolution
         ),
     }
@@ -248,22 +288,22 @@ pub(crate) fn get(
         .transpose()
 }
 
-/// The batch's writes that resolve (`nonce`, `status`)'s held result at `at` with
-/// `resolution` — its record moved from waiting to resolved — and the result as kept then;
-/// `None` when none waits.
+/// The batch's writes that resolve (`nonce`, `status`)'s held result at `at` as
+/// `resolving` says — its record moved from waiting to resolved — and the result as kept
+/// then; `None` when none waits.
 pub(crate) fn resolve(
     tree: &sled::Tree,
     overlay: &Overlay,
     (nonce, status): (&str, i32),
     at: DateTime<Utc>,
-    resolution: &str,
+    resolving: &Resolving,
 ) -> Result<Option<Resolution>, StoreError> {
     let key = key(nonce, status);
     let Some(bytes) = super::staging::read(tree, overlay, &key)? else {
         return Ok(None);
     };
     let held: HeldCallback = decode_named(&bytes, || describe(nonce, status))?;
-    let resolved = held.resolved(at, resolution);
+    let resolved = held.resolved(at, resolving);
     let value = encode(&resolved);
     Ok(Some((
         resolved,
@@ -396,9 +436,15 @@ mod tests {
         assert_eq!(count(&tree).unwrap(), 1);
 
         let earlier = at - chrono::TimeDelta::seconds(5);
-        let (resolved, writes) = resolve(&tree, &Overlay::new(), ("n-1", 4), earlier, "done")
-            .unwrap()
-            .unwrap();
+        let (resolved, writes) = resolve(
+            &tree,
+            &Overlay::new(),
+            ("n-1", 4),
+            earlier,
+            &Resolving::new("done", None),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             resolved.resolved_at,
             Some(first.held_at),
@@ -415,7 +461,14 @@ mod tests {
         assert_eq!(count(&tree).unwrap(), 0);
         assert_eq!(unresolved(&tree).unwrap(), []);
         assert_eq!(get(&tree, "n-1", 4).unwrap(), Some(resolved));
-        let again = resolve(&tree, &Overlay::new(), ("n-1", 4), at, "again").unwrap();
+        let again = resolve(
+            &tree,
+            &Overlay::new(),
+            ("n-1", 4),
+            at,
+            &Resolving::new("again", None),
+        )
+        .unwrap();
         assert!(again.is_none(), "resolved once");
         assert_eq!(
             write_of(&tree, &Overlay::new(), &second).unwrap(),

@@ -763,9 +763,10 @@ pub trait DedupStore: Send + Sync + 'static {
     }
 
     /// Says, durably, that a person resolved the held result of (`nonce`, `status`) in the
-    /// merchant's books, with `resolution` (their note): it is kept resolved, no longer
-    /// listed by [`DedupStore::held_callbacks`] nor counted. Resolves to the result as it is
-    /// kept now, or `None` when none waits (not held, or resolved already).
+    /// merchant's books, with `resolution` (their note) and `by` (their name, when they
+    /// said): it is kept resolved, no longer listed by [`DedupStore::held_callbacks`] nor
+    /// counted. Resolves to the result as it is kept now, or `None` when none waits (not
+    /// held, or resolved already).
     ///
     /// # Errors
     ///
@@ -775,8 +776,9 @@ pub trait DedupStore: Send + Sync + 'static {
         nonce: &'a Nonce,
         status: TransactionStatus,
         resolution: &'a str,
+        by: Option<&'a str>,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
-        let _ = (nonce, status, resolution);
+        let _ = (nonce, status, resolution, by);
         Box::pin(async { Err(keeps_no_held_results()) })
     }
 

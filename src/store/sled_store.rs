@@ -19,7 +19,7 @@ pub use super::committer::HoldPoint;
 use super::committer::{BenchFile, Context, Destination, Gate, HoldState, Job, Sweeper, Writer};
 use super::effects::{Effects, Tree, check_declared};
 use super::failing::{CallbackFailure, FailingCallback, FailureRecord};
-use super::held::HeldCallback;
+use super::held::{HeldCallback, Resolving};
 use super::horizon::Opener;
 use super::keys;
 use super::postponed_records::PostponedOp;
@@ -753,6 +753,7 @@ impl DedupStore for SledStore {
         nonce: &'a Nonce,
         status: TransactionStatus,
         resolution: &'a str,
+        by: Option<&'a str>,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         if let Err(error) = self.check_healthy() {
             return ready(Err(error));
@@ -761,7 +762,7 @@ impl DedupStore for SledStore {
         let job = Job::Resolve {
             nonce: nonce.as_str().to_owned(),
             status: status.code(),
-            resolution: resolution.to_owned(),
+            resolving: Resolving::new(resolution, by),
             at: chrono::Utc::now(),
             reply,
         };

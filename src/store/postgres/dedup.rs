@@ -116,9 +116,13 @@ impl PgStore {
     }
 }
 
-/// The columns of `callbacks_held` that [`held_of`] reads, in its order.
+/// The columns of `callbacks_held` that [`held_of`] reads, in its order, but the last.
 const HELD_COLUMNS: &str = "nonce, status, reason, held_at, reference_id, client_id, amount, \
      currency, resolved_at, resolution";
+
+/// Held results, each with who resolved it ([`HELD_COLUMNS`], then `resolved_by`).
+const HELD_FROM: &str =
+    "{s}.callbacks_held LEFT JOIN {s}.callbacks_held_by USING (nonce_key, status)";
 
 /// A row of [`HELD_COLUMNS`].
 fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
@@ -133,6 +137,7 @@ fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
         currency: row.try_get(7)?,
         resolved_at: row.try_get(8)?,
         resolution: row.try_get(9)?,
+        resolved_by: row.try_get(10)?,
     })
 }
 
@@ -282,7 +287,7 @@ impl DedupStore for PgStore {
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         Box::pin(async move {
             let row = sqlx::query(&self.sql(&format!(
-                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held \
+                "SELECT {HELD_COLUMNS}, resolved_by FROM {HELD_FROM} \
                  WHERE nonce_key = $1 AND status = $2"
             )))
             .bind(nonce_key(nonce))
@@ -297,7 +302,7 @@ impl DedupStore for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         Box::pin(async move {
             let rows = sqlx::query(&self.sql(&format!(
-                "SELECT {HELD_COLUMNS} FROM {{s}}.callbacks_held WHERE resolved_at IS NULL \
+                "SELECT {HELD_COLUMNS}, resolved_by FROM {HELD_FROM} WHERE resolved_at IS NULL \
                  ORDER BY held_at DESC, nonce COLLATE \"C\", status LIMIT $1"
             )))
             .bind(limit)
@@ -323,21 +328,30 @@ impl DedupStore for PgStore {
         nonce: &'a Nonce,
         status: TransactionStatus,
         resolution: &'a str,
+        by: Option<&'a str>,
     ) -> StoreFuture<'a, Option<HeldCallback>> {
         Box::pin(async move {
-            // Kept as the embedded store keeps it (to the millisecond, the note cut).
+            // Kept as the embedded store keeps it (to the millisecond, the note and the
+            // name cut).
             let at = crate::store::held::to_the_millisecond(chrono::Utc::now());
-            let note = crate::store::held::kept_text(resolution);
+            let resolving = crate::store::held::Resolving::new(resolution, by);
             let row = sqlx::query(&self.sql(&format!(
-                "UPDATE {{s}}.callbacks_held \
-                 SET resolved_at = greatest(held_at, $3), resolution = $4 \
-                 WHERE nonce_key = $1 AND status = $2 AND resolved_at IS NULL \
-                 RETURNING {HELD_COLUMNS}"
+                "WITH resolved AS ( \
+                   UPDATE {{s}}.callbacks_held \
+                   SET resolved_at = greatest(held_at, $3), resolution = $4 \
+                   WHERE nonce_key = $1 AND status = $2 AND resolved_at IS NULL \
+                   RETURNING nonce_key, {HELD_COLUMNS}), \
+                 named AS ( \
+                   INSERT INTO {{s}}.callbacks_held_by (nonce_key, status, resolved_by) \
+                   SELECT nonce_key, status, $5 FROM resolved WHERE $5::text IS NOT NULL \
+                   ON CONFLICT (nonce_key, status) DO UPDATE SET resolved_by = EXCLUDED.resolved_by) \
+                 SELECT {HELD_COLUMNS}, $5::text FROM resolved"
             )))
             .bind(nonce_key(nonce))
             .bind(status.code())
             .bind(at)
-            .bind(note)
+            .bind(&resolving.note)
+            .bind(resolving.by.as_deref())
             .fetch_optional(self.pool())
             .await?;
             row.as_ref().map(held_of).transpose()

@@ -380,6 +380,17 @@ impl PgStore {
             .execute(&mut *conn)
             .await?
             .rows_affected();
+            if let Some(by) = held.resolved_by.as_deref().filter(|_| done > 0) {
+                sqlx::query(&self.sql(
+                    "INSERT INTO {s}.callbacks_held_by (nonce_key, status, resolved_by) \
+                     VALUES ($1, $2, $3) ON CONFLICT (nonce_key, status) DO NOTHING",
+                ))
+                .bind(&named)
+                .bind(held.status)
+                .bind(super::readable(by))
+                .execute(&mut *conn)
+                .await?;
+            }
             imported.held += done;
             return Ok(count(done));
         }

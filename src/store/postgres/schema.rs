@@ -164,6 +164,18 @@ CREATE INDEX callbacks_held_waiting ON {schema}.callbacks_held (held_at DESC)
     WHERE resolved_at IS NULL;
 ";
 
+/// Who resolved a held result, as they named themselves (see `HeldCallback::resolved_by`):
+/// a table of its own beside [`HELD_TABLE`], built at open like it, so that no store
+/// written before it needs its table altered (an `ALTER TABLE` waits for every booking).
+const HELD_BY_TABLE: &str = "
+CREATE TABLE {schema}.callbacks_held_by (
+    nonce_key   text NOT NULL,
+    status      integer NOT NULL,
+    resolved_by text NOT NULL,
+    PRIMARY KEY (nonce_key, status)
+);
+";
+
 /// The newest version this payhook knows.
 pub(crate) fn latest() -> i32 {
     MIGRATIONS.last().map_or(0, |m| m.version)
@@ -443,10 +455,13 @@ async fn build_failing_count(conn: &mut PgConnection, schema: &str) -> Result<()
     Ok(())
 }
 
-/// Builds [`HELD_TABLE`] where the schema lacks it.
+/// Builds [`HELD_TABLE`] and [`HELD_BY_TABLE`] where the schema lacks them.
 async fn build_held_table(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
     if build_table(conn, schema, "callbacks_held", HELD_TABLE).await? {
         tracing::info!(schema, "store table of held results built");
+    }
+    if build_table(conn, schema, "callbacks_held_by", HELD_BY_TABLE).await? {
+        tracing::info!(schema, "store table of who resolved held results built");
     }
     Ok(())
 }
