@@ -212,8 +212,8 @@ pub enum CallbacksCommand {
         /// reconcile of the transaction.
         #[cfg_attr(feature = "clap", arg(long))]
         note: String,
-        /// Who resolves it, kept with the note (default: `$USER`, or `$USERNAME`; none
-        /// when neither is set).
+        /// Who resolves it, kept with the note (default: `$SUDO_USER` under sudo, else
+        /// `$USER` or `$USERNAME`; `--by ''` keeps no name).
         #[cfg_attr(feature = "clap", arg(long))]
         by: Option<String>,
     },
@@ -1549,9 +1549,12 @@ fn resolved_line(held: &HeldCallback) -> String {
     )
 }
 
-/// Who resolves a held result: `--by`, else the user the command runs as.
+/// Who resolves a held result: `--by` (`--by ''` for no name), else the person the command
+/// runs for — the one who ran `sudo` (`$SUDO_USER`: `sudo -u payhook` sets `$USER` to the
+/// service's account), else the user it runs as.
 fn resolver_named(by: Option<String>) -> Option<String> {
-    by.or_else(|| std::env::var("USER").ok())
+    by.or_else(|| std::env::var("SUDO_USER").ok())
+        .or_else(|| std::env::var("USER").ok())
         .or_else(|| std::env::var("USERNAME").ok())
 }
 

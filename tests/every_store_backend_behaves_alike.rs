@@ -3658,6 +3658,40 @@ async fn a_migration_gives_way_to_requests_while_it_waits_for_its_lock() {
     db.drop_schema().await;
 }
 
+/// A schema held results were kept in before who resolved them was (no `callbacks_held_by`)
+/// gets the table at the next open, and a resolution keeps its name from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_from_before_names_were_kept_keeps_them_once_reopened() {
+    let Some(b) = Backend::postgres("a_schema_from_before_names").await else {
+        return;
+    };
+    let effects = Effects::default();
+    effects.book(|_| Ok(Booking::held("kept aside")));
+    b.acknowledge("n-1", TransactionStatus::Success, effects)
+        .await;
+    let db = b.db.clone().unwrap();
+    let mut conn = db.connect().await;
+    sqlx::query(&format!("DROP TABLE {}.callbacks_held_by", db.schema))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let b = b.opened_again_with(RETENTION).await;
+    let resolved = b
+        .shared
+        .resolve_held(
+            &Nonce::from("n-1"),
+            TransactionStatus::Success,
+            "booked by hand",
+            Some("Frank"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resolved.resolved_by.as_deref(), Some("Frank"));
+    b.finish().await;
+}
+
 /// A validation whose postponed record does not decode is read back as an error — a success
 /// is not booked past it — not as a decision no longer known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

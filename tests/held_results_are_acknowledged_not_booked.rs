@@ -527,8 +527,9 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
         command
             .env_clear()
             .env("RUST_LOG", "warn")
-            // Who resolves, unless `--by` says: the user the command runs as.
-            .env("USER", "carol")
+            // Who resolves, unless `--by` says: who ran sudo, else the user it runs as.
+            .env("USER", "payhook")
+            .env("SUDO_USER", "carol")
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(args);
         command.output().unwrap()
@@ -554,7 +555,7 @@ async fn the_example_lists_what_it_holds_in_quarantine() {
     let logged = String::from_utf8_lossy(&resolved.stderr);
     assert!(
         logged.contains("a held result was resolved by a person")
-            && logged.contains("by=carol")
+            && logged.contains("resolver=carol")
             && logged.contains("the command line, on the store"),
         "{logged}"
     );

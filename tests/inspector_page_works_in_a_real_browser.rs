@@ -117,13 +117,13 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser
         .wait_and_click("tr.unresolved button[data-action=resolve][data-nonce='n-held']")
         .await;
-    let asked = browser.answer_prompt("paid back by hand").await;
+    let asked = browser.answer_prompt("Dana (ops)").await;
     assert!(
-        asked.contains("n-held") && asked.contains("Nothing is booked"),
+        asked.contains("n-held") && asked.contains("Your name"),
         "{asked}"
     );
-    let asked = browser.answer_prompt("Dana (ops)").await;
-    assert!(asked.contains("Your name"), "{asked}");
+    let asked = browser.answer_prompt("paid back by hand").await;
+    assert!(asked.contains("Nothing is booked"), "{asked}");
     browser.hover("h1").await;
     browser.wait_for_none("tr.unresolved").await;
     let kept = server

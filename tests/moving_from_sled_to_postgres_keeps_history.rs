@@ -144,10 +144,8 @@ async fn book_status_in_sled(
     effects: Effects,
 ) {
     let nonce = Nonce::from(nonce);
-    let CallbackBegin::Claimed { claim, .. } = store
-        .begin_callback(&nonce, status, STALE)
-        .await
-        .unwrap()
+    let CallbackBegin::Claimed { claim, .. } =
+        store.begin_callback(&nonce, status, STALE).await.unwrap()
     else {
         panic!("{nonce:?} was not claimed");
     };

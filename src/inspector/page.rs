@@ -677,15 +677,19 @@ document.addEventListener('click', async (event) => {
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'resolve': {
       const pair = {nonce: button.dataset.nonce, status: Number(button.dataset.status)};
-      // Nothing is booked by it: a person's word, with what they did, kept with the result.
-      const note = prompt('Resolve the held result of nonce ' + pair.nonce + ' (status '
-        + pair.status + ')? Nothing is booked: say what was done in the merchant\'s books.');
-      if (note === null || !note.trim()) return;
-      // Who: one token serves every operator, so the page asks (and remembers the answer
-      // in this browser); kept with the note.
-      const by = prompt('Your name, kept with the note:', localStorage.getItem('payhook.by') || '');
+      // Who first (nothing typed is lost to a Cancel): one token serves every operator, so
+      // the page asks, and remembers the answer in this browser where it may.
+      const remembered = (() => { try { return localStorage.getItem('payhook.by'); } catch (e) { return null; } })();
+      const by = prompt('Resolve the held result of nonce ' + pair.nonce + ' (status '
+        + pair.status + '). Your name, kept with your note (empty: none):', remembered || '');
       if (by === null) return;
-      if (by.trim()) localStorage.setItem('payhook.by', by.trim());
+      try {
+        if (by.trim()) localStorage.setItem('payhook.by', by.trim());
+        else localStorage.removeItem('payhook.by');
+      } catch (e) { /* storage refused: asked again next time */ }
+      // Nothing is booked by it: a person's word, with what they did, kept with the result.
+      const note = prompt('Nothing is booked: say what was done in the merchant\'s books.');
+      if (note === null || !note.trim()) return;
       return act('callbacks/held/resolve', {...pair, note, by: by.trim() || undefined}, button);
     }
     case 'detail': {

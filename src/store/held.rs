@@ -7,7 +7,8 @@
 //! in the same atomic write as the callback's mark and the merchant's effects: either all of
 //! it is durable or none of it. It waits for a person, who says when the merchant's books
 //! are right (`POST /payhook/admin/callbacks/held/resolve`, `payhook callbacks resolve`,
-//! the inspector), with a note: the record then keeps when and what was said. It is never
+//! the inspector), with a note: the record then keeps when, what was said, and who as they
+//! named themselves (one token serves every operator: a name is their word, not a login). It is never
 //! purged with the retention, resolved or not: `/metrics` counts the unresolved ones
 //! (`payhook_callbacks_held_unresolved`), which an alert follows until it is zero, and a
 //! reconcile of a held result says it is held, not booked — or resolved, when, and the note —
@@ -187,16 +188,16 @@ pub(crate) fn note_refused(note: &str) -> Option<&'static str> {
         .then_some("a note saying what was done in the merchant's books is needed")
 }
 
-/// Logs, at warn level, that a person resolved `held`, who as they said, and how (`via`:
-/// the operating API from an address, or a stopped store's command line).
-pub(crate) fn log_resolved(held: &HeldCallback, via: &str) {
+/// Logs, at warn level, that a person resolved `held`, who as they said (`resolver`), and
+/// how (`by`: the operating API from an address, or a stopped store's command line).
+pub(crate) fn log_resolved(held: &HeldCallback, by: &str) {
     tracing::warn!(
         nonce = %crate::logged::Logged(held.nonce.as_str()),
         status = held.status,
         reason = %crate::Escaped(&held.reason),
         resolution = %crate::Escaped(&held.resolution),
-        by = %crate::logged::Logged(held.resolved_by.as_deref().unwrap_or("(not said)")),
-        via,
+        resolver = %crate::logged::Logged(held.resolved_by.as_deref().unwrap_or("(not said)")),
+        by,
         "a held result was resolved by a person: no longer listed nor counted as waiting"
     );
 }

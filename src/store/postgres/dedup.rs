@@ -124,7 +124,7 @@ const HELD_COLUMNS: &str = "nonce, status, reason, held_at, reference_id, client
 const HELD_FROM: &str =
     "{s}.callbacks_held LEFT JOIN {s}.callbacks_held_by USING (nonce_key, status)";
 
-/// A row of [`HELD_COLUMNS`].
+/// A row of [`HELD_COLUMNS`] and `resolved_by`.
 fn held_of(row: &sqlx::postgres::PgRow) -> Result<HeldCallback, StoreError> {
     Ok(HeldCallback {
         nonce: row.try_get::<String, _>(0)?.into(),

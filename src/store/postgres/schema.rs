@@ -6,7 +6,8 @@
 //! instances starting together apply each migration once. A database migrated by a newer
 //! payhook (a version this one does not know) is refused rather than written to. Beside
 //! them, [`migrate`] builds the read indexes the schema lacks (`READ_INDEXES`) and the count
-//! of failing callbacks that the database keeps itself (`FAILING_COUNT`), which have no
+//! of failing callbacks that the database keeps itself (`FAILING_COUNT`), and the tables of
+//! held results and of who resolved them (`HELD_TABLE`, `HELD_BY_TABLE`), which have no
 //! version: an older payhook simply does not use them (and its writes keep the count).
 
 use sqlx::Executor as _;
