@@ -646,6 +646,16 @@ async fn a_validation_nonce_reused_for_another_payment_is_refused(b: &Backend) {
 
 /// Answers `request` with `decision` (not postponed).
 async fn answer(b: &Backend, request: &TransactionValidationRequest, decision: &RecordedDecision) {
+    answer_with(b, request, decision, None).await;
+}
+
+/// Answers `request` with `decision`, and `postponed` with it (Awaitable mode).
+async fn answer_with(
+    b: &Backend,
+    request: &TransactionValidationRequest,
+    decision: &RecordedDecision,
+    postponed: Option<PostponedValidation>,
+) {
     let fingerprint = Fingerprint::of(request);
     let ValidationBegin::Claimed { claim } = b
         .shared
@@ -656,7 +666,7 @@ async fn answer(b: &Backend, request: &TransactionValidationRequest, decision: &
         panic!("not claimed");
     };
     b.shared
-        .finish_validation(request.nonce(), claim, &fingerprint, decision, None)
+        .finish_validation(request.nonce(), claim, &fingerprint, decision, postponed)
         .await
         .unwrap();
 }
@@ -753,26 +763,8 @@ async fn postpone_until(
     request: TransactionValidationRequest,
     deadline: Option<chrono::DateTime<Utc>>,
 ) {
-    let fingerprint = Fingerprint::of(&request);
-    let ValidationBegin::Claimed { claim } = b
-        .shared
-        .begin_validation(request.nonce(), &fingerprint, STALE)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
     let record = PostponedValidation::new(request.clone(), Utc::now(), deadline);
-    b.shared
-        .finish_validation(
-            request.nonce(),
-            claim,
-            &fingerprint,
-            &RecordedDecision::Postponed,
-            Some(record),
-        )
-        .await
-        .unwrap();
+    answer_with(b, &request, &RecordedDecision::Postponed, Some(record)).await;
 }
 
 behaviour!(the_first_decision_wins_and_is_queued_for_delivery);
@@ -1208,26 +1200,12 @@ behaviour!(a_repeat_without_a_postponed_original_is_not_recorded);
 /// A nonce decided outside Awaitable mode has no postponed validation to repeat, nor has a
 /// nonce never seen; and one validation takes a bounded number of repeats.
 async fn a_repeat_without_a_postponed_original_is_not_recorded(b: &Backend) {
-    let request = validation("v-plain", 50, "10");
-    let fingerprint = Fingerprint::of(&request);
-    let ValidationBegin::Claimed { claim } = b
-        .shared
-        .begin_validation(request.nonce(), &fingerprint, STALE)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
-    b.shared
-        .finish_validation(
-            request.nonce(),
-            claim,
-            &fingerprint,
-            &RecordedDecision::Allow,
-            None,
-        )
-        .await
-        .unwrap();
+    answer(
+        b,
+        &validation("v-plain", 50, "10"),
+        &RecordedDecision::Allow,
+    )
+    .await;
     let now = Utc::now();
     assert_eq!(
         b.shared
@@ -3700,19 +3678,24 @@ async fn a_validation_whose_postponed_record_does_not_decode_is_not_read_as_unkn
         return;
     };
     postpone(&b, 31).await;
+    spoil_postponed(&b, 31).await;
+    let read = b.shared.validated_payment(&Nonce::from("p-31")).await;
+    assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{read:?}");
+    b.finish().await;
+}
+
+/// Writes over postponed validation `id`'s record (PostgreSQL) with JSON that is no record.
+async fn spoil_postponed(b: &Backend, id: i64) {
     let db = b.db.as_ref().unwrap();
     let mut conn = db.connect().await;
     sqlx::query(&format!(
-        "UPDATE {}.postponed SET record = '{{\"not\": \"a record\"}}'::json WHERE validation_id = 31",
+        "UPDATE {}.postponed SET record = '{{\"not\": \"a record\"}}'::json \
+         WHERE validation_id = {id}",
         db.schema
     ))
     .execute(&mut conn)
     .await
     .unwrap();
-    drop(conn);
-    let read = b.shared.validated_payment(&Nonce::from("p-31")).await;
-    assert!(matches!(read, Err(StoreError::Corrupt { .. })), "{read:?}");
-    b.finish().await;
 }
 
 /// A postponed record the database holds but payhook cannot decode (written by hand, or by a
@@ -3734,15 +3717,9 @@ async fn an_unreadable_postponed_record_keeps_no_other_result_from_delivery() {
             Resolution::Recorded
         );
     }
+    spoil_postponed(&b, 21).await;
     let db = b.db.as_ref().unwrap();
     let mut conn = db.connect().await;
-    sqlx::query(&format!(
-        "UPDATE {}.postponed SET record = '{{\"not\": \"a record\"}}'::json WHERE validation_id = 21",
-        db.schema
-    ))
-    .execute(&mut conn)
-    .await
-    .unwrap();
     let due = b.shared.outbox_due(Utc::now()).await.unwrap();
     let ids: Vec<i64> = due.now.iter().map(|r| r.validation_id.get()).collect();
     assert_eq!(ids, [22]);
