@@ -14,9 +14,10 @@
 //!   merchant whose clients withdraw from a balance it keeps decides on that balance here
 //!   (and holds it while the withdrawal is pending), which is its own rule, not payhook's;
 //! * callbacks: books each transaction result in a ledger (one [`Entry`] per nonce, a balance
-//!   per client and currency, its code in any case: `eur` is `EUR`) kept in payhook's sled store, written in the same atomic write
-//!   as the mark that the callback is done — so a result is booked exactly once, however
-//!   often the aggregator retries and whenever the process crashes.
+//!   per client and currency, its code in any case: `eur` is `EUR`) kept in payhook's sled
+//!   store, written in the same atomic write as the mark that the callback is done — so a
+//!   result is booked exactly once, however often the aggregator retries and whenever the
+//!   process crashes.
 //!
 //! **A later result of a booked transaction** (a newer `updatedUtc`) replaces its booking and
 //! corrects the balance — a failure then a success, or a success then `-2` (money has to be
@@ -757,7 +758,8 @@ impl CallbackReceiver for Bookkeeper {
             previous_status = ?ctx.previous_status.map(|s| s.code()),
             "transaction result"
         );
-        // A success that is not the payment validated, or that was denied there, is held.
+        // A success that is not the payment validated, or that was denied (or not decided
+        // yet) there, is held.
         let unlike = ctx.hold_against_validation(&callback).await?;
         // Booked (or held in quarantine) in the same atomic write that marks this (nonce,
         // status) as done.

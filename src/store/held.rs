@@ -8,11 +8,12 @@
 //! it is durable or none of it. It waits for a person, who says when the merchant's books
 //! are right (`POST /payhook/admin/callbacks/held/resolve`, `payhook callbacks resolve`,
 //! the inspector), with a note: the record then keeps when, what was said, and who as they
-//! named themselves (one token serves every operator: a name is their word, not a login). It is never
-//! purged with the retention, resolved or not: `/metrics` counts the unresolved ones
-//! (`payhook_callbacks_held_unresolved`), which an alert follows until it is zero, and a
-//! reconcile of a held result says it is held, not booked — or resolved, when, and the note —
-//! after a restart too. A result is held once: the first record of a (nonce, status) stands.
+//! named themselves (one token serves every operator: a name is their word, not a login).
+//! It is never purged with the retention, resolved or not: `/metrics` counts the unresolved
+//! ones (`payhook_callbacks_held_unresolved`), which an alert follows until it is zero, and
+//! a reconcile of a held result says it is held, not booked — or resolved, when, by whom,
+//! and the note — after a restart too. A result is held once: the first record of a (nonce,
+//! status) stands.
 //!
 //! Key `h\0` status (4 bytes BE) · the nonce's identifier while it waits, `r\0` and the
 //! same once resolved (moved in one batch); value: JSON of [`HeldCallback`]. Held results
