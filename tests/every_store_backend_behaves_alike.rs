@@ -649,6 +649,19 @@ async fn answer(b: &Backend, request: &TransactionValidationRequest, decision: &
     answer_with(b, request, decision, None).await;
 }
 
+/// Claims `request`'s nonce for its validation, which it must win.
+async fn claim_validation(b: &Backend, request: &TransactionValidationRequest) -> Claim {
+    let ValidationBegin::Claimed { claim } = b
+        .shared
+        .begin_validation(request.nonce(), &Fingerprint::of(request), STALE)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed");
+    };
+    claim
+}
+
 /// Answers `request` with `decision`, and `postponed` with it (Awaitable mode).
 async fn answer_with(
     b: &Backend,
@@ -657,14 +670,7 @@ async fn answer_with(
     postponed: Option<PostponedValidation>,
 ) {
     let fingerprint = Fingerprint::of(request);
-    let ValidationBegin::Claimed { claim } = b
-        .shared
-        .begin_validation(request.nonce(), &fingerprint, STALE)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
+    let claim = claim_validation(b, request).await;
     b.shared
         .finish_validation(request.nonce(), claim, &fingerprint, decision, postponed)
         .await
@@ -723,10 +729,7 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
     let pending = read("p-70").await.unwrap();
     assert_eq!(pending.decision, ValidatedDecision::Awaiting);
     assert_eq!(
-        b.shared
-            .repeat(&validation("p-70", 71, "10"), Utc::now())
-            .await
-            .unwrap(),
+        repeated(b, "p-70", 71).await,
         Repeat::Recorded {
             of: 70.into(),
             decided: false
@@ -745,6 +748,15 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
         read("p-72").await.unwrap().decision,
         ValidatedDecision::Reviewed { allowed: true }
     );
+}
+
+/// What the store makes of the aggregator asking about `nonce` again under validation
+/// `id` (the payment of [`validation`] for 10), now.
+async fn repeated(b: &Backend, nonce: &str, id: i64) -> Repeat {
+    b.shared
+        .repeat(&validation(nonce, id, "10"), Utc::now())
+        .await
+        .unwrap()
 }
 
 /// Postpones validation `id` (Awaitable mode): its record and the validation's decision.
@@ -840,10 +852,7 @@ async fn a_postponed_validation_of_the_longest_nonce_is_kept_and_repeated(b: &Ba
     assert!(nonce.len() > 12_000, "{} bytes", nonce.len());
     postpone_request(b, validation(&nonce, 60, "10")).await;
     assert_eq!(
-        b.shared
-            .repeat(&validation(&nonce, 61, "10"), Utc::now())
-            .await
-            .unwrap(),
+        repeated(b, &nonce, 61).await,
         Repeat::Recorded {
             of: 60.into(),
             decided: false
@@ -1044,10 +1053,7 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
         Resolution::Recorded
     );
     assert_eq!(
-        b.shared
-            .repeat(&validation("p-60", 61, "10"), Utc::now())
-            .await
-            .unwrap(),
+        repeated(b, "p-60", 61).await,
         Repeat::Recorded {
             of: 60.into(),
             decided: true
@@ -1119,13 +1125,7 @@ async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) 
         b.shared.postponed(70.into()).await.unwrap(),
         b.shared.postponed(71.into()).await.unwrap(),
     ];
-    assert_eq!(
-        b.shared
-            .repeat(&validation("p-70", 71, "10"), Utc::now())
-            .await
-            .unwrap(),
-        Repeat::Taken
-    );
+    assert_eq!(repeated(b, "p-70", 71).await, Repeat::Taken);
     let after = [
         b.shared.postponed(70.into()).await.unwrap(),
         b.shared.postponed(71.into()).await.unwrap(),
@@ -1157,14 +1157,7 @@ async fn a_postponed_validation_under_an_id_held_for_another_nonce_writes_nothin
     postpone(b, 80).await;
     let request = validation("other-80", 80, "10");
     let fingerprint = Fingerprint::of(&request);
-    let ValidationBegin::Claimed { claim } = b
-        .shared
-        .begin_validation(request.nonce(), &fingerprint, STALE)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed");
-    };
+    let claim = claim_validation(b, &request).await;
     let refused = b
         .shared
         .finish_validation(

@@ -294,6 +294,7 @@ async fn a_held_result_is_listed_and_counted_until_a_person_resolves_it() {
     for malformed in [
         json!({"nonce": "n-odd", "status": "4", "note": note}).to_string(),
         json!({"status": 4, "note": note}).to_string(),
+        json!({"nonce": "n-odd", "status": 4, "note": note, "by": 7}).to_string(),
         "{\"nonce\": \"n-odd\", ".to_owned(),
     ] {
         let refused = example.admin_answer("POST", path, Some(&malformed)).await;

@@ -206,8 +206,8 @@ impl CallbackContext {
     /// [`ValidatedPayment`], and [`ValidatedPayment::differences`] to compare). `None` when
     /// no validation of the nonce is recorded: this service did not answer it (another did,
     /// or the aggregator validated without the merchant), it was answered longer ago than
-    /// `store.retention`, or the app has no store. One read of the store, made only when
-    /// asked.
+    /// `store.retention`, or the app has no store. One read of the store (two for a
+    /// postponed validation: its postponed record too), made only when asked.
     ///
     /// A signed callback whose payment differs from the one validated — another amount,
     /// currency, client or direction — or that reports a success of a payment the merchant

@@ -387,6 +387,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_resolver_s_name_is_kept_trimmed_cut_and_without_u0000_or_not_at_all_when_blank() {
+        let kept = |by: &str| Resolving::new("done", Some(by)).by;
+        assert_eq!(kept("  Alice  ").as_deref(), Some("Alice"));
+        assert_eq!(kept(" \t "), None);
+        assert_eq!(kept("a\0b").as_deref(), Some("a\u{fffd}b"));
+        let long = kept(&"é".repeat(100)).unwrap();
+        assert!(long.len() <= NAME_BYTES + '…'.len_utf8(), "{}", long.len());
+        assert!(long.ends_with('…') && long.starts_with("éé"));
+        assert_eq!(Resolving::new("done", None).by, None);
+    }
+
+    #[test]
     fn the_kept_text_is_cut_and_readable_and_an_unknown_payment_left_empty() {
         let at = Utc::now();
         let long = "x".repeat(600);

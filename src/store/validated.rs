@@ -53,10 +53,8 @@ pub struct ValidatedPayment {
     pub cash_in: bool,
     /// What was decided.
     pub decision: ValidatedDecision,
-    /// The client, spelled out; `None` for an id longer than the store spells out (kept by
-    /// its SHA-256: [`Self::client_is`] compares it).
-    client_id: Option<String>,
-    /// The kept payment, for [`Self::client_is`].
+    /// The payment as kept: the client spelled out, or for a long id its SHA-256
+    /// ([`Self::client_id`], [`Self::client_is`]).
     kept: KeptFingerprint,
 }
 
@@ -158,7 +156,6 @@ impl ValidatedPayment {
                     },
                 },
             },
-            client_id: kept.client_id().map(str::to_owned),
             kept: kept.clone(),
         })
     }
@@ -166,7 +163,7 @@ impl ValidatedPayment {
     /// The client validated, spelled out; `None` for a long id the store kept by its
     /// SHA-256 ([`Self::client_is`] still compares it).
     pub fn client_id(&self) -> Option<&str> {
-        self.client_id.as_deref()
+        self.kept.client_id()
     }
 
     /// Whether `client_id` is the client validated.
@@ -208,7 +205,7 @@ impl ValidatedPayment {
         }
         if !self.client_is(&callback.client_id) {
             differences.push(Difference::Client {
-                validated: self.client_id.clone(),
+                validated: self.client_id().map(str::to_owned),
                 received: callback.client_id.clone(),
             });
         }

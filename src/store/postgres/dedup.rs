@@ -788,12 +788,12 @@ impl PgStore {
         }
     }
 
-    /// The validation of `nonce` as recorded, with its postponed validation's record while
-    /// that is kept (the latest original of the nonce, as a repeat finds it).
-    async fn validated_payment_now(
+    /// The record of `nonce`'s validation: its payment, and its decision as the JSON text
+    /// kept (decoded by whoever needs it: a repeat for another payment does not).
+    async fn validation_row(
         &self,
         nonce: &str,
-    ) -> Result<Option<ValidatedPayment>, StoreError> {
+    ) -> Result<Option<(KeptFingerprint, String)>, StoreError> {
         let row = sqlx::query(&self.sql(
             "SELECT fingerprint::text, decision::text FROM {s}.validations WHERE nonce_key = $1",
         ))
@@ -804,7 +804,19 @@ impl PgStore {
             return Ok(None);
         };
         let kept: KeptFingerprint = decode_json(nonce, &row.try_get::<String, _>(0)?)?;
-        let decision: RecordedDecision = decode_json(nonce, &row.try_get::<String, _>(1)?)?;
+        Ok(Some((kept, row.try_get(1)?)))
+    }
+
+    /// The validation of `nonce` as recorded, with its postponed validation's record while
+    /// that is kept (the latest original of the nonce, as a repeat finds it).
+    async fn validated_payment_now(
+        &self,
+        nonce: &str,
+    ) -> Result<Option<ValidatedPayment>, StoreError> {
+        let Some((kept, decision)) = self.validation_row(nonce).await? else {
+            return Ok(None);
+        };
+        let decision: RecordedDecision = decode_json(nonce, &decision)?;
         // A postponed record that does not decode is an error: a success is not booked
         // past it.
         let postponed = match decision {
@@ -848,17 +860,9 @@ impl PgStore {
         if claimed.is_some() {
             return Ok(ValidationBegin::Claimed { claim });
         }
-        let row = sqlx::query(&self.sql(
-            "SELECT fingerprint::text, decision::text FROM {s}.validations WHERE nonce_key = $1",
-        ))
-        .bind(&key)
-        .fetch_optional(self.pool())
-        .await?;
-        let Some(row) = row else {
+        let Some((kept, decision)) = self.validation_row(nonce).await? else {
             return Ok(ValidationBegin::Busy);
         };
-        let (kept, decision): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-        let kept: KeptFingerprint = decode_json(nonce, &kept)?;
         if !kept.matches(fingerprint) {
             return Ok(ValidationBegin::Mismatch);
         }
