@@ -169,6 +169,12 @@ pub enum ValidationsCommand {
         /// The explanation sent with the result.
         #[cfg_attr(feature = "clap", arg(long, default_value = ""))]
         description: String,
+        /// Who decides, kept with the decision (default: `$SUDO_USER` under sudo, else
+        /// `$USER` or `$USERNAME`; `--by ''` keeps no name). Through a service whose
+        /// `[admin.operators]` gave you a token of your own, the service keeps your
+        /// operator's name instead.
+        #[cfg_attr(feature = "clap", arg(long))]
+        by: Option<String>,
     },
 }
 
@@ -213,7 +219,9 @@ pub enum CallbacksCommand {
         #[cfg_attr(feature = "clap", arg(long))]
         note: String,
         /// Who resolves it, kept with the note (default: `$SUDO_USER` under sudo, else
-        /// `$USER` or `$USERNAME`; `--by ''` keeps no name).
+        /// `$USER` or `$USERNAME`; `--by ''` keeps no name). Through a service whose
+        /// `[admin.operators]` gave you a token of your own, the service keeps your
+        /// operator's name instead.
         #[cfg_attr(feature = "clap", arg(long))]
         by: Option<String>,
     },
@@ -340,10 +348,12 @@ impl ValidationsCommand {
                 id,
                 allow,
                 description,
+                by,
                 ..
             } => {
                 let decision = Decision::allow_if(allow, description);
-                let outcome = resolver.resolve(id, decision).await?;
+                let by = resolver_named(by);
+                let outcome = resolver.resolve_by(id, decision, by.as_deref()).await?;
                 let verdict = if allow { "allowed" } else { "denied" };
                 writeln!(
                     out,
@@ -680,7 +690,9 @@ impl AdminClient {
         })
     }
 
-    /// Decides a postponed validation; returns `recorded` or `unchanged`.
+    /// Decides a postponed validation, by the person `by` (as they name themselves, kept
+    /// by a service whose token is shared; a token of an operator's own names them
+    /// instead); returns `recorded` or `unchanged`.
     ///
     /// # Errors
     ///
@@ -689,12 +701,14 @@ impl AdminClient {
         &self,
         id: impl Into<ValidationId>,
         decision: &Decision,
+        by: Option<&str>,
     ) -> Result<String, AdminError> {
         let id = id.into();
         let body = serde_json::to_vec(&crate::server::AdminDecision {
             success: decision.allows(),
             description: decision.description().to_owned(),
             nonce: None,
+            by: by.map(str::to_owned),
         })
         .unwrap_or_default();
         let answer: crate::model::ErrorBody = self
@@ -757,10 +771,12 @@ impl AdminCommand {
                 id,
                 allow,
                 description,
+                by,
                 ..
             }) => {
+                let by = resolver_named(by);
                 let outcome = client
-                    .resolve(id, &Decision::allow_if(allow, description))
+                    .resolve(id, &Decision::allow_if(allow, description), by.as_deref())
                     .await?;
                 let verdict = if allow { "allowed" } else { "denied" };
                 writeln!(
@@ -1593,6 +1609,14 @@ fn validations_header() -> String {
     )
 }
 
+/// Who took a decision, as a validation's line ends: `; decided by NAME` (escaped and cut,
+/// as in logs), or nothing when nobody was named.
+fn decided_by(result: &crate::postponed::ValidationResult) -> String {
+    result.decided_by.as_deref().map_or_else(String::new, |by| {
+        format!("; decided by {}", crate::logged::Logged(by))
+    })
+}
+
 /// A validation's line of [`describe_validations`].
 fn validation_line(v: &PostponedValidation) -> String {
     let payment = &v.request.payment_data;
@@ -1623,7 +1647,7 @@ fn validation_line(v: &PostponedValidation) -> String {
                 Delivery::Conflict { message, .. } => {
                     format!("CONFLICT: {}", crate::logged::Logged(message))
                 }
-            },
+            } + &decided_by(result),
         ),
     };
     format!(

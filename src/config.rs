@@ -424,11 +424,12 @@ fn syntax_error(origin: &str, text: &str, error: &toml::de::Error) -> ConfigErro
 
 /// The keys whose values are secrets: never quoted in an error, never read as TOML from
 /// the environment (a password may well start with `[` or `{`).
-const SECRET_KEYS: [&[&str]; 8] = [
+const SECRET_KEYS: [&[&str]; 9] = [
     &["store", "url"],
     &["gateway", "password"],
     &["gateway", "proxy"],
     &["admin", "token"],
+    &["admin", "session_secret"],
     &["auth", "providers_validation", "secret"],
     &["auth", "providers_validation", "password"],
     &["auth", "transaction_validation", "secret"],

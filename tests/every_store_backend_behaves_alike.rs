@@ -736,7 +736,7 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
         }
     );
     b.shared
-        .resolve(71.into(), &Decision::deny("blocked"), Utc::now())
+        .resolve(71.into(), &Decision::deny("blocked"), None, Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -802,22 +802,22 @@ async fn the_first_decision_wins_and_is_queued_for_delivery(b: &Backend) {
     let now = Utc::now();
     let allow = Decision::allow("checked");
     assert_eq!(
-        b.shared.resolve(7.into(), &allow, now).await.unwrap(),
+        b.shared.resolve(7.into(), &allow, None, now).await.unwrap(),
         Resolution::Recorded
     );
     assert_eq!(
-        b.shared.resolve(7.into(), &allow, now).await.unwrap(),
+        b.shared.resolve(7.into(), &allow, None, now).await.unwrap(),
         Resolution::AlreadyRecorded
     );
     assert!(matches!(
         b.shared
-            .resolve(7.into(), &Decision::deny("changed my mind"), now)
+            .resolve(7.into(), &Decision::deny("changed my mind"), None, now)
             .await
             .unwrap(),
         Resolution::Conflicting { success: true, .. }
     ));
     assert_eq!(
-        b.shared.resolve(8.into(), &allow, now).await.unwrap(),
+        b.shared.resolve(8.into(), &allow, None, now).await.unwrap(),
         Resolution::Unknown
     );
     assert!(b.shared.deadlines_due(later).await.unwrap().now.is_empty());
@@ -919,18 +919,18 @@ async fn a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered
     // Deciding a repeat decides the original, and the original's other repeats.
     let deny = Decision::deny("documents missing");
     assert_eq!(
-        b.shared.resolve(41.into(), &deny, now).await.unwrap(),
+        b.shared.resolve(41.into(), &deny, None, now).await.unwrap(),
         Resolution::Recorded
     );
     assert!(matches!(
         b.shared
-            .resolve(42.into(), &Decision::allow("too late"), now)
+            .resolve(42.into(), &Decision::allow("too late"), None, now)
             .await
             .unwrap(),
         Resolution::Conflicting { success: false, .. }
     ));
     assert_eq!(
-        b.shared.resolve(40.into(), &deny, now).await.unwrap(),
+        b.shared.resolve(40.into(), &deny, None, now).await.unwrap(),
         Resolution::AlreadyRecorded
     );
     let due = b.shared.outbox_due(Utc::now()).await.unwrap();
@@ -1013,7 +1013,7 @@ async fn a_repeat_of_a_validation_whose_record_holds_u0000_shares_its_decision(b
     let deny = Decision::deny("documents missing: a\u{0}b");
     assert_eq!(
         b.shared
-            .resolve(81.into(), &deny, Utc::now())
+            .resolve(81.into(), &deny, None, Utc::now())
             .await
             .unwrap(),
         Resolution::Recorded
@@ -1047,7 +1047,7 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
     let allow = Decision::allow("documents checked");
     assert_eq!(
         b.shared
-            .resolve(60.into(), &allow, Utc::now())
+            .resolve(60.into(), &allow, None, Utc::now())
             .await
             .unwrap(),
         Resolution::Recorded
@@ -1091,14 +1091,19 @@ async fn a_repeat_whose_original_was_purged_keeps_its_own_decision(b: &Backend) 
 
     assert_eq!(
         b.shared
-            .resolve(61.into(), &allow, Utc::now())
+            .resolve(61.into(), &allow, None, Utc::now())
             .await
             .unwrap(),
         Resolution::AlreadyRecorded
     );
     assert!(matches!(
         b.shared
-            .resolve(61.into(), &Decision::deny("changed my mind"), Utc::now())
+            .resolve(
+                61.into(),
+                &Decision::deny("changed my mind"),
+                None,
+                Utc::now()
+            )
             .await
             .unwrap(),
         Resolution::Conflicting { success: true, .. }
@@ -1138,7 +1143,7 @@ async fn a_validation_id_of_another_nonce_is_not_taken_as_a_repeat(b: &Backend) 
     );
     // Deciding one leaves the other pending.
     b.shared
-        .resolve(70.into(), &Decision::deny("no"), Utc::now())
+        .resolve(70.into(), &Decision::deny("no"), None, Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -1255,7 +1260,7 @@ async fn the_outbox_summary_counts_what_awaits_delivery_and_its_oldest_decision(
     for (id, seconds) in [(91, 20), (90, 10)] {
         let decision = Decision::allow("approved");
         b.shared
-            .resolve(id.into(), &decision, at(seconds))
+            .resolve(id.into(), &decision, None, at(seconds))
             .await
             .unwrap();
     }
@@ -1268,7 +1273,10 @@ async fn the_outbox_summary_counts_what_awaits_delivery_and_its_oldest_decision(
     // A result whose record holds U+0000 (a merchant's message quoting the wire, say), which
     // PostgreSQL cannot read inside a `json` value: counted and dated all the same.
     let decision = Decision::deny("documents missing: a\u{0}b");
-    b.shared.resolve(92.into(), &decision, at(5)).await.unwrap();
+    b.shared
+        .resolve(92.into(), &decision, None, at(5))
+        .await
+        .unwrap();
     let summary = b.shared.outbox_summary().await.unwrap();
     assert_eq!((summary.queued, summary.oldest_decided), (2, Some(at(5))));
 }
@@ -1348,7 +1356,7 @@ behaviour!(a_failed_delivery_is_retried_when_due);
 async fn a_failed_delivery_is_retried_when_due(b: &Backend) {
     postpone(b, 11).await;
     b.shared
-        .resolve(11.into(), &Decision::deny("no"), Utc::now())
+        .resolve(11.into(), &Decision::deny("no"), None, Utc::now())
         .await
         .unwrap();
     let next_attempt = Utc::now() + TimeDelta::seconds(30);
@@ -1449,7 +1457,7 @@ async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
         request.provider_data = serde_json::json!({"note\u{0}": ["a\u{0}b"]});
         postpone_request(b, request).await;
         b.shared
-            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+            .resolve(id.into(), &Decision::allow("ok"), None, Utc::now())
             .await
             .unwrap();
         if delivered {
@@ -1546,7 +1554,7 @@ async fn each_state_is_listed_a_page_at_a_time_by_id(b: &Backend) {
 async fn decide(b: &Backend, id: i64) {
     postpone(b, id).await;
     b.shared
-        .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+        .resolve(id.into(), &Decision::allow("ok"), None, Utc::now())
         .await
         .unwrap();
 }
@@ -1988,7 +1996,7 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
     }
     for id in [50, 52] {
         b.shared
-            .resolve(id.into(), &Decision::allow("ok"), Utc::now())
+            .resolve(id.into(), &Decision::allow("ok"), None, Utc::now())
             .await
             .unwrap();
     }
@@ -2567,7 +2575,7 @@ async fn a_result_leased_to_another_live_instance_falls_due_when_its_lease_runs_
     };
     postpone(&b, 21).await;
     b.shared
-        .resolve(21.into(), &Decision::allow("checked"), Utc::now())
+        .resolve(21.into(), &Decision::allow("checked"), None, Utc::now())
         .await
         .unwrap();
     let leased = b.shared.outbox_due(Utc::now()).await.unwrap();
@@ -2649,7 +2657,7 @@ async fn a_repeat_racing_another_nonces_validation_for_its_id_links_nothing() {
         ("p-91", None)
     );
     b.shared
-        .resolve(90.into(), &Decision::allow("checked"), Utc::now())
+        .resolve(90.into(), &Decision::allow("checked"), None, Utc::now())
         .await
         .unwrap();
     assert_eq!(
@@ -2673,7 +2681,7 @@ async fn a_repeat_is_linked_to_its_nonces_latest_validation_whatever_the_ids() {
     };
     postpone_request(&b, validation("reused", 200, "10")).await;
     b.shared
-        .resolve(200.into(), &Decision::allow("checked"), Utc::now())
+        .resolve(200.into(), &Decision::allow("checked"), None, Utc::now())
         .await
         .unwrap();
     // The nonce's record expired and was purged.
@@ -3704,7 +3712,7 @@ async fn an_unreadable_postponed_record_keeps_no_other_result_from_delivery() {
         let allow = Decision::allow("checked");
         assert_eq!(
             b.shared
-                .resolve(id.into(), &allow, Utc::now())
+                .resolve(id.into(), &allow, None, Utc::now())
                 .await
                 .unwrap(),
             Resolution::Recorded

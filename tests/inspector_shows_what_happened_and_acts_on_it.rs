@@ -343,8 +343,9 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     }
     assert!(cookie.contains("Max-Age=43200"), "{cookie}");
     // A session is the signature of its generation (0 until more sessions were ended than
-    // are kept), its login time and a random id, under a key PBKDF2 derives from the token:
-    // another time or id is no session, and one signed longer ago than its life is over.
+    // are kept), its login time, a random id and whose it is (the shared token, by its
+    // SHA-256), under a key PBKDF2 derives from the token: another time, id or holder is
+    // no session, and one signed longer ago than its life is over.
     let mut derived = [0u8; 32];
     ring::pbkdf2::derive(
         ring::pbkdf2::PBKDF2_HMAC_SHA256,
@@ -356,12 +357,14 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
     let signed = |issued: u64| {
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &derived);
         let id = "00112233445566778899aabbccddeeff";
+        let holder = ring::digest::digest(&ring::digest::SHA256, TOKEN.as_bytes());
+        let holder: String = holder.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         let tag = ring::hmac::sign(
             &key,
-            format!("payhook inspector session 0 {issued} {id}").as_bytes(),
+            format!("payhook inspector session 0 {issued} {id} shared {holder}").as_bytes(),
         );
         let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        format!("payhook_admin={issued}.{id}.{hex}")
+        format!("payhook_admin={issued}.{id}..{hex}")
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -376,22 +379,31 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         "the test signs sessions as the server does"
     );
     let value = session.strip_prefix("payhook_admin=").unwrap();
-    let [issued, id, tag] = value.split('.').collect::<Vec<_>>()[..] else {
-        panic!("a session is its time, its id and their tag: {value}");
+    let [issued, id, who, tag] = value.split('.').collect::<Vec<_>>()[..] else {
+        panic!("a session is its time, its id, whose it is and their tag: {value}");
     };
     assert_eq!(id.len(), 32, "{value}");
+    assert_eq!(
+        who, "",
+        "the shared token's session names no operator: {value}"
+    );
     let other_time = format!(
-        "payhook_admin={}.{id}.{tag}",
+        "payhook_admin={}.{id}.{who}.{tag}",
         issued.parse::<u64>().unwrap() - 1
     );
-    let other_id = format!("payhook_admin={issued}.{}.{tag}", "0".repeat(32));
+    let other_id = format!("payhook_admin={issued}.{}.{who}.{tag}", "0".repeat(32));
+    // An operator's name put into the shared token's session: no such operator here, and
+    // its tag would not hold for one.
+    let other_holder = format!("payhook_admin={issued}.{id}.YWxpY2U.{tag}");
     for refused in [
         "payhook_admin=00112233".to_owned(),
-        format!("payhook_admin={issued}.{id}.not-hex"),
+        format!("payhook_admin={issued}.{id}.{who}.not-hex"),
+        format!("payhook_admin={issued}.{id}.{tag}"),
         format!("payhook_admin={issued}.{tag}"),
         format!("payhook_admin={value}.00"),
         other_time,
         other_id,
+        other_holder,
         signed(now - 13 * 3600),
         signed(now + 3600),
     ] {

@@ -122,7 +122,7 @@ async fn history(config: &StoreConfig) {
         decide(&store, nonce, id, decision, deadline).await;
     }
     store
-        .resolve(2.into(), &Decision::allow("reviewed"), Utc::now())
+        .resolve(2.into(), &Decision::allow("reviewed"), None, Utc::now())
         .await
         .unwrap();
     // Wait for the failure's write (it is not waited for) before the store closes.

@@ -134,8 +134,11 @@ pub(crate) fn content_security_policy() -> &'static str {
     &POLICY
 }
 
-/// The whole page, with each panel rendered now.
+/// The whole page, with each panel rendered now. `operator`: whose session it is, when an
+/// operator's own token opened it (`[admin.operators]`): shown, and the page's changes are
+/// kept with that name without asking for one.
 pub(crate) fn page(
+    operator: Option<&str>,
     deliveries: &str,
     failing: &str,
     held: &str,
@@ -146,7 +149,7 @@ pub(crate) fn page(
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
          <style>{STYLE}</style></head><body>\
-         <h1>payhook inspector <button id=logout data-action=logout>Log out</button></h1>\
+         <h1>payhook inspector <button id=logout data-action=logout>Log out</button>{who}</h1>\
          <section id=health>{health}</section>\
          <section><h2>Deliveries</h2>\
          <form id=filter><input name=nonce placeholder=nonce> <input name=client placeholder=client> \
@@ -157,6 +160,10 @@ pub(crate) fn page(
          <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
          <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
          <script>{SCRIPT}</script></body></html>",
+        who = operator.map_or_else(String::new, |name| format!(
+            "<span id=operator data-name='{name}'>{name}</span>",
+            name = escape(name)
+        )),
         outcomes = super::OUTCOMES.iter().fold(String::new(), |mut out, o| {
             let _ = write!(out, "<option>{o}</option>");
             out
@@ -655,6 +662,21 @@ async function act(url, body, button) {
   }
   return panels();
 }
+// Who acts, kept with what they do: a session opened with an operator's own token is that
+// operator's (the service keeps their name, and the page asks nothing: ''); one token shared
+// by every operator leaves it to their word, asked first (nothing typed is lost to a
+// Cancel) and remembered in this browser where it may be. Null when the operator cancels.
+function who(what, keptWith) {
+  if (document.getElementById('operator')) return '';
+  const remembered = (() => { try { return localStorage.getItem('payhook.by'); } catch (e) { return null; } })();
+  const by = prompt(what + ' Your name, kept with ' + keptWith + ' (empty: none):', remembered || '');
+  if (by === null) return null;
+  try {
+    if (by.trim()) localStorage.setItem('payhook.by', by.trim());
+    else localStorage.removeItem('payhook.by');
+  } catch (e) { /* storage refused: asked again next time */ }
+  return by;
+}
 document.addEventListener('click', async (event) => {
   const button = event.target.closest('button[data-action]');
   if (!button || button.disabled) return;
@@ -662,6 +684,8 @@ document.addEventListener('click', async (event) => {
   const description = () => (document.querySelector('input.description[data-id="' + id + '"]') || {}).value || '';
   switch (button.dataset.action) {
     // With the nonce shown beside the button: a row redrawn under the pointer is refused.
+    // Kept with the operator's name when an operator's own token opened the page (the
+    // service knows it); with the shared token, with none (the command line's --by names one).
     case 'approve': return act('validations/' + id, {success: true, description: description(), nonce: button.dataset.nonce}, button);
     case 'deny': return act('validations/' + id, {success: false, description: description(), nonce: button.dataset.nonce}, button);
     case 'retry': return act('outbox/' + id + '/retry', null, button);
@@ -677,16 +701,9 @@ document.addEventListener('click', async (event) => {
     case 'book': return act('reconcile', {referenceIds: [button.dataset.reference]}, button);
     case 'resolve': {
       const pair = {nonce: button.dataset.nonce, status: Number(button.dataset.status)};
-      // Who first (nothing typed is lost to a Cancel): one token serves every operator, so
-      // the page asks, and remembers the answer in this browser where it may.
-      const remembered = (() => { try { return localStorage.getItem('payhook.by'); } catch (e) { return null; } })();
-      const by = prompt('Resolve the held result of nonce ' + pair.nonce + ' (status '
-        + pair.status + '). Your name, kept with your note (empty: none):', remembered || '');
+      const by = who('Resolve the held result of nonce ' + pair.nonce + ' (status '
+        + pair.status + ').', 'your note');
       if (by === null) return;
-      try {
-        if (by.trim()) localStorage.setItem('payhook.by', by.trim());
-        else localStorage.removeItem('payhook.by');
-      } catch (e) { /* storage refused: asked again next time */ }
       // Nothing is booked by it: a person's word, with what they did, kept with the result.
       const note = prompt('Nothing is booked: say what was done in the merchant\'s books.');
       if (note === null || !note.trim()) return;
@@ -722,7 +739,7 @@ mod tests {
     fn delivered(id: i64) -> PostponedValidation {
         let now = DateTime::<Utc>::UNIX_EPOCH;
         let mut record = PostponedValidation::pending_for_tests(id);
-        record.resolve(true, "ok".into(), now);
+        record.resolve(true, "ok".into(), None, now);
         if let Some(result) = &mut record.result {
             result.delivery = Delivery::Delivered {
                 attempts: 1,

@@ -275,6 +275,7 @@ impl Awaitable {
             success,
             description,
             decided: received,
+            decided_by: None,
             delivery: Delivery::queued(received),
         });
         Ok(Decided {

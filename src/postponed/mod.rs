@@ -224,11 +224,30 @@ impl Resolver {
         validation_id: impl Into<ValidationId>,
         decision: Decision,
     ) -> Result<Resolved, ResolveError> {
+        self.resolve_by(validation_id, decision, None).await
+    }
+
+    /// [`Self::resolve`], kept with who decided
+    /// ([`ValidationResult::decided_by`](crate::postponed::ValidationResult::decided_by):
+    /// trimmed, cut after 128 bytes; blanks are no name) and logged with it — for a
+    /// merchant's back office that knows who its user is.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::resolve`]. The same decision recorded before by someone else is
+    /// [`Resolved::Unchanged`]: who took it first stays.
+    pub async fn resolve_by(
+        &self,
+        validation_id: impl Into<ValidationId>,
+        decision: Decision,
+        by: Option<&str>,
+    ) -> Result<Resolved, ResolveError> {
         let validation_id = validation_id.into();
         if let Some(outcome) = &self.deadline_decision {
             self.expire_if_past_deadline(validation_id, outcome).await?;
         }
-        self.decide(validation_id, decision).await
+        let by = crate::store::held::person(by);
+        self.decide(validation_id, decision, by.as_deref()).await
     }
 
     /// [`Self::resolve`] for a decision nobody else holds — a handler's, given after its
@@ -260,7 +279,7 @@ impl Resolver {
                     );
                     tokio::time::sleep(wait).await;
                     wait = (wait * 2).min(LATE_RETRY_MOST);
-                    outcome = self.decide(validation_id, decision.clone()).await;
+                    outcome = self.decide(validation_id, decision.clone(), None).await;
                 }
                 Err(error) => {
                     tracing::error!(
@@ -294,7 +313,7 @@ impl Resolver {
         if !past {
             return Ok(false);
         }
-        match self.decide(validation_id, outcome.clone()).await {
+        match self.decide(validation_id, outcome.clone(), None).await {
             Ok(Resolved::Recorded) => {
                 tracing::warn!(
                     validation_id = validation_id.get(),
@@ -314,6 +333,7 @@ impl Resolver {
         &self,
         validation_id: ValidationId,
         decision: Decision,
+        by: Option<&str>,
     ) -> Result<Resolved, ResolveError> {
         let success = decision.allows();
         // Noted first: a record whose write ends between this store's answer and the wait
@@ -321,14 +341,14 @@ impl Resolver {
         let was_recording = self.recording.map().contains_key(&validation_id);
         let mut resolution = self
             .store
-            .resolve(validation_id, &decision, self.clock.now())
+            .resolve(validation_id, &decision, by, self.clock.now())
             .await?;
         if resolution == Resolution::Unknown
             && (self.recorded(validation_id).await || was_recording)
         {
             resolution = self
                 .store
-                .resolve(validation_id, &decision, self.clock.now())
+                .resolve(validation_id, &decision, by, self.clock.now())
                 .await?;
         }
         match resolution {
@@ -336,6 +356,7 @@ impl Resolver {
                 tracing::info!(
                     validation_id = validation_id.get(),
                     success,
+                    decider = %crate::logged::Logged(by.unwrap_or("(not said)")),
                     "postponed validation decided"
                 );
                 self.wake.notify_one();
@@ -550,6 +571,7 @@ mod tests {
             &'a self,
             _: ValidationId,
             _: &'a Decision,
+            _: Option<&'a str>,
             _: DateTime<Utc>,
         ) -> ResolveFuture<'a> {
             let n = self.resolves.fetch_add(1, Ordering::SeqCst);

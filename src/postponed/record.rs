@@ -152,6 +152,12 @@ pub struct ValidationResult {
     /// When the decision was taken (UTC).
     #[serde(rename = "decided_ms", with = "crate::model::timestamp::epoch_ms")]
     pub decided: DateTime<Utc>,
+    /// Who decided, when a person did through the operating API: the operator whose own
+    /// token it came with (`[admin.operators]`), or the name a bearer of the shared token
+    /// gave. `None` for the handler's decision, a deadline's, and one nobody named (and for
+    /// decisions recorded before payhook kept it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
     /// Its delivery to the aggregator.
     pub delivery: Delivery,
 }
@@ -378,11 +384,13 @@ impl PostponedValidation {
 }
 
 impl PostponedValidation {
-    /// Takes a decision at `now`, queued for delivery at once: the first decision wins.
+    /// Takes a decision at `now`, by `by` (see [`ValidationResult::decided_by`]), queued
+    /// for delivery at once: the first decision wins.
     pub(crate) fn resolve(
         &mut self,
         success: bool,
         description: String,
+        by: Option<String>,
         now: DateTime<Utc>,
     ) -> Resolution {
         if let Some(result) = &self.result {
@@ -399,6 +407,7 @@ impl PostponedValidation {
             success,
             description,
             decided: now,
+            decided_by: by,
             delivery: Delivery::queued(now),
         });
         Resolution::Recorded
@@ -428,6 +437,7 @@ impl PostponedValidation {
                 success: taken.success,
                 description: taken.description.clone(),
                 decided: now,
+                decided_by: taken.decided_by.clone(),
                 delivery: Delivery::queued(now),
             }),
             repeat_of: Some(self.validation_id),
@@ -492,14 +502,17 @@ mod tests {
         let mut record = pending();
         let now = DateTime::<Utc>::UNIX_EPOCH;
         assert_eq!(record.state(), PostponedState::Pending);
-        assert_eq!(record.resolve(true, "ok".into(), now), Resolution::Recorded);
+        assert_eq!(
+            record.resolve(true, "ok".into(), None, now),
+            Resolution::Recorded
+        );
         assert_eq!(record.state(), PostponedState::Queued);
         assert_eq!(
-            record.resolve(true, "again".into(), now),
+            record.resolve(true, "again".into(), None, now),
             Resolution::AlreadyRecorded
         );
         assert_eq!(
-            record.resolve(false, "no".into(), now),
+            record.resolve(false, "no".into(), None, now),
             Resolution::Conflicting {
                 success: true,
                 description: "ok".into()
@@ -513,7 +526,7 @@ mod tests {
         let mut record = pending();
         let now = DateTime::<Utc>::UNIX_EPOCH;
         assert_eq!(record.record_delivery(Delivery::queued(now)), None);
-        record.resolve(false, "no".into(), now);
+        record.resolve(false, "no".into(), None, now);
         let delivered = Delivery::Delivered {
             attempts: 1,
             at: now,
@@ -530,7 +543,7 @@ mod tests {
     fn a_refused_result_is_queued_again_and_a_late_outcome_changes_nothing() {
         let mut record = pending();
         let now = DateTime::<Utc>::UNIX_EPOCH;
-        record.resolve(true, "ok".into(), now);
+        record.resolve(true, "ok".into(), None, now);
         let refused = Delivery::Conflict {
             attempts: 1,
             message: "held".into(),

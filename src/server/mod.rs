@@ -163,6 +163,7 @@ mod ingress;
 pub mod metrics;
 mod openapi;
 mod operating_api;
+mod operators;
 mod preface;
 mod problem;
 mod reconcile;
@@ -244,6 +245,7 @@ pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
 
 pub use openapi::{OPENAPI, openapi};
+pub use operators::OperatorToken;
 pub use request::PeerAddr;
 pub use route::PathsConfig;
 pub use serve::{serve, shutdown_signal};

@@ -54,6 +54,7 @@ use super::exactly_once::ExactlyOnce;
 use super::guesses::Guesses;
 use super::ingress::Ingress;
 use super::metrics::Metrics;
+use super::operators::{Caller, Operators};
 use super::problem::Problem;
 use super::reconcile::{ReconcileError, Reconciled};
 use super::route::ADMIN_PREFIX;
@@ -68,13 +69,16 @@ use crate::signature::Encoding;
 
 /// Who may call the operating API.
 pub(super) struct AdminAccess {
-    token: Expected,
-    /// Signs the inspector's sessions: a key derived from the token ([`session_key`]) at
-    /// the first login or cookie, so that the cookie is not the token itself, and a new
-    /// token ends every session.
-    session_key: std::sync::OnceLock<ring::hmac::Key>,
-    /// The token, for [`session_key`].
-    token_for_sessions: crate::Secret,
+    /// `admin.token`, which every operator who holds it shares.
+    token: Option<Expected>,
+    /// The shared token's SHA-256 in hex, signed into its sessions: a new token ends them.
+    token_digest_hex: Option<String>,
+    /// `[admin.operators]`, each with a token of their own.
+    operators: Operators,
+    /// Signs the inspector's sessions, from [`SessionKeySource`]: derived at the first
+    /// login or cookie, so that the cookie is no token, and a new secret ends every session.
+    session_key: std::sync::OnceLock<Option<ring::hmac::Key>>,
+    session_key_source: SessionKeySource,
     /// The sessions ended by logging out, until their life would have ended anyway.
     ended: std::sync::Mutex<Ended>,
     /// `admin.allow_plain_http`: calls over plain HTTP from other machines are let in.
@@ -105,9 +109,10 @@ const SESSION_COOKIE: &str = "payhook_admin";
 const SESSION_LIFETIME_SECS: u64 = 12 * 60 * 60;
 
 /// What a session's HMAC signs: the generation it was signed in (see [`Ended`]), its login
-/// time and its random id (hex), which tells apart two logins of the same second.
-fn session_message(generation: u64, issued: u64, id: &str) -> Vec<u8> {
-    format!("payhook inspector session {generation} {issued} {id}").into_bytes()
+/// time, its random id (hex), which tells apart two logins of the same second, and whose it
+/// is ([`session_holder`]).
+fn session_message(generation: u64, issued: u64, id: &str, holder: &str) -> Vec<u8> {
+    format!("payhook inspector session {generation} {issued} {id} {holder}").into_bytes()
 }
 
 /// Iterations of PBKDF2 that make the sessions' key from the token.
@@ -132,19 +137,53 @@ fn session_key(token: &crate::Secret) -> ring::hmac::Key {
 /// A session, as its cookie names it: the login time and the random id.
 type Session = (u64, String);
 
+/// What the inspector's sessions are signed under.
+enum SessionKeySource {
+    /// A key derived from this secret ([`session_key`]): `admin.session_secret`, else
+    /// `admin.token` — the same in every instance that shares it.
+    Derived(crate::Secret),
+    /// A random key of this process: the sessions end when it stops and hold at it alone.
+    Random,
+}
+
+/// Who a session is of, as its message signs it: the shared token by its hash, or an
+/// operator by name (hex) and their token's hash — a new token ends its sessions.
+fn session_holder(caller: &Caller, access: &AdminAccess) -> Option<String> {
+    match caller {
+        Caller::Shared => Some(format!("shared {}", access.token_digest_hex.as_deref()?)),
+        Caller::Operator(name) => Some(format!(
+            "operator {} {}",
+            Encoding::Hex.encode(name.as_bytes()),
+            access.operators.digest_hex(name)?
+        )),
+    }
+}
+
 /// Seconds since the Unix epoch, now.
 fn now_secs() -> u64 {
     crate::model::timestamp::now_ms() / 1000
 }
 
 impl AdminAccess {
-    /// `None` when no token is configured: the API is off.
+    /// `None` when no token is configured, shared or an operator's: the API is off.
     pub(super) fn from_config(config: &AdminConfig) -> Option<Self> {
-        let token = config.token.as_ref()?;
+        if !config.is_on() {
+            return None;
+        }
+        let token = config.token.as_ref();
+        let session_key_source = match config.session_secret.as_ref().or(token) {
+            Some(secret) => SessionKeySource::Derived(secret.clone()),
+            None => SessionKeySource::Random,
+        };
         Some(Self {
-            token: Expected::new(token.expose().as_bytes()),
+            token: token.map(|token| Expected::new(token.expose().as_bytes())),
+            token_digest_hex: token.map(|token| {
+                let digest = ring::digest::digest(&ring::digest::SHA256, token.expose().as_bytes());
+                Encoding::Hex.encode(digest.as_ref())
+            }),
+            operators: Operators::new(&config.operators),
             session_key: std::sync::OnceLock::new(),
-            token_for_sessions: token.clone(),
+            session_key_source,
             ended: std::sync::Mutex::default(),
             allow: config
                 .allow_ips
@@ -161,6 +200,14 @@ impl AdminAccess {
     /// speaks HTTPS to them — without one (`trusted_proxies` empty), every call from them is
     /// refused.
     pub(super) fn warn_of_channel(&self, trusted_proxies: &[String]) {
+        if matches!(self.session_key_source, SessionKeySource::Random) {
+            tracing::info!(
+                "admin: no admin.session_secret nor admin.token, so the inspector's sessions \
+                 are signed under a key of this process: they end when it restarts and hold \
+                 at this instance alone; behind a load balancer, set the same \
+                 admin.session_secret in every instance"
+            );
+        }
         if self.allow.iter().all(Cidr::is_loopback_only) {
             return;
         }
@@ -200,39 +247,50 @@ impl AdminAccess {
         }
     }
 
-    /// Lets in a bearer of the token, or a browser holding the inspector's session — whose
-    /// changes must also carry the inspector's header, which a cross-site form cannot send.
-    /// A bearer from `client` is one of its guesses ([`Guesses`]).
+    /// Lets in a bearer of a token, shared or an operator's, or a browser holding the
+    /// inspector's session — whose changes must also carry the inspector's header, which a
+    /// cross-site form cannot send — and says whose. A bearer from `client` is one of its
+    /// guesses ([`Guesses`]).
     fn check(
         &self,
         method: &Method,
         headers: &HeaderMap,
         client: Option<IpAddr>,
-    ) -> Result<(), Problem> {
-        if headers.contains_key(http::header::AUTHORIZATION) || !self.has_session(headers) {
+    ) -> Result<Caller, Problem> {
+        let session = if headers.contains_key(http::header::AUTHORIZATION) {
+            None
+        } else {
+            self.session_of(headers)
+        };
+        let Some((_, caller)) = session else {
             return self.check_bearer(headers, client);
-        }
+        };
         if method != Method::GET && !headers.contains_key(page::ACTION_HEADER) {
             return Err(Problem::Denied(format!(
                 "a change from the inspector must carry the {} header",
                 page::ACTION_HEADER
             )));
         }
-        Ok(())
+        Ok(caller)
     }
 
-    /// The key sessions are signed under, derived once.
-    fn session_key(&self) -> &ring::hmac::Key {
+    /// The key sessions are signed under, made once; `None` when the system gave no random
+    /// bytes for a key of the process (no session is made nor taken then).
+    fn session_key(&self) -> Option<&ring::hmac::Key> {
         self.session_key
-            .get_or_init(|| session_key(&self.token_for_sessions))
+            .get_or_init(|| match &self.session_key_source {
+                SessionKeySource::Derived(secret) => Some(session_key(secret)),
+                SessionKeySource::Random => ring::hmac::Key::generate(
+                    ring::hmac::HMAC_SHA256,
+                    &ring::rand::SystemRandom::new(),
+                )
+                .ok(),
+            })
+            .as_ref()
     }
 
-    fn has_session(&self, headers: &HeaderMap) -> bool {
-        self.session_of(headers).is_some()
-    }
-
-    /// The good session the request's cookies hold, if any.
-    fn session_of(&self, headers: &HeaderMap) -> Option<Session> {
+    /// The good session the request's cookies hold, if any, and whose it is.
+    fn session_of(&self, headers: &HeaderMap) -> Option<(Session, Caller)> {
         let now = now_secs();
         headers
             .get_all(http::header::COOKIE)
@@ -244,49 +302,67 @@ impl AdminAccess {
             .find_map(|(_, value)| self.session_in(value, now))
     }
 
-    /// The session cookie's value for a login now: the time, a random id, and in hex their
-    /// HMAC (with the current generation) under the token's key.
-    fn new_session(&self) -> Result<String, Problem> {
+    /// The session cookie's value for `caller`'s login now: the time, a random id, who
+    /// (empty for the shared token, else the operator's name in unpadded URL-safe base64),
+    /// and in hex their HMAC (with the current generation) under the sessions' key.
+    fn new_session(&self, caller: &Caller) -> Result<String, Problem> {
+        let no_session = |reason: &str| Problem::RetryLater {
+            reason: reason.into(),
+            retry_after: Duration::from_secs(1),
+        };
         let issued = now_secs();
         let id: [u8; 16] = ring::rand::generate(&ring::rand::SystemRandom::new())
             .map(|random| random.expose())
-            .map_err(|_| Problem::RetryLater {
-                reason: "no random bytes for a session".into(),
-                retry_after: Duration::from_secs(1),
-            })?;
+            .map_err(|_| no_session("no random bytes for a session"))?;
         let id = Encoding::Hex.encode(&id);
+        let holder = session_holder(caller, self)
+            .ok_or_else(|| no_session("the login's credentials are no longer configured"))?;
         // Signed under the lock: a generation moving on meanwhile cannot end it at birth.
-        // Derived (once, a hundred thousand HMACs) before the lock, not under it.
-        let key = self.session_key();
+        // Made (once; derived, a hundred thousand HMACs) before the lock, not under it.
+        let key = self
+            .session_key()
+            .ok_or_else(|| no_session("no random bytes for the sessions' key"))?;
         let ended = self.ended();
-        let message = session_message(ended.generation, issued, &id);
+        let message = session_message(ended.generation, issued, &id, &holder);
         let tag = ring::hmac::sign(key, &message);
         drop(ended);
+        let who = match caller {
+            Caller::Shared => String::new(),
+            Caller::Operator(name) => Encoding::Base64UrlNoPad.encode(name.as_bytes()),
+        };
         Ok(format!(
-            "{issued}.{id}.{}",
+            "{issued}.{id}.{who}.{}",
             Encoding::Hex.encode(tag.as_ref())
         ))
     }
 
-    /// The session `value` names, when this token signed it (compared in constant time)
-    /// within [`SESSION_LIFETIME_SECS`] before `now` (and not after it, give or take a
-    /// minute) and it was not ended.
-    fn session_in(&self, value: &str, now: u64) -> Option<Session> {
+    /// The session `value` names and whose it is, when the sessions' key signed it for a
+    /// holder still configured with the same token (compared in constant time) within
+    /// [`SESSION_LIFETIME_SECS`] before `now` (and not after it, give or take a minute) and
+    /// it was not ended.
+    fn session_in(&self, value: &str, now: u64) -> Option<(Session, Caller)> {
         let mut parts = value.split('.');
-        let (issued, id, tag) = (parts.next()?, parts.next()?, parts.next()?);
+        let (issued, id, who, tag) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if parts.next().is_some() {
             return None;
         }
         let (Ok(issued), Ok(tag)) = (issued.parse::<u64>(), Encoding::Hex.decode(tag)) else {
             return None;
         };
+        let caller = if who.is_empty() {
+            Caller::Shared
+        } else {
+            let name = Encoding::Base64UrlNoPad.decode(who).ok()?;
+            Caller::Operator(self.operators.named(std::str::from_utf8(&name).ok()?)?)
+        };
+        let holder = session_holder(&caller, self)?;
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
         let session = (issued, id.to_owned());
-        let key = self.session_key();
+        let key = self.session_key()?;
         let ended = self.ended();
-        let message = session_message(ended.generation, issued, id);
+        let message = session_message(ended.generation, issued, id, &holder);
         let signed = ring::hmac::verify(key, &message, &tag).is_ok();
-        (fresh && signed && !ended.sessions.contains(&session)).then_some(session)
+        (fresh && signed && !ended.sessions.contains(&session)).then_some((session, caller))
     }
 
     fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
@@ -298,7 +374,7 @@ impl AdminAccess {
     /// Ends the session the request holds (logging out): it is refused from now on, and
     /// kept as ended until its life would have ended anyway. `false` when it holds none.
     fn end_session(&self, headers: &HeaderMap) -> bool {
-        let Some(session) = self.session_of(headers) else {
+        let Some((session, _)) = self.session_of(headers) else {
             return false;
         };
         let now = now_secs();
@@ -320,7 +396,7 @@ impl AdminAccess {
         true
     }
 
-    fn check_bearer(&self, headers: &HeaderMap, client: Option<IpAddr>) -> Result<(), Problem> {
+    fn check_bearer(&self, headers: &HeaderMap, client: Option<IpAddr>) -> Result<Caller, Problem> {
         let presented = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -331,31 +407,39 @@ impl AdminAccess {
                 basic: false,
             });
         };
-        if self.token_is(token, client)? {
-            Ok(())
-        } else {
-            Err(Problem::Unauthorized {
+        self.holder_of(token, client)?
+            .ok_or_else(|| Problem::Unauthorized {
                 message: "invalid credentials".into(),
                 basic: false,
             })
-        }
     }
 
-    /// Whether `presented` is the token (compared in constant time), as a guess by
-    /// `client`: [`Problem::TooManyGuesses`], without comparing it, when `client` is out of
-    /// guesses.
-    fn token_is(&self, presented: &str, client: Option<IpAddr>) -> Result<bool, Problem> {
+    /// Whose token `presented` is — an operator's, else the shared one (each compared in
+    /// constant time) — as a guess by `client`: [`Problem::TooManyGuesses`], without
+    /// comparing it, when `client` is out of guesses.
+    fn holder_of(
+        &self,
+        presented: &str,
+        client: Option<IpAddr>,
+    ) -> Result<Option<Caller>, Problem> {
         let guess = self
             .guesses
             .guess(client, std::time::Instant::now())
             .map_err(|retry_after| Problem::TooManyGuesses { retry_after })?;
-        let right = self.token.matches(presented.as_bytes());
-        if right {
+        let holder = match self.operators.holder_of(presented) {
+            Some(name) => Some(Caller::Operator(name)),
+            None => self
+                .token
+                .as_ref()
+                .is_some_and(|token| token.matches(presented.as_bytes()))
+                .then_some(Caller::Shared),
+        };
+        if holder.is_some() {
             guess.right();
         } else {
             guess.wrong();
         }
-        Ok(right)
+        Ok(holder)
     }
 }
 
@@ -373,6 +457,11 @@ pub struct AdminDecision {
     /// another validation's row where the operator clicked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// Who decided, as they name themselves (optional; cut after 128 bytes): kept with the
+    /// decision (`decided_by`) and logged. Read only from a bearer of the shared token: an
+    /// operator's own token (`[admin.operators]`) names them, whatever this says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// The body of `POST /payhook/admin/callbacks/held/resolve`: the held result a person
@@ -388,7 +477,9 @@ pub struct AdminHeldPair {
     #[serde(default)]
     pub note: String,
     /// Who resolved it, as they name themselves (optional; cut after 128 bytes): kept with
-    /// the result and logged. The API has one token, so it is their word, not a login.
+    /// the result and logged. Read only from a bearer of the shared token, whose name is
+    /// their word: an operator's own token (`[admin.operators]`) names them, whatever this
+    /// says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
 }
@@ -507,7 +598,7 @@ impl OperatingApi {
             (&Method::GET, ["inspector"]) => {
                 return Ok(
                     match self.access.check(&parts.method, &parts.headers, client) {
-                        Ok(()) => self.inspector_page().await,
+                        Ok(caller) => self.inspector_page(&caller).await,
                         Err(_) => login_asked(parts.uri.query()),
                     },
                 );
@@ -531,8 +622,9 @@ impl OperatingApi {
                 set_session_cookie(&mut response, "", 0, https);
                 return Ok(response);
             }
-            _ => self.access.check(&parts.method, &parts.headers, client)?,
+            _ => {}
         }
+        let caller = self.access.check(&parts.method, &parts.headers, client)?;
         if segments.first() == Some(&"inspector") {
             return self.inspector_fragment(&parts, &segments[1..]).await;
         }
@@ -613,10 +705,12 @@ impl OperatingApi {
                         )));
                     }
                 }
+                let by = caller.name_or(decision.by.as_deref());
                 match resolver
-                    .resolve(
+                    .resolve_by(
                         id,
                         Decision::allow_if(decision.success, decision.description),
+                        by,
                     )
                     .await
                 {
@@ -672,8 +766,9 @@ impl OperatingApi {
                 }
                 let nonce = crate::model::Nonce::from(pair.nonce);
                 let status = crate::model::TransactionStatus::from_code(pair.status);
+                let by = caller.name_or(pair.by.as_deref());
                 let resolved = store
-                    .resolve_held(&nonce, status, &pair.note, pair.by.as_deref())
+                    .resolve_held(&nonce, status, &pair.note, by)
                     .await
                     .map_err(|e| self.admin_store_failed(&e))?;
                 let Some(resolved) = resolved else {
@@ -683,12 +778,7 @@ impl OperatingApi {
                         pair.status
                     )));
                 };
-                let client = self.ingress.client_of_parts(&parts);
-                let by = format!(
-                    "the operating API, from {}",
-                    client.map_or_else(|| "an unknown address".into(), |ip| ip.to_string())
-                );
-                crate::store::held::log_resolved(&resolved, &by);
+                crate::store::held::log_resolved(&resolved, &self.channel(&parts, &caller));
                 Ok(json(&resolved))
             }
             (&Method::POST, ["reconcile"]) => {
@@ -761,6 +851,20 @@ impl OperatingApi {
             }
             (_, ["reconcile"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
             _ => Err(Problem::NotFound),
+        }
+    }
+
+    /// The channel a change came through, for its log line: the operating API, from which
+    /// address, with which credentials (an operator's own token, or the shared one).
+    fn channel(&self, parts: &http::request::Parts, caller: &Caller) -> String {
+        let client = self.ingress.client_of_parts(parts);
+        let from = client.map_or_else(|| "an unknown address".into(), |ip| ip.to_string());
+        match caller {
+            Caller::Operator(name) => format!(
+                "the operating API, from {from}, with the token of operator {}",
+                crate::logged::Logged(name)
+            ),
+            Caller::Shared => format!("the operating API, from {from}, with the shared token"),
         }
     }
 
@@ -1083,18 +1187,18 @@ impl OperatingApi {
         let Some(token) = presented else {
             return Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None)));
         };
-        match self.access.token_is(&token, client) {
-            Ok(true) => {
+        match self.access.holder_of(&token, client) {
+            Ok(Some(caller)) => {
                 let mut response = html(http::StatusCode::SEE_OTHER, String::new());
                 response.headers_mut().insert(
                     http::header::LOCATION,
                     http::HeaderValue::from_static("/payhook/admin/inspector"),
                 );
-                let session = self.access.new_session()?;
+                let session = self.access.new_session(&caller)?;
                 set_session_cookie(&mut response, &session, SESSION_LIFETIME_SECS, https);
                 Ok(response)
             }
-            Ok(false) => Ok(html(
+            Ok(None) => Ok(html(
                 http::StatusCode::UNAUTHORIZED,
                 page::login(Some("invalid token")),
             )),
@@ -1110,9 +1214,14 @@ impl OperatingApi {
         }
     }
 
-    async fn inspector_page(&self) -> Response<ResponseBody> {
+    async fn inspector_page(&self, caller: &Caller) -> Response<ResponseBody> {
         let now = chrono::Utc::now();
+        let operator = match caller {
+            Caller::Operator(name) => Some(&**name),
+            Caller::Shared => None,
+        };
         let page = page::page(
+            operator,
             &self.deliveries_fragment(&DeliveryFilter::default()).await,
             &self.failing_fragment(now).await,
             &self.held_fragment().await,
@@ -1269,7 +1378,7 @@ fn shown(panel: Result<String, &crate::store::StoreError>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminAccess, AdminConfig, Encoding, names_this_machine, now_secs, shown};
+    use super::{AdminAccess, AdminConfig, Caller, Encoding, names_this_machine, now_secs, shown};
     use crate::store::StoreError;
 
     /// The session's tag is an HMAC under a key PBKDF2 derives from the token, not under the
@@ -1283,14 +1392,16 @@ mod tests {
             ..AdminConfig::default()
         };
         let access = AdminAccess::from_config(&config).unwrap();
-        let cookie = access.new_session().unwrap();
+        let cookie = access.new_session(&Caller::Shared).unwrap();
         let now = now_secs();
         assert!(access.session_in(&cookie, now).is_some());
         let (signed, _) = cookie.rsplit_once('.').unwrap();
-        let (issued, id) = signed.split_once('.').unwrap();
+        let mut parts = signed.split('.');
+        let (issued, id) = (parts.next().unwrap(), parts.next().unwrap());
+        let holder = super::session_holder(&Caller::Shared, &access).unwrap();
         let under_the_token = ring::hmac::sign(
             &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.as_bytes()),
-            &super::session_message(0, issued.parse().unwrap(), id),
+            &super::session_message(0, issued.parse().unwrap(), id, &holder),
         );
         let forged = format!(
             "{signed}.{}",
@@ -1348,6 +1459,10 @@ mod tests {
         super::AdminAccess::from_config(&config).unwrap()
     }
 
+    fn has_session(access: &super::AdminAccess, session: &str) -> bool {
+        access.session_of(&holding(session)).is_some()
+    }
+
     fn holding(session: &str) -> http::HeaderMap {
         let mut headers = http::HeaderMap::new();
         let cookie = format!("other=1; {}={session}", super::SESSION_COOKIE);
@@ -1358,27 +1473,121 @@ mod tests {
     #[test]
     fn logging_out_ends_that_session_only_and_more_than_are_kept_end_them_all() {
         let access = access();
-        let first = access.new_session().unwrap();
-        let second = access.new_session().unwrap();
+        let first = access.new_session(&Caller::Shared).unwrap();
+        let second = access.new_session(&Caller::Shared).unwrap();
         assert_ne!(first, second, "two logins of one second are two sessions");
-        assert!(access.has_session(&holding(&first)));
+        assert!(has_session(&access, &first));
         access.end_session(&holding(&first));
-        assert!(!access.has_session(&holding(&first)));
-        assert!(access.has_session(&holding(&second)));
+        assert!(!has_session(&access, &first));
+        assert!(has_session(&access, &second));
 
         // One more ended session than are kept one by one: every session so far is ended,
         // and a login after it is good.
         for _ in 0..super::ENDED_KEPT {
-            let session = access.new_session().unwrap();
+            let session = access.new_session(&Caller::Shared).unwrap();
             access.end_session(&holding(&session));
         }
-        assert!(!access.has_session(&holding(&first)));
+        assert!(!has_session(&access, &first));
         assert!(
-            !access.has_session(&holding(&second)),
+            !has_session(&access, &second),
             "every session so far is ended"
         );
-        let after = access.new_session().unwrap();
-        assert!(access.has_session(&holding(&after)));
+        let after = access.new_session(&Caller::Shared).unwrap();
+        assert!(has_session(&access, &after));
         assert!(access.ended().sessions.len() <= super::ENDED_KEPT);
+    }
+
+    /// An access of these operators (name and token), these sessions' secret and no
+    /// shared token.
+    fn operators(list: &[(&str, &str)], session_secret: Option<&str>) -> super::AdminAccess {
+        let config = super::AdminConfig {
+            operators: list
+                .iter()
+                .map(|(name, token)| {
+                    (
+                        (*name).to_owned(),
+                        crate::server::OperatorToken::digest_of(token),
+                    )
+                })
+                .collect(),
+            session_secret: session_secret.map(Into::into),
+            ..super::AdminConfig::default()
+        };
+        super::AdminAccess::from_config(&config).unwrap()
+    }
+
+    fn alice() -> Caller {
+        Caller::Operator("alice".into())
+    }
+
+    /// A session is its operator's, in every instance that shares the sessions' secret,
+    /// while that operator keeps that token: a new token, or the operator taken out of the
+    /// configuration, ends it; another name put into the cookie breaks its signature.
+    #[test]
+    fn an_operators_session_is_theirs_until_their_token_changes_or_they_are_gone() {
+        let secret = Some("sessions-secret-0123456789abcdef-xyz");
+        let one = operators(&[("alice", "alice-token"), ("bob", "bob-token")], secret);
+        let cookie = one.new_session(&alice()).unwrap();
+        let now = now_secs();
+        let (_, caller) = one.session_in(&cookie, now).unwrap();
+        assert_eq!(caller, alice());
+
+        let other_instance = operators(&[("bob", "bob-token"), ("alice", "alice-token")], secret);
+        assert_eq!(
+            other_instance.session_in(&cookie, now).map(|(_, c)| c),
+            Some(alice())
+        );
+        let new_token = operators(&[("alice", "alice-token-2"), ("bob", "bob-token")], secret);
+        assert!(new_token.session_in(&cookie, now).is_none());
+        let gone = operators(&[("bob", "bob-token")], secret);
+        assert!(gone.session_in(&cookie, now).is_none());
+        let other_secret = operators(
+            &[("alice", "alice-token"), ("bob", "bob-token")],
+            Some("another-secret-0123456789abcdef-xyz"),
+        );
+        assert!(other_secret.session_in(&cookie, now).is_none());
+
+        let mut parts: Vec<&str> = cookie.split('.').collect();
+        let bob = Encoding::Base64UrlNoPad.encode(b"bob");
+        parts[2] = &bob;
+        assert!(
+            one.session_in(&parts.join("."), now).is_none(),
+            "bob's name, alice's tag"
+        );
+        parts[2] = "";
+        assert!(
+            one.session_in(&parts.join("."), now).is_none(),
+            "no shared token here"
+        );
+    }
+
+    /// With neither a sessions' secret nor a shared token, sessions are signed under a
+    /// random key of the process: good at this one, at no other.
+    #[test]
+    fn without_a_secret_an_operators_session_holds_at_its_own_process_alone() {
+        let one = operators(&[("alice", "alice-token")], None);
+        let cookie = one.new_session(&alice()).unwrap();
+        let now = now_secs();
+        assert!(one.session_in(&cookie, now).is_some());
+        let another = operators(&[("alice", "alice-token")], None);
+        assert!(another.session_in(&cookie, now).is_none());
+    }
+
+    /// A shared token's session ends with the token, even when the sessions' secret stays.
+    #[test]
+    fn a_shared_session_ends_when_the_shared_token_changes() {
+        let config = |token: &str| super::AdminConfig {
+            token: Some(token.into()),
+            session_secret: Some("sessions-secret-0123456789abcdef-xyz".into()),
+            ..super::AdminConfig::default()
+        };
+        let before = super::AdminAccess::from_config(&config("admin-token-0123456789")).unwrap();
+        let cookie = before.new_session(&Caller::Shared).unwrap();
+        let now = now_secs();
+        assert!(before.session_in(&cookie, now).is_some());
+        let same = super::AdminAccess::from_config(&config("admin-token-0123456789")).unwrap();
+        assert!(same.session_in(&cookie, now).is_some());
+        let after = super::AdminAccess::from_config(&config("admin-token-9876543210")).unwrap();
+        assert!(after.session_in(&cookie, now).is_none());
     }
 }

@@ -227,10 +227,17 @@ impl CallbackConfig {
 }
 
 /// `[admin]`: the operating API under `/payhook/admin/` — postponed validations and
-/// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` is
-/// set; then callers need `Authorization: Bearer <token>`, an address in `allow_ips`, and
-/// to be on this machine or behind a trusted proxy that speaks HTTPS to them (unless
-/// `allow_plain_http`).
+/// reconcile, for `payhook … --admin-url` against a running service. Off unless `token` or
+/// `operators` is set; then callers need `Authorization: Bearer <token>` (the shared token or
+/// an operator's own), an address in `allow_ips`, and to be on this machine or behind a
+/// trusted proxy that speaks HTTPS to them (unless `allow_plain_http`).
+///
+/// ```toml
+/// [admin]
+/// # Each operator's own token, kept by its SHA-256 (`payhook operator-token alice` makes
+/// # one): what alice resolves or decides is kept with her name.
+/// operators = { alice = "sha256:2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90" }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
@@ -240,6 +247,24 @@ pub struct AdminConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub token: Option<Secret>,
+    /// Operators with tokens of their own, by name (1–64 characters): each value is
+    /// `sha256:` and the hex SHA-256 of that operator's token, never the token itself
+    /// (`payhook operator-token NAME` makes a token and its entry). A call with one is that
+    /// operator's: the held results they resolve and the postponed validations they decide
+    /// are kept and logged with their name, whatever name a request gives. Beside `token`
+    /// (whose bearers name themselves) or instead of it. See [`crate::server::OperatorToken`].
+    pub operators: std::collections::BTreeMap<String, String>,
+    /// The key the inspector's sessions are signed under (at least 32 characters; redacted
+    /// in `Debug`): set the same in every instance behind one load balancer, so that a
+    /// session holds at whichever it picks. Unset, sessions are signed under a key derived
+    /// from `token`; without `token` either, under a random key of the process — they then
+    /// end when it restarts and hold at this instance alone (said at start-up). A new secret
+    /// ends every session.
+    #[serde(
+        serialize_with = "crate::setting::redacted",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub session_secret: Option<Secret>,
     /// Networks that may call it (CIDR). Default: loopback only.
     pub allow_ips: Vec<String>,
     /// Accept the token, and the inspector's login and session, over plain HTTP from
@@ -259,6 +284,8 @@ impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             token: None,
+            operators: std::collections::BTreeMap::new(),
+            session_secret: None,
             allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             allow_plain_http: false,
             inspector_recent: 500,
@@ -267,6 +294,11 @@ impl Default for AdminConfig {
 }
 
 impl AdminConfig {
+    /// Whether the operating API is served: a token, shared or an operator's, is set.
+    pub fn is_on(&self) -> bool {
+        self.token.is_some() || !self.operators.is_empty()
+    }
+
     /// Checks values that have the right type but are not acceptable.
     pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
         if self.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
@@ -275,6 +307,17 @@ impl AdminConfig {
                 reason: "must be at least 16 characters".into(),
             });
         }
+        if self
+            .session_secret
+            .as_ref()
+            .is_some_and(|s| s.expose().chars().count() < 32)
+        {
+            return Err(InvalidSetting::new(
+                "admin.session_secret",
+                "must be at least 32 characters",
+            ));
+        }
+        super::operators::check(&self.operators)?;
         for text in &self.allow_ips {
             if let Err(error) = text.parse::<Cidr>() {
                 return Err(InvalidSetting {

@@ -94,12 +94,18 @@ impl Resolving {
     pub(crate) fn new(note: &str, by: Option<&str>) -> Self {
         Self {
             note: kept_text(note),
-            by: by
-                .map(str::trim)
-                .filter(|by| !by.is_empty())
-                .map(|by| readable(&cut_bytes(by, NAME_BYTES)).into_owned()),
+            by: person(by),
         }
     }
+}
+
+/// A person's name as the stores keep it with what they did (a held result resolved, a
+/// postponed validation decided): trimmed, cut after 128 bytes, U+0000 as U+FFFD; blanks
+/// are no name.
+pub(crate) fn person(by: Option<&str>) -> Option<String> {
+    by.map(str::trim)
+        .filter(|by| !by.is_empty())
+        .map(|by| readable(&cut_bytes(by, NAME_BYTES)).into_owned())
 }
 
 /// What the server knows of a callback it hands to the store with its effects: the

@@ -844,11 +844,15 @@ pub(crate) fn in_state(
 /// results to post to the aggregator.
 pub trait PostponedStore: Send + Sync + 'static {
     /// Decides postponed validation `validation_id` and queues the result for delivery, in
-    /// one atomic write; the first decision wins (see [`Resolution`]). Resolves once durable.
+    /// one atomic write; the first decision wins (see [`Resolution`]). `by`: who decided,
+    /// kept with the decision ([`ValidationResult::decided_by`](crate::postponed::ValidationResult::decided_by),
+    /// already cut to 128 bytes); the same decision by another is unchanged, not a
+    /// conflict. Resolves once durable.
     fn resolve<'a>(
         &'a self,
         validation_id: ValidationId,
         decision: &'a Decision,
+        by: Option<&'a str>,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a>;
 

@@ -22,6 +22,8 @@ pub(crate) enum PostponedOp {
         validation_id: ValidationId,
         success: bool,
         description: String,
+        /// Who decided (see `ValidationResult::decided_by`).
+        by: Option<String>,
         now: DateTime<Utc>,
     },
     /// Record how a delivery attempt went.
@@ -119,6 +121,7 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
             validation_id,
             success,
             description,
+            by,
             now,
         } => {
             let Some(record) = read(staging, validation_id)? else {
@@ -132,13 +135,14 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
                 }
                 None => record,
             };
-            let resolution = record.resolve(success, description.clone(), now);
+            let resolution = record.resolve(success, description.clone(), by.clone(), now);
             if resolution == Resolution::Recorded {
                 // Every read before any write: an error leaves the batch as it was.
                 let mut repeats = Vec::with_capacity(record.repeats.len());
                 for id in &record.repeats {
                     if let Some(mut repeat) = unless_gone_or_unreadable(read(staging, *id))?
-                        && repeat.resolve(success, description.clone(), now) == Resolution::Recorded
+                        && repeat.resolve(success, description.clone(), by.clone(), now)
+                            == Resolution::Recorded
                     {
                         repeats.push(repeat);
                     }

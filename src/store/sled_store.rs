@@ -824,12 +824,14 @@ impl PostponedStore for SledStore {
         &'a self,
         validation_id: ValidationId,
         decision: &'a Decision,
+        by: Option<&'a str>,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a> {
         self.postponed_op(PostponedOp::Resolve {
             validation_id,
             success: decision.allows(),
             description: decision.description().to_owned(),
+            by: by.map(str::to_owned),
             now,
         })
     }
@@ -2142,7 +2144,7 @@ mod tests {
         let tree = &store.inner.tree;
         let queued = |id: i64, decided_ms: u64| {
             let mut record = PostponedValidation::pending_for_tests(id);
-            let _ = record.resolve(true, "ok".into(), time_from_ms(decided_ms));
+            let _ = record.resolve(true, "ok".into(), None, time_from_ms(decided_ms));
             record
         };
         // Written by this version: the entry holds the decision time.
@@ -2475,7 +2477,7 @@ mod tests {
         tree.insert(keys::by_id(keys::WAITING_PREFIX, damaged), &due_at[..])
             .unwrap();
         let mut sound = PostponedValidation::pending_for_tests(6);
-        let _ = sound.resolve(true, "ok".into(), time_from_ms(500));
+        let _ = sound.resolve(true, "ok".into(), None, time_from_ms(500));
         tree.insert(
             keys::by_id(keys::POSTPONED_PREFIX, sound.validation_id),
             crate::store::record::encode(&sound),

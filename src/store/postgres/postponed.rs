@@ -115,10 +115,12 @@ impl PostponedStore for PgStore {
         &'a self,
         validation_id: ValidationId,
         decision: &'a Decision,
+        by: Option<&'a str>,
         now: DateTime<Utc>,
     ) -> ResolveFuture<'a> {
         Box::pin(async move {
             let (success, description) = (decision.allows(), decision.description());
+            let by = by.map(str::to_owned);
             let mut tx = self.pool().begin().await?;
             let Some(mut record) = self.locked(&mut tx, validation_id).await? else {
                 return Ok(Resolution::Unknown);
@@ -137,13 +139,13 @@ impl PostponedStore for PgStore {
                     },
                 };
             }
-            let resolution = record.resolve(success, description.to_owned(), now);
+            let resolution = record.resolve(success, description.to_owned(), by.clone(), now);
             if resolution == Resolution::Recorded {
                 self.update_postponed(&mut tx, &record, false).await?;
                 for id in &record.repeats {
                     if let Some(mut repeat) =
                         unless_gone_or_unreadable(self.locked(&mut tx, *id).await)?
-                        && repeat.resolve(success, description.to_owned(), now)
+                        && repeat.resolve(success, description.to_owned(), by.clone(), now)
                             == Resolution::Recorded
                     {
                         self.update_postponed(&mut tx, &repeat, false).await?;

@@ -1,0 +1,309 @@
+//! Operators of the operating API with tokens of their own (`[admin.operators]`), so that
+//! what a person does to the merchant's money through it — a held result resolved, a
+//! postponed validation decided — is kept with who did it, as a login and not as their word.
+//!
+//! The configuration holds each operator's token by its SHA-256 (`sha256:` and 64 hex
+//! digits), never the token: a copy of the file lets nobody in. A token is 32 random bytes
+//! ([`OperatorToken::generate`], behind `payhook operator-token NAME`), so one hash is as
+//! hard to reverse as the token is to guess; no slow hash is needed. A presented token is
+//! hashed once and compared with every operator's hash in constant time.
+//!
+//! ```
+//! use payhook::server::OperatorToken;
+//!
+//! let made = OperatorToken::generate().expect("random bytes");
+//! assert!(made.token().expose().starts_with("phop_"));
+//! assert_eq!(made.digest(), OperatorToken::digest_of(made.token().expose()));
+//! assert!(made.digest().starts_with("sha256:"));
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::Secret;
+use crate::auth::Expected;
+use crate::setting::InvalidSetting;
+use crate::signature::Encoding;
+
+/// What an operator's entry in `[admin.operators]` starts with: the hash's name.
+const DIGEST_PREFIX: &str = "sha256:";
+
+/// What a generated token starts with, so that one found in a log or a paste is known for
+/// what it is.
+const TOKEN_PREFIX: &str = "phop_";
+
+/// The longest operator name, in characters.
+const NAME_CHARS: usize = 64;
+
+/// A new operator's token and the hash the service's configuration keeps of it.
+pub struct OperatorToken {
+    token: Secret,
+}
+
+impl std::fmt::Debug for OperatorToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorToken")
+            .field("digest", &self.digest())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OperatorToken {
+    /// A token of 32 random bytes (URL-safe base64, unpadded, after `phop_`). `None` when the
+    /// system gives no random bytes.
+    pub fn generate() -> Option<Self> {
+        let bytes: [u8; 32] = ring::rand::generate(&ring::rand::SystemRandom::new())
+            .ok()?
+            .expose();
+        Some(Self {
+            token: Secret::new(format!(
+                "{TOKEN_PREFIX}{}",
+                Encoding::Base64UrlNoPad.encode(&bytes)
+            )),
+        })
+    }
+
+    /// The token, for the operator alone (`PAYHOOK_ADMIN_TOKEN` where they run `payhook`,
+    /// the inspector's form).
+    pub fn token(&self) -> &Secret {
+        &self.token
+    }
+
+    /// What `[admin.operators]` keeps of it: `sha256:` and its hash in hex.
+    pub fn digest(&self) -> String {
+        Self::digest_of(self.token.expose())
+    }
+
+    /// `sha256:` and the hex SHA-256 of `token`: an operator's entry for a token made
+    /// elsewhere.
+    pub fn digest_of(token: &str) -> String {
+        format!("{DIGEST_PREFIX}{}", Encoding::Hex.encode(&sha256(token)))
+    }
+}
+
+fn sha256(token: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+    out
+}
+
+/// Who an operating call comes from, as its credentials say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// A bearer of `admin.token`, which every operator may share: a name they give is
+    /// their word.
+    Shared,
+    /// The operator this name stands for in `[admin.operators]`.
+    Operator(Arc<str>),
+}
+
+impl Caller {
+    /// Who a change is kept with: the operator, or the name a bearer of the shared token
+    /// gave (`declared`).
+    pub(crate) fn name_or<'a>(&'a self, declared: Option<&'a str>) -> Option<&'a str> {
+        match self {
+            Self::Operator(name) => Some(name),
+            Self::Shared => declared,
+        }
+    }
+}
+
+/// One operator: the name, and their token's hash, compared in constant time.
+struct Operator {
+    name: Arc<str>,
+    digest: Expected,
+    /// The hash in hex, which an inspector session signs beside the name: a new token for
+    /// the operator ends their sessions.
+    digest_hex: String,
+}
+
+/// The operators of `[admin.operators]`, checked and ready to compare tokens with.
+#[derive(Default)]
+pub(crate) struct Operators {
+    operators: Vec<Operator>,
+}
+
+impl Operators {
+    /// The operators `configured` names; entries that do not parse are left out (the
+    /// configuration's check, [`check`], refuses them first).
+    pub(crate) fn new(configured: &BTreeMap<String, String>) -> Self {
+        let operators = configured
+            .iter()
+            .filter_map(|(name, value)| {
+                let digest = parse_digest(value)?;
+                Some(Operator {
+                    name: name.as_str().into(),
+                    digest: Expected::new(&digest),
+                    digest_hex: Encoding::Hex.encode(&digest),
+                })
+            })
+            .collect();
+        Self { operators }
+    }
+
+    /// The operator whose token `presented` is. Every operator's hash is compared, each in
+    /// constant time, whichever matches.
+    pub(crate) fn holder_of(&self, presented: &str) -> Option<Arc<str>> {
+        let digest = sha256(presented);
+        self.operators
+            .iter()
+            .fold(None, |found, operator| {
+                let matches = operator.digest.matches(&digest);
+                found.or(matches.then_some(operator))
+            })
+            .map(|operator| Arc::clone(&operator.name))
+    }
+
+    /// The hex hash of `name`'s token now, for a session's signature; `None` once they are
+    /// no longer an operator.
+    pub(crate) fn digest_hex(&self, name: &str) -> Option<&str> {
+        self.operators
+            .iter()
+            .find(|operator| &*operator.name == name)
+            .map(|operator| operator.digest_hex.as_str())
+    }
+
+    /// The operator of this name, as held here.
+    pub(crate) fn named(&self, name: &str) -> Option<Arc<str>> {
+        self.operators
+            .iter()
+            .find(|operator| &*operator.name == name)
+            .map(|operator| Arc::clone(&operator.name))
+    }
+}
+
+/// The hash an entry of `[admin.operators]` holds, when it is `sha256:` and 64 hex digits.
+fn parse_digest(value: &str) -> Option<[u8; 32]> {
+    let hex = value.strip_prefix(DIGEST_PREFIX)?;
+    if hex.len() != 64 {
+        return None;
+    }
+    Encoding::Hex.decode(hex).ok()?.try_into().ok()
+}
+
+/// Checks `[admin.operators]`: names of 1–64 characters with no control characters and no
+/// blanks around them, each entry a SHA-256 as `sha256:` and 64 hex digits, no token shared
+/// by two operators.
+pub(crate) fn check(configured: &BTreeMap<String, String>) -> Result<(), InvalidSetting> {
+    let mut seen: BTreeMap<[u8; 32], &str> = BTreeMap::new();
+    for (name, value) in configured {
+        let key = format!("admin.operators.{}", crate::logged::Logged(name.as_str()));
+        if name.is_empty()
+            || name.chars().count() > NAME_CHARS
+            || name.chars().any(char::is_control)
+            || name.trim() != name
+        {
+            return Err(InvalidSetting::new(
+                &key,
+                format!(
+                    "an operator's name must be 1 to {NAME_CHARS} characters, without control \
+                     characters or blanks around it"
+                ),
+            ));
+        }
+        let Some(digest) = parse_digest(value) else {
+            return Err(InvalidSetting::new(
+                &key,
+                format!(
+                    "must be `{DIGEST_PREFIX}` and 64 hex digits: the SHA-256 of the \
+                     operator's token, never the token (`payhook operator-token NAME` makes a \
+                     token and its line)"
+                ),
+            ));
+        };
+        if let Some(other) = seen.insert(digest, name) {
+            return Err(InvalidSetting::new(
+                &key,
+                format!(
+                    "the same token as operator {}: each operator needs a token of their own, \
+                     or what one does is kept as the other's",
+                    crate::logged::Logged(other)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configured(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_token_is_known_by_its_hash_and_only_its_own_operator_holds_it() {
+        let alice = OperatorToken::generate().unwrap();
+        let bob = OperatorToken::generate().unwrap();
+        let operators = Operators::new(&configured(&[
+            ("alice", &alice.digest()),
+            (
+                "bob",
+                &bob.digest().to_uppercase().replace("SHA256:", "sha256:"),
+            ),
+        ]));
+        assert_eq!(
+            operators.holder_of(alice.token().expose()).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            operators.holder_of(bob.token().expose()).as_deref(),
+            Some("bob"),
+            "hex digits in either case"
+        );
+        assert_eq!(
+            operators.holder_of(&alice.digest()),
+            None,
+            "the hash is no token"
+        );
+        assert_eq!(operators.holder_of(""), None);
+        assert_eq!(
+            operators.digest_hex("alice"),
+            alice.digest().strip_prefix("sha256:")
+        );
+        assert_eq!(operators.digest_hex("carol"), None);
+    }
+
+    #[test]
+    fn a_generated_token_is_32_random_bytes_and_never_shown_by_debug() {
+        let made = OperatorToken::generate().unwrap();
+        let encoded = made.token().expose().strip_prefix("phop_").unwrap();
+        assert_eq!(Encoding::Base64UrlNoPad.decode(encoded).unwrap().len(), 32);
+        assert_ne!(made.token(), OperatorToken::generate().unwrap().token());
+        let shown = format!("{made:?}");
+        assert!(!shown.contains(encoded), "{shown}");
+        assert!(shown.contains(&made.digest()), "{shown}");
+    }
+
+    #[test]
+    fn operators_the_configuration_cannot_name_or_hash_are_refused() {
+        let digest = OperatorToken::digest_of("a token");
+        assert!(check(&configured(&[("alice", &digest)])).is_ok());
+        assert!(check(&configured(&[("Ana María O'Neil", &digest)])).is_ok());
+        for (name, value, said) in [
+            ("", digest.as_str(), "1 to 64"),
+            (" alice", &digest, "blanks"),
+            ("al\u{7}ice", &digest, "control"),
+            (&"a".repeat(65), &digest, "1 to 64"),
+            ("alice", "hunter2-secret", "never the token"),
+            ("alice", &digest[7..], "sha256:"),
+            ("alice", "sha256:abc", "64 hex"),
+            ("alice", &digest.replace('a', "g"), "64 hex"),
+            ("alice", &format!("{digest}00"), "64 hex"),
+        ] {
+            let error = check(&configured(&[(name, value)])).unwrap_err();
+            assert!(
+                error.to_string().contains(said),
+                "{name:?} = {value:?}: {error}"
+            );
+            assert!(!error.to_string().contains("hunter2"), "{error}");
+        }
+        let error = check(&configured(&[("alice", &digest), ("bob", &digest)])).unwrap_err();
+        assert!(error.to_string().contains("operator alice"), "{error}");
+    }
+}
