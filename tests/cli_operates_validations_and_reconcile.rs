@@ -134,6 +134,8 @@ async fn validations_are_listed_and_decided_from_the_command_line_and_then_deliv
             "--deny",
             "--description",
             "no documents",
+            "--by",
+            "Dana (ops)",
         ],
         &env,
     )
@@ -158,11 +160,14 @@ async fn validations_are_listed_and_decided_from_the_command_line_and_then_deliv
         row("1").contains("queued") && row("1").contains("deny"),
         "{stdout}"
     );
+    // Who decided is kept with the decision; the handler's own decision names nobody.
+    assert!(row("1").ends_with("; decided by Dana (ops)"), "{stdout}");
     assert!(row("2").contains("pending"), "{stdout}");
     assert!(
         row("3").contains("queued") && row("3").contains("allow"),
         "{stdout}"
     );
+    assert!(!row("3").contains("decided by"), "{stdout}");
 
     // The service starts again: its outbox delivers the decisions, the command line's too.
     let app = App::builder(awaitable(&gateway, &store))

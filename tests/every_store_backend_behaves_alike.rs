@@ -981,6 +981,76 @@ async fn a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered
     );
 }
 
+/// Who decided a postponed validation is kept with the decision, by the original and by
+/// each of its repeats, durably (across a reopen); the same decision by another leaves the
+/// first decider, and a decision nobody named keeps none.
+async fn who_decided_is_kept_with_the_decision_and_its_repeats(b: Backend) {
+    postpone(&b, 50).await;
+    postpone(&b, 60).await;
+    let now = Utc::now();
+    let repeat = validation("p-50", 51, "10");
+    assert!(matches!(
+        b.shared.repeat(&repeat, now).await.unwrap(),
+        Repeat::Recorded { decided: false, .. }
+    ));
+    let allow = Decision::allow("documents checked");
+    assert_eq!(
+        b.shared
+            .resolve(51.into(), &allow, Some("alice"), now)
+            .await
+            .unwrap(),
+        Resolution::Recorded
+    );
+    assert_eq!(
+        b.shared
+            .resolve(50.into(), &allow, Some("bob"), now)
+            .await
+            .unwrap(),
+        Resolution::AlreadyRecorded
+    );
+    assert_eq!(
+        b.shared
+            .resolve(60.into(), &allow, None, now)
+            .await
+            .unwrap(),
+        Resolution::Recorded
+    );
+    let late = validation("p-50", 52, "10");
+    assert!(matches!(
+        b.shared.repeat(&late, now).await.unwrap(),
+        Repeat::Recorded { decided: true, .. }
+    ));
+    let b = b.opened_again_with(RETENTION).await;
+    let by = |id: i64| {
+        let shared = b.shared.clone();
+        async move {
+            let record = shared.postponed(id.into()).await.unwrap().unwrap();
+            record.result.unwrap().decided_by
+        }
+    };
+    for id in [50, 51, 52] {
+        assert_eq!(by(id).await.as_deref(), Some("alice"), "validation {id}");
+    }
+    assert_eq!(by(60).await, None);
+    b.finish().await;
+}
+
+mod who_decided_is_kept_with_the_decision_and_its_repeats {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sled() {
+        super::who_decided_is_kept_with_the_decision_and_its_repeats(super::Backend::sled().await)
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        let Some(backend) = super::Backend::postgres("who_decided").await else {
+            return;
+        };
+        super::who_decided_is_kept_with_the_decision_and_its_repeats(backend).await;
+    }
+}
+
 /// The states of validations `ids`, in order.
 async fn states_of(b: &Backend, ids: &[i64]) -> Vec<PostponedState> {
     let mut states = Vec::new();

@@ -62,10 +62,15 @@ async fn log_in(browser: &Browser, server: &TestServer) {
 
 /// Opens the inspector served at `addr` (the service, or a proxy in front of it).
 async fn log_in_at(browser: &Browser, addr: SocketAddr) {
+    log_in_with(browser, addr, TOKEN).await;
+}
+
+/// Opens the inspector served at `addr` with `token`, shared or an operator's.
+async fn log_in_with(browser: &Browser, addr: SocketAddr, token: &str) {
     let page = format!("http://{addr}/payhook/admin/inspector");
     browser.goto(&page).await;
-    let token = browser.wait_for("input#token").await;
-    browser.type_into(&token, TOKEN).await;
+    let field = browser.wait_for("input#token").await;
+    browser.type_into(&field, token).await;
     browser.wait_and_click("button#login").await;
     browser.wait_for("section#health dd#store-state").await;
 }
@@ -316,6 +321,66 @@ async fn a_click_lands_on_the_validation_pointed_at_while_others_are_decided() {
         .map(|v| v["validation_id"].as_i64().unwrap())
         .collect();
     assert_eq!(ids, [3], "{pending}");
+    browser.quit().await;
+}
+
+/// An operator who opened the page with a token of their own (`[admin.operators]`) is named
+/// on it, is not asked who they are, and what they resolve or approve is kept with their
+/// name.
+#[tokio::test]
+async fn an_operator_acts_on_the_page_under_their_own_name_without_being_asked() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    const DANA: &str = "phop_dana-token-for-the-browser-0123456789";
+    let gateway = FakeGateway::start().await;
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.allow_unauthenticated = true;
+    config.admin.token = Some(TOKEN.into());
+    config.admin.operators = [(
+        "Dana".to_owned(),
+        payhook::server::OperatorToken::digest_of(DANA),
+    )]
+    .into();
+    let server = TestServer::start_with(config).await;
+    log_in_with(&browser, server.addr, DANA).await;
+    assert_eq!(browser.wait_for_text("#operator").await, "Dana");
+
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let hold = signed_callback(&signer, "n-held", 4, "7", "hold");
+    assert_eq!(server.send(&hold).await.status, 200);
+    browser
+        .wait_and_click("tr.unresolved button[data-action=resolve][data-nonce='n-held']")
+        .await;
+    let asked = browser.answer_prompt("paid back by hand").await;
+    assert!(
+        asked.contains("Nothing is booked"),
+        "the first question is the note, not the name: {asked}"
+    );
+    browser.hover("h1").await;
+    browser.wait_for_none("tr.unresolved").await;
+    let store = server.app.store().unwrap();
+    let kept = store
+        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
+        ("paid back by hand", Some("Dana"))
+    );
+
+    let id = server.postpone_validation().await;
+    browser
+        .wait_and_click(&format!("button[data-action=approve][data-id='{id}']"))
+        .await;
+    gateway
+        .until("the approved result", |s| s.results.contains_key(&id))
+        .await;
+    let record = store.postponed(id.into()).await.unwrap().unwrap();
+    assert_eq!(record.result.unwrap().decided_by.as_deref(), Some("Dana"));
     browser.quit().await;
 }
 

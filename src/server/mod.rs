@@ -245,7 +245,7 @@ pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
 
 pub use openapi::{OPENAPI, openapi};
-pub use operators::OperatorToken;
+pub use operators::{InvalidOperatorName, OperatorToken};
 pub use request::PeerAddr;
 pub use route::PathsConfig;
 pub use serve::{serve, shutdown_signal};

@@ -14,7 +14,9 @@
 //! let made = OperatorToken::generate().expect("random bytes");
 //! assert!(made.token().expose().starts_with("phop_"));
 //! assert_eq!(made.digest(), OperatorToken::digest_of(made.token().expose()));
-//! assert!(made.digest().starts_with("sha256:"));
+//! let entry = made.entry("alice").expect("a name an operator may have");
+//! assert_eq!(entry, format!("alice = \"{}\"", made.digest()));
+//! assert!(made.entry(" alice").is_err());
 //! ```
 
 use std::collections::BTreeMap;
@@ -78,6 +80,46 @@ impl OperatorToken {
     /// elsewhere.
     pub fn digest_of(token: &str) -> String {
         format!("{DIGEST_PREFIX}{}", Encoding::Hex.encode(&sha256(token)))
+    }
+
+    /// The line of `[admin.operators]` that lets this token in as `name`: `name =
+    /// "sha256:…"`, the name quoted unless it is letters, digits, `-` and `_`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidOperatorName`] for a name the configuration refuses.
+    pub fn entry(&self, name: &str) -> Result<String, InvalidOperatorName> {
+        check_name(name)?;
+        let bare = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        // A JSON string is a TOML basic string: the same quotes and escapes.
+        let key = if bare {
+            name.to_owned()
+        } else {
+            serde_json::to_string(name).map_err(|_| InvalidOperatorName)?
+        };
+        Ok(format!("{key} = \"{}\"", self.digest()))
+    }
+}
+
+/// A name `[admin.operators]` does not take: it must be 1 to 64 characters, without
+/// control characters or blanks around it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "an operator's name must be 1 to 64 characters, without control characters or blanks around it"
+)]
+pub struct InvalidOperatorName;
+
+fn check_name(name: &str) -> Result<(), InvalidOperatorName> {
+    if name.is_empty()
+        || name.chars().count() > NAME_CHARS
+        || name.chars().any(char::is_control)
+        || name.trim() != name
+    {
+        Err(InvalidOperatorName)
+    } else {
+        Ok(())
     }
 }
 
@@ -188,18 +230,8 @@ pub(crate) fn check(configured: &BTreeMap<String, String>) -> Result<(), Invalid
     let mut seen: BTreeMap<[u8; 32], &str> = BTreeMap::new();
     for (name, value) in configured {
         let key = format!("admin.operators.{}", crate::logged::Logged(name.as_str()));
-        if name.is_empty()
-            || name.chars().count() > NAME_CHARS
-            || name.chars().any(char::is_control)
-            || name.trim() != name
-        {
-            return Err(InvalidSetting::new(
-                &key,
-                format!(
-                    "an operator's name must be 1 to {NAME_CHARS} characters, without control \
-                     characters or blanks around it"
-                ),
-            ));
+        if let Err(error) = check_name(name) {
+            return Err(InvalidSetting::new(&key, error.to_string()));
         }
         let Some(digest) = parse_digest(value) else {
             return Err(InvalidSetting::new(

@@ -89,6 +89,14 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Make a token of their own for an operator of the operating API: print it, for them
+    /// alone, and the entry of the service's [admin.operators] that lets it in (the token's
+    /// SHA-256: the configuration never holds the token).
+    #[command(after_help = "Example:\n  payhook operator-token alice")]
+    OperatorToken {
+        /// The operator's name, kept with what they resolve or decide (1 to 64 characters).
+        name: String,
+    },
     /// Sign standard input's exact bytes; print the signature header value.
     #[command(
         after_help = "Example:\n  printf '%s' '{\"nonce\":\"n-1\"}' | payhook sign --key sim-keys/private.pem --alg ed25519\n\n(`echo` would add a newline to the signed bytes.)"
@@ -412,6 +420,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Keygen { alg, out, force } => keygen(alg, &out, force),
+        Command::OperatorToken { name } => operator_token(&name),
         Command::Sign {
             key,
             alg,
@@ -867,6 +876,24 @@ fn keygen(algorithm: Algorithm, out: &Path, force: bool) -> Result<(), Failure> 
         "{algorithm} key pair written:\n  private (PKCS#8, keep secret): {}\n  public  (SPKI): {}",
         private.display(),
         public.display()
+    );
+    Ok(())
+}
+
+/// `payhook operator-token NAME`: a new token for the operator, and its configuration entry.
+fn operator_token(name: &str) -> Result<(), Failure> {
+    let made = payhook::server::OperatorToken::generate()
+        .ok_or_else(|| Failure("the system gave no random bytes for a token".into(), 1))?;
+    let entry = made
+        .entry(name)
+        .map_err(|error| Failure(format!("{error}"), 2))?;
+    println!(
+        "# The token, for {who} alone (PAYHOOK_ADMIN_TOKEN where they run payhook, or the \
+         inspector's form); shown once, kept nowhere:\n{token}\n\
+         # The entry that lets it in, for the service's [admin.operators] (its SHA-256, not \
+         the token):\n{entry}",
+        who = payhook::Escaped(name),
+        token = made.token().expose(),
     );
     Ok(())
 }

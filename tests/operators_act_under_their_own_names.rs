@@ -1,0 +1,352 @@
+//! Operators with tokens of their own (`[admin.operators]`): a call made with one is that
+//! operator's, and what they do to the merchant's money — a postponed validation decided, a
+//! held result resolved — is kept with their name, whatever name the request gives; the
+//! shared token's bearers name themselves. The configuration holds each token by its
+//! SHA-256 only; `payhook operator-token` makes a token and its entry.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::server::OperatorToken;
+use serde_json::{Value, json};
+use support::gateway::FakeGateway;
+use support::*;
+
+const SHARED: &str = "admin-token-0123456789";
+const ALICE: &str = "phop_alice-token-for-tests-0123456789";
+const BOB: &str = "phop_bob-token-for-tests-0123456789";
+
+/// An Awaitable service whose operating API lets in alice and bob by their own tokens, and
+/// `shared` when given.
+fn config(gateway: &FakeGateway, shared: Option<&str>) -> payhook::Config {
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    // Its caller is this test, on loopback; not what the test is about.
+    config.validation.allow_unauthenticated = true;
+    config.admin.token = shared.map(Into::into);
+    config.admin.operators = [("alice", ALICE), ("bob", BOB)]
+        .into_iter()
+        .map(|(name, token)| (name.to_owned(), OperatorToken::digest_of(token)))
+        .collect();
+    config
+}
+
+async fn call(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> RawResponse {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer.as_str()));
+    }
+    server
+        .send(&request(method, path, &headers, body.map(str::as_bytes)))
+        .await
+}
+
+/// The decision the service keeps on validation `id`, as the API lists it.
+async fn decided(server: &TestServer, token: &str, id: i64) -> Value {
+    let listed = call(
+        server,
+        "GET",
+        "/payhook/admin/validations",
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.message());
+    let list = listed.json();
+    let found = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["validation_id"] == id)
+        .unwrap_or_else(|| panic!("validation {id} in {list}"));
+    found["result"].clone()
+}
+
+#[tokio::test]
+async fn an_operators_own_token_lets_them_in_without_a_shared_one() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway, None)).await;
+    let validations = "/payhook/admin/validations";
+    for token in [ALICE, BOB] {
+        let answer = call(&server, "GET", validations, Some(token), None).await;
+        assert_eq!(answer.status, 200, "{}", answer.message());
+    }
+    let refused = [
+        (None, "missing credentials"),
+        (Some(SHARED), "invalid credentials"),
+        (
+            Some(&*OperatorToken::digest_of(ALICE)),
+            "invalid credentials",
+        ),
+        (Some(&ALICE[..ALICE.len() - 1]), "invalid credentials"),
+    ];
+    for (token, said) in refused {
+        let answer = call(&server, "GET", validations, token, None).await;
+        assert_eq!(
+            (answer.status, answer.message()),
+            (401, said.into()),
+            "{token:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_validation_an_operator_decides_is_kept_with_their_name_not_the_one_they_give() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
+    let id = server.postpone_validation().await;
+    let path = format!("/payhook/admin/validations/{id}");
+    let body = json!({"success": true, "description": "documents checked", "by": "mallory"});
+    let answer = call(&server, "POST", &path, Some(ALICE), Some(&body.to_string())).await;
+    assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
+    let result = decided(&server, BOB, id).await;
+    assert_eq!(result["success"], true, "{result}");
+    assert_eq!(result["decided_by"], "alice", "{result}");
+
+    // The same decision again, by bob: unchanged, and who took it first stays.
+    let again = call(&server, "POST", &path, Some(BOB), Some(&body.to_string())).await;
+    assert_eq!((again.status, again.message()), (200, "unchanged".into()));
+    assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
+    gateway
+        .until("the decided result", |s| s.results.contains_key(&id))
+        .await;
+}
+
+#[tokio::test]
+async fn a_bearer_of_the_shared_token_is_kept_by_the_name_they_give_or_none() {
+    let gateway = FakeGateway::start().await;
+    for (by, kept) in [
+        (json!("  carol  "), json!("carol")),
+        (json!("   "), Value::Null),
+        (Value::Null, Value::Null),
+    ] {
+        let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
+        let id = server.postpone_validation().await;
+        let path = format!("/payhook/admin/validations/{id}");
+        let mut body = json!({"success": false, "description": "no documents"});
+        if !by.is_null() {
+            body["by"] = by.clone();
+        }
+        let answer = call(
+            &server,
+            "POST",
+            &path,
+            Some(SHARED),
+            Some(&body.to_string()),
+        )
+        .await;
+        assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
+        let result = decided(&server, SHARED, id).await;
+        assert_eq!(result["decided_by"], kept, "by {by}: {result}");
+    }
+    let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
+    let id = server.postpone_validation().await;
+    let path = format!("/payhook/admin/validations/{id}");
+    let answer = call(
+        &server,
+        "POST",
+        &path,
+        Some(SHARED),
+        Some(r#"{"success": true, "by": 7}"#),
+    )
+    .await;
+    assert_eq!(answer.status, 400, "{}", answer.message());
+    assert!(answer.message().contains("by"), "{}", answer.message());
+}
+
+#[tokio::test]
+async fn a_held_result_an_operator_resolves_is_kept_with_their_name() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway, None)).await;
+    let held = with(CALLBACK, "/clientId", Some(json!("hold")));
+    let held = with(&held, "/nonce", Some(json!("n-held")));
+    assert_eq!(server.post_json(CALLBACK_PATH, &held).await.status, 200);
+
+    let resolve =
+        json!({"nonce": "n-held", "status": 4, "note": "refunded by hand", "by": "mallory"});
+    let answer = call(
+        &server,
+        "POST",
+        "/payhook/admin/callbacks/held/resolve",
+        Some(BOB),
+        Some(&resolve.to_string()),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    let resolved = answer.json();
+    assert_eq!(resolved["resolvedBy"], "bob", "{resolved}");
+    let kept = server
+        .app
+        .store()
+        .unwrap()
+        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
+        ("refunded by hand", Some("bob"))
+    );
+}
+
+/// The inspector's login takes an operator's token; the session is theirs (the page names
+/// them), and what it decides is kept with their name.
+#[tokio::test]
+async fn an_inspector_session_opened_with_an_operators_token_is_theirs() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
+    let login = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            format!("token={ALICE}").as_bytes(),
+        ))
+        .await;
+    assert_eq!(
+        login.status,
+        303,
+        "{}",
+        String::from_utf8_lossy(&login.body)
+    );
+    let cookie = login.header("set-cookie").unwrap().to_owned();
+    assert!(!cookie.contains(ALICE), "the cookie is no token: {cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+
+    let page = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector",
+            &[("cookie", &session)],
+            None,
+        ))
+        .await;
+    assert_eq!(page.status, 200);
+    let html = String::from_utf8_lossy(&page.body);
+    assert!(
+        html.contains("<span id=operator data-name='alice'>alice</span>"),
+        "the page names whose session it is"
+    );
+
+    let id = server.postpone_validation().await;
+    let decide = server
+        .send(&request(
+            "POST",
+            &format!("/payhook/admin/validations/{id}"),
+            &[
+                ("cookie", &session),
+                ("content-type", "application/json"),
+                ("x-payhook-inspector", "1"),
+            ],
+            Some(br#"{"success": false, "description": "refused on review"}"#),
+        ))
+        .await;
+    assert_eq!(decide.status, 200, "{}", decide.message());
+    assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
+
+    // The shared token's session names nobody: the page asks who resolves.
+    let shared = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            format!("token={SHARED}").as_bytes(),
+        ))
+        .await;
+    let session = shared
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector",
+            &[("cookie", &session)],
+            None,
+        ))
+        .await;
+    assert_eq!(page.status, 200);
+    assert!(!String::from_utf8_lossy(&page.body).contains("id=operator"));
+}
+
+#[tokio::test]
+async fn an_operator_entry_holding_a_token_instead_of_its_hash_is_refused_at_start() {
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway, None);
+    config
+        .admin
+        .operators
+        .insert("carol".into(), "phop_carols-own-token-0123456789".into());
+    let error = payhook::App::builder(config)
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("admin.operators.carol"), "{error}");
+    assert!(error.contains("never the token"), "{error}");
+    assert!(!error.contains("carols-own-token"), "{error}");
+}
+
+/// `payhook operator-token NAME` prints a token and the entry that lets it in: a service
+/// configured with the entry takes the token as that operator's.
+#[tokio::test]
+async fn the_command_line_makes_a_token_and_the_entry_that_lets_it_in() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(["operator-token", "Ana María"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    let [token, entry] = lines[..] else {
+        panic!("a token and an entry: {text}");
+    };
+    assert!(token.starts_with("phop_"), "{text}");
+    let parsed: toml::Table = entry.parse().unwrap();
+    let digest = parsed["Ana María"].as_str().unwrap();
+    assert_eq!(digest, OperatorToken::digest_of(token));
+    assert!(!entry.contains(token), "{text}");
+
+    let gateway = FakeGateway::start().await;
+    let mut config = test_config();
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.allow_unauthenticated = true;
+    config.admin.operators = [("Ana María".to_owned(), digest.to_owned())].into();
+    let server = TestServer::start_with(config).await;
+    let id = server.postpone_validation().await;
+    let answer = call(
+        &server,
+        "POST",
+        &format!("/payhook/admin/validations/{id}"),
+        Some(token),
+        Some(r#"{"success": true}"#),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    assert_eq!(decided(&server, token, id).await["decided_by"], "Ana María");
+
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .args(["operator-token", " padded"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("1 to 64 characters"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
