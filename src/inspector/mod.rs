@@ -4,7 +4,9 @@
 //! When a payment goes wrong, the questions are: did the callback arrive, what did we
 //! answer, was the signature good, is it being retried, which validations wait for us, did
 //! our decision reach the aggregator? The running service answers them under its operating
-//! API (`/payhook/admin/`, behind the admin token, loopback by default):
+//! API (`/payhook/admin/`, behind the admin token or an operator's own, loopback by
+//! default; a page opened with an operator's token names them, and what it decides or
+//! resolves is kept with their name):
 //!
 //! * `GET /payhook/admin/inspector` — a page: recent deliveries (filter by nonce, client,
 //!   outcome; each one's raw request, every header value but the harmless ones redacted),

@@ -5,7 +5,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /payhook/admin/validations?state=…&limit=N&after=ID` | 200, a page of the postponed validations (JSON array), by id: those in `state` (`pending`, `queued`, `delivered` or `conflict`; every state without it), at most `N` (default and most 500; 0 is taken as 1) whose id follows `ID` (from the lowest without it); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an unknown state or an `after` that is not an id) |
-//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N` |
+//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…", "by": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N`. Kept with who decided (`decided_by` in the listing): the operator whose own token the call came with, else `by` (optional, the shared token's bearer's word) |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token; 429 and the form saying when to try again for an address out of guesses; 403 when the browser says another site's page posted it (`Sec-Fetch-Site`) |
@@ -14,11 +14,13 @@
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
-//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who as they named themselves (`by`, optional: one token serves every operator, so it is their word; `resolvedBy` in the answer), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
+//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
-//! Off unless `admin.token` is set. Every call needs `Authorization: Bearer <token>`
-//! (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
+//! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
+//! `Authorization: Bearer <token>` — the shared token, or an operator's own (see
+//! [`super::operators`]: what that call changes is kept and logged with the operator's name)
+//! — (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
 //! `Retry-After`, without comparing it, from an address that presented too many wrong
 //! tokens, see [`super::guesses`]) from an address in `admin.allow_ips` (403),
 //! without a proxy's forwarding headers unless its peer is a trusted proxy (403
@@ -32,9 +34,11 @@
 //! the API as that page's site.
 //! A browser on the inspector's page holds instead a session cookie (`HttpOnly`,
 //! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
-//! HTTPS; the login's time, a random id and their HMAC under a key derived from the token
-//! (PBKDF2-HMAC-SHA256, 100,000 iterations), not the token; good for 12 hours, and for no
-//! other token), and its changes must
+//! HTTPS; the login's time, a random id, whose it is (the operator's name, none for the
+//! shared token) and their HMAC — beside that token's SHA-256, so that a new token ends its
+//! sessions — under a key derived from `admin.session_secret`, else the shared token
+//! (PBKDF2-HMAC-SHA256, 100,000 iterations), else random to the process; not the token;
+//! good for 12 hours, and for no other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
 //! send.
 
@@ -524,7 +528,7 @@ fn json<T: Serialize>(value: &T) -> Response<ResponseBody> {
 
 /// The operating API with what it operates on: the Awaitable validations, the store's
 /// records and the reconcile of exactly-once delivery, and the gateway. Built by the app's
-/// builder when `admin.token` is set.
+/// builder when `admin.token` or `[admin.operators]` is set.
 pub(super) struct OperatingApi {
     access: AdminAccess,
     ingress: Arc<Ingress>,
