@@ -26,7 +26,8 @@
 //! ```
 //!
 //! sled lets one process open a store. Against a running service the commands go through
-//! its operating API (`/payhook/admin/`, on when `admin.token` is set) with an
+//! its operating API (`/payhook/admin/`, on when `admin.token` or `[admin.operators]` is
+//! set) with an
 //! [`AdminClient`] ([`AdminCommand::run_remote`]); [`AdminCommand::run`] works on the store
 //! of a stopped service (a decision is then delivered by its outbox when it starts).
 
@@ -365,7 +366,8 @@ impl ValidationsCommand {
     }
 }
 
-/// The operating API of a running service (`/payhook/admin/`, enabled by `admin.token`).
+/// The operating API of a running service (`/payhook/admin/`, enabled by `admin.token` or
+/// `[admin.operators]`), called with a token: the shared one or an operator's own.
 pub struct AdminClient {
     base: String,
     token: crate::Secret,

@@ -147,7 +147,8 @@ pub struct Config {
     pub gateway: GatewayConfig,
     /// `[validation]`: Awaitable mode and the delivery of postponed results.
     pub validation: ValidationConfig,
-    /// `[admin]`: the operating API of a running service (off unless a token is set).
+    /// `[admin]`: the operating API of a running service (off unless a token is set, shared
+    /// or an operator's).
     pub admin: AdminConfig,
 }
 

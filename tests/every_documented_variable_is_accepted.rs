@@ -106,6 +106,9 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         {
             "5s".into()
         }
+        // An operator's entry is their token's SHA-256; the sessions' secret has a minimum.
+        "PAYHOOK_ADMIN_OPERATORS" => format!(r#"{{alice = "sha256:{}"}}"#, "ab".repeat(32)),
+        "PAYHOOK_ADMIN_SESSION_SECRET" => "a-secret-of-at-least-32-characters".into(),
         // Read when a gateway client is built (`check-config` builds one): see
         // `gateway_files`.
         "PAYHOOK_GATEWAY_CA_FILE" => dir.join("ca.pem").display().to_string(),

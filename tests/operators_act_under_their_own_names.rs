@@ -296,6 +296,21 @@ async fn an_operator_entry_holding_a_token_instead_of_its_hash_is_refused_at_sta
     assert!(!error.contains("carols-own-token"), "{error}");
 }
 
+/// A shared token that is an operator's would make every bearer of it that operator: the
+/// service refuses to start, naming the operator, not the token.
+#[tokio::test]
+async fn a_shared_token_that_is_an_operators_token_is_refused_at_start() {
+    let gateway = FakeGateway::start().await;
+    let error = payhook::App::builder(config(&gateway, Some(BOB)))
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("admin.token"), "{error}");
+    assert!(error.contains("operator bob"), "{error}");
+    assert!(!error.contains(BOB), "{error}");
+}
+
 /// `payhook operator-token NAME` prints a token and the entry that lets it in: a service
 /// configured with the entry takes the token as that operator's.
 #[tokio::test]

@@ -152,10 +152,12 @@ pub struct ValidationResult {
     /// When the decision was taken (UTC).
     #[serde(rename = "decided_ms", with = "crate::model::timestamp::epoch_ms")]
     pub decided: DateTime<Utc>,
-    /// Who decided, when a person did through the operating API: the operator whose own
-    /// token it came with (`[admin.operators]`), or the name a bearer of the shared token
-    /// gave. `None` for the handler's decision, a deadline's, and one nobody named (and for
-    /// decisions recorded before payhook kept it).
+    /// Who decided, when a person did: through the operating API, the operator whose own
+    /// token it came with (`[admin.operators]`), else the name a bearer of the shared token
+    /// gave; on a stopped service's store, the command line's `--by`; or a back office's
+    /// [`Resolver::resolve_by`](crate::postponed::Resolver::resolve_by). `None` for the
+    /// handler's decision, a deadline's, one nobody named, and decisions recorded before
+    /// payhook kept it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_by: Option<String>,
     /// Its delivery to the aggregator.

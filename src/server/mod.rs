@@ -951,6 +951,16 @@ impl AppBuilder {
                 );
             }
         }
+        if let Some(name) = operators::holding_the_shared_token(&self.config.admin) {
+            return Err(BuildError::Config(crate::config::ConfigError::Invalid {
+                key: "admin.token".into(),
+                reason: format!(
+                    "is the token of operator {} in admin.operators: every bearer of the \
+                     shared token would act as them; give it a value of its own, or leave it out",
+                    crate::logged::Logged(name)
+                ),
+            }));
+        }
         let admin = operating_api::AdminAccess::from_config(&self.config.admin);
         if let Some(admin) = &admin {
             admin.warn_of_channel(&self.config.server.trusted_proxies);

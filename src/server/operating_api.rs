@@ -36,8 +36,9 @@
 //! `SameSite=Strict`, and `Secure` behind a trusted proxy that says the browser came over
 //! HTTPS; the login's time, a random id, whose it is (the operator's name, none for the
 //! shared token) and their HMAC — beside that token's SHA-256, so that a new token ends its
-//! sessions — under a key derived from `admin.session_secret`, else the shared token
-//! (PBKDF2-HMAC-SHA256, 100,000 iterations), else random to the process; not the token;
+//! sessions — under a key derived from `admin.session_secret`, else the shared token where
+//! no operator has a token of their own (PBKDF2-HMAC-SHA256, 100,000 iterations), else
+//! random to the process; not the token;
 //! good for 12 hours, and for no other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
 //! send.
@@ -144,7 +145,8 @@ type Session = (u64, String);
 /// What the inspector's sessions are signed under.
 enum SessionKeySource {
     /// A key derived from this secret ([`session_key`]): `admin.session_secret`, else
-    /// `admin.token` — the same in every instance that shares it.
+    /// `admin.token` where no operator has a token of their own — the same in every
+    /// instance that shares it.
     Derived(crate::Secret),
     /// A random key of this process: the sessions end when it stops and hold at it alone.
     Random,
@@ -175,9 +177,15 @@ impl AdminAccess {
             return None;
         }
         let token = config.token.as_ref();
-        let session_key_source = match config.session_secret.as_ref().or(token) {
-            Some(secret) => SessionKeySource::Derived(secret.clone()),
-            None => SessionKeySource::Random,
+        // Not the shared token where operators have tokens of their own: its bearers could
+        // derive the key and, with an operator's hash from the configuration, sign that
+        // operator's session.
+        let session_key_source = match (&config.session_secret, token) {
+            (Some(secret), _) => SessionKeySource::Derived(secret.clone()),
+            (None, Some(token)) if config.operators.is_empty() => {
+                SessionKeySource::Derived(token.clone())
+            }
+            _ => SessionKeySource::Random,
         };
         Some(Self {
             token: token.map(|token| Expected::new(token.expose().as_bytes())),
@@ -206,10 +214,11 @@ impl AdminAccess {
     pub(super) fn warn_of_channel(&self, trusted_proxies: &[String]) {
         if matches!(self.session_key_source, SessionKeySource::Random) {
             tracing::info!(
-                "admin: no admin.session_secret nor admin.token, so the inspector's sessions \
-                 are signed under a key of this process: they end when it restarts and hold \
-                 at this instance alone; behind a load balancer, set the same \
-                 admin.session_secret in every instance"
+                "admin: no admin.session_secret, so the inspector's sessions are signed under a \
+                 key of this process (with admin.operators, never one derived from the shared \
+                 token, whose bearers could sign an operator's session): they end when it \
+                 restarts and hold at this instance alone; behind a load balancer, set the \
+                 same admin.session_secret in every instance"
             );
         }
         if self.allow.iter().all(Cidr::is_loopback_only) {
@@ -1575,6 +1584,44 @@ mod tests {
         assert!(one.session_in(&cookie, now).is_some());
         let another = operators(&[("alice", "alice-token")], None);
         assert!(another.session_in(&cookie, now).is_none());
+    }
+
+    /// Where operators have tokens of their own, a bearer of the shared token cannot sign an
+    /// operator's session: the sessions' key is not derived from the shared token then
+    /// (its bearer knows it, and the operator's hash is in the configuration).
+    #[test]
+    fn a_bearer_of_the_shared_token_cannot_sign_an_operators_session() {
+        let shared = "admin-token-0123456789";
+        let config = super::AdminConfig {
+            token: Some(shared.into()),
+            operators: [(
+                "alice".to_owned(),
+                crate::server::OperatorToken::digest_of("alice-token"),
+            )]
+            .into(),
+            ..super::AdminConfig::default()
+        };
+        let access = super::AdminAccess::from_config(&config).unwrap();
+        let now = now_secs();
+        let id = "00112233445566778899aabbccddeeff";
+        let holder = super::session_holder(&alice(), &access).unwrap();
+        let tag = ring::hmac::sign(
+            &super::session_key(&shared.into()),
+            &super::session_message(0, now, id, &holder),
+        );
+        let forged = format!(
+            "{now}.{id}.{}.{}",
+            Encoding::Base64UrlNoPad.encode(b"alice"),
+            Encoding::Hex.encode(tag.as_ref())
+        );
+        assert!(access.session_in(&forged, now).is_none());
+        let real = access.new_session(&alice()).unwrap();
+        assert!(access.session_in(&real, now).is_some());
+        let shared_session = access.new_session(&Caller::Shared).unwrap();
+        assert_eq!(
+            access.session_in(&shared_session, now).map(|(_, c)| c),
+            Some(Caller::Shared)
+        );
     }
 
     /// A shared token's session ends with the token, even when the sessions' secret stays.

@@ -34,8 +34,10 @@ const DIGEST_PREFIX: &str = "sha256:";
 /// what it is.
 const TOKEN_PREFIX: &str = "phop_";
 
-/// The longest operator name, in characters.
+/// The longest operator name, in characters; and in bytes, within what a store keeps of a
+/// person's name (`store::held::person`), so that two names are never kept as one.
 const NAME_CHARS: usize = 64;
+const NAME_BYTES: usize = 128;
 
 /// A new operator's token and the hash the service's configuration keeps of it.
 pub struct OperatorToken {
@@ -77,7 +79,8 @@ impl OperatorToken {
     }
 
     /// `sha256:` and the hex SHA-256 of `token`: an operator's entry for a token made
-    /// elsewhere.
+    /// elsewhere — of at least 32 random bytes, as [`Self::generate`] makes: one a person
+    /// chose can be found again from its hash by whoever reads the configuration.
     pub fn digest_of(token: &str) -> String {
         format!("{DIGEST_PREFIX}{}", Encoding::Hex.encode(&sha256(token)))
     }
@@ -103,18 +106,44 @@ impl OperatorToken {
     }
 }
 
-/// A name `[admin.operators]` does not take: it must be 1 to 64 characters, without
-/// control characters or blanks around it.
+/// A name `[admin.operators]` does not take: it must be 1 to 64 characters (at most 128
+/// bytes), without control, invisible or direction characters, nor blanks around it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "an operator's name must be 1 to 64 characters, without control characters or blanks around it"
+    "an operator's name must be 1 to 64 characters (at most 128 bytes), without control, \
+     invisible or direction characters, nor blanks around it"
 )]
 pub struct InvalidOperatorName;
+
+/// Characters that show nothing, or turn the text around: two names that differ only by
+/// them look the same in a log or on the inspector's page.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{17B4}'
+            | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF9}'..='\u{FFFB}'
+    )
+}
 
 fn check_name(name: &str) -> Result<(), InvalidOperatorName> {
     if name.is_empty()
         || name.chars().count() > NAME_CHARS
-        || name.chars().any(char::is_control)
+        || name.len() > NAME_BYTES
+        || name.chars().any(|c| c.is_control() || is_invisible(c))
         || name.trim() != name
     {
         Err(InvalidOperatorName)
@@ -212,6 +241,18 @@ impl Operators {
             .find(|operator| &*operator.name == name)
             .map(|operator| Arc::clone(&operator.name))
     }
+}
+
+/// The operator whose token `admin.token` is: every bearer of the shared token would act as
+/// them, so a service refuses to start so configured. (The command line may hold an
+/// operator's token as `admin.token`: it is the token it calls with.)
+pub(crate) fn holding_the_shared_token(config: &super::AdminConfig) -> Option<&str> {
+    let shared = sha256(config.token.as_ref()?.expose());
+    config
+        .operators
+        .iter()
+        .find(|(_, value)| parse_digest(value) == Some(shared))
+        .map(|(name, _)| name.as_str())
 }
 
 /// The hash an entry of `[admin.operators]` holds, when it is `sha256:` and 64 hex digits.
@@ -321,7 +362,10 @@ mod tests {
             ("", digest.as_str(), "1 to 64"),
             (" alice", &digest, "blanks"),
             ("al\u{7}ice", &digest, "control"),
+            ("al\u{200B}ice", &digest, "invisible"),
+            ("alice\u{202E}", &digest, "direction"),
             (&"a".repeat(65), &digest, "1 to 64"),
+            (&"\u{10000}".repeat(33), &digest, "128 bytes"),
             ("alice", "hunter2-secret", "never the token"),
             ("alice", &digest[7..], "sha256:"),
             ("alice", "sha256:abc", "64 hex"),

@@ -145,7 +145,8 @@ fn normal(path: &str) -> &str {
 }
 
 /// Whether `path` (normal) lies under the operating API, which is routed before the
-/// endpoints once `admin.token` is set: an endpoint there would stop being served then.
+/// endpoints once `admin.token` or `[admin.operators]` is set: an endpoint there would stop
+/// being served then.
 fn under_admin(path: &str) -> bool {
     path.starts_with(ADMIN_PREFIX) || path == normal(ADMIN_PREFIX)
 }
@@ -190,7 +191,7 @@ impl PathsConfig {
             } else if under_admin(normal(path)) {
                 Some(format!(
                     "`{path}` is under {ADMIN_PREFIX}, where the operating API is served \
-                     once admin.token is set"
+                     once admin.token or admin.operators is set"
                 ))
             } else {
                 all[..i]

@@ -256,10 +256,11 @@ pub struct AdminConfig {
     pub operators: std::collections::BTreeMap<String, String>,
     /// The key the inspector's sessions are signed under (at least 32 characters; redacted
     /// in `Debug`): set the same in every instance behind one load balancer, so that a
-    /// session holds at whichever it picks. Unset, sessions are signed under a key derived
-    /// from `token`; without `token` either, under a random key of the process — they then
-    /// end when it restarts and hold at this instance alone (said at start-up). A new secret
-    /// ends every session.
+    /// session holds at whichever it picks. Whoever holds it can sign anyone's session: it
+    /// is the service's own secret, never an operator's. Unset, sessions are signed under a
+    /// key derived from `token` when no operator has a token of their own (`operators`);
+    /// otherwise under a random key of the process — they then end when it restarts and
+    /// hold at this instance alone (said at start-up). A new secret ends every session.
     #[serde(
         serialize_with = "crate::setting::redacted",
         skip_serializing_if = "Option::is_none"
