@@ -100,6 +100,7 @@ async fn an_operators_own_token_lets_them_in_without_a_shared_one() {
 
 #[tokio::test]
 async fn a_validation_an_operator_decides_is_kept_with_their_name_not_the_one_they_give() {
+    let logs = captured_logs(tracing::Level::INFO);
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
     let id = server.postpone_validation().await;
@@ -118,6 +119,26 @@ async fn a_validation_an_operator_decides_is_kept_with_their_name_not_the_one_th
     gateway
         .until("the decided result", |s| s.results.contains_key(&id))
         .await;
+
+    // The log tells who asked each change, with which token, and who decided; no token
+    // (of any test of this binary, which logs into the same place) is ever written.
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let asked = text
+        .lines()
+        .find(|l| l.contains("admin: a change was asked") && l.contains(&path))
+        .unwrap_or_else(|| panic!("the change is logged: {text}"));
+    assert!(
+        asked.contains("with the token of operator alice"),
+        "{asked}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("postponed validation decided") && l.contains("decider=alice")),
+        "{text}"
+    );
+    for token in [ALICE, BOB, SHARED] {
+        assert!(!text.contains(token), "a token in the log: {text}");
+    }
 }
 
 #[tokio::test]

@@ -638,6 +638,16 @@ impl OperatingApi {
             _ => {}
         }
         let caller = self.access.check(&parts.method, &parts.headers, client)?;
+        if parts.method != Method::GET {
+            // Every change asked of the operating API, with whose credentials: the trail of
+            // what people did to the merchant's money (a decision, a retry, a booking).
+            tracing::info!(
+                method = %parts.method,
+                path = %crate::logged::Logged(parts.uri.path()),
+                by = %self.channel(&parts, &caller),
+                "admin: a change was asked"
+            );
+        }
         if segments.first() == Some(&"inspector") {
             return self.inspector_fragment(&parts, &segments[1..]).await;
         }
@@ -774,6 +784,13 @@ impl OperatingApi {
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
                     .await?;
                 let pair: AdminHeldPair = super::request::parse_json(&bytes)?;
+                if pair.nonce.contains('\0') {
+                    return Err(Problem::BadRequest(
+                        "`nonce`: no nonce carries U+0000 (the endpoints refuse it), so no held \
+                         result has this one"
+                            .into(),
+                    ));
+                }
                 if let Some(refused) = crate::store::held::note_refused(&pair.note) {
                     return Err(Problem::BadRequest(format!("`note`: {refused}")));
                 }
