@@ -109,6 +109,8 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         // An operator's entry is their token's SHA-256; the sessions' secret has a minimum.
         "PAYHOOK_ADMIN_OPERATORS" => format!(r#"{{alice = "sha256:{}"}}"#, "ab".repeat(32)),
         "PAYHOOK_ADMIN_SESSION_SECRET" => "a-secret-of-at-least-32-characters".into(),
+        // A viewer is one of the operators (see `companions`).
+        "PAYHOOK_ADMIN_VIEWERS" => r#"["alice"]"#.into(),
         // Read when a gateway client is built (`check-config` builds one): see
         // `gateway_files`.
         "PAYHOOK_GATEWAY_CA_FILE" => dir.join("ca.pem").display().to_string(),
@@ -151,8 +153,12 @@ fn gateway_files(dir: &std::path::Path) {
 }
 
 /// The variables a variable needs beside it to be valid alone: an endpoint's method and
-/// its credential go together.
+/// its credential go together, and a viewer must be an operator.
 fn companions(name: &str, dir: &std::path::Path) -> Vec<(String, String)> {
+    if name == "PAYHOOK_ADMIN_VIEWERS" {
+        let operators = "PAYHOOK_ADMIN_OPERATORS";
+        return vec![(operators.to_owned(), valid_value(operators, dir))];
+    }
     let Some(endpoint) = ["PROVIDERS_VALIDATION", "TRANSACTION_VALIDATION"]
         .into_iter()
         .find(|e| name.starts_with(&format!("PAYHOOK_AUTH_{e}_")))

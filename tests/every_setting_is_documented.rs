@@ -32,6 +32,7 @@ fn every_setting_set() -> Config {
         .admin
         .operators
         .insert("alice".into(), format!("sha256:{}", "ab".repeat(32)));
+    config.admin.viewers = vec!["alice".into()];
     config.signature.keys = vec![KeySource {
         value: Some("key".into()),
         ..KeySource::default()

@@ -384,6 +384,50 @@ async fn an_operator_acts_on_the_page_under_their_own_name_without_being_asked()
     browser.quit().await;
 }
 
+/// A viewer's page (`admin.viewers`) shows what waits, and no button that acts on it.
+#[tokio::test]
+async fn a_viewers_page_shows_no_button_that_acts() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    const CAROL: &str = "phop_carol-token-for-the-browser-0123456789";
+    let gateway = FakeGateway::start().await;
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.allow_unauthenticated = true;
+    config.admin.operators = [(
+        "Carol".to_owned(),
+        payhook::server::OperatorToken::digest_of(CAROL),
+    )]
+    .into();
+    config.admin.viewers = vec!["Carol".into()];
+    let server = TestServer::start_with(config).await;
+    server.postpone_validation().await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    let hold = signed_callback(&signer, "n-held", 4, "7", "hold");
+    assert_eq!(server.send(&hold).await.status, 200);
+    log_in_with(&browser, server.addr, CAROL).await;
+    assert_eq!(
+        browser.wait_for_text("#operator").await,
+        "Carol (may look, not change)"
+    );
+    let pending = browser.wait_for_text("tr.pending").await;
+    assert!(pending.contains("nonce-tv-1"), "{pending}");
+    let held = browser.wait_for_text("tr.unresolved").await;
+    assert!(held.contains("n-held"), "{held}");
+    for shown in [&pending, &held] {
+        for action in ["Approve", "Deny", "resolved"] {
+            assert!(
+                !shown.contains(action),
+                "a viewer's page shows {action}: {shown}"
+            );
+        }
+    }
+    assert!(browser.page_text().await.contains("Log out"));
+    browser.quit().await;
+}
+
 /// The operator types a description and points at **Approve**; meanwhile the validation is
 /// approved elsewhere (the command line, another page) with a description of its own. The
 /// click is answered 200 "unchanged": the page says the validation was already decided so

@@ -386,3 +386,124 @@ async fn the_command_line_makes_a_token_and_the_entry_that_lets_it_in() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// A viewer (`admin.viewers`) is an operator who may look, not change: the listings answer,
+/// every change is refused 403 and nothing is recorded, and the inspector's page names
+/// them as such, without its buttons that act. A session follows the configuration: the
+/// same cookie may change things once the viewer is no longer one.
+#[tokio::test]
+async fn a_viewer_may_look_and_not_change() {
+    let gateway = FakeGateway::start().await;
+    let mut viewing = config(&gateway, None);
+    viewing.admin.viewers = vec!["bob".into()];
+    viewing.admin.session_secret = Some("sessions-secret-0123456789abcdef-xyz".into());
+    let server = TestServer::start_with(viewing.clone()).await;
+    let id = server.postpone_validation().await;
+    let held = with(CALLBACK, "/clientId", Some(json!("hold")));
+    assert_eq!(server.post_json(CALLBACK_PATH, &held).await.status, 200);
+
+    for path in [
+        "/payhook/admin/validations",
+        "/payhook/admin/callbacks/held",
+    ] {
+        let answer = call(&server, "GET", path, Some(BOB), None).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.message());
+    }
+    let changes = [
+        (
+            format!("/payhook/admin/validations/{id}"),
+            json!({"success": true}),
+        ),
+        (
+            "/payhook/admin/callbacks/held/resolve".to_owned(),
+            json!({"nonce": "nonce-cb-1", "status": 4, "note": "refunded"}),
+        ),
+        (format!("/payhook/admin/outbox/{id}/retry"), json!({})),
+        (
+            "/payhook/admin/reconcile".to_owned(),
+            json!({"referenceIds": ["0b7e5a52-2f59-4c1e-9d0c-3f1a2b3c4d5e"]}),
+        ),
+    ];
+    for (path, body) in &changes {
+        let answer = call(&server, "POST", path, Some(BOB), Some(&body.to_string())).await;
+        assert_eq!(
+            (answer.status, answer.message()),
+            (403, "bob may look, not change (admin.viewers)".into()),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        decided(&server, ALICE, id).await,
+        Value::Null,
+        "nothing decided"
+    );
+    let listed = call(
+        &server,
+        "GET",
+        "/payhook/admin/callbacks/held",
+        Some(ALICE),
+        None,
+    )
+    .await;
+    assert_eq!(listed.json().as_array().unwrap().len(), 1, "still held");
+
+    // The inspector: named a viewer, no button that acts; a change through the session is
+    // refused as well.
+    let login = server
+        .send(&post(
+            "/payhook/admin/inspector/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            format!("token={BOB}").as_bytes(),
+        ))
+        .await;
+    assert_eq!(login.status, 303);
+    let session = login
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = server
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector",
+            &[("cookie", &session)],
+            None,
+        ))
+        .await;
+    let html = String::from_utf8_lossy(&page.body);
+    assert!(html.contains("<body class=viewer>"), "{html}");
+    assert!(
+        html.contains(">bob (may look, not change)</span>"),
+        "{html}"
+    );
+    let through_the_page = |id: i64| {
+        request(
+            "POST",
+            &format!("/payhook/admin/validations/{id}"),
+            &[
+                ("cookie", &session),
+                ("content-type", "application/json"),
+                ("x-payhook-inspector", "1"),
+            ],
+            Some(br#"{"success": true}"#),
+        )
+    };
+    let refused = server.send(&through_the_page(id)).await;
+    assert_eq!(refused.status, 403, "{}", refused.message());
+    assert_eq!(
+        decided(&server, ALICE, id).await,
+        Value::Null,
+        "nothing decided"
+    );
+
+    // bob is no viewer any more (a service of the same sessions' secret, configured so):
+    // the same session may now decide, as bob.
+    viewing.admin.viewers.clear();
+    let server = TestServer::start_with(viewing).await;
+    let id = server.postpone_validation().await;
+    let decided_now = server.send(&through_the_page(id)).await;
+    assert_eq!(decided_now.status, 200, "{}", decided_now.message());
+    assert_eq!(decided(&server, ALICE, id).await["decided_by"], "bob");
+}

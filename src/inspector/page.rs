@@ -135,10 +135,11 @@ pub(crate) fn content_security_policy() -> &'static str {
 }
 
 /// The whole page, with each panel rendered now. `operator`: whose session it is, when an
-/// operator's own token opened it (`[admin.operators]`): shown, and the page's changes are
-/// kept with that name without asking for one.
+/// operator's own token opened it (`[admin.operators]`), and whether they may change
+/// anything: shown, the page's changes are kept with that name without asking for one, and
+/// a viewer's page shows no button that acts (the service refuses their changes anyway).
 pub(crate) fn page(
-    operator: Option<&str>,
+    operator: Option<(&str, bool)>,
     deliveries: &str,
     failing: &str,
     held: &str,
@@ -148,7 +149,7 @@ pub(crate) fn page(
 ) -> String {
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>payhook inspector</title>\
-         <style>{STYLE}</style></head><body>\
+         <style>{STYLE}</style></head><body{viewer}>\
          <h1>payhook inspector <button id=logout data-action=logout>Log out</button>{who}</h1>\
          <section id=health>{health}</section>\
          <section><h2>Deliveries</h2>\
@@ -160,10 +161,19 @@ pub(crate) fn page(
          <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
          <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
          <script>{SCRIPT}</script></body></html>",
-        who = operator.map_or_else(String::new, |name| format!(
-            "<span id=operator data-name='{name}'>{name}</span>",
-            name = escape(name)
+        who = operator.map_or_else(String::new, |(name, may_change)| format!(
+            "<span id=operator data-name='{name}'>{name}{role}</span>",
+            name = escape(name),
+            role = if may_change {
+                ""
+            } else {
+                " (may look, not change)"
+            }
         )),
+        viewer = match operator {
+            Some((_, false)) => " class=viewer",
+            _ => "",
+        },
         outcomes = super::OUTCOMES.iter().fold(String::new(), |mut out, o| {
             let _ = write!(out, "<option>{o}</option>");
             out
@@ -554,7 +564,8 @@ th{background:#f4f4f4}.refused td.outcome,.failed td.outcome,.bad{color:#b00}\
 .booked td.outcome,.allowed td.outcome,.good,.delivered td.state{color:#070}\
 .empty{color:#777}dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}\
 dt{color:#555}dd{margin:0}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}\
-section#health{background:#fafafa;padding:4px 12px}.held td.outcome{color:#a50}#logout{float:right;font-size:13px}";
+section#health{background:#fafafa;padding:4px 12px}.held td.outcome{color:#a50}#logout{float:right;font-size:13px}\
+.viewer button[data-action]:not([data-action=detail]):not([data-action=logout]),.viewer input.description{display:none}";
 
 const SCRIPT: &str = r#"
 const base = location.pathname.replace(/inspector\/?$/, '');

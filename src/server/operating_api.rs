@@ -20,7 +20,8 @@
 //! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
 //! `Authorization: Bearer <token>` — the shared token, or an operator's own (see
 //! [`super::operators`]: what that call changes is kept and logged with the operator's name)
-//! — (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
+//! — an operator named in `admin.viewers` only reads: any other method is 403 and logged —
+//! (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
 //! `Retry-After`, without comparing it, from an address that presented too many wrong
 //! tokens, see [`super::guesses`]) from an address in `admin.allow_ips` (403),
 //! without a proxy's forwarding headers unless its peer is a trusted proxy (403
@@ -157,7 +158,9 @@ enum SessionKeySource {
 fn session_holder(caller: &Caller, access: &AdminAccess) -> Option<String> {
     match caller {
         Caller::Shared => Some(format!("shared {}", access.token_digest_hex.as_deref()?)),
-        Caller::Operator(name) => Some(format!(
+        // A viewer's session is an operator's: what they may do is read from the
+        // configuration at each request, not from the cookie.
+        Caller::Operator(name) | Caller::Viewer(name) => Some(format!(
             "operator {} {}",
             Encoding::Hex.encode(name.as_bytes()),
             access.operators.digest_hex(name)?
@@ -193,7 +196,7 @@ impl AdminAccess {
                 let digest = ring::digest::digest(&ring::digest::SHA256, token.expose().as_bytes());
                 Encoding::Hex.encode(digest.as_ref())
             }),
-            operators: Operators::new(&config.operators),
+            operators: Operators::new(&config.operators, &config.viewers),
             session_key: std::sync::OnceLock::new(),
             session_key_source,
             ended: std::sync::Mutex::default(),
@@ -339,10 +342,9 @@ impl AdminAccess {
         let message = session_message(ended.generation, issued, &id, &holder);
         let tag = ring::hmac::sign(key, &message);
         drop(ended);
-        let who = match caller {
-            Caller::Shared => String::new(),
-            Caller::Operator(name) => Encoding::Base64UrlNoPad.encode(name.as_bytes()),
-        };
+        let who = caller.operator().map_or_else(String::new, |name| {
+            Encoding::Base64UrlNoPad.encode(name.as_bytes())
+        });
         Ok(format!(
             "{issued}.{id}.{who}.{}",
             Encoding::Hex.encode(tag.as_ref())
@@ -366,7 +368,7 @@ impl AdminAccess {
             Caller::Shared
         } else {
             let name = Encoding::Base64UrlNoPad.decode(who).ok()?;
-            Caller::Operator(self.operators.named(std::str::from_utf8(&name).ok()?)?)
+            self.operators.named(std::str::from_utf8(&name).ok()?)?
         };
         let holder = session_holder(&caller, self)?;
         let fresh = now.saturating_sub(issued) <= SESSION_LIFETIME_SECS && issued <= now + 60;
@@ -440,7 +442,7 @@ impl AdminAccess {
             .guess(client, std::time::Instant::now())
             .map_err(|retry_after| Problem::TooManyGuesses { retry_after })?;
         let holder = match self.operators.holder_of(presented) {
-            Some(name) => Some(Caller::Operator(name)),
+            Some(operator) => Some(operator),
             None => self
                 .token
                 .as_ref()
@@ -638,6 +640,18 @@ impl OperatingApi {
             _ => {}
         }
         let caller = self.access.check(&parts.method, &parts.headers, client)?;
+        if parts.method != Method::GET && !caller.may_change() {
+            tracing::warn!(
+                method = %parts.method,
+                path = %crate::logged::Logged(parts.uri.path()),
+                by = %self.channel(&parts, &caller),
+                "admin: a change asked by a viewer was refused"
+            );
+            return Err(Problem::Denied(format!(
+                "{} may look, not change (admin.viewers)",
+                crate::logged::Logged(caller.operator().unwrap_or_default())
+            )));
+        }
         if parts.method != Method::GET {
             // Every change asked of the operating API, with whose credentials: the trail of
             // what people did to the merchant's money (a decision, a retry, a booking).
@@ -892,6 +906,10 @@ impl OperatingApi {
         match caller {
             Caller::Operator(name) => format!(
                 "the operating API, from {from}, with the token of operator {}",
+                crate::logged::Logged(name)
+            ),
+            Caller::Viewer(name) => format!(
+                "the operating API, from {from}, with the token of viewer {}",
                 crate::logged::Logged(name)
             ),
             Caller::Shared => format!("the operating API, from {from}, with the shared token"),
@@ -1246,12 +1264,8 @@ impl OperatingApi {
 
     async fn inspector_page(&self, caller: &Caller) -> Response<ResponseBody> {
         let now = chrono::Utc::now();
-        let operator = match caller {
-            Caller::Operator(name) => Some(&**name),
-            Caller::Shared => None,
-        };
         let page = page::page(
-            operator,
+            caller.operator().map(|name| (name, caller.may_change())),
             &self.deliveries_fragment(&DeliveryFilter::default()).await,
             &self.failing_fragment(now).await,
             &self.held_fragment().await,

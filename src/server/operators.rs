@@ -166,6 +166,9 @@ pub(crate) enum Caller {
     Shared,
     /// The operator this name stands for in `[admin.operators]`.
     Operator(Arc<str>),
+    /// An operator of `[admin.operators]` named in `admin.viewers`: they may look, not
+    /// change.
+    Viewer(Arc<str>),
 }
 
 impl Caller {
@@ -173,15 +176,31 @@ impl Caller {
     /// gave (`declared`).
     pub(crate) fn name_or<'a>(&'a self, declared: Option<&'a str>) -> Option<&'a str> {
         match self {
-            Self::Operator(name) => Some(name),
+            Self::Operator(name) | Self::Viewer(name) => Some(name),
             Self::Shared => declared,
         }
+    }
+
+    /// The operator's name, when the credentials are an operator's own.
+    pub(crate) fn operator(&self) -> Option<&str> {
+        match self {
+            Self::Operator(name) | Self::Viewer(name) => Some(name),
+            Self::Shared => None,
+        }
+    }
+
+    /// Whether the caller may change what the service holds (decide, retry, book,
+    /// resolve): every caller but a viewer.
+    pub(crate) fn may_change(&self) -> bool {
+        !matches!(self, Self::Viewer(_))
     }
 }
 
 /// One operator: the name, and their token's hash, compared in constant time.
 struct Operator {
     name: Arc<str>,
+    /// Named in `admin.viewers`: may look, not change.
+    viewer: bool,
     digest: Expected,
     /// The hash in hex, which an inspector session signs beside the name: a new token for
     /// the operator ends their sessions.
@@ -195,15 +214,16 @@ pub(crate) struct Operators {
 }
 
 impl Operators {
-    /// The operators `configured` names; entries that do not parse are left out (the
-    /// configuration's check, [`check`], refuses them first).
-    pub(crate) fn new(configured: &BTreeMap<String, String>) -> Self {
+    /// The operators `configured` names, those in `viewers` as viewers; entries that do
+    /// not parse are left out (the configuration's check, [`check`], refuses them first).
+    pub(crate) fn new(configured: &BTreeMap<String, String>, viewers: &[String]) -> Self {
         let operators = configured
             .iter()
             .filter_map(|(name, value)| {
                 let digest = parse_digest(value)?;
                 Some(Operator {
                     name: name.as_str().into(),
+                    viewer: viewers.contains(name),
                     digest: Expected::new(&digest),
                     digest_hex: Encoding::Hex.encode(&digest),
                 })
@@ -214,7 +234,7 @@ impl Operators {
 
     /// The operator whose token `presented` is. Every operator's hash is compared, each in
     /// constant time, whichever matches.
-    pub(crate) fn holder_of(&self, presented: &str) -> Option<Arc<str>> {
+    pub(crate) fn holder_of(&self, presented: &str) -> Option<Caller> {
         let digest = sha256(presented);
         self.operators
             .iter()
@@ -222,7 +242,7 @@ impl Operators {
                 let matches = operator.digest.matches(&digest);
                 found.or(matches.then_some(operator))
             })
-            .map(|operator| Arc::clone(&operator.name))
+            .map(Operator::caller)
     }
 
     /// The hex hash of `name`'s token now, for a session's signature; `None` once they are
@@ -234,12 +254,24 @@ impl Operators {
             .map(|operator| operator.digest_hex.as_str())
     }
 
-    /// The operator of this name, as held here.
-    pub(crate) fn named(&self, name: &str) -> Option<Arc<str>> {
+    /// The operator of this name, as held here, and what they may do now (a session
+    /// follows the configuration: a viewer's is a viewer's from the next request on).
+    pub(crate) fn named(&self, name: &str) -> Option<Caller> {
         self.operators
             .iter()
             .find(|operator| &*operator.name == name)
-            .map(|operator| Arc::clone(&operator.name))
+            .map(Operator::caller)
+    }
+}
+
+impl Operator {
+    fn caller(&self) -> Caller {
+        let name = Arc::clone(&self.name);
+        if self.viewer {
+            Caller::Viewer(name)
+        } else {
+            Caller::Operator(name)
+        }
     }
 }
 
@@ -262,6 +294,28 @@ fn parse_digest(value: &str) -> Option<[u8; 32]> {
         return None;
     }
     Encoding::Hex.decode(hex).ok()?.try_into().ok()
+}
+
+/// Checks `admin.viewers`: each an operator of `[admin.operators]`, named once.
+pub(crate) fn check_viewers(
+    configured: &BTreeMap<String, String>,
+    viewers: &[String],
+) -> Result<(), InvalidSetting> {
+    for (i, viewer) in viewers.iter().enumerate() {
+        let reason = if !configured.contains_key(viewer) {
+            "names no operator of admin.operators (a viewer is an operator with a token of \
+             their own who may look, not change)"
+        } else if viewers[..i].contains(viewer) {
+            "names an operator twice"
+        } else {
+            continue;
+        };
+        return Err(InvalidSetting::new(
+            format!("admin.viewers ({})", crate::logged::Logged(viewer)),
+            reason,
+        ));
+    }
+    Ok(())
 }
 
 /// Checks `[admin.operators]`: names of 1–64 characters with no control characters and no
@@ -313,22 +367,27 @@ mod tests {
     fn a_token_is_known_by_its_hash_and_only_its_own_operator_holds_it() {
         let alice = OperatorToken::generate().unwrap();
         let bob = OperatorToken::generate().unwrap();
-        let operators = Operators::new(&configured(&[
-            ("alice", &alice.digest()),
-            (
-                "bob",
-                &bob.digest().to_uppercase().replace("SHA256:", "sha256:"),
-            ),
-        ]));
-        assert_eq!(
-            operators.holder_of(alice.token().expose()).as_deref(),
-            Some("alice")
+        let operators = Operators::new(
+            &configured(&[
+                ("alice", &alice.digest()),
+                (
+                    "bob",
+                    &bob.digest().to_uppercase().replace("SHA256:", "sha256:"),
+                ),
+            ]),
+            &["bob".to_owned()],
         );
         assert_eq!(
-            operators.holder_of(bob.token().expose()).as_deref(),
-            Some("bob"),
-            "hex digits in either case"
+            operators.holder_of(alice.token().expose()),
+            Some(Caller::Operator("alice".into()))
         );
+        assert_eq!(
+            operators.holder_of(bob.token().expose()),
+            Some(Caller::Viewer("bob".into())),
+            "hex digits in either case; bob is a viewer"
+        );
+        assert!(!operators.named("bob").unwrap().may_change());
+        assert!(operators.named("alice").unwrap().may_change());
         assert_eq!(
             operators.holder_of(&alice.digest()),
             None,
@@ -381,5 +440,20 @@ mod tests {
         }
         let error = check(&configured(&[("alice", &digest), ("bob", &digest)])).unwrap_err();
         assert!(error.to_string().contains("operator alice"), "{error}");
+    }
+
+    #[test]
+    fn a_viewer_is_an_operator_named_once() {
+        let operators = configured(&[("alice", &OperatorToken::digest_of("a token"))]);
+        assert!(check_viewers(&operators, &["alice".to_owned()]).is_ok());
+        let error = check_viewers(&operators, &["carol".to_owned()]).unwrap_err();
+        assert!(
+            error.to_string().contains("admin.viewers (carol)"),
+            "{error}"
+        );
+        assert!(error.to_string().contains("names no operator"), "{error}");
+        let twice = ["alice".to_owned(), "alice".to_owned()];
+        let error = check_viewers(&operators, &twice).unwrap_err();
+        assert!(error.to_string().contains("twice"), "{error}");
     }
 }

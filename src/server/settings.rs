@@ -254,6 +254,10 @@ pub struct AdminConfig {
     /// are kept and logged with their name, whatever name a request gives. Beside `token`
     /// (whose bearers name themselves) or instead of it. See [`crate::server::OperatorToken`].
     pub operators: std::collections::BTreeMap<String, String>,
+    /// Operators of `operators` who may look and not change: the API's listings and the
+    /// inspector's page (without its buttons that act), but no decision, retry, booking or
+    /// resolution (403, logged) — for support staff who answer merchants' questions.
+    pub viewers: Vec<String>,
     /// The key the inspector's sessions are signed under (at least 32 characters; redacted
     /// in `Debug`): set the same in every instance behind one load balancer, so that a
     /// session holds at whichever it picks. Whoever holds it can sign anyone's session: it
@@ -286,6 +290,7 @@ impl Default for AdminConfig {
         Self {
             token: None,
             operators: std::collections::BTreeMap::new(),
+            viewers: Vec::new(),
             session_secret: None,
             allow_ips: vec!["127.0.0.1/32".into(), "::1/128".into()],
             allow_plain_http: false,
@@ -319,6 +324,7 @@ impl AdminConfig {
             ));
         }
         super::operators::check(&self.operators)?;
+        super::operators::check_viewers(&self.operators, &self.viewers)?;
         for text in &self.allow_ips {
             if let Err(error) = text.parse::<Cidr>() {
                 return Err(InvalidSetting {
