@@ -24,23 +24,6 @@ fn config(gateway: &FakeGateway) -> payhook::Config {
     config
 }
 
-async fn call(
-    server: &TestServer,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> RawResponse {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(bearer) = &bearer {
-        headers.push(("authorization", bearer.as_str()));
-    }
-    server
-        .send(&request(method, path, &headers, body.map(str::as_bytes)))
-        .await
-}
-
 #[tokio::test]
 async fn the_api_is_off_without_a_token_and_guarded_with_one() {
     let gateway = FakeGateway::start().await;
@@ -48,32 +31,29 @@ async fn the_api_is_off_without_a_token_and_guarded_with_one() {
     off.admin.token = None;
     let server = TestServer::start_with(off).await;
     assert_eq!(
-        call(
-            &server,
-            "GET",
-            "/payhook/admin/validations",
-            Some(TOKEN),
-            None
-        )
-        .await
-        .status,
+        server
+            .admin("GET", "/payhook/admin/validations", Some(TOKEN), None)
+            .await
+            .status,
         404
     );
 
     let server = TestServer::start_with(config(&gateway)).await;
-    let missing = call(&server, "GET", "/payhook/admin/validations", None, None).await;
+    let missing = server
+        .admin("GET", "/payhook/admin/validations", None, None)
+        .await;
     assert_eq!(
         (missing.status, missing.message()),
         (401, "missing credentials".into())
     );
-    let wrong = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations",
-        Some("admin-token-wrong-000000"),
-        None,
-    )
-    .await;
+    let wrong = server
+        .admin(
+            "GET",
+            "/payhook/admin/validations",
+            Some("admin-token-wrong-000000"),
+            None,
+        )
+        .await;
     assert_eq!(
         (wrong.status, wrong.message()),
         (401, "invalid credentials".into())
@@ -82,14 +62,9 @@ async fn the_api_is_off_without_a_token_and_guarded_with_one() {
     let mut elsewhere = config(&gateway);
     elsewhere.admin.allow_ips = vec!["10.0.0.0/8".into()];
     let server = TestServer::start_with(elsewhere).await;
-    let refused = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations",
-        Some(TOKEN),
-        None,
-    )
-    .await;
+    let refused = server
+        .admin("GET", "/payhook/admin/validations", Some(TOKEN), None)
+        .await;
     assert_eq!(refused.status, 403);
 
     let mut short = config(&gateway);
@@ -435,21 +410,23 @@ async fn a_call_naming_the_service_by_another_name_over_plain_http_is_refused() 
 async fn deciding_an_unknown_validation_names_the_id_it_did_not_find() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;
-    let unknown = call(
-        &server,
-        "POST",
-        "/payhook/admin/validations/42",
-        Some(TOKEN),
-        Some(r#"{"success": true, "description": "reviewed"}"#),
-    )
-    .await;
+    let unknown = server
+        .admin(
+            "POST",
+            "/payhook/admin/validations/42",
+            Some(TOKEN),
+            Some(r#"{"success": true, "description": "reviewed"}"#),
+        )
+        .await;
     assert_eq!(
         (unknown.status, unknown.message()),
         (404, "no postponed validation with id 42".to_owned()),
         "as the offline command says, not `no endpoint at this path`"
     );
     // A path that is no endpoint still says so.
-    let nowhere = call(&server, "GET", "/payhook/admin/nothing", Some(TOKEN), None).await;
+    let nowhere = server
+        .admin("GET", "/payhook/admin/nothing", Some(TOKEN), None)
+        .await;
     assert_eq!(
         (nowhere.status, nowhere.message()),
         (404, "no endpoint at this path".to_owned())
@@ -463,8 +440,7 @@ async fn postponed_validations_are_listed_and_decided_once() {
     let id = server.postpone_validation().await;
 
     let pending = || {
-        call(
-            &server,
+        server.admin(
             "GET",
             "/payhook/admin/validations?state=pending",
             Some(TOKEN),
@@ -485,14 +461,9 @@ async fn postponed_validations_are_listed_and_decided_once() {
     let on_the_row_of = |nonce: &str| {
         json!({"success": true, "description": "reviewed", "nonce": nonce}).to_string()
     };
-    let elsewhere = call(
-        &server,
-        "POST",
-        &path,
-        Some(TOKEN),
-        Some(&on_the_row_of("n-other")),
-    )
-    .await;
+    let elsewhere = server
+        .admin("POST", &path, Some(TOKEN), Some(&on_the_row_of("n-other")))
+        .await;
     assert_eq!(elsewhere.status, 409, "{}", elsewhere.message());
     assert!(
         elsewhere
@@ -503,71 +474,62 @@ async fn postponed_validations_are_listed_and_decided_once() {
     );
     assert_eq!(pending().await.json().as_array().unwrap().len(), 1);
     let nonce = list[0]["request"]["paymentData"]["nonce"].as_str().unwrap();
-    let first = call(
-        &server,
-        "POST",
-        &path,
-        Some(TOKEN),
-        Some(&on_the_row_of(nonce)),
-    )
-    .await;
+    let first = server
+        .admin("POST", &path, Some(TOKEN), Some(&on_the_row_of(nonce)))
+        .await;
     assert_eq!((first.status, first.message()), (200, "recorded".into()));
-    let same = call(&server, "POST", &path, Some(TOKEN), Some(&decide(true))).await;
+    let same = server
+        .admin("POST", &path, Some(TOKEN), Some(&decide(true)))
+        .await;
     assert_eq!((same.status, same.message()), (200, "unchanged".into()));
-    let other = call(&server, "POST", &path, Some(TOKEN), Some(&decide(false))).await;
+    let other = server
+        .admin("POST", &path, Some(TOKEN), Some(&decide(false)))
+        .await;
     assert_eq!(other.status, 409);
     assert!(
         other.message().contains("decided differently"),
         "{}",
         other.message()
     );
-    let unknown = call(
-        &server,
-        "POST",
-        "/payhook/admin/validations/1",
-        Some(TOKEN),
-        Some(&decide(true)),
-    )
-    .await;
+    let unknown = server
+        .admin(
+            "POST",
+            "/payhook/admin/validations/1",
+            Some(TOKEN),
+            Some(&decide(true)),
+        )
+        .await;
     assert_eq!(unknown.status, 404);
-    let malformed = call(&server, "POST", &path, Some(TOKEN), Some("{not json")).await;
+    let malformed = server
+        .admin("POST", &path, Some(TOKEN), Some("{not json"))
+        .await;
     assert_eq!(malformed.status, 400);
     assert!(
         malformed.message().contains("malformed JSON"),
         "{}",
         malformed.message()
     );
-    let wrong_type = call(
-        &server,
-        "POST",
-        &path,
-        Some(TOKEN),
-        Some(r#"{"success": "yes"}"#),
-    )
-    .await;
+    let wrong_type = server
+        .admin("POST", &path, Some(TOKEN), Some(r#"{"success": "yes"}"#))
+        .await;
     assert_eq!(wrong_type.status, 400);
     assert!(
         wrong_type.message().contains("success"),
         "{}",
         wrong_type.message()
     );
-    let reconcile = call(
-        &server,
-        "POST",
-        "/payhook/admin/reconcile",
-        Some(TOKEN),
-        Some("[]"),
-    )
-    .await;
+    let reconcile = server
+        .admin("POST", "/payhook/admin/reconcile", Some(TOKEN), Some("[]"))
+        .await;
     assert_eq!(reconcile.status, 400);
-    let bad = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations?state=lost",
-        Some(TOKEN),
-        None,
-    )
-    .await;
+    let bad = server
+        .admin(
+            "GET",
+            "/payhook/admin/validations?state=lost",
+            Some(TOKEN),
+            None,
+        )
+        .await;
     assert_eq!(bad.status, 400);
     gateway
         .until("the decided result", |s| s.results.contains_key(&id))
@@ -632,7 +594,9 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
     let decide = json!({"success": true, "description": "reviewed"}).to_string();
     for id in [2, 4] {
         let path = format!("/payhook/admin/validations/{id}");
-        let decided = call(&server, "POST", &path, Some(TOKEN), Some(&decide)).await;
+        let decided = server
+            .admin("POST", &path, Some(TOKEN), Some(&decide))
+            .await;
         assert_eq!(decided.status, 200);
     }
     let pending: Vec<i64> = ids
@@ -642,14 +606,14 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
         .collect();
 
     // Two at a time, each page naming the next, the last none.
-    let first = call(
-        &server,
-        "GET",
-        "/payhook/admin/validations?state=pending&limit=2",
-        Some(TOKEN),
-        None,
-    )
-    .await;
+    let first = server
+        .admin(
+            "GET",
+            "/payhook/admin/validations?state=pending&limit=2",
+            Some(TOKEN),
+            None,
+        )
+        .await;
     let (listed, mut next) = page_of(&first);
     assert_eq!(listed, [1, 3], "the decided one left out");
     assert_eq!(
@@ -659,7 +623,7 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
     let mut walked = listed;
     let mut pages = 1;
     while let Some(path) = next {
-        let (listed, following) = page_of(&call(&server, "GET", &path, Some(TOKEN), None).await);
+        let (listed, following) = page_of(&server.admin("GET", &path, Some(TOKEN), None).await);
         assert!(
             !listed.is_empty() && listed.len() <= 2,
             "{path}: {listed:?}"
@@ -672,14 +636,9 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
     assert_eq!(pages, pending.len().div_ceil(2));
     // Without a limit, 500; asked for more, 500; for none, one.
     let (whole, next) = page_of(
-        &call(
-            &server,
-            "GET",
-            "/payhook/admin/validations",
-            Some(TOKEN),
-            None,
-        )
-        .await,
+        &server
+            .admin("GET", "/payhook/admin/validations", Some(TOKEN), None)
+            .await,
     );
     assert_eq!(whole, ids[..500]);
     assert_eq!(
@@ -687,36 +646,36 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
         Some("/payhook/admin/validations?limit=500&after=500")
     );
     let (more, _) = page_of(
-        &call(
-            &server,
-            "GET",
-            "/payhook/admin/validations?limit=100000",
-            Some(TOKEN),
-            None,
-        )
-        .await,
+        &server
+            .admin(
+                "GET",
+                "/payhook/admin/validations?limit=100000",
+                Some(TOKEN),
+                None,
+            )
+            .await,
     );
     assert_eq!(more.len(), 500);
     let (one, _) = page_of(
-        &call(
-            &server,
-            "GET",
-            "/payhook/admin/validations?limit=0&state=pending",
-            Some(TOKEN),
-            None,
-        )
-        .await,
+        &server
+            .admin(
+                "GET",
+                "/payhook/admin/validations?limit=0&state=pending",
+                Some(TOKEN),
+                None,
+            )
+            .await,
     );
     assert_eq!(one, [1]);
     let (rest, next) = page_of(
-        &call(
-            &server,
-            "GET",
-            "/payhook/admin/validations?after=500",
-            Some(TOKEN),
-            None,
-        )
-        .await,
+        &server
+            .admin(
+                "GET",
+                "/payhook/admin/validations?after=500",
+                Some(TOKEN),
+                None,
+            )
+            .await,
     );
     assert_eq!((rest, next), (vec![501, 502, 503], None));
     for (query, named) in [
@@ -724,14 +683,14 @@ async fn postponed_validations_are_listed_a_page_at_a_time() {
         ("limit=-1", "`limit`"),
         ("state=lost", "state `lost`"),
     ] {
-        let bad = call(
-            &server,
-            "GET",
-            &format!("/payhook/admin/validations?{query}"),
-            Some(TOKEN),
-            None,
-        )
-        .await;
+        let bad = server
+            .admin(
+                "GET",
+                &format!("/payhook/admin/validations?{query}"),
+                Some(TOKEN),
+                None,
+            )
+            .await;
         assert_eq!(bad.status, 400, "{query}");
         assert!(bad.message().contains(named), "{query}: {}", bad.message());
     }

@@ -55,6 +55,27 @@ async fn awaitable_service() -> (FakeGateway, TestServer) {
     (gateway, server)
 }
 
+/// [`awaitable_service`] with an operator of their own token (`[admin.operators]`), a viewer
+/// (`admin.viewers`) or not.
+async fn operators_service(name: &str, token: &str, viewer: bool) -> (FakeGateway, TestServer) {
+    let gateway = FakeGateway::start().await;
+    let mut config = signed_config(&["rsa2048"]);
+    config.gateway = gateway.config();
+    config.validation.awaitable = true;
+    config.validation.allow_unauthenticated = true;
+    config.admin.token = Some(TOKEN.into());
+    config.admin.operators = [(
+        name.to_owned(),
+        payhook::server::OperatorToken::digest_of(token),
+    )]
+    .into();
+    if viewer {
+        config.admin.viewers = vec![name.to_owned()];
+    }
+    let server = TestServer::start_with(config).await;
+    (gateway, server)
+}
+
 /// Opens the inspector of `server` in `browser`, with the token.
 async fn log_in(browser: &Browser, server: &TestServer) {
     log_in_at(browser, server.addr).await;
@@ -131,17 +152,12 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     assert!(asked.contains("Nothing is booked"), "{asked}");
     browser.hover("h1").await;
     browser.wait_for_none("tr.unresolved").await;
-    let kept = server
-        .app
-        .store()
-        .unwrap()
-        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
-        ("paid back by hand", Some("Dana (ops)"))
+        server.resolution_of("n-held").await,
+        (
+            "paid back by hand".to_owned(),
+            Some("Dana (ops)".to_owned())
+        )
     );
     assert!(
         browser
@@ -333,18 +349,7 @@ async fn an_operator_acts_on_the_page_under_their_own_name_without_being_asked()
         return;
     };
     const DANA: &str = "phop_dana-token-for-the-browser-0123456789";
-    let gateway = FakeGateway::start().await;
-    let mut config = signed_config(&["rsa2048"]);
-    config.gateway = gateway.config();
-    config.validation.awaitable = true;
-    config.validation.allow_unauthenticated = true;
-    config.admin.token = Some(TOKEN.into());
-    config.admin.operators = [(
-        "Dana".to_owned(),
-        payhook::server::OperatorToken::digest_of(DANA),
-    )]
-    .into();
-    let server = TestServer::start_with(config).await;
+    let (gateway, server) = operators_service("Dana", DANA, false).await;
     log_in_with(&browser, server.addr, DANA).await;
     assert_eq!(browser.wait_for_text("#operator").await, "Dana");
 
@@ -361,16 +366,11 @@ async fn an_operator_acts_on_the_page_under_their_own_name_without_being_asked()
     );
     browser.hover("h1").await;
     browser.wait_for_none("tr.unresolved").await;
-    let store = server.app.store().unwrap();
-    let kept = store
-        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
-        ("paid back by hand", Some("Dana"))
+        server.resolution_of("n-held").await,
+        ("paid back by hand".to_owned(), Some("Dana".to_owned()))
     );
+    let store = server.app.store().unwrap();
 
     let id = server.postpone_validation().await;
     browser
@@ -391,18 +391,7 @@ async fn a_viewers_page_shows_no_button_that_acts() {
         return;
     };
     const CAROL: &str = "phop_carol-token-for-the-browser-0123456789";
-    let gateway = FakeGateway::start().await;
-    let mut config = signed_config(&["rsa2048"]);
-    config.gateway = gateway.config();
-    config.validation.awaitable = true;
-    config.validation.allow_unauthenticated = true;
-    config.admin.operators = [(
-        "Carol".to_owned(),
-        payhook::server::OperatorToken::digest_of(CAROL),
-    )]
-    .into();
-    config.admin.viewers = vec!["Carol".into()];
-    let server = TestServer::start_with(config).await;
+    let (_gateway, server) = operators_service("Carol", CAROL, true).await;
     server.postpone_validation().await;
     let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
     let hold = signed_callback(&signer, "n-held", 4, "7", "hold");

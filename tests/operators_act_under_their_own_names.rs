@@ -32,33 +32,11 @@ fn config(gateway: &FakeGateway, shared: Option<&str>) -> payhook::Config {
     config
 }
 
-async fn call(
-    server: &TestServer,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> RawResponse {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("content-type", "application/json")];
-    if let Some(bearer) = &bearer {
-        headers.push(("authorization", bearer.as_str()));
-    }
-    server
-        .send(&request(method, path, &headers, body.map(str::as_bytes)))
-        .await
-}
-
 /// The decision the service keeps on validation `id`, as the API lists it.
 async fn decided(server: &TestServer, token: &str, id: i64) -> Value {
-    let listed = call(
-        server,
-        "GET",
-        "/payhook/admin/validations",
-        Some(token),
-        None,
-    )
-    .await;
+    let listed = server
+        .admin("GET", "/payhook/admin/validations", Some(token), None)
+        .await;
     assert_eq!(listed.status, 200, "{}", listed.message());
     let list = listed.json();
     let found = list
@@ -76,7 +54,7 @@ async fn an_operators_own_token_lets_them_in_without_a_shared_one() {
     let server = TestServer::start_with(config(&gateway, None)).await;
     let validations = "/payhook/admin/validations";
     for token in [ALICE, BOB] {
-        let answer = call(&server, "GET", validations, Some(token), None).await;
+        let answer = server.admin("GET", validations, Some(token), None).await;
         assert_eq!(answer.status, 200, "{}", answer.message());
     }
     let refused = [
@@ -89,7 +67,7 @@ async fn an_operators_own_token_lets_them_in_without_a_shared_one() {
         (Some(&ALICE[..ALICE.len() - 1]), "invalid credentials"),
     ];
     for (token, said) in refused {
-        let answer = call(&server, "GET", validations, token, None).await;
+        let answer = server.admin("GET", validations, token, None).await;
         assert_eq!(
             (answer.status, answer.message()),
             (401, said.into()),
@@ -106,14 +84,18 @@ async fn a_validation_an_operator_decides_is_kept_with_their_name_not_the_one_th
     let id = server.postpone_validation().await;
     let path = format!("/payhook/admin/validations/{id}");
     let body = json!({"success": true, "description": "documents checked", "by": "mallory"});
-    let answer = call(&server, "POST", &path, Some(ALICE), Some(&body.to_string())).await;
+    let answer = server
+        .admin("POST", &path, Some(ALICE), Some(&body.to_string()))
+        .await;
     assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
     let result = decided(&server, BOB, id).await;
     assert_eq!(result["success"], true, "{result}");
     assert_eq!(result["decided_by"], "alice", "{result}");
 
     // The same decision again, by bob: unchanged, and who took it first stays.
-    let again = call(&server, "POST", &path, Some(BOB), Some(&body.to_string())).await;
+    let again = server
+        .admin("POST", &path, Some(BOB), Some(&body.to_string()))
+        .await;
     assert_eq!((again.status, again.message()), (200, "unchanged".into()));
     assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
     gateway
@@ -156,14 +138,9 @@ async fn a_bearer_of_the_shared_token_is_kept_by_the_name_they_give_or_none() {
         if !by.is_null() {
             body["by"] = by.clone();
         }
-        let answer = call(
-            &server,
-            "POST",
-            &path,
-            Some(SHARED),
-            Some(&body.to_string()),
-        )
-        .await;
+        let answer = server
+            .admin("POST", &path, Some(SHARED), Some(&body.to_string()))
+            .await;
         assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
         let result = decided(&server, SHARED, id).await;
         assert_eq!(result["decided_by"], kept, "by {by}: {result}");
@@ -171,14 +148,14 @@ async fn a_bearer_of_the_shared_token_is_kept_by_the_name_they_give_or_none() {
     let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
     let id = server.postpone_validation().await;
     let path = format!("/payhook/admin/validations/{id}");
-    let answer = call(
-        &server,
-        "POST",
-        &path,
-        Some(SHARED),
-        Some(r#"{"success": true, "by": 7}"#),
-    )
-    .await;
+    let answer = server
+        .admin(
+            "POST",
+            &path,
+            Some(SHARED),
+            Some(r#"{"success": true, "by": 7}"#),
+        )
+        .await;
     assert_eq!(answer.status, 400, "{}", answer.message());
     assert!(answer.message().contains("by"), "{}", answer.message());
 }
@@ -193,28 +170,20 @@ async fn a_held_result_an_operator_resolves_is_kept_with_their_name() {
 
     let resolve =
         json!({"nonce": "n-held", "status": 4, "note": "refunded by hand", "by": "mallory"});
-    let answer = call(
-        &server,
-        "POST",
-        "/payhook/admin/callbacks/held/resolve",
-        Some(BOB),
-        Some(&resolve.to_string()),
-    )
-    .await;
+    let answer = server
+        .admin(
+            "POST",
+            "/payhook/admin/callbacks/held/resolve",
+            Some(BOB),
+            Some(&resolve.to_string()),
+        )
+        .await;
     assert_eq!(answer.status, 200, "{}", answer.message());
     let resolved = answer.json();
     assert_eq!(resolved["resolvedBy"], "bob", "{resolved}");
-    let kept = server
-        .app
-        .store()
-        .unwrap()
-        .held_callback(&"n-held".into(), payhook::model::TransactionStatus::Success)
-        .await
-        .unwrap()
-        .unwrap();
     assert_eq!(
-        (kept.resolution.as_str(), kept.resolved_by.as_deref()),
-        ("refunded by hand", Some("bob"))
+        server.resolution_of("n-held").await,
+        ("refunded by hand".to_owned(), Some("bob".to_owned()))
     );
 }
 
@@ -224,33 +193,8 @@ async fn a_held_result_an_operator_resolves_is_kept_with_their_name() {
 async fn an_inspector_session_opened_with_an_operators_token_is_theirs() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
-    let login = server
-        .send(&post(
-            "/payhook/admin/inspector/login",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            format!("token={ALICE}").as_bytes(),
-        ))
-        .await;
-    assert_eq!(
-        login.status,
-        303,
-        "{}",
-        String::from_utf8_lossy(&login.body)
-    );
-    let cookie = login.header("set-cookie").unwrap().to_owned();
-    assert!(!cookie.contains(ALICE), "the cookie is no token: {cookie}");
-    let session = cookie.split(';').next().unwrap().to_owned();
-
-    let page = server
-        .send(&request(
-            "GET",
-            "/payhook/admin/inspector",
-            &[("cookie", &session)],
-            None,
-        ))
-        .await;
-    assert_eq!(page.status, 200);
-    let html = String::from_utf8_lossy(&page.body);
+    let session = server.inspector_session(ALICE).await;
+    let html = server.inspector_page(&session).await;
     assert!(
         html.contains("<span id=operator data-name='alice'>alice</span>"),
         "the page names whose session it is"
@@ -273,30 +217,13 @@ async fn an_inspector_session_opened_with_an_operators_token_is_theirs() {
     assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
 
     // The shared token's session names nobody: the page asks who resolves.
-    let shared = server
-        .send(&post(
-            "/payhook/admin/inspector/login",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            format!("token={SHARED}").as_bytes(),
-        ))
-        .await;
-    let session = shared
-        .header("set-cookie")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let page = server
-        .send(&request(
-            "GET",
-            "/payhook/admin/inspector",
-            &[("cookie", &session)],
-            None,
-        ))
-        .await;
-    assert_eq!(page.status, 200);
-    assert!(!String::from_utf8_lossy(&page.body).contains("id=operator"));
+    let session = server.inspector_session(SHARED).await;
+    assert!(
+        !server
+            .inspector_page(&session)
+            .await
+            .contains("id=operator")
+    );
 }
 
 #[tokio::test]
@@ -364,14 +291,14 @@ async fn the_command_line_makes_a_token_and_the_entry_that_lets_it_in() {
     config.admin.operators = [("Ana María".to_owned(), digest.to_owned())].into();
     let server = TestServer::start_with(config).await;
     let id = server.postpone_validation().await;
-    let answer = call(
-        &server,
-        "POST",
-        &format!("/payhook/admin/validations/{id}"),
-        Some(token),
-        Some(r#"{"success": true}"#),
-    )
-    .await;
+    let answer = server
+        .admin(
+            "POST",
+            &format!("/payhook/admin/validations/{id}"),
+            Some(token),
+            Some(r#"{"success": true}"#),
+        )
+        .await;
     assert_eq!(answer.status, 200, "{}", answer.message());
     assert_eq!(decided(&server, token, id).await["decided_by"], "Ana María");
 
@@ -406,7 +333,7 @@ async fn a_viewer_may_look_and_not_change() {
         "/payhook/admin/validations",
         "/payhook/admin/callbacks/held",
     ] {
-        let answer = call(&server, "GET", path, Some(BOB), None).await;
+        let answer = server.admin("GET", path, Some(BOB), None).await;
         assert_eq!(answer.status, 200, "{path}: {}", answer.message());
     }
     let changes = [
@@ -425,7 +352,9 @@ async fn a_viewer_may_look_and_not_change() {
         ),
     ];
     for (path, body) in &changes {
-        let answer = call(&server, "POST", path, Some(BOB), Some(&body.to_string())).await;
+        let answer = server
+            .admin("POST", path, Some(BOB), Some(&body.to_string()))
+            .await;
         assert_eq!(
             (answer.status, answer.message()),
             (403, "bob may look, not change (admin.viewers)".into()),
@@ -437,42 +366,15 @@ async fn a_viewer_may_look_and_not_change() {
         Value::Null,
         "nothing decided"
     );
-    let listed = call(
-        &server,
-        "GET",
-        "/payhook/admin/callbacks/held",
-        Some(ALICE),
-        None,
-    )
-    .await;
+    let listed = server
+        .admin("GET", "/payhook/admin/callbacks/held", Some(ALICE), None)
+        .await;
     assert_eq!(listed.json().as_array().unwrap().len(), 1, "still held");
 
     // The inspector: named a viewer, no button that acts; a change through the session is
     // refused as well.
-    let login = server
-        .send(&post(
-            "/payhook/admin/inspector/login",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            format!("token={BOB}").as_bytes(),
-        ))
-        .await;
-    assert_eq!(login.status, 303);
-    let session = login
-        .header("set-cookie")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let page = server
-        .send(&request(
-            "GET",
-            "/payhook/admin/inspector",
-            &[("cookie", &session)],
-            None,
-        ))
-        .await;
-    let html = String::from_utf8_lossy(&page.body);
+    let session = server.inspector_session(BOB).await;
+    let html = server.inspector_page(&session).await;
     assert!(html.contains("<body class=viewer>"), "{html}");
     assert!(
         html.contains(">bob (may look, not change)</span>"),

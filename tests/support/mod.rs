@@ -332,6 +332,75 @@ impl TestServer {
     pub async fn send(&self, request: &[u8]) -> RawResponse {
         exchange(self.addr, request).await
     }
+
+    /// The operating API's answer to `method` `path` with `body` (JSON), as a bearer of
+    /// `token` (none: no `Authorization`).
+    #[allow(dead_code, reason = "not every test binary calls the operating API")]
+    pub async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> RawResponse {
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(bearer) = &bearer {
+            headers.push(("authorization", bearer.as_str()));
+        }
+        self.send(&request(method, path, &headers, body.map(str::as_bytes)))
+            .await
+    }
+
+    /// The inspector's session cookie (`payhook_admin=…`) a login with `token` gets.
+    #[allow(dead_code, reason = "not every test binary opens the inspector")]
+    pub async fn inspector_session(&self, token: &str) -> String {
+        let login = self
+            .send(&post(
+                "/payhook/admin/inspector/login",
+                &[("content-type", "application/x-www-form-urlencoded")],
+                format!("token={token}").as_bytes(),
+            ))
+            .await;
+        assert_eq!(
+            login.status,
+            303,
+            "{}",
+            String::from_utf8_lossy(&login.body)
+        );
+        let cookie = login.header("set-cookie").unwrap();
+        assert!(!cookie.contains(token), "the cookie is no token: {cookie}");
+        cookie.split(';').next().unwrap().to_owned()
+    }
+
+    /// The inspector's page, as the browser holding `session` gets it (its HTML).
+    #[allow(dead_code, reason = "not every test binary opens the inspector")]
+    pub async fn inspector_page(&self, session: &str) -> String {
+        let page = self
+            .send(&request(
+                "GET",
+                "/payhook/admin/inspector",
+                &[("cookie", session)],
+                None,
+            ))
+            .await;
+        assert_eq!(page.status, 200);
+        String::from_utf8_lossy(&page.body).into_owned()
+    }
+
+    /// How the held result of (`nonce`, success) was resolved: the note and who.
+    #[allow(dead_code, reason = "not every test binary holds results")]
+    pub async fn resolution_of(&self, nonce: &str) -> (String, Option<String>) {
+        let kept = self
+            .app
+            .store()
+            .unwrap()
+            .held_callback(&nonce.into(), payhook::model::TransactionStatus::Success)
+            .await
+            .unwrap()
+            .unwrap();
+        (kept.resolution, kept.resolved_by)
+    }
 }
 
 /// Bytes of a `POST` with `Content-Length` and `Connection: close`.
