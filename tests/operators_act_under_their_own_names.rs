@@ -320,6 +320,7 @@ async fn the_command_line_makes_a_token_and_the_entry_that_lets_it_in() {
 /// same cookie may change things once the viewer is no longer one.
 #[tokio::test]
 async fn a_viewer_may_look_and_not_change() {
+    let logs = captured_logs(tracing::Level::INFO);
     let gateway = FakeGateway::start().await;
     let mut viewing = config(&gateway, None);
     viewing.admin.viewers = vec!["bob".into()];
@@ -398,6 +399,22 @@ async fn a_viewer_may_look_and_not_change() {
         decided(&server, ALICE, id).await,
         Value::Null,
         "nothing decided"
+    );
+    // Each refusal is logged as such, never as a change asked.
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let by_bob = |l: &&str| l.contains("with the token of viewer bob");
+    let refusals = text
+        .lines()
+        .filter(by_bob)
+        .filter(|l| l.contains("a change asked by a viewer was refused"))
+        .count();
+    assert_eq!(refusals, changes.len() + 1, "{text}");
+    assert!(
+        !text
+            .lines()
+            .filter(by_bob)
+            .any(|l| l.contains("a change was asked")),
+        "{text}"
     );
 
     // bob is no viewer any more (a service of the same sessions' secret, configured so):

@@ -20,7 +20,6 @@
 //! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
 //! `Authorization: Bearer <token>` — the shared token, or an operator's own (see
 //! [`super::operators`]: what that call changes is kept and logged with the operator's name)
-//! — an operator named in `admin.viewers` only reads: any other method is 403 and logged —
 //! (compared in constant time; 401 otherwise; 429 [`Problem::TooManyGuesses`] with
 //! `Retry-After`, without comparing it, from an address that presented too many wrong
 //! tokens, see [`super::guesses`]) from an address in `admin.allow_ips` (403),
@@ -42,7 +41,10 @@
 //! random to the process; not the token;
 //! good for 12 hours, and for no other token), and its changes must
 //! carry the `X-Payhook-Inspector` header (403 otherwise), which a cross-site form cannot
-//! send.
+//! send. An operator named in `admin.viewers` may read and not change: any call but a safe
+//! method's (GET) is refused 403 and logged at warn level, the inspector's login and logout
+//! aside. Every other change asked is logged at info level once answered, with the method,
+//! the path, whose token and the status.
 
 use crate::model::ValidationId;
 use bytes::Bytes;
@@ -94,17 +96,45 @@ pub(super) struct AdminAccess {
     guesses: Guesses,
 }
 
-/// Sessions ended before their time, each by its login time and id; and the generation
-/// sessions are signed in, which moves on (ending every session so far) once more were ended
-/// than are kept one by one. Kept in memory: a restart forgets them (a session copied before
-/// its logout is good again until its 12 hours are over).
+/// Sessions ended before their time, by whose they are (an operator's name; the shared
+/// token's, ""): each holder's by their login time and id, and the generation the holder's
+/// sessions are signed in, which moves on (ending every session of theirs so far) once they
+/// ended more than are kept one by one — so that a holder who logs out again and again ends
+/// their own sessions, never another operator's. Kept in memory: a restart forgets them (a
+/// session copied before its logout is good again until its 12 hours are over). Bounded:
+/// only a configured holder has a session.
 #[derive(Default)]
 struct Ended {
+    holders: std::collections::HashMap<String, HolderEnded>,
+}
+
+/// One holder's ended sessions and generation (see [`Ended`]).
+#[derive(Default)]
+struct HolderEnded {
     sessions: std::collections::HashSet<Session>,
     generation: u64,
 }
 
-/// How many ended sessions are kept one by one; beyond, every session so far is ended.
+impl Ended {
+    /// The generation `holder`'s sessions are signed in now.
+    fn generation(&self, holder: &str) -> u64 {
+        self.holders.get(holder).map_or(0, |h| h.generation)
+    }
+
+    fn has_ended(&self, holder: &str, session: &Session) -> bool {
+        self.holders
+            .get(holder)
+            .is_some_and(|h| h.sessions.contains(session))
+    }
+}
+
+/// Whose a session is, as [`Ended`] keeps it.
+fn holder_key(caller: &Caller) -> &str {
+    caller.operator().unwrap_or_default()
+}
+
+/// How many ended sessions are kept one by one for a holder; beyond, every session of the
+/// holder so far is ended.
 const ENDED_KEPT: usize = 1024;
 
 /// The inspector's session cookie.
@@ -339,7 +369,7 @@ impl AdminAccess {
             .session_key()
             .ok_or_else(|| no_session("no random bytes for the sessions' key"))?;
         let ended = self.ended();
-        let message = session_message(ended.generation, issued, &id, &holder);
+        let message = session_message(ended.generation(holder_key(caller)), issued, &id, &holder);
         let tag = ring::hmac::sign(key, &message);
         drop(ended);
         let who = caller.operator().map_or_else(String::new, |name| {
@@ -375,9 +405,10 @@ impl AdminAccess {
         let session = (issued, id.to_owned());
         let key = self.session_key()?;
         let ended = self.ended();
-        let message = session_message(ended.generation, issued, id, &holder);
+        let key_of = holder_key(&caller);
+        let message = session_message(ended.generation(key_of), issued, id, &holder);
         let signed = ring::hmac::verify(key, &message, &tag).is_ok();
-        (fresh && signed && !ended.sessions.contains(&session)).then_some((session, caller))
+        (fresh && signed && !ended.has_ended(key_of, &session)).then_some((session, caller))
     }
 
     fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
@@ -389,24 +420,29 @@ impl AdminAccess {
     /// Ends the session the request holds (logging out): it is refused from now on, and
     /// kept as ended until its life would have ended anyway. `false` when it holds none.
     fn end_session(&self, headers: &HeaderMap) -> bool {
-        let Some((session, _)) = self.session_of(headers) else {
+        let Some((session, caller)) = self.session_of(headers) else {
             return false;
         };
         let now = now_secs();
         let mut ended = self.ended();
-        ended
+        let holder = ended
+            .holders
+            .entry(holder_key(&caller).to_owned())
+            .or_default();
+        holder
             .sessions
             .retain(|(issued, _)| now.saturating_sub(*issued) <= SESSION_LIFETIME_SECS);
-        if ended.sessions.len() < ENDED_KEPT {
-            ended.sessions.insert(session);
+        if holder.sessions.len() < ENDED_KEPT {
+            holder.sessions.insert(session);
         } else {
             tracing::warn!(
                 kept = ENDED_KEPT,
-                "admin: more inspector sessions ended than are kept one by one; every session \
-                 so far is ended"
+                operator = %crate::logged::Logged(caller.operator().unwrap_or("(the shared token)")),
+                "admin: more inspector sessions of one holder ended than are kept one by one; \
+                 every session of theirs so far is ended"
             );
-            ended.sessions.clear();
-            ended.generation += 1;
+            holder.sessions.clear();
+            holder.generation += 1;
         }
         true
     }
@@ -640,7 +676,7 @@ impl OperatingApi {
             _ => {}
         }
         let caller = self.access.check(&parts.method, &parts.headers, client)?;
-        if parts.method != Method::GET && !caller.may_change() {
+        if !parts.method.is_safe() && !caller.may_change() {
             tracing::warn!(
                 method = %parts.method,
                 path = %crate::logged::Logged(parts.uri.path()),
@@ -652,20 +688,42 @@ impl OperatingApi {
                 crate::logged::Logged(caller.operator().unwrap_or_default())
             )));
         }
-        if parts.method != Method::GET {
-            // Every change asked of the operating API, with whose credentials: the trail of
-            // what people did to the merchant's money (a decision, a retry, a booking).
+        let answered = self.route(&parts, body, &segments, &caller).await;
+        if !parts.method.is_safe() {
+            // Every change asked of the operating API, with whose credentials and how it was
+            // answered: the trail of what people did to the merchant's money (a decision, a
+            // retry, a booking, a resolution).
+            let status = answered
+                .as_ref()
+                .map_or_else(Problem::status, Response::status);
             tracing::info!(
                 method = %parts.method,
                 path = %crate::logged::Logged(parts.uri.path()),
                 by = %self.channel(&parts, &caller),
+                status = status.as_u16(),
                 "admin: a change was asked"
             );
         }
+        answered
+    }
+
+    /// Answers an authenticated call of `caller` (who may change what it asks to) at
+    /// `segments`, the path under the prefix.
+    async fn route<B>(
+        &self,
+        parts: &http::request::Parts,
+        body: B,
+        segments: &[&str],
+        caller: &Caller,
+    ) -> Result<Response<ResponseBody>, Problem>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         if segments.first() == Some(&"inspector") {
-            return self.inspector_fragment(&parts, &segments[1..]).await;
+            return self.inspector_fragment(parts, &segments[1..]).await;
         }
-        match (&parts.method, segments.as_slice()) {
+        match (&parts.method, segments) {
             (&Method::GET, ["deliveries"]) => {
                 let inspector = self.inspector()?;
                 let query = parts.uri.query().unwrap_or_default();
@@ -720,7 +778,7 @@ impl OperatingApi {
                     .map_err(|_| Problem::BadRequest(format!("`{id}` is not a validation id")))?;
                 let bytes = self
                     .ingress
-                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .read_body(parts, body, self.ingress.client_of_parts(parts))
                     .await?;
                 let decision: AdminDecision = super::request::parse_json(&bytes)?;
                 let resolver = self
@@ -795,7 +853,7 @@ impl OperatingApi {
                 let store = self.exactly_once.store().ok_or(Problem::NotFound)?;
                 let bytes = self
                     .ingress
-                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .read_body(parts, body, self.ingress.client_of_parts(parts))
                     .await?;
                 let pair: AdminHeldPair = super::request::parse_json(&bytes)?;
                 if pair.nonce.contains('\0') {
@@ -822,13 +880,13 @@ impl OperatingApi {
                         pair.status
                     )));
                 };
-                crate::store::held::log_resolved(&resolved, &self.channel(&parts, &caller));
+                crate::store::held::log_resolved(&resolved, &self.channel(parts, caller));
                 Ok(json(&resolved))
             }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = self
                     .ingress
-                    .read_body(&parts, body, self.ingress.client_of_parts(&parts))
+                    .read_body(parts, body, self.ingress.client_of_parts(parts))
                     .await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
                 let gateway = self.gateway.as_ref().ok_or_else(|| {
@@ -1498,6 +1556,12 @@ mod tests {
     fn access() -> super::AdminAccess {
         let config = super::AdminConfig {
             token: Some("admin-token-0123456789".into()),
+            operators: [(
+                "alice".to_owned(),
+                crate::server::OperatorToken::digest_of("alice-token"),
+            )]
+            .into(),
+            session_secret: Some("sessions-secret-0123456789abcdef-xyz".into()),
             ..super::AdminConfig::default()
         };
         super::AdminAccess::from_config(&config).unwrap()
@@ -1525,8 +1589,9 @@ mod tests {
         assert!(!has_session(&access, &first));
         assert!(has_session(&access, &second));
 
-        // One more ended session than are kept one by one: every session so far is ended,
-        // and a login after it is good.
+        // One more ended session than are kept one by one: every session of that holder so
+        // far is ended, another holder's is not, and a login after it is good.
+        let alice = access.new_session(&alice()).unwrap();
         for _ in 0..super::ENDED_KEPT {
             let session = access.new_session(&Caller::Shared).unwrap();
             access.end_session(&holding(&session));
@@ -1538,7 +1603,11 @@ mod tests {
         );
         let after = access.new_session(&Caller::Shared).unwrap();
         assert!(has_session(&access, &after));
-        assert!(access.ended().sessions.len() <= super::ENDED_KEPT);
+        assert!(
+            has_session(&access, &alice),
+            "another holder's session stays"
+        );
+        assert!(access.ended().holders[""].sessions.len() <= super::ENDED_KEPT);
     }
 
     /// An access of these operators (name and token), these sessions' secret and no
@@ -1585,6 +1654,30 @@ mod tests {
         assert!(new_token.session_in(&cookie, now).is_none());
         let gone = operators(&[("bob", "bob-token")], secret);
         assert!(gone.session_in(&cookie, now).is_none());
+        // Made a viewer (a service started again so configured): the same session looks,
+        // and changes nothing — the cookie never signs what its holder may do.
+        let demoted = super::AdminAccess::from_config(&super::AdminConfig {
+            viewers: vec!["alice".into()],
+            ..super::AdminConfig {
+                operators: [
+                    (
+                        "alice".to_owned(),
+                        crate::server::OperatorToken::digest_of("alice-token"),
+                    ),
+                    (
+                        "bob".to_owned(),
+                        crate::server::OperatorToken::digest_of("bob-token"),
+                    ),
+                ]
+                .into(),
+                session_secret: secret.map(Into::into),
+                ..super::AdminConfig::default()
+            }
+        })
+        .unwrap();
+        let (_, caller) = demoted.session_in(&cookie, now).unwrap();
+        assert_eq!(caller, Caller::Viewer("alice".into()));
+        assert!(!caller.may_change());
         let other_secret = operators(
             &[("alice", "alice-token"), ("bob", "bob-token")],
             Some("another-secret-0123456789abcdef-xyz"),

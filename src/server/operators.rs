@@ -254,8 +254,9 @@ impl Operators {
             .map(|operator| operator.digest_hex.as_str())
     }
 
-    /// The operator of this name, as held here, and what they may do now (a session
-    /// follows the configuration: a viewer's is a viewer's from the next request on).
+    /// The operator of this name, as held here, and what they may do under this
+    /// configuration (a session never signs it: started again with the same sessions'
+    /// secret and a new configuration, a service gives an open session the new role).
     pub(crate) fn named(&self, name: &str) -> Option<Caller> {
         self.operators
             .iter()
