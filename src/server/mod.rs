@@ -26,8 +26,11 @@
 //!    │      ├─▶ postponed::Awaitable (the time budget, pending records, late decisions,
 //!    │      │                         the outbox worker)
 //!    │      └─▶ Runner    (runner.rs: the three handlers, timeouts, failures)
-//!    └─▶ OperatingApi     (operating_api.rs: validations, failing callbacks, reconcile;
-//!                          guesses.rs: wrong tokens counted per address)
+//!    └─▶ OperatingApi     (operating_api.rs: validations, failing callbacks, held results,
+//!           │              reconcile, the inspector's page)
+//!           └─▶ AdminAccess (admin_access.rs: who may call, the inspector's sessions;
+//!                            operators.rs: operators' own tokens and viewers;
+//!                            guesses.rs: wrong tokens counted per address)
 //! ```
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
@@ -156,6 +159,7 @@
 //! glibc's per-thread arenas still keep some memory that was freed. `MALLOC_ARENA_MAX=2` in a
 //! service's environment trims that further.
 
+mod admin_access;
 mod connection;
 mod exactly_once;
 mod guesses;
@@ -961,7 +965,7 @@ impl AppBuilder {
                 ),
             }));
         }
-        let admin = operating_api::AdminAccess::from_config(&self.config.admin);
+        let admin = admin_access::AdminAccess::from_config(&self.config.admin);
         if let Some(admin) = &admin {
             admin.warn_of_channel(&self.config.server.trusted_proxies);
         }
