@@ -164,10 +164,7 @@ impl AdminAccess {
         };
         Some(Self {
             token: token.map(|token| Expected::new(token.expose().as_bytes())),
-            token_digest_hex: token.map(|token| {
-                let digest = ring::digest::digest(&ring::digest::SHA256, token.expose().as_bytes());
-                Encoding::Hex.encode(digest.as_ref())
-            }),
+            token_digest_hex: token.map(|token| super::operators::digest_hex(token.expose())),
             operators: Operators::new(&config.operators, &config.viewers),
             session_key: std::sync::OnceLock::new(),
             session_key_source,

@@ -539,16 +539,17 @@ impl OperatingApi {
     fn channel(&self, parts: &http::request::Parts, caller: &Caller) -> String {
         let client = self.ingress.client_of_parts(parts);
         let from = client.map_or_else(|| "an unknown address".into(), |ip| ip.to_string());
-        match caller {
-            Caller::Operator(name) => format!(
-                "the operating API, from {from}, with the token of operator {}",
+        let role = if caller.may_change() {
+            "operator"
+        } else {
+            "viewer"
+        };
+        match caller.operator() {
+            Some(name) => format!(
+                "the operating API, from {from}, with the token of {role} {}",
                 crate::logged::Logged(name)
             ),
-            Caller::Viewer(name) => format!(
-                "the operating API, from {from}, with the token of viewer {}",
-                crate::logged::Logged(name)
-            ),
-            Caller::Shared => format!("the operating API, from {from}, with the shared token"),
+            None => format!("the operating API, from {from}, with the shared token"),
         }
     }
 

@@ -82,7 +82,7 @@ impl OperatorToken {
     /// elsewhere — of at least 32 random bytes, as [`Self::generate`] makes: one a person
     /// chose can be found again from its hash by whoever reads the configuration.
     pub fn digest_of(token: &str) -> String {
-        format!("{DIGEST_PREFIX}{}", Encoding::Hex.encode(&sha256(token)))
+        format!("{DIGEST_PREFIX}{}", digest_hex(token))
     }
 
     /// The line of `[admin.operators]` that lets this token in as `name`: `name =
@@ -152,6 +152,12 @@ fn check_name(name: &str) -> Result<(), InvalidOperatorName> {
     }
 }
 
+/// The hex SHA-256 of `token`, as an operator's entry holds it after `sha256:` and as an
+/// inspector session signs the credential it was opened with.
+pub(crate) fn digest_hex(token: &str) -> String {
+    Encoding::Hex.encode(&sha256(token))
+}
+
 fn sha256(token: &str) -> [u8; 32] {
     let mut out = [0u8; 32];
     out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
@@ -175,10 +181,7 @@ impl Caller {
     /// Who a change is kept with: the operator, or the name a bearer of the shared token
     /// gave (`declared`).
     pub(crate) fn name_or<'a>(&'a self, declared: Option<&'a str>) -> Option<&'a str> {
-        match self {
-            Self::Operator(name) | Self::Viewer(name) => Some(name),
-            Self::Shared => declared,
-        }
+        self.operator().or(declared)
     }
 
     /// The operator's name, when the credentials are an operator's own.
