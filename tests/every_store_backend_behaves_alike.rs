@@ -750,6 +750,92 @@ async fn a_validation_is_read_back_with_its_payment_and_decision(b: &Backend) {
     );
 }
 
+behaviour!(a_delivery_reads_its_validation_through_its_claim);
+/// What a callback's handler reads of its validation while its delivery holds the nonce's
+/// claim (`CallbackContext::validated_payment`): what is read outside the claim, a postponed
+/// validation's decision too; then the delivery books. On PostgreSQL the claim's own
+/// connection reads it, in the claim's transaction: it is answered with every other
+/// connection of the pool taken (here by the test), where a read of its own would wait for
+/// one — and a pool whose last connections serve validations and the outbox would make
+/// every callback in flight wait on them.
+async fn a_delivery_reads_its_validation_through_its_claim(b: &Backend) {
+    answer(b, &validation("v-1", 1, "10.50"), &RecordedDecision::Allow).await;
+    decide(b, 70).await;
+    // Every connection of a PostgreSQL pool taken, once the claims hold theirs.
+    let pool = match &b.store {
+        ConfiguredStore::Postgres(store) => Some(store.pool().clone()),
+        _ => None,
+    };
+    for nonce in ["v-1", "p-70", "never-validated"] {
+        let outside = b
+            .shared
+            .validated_payment(&Nonce::from(nonce))
+            .await
+            .unwrap();
+        let (claim, ..) = b.claim(nonce, TransactionStatus::Success).await;
+        let mut taken = Vec::new();
+        if let Some(pool) = &pool {
+            // The claim holds one (no other claim is held, nor kept spare).
+            for _ in 1..pool.options().get_max_connections() {
+                taken.push(pool.acquire().await.unwrap());
+            }
+        }
+        let read = b
+            .shared
+            .validated_payment_in_claim(&Nonce::from(nonce), claim)
+            .await
+            .unwrap();
+        assert_eq!(read, outside, "{nonce}");
+        drop(taken);
+        book(b.shared.as_ref(), &Nonce::from(nonce), claim).await;
+        assert!(
+            b.shared
+                .callback_acknowledged(&Nonce::from(nonce), TransactionStatus::Success)
+                .await
+                .unwrap(),
+            "{nonce}"
+        );
+    }
+    let allowed = b
+        .shared
+        .validated_payment(&Nonce::from("v-1"))
+        .await
+        .unwrap();
+    assert_eq!(allowed.unwrap().decision, ValidatedDecision::Allowed);
+    let reviewed = b
+        .shared
+        .validated_payment(&Nonce::from("p-70"))
+        .await
+        .unwrap();
+    assert_eq!(
+        reviewed.unwrap().decision,
+        ValidatedDecision::Reviewed { allowed: true }
+    );
+}
+
+behaviour!(a_claim_given_up_reads_no_validation);
+/// A delivery whose claim was given up (held past its time, on PostgreSQL swept by the
+/// store) is told so when it reads its validation, as its booking would be.
+async fn a_claim_given_up_reads_no_validation(b: &Backend) {
+    answer(b, &validation("v-2", 2, "1"), &RecordedDecision::Allow).await;
+    let (claim, ..) = b.claim("v-2", TransactionStatus::Success).await;
+    b.shared
+        .release_callback(&Nonce::from("v-2"), claim)
+        .await
+        .unwrap();
+    let read = b
+        .shared
+        .validated_payment_in_claim(&Nonce::from("v-2"), claim)
+        .await;
+    match &b.store {
+        ConfiguredStore::Postgres(_) => {
+            assert!(matches!(read, Err(StoreError::ClaimLost(_))), "{read:?}");
+        }
+        // sled's claims hold no connection: the read is the store's, claim or not.
+        _ => assert!(read.unwrap().is_some()),
+    }
+}
+
 /// What the store makes of the aggregator asking about `nonce` again under validation
 /// `id` (the payment of [`validation`] for 10), now.
 async fn repeated(b: &Backend, nonce: &str, id: i64) -> Repeat {

@@ -34,7 +34,7 @@ use crate::model::{
     CallbackBody, Provider, ProvidersValidationRequest, TransactionStatus,
     TransactionValidationRequest,
 };
-use crate::store::{Effects, Store, StoreError, ValidatedPayment};
+use crate::store::{Claim, Effects, Store, StoreError, ValidatedPayment};
 
 pub use providers::{ProviderFilter, tags_allow};
 
@@ -190,14 +190,14 @@ impl CallbackContext {
         attempt: u32,
         previous_status: Option<TransactionStatus>,
         effects: Effects,
-        store: Option<Arc<dyn Store>>,
+        claimed: Option<(Arc<dyn Store>, Claim)>,
     ) -> Self {
         Self {
             request,
             attempt,
             previous_status,
             effects,
-            validations: Validations(store),
+            validations: Validations(claimed),
         }
     }
 
@@ -207,7 +207,9 @@ impl CallbackContext {
     /// no validation of the nonce is recorded: this service did not answer it (another did,
     /// or the aggregator validated without the merchant), it was answered longer ago than
     /// `store.retention`, or the app has no store. One read of the store (two for a
-    /// postponed validation: its postponed record too), made only when asked.
+    /// postponed validation: its postponed record too), made only when asked; on PostgreSQL
+    /// through the connection the delivery's claim holds, in its transaction
+    /// ([`DedupStore::validated_payment_in_claim`](crate::store::DedupStore::validated_payment_in_claim)).
     ///
     /// A signed callback whose payment differs from the one validated — another amount,
     /// currency, client or direction — or that reports a success of a payment the merchant
@@ -224,7 +226,11 @@ impl CallbackContext {
         callback: &CallbackBody,
     ) -> Result<Option<ValidatedPayment>, StoreError> {
         match &self.validations.0 {
-            Some(store) => store.validated_payment(&callback.nonce).await,
+            Some((store, claim)) => {
+                store
+                    .validated_payment_in_claim(&callback.nonce, *claim)
+                    .await
+            }
             None => Ok(None),
         }
     }
@@ -279,10 +285,11 @@ fn held_against(
     }
 }
 
-/// The store a [`CallbackContext`] reads validations from: none for a context made by
-/// [`CallbackContext::new`] or in an app without a store.
+/// The store a [`CallbackContext`] reads validations from, and the claim its delivery holds
+/// on the nonce there: none for a context made by [`CallbackContext::new`] or in an app
+/// without a store.
 #[derive(Clone)]
-struct Validations(Option<Arc<dyn Store>>);
+struct Validations(Option<(Arc<dyn Store>, Claim)>);
 
 impl fmt::Debug for Validations {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

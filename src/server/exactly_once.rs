@@ -448,7 +448,7 @@ impl ExactlyOnce {
             attempt,
             previous_status,
             effects.clone(),
-            Some(Arc::clone(&store)),
+            Some((Arc::clone(&store), held.claim)),
         );
         // Past the retention a missing record proves nothing: the callback may have been
         // booked and its record purged since. Its handler is not run; operators see it among

@@ -829,6 +829,26 @@ pub trait DedupStore: Send + Sync + 'static {
             ))
         })
     }
+
+    /// [`DedupStore::validated_payment`], read by the delivery that holds `claim` on a
+    /// callback of `nonce` ([`DedupStore::begin_callback`]), while it holds it: what
+    /// [`CallbackContext::validated_payment`](crate::handler::CallbackContext::validated_payment)
+    /// calls. A store whose claim holds a connection reads through it — PostgreSQL does,
+    /// in the claim's transaction, so that a callback in flight needs no connection beyond
+    /// its claim's. The default reads as [`DedupStore::validated_payment`] does.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`DedupStore::validated_payment`]; and [`StoreError::ClaimLost`] when the
+    /// claim was given up (its booking would not commit either).
+    fn validated_payment_in_claim<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        claim: Claim,
+    ) -> StoreFuture<'a, Option<ValidatedPayment>> {
+        let _ = claim;
+        self.validated_payment(nonce)
+    }
 }
 
 /// The validations of `all` in `state`: how a backend without an index of `state` lists it.

@@ -362,6 +362,11 @@ impl HeldClaims {
         Claim { id }
     }
 
+    /// Keeps `held` again under `claim`, the id it was kept with ([`Self::take`]).
+    pub(super) fn keep_again(&self, claim: Claim, held: HeldClaim) {
+        self.held().insert(claim.id, held);
+    }
+
     /// The claim `id`, no longer kept here; `None` when it was given up.
     pub(super) fn take(&self, id: u64) -> Option<HeldClaim> {
         self.held().remove(&id)

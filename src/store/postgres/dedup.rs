@@ -390,7 +390,31 @@ impl DedupStore for PgStore {
         &'a self,
         nonce: &'a Nonce,
     ) -> StoreFuture<'a, Option<ValidatedPayment>> {
-        Box::pin(self.validated_payment_now(nonce))
+        Box::pin(async move {
+            let mut conn = self.pool().acquire().await?;
+            self.validated_payment_on(&mut conn, nonce).await
+        })
+    }
+
+    /// Read in the claim's transaction, on its connection: a callback in flight holds no
+    /// other connection of the pool, whose last two are left for everything else
+    /// ([`HeldClaims`](super::claim::HeldClaims)). The claim is taken out of those held
+    /// while it reads and kept again after; a read cut off (the handler's timeout) closes
+    /// its connection, and the claim ends with it as when its handler is cut off.
+    fn validated_payment_in_claim<'a>(
+        &'a self,
+        nonce: &'a Nonce,
+        claim: Claim,
+    ) -> StoreFuture<'a, Option<ValidatedPayment>> {
+        Box::pin(async move {
+            // Given up (held past its time): the booking would not commit either.
+            let Some(mut held) = self.inner.claims.take(claim.id) else {
+                return Err(StoreError::ClaimLost(nonce.to_string()));
+            };
+            let read = self.validated_payment_on(&mut held, nonce).await;
+            self.inner.claims.keep_again(claim, held);
+            read
+        })
     }
 
     fn release_validation<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
@@ -788,17 +812,19 @@ impl PgStore {
         }
     }
 
-    /// The record of `nonce`'s validation: its payment, and its decision as the JSON text
-    /// kept (decoded by whoever needs it: a repeat for another payment does not).
-    async fn validation_row(
+    /// The record of `nonce`'s validation, read on `conn`: its payment, and its decision as
+    /// the JSON text kept (decoded by whoever needs it: a repeat for another payment does
+    /// not).
+    async fn validation_row<'c>(
         &self,
+        conn: impl sqlx::PgExecutor<'c>,
         nonce: &str,
     ) -> Result<Option<(KeptFingerprint, String)>, StoreError> {
         let row = sqlx::query(&self.sql(
             "SELECT fingerprint::text, decision::text FROM {s}.validations WHERE nonce_key = $1",
         ))
         .bind(nonce_key(nonce))
-        .fetch_optional(self.pool())
+        .fetch_optional(conn)
         .await?;
         let Some(row) = row else {
             return Ok(None);
@@ -808,19 +834,21 @@ impl PgStore {
     }
 
     /// The validation of `nonce` as recorded, with its postponed validation's record while
-    /// that is kept (the latest original of the nonce, as a repeat finds it).
-    async fn validated_payment_now(
+    /// that is kept (the latest original of the nonce, as a repeat finds it), read on
+    /// `conn`.
+    async fn validated_payment_on(
         &self,
+        conn: &mut sqlx::PgConnection,
         nonce: &str,
     ) -> Result<Option<ValidatedPayment>, StoreError> {
-        let Some((kept, decision)) = self.validation_row(nonce).await? else {
+        let Some((kept, decision)) = self.validation_row(&mut *conn, nonce).await? else {
             return Ok(None);
         };
         let decision: RecordedDecision = decode_json(nonce, &decision)?;
         // A postponed record that does not decode is an error: a success is not booked
         // past it.
         let postponed = match decision {
-            RecordedDecision::Postponed => self.latest_original(self.pool(), nonce).await?,
+            RecordedDecision::Postponed => self.latest_original(conn, nonce).await?,
             _ => None,
         };
         ValidatedPayment::of(nonce, &kept, &decision, postponed.as_ref()).map(Some)
@@ -860,7 +888,7 @@ impl PgStore {
         if claimed.is_some() {
             return Ok(ValidationBegin::Claimed { claim });
         }
-        let Some((kept, decision)) = self.validation_row(nonce).await? else {
+        let Some((kept, decision)) = self.validation_row(self.pool(), nonce).await? else {
             return Ok(ValidationBegin::Busy);
         };
         if !kept.matches(fingerprint) {
