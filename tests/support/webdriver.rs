@@ -84,7 +84,8 @@ impl Browser {
         let (chromium, chromedriver) = installed()?;
         let profile = tempfile::tempdir().unwrap();
         let log = profile.path().join("chromedriver.log");
-        let (driver, port) = Self::spawn_driver(&chromedriver, &log).await?;
+        let (driver, port) =
+            Self::spawn_driver_again_if_its_port_is_taken(&chromedriver, &log).await?;
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut browser = Self {
             driver: std::sync::Mutex::new(driver),
@@ -113,15 +114,36 @@ impl Browser {
         Ok(browser)
     }
 
+    /// [`Self::spawn_driver`], again while the driver says the port it chose is taken: given
+    /// `--port=0`, chromedriver (156) picks a port and binds it after, and another driver or
+    /// server of the same test binary may bind it in between ("IPv4 port not available.
+    /// Exiting..."). `Err` when it cannot be run; panics when it ran and did not start
+    /// otherwise, or five times in a row.
+    async fn spawn_driver_again_if_its_port_is_taken(
+        chromedriver: &str,
+        log: &std::path::Path,
+    ) -> Result<(Child, u16), String> {
+        let mut why = String::new();
+        for _ in 0..5 {
+            match Self::spawn_driver(chromedriver, log).await? {
+                Ok(started) => return Ok(started),
+                Err(stopped) if stopped.contains("port not available") => why = stopped,
+                Err(stopped) => panic!("{stopped}"),
+            }
+        }
+        panic!("{why} (five times)")
+    }
+
     /// Starts chromedriver on a port of its own choosing (`--port=0`) and reads the port
     /// from what it prints once it listens. Choosing a free port here and handing it over
     /// would leave a window in which another server of the same test binary takes it, and
     /// the commands meant for the driver would reach that server.
-    /// Its log goes to `log`, which a failed command quotes.
+    /// Its log goes to `log`, which a failed command quotes. `Err` when it cannot be run;
+    /// `Ok(Err)` says why it ran and did not start.
     async fn spawn_driver(
         chromedriver: &str,
         log: &std::path::Path,
-    ) -> Result<(Child, u16), String> {
+    ) -> Result<Result<(Child, u16), String>, String> {
         let mut driver = Command::new(chromedriver)
             .arg("--port=0")
             .arg("--log-level=INFO")
@@ -154,14 +176,16 @@ impl Browser {
             }
         });
         let why = match tokio::time::timeout(PAGE_DEADLINE, told).await {
-            Ok(Ok(Ok(port))) => return Ok((driver, port)),
+            Ok(Ok(Ok(port))) => return Ok(Ok((driver, port))),
             Ok(Ok(Err(printed))) => format!("it stopped after printing:\n{printed}"),
             Ok(Err(_)) => "its output could not be read".to_owned(),
             Err(_) => format!("it did not listen within {PAGE_DEADLINE:?}"),
         };
         let _ = driver.kill();
         let status = driver.wait();
-        panic!("chromedriver did not start ({status:?}): {why}")
+        Ok(Err(format!(
+            "chromedriver did not start ({status:?}): {why}"
+        )))
     }
 
     /// One WebDriver command; its `value`.
