@@ -7,6 +7,7 @@
 use http::{HeaderMap, Method};
 
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::guesses::Guesses;
@@ -27,15 +28,17 @@ pub(super) struct AdminAccess {
     operators: Operators,
     /// Signs the inspector's sessions, from [`SessionKeySource`]: derived at the first
     /// login or cookie, so that the cookie is no token, and a new secret ends every session.
-    session_key: std::sync::OnceLock<Option<ring::hmac::Key>>,
+    /// Kept by the access read again when it comes from the same source
+    /// ([`Self::read_again`]).
+    session_key: Arc<OnceLock<Option<ring::hmac::Key>>>,
     session_key_source: SessionKeySource,
     /// The sessions ended by logging out, until their life would have ended anyway.
-    ended: std::sync::Mutex<Ended>,
+    ended: Arc<Mutex<Ended>>,
     /// `admin.allow_plain_http`: calls over plain HTTP from other machines are let in.
     plain_http: bool,
     allow: Vec<Cidr>,
     /// The tokens presented, counted per address: too many wrong ones get 429.
-    guesses: Guesses,
+    guesses: Arc<Guesses>,
 }
 
 /// Sessions ended before their time, by whose they are (an operator's name; the shared
@@ -116,6 +119,7 @@ fn session_key(token: &crate::Secret) -> ring::hmac::Key {
 type Session = (u64, String);
 
 /// What the inspector's sessions are signed under.
+#[derive(PartialEq)]
 enum SessionKeySource {
     /// A key derived from this secret ([`session_key`]): `admin.session_secret`, else
     /// `admin.token` where no operator has a token of their own — the same in every
@@ -166,17 +170,33 @@ impl AdminAccess {
             token: token.map(|token| Expected::new(token.expose().as_bytes())),
             token_digest_hex: token.map(|token| super::operators::digest_hex(token.expose())),
             operators: Operators::new(&config.operators, &config.viewers),
-            session_key: std::sync::OnceLock::new(),
+            session_key: Arc::default(),
             session_key_source,
-            ended: std::sync::Mutex::default(),
+            ended: Arc::default(),
             allow: config
                 .allow_ips
                 .iter()
                 .filter_map(|text| text.parse().ok())
                 .collect(),
             plain_http: config.allow_plain_http,
-            guesses: Guesses::default(),
+            guesses: Arc::default(),
         })
+    }
+
+    /// The access `config` gives, read again while the service runs: what it says of who may
+    /// call — tokens, operators, viewers, the sessions' secret, addresses, the channel — with
+    /// what this one learned kept: the sessions ended by logging out, the wrong guesses
+    /// counted per address, and the sessions' key where it comes from the same secret (or is
+    /// the process's own both times), so that a session goes on unless its credential
+    /// changed. `None` when `config` turns the API off (no token of any kind).
+    pub(super) fn read_again(&self, config: &AdminConfig) -> Option<Self> {
+        let mut access = Self::from_config(config)?;
+        access.ended = Arc::clone(&self.ended);
+        access.guesses = Arc::clone(&self.guesses);
+        if access.session_key_source == self.session_key_source {
+            access.session_key = Arc::clone(&self.session_key);
+        }
+        Some(access)
     }
 
     /// Says at start-up how the token may travel, when other machines may call the API:
@@ -355,9 +375,7 @@ impl AdminAccess {
     }
 
     fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
-        self.ended
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.ended.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Ends the session the request holds (logging out): it is refused from now on, and
@@ -434,6 +452,27 @@ impl AdminAccess {
             guess.wrong();
         }
         Ok(holder)
+    }
+}
+
+/// The operating API's access as read last: from the configuration at start, then from
+/// each configuration read again ([`AdminAccess::read_again`]). A call reads it once, and is
+/// judged by that one throughout.
+pub(super) struct CurrentAccess(RwLock<Arc<AdminAccess>>);
+
+impl CurrentAccess {
+    pub(super) fn new(access: AdminAccess) -> Self {
+        Self(RwLock::new(Arc::new(access)))
+    }
+
+    /// The access as read last.
+    pub(super) fn now(&self) -> Arc<AdminAccess> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// From now on, `access`: calls judged by the one before go on under it.
+    pub(super) fn replace(&self, access: AdminAccess) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(access);
     }
 }
 

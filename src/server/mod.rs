@@ -30,7 +30,8 @@
 //!           │              reconcile, the inspector's page)
 //!           └─▶ AdminAccess (admin_access.rs: who may call, the inspector's sessions;
 //!                            operators.rs: operators' own tokens and viewers;
-//!                            guesses.rs: wrong tokens counted per address)
+//!                            guesses.rs: wrong tokens counted per address;
+//!                            credentials.rs: read again while the service runs, on SIGHUP)
 //! ```
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
@@ -161,6 +162,7 @@
 
 mod admin_access;
 mod connection;
+mod credentials;
 mod exactly_once;
 mod guesses;
 mod ingress;
@@ -248,6 +250,7 @@ pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
 
+pub use credentials::{AdminCredentials, CredentialsChange, CredentialsRefused};
 pub use openapi::{OPENAPI, openapi};
 pub use operators::{InvalidOperatorName, OperatorToken};
 pub use request::PeerAddr;
@@ -316,6 +319,8 @@ struct Inner {
     metrics_allow: Vec<crate::auth::Cidr>,
     /// The operating API; `None` when it is off.
     operating_api: Option<operating_api::OperatingApi>,
+    /// Who may call it, read again while the app runs; `None` when it is off.
+    credentials: Option<credentials::AdminCredentials>,
     /// The recent deliveries; `None` when the operating API or recording is off.
     inspector: Option<Arc<Inspector>>,
     /// The aggregator's client (its calls are measured for `/metrics`); `None` without a
@@ -420,6 +425,13 @@ impl App {
         if let Some(awaitable) = self.inner.awaitable.as_ref() {
             awaitable.late_handlers_finished().await;
         }
+    }
+
+    /// Who may call the operating API, to read again while the app runs — an operator
+    /// added or taken out without a restart (see [`AdminCredentials`]); `None` when the API
+    /// is off. Take it before [`serve`] takes the app.
+    pub fn admin_credentials(&self) -> Option<AdminCredentials> {
+        self.inner.credentials.clone()
     }
 
     /// Decides validations postponed by this app (Awaitable mode); `None` when
@@ -955,20 +967,15 @@ impl AppBuilder {
                 );
             }
         }
-        if let Some(name) = operators::holding_the_shared_token(&self.config.admin) {
-            return Err(BuildError::Config(crate::config::ConfigError::Invalid {
-                key: "admin.token".into(),
-                reason: format!(
-                    "is the token of operator {} in admin.operators: every bearer of the \
-                     shared token would act as them; give it a value of its own, or leave it out",
-                    crate::logged::Logged(name)
-                ),
-            }));
-        }
+        operators::check_shared_token(&self.config.admin).map_err(BuildError::Config)?;
         let admin = admin_access::AdminAccess::from_config(&self.config.admin);
         if let Some(admin) = &admin {
             admin.warn_of_channel(&self.config.server.trusted_proxies);
         }
+        let admin = admin.map(|access| Arc::new(admin_access::CurrentAccess::new(access)));
+        let credentials = admin
+            .as_ref()
+            .map(|current| credentials::AdminCredentials::new(Arc::clone(current), &self.config));
         let mut router = Router::new(&self.config.paths, served);
         if admin.is_some() {
             router = router.with_admin();
@@ -1092,6 +1099,7 @@ impl AppBuilder {
                 metrics,
                 metrics_allow,
                 operating_api,
+                credentials,
                 inspector,
                 gateway,
             }),

@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResponseBody;
-use super::admin_access::{AdminAccess, SESSION_COOKIE, SESSION_LIFETIME_SECS};
+use super::admin_access::{AdminAccess, CurrentAccess, SESSION_COOKIE, SESSION_LIFETIME_SECS};
 use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
 use super::metrics::Metrics;
@@ -155,7 +155,7 @@ fn json<T: Serialize>(value: &T) -> Response<ResponseBody> {
 /// records and the reconcile of exactly-once delivery, and the gateway. Built by the app's
 /// builder when `admin.token` or `[admin.operators]` is set.
 pub(super) struct OperatingApi {
-    access: AdminAccess,
+    access: Arc<CurrentAccess>,
     ingress: Arc<Ingress>,
     exactly_once: ExactlyOnce,
     awaitable: Option<Arc<Awaitable>>,
@@ -176,7 +176,7 @@ const LONGEST_WAIT: Duration = Duration::from_secs(30);
 
 impl OperatingApi {
     pub(super) fn new(
-        access: AdminAccess,
+        access: Arc<CurrentAccess>,
         ingress: Arc<Ingress>,
         exactly_once: ExactlyOnce,
         awaitable: Option<Arc<Awaitable>>,
@@ -205,13 +205,14 @@ impl OperatingApi {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let client = self.ingress.client_ip(&request);
-        self.access.check_address(client)?;
+        // Read once: a configuration read again meanwhile judges the next call.
+        let access = self.access.now();
+        access.check_address(client)?;
         if self.ingress.forwarded_by_stranger(&request) {
             return Err(Problem::ForwardedByStranger);
         }
         let https = self.ingress.forwarded_https(&request);
-        self.access
-            .check_channel(self.ingress.came_from_this_machine(&request, client), https)?;
+        access.check_channel(self.ingress.came_from_this_machine(&request, client), https)?;
         if !https {
             check_host(&request)?;
         }
@@ -225,12 +226,10 @@ impl OperatingApi {
         match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
             (&Method::GET, ["inspector"]) => {
-                return Ok(
-                    match self.access.check(&parts.method, &parts.headers, client) {
-                        Ok(caller) => self.inspector_page(&caller).await,
-                        Err(_) => login_asked(parts.uri.query()),
-                    },
-                );
+                return Ok(match access.check(&parts.method, &parts.headers, client) {
+                    Ok(caller) => self.inspector_page(&caller).await,
+                    Err(_) => login_asked(parts.uri.query()),
+                });
             }
             (&Method::POST, ["inspector", "login"]) => {
                 refuse_cross_site(&parts)?;
@@ -238,11 +237,11 @@ impl OperatingApi {
                     .ingress
                     .read_body(&parts, body, self.ingress.client_of_parts(&parts))
                     .await?;
-                return self.login(&bytes, https, client);
+                return login(&access, &bytes, https, client);
             }
             (&Method::POST, ["inspector", "logout"]) => {
-                self.access.check(&parts.method, &parts.headers, client)?;
-                let ended = self.access.end_session(&parts.headers);
+                access.check(&parts.method, &parts.headers, client)?;
+                let ended = access.end_session(&parts.headers);
                 let mut response = json(&ErrorBody::new(if ended {
                     "logged out"
                 } else {
@@ -253,7 +252,7 @@ impl OperatingApi {
             }
             _ => {}
         }
-        let caller = self.access.check(&parts.method, &parts.headers, client)?;
+        let caller = access.check(&parts.method, &parts.headers, client)?;
         if !parts.method.is_safe() && !caller.may_change() {
             tracing::warn!(
                 method = %parts.method,
@@ -856,49 +855,6 @@ impl OperatingApi {
             .ok_or_else(|| Problem::Unknown(format!("no recent delivery #{seq}")))
     }
 
-    /// Given the right token (the form's body), the session cookie and the way to the
-    /// page; otherwise the form again, saying why. `https`: the cookie is `Secure`. The
-    /// token is one of `client`'s guesses ([`Guesses`]): out of them, the form says when to
-    /// try again (429).
-    fn login(
-        &self,
-        form: &[u8],
-        https: bool,
-        client: Option<IpAddr>,
-    ) -> Result<Response<ResponseBody>, Problem> {
-        let presented = form_urlencoded::parse(form)
-            .find(|(key, _)| key == "token")
-            .map(|(_, value)| value.into_owned());
-        let Some(token) = presented else {
-            return Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None)));
-        };
-        match self.access.holder_of(&token, client) {
-            Ok(Some(caller)) => {
-                let mut response = html(http::StatusCode::SEE_OTHER, String::new());
-                response.headers_mut().insert(
-                    http::header::LOCATION,
-                    http::HeaderValue::from_static("/payhook/admin/inspector"),
-                );
-                let session = self.access.new_session(&caller)?;
-                set_session_cookie(&mut response, &session, SESSION_LIFETIME_SECS, https);
-                Ok(response)
-            }
-            Ok(None) => Ok(html(
-                http::StatusCode::UNAUTHORIZED,
-                page::login(Some("invalid token")),
-            )),
-            Err(problem @ Problem::TooManyGuesses { .. }) => {
-                let mut response = html(
-                    http::StatusCode::TOO_MANY_REQUESTS,
-                    page::login(Some(&problem.message())),
-                );
-                problem.set_retry_after(response.headers_mut());
-                Ok(response)
-            }
-            Err(problem) => Err(problem),
-        }
-    }
-
     async fn inspector_page(&self, caller: &Caller) -> Response<ResponseBody> {
         let now = chrono::Utc::now();
         let page = page::page(
@@ -1043,6 +999,49 @@ impl OperatingApi {
             counters: self.observed.metrics.at_a_glance(),
             kept: self.observed.inspector.as_ref().map_or(0, |i| i.capacity()),
         }
+    }
+}
+
+/// Given the right token (the form's body), the session cookie and the way to the
+/// page; otherwise the form again, saying why. `https`: the cookie is `Secure`. The
+/// token is one of `client`'s guesses ([`Guesses`]): out of them, the form says when to
+/// try again (429).
+fn login(
+    access: &AdminAccess,
+    form: &[u8],
+    https: bool,
+    client: Option<IpAddr>,
+) -> Result<Response<ResponseBody>, Problem> {
+    let presented = form_urlencoded::parse(form)
+        .find(|(key, _)| key == "token")
+        .map(|(_, value)| value.into_owned());
+    let Some(token) = presented else {
+        return Ok(html(http::StatusCode::UNAUTHORIZED, page::login(None)));
+    };
+    match access.holder_of(&token, client) {
+        Ok(Some(caller)) => {
+            let mut response = html(http::StatusCode::SEE_OTHER, String::new());
+            response.headers_mut().insert(
+                http::header::LOCATION,
+                http::HeaderValue::from_static("/payhook/admin/inspector"),
+            );
+            let session = access.new_session(&caller)?;
+            set_session_cookie(&mut response, &session, SESSION_LIFETIME_SECS, https);
+            Ok(response)
+        }
+        Ok(None) => Ok(html(
+            http::StatusCode::UNAUTHORIZED,
+            page::login(Some("invalid token")),
+        )),
+        Err(problem @ Problem::TooManyGuesses { .. }) => {
+            let mut response = html(
+                http::StatusCode::TOO_MANY_REQUESTS,
+                page::login(Some(&problem.message())),
+            );
+            problem.set_retry_after(response.headers_mut());
+            Ok(response)
+        }
+        Err(problem) => Err(problem),
     }
 }
 

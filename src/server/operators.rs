@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use crate::Secret;
 use crate::auth::Expected;
+use crate::config::ConfigError;
 use crate::setting::InvalidSetting;
 use crate::signature::Encoding;
 
@@ -279,10 +280,35 @@ impl Operator {
     }
 }
 
-/// The operator whose token `admin.token` is: every bearer of the shared token would act as
-/// them, so a service refuses to start so configured. (The command line may hold an
-/// operator's token as `admin.token`: it is the token it calls with.)
-pub(crate) fn holding_the_shared_token(config: &super::AdminConfig) -> Option<&str> {
+/// Refuses `admin.token` when it is an operator's token: every bearer of the shared token
+/// would act as them, so a service neither starts nor reads its credentials again so
+/// configured. (The command line may hold an operator's token as `admin.token`: it is the
+/// token it calls with.)
+pub(super) fn check_shared_token(config: &super::AdminConfig) -> Result<(), ConfigError> {
+    match holding_the_shared_token(config) {
+        None => Ok(()),
+        Some(name) => Err(ConfigError::Invalid {
+            key: "admin.token".into(),
+            reason: format!(
+                "is the token of operator {} in admin.operators: every bearer of the shared \
+                 token would act as them; give it a value of its own, or leave it out",
+                crate::logged::Logged(name)
+            ),
+        }),
+    }
+}
+
+/// Whether two entries of `[admin.operators]` hold one token's hash (however its hex is
+/// written).
+pub(super) fn same_digest(one: &str, other: &str) -> bool {
+    match (parse_digest(one), parse_digest(other)) {
+        (Some(one), Some(other)) => one == other,
+        _ => one == other,
+    }
+}
+
+/// The operator whose token `admin.token` is.
+fn holding_the_shared_token(config: &super::AdminConfig) -> Option<&str> {
     let shared = sha256(config.token.as_ref()?.expose());
     config
         .operators
