@@ -813,10 +813,11 @@ async fn a_delivery_reads_its_validation_through_its_claim(b: &Backend) {
     );
 }
 
-behaviour!(a_claim_given_up_reads_no_validation);
-/// A delivery whose claim was given up (held past its time, on PostgreSQL swept by the
-/// store) is told so when it reads its validation, as its booking would be.
-async fn a_claim_given_up_reads_no_validation(b: &Backend) {
+behaviour!(a_released_claim_reads_no_validation_through_it);
+/// A claim released (or finished, or given up as held past its time) reads nothing through
+/// it on PostgreSQL, whose claims hold the connection: the delivery is told the claim is
+/// lost, as its booking would be.
+async fn a_released_claim_reads_no_validation_through_it(b: &Backend) {
     answer(b, &validation("v-2", 2, "1"), &RecordedDecision::Allow).await;
     let (claim, ..) = b.claim("v-2", TransactionStatus::Success).await;
     b.shared
@@ -2609,6 +2610,94 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
         };
         book(store.as_ref(), &nonce, claim).await;
     }
+    drop(store);
+    db.drop_schema().await;
+}
+
+/// PostgreSQL only: a read of the validation cut off in the claim's transaction (the
+/// handler's timeout; here the test's, while the table is locked) leaves the claim held,
+/// so that its release counts the attempt: the next delivery is the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_read_cut_off_leaves_the_claim_to_its_release() {
+    let Some(db) = support::postgres::database("a_read_cut_off").await else {
+        return;
+    };
+    let store = ConfiguredStore::open(&db.store_config(RETENTION), TREES)
+        .await
+        .unwrap()
+        .shared();
+    let nonce = Nonce::from("v-1");
+    let claimed = || store.begin_callback(&nonce, TransactionStatus::Success, STALE);
+    let CallbackBegin::Claimed { claim, attempt, .. } = claimed().await.unwrap() else {
+        panic!("not claimed");
+    };
+    assert_eq!(attempt, 1);
+    let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
+    let read = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.validated_payment_in_claim(&nonce, claim),
+    )
+    .await;
+    assert!(read.is_err(), "the read waits for the lock: {read:?}");
+    locked.release().await;
+    store.release_callback(&nonce, claim).await.unwrap();
+    let CallbackBegin::Claimed { attempt, .. } = claimed().await.unwrap() else {
+        panic!("not claimed again");
+    };
+    assert_eq!(attempt, 2, "the first attempt is counted");
+    drop(store);
+    db.drop_schema().await;
+}
+
+/// PostgreSQL only: a read of the validation that fails in the claim's transaction (here at
+/// the statement timeout, the table locked by the test) leaves that transaction able to
+/// book nothing: the booking says so, rather than run effects that fail for it, nothing is
+/// acknowledged, and the next delivery is the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_read_that_fails_in_the_claim_books_nothing_and_says_why() {
+    let Some(db) = support::postgres::database("a_read_that_fails").await else {
+        return;
+    };
+    let config = StoreConfig {
+        statement_timeout: Duration::from_millis(300),
+        ..db.store_config(RETENTION)
+    };
+    let store = ConfiguredStore::open(&config, TREES)
+        .await
+        .unwrap()
+        .shared();
+    let nonce = Nonce::from("v-1");
+    let claimed = || store.begin_callback(&nonce, TransactionStatus::Success, STALE);
+    let CallbackBegin::Claimed { claim, .. } = claimed().await.unwrap() else {
+        panic!("not claimed");
+    };
+    let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
+    let read = store.validated_payment_in_claim(&nonce, claim).await;
+    assert!(matches!(read, Err(StoreError::Backend { .. })), "{read:?}");
+    locked.release().await;
+    let booked = store
+        .finish_callback(
+            &nonce,
+            claim,
+            TransactionStatus::Success,
+            Effects::default(),
+        )
+        .await;
+    let said = payhook::Report::new(&booked.unwrap_err()).to_string();
+    assert!(
+        said.contains("the validation's read failed in the claim's transaction"),
+        "{said}"
+    );
+    assert!(
+        !store
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    let CallbackBegin::Claimed { attempt, .. } = claimed().await.unwrap() else {
+        panic!("not claimed again");
+    };
+    assert_eq!(attempt, 2, "the first attempt is counted");
     drop(store);
     db.drop_schema().await;
 }

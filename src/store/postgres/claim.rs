@@ -45,6 +45,10 @@ pub(super) struct HeldClaim {
     pub(super) transaction: Option<i64>,
     /// What begins a claim's transaction on this connection ([`Begin`]).
     begin: Begin,
+    /// A read of the delivery's validation failed in the claim's transaction, which
+    /// PostgreSQL then refuses to go on with: what failed, for the finish to say instead of
+    /// running effects that would fail for it.
+    pub(super) spoiled: Option<String>,
 }
 
 impl HeldClaim {
@@ -62,6 +66,7 @@ impl HeldClaim {
             failing: false,
             status: 0,
             transaction: None,
+            spoiled: None,
         }
     }
 
@@ -254,7 +259,7 @@ const LEFT_FOR_OTHERS: u32 = 2;
 /// pool's size less [`LEFT_FOR_OTHERS`]), so that a kept connection never lets a new
 /// delivery pass one that waits.
 pub(super) struct HeldClaims {
-    held: Mutex<HashMap<u64, HeldClaim>>,
+    held: Mutex<HashMap<u64, Slot>>,
     /// The last claim id handed out: a callback's claim id names it in this instance only.
     last: AtomicU64,
     permits: Arc<Semaphore>,
@@ -335,6 +340,7 @@ impl HeldClaims {
         claim.failing = false;
         claim.status = 0;
         claim.transaction = None;
+        claim.spoiled = None;
         Ok(claim)
     }
 
@@ -349,7 +355,7 @@ impl HeldClaims {
         drop(permit);
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HeldClaim>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Slot>> {
         self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -358,18 +364,46 @@ impl HeldClaims {
     /// Keeps `claim` until it is taken back with the id returned.
     pub(super) fn keep(&self, claim: HeldClaim) -> Claim {
         let id = self.last.fetch_add(1, Ordering::Relaxed) + 1;
-        self.held().insert(id, claim);
+        self.held().insert(id, Slot::Here(claim));
         Claim { id }
     }
 
-    /// Keeps `held` again under `claim`, the id it was kept with ([`Self::take`]).
-    pub(super) fn keep_again(&self, claim: Claim, held: HeldClaim) {
-        self.held().insert(claim.id, held);
+    /// The claim `id`, no longer kept here; `None` when it was given up — or is lent
+    /// ([`Self::lend`]): it is then rolled back once its read is over, as a claim given up.
+    pub(super) fn take(&self, id: u64) -> Option<HeldClaim> {
+        match self.held().remove(&id)? {
+            Slot::Here(claim) => Some(claim),
+            Slot::Lent => None,
+        }
     }
 
-    /// The claim `id`, no longer kept here; `None` when it was given up.
-    pub(super) fn take(&self, id: u64) -> Option<HeldClaim> {
-        self.held().remove(&id)
+    /// The claim `id` lent to one read in its transaction, kept here again once the read is
+    /// over — or cut off: whoever finishes or releases the claim then finds it.
+    pub(super) fn lend(&self, id: u64) -> Lending<'_> {
+        let mut held = self.held();
+        let Some(slot) = held.get_mut(&id) else {
+            return Lending::Gone;
+        };
+        match std::mem::replace(slot, Slot::Lent) {
+            Slot::Here(claim) => Lending::Lent(LentClaim {
+                claims: self,
+                id,
+                claim: Some(claim),
+            }),
+            Slot::Lent => Lending::Busy,
+        }
+    }
+
+    /// `claim`, lent as `id`, is back: kept again, unless it was taken meanwhile (then it is
+    /// dropped, and its transaction rolled back).
+    fn returned(&self, id: u64, claim: HeldClaim) {
+        let mut held = self.held();
+        if let Some(slot @ Slot::Lent) = held.get_mut(&id) {
+            *slot = Slot::Here(claim);
+            return;
+        }
+        drop(held);
+        drop(claim);
     }
 
     /// Gives up the claims held past their time (a delivery that never finished nor
@@ -380,15 +414,71 @@ impl HeldClaims {
             let mut held = self.held();
             let ids: Vec<u64> = held
                 .iter()
-                .filter(|(_, claim)| claim.outlived())
+                .filter(|(_, slot)| matches!(slot, Slot::Here(claim) if claim.outlived()))
                 .map(|(id, _)| *id)
                 .collect();
-            ids.iter().filter_map(|id| held.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| match held.remove(id)? {
+                    Slot::Here(claim) => Some(claim),
+                    Slot::Lent => None,
+                })
+                .collect()
         };
         // Spares idle past their time go back to the pool.
         let idle = take_idle(&mut self.spares());
         retire(idle);
         outlived.len()
+    }
+}
+
+/// A claim kept by [`HeldClaims`]: here, or lent to a read in its transaction.
+enum Slot {
+    Here(HeldClaim),
+    Lent,
+}
+
+/// What [`HeldClaims::lend`] found.
+pub(super) enum Lending<'a> {
+    /// The claim, for one read; kept again when dropped.
+    Lent(LentClaim<'a>),
+    /// Lent to another read now.
+    Busy,
+    /// Finished, released or given up: nothing is held.
+    Gone,
+}
+
+/// A claim lent to one read ([`HeldClaims::lend`]): kept again when dropped — once the read
+/// is over, and also when it is cut off (the handler's timeout), so that the claim's release
+/// still counts the attempt and ends it.
+pub(super) struct LentClaim<'a> {
+    claims: &'a HeldClaims,
+    id: u64,
+    claim: Option<HeldClaim>,
+}
+
+impl Deref for LentClaim<'_> {
+    type Target = HeldClaim;
+
+    fn deref(&self) -> &HeldClaim {
+        self.claim
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("kept until dropped"))
+    }
+}
+
+impl DerefMut for LentClaim<'_> {
+    fn deref_mut(&mut self) -> &mut HeldClaim {
+        self.claim
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("kept until dropped"))
+    }
+}
+
+impl Drop for LentClaim<'_> {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            self.claims.returned(self.id, claim);
+        }
     }
 }
 

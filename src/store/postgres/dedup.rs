@@ -13,7 +13,7 @@ use super::super::{
     FailingCursor, FailingPage, Fingerprint, HeldCallback, StoreError, StoreFuture,
     ValidatedPayment, ValidationBegin,
 };
-use super::claim::HeldClaim;
+use super::claim::{HeldClaim, Lending};
 use super::{
     PgStore, TX_ATTEMPTS, claim_id, connection_lost, decode_json, encode_json, new_claim,
     nonce_key, readable, retryable,
@@ -162,6 +162,13 @@ impl DedupStore for PgStore {
             let Some(held) = self.inner.claims.take(claim.id) else {
                 return Err(StoreError::ClaimLost(nonce.to_string()));
             };
+            if let Some(why) = held.spoiled.clone() {
+                self.end_spoiled(nonce, held).await;
+                return Err(StoreError::backend_message(format!(
+                    "the validation's read failed in the claim's transaction, which books \
+                     nothing after it: {why}"
+                )));
+            }
             self.finish_callback_now(nonce, held, status, &effects)
                 .await
         })
@@ -170,6 +177,10 @@ impl DedupStore for PgStore {
     fn release_callback<'a>(&'a self, nonce: &'a Nonce, claim: Claim) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             match self.inner.claims.take(claim.id) {
+                Some(held) if held.spoiled.is_some() => {
+                    self.end_spoiled(nonce, held).await;
+                    Ok(())
+                }
                 Some(held) => self.give_back(nonce, held).await,
                 // Finished, given up, or never this instance's: nothing is held.
                 None => Ok(()),
@@ -397,22 +408,29 @@ impl DedupStore for PgStore {
     }
 
     /// Read in the claim's transaction, on its connection: a callback in flight holds no
-    /// other connection of the pool, whose last two are left for everything else
-    /// ([`HeldClaims`](super::claim::HeldClaims)). The claim is taken out of those held
-    /// while it reads and kept again after; a read cut off (the handler's timeout) closes
-    /// its connection, and the claim ends with it as when its handler is cut off.
+    /// other connection of the pool, whose last two are left for everything else. The claim
+    /// is lent to the read and kept again after it, or once it is cut off (the handler's
+    /// timeout), so that its release still counts the attempt; a read while another holds
+    /// it (two at once in one handler) reads on the pool instead. A read that fails spoils
+    /// the claim's transaction (PostgreSQL refuses every statement after in it): the finish
+    /// then says so, rather than run the effects for them to fail, and the release counts the
+    /// attempt on the pool.
     fn validated_payment_in_claim<'a>(
         &'a self,
         nonce: &'a Nonce,
         claim: Claim,
     ) -> StoreFuture<'a, Option<ValidatedPayment>> {
         Box::pin(async move {
-            // Given up (held past its time): the booking would not commit either.
-            let Some(mut held) = self.inner.claims.take(claim.id) else {
-                return Err(StoreError::ClaimLost(nonce.to_string()));
+            let mut lent = match self.inner.claims.lend(claim.id) {
+                Lending::Lent(lent) => lent,
+                Lending::Busy => return self.validated_payment(nonce).await,
+                // Finished, released or given up: the booking would not commit either.
+                Lending::Gone => return Err(StoreError::ClaimLost(nonce.to_string())),
             };
-            let read = self.validated_payment_on(&mut held, nonce).await;
-            self.inner.claims.keep_again(claim, held);
+            let read = self.validated_payment_on(&mut lent, nonce).await;
+            if let Err(error @ StoreError::Backend { .. }) = &read {
+                lent.spoiled = Some(crate::report::InLine(error).to_string());
+            }
             read
         })
     }
@@ -670,6 +688,15 @@ impl PgStore {
                 tracing::debug!(%error, "a claim's connection could not roll back; closing it");
             }
         }
+    }
+
+    /// Ends a claim whose transaction a failed read spoiled: its connection is closed (the
+    /// database rolls the transaction back and releases the claim), and the attempt is
+    /// counted on the pool, as after a COMMIT that failed.
+    async fn end_spoiled(&self, nonce: &str, held: HeldClaim) {
+        let attempt = held.attempt;
+        drop(held);
+        self.count_after(&nonce_key(nonce), attempt).await;
     }
 
     /// Ends a claim whose handler did not book it: the status leaves the mark written at
