@@ -241,7 +241,7 @@ async fn a_follower_is_answered_as_soon_as_the_next_delivery_is_recorded() {
 }
 
 #[tokio::test]
-async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
+async fn the_page_needs_the_token_and_its_session_acts_only_as_the_page() {
     let gateway = FakeGateway::start().await;
     let server = TestServer::start_with(config(&gateway)).await;
     let page = |headers: &[(&str, &str)], query: &str| {
@@ -422,13 +422,13 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         ))
         .await;
     assert!(String::from_utf8_lossy(&panel.body).contains("Approve"));
-    let decision = br#"{"success": true, "description": "looked at it"}"#;
+    let decision = r#"{"success": true, "description": "looked at it"}"#;
     let path = &format!("/payhook/admin/validations/{id}");
     let cross_site = server
         .send(&post(
             path,
             &[("cookie", &session), ("content-type", "application/json")],
-            decision,
+            decision.as_bytes(),
         ))
         .await;
     assert_eq!(cross_site.status, 403);
@@ -438,15 +438,7 @@ async fn the_page_needs_the_token_and_its_session_acts_only_from_the_page() {
         cross_site.message()
     );
     let from_page = server
-        .send(&post(
-            path,
-            &[
-                ("cookie", &session),
-                ("content-type", "application/json"),
-                ("x-payhook-inspector", "1"),
-            ],
-            decision,
-        ))
+        .as_the_page(&session, "POST", path, Some(decision))
         .await;
     assert_eq!(
         (from_page.status, from_page.message()),

@@ -203,16 +203,12 @@ async fn an_inspector_session_opened_with_an_operators_token_is_theirs() {
 
     let id = server.postpone_validation().await;
     let decide = server
-        .send(&request(
+        .as_the_page(
+            &session,
             "POST",
             &format!("/payhook/admin/validations/{id}"),
-            &[
-                ("cookie", &session),
-                ("content-type", "application/json"),
-                ("x-payhook-inspector", "1"),
-            ],
-            Some(br#"{"success": false, "description": "refused on review"}"#),
-        ))
+            Some(r#"{"success": false, "description": "refused on review"}"#),
+        )
         .await;
     assert_eq!(decide.status, 200, "{}", decide.message());
     assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
@@ -398,19 +394,16 @@ async fn a_viewer_may_look_and_not_change() {
         html.contains(">bob (may look, not change)</span>"),
         "{html}"
     );
-    let through_the_page = |id: i64| {
-        request(
-            "POST",
-            &format!("/payhook/admin/validations/{id}"),
-            &[
-                ("cookie", &session),
-                ("content-type", "application/json"),
-                ("x-payhook-inspector", "1"),
-            ],
-            Some(br#"{"success": true}"#),
+    let approval = |id: i64| {
+        (
+            format!("/payhook/admin/validations/{id}"),
+            r#"{"success": true}"#,
         )
     };
-    let refused = server.send(&through_the_page(id)).await;
+    let (path, body) = approval(id);
+    let refused = server
+        .as_the_page(&session, "POST", &path, Some(body))
+        .await;
     assert_eq!(refused.status, 403, "{}", refused.message());
     assert_eq!(
         decided(&server, ALICE, id).await,
@@ -439,7 +432,10 @@ async fn a_viewer_may_look_and_not_change() {
     viewing.admin.viewers.clear();
     let server = TestServer::start_with(viewing).await;
     let id = server.postpone_validation().await;
-    let decided_now = server.send(&through_the_page(id)).await;
+    let (path, body) = approval(id);
+    let decided_now = server
+        .as_the_page(&session, "POST", &path, Some(body))
+        .await;
     assert_eq!(decided_now.status, 200, "{}", decided_now.message());
     assert_eq!(decided(&server, ALICE, id).await["decided_by"], "bob");
 }

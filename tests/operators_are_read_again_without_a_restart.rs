@@ -58,24 +58,16 @@ async fn listing_with_token(server: &TestServer, token: &str) -> u16 {
 /// The status of a listing asked by the inspector holding `session`.
 async fn listing_in_session(server: &TestServer, session: &str) -> u16 {
     server
-        .send(&request("GET", LISTING, &[("cookie", session)], None))
+        .as_the_page(session, "GET", LISTING, None)
         .await
         .status
 }
 
-/// The status of a decision of validation `id` asked by the inspector holding `session`.
+/// The answer to an approval of validation `id` from the inspector holding `session`.
 async fn decision_in_session(server: &TestServer, session: &str, id: i64) -> RawResponse {
+    let path = format!("/payhook/admin/validations/{id}");
     server
-        .send(&request(
-            "POST",
-            &format!("/payhook/admin/validations/{id}"),
-            &[
-                ("cookie", session),
-                ("content-type", "application/json"),
-                ("x-payhook-inspector", "1"),
-            ],
-            Some(br#"{"success": true}"#),
-        ))
+        .as_the_page(session, "POST", &path, Some(r#"{"success": true}"#))
         .await
 }
 
@@ -108,12 +100,7 @@ async fn an_operator_taken_out_is_refused_and_one_added_let_in_from_the_next_cal
     assert_eq!(listing_with_token(&server, ALICE).await, 401);
     assert_eq!(listing_in_session(&server, &alice_session).await, 401);
     let page = server
-        .send(&request(
-            "GET",
-            "/payhook/admin/inspector",
-            &[("cookie", &alice_session)],
-            None,
-        ))
+        .as_the_page(&alice_session, "GET", "/payhook/admin/inspector", None)
         .await;
     let page = String::from_utf8_lossy(&page.body);
     assert!(
@@ -197,6 +184,38 @@ async fn a_replaced_token_ends_the_old_one_and_its_sessions_and_no_other() {
     assert!(change.shared_token, "{change:?}");
     assert_eq!(listing_with_token(&server, SHARED).await, 401);
     assert_eq!(listing_with_token(&server, BOB).await, 200);
+}
+
+/// The inspector's sessions of a lone shared token are signed under a key derived from it;
+/// once operators have tokens of their own, under another (a bearer of the shared token
+/// could otherwise sign an operator's session): the first operator read in ends the shared
+/// token's sessions, and so does the last one taken out.
+#[tokio::test]
+async fn the_sessions_end_when_the_first_operator_comes_or_the_last_goes() {
+    let gateway = FakeGateway::start().await;
+    let started = config(&gateway, Some(SHARED), &[]);
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.admin_credentials().unwrap();
+    let before = server.inspector_session(SHARED).await;
+    assert_eq!(listing_in_session(&server, &before).await, 200);
+
+    let mut with_alice = running(&server, &started);
+    with_operators(&mut with_alice, Some(SHARED), &[("alice", ALICE)]);
+    assert_eq!(
+        credentials.read_again(&with_alice).unwrap().added,
+        ["alice"]
+    );
+    assert_eq!(listing_in_session(&server, &before).await, 401);
+    assert_eq!(listing_with_token(&server, SHARED).await, 200);
+    let alices = server.inspector_session(ALICE).await;
+    let shared = server.inspector_session(SHARED).await;
+    assert_eq!(listing_in_session(&server, &shared).await, 200);
+
+    let alone = running(&server, &started);
+    assert_eq!(credentials.read_again(&alone).unwrap().removed, ["alice"]);
+    assert_eq!(listing_in_session(&server, &shared).await, 401);
+    assert_eq!(listing_in_session(&server, &alices).await, 401);
+    assert_eq!(listing_with_token(&server, SHARED).await, 200);
 }
 
 #[tokio::test]
@@ -317,6 +336,7 @@ async fn settings_beyond_the_credentials_are_named_and_not_taken() {
 
 /// The example merchant reads its configuration's file again on SIGHUP: bob, added to the
 /// file, is let in and alice, taken out of it, is refused — without a restart.
+#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_merchant_reads_its_operators_again_on_sighup() {
     let dir = tempfile::tempdir().unwrap();
@@ -370,6 +390,7 @@ async fn the_example_merchant_reads_its_operators_again_on_sighup() {
     // Again: each SIGHUP reads the file (and none ends the process).
     write(&[("bob", BOB), ("carol", CAROL)]);
     signal(child.0.id(), "HUP");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
     while status(CAROL).await != 200 {
         assert!(
             tokio::time::Instant::now() < deadline,

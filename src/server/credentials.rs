@@ -28,7 +28,10 @@ use crate::logged::Logged;
 /// and so is every inspector session of it; an operator made a viewer may change nothing
 /// from their next call on, in their open sessions too. The sessions of a credential that
 /// stays go on, and so do the sessions ended by logging out and the wrong guesses counted
-/// per address.
+/// per address — unless the key sessions are signed under changes: a new
+/// `admin.session_secret`, or, without one, the first operator added where only
+/// `admin.token` was (its sessions were signed under a key derived from it, which its
+/// bearers could derive) or the last one taken out; every session ends then.
 ///
 /// ```no_run
 /// # async fn run(app: payhook::App) {
@@ -275,7 +278,21 @@ impl AdminCredentials {
                 };
                 while hangups.recv().await.is_some() {
                     tracing::info!("admin: SIGHUP received: reading the configuration again");
-                    let read = load()
+                    // Read off the runtime's threads: a file on a slow disk holds none.
+                    let loaded = tokio::task::spawn_blocking(move || {
+                        let config = load();
+                        (load, config)
+                    })
+                    .await;
+                    let Ok((back, config)) = loaded else {
+                        tracing::error!(
+                            "admin: reading the configuration again panicked: the operating \
+                             API's credentials stay as they are until a restart"
+                        );
+                        return;
+                    };
+                    load = back;
+                    let read = config
                         .map_err(CredentialsRefused::from)
                         .and_then(|config| self.read_again(&config));
                     if let Err(error) = read {

@@ -373,6 +373,28 @@ impl TestServer {
         cookie.split(';').next().unwrap().to_owned()
     }
 
+    /// A call of the operating API as the inspector's page makes it in the browser holding
+    /// `session`: the session's cookie, and for a change its JSON `body` and the header a
+    /// cross-site form cannot send.
+    #[allow(dead_code, reason = "not every test binary opens the inspector")]
+    pub async fn as_the_page(
+        &self,
+        session: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> RawResponse {
+        let mut headers = vec![("cookie", session)];
+        if method != "GET" {
+            headers.extend([
+                ("content-type", "application/json"),
+                ("x-payhook-inspector", "1"),
+            ]);
+        }
+        self.send(&request(method, path, &headers, body.map(str::as_bytes)))
+            .await
+    }
+
     /// The inspector's page, as the browser holding `session` gets it (its HTML).
     #[allow(dead_code, reason = "not every test binary opens the inspector")]
     pub async fn inspector_page(&self, session: &str) -> String {
