@@ -2259,22 +2259,7 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
         "a live instance's claim stands"
     );
     drop(one); // the instance goes away, and its connections with it
-    let mut taken = None;
-    for _ in 0..100 {
-        match other
-            .begin_callback(&Nonce::from("n-1"), TransactionStatus::Success, STALE)
-            .await
-            .unwrap()
-        {
-            CallbackBegin::Claimed { claim, attempt, .. } => {
-                taken = Some((claim, attempt));
-                break;
-            }
-            CallbackBegin::Busy => tokio::time::sleep(Duration::from_millis(20)).await,
-            CallbackBegin::Duplicate => panic!("nothing was acknowledged"),
-        }
-    }
-    let (claim, attempt) = taken.expect("the dead instance's claim was taken over");
+    let (claim, attempt) = claimed_once_free(other.as_ref(), "n-1").await;
     // The claim taken over books the callback.
     book(other.as_ref(), &Nonce::from("n-1"), claim).await;
     assert!(
@@ -2296,6 +2281,26 @@ async fn book(store: &dyn Store, nonce: &Nonce, claim: Claim) {
         .finish_callback(nonce, claim, TransactionStatus::Success, Effects::default())
         .await
         .unwrap();
+}
+
+/// The claim of (`nonce`, success) and its attempt, once the nonce is free: a connection
+/// closed with its claim (an instance gone, a claim's connection dropped open) releases it
+/// when the database sees it closed, a moment after. Panics after [`support::DEADLINE`].
+async fn claimed_once_free(store: &dyn Store, nonce: &str) -> (Claim, u32) {
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        match store
+            .begin_callback(&Nonce::from(nonce), TransactionStatus::Success, STALE)
+            .await
+            .unwrap()
+        {
+            CallbackBegin::Claimed { claim, attempt, .. } => return (claim, attempt),
+            CallbackBegin::Busy if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("{nonce} not claimed: {other:?}"),
+        }
+    }
 }
 
 /// A PostgreSQL store of `pool_size` connections that waits 300 ms for one, sweeping
@@ -2616,7 +2621,9 @@ async fn a_kept_connection_the_database_closed_is_replaced() {
 
 /// PostgreSQL only: a read of the validation cut off in the claim's transaction (the
 /// handler's timeout; here the test's, while the table is locked) leaves the claim held,
-/// so that its release counts the attempt: the next delivery is the second.
+/// so that its release counts the attempt: the next delivery is the second. The release
+/// does not wait for the statement cut off (still waiting for the lock here): it closes the
+/// claim's connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_validation_read_cut_off_leaves_the_claim_to_its_release() {
     let Some(db) = support::postgres::database("a_read_cut_off").await else {
@@ -2627,10 +2634,7 @@ async fn a_validation_read_cut_off_leaves_the_claim_to_its_release() {
         .unwrap()
         .shared();
     let nonce = Nonce::from("v-1");
-    let claimed = || store.begin_callback(&nonce, TransactionStatus::Success, STALE);
-    let CallbackBegin::Claimed { claim, attempt, .. } = claimed().await.unwrap() else {
-        panic!("not claimed");
-    };
+    let (claim, attempt) = claimed_once_free(store.as_ref(), "v-1").await;
     assert_eq!(attempt, 1);
     let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
     let read = tokio::time::timeout(
@@ -2639,11 +2643,11 @@ async fn a_validation_read_cut_off_leaves_the_claim_to_its_release() {
     )
     .await;
     assert!(read.is_err(), "the read waits for the lock: {read:?}");
-    locked.release().await;
     store.release_callback(&nonce, claim).await.unwrap();
-    let CallbackBegin::Claimed { attempt, .. } = claimed().await.unwrap() else {
-        panic!("not claimed again");
-    };
+    locked.release().await;
+    // The closed connection's transaction ends once its statement gets the lock and finds
+    // no one to answer: until then the nonce is still claimed there.
+    let (_, attempt) = claimed_once_free(store.as_ref(), "v-1").await;
     assert_eq!(attempt, 2, "the first attempt is counted");
     drop(store);
     db.drop_schema().await;
@@ -2667,10 +2671,7 @@ async fn a_validation_read_that_fails_in_the_claim_books_nothing_and_says_why() 
         .unwrap()
         .shared();
     let nonce = Nonce::from("v-1");
-    let claimed = || store.begin_callback(&nonce, TransactionStatus::Success, STALE);
-    let CallbackBegin::Claimed { claim, .. } = claimed().await.unwrap() else {
-        panic!("not claimed");
-    };
+    let (claim, _) = claimed_once_free(store.as_ref(), "v-1").await;
     let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
     let read = store.validated_payment_in_claim(&nonce, claim).await;
     assert!(matches!(read, Err(StoreError::Backend { .. })), "{read:?}");
@@ -2694,10 +2695,21 @@ async fn a_validation_read_that_fails_in_the_claim_books_nothing_and_says_why() 
             .await
             .unwrap()
     );
-    let CallbackBegin::Claimed { attempt, .. } = claimed().await.unwrap() else {
-        panic!("not claimed again");
-    };
+    // The claim ended with it.
+    let read = store.validated_payment_in_claim(&nonce, claim).await;
+    assert!(matches!(read, Err(StoreError::ClaimLost(_))), "{read:?}");
+    // Its connection was closed: the nonce is free once the database sees it.
+    let (claim, attempt) = claimed_once_free(store.as_ref(), "v-1").await;
     assert_eq!(attempt, 2, "the first attempt is counted");
+
+    // Released rather than finished: the attempt is counted all the same.
+    let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
+    let read = store.validated_payment_in_claim(&nonce, claim).await;
+    assert!(matches!(read, Err(StoreError::Backend { .. })), "{read:?}");
+    locked.release().await;
+    store.release_callback(&nonce, claim).await.unwrap();
+    let (_, attempt) = claimed_once_free(store.as_ref(), "v-1").await;
+    assert_eq!(attempt, 3, "the second attempt is counted");
     drop(store);
     db.drop_schema().await;
 }

@@ -280,18 +280,21 @@ impl AdminCredentials {
                     tracing::info!("admin: SIGHUP received: reading the configuration again");
                     // Read off the runtime's threads: a file on a slow disk holds none.
                     let loaded = tokio::task::spawn_blocking(move || {
-                        let config = load();
+                        let config =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut load));
                         (load, config)
                     })
                     .await;
-                    let Ok((back, config)) = loaded else {
+                    // Cancelled: the runtime is shutting down.
+                    let Ok((back, config)) = loaded else { return };
+                    load = back;
+                    let Ok(config) = config else {
                         tracing::error!(
                             "admin: reading the configuration again panicked: the operating \
-                             API's credentials stay as they are until a restart"
+                             API's credentials stay as they were"
                         );
-                        return;
+                        continue;
                     };
-                    load = back;
                     let read = config
                         .map_err(CredentialsRefused::from)
                         .and_then(|config| self.read_again(&config));

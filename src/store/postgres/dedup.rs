@@ -412,9 +412,10 @@ impl DedupStore for PgStore {
     /// is lent to the read and kept again after it, or once it is cut off (the handler's
     /// timeout), so that its release still counts the attempt; a read while another holds
     /// it (two at once in one handler) reads on the pool instead. A read that fails spoils
-    /// the claim's transaction (PostgreSQL refuses every statement after in it): the finish
-    /// then says so, rather than run the effects for them to fail, and the release counts the
-    /// attempt on the pool.
+    /// the claim's transaction (PostgreSQL refuses every statement after in it), and so does
+    /// one cut off (its statement may still run, and its answer would be the next one's):
+    /// the finish then says so, rather than run the effects for them to fail, and the
+    /// release closes the connection and counts the attempt on the pool.
     fn validated_payment_in_claim<'a>(
         &'a self,
         nonce: &'a Nonce,
@@ -427,10 +428,17 @@ impl DedupStore for PgStore {
                 // Finished, released or given up: the booking would not commit either.
                 Lending::Gone => return Err(StoreError::ClaimLost(nonce.to_string())),
             };
+            // Until the read is answered: a read cut off leaves its statement running, and
+            // its answer (an error, perhaps) would be the next statement's on this
+            // connection — the claim is closed rather than used again.
+            lent.spoiled = Some("its read was cut off (the handler's timeout)".to_owned());
             let read = self.validated_payment_on(&mut lent, nonce).await;
-            if let Err(error @ StoreError::Backend { .. }) = &read {
-                lent.spoiled = Some(crate::report::InLine(error).to_string());
-            }
+            lent.spoiled = match &read {
+                Err(error @ StoreError::Backend { .. }) => {
+                    Some(crate::report::InLine(error).to_string())
+                }
+                _ => None,
+            };
             read
         })
     }
