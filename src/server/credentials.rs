@@ -213,9 +213,9 @@ impl AdminCredentials {
     /// Takes the credentials of `config` — `admin.token`, `admin.operators`,
     /// `admin.viewers`, `admin.session_secret`, `admin.allow_ips` and
     /// `admin.allow_plain_http`: from the next call on, the operating API lets in whom it
-    /// names. Logged at info level with what changed
-    /// (names, never a token); a setting outside the credentials that differs from the
-    /// service's is named in a warning, and not taken.
+    /// names. Logged at info level with what changed (names, never a token); a setting
+    /// outside the credentials that differs from the service's is named in a warning, and
+    /// not taken.
     ///
     /// # Errors
     ///
