@@ -128,7 +128,9 @@
 //!   nonce; reconcile) → the Awaitable decisions of [`postponed`] → the handler runner (the
 //!   three handlers, timeouts, failures); the status code table turns every refusal into an
 //!   answer; the operating API sits beside the ingress, letting in the shared token or an
-//!   operator's own ([`server::OperatorToken`]), whose changes are kept with their name.
+//!   operator's own ([`server::OperatorToken`]), whose changes are kept with their name;
+//!   who may call is read again while the service runs ([`server::AdminCredentials`], on
+//!   SIGHUP).
 //! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
 //!   new one), its span names the trace, and the gateway client passes it on.
 //!   `telemetry` (feature `otel`) exports those spans over OTLP/HTTP.
