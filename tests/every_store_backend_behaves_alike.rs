@@ -2653,6 +2653,77 @@ async fn a_validation_read_cut_off_leaves_the_claim_to_its_release() {
     db.drop_schema().await;
 }
 
+/// PostgreSQL only: the claim's connection serves one read at a time. Two reads at once
+/// (one handler joining them) are both answered, the second on the pool; a claim finished
+/// while a read holds it (a read left running in a task of the handler's own) is not
+/// booked — the finish is told the claim is lost, and the claim is rolled back once the read
+/// is over, leaving the nonce to the next delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_serves_one_read_at_a_time_and_is_not_booked_while_lent() {
+    let Some(b) = Backend::postgres("one_read_at_a_time").await else {
+        return;
+    };
+    let (store, db) = (Arc::clone(&b.shared), b.db.clone().unwrap());
+    answer(&b, &validation("v-1", 1, "10.50"), &RecordedDecision::Allow).await;
+    let nonce = Nonce::from("v-1");
+    let (claim, _) = claimed_once_free(store.as_ref(), "v-1").await;
+    let (one, other) = tokio::join!(
+        store.validated_payment_in_claim(&nonce, claim),
+        store.validated_payment_in_claim(&nonce, claim),
+    );
+    let (one, other) = (one.unwrap().unwrap(), other.unwrap().unwrap());
+    assert_eq!(one, other);
+    assert_eq!(one.decision, ValidatedDecision::Allowed);
+    // Booked: its transaction, which read the table, no longer holds it.
+    book(store.as_ref(), &nonce, claim).await;
+
+    let nonce = Nonce::from("v-2");
+    answer(&b, &validation("v-2", 2, "1"), &RecordedDecision::Allow).await;
+    let (claim, _) = claimed_once_free(store.as_ref(), "v-2").await;
+    let locked = db.lock("validations", "ACCESS EXCLUSIVE").await;
+    let reading = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .validated_payment_in_claim(&Nonce::from("v-2"), claim)
+                .await
+        }
+    });
+    // The read holds the claim once it waits for the lock.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+         WHERE c.relname = 'validations' AND c.relnamespace = '{}'::regnamespace \
+         AND NOT l.granted",
+        db.schema
+    );
+    db.until_counted(&waiting, "the read waiting for the lock", || false)
+        .await;
+    let booked = store
+        .finish_callback(
+            &nonce,
+            claim,
+            TransactionStatus::Success,
+            Effects::default(),
+        )
+        .await;
+    assert!(
+        matches!(booked, Err(StoreError::ClaimLost(_))),
+        "{booked:?}"
+    );
+    locked.release().await;
+    assert!(reading.await.unwrap().unwrap().is_some());
+    assert!(
+        !store
+            .callback_acknowledged(&nonce, TransactionStatus::Success)
+            .await
+            .unwrap()
+    );
+    let (claim, _) = claimed_once_free(store.as_ref(), "v-2").await;
+    book(store.as_ref(), &nonce, claim).await;
+    drop(store);
+    b.finish().await;
+}
+
 /// PostgreSQL only: a read of the validation that fails in the claim's transaction (here at
 /// the statement timeout, the table locked by the test) leaves that transaction able to
 /// book nothing: the booking says so, rather than run effects that fail for it, nothing is

@@ -141,7 +141,13 @@ impl TestDb {
     #[allow(dead_code, reason = "not every test binary locks a table")]
     pub async fn lock(&self, table: &str, mode: &str) -> Locked {
         let mut conn = self.connect().await;
-        let lock = format!("BEGIN; LOCK TABLE {}.{table} IN {mode} MODE", self.schema);
+        // Waits at most the tests' deadline for the table: a test whose own transaction
+        // holds it fails rather than hangs.
+        let lock = format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}s'; LOCK TABLE {}.{table} IN {mode} MODE",
+            super::DEADLINE.as_secs(),
+            self.schema
+        );
         sqlx::raw_sql(&lock).execute(&mut conn).await.unwrap();
         Locked(conn)
     }
