@@ -415,7 +415,10 @@ impl DedupStore for PgStore {
     /// the claim's transaction (PostgreSQL refuses every statement after in it), and so does
     /// one cut off (its statement may still run, and its answer would be the next one's):
     /// the finish then says so, rather than run the effects for them to fail, and the
-    /// release closes the connection and counts the attempt on the pool.
+    /// release closes the connection and counts the attempt on the pool. Read in the
+    /// claim's transaction, `validations` (and `postponed`) stay locked in ACCESS SHARE
+    /// mode until its COMMIT, as the tables its effects write do: a migration that alters
+    /// them waits for the callbacks in flight.
     fn validated_payment_in_claim<'a>(
         &'a self,
         nonce: &'a Nonce,
