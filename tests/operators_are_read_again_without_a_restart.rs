@@ -334,6 +334,55 @@ async fn settings_beyond_the_credentials_are_named_and_not_taken() {
     );
 }
 
+/// On SIGHUP the loader is asked again: a configuration it cannot read changes nothing (the
+/// service goes on with what it had), and the next one that reads is taken.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_that_cannot_be_read_on_sighup_changes_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let gateway = FakeGateway::start().await;
+    let started = config(&gateway, None, &[("alice", ALICE)]);
+    let server = TestServer::start_with(started.clone()).await;
+    let mut next = running(&server, &started);
+    with_operators(&mut next, None, &[("alice", ALICE), ("carol", CAROL)]);
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let loader = {
+        let asked = std::sync::Arc::clone(&asked);
+        move || match asked.fetch_add(1, Ordering::SeqCst) {
+            0 => payhook::Config::from_toml("[admin\nnot toml"),
+            _ => Ok(next.clone()),
+        }
+    };
+    tokio::spawn(
+        server
+            .app
+            .admin_credentials()
+            .unwrap()
+            .read_again_on_hangup(loader),
+    );
+    let asked_once = |n: usize| {
+        let asked = std::sync::Arc::clone(&asked);
+        async move {
+            let deadline = tokio::time::Instant::now() + DEADLINE;
+            while asked.load(Ordering::SeqCst) < n {
+                assert!(tokio::time::Instant::now() < deadline, "not read again");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    signal(std::process::id(), "HUP");
+    asked_once(1).await;
+    assert_eq!(listing_with_token(&server, ALICE).await, 200);
+    assert_eq!(listing_with_token(&server, CAROL).await, 401);
+    signal(std::process::id(), "HUP");
+    asked_once(2).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while listing_with_token(&server, CAROL).await != 200 {
+        assert!(tokio::time::Instant::now() < deadline, "carol not let in");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The example merchant reads its configuration's file again on SIGHUP: bob, added to the
 /// file, is let in and alice, taken out of it, is refused — without a restart.
 #[cfg(unix)]

@@ -127,27 +127,12 @@ impl CredentialsChange {
 
     /// Whether the credentials changed at all.
     pub fn is_empty(&self) -> bool {
-        let Self {
-            added,
-            removed,
-            new_token,
-            made_viewers,
-            no_longer_viewers,
-            shared_token,
-            session_secret,
-            network,
-            need_a_restart: _,
-        } = self;
-        [added, removed, new_token, made_viewers, no_longer_viewers]
-            .iter()
-            .all(|names| names.is_empty())
-            && !(*shared_token || *session_secret || *network)
+        self.said().is_empty()
     }
-}
 
-impl fmt::Display for CredentialsChange {
-    /// `operators added: bob; taken out: alice` — or `no change`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// What changed, a part each (`operators added: bob`); the settings that take a restart
+    /// are not among them.
+    fn said(&self) -> Vec<String> {
         let mut parts = Vec::new();
         for (what, names) in [
             ("operators added", &self.added),
@@ -173,6 +158,14 @@ impl fmt::Display for CredentialsChange {
                 parts.push(what.to_owned());
             }
         }
+        parts
+    }
+}
+
+impl fmt::Display for CredentialsChange {
+    /// `operators added: bob; taken out: alice` — or `no change`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts = self.said();
         if parts.is_empty() {
             return f.write_str("no change");
         }

@@ -48,7 +48,7 @@ pub(super) struct HeldClaim {
     /// A read of the delivery's validation failed in the claim's transaction, which
     /// PostgreSQL then refuses to go on with: what failed, for the finish to say instead of
     /// running effects that would fail for it.
-    pub(super) spoiled: Option<String>,
+    pub(super) spoiled: Option<std::borrow::Cow<'static, str>>,
 }
 
 impl HeldClaim {

@@ -434,11 +434,11 @@ impl DedupStore for PgStore {
             // Until the read is answered: a read cut off leaves its statement running, and
             // its answer (an error, perhaps) would be the next statement's on this
             // connection — the claim is closed rather than used again.
-            lent.spoiled = Some("its read was cut off (the handler's timeout)".to_owned());
+            lent.spoiled = Some("its read was cut off (the handler's timeout)".into());
             let read = self.validated_payment_on(&mut lent, nonce).await;
             lent.spoiled = match &read {
                 Err(error @ StoreError::Backend { .. }) => {
-                    Some(crate::report::InLine(error).to_string())
+                    Some(crate::report::InLine(error).to_string().into())
                 }
                 _ => None,
             };
