@@ -177,11 +177,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         provider_tags,
     };
     let app = app(config, merchant, store).map_err(payhook::Error::from)?;
-    // `kill -HUP <pid>` reads the operating API's credentials again (operators added or
-    // taken out, tokens replaced) from PAYHOOK_CONFIG's file, without a restart.
-    if let Some(credentials) = app.admin_credentials() {
-        tokio::spawn(credentials.read_again_on_hangup(Config::from_env));
-    }
+    // `kill -HUP <pid>` reads the credentials again from PAYHOOK_CONFIG's file, without a
+    // restart: the aggregator's signature keys (a rotation), the operating API's operators
+    // and tokens.
+    tokio::spawn(app.credentials().read_again_on_hangup(Config::from_env));
     if let Some(resolver) = app.resolver() {
         tokio::spawn(review(resolver, review_every));
     }

@@ -1,5 +1,5 @@
 //! Who may call the operating API is read again while the service runs
-//! (`AdminCredentials::read_again`, and on SIGHUP in the example merchant): an operator
+//! (`Credentials::read_again`, and on SIGHUP in the example merchant): an operator
 //! taken out is refused from their next call on, sessions included; one added is let in; a
 //! replaced token ends the old one; a viewer named may change nothing more. What stays, stays
 //! — other operators' sessions go on. A configuration the service would not start with
@@ -77,7 +77,7 @@ async fn an_operator_taken_out_is_refused_and_one_added_let_in_from_the_next_cal
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, None, &[("alice", ALICE), ("bob", BOB)]);
     let server = TestServer::start_with(started.clone()).await;
-    let credentials = server.app.admin_credentials().unwrap();
+    let credentials = server.app.credentials();
     let alice_session = server.inspector_session(ALICE).await;
     let bob_session = server.inspector_session(BOB).await;
     assert_eq!(listing_with_token(&server, CAROL).await, 401);
@@ -125,7 +125,7 @@ async fn an_operator_taken_out_is_refused_and_one_added_let_in_from_the_next_cal
     let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
     assert!(
         text.lines().any(|l| l.contains("INFO")
-            && l.contains("admin: the operating API's credentials were read again")
+            && l.contains("credentials: read again")
             && l.contains("operators added: carol; taken out: alice; made viewers: bob")),
         "{text}"
     );
@@ -139,7 +139,7 @@ async fn a_replaced_token_ends_the_old_one_and_its_sessions_and_no_other() {
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, Some(SHARED), &[("alice", ALICE), ("bob", BOB)]);
     let server = TestServer::start_with(started.clone()).await;
-    let credentials = server.app.admin_credentials().unwrap();
+    let credentials = server.app.credentials();
     let alice_session = server.inspector_session(ALICE).await;
     let bob_session = server.inspector_session(BOB).await;
     let shared_session = server.inspector_session(SHARED).await;
@@ -195,7 +195,7 @@ async fn the_sessions_end_when_the_first_operator_comes_or_the_last_goes() {
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, Some(SHARED), &[]);
     let server = TestServer::start_with(started.clone()).await;
-    let credentials = server.app.admin_credentials().unwrap();
+    let credentials = server.app.credentials();
     let before = server.inspector_session(SHARED).await;
     assert_eq!(listing_in_session(&server, &before).await, 200);
 
@@ -223,7 +223,7 @@ async fn a_configuration_the_service_would_not_start_with_changes_nothing() {
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, None, &[("alice", ALICE)]);
     let server = TestServer::start_with(started.clone()).await;
-    let credentials = server.app.admin_credentials().unwrap();
+    let credentials = server.app.credentials();
     let alice_session = server.inspector_session(ALICE).await;
 
     let mut unknown_viewer = running(&server, &started);
@@ -289,7 +289,7 @@ async fn settings_beyond_the_credentials_are_named_and_not_taken() {
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, None, &[("alice", ALICE)]);
     let server = TestServer::start_with(started.clone()).await;
-    let credentials = server.app.admin_credentials().unwrap();
+    let credentials = server.app.credentials();
 
     let mut next = running(&server, &started);
     next.server.body_limit = started.server.body_limit / 2;
@@ -353,13 +353,7 @@ async fn a_configuration_that_cannot_be_read_on_sighup_changes_nothing() {
             _ => Ok(next.clone()),
         }
     };
-    tokio::spawn(
-        server
-            .app
-            .admin_credentials()
-            .unwrap()
-            .read_again_on_hangup(loader),
-    );
+    tokio::spawn(server.app.credentials().read_again_on_hangup(loader));
     let asked_once = |n: usize| {
         let asked = std::sync::Arc::clone(&asked);
         async move {

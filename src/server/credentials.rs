@@ -1,65 +1,90 @@
-//! Who may call the operating API, read again while the service runs
-//! ([`AdminCredentials`]): an operator added, one who left taken out, a token replaced, a
-//! viewer named — on SIGHUP ([`AdminCredentials::read_again_on_hangup`]) or when the
-//! merchant's service says ([`AdminCredentials::read_again`]), without a restart, which would
-//! cut the deliveries in flight and, without `admin.session_secret`, end every inspector
-//! session.
+//! Who may call the service, read again while it runs ([`Credentials`]): the aggregator's
+//! signature keys rotated, an operator added, one who left taken out, a token replaced, a
+//! viewer named — on SIGHUP ([`Credentials::read_again_on_hangup`]) or when the merchant's
+//! service says ([`Credentials::read_again`]), without a restart, which would cut the
+//! deliveries in flight and, without `admin.session_secret`, end every inspector session.
 //!
-//! What is read again is what [`AdminAccess`](super::admin_access::AdminAccess) reads:
-//! `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
+//! What is read again: `signature.keys` and `signature.algorithm` (the keys' default), where
+//! the service verifies signatures — every key file is read again, a file replaced under the
+//! same path being a rotation too; and what
+//! [`AdminAccess`](super::admin_access::AdminAccess) reads, where the operating API is
+//! served: `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
 //! `admin.allow_ips` and `admin.allow_plain_http`. Every other setting stays as the service
 //! started with it, and one that differs is named in a warning (it takes a restart).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::admin_access::CurrentAccess;
+use super::admin_access::{AdminAccess, CurrentAccess};
+use super::ingress::Ingress;
 use super::operators;
 use super::settings::AdminConfig;
 use crate::config::{Config, ConfigError};
 use crate::logged::Logged;
+use crate::signature::{SignatureConfig, Verifier};
 
-/// The operating API's credentials of a running [`App`](crate::App), which a configuration
-/// read again replaces: got from [`App::admin_credentials`](crate::App::admin_credentials)
-/// before the app is served. Clones share them.
+/// Who may call a running [`App`](crate::App) — the aggregator's signature keys and the
+/// operating API's credentials — which a configuration read again replaces: got from
+/// [`App::credentials`](crate::App::credentials) before the app is served. Clones share them.
 ///
-/// A call is judged by the credentials as read when it came in. Once they are replaced, a
-/// token no longer configured is refused (401) — an operator taken out, a token replaced —
-/// and so is every inspector session of it; an operator made a viewer may change nothing
-/// from their next call on, in their open sessions too. The sessions of a credential that
-/// stays go on, and so do the sessions ended by logging out and the wrong guesses counted
-/// per address — unless the key sessions are signed under changes: a new
-/// `admin.session_secret`, or, without one, the first operator added where only
-/// `admin.token` was (its sessions were signed under a key derived from it, which its
-/// bearers could derive) or the last one taken out; every session ends then.
+/// A call is judged by the credentials as read when it came in. Once they are replaced:
+///
+/// - **signature keys**: a signature is verified by the keys now listed, and nothing
+///   verified before counts as verified — a retry signed by a key taken out is refused (401)
+///   even where its very bytes were accepted before. To rotate without refusing the
+///   aggregator's retries of callbacks it signed with the old key (they carry their first
+///   signature), list the new key beside the old and take the old out once those retries are
+///   over (about 3 days with payhook's simulator; the aggregator's own schedule decides).
+/// - **operating API**: a token no longer configured is refused (401) — an operator taken
+///   out, a token replaced — and so is every inspector session of it; an operator made a
+///   viewer may change nothing from their next call on, in their open sessions too. The
+///   sessions of a credential that stays go on, and so do the sessions ended by logging out
+///   and the wrong guesses counted per address — unless the key sessions are signed under
+///   changes: a new `admin.session_secret`, or, without one, the first operator added where
+///   only `admin.token` was (its sessions were signed under a key derived from it, which its
+///   bearers could derive) or the last one taken out; every session ends then.
 ///
 /// ```no_run
 /// # async fn run(app: payhook::App) {
-/// if let Some(credentials) = app.admin_credentials() {
-///     // `kill -HUP <pid>` after editing the file named by PAYHOOK_CONFIG.
-///     tokio::spawn(credentials.read_again_on_hangup(payhook::Config::from_env));
-/// }
+/// // `kill -HUP <pid>` after editing the file named by PAYHOOK_CONFIG, or replacing a key
+/// // file it names.
+/// tokio::spawn(app.credentials().read_again_on_hangup(payhook::Config::from_env));
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct AdminCredentials {
-    current: Arc<CurrentAccess>,
+pub struct Credentials {
+    /// The operating API's access, when the API is served.
+    admin: Option<Arc<CurrentAccess>>,
+    /// Where signatures are verified (with the keys as read last), when keys are configured.
+    ingress: Arc<Ingress>,
     /// The configuration as the service runs it: started with, the credentials as read last.
     running: Arc<Mutex<Config>>,
 }
 
-impl fmt::Debug for AdminCredentials {
+impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminCredentials").finish_non_exhaustive()
+        f.debug_struct("Credentials").finish_non_exhaustive()
     }
 }
 
-/// Why a configuration read again was not taken: the credentials stay as they were.
+/// Why a configuration read again was not taken: the credentials stay as they were, the
+/// signature keys and the operating API's alike.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsRefused {
     /// The configuration is not one the service would start with.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A signature key cannot be read (its file), is no key, or does not fit its algorithm;
+    /// the error names its `signature.keys` entry.
+    #[error(transparent)]
+    SignatureKey(#[from] crate::signature::Error),
+    /// It lists no signature key where the service verifies signatures: callbacks would no
+    /// longer be verified, which takes a restart (and `callback.allow_unsigned`).
+    #[error(
+        "signature: no signature.keys: callbacks would go unverified, which takes a restart; \
+         to rotate keys, list the new one beside the old, then take the old one out"
+    )]
+    WouldStopVerifying,
     /// It sets no token, shared or an operator's: that would turn the operating API off,
     /// which takes a restart (its routes are served or not from the start).
     #[error(
@@ -74,6 +99,10 @@ pub enum CredentialsRefused {
 /// and the settings it changed that take a restart.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CredentialsChange {
+    /// The signature keys now verifying, each by its id (`#2 without an id` otherwise), when
+    /// they changed — a key added, taken out, replaced in its file, or given another
+    /// algorithm; `None` when they did not (or signatures are not verified).
+    pub signature_keys: Option<Vec<String>>,
     /// Operators who have a token now and had none.
     pub added: Vec<String>,
     /// Operators who had a token and have none now: their calls and sessions are refused.
@@ -96,9 +125,31 @@ pub struct CredentialsChange {
     pub need_a_restart: Vec<&'static str>,
 }
 
+/// What a configuration read again is taken for: what the running app reads again.
+struct Taken<'a> {
+    /// The operating API is served: its credentials are read again.
+    admin: bool,
+    /// The verifier of the keys read again, when they changed.
+    keys: Option<&'a Verifier>,
+    /// Signatures are verified: the keys are read again.
+    verifies: bool,
+}
+
 impl CredentialsChange {
-    fn between(before: &Config, after: &Config) -> Self {
-        let (was, is) = (&before.admin, &after.admin);
+    fn between(before: &Config, after: &Config, taken: &Taken<'_>) -> Self {
+        let mut change = Self {
+            signature_keys: taken.keys.map(key_names),
+            need_a_restart: need_a_restart(before, after, taken),
+            ..Self::default()
+        };
+        if taken.admin {
+            change.admin_between(&before.admin, &after.admin);
+        }
+        change
+    }
+
+    /// The operating API's credentials that changed from `was` to `is`.
+    fn admin_between(&mut self, was: &AdminConfig, is: &AdminConfig) {
         let names = |config: &AdminConfig, pick: &dyn Fn(&str) -> bool| -> Vec<String> {
             config
                 .operators
@@ -108,21 +159,18 @@ impl CredentialsChange {
                 .collect()
         };
         let viewer = |config: &AdminConfig, name: &str| config.viewers.iter().any(|v| v == name);
-        Self {
-            added: names(is, &|name| !was.operators.contains_key(name)),
-            removed: names(was, &|name| !is.operators.contains_key(name)),
-            new_token: names(is, &|name| {
-                was.operators
-                    .get(name)
-                    .is_some_and(|entry| !operators::same_digest(entry, &is.operators[name]))
-            }),
-            made_viewers: names(is, &|name| viewer(is, name) && !viewer(was, name)),
-            no_longer_viewers: names(is, &|name| !viewer(is, name) && viewer(was, name)),
-            shared_token: was.token != is.token,
-            session_secret: was.session_secret != is.session_secret,
-            network: was.allow_ips != is.allow_ips || was.allow_plain_http != is.allow_plain_http,
-            need_a_restart: need_a_restart(before, after),
-        }
+        self.added = names(is, &|name| !was.operators.contains_key(name));
+        self.removed = names(was, &|name| !is.operators.contains_key(name));
+        self.new_token = names(is, &|name| {
+            was.operators
+                .get(name)
+                .is_some_and(|entry| !operators::same_digest(entry, &is.operators[name]))
+        });
+        self.made_viewers = names(is, &|name| viewer(is, name) && !viewer(was, name));
+        self.no_longer_viewers = names(is, &|name| !viewer(is, name) && viewer(was, name));
+        self.shared_token = was.token != is.token;
+        self.session_secret = was.session_secret != is.session_secret;
+        self.network = was.allow_ips != is.allow_ips || was.allow_plain_http != is.allow_plain_http;
     }
 
     /// Whether the credentials changed at all.
@@ -134,14 +182,16 @@ impl CredentialsChange {
     /// are not among them.
     fn said(&self) -> Vec<String> {
         let mut parts = Vec::new();
+        let keys = self.signature_keys.as_ref();
         for (what, names) in [
-            ("operators added", &self.added),
-            ("taken out", &self.removed),
-            ("with a new token", &self.new_token),
-            ("made viewers", &self.made_viewers),
-            ("no longer viewers", &self.no_longer_viewers),
+            ("signature keys now", keys),
+            ("operators added", Some(&self.added)),
+            ("taken out", Some(&self.removed)),
+            ("with a new token", Some(&self.new_token)),
+            ("made viewers", Some(&self.made_viewers)),
+            ("no longer viewers", Some(&self.no_longer_viewers)),
         ] {
-            if !names.is_empty() {
+            if let Some(names) = names.filter(|names| !names.is_empty()) {
                 let names: Vec<String> = names.iter().map(|n| Logged(n).to_string()).collect();
                 parts.push(format!("{what}: {}", names.join(", ")));
             }
@@ -163,7 +213,8 @@ impl CredentialsChange {
 }
 
 impl fmt::Display for CredentialsChange {
-    /// `operators added: bob; taken out: alice` — or `no change`.
+    /// `signature keys now: k2, k1; operators added: bob; taken out: alice` — or
+    /// `no change`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts = self.said();
         if parts.is_empty() {
@@ -173,82 +224,167 @@ impl fmt::Display for CredentialsChange {
     }
 }
 
-/// The settings of `after` outside the credentials that differ from `before`'s.
-fn need_a_restart(before: &Config, after: &Config) -> Vec<&'static str> {
-    let differs = [
+/// The keys of `verifier`, each by its id, `#n without an id` otherwise.
+fn key_names(verifier: &Verifier) -> Vec<String> {
+    verifier
+        .keys()
+        .enumerate()
+        .map(|(index, (key, _))| match key.id() {
+            Some(id) => id.to_owned(),
+            None => format!("#{} without an id", index + 1),
+        })
+        .collect()
+}
+
+/// The settings of `after` that differ from `before`'s and are not `taken`.
+fn need_a_restart(before: &Config, after: &Config, taken: &Taken<'_>) -> Vec<&'static str> {
+    let (was, is) = (&before.signature, &after.signature);
+    let signature: &[(&'static str, bool)] = if taken.verifies {
+        &[
+            ("signature.header", was.header != is.header),
+            ("signature.encoding", was.encoding != is.encoding),
+            ("signature.prefix", was.prefix != is.prefix),
+        ]
+    } else {
+        &[("signature", was != is)]
+    };
+    let admin: &[(&'static str, bool)] = if taken.admin {
+        &[(
+            "admin.inspector_recent",
+            before.admin.inspector_recent != after.admin.inspector_recent,
+        )]
+    } else {
+        &[("admin", before.admin != after.admin)]
+    };
+    let others = [
         ("server", before.server != after.server),
         ("paths", before.paths != after.paths),
         ("callback", before.callback != after.callback),
-        ("signature", before.signature != after.signature),
         ("auth", before.auth != after.auth),
         ("store", before.store != after.store),
         ("gateway", before.gateway != after.gateway),
         ("validation", before.validation != after.validation),
-        (
-            "admin.inspector_recent",
-            before.admin.inspector_recent != after.admin.inspector_recent,
-        ),
     ];
-    differs
-        .into_iter()
-        .filter_map(|(what, differs)| differs.then_some(what))
+    others
+        .iter()
+        .chain(signature)
+        .chain(admin)
+        .filter_map(|(what, differs)| differs.then_some(*what))
         .collect()
 }
 
-impl AdminCredentials {
-    pub(super) fn new(current: Arc<CurrentAccess>, running: &Config) -> Self {
+impl Credentials {
+    pub(super) fn new(
+        admin: Option<Arc<CurrentAccess>>,
+        ingress: Arc<Ingress>,
+        running: Config,
+    ) -> Self {
         Self {
-            current,
-            running: Arc::new(Mutex::new(running.clone())),
+            admin,
+            ingress,
+            running: Arc::new(Mutex::new(running)),
         }
     }
 
-    /// Takes the credentials of `config` — `admin.token`, `admin.operators`,
-    /// `admin.viewers`, `admin.session_secret`, `admin.allow_ips` and
-    /// `admin.allow_plain_http`: from the next call on, the operating API lets in whom it
-    /// names. Logged at info level with what changed (names, never a token); a setting
-    /// outside the credentials that differs from the service's is named in a warning, and
-    /// not taken.
+    /// Takes the credentials of `config`: from the next call on, signatures are verified by
+    /// `signature.keys` (read again, files included, with `signature.algorithm`) where the
+    /// service verifies signatures, and the operating API lets in whom `admin.token`,
+    /// `admin.operators`, `admin.viewers`, `admin.session_secret`, `admin.allow_ips` and
+    /// `admin.allow_plain_http` name where it is served. Logged at info level with what
+    /// changed (key ids and names, never a token); a setting besides those that differs from
+    /// the service's is named in a warning, and not taken. Reads the key files: a short
+    /// blocking call.
     ///
     /// # Errors
     ///
     /// [`CredentialsRefused`] when `config` is not one the service would start with (it is
-    /// checked as at start), or would turn the API off: the credentials stay as they were.
+    /// checked as at start, every key read), would stop verifying signatures or would turn
+    /// the operating API off: nothing is taken then, keys and tokens stay as they were.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        let access = self
-            .current
-            .now()
-            .read_again(&config.admin)
-            .ok_or(CredentialsRefused::WouldTurnOff)?;
-        access.warn_of_channel(&running.server.trusted_proxies);
-        let change = CredentialsChange::between(&running, config);
-        self.current.replace(access);
-        running.admin = AdminConfig {
-            inspector_recent: running.admin.inspector_recent,
-            ..config.admin.clone()
+        // Everything is checked before anything is taken.
+        let keys = self.keys_read_again(&running.signature, &config.signature)?;
+        let access = self.admin_read_again(&config.admin)?;
+        let taken = Taken {
+            admin: access.is_some(),
+            keys: keys.as_ref(),
+            verifies: self.ingress.verifies_signatures(),
         };
+        let change = CredentialsChange::between(&running, config, &taken);
+        if let Some(keys) = keys {
+            // Signatures verified only when keys were configured at start.
+            if self.ingress.replace_verifier(keys).is_ok() {
+                running.signature.keys = config.signature.keys.clone();
+                running.signature.algorithm = config.signature.algorithm;
+            }
+        }
+        if let (Some(access), Some(current)) = (access, &self.admin) {
+            access.warn_of_channel(&running.server.trusted_proxies);
+            current.replace(access);
+            running.admin = AdminConfig {
+                inspector_recent: running.admin.inspector_recent,
+                ..config.admin.clone()
+            };
+        }
         drop(running);
-        tracing::info!(%change, "admin: the operating API's credentials were read again");
+        tracing::info!(%change, "credentials: read again");
         if !change.need_a_restart.is_empty() {
             tracing::warn!(
                 differ = %change.need_a_restart.join(", "),
-                "admin: settings besides the operating API's credentials differ from those \
-                 the service runs with; they are not taken until it restarts"
+                "credentials: settings besides the credentials differ from those the service \
+                 runs with; they are not taken until it restarts"
             );
         }
         Ok(change)
+    }
+
+    /// The verifier of `config`'s keys under the running signature settings (`running`:
+    /// header, encoding, prefix), when signatures are verified and the keys changed.
+    fn keys_read_again(
+        &self,
+        running: &SignatureConfig,
+        config: &SignatureConfig,
+    ) -> Result<Option<Verifier>, CredentialsRefused> {
+        let Some(current) = self.ingress.verifier() else {
+            return Ok(None);
+        };
+        if config.keys.is_empty() {
+            return Err(CredentialsRefused::WouldStopVerifying);
+        }
+        let verifier = Verifier::from_config(&SignatureConfig {
+            keys: config.keys.clone(),
+            algorithm: config.algorithm,
+            ..running.clone()
+        })?;
+        let same = verifier.keys().eq(current.verifier.keys());
+        Ok((!same).then_some(verifier))
+    }
+
+    /// The operating API's access as `config` says, when the API is served.
+    fn admin_read_again(
+        &self,
+        config: &AdminConfig,
+    ) -> Result<Option<AdminAccess>, CredentialsRefused> {
+        let Some(current) = &self.admin else {
+            return Ok(None);
+        };
+        current
+            .now()
+            .read_again(config)
+            .map(Some)
+            .ok_or(CredentialsRefused::WouldTurnOff)
     }
 
     /// Reads the credentials again from `load` (say, [`Config::from_env`]) each time the
     /// process gets SIGHUP, for as long as it runs: spawn the future it returns. SIGHUP is
     /// listened for from this call on, within the Tokio runtime — call it before the service
     /// says it is ready: until then SIGHUP ends the process, as it does any that does not
-    /// listen for it. A configuration that cannot be read or is refused is logged at error
-    /// level, and the credentials stay as they were. Where SIGHUP cannot be listened for
-    /// (not Unix), says so, and the future waits for ever.
+    /// listen for it. The configuration and the key files are read off the runtime's
+    /// threads. One that cannot be read or is refused is logged at error level, and the
+    /// credentials stay as they were. Where SIGHUP cannot be listened for (not Unix), says
+    /// so, and the future waits for ever.
     ///
     /// # Panics
     ///
@@ -265,38 +401,36 @@ impl AdminCredentials {
                 let mut hangups = match hangups {
                     Ok(hangups) => hangups,
                     Err(error) => {
-                        tracing::error!(%error, "admin: cannot listen for SIGHUP: the operating API's credentials are read at start only");
+                        tracing::error!(%error, "credentials: cannot listen for SIGHUP: the signature keys and the operating API's credentials are read at start only");
                         return std::future::pending().await;
                     }
                 };
                 while hangups.recv().await.is_some() {
-                    tracing::info!("admin: SIGHUP received: reading the configuration again");
-                    // Read off the runtime's threads: a file on a slow disk holds none.
-                    let loaded = tokio::task::spawn_blocking(move || {
-                        let config =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut load));
-                        (load, config)
+                    tracing::info!("credentials: SIGHUP received: reading the configuration again");
+                    let credentials = self.clone();
+                    // Off the runtime's threads: a file on a slow disk holds none.
+                    let read = tokio::task::spawn_blocking(move || {
+                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            load().map_err(CredentialsRefused::from)
+                        }))
+                        .map(|config| config.and_then(|config| credentials.read_again(&config)));
+                        (load, read)
                     })
                     .await;
                     // Cancelled: the runtime is shutting down.
-                    let Ok((back, config)) = loaded else { return };
+                    let Ok((back, read)) = read else { return };
                     load = back;
-                    let Ok(config) = config else {
-                        tracing::error!(
-                            "admin: reading the configuration again panicked: the operating \
-                             API's credentials stay as they were"
-                        );
-                        continue;
-                    };
-                    let read = config
-                        .map_err(CredentialsRefused::from)
-                        .and_then(|config| self.read_again(&config));
-                    if let Err(error) = read {
-                        tracing::error!(
+                    match read {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => tracing::error!(
                             error = %crate::report::InLine(&error),
-                            "admin: the configuration read again was not taken: the operating \
-                             API's credentials stay as they were"
-                        );
+                            "credentials: the configuration read again was not taken: the \
+                             signature keys and the operating API's credentials stay as they were"
+                        ),
+                        Err(_) => tracing::error!(
+                            "credentials: reading the configuration again panicked: the \
+                             signature keys and the operating API's credentials stay as they were"
+                        ),
                     }
                 }
             }
@@ -304,8 +438,9 @@ impl AdminCredentials {
             {
                 let _ = (&mut load, &self);
                 tracing::warn!(
-                    "admin: no SIGHUP on this system: the operating API's credentials are read \
-                     at start only (or by AdminCredentials::read_again)"
+                    "credentials: no SIGHUP on this system: the signature keys and the \
+                     operating API's credentials are read at start only (or by \
+                     Credentials::read_again)"
                 );
                 std::future::pending().await
             }

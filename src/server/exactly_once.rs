@@ -32,7 +32,7 @@ use crate::model::Nonce;
 use crate::model::timestamp::now_ms;
 use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
 use crate::postponed::{Awaitable, Decided, Undecided};
-use crate::signature::{Digest, VerifiedCache};
+use crate::signature::SignedPair;
 use crate::store::{
     CallbackBegin, CallbackFailure, Claim, Effects, Fingerprint, RecordedDecision, Store,
     StoreError, Subject, ValidationBegin,
@@ -190,8 +190,6 @@ struct Records {
     /// The Awaitable decisions, when the validation endpoint is Awaitable.
     awaitable: Option<Arc<Awaitable>>,
     metrics: Arc<Metrics>,
-    /// Signed (signature, body) pairs, marked here when their callback is booked.
-    signed_pairs: Arc<VerifiedCache>,
     /// [`STALE_MARGIN`]; shorter in tests.
     stale_margin: Duration,
 }
@@ -202,7 +200,6 @@ impl ExactlyOnce {
         runner: Runner,
         awaitable: Option<Arc<Awaitable>>,
         metrics: Arc<Metrics>,
-        signed_pairs: Arc<VerifiedCache>,
     ) -> Self {
         Self {
             inner: Arc::new(Records {
@@ -211,7 +208,6 @@ impl ExactlyOnce {
                 runner,
                 awaitable,
                 metrics,
-                signed_pairs,
                 stale_margin: STALE_MARGIN,
             }),
         }
@@ -305,8 +301,8 @@ impl ExactlyOnce {
         }
     }
 
-    /// A callback delivery with deduplication. `pair` is the tag of its verified (signature,
-    /// body) pair, when pairs are remembered.
+    /// A callback delivery with deduplication. `pair` is its verified (signature, body) pair,
+    /// when pairs are remembered.
     ///
     /// On a store that allows it ([`Store::process_may_remember_bookings`]: sled, not a
     /// shared database), retries of bytes this process booked are answered as duplicates
@@ -317,7 +313,7 @@ impl ExactlyOnce {
         &self,
         callback: CallbackBody,
         request: RequestContext,
-        pair: Option<Digest>,
+        pair: Option<SignedPair>,
     ) -> Answer {
         let delivered = match pair {
             Some(pair) if self.booked_here(&pair) => self.duplicate(callback.transaction_status),
@@ -325,7 +321,7 @@ impl ExactlyOnce {
                 // Before the booking: its record's retention counts from its commit, later.
                 let started_ms = now_ms();
                 let delivered = self.deliver(callback, request).await?;
-                if let (Some(pair), Delivered::Booked | Delivered::Held(_)) = (pair, &delivered) {
+                if let (Some(pair), Delivered::Booked | Delivered::Held(_)) = (&pair, &delivered) {
                     self.mark_booked(pair, started_ms);
                 }
                 delivered
@@ -504,17 +500,15 @@ impl ExactlyOnce {
 
     /// `true` when this process booked `pair`'s callback and its record is still kept, on a
     /// store that lets it remember and has not failed.
-    fn booked_here(&self, pair: &Digest) -> bool {
+    fn booked_here(&self, pair: &SignedPair) -> bool {
         self.inner.store.as_ref().is_some_and(|store| {
-            store.process_may_remember_bookings()
-                && !store.failed()
-                && self.inner.signed_pairs.booked(pair, now_ms())
+            store.process_may_remember_bookings() && !store.failed() && pair.booked(now_ms())
         })
     }
 
     /// Marks `pair` booked for the store's retention from `started_ms`, on a store that lets
     /// this process remember.
-    fn mark_booked(&self, pair: Digest, started_ms: u64) {
+    fn mark_booked(&self, pair: &SignedPair, started_ms: u64) {
         if let Some(store) = self
             .inner
             .store
@@ -522,9 +516,7 @@ impl ExactlyOnce {
             .filter(|store| store.process_may_remember_bookings())
         {
             let retention_ms = u64::try_from(store.retention().as_millis()).unwrap_or(u64::MAX);
-            self.inner
-                .signed_pairs
-                .mark_booked(pair, started_ms.saturating_add(retention_ms));
+            pair.mark_booked(started_ms.saturating_add(retention_ms));
         }
     }
 
@@ -1186,7 +1178,6 @@ mod tests {
                 runner,
                 awaitable: None,
                 metrics: Arc::default(),
-                signed_pairs: Arc::default(),
                 stale_margin,
             }),
         }

@@ -11,7 +11,7 @@ use http_body::Body;
 use serde::de::DeserializeOwned;
 use std::{
     net::SocketAddr,
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, PoisonError, RwLock, atomic::Ordering},
 };
 
 use super::connection;
@@ -26,19 +26,19 @@ use crate::inspector::kept_identifier;
 use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
-use crate::signature::{Digest, VerifiedCache, Verifier};
+use crate::signature::{SignedPair, VerifiedCache, Verifier};
 use tracing::field;
 
 /// The checks before the handlers, with what they need. Built once by the app's builder.
 pub(super) struct Ingress {
     /// `[server]`: body limits, timeouts and rates, identifier bounds.
     limits: ServerConfig,
-    /// Verifies callback signatures (and validation signatures where configured); `None`
-    /// when no key is configured.
-    verifier: Option<Verifier>,
-    /// (signature, body) pairs that verified, so that retries skip the public-key operation
-    /// (shared with the deliveries, which mark the pairs they booked).
-    verified: Arc<VerifiedCache>,
+    /// Verifies callback signatures (and validation signatures where configured), with the
+    /// keys as read last; `None` when no key is configured.
+    verifying: Option<RwLock<Arc<Verifying>>>,
+    /// The header signatures are read from, when they are verified (the same for the life
+    /// of the app).
+    signature_header: Option<http::HeaderName>,
     providers_guard: Guard,
     validation_guard: Guard,
     /// Proxies whose `X-Forwarded-For` is believed.
@@ -55,7 +55,6 @@ impl Ingress {
         (providers_guard, validation_guard): (Guard, Guard),
         trusted_proxies: Vec<Cidr>,
         metrics: Arc<Metrics>,
-        verified: Arc<VerifiedCache>,
         retry_after: std::time::Duration,
     ) -> Self {
         Self {
@@ -66,8 +65,8 @@ impl Ingress {
                 retry_after,
             ),
             limits,
-            verifier,
-            verified,
+            signature_header: verifier.as_ref().map(|v| v.header().clone()),
+            verifying: verifier.map(|verifier| RwLock::new(Arc::new(Verifying::new(verifier)))),
             providers_guard,
             validation_guard,
             trusted_proxies,
@@ -82,7 +81,7 @@ impl Ingress {
 
     /// The header signatures are read from, when they are verified.
     pub(super) fn signature_header(&self) -> Option<&http::HeaderName> {
-        self.verifier.as_ref().map(Verifier::header)
+        self.signature_header.as_ref()
     }
 
     /// The header `endpoint`'s signatures are read from, when it verifies them: on an
@@ -106,7 +105,28 @@ impl Ingress {
 
     /// `true` when signatures are verified (keys are configured).
     pub(super) fn verifies_signatures(&self) -> bool {
-        self.verifier.is_some()
+        self.verifying.is_some()
+    }
+
+    /// The verifier as read last; `None` when no key is configured.
+    pub(super) fn verifier(&self) -> Option<Arc<Verifying>> {
+        let current = self.verifying.as_ref()?;
+        Some(Arc::clone(
+            &current.read().unwrap_or_else(PoisonError::into_inner),
+        ))
+    }
+
+    /// From now on, `verifier` verifies signatures, and nothing verified before is taken for
+    /// verified again: a pair verified under a key taken out is refused on its next
+    /// delivery. Calls that passed their check go on. Returns `verifier` back when the app
+    /// verifies no signature (whether it does is set when it is built).
+    pub(super) fn replace_verifier(&self, verifier: Verifier) -> Result<(), Verifier> {
+        let Some(current) = &self.verifying else {
+            return Err(verifier);
+        };
+        *current.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Verifying::new(verifier));
+        Ok(())
     }
 
     /// The client's address of `request` (see [`Ingress::client_of`]).
@@ -290,53 +310,76 @@ impl Ingress {
                 .map_err(|error| refused(&error, guard.is_basic()))?;
         }
         let wants_signature = guard.is_none_or(Guard::needs_signature);
-        match (&self.verifier, wants_signature) {
-            (Some(verifier), true) => verifier.read_signature(headers).map(Some).map_err(|error| {
-                self.metrics.refused_signature(&error);
-                unauthorized(error)
-            }),
+        match (self.verifier(), wants_signature) {
+            (Some(verifying), true) => verifying
+                .verifier
+                .read_signature(headers)
+                .map(Some)
+                .map_err(|error| {
+                    self.metrics.refused_signature(&error);
+                    unauthorized(error)
+                }),
             // Only callbacks want a signature without a verifier: the build step allowed it
             // because `callback.allow_unsigned` is set; `callback` logs each one.
             (None, true) | (_, false) => Ok(None),
         }
     }
 
-    /// Verifies `signature` over `body`, unless the pair verified before. Returns the pair's
-    /// tag when pairs are remembered (see [`VerifiedCache`]), for the delivery to look up and
-    /// mark.
+    /// Verifies `signature` over `body`, unless the pair verified before under the keys as
+    /// read last. Returns the pair when pairs are remembered (see [`VerifiedCache`]), for the
+    /// delivery to look up and mark.
     pub(super) fn check_signature(
         &self,
         body: &[u8],
         signature: &[u8],
-    ) -> Result<Option<Digest>, Problem> {
-        let Some(verifier) = &self.verifier else {
+    ) -> Result<Option<SignedPair>, Problem> {
+        let Some(verifying) = self.verifier() else {
             return Ok(None);
         };
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
-        let digest = self.verified.digest(signature, body);
-        if digest.is_some_and(|digest| self.verified.contains(&digest)) {
+        let verified = &verifying.verified;
+        let pair = SignedPair::of(verified, signature, body);
+        if pair.as_ref().is_some_and(SignedPair::verified_before) {
             tracing::debug!("signature verified before (a retry)");
             note::with(|n| n.signature = Some(SignatureNote::VerifiedBefore));
             metrics.signatures_reused.fetch_add(1, Ordering::Relaxed);
-            return Ok(digest);
+            return Ok(pair);
         }
-        match verifier.check(body, signature) {
+        match verifying.verifier.check(body, signature) {
             Ok(key_id) => {
                 tracing::info!(key_id = key_id.unwrap_or("-"), "signature verified");
                 note::kept(|n| {
                     n.signature = Some(SignatureNote::Verified(key_id.map(str::to_owned)));
                 });
                 metrics.signatures_verified.fetch_add(1, Ordering::Relaxed);
-                if let Some(digest) = digest {
-                    self.verified.insert(digest);
+                if let Some(pair) = &pair {
+                    pair.remember_verified();
                 }
-                Ok(digest)
+                Ok(pair)
             }
             Err(error) => {
                 metrics.refused_signature(&error);
                 Err(unauthorized(error))
             }
+        }
+    }
+}
+
+/// A verifier with the (signature, body) pairs it verified, so that retries skip the
+/// public-key operation (shared with the deliveries, which mark the pairs they booked).
+/// Replaced whole when the keys are read again: a pair verified under a key taken out is not
+/// verified under the keys that stay.
+pub(super) struct Verifying {
+    pub(super) verifier: Verifier,
+    verified: Arc<VerifiedCache>,
+}
+
+impl Verifying {
+    fn new(verifier: Verifier) -> Self {
+        Self {
+            verifier,
+            verified: Arc::default(),
         }
     }
 }

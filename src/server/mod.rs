@@ -31,7 +31,8 @@
 //!           └─▶ AdminAccess (admin_access.rs: who may call, the inspector's sessions;
 //!                            operators.rs: operators' own tokens and viewers;
 //!                            guesses.rs: wrong tokens counted per address;
-//!                            credentials.rs: read again while the service runs, on SIGHUP)
+//!                            credentials.rs: read again while the service runs, on SIGHUP,
+//!                            with the Ingress's signature keys)
 //! ```
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
@@ -250,7 +251,7 @@ pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
 pub(crate) use reconcile::{bookable, untellable};
 
-pub use credentials::{AdminCredentials, CredentialsChange, CredentialsRefused};
+pub use credentials::{Credentials, CredentialsChange, CredentialsRefused};
 pub use openapi::{OPENAPI, openapi};
 pub use operators::{InvalidOperatorName, OperatorToken};
 pub use request::PeerAddr;
@@ -319,8 +320,9 @@ struct Inner {
     metrics_allow: Vec<crate::auth::Cidr>,
     /// The operating API; `None` when it is off.
     operating_api: Option<operating_api::OperatingApi>,
-    /// Who may call it, read again while the app runs; `None` when it is off.
-    credentials: Option<credentials::AdminCredentials>,
+    /// Who may call: the signature keys and the operating API's credentials, read again
+    /// while the app runs.
+    credentials: Credentials,
     /// The recent deliveries; `None` when the operating API or recording is off.
     inspector: Option<Arc<Inspector>>,
     /// The aggregator's client (its calls are measured for `/metrics`); `None` without a
@@ -427,10 +429,10 @@ impl App {
         }
     }
 
-    /// Who may call the operating API, to read again while the app runs — an operator
-    /// added or taken out without a restart (see [`AdminCredentials`]); `None` when the API
-    /// is off. Take it before [`serve`] takes the app.
-    pub fn admin_credentials(&self) -> Option<AdminCredentials> {
+    /// Who may call the app — the aggregator's signature keys, the operating API's
+    /// credentials — to read again while it runs: a key rotated, an operator added or taken
+    /// out, without a restart (see [`Credentials`]). Take it before [`serve`] takes the app.
+    pub fn credentials(&self) -> Credentials {
         self.inner.credentials.clone()
     }
 
@@ -758,13 +760,12 @@ impl App {
         self.inner.exactly_once.validate_once(request, ctx).await
     }
 
-    /// A callback; `pair` is the tag of its verified (signature, body) pair, when pairs are
-    /// remembered.
+    /// A callback; `pair` is its verified (signature, body) pair, when pairs are remembered.
     async fn callback(
         &self,
         bytes: &[u8],
         ctx: RequestContext,
-        pair: Option<crate::signature::Digest>,
+        pair: Option<crate::signature::SignedPair>,
     ) -> Result<Response<ResponseBody>, Problem> {
         if !self.inner.runner.serves(Endpoint::Callback) {
             return Err(Problem::NotFound);
@@ -973,9 +974,6 @@ impl AppBuilder {
             admin.warn_of_channel(&self.config.server.trusted_proxies);
         }
         let admin = admin.map(|access| Arc::new(admin_access::CurrentAccess::new(access)));
-        let credentials = admin
-            .as_ref()
-            .map(|current| credentials::AdminCredentials::new(Arc::clone(current), &self.config));
         let mut router = Router::new(&self.config.paths, served);
         if admin.is_some() {
             router = router.with_admin();
@@ -1050,26 +1048,26 @@ impl AppBuilder {
             None
         };
         let metrics: Arc<metrics::Metrics> = Arc::default();
-        let signed_pairs = Arc::new(crate::signature::VerifiedCache::default());
         let exactly_once = exactly_once::ExactlyOnce::new(
             store,
             runner.clone(),
             awaitable.clone(),
             Arc::clone(&metrics),
-            Arc::clone(&signed_pairs),
         );
         let networks = |list: &[String]| list.iter().filter_map(|t| t.parse().ok()).collect();
         let metrics_allow = networks(&self.config.server.metrics_allow_ips);
         let trusted_proxies = networks(&self.config.server.trusted_proxies);
+        // As the service runs it, for the credentials read again to be compared with.
+        let running = self.config.clone();
         let ingress = Arc::new(ingress::Ingress::new(
             self.config.server,
             verifier,
             (providers_guard, validation_guard),
             trusted_proxies,
             Arc::clone(&metrics),
-            signed_pairs,
             self.config.callback.retry_after,
         ));
+        let credentials = Credentials::new(admin.clone(), Arc::clone(&ingress), running);
         let inspector = admin
             .as_ref()
             .and_then(|_| Inspector::new(self.config.admin.inspector_recent))

@@ -41,14 +41,55 @@
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 use std::collections::{HashMap, VecDeque, hash_map::Entry};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Pairs remembered; the oldest is forgotten first. The map's 32k buckets of 24 bytes and
 /// the order's 32k slots of 16: about 1.3 MiB.
 const CAPACITY: usize = 16 * 1024;
 
 /// The tag of a (signature, body) pair: see the module docs.
-pub(crate) type Digest = [u8; 16];
+type Digest = [u8; 16];
+
+/// A request's (signature, body) pair, by its tag in the cache of the keys that verify it:
+/// what it is told and marks stays in that cache, and a cache replaced with its keys
+/// (`signature.keys` read again) knows nothing of it.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedPair {
+    digest: Digest,
+    cache: Arc<VerifiedCache>,
+}
+
+impl SignedPair {
+    /// The pair `signature` over `body` in `cache`; `None` when the cache remembers nothing.
+    pub(crate) fn of(cache: &Arc<VerifiedCache>, signature: &[u8], body: &[u8]) -> Option<Self> {
+        Some(Self {
+            digest: cache.digest(signature, body)?,
+            cache: Arc::clone(cache),
+        })
+    }
+
+    /// `true` when the pair verified before.
+    pub(crate) fn verified_before(&self) -> bool {
+        self.cache.contains(&self.digest)
+    }
+
+    /// Remembers that the pair verified.
+    pub(crate) fn remember_verified(&self) {
+        self.cache.insert(self.digest);
+    }
+
+    /// `true` when this process booked the pair's callback and the booking's record is kept
+    /// beyond `now_ms`.
+    pub(crate) fn booked(&self, now_ms: u64) -> bool {
+        self.cache.booked(&self.digest, now_ms)
+    }
+
+    /// Marks the pair booked until `until_ms`: its callback's (nonce, status) is durably
+    /// booked, and its record kept at least until then.
+    pub(crate) fn mark_booked(&self, until_ms: u64) {
+        self.cache.mark_booked(self.digest, until_ms);
+    }
+}
 
 /// A bounded map of the tags of (signature, body) pairs that verified, each with the time
 /// until which it is known booked.
@@ -99,7 +140,7 @@ impl Default for VerifiedCache {
 
 impl VerifiedCache {
     /// The tag of a (signature, body) pair; `None` when nothing can be remembered.
-    pub(crate) fn digest(&self, signature: &[u8], body: &[u8]) -> Option<Digest> {
+    fn digest(&self, signature: &[u8], body: &[u8]) -> Option<Digest> {
         let key = self.key.as_ref()?;
         // One buffer: the signature's length makes the boundary part of the input.
         let mut input = Vec::with_capacity(8 + signature.len() + body.len());
@@ -115,18 +156,18 @@ impl VerifiedCache {
     }
 
     /// `true` when the pair verified before.
-    pub(crate) fn contains(&self, digest: &Digest) -> bool {
+    fn contains(&self, digest: &Digest) -> bool {
         self.lock().booked_until_ms.contains_key(digest)
     }
 
     /// Remembers a pair that verified.
-    pub(crate) fn insert(&self, digest: Digest) {
+    fn insert(&self, digest: Digest) {
         self.remember(digest, 0);
     }
 
     /// `true` when this process booked the pair's callback and the booking's record is kept
     /// beyond `now_ms`.
-    pub(crate) fn booked(&self, digest: &Digest, now_ms: u64) -> bool {
+    fn booked(&self, digest: &Digest, now_ms: u64) -> bool {
         self.lock()
             .booked_until_ms
             .get(digest)
@@ -135,7 +176,7 @@ impl VerifiedCache {
 
     /// Marks a verified pair booked until `until_ms`: its callback's (nonce, status) is
     /// durably booked, and its record kept at least until then.
-    pub(crate) fn mark_booked(&self, digest: Digest, until_ms: u64) {
+    fn mark_booked(&self, digest: Digest, until_ms: u64) {
         self.remember(digest, until_ms);
     }
 

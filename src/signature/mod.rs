@@ -63,7 +63,7 @@ mod sniff;
 
 use http::{HeaderMap, HeaderName};
 
-pub(crate) use cache::{Digest, VerifiedCache};
+pub(crate) use cache::{SignedPair, VerifiedCache};
 
 pub use algorithm::{Algorithm, KeyKind};
 pub use encoding::Encoding;
@@ -162,6 +162,11 @@ impl Verifier {
             }
         }
         Ok(verifier)
+    }
+
+    /// The keys, each with the algorithm it verifies, in the order they are tried.
+    pub fn keys(&self) -> impl Iterator<Item = (&PublicKey, Algorithm)> {
+        self.keys.iter().map(|(key, algorithm)| (key, *algorithm))
     }
 
     /// The header signatures are read from.

@@ -1,0 +1,306 @@
+//! The aggregator's signature keys are read again while the service runs
+//! (`Credentials::read_again`, and on SIGHUP in the example merchant): a key added verifies
+//! from the next callback on, a key taken out is refused — even for the very bytes it
+//! verified before, booked or not — and a key file replaced under the same path is a
+//! rotation too. A configuration whose keys cannot be read, or that lists none, changes
+//! nothing (the operating API's credentials in the same file included); how signatures are
+//! read (header, encoding, prefix) waits for a restart.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use payhook::server::{CredentialsRefused, OperatorToken};
+use payhook::signature::{Algorithm, SigningKey};
+use support::*;
+
+const ALICE: &str = "phop_alice-token-for-tests-0123456789";
+const BOB: &str = "phop_bob-token-for-tests-0123456789";
+
+fn rsa(key: &str) -> SigningKey {
+    fixture_signer(key, Algorithm::RsaPkcs1Sha256)
+}
+
+/// `started`, as the service `server` runs it (its store where the test server put it).
+fn running(server: &TestServer, started: &payhook::Config) -> payhook::Config {
+    let mut config = started.clone();
+    config.store.path = server.data.path().join("store");
+    config
+}
+
+/// `config` verifying the fixture keys `keys`, by their names as ids.
+fn with_keys(config: &payhook::Config, keys: &[&str]) -> payhook::Config {
+    let mut next = config.clone();
+    next.signature.keys = signed_config(keys).signature.keys;
+    next
+}
+
+fn names(list: &[&str]) -> Option<Vec<String>> {
+    Some(list.iter().map(|n| (*n).to_owned()).collect())
+}
+
+#[tokio::test]
+async fn a_key_added_verifies_from_the_next_callback_and_both_verify_during_rotation() {
+    let logs = captured_logs(tracing::Level::INFO);
+    let started = signed_config(&["rsa2048"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let (old, new) = (rsa("rsa2048"), rsa("rsa3072"));
+    let refused = server
+        .send(&signed_callback(&new, "n-new-1", 4, "1", "c"))
+        .await;
+    assert_eq!(refused.status, 401, "{}", refused.message());
+
+    let change = server
+        .app
+        .credentials()
+        .read_again(&with_keys(
+            &running(&server, &started),
+            &["rsa3072", "rsa2048"],
+        ))
+        .unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072", "rsa2048"]));
+    assert!(change.need_a_restart.is_empty(), "{change:?}");
+    assert_eq!(change.to_string(), "signature keys now: rsa3072, rsa2048");
+
+    for (signer, nonce) in [(&new, "n-new-2"), (&old, "n-old-2")] {
+        let answer = server
+            .send(&signed_callback(signer, nonce, 4, "1", "c"))
+            .await;
+        assert_eq!(answer.status, 200, "{nonce}: {}", answer.message());
+    }
+    assert_eq!(callbacks_handled(&server, "n-new-1"), 0);
+    assert_eq!(callbacks_handled(&server, "n-new-2"), 1);
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains("INFO")
+            && l.contains("credentials: read again")
+            && l.contains("signature keys now: rsa3072, rsa2048")),
+        "{text}"
+    );
+}
+
+/// What a key verified is not taken for verified once it is taken out: a retry of bytes it
+/// signed — booked (answered as a duplicate before) or not (the handler failed) — is refused
+/// 401 like any other signature of it, and reaches no handler.
+#[tokio::test]
+async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
+    let started = signed_config(&["rsa2048", "rsa3072"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let (old, new) = (rsa("rsa2048"), rsa("rsa3072"));
+    let booked = signed_callback(&old, "n-booked", 4, "1", "c");
+    let failing = signed_callback(&old, "n-failing", 4, "1", "fail");
+    assert_eq!(server.send(&booked).await.status, 200);
+    assert_eq!(server.send(&booked).await.status, 200, "a duplicate");
+    let failed = server.send(&failing).await;
+    assert!(failed.status >= 500, "{}", failed.message());
+    assert_eq!(callbacks_handled(&server, "n-failing"), 1);
+
+    let change = server
+        .app
+        .credentials()
+        .read_again(&with_keys(&running(&server, &started), &["rsa3072"]))
+        .unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072"]));
+
+    for (request, nonce) in [(&booked, "n-booked"), (&failing, "n-failing")] {
+        let answer = server.send(request).await;
+        assert_eq!(
+            (answer.status, answer.message()),
+            (
+                401,
+                "invalid signature: it does not verify with any configured key".to_owned()
+            ),
+            "{nonce}: a retry of what the key taken out signed"
+        );
+    }
+    assert_eq!(callbacks_handled(&server, "n-booked"), 1);
+    assert_eq!(callbacks_handled(&server, "n-failing"), 1);
+    let answer = server
+        .send(&signed_callback(&new, "n-new", 4, "1", "c"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+}
+
+/// The usual rotation: the file the configuration names is replaced, the configuration
+/// stays. Reading it again with nothing changed changes nothing.
+#[tokio::test]
+async fn a_key_file_replaced_under_the_same_path_is_a_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("aggregator.pem");
+    let public = |key: &str| signature_fixtures().join(key).join("public.pem");
+    std::fs::copy(public("rsa2048"), &file).unwrap();
+    let mut started = signed_config(&[]);
+    started.signature.keys = vec![payhook::config::KeySource {
+        id: Some("current".into()),
+        file: Some(file.clone()),
+        ..Default::default()
+    }];
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.credentials();
+    let config = running(&server, &started);
+
+    let unchanged = credentials.read_again(&config).unwrap();
+    assert_eq!(unchanged.signature_keys, None);
+    assert!(unchanged.is_empty());
+    assert_eq!(unchanged.to_string(), "no change");
+
+    std::fs::copy(public("rsa3072"), &file).unwrap();
+    let change = credentials.read_again(&config).unwrap();
+    assert_eq!(change.signature_keys, names(&["current"]));
+    let answer = |signer: SigningKey, nonce: &'static str| {
+        let request = signed_callback(&signer, nonce, 4, "1", "c");
+        let server = &server;
+        async move { server.send(&request).await.status }
+    };
+    assert_eq!(answer(rsa("rsa3072"), "n-1").await, 200);
+    assert_eq!(answer(rsa("rsa2048"), "n-2").await, 401);
+}
+
+/// Keys that cannot be read, or none at all, are refused: nothing of the configuration is
+/// taken — neither its keys nor the operating API's credentials beside them.
+#[tokio::test]
+async fn keys_that_cannot_be_read_or_none_change_nothing() {
+    let mut started = signed_config(&["rsa2048"]);
+    started.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.credentials();
+    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    next.admin.operators = [("bob".to_owned(), OperatorToken::digest_of(BOB))].into();
+
+    let mut missing = next.clone();
+    missing.signature.keys[0].file = Some(server.data.path().join("no-such-key.pem"));
+    let error = credentials.read_again(&missing).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::SignatureKey(_)),
+        "{error:?}"
+    );
+    let said = payhook::Report::new(&error).to_string();
+    assert!(
+        said.contains("signature.keys[0] (id `rsa3072`, file ") && said.contains("no-such-key.pem"),
+        "{said}"
+    );
+
+    let mut private = next.clone();
+    private.signature.keys[0].file = Some(signature_fixtures().join("rsa3072").join("private.pem"));
+    let error = credentials.read_again(&private).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::SignatureKey(_)),
+        "{error:?}"
+    );
+
+    let mut none = next.clone();
+    none.signature.keys.clear();
+    let error = credentials.read_again(&none).unwrap_err();
+    assert!(matches!(error, CredentialsRefused::WouldStopVerifying));
+    assert!(error.to_string().contains("no signature.keys"), "{error}");
+
+    // As it was: the old key verifies, the new one not; alice is in, bob is not.
+    let status = |signer: SigningKey, nonce: &'static str| {
+        let request = signed_callback(&signer, nonce, 4, "1", "c");
+        let server = &server;
+        async move { server.send(&request).await.status }
+    };
+    assert_eq!(status(rsa("rsa2048"), "n-1").await, 200);
+    assert_eq!(status(rsa("rsa3072"), "n-2").await, 401);
+    let held = "/payhook/admin/callbacks/held";
+    assert_eq!(
+        server.admin("GET", held, Some(ALICE), None).await.status,
+        200
+    );
+    assert_eq!(server.admin("GET", held, Some(BOB), None).await.status, 401);
+
+    // The configuration whose keys read is taken whole.
+    let change = credentials.read_again(&next).unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072"]));
+    assert_eq!(change.added, vec!["bob".to_owned()]);
+    assert_eq!(status(rsa("rsa3072"), "n-3").await, 200);
+    assert_eq!(server.admin("GET", held, Some(BOB), None).await.status, 200);
+}
+
+/// The keys are taken; where signatures are read from, and how, is not: the header, the
+/// encoding and the prefix are named as waiting for a restart. A service started without
+/// keys (unsigned callbacks allowed) takes none: verifying takes a restart.
+#[tokio::test]
+async fn how_signatures_are_read_and_whether_they_are_waits_for_a_restart() {
+    let started = signed_config(&["rsa2048"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    next.signature.header = "X-Aggregator-Signature".into();
+    next.signature.prefix = "sha256=".into();
+    let change = server.app.credentials().read_again(&next).unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072"]));
+    assert_eq!(
+        change.need_a_restart,
+        vec!["signature.header", "signature.prefix"]
+    );
+    // Still read from X-Signature, without a prefix: verified by the new key.
+    let answer = server
+        .send(&signed_callback(&rsa("rsa3072"), "n-1", 4, "1", "c"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+
+    let unsigned = TestServer::start().await;
+    let change = unsigned
+        .app
+        .credentials()
+        .read_again(&with_keys(
+            &running(&unsigned, &test_config()),
+            &["rsa2048"],
+        ))
+        .unwrap();
+    assert_eq!(change.signature_keys, None);
+    assert_eq!(change.need_a_restart, vec!["signature"]);
+    let answer = unsigned.post_json(CALLBACK_PATH, CALLBACK).await;
+    assert_eq!(answer.status, 200, "still unsigned: {}", answer.message());
+}
+
+/// The example merchant reads its key file again on SIGHUP: a callback signed by the new
+/// key is accepted and one signed by the old refused, without a restart.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_merchant_reads_its_key_file_again_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("aggregator.pem");
+    std::fs::copy(signature_fixtures().join("ed25519/public.pem"), &key_file).unwrap();
+    let env = vec![
+        ("PAYHOOK_SIGNATURE_ALGORITHM", "ed25519".to_owned()),
+        (
+            "PAYHOOK_SIGNATURE_KEYS",
+            format!(
+                "[{{id = \"aggregator\", file = \"{}\"}}]",
+                key_file.display()
+            ),
+        ),
+        ("PAYHOOK_SERVER_LISTEN", "127.0.0.1:0".to_owned()),
+        (
+            "PAYHOOK_STORE_PATH",
+            dir.path().join("store").display().to_string(),
+        ),
+    ];
+    let (child, address) = spawn_example(&env);
+    let old = fixture_signer("ed25519", Algorithm::Ed25519);
+    let pair = payhook::signature::generate_key_pair(Algorithm::Ed25519).unwrap();
+    let new = SigningKey::from_pkcs8(pair.private_pem.as_bytes(), Algorithm::Ed25519).unwrap();
+    let status = |signer: &SigningKey, nonce: &str| {
+        let request = signed_callback(signer, nonce, 4, "1", "c");
+        async move { exchange(address, &request).await.status }
+    };
+    assert_eq!(status(&old, "n-1").await, 200);
+    assert_eq!(status(&new, "n-2").await, 401);
+
+    std::fs::write(&key_file, &pair.public_pem).unwrap();
+    signal(child.0.id(), "HUP");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut nonce = 2;
+    loop {
+        nonce += 1;
+        if status(&new, &format!("n-{nonce}")).await == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new key not taken within {DEADLINE:?} of SIGHUP"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status(&old, "n-old").await, 401);
+}
