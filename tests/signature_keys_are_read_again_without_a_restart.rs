@@ -304,3 +304,124 @@ async fn the_example_merchant_reads_its_key_file_again_on_sighup() {
     }
     assert_eq!(status(&old, "n-old").await, 401);
 }
+
+/// A validation endpoint authenticated by the aggregator's signature takes the keys read
+/// again as the callbacks do: the key taken out is refused there too.
+#[tokio::test]
+async fn a_validation_endpoint_signed_by_a_key_taken_out_is_refused() {
+    let mut started = signed_config(&["rsa2048", "rsa3072"]);
+    started.auth.transaction_validation.method = payhook::config::AuthMethod::Signature;
+    let server = TestServer::start_with(started.clone()).await;
+    let signed = |key: &str| {
+        let signature = rsa(key)
+            .header_value(
+                TRANSACTION_VALIDATION.as_bytes(),
+                payhook::signature::Encoding::Base64,
+                None,
+            )
+            .unwrap();
+        post(
+            VALIDATION_PATH,
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Signature", &signature),
+            ],
+            TRANSACTION_VALIDATION.as_bytes(),
+        )
+    };
+    assert_eq!(server.send(&signed("rsa2048")).await.status, 200);
+    server
+        .app
+        .credentials()
+        .read_again(&with_keys(&running(&server, &started), &["rsa3072"]))
+        .unwrap();
+    let refused = server.send(&signed("rsa2048")).await;
+    assert_eq!(refused.status, 401, "{}", refused.message());
+    assert_eq!(server.send(&signed("rsa3072")).await.status, 200);
+}
+
+/// A configuration refused for its operating API (no token left) takes none of its keys.
+#[tokio::test]
+async fn keys_beside_refused_operators_are_not_taken() {
+    let mut started = signed_config(&["rsa2048"]);
+    started.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
+    let server = TestServer::start_with(started.clone()).await;
+    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    next.admin.operators.clear();
+    let error = server.app.credentials().read_again(&next).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::WouldTurnOff),
+        "{error:?}"
+    );
+    let status = |key: &'static str, nonce: &'static str| {
+        let request = signed_callback(&rsa(key), nonce, 4, "1", "c");
+        let server = &server;
+        async move { server.send(&request).await.status }
+    };
+    assert_eq!(status("rsa3072", "n-1").await, 401);
+    assert_eq!(status("rsa2048", "n-2").await, 200);
+}
+
+/// Without the operating API the keys are read again all the same; an `[admin]` section
+/// that would turn the API on is named as waiting for a restart, and the API stays off.
+#[tokio::test]
+async fn without_the_operating_api_the_keys_are_read_again_and_admin_waits() {
+    let started = signed_config(&["rsa2048"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    next.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
+    let change = server.app.credentials().read_again(&next).unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072"]));
+    assert!(change.added.is_empty(), "{change:?}");
+    assert_eq!(change.need_a_restart, vec!["admin"]);
+    let held = "/payhook/admin/callbacks/held";
+    assert_eq!(
+        server.admin("GET", held, Some(ALICE), None).await.status,
+        404
+    );
+    let answer = server
+        .send(&signed_callback(&rsa("rsa3072"), "n-1", 4, "1", "c"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+}
+
+/// `signature.algorithm` is read with the keys it applies to: the same keys under another
+/// algorithm are a change, and signatures of the old one are refused. The keys' order is
+/// the order they are tried in: a change too.
+#[tokio::test]
+async fn the_keys_algorithm_and_order_are_read_again_with_them() {
+    let started = signed_config(&["rsa2048", "rsa3072"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.credentials();
+    let mut next = running(&server, &started);
+    next.signature.algorithm = Algorithm::RsaPssSha256;
+    let change = credentials.read_again(&next).unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa2048", "rsa3072"]));
+    let pkcs1 = server
+        .send(&signed_callback(&rsa("rsa2048"), "n-1", 4, "1", "c"))
+        .await;
+    assert_eq!(pkcs1.status, 401, "{}", pkcs1.message());
+    let pss = fixture_signer("rsa2048", Algorithm::RsaPssSha256);
+    let answer = server
+        .send(&signed_callback(&pss, "n-2", 4, "1", "c"))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+
+    let reordered = with_keys(&next, &["rsa3072", "rsa2048"]);
+    let change = credentials.read_again(&reordered).unwrap();
+    assert_eq!(change.signature_keys, names(&["rsa3072", "rsa2048"]));
+}
+
+/// A service started without keys takes none read again, but it reads them: a key file
+/// that cannot be read is refused as it would be at the restart that takes them.
+#[tokio::test]
+async fn keys_that_a_restart_would_refuse_are_refused_before() {
+    let server = TestServer::start().await;
+    let mut next = with_keys(&running(&server, &test_config()), &["rsa2048"]);
+    next.signature.keys[0].file = Some(server.data.path().join("no-such-key.pem"));
+    let error = server.app.credentials().read_again(&next).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::SignatureKey(_)),
+        "{error:?}"
+    );
+}

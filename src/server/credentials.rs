@@ -27,7 +27,8 @@ use crate::signature::{SignatureConfig, Verifier};
 /// operating API's credentials — which a configuration read again replaces: got from
 /// [`App::credentials`](crate::App::credentials) before the app is served. Clones share them.
 ///
-/// A call is judged by the credentials as read when it came in. Once they are replaced:
+/// A call is judged by the credentials as read when it is checked (its signature once its body
+/// has arrived); one checked before goes on. Once they are replaced:
 ///
 /// - **signature keys**: a signature is verified by the keys now listed, and nothing
 ///   verified before counts as verified — a retry signed by a key taken out is refused (401)
@@ -55,7 +56,7 @@ use crate::signature::{SignatureConfig, Verifier};
 pub struct Credentials {
     /// The operating API's access, when the API is served.
     admin: Option<Arc<CurrentAccess>>,
-    /// Where signatures are verified (with the keys as read last), when keys are configured.
+    /// Where signatures are verified with the keys as read last (when keys are configured).
     ingress: Arc<Ingress>,
     /// The configuration as the service runs it: started with, the credentials as read last.
     running: Arc<Mutex<Config>>,
@@ -70,6 +71,7 @@ impl fmt::Debug for Credentials {
 /// Why a configuration read again was not taken: the credentials stay as they were, the
 /// signature keys and the operating API's alike.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CredentialsRefused {
     /// The configuration is not one the service would start with.
     #[error(transparent)]
@@ -98,6 +100,7 @@ pub enum CredentialsRefused {
 /// What a configuration read again changed of the credentials (names only, never a token),
 /// and the settings it changed that take a restart.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CredentialsChange {
     /// The signature keys now verifying, each by its id (`#2 without an id` otherwise), when
     /// they changed — a key added, taken out, replaced in its file, or given another
@@ -313,6 +316,9 @@ impl Credentials {
             verifies: self.ingress.verifies_signatures(),
         };
         let change = CredentialsChange::between(&running, config, &taken);
+        if let Some(access) = &access {
+            access.warn_of_channel(&running.server.trusted_proxies);
+        }
         if let Some(keys) = keys {
             // Signatures verified only when keys were configured at start.
             if self.ingress.replace_verifier(keys).is_ok() {
@@ -321,7 +327,6 @@ impl Credentials {
             }
         }
         if let (Some(access), Some(current)) = (access, &self.admin) {
-            access.warn_of_channel(&running.server.trusted_proxies);
             current.replace(access);
             running.admin = AdminConfig {
                 inspector_recent: running.admin.inspector_recent,
@@ -341,25 +346,29 @@ impl Credentials {
     }
 
     /// The verifier of `config`'s keys under the running signature settings (`running`:
-    /// header, encoding, prefix), when signatures are verified and the keys changed.
+    /// header, encoding, prefix), when signatures are verified and the keys changed. The
+    /// keys are read wherever listed: a service started without them is not to be told
+    /// their files are fine when its restart would fail on them.
     fn keys_read_again(
         &self,
         running: &SignatureConfig,
         config: &SignatureConfig,
     ) -> Result<Option<Verifier>, CredentialsRefused> {
-        let Some(current) = self.ingress.verifier() else {
-            return Ok(None);
-        };
+        let current = self.ingress.verifier();
         if config.keys.is_empty() {
-            return Err(CredentialsRefused::WouldStopVerifying);
+            return match current {
+                Some(_) => Err(CredentialsRefused::WouldStopVerifying),
+                None => Ok(None),
+            };
         }
         let verifier = Verifier::from_config(&SignatureConfig {
             keys: config.keys.clone(),
             algorithm: config.algorithm,
             ..running.clone()
         })?;
-        let same = verifier.keys().eq(current.verifier.keys());
-        Ok((!same).then_some(verifier))
+        Ok(current
+            .filter(|current| !verifier.keys().eq(current.verifier.keys()))
+            .map(|_| verifier))
     }
 
     /// The operating API's access as `config` says, when the API is served.
@@ -411,9 +420,9 @@ impl Credentials {
                     // Off the runtime's threads: a file on a slow disk holds none.
                     let read = tokio::task::spawn_blocking(move || {
                         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            load().map_err(CredentialsRefused::from)
-                        }))
-                        .map(|config| config.and_then(|config| credentials.read_again(&config)));
+                            let config = load()?;
+                            credentials.read_again(&config)
+                        }));
                         (load, read)
                     })
                     .await;

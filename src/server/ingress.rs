@@ -118,7 +118,7 @@ impl Ingress {
 
     /// From now on, `verifier` verifies signatures, and nothing verified before is taken for
     /// verified again: a pair verified under a key taken out is refused on its next
-    /// delivery. Calls that passed their check go on. Returns `verifier` back when the app
+    /// delivery. Waits for the checks under way; calls that passed their check go on. Returns `verifier` back when the app
     /// verifies no signature (whether it does is set when it is built).
     pub(super) fn replace_verifier(&self, verifier: Verifier) -> Result<(), Verifier> {
         let Some(current) = &self.verifying else {
@@ -333,9 +333,13 @@ impl Ingress {
         body: &[u8],
         signature: &[u8],
     ) -> Result<Option<SignedPair>, Problem> {
-        let Some(verifying) = self.verifier() else {
+        let Some(current) = &self.verifying else {
             return Ok(None);
         };
+        // Held through the check: keys read again wait for the checks under way, so that
+        // none under keys taken out ends after they are replaced (a public-key operation
+        // at most; the guard is not held across an await).
+        let verifying = current.read().unwrap_or_else(PoisonError::into_inner);
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
         let verified = &verifying.verified;
