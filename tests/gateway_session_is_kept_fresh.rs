@@ -568,3 +568,35 @@ fn the_builder_needs_urls_and_credentials_and_refuses_plain_http_off_loopback() 
         .build()
         .unwrap();
 }
+
+#[tokio::test]
+async fn new_credentials_end_the_pause_the_refused_ones_began() {
+    // The password changed at the aggregator: the old one is refused and logins pause (2 s
+    // and more). Given the new one, the next call logs in at once, in every clone.
+    let (gateway, client) = gateway_with_record().await;
+    gateway.with(|s| s.password = "the-new-password".to_owned());
+    for _ in 0..2 {
+        let error = client
+            .transaction(REFERENCE.parse().unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, GatewayError::BadCredentials { .. }),
+            "{error:?}"
+        );
+    }
+    assert_eq!(gateway.with(|s| s.login_attempts), 1, "paused after one");
+
+    let clone = client.clone();
+    assert!(clone.replace_credentials(support::gateway::USERNAME, "the-new-password"));
+    assert!(
+        !client.replace_credentials(support::gateway::USERNAME, "the-new-password"),
+        "the same ones change nothing"
+    );
+    look_up(&client).await;
+    assert_eq!(gateway.with(|s| (s.login_attempts, s.logins)), (2, 1));
+    assert!(
+        !format!("{client:?}").contains("the-new-password"),
+        "{client:?}"
+    );
+}

@@ -43,13 +43,6 @@ fn with_operators(config: &mut payhook::Config, shared: Option<&str>, operators:
         .collect();
 }
 
-/// `started`, as the service `server` runs it (its store where the test server put it).
-fn running(server: &TestServer, started: &payhook::Config) -> payhook::Config {
-    let mut config = started.clone();
-    config.store.path = server.data.path().join("store");
-    config
-}
-
 /// The status of a listing asked with `token` as a bearer.
 async fn listing_with_token(server: &TestServer, token: &str) -> u16 {
     server.admin("GET", LISTING, Some(token), None).await.status
@@ -82,7 +75,7 @@ async fn an_operator_taken_out_is_refused_and_one_added_let_in_from_the_next_cal
     let bob_session = server.inspector_session(BOB).await;
     assert_eq!(listing_with_token(&server, CAROL).await, 401);
 
-    let mut next = running(&server, &started);
+    let mut next = server.as_run(&started);
     with_operators(&mut next, None, &[("bob", BOB), ("carol", CAROL)]);
     next.admin.viewers = vec!["bob".into()];
     let change = credentials.read_again(&next).unwrap();
@@ -144,7 +137,7 @@ async fn a_replaced_token_ends_the_old_one_and_its_sessions_and_no_other() {
     let bob_session = server.inspector_session(BOB).await;
     let shared_session = server.inspector_session(SHARED).await;
 
-    let mut next = running(&server, &started);
+    let mut next = server.as_run(&started);
     with_operators(
         &mut next,
         Some(SHARED),
@@ -199,7 +192,7 @@ async fn the_sessions_end_when_the_first_operator_comes_or_the_last_goes() {
     let before = server.inspector_session(SHARED).await;
     assert_eq!(listing_in_session(&server, &before).await, 200);
 
-    let mut with_alice = running(&server, &started);
+    let mut with_alice = server.as_run(&started);
     with_operators(&mut with_alice, Some(SHARED), &[("alice", ALICE)]);
     assert_eq!(
         credentials.read_again(&with_alice).unwrap().added,
@@ -211,7 +204,7 @@ async fn the_sessions_end_when_the_first_operator_comes_or_the_last_goes() {
     let shared = server.inspector_session(SHARED).await;
     assert_eq!(listing_in_session(&server, &shared).await, 200);
 
-    let alone = running(&server, &started);
+    let alone = server.as_run(&started);
     assert_eq!(credentials.read_again(&alone).unwrap().removed, ["alice"]);
     assert_eq!(listing_in_session(&server, &shared).await, 401);
     assert_eq!(listing_in_session(&server, &alices).await, 401);
@@ -226,17 +219,17 @@ async fn a_configuration_the_service_would_not_start_with_changes_nothing() {
     let credentials = server.app.credentials();
     let alice_session = server.inspector_session(ALICE).await;
 
-    let mut unknown_viewer = running(&server, &started);
+    let mut unknown_viewer = server.as_run(&started);
     with_operators(&mut unknown_viewer, None, &[("carol", CAROL)]);
     unknown_viewer.admin.viewers = vec!["dave".into()];
-    let mut shared_is_carols = running(&server, &started);
+    let mut shared_is_carols = server.as_run(&started);
     with_operators(&mut shared_is_carols, Some(CAROL), &[("carol", CAROL)]);
-    let mut holding_a_token = running(&server, &started);
+    let mut holding_a_token = server.as_run(&started);
     holding_a_token
         .admin
         .operators
         .insert("carol".into(), CAROL.into());
-    let mut turned_off = running(&server, &started);
+    let mut turned_off = server.as_run(&started);
     with_operators(&mut turned_off, None, &[]);
 
     for (what, refused, says) in [
@@ -291,7 +284,7 @@ async fn settings_beyond_the_credentials_are_named_and_not_taken() {
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
 
-    let mut next = running(&server, &started);
+    let mut next = server.as_run(&started);
     next.server.body_limit = started.server.body_limit / 2;
     next.admin.inspector_recent = started.admin.inspector_recent + 1;
     next.admin
@@ -340,7 +333,7 @@ async fn a_configuration_that_cannot_be_read_on_sighup_changes_nothing() {
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, None, &[("alice", ALICE)]);
     let server = TestServer::start_with(started.clone()).await;
-    let mut next = running(&server, &started);
+    let mut next = server.as_run(&started);
     with_operators(&mut next, None, &[("alice", ALICE), ("carol", CAROL)]);
     let asked = std::sync::Arc::new(AtomicUsize::new(0));
     let loader = {

@@ -20,11 +20,10 @@ fn rsa(key: &str) -> SigningKey {
     fixture_signer(key, Algorithm::RsaPkcs1Sha256)
 }
 
-/// `started`, as the service `server` runs it (its store where the test server put it).
-fn running(server: &TestServer, started: &payhook::Config) -> payhook::Config {
-    let mut config = started.clone();
-    config.store.path = server.data.path().join("store");
-    config
+/// The status of a callback (`nonce`) signed by the fixture key `key` (RSA PKCS#1 v1.5).
+async fn status_of(server: &TestServer, key: &str, nonce: &str) -> u16 {
+    let request = signed_callback(&rsa(key), nonce, 4, "1", "c");
+    server.send(&request).await.status
 }
 
 /// `config` verifying the fixture keys `keys`, by their names as ids.
@@ -53,7 +52,7 @@ async fn a_key_added_verifies_from_the_next_callback_and_both_verify_during_rota
         .app
         .credentials()
         .read_again(&with_keys(
-            &running(&server, &started),
+            &server.as_run(&started),
             &["rsa3072", "rsa2048"],
         ))
         .unwrap();
@@ -97,7 +96,7 @@ async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
     let change = server
         .app
         .credentials()
-        .read_again(&with_keys(&running(&server, &started), &["rsa3072"]))
+        .read_again(&with_keys(&server.as_run(&started), &["rsa3072"]))
         .unwrap();
     assert_eq!(change.signature_keys, names(&["rsa3072"]));
 
@@ -136,7 +135,7 @@ async fn a_key_file_replaced_under_the_same_path_is_a_rotation() {
     }];
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
-    let config = running(&server, &started);
+    let config = server.as_run(&started);
 
     let unchanged = credentials.read_again(&config).unwrap();
     assert_eq!(unchanged.signature_keys, None);
@@ -146,13 +145,8 @@ async fn a_key_file_replaced_under_the_same_path_is_a_rotation() {
     std::fs::copy(public("rsa3072"), &file).unwrap();
     let change = credentials.read_again(&config).unwrap();
     assert_eq!(change.signature_keys, names(&["current"]));
-    let answer = |signer: SigningKey, nonce: &'static str| {
-        let request = signed_callback(&signer, nonce, 4, "1", "c");
-        let server = &server;
-        async move { server.send(&request).await.status }
-    };
-    assert_eq!(answer(rsa("rsa3072"), "n-1").await, 200);
-    assert_eq!(answer(rsa("rsa2048"), "n-2").await, 401);
+    assert_eq!(status_of(&server, "rsa3072", "n-1").await, 200);
+    assert_eq!(status_of(&server, "rsa2048", "n-2").await, 401);
 }
 
 /// Keys that cannot be read, or none at all, are refused: nothing of the configuration is
@@ -163,7 +157,7 @@ async fn keys_that_cannot_be_read_or_none_change_nothing() {
     started.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
-    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    let mut next = with_keys(&server.as_run(&started), &["rsa3072"]);
     next.admin.operators = [("bob".to_owned(), OperatorToken::digest_of(BOB))].into();
 
     let mut missing = next.clone();
@@ -194,13 +188,8 @@ async fn keys_that_cannot_be_read_or_none_change_nothing() {
     assert!(error.to_string().contains("no signature.keys"), "{error}");
 
     // As it was: the old key verifies, the new one not; alice is in, bob is not.
-    let status = |signer: SigningKey, nonce: &'static str| {
-        let request = signed_callback(&signer, nonce, 4, "1", "c");
-        let server = &server;
-        async move { server.send(&request).await.status }
-    };
-    assert_eq!(status(rsa("rsa2048"), "n-1").await, 200);
-    assert_eq!(status(rsa("rsa3072"), "n-2").await, 401);
+    assert_eq!(status_of(&server, "rsa2048", "n-1").await, 200);
+    assert_eq!(status_of(&server, "rsa3072", "n-2").await, 401);
     let held = "/payhook/admin/callbacks/held";
     assert_eq!(
         server.admin("GET", held, Some(ALICE), None).await.status,
@@ -212,7 +201,7 @@ async fn keys_that_cannot_be_read_or_none_change_nothing() {
     let change = credentials.read_again(&next).unwrap();
     assert_eq!(change.signature_keys, names(&["rsa3072"]));
     assert_eq!(change.added, vec!["bob".to_owned()]);
-    assert_eq!(status(rsa("rsa3072"), "n-3").await, 200);
+    assert_eq!(status_of(&server, "rsa3072", "n-3").await, 200);
     assert_eq!(server.admin("GET", held, Some(BOB), None).await.status, 200);
 }
 
@@ -223,7 +212,7 @@ async fn keys_that_cannot_be_read_or_none_change_nothing() {
 async fn how_signatures_are_read_and_whether_they_are_waits_for_a_restart() {
     let started = signed_config(&["rsa2048"]);
     let server = TestServer::start_with(started.clone()).await;
-    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    let mut next = with_keys(&server.as_run(&started), &["rsa3072"]);
     next.signature.header = "X-Aggregator-Signature".into();
     next.signature.prefix = "sha256=".into();
     let change = server.app.credentials().read_again(&next).unwrap();
@@ -242,10 +231,7 @@ async fn how_signatures_are_read_and_whether_they_are_waits_for_a_restart() {
     let change = unsigned
         .app
         .credentials()
-        .read_again(&with_keys(
-            &running(&unsigned, &test_config()),
-            &["rsa2048"],
-        ))
+        .read_again(&with_keys(&unsigned.as_run(&test_config()), &["rsa2048"]))
         .unwrap();
     assert_eq!(change.signature_keys, None);
     assert_eq!(change.need_a_restart, vec!["signature"]);
@@ -333,7 +319,7 @@ async fn a_validation_endpoint_signed_by_a_key_taken_out_is_refused() {
     server
         .app
         .credentials()
-        .read_again(&with_keys(&running(&server, &started), &["rsa3072"]))
+        .read_again(&with_keys(&server.as_run(&started), &["rsa3072"]))
         .unwrap();
     let refused = server.send(&signed("rsa2048")).await;
     assert_eq!(refused.status, 401, "{}", refused.message());
@@ -346,20 +332,15 @@ async fn keys_beside_refused_operators_are_not_taken() {
     let mut started = signed_config(&["rsa2048"]);
     started.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
     let server = TestServer::start_with(started.clone()).await;
-    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    let mut next = with_keys(&server.as_run(&started), &["rsa3072"]);
     next.admin.operators.clear();
     let error = server.app.credentials().read_again(&next).unwrap_err();
     assert!(
         matches!(error, CredentialsRefused::WouldTurnOff),
         "{error:?}"
     );
-    let status = |key: &'static str, nonce: &'static str| {
-        let request = signed_callback(&rsa(key), nonce, 4, "1", "c");
-        let server = &server;
-        async move { server.send(&request).await.status }
-    };
-    assert_eq!(status("rsa3072", "n-1").await, 401);
-    assert_eq!(status("rsa2048", "n-2").await, 200);
+    assert_eq!(status_of(&server, "rsa3072", "n-1").await, 401);
+    assert_eq!(status_of(&server, "rsa2048", "n-2").await, 200);
 }
 
 /// Without the operating API the keys are read again all the same; an `[admin]` section
@@ -368,7 +349,7 @@ async fn keys_beside_refused_operators_are_not_taken() {
 async fn without_the_operating_api_the_keys_are_read_again_and_admin_waits() {
     let started = signed_config(&["rsa2048"]);
     let server = TestServer::start_with(started.clone()).await;
-    let mut next = with_keys(&running(&server, &started), &["rsa3072"]);
+    let mut next = with_keys(&server.as_run(&started), &["rsa3072"]);
     next.admin.operators = [("alice".to_owned(), OperatorToken::digest_of(ALICE))].into();
     let change = server.app.credentials().read_again(&next).unwrap();
     assert_eq!(change.signature_keys, names(&["rsa3072"]));
@@ -393,7 +374,7 @@ async fn the_keys_algorithm_and_order_are_read_again_with_them() {
     let started = signed_config(&["rsa2048", "rsa3072"]);
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
-    let mut next = running(&server, &started);
+    let mut next = server.as_run(&started);
     next.signature.algorithm = Algorithm::RsaPssSha256;
     let change = credentials.read_again(&next).unwrap();
     assert_eq!(change.signature_keys, names(&["rsa2048", "rsa3072"]));
@@ -417,7 +398,7 @@ async fn the_keys_algorithm_and_order_are_read_again_with_them() {
 #[tokio::test]
 async fn keys_that_a_restart_would_refuse_are_refused_before() {
     let server = TestServer::start().await;
-    let mut next = with_keys(&running(&server, &test_config()), &["rsa2048"]);
+    let mut next = with_keys(&server.as_run(&test_config()), &["rsa2048"]);
     next.signature.keys[0].file = Some(server.data.path().join("no-such-key.pem"));
     let error = server.app.credentials().read_again(&next).unwrap_err();
     assert!(

@@ -12,6 +12,9 @@
 //! accepted on loopback hosts only (see [`GatewayConfig`]).
 //!
 //! The password and the tokens are [`Secret`]s: they appear in no log line and no `Debug`.
+//! A password changed at the aggregator is given to the running client with
+//! [`GatewayClient::replace_credentials`] (the service's SIGHUP does it from its
+//! configuration): the next login sends it.
 //!
 //! Every call sends a W3C `traceparent`: a child of the [`TraceContext`] it runs in (the
 //! request it serves), else the first span of a new trace ([`crate::trace_context`]).
@@ -166,8 +169,9 @@ struct Inner {
     http: HttpClient,
     auth_url: String,
     gateway_url: String,
-    username: String,
-    password: Secret,
+    /// The merchant's user and password as given last
+    /// ([`GatewayClient::replace_credentials`]).
+    login: std::sync::RwLock<Arc<Login>>,
     timeout: Duration,
     auth_header: HeaderName,
     auth_scheme: String,
@@ -181,9 +185,17 @@ impl std::fmt::Debug for GatewayClient {
         f.debug_struct("GatewayClient")
             .field("auth_url", &self.inner.auth_url)
             .field("gateway_url", &self.inner.gateway_url)
-            .field("username", &self.inner.username)
+            .field("username", &self.held_login().username)
             .finish_non_exhaustive()
     }
+}
+
+/// The merchant's user and password, one version of them.
+struct Login {
+    username: String,
+    password: Secret,
+    /// Counts the replacements: a refusal of one version pauses no login with the next.
+    version: u64,
 }
 
 /// One exchange's outcome: the status and the (bounded) body.
@@ -363,8 +375,11 @@ impl GatewayClient {
                 http,
                 auth_url: base(&config.auth_url, "auth_url")?,
                 gateway_url: base(&config.gateway_url, "gateway_url")?,
-                username: config.username.clone().ok_or_else(|| missing("username"))?,
-                password: config.password.clone().ok_or_else(|| missing("password"))?,
+                login: std::sync::RwLock::new(Arc::new(Login {
+                    username: config.username.clone().ok_or_else(|| missing("username"))?,
+                    password: config.password.clone().ok_or_else(|| missing("password"))?,
+                    version: 0,
+                })),
                 timeout: config.timeout,
                 auth_header,
                 auth_scheme: config.auth_scheme.clone(),
@@ -372,6 +387,60 @@ impl GatewayClient {
                 metrics: GatewayMetrics::default(),
             }),
         })
+    }
+
+    /// Replaces the merchant's user name and password — changed at the aggregator — in this
+    /// client and its clones: the next login sends them, at once even where logins are
+    /// paused after the aggregator refused the ones before. The session held goes on until it
+    /// must be renewed (whether the tokens issued before still serve is the aggregator's
+    /// to say: a token it refuses renews the session). Returns whether they differ from
+    /// those held; the same ones change nothing.
+    ///
+    /// ```
+    /// # fn run(gateway: &payhook::gateway::GatewayClient) {
+    /// let password = payhook::Secret::new("the-new-password");
+    /// if gateway.replace_credentials("shop", password) {
+    ///     // The next login uses them.
+    /// }
+    /// # }
+    /// ```
+    pub fn replace_credentials(
+        &self,
+        username: impl Into<String>,
+        password: impl Into<Secret>,
+    ) -> bool {
+        let (username, password) = (username.into(), password.into());
+        let mut login = self
+            .inner
+            .login
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if login.username == username && login.password == password {
+            return false;
+        }
+        let version = login.version.wrapping_add(1);
+        *login = Arc::new(Login {
+            username,
+            password,
+            version,
+        });
+        true
+    }
+
+    /// The user and password as given last.
+    fn held_login(&self) -> Arc<Login> {
+        Arc::clone(
+            &self
+                .inner
+                .login
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Which version of the user and password the client holds.
+    fn login_version(&self) -> u64 {
+        self.held_login().version
     }
 
     /// Where the client's session with the aggregator stands (for the inspector's health
@@ -388,12 +457,13 @@ impl GatewayClient {
     /// [`GatewayError::BadCredentials`] when the aggregator refuses the credentials; the
     /// other variants for network, status and body problems.
     pub async fn login(&self) -> Result<LoginSession, GatewayError> {
+        let login = self.held_login();
         let request = LoginRequest {
-            username: self.inner.username.clone(),
-            password: self.inner.password.clone(),
+            username: login.username.clone(),
+            password: login.password.clone(),
         };
         let url = format!("{}/api/v1/login", self.inner.auth_url);
-        let secrets = [self.inner.password.expose()];
+        let secrets = [login.password.expose()];
         self.observed(Call::Login, self.session_call(&url, &request, &secrets))
             .await
     }

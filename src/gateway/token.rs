@@ -29,7 +29,9 @@
 //! doubles with each refusal in a row, up to [`LONGEST_REFUSAL_PAUSE`]: the outbox retries
 //! its results on their own schedule, and a pause of two seconds would still let it send a
 //! refused login every few seconds for as long as the password is wrong (some 1,800 an hour
-//! with a few hundred results queued). A renewal that succeeds ends the pauses.
+//! with a few hundred results queued). A renewal that succeeds ends the pauses, and so do
+//! new credentials (`GatewayClient::replace_credentials`): the pause was for the ones
+//! refused.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
@@ -116,6 +118,9 @@ struct Failed {
     error: GatewayError,
     /// How long no renewal is tried after it ([`pause_after`]).
     pause: Duration,
+    /// The version of the user and password it was tried with: once they are replaced, the
+    /// pause is over.
+    login_version: u64,
 }
 
 /// The session in use, with the margin that applies to its access token.
@@ -207,6 +212,7 @@ impl Sessions {
             .map(|held| held.session.access_token.clone());
         if let Some(failed) = &current.failed
             && failed.at.elapsed() < failed.pause
+            && failed.login_version == client.login_version()
         {
             return still_good.ok_or_else(|| failed.error.clone());
         }
@@ -232,6 +238,7 @@ impl Sessions {
         client: &GatewayClient,
         mut current: OwnedMutexGuard<Current>,
     ) -> Result<Secret, GatewayError> {
+        let login_version = client.login_version();
         match self.renew(client, &mut current.held).await {
             Ok(held) => {
                 let token = held.session.access_token.clone();
@@ -243,7 +250,12 @@ impl Sessions {
                 Ok(token)
             }
             Err(error) => {
-                let pause = pause_after(&error, current.failed.as_ref().map(|f| f.pause));
+                // Refusals in a row of the same user and password, not of those before.
+                let before = current
+                    .failed
+                    .as_ref()
+                    .filter(|failed| failed.login_version == login_version);
+                let pause = pause_after(&error, before.map(|f| f.pause));
                 if pause > RENEWAL_PAUSE {
                     tracing::warn!(
                         pause_s = pause.as_secs(),
@@ -254,6 +266,7 @@ impl Sessions {
                     at: Instant::now(),
                     error: error.clone(),
                     pause,
+                    login_version,
                 });
                 Err(error)
             }

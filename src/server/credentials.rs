@@ -1,12 +1,14 @@
-//! Who may call the service, read again while it runs ([`Credentials`]): the aggregator's
-//! signature keys rotated, an operator added, one who left taken out, a token replaced, a
-//! viewer named — on SIGHUP ([`Credentials::read_again_on_hangup`]) or when the merchant's
-//! service says ([`Credentials::read_again`]), without a restart, which would cut the
-//! deliveries in flight and, without `admin.session_secret`, end every inspector session.
+//! The service's credentials, read again while it runs ([`Credentials`]): the aggregator's
+//! signature keys rotated, the merchant's password at the aggregator changed, an operator
+//! added, one who left taken out, a token replaced, a viewer named — on SIGHUP
+//! ([`Credentials::read_again_on_hangup`]) or when the merchant's service says
+//! ([`Credentials::read_again`]), without a restart, which would cut the deliveries in
+//! flight and, without `admin.session_secret`, end every inspector session.
 //!
 //! What is read again: `signature.keys` and `signature.algorithm` (the keys' default), where
 //! the service verifies signatures — every key file is read again, a file replaced under the
-//! same path being a rotation too; and what
+//! same path being a rotation too; `gateway.username` and `gateway.password`, where the
+//! service calls the aggregator; and what
 //! [`AdminAccess`](super::admin_access::AdminAccess) reads, where the operating API is
 //! served: `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
 //! `admin.allow_ips` and `admin.allow_plain_http`. Every other setting stays as the service
@@ -19,12 +21,15 @@ use super::admin_access::{AdminAccess, CurrentAccess};
 use super::ingress::Ingress;
 use super::operators;
 use super::settings::AdminConfig;
+use crate::Secret;
 use crate::config::{Config, ConfigError};
+use crate::gateway::{GatewayClient, GatewayConfig};
 use crate::logged::Logged;
 use crate::signature::{SignatureConfig, Verifier};
 
-/// Who may call a running [`App`](crate::App) — the aggregator's signature keys and the
-/// operating API's credentials — which a configuration read again replaces: got from
+/// The credentials of a running [`App`](crate::App) — the aggregator's signature keys, the
+/// merchant's user and password at the aggregator, the operating API's tokens — which a
+/// configuration read again replaces: got from
 /// [`App::credentials`](crate::App::credentials) before the app is served. Clones share them.
 ///
 /// A call is judged by the credentials as read when it is checked (its signature once its body
@@ -36,6 +41,9 @@ use crate::signature::{SignatureConfig, Verifier};
 ///   aggregator's retries of callbacks it signed with the old key (they carry their first
 ///   signature), list the new key beside the old and take the old out once those retries are
 ///   over (about 3 days with payhook's simulator; the aggregator's own schedule decides).
+/// - **the aggregator's login**: the next login sends the new user and password, at once
+///   even where logins are paused after the aggregator refused the old ones (see
+///   [`GatewayClient::replace_credentials`]).
 /// - **operating API**: a token no longer configured is refused (401) — an operator taken
 ///   out, a token replaced — and so is every inspector session of it; an operator made a
 ///   viewer may change nothing from their next call on, in their open sessions too. The
@@ -58,6 +66,8 @@ pub struct Credentials {
     admin: Option<Arc<CurrentAccess>>,
     /// Where signatures are verified with the keys as read last (when keys are configured).
     ingress: Arc<Ingress>,
+    /// The aggregator's client, when the service calls it.
+    gateway: Option<GatewayClient>,
     /// The configuration as the service runs it: started with, the credentials as read last.
     running: Arc<Mutex<Config>>,
 }
@@ -68,8 +78,8 @@ impl fmt::Debug for Credentials {
     }
 }
 
-/// Why a configuration read again was not taken: the credentials stay as they were, the
-/// signature keys and the operating API's alike.
+/// Why a configuration read again was not taken: every credential stays as it was, the
+/// signature keys, the gateway's login and the operating API's alike.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CredentialsRefused {
@@ -87,6 +97,13 @@ pub enum CredentialsRefused {
          to rotate keys, list the new one beside the old, then take the old one out"
     )]
     WouldStopVerifying,
+    /// It sets no `gateway.username` or `gateway.password` where the service calls the
+    /// aggregator: its calls would have none to log in with.
+    #[error(
+        "gateway: no gateway.username or gateway.password: the service calls the aggregator \
+         and would have none to log in with"
+    )]
+    WouldLoseGatewayLogin,
     /// It sets no token, shared or an operator's: that would turn the operating API off,
     /// which takes a restart (its routes are served or not from the start).
     #[error(
@@ -106,6 +123,8 @@ pub struct CredentialsChange {
     /// they changed — a key added, taken out, replaced in its file, or given another
     /// algorithm; `None` when they did not (or signatures are not verified).
     pub signature_keys: Option<Vec<String>>,
+    /// `gateway.username` or `gateway.password` changed: the next login sends them.
+    pub gateway_login: bool,
     /// Operators who have a token now and had none.
     pub added: Vec<String>,
     /// Operators who had a token and have none now: their calls and sessions are refused.
@@ -136,12 +155,16 @@ struct Taken<'a> {
     keys: Option<&'a Verifier>,
     /// Signatures are verified: the keys are read again.
     verifies: bool,
+    /// The service calls the aggregator: its user and password are read again; the new ones
+    /// when they changed.
+    gateway: Option<Option<&'a (String, Secret)>>,
 }
 
 impl CredentialsChange {
     fn between(before: &Config, after: &Config, taken: &Taken<'_>) -> Self {
         let mut change = Self {
             signature_keys: taken.keys.map(key_names),
+            gateway_login: matches!(taken.gateway, Some(Some(_))),
             need_a_restart: need_a_restart(before, after, taken),
             ..Self::default()
         };
@@ -200,6 +223,10 @@ impl CredentialsChange {
             }
         }
         for (what, changed) in [
+            (
+                "gateway.username or gateway.password changed",
+                self.gateway_login,
+            ),
             ("admin.token changed", self.shared_token),
             ("admin.session_secret changed", self.session_secret),
             (
@@ -259,13 +286,24 @@ fn need_a_restart(before: &Config, after: &Config, taken: &Taken<'_>) -> Vec<&'s
     } else {
         &[("admin", before.admin != after.admin)]
     };
+    // The gateway's other settings, where its user and password are taken.
+    let gateway = |config: &Config| GatewayConfig {
+        username: None,
+        password: None,
+        ..config.gateway.clone()
+    };
+    let gateway_differs = if taken.gateway.is_some() {
+        gateway(before) != gateway(after)
+    } else {
+        before.gateway != after.gateway
+    };
     let others = [
         ("server", before.server != after.server),
         ("paths", before.paths != after.paths),
         ("callback", before.callback != after.callback),
         ("auth", before.auth != after.auth),
         ("store", before.store != after.store),
-        ("gateway", before.gateway != after.gateway),
+        ("gateway", gateway_differs),
         ("validation", before.validation != after.validation),
     ];
     others
@@ -280,29 +318,33 @@ impl Credentials {
     pub(super) fn new(
         admin: Option<Arc<CurrentAccess>>,
         ingress: Arc<Ingress>,
+        gateway: Option<GatewayClient>,
         running: Config,
     ) -> Self {
         Self {
             admin,
             ingress,
+            gateway,
             running: Arc::new(Mutex::new(running)),
         }
     }
 
     /// Takes the credentials of `config`: from the next call on, signatures are verified by
     /// `signature.keys` (read again, files included, with `signature.algorithm`) where the
-    /// service verifies signatures, and the operating API lets in whom `admin.token`,
-    /// `admin.operators`, `admin.viewers`, `admin.session_secret`, `admin.allow_ips` and
-    /// `admin.allow_plain_http` name where it is served. Logged at info level with what
-    /// changed (key ids and names, never a token); a setting besides those that differs from
-    /// the service's is named in a warning, and not taken. Reads the key files: a short
-    /// blocking call.
+    /// service verifies signatures; the next login at the aggregator sends `gateway.username`
+    /// and `gateway.password` where the service calls it; and the operating API lets in whom
+    /// `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
+    /// `admin.allow_ips` and `admin.allow_plain_http` name where it is served. Logged at
+    /// info level with what changed (key ids and names, never a secret); a setting besides
+    /// those that differs from the service's is named in a warning, and not taken. Reads the
+    /// key files: a short blocking call.
     ///
     /// # Errors
     ///
     /// [`CredentialsRefused`] when `config` is not one the service would start with (it is
-    /// checked as at start, every key read), would stop verifying signatures or would turn
-    /// the operating API off: nothing is taken then, keys and tokens stay as they were.
+    /// checked as at start, every key read), would stop verifying signatures, would leave
+    /// the gateway without a login or would turn the operating API off: nothing is taken
+    /// then, every credential stays as it was.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
@@ -310,10 +352,12 @@ impl Credentials {
         // Everything is checked before anything is taken.
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;
+        let login = self.gateway_read_again(&running.gateway, &config.gateway)?;
         let taken = Taken {
             admin: access.is_some(),
             keys: keys.as_ref(),
             verifies: self.ingress.verifies_signatures(),
+            gateway: self.gateway.as_ref().map(|_| login.as_ref()),
         };
         let change = CredentialsChange::between(&running, config, &taken);
         if let Some(access) = &access {
@@ -325,6 +369,11 @@ impl Credentials {
                 running.signature.keys = config.signature.keys.clone();
                 running.signature.algorithm = config.signature.algorithm;
             }
+        }
+        if let (Some((username, password)), Some(gateway)) = (login, &self.gateway) {
+            gateway.replace_credentials(username.clone(), password.clone());
+            running.gateway.username = Some(username);
+            running.gateway.password = Some(password);
         }
         if let (Some(access), Some(current)) = (access, &self.admin) {
             current.replace(access);
@@ -371,6 +420,24 @@ impl Credentials {
             .map(|_| verifier))
     }
 
+    /// The user and password of `config` at the aggregator, when the service calls it and
+    /// they differ from `running`'s.
+    fn gateway_read_again(
+        &self,
+        running: &GatewayConfig,
+        config: &GatewayConfig,
+    ) -> Result<Option<(String, Secret)>, CredentialsRefused> {
+        if self.gateway.is_none() {
+            return Ok(None);
+        }
+        let (Some(username), Some(password)) = (&config.username, &config.password) else {
+            return Err(CredentialsRefused::WouldLoseGatewayLogin);
+        };
+        let same = running.username.as_ref() == Some(username)
+            && running.password.as_ref() == Some(password);
+        Ok((!same).then(|| (username.clone(), password.clone())))
+    }
+
     /// The operating API's access as `config` says, when the API is served.
     fn admin_read_again(
         &self,
@@ -410,7 +477,7 @@ impl Credentials {
                 let mut hangups = match hangups {
                     Ok(hangups) => hangups,
                     Err(error) => {
-                        tracing::error!(%error, "credentials: cannot listen for SIGHUP: the signature keys and the operating API's credentials are read at start only");
+                        tracing::error!(%error, "credentials: cannot listen for SIGHUP: the credentials are read at start only");
                         return std::future::pending().await;
                     }
                 };
@@ -434,11 +501,11 @@ impl Credentials {
                         Ok(Err(error)) => tracing::error!(
                             error = %crate::report::InLine(&error),
                             "credentials: the configuration read again was not taken: the \
-                             signature keys and the operating API's credentials stay as they were"
+                             credentials stay as they were"
                         ),
                         Err(_) => tracing::error!(
                             "credentials: reading the configuration again panicked: the \
-                             signature keys and the operating API's credentials stay as they were"
+                             credentials stay as they were"
                         ),
                     }
                 }
@@ -447,9 +514,8 @@ impl Credentials {
             {
                 let _ = (&mut load, &self);
                 tracing::warn!(
-                    "credentials: no SIGHUP on this system: the signature keys and the \
-                     operating API's credentials are read at start only (or by \
-                     Credentials::read_again)"
+                    "credentials: no SIGHUP on this system: the credentials are read at \
+                     start only (or by Credentials::read_again)"
                 );
                 std::future::pending().await
             }

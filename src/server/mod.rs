@@ -320,8 +320,8 @@ struct Inner {
     metrics_allow: Vec<crate::auth::Cidr>,
     /// The operating API; `None` when it is off.
     operating_api: Option<operating_api::OperatingApi>,
-    /// Who may call: the signature keys and the operating API's credentials, read again
-    /// while the app runs.
+    /// The signature keys, the gateway's login and the operating API's credentials, read
+    /// again while the app runs.
     credentials: Credentials,
     /// The recent deliveries; `None` when the operating API or recording is off.
     inspector: Option<Arc<Inspector>>,
@@ -429,9 +429,10 @@ impl App {
         }
     }
 
-    /// Who may call the app — the aggregator's signature keys, the operating API's
-    /// credentials — to read again while it runs: a key rotated, an operator added or taken
-    /// out, without a restart (see [`Credentials`]). Take it before [`serve`] takes the app.
+    /// The app's credentials — the aggregator's signature keys, the merchant's user and
+    /// password at the aggregator, the operating API's tokens — to read again while it runs:
+    /// a key rotated, a password changed, an operator added or taken out, without a restart
+    /// (see [`Credentials`]). Take it before [`serve`] takes the app.
     pub fn credentials(&self) -> Credentials {
         self.inner.credentials.clone()
     }
@@ -1067,7 +1068,12 @@ impl AppBuilder {
             Arc::clone(&metrics),
             self.config.callback.retry_after,
         ));
-        let credentials = Credentials::new(admin.clone(), Arc::clone(&ingress), running);
+        let credentials = Credentials::new(
+            admin.clone(),
+            Arc::clone(&ingress),
+            gateway.clone(),
+            running,
+        );
         let inspector = admin
             .as_ref()
             .and_then(|_| Inspector::new(self.config.admin.inspector_recent))

@@ -37,6 +37,8 @@ pub struct GatewayState {
     pub reported_skew: TimeDelta,
     /// Every login is refused (401), as after a password change.
     pub refuse_logins: bool,
+    /// The merchant's password it accepts ([`PASSWORD`] until a test changes it).
+    pub password: String,
     /// Login requests, refused ones and those given up by the client included (counted as
     /// they arrive, before [`Self::login_delay`]).
     pub login_attempts: u32,
@@ -87,6 +89,7 @@ impl Default for GatewayState {
             post_delay: Duration::ZERO,
             reported_skew: TimeDelta::zero(),
             refuse_logins: false,
+            password: PASSWORD.to_owned(),
             login_attempts: 0,
             refresh_attempts: 0,
             refuse_refreshes: None,
@@ -307,7 +310,10 @@ async fn handle(
             };
             tokio::time::sleep(delay).await;
             let mut state = state.lock().unwrap();
-            if state.refuse_logins || json["username"] != USERNAME || json["password"] != PASSWORD {
+            if state.refuse_logins
+                || json["username"] != USERNAME
+                || json["password"] != state.password.as_str()
+            {
                 return refusal(&state, 401, "invalid username or password", &body);
             }
             state.logins += 1;

@@ -275,6 +275,17 @@ impl TestServer {
         }
     }
 
+    /// `started`, as this server runs it: its store where [`Self::start_with`] put it.
+    #[allow(
+        dead_code,
+        reason = "not every test binary reads a configuration again"
+    )]
+    pub fn as_run(&self, started: &Config) -> Config {
+        let mut config = started.clone();
+        config.store.path = self.data.path().join("store");
+        config
+    }
+
     /// Begins graceful shutdown.
     pub fn shut_down(&mut self) {
         if let Some(tx) = self.shutdown.take() {
