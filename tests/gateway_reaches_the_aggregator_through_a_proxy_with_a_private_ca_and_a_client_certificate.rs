@@ -278,3 +278,54 @@ fn unusable_transport_settings_are_named() {
         "{error}"
     );
 }
+
+/// A client certificate and its key as PEM text, from a CA of its own: one the TLS front
+/// does not trust.
+fn foreign_client_certificate() -> (String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let certificate = CertificateParams::new(vec!["merchant.example".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    (certificate.pem(), key.serialize_pem())
+}
+
+/// A client certificate renewed in place (the same paths, new contents) is presented from
+/// the next connection on once the files are read again; files read again unchanged change
+/// nothing, and a file that cannot be used is refused while the client goes on with the
+/// ones it had.
+#[tokio::test]
+async fn a_client_certificate_renewed_in_place_is_presented_once_read_again() {
+    let s = setup().await;
+    let good = |name: &str| std::fs::read(s.pki.file(name)).unwrap();
+    let (good_cert, good_key) = (good("client.pem"), good("client-key.pem"));
+    let (foreign_cert, foreign_key) = foreign_client_certificate();
+    std::fs::write(s.pki.file("client.pem"), foreign_cert).unwrap();
+    std::fs::write(s.pki.file("client-key.pem"), foreign_key).unwrap();
+    let config = config(s.front, s.proxy, &s.pki, &s.mock.gateway_config());
+    let client = GatewayClient::new(&config).unwrap();
+    // The front refuses the handshake of a certificate its CA did not sign.
+    let error = client.login().await.unwrap_err();
+    assert!(
+        matches!(error, payhook::gateway::GatewayError::Network { .. }),
+        "{error:?}"
+    );
+
+    std::fs::write(s.pki.file("client.pem"), &good_cert).unwrap();
+    std::fs::write(s.pki.file("client-key.pem"), &good_key).unwrap();
+    assert!(client.clone().read_tls_files_again(&config).unwrap());
+    client.login().await.unwrap();
+    assert!(!client.read_tls_files_again(&config).unwrap(), "unchanged");
+
+    std::fs::write(s.pki.file("client.pem"), "not a certificate").unwrap();
+    let error = client.read_tls_files_again(&config).unwrap_err();
+    assert!(
+        error.to_string().contains("gateway.client_cert_file"),
+        "{error}"
+    );
+    client.login().await.unwrap();
+}

@@ -103,13 +103,18 @@ async fn without_a_password_or_with_another_gateway_nothing_of_it_is_taken() {
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
 
-    let mut without = server.as_run(&started);
-    without.gateway.password = None;
-    let error = credentials.read_again(&without).unwrap_err();
-    assert!(
-        matches!(error, CredentialsRefused::WouldLoseGatewayLogin),
-        "{error:?}"
-    );
+    for forget in [
+        (|g: &mut payhook::config::GatewayConfig| g.password = None) as fn(&mut _),
+        |g| g.username = None,
+    ] {
+        let mut without = server.as_run(&started);
+        forget(&mut without.gateway);
+        let error = credentials.read_again(&without).unwrap_err();
+        assert!(
+            matches!(error, CredentialsRefused::WouldLoseGatewayLogin),
+            "{error:?}"
+        );
+    }
 
     // Another address with a new password: the password is taken, the address is not.
     gateway.with(|s| s.password = NEW_PASSWORD.to_owned());
@@ -138,4 +143,55 @@ async fn a_service_without_a_gateway_takes_none() {
     let change = server.app.credentials().read_again(&next).unwrap();
     assert!(!change.gateway_login);
     assert_eq!(change.need_a_restart, vec!["gateway"]);
+}
+
+/// The gateway's TLS files are read again with the rest: a CA file replaced in place is a
+/// change; one that cannot be used refuses the whole configuration — its password too.
+#[tokio::test]
+async fn the_gateways_tls_files_are_read_again_and_a_bad_one_refuses_all() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    let ca = |name: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.self_signed(&key).unwrap().pem()
+    };
+    std::fs::write(&ca_file, ca("first")).unwrap();
+    let mut started = test_config();
+    started.gateway = gateway.config();
+    started.gateway.ca_file = Some(ca_file.clone());
+    started.admin.token = Some(TOKEN.into());
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.credentials();
+    let config = server.as_run(&started);
+    assert!(credentials.read_again(&config).unwrap().is_empty());
+
+    std::fs::write(&ca_file, ca("second")).unwrap();
+    let change = credentials.read_again(&config).unwrap();
+    assert!(change.gateway_tls && !change.gateway_login, "{change:?}");
+    assert_eq!(change.to_string(), "the gateway's TLS files changed");
+
+    gateway.with(|s| s.password = NEW_PASSWORD.to_owned());
+    let mut next = config.clone();
+    next.gateway.password = Some(payhook::Secret::new(NEW_PASSWORD));
+    std::fs::write(&ca_file, "not a certificate").unwrap();
+    let error = credentials.read_again(&next).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::GatewayTls(_))
+            && error.to_string().contains("gateway.ca_file"),
+        "{error:?}"
+    );
+    let (outcome, message) = reconciled(&server).await;
+    assert!(
+        outcome == "error" && message.contains("invalid username or password"),
+        "the old password still: {message}"
+    );
+    std::fs::write(&ca_file, ca("third")).unwrap();
+    let change = credentials.read_again(&next).unwrap();
+    assert!(change.gateway_tls && change.gateway_login, "{change:?}");
 }

@@ -166,7 +166,12 @@ pub struct GatewayClient {
 }
 
 struct Inner {
-    http: HttpClient,
+    /// The HTTP client, built again when the TLS files change
+    /// ([`GatewayClient::read_tls_files_again`]).
+    transport: std::sync::RwLock<Arc<Transport>>,
+    /// `[gateway]` as the transport was built from (no user nor password): its proxy, for
+    /// building it again.
+    transport_config: GatewayConfig,
     auth_url: String,
     gateway_url: String,
     /// The merchant's user and password as given last
@@ -190,12 +195,19 @@ impl std::fmt::Debug for GatewayClient {
     }
 }
 
+/// An HTTP client and the TLS files it was built with.
+pub(crate) struct Transport {
+    http: HttpClient,
+    /// [`transport::tls_files`] of the files it was built with.
+    tls_files: [u8; 32],
+}
+
 /// The merchant's user and password, one version of them.
-struct Login {
+pub(super) struct Login {
     username: String,
     password: Secret,
     /// Counts the replacements: a refusal of one version pauses no login with the next.
-    version: u64,
+    pub(super) version: u64,
 }
 
 /// One exchange's outcome: the status and the (bounded) body.
@@ -365,14 +377,21 @@ impl GatewayClient {
                 "gateway.timeout must be longer than zero".into(),
             ));
         }
-        let http = transport::gateway_client(config)
-            .map_err(|error| GatewayError::NotConfigured(error.to_string()))?;
+        let transport = Transport {
+            tls_files: transport::tls_files(config).map_err(unusable)?,
+            http: transport::gateway_client(config).map_err(unusable)?,
+        };
         let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
             GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))
         })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                http,
+                transport: std::sync::RwLock::new(Arc::new(transport)),
+                transport_config: GatewayConfig {
+                    username: None,
+                    password: None,
+                    ..config.clone()
+                },
                 auth_url: base(&config.auth_url, "auth_url")?,
                 gateway_url: base(&config.gateway_url, "gateway_url")?,
                 login: std::sync::RwLock::new(Arc::new(Login {
@@ -427,8 +446,66 @@ impl GatewayClient {
         true
     }
 
+    /// Reads the TLS files again — `config`'s `ca_file`, `client_cert_file` and
+    /// `client_key_file`; nothing else of it — and, when they changed (their paths or
+    /// contents: a client certificate renewed in place, say), makes the next connections with
+    /// them, in this client and its clones. Calls under way finish on their connections.
+    /// Returns whether they changed.
+    ///
+    /// # Errors
+    ///
+    /// [`GatewayError::NotConfigured`] naming the file that cannot be read or used: the
+    /// client goes on with the files it had.
+    pub fn read_tls_files_again(&self, config: &GatewayConfig) -> Result<bool, GatewayError> {
+        let transport = self.transport_read_again(config)?;
+        let changed = transport.is_some();
+        if let Some(transport) = transport {
+            self.replace_transport(transport);
+        }
+        Ok(changed)
+    }
+
+    /// A transport built with `config`'s TLS files, when they differ from the client's.
+    pub(crate) fn transport_read_again(
+        &self,
+        config: &GatewayConfig,
+    ) -> Result<Option<Transport>, GatewayError> {
+        let config = GatewayConfig {
+            ca_file: config.ca_file.clone(),
+            client_cert_file: config.client_cert_file.clone(),
+            client_key_file: config.client_key_file.clone(),
+            ..self.inner.transport_config.clone()
+        };
+        let tls_files = transport::tls_files(&config).map_err(unusable)?;
+        if tls_files == self.transport().tls_files {
+            return Ok(None);
+        }
+        let http = transport::gateway_client(&config).map_err(unusable)?;
+        Ok(Some(Transport { http, tls_files }))
+    }
+
+    /// From the next call on, `transport`.
+    pub(crate) fn replace_transport(&self, transport: Transport) {
+        *self
+            .inner
+            .transport
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(transport);
+    }
+
+    /// The transport as built last.
+    fn transport(&self) -> Arc<Transport> {
+        Arc::clone(
+            &self
+                .inner
+                .transport
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     /// The user and password as given last.
-    fn held_login(&self) -> Arc<Login> {
+    pub(super) fn held_login(&self) -> Arc<Login> {
         Arc::clone(
             &self
                 .inner
@@ -436,11 +513,6 @@ impl GatewayClient {
                 .read()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         )
-    }
-
-    /// Which version of the user and password the client holds.
-    fn login_version(&self) -> u64 {
-        self.held_login().version
     }
 
     /// Where the client's session with the aggregator stands (for the inspector's health
@@ -457,7 +529,11 @@ impl GatewayClient {
     /// [`GatewayError::BadCredentials`] when the aggregator refuses the credentials; the
     /// other variants for network, status and body problems.
     pub async fn login(&self) -> Result<LoginSession, GatewayError> {
-        let login = self.held_login();
+        self.login_as(&self.held_login()).await
+    }
+
+    /// [`GatewayClient::login`] as `login`.
+    pub(super) async fn login_as(&self, login: &Login) -> Result<LoginSession, GatewayError> {
         let request = LoginRequest {
             username: login.username.clone(),
             password: login.password.clone(),
@@ -654,9 +730,9 @@ impl GatewayClient {
         let request = request
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| network(e.into()))?;
+        let transport = self.transport();
         let call = async {
-            let response = self
-                .inner
+            let response = transport
                 .http
                 .request(request)
                 .await
@@ -684,6 +760,11 @@ impl GatewayClient {
         tracing::debug!(url, status = answer.status.as_u16(), "gateway answered");
         Ok(answer)
     }
+}
+
+/// A transport setting that cannot be used, as the client's error.
+fn unusable(error: transport::TransportError) -> GatewayError {
+    GatewayError::NotConfigured(error.to_string())
 }
 
 fn to_json<T: Serialize>(value: &T) -> Bytes {

@@ -30,8 +30,9 @@
 //! its results on their own schedule, and a pause of two seconds would still let it send a
 //! refused login every few seconds for as long as the password is wrong (some 1,800 an hour
 //! with a few hundred results queued). A renewal that succeeds ends the pauses, and so do
-//! new credentials (`GatewayClient::replace_credentials`): the pause was for the ones
-//! refused.
+//! new credentials (`GatewayClient::replace_credentials`), whatever failed: the next call
+//! renews with them (a refresh first, while the refresh token held is good). A failure is
+//! counted against the credentials its renewal sent, read once for it.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use std::sync::Arc;
@@ -39,7 +40,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use super::{GatewayClient, GatewayError};
+use super::{GatewayClient, GatewayError, Login};
 use crate::Secret;
 use crate::model::LoginSession;
 
@@ -212,7 +213,7 @@ impl Sessions {
             .map(|held| held.session.access_token.clone());
         if let Some(failed) = &current.failed
             && failed.at.elapsed() < failed.pause
-            && failed.login_version == client.login_version()
+            && failed.login_version == client.held_login().version
         {
             return still_good.ok_or_else(|| failed.error.clone());
         }
@@ -238,8 +239,10 @@ impl Sessions {
         client: &GatewayClient,
         mut current: OwnedMutexGuard<Current>,
     ) -> Result<Secret, GatewayError> {
-        let login_version = client.login_version();
-        match self.renew(client, &mut current.held).await {
+        // Read once: what a login of this renewal sends, and what its failure is held against.
+        let login = client.held_login();
+        let login_version = login.version;
+        match self.renew(client, &mut current.held, &login).await {
             Ok(held) => {
                 let token = held.session.access_token.clone();
                 self.publish(&held);
@@ -282,6 +285,7 @@ impl Sessions {
         &self,
         client: &GatewayClient,
         held: &mut Option<Held>,
+        login: &Login,
     ) -> Result<Held, GatewayError> {
         let renewed = match held.as_mut().map(|held| &mut held.session) {
             Some(session) if beyond(session.refresh_token_expiry_utc, REFRESH_TOKEN_SLACK) => {
@@ -293,13 +297,13 @@ impl Sessions {
                     Err(GatewayError::BadCredentials { message, .. }) => {
                         tracing::info!(message = %crate::Logged(&message), "refresh refused; logging in again");
                         session.refresh_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
-                        client.login().await?
+                        client.login_as(login).await?
                     }
                     Err(error) => return Err(error),
                 }
             }
             _ => {
-                let session = client.login().await?;
+                let session = client.login_as(login).await?;
                 tracing::info!("logged in to the gateway");
                 session
             }

@@ -50,6 +50,33 @@ impl TransportError {
     }
 }
 
+/// The TLS files of `config` — `ca_file`, `client_cert_file`, `client_key_file` — as one
+/// SHA-256 digest of their paths and contents: whether files read again changed, a file
+/// replaced under its path included (a certificate renewed). Kept in memory only.
+pub(crate) fn tls_files(config: &GatewayConfig) -> Result<[u8; 32], TransportError> {
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    for (setting, path) in [
+        ("gateway.ca_file", &config.ca_file),
+        ("gateway.client_cert_file", &config.client_cert_file),
+        ("gateway.client_key_file", &config.client_key_file),
+    ] {
+        let Some(path) = path else {
+            digest.update(&[0]);
+            continue;
+        };
+        let bytes = std::fs::read(path)
+            .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
+        let name = path.as_os_str().as_encoded_bytes();
+        for part in [name, &bytes] {
+            digest.update(&(part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+    }
+    let mut files = [0; 32];
+    files.copy_from_slice(digest.finish().as_ref());
+    Ok(files)
+}
+
 /// A client that talks straight to its destinations, trusting the web's roots: for the
 /// simulator and the operating API's client, which talk to services on loopback.
 pub(crate) fn direct_client() -> Result<HttpClient, TransportError> {

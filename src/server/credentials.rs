@@ -7,8 +7,9 @@
 //!
 //! What is read again: `signature.keys` and `signature.algorithm` (the keys' default), where
 //! the service verifies signatures — every key file is read again, a file replaced under the
-//! same path being a rotation too; `gateway.username` and `gateway.password`, where the
-//! service calls the aggregator; and what
+//! same path being a rotation too; `gateway.username`, `gateway.password` and the gateway's
+//! TLS files (`gateway.ca_file`, `client_cert_file`, `client_key_file`, read again too),
+//! where the service calls the aggregator; and what
 //! [`AdminAccess`](super::admin_access::AdminAccess) reads, where the operating API is
 //! served: `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
 //! `admin.allow_ips` and `admin.allow_plain_http`. Every other setting stays as the service
@@ -43,7 +44,9 @@ use crate::signature::{SignatureConfig, Verifier};
 ///   over (about 3 days with payhook's simulator; the aggregator's own schedule decides).
 /// - **the aggregator's login**: the next login sends the new user and password, at once
 ///   even where logins are paused after the aggregator refused the old ones (see
-///   [`GatewayClient::replace_credentials`]).
+///   [`GatewayClient::replace_credentials`]); the next connections to the aggregator present
+///   the client certificate and trust the CA as their files now say
+///   ([`GatewayClient::read_tls_files_again`]).
 /// - **operating API**: a token no longer configured is refused (401) — an operator taken
 ///   out, a token replaced — and so is every inspector session of it; an operator made a
 ///   viewer may change nothing from their next call on, in their open sessions too. The
@@ -104,6 +107,9 @@ pub enum CredentialsRefused {
          and would have none to log in with"
     )]
     WouldLoseGatewayLogin,
+    /// A TLS file of the gateway's cannot be read or used; the error names it.
+    #[error(transparent)]
+    GatewayTls(crate::gateway::GatewayError),
     /// It sets no token, shared or an operator's: that would turn the operating API off,
     /// which takes a restart (its routes are served or not from the start).
     #[error(
@@ -125,6 +131,9 @@ pub struct CredentialsChange {
     pub signature_keys: Option<Vec<String>>,
     /// `gateway.username` or `gateway.password` changed: the next login sends them.
     pub gateway_login: bool,
+    /// The gateway's TLS files changed (`gateway.ca_file`, `client_cert_file`,
+    /// `client_key_file`: their paths or contents): the next connections use them.
+    pub gateway_tls: bool,
     /// Operators who have a token now and had none.
     pub added: Vec<String>,
     /// Operators who had a token and have none now: their calls and sessions are refused.
@@ -155,16 +164,20 @@ struct Taken<'a> {
     keys: Option<&'a Verifier>,
     /// Signatures are verified: the keys are read again.
     verifies: bool,
-    /// The service calls the aggregator: its user and password are read again; the new ones
-    /// when they changed.
-    gateway: Option<Option<&'a (String, Secret)>>,
+    /// The service calls the aggregator: its user, password and TLS files are read again.
+    gateway: bool,
+    /// The gateway's user and password changed.
+    gateway_login: bool,
+    /// The gateway's TLS files changed.
+    gateway_tls: bool,
 }
 
 impl CredentialsChange {
     fn between(before: &Config, after: &Config, taken: &Taken<'_>) -> Self {
         let mut change = Self {
             signature_keys: taken.keys.map(key_names),
-            gateway_login: matches!(taken.gateway, Some(Some(_))),
+            gateway_login: taken.gateway_login,
+            gateway_tls: taken.gateway_tls,
             need_a_restart: need_a_restart(before, after, taken),
             ..Self::default()
         };
@@ -227,6 +240,7 @@ impl CredentialsChange {
                 "gateway.username or gateway.password changed",
                 self.gateway_login,
             ),
+            ("the gateway's TLS files changed", self.gateway_tls),
             ("admin.token changed", self.shared_token),
             ("admin.session_secret changed", self.session_secret),
             (
@@ -286,13 +300,16 @@ fn need_a_restart(before: &Config, after: &Config, taken: &Taken<'_>) -> Vec<&'s
     } else {
         &[("admin", before.admin != after.admin)]
     };
-    // The gateway's other settings, where its user and password are taken.
+    // The gateway's other settings, where its user, password and TLS files are taken.
     let gateway = |config: &Config| GatewayConfig {
         username: None,
         password: None,
+        ca_file: None,
+        client_cert_file: None,
+        client_key_file: None,
         ..config.gateway.clone()
     };
-    let gateway_differs = if taken.gateway.is_some() {
+    let gateway_differs = if taken.gateway {
         gateway(before) != gateway(after)
     } else {
         before.gateway != after.gateway
@@ -353,11 +370,19 @@ impl Credentials {
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;
         let login = self.gateway_read_again(&running.gateway, &config.gateway)?;
+        let transport = match &self.gateway {
+            Some(gateway) => gateway
+                .transport_read_again(&config.gateway)
+                .map_err(CredentialsRefused::GatewayTls)?,
+            None => None,
+        };
         let taken = Taken {
             admin: access.is_some(),
             keys: keys.as_ref(),
             verifies: self.ingress.verifies_signatures(),
-            gateway: self.gateway.as_ref().map(|_| login.as_ref()),
+            gateway: self.gateway.is_some(),
+            gateway_login: login.is_some(),
+            gateway_tls: transport.is_some(),
         };
         let change = CredentialsChange::between(&running, config, &taken);
         if let Some(access) = &access {
@@ -370,10 +395,24 @@ impl Credentials {
                 running.signature.algorithm = config.signature.algorithm;
             }
         }
-        if let (Some((username, password)), Some(gateway)) = (login, &self.gateway) {
-            gateway.replace_credentials(username.clone(), password.clone());
-            running.gateway.username = Some(username);
-            running.gateway.password = Some(password);
+        if let Some(gateway) = &self.gateway {
+            if let Some((username, password)) = login {
+                gateway.replace_credentials(username.clone(), password.clone());
+                running.gateway.username = Some(username);
+                running.gateway.password = Some(password);
+            }
+            if let Some(transport) = transport {
+                gateway.replace_transport(transport);
+                running.gateway.ca_file.clone_from(&config.gateway.ca_file);
+                running
+                    .gateway
+                    .client_cert_file
+                    .clone_from(&config.gateway.client_cert_file);
+                running
+                    .gateway
+                    .client_key_file
+                    .clone_from(&config.gateway.client_key_file);
+            }
         }
         if let (Some(access), Some(current)) = (access, &self.admin) {
             current.replace(access);

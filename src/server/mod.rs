@@ -443,6 +443,14 @@ impl App {
         self.inner.awaitable.as_ref().map(|a| a.resolver().clone())
     }
 
+    /// The app's own client of the aggregator (a complete `[gateway]`), which its outbox
+    /// and operating API use and whose credentials [`Credentials::read_again`] replaces;
+    /// `None` without one. Use it for [`App::reconcile`]: a client built apart keeps the
+    /// password it was built with.
+    pub fn gateway(&self) -> Option<crate::gateway::GatewayClient> {
+        self.inner.gateway.clone()
+    }
+
     /// The app's store; `None` when built `without_store`.
     pub fn store(&self) -> Option<Arc<dyn Store>> {
         self.inner.exactly_once.store().cloned()
@@ -830,7 +838,8 @@ impl App {
     /// reconcile) is not booked again, and a callback arriving later is a duplicate.
     ///
     /// ```no_run
-    /// # async fn run(app: payhook::App, gateway: payhook::gateway::GatewayClient) {
+    /// # async fn run(app: payhook::App) {
+    /// let gateway = app.gateway().expect("a complete [gateway]");
     /// let id = "0b7e5a52-2f59-4c1e-9d0c-000000000001".parse().unwrap();
     /// for (reference_id, outcome) in app.reconcile(&gateway, &[id]).await {
     ///     println!("{reference_id}: {outcome:?}");
