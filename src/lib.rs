@@ -129,8 +129,9 @@
 //!   three handlers, timeouts, failures); the status code table turns every refusal into an
 //!   answer; the operating API sits beside the ingress, letting in the shared token or an
 //!   operator's own ([`server::OperatorToken`]), whose changes are kept with their name;
-//!   the credentials — the aggregator's signature keys, the merchant's password at the
-//!   aggregator, the operators' tokens — are read again while the service runs
+//!   the credentials — the aggregator's signature keys, the merchant's password and client
+//!   certificate at the aggregator, the operators' tokens — are read again while the service
+//!   runs
 //!   ([`server::Credentials`], on SIGHUP).
 //! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
 //!   new one), its span names the trace, and the gateway client passes it on.

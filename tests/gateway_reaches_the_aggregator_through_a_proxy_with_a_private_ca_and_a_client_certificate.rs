@@ -295,9 +295,10 @@ fn foreign_client_certificate() -> (String, String) {
 }
 
 /// A client certificate renewed in place (the same paths, new contents) is presented from
-/// the next connection on once the files are read again; files read again unchanged change
-/// nothing, and a file that cannot be used is refused while the client goes on with the
-/// ones it had.
+/// the next connection on once the files are read again — at once, though the session's
+/// renewals were paused after the refused handshake; files read again unchanged change
+/// nothing, and a file that cannot be used is refused while the client goes on with the ones
+/// it had.
 #[tokio::test]
 async fn a_client_certificate_renewed_in_place_is_presented_once_read_again() {
     let s = setup().await;
@@ -308,17 +309,22 @@ async fn a_client_certificate_renewed_in_place_is_presented_once_read_again() {
     std::fs::write(s.pki.file("client-key.pem"), foreign_key).unwrap();
     let config = config(s.front, s.proxy, &s.pki, &s.mock.gateway_config());
     let client = GatewayClient::new(&config).unwrap();
-    // The front refuses the handshake of a certificate its CA did not sign.
-    let error = client.login().await.unwrap_err();
-    assert!(
-        matches!(error, payhook::gateway::GatewayError::Network { .. }),
-        "{error:?}"
-    );
+    // A lookup logs in first; the mock aggregator knows no such transaction (404) once in.
+    let look_up = || client.transaction(uuid::Uuid::nil());
+    // The front refuses the handshake of a certificate its CA did not sign; renewals pause.
+    for _ in 0..2 {
+        let error = look_up().await.unwrap_err();
+        assert!(
+            matches!(error, payhook::gateway::GatewayError::Network { .. }),
+            "{error:?}"
+        );
+    }
 
     std::fs::write(s.pki.file("client.pem"), &good_cert).unwrap();
     std::fs::write(s.pki.file("client-key.pem"), &good_key).unwrap();
     assert!(client.clone().read_tls_files_again(&config).unwrap());
-    client.login().await.unwrap();
+    let error = look_up().await.unwrap_err();
+    assert_eq!(error.status(), Some(404), "logged in: {error:?}");
     assert!(!client.read_tls_files_again(&config).unwrap(), "unchanged");
 
     std::fs::write(s.pki.file("client.pem"), "not a certificate").unwrap();

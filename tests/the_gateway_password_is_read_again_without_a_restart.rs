@@ -143,6 +143,15 @@ async fn a_service_without_a_gateway_takes_none() {
     let change = server.app.credentials().read_again(&next).unwrap();
     assert!(!change.gateway_login);
     assert_eq!(change.need_a_restart, vec!["gateway"]);
+
+    // One its restart would fail on is refused now.
+    next.gateway.ca_file = Some(server.data.path().join("no-such-ca.pem"));
+    let error = server.app.credentials().read_again(&next).unwrap_err();
+    assert!(
+        matches!(error, CredentialsRefused::GatewayTls(_))
+            && error.to_string().contains("gateway.ca_file"),
+        "{error:?}"
+    );
 }
 
 /// The gateway's TLS files are read again with the rest: a CA file replaced in place is a
@@ -175,6 +184,16 @@ async fn the_gateways_tls_files_are_read_again_and_a_bad_one_refuses_all() {
     let change = credentials.read_again(&config).unwrap();
     assert!(change.gateway_tls && !change.gateway_login, "{change:?}");
     assert_eq!(change.to_string(), "the gateway's TLS files changed");
+
+    // Another path is taken too, and waits for no restart.
+    let moved = dir.path().join("moved-ca.pem");
+    std::fs::write(&moved, ca("moved")).unwrap();
+    let mut elsewhere = config.clone();
+    elsewhere.gateway.ca_file = Some(moved);
+    let change = credentials.read_again(&elsewhere).unwrap();
+    assert!(change.gateway_tls, "{change:?}");
+    assert!(change.need_a_restart.is_empty(), "{change:?}");
+    credentials.read_again(&config).unwrap();
 
     gateway.with(|s| s.password = NEW_PASSWORD.to_owned());
     let mut next = config.clone();

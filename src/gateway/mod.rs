@@ -198,8 +198,10 @@ impl std::fmt::Debug for GatewayClient {
 /// An HTTP client and the TLS files it was built with.
 pub(crate) struct Transport {
     http: HttpClient,
-    /// [`transport::tls_files`] of the files it was built with.
+    /// The digest of the TLS files it was built with ([`transport::gateway_client`]).
     tls_files: [u8; 32],
+    /// The digest of the transport's it replaces, when built to replace one.
+    replaces: [u8; 32],
 }
 
 /// The merchant's user and password, one version of them.
@@ -377,9 +379,11 @@ impl GatewayClient {
                 "gateway.timeout must be longer than zero".into(),
             ));
         }
+        let (http, tls_files) = transport::gateway_client(config).map_err(unusable)?;
         let transport = Transport {
-            tls_files: transport::tls_files(config).map_err(unusable)?,
-            http: transport::gateway_client(config).map_err(unusable)?,
+            http,
+            tls_files,
+            replaces: tls_files,
         };
         let auth_header = HeaderName::from_bytes(config.auth_header.as_bytes()).map_err(|_| {
             GatewayError::NotConfigured(format!("`{}` is not a header name", config.auth_header))
@@ -446,23 +450,38 @@ impl GatewayClient {
         true
     }
 
+    /// A new version of the credentials as they are: a pause after the renewals of the old
+    /// one ends (its failure may have been the TLS files'; the aggregator's login endpoint,
+    /// or an mTLS front, may refuse a certificate with a 400).
+    fn new_login_version(&self) {
+        let mut login = self
+            .inner
+            .login
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *login = Arc::new(Login {
+            username: login.username.clone(),
+            password: login.password.clone(),
+            version: login.version.wrapping_add(1),
+        });
+    }
+
     /// Reads the TLS files again — `config`'s `ca_file`, `client_cert_file` and
     /// `client_key_file`; nothing else of it — and, when they changed (their paths or
     /// contents: a client certificate renewed in place, say), makes the next connections with
-    /// them, in this client and its clones. Calls under way finish on their connections.
-    /// Returns whether they changed.
+    /// them, in this client and its clones — at once even where renewals of the session are
+    /// paused after failures. Calls under way finish on their connections. Returns whether
+    /// they changed (and were taken: of two readings at once, the later one to finish finds
+    /// the files the other took).
     ///
     /// # Errors
     ///
     /// [`GatewayError::NotConfigured`] naming the file that cannot be read or used: the
     /// client goes on with the files it had.
     pub fn read_tls_files_again(&self, config: &GatewayConfig) -> Result<bool, GatewayError> {
-        let transport = self.transport_read_again(config)?;
-        let changed = transport.is_some();
-        if let Some(transport) = transport {
-            self.replace_transport(transport);
-        }
-        Ok(changed)
+        Ok(self
+            .transport_read_again(config)?
+            .is_some_and(|transport| self.replace_transport(transport)))
     }
 
     /// A transport built with `config`'s TLS files, when they differ from the client's.
@@ -476,21 +495,31 @@ impl GatewayClient {
             client_key_file: config.client_key_file.clone(),
             ..self.inner.transport_config.clone()
         };
-        let tls_files = transport::tls_files(&config).map_err(unusable)?;
-        if tls_files == self.transport().tls_files {
-            return Ok(None);
-        }
-        let http = transport::gateway_client(&config).map_err(unusable)?;
-        Ok(Some(Transport { http, tls_files }))
+        // Built whatever the files say, from one reading of each, then compared.
+        let (http, tls_files) = transport::gateway_client(&config).map_err(unusable)?;
+        let replaces = self.transport().tls_files;
+        Ok((tls_files != replaces).then_some(Transport {
+            http,
+            tls_files,
+            replaces,
+        }))
     }
 
-    /// From the next call on, `transport`.
-    pub(crate) fn replace_transport(&self, transport: Transport) {
-        *self
+    /// From the next call on, `transport`, unless the transport it was built to replace was
+    /// replaced meanwhile; returns whether it was taken.
+    pub(crate) fn replace_transport(&self, transport: Transport) -> bool {
+        let mut current = self
             .inner
             .transport
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(transport);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.tls_files != transport.replaces {
+            return false;
+        }
+        *current = Arc::new(transport);
+        drop(current);
+        self.new_login_version();
+        true
     }
 
     /// The transport as built last.

@@ -50,33 +50,6 @@ impl TransportError {
     }
 }
 
-/// The TLS files of `config` — `ca_file`, `client_cert_file`, `client_key_file` — as one
-/// SHA-256 digest of their paths and contents: whether files read again changed, a file
-/// replaced under its path included (a certificate renewed). Kept in memory only.
-pub(crate) fn tls_files(config: &GatewayConfig) -> Result<[u8; 32], TransportError> {
-    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-    for (setting, path) in [
-        ("gateway.ca_file", &config.ca_file),
-        ("gateway.client_cert_file", &config.client_cert_file),
-        ("gateway.client_key_file", &config.client_key_file),
-    ] {
-        let Some(path) = path else {
-            digest.update(&[0]);
-            continue;
-        };
-        let bytes = std::fs::read(path)
-            .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
-        let name = path.as_os_str().as_encoded_bytes();
-        for part in [name, &bytes] {
-            digest.update(&(part.len() as u64).to_be_bytes());
-            digest.update(part);
-        }
-    }
-    let mut files = [0; 32];
-    files.copy_from_slice(digest.finish().as_ref());
-    Ok(files)
-}
-
 /// A client that talks straight to its destinations, trusting the web's roots: for the
 /// simulator and the operating API's client, which talk to services on loopback.
 pub(crate) fn direct_client() -> Result<HttpClient, TransportError> {
@@ -84,10 +57,26 @@ pub(crate) fn direct_client() -> Result<HttpClient, TransportError> {
     Ok(client(tls, Matcher::builder().build()))
 }
 
-/// The client of `[gateway]`: its CA, client certificate and proxy.
-pub(crate) fn gateway_client(config: &GatewayConfig) -> Result<HttpClient, TransportError> {
+/// The client of `[gateway]` — its CA, client certificate and proxy — with the SHA-256
+/// digest of its TLS files' paths and contents ([`TlsFile`]), each file read once: whether
+/// files read again changed, a file replaced under its path included (a certificate
+/// renewed).
+pub(crate) fn gateway_client(
+    config: &GatewayConfig,
+) -> Result<(HttpClient, [u8; 32]), TransportError> {
+    let ca = config
+        .ca_file
+        .as_deref()
+        .map(|path| TlsFile::read(path, "gateway.ca_file"))
+        .transpose()?;
     let identity = match (&config.client_cert_file, &config.client_key_file) {
-        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (Some(cert), Some(key)) => {
+            crate::secret::warn_if_readable_by_others(key, "the gateway's client key");
+            Some((
+                TlsFile::read(cert, "gateway.client_cert_file")?,
+                TlsFile::read(key, "gateway.client_key_file")?,
+            ))
+        }
         (None, None) => None,
         _ => {
             return Err(TransportError::new(
@@ -96,8 +85,67 @@ pub(crate) fn gateway_client(config: &GatewayConfig) -> Result<HttpClient, Trans
             ));
         }
     };
-    let tls = tls_config(config.ca_file.as_deref(), identity)?;
-    Ok(client(tls, proxy_matcher(config)?))
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    for file in [ca.as_ref(), identity.as_ref().map(|(cert, _)| cert)]
+        .into_iter()
+        .chain([identity.as_ref().map(|(_, key)| key)])
+    {
+        match file {
+            Some(file) => file.digest_into(&mut digest),
+            None => digest.update(&[0]),
+        }
+    }
+    let mut files = [0; 32];
+    files.copy_from_slice(digest.finish().as_ref());
+    let tls = tls_config(
+        ca.as_ref(),
+        identity.as_ref().map(|(cert, key)| (cert, key)),
+    )?;
+    Ok((client(tls, proxy_matcher(config)?), files))
+}
+
+/// A TLS file of `[gateway]` as read, with its path for the errors.
+struct TlsFile<'a> {
+    path: &'a Path,
+    setting: &'static str,
+    bytes: Vec<u8>,
+}
+
+impl<'a> TlsFile<'a> {
+    fn read(path: &'a Path, setting: &'static str) -> Result<Self, TransportError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
+        Ok(Self {
+            path,
+            setting,
+            bytes,
+        })
+    }
+
+    /// Adds the file to `digest`: a tag, then its path and its contents, each after its
+    /// length.
+    fn digest_into(&self, digest: &mut ring::digest::Context) {
+        digest.update(&[1]);
+        for part in [self.path.as_os_str().as_encoded_bytes(), &self.bytes] {
+            digest.update(&(part.len() as u64).to_be_bytes());
+            digest.update(part);
+        }
+    }
+
+    /// Every PEM certificate in the file; at least one.
+    fn certificates(&self) -> Result<Vec<CertificateDer<'static>>, TransportError> {
+        let certificates = CertificateDer::pem_slice_iter(&self.bytes)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.error(e))?;
+        if certificates.is_empty() {
+            return Err(self.error("no PEM certificate in it"));
+        }
+        Ok(certificates)
+    }
+
+    fn error(&self, reason: impl std::fmt::Display) -> TransportError {
+        TransportError::new(self.setting, format!("{}: {reason}", self.path.display()))
+    }
 }
 
 fn client(tls: rustls::ClientConfig, proxy: Matcher) -> HttpClient {
@@ -209,23 +257,18 @@ fn not_a_connect_proxy(setting: &str) -> TransportError {
 
 /// rustls with the web's roots, the certificates of `ca_file`, and a client certificate.
 fn tls_config(
-    ca_file: Option<&Path>,
-    identity: Option<(&Path, &Path)>,
+    ca_file: Option<&TlsFile<'_>>,
+    identity: Option<(&TlsFile<'_>, &TlsFile<'_>)>,
 ) -> Result<rustls::ClientConfig, TransportError> {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    if let Some(path) = ca_file {
-        let certificates = read_certificates(path, "gateway.ca_file")?;
-        let (added, ignored) = roots.add_parsable_certificates(certificates);
+    if let Some(file) = ca_file {
+        let (added, ignored) = roots.add_parsable_certificates(file.certificates()?);
         if added == 0 || ignored > 0 {
-            return Err(TransportError::new(
-                "gateway.ca_file",
-                format!(
-                    "{}: {added} CA certificate(s) read, {ignored} unusable",
-                    path.display()
-                ),
-            ));
+            return Err(file.error(format!(
+                "{added} CA certificate(s) read, {ignored} unusable"
+            )));
         }
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -236,36 +279,15 @@ fn tls_config(
     .with_root_certificates(roots);
     match identity {
         None => Ok(builder.with_no_client_auth()),
-        Some((cert, key)) => {
-            let chain = read_certificates(cert, "gateway.client_cert_file")?;
-            crate::secret::warn_if_readable_by_others(key, "the gateway's client key");
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                TransportError::new(
-                    "gateway.client_key_file",
-                    format!("{}: no PEM private key read ({e})", key.display()),
-                )
-            })?;
+        Some((cert, key_file)) => {
+            let chain = cert.certificates()?;
+            let key = PrivateKeyDer::from_pem_slice(&key_file.bytes)
+                .map_err(|e| key_file.error(format!("no PEM private key read ({e})")))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| TransportError::new("gateway.client_cert_file", e))
         }
     }
-}
-
-fn read_certificates(
-    path: &Path,
-    setting: &str,
-) -> Result<Vec<CertificateDer<'static>>, TransportError> {
-    let certificates = CertificateDer::pem_file_iter(path)
-        .and_then(|all| all.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
-    if certificates.is_empty() {
-        return Err(TransportError::new(
-            setting,
-            format!("{}: no PEM certificate in it", path.display()),
-        ));
-    }
-    Ok(certificates)
 }
 
 /// Opens the TCP connection under the TLS layer: direct, or tunnelled through the proxy that

@@ -29,7 +29,8 @@ use crate::logged::Logged;
 use crate::signature::{SignatureConfig, Verifier};
 
 /// The credentials of a running [`App`](crate::App) — the aggregator's signature keys, the
-/// merchant's user and password at the aggregator, the operating API's tokens — which a
+/// merchant's user and password at the aggregator and the TLS files of its connections, the
+/// operating API's tokens — which a
 /// configuration read again replaces: got from
 /// [`App::credentials`](crate::App::credentials) before the app is served. Clones share them.
 ///
@@ -82,7 +83,7 @@ impl fmt::Debug for Credentials {
 }
 
 /// Why a configuration read again was not taken: every credential stays as it was, the
-/// signature keys, the gateway's login and the operating API's alike.
+/// signature keys, the gateway's login and TLS files and the operating API's alike.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CredentialsRefused {
@@ -107,7 +108,9 @@ pub enum CredentialsRefused {
          and would have none to log in with"
     )]
     WouldLoseGatewayLogin,
-    /// A TLS file of the gateway's cannot be read or used; the error names it.
+    /// A TLS file of the gateway's cannot be read or used — or, where the service calls no
+    /// aggregator (yet), a setting of its complete `[gateway]`: the restart that takes it
+    /// would fail; the error names the setting.
     #[error(transparent)]
     GatewayTls(crate::gateway::GatewayError),
     /// It sets no token, shared or an operator's: that would turn the operating API off,
@@ -348,20 +351,21 @@ impl Credentials {
 
     /// Takes the credentials of `config`: from the next call on, signatures are verified by
     /// `signature.keys` (read again, files included, with `signature.algorithm`) where the
-    /// service verifies signatures; the next login at the aggregator sends `gateway.username`
-    /// and `gateway.password` where the service calls it; and the operating API lets in whom
-    /// `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
-    /// `admin.allow_ips` and `admin.allow_plain_http` name where it is served. Logged at
-    /// info level with what changed (key ids and names, never a secret); a setting besides
-    /// those that differs from the service's is named in a warning, and not taken. Reads the
-    /// key files: a short blocking call.
+    /// service verifies signatures; where the service calls the aggregator, the next login
+    /// sends `gateway.username` and `gateway.password` and the next connections are made with
+    /// `gateway.ca_file`, `client_cert_file` and `client_key_file` (read again too); and the
+    /// operating API lets in whom `admin.token`, `admin.operators`, `admin.viewers`,
+    /// `admin.session_secret`, `admin.allow_ips` and `admin.allow_plain_http` name where it
+    /// is served. Logged at info level with what changed (key ids and names, never a
+    /// secret); a setting besides those that differs from the service's is named in a
+    /// warning, and not taken. Reads the key and TLS files: a short blocking call.
     ///
     /// # Errors
     ///
     /// [`CredentialsRefused`] when `config` is not one the service would start with (it is
-    /// checked as at start, every key read), would stop verifying signatures, would leave
-    /// the gateway without a login or would turn the operating API off: nothing is taken
-    /// then, every credential stays as it was.
+    /// checked as at start, every key and TLS file read), would stop verifying signatures,
+    /// would leave the gateway without a login or would turn the operating API off: nothing
+    /// is taken then, every credential stays as it was.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
@@ -460,13 +464,17 @@ impl Credentials {
     }
 
     /// The user and password of `config` at the aggregator, when the service calls it and
-    /// they differ from `running`'s.
+    /// they differ from `running`'s. A service that calls none is not to be told a complete
+    /// `[gateway]` is fine when its restart would fail on it: that one is checked.
     fn gateway_read_again(
         &self,
         running: &GatewayConfig,
         config: &GatewayConfig,
     ) -> Result<Option<(String, Secret)>, CredentialsRefused> {
         if self.gateway.is_none() {
+            if config.is_complete() {
+                GatewayClient::new(config).map_err(CredentialsRefused::GatewayTls)?;
+            }
             return Ok(None);
         }
         let (Some(username), Some(password)) = (&config.username, &config.password) else {

@@ -430,9 +430,10 @@ impl App {
     }
 
     /// The app's credentials — the aggregator's signature keys, the merchant's user and
-    /// password at the aggregator, the operating API's tokens — to read again while it runs:
-    /// a key rotated, a password changed, an operator added or taken out, without a restart
-    /// (see [`Credentials`]). Take it before [`serve`] takes the app.
+    /// password at the aggregator and the TLS files of its connections, the operating API's
+    /// tokens — to read again while it runs: a key rotated, a password changed, a client
+    /// certificate renewed, an operator added or taken out, without a restart (see
+    /// [`Credentials`]). Take it before [`serve`] takes the app.
     pub fn credentials(&self) -> Credentials {
         self.inner.credentials.clone()
     }
