@@ -26,21 +26,27 @@ struct Pki {
     ca_der: rustls::pki_types::CertificateDer<'static>,
 }
 
+/// A new CA (its certificate and key) and a client certificate it signed (with its key).
+fn ca_and_client() -> ((rcgen::Certificate, KeyPair), (rcgen::Certificate, KeyPair)) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client = CertificateParams::new(vec!["merchant.example".to_owned()])
+        .unwrap()
+        .signed_by(&client_key, &ca, &ca_key)
+        .unwrap();
+    ((ca, ca_key), (client, client_key))
+}
+
 impl Pki {
     fn new() -> Self {
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let ((ca, ca_key), (client, client_key)) = ca_and_client();
         let server_key = KeyPair::generate().unwrap();
         let server = CertificateParams::new(vec!["localhost".to_owned()])
             .unwrap()
             .signed_by(&server_key, &ca, &ca_key)
-            .unwrap();
-        let client_key = KeyPair::generate().unwrap();
-        let client = CertificateParams::new(vec!["merchant.example".to_owned()])
-            .unwrap()
-            .signed_by(&client_key, &ca, &ca_key)
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
@@ -282,15 +288,7 @@ fn unusable_transport_settings_are_named() {
 /// A client certificate and its key as PEM text, from a CA of its own: one the TLS front
 /// does not trust.
 fn foreign_client_certificate() -> (String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let certificate = CertificateParams::new(vec!["merchant.example".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
+    let (_, (certificate, key)) = ca_and_client();
     (certificate.pem(), key.serialize_pem())
 }
 
