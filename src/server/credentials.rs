@@ -1,6 +1,7 @@
 //! The service's credentials, read again while it runs ([`Credentials`]): the aggregator's
-//! signature keys rotated, the merchant's password at the aggregator changed, an operator
-//! added, one who left taken out, a token replaced, a viewer named — on SIGHUP
+//! signature keys rotated, the merchant's password at the aggregator changed or its client
+//! certificate renewed, an operator added, one who left taken out, a token replaced, a
+//! viewer named — on SIGHUP
 //! ([`Credentials::read_again_on_hangup`]) or when the merchant's service says
 //! ([`Credentials::read_again`]), without a restart, which would cut the deliveries in
 //! flight and, without `admin.session_secret`, end every inspector session.
@@ -30,12 +31,11 @@ use crate::signature::{SignatureConfig, Verifier};
 
 /// The credentials of a running [`App`](crate::App) — the aggregator's signature keys, the
 /// merchant's user and password at the aggregator and the TLS files of its connections, the
-/// operating API's tokens — which a
-/// configuration read again replaces: got from
+/// operating API's tokens — which a configuration read again replaces: got from
 /// [`App::credentials`](crate::App::credentials) before the app is served. Clones share them.
 ///
-/// A call is judged by the credentials as read when it is checked (its signature once its body
-/// has arrived); one checked before goes on. Once they are replaced:
+/// A call is judged by the credentials as read when it is checked (its signature once its
+/// body has arrived); one checked before goes on. Once they are replaced:
 ///
 /// - **signature keys**: a signature is verified by the keys now listed, and nothing
 ///   verified before counts as verified — a retry signed by a key taken out is refused (401)
@@ -60,7 +60,7 @@ use crate::signature::{SignatureConfig, Verifier};
 /// ```no_run
 /// # async fn run(app: payhook::App) {
 /// // `kill -HUP <pid>` after editing the file named by PAYHOOK_CONFIG, or replacing a key
-/// // file it names.
+/// // or certificate file it names.
 /// tokio::spawn(app.credentials().read_again_on_hangup(payhook::Config::from_env));
 /// # }
 /// ```

@@ -118,8 +118,9 @@ impl Ingress {
 
     /// From now on, `verifier` verifies signatures, and nothing verified before is taken for
     /// verified again: a pair verified under a key taken out is refused on its next
-    /// delivery. Waits for the checks under way; calls that passed their check go on. Returns `verifier` back when the app
-    /// verifies no signature (whether it does is set when it is built).
+    /// delivery. Waits for the checks under way; calls that passed their check go on.
+    /// Returns `verifier` back when the app verifies no signature (whether it does is set
+    /// when it is built).
     pub(super) fn replace_verifier(&self, verifier: Verifier) -> Result<(), Verifier> {
         let Some(current) = &self.verifying else {
             return Err(verifier);
