@@ -151,6 +151,8 @@
 //! * `scaffold` (feature `scaffold`) — `payhook new`: a merchant crate rendered from
 //!   `templates/merchant/`.
 //! * [`Secret`] — strings that redact themselves in `Debug`.
+//! * `current` — a value replaced whole while calls read it: the credentials read again
+//!   without a restart.
 //! * [`Error`] — the crate-level error for applications; [`Report`] prints any error with
 //!   its causes, each once.
 //!
@@ -176,6 +178,7 @@
 pub mod admin;
 mod auth;
 pub mod config;
+mod current;
 mod error;
 pub mod gateway;
 pub mod handler;

@@ -2277,10 +2277,16 @@ async fn a_claim_of_an_instance_that_died_is_taken_over_at_once() {
 
 /// Books `nonce`'s success under `claim`, with no effects.
 async fn book(store: &dyn Store, nonce: &Nonce, claim: Claim) {
-    store
-        .finish_callback(nonce, claim, TransactionStatus::Success, Effects::default())
-        .await
-        .unwrap();
+    finish_success(store, nonce, claim).await.unwrap();
+}
+
+/// The booking of (`nonce`, success) under `claim`, without effects, as the store answers it.
+fn finish_success<'a>(
+    store: &'a dyn Store,
+    nonce: &'a Nonce,
+    claim: Claim,
+) -> payhook::store::DurableFuture<'a> {
+    store.finish_callback(nonce, claim, TransactionStatus::Success, Effects::default())
 }
 
 /// The claim of (`nonce`, success) and its attempt, once the nonce is free: a connection
@@ -2698,14 +2704,7 @@ async fn a_claim_serves_one_read_at_a_time_and_is_not_booked_while_lent() {
     );
     db.until_counted(&waiting, "the read waiting for the lock", || false)
         .await;
-    let booked = store
-        .finish_callback(
-            &nonce,
-            claim,
-            TransactionStatus::Success,
-            Effects::default(),
-        )
-        .await;
+    let booked = finish_success(store.as_ref(), &nonce, claim).await;
     assert!(
         matches!(booked, Err(StoreError::ClaimLost(_))),
         "{booked:?}"
@@ -2747,14 +2746,7 @@ async fn a_validation_read_that_fails_in_the_claim_books_nothing_and_says_why() 
     let read = store.validated_payment_in_claim(&nonce, claim).await;
     assert!(matches!(read, Err(StoreError::Backend { .. })), "{read:?}");
     locked.release().await;
-    let booked = store
-        .finish_callback(
-            &nonce,
-            claim,
-            TransactionStatus::Success,
-            Effects::default(),
-        )
-        .await;
+    let booked = finish_success(store.as_ref(), &nonce, claim).await;
     let said = payhook::Report::new(&booked.unwrap_err()).to_string();
     assert!(
         said.contains("the validation's read failed in the claim's transaction"),

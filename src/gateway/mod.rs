@@ -53,6 +53,7 @@ use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::Secret;
+use crate::current::Current;
 use crate::model::{
     LoginRequest, LoginSession, PostponedValidationResult, RefreshRequest, TransactionRecord,
 };
@@ -168,7 +169,7 @@ pub struct GatewayClient {
 struct Inner {
     /// The HTTP client, built again when the TLS files change
     /// ([`GatewayClient::read_tls_files_again`]).
-    transport: std::sync::RwLock<Arc<Transport>>,
+    transport: Current<Transport>,
     /// `[gateway]` as the transport was built from (no user nor password): its proxy, for
     /// building it again.
     transport_config: GatewayConfig,
@@ -176,7 +177,7 @@ struct Inner {
     gateway_url: String,
     /// The merchant's user and password as given last
     /// ([`GatewayClient::replace_credentials`]).
-    login: std::sync::RwLock<Arc<Login>>,
+    login: Current<Login>,
     timeout: Duration,
     auth_header: HeaderName,
     auth_scheme: String,
@@ -210,6 +211,17 @@ pub(super) struct Login {
     password: Secret,
     /// Counts the replacements: a refusal of one version pauses no login with the next.
     pub(super) version: u64,
+}
+
+impl Login {
+    /// The version after this one, with `username` and `password`.
+    fn next(&self, username: String, password: Secret) -> Self {
+        Self {
+            username,
+            password,
+            version: self.version.wrapping_add(1),
+        }
+    }
 }
 
 /// One exchange's outcome: the status and the (bounded) body.
@@ -390,7 +402,7 @@ impl GatewayClient {
         })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                transport: std::sync::RwLock::new(Arc::new(transport)),
+                transport: Current::new(transport),
                 transport_config: GatewayConfig {
                     username: None,
                     password: None,
@@ -398,11 +410,11 @@ impl GatewayClient {
                 },
                 auth_url: base(&config.auth_url, "auth_url")?,
                 gateway_url: base(&config.gateway_url, "gateway_url")?,
-                login: std::sync::RwLock::new(Arc::new(Login {
+                login: Current::new(Login {
                     username: config.username.clone().ok_or_else(|| missing("username"))?,
                     password: config.password.clone().ok_or_else(|| missing("password"))?,
                     version: 0,
-                })),
+                }),
                 timeout: config.timeout,
                 auth_header,
                 auth_scheme: config.auth_scheme.clone(),
@@ -433,37 +445,19 @@ impl GatewayClient {
         password: impl Into<Secret>,
     ) -> bool {
         let (username, password) = (username.into(), password.into());
-        let mut login = self
-            .inner
-            .login
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if login.username == username && login.password == password {
-            return false;
-        }
-        let version = login.version.wrapping_add(1);
-        *login = Arc::new(Login {
-            username,
-            password,
-            version,
-        });
-        true
+        self.inner.login.replace_with(|login| {
+            (login.username != username || login.password != password)
+                .then(|| login.next(username, password))
+        })
     }
 
     /// A new version of the credentials as they are: a pause after the renewals of the old
     /// one ends (its failure may have been the TLS files'; the aggregator's login endpoint,
     /// or an mTLS front, may refuse a certificate with a 400).
     fn new_login_version(&self) {
-        let mut login = self
-            .inner
+        self.inner
             .login
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *login = Arc::new(Login {
-            username: login.username.clone(),
-            password: login.password.clone(),
-            version: login.version.wrapping_add(1),
-        });
+            .replace_with(|login| Some(login.next(login.username.clone(), login.password.clone())));
     }
 
     /// Reads the TLS files again — `config`'s `ca_file`, `client_cert_file` and
@@ -497,7 +491,7 @@ impl GatewayClient {
         };
         // Built whatever the files say, from one reading of each, then compared.
         let (http, tls_files) = transport::gateway_client(&config).map_err(unusable)?;
-        let replaces = self.transport().tls_files;
+        let replaces = self.inner.transport.hold().tls_files;
         Ok((tls_files != replaces).then_some(Transport {
             http,
             tls_files,
@@ -508,40 +502,19 @@ impl GatewayClient {
     /// From the next call on, `transport`, unless the transport it was built to replace was
     /// replaced meanwhile; returns whether it was taken.
     pub(crate) fn replace_transport(&self, transport: Transport) -> bool {
-        let mut current = self
+        let taken = self
             .inner
             .transport
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if current.tls_files != transport.replaces {
-            return false;
+            .replace_with(|current| (current.tls_files == transport.replaces).then_some(transport));
+        if taken {
+            self.new_login_version();
         }
-        *current = Arc::new(transport);
-        drop(current);
-        self.new_login_version();
-        true
-    }
-
-    /// The transport as built last.
-    fn transport(&self) -> Arc<Transport> {
-        Arc::clone(
-            &self
-                .inner
-                .transport
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        taken
     }
 
     /// The user and password as given last.
     pub(super) fn held_login(&self) -> Arc<Login> {
-        Arc::clone(
-            &self
-                .inner
-                .login
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        self.inner.login.now()
     }
 
     /// Where the client's session with the aggregator stands (for the inspector's health
@@ -759,7 +732,7 @@ impl GatewayClient {
         let request = request
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| network(e.into()))?;
-        let transport = self.transport();
+        let transport = self.inner.transport.now();
         let call = async {
             let response = transport
                 .http

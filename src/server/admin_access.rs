@@ -7,7 +7,7 @@
 use http::{HeaderMap, Method};
 
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::guesses::Guesses;
@@ -458,23 +458,7 @@ impl AdminAccess {
 /// The operating API's access as read last: from the configuration at start, then from
 /// each configuration read again ([`AdminAccess::read_again`]). A call reads it once, and is
 /// judged by that one throughout.
-pub(super) struct CurrentAccess(RwLock<Arc<AdminAccess>>);
-
-impl CurrentAccess {
-    pub(super) fn new(access: AdminAccess) -> Self {
-        Self(RwLock::new(Arc::new(access)))
-    }
-
-    /// The access as read last.
-    pub(super) fn now(&self) -> Arc<AdminAccess> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// From now on, `access`: calls judged by the one before go on under it.
-    pub(super) fn replace(&self, access: AdminAccess) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(access);
-    }
-}
+pub(super) type CurrentAccess = crate::current::Current<AdminAccess>;
 
 #[cfg(test)]
 mod tests {

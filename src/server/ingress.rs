@@ -11,7 +11,7 @@ use http_body::Body;
 use serde::de::DeserializeOwned;
 use std::{
     net::SocketAddr,
-    sync::{Arc, PoisonError, RwLock, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
 };
 
 use super::connection;
@@ -22,6 +22,7 @@ use super::request::{self, BodyLimits, parse_json};
 use super::route::Endpoint;
 use super::settings::ServerConfig;
 use crate::auth::{AuthError, Cidr, Guard};
+use crate::current::Current;
 use crate::inspector::kept_identifier;
 use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
@@ -35,7 +36,7 @@ pub(super) struct Ingress {
     limits: ServerConfig,
     /// Verifies callback signatures (and validation signatures where configured), with the
     /// keys as read last; `None` when no key is configured.
-    verifying: Option<RwLock<Arc<Verifying>>>,
+    verifying: Option<Current<Verifying>>,
     /// The header signatures are read from, when they are verified (the same for the life
     /// of the app).
     signature_header: Option<http::HeaderName>,
@@ -66,7 +67,7 @@ impl Ingress {
             ),
             limits,
             signature_header: verifier.as_ref().map(|v| v.header().clone()),
-            verifying: verifier.map(|verifier| RwLock::new(Arc::new(Verifying::new(verifier)))),
+            verifying: verifier.map(|verifier| Current::new(Verifying::new(verifier))),
             providers_guard,
             validation_guard,
             trusted_proxies,
@@ -110,10 +111,7 @@ impl Ingress {
 
     /// The verifier as read last; `None` when no key is configured.
     pub(super) fn verifier(&self) -> Option<Arc<Verifying>> {
-        let current = self.verifying.as_ref()?;
-        Some(Arc::clone(
-            &current.read().unwrap_or_else(PoisonError::into_inner),
-        ))
+        self.verifying.as_ref().map(Current::now)
     }
 
     /// From now on, `verifier` verifies signatures, and nothing verified before is taken for
@@ -125,8 +123,7 @@ impl Ingress {
         let Some(current) = &self.verifying else {
             return Err(verifier);
         };
-        *current.write().unwrap_or_else(PoisonError::into_inner) =
-            Arc::new(Verifying::new(verifier));
+        current.replace(Verifying::new(verifier));
         Ok(())
     }
 
@@ -311,7 +308,7 @@ impl Ingress {
                 .map_err(|error| refused(&error, guard.is_basic()))?;
         }
         let wants_signature = guard.is_none_or(Guard::needs_signature);
-        match (self.verifier(), wants_signature) {
+        match (self.verifying.as_ref().map(Current::hold), wants_signature) {
             (Some(verifying), true) => verifying
                 .verifier
                 .read_signature(headers)
@@ -340,7 +337,7 @@ impl Ingress {
         // Held through the check: keys read again wait for the checks under way, so that
         // none under keys taken out ends after they are replaced (a public-key operation
         // at most; the guard is not held across an await).
-        let verifying = current.read().unwrap_or_else(PoisonError::into_inner);
+        let verifying = current.hold();
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
         let verified = &verifying.verified;
