@@ -33,6 +33,12 @@ fn with_keys(config: &payhook::Config, keys: &[&str]) -> payhook::Config {
     next
 }
 
+/// The answer to a signature only the key `rsa2048`, taken out, verifies.
+const TAKEN_OUT_2048: &str = "invalid signature: it verifies only with key rsa2048, which was taken out of the configured keys";
+
+/// The answer to a signature no key verifies, taken out or not.
+const INVALID: &str = "invalid signature: it does not verify with any configured key";
+
 fn names(list: &[&str]) -> Option<Vec<String>> {
     Some(list.iter().map(|n| (*n).to_owned()).collect())
 }
@@ -104,10 +110,7 @@ async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
         let answer = server.send(request).await;
         assert_eq!(
             (answer.status, answer.message()),
-            (
-                401,
-                "invalid signature: it does not verify with any configured key".to_owned()
-            ),
+            (401, TAKEN_OUT_2048.to_owned()),
             "{nonce}: a retry of what the key taken out signed"
         );
     }
@@ -117,6 +120,80 @@ async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
         .send(&signed_callback(&new, "n-new", 4, "1", "c"))
         .await;
     assert_eq!(answer.status, 200, "{}", answer.message());
+}
+
+/// A rotation taken too early shows: a signature only a key taken out verifies is refused
+/// all the same, but its answer, a warning and `payhook_signatures_refused_total`'s
+/// `retired_key` name it apart from a forgery — through later rotations too — until the key is
+/// listed again, when it verifies as before.
+#[tokio::test]
+async fn a_signature_only_a_key_taken_out_verifies_is_told_apart_from_a_forgery() {
+    let logs = captured_logs(tracing::Level::WARN);
+    let started = signed_config(&["rsa2048", "rsa3072"]);
+    let server = TestServer::start_with(started.clone()).await;
+    let credentials = server.app.credentials();
+    let config = server.as_run(&started);
+    credentials
+        .read_again(&with_keys(&config, &["rsa3072"]))
+        .unwrap();
+    // A later rotation, to a P-256 key: rsa2048 is still known as taken out.
+    let p256 = |config: payhook::Config| {
+        let mut config = config;
+        config.signature.keys[0].algorithm = Some(Algorithm::EcdsaP256Sha256);
+        config
+    };
+    credentials
+        .read_again(&p256(with_keys(&config, &["p256"])))
+        .unwrap();
+
+    let old = server
+        .send(&signed_callback(&rsa("rsa2048"), "n-old", 4, "1", "c"))
+        .await;
+    assert_eq!(
+        (old.status, old.message()),
+        (401, TAKEN_OUT_2048.to_owned())
+    );
+    let previous = server
+        .send(&signed_callback(&rsa("rsa3072"), "n-previous", 4, "1", "c"))
+        .await;
+    assert_eq!(previous.status, 401);
+    assert!(
+        previous.message().contains("only with key rsa3072"),
+        "{}",
+        previous.message()
+    );
+    // A forgery: rsa2048's signature over other bytes.
+    let mut forged = signed_callback(&rsa("rsa2048"), "n-forged", 4, "1", "c");
+    let at = forged
+        .windows(b"n-forged".len())
+        .position(|w| w == b"n-forged")
+        .unwrap();
+    forged[at] = b'N';
+    let forged = server.send(&forged).await;
+    assert_eq!((forged.status, forged.message()), (401, INVALID.to_owned()));
+    assert_eq!(callbacks_handled(&server, "n-old"), 0);
+    server
+        .assert_metrics(&[
+            "payhook_signatures_refused_total{reason=\"retired_key\"} 2",
+            "payhook_signatures_refused_total{reason=\"invalid\"} 1",
+        ])
+        .await;
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let warned = |key: &str| {
+        text.lines().any(|l| {
+            l.contains("WARN")
+                && l.contains("signature made with a key taken out of signature.keys")
+                && l.contains(&format!("key={key}"))
+        })
+    };
+    assert!(warned("rsa2048") && warned("rsa3072"), "{text}");
+
+    // Listed again, it verifies: no longer taken out.
+    credentials
+        .read_again(&p256(with_keys(&config, &["p256", "rsa2048"])))
+        .unwrap();
+    assert_eq!(status_of(&server, "rsa2048", "n-old").await, 200);
+    assert_eq!(callbacks_handled(&server, "n-old"), 1);
 }
 
 /// The usual rotation: the file the configuration names is replaced, the configuration

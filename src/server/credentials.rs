@@ -273,14 +273,7 @@ impl fmt::Display for CredentialsChange {
 
 /// The keys of `verifier`, each by its id, `#n without an id` otherwise.
 fn key_names(verifier: &Verifier) -> Vec<String> {
-    verifier
-        .keys()
-        .enumerate()
-        .map(|(index, (key, _))| match key.id() {
-            Some(id) => id.to_owned(),
-            None => format!("#{} without an id", index + 1),
-        })
-        .collect()
+    verifier.named_keys().map(|(name, _, _)| name).collect()
 }
 
 /// The settings of `after` that differ from `before`'s and are not `taken`.

@@ -27,7 +27,7 @@ use crate::inspector::kept_identifier;
 use crate::inspector::note::{self, SignatureNote};
 use crate::logged::Logged;
 use crate::model::{CallbackBody, ProvidersValidationRequest, TransactionValidationRequest};
-use crate::signature::{SignedPair, VerifiedCache, Verifier};
+use crate::signature::{RetiredKeys, SignedPair, VerifiedCache, Verifier};
 use tracing::field;
 
 /// The checks before the handlers, with what they need. Built once by the app's builder.
@@ -123,7 +123,7 @@ impl Ingress {
         let Some(current) = &self.verifying else {
             return Err(verifier);
         };
-        current.replace(Verifying::new(verifier));
+        current.replace_with(|before| Some(before.replaced_by(verifier)));
         Ok(())
     }
 
@@ -361,11 +361,28 @@ impl Ingress {
                 Ok(pair)
             }
             Err(error) => {
+                let error = match verifying.retired.verifying(body, signature) {
+                    Some(key) => taken_out(key),
+                    None => error,
+                };
                 metrics.refused_signature(&error);
                 Err(unauthorized(error))
             }
         }
     }
+}
+
+/// A signature that only a key taken out of `signature.keys` verifies: refused all the same,
+/// and said at warning level, naming the key, with what to do.
+fn taken_out(key: &str) -> crate::signature::Error {
+    tracing::warn!(
+        key = %Logged(key),
+        "signature made with a key taken out of signature.keys: refused (401). The \
+         aggregator still signs with it, or retries what it signed before: list it again \
+         beside the new one (SIGHUP reads it), and take it out once the aggregator signs with \
+         the new one and its retries are over"
+    );
+    crate::signature::Error::RetiredKey(key.to_owned())
 }
 
 /// A verifier with the (signature, body) pairs it verified, so that retries skip the
@@ -375,6 +392,9 @@ impl Ingress {
 pub(super) struct Verifying {
     pub(super) verifier: Verifier,
     verified: Arc<VerifiedCache>,
+    /// The keys taken out while the service ran, to name them when a signature only they
+    /// verify arrives.
+    retired: RetiredKeys,
 }
 
 impl Verifying {
@@ -382,6 +402,16 @@ impl Verifying {
         Self {
             verifier,
             verified: Arc::default(),
+            retired: RetiredKeys::default(),
+        }
+    }
+
+    /// What verifies once `verifier`'s keys replace these: nothing verified before is
+    /// taken for verified, and the keys `verifier` no longer lists are kept as taken out.
+    fn replaced_by(&self, verifier: Verifier) -> Self {
+        Self {
+            retired: RetiredKeys::after(&self.verifier, &self.retired, &verifier),
+            ..Self::new(verifier)
         }
     }
 }

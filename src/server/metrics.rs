@@ -23,7 +23,7 @@
 //! | `payhook_nonce_reuse_refused_total` | counter | validations refused for a nonce used for a different payment (and, in Awaitable mode, for a `validationId` used for a different payment) |
 //! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
 //! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
-//! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key) |
+//! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key), `retired_key` (verifies only with a key taken out of `signature.keys` while the service ran: the aggregator still signs with it, or retries what it signed) |
 //! | `payhook_store_failed` | gauge | 1 once the store stopped after a write it could not make durable, or a commit that panicked (the instance answers 503 until restarted) |
 //! | `payhook_store_commit_duration_seconds` | histogram | how long the store took to make a batch of writes durable: sled's group commit (a batch built, applied, flushed, `fdatasync`ed); on PostgreSQL a callback's booking (its writes and COMMIT) |
 //! | `payhook_store_commit_batch_size` | histogram | writes (requests) made durable together in one commit (always 1 on PostgreSQL: a transaction per booking) |
@@ -249,6 +249,7 @@ impl Metrics {
         let reason = match error {
             crate::signature::Error::MissingSignature(_) => RefusalReason::Missing,
             crate::signature::Error::InvalidSignature => RefusalReason::Invalid,
+            crate::signature::Error::RetiredKey(_) => RefusalReason::RetiredKey,
             _ => RefusalReason::Malformed,
         };
         self.signatures_refused[reason as usize].fetch_add(1, Ordering::Relaxed);
@@ -487,16 +488,24 @@ enum RefusalReason {
     Missing = 0,
     Malformed = 1,
     Invalid = 2,
+    /// Verified only by a key taken out of `signature.keys` while the service ran.
+    RetiredKey = 3,
 }
 
 impl RefusalReason {
-    const ALL: [Self; 3] = [Self::Missing, Self::Malformed, Self::Invalid];
+    const ALL: [Self; 4] = [
+        Self::Missing,
+        Self::Malformed,
+        Self::Invalid,
+        Self::RetiredKey,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Missing => "missing",
             Self::Malformed => "malformed",
             Self::Invalid => "invalid",
+            Self::RetiredKey => "retired_key",
         }
     }
 }

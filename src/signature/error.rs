@@ -2,7 +2,7 @@
 //! be read or used, a signature that cannot be made, a name that is no algorithm or
 //! encoding, a captured request that cannot be read.
 //!
-//! The first three variants are what a request's verification answers (each a 401 on the
+//! The first four variants are what a request's verification answers (each a 401 on the
 //! wire, decided in `server/problem.rs`); [`Error::is_refusal`] tells them apart from the
 //! configuration and tooling errors, which never reach the wire.
 
@@ -35,6 +35,14 @@ pub enum Error {
     /// The signature is well-formed but no configured key verifies it over this body.
     #[error("invalid signature: it does not verify with any configured key")]
     InvalidSignature,
+    /// The signature verifies only with a key taken out of the configured keys while the
+    /// service ran (named by its id, or its place among the keys then): refused like an
+    /// invalid one, and told apart so that a rotation taken too early shows.
+    #[error(
+        "invalid signature: it verifies only with key {0}, which was taken out of the \
+         configured keys"
+    )]
+    RetiredKey(String),
 
     /// The text or bytes are in no recognised key format.
     #[error("not a public key in a known format (PEM, DER, RSAKeyValue XML, JWK, JWKS): {0}")]
@@ -142,13 +150,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// `true` for a request's signature refused (missing, malformed or invalid): what
-    /// verification answers, a 401 on the wire. Everything else is a configuration or
-    /// tooling error.
+    /// `true` for a request's signature refused (missing, malformed, invalid, or made with
+    /// a key taken out): what verification answers, a 401 on the wire. Everything else is a
+    /// configuration or tooling error.
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::MissingSignature(_) | Self::MalformedSignature(_) | Self::InvalidSignature
+            Self::MissingSignature(_)
+                | Self::MalformedSignature(_)
+                | Self::InvalidSignature
+                | Self::RetiredKey(_)
         )
     }
 

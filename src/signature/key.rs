@@ -315,6 +315,11 @@ impl PublicKey {
         }
     }
 
+    /// `true` when `other` is the same key, whatever its id.
+    pub(crate) fn same_key(&self, other: &PublicKey) -> bool {
+        self.material == other.material
+    }
+
     /// `true` when `signature` is a valid `algorithm` signature of `message` by this key.
     /// A key of the wrong kind verifies nothing.
     pub fn verifies(&self, algorithm: Algorithm, message: &[u8], signature: &[u8]) -> bool {

@@ -58,12 +58,14 @@ mod encoding;
 mod error;
 mod key;
 mod keygen;
+mod retired;
 mod settings;
 mod sniff;
 
 use http::{HeaderMap, HeaderName};
 
 pub(crate) use cache::{SignedPair, VerifiedCache};
+pub(crate) use retired::RetiredKeys;
 
 pub use algorithm::{Algorithm, KeyKind};
 pub use encoding::Encoding;
@@ -167,6 +169,18 @@ impl Verifier {
     /// The keys, each with the algorithm it verifies, in the order they are tried.
     pub fn keys(&self) -> impl Iterator<Item = (&PublicKey, Algorithm)> {
         self.keys.iter().map(|(key, algorithm)| (key, *algorithm))
+    }
+
+    /// The keys, each with its name — its id, or `#n without an id` by its place — and the
+    /// algorithm it verifies, in the order they are tried.
+    pub(crate) fn named_keys(&self) -> impl Iterator<Item = (String, &PublicKey, Algorithm)> {
+        self.keys().enumerate().map(|(index, (key, algorithm))| {
+            let name = match key.id() {
+                Some(id) => id.to_owned(),
+                None => format!("#{} without an id", index + 1),
+            };
+            (name, key, algorithm)
+        })
     }
 
     /// The header signatures are read from.
