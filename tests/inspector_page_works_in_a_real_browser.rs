@@ -189,6 +189,15 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
         gateway.with(|s| s.results[&id].clone()),
         (true, "checked by hand".to_owned())
     );
+    // With the shared token, kept with the name given when resolving, which the header's
+    // field took.
+    assert_eq!(browser.property("input#by", "value").await, "Dana (ops)");
+    let store = server.app.store().unwrap();
+    let record = store.postponed(id.into()).await.unwrap().unwrap();
+    assert_eq!(
+        record.result.unwrap().decided_by.as_deref(),
+        Some("Dana (ops)")
+    );
     let text = browser
         .wait_for_text(&format!("tr.outbox.delivered[data-id='{id}']"))
         .await;
@@ -211,6 +220,54 @@ async fn a_postponed_validation_is_approved_on_the_page_and_shown_delivered() {
     browser.back().await;
     let before = browser.url().await;
     assert!(!before.contains("token"), "the history kept {before}");
+    browser.quit().await;
+}
+
+/// With one token shared by every operator, who denies a validation is the name typed once
+/// in the page's header: remembered in the browser across sessions, and kept with the
+/// decision; cleared, the decision is kept with none.
+#[tokio::test]
+async fn a_decision_with_the_shared_token_is_kept_with_the_name_typed_in_the_header() {
+    let Some(browser) = browser().await else {
+        return;
+    };
+    let (gateway, server) = awaitable_service().await;
+    let store = server.app.store().unwrap();
+    log_in(&browser, &server).await;
+    browser.wait_and_type("input#by", "Erin").await;
+
+    // Another session in the same browser: the name is still there.
+    browser.wait_and_click("button#logout").await;
+    browser.wait_for("input#token").await;
+    log_in(&browser, &server).await;
+    assert_eq!(browser.property("input#by", "value").await, "Erin");
+    let denied = server.postpone_validation().await;
+    browser
+        .wait_and_click(&format!("button[data-action=deny][data-id='{denied}']"))
+        .await;
+    gateway
+        .until("the denied result", |s| s.results.contains_key(&denied))
+        .await;
+    let record = store.postponed(denied.into()).await.unwrap().unwrap();
+    let result = record.result.unwrap();
+    assert!(!result.success);
+    assert_eq!(result.decided_by.as_deref(), Some("Erin"));
+
+    browser.clear("input#by").await;
+    assert_eq!(browser.property("input#by", "value").await, "");
+    let approved = server.postpone_another_validation("nonce-tv-2", 42).await;
+    // The panel under the pointer is not rebuilt: away from it, it shows the new one.
+    browser.hover("h1").await;
+    browser
+        .wait_and_click(&format!(
+            "button[data-action=approve][data-id='{approved}']"
+        ))
+        .await;
+    gateway
+        .until("the approved result", |s| s.results.contains_key(&approved))
+        .await;
+    let record = store.postponed(approved.into()).await.unwrap().unwrap();
+    assert_eq!(record.result.unwrap().decided_by, None);
     browser.quit().await;
 }
 
@@ -352,6 +409,10 @@ async fn an_operator_acts_on_the_page_under_their_own_name_without_being_asked()
     let (gateway, server) = operators_service("Dana", DANA, false).await;
     log_in_with(&browser, server.addr, DANA).await;
     assert_eq!(browser.wait_for_text("#operator").await, "Dana");
+    assert!(
+        browser.find_all("input#by").await.is_empty(),
+        "no name to type: the token names her"
+    );
 
     let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
     let hold = signed_callback(&signer, "n-held", 4, "7", "hold");

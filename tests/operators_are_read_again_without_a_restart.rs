@@ -278,7 +278,7 @@ async fn a_configuration_the_service_would_not_start_with_changes_nothing() {
 
 #[tokio::test]
 async fn settings_beyond_the_credentials_are_named_and_not_taken() {
-    let logs = captured_logs(tracing::Level::WARN);
+    let logs = captured_logs(tracing::Level::INFO);
     let gateway = FakeGateway::start().await;
     let started = config(&gateway, None, &[("alice", ALICE)]);
     let server = TestServer::start_with(started.clone()).await;

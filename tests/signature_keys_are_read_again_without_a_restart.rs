@@ -33,10 +33,7 @@ fn with_keys(config: &payhook::Config, keys: &[&str]) -> payhook::Config {
     next
 }
 
-/// The answer to a signature only the key `rsa2048`, taken out, verifies.
-const TAKEN_OUT_2048: &str = "invalid signature: it verifies only with key rsa2048, which was taken out of the configured keys";
-
-/// The answer to a signature no key verifies, taken out or not.
+/// The answer to a signature no key listed verifies, one taken out or not.
 const INVALID: &str = "invalid signature: it does not verify with any configured key";
 
 fn names(list: &[&str]) -> Option<Vec<String>> {
@@ -110,7 +107,7 @@ async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
         let answer = server.send(request).await;
         assert_eq!(
             (answer.status, answer.message()),
-            (401, TAKEN_OUT_2048.to_owned()),
+            (401, INVALID.to_owned()),
             "{nonce}: a retry of what the key taken out signed"
         );
     }
@@ -123,45 +120,45 @@ async fn a_key_taken_out_is_refused_even_for_the_bytes_it_verified_before() {
 }
 
 /// A rotation taken too early shows: a signature only a key taken out verifies is refused
-/// all the same, but its answer, a warning and `payhook_signatures_refused_total`'s
-/// `retired_key` name it apart from a forgery — through later rotations too — until the key is
-/// listed again, when it verifies as before.
+/// all the same, and answered as any invalid one, but a warning and
+/// `payhook_signatures_refused_total`'s `retired_key` name it apart from a forgery — through
+/// later rotations too — until the key is listed again, when it verifies as before.
 #[tokio::test]
 async fn a_signature_only_a_key_taken_out_verifies_is_told_apart_from_a_forgery() {
-    let logs = captured_logs(tracing::Level::WARN);
-    let started = signed_config(&["rsa2048", "rsa3072"]);
+    // INFO, as every test of this binary: the first call sets the level for all of them.
+    let logs = captured_logs(tracing::Level::INFO);
+    // Ids of this test's own, for its log lines.
+    let early = |mut config: payhook::Config| {
+        for key in &mut config.signature.keys {
+            key.id = key.id.take().map(|id| format!("early-{id}"));
+            if key.id.as_deref() == Some("early-p256") {
+                key.algorithm = Some(Algorithm::EcdsaP256Sha256);
+            }
+        }
+        config
+    };
+    let started = early(signed_config(&["rsa2048", "rsa3072"]));
     let server = TestServer::start_with(started.clone()).await;
     let credentials = server.app.credentials();
     let config = server.as_run(&started);
     credentials
-        .read_again(&with_keys(&config, &["rsa3072"]))
+        .read_again(&early(with_keys(&config, &["rsa3072"])))
         .unwrap();
     // A later rotation, to a P-256 key: rsa2048 is still known as taken out.
-    let p256 = |config: payhook::Config| {
-        let mut config = config;
-        config.signature.keys[0].algorithm = Some(Algorithm::EcdsaP256Sha256);
-        config
-    };
     credentials
-        .read_again(&p256(with_keys(&config, &["p256"])))
+        .read_again(&early(with_keys(&config, &["p256"])))
         .unwrap();
 
-    let old = server
-        .send(&signed_callback(&rsa("rsa2048"), "n-old", 4, "1", "c"))
-        .await;
-    assert_eq!(
-        (old.status, old.message()),
-        (401, TAKEN_OUT_2048.to_owned())
-    );
-    let previous = server
-        .send(&signed_callback(&rsa("rsa3072"), "n-previous", 4, "1", "c"))
-        .await;
-    assert_eq!(previous.status, 401);
-    assert!(
-        previous.message().contains("only with key rsa3072"),
-        "{}",
-        previous.message()
-    );
+    for (key, nonce) in [("rsa2048", "n-old"), ("rsa3072", "n-previous")] {
+        let answer = server
+            .send(&signed_callback(&rsa(key), nonce, 4, "1", "c"))
+            .await;
+        assert_eq!(
+            (answer.status, answer.message()),
+            (401, INVALID.to_owned()),
+            "{key}: the sender learns nothing of the keys"
+        );
+    }
     // A forgery: rsa2048's signature over other bytes.
     let mut forged = signed_callback(&rsa("rsa2048"), "n-forged", 4, "1", "c");
     let at = forged
@@ -186,11 +183,11 @@ async fn a_signature_only_a_key_taken_out_verifies_is_told_apart_from_a_forgery(
                 && l.contains(&format!("key={key}"))
         })
     };
-    assert!(warned("rsa2048") && warned("rsa3072"), "{text}");
+    assert!(warned("early-rsa2048") && warned("early-rsa3072"), "{text}");
 
     // Listed again, it verifies: no longer taken out.
     credentials
-        .read_again(&p256(with_keys(&config, &["p256", "rsa2048"])))
+        .read_again(&early(with_keys(&config, &["p256", "rsa2048"])))
         .unwrap();
     assert_eq!(status_of(&server, "rsa2048", "n-old").await, 200);
     assert_eq!(callbacks_handled(&server, "n-old"), 1);

@@ -161,15 +161,19 @@ pub(crate) fn page(
          <section><h2>Postponed validations</h2><div id=postponed>{postponed}</div></section>\
          <section><h2>Outbox</h2><div id=outbox>{outbox}</div></section>\
          <script>{SCRIPT}</script></body></html>",
-        who = operator.map_or_else(String::new, |(name, may_change)| format!(
-            "<span id=operator data-name='{name}'>{name}{role}</span>",
-            name = escape(name),
-            role = if may_change {
-                ""
-            } else {
-                " (may look, not change)"
-            }
-        )),
+        // One token shared by every operator: who decides is their word, typed once here.
+        who = operator.map_or_else(
+            || BY_FIELD.to_owned(),
+            |(name, may_change)| format!(
+                "<span id=operator data-name='{name}'>{name}{role}</span>",
+                name = escape(name),
+                role = if may_change {
+                    ""
+                } else {
+                    " (may look, not change)"
+                }
+            )
+        ),
         viewer = match operator {
             Some((_, false)) => " class=viewer",
             _ => "",
@@ -557,6 +561,11 @@ pub(crate) fn health(health: &Health, now: DateTime<Utc>) -> String {
     out
 }
 
+/// Where an operator of the shared token names themselves, once for what they decide and
+/// resolve on the page (remembered in their browser): kept with each decision as their word.
+const BY_FIELD: &str = "<label id=by-label>your name <input id=by maxlength=64 \
+                        autocomplete=name placeholder='kept with what you decide'></label>";
+
 const STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222}\
 h1{font-size:20px}h2{font-size:16px;margin-top:1.5em}table{border-collapse:collapse;width:100%}\
 th,td{border-bottom:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}\
@@ -565,6 +574,7 @@ th{background:#f4f4f4}.refused td.outcome,.failed td.outcome,.bad{color:#b00}\
 .empty{color:#777}dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px}\
 dt{color:#555}dd{margin:0}pre{background:#f8f8f8;padding:8px;white-space:pre-wrap}\
 section#health{background:#fafafa;padding:4px 12px}.held td.outcome{color:#a50}#logout{float:right;font-size:13px}\
+#by-label{float:right;font-size:13px;font-weight:normal;margin-right:1em}\
 .viewer button[data-action]:not([data-action=detail]):not([data-action=logout]),.viewer input.description{display:none}";
 
 const SCRIPT: &str = r#"
@@ -674,18 +684,33 @@ async function act(url, body, button) {
   return panels();
 }
 // Who acts, kept with what they do: a session opened with an operator's own token is that
-// operator's (the service keeps their name, and the page asks nothing: ''); one token shared
-// by every operator leaves it to their word, asked first (nothing typed is lost to a
-// Cancel) and remembered in this browser where it may be. Null when the operator cancels.
-function who(what, keptWith) {
-  if (document.getElementById('operator')) return '';
-  const remembered = (() => { try { return localStorage.getItem('payhook.by'); } catch (e) { return null; } })();
-  const by = prompt(what + ' Your name, kept with ' + keptWith + ' (empty: none):', remembered || '');
-  if (by === null) return null;
+// operator's (the service keeps their name, and the page has no field for it); one token
+// shared by every operator leaves it to their word, typed in the header's field and
+// remembered in this browser where it may be.
+const byField = document.getElementById('by');
+function remember(by) {
   try {
     if (by.trim()) localStorage.setItem('payhook.by', by.trim());
     else localStorage.removeItem('payhook.by');
-  } catch (e) { /* storage refused: asked again next time */ }
+  } catch (e) { /* storage refused: typed again next time */ }
+}
+if (byField) {
+  try { byField.value = localStorage.getItem('payhook.by') || ''; } catch (e) { /* none */ }
+  byField.addEventListener('input', () => remember(byField.value));
+}
+// The name the header's field holds, for a decision: none (undefined) on an operator's own
+// page, or where none was typed.
+function named() {
+  return (byField && byField.value.trim()) || undefined;
+}
+// The name for a resolution, asked first with the field's as the answer offered (nothing
+// typed is lost to a Cancel): '' on an operator's own page. Null when the operator cancels.
+function who(what, keptWith) {
+  if (!byField) return '';
+  const by = prompt(what + ' Your name, kept with ' + keptWith + ' (empty: none):', byField.value);
+  if (by === null) return null;
+  byField.value = by.trim();
+  remember(by);
   return by;
 }
 document.addEventListener('click', async (event) => {
@@ -696,9 +721,9 @@ document.addEventListener('click', async (event) => {
   switch (button.dataset.action) {
     // With the nonce shown beside the button: a row redrawn under the pointer is refused.
     // Kept with the operator's name when an operator's own token opened the page (the
-    // service knows it); with the shared token, with none (the command line's --by names one).
-    case 'approve': return act('validations/' + id, {success: true, description: description(), nonce: button.dataset.nonce}, button);
-    case 'deny': return act('validations/' + id, {success: false, description: description(), nonce: button.dataset.nonce}, button);
+    // service knows it); with the shared token, with the name in the header's field.
+    case 'approve': return act('validations/' + id, {success: true, description: description(), nonce: button.dataset.nonce, by: named()}, button);
+    case 'deny': return act('validations/' + id, {success: false, description: description(), nonce: button.dataset.nonce, by: named()}, button);
     case 'retry': return act('outbox/' + id + '/retry', null, button);
     case 'logout': {
       const answer = await fetch(base + 'inspector/logout', {method: 'POST',

@@ -336,7 +336,7 @@ impl Ingress {
         };
         // Held through the check: keys read again wait for the checks under way, so that
         // none under keys taken out ends after they are replaced (a public-key operation
-        // at most; the guard is not held across an await).
+        // per key listed at most; the guard is not held across an await).
         let verifying = current.hold();
         // A retry carries the same bytes and signature: no public-key operation for it.
         let metrics = &self.metrics;
@@ -361,8 +361,12 @@ impl Ingress {
                 Ok(pair)
             }
             Err(error) => {
-                let error = match verifying.retired.verifying(body, signature) {
-                    Some(key) => taken_out(key),
+                // Refused whatever follows: the keys taken out are looked at without holding
+                // up keys read again.
+                let retired = Arc::clone(&verifying.retired);
+                drop(verifying);
+                let error = match retired.verifying(body, signature) {
+                    Some(key) => crate::signature::Error::RetiredKey(key.to_owned()),
                     None => error,
                 };
                 metrics.refused_signature(&error);
@@ -372,29 +376,17 @@ impl Ingress {
     }
 }
 
-/// A signature that only a key taken out of `signature.keys` verifies: refused all the same,
-/// and said at warning level, naming the key, with what to do.
-fn taken_out(key: &str) -> crate::signature::Error {
-    tracing::warn!(
-        key = %Logged(key),
-        "signature made with a key taken out of signature.keys: refused (401). The \
-         aggregator still signs with it, or retries what it signed before: list it again \
-         beside the new one (SIGHUP reads it), and take it out once the aggregator signs with \
-         the new one and its retries are over"
-    );
-    crate::signature::Error::RetiredKey(key.to_owned())
-}
-
 /// A verifier with the (signature, body) pairs it verified, so that retries skip the
 /// public-key operation (shared with the deliveries, which mark the pairs they booked).
-/// Replaced whole when the keys are read again: a pair verified under a key taken out is not
-/// verified under the keys that stay.
+/// Replaced when the keys are read again, with a new set of pairs — a pair verified under a
+/// key taken out is not verified under the keys that stay — and the keys taken out added to
+/// those it kept.
 pub(super) struct Verifying {
     pub(super) verifier: Verifier,
     verified: Arc<VerifiedCache>,
     /// The keys taken out while the service ran, to name them when a signature only they
     /// verify arrives.
-    retired: RetiredKeys,
+    retired: Arc<RetiredKeys>,
 }
 
 impl Verifying {
@@ -402,7 +394,7 @@ impl Verifying {
         Self {
             verifier,
             verified: Arc::default(),
-            retired: RetiredKeys::default(),
+            retired: Arc::default(),
         }
     }
 
@@ -410,20 +402,38 @@ impl Verifying {
     /// taken for verified, and the keys `verifier` no longer lists are kept as taken out.
     fn replaced_by(&self, verifier: Verifier) -> Self {
         Self {
-            retired: RetiredKeys::after(&self.verifier, &self.retired, &verifier),
+            retired: Arc::new(RetiredKeys::after(&self.verifier, &self.retired, &verifier)),
             ..Self::new(verifier)
         }
     }
 }
 
-/// A refused signature: 401, logged (with the request id of the span, never the body).
+/// A refused signature: 401, logged (with the request id of the span, never the body). One
+/// only a key taken out verifies is named so in the log and on the inspector, with what to
+/// do; its answer says no more than a forgery's, which tells a sender nothing of the keys.
 fn unauthorized(error: crate::signature::Error) -> Problem {
-    tracing::warn!(%error, "callback signature refused");
+    let message = match &error {
+        crate::signature::Error::RetiredKey(key) => {
+            tracing::warn!(
+                key = %Logged(key),
+                "signature made with a key taken out of signature.keys: refused (401). The \
+                 aggregator still signs with it, or retries what it signed before: list it \
+                 again beside the new one (SIGHUP reads it), and take it out once the \
+                 aggregator signs with the new one and its retries are over — unless it was \
+                 taken out because its private key leaked: then these are forgeries"
+            );
+            crate::signature::Error::InvalidSignature.to_string()
+        }
+        _ => {
+            tracing::warn!(%error, "callback signature refused");
+            error.to_string()
+        }
+    };
     note::kept(|n| {
         n.signature = Some(SignatureNote::Refused(error.to_string()));
     });
     Problem::Unauthorized {
-        message: error.to_string(),
+        message,
         basic: false,
     }
 }

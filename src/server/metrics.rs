@@ -353,7 +353,8 @@ impl Metrics {
         };
         now.register(
             "signatures_refused",
-            "Missing, malformed or forged (invalid) signatures, answered 401, by reason",
+            "Missing, malformed or forged (invalid) signatures, and those only a key taken \
+             out verifies (retired_key), answered 401, by reason",
             labelled(
                 "reason",
                 &mut RefusalReason::ALL.iter().map(|r| r.label()),

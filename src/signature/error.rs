@@ -37,7 +37,8 @@ pub enum Error {
     InvalidSignature,
     /// The signature verifies only with a key taken out of the configured keys while the
     /// service ran (named by its id, or its place among the keys then): refused like an
-    /// invalid one, and told apart so that a rotation taken too early shows.
+    /// invalid one, and told apart in the log, the metrics and the inspector so that a
+    /// rotation taken too early shows (the answer on the wire is an invalid signature's).
     #[error(
         "invalid signature: it verifies only with key {0}, which was taken out of the \
          configured keys"

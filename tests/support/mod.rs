@@ -188,11 +188,20 @@ impl TestServer {
     /// server must be Awaitable); returns its validation id.
     #[allow(dead_code, reason = "not every test binary postpones")]
     pub async fn postpone_validation(&self) -> i64 {
+        self.postpone_another_validation("nonce-tv-1", POSTPONED_ID)
+            .await
+    }
+
+    /// [`TestServer::postpone_validation`] under another nonce and validation id: `id`.
+    #[allow(dead_code, reason = "not every test binary postpones")]
+    pub async fn postpone_another_validation(&self, nonce: &str, id: i64) -> i64 {
         let body = with(
             TRANSACTION_VALIDATION,
             "/merchantData/clientId",
             Some(serde_json::json!("postpone")),
         );
+        let body = with(&body, "/paymentData/nonce", Some(serde_json::json!(nonce)));
+        let body = with(&body, "/validationId", Some(serde_json::json!(id)));
         let answer = self.post_json(VALIDATION_PATH, &body).await;
         assert_eq!(
             answer.status,
@@ -200,7 +209,7 @@ impl TestServer {
             "{}",
             String::from_utf8_lossy(&answer.body)
         );
-        POSTPONED_ID
+        id
     }
 }
 

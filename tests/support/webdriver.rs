@@ -390,6 +390,25 @@ impl Browser {
         }
     }
 
+    /// The `property` of the first element `css` selects (waiting for it, as
+    /// [`Browser::wait_for`] does).
+    pub async fn property(&self, css: &str, property: &str) -> String {
+        let element = self.wait_for(css).await;
+        let path = self.path(&format!("/element/{element}/property/{property}"));
+        self.command("GET", &path, None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Empties the field `css` selects (waiting for it).
+    pub async fn clear(&self, css: &str) {
+        let element = self.wait_for(css).await;
+        let path = self.path(&format!("/element/{element}/clear"));
+        self.command("POST", &path, Some(json!({}))).await;
+    }
+
     pub async fn type_into(&self, element: &str, text: &str) {
         self.command(
             "POST",
