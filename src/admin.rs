@@ -719,6 +719,21 @@ impl AdminClient {
         Ok(answer.message)
     }
 
+    /// Has the service read its configuration again and take its credentials, as on
+    /// SIGHUP (`POST /payhook/admin/credentials/read-again`): what changed.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] with 409 when nothing was taken (the configuration cannot be
+    /// read or is refused, or the service gave none to read: the message says which), or
+    /// when the service refuses otherwise or cannot be reached.
+    pub async fn read_credentials_again(
+        &self,
+    ) -> Result<crate::server::AdminCredentialsRead, AdminError> {
+        self.call(http::Method::POST, "credentials/read-again", None)
+            .await
+    }
+
     /// Has the service recover the transactions (books through its handler).
     ///
     /// # Errors

@@ -2,9 +2,12 @@
 //! signature keys rotated, the merchant's password at the aggregator changed or its client
 //! certificate renewed, an operator added, one who left taken out, a token replaced, a
 //! viewer named — on SIGHUP
-//! ([`Credentials::read_again_on_hangup`]) or when the merchant's service says
-//! ([`Credentials::read_again`]), without a restart, which would cut the deliveries in
-//! flight and, without `admin.session_secret`, end every inspector session.
+//! ([`Credentials::read_again_on_hangup`]), when the operating API is asked (`POST
+//! /payhook/admin/credentials/read-again`, `payhook credentials read-again`: the same
+//! reading, [`Credentials::read_again_now`], of what [`Credentials::read_from`] gave) or when
+//! the merchant's service says ([`Credentials::read_again`]), without a restart, which would
+//! cut the deliveries in flight and, without `admin.session_secret`, end every inspector
+//! session.
 //!
 //! What is read again: `signature.keys` and `signature.algorithm` (the keys' default), where
 //! the service verifies signatures — every key file is read again, a file replaced under the
@@ -74,7 +77,13 @@ pub struct Credentials {
     gateway: Option<GatewayClient>,
     /// The configuration as the service runs it: started with, the credentials as read last.
     running: Arc<Mutex<Config>>,
+    /// Where the configuration is read again from, when the service said
+    /// ([`Credentials::read_from`]).
+    source: Arc<Mutex<Option<Source>>>,
 }
+
+/// What reads the service's configuration again (say, [`Config::from_env`]).
+type Source = Box<dyn FnMut() -> Result<Config, ConfigError> + Send>;
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -121,6 +130,18 @@ pub enum CredentialsRefused {
          token nobody holds"
     )]
     WouldTurnOff,
+    /// Nothing was read: the service gave no configuration to read again
+    /// ([`Credentials::read_from`], or [`Credentials::read_again_on_hangup`], which gives
+    /// one).
+    #[error(
+        "the service reads no configuration again: it gave none to read \
+         (Credentials::read_from or read_again_on_hangup)"
+    )]
+    NoSource,
+    /// Reading the configuration again panicked (the service's loader), or was cut short by
+    /// the runtime shutting down: nothing was taken.
+    #[error("reading the configuration again panicked or was cut short")]
+    Unfinished,
 }
 
 /// What a configuration read again changed of the credentials (names only, never a token),
@@ -339,7 +360,68 @@ impl Credentials {
             ingress,
             gateway,
             running: Arc::new(Mutex::new(running)),
+            source: Arc::default(),
         }
+    }
+
+    /// The aggregator's client whose login and TLS files are replaced, when the service
+    /// calls it.
+    pub(super) fn gateway(&self) -> Option<&GatewayClient> {
+        self.gateway.as_ref()
+    }
+
+    /// From now on, the configuration is read again from `load` (say, [`Config::from_env`])
+    /// when asked: by [`Credentials::read_again_now`] — which the operating API's `POST
+    /// /payhook/admin/credentials/read-again` and `payhook credentials read-again` call — and
+    /// on SIGHUP where [`Credentials::read_again_on_hangup`] listens (it calls this itself).
+    /// Replaces what an earlier call gave.
+    pub fn read_from<F>(&self, load: F)
+    where
+        F: FnMut() -> Result<Config, ConfigError> + Send + 'static,
+    {
+        *self.source.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(load));
+    }
+
+    /// Reads the configuration again from what [`Credentials::read_from`] gave, off the
+    /// runtime's threads, and takes its credentials ([`Credentials::read_again`]). Logged
+    /// at info level with what changed; one refused, at error level. One reading at a time:
+    /// a second asked meanwhile waits for the first.
+    ///
+    /// # Errors
+    ///
+    /// [`CredentialsRefused::NoSource`] when none was given; [`CredentialsRefused::Config`]
+    /// when it cannot be read; [`CredentialsRefused::Unfinished`] when the reading panicked
+    /// or the runtime is shutting down; any other refusal of [`Credentials::read_again`].
+    /// Nothing is taken then: every credential stays as it was.
+    pub async fn read_again_now(&self) -> Result<CredentialsChange, CredentialsRefused> {
+        let credentials = self.clone();
+        // Off the runtime's threads: a file on a slow disk holds none.
+        let read = tokio::task::spawn_blocking(move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut source = credentials
+                    .source
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
+                let config = load()?;
+                drop(source);
+                credentials.read_again(&config)
+            }))
+        })
+        .await;
+        let read = match read {
+            Ok(Ok(read)) => read,
+            // Panicked, or cancelled: the runtime is shutting down.
+            Ok(Err(_)) | Err(_) => Err(CredentialsRefused::Unfinished),
+        };
+        if let Err(error) = &read {
+            tracing::error!(
+                error = %crate::report::InLine(error),
+                "credentials: the configuration read again was not taken: the credentials \
+                 stay as they were"
+            );
+        }
+        read
     }
 
     /// Takes the credentials of `config`: from the next call on, signatures are verified by
@@ -494,21 +576,24 @@ impl Credentials {
     }
 
     /// Reads the credentials again from `load` (say, [`Config::from_env`]) each time the
-    /// process gets SIGHUP, for as long as it runs: spawn the future it returns. SIGHUP is
-    /// listened for from this call on, within the Tokio runtime — call it before the service
-    /// says it is ready: until then SIGHUP ends the process, as it does any that does not
-    /// listen for it. The configuration and the key files are read off the runtime's
-    /// threads. One that cannot be read or is refused is logged at error level, and the
-    /// credentials stay as they were. Where SIGHUP cannot be listened for (not Unix), says
-    /// so, and the future waits for ever.
+    /// process gets SIGHUP, for as long as it runs: spawn the future it returns. `load` is
+    /// also what the operating API's `POST /payhook/admin/credentials/read-again` reads
+    /// ([`Credentials::read_from`]). SIGHUP is listened for from this call on, within the
+    /// Tokio runtime — call it before the service says it is ready: until then SIGHUP ends
+    /// the process, as it does any that does not listen for it. The configuration and the
+    /// key files are read off the runtime's threads ([`Credentials::read_again_now`]). One
+    /// that cannot be read or is refused is logged at error level, and the credentials stay
+    /// as they were. Where SIGHUP cannot be listened for (not Unix), says so, and the future
+    /// waits for ever (the operating API still reads `load`).
     ///
     /// # Panics
     ///
     /// Outside a Tokio runtime.
-    pub fn read_again_on_hangup<F>(self, mut load: F) -> impl Future<Output = ()> + Send + 'static
+    pub fn read_again_on_hangup<F>(self, load: F) -> impl Future<Output = ()> + Send + 'static
     where
         F: FnMut() -> Result<Config, ConfigError> + Send + 'static,
     {
+        self.read_from(load);
         #[cfg(unix)]
         let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         async move {
@@ -517,45 +602,22 @@ impl Credentials {
                 let mut hangups = match hangups {
                     Ok(hangups) => hangups,
                     Err(error) => {
-                        tracing::error!(%error, "credentials: cannot listen for SIGHUP: the credentials are read at start only");
+                        tracing::error!(%error, "credentials: cannot listen for SIGHUP: the credentials are read again only when the operating API asks");
                         return std::future::pending().await;
                     }
                 };
                 while hangups.recv().await.is_some() {
                     tracing::info!("credentials: SIGHUP received: reading the configuration again");
-                    let credentials = self.clone();
-                    // Off the runtime's threads: a file on a slow disk holds none.
-                    let read = tokio::task::spawn_blocking(move || {
-                        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            let config = load()?;
-                            credentials.read_again(&config)
-                        }));
-                        (load, read)
-                    })
-                    .await;
-                    // Cancelled: the runtime is shutting down.
-                    let Ok((back, read)) = read else { return };
-                    load = back;
-                    match read {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(error)) => tracing::error!(
-                            error = %crate::report::InLine(&error),
-                            "credentials: the configuration read again was not taken: the \
-                             credentials stay as they were"
-                        ),
-                        Err(_) => tracing::error!(
-                            "credentials: reading the configuration again panicked: the \
-                             credentials stay as they were"
-                        ),
-                    }
+                    // Refusals are logged by the reading.
+                    let _ = self.read_again_now().await;
                 }
             }
             #[cfg(not(unix))]
             {
-                let _ = (&mut load, &self);
+                let _ = &self;
                 tracing::warn!(
-                    "credentials: no SIGHUP on this system: the credentials are read at \
-                     start only (or by Credentials::read_again)"
+                    "credentials: no SIGHUP on this system: the credentials are read again \
+                     only when the operating API asks (or by Credentials::read_again_now)"
                 );
                 std::future::pending().await
             }

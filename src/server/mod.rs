@@ -31,8 +31,9 @@
 //!           └─▶ AdminAccess (admin_access.rs: who may call, the inspector's sessions;
 //!                            operators.rs: operators' own tokens and viewers;
 //!                            guesses.rs: wrong tokens counted per address;
-//!                            credentials.rs: read again while the service runs, on SIGHUP,
-//!                            with the Ingress's signature keys)
+//!                            credentials.rs: read again while the service runs, on SIGHUP
+//!                            or when the operating API asks, with the Ingress's signature
+//!                            keys and the gateway's login and TLS files)
 //! ```
 //!
 //! The [`App`] is a plain `Service` (hyper's and tower's), so it can also be mounted inside an
@@ -245,7 +246,9 @@ use problem::{Problem, json_response};
 use request::{REQUEST_ID_HEADER, is_json, request_id};
 use route::{Endpoint, Route, Router};
 
-pub use operating_api::{AdminDecision, AdminHeldPair, AdminReconcile, AdminReconciled};
+pub use operating_api::{
+    AdminCredentialsRead, AdminDecision, AdminHeldPair, AdminReconcile, AdminReconciled,
+};
 pub(crate) use operating_api::{HELD_LIMIT, VALIDATIONS_PAGE_LIMIT};
 pub use problem::status_codes;
 pub use reconcile::{ReconcileError, Reconciled};
@@ -1094,7 +1097,7 @@ impl AppBuilder {
                 Arc::clone(&ingress),
                 exactly_once.clone(),
                 awaitable.clone(),
-                gateway.clone(),
+                credentials.clone(),
                 self.config.callback.retry_after,
                 operating_api::Observed {
                     inspector: inspector.clone(),

@@ -15,6 +15,7 @@
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
 //! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
+//! | `POST /payhook/admin/credentials/read-again` | 200 [`AdminCredentialsRead`]: the service's configuration was read again from what it gave ([`Credentials::read_from`], as `read_again_on_hangup` does: SIGHUP's reading, without a signal) and its credentials taken — what changed (names only), and the settings besides that differ and take a restart; 409 `not taken, every credential stays as it was: …` with why (the configuration cannot be read or is refused, or the service gave none to read) |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
@@ -59,6 +60,7 @@ use std::time::Duration;
 
 use super::ResponseBody;
 use super::admin_access::{AdminAccess, CurrentAccess, SESSION_COOKIE, SESSION_LIFETIME_SECS};
+use super::credentials::Credentials;
 use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
 use super::metrics::Metrics;
@@ -140,6 +142,19 @@ pub struct AdminReconciled {
     pub message: Option<String>,
 }
 
+/// The answer of `POST /payhook/admin/credentials/read-again`: what the configuration read
+/// again changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminCredentialsRead {
+    /// What changed, as logged (`signature keys now: 2026-07, 2026-01; operators added:
+    /// bob`), or `no change` (names only, never a secret).
+    pub message: String,
+    /// The other settings that differ from those the service runs with, by section or key:
+    /// not taken, they take a restart.
+    pub need_a_restart: Vec<String>,
+}
+
 fn json<T: Serialize>(value: &T) -> Response<ResponseBody> {
     let mut response = Response::new(http_body_util::Full::new(Bytes::from(
         serde_json::to_vec(value).unwrap_or_default(),
@@ -159,7 +174,9 @@ pub(super) struct OperatingApi {
     ingress: Arc<Ingress>,
     exactly_once: ExactlyOnce,
     awaitable: Option<Arc<Awaitable>>,
-    gateway: Option<GatewayClient>,
+    /// The credentials, read again when asked, with the aggregator's client (when the
+    /// service calls it) whose login and TLS files they replace.
+    credentials: Credentials,
     retry_after: Duration,
     observed: Observed,
 }
@@ -180,7 +197,7 @@ impl OperatingApi {
         ingress: Arc<Ingress>,
         exactly_once: ExactlyOnce,
         awaitable: Option<Arc<Awaitable>>,
-        gateway: Option<GatewayClient>,
+        credentials: Credentials,
         retry_after: Duration,
         observed: Observed,
     ) -> Self {
@@ -189,7 +206,7 @@ impl OperatingApi {
             ingress,
             exactly_once,
             awaitable,
-            gateway,
+            credentials,
             retry_after,
             observed,
         }
@@ -460,13 +477,29 @@ impl OperatingApi {
                 crate::store::held::log_resolved(&resolved, &self.channel(parts, caller));
                 Ok(json(&resolved))
             }
+            (&Method::POST, ["credentials", "read-again"]) => {
+                let change = self.credentials.read_again_now().await.map_err(|error| {
+                    Problem::Conflict(format!(
+                        "not taken, every credential stays as it was: {}",
+                        crate::report::InLine(&error)
+                    ))
+                })?;
+                Ok(json(&AdminCredentialsRead {
+                    message: change.to_string(),
+                    need_a_restart: change
+                        .need_a_restart
+                        .iter()
+                        .map(|&what| what.to_owned())
+                        .collect(),
+                }))
+            }
             (&Method::POST, ["reconcile"]) => {
                 let bytes = self
                     .ingress
                     .read_body(parts, body, self.ingress.client_of_parts(parts))
                     .await?;
                 let request: AdminReconcile = super::request::parse_json(&bytes)?;
-                let gateway = self.gateway.as_ref().ok_or_else(|| {
+                let gateway = self.credentials.gateway().ok_or_else(|| {
                     Problem::Conflict("reconcile needs a complete [gateway] section".into())
                 })?;
                 let outcomes = self
@@ -528,7 +561,9 @@ impl OperatingApi {
             (_, ["validations"] | ["validations", _]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }
-            (_, ["reconcile"]) => Err(Problem::MethodNotAllowed { allow: "POST" }),
+            (_, ["reconcile"] | ["credentials", "read-again"]) => {
+                Err(Problem::MethodNotAllowed { allow: "POST" })
+            }
             _ => Err(Problem::NotFound),
         }
     }
@@ -994,7 +1029,7 @@ impl OperatingApi {
         };
         Health {
             store_failed: store.map(|s| s.failed()),
-            gateway: self.gateway.as_ref().map(GatewayClient::session_state),
+            gateway: self.credentials.gateway().map(GatewayClient::session_state),
             outbox_queued,
             counters: self.observed.metrics.at_a_glance(),
             kept: self.observed.inspector.as_ref().map_or(0, |i| i.capacity()),

@@ -213,6 +213,18 @@ enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// The credentials of a running service: have it read its configuration again and
+    /// take them (signature keys, the aggregator's login and TLS files, the operating API's
+    /// tokens), as on SIGHUP, and say what changed.
+    #[command(
+        after_help = "Examples:\n  payhook credentials read-again --admin-url http://127.0.0.1:8080"
+    )]
+    Credentials {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(subcommand)]
+        command: CredentialsCommand,
+    },
     /// Follow a running service's deliveries as they happen: one line each (or JSON), from
     /// its inspector (admin.token, PAYHOOK_ADMIN_TOKEN).
     #[command(
@@ -393,6 +405,19 @@ enum StoreCommand {
     },
 }
 
+/// `payhook credentials …`.
+#[derive(Debug, Subcommand)]
+enum CredentialsCommand {
+    /// Have the service read its configuration again (what it reads on SIGHUP) through
+    /// its operating API, and print what changed; exit 2, saying why, when nothing was
+    /// taken.
+    ReadAgain {
+        /// The running service (e.g. http://127.0.0.1:8080).
+        #[arg(long, value_name = "URL")]
+        admin_url: String,
+    },
+}
+
 /// What a command prints on failure: a message and its exit code.
 struct Failure(String, u8);
 
@@ -472,6 +497,10 @@ fn main() -> ExitCode {
             store,
             inspect,
         } => demo::run(data, store, inspect),
+        Command::Credentials {
+            config,
+            command: CredentialsCommand::ReadAgain { admin_url },
+        } => read_credentials_again(config.config.as_deref(), &admin_url),
         Command::Tail {
             config,
             admin_url,
@@ -589,6 +618,24 @@ fn tail(
         options,
         &mut std::io::stdout(),
     ))?;
+    Ok(())
+}
+
+/// `payhook credentials read-again`: the running service reads its configuration again.
+fn read_credentials_again(config: Option<&std::path::Path>, url: &str) -> Result<(), Failure> {
+    let config = load_config(config)?;
+    let client = admin_client(&config, url, "credentials read-again")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let read = runtime.block_on(client.read_credentials_again())?;
+    println!("read again: {}", read.message);
+    if !read.need_a_restart.is_empty() {
+        println!(
+            "not taken, these differ from what the service runs with and take a restart: {}",
+            read.need_a_restart.join(", ")
+        );
+    }
     Ok(())
 }
 

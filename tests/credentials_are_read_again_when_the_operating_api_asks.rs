@@ -1,0 +1,196 @@
+//! A running service reads its configuration again when its operating API is asked (`POST
+//! /payhook/admin/credentials/read-again`, `payhook credentials read-again`), from what it
+//! gave to read (`Credentials::read_from`, as `read_again_on_hangup` does) — SIGHUP's reading
+//! without a signal, for a platform that sends none or a reloader that calls a URL — and
+//! answers what changed, or why nothing was taken. A viewer may not ask it.
+#![allow(clippy::unwrap_used, reason = "tests")]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use payhook::server::{AdminCredentialsRead, OperatorToken};
+use payhook::signature::{Algorithm, SigningKey};
+use support::*;
+
+const SHARED: &str = "admin-token-0123456789";
+const CAROL: &str = "phop_carol-token-for-tests-0123456789";
+const READ_AGAIN: &str = "/payhook/admin/credentials/read-again";
+
+/// A service verifying the fixture key `rsa2048`, with an operating API (the shared token,
+/// and carol, a viewer), whose configuration read again is what the returned cell holds.
+async fn service() -> (TestServer, Arc<Mutex<payhook::Config>>) {
+    let mut config = signed_config(&["rsa2048"]);
+    config.admin.token = Some(SHARED.into());
+    config.admin.operators = [("carol".to_owned(), OperatorToken::digest_of(CAROL))].into();
+    config.admin.viewers = vec!["carol".to_owned()];
+    let server = TestServer::start_with(config.clone()).await;
+    let file = Arc::new(Mutex::new(server.as_run(&config)));
+    let read = Arc::clone(&file);
+    server
+        .app
+        .credentials()
+        .read_from(move || Ok(read.lock().unwrap().clone()));
+    (server, file)
+}
+
+/// `config` with the fixture keys `keys` (by their names as ids).
+fn with_keys(config: &payhook::Config, keys: &[&str]) -> payhook::Config {
+    let mut next = config.clone();
+    next.signature.keys = signed_config(keys).signature.keys;
+    next
+}
+
+fn rsa(key: &str) -> SigningKey {
+    fixture_signer(key, Algorithm::RsaPkcs1Sha256)
+}
+
+async fn callback_status(server: &TestServer, key: &str, nonce: &str) -> u16 {
+    let request = signed_callback(&rsa(key), nonce, 4, "1", "c");
+    server.send(&request).await.status
+}
+
+#[tokio::test]
+async fn the_configuration_is_read_again_when_asked_and_the_answer_says_what_changed() {
+    let (server, file) = service().await;
+    assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 401);
+
+    {
+        let mut next = file.lock().unwrap();
+        *next = with_keys(&next, &["rsa3072", "rsa2048"]);
+        next.server.max_connections += 1;
+    }
+    let answer = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    let read: AdminCredentialsRead = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(
+        read,
+        AdminCredentialsRead {
+            message: "signature keys now: rsa3072, rsa2048".into(),
+            need_a_restart: vec!["server".into()],
+        }
+    );
+    assert_eq!(callback_status(&server, "rsa3072", "n-2").await, 200);
+
+    // Asked again with nothing changed: nothing changes.
+    let answer = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    let read: AdminCredentialsRead = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(read.message, "no change");
+}
+
+/// A configuration refused — here, one listing no key — is answered 409 with why, and
+/// changes nothing; so is one that cannot be read, and one whose reading panics. The next
+/// reading that can be taken is.
+#[tokio::test]
+async fn a_configuration_refused_or_unreadable_is_answered_409_and_changes_nothing() {
+    let (server, file) = service().await;
+    let started = file.lock().unwrap().clone();
+    file.lock().unwrap().signature.keys.clear();
+    let refused = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(refused.status, 409);
+    assert!(
+        refused.message().starts_with(
+            "not taken, every credential stays as it was: signature: no signature.keys"
+        ),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(callback_status(&server, "rsa2048", "n-1").await, 200);
+
+    let credentials = server.app.credentials();
+    credentials.read_from(|| {
+        Err(payhook::config::ConfigError::Invalid {
+            key: "server.listen".into(),
+            reason: "not an address".into(),
+        })
+    });
+    let unreadable = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(
+        (unreadable.status, unreadable.message()),
+        (
+            409,
+            "not taken, every credential stays as it was: server.listen: not an address".into()
+        )
+    );
+    credentials.read_from(|| panic!("the merchant's loader failed"));
+    let panicked = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(panicked.status, 409);
+    assert!(
+        panicked.message().contains("panicked or was cut short"),
+        "{}",
+        panicked.message()
+    );
+
+    let next = with_keys(&started, &["rsa3072"]);
+    credentials.read_from(move || Ok(next.clone()));
+    let taken = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(taken.status, 200, "{}", taken.message());
+    assert_eq!(callback_status(&server, "rsa3072", "n-2").await, 200);
+    assert_eq!(callback_status(&server, "rsa2048", "n-3").await, 401);
+}
+
+/// A service that gave nothing to read says so; a viewer may not ask; only POST reads.
+#[tokio::test]
+async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {
+    let mut config = signed_config(&["rsa2048"]);
+    config.admin.token = Some(SHARED.into());
+    let server = TestServer::start_with(config).await;
+    let none = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(none.status, 409);
+    assert!(
+        none.message().contains("it gave none to read"),
+        "{}",
+        none.message()
+    );
+    let get = server.admin("GET", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(get.status, 405);
+
+    let (server, _file) = service().await;
+    let viewer = server.admin("POST", READ_AGAIN, Some(CAROL), None).await;
+    assert_eq!(viewer.status, 403, "{}", viewer.message());
+    assert!(viewer.message().contains("may look, not change"));
+    let anonymous = server.admin("POST", READ_AGAIN, None, None).await;
+    assert_eq!(anonymous.status, 401);
+}
+
+/// `payhook credentials read-again --admin-url` prints what changed, and exits 2 saying why
+/// when nothing was taken.
+#[tokio::test]
+async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
+    let (server, file) = service().await;
+    let url = format!("http://{}", server.addr);
+    let run = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+                .args(["credentials", "read-again", "--admin-url", &url])
+                .env_clear()
+                .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+                .output()
+                .unwrap()
+        })
+    };
+    {
+        let mut next = file.lock().unwrap();
+        *next = with_keys(&next, &["rsa3072"]);
+    }
+    let output = run(url.clone()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        (output.status.code(), stdout.trim()),
+        (Some(0), "read again: signature keys now: rsa3072"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    file.lock().unwrap().signature.keys.clear();
+    let output = run(url).await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("409")
+            && stderr.contains("not taken")
+            && stderr.contains("no signature.keys"),
+        "{stderr}"
+    );
+    assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 200);
+}
