@@ -129,6 +129,33 @@ async fn a_configuration_refused_or_unreadable_is_answered_409_and_changes_nothi
     assert_eq!(callback_status(&server, "rsa2048", "n-3").await, 401);
 }
 
+/// What `read_again_on_hangup` is given is what the operating API reads too, and who asked
+/// is logged before the reading.
+#[tokio::test]
+async fn what_sighup_reads_is_what_the_operating_api_reads() {
+    let logs = captured_logs(tracing::Level::INFO);
+    let mut config = signed_config(&["rsa2048"]);
+    config.admin.token = Some(SHARED.into());
+    let server = TestServer::start_with(config.clone()).await;
+    let next = with_keys(&server.as_run(&config), &["rsa3072"]);
+    tokio::spawn(
+        server
+            .app
+            .credentials()
+            .read_again_on_hangup(move || Ok(next.clone())),
+    );
+    let answer = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 200);
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains("INFO")
+            && l.contains("admin: reading the configuration again, as asked")
+            && l.contains("with the shared token")),
+        "{text}"
+    );
+}
+
 /// A service that gave nothing to read says so; a viewer may not ask; only POST reads.
 #[tokio::test]
 async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {

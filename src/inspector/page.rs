@@ -697,6 +697,7 @@ function remember(by) {
 if (byField) {
   try { byField.value = localStorage.getItem('payhook.by') || ''; } catch (e) { /* none */ }
   byField.addEventListener('input', () => remember(byField.value));
+  byField.addEventListener('change', () => remember(byField.value));
 }
 // The name the header's field holds, for a decision: none (undefined) on an operator's own
 // page, or where none was typed.

@@ -374,7 +374,8 @@ impl Credentials {
     /// when asked: by [`Credentials::read_again_now`] — which the operating API's `POST
     /// /payhook/admin/credentials/read-again` and `payhook credentials read-again` call — and
     /// on SIGHUP where [`Credentials::read_again_on_hangup`] listens (it calls this itself).
-    /// Replaces what an earlier call gave.
+    /// Replaces what an earlier call gave. Kept as long as the app: a `load` that holds the
+    /// app (or its credentials) keeps it for ever.
     pub fn read_from<F>(&self, load: F)
     where
         F: FnMut() -> Result<Config, ConfigError> + Send + 'static,
@@ -384,8 +385,9 @@ impl Credentials {
 
     /// Reads the configuration again from what [`Credentials::read_from`] gave, off the
     /// runtime's threads, and takes its credentials ([`Credentials::read_again`]). Logged
-    /// at info level with what changed; one refused, at error level. One reading at a time:
-    /// a second asked meanwhile waits for the first.
+    /// at info level with what changed; one refused, at error level. One reading at a time,
+    /// from loading to taking: a second asked meanwhile waits for the first (and for a `load`
+    /// that never returns, for ever), so that the configuration loaded last is the one taken.
     ///
     /// # Errors
     ///
@@ -404,7 +406,7 @@ impl Credentials {
                     .unwrap_or_else(PoisonError::into_inner);
                 let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
                 let config = load()?;
-                drop(source);
+                // Still held: a reading that loaded later takes its configuration later.
                 credentials.read_again(&config)
             }))
         })

@@ -15,7 +15,7 @@
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
 //! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
-//! | `POST /payhook/admin/credentials/read-again` | 200 [`AdminCredentialsRead`]: the service's configuration was read again from what it gave ([`Credentials::read_from`], as `read_again_on_hangup` does: SIGHUP's reading, without a signal) and its credentials taken — what changed (names only), and the settings besides that differ and take a restart; 409 `not taken, every credential stays as it was: …` with why (the configuration cannot be read or is refused, or the service gave none to read) |
+//! | `POST /payhook/admin/credentials/read-again` | 200 [`AdminCredentialsRead`]: the service's configuration was read again from what it gave ([`Credentials::read_from`], as `read_again_on_hangup` does: SIGHUP's reading, without a signal) and its credentials taken, in this instance — what changed (names only), and the settings besides that differ and take a restart; 409 `not taken, every credential stays as it was: …` with why (the configuration cannot be read or is refused, or the service gave none to read) |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
@@ -478,6 +478,12 @@ impl OperatingApi {
                 Ok(json(&resolved))
             }
             (&Method::POST, ["credentials", "read-again"]) => {
+                // Said before: a caller gone meanwhile leaves the reading to finish, and
+                // the change it makes is not left without whom it was asked by.
+                tracing::info!(
+                    by = %self.channel(parts, caller),
+                    "admin: reading the configuration again, as asked"
+                );
                 let change = self.credentials.read_again_now().await.map_err(|error| {
                     Problem::Conflict(format!(
                         "not taken, every credential stays as it was: {}",
