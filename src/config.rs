@@ -103,6 +103,20 @@ pub enum ConfigError {
         /// What is wrong, naming the key.
         message: String,
     },
+    /// The configuration file can be changed by any user on the machine (the file, or its
+    /// directory): it decides what is trusted — the aggregator's keys, the tokens, whether
+    /// callbacks must be signed.
+    #[error(
+        "{} {why}: it decides what payhook trusts (the aggregator's keys, the tokens, whether \
+         callbacks must be signed)",
+        path.display()
+    )]
+    Changeable {
+        /// The file.
+        path: PathBuf,
+        /// Who could change it, and how to stop them.
+        why: String,
+    },
     /// A `PAYHOOK_*` variable that names no setting.
     #[error(
         "environment variable {0} names no setting (expected PAYHOOK_<SECTION>_<KEY>, e.g. PAYHOOK_SERVER_LISTEN)"
@@ -364,6 +378,12 @@ impl Config {
 }
 
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    if let Some(why) = crate::secret::changeable_by_anyone(path) {
+        return Err(ConfigError::Changeable {
+            path: path.to_owned(),
+            why,
+        });
+    }
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,

@@ -1,4 +1,6 @@
-//! Secrets that must not leak: passwords, tokens, shared keys.
+//! Secrets that must not leak: passwords, tokens, shared keys — and the files that hold
+//! them, or that decide what is trusted: warned of when others may read them, refused when
+//! others may change them ([`changeable_by_anyone`]).
 //!
 //! A [`Secret`] prints as `Secret(***)` in `Debug` and has no `Display`, so that a stray
 //! `{:?}` on a config or a login request never writes a password into a log. The value is
@@ -108,6 +110,53 @@ pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
     }
 }
 
+/// Why anyone on the machine could change the file at `path` — the file itself may be
+/// written by others (`o+w`), or its directory lets others replace it (`o+w` without the
+/// sticky bit) — as a sentence to follow the path with; `None` otherwise (Unix), and on other
+/// systems, or when the permissions cannot be read (reading the file then fails with its
+/// own error). For files whose contents decide what is trusted — the aggregator's keys, the
+/// CA the gateway is checked against, the configuration — a refusal, not a warning: whoever
+/// could replace them could have forged callbacks accepted.
+pub(crate) fn changeable_by_anyone(path: &Path) -> Option<String> {
+    let (file, directory) = writable_by_others(path)?;
+    let fix = |what: &Path, how: &str| format!("{how} {:?}", what.display().to_string());
+    Some(match directory {
+        None => format!(
+            "can be written by any user (mode {file:04o}): restrict it ({})",
+            fix(path, "chmod o-w")
+        ),
+        Some((dir, mode)) => format!(
+            "is in {} (mode {mode:04o}), where any user can replace it: move it, or restrict \
+             the directory ({})",
+            dir.display(),
+            fix(&dir, "chmod o-w")
+        ),
+    })
+}
+
+/// The file's permission bits, and the directory's (with its path) when that is what lets
+/// others change it: `None` when neither does.
+#[cfg(unix)]
+fn writable_by_others(path: &Path) -> Option<(u32, Option<(std::path::PathBuf, u32)>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    if mode & 0o002 != 0 {
+        return Some((mode, None));
+    }
+    // Replacing needs the directory the name is in (a link's own, not its target's).
+    let absolute = std::path::absolute(path).ok()?;
+    let dir = absolute.parent()?;
+    let dir_mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o7777;
+    // The sticky bit (`/tmp`): only a file's owner may rename or remove it.
+    (dir_mode & 0o002 != 0 && dir_mode & 0o1000 == 0)
+        .then(|| (mode, Some((dir.to_owned(), dir_mode))))
+}
+
+#[cfg(not(unix))]
+fn writable_by_others(_: &Path) -> Option<(u32, Option<(std::path::PathBuf, u32)>)> {
+    None
+}
+
 /// The permission bits of the file at `path` when its group or others may read it.
 #[cfg(unix)]
 fn readable_by_others(path: &Path) -> Option<u32> {
@@ -136,6 +185,38 @@ mod tests {
         // Cut after the replacement: no part of the token is left at the cut.
         assert_eq!(redacted("Bearer tok-123", &["tok-123"], 10), "Bearer ***");
         assert_eq!(redacted("Bearer tok-123", &["tok-123"], 9), "Bearer **");
+    }
+
+    #[test]
+    fn a_file_is_changeable_by_anyone_when_others_may_write_it_or_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key.pem");
+        std::fs::write(&path, "key").unwrap();
+        let set = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        set(dir.path(), 0o755);
+        for mode in [0o644, 0o664, 0o600, 0o444] {
+            set(&path, mode);
+            assert_eq!(changeable_by_anyone(&path), None, "{mode:o}");
+        }
+        set(&path, 0o666);
+        let said = changeable_by_anyone(&path).unwrap();
+        assert!(
+            said.starts_with("can be written by any user (mode 0666): restrict it (chmod o-w "),
+            "{said}"
+        );
+        set(&path, 0o644);
+        set(dir.path(), 0o777);
+        let said = changeable_by_anyone(&path).unwrap();
+        assert!(
+            said.contains("(mode 0777), where any user can replace it"),
+            "{said}"
+        );
+        // Like /tmp: others may write, but only a file's owner may replace it.
+        set(dir.path(), 0o1777);
+        assert_eq!(changeable_by_anyone(&path), None);
+        set(dir.path(), 0o700);
     }
 
     #[test]

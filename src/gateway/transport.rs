@@ -113,6 +113,14 @@ struct TlsFile<'a> {
 
 impl<'a> TlsFile<'a> {
     fn read(path: &'a Path, setting: &'static str) -> Result<Self, TransportError> {
+        // Whoever replaced the CA could read and forge the aggregator's answers; the client
+        // certificate and key, present themselves as the merchant's.
+        if let Some(why) = crate::secret::changeable_by_anyone(path) {
+            return Err(TransportError::new(
+                setting,
+                format!("{} {why}", path.display()),
+            ));
+        }
         let bytes = std::fs::read(path)
             .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
         Ok(Self {

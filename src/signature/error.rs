@@ -111,6 +111,19 @@ pub enum Error {
         #[source]
         source: Arc<std::io::Error>,
     },
+    /// A key file of `signature.keys` that any user on the machine could change (the file,
+    /// or its directory): whoever put their own key there would have forged callbacks
+    /// accepted. `why` says which, and the fix.
+    #[error(
+        "{} {why}: whoever put their own key there would have forged callbacks accepted",
+        path.display()
+    )]
+    KeyFileChangeable {
+        /// The file.
+        path: PathBuf,
+        /// Who could change it, and how to stop them.
+        why: String,
+    },
     /// An entry of `signature.keys` gives both `file` and `value`, or neither.
     #[error("give exactly one of `file` and `value`")]
     AmbiguousKeySource,

@@ -58,14 +58,23 @@ impl KeySource {
     ///
     /// # Errors
     ///
-    /// [`Error`]: the file cannot be read, its content is no key, or the entry
-    /// gives both or neither of `file` and `value`.
+    /// [`Error`]: the file cannot be read, any user could change it
+    /// ([`Error::KeyFileChangeable`]), its content is no key, or the entry gives both or
+    /// neither of `file` and `value`.
     pub fn load(&self) -> Result<Vec<PublicKey>, Error> {
         let bytes = match (&self.file, &self.value) {
-            (Some(path), None) => std::fs::read(path).map_err(|source| Error::KeyFile {
-                path: path.clone(),
-                source: std::sync::Arc::new(source),
-            })?,
+            (Some(path), None) => {
+                if let Some(why) = crate::secret::changeable_by_anyone(path) {
+                    return Err(Error::KeyFileChangeable {
+                        path: path.clone(),
+                        why,
+                    });
+                }
+                std::fs::read(path).map_err(|source| Error::KeyFile {
+                    path: path.clone(),
+                    source: std::sync::Arc::new(source),
+                })?
+            }
             (None, Some(value)) => value.as_bytes().to_vec(),
             _ => return Err(Error::AmbiguousKeySource),
         };
