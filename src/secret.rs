@@ -140,7 +140,7 @@ pub(crate) fn changeable_by_anyone(path: &Path) -> Option<String> {
 fn writable_by_others(path: &Path) -> Option<(u32, Option<(std::path::PathBuf, u32)>)> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
-    if mode & 0o002 != 0 {
+    if mode & 0o002 != 0 && !on_read_only_mount(path) {
         return Some((mode, None));
     }
     // Replacing needs the directory the name is in (a link's own, not its target's).
@@ -148,8 +148,69 @@ fn writable_by_others(path: &Path) -> Option<(u32, Option<(std::path::PathBuf, u
     let dir = absolute.parent()?;
     let dir_mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o7777;
     // The sticky bit (`/tmp`): only a file's owner may rename or remove it.
-    (dir_mode & 0o002 != 0 && dir_mode & 0o1000 == 0)
+    (dir_mode & 0o002 != 0 && dir_mode & 0o1000 == 0 && !on_read_only_mount(dir))
         .then(|| (mode, Some((dir.to_owned(), dir_mode))))
+}
+
+/// Whether `path` lies on a file system mounted read-only, where its permission bits give
+/// nobody a write: an orchestrator's volumes of configuration and secrets are mounted so,
+/// with directories `0777` (Kubernetes), and so are `:ro` bind mounts. Read from
+/// `/proc/self/mountinfo` (Linux); `false` where it cannot be told.
+#[cfg(unix)]
+fn on_read_only_mount(path: &Path) -> bool {
+    let (Ok(path), Ok(table)) = (
+        std::fs::canonicalize(path),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    read_only_in(&table, &path)
+}
+
+/// Whether the mount `table` (`/proc/self/mountinfo`'s lines) says that `path` (canonical)
+/// is on a read-only mount: the mount whose point is the longest that holds it — the last
+/// listed of those at the same point, mounted over the others — has the option `ro`.
+#[cfg(unix)]
+fn read_only_in(table: &str, path: &Path) -> bool {
+    let mut found: Option<(usize, bool)> = None;
+    for line in table.lines() {
+        // ID, parent ID, major:minor, root, mount point, mount options, …
+        let mut fields = line.split(' ').skip(4);
+        let (Some(point), Some(options)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let point = unescape_mount_point(point);
+        if path.starts_with(&point) && found.is_none_or(|(length, _)| point.len() >= length) {
+            found = Some((point.len(), options.split(',').any(|o| o == "ro")));
+        }
+    }
+    found.is_some_and(|(_, read_only)| read_only)
+}
+
+/// A mount point as `mountinfo` writes it, with a space, tab, line feed or backslash as an
+/// octal escape (`\040`).
+#[cfg(unix)]
+fn unescape_mount_point(field: &str) -> String {
+    let mut point = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        point.push_str(&rest[..at]);
+        let code = rest
+            .get(at + 1..at + 4)
+            .and_then(|digits| u8::from_str_radix(digits, 8).ok());
+        match code {
+            Some(byte) => {
+                point.push(char::from(byte));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                point.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    point.push_str(rest);
+    point
 }
 
 #[cfg(not(unix))]
@@ -217,6 +278,31 @@ mod tests {
         set(dir.path(), 0o1777);
         assert_eq!(changeable_by_anyone(&path), None);
         set(dir.path(), 0o700);
+    }
+
+    #[test]
+    fn a_read_only_mount_is_told_by_the_longest_mount_point_that_holds_the_path() {
+        let table = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+30 22 0:40 / /etc/config ro,relatime - ext4 /dev/sda1 rw
+31 22 0:41 / /etc/config-rw rw,relatime - ext4 /dev/sda1 rw
+32 22 0:42 / /srv/with\\040space ro - tmpfs tmpfs rw
+33 22 0:43 / /mnt/over ro - tmpfs tmpfs rw
+34 22 0:44 / /mnt/over rw - tmpfs tmpfs rw
+";
+        for (path, read_only) in [
+            ("/etc/config/payhook.toml", true),
+            ("/etc/config", true),
+            ("/etc/config-rw/payhook.toml", false),
+            ("/etc/passwd", false),
+            ("/srv/with space/key.pem", true),
+            ("/srv/with/key.pem", false),
+            ("/mnt/over/key.pem", false),
+        ] {
+            assert_eq!(read_only_in(table, Path::new(path)), read_only, "{path}");
+        }
+        assert!(!read_only_in("", Path::new("/etc/config")));
+        assert_eq!(unescape_mount_point("a\\134b\\x"), "a\\b\\x");
     }
 
     #[test]
