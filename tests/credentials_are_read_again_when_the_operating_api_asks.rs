@@ -221,3 +221,55 @@ async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
     );
     assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 200);
 }
+
+/// Behind a load balancer each instance reads its own configuration: `--admin-url` repeated
+/// asks every one, whatever the others answer, names each on its line, and exits 2 naming
+/// those that took nothing.
+#[tokio::test]
+async fn the_command_line_asks_every_instance_it_is_given() {
+    let (taking, file) = service().await;
+    {
+        let mut next = file.lock().unwrap();
+        *next = with_keys(&next, &["rsa3072"]);
+    }
+    let mut config = signed_config(&["rsa2048"]);
+    config.admin.token = Some(SHARED.into());
+    let sourceless = TestServer::start_with(config).await;
+    let urls = [
+        format!("http://{}", sourceless.addr),
+        format!("http://{}", taking.addr),
+    ];
+    let output = {
+        let urls = urls.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+                .args(["credentials", "read-again"])
+                .args(urls.iter().flat_map(|url| ["--admin-url", url.as_str()]))
+                .env_clear()
+                .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("{}: read again: signature keys now: rsa3072", urls[1])
+    );
+    assert!(
+        stderr.contains(&format!("{}: ", urls[0]))
+            && stderr.contains("it gave none to read")
+            && stderr.contains(&format!(
+                "nothing was taken by 1 of 2 instances: {}",
+                urls[0]
+            )),
+        "{stderr}"
+    );
+    assert_eq!(callback_status(&taking, "rsa3072", "n-1").await, 200);
+}

@@ -412,9 +412,10 @@ enum CredentialsCommand {
     /// its operating API, and print what changed; exit 2, saying why, when nothing was
     /// taken.
     ReadAgain {
-        /// The running service (e.g. http://127.0.0.1:8080).
-        #[arg(long, value_name = "URL")]
-        admin_url: String,
+        /// The running service (e.g. http://127.0.0.1:8080); repeat it for each instance
+        /// behind a load balancer: each reads its own configuration.
+        #[arg(long, value_name = "URL", required = true)]
+        admin_url: Vec<String>,
     },
 }
 
@@ -622,21 +623,55 @@ fn tail(
 }
 
 /// `payhook credentials read-again`: the running service reads its configuration again.
-fn read_credentials_again(config: Option<&std::path::Path>, url: &str) -> Result<(), Failure> {
+/// Each instance at `urls` in turn, every one asked whatever the others answered; several
+/// are named on each line. Exit 2 when any took nothing, naming those.
+fn read_credentials_again(
+    config: Option<&std::path::Path>,
+    urls: &[String],
+) -> Result<(), Failure> {
     let config = load_config(config)?;
-    let client = admin_client(&config, url, "credentials read-again")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let read = runtime.block_on(client.read_credentials_again())?;
-    println!("read again: {}", read.message);
-    if !read.need_a_restart.is_empty() {
-        println!(
-            "not taken, these differ from what the service runs with and take a restart: {}",
-            read.need_a_restart.join(", ")
-        );
+    let named = |url: &str| {
+        if urls.len() > 1 {
+            format!("{url}: ")
+        } else {
+            String::new()
+        }
+    };
+    let mut not_taken = Vec::new();
+    for url in urls {
+        let client = admin_client(&config, url, "credentials read-again")?;
+        match runtime.block_on(client.read_credentials_again()) {
+            Ok(read) => {
+                println!("{}read again: {}", named(url), read.message);
+                if !read.need_a_restart.is_empty() {
+                    println!(
+                        "{}not taken, these differ from what the service runs with and take a \
+                         restart: {}",
+                        named(url),
+                        read.need_a_restart.join(", ")
+                    );
+                }
+            }
+            Err(error) if urls.len() > 1 => {
+                eprintln!("{}{}", named(url), payhook::Report::new(&error));
+                not_taken.push(url.as_str());
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
-    Ok(())
+    if not_taken.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::msg(format!(
+            "nothing was taken by {} of {} instances: {}",
+            not_taken.len(),
+            urls.len(),
+            not_taken.join(", ")
+        )))
+    }
 }
 
 /// Runs an operating command with the service's configuration; the store is opened only
