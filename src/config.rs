@@ -103,9 +103,8 @@ pub enum ConfigError {
         /// What is wrong, naming the key.
         message: String,
     },
-    /// The configuration file can be changed by any user on the machine (the file, or its
-    /// directory): it decides what is trusted — the aggregator's keys, the tokens, whether
-    /// callbacks must be signed.
+    /// The configuration file may be written by any user on the machine: it decides what is
+    /// trusted — the aggregator's keys, the tokens, whether callbacks must be signed.
     #[error(
         "{} {why}: it decides what payhook trusts (the aggregator's keys, the tokens, whether \
          callbacks must be signed)",
@@ -384,6 +383,7 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
             why,
         });
     }
+    crate::secret::warn_if_replaceable_by_anyone(path, "the configuration");
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,

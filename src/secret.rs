@@ -1,6 +1,7 @@
 //! Secrets that must not leak: passwords, tokens, shared keys — and the files that hold
 //! them, or that decide what is trusted: warned of when others may read them, refused when
-//! others may change them ([`changeable_by_anyone`]).
+//! others may write them ([`changeable_by_anyone`]), warned of when a directory above lets
+//! others replace them ([`warn_if_replaceable_by_anyone`]).
 //!
 //! A [`Secret`] prints as `Secret(***)` in `Debug` and has no `Display`, so that a stray
 //! `{:?}` on a config or a login request never writes a password into a log. The value is
@@ -110,46 +111,88 @@ pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
     }
 }
 
-/// Why anyone on the machine could change the file at `path` — the file itself may be
-/// written by others (`o+w`), or its directory lets others replace it (`o+w` without the
-/// sticky bit) — as a sentence to follow the path with; `None` otherwise (Unix), and on other
-/// systems, or when the permissions cannot be read (reading the file then fails with its
-/// own error). For files whose contents decide what is trusted — the aggregator's keys, the
-/// CA the gateway is checked against, the configuration — a refusal, not a warning: whoever
-/// could replace them could have forged callbacks accepted.
+/// Why anyone on the machine could change the file at `path` — others may write it
+/// (`o+w`), and it is not on a read-only mount — as a sentence to follow the path with;
+/// `None` otherwise, on other systems than Unix, and when the permissions cannot be read
+/// (reading the file then fails with its own error). For files whose contents decide what
+/// is trusted — the aggregator's keys, the CA the gateway is checked against, the
+/// configuration — a refusal: whoever wrote their own key there would have forged
+/// callbacks accepted, and no orchestrator makes such a file `o+w`.
 pub(crate) fn changeable_by_anyone(path: &Path) -> Option<String> {
-    let (file, directory) = writable_by_others(path)?;
-    let fix = |what: &Path, how: &str| format!("{how} {:?}", what.display().to_string());
-    Some(match directory {
-        None => format!(
-            "can be written by any user (mode {file:04o}): restrict it ({})",
-            fix(path, "chmod o-w")
-        ),
-        Some((dir, mode)) => format!(
-            "is in {} (mode {mode:04o}), where any user can replace it: move it, or restrict \
-             the directory ({})",
-            dir.display(),
-            fix(&dir, "chmod o-w")
-        ),
-    })
+    let mode = writable_by_others(path)?;
+    Some(format!(
+        "can be written by any user (mode {mode:04o}): restrict it (chmod o-w {})",
+        shell_quoted(path)
+    ))
 }
 
-/// The file's permission bits, and the directory's (with its path) when that is what lets
-/// others change it: `None` when neither does.
+/// Warns when a directory above the file at `path` (`holding`: what it holds) lets any user
+/// replace it — others may write the directory (`o+w`) without its sticky bit (`/tmp`'s),
+/// and it is not on a read-only mount — along the path as given and along the path its links
+/// lead to. A warning, not a refusal: a directory every container of a pod may write
+/// (Kubernetes' `emptyDir`, where an agent writes secrets) is one a non-root service cannot
+/// restrict.
+pub(crate) fn warn_if_replaceable_by_anyone(path: &Path, holding: &str) {
+    if let Some((dir, mode)) = replaceable_in(path) {
+        tracing::warn!(
+            file = %path.display(),
+            directory = %dir.display(),
+            mode = format_args!("{mode:04o}"),
+            "{} holds {holding} and is under {}, where any user may replace it: move it, or \
+             restrict the directory (chmod o-w {})",
+            path.display(),
+            dir.display(),
+            shell_quoted(&dir)
+        );
+    }
+}
+
+/// `path` as the shell reads it back: in single quotes, each quote in it written `'\''`.
+fn shell_quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+/// The file's permission bits when others may write it and it is not on a read-only mount.
 #[cfg(unix)]
-fn writable_by_others(path: &Path) -> Option<(u32, Option<(std::path::PathBuf, u32)>)> {
+fn writable_by_others(path: &Path) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
-    if mode & 0o002 != 0 && !on_read_only_mount(path) {
-        return Some((mode, None));
+    (mode & 0o002 != 0 && !on_read_only_mount(path)).then_some(mode)
+}
+
+#[cfg(not(unix))]
+fn writable_by_others(_: &Path) -> Option<u32> {
+    None
+}
+
+/// The first directory (and its mode), from the file up, that lets any user replace what is
+/// under it: along the path as given (a link's own directory) and along the one its links
+/// lead to (the target's).
+#[cfg(unix)]
+fn replaceable_in(path: &Path) -> Option<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let given = std::path::absolute(path).ok()?;
+    let resolved = std::fs::canonicalize(path).ok();
+    let directories = given
+        .ancestors()
+        .skip(1)
+        .chain(resolved.iter().flat_map(|p| p.ancestors().skip(1)));
+    for dir in directories {
+        let Ok(metadata) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let mode = metadata.permissions().mode() & 0o7777;
+        // The sticky bit: only a file's owner may rename or remove it there.
+        if mode & 0o002 != 0 && mode & 0o1000 == 0 && !on_read_only_mount(dir) {
+            return Some((dir.to_owned(), mode));
+        }
     }
-    // Replacing needs the directory the name is in (a link's own, not its target's).
-    let absolute = std::path::absolute(path).ok()?;
-    let dir = absolute.parent()?;
-    let dir_mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o7777;
-    // The sticky bit (`/tmp`): only a file's owner may rename or remove it.
-    (dir_mode & 0o002 != 0 && dir_mode & 0o1000 == 0 && !on_read_only_mount(dir))
-        .then(|| (mode, Some((dir.to_owned(), dir_mode))))
+    None
+}
+
+#[cfg(not(unix))]
+fn replaceable_in(_: &Path) -> Option<(std::path::PathBuf, u32)> {
+    None
 }
 
 /// Whether `path` lies on a file system mounted read-only, where its permission bits give
@@ -169,19 +212,25 @@ fn on_read_only_mount(path: &Path) -> bool {
 
 /// Whether the mount `table` (`/proc/self/mountinfo`'s lines) says that `path` (canonical)
 /// is on a read-only mount: the mount whose point is the longest that holds it — the last
-/// listed of those at the same point, mounted over the others — has the option `ro`.
+/// listed of those at the same point, mounted over the others — has the option `ro`, for
+/// the mount or for its file system.
 #[cfg(unix)]
 fn read_only_in(table: &str, path: &Path) -> bool {
     let mut found: Option<(usize, bool)> = None;
     for line in table.lines() {
-        // ID, parent ID, major:minor, root, mount point, mount options, …
+        // ID, parent ID, major:minor, root, mount point, mount options, optional fields,
+        // `-`, file system type, source, the file system's own options.
         let mut fields = line.split(' ').skip(4);
         let (Some(point), Some(options)) = (fields.next(), fields.next()) else {
             continue;
         };
+        let super_options = fields.skip_while(|f| *f != "-").nth(3).unwrap_or_default();
+        let read_only = [options, super_options]
+            .iter()
+            .any(|options| options.split(',').any(|o| o == "ro"));
         let point = unescape_mount_point(point);
         if path.starts_with(&point) && found.is_none_or(|(length, _)| point.len() >= length) {
-            found = Some((point.len(), options.split(',').any(|o| o == "ro")));
+            found = Some((point.len(), read_only));
         }
     }
     found.is_some_and(|(_, read_only)| read_only)
@@ -249,34 +298,52 @@ mod tests {
     }
 
     #[test]
-    fn a_file_is_changeable_by_anyone_when_others_may_write_it_or_its_directory() {
+    fn a_file_is_changeable_by_anyone_when_others_may_write_it() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("key.pem");
+        let path = dir.path().join("it's key.pem");
         std::fs::write(&path, "key").unwrap();
-        let set = |path: &Path, mode: u32| {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-        };
-        set(dir.path(), 0o755);
         for mode in [0o644, 0o664, 0o600, 0o444] {
             set(&path, mode);
             assert_eq!(changeable_by_anyone(&path), None, "{mode:o}");
         }
         set(&path, 0o666);
-        let said = changeable_by_anyone(&path).unwrap();
-        assert!(
-            said.starts_with("can be written by any user (mode 0666): restrict it (chmod o-w "),
-            "{said}"
+        assert_eq!(
+            changeable_by_anyone(&path).unwrap(),
+            format!(
+                "can be written by any user (mode 0666): restrict it (chmod o-w '{}')",
+                path.display().to_string().replace('\'', r"'\''")
+            )
         );
-        set(&path, 0o644);
+    }
+
+    fn set(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_directory_above_lets_anyone_replace_a_file_unless_it_is_sticky() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        let path = keys.join("key.pem");
+        std::fs::write(&path, "key").unwrap();
+        set(dir.path(), 0o755);
+        assert_eq!(replaceable_in(&path), None);
+        // Not the file's own directory: the one above it, whose `keys` anyone may rename.
         set(dir.path(), 0o777);
-        let said = changeable_by_anyone(&path).unwrap();
-        assert!(
-            said.contains("(mode 0777), where any user can replace it"),
-            "{said}"
-        );
-        // Like /tmp: others may write, but only a file's owner may replace it.
+        assert_eq!(replaceable_in(&path), Some((dir.path().to_owned(), 0o777)));
         set(dir.path(), 0o1777);
-        assert_eq!(changeable_by_anyone(&path), None);
+        assert_eq!(replaceable_in(&path), None);
+        // A link in a safe directory to a file in an unsafe one: the target's counts.
+        set(dir.path(), 0o755);
+        let elsewhere = tempfile::tempdir().unwrap();
+        let link = elsewhere.path().join("key.pem");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        set(elsewhere.path(), 0o755);
+        assert_eq!(replaceable_in(&link), None);
+        set(&keys, 0o777);
+        assert_eq!(replaceable_in(&link), Some((keys.clone(), 0o777)));
+        set(&keys, 0o755);
         set(dir.path(), 0o700);
     }
 
@@ -289,6 +356,7 @@ mod tests {
 32 22 0:42 / /srv/with\\040space ro - tmpfs tmpfs rw
 33 22 0:43 / /mnt/over ro - tmpfs tmpfs rw
 34 22 0:44 / /mnt/over rw - tmpfs tmpfs rw
+35 22 0:45 / /mnt/sb rw,relatime shared:7 - squashfs /dev/loop0 ro
 ";
         for (path, read_only) in [
             ("/etc/config/payhook.toml", true),
@@ -298,6 +366,7 @@ mod tests {
             ("/srv/with space/key.pem", true),
             ("/srv/with/key.pem", false),
             ("/mnt/over/key.pem", false),
+            ("/mnt/sb/key.pem", true),
         ] {
             assert_eq!(read_only_in(table, Path::new(path)), read_only, "{path}");
         }

@@ -1,9 +1,9 @@
 //! A file whose contents decide what payhook trusts — an aggregator's key, the CA the
 //! gateway's answers are checked against, the client certificate, the configuration — is
-//! refused when any user on the machine could change it: the file may be written by others,
-//! or it lies in a directory where others may replace it (one without the sticky bit, unlike
-//! `/tmp`). Refused at start and when read again, naming the file and the fix; whoever could
-//! put their own key there would have forged callbacks accepted.
+//! refused when any user on the machine may write it, at start and when read again, naming
+//! the file and the fix: whoever put their own key there would have forged callbacks
+//! accepted. One in a directory where others may replace it (without the sticky bit, unlike
+//! `/tmp`) is warned of.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -62,19 +62,34 @@ fn a_key_file_anyone_may_write_refuses_the_start() {
     );
 }
 
+/// A directory where any user may replace the key (not the file itself) is warned of, not
+/// refused: a Kubernetes `emptyDir` an agent writes secrets into is one, and a service that
+/// is not root cannot restrict it. Not with the sticky bit (`/tmp`).
 #[test]
-fn a_key_file_where_anyone_may_replace_it_refuses_the_start_unless_the_directory_is_sticky() {
+fn a_key_file_where_anyone_may_replace_it_is_warned_of() {
+    let logs = captured_logs(tracing::Level::WARN);
     let dir = tempfile::tempdir().unwrap();
-    let (_, config) = key_in(dir.path());
+    let (file, config) = key_in(dir.path());
     set_mode(dir.path(), 0o777);
-    let error = refused_start(config.clone());
     assert!(
-        error.contains(
-            "(mode 0777), where any user can replace it: move it, or restrict the directory"
-        ),
-        "{error}"
+        payhook::App::builder(config.clone())
+            .callback_receiver(TestMerchant::default())
+            .build()
+            .is_ok()
     );
-    // Like /tmp: only the file's owner may replace it there.
+    let warned = |text: &str| {
+        text.lines().any(|l| {
+            l.contains("WARN")
+                && l.contains(&format!("{} holds an aggregator's key", file.display()))
+                && l.contains(&format!(
+                    "under {}, where any user may replace it",
+                    dir.path().display()
+                ))
+        })
+    };
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(warned(&text), "{text}");
+    logs.lock().unwrap().clear();
     set_mode(dir.path(), 0o1777);
     assert!(
         payhook::App::builder(config)
@@ -82,6 +97,8 @@ fn a_key_file_where_anyone_may_replace_it_refuses_the_start_unless_the_directory
             .build()
             .is_ok()
     );
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(!warned(&text), "{text}");
     set_mode(dir.path(), 0o700);
 }
 
@@ -123,7 +140,7 @@ fn a_configuration_file_anyone_may_write_is_refused() {
     assert_eq!(
         error.to_string(),
         format!(
-            "{path} can be written by any user (mode 0666): restrict it (chmod o-w {path:?}): \
+            "{path} can be written by any user (mode 0666): restrict it (chmod o-w '{path}'): \
              it decides what payhook trusts (the aggregator's keys, the tokens, whether \
              callbacks must be signed)",
             path = file.display().to_string()
@@ -131,8 +148,10 @@ fn a_configuration_file_anyone_may_write_is_refused() {
     );
 }
 
+/// The CA the aggregator's answers are checked against, and the client certificate and key
+/// presented as the merchant's.
 #[test]
-fn a_gateway_ca_file_anyone_may_write_is_refused() {
+fn a_gateway_tls_file_anyone_may_write_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     set_mode(dir.path(), 0o755);
     let ca = dir.path().join("ca.pem");
@@ -151,6 +170,24 @@ fn a_gateway_ca_file_anyone_may_write_is_refused() {
     assert!(
         error.contains("gateway.ca_file")
             && error.contains(&format!("{} can be written by any user", ca.display())),
+        "{error}"
+    );
+    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    std::fs::write(&cert, "not read").unwrap();
+    std::fs::write(&key, "not read").unwrap();
+    set_mode(&cert, 0o644);
+    set_mode(&key, 0o606);
+    let config = payhook::config::GatewayConfig {
+        ca_file: None,
+        client_cert_file: Some(cert),
+        client_key_file: Some(key.clone()),
+        ..config
+    };
+    let error = payhook::gateway::GatewayClient::new(&config).unwrap_err();
+    let error = payhook::Report::new(&error).to_string();
+    assert!(
+        error.contains("gateway.client_key_file")
+            && error.contains(&format!("{} can be written by any user", key.display())),
         "{error}"
     );
 }

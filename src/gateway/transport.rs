@@ -121,6 +121,7 @@ impl<'a> TlsFile<'a> {
                 format!("{} {why}", path.display()),
             ));
         }
+        crate::secret::warn_if_replaceable_by_anyone(path, setting);
         let bytes = std::fs::read(path)
             .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
         Ok(Self {

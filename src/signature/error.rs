@@ -111,9 +111,9 @@ pub enum Error {
         #[source]
         source: Arc<std::io::Error>,
     },
-    /// A key file of `signature.keys` that any user on the machine could change (the file,
-    /// or its directory): whoever put their own key there would have forged callbacks
-    /// accepted. `why` says which, and the fix.
+    /// A key file of `signature.keys` that any user on the machine may write: whoever put
+    /// their own key there would have forged callbacks accepted. `why` says so, with the
+    /// fix.
     #[error(
         "{} {why}: whoever put their own key there would have forged callbacks accepted",
         path.display()

@@ -70,6 +70,7 @@ impl KeySource {
                         why,
                     });
                 }
+                crate::secret::warn_if_replaceable_by_anyone(path, "an aggregator's key");
                 std::fs::read(path).map_err(|source| Error::KeyFile {
                     path: path.clone(),
                     source: std::sync::Arc::new(source),
