@@ -96,6 +96,12 @@ async fn a_configuration_refused_or_unreadable_is_answered_409_and_changes_nothi
         refused.message()
     );
     assert_eq!(callback_status(&server, "rsa2048", "n-1").await, 200);
+    server
+        .assert_metrics(&[
+            "payhook_credentials_readings_total{outcome=\"refused\"} 1",
+            "payhook_credentials_last_reading_refused 1",
+        ])
+        .await;
 
     let credentials = server.app.credentials();
     credentials.read_from(|| {
@@ -127,6 +133,14 @@ async fn a_configuration_refused_or_unreadable_is_answered_409_and_changes_nothi
     assert_eq!(taken.status, 200, "{}", taken.message());
     assert_eq!(callback_status(&server, "rsa3072", "n-2").await, 200);
     assert_eq!(callback_status(&server, "rsa2048", "n-3").await, 401);
+    // The loader's panic and failure counted too; the last reading was taken.
+    server
+        .assert_metrics(&[
+            "payhook_credentials_readings_total{outcome=\"taken\"} 1",
+            "payhook_credentials_readings_total{outcome=\"refused\"} 3",
+            "payhook_credentials_last_reading_refused 0",
+        ])
+        .await;
 }
 
 /// What `read_again_on_hangup` is given is what the operating API reads too, and who asked

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::admin_access::{AdminAccess, CurrentAccess};
 use super::ingress::Ingress;
+use super::metrics::Metrics;
 use super::operators;
 use super::settings::AdminConfig;
 use crate::Secret;
@@ -80,6 +81,8 @@ pub struct Credentials {
     /// Where the configuration is read again from, when the service said
     /// ([`Credentials::read_from`]).
     source: Arc<Mutex<Option<Source>>>,
+    /// Where the readings are counted.
+    metrics: Arc<Metrics>,
 }
 
 /// What reads the service's configuration again (say, [`Config::from_env`]).
@@ -354,6 +357,7 @@ impl Credentials {
         ingress: Arc<Ingress>,
         gateway: Option<GatewayClient>,
         running: Config,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             admin,
@@ -361,6 +365,7 @@ impl Credentials {
             gateway,
             running: Arc::new(Mutex::new(running)),
             source: Arc::default(),
+            metrics,
         }
     }
 
@@ -407,7 +412,7 @@ impl Credentials {
                 let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
                 let config = load()?;
                 // Still held: a reading that loaded later takes its configuration later.
-                credentials.read_again(&config)
+                credentials.take(&config)
             }))
         })
         .await;
@@ -416,6 +421,7 @@ impl Credentials {
             // Panicked, or cancelled: the runtime is shutting down.
             Ok(Err(_)) | Err(_) => Err(CredentialsRefused::Unfinished),
         };
+        self.metrics.credentials_read(read.is_ok());
         if let Err(error) = &read {
             tracing::error!(
                 error = %crate::report::InLine(error),
@@ -444,6 +450,13 @@ impl Credentials {
     /// would leave the gateway without a login or would turn the operating API off: nothing
     /// is taken then, every credential stays as it was.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
+        let read = self.take(config);
+        self.metrics.credentials_read(read.is_ok());
+        read
+    }
+
+    /// [`Credentials::read_again`], uncounted.
+    fn take(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);

@@ -24,6 +24,8 @@
 //! | `payhook_signatures_verified_total` | counter | signatures checked with the public key and found valid |
 //! | `payhook_signatures_reused_total` | counter | retries whose (signature, body) verified before: no public-key operation |
 //! | `payhook_signatures_refused_total{reason}` | counter | signatures refused (401) by reason: `missing`, `malformed`, `invalid` (does not verify with any configured key: forged, or a rotated key), `retired_key` (verifies only with a key taken out of `signature.keys` while the service ran: the aggregator still signs with it, or retries what it signed) |
+//! | `payhook_credentials_readings_total{outcome}` | counter | readings of the configuration again for its credentials ([`Credentials`](super::Credentials): SIGHUP, the operating API's `credentials/read-again`, the merchant's own call): `taken`, or `refused` (nothing taken: the configuration could not be read or was refused) |
+//! | `payhook_credentials_last_reading_refused` | gauge | 1 while the latest of those readings was refused, until one is taken: the service runs with the credentials read before — a rotation asked for did not happen; the log's error-level line says why |
 //! | `payhook_store_failed` | gauge | 1 once the store stopped after a write it could not make durable, or a commit that panicked (the instance answers 503 until restarted) |
 //! | `payhook_store_commit_duration_seconds` | histogram | how long the store took to make a batch of writes durable: sled's group commit (a batch built, applied, flushed, `fdatasync`ed); on PostgreSQL a callback's booking (its writes and COMMIT) |
 //! | `payhook_store_commit_batch_size` | histogram | writes (requests) made durable together in one commit (always 1 on PostgreSQL: a transaction per booking) |
@@ -95,6 +97,11 @@ pub(crate) struct Metrics {
     /// Refused signatures, by [`RefusalReason`].
     signatures_refused: [AtomicU64; RefusalReason::ALL.len()],
     connections_open: AtomicU64,
+    /// Readings of the configuration again (SIGHUP, the operating API, the merchant's
+    /// call): taken, refused.
+    credentials_readings: [AtomicU64; 2],
+    /// 1 while the latest reading was refused.
+    credentials_last_refused: AtomicU64,
     /// Connections shed, by [`ShedReason`].
     connections_shed: [AtomicU64; ShedReason::ALL.len()],
     /// How long endpoints took to answer, by endpoint and outcome.
@@ -133,6 +140,8 @@ impl Default for Metrics {
             signatures_reused: AtomicU64::default(),
             signatures_refused: Default::default(),
             connections_open: AtomicU64::default(),
+            credentials_readings: Default::default(),
+            credentials_last_refused: AtomicU64::default(),
             connections_shed: Default::default(),
             request_seconds,
             registry,
@@ -255,6 +264,13 @@ impl Metrics {
         self.signatures_refused[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a reading of the configuration again: `taken`, or refused (nothing taken).
+    pub(crate) fn credentials_read(&self, taken: bool) {
+        self.credentials_readings[usize::from(!taken)].fetch_add(1, Ordering::Relaxed);
+        self.credentials_last_refused
+            .store(u64::from(!taken), Ordering::Relaxed);
+    }
+
     /// Observes one answered request of an endpoint: how long it took, by outcome.
     pub(crate) fn observe_request(
         &self,
@@ -369,6 +385,22 @@ impl Metrics {
                 &mut ["allow", "deny", "postponed"].into_iter(),
                 &self.validations,
             ),
+        );
+        now.register(
+            "credentials_readings",
+            "Readings of the configuration again for its credentials (SIGHUP, the operating \
+             API), by outcome: taken, or refused with nothing taken",
+            labelled(
+                "outcome",
+                &mut ["taken", "refused"].into_iter(),
+                &self.credentials_readings,
+            ),
+        );
+        now.register(
+            "credentials_last_reading_refused",
+            "1 while the latest reading of the configuration again was refused: the \
+             credentials are those read before it",
+            ConstGauge::new(i64::from(load(&self.credentials_last_refused) == 1)),
         );
         if let Some(outbox) = &scrape.outbox {
             now.register(

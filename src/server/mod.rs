@@ -1086,6 +1086,7 @@ impl AppBuilder {
             Arc::clone(&ingress),
             gateway.clone(),
             running,
+            Arc::clone(&metrics),
         );
         let inspector = admin
             .as_ref()
