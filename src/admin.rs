@@ -734,6 +734,20 @@ impl AdminClient {
             .await
     }
 
+    /// Has the service read its configuration again and say what it would change, taking
+    /// nothing (`POST /payhook/admin/credentials/check`): a rotation tried before it is made.
+    ///
+    /// # Errors
+    ///
+    /// [`AdminError::Remote`] with 409 when it would not be taken (the message says why), or
+    /// when the service refuses otherwise or cannot be reached.
+    pub async fn check_credentials(
+        &self,
+    ) -> Result<crate::server::AdminCredentialsRead, AdminError> {
+        self.call(http::Method::POST, "credentials/check", None)
+            .await
+    }
+
     /// Has the service recover the transactions (books through its handler).
     ///
     /// # Errors

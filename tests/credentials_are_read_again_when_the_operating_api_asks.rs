@@ -2,7 +2,8 @@
 //! /payhook/admin/credentials/read-again`, `payhook credentials read-again`), from what it
 //! gave to read (`Credentials::read_from`, as `read_again_on_hangup` does) — SIGHUP's reading
 //! without a signal, for a platform that sends none or a reloader that calls a URL — and
-//! answers what changed, or why nothing was taken. A viewer may not ask it.
+//! answers what changed, or why nothing was taken; `credentials/check` (`payhook credentials
+//! check`) says so taking nothing. A viewer may not ask either.
 #![allow(clippy::unwrap_used, reason = "tests")]
 
 mod support;
@@ -170,6 +171,76 @@ async fn what_sighup_reads_is_what_the_operating_api_reads() {
     );
 }
 
+/// A rotation tried before it is made: `credentials/check` (`payhook credentials check`)
+/// reads the configuration, says what it would change or why it would be refused, and takes
+/// nothing, nor counts as a reading.
+#[tokio::test]
+async fn a_check_says_what_a_reading_would_change_and_takes_nothing() {
+    let (server, file) = service().await;
+    let started = file.lock().unwrap().clone();
+    *file.lock().unwrap() = with_keys(&started, &["rsa3072"]);
+    let answer = server
+        .admin(
+            "POST",
+            "/payhook/admin/credentials/check",
+            Some(SHARED),
+            None,
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    let read: AdminCredentialsRead = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(read.message, "signature keys now: rsa3072");
+    assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 401);
+    assert_eq!(callback_status(&server, "rsa2048", "n-2").await, 200);
+
+    let url = format!("http://{}", server.addr);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(["credentials", "check", "--admin-url", &url])
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).trim()
+        ),
+        (Some(0), "would take: signature keys now: rsa3072"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    file.lock().unwrap().signature.keys.clear();
+    let refused = server
+        .admin(
+            "POST",
+            "/payhook/admin/credentials/check",
+            Some(SHARED),
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, 409);
+    assert!(
+        refused.message().starts_with(
+            "would not be taken, every credential stays as it was: signature: no signature.keys"
+        ),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(callback_status(&server, "rsa2048", "n-3").await, 200);
+    server
+        .assert_metrics(&[
+            "payhook_credentials_readings_total{outcome=\"taken\"} 0",
+            "payhook_credentials_readings_total{outcome=\"refused\"} 0",
+            "payhook_credentials_last_reading_refused 0",
+        ])
+        .await;
+}
+
 /// A service that gave nothing to read says so; a viewer may not ask; only POST reads.
 #[tokio::test]
 async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {
@@ -188,6 +259,15 @@ async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {
 
     let (server, _file) = service().await;
     let viewer = server.admin("POST", READ_AGAIN, Some(CAROL), None).await;
+    assert_eq!(viewer.status, 403, "{}", viewer.message());
+    let viewer = server
+        .admin(
+            "POST",
+            "/payhook/admin/credentials/check",
+            Some(CAROL),
+            None,
+        )
+        .await;
     assert_eq!(viewer.status, 403, "{}", viewer.message());
     assert!(viewer.message().contains("may look, not change"));
     let anonymous = server.admin("POST", READ_AGAIN, None, None).await;

@@ -4,7 +4,9 @@
 //! viewer named — on SIGHUP
 //! ([`Credentials::read_again_on_hangup`]), when the operating API is asked (`POST
 //! /payhook/admin/credentials/read-again`, `payhook credentials read-again`: the same
-//! reading, [`Credentials::read_again_now`], of what [`Credentials::read_from`] gave) or when
+//! reading, [`Credentials::read_again_now`], of what [`Credentials::read_from`] gave; `POST
+//! /payhook/admin/credentials/check`, [`Credentials::check_now`], says what it would change
+//! and takes nothing) or when
 //! the merchant's service says ([`Credentials::read_again`]), without a restart, which would
 //! cut the deliveries in flight and, without `admin.session_secret`, end every inspector
 //! session.
@@ -181,6 +183,13 @@ pub struct CredentialsChange {
     /// The other settings that differ from those the service runs with, by section (or
     /// key): not taken, they take a restart.
     pub need_a_restart: Vec<&'static str>,
+}
+
+/// Whether a configuration read again is taken, or only checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Take,
+    Check,
 }
 
 /// What a configuration read again is taken for: what the running app reads again.
@@ -401,6 +410,39 @@ impl Credentials {
     /// or the runtime is shutting down; any other refusal of [`Credentials::read_again`].
     /// Nothing is taken then: every credential stays as it was.
     pub async fn read_again_now(&self) -> Result<CredentialsChange, CredentialsRefused> {
+        let read = self.load_and(Reading::Take).await;
+        self.metrics.credentials_read(read.is_ok());
+        if let Err(error) = &read {
+            tracing::error!(
+                error = %crate::report::InLine(error),
+                "credentials: the configuration read again was not taken: the credentials \
+                 stay as they were"
+            );
+        }
+        read
+    }
+
+    /// [`Credentials::read_again_now`] taking nothing: what it would change, or why it would
+    /// be refused ([`Credentials::check`] of what [`Credentials::read_from`] gave). Logged at
+    /// info level.
+    ///
+    /// # Errors
+    ///
+    /// As [`Credentials::read_again_now`]: what a reading now would be refused for.
+    pub async fn check_now(&self) -> Result<CredentialsChange, CredentialsRefused> {
+        let checked = self.load_and(Reading::Check).await;
+        if let Err(error) = &checked {
+            tracing::info!(
+                error = %crate::report::InLine(error),
+                "credentials: checked: the configuration would not be taken"
+            );
+        }
+        checked
+    }
+
+    /// Loads the configuration from the source, off the runtime's threads, and takes or
+    /// checks it, holding the source throughout.
+    async fn load_and(&self, reading: Reading) -> Result<CredentialsChange, CredentialsRefused> {
         let credentials = self.clone();
         // Off the runtime's threads: a file on a slow disk holds none.
         let read = tokio::task::spawn_blocking(move || {
@@ -412,24 +454,15 @@ impl Credentials {
                 let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
                 let config = load()?;
                 // Still held: a reading that loaded later takes its configuration later.
-                credentials.take(&config)
+                credentials.take(&config, reading)
             }))
         })
         .await;
-        let read = match read {
+        match read {
             Ok(Ok(read)) => read,
             // Panicked, or cancelled: the runtime is shutting down.
             Ok(Err(_)) | Err(_) => Err(CredentialsRefused::Unfinished),
-        };
-        self.metrics.credentials_read(read.is_ok());
-        if let Err(error) = &read {
-            tracing::error!(
-                error = %crate::report::InLine(error),
-                "credentials: the configuration read again was not taken: the credentials \
-                 stay as they were"
-            );
         }
-        read
     }
 
     /// Takes the credentials of `config`: from the next call on, signatures are verified by
@@ -450,13 +483,30 @@ impl Credentials {
     /// would leave the gateway without a login or would turn the operating API off: nothing
     /// is taken then, every credential stays as it was.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
-        let read = self.take(config);
+        let read = self.take(config, Reading::Take);
         self.metrics.credentials_read(read.is_ok());
         read
     }
 
-    /// [`Credentials::read_again`], uncounted.
-    fn take(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
+    /// What [`Credentials::read_again`] would change with `config`, and the settings that
+    /// would wait for a restart — every check made, every key and TLS file read — taking
+    /// nothing: a rotation tried before it is made. Reads the key and TLS files: a short
+    /// blocking call.
+    ///
+    /// # Errors
+    ///
+    /// What [`Credentials::read_again`] would refuse `config` for.
+    pub fn check(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
+        self.take(config, Reading::Check)
+    }
+
+    /// [`Credentials::read_again`], uncounted; or, to [`Reading::Check`], everything but
+    /// the taking.
+    fn take(
+        &self,
+        config: &Config,
+        reading: Reading,
+    ) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
@@ -479,6 +529,11 @@ impl Credentials {
             gateway_tls: transport.is_some(),
         };
         let change = CredentialsChange::between(&running, config, &taken);
+        if reading == Reading::Check {
+            drop(running);
+            tracing::info!(%change, "credentials: checked, nothing taken");
+            return Ok(change);
+        }
         if let Some(access) = &access {
             access.warn_of_channel(&running.server.trusted_proxies);
         }

@@ -16,6 +16,7 @@
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
 //! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
 //! | `POST /payhook/admin/credentials/read-again` | 200 [`AdminCredentialsRead`]: the service's configuration was read again from what it gave ([`Credentials::read_from`], as `read_again_on_hangup` does: SIGHUP's reading, without a signal) and its credentials taken, in this instance — what changed (names only), and the settings besides that differ and take a restart; 409 `not taken, every credential stays as it was: …` with why (the configuration cannot be read or is refused, or the service gave none to read) |
+//! | `POST /payhook/admin/credentials/check` | the same reading, taking nothing: 200 [`AdminCredentialsRead`], what it would change; 409 `would not be taken, every credential stays as it was: …` with why — a rotation tried before it is made |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
 //!
 //! Off unless `admin.token` or `[admin.operators]` is set. Every call needs
@@ -477,16 +478,28 @@ impl OperatingApi {
                 crate::store::held::log_resolved(&resolved, &self.channel(parts, caller));
                 Ok(json(&resolved))
             }
-            (&Method::POST, ["credentials", "read-again"]) => {
+            (&Method::POST, ["credentials", what @ ("read-again" | "check")]) => {
+                let take = *what == "read-again";
                 // Said before: a caller gone meanwhile leaves the reading to finish, and
                 // the change it makes is not left without whom it was asked by.
                 tracing::info!(
                     by = %self.channel(parts, caller),
-                    "admin: reading the configuration again, as asked"
+                    "admin: reading the configuration again, as asked{}",
+                    if take { "" } else { ", to check it" }
                 );
-                let change = self.credentials.read_again_now().await.map_err(|error| {
+                let read = if take {
+                    self.credentials.read_again_now().await
+                } else {
+                    self.credentials.check_now().await
+                };
+                let change = read.map_err(|error| {
                     Problem::Conflict(format!(
-                        "not taken, every credential stays as it was: {}",
+                        "{}, every credential stays as it was: {}",
+                        if take {
+                            "not taken"
+                        } else {
+                            "would not be taken"
+                        },
                         crate::report::InLine(&error)
                     ))
                 })?;
@@ -567,7 +580,7 @@ impl OperatingApi {
             (_, ["validations"] | ["validations", _]) => {
                 Err(Problem::MethodNotAllowed { allow: "GET, POST" })
             }
-            (_, ["reconcile"] | ["credentials", "read-again"]) => {
+            (_, ["reconcile"] | ["credentials", "read-again" | "check"]) => {
                 Err(Problem::MethodNotAllowed { allow: "POST" })
             }
             _ => Err(Problem::NotFound),

@@ -217,7 +217,7 @@ enum Command {
     /// take them (signature keys, the aggregator's login and TLS files, the operating API's
     /// tokens), as on SIGHUP, and say what changed.
     #[command(
-        after_help = "Examples:\n  payhook credentials read-again --admin-url http://127.0.0.1:8080"
+        after_help = "Examples:\n  payhook credentials check --admin-url http://127.0.0.1:8080\n  payhook credentials read-again --admin-url http://127.0.0.1:8080"
     )]
     Credentials {
         #[command(flatten)]
@@ -417,6 +417,14 @@ enum CredentialsCommand {
         #[arg(long, value_name = "URL", required = true)]
         admin_url: Vec<String>,
     },
+    /// Have the service read its configuration and say what it would change, taking
+    /// nothing: a rotation tried before it is made; exit 2, saying why, when it would not
+    /// be taken.
+    Check {
+        /// The running service (e.g. http://127.0.0.1:8080); repeat it for each instance.
+        #[arg(long, value_name = "URL", required = true)]
+        admin_url: Vec<String>,
+    },
 }
 
 /// What a command prints on failure: a message and its exit code.
@@ -501,7 +509,11 @@ fn main() -> ExitCode {
         Command::Credentials {
             config,
             command: CredentialsCommand::ReadAgain { admin_url },
-        } => read_credentials_again(config.config.as_deref(), &admin_url),
+        } => read_credentials_again(config.config.as_deref(), &admin_url, true),
+        Command::Credentials {
+            config,
+            command: CredentialsCommand::Check { admin_url },
+        } => read_credentials_again(config.config.as_deref(), &admin_url, false),
         Command::Tail {
             config,
             admin_url,
@@ -624,11 +636,18 @@ fn tail(
 
 /// `payhook credentials read-again`: the running service reads its configuration again.
 /// Each instance at `urls` in turn, every one asked whatever the others answered; several
-/// are named on each line. Exit 2 when any took nothing, naming those.
+/// are named on each line. Exit 2 when any took nothing (would take nothing, to check),
+/// naming those.
 fn read_credentials_again(
     config: Option<&std::path::Path>,
     urls: &[String],
+    take: bool,
 ) -> Result<(), Failure> {
+    let (done, would, command) = if take {
+        ("read again", "", "credentials read-again")
+    } else {
+        ("would take", "would be ", "credentials check")
+    };
     let config = load_config(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -642,14 +661,19 @@ fn read_credentials_again(
     };
     let mut not_taken = Vec::new();
     for url in urls {
-        let client = admin_client(&config, url, "credentials read-again")?;
-        match runtime.block_on(client.read_credentials_again()) {
+        let client = admin_client(&config, url, command)?;
+        let read = if take {
+            runtime.block_on(client.read_credentials_again())
+        } else {
+            runtime.block_on(client.check_credentials())
+        };
+        match read {
             Ok(read) => {
-                println!("{}read again: {}", named(url), read.message);
+                println!("{}{done}: {}", named(url), read.message);
                 if !read.need_a_restart.is_empty() {
                     println!(
-                        "{}not taken, these differ from what the service runs with and take a \
-                         restart: {}",
+                        "{}{would}not taken, these differ from what the service runs with and \
+                         take a restart: {}",
                         named(url),
                         read.need_a_restart.join(", ")
                     );
@@ -666,7 +690,8 @@ fn read_credentials_again(
         Ok(())
     } else {
         Err(Failure::msg(format!(
-            "nothing was taken by {} of {} instances: {}",
+            "nothing {}taken by {} of {} instances: {}",
+            if take { "was " } else { "would be " },
             not_taken.len(),
             urls.len(),
             not_taken.join(", ")
