@@ -215,6 +215,23 @@ async fn a_check_says_what_a_reading_would_change_and_takes_nothing() {
     );
 
     file.lock().unwrap().signature.keys.clear();
+    let url = format!("http://{}", server.addr);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(["credentials", "check", "--admin-url", &url])
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("409") && stderr.contains("would not be taken"),
+        "{stderr}"
+    );
     let refused = server
         .admin(
             "POST",
@@ -366,4 +383,32 @@ async fn the_command_line_asks_every_instance_it_is_given() {
         "{stderr}"
     );
     assert_eq!(callback_status(&taking, "rsa3072", "n-1").await, 200);
+}
+
+/// An address the command refuses (plain http to another machine: the token would cross the
+/// network in the clear) is found before any instance is asked: none is left half-read.
+#[tokio::test]
+async fn an_address_refused_leaves_every_instance_unasked() {
+    let (server, file) = service().await;
+    {
+        let mut next = file.lock().unwrap();
+        *next = with_keys(&next, &["rsa3072"]);
+    }
+    let here = format!("http://{}", server.addr);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(["credentials", "read-again", "--admin-url", &here])
+            .args(["--admin-url", "http://10.0.0.2:8080"])
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("10.0.0.2"), "{stderr}");
+    assert!(output.stdout.is_empty());
+    assert_eq!(callback_status(&server, "rsa3072", "n-1").await, 401);
 }

@@ -411,7 +411,6 @@ impl Credentials {
     /// Nothing is taken then: every credential stays as it was.
     pub async fn read_again_now(&self) -> Result<CredentialsChange, CredentialsRefused> {
         let read = self.load_and(Reading::Take).await;
-        self.metrics.credentials_read(read.is_ok());
         if let Err(error) = &read {
             tracing::error!(
                 error = %crate::report::InLine(error),
@@ -441,9 +440,16 @@ impl Credentials {
     }
 
     /// Loads the configuration from the source, off the runtime's threads, and takes or
-    /// checks it, holding the source throughout.
+    /// checks it, holding the source throughout. A reading to take is counted on
+    /// `/metrics` — taken, or refused (a configuration that cannot be loaded included) —
+    /// unless no source was given: nothing was read then.
     async fn load_and(&self, reading: Reading) -> Result<CredentialsChange, CredentialsRefused> {
         let credentials = self.clone();
+        let refused = || {
+            if reading == Reading::Take {
+                self.metrics.credentials_read(false);
+            }
+        };
         // Off the runtime's threads: a file on a slow disk holds none.
         let read = tokio::task::spawn_blocking(move || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -452,7 +458,11 @@ impl Credentials {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
-                let config = load()?;
+                let config = load().inspect_err(|_| {
+                    if reading == Reading::Take {
+                        credentials.metrics.credentials_read(false);
+                    }
+                })?;
                 // Still held: a reading that loaded later takes its configuration later.
                 credentials.take(&config, reading)
             }))
@@ -461,7 +471,10 @@ impl Credentials {
         match read {
             Ok(Ok(read)) => read,
             // Panicked, or cancelled: the runtime is shutting down.
-            Ok(Err(_)) | Err(_) => Err(CredentialsRefused::Unfinished),
+            Ok(Err(_)) | Err(_) => {
+                refused();
+                Err(CredentialsRefused::Unfinished)
+            }
         }
     }
 
@@ -483,9 +496,7 @@ impl Credentials {
     /// would leave the gateway without a login or would turn the operating API off: nothing
     /// is taken then, every credential stays as it was.
     pub fn read_again(&self, config: &Config) -> Result<CredentialsChange, CredentialsRefused> {
-        let read = self.take(config, Reading::Take);
-        self.metrics.credentials_read(read.is_ok());
-        read
+        self.take(config, Reading::Take)
     }
 
     /// What [`Credentials::read_again`] would change with `config`, and the settings that
@@ -500,16 +511,31 @@ impl Credentials {
         self.take(config, Reading::Check)
     }
 
-    /// [`Credentials::read_again`], uncounted; or, to [`Reading::Check`], everything but
-    /// the taking.
+    /// [`Credentials::read_again`], counted on `/metrics` while the configuration the service
+    /// runs is held (two readings at once are counted in the order they were taken); or, to
+    /// [`Reading::Check`], everything but the taking, uncounted.
     fn take(
         &self,
         config: &Config,
         reading: Reading,
     ) -> Result<CredentialsChange, CredentialsRefused> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = self.take_into(&mut running, config, reading);
+        if reading == Reading::Take {
+            self.metrics.credentials_read(taken.is_ok());
+        }
+        taken
+    }
+
+    /// [`Credentials::take`] with `running`, the configuration the service runs, held.
+    fn take_into(
+        &self,
+        running: &mut Config,
+        config: &Config,
+        reading: Reading,
+    ) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
         operators::check_shared_token(&config.admin)?;
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         // Everything is checked before anything is taken.
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;
@@ -528,9 +554,8 @@ impl Credentials {
             gateway_login: login.is_some(),
             gateway_tls: transport.is_some(),
         };
-        let change = CredentialsChange::between(&running, config, &taken);
+        let change = CredentialsChange::between(running, config, &taken);
         if reading == Reading::Check {
-            drop(running);
             tracing::info!(%change, "credentials: checked, nothing taken");
             return Ok(change);
         }
@@ -570,7 +595,6 @@ impl Credentials {
                 ..config.admin.clone()
             };
         }
-        drop(running);
         tracing::info!(%change, "credentials: read again");
         if !change.need_a_restart.is_empty() {
             tracing::warn!(

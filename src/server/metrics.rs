@@ -389,7 +389,7 @@ impl Metrics {
         now.register(
             "credentials_readings",
             "Readings of the configuration again for its credentials (SIGHUP, the operating \
-             API), by outcome: taken, or refused with nothing taken",
+             API, the merchant's own call), by outcome: taken, or refused with nothing taken",
             labelled(
                 "outcome",
                 &mut ["taken", "refused"].into_iter(),

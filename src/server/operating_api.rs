@@ -144,12 +144,12 @@ pub struct AdminReconciled {
 }
 
 /// The answer of `POST /payhook/admin/credentials/read-again`: what the configuration read
-/// again changed.
+/// again changed — or, of `POST /payhook/admin/credentials/check`, what it would change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdminCredentialsRead {
-    /// What changed, as logged (`signature keys now: 2026-07, 2026-01; operators added:
-    /// bob`), or `no change` (names only, never a secret).
+    /// What changed (or would), as logged (`signature keys now: 2026-07, 2026-01; operators
+    /// added: bob`), or `no change` (names only, never a secret).
     pub message: String,
     /// The other settings that differ from those the service runs with, by section or key:
     /// not taken, they take a restart.

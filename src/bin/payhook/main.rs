@@ -643,10 +643,10 @@ fn read_credentials_again(
     urls: &[String],
     take: bool,
 ) -> Result<(), Failure> {
-    let (done, would, command) = if take {
-        ("read again", "", "credentials read-again")
+    let (done, not_taken_now, command) = if take {
+        ("read again", "not taken", "credentials read-again")
     } else {
-        ("would take", "would be ", "credentials check")
+        ("would take", "would not be taken", "credentials check")
     };
     let config = load_config(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -659,9 +659,14 @@ fn read_credentials_again(
             String::new()
         }
     };
+    // Every address checked before any instance is asked: one refused (plain http to
+    // another machine) leaves none half-read.
+    let clients = urls
+        .iter()
+        .map(|url| admin_client(&config, url, command).map(|client| (url, client)))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut not_taken = Vec::new();
-    for url in urls {
-        let client = admin_client(&config, url, command)?;
+    for (url, client) in clients {
         let read = if take {
             runtime.block_on(client.read_credentials_again())
         } else {
@@ -672,7 +677,7 @@ fn read_credentials_again(
                 println!("{}{done}: {}", named(url), read.message);
                 if !read.need_a_restart.is_empty() {
                     println!(
-                        "{}{would}not taken, these differ from what the service runs with and \
+                        "{}{not_taken_now}, these differ from what the service runs with and \
                          take a restart: {}",
                         named(url),
                         read.need_a_restart.join(", ")
