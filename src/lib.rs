@@ -131,8 +131,9 @@
 //!   operator's own ([`server::OperatorToken`]), whose changes are kept with their name;
 //!   the credentials — the aggregator's signature keys, the merchant's password and client
 //!   certificate at the aggregator, the operators' tokens — are read again while the service
-//!   runs
-//!   ([`server::Credentials`], on SIGHUP).
+//!   runs ([`server::Credentials`], on SIGHUP or when the operating API asks, which can also
+//!   check a configuration without taking it), and a signature only a key taken out meanwhile
+//!   verifies is told apart from a forgery.
 //! * [`trace_context`] — W3C `traceparent`: each request runs in the caller's trace (or a
 //!   new one), its span names the trace, and the gateway client passes it on.
 //!   `telemetry` (feature `otel`) exports those spans over OTLP/HTTP.
@@ -150,7 +151,9 @@
 //!   merchant the demo runs.
 //! * `scaffold` (feature `scaffold`) — `payhook new`: a merchant crate rendered from
 //!   `templates/merchant/`.
-//! * [`Secret`] — strings that redact themselves in `Debug`.
+//! * [`Secret`] — strings that redact themselves in `Debug`; the files that hold secrets or
+//!   decide what is trusted are warned of when others may read them and refused when others
+//!   may write them.
 //! * `current` — a value replaced whole while calls read it: the credentials read again
 //!   without a restart.
 //! * [`Error`] — the crate-level error for applications; [`Report`] prints any error with

@@ -331,6 +331,41 @@ async fn the_command_line_makes_a_token_and_the_entry_that_lets_it_in() {
 /// every change is refused 403 and nothing is recorded, and the inspector's page names
 /// them as such, without its buttons that act. A session follows the configuration: the
 /// same cookie may change things once the viewer is no longer one.
+/// A token a person chose (not of the shape `payhook operator-token` makes) still lets its
+/// operator in, and is said once at warning level: it can be found again from its unsalted
+/// hash by whoever reads the configuration. A token the command made is not.
+#[tokio::test]
+async fn an_operator_token_chosen_by_hand_is_warned_of_once() {
+    let logs = captured_logs(tracing::Level::INFO);
+    const DAVE: &str = "dave chose this token himself in 2026";
+    let erin = OperatorToken::generate().unwrap();
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway, None);
+    config.admin.operators = [
+        ("dave".to_owned(), OperatorToken::digest_of(DAVE)),
+        ("erin".to_owned(), erin.digest()),
+    ]
+    .into();
+    let server = TestServer::start_with(config).await;
+    for token in [DAVE, DAVE, erin.token().expose()] {
+        let answer = server
+            .admin("GET", "/payhook/admin/validations", Some(token), None)
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.message());
+    }
+    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let warned = |name: &str| {
+        text.lines()
+            .filter(|l| {
+                l.contains("WARN")
+                    && l.contains("was not made by `payhook operator-token`")
+                    && l.contains(&format!("operator={name}"))
+            })
+            .count()
+    };
+    assert_eq!((warned("dave"), warned("erin")), (1, 0), "{text}");
+}
+
 #[tokio::test]
 async fn a_viewer_may_look_and_not_change() {
     let logs = captured_logs(tracing::Level::INFO);

@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::Secret;
 use crate::auth::Expected;
@@ -209,6 +210,8 @@ struct Operator {
     /// The hash in hex, which an inspector session signs beside the name: a new token for
     /// the operator ends their sessions.
     digest_hex: String,
+    /// Whether their token was seen not to be one `payhook operator-token` makes (and said).
+    chosen_by_hand: AtomicBool,
 }
 
 /// The operators of `[admin.operators]`, checked and ready to compare tokens with.
@@ -230,6 +233,7 @@ impl Operators {
                     viewer: viewers.contains(name),
                     digest: Expected::new(&digest),
                     digest_hex: Encoding::Hex.encode(&digest),
+                    chosen_by_hand: AtomicBool::new(false),
                 })
             })
             .collect();
@@ -237,16 +241,25 @@ impl Operators {
     }
 
     /// The operator whose token `presented` is. Every operator's hash is compared, each in
-    /// constant time, whichever matches.
+    /// constant time, whichever matches. A token that is not of the shape `payhook
+    /// operator-token` makes is said once at warning level (per operator, per reading of
+    /// the configuration): one a person chose can be found again from its unsalted hash by
+    /// whoever reads the configuration.
     pub(crate) fn holder_of(&self, presented: &str) -> Option<Caller> {
         let digest = sha256(presented);
-        self.operators
-            .iter()
-            .fold(None, |found, operator| {
-                let matches = operator.digest.matches(&digest);
-                found.or(matches.then_some(operator))
-            })
-            .map(Operator::caller)
+        let operator = self.operators.iter().fold(None, |found, operator| {
+            let matches = operator.digest.matches(&digest);
+            found.or(matches.then_some(operator))
+        })?;
+        if !made_by_payhook(presented) && !operator.chosen_by_hand.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                operator = %crate::logged::Logged(&operator.name),
+                "admin: this operator's token was not made by `payhook operator-token`: one a \
+                 person chose can be found again from its hash by whoever reads the \
+                 configuration; give them one it makes"
+            );
+        }
+        Some(operator.caller())
     }
 
     /// The hex hash of `name`'s token now, for a session's signature; `None` once they are
@@ -278,6 +291,17 @@ impl Operator {
             Caller::Operator(name)
         }
     }
+}
+
+/// Whether `token` has the shape of one [`OperatorToken::generate`] makes: the prefix, then
+/// 32 bytes in unpadded URL-safe base64 (43 characters).
+fn made_by_payhook(token: &str) -> bool {
+    token.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
+        rest.len() == 43
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
 /// Refuses `admin.token` when it is an operator's token: every bearer of the shared token
@@ -429,6 +453,20 @@ mod tests {
             alice.digest().strip_prefix("sha256:")
         );
         assert_eq!(operators.digest_hex("carol"), None);
+    }
+
+    #[test]
+    fn a_token_of_the_generated_shape_is_told_from_one_chosen_by_hand() {
+        let made = OperatorToken::generate().unwrap();
+        assert!(made_by_payhook(made.token().expose()));
+        for chosen in [
+            "alice-token-0123456789",
+            "phop_alice-token-for-tests-0123456789",
+            &format!("{}=", made.token().expose()),
+            &made.token().expose().replace("phop_", "PHOP_"),
+        ] {
+            assert!(!made_by_payhook(chosen), "{chosen}");
+        }
     }
 
     #[test]
