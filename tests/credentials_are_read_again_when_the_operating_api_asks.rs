@@ -46,6 +46,25 @@ fn rsa(key: &str) -> SigningKey {
     fixture_signer(key, Algorithm::RsaPkcs1Sha256)
 }
 
+/// `payhook credentials what --admin-url URL…` with the shared token, off the runtime (the
+/// services answer meanwhile).
+async fn credentials_command(what: &str, urls: &[&str]) -> std::process::Output {
+    let mut args = vec!["credentials".to_owned(), what.to_owned()];
+    for url in urls {
+        args.extend(["--admin-url".to_owned(), (*url).to_owned()]);
+    }
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .args(args)
+            .env_clear()
+            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
 async fn callback_status(server: &TestServer, key: &str, nonce: &str) -> u16 {
     let request = signed_callback(&rsa(key), nonce, 4, "1", "c");
     server.send(&request).await.status
@@ -194,16 +213,7 @@ async fn a_check_says_what_a_reading_would_change_and_takes_nothing() {
     assert_eq!(callback_status(&server, "rsa2048", "n-2").await, 200);
 
     let url = format!("http://{}", server.addr);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-            .args(["credentials", "check", "--admin-url", &url])
-            .env_clear()
-            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = credentials_command("check", &[&url]).await;
     assert_eq!(
         (
             output.status.code(),
@@ -215,17 +225,7 @@ async fn a_check_says_what_a_reading_would_change_and_takes_nothing() {
     );
 
     file.lock().unwrap().signature.keys.clear();
-    let url = format!("http://{}", server.addr);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-            .args(["credentials", "check", "--admin-url", &url])
-            .env_clear()
-            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = credentials_command("check", &[&url]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
@@ -297,21 +297,11 @@ async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {
 async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
     let (server, file) = service().await;
     let url = format!("http://{}", server.addr);
-    let run = |url: String| {
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-                .args(["credentials", "read-again", "--admin-url", &url])
-                .env_clear()
-                .env("PAYHOOK_ADMIN_TOKEN", SHARED)
-                .output()
-                .unwrap()
-        })
-    };
     {
         let mut next = file.lock().unwrap();
         *next = with_keys(&next, &["rsa3072"]);
     }
-    let output = run(url.clone()).await.unwrap();
+    let output = credentials_command("read-again", &[&url]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(
         (output.status.code(), stdout.trim()),
@@ -321,7 +311,7 @@ async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
     );
 
     file.lock().unwrap().signature.keys.clear();
-    let output = run(url).await.unwrap();
+    let output = credentials_command("read-again", &[&url]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
@@ -350,20 +340,7 @@ async fn the_command_line_asks_every_instance_it_is_given() {
         format!("http://{}", sourceless.addr),
         format!("http://{}", taking.addr),
     ];
-    let output = {
-        let urls = urls.clone();
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-                .args(["credentials", "read-again"])
-                .args(urls.iter().flat_map(|url| ["--admin-url", url.as_str()]))
-                .env_clear()
-                .env("PAYHOOK_ADMIN_TOKEN", SHARED)
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let output = credentials_command("read-again", &[&urls[0], &urls[1]]).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr),
@@ -395,17 +372,7 @@ async fn an_address_refused_leaves_every_instance_unasked() {
         *next = with_keys(&next, &["rsa3072"]);
     }
     let here = format!("http://{}", server.addr);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
-            .args(["credentials", "read-again", "--admin-url", &here])
-            .args(["--admin-url", "http://10.0.0.2:8080"])
-            .env_clear()
-            .env("PAYHOOK_ADMIN_TOKEN", SHARED)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let output = credentials_command("read-again", &[&here, "http://10.0.0.2:8080"]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("10.0.0.2"), "{stderr}");
