@@ -42,6 +42,12 @@ fn with_keys(config: &payhook::Config, keys: &[&str]) -> payhook::Config {
     next
 }
 
+/// The configuration the service reads next lists the fixture keys `keys`.
+fn rotate(file: &Mutex<payhook::Config>, keys: &[&str]) {
+    let mut next = file.lock().unwrap();
+    *next = with_keys(&next, keys);
+}
+
 fn rsa(key: &str) -> SigningKey {
     fixture_signer(key, Algorithm::RsaPkcs1Sha256)
 }
@@ -297,10 +303,7 @@ async fn without_a_source_a_viewer_or_a_post_nothing_is_read() {
 async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
     let (server, file) = service().await;
     let url = format!("http://{}", server.addr);
-    {
-        let mut next = file.lock().unwrap();
-        *next = with_keys(&next, &["rsa3072"]);
-    }
+    rotate(&file, &["rsa3072"]);
     let output = credentials_command("read-again", &[&url]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(
@@ -329,10 +332,7 @@ async fn the_command_line_asks_the_running_service_and_prints_the_answer() {
 #[tokio::test]
 async fn the_command_line_asks_every_instance_it_is_given() {
     let (taking, file) = service().await;
-    {
-        let mut next = file.lock().unwrap();
-        *next = with_keys(&next, &["rsa3072"]);
-    }
+    rotate(&file, &["rsa3072"]);
     let mut config = signed_config(&["rsa2048"]);
     config.admin.token = Some(SHARED.into());
     let sourceless = TestServer::start_with(config).await;
@@ -367,10 +367,7 @@ async fn the_command_line_asks_every_instance_it_is_given() {
 #[tokio::test]
 async fn an_address_refused_leaves_every_instance_unasked() {
     let (server, file) = service().await;
-    {
-        let mut next = file.lock().unwrap();
-        *next = with_keys(&next, &["rsa3072"]);
-    }
+    rotate(&file, &["rsa3072"]);
     let here = format!("http://{}", server.addr);
     let output = credentials_command("read-again", &[&here, "http://10.0.0.2:8080"]).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
