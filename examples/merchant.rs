@@ -178,8 +178,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let app = app(config, merchant, store).map_err(payhook::Error::from)?;
     // `kill -HUP <pid>` reads the credentials again from PAYHOOK_CONFIG's file, without a
-    // restart: the aggregator's signature keys (a rotation), the gateway's password, the
-    // operating API's operators and tokens.
+    // restart: the aggregator's signature keys (a rotation), the gateway's password and TLS
+    // files, the operating API's operators and tokens (`payhook credentials read-again`
+    // does the same through the operating API).
     tokio::spawn(app.credentials().read_again_on_hangup(Config::from_env));
     if let Some(resolver) = app.resolver() {
         tokio::spawn(review(resolver, review_every));

@@ -377,13 +377,12 @@ impl Config {
 }
 
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
-    if let Some(why) = crate::secret::changeable_by_anyone(path) {
-        return Err(ConfigError::Changeable {
+    crate::secret::check_trusted_file(path, "the configuration").map_err(|why| {
+        ConfigError::Changeable {
             path: path.to_owned(),
             why,
-        });
-    }
-    crate::secret::warn_if_replaceable_by_anyone(path, "the configuration");
+        }
+    })?;
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,

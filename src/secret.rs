@@ -1,7 +1,7 @@
 //! Secrets that must not leak: passwords, tokens, shared keys — and the files that hold
 //! them, or that decide what is trusted: warned of when others may read them, refused when
-//! others may write them ([`changeable_by_anyone`]), warned of when a directory above lets
-//! others replace them ([`warn_if_replaceable_by_anyone`]).
+//! others may write them, warned of when a directory above lets others replace them
+//! (`check_trusted_file`).
 //!
 //! A [`Secret`] prints as `Secret(***)` in `Debug` and has no `Display`, so that a stray
 //! `{:?}` on a config or a login request never writes a password into a log. The value is
@@ -104,9 +104,9 @@ pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
             file = %path.display(),
             mode = format_args!("{mode:04o}"),
             "{} holds {holding} and can be read by users other than its owner: restrict it \
-             (chmod 600 {:?})",
+             (chmod 600 {})",
             path.display(),
-            path.display().to_string()
+            shell_quoted(path)
         );
     }
 }
@@ -118,12 +118,24 @@ pub(crate) fn warn_if_readable_by_others(path: &Path, holding: &str) {
 /// is trusted — the aggregator's keys, the CA the gateway is checked against, the
 /// configuration — a refusal: whoever wrote their own key there would have forged
 /// callbacks accepted, and no orchestrator makes such a file `o+w`.
-pub(crate) fn changeable_by_anyone(path: &Path) -> Option<String> {
+fn changeable_by_anyone(path: &Path) -> Option<String> {
     let mode = writable_by_others(path)?;
     Some(format!(
         "can be written by any user (mode {mode:04o}): restrict it (chmod o-w {})",
         shell_quoted(path)
     ))
+}
+
+/// The check of a file whose contents decide what is trusted, before it is read: refused
+/// ([`changeable_by_anyone`]: why, to follow the path with) when others may write it;
+/// warned of ([`warn_if_replaceable_by_anyone`], `holding`: what it holds) when a directory
+/// above lets them replace it.
+pub(crate) fn check_trusted_file(path: &Path, holding: &str) -> Result<(), String> {
+    if let Some(why) = changeable_by_anyone(path) {
+        return Err(why);
+    }
+    warn_if_replaceable_by_anyone(path, holding);
+    Ok(())
 }
 
 /// Warns when a directory above the file at `path` (`holding`: what it holds) lets any user
@@ -132,7 +144,7 @@ pub(crate) fn changeable_by_anyone(path: &Path) -> Option<String> {
 /// lead to. A warning, not a refusal: a directory every container of a pod may write
 /// (Kubernetes' `emptyDir`, where an agent writes secrets) is one a non-root service cannot
 /// restrict.
-pub(crate) fn warn_if_replaceable_by_anyone(path: &Path, holding: &str) {
+fn warn_if_replaceable_by_anyone(path: &Path, holding: &str) {
     if let Some((dir, mode)) = replaceable_in(path) {
         tracing::warn!(
             file = %path.display(),
@@ -152,11 +164,17 @@ fn shell_quoted(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
+/// The permission bits of the file or directory at `path` (following links).
+#[cfg(unix)]
+fn mode_of(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    Some(std::fs::metadata(path).ok()?.permissions().mode() & 0o7777)
+}
+
 /// The file's permission bits when others may write it and it is not on a read-only mount.
 #[cfg(unix)]
 fn writable_by_others(path: &Path) -> Option<u32> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    let mode = mode_of(path)?;
     (mode & 0o002 != 0 && !on_read_only_mount(path)).then_some(mode)
 }
 
@@ -170,7 +188,6 @@ fn writable_by_others(_: &Path) -> Option<u32> {
 /// lead to (the target's).
 #[cfg(unix)]
 fn replaceable_in(path: &Path) -> Option<(std::path::PathBuf, u32)> {
-    use std::os::unix::fs::PermissionsExt;
     let given = std::path::absolute(path).ok()?;
     let resolved = std::fs::canonicalize(path).ok();
     let directories = given
@@ -178,10 +195,9 @@ fn replaceable_in(path: &Path) -> Option<(std::path::PathBuf, u32)> {
         .skip(1)
         .chain(resolved.iter().flat_map(|p| p.ancestors().skip(1)));
     for dir in directories {
-        let Ok(metadata) = std::fs::metadata(dir) else {
+        let Some(mode) = mode_of(dir) else {
             continue;
         };
-        let mode = metadata.permissions().mode() & 0o7777;
         // The sticky bit: only a file's owner may rename or remove it there.
         if mode & 0o002 != 0 && mode & 0o1000 == 0 && !on_read_only_mount(dir) {
             return Some((dir.to_owned(), mode));
@@ -270,8 +286,7 @@ fn writable_by_others(_: &Path) -> Option<(u32, Option<(std::path::PathBuf, u32)
 /// The permission bits of the file at `path` when its group or others may read it.
 #[cfg(unix)]
 fn readable_by_others(path: &Path) -> Option<u32> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o7777;
+    let mode = mode_of(path)?;
     (mode & 0o044 != 0).then_some(mode)
 }
 

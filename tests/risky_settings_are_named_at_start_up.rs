@@ -229,7 +229,7 @@ fn a_configuration_file_holding_a_secret_that_others_can_read_is_named() {
         "{warned}"
     );
     assert!(
-        warned.contains(&format!("chmod 600 {:?}", file.display().to_string())),
+        warned.contains(&format!("chmod 600 '{}'", file.display())),
         "{warned}"
     );
     assert!(warned.contains("0644"), "{warned}");

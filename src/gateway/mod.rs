@@ -13,8 +13,8 @@
 //!
 //! The password and the tokens are [`Secret`]s: they appear in no log line and no `Debug`.
 //! A password changed at the aggregator is given to the running client with
-//! [`GatewayClient::replace_credentials`] (the service's SIGHUP does it from its
-//! configuration): the next login sends it.
+//! [`GatewayClient::replace_credentials`] (the service's SIGHUP, or the operating API's
+//! `credentials/read-again`, does it from its configuration): the next login sends it.
 //!
 //! Every call sends a W3C `traceparent`: a child of the [`TraceContext`] it runs in (the
 //! request it serves), else the first span of a new trace ([`crate::trace_context`]).

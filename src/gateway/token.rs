@@ -30,7 +30,8 @@
 //! its results on their own schedule, and a pause of two seconds would still let it send a
 //! refused login every few seconds for as long as the password is wrong (some 1,800 an hour
 //! with a few hundred results queued). A renewal that succeeds ends the pauses, and so do
-//! new credentials (`GatewayClient::replace_credentials`), whatever failed: the next call
+//! new credentials (`GatewayClient::replace_credentials`) or new TLS files
+//! (`GatewayClient::read_tls_files_again`), whatever failed: the next call
 //! renews with them (a refresh first, while the refresh token held is good). A failure is
 //! counted against the credentials its renewal sent, read once for it.
 
@@ -119,8 +120,8 @@ struct Failed {
     error: GatewayError,
     /// How long no renewal is tried after it ([`pause_after`]).
     pause: Duration,
-    /// The version of the user and password it was tried with: once they are replaced, the
-    /// pause is over.
+    /// The version of the user and password it was tried with: once they or the TLS files
+    /// are replaced, the pause is over.
     login_version: u64,
 }
 

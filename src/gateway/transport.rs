@@ -86,10 +86,11 @@ pub(crate) fn gateway_client(
         }
     };
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-    for file in [ca.as_ref(), identity.as_ref().map(|(cert, _)| cert)]
-        .into_iter()
-        .chain([identity.as_ref().map(|(_, key)| key)])
-    {
+    for file in [
+        ca.as_ref(),
+        identity.as_ref().map(|(cert, _)| cert),
+        identity.as_ref().map(|(_, key)| key),
+    ] {
         match file {
             Some(file) => file.digest_into(&mut digest),
             None => digest.update(&[0]),
@@ -115,13 +116,8 @@ impl<'a> TlsFile<'a> {
     fn read(path: &'a Path, setting: &'static str) -> Result<Self, TransportError> {
         // Whoever replaced the CA could read and forge the aggregator's answers; the client
         // certificate and key, present themselves as the merchant's.
-        if let Some(why) = crate::secret::changeable_by_anyone(path) {
-            return Err(TransportError::new(
-                setting,
-                format!("{} {why}", path.display()),
-            ));
-        }
-        crate::secret::warn_if_replaceable_by_anyone(path, setting);
+        crate::secret::check_trusted_file(path, setting)
+            .map_err(|why| TransportError::new(setting, format!("{} {why}", path.display())))?;
         let bytes = std::fs::read(path)
             .map_err(|e| TransportError::new(setting, format!("{}: {e}", path.display())))?;
         Ok(Self {

@@ -445,11 +445,6 @@ impl Credentials {
     /// unless no source was given: nothing was read then.
     async fn load_and(&self, reading: Reading) -> Result<CredentialsChange, CredentialsRefused> {
         let credentials = self.clone();
-        let refused = || {
-            if reading == Reading::Take {
-                self.metrics.credentials_read(false);
-            }
-        };
         // Off the runtime's threads: a file on a slow disk holds none.
         let read = tokio::task::spawn_blocking(move || {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -458,11 +453,7 @@ impl Credentials {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 let load = source.as_mut().ok_or(CredentialsRefused::NoSource)?;
-                let config = load().inspect_err(|_| {
-                    if reading == Reading::Take {
-                        credentials.metrics.credentials_read(false);
-                    }
-                })?;
+                let config = load().inspect_err(|_| credentials.count_refused(reading))?;
                 // Still held: a reading that loaded later takes its configuration later.
                 credentials.take(&config, reading)
             }))
@@ -472,9 +463,17 @@ impl Credentials {
             Ok(Ok(read)) => read,
             // Panicked, or cancelled: the runtime is shutting down.
             Ok(Err(_)) | Err(_) => {
-                refused();
+                self.count_refused(reading);
                 Err(CredentialsRefused::Unfinished)
             }
+        }
+    }
+
+    /// Counts a reading to take that was refused before [`Credentials::take`] could count
+    /// it: its configuration could not be loaded, or the reading did not finish.
+    fn count_refused(&self, reading: Reading) {
+        if reading == Reading::Take {
+            self.metrics.credentials_read(false);
         }
     }
 

@@ -64,13 +64,12 @@ impl KeySource {
     pub fn load(&self) -> Result<Vec<PublicKey>, Error> {
         let bytes = match (&self.file, &self.value) {
             (Some(path), None) => {
-                if let Some(why) = crate::secret::changeable_by_anyone(path) {
-                    return Err(Error::KeyFileChangeable {
+                crate::secret::check_trusted_file(path, "an aggregator's key").map_err(|why| {
+                    Error::KeyFileChangeable {
                         path: path.clone(),
                         why,
-                    });
-                }
-                crate::secret::warn_if_replaceable_by_anyone(path, "an aggregator's key");
+                    }
+                })?;
                 std::fs::read(path).map_err(|source| Error::KeyFile {
                     path: path.clone(),
                     source: std::sync::Arc::new(source),
