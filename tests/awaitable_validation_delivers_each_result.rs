@@ -276,6 +276,104 @@ async fn a_validation_asked_about_again_under_a_new_id_gets_its_result_posted_fo
     assert!(resolver.get(203).await.unwrap().is_none());
 }
 
+/// A validation asked about under more new validation ids than one postponed validation
+/// takes (100): each of the first hundred gets the original's result posted under its own
+/// id; the next is refused with 409. It was answered 200 "postponed" with nothing stored for
+/// its id, and the aggregator waited for a result that was never posted.
+#[tokio::test]
+async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than_left_waiting() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    for id in 1000..=1100 {
+        let response = server
+            .post_json(VALIDATION_PATH, &validation("postpone", "n-many", id))
+            .await;
+        assert_eq!(
+            (response.status, response.message().as_str()),
+            (200, "validation postponed"),
+            "validation {id}"
+        );
+    }
+    let refused = server
+        .post_json(VALIDATION_PATH, &validation("postpone", "n-many", 1101))
+        .await;
+    assert_eq!(
+        (refused.status, refused.message().as_str()),
+        (
+            409,
+            "this nonce was validated before under another validation id, and no result can be posted for validation 1101: it was decided outside Awaitable mode, or asked about under more than 100 new ids"
+        )
+    );
+    assert_eq!(server.merchant.calls().len(), 1, "the handler decides once");
+    let resolver = server.app.resolver().unwrap();
+    assert!(resolver.get(1101).await.unwrap().is_none());
+    assert_eq!(
+        resolver.get(1000).await.unwrap().unwrap().repeats.len(),
+        100
+    );
+
+    // The original decided: every id answered 200 gets its result, and 1101 none.
+    resolver
+        .resolve(1000, Decision::allow("documents checked"))
+        .await
+        .unwrap();
+    gateway
+        .until("the hundred and one results", |s| s.results.len() == 101)
+        .await;
+    let ids: Vec<i64> = gateway.with(|s| s.results.keys().copied().collect());
+    assert_eq!(ids, (1000..=1100).collect::<Vec<_>>());
+}
+
+/// A nonce decided while the endpoint was not Awaitable, asked about again under a new
+/// validation id once it is: no postponed validation holds its decision, so nothing would
+/// post a result for the new id. An allowed one is refused with 409 rather than answered
+/// 200 for the aggregator to wait on; a denied one is answered 403 as recorded, which the
+/// aggregator waits on no further.
+#[tokio::test]
+async fn a_repeat_of_a_validation_decided_before_awaitable_mode_is_not_answered_with_a_wait() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let answer = |app: App, client: &'static str, nonce: &'static str, id: i64| async move {
+        let request = validation_request(client, nonce, id);
+        let response = app.handle(request).await;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (status, body["message"].as_str().unwrap().to_owned())
+    };
+    let mut immediate = stored_config(&gateway, &dir);
+    immediate.validation.awaitable = false;
+    let before = App::builder(immediate)
+        .transaction_validator(Deliberate)
+        .build()
+        .unwrap();
+    assert_eq!(
+        answer(before.clone(), "allow-0", "n-allowed", 401).await,
+        (200, "client allowed".to_owned())
+    );
+    assert_eq!(
+        answer(before.clone(), "deny-0", "n-denied", 402).await,
+        (403, "refused after review".to_owned())
+    );
+    drop(before);
+
+    let after = deliberate_app(&gateway, &dir);
+    let (status, message) = answer(after.clone(), "allow-0", "n-allowed", 403).await;
+    assert_eq!(status, 409, "{message}");
+    assert!(
+        message.contains("no result can be posted for validation 403"),
+        "{message}"
+    );
+    assert_eq!(
+        answer(after.clone(), "deny-0", "n-denied", 404).await,
+        (403, "refused after review".to_owned())
+    );
+    let resolver = after.resolver().unwrap();
+    for id in [403, 404] {
+        assert!(resolver.get(id).await.unwrap().is_none(), "validation {id}");
+    }
+}
+
 /// A validation under an id the service already holds for another nonce is refused (403),
 /// before its handler runs: the aggregator never reuses an id, so one of the two is not
 /// the aggregator's — a forgery sent ahead under a guessed id, on an endpoint open to

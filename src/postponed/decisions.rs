@@ -289,12 +289,15 @@ impl Awaitable {
     /// validation id it is recorded as a repeat of the validation that holds the decision
     /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
     /// too. Returns once that is durable; a retry under the same id changes nothing.
-    /// [`StoreError::ValidationIdTaken`] when the id is another nonce's validation.
+    /// `false` when no postponed validation holds the nonce's decision, so that no result
+    /// will be posted for the new id ([`Repeat::Unlinked`]): the caller must not answer
+    /// it with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when
+    /// the id is another nonce's validation.
     pub(crate) async fn repeated(
         &self,
         store: &dyn Store,
         request: &TransactionValidationRequest,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let validation_id = request.validation_id;
         // A retry of the same validation, the usual repeat, is answered `Known` by the store
         // with nothing written. Not read here first: a record another request of the same id
@@ -315,12 +318,9 @@ impl Awaitable {
                     self.result_queued();
                 }
             }
-            Repeat::Unlinked => tracing::warn!(
-                validation_id = validation_id.get(),
-                "the nonce's validation asked about again under a new validation id, but no postponed validation holds its decision (decided outside Awaitable mode, or repeated too often); no result is posted for this id"
-            ),
+            Repeat::Unlinked => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Wakes the outbox worker: a result was queued with the validation's record.

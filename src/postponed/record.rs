@@ -325,7 +325,8 @@ pub(crate) enum NextDue {
 }
 
 /// How many repeats under new validation ids one validation takes: a repeat beyond them is
-/// answered with the recorded decision, and no result is posted for its id.
+/// not recorded, and, as no result would be posted for its id, refused with 409 (a denial
+/// is answered 403, as recorded).
 pub(crate) const MAX_REPEATS: usize = 100;
 
 /// What recording a repeat under a new validation id did (see
@@ -348,7 +349,9 @@ pub enum Repeat {
     },
     /// Not recorded: no postponed validation holds the nonce's decision (it was decided
     /// outside Awaitable mode, or before payhook kept the link), or it has as many repeats
-    /// as it takes (100). No result is posted for the new id.
+    /// as it takes (100). No result is posted for the new id, so the service refuses it
+    /// with 409 rather than answer a 200 the aggregator would wait on (a denial is answered
+    /// 403, as recorded).
     Unlinked,
 }
 

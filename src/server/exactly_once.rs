@@ -31,6 +31,7 @@ use crate::logged::Logged;
 use crate::model::Nonce;
 use crate::model::timestamp::now_ms;
 use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
+use crate::postponed::record::MAX_REPEATS;
 use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::signature::SignedPair;
 use crate::store::{
@@ -832,10 +833,8 @@ impl ExactlyOnce {
                     .fetch_add(1, Ordering::Relaxed);
                 if let Some(awaitable) = self.inner.awaitable.as_ref() {
                     // Under a new validation id, the aggregator waits for a result for it.
-                    awaitable
-                        .repeated(store.as_ref(), &request)
-                        .await
-                        .map_err(|e| match e {
+                    let linked = awaitable.repeated(store.as_ref(), &request).await.map_err(
+                        |e| match e {
                             // Another nonce's validation took the id after the check above.
                             StoreError::ValidationIdTaken(_) => self.refused_as_reuse(
                                 "validation_id_reuse",
@@ -843,7 +842,12 @@ impl ExactlyOnce {
                                 Problem::ValidationIdReused,
                             ),
                             e => self.store_failed(Endpoint::TransactionValidation, &e),
-                        })?;
+                        },
+                    )?;
+                    // A denial (403) leaves the aggregator waiting on nothing.
+                    if !linked && !matches!(decision, RecordedDecision::Deny { .. }) {
+                        return Err(unlinked_repeat(&request));
+                    }
                 }
                 let answer = answer_for(&decision);
                 note::with(|n| n.outcome = Some(Outcome::Replayed));
@@ -1069,6 +1073,20 @@ async fn keep_failure(store: &dyn Store, failure: CallbackFailure) {
     if let Err(error) = store.record_callback_failure(failure).await {
         tracing::warn!(error = %crate::report::InLine(&error), "the failure could not be recorded for operators");
     }
+}
+
+/// The refusal of `request`, a repeat under a new validation id of a validation allowed or
+/// postponed, that no postponed validation links to (decided outside Awaitable mode, or
+/// asked about under more new ids than one validation takes): nothing will post a result
+/// for its id, and a 200 would have the aggregator wait for one that never comes. Refused
+/// with 409 instead: the payment fails at once rather than hang.
+fn unlinked_repeat(request: &TransactionValidationRequest) -> Problem {
+    let validation_id = request.validation_id.get();
+    tracing::warn!(
+        validation_id,
+        "the nonce's validation asked about again under a new validation id; no postponed validation holds its decision (decided outside Awaitable mode, or asked about under more than {MAX_REPEATS} new ids), so no result could follow a 200: refused with 409"
+    );
+    Problem::UnlinkedRepeat { validation_id }
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {

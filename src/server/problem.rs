@@ -26,6 +26,7 @@
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
 //! | [`Problem::ValidationIdReused`] (Awaitable mode) | 403 | `validationId already used for a different payment` |
+//! | [`Problem::UnlinkedRepeat`] (Awaitable mode) | 409 | `this nonce was validated before under another validation id, and no result can be posted for validation N: …` |
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
@@ -50,6 +51,7 @@ use std::time::Duration;
 
 use super::route::Endpoint;
 use crate::model::ErrorBody;
+use crate::postponed::record::MAX_REPEATS;
 
 /// Longest message sent on the wire; parser messages that quote input are cut here.
 const MAX_MESSAGE_CHARS: usize = 300;
@@ -117,6 +119,14 @@ pub(crate) enum Problem {
     /// aggregator's, and answered "postponed", the aggregator would wait for a result that
     /// is the other payment's.
     ValidationIdReused,
+    /// In Awaitable mode, a validation allowed or postponed before, asked about again under
+    /// a new `validationId` that no postponed validation can hold (its nonce decided while
+    /// the endpoint was not Awaitable, or one validation asked about under more than
+    /// [`MAX_REPEATS`] new ids): nothing would post a result for the id, and answered 200,
+    /// the aggregator would wait for one that never comes.
+    UnlinkedRepeat {
+        validation_id: i64,
+    },
     /// A callback whose transaction last changed (`updatedUtc`, else `createdUtc`) longer
     /// ago than the store keeps records: it may have been booked and its record purged, so
     /// its handler is not run (see `ExactlyOnce::deliver_claimed`).
@@ -178,7 +188,9 @@ impl Problem {
                 ..
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Conflict(_) | Self::BeyondRetention { .. } => StatusCode::CONFLICT,
+            Self::Conflict(_) | Self::BeyondRetention { .. } | Self::UnlinkedRepeat { .. } => {
+                StatusCode::CONFLICT
+            }
             Self::TooManyGuesses { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -211,9 +223,11 @@ impl Problem {
                 *e == endpoint
             }
             Self::AddressRefused => endpoint != Callback,
-            Self::Denied(_) | Self::NotAwaitable | Self::NonceReused | Self::ValidationIdReused => {
-                endpoint == TransactionValidation
-            }
+            Self::Denied(_)
+            | Self::NotAwaitable
+            | Self::NonceReused
+            | Self::ValidationIdReused
+            | Self::UnlinkedRepeat { .. } => endpoint == TransactionValidation,
             Self::RetryLater { .. } | Self::BeyondRetention { .. } => endpoint == Callback,
             Self::InFlight { .. } | Self::StoreFailed { .. } => endpoint != ProvidersValidation,
         }
@@ -262,6 +276,7 @@ impl Problem {
             Self::StoreFailed { retry_after },
             Self::NonceReused,
             Self::ValidationIdReused,
+            Self::UnlinkedRepeat { validation_id: 1 },
             Self::BeyondRetention {
                 changed: chrono::DateTime::UNIX_EPOCH,
             },
@@ -336,6 +351,11 @@ impl Problem {
             Self::ValidationIdReused => {
                 "validationId already used for a different payment".to_owned()
             }
+            Self::UnlinkedRepeat { validation_id } => format!(
+                "this nonce was validated before under another validation id, and no result \
+                 can be posted for validation {validation_id}: it was decided outside Awaitable \
+                 mode, or asked about under more than {MAX_REPEATS} new ids"
+            ),
             Self::BeyondRetention { changed } => format!(
                 "callback older than the store's retention: its transaction last changed at \
                  {}, so payhook cannot tell whether it was booked; not processed (check the \
