@@ -272,6 +272,38 @@ async fn a_shared_token_that_is_an_operators_token_is_refused_at_start() {
     assert!(!error.contains(BOB), "{error}");
 }
 
+/// A sessions' secret that is the shared token, or an operator's token, would let its
+/// bearers sign an inspector session in any operator's name: refused at start, naming whose
+/// it is, not quoting it.
+#[tokio::test]
+async fn a_session_secret_that_is_a_token_is_refused_at_start() {
+    let gateway = FakeGateway::start().await;
+    let shared = "admin-token-0123456789-long-enough-for-a-secret";
+    for (secret, whose) in [
+        (shared, "is admin.token"),
+        (ALICE, "is the token of operator alice"),
+    ] {
+        let mut config = config(&gateway, Some(shared));
+        config.admin.session_secret = Some(secret.into());
+        let error = payhook::App::builder(config)
+            .transaction_validator(TestMerchant::default())
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("admin.session_secret"), "{error}");
+        assert!(error.contains(whose), "{error}");
+        assert!(!error.contains(secret), "{error}");
+    }
+    // Without operators, the shared token is what the sessions' key comes from anyway.
+    let mut config = config(&gateway, Some(shared));
+    config.admin.operators.clear();
+    config.admin.session_secret = Some(shared.into());
+    payhook::App::builder(config)
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap();
+}
+
 /// `payhook operator-token NAME` prints a token and the entry that lets it in: a service
 /// configured with the entry takes the token as that operator's.
 #[tokio::test]

@@ -534,7 +534,7 @@ impl Credentials {
         reading: Reading,
     ) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
-        operators::check_shared_token(&config.admin)?;
+        operators::check_tokens_apart(&config.admin)?;
         // Everything is checked before anything is taken.
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;

@@ -982,7 +982,7 @@ impl AppBuilder {
                 );
             }
         }
-        operators::check_shared_token(&self.config.admin).map_err(BuildError::Config)?;
+        operators::check_tokens_apart(&self.config.admin).map_err(BuildError::Config)?;
         let admin = admin_access::AdminAccess::from_config(&self.config.admin);
         if let Some(admin) = &admin {
             admin.warn_of_channel(&self.config.server.trusted_proxies);

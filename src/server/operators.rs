@@ -305,18 +305,29 @@ fn made_by_payhook(token: &str) -> bool {
 }
 
 /// Refuses `admin.token` when it is an operator's token: every bearer of the shared token
-/// would act as them, so a service neither starts nor reads its credentials again so
-/// configured. (The command line may hold an operator's token as `admin.token`: it is the
-/// token it calls with.)
-pub(super) fn check_shared_token(config: &super::AdminConfig) -> Result<(), ConfigError> {
-    match holding_the_shared_token(config) {
-        None => Ok(()),
-        Some(name) => Err(ConfigError::Invalid {
+/// would act as them; and, beside operators, `admin.session_secret` when it is the shared
+/// token or an operator's: the sessions' key is derived from it, so its bearers could sign
+/// an inspector session in any operator's name (their hashes are in the configuration). A
+/// service neither starts nor reads its credentials again so configured. (The command line
+/// may hold an operator's token as `admin.token`: it is the token it calls with.)
+pub(super) fn check_tokens_apart(config: &super::AdminConfig) -> Result<(), ConfigError> {
+    if let Some(name) = holding_the_shared_token(config) {
+        return Err(ConfigError::Invalid {
             key: "admin.token".into(),
             reason: format!(
                 "is the token of operator {} in admin.operators: every bearer of the shared \
                  token would act as them; give it a value of its own, or leave it out",
                 crate::logged::Logged(name)
+            ),
+        });
+    }
+    match holding_the_session_secret(config) {
+        None => Ok(()),
+        Some(holder) => Err(ConfigError::Invalid {
+            key: "admin.session_secret".into(),
+            reason: format!(
+                "is {holder}: its bearers could sign an inspector session in any operator's \
+                 name; give it a random value of its own (e.g. `openssl rand -base64 32`)"
             ),
         }),
     }
@@ -339,6 +350,24 @@ fn holding_the_shared_token(config: &super::AdminConfig) -> Option<&str> {
         .iter()
         .find(|(_, value)| parse_digest(value) == Some(shared))
         .map(|(name, _)| name.as_str())
+}
+
+/// Whose token `admin.session_secret` is, where operators are configured: the shared
+/// token's, or an operator's (named).
+fn holding_the_session_secret(config: &super::AdminConfig) -> Option<String> {
+    if config.operators.is_empty() {
+        return None;
+    }
+    let secret = config.session_secret.as_ref()?.expose();
+    if config.token.as_ref().is_some_and(|t| t.expose() == secret) {
+        return Some("admin.token".into());
+    }
+    let digest = sha256(secret);
+    config
+        .operators
+        .iter()
+        .find(|(_, value)| parse_digest(value) == Some(digest))
+        .map(|(name, _)| format!("the token of operator {}", crate::logged::Logged(name)))
 }
 
 /// The hash an entry of `[admin.operators]` holds, when it is `sha256:` and 64 hex digits.
