@@ -194,6 +194,20 @@ impl PostponedStore for PgStore {
                 return Ok(known.unwrap_or(Repeat::Known));
             }
             self.update_postponed(&mut tx, &original, false).await?;
+            // The nonce's record renewed, as it is asked about again: a purge that chose it
+            // as expired before this commits (its snapshot blind to the repeat, which makes
+            // the nonce one that awaits a result) waits for this row, reads it again and
+            // passes over it; without it, the record went, and the next validation of the
+            // nonce would run the handler again while the repeat's result is delivered.
+            sqlx::query(&self.sql(
+                "UPDATE {s}.validations \
+                 SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)) \
+                 WHERE nonce_key = $1",
+            ))
+            .bind(super::nonce_key(request.nonce().as_str()))
+            .bind(self.retention_secs())
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             Ok(Repeat::Recorded {
                 of: original.validation_id,
