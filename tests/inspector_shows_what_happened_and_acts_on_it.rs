@@ -210,6 +210,50 @@ async fn each_delivery_is_recorded_with_its_answer_its_signature_and_its_attempt
     assert_eq!(deliveries(&server, "").await.last, 4);
 }
 
+/// Anyone who reaches the callback endpoint can send forged callbacks; a flood of them
+/// takes a fifth of the inspector's list, and every delivery the aggregator signed stays in
+/// it, so that "did the callback arrive?" is still answered during one.
+#[tokio::test]
+async fn forged_callbacks_take_a_fifth_of_the_list_and_leave_the_signed_ones_in_it() {
+    let gateway = FakeGateway::start().await;
+    let mut config = config(&gateway);
+    config.admin.inspector_recent = 10;
+    let server = TestServer::start_with(config).await;
+    let signer = fixture_signer("rsa2048", Algorithm::RsaPkcs1Sha256);
+    for nonce in ["n-1", "n-2", "n-3"] {
+        let genuine = signed_callback(&signer, nonce, 4, "10.50", "client-42");
+        assert_eq!(server.send(&genuine).await.status, 200);
+    }
+    for i in 0..30 {
+        let forged = String::from_utf8(signed_callback(
+            &signer,
+            &format!("f-{i}"),
+            4,
+            "1",
+            "client-42",
+        ))
+        .unwrap()
+        .replace("X-Signature: ", "X-Signature: QUFB");
+        assert_eq!(server.send(forged.as_bytes()).await.status, 401);
+    }
+    let list = deliveries(&server, "").await;
+    let seen: Vec<_> = list
+        .deliveries
+        .iter()
+        .map(|d| (d.seq, d.nonce.as_deref().unwrap_or("-"), d.status))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (1, "n-1", 200),
+            (2, "n-2", 200),
+            (3, "n-3", 200),
+            (32, "-", 401),
+            (33, "-", 401)
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_follower_is_answered_as_soon_as_the_next_delivery_is_recorded() {
     let gateway = FakeGateway::start().await;

@@ -24,7 +24,12 @@
 //! [`RequestContext::SHOWN_HEADERS`] and of the signature's header: a credential may be in any
 //! other, a shared secret's header being the merchant's to name, so it is never copied), its
 //! identifiers up to `server.max_identifier_chars`, and all the kept requests together up to
-//! [`KEPT_BYTES`]: the oldest go first, whatever a sender sends. What it costs the callback
+//! [`KEPT_BYTES`]: the oldest go first, whatever a sender sends. Requests refused before
+//! they were admitted (a missing or forged signature, wrong credentials, an address not
+//! allowed), which anyone who reaches an endpoint can send, keep at most a fifth of the
+//! list: beyond it the oldest of them goes, wherever it stands (a follower that lags is not
+//! told of it as missed), so that a flood of them leaves the aggregator's deliveries in
+//! the list. What it costs the callback
 //! path is one lock and a few small copies per request; `bench_callbacks` measures B with
 //! recording on and off.
 //!
@@ -67,27 +72,56 @@ pub const KEPT_BYTES: usize = 32 * 1024 * 1024;
 /// What a header's value is kept as when it is not shown.
 const REDACTED: &str = "[redacted]";
 
+/// The share of the recorded requests that requests refused before they were admitted
+/// (a missing or forged signature, wrong credentials, an address not allowed, a body that
+/// never came) may take: one in this many. Anyone who reaches an endpoint can send those,
+/// and without a share of their own, a few hundred of them would push every delivery of
+/// the aggregator's out of the list an operator reads.
+const REFUSED_SHARE: usize = 5;
+
 /// The recorded requests and the bytes they keep.
 #[derive(Default)]
 struct Recent {
     entries: VecDeque<Recorded>,
     bytes: usize,
+    /// How many of `entries` were refused before they were admitted.
+    refused: usize,
 }
 
 impl Recent {
     /// Adds `recorded` after the oldest are let go: as many as it takes to keep at most
-    /// `capacity` requests and [`KEPT_BYTES`].
+    /// `capacity` requests and [`KEPT_BYTES`], and — when it was refused before it was
+    /// admitted — at most a [`REFUSED_SHARE`]th of `capacity` such requests, the oldest
+    /// of them let go first, wherever they stand.
     fn push(&mut self, recorded: Recorded, capacity: usize) {
         let size = recorded.size();
+        if !recorded.note.admitted {
+            let most = (capacity / REFUSED_SHARE).max(1);
+            while self.refused >= most {
+                let Some(at) = self.entries.iter().position(|r| !r.note.admitted) else {
+                    break;
+                };
+                if let Some(oldest) = self.entries.remove(at) {
+                    self.let_go(&oldest);
+                }
+            }
+        }
         while !self.entries.is_empty()
             && (self.entries.len() >= capacity || self.bytes + size > KEPT_BYTES)
         {
             if let Some(oldest) = self.entries.pop_front() {
-                self.bytes -= oldest.size();
+                self.let_go(&oldest);
             }
         }
         self.bytes += size;
+        self.refused += usize::from(!recorded.note.admitted);
         self.entries.push_back(recorded);
+    }
+
+    /// Counts `gone`, taken out of `entries`, out of what they keep.
+    fn let_go(&mut self, gone: &Recorded) {
+        self.bytes -= gone.size();
+        self.refused -= usize::from(!gone.note.admitted);
     }
 
     /// The number of the last delivery kept; 0 before the first.
@@ -663,8 +697,69 @@ mod tests {
             nonce: Some(nonce.into()),
             transaction_status: Some(4),
             outcome,
+            admitted: true,
             ..Note::default()
         }
+    }
+
+    /// A callback refused before it was admitted (a forged signature).
+    fn forged(nonce: &str) -> Note {
+        Note {
+            admitted: false,
+            signature: Some(SignatureNote::Refused("invalid signature".into())),
+            ..callback(nonce, None)
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_requests_take_a_fifth_of_the_list_and_push_no_admitted_one_out() {
+        let inspector = Inspector::new(10).unwrap();
+        inspector.record(callback("a", Some(Outcome::Booked)), answered(200, "ok"));
+        for i in 0..50 {
+            inspector.record(
+                forged(&format!("f-{i}")),
+                answered(401, "invalid signature"),
+            );
+        }
+        inspector.record(callback("b", Some(Outcome::Booked)), answered(200, "ok"));
+        inspector.record(forged("f-last"), answered(401, "invalid signature"));
+        let all = DeliveryFilter::default();
+        let list = inspector
+            .list(&all, 0, (100, Window::Newest), Duration::ZERO)
+            .await;
+        let seen: Vec<_> = list
+            .deliveries
+            .iter()
+            .map(|d| (d.seq, d.nonce.as_deref().unwrap_or("-"), d.status))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (1, "a", 200),
+                (51, "f-49", 401),
+                (52, "b", 200),
+                (53, "f-last", 401)
+            ]
+        );
+        assert_eq!(list.last, 53);
+        // Admitted ones still go first when the list is full, refused ones among them.
+        for i in 0..10 {
+            inspector.record(
+                callback(&format!("c-{i}"), Some(Outcome::Booked)),
+                answered(200, "ok"),
+            );
+        }
+        let list = inspector
+            .list(&all, 0, (100, Window::Newest), Duration::ZERO)
+            .await;
+        assert_eq!(list.deliveries.len(), 10);
+        assert!(list.deliveries.iter().all(|d| d.status == 200));
+        let recent = inspector.lock();
+        assert_eq!(recent.refused, 0);
+        assert_eq!(
+            recent.bytes,
+            recent.entries.iter().map(Recorded::size).sum::<usize>()
+        );
     }
 
     #[tokio::test]

@@ -69,6 +69,9 @@ pub(crate) struct Note {
     pub(crate) transaction_status: Option<i32>,
     pub(crate) validation_id: Option<i64>,
     pub(crate) outcome: Option<Outcome>,
+    /// Admitted: its caller's credentials, address and signature passed. One that was not
+    /// could have been sent by anyone who reaches the endpoint.
+    pub(crate) admitted: bool,
     pub(crate) signature: Option<SignatureNote>,
     /// The request's headers, one `name: value` line each, the values of all but the
     /// harmless ones redacted ([`super::kept_headers`]).

@@ -722,6 +722,7 @@ impl App {
             Some(signature) => ingress.check_signature(&bytes, &signature)?,
             None => None,
         };
+        note::kept(|n| n.admitted = true);
         let ctx = RequestContext {
             request_id,
             peer,
