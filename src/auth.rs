@@ -102,6 +102,13 @@ impl Cidr {
     /// assert!(only.is_loopback_only() && !wider.is_loopback_only());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    /// `true` for a network of every address of its family (`0.0.0.0/0`, `::/0`): an
+    /// allow-list that holds it refuses nobody of that family.
+    pub fn is_everywhere(&self) -> bool {
+        self.prefix == 0
+    }
+
+    /// `true` when every address in this network is this machine's own.
     pub fn is_loopback_only(&self) -> bool {
         match self.network.to_canonical() {
             IpAddr::V4(net) => net.is_loopback() && self.prefix >= 8,
@@ -337,10 +344,11 @@ impl Guard {
         Ok(Self { method, allow })
     }
 
-    /// `true` when the endpoint answers anyone who reaches it: no credentials asked and no
-    /// allow-list.
+    /// `true` when the endpoint answers anyone who reaches it: no credentials asked, and no
+    /// allow-list or one that admits every address of a family.
     pub(crate) fn is_open(&self) -> bool {
-        matches!(self.method, Method::None) && self.allow.is_empty()
+        matches!(self.method, Method::None)
+            && (self.allow.is_empty() || self.allow.iter().any(Cidr::is_everywhere))
     }
 
     /// `true` when the body must carry a valid signature.
@@ -457,10 +465,28 @@ pub struct EndpointAuthConfig {
 }
 
 impl EndpointAuthConfig {
-    /// `true` when the endpoint would answer anyone who reaches it: method `none` and no
-    /// `allow_ips`.
+    /// `true` when the endpoint would answer anyone who reaches it: method `none`, and no
+    /// `allow_ips` or one that admits every address of a family (`0.0.0.0/0`, `::/0`).
+    ///
+    /// ```
+    /// use payhook::config::{AuthMethod, EndpointAuthConfig};
+    ///
+    /// let mut config = EndpointAuthConfig::default();
+    /// assert!(config.is_open());
+    /// config.allow_ips = vec!["10.0.0.0/8".into()];
+    /// assert!(!config.is_open());
+    /// config.allow_ips.push("0.0.0.0/0".into());
+    /// assert!(config.is_open());
+    /// config.method = AuthMethod::Signature;
+    /// assert!(!config.is_open());
+    /// ```
     pub fn is_open(&self) -> bool {
-        self.method == AuthMethod::None && self.allow_ips.is_empty()
+        self.method == AuthMethod::None
+            && (self.allow_ips.is_empty()
+                || self
+                    .allow_ips
+                    .iter()
+                    .any(|text| text.parse::<Cidr>().is_ok_and(|cidr| cidr.is_everywhere())))
     }
 }
 

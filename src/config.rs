@@ -259,7 +259,7 @@ impl Config {
     /// As [`Config::load`].
     pub fn from_env() -> Result<Self, ConfigError> {
         let file = std::env::var_os(CONFIG_FILE_VAR).map(PathBuf::from);
-        Self::load(file.as_deref(), std::env::vars())
+        Self::load(file.as_deref(), environment()?)
     }
 
     /// Parses a TOML document (no environment), then validates it.
@@ -339,8 +339,8 @@ impl Config {
         {
             return Err(InvalidSetting::new(
                 "auth.transaction_validation.method",
-                "is \"none\" with no allow_ips, and Awaitable mode posts that endpoint's decisions to the \
-                 aggregator: anyone who reaches it could have a decision posted under a validationId they \
+                "is \"none\" with no allow_ips (or one that admits every address, such as 0.0.0.0/0), and \
+                 Awaitable mode posts that endpoint's decisions to the aggregator: anyone who reaches it could have a decision posted under a validationId they \
                  guess. Set a method (signature, shared_secret, basic) or allow_ips, or \
                  validation.allow_unauthenticated = true to serve it open deliberately",
             ));
@@ -502,6 +502,36 @@ const SECTIONS: [(&str, &[&str]); 9] = [
 
 /// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
 /// `PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD` → `["auth", "transaction_validation", "method"]`.
+/// The process's `PAYHOOK_*` variables, for [`Config::load`]. Unlike `std::env::vars`,
+/// which panics on one, a variable that is not UTF-8 does not stop the service: another
+/// program's is left out, and one of payhook's is refused, by name.
+///
+/// ```
+/// # fn main() -> Result<(), payhook::config::ConfigError> {
+/// let config = payhook::Config::load(None, payhook::config::environment()?)?;
+/// # let _ = config;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// [`ConfigError::Invalid`] naming a `PAYHOOK_*` variable whose value is not UTF-8.
+pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
+    let mut variables = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(ENV_PREFIX)) else {
+            continue;
+        };
+        let value = value.into_string().map_err(|_| ConfigError::Invalid {
+            key: name.to_owned(),
+            reason: "is not UTF-8".to_owned(),
+        })?;
+        variables.push((name.to_owned(), value));
+    }
+    Ok(variables)
+}
+
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<BTreeMap<Vec<String>, toml::Value>, ConfigError> {

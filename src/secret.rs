@@ -21,9 +21,38 @@ use std::path::Path;
 /// assert_eq!(password.expose(), "hunter2");
 /// assert!(password == Secret::new("hunter2") && password != Secret::new("hunter3"));
 /// ```
-#[derive(Clone, Default, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, Eq, Serialize)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// How a secret is written where a configuration is printed (`payhook check-config`); read
+/// as a secret, it is refused: a printed configuration saved as it is would otherwise hold
+/// a credential everyone knows.
+pub(crate) const REDACTED: &str = "<redacted>";
+
+/// Read as a string, except [`REDACTED`]: the placeholder of a printed configuration, which
+/// as a shared secret or a password would let in anyone who read payhook's docs.
+///
+/// ```
+/// use payhook::Secret;
+///
+/// let read: Secret = serde_json::from_str(r#""hunter2""#).unwrap();
+/// assert_eq!(read.expose(), "hunter2");
+/// let error = serde_json::from_str::<Secret>(r#""<redacted>""#).unwrap_err();
+/// assert!(error.to_string().contains("placeholder"));
+/// ```
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        if value == REDACTED {
+            return Err(serde::de::Error::custom(
+                "is \"<redacted>\", the placeholder `payhook check-config` prints for a \
+                 secret, not one: put the real value back",
+            ));
+        }
+        Ok(Self(value))
+    }
+}
 
 /// Compared in constant time: the HMACs of the two values (under a key of no secrecy: only
 /// the comparison's time matters) are compared by ring. A derived `==` on a secret a caller

@@ -40,8 +40,9 @@ pub(crate) fn longer_than_zero(durations: &[(&str, Duration)]) -> Result<(), Inv
     }
 }
 
-/// How every secret is written when a configuration is serialized.
-pub const REDACTED: &str = "<redacted>";
+/// How every secret is written when a configuration is serialized; read back as a secret,
+/// it is refused.
+pub const REDACTED: &str = crate::secret::REDACTED;
 
 /// Writes a secret as [`REDACTED`].
 pub(crate) fn redacted<S: Serializer>(

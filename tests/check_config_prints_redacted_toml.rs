@@ -19,6 +19,8 @@ fn config_file(dir: &std::path::Path) -> std::path::PathBuf {
             r#"
 [server]
 body_limit = 65536
+[callback]
+allow_unsigned = true
 [gateway]
 auth_url = "https://auth.example"
 gateway_url = "https://gateway.example"
@@ -86,6 +88,24 @@ fn the_effective_configuration_is_printed_as_toml_with_secrets_redacted() {
         Some("<redacted>")
     );
 
+    // Read back as printed, a placeholder would be a secret everyone knows: refused, naming
+    // the setting.
+    let as_printed = payhook::Config::from_toml(&stdout).unwrap_err().to_string();
+    assert!(as_printed.contains("placeholder"), "{as_printed}");
+    assert!(
+        as_printed.contains("gateway.password")
+            || as_printed.contains("admin.token")
+            || as_printed.contains("auth."),
+        "{as_printed}"
+    );
+    for (key, secret) in [("secret", "<redacted>"), ("secret", "the-real-one")] {
+        let one = format!(
+            "[auth.transaction_validation]\nmethod = \"shared_secret\"\nheader = \"X-Shared\"\n{key} = \"{secret}\"\n"
+        );
+        let read = payhook::Config::from_toml(&one);
+        assert_eq!(read.is_ok(), secret != "<redacted>", "{secret}: {read:?}");
+    }
+
     // What it prints is a configuration payhook reads back: the same settings, with the
     // secrets put back in.
     let mut reread = table.clone();
@@ -124,4 +144,57 @@ fn a_reader_that_goes_away_ends_it_quietly_and_successfully() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.is_empty(), "nothing on stderr: {stderr}");
     assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}
+
+/// A variable that is not UTF-8 panicked `std::env::vars`, and with it the command: another
+/// program's is now left out, and one of payhook's is refused by name, its value unquoted.
+#[cfg(unix)]
+#[test]
+fn a_variable_that_is_not_utf8_stops_nothing_unless_it_is_payhooks() {
+    use std::os::unix::ffi::OsStrExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = config_file(dir.path());
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9-s3cret");
+    let output = check_config(&file)
+        .env("LC_SOMETHING_ELSE", not_utf8)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = check_config(&file)
+        .env("PAYHOOK_GATEWAY_USERNAME", not_utf8)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("PAYHOOK_GATEWAY_USERNAME") && stderr.contains("not UTF-8"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
+/// A configuration with no aggregator's key and no explicit opt-out is one a service that
+/// receives callbacks refuses at start: the check says so (a service may receive none, so
+/// it is still ok), rather than "ok" alone until the deployment fails.
+#[test]
+fn a_configuration_a_callback_receiver_would_refuse_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = config_file(dir.path());
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("allow_unsigned = true", "allow_unsigned = false");
+    std::fs::write(&file, text).unwrap();
+    let output = check_config(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("a service that receives callbacks would not start")
+            && stderr.contains("signature.keys"),
+        "{stderr}"
+    );
 }

@@ -32,6 +32,15 @@ fn config(gateway: &FakeGateway, shared: Option<&str>) -> payhook::Config {
     config
 }
 
+/// Why the service refuses to start with `config`.
+fn refused_at_start(config: payhook::Config) -> String {
+    payhook::App::builder(config)
+        .transaction_validator(TestMerchant::default())
+        .build()
+        .unwrap_err()
+        .to_string()
+}
+
 /// The decision the service keeps on validation `id`, as the API lists it.
 async fn decided(server: &TestServer, token: &str, id: i64) -> Value {
     let listed = server
@@ -231,11 +240,7 @@ async fn an_operator_entry_holding_a_token_instead_of_its_hash_is_refused_at_sta
         .admin
         .operators
         .insert("carol".into(), "phop_carols-own-token-0123456789".into());
-    let error = payhook::App::builder(config)
-        .transaction_validator(TestMerchant::default())
-        .build()
-        .unwrap_err()
-        .to_string();
+    let error = refused_at_start(config);
     assert!(error.contains("admin.operators.carol"), "{error}");
     assert!(error.contains("never the token"), "{error}");
     assert!(!error.contains("carols-own-token"), "{error}");
@@ -247,11 +252,7 @@ async fn a_short_sessions_secret_is_refused_at_start() {
     let gateway = FakeGateway::start().await;
     let mut config = config(&gateway, None);
     config.admin.session_secret = Some("short-secret-hunter2".into());
-    let error = payhook::App::builder(config)
-        .transaction_validator(TestMerchant::default())
-        .build()
-        .unwrap_err()
-        .to_string();
+    let error = refused_at_start(config);
     assert!(error.contains("admin.session_secret"), "{error}");
     assert!(error.contains("at least 32 characters"), "{error}");
     assert!(!error.contains("hunter2"), "{error}");
@@ -262,11 +263,7 @@ async fn a_short_sessions_secret_is_refused_at_start() {
 #[tokio::test]
 async fn a_shared_token_that_is_an_operators_token_is_refused_at_start() {
     let gateway = FakeGateway::start().await;
-    let error = payhook::App::builder(config(&gateway, Some(BOB)))
-        .transaction_validator(TestMerchant::default())
-        .build()
-        .unwrap_err()
-        .to_string();
+    let error = refused_at_start(config(&gateway, Some(BOB)));
     assert!(error.contains("admin.token"), "{error}");
     assert!(error.contains("operator bob"), "{error}");
     assert!(!error.contains(BOB), "{error}");
@@ -285,11 +282,7 @@ async fn a_session_secret_that_is_a_token_is_refused_at_start() {
     ] {
         let mut config = config(&gateway, Some(shared));
         config.admin.session_secret = Some(secret.into());
-        let error = payhook::App::builder(config)
-            .transaction_validator(TestMerchant::default())
-            .build()
-            .unwrap_err()
-            .to_string();
+        let error = refused_at_start(config);
         assert!(error.contains("admin.session_secret"), "{error}");
         assert!(error.contains(whose), "{error}");
         assert!(!error.contains(secret), "{error}");

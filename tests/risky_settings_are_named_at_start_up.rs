@@ -56,8 +56,17 @@ fn each_open_validation_endpoint_is_named_and_a_guarded_one_is_not() {
     guarded.auth.providers_validation.allow_ips = vec!["10.0.0.0/8".into()];
     guarded.auth.transaction_validation.method = payhook::config::AuthMethod::Signature;
     guarded.signature = signed_config(&["rsa2048"]).signature;
-    let quiet = warnings_of(guarded);
+    let quiet = warnings_of(guarded.clone());
     assert!(!quiet.contains("no allow_ips"), "{quiet}");
+
+    guarded.auth.providers_validation.allow_ips = vec!["0.0.0.0/0".into()];
+    let wide = warnings_of(guarded);
+    assert!(
+        wide.contains(
+            "auth.providers_validation: method \"none\" and no allow_ips (or one that admits every"
+        ),
+        "{wide}"
+    );
 }
 
 /// What building an app that books callbacks in a sled store of `config` logs at WARN.
@@ -144,6 +153,18 @@ fn an_open_awaitable_validation_endpoint_is_refused_unless_served_open_deliberat
     );
     // The configuration alone is refused too (`payhook check-config` says so).
     assert!(open.validate().is_err());
+
+    // A list that admits every address of a family is no list.
+    for everywhere in ["0.0.0.0/0", "::/0"] {
+        let mut wide = open.clone();
+        wide.auth.transaction_validation.allow_ips = vec!["10.0.0.0/8".into(), everywhere.into()];
+        let said = build_validations(wide).err().map(|e| e.to_string());
+        assert!(
+            said.as_deref()
+                .is_some_and(|s| s.contains("auth.transaction_validation.method")),
+            "{everywhere}: {said:?}"
+        );
+    }
 
     let mut listed = open.clone();
     listed.auth.transaction_validation.allow_ips = vec!["10.0.0.0/8".into()];

@@ -977,7 +977,8 @@ impl AppBuilder {
         ] {
             if served(endpoint) && guard.is_open() {
                 tracing::warn!(
-                    "{setting}: method \"none\" and no allow_ips, so the endpoint answers \
+                    "{setting}: method \"none\" and no allow_ips (or one that admits every \
+                     address, such as 0.0.0.0/0), so the endpoint answers \
                      anyone who reaches it (in Awaitable mode its decisions are posted to the \
                      aggregator); set a method (signature, shared_secret, basic) or allow_ips"
                 );

@@ -798,7 +798,10 @@ fn load_config(file: Option<&Path>) -> Result<Config, Failure> {
     let file = file
         .map(Path::to_path_buf)
         .or_else(|| std::env::var_os(payhook::config::CONFIG_FILE_VAR).map(PathBuf::from));
-    Ok(Config::load(file.as_deref(), std::env::vars())?)
+    Ok(Config::load(
+        file.as_deref(),
+        payhook::config::environment()?,
+    )?)
 }
 
 async fn open_store(config: &Config) -> Result<Arc<dyn Store>, Failure> {
@@ -937,9 +940,17 @@ fn openapi(file: Option<&Path>, shipped: bool) -> Result<(), Failure> {
 }
 
 fn check_config(file: &Path) -> Result<(), Failure> {
-    let config = Config::load(Some(file), std::env::vars())?;
+    let config = Config::load(Some(file), payhook::config::environment()?)?;
     if !config.signature.keys.is_empty() {
         Verifier::from_config(&config.signature)?;
+    } else if !config.callback.allow_unsigned {
+        // Not an error here: a service may receive no callbacks. One that does refuses to
+        // start, and this says so before a deployment does.
+        eprintln!(
+            "warning: a service that receives callbacks would not start with this \
+             configuration: {}",
+            payhook::server::BuildError::UnsignedCallbacks
+        );
     }
     // The gateway's client as the service builds it: its CA file, client certificate and
     // proxy are read now, not at start-up.

@@ -279,6 +279,19 @@ impl PgStore {
         opener: Opener,
     ) -> Result<Self, StoreError> {
         let pool = connect(config, config.pool_size).await?;
+        if let Some(host) = config
+            .url
+            .as_ref()
+            .and_then(|url| unverified_remote(url.expose()))
+        {
+            tracing::warn!(
+                host = %crate::Logged(&host),
+                "store.url reaches PostgreSQL on another machine without checking its \
+                 certificate (sslmode is not verify-full or verify-ca): the ledger's rows and \
+                 every COMMIT may cross the network in the clear, or to whoever answers at that \
+                 address; add ?sslmode=verify-full&sslrootcert=/path/ca.pem to store.url"
+            );
+        }
         Self::over(pool, config, trees, (claim::Begin::OwnPool, opener)).await
     }
 
@@ -753,6 +766,25 @@ const UNSYNCED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) A
 /// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
 /// not tested before it is used, and one closed so would fail the request that took it
 /// next. (The liveness lock's connections set both themselves: see `liveness`.)
+/// The host `url` names when it is another machine's and the connection would not check
+/// its certificate (`sslmode` — in the address, else `PGSSLMODE` — neither `verify-full`
+/// nor `verify-ca`); `None` for a Unix socket, this machine, or a checked channel.
+fn unverified_remote(url: &str) -> Option<String> {
+    let options = PgConnectOptions::from_str(url).ok()?;
+    let host = options.get_host();
+    let here = host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback());
+    let checked = matches!(
+        options.get_ssl_mode(),
+        sqlx::postgres::PgSslMode::VerifyCa | sqlx::postgres::PgSslMode::VerifyFull
+    );
+    (options.get_socket().is_none() && !here && !checked).then(|| host.to_owned())
+}
+
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
@@ -883,5 +915,48 @@ impl super::Store for PgStore {
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {
         Some(self.inner.commit_metrics.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unverified_remote;
+
+    #[test]
+    fn a_remote_database_without_a_checked_certificate_is_named() {
+        // An address without sslmode means what PGSSLMODE says: unset here, as in CI.
+        for (url, named) in [
+            (
+                "postgres://payhook@db.internal/payments",
+                Some("db.internal"),
+            ),
+            (
+                "postgres://payhook@10.0.0.5/payments?sslmode=require",
+                Some("10.0.0.5"),
+            ),
+            (
+                "postgres://payhook@db.internal/payments?sslmode=prefer",
+                Some("db.internal"),
+            ),
+            (
+                "postgres://payhook@db.internal/payments?sslmode=verify-full",
+                None,
+            ),
+            (
+                "postgres://payhook@db.internal/payments?sslmode=verify-ca",
+                None,
+            ),
+            ("postgres://postgres@127.0.0.1:5432/test", None),
+            ("postgres://postgres@localhost/test", None),
+            ("postgres://postgres@[::1]:5432/test", None),
+            ("postgres:///payments?host=/var/run/postgresql", None),
+        ] {
+            assert_eq!(
+                unverified_remote(url).as_deref(),
+                named,
+                "{url} (PGSSLMODE = {:?})",
+                std::env::var_os("PGSSLMODE")
+            );
+        }
     }
 }
