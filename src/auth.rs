@@ -92,6 +92,21 @@ impl Cidr {
         }
     }
 
+    /// `true` for a network of every address of its family (`0.0.0.0/0`, `::/0`): an
+    /// allow-list that holds it refuses nobody of that family.
+    ///
+    /// ```
+    /// use payhook::config::Cidr;
+    ///
+    /// let all: Cidr = "0.0.0.0/0".parse()?;
+    /// let some: Cidr = "10.0.0.0/8".parse()?;
+    /// assert!(all.is_everywhere() && !some.is_everywhere());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_everywhere(&self) -> bool {
+        self.prefix == 0
+    }
+
     /// `true` when every address of this network is a loopback address: this machine.
     ///
     /// ```
@@ -102,13 +117,6 @@ impl Cidr {
     /// assert!(only.is_loopback_only() && !wider.is_loopback_only());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    /// `true` for a network of every address of its family (`0.0.0.0/0`, `::/0`): an
-    /// allow-list that holds it refuses nobody of that family.
-    pub fn is_everywhere(&self) -> bool {
-        self.prefix == 0
-    }
-
-    /// `true` when every address in this network is this machine's own.
     pub fn is_loopback_only(&self) -> bool {
         match self.network.to_canonical() {
             IpAddr::V4(net) => net.is_loopback() && self.prefix >= 8,

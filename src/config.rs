@@ -500,11 +500,21 @@ const SECTIONS: [(&str, &[&str]); 9] = [
     ("admin", &[]),
 ];
 
-/// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
-/// `PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD` → `["auth", "transaction_validation", "method"]`.
+/// Whether variable `name` sets a setting: `PAYHOOK_*`, but not the configuration file's
+/// name (a path, read as one), the simulator's or the tooling's.
+fn read_as_setting(name: &str) -> bool {
+    name.starts_with(ENV_PREFIX)
+        && name != CONFIG_FILE_VAR
+        && !name.starts_with(SIMULATOR_ENV_PREFIX)
+        && !TOOLING_ENV_PREFIXES
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+}
+
 /// The process's `PAYHOOK_*` variables, for [`Config::load`]. Unlike `std::env::vars`,
 /// which panics on one, a variable that is not UTF-8 does not stop the service: another
-/// program's is left out, and one of payhook's is refused, by name.
+/// program's (or payhook's configuration file's name, the simulator's or the tooling's) is
+/// left out, and one of the settings' is refused, by name.
 ///
 /// ```
 /// # fn main() -> Result<(), payhook::config::ConfigError> {
@@ -520,7 +530,7 @@ const SECTIONS: [(&str, &[&str]); 9] = [
 pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
     let mut variables = Vec::new();
     for (name, value) in std::env::vars_os() {
-        let Some(name) = name.to_str().filter(|n| n.starts_with(ENV_PREFIX)) else {
+        let Some(name) = name.to_str().filter(|n| read_as_setting(n)) else {
             continue;
         };
         let value = value.into_string().map_err(|_| ConfigError::Invalid {
@@ -532,22 +542,19 @@ pub fn environment() -> Result<Vec<(String, String)>, ConfigError> {
     Ok(variables)
 }
 
+/// `PAYHOOK_SERVER_BODY_LIMIT=65536` → `["server", "body_limit"]` = `"65536"`;
+/// `PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD` → `["auth", "transaction_validation", "method"]`.
 fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<BTreeMap<Vec<String>, toml::Value>, ConfigError> {
     let mut overrides = BTreeMap::new();
     for (name, value) in env {
+        if !read_as_setting(&name) {
+            continue;
+        }
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
-        if name == CONFIG_FILE_VAR
-            || name.starts_with(SIMULATOR_ENV_PREFIX)
-            || TOOLING_ENV_PREFIXES
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
-        {
-            continue;
-        }
         let path = env_path(&rest.to_ascii_lowercase())
             .ok_or_else(|| ConfigError::UnknownVariable(name.clone()))?;
         let value = if is_secret(&path) {

@@ -279,7 +279,8 @@ async fn a_validation_asked_about_again_under_a_new_id_gets_its_result_posted_fo
 /// A validation asked about under more new validation ids than one postponed validation
 /// takes (100): each of the first hundred gets the original's result posted under its own
 /// id; the next is refused with 409. It was answered 200 "postponed" with nothing stored for
-/// its id, and the aggregator waited for a result that was never posted.
+/// its id, and the aggregator waited for a result that was never posted. A retry of one of
+/// the hundred is still answered.
 #[tokio::test]
 async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than_left_waiting() {
     let gateway = FakeGateway::start().await;
@@ -301,12 +302,19 @@ async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than
         (refused.status, refused.message().as_str()),
         (
             409,
-            "this nonce was validated before under another validation id, and no result can be posted for validation 1101: it was decided outside Awaitable mode, or asked about under more than 100 new ids"
+            "this nonce's validation was asked about under more than 100 new validation ids; no result can be posted for validation 1101"
         )
     );
     assert_eq!(server.merchant.calls().len(), 1, "the handler decides once");
     let resolver = server.app.resolver().unwrap();
     assert!(resolver.get(1101).await.unwrap().is_none());
+    let retried = server
+        .post_json(VALIDATION_PATH, &validation("postpone", "n-many", 1100))
+        .await;
+    assert_eq!(
+        (retried.status, retried.message().as_str()),
+        (200, "validation postponed")
+    );
     assert_eq!(
         resolver.get(1000).await.unwrap().unwrap().repeats.len(),
         100
@@ -324,13 +332,12 @@ async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than
     assert_eq!(ids, (1000..=1100).collect::<Vec<_>>());
 }
 
-/// A nonce decided while the endpoint was not Awaitable, asked about again under a new
-/// validation id once it is: no postponed validation holds its decision, so nothing would
-/// post a result for the new id. An allowed one is refused with 409 rather than answered
-/// 200 for the aggregator to wait on; a denied one is answered 403 as recorded, which the
-/// aggregator waits on no further.
+/// A nonce decided while the endpoint was not Awaitable, asked about again once it is: no
+/// postponed validation holds its decision, and it is answered as recorded — a retry of
+/// the validation that took it (its answer lost in the restart that turned the mode on)
+/// gets its 200, not a refusal; a denied one its 403.
 #[tokio::test]
-async fn a_repeat_of_a_validation_decided_before_awaitable_mode_is_not_answered_with_a_wait() {
+async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
     let answer = |app: App, client: &'static str, nonce: &'static str, id: i64| async move {
@@ -347,29 +354,33 @@ async fn a_repeat_of_a_validation_decided_before_awaitable_mode_is_not_answered_
         .transaction_validator(Deliberate)
         .build()
         .unwrap();
+    let allowed = (200, "client allowed".to_owned());
+    let denied = (403, "refused after review".to_owned());
     assert_eq!(
         answer(before.clone(), "allow-0", "n-allowed", 401).await,
-        (200, "client allowed".to_owned())
+        allowed
     );
     assert_eq!(
         answer(before.clone(), "deny-0", "n-denied", 402).await,
-        (403, "refused after review".to_owned())
+        denied
     );
     drop(before);
 
     let after = deliberate_app(&gateway, &dir);
-    let (status, message) = answer(after.clone(), "allow-0", "n-allowed", 403).await;
-    assert_eq!(status, 409, "{message}");
-    assert!(
-        message.contains("no result can be posted for validation 403"),
-        "{message}"
+    assert_eq!(
+        answer(after.clone(), "allow-0", "n-allowed", 401).await,
+        allowed
+    );
+    assert_eq!(
+        answer(after.clone(), "deny-0", "n-denied", 402).await,
+        denied
     );
     assert_eq!(
         answer(after.clone(), "deny-0", "n-denied", 404).await,
-        (403, "refused after review".to_owned())
+        denied
     );
     let resolver = after.resolver().unwrap();
-    for id in [403, 404] {
+    for id in [401, 402, 404] {
         assert!(resolver.get(id).await.unwrap().is_none(), "validation {id}");
     }
 }

@@ -156,8 +156,10 @@ fn a_variable_that_is_not_utf8_stops_nothing_unless_it_is_payhooks() {
     let dir = tempfile::tempdir().unwrap();
     let file = config_file(dir.path());
     let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9-s3cret");
+    // Another program's, and payhook's own that set no setting (the tooling's).
     let output = check_config(&file)
         .env("LC_SOMETHING_ELSE", not_utf8)
+        .env("PAYHOOK_TEST_SOMETHING", not_utf8)
         .output()
         .unwrap();
     assert!(

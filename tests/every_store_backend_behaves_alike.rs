@@ -1393,7 +1393,7 @@ async fn a_repeat_without_a_postponed_original_is_not_recorded(b: &Backend) {
             .repeat(&validation("p-60", 2_000, "10"), now)
             .await
             .unwrap(),
-        Repeat::Unlinked,
+        Repeat::Full,
         "the original's record stays bounded"
     );
     let original = b.shared.postponed(60.into()).await.unwrap().unwrap();

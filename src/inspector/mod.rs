@@ -79,54 +79,94 @@ const REDACTED: &str = "[redacted]";
 /// the aggregator's out of the list an operator reads.
 const REFUSED_SHARE: usize = 5;
 
-/// The recorded requests and the bytes they keep.
+/// The recorded requests and the bytes they keep: those admitted and those refused before
+/// they were admitted in two queues, each oldest first, read together in the order they
+/// came ([`Recent::in_order`]).
 #[derive(Default)]
 struct Recent {
-    entries: VecDeque<Recorded>,
+    admitted: VecDeque<Recorded>,
+    refused: VecDeque<Recorded>,
     bytes: usize,
-    /// How many of `entries` were refused before they were admitted.
-    refused: usize,
+    /// Of `bytes`, those of `refused`.
+    refused_bytes: usize,
 }
 
 impl Recent {
     /// Adds `recorded` after the oldest are let go: as many as it takes to keep at most
     /// `capacity` requests and [`KEPT_BYTES`], and — when it was refused before it was
-    /// admitted — at most a [`REFUSED_SHARE`]th of `capacity` such requests, the oldest
-    /// of them let go first, wherever they stand.
+    /// admitted — at most a [`REFUSED_SHARE`]th of both for such requests, the oldest of
+    /// them let go first.
     fn push(&mut self, recorded: Recorded, capacity: usize) {
         let size = recorded.size();
         if !recorded.note.admitted {
-            let most = (capacity / REFUSED_SHARE).max(1);
-            while self.refused >= most {
-                let Some(at) = self.entries.iter().position(|r| !r.note.admitted) else {
-                    break;
-                };
-                if let Some(oldest) = self.entries.remove(at) {
-                    self.let_go(&oldest);
-                }
+            let (most, most_bytes) = (
+                (capacity / REFUSED_SHARE).max(1),
+                KEPT_BYTES / REFUSED_SHARE,
+            );
+            while !self.refused.is_empty()
+                && (self.refused.len() >= most || self.refused_bytes + size > most_bytes)
+            {
+                self.let_go_of(true);
             }
         }
-        while !self.entries.is_empty()
-            && (self.entries.len() >= capacity || self.bytes + size > KEPT_BYTES)
-        {
-            if let Some(oldest) = self.entries.pop_front() {
-                self.let_go(&oldest);
-            }
+        while self.len() > 0 && (self.len() >= capacity || self.bytes + size > KEPT_BYTES) {
+            let refused_first = match (self.admitted.front(), self.refused.front()) {
+                (Some(admitted), Some(refused)) => refused.seq < admitted.seq,
+                (admitted, _) => admitted.is_none(),
+            };
+            self.let_go_of(refused_first);
         }
         self.bytes += size;
-        self.refused += usize::from(!recorded.note.admitted);
-        self.entries.push_back(recorded);
+        if recorded.note.admitted {
+            self.admitted.push_back(recorded);
+        } else {
+            self.refused_bytes += size;
+            self.refused.push_back(recorded);
+        }
     }
 
-    /// Counts `gone`, taken out of `entries`, out of what they keep.
-    fn let_go(&mut self, gone: &Recorded) {
-        self.bytes -= gone.size();
-        self.refused -= usize::from(!gone.note.admitted);
+    /// Lets the oldest of the refused ones go, or of the admitted ones.
+    fn let_go_of(&mut self, refused: bool) {
+        let queue = if refused {
+            &mut self.refused
+        } else {
+            &mut self.admitted
+        };
+        if let Some(gone) = queue.pop_front() {
+            let size = gone.size();
+            self.bytes -= size;
+            if refused {
+                self.refused_bytes -= size;
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.admitted.len() + self.refused.len()
+    }
+
+    /// Every recorded request, oldest first.
+    fn in_order(&self) -> impl Iterator<Item = &Recorded> {
+        let (mut admitted, mut refused) = (
+            self.admitted.iter().peekable(),
+            self.refused.iter().peekable(),
+        );
+        std::iter::from_fn(move || match (admitted.peek(), refused.peek()) {
+            (Some(a), Some(r)) if r.seq < a.seq => refused.next(),
+            (Some(_), _) => admitted.next(),
+            (None, _) => refused.next(),
+        })
+    }
+
+    /// The oldest request kept.
+    fn oldest(&self) -> Option<&Recorded> {
+        self.in_order().next()
     }
 
     /// The number of the last delivery kept; 0 before the first.
     fn last_seq(&self) -> u64 {
-        self.entries.back().map_or(0, |r| r.seq)
+        let last = |queue: &VecDeque<Recorded>| queue.back().map_or(0, |r| r.seq);
+        last(&self.admitted).max(last(&self.refused))
     }
 }
 
@@ -276,13 +316,12 @@ impl Inspector {
     ) -> DeliveryList {
         let recent = self.lock();
         let mut last = recent.last_seq();
-        let oldest = recent.entries.front().map_or(last + 1, |r| r.seq);
+        let oldest = recent.oldest().map_or(last + 1, |r| r.seq);
         // `after` is the caller's: any number, `u64::MAX` included.
         let missed = (after > 0 && after.saturating_add(1) < oldest).then(|| oldest - after - 1);
         let mut attempts = Attempts::default();
         let mut deliveries: Vec<DeliveryEntry> = recent
-            .entries
-            .iter()
+            .in_order()
             .map(|r| (r, attempts.count(r)))
             .filter(|(r, _)| r.seq > after)
             .map(|(r, attempt)| entry(r, attempt))
@@ -312,8 +351,7 @@ impl Inspector {
         let recent = self.lock();
         let mut attempts = Attempts::default();
         let (recorded, attempt) = recent
-            .entries
-            .iter()
+            .in_order()
             .take_while(|r| r.seq <= seq)
             .map(|r| (r, attempts.count(r)))
             .last()
@@ -755,11 +793,44 @@ mod tests {
         assert_eq!(list.deliveries.len(), 10);
         assert!(list.deliveries.iter().all(|d| d.status == 200));
         let recent = inspector.lock();
-        assert_eq!(recent.refused, 0);
+        assert_eq!((recent.refused.len(), recent.refused_bytes), (0, 0));
         assert_eq!(
             recent.bytes,
-            recent.entries.iter().map(Recorded::size).sum::<usize>()
+            recent.in_order().map(Recorded::size).sum::<usize>()
         );
+    }
+
+    #[tokio::test]
+    async fn large_refused_requests_take_a_fifth_of_the_bytes() {
+        let inspector = Inspector::new(10_000).unwrap();
+        let body = Bytes::from(vec![b'x'; BODY_KEPT]);
+        let genuine = |i: usize| Note {
+            body: Some(body.clone()),
+            ..callback(&format!("g-{i}"), Some(Outcome::Booked))
+        };
+        // Admitted ones fill the bytes, then many times as much of forged ones arrive.
+        let fill = KEPT_BYTES / BODY_KEPT;
+        for i in 0..fill {
+            inspector.record(genuine(i), answered(200, "ok"));
+        }
+        for i in 0..3 * fill {
+            let forged = Note {
+                body: Some(body.clone()),
+                ..forged(&format!("f-{i}"))
+            };
+            inspector.record(forged, answered(401, "invalid signature"));
+        }
+        let recent = inspector.lock();
+        assert!(recent.bytes <= KEPT_BYTES);
+        assert!(recent.refused_bytes <= KEPT_BYTES / REFUSED_SHARE);
+        assert!(
+            recent.admitted.len() >= fill * 3 / 4,
+            "{} admitted kept of {fill}",
+            recent.admitted.len()
+        );
+        let seqs: Vec<u64> = recent.in_order().map(|r| r.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order");
+        assert_eq!(recent.last_seq(), (4 * fill) as u64);
     }
 
     #[tokio::test]
@@ -1017,10 +1088,10 @@ mod tests {
         assert!(recent.bytes <= KEPT_BYTES, "{}", recent.bytes);
         assert_eq!(
             recent.bytes,
-            recent.entries.iter().map(Recorded::size).sum::<usize>()
+            recent.in_order().map(Recorded::size).sum::<usize>()
         );
         // The oldest went, the newest stay.
-        assert!(recent.entries.len() < records / 2);
+        assert!(recent.len() < records / 2);
         assert_eq!(recent.last_seq(), records as u64);
         drop(recent);
         // Within the bytes, the count still bounds them.
@@ -1028,7 +1099,7 @@ mod tests {
         for i in 0..5 {
             counted.record(callback(&format!("n-{i}"), None), answered(200, "ok"));
         }
-        assert_eq!(counted.lock().entries.len(), 3);
+        assert_eq!(counted.lock().len(), 3);
     }
 
     #[test]

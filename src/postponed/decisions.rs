@@ -289,9 +289,9 @@ impl Awaitable {
     /// validation id it is recorded as a repeat of the validation that holds the decision
     /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
     /// too. Returns once that is durable; a retry under the same id changes nothing.
-    /// `false` when no postponed validation holds the nonce's decision, so that no result
-    /// will be posted for the new id ([`Repeat::Unlinked`]): the caller must not answer
-    /// it with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when
+    /// `false` when the validation that holds the nonce's decision takes no more repeats, so
+    /// that no result will be posted for the new id ([`Repeat::Full`]): the caller must not
+    /// answer it with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when
     /// the id is another nonce's validation.
     pub(crate) async fn repeated(
         &self,
@@ -318,7 +318,11 @@ impl Awaitable {
                     self.result_queued();
                 }
             }
-            Repeat::Unlinked => return Ok(false),
+            Repeat::Unlinked => tracing::warn!(
+                validation_id = validation_id.get(),
+                "the nonce's validation asked about again, but no postponed validation holds its decision (decided outside Awaitable mode); answered as recorded, and no result is posted for a new id"
+            ),
+            Repeat::Full => return Ok(false),
         }
         Ok(true)
     }

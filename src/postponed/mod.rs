@@ -14,10 +14,9 @@
 //!   answered with the recorded decision, without the handler; under a new `validationId`
 //!   it is also kept as a repeat of the validation the handler saw
 //!   ([`PostponedValidation::repeat_of`]), which gets that decision posted under its own
-//!   id, at once or when it is taken. A resolve of either decides both. A repeat no
-//!   postponed validation can hold (its nonce decided while the endpoint was not
-//!   Awaitable, or a validation asked about under more than 100 new ids) is refused with
-//!   409 unless denied: nothing would post its result;
+//!   id, at once or when it is taken. A resolve of either decides both. A repeat beyond
+//!   the 100 new ids one validation takes is refused with 409 unless denied: nothing
+//!   would post its result;
 //! * **an authenticated caller**: the endpoint's decisions are posted to the aggregator
 //!   under the merchant's login, so `[auth.transaction_validation]` must name a method or
 //!   `allow_ips`; an open endpoint is refused at start-up unless

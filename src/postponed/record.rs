@@ -325,8 +325,8 @@ pub(crate) enum NextDue {
 }
 
 /// How many repeats under new validation ids one validation takes: a repeat beyond them is
-/// not recorded, and, as no result would be posted for its id, refused with 409 (a denial
-/// is answered 403, as recorded).
+/// not recorded ([`Repeat::Full`]), and, as no result would be posted for its id, refused
+/// with 409 (a denial is answered 403, as recorded).
 pub(crate) const MAX_REPEATS: usize = 100;
 
 /// What recording a repeat under a new validation id did (see
@@ -348,11 +348,15 @@ pub enum Repeat {
         decided: bool,
     },
     /// Not recorded: no postponed validation holds the nonce's decision (it was decided
-    /// outside Awaitable mode, or before payhook kept the link), or it has as many repeats
-    /// as it takes (100). No result is posted for the new id, so the service refuses it
-    /// with 409 rather than answer a 200 the aggregator would wait on (a denial is answered
-    /// 403, as recorded).
+    /// outside Awaitable mode, or before payhook kept the link). Answered with the recorded
+    /// decision, as a retry of the validation that took it is; no result is posted for a
+    /// new id.
     Unlinked,
+    /// Not recorded: the validation that holds the nonce's decision has as many repeats as
+    /// it takes ([`MAX_REPEATS`]). No result would be posted for the new id, so the service
+    /// refuses it with 409 rather than answer a 200 the aggregator would wait on (a denial
+    /// is answered 403, as recorded).
+    Full,
 }
 
 /// What a resolve did.

@@ -846,7 +846,7 @@ impl ExactlyOnce {
                     )?;
                     // A denial (403) leaves the aggregator waiting on nothing.
                     if !linked && !matches!(decision, RecordedDecision::Deny { .. }) {
-                        return Err(unlinked_repeat(&request));
+                        return Err(too_many_repeats(&request));
                     }
                 }
                 let answer = answer_for(&decision);
@@ -1076,17 +1076,16 @@ async fn keep_failure(store: &dyn Store, failure: CallbackFailure) {
 }
 
 /// The refusal of `request`, a repeat under a new validation id of a validation allowed or
-/// postponed, that no postponed validation links to (decided outside Awaitable mode, or
-/// asked about under more new ids than one validation takes): nothing will post a result
-/// for its id, and a 200 would have the aggregator wait for one that never comes. Refused
-/// with 409 instead: the payment fails at once rather than hang.
-fn unlinked_repeat(request: &TransactionValidationRequest) -> Problem {
+/// postponed that takes no more repeats ([`MAX_REPEATS`]): nothing will post a result for
+/// its id, and a 200 would have the aggregator wait for one that never comes. Refused with
+/// 409 instead: the payment fails at once rather than hang.
+fn too_many_repeats(request: &TransactionValidationRequest) -> Problem {
     let validation_id = request.validation_id.get();
     tracing::warn!(
         validation_id,
-        "the nonce's validation asked about again under a new validation id; no postponed validation holds its decision (decided outside Awaitable mode, or asked about under more than {MAX_REPEATS} new ids), so no result could follow a 200: refused with 409"
+        "the nonce's validation asked about again under a new validation id, after {MAX_REPEATS} others: no result could follow a 200, refused with 409"
     );
-    Problem::UnlinkedRepeat { validation_id }
+    Problem::TooManyRepeats { validation_id }
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {

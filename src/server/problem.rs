@@ -26,7 +26,7 @@
 //! | [`Problem::StoreFailed`] | 503 + `Retry-After` | `temporarily unable to record the result` |
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
 //! | [`Problem::ValidationIdReused`] (Awaitable mode) | 403 | `validationId already used for a different payment` |
-//! | [`Problem::UnlinkedRepeat`] (Awaitable mode) | 409 | `this nonce was validated before under another validation id, and no result can be posted for validation N: …` |
+//! | [`Problem::TooManyRepeats`] (Awaitable mode) | 409 | `this nonce's validation was asked about under more than 100 new validation ids; no result can be posted for validation N` |
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
@@ -120,11 +120,9 @@ pub(crate) enum Problem {
     /// is the other payment's.
     ValidationIdReused,
     /// In Awaitable mode, a validation allowed or postponed before, asked about again under
-    /// a new `validationId` that no postponed validation can hold (its nonce decided while
-    /// the endpoint was not Awaitable, or one validation asked about under more than
-    /// [`MAX_REPEATS`] new ids): nothing would post a result for the id, and answered 200,
-    /// the aggregator would wait for one that never comes.
-    UnlinkedRepeat {
+    /// a new `validationId` after [`MAX_REPEATS`] others: nothing would post a result for
+    /// the id, and answered 200, the aggregator would wait for one that never comes.
+    TooManyRepeats {
         validation_id: i64,
     },
     /// A callback whose transaction last changed (`updatedUtc`, else `createdUtc`) longer
@@ -188,7 +186,7 @@ impl Problem {
                 ..
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Conflict(_) | Self::BeyondRetention { .. } | Self::UnlinkedRepeat { .. } => {
+            Self::Conflict(_) | Self::BeyondRetention { .. } | Self::TooManyRepeats { .. } => {
                 StatusCode::CONFLICT
             }
             Self::TooManyGuesses { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -227,7 +225,7 @@ impl Problem {
             | Self::NotAwaitable
             | Self::NonceReused
             | Self::ValidationIdReused
-            | Self::UnlinkedRepeat { .. } => endpoint == TransactionValidation,
+            | Self::TooManyRepeats { .. } => endpoint == TransactionValidation,
             Self::RetryLater { .. } | Self::BeyondRetention { .. } => endpoint == Callback,
             Self::InFlight { .. } | Self::StoreFailed { .. } => endpoint != ProvidersValidation,
         }
@@ -276,7 +274,7 @@ impl Problem {
             Self::StoreFailed { retry_after },
             Self::NonceReused,
             Self::ValidationIdReused,
-            Self::UnlinkedRepeat { validation_id: 1 },
+            Self::TooManyRepeats { validation_id: 1 },
             Self::BeyondRetention {
                 changed: chrono::DateTime::UNIX_EPOCH,
             },
@@ -351,10 +349,9 @@ impl Problem {
             Self::ValidationIdReused => {
                 "validationId already used for a different payment".to_owned()
             }
-            Self::UnlinkedRepeat { validation_id } => format!(
-                "this nonce was validated before under another validation id, and no result \
-                 can be posted for validation {validation_id}: it was decided outside Awaitable \
-                 mode, or asked about under more than {MAX_REPEATS} new ids"
+            Self::TooManyRepeats { validation_id } => format!(
+                "this nonce's validation was asked about under more than {MAX_REPEATS} new \
+                 validation ids; no result can be posted for validation {validation_id}"
             ),
             Self::BeyondRetention { changed } => format!(
                 "callback older than the store's retention: its transaction last changed at \

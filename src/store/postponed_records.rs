@@ -210,7 +210,7 @@ pub(crate) fn repeat(
         return Ok((Repeat::Unlinked, None));
     };
     let Some(repeat) = original.repeated_by(request, now) else {
-        return Ok((Repeat::Unlinked, None));
+        return Ok((Repeat::Full, None));
     };
     put(staging, &original);
     put(staging, &repeat);

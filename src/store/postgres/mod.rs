@@ -758,21 +758,15 @@ const COUNT_FOLDED_EVERY: Duration = Duration::from_secs(5);
 /// marks and the merchant's effects always commit synchronously.
 const UNSYNCED: &str = "(SELECT set_config('synchronous_commit', 'off', true)) AS unsynced";
 
-/// A pool of `size` connections to `config.url`: every connection commits synchronously,
-/// bounds its statements by `store.statement_timeout`, and is not closed for idling in a
-/// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
-/// claim is a transaction that idles while its handler runs, and closed it would let a
-/// retry's handler run beside the first one, and the first one's booking fail. Nor is one
-/// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
-/// not tested before it is used, and one closed so would fail the request that took it
-/// next. (The liveness lock's connections set both themselves: see `liveness`.)
 /// The host `url` names when it is another machine's and the connection would not check
 /// its certificate (`sslmode` — in the address, else `PGSSLMODE` — neither `verify-full`
 /// nor `verify-ca`); `None` for a Unix socket, this machine, or a checked channel.
 fn unverified_remote(url: &str) -> Option<String> {
     let options = PgConnectOptions::from_str(url).ok()?;
     let host = options.get_host();
+    // A host that is a directory is a Unix socket's (`postgres:///db`, PGHOST=/run/...).
     let here = host == "localhost"
+        || host.starts_with('/')
         || host
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -785,6 +779,14 @@ fn unverified_remote(url: &str) -> Option<String> {
     (options.get_socket().is_none() && !here && !checked).then(|| host.to_owned())
 }
 
+/// A pool of `size` connections to `config.url`: every connection commits synchronously,
+/// bounds its statements by `store.statement_timeout`, and is not closed for idling in a
+/// transaction (`idle_in_transaction_session_timeout`, which a server or role may set): a
+/// claim is a transaction that idles while its handler runs, and closed it would let a
+/// retry's handler run beside the first one, and the first one's booking fail. Nor is one
+/// closed for idling outside a transaction (`idle_session_timeout`): a pooled connection is
+/// not tested before it is used, and one closed so would fail the request that took it
+/// next. (The liveness lock's connections set both themselves: see `liveness`.)
 async fn connect(config: &StoreConfig, size: u32) -> Result<PgPool, StoreError> {
     let url = config.url.as_ref().ok_or_else(|| {
         StoreError::backend_message("store.url is not set: PostgreSQL needs its address")
@@ -950,6 +952,10 @@ mod tests {
             ("postgres://postgres@localhost/test", None),
             ("postgres://postgres@[::1]:5432/test", None),
             ("postgres:///payments?host=/var/run/postgresql", None),
+            (
+                "postgres://payhook@%2Fvar%2Frun%2Fpostgresql/payments",
+                None,
+            ),
         ] {
             assert_eq!(
                 unverified_remote(url).as_deref(),

@@ -183,8 +183,31 @@ impl PostponedStore for PgStore {
             };
             let Some(repeat) = original.repeated_by(request.clone(), now) else {
                 let_go(tx).await?;
-                return Ok(Repeat::Unlinked);
+                return Ok(Repeat::Full);
             };
+            // The nonce's record renewed, as it is asked about again, and held until this
+            // commits: a purge that chose it as expired (its snapshot blind to this repeat,
+            // which makes the nonce one that awaits a result) waits for the row, reads it
+            // again and passes over it. One that took it first leaves nothing to renew: the
+            // repeat is not recorded, and asked again, the nonce is validated afresh —
+            // rather than its handler run again while this repeat's result is delivered.
+            let renewed = sqlx::query(&self.sql(
+                "UPDATE {s}.validations \
+                 SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)) \
+                 WHERE nonce_key = $1",
+            ))
+            .bind(super::nonce_key(request.nonce().as_str()))
+            .bind(self.retention_secs())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if renewed == 0 {
+                let_go(tx).await?;
+                return Err(StoreError::backend_message(
+                    "the nonce's validation record was purged as it was asked about again; \
+                     asked again, it is validated afresh",
+                ));
+            }
             if !self.insert_postponed(&mut tx, &repeat).await? {
                 // Another validation wrote the id between the read above and this insert
                 // (another nonce's takes no lock of the original's): nothing is linked to
@@ -194,20 +217,6 @@ impl PostponedStore for PgStore {
                 return Ok(known.unwrap_or(Repeat::Known));
             }
             self.update_postponed(&mut tx, &original, false).await?;
-            // The nonce's record renewed, as it is asked about again: a purge that chose it
-            // as expired before this commits (its snapshot blind to the repeat, which makes
-            // the nonce one that awaits a result) waits for this row, reads it again and
-            // passes over it; without it, the record went, and the next validation of the
-            // nonce would run the handler again while the repeat's result is delivered.
-            sqlx::query(&self.sql(
-                "UPDATE {s}.validations \
-                 SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)) \
-                 WHERE nonce_key = $1",
-            ))
-            .bind(super::nonce_key(request.nonce().as_str()))
-            .bind(self.retention_secs())
-            .execute(&mut *tx)
-            .await?;
             tx.commit().await?;
             Ok(Repeat::Recorded {
                 of: original.validation_id,
