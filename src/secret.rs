@@ -30,7 +30,7 @@ pub struct Secret(String);
 /// a credential everyone knows.
 pub(crate) const REDACTED: &str = "<redacted>";
 
-/// Read as a string, except [`REDACTED`]: the placeholder of a printed configuration, which
+/// Read as a string, except [`REDACTED`](crate::config::REDACTED): the placeholder of a printed configuration, which
 /// as a shared secret or a password would let in anyone who read payhook's docs.
 ///
 /// ```

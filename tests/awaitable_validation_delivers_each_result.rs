@@ -340,14 +340,6 @@ async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than
 async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
     let gateway = FakeGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let answer = |app: App, client: &'static str, nonce: &'static str, id: i64| async move {
-        let request = validation_request(client, nonce, id);
-        let response = app.handle(request).await;
-        let status = response.status().as_u16();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        (status, body["message"].as_str().unwrap().to_owned())
-    };
     let mut immediate = stored_config(&gateway, &dir);
     immediate.validation.awaitable = false;
     let before = App::builder(immediate)
@@ -357,26 +349,26 @@ async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
     let allowed = (200, "client allowed".to_owned());
     let denied = (403, "refused after review".to_owned());
     assert_eq!(
-        answer(before.clone(), "allow-0", "n-allowed", 401).await,
+        validate_nonce(&before, "allow-0", "n-allowed", 401).await,
         allowed
     );
     assert_eq!(
-        answer(before.clone(), "deny-0", "n-denied", 402).await,
+        validate_nonce(&before, "deny-0", "n-denied", 402).await,
         denied
     );
     drop(before);
 
     let after = deliberate_app(&gateway, &dir);
     assert_eq!(
-        answer(after.clone(), "allow-0", "n-allowed", 401).await,
+        validate_nonce(&after, "allow-0", "n-allowed", 401).await,
         allowed
     );
     assert_eq!(
-        answer(after.clone(), "deny-0", "n-denied", 402).await,
+        validate_nonce(&after, "deny-0", "n-denied", 402).await,
         denied
     );
     assert_eq!(
-        answer(after.clone(), "deny-0", "n-denied", 404).await,
+        validate_nonce(&after, "deny-0", "n-denied", 404).await,
         denied
     );
     let resolver = after.resolver().unwrap();
@@ -652,7 +644,12 @@ fn deliberate_app(gateway: &FakeGateway, dir: &tempfile::TempDir) -> App {
 }
 
 async fn validate(app: &App, client: &str, id: i64) -> (u16, String) {
-    let request = validation_request(client, &format!("n-{id}"), id);
+    validate_nonce(app, client, &format!("n-{id}"), id).await
+}
+
+/// [`validate`] with nonce `nonce`.
+async fn validate_nonce(app: &App, client: &str, nonce: &str, id: i64) -> (u16, String) {
+    let request = validation_request(client, nonce, id);
     let response = app.handle(request).await;
     let status = response.status().as_u16();
     let body = response.into_body().collect().await.unwrap().to_bytes();

@@ -353,7 +353,7 @@ pub enum Repeat {
     /// new id.
     Unlinked,
     /// Not recorded: the validation that holds the nonce's decision has as many repeats as
-    /// it takes ([`MAX_REPEATS`]). No result would be posted for the new id, so the service
+    /// it takes (100). No result would be posted for the new id, so the service
     /// refuses it with 409 rather than answer a 200 the aggregator would wait on (a denial
     /// is answered 403, as recorded).
     Full,
