@@ -291,6 +291,8 @@ async fn a_session_secret_that_is_a_token_is_refused_at_start() {
     let mut config = config(&gateway, Some(shared));
     config.admin.operators.clear();
     config.admin.session_secret = Some(shared.into());
+    let data = tempfile::tempdir().unwrap();
+    config.store.path = data.path().join("store");
     payhook::App::builder(config)
         .transaction_validator(TestMerchant::default())
         .build()
