@@ -30,6 +30,8 @@ fn key_in(dir: &Path) -> (PathBuf, payhook::Config) {
         file: Some(file.clone()),
         ..Default::default()
     }];
+    // A service that starts keeps its store here, not in the checkout (`./payhook-data`).
+    config.store.path = dir.join("store");
     (file, config)
 }
 
