@@ -344,12 +344,7 @@ pub(super) fn same_digest(one: &str, other: &str) -> bool {
 
 /// The operator whose token `admin.token` is.
 fn holding_the_shared_token(config: &super::AdminConfig) -> Option<&str> {
-    let shared = sha256(config.token.as_ref()?.expose());
-    config
-        .operators
-        .iter()
-        .find(|(_, value)| parse_digest(value) == Some(shared))
-        .map(|(name, _)| name.as_str())
+    operator_whose_token(config, config.token.as_ref()?.expose())
 }
 
 /// Whose token `admin.session_secret` is, where operators are configured: the shared
@@ -362,12 +357,18 @@ fn holding_the_session_secret(config: &super::AdminConfig) -> Option<String> {
     if config.token.as_ref().is_some_and(|t| t.expose() == secret) {
         return Some("admin.token".into());
     }
-    let digest = sha256(secret);
+    operator_whose_token(config, secret)
+        .map(|name| format!("the token of operator {}", crate::logged::Logged(name)))
+}
+
+/// The operator of `[admin.operators]` whose entry holds `token`'s hash.
+fn operator_whose_token<'c>(config: &'c super::AdminConfig, token: &str) -> Option<&'c str> {
+    let digest = sha256(token);
     config
         .operators
         .iter()
         .find(|(_, value)| parse_digest(value) == Some(digest))
-        .map(|(name, _)| format!("the token of operator {}", crate::logged::Logged(name)))
+        .map(|(name, _)| name.as_str())
 }
 
 /// The hash an entry of `[admin.operators]` holds, when it is `sha256:` and 64 hex digits.
