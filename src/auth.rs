@@ -6,7 +6,9 @@
 //! shared-secret header, or HTTP Basic — plus, with any of them, an IP allow-list.
 //! Secrets are compared in constant time: each is kept only as an HMAC tag under a random
 //! per-process key, and a presented value is checked with ring's `hmac::verify`, so neither
-//! the content nor the length of the secret leaks through timing.
+//! the content nor the length of the secret leaks through timing. A shared secret and a
+//! Basic password have at least 16 characters: the endpoints answer whoever reaches them,
+//! so a short one could be found by asking with guesses.
 
 use base64::Engine;
 use http::{HeaderMap, HeaderName, header};
@@ -15,7 +17,12 @@ use serde::{Deserialize, Serialize};
 use std::{fmt, net::IpAddr, str::FromStr};
 
 use crate::Secret;
-use crate::setting::InvalidSetting;
+use crate::setting::{InvalidSetting, long_enough};
+
+/// The fewest characters a validation endpoint's shared secret or Basic password has, as
+/// `admin.token`: the endpoint answers whoever asks, so a short one could be found by
+/// asking with guesses.
+pub(crate) const MIN_SECRET_CHARS: usize = 16;
 
 /// How a validation endpoint authenticates the aggregator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -290,6 +297,7 @@ impl Guard {
                 let secret = secret.ok_or_else(|| {
                     invalid(".secret", "required for method = \"shared_secret\"".into())
                 })?;
+                long_enough(&format!("{key}.secret"), secret, MIN_SECRET_CHARS)?;
                 if secret.expose().trim() != secret.expose() {
                     // HTTP takes the spaces around a header's value off: it would never match.
                     return Err(invalid(
@@ -337,12 +345,7 @@ impl Guard {
                         "must be non-empty and without `:` for method = \"basic\"".into(),
                     ));
                 }
-                if password.is_empty() {
-                    return Err(invalid(
-                        ".password",
-                        "must be non-empty for method = \"basic\"".into(),
-                    ));
-                }
+                long_enough(&format!("{key}.password"), password, MIN_SECRET_CHARS)?;
                 let pair = format!("{user}:{}", password.expose());
                 Method::Basic {
                     expected: Expected::new(pair.as_bytes()),
@@ -453,7 +456,7 @@ pub struct EndpointAuthConfig {
     pub method: AuthMethod,
     /// Header carrying the shared secret.
     pub header: String,
-    /// The shared secret; redacted in `Debug`.
+    /// The shared secret (at least 16 characters); redacted in `Debug`.
     #[serde(
         serialize_with = "crate::setting::redacted",
         skip_serializing_if = "Option::is_none"
@@ -462,7 +465,7 @@ pub struct EndpointAuthConfig {
     /// Basic user name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    /// Basic password; redacted in `Debug`.
+    /// Basic password (at least 16 characters); redacted in `Debug`.
     #[serde(
         serialize_with = "crate::setting::redacted",
         skip_serializing_if = "Option::is_none"
@@ -573,13 +576,48 @@ mod tests {
         };
         for (config, key) in [
             (basic("aggregator", ""), "auth.test.password"),
-            (basic("", "pa55word"), "auth.test.username"),
-            (basic("aggre:gator", "pa55word"), "auth.test.username"),
+            (basic("", "pa55word-0123456789"), "auth.test.username"),
+            (
+                basic("aggre:gator", "pa55word-0123456789"),
+                "auth.test.username",
+            ),
         ] {
             let error = Guard::from_config(&config, "auth.test").unwrap_err();
             assert_eq!(error.key, key, "{error}");
         }
-        assert!(Guard::from_config(&basic("aggregator", "pa55word"), "auth.test").is_ok());
+        assert!(
+            Guard::from_config(&basic("aggregator", "pa55word-0123456789"), "auth.test").is_ok()
+        );
+    }
+
+    #[test]
+    fn a_secret_or_password_that_guesses_could_find_is_refused_naming_the_key() {
+        let shared = |secret: &str| EndpointAuthConfig {
+            method: AuthMethod::SharedSecret,
+            secret: Some(Secret::new(secret)),
+            ..EndpointAuthConfig::default()
+        };
+        let basic = |password: &str| EndpointAuthConfig {
+            method: AuthMethod::Basic,
+            username: Some("aggregator".into()),
+            password: Some(Secret::new(password)),
+            ..EndpointAuthConfig::default()
+        };
+        // Fifteen characters, four of them two bytes each: counted as characters.
+        let short = "s3cret-\u{e9}\u{e9}\u{e9}\u{e9}-abc";
+        assert_eq!(short.chars().count(), MIN_SECRET_CHARS - 1);
+        for (config, key) in [
+            (shared(short), "auth.test.secret"),
+            (basic(short), "auth.test.password"),
+        ] {
+            let error = Guard::from_config(&config, "auth.test").unwrap_err();
+            assert_eq!(error.key, key, "{error}");
+            assert!(error.reason.contains("at least 16 characters"), "{error}");
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        }
+        let enough = format!("{short}d");
+        assert!(Guard::from_config(&shared(&enough), "auth.test").is_ok());
+        assert!(Guard::from_config(&basic(&enough), "auth.test").is_ok());
     }
 
     fn guard(config: EndpointAuthConfig) -> Guard {
@@ -590,12 +628,17 @@ mod tests {
     fn a_shared_secret_must_match_exactly() {
         let guard = guard(EndpointAuthConfig {
             method: AuthMethod::SharedSecret,
-            secret: Some(Secret::new("s3cret")),
+            secret: Some(Secret::new("s3cret-0123456789")),
             ..EndpointAuthConfig::default()
         });
         let mut headers = HeaderMap::new();
         assert_eq!(guard.check_headers(&headers), Err(AuthError::Missing));
-        for wrong in ["s3cre", "s3cret ", "S3CRET", ""] {
+        for wrong in [
+            "s3cret-012345678",
+            "s3cret-0123456789 ",
+            "S3CRET-0123456789",
+            "",
+        ] {
             headers.insert("x-api-key", wrong.parse().unwrap());
             assert_eq!(
                 guard.check_headers(&headers),
@@ -603,7 +646,7 @@ mod tests {
                 "{wrong:?}"
             );
         }
-        headers.insert("x-api-key", "s3cret".parse().unwrap());
+        headers.insert("x-api-key", "s3cret-0123456789".parse().unwrap());
         assert_eq!(guard.check_headers(&headers), Ok(()));
         // Sent twice — the right one among them — it is refused, as a signature header is.
         headers.append("x-api-key", "guess".parse().unwrap());
@@ -612,7 +655,11 @@ mod tests {
 
     #[test]
     fn a_shared_secret_no_header_value_can_carry_is_refused_when_read() {
-        for secret in [" s3cret", "s3cret\t", "s3cret "] {
+        for secret in [
+            " s3cret-0123456789",
+            "s3cret-0123456789\t",
+            "s3cret-0123456789 ",
+        ] {
             let config = EndpointAuthConfig {
                 method: AuthMethod::SharedSecret,
                 secret: Some(Secret::new(secret)),
@@ -629,7 +676,7 @@ mod tests {
         let guard = guard(EndpointAuthConfig {
             method: AuthMethod::Basic,
             username: Some("aggregator".into()),
-            password: Some(Secret::new("pa:ss")),
+            password: Some(Secret::new("pa:ss-0123456789ab")),
             ..EndpointAuthConfig::default()
         });
         let mut headers = HeaderMap::new();
@@ -641,12 +688,12 @@ mod tests {
         };
         headers.insert(
             header::AUTHORIZATION,
-            basic("aggregator:pa:ss").parse().unwrap(),
+            basic("aggregator:pa:ss-0123456789ab").parse().unwrap(),
         );
         assert_eq!(guard.check_headers(&headers), Ok(()));
         headers.insert(
             header::AUTHORIZATION,
-            basic("aggregator:pa:s").parse().unwrap(),
+            basic("aggregator:pa:ss-0123456789a").parse().unwrap(),
         );
         assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
         headers.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
@@ -654,7 +701,7 @@ mod tests {
         // The right credentials and another pair: refused.
         headers.insert(
             header::AUTHORIZATION,
-            basic("aggregator:pa:ss").parse().unwrap(),
+            basic("aggregator:pa:ss-0123456789ab").parse().unwrap(),
         );
         headers.append(header::AUTHORIZATION, basic("x:y").parse().unwrap());
         assert_eq!(guard.check_headers(&headers), Err(AuthError::Wrong));
@@ -703,7 +750,7 @@ mod tests {
 
     #[test]
     fn credentials_without_a_method_are_refused_not_ignored() {
-        let secret = || Some(Secret::new("s3cret-value"));
+        let secret = || Some(Secret::new("s3cret-value-0123456"));
         let refused = |config: EndpointAuthConfig, key: &str| {
             let error = Guard::from_config(&config, "auth.transaction_validation").unwrap_err();
             assert_eq!(error.key, key, "{error}");

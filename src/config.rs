@@ -782,7 +782,7 @@ mod tests {
                 "paths.callback",
             ),
             (
-                "[auth.transaction_validation]\nsecret = \"s3cr3t\"\nallow_ips = [\"10.0.0.0/8\"]",
+                "[auth.transaction_validation]\nsecret = \"s3cr3t-0123456789\"\nallow_ips = [\"10.0.0.0/8\"]",
                 "auth.transaction_validation.secret",
             ),
             (
@@ -799,15 +799,15 @@ mod tests {
             ),
             // A secret in a header whose value payhook shows.
             (
-                "[auth.providers_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"User-Agent\"",
+                "[auth.providers_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t-0123456789\"\nheader = \"User-Agent\"",
                 "auth.providers_validation.header",
             ),
             (
-                "[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"X-Signature\"",
+                "[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t-0123456789\"\nheader = \"X-Signature\"",
                 "auth.transaction_validation.header",
             ),
             (
-                "[signature]\nheader = \"X-Hook-Sig\"\n[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t\"\nheader = \"x-hook-sig\"",
+                "[signature]\nheader = \"X-Hook-Sig\"\n[auth.transaction_validation]\nmethod = \"shared_secret\"\nsecret = \"s3cr3t-0123456789\"\nheader = \"x-hook-sig\"",
                 "auth.transaction_validation.header",
             ),
             (
@@ -856,7 +856,10 @@ mod tests {
                     "PAYHOOK_AUTH_TRANSACTION_VALIDATION_METHOD",
                     "shared_secret",
                 ),
-                ("PAYHOOK_AUTH_TRANSACTION_VALIDATION_SECRET", "12345"),
+                (
+                    "PAYHOOK_AUTH_TRANSACTION_VALIDATION_SECRET",
+                    "12345-67890-abcdef",
+                ),
                 (
                     "PAYHOOK_AUTH_PROVIDERS_VALIDATION_ALLOW_IPS",
                     "[\"10.0.0.0/8\", \"::1\"]",
@@ -873,7 +876,7 @@ mod tests {
         assert_eq!(auth.method, AuthMethod::SharedSecret);
         assert_eq!(
             auth.secret.as_ref().map(Secret::expose),
-            Some("12345"),
+            Some("12345-67890-abcdef"),
             "a numeric secret stays text"
         );
         assert_eq!(

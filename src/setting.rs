@@ -40,6 +40,19 @@ pub(crate) fn longer_than_zero(durations: &[(&str, Duration)]) -> Result<(), Inv
     }
 }
 
+/// Refuses `secret`, the value of `key`, when it is shorter than `min` characters: a secret
+/// that authenticates callers over the network must not be found by asking with guesses.
+/// The reason names the length asked for, never the value.
+pub(crate) fn long_enough(key: &str, secret: &Secret, min: usize) -> Result<(), InvalidSetting> {
+    if secret.expose().chars().count() < min {
+        return Err(InvalidSetting::new(
+            key,
+            format!("must be at least {min} characters (the value is not shown: it is a secret)"),
+        ));
+    }
+    Ok(())
+}
+
 /// How every secret is written when a configuration is serialized; read back as a secret,
 /// it is refused.
 pub const REDACTED: &str = crate::secret::REDACTED;

@@ -391,6 +391,26 @@ async fn a_call_naming_the_service_by_another_name_over_plain_http_is_refused() 
     for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080"] {
         assert_eq!(server.send(&named(host)).await.status, 200, "{host}");
     }
+    // The metrics, which the default allow-list serves to this machine, the same: a page in
+    // a browser here would read the counters of the merchant's business as its own site's.
+    let scrape = |host: &str| {
+        String::from_utf8(request("GET", "/metrics", &[], None))
+            .unwrap()
+            .replacen("Host: 127.0.0.1", &format!("Host: {host}"), 1)
+            .into_bytes()
+    };
+    let rebound = server.send(&scrape("evil.example:8080")).await;
+    assert_eq!(rebound.status, 403);
+    assert!(
+        rebound
+            .message()
+            .contains("over plain HTTP /metrics is called by an address or localhost, not by the name evil.example"),
+        "{}",
+        rebound.message()
+    );
+    for host in ["localhost:9090", "127.0.0.1:9090", "[::1]:9090"] {
+        assert_eq!(server.send(&scrape(host)).await.status, 200, "{host}");
+    }
 
     // Behind a trusted proxy that speaks HTTPS, the service has the proxy's name.
     let mut proxied = config(&gateway);

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 const SECRETS: [&str; 4] = [
     "gateway-password-s3cret",
     "admin-token-s3cret-0123456789",
-    "shared-s3cret",
+    "shared-s3cret-0123456789",
     "basic-password-s3cret",
 ];
 
@@ -98,7 +98,10 @@ fn the_effective_configuration_is_printed_as_toml_with_secrets_redacted() {
             || as_printed.contains("auth."),
         "{as_printed}"
     );
-    for (key, secret) in [("secret", "<redacted>"), ("secret", "the-real-one")] {
+    for (key, secret) in [
+        ("secret", "<redacted>"),
+        ("secret", "the-real-one-0123456789"),
+    ] {
         let one = format!(
             "[auth.transaction_validation]\nmethod = \"shared_secret\"\nheader = \"X-Shared\"\n{key} = \"{secret}\"\n"
         );

@@ -43,9 +43,9 @@ fn every_setting_set() -> Config {
     ] {
         // A credential is taken only with a method that asks for one.
         endpoint.method = payhook::config::AuthMethod::SharedSecret;
-        endpoint.secret = Some("secret".into());
+        endpoint.secret = Some("secret-0123456789".into());
         endpoint.username = Some("user".into());
-        endpoint.password = Some("password".into());
+        endpoint.password = Some("password-0123456789".into());
     }
     config
 }

@@ -170,6 +170,63 @@ async fn a_bearer_of_the_shared_token_is_kept_by_the_name_they_give_or_none() {
     assert!(answer.message().contains("by"), "{}", answer.message());
 }
 
+/// A bearer of the shared token cannot give an operator's name: what alice decides or
+/// resolves is kept as her login, and a change in her name with the shared token would
+/// read as hers. Refused (403), nothing kept.
+#[tokio::test]
+async fn the_shared_token_cannot_act_in_an_operators_name() {
+    let gateway = FakeGateway::start().await;
+    let server = TestServer::start_with(config(&gateway, Some(SHARED))).await;
+    let id = server.postpone_validation().await;
+    let path = format!("/payhook/admin/validations/{id}");
+    let held = with(CALLBACK, "/clientId", Some(json!("hold")));
+    let held = with(&held, "/nonce", Some(json!("n-held")));
+    assert_eq!(server.post_json(CALLBACK_PATH, &held).await.status, 200);
+    for by in ["alice", " alice "] {
+        let decision = json!({"success": true, "by": by});
+        let answer = server
+            .admin("POST", &path, Some(SHARED), Some(&decision.to_string()))
+            .await;
+        assert_eq!(answer.status, 403, "{}", answer.message());
+        assert!(
+            answer
+                .message()
+                .contains("alice is an operator with a token of their own"),
+            "{}",
+            answer.message()
+        );
+        let resolve = json!({"nonce": "n-held", "status": 4, "note": "refunded", "by": by});
+        let answer = server
+            .admin(
+                "POST",
+                "/payhook/admin/callbacks/held/resolve",
+                Some(SHARED),
+                Some(&resolve.to_string()),
+            )
+            .await;
+        assert_eq!(answer.status, 403, "{}", answer.message());
+    }
+    assert_eq!(decided(&server, SHARED, id).await, Value::Null);
+    // Alice's own token, or a name of the bearer's own, is taken.
+    let decision = json!({"success": true, "by": "alice"});
+    let answer = server
+        .admin("POST", &path, Some(ALICE), Some(&decision.to_string()))
+        .await;
+    assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
+    assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
+    let resolve = json!({"nonce": "n-held", "status": 4, "note": "refunded", "by": "carol"});
+    let answer = server
+        .admin(
+            "POST",
+            "/payhook/admin/callbacks/held/resolve",
+            Some(SHARED),
+            Some(&resolve.to_string()),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    assert_eq!(answer.json()["resolvedBy"], "carol");
+}
+
 #[tokio::test]
 async fn a_held_result_an_operator_resolves_is_kept_with_their_name() {
     let gateway = FakeGateway::start().await;
@@ -297,6 +354,51 @@ async fn a_session_secret_that_is_a_token_is_refused_at_start() {
         .transaction_validator(TestMerchant::default())
         .build()
         .unwrap();
+}
+
+/// `payhook check-config` refuses what the service would refuse at start: a session secret
+/// that is a token, or a shared token that is an operator's. Neither is quoted.
+#[test]
+fn check_config_refuses_tokens_the_service_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("payhook.toml");
+    let check_config = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+            .arg("check-config")
+            .arg(&file)
+            .env_clear()
+            .output()
+            .unwrap()
+    };
+    let alice = OperatorToken::digest_of(ALICE);
+    for (admin, key) in [
+        (
+            format!("token = \"{SHARED}\"\nsession_secret = \"{ALICE}\""),
+            "admin.session_secret",
+        ),
+        (format!("token = \"{ALICE}\""), "admin.token"),
+    ] {
+        let text = format!("[admin]\n{admin}\n[admin.operators]\nalice = \"{alice}\"\n");
+        std::fs::write(&file, text).unwrap();
+        let output = check_config();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{key}: {stderr}");
+        assert!(stderr.contains(key), "{stderr}");
+        assert!(stderr.contains("operator alice"), "{stderr}");
+        assert!(
+            !stderr.contains(ALICE) && !stderr.contains(SHARED),
+            "{stderr}"
+        );
+    }
+    // Apart, the same settings are accepted.
+    let text = format!("[admin]\ntoken = \"{SHARED}\"\n[admin.operators]\nalice = \"{alice}\"\n");
+    std::fs::write(&file, text).unwrap();
+    let output = check_config();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// `payhook operator-token NAME` prints a token and the entry that lets it in: a service

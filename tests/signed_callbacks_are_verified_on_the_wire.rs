@@ -240,7 +240,7 @@ fn with_validation_auth(auth: EndpointAuthConfig) -> payhook::Config {
 async fn a_shared_secret_header_authenticates_the_validations() {
     let server = TestServer::start_with(with_validation_auth(EndpointAuthConfig {
         method: AuthMethod::SharedSecret,
-        secret: Some("s3cret-value".into()),
+        secret: Some("s3cret-value-0123456".into()),
         ..Default::default()
     }))
     .await;
@@ -252,7 +252,7 @@ async fn a_shared_secret_header_authenticates_the_validations() {
             path,
             &[
                 ("Content-Type", "application/json"),
-                ("X-Api-Key", "s3cret-value"),
+                ("X-Api-Key", "s3cret-value-0123456"),
             ],
             body.as_bytes(),
         );
@@ -261,7 +261,7 @@ async fn a_shared_secret_header_authenticates_the_validations() {
             path,
             &[
                 ("Content-Type", "application/json"),
-                ("X-Api-Key", "s3cret-valu"),
+                ("X-Api-Key", "s3cret-value-012345"),
             ],
             body.as_bytes(),
         );
@@ -286,7 +286,7 @@ async fn http_basic_authenticates_the_validations() {
     let server = TestServer::start_with(with_validation_auth(EndpointAuthConfig {
         method: AuthMethod::Basic,
         username: Some("aggregator".into()),
-        password: Some("pw".into()),
+        password: Some("pw-0123456789abcd".into()),
         ..Default::default()
     }))
     .await;
@@ -296,7 +296,7 @@ async fn http_basic_authenticates_the_validations() {
             base64::engine::general_purpose::STANDARD.encode(pair)
         )
     };
-    let good = basic("aggregator:pw");
+    let good = basic("aggregator:pw-0123456789abcd");
     let ok = post(
         VALIDATION_PATH,
         &[
@@ -306,7 +306,7 @@ async fn http_basic_authenticates_the_validations() {
         TRANSACTION_VALIDATION.as_bytes(),
     );
     assert_eq!(server.send(&ok).await.status, 200);
-    let bad = basic("aggregator:pW");
+    let bad = basic("aggregator:pW-0123456789abcd");
     let wrong = post(
         VALIDATION_PATH,
         &[

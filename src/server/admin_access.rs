@@ -426,6 +426,32 @@ impl AdminAccess {
             })
     }
 
+    /// Who a change `caller` asks for is kept with: the operator whose own credentials it
+    /// came with; else `declared`, the name a bearer of the shared token gives — refused
+    /// (403) when it is an operator's of `[admin.operators]`, whose changes are kept as
+    /// their login and must not be claimed in their name with the shared token.
+    pub(super) fn kept_name<'a>(
+        &self,
+        caller: &'a Caller,
+        declared: Option<&'a str>,
+    ) -> Result<Option<&'a str>, Problem> {
+        if let Some(operator) = caller.operator() {
+            return Ok(Some(operator));
+        }
+        match declared {
+            // Kept trimmed: ` alice ` would be kept as alice.
+            Some(name) if self.operators.named(name.trim()).is_some() => {
+                Err(Problem::Denied(format!(
+                    "`by`: {} is an operator with a token of their own (admin.operators): what \
+                 they do is kept as their login, so the shared token cannot act in their name; \
+                 call with their token, or give a name of your own",
+                    crate::logged::Logged(name.trim())
+                )))
+            }
+            _ => Ok(declared),
+        }
+    }
+
     /// Whose token `presented` is — an operator's, else the shared one (each compared in
     /// constant time) — as a guess by `client`: [`Problem::TooManyGuesses`], without
     /// comparing it, when `client` is out of guesses.

@@ -534,7 +534,7 @@ impl Credentials {
         reading: Reading,
     ) -> Result<CredentialsChange, CredentialsRefused> {
         config.validate()?;
-        operators::check_tokens_apart(&config.admin)?;
+        config.admin.check_as_served()?;
         // Everything is checked before anything is taken.
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;

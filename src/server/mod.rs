@@ -603,7 +603,13 @@ impl App {
             Route::Metrics if inner.ingress.forwarded_by_stranger(&request) => {
                 Problem::ForwardedByStranger.into_response()
             }
-            Route::Metrics => Box::pin(self.metrics(self.inner.ingress.client_ip(&request))).await,
+            // A browser on this machine (the default allow-list's) may be running a page
+            // that pointed a name of its own here (DNS rebinding) and reads the counters as
+            // its own site's: from this machine over plain HTTP, an address or localhost.
+            Route::Metrics => match self.metrics_host(&request) {
+                Ok(()) => Box::pin(self.metrics(self.inner.ingress.client_ip(&request))).await,
+                Err(problem) => problem.into_response(),
+            },
             Route::Admin => {
                 let mut answer = match &inner.operating_api {
                     Some(api) => Box::pin(api.answer(request)).await,
@@ -619,6 +625,19 @@ impl App {
                 .unwrap_or_else(Problem::into_response),
         };
         (route.name(), answer)
+    }
+
+    /// Refuses `/metrics` asked from this machine over plain HTTP by a name other than an
+    /// address or `localhost` (see [`operating_api::check_host`]). A scraper elsewhere, in
+    /// `server.metrics_allow_ips`, may call it by any name.
+    fn metrics_host<B>(&self, request: &Request<B>) -> Result<(), Problem> {
+        let ingress = &self.inner.ingress;
+        let client = ingress.client_ip(request);
+        if ingress.came_from_this_machine(request, client) && !ingress.forwarded_https(request) {
+            operating_api::check_host(request, "/metrics")
+        } else {
+            Ok(())
+        }
     }
 
     /// `/metrics`, for the allowed addresses only.
@@ -984,7 +1003,10 @@ impl AppBuilder {
                 );
             }
         }
-        operators::check_tokens_apart(&self.config.admin).map_err(BuildError::Config)?;
+        self.config
+            .admin
+            .check_as_served()
+            .map_err(BuildError::Config)?;
         let admin = admin_access::AdminAccess::from_config(&self.config.admin);
         if let Some(admin) = &admin {
             admin.warn_of_channel(&self.config.server.trusted_proxies);

@@ -5,7 +5,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET /payhook/admin/validations?state=…&limit=N&after=ID` | 200, a page of the postponed validations (JSON array), by id: those in `state` (`pending`, `queued`, `delivered` or `conflict`; every state without it), at most `N` (default and most 500; 0 is taken as 1) whose id follows `ID` (from the lowest without it); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an unknown state or an `after` that is not an id) |
-//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…", "by": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N`. Kept with who decided (`decided_by` in the listing): the operator whose own token the call came with, else `by` (optional, the shared token's bearer's word) |
+//! | `POST /payhook/admin/validations/{id}` `{"success": bool, "description": "…", "nonce": "…", "by": "…"}` | 200 `recorded` or `unchanged`; 409 when decided differently, or when `nonce` (optional: the nonce of the validation the decision was taken on, as the inspector sends it) is not this validation's; 404 `no postponed validation with id N`. Kept with who decided (`decided_by` in the listing): the operator whose own token the call came with, else `by` (optional, the shared token's bearer's word; 403 when it names an operator of `[admin.operators]`, whose own token is how a change is kept as theirs) |
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token; 429 and the form saying when to try again for an address out of guesses; 403 when the browser says another site's page posted it (`Sec-Fetch-Site`) |
@@ -14,7 +14,7 @@
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
 //! | `GET /payhook/admin/callbacks/held?limit=N` | 200, the results acknowledged but held by the merchant's effects and not resolved yet, latest first: at most `N` (default and most 1,000; 0 is taken as 1) (JSON array: nonce, status, reason, when held in ms, reference id, client, amount, currency); `payhook_callbacks_held_unresolved` on `/metrics` counts them all; 409 for a store that keeps no held results |
-//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
+//! | `POST /payhook/admin/callbacks/held/resolve` `{"nonce": "…", "status": N, "note": "…", "by": "…"}` | 200, the held result as kept now: resolved, with the time, the note (a person put the merchant's books right, and says how: the note is needed, 400 without) and who (`resolvedBy` in the answer): the operator whose own token the call came with, else `by` (optional: the shared token serves every operator, so it is their word; 403 when it names an operator of `[admin.operators]`), no longer listed nor counted; its mark stays, so the aggregator's retries are still duplicates; logged at warn level with the caller's address; 404 `no held result of nonce … waits` when it is not held or was resolved already; 409 for a store of the merchant's own that keeps no held results |
 //! | `POST /payhook/admin/credentials/read-again` | 200 [`AdminCredentialsRead`]: the service's configuration was read again from what it gave ([`Credentials::read_from`], as `read_again_on_hangup` does: SIGHUP's reading, without a signal) and its credentials taken, in this instance — what changed (names only), and the settings besides that differ and take a restart; 409 `not taken, every credential stays as it was: …` with why (the configuration cannot be read or is refused, or the service gave none to read) |
 //! | `POST /payhook/admin/credentials/check` | the same reading, taking nothing: 200 [`AdminCredentialsRead`], what it would change; 409 `would not be taken, every credential stays as it was: …` with why — a rotation tried before it is made |
 //! | `GET /payhook/admin/callbacks/failing?limit=N&after=CURSOR` | 200, a page of the (nonce, status) pairs whose handler failed, or whose body was refused (400), and that are not booked yet, most recent first: at most `N` (default and most 1,000; 0 is taken as 1) after `CURSOR` (from the latest without it) (JSON array: nonce, status, failures, first/last failure in ms, last reason, reference id, client, amount, currency); while more follow, a `Link: <…&after=…>; rel="next"` header names the next page (400 for an `after` that is not such a cursor) |
@@ -232,7 +232,7 @@ impl OperatingApi {
         let https = self.ingress.forwarded_https(&request);
         access.check_channel(self.ingress.came_from_this_machine(&request, client), https)?;
         if !https {
-            check_host(&request)?;
+            check_host(&request, "the operating API")?;
         }
         let (parts, body) = request.into_parts();
         let rest = parts
@@ -283,7 +283,9 @@ impl OperatingApi {
                 crate::logged::Logged(caller.operator().unwrap_or_default())
             )));
         }
-        let answered = self.route(&parts, body, &segments, &caller).await;
+        let answered = self
+            .route(&parts, body, &segments, (&access, &caller))
+            .await;
         if !parts.method.is_safe() {
             // Every change asked of the operating API, with whose credentials and how it was
             // answered: the trail of what people did to the merchant's money (a decision, a
@@ -303,13 +305,14 @@ impl OperatingApi {
     }
 
     /// Answers an authenticated call of `caller` (who may change what it asks to) at
-    /// `segments`, the path under the prefix.
+    /// `segments`, the path under the prefix, under `access`, the operating API's
+    /// credentials as the call was checked against them.
     async fn route<B>(
         &self,
         parts: &http::request::Parts,
         body: B,
         segments: &[&str],
-        caller: &Caller,
+        (access, caller): (&AdminAccess, &Caller),
     ) -> Result<Response<ResponseBody>, Problem>
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -395,7 +398,7 @@ impl OperatingApi {
                         )));
                     }
                 }
-                let by = caller.name_or(decision.by.as_deref());
+                let by = access.kept_name(caller, decision.by.as_deref())?;
                 match resolver
                     .resolve_by(
                         id,
@@ -463,7 +466,7 @@ impl OperatingApi {
                 }
                 let nonce = crate::model::Nonce::from(pair.nonce);
                 let status = crate::model::TransactionStatus::from_code(pair.status);
-                let by = caller.name_or(pair.by.as_deref());
+                let by = access.kept_name(caller, pair.by.as_deref())?;
                 let resolved = store
                     .resolve_held(&nonce, status, &pair.note, by)
                     .await
@@ -796,14 +799,13 @@ fn login_asked(query: Option<&str>) -> Response<ResponseBody> {
     html(http::StatusCode::UNAUTHORIZED, page::login(problem))
 }
 
-/// Sets the inspector's session cookie to `value` for `max_age` seconds (0 removes it);
-/// Refuses a call over plain HTTP that names the service by a name other than `localhost`
+/// Refuses a call (of `called`) over plain HTTP that names the service by a name other than `localhost`
 /// (its `Host`, or an HTTP/2 request's authority): a web page the operator visits can point
 /// a name of its own at this machine (DNS rebinding) and have the browser call the API as
 /// that page's site, which no cookie or allow-list of addresses tells apart. An address, or
 /// `localhost`, names this machine whatever any DNS says. A request naming nothing (HTTP/1.0)
 /// passes: no browser sends one. A `Host` that names nothing readable is refused.
-fn check_host<B>(request: &Request<B>) -> Result<(), Problem> {
+pub(super) fn check_host<B>(request: &Request<B>, called: &'static str) -> Result<(), Problem> {
     let host = match (
         request.uri().host(),
         request.headers().get(http::header::HOST),
@@ -815,14 +817,15 @@ fn check_host<B>(request: &Request<B>) -> Result<(), Problem> {
             .ok()
             .and_then(|host| host.parse::<http::uri::Authority>().ok())
             .map(|authority| authority.host().to_owned())
-            .ok_or_else(|| {
-                Problem::HostRefused(String::from_utf8_lossy(value.as_bytes()).into_owned())
+            .ok_or_else(|| Problem::HostRefused {
+                called,
+                host: String::from_utf8_lossy(value.as_bytes()).into_owned(),
             })?,
     };
     if names_this_machine(&host) {
         Ok(())
     } else {
-        Err(Problem::HostRefused(host))
+        Err(Problem::HostRefused { called, host })
     }
 }
 
@@ -834,6 +837,7 @@ fn names_this_machine(host: &str) -> bool {
     bare.parse::<std::net::IpAddr>().is_ok() || host == "localhost" || host.ends_with(".localhost")
 }
 
+/// Sets the inspector's session cookie to `value` for `max_age` seconds (0 removes it);
 /// `Secure` when the browser reached the service over HTTPS.
 fn set_session_cookie(
     response: &mut Response<ResponseBody>,

@@ -180,12 +180,6 @@ pub(crate) enum Caller {
 }
 
 impl Caller {
-    /// Who a change is kept with: the operator, or the name a bearer of the shared token
-    /// gave (`declared`).
-    pub(crate) fn name_or<'a>(&'a self, declared: Option<&'a str>) -> Option<&'a str> {
-        self.operator().or(declared)
-    }
-
     /// The operator's name, when the credentials are an operator's own.
     pub(crate) fn operator(&self) -> Option<&str> {
         match self {

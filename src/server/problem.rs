@@ -30,7 +30,7 @@
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
-//! | [`Problem::HostRefused`] (operating API only) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` |
+//! | [`Problem::HostRefused`] (operating API; `/metrics` from this machine) | 403 | `over plain HTTP the operating API is called by an address or localhost, not by the name N` (`/metrics` for it) |
 //! | [`Problem::ForwardedByStranger`] (operating API, `/metrics`, and validation endpoints with `allow_ips`) | 403 | `the call was forwarded by a proxy that is not in server.trusted_proxies: …` |
 //! | [`Problem::TooManyGuesses`] (operating API only) | 429 + `Retry-After` | `too many wrong tokens from this address; try again in Ns` (its credentials are refused, the right token included, until then) |
 //! | [`Problem::InTheClear`] (operating API only) | 403 | `the operating API takes its token over HTTPS (through a trusted proxy that says so) or from this machine only; admin.allow_plain_http = true accepts it over plain HTTP` |
@@ -148,10 +148,15 @@ pub(crate) enum Problem {
     TooManyGuesses {
         retry_after: Duration,
     },
-    /// A call of the operating API over plain HTTP that names the service by a name other
-    /// than `localhost` (which a web page may have pointed at this machine), or by a `Host`
-    /// that cannot be read.
-    HostRefused(String),
+    /// A call of the operating API over plain HTTP, or of `/metrics` from this machine, that
+    /// names the service by a name other than `localhost` (which a web page may have
+    /// pointed at this machine), or by a `Host` that cannot be read.
+    HostRefused {
+        /// What was called: `the operating API`, `/metrics`.
+        called: &'static str,
+        /// The name it was called by.
+        host: String,
+    },
 }
 
 impl Problem {
@@ -173,7 +178,7 @@ impl Problem {
             | Self::ValidationIdReused
             | Self::InTheClear
             | Self::ForwardedByStranger
-            | Self::HostRefused(_) => StatusCode::FORBIDDEN,
+            | Self::HostRefused { .. } => StatusCode::FORBIDDEN,
             Self::InFlight { .. } | Self::StoreFailed { .. } | Self::BodiesInFlight { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -206,7 +211,7 @@ impl Problem {
             | Self::InTheClear
             | Self::ForwardedByStranger
             | Self::TooManyGuesses { .. }
-            | Self::HostRefused(_) => false,
+            | Self::HostRefused { .. } => false,
             Self::MethodNotAllowed { .. }
             | Self::UnsupportedMediaType
             | Self::PayloadTooLarge { .. }
@@ -298,9 +303,8 @@ impl Problem {
             | Self::Denied(message)
             | Self::Unauthorized { message, .. } => message.clone(),
             Self::AddressRefused => "address not allowed".to_owned(),
-            Self::HostRefused(host) => format!(
-                "over plain HTTP the operating API is called by an address or localhost, not by \
-                 the name {}",
+            Self::HostRefused { called, host } => format!(
+                "over plain HTTP {called} is called by an address or localhost, not by the name {}",
                 crate::Logged(host)
             ),
             Self::ForwardedByStranger => "the call was forwarded by a proxy that is not in \

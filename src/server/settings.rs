@@ -305,23 +305,36 @@ impl AdminConfig {
         self.token.is_some() || !self.operators.is_empty()
     }
 
+    /// What a service checks of these settings at start-up beyond
+    /// [`Config::validate`](crate::Config::validate): `token` must not be an operator's
+    /// token, and beside operators `session_secret` must be neither `token` nor an
+    /// operator's. (A configuration the command line calls the operating API with may hold
+    /// an operator's token as `token`: it is the token it calls with, so this is not part
+    /// of every configuration's check.) `payhook check-config` runs it.
+    ///
+    /// ```
+    /// use payhook::config::AdminConfig;
+    /// use payhook::server::OperatorToken;
+    ///
+    /// let token = "phop_alice-token-for-the-example-0123456789";
+    /// let mut admin = AdminConfig::default();
+    /// admin.operators = [("alice".to_owned(), OperatorToken::digest_of(token))].into();
+    /// assert!(admin.check_as_served().is_ok());
+    /// admin.session_secret = Some(token.into());
+    /// let error = admin.check_as_served().unwrap_err().to_string();
+    /// assert!(error.contains("admin.session_secret") && !error.contains(token));
+    /// ```
+    pub fn check_as_served(&self) -> Result<(), crate::config::ConfigError> {
+        super::operators::check_tokens_apart(self)
+    }
+
     /// Checks values that have the right type but are not acceptable.
     pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
-        if self.token.as_ref().is_some_and(|t| t.expose().len() < 16) {
-            return Err(InvalidSetting {
-                key: "admin.token".into(),
-                reason: "must be at least 16 characters".into(),
-            });
+        if let Some(token) = &self.token {
+            crate::setting::long_enough("admin.token", token, 16)?;
         }
-        if self
-            .session_secret
-            .as_ref()
-            .is_some_and(|s| s.expose().chars().count() < 32)
-        {
-            return Err(InvalidSetting::new(
-                "admin.session_secret",
-                "must be at least 32 characters",
-            ));
+        if let Some(secret) = &self.session_secret {
+            crate::setting::long_enough("admin.session_secret", secret, 32)?;
         }
         super::operators::check(&self.operators)?;
         super::operators::check_viewers(&self.operators, &self.viewers)?;

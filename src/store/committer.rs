@@ -894,12 +894,13 @@ impl Sweeper {
             .spawn(move || {
                 let (flag, cond) = &*thread_stop;
                 let mut stopped = lock(flag);
+                let mut clock = super::horizon::PurgeClock::new();
                 while !*stopped {
                     stopped = cond
                         .wait_timeout(stopped, interval)
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
-                    if !*stopped && let Err(error) = sweeper_writer.purge(now_ms()) {
+                    if !*stopped && let Err(error) = sweeper_writer.purge(clock.purge_by(now_ms())) {
                         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
                     }
                 }

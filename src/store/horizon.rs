@@ -142,6 +142,11 @@ impl Vouched {
         Self { retention_ms, grew }
     }
 
+    /// The retention records are written with now, as the store records it.
+    pub(crate) fn retention(&self) -> Duration {
+        Duration::from_millis(self.retention_ms)
+    }
+
     /// [`Vouched::reach`] for an instance that writes with `retention` itself: no further
     /// back than that, whatever another instance recorded.
     pub(crate) fn reach_within(&self, retention: Duration, now_ms: u64) -> Duration {
@@ -189,6 +194,90 @@ pub(crate) fn at_open(
     }
 }
 
+/// The retention an opener writes records with, `configured` being its `store.retention`
+/// and `vouched` the store's record as its open left it. A service writes with its own (its
+/// open moved the record to it). An operator's command writes with the longer of its own
+/// and the store's: run without the service's `store.retention` (a shell lacking the
+/// variable its unit sets), a booking it made would expire while the service still vouched
+/// for the retention's whole length, and a retry of that transaction would be booked again.
+pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opener) -> Duration {
+    match opener {
+        Opener::Service => configured,
+        Opener::Operator => {
+            let recorded = vouched.retention();
+            if recorded > configured {
+                tracing::info!(
+                    store_retention = %crate::setting::format_duration(configured),
+                    written_with = %crate::setting::format_duration(recorded),
+                    "this command writes records with the retention the store's records are \
+                     written with, longer than its store.retention"
+                );
+            }
+            configured.max(recorded)
+        }
+    }
+}
+
+/// The time a sweep purges by: the wall clock (or the database's), held back to the time
+/// elapsed since the sweeper's first sweep on the monotonic clock, plus [`PurgeClock::SLACK`]
+/// and a thousandth of the elapsed time (what NTP's slewing moves a clock by, and more).
+///
+/// A record expires by the wall clock, so a clock stepped forward past the retention (a VM
+/// that booted with a wrong clock and was corrected by NTP, an operator's typo) would purge
+/// every record at the next sweep, and for good: once the clock is right again the store
+/// would vouch for the retention's whole length over records it no longer holds, and a
+/// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
+/// purges what expired by the elapsed time, and says once that the clock ran ahead. A clock
+/// that moves back purges less: records are kept longer, never shorter. A clock wrong when
+/// the sweeper starts is not caught.
+#[derive(Debug)]
+pub(crate) struct PurgeClock {
+    /// The first sweep's clock reading and when it was taken.
+    first: Option<(u64, std::time::Instant)>,
+    /// Whether the clock running ahead was said since it last agreed.
+    said: bool,
+}
+
+impl PurgeClock {
+    /// How far the clock may run ahead of the elapsed time before a sweep is held back.
+    pub(crate) const SLACK: Duration = Duration::from_secs(3600);
+
+    pub(crate) fn new() -> Self {
+        Self {
+            first: None,
+            said: false,
+        }
+    }
+
+    /// The time to purge by when the clock reads `clock_ms` now.
+    pub(crate) fn purge_by(&mut self, clock_ms: u64) -> u64 {
+        let now = std::time::Instant::now();
+        let (first_ms, first_at) = *self.first.get_or_insert((clock_ms, now));
+        self.bounded(clock_ms, first_ms, now.saturating_duration_since(first_at))
+    }
+
+    /// [`Self::purge_by`] with the first reading `first_ms` taken `elapsed` ago.
+    fn bounded(&mut self, clock_ms: u64, first_ms: u64, elapsed: Duration) -> u64 {
+        let allowed = millis(elapsed + Self::SLACK + elapsed / 1000);
+        let bound = first_ms.saturating_add(allowed);
+        if clock_ms <= bound {
+            self.said = false;
+            return clock_ms;
+        }
+        if !self.said {
+            self.said = true;
+            tracing::warn!(
+                ahead = %crate::setting::format_duration(Duration::from_millis(clock_ms - bound)),
+                "the clock runs ahead of the time elapsed since the store's first sweep: \
+                 records are purged by the elapsed time, not by the clock (a clock stepped \
+                 forward would purge records still within the retention); check the \
+                 machine's time"
+            );
+        }
+        bound
+    }
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -223,6 +312,45 @@ mod tests {
         // Opened again once it has aged out, nothing of the change is kept.
         let later = vouched.opened_with(days(90), (now + 95 * DAY, Duration::ZERO));
         assert_eq!(later, Vouched::new(days(90)));
+    }
+
+    /// A clock stepped forward by more than the slack purges by the elapsed time, however
+    /// long it stays ahead; one that agrees, or moves back, purges by itself.
+    #[test]
+    fn a_clock_stepped_forward_does_not_purge_ahead_of_the_elapsed_time() {
+        let mut clock = PurgeClock::new();
+        let first = 1_000 * DAY;
+        let hour = Duration::from_millis(HOUR);
+        // An hour on, the clock agrees: by the clock.
+        assert_eq!(clock.bounded(first + HOUR, first, hour), first + HOUR);
+        // Two hours on, the clock reads 40 days on: held back to the elapsed time and the slack.
+        let held = first + 2 * HOUR + HOUR + (2 * HOUR) / 1000;
+        assert_eq!(clock.bounded(first + 40 * DAY, first, 2 * hour), held);
+        assert!(clock.said);
+        // Still ahead a day later: still held back.
+        let day_on = Duration::from_millis(DAY + 2 * HOUR);
+        let bound = first + millis(day_on + PurgeClock::SLACK + day_on / 1000);
+        assert_eq!(clock.bounded(first + 41 * DAY, first, day_on), bound);
+        // Set right again, and behind: by the clock.
+        assert_eq!(clock.bounded(first + DAY, first, day_on), first + DAY);
+        assert!(!clock.said);
+        // Within a thousandth of a year's elapsed time (slewing), by the clock.
+        let year = Duration::from_millis(365 * DAY);
+        let slewed = first + 365 * DAY + HOUR + 8 * HOUR;
+        assert_eq!(clock.bounded(slewed, first, year), slewed);
+    }
+
+    /// An operator's command writes with the longer of its retention and the store's; a
+    /// service, with its own.
+    #[test]
+    fn an_operators_command_writes_with_the_longer_retention() {
+        let recorded = Vouched::new(days(90));
+        assert_eq!(writes_with(&recorded, days(30), Opener::Operator), days(90));
+        assert_eq!(
+            writes_with(&recorded, days(120), Opener::Operator),
+            days(120)
+        );
+        assert_eq!(writes_with(&recorded, days(30), Opener::Service), days(30));
     }
 
     /// A shorter retention vouches for itself at once: what was written before outlives it.

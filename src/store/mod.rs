@@ -107,8 +107,10 @@
 //! how many acknowledged commits are missing and from when, and what to do. `payhook store
 //! check --data DIR` says the same without serving (exit 1 when something is lost);
 //! `payhook store accept-loss --data DIR` is the operator's explicit decision to serve on what
-//! is left once the rest is recovered (a backup, `payhook reconcile`, the aggregator's reports):
-//! it is logged and appended to `payhook.audit.log` in the store's directory. The watermark is
+//! is left (logged, and appended to `payhook.audit.log` in the store's directory), after which
+//! `payhook reconcile --admin-url`, through the service started again, books what the loss
+//! took; the commands that read the store refuse it before. A directory restored from a backup passes the check, holding the backup's own
+//! watermark: what was booked after the backup is reconciled the same way. The watermark is
 //! written only after sled holds the commit, so a crash at any moment (the kill -9 tests restart
 //! after every kill) or a clean stop is never a false alarm.
 //!

@@ -269,6 +269,7 @@ impl SledStore {
         let (db, tree) = open_sled(config, false)?;
         let watermark = Watermark::open(&config.path, &db, &tree)?;
         let vouched = vouched_at_open(&tree, config.retention, opener)?;
+        let retention = super::horizon::writes_with(&vouched, config.retention, opener);
         let data_file = std::fs::File::open(config.path.join("db"))
             .map_err(|e| StoreError::backend("cannot open sled's data file", e))?;
         let callback_claims = Arc::new(Claims::default());
@@ -287,7 +288,7 @@ impl SledStore {
             effect_trees: effect_trees.clone(),
             callback_claims: Arc::clone(&callback_claims),
             validation_claims: Arc::clone(&validation_claims),
-            retention_ms: u64::try_from(config.retention.as_millis()).unwrap_or(u64::MAX),
+            retention_ms: u64::try_from(retention.as_millis()).unwrap_or(u64::MAX),
             failed: Arc::clone(&failed),
             watermark,
             blobs: super::blobs::Blobs::open(&config.path)?,
@@ -308,7 +309,7 @@ impl SledStore {
                 callback_claims,
                 validation_claims,
                 failed,
-                retention: config.retention,
+                retention,
                 vouched,
                 writer,
                 commit_metrics,
@@ -2767,6 +2768,44 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         (runtime, store, dir)
+    }
+
+    /// A service keeps its store 90 days; an operator's command opens the stopped store
+    /// with 30 (its shell lacked the service's setting) and books a transaction. That
+    /// booking's record outlives the 30 days: the service vouches for 90, and a retry of
+    /// the transaction on day 40 must find it. It expired with the command's 30.
+    #[test]
+    fn an_operators_booking_is_kept_as_long_as_the_service_vouches_for() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let days = |n: u64| Duration::from_secs(n * 24 * 3600);
+        let mut config = config_in(dir.path());
+        config.retention = days(90);
+        drop(SledStore::open(&config, &[]).unwrap());
+
+        config.retention = days(30);
+        let store = SledStore::open_for_operator(&config, &[]).unwrap();
+        assert_eq!(store.retention(), days(90));
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let day_40 = Utc::now() + chrono::TimeDelta::days(40);
+        runtime.block_on(store.purge_expired(day_40)).unwrap();
+        let nonce = Nonce::from("n-1");
+        assert!(
+            store
+                .callback_acknowledged_now(&nonce, TransactionStatus::Success)
+                .unwrap(),
+            "the operator's booking expired before the service stopped vouching for it"
+        );
+        let day_91 = Utc::now() + chrono::TimeDelta::days(91);
+        runtime.block_on(store.purge_expired(day_91)).unwrap();
+        assert!(
+            !store
+                .callback_acknowledged_now(&nonce, TransactionStatus::Success)
+                .unwrap()
+        );
     }
 
     /// A store's configuration in `dir`, the defaults otherwise.

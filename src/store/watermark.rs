@@ -20,10 +20,13 @@
 //! open). Sweeps write no seal: they acknowledge nothing.
 //!
 //! **The operator's decision.** When a store has lost something, the service stays down
-//! until an operator has recovered what can be recovered (a backup, `payhook reconcile`, the
-//! aggregator's reports) and says so: [`super::SledStore::accept_loss`] (`payhook store
-//! accept-loss`) moves the watermark down to what sled holds, logs it at error level and
-//! appends a line to `payhook.audit.log` in the store's directory.
+//! until an operator restores a backup or says to serve on what is left:
+//! [`super::SledStore::accept_loss`] (`payhook store accept-loss`) moves the watermark down
+//! to what sled holds, logs it at error level and appends a line to `payhook.audit.log` in
+//! the store's directory. What was lost is recovered after that, since the commands that
+//! read the store refuse it before: `payhook reconcile --admin-url`, through the service
+//! started again, books what the store no longer holds. A restored backup holds its own watermark, so the check passes on it while
+//! what was booked after the backup is missing too: that period is reconciled the same way.
 //!
 //! ## The file
 //!
@@ -132,9 +135,13 @@ pub enum IntegrityError {
     #[error(
         "the store at {} has lost acknowledged writes: {} acknowledged commits are missing, \
          made between {} and {} (sled holds {}, but {} was acknowledged). The aggregator will \
-         not resend what was acknowledged. Restore the directory from a backup, or recover \
-         the bookings of that period (`payhook reconcile --ref ...`, the aggregator's \
-         reports), then run `payhook store accept-loss --data {}` to start on what is left",
+         not resend what was acknowledged. Restore the directory from a backup (what was \
+         booked after the backup is missing then too, and no check can tell: recover that \
+         period as below), or run `payhook store accept-loss --data {}` to serve on what is \
+         left; then start the service and recover the bookings of that period: `payhook \
+         reconcile --admin-url URL --ref ...` books again what the store lost (a handler that \
+         books outside payhook's store must skip a nonce it booked before), and the \
+         aggregator's reports",
         path.display(), acknowledged.commit.saturating_sub(held.map_or(0, |h| h.commit)),
         held.map_or_else(|| "the store's creation".to_owned(), |h| h.time()),
         acknowledged.time(), describe(*held), acknowledged, path.display()
@@ -186,9 +193,10 @@ pub enum IntegrityError {
     #[error(
         "the store at {} cannot prove it holds everything it acknowledged: sled's seal (the \
          record of its last commit, key `m\\0seal`) is damaged, and {}. Restore the directory \
-         from a backup, or check the data against the aggregator's reports (`payhook reconcile \
-         --ref ...`), then run `payhook store accept-loss --data {}` to seal it anew and serve \
-         on what it holds",
+         from a backup, or run `payhook store accept-loss --data {}` to seal it anew and serve \
+         on what it holds; then start the service and check it against the aggregator's \
+         reports (`payhook reconcile --admin-url URL --ref ...` books again what the store \
+         lost)",
         path.display(),
         acknowledged.map_or_else(
             || "no watermark says what was acknowledged".to_owned(),

@@ -941,6 +941,7 @@ fn openapi(file: Option<&Path>, shipped: bool) -> Result<(), Failure> {
 
 fn check_config(file: &Path) -> Result<(), Failure> {
     let config = Config::load(Some(file), payhook::config::environment()?)?;
+    config.admin.check_as_served()?;
     if !config.signature.keys.is_empty() {
         Verifier::from_config(&config.signature)?;
     } else if !config.callback.allow_unsigned {

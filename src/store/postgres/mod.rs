@@ -352,6 +352,7 @@ impl PgStore {
             (opener, settle_of(config.sweep_interval)),
         )
         .await?;
+        let retention = crate::store::horizon::writes_with(&vouched, config.retention, opener);
         let idle_limit: String =
             sqlx::query_scalar("SELECT current_setting('idle_in_transaction_session_timeout')")
                 .fetch_one(&mut conn)
@@ -379,7 +380,7 @@ impl PgStore {
                 pool,
                 schema,
                 trees: trees.iter().map(|t| (*t).to_owned()).collect(),
-                retention: config.retention,
+                retention,
                 vouched: std::sync::Mutex::new(vouched),
                 opener,
                 settle: settle_of(config.sweep_interval),
@@ -605,6 +606,7 @@ impl PgStore {
         let task = runtime.spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
+            let mut clock = crate::store::horizon::PurgeClock::new();
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -616,7 +618,7 @@ impl PgStore {
                 // By the database's clock, which set the expiry times: an instance whose
                 // clock runs ahead would purge marks early, and a retry arriving in between
                 // would run its handler again.
-                match store.purge_now().await {
+                match store.purge_now(&mut clock).await {
                     Ok(0) => {}
                     Ok(purged) => tracing::info!(purged, "expired records purged"),
                     Err(error) => {
@@ -635,8 +637,12 @@ impl PgStore {
     /// [`Self::purge`] at the database's `now()`, after the schema's record of its retention
     /// is read again and — by an instance that serves — moved on by this instance's
     /// retention: an instance opened since with another retention changed it, and one
-    /// still writing with a shorter retention than another recorded must count.
-    async fn purge_now(&self) -> Result<usize, StoreError> {
+    /// still writing with a shorter retention than another recorded must count. The
+    /// database's clock is held back by `clock` (see [`crate::store::horizon::PurgeClock`]).
+    async fn purge_now(
+        &self,
+        clock: &mut crate::store::horizon::PurgeClock,
+    ) -> Result<usize, StoreError> {
         // What the records are deleted by is their own expiry, not this record: a failure
         // to read it keeps the last one read and purges all the same.
         let mut conn = self.pool().acquire().await?;
@@ -663,7 +669,8 @@ impl PgStore {
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(self.pool())
             .await?;
-        self.purge(now).await
+        let by = crate::store::time_from_ms(clock.purge_by(crate::store::ms_from_time(now)));
+        self.purge(now.min(by)).await
     }
 
     /// Removes expired rows, [`PURGE_BATCH`] per statement; a postponed validation only once
