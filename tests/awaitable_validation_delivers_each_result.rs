@@ -377,6 +377,54 @@ async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
     }
 }
 
+/// A nonce postponed before, asked about again under a new id when no record holds its
+/// decision any more — its postponed validation went with the retention while the nonce's
+/// record stayed (a sweep between the two reads of a repeat), or an older payhook kept no
+/// link to it — is refused (409): answered "postponed", the aggregator would wait for ever
+/// on a result nothing posts. Staged by removing the postponed validation's record from
+/// the stopped store.
+#[tokio::test]
+async fn a_postponed_validation_whose_record_is_gone_is_refused_under_a_new_id() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = deliberate_app(&gateway, &dir);
+    let postponed = (200, "validation postponed".to_owned());
+    assert_eq!(
+        validate_nonce(&app, "postpone", "n-gone", 601).await,
+        postponed
+    );
+    drop(app);
+    {
+        // sled lets go of its lock a moment after its holder in this process is dropped.
+        let mut tries = 0;
+        let db = loop {
+            match sled::open(dir.path().join("store")) {
+                Ok(db) => break db,
+                Err(error) if tries < 250 => {
+                    assert!(error.to_string().contains("lock"), "{error}");
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => panic!("{error}"),
+            }
+        };
+        let tree = db.open_tree("payhook").unwrap();
+        let record = [b"p\0".as_slice(), &601_i64.to_be_bytes()].concat();
+        assert!(tree.remove(record).unwrap().is_some());
+        db.flush().unwrap();
+    }
+    let app = deliberate_app(&gateway, &dir);
+    let (status, message) = validate_nonce(&app, "postpone", "n-gone", 602).await;
+    assert_eq!(status, 409, "{message}");
+    assert!(
+        message.contains("no record holds its decision any more")
+            && message.contains("no result can be posted for validation 602"),
+        "{message}"
+    );
+    // The same id again, the same answer: nothing was recorded for it.
+    assert_eq!(validate_nonce(&app, "postpone", "n-gone", 602).await.0, 409);
+}
+
 /// A validation under an id the service already holds for another nonce is refused (403),
 /// before its handler runs: the aggregator never reuses an id, so one of the two is not
 /// the aggregator's — a forgery sent ahead under a guessed id, on an endpoint open to

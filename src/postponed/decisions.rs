@@ -288,23 +288,25 @@ impl Awaitable {
     /// A validation whose nonce has a recorded decision, asked about again: under a new
     /// validation id it is recorded as a repeat of the validation that holds the decision
     /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
-    /// too. Returns once that is durable; a retry under the same id changes nothing.
-    /// `false` when the validation that holds the nonce's decision takes no more repeats, so
-    /// that no result will be posted for the new id ([`Repeat::Full`]): the caller must not
-    /// answer it with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when
-    /// the id is another nonce's validation.
+    /// too. Returns once that is durable, what the store did; a retry under the same id
+    /// changes nothing. No result will be posted for the new id when the validation that
+    /// holds the nonce's decision takes no more repeats ([`Repeat::Full`]) or none holds it
+    /// ([`Repeat::Unlinked`]): the caller must not answer a postponed decision with a 200
+    /// the aggregator would wait on. [`StoreError::ValidationIdTaken`] when the id is another
+    /// nonce's validation.
     pub(crate) async fn repeated(
         &self,
         store: &dyn Store,
         request: &TransactionValidationRequest,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Repeat, StoreError> {
         let validation_id = request.validation_id;
         // A retry of the same validation, the usual repeat, is answered `Known` by the store
         // with nothing written. Not read here first: a record another request of the same id
         // is writing may be visible before it is durable (on sled, until its flush ends), and
         // this request would be answered on a record a crash could still lose.
-        match store.repeat(request, self.clock.now()).await? {
-            Repeat::Known => {}
+        let repeat = store.repeat(request, self.clock.now()).await?;
+        match &repeat {
+            Repeat::Known | Repeat::Full => {}
             // Written by another nonce's validation after the service's check.
             Repeat::Taken => return Err(StoreError::ValidationIdTaken(validation_id.get())),
             Repeat::Recorded { of, decided } => {
@@ -314,17 +316,16 @@ impl Awaitable {
                     decided,
                     "the nonce's validation asked about again under a new validation id; it gets the same result"
                 );
-                if decided {
+                if *decided {
                     self.result_queued();
                 }
             }
             Repeat::Unlinked => tracing::warn!(
                 validation_id = validation_id.get(),
-                "the nonce's validation asked about again, but no postponed validation holds its decision (decided outside Awaitable mode); answered as recorded, and no result is posted for a new id"
+                "the nonce's validation asked about again, but no postponed validation holds its decision (decided outside Awaitable mode, or its record is gone); answered as recorded where that was a decision, and no result is posted for a new id"
             ),
-            Repeat::Full => return Ok(false),
         }
-        Ok(true)
+        Ok(repeat)
     }
 
     /// Wakes the outbox worker: a result was queued with the validation's record.

@@ -348,9 +348,10 @@ pub enum Repeat {
         decided: bool,
     },
     /// Not recorded: no postponed validation holds the nonce's decision (it was decided
-    /// outside Awaitable mode, or before payhook kept the link). Answered with the recorded
-    /// decision, as a retry of the validation that took it is; no result is posted for a
-    /// new id.
+    /// outside Awaitable mode, before payhook kept the link, or its postponed validation
+    /// went with the retention). An approval or a denial is answered as recorded, as a
+    /// retry of the validation that took it is; no result is posted for a new id, so a
+    /// decision recorded as postponed is refused with 409.
     Unlinked,
     /// Not recorded: the validation that holds the nonce's decision has as many repeats as
     /// it takes (100). No result would be posted for the new id, so the service

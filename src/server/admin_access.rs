@@ -45,9 +45,11 @@ pub(super) struct AdminAccess {
 /// token's, ""): each holder's by their login time and id, and the generation the holder's
 /// sessions are signed in, which moves on (ending every session of theirs so far) once they
 /// ended more than are kept one by one — so that a holder who logs out again and again ends
-/// their own sessions, never another operator's. Kept in memory: a restart forgets them (a
-/// session copied before its logout is good again until its 12 hours are over). Bounded:
-/// only a configured holder has a session.
+/// their own sessions, never another operator's. Kept in memory, by this instance: a restart
+/// forgets them, and another instance sharing `admin.session_secret` never knew them (a
+/// session copied before its logout is good there until its 12 hours are over; a new token
+/// for its holder, or a new sessions' secret, ends it everywhere). Bounded: only a
+/// configured holder has a session.
 #[derive(Default)]
 struct Ended {
     holders: std::collections::HashMap<String, HolderEnded>,

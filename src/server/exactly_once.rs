@@ -31,7 +31,7 @@ use crate::logged::Logged;
 use crate::model::Nonce;
 use crate::model::timestamp::now_ms;
 use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
-use crate::postponed::record::MAX_REPEATS;
+use crate::postponed::record::{MAX_REPEATS, Repeat};
 use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::signature::SignedPair;
 use crate::store::{
@@ -844,9 +844,16 @@ impl ExactlyOnce {
                             e => self.store_failed(Endpoint::TransactionValidation, &e),
                         },
                     )?;
-                    // A denial (403) leaves the aggregator waiting on nothing.
-                    if !linked && !matches!(decision, RecordedDecision::Deny { .. }) {
-                        return Err(too_many_repeats(&request));
+                    // A decision answered as recorded (an approval outside Awaitable mode, a
+                    // denial) leaves the aggregator waiting on nothing; "postponed" with no
+                    // result to follow would leave it waiting for ever.
+                    match (linked, &decision) {
+                        (_, RecordedDecision::Deny { .. }) => {}
+                        (Repeat::Full, _) => return Err(too_many_repeats(&request)),
+                        (Repeat::Unlinked, RecordedDecision::Postponed) => {
+                            return Err(unlinked_repeat(&request));
+                        }
+                        _ => {}
                     }
                 }
                 let answer = answer_for(&decision);
@@ -1086,6 +1093,15 @@ fn too_many_repeats(request: &TransactionValidationRequest) -> Problem {
         "the nonce's validation asked about again under a new validation id, after {MAX_REPEATS} others: no result could follow a 200, refused with 409"
     );
     Problem::TooManyRepeats { validation_id }
+}
+
+fn unlinked_repeat(request: &TransactionValidationRequest) -> Problem {
+    let validation_id = request.validation_id.get();
+    tracing::warn!(
+        validation_id,
+        "the nonce's validation was postponed, and no record holds its decision any more: no result could follow a 200, refused with 409"
+    );
+    Problem::RepeatUnlinked { validation_id }
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {

@@ -27,6 +27,7 @@
 //! | [`Problem::NonceReused`] | 403 | `nonce already used for a different payment` |
 //! | [`Problem::ValidationIdReused`] (Awaitable mode) | 403 | `validationId already used for a different payment` |
 //! | [`Problem::TooManyRepeats`] (Awaitable mode) | 409 | `this nonce's validation was asked about under more than 100 new validation ids; no result can be posted for validation N` |
+//! | [`Problem::RepeatUnlinked`] (Awaitable mode) | 409 | `this nonce's validation was postponed, and no record holds its decision any more (past the store's retention); no result can be posted for validation N` |
 //! | [`Problem::BeyondRetention`] | 409 | `callback older than the store's retention: …` (its transaction last changed before what the records can vouch for; the handler is not run) |
 //! | [`Problem::Unknown`] (operating API only) | 404 | what is not there, e.g. `no postponed validation with id 42` |
 //! | [`Problem::Conflict`] (operating API only) | 409 | what conflicts, e.g. a validation decided differently |
@@ -125,6 +126,13 @@ pub(crate) enum Problem {
     TooManyRepeats {
         validation_id: i64,
     },
+    /// In Awaitable mode, a validation postponed before, asked about again under a new
+    /// `validationId` when no record holds its decision any more (the postponed validation
+    /// went with its retention, or an older payhook kept no link to it): nothing would post
+    /// a result for the id.
+    RepeatUnlinked {
+        validation_id: i64,
+    },
     /// A callback whose transaction last changed (`updatedUtc`, else `createdUtc`) longer
     /// ago than the store keeps records: it may have been booked and its record purged, so
     /// its handler is not run (see `ExactlyOnce::deliver_claimed`).
@@ -191,9 +199,10 @@ impl Problem {
                 ..
             } => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed { .. } | Self::NotAwaitable => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Conflict(_) | Self::BeyondRetention { .. } | Self::TooManyRepeats { .. } => {
-                StatusCode::CONFLICT
-            }
+            Self::Conflict(_)
+            | Self::BeyondRetention { .. }
+            | Self::TooManyRepeats { .. }
+            | Self::RepeatUnlinked { .. } => StatusCode::CONFLICT,
             Self::TooManyGuesses { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
@@ -230,7 +239,8 @@ impl Problem {
             | Self::NotAwaitable
             | Self::NonceReused
             | Self::ValidationIdReused
-            | Self::TooManyRepeats { .. } => endpoint == TransactionValidation,
+            | Self::TooManyRepeats { .. }
+            | Self::RepeatUnlinked { .. } => endpoint == TransactionValidation,
             Self::RetryLater { .. } | Self::BeyondRetention { .. } => endpoint == Callback,
             Self::InFlight { .. } | Self::StoreFailed { .. } => endpoint != ProvidersValidation,
         }
@@ -280,6 +290,7 @@ impl Problem {
             Self::NonceReused,
             Self::ValidationIdReused,
             Self::TooManyRepeats { validation_id: 1 },
+            Self::RepeatUnlinked { validation_id: 1 },
             Self::BeyondRetention {
                 changed: chrono::DateTime::UNIX_EPOCH,
             },
@@ -356,6 +367,11 @@ impl Problem {
             Self::TooManyRepeats { validation_id } => format!(
                 "this nonce's validation was asked about under more than {MAX_REPEATS} new \
                  validation ids; no result can be posted for validation {validation_id}"
+            ),
+            Self::RepeatUnlinked { validation_id } => format!(
+                "this nonce's validation was postponed, and no record holds its decision any \
+                 more (past the store's retention); no result can be posted for validation \
+                 {validation_id}"
             ),
             Self::BeyondRetention { changed } => format!(
                 "callback older than the store's retention: its transaction last changed at \
