@@ -182,7 +182,7 @@ async fn the_shared_token_cannot_act_in_an_operators_name() {
     let held = with(CALLBACK, "/clientId", Some(json!("hold")));
     let held = with(&held, "/nonce", Some(json!("n-held")));
     assert_eq!(server.post_json(CALLBACK_PATH, &held).await.status, 200);
-    for by in ["alice", " alice "] {
+    for by in ["alice", " alice ", "Alice", "al\u{200B}ice"] {
         let decision = json!({"success": true, "by": by});
         let answer = server
             .admin("POST", &path, Some(SHARED), Some(&decision.to_string()))
@@ -195,15 +195,7 @@ async fn the_shared_token_cannot_act_in_an_operators_name() {
             "{}",
             answer.message()
         );
-        let resolve = json!({"nonce": "n-held", "status": 4, "note": "refunded", "by": by});
-        let answer = server
-            .admin(
-                "POST",
-                "/payhook/admin/callbacks/held/resolve",
-                Some(SHARED),
-                Some(&resolve.to_string()),
-            )
-            .await;
+        let answer = resolve_held(&server, SHARED, by).await;
         assert_eq!(answer.status, 403, "{}", answer.message());
     }
     assert_eq!(decided(&server, SHARED, id).await, Value::Null);
@@ -214,17 +206,22 @@ async fn the_shared_token_cannot_act_in_an_operators_name() {
         .await;
     assert_eq!((answer.status, answer.message()), (200, "recorded".into()));
     assert_eq!(decided(&server, SHARED, id).await["decided_by"], "alice");
-    let resolve = json!({"nonce": "n-held", "status": 4, "note": "refunded", "by": "carol"});
-    let answer = server
+    let answer = resolve_held(&server, SHARED, "carol").await;
+    assert_eq!(answer.status, 200, "{}", answer.message());
+    assert_eq!(answer.json()["resolvedBy"], "carol");
+}
+
+/// Resolves the held result of `n-held` (status 4) with `token`, giving `by`.
+async fn resolve_held(server: &TestServer, token: &str, by: &str) -> RawResponse {
+    let resolve = json!({"nonce": "n-held", "status": 4, "note": "refunded", "by": by});
+    server
         .admin(
             "POST",
             "/payhook/admin/callbacks/held/resolve",
-            Some(SHARED),
+            Some(token),
             Some(&resolve.to_string()),
         )
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.message());
-    assert_eq!(answer.json()["resolvedBy"], "carol");
+        .await
 }
 
 #[tokio::test]
@@ -390,6 +387,24 @@ fn check_config_refuses_tokens_the_service_would_refuse() {
             "{stderr}"
         );
     }
+    // An operator's shell holds their own token as PAYHOOK_ADMIN_TOKEN, as `payhook
+    // operator-token` tells them: the service's file is still checked, with a warning.
+    let text = format!("[admin]\n[admin.operators]\nalice = \"{alice}\"\n");
+    std::fs::write(&file, text).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_payhook"))
+        .arg("check-config")
+        .arg(&file)
+        .env_clear()
+        .env("PAYHOOK_ADMIN_TOKEN", ALICE)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("PAYHOOK_ADMIN_TOKEN is set here"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(ALICE), "{stderr}");
     // Apart, the same settings are accepted.
     let text = format!("[admin]\ntoken = \"{SHARED}\"\n[admin.operators]\nalice = \"{alice}\"\n");
     std::fs::write(&file, text).unwrap();

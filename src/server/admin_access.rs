@@ -440,17 +440,15 @@ impl AdminAccess {
         if let Some(operator) = caller.operator() {
             return Ok(Some(operator));
         }
-        match declared {
-            // Kept trimmed: ` alice ` would be kept as alice.
-            Some(name) if self.operators.named(name.trim()).is_some() => {
-                Err(Problem::Denied(format!(
-                    "`by`: {} is an operator with a token of their own (admin.operators): what \
+        // Kept trimmed, and read by people: ` alice `, `Alice` pass for alice.
+        match declared.and_then(|name| self.operators.passed_for(name)) {
+            Some(operator) => Err(Problem::Denied(format!(
+                "`by`: {} is an operator with a token of their own (admin.operators): what \
                  they do is kept as their login, so the shared token cannot act in their name; \
                  call with their token, or give a name of your own",
-                    crate::logged::Logged(name.trim())
-                )))
-            }
-            _ => Ok(declared),
+                crate::logged::Logged(operator)
+            ))),
+            None => Ok(declared),
         }
     }
 

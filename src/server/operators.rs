@@ -265,6 +265,24 @@ impl Operators {
             .map(|operator| operator.digest_hex.as_str())
     }
 
+    /// The operator `name` could be read as: the same once characters that show nothing
+    /// are taken out, white space trimmed and letters compared without their case (`Alice`,
+    /// `alice\u{200B}`). Letters of other scripts that look alike are not caught.
+    pub(crate) fn passed_for(&self, name: &str) -> Option<&str> {
+        let seen = |text: &str| -> String {
+            text.chars()
+                .filter(|c| !is_invisible(*c) && !c.is_control())
+                .collect::<String>()
+                .trim()
+                .to_lowercase()
+        };
+        let name = seen(name);
+        self.operators
+            .iter()
+            .find(|operator| seen(&operator.name) == name)
+            .map(|operator| &*operator.name)
+    }
+
     /// The operator of this name, as held here, and what they may do under this
     /// configuration (a session never signs it: started again with the same sessions'
     /// secret and a new configuration, a service gives an open session the new role).

@@ -895,6 +895,7 @@ impl Sweeper {
                 let (flag, cond) = &*thread_stop;
                 let mut stopped = lock(flag);
                 let mut clock = super::horizon::PurgeClock::new();
+                clock.read_at_start(now_ms());
                 while !*stopped {
                     stopped = cond
                         .wait_timeout(stopped, interval)

@@ -219,8 +219,9 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 }
 
 /// The time a sweep purges by: the wall clock (or the database's), held back to the time
-/// elapsed since the sweeper's first sweep on the monotonic clock, plus [`PurgeClock::SLACK`]
-/// and a thousandth of the elapsed time (what NTP's slewing moves a clock by, and more).
+/// elapsed since the sweeper started (its first reading) on the monotonic clock, plus
+/// [`PurgeClock::SLACK`] and a thousandth of the elapsed time (what NTP's slewing moves a
+/// clock by, and more).
 ///
 /// A record expires by the wall clock, so a clock stepped forward past the retention (a VM
 /// that booted with a wrong clock and was corrected by NTP, an operator's typo) would purge
@@ -228,11 +229,12 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// would vouch for the retention's whole length over records it no longer holds, and a
 /// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
 /// purges what expired by the elapsed time, and says once that the clock ran ahead. A clock
-/// that moves back purges less: records are kept longer, never shorter. A clock wrong when
-/// the sweeper starts is not caught.
+/// that moves back purges less: records are kept longer, never shorter; so does a machine
+/// that was suspended (the monotonic clock stops meanwhile), until the process restarts. A
+/// clock already wrong when the sweeper starts is not caught.
 #[derive(Debug)]
 pub(crate) struct PurgeClock {
-    /// The first sweep's clock reading and when it was taken.
+    /// The first clock reading and when it was taken.
     first: Option<(u64, std::time::Instant)>,
     /// Whether the clock running ahead was said since it last agreed.
     said: bool,
@@ -247,6 +249,13 @@ impl PurgeClock {
             first: None,
             said: false,
         }
+    }
+
+    /// Takes the first reading, `clock_ms` now, when none was taken: as the sweeper starts,
+    /// a sweep interval before its first sweep.
+    pub(crate) fn read_at_start(&mut self, clock_ms: u64) {
+        self.first
+            .get_or_insert((clock_ms, std::time::Instant::now()));
     }
 
     /// The time to purge by when the clock reads `clock_ms` now.
@@ -268,10 +277,10 @@ impl PurgeClock {
             self.said = true;
             tracing::warn!(
                 ahead = %crate::setting::format_duration(Duration::from_millis(clock_ms - bound)),
-                "the clock runs ahead of the time elapsed since the store's first sweep: \
-                 records are purged by the elapsed time, not by the clock (a clock stepped \
-                 forward would purge records still within the retention); check the \
-                 machine's time"
+                "the clock runs ahead of the time elapsed since the store's sweeper started \
+                 (a clock stepped forward, or a machine that was suspended): records are \
+                 purged by the elapsed time, not by the clock, so that a wrong clock cannot \
+                 purge records still within the retention; check the machine's time"
             );
         }
         bound

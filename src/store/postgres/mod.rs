@@ -607,6 +607,16 @@ impl PgStore {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
             let mut clock = crate::store::horizon::PurgeClock::new();
+            // The database's clock as the sweeper starts; unread (the database not
+            // answering), the first sweep reads it.
+            if let Some(inner) = weak.upgrade() {
+                let now = sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()")
+                    .fetch_one(&inner.pool)
+                    .await;
+                if let Ok(now) = now {
+                    clock.read_at_start(crate::store::ms_from_time(now));
+                }
+            }
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
