@@ -886,6 +886,16 @@ pub(crate) struct Sweeper {
 
 impl Sweeper {
     pub(crate) fn start(writer: Arc<Writer>, interval: Duration) -> std::io::Result<Self> {
+        Self::start_with(writer, interval, now_ms)
+    }
+
+    /// [`Self::start`], reading the wall clock through `wall_ms` (a test's clock that
+    /// steps forward).
+    pub(crate) fn start_with(
+        writer: Arc<Writer>,
+        interval: Duration,
+        wall_ms: fn() -> u64,
+    ) -> std::io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_stop = Arc::clone(&stop);
         let sweeper_writer = Arc::clone(&writer);
@@ -895,13 +905,13 @@ impl Sweeper {
                 let (flag, cond) = &*thread_stop;
                 let mut stopped = lock(flag);
                 let mut clock = super::horizon::PurgeClock::new();
-                clock.read_at_start(now_ms());
+                clock.read_at_start(wall_ms());
                 while !*stopped {
                     stopped = cond
                         .wait_timeout(stopped, interval)
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
-                    if !*stopped && let Err(error) = sweeper_writer.purge(clock.purge_by(now_ms())) {
+                    if !*stopped && let Err(error) = sweeper_writer.purge(clock.purge_by(wall_ms())) {
                         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
                     }
                 }

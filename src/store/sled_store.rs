@@ -2808,6 +2808,42 @@ mod tests {
         );
     }
 
+    /// How many times [`stepped_forward`] was read.
+    static STEPPED_READINGS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// The wall clock, stepped 40 days forward after its first reading (a clock an
+    /// operator or a VM's first NTP sync moved while the service ran).
+    fn stepped_forward() -> u64 {
+        let earlier = STEPPED_READINGS.fetch_add(1, Ordering::SeqCst);
+        let days_40 = 40 * 24 * 3_600_000;
+        now_ms() + if earlier == 0 { 0 } else { days_40 }
+    }
+
+    /// A booking of a store kept 30 days, swept by a clock stepped 40 days forward: kept.
+    /// The sweep purged it by the clock, and the store then vouched for 30 days it no
+    /// longer held.
+    #[test]
+    fn a_clock_stepped_forward_purges_nothing_early() {
+        let (runtime, store, _dir) = on_two_threads();
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let sweeper = Sweeper::start_with(
+            Arc::clone(&store.inner.writer),
+            Duration::from_millis(5),
+            stepped_forward,
+        )
+        .unwrap();
+        wait_until(
+            || STEPPED_READINGS.load(Ordering::SeqCst) >= 4,
+            "the sweeper never swept",
+        );
+        drop(sweeper);
+        assert!(
+            acknowledged(&runtime, &store, "n-1"),
+            "a sweep purged by a clock stepped forward"
+        );
+    }
+
     /// A store's configuration in `dir`, the defaults otherwise.
     fn config_in(dir: &std::path::Path) -> StoreConfig {
         StoreConfig {
