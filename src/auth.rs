@@ -62,6 +62,38 @@ fn unused_credential(config: &EndpointAuthConfig) -> Option<&'static str> {
     .map(|(field, _)| field)
 }
 
+/// Refuses `secret`, the value of `key`, when shorter than [`MIN_SECRET_CHARS`] and the
+/// endpoint does not `allow_short_secret`.
+fn long_enough_unless_allowed(
+    config: &EndpointAuthConfig,
+    key: &str,
+    secret: &Secret,
+) -> Result<(), InvalidSetting> {
+    if config.allow_short_secret {
+        return Ok(());
+    }
+    long_enough(key, secret, MIN_SECRET_CHARS).map_err(|mut refused| {
+        refused.reason.push_str(
+            "; one the aggregator issued and you cannot lengthen is taken with \
+             allow_short_secret = true",
+        );
+        refused
+    })
+}
+
+/// Whether `config` takes a credential shorter than [`MIN_SECRET_CHARS`]: said at start.
+pub(crate) fn takes_a_short_secret(config: &EndpointAuthConfig) -> bool {
+    let short = |secret: Option<&Secret>| {
+        secret.is_some_and(|s| s.expose().chars().count() < MIN_SECRET_CHARS)
+    };
+    config.allow_short_secret
+        && match config.method {
+            AuthMethod::SharedSecret => short(config.secret.as_ref()),
+            AuthMethod::Basic => short(config.password.as_ref()),
+            AuthMethod::None | AuthMethod::Signature => false,
+        }
+}
+
 /// An IPv4 or IPv6 network in CIDR notation (`10.0.0.0/8`, `2001:db8::/32`; a bare address
 /// is a /32 or /128).
 ///
@@ -297,7 +329,7 @@ impl Guard {
                 let secret = secret.ok_or_else(|| {
                     invalid(".secret", "required for method = \"shared_secret\"".into())
                 })?;
-                long_enough(&format!("{key}.secret"), secret, MIN_SECRET_CHARS)?;
+                long_enough_unless_allowed(config, &format!("{key}.secret"), secret)?;
                 if secret.expose().trim() != secret.expose() {
                     // HTTP takes the spaces around a header's value off: it would never match.
                     return Err(invalid(
@@ -345,7 +377,7 @@ impl Guard {
                         "must be non-empty and without `:` for method = \"basic\"".into(),
                     ));
                 }
-                long_enough(&format!("{key}.password"), password, MIN_SECRET_CHARS)?;
+                long_enough_unless_allowed(config, &format!("{key}.password"), password)?;
                 let pair = format!("{user}:{}", password.expose());
                 Method::Basic {
                     expected: Expected::new(pair.as_bytes()),
@@ -473,6 +505,12 @@ pub struct EndpointAuthConfig {
     pub password: Option<Secret>,
     /// Networks allowed to call (CIDR); empty allows every address.
     pub allow_ips: Vec<String>,
+    /// Take a `secret` or `password` shorter than 16 characters (one the aggregator issued
+    /// and the merchant cannot lengthen), said in a warning at start. Off by default: the
+    /// endpoint answers whoever reaches it, so a short one could be found by asking with
+    /// guesses.
+    #[serde(deserialize_with = "crate::setting::lenient")]
+    pub allow_short_secret: bool,
 }
 
 impl EndpointAuthConfig {
@@ -510,6 +548,7 @@ impl Default for EndpointAuthConfig {
             username: None,
             password: None,
             allow_ips: Vec::new(),
+            allow_short_secret: false,
         }
     }
 }
@@ -618,6 +657,25 @@ mod tests {
         let enough = format!("{short}d");
         assert!(Guard::from_config(&shared(&enough), "auth.test").is_ok());
         assert!(Guard::from_config(&basic(&enough), "auth.test").is_ok());
+        // One the aggregator issued, taken deliberately (and said at start).
+        for config in [shared(short), basic(short)] {
+            let error = Guard::from_config(&config, "auth.test").unwrap_err();
+            assert!(
+                error.reason.contains("allow_short_secret = true"),
+                "{error}"
+            );
+            assert!(!takes_a_short_secret(&config));
+            let allowed = EndpointAuthConfig {
+                allow_short_secret: true,
+                ..config
+            };
+            assert!(Guard::from_config(&allowed, "auth.test").is_ok());
+            assert!(takes_a_short_secret(&allowed));
+        }
+        assert!(!takes_a_short_secret(&EndpointAuthConfig {
+            allow_short_secret: true,
+            ..shared(&enough)
+        }));
     }
 
     fn guard(config: EndpointAuthConfig) -> Guard {

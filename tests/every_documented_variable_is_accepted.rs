@@ -117,6 +117,7 @@ fn valid_value(name: &str, dir: &std::path::Path) -> String {
         "PAYHOOK_GATEWAY_CLIENT_CERT_FILE" => dir.join("client.pem").display().to_string(),
         "PAYHOOK_GATEWAY_CLIENT_KEY_FILE" => dir.join("client-key.pem").display().to_string(),
         _ if name.starts_with("PAYHOOK_PATHS_") => format!("/test/{}", name.to_lowercase()),
+        _ if suffix("_ALLOW_SHORT_SECRET") => "false".into(),
         // A validation endpoint's secret and password have at least 16 characters.
         _ if suffix("_PASSWORD") || suffix("_SECRET") => "some-text-0123456789".into(),
         _ if suffix("_USERNAME") || suffix("_DESCRIPTION") => "some-text".into(),

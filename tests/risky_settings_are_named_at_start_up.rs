@@ -42,6 +42,39 @@ fn warnings_of(config: Config) -> String {
     String::from_utf8(logs.lock().unwrap().clone()).unwrap()
 }
 
+/// A credential shorter than 16 characters is refused, naming the way to take one the
+/// aggregator issued; taken so, it is named at start.
+#[test]
+fn a_short_credential_is_refused_unless_allowed_and_then_named() {
+    let mut config = test_config();
+    let endpoint = &mut config.auth.transaction_validation;
+    endpoint.method = payhook::config::AuthMethod::SharedSecret;
+    endpoint.secret = Some("short-secret".into());
+    let error = App::builder(config.clone())
+        .transaction_validator(TestMerchant::default())
+        .without_store()
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        error.contains("auth.transaction_validation.secret: must be at least 16 characters")
+            && error.contains("allow_short_secret = true")
+            && !error.contains("short-secret"),
+        "{error}"
+    );
+    config.auth.transaction_validation.allow_short_secret = true;
+    let warned = warnings_of(config);
+    assert!(
+        warned.contains(
+            "auth.transaction_validation: its credential is shorter than 16 characters and taken"
+        ),
+        "{warned}"
+    );
+    let quiet = warnings_of(test_config());
+    assert!(!quiet.contains("shorter than 16"), "{quiet}");
+}
+
 #[test]
 fn each_open_validation_endpoint_is_named_and_a_guarded_one_is_not() {
     let open = warnings_of(test_config());

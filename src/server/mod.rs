@@ -982,18 +982,28 @@ impl AppBuilder {
         };
         // The spec does not say how the aggregator authenticates itself, so an endpoint
         // without a method or an allow-list is allowed, and said to be open.
-        for (endpoint, guard, setting) in [
+        let auth = &self.config.auth;
+        for (endpoint, guard, setting, endpoint_config) in [
             (
                 Endpoint::ProvidersValidation,
                 &providers_guard,
                 "auth.providers_validation",
+                &auth.providers_validation,
             ),
             (
                 Endpoint::TransactionValidation,
                 &validation_guard,
                 "auth.transaction_validation",
+                &auth.transaction_validation,
             ),
         ] {
+            if served(endpoint) && crate::auth::takes_a_short_secret(endpoint_config) {
+                tracing::warn!(
+                    "{setting}: its credential is shorter than 16 characters and taken \
+                     (allow_short_secret = true): whoever reaches the endpoint could find it \
+                     by asking with guesses; keep allow_ips to the aggregator's addresses"
+                );
+            }
             if served(endpoint) && guard.is_open() {
                 tracing::warn!(
                     "{setting}: method \"none\" and no allow_ips (or one that admits every \
