@@ -31,7 +31,7 @@ use crate::logged::Logged;
 use crate::model::Nonce;
 use crate::model::timestamp::now_ms;
 use crate::model::{CallbackBody, ErrorBody, TransactionStatus, TransactionValidationRequest};
-use crate::postponed::record::{MAX_REPEATS, Repeat};
+use crate::postponed::record::Repeat;
 use crate::postponed::{Awaitable, Decided, Undecided};
 use crate::signature::SignedPair;
 use crate::store::{
@@ -847,11 +847,14 @@ impl ExactlyOnce {
                     // A decision answered as recorded (an approval outside Awaitable mode, a
                     // denial) leaves the aggregator waiting on nothing; "postponed" with no
                     // result to follow would leave it waiting for ever.
+                    let validation_id = request.validation_id.get();
                     match (linked, &decision) {
                         (_, RecordedDecision::Deny { .. }) => {}
-                        (Repeat::Full, _) => return Err(too_many_repeats(&request)),
+                        (Repeat::Full, _) => {
+                            return Err(refused_repeat(Problem::TooManyRepeats { validation_id }));
+                        }
                         (Repeat::Unlinked, RecordedDecision::Postponed) => {
-                            return Err(unlinked_repeat(&request));
+                            return Err(refused_repeat(Problem::RepeatUnlinked { validation_id }));
                         }
                         _ => {}
                     }
@@ -1082,26 +1085,17 @@ async fn keep_failure(store: &dyn Store, failure: CallbackFailure) {
     }
 }
 
-/// The refusal of `request`, a repeat under a new validation id of a validation allowed or
-/// postponed that takes no more repeats ([`MAX_REPEATS`]): nothing will post a result for
-/// its id, and a 200 would have the aggregator wait for one that never comes. Refused with
-/// 409 instead: the payment fails at once rather than hang.
-fn too_many_repeats(request: &TransactionValidationRequest) -> Problem {
-    let validation_id = request.validation_id.get();
+/// The refusal of a repeat under a new validation id that no result would follow: of a
+/// validation that takes no more repeats (`MAX_REPEATS`, [`Problem::TooManyRepeats`]), or
+/// of a postponed one whose decision no record holds any more ([`Problem::RepeatUnlinked`]).
+/// A 200 would have the aggregator wait for a result that never comes; refused with 409
+/// instead, the payment fails at once rather than hang. Logged with its message.
+fn refused_repeat(problem: Problem) -> Problem {
     tracing::warn!(
-        validation_id,
-        "the nonce's validation asked about again under a new validation id, after {MAX_REPEATS} others: no result could follow a 200, refused with 409"
+        refused = %problem.message(),
+        "the nonce's validation asked about again under a new validation id: no result could follow a 200, refused with 409"
     );
-    Problem::TooManyRepeats { validation_id }
-}
-
-fn unlinked_repeat(request: &TransactionValidationRequest) -> Problem {
-    let validation_id = request.validation_id.get();
-    tracing::warn!(
-        validation_id,
-        "the nonce's validation was postponed, and no record holds its decision any more: no result could follow a 200, refused with 409"
-    );
-    Problem::RepeatUnlinked { validation_id }
+    problem
 }
 
 fn answer_for(decision: &RecordedDecision) -> Answer {

@@ -606,10 +606,13 @@ impl App {
             // A browser on this machine (the default allow-list's) may be running a page
             // that pointed a name of its own here (DNS rebinding) and reads the counters as
             // its own site's: from this machine over plain HTTP, an address or localhost.
-            Route::Metrics => match self.metrics_host(&request) {
-                Ok(()) => Box::pin(self.metrics(self.inner.ingress.client_ip(&request))).await,
-                Err(problem) => problem.into_response(),
-            },
+            Route::Metrics => {
+                let client = inner.ingress.client_ip(&request);
+                match self.metrics_host(&request, client) {
+                    Ok(()) => Box::pin(self.metrics(client)).await,
+                    Err(problem) => problem.into_response(),
+                }
+            }
             Route::Admin => {
                 let mut answer = match &inner.operating_api {
                     Some(api) => Box::pin(api.answer(request)).await,
@@ -630,9 +633,12 @@ impl App {
     /// Refuses `/metrics` asked from this machine over plain HTTP by a name other than an
     /// address or `localhost` (see [`operating_api::check_host`]). A scraper elsewhere, in
     /// `server.metrics_allow_ips`, may call it by any name.
-    fn metrics_host<B>(&self, request: &Request<B>) -> Result<(), Problem> {
+    fn metrics_host<B>(
+        &self,
+        request: &Request<B>,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<(), Problem> {
         let ingress = &self.inner.ingress;
-        let client = ingress.client_ip(request);
         if ingress.came_from_this_machine(request, client) && !ingress.forwarded_https(request) {
             operating_api::check_host(request, "/metrics")
         } else {

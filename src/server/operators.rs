@@ -269,17 +269,17 @@ impl Operators {
     /// are taken out, white space trimmed and letters compared without their case (`Alice`,
     /// `alice\u{200B}`). Letters of other scripts that look alike are not caught.
     pub(crate) fn passed_for(&self, name: &str) -> Option<&str> {
-        let seen = |text: &str| -> String {
-            text.chars()
-                .filter(|c| !is_invisible(*c) && !c.is_control())
-                .collect::<String>()
-                .trim()
-                .to_lowercase()
-        };
-        let name = seen(name);
+        let seen = name
+            .chars()
+            .filter(|c| !is_invisible(*c) && !c.is_control())
+            .collect::<String>()
+            .trim()
+            .to_lowercase();
+        // An operator's own name has none of those and no white space around it
+        // (`check_name`): its case alone is taken off.
         self.operators
             .iter()
-            .find(|operator| seen(&operator.name) == name)
+            .find(|operator| operator.name.to_lowercase() == seen)
             .map(|operator| &*operator.name)
     }
 

@@ -13,7 +13,10 @@
 //! Only an instance that serves moves the record on ([`at_open`]); an operator's command
 //! that opens a stopped store (`payhook reconcile`, `validations`, `callbacks`) reads it,
 //! so that a command run with another `store.retention` than the service's does not stand
-//! for a change of the service's. Where several instances write (PostgreSQL), a growth
+//! for a change of the service's, and writes with the longer of the two ([`writes_with`]),
+//! so that what it books is kept as long as the service vouches for. A sweep purges by
+//! [`PurgeClock`]: the clock, but never ahead of the time elapsed since the sweeper
+//! started. Where several instances write (PostgreSQL), a growth
 //! counts from a little after it was recorded (`settle`): an instance still writing with
 //! the shorter retention moves the record back at its next sweep, and one that stopped
 //! before its next sweep wrote nothing after that.
