@@ -72,7 +72,12 @@ async fn nothing_left_to_send(server: &TestServer) -> payhook::postponed::Outbox
 }
 
 async fn state_of(server: &TestServer, id: i64, wanted: PostponedState) {
-    let resolver = server.app.resolver().unwrap();
+    state_in(&server.app, id, wanted).await;
+}
+
+/// Waits until validation `id` of `app` is `wanted`.
+async fn state_in(app: &App, id: i64, wanted: PostponedState) {
+    let resolver = app.resolver().unwrap();
     let deadline = tokio::time::Instant::now() + support::DEADLINE;
     loop {
         let record = resolver.get(id).await.unwrap();
@@ -335,7 +340,9 @@ async fn a_repeat_beyond_the_hundred_one_validation_takes_is_refused_rather_than
 /// A nonce decided while the endpoint was not Awaitable, asked about again once it is: no
 /// postponed validation holds its decision, and it is answered as recorded — a retry of
 /// the validation that took it (its answer lost in the restart that turned the mode on)
-/// gets its 200, not a refusal; a denied one its 403.
+/// gets its 200, not a refusal; a denied one its 403. The 200, which the aggregator now
+/// takes as a validation to wait on, comes with a result posted for the id: the approval
+/// is recorded afresh under it. A denial, which nothing waits on, records nothing.
 #[tokio::test]
 async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
     let gateway = FakeGateway::start().await;
@@ -371,8 +378,16 @@ async fn a_validation_decided_before_awaitable_mode_is_answered_as_recorded() {
         validate_nonce(&after, "deny-0", "n-denied", 404).await,
         denied
     );
+    state_in(&after, 401, PostponedState::Delivered).await;
+    assert_eq!(
+        gateway
+            .with(|s| s.results.clone())
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [(401, (true, "client allowed".to_owned()))]
+    );
     let resolver = after.resolver().unwrap();
-    for id in [401, 402, 404] {
+    for id in [402, 404] {
         assert!(resolver.get(id).await.unwrap().is_none(), "validation {id}");
     }
 }
@@ -394,25 +409,7 @@ async fn a_postponed_validation_whose_record_is_gone_is_refused_under_a_new_id()
         postponed
     );
     drop(app);
-    {
-        // sled lets go of its lock a moment after its holder in this process is dropped.
-        let mut tries = 0;
-        let db = loop {
-            match sled::open(dir.path().join("store")) {
-                Ok(db) => break db,
-                Err(error) if tries < 250 => {
-                    assert!(error.to_string().contains("lock"), "{error}");
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => panic!("{error}"),
-            }
-        };
-        let tree = db.open_tree("payhook").unwrap();
-        let record = [b"p\0".as_slice(), &601_i64.to_be_bytes()].concat();
-        assert!(tree.remove(record).unwrap().is_some());
-        db.flush().unwrap();
-    }
+    remove_postponed(&dir, 601).await;
     let app = deliberate_app(&gateway, &dir);
     let (status, message) = validate_nonce(&app, "postpone", "n-gone", 602).await;
     assert_eq!(status, 409, "{message}");
@@ -423,6 +420,89 @@ async fn a_postponed_validation_whose_record_is_gone_is_refused_under_a_new_id()
     );
     // The same id again, the same answer: nothing was recorded for it.
     assert_eq!(validate_nonce(&app, "postpone", "n-gone", 602).await.0, 409);
+}
+
+/// Removes postponed validation `id`'s record from the stopped sled store in `dir`, as a
+/// sweep past the retention removes it.
+async fn remove_postponed(dir: &tempfile::TempDir, id: i64) {
+    // sled lets go of its lock a moment after its holder in this process is dropped.
+    let mut tries = 0;
+    let db = loop {
+        match sled::open(dir.path().join("store")) {
+            Ok(db) => break db,
+            Err(error) if tries < 250 => {
+                assert!(error.to_string().contains("lock"), "{error}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
+    let tree = db.open_tree("payhook").unwrap();
+    let record = [b"p\0".as_slice(), &id.to_be_bytes()].concat();
+    assert!(tree.remove(record).unwrap().is_some());
+    db.flush().unwrap();
+}
+
+/// A nonce approved in Awaitable mode, its result delivered and its postponed validation
+/// gone with the retention while the nonce's record stayed, asked about under a new id: the
+/// approval is answered 200, which the aggregator takes as a validation to wait on, so the
+/// new id is recorded as approved and its result posted — the handler not run again. The
+/// nonce's later repeats are that record's repeats, the validation that took the approval
+/// among them: asked again, it gets the same result posted again. Staged by removing the
+/// postponed validation's record from the stopped store.
+#[tokio::test]
+async fn an_approval_whose_record_is_gone_gets_a_result_under_a_new_id() {
+    let gateway = FakeGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = deliberate_app(&gateway, &dir);
+    let allowed = (200, "client allowed".to_owned());
+    assert_eq!(
+        validate_nonce(&app, "allow-0", "n-approved", 701).await,
+        allowed
+    );
+    state_in(&app, 701, PostponedState::Delivered).await;
+    drop(app);
+    remove_postponed(&dir, 701).await;
+
+    let app = deliberate_app(&gateway, &dir);
+    assert_eq!(
+        validate_nonce(&app, "allow-0", "n-approved", 702).await,
+        allowed
+    );
+    state_in(&app, 702, PostponedState::Delivered).await;
+    assert_eq!(
+        gateway.with(|s| s.results[&702].clone()),
+        (true, "client allowed".to_owned())
+    );
+    assert_eq!(
+        validate_nonce(&app, "allow-0", "n-approved", 703).await,
+        allowed
+    );
+    state_in(&app, 703, PostponedState::Delivered).await;
+    let resolver = app.resolver().unwrap();
+    let afresh = resolver.get(702).await.unwrap().unwrap();
+    assert_eq!(afresh.repeats, [703.into()]);
+    assert_eq!(
+        resolver.get(703).await.unwrap().unwrap().repeat_of,
+        Some(702.into())
+    );
+
+    assert_eq!(
+        validate_nonce(&app, "allow-0", "n-approved", 701).await,
+        allowed
+    );
+    state_in(&app, 701, PostponedState::Delivered).await;
+    assert_eq!(
+        resolver.get(701).await.unwrap().unwrap().repeat_of,
+        Some(702.into())
+    );
+    let posted: Vec<(i64, bool, u16)> = gateway.with(|s| s.posts.clone());
+    assert_eq!(
+        posted,
+        [701, 702, 703, 701].map(|id| (id, true, 200)),
+        "the same result posted again is received"
+    );
 }
 
 /// A validation under an id the service already holds for another nonce is refused (403),

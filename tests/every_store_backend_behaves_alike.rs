@@ -1068,6 +1068,66 @@ async fn a_repeat_under_a_new_validation_id_shares_the_decision_and_is_delivered
     );
 }
 
+behaviour!(an_approval_no_postponed_validation_holds_is_recorded_afresh_under_a_new_id);
+/// A nonce whose recorded decision no postponed validation holds (decided outside Awaitable
+/// mode, or its postponed validation gone with the retention), asked about under a new
+/// validation id: an approval, answered 200, which the aggregator waits on in Awaitable
+/// mode, is recorded under the id as approved, its result queued, and becomes the
+/// validation the nonce's later repeats repeat. A denial (answered 403) and a decision
+/// recorded as postponed (refused with 409) record nothing.
+async fn an_approval_no_postponed_validation_holds_is_recorded_afresh_under_a_new_id(b: &Backend) {
+    answer(b, &validation("v-80", 80, "10"), &RecordedDecision::Allow).await;
+    assert_eq!(repeated(b, "v-80", 81).await, Repeat::RecordedAfresh);
+    let afresh = b.shared.postponed(81.into()).await.unwrap().unwrap();
+    assert_eq!(
+        (afresh.state(), afresh.repeat_of, afresh.deadline),
+        (PostponedState::Queued, None, None)
+    );
+    assert_eq!(afresh.request.nonce().as_str(), "v-80");
+    let result = afresh.result.unwrap();
+    assert_eq!(
+        (
+            result.success,
+            result.description.as_str(),
+            result.decided_by
+        ),
+        (true, "client allowed", None)
+    );
+    assert_eq!(repeated(b, "v-80", 81).await, Repeat::Known, "a retry");
+    assert_eq!(
+        repeated(b, "v-80", 82).await,
+        Repeat::Recorded {
+            of: 81.into(),
+            decided: true
+        }
+    );
+    let linked = b.shared.postponed(81.into()).await.unwrap().unwrap();
+    assert_eq!(linked.repeats, [82.into()]);
+    let due = b.shared.outbox_due(Utc::now()).await.unwrap();
+    let mut due: Vec<i64> = due.now.iter().map(|v| v.validation_id.get()).collect();
+    due.sort_unstable();
+    assert_eq!(due, [81, 82]);
+
+    let deny = RecordedDecision::Deny {
+        message: "limit".into(),
+    };
+    answer(b, &validation("v-90", 90, "10"), &deny).await;
+    assert_eq!(repeated(b, "v-90", 91).await, Repeat::Unlinked);
+    answer(
+        b,
+        &validation("v-95", 95, "10"),
+        &RecordedDecision::Postponed,
+    )
+    .await;
+    assert_eq!(repeated(b, "v-95", 96).await, Repeat::Unlinked);
+    for id in [91, 96] {
+        assert!(
+            b.shared.postponed(id.into()).await.unwrap().is_none(),
+            "{id}"
+        );
+    }
+}
+
 /// Who decided a postponed validation is kept with the decision, by the original and by
 /// each of its repeats, durably (across a reopen); the same decision by another leaves the
 /// first decider, and a decision nobody named keeps none.
@@ -1352,15 +1412,15 @@ async fn a_postponed_validation_under_an_id_held_for_another_nonce_writes_nothin
 }
 
 behaviour!(a_repeat_without_a_postponed_original_is_not_recorded);
-/// A nonce decided outside Awaitable mode has no postponed validation to repeat, nor has a
-/// nonce never seen; and one validation takes a bounded number of repeats.
+/// A nonce denied outside Awaitable mode has no postponed validation to repeat, nor has a
+/// nonce never seen (an approval is recorded afresh, see
+/// `an_approval_no_postponed_validation_holds_is_recorded_afresh_under_a_new_id`); and one
+/// validation takes a bounded number of repeats.
 async fn a_repeat_without_a_postponed_original_is_not_recorded(b: &Backend) {
-    answer(
-        b,
-        &validation("v-plain", 50, "10"),
-        &RecordedDecision::Allow,
-    )
-    .await;
+    let deny = RecordedDecision::Deny {
+        message: "limit".into(),
+    };
+    answer(b, &validation("v-plain", 50, "10"), &deny).await;
     let now = Utc::now();
     assert_eq!(
         b.shared
@@ -2116,7 +2176,8 @@ behaviour!(a_nonce_whose_validation_awaits_its_result_outlives_the_retention);
 /// A validation waiting for its decision (or its decided result for delivery) past the
 /// retention keeps its nonce's record: asked about again, the nonce is answered with the
 /// recorded decision, not handed to the handler as new (which could decide it otherwise) —
-/// so does a repeat's whose original was delivered. Once every result is delivered, the
+/// so does a repeat's whose original was delivered, and an approval's recorded afresh under
+/// a new id. Once every result is delivered, the
 /// record goes at a later sweep (on sled, a retention after it was kept).
 async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &Backend) {
     let long = format!("p-{}", "x".repeat(80));
@@ -2129,6 +2190,14 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
     let recorded = b.shared.repeat(&repeat, Utc::now()).await.unwrap();
     assert!(matches!(recorded, Repeat::Recorded { .. }), "{recorded:?}");
     deliver(b, 53).await;
+    // An approval no postponed validation holds, recorded afresh under a new id.
+    answer(b, &validation("v-56", 56, "10"), &RecordedDecision::Allow).await;
+    let afresh = b
+        .shared
+        .repeat(&validation("v-56", 57, "10"), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(afresh, Repeat::RecordedAfresh);
     let asked_again = |nonce: String, id: i64| async move {
         let request = validation(&nonce, id, "10");
         b.shared
@@ -2141,6 +2210,7 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
         ("p-51".to_owned(), 51),
         (long, 52),
         ("p-53".to_owned(), 55),
+        ("v-56".to_owned(), 58),
     ];
     let later = Utc::now() + TimeDelta::hours(2);
     b.shared.purge_expired(later).await.unwrap();
@@ -2157,7 +2227,7 @@ async fn a_nonce_whose_validation_awaits_its_result_outlives_the_retention(b: &B
             .await
             .unwrap();
     }
-    for id in [50, 51, 52, 54] {
+    for id in [50, 51, 52, 54, 57] {
         deliver(b, id).await;
     }
     b.shared

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
 use tracing::Instrument;
 
-use super::record::{Decision, Delivery, PostponedValidation, Repeat, ValidationResult};
+use super::record::{ALLOWED, Decision, PostponedValidation, Repeat, ValidationResult};
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Outbox, Resolver};
 use crate::HandlerError;
@@ -271,12 +271,8 @@ impl Awaitable {
             ),
             ValidationDecision::Postpone => (RecordedDecision::Postponed, None),
         };
-        postponed.result = result.map(|(success, description)| ValidationResult {
-            success,
-            description,
-            decided: received,
-            decided_by: None,
-            delivery: Delivery::queued(received),
+        postponed.result = result.map(|(success, description)| {
+            ValidationResult::queued(success, description, None, received)
         });
         Ok(Decided {
             decision,
@@ -289,10 +285,11 @@ impl Awaitable {
     /// validation id it is recorded as a repeat of the validation that holds the decision
     /// (see [`PostponedStore::repeat`]), so that the aggregator gets a result for that id
     /// too. Returns once that is durable, what the store did; a retry under the same id
-    /// changes nothing. No result will be posted for the new id when the validation that
-    /// holds the nonce's decision takes no more repeats ([`Repeat::Full`]) or none holds it
-    /// ([`Repeat::Unlinked`]): the caller must not answer a postponed decision with a 200
-    /// the aggregator would wait on. [`StoreError::ValidationIdTaken`] when the id is another
+    /// changes nothing. When none holds it, an approval is recorded afresh under the id
+    /// ([`Repeat::RecordedAfresh`]). No result will be posted for the new id when the
+    /// validation that holds the nonce's decision takes no more repeats ([`Repeat::Full`])
+    /// or none holds a decision that is not an approval ([`Repeat::Unlinked`]): the caller
+    /// must not answer a postponed decision with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when the id is another
     /// nonce's validation.
     pub(crate) async fn repeated(
         &self,
@@ -320,9 +317,16 @@ impl Awaitable {
                     self.result_queued();
                 }
             }
+            Repeat::RecordedAfresh => {
+                tracing::warn!(
+                    validation_id = validation_id.get(),
+                    "the nonce's validation asked about again, but no postponed validation holds its approval (decided outside Awaitable mode, or its record is gone); the id is recorded as approved, and its result queued"
+                );
+                self.result_queued();
+            }
             Repeat::Unlinked => tracing::warn!(
                 validation_id = validation_id.get(),
-                "the nonce's validation asked about again, but no postponed validation holds its decision (decided outside Awaitable mode, or its record is gone); answered as recorded where that was a decision, and no result is posted for a new id"
+                "the nonce's validation asked about again, but no postponed validation holds its decision (decided outside Awaitable mode, or its record is gone); answered as recorded where that was a denial, and no result is posted for the id"
             ),
         }
         Ok(repeat)
@@ -389,9 +393,6 @@ impl Drop for Running {
         self.0.store(false, Ordering::SeqCst);
     }
 }
-
-/// The description posted with an `Allow`.
-const ALLOWED: &str = "client allowed";
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)

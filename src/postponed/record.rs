@@ -199,6 +199,27 @@ pub enum Delivery {
     },
 }
 
+impl ValidationResult {
+    /// A decision taken at `now` by `by`, queued for delivery at once.
+    pub(crate) fn queued(
+        success: bool,
+        description: String,
+        by: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            success,
+            description,
+            decided: now,
+            decided_by: by,
+            delivery: Delivery::queued(now),
+        }
+    }
+}
+
+/// The description posted with an approval by the handler.
+pub(crate) const ALLOWED: &str = "client allowed";
+
 impl Delivery {
     /// A delivery due now.
     pub(crate) fn queued(now: DateTime<Utc>) -> Self {
@@ -349,10 +370,19 @@ pub enum Repeat {
     },
     /// Not recorded: no postponed validation holds the nonce's decision (it was decided
     /// outside Awaitable mode, before payhook kept the link, or its postponed validation
-    /// went with the retention). An approval or a denial is answered as recorded, as a
-    /// retry of the validation that took it is; no result is posted for a new id, so a
-    /// decision recorded as postponed is refused with 409.
+    /// went with the retention), and the decision is not an approval. A denial is answered
+    /// as recorded (403, which the aggregator does not wait on); no result is posted for
+    /// the id, so a decision recorded as postponed is refused with 409.
     Unlinked,
+    /// Recorded afresh: no postponed validation holds the nonce's decision, which is an
+    /// approval. Answered 200 as recorded, which the aggregator, in Awaitable mode, takes
+    /// as a validation created to be waited on: the id is recorded as a postponed
+    /// validation of its own, approved with the description an approval by the handler is
+    /// posted with (`client allowed`), its result queued, and the nonce's later repeats
+    /// are recorded as its repeats. The id of the validation that took the approval, asked
+    /// again after its record went, is one of them: its result is posted again, the same,
+    /// which the aggregator answers 200.
+    RecordedAfresh,
     /// Not recorded: the validation that holds the nonce's decision has as many repeats as
     /// it takes (100). No result would be posted for the new id, so the service
     /// refuses it with 409 rather than answer a 200 the aggregator would wait on (a denial
@@ -413,14 +443,18 @@ impl PostponedValidation {
                 }
             };
         }
-        self.result = Some(ValidationResult {
-            success,
-            description,
-            decided: now,
-            decided_by: by,
-            delivery: Delivery::queued(now),
-        });
+        self.result = Some(ValidationResult::queued(success, description, by, now));
         Resolution::Recorded
+    }
+
+    /// `request`, received at `now` under a new validation id for a nonce whose recorded
+    /// decision is an approval that no postponed validation holds any more
+    /// ([`Repeat::RecordedAfresh`]): approved at `now` with the description an approval by
+    /// the handler is posted with, its result queued for delivery.
+    pub(crate) fn approved(request: TransactionValidationRequest, now: DateTime<Utc>) -> Self {
+        let mut approved = Self::new(request, now, None);
+        approved.result = Some(ValidationResult::queued(true, ALLOWED.into(), None, now));
+        approved
     }
 
     /// The record of `request`, which repeats this validation under a new validation id,
@@ -443,12 +477,13 @@ impl PostponedValidation {
             request,
             received: now,
             deadline: None,
-            result: self.result.as_ref().map(|taken| ValidationResult {
-                success: taken.success,
-                description: taken.description.clone(),
-                decided: now,
-                decided_by: taken.decided_by.clone(),
-                delivery: Delivery::queued(now),
+            result: self.result.as_ref().map(|taken| {
+                ValidationResult::queued(
+                    taken.success,
+                    taken.description.clone(),
+                    taken.decided_by.clone(),
+                    now,
+                )
             }),
             repeat_of: Some(self.validation_id),
             repeats: Vec::new(),

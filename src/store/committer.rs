@@ -1366,18 +1366,34 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
 }
 
 /// Records a repeat under a new validation id as a repeat of the postponed validation that
-/// holds its nonce's decision, found through the nonce's validation record.
+/// holds its nonce's decision, found through the nonce's validation record. An approval
+/// recorded afresh under the id becomes the validation the nonce's record names: its
+/// later repeats are its repeats, and the nonce's record is kept while it awaits delivery.
 fn repeat(
     staging: &mut Staging<'_>,
     request: TransactionValidationRequest,
     now: DateTime<Utc>,
 ) -> Result<(Repeat, Option<ValidationId>), StoreError> {
     let key = keys::validation(request.nonce().as_str());
-    let original = match staging.get_record(&key)? {
-        Some(bytes) => decode::<ValidationRecord>(request.nonce().as_str(), &bytes)?.validation_id,
+    let mut nonce_record = match staging.get_record(&key)? {
+        Some(bytes) => Some(decode::<ValidationRecord>(
+            request.nonce().as_str(),
+            &bytes,
+        )?),
         None => None,
     };
-    postponed_records::repeat(staging, original, request, now)
+    let recorded = postponed_records::Recorded {
+        original: nonce_record.as_ref().and_then(|r| r.validation_id),
+        approved: nonce_record
+            .as_ref()
+            .is_some_and(|r| r.decision == RecordedDecision::Allow),
+    };
+    let (repeat, written) = postponed_records::repeat(staging, &recorded, request, now)?;
+    if let (Repeat::RecordedAfresh, Some(record)) = (&repeat, nonce_record.as_mut()) {
+        record.validation_id = written;
+        staging.put_record(&key, Some(encode(record)));
+    }
+    Ok((repeat, written))
 }
 
 /// Postponed validation `id` as held: `None` when it is not; `Err` named by its id when it
@@ -1435,14 +1451,17 @@ fn awaits_its_result(
     else {
         return Ok(false);
     };
-    match held_postponed(context, *id)? {
-        None => any_awaits(context, repeats_awaiting),
-        Some(Ok(record)) => awaits(context, &record),
+    let held = match held_postponed(context, *id)? {
+        None => false,
+        Some(Ok(record)) => awaits(context, &record)?,
         Some(Err(error)) => {
             tracing::error!(error = %crate::report::InLine(&error), "the postponed validation of a nonce past its retention does not decode; the nonce's record is kept, the sweep goes on");
-            Ok(true)
+            true
         }
-    }
+    };
+    // An original recorded afresh ([`Repeat::RecordedAfresh`]) after an earlier one went
+    // leaves the repeats that earlier one handed over.
+    Ok(held || any_awaits(context, repeats_awaiting)?)
 }
 
 /// Removes an expired postponed validation whose result was delivered or refused; returns
@@ -1497,7 +1516,12 @@ fn hand_repeats_to_nonce_record(
         return Ok(());
     };
     if record.validation_id == Some(original.validation_id) {
-        record.repeats_awaiting.clone_from(&original.repeats);
+        // Added to those an earlier original handed over (see `awaits_its_result`).
+        for repeat in &original.repeats {
+            if !record.repeats_awaiting.contains(repeat) {
+                record.repeats_awaiting.push(*repeat);
+            }
+        }
         batch.insert(found_at, encode(&record));
     }
     Ok(())

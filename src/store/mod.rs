@@ -883,9 +883,11 @@ pub trait PostponedStore: Send + Sync + 'static {
     /// its nonce's decision, in one atomic write; resolves once durable. The new id then
     /// gets that decision — queued for delivery now if it was taken, or when it is — so
     /// that the aggregator, which waits for a result per validation id, gets one for each.
-    /// A resolve of either id decides both. See [`Repeat`] for what it did: an id already
-    /// held is [`Repeat::Known`] when it is this nonce's, [`Repeat::Taken`] when another
-    /// nonce's, and nothing is written.
+    /// A resolve of either id decides both. When no postponed validation holds the nonce's
+    /// decision and that is an approval, the id is recorded as an approved validation of
+    /// its own, its result queued ([`Repeat::RecordedAfresh`]). See [`Repeat`] for what it
+    /// did: an id already held is [`Repeat::Known`] when it is this nonce's,
+    /// [`Repeat::Taken`] when another nonce's, and nothing is written.
     fn repeat<'a>(
         &'a self,
         request: &'a TransactionValidationRequest,

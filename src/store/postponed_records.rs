@@ -183,13 +183,23 @@ pub(crate) fn apply(staging: &mut Staging<'_>, op: PostponedOp) -> Result<Resolu
     }
 }
 
+/// What a nonce's validation record says of a repeat of it.
+pub(crate) struct Recorded {
+    /// The postponed validation that holds the nonce's decision, when one was linked.
+    pub(crate) original: Option<ValidationId>,
+    /// Whether the decision is an approval.
+    pub(crate) approved: bool,
+}
+
 /// Records `request`, a repeat of a recorded validation under a new validation id, as a
-/// repeat of the postponed validation that holds its nonce's decision (`original`, read
-/// from the nonce's validation record by the caller); what it did is returned, and the new
-/// record's id when one was written.
+/// repeat of the postponed validation that holds its nonce's decision (`recorded`, read
+/// from the nonce's validation record by the caller), or, when none holds it and the
+/// decision is an approval, as an approved validation of its own
+/// ([`Repeat::RecordedAfresh`]); what it did is returned, and the new record's id when one
+/// was written.
 pub(crate) fn repeat(
     staging: &mut Staging<'_>,
-    original: Option<ValidationId>,
+    recorded: &Recorded,
     request: TransactionValidationRequest,
     now: DateTime<Utc>,
 ) -> Result<(Repeat, Option<ValidationId>), StoreError> {
@@ -201,13 +211,19 @@ pub(crate) fn repeat(
         };
         return Ok((repeat, None));
     }
-    let Some(mut original) = original
+    let Some(mut original) = recorded
+        .original
         .map(|id| read(staging, id))
         .transpose()?
         .flatten()
         .filter(|original| original.request.nonce() == request.nonce())
     else {
-        return Ok((Repeat::Unlinked, None));
+        if !recorded.approved {
+            return Ok((Repeat::Unlinked, None));
+        }
+        let approved = PostponedValidation::approved(request, now);
+        put(staging, &approved);
+        return Ok((Repeat::RecordedAfresh, Some(approved.validation_id)));
     };
     let Some(repeat) = original.repeated_by(request, now) else {
         return Ok((Repeat::Full, None));

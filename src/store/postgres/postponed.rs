@@ -5,6 +5,7 @@ use crate::model::ValidationId;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
+use super::super::record::RecordedDecision;
 use super::super::{
     Due, DurableFuture, PostponedStore, ResolveFuture, StoreError, StoreFuture,
     unless_gone_or_unreadable,
@@ -178,50 +179,30 @@ impl PostponedStore for PgStore {
                 return Ok(known);
             }
             let Some(mut original) = original else {
-                let_go(tx).await?;
-                return Ok(Repeat::Unlinked);
+                // An approval no postponed validation holds is recorded afresh (see
+                // `Repeat::RecordedAfresh`). A nonce never seen, or purged since the caller
+                // read it, has no decision to record.
+                let decision = self.renewed_nonce(&mut tx, request).await?;
+                if decision != Some(RecordedDecision::Allow) {
+                    let_go(tx).await?;
+                    return Ok(Repeat::Unlinked);
+                }
+                let approved = PostponedValidation::approved(request.clone(), now);
+                return self.insert_repeat(tx, request, &approved, None).await;
             };
             let Some(repeat) = original.repeated_by(request.clone(), now) else {
                 let_go(tx).await?;
                 return Ok(Repeat::Full);
             };
-            // The nonce's record renewed, as it is asked about again, and held until this
-            // commits: a purge that chose it as expired (its snapshot blind to this repeat,
-            // which makes the nonce one that awaits a result) waits for the row, reads it
-            // again and passes over it. One that took it first leaves nothing to renew: the
-            // repeat is not recorded, and asked again, the nonce is validated afresh —
-            // rather than its handler run again while this repeat's result is delivered.
-            let renewed = sqlx::query(&self.sql(
-                "UPDATE {s}.validations \
-                 SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)) \
-                 WHERE nonce_key = $1",
-            ))
-            .bind(super::nonce_key(request.nonce().as_str()))
-            .bind(self.retention_secs())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if renewed == 0 {
+            if self.renewed_nonce(&mut tx, request).await?.is_none() {
                 let_go(tx).await?;
                 return Err(StoreError::backend_message(
                     "the nonce's validation record was purged as it was asked about again; \
                      asked again, it is validated afresh",
                 ));
             }
-            if !self.insert_postponed(&mut tx, &repeat).await? {
-                // Another validation wrote the id between the read above and this insert
-                // (another nonce's takes no lock of the original's): nothing is linked to
-                // it, or a decision of this nonce would decide that payment.
-                let known = self.known(&mut tx, request).await?;
-                tx.rollback().await?;
-                return Ok(known.unwrap_or(Repeat::Known));
-            }
-            self.update_postponed(&mut tx, &original, false).await?;
-            tx.commit().await?;
-            Ok(Repeat::Recorded {
-                of: original.validation_id,
-                decided: repeat.result.is_some(),
-            })
+            self.insert_repeat(tx, request, &repeat, Some(&original))
+                .await
         })
     }
 
@@ -669,6 +650,61 @@ impl PgStore {
                 Repeat::Taken
             }
         }))
+    }
+
+    /// Renews the record of `request`'s nonce, as it is asked about again, and holds it until
+    /// the transaction ends: a purge that chose it as expired (its snapshot blind to the
+    /// repeat being recorded, which makes the nonce one that awaits a result) waits for the
+    /// row, reads it again and passes over it. Returns the nonce's recorded decision;
+    /// `None` when no record is left to renew (a purge took it first).
+    async fn renewed_nonce(
+        &self,
+        tx: &mut PgConnection,
+        request: &TransactionValidationRequest,
+    ) -> Result<Option<RecordedDecision>, StoreError> {
+        let nonce = request.nonce().as_str();
+        let decision: Option<String> = sqlx::query_scalar(&self.sql(
+            "UPDATE {s}.validations \
+             SET expires_at = greatest(expires_at, now() + make_interval(secs => $2)) \
+             WHERE nonce_key = $1 RETURNING decision::text",
+        ))
+        .bind(super::nonce_key(nonce))
+        .bind(self.retention_secs())
+        .fetch_optional(&mut *tx)
+        .await?;
+        decision
+            .map(|decision| decode_json(nonce, &decision))
+            .transpose()
+    }
+
+    /// Inserts `record`, the postponed validation of `request` — a repeat of `original`,
+    /// written back with its new repeat, or an approval recorded afresh — and commits; what
+    /// was done.
+    async fn insert_repeat(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        request: &TransactionValidationRequest,
+        record: &PostponedValidation,
+        original: Option<&PostponedValidation>,
+    ) -> Result<Repeat, StoreError> {
+        if !self.insert_postponed(&mut tx, record).await? {
+            // Another validation wrote the id between the read of it and this insert
+            // (another nonce's takes no lock of the original's): nothing is linked to it,
+            // or a decision of this nonce would decide that payment.
+            let known = self.known(&mut tx, request).await?;
+            tx.rollback().await?;
+            return Ok(known.unwrap_or(Repeat::Known));
+        }
+        let Some(original) = original else {
+            tx.commit().await?;
+            return Ok(Repeat::RecordedAfresh);
+        };
+        self.update_postponed(&mut tx, original, false).await?;
+        tx.commit().await?;
+        Ok(Repeat::Recorded {
+            of: original.validation_id,
+            decided: record.result.is_some(),
+        })
     }
 
     /// Stores a new postponed validation, unless its id is known (the first one stays);
