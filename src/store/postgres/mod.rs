@@ -598,6 +598,13 @@ impl PgStore {
     }
 
     fn start_sweeper(&self, every: Duration) {
+        self.start_sweeper_reading(every, |now| now);
+    }
+
+    /// [`Self::start_sweeper`], each reading of the database's clock passed through `read`
+    /// (a test's clock that steps; as read in production). Replaces a sweeper started
+    /// before, which it stops.
+    fn start_sweeper_reading(&self, every: Duration, read: fn(DateTime<Utc>) -> DateTime<Utc>) {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("no tokio runtime: the PostgreSQL store's sweeper is not started");
@@ -614,7 +621,7 @@ impl PgStore {
                     .fetch_one(&inner.pool)
                     .await;
                 if let Ok(now) = now {
-                    clock.read_at_start(crate::store::ms_from_time(now));
+                    clock.read_at_start(crate::store::ms_from_time(read(now)));
                 }
             }
             loop {
@@ -628,7 +635,7 @@ impl PgStore {
                 // By the database's clock, which set the expiry times: an instance whose
                 // clock runs ahead would purge marks early, and a retry arriving in between
                 // would run its handler again.
-                match store.purge_now(&mut clock).await {
+                match store.purge_now(&mut clock, read).await {
                     Ok(0) => {}
                     Ok(purged) => tracing::info!(purged, "expired records purged"),
                     Err(error) => {
@@ -637,21 +644,27 @@ impl PgStore {
                 }
             }
         });
-        *self
+        let replaced = self
             .inner
             .sweeper
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .replace(task);
+        if let Some(replaced) = replaced {
+            replaced.abort();
+        }
     }
 
     /// [`Self::purge`] at the database's `now()`, after the schema's record of its retention
     /// is read again and — by an instance that serves — moved on by this instance's
     /// retention: an instance opened since with another retention changed it, and one
     /// still writing with a shorter retention than another recorded must count. The
-    /// database's clock is held back by `clock` (see [`crate::store::horizon::PurgeClock`]).
+    /// database's clock, as `read` reads it, is held back by `clock` (see
+    /// [`crate::store::horizon::PurgeClock`]).
     async fn purge_now(
         &self,
         clock: &mut crate::store::horizon::PurgeClock,
+        read: fn(DateTime<Utc>) -> DateTime<Utc>,
     ) -> Result<usize, StoreError> {
         // What the records are deleted by is their own expiry, not this record: a failure
         // to read it keeps the last one read and purges all the same.
@@ -676,9 +689,11 @@ impl PgStore {
                 tracing::warn!(error = %crate::report::InLine(&error), "the record of the retention the records were written with could not be read; the last one read stands");
             }
         }
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(self.pool())
-            .await?;
+        let now: DateTime<Utc> = read(
+            sqlx::query_scalar("SELECT now()")
+                .fetch_one(self.pool())
+                .await?,
+        );
         let by = crate::store::time_from_ms(clock.purge_by(crate::store::ms_from_time(now)));
         self.purge(now.min(by)).await
     }
@@ -939,7 +954,107 @@ impl super::Store for PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::unverified_remote;
+    use super::{PgStore, unverified_remote};
+    use crate::model::{Nonce, TransactionStatus};
+    use crate::store::{CallbackBegin, DedupStore, Effects, StoreConfig};
+    use chrono::{DateTime, TimeDelta, Utc};
+    use sqlx::Connection;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// The test database (`PAYHOOK_TEST_DATABASE_URL`, as the integration tests read it),
+    /// or `None`, said, where no server answers outside CI; under CI that fails the test.
+    async fn test_database(test: &str) -> Option<String> {
+        let url = std::env::var("PAYHOOK_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let reached =
+            tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&url)).await;
+        let why = match reached {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                return Some(url);
+            }
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "no answer within 5 s".to_owned(),
+        };
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: PostgreSQL at {url} is unreachable ({why}), and CI must run the PostgreSQL tests"
+        );
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED {test}: PostgreSQL at {url} is unreachable ({why}); set PAYHOOK_TEST_DATABASE_URL or start it"
+        );
+        None
+    }
+
+    static STEPPED_READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The database's clock, stepped 40 days forward after its first reading (a database
+    /// server whose clock an operator or a VM's first NTP sync moved while the service ran).
+    fn stepped_forward(now: DateTime<Utc>) -> DateTime<Utc> {
+        let earlier = STEPPED_READINGS.fetch_add(1, Ordering::SeqCst);
+        now + if earlier == 0 {
+            TimeDelta::zero()
+        } else {
+            TimeDelta::days(40)
+        }
+    }
+
+    /// A booking of a store kept 30 days, swept by a database clock stepped 40 days
+    /// forward: kept. The sweep purged it by the clock, and the store then vouched for 30
+    /// days it no longer held (the purge clock's own test is `horizon`'s; this one fails
+    /// if the sweeper stops holding the database's clock back by it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_clock_stepped_forward_purges_nothing_early() {
+        let test = "a_database_clock_stepped_forward_purges_nothing_early";
+        let Some(url) = test_database(test).await else {
+            return;
+        };
+        let schema = format!(
+            "t_sweep_{}_{}",
+            std::process::id(),
+            Utc::now().timestamp_subsec_micros()
+        );
+        let config = StoreConfig {
+            url: Some(url.as_str().into()),
+            schema: schema.clone(),
+            retention: Duration::from_secs(30 * 24 * 3600),
+            sweep_interval: Duration::from_secs(3600),
+            ..StoreConfig::default()
+        };
+        let store = PgStore::open(&config, &[]).await.unwrap();
+        let (nonce, status) = (Nonce::from("n-1"), TransactionStatus::Success);
+        let CallbackBegin::Claimed { claim, .. } = store
+            .begin_callback(&nonce, status, Duration::from_secs(60))
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        store
+            .finish_callback(&nonce, claim, status, Effects::default())
+            .await
+            .unwrap();
+        store.start_sweeper_reading(Duration::from_millis(5), stepped_forward);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while STEPPED_READINGS.load(Ordering::SeqCst) < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the sweeper never swept"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let kept = store.callback_acknowledged(&nonce, status).await.unwrap();
+        drop(store);
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        assert!(kept, "a sweep purged by a database clock stepped forward");
+    }
 
     #[test]
     fn a_remote_database_without_a_checked_certificate_is_named() {
