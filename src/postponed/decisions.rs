@@ -289,8 +289,8 @@ impl Awaitable {
     /// ([`Repeat::RecordedAfresh`]). No result will be posted for the new id when the
     /// validation that holds the nonce's decision takes no more repeats ([`Repeat::Full`])
     /// or none holds a decision that is not an approval ([`Repeat::Unlinked`]): the caller
-    /// must not answer a postponed decision with a 200 the aggregator would wait on. [`StoreError::ValidationIdTaken`] when the id is another
-    /// nonce's validation.
+    /// must not answer a postponed decision with a 200 the aggregator would wait on.
+    /// [`StoreError::ValidationIdTaken`] when the id is another nonce's validation.
     pub(crate) async fn repeated(
         &self,
         store: &dyn Store,

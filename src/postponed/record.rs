@@ -353,6 +353,7 @@ pub(crate) const MAX_REPEATS: usize = 100;
 /// What recording a repeat under a new validation id did (see
 /// [`PostponedStore::repeat`](crate::store::PostponedStore::repeat)).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Repeat {
     /// The id is known: the aggregator asked again about the same validation.
     Known,
@@ -380,8 +381,8 @@ pub enum Repeat {
     /// validation of its own, approved with the description an approval by the handler is
     /// posted with (`client allowed`), its result queued, and the nonce's later repeats
     /// are recorded as its repeats. The id of the validation that took the approval, asked
-    /// again after its record went, is one of them: its result is posted again, the same,
-    /// which the aggregator answers 200.
+    /// again after its record went, is recorded so too (afresh, or as such a repeat): its
+    /// result is posted again, the same, which the aggregator answers 200.
     RecordedAfresh,
     /// Not recorded: the validation that holds the nonce's decision has as many repeats as
     /// it takes (100). No result would be posted for the new id, so the service

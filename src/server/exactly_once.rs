@@ -844,9 +844,10 @@ impl ExactlyOnce {
                             e => self.store_failed(Endpoint::TransactionValidation, &e),
                         },
                     )?;
-                    // A decision answered as recorded (an approval outside Awaitable mode, a
-                    // denial) leaves the aggregator waiting on nothing; "postponed" with no
-                    // result to follow would leave it waiting for ever.
+                    // A denial (403) leaves the aggregator waiting on nothing; a 200 has it
+                    // wait for a result, which the store queued for the id (as a repeat, or
+                    // an approval recorded afresh) unless it said otherwise: "postponed"
+                    // with no result to follow would leave it waiting for ever.
                     let validation_id = request.validation_id.get();
                     match (linked, &decision) {
                         (_, RecordedDecision::Deny { .. }) => {}

@@ -1047,8 +1047,17 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 reply,
             } => {
                 let mut staging = Staging::new(&context.tree, &mut overlay);
-                match repeat(&mut staging, *request, now) {
-                    Ok((repeat, written)) => {
+                match repeat(&mut staging, *request, now, expires_ms) {
+                    Ok(Repeated {
+                        repeat,
+                        written,
+                        relinked,
+                    }) => {
+                        // The nonce's record first: a sweep that reaches this entry looks
+                        // at it while the new record is still there.
+                        if let Some(nonce) = relinked {
+                            indexed.push(keys::TAG_VALIDATION, &nonce);
+                        }
                         if let Some(id) = written {
                             indexed.push(keys::TAG_POSTPONED, id.to_string().as_bytes());
                         }
@@ -1365,35 +1374,50 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
     Ok((purged, more))
 }
 
+/// What recording a repeat did: the store's answer, the id of the postponed validation
+/// written, and the identifier of the nonce's record when it was written again (to be
+/// indexed at its new expiry).
+struct Repeated {
+    repeat: Repeat,
+    written: Option<ValidationId>,
+    relinked: Option<Vec<u8>>,
+}
+
 /// Records a repeat under a new validation id as a repeat of the postponed validation that
 /// holds its nonce's decision, found through the nonce's validation record. An approval
-/// recorded afresh under the id becomes the validation the nonce's record names: its
-/// later repeats are its repeats, and the nonce's record is kept while it awaits delivery.
+/// recorded afresh under the id becomes the validation the nonce's record names, and the
+/// record is renewed to `expires_ms`, as a PostgreSQL store renews it: its later repeats
+/// are the new record's repeats, and the nonce's record is kept while it awaits delivery.
+/// A nonce with no record (a sweep took it since the caller read it) is an error: asked
+/// again, it is validated afresh, rather than answered 200 with no result to follow.
 fn repeat(
     staging: &mut Staging<'_>,
     request: TransactionValidationRequest,
     now: DateTime<Utc>,
-) -> Result<(Repeat, Option<ValidationId>), StoreError> {
+    expires_ms: u64,
+) -> Result<Repeated, StoreError> {
     let key = keys::validation(request.nonce().as_str());
-    let mut nonce_record = match staging.get_record(&key)? {
-        Some(bytes) => Some(decode::<ValidationRecord>(
-            request.nonce().as_str(),
-            &bytes,
-        )?),
-        None => None,
+    let Some(bytes) = staging.get_record(&key)? else {
+        return Err(StoreError::purged_as_asked_again());
     };
+    let mut nonce_record = decode::<ValidationRecord>(request.nonce().as_str(), &bytes)?;
     let recorded = postponed_records::Recorded {
-        original: nonce_record.as_ref().and_then(|r| r.validation_id),
-        approved: nonce_record
-            .as_ref()
-            .is_some_and(|r| r.decision == RecordedDecision::Allow),
+        original: nonce_record.validation_id,
+        approved: nonce_record.decision == RecordedDecision::Allow,
     };
     let (repeat, written) = postponed_records::repeat(staging, &recorded, request, now)?;
-    if let (Repeat::RecordedAfresh, Some(record)) = (&repeat, nonce_record.as_mut()) {
-        record.validation_id = written;
-        staging.put_record(&key, Some(encode(record)));
+    let mut relinked = None;
+    if repeat == Repeat::RecordedAfresh {
+        nonce_record.validation_id = written;
+        nonce_record.expires_ms = nonce_record.expires_ms.max(expires_ms);
+        staging.put_record(&key, Some(encode(&nonce_record)));
+        relinked = Some(key.identifier().to_vec());
     }
-    Ok((repeat, written))
+    Ok(Repeated {
+        repeat,
+        written,
+        relinked,
+    })
 }
 
 /// Postponed validation `id` as held: `None` when it is not; `Err` named by its id when it

@@ -485,6 +485,16 @@ impl StoreError {
             source: None,
         }
     }
+
+    /// A repeat under a new validation id whose nonce's record a sweep took since the
+    /// caller read it ([`PostponedStore::repeat`]): nothing is recorded, and the caller is
+    /// not answered on a decision no record holds any more.
+    pub(crate) fn purged_as_asked_again() -> Self {
+        Self::backend_message(
+            "the nonce's validation record was purged as it was asked about again; \
+             asked again, it is validated afresh",
+        )
+    }
 }
 
 #[cfg(feature = "postgres")]

@@ -156,8 +156,9 @@ pub(crate) struct ValidationRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) validation_id: Option<ValidationId>,
     /// The repeats of `validation_id` that still awaited their results when it was purged
-    /// (sled purges an original once its own result is delivered): the record is kept while
-    /// one of them does. Empty otherwise.
+    /// (sled purges an original once its own result is delivered), and of any validation
+    /// it named before (an approval recorded afresh names the new one): the record is kept
+    /// while one of them does. Empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) repeats_awaiting: Vec<ValidationId>,
 }

@@ -168,22 +168,27 @@ impl PostponedStore for PgStore {
     ) -> StoreFuture<'a, Repeat> {
         Box::pin(async move {
             let mut tx = self.pool().begin().await?;
+            // The nonce's record first, renewed and locked: the repeats of one nonce, on
+            // every instance, are recorded one at a time (and in the order a validation's
+            // own records are written: the nonce's, then its postponed validation's).
+            let Some(decision) = self.renewed_nonce(&mut tx, request).await? else {
+                let_go(tx).await?;
+                return Err(StoreError::purged_as_asked_again());
+            };
             // The original holds the nonce's decision.
             let original = self
                 .original_of_nonce(&mut tx, request.nonce().as_str())
                 .await?;
-            // Read under the original's lock: a repeat of it recorded by another instance
-            // a moment ago is seen here.
+            // Read under the nonce's lock: a repeat recorded by another instance a moment
+            // ago is seen here.
             if let Some(known) = self.known(&mut tx, request).await? {
                 let_go(tx).await?;
                 return Ok(known);
             }
             let Some(mut original) = original else {
                 // An approval no postponed validation holds is recorded afresh (see
-                // `Repeat::RecordedAfresh`). A nonce never seen, or purged since the caller
-                // read it, has no decision to record.
-                let decision = self.renewed_nonce(&mut tx, request).await?;
-                if decision != Some(RecordedDecision::Allow) {
+                // `Repeat::RecordedAfresh`).
+                if decision != RecordedDecision::Allow {
                     let_go(tx).await?;
                     return Ok(Repeat::Unlinked);
                 }
@@ -194,13 +199,6 @@ impl PostponedStore for PgStore {
                 let_go(tx).await?;
                 return Ok(Repeat::Full);
             };
-            if self.renewed_nonce(&mut tx, request).await?.is_none() {
-                let_go(tx).await?;
-                return Err(StoreError::backend_message(
-                    "the nonce's validation record was purged as it was asked about again; \
-                     asked again, it is validated afresh",
-                ));
-            }
             self.insert_repeat(tx, request, &repeat, Some(&original))
                 .await
         })
@@ -656,7 +654,9 @@ impl PgStore {
     /// the transaction ends: a purge that chose it as expired (its snapshot blind to the
     /// repeat being recorded, which makes the nonce one that awaits a result) waits for the
     /// row, reads it again and passes over it. Returns the nonce's recorded decision;
-    /// `None` when no record is left to renew (a purge took it first).
+    /// `None` when no record is left to renew (a purge took it first, and asked again, the
+    /// nonce is validated afresh — rather than its handler run again while this repeat's
+    /// result is delivered).
     async fn renewed_nonce(
         &self,
         tx: &mut PgConnection,
