@@ -1128,6 +1128,38 @@ async fn an_approval_no_postponed_validation_holds_is_recorded_afresh_under_a_ne
     }
 }
 
+behaviour!(an_ended_session_is_kept_until_its_life_is_over);
+/// An operating API session ended by logging out is kept as ended — past the retention
+/// when its life is longer — and goes once its life is over; another session is not ended.
+async fn an_ended_session_is_kept_until_its_life_is_over(b: &Backend) {
+    let until = Utc::now() + TimeDelta::hours(12);
+    assert!(!b.shared.session_ended("1700000000.ab12").await.unwrap());
+    b.shared
+        .end_session("1700000000.ab12", until)
+        .await
+        .unwrap();
+    // Ended twice (two instances), kept once.
+    b.shared
+        .end_session("1700000000.ab12", until)
+        .await
+        .unwrap();
+    assert!(b.shared.session_ended("1700000000.ab12").await.unwrap());
+    assert!(!b.shared.session_ended("1700000000.cd34").await.unwrap());
+    b.shared
+        .purge_expired(Utc::now() + TimeDelta::hours(2))
+        .await
+        .unwrap();
+    assert!(
+        b.shared.session_ended("1700000000.ab12").await.unwrap(),
+        "kept past the retention ({RETENTION:?}) while it could be presented"
+    );
+    b.shared
+        .purge_expired(until + TimeDelta::hours(2))
+        .await
+        .unwrap();
+    assert!(!b.shared.session_ended("1700000000.ab12").await.unwrap());
+}
+
 behaviour!(a_repeat_handed_over_keeps_its_nonce_past_an_approval_recorded_afresh);
 /// An approval in Awaitable mode, its original delivered and gone with the retention while
 /// a repeat of it still awaits delivery (sled hands that repeat to the nonce's record),

@@ -1034,6 +1034,91 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
     assert_eq!(server.send(&page(&other)).await.status, 200);
 }
 
+/// A session ended by logging out stays ended where the instance's memory of it does not
+/// reach, since the store keeps it: at the service restarted on its sled store, and at
+/// another instance on a shared PostgreSQL store (its sessions signed with the same token).
+/// Before, a copy of the cookie was good there until its twelve hours were over. A session
+/// nobody ended goes on at both.
+#[tokio::test]
+async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instance() {
+    let gateway = FakeGateway::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut on_sled = config(&gateway);
+    on_sled.store.path = data.path().join("store");
+    let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
+    let first = TestServer::start_on(on_sled.clone(), data, store.clone()).await;
+    let ended = session_in(&logged_in(&first, &[]).await);
+    let kept = session_in(&logged_in(&first, &[]).await);
+    log_out(&first, &ended).await;
+    assert_eq!(inspector_page(&first, &ended).await, 401);
+    // The service built again on its store: nothing of the first one's memory.
+    drop(first);
+    let restarted = TestServer::start_on(on_sled, tempfile::tempdir().unwrap(), store).await;
+    assert_eq!(
+        inspector_page(&restarted, &ended).await,
+        401,
+        "after a restart"
+    );
+    assert_eq!(inspector_page(&restarted, &kept).await, 200);
+
+    let test = "a_logged_out_session_stays_ended_after_a_restart_and_at_another_instance";
+    let Some(db) = support::postgres::database(test).await else {
+        return;
+    };
+    let mut on_postgres = config(&gateway);
+    on_postgres.store = db.store_config(Duration::from_secs(3600));
+    let instance = || async {
+        let store = payhook::store::PgStore::open(&on_postgres.store, &[])
+            .await
+            .unwrap();
+        TestServer::start_on(on_postgres.clone(), tempfile::tempdir().unwrap(), store).await
+    };
+    let one = instance().await;
+    let another = instance().await;
+    let ended = session_in(&logged_in(&one, &[]).await);
+    let kept = session_in(&logged_in(&one, &[]).await);
+    assert_eq!(inspector_page(&another, &ended).await, 200);
+    log_out(&one, &ended).await;
+    assert_eq!(
+        inspector_page(&another, &ended).await,
+        401,
+        "at another instance"
+    );
+    assert_eq!(inspector_page(&another, &kept).await, 200);
+    drop((one, another));
+    db.drop_schema().await;
+}
+
+/// The session a login's `set-cookie` holds, as a browser sends it back.
+fn session_in(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().to_owned()
+}
+
+/// The status of the inspector's page asked with `session`.
+async fn inspector_page(server: &TestServer, session: &str) -> u16 {
+    server
+        .send(&request(
+            "GET",
+            "/payhook/admin/inspector",
+            &[("cookie", session)],
+            None,
+        ))
+        .await
+        .status
+}
+
+/// Logs `session` out from the page.
+async fn log_out(server: &TestServer, session: &str) {
+    let out = server
+        .send(&post(
+            "/payhook/admin/inspector/logout",
+            &[("cookie", session), ("x-payhook-inspector", "1")],
+            b"",
+        ))
+        .await;
+    assert_eq!((out.status, out.message()), (200, "logged out".into()));
+}
+
 /// A result the aggregator refused (403) is final for the outbox; an operator who finds the
 /// refusal was not the aggregator's (a firewall, a missing role) sends it again.
 #[tokio::test]

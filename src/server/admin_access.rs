@@ -45,11 +45,12 @@ pub(super) struct AdminAccess {
 /// token's, ""): each holder's by their login time and id, and the generation the holder's
 /// sessions are signed in, which moves on (ending every session of theirs so far) once they
 /// ended more than are kept one by one — so that a holder who logs out again and again ends
-/// their own sessions, never another operator's. Kept in memory, by this instance: a restart
-/// forgets them, and another instance sharing `admin.session_secret` never knew them (a
-/// session copied before its logout is good there until its 12 hours are over; a new token
-/// for its holder, or a new sessions' secret, ends it everywhere). Bounded: only a
-/// configured holder has a session.
+/// their own sessions, never another operator's. Kept in memory, by this instance; the
+/// operating API also has the store keep each ended session
+/// ([`crate::store::Store::end_session`]), for a restart and for the other instances on a
+/// shared store, and asks it of every call that comes with a session. A generation moved
+/// on is this instance's alone (a new token for its holder, or a new sessions' secret, ends
+/// every session everywhere). Bounded: only a configured holder has a session.
 #[derive(Default)]
 struct Ended {
     holders: std::collections::HashMap<String, HolderEnded>,
@@ -119,6 +120,26 @@ fn session_key(token: &crate::Secret) -> ring::hmac::Key {
 
 /// A session, as its cookie names it: the login time and the random id.
 type Session = (u64, String);
+
+/// A session as the store keeps it once ended ([`crate::store::Store::end_session`]): its
+/// login time and random id, which name it and are no secret (the cookie's HMAC is), and
+/// when its life ends anyway.
+pub(super) struct EndedSession {
+    pub(super) name: String,
+    pub(super) until: chrono::DateTime<chrono::Utc>,
+}
+
+impl EndedSession {
+    fn of(session: &Session) -> Self {
+        let (issued, id) = session;
+        // A minute more: a session is taken up to a minute after its life (clocks differ).
+        let until_secs = issued.saturating_add(SESSION_LIFETIME_SECS + 60);
+        Self {
+            name: format!("{issued}.{id}"),
+            until: crate::model::timestamp::time_from_ms(until_secs.saturating_mul(1000)),
+        }
+    }
+}
 
 /// What the inspector's sessions are signed under.
 #[derive(PartialEq)]
@@ -260,21 +281,24 @@ impl AdminAccess {
 
     /// Lets in a bearer of a token, shared or an operator's, or a browser holding the
     /// inspector's session — whose changes must also carry the inspector's header, which a
-    /// cross-site form cannot send — and says whose. A bearer from `client` is one of its
-    /// guesses ([`Guesses`]).
-    pub(super) fn check(
+    /// cross-site form cannot send — and says whose, with the session let in, if a session
+    /// was: the caller asks the store whether it was ended elsewhere ([`EndedSession`]). A
+    /// bearer from `client` is one of its guesses ([`Guesses`]).
+    pub(super) fn admit(
         &self,
         method: &Method,
         headers: &HeaderMap,
         client: Option<IpAddr>,
-    ) -> Result<Caller, Problem> {
+    ) -> Result<(Caller, Option<EndedSession>), Problem> {
         let session = if headers.contains_key(http::header::AUTHORIZATION) {
             None
         } else {
             self.session_of(headers)
         };
-        let Some((_, caller)) = session else {
-            return self.check_bearer(headers, client);
+        let Some((session, caller)) = session else {
+            return self
+                .check_bearer(headers, client)
+                .map(|caller| (caller, None));
         };
         if method != Method::GET && !headers.contains_key(page::ACTION_HEADER) {
             return Err(Problem::Denied(format!(
@@ -282,7 +306,7 @@ impl AdminAccess {
                 page::ACTION_HEADER
             )));
         }
-        Ok(caller)
+        Ok((caller, Some(EndedSession::of(&session))))
     }
 
     /// The key sessions are signed under, made once; `None` when the system gave no random
@@ -381,11 +405,11 @@ impl AdminAccess {
     }
 
     /// Ends the session the request holds (logging out): it is refused from now on, and
-    /// kept as ended until its life would have ended anyway. `false` when it holds none.
-    pub(super) fn end_session(&self, headers: &HeaderMap) -> bool {
-        let Some((session, caller)) = self.session_of(headers) else {
-            return false;
-        };
+    /// kept as ended until its life would have ended anyway; returned for the store to keep
+    /// too. `None` when it holds none.
+    pub(super) fn end_session(&self, headers: &HeaderMap) -> Option<EndedSession> {
+        let (session, caller) = self.session_of(headers)?;
+        let ended_session = EndedSession::of(&session);
         let now = now_secs();
         let mut ended = self.ended();
         let holder = ended
@@ -407,7 +431,7 @@ impl AdminAccess {
             holder.sessions.clear();
             holder.generation += 1;
         }
-        true
+        Some(ended_session)
     }
 
     fn check_bearer(&self, headers: &HeaderMap, client: Option<IpAddr>) -> Result<Caller, Problem> {

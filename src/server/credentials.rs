@@ -57,9 +57,9 @@ use crate::signature::{SignatureConfig, Verifier};
 /// - **operating API**: a token no longer configured is refused (401) — an operator taken
 ///   out, a token replaced — and so is every inspector session of it; an operator made a
 ///   viewer may change nothing from their next call on, in their open sessions too. The
-///   sessions of a credential that stays go on, and so do the sessions ended by logging out
-///   and the wrong guesses counted per address — unless the key sessions are signed under
-///   changes: a new `admin.session_secret`, or, without one, the first operator added where
+///   sessions of a credential that stays go on, the sessions ended by logging out stay
+///   ended, and the wrong guesses counted per address stay counted — unless the key
+///   sessions are signed under changes: a new `admin.session_secret`, or, without one, the first operator added where
 ///   only `admin.token` was (its sessions were signed under a key derived from it, which its
 ///   bearers could derive) or the last one taken out; every session ends then.
 ///

@@ -9,7 +9,7 @@
 //! | `POST /payhook/admin/reconcile` `{"referenceIds": ["…"]}` | 200, one outcome per id; 409 `reconcile needs a complete [gateway] section` when the service has no gateway to look transactions up |
 //! | `GET /payhook/admin/inspector` | the inspector's page (HTML; see [`crate::inspector`]); without a session, 401 and the form asking for the token (a `token` in the query is refused: typed, or from a `#token=…` fragment, which the browser never sends) |
 //! | `POST /payhook/admin/inspector/login` (form: `token=…`) | 303 to the page with the session cookie; 401 and the form again for a wrong token; 429 and the form saying when to try again for an address out of guesses; 403 when the browser says another site's page posted it (`Sec-Fetch-Site`) |
-//! | `POST /payhook/admin/inspector/logout` | 200 `logged out` (or `no session to end…` for a request that held none): the session is ended (refused from now on, even to a copy of its cookie, until the service restarts) and its cookie removed |
+//! | `POST /payhook/admin/inspector/logout` | 200 `logged out` (or `no session to end…` for a request that held none): the session is ended (refused from now on, even to a copy of its cookie; the store keeps it ended, for every instance on it and after a restart) and its cookie removed |
 //! | `GET /payhook/admin/deliveries?after=SEQ&wait=S&limit=N&oldest=BOOL&nonce=…&client=…&outcome=…&endpoint=…` | 200, the recent deliveries after `SEQ` that match ([`crate::inspector::DeliveryList`]), at most `N` (100; at most 1,000): the newest, or with `oldest=true` the oldest, `more` saying others follow `last`; waiting up to `S` seconds (at most 30) for one; 409 `the inspector does not record (admin.inspector_recent = 0)` when recording is off |
 //! | `GET /payhook/admin/deliveries/{seq}` | 200, one delivery with its request, every header value but the harmless ones redacted ([`crate::inspector::DeliveryDetail`]); 404 once it is no longer kept; 409 as above when recording is off |
 //! | `POST /payhook/admin/outbox/{id}/retry` | 200 `due now`: the queued result's next attempt is made now, and a result the aggregator refused (403) is queued again, due now; 409 when it is undecided or delivered; 404 for an unknown id |
@@ -244,7 +244,7 @@ impl OperatingApi {
         match (&parts.method, segments.as_slice()) {
             // The page's way in: a browser without a session gets the login form.
             (&Method::GET, ["inspector"]) => {
-                return Ok(match access.check(&parts.method, &parts.headers, client) {
+                return Ok(match self.admitted(&access, &parts, client).await {
                     Ok(caller) => self.inspector_page(&caller).await,
                     Err(_) => login_asked(parts.uri.query()),
                 });
@@ -258,9 +258,17 @@ impl OperatingApi {
                 return login(&access, &bytes, https, client);
             }
             (&Method::POST, ["inspector", "logout"]) => {
-                access.check(&parts.method, &parts.headers, client)?;
+                self.admitted(&access, &parts, client).await?;
                 let ended = access.end_session(&parts.headers);
-                let mut response = json(&ErrorBody::new(if ended {
+                if let (Some(ended), Some(store)) = (&ended, self.exactly_once.store()) {
+                    // Kept by the store too: every instance on it refuses the session, and
+                    // so does this one after a restart.
+                    store
+                        .end_session(&ended.name, ended.until)
+                        .await
+                        .map_err(|e| self.admin_store_failed(&e))?;
+                }
+                let mut response = json(&ErrorBody::new(if ended.is_some() {
                     "logged out"
                 } else {
                     "no session to end: the cookie holds none"
@@ -270,7 +278,7 @@ impl OperatingApi {
             }
             _ => {}
         }
-        let caller = access.check(&parts.method, &parts.headers, client)?;
+        let caller = self.admitted(&access, &parts, client).await?;
         if !parts.method.is_safe() && !caller.may_change() {
             tracing::warn!(
                 method = %parts.method,
@@ -631,6 +639,30 @@ impl OperatingApi {
         };
         response.headers_mut().insert(http::header::LINK, value);
         Ok(response)
+    }
+
+    /// Who the call is of ([`AdminAccess::admit`]); a session the store keeps as ended — by
+    /// a logout at another instance, or at this one before a restart — is refused.
+    async fn admitted(
+        &self,
+        access: &AdminAccess,
+        parts: &http::request::Parts,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<Caller, Problem> {
+        let (caller, session) = access.admit(&parts.method, &parts.headers, client)?;
+        if let (Some(session), Some(store)) = (session, self.exactly_once.store()) {
+            let ended = store
+                .session_ended(&session.name)
+                .await
+                .map_err(|e| self.admin_store_failed(&e))?;
+            if ended {
+                return Err(Problem::Unauthorized {
+                    message: "the session was ended by logging out; log in again".into(),
+                    basic: false,
+                });
+            }
+        }
+        Ok(caller)
     }
 
     /// What an operating call answers when the store did not do it: 503 to retry, but 409

@@ -88,8 +88,8 @@ use super::held::{self, HeldCallback};
 use super::keys;
 use super::postponed_records::{self, PostponedOp};
 use super::record::{
-    CallbackRecord, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord, decode,
-    encode,
+    CallbackRecord, EndedSession, Fingerprint, KeptFingerprint, RecordedDecision, ValidationRecord,
+    decode, encode,
 };
 use super::staging::{Overlay, Staging, lock, read, read_record, try_lock, write_record};
 use super::watermark::Watermark;
@@ -127,6 +127,12 @@ pub(crate) enum Job {
     },
     /// A callback's handler failed: counted for operators (nobody waits for it).
     Failure(Box<CallbackFailure>),
+    /// An operating API session ended by logging out, kept as ended until `until_ms`.
+    EndSession {
+        session: String,
+        until_ms: u64,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
     /// A person resolved a held result: it is kept, resolved at `at` as `resolving` says.
     Resolve {
         nonce: String,
@@ -142,7 +148,9 @@ impl Job {
     fn refuse(self, error: StoreError) {
         // A requester that went away no longer waits for its answer.
         match self {
-            Self::Callback { reply, .. } | Self::Validation { reply, .. } => {
+            Self::Callback { reply, .. }
+            | Self::Validation { reply, .. }
+            | Self::EndSession { reply, .. } => {
                 let _ = reply.send(Err(error));
             }
             Self::Postponed { reply, .. } => {
@@ -1027,6 +1035,21 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 overlay.insert(key.key, Some(encode(&record)));
                 replies.push(Reply::Written(reply));
             }
+            Job::EndSession {
+                session,
+                until_ms,
+                reply,
+            } => {
+                // Indexed with the batch; a sweep keeps it past the batch's expiry while its
+                // session could still be presented (see `purge_step`).
+                let record = EndedSession {
+                    expires_ms: until_ms,
+                };
+                let key = keys::ended_session(&session);
+                indexed.push(keys::TAG_SESSION, key.identifier());
+                overlay.insert(key.key, Some(encode(&record)));
+                replies.push(Reply::Written(reply));
+            }
             Job::Failure(failure) => {
                 // Before the record is staged: a later callback of this batch looks for it.
                 context.may_hold_failures.store(true, Ordering::Relaxed);
@@ -1326,6 +1349,9 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                 }
                 keys::TAG_FAILING => decode::<FailureRecord>(&named, &bytes)
                     .map(|record| (record.expires_ms, Some(record), None)),
+                keys::TAG_SESSION => {
+                    decode::<EndedSession>(&named, &bytes).map(|r| (r.expires_ms, None, None))
+                }
                 _ => decode::<ValidationRecord>(&named, &bytes)
                     .map(|r| (r.expires_ms, None, Some(r))),
             };
@@ -1339,6 +1365,12 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                     continue;
                 }
             };
+            // An ended session is kept until its own end, which no later write indexes
+            // again: looked at once more a retention later.
+            if tag == keys::TAG_SESSION && expires > now_ms {
+                kept.push((tag, identifier));
+                continue;
+            }
             if expires <= now_ms && removed.insert(found_at.to_vec()) {
                 // A nonce whose validation still waits for its decision, or for its delivery,
                 // keeps its record: a new validation of it would otherwise run the handler

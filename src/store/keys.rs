@@ -40,6 +40,8 @@ pub(crate) const TAG_FAILING: u8 = b'f';
 pub(crate) const FAILING_BY_TIME_PREFIX: &[u8] = b"l\0";
 pub(crate) const HELD_PREFIX: &[u8] = b"h\0";
 pub(crate) const RESOLVED_PREFIX: &[u8] = b"r\0";
+/// Operating API sessions ended by logging out, by their login time and id.
+pub(crate) const SESSION_PREFIX: &[u8] = b"e\0";
 /// The seal of the last commit, checked against the watermark at open.
 pub(crate) const SEAL: &[u8] = b"m\0seal";
 /// The retention the records were written with, and its last growth
@@ -48,6 +50,7 @@ pub(crate) const VOUCHED: &[u8] = b"m\0vouched";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
 pub(crate) const TAG_VALIDATION: u8 = b'v';
 pub(crate) const TAG_POSTPONED: u8 = b'p';
+pub(crate) const TAG_SESSION: u8 = b'e';
 
 /// The key of validation `id` under `prefix` (one of the three postponed prefixes).
 pub(crate) fn by_id(prefix: &[u8], id: ValidationId) -> Vec<u8> {
@@ -186,6 +189,11 @@ pub(crate) fn validation(nonce: &str) -> RecordKey {
     RecordKey::new(VALIDATION_PREFIX, nonce)
 }
 
+/// The key of an ended operating API session (see [`SESSION_PREFIX`]).
+pub(crate) fn ended_session(session: &str) -> RecordKey {
+    RecordKey::new(SESSION_PREFIX, session)
+}
+
 /// The key that lists a failing record at a time one of its pairs last failed: `failed_ms`,
 /// then the nonce's `identifier` (as the record's key holds it).
 pub(crate) fn failing_by_time(failed_ms: u64, identifier: &[u8]) -> Vec<u8> {
@@ -228,6 +236,7 @@ pub(crate) fn indexed_record(tag: u8, identifier: &[u8]) -> Option<RecordKey> {
         TAG_CALLBACK => CALLBACK_PREFIX,
         TAG_FAILING => FAILING_PREFIX,
         TAG_VALIDATION => VALIDATION_PREFIX,
+        TAG_SESSION => SESSION_PREFIX,
         _ => return None,
     };
     Some(match std::str::from_utf8(identifier) {

@@ -1085,6 +1085,22 @@ pub trait Store: DedupStore + PostponedStore {
     fn claims_end_with_this_process(&self) -> bool {
         false
     }
+
+    /// Keeps that the operating API's session `session` (its login time and random id, as
+    /// its cookie names them; no secret) was ended by logging out, until `until`, when its
+    /// life would have ended anyway: every instance on the store refuses it from then on,
+    /// and so does this one after a restart. Resolves once durable. The default keeps
+    /// nothing: the instance that ended it refuses it until it restarts.
+    fn end_session<'a>(&'a self, session: &'a str, until: DateTime<Utc>) -> DurableFuture<'a> {
+        let _ = (session, until);
+        ready(Ok(()))
+    }
+
+    /// Whether `session` was ended and is kept so ([`Store::end_session`]).
+    fn session_ended<'a>(&'a self, session: &'a str) -> StoreFuture<'a, bool> {
+        let _ = session;
+        ready(Ok(false))
+    }
 }
 
 pub(crate) use crate::model::timestamp::{epoch_ms, ms_from_time, now_ms, time_from_ms};

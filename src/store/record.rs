@@ -133,6 +133,13 @@ pub enum RecordedDecision {
     Postponed,
 }
 
+/// An operating API session ended by logging out ([`super::Store::end_session`]), kept until
+/// its life would have ended anyway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EndedSession {
+    pub(crate) expires_ms: u64,
+}
+
 /// A callback nonce's durable record: `Done` for each acknowledged status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CallbackRecord {

@@ -1001,6 +1001,25 @@ impl Store for SledStore {
     fn purge_expired(&self, now: DateTime<Utc>) -> StoreFuture<'_, usize> {
         ready(self.inner.writer.purge(ms_from_time(now)))
     }
+
+    fn end_session<'a>(&'a self, session: &'a str, until: DateTime<Utc>) -> DurableFuture<'a> {
+        if let Err(error) = self.check_healthy() {
+            return ready(Err(error));
+        }
+        let (reply, receiver) = oneshot::channel();
+        let job = Job::EndSession {
+            session: session.to_owned(),
+            until_ms: ms_from_time(until),
+            reply,
+        };
+        self.submit(job, receiver)
+    }
+
+    fn session_ended<'a>(&'a self, session: &'a str) -> StoreFuture<'a, bool> {
+        // Read once durable: the write is answered only after its flush.
+        let key = keys::ended_session(session);
+        ready(self.record(&key).map(|found| found.is_some()))
+    }
 }
 
 impl SledStore {

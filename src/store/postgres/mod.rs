@@ -726,6 +726,7 @@ impl PgStore {
             "DELETE FROM {s}.callback_failures WHERE (nonce_key, status) IN (SELECT nonce_key, status FROM {s}.callback_failures WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
             "DELETE FROM {s}.postponed WHERE validation_id IN (SELECT validation_id FROM {s}.postponed WHERE final AND expires_at <= $1 LIMIT $2) AND final AND expires_at <= $1",
             dedup::BOOKED_FAILURES,
+            "DELETE FROM {s}.sessions_ended WHERE session IN (SELECT session FROM {s}.sessions_ended WHERE expires_at <= $1 LIMIT $2) AND expires_at <= $1",
         ];
         let mut purged = 0usize;
         for table in tables {
@@ -949,6 +950,37 @@ impl super::Store for PgStore {
 
     fn commit_metrics(&self) -> Option<super::CommitMetrics> {
         Some(self.inner.commit_metrics.clone())
+    }
+
+    fn end_session<'a>(
+        &'a self,
+        session: &'a str,
+        until: DateTime<Utc>,
+    ) -> super::DurableFuture<'a> {
+        Box::pin(async move {
+            sqlx::query(&self.sql(
+                "INSERT INTO {s}.sessions_ended (session, expires_at) VALUES ($1, $2) \
+                 ON CONFLICT (session) DO UPDATE \
+                 SET expires_at = greatest({s}.sessions_ended.expires_at, excluded.expires_at)",
+            ))
+            .bind(session)
+            .bind(until)
+            .execute(self.pool())
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn session_ended<'a>(&'a self, session: &'a str) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let found: Option<i32> = sqlx::query_scalar(
+                &self.sql("SELECT 1 FROM {s}.sessions_ended WHERE session = $1"),
+            )
+            .bind(session)
+            .fetch_optional(self.pool())
+            .await?;
+            Ok(found.is_some())
+        })
     }
 }
 

@@ -7,8 +7,9 @@
 //! payhook (a version this one does not know) is refused rather than written to. Beside
 //! them, [`migrate`] builds the read indexes the schema lacks (`READ_INDEXES`) and the count
 //! of failing callbacks that the database keeps itself (`FAILING_COUNT`), and the tables of
-//! held results and of who resolved them (`HELD_TABLE`, `HELD_BY_TABLE`), which have no
-//! version: an older payhook simply does not use them (and its writes keep the count).
+//! held results, of who resolved them and of ended sessions (`HELD_TABLE`, `HELD_BY_TABLE`,
+//! `SESSIONS_ENDED_TABLE`), which have no version: an older payhook simply does not use
+//! them (and its writes keep the count).
 
 use sqlx::Executor as _;
 use sqlx::{Connection, PgConnection, Row};
@@ -174,6 +175,17 @@ CREATE TABLE {schema}.callbacks_held_by (
     status      integer NOT NULL,
     resolved_by text NOT NULL,
     PRIMARY KEY (nonce_key, status)
+);
+";
+
+/// The operating API's sessions ended by logging out (see `Store::end_session`), until
+/// their life would have ended anyway: every instance refuses them. No version, like
+/// [`HELD_TABLE`]: an older payhook ignores the table (and its logouts end a session at its
+/// own instance only).
+const SESSIONS_ENDED_TABLE: &str = "
+CREATE TABLE {schema}.sessions_ended (
+    session    text PRIMARY KEY,
+    expires_at timestamptz NOT NULL
 );
 ";
 
@@ -456,13 +468,17 @@ async fn build_failing_count(conn: &mut PgConnection, schema: &str) -> Result<()
     Ok(())
 }
 
-/// Builds [`HELD_TABLE`] and [`HELD_BY_TABLE`] where the schema lacks them.
+/// Builds [`HELD_TABLE`], [`HELD_BY_TABLE`] and [`SESSIONS_ENDED_TABLE`] where the schema
+/// lacks them.
 async fn build_held_table(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
     if build_table(conn, schema, "callbacks_held", HELD_TABLE).await? {
         tracing::info!(schema, "store table of held results built");
     }
     if build_table(conn, schema, "callbacks_held_by", HELD_BY_TABLE).await? {
         tracing::info!(schema, "store table of who resolved held results built");
+    }
+    if build_table(conn, schema, "sessions_ended", SESSIONS_ENDED_TABLE).await? {
+        tracing::info!(schema, "store table of ended operating API sessions built");
     }
     Ok(())
 }
