@@ -1046,13 +1046,29 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
     let mut on_sled = config(&gateway);
     on_sled.store.path = data.path().join("store");
     let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
-    let first = TestServer::start_on(on_sled.clone(), data, store.clone()).await;
+    let mut first =
+        TestServer::start_on(on_sled.clone(), tempfile::tempdir().unwrap(), store).await;
     let ended = session_in(&logged_in(&first, &[]).await);
     let kept = session_in(&logged_in(&first, &[]).await);
     log_out(&first, &ended).await;
     assert_eq!(inspector_page(&first, &ended).await, 401);
-    // The service built again on its store: nothing of the first one's memory.
+    first.shut_down();
+    first.stopped().await;
     drop(first);
+    // The service started again: its store opened again from its files, nothing of the
+    // first one's memory. sled lets go of its lock a moment after its holder is dropped.
+    let mut tries = 0;
+    let store = loop {
+        match payhook::store::SledStore::open(&on_sled.store, &[]) {
+            Ok(store) => break store,
+            Err(error) if tries < 250 => {
+                assert!(error.to_string().contains("in use"), "{error}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
     let restarted = TestServer::start_on(on_sled, tempfile::tempdir().unwrap(), store).await;
     assert_eq!(
         inspector_page(&restarted, &ended).await,
@@ -1087,6 +1103,44 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
     assert_eq!(inspector_page(&another, &kept).await, 200);
     drop((one, another));
     db.drop_schema().await;
+}
+
+/// A store that cannot keep a logout: the logout is refused (503) and the session stays
+/// good at this instance too, so that the logout can be asked again — ended in this
+/// instance's memory alone, it would have been refused as no session from then on, and
+/// taken by the other instances and after a restart. Meanwhile the session may still look
+/// (this instance's memory of ended sessions holds; the page shows the store's failure).
+#[tokio::test]
+async fn a_logout_the_store_cannot_keep_is_refused_and_can_be_asked_again() {
+    let gateway = FakeGateway::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut on_sled = config(&gateway);
+    on_sled.store.path = data.path().join("store");
+    let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
+    let server = TestServer::start_on(on_sled, tempfile::tempdir().unwrap(), store.clone()).await;
+    let session = session_in(&logged_in(&server, &[]).await);
+    store.mark_failed_for_tests();
+    let logout = || {
+        post(
+            "/payhook/admin/inspector/logout",
+            &[("cookie", &session), ("x-payhook-inspector", "1")],
+            b"",
+        )
+    };
+    for attempt in 0..2 {
+        let refused = server.send(&logout()).await;
+        assert_eq!(
+            refused.status,
+            503,
+            "attempt {attempt}: {}",
+            refused.message()
+        );
+        assert_eq!(
+            inspector_page(&server, &session).await,
+            200,
+            "attempt {attempt}"
+        );
+    }
 }
 
 /// The session a login's `set-cookie` holds, as a browser sends it back.

@@ -60,7 +60,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::ResponseBody;
-use super::admin_access::{AdminAccess, CurrentAccess, SESSION_COOKIE, SESSION_LIFETIME_SECS};
+use super::admin_access::{
+    AdminAccess, CurrentAccess, EndedSession, SESSION_COOKIE, SESSION_LIFETIME_SECS,
+};
 use super::credentials::Credentials;
 use super::exactly_once::ExactlyOnce;
 use super::ingress::Ingress;
@@ -180,6 +182,9 @@ pub(super) struct OperatingApi {
     credentials: Credentials,
     retry_after: Duration,
     observed: Observed,
+    /// When a session was last let look without the store's word on it (ms since the
+    /// epoch; 0: never): said at most once a minute.
+    unchecked_said_ms: std::sync::atomic::AtomicU64,
 }
 
 /// What the inspector shows beside the store: the recent deliveries and the counters.
@@ -210,6 +215,7 @@ impl OperatingApi {
             credentials,
             retry_after,
             observed,
+            unchecked_said_ms: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -245,7 +251,7 @@ impl OperatingApi {
             // The page's way in: a browser without a session gets the login form.
             (&Method::GET, ["inspector"]) => {
                 return Ok(match self.admitted(&access, &parts, client).await {
-                    Ok(caller) => self.inspector_page(&caller).await,
+                    Ok((caller, _)) => self.inspector_page(&caller).await,
                     Err(_) => login_asked(parts.uri.query()),
                 });
             }
@@ -258,16 +264,17 @@ impl OperatingApi {
                 return login(&access, &bytes, https, client);
             }
             (&Method::POST, ["inspector", "logout"]) => {
-                self.admitted(&access, &parts, client).await?;
-                let ended = access.end_session(&parts.headers);
-                if let (Some(ended), Some(store)) = (&ended, self.exactly_once.store()) {
-                    // Kept by the store too: every instance on it refuses the session, and
-                    // so does this one after a restart.
+                let (_, session) = self.admitted(&access, &parts, client).await?;
+                if let (Some(session), Some(store)) = (&session, self.exactly_once.store()) {
+                    // Kept by the store first: every instance on it refuses the session,
+                    // and so does this one after a restart. Not kept, the session stays
+                    // good here too, for the logout to be asked again.
                     store
-                        .end_session(&ended.name, ended.until)
+                        .end_session(&session.name, session.until)
                         .await
                         .map_err(|e| self.admin_store_failed(&e))?;
                 }
+                let ended = access.end_session(&parts.headers);
                 let mut response = json(&ErrorBody::new(if ended.is_some() {
                     "logged out"
                 } else {
@@ -278,7 +285,7 @@ impl OperatingApi {
             }
             _ => {}
         }
-        let caller = self.admitted(&access, &parts, client).await?;
+        let (caller, _) = self.admitted(&access, &parts, client).await?;
         if !parts.method.is_safe() && !caller.may_change() {
             tracing::warn!(
                 method = %parts.method,
@@ -641,28 +648,52 @@ impl OperatingApi {
         Ok(response)
     }
 
-    /// Who the call is of ([`AdminAccess::admit`]); a session the store keeps as ended — by
-    /// a logout at another instance, or at this one before a restart — is refused.
+    /// Who the call is of ([`AdminAccess::admit`]), and the session it came with; a session
+    /// the store keeps as ended — by a logout at another instance, or at this one before a
+    /// restart — is refused. A store that cannot say lets a session look (this instance's
+    /// own memory of ended sessions still holds, and the inspector's panels show what the
+    /// store answers, which matters most in an incident) and refuses it a change (503).
     async fn admitted(
         &self,
         access: &AdminAccess,
         parts: &http::request::Parts,
         client: Option<std::net::IpAddr>,
-    ) -> Result<Caller, Problem> {
+    ) -> Result<(Caller, Option<EndedSession>), Problem> {
         let (caller, session) = access.admit(&parts.method, &parts.headers, client)?;
-        if let (Some(session), Some(store)) = (session, self.exactly_once.store()) {
-            let ended = store
-                .session_ended(&session.name)
-                .await
-                .map_err(|e| self.admin_store_failed(&e))?;
-            if ended {
-                return Err(Problem::Unauthorized {
-                    message: "the session was ended by logging out; log in again".into(),
-                    basic: false,
-                });
+        let (Some(ended), Some(store)) = (&session, self.exactly_once.store()) else {
+            return Ok((caller, session));
+        };
+        match store.session_ended(&ended.name).await {
+            Ok(false) => Ok((caller, session)),
+            Ok(true) => Err(Problem::Unauthorized {
+                message: "the session was ended by logging out; log in again".into(),
+                basic: false,
+            }),
+            Err(error) if parts.method.is_safe() => {
+                self.say_unchecked(&error);
+                Ok((caller, session))
             }
+            Err(error) => Err(self.admin_store_failed(&error)),
         }
-        Ok(caller)
+    }
+
+    /// Says, at most once a minute, that a session was let look without the store's word on
+    /// whether it was ended elsewhere.
+    fn say_unchecked(&self, error: &crate::store::StoreError) {
+        use std::sync::atomic::Ordering;
+        let now = crate::model::timestamp::now_ms();
+        let said = self.unchecked_said_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(said) >= 60_000
+            && self
+                .unchecked_said_ms
+                .compare_exchange(said, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                error = %crate::report::InLine(error),
+                "admin: the store could not say whether an inspector session was ended at another instance; it may look (a change is refused until the store answers); said at most once a minute"
+            );
+        }
     }
 
     /// What an operating call answers when the store did not do it: 503 to retry, but 409

@@ -1040,13 +1040,18 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
                 until_ms,
                 reply,
             } => {
-                // Indexed with the batch; a sweep keeps it past the batch's expiry while its
-                // session could still be presented (see `purge_step`).
+                // Indexed at its own end, not the batch's expiry: purged once its session
+                // could no longer be presented, whatever the retention.
                 let record = EndedSession {
                     expires_ms: until_ms,
                 };
                 let key = keys::ended_session(&session);
-                indexed.push(keys::TAG_SESSION, key.identifier());
+                let own_entry = [(keys::TAG_SESSION, key.identifier().to_vec())];
+                let batch_id = uuid::Uuid::new_v4().as_u64_pair().0;
+                overlay.insert(
+                    keys::expiry(until_ms, batch_id),
+                    Some(keys::encode_index(&own_entry)),
+                );
                 overlay.insert(key.key, Some(encode(&record)));
                 replies.push(Reply::Written(reply));
             }
@@ -1365,8 +1370,8 @@ fn purge_step(context: &Context, now_ms: u64, step: usize) -> Result<(usize, boo
                     continue;
                 }
             };
-            // An ended session is kept until its own end, which no later write indexes
-            // again: looked at once more a retention later.
+            // An ended session is kept until its own end (ended again later than it was
+            // first): looked at once more a retention later.
             if tag == keys::TAG_SESSION && expires > now_ms {
                 kept.push((tag, identifier));
                 continue;

@@ -13,6 +13,7 @@
 //! | `l\0` | a failure ms (8 bytes BE) · identifier of the nonce | empty: the failing records by the time each of their pairs last failed, latest last |
 //! | `h\0` | status (4 bytes BE) · identifier of the nonce | a result the merchant held instead of booking, waiting for a person (JSON, see `held.rs`) |
 //! | `r\0` | the same | a held result a person resolved (moved from `h\0`) |
+//! | `e\0` | an operating API session's login time and id (`issued.id`) | its end ms (JSON): it was ended by logging out; indexed in `x\0` at that end (tag `e`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `m\0vouched` | — | the retention the records were written with, and its last growth (see `horizon.rs`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |

@@ -1016,7 +1016,8 @@ impl Store for SledStore {
     }
 
     fn session_ended<'a>(&'a self, session: &'a str) -> StoreFuture<'a, bool> {
-        // Read once durable: the write is answered only after its flush.
+        // Read on a failed store too: what it holds stays true, and a logout it cannot keep
+        // (refused) leaves the session good, for the logout to be asked again.
         let key = keys::ended_session(session);
         ready(self.record(&key).map(|found| found.is_some()))
     }

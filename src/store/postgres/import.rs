@@ -34,7 +34,7 @@ use chrono::Utc;
 use super::super::failing::FailureRecord;
 use super::super::held::HeldCallback;
 use super::super::keys;
-use super::super::record::{CallbackRecord, ValidationRecord, decode};
+use super::super::record::{CallbackRecord, EndedSession, ValidationRecord, decode};
 use super::super::{KeyValue, SledStore, StoreConfig, StoreError, time_from_ms};
 use super::PgStore;
 use super::liveness::CopyLock;
@@ -440,6 +440,24 @@ impl PgStore {
             let done = self.insert_postponed_row(conn, &record).await?;
             imported.postponed += u64::from(done);
             return Ok(count(u64::from(done)));
+        }
+        if let Some(rest) = key.strip_prefix(keys::SESSION_PREFIX) {
+            // A session logged out shortly before the move stays ended after it.
+            let session = String::from_utf8_lossy(rest);
+            let record: EndedSession = decode(&session, value)?;
+            if record.expires_ms <= now_ms {
+                return Ok(Copied::Nothing);
+            }
+            let done = sqlx::query(&self.sql(
+                "INSERT INTO {s}.sessions_ended (session, expires_at) VALUES ($1, $2) \
+                 ON CONFLICT (session) DO NOTHING",
+            ))
+            .bind(session.as_ref())
+            .bind(time_from_ms(record.expires_ms))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            return Ok(count(done));
         }
         if let Some(rest) = key.strip_prefix(b"t".as_slice())
             && let Some(end) = rest.iter().position(|b| *b == 0)
