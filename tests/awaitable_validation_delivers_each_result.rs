@@ -425,19 +425,7 @@ async fn a_postponed_validation_whose_record_is_gone_is_refused_under_a_new_id()
 /// Removes postponed validation `id`'s record from the stopped sled store in `dir`, as a
 /// sweep past the retention removes it.
 async fn remove_postponed(dir: &tempfile::TempDir, id: i64) {
-    // sled lets go of its lock a moment after its holder in this process is dropped.
-    let mut tries = 0;
-    let db = loop {
-        match sled::open(dir.path().join("store")) {
-            Ok(db) => break db,
-            Err(error) if tries < 250 => {
-                assert!(error.to_string().contains("lock"), "{error}");
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    };
+    let db = support::once_let_go(|| sled::open(dir.path().join("store")), "lock").await;
     let tree = db.open_tree("payhook").unwrap();
     let record = [b"p\0".as_slice(), &id.to_be_bytes()].concat();
     assert!(tree.remove(record).unwrap().is_some());

@@ -1056,19 +1056,12 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
     first.stopped().await;
     drop(first);
     // The service started again: its store opened again from its files, nothing of the
-    // first one's memory. sled lets go of its lock a moment after its holder is dropped.
-    let mut tries = 0;
-    let store = loop {
-        match payhook::store::SledStore::open(&on_sled.store, &[]) {
-            Ok(store) => break store,
-            Err(error) if tries < 250 => {
-                assert!(error.to_string().contains("in use"), "{error}");
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => panic!("{error}"),
-        }
-    };
+    // first one's memory.
+    let store = once_let_go(
+        || payhook::store::SledStore::open(&on_sled.store, &[]),
+        "in use",
+    )
+    .await;
     let restarted = TestServer::start_on(on_sled, tempfile::tempdir().unwrap(), store).await;
     assert_eq!(
         inspector_page(&restarted, &ended).await,

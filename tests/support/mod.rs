@@ -805,6 +805,28 @@ pub fn owned_env(env: &[(&str, String)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What `open` opens once the holder of a store's lock in this process lets go of it (sled
+/// does a moment after its holder is dropped): tried again while its error says `busy`,
+/// within five seconds.
+#[allow(dead_code, reason = "not every test binary opens a store again")]
+pub async fn once_let_go<T, E: std::fmt::Display>(
+    mut open: impl FnMut() -> Result<T, E>,
+    busy: &str,
+) -> T {
+    let mut tries = 0;
+    loop {
+        match open() {
+            Ok(opened) => return opened,
+            Err(error) if tries < 250 => {
+                assert!(error.to_string().contains(busy), "{error}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
 /// Says that a test was skipped, and why, where a person running the tests sees it: libtest
 /// hides what a passing test prints through `eprintln!`, but not a direct write to stderr.
 pub fn announce_skip(test: &str, why: &str) {
