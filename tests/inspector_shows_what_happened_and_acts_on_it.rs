@@ -1042,10 +1042,7 @@ async fn the_token_is_never_taken_from_the_address_and_logging_out_ends_the_sess
 #[tokio::test]
 async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instance() {
     let gateway = FakeGateway::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let mut on_sled = config(&gateway);
-    on_sled.store.path = data.path().join("store");
-    let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
+    let (on_sled, store, _data) = sled_store_of(&gateway);
     let mut first =
         TestServer::start_on(on_sled.clone(), tempfile::tempdir().unwrap(), store).await;
     let ended = session_in(&logged_in(&first, &[]).await);
@@ -1106,10 +1103,7 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
 #[tokio::test]
 async fn a_logout_the_store_cannot_keep_is_refused_and_can_be_asked_again() {
     let gateway = FakeGateway::start().await;
-    let data = tempfile::tempdir().unwrap();
-    let mut on_sled = config(&gateway);
-    on_sled.store.path = data.path().join("store");
-    let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
+    let (on_sled, store, _data) = sled_store_of(&gateway);
     let server = TestServer::start_on(on_sled, tempfile::tempdir().unwrap(), store.clone()).await;
     let session = session_in(&logged_in(&server, &[]).await);
     store.mark_failed_for_tests();
@@ -1134,6 +1128,22 @@ async fn a_logout_the_store_cannot_keep_is_refused_and_can_be_asked_again() {
             "attempt {attempt}"
         );
     }
+}
+
+/// [`config`] with a sled store in a directory of its own, opened by the test (to open it
+/// again, or fail it); the directory goes when the test ends.
+fn sled_store_of(
+    gateway: &FakeGateway,
+) -> (
+    payhook::Config,
+    payhook::store::SledStore,
+    tempfile::TempDir,
+) {
+    let data = tempfile::tempdir().unwrap();
+    let mut on_sled = config(gateway);
+    on_sled.store.path = data.path().join("store");
+    let store = payhook::store::SledStore::open(&on_sled.store, &[]).unwrap();
+    (on_sled, store, data)
 }
 
 /// The session a login's `set-cookie` holds, as a browser sends it back.

@@ -124,12 +124,12 @@ type Session = (u64, String);
 /// A session as the store keeps it once ended ([`crate::store::Store::end_session`]): its
 /// login time and random id, which name it and are no secret (the cookie's HMAC is), and
 /// when its life ends anyway.
-pub(super) struct EndedSession {
+pub(super) struct StoredSession {
     pub(super) name: String,
     pub(super) until: chrono::DateTime<chrono::Utc>,
 }
 
-impl EndedSession {
+impl StoredSession {
     fn of(session: &Session) -> Self {
         let (issued, id) = session;
         // A minute more: a session is taken up to a minute after its life (clocks differ).
@@ -282,14 +282,14 @@ impl AdminAccess {
     /// Lets in a bearer of a token, shared or an operator's, or a browser holding the
     /// inspector's session — whose changes must also carry the inspector's header, which a
     /// cross-site form cannot send — and says whose, with the session let in, if a session
-    /// was: the caller asks the store whether it was ended elsewhere ([`EndedSession`]). A
+    /// was: the caller asks the store whether it was ended elsewhere ([`StoredSession`]). A
     /// bearer from `client` is one of its guesses ([`Guesses`]).
     pub(super) fn admit(
         &self,
         method: &Method,
         headers: &HeaderMap,
         client: Option<IpAddr>,
-    ) -> Result<(Caller, Option<EndedSession>), Problem> {
+    ) -> Result<(Caller, Option<StoredSession>), Problem> {
         let session = if headers.contains_key(http::header::AUTHORIZATION) {
             None
         } else {
@@ -306,7 +306,7 @@ impl AdminAccess {
                 page::ACTION_HEADER
             )));
         }
-        Ok((caller, Some(EndedSession::of(&session))))
+        Ok((caller, Some(StoredSession::of(&session))))
     }
 
     /// The key sessions are signed under, made once; `None` when the system gave no random
@@ -407,9 +407,9 @@ impl AdminAccess {
     /// Ends the session the request holds (logging out): it is refused from now on, and
     /// kept as ended until its life would have ended anyway; returned for the store to keep
     /// too. `None` when it holds none.
-    pub(super) fn end_session(&self, headers: &HeaderMap) -> Option<EndedSession> {
+    pub(super) fn end_session(&self, headers: &HeaderMap) -> Option<StoredSession> {
         let (session, caller) = self.session_of(headers)?;
-        let ended_session = EndedSession::of(&session);
+        let ended_session = StoredSession::of(&session);
         let now = now_secs();
         let mut ended = self.ended();
         let holder = ended

@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use super::ResponseBody;
 use super::admin_access::{
-    AdminAccess, CurrentAccess, EndedSession, SESSION_COOKIE, SESSION_LIFETIME_SECS,
+    AdminAccess, CurrentAccess, SESSION_COOKIE, SESSION_LIFETIME_SECS, StoredSession,
 };
 use super::credentials::Credentials;
 use super::exactly_once::ExactlyOnce;
@@ -658,7 +658,7 @@ impl OperatingApi {
         access: &AdminAccess,
         parts: &http::request::Parts,
         client: Option<std::net::IpAddr>,
-    ) -> Result<(Caller, Option<EndedSession>), Problem> {
+    ) -> Result<(Caller, Option<StoredSession>), Problem> {
         let (caller, session) = access.admit(&parts.method, &parts.headers, client)?;
         let (Some(ended), Some(store)) = (&session, self.exactly_once.store()) else {
             return Ok((caller, session));
