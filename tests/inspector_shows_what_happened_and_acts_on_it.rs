@@ -1130,6 +1130,68 @@ async fn a_logout_the_store_cannot_keep_is_refused_and_can_be_asked_again() {
     }
 }
 
+/// PostgreSQL gone (its connections killed, new ones refused): whether a session was ended
+/// at another instance cannot be told, so the session may look (said in the log) and is
+/// refused a change — its logout too (503, the session still good), which can be asked
+/// again once the database is back, and then holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_gone_a_session_may_look_and_is_refused_a_change() {
+    let test = "with_the_database_gone_a_session_may_look_and_is_refused_a_change";
+    let Some(db) = support::postgres::database(test).await else {
+        return;
+    };
+    // A role of the test's own, whose connections can be killed and refused.
+    let (role, url) = db.own_role().await;
+    let as_admin = |sql: String| {
+        let db = &db;
+        async move {
+            let mut conn = db.connect().await;
+            sqlx::raw_sql(&sql).execute(&mut conn).await.unwrap();
+        }
+    };
+    let gateway = FakeGateway::start().await;
+    let mut on_postgres = config(&gateway);
+    on_postgres.store = payhook::store::StoreConfig {
+        url: Some(url.as_str().into()),
+        pool_size: 4,
+        connect_timeout: Duration::from_secs(1),
+        ..db.store_config(Duration::from_secs(3600))
+    };
+    let store = payhook::store::PgStore::open(&on_postgres.store, &[])
+        .await
+        .unwrap();
+    let server = TestServer::start_on(on_postgres, tempfile::tempdir().unwrap(), store).await;
+    let session = session_in(&logged_in(&server, &[]).await);
+    assert_eq!(inspector_page(&server, &session).await, 200);
+
+    as_admin(format!("ALTER ROLE {role} NOLOGIN")).await;
+    as_admin(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+    ))
+    .await;
+    assert_eq!(
+        inspector_page(&server, &session).await,
+        200,
+        "the session looks while the database is gone"
+    );
+    let logout = post(
+        "/payhook/admin/inspector/logout",
+        &[("cookie", &session), ("x-payhook-inspector", "1")],
+        b"",
+    );
+    let refused = server.send(&logout).await;
+    assert_eq!(refused.status, 503, "{}", refused.message());
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    assert_eq!(inspector_page(&server, &session).await, 200);
+
+    as_admin(format!("ALTER ROLE {role} LOGIN")).await;
+    log_out(&server, &session).await;
+    assert_eq!(inspector_page(&server, &session).await, 401);
+    drop(server);
+    db.drop_schema().await;
+    as_admin(format!("DROP ROLE {role}")).await;
+}
+
 /// [`config`] with a sled store in a directory of its own, opened by the test (to open it
 /// again, or fail it); the directory goes when the test ends.
 fn sled_store_of(
