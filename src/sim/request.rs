@@ -72,6 +72,12 @@ pub struct Payment {
     pub reference_id: Uuid,
     /// The callback's status.
     pub status: TransactionStatus,
+    /// What the payment system delivered, when it is not `amount` (a conversion, a fee taken
+    /// on the way): the callback's and the record's `destinationAmount`. `None`: `amount`.
+    pub destination_amount: Option<Decimal>,
+    /// The delivered currency, when it is not `currency`: `destinationCurrency`. `None`:
+    /// `currency`.
+    pub destination_currency: Option<String>,
 }
 
 impl Default for Payment {
@@ -91,6 +97,8 @@ impl Default for Payment {
             transaction_id: i64::try_from(low >> 11).unwrap_or(1),
             reference_id: Uuid::new_v4(),
             status: TransactionStatus::Success,
+            destination_amount: None,
+            destination_currency: None,
         }
     }
 }
@@ -156,8 +164,8 @@ impl Payment {
                     "additionalData": {},
                     "amount": amount,
                     "currency": self.currency,
-                    "destinationAmount": exact_number(&self.amount.to_string()),
-                    "destinationCurrency": self.currency,
+                    "destinationAmount": exact_number(&self.delivered_amount().to_string()),
+                    "destinationCurrency": self.delivered_currency(),
                     "createdUtc": dotnet,
                     "updatedUtc": format!("{dotnet}Z"),
                 })
@@ -193,9 +201,51 @@ pub(crate) fn set_times(
 }
 
 impl Payment {
-    /// The aggregator's record of this transaction (spec 2.6), every field filled, with the
-    /// given callback delivery status.
+    /// The amount the payment system delivered: `destination_amount`, or `amount`.
+    pub fn delivered_amount(&self) -> Decimal {
+        self.destination_amount.unwrap_or(self.amount)
+    }
+
+    /// The currency delivered: `destination_currency`, or `currency`.
+    pub fn delivered_currency(&self) -> &str {
+        self.destination_currency
+            .as_deref()
+            .unwrap_or(&self.currency)
+    }
+
+    /// The aggregator's record of this transaction (spec 2.6) once its result is in, with
+    /// the given callback delivery status: `status` and its message, `errorMessage` for a
+    /// failure, and `destinationAmount` for a success only (`null` where no money was
+    /// delivered).
     pub fn record(&self, delivery_status: &str, sending_canceled: bool) -> TransactionRecord {
+        let delivered = self.status.is_success().then(|| self.delivered_amount());
+        self.record_as(self.status, delivered, delivery_status, sending_canceled)
+    }
+
+    /// The aggregator's record of this transaction while it is still in progress: created
+    /// after its validation, no result from the payment system yet. Status 3 (pending), no
+    /// callback due (`callbackDeliveryStatus` `NotSent`), no money delivered
+    /// (`destinationAmount` `null`). A merchant's recovery reading it must book nothing.
+    ///
+    /// ```
+    /// use payhook::model::TransactionStatus;
+    /// use payhook::sim::Payment;
+    ///
+    /// let record = Payment::default().record_in_progress();
+    /// assert_eq!(record.transaction_status, TransactionStatus::Pending);
+    /// assert_eq!(record.destination_amount, None);
+    /// ```
+    pub fn record_in_progress(&self) -> TransactionRecord {
+        self.record_as(TransactionStatus::Pending, None, "NotSent", false)
+    }
+
+    fn record_as(
+        &self,
+        status: TransactionStatus,
+        destination_amount: Option<Decimal>,
+        delivery_status: &str,
+        sending_canceled: bool,
+    ) -> TransactionRecord {
         let now = chrono::Utc::now();
         TransactionRecord {
             id: self.transaction_id,
@@ -211,19 +261,16 @@ impl Payment {
             provider_transaction_id: Some(format!("sim-{}", self.transaction_id)),
             amount: self.amount,
             currency: self.currency.clone(),
-            destination_amount: Some(self.amount),
-            destination_currency: Some(self.currency.clone()),
+            destination_amount,
+            destination_currency: Some(self.delivered_currency().to_owned()),
             created_utc: Some(now),
             updated_utc: Some(now),
             transaction_type: self.direction,
-            transaction_status: self.status,
-            transaction_status_message: Some(self.status.description().into()),
+            transaction_status: status,
+            transaction_status_message: Some(status.description().into()),
             transaction_internal_message: Some(String::new()),
             callback_delivery_status: Some(delivery_status.into()),
-            error_message: self
-                .status
-                .is_failure()
-                .then(|| self.status.description().into()),
+            error_message: status.is_failure().then(|| status.description().into()),
             is_callback_sending_canceled: sending_canceled,
             payment_method_type: Some(1),
             payment_method_value: Some("4111********1111".into()),
@@ -370,6 +417,54 @@ mod tests {
         let _: crate::model::ProvidersValidationRequest =
             serde_json::from_str(&to_text(&payment.body(RequestKind::ProvidersValidation)))
                 .unwrap();
+    }
+
+    #[test]
+    fn a_converted_payment_carries_what_was_delivered_and_a_failure_delivered_nothing() {
+        let payment = Payment {
+            amount: Decimal::new(1050, 2),
+            destination_amount: Some(Decimal::new(1137, 2)),
+            destination_currency: Some("USD".into()),
+            ..Payment::default()
+        };
+        let text = to_text(&payment.body(RequestKind::Callback));
+        assert!(
+            text.contains(r#""amount":10.50,"#)
+                && text.contains(r#""destinationAmount":11.37,"destinationCurrency":"USD""#),
+            "{text}"
+        );
+        let record = payment.record("Delivered", false);
+        assert_eq!(
+            (record.amount, record.currency.as_str()),
+            (Decimal::new(1050, 2), "EUR")
+        );
+        assert_eq!(record.destination_amount, Some(Decimal::new(1137, 2)));
+        assert_eq!(record.destination_currency.as_deref(), Some("USD"));
+
+        let failed = Payment {
+            status: TransactionStatus::Cancelled,
+            ..payment.clone()
+        }
+        .record("Delivered", false);
+        assert_eq!(failed.destination_amount, None);
+        assert_eq!(failed.error_message.as_deref(), Some("cancelled"));
+
+        let pending = payment.record_in_progress();
+        assert_eq!(pending.transaction_status, TransactionStatus::Pending);
+        assert_eq!(
+            (pending.destination_amount, pending.error_message.as_deref()),
+            (None, None)
+        );
+        assert_eq!(pending.callback_delivery_status.as_deref(), Some("NotSent"));
+        // Read back as the merchant's lookup reads it.
+        let read: TransactionRecord =
+            serde_json::from_value(serde_json::to_value(&pending).unwrap()).unwrap();
+        assert_eq!(read.transaction_status, TransactionStatus::Pending);
+
+        let plain = Payment::default();
+        let body = plain.body(RequestKind::Callback);
+        assert_eq!(body["destinationCurrency"], "EUR");
+        assert!(to_text(&body).contains(r#""destinationAmount":10.00,"#));
     }
 
     #[test]

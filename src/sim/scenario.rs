@@ -31,16 +31,18 @@
 //! | step `kind` | what the simulated aggregator does | expectations |
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
-//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it) | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
+//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it). Answered 200 and not denied, the transaction is created at the gateway, in progress (status 3, `callbackDeliveryStatus` `NotSent`, no `destinationAmount`) until a callback step gives its result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings`, `moved` |
 //! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings`, `moved` |
-//! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled` |
-//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `bookings`, `moved` |
+//! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled`, `in_progress` (the record's status is 0–3) |
+//! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `in_progress` (the merchant found the transaction unfinished and booked nothing), `bookings`, `moved` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
 //!
 //! Any step can change the transaction with a `payment` table (`amount`, `currency`,
-//! `client`, `direction`, `provider`, `collab`, `status`). An expectation a step does not
+//! `client`, `direction`, `provider`, `collab`, `status`, and `destination_amount` and
+//! `destination_currency` for what the payment system delivered when it is not the amount
+//! paid: a conversion, a fee taken on the way). An expectation a step does not
 //! check (the table's last column; none for a `lost` callback) is refused when the file is
 //! read, and so is a step that checks something but is given no expectation (a
 //! `forged-callback` judges itself; a lost callback, `gateway-result` and `new-transaction`
@@ -118,6 +120,7 @@ impl Expect {
             ("delivery_status", self.delivery_status.is_some()),
             ("canceled", self.canceled.is_some()),
             ("booked", self.booked.is_some()),
+            ("in_progress", self.in_progress.is_some()),
             ("bookings", self.bookings.is_some()),
             ("moved", self.moved.is_some()),
         ]
@@ -180,8 +183,22 @@ impl Step {
                 ],
             ),
             Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings", "moved"]),
-            Self::Lookup { expect } => (Some(expect), &["delivery_status", "canceled"]),
-            Self::Reconcile { expect } => (Some(expect), &["booked", "bookings", "moved"]),
+            Self::Lookup { expect } => (
+                Some(expect),
+                &["delivery_status", "canceled", "in_progress"],
+            ),
+            Self::Reconcile { expect } => {
+                if expect.booked.is_some() && expect.in_progress == Some(true) {
+                    return Err("a reconcile that finds the transaction in progress books \
+                                nothing and finds nothing booked: `booked` and \
+                                `in_progress = true` cannot both hold"
+                        .into());
+                }
+                (
+                    Some(expect),
+                    &["booked", "in_progress", "bookings", "moved"],
+                )
+            }
             Self::GatewayResult { .. } | Self::NewTransaction {} => (None, &[]),
         };
         if let Some(moved) = expect.and_then(|e| e.moved.as_deref())
@@ -250,6 +267,11 @@ pub struct PaymentSpec {
     pub collab: Option<i64>,
     /// The callback's status code.
     pub status: Option<i32>,
+    /// What the payment system delivered, exactly as written (`"27.61"`), when it is not
+    /// the amount: the callback's and the lookup's `destinationAmount`.
+    pub destination_amount: Option<String>,
+    /// The currency delivered, when it is not `currency`: `destinationCurrency`.
+    pub destination_currency: Option<String>,
 }
 
 impl PaymentSpec {
@@ -279,6 +301,14 @@ impl PaymentSpec {
         }
         if let Some(status) = self.status {
             payment.status = TransactionStatus::from_code(status);
+        }
+        if let Some(amount) = &self.destination_amount {
+            payment.destination_amount = Some(amount.parse().map_err(|e| {
+                SimError::request(format!("destination_amount `{amount}`")).because(e)
+            })?);
+        }
+        if let Some(currency) = &self.destination_currency {
+            payment.destination_currency = Some(currency.clone());
         }
         Ok(())
     }
@@ -323,6 +353,10 @@ pub struct Expect {
     pub canceled: Option<bool>,
     /// Reconcile booked the result now (`true`) or found it booked (`false`).
     pub booked: Option<bool>,
+    /// The transaction is still in progress (a status 0 to 3, no result yet): as the
+    /// lookup's record says, or as the merchant's reconcile found it (booking nothing).
+    /// `false`: it is not.
+    pub in_progress: Option<bool>,
     /// How many results of the transaction the merchant's books count after the step (1
     /// however often one result was delivered): seen through [`Target::observer`]; a run
     /// without one says it could not check it.
@@ -460,7 +494,7 @@ impl Forgery {
 }
 
 /// The scenarios shipped with payhook (file name, TOML), as `payhook demo` runs them.
-pub const SHIPPED: [(&str, &str); 13] = [
+pub const SHIPPED: [(&str, &str); 14] = [
     ("deposit.toml", include_str!("../../scenarios/deposit.toml")),
     (
         "forged-callbacks.toml",
@@ -510,13 +544,42 @@ pub const SHIPPED: [(&str, &str); 13] = [
         "unlike-validation.toml",
         include_str!("../../scenarios/unlike-validation.toml"),
     ),
+    (
+        "reconcile-in-progress.toml",
+        include_str!("../../scenarios/reconcile-in-progress.toml"),
+    ),
 ];
 
-/// Recovers a transaction through the merchant's own reconcile: `Ok(true)` when it booked
-/// the result now, `Ok(false)` when it was booked before, an error of the merchant's code
-/// when it could not.
+/// What a merchant's reconcile did with a transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reconciliation {
+    /// It booked the result now: its callback had been lost.
+    BookedNow,
+    /// The result was booked before (its callback arrived): nothing done.
+    AlreadyBooked,
+    /// The transaction is still in progress (no result yet): nothing to book.
+    InProgress,
+}
+
+impl Reconciliation {
+    /// How the story tells it.
+    fn told(self) -> &'static str {
+        match self {
+            Self::BookedNow => "booked now",
+            Self::AlreadyBooked => "already acknowledged",
+            Self::InProgress => "still in progress, nothing booked",
+        }
+    }
+}
+
+/// Recovers a transaction through the merchant's own reconcile: what it did, or an error of
+/// the merchant's code when it could not.
 pub type Reconciler = Arc<
-    dyn Fn(Uuid) -> Pin<Box<dyn Future<Output = Result<bool, crate::HandlerError>> + Send>>
+    dyn Fn(
+            Uuid,
+        )
+            -> Pin<Box<dyn Future<Output = Result<Reconciliation, crate::HandlerError>> + Send>>
         + Send
         + Sync,
 >;
@@ -684,7 +747,7 @@ pub async fn run(scenario: &Scenario, target: &Target) -> Result<Report, SimErro
     let mut base = Payment::default();
     scenario.payment.apply(&mut base)?;
     let mut current = base.clone();
-    let mut posted_here = PostedHere::default();
+    let mut kept = Kept::default();
     let control = MockControl::new(target.gateway.gateway_url.as_deref().unwrap_or_default())?;
     let mut report = Report {
         name: scenario.name.clone(),
@@ -692,7 +755,7 @@ pub async fn run(scenario: &Scenario, target: &Target) -> Result<Report, SimErro
         steps: Vec::new(),
     };
     for step in &scenario.steps {
-        let step_report = run_step(step, target, &control, &mut current, &mut posted_here).await?;
+        let step_report = run_step(step, target, &control, &mut current, &mut kept).await?;
         report.steps.push(step_report);
     }
     Ok(report)
@@ -706,16 +769,24 @@ fn url(target: &Target, kind: RequestKind) -> String {
     )
 }
 
-/// The validation ids whose result a `gateway-result` step of the scenario posted itself:
-/// that the gateway holds a result for one of them says nothing of the merchant.
-type PostedHere = std::collections::HashSet<ValidationId>;
+/// What a run remembers of what it did at the gateway.
+#[derive(Debug, Default)]
+struct Kept {
+    /// The validation ids whose result a `gateway-result` step of the scenario posted
+    /// itself: that the gateway holds a result for one of them says nothing of the merchant.
+    posted_here: std::collections::HashSet<ValidationId>,
+    /// The transactions (by reference id) the gateway holds a record of: one created by a
+    /// validation, or given its result by a callback step. A validation asked again does
+    /// not create it again, over its result.
+    recorded: std::collections::HashSet<Uuid>,
+}
 
 async fn run_step(
     step: &Step,
     target: &Target,
     control: &MockControl,
     current: &mut Payment,
-    posted_here: &mut PostedHere,
+    kept: &mut Kept,
 ) -> Result<StepReport, SimError> {
     let mut story = Vec::new();
     let mut problems = Vec::new();
@@ -767,7 +838,7 @@ async fn run_step(
             // merchant's only if the merchant posts one (the same: accepted) during the step.
             let own_result = expect.result.is_some()
                 && expect.conflicts.is_none()
-                && posted_here.contains(&current.validation_id);
+                && kept.posted_here.contains(&current.validation_id);
             // Counted for the validation asked about alone: another's result posted late
             // must not be taken for this one's.
             let before = if expect.conflicts.is_some() || own_result {
@@ -903,6 +974,7 @@ async fn run_step(
                     }
                 }
             }
+            create_transaction(control, current, &exchange, kept, &mut story).await?;
             "transaction validation"
         }
         Step::Callback {
@@ -962,6 +1034,7 @@ async fn run_step(
                     }
                 }
             }
+            kept.recorded.insert(current.reference_id);
             observe(
                 target,
                 &current.nonce,
@@ -1032,6 +1105,15 @@ async fn run_step(
             {
                 problems.push(format!("expected isCallbackSendingCanceled {wanted}"));
             }
+            let in_progress = record.transaction_status.in_progress();
+            if let Some(wanted) = expect.in_progress
+                && wanted != in_progress
+            {
+                problems.push(format!(
+                    "expected in_progress = {wanted}: the record's transactionStatus is {}",
+                    record.transaction_status
+                ));
+            }
             "lookup"
         }
         Step::Reconcile { expect } => {
@@ -1041,19 +1123,13 @@ async fn run_step(
                 )
             })?;
             match reconciler(current.reference_id).await {
-                Ok(booked) => {
+                Ok(done) => {
                     story.push(format!(
                         "merchant: reconcile {} → {}",
                         current.reference_id,
-                        if booked {
-                            "booked now"
-                        } else {
-                            "already acknowledged"
-                        }
+                        done.told()
                     ));
-                    if expect.booked.is_some_and(|wanted| wanted != booked) {
-                        problems.push(format!("expected booked = {:?}", expect.booked));
-                    }
+                    reconciled(expect, done, &mut problems);
                 }
                 Err(error) => problems.push(format!("reconcile failed: {error}")),
             }
@@ -1072,7 +1148,7 @@ async fn run_step(
             success,
             description,
         } => {
-            posted_here.insert(current.validation_id);
+            kept.posted_here.insert(current.validation_id);
             let client = GatewayClient::new(&target.gateway)?;
             client
                 .post_validation_result(&PostponedValidationResult {
@@ -1181,6 +1257,63 @@ async fn awaited_result(
         )),
     }
     Ok(())
+}
+
+/// A validation answered 200 and not denied: the aggregator creates the transaction, in
+/// progress until its result — unless the gateway holds a record of it already (a validation
+/// asked again, or one after its callback), which stays as it is.
+async fn create_transaction(
+    control: &MockControl,
+    current: &Payment,
+    exchange: &Exchange,
+    kept: &mut Kept,
+    story: &mut Vec<String>,
+) -> Result<(), SimError> {
+    if exchange.status != Some(200) || kept.recorded.contains(&current.reference_id) {
+        return Ok(());
+    }
+    let denied = control
+        .validation_result(current.validation_id)
+        .await?
+        .is_some_and(|result| !result.success);
+    if denied {
+        return Ok(());
+    }
+    control
+        .put_transaction(&current.record_in_progress())
+        .await?;
+    kept.recorded.insert(current.reference_id);
+    story.push(format!(
+        "aggregator: transaction {} created: {} until its result",
+        current.reference_id,
+        TransactionStatus::Pending
+    ));
+    Ok(())
+}
+
+/// Checks a reconcile's outcome against `booked` and `in_progress`.
+fn reconciled(expect: &Expect, done: Reconciliation, problems: &mut Vec<String>) {
+    if let Some(wanted) = expect.booked {
+        let booked = match done {
+            Reconciliation::BookedNow => Some(true),
+            Reconciliation::AlreadyBooked => Some(false),
+            Reconciliation::InProgress => None,
+        };
+        if booked != Some(wanted) {
+            problems.push(format!(
+                "expected booked = {wanted}; the merchant's reconcile said: {}",
+                done.told()
+            ));
+        }
+    }
+    if let Some(wanted) = expect.in_progress
+        && wanted != (done == Reconciliation::InProgress)
+    {
+        problems.push(format!(
+            "expected in_progress = {wanted}; the merchant's reconcile said: {}",
+            done.told()
+        ));
+    }
 }
 
 /// Sends the callback `copies + 1` times at once, as a retrying aggregator racing itself
@@ -1351,6 +1484,57 @@ mod tests {
             ..PaymentSpec::default()
         };
         assert!(bad_amount.apply(&mut payment).is_err());
+        let bad_delivered = PaymentSpec {
+            destination_amount: Some("11,37".into()),
+            ..PaymentSpec::default()
+        };
+        let refused = report(bad_delivered.apply(&mut payment).unwrap_err());
+        assert!(refused.contains("destination_amount `11,37`"), "{refused}");
+    }
+
+    #[test]
+    fn a_converted_payment_is_written_in_its_callback() {
+        let text = "name = \"x\"\n[payment]\namount = \"10.50\"\ndestination_amount = \"11.37\"\n\
+                    destination_currency = \"USD\"\n[[step]]\nkind = \"callback\"\nexpect = { delivered = true }\n";
+        let scenario = Scenario::parse(text, "c.toml").unwrap();
+        let mut payment = Payment::default();
+        scenario.payment.apply(&mut payment).unwrap();
+        let body = to_text(&payment.body(RequestKind::Callback));
+        assert!(
+            body.contains(r#""amount":10.50,"#)
+                && body.contains(r#""destinationAmount":11.37,"destinationCurrency":"USD""#),
+            "{body}"
+        );
+    }
+
+    /// `booked` and `in_progress` hold only for what the merchant's reconcile said: an
+    /// unfinished transaction booked, or said booked, fails the step.
+    #[test]
+    fn a_reconcile_is_judged_by_what_the_merchant_said() {
+        let expect = |booked: Option<bool>, in_progress: Option<bool>| Expect {
+            booked,
+            in_progress,
+            ..Expect::default()
+        };
+        let unmet = |expect: &Expect, done: Reconciliation| {
+            let mut problems = Vec::new();
+            reconciled(expect, done, &mut problems);
+            problems
+        };
+        use Reconciliation::{AlreadyBooked, BookedNow, InProgress};
+        let early = expect(None, Some(true));
+        assert!(unmet(&early, InProgress).is_empty());
+        for wrong in [BookedNow, AlreadyBooked] {
+            let problems = unmet(&early, wrong);
+            assert_eq!(problems.len(), 1, "{wrong:?}");
+            assert!(problems[0].contains(wrong.told()), "{problems:?}");
+        }
+        let recovered = expect(Some(true), Some(false));
+        assert!(unmet(&recovered, BookedNow).is_empty());
+        assert_eq!(unmet(&recovered, AlreadyBooked).len(), 1);
+        // Nothing booked, and nothing found booked: neither `booked = true` nor `false`.
+        assert_eq!(unmet(&recovered, InProgress).len(), 2);
+        assert_eq!(unmet(&expect(Some(false), None), InProgress).len(), 1);
     }
 
     /// The money a step moved is checked by value, whatever its scale, and a count alone
@@ -1447,6 +1631,14 @@ mod tests {
         refused(
             "kind = \"callback\"\nexpect = { moved = \"ten\" }",
             "moved = \"ten\" is not a decimal amount",
+        );
+        refused(
+            "kind = \"callback\"\nexpect = { in_progress = false }",
+            "does not check in_progress",
+        );
+        refused(
+            "kind = \"reconcile\"\nexpect = { booked = false, in_progress = true }",
+            "cannot both hold",
         );
         // A step that sends and checks nothing would pass whatever the answer.
         for kind in [

@@ -7,7 +7,7 @@ use payhook::gateway::GatewayClient;
 use payhook::model::{Nonce, TransactionStatus};
 use payhook::server::Reconciled;
 use payhook::signature::{Algorithm, SigningKey, generate_key_pair};
-use payhook::sim::scenario::{Observed, Reconciler, Scenario, Target};
+use payhook::sim::scenario::{Observed, Reconciler, Reconciliation, Scenario, Target};
 use payhook::sim::{MockGateway, MockGatewayConfig, Signer, Trigger};
 use payhook::store::Store;
 use rust_decimal::Decimal;
@@ -160,16 +160,14 @@ async fn demo(
             Box::pin(async move {
                 let outcome = app.reconcile(&gateway, &[reference_id]).await;
                 match outcome.into_iter().next().map(|(_, o)| o) {
-                    Some(Ok(Reconciled::Booked(_))) => Ok(true),
+                    Some(Ok(Reconciled::Booked(_))) => Ok(Reconciliation::BookedNow),
                     Some(Ok(Reconciled::Held { reason, .. })) => {
                         Err(HandlerError::msg(format!("held, not booked: {reason}")))
                     }
                     Some(Ok(Reconciled::AlreadyBooked(_) | Reconciled::AlreadyHeld { .. })) => {
-                        Ok(false)
+                        Ok(Reconciliation::AlreadyBooked)
                     }
-                    Some(Ok(Reconciled::NotFinal(status))) => {
-                        Err(HandlerError::msg(format!("not final: {status}")))
-                    }
+                    Some(Ok(Reconciled::NotFinal(_))) => Ok(Reconciliation::InProgress),
                     Some(Ok(other)) => Err(HandlerError::msg(format!("{other:?}"))),
                     Some(Err(error)) => Err(HandlerError::from(error)),
                     None => Err(HandlerError::msg("nothing reconciled")),

@@ -4,7 +4,7 @@
 use clap::Args;
 use payhook::Config;
 use payhook::HandlerError;
-use payhook::sim::scenario::{Observed, Observer, Reconciler, Scenario, Target};
+use payhook::sim::scenario::{Observed, Observer, Reconciler, Reconciliation, Scenario, Target};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use crate::Failure;
@@ -37,7 +37,8 @@ pub(crate) struct ScenarioArgs {
     signing: SigningArgs,
     /// The merchant's reconcile for `reconcile` steps, run with `sh -c`; `{reference_id}` is
     /// replaced, e.g. `cargo run --example merchant -- reconcile --ref {reference_id}`; it
-    /// prints what `payhook::admin` prints: `booked now`, or `already acknowledged`.
+    /// prints what `payhook::admin` prints: `booked now`, `already acknowledged`, or `not
+    /// final` (the transaction is still in progress).
     #[arg(long)]
     reconcile_command: Option<String>,
     /// How long to wait for a posted validation result.
@@ -283,9 +284,11 @@ fn command_reconciler(command: String, within: Duration) -> Reconciler {
                 )));
             }
             if stdout.contains("booked now") {
-                Ok(true)
+                Ok(Reconciliation::BookedNow)
             } else if stdout.contains("already acknowledged") {
-                Ok(false)
+                Ok(Reconciliation::AlreadyBooked)
+            } else if stdout.contains("not final") {
+                Ok(Reconciliation::InProgress)
             } else {
                 Err(HandlerError::msg(format!(
                     "the reconcile command said: {}",

@@ -87,6 +87,13 @@ pub(crate) struct PaymentArgs {
     /// The transaction's reference id (default: a fresh one).
     #[arg(long)]
     reference_id: Option<Uuid>,
+    /// The amount the payment system delivered, when not --amount (a conversion, a fee):
+    /// the callback's and the lookup's destinationAmount.
+    #[arg(long)]
+    destination_amount: Option<Decimal>,
+    /// The currency delivered, when not --currency: destinationCurrency.
+    #[arg(long)]
+    destination_currency: Option<String>,
     /// Start from this JSON body instead of the built one.
     #[arg(long)]
     file: Option<PathBuf>,
@@ -128,6 +135,10 @@ impl PaymentArgs {
         if let Some(reference) = self.reference_id {
             payment.reference_id = reference;
         }
+        payment.destination_amount = self.destination_amount;
+        payment
+            .destination_currency
+            .clone_from(&self.destination_currency);
         payment
     }
 
