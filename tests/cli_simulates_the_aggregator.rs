@@ -492,7 +492,8 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     let mut files: Vec<String> = std::fs::read_dir(&shipped)
         .unwrap()
         .map(|e| e.unwrap().path().display().to_string())
-        // These two need the merchant's reconcile: tried below with a command.
+        // These two need the merchant's reconcile (`payhook demo` runs them in-process);
+        // reconcile steps are tried below with a command, in files of their own.
         .filter(|p| {
             !p.ends_with("lost-callback.toml") && !p.ends_with("reconcile-in-progress.toml")
         })
@@ -741,7 +742,8 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
     .await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     assert!(
-        stdout.contains("created: 3 (pending) until its result")
+        stdout.contains(": 3 (pending) until its result")
+            && stdout.contains("created after validation ")
             && stdout.contains("→ 3 (pending), callbackDeliveryStatus NotSent")
             && stdout.contains("→ still in progress, nothing booked"),
         "{stdout}"
@@ -819,7 +821,8 @@ async fn merchant_posting(
 
 /// A merchant that posts its refused result again (a 403 is final) fails a step expecting
 /// one refusal: it passed, the watch ending at the first. And one that posts the expected
-/// result and then another fails a step expecting that result and no conflict.
+/// result and then another fails a step expecting that result and no conflict. A postponed
+/// validation's result decides whether the aggregator creates its transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_posted_again_after_its_refusal_or_contradicted_fails_the_step() {
     let mock = MockGateway::start(MockGatewayConfig::default())
@@ -860,6 +863,26 @@ async fn a_result_posted_again_after_its_refusal_or_contradicted_fails_the_step(
     .await;
     assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(stdout.contains("that the gateway refused (403"), "{stdout}");
+
+    // A postponed validation denied: the aggregator creates no transaction, and a lookup
+    // finds none. Allowed, it is created, in progress until its result.
+    let looked_up = scenario_file(
+        data.path(),
+        "looked-up",
+        "[[step]]\nkind = \"transaction-validation\"\nexpect = { status = 200 }\n\
+         [[step]]\nkind = \"lookup\"\nexpect = { in_progress = true }\n",
+    );
+    let denying = merchant_posting(mock.gateway_config(), &[(false, 0)], 1).await;
+    let to = format!("http://{denying}");
+    let (code, stdout, stderr) = payhook(scenario_command(&looked_up, &to, &mock.url(), &[])).await;
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(!stdout.contains("created after validation"), "{stdout}");
+    assert!(stderr.contains("404"), "{stderr}");
+    let allowing = merchant_posting(mock.gateway_config(), &[(true, 0)], 1).await;
+    let to = format!("http://{allowing}");
+    let (code, stdout, stderr) = payhook(scenario_command(&looked_up, &to, &mock.url(), &[])).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("created after validation "), "{stdout}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1166,7 +1166,8 @@ async fn with_the_database_gone_a_session_may_look_and_is_refused_a_change() {
 
     as_admin(format!("ALTER ROLE {role} NOLOGIN")).await;
     as_admin(format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+        // Each waited for (up to 10 s): a connection not yet gone could serve the logout.
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE usename = '{role}'"
     ))
     .await;
     assert_eq!(

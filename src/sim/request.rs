@@ -215,17 +215,17 @@ impl Payment {
 
     /// The aggregator's record of this transaction (spec 2.6) once its result is in, with
     /// the given callback delivery status: `status` and its message, `errorMessage` for a
-    /// failure, and `destinationAmount` for a success only (`null` where no money was
-    /// delivered).
+    /// failure, and the callback's `destinationAmount` and `destinationCurrency`.
     pub fn record(&self, delivery_status: &str, sending_canceled: bool) -> TransactionRecord {
-        let delivered = self.status.is_success().then(|| self.delivered_amount());
+        let delivered = Some(self.delivered_amount());
         self.record_as(self.status, delivered, delivery_status, sending_canceled)
     }
 
     /// The aggregator's record of this transaction while it is still in progress: created
     /// after its validation, no result from the payment system yet. Status 3 (pending), no
-    /// callback due (`callbackDeliveryStatus` `NotSent`), no money delivered
-    /// (`destinationAmount` `null`). A merchant's recovery reading it must book nothing.
+    /// callback due (`callbackDeliveryStatus` `NotSent`), no money delivered yet
+    /// (`destinationAmount` `null`, which only the lookup's record may be). A merchant's
+    /// recovery reading it must book nothing.
     ///
     /// ```
     /// use payhook::model::TransactionStatus;
@@ -420,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn a_converted_payment_carries_what_was_delivered_and_a_failure_delivered_nothing() {
+    fn a_converted_payment_carries_what_was_delivered_and_an_unfinished_one_nothing_yet() {
         let payment = Payment {
             amount: Decimal::new(1050, 2),
             destination_amount: Some(Decimal::new(1137, 2)),
@@ -441,13 +441,16 @@ mod tests {
         assert_eq!(record.destination_amount, Some(Decimal::new(1137, 2)));
         assert_eq!(record.destination_currency.as_deref(), Some("USD"));
 
+        // A failure's record says what its callback says.
         let failed = Payment {
             status: TransactionStatus::Cancelled,
             ..payment.clone()
-        }
-        .record("Delivered", false);
-        assert_eq!(failed.destination_amount, None);
-        assert_eq!(failed.error_message.as_deref(), Some("cancelled"));
+        };
+        let record = failed.record("Delivered", false);
+        let callback: crate::model::CallbackBody =
+            serde_json::from_str(&to_text(&failed.body(RequestKind::Callback))).unwrap();
+        assert_eq!(record.destination_amount, callback.destination_amount);
+        assert_eq!(record.error_message.as_deref(), Some("cancelled"));
 
         let pending = payment.record_in_progress();
         assert_eq!(pending.transaction_status, TransactionStatus::Pending);

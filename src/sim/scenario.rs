@@ -31,7 +31,7 @@
 //! | step `kind` | what the simulated aggregator does | expectations |
 //! |---|---|---|
 //! | `providers-validation` | sends the request | `status`, `message` (contained), `providers` (count) |
-//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it). Answered 200 and not denied, the transaction is created at the gateway, in progress (status 3, `callbackDeliveryStatus` `NotSent`, no `destinationAmount`) until a callback step gives its result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
+//! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it). Answered 200, the transaction is created at the gateway in progress (status 3, `callbackDeliveryStatus` `NotSent`, no `destinationAmount`) — unless the gateway holds a denial for the validation when a `lookup` or `reconcile` step first asks — until a callback step gives its result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings`, `moved` |
 //! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key) | `bookings`, `moved` |
 //! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled`, `in_progress` (the record's status is 0–3) |
@@ -776,9 +776,13 @@ struct Kept {
     /// itself: that the gateway holds a result for one of them says nothing of the merchant.
     posted_here: std::collections::HashSet<ValidationId>,
     /// The transactions (by reference id) the gateway holds a record of: one created by a
-    /// validation, or given its result by a callback step. A validation asked again does
-    /// not create it again, over its result.
+    /// validation, or given its result by a callback step. It is not created again, over
+    /// its result.
     recorded: std::collections::HashSet<Uuid>,
+    /// The transactions (by reference id) a validation was answered 200 for, by the latest
+    /// such validation's id: created at the gateway when a lookup or a reconcile first
+    /// asks, unless the gateway holds a denial for that validation by then.
+    validated: std::collections::HashMap<Uuid, ValidationId>,
 }
 
 async fn run_step(
@@ -974,7 +978,10 @@ async fn run_step(
                     }
                 }
             }
-            create_transaction(control, current, &exchange, kept, &mut story).await?;
+            if exchange.status == Some(200) {
+                kept.validated
+                    .insert(current.reference_id, current.validation_id);
+            }
             "transaction validation"
         }
         Step::Callback {
@@ -1074,6 +1081,16 @@ async fn run_step(
             if !verdict.correct {
                 problems.push(format!("expected {}", verdict.expected));
             }
+            // The genuine callback's delivery is what the gateway records.
+            let delivered = verdict
+                .answers
+                .last()
+                .is_some_and(|genuine| genuine.starts_with('2'));
+            let status = if delivered { "Delivered" } else { "Failed" };
+            control
+                .put_transaction(&current.record(status, false))
+                .await?;
+            kept.recorded.insert(current.reference_id);
             observe(
                 target,
                 &current.nonce,
@@ -1086,6 +1103,7 @@ async fn run_step(
             "forged callback"
         }
         Step::Lookup { expect } => {
+            created_by_validation(control, current, kept, &mut story).await?;
             let client = GatewayClient::new(&target.gateway)?;
             let record = client.transaction(current.reference_id).await?;
             let status = record.callback_delivery_status.clone().unwrap_or_default();
@@ -1117,6 +1135,7 @@ async fn run_step(
             "lookup"
         }
         Step::Reconcile { expect } => {
+            created_by_validation(control, current, kept, &mut story).await?;
             let reconciler = target.reconciler.as_ref().ok_or_else(|| {
                 SimError::request(
                     "a reconcile step needs the merchant's reconcile (--reconcile-command, or an in-process app)",
@@ -1259,21 +1278,25 @@ async fn awaited_result(
     Ok(())
 }
 
-/// A validation answered 200 and not denied: the aggregator creates the transaction, in
-/// progress until its result — unless the gateway holds a record of it already (a validation
-/// asked again, or one after its callback), which stays as it is.
-async fn create_transaction(
+/// A transaction a validation was answered 200 for, of which the gateway holds no record
+/// yet: created now, in progress until its result — unless the gateway holds a denial for
+/// that validation (a postponed validation denied: no transaction). The simulator cannot
+/// tell an immediate answer from a postponed one whose result is still to come: a
+/// validation with no result held counts as allowed.
+async fn created_by_validation(
     control: &MockControl,
     current: &Payment,
-    exchange: &Exchange,
     kept: &mut Kept,
     story: &mut Vec<String>,
 ) -> Result<(), SimError> {
-    if exchange.status != Some(200) || kept.recorded.contains(&current.reference_id) {
+    if kept.recorded.contains(&current.reference_id) {
         return Ok(());
     }
+    let Some(&validation_id) = kept.validated.get(&current.reference_id) else {
+        return Ok(());
+    };
     let denied = control
-        .validation_result(current.validation_id)
+        .validation_result(validation_id)
         .await?
         .is_some_and(|result| !result.success);
     if denied {
@@ -1284,7 +1307,7 @@ async fn create_transaction(
         .await?;
     kept.recorded.insert(current.reference_id);
     story.push(format!(
-        "aggregator: transaction {} created: {} until its result",
+        "aggregator: transaction {} created after validation {validation_id}: {} until its result",
         current.reference_id,
         TransactionStatus::Pending
     ));
