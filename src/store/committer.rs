@@ -913,7 +913,12 @@ impl Sweeper {
                 let (flag, cond) = &*thread_stop;
                 let mut stopped = lock(flag);
                 let mut clock = super::horizon::PurgeClock::new();
-                clock.read_at_start(wall_ms());
+                let last_commit = sweeper_writer.context.watermark.last().at;
+                clock.read_at_start(
+                    wall_ms(),
+                    Some(super::ms_from_time(last_commit)),
+                    sweeper_writer.context.retention_ms,
+                );
                 while !*stopped {
                     stopped = cond
                         .wait_timeout(stopped, interval)

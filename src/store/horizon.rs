@@ -16,8 +16,8 @@
 //! for a change of the service's, and writes with the longer of the two ([`writes_with`]),
 //! so that what it books is kept as long as the service vouches for. A sweep purges by
 //! [`PurgeClock`]: the clock, but never ahead of the time elapsed since the sweeper
-//! started. Where several instances write (PostgreSQL), a growth
-//! counts from a little after it was recorded (`settle`): an instance still writing with
+//! started (since the store's newest write, where the clock at start reads well past it).
+//! Where several instances write (PostgreSQL), a growth counts from a little after it was recorded (`settle`): an instance still writing with
 //! the shorter retention moves the record back at its next sweep, and one that stopped
 //! before its next sweep wrote nothing after that.
 //!
@@ -233,8 +233,16 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
 /// purges what expired by the elapsed time, and says once that the clock ran ahead. A clock
 /// that moves back purges less: records are kept longer, never shorter; so does a machine
-/// that was suspended (the monotonic clock stops meanwhile), until the process restarts. A
-/// clock already wrong when the sweeper starts is not caught.
+/// that was suspended (the monotonic clock stops meanwhile), until the process restarts.
+///
+/// A clock already wrong when the sweeper starts is caught where the store knows when it
+/// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less
+/// the retention): the first reading is then held back to that write when the clock reads
+/// more than the slack past it. So the time a store was stopped does not
+/// count towards its records' retention — they are kept that much longer, while this process
+/// runs — and a clock 40 days ahead at start purges nothing early. A store that was stopped
+/// longer than its retention, by the clock, says so in a warning: either its clock is wrong,
+/// or every record would have gone at the first sweep.
 #[derive(Debug)]
 pub(crate) struct PurgeClock {
     /// The first clock reading and when it was taken.
@@ -255,10 +263,53 @@ impl PurgeClock {
     }
 
     /// Takes the first reading, `clock_ms` now, when none was taken: as the sweeper starts,
-    /// a sweep interval before its first sweep.
-    pub(crate) fn read_at_start(&mut self, clock_ms: u64) {
-        self.first
-            .get_or_insert((clock_ms, std::time::Instant::now()));
+    /// a sweep interval before its first sweep. `last_commit_ms`, when the store knows when
+    /// it last committed, holds the reading back to that commit where the clock reads more
+    /// than [`Self::SLACK`] past it (said in the log: a warning beyond `retention_ms`).
+    pub(crate) fn read_at_start(
+        &mut self,
+        clock_ms: u64,
+        last_commit_ms: Option<u64>,
+        retention_ms: u64,
+    ) {
+        if self.first.is_some() {
+            return;
+        }
+        let first = match last_commit_ms {
+            Some(last) if clock_ms > last.saturating_add(millis(Self::SLACK)) => {
+                let gap = Duration::from_millis(clock_ms - last);
+                Self::say_held_back(gap, Duration::from_millis(retention_ms));
+                // Said: the sweeps held back by it need not say it again.
+                self.said = true;
+                last
+            }
+            _ => clock_ms,
+        };
+        self.first = Some((first, std::time::Instant::now()));
+    }
+
+    /// Says that the store's last commit lies `gap` behind the clock at start.
+    fn say_held_back(gap: Duration, retention: Duration) {
+        let beyond = gap > retention;
+        let gap = crate::setting::format_duration(gap);
+        if beyond {
+            tracing::warn!(
+                %gap,
+                retention = %crate::setting::format_duration(retention),
+                "the store's last commit is longer before this start, by the clock, than the \
+                 retention: were the clock wrong, every record would be purged at the first \
+                 sweep; records are purged by the time elapsed since that commit instead (kept \
+                 that much longer); check the machine's time if the store was not stopped that long"
+            );
+        } else {
+            tracing::info!(
+                %gap,
+                "the store's last commit is a while before this start, by the clock: records \
+                 are purged by the time elapsed since that commit, so that the time the store \
+                 was stopped does not count towards their retention, and a clock wrong at \
+                 start purges nothing early"
+            );
+        }
     }
 
     /// The time to purge by when the clock reads `clock_ms` now.
@@ -350,6 +401,35 @@ mod tests {
         let year = Duration::from_millis(365 * DAY);
         let slewed = first + 365 * DAY + HOUR + 8 * HOUR;
         assert_eq!(clock.bounded(slewed, first, year), slewed);
+    }
+
+    /// A clock already 40 days ahead when the sweeper starts is held back to the store's
+    /// last commit; one within the slack of it, or behind it, or a store that does not say,
+    /// purges by the clock.
+    #[test]
+    fn a_clock_ahead_at_start_is_held_back_to_the_last_commit() {
+        let last = 1_000 * DAY;
+        let retention = 30 * DAY;
+        let mut ahead = PurgeClock::new();
+        ahead.read_at_start(last + 40 * DAY, Some(last), retention);
+        let by = ahead.purge_by(last + 40 * DAY);
+        assert!(
+            (last + HOUR..last + 2 * HOUR).contains(&by),
+            "purged by {by}, not near the last commit {last}"
+        );
+        // Three days stopped: the three days do not count towards the retention.
+        let mut stopped = PurgeClock::new();
+        stopped.read_at_start(last + 3 * DAY, Some(last), retention);
+        assert!(stopped.purge_by(last + 3 * DAY) < last + 2 * HOUR);
+        for (clock, known) in [
+            (last + HOUR / 2, Some(last)),
+            (last - DAY, Some(last)),
+            (last + 40 * DAY, None),
+        ] {
+            let mut clock_at = PurgeClock::new();
+            clock_at.read_at_start(clock, known, retention);
+            assert_eq!(clock_at.purge_by(clock), clock, "{clock} {known:?}");
+        }
     }
 
     /// An operator's command writes with the longer of its retention and the store's; a

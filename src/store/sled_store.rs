@@ -2864,6 +2864,40 @@ mod tests {
         );
     }
 
+    /// How many times [`ahead_from_the_start`] was read.
+    static AHEAD_READINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// The wall clock, 40 days ahead from its first reading on (a VM that booted with a
+    /// wrong clock, before NTP set it right).
+    fn ahead_from_the_start() -> u64 {
+        AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
+        now_ms() + 40 * 24 * 3_600_000
+    }
+
+    /// A booking of a store kept 30 days, swept by a clock already 40 days ahead when the
+    /// sweeper starts: kept, the sweep held back to the store's last commit. Read from the
+    /// start, the clock purged it.
+    #[test]
+    fn a_clock_ahead_at_start_purges_nothing_early() {
+        let (runtime, store, _dir) = on_two_threads();
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let sweeper = Sweeper::start_with(
+            Arc::clone(&store.inner.writer),
+            Duration::from_millis(5),
+            ahead_from_the_start,
+        )
+        .unwrap();
+        wait_until(
+            || AHEAD_READINGS.load(Ordering::SeqCst) >= 4,
+            "the sweeper never swept",
+        );
+        drop(sweeper);
+        assert!(
+            acknowledged(&runtime, &store, "n-1"),
+            "a sweep purged by a clock ahead at start"
+        );
+    }
+
     /// A store's configuration in `dir`, the defaults otherwise.
     fn config_in(dir: &std::path::Path) -> StoreConfig {
         StoreConfig {

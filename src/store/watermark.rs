@@ -380,6 +380,11 @@ impl Watermark {
         Ok(given_up)
     }
 
+    /// The seal of the store's newest durable commit.
+    pub(crate) fn last(&self) -> Seal {
+        lock(&self.state).1
+    }
+
     /// The next commit's seal (not yet written).
     pub(crate) fn next(&self, at_ms: u64) -> Seal {
         let last = lock(&self.state).1;
