@@ -907,18 +907,18 @@ impl Sweeper {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_stop = Arc::clone(&stop);
         let sweeper_writer = Arc::clone(&writer);
+        // Read before the thread starts: a commit landing first would hide the gap.
+        let mut clock = super::horizon::PurgeClock::new();
+        clock.read_at_start(
+            wall_ms(),
+            Some(super::ms_from_time(writer.context.watermark.last().at)),
+            writer.context.retention_ms,
+        );
         let thread = std::thread::Builder::new()
             .name("payhook-sweeper".into())
             .spawn(move || {
                 let (flag, cond) = &*thread_stop;
                 let mut stopped = lock(flag);
-                let mut clock = super::horizon::PurgeClock::new();
-                let last_commit = sweeper_writer.context.watermark.last().at;
-                clock.read_at_start(
-                    wall_ms(),
-                    Some(super::ms_from_time(last_commit)),
-                    sweeper_writer.context.retention_ms,
-                );
                 while !*stopped {
                     stopped = cond
                         .wait_timeout(stopped, interval)

@@ -16,7 +16,8 @@
 //! for a change of the service's, and writes with the longer of the two ([`writes_with`]),
 //! so that what it books is kept as long as the service vouches for. A sweep purges by
 //! [`PurgeClock`]: the clock, but never ahead of the time elapsed since the sweeper
-//! started (since the store's newest write, where the clock at start reads well past it).
+//! started (since the store's newest write, where the clock at start reads well past
+//! it).
 //! Where several instances write (PostgreSQL), a growth counts from a little after it was recorded (`settle`): an instance still writing with
 //! the shorter retention moves the record back at its next sweep, and one that stopped
 //! before its next sweep wrote nothing after that.
@@ -238,17 +239,26 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// A clock already wrong when the sweeper starts is caught where the store knows when it
 /// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less
 /// the retention): the first reading is then held back to that write when the clock reads
-/// more than the slack past it. So the time a store was stopped does not
-/// count towards its records' retention — they are kept that much longer, while this process
-/// runs — and a clock 40 days ahead at start purges nothing early. A store that was stopped
-/// longer than its retention, by the clock, says so in a warning: either its clock is wrong,
-/// or every record would have gone at the first sweep.
+/// more than the slack past it. So the time a store was stopped (or idle: sweeps write no
+/// seal) does not count towards its records' retention — they are kept that much longer,
+/// while this process runs — and a clock 40 days ahead at start purges nothing early, as
+/// long as nothing was written by the wrong clock before: the newest write is read by the
+/// same clock, so a store that wrote under a wrong clock and started again before the clock
+/// was set right (or a PostgreSQL instance started after the database's clock stepped)
+/// purges by it. A newest write longer ago than the retention, by the clock, is said in a
+/// warning: a store stopped or idle that long, or a clock that is wrong. On PostgreSQL the
+/// newest write is read off its expiry less this instance's retention: an instance whose
+/// retention is shorter than another's holds back less (not at all where the difference
+/// exceeds the gap), one whose retention is longer holds back more.
 #[derive(Debug)]
 pub(crate) struct PurgeClock {
     /// The first clock reading and when it was taken.
     first: Option<(u64, std::time::Instant)>,
     /// Whether the clock running ahead was said since it last agreed.
     said: bool,
+    /// How far the clock read past the newest write at start, where the first reading was
+    /// held back to it: the clock runs that far ahead of the bound without having stepped.
+    held_at_start_ms: u64,
 }
 
 impl PurgeClock {
@@ -259,13 +269,14 @@ impl PurgeClock {
         Self {
             first: None,
             said: false,
+            held_at_start_ms: 0,
         }
     }
 
     /// Takes the first reading, `clock_ms` now, when none was taken: as the sweeper starts,
     /// a sweep interval before its first sweep. `last_commit_ms`, when the store knows when
     /// it last committed, holds the reading back to that commit where the clock reads more
-    /// than [`Self::SLACK`] past it (said in the log: a warning beyond `retention_ms`).
+    /// than [`Self::SLACK`] past it (a warning beyond `retention_ms`).
     pub(crate) fn read_at_start(
         &mut self,
         clock_ms: u64,
@@ -279,8 +290,7 @@ impl PurgeClock {
             Some(last) if clock_ms > last.saturating_add(millis(Self::SLACK)) => {
                 let gap = Duration::from_millis(clock_ms - last);
                 Self::say_held_back(gap, Duration::from_millis(retention_ms));
-                // Said: the sweeps held back by it need not say it again.
-                self.said = true;
+                self.held_at_start_ms = clock_ms - last;
                 last
             }
             _ => clock_ms,
@@ -296,18 +306,18 @@ impl PurgeClock {
             tracing::warn!(
                 %gap,
                 retention = %crate::setting::format_duration(retention),
-                "the store's last commit is longer before this start, by the clock, than the \
-                 retention: were the clock wrong, every record would be purged at the first \
-                 sweep; records are purged by the time elapsed since that commit instead (kept \
-                 that much longer); check the machine's time if the store was not stopped that long"
+                "the store's newest write is longer before this start than its retention, by \
+                 the clock: a store stopped or idle that long, or a clock that is wrong (which \
+                 would purge every record at the first sweep); records are purged by the time \
+                 elapsed since that write instead, and kept that much longer; if the store was \
+                 in use lately, check the machine's time"
             );
         } else {
-            tracing::info!(
+            tracing::debug!(
                 %gap,
-                "the store's last commit is a while before this start, by the clock: records \
-                 are purged by the time elapsed since that commit, so that the time the store \
-                 was stopped does not count towards their retention, and a clock wrong at \
-                 start purges nothing early"
+                "the store's newest write is a while before this start, by the clock: records \
+                 are purged by the time elapsed since that write (the time the store was \
+                 stopped or idle does not count towards their retention)"
             );
         }
     }
@@ -326,6 +336,10 @@ impl PurgeClock {
         if clock_ms <= bound {
             self.said = false;
             return clock_ms;
+        }
+        // Ahead by no more than it read past the newest write at start: not a step.
+        if clock_ms - bound <= self.held_at_start_ms {
+            return bound;
         }
         if !self.said {
             self.said = true;
@@ -421,6 +435,12 @@ mod tests {
         let mut stopped = PurgeClock::new();
         stopped.read_at_start(last + 3 * DAY, Some(last), retention);
         assert!(stopped.purge_by(last + 3 * DAY) < last + 2 * HOUR);
+        assert!(!stopped.said, "three days stopped is no step of the clock");
+        // A step forward after such a start is said all the same.
+        let start = last + 3 * DAY;
+        let hour = Duration::from_millis(HOUR);
+        assert!(stopped.bounded(start + 40 * DAY, last, hour) < start);
+        assert!(stopped.said);
         for (clock, known) in [
             (last + HOUR / 2, Some(last)),
             (last - DAY, Some(last)),

@@ -618,12 +618,17 @@ impl PgStore {
             // unread (the database not answering), the first sweep reads the clock alone.
             if let Some(inner) = weak.upgrade() {
                 let store = PgStore { inner };
-                if let Ok((now, last_write)) = store.clock_and_last_write().await {
-                    clock.read_at_start(
+                match store.clock_and_last_write().await {
+                    Ok((now, last_write)) => clock.read_at_start(
                         crate::store::ms_from_time(read(now)),
                         last_write.map(crate::store::ms_from_time),
                         u64::try_from(store.inner.retention.as_millis()).unwrap_or(u64::MAX),
-                    );
+                    ),
+                    Err(error) => tracing::warn!(
+                        error = %crate::report::InLine(&error),
+                        "the database's clock could not be read as the store's sweeper started; \
+                         its first sweep reads it, and a step of the clock before then is not caught"
+                    ),
                 }
             }
             loop {
