@@ -2845,21 +2845,8 @@ mod tests {
     /// longer held.
     #[test]
     fn a_clock_stepped_forward_purges_nothing_early() {
-        let (runtime, store, _dir) = on_two_threads();
-        runtime.block_on(book(store.clone(), "n-1")).unwrap();
-        let sweeper = Sweeper::start_with(
-            Arc::clone(&store.inner.writer),
-            Duration::from_millis(5),
-            stepped_forward,
-        )
-        .unwrap();
-        wait_until(
-            || STEPPED_READINGS.load(Ordering::SeqCst) >= 4,
-            "the sweeper never swept",
-        );
-        drop(sweeper);
         assert!(
-            acknowledged(&runtime, &store, "n-1"),
+            kept_when_swept_by(stepped_forward, &STEPPED_READINGS),
             "a sweep purged by a clock stepped forward"
         );
     }
@@ -2879,23 +2866,31 @@ mod tests {
     /// start, the clock purged it.
     #[test]
     fn a_clock_ahead_at_start_purges_nothing_early() {
+        assert!(
+            kept_when_swept_by(ahead_from_the_start, &AHEAD_READINGS),
+            "a sweep purged by a clock ahead at start"
+        );
+    }
+
+    /// Whether a booking of a store kept 30 days (the default) is still acknowledged after
+    /// a sweeper reading the wall clock through `wall_ms` (counted in `readings`) swept a
+    /// few times.
+    fn kept_when_swept_by(wall_ms: fn() -> u64, readings: &std::sync::atomic::AtomicUsize) -> bool {
         let (runtime, store, _dir) = on_two_threads();
         runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let before = readings.load(Ordering::SeqCst);
         let sweeper = Sweeper::start_with(
             Arc::clone(&store.inner.writer),
             Duration::from_millis(5),
-            ahead_from_the_start,
+            wall_ms,
         )
         .unwrap();
         wait_until(
-            || AHEAD_READINGS.load(Ordering::SeqCst) >= 4,
+            || readings.load(Ordering::SeqCst) >= before + 4,
             "the sweeper never swept",
         );
         drop(sweeper);
-        assert!(
-            acknowledged(&runtime, &store, "n-1"),
-            "a sweep purged by a clock ahead at start"
-        );
+        acknowledged(&runtime, &store, "n-1")
     }
 
     /// A store's configuration in `dir`, the defaults otherwise.
