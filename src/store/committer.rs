@@ -912,7 +912,7 @@ impl Sweeper {
         clock.read_at_start(
             wall_ms(),
             Some(super::ms_from_time(writer.context.watermark.last().at)),
-            writer.context.retention_ms,
+            Duration::from_millis(writer.context.retention_ms),
         );
         let thread = std::thread::Builder::new()
             .name("payhook-sweeper".into())

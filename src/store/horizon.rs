@@ -276,12 +276,12 @@ impl PurgeClock {
     /// Takes the first reading, `clock_ms` now, when none was taken: as the sweeper starts,
     /// a sweep interval before its first sweep. `last_commit_ms`, when the store knows when
     /// it last committed, holds the reading back to that commit where the clock reads more
-    /// than [`Self::SLACK`] past it (a warning beyond `retention_ms`).
+    /// than [`Self::SLACK`] past it (a warning beyond `retention`).
     pub(crate) fn read_at_start(
         &mut self,
         clock_ms: u64,
         last_commit_ms: Option<u64>,
-        retention_ms: u64,
+        retention: Duration,
     ) {
         if self.first.is_some() {
             return;
@@ -289,7 +289,7 @@ impl PurgeClock {
         let first = match last_commit_ms {
             Some(last) if clock_ms > last.saturating_add(millis(Self::SLACK)) => {
                 let gap = Duration::from_millis(clock_ms - last);
-                Self::say_held_back(gap, Duration::from_millis(retention_ms));
+                Self::say_held_back(gap, retention);
                 self.held_at_start_ms = clock_ms - last;
                 last
             }
@@ -423,7 +423,7 @@ mod tests {
     #[test]
     fn a_clock_ahead_at_start_is_held_back_to_the_last_commit() {
         let last = 1_000 * DAY;
-        let retention = 30 * DAY;
+        let retention = Duration::from_millis(30 * DAY);
         let mut ahead = PurgeClock::new();
         ahead.read_at_start(last + 40 * DAY, Some(last), retention);
         let by = ahead.purge_by(last + 40 * DAY);

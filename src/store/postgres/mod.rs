@@ -622,7 +622,7 @@ impl PgStore {
                     Ok((now, last_write)) => clock.read_at_start(
                         crate::store::ms_from_time(read(now)),
                         last_write.map(crate::store::ms_from_time),
-                        u64::try_from(store.inner.retention.as_millis()).unwrap_or(u64::MAX),
+                        store.inner.retention,
                     ),
                     Err(error) => tracing::warn!(
                         error = %crate::report::InLine(&error),
