@@ -378,9 +378,28 @@ impl HoldState {
 pub(crate) struct Gate {
     armed: AtomicBool,
     hold: Mutex<Option<(HoldPoint, Arc<HoldState>)>>,
+    /// Test-only: how far ahead of the wall clock commits read the time (a clock stepped
+    /// forward while the store runs).
+    #[cfg(test)]
+    clock_ahead_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Gate {
+    /// Test-only: the next commits read the time `ahead` of the wall clock.
+    #[cfg(test)]
+    pub(crate) fn step_clock(&self, ahead: Duration) {
+        let ahead = u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX);
+        self.clock_ahead_ms.store(ahead, Ordering::SeqCst);
+    }
+
+    /// The time a commit reads: the wall clock (stepped in a test).
+    fn now_ms(&self) -> u64 {
+        let now = now_ms();
+        #[cfg(test)]
+        let now = now.saturating_add(self.clock_ahead_ms.load(Ordering::SeqCst));
+        now
+    }
+
     pub(crate) fn arm(&self, point: HoldPoint) -> Arc<HoldState> {
         self.arm_with(point, HoldState::default())
     }
@@ -749,21 +768,7 @@ impl Writer {
             // written out here, once per sweep. They need no fdatasync: a purge lost to a
             // power cut is redone by the next sweep.
             let flushing = Instant::now();
-            // A node rewritten whole may have gone to a blob: synced before the next
-            // commit acknowledges anything on top of it. Either failing stops the store,
-            // as a commit's would: a later flush or sync could succeed without writing
-            // what this one left unwritten, and a commit would be acknowledged on top of it.
-            let durable = self
-                .context
-                .db
-                .flush()
-                .map_err(StoreError::from)
-                .and_then(|_| self.context.blobs.sync_new());
-            if let Err(error) = durable {
-                tracing::error!(error = %crate::report::InLine(&error), "writing out a purge failed; the store refuses further work until restarted");
-                self.context.failed.store(true, Ordering::SeqCst);
-                return Err(error);
-            }
+            self.write_out("a purge")?;
             tracing::info!(
                 purged,
                 steps,
@@ -774,6 +779,63 @@ impl Writer {
             );
         }
         Ok(purged)
+    }
+
+    /// Writes what was written to sled outside a commit (a purge's removals, the clock's
+    /// step) out, flushed and its new blobs synced. A node rewritten whole may have gone to a
+    /// blob: synced before the next commit acknowledges anything on top of it. Either
+    /// failing stops the store, as a commit's would: a later flush or sync could succeed
+    /// without writing what this one left unwritten, and a commit would be acknowledged on
+    /// top of it.
+    fn write_out(&self, what: &str) -> Result<(), StoreError> {
+        let durable = self
+            .context
+            .db
+            .flush()
+            .map_err(StoreError::from)
+            .and_then(|_| self.context.blobs.sync_new())
+            .map(drop);
+        if let Err(error) = &durable {
+            tracing::error!(error = %crate::report::InLine(error), "writing out {what} failed; the store refuses further work until restarted");
+            self.context.failed.store(true, Ordering::SeqCst);
+        }
+        durable
+    }
+
+    /// The step of the clock the store keeps (see [`super::horizon::PurgeClock`]); one that
+    /// does not decode is taken as none.
+    pub(crate) fn kept_step(&self) -> Option<super::horizon::Step> {
+        let stored = self
+            .context
+            .tree
+            .get(keys::CLOCK_STEP)
+            .inspect_err(|error| {
+                tracing::warn!(%error, "the store's record of a step of the clock cannot be read: taken as none");
+            })
+            .ok()
+            .flatten();
+        super::horizon::Step::decode(stored.as_deref())
+    }
+
+    /// Keeps `step` (`None`: drops the one kept), durably before the sweep that changed it
+    /// purges: the commits after a step carry the stepped clock's times, so a restart
+    /// without it would purge by that clock.
+    pub(crate) fn keep_step(
+        self: &Arc<Self>,
+        step: Option<&super::horizon::Step>,
+    ) -> Result<(), StoreError> {
+        let record = step.map(super::horizon::Step::encode).transpose()?;
+        {
+            let _ahead = self.lock_ahead();
+            match &record {
+                Some(record) => self
+                    .context
+                    .tree
+                    .insert(keys::CLOCK_STEP, record.as_bytes()),
+                None => self.context.tree.remove(keys::CLOCK_STEP),
+            }?;
+        }
+        self.write_out("the clock's step")
     }
 }
 
@@ -908,11 +970,12 @@ impl Sweeper {
         let thread_stop = Arc::clone(&stop);
         let sweeper_writer = Arc::clone(&writer);
         // Read before the thread starts: a commit landing first would hide the gap.
-        let mut clock = super::horizon::PurgeClock::new();
+        let mut clock =
+            super::horizon::PurgeClock::new(Duration::from_millis(writer.context.retention_ms));
         clock.read_at_start(
             wall_ms(),
             Some(super::ms_from_time(writer.context.watermark.last().at)),
-            Duration::from_millis(writer.context.retention_ms),
+            writer.kept_step(),
         );
         let thread = std::thread::Builder::new()
             .name("payhook-sweeper".into())
@@ -924,8 +987,8 @@ impl Sweeper {
                         .wait_timeout(stopped, interval)
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
-                    if !*stopped && let Err(error) = sweeper_writer.purge(clock.purge_by(wall_ms())) {
-                        tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
+                    if !*stopped {
+                        sweep(&sweeper_writer, &mut clock, wall_ms());
                     }
                 }
             })?;
@@ -934,6 +997,22 @@ impl Sweeper {
             thread: Some(thread),
             writer,
         })
+    }
+}
+
+/// One sweep at the clock reading `clock_ms`: the clock's step kept first where the
+/// reading changed it (failing, the sweep purges all the same — by the elapsed time, which
+/// is safe — and the next tries again), then the purge.
+fn sweep(writer: &Arc<Writer>, clock: &mut super::horizon::PurgeClock, clock_ms: u64) {
+    let by = clock.purge_by(clock_ms);
+    if let Some(step) = clock.take_change()
+        && let Err(error) = writer.keep_step(step.as_ref())
+    {
+        clock.unkept();
+        tracing::error!(error = %crate::report::InLine(&error), "keeping the clock's step failed");
+    }
+    if let Err(error) = writer.purge(by) {
+        tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
     }
 }
 
@@ -957,7 +1036,7 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
     let mut overlay = Overlay::new();
     // One expiry index entry for the whole batch: its records share their expiry.
     let mut indexed = keys::IndexValue::with_capacity(jobs.len());
-    let now = now_ms();
+    let now = context.gate.now_ms();
     let expires_ms = now.saturating_add(context.retention_ms);
     for job in jobs {
         match job {

@@ -17,7 +17,8 @@
 //! so that what it books is kept as long as the service vouches for. A sweep purges by
 //! [`PurgeClock`]: the clock, but never ahead of the time elapsed since the sweeper
 //! started (since the store's newest write, where the clock at start reads well past
-//! it).
+//! it); a step of the clock it catches is kept beside the records ([`Step`]), so that a
+//! restart before the clock is set right purges by the clock less the step.
 //! Where several instances write (PostgreSQL), a growth counts from a little after it was recorded (`settle`): an instance still writing with
 //! the shorter retention moves the record back at its next sweep, and one that stopped
 //! before its next sweep wrote nothing after that.
@@ -232,70 +233,170 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// every record at the next sweep, and for good: once the clock is right again the store
 /// would vouch for the retention's whole length over records it no longer holds, and a
 /// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
-/// purges what expired by the elapsed time, and says once that the clock ran ahead. A clock
+/// purges what expired by the elapsed time, and says that the clock ran ahead. A clock
 /// that moves back purges less: records are kept longer, never shorter; so does a machine
-/// that was suspended (the monotonic clock stops meanwhile), until the process restarts.
+/// that was suspended (the monotonic clock stops meanwhile).
+///
+/// A step caught so is kept in the store ([`Step`]: how far the clock leads, and since
+/// when), written before the sweep that caught it purges: the records written after the
+/// step carry the stepped clock's times, so the store's newest write (below) no longer
+/// tells, and a restart before the clock is set right would purge by it. A sweeper that
+/// starts with a step kept reads the clock less its lead. The step is dropped once the
+/// clock agrees with the elapsed time again (it was set right), when the sweeper starts to
+/// a clock that reads earlier than the store's newest write and the step's own reading (set
+/// right while stopped), or once the retention and the slack have elapsed since it: what
+/// was written before it has expired by then, and what was written after carries the
+/// clock's own times — the sweep takes the clock as it reads from then on.
 ///
 /// A clock already wrong when the sweeper starts is caught where the store knows when it
 /// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less
 /// the retention): the first reading is then held back to that write when the clock reads
 /// more than the slack past it. So the time a store was stopped (or idle: sweeps write no
 /// seal) does not count towards its records' retention — they are kept that much longer,
-/// while this process runs — and a clock 40 days ahead at start purges nothing early, as
-/// long as nothing was written by the wrong clock before: the newest write is read by the
-/// same clock, so a store that wrote under a wrong clock and started again before the clock
-/// was set right (or a PostgreSQL instance started after the database's clock stepped)
-/// purges by it. A newest write longer ago than the retention, by the clock, is said in a
-/// warning: a store stopped or idle that long, or a clock that is wrong. On PostgreSQL the
-/// newest write is read off its expiry less this instance's retention: an instance whose
-/// retention is shorter than another's holds back less (not at all where the difference
-/// exceeds the gap), one whose retention is longer holds back more.
+/// while this process runs — and a clock 40 days ahead at start purges nothing early. Such
+/// a clock is not kept as a step (it cannot be told from a store stopped or idle that
+/// long): a store that writes by it and starts again before it is set right purges by it,
+/// its newest write read by the same clock. A newest write longer ago than the retention, by the clock,
+/// is said in a warning: a store stopped or idle that long, or a clock that is wrong. On
+/// PostgreSQL the newest write is read off its expiry less this instance's retention: an
+/// instance whose retention is shorter than another's holds back less (not at all where
+/// the difference exceeds the gap), one whose retention is longer holds back more.
 #[derive(Debug)]
 pub(crate) struct PurgeClock {
-    /// The first clock reading and when it was taken.
+    /// The retention records are written with: a step older than it no longer matters.
+    retention: Duration,
+    /// The first reading (less the lead of a step kept) and when it was taken.
     first: Option<(u64, std::time::Instant)>,
-    /// Whether the clock running ahead was said since it last agreed.
-    said: bool,
     /// How far the clock read past the newest write at start, where the first reading was
     /// held back to it: the clock runs that far ahead of the bound without having stepped.
     held_at_start_ms: u64,
+    /// The step in force: the clock leads the elapsed time by it.
+    step: Option<Step>,
+    /// Whether `step` changed since the store was last given it to keep.
+    changed: bool,
 }
+
+/// A step of the clock a sweep caught, as the store keeps it (JSON): since `since_ms` (by
+/// the elapsed time), the clock reads `lead_ms` ahead of the time elapsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Step {
+    /// How far the clock reads ahead of the time elapsed, in milliseconds.
+    lead_ms: u64,
+    /// When the step was caught, by the time elapsed (the clock less its lead).
+    since_ms: u64,
+}
+
+impl Step {
+    /// How far the clock reads ahead of the time elapsed.
+    pub(crate) fn lead(&self) -> Duration {
+        Duration::from_millis(self.lead_ms)
+    }
+
+    /// The record as a store keeps it (JSON).
+    pub(crate) fn encode(&self) -> Result<String, StoreError> {
+        serde_json::to_string(self)
+            .map_err(|e| StoreError::backend("cannot encode the clock's step", e))
+    }
+
+    /// A kept record (`None`: none kept); one that does not decode is said in a warning and
+    /// taken as none.
+    pub(crate) fn decode(stored: Option<&[u8]>) -> Option<Self> {
+        let stored = stored?;
+        serde_json::from_slice(stored)
+            .inspect_err(|error| {
+                tracing::warn!(
+                    %error,
+                    "the store's record of a step of the clock does not decode: taken as none \
+                     (the sweeper holds back by the store's newest write alone)"
+                );
+            })
+            .ok()
+    }
+}
+
+/// What the store is to keep of the clock's step: a new or further step, or none (dropped).
+pub(crate) type StepChange = Option<Step>;
 
 impl PurgeClock {
     /// How far the clock may run ahead of the elapsed time before a sweep is held back.
     pub(crate) const SLACK: Duration = Duration::from_secs(3600);
 
-    pub(crate) fn new() -> Self {
+    /// A sweeper's clock, for records written with `retention`.
+    pub(crate) fn new(retention: Duration) -> Self {
         Self {
+            retention,
             first: None,
-            said: false,
             held_at_start_ms: 0,
+            step: None,
+            changed: false,
         }
     }
 
     /// Takes the first reading, `clock_ms` now, when none was taken: as the sweeper starts,
-    /// a sweep interval before its first sweep. `last_commit_ms`, when the store knows when
-    /// it last committed, holds the reading back to that commit where the clock reads more
-    /// than [`Self::SLACK`] past it (a warning beyond `retention`).
+    /// a sweep interval before its first sweep. `kept` is the step the store keeps, read
+    /// less its lead while in force. `last_commit_ms`, when the store knows when it last
+    /// committed, holds the reading back to that commit where the clock reads more than
+    /// [`Self::SLACK`] past it (a warning beyond the retention).
     pub(crate) fn read_at_start(
         &mut self,
         clock_ms: u64,
         last_commit_ms: Option<u64>,
-        retention: Duration,
+        kept: Option<Step>,
     ) {
         if self.first.is_some() {
             return;
         }
+        self.step = kept.filter(|step| self.in_force_at_start(step, clock_ms, last_commit_ms));
+        self.changed = kept.is_some() && self.step.is_none();
+        let lead = self.step.map_or(0, |step| step.lead_ms);
+        if let Some(step) = self.step {
+            tracing::warn!(
+                lead = %crate::setting::format_duration(step.lead()),
+                "the clock still reads ahead of the time elapsed, as a sweep caught before \
+                 this start (a clock stepped forward, or a machine that was suspended): \
+                 records are purged by the clock less that lead until it is set right, or \
+                 the retention has elapsed since the step; check the machine's time"
+            );
+            tracing::debug!(
+                since_ms = step.since_ms,
+                "the clock's step kept by the store"
+            );
+        }
+        let clock_ms = clock_ms.saturating_sub(lead);
+        let last_commit_ms = last_commit_ms.map(|last| last.saturating_sub(lead));
         let first = match last_commit_ms {
             Some(last) if clock_ms > last.saturating_add(millis(Self::SLACK)) => {
                 let gap = Duration::from_millis(clock_ms - last);
-                Self::say_held_back(gap, retention);
+                Self::say_held_back(gap, self.retention);
                 self.held_at_start_ms = clock_ms - last;
                 last
             }
             _ => clock_ms,
         };
         self.first = Some((first, std::time::Instant::now()));
+    }
+
+    /// Whether the `step` kept still holds at a start whose clock reads `clock_ms`: the
+    /// clock was not set back past what the store last read by it, and the retention (and
+    /// the slack) has not elapsed since the step.
+    fn in_force_at_start(&self, step: &Step, clock_ms: u64, last_commit_ms: Option<u64>) -> bool {
+        let last_read = last_commit_ms
+            .unwrap_or(0)
+            .max(step.since_ms.saturating_add(step.lead_ms));
+        let set_back = clock_ms.saturating_add(millis(Self::SLACK)) < last_read;
+        let elapsed = clock_ms
+            .saturating_sub(step.lead_ms)
+            .saturating_sub(step.since_ms);
+        let aged_out = elapsed > millis(self.retention + Self::SLACK);
+        if set_back || aged_out {
+            tracing::info!(
+                set_back,
+                aged_out,
+                "a step of the clock caught before this start no longer holds: records are \
+                 purged by the clock"
+            );
+        }
+        !set_back && !aged_out
     }
 
     /// Says that the store's last commit lies `gap` behind the clock at start.
@@ -322,34 +423,80 @@ impl PurgeClock {
         }
     }
 
-    /// The time to purge by when the clock reads `clock_ms` now.
+    /// The time to purge by when the clock reads `clock_ms` now. Where it changed what the
+    /// store is to keep of the clock's step, [`Self::take_change`] gives it: the store keeps
+    /// it before it purges.
     pub(crate) fn purge_by(&mut self, clock_ms: u64) -> u64 {
         let now = std::time::Instant::now();
-        let (first_ms, first_at) = *self.first.get_or_insert((clock_ms, now));
-        self.bounded(clock_ms, first_ms, now.saturating_duration_since(first_at))
+        let (_, first_at) = *self.first.get_or_insert((clock_ms, now));
+        self.bounded(clock_ms, now.saturating_duration_since(first_at))
     }
 
-    /// [`Self::purge_by`] with the first reading `first_ms` taken `elapsed` ago.
-    fn bounded(&mut self, clock_ms: u64, first_ms: u64, elapsed: Duration) -> u64 {
-        let allowed = millis(elapsed + Self::SLACK + elapsed / 1000);
-        let bound = first_ms.saturating_add(allowed);
-        if clock_ms <= bound {
-            self.said = false;
+    /// What the store is to keep of the clock's step, where it changed since last taken.
+    pub(crate) fn take_change(&mut self) -> Option<StepChange> {
+        std::mem::take(&mut self.changed).then_some(self.step)
+    }
+
+    /// The change [`Self::take_change`] gave could not be kept: it is given again.
+    pub(crate) fn unkept(&mut self) {
+        self.changed = true;
+    }
+
+    /// [`Self::purge_by`], the first reading taken `elapsed` ago.
+    fn bounded(&mut self, clock_ms: u64, elapsed: Duration) -> u64 {
+        let Some((first_ms, _)) = self.first else {
             return clock_ms;
+        };
+        let slewed = elapsed + elapsed / 1000;
+        // What the clock reads, had it not stepped; the bound lets it run the slack ahead.
+        let expected = first_ms
+            .saturating_add(millis(slewed))
+            .saturating_add(self.held_at_start_ms);
+        let bound = first_ms.saturating_add(millis(slewed + Self::SLACK));
+        let lead = clock_ms.saturating_sub(expected);
+        if lead <= millis(Self::SLACK) {
+            if self.step.take().is_some() {
+                self.changed = true;
+                tracing::info!(
+                    "the clock agrees with the time elapsed again: records are purged by it"
+                );
+            }
+            return clock_ms.min(bound);
         }
-        // Ahead by no more than it read past the newest write at start: not a step.
-        if clock_ms - bound <= self.held_at_start_ms {
-            return bound;
-        }
-        if !self.said {
-            self.said = true;
+        let Some(step) = self
+            .step
+            .filter(|step| lead <= step.lead_ms + millis(Self::SLACK))
+        else {
+            // A new step, or a further one: what was written before it is kept by the
+            // elapsed time until the retention has elapsed since.
+            self.step = Some(Step {
+                lead_ms: lead,
+                since_ms: expected,
+            });
+            self.changed = true;
             tracing::warn!(
-                ahead = %crate::setting::format_duration(Duration::from_millis(clock_ms - bound)),
+                ahead = %crate::setting::format_duration(Duration::from_millis(lead)),
                 "the clock runs ahead of the time elapsed since the store's sweeper started \
                  (a clock stepped forward, or a machine that was suspended): records are \
                  purged by the elapsed time, not by the clock, so that a wrong clock cannot \
-                 purge records still within the retention; check the machine's time"
+                 purge records still within the retention — across restarts too, until the \
+                 clock is set right or the retention has elapsed; check the machine's time"
             );
+            return bound;
+        };
+        if expected.saturating_sub(step.since_ms) > millis(self.retention + Self::SLACK) {
+            // Aged out: the clock is taken as it reads from now on.
+            self.step = None;
+            self.changed = true;
+            self.held_at_start_ms = 0;
+            self.first = self
+                .first
+                .map(|(_, at)| (clock_ms.saturating_sub(millis(slewed)), at));
+            tracing::info!(
+                "the retention has elapsed since the clock stepped ahead: records are purged \
+                 by the clock as it reads"
+            );
+            return clock_ms;
         }
         bound
     }
@@ -391,30 +538,136 @@ mod tests {
         assert_eq!(later, Vouched::new(days(90)));
     }
 
+    /// A sweeper's clock for a 30-day retention, its first reading `first` (the store's
+    /// newest write `last`, the step kept `kept`).
+    fn started(first: u64, last: Option<u64>, kept: Option<Step>) -> PurgeClock {
+        let mut clock = PurgeClock::new(days(30));
+        clock.read_at_start(first, last, kept);
+        clock
+    }
+
+    fn hours(n: u64) -> Duration {
+        Duration::from_millis(n * HOUR)
+    }
+
     /// A clock stepped forward by more than the slack purges by the elapsed time, however
-    /// long it stays ahead; one that agrees, or moves back, purges by itself.
+    /// long it stays ahead, and gives the step to keep once; one that agrees again, or
+    /// moves back, purges by itself, and the step is dropped.
     #[test]
     fn a_clock_stepped_forward_does_not_purge_ahead_of_the_elapsed_time() {
-        let mut clock = PurgeClock::new();
         let first = 1_000 * DAY;
-        let hour = Duration::from_millis(HOUR);
+        let mut clock = started(first, None, None);
         // An hour on, the clock agrees: by the clock.
-        assert_eq!(clock.bounded(first + HOUR, first, hour), first + HOUR);
+        assert_eq!(clock.bounded(first + HOUR, hours(1)), first + HOUR);
+        assert_eq!(clock.take_change(), None);
         // Two hours on, the clock reads 40 days on: held back to the elapsed time and the slack.
-        let held = first + 2 * HOUR + HOUR + (2 * HOUR) / 1000;
-        assert_eq!(clock.bounded(first + 40 * DAY, first, 2 * hour), held);
-        assert!(clock.said);
-        // Still ahead a day later: still held back.
+        let slew = (2 * HOUR) / 1000;
+        let held = first + 2 * HOUR + HOUR + slew;
+        assert_eq!(clock.bounded(first + 40 * DAY, hours(2)), held);
+        let step = clock.take_change().flatten().expect("a step to keep");
+        assert_eq!(step.lead_ms, 40 * DAY - 2 * HOUR - slew);
+        assert_eq!(step.since_ms, first + 2 * HOUR + slew);
+        // Still ahead a day later: still held back, nothing new to keep.
         let day_on = Duration::from_millis(DAY + 2 * HOUR);
         let bound = first + millis(day_on + PurgeClock::SLACK + day_on / 1000);
-        assert_eq!(clock.bounded(first + 41 * DAY, first, day_on), bound);
-        // Set right again, and behind: by the clock.
-        assert_eq!(clock.bounded(first + DAY, first, day_on), first + DAY);
-        assert!(!clock.said);
+        assert_eq!(clock.bounded(first + 41 * DAY, day_on), bound);
+        assert_eq!(clock.take_change(), None);
+        // Set right again, and behind: by the clock; the step is dropped.
+        assert_eq!(clock.bounded(first + DAY, day_on), first + DAY);
+        assert_eq!(clock.take_change(), Some(None));
         // Within a thousandth of a year's elapsed time (slewing), by the clock.
         let year = Duration::from_millis(365 * DAY);
         let slewed = first + 365 * DAY + HOUR + 8 * HOUR;
-        assert_eq!(clock.bounded(slewed, first, year), slewed);
+        assert_eq!(clock.bounded(slewed, year), slewed);
+        assert_eq!(clock.take_change(), None);
+    }
+
+    /// The hole the kept step closes: a clock stepped 40 days ahead at runtime, caught by a
+    /// sweep; the store wrote by it for a day and restarted, the clock still ahead. Its
+    /// newest write reads as recent by that clock: without the step, the restart would
+    /// purge by the clock, 40 days ahead; with it, by about the true time.
+    #[test]
+    fn a_step_kept_holds_a_restart_back_while_the_clock_is_still_ahead() {
+        let t0 = 1_000 * DAY;
+        let mut running = started(t0, Some(t0), None);
+        running.bounded(t0 + 40 * DAY + 2 * HOUR, hours(2));
+        let step = running.take_change().flatten().expect("a step to keep");
+        let stepped_now = t0 + 41 * DAY + 2 * HOUR;
+        let true_now = t0 + DAY + 2 * HOUR;
+        let last_write = stepped_now - HOUR;
+        let mut restarted = started(stepped_now, Some(last_write), Some(step));
+        let by = restarted.purge_by(stepped_now);
+        assert!(
+            (true_now..=true_now + HOUR + HOUR / 100).contains(&by),
+            "purged by {by}, not near the true time {true_now}"
+        );
+        assert_eq!(restarted.take_change(), None, "the step still holds");
+        assert_eq!(
+            started(stepped_now, Some(last_write), None).purge_by(stepped_now),
+            stepped_now,
+            "without the step kept, by the stepped clock"
+        );
+        // Stepped a further ten days: a further step to keep, with the whole lead.
+        restarted.bounded(stepped_now + 10 * DAY + HOUR, hours(1));
+        let further = restarted.take_change().flatten().expect("a further step");
+        assert!(further.lead_ms > step.lead_ms + 10 * DAY - HOUR);
+        // Set right while running: by the clock, and the step is dropped.
+        assert_eq!(
+            restarted.bounded(true_now + 2 * HOUR, hours(2)),
+            true_now + 2 * HOUR
+        );
+        assert_eq!(restarted.take_change(), Some(None));
+    }
+
+    /// A step kept no longer holds at a start whose clock was set right meanwhile (it reads
+    /// earlier than the store's newest write), nor once the retention and the slack have
+    /// elapsed since it; while running, it ages out so too, and the clock is taken as it
+    /// reads from then on.
+    #[test]
+    fn a_step_kept_is_dropped_once_the_clock_is_set_right_or_the_retention_elapsed() {
+        let t0 = 1_000 * DAY;
+        let mut running = started(t0, Some(t0), None);
+        running.bounded(t0 + 40 * DAY + 2 * HOUR, hours(2));
+        let step = running.take_change().flatten().expect("a step to keep");
+        let last_write = t0 + 41 * DAY;
+        // Set right while stopped: a day on, the clock reads the true time.
+        let set_right = t0 + DAY + 2 * HOUR;
+        let mut restarted = started(set_right, Some(last_write), Some(step));
+        assert_eq!(restarted.take_change(), Some(None));
+        assert_eq!(restarted.purge_by(set_right), set_right);
+        // Still ahead, but 31 days after the step: aged out.
+        let aged = t0 + 40 * DAY + 31 * DAY + 2 * HOUR;
+        let mut restarted = started(aged, Some(aged - HOUR), Some(step));
+        assert_eq!(restarted.take_change(), Some(None));
+        assert_eq!(restarted.purge_by(aged), aged);
+        // A day after the step, still ahead: it holds; 30 days and two hours on, it ages
+        // out while running, and the clock is taken as it reads.
+        let stepped_now = t0 + 41 * DAY + 2 * HOUR;
+        let mut restarted = started(stepped_now, Some(stepped_now - HOUR), Some(step));
+        let month = Duration::from_millis(30 * DAY);
+        assert!(restarted.bounded(stepped_now + 29 * DAY, month - days(1)) < stepped_now);
+        assert_eq!(restarted.take_change(), None);
+        let later = stepped_now + 30 * DAY;
+        assert_eq!(restarted.bounded(later, month), later);
+        assert_eq!(restarted.take_change(), Some(None));
+        assert_eq!(
+            restarted.bounded(later + DAY, month + Duration::from_millis(DAY)),
+            later + DAY
+        );
+        assert_eq!(restarted.take_change(), None);
+    }
+
+    /// A step record that does not decode is taken as none; one kept reads back the same.
+    #[test]
+    fn a_step_record_reads_back_and_a_garbled_one_is_none() {
+        let step = Step {
+            lead_ms: 40 * DAY,
+            since_ms: 1_000 * DAY,
+        };
+        let kept = step.encode().unwrap();
+        assert_eq!(Step::decode(Some(kept.as_bytes())), Some(step));
+        assert_eq!(Step::decode(Some(b"{not json")), None);
+        assert_eq!(Step::decode(None), None);
     }
 
     /// A clock already 40 days ahead when the sweeper starts is held back to the store's
@@ -423,31 +676,30 @@ mod tests {
     #[test]
     fn a_clock_ahead_at_start_is_held_back_to_the_last_commit() {
         let last = 1_000 * DAY;
-        let retention = Duration::from_millis(30 * DAY);
-        let mut ahead = PurgeClock::new();
-        ahead.read_at_start(last + 40 * DAY, Some(last), retention);
+        let ahead = &mut started(last + 40 * DAY, Some(last), None);
         let by = ahead.purge_by(last + 40 * DAY);
         assert!(
             (last + HOUR..last + 2 * HOUR).contains(&by),
             "purged by {by}, not near the last commit {last}"
         );
         // Three days stopped: the three days do not count towards the retention.
-        let mut stopped = PurgeClock::new();
-        stopped.read_at_start(last + 3 * DAY, Some(last), retention);
+        let stopped = &mut started(last + 3 * DAY, Some(last), None);
         assert!(stopped.purge_by(last + 3 * DAY) < last + 2 * HOUR);
-        assert!(!stopped.said, "three days stopped is no step of the clock");
-        // A step forward after such a start is said all the same.
+        assert_eq!(
+            stopped.take_change(),
+            None,
+            "three days stopped is no step of the clock"
+        );
+        // A step forward after such a start is caught all the same.
         let start = last + 3 * DAY;
-        let hour = Duration::from_millis(HOUR);
-        assert!(stopped.bounded(start + 40 * DAY, last, hour) < start);
-        assert!(stopped.said);
+        assert!(stopped.bounded(start + 40 * DAY, hours(1)) < start);
+        assert!(stopped.take_change().flatten().is_some());
         for (clock, known) in [
             (last + HOUR / 2, Some(last)),
             (last - DAY, Some(last)),
             (last + 40 * DAY, None),
         ] {
-            let mut clock_at = PurgeClock::new();
-            clock_at.read_at_start(clock, known, retention);
+            let clock_at = &mut started(clock, known, None);
             assert_eq!(clock_at.purge_by(clock), clock, "{clock} {known:?}");
         }
     }

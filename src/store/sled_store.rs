@@ -2872,6 +2872,87 @@ mod tests {
         );
     }
 
+    /// How many times [`stepped_while_running`] was read.
+    static STEPPED_WHILE_RUNNING_READINGS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// [`stepped_forward`], read by one test alone.
+    fn stepped_while_running() -> u64 {
+        let earlier = STEPPED_WHILE_RUNNING_READINGS.fetch_add(1, Ordering::SeqCst);
+        now_ms() + if earlier == 0 { 0 } else { 40 * DAY_MS }
+    }
+
+    /// How many times [`still_ahead_at_restart`] was read.
+    static STILL_AHEAD_READINGS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// The wall clock 40 days ahead, as a restart finds it before NTP set it right.
+    fn still_ahead_at_restart() -> u64 {
+        STILL_AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
+        now_ms() + 40 * DAY_MS
+    }
+
+    const DAY_MS: u64 = 24 * 3_600_000;
+
+    /// The hole a kept step closes, end to end. A clock stepped 40 days forward while the
+    /// store runs is caught by a sweep and kept; the store books by the stepped clock and
+    /// restarts, the clock still ahead. Its newest write reads as recent by that clock:
+    /// without the step kept, the restarted sweeper purges by it, and a booking made before
+    /// the step, within its 30 days, is gone (a retry of it would be booked again) — shown
+    /// last, the step dropped.
+    #[test]
+    fn a_step_caught_before_a_restart_holds_the_restarted_sweeper_back() {
+        let (runtime, store, dir) = on_two_threads();
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let sweep =
+            |wall_ms: fn() -> u64, readings: &std::sync::atomic::AtomicUsize, store: &SledStore| {
+                let before = readings.load(Ordering::SeqCst);
+                let sweeper = Sweeper::start_with(
+                    Arc::clone(&store.inner.writer),
+                    Duration::from_millis(5),
+                    wall_ms,
+                )
+                .unwrap();
+                wait_until(
+                    || readings.load(Ordering::SeqCst) >= before + 4,
+                    "the sweeper never swept",
+                );
+                drop(sweeper);
+            };
+        store
+            .inner
+            .writer
+            .gate()
+            .step_clock(Duration::from_millis(40 * DAY_MS));
+        runtime.block_on(book(store.clone(), "n-2")).unwrap();
+        sweep(
+            stepped_while_running,
+            &STEPPED_WHILE_RUNNING_READINGS,
+            &store,
+        );
+        drop(store);
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        let step = store.inner.writer.kept_step().expect("the step is kept");
+        let days_39 = Duration::from_millis(39 * DAY_MS);
+        assert!(
+            (days_39..=days_39 + Duration::from_millis(2 * DAY_MS)).contains(&step.lead()),
+            "{step:?}"
+        );
+        sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS, &store);
+        assert!(
+            acknowledged(&runtime, &store, "n-1"),
+            "the restarted sweeper purged by the stepped clock"
+        );
+        assert!(acknowledged(&runtime, &store, "n-2"));
+        store.inner.writer.keep_step(None).unwrap();
+        sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS, &store);
+        assert!(
+            !acknowledged(&runtime, &store, "n-1"),
+            "without the step kept, the stepped clock purges what it holds back"
+        );
+        assert!(acknowledged(&runtime, &store, "n-2"));
+    }
+
     /// Whether a booking of a store kept 30 days (the default) is still acknowledged after
     /// a sweeper reading the wall clock through `wall_ms` (counted in `readings`) swept a
     /// few times.

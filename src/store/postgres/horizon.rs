@@ -10,13 +10,17 @@
 //! reads it. An instance judges by its own retention at most. Like the read indexes, the
 //! table has no schema version: an older payhook ignores it (and does not move it on), so
 //! every instance is upgraded before the retention is raised.
+//!
+//! Beside it, `{schema}.clock_step` keeps a step of the database's clock a sweep caught
+//! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts,
+//! written by the sweep that caught or dropped it, before it purges.
 
 use sqlx::PgConnection;
 use sqlx::{Connection as _, Executor as _};
 use std::time::Duration;
 
 use crate::store::StoreError;
-use crate::store::horizon::{self, Opener, Vouched};
+use crate::store::horizon::{self, Opener, Step, Vouched};
 
 /// The table, where the schema lacks it.
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS {schema}.vouched (
@@ -24,12 +28,67 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS {schema}.vouched (
     record text NOT NULL
 )";
 
-/// Builds the table where the schema lacks it (under the migrations' lock).
+/// The table of the step of the database's clock a sweep caught (see
+/// [`horizon::PurgeClock`]), where the schema lacks it: one row, shared by every instance,
+/// since they all read the same clock.
+const STEP_TABLE: &str = "CREATE TABLE IF NOT EXISTS {schema}.clock_step (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    record text NOT NULL
+)";
+
+/// Builds the tables where the schema lacks them (under the migrations' lock).
 pub(super) async fn build(conn: &mut PgConnection, schema: &str) -> Result<(), StoreError> {
     (&mut *conn)
         .execute(sqlx::raw_sql(&TABLE.replace("{schema}", schema)))
         .await
         .map_err(|e| StoreError::backend(format!("cannot build {schema}.vouched"), e))?;
+    (&mut *conn)
+        .execute(sqlx::raw_sql(&STEP_TABLE.replace("{schema}", schema)))
+        .await
+        .map_err(|e| StoreError::backend(format!("cannot build {schema}.clock_step"), e))?;
+    Ok(())
+}
+
+/// The step of the database's clock the schema keeps; one that does not decode is taken as
+/// none.
+pub(super) async fn kept_step(
+    conn: &mut PgConnection,
+    schema: &str,
+) -> Result<Option<Step>, StoreError> {
+    let stored: Option<String> =
+        sqlx::query_scalar(&format!("SELECT record FROM {schema}.clock_step"))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| StoreError::backend(format!("cannot read {schema}.clock_step"), e))?;
+    Ok(Step::decode(stored.as_deref().map(str::as_bytes)))
+}
+
+/// Keeps `step` as the schema's (`None`: drops the one kept). The last instance to catch a
+/// step writes it: they read the same clock.
+pub(super) async fn keep_step(
+    conn: &mut PgConnection,
+    schema: &str,
+    step: Option<&Step>,
+) -> Result<(), StoreError> {
+    let failed = |e| StoreError::backend(format!("cannot update {schema}.clock_step"), e);
+    let (sql, record) = match step {
+        Some(step) => (
+            format!(
+                "INSERT INTO {schema}.clock_step (record) VALUES ($1) \
+                 ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
+            ),
+            Some(step.encode()?),
+        ),
+        None => (format!("DELETE FROM {schema}.clock_step"), None),
+    };
+    let query = sqlx::query(&sql);
+    match record {
+        Some(record) => query.bind(record),
+        None => query,
+    }
+    .execute(conn)
+    .await
+    .map_err(failed)?;
     Ok(())
 }
 

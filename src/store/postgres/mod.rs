@@ -613,16 +613,18 @@ impl PgStore {
         let task = runtime.spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.tick().await;
-            let mut clock = crate::store::horizon::PurgeClock::new();
-            // The database's clock as the sweeper starts, and when the store last wrote;
-            // unread (the database not answering), the first sweep reads the clock alone.
-            if let Some(inner) = weak.upgrade() {
+            let Some(inner) = weak.upgrade() else { return };
+            let mut clock = crate::store::horizon::PurgeClock::new(inner.retention);
+            // The database's clock as the sweeper starts, when the store last wrote, and the
+            // step of the clock it keeps; unread (the database not answering), the first
+            // sweep reads the clock alone.
+            {
                 let store = PgStore { inner };
-                match store.clock_and_last_write().await {
-                    Ok((now, last_write)) => clock.read_at_start(
+                match store.clock_at_start().await {
+                    Ok((now, last_write, kept)) => clock.read_at_start(
                         crate::store::ms_from_time(read(now)),
                         last_write.map(crate::store::ms_from_time),
-                        store.inner.retention,
+                        kept,
                     ),
                     Err(error) => tracing::warn!(
                         error = %crate::report::InLine(&error),
@@ -660,6 +662,24 @@ impl PgStore {
         if let Some(replaced) = replaced {
             replaced.abort();
         }
+    }
+
+    /// [`Self::clock_and_last_write`], and the step of the database's clock the schema keeps
+    /// (see [`crate::store::horizon::PurgeClock`]).
+    async fn clock_at_start(
+        &self,
+    ) -> Result<
+        (
+            DateTime<Utc>,
+            Option<DateTime<Utc>>,
+            Option<crate::store::horizon::Step>,
+        ),
+        StoreError,
+    > {
+        let (now, last_write) = self.clock_and_last_write().await?;
+        let mut conn = self.pool().acquire().await?;
+        let kept = horizon::kept_step(&mut conn, &self.inner.schema).await?;
+        Ok((now, last_write, kept))
     }
 
     /// The database's clock, and when the newest booking or validation was written as far
@@ -720,6 +740,20 @@ impl PgStore {
                 .await?,
         );
         let by = crate::store::time_from_ms(clock.purge_by(crate::store::ms_from_time(now)));
+        // Kept before the purge; failing, the purge goes on (by the elapsed time, which is
+        // safe) and the next sweep tries again.
+        if let Some(step) = clock.take_change() {
+            let kept = match self.pool().acquire().await {
+                Ok(mut conn) => {
+                    horizon::keep_step(&mut conn, &self.inner.schema, step.as_ref()).await
+                }
+                Err(error) => Err(error.into()),
+            };
+            if let Err(error) = kept {
+                clock.unkept();
+                tracing::warn!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next sweep");
+            }
+        }
         self.purge(now.min(by)).await
     }
 
@@ -1098,23 +1132,96 @@ mod tests {
         read: fn(DateTime<Utc>) -> DateTime<Utc>,
         readings: &AtomicUsize,
     ) -> Option<bool> {
-        let url = test_database(test).await?;
-        static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
-        let schema = format!(
-            "t_sweep_{}_{}_{}",
-            std::process::id(),
-            SCHEMAS.fetch_add(1, Ordering::Relaxed),
-            Utc::now().timestamp_subsec_micros()
-        );
-        let config = StoreConfig {
-            url: Some(url.as_str().into()),
-            schema: schema.clone(),
-            retention: Duration::from_secs(30 * 24 * 3600),
-            sweep_interval: Duration::from_secs(3600),
-            ..StoreConfig::default()
+        let swept = Swept::open(test).await?;
+        let nonce = book(&swept.store, "n-1").await;
+        swept.sweep(read, readings).await;
+        let kept = swept.acknowledged(&nonce).await;
+        swept.drop_schema().await;
+        Some(kept)
+    }
+
+    /// How many times [`stepped_while_running`] was read.
+    static STEPPED_WHILE_RUNNING_READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    /// [`stepped_forward`], read by one test alone.
+    fn stepped_while_running(now: DateTime<Utc>) -> DateTime<Utc> {
+        let earlier = STEPPED_WHILE_RUNNING_READINGS.fetch_add(1, Ordering::SeqCst);
+        now + if earlier == 0 {
+            TimeDelta::zero()
+        } else {
+            TimeDelta::days(40)
+        }
+    }
+
+    /// How many times [`still_ahead_at_restart`] was read.
+    static STILL_AHEAD_READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The database's clock 40 days ahead, as an instance started again finds it.
+    fn still_ahead_at_restart(now: DateTime<Utc>) -> DateTime<Utc> {
+        STILL_AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
+        now + TimeDelta::days(40)
+    }
+
+    /// The hole a kept step closes, on PostgreSQL: a database clock stepped 40 days forward
+    /// while an instance runs is caught by its sweep and kept in `{schema}.clock_step`; a
+    /// booking is then written by the stepped clock (its expiry moved so), and a sweeper
+    /// starts again, the clock still ahead. The newest write reads as recent by that clock:
+    /// without the step kept (shown last, the row deleted), the sweeper purges by it and a
+    /// booking made before the step, within its 30 days, is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_step_caught_before_a_restart_holds_the_sweeper_back() {
+        let test = "a_database_step_caught_before_a_restart_holds_the_sweeper_back";
+        let Some(swept) = Swept::open(test).await else {
+            return;
         };
-        let store = PgStore::open(&config, &[]).await.unwrap();
-        let (nonce, status) = (Nonce::from("n-1"), TransactionStatus::Success);
+        let before = book(&swept.store, "n-1").await;
+        swept
+            .sweep(stepped_while_running, &STEPPED_WHILE_RUNNING_READINGS)
+            .await;
+        let after = book(&swept.store, "n-2").await;
+        swept
+            .execute(&format!(
+                "UPDATE {s}.callbacks SET expires_at = expires_at + interval '40 days' \
+                 WHERE expires_at = (SELECT max(expires_at) FROM {s}.callbacks)",
+                s = swept.schema
+            ))
+            .await;
+        let mut conn = swept.store.pool().acquire().await.unwrap();
+        let step = super::horizon::kept_step(&mut conn, &swept.schema)
+            .await
+            .unwrap()
+            .expect("the step is kept");
+        drop(conn);
+        let days_39 = Duration::from_secs(39 * 86_400);
+        assert!(
+            (days_39..=days_39 + Duration::from_secs(2 * 86_400)).contains(&step.lead()),
+            "{step:?}"
+        );
+        swept
+            .sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS)
+            .await;
+        assert!(
+            swept.acknowledged(&before).await,
+            "the restarted sweeper purged by the stepped clock"
+        );
+        assert!(swept.acknowledged(&after).await);
+        swept
+            .execute(&format!("DELETE FROM {}.clock_step", swept.schema))
+            .await;
+        swept
+            .sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS)
+            .await;
+        assert!(
+            !swept.acknowledged(&before).await,
+            "without the step kept, the stepped clock purges what it holds back"
+        );
+        assert!(swept.acknowledged(&after).await);
+        swept.drop_schema().await;
+    }
+
+    /// Books a success of `nonce`.
+    async fn book(store: &PgStore, nonce: &str) -> Nonce {
+        let (nonce, status) = (Nonce::from(nonce), TransactionStatus::Success);
         let CallbackBegin::Claimed { claim, .. } = store
             .begin_callback(&nonce, status, Duration::from_secs(60))
             .await
@@ -1126,33 +1233,83 @@ mod tests {
             .finish_callback(&nonce, claim, status, Effects::default())
             .await
             .unwrap();
-        let before = readings.load(Ordering::SeqCst);
-        store.start_sweeper_reading(Duration::from_millis(5), read);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while readings.load(Ordering::SeqCst) < before + 4 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the sweeper never swept"
+        nonce
+    }
+
+    /// A store kept 30 days in a schema of its own, for a test's sweepers.
+    struct Swept {
+        url: String,
+        schema: String,
+        store: PgStore,
+    }
+
+    impl Swept {
+        /// `None` where PostgreSQL is unreachable (said).
+        async fn open(test: &str) -> Option<Self> {
+            let url = test_database(test).await?;
+            static SCHEMAS: AtomicUsize = AtomicUsize::new(0);
+            let schema = format!(
+                "t_sweep_{}_{}_{}",
+                std::process::id(),
+                SCHEMAS.fetch_add(1, Ordering::Relaxed),
+                Utc::now().timestamp_subsec_micros()
             );
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            let config = StoreConfig {
+                url: Some(url.as_str().into()),
+                schema: schema.clone(),
+                retention: Duration::from_secs(30 * 24 * 3600),
+                sweep_interval: Duration::from_secs(3600),
+                ..StoreConfig::default()
+            };
+            let store = PgStore::open(&config, &[]).await.unwrap();
+            Some(Self { url, schema, store })
         }
-        let kept = store.callback_acknowledged(&nonce, status).await.unwrap();
-        drop(store);
-        // The sweeper ends at its next tick: a sweep still under way may deadlock with the
-        // drop's locks, which PostgreSQL breaks by failing one of them; the drop is tried
-        // again.
-        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
-        let drop_schema = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-        for attempt in 1.. {
-            match sqlx::raw_sql(&drop_schema).execute(&mut conn).await {
-                Ok(_) => break,
-                Err(error) => {
-                    assert!(attempt < 20, "{schema} could not be dropped: {error}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+
+        /// A sweeper started (replacing the one before) reading the database's clock
+        /// through `read` (counted in `readings`), once it swept a few times.
+        async fn sweep(&self, read: fn(DateTime<Utc>) -> DateTime<Utc>, readings: &AtomicUsize) {
+            let before = readings.load(Ordering::SeqCst);
+            self.store
+                .start_sweeper_reading(Duration::from_millis(5), read);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while readings.load(Ordering::SeqCst) < before + 4 {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the sweeper never swept"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        async fn acknowledged(&self, nonce: &Nonce) -> bool {
+            self.store
+                .callback_acknowledged(nonce, TransactionStatus::Success)
+                .await
+                .unwrap()
+        }
+
+        async fn execute(&self, sql: &str) {
+            sqlx::raw_sql(sql).execute(self.store.pool()).await.unwrap();
+        }
+
+        /// Drops the store and its schema. The sweeper ends at its next tick: a sweep still
+        /// under way may deadlock with the drop's locks, which PostgreSQL breaks by failing
+        /// one of them; the drop is tried again.
+        async fn drop_schema(self) {
+            let Self { url, schema, store } = self;
+            drop(store);
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            let drop_schema = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+            for attempt in 1.. {
+                match sqlx::raw_sql(&drop_schema).execute(&mut conn).await {
+                    Ok(_) => break,
+                    Err(error) => {
+                        assert!(attempt < 20, "{schema} could not be dropped: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
             }
         }
-        Some(kept)
     }
 
     #[test]
