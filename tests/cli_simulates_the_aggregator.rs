@@ -759,6 +759,35 @@ async fn scenario_files_run_against_a_running_merchant_and_unmet_expectations_fa
             "{says}: {stdout}"
         );
     }
+    // A transaction the merchant refused is never created at the gateway: a lookup that
+    // expects a record fails the step (the run goes on to its verdict), and one that
+    // expects none (`found = false`) passes.
+    for (expect, code_wanted, said) in [
+        (
+            "in_progress = true",
+            1,
+            "✗ the gateway holds no transaction ",
+        ),
+        (
+            "found = false",
+            0,
+            "→ 404, the gateway holds no such transaction",
+        ),
+    ] {
+        let refused = scenario_file(
+            data.path(),
+            "refused-then-looked-up",
+            &format!(
+                "[payment]\namount = \"25000.00\"\nclient = \"client-42\"\n\
+                 [[step]]\nkind = \"transaction-validation\"\nexpect = {{ status = 403 }}\n\
+                 [[step]]\nkind = \"lookup\"\nexpect = {{ {expect} }}\n"
+            ),
+        );
+        let (code, stdout, stderr) =
+            payhook(scenario_command(&refused, &to, &mock.url(), &[])).await;
+        assert_eq!(code, code_wanted, "{expect}: {stdout}{stderr}");
+        assert!(stdout.contains(said), "{expect}: {stdout}");
+    }
     // One that hangs is stopped, and the step fails saying so: it hung the run.
     let mut hanging = base;
     hanging.extend(args(&[

@@ -34,7 +34,7 @@
 //! | `transaction-validation` | sends the request (`new_validation_id = true`: the same transaction under a new validation id); with `result`, waits for the merchant's posted result (where a `gateway-result` step put a result there before, for the merchant's own post of it). Answered 200, the transaction is created at the gateway in progress (status 3, `callbackDeliveryStatus` `NotSent`, no `destinationAmount`) — unless the gateway holds a denial for the validation when a `lookup` or `reconcile` step first asks — until a callback step gives its result | `status`, `message`, `result` (`allow`/`deny`), `conflicts` |
 //! | `callback` | delivers with retries (or `lost = true`: records it as undelivered), `copies` more times (`concurrent` or in a row) | `status`, `message`, `delivered`, `attempts` (acknowledged by that attempt; not with `concurrent`), `bookings`, `moved` |
 //! | `forged-callback` | sends the callback forged (`forgery`: `tamper-body`, `tamper-signature` or `wrong-key`), then the genuine one; a correct receiver refuses the forgery with 401 and accepts the genuine callback as new (needs the signing key); the gateway records the genuine delivery, as a callback step's | `bookings`, `moved` |
-//! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `delivery_status`, `canceled`, `in_progress` (the record's status is 0–3) |
+//! | `lookup` | reads the transaction from the gateway, as the merchant's lookup would (it checks the aggregator's record, not the merchant) | `found` (`false`: the gateway answers 404, as for a transaction whose validation was denied; any other lookup expectation needs a record), `delivery_status`, `canceled`, `in_progress` (the record's status is 0–3) |
 //! | `reconcile` | asks the merchant to recover the transaction (its reconcile) | `booked`, `in_progress` (the merchant found the transaction unfinished and booked nothing), `bookings`, `moved` |
 //! | `gateway-result` | posts a result (`success`, `description`) itself, as if one had been received before | — |
 //! | `new-transaction` | starts a fresh transaction (nonce and ids) for the steps after it | — |
@@ -119,6 +119,7 @@ impl Expect {
             ("attempts", self.attempts.is_some()),
             ("delivery_status", self.delivery_status.is_some()),
             ("canceled", self.canceled.is_some()),
+            ("found", self.found.is_some()),
             ("booked", self.booked.is_some()),
             ("in_progress", self.in_progress.is_some()),
             ("bookings", self.bookings.is_some()),
@@ -183,10 +184,21 @@ impl Step {
                 ],
             ),
             Self::ForgedCallback { expect, .. } => (Some(expect), &["bookings", "moved"]),
-            Self::Lookup { expect } => (
-                Some(expect),
-                &["delivery_status", "canceled", "in_progress"],
-            ),
+            Self::Lookup { expect } => {
+                if expect.found == Some(false)
+                    && (expect.delivery_status.is_some()
+                        || expect.canceled.is_some()
+                        || expect.in_progress.is_some())
+                {
+                    return Err("`found = false` expects no record: `delivery_status`, \
+                                `canceled` and `in_progress` cannot be checked"
+                        .into());
+                }
+                (
+                    Some(expect),
+                    &["found", "delivery_status", "canceled", "in_progress"],
+                )
+            }
             Self::Reconcile { expect } => {
                 if expect.booked.is_some() && expect.in_progress == Some(true) {
                     return Err("a reconcile that finds the transaction in progress books \
@@ -351,6 +363,9 @@ pub struct Expect {
     pub delivery_status: Option<String>,
     /// The record's `isCallbackSendingCanceled`.
     pub canceled: Option<bool>,
+    /// Whether the gateway holds the transaction (a lookup answered 200; `false`: 404, as
+    /// for a transaction whose validation was denied, or never answered 200).
+    pub found: Option<bool>,
     /// Reconcile booked the result now (`true`) or found it booked (`false`).
     pub booked: Option<bool>,
     /// The transaction is still in progress (a status 0 to 3, no result yet): as the
@@ -1104,34 +1119,7 @@ async fn run_step(
         }
         Step::Lookup { expect } => {
             created_by_validation(control, current, kept, &mut story).await?;
-            let client = GatewayClient::new(&target.gateway)?;
-            let record = client.transaction(current.reference_id).await?;
-            let status = record.callback_delivery_status.clone().unwrap_or_default();
-            story.push(format!(
-                "simulator → gateway, as the merchant's lookup would: GET transaction {} → {}, callbackDeliveryStatus {status}, canceled {}",
-                current.reference_id, record.transaction_status, record.is_callback_sending_canceled
-            ));
-            if let Some(wanted) = &expect.delivery_status
-                && *wanted != status
-            {
-                problems.push(format!(
-                    "expected callbackDeliveryStatus {wanted}, got {status}"
-                ));
-            }
-            if let Some(wanted) = expect.canceled
-                && wanted != record.is_callback_sending_canceled
-            {
-                problems.push(format!("expected isCallbackSendingCanceled {wanted}"));
-            }
-            let in_progress = record.transaction_status.in_progress();
-            if let Some(wanted) = expect.in_progress
-                && wanted != in_progress
-            {
-                problems.push(format!(
-                    "expected in_progress = {wanted}: the record's transactionStatus is {}",
-                    record.transaction_status
-                ));
-            }
+            look_up(target, current, expect, &mut story, &mut problems).await?;
             "lookup"
         }
         Step::Reconcile { expect } => {
@@ -1283,6 +1271,76 @@ async fn awaited_result(
 /// that validation (a postponed validation denied: no transaction). The simulator cannot
 /// tell an immediate answer from a postponed one whose result is still to come: a
 /// validation with no result held counts as allowed.
+/// A lookup step: reads the transaction from the gateway as the merchant's lookup would,
+/// and checks the record (or its absence) against `expect`.
+async fn look_up(
+    target: &Target,
+    current: &Payment,
+    expect: &Expect,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) -> Result<(), SimError> {
+    let client = GatewayClient::new(&target.gateway)?;
+    let record = match client.transaction(current.reference_id).await {
+        Err(crate::gateway::GatewayError::Status { status: 404, .. }) => {
+            say_not_found(current.reference_id, expect, story, problems);
+            return Ok(());
+        }
+        found => found?,
+    };
+    let status = record.callback_delivery_status.clone().unwrap_or_default();
+    story.push(format!(
+            "simulator → gateway, as the merchant's lookup would: GET transaction {} → {}, callbackDeliveryStatus {status}, canceled {}",
+            current.reference_id, record.transaction_status, record.is_callback_sending_canceled
+        ));
+    if expect.found == Some(false) {
+        problems.push(format!(
+            "expected the gateway to hold no transaction {}, but it holds one",
+            current.reference_id
+        ));
+    }
+    if let Some(wanted) = &expect.delivery_status
+        && *wanted != status
+    {
+        problems.push(format!(
+            "expected callbackDeliveryStatus {wanted}, got {status}"
+        ));
+    }
+    if let Some(wanted) = expect.canceled
+        && wanted != record.is_callback_sending_canceled
+    {
+        problems.push(format!("expected isCallbackSendingCanceled {wanted}"));
+    }
+    let in_progress = record.transaction_status.in_progress();
+    if let Some(wanted) = expect.in_progress
+        && wanted != in_progress
+    {
+        problems.push(format!(
+            "expected in_progress = {wanted}: the record's transactionStatus is {}",
+            record.transaction_status
+        ));
+    }
+    Ok(())
+}
+
+/// A lookup answered 404: what `expect` says of that.
+fn say_not_found(
+    reference_id: Uuid,
+    expect: &Expect,
+    story: &mut Vec<String>,
+    problems: &mut Vec<String>,
+) {
+    story.push(format!(
+        "simulator → gateway, as the merchant's lookup would: GET transaction {reference_id} → 404, the gateway holds no such transaction"
+    ));
+    if expect.found != Some(false) {
+        problems.push(format!(
+            "the gateway holds no transaction {reference_id}: none is created for a \
+             validation that was denied or never answered 200 (`found = false` expects that)"
+        ));
+    }
+}
+
 async fn created_by_validation(
     control: &MockControl,
     current: &Payment,
@@ -1662,6 +1720,14 @@ mod tests {
         refused(
             "kind = \"reconcile\"\nexpect = { booked = false, in_progress = true }",
             "cannot both hold",
+        );
+        refused(
+            "kind = \"lookup\"\nexpect = { found = false, delivery_status = \"NotSent\" }",
+            "expects no record",
+        );
+        refused(
+            "kind = \"callback\"\nexpect = { found = true }",
+            "does not check found",
         );
         // A step that sends and checks nothing would pass whatever the answer.
         for kind in [
