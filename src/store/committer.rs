@@ -817,9 +817,9 @@ impl Writer {
         super::horizon::Step::decode(stored.as_deref())
     }
 
-    /// Keeps `step` (`None`: drops the one kept), durably before the sweep that changed it
-    /// purges: the commits after a step carry the stepped clock's times, so a restart
-    /// without it would purge by that clock.
+    /// Keeps `step` (`None`: drops the one kept), durably — flushed, synced, `fdatasync`ed,
+    /// as a commit — before the sweep that changed it purges: the commits after a step
+    /// carry the stepped clock's times, so a restart without it would purge by that clock.
     pub(crate) fn keep_step(
         self: &Arc<Self>,
         step: Option<&super::horizon::Step>,
@@ -835,7 +835,35 @@ impl Writer {
                 None => self.context.tree.remove(keys::CLOCK_STEP),
             }?;
         }
-        self.write_out("the clock's step")
+        self.write_out("the clock's step")?;
+        let synced = self
+            .context
+            .data_file
+            .sync_data()
+            .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e));
+        if let Err(error) = &synced {
+            tracing::error!(error = %crate::report::InLine(error), "writing out the clock's step failed; the store refuses further work until restarted");
+            self.context.failed.store(true, Ordering::SeqCst);
+        }
+        synced
+    }
+
+    /// The latest expiry the store holds (`None`: it holds no record).
+    fn latest_expiry(&self) -> Option<u64> {
+        match self
+            .context
+            .tree
+            .scan_prefix(keys::EXPIRY_PREFIX)
+            .next_back()
+        {
+            Some(Ok((key, _))) => keys::expires_of(&key),
+            Some(Err(error)) => {
+                // Taken as the furthest: a step caught now is held back for good.
+                tracing::warn!(%error, "the store's latest expiry cannot be read");
+                Some(u64::MAX)
+            }
+            None => None,
+        }
     }
 }
 
@@ -991,6 +1019,10 @@ impl Sweeper {
                         sweep(&sweeper_writer, &mut clock, wall_ms());
                     }
                 }
+                // A step since the last sweep is kept as the store stops: the commits since
+                // carry the stepped clock's times, and the next start would purge by it.
+                drop(stopped);
+                read_the_clock(&sweeper_writer, &mut clock, wall_ms());
             })?;
         Ok(Self {
             stop,
@@ -1004,16 +1036,29 @@ impl Sweeper {
 /// reading changed it (failing, the sweep purges all the same — by the elapsed time, which
 /// is safe — and the next tries again), then the purge.
 fn sweep(writer: &Arc<Writer>, clock: &mut super::horizon::PurgeClock, clock_ms: u64) {
-    let by = clock.purge_by(clock_ms);
-    if let Some(step) = clock.take_change()
-        && let Err(error) = writer.keep_step(step.as_ref())
-    {
-        clock.unkept();
-        tracing::error!(error = %crate::report::InLine(&error), "keeping the clock's step failed");
-    }
+    let by = read_the_clock(writer, clock, clock_ms);
     if let Err(error) = writer.purge(by) {
         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
     }
+}
+
+/// The time to purge by at the clock reading `clock_ms`, the clock's step kept where the
+/// reading changed it.
+fn read_the_clock(
+    writer: &Arc<Writer>,
+    clock: &mut super::horizon::PurgeClock,
+    clock_ms: u64,
+) -> u64 {
+    let by = clock.purge_by(clock_ms, writer.latest_expiry());
+    if let Some(change) = clock.take_change() {
+        match writer.keep_step(change.step.as_ref()) {
+            Ok(()) => clock.kept_as(change.step),
+            Err(error) => {
+                tracing::error!(error = %crate::report::InLine(&error), "keeping the clock's step failed");
+            }
+        }
+    }
+    by
 }
 
 impl Drop for Sweeper {

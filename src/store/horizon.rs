@@ -18,7 +18,8 @@
 //! [`PurgeClock`]: the clock, but never ahead of the time elapsed since the sweeper
 //! started (since the store's newest write, where the clock at start reads well past
 //! it); a step of the clock it catches is kept beside the records ([`Step`]), so that a
-//! restart before the clock is set right purges by the clock less the step.
+//! restart before the clock is set right purges by the clock less the step, until what the
+//! store held when the step was caught has expired.
 //! Where several instances write (PostgreSQL), a growth counts from a little after it was recorded (`settle`): an instance still writing with
 //! the shorter retention moves the record back at its next sweep, and one that stopped
 //! before its next sweep wrote nothing after that.
@@ -237,16 +238,22 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// that moves back purges less: records are kept longer, never shorter; so does a machine
 /// that was suspended (the monotonic clock stops meanwhile).
 ///
-/// A step caught so is kept in the store ([`Step`]: how far the clock leads, and since
-/// when), written before the sweep that caught it purges: the records written after the
-/// step carry the stepped clock's times, so the store's newest write (below) no longer
-/// tells, and a restart before the clock is set right would purge by it. A sweeper that
-/// starts with a step kept reads the clock less its lead. The step is dropped once the
-/// clock agrees with the elapsed time again (it was set right), when the sweeper starts to
-/// a clock that reads earlier than the store's newest write and the step's own reading (set
-/// right while stopped), or once the retention and the slack have elapsed since it: what
-/// was written before it has expired by then, and what was written after carries the
-/// clock's own times — the sweep takes the clock as it reads from then on.
+/// A step caught so is kept in the store ([`Step`]: how far the clock leads, when it was
+/// caught, and the latest expiry the store held then), written before the sweep that caught
+/// it purges, and again when the store stops: the records written after the step carry the
+/// stepped clock's times, so the store's newest write (below) no longer tells, and a restart
+/// before the clock is set right would purge by it. A sweeper that starts with a step kept
+/// reads the clock less its lead — less only what the clock can still lead by where it
+/// reads earlier than when the step was caught (set back, perhaps part of the way, while
+/// the store was stopped). A step whose lead shrinks while the store runs is kept with the
+/// smaller lead; it is dropped once the clock agrees with the elapsed time again, and once
+/// the elapsed time (as this process vouches for it: not the time the store was stopped)
+/// passes the latest expiry held when it was caught — nothing written before it is left
+/// then, and what was written after carries the clock's own times: the sweep takes the
+/// clock as it reads from then on (still held back by the time stopped, below). A step
+/// caught between two sweeps is kept at the next one, or as the store stops: a store that
+/// crashes in between, having written by the stepped clock, purges by it when it starts
+/// again.
 ///
 /// A clock already wrong when the sweeper starts is caught where the store knows when it
 /// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less
@@ -256,34 +263,40 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// while this process runs — and a clock 40 days ahead at start purges nothing early. Such
 /// a clock is not kept as a step (it cannot be told from a store stopped or idle that
 /// long): a store that writes by it and starts again before it is set right purges by it,
-/// its newest write read by the same clock. A newest write longer ago than the retention, by the clock,
-/// is said in a warning: a store stopped or idle that long, or a clock that is wrong. On
-/// PostgreSQL the newest write is read off its expiry less this instance's retention: an
-/// instance whose retention is shorter than another's holds back less (not at all where
-/// the difference exceeds the gap), one whose retention is longer holds back more.
+/// its newest write read by the same clock. A newest write longer ago than the retention,
+/// by the clock, is said in a warning: a store stopped or idle that long, or a clock that
+/// is wrong. On PostgreSQL the newest write is read off its expiry less this instance's
+/// retention: an instance whose retention is shorter than another's holds back less (not
+/// at all where the difference exceeds the gap), one whose retention is longer holds back
+/// more.
 #[derive(Debug)]
 pub(crate) struct PurgeClock {
-    /// The retention records are written with: a step older than it no longer matters.
+    /// The retention records are written with (for the warnings).
     retention: Duration,
-    /// The first reading (less the lead of a step kept) and when it was taken.
+    /// The first reading (less the lead of a step kept, or held back to the newest write)
+    /// and when it was taken.
     first: Option<(u64, std::time::Instant)>,
     /// How far the clock read past the newest write at start, where the first reading was
     /// held back to it: the clock runs that far ahead of the bound without having stepped.
     held_at_start_ms: u64,
     /// The step in force: the clock leads the elapsed time by it.
     step: Option<Step>,
-    /// Whether `step` changed since the store was last given it to keep.
-    changed: bool,
+    /// The step the store keeps, as this clock last read or gave it.
+    kept: Option<Step>,
 }
 
 /// A step of the clock a sweep caught, as the store keeps it (JSON): since `since_ms` (by
-/// the elapsed time), the clock reads `lead_ms` ahead of the time elapsed.
+/// the elapsed time), the clock reads `lead_ms` ahead of the time elapsed; `until_ms` is the
+/// latest expiry the store held when it was caught.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Step {
     /// How far the clock reads ahead of the time elapsed, in milliseconds.
     lead_ms: u64,
     /// When the step was caught, by the time elapsed (the clock less its lead).
     since_ms: u64,
+    /// The latest expiry the store held when the step was caught (milliseconds since the
+    /// Unix epoch): no record written before the step expires later.
+    until_ms: u64,
 }
 
 impl Step {
@@ -298,24 +311,62 @@ impl Step {
             .map_err(|e| StoreError::backend("cannot encode the clock's step", e))
     }
 
-    /// A kept record (`None`: none kept); one that does not decode is said in a warning and
+    /// A kept record (`None`: none kept); one that does not decode is said in an error and
     /// taken as none.
     pub(crate) fn decode(stored: Option<&[u8]>) -> Option<Self> {
         let stored = stored?;
         serde_json::from_slice(stored)
             .inspect_err(|error| {
-                tracing::warn!(
+                tracing::error!(
                     %error,
                     "the store's record of a step of the clock does not decode: taken as none \
-                     (the sweeper holds back by the store's newest write alone)"
+                     (the sweeper holds back by the store's newest write alone; if the clock \
+                     is ahead, set it right before the first sweep)"
                 );
             })
             .ok()
     }
+
+    /// Of two steps caught by different instances, the one that holds back more (the later
+    /// caught, of two as far ahead), until the later of their expiries: the same whichever
+    /// is given first.
+    pub(crate) fn further(self, other: Self) -> Self {
+        let until_ms = self.until_ms.max(other.until_ms);
+        let further = if (other.lead_ms, other.since_ms) > (self.lead_ms, self.since_ms) {
+            other
+        } else {
+            self
+        };
+        Self {
+            until_ms,
+            ..further
+        }
+    }
+
+    /// This step at a start whose clock reads `clock_ms`. A clock that reads earlier than
+    /// it did when the step was caught (beyond the slack) was set back meanwhile, by that
+    /// much at least: since the time elapsed is no earlier than when the step was caught,
+    /// the clock leads it by `clock − since` at most — the step's new lead, or none where
+    /// that is within the slack (set right).
+    fn at_start(self, clock_ms: u64) -> Option<Self> {
+        let caught_reading = self.since_ms.saturating_add(self.lead_ms);
+        if clock_ms.saturating_add(millis(PurgeClock::SLACK)) >= caught_reading {
+            return Some(self);
+        }
+        let lead_ms = clock_ms.saturating_sub(self.since_ms);
+        (lead_ms > millis(PurgeClock::SLACK)).then_some(Self { lead_ms, ..self })
+    }
 }
 
-/// What the store is to keep of the clock's step: a new or further step, or none (dropped).
-pub(crate) type StepChange = Option<Step>;
+/// What the store is to keep of the clock's step: `step` (`None`: none), where it kept
+/// `kept` as the clock last knew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepChange {
+    /// The store's step as the clock last read or gave it.
+    pub(crate) kept: Option<Step>,
+    /// The step to keep now.
+    pub(crate) step: Option<Step>,
+}
 
 impl PurgeClock {
     /// How far the clock may run ahead of the elapsed time before a sweep is held back.
@@ -328,7 +379,7 @@ impl PurgeClock {
             first: None,
             held_at_start_ms: 0,
             step: None,
-            changed: false,
+            kept: None,
         }
     }
 
@@ -346,20 +397,21 @@ impl PurgeClock {
         if self.first.is_some() {
             return;
         }
-        self.step = kept.filter(|step| self.in_force_at_start(step, clock_ms, last_commit_ms));
-        self.changed = kept.is_some() && self.step.is_none();
+        self.kept = kept;
+        self.step = kept.and_then(|step| step.at_start(clock_ms));
         let lead = self.step.map_or(0, |step| step.lead_ms);
         if let Some(step) = self.step {
             tracing::warn!(
                 lead = %crate::setting::format_duration(step.lead()),
                 "the clock still reads ahead of the time elapsed, as a sweep caught before \
                  this start (a clock stepped forward, or a machine that was suspended): \
-                 records are purged by the clock less that lead until it is set right, or \
-                 the retention has elapsed since the step; check the machine's time"
+                 records are purged by the clock less that lead until it is set right; \
+                 check the machine's time"
             );
-            tracing::debug!(
-                since_ms = step.since_ms,
-                "the clock's step kept by the store"
+        } else if kept.is_some() {
+            tracing::info!(
+                "the clock reads earlier than when a sweep caught it ahead: it was set right \
+                 while the store was stopped, and records are purged by it"
             );
         }
         let clock_ms = clock_ms.saturating_sub(lead);
@@ -374,29 +426,6 @@ impl PurgeClock {
             _ => clock_ms,
         };
         self.first = Some((first, std::time::Instant::now()));
-    }
-
-    /// Whether the `step` kept still holds at a start whose clock reads `clock_ms`: the
-    /// clock was not set back past what the store last read by it, and the retention (and
-    /// the slack) has not elapsed since the step.
-    fn in_force_at_start(&self, step: &Step, clock_ms: u64, last_commit_ms: Option<u64>) -> bool {
-        let last_read = last_commit_ms
-            .unwrap_or(0)
-            .max(step.since_ms.saturating_add(step.lead_ms));
-        let set_back = clock_ms.saturating_add(millis(Self::SLACK)) < last_read;
-        let elapsed = clock_ms
-            .saturating_sub(step.lead_ms)
-            .saturating_sub(step.since_ms);
-        let aged_out = elapsed > millis(self.retention + Self::SLACK);
-        if set_back || aged_out {
-            tracing::info!(
-                set_back,
-                aged_out,
-                "a step of the clock caught before this start no longer holds: records are \
-                 purged by the clock"
-            );
-        }
-        !set_back && !aged_out
     }
 
     /// Says that the store's last commit lies `gap` behind the clock at start.
@@ -423,80 +452,100 @@ impl PurgeClock {
         }
     }
 
-    /// The time to purge by when the clock reads `clock_ms` now. Where it changed what the
-    /// store is to keep of the clock's step, [`Self::take_change`] gives it: the store keeps
-    /// it before it purges.
-    pub(crate) fn purge_by(&mut self, clock_ms: u64) -> u64 {
+    /// The time to purge by when the clock reads `clock_ms` now, the latest expiry the
+    /// store holds being `latest_expiry_ms` (`None`: it holds no record). Where it changed
+    /// what the store is to keep of the clock's step, [`Self::take_change`] gives it: the
+    /// store keeps it before it purges.
+    pub(crate) fn purge_by(&mut self, clock_ms: u64, latest_expiry_ms: Option<u64>) -> u64 {
         let now = std::time::Instant::now();
         let (_, first_at) = *self.first.get_or_insert((clock_ms, now));
-        self.bounded(clock_ms, now.saturating_duration_since(first_at))
+        self.bounded(
+            clock_ms,
+            now.saturating_duration_since(first_at),
+            latest_expiry_ms,
+        )
     }
 
-    /// What the store is to keep of the clock's step, where it changed since last taken.
-    pub(crate) fn take_change(&mut self) -> Option<StepChange> {
-        std::mem::take(&mut self.changed).then_some(self.step)
+    /// What the store is to keep of the clock's step, where it differs from what it keeps.
+    pub(crate) fn take_change(&self) -> Option<StepChange> {
+        (self.step != self.kept).then_some(StepChange {
+            kept: self.kept,
+            step: self.step,
+        })
     }
 
-    /// The change [`Self::take_change`] gave could not be kept: it is given again.
-    pub(crate) fn unkept(&mut self) {
-        self.changed = true;
+    /// The store keeps `step` now (the change was written, or another instance's was found
+    /// in its place): the step in force where it holds back more, or where this clock's
+    /// change dropped or shrank one the store no longer keeps as it knew.
+    pub(crate) fn kept_as(&mut self, step: Option<Step>) {
+        if step != self.step
+            && let Some(theirs) = step
+        {
+            self.step = Some(self.step.map_or(theirs, |ours| ours.further(theirs)));
+        }
+        self.kept = step;
     }
 
     /// [`Self::purge_by`], the first reading taken `elapsed` ago.
-    fn bounded(&mut self, clock_ms: u64, elapsed: Duration) -> u64 {
-        let Some((first_ms, _)) = self.first else {
+    fn bounded(&mut self, clock_ms: u64, elapsed: Duration, latest_expiry_ms: Option<u64>) -> u64 {
+        let Some((first_ms, first_at)) = self.first else {
             return clock_ms;
         };
         let slewed = elapsed + elapsed / 1000;
-        // What the clock reads, had it not stepped; the bound lets it run the slack ahead.
-        let expected = first_ms
-            .saturating_add(millis(slewed))
-            .saturating_add(self.held_at_start_ms);
-        let bound = first_ms.saturating_add(millis(slewed + Self::SLACK));
+        // The time elapsed as this process vouches for it (the time the store was stopped,
+        // held back at start, not counted), and what the clock reads had it not stepped.
+        let vouched = first_ms.saturating_add(millis(slewed));
+        let expected = vouched.saturating_add(self.held_at_start_ms);
+        let bound = vouched.saturating_add(millis(Self::SLACK));
         let lead = clock_ms.saturating_sub(expected);
         if lead <= millis(Self::SLACK) {
             if self.step.take().is_some() {
-                self.changed = true;
                 tracing::info!(
                     "the clock agrees with the time elapsed again: records are purged by it"
                 );
             }
             return clock_ms.min(bound);
         }
-        let Some(step) = self
-            .step
-            .filter(|step| lead <= step.lead_ms + millis(Self::SLACK))
-        else {
-            // A new step, or a further one: what was written before it is kept by the
-            // elapsed time until the retention has elapsed since.
-            self.step = Some(Step {
-                lead_ms: lead,
-                since_ms: expected,
-            });
-            self.changed = true;
-            tracing::warn!(
-                ahead = %crate::setting::format_duration(Duration::from_millis(lead)),
-                "the clock runs ahead of the time elapsed since the store's sweeper started \
-                 (a clock stepped forward, or a machine that was suspended): records are \
-                 purged by the elapsed time, not by the clock, so that a wrong clock cannot \
-                 purge records still within the retention — across restarts too, until the \
-                 clock is set right or the retention has elapsed; check the machine's time"
-            );
-            return bound;
-        };
-        if expected.saturating_sub(step.since_ms) > millis(self.retention + Self::SLACK) {
-            // Aged out: the clock is taken as it reads from now on.
+        match self.step {
+            Some(step) if lead.saturating_add(millis(Self::SLACK)) < step.lead_ms => {
+                // Set back part of the way: what was written before the step is still
+                // held back, by the smaller lead.
+                self.step = Some(Step {
+                    lead_ms: lead,
+                    ..step
+                });
+            }
+            Some(step) if lead <= step.lead_ms.saturating_add(millis(Self::SLACK)) => {}
+            _ => {
+                // A new step, or a further one: what the store holds now is held back by
+                // the elapsed time until it has all expired.
+                self.step = Some(Step {
+                    lead_ms: lead,
+                    since_ms: expected,
+                    until_ms: latest_expiry_ms.unwrap_or(expected).max(expected),
+                });
+                tracing::warn!(
+                    ahead = %crate::setting::format_duration(Duration::from_millis(lead)),
+                    "the clock runs ahead of the time elapsed since the store's sweeper started \
+                     (a clock stepped forward, or a machine that was suspended): records are \
+                     purged by the elapsed time, not by the clock, so that a wrong clock cannot \
+                     purge records still within the retention — across restarts too, until the \
+                     clock is set right; check the machine's time"
+                );
+            }
+        }
+        if let Some(step) = self.step
+            && vouched > step.until_ms.saturating_add(millis(Self::SLACK))
+        {
+            // Nothing written before the step is left: the clock is taken as it reads from
+            // now on, less the time stopped held back at start.
             self.step = None;
-            self.changed = true;
-            self.held_at_start_ms = 0;
-            self.first = self
-                .first
-                .map(|(_, at)| (clock_ms.saturating_sub(millis(slewed)), at));
+            self.first = Some((first_ms.saturating_add(lead), first_at));
             tracing::info!(
-                "the retention has elapsed since the clock stepped ahead: records are purged \
-                 by the clock as it reads"
+                "what the store held when the clock stepped ahead has expired by the elapsed \
+                 time: records are purged by the clock as it reads"
             );
-            return clock_ms;
+            return clock_ms.min(bound.saturating_add(lead));
         }
         bound
     }
@@ -550,124 +599,232 @@ mod tests {
         Duration::from_millis(n * HOUR)
     }
 
+    /// What the store is to keep of the clock's step (`None`: unchanged), kept as a store
+    /// keeps it.
+    fn keep(clock: &mut PurgeClock) -> Option<Option<Step>> {
+        let change = clock.take_change()?;
+        clock.kept_as(change.step);
+        Some(change.step)
+    }
+
+    const T0: u64 = 1_000 * DAY;
+
+    /// A clock right at `T0` and stepped 40 days forward two hours on, the store holding
+    /// records expiring up to `latest`: the step its sweep caught.
+    fn caught(latest: u64) -> (PurgeClock, Step) {
+        let mut clock = started(T0, Some(T0), None);
+        clock.bounded(T0 + 40 * DAY + 2 * HOUR, hours(2), Some(latest));
+        let step = keep(&mut clock).flatten().expect("a step to keep");
+        (clock, step)
+    }
+
     /// A clock stepped forward by more than the slack purges by the elapsed time, however
     /// long it stays ahead, and gives the step to keep once; one that agrees again, or
     /// moves back, purges by itself, and the step is dropped.
     #[test]
     fn a_clock_stepped_forward_does_not_purge_ahead_of_the_elapsed_time() {
-        let first = 1_000 * DAY;
-        let mut clock = started(first, None, None);
+        let mut clock = started(T0, None, None);
         // An hour on, the clock agrees: by the clock.
-        assert_eq!(clock.bounded(first + HOUR, hours(1)), first + HOUR);
-        assert_eq!(clock.take_change(), None);
+        assert_eq!(clock.bounded(T0 + HOUR, hours(1), None), T0 + HOUR);
+        assert_eq!(keep(&mut clock), None);
         // Two hours on, the clock reads 40 days on: held back to the elapsed time and the slack.
         let slew = (2 * HOUR) / 1000;
-        let held = first + 2 * HOUR + HOUR + slew;
-        assert_eq!(clock.bounded(first + 40 * DAY, hours(2)), held);
-        let step = clock.take_change().flatten().expect("a step to keep");
-        assert_eq!(step.lead_ms, 40 * DAY - 2 * HOUR - slew);
-        assert_eq!(step.since_ms, first + 2 * HOUR + slew);
+        let held = T0 + 2 * HOUR + HOUR + slew;
+        let latest = Some(T0 + 30 * DAY);
+        assert_eq!(clock.bounded(T0 + 40 * DAY, hours(2), latest), held);
+        let step = keep(&mut clock).flatten().expect("a step to keep");
+        assert_eq!(
+            step,
+            Step {
+                lead_ms: 40 * DAY - 2 * HOUR - slew,
+                since_ms: T0 + 2 * HOUR + slew,
+                until_ms: T0 + 30 * DAY,
+            }
+        );
         // Still ahead a day later: still held back, nothing new to keep.
         let day_on = Duration::from_millis(DAY + 2 * HOUR);
-        let bound = first + millis(day_on + PurgeClock::SLACK + day_on / 1000);
-        assert_eq!(clock.bounded(first + 41 * DAY, day_on), bound);
-        assert_eq!(clock.take_change(), None);
+        let bound = T0 + millis(day_on + PurgeClock::SLACK + day_on / 1000);
+        assert_eq!(clock.bounded(T0 + 41 * DAY, day_on, latest), bound);
+        assert_eq!(keep(&mut clock), None);
         // Set right again, and behind: by the clock; the step is dropped.
-        assert_eq!(clock.bounded(first + DAY, day_on), first + DAY);
-        assert_eq!(clock.take_change(), Some(None));
+        assert_eq!(clock.bounded(T0 + DAY, day_on, latest), T0 + DAY);
+        assert_eq!(keep(&mut clock), Some(None));
         // Within a thousandth of a year's elapsed time (slewing), by the clock.
         let year = Duration::from_millis(365 * DAY);
-        let slewed = first + 365 * DAY + HOUR + 8 * HOUR;
-        assert_eq!(clock.bounded(slewed, year), slewed);
-        assert_eq!(clock.take_change(), None);
+        let slewed = T0 + 365 * DAY + HOUR + 8 * HOUR;
+        assert_eq!(clock.bounded(slewed, year, latest), slewed);
+        assert_eq!(keep(&mut clock), None);
     }
 
     /// The hole the kept step closes: a clock stepped 40 days ahead at runtime, caught by a
     /// sweep; the store wrote by it for a day and restarted, the clock still ahead. Its
-    /// newest write reads as recent by that clock: without the step, the restart would
+    /// newest write reads as recent by that clock: without the step kept, the restart would
     /// purge by the clock, 40 days ahead; with it, by about the true time.
     #[test]
     fn a_step_kept_holds_a_restart_back_while_the_clock_is_still_ahead() {
-        let t0 = 1_000 * DAY;
-        let mut running = started(t0, Some(t0), None);
-        running.bounded(t0 + 40 * DAY + 2 * HOUR, hours(2));
-        let step = running.take_change().flatten().expect("a step to keep");
-        let stepped_now = t0 + 41 * DAY + 2 * HOUR;
-        let true_now = t0 + DAY + 2 * HOUR;
+        let (_, step) = caught(T0 + 30 * DAY);
+        let stepped_now = T0 + 41 * DAY + 2 * HOUR;
+        let true_now = T0 + DAY + 2 * HOUR;
         let last_write = stepped_now - HOUR;
+        let latest = Some(last_write + 30 * DAY);
         let mut restarted = started(stepped_now, Some(last_write), Some(step));
-        let by = restarted.purge_by(stepped_now);
+        let by = restarted.purge_by(stepped_now, latest);
         assert!(
             (true_now..=true_now + HOUR + HOUR / 100).contains(&by),
             "purged by {by}, not near the true time {true_now}"
         );
-        assert_eq!(restarted.take_change(), None, "the step still holds");
+        assert_eq!(keep(&mut restarted), None, "the step still holds");
         assert_eq!(
-            started(stepped_now, Some(last_write), None).purge_by(stepped_now),
+            started(stepped_now, Some(last_write), None).purge_by(stepped_now, latest),
             stepped_now,
             "without the step kept, by the stepped clock"
         );
         // Stepped a further ten days: a further step to keep, with the whole lead.
-        restarted.bounded(stepped_now + 10 * DAY + HOUR, hours(1));
-        let further = restarted.take_change().flatten().expect("a further step");
+        restarted.bounded(stepped_now + 10 * DAY + HOUR, hours(1), latest);
+        let further = keep(&mut restarted).flatten().expect("a further step");
         assert!(further.lead_ms > step.lead_ms + 10 * DAY - HOUR);
         // Set right while running: by the clock, and the step is dropped.
         assert_eq!(
-            restarted.bounded(true_now + 2 * HOUR, hours(2)),
+            restarted.bounded(true_now + 2 * HOUR, hours(2), latest),
             true_now + 2 * HOUR
         );
-        assert_eq!(restarted.take_change(), Some(None));
+        assert_eq!(keep(&mut restarted), Some(None));
     }
 
-    /// A step kept no longer holds at a start whose clock was set right meanwhile (it reads
-    /// earlier than the store's newest write), nor once the retention and the slack have
-    /// elapsed since it; while running, it ages out so too, and the clock is taken as it
-    /// reads from then on.
+    /// A clock set back only part of the way — to 20 days ahead — is no clock set right:
+    /// at a start the step is kept with the most the clock can still lead by (what was
+    /// written before the step stays held back by the time elapsed since it was caught);
+    /// while running, with the lead the sweep reads. A booking of 9 days before the step
+    /// (expiring 21 days after it) is kept either way.
     #[test]
-    fn a_step_kept_is_dropped_once_the_clock_is_set_right_or_the_retention_elapsed() {
-        let t0 = 1_000 * DAY;
-        let mut running = started(t0, Some(t0), None);
-        running.bounded(t0 + 40 * DAY + 2 * HOUR, hours(2));
-        let step = running.take_change().flatten().expect("a step to keep");
-        let last_write = t0 + 41 * DAY;
-        // Set right while stopped: a day on, the clock reads the true time.
-        let set_right = t0 + DAY + 2 * HOUR;
-        let mut restarted = started(set_right, Some(last_write), Some(step));
-        assert_eq!(restarted.take_change(), Some(None));
-        assert_eq!(restarted.purge_by(set_right), set_right);
-        // Still ahead, but 31 days after the step: aged out.
-        let aged = t0 + 40 * DAY + 31 * DAY + 2 * HOUR;
-        let mut restarted = started(aged, Some(aged - HOUR), Some(step));
-        assert_eq!(restarted.take_change(), Some(None));
-        assert_eq!(restarted.purge_by(aged), aged);
-        // A day after the step, still ahead: it holds; 30 days and two hours on, it ages
-        // out while running, and the clock is taken as it reads.
-        let stepped_now = t0 + 41 * DAY + 2 * HOUR;
-        let mut restarted = started(stepped_now, Some(stepped_now - HOUR), Some(step));
-        let month = Duration::from_millis(30 * DAY);
-        assert!(restarted.bounded(stepped_now + 29 * DAY, month - days(1)) < stepped_now);
-        assert_eq!(restarted.take_change(), None);
-        let later = stepped_now + 30 * DAY;
-        assert_eq!(restarted.bounded(later, month), later);
-        assert_eq!(restarted.take_change(), Some(None));
+    fn a_clock_set_back_part_of_the_way_keeps_the_step_with_a_smaller_lead() {
+        let (mut running, step) = caught(T0 + 30 * DAY);
+        let booked_expires = T0 + 21 * DAY;
+        // Restarted a day on, the clock 20 days ahead, the store having written by it.
+        let clock = T0 + 21 * DAY + 2 * HOUR;
+        let mut restarted = started(clock, Some(clock - HOUR), Some(step));
+        let shrunk = keep(&mut restarted)
+            .flatten()
+            .expect("the step holds, shrunk");
+        assert_eq!(shrunk.lead_ms, clock - step.since_ms);
         assert_eq!(
-            restarted.bounded(later + DAY, month + Duration::from_millis(DAY)),
-            later + DAY
+            (shrunk.since_ms, shrunk.until_ms),
+            (step.since_ms, step.until_ms)
         );
-        assert_eq!(restarted.take_change(), None);
+        let by = restarted.purge_by(clock, Some(clock + 30 * DAY));
+        assert!(by < booked_expires && by <= T0 + DAY + 3 * HOUR, "{by}");
+        // Set back to 20 days ahead while running: held back by the smaller lead.
+        let by = running.bounded(T0 + 20 * DAY + 3 * HOUR, hours(3), None);
+        assert!(
+            by < booked_expires && by <= T0 + 4 * HOUR + HOUR / 100,
+            "{by}"
+        );
+        let smaller = keep(&mut running).flatten().expect("the smaller lead");
+        assert!((20 * DAY - HOUR..=20 * DAY).contains(&smaller.lead_ms));
+        assert_eq!(smaller.since_ms, step.since_ms);
     }
 
-    /// A step record that does not decode is taken as none; one kept reads back the same.
+    /// A clock set right while the store was stopped reads earlier than when the step was
+    /// caught: within the slack of the time the step was caught, it is dropped; a day
+    /// later, it leads that time by a day at most, and is kept so (the day stopped does not
+    /// count towards the records' retention).
     #[test]
-    fn a_step_record_reads_back_and_a_garbled_one_is_none() {
-        let step = Step {
+    fn a_clock_set_right_while_stopped_drops_the_step_or_keeps_what_it_may_still_lead_by() {
+        let (_, step) = caught(T0 + 30 * DAY);
+        let soon = T0 + 3 * HOUR;
+        let mut restarted = started(soon, Some(T0 + 40 * DAY + 2 * HOUR), Some(step));
+        assert_eq!(keep(&mut restarted), Some(None));
+        assert_eq!(restarted.purge_by(soon, None), soon);
+        let next_day = T0 + DAY + 2 * HOUR;
+        let mut restarted = started(next_day, Some(T0 + 40 * DAY + 2 * HOUR), Some(step));
+        let kept = keep(&mut restarted)
+            .flatten()
+            .expect("a lead of a day at most");
+        assert_eq!(kept.lead_ms, next_day - step.since_ms);
+        let by = restarted.purge_by(next_day, None);
+        assert!((step.since_ms..=step.since_ms + HOUR).contains(&by), "{by}");
+    }
+
+    /// A step is dropped once the time elapsed passes the latest expiry the store held when
+    /// it was caught — not the retention: records written with 90 days before it was made 30
+    /// are kept until they expire. The clock is taken as it reads from then on.
+    #[test]
+    fn a_step_ages_out_once_what_the_store_held_when_it_was_caught_has_expired() {
+        let (mut clock, _) = caught(T0 + 40 * DAY);
+        let month = days(31) + hours(2);
+        assert!(clock.bounded(T0 + 71 * DAY + 2 * HOUR, month, None) < T0 + 32 * DAY);
+        assert_eq!(keep(&mut clock), None);
+        let later = T0 + 81 * DAY;
+        assert_eq!(clock.bounded(later, days(41), None), later);
+        assert_eq!(keep(&mut clock), Some(None));
+        assert_eq!(clock.bounded(later + DAY, days(42), None), later + DAY);
+        assert_eq!(keep(&mut clock), None);
+    }
+
+    /// The time a store was stopped does not count towards a step's ageing: the clock
+    /// stepped a further 30 days while stopped is held back by the store's newest write,
+    /// and once the step ages out, the clock is taken less that hold — never the stepped
+    /// clock as it reads.
+    #[test]
+    fn the_time_stopped_does_not_age_a_step_and_its_hold_outlives_it() {
+        let (_, step) = caught(T0 + 30 * DAY);
+        // Written by the stepped clock until a day on; 30 days more while stopped.
+        let clock = T0 + 71 * DAY + 2 * HOUR;
+        let true_now = T0 + DAY + 2 * HOUR;
+        let mut restarted = started(clock, Some(T0 + 41 * DAY), Some(step));
+        assert_eq!(keep(&mut restarted), None, "the step still holds");
+        let latest = Some(T0 + 71 * DAY);
+        let by = restarted.purge_by(clock, latest);
+        assert!(
+            by <= true_now,
+            "purged by {by}, after the true time {true_now}"
+        );
+        // 29 days on, what the store held at the step has not all expired: held back.
+        assert!(restarted.bounded(clock + 29 * DAY, days(29), latest) < T0 + 31 * DAY);
+        assert_eq!(keep(&mut restarted), None);
+        // 30 days on it has: the clock less the 30 days held back at start.
+        let by = restarted.bounded(clock + 30 * DAY, days(30), latest);
+        assert_eq!(keep(&mut restarted), Some(None));
+        assert!(
+            (T0 + 71 * DAY..=T0 + 71 * DAY + 2 * HOUR).contains(&by),
+            "purged by {by}"
+        );
+    }
+
+    /// Two instances' steps merge to the one that holds back more, until the later of
+    /// their expiries; a clock that finds another's step kept holds it.
+    #[test]
+    fn steps_of_two_instances_merge_to_the_one_that_holds_back_more() {
+        let far = Step {
             lead_ms: 40 * DAY,
-            since_ms: 1_000 * DAY,
+            since_ms: T0,
+            until_ms: T0 + 30 * DAY,
         };
-        let kept = step.encode().unwrap();
-        assert_eq!(Step::decode(Some(kept.as_bytes())), Some(step));
-        assert_eq!(Step::decode(Some(b"{not json")), None);
-        assert_eq!(Step::decode(None), None);
+        let near = Step {
+            lead_ms: 10 * DAY,
+            since_ms: T0 + DAY,
+            until_ms: T0 + 60 * DAY,
+        };
+        let merged = Step {
+            until_ms: T0 + 60 * DAY,
+            ..far
+        };
+        assert_eq!(far.further(near), merged);
+        assert_eq!(near.further(far), merged);
+        let mut clock = started(T0, None, None);
+        clock.kept_as(Some(far));
+        assert_eq!(clock.take_change(), None);
+        assert!(clock.bounded(T0 + 40 * DAY + HOUR, hours(1), None) < T0 + DAY);
+        assert_eq!(clock.take_change(), None, "the step it holds");
+        // Its own clock agrees: it drops the step, from what the store keeps.
+        assert_eq!(clock.bounded(T0 + 2 * HOUR, hours(2), None), T0 + 2 * HOUR);
+        assert_eq!(
+            clock.take_change(),
+            Some(StepChange {
+                kept: Some(far),
+                step: None
+            })
+        );
     }
 
     /// A clock already 40 days ahead when the sweeper starts is held back to the store's
@@ -675,33 +832,47 @@ mod tests {
     /// purges by the clock.
     #[test]
     fn a_clock_ahead_at_start_is_held_back_to_the_last_commit() {
-        let last = 1_000 * DAY;
+        let last = T0;
         let ahead = &mut started(last + 40 * DAY, Some(last), None);
-        let by = ahead.purge_by(last + 40 * DAY);
+        let by = ahead.purge_by(last + 40 * DAY, None);
         assert!(
             (last + HOUR..last + 2 * HOUR).contains(&by),
             "purged by {by}, not near the last commit {last}"
         );
         // Three days stopped: the three days do not count towards the retention.
         let stopped = &mut started(last + 3 * DAY, Some(last), None);
-        assert!(stopped.purge_by(last + 3 * DAY) < last + 2 * HOUR);
+        assert!(stopped.purge_by(last + 3 * DAY, None) < last + 2 * HOUR);
         assert_eq!(
-            stopped.take_change(),
+            keep(stopped),
             None,
             "three days stopped is no step of the clock"
         );
         // A step forward after such a start is caught all the same.
         let start = last + 3 * DAY;
-        assert!(stopped.bounded(start + 40 * DAY, hours(1)) < start);
-        assert!(stopped.take_change().flatten().is_some());
+        assert!(stopped.bounded(start + 40 * DAY, hours(1), None) < start);
+        assert!(keep(stopped).flatten().is_some());
         for (clock, known) in [
             (last + HOUR / 2, Some(last)),
             (last - DAY, Some(last)),
             (last + 40 * DAY, None),
         ] {
             let clock_at = &mut started(clock, known, None);
-            assert_eq!(clock_at.purge_by(clock), clock, "{clock} {known:?}");
+            assert_eq!(clock_at.purge_by(clock, None), clock, "{clock} {known:?}");
         }
+    }
+
+    /// A step record that does not decode is taken as none; one kept reads back the same.
+    #[test]
+    fn a_step_record_reads_back_and_a_garbled_one_is_none() {
+        let step = Step {
+            lead_ms: 40 * DAY,
+            since_ms: T0,
+            until_ms: T0 + 30 * DAY,
+        };
+        let kept = step.encode().unwrap();
+        assert_eq!(Step::decode(Some(kept.as_bytes())), Some(step));
+        assert_eq!(Step::decode(Some(b"{not json")), None);
+        assert_eq!(Step::decode(None), None);
     }
 
     /// An operator's command writes with the longer of its retention and the store's; a

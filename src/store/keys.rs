@@ -16,7 +16,7 @@
 //! | `e\0` | an operating API session's login time and id (`issued.id`) | its end ms (JSON): it was ended by logging out; indexed in `x\0` at that end (tag `e`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `m\0vouched` | — | the retention the records were written with, and its last growth (see `horizon.rs`) |
-//! | `m\0clock-step` | — | a step of the clock a sweep caught: its lead, and since when (see `horizon.rs`, `PurgeClock`) |
+//! | `m\0clock-step` | — | a step of the clock a sweep caught: its lead, since when, and the latest expiry held then (see `horizon.rs`, `PurgeClock`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 //!
 //! A nonce's **identifier** in a key is the nonce itself up to [`SPELLED_OUT_BYTES`]; a
@@ -260,6 +260,12 @@ pub(crate) fn expiry(expires_ms: u64, batch: u64) -> Vec<u8> {
         &batch.to_be_bytes(),
     ]
     .concat()
+}
+
+/// When the records of the expiry index key `key` expire (`None`: not such a key).
+pub(crate) fn expires_of(key: &[u8]) -> Option<u64> {
+    let bytes = key.strip_prefix(EXPIRY_PREFIX)?.get(..8)?;
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
 }
 
 /// The first index key after every entry expiring at or before `now_ms`.

@@ -20,7 +20,7 @@ use sqlx::{Connection as _, Executor as _};
 use std::time::Duration;
 
 use crate::store::StoreError;
-use crate::store::horizon::{self, Opener, Step, Vouched};
+use crate::store::horizon::{self, Opener, Step, StepChange, Vouched};
 
 /// The table, where the schema lacks it.
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS {schema}.vouched (
@@ -63,33 +63,56 @@ pub(super) async fn kept_step(
     Ok(Step::decode(stored.as_deref().map(str::as_bytes)))
 }
 
-/// Keeps `step` as the schema's (`None`: drops the one kept). The last instance to catch a
-/// step writes it: they read the same clock.
+/// Keeps the step `change` gives as the schema's, under a lock on the table, and returns
+/// what the schema keeps then. Where another instance changed it since this one last read
+/// it (`change.kept`), the two are merged, never to hold back less: a step of both, the
+/// further ([`Step::further`]); theirs where this one would drop it (its own clock will
+/// agree too: they read the same one); this one's where theirs was dropped.
 pub(super) async fn keep_step(
     conn: &mut PgConnection,
     schema: &str,
-    step: Option<&Step>,
-) -> Result<(), StoreError> {
+    change: StepChange,
+) -> Result<Option<Step>, StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.clock_step"), e);
-    let (sql, record) = match step {
-        Some(step) => (
-            format!(
+    let mut tx = conn.begin().await.map_err(failed)?;
+    tx.execute(sqlx::raw_sql(&format!(
+        "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
+         LOCK TABLE {schema}.clock_step IN SHARE ROW EXCLUSIVE MODE"
+    )))
+    .await
+    .map_err(failed)?;
+    let stored: Option<String> =
+        sqlx::query_scalar(&format!("SELECT record FROM {schema}.clock_step"))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(failed)?;
+    let current = Step::decode(stored.as_deref().map(str::as_bytes));
+    let keep = if current == change.kept {
+        change.step
+    } else {
+        match (current, change.step) {
+            (Some(theirs), Some(ours)) => Some(theirs.further(ours)),
+            (Some(theirs), None) => Some(theirs),
+            (None, ours) => ours,
+        }
+    };
+    if keep != current || (stored.is_some() && current.is_none()) {
+        let sql = match keep {
+            Some(_) => format!(
                 "INSERT INTO {schema}.clock_step (record) VALUES ($1) \
                  ON CONFLICT (only_row) DO UPDATE SET record = EXCLUDED.record"
             ),
-            Some(step.encode()?),
-        ),
-        None => (format!("DELETE FROM {schema}.clock_step"), None),
-    };
-    let query = sqlx::query(&sql);
-    match record {
-        Some(record) => query.bind(record),
-        None => query,
+            None => format!("DELETE FROM {schema}.clock_step"),
+        };
+        let query = sqlx::query(&sql);
+        let query = match keep {
+            Some(step) => query.bind(step.encode()?),
+            None => query,
+        };
+        query.execute(&mut *tx).await.map_err(failed)?;
     }
-    .execute(conn)
-    .await
-    .map_err(failed)?;
-    Ok(())
+    tx.commit().await.map_err(failed)?;
+    Ok(keep)
 }
 
 /// The schema's record as an open with `retention` by `opener` finds it (see

@@ -147,6 +147,16 @@ pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
 /// Rows removed by one statement of a purge.
 pub const PURGE_BATCH: i64 = 500;
 
+/// The database's clock, and the latest expiry the schema holds (see
+/// [`crate::store::horizon::PurgeClock`]; each column is indexed for the purge).
+const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
+     (SELECT max(expires_at) FROM {s}.callbacks), \
+     (SELECT max(expires_at) FROM {s}.validations), \
+     (SELECT max(expires_at) FROM {s}.validation_claims), \
+     (SELECT max(expires_at) FROM {s}.callback_failures), \
+     (SELECT max(expires_at) FROM {s}.postponed), \
+     (SELECT max(expires_at) FROM {s}.sessions_ended))";
+
 /// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
 const OUTBOX_BATCH: i64 = super::DUE_BATCH as i64;
 
@@ -615,24 +625,7 @@ impl PgStore {
             ticks.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let mut clock = crate::store::horizon::PurgeClock::new(inner.retention);
-            // The database's clock as the sweeper starts, when the store last wrote, and the
-            // step of the clock it keeps; unread (the database not answering), the first
-            // sweep reads the clock alone.
-            {
-                let store = PgStore { inner };
-                match store.clock_at_start().await {
-                    Ok((now, last_write, kept)) => clock.read_at_start(
-                        crate::store::ms_from_time(read(now)),
-                        last_write.map(crate::store::ms_from_time),
-                        kept,
-                    ),
-                    Err(error) => tracing::warn!(
-                        error = %crate::report::InLine(&error),
-                        "the database's clock could not be read as the store's sweeper started; \
-                         its first sweep reads it, and a step of the clock before then is not caught"
-                    ),
-                }
-            }
+            let mut started = PgStore { inner }.start_clock(&mut clock, read).await;
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
@@ -640,6 +633,11 @@ impl PgStore {
                 let given_up = store.inner.claims.give_up_outlived();
                 if given_up > 0 {
                     tracing::warn!(given_up, "callback claims held past their time were given up");
+                }
+                if !started {
+                    // Unread as the sweeper started: read now, purged from the next sweep on.
+                    started = store.start_clock(&mut clock, read).await;
+                    continue;
                 }
                 // By the database's clock, which set the expiry times: an instance whose
                 // clock runs ahead would purge marks early, and a retry arriving in between
@@ -661,6 +659,36 @@ impl PgStore {
             .replace(task);
         if let Some(replaced) = replaced {
             replaced.abort();
+        }
+    }
+
+    /// Starts the sweeper's `clock` with the database's clock (as `read` reads it), when the
+    /// store last wrote, and the step of the clock it keeps; `false` where they could not be
+    /// read (said): the sweeper purges nothing until they are, since purging by the clock
+    /// alone could be by a clock a sweep caught ahead.
+    async fn start_clock(
+        &self,
+        clock: &mut crate::store::horizon::PurgeClock,
+        read: fn(DateTime<Utc>) -> DateTime<Utc>,
+    ) -> bool {
+        match self.clock_at_start().await {
+            Ok((now, last_write, kept)) => {
+                clock.read_at_start(
+                    crate::store::ms_from_time(read(now)),
+                    last_write.map(crate::store::ms_from_time),
+                    kept,
+                );
+                true
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = %crate::report::InLine(&error),
+                    "the database's clock, the store's newest write or the clock's step it keeps \
+                     could not be read for the store's sweeper: nothing is purged until they are \
+                     (tried again at the next sweep)"
+                );
+                false
+            }
         }
     }
 
@@ -734,24 +762,27 @@ impl PgStore {
                 tracing::warn!(error = %crate::report::InLine(&error), "the record of the retention the records were written with could not be read; the last one read stands");
             }
         }
-        let now: DateTime<Utc> = read(
-            sqlx::query_scalar("SELECT now()")
+        let (now, latest): (DateTime<Utc>, Option<DateTime<Utc>>) =
+            sqlx::query_as(&self.sql(LATEST_EXPIRY))
                 .fetch_one(self.pool())
-                .await?,
-        );
-        let by = crate::store::time_from_ms(clock.purge_by(crate::store::ms_from_time(now)));
+                .await?;
+        let now = read(now);
+        let by = crate::store::time_from_ms(clock.purge_by(
+            crate::store::ms_from_time(now),
+            latest.map(crate::store::ms_from_time),
+        ));
         // Kept before the purge; failing, the purge goes on (by the elapsed time, which is
         // safe) and the next sweep tries again.
-        if let Some(step) = clock.take_change() {
+        if let Some(change) = clock.take_change() {
             let kept = match self.pool().acquire().await {
-                Ok(mut conn) => {
-                    horizon::keep_step(&mut conn, &self.inner.schema, step.as_ref()).await
-                }
+                Ok(mut conn) => horizon::keep_step(&mut conn, &self.inner.schema, change).await,
                 Err(error) => Err(error.into()),
             };
-            if let Err(error) = kept {
-                clock.unkept();
-                tracing::warn!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next sweep");
+            match kept {
+                Ok(kept) => clock.kept_as(kept),
+                Err(error) => {
+                    tracing::error!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next sweep");
+                }
             }
         }
         self.purge(now.min(by)).await
