@@ -904,9 +904,13 @@ async fn a_result_posted_again_after_its_refusal_or_contradicted_fails_the_step(
     let denying = merchant_posting(mock.gateway_config(), &[(false, 0)], 1).await;
     let to = format!("http://{denying}");
     let (code, stdout, stderr) = payhook(scenario_command(&looked_up, &to, &mock.url(), &[])).await;
-    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert_eq!(code, 1, "{stdout}{stderr}");
     assert!(!stdout.contains("created after validation"), "{stdout}");
-    assert!(stderr.contains("404"), "{stderr}");
+    assert!(
+        stdout.contains("→ 404, the gateway holds no such transaction")
+            && stdout.contains("✗ the gateway holds no transaction "),
+        "{stdout}"
+    );
     let allowing = merchant_posting(mock.gateway_config(), &[(true, 0)], 1).await;
     let to = format!("http://{allowing}");
     let (code, stdout, stderr) = payhook(scenario_command(&looked_up, &to, &mock.url(), &[])).await;
