@@ -848,21 +848,24 @@ impl Writer {
         synced
     }
 
-    /// The latest expiry the store holds (`None`: it holds no record).
+    /// The latest expiry the store holds (`None`: it holds no record). One that cannot be
+    /// read is taken as the furthest: a step caught now holds until the clock is set right.
     fn latest_expiry(&self) -> Option<u64> {
-        match self
+        let latest = self
             .context
             .tree
             .scan_prefix(keys::EXPIRY_PREFIX)
-            .next_back()
-        {
-            Some(Ok((key, _))) => keys::expires_of(&key),
-            Some(Err(error)) => {
-                // Taken as the furthest: a step caught now is held back for good.
-                tracing::warn!(%error, "the store's latest expiry cannot be read");
+            .next_back()?;
+        let read = latest.map_err(StoreError::from).and_then(|(key, _)| {
+            keys::expires_of(&key)
+                .ok_or_else(|| StoreError::backend_message("an expiry index key does not decode"))
+        });
+        match read {
+            Ok(latest) => Some(latest),
+            Err(error) => {
+                tracing::error!(error = %crate::report::InLine(&error), "the store's latest expiry cannot be read: a step of the clock caught now holds until the clock is set right");
                 Some(u64::MAX)
             }
-            None => None,
         }
     }
 }

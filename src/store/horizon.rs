@@ -249,8 +249,11 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// smaller lead; it is dropped once the clock agrees with the elapsed time again, and once
 /// the elapsed time (as this process vouches for it: not the time the store was stopped)
 /// passes the latest expiry held when it was caught — nothing written before it is left
-/// then, and what was written after carries the clock's own times: the sweep takes the
-/// clock as it reads from then on (still held back by the time stopped, below). A step
+/// then, and what was written after carries the clock's own times: a restart takes the
+/// clock as it reads (held back by the time stopped, below), while this process goes on
+/// purging by the elapsed time, the lead taken as no step. A clock read behind the elapsed
+/// time lowers what it is taken to run ahead by, so that a step from there is caught. A
+/// step
 /// caught between two sweeps is kept at the next one, or as the store stops: a store that
 /// crashes in between, having written by the stepped clock, purges by it when it starts
 /// again.
@@ -276,13 +279,18 @@ pub(crate) struct PurgeClock {
     /// The first reading (less the lead of a step kept, or held back to the newest write)
     /// and when it was taken.
     first: Option<(u64, std::time::Instant)>,
-    /// How far the clock read past the newest write at start, where the first reading was
-    /// held back to it: the clock runs that far ahead of the bound without having stepped.
-    held_at_start_ms: u64,
+    /// How far the clock runs ahead of the bound without having stepped: how far it read
+    /// past the newest write at start, where the first reading was held back to it, and the
+    /// lead of a step that aged out; lowered where the clock is set back.
+    held_ms: u64,
     /// The step in force: the clock leads the elapsed time by it.
     step: Option<Step>,
     /// The step the store keeps, as this clock last read or gave it.
     kept: Option<Step>,
+    /// Whether `kept` is another instance's step this clock does not hold (it caught none,
+    /// and its own readings were right when that step was caught): left to that instance
+    /// to drop, never dropped by this one.
+    foreign: bool,
 }
 
 /// A step of the clock a sweep caught, as the store keeps it (JSON): since `since_ms` (by
@@ -377,9 +385,10 @@ impl PurgeClock {
         Self {
             retention,
             first: None,
-            held_at_start_ms: 0,
+            held_ms: 0,
             step: None,
             kept: None,
+            foreign: false,
         }
     }
 
@@ -420,7 +429,7 @@ impl PurgeClock {
             Some(last) if clock_ms > last.saturating_add(millis(Self::SLACK)) => {
                 let gap = Duration::from_millis(clock_ms - last);
                 Self::say_held_back(gap, self.retention);
-                self.held_at_start_ms = clock_ms - last;
+                self.held_ms = clock_ms - last;
                 last
             }
             _ => clock_ms,
@@ -466,36 +475,65 @@ impl PurgeClock {
         )
     }
 
-    /// What the store is to keep of the clock's step, where it differs from what it keeps.
+    /// What the store is to keep of the clock's step, where it differs from what it keeps
+    /// (another instance's step this clock does not hold is not dropped by it).
     pub(crate) fn take_change(&self) -> Option<StepChange> {
-        (self.step != self.kept).then_some(StepChange {
+        let theirs = self.step.is_none() && self.foreign;
+        (self.step != self.kept && !theirs).then_some(StepChange {
             kept: self.kept,
             step: self.step,
         })
     }
 
-    /// The store keeps `step` now (the change was written, or another instance's was found
-    /// in its place): the step in force where it holds back more, or where this clock's
-    /// change dropped or shrank one the store no longer keeps as it knew.
-    pub(crate) fn kept_as(&mut self, step: Option<Step>) {
-        if step != self.step
-            && let Some(theirs) = step
-        {
-            self.step = Some(self.step.map_or(theirs, |ours| ours.further(theirs)));
+    /// The store keeps `stored` (read at a sweep, or written from [`Self::take_change`]).
+    /// Another instance's step merges with the one in force, never to hold back less
+    /// ([`Step::further`]). Where none is in force, it is taken up where this clock's first
+    /// reading came after it was caught, by more than the slack (this instance started
+    /// between the step and the sweep that caught it: its readings were stepped from the
+    /// start, and are moved back by the lead); otherwise this clock's readings were right
+    /// when it was caught, and it is left to its instance.
+    pub(crate) fn kept_as(&mut self, stored: Option<Step>) {
+        if stored == self.kept {
+            return;
         }
-        self.kept = step;
+        self.kept = stored;
+        self.foreign = false;
+        let Some(theirs) = stored else { return };
+        match (self.step, self.first) {
+            (Some(ours), _) => self.step = Some(ours.further(theirs)),
+            (None, Some((first_ms, at)))
+                if first_ms > theirs.since_ms.saturating_add(millis(Self::SLACK)) =>
+            {
+                tracing::warn!(
+                    lead = %crate::setting::format_duration(theirs.lead()),
+                    "another instance caught the clock ahead since before this one's sweeper \
+                     started: its readings are taken less that lead"
+                );
+                self.first = Some((first_ms.saturating_sub(theirs.lead_ms), at));
+                self.step = Some(theirs);
+            }
+            (None, _) => self.foreign = true,
+        }
     }
 
     /// [`Self::purge_by`], the first reading taken `elapsed` ago.
     fn bounded(&mut self, clock_ms: u64, elapsed: Duration, latest_expiry_ms: Option<u64>) -> u64 {
-        let Some((first_ms, first_at)) = self.first else {
+        let Some((first_ms, _)) = self.first else {
             return clock_ms;
         };
         let slewed = elapsed + elapsed / 1000;
         // The time elapsed as this process vouches for it (the time the store was stopped,
         // held back at start, not counted), and what the clock reads had it not stepped.
         let vouched = first_ms.saturating_add(millis(slewed));
-        let expected = vouched.saturating_add(self.held_at_start_ms);
+        let behind = vouched
+            .saturating_add(self.held_ms)
+            .saturating_sub(clock_ms);
+        if behind > millis(Self::SLACK) {
+            // Set back: it no longer runs that far ahead, and a step forward from here is
+            // caught as one.
+            self.held_ms = self.held_ms.saturating_sub(behind);
+        }
+        let expected = vouched.saturating_add(self.held_ms);
         let bound = vouched.saturating_add(millis(Self::SLACK));
         let lead = clock_ms.saturating_sub(expected);
         if lead <= millis(Self::SLACK) {
@@ -537,15 +575,16 @@ impl PurgeClock {
         if let Some(step) = self.step
             && vouched > step.until_ms.saturating_add(millis(Self::SLACK))
         {
-            // Nothing written before the step is left: the clock is taken as it reads from
-            // now on, less the time stopped held back at start.
+            // Nothing written before the step is left: the store drops it, and a restart
+            // takes the clock as it reads. This process goes on purging by the elapsed
+            // time, the lead taken as no step (what was written since is kept that much
+            // longer), and catches a step from there.
             self.step = None;
-            self.first = Some((first_ms.saturating_add(lead), first_at));
+            self.held_ms = self.held_ms.saturating_add(lead);
             tracing::info!(
                 "what the store held when the clock stepped ahead has expired by the elapsed \
-                 time: records are purged by the clock as it reads"
+                 time: the step is dropped, and a restart purges by the clock as it reads"
             );
-            return clock_ms.min(bound.saturating_add(lead));
         }
         bound
     }
@@ -747,24 +786,42 @@ mod tests {
 
     /// A step is dropped once the time elapsed passes the latest expiry the store held when
     /// it was caught — not the retention: records written with 90 days before it was made 30
-    /// are kept until they expire. The clock is taken as it reads from then on.
+    /// are kept until they expire. The process goes on purging by the elapsed time; a clock
+    /// set right and stepped ahead again after that is caught as a step.
     #[test]
     fn a_step_ages_out_once_what_the_store_held_when_it_was_caught_has_expired() {
         let (mut clock, _) = caught(T0 + 40 * DAY);
         let month = days(31) + hours(2);
         assert!(clock.bounded(T0 + 71 * DAY + 2 * HOUR, month, None) < T0 + 32 * DAY);
         assert_eq!(keep(&mut clock), None);
-        let later = T0 + 81 * DAY;
-        assert_eq!(clock.bounded(later, days(41), None), later);
+        let by = clock.bounded(T0 + 81 * DAY, days(41), None);
+        assert!(
+            (T0 + 41 * DAY..=T0 + 41 * DAY + 3 * HOUR).contains(&by),
+            "{by}"
+        );
         assert_eq!(keep(&mut clock), Some(None));
-        assert_eq!(clock.bounded(later + DAY, days(42), None), later + DAY);
+        let by = clock.bounded(T0 + 82 * DAY, days(42), None);
+        assert!(
+            (T0 + 42 * DAY..=T0 + 42 * DAY + 3 * HOUR).contains(&by),
+            "{by}"
+        );
         assert_eq!(keep(&mut clock), None);
+        // Set right, then 25 days ahead: a step, held back by the elapsed time.
+        assert_eq!(clock.bounded(T0 + 43 * DAY, days(43), None), T0 + 43 * DAY);
+        assert_eq!(keep(&mut clock), None);
+        let by = clock.bounded(T0 + 69 * DAY, days(44), None);
+        assert!(by <= T0 + 44 * DAY + 3 * HOUR, "{by}");
+        let step = keep(&mut clock).flatten().expect("the new step");
+        assert!(
+            (25 * DAY - 2 * HOUR..=25 * DAY).contains(&step.lead_ms),
+            "{step:?}"
+        );
     }
 
     /// The time a store was stopped does not count towards a step's ageing: the clock
     /// stepped a further 30 days while stopped is held back by the store's newest write,
-    /// and once the step ages out, the clock is taken less that hold — never the stepped
-    /// clock as it reads.
+    /// and once the step ages out, the process still purges by the elapsed time — never
+    /// by the stepped clock as it reads.
     #[test]
     fn the_time_stopped_does_not_age_a_step_and_its_hold_outlives_it() {
         let (_, step) = caught(T0 + 30 * DAY);
@@ -782,17 +839,16 @@ mod tests {
         // 29 days on, what the store held at the step has not all expired: held back.
         assert!(restarted.bounded(clock + 29 * DAY, days(29), latest) < T0 + 31 * DAY);
         assert_eq!(keep(&mut restarted), None);
-        // 30 days on it has: the clock less the 30 days held back at start.
+        // 30 days on it has: dropped, and still by the elapsed time.
         let by = restarted.bounded(clock + 30 * DAY, days(30), latest);
         assert_eq!(keep(&mut restarted), Some(None));
-        assert!(
-            (T0 + 71 * DAY..=T0 + 71 * DAY + 2 * HOUR).contains(&by),
-            "purged by {by}"
-        );
+        assert!(by <= true_now + 30 * DAY, "purged by {by}");
     }
 
     /// Two instances' steps merge to the one that holds back more, until the later of
-    /// their expiries; a clock that finds another's step kept holds it.
+    /// their expiries. An instance whose readings were right when another caught a step
+    /// leaves that step to it; one that started between the step and its catching takes
+    /// it up, its readings moved back by the lead.
     #[test]
     fn steps_of_two_instances_merge_to_the_one_that_holds_back_more() {
         let far = Step {
@@ -811,20 +867,28 @@ mod tests {
         };
         assert_eq!(far.further(near), merged);
         assert_eq!(near.further(far), merged);
-        let mut clock = started(T0, None, None);
-        clock.kept_as(Some(far));
-        assert_eq!(clock.take_change(), None);
-        assert!(clock.bounded(T0 + 40 * DAY + HOUR, hours(1), None) < T0 + DAY);
-        assert_eq!(clock.take_change(), None, "the step it holds");
-        // Its own clock agrees: it drops the step, from what the store keeps.
-        assert_eq!(clock.bounded(T0 + 2 * HOUR, hours(2), None), T0 + 2 * HOUR);
-        assert_eq!(
-            clock.take_change(),
-            Some(StepChange {
-                kept: Some(far),
-                step: None
-            })
+        // Its own step, and another's found: merged, to be written.
+        let (mut own, _) = caught(T0 + 30 * DAY);
+        own.kept_as(Some(near));
+        let change = own.take_change().expect("the merged step to write");
+        assert_eq!(change.step.map(|step| step.until_ms), Some(T0 + 60 * DAY));
+        // Right when it was caught: left to the other instance, never dropped by this one.
+        let mut right = started(T0 - HOUR, None, None);
+        right.kept_as(Some(far));
+        assert_eq!(right.take_change(), None);
+        assert_eq!(right.bounded(T0 + HOUR, hours(2), None), T0 + HOUR);
+        assert_eq!(right.take_change(), None);
+        // Started ten minutes before the catching, 40 days ahead: taken up.
+        let first = T0 + 40 * DAY - 10 * 60_000;
+        let mut stepped = started(first, None, None);
+        stepped.kept_as(Some(far));
+        assert_eq!(stepped.take_change(), None);
+        let by = stepped.bounded(first + HOUR, hours(1), None);
+        assert!(
+            by <= T0 + 2 * HOUR,
+            "purged by {by}, not by the time elapsed"
         );
+        assert_eq!(stepped.take_change(), None, "the step it holds");
     }
 
     /// A clock already 40 days ahead when the sweeper starts is held back to the store's

@@ -2904,31 +2904,14 @@ mod tests {
     fn a_step_caught_before_a_restart_holds_the_restarted_sweeper_back() {
         let (runtime, store, dir) = on_two_threads();
         runtime.block_on(book(store.clone(), "n-1")).unwrap();
-        let sweep =
-            |wall_ms: fn() -> u64, readings: &std::sync::atomic::AtomicUsize, store: &SledStore| {
-                let before = readings.load(Ordering::SeqCst);
-                let sweeper = Sweeper::start_with(
-                    Arc::clone(&store.inner.writer),
-                    Duration::from_millis(5),
-                    wall_ms,
-                )
-                .unwrap();
-                wait_until(
-                    || readings.load(Ordering::SeqCst) >= before + 4,
-                    "the sweeper never swept",
-                );
-                drop(sweeper);
-            };
-        store
-            .inner
-            .writer
-            .gate()
-            .step_clock(Duration::from_millis(40 * DAY_MS));
-        runtime.block_on(book(store.clone(), "n-2")).unwrap();
-        sweep(
-            stepped_while_running,
-            &STEPPED_WHILE_RUNNING_READINGS,
+        swept_while(
             &store,
+            (stepped_while_running, &STEPPED_WHILE_RUNNING_READINGS),
+            || {
+                let commits = store.inner.writer.gate();
+                commits.step_clock(Duration::from_millis(40 * DAY_MS));
+                runtime.block_on(book(store.clone(), "n-2")).unwrap();
+            },
         );
         drop(store);
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
@@ -2938,14 +2921,22 @@ mod tests {
             (days_39..=days_39 + Duration::from_millis(2 * DAY_MS)).contains(&step.lead()),
             "{step:?}"
         );
-        sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS, &store);
+        swept_while(
+            &store,
+            (still_ahead_at_restart, &STILL_AHEAD_READINGS),
+            || {},
+        );
         assert!(
             acknowledged(&runtime, &store, "n-1"),
             "the restarted sweeper purged by the stepped clock"
         );
         assert!(acknowledged(&runtime, &store, "n-2"));
         store.inner.writer.keep_step(None).unwrap();
-        sweep(still_ahead_at_restart, &STILL_AHEAD_READINGS, &store);
+        swept_while(
+            &store,
+            (still_ahead_at_restart, &STILL_AHEAD_READINGS),
+            || {},
+        );
         assert!(
             !acknowledged(&runtime, &store, "n-1"),
             "without the step kept, the stepped clock purges what it holds back"
@@ -2959,6 +2950,18 @@ mod tests {
     fn kept_when_swept_by(wall_ms: fn() -> u64, readings: &std::sync::atomic::AtomicUsize) -> bool {
         let (runtime, store, _dir) = on_two_threads();
         runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        swept_while(&store, (wall_ms, readings), || {});
+        acknowledged(&runtime, &store, "n-1")
+    }
+
+    /// Runs a sweeper of `store` every 5 ms, reading the wall clock through the function
+    /// given (its readings counted beside it), doing `meanwhile` once it started, until it
+    /// swept a few times; then stops it.
+    fn swept_while(
+        store: &SledStore,
+        (wall_ms, readings): (fn() -> u64, &std::sync::atomic::AtomicUsize),
+        meanwhile: impl FnOnce(),
+    ) {
         let before = readings.load(Ordering::SeqCst);
         let sweeper = Sweeper::start_with(
             Arc::clone(&store.inner.writer),
@@ -2966,12 +2969,12 @@ mod tests {
             wall_ms,
         )
         .unwrap();
+        meanwhile();
         wait_until(
             || readings.load(Ordering::SeqCst) >= before + 4,
             "the sweeper never swept",
         );
         drop(sweeper);
-        acknowledged(&runtime, &store, "n-1")
     }
 
     /// A store's configuration in `dir`, the defaults otherwise.

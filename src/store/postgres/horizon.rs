@@ -12,8 +12,10 @@
 //! every instance is upgraded before the retention is raised.
 //!
 //! Beside it, `{schema}.clock_step` keeps a step of the database's clock a sweep caught
-//! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts,
-//! written by the sweep that caught or dropped it, before it purges.
+//! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts and
+//! at each of its sweeps, and written — merged with what another instance wrote since, under
+//! a lock — by the sweep that caught, shrank or dropped it, before it purges. An instance
+//! drops only a step it holds itself.
 
 use sqlx::PgConnection;
 use sqlx::{Connection as _, Executor as _};

@@ -147,15 +147,17 @@ pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
 /// Rows removed by one statement of a purge.
 pub const PURGE_BATCH: i64 = 500;
 
-/// The database's clock, and the latest expiry the schema holds (see
-/// [`crate::store::horizon::PurgeClock`]; each column is indexed for the purge).
+/// The database's clock, the latest expiry the schema holds, and the step of the clock it
+/// keeps (see [`crate::store::horizon::PurgeClock`]; read once a sweep: `postponed` is
+/// indexed by expiry only where final, `sessions_ended` not at all, both small).
 const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
      (SELECT max(expires_at) FROM {s}.callbacks), \
      (SELECT max(expires_at) FROM {s}.validations), \
      (SELECT max(expires_at) FROM {s}.validation_claims), \
      (SELECT max(expires_at) FROM {s}.callback_failures), \
      (SELECT max(expires_at) FROM {s}.postponed), \
-     (SELECT max(expires_at) FROM {s}.sessions_ended))";
+     (SELECT max(expires_at) FROM {s}.sessions_ended)), \
+     (SELECT record FROM {s}.clock_step)";
 
 /// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
 const OUTBOX_BATCH: i64 = super::DUE_BATCH as i64;
@@ -762,11 +764,15 @@ impl PgStore {
                 tracing::warn!(error = %crate::report::InLine(&error), "the record of the retention the records were written with could not be read; the last one read stands");
             }
         }
-        let (now, latest): (DateTime<Utc>, Option<DateTime<Utc>>) =
+        let (now, latest, kept): (DateTime<Utc>, Option<DateTime<Utc>>, Option<String>) =
             sqlx::query_as(&self.sql(LATEST_EXPIRY))
                 .fetch_one(self.pool())
                 .await?;
         let now = read(now);
+        // Another instance's step since the last sweep counts in this one.
+        clock.kept_as(crate::store::horizon::Step::decode(
+            kept.as_deref().map(str::as_bytes),
+        ));
         let by = crate::store::time_from_ms(clock.purge_by(
             crate::store::ms_from_time(now),
             latest.map(crate::store::ms_from_time),
