@@ -277,8 +277,11 @@ pub(crate) struct PurgeClock {
     /// The retention records are written with (for the warnings).
     retention: Duration,
     /// The first reading (less the lead of a step kept, or held back to the newest write)
-    /// and when it was taken.
+    /// and when it was taken; moved back where the clock is read behind it.
     first: Option<(u64, std::time::Instant)>,
+    /// The lead of the step the first reading was taken less of (at start, or taken up
+    /// from another instance since).
+    applied_ms: u64,
     /// How far the clock runs ahead of the bound without having stepped: how far it read
     /// past the newest write at start, where the first reading was held back to it, and the
     /// lead of a step that aged out; lowered where the clock is set back.
@@ -351,6 +354,21 @@ impl Step {
         }
     }
 
+    /// What a store keeping this step keeps when `ours` is written over it: `ours` — the
+    /// same step shrunk, or a further one — unless it is another step with a smaller lead
+    /// (caught in a frame another instance's step had moved), which is merged instead.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "PostgreSQL's instances share the step")
+    )]
+    pub(crate) fn replaced_by(self, ours: Self) -> Self {
+        if ours.since_ms != self.since_ms && ours.lead_ms < self.lead_ms {
+            self.further(ours)
+        } else {
+            ours
+        }
+    }
+
     /// This step at a start whose clock reads `clock_ms`. A clock that reads earlier than
     /// it did when the step was caught (beyond the slack) was set back meanwhile, by that
     /// much at least: since the time elapsed is no earlier than when the step was caught,
@@ -385,6 +403,7 @@ impl PurgeClock {
         Self {
             retention,
             first: None,
+            applied_ms: 0,
             held_ms: 0,
             step: None,
             kept: None,
@@ -409,6 +428,7 @@ impl PurgeClock {
         self.kept = kept;
         self.step = kept.and_then(|step| step.at_start(clock_ms));
         let lead = self.step.map_or(0, |step| step.lead_ms);
+        self.applied_ms = lead;
         if let Some(step) = self.step {
             tracing::warn!(
                 lead = %crate::setting::format_duration(step.lead()),
@@ -486,12 +506,15 @@ impl PurgeClock {
     }
 
     /// The store keeps `stored` (read at a sweep, or written from [`Self::take_change`]).
-    /// Another instance's step merges with the one in force, never to hold back less
-    /// ([`Step::further`]). Where none is in force, it is taken up where this clock's first
-    /// reading came after it was caught, by more than the slack (this instance started
-    /// between the step and the sweep that caught it: its readings were stepped from the
-    /// start, and are moved back by the lead); otherwise this clock's readings were right
-    /// when it was caught, and it is left to its instance.
+    /// Another instance's step is taken up where this clock's readings are still stepped by
+    /// it: its first reading came after the step was caught, by more than the slack, and
+    /// was taken less a smaller lead (this instance started between the step and the sweep
+    /// that caught it) — the readings are moved back by the difference; or the time it held
+    /// back at start holds the lead (the step was taken for a store stopped that long).
+    /// Otherwise it merges with the step in force, never to hold back less
+    /// ([`Step::further`]), and where none is, this clock's readings were right when it was
+    /// caught: it is left to its instance (this one drops it only once what the store held
+    /// then has expired by its own elapsed time).
     pub(crate) fn kept_as(&mut self, stored: Option<Step>) {
         if stored == self.kept {
             return;
@@ -499,39 +522,64 @@ impl PurgeClock {
         self.kept = stored;
         self.foreign = false;
         let Some(theirs) = stored else { return };
-        match (self.step, self.first) {
-            (Some(ours), _) => self.step = Some(ours.further(theirs)),
-            (None, Some((first_ms, at)))
-                if first_ms > theirs.since_ms.saturating_add(millis(Self::SLACK)) =>
+        let slack = millis(Self::SLACK);
+        let merged = Some(self.step.map_or(theirs, |ours| ours.further(theirs)));
+        match self.first {
+            Some((first_ms, at))
+                if first_ms > theirs.since_ms.saturating_add(slack)
+                    && theirs.lead_ms > self.applied_ms.saturating_add(slack) =>
             {
+                let back = theirs.lead_ms - self.applied_ms;
                 tracing::warn!(
                     lead = %crate::setting::format_duration(theirs.lead()),
                     "another instance caught the clock ahead since before this one's sweeper \
                      started: its readings are taken less that lead"
                 );
-                self.first = Some((first_ms.saturating_sub(theirs.lead_ms), at));
-                self.step = Some(theirs);
+                self.first = Some((first_ms.saturating_sub(back), at));
+                self.applied_ms = theirs.lead_ms;
+                self.step = merged;
             }
-            (None, _) => self.foreign = true,
+            _ if self.step.is_some() => self.step = merged,
+            _ if theirs.lead_ms > slack && self.held_ms + slack >= theirs.lead_ms => {
+                self.held_ms -= theirs.lead_ms.min(self.held_ms);
+                self.step = merged;
+            }
+            _ => self.foreign = true,
         }
     }
 
     /// [`Self::purge_by`], the first reading taken `elapsed` ago.
     fn bounded(&mut self, clock_ms: u64, elapsed: Duration, latest_expiry_ms: Option<u64>) -> u64 {
-        let Some((first_ms, _)) = self.first else {
+        let Some((first_ms, at)) = self.first else {
             return clock_ms;
+        };
+        let behind = first_ms
+            .saturating_add(millis(elapsed))
+            .saturating_add(self.held_ms)
+            .saturating_sub(clock_ms);
+        let first_ms = if behind > millis(Self::SLACK) {
+            // Set back: it no longer runs that far ahead — nor, past what was held back, is
+            // the time elapsed read from as far ahead — and a step forward from here is
+            // caught as one.
+            let from_held = behind.min(self.held_ms);
+            self.held_ms -= from_held;
+            let first_ms = first_ms.saturating_sub(behind - from_held);
+            self.first = Some((first_ms, at));
+            first_ms
+        } else {
+            first_ms
         };
         let slewed = elapsed + elapsed / 1000;
         // The time elapsed as this process vouches for it (the time the store was stopped,
         // held back at start, not counted), and what the clock reads had it not stepped.
         let vouched = first_ms.saturating_add(millis(slewed));
-        let behind = vouched
-            .saturating_add(self.held_ms)
-            .saturating_sub(clock_ms);
-        if behind > millis(Self::SLACK) {
-            // Set back: it no longer runs that far ahead, and a step forward from here is
-            // caught as one.
-            self.held_ms = self.held_ms.saturating_sub(behind);
+        if self.foreign
+            && let Some(theirs) = self.kept
+            && vouched > theirs.until_ms.saturating_add(millis(Self::SLACK))
+        {
+            // What the store held when another instance caught its step has expired by this
+            // one's elapsed time: dropped, should that instance be gone.
+            self.foreign = false;
         }
         let expected = vouched.saturating_add(self.held_ms);
         let bound = vouched.saturating_add(millis(Self::SLACK));
@@ -689,10 +737,96 @@ mod tests {
         assert_eq!(clock.bounded(T0 + DAY, day_on, latest), T0 + DAY);
         assert_eq!(keep(&mut clock), Some(None));
         // Within a thousandth of a year's elapsed time (slewing), by the clock.
+        let mut clock = started(T0, None, None);
         let year = Duration::from_millis(365 * DAY);
         let slewed = T0 + 365 * DAY + HOUR + 8 * HOUR;
         assert_eq!(clock.bounded(slewed, year, latest), slewed);
         assert_eq!(keep(&mut clock), None);
+    }
+
+    /// A step that aged out, a restart with the clock still ahead (its readings stepped from
+    /// the start: no step kept, the newest write by the same clock), the clock set right,
+    /// then stepped ahead again: the readings were moved back to the clock set right, and
+    /// the new step is caught — a booking made in between is not purged by it.
+    #[test]
+    fn a_clock_set_right_after_a_stepped_start_catches_the_next_step() {
+        let stepped_start = T0 + 71 * DAY;
+        let mut restarted = started(stepped_start, Some(stepped_start - HOUR), None);
+        // A day on, set right (the true time is 40 days behind).
+        let set_right = T0 + 32 * DAY;
+        assert_eq!(restarted.bounded(set_right, days(1), None), set_right);
+        let booked_expires = set_right + 30 * DAY;
+        // A day later, 40 days ahead again: caught, held back by the elapsed time.
+        let by = restarted.bounded(T0 + 73 * DAY, days(2), Some(booked_expires));
+        assert!(by <= T0 + 33 * DAY + 2 * HOUR, "purged by {by}");
+        let step = keep(&mut restarted).flatten().expect("the step caught");
+        assert!(step.lead_ms > 39 * DAY, "{step:?}");
+    }
+
+    /// Two instances on one store (PostgreSQL), the shared row played by hand. The step
+    /// stepped a further 10 days before B started and A caught it: B's readings, taken less
+    /// the 40 days it read at start, were still 10 days ahead — moved back by the further
+    /// lead when B reads A's row.
+    #[test]
+    fn an_instance_started_before_a_further_step_was_caught_takes_the_further_lead_up() {
+        let (_, step) = caught(T0 + 30 * DAY);
+        // B starts at true t0 + 1 day, the clock 50 days ahead, the row saying 40.
+        let b_start = T0 + 51 * DAY;
+        let mut b = started(b_start, Some(b_start - HOUR), Some(step));
+        // A caught the further step a little later.
+        let further = Step {
+            lead_ms: 50 * DAY,
+            since_ms: T0 + DAY + HOUR,
+            until_ms: T0 + 31 * DAY,
+        };
+        b.kept_as(Some(further));
+        let by = b.bounded(b_start + 2 * HOUR, hours(2), Some(T0 + 81 * DAY));
+        assert!(by <= T0 + DAY + 3 * HOUR + HOUR / 10, "B purged by {by}");
+        assert_eq!(
+            keep(&mut b),
+            None,
+            "B holds the further step as the row says"
+        );
+    }
+
+    /// B started while the store was idle, after a step no sweep had caught: its hold at
+    /// start took the 40 days as time stopped. When it reads A's step, it takes the lead out
+    /// of its hold; a further step of 10 days is then caught as 50 days, not 10.
+    #[test]
+    fn an_instance_whose_hold_took_a_step_for_time_stopped_takes_the_step_up() {
+        let idle_since = T0 - HOUR;
+        let b_start = T0 + 40 * DAY + 30 * 1000;
+        let mut b = started(b_start, Some(idle_since), None);
+        let a_step = Step {
+            lead_ms: 40 * DAY,
+            since_ms: T0 + 10 * 60_000,
+            until_ms: T0 + 30 * DAY,
+        };
+        b.kept_as(Some(a_step));
+        assert_eq!(b.take_change(), None);
+        // A day on, 10 days further ahead.
+        let by = b.bounded(b_start + 11 * DAY, days(1), Some(T0 + 71 * DAY));
+        assert!(by <= T0 + DAY + HOUR, "B purged by {by}");
+        let caught = keep(&mut b).flatten().expect("the further step");
+        assert!(caught.lead_ms > 49 * DAY, "{caught:?}");
+    }
+
+    /// A step left by an instance that is gone, the clock right since: an instance whose
+    /// readings were right when it was caught drops it once what the store held then has
+    /// expired by its own elapsed time.
+    #[test]
+    fn a_step_left_by_a_gone_instance_is_dropped_once_it_aged_out() {
+        let orphan = Step {
+            lead_ms: 40 * DAY,
+            since_ms: T0,
+            until_ms: T0 + 30 * DAY,
+        };
+        let mut right = started(T0 + HOUR, None, None);
+        right.kept_as(Some(orphan));
+        assert_eq!(right.bounded(T0 + 20 * DAY, days(20), None), T0 + 20 * DAY);
+        assert_eq!(right.take_change(), None, "not yet aged out");
+        assert_eq!(right.bounded(T0 + 31 * DAY, days(31), None), T0 + 31 * DAY);
+        assert_eq!(keep(&mut right), Some(None));
     }
 
     /// The hole the kept step closes: a clock stepped 40 days ahead at runtime, caught by a
@@ -867,6 +1001,15 @@ mod tests {
         };
         assert_eq!(far.further(near), merged);
         assert_eq!(near.further(far), merged);
+        // Written over the one kept: a smaller lead caught elsewhere merges; the same step
+        // shrunk, or a further one, replaces it.
+        assert_eq!(far.replaced_by(near), merged);
+        let shrunk = Step {
+            lead_ms: 20 * DAY,
+            ..far
+        };
+        assert_eq!(far.replaced_by(shrunk), shrunk);
+        assert_eq!(near.replaced_by(far), far);
         // Its own step, and another's found: merged, to be written.
         let (mut own, _) = caught(T0 + 30 * DAY);
         own.kept_as(Some(near));

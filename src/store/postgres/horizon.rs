@@ -15,7 +15,7 @@
 //! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts and
 //! at each of its sweeps, and written — merged with what another instance wrote since, under
 //! a lock — by the sweep that caught, shrank or dropped it, before it purges. An instance
-//! drops only a step it holds itself.
+//! drops only a step it holds itself, or one that aged out by its own elapsed time.
 
 use sqlx::PgConnection;
 use sqlx::{Connection as _, Executor as _};
@@ -68,8 +68,8 @@ pub(super) async fn kept_step(
 /// Keeps the step `change` gives as the schema's, under a lock on the table, and returns
 /// what the schema keeps then. Where another instance changed it since this one last read
 /// it (`change.kept`), the two are merged, never to hold back less: a step of both, the
-/// further ([`Step::further`]); theirs where this one would drop it (its own clock will
-/// agree too: they read the same one); this one's where theirs was dropped.
+/// further ([`Step::further`]); theirs where this one would drop it; this one's where
+/// theirs was dropped. A new step with a smaller lead than the one kept is merged too.
 pub(super) async fn keep_step(
     conn: &mut PgConnection,
     schema: &str,
@@ -90,7 +90,10 @@ pub(super) async fn keep_step(
             .map_err(failed)?;
     let current = Step::decode(stored.as_deref().map(str::as_bytes));
     let keep = if current == change.kept {
-        change.step
+        match (current, change.step) {
+            (Some(current), Some(ours)) => Some(current.replaced_by(ours)),
+            _ => change.step,
+        }
     } else {
         match (current, change.step) {
             (Some(theirs), Some(ours)) => Some(theirs.further(ours)),

@@ -1242,6 +1242,8 @@ mod tests {
             "the restarted sweeper purged by the stepped clock"
         );
         assert!(swept.acknowledged(&after).await);
+        // Stopped first: a sweeper holding the step writes it back.
+        swept.stop_sweeper().await;
         swept
             .execute(&format!("DELETE FROM {}.clock_step", swept.schema))
             .await;
@@ -1315,6 +1317,21 @@ mod tests {
                     "the sweeper never swept"
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+
+        /// Stops the sweeper running, once its task ended.
+        async fn stop_sweeper(&self) {
+            let running = self
+                .store
+                .inner
+                .sweeper
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(running) = running {
+                running.abort();
+                let _ = running.await;
             }
         }
 
