@@ -235,9 +235,10 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// would vouch for the retention's whole length over records it no longer holds, and a
 /// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
 /// purges what expired by the elapsed time, and says that the clock ran ahead. A clock
-/// that moves back purges less: records are kept longer, never shorter. The time elapsed
-/// counts the time a machine was suspended where the system tells it (Linux); elsewhere a
-/// machine that was suspended reads as a step, and its records are kept that much longer.
+/// that moves back purges less: records are kept longer, never shorter; so does a machine
+/// that was suspended (the monotonic clock stops meanwhile: its sleep reads as a step, kept
+/// like one, and its records are kept that much longer, across restarts too, until what
+/// the store held then has expired).
 ///
 /// A step caught so is kept in the store ([`Step`]: how far the clock leads, when it was
 /// caught, and the latest expiry the store held then), written before the sweep that caught
@@ -279,7 +280,7 @@ pub(crate) struct PurgeClock {
     retention: Duration,
     /// The first reading (less the lead of a step kept, or held back to the newest write)
     /// and when it was taken; moved back where the clock is read behind it.
-    first: Option<(u64, Mark)>,
+    first: Option<(u64, std::time::Instant)>,
     /// The lead of the step the first reading was taken less of (at start, or taken up
     /// from another instance since).
     applied_ms: u64,
@@ -287,10 +288,6 @@ pub(crate) struct PurgeClock {
     /// past the newest write at start, where the first reading was held back to it, and the
     /// lead of a step that aged out; lowered where the clock is set back.
     held_ms: u64,
-    /// The store's newest write, where the clock read earlier than it at start (with no
-    /// step kept): a clock set forward no further than it and the time elapsed since is a
-    /// clock set right, not a step.
-    floor_ms: Option<u64>,
     /// The step in force: the clock leads the elapsed time by it.
     step: Option<Step>,
     /// The step the store keeps, as this clock last read or gave it.
@@ -410,7 +407,6 @@ impl PurgeClock {
             first: None,
             applied_ms: 0,
             held_ms: 0,
-            floor_ms: None,
             step: None,
             kept: None,
             foreign: false,
@@ -464,13 +460,9 @@ impl PurgeClock {
                 self.held_ms = clock_ms - last;
                 last
             }
-            Some(last) if kept.is_none() && clock_ms.saturating_add(millis(Self::SLACK)) < last => {
-                self.floor_ms = Some(last);
-                clock_ms
-            }
             _ => clock_ms,
         };
-        self.first = Some((first, Mark::now()));
+        self.first = Some((first, std::time::Instant::now()));
     }
 
     /// Says that the store's last commit lies `gap` behind the clock at start.
@@ -502,7 +494,9 @@ impl PurgeClock {
     /// what the store is to keep of the clock's step, [`Self::take_change`] gives it: the
     /// store keeps it before it purges.
     pub(crate) fn purge_by(&mut self, clock_ms: u64, latest_expiry_ms: Option<u64>) -> u64 {
-        let (_, first_at) = *self.first.get_or_insert((clock_ms, Mark::now()));
+        let (_, first_at) = *self
+            .first
+            .get_or_insert((clock_ms, std::time::Instant::now()));
         self.bounded(clock_ms, first_at.elapsed(), latest_expiry_ms)
     }
 
@@ -616,23 +610,6 @@ impl PurgeClock {
                 });
             }
             Some(step) if lead <= step.lead_ms.saturating_add(slack) => {}
-            _ if self
-                .floor_ms
-                .is_some_and(|floor| clock_ms <= floor.saturating_add(millis(slewed) + slack)) =>
-            {
-                // Behind the store's newest write at start, set forward no further than it
-                // and the time elapsed since: a clock set right, read as it is from now on.
-                self.floor_ms = None;
-                let first_ms = clock_ms
-                    .saturating_sub(millis(elapsed))
-                    .saturating_sub(self.held_ms);
-                self.first = Some((first_ms, at));
-                tracing::info!(
-                    "the clock, behind the store's newest write at start, was set right: \
-                     records are purged by it"
-                );
-                return clock_ms.min(first_ms.saturating_add(millis(slewed + Self::SLACK)));
-            }
             _ => {
                 // A new step, or a further one: what the store holds now is held back by
                 // the elapsed time until it has all expired.
@@ -667,40 +644,6 @@ impl PurgeClock {
         }
         bound
     }
-}
-
-/// A moment the time elapsed since is measured from: by the time since boot where the
-/// system tells it (Linux's `CLOCK_BOOTTIME`, read from `/proc/uptime`), which counts the
-/// time a machine was suspended as the wall clock does — a laptop's sleep is no step of
-/// the clock — and by the monotonic clock otherwise.
-#[derive(Debug, Clone, Copy)]
-struct Mark {
-    at: std::time::Instant,
-    boot: Option<Duration>,
-}
-
-impl Mark {
-    fn now() -> Self {
-        Self {
-            at: std::time::Instant::now(),
-            boot: since_boot(),
-        }
-    }
-
-    /// The time elapsed since this moment.
-    fn elapsed(&self) -> Duration {
-        match (self.boot, since_boot()) {
-            (Some(then), Some(now)) if now >= then => now - then,
-            _ => self.at.elapsed(),
-        }
-    }
-}
-
-/// The time since boot, suspended time included, where `/proc/uptime` tells it.
-fn since_boot() -> Option<Duration> {
-    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
-    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
-    Duration::try_from_secs_f64(seconds).ok()
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -809,32 +752,17 @@ mod tests {
         assert_eq!(keep(&mut clock), None);
     }
 
-    /// A clock behind the store's newest write at start (a machine without a clock that
-    /// kept the time, before NTP set it: 400 days behind), set forward to about that write:
-    /// a clock set right, not a step — nothing is kept, records are purged by it from then
-    /// on, and a step from there is caught.
+    /// A clock read behind the store's newest write at start (set right while stopped,
+    /// after the store wrote by a clock ahead that no sweep caught), then stepped ahead
+    /// again: a step, held back by the elapsed time — the newest write is no proof of the
+    /// true time.
     #[test]
-    fn a_clock_behind_the_newest_write_at_start_set_forward_is_no_step() {
-        let newest = T0 + 400 * DAY;
-        let mut clock = started(T0, Some(newest - 10 * 60_000), None);
-        let minute = Duration::from_secs(60);
-        assert_eq!(clock.bounded(T0 + 60_000, minute, None), T0 + 60_000);
-        let set_right = newest + 5 * 60_000;
-        assert_eq!(clock.bounded(set_right, 2 * minute, None), set_right);
-        assert_eq!(clock.take_change(), None);
-        let by = clock.bounded(newest + 40 * DAY, hours(1), Some(newest + 30 * DAY));
-        assert!(by < newest + 3 * HOUR, "purged by {by}");
+    fn a_clock_behind_the_newest_write_at_start_stepped_ahead_is_a_step() {
+        let start = T0 + 30 * 60_000;
+        let mut clock = started(start, Some(T0 + 40 * DAY + 10 * 60_000), None);
+        let by = clock.bounded(T0 + 40 * DAY + 90 * 60_000, hours(1), Some(T0 + 30 * DAY));
+        assert!(by <= start + 2 * HOUR + 4_000, "purged by {by}");
         assert!(keep(&mut clock).flatten().is_some());
-    }
-
-    /// Where the system tells the time since boot (Linux), the time elapsed is read from it:
-    /// a machine's sleep counts, as the wall clock counts it.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn the_time_elapsed_counts_sleep_where_the_system_tells_it() {
-        let mark = Mark::now();
-        assert!(mark.boot.is_some(), "/proc/uptime unread");
-        assert!(mark.elapsed() < Duration::from_secs(60));
     }
 
     /// A step that aged out, a restart with the clock still ahead (its readings stepped from
