@@ -460,6 +460,17 @@ impl PurgeClock {
                 self.held_ms = clock_ms - last;
                 last
             }
+            Some(last) if clock_ms.saturating_add(millis(Self::SLACK)) < last => {
+                tracing::warn!(
+                    behind = %crate::setting::format_duration(Duration::from_millis(last - clock_ms)),
+                    "the clock reads earlier than the store's newest write: set right since a \
+                     clock ahead wrote it, or behind (a machine without a clock that keeps \
+                     time, started before NTP set it); set forward later, it reads as a step, \
+                     and records are kept that much longer (start the service once the clock \
+                     is synchronised: systemd's After=time-sync.target)"
+                );
+                clock_ms
+            }
             _ => clock_ms,
         };
         self.first = Some((first, std::time::Instant::now()));
