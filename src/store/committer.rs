@@ -768,7 +768,7 @@ impl Writer {
             // written out here, once per sweep. They need no fdatasync: a purge lost to a
             // power cut is redone by the next sweep.
             let flushing = Instant::now();
-            self.write_out("a purge")?;
+            self.write_out("a purge", false)?;
             tracing::info!(
                 purged,
                 steps,
@@ -782,19 +782,25 @@ impl Writer {
     }
 
     /// Writes what was written to sled outside a commit (a purge's removals, the clock's
-    /// step) out, flushed and its new blobs synced. A node rewritten whole may have gone to a
-    /// blob: synced before the next commit acknowledges anything on top of it. Either
-    /// failing stops the store, as a commit's would: a later flush or sync could succeed
-    /// without writing what this one left unwritten, and a commit would be acknowledged on
-    /// top of it.
-    fn write_out(&self, what: &str) -> Result<(), StoreError> {
-        let durable = self
-            .context
-            .db
-            .flush()
-            .map_err(StoreError::from)
-            .and_then(|_| self.context.blobs.sync_new())
-            .map(drop);
+    /// step) out, flushed and its new blobs synced — and, where it must survive a power cut,
+    /// sled's data file `fdatasync`ed, as a commit's is. A node rewritten whole may have gone
+    /// to a blob: synced before the next commit acknowledges anything on top of it. Any of
+    /// them failing stops the store, as a commit's would: a later flush or sync could
+    /// succeed without writing what this one left unwritten, and a commit would be
+    /// acknowledged on top of it.
+    fn write_out(&self, what: &str, fdatasync: bool) -> Result<(), StoreError> {
+        let durable =
+            self.context
+                .db
+                .flush()
+                .map_err(StoreError::from)
+                .and_then(|_| self.context.blobs.sync_new())
+                .and_then(|_| match fdatasync {
+                    true => self.context.data_file.sync_data().map_err(|e| {
+                        StoreError::backend("fdatasync of sled's data file failed", e)
+                    }),
+                    false => Ok(()),
+                });
         if let Err(error) = &durable {
             tracing::error!(error = %crate::report::InLine(error), "writing out {what} failed; the store refuses further work until restarted");
             self.context.failed.store(true, Ordering::SeqCst);
@@ -835,17 +841,7 @@ impl Writer {
                 None => self.context.tree.remove(keys::CLOCK_STEP),
             }?;
         }
-        self.write_out("the clock's step")?;
-        let synced = self
-            .context
-            .data_file
-            .sync_data()
-            .map_err(|e| StoreError::backend("fdatasync of sled's data file failed", e));
-        if let Err(error) = &synced {
-            tracing::error!(error = %crate::report::InLine(error), "writing out the clock's step failed; the store refuses further work until restarted");
-            self.context.failed.store(true, Ordering::SeqCst);
-        }
-        synced
+        self.write_out("the clock's step", true)
     }
 
     /// The latest expiry the store holds (`None`: it holds no record). One that cannot be

@@ -255,10 +255,9 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// clock as it reads (held back by the time stopped, below), while this process goes on
 /// purging by the elapsed time, the lead taken as no step. A clock read behind the elapsed
 /// time lowers what it is taken to run ahead by, so that a step from there is caught. A
-/// step
-/// caught between two sweeps is kept at the next one, or as the store stops: a store that
-/// crashes in between, having written by the stepped clock, purges by it when it starts
-/// again.
+/// step caught between two sweeps is kept at the next one, or as the store stops: a store
+/// that crashes in between, having written by the stepped clock, purges by it when it
+/// starts again.
 ///
 /// A clock already wrong when the sweeper starts is caught where the store knows when it
 /// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less
@@ -556,7 +555,7 @@ impl PurgeClock {
                 self.step = merged;
             }
             _ if self.step.is_some() => self.step = merged,
-            _ if theirs.lead_ms > slack && self.held_ms + slack >= theirs.lead_ms => {
+            _ if theirs.lead_ms > slack && self.held_ms.saturating_add(slack) >= theirs.lead_ms => {
                 self.held_ms -= theirs.lead_ms.min(self.held_ms);
                 self.step = merged;
             }

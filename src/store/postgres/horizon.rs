@@ -57,12 +57,17 @@ pub(super) async fn kept_step(
     conn: &mut PgConnection,
     schema: &str,
 ) -> Result<Option<Step>, StoreError> {
-    let stored: Option<String> =
-        sqlx::query_scalar(&format!("SELECT record FROM {schema}.clock_step"))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| StoreError::backend(format!("cannot read {schema}.clock_step"), e))?;
+    let stored = stored_step(conn, schema)
+        .await
+        .map_err(|e| StoreError::backend(format!("cannot read {schema}.clock_step"), e))?;
     Ok(Step::decode(stored.as_deref().map(str::as_bytes)))
+}
+
+/// The schema's step record as stored, if any.
+async fn stored_step(conn: &mut PgConnection, schema: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(&format!("SELECT record FROM {schema}.clock_step"))
+        .fetch_optional(conn)
+        .await
 }
 
 /// Keeps the step `change` gives as the schema's, under a lock on the table, and returns
@@ -77,17 +82,10 @@ pub(super) async fn keep_step(
 ) -> Result<Option<Step>, StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.clock_step"), e);
     let mut tx = conn.begin().await.map_err(failed)?;
-    tx.execute(sqlx::raw_sql(&format!(
-        "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
-         LOCK TABLE {schema}.clock_step IN SHARE ROW EXCLUSIVE MODE"
-    )))
-    .await
-    .map_err(failed)?;
-    let stored: Option<String> =
-        sqlx::query_scalar(&format!("SELECT record FROM {schema}.clock_step"))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(failed)?;
+    lock(&mut tx, &format!("{schema}.clock_step"))
+        .await
+        .map_err(failed)?;
+    let stored = stored_step(&mut tx, schema).await.map_err(failed)?;
     let current = Step::decode(stored.as_deref().map(str::as_bytes));
     let keep = if current == change.kept {
         match (current, change.step) {
@@ -168,7 +166,7 @@ async fn moved_on(
 ) -> Result<Option<Vouched>, StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
     let mut tx = conn.begin().await.map_err(failed)?;
-    match lock(&mut tx, schema).await {
+    match lock(&mut tx, &format!("{schema}.vouched")).await {
         Err(error) if super::refused_with(&error, &["55P03", "57014"]) => return Ok(None),
         locked => locked.map_err(failed)?,
     };
@@ -187,12 +185,12 @@ async fn moved_on(
     Ok(Some(vouched))
 }
 
-/// Locks the record's table in the transaction on `conn`, waiting at most [`LOCK_WAIT`]: two
-/// that move it on do not both start from the same record.
-async fn lock(conn: &mut PgConnection, schema: &str) -> Result<(), sqlx::Error> {
+/// Locks a one-row `table` in the transaction on `conn`, waiting at most [`LOCK_WAIT`]: two
+/// that move its record on do not both start from the same record.
+async fn lock(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
     conn.execute(sqlx::raw_sql(&format!(
         "SET LOCAL lock_timeout = '{LOCK_WAIT}'; \
-         LOCK TABLE {schema}.vouched IN SHARE ROW EXCLUSIVE MODE"
+         LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE"
     )))
     .await
     .map(|_| ())
@@ -239,7 +237,9 @@ pub(super) async fn copied_in(
 ) -> Result<(), StoreError> {
     let failed = |e| StoreError::backend(format!("cannot update {schema}.vouched"), e);
     let mut tx = conn.begin().await.map_err(failed)?;
-    lock(&mut tx, schema).await.map_err(failed)?;
+    lock(&mut tx, &format!("{schema}.vouched"))
+        .await
+        .map_err(failed)?;
     let (stored, holds_records) = read_locked(&mut tx, schema).await.map_err(failed)?;
     let now = crate::store::now_ms();
     let ours = copied.encode()?;
