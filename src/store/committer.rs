@@ -82,9 +82,11 @@ use std::{
 use tokio::sync::oneshot;
 
 use super::claims::{Claims, Owned};
+use super::clock_watch::{ClockWatch, SharedClock};
 use super::effects::{EffectTx, Effects, Tree, check_declared};
 use super::failing::{self, CallbackFailure, FailureRecord};
 use super::held::{self, HeldCallback};
+use super::horizon::{PurgeClock, Step, StepChange};
 use super::keys;
 use super::postponed_records::{self, PostponedOp};
 use super::record::{
@@ -233,6 +235,9 @@ pub(crate) struct Context {
     /// The held results the store keeps: changed as each batch that changed them is
     /// applied.
     pub(crate) held: Arc<failing::Count>,
+    /// The sweeper's clock, whose alarm each commit's reading is compared with: the first
+    /// commit by a stepped clock keeps the step in its own batch.
+    pub(crate) clock_watch: ClockWatch,
 }
 
 /// Where a commit's batch goes, once staged.
@@ -808,9 +813,9 @@ impl Writer {
         durable
     }
 
-    /// The step of the clock the store keeps (see [`super::horizon::PurgeClock`]); one that
-    /// does not decode is taken as none.
-    pub(crate) fn kept_step(&self) -> Option<super::horizon::Step> {
+    /// The step of the clock the store keeps (see [`PurgeClock`]); one that does not decode
+    /// is taken as none.
+    pub(crate) fn kept_step(&self) -> Option<Step> {
         let stored = self
             .context
             .tree
@@ -820,48 +825,73 @@ impl Writer {
             })
             .ok()
             .flatten();
-        super::horizon::Step::decode(stored.as_deref())
+        Step::decode(stored.as_deref())
     }
 
     /// Keeps `step` (`None`: drops the one kept), durably — flushed, synced, `fdatasync`ed,
-    /// as a commit — before the sweep that changed it purges: the commits after a step
-    /// carry the stepped clock's times, so a restart without it would purge by that clock.
-    pub(crate) fn keep_step(
-        self: &Arc<Self>,
-        step: Option<&super::horizon::Step>,
-    ) -> Result<(), StoreError> {
-        let record = step.map(super::horizon::Step::encode).transpose()?;
-        {
-            let _ahead = self.lock_ahead();
-            match &record {
-                Some(record) => self
-                    .context
-                    .tree
-                    .insert(keys::CLOCK_STEP, record.as_bytes()),
-                None => self.context.tree.remove(keys::CLOCK_STEP),
-            }?;
+    /// as a commit — whatever the clock says (a test's hand).
+    #[cfg(test)]
+    pub(crate) fn keep_step(self: &Arc<Self>, step: Option<&Step>) -> Result<(), StoreError> {
+        self.write_step(self.lock_ahead(), step)
+    }
+
+    /// Keeps what `clock` changed of the clock's step, durably, before the sweep that
+    /// changed it purges (the commits since the step caught it first, each commit comparing
+    /// its reading with the clock's alarm; the sweep catches what they did not: a commit
+    /// needs no write to see a step, nor to see the clock set back). Failing, it is said,
+    /// and the next sweep tries again.
+    fn keep_clocks_step(self: &Arc<Self>, clock: &SharedClock) {
+        let ahead = self.lock_ahead();
+        // Let go before the write lock is: letting go, this thread leads what queued
+        // meanwhile, whose commits may look at the clock.
+        let Some(change) = lock(clock).take_change() else {
+            return;
+        };
+        match self.write_step(ahead, change.step.as_ref()) {
+            Ok(()) => self
+                .context
+                .clock_watch
+                .with(clock, |clock| clock.written(change)),
+            Err(error) => {
+                tracing::error!(error = %crate::report::InLine(&error), "keeping the clock's step failed");
+            }
         }
+    }
+
+    /// Writes `step` into the tree under the write lock held by `ahead`, then lets go and
+    /// writes it out, `fdatasync`ed.
+    fn write_step(&self, ahead: Ahead<'_>, step: Option<&Step>) -> Result<(), StoreError> {
+        let record = step.map(Step::encode).transpose()?;
+        match &record {
+            Some(record) => self
+                .context
+                .tree
+                .insert(keys::CLOCK_STEP, record.as_bytes()),
+            None => self.context.tree.remove(keys::CLOCK_STEP),
+        }?;
+        drop(ahead);
         self.write_out("the clock's step", true)
     }
 
-    /// The latest expiry the store holds (`None`: it holds no record). One that cannot be
-    /// read is taken as the furthest: a step caught now holds until the clock is set right.
+    /// The latest expiry the store holds; see [`latest_expiry`].
     fn latest_expiry(&self) -> Option<u64> {
-        let latest = self
-            .context
-            .tree
-            .scan_prefix(keys::EXPIRY_PREFIX)
-            .next_back()?;
-        let read = latest.map_err(StoreError::from).and_then(|(key, _)| {
-            keys::expires_of(&key)
-                .ok_or_else(|| StoreError::backend_message("an expiry index key does not decode"))
-        });
-        match read {
-            Ok(latest) => Some(latest),
-            Err(error) => {
-                tracing::error!(error = %crate::report::InLine(&error), "the store's latest expiry cannot be read: a step of the clock caught now holds until the clock is set right");
-                Some(u64::MAX)
-            }
+        latest_expiry(&self.context.tree)
+    }
+}
+
+/// The latest expiry `tree` holds (`None`: it holds no record). One that cannot be read is
+/// taken as the furthest: a step caught now holds until the clock is set right.
+fn latest_expiry(tree: &sled::Tree) -> Option<u64> {
+    let latest = tree.scan_prefix(keys::EXPIRY_PREFIX).next_back()?;
+    let read = latest.map_err(StoreError::from).and_then(|(key, _)| {
+        keys::expires_of(&key)
+            .ok_or_else(|| StoreError::backend_message("an expiry index key does not decode"))
+    });
+    match read {
+        Ok(latest) => Some(latest),
+        Err(error) => {
+            tracing::error!(error = %crate::report::InLine(&error), "the store's latest expiry cannot be read: a step of the clock caught now holds until the clock is set right");
+            Some(u64::MAX)
         }
     }
 }
@@ -975,10 +1005,12 @@ fn blocking<R>(work: impl FnOnce() -> R) -> R {
 }
 
 /// The sweeper thread: purges every interval through the [`Writer`]; stops when dropped.
+/// Its clock is the one the commits watch ([`ClockWatch`]) while it runs.
 pub(crate) struct Sweeper {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
     writer: Arc<Writer>,
+    clock: SharedClock,
 }
 
 impl Sweeper {
@@ -997,13 +1029,15 @@ impl Sweeper {
         let thread_stop = Arc::clone(&stop);
         let sweeper_writer = Arc::clone(&writer);
         // Read before the thread starts: a commit landing first would hide the gap.
-        let mut clock =
-            super::horizon::PurgeClock::new(Duration::from_millis(writer.context.retention_ms));
+        let mut clock = PurgeClock::new(Duration::from_millis(writer.context.retention_ms));
         clock.read_at_start(
             wall_ms(),
             Some(super::ms_from_time(writer.context.watermark.last().at)),
             writer.kept_step(),
         );
+        let clock = Arc::new(Mutex::new(clock));
+        writer.context.clock_watch.watch(&clock);
+        let thread_clock = Arc::clone(&clock);
         let thread = std::thread::Builder::new()
             .name("payhook-sweeper".into())
             .spawn(move || {
@@ -1015,18 +1049,20 @@ impl Sweeper {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                     if !*stopped {
-                        sweep(&sweeper_writer, &mut clock, wall_ms());
+                        sweep(&sweeper_writer, &thread_clock, wall_ms());
                     }
                 }
-                // A step since the last sweep is kept as the store stops: the commits since
-                // carry the stepped clock's times, and the next start would purge by it.
+                // The clock read once more as the store stops: a step no commit saw (none
+                // was written since) is kept for the next start all the same.
                 drop(stopped);
-                read_the_clock(&sweeper_writer, &mut clock, wall_ms());
-            })?;
+                read_the_clock(&sweeper_writer, &thread_clock, wall_ms());
+            });
+        let thread = thread.inspect_err(|_| writer.context.clock_watch.unwatch(&clock))?;
         Ok(Self {
             stop,
             thread: Some(thread),
             writer,
+            clock,
         })
     }
 }
@@ -1034,7 +1070,7 @@ impl Sweeper {
 /// One sweep at the clock reading `clock_ms`: the clock's step kept first where the
 /// reading changed it (failing, the sweep purges all the same — by the elapsed time, which
 /// is safe — and the next tries again), then the purge.
-fn sweep(writer: &Arc<Writer>, clock: &mut super::horizon::PurgeClock, clock_ms: u64) {
+fn sweep(writer: &Arc<Writer>, clock: &SharedClock, clock_ms: u64) {
     let by = read_the_clock(writer, clock, clock_ms);
     if let Err(error) = writer.purge(by) {
         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
@@ -1043,20 +1079,13 @@ fn sweep(writer: &Arc<Writer>, clock: &mut super::horizon::PurgeClock, clock_ms:
 
 /// The time to purge by at the clock reading `clock_ms`, the clock's step kept where the
 /// reading changed it.
-fn read_the_clock(
-    writer: &Arc<Writer>,
-    clock: &mut super::horizon::PurgeClock,
-    clock_ms: u64,
-) -> u64 {
-    let by = clock.purge_by(clock_ms, writer.latest_expiry());
-    if let Some(change) = clock.take_change() {
-        match writer.keep_step(change.step.as_ref()) {
-            Ok(()) => clock.kept_as(change.step),
-            Err(error) => {
-                tracing::error!(error = %crate::report::InLine(&error), "keeping the clock's step failed");
-            }
-        }
-    }
+fn read_the_clock(writer: &Arc<Writer>, clock: &SharedClock, clock_ms: u64) -> u64 {
+    let latest = writer.latest_expiry();
+    let by = writer
+        .context
+        .clock_watch
+        .with(clock, |clock| clock.purge_by(clock_ms, latest));
+    writer.keep_clocks_step(clock);
     by
 }
 
@@ -1068,6 +1097,7 @@ impl Drop for Sweeper {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        self.writer.context.clock_watch.unwatch(&self.clock);
         // The thread a sweep handed the leading to ends once the queue is empty.
         self.writer.join_commit_thread();
     }
@@ -1256,9 +1286,11 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             }
         }
     }
+    let mut clock_step = None;
     let outcome = if overlay.is_empty() && indexed.is_empty() {
         Ok(())
     } else {
+        clock_step = stage_clock_step(context, now, &mut overlay);
         // The seal goes into the batch; the watermark follows once the batch is durable,
         // before any reply: an acknowledged commit is always at or below the watermark.
         let seal = context.watermark.next(now);
@@ -1299,13 +1331,49 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
             tracing::error!(error = %crate::report::InLine(error), "committing a batch failed; the store refuses further work until restarted");
             context.failed.store(true, Ordering::SeqCst);
         }
-        Ok(()) => context
-            .metrics
-            .observe(started.elapsed().as_secs_f64(), writes),
+        Ok(()) => {
+            context
+                .metrics
+                .observe(started.elapsed().as_secs_f64(), writes);
+            if let Some((clock, change)) = clock_step {
+                context
+                    .clock_watch
+                    .with(&clock, |clock| clock.written(change));
+            }
+        }
     }
     for reply in replies.drain(..) {
         reply.send(&outcome);
     }
+}
+
+/// Where the clock reads `now_ms` past the watched clock's alarm ([`ClockWatch`]): what the
+/// clock now keeps of its step — the step it catches, first of all — staged into the batch,
+/// durable with the first records written by the stepped clock, and the change, for the
+/// clock to take as written once the batch is durable. A batch of a clock within the slack
+/// looks no further.
+fn stage_clock_step(
+    context: &Context,
+    now_ms: u64,
+    overlay: &mut Overlay,
+) -> Option<(SharedClock, StepChange)> {
+    let clock = context.clock_watch.stepped(now_ms)?;
+    let latest = latest_expiry(&context.tree);
+    let change = context.clock_watch.with(&clock, |clock| {
+        clock.purge_by(now_ms, latest);
+        clock.take_change()
+    })?;
+    let record = change
+        .step
+        .as_ref()
+        .map(Step::encode)
+        .transpose()
+        .inspect_err(|error| {
+            tracing::error!(error = %crate::report::InLine(error), "the clock's step could not be kept with the batch; the next sweep tries again");
+        })
+        .ok()?;
+    overlay.insert(keys::CLOCK_STEP.to_vec(), record.map(String::into_bytes));
+    Some((clock, change))
 }
 
 /// Adds one acknowledged callback to the batch: its effects and its record. Returns where

@@ -520,6 +520,15 @@ impl PurgeClock {
         })
     }
 
+    /// `change`, from [`Self::take_change`], is written: the store keeps its step — unless
+    /// what the store keeps moved on since it was taken (another write of this clock's
+    /// step, by a commit or a sweep, came between), which is left as it is.
+    pub(crate) fn written(&mut self, change: StepChange) {
+        if self.kept == change.kept {
+            self.kept_as(change.step);
+        }
+    }
+
     /// The store keeps `stored` (read at a sweep, or written from [`Self::take_change`]).
     /// Another instance's step is taken up where this clock's readings are still stepped by
     /// it: its first reading came after the step was caught, by more than the slack, and
@@ -561,6 +570,22 @@ impl PurgeClock {
             }
             _ => self.foreign = true,
         }
+    }
+
+    /// The reading past which, plus the milliseconds elapsed since `epoch` (and the slewing
+    /// they allow), this clock would catch a step — a new one, or one further than the step
+    /// in force: `u64::MAX` before its first reading. A writer that stamps records with the
+    /// clock compares each reading with it ([`super::clock_watch::ClockWatch`]). `epoch`
+    /// is no later than the first reading.
+    pub(crate) fn alarm_at(&self, epoch: std::time::Instant) -> u64 {
+        let Some((first_ms, at)) = self.first else {
+            return u64::MAX;
+        };
+        first_ms
+            .saturating_add(self.held_ms)
+            .saturating_add(self.step.map_or(0, |step| step.lead_ms))
+            .saturating_add(millis(Self::SLACK))
+            .saturating_sub(millis(at.saturating_duration_since(epoch)))
     }
 
     /// [`Self::purge_by`], the first reading taken `elapsed` ago.
@@ -713,6 +738,29 @@ mod tests {
     }
 
     const T0: u64 = 1_000 * DAY;
+
+    /// A change written after another write of the clock's step moved what the store
+    /// keeps on (a commit caught the step and kept it while a sweep wrote its own) is left
+    /// as it is: the clock takes what the later write kept, not the earlier change.
+    #[test]
+    fn a_change_written_after_the_store_moved_on_is_left_as_it_is() {
+        let mut clock = started(T0, Some(T0), None);
+        clock.bounded(T0 + 10 * DAY, hours(1), Some(T0 + 30 * DAY));
+        let swept = clock.take_change().expect("a step to keep");
+        // A commit took the same change and wrote it first.
+        let committed = clock.take_change().expect("the same step");
+        assert_eq!(swept, committed);
+        clock.written(committed);
+        assert_eq!(clock.take_change(), None, "kept");
+        // The sweep's write lands after: nothing moves.
+        clock.written(swept);
+        assert_eq!(clock.take_change(), None);
+        // A further step caught meanwhile is still to be kept, whatever the earlier write.
+        clock.bounded(T0 + 20 * DAY, hours(2), Some(T0 + 30 * DAY));
+        let further = clock.take_change().expect("a further step");
+        clock.written(swept);
+        assert_eq!(clock.take_change(), Some(further));
+    }
 
     /// A clock right at `T0` and stepped 40 days forward two hours on, the store holding
     /// records expiring up to `latest`: the step its sweep caught.

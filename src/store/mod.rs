@@ -284,6 +284,7 @@
 
 mod blobs;
 mod claims;
+mod clock_watch;
 mod commit_metrics;
 mod committer;
 mod configured;

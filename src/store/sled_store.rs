@@ -298,6 +298,7 @@ impl SledStore {
             may_hold_failures: AtomicBool::new(may_hold_failures),
             failing: Arc::clone(&failing),
             held: Arc::clone(&held),
+            clock_watch: super::clock_watch::ClockWatch::default(),
         }));
         let sweeper = Sweeper::start(Arc::clone(&writer), config.sweep_interval)
             .map_err(|e| StoreError::backend("cannot start the sweeper", e))?;
@@ -2940,6 +2941,86 @@ mod tests {
         assert!(
             !acknowledged(&runtime, &store, "n-1"),
             "without the step kept, the stepped clock purges what it holds back"
+        );
+        assert!(acknowledged(&runtime, &store, "n-2"));
+    }
+
+    /// How far ahead [`stepped_with_the_commits`] reads the wall clock.
+    static COMMITS_STEP_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    /// How many times [`stepped_with_the_commits`] was read.
+    static STEPPED_WITH_THE_COMMITS_READINGS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// The wall clock, stepped as far as the commits' clock is ([`COMMITS_STEP_MS`]); read
+    /// by one test alone.
+    fn stepped_with_the_commits() -> u64 {
+        STEPPED_WITH_THE_COMMITS_READINGS.fetch_add(1, Ordering::SeqCst);
+        now_ms() + COMMITS_STEP_MS.load(Ordering::SeqCst)
+    }
+
+    /// How many times [`ahead_after_the_crash`] was read.
+    static AHEAD_AFTER_THE_CRASH_READINGS: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// [`still_ahead_at_restart`], read by one test alone.
+    fn ahead_after_the_crash() -> u64 {
+        AHEAD_AFTER_THE_CRASH_READINGS.fetch_add(1, Ordering::SeqCst);
+        now_ms() + 40 * DAY_MS
+    }
+
+    /// The crash window between two sweeps, closed. A clock stepped 40 days forward while
+    /// the store runs, its sweeper an hour from its next sweep: the first booking by the
+    /// stepped clock keeps the step in its own batch, before any sweep saw it. A crash
+    /// right after (nothing more read the clock) restarts with the step kept, and the
+    /// restarted sweeper keeps a booking made before the step, within its 30 days. Kept
+    /// by the sweeps alone, the step was not in the store until the next sweep.
+    #[test]
+    fn a_booking_by_a_stepped_clock_keeps_the_step_before_any_sweep() {
+        let (runtime, store, dir) = on_two_threads();
+        runtime.block_on(book(store.clone(), "n-1")).unwrap();
+        let sweeper = Sweeper::start_with(
+            Arc::clone(&store.inner.writer),
+            Duration::from_secs(3600),
+            stepped_with_the_commits,
+        )
+        .unwrap();
+        let ahead = Duration::from_millis(40 * DAY_MS);
+        COMMITS_STEP_MS.store(40 * DAY_MS, Ordering::SeqCst);
+        store.inner.writer.gate().step_clock(ahead);
+        assert_eq!(store.inner.writer.kept_step(), None);
+        runtime.block_on(book(store.clone(), "n-2")).unwrap();
+        assert_eq!(
+            STEPPED_WITH_THE_COMMITS_READINGS.load(Ordering::SeqCst),
+            1,
+            "the sweeper read the clock after its start"
+        );
+        let step = store
+            .inner
+            .writer
+            .kept_step()
+            .expect("the booking by the stepped clock kept the step");
+        let day = Duration::from_millis(DAY_MS);
+        assert!(
+            (ahead - day..=ahead + day).contains(&step.lead()),
+            "{step:?}"
+        );
+        drop(sweeper);
+        assert_eq!(
+            store.inner.writer.kept_step(),
+            Some(step),
+            "unchanged as it stopped"
+        );
+        drop(store);
+        let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
+        assert_eq!(store.inner.writer.kept_step(), Some(step));
+        swept_while(
+            &store,
+            (ahead_after_the_crash, &AHEAD_AFTER_THE_CRASH_READINGS),
+            || {},
+        );
+        assert!(
+            acknowledged(&runtime, &store, "n-1"),
+            "the restarted sweeper purged by the stepped clock"
         );
         assert!(acknowledged(&runtime, &store, "n-2"));
     }

@@ -148,8 +148,9 @@ pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
 pub const PURGE_BATCH: i64 = 500;
 
 /// The database's clock, the latest expiry the schema holds, and the step of the clock it
-/// keeps (see [`crate::store::horizon::PurgeClock`]; read once a sweep: `postponed` is
-/// indexed by expiry only where final, `sessions_ended` not at all, both small).
+/// keeps (see [`crate::store::horizon::PurgeClock`]; read once every [`CLOCK_CHECK`]:
+/// `postponed` is indexed by expiry only where final, `sessions_ended` not at all, both
+/// small).
 const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
      (SELECT max(expires_at) FROM {s}.callbacks), \
      (SELECT max(expires_at) FROM {s}.validations), \
@@ -158,6 +159,15 @@ const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
      (SELECT max(expires_at) FROM {s}.postponed), \
      (SELECT max(expires_at) FROM {s}.sessions_ended)), \
      (SELECT record FROM {s}.clock_step)";
+
+/// How often a sweeper reads the database's clock between sweeps. Records are written by
+/// the database's clock, in statements that do not look at the sweeper's: a step caught at
+/// the next sweep alone, an interval after it (an hour by default), left every instance
+/// that crashed meanwhile, having written by the stepped clock, to purge by it when it
+/// started again. Read this often, a step is kept at most this long after it, for one
+/// query a minute per instance (its latest expiries read off indexes, and two small
+/// tables).
+const CLOCK_CHECK: Duration = Duration::from_secs(60);
 
 /// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
 const OUTBOX_BATCH: i64 = super::DUE_BATCH as i64;
@@ -610,28 +620,44 @@ impl PgStore {
     }
 
     fn start_sweeper(&self, every: Duration) {
-        self.start_sweeper_reading(every, |now| now);
+        self.start_sweeper_reading((every, every.min(CLOCK_CHECK)), |now| now);
     }
 
-    /// [`Self::start_sweeper`], each reading of the database's clock passed through `read`
-    /// (a test's clock that steps; as read in production). Replaces a sweeper started
-    /// before, which it stops.
-    fn start_sweeper_reading(&self, every: Duration, read: fn(DateTime<Utc>) -> DateTime<Utc>) {
+    /// [`Self::start_sweeper`], purging `every` and reading the database's clock `check`
+    /// (at most as far apart), each reading passed through `read` (a test's clock that
+    /// steps; as read in production). Replaces a sweeper started before, which it stops.
+    fn start_sweeper_reading(
+        &self,
+        (every, check): (Duration, Duration),
+        read: fn(DateTime<Utc>) -> DateTime<Utc>,
+    ) {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("no tokio runtime: the PostgreSQL store's sweeper is not started");
             return;
         };
+        let check = check.min(every).max(Duration::from_millis(1));
         let task = runtime.spawn(async move {
-            let mut ticks = tokio::time::interval(every);
+            let mut ticks = tokio::time::interval(check);
             ticks.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let mut clock = crate::store::horizon::PurgeClock::new(inner.retention);
             let mut started = PgStore { inner }.start_clock(&mut clock, read).await;
+            let mut since_sweep = Duration::ZERO;
             loop {
                 ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 let store = PgStore { inner };
+                since_sweep = since_sweep.saturating_add(check);
+                if since_sweep < every {
+                    // Between sweeps, the clock alone: a step caught now is kept before
+                    // much is written by it (see `CLOCK_CHECK`).
+                    if started && let Err(error) = store.read_the_clock(&mut clock, read).await {
+                        tracing::debug!(error = %crate::report::InLine(&error), "the database's clock could not be read between sweeps; read again at the next check");
+                    }
+                    continue;
+                }
+                since_sweep = Duration::ZERO;
                 let given_up = store.inner.claims.give_up_outlived();
                 if given_up > 0 {
                     tracing::warn!(given_up, "callback claims held past their time were given up");
@@ -764,6 +790,20 @@ impl PgStore {
                 tracing::warn!(error = %crate::report::InLine(&error), "the record of the retention the records were written with could not be read; the last one read stands");
             }
         }
+        let by = self.read_the_clock(clock, read).await?;
+        self.purge(by).await
+    }
+
+    /// The time to purge by: the database's clock, as `read` reads it, held back by `clock`
+    /// (see [`crate::store::horizon::PurgeClock`]) — another instance's step kept since the
+    /// last reading counted in it, and what it changed of the step kept before it returns
+    /// (failing that, said: the next reading tries again, and purging by the elapsed time
+    /// is safe meanwhile).
+    async fn read_the_clock(
+        &self,
+        clock: &mut crate::store::horizon::PurgeClock,
+        read: fn(DateTime<Utc>) -> DateTime<Utc>,
+    ) -> Result<DateTime<Utc>, StoreError> {
         let (now, latest, kept): (DateTime<Utc>, Option<DateTime<Utc>>, Option<String>) =
             sqlx::query_as(&self.sql(LATEST_EXPIRY))
                 .fetch_one(self.pool())
@@ -787,11 +827,11 @@ impl PgStore {
             match kept {
                 Ok(kept) => clock.kept_as(kept),
                 Err(error) => {
-                    tracing::error!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next sweep");
+                    tracing::error!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next reading");
                 }
             }
         }
-        self.purge(now.min(by)).await
+        Ok(now.min(by))
     }
 
     /// Removes expired rows, [`PURGE_BATCH`] per statement; a postponed validation only once
@@ -1309,7 +1349,7 @@ mod tests {
         async fn sweep(&self, read: fn(DateTime<Utc>) -> DateTime<Utc>, readings: &AtomicUsize) {
             let before = readings.load(Ordering::SeqCst);
             self.store
-                .start_sweeper_reading(Duration::from_millis(5), read);
+                .start_sweeper_reading((Duration::from_millis(5), Duration::from_millis(5)), read);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             while readings.load(Ordering::SeqCst) < before + 4 {
                 assert!(
