@@ -67,6 +67,11 @@
 //! itself (each batch, and each sweep that purged something), so sled's own background
 //! flusher is off by default: after many removals it kept relocating log segments forever,
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
+//!
+//! Each batch also looks at the wall clock's alarm the sweeper's purge clock publishes
+//! (`clock_watch.rs`: one monotonic reading and one atomic load a batch). Where the clock stepped since the sweeper last read it, the batch writes the
+//! step it catches (`m\0clock-step`) with its own records: records stamped by a stepped
+//! clock are never durable before the step that tells a restart not to purge by it.
 
 use chrono::{DateTime, Utc};
 use std::{

@@ -255,8 +255,12 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// clock as it reads (held back by the time stopped, below), while this process goes on
 /// purging by the elapsed time, the lead taken as no step. A clock read behind the elapsed
 /// time lowers what it is taken to run ahead by, so that a step from there is caught. A
-/// step caught between two sweeps is kept at the next one, or as the store stops: a store
-/// that crashes in between, having written by the stepped clock, purges by it when it
+/// step is caught before much is written by the stepped clock: on sled, by the first
+/// commit after it, which writes the step in its own batch ([`PurgeClock::alarm_at`]: the time
+/// the monotonic clock reads when the wall clock would have stepped, one monotonic reading
+/// and one atomic load per batch); on PostgreSQL, whose writes read the database's clock,
+/// by the sweeper reading that clock every minute between sweeps — an instance that
+/// crashes within that minute, having written by the stepped clock, purges by it when it
 /// starts again.
 ///
 /// A clock already wrong when the sweeper starts is caught where the store knows when it

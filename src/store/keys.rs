@@ -16,7 +16,7 @@
 //! | `e\0` | an operating API session's login time and id (`issued.id`) | its end ms (JSON): it was ended by logging out; indexed in `x\0` at that end (tag `e`) |
 //! | `m\0seal` | — | the seal of the last commit: store id, commit number, time (see `watermark.rs`) |
 //! | `m\0vouched` | — | the retention the records were written with, and its last growth (see `horizon.rs`) |
-//! | `m\0clock-step` | — | a step of the clock a sweep caught: its lead, since when, and the latest expiry held then (see `horizon.rs`, `PurgeClock`) |
+//! | `m\0clock-step` | — | a step of the clock a sweep or a commit caught: its lead, since when, and the latest expiry held then (see `horizon.rs`, `PurgeClock`) |
 //! | `t` name `\0` | the merchant's key | the merchant's value (declared effect trees) |
 //!
 //! A nonce's **identifier** in a key is the nonce itself up to [`SPELLED_OUT_BYTES`]; a
@@ -49,7 +49,7 @@ pub(crate) const SEAL: &[u8] = b"m\0seal";
 /// The retention the records were written with, and its last growth
 /// (`horizon::Vouched`, JSON).
 pub(crate) const VOUCHED: &[u8] = b"m\0vouched";
-/// A step of the clock a sweep caught (`horizon::Step`, JSON).
+/// A step of the clock a sweep or a commit caught (`horizon::Step`, JSON).
 pub(crate) const CLOCK_STEP: &[u8] = b"m\0clock-step";
 pub(crate) const TAG_CALLBACK: u8 = b'c';
 pub(crate) const TAG_VALIDATION: u8 = b'v';

@@ -1239,6 +1239,54 @@ mod tests {
         now + TimeDelta::days(40)
     }
 
+    /// How many times [`stepped_between_sweeps`] was read.
+    static STEPPED_BETWEEN_SWEEPS_READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    /// [`stepped_forward`], read by one test alone.
+    fn stepped_between_sweeps(now: DateTime<Utc>) -> DateTime<Utc> {
+        let earlier = STEPPED_BETWEEN_SWEEPS_READINGS.fetch_add(1, Ordering::SeqCst);
+        now + if earlier == 0 {
+            TimeDelta::zero()
+        } else {
+            TimeDelta::days(40)
+        }
+    }
+
+    /// A step of the database's clock is kept long before the next sweep: the sweeper
+    /// reads the clock between sweeps. Caught at the sweep alone, an hour later by
+    /// default, an instance that crashed meanwhile, having written by the stepped clock,
+    /// purged by it when it started again (the hole the kept step closes, below). The
+    /// sweeper here sweeps once an hour: only its start and its readings between sweeps
+    /// run in the test.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_database_step_is_kept_between_sweeps() {
+        let test = "a_database_step_is_kept_between_sweeps";
+        let Some(swept) = Swept::open(test).await else {
+            return;
+        };
+        let booked = book(&swept.store, "n-1").await;
+        swept
+            .read_clock(
+                (Duration::from_secs(3600), Duration::from_millis(5)),
+                stepped_between_sweeps,
+                &STEPPED_BETWEEN_SWEEPS_READINGS,
+            )
+            .await;
+        let mut conn = swept.store.pool().acquire().await.unwrap();
+        let step = super::horizon::kept_step(&mut conn, &swept.schema)
+            .await
+            .unwrap()
+            .expect("the step is kept before the next sweep");
+        drop(conn);
+        let days_39 = Duration::from_secs(39 * 86_400);
+        assert!(
+            (days_39..=days_39 + Duration::from_secs(2 * 86_400)).contains(&step.lead()),
+            "{step:?}"
+        );
+        assert!(swept.acknowledged(&booked).await);
+        swept.drop_schema().await;
+    }
+
     /// The hole a kept step closes, on PostgreSQL: a database clock stepped 40 days forward
     /// while an instance runs is caught by its sweep and kept in `{schema}.clock_step`; a
     /// booking is then written by the stepped clock (its expiry moved so), and a sweeper
@@ -1347,14 +1395,26 @@ mod tests {
         /// A sweeper started (replacing the one before) reading the database's clock
         /// through `read` (counted in `readings`), once it swept a few times.
         async fn sweep(&self, read: fn(DateTime<Utc>) -> DateTime<Utc>, readings: &AtomicUsize) {
+            let often = Duration::from_millis(5);
+            self.read_clock((often, often), read, readings).await;
+        }
+
+        /// A sweeper started (replacing the one before) purging `every` and reading the
+        /// database's clock `check` through `read` (counted in `readings`), once it read
+        /// the clock a few times.
+        async fn read_clock(
+            &self,
+            (every, check): (Duration, Duration),
+            read: fn(DateTime<Utc>) -> DateTime<Utc>,
+            readings: &AtomicUsize,
+        ) {
             let before = readings.load(Ordering::SeqCst);
-            self.store
-                .start_sweeper_reading((Duration::from_millis(5), Duration::from_millis(5)), read);
+            self.store.start_sweeper_reading((every, check), read);
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             while readings.load(Ordering::SeqCst) < before + 4 {
                 assert!(
                     tokio::time::Instant::now() < deadline,
-                    "the sweeper never swept"
+                    "the sweeper never read the clock"
                 );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
