@@ -6,10 +6,15 @@
 //! left a store whose newest write reads as recent by that clock, and no step kept: the
 //! restart purged by it, records still within their retention with it. So each commit
 //! compares its reading with the clock's *alarm* — the reading past which the sweeper's
-//! clock would catch a step — for the price of one monotonic reading and one atomic load;
-//! the first commit past it has the clock catch the step and keeps the step in its own
-//! batch, durable with it ([`super::committer`]). Nothing is written by a stepped clock
-//! before the store keeps the step.
+//! clock would catch a step — for the price of one reading of the elapsed time and one
+//! atomic load; the first commit past it has the clock catch the step and keeps the step in
+//! its own batch, durable with it ([`super::committer`]). Where the sweeper caught the step
+//! first, or changed what is kept of it, the alarm is down (every commit rings) until the
+//! change is written, by whichever comes first: a commit does not wait for the sweeper's
+//! write. The sweeper reads the wall clock under the clock's lock, and a commit's reading
+//! only adds to the step (it is applied only where it steps): a reading taken before
+//! another's never undoes what the later one caught. Nothing is written by a clock that
+//! stepped past the slack before the store keeps the step.
 //!
 //! One clock is watched: the one of the sweeper started last (a store has one; a test may
 //! start another beside it). A sweeper that stops stops being watched.
@@ -18,10 +23,10 @@ use std::sync::{
     Arc, Mutex,
     atomic::{AtomicU64, Ordering},
 };
-use std::time::Instant;
 
 use super::horizon::PurgeClock;
 use super::staging::lock;
+use super::uptime::Uptime;
 
 /// A sweeper's clock, shared with the commits.
 pub(crate) type SharedClock = Arc<Mutex<PurgeClock>>;
@@ -30,7 +35,7 @@ pub(crate) type SharedClock = Arc<Mutex<PurgeClock>>;
 #[derive(Debug)]
 pub(crate) struct ClockWatch {
     /// What the alarm is counted from.
-    epoch: Instant,
+    epoch: Uptime,
     /// The watched clock's [`PurgeClock::alarm_at`] `epoch`; `u64::MAX` while none is.
     alarm_ms: AtomicU64,
     watched: Mutex<Option<SharedClock>>,
@@ -39,7 +44,7 @@ pub(crate) struct ClockWatch {
 impl Default for ClockWatch {
     fn default() -> Self {
         Self {
-            epoch: Instant::now(),
+            epoch: Uptime::now(),
             alarm_ms: AtomicU64::new(u64::MAX),
             watched: Mutex::default(),
         }
@@ -49,7 +54,7 @@ impl Default for ClockWatch {
 impl ClockWatch {
     /// Watches `clock` from now on, instead of any watched before.
     pub(crate) fn watch(&self, clock: &SharedClock) {
-        let alarm = lock(clock).alarm_at(self.epoch);
+        let alarm = self.alarm_of(&lock(clock));
         let mut watched = lock(&self.watched);
         *watched = Some(Arc::clone(clock));
         self.alarm_ms.store(alarm, Ordering::SeqCst);
@@ -73,7 +78,7 @@ impl ClockWatch {
     ) -> R {
         let mut held = lock(clock);
         let outcome = change(&mut held);
-        let alarm = held.alarm_at(self.epoch);
+        let alarm = self.alarm_of(&held);
         let watched = lock(&self.watched);
         if watched.as_ref().is_some_and(|w| Arc::ptr_eq(w, clock)) {
             self.alarm_ms.store(alarm, Ordering::SeqCst);
@@ -81,14 +86,30 @@ impl ClockWatch {
         outcome
     }
 
-    /// The watched clock, where a clock reading `now_ms` is past its alarm: it would catch
-    /// a step. Readings within the slack of the time elapsed pass for a load and a
-    /// monotonic reading.
+    /// The watched clock, where a clock reading `now_ms` is past its alarm: it may catch a
+    /// step, or it has a change of its step to write. Readings within the slack of the time
+    /// elapsed pass for a load and a reading of the elapsed time.
     pub(crate) fn stepped(&self, now_ms: u64) -> Option<SharedClock> {
-        let alarm = self.alarm_ms.load(Ordering::SeqCst);
-        let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let past = now_ms > alarm.saturating_add(elapsed).saturating_add(elapsed / 1000);
+        let past = self.past(self.alarm_ms.load(Ordering::SeqCst), now_ms);
         past.then(|| lock(&self.watched).clone()).flatten()
+    }
+
+    /// The alarm published for `clock`: where a change of its step is still to be written,
+    /// none — the next commit writes it, whatever it reads — else its own. So no batch
+    /// written by a clock that stepped is durable before the step is: a commit reading a
+    /// clock the sweeper just caught stepping does not wait for the sweeper's write.
+    fn alarm_of(&self, clock: &PurgeClock) -> u64 {
+        if clock.take_change().is_some() {
+            0
+        } else {
+            clock.alarm_at(self.epoch)
+        }
+    }
+
+    /// Whether a reading `now_ms` is past `alarm` (see [`PurgeClock::alarm_at`]).
+    fn past(&self, alarm: u64, now_ms: u64) -> bool {
+        let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        now_ms > alarm.saturating_add(elapsed)
     }
 }
 
@@ -109,7 +130,8 @@ mod tests {
     }
 
     /// The alarm lies the slack past the time elapsed: a clock within it passes, one a day
-    /// ahead does not; once the clock caught the step, only a further one rings it again.
+    /// ahead does not; once the clock caught the step, every reading rings until the step is
+    /// written, and then only a further one.
     #[test]
     fn the_alarm_rings_for_a_step_and_then_only_for_a_further_one() {
         let watch = ClockWatch::default();
@@ -125,15 +147,35 @@ mod tests {
         assert!(Arc::ptr_eq(&rung, &clock));
 
         watch.with(&clock, |clock| clock.purge_by(ahead, Some(ahead)));
+        let change = lock(&clock).take_change().expect("caught: a step to keep");
         assert!(
-            lock(&clock).take_change().is_some(),
-            "caught: a step to keep"
+            watch.stepped(now).is_some(),
+            "every commit rings while the step is not written"
         );
+        watch.with(&clock, |clock| clock.written(change));
         assert!(watch.stepped(ahead).is_none(), "the step in force");
         assert!(
             watch.stepped(ahead + 2 * HOUR_MS).is_some(),
             "a further step"
         );
+    }
+
+    /// A commit's reading taken before the sweeper's caught the step (the commit staged
+    /// meanwhile) is not applied: it would read as the clock set right, and drop the step.
+    #[test]
+    fn a_reading_from_before_the_step_does_not_undo_it() {
+        let watch = ClockWatch::default();
+        let now = 1_800_000_000_000;
+        let clock = started(&watch, now);
+        let ahead = now + 24 * HOUR_MS;
+        watch.with(&clock, |clock| clock.purge_by(ahead, Some(ahead)));
+        let change = lock(&clock).take_change().expect("caught");
+        watch.with(&clock, |clock| clock.written(change));
+        assert!(watch.stepped(now).is_none());
+        let held = lock(&clock);
+        assert!(!held.catches(now), "from before the step");
+        assert!(!held.catches(ahead), "the step in force");
+        assert!(held.catches(ahead + 2 * HOUR_MS), "a further one");
     }
 
     /// A clock that is not watched, or no longer, rings nothing.

@@ -69,7 +69,7 @@
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
 //!
 //! Each batch also looks at the wall clock's alarm the sweeper's purge clock publishes
-//! (`clock_watch.rs`: one monotonic reading and one atomic load a batch). Where the clock stepped since the sweeper last read it, the batch writes the
+//! (`clock_watch.rs`: one reading of the elapsed time and one atomic load a batch). Where the clock stepped since the sweeper last read it, the batch writes the
 //! step it catches (`m\0clock-step`) with its own records: records stamped by a stepped
 //! clock are never durable before the step that tells a restart not to purge by it.
 
@@ -849,7 +849,8 @@ impl Writer {
         let ahead = self.lock_ahead();
         // Let go before the write lock is: letting go, this thread leads what queued
         // meanwhile, whose commits may look at the clock.
-        let Some(change) = lock(clock).take_change() else {
+        let change = lock(clock).take_change();
+        let Some(change) = change else {
             return;
         };
         match self.write_step(ahead, change.step.as_ref()) {
@@ -1054,13 +1055,13 @@ impl Sweeper {
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0;
                     if !*stopped {
-                        sweep(&sweeper_writer, &thread_clock, wall_ms());
+                        sweep(&sweeper_writer, &thread_clock, wall_ms);
                     }
                 }
                 // The clock read once more as the store stops: a step no commit saw (none
                 // was written since) is kept for the next start all the same.
                 drop(stopped);
-                read_the_clock(&sweeper_writer, &thread_clock, wall_ms());
+                read_the_clock(&sweeper_writer, &thread_clock, wall_ms);
             });
         let thread = thread.inspect_err(|_| writer.context.clock_watch.unwatch(&clock))?;
         Ok(Self {
@@ -1072,24 +1073,26 @@ impl Sweeper {
     }
 }
 
-/// One sweep at the clock reading `clock_ms`: the clock's step kept first where the
-/// reading changed it (failing, the sweep purges all the same — by the elapsed time, which
-/// is safe — and the next tries again), then the purge.
-fn sweep(writer: &Arc<Writer>, clock: &SharedClock, clock_ms: u64) {
-    let by = read_the_clock(writer, clock, clock_ms);
+/// One sweep by the clock `wall_ms` reads: the clock's step kept first where the reading
+/// changed it (failing, the sweep purges all the same — by the elapsed time, which is safe
+/// — and the next tries again), then the purge.
+fn sweep(writer: &Arc<Writer>, clock: &SharedClock, wall_ms: fn() -> u64) {
+    let by = read_the_clock(writer, clock, wall_ms);
     if let Err(error) = writer.purge(by) {
         tracing::error!(error = %crate::report::InLine(&error), "purging expired records failed");
     }
 }
 
-/// The time to purge by at the clock reading `clock_ms`, the clock's step kept where the
-/// reading changed it.
-fn read_the_clock(writer: &Arc<Writer>, clock: &SharedClock, clock_ms: u64) -> u64 {
+/// The time to purge by, the clock read through `wall_ms`, the clock's step kept where the
+/// reading changed it. Read under the clock's lock: a commit that caught a step meanwhile
+/// (its reading taken after this one's, had it been read before) would otherwise see the
+/// step dropped by this older reading, and the store left without it.
+fn read_the_clock(writer: &Arc<Writer>, clock: &SharedClock, wall_ms: fn() -> u64) -> u64 {
     let latest = writer.latest_expiry();
     let by = writer
         .context
         .clock_watch
-        .with(clock, |clock| clock.purge_by(clock_ms, latest));
+        .with(clock, |clock| clock.purge_by(wall_ms(), latest));
     writer.keep_clocks_step(clock);
     by
 }
@@ -1352,21 +1355,25 @@ fn commit(context: &Context, jobs: Vec<Job>, replies: &mut Vec<Reply>) {
     }
 }
 
-/// Where the clock reads `now_ms` past the watched clock's alarm ([`ClockWatch`]): what the
-/// clock now keeps of its step — the step it catches, first of all — staged into the batch,
-/// durable with the first records written by the stepped clock, and the change, for the
-/// clock to take as written once the batch is durable. A batch of a clock within the slack
-/// looks no further.
+/// Where the clock reads `now_ms` past the watched clock's alarm ([`ClockWatch`]), or the
+/// watched clock has a change of its step not yet written: what the clock now keeps of its
+/// step — the step this reading catches, first of all — staged into the batch, durable with
+/// the first records written by the stepped clock, and the change, for the clock to take as
+/// written once the batch is durable. A batch of a clock within the slack looks no further.
 fn stage_clock_step(
     context: &Context,
     now_ms: u64,
     overlay: &mut Overlay,
 ) -> Option<(SharedClock, StepChange)> {
     let clock = context.clock_watch.stepped(now_ms)?;
-    let latest = latest_expiry(&context.tree);
-    let change = context.clock_watch.with(&clock, |clock| {
-        clock.purge_by(now_ms, latest);
-        clock.take_change()
+    let change = context.clock_watch.with(&clock, |held| {
+        // Only a reading that steps adds to the clock: an earlier one (taken before the
+        // sweeper's latest) could drop the step it caught. A change still to be written
+        // is staged whatever the reading.
+        if held.catches(now_ms) {
+            held.purge_by(now_ms, latest_expiry(&context.tree));
+        }
+        held.take_change()
     })?;
     let record = change
         .step

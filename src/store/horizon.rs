@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use super::StoreError;
+use super::uptime::Uptime;
 
 /// Who opens a store: a service, which moves its record of its retention on, or an
 /// operator's command on a stopped store, which reads it.
@@ -225,7 +226,7 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 }
 
 /// The time a sweep purges by: the wall clock (or the database's), held back to the time
-/// elapsed since the sweeper started (its first reading) on the monotonic clock, plus
+/// elapsed since the sweeper started (its first reading; [`Uptime`], sleep included), plus
 /// [`PurgeClock::SLACK`] and a thousandth of the elapsed time (what NTP's slewing moves a
 /// clock by, and more).
 ///
@@ -235,10 +236,10 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// would vouch for the retention's whole length over records it no longer holds, and a
 /// retried callback, or a reconcile, would be booked a second time. Held back, such a sweep
 /// purges what expired by the elapsed time, and says that the clock ran ahead. A clock
-/// that moves back purges less: records are kept longer, never shorter; so does a machine
-/// that was suspended (the monotonic clock stops meanwhile: its sleep reads as a step, kept
-/// like one, and its records are kept that much longer, across restarts too, until what
-/// the store held then has expired).
+/// that moves back purges less: records are kept longer, never shorter. A machine's sleep
+/// counts as elapsed time on Linux (`CLOCK_BOOTTIME`); elsewhere it reads as a step, kept
+/// like one, and its records are kept that much longer, across restarts too, until what the
+/// store held then has expired.
 ///
 /// A step caught so is kept in the store ([`Step`]: how far the clock leads, when it was
 /// caught, and the latest expiry the store held then), written before the sweep that caught
@@ -256,9 +257,9 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// purging by the elapsed time, the lead taken as no step. A clock read behind the elapsed
 /// time lowers what it is taken to run ahead by, so that a step from there is caught. A
 /// step is caught before much is written by the stepped clock: on sled, by the first
-/// commit after it, which writes the step in its own batch ([`PurgeClock::alarm_at`]: the time
-/// the monotonic clock reads when the wall clock would have stepped, one monotonic reading
-/// and one atomic load per batch); on PostgreSQL, whose writes read the database's clock,
+/// commit after it, which writes the step in its own batch ([`PurgeClock::alarm_at`]: the
+/// reading past which, the elapsed time added, the clock stepped; one reading of the
+/// elapsed time and one atomic load per batch); on PostgreSQL, whose writes read the database's clock,
 /// by the sweeper reading that clock every minute between sweeps — an instance that
 /// crashes within that minute, having written by the stepped clock, purges by it when it
 /// starts again.
@@ -283,7 +284,7 @@ pub(crate) struct PurgeClock {
     retention: Duration,
     /// The first reading (less the lead of a step kept, or held back to the newest write)
     /// and when it was taken; moved back where the clock is read behind it.
-    first: Option<(u64, std::time::Instant)>,
+    first: Option<(u64, Uptime)>,
     /// The lead of the step the first reading was taken less of (at start, or taken up
     /// from another instance since).
     applied_ms: u64,
@@ -438,7 +439,7 @@ impl PurgeClock {
             tracing::warn!(
                 lead = %crate::setting::format_duration(step.lead()),
                 "the clock still reads ahead of the time elapsed, as a sweep caught before \
-                 this start (a clock stepped forward, or a machine that was suspended): \
+                 this start (a clock stepped forward; on macOS or a BSD, also a machine that was suspended): \
                  records are purged by the clock less that lead until it is set right; \
                  check the machine's time"
             );
@@ -476,7 +477,7 @@ impl PurgeClock {
             }
             _ => clock_ms,
         };
-        self.first = Some((first, std::time::Instant::now()));
+        self.first = Some((first, Uptime::now()));
     }
 
     /// Says that the store's last commit lies `gap` behind the clock at start.
@@ -508,9 +509,7 @@ impl PurgeClock {
     /// what the store is to keep of the clock's step, [`Self::take_change`] gives it: the
     /// store keeps it before it purges.
     pub(crate) fn purge_by(&mut self, clock_ms: u64, latest_expiry_ms: Option<u64>) -> u64 {
-        let (_, first_at) = *self
-            .first
-            .get_or_insert((clock_ms, std::time::Instant::now()));
+        let (_, first_at) = *self.first.get_or_insert((clock_ms, Uptime::now()));
         self.bounded(clock_ms, first_at.elapsed(), latest_expiry_ms)
     }
 
@@ -581,7 +580,7 @@ impl PurgeClock {
     /// in force: `u64::MAX` before its first reading. A writer that stamps records with the
     /// clock compares each reading with it ([`super::clock_watch::ClockWatch`]). `epoch`
     /// is no later than the first reading.
-    pub(crate) fn alarm_at(&self, epoch: std::time::Instant) -> u64 {
+    pub(crate) fn alarm_at(&self, epoch: Uptime) -> u64 {
         let Some((first_ms, at)) = self.first else {
             return u64::MAX;
         };
@@ -589,7 +588,25 @@ impl PurgeClock {
             .saturating_add(self.held_ms)
             .saturating_add(self.step.map_or(0, |step| step.lead_ms))
             .saturating_add(millis(Self::SLACK))
-            .saturating_sub(millis(at.saturating_duration_since(epoch)))
+            .saturating_sub(millis(at.since(epoch)))
+    }
+
+    /// Whether a reading `clock_ms` now is past the alarm ([`Self::alarm_at`]): it may catch
+    /// a step — one further than the step in force, or, where none is, more than the slack
+    /// ahead of the time elapsed (what the slewing of a long run explains is left to
+    /// [`Self::purge_by`] to tell). A reading earlier than that changes nothing a sweep
+    /// must not wait for: it can only hold back less.
+    pub(crate) fn catches(&self, clock_ms: u64) -> bool {
+        let Some((_, at)) = self.first else {
+            return false;
+        };
+        clock_ms > self.alarm_at(at).saturating_add(millis(at.elapsed()))
+    }
+
+    /// The step the store keeps, as this clock last read or wrote it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn kept(&self) -> Option<Step> {
+        self.kept
     }
 
     /// [`Self::purge_by`], the first reading taken `elapsed` ago.
@@ -660,7 +677,7 @@ impl PurgeClock {
                 tracing::warn!(
                     ahead = %crate::setting::format_duration(Duration::from_millis(lead)),
                     "the clock runs ahead of the time elapsed since the store's sweeper started \
-                     (a clock stepped forward, or a machine that was suspended): records are \
+                     (a clock stepped forward; on macOS or a BSD, also a machine that was suspended): records are \
                      purged by the elapsed time, not by the clock, so that a wrong clock cannot \
                      purge records still within the retention — across restarts too, until the \
                      clock is set right; check the machine's time"

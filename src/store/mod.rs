@@ -300,6 +300,7 @@ mod record;
 mod settings;
 mod sled_store;
 mod staging;
+mod uptime;
 mod validated;
 mod watermark;
 

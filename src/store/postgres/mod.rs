@@ -148,9 +148,9 @@ pub const OUTBOX_LEASE: Duration = Duration::from_secs(60);
 pub const PURGE_BATCH: i64 = 500;
 
 /// The database's clock, the latest expiry the schema holds, and the step of the clock it
-/// keeps (see [`crate::store::horizon::PurgeClock`]; read once every [`CLOCK_CHECK`]:
-/// `postponed` is indexed by expiry only where final, `sessions_ended` not at all, both
-/// small).
+/// keeps (see [`crate::store::horizon::PurgeClock`]; read once a sweep, and where a check
+/// between sweeps finds the clock stepped: `postponed` is indexed by expiry only where
+/// final, `sessions_ended` not at all).
 const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
      (SELECT max(expires_at) FROM {s}.callbacks), \
      (SELECT max(expires_at) FROM {s}.validations), \
@@ -165,9 +165,13 @@ const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
 /// the next sweep alone, an interval after it (an hour by default), left every instance
 /// that crashed meanwhile, having written by the stepped clock, to purge by it when it
 /// started again. Read this often, a step is kept at most this long after it, for one
-/// query a minute per instance (its latest expiries read off indexes, and two small
-/// tables).
+/// query a minute per instance ([`CLOCK_NOW`]).
 const CLOCK_CHECK: Duration = Duration::from_secs(60);
+
+/// The database's clock and the step of the clock the schema keeps: what a check between
+/// sweeps reads, [`LATEST_EXPIRY`] only where it finds the clock stepped, or the step kept
+/// changed by another instance.
+const CLOCK_NOW: &str = "SELECT now(), (SELECT record FROM {s}.clock_step)";
 
 /// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
 const OUTBOX_BATCH: i64 = super::DUE_BATCH as i64;
@@ -639,32 +643,36 @@ impl PgStore {
         let check = check.min(every).max(Duration::from_millis(1));
         let task = runtime.spawn(async move {
             let mut ticks = tokio::time::interval(check);
-            ticks.tick().await;
+            // A check that took longer than the interval is not made up for in a burst.
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut swept = ticks.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let mut clock = crate::store::horizon::PurgeClock::new(inner.retention);
             let mut started = PgStore { inner }.start_clock(&mut clock, read).await;
-            let mut since_sweep = Duration::ZERO;
             loop {
-                ticks.tick().await;
+                let tick = ticks.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
                 let store = PgStore { inner };
-                since_sweep = since_sweep.saturating_add(check);
-                if since_sweep < every {
-                    // Between sweeps, the clock alone: a step caught now is kept before
-                    // much is written by it (see `CLOCK_CHECK`).
-                    if started && let Err(error) = store.read_the_clock(&mut clock, read).await {
-                        tracing::debug!(error = %crate::report::InLine(&error), "the database's clock could not be read between sweeps; read again at the next check");
+                let sweep = tick.duration_since(swept) >= every;
+                if sweep {
+                    swept = tick;
+                    let given_up = store.inner.claims.give_up_outlived();
+                    if given_up > 0 {
+                        tracing::warn!(given_up, "callback claims held past their time were given up");
                     }
-                    continue;
-                }
-                since_sweep = Duration::ZERO;
-                let given_up = store.inner.claims.give_up_outlived();
-                if given_up > 0 {
-                    tracing::warn!(given_up, "callback claims held past their time were given up");
                 }
                 if !started {
-                    // Unread as the sweeper started: read now, purged from the next sweep on.
+                    // Unread as the sweeper started: read again at each check, purged from
+                    // the next sweep on.
                     started = store.start_clock(&mut clock, read).await;
+                    continue;
+                }
+                if !sweep {
+                    // Between sweeps, the clock alone: a step caught now is kept before
+                    // much is written by it (see `CLOCK_CHECK`).
+                    if let Err(error) = store.check_the_clock(&mut clock, read).await {
+                        tracing::debug!(error = %crate::report::InLine(&error), "the database's clock could not be read between sweeps; read again at the next check");
+                    }
                     continue;
                 }
                 // By the database's clock, which set the expiry times: an instance whose
@@ -792,6 +800,26 @@ impl PgStore {
         }
         let by = self.read_the_clock(clock, read).await?;
         self.purge(by).await
+    }
+
+    /// Between sweeps: the database's clock read, and the step kept; read as a sweep reads
+    /// them (what changed kept) only where the clock may catch a step, or another
+    /// instance's step is kept meanwhile. What else a reading changes (a step the clock no
+    /// longer leads by, or that aged out) holds back less, and waits for the next sweep.
+    async fn check_the_clock(
+        &self,
+        clock: &mut crate::store::horizon::PurgeClock,
+        read: fn(DateTime<Utc>) -> DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let (now, kept): (DateTime<Utc>, Option<String>) = sqlx::query_as(&self.sql(CLOCK_NOW))
+            .fetch_one(self.pool())
+            .await?;
+        let now = crate::store::ms_from_time(read(now));
+        let kept = crate::store::horizon::Step::decode(kept.as_deref().map(str::as_bytes));
+        if clock.catches(now) || kept != clock.kept() {
+            self.read_the_clock(clock, read).await?;
+        }
+        Ok(())
     }
 
     /// The time to purge by: the database's clock, as `read` reads it, held back by `clock`
