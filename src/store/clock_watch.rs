@@ -14,7 +14,8 @@
 //! write. The sweeper reads the wall clock under the clock's lock, and a commit's reading
 //! only adds to the step (it is applied only where it steps): a reading taken before
 //! another's never undoes what the later one caught. Nothing is written by a clock that
-//! stepped past the slack before the store keeps the step.
+//! stepped further than the sweeper's bound allows (the slack, and a thousandth of the time
+//! elapsed) before the store keeps the step.
 //!
 //! One clock is watched: the one of the sweeper started last (a store has one; a test may
 //! start another beside it). A sweeper that stops stops being watched.

@@ -278,7 +278,7 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// retention: an instance whose retention is shorter than another's holds back less (not
 /// at all where the difference exceeds the gap), one whose retention is longer holds back
 /// more.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct PurgeClock {
     /// The retention records are written with (for the warnings).
     retention: Duration,
@@ -527,12 +527,16 @@ impl PurgeClock {
     /// what the store keeps moved on since it was taken (another write of this clock's
     /// step, by a commit or a sweep, came between), which is left as it is.
     pub(crate) fn written(&mut self, change: StepChange) {
+        // This clock's own step: not taken up as another instance's would be (`kept_as`),
+        // which, the step dropped meanwhile, would leave it kept as theirs.
         if self.kept == change.kept {
-            self.kept_as(change.step);
+            self.kept = change.step;
+            self.foreign = false;
         }
     }
 
-    /// The store keeps `stored` (read at a sweep, or written from [`Self::take_change`]).
+    /// The store keeps `stored`: on PostgreSQL, read off the schema, or as this instance's
+    /// write of [`Self::take_change`] left it, merged with the other instances'.
     /// Another instance's step is taken up where this clock's readings are still stepped by
     /// it: its first reading came after the step was caught, by more than the slack, and
     /// was taken less a smaller lead (this instance started between the step and the sweep
@@ -542,6 +546,7 @@ impl PurgeClock {
     /// ([`Step::further`]), and where none is, this clock's readings were right when it was
     /// caught: it is left to its instance (this one drops it only once what the store held
     /// then has expired by its own elapsed time).
+    #[cfg(any(feature = "postgres", test))]
     pub(crate) fn kept_as(&mut self, stored: Option<Step>) {
         if stored == self.kept {
             return;
@@ -575,9 +580,10 @@ impl PurgeClock {
         }
     }
 
-    /// The reading past which, plus the milliseconds elapsed since `epoch` (and the slewing
-    /// they allow), this clock would catch a step — a new one, or one further than the step
-    /// in force: `u64::MAX` before its first reading. A writer that stamps records with the
+    /// The reading past which, plus the milliseconds elapsed since `epoch`, this clock may
+    /// catch a step — a new one (where the slewing a long run allows, a thousandth of the
+    /// time elapsed, is left to [`Self::catches`] to tell), or one further than the step in
+    /// force: `u64::MAX` before its first reading. A writer that stamps records with the
     /// clock compares each reading with it ([`super::clock_watch::ClockWatch`]). `epoch`
     /// is no later than the first reading.
     pub(crate) fn alarm_at(&self, epoch: Uptime) -> u64 {
@@ -591,16 +597,25 @@ impl PurgeClock {
             .saturating_sub(millis(at.since(epoch)))
     }
 
-    /// Whether a reading `clock_ms` now is past the alarm ([`Self::alarm_at`]): it may catch
-    /// a step — one further than the step in force, or, where none is, more than the slack
-    /// ahead of the time elapsed (what the slewing of a long run explains is left to
-    /// [`Self::purge_by`] to tell). A reading earlier than that changes nothing a sweep
-    /// must not wait for: it can only hold back less.
+    /// Whether a reading `clock_ms` now catches a step, as [`Self::purge_by`] would: one
+    /// further than the step in force, or, where none is, ahead of the time elapsed by
+    /// more than the slack and the slewing it allows. A reading earlier than that changes
+    /// nothing a sweep must not wait for: it can only hold back less.
     pub(crate) fn catches(&self, clock_ms: u64) -> bool {
         let Some((_, at)) = self.first else {
             return false;
         };
-        clock_ms > self.alarm_at(at).saturating_add(millis(at.elapsed()))
+        let elapsed = at.elapsed();
+        let slewing = if self.step.is_some() {
+            0
+        } else {
+            millis(elapsed / 1000)
+        };
+        clock_ms
+            > self
+                .alarm_at(at)
+                .saturating_add(millis(elapsed))
+                .saturating_add(slewing)
     }
 
     /// The step the store keeps, as this clock last read or wrote it.
@@ -781,6 +796,62 @@ mod tests {
         let further = clock.take_change().expect("a further step");
         clock.written(swept);
         assert_eq!(clock.take_change(), Some(further));
+    }
+
+    /// The clock's own step, written while a later reading dropped it (the clock set right
+    /// between a commit's staging and its batch's write), is kept as its own: dropped from
+    /// the store at the next write, not held as another instance's until what the store
+    /// held then has expired.
+    #[test]
+    fn a_step_written_after_the_clock_was_set_right_is_dropped_at_the_next_write() {
+        let mut clock = started(T0, Some(T0), None);
+        clock.bounded(T0 + 10 * DAY, hours(1), Some(T0 + 30 * DAY));
+        let committed = clock.take_change().expect("a step to keep");
+        clock.bounded(T0 + 2 * HOUR, hours(2), Some(T0 + 30 * DAY));
+        assert_eq!(clock.step, None, "set right");
+        clock.written(committed);
+        let change = clock.take_change().expect("the step kept is to be dropped");
+        assert_eq!(change.step, None);
+    }
+
+    /// A reading catches a step for [`PurgeClock::catches`] exactly where the clock would
+    /// catch one from it: with no step in force, past the slack and the slewing; with one,
+    /// past it by more than the slack. (The elapsed time is the test's own, well under a
+    /// second, against readings a minute either side.)
+    #[test]
+    fn catches_agrees_with_what_a_reading_would_catch() {
+        let minute = 60_000;
+        // A new step, or a further one: the lead in force grows.
+        let caught_by = |clock: &PurgeClock, reading: u64| {
+            let mut read = clock.clone();
+            read.purge_by(reading, Some(T0 + 30 * DAY));
+            read.step.map(|step| step.lead_ms) > clock.step.map(|step| step.lead_ms)
+        };
+        let clock = started(T0, Some(T0), None);
+        for reading in [T0, T0 + HOUR - minute, T0 + HOUR + minute, T0 + 40 * DAY] {
+            assert_eq!(
+                clock.catches(reading),
+                caught_by(&clock, reading),
+                "no step, {} ms on",
+                reading - T0
+            );
+        }
+        let mut stepped = clock.clone();
+        stepped.purge_by(T0 + 10 * DAY, Some(T0 + 30 * DAY));
+        assert!(stepped.step.is_some());
+        for reading in [
+            T0,
+            T0 + 10 * DAY,
+            T0 + 10 * DAY + HOUR - minute,
+            T0 + 10 * DAY + HOUR + minute,
+        ] {
+            assert_eq!(
+                stepped.catches(reading),
+                caught_by(&stepped, reading),
+                "a step in force, {} ms on",
+                reading - T0
+            );
+        }
     }
 
     /// A clock right at `T0` and stepped 40 days forward two hours on, the store holding

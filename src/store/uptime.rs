@@ -10,6 +10,14 @@
 //! records that expired during the sleep are purged at the next sweep, as they would have
 //! been awake. A wall clock stepped forward still reads ahead of it.
 //!
+//! The length of a sleep is the kernel's: read off the machine's hardware clock (or the
+//! hypervisor's) at the wake, and added to both clocks alike. A hardware clock wrong
+//! across a suspend (a VM's emulated one, following a host whose clock stepped meanwhile)
+//! moves the wall clock and the elapsed time together, and is not caught as a step: a
+//! sweep before NTP sets the wall clock right purges by it. Servers are seldom suspended
+//! (a hypervisor pausing or migrating a VM is no suspend: neither clock counts the pause);
+//! `CLOCK_MONOTONIC` would take every sleep for a step, and keep records longer by it.
+//!
 //! Elsewhere than Linux the elapsed time is `Instant`'s: on macOS and the BSDs a sleep
 //! still reads as a step (records kept longer, never shorter).
 

@@ -627,9 +627,10 @@ impl PgStore {
         self.start_sweeper_reading((every, every.min(CLOCK_CHECK)), |now| now);
     }
 
-    /// [`Self::start_sweeper`], purging `every` and reading the database's clock `check`
-    /// (at most as far apart), each reading passed through `read` (a test's clock that
-    /// steps; as read in production). Replaces a sweeper started before, which it stops.
+    /// [`Self::start_sweeper`], reading the database's clock every `check` (at most `every`)
+    /// and purging at the first check `every` after the last purge, each reading passed
+    /// through `read` (a test's clock that steps; as read in production). Replaces a
+    /// sweeper started before, which it stops.
     fn start_sweeper_reading(
         &self,
         (every, check): (Duration, Duration),
@@ -721,7 +722,7 @@ impl PgStore {
                     error = %crate::report::InLine(&error),
                     "the database's clock, the store's newest write or the clock's step it keeps \
                      could not be read for the store's sweeper: nothing is purged until they are \
-                     (tried again at the next sweep)"
+                     (tried again at the next check, every minute at most)"
                 );
                 false
             }
@@ -803,8 +804,9 @@ impl PgStore {
     }
 
     /// Between sweeps: the database's clock read, and the step kept; read as a sweep reads
-    /// them (what changed kept) only where the clock may catch a step, or another
-    /// instance's step is kept meanwhile. What else a reading changes (a step the clock no
+    /// them (what changed kept) only where the clock catches a step, another instance's
+    /// step is kept meanwhile, or a change of this clock's is still to be written (its
+    /// write failed). What else a reading changes (a step the clock no
     /// longer leads by, or that aged out) holds back less, and waits for the next sweep.
     async fn check_the_clock(
         &self,
@@ -816,7 +818,7 @@ impl PgStore {
             .await?;
         let now = crate::store::ms_from_time(read(now));
         let kept = crate::store::horizon::Step::decode(kept.as_deref().map(str::as_bytes));
-        if clock.catches(now) || kept != clock.kept() {
+        if clock.catches(now) || kept != clock.kept() || clock.take_change().is_some() {
             self.read_the_clock(clock, read).await?;
         }
         Ok(())
@@ -855,7 +857,7 @@ impl PgStore {
             match kept {
                 Ok(kept) => clock.kept_as(kept),
                 Err(error) => {
-                    tracing::error!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next reading");
+                    tracing::error!(error = %crate::report::InLine(&error), "keeping the step of the database's clock failed; trying again at the next check");
                 }
             }
         }
