@@ -2836,9 +2836,20 @@ mod tests {
     /// The wall clock, stepped 40 days forward after its first reading (a clock an
     /// operator or a VM's first NTP sync moved while the service ran).
     fn stepped_forward() -> u64 {
-        let earlier = STEPPED_READINGS.fetch_add(1, Ordering::SeqCst);
-        let days_40 = 40 * 24 * 3_600_000;
-        now_ms() + if earlier == 0 { 0 } else { days_40 }
+        stepped_after_the_first(&STEPPED_READINGS)
+    }
+
+    /// The wall clock, right at its first reading (counted in `readings`), 40 days ahead
+    /// from the second on.
+    fn stepped_after_the_first(readings: &std::sync::atomic::AtomicUsize) -> u64 {
+        let earlier = readings.fetch_add(1, Ordering::SeqCst);
+        now_ms() + if earlier == 0 { 0 } else { 40 * DAY_MS }
+    }
+
+    /// The wall clock, 40 days ahead, counted in `readings`.
+    fn forty_days_ahead(readings: &std::sync::atomic::AtomicUsize) -> u64 {
+        readings.fetch_add(1, Ordering::SeqCst);
+        now_ms() + 40 * DAY_MS
     }
 
     /// A booking of a store kept 30 days, swept by a clock stepped 40 days forward: kept.
@@ -2858,8 +2869,7 @@ mod tests {
     /// The wall clock, 40 days ahead from its first reading on (a VM that booted with a
     /// wrong clock, before NTP set it right).
     fn ahead_from_the_start() -> u64 {
-        AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
-        now_ms() + 40 * 24 * 3_600_000
+        forty_days_ahead(&AHEAD_READINGS)
     }
 
     /// A booking of a store kept 30 days, swept by a clock already 40 days ahead when the
@@ -2879,8 +2889,7 @@ mod tests {
 
     /// [`stepped_forward`], read by one test alone.
     fn stepped_while_running() -> u64 {
-        let earlier = STEPPED_WHILE_RUNNING_READINGS.fetch_add(1, Ordering::SeqCst);
-        now_ms() + if earlier == 0 { 0 } else { 40 * DAY_MS }
+        stepped_after_the_first(&STEPPED_WHILE_RUNNING_READINGS)
     }
 
     /// How many times [`still_ahead_at_restart`] was read.
@@ -2889,8 +2898,7 @@ mod tests {
 
     /// The wall clock 40 days ahead, as a restart finds it before NTP set it right.
     fn still_ahead_at_restart() -> u64 {
-        STILL_AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
-        now_ms() + 40 * DAY_MS
+        forty_days_ahead(&STILL_AHEAD_READINGS)
     }
 
     const DAY_MS: u64 = 24 * 3_600_000;
@@ -2922,16 +2930,11 @@ mod tests {
             (days_39..=days_39 + Duration::from_millis(2 * DAY_MS)).contains(&step.lead()),
             "{step:?}"
         );
-        swept_while(
+        assert_restart_kept_both(
+            &runtime,
             &store,
             (still_ahead_at_restart, &STILL_AHEAD_READINGS),
-            || {},
         );
-        assert!(
-            acknowledged(&runtime, &store, "n-1"),
-            "the restarted sweeper purged by the stepped clock"
-        );
-        assert!(acknowledged(&runtime, &store, "n-2"));
         store.inner.writer.keep_step(None).unwrap();
         swept_while(
             &store,
@@ -2964,8 +2967,7 @@ mod tests {
 
     /// [`still_ahead_at_restart`], read by one test alone.
     fn ahead_after_the_crash() -> u64 {
-        AHEAD_AFTER_THE_CRASH_READINGS.fetch_add(1, Ordering::SeqCst);
-        now_ms() + 40 * DAY_MS
+        forty_days_ahead(&AHEAD_AFTER_THE_CRASH_READINGS)
     }
 
     /// The crash window between two sweeps, closed. A clock stepped 40 days forward while
@@ -3013,16 +3015,27 @@ mod tests {
         drop(store);
         let store = SledStore::open(&config_in(dir.path()), &[]).unwrap();
         assert_eq!(store.inner.writer.kept_step(), Some(step));
-        swept_while(
+        assert_restart_kept_both(
+            &runtime,
             &store,
             (ahead_after_the_crash, &AHEAD_AFTER_THE_CRASH_READINGS),
-            || {},
         );
+    }
+
+    /// A store started again, its sweeper reading the wall clock through `wall_ms`
+    /// (counted in `readings`), still acknowledges the booking made before the step
+    /// (`n-1`) and the one made by the stepped clock (`n-2`) once it swept a few times.
+    fn assert_restart_kept_both(
+        runtime: &tokio::runtime::Runtime,
+        store: &SledStore,
+        clock: (fn() -> u64, &std::sync::atomic::AtomicUsize),
+    ) {
+        swept_while(store, clock, || {});
         assert!(
-            acknowledged(&runtime, &store, "n-1"),
+            acknowledged(runtime, store, "n-1"),
             "the restarted sweeper purged by the stepped clock"
         );
-        assert!(acknowledged(&runtime, &store, "n-2"));
+        assert!(acknowledged(runtime, store, "n-2"));
     }
 
     /// Whether a booking of a store kept 30 days (the default) is still acknowledged after

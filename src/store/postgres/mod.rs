@@ -1192,7 +1192,13 @@ mod tests {
     /// The database's clock, stepped 40 days forward after its first reading (a database
     /// server whose clock an operator or a VM's first NTP sync moved while the service ran).
     fn stepped_forward(now: DateTime<Utc>) -> DateTime<Utc> {
-        let earlier = STEPPED_READINGS.fetch_add(1, Ordering::SeqCst);
+        stepped_after_the_first(now, &STEPPED_READINGS)
+    }
+
+    /// The database's clock `now`, right at its first reading (counted in `readings`), 40
+    /// days ahead from the second on.
+    fn stepped_after_the_first(now: DateTime<Utc>, readings: &AtomicUsize) -> DateTime<Utc> {
+        let earlier = readings.fetch_add(1, Ordering::SeqCst);
         now + if earlier == 0 {
             TimeDelta::zero()
         } else {
@@ -1200,13 +1206,18 @@ mod tests {
         }
     }
 
+    /// The database's clock `now`, 40 days ahead, counted in `readings`.
+    fn forty_days_ahead(now: DateTime<Utc>, readings: &AtomicUsize) -> DateTime<Utc> {
+        readings.fetch_add(1, Ordering::SeqCst);
+        now + TimeDelta::days(40)
+    }
+
     static AHEAD_READINGS: AtomicUsize = AtomicUsize::new(0);
 
     /// The database's clock, 40 days ahead from its first reading on (a database server
     /// that started with a wrong clock).
     fn ahead_from_the_start(now: DateTime<Utc>) -> DateTime<Utc> {
-        AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
-        now + TimeDelta::days(40)
+        forty_days_ahead(now, &AHEAD_READINGS)
     }
 
     /// A booking of a store kept 30 days, swept by a database clock stepped 40 days
@@ -1252,12 +1263,7 @@ mod tests {
 
     /// [`stepped_forward`], read by one test alone.
     fn stepped_while_running(now: DateTime<Utc>) -> DateTime<Utc> {
-        let earlier = STEPPED_WHILE_RUNNING_READINGS.fetch_add(1, Ordering::SeqCst);
-        now + if earlier == 0 {
-            TimeDelta::zero()
-        } else {
-            TimeDelta::days(40)
-        }
+        stepped_after_the_first(now, &STEPPED_WHILE_RUNNING_READINGS)
     }
 
     /// How many times [`still_ahead_at_restart`] was read.
@@ -1265,8 +1271,7 @@ mod tests {
 
     /// The database's clock 40 days ahead, as an instance started again finds it.
     fn still_ahead_at_restart(now: DateTime<Utc>) -> DateTime<Utc> {
-        STILL_AHEAD_READINGS.fetch_add(1, Ordering::SeqCst);
-        now + TimeDelta::days(40)
+        forty_days_ahead(now, &STILL_AHEAD_READINGS)
     }
 
     /// How many times [`stepped_between_sweeps`] was read.
@@ -1274,12 +1279,7 @@ mod tests {
 
     /// [`stepped_forward`], read by one test alone.
     fn stepped_between_sweeps(now: DateTime<Utc>) -> DateTime<Utc> {
-        let earlier = STEPPED_BETWEEN_SWEEPS_READINGS.fetch_add(1, Ordering::SeqCst);
-        now + if earlier == 0 {
-            TimeDelta::zero()
-        } else {
-            TimeDelta::days(40)
-        }
+        stepped_after_the_first(now, &STEPPED_BETWEEN_SWEEPS_READINGS)
     }
 
     /// A step of the database's clock is kept long before the next sweep: the sweeper
