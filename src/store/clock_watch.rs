@@ -37,7 +37,8 @@ pub(crate) type SharedClock = Arc<Mutex<PurgeClock>>;
 pub(crate) struct ClockWatch {
     /// What the alarm is counted from.
     epoch: Uptime,
-    /// The watched clock's [`PurgeClock::alarm_at`] `epoch`; `u64::MAX` while none is.
+    /// The watched clock's [`PurgeClock::alarm_at`] `epoch`; 0 while a change of its step
+    /// is still to be written; `u64::MAX` while no clock is watched.
     alarm_ms: AtomicU64,
     watched: Mutex<Option<SharedClock>>,
 }

@@ -69,9 +69,10 @@
 //! writing about 1 MB/s to an idle store (`store.flush_every` turns it back on).
 //!
 //! Each batch also looks at the wall clock's alarm the sweeper's purge clock publishes
-//! (`clock_watch.rs`: one reading of the elapsed time and one atomic load a batch). Where the clock stepped since the sweeper last read it, the batch writes the
-//! step it catches (`m\0clock-step`) with its own records: records stamped by a stepped
-//! clock are never durable before the step that tells a restart not to purge by it.
+//! (`clock_watch.rs`: one reading of the elapsed time and one atomic load a batch). Where
+//! the clock stepped since the sweeper last read it, the batch writes the step it catches
+//! (`m\0clock-step`) with its own records: records stamped by a stepped clock are never
+//! durable before the step that tells a restart not to purge by it.
 
 use chrono::{DateTime, Utc};
 use std::{
@@ -1381,7 +1382,7 @@ fn stage_clock_step(
         .map(Step::encode)
         .transpose()
         .inspect_err(|error| {
-            tracing::error!(error = %crate::report::InLine(error), "the clock's step could not be kept with the batch; the next sweep tries again");
+            tracing::error!(error = %crate::report::InLine(error), "the clock's step could not be kept with the batch; the next commit or sweep tries again");
         })
         .ok()?;
     overlay.insert(keys::CLOCK_STEP.to_vec(), record.map(String::into_bytes));

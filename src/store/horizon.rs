@@ -259,10 +259,10 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// step is caught before much is written by the stepped clock: on sled, by the first
 /// commit after it, which writes the step in its own batch ([`PurgeClock::alarm_at`]: the
 /// reading past which, the elapsed time added, the clock stepped; one reading of the
-/// elapsed time and one atomic load per batch); on PostgreSQL, whose writes read the database's clock,
-/// by the sweeper reading that clock every minute between sweeps — an instance that
-/// crashes within that minute, having written by the stepped clock, purges by it when it
-/// starts again.
+/// elapsed time and one atomic load per batch); on PostgreSQL, whose writes read the
+/// database's clock, by the sweeper reading that clock every minute between sweeps — an
+/// instance that crashes within that minute, having written by the stepped clock, purges
+/// by it when it starts again.
 ///
 /// A clock already wrong when the sweeper starts is caught where the store knows when it
 /// last wrote (sled's seal; on PostgreSQL, the newest booking's or validation's expiry less

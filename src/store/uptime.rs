@@ -45,8 +45,8 @@ impl Uptime {
     }
 }
 
-/// `CLOCK_BOOTTIME`: through the vDSO where the kernel offers it (Linux 5.3 on), one
-/// system call otherwise.
+/// `CLOCK_BOOTTIME`, through libc (which reads it off the vDSO where the kernel offers it,
+/// Linux 5.3 on, and makes one system call otherwise).
 #[cfg(target_os = "linux")]
 fn read() -> Duration {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);

@@ -806,8 +806,8 @@ impl PgStore {
     /// Between sweeps: the database's clock read, and the step kept; read as a sweep reads
     /// them (what changed kept) only where the clock catches a step, another instance's
     /// step is kept meanwhile, or a change of this clock's is still to be written (its
-    /// write failed). What else a reading changes (a step the clock no
-    /// longer leads by, or that aged out) holds back less, and waits for the next sweep.
+    /// write failed). What else a reading changes (a step the clock no longer leads by, or
+    /// that aged out) holds back less, and waits for the next sweep.
     async fn check_the_clock(
         &self,
         clock: &mut crate::store::horizon::PurgeClock,
@@ -1314,6 +1314,67 @@ mod tests {
             "{step:?}"
         );
         assert!(swept.acknowledged(&booked).await);
+        swept.drop_schema().await;
+    }
+
+    /// How many times [`stepped_while_refused`] was read.
+    static STEPPED_WHILE_REFUSED_READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    /// [`stepped_forward`], read by one test alone.
+    fn stepped_while_refused(now: DateTime<Utc>) -> DateTime<Utc> {
+        stepped_after_the_first(now, &STEPPED_WHILE_REFUSED_READINGS)
+    }
+
+    /// A step caught between sweeps whose write the database refuses is written at a later
+    /// check, once the database takes it, not at the next sweep (an hour on): the clock
+    /// holds the step, so its readings no longer catch it, and the row kept is unchanged;
+    /// the change still to be written is what sends the check to write it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_step_whose_write_failed_is_written_at_a_later_check() {
+        let test = "a_step_whose_write_failed_is_written_at_a_later_check";
+        let Some(swept) = Swept::open(test).await else {
+            return;
+        };
+        let s = &swept.schema;
+        swept
+            .execute(&format!(
+                "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS                  $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;                  CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON {s}.clock_step                  FOR EACH ROW EXECUTE FUNCTION {s}.refuse();"
+            ))
+            .await;
+        let every_hour = (Duration::from_secs(3600), Duration::from_millis(5));
+        swept
+            .read_clock(
+                every_hour,
+                stepped_while_refused,
+                &STEPPED_WHILE_REFUSED_READINGS,
+            )
+            .await;
+        let mut conn = swept.store.pool().acquire().await.unwrap();
+        let refused = super::horizon::kept_step(&mut conn, s).await.unwrap();
+        assert_eq!(refused, None, "the database refused the step");
+        swept
+            .execute(&format!("DROP TRIGGER refuse ON {s}.clock_step"))
+            .await;
+        let before = STEPPED_WHILE_REFUSED_READINGS.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let step = loop {
+            let kept = super::horizon::kept_step(&mut conn, s).await.unwrap();
+            let read_since = STEPPED_WHILE_REFUSED_READINGS.load(Ordering::SeqCst) - before;
+            if let Some(step) = kept {
+                break step;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the step was not written in {read_since} checks after the database took it"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        drop(conn);
+        let days_39 = Duration::from_secs(39 * 86_400);
+        assert!(
+            (days_39..=days_39 + Duration::from_secs(2 * 86_400)).contains(&step.lead()),
+            "{step:?}"
+        );
         swept.drop_schema().await;
     }
 
