@@ -1035,10 +1035,11 @@ pub async fn reconcile(
 
 /// Without the callback handler: tells, per reference id, whether its result is booked in
 /// `store` or was lost (and must be booked by the service's own binary, or by hand when its
-/// record cannot be booked: one without `merchantClientId`, say, or whose nonce or client
-/// id is longer than `max_chars`), or whether that cannot be told (the transaction was
-/// created beyond the retention, or its record carries no creation time). A lookup that
-/// answers about another transaction is not checked.
+/// record cannot be booked — one without `merchantClientId`, say, or whose nonce or client
+/// id is longer than `max_chars` — once the aggregator will not deliver it again: see
+/// [`unbookable`]), or whether that cannot be told (the transaction was created beyond the
+/// retention, or its record carries no creation time). A lookup that answers about another
+/// transaction is not checked.
 ///
 /// # Errors
 ///
@@ -1086,10 +1087,7 @@ pub async fn report(
                     )
                 } else if let Err(unfit) = crate::server::bookable(&record, max_chars) {
                     lost += 1;
-                    format!(
-                        "{id}: LOST ({status}, nonce {}), and its record cannot be booked ({unfit}): book it by hand",
-                        record.nonce
-                    )
+                    unbookable(id, &record, &unfit)
                 } else {
                     lost += 1;
                     format!(
@@ -1111,6 +1109,33 @@ pub async fn report(
     } else {
         Err(AdminError::NotReconciled(lost))
     }
+}
+
+/// What to do about a lost result whose record reconcile cannot book (`unfit`: why). Booking
+/// it by hand writes no deduplication record: a delivery of its callback after that would be
+/// booked by the handler a second time. So booking by hand is advised only where the
+/// aggregator's record says it will not deliver the callback again (its sending canceled);
+/// otherwise the line says that it may, with the record's delivery status, and what to wait
+/// for.
+fn unbookable(id: Uuid, record: &TransactionRecord, unfit: &str) -> String {
+    let status = record.transaction_status;
+    let lost = format!(
+        "{id}: LOST ({status}, nonce {}), and its record cannot be booked ({unfit})",
+        record.nonce
+    );
+    if record.is_callback_sending_canceled {
+        return format!("{lost}; the aggregator canceled its callback's sending: book it by hand");
+    }
+    let delivery = record.callback_delivery_status.as_deref().map_or_else(
+        || "not given".to_owned(),
+        |d| format!("`{}`", crate::Logged(d)),
+    );
+    format!(
+        "{lost}; the aggregator may still deliver its callback (delivery status {delivery}, \
+         sending not canceled), and a delivery after a booking by hand is booked again: book it \
+         by hand only once the aggregator has stopped delivering it (its attempts used up, or \
+         its sending canceled)"
+    )
 }
 
 /// What `payhook tail` follows, and how it prints.

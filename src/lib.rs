@@ -27,12 +27,16 @@
 //! #[derive(Clone)]
 //! struct Shop {
 //!     ledger: payhook::store::Tree, // a tree of the merchant's own in payhook's store
+//!     // The tags of the providers this shop works with ("11=fiat;12=crypto"): the
+//!     // aggregator's candidates carry none, and a request may ask for some.
+//!     provider_tags: payhook::handler::ProviderTags,
 //! }
 //!
 //! impl ProvidersValidator for Shop {
 //!     async fn validate_providers(&self, request: ProvidersValidationRequest, _: RequestContext)
 //!         -> Result<ProvidersDecision, HandlerError> {
-//!         let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+//!         let providers = ProviderFilter::from_request(&request)
+//!             .apply_with_tags(&request.providers, |candidate| self.provider_tags.of(candidate));
 //!         Ok(ProvidersDecision { providers, message: String::new() })
 //!     }
 //! }
@@ -42,6 +46,10 @@
 //!         -> Result<ValidationDecision, HandlerError> {
 //!         if request.merchant_data.client_id.is_empty() {
 //!             return Ok(ValidationDecision::deny("unknown client"));
+//!         }
+//!         if !request.cash_in {
+//!             // A withdrawal pays money out: allow it only against what the client holds.
+//!             return Ok(ValidationDecision::deny("withdrawals are not offered"));
 //!         }
 //!         Ok(ValidationDecision::Allow)
 //!     }
@@ -76,7 +84,10 @@
 //!     // Deduplication records and the merchant's own "ledger" tree, in one sled database.
 //!     let store = payhook::SledStore::open(&config.store, &["ledger"])?;
 //!     // Handles of the declared trees, taken once: a misspelt name fails here.
-//!     let shop = Shop { ledger: store.tree("ledger")? };
+//!     // Your providers' tags, from your own settings ("11=fiat;12=crypto".parse()): a
+//!     // request that asks for tags is offered only the providers tagged so here.
+//!     let provider_tags = payhook::handler::ProviderTags::default();
+//!     let shop = Shop { ledger: store.tree("ledger")?, provider_tags };
 //!     let app = App::builder(config)
 //!         .store(store)
 //!         .providers_validator(shop.clone())

@@ -248,6 +248,43 @@ async fn a_transaction_is_printed_and_a_lost_callback_is_found_then_booked_once(
         "{stdout}"
     );
 
+    // A lost result whose record cannot be booked (no client to book it to): booking it by
+    // hand writes no deduplication record, so it is advised only once the aggregator has
+    // stopped delivering it; while it may still deliver it — to a handler that would book
+    // it — the line says so instead.
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(REFERENCE).unwrap();
+        record["nonce"] = json!("nonce-unbookable");
+        record.as_object_mut().unwrap().remove("merchantClientId");
+        record["callbackDeliveryStatus"] = json!("Retrying");
+        record["isCallbackSendingCanceled"] = json!(false);
+    });
+    let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains("LOST")
+            && stdout.contains("cannot be booked (the record names no merchantClientId")
+            && stdout.contains("may still deliver its callback (delivery status `Retrying`")
+            && stdout
+                .contains("book it by hand only once the aggregator has stopped delivering it")
+            && !stdout.trim_end().ends_with("book it by hand"),
+        "{stdout}"
+    );
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(REFERENCE).unwrap();
+        record["isCallbackSendingCanceled"] = json!(true);
+    });
+    let (code, stdout, _) = payhook(&["reconcile", "--ref", REFERENCE], &env).await;
+    assert_eq!(code, 2);
+    assert!(
+        stdout.contains("the aggregator canceled its callback's sending: book it by hand"),
+        "{stdout}"
+    );
+    gateway.with(|s| {
+        let record = s.transactions.get_mut(REFERENCE).unwrap();
+        record["merchantClientId"] = json!("client-42");
+    });
+
     // A lost result whose record carries no creation time may have been booked and purged
     // long ago: not reported LOST (which invites booking it again), but as one that cannot
     // be told.

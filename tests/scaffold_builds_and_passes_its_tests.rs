@@ -196,9 +196,10 @@ async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
     };
     on(Some((db.url.clone(), db.schema.clone()))).await.unwrap();
     // It ran on PostgreSQL: its ledger is in the schema, an entry for the scenario's
-    // transaction and one for each of its test's three pairs of results; the failure whose
-    // order is not known, the one after a paid-out withdrawal, and the scenario's success of
-    // a deposit its validation denied are set aside.
+    // transaction and one for each of its test's three pairs of results; the failure
+    // delivered after the newer success, the failure whose order is not known, the one after
+    // a paid-out withdrawal, and the scenario's success of a deposit its validation denied
+    // are set aside.
     let mut conn = db.connect().await;
     let count = |tree: &'static str| {
         format!(
@@ -215,7 +216,7 @@ async fn a_scaffolded_postgres_service_passes_its_own_test_on_postgres() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    assert_eq!(set_aside, 3);
+    assert_eq!(set_aside, 4);
     drop(conn);
     db.drop_schema().await;
 

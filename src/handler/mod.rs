@@ -36,7 +36,7 @@ use crate::model::{
 };
 use crate::store::{Claim, Effects, Store, StoreError, ValidatedPayment};
 
-pub use providers::{ProviderFilter, tags_allow};
+pub use providers::{ProviderFilter, ProviderTags, ProviderTagsError, tags_allow};
 
 /// What payhook knows about the HTTP request a handler is called for.
 ///
@@ -355,11 +355,17 @@ impl CallbackDecision {
 /// Decides which providers a client may use for a transaction (spec 4.2).
 ///
 /// ```
-/// use payhook::handler::{ProviderFilter, ProvidersDecision, ProvidersValidator, RequestContext};
+/// use payhook::handler::{
+///     ProviderFilter, ProviderTags, ProvidersDecision, ProvidersValidator, RequestContext,
+/// };
 /// use payhook::model::ProvidersValidationRequest;
 /// use payhook::HandlerError;
 ///
-/// struct Providers;
+/// struct Providers {
+///     /// The merchant's tags of its providers ("11=fiat;12=crypto"): the spec's candidates
+///     /// carry none, and a request that asks for tags is offered only those tagged so.
+///     tags: ProviderTags,
+/// }
 ///
 /// impl ProvidersValidator for Providers {
 ///     async fn validate_providers(
@@ -367,7 +373,8 @@ impl CallbackDecision {
 ///         request: ProvidersValidationRequest,
 ///         _ctx: RequestContext,
 ///     ) -> Result<ProvidersDecision, HandlerError> {
-///         let providers = ProviderFilter::from_request(&request).apply(&request.providers);
+///         let providers = ProviderFilter::from_request(&request)
+///             .apply_with_tags(&request.providers, |candidate| self.tags.of(candidate));
 ///         Ok(ProvidersDecision { message: format!("{} available", providers.len()), providers })
 ///     }
 /// }

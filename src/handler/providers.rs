@@ -181,6 +181,72 @@ impl ProviderFilter {
     }
 }
 
+/// The tags of providers as a merchant files them, by provider id: what
+/// [`ProviderFilter::apply_with_tags`] matches a request's `providerTags` against, since the
+/// spec's candidates carry no tags of their own (a candidate that does keeps its own). Read
+/// from text as `ID=TAG,TAG;ID=TAG` (`MERCHANT_PROVIDER_TAGS` of `examples/merchant.rs`,
+/// `PROVIDER_TAGS` of a service scaffolded by `payhook new`):
+///
+/// ```
+/// use payhook::model::ProviderCandidate;
+/// use payhook::handler::ProviderTags;
+///
+/// let tags: ProviderTags = "11=fiat,eu; 12=crypto".parse()?;
+/// let candidate: ProviderCandidate = serde_json::from_str(r#"{"id": 11}"#)?;
+/// assert_eq!(tags.of(&candidate), ["fiat", "eu"]);
+/// let tagged: ProviderCandidate = serde_json::from_str(r#"{"id": 11, "tags": ["card"]}"#)?;
+/// assert_eq!(tags.of(&tagged), ["card"], "a candidate's own tags come first");
+/// assert!("11".parse::<ProviderTags>().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderTags(std::collections::BTreeMap<i64, Vec<String>>);
+
+impl ProviderTags {
+    /// The tags of `candidate`: its own when it carries some, else this merchant's for its
+    /// id (none when it has none).
+    pub fn of(&self, candidate: &ProviderCandidate) -> Vec<String> {
+        if candidate.tags.is_empty() {
+            self.0.get(&candidate.id).cloned().unwrap_or_default()
+        } else {
+            candidate.tags.clone()
+        }
+    }
+}
+
+/// Text that is no `ID=TAG,TAG;…` list ([`ProviderTags`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{entry}` is not ID=TAG,TAG (a provider id, then its tags)")]
+pub struct ProviderTagsError {
+    entry: String,
+}
+
+impl std::str::FromStr for ProviderTags {
+    type Err = ProviderTagsError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut tags = std::collections::BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let refused = || ProviderTagsError {
+                entry: entry.to_owned(),
+            };
+            let (id, names) = entry.split_once('=').ok_or_else(refused)?;
+            let id: i64 = id.trim().parse().map_err(|_| refused())?;
+            let names: Vec<String> = names
+                .split(',')
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if names.is_empty() {
+                return Err(refused());
+            }
+            tags.entry(id).or_insert_with(Vec::new).extend(names);
+        }
+        Ok(Self(tags))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,9 +83,11 @@ use crate::handler::{
     CallbackContext, CallbackDecision, CallbackReceiver, ProviderFilter, ProvidersDecision,
     ProvidersValidator, RequestContext, TransactionValidator, ValidationDecision,
 };
+/// Where the example merchant's provider tags were before they moved to [`crate::handler`].
+pub use crate::handler::{ProviderTags, ProviderTagsError};
 use crate::model::{
-    CallbackBody, ProviderCandidate, ProvidersValidationRequest, TransactionStatus,
-    TransactionType, TransactionValidationRequest,
+    CallbackBody, ProvidersValidationRequest, TransactionStatus, TransactionType,
+    TransactionValidationRequest,
 };
 use crate::store::{Booking, ConfiguredStore, EffectTx, StoreError, Tree};
 use crate::{App, Config, Escaped, HandlerError, Logged};
@@ -550,69 +552,6 @@ pub struct Merchant {
     /// `providerTags`. Without them, a request that asks for tags is offered only the
     /// candidates that carry tags of their own, which the spec's do not.
     pub provider_tags: ProviderTags,
-}
-
-/// The tags of providers, by provider id ([`Merchant::provider_tags`]). Read from text as
-/// `ID=TAG,TAG;ID=TAG` (`MERCHANT_PROVIDER_TAGS` of `examples/merchant.rs`):
-///
-/// ```
-/// use payhook::model::ProviderCandidate;
-/// use payhook::sim::example_merchant::ProviderTags;
-///
-/// let tags: ProviderTags = "11=fiat,eu; 12=crypto".parse()?;
-/// let candidate: ProviderCandidate = serde_json::from_str(r#"{"id": 11}"#)?;
-/// assert_eq!(tags.of(&candidate), ["fiat", "eu"]);
-/// let tagged: ProviderCandidate = serde_json::from_str(r#"{"id": 11, "tags": ["card"]}"#)?;
-/// assert_eq!(tags.of(&tagged), ["card"], "a candidate's own tags come first");
-/// assert!("11".parse::<ProviderTags>().is_err());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProviderTags(std::collections::BTreeMap<i64, Vec<String>>);
-
-impl ProviderTags {
-    /// The tags of `candidate`: its own when it carries some, else this merchant's for its
-    /// id (none when it has none).
-    pub fn of(&self, candidate: &ProviderCandidate) -> Vec<String> {
-        if candidate.tags.is_empty() {
-            self.0.get(&candidate.id).cloned().unwrap_or_default()
-        } else {
-            candidate.tags.clone()
-        }
-    }
-}
-
-/// Text that is no `ID=TAG,TAG;…` list ([`ProviderTags`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{entry}` is not ID=TAG,TAG (a provider id, then its tags)")]
-pub struct ProviderTagsError {
-    entry: String,
-}
-
-impl std::str::FromStr for ProviderTags {
-    type Err = ProviderTagsError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let mut tags = std::collections::BTreeMap::new();
-        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
-            let refused = || ProviderTagsError {
-                entry: entry.to_owned(),
-            };
-            let (id, names) = entry.split_once('=').ok_or_else(refused)?;
-            let id: i64 = id.trim().parse().map_err(|_| refused())?;
-            let names: Vec<String> = names
-                .split(',')
-                .map(str::trim)
-                .filter(|name| !name.is_empty())
-                .map(str::to_owned)
-                .collect();
-            if names.is_empty() {
-                return Err(refused());
-            }
-            tags.entry(id).or_insert_with(Vec::new).extend(names);
-        }
-        Ok(Self(tags))
-    }
 }
 
 /// The review of postponed validations: approves every client except `blocked*` ones.

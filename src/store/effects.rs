@@ -176,8 +176,10 @@ pub(crate) enum Staged {
 /// let entries = store.tree("ledger_entries")?;
 ///
 /// let effects = Effects::default();
-/// let nonce = "n-1".to_owned();
-/// effects.write(move |tx| tx.insert(&entries, nonce.as_bytes(), b"booked"));
+/// // Keyed by (nonce, status): a later status of the nonce (a success, then -2: money
+/// // returned) is a result of its own, booked beside the first, not over it.
+/// let key = format!("{}|{}", "n-1", 4);
+/// effects.write(move |tx| tx.insert(&entries, key.as_bytes(), b"booked"));
 /// assert_eq!(effects.len(), 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -265,11 +267,14 @@ impl Effects {
     /// let (ledger, quarantine) = (store.tree("ledger")?, store.tree("quarantine")?);
     ///
     /// let effects = Effects::default();
-    /// let nonce = "n-1".to_owned();
+    /// // The ledger keeps each transaction's result under its nonce; a later result of a
+    /// // booked transaction is held under (nonce, status), each beside the others.
+    /// let (nonce, status) = ("n-1".to_owned(), -1);
     /// effects.book(move |tx| {
     ///     if tx.get(&ledger, nonce.as_bytes())?.is_some() {
-    ///         tx.insert(&quarantine, nonce.as_bytes(), b"a second result")?;
-    ///         return Ok(Booking::held("a second result of a booked transaction"));
+    ///         let held = format!("{nonce}|{status}");
+    ///         tx.insert(&quarantine, held.as_bytes(), b"a later result")?;
+    ///         return Ok(Booking::held("a later result of a booked transaction"));
     ///     }
     ///     tx.insert(&ledger, nonce.as_bytes(), b"booked")?;
     ///     Ok(Booking::Booked)
@@ -295,7 +300,7 @@ impl Effects {
     /// use payhook::store::{Booking, Effects};
     ///
     /// let effects = Effects::default();
-    /// let nonce = "n-1".to_owned();
+    /// let (nonce, status) = ("n-1".to_owned(), 4);
     /// effects.postgres_book(move |conn| {
     ///     let nonce = nonce.clone();
     ///     Box::pin(async move {
@@ -304,8 +309,10 @@ impl Effects {
     ///                 .fetch_optional(&mut *conn)
     ///                 .await?;
     ///         if known.is_none() {
-    ///             sqlx::query("INSERT INTO set_aside (nonce) VALUES ($1)")
+    ///             // Keyed by (nonce, status): each result of the transaction held apart.
+    ///             sqlx::query("INSERT INTO set_aside (nonce, status) VALUES ($1, $2)")
     ///                 .bind(nonce)
+    ///                 .bind(status)
     ///                 .execute(&mut *conn)
     ///                 .await?;
     ///             return Ok(Booking::held("a currency these books do not keep"));
@@ -372,13 +379,16 @@ impl Effects {
     /// use payhook::store::Effects;
     ///
     /// let effects = Effects::default();
-    /// let (nonce, amount) = ("n-1".to_owned(), 1050_i64);
+    /// // One row per (nonce, status), the table's primary key: a later status of the nonce
+    /// // (a success, then -2: money returned) is a row of its own, with its own sign.
+    /// let (nonce, status, cents) = ("n-1".to_owned(), 4, 1050_i64);
     /// effects.postgres(move |conn| {
     ///     let nonce = nonce.clone();
     ///     Box::pin(async move {
-    ///         sqlx::query("INSERT INTO ledger (nonce, cents) VALUES ($1, $2)")
+    ///         sqlx::query("INSERT INTO ledger (nonce, status, cents) VALUES ($1, $2, $3)")
     ///             .bind(nonce)
-    ///             .bind(amount)
+    ///             .bind(status)
+    ///             .bind(cents)
     ///             .execute(&mut *conn)
     ///             .await?;
     ///         Ok(())
