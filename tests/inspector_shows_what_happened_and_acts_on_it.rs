@@ -1049,6 +1049,19 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
     let kept = session_in(&logged_in(&first, &[]).await);
     log_out(&first, &ended).await;
     assert_eq!(inspector_page(&first, &ended).await, 401);
+    // A logout let in by a bearer token that also carries a session's cookie ends that
+    // session, in the store too (before, in this instance's memory alone).
+    let beside_a_token = session_in(&logged_in(&first, &[]).await);
+    let bearer = format!("Bearer {TOKEN}");
+    let out = first
+        .send(&post(
+            "/payhook/admin/inspector/logout",
+            &[("authorization", &bearer), ("cookie", &beside_a_token)],
+            b"",
+        ))
+        .await;
+    assert_eq!((out.status, out.message()), (200, "logged out".into()));
+    assert_eq!(inspector_page(&first, &beside_a_token).await, 401);
     first.shut_down();
     first.stopped().await;
     drop(first);
@@ -1064,6 +1077,11 @@ async fn a_logged_out_session_stays_ended_after_a_restart_and_at_another_instanc
         inspector_page(&restarted, &ended).await,
         401,
         "after a restart"
+    );
+    assert_eq!(
+        inspector_page(&restarted, &beside_a_token).await,
+        401,
+        "ended beside a token, after a restart"
     );
     assert_eq!(inspector_page(&restarted, &kept).await, 200);
 

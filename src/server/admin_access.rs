@@ -324,6 +324,14 @@ impl AdminAccess {
             .as_ref()
     }
 
+    /// The good session the request's cookies hold, as the store keeps it once ended,
+    /// whatever else the request carries: what a logout ends, also when the request is let
+    /// in by a bearer token beside the cookie ([`Self::admit`] then takes no session).
+    pub(super) fn held_session(&self, headers: &HeaderMap) -> Option<StoredSession> {
+        self.session_of(headers)
+            .map(|(session, _)| StoredSession::of(&session))
+    }
+
     /// The good session the request's cookies hold, if any, and whose it is.
     fn session_of(&self, headers: &HeaderMap) -> Option<(Session, Caller)> {
         let now = now_secs();

@@ -265,6 +265,9 @@ impl OperatingApi {
             }
             (&Method::POST, ["inspector", "logout"]) => {
                 let (_, session) = self.admitted(&access, &parts, client).await?;
+                // Let in by a bearer token, the request may still hold a session cookie,
+                // which `end_session` below ends: the store keeps that one ended too.
+                let session = session.or_else(|| access.held_session(&parts.headers));
                 if let (Some(session), Some(store)) = (&session, self.exactly_once.store()) {
                     // Kept by the store first: every instance on it refuses the session,
                     // and so does this one after a restart. Not kept, the session stays
