@@ -276,7 +276,7 @@ impl AdminCommand {
                             return Err(AdminError::Refused(format!("--note: {refused}")));
                         }
                         let code = crate::model::TransactionStatus::from_code(status);
-                        let by = resolver_named(by);
+                        let by = named_on_the_store(by, config);
                         let resolved = store
                             .resolve_held(&nonce.as_str().into(), code, &note, by.as_deref())
                             .await?;
@@ -353,7 +353,7 @@ impl ValidationsCommand {
                 ..
             } => {
                 let decision = Decision::allow_if(allow, description);
-                let by = resolver_named(by);
+                let by = named_on_the_store(by, config);
                 let outcome = resolver.resolve_by(id, decision, by.as_deref()).await?;
                 let verdict = if allow { "allowed" } else { "denied" };
                 writeln!(
@@ -1630,6 +1630,20 @@ fn resolver_named(by: Option<String>) -> Option<String> {
         .or_else(|| std::env::var("USERNAME").ok())
 }
 
+/// [`resolver_named`] for what a command does on the store itself, where no token vouches
+/// for the name: one that passes for an operator of `[admin.operators]` (`alice`, ` Alice`)
+/// is kept marked as the command line's — `alice (command line, on the store)` — not as the
+/// operator's own (which the operating API keeps only from their token, and refuses from
+/// the shared one).
+fn named_on_the_store(by: Option<String>, config: &Config) -> Option<String> {
+    let name = resolver_named(by)?;
+    let operators = crate::server::Operators::new(&config.admin.operators, &config.admin.viewers);
+    Some(match operators.passed_for(&name) {
+        Some(operator) => format!("{operator} (command line, on the store)"),
+        None => name,
+    })
+}
+
 /// `callbacks resolve` of a pair that is not held.
 fn nothing_held(nonce: &str, status: i32) -> AdminError {
     AdminError::NotHeld {
@@ -1725,6 +1739,27 @@ fn validation_line(v: &PostponedValidation) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A decision taken on the store itself, under a name that passes for an operator's, is
+    /// kept as the command line's: no token of theirs vouched for it (the operating API
+    /// refuses that name from the shared token). Other names are kept as given.
+    #[test]
+    fn an_operators_name_on_the_store_is_kept_as_the_command_lines() {
+        let mut config = Config::default();
+        let alices = crate::server::OperatorToken::digest_of("alices-token");
+        config.admin.operators.insert("alice".into(), alices);
+        for given in ["alice", " Alice", "alice\u{200B}"] {
+            assert_eq!(
+                named_on_the_store(Some(given.into()), &config).as_deref(),
+                Some("alice (command line, on the store)"),
+                "{given:?}"
+            );
+        }
+        assert_eq!(
+            named_on_the_store(Some("Dana (ops)".into()), &config).as_deref(),
+            Some("Dana (ops)")
+        );
+    }
 
     /// `payhook tail` waits out what passes — no answer, too many wrong tokens from this
     /// address, a proxy's 502 to 504 — and ends on what does not.

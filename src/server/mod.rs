@@ -256,6 +256,7 @@ pub(crate) use reconcile::{bookable, untellable};
 
 pub use credentials::{Credentials, CredentialsChange, CredentialsRefused};
 pub use openapi::{OPENAPI, openapi};
+pub(crate) use operators::Operators;
 pub use operators::{InvalidOperatorName, OperatorToken};
 pub use request::PeerAddr;
 pub use route::PathsConfig;
