@@ -1036,8 +1036,8 @@ pub async fn reconcile(
 /// Without the callback handler: tells, per reference id, whether its result is booked in
 /// `store` or was lost (and must be booked by the service's own binary, or by hand when its
 /// record cannot be booked — one without `merchantClientId`, say, or whose nonce or client
-/// id is longer than `max_chars` — once the aggregator will not deliver it again: see
-/// [`unbookable`]), or whether that cannot be told (the transaction was created beyond the
+/// id is longer than `max_chars` — only once the aggregator will not deliver it again, as
+/// the line says), or whether that cannot be told (the transaction was created beyond the
 /// retention, or its record carries no creation time). A lookup that answers about another
 /// transaction is not checked.
 ///

@@ -587,6 +587,27 @@ async fn a_403_without_the_aggregators_error_body_is_tried_again() {
     assert_eq!(server.app.outbox().unwrap().conflicts(), 0);
 }
 
+/// The aggregator answers 200 for a result received (spec 4.1): another 2xx — a 202 or a
+/// 204 of a proxy or a gateway in between — does not say it has the result, and it is
+/// posted again until a 200, not recorded as delivered.
+#[tokio::test]
+async fn a_2xx_other_than_200_is_not_taken_for_delivered() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.bare_failures = true;
+        s.fail_next.extend([202, 204]);
+    });
+    let server = TestServer::start_with(awaitable_config(&gateway)).await;
+    postponed_then_allowed(&server, "n-204").await;
+    state_of(&server, ID, PostponedState::Delivered).await;
+    assert_eq!(
+        gateway.with(|s| s.attempted.clone()),
+        [ID, ID, ID],
+        "posted until a 200"
+    );
+    assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
+}
+
 /// The next attempt waits from the end of the failed one, not its start: a post that took
 /// longer than the wait (a slow aggregator, a timeout) is not tried again at once.
 #[tokio::test]

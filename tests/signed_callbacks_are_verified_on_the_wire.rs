@@ -277,6 +277,29 @@ async fn a_shared_secret_header_authenticates_the_validations() {
             (401, "missing credentials"),
             "{path}"
         );
+        // The secret twice, or beside a wrong one in either order: which was meant is not
+        // known, so neither is taken.
+        for pair in [
+            ["s3cret-value-0123456", "s3cret-value-0123456"],
+            ["s3cret-value-0123456", "wrong"],
+            ["wrong", "s3cret-value-0123456"],
+        ] {
+            let twice = post(
+                path,
+                &[
+                    ("Content-Type", "application/json"),
+                    ("X-Api-Key", pair[0]),
+                    ("X-Api-Key", pair[1]),
+                ],
+                body.as_bytes(),
+            );
+            let response = server.send(&twice).await;
+            assert_eq!(
+                (response.status, response.message().as_str()),
+                (401, "invalid credentials"),
+                "{path}: {pair:?}"
+            );
+        }
     }
     assert_eq!(server.merchant.calls().len(), 2);
 }

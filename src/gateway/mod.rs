@@ -562,7 +562,9 @@ impl GatewayClient {
     }
 
     /// `POST {gateway_url}/api/v1/transactions/validation`: the result of a postponed
-    /// validation. Sending the same result again is harmless (the aggregator answers 200).
+    /// validation, received when the aggregator answers 200 (spec 4.1; another 2xx is a
+    /// [`GatewayError::Status`], tried again). Sending the same result again is harmless
+    /// (the aggregator answers 200).
     ///
     /// # Errors
     ///
@@ -580,7 +582,17 @@ impl GatewayClient {
         self.observed(Call::ValidationResult, async {
             let answer = self.authorized(Method::POST, &url, Some(body)).await?;
             match answer.status {
-                status if status.is_success() => Ok(()),
+                StatusCode::OK => Ok(()),
+                // The spec's answer for a result received is 200. Another 2xx (a 202 or a
+                // 204 of a proxy or a gateway in between) does not say the aggregator has
+                // it: taken for delivered, the result would never be posted again.
+                status if status.is_success() => Err(GatewayError::Status {
+                    url: url.clone(),
+                    status: status.as_u16(),
+                    message: "not the 200 the aggregator answers for a result received; \
+                              posted again"
+                        .to_owned(),
+                }),
                 // The aggregator's own 403 says it holds a different result. One without its
                 // error body — a role the merchant's user lacks, a firewall, a proxy — is no
                 // answer about the result: taken for final, the result would never be

@@ -278,7 +278,7 @@ impl Sessions {
     }
 
     /// A new session: refreshed from `held` while its refresh token is valid, else (or when
-    /// the refresh is refused) logged in.
+    /// the refresh is refused, or fails otherwise) logged in.
     ///
     /// A refresh token the aggregator refused is not sent again: when the login after it
     /// fails too, the next renewal logs in.
@@ -300,7 +300,18 @@ impl Sessions {
                         session.refresh_token_expiry_utc = DateTime::<Utc>::MIN_UTC;
                         client.login_as(login).await?
                     }
-                    Err(error) => return Err(error),
+                    Err(error) => {
+                        // A refresh that fails otherwise (a 5xx, a timeout, an answer that
+                        // does not read): the spec does not say how a revoked refresh token
+                        // is refused, and a service may answer 500. Sent again at each
+                        // renewal, it would fail every call until the refresh token expires;
+                        // a login now costs one request more while the aggregator is down.
+                        tracing::warn!(
+                            error = %crate::report::InLine(&error),
+                            "the session's refresh failed; logging in instead"
+                        );
+                        client.login_as(login).await?
+                    }
                 }
             }
             _ => {
