@@ -268,7 +268,10 @@ impl Resolver {
         decision: Decision,
     ) {
         let mut wait = LATE_RETRY_FIRST;
-        let mut outcome = self.resolve(validation_id, decision.clone()).await;
+        // Not `resolve`, which applies a deadline passed first: the handler decided within
+        // its timeout, which the deadline outlasts (`validation.deadline`), and a store
+        // that answered late must not turn its decision into the deadline's outcome.
+        let mut outcome = self.decide(validation_id, decision.clone(), None).await;
         loop {
             match outcome {
                 Ok(_) => return,
@@ -647,6 +650,106 @@ mod tests {
             .resolve_until_recorded(7.into(), Decision::allow("approved"))
             .await;
         assert_eq!(stopped.resolves.load(Ordering::SeqCst), 1);
+    }
+
+    /// One validation, undecided and past its deadline: what it was resolved with.
+    struct PastItsDeadline(Mutex<PostponedValidation>);
+
+    impl PostponedStore for PastItsDeadline {
+        fn resolve<'a>(
+            &'a self,
+            _: ValidationId,
+            decision: &'a Decision,
+            by: Option<&'a str>,
+            now: DateTime<Utc>,
+        ) -> ResolveFuture<'a> {
+            let mut record = self.0.lock().unwrap();
+            let by = by.map(str::to_owned);
+            let resolution = record.resolve(
+                decision.allows(),
+                decision.description().to_owned(),
+                by,
+                now,
+            );
+            Box::pin(std::future::ready(Ok(resolution)))
+        }
+
+        fn postponed(&self, _: ValidationId) -> StoreFuture<'_, Option<PostponedValidation>> {
+            Box::pin(std::future::ready(Ok(Some(self.0.lock().unwrap().clone()))))
+        }
+
+        fn repeat<'a>(
+            &'a self,
+            _: &'a TransactionValidationRequest,
+            _: DateTime<Utc>,
+        ) -> StoreFuture<'a, Repeat> {
+            unreachable!("not used by resolve")
+        }
+
+        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
+            unreachable!("not used by resolve")
+        }
+
+        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
+            unreachable!("not used by resolve")
+        }
+
+        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+
+        fn outbox_len(&self) -> StoreFuture<'_, usize> {
+            unreachable!("not used by resolve")
+        }
+
+        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+            unreachable!("not used by resolve")
+        }
+    }
+
+    /// A handler's decision, taken within its timeout but recorded only after the deadline
+    /// (a store slow to answer), is recorded as the handler's: not turned into the
+    /// deadline's outcome (`allow` here) by the resolver that records it. An operator's
+    /// decision after the deadline comes too late, as before.
+    #[tokio::test]
+    async fn a_late_handler_decision_past_the_deadline_is_the_handlers() {
+        let past = || {
+            let mut record = PostponedValidation::pending_for_tests(7);
+            record.deadline = Some(DateTime::<Utc>::UNIX_EPOCH);
+            Arc::new(PastItsDeadline(Mutex::new(record)))
+        };
+        let config = ValidationConfig {
+            deadline: Some(Duration::from_secs(60)),
+            deadline_outcome: DeadlineOutcome::Allow,
+            ..ValidationConfig::default()
+        };
+        let store = past();
+        let shared = Arc::clone(&store) as Arc<dyn PostponedStore>;
+        let resolver =
+            Resolver::new(shared, Clock::new(), Arc::default()).with_deadline_of(&config);
+        resolver
+            .resolve_until_recorded(7.into(), Decision::deny("no documents"))
+            .await;
+        let result = store.0.lock().unwrap().result.clone().unwrap();
+        assert!(
+            !result.success,
+            "the handler's denial, not the deadline's approval"
+        );
+
+        let store = past();
+        let shared = Arc::clone(&store) as Arc<dyn PostponedStore>;
+        let resolver =
+            Resolver::new(shared, Clock::new(), Arc::default()).with_deadline_of(&config);
+        let asked = resolver.resolve(7, Decision::deny("no documents")).await;
+        assert!(
+            matches!(asked, Err(ResolveError::Conflict { .. })),
+            "{asked:?}"
+        );
+        assert!(store.0.lock().unwrap().result.clone().unwrap().success);
     }
 
     #[tokio::test]
