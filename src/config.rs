@@ -46,7 +46,7 @@
 //! | a validated nonce asked about again under a new `validationId` | the recorded answer, without the handler; in Awaitable mode the new id is kept as a repeat of the validation the handler saw and gets its result posted too (at most 100 per validation) |
 //! | access token presentation to the gateway | `Authorization: Bearer <accessToken>` (`gateway.auth_header`, `gateway.auth_scheme`) |
 //! | token lifetimes | refreshed `gateway.refresh_margin` (60 s) before `accessTokenExpiryUtc`, but at most half the token's granted lifetime before it (a 30 s token is used for 15 s); a token that arrives already expired by this host's clock is used until refused; login again when the refresh token expired; one refresh and one retry on a 401 |
-//! | when a postponed result counts as delivered | the aggregator's 200; a 403 with the aggregator's `{"message": …}` body is final (a conflict; a proxy or firewall that answers 403 with such a body is taken for the aggregator); anything else, a bare 403 included, is retried with backoff (`validation.retry_schedule`) |
+//! | when a postponed result counts as delivered | the aggregator's 200; a 403 with the aggregator's `{"message": …}` body is final (a conflict; a proxy or firewall that answers 403 with such a body is taken for the aggregator); another 2xx is no delivery; anything else, a bare 403 included, is retried with backoff (`validation.retry_schedule`; a 429 or a 503's `Retry-After`, up to an hour, holds back every post until it is over) |
 
 use serde::{Deserialize, Serialize};
 use std::{

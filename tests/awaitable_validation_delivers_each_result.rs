@@ -608,6 +608,70 @@ async fn a_2xx_other_than_200_is_not_taken_for_delivered() {
     assert_eq!(gateway.with(|s| s.posts.clone()), [(ID, true, 200)]);
 }
 
+/// A 429 (or a 503) whose `Retry-After` asks the outbox to wait: the refused result is not
+/// posted again before then, nor is any other — a result decided meanwhile waits too (the
+/// aggregator would refuse it as well) — and the worker sleeps until the wait is over.
+#[tokio::test]
+async fn a_retry_after_holds_every_post_back_until_it_is_over() {
+    let gateway = FakeGateway::start().await;
+    gateway.with(|s| {
+        s.fail_next.push_back(429);
+        s.retry_after = Some("120".into());
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let app = App::builder(stored_config(&gateway, &dir))
+        .transaction_validator(Deliberate)
+        .manual_background()
+        .build()
+        .unwrap();
+    let (resolver, outbox) = (app.resolver().unwrap(), app.outbox().unwrap());
+    for id in [1, 2] {
+        assert_eq!(validate(&app, "postpone", id).await.0, 200);
+    }
+    resolver
+        .resolve(1, Decision::allow("approved"))
+        .await
+        .unwrap();
+    let before = chrono::Utc::now();
+    let refused = outbox.run_once().await.unwrap();
+    assert_eq!((refused.delivered, refused.retried), (0, 1), "{refused:?}");
+    let asked = chrono::TimeDelta::seconds(120);
+    let held_back = refused.held_back.expect("held back");
+    assert!(
+        held_back >= before + asked,
+        "{held_back} for a 120 s wait from {before}"
+    );
+    let Some(Delivery::Queued { next_attempt, .. }) = resolver
+        .get(1)
+        .await
+        .unwrap()
+        .unwrap()
+        .result
+        .map(|r| r.delivery)
+    else {
+        panic!("the refused result is queued again");
+    };
+    assert!(next_attempt >= before + asked, "{next_attempt}");
+
+    // Another result, decided meanwhile, is due at once — and waits for the same end.
+    resolver
+        .resolve(2, Decision::allow("approved"))
+        .await
+        .unwrap();
+    let waiting = outbox.run_once().await.unwrap();
+    assert_eq!((waiting.delivered, waiting.retried), (0, 0), "{waiting:?}");
+    assert_eq!(
+        waiting.next,
+        Some(held_back),
+        "the worker sleeps until the wait is over"
+    );
+    assert_eq!(
+        gateway.with(|s| s.attempted.clone()),
+        [1],
+        "nothing posted meanwhile"
+    );
+}
+
 /// The next attempt waits from the end of the failed one, not its start: a post that took
 /// longer than the wait (a slow aggregator, a timeout) is not tried again at once.
 #[tokio::test]

@@ -45,6 +45,7 @@ mod transport;
 use crate::model::ValidationId;
 use crate::trace_context::{self, TraceContext};
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use serde::{Serialize, de::DeserializeOwned};
@@ -116,6 +117,9 @@ pub enum GatewayError {
         status: u16,
         /// The aggregator's `message` (or the start of the body).
         message: String,
+        /// How long the aggregator asked to wait before calling again (`Retry-After` of a
+        /// 429 or a 503, in seconds or as an HTTP date; at most [`MAX_RETRY_AFTER`]).
+        retry_after: Option<Duration>,
     },
     /// The answer was not the expected JSON.
     #[error("{url} answered with an unreadable body")]
@@ -146,6 +150,15 @@ impl GatewayError {
             | Self::BadCredentials { .. }
             | Self::Decode { .. }
             | Self::Conflict { .. } => false,
+        }
+    }
+
+    /// How long the aggregator asked to wait before calling again (`Retry-After` of a 429
+    /// or a 503), when it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 
@@ -224,11 +237,17 @@ impl Login {
     }
 }
 
+/// The longest `Retry-After` taken: a longer one (an hour and more, or a date far ahead) is
+/// taken as an hour, so that a misconfigured proxy cannot hold results back for days.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 /// One exchange's outcome: the status and the (bounded) body.
 struct Answer {
     url: String,
     status: StatusCode,
     body: Bytes,
+    /// `Retry-After` of a 429 or a 503 (see [`retry_after`]).
+    retry_after: Option<Duration>,
     /// The access token the request carried: never part of a message made of the answer.
     token: Option<Secret>,
 }
@@ -291,6 +310,7 @@ impl Answer {
             url: self.url.clone(),
             status: self.status.as_u16(),
             message: self.message(),
+            retry_after: self.retry_after,
         }
     }
 }
@@ -592,6 +612,7 @@ impl GatewayClient {
                     message: "not the 200 the aggregator answers for a result received; \
                               posted again"
                         .to_owned(),
+                    retry_after: None,
                 }),
                 // The aggregator's own 403 says it holds a different result. One without its
                 // error body — a role the merchant's user lacks, a firewall, a proxy — is no
@@ -679,6 +700,7 @@ impl GatewayClient {
             url: answer.url,
             status: status.as_u16(),
             message,
+            retry_after: answer.retry_after,
         })
     }
 
@@ -752,6 +774,7 @@ impl GatewayClient {
                 .await
                 .map_err(|e| network(e.into()))?;
             let status = response.status();
+            let retry_after = retry_after(status, response.headers(), Utc::now());
             let body = Limited::new(response.into_body(), MAX_ANSWER)
                 .collect()
                 .await
@@ -761,6 +784,7 @@ impl GatewayClient {
                 url: url.to_owned(),
                 status,
                 body,
+                retry_after,
                 token: token.cloned(),
             })
         };
@@ -776,6 +800,33 @@ impl GatewayClient {
     }
 }
 
+/// The wait a 429 or a 503 asks for in `Retry-After` at `now` (RFC 9110 10.2.3: seconds, or
+/// an HTTP date), at most [`MAX_RETRY_AFTER`]; `None` for another status, or a value that is
+/// neither. A date already past asks for no wait.
+fn retry_after(
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    now: DateTime<Utc>,
+) -> Option<Duration> {
+    if ![
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ]
+    .contains(&status)
+    {
+        return None;
+    }
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = DateTime::parse_from_rfc2822(value).ok()?;
+            (at.with_timezone(&Utc) - now).to_std().unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
 /// A transport setting that cannot be used, as the client's error.
 fn unusable(error: transport::TransportError) -> GatewayError {
     GatewayError::NotConfigured(error.to_string())
@@ -784,4 +835,46 @@ fn unusable(error: transport::TransportError) -> GatewayError {
 fn to_json<T: Serialize>(value: &T) -> Bytes {
     // The request types are plain structs of strings and numbers: they always serialise.
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Retry-After` read as RFC 9110 writes it — seconds, or an HTTP date — for a 429 or a
+    /// 503 only, at most [`MAX_RETRY_AFTER`]; anything else asks for no wait.
+    #[test]
+    fn retry_after_reads_seconds_and_dates_of_a_429_or_a_503() {
+        let now = DateTime::parse_from_rfc3339("2026-12-02T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let asked = |status: StatusCode, value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::RETRY_AFTER, value.parse().unwrap());
+            retry_after(status, &headers, now)
+        };
+        let secs = Duration::from_secs;
+        let too_many = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(asked(too_many, "120"), Some(secs(120)));
+        assert_eq!(asked(StatusCode::SERVICE_UNAVAILABLE, " 5 "), Some(secs(5)));
+        assert_eq!(
+            asked(too_many, "Wed, 02 Dec 2026 10:01:30 GMT"),
+            Some(secs(90))
+        );
+        assert_eq!(
+            asked(too_many, "Wed, 02 Dec 2026 09:00:00 GMT"),
+            Some(Duration::ZERO),
+            "a date past"
+        );
+        assert_eq!(asked(too_many, "86400"), Some(MAX_RETRY_AFTER));
+        for garbage in ["-1", "soon", "1.5", ""] {
+            assert_eq!(asked(too_many, garbage), None, "{garbage:?}");
+        }
+        assert_eq!(asked(StatusCode::INTERNAL_SERVER_ERROR, "120"), None);
+        assert_eq!(
+            retry_after(too_many, &http::HeaderMap::new(), now),
+            None,
+            "no header"
+        );
+    }
 }

@@ -36,6 +36,9 @@ pub struct Pass {
     pub expired: usize,
     /// When the next piece of work falls due (UTC).
     pub next: Option<DateTime<Utc>>,
+    /// Until when no result is posted, as the aggregator asked (`Retry-After` of a 429 or a
+    /// 503): the results due meanwhile wait, deadlines still apply.
+    pub held_back: Option<DateTime<Utc>>,
 }
 
 /// Delivers queued results to the aggregator and resolves validations whose deadline
@@ -49,6 +52,9 @@ pub struct Outbox {
     clock: Clock,
     wake: Arc<Notify>,
     counts: Arc<Counters>,
+    /// Until when (ms since the epoch) no result is posted: the latest end of a wait the
+    /// aggregator asked for (`Retry-After`); 0 for none.
+    held_back_ms: Arc<AtomicU64>,
 }
 
 /// What the outbox worker did since it started.
@@ -112,7 +118,15 @@ impl Outbox {
             clock,
             wake,
             counts: Arc::default(),
+            held_back_ms: Arc::default(),
         }
+    }
+
+    /// Until when no result is posted (the aggregator asked to wait), when that is after
+    /// `now_ms`.
+    fn held_back(&self, now_ms: u64) -> Option<u64> {
+        let until = self.held_back_ms.load(Ordering::Relaxed);
+        (until > now_ms).then_some(until)
     }
 
     /// Makes the worker look at the store now (a result was queued).
@@ -179,6 +193,11 @@ impl Outbox {
         // few but the first (just leased), the leases are renewed: only what this instance
         // still holds is posted.
         for (index, chunk) in due.now.chunks(PARALLEL_POSTS).enumerate() {
+            // The aggregator asked to wait (a 429 or a 503 with `Retry-After`, here or in an
+            // earlier pass): nothing more is posted until then.
+            if self.held_back(self.clock.now_ms()).is_some() {
+                break;
+            }
             let held = if index == 0 {
                 None
             } else {
@@ -220,8 +239,12 @@ impl Outbox {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        let now_ms = self.clock.now_ms();
+        pass.held_back = self.held_back(now_ms).map(time_from_ms);
         if !after.now.is_empty() {
-            pass.next = Some(self.clock.now());
+            // Due now, or once the wait the aggregator asked for is over.
+            let resume = time_from_ms(self.held_back(now_ms).unwrap_or(now_ms));
+            pass.next = Some(pass.next.map_or(resume, |next| next.min(resume)));
         }
         Ok(pass)
     }
@@ -294,7 +317,19 @@ impl Outbox {
             }
             Err(error) => {
                 self.counts.retries.fetch_add(1, Ordering::Relaxed);
-                let wait = backoff(&self.config.retry_schedule, attempts);
+                let mut wait = backoff(&self.config.retry_schedule, attempts);
+                if let Some(asked) = error.retry_after() {
+                    // For this result, and for every other: the aggregator is overloaded
+                    // or down for a while, and a post of any result would be refused too.
+                    wait = wait.max(asked);
+                    let until = now_ms.saturating_add(millis(asked));
+                    self.held_back_ms.fetch_max(until, Ordering::Relaxed);
+                    tracing::warn!(
+                        validation_id = id.get(),
+                        ?asked,
+                        "the aggregator asked to wait before posting again (Retry-After): no result is posted until then"
+                    );
+                }
                 if error.is_transient() {
                     tracing::warn!(validation_id = id.get(), attempts, error = %crate::report::InLine(&error), ?wait, "delivering a validation result failed; retrying");
                 } else {
@@ -302,9 +337,7 @@ impl Outbox {
                 }
                 let retry = Delivery::Queued {
                     attempts,
-                    next_attempt: time_from_ms(
-                        now_ms.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
-                    ),
+                    next_attempt: time_from_ms(now_ms.saturating_add(millis(wait))),
                     last_error: Some(crate::report::InLine(&error).to_string()),
                 };
                 (retry, Attempt::Retry)
@@ -333,6 +366,11 @@ fn backoff(schedule: &[Duration], attempts: u32) -> Duration {
         .copied()
         .unwrap_or(Duration::from_secs(1));
     Duration::try_from_secs_f64(base.as_secs_f64() * (0.8 + 0.4 * unit_random())).unwrap_or(base)
+}
+
+/// `duration` in whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A random number in [0, 1).

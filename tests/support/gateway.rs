@@ -55,6 +55,8 @@ pub struct GatewayState {
     /// Scripted failures of result posts ([`Self::fail_next`]) carry no body, as a
     /// framework's or a proxy's refusal (a role the user lacks, a firewall) may not.
     pub bare_failures: bool,
+    /// The `Retry-After` header of scripted failures of result posts, when set.
+    pub retry_after: Option<String>,
     pub logins: u32,
     pub refreshes: u32,
     /// Calls answered 401 because of a missing, unknown or expired token.
@@ -96,6 +98,7 @@ impl Default for GatewayState {
             echo_refusals: false,
             echo_failures: false,
             bare_failures: false,
+            retry_after: None,
             logins: 0,
             refreshes: 0,
             unauthorized: 0,
@@ -361,7 +364,13 @@ async fn handle(
                         .body(Full::new(Bytes::new()))
                         .unwrap();
                 }
-                return message(status, "scripted failure");
+                let mut refused = message(status, "scripted failure");
+                if let Some(wait) = &state.retry_after {
+                    refused
+                        .headers_mut()
+                        .insert("retry-after", wait.parse().unwrap());
+                }
+                return refused;
             }
             let (Some(id), Some(success)) =
                 (json["validationId"].as_i64(), json["success"].as_bool())
