@@ -1636,10 +1636,15 @@ fn resolver_named(by: Option<String>) -> Option<String> {
 /// operator's own (which the operating API keeps only from their token, and refuses from
 /// the shared one).
 fn named_on_the_store(by: Option<String>, config: &Config) -> Option<String> {
+    const MARK: &str = " (command line, on the store)";
     let name = resolver_named(by)?;
     let operators = crate::server::Operators::new(&config.admin.operators, &config.admin.viewers);
     Some(match operators.passed_for(&name) {
-        Some(operator) => format!("{operator} (command line, on the store)"),
+        // Cut first, so that the store's bound on a name (which cuts its end) keeps the mark.
+        Some(operator) => {
+            let room = crate::store::held::NAME_BYTES - MARK.len() - '…'.len_utf8();
+            format!("{}{MARK}", crate::logged::cut_bytes(operator, room))
+        }
         None => name,
     })
 }
@@ -1759,6 +1764,16 @@ mod tests {
             named_on_the_store(Some("Dana (ops)".into()), &config).as_deref(),
             Some("Dana (ops)")
         );
+        // The longest name an operator may have keeps the mark as the store keeps it.
+        let long = "a".repeat(128);
+        config.admin.operators.insert(
+            long.clone(),
+            crate::server::OperatorToken::digest_of("longs-token"),
+        );
+        let named = named_on_the_store(Some(long), &config);
+        let kept = crate::store::held::person(named.as_deref()).unwrap();
+        assert!(kept.ends_with("… (command line, on the store)"), "{kept}");
+        assert_eq!(named.as_deref(), Some(kept.as_str()), "not cut again");
     }
 
     /// `payhook tail` waits out what passes — no answer, too many wrong tokens from this

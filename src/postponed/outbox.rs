@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolver};
-use crate::gateway::{GatewayClient, GatewayError};
+use crate::gateway::{GatewayClient, GatewayError, MAX_RETRY_AFTER};
 use crate::model::{PostponedValidationResult, ValidationId};
 use crate::store::{PostponedStore, StoreError, ms_from_time, time_from_ms};
 
@@ -123,10 +123,11 @@ impl Outbox {
     }
 
     /// Until when no result is posted (the aggregator asked to wait), when that is after
-    /// `now_ms`.
+    /// `now_ms`: never more than [`MAX_RETRY_AFTER`] from now, so that a wall clock set back
+    /// does not stretch the wait.
     fn held_back(&self, now_ms: u64) -> Option<u64> {
         let until = self.held_back_ms.load(Ordering::Relaxed);
-        (until > now_ms).then_some(until)
+        (until > now_ms).then(|| until.min(now_ms.saturating_add(millis(MAX_RETRY_AFTER))))
     }
 
     /// Makes the worker look at the store now (a result was queued).
@@ -188,6 +189,11 @@ impl Outbox {
                 pass.expired += 1;
             }
         }
+        // Held back: nothing posted, and what is due not even read (on PostgreSQL that read
+        // leases it, keeping the instances that are not held back from posting it).
+        if let Some(until) = self.held_back(self.clock.now_ms()) {
+            return Ok(held_back(pass, deadlines.next, until));
+        }
         let due = self.store.outbox_due(self.clock.now()).await?;
         // A few at a time: one slow or hanging post does not hold up the others. Before each
         // few but the first (just leased), the leases are renewed: only what this instance
@@ -234,17 +240,19 @@ impl Outbox {
                 return Err(error);
             }
         }
+        // Held back by a post of this pass: the next pass comes when the wait is over (or at
+        // the next deadline), whatever is due — also more than one read takes, which would
+        // otherwise be due at once, pass after pass, for the whole wait.
+        if let Some(until) = self.held_back(self.clock.now_ms()) {
+            return Ok(held_back(pass, deadlines.next, until));
+        }
         let after = self.store.outbox_due(self.clock.now()).await?;
         pass.next = match (deadlines.next, after.next) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let now_ms = self.clock.now_ms();
-        pass.held_back = self.held_back(now_ms).map(time_from_ms);
         if !after.now.is_empty() {
-            // Due now, or once the wait the aggregator asked for is over.
-            let resume = time_from_ms(self.held_back(now_ms).unwrap_or(now_ms));
-            pass.next = Some(pass.next.map_or(resume, |next| next.min(resume)));
+            pass.next = Some(self.clock.now());
         }
         Ok(pass)
     }
@@ -346,6 +354,15 @@ impl Outbox {
         self.store.record_delivery(id, delivery).await?;
         Ok(attempt)
     }
+}
+
+/// `pass`, held back until `until_ms`: it says so, and the next pass comes at the wait's
+/// end, or at the `deadline` before it.
+fn held_back(mut pass: Pass, deadline: Option<DateTime<Utc>>, until_ms: u64) -> Pass {
+    let until = time_from_ms(until_ms);
+    pass.held_back = Some(until);
+    pass.next = Some(deadline.map_or(until, |deadline| deadline.min(until)));
+    pass
 }
 
 enum Attempt {

@@ -78,7 +78,7 @@ pub struct HeldCallback {
 }
 
 /// How many bytes of a resolver's name are kept.
-const NAME_BYTES: usize = 128;
+pub(crate) const NAME_BYTES: usize = 128;
 
 /// What a person says when they resolve a held result: what was done (needed), and who
 /// they are (when they say).
