@@ -547,6 +547,43 @@ mod tests {
     use chrono::{DateTime, Utc};
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    /// The methods of [`PostponedStore`] a resolve never calls, for the test stores below.
+    macro_rules! not_used_by_resolve {
+        () => {
+            fn repeat<'a>(
+                &'a self,
+                _: &'a TransactionValidationRequest,
+                _: DateTime<Utc>,
+            ) -> StoreFuture<'a, Repeat> {
+                unreachable!("not used by resolve")
+            }
+
+            fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
+                unreachable!("not used by resolve")
+            }
+
+            fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
+                unreachable!("not used by resolve")
+            }
+
+            fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
+                unreachable!("not used by resolve")
+            }
+
+            fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+                unreachable!("not used by resolve")
+            }
+
+            fn outbox_len(&self) -> StoreFuture<'_, usize> {
+                unreachable!("not used by resolve")
+            }
+
+            fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
+                unreachable!("not used by resolve")
+            }
+        };
+    }
+
     /// A store that only resolves, answering the `n`th resolve (from 0) with `answer(n)`.
     struct ResolvesOnly<F> {
         resolves: AtomicU32,
@@ -583,41 +620,11 @@ mod tests {
             Box::pin(std::future::ready((self.answer)(n)))
         }
 
-        fn repeat<'a>(
-            &'a self,
-            _: &'a TransactionValidationRequest,
-            _: DateTime<Utc>,
-        ) -> StoreFuture<'a, Repeat> {
-            unreachable!("not used by resolve")
-        }
-
-        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
-            unreachable!("not used by resolve")
-        }
-
-        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
-            unreachable!("not used by resolve")
-        }
-
         fn postponed(&self, _: ValidationId) -> StoreFuture<'_, Option<PostponedValidation>> {
             unreachable!("not used by resolve")
         }
 
-        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_len(&self) -> StoreFuture<'_, usize> {
-            unreachable!("not used by resolve")
-        }
-
-        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
+        not_used_by_resolve!();
     }
 
     #[tokio::test(start_paused = true)]
@@ -678,37 +685,7 @@ mod tests {
             Box::pin(std::future::ready(Ok(Some(self.0.lock().unwrap().clone()))))
         }
 
-        fn repeat<'a>(
-            &'a self,
-            _: &'a TransactionValidationRequest,
-            _: DateTime<Utc>,
-        ) -> StoreFuture<'a, Repeat> {
-            unreachable!("not used by resolve")
-        }
-
-        fn record_delivery(&self, _: ValidationId, _: Delivery) -> DurableFuture<'_> {
-            unreachable!("not used by resolve")
-        }
-
-        fn make_due(&self, _: ValidationId, _: DateTime<Utc>) -> StoreFuture<'_, bool> {
-            unreachable!("not used by resolve")
-        }
-
-        fn postponed_all(&self) -> StoreFuture<'_, Vec<PostponedValidation>> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
-
-        fn outbox_len(&self) -> StoreFuture<'_, usize> {
-            unreachable!("not used by resolve")
-        }
-
-        fn deadlines_due(&self, _: DateTime<Utc>) -> StoreFuture<'_, crate::store::Due> {
-            unreachable!("not used by resolve")
-        }
+        not_used_by_resolve!();
     }
 
     /// A handler's decision, taken within its timeout but recorded only after the deadline
