@@ -104,6 +104,96 @@ async fn the_configuration_is_read_again_when_asked_and_the_answer_says_what_cha
     assert_eq!(read.message, "no change");
 }
 
+/// A validation endpoint's shared secret that leaked is replaced without a restart: from
+/// the reading on, the old one is refused (401) and the new one let in. A method the
+/// service cannot check — the aggregator's signature where it verifies none — is refused,
+/// and changes nothing.
+#[tokio::test]
+async fn a_leaked_validation_secret_is_replaced_without_a_restart() {
+    use payhook::config::{AuthMethod, EndpointAuthConfig};
+    let (server, file) = service().await;
+    let secret_auth = |secret: &str| EndpointAuthConfig {
+        method: AuthMethod::SharedSecret,
+        secret: Some(secret.into()),
+        ..EndpointAuthConfig::default()
+    };
+    let validation = |secret: &'static str| {
+        post(
+            VALIDATION_PATH,
+            &[("Content-Type", "application/json"), ("X-Api-Key", secret)],
+            TRANSACTION_VALIDATION.as_bytes(),
+        )
+    };
+    const LEAKED: &str = "leaked-secret-0123456789";
+    const NEW: &str = "the-new-secret-0123456789";
+    file.lock().unwrap().auth.transaction_validation = secret_auth(LEAKED);
+    let read = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    let read: AdminCredentialsRead = serde_json::from_slice(&read.body).unwrap();
+    assert_eq!(
+        read.message,
+        "auth (the validation endpoints' credentials) changed"
+    );
+    assert!(read.need_a_restart.is_empty(), "{read:?}");
+    assert_eq!(server.send(&validation(LEAKED)).await.status, 200);
+
+    file.lock().unwrap().auth.transaction_validation = secret_auth(NEW);
+    let read = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(read.status, 200, "{}", read.message());
+    let refused = server.send(&validation(LEAKED)).await;
+    assert_eq!(
+        (refused.status, refused.message().as_str()),
+        (401, "invalid credentials")
+    );
+    assert_eq!(server.send(&validation(NEW)).await.status, 200);
+
+    // The aggregator's signature, on a service that verifies signatures: taken.
+    file.lock().unwrap().auth.transaction_validation = EndpointAuthConfig {
+        method: AuthMethod::Signature,
+        ..EndpointAuthConfig::default()
+    };
+    let read = server.admin("POST", READ_AGAIN, Some(SHARED), None).await;
+    assert_eq!(read.status, 200, "{}", read.message());
+    assert_eq!(
+        server.send(&validation(NEW)).await.status,
+        401,
+        "a signature now"
+    );
+
+    // On a service started without keys (unsigned callbacks allowed), that method would
+    // check nothing: refused, and the secret asked for stays.
+    let mut unsigned = support::test_config();
+    unsigned.admin.token = Some(SHARED.into());
+    unsigned.auth.transaction_validation = secret_auth(NEW);
+    let unsigned_server = TestServer::start_with(unsigned.clone()).await;
+    let mut next = unsigned_server.as_run(&unsigned);
+    next.signature.keys = signed_config(&["rsa2048"]).signature.keys;
+    next.auth.transaction_validation = EndpointAuthConfig {
+        method: AuthMethod::Signature,
+        ..EndpointAuthConfig::default()
+    };
+    unsigned_server
+        .app
+        .credentials()
+        .read_from(move || Ok(next.clone()));
+    let refused = unsigned_server
+        .admin("POST", READ_AGAIN, Some(SHARED), None)
+        .await;
+    assert_eq!(refused.status, 409);
+    assert!(
+        refused
+            .message()
+            .contains("auth: method = \"signature\" where the service verifies no signature"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(
+        unsigned_server.send(&validation(NEW)).await.status,
+        200,
+        "the secret still asked for"
+    );
+    assert_eq!(unsigned_server.send(&validation(LEAKED)).await.status, 401);
+}
+
 /// A configuration refused — here, one listing no key — is answered 409 with why, and
 /// changes nothing; so is one that cannot be read, and one whose reading panics. The next
 /// reading that can be taken is.

@@ -18,8 +18,10 @@
 //! where the service calls the aggregator; and what
 //! [`AdminAccess`](super::admin_access::AdminAccess) reads, where the operating API is
 //! served: `admin.token`, `admin.operators`, `admin.viewers`, `admin.session_secret`,
-//! `admin.allow_ips` and `admin.allow_plain_http`. Every other setting stays as the service
-//! started with it, and one that differs is named in a warning (it takes a restart).
+//! `admin.allow_ips` and `admin.allow_plain_http`; and the validation endpoints' `[auth]`
+//! (their method, shared secret, Basic user and password, allow-list: a leaked secret
+//! replaced without a restart). Every other setting stays as the service started with it,
+//! and one that differs is named in a warning (it takes a restart).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,6 +32,7 @@ use super::metrics::Metrics;
 use super::operators;
 use super::settings::AdminConfig;
 use crate::Secret;
+use crate::auth::Guard;
 use crate::config::{Config, ConfigError};
 use crate::gateway::{GatewayClient, GatewayConfig};
 use crate::logged::Logged;
@@ -62,6 +65,9 @@ use crate::signature::{SignatureConfig, Verifier};
 ///   sessions are signed under changes: a new `admin.session_secret`, or, without one, the first operator added where
 ///   only `admin.token` was (its sessions were signed under a key derived from it, which its
 ///   bearers could derive) or the last one taken out; every session ends then.
+/// - **validation endpoints** (`[auth]`): a request checked from now on must carry the new
+///   shared secret or Basic credentials and come from the new allow-list; the old secret
+///   is refused (401).
 ///
 /// ```no_run
 /// # async fn run(app: payhook::App) {
@@ -127,6 +133,14 @@ pub enum CredentialsRefused {
     /// would fail; the error names the setting.
     #[error(transparent)]
     GatewayTls(crate::gateway::GatewayError),
+    /// It asks a validation endpoint for the aggregator's signature (`method =
+    /// "signature"` in `[auth]`) where the service verifies none (it started without
+    /// `signature.keys`): taken, the endpoint would check nothing; that takes a restart.
+    #[error(
+        "auth: method = \"signature\" where the service verifies no signature (it started \
+         without signature.keys): that takes a restart"
+    )]
+    AuthWithoutSignatures,
     /// It sets no token, shared or an operator's: that would turn the operating API off,
     /// which takes a restart (its routes are served or not from the start).
     #[error(
@@ -180,6 +194,9 @@ pub struct CredentialsChange {
     pub session_secret: bool,
     /// `admin.allow_ips` or `admin.allow_plain_http` changed.
     pub network: bool,
+    /// `[auth]` changed — the validation endpoints' method, shared secret, Basic user or
+    /// password, or allow-list: a request checked from now on is judged by it.
+    pub validation_auth: bool,
     /// The other settings that differ from those the service runs with, by section (or
     /// key): not taken, they take a restart.
     pub need_a_restart: Vec<&'static str>,
@@ -206,6 +223,8 @@ struct Taken<'a> {
     gateway_login: bool,
     /// The gateway's TLS files changed.
     gateway_tls: bool,
+    /// `[auth]` changed (and is taken).
+    auth: bool,
 }
 
 impl CredentialsChange {
@@ -214,6 +233,7 @@ impl CredentialsChange {
             signature_keys: taken.keys.map(key_names),
             gateway_login: taken.gateway_login,
             gateway_tls: taken.gateway_tls,
+            validation_auth: taken.auth,
             need_a_restart: need_a_restart(before, after, taken),
             ..Self::default()
         };
@@ -277,6 +297,10 @@ impl CredentialsChange {
                 self.gateway_login,
             ),
             ("the gateway's TLS files changed", self.gateway_tls),
+            (
+                "auth (the validation endpoints' credentials) changed",
+                self.validation_auth,
+            ),
             ("admin.token changed", self.shared_token),
             ("admin.session_secret changed", self.session_secret),
             (
@@ -347,7 +371,6 @@ fn need_a_restart(before: &Config, after: &Config, taken: &Taken<'_>) -> Vec<&'s
         ("server", before.server != after.server),
         ("paths", before.paths != after.paths),
         ("callback", before.callback != after.callback),
-        ("auth", before.auth != after.auth),
         ("store", before.store != after.store),
         ("gateway", gateway_differs),
         ("validation", before.validation != after.validation),
@@ -526,6 +549,26 @@ impl Credentials {
         taken
     }
 
+    /// The validation endpoints' checks of `is` (`[auth]`), where it differs from `was`;
+    /// refused where one would ask for a signature the service does not verify.
+    fn auth_read_again(
+        &self,
+        was: &crate::config::AuthConfig,
+        is: &crate::config::AuthConfig,
+    ) -> Result<Option<(Guard, Guard)>, CredentialsRefused> {
+        if was == is {
+            return Ok(None);
+        }
+        let guard = |config, key| Guard::from_config(config, key).map_err(ConfigError::from);
+        let providers = guard(&is.providers_validation, "auth.providers_validation")?;
+        let validation = guard(&is.transaction_validation, "auth.transaction_validation")?;
+        let signed = providers.needs_signature() || validation.needs_signature();
+        if signed && !self.ingress.verifies_signatures() {
+            return Err(CredentialsRefused::AuthWithoutSignatures);
+        }
+        Ok(Some((providers, validation)))
+    }
+
     /// [`Credentials::take`] with `running`, the configuration the service runs, held.
     fn take_into(
         &self,
@@ -539,6 +582,7 @@ impl Credentials {
         let keys = self.keys_read_again(&running.signature, &config.signature)?;
         let access = self.admin_read_again(&config.admin)?;
         let login = self.gateway_read_again(&running.gateway, &config.gateway)?;
+        let guards = self.auth_read_again(&running.auth, &config.auth)?;
         let transport = match &self.gateway {
             Some(gateway) => gateway
                 .transport_read_again(&config.gateway)
@@ -552,6 +596,7 @@ impl Credentials {
             gateway: self.gateway.is_some(),
             gateway_login: login.is_some(),
             gateway_tls: transport.is_some(),
+            auth: guards.is_some(),
         };
         let change = CredentialsChange::between(running, config, &taken);
         if reading == Reading::Check {
@@ -560,6 +605,10 @@ impl Credentials {
         }
         if let Some(access) = &access {
             access.warn_of_channel(&running.server.trusted_proxies);
+        }
+        if let Some(guards) = guards {
+            self.ingress.replace_guards(guards);
+            running.auth = config.auth.clone();
         }
         if let Some(keys) = keys {
             // Signatures verified only when keys were configured at start.

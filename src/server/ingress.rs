@@ -40,8 +40,10 @@ pub(super) struct Ingress {
     /// The header signatures are read from, when they are verified (the same for the life
     /// of the app).
     signature_header: Option<http::HeaderName>,
-    providers_guard: Guard,
-    validation_guard: Guard,
+    /// The credentials and address rules of the two validation endpoints, as read last
+    /// (`[auth]`, read again with the credentials).
+    providers_guard: Current<Guard>,
+    validation_guard: Current<Guard>,
     /// Proxies whose `X-Forwarded-For` is believed.
     trusted_proxies: Vec<Cidr>,
     metrics: Arc<Metrics>,
@@ -68,8 +70,8 @@ impl Ingress {
             limits,
             signature_header: verifier.as_ref().map(|v| v.header().clone()),
             verifying: verifier.map(|verifier| Current::new(Verifying::new(verifier))),
-            providers_guard,
-            validation_guard,
+            providers_guard: Current::new(providers_guard),
+            validation_guard: Current::new(validation_guard),
             trusted_proxies,
             metrics,
         }
@@ -90,18 +92,26 @@ impl Ingress {
     /// credentials in `Authorization`, where the aggregator's signatures go too).
     pub(super) fn signature_header_of(&self, endpoint: Endpoint) -> Option<&http::HeaderName> {
         self.guard(endpoint)
-            .is_none_or(Guard::needs_signature)
+            .is_none_or(|guard| guard.needs_signature())
             .then(|| self.signature_header())
             .flatten()
     }
 
-    /// The credentials and address rules of `endpoint`; none for callbacks (a signature).
-    fn guard(&self, endpoint: Endpoint) -> Option<&Guard> {
+    /// The credentials and address rules of `endpoint` as read last; none for callbacks (a
+    /// signature).
+    fn guard(&self, endpoint: Endpoint) -> Option<Arc<Guard>> {
         match endpoint {
-            Endpoint::ProvidersValidation => Some(&self.providers_guard),
-            Endpoint::TransactionValidation => Some(&self.validation_guard),
+            Endpoint::ProvidersValidation => Some(self.providers_guard.now()),
+            Endpoint::TransactionValidation => Some(self.validation_guard.now()),
             Endpoint::Callback => None,
         }
+    }
+
+    /// From now on, the validation endpoints ask for the credentials of `providers` and
+    /// `validation` (`[auth]` read again): a request checked after this is judged by them.
+    pub(super) fn replace_guards(&self, (providers, validation): (Guard, Guard)) {
+        self.providers_guard.replace(providers);
+        self.validation_guard.replace(validation);
     }
 
     /// `true` when signatures are verified (keys are configured).
@@ -296,7 +306,7 @@ impl Ingress {
         headers: &HeaderMap,
     ) -> Result<Option<Vec<u8>>, Problem> {
         let guard = self.guard(endpoint);
-        if let Some(guard) = guard {
+        if let Some(guard) = &guard {
             if guard.has_allow_list() && self.forwarded_by_stranger_of(peer, headers) {
                 return Err(Problem::ForwardedByStranger);
             }
@@ -307,7 +317,7 @@ impl Ingress {
                 .check_headers(headers)
                 .map_err(|error| refused(&error, guard.is_basic()))?;
         }
-        let wants_signature = guard.is_none_or(Guard::needs_signature);
+        let wants_signature = guard.as_deref().is_none_or(Guard::needs_signature);
         match (self.verifying.as_ref().map(Current::hold), wants_signature) {
             (Some(verifying), true) => verifying
                 .verifier
