@@ -141,7 +141,8 @@
 //!   answer; the operating API sits beside the ingress, letting in the shared token or an
 //!   operator's own ([`server::OperatorToken`]), whose changes are kept with their name;
 //!   the credentials — the aggregator's signature keys, the merchant's password and client
-//!   certificate at the aggregator, the operators' tokens — are read again while the service
+//!   certificate at the aggregator, the validation endpoints' `[auth]`, the operators'
+//!   tokens — are read again while the service
 //!   runs ([`server::Credentials`], on SIGHUP or when the operating API asks, which can also
 //!   check a configuration without taking it), and a signature only a key taken out meanwhile
 //!   verifies is told apart from a forgery.

@@ -808,12 +808,10 @@ fn retry_after(
     headers: &http::HeaderMap,
     now: DateTime<Utc>,
 ) -> Option<Duration> {
-    if ![
-        StatusCode::TOO_MANY_REQUESTS,
-        StatusCode::SERVICE_UNAVAILABLE,
-    ]
-    .contains(&status)
-    {
+    if !matches!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+    ) {
         return None;
     }
     let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();

@@ -197,12 +197,19 @@ impl ProviderFilter {
 /// let tagged: ProviderCandidate = serde_json::from_str(r#"{"id": 11, "tags": ["card"]}"#)?;
 /// assert_eq!(tags.of(&tagged), ["card"], "a candidate's own tags come first");
 /// assert!("11".parse::<ProviderTags>().is_err());
+/// assert!("".parse::<ProviderTags>()?.is_empty() && !tags.is_empty());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProviderTags(std::collections::BTreeMap<i64, Vec<String>>);
 
 impl ProviderTags {
+    /// Whether no provider is tagged: a request that asks for tags is then offered only
+    /// candidates that carry tags of their own.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The tags of `candidate`: its own when it carries some, else this merchant's for its
     /// id (none when it has none).
     pub fn of(&self, candidate: &ProviderCandidate) -> Vec<String> {

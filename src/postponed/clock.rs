@@ -90,7 +90,8 @@ fn reading(
     (u64::try_from(reading.max(0)).unwrap_or(u64::MAX), stepped)
 }
 
-fn millis(duration: std::time::Duration) -> u64 {
+/// `duration` in whole milliseconds, saturating.
+pub(super) fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -28,8 +28,10 @@
 //!   after the deadline (which then comes too late: a conflict);
 //! * **durable outbox**: a decision and its outbox entry are one atomic, durable write; the
 //!   worker posts with exponential backoff and jitter (`validation.retry_schedule`) until a
-//!   200. A 401 renews the session (see [`crate::gateway`]); network errors, timeouts, 5xx
-//!   and any other refusal are retried; the aggregator's 403 ("a different result was
+//!   200 (another 2xx is no delivery). A 401 renews the session (see [`crate::gateway`]);
+//!   network errors, timeouts, 5xx and any other refusal are retried; a 429 or a 503 with
+//!   `Retry-After` holds back every post of the worker until the wait is over (at most
+//!   [`crate::gateway::MAX_RETRY_AFTER`]); the aggregator's 403 ("a different result was
 //!   already received", with its `{"message": …}` body; one without it is retried) is final:
 //!   recorded as a conflict, logged at error, visible in [`PostponedState::Conflict`]. No
 //!   recorded decision is lost across restarts or crashes: the worker starts with whatever

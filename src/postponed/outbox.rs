@@ -11,6 +11,7 @@ use std::{
 };
 use tokio::sync::Notify;
 
+use super::clock::millis;
 use super::settings::{DeadlineOutcome, ValidationConfig};
 use super::{Clock, Delivery, PostponedValidation, ResolveError, Resolver};
 use crate::gateway::{GatewayClient, GatewayError, MAX_RETRY_AFTER};
@@ -192,7 +193,7 @@ impl Outbox {
         // Held back: nothing posted, and what is due not even read (on PostgreSQL that read
         // leases it, keeping the instances that are not held back from posting it).
         if let Some(until) = self.held_back(self.clock.now_ms()) {
-            return Ok(held_back(pass, deadlines.next, until));
+            return Ok(pass_held_back(pass, deadlines.next, until));
         }
         let due = self.store.outbox_due(self.clock.now()).await?;
         // A few at a time: one slow or hanging post does not hold up the others. Before each
@@ -244,7 +245,7 @@ impl Outbox {
         // the next deadline), whatever is due — also more than one read takes, which would
         // otherwise be due at once, pass after pass, for the whole wait.
         if let Some(until) = self.held_back(self.clock.now_ms()) {
-            return Ok(held_back(pass, deadlines.next, until));
+            return Ok(pass_held_back(pass, deadlines.next, until));
         }
         let after = self.store.outbox_due(self.clock.now()).await?;
         pass.next = match (deadlines.next, after.next) {
@@ -358,7 +359,7 @@ impl Outbox {
 
 /// `pass`, held back until `until_ms`: it says so, and the next pass comes at the wait's
 /// end, or at the `deadline` before it.
-fn held_back(mut pass: Pass, deadline: Option<DateTime<Utc>>, until_ms: u64) -> Pass {
+fn pass_held_back(mut pass: Pass, deadline: Option<DateTime<Utc>>, until_ms: u64) -> Pass {
     let until = time_from_ms(until_ms);
     pass.held_back = Some(until);
     pass.next = Some(deadline.map_or(until, |deadline| deadline.min(until)));
@@ -383,11 +384,6 @@ fn backoff(schedule: &[Duration], attempts: u32) -> Duration {
         .copied()
         .unwrap_or(Duration::from_secs(1));
     Duration::try_from_secs_f64(base.as_secs_f64() * (0.8 + 0.4 * unit_random())).unwrap_or(base)
-}
-
-/// `duration` in whole milliseconds, saturating.
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A random number in [0, 1).

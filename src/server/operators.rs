@@ -39,7 +39,7 @@ const TOKEN_PREFIX: &str = "phop_";
 /// The longest operator name, in characters; and in bytes, within what a store keeps of a
 /// person's name (`store::held::person`), so that two names are never kept as one.
 const NAME_CHARS: usize = 64;
-const NAME_BYTES: usize = 128;
+const NAME_BYTES: usize = crate::store::held::NAME_BYTES;
 
 /// A new operator's token and the hash the service's configuration keeps of it.
 pub struct OperatorToken {

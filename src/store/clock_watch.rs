@@ -7,8 +7,10 @@
 //! restart purged by it, records still within their retention with it. So each commit
 //! compares its reading with the clock's *alarm* — the reading past which the sweeper's
 //! clock would catch a step — for the price of one reading of the elapsed time and one
-//! atomic load; the first commit past it has the clock catch the step and keeps the step in
-//! its own batch, durable with it ([`super::committer`]). Where the sweeper caught the step
+//! atomic load; the first commit past it has the clock judge its reading as a sweep would
+//! ([`PurgeClock::catches`](super::horizon::PurgeClock::catches): a reading within the
+//! slewing a long run allows, or taken before the sweeper's, catches nothing) and keeps a
+//! step it catches in its own batch, durable with it ([`super::committer`]). Where the sweeper caught the step
 //! first, or changed what is kept of it, the alarm is down (every commit rings) until the
 //! change is written, by whichever comes first: a commit does not wait for the sweeper's
 //! write. The sweeper reads the wall clock under the clock's lock, and a commit's reading

@@ -845,7 +845,8 @@ impl Writer {
     /// changed it purges (the commits since the step caught it first, each commit comparing
     /// its reading with the clock's alarm; the sweep catches what they did not: a commit
     /// needs no write to see a step, nor to see the clock set back). Failing, it is said,
-    /// and the next sweep tries again.
+    /// and the next commit or sweep tries again (the alarm stays down while a change is not
+    /// written).
     fn keep_clocks_step(self: &Arc<Self>, clock: &SharedClock) {
         let ahead = self.lock_ahead();
         // Let go before the write lock is: letting go, this thread leads what queued
@@ -1076,7 +1077,7 @@ impl Sweeper {
 
 /// One sweep by the clock `wall_ms` reads: the clock's step kept first where the reading
 /// changed it (failing, the sweep purges all the same — by the elapsed time, which is safe
-/// — and the next tries again), then the purge.
+/// — and the next commit or sweep tries again), then the purge.
 fn sweep(writer: &Arc<Writer>, clock: &SharedClock, wall_ms: fn() -> u64) {
     let by = read_the_clock(writer, clock, wall_ms);
     if let Err(error) = writer.purge(by) {

@@ -258,7 +258,7 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// time lowers what it is taken to run ahead by, so that a step from there is caught. A
 /// step is caught before much is written by the stepped clock: on sled, by the first
 /// commit after it, which writes the step in its own batch ([`PurgeClock::alarm_at`]: the
-/// reading past which, the elapsed time added, the clock stepped; one reading of the
+/// reading past which, the elapsed time added, the clock may have stepped; one reading of the
 /// elapsed time and one atomic load per batch); on PostgreSQL, whose writes read the
 /// database's clock, by the sweeper reading that clock every minute between sweeps — an
 /// instance that crashes within that minute, having written by the stepped clock, purges
@@ -278,7 +278,8 @@ pub(crate) fn writes_with(vouched: &Vouched, configured: Duration, opener: Opene
 /// retention: an instance whose retention is shorter than another's holds back less (not
 /// at all where the difference exceeds the gap), one whose retention is longer holds back
 /// more.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub(crate) struct PurgeClock {
     /// The retention records are written with (for the warnings).
     retention: Duration,

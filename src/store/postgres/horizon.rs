@@ -11,10 +11,11 @@
 //! table has no schema version: an older payhook ignores it (and does not move it on), so
 //! every instance is upgraded before the retention is raised.
 //!
-//! Beside it, `{schema}.clock_step` keeps a step of the database's clock a sweep caught
-//! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts and
-//! at each of its sweeps, and written — merged with what another instance wrote since, under
-//! a lock — by the sweep that caught, shrank or dropped it, before it purges. An instance
+//! Beside it, `{schema}.clock_step` keeps a step of the database's clock a sweeper caught
+//! (one row, or none; see [`horizon::PurgeClock`]): read as an instance's sweeper starts, at
+//! each of its sweeps and at each check of the clock between them (every minute), and
+//! written — merged with what another instance wrote since, under a lock — by the sweep or
+//! the check that caught, shrank or dropped it, before anything is purged by it. An instance
 //! drops only a step it holds itself, or one that aged out by its own elapsed time.
 
 use sqlx::PgConnection;

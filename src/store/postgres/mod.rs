@@ -149,8 +149,9 @@ pub const PURGE_BATCH: i64 = 500;
 
 /// The database's clock, the latest expiry the schema holds, and the step of the clock it
 /// keeps (see [`crate::store::horizon::PurgeClock`]; read once a sweep, and where a check
-/// between sweeps finds the clock stepped: `postponed` is indexed by expiry only where
-/// final, `sessions_ended` not at all).
+/// between sweeps finds the clock stepped, another instance's step kept, or a change of
+/// its own still to be written: `postponed` is indexed by expiry only where final,
+/// `sessions_ended` not at all).
 const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
      (SELECT max(expires_at) FROM {s}.callbacks), \
      (SELECT max(expires_at) FROM {s}.validations), \
@@ -169,8 +170,8 @@ const LATEST_EXPIRY: &str = "SELECT now(), greatest(\
 const CLOCK_CHECK: Duration = Duration::from_secs(60);
 
 /// The database's clock and the step of the clock the schema keeps: what a check between
-/// sweeps reads, [`LATEST_EXPIRY`] only where it finds the clock stepped, or the step kept
-/// changed by another instance.
+/// sweeps reads, [`LATEST_EXPIRY`] only where it finds the clock stepped, the step kept
+/// changed by another instance, or a change of its own still to be written.
 const CLOCK_NOW: &str = "SELECT now(), (SELECT record FROM {s}.clock_step)";
 
 /// Results one outbox pass leases at most ([`super::DUE_BATCH`]).
@@ -1338,7 +1339,10 @@ mod tests {
         let s = &swept.schema;
         swept
             .execute(&format!(
-                "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS                  $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;                  CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON {s}.clock_step                  FOR EACH ROW EXECUTE FUNCTION {s}.refuse();"
+                "CREATE FUNCTION {s}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+                 CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON {s}.clock_step \
+                 FOR EACH ROW EXECUTE FUNCTION {s}.refuse();"
             ))
             .await;
         let every_hour = (Duration::from_secs(3600), Duration::from_millis(5));
