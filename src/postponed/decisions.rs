@@ -152,9 +152,10 @@ impl Awaitable {
         let clock = Clock::new();
         let wake = Arc::default();
         let postponed: Arc<dyn PostponedStore> = Arc::clone(store) as Arc<dyn PostponedStore>;
-        let resolver = Resolver::new(Arc::clone(&postponed), clock, Arc::clone(&wake))
-            .with_deadline_of(config);
         let outbox = Outbox::new(postponed, gateway, config.clone(), clock, wake);
+        // A clone of the outbox's: its passes see which validations a handler still decides
+        // (`Resolver::deciding`), and leave their deadline to them.
+        let resolver = outbox.resolver().clone().with_deadline_of(config);
         Self {
             config: config.clone(),
             clock,
@@ -341,12 +342,19 @@ impl Awaitable {
     /// from its start, the budget included) ends, and resolves the validation with its
     /// decision. A handler is never waited for longer: a deadline (which must be later than
     /// the handler timeout) then never decides a validation whose handler is still running,
-    /// and a late decision is never refused as a conflict with the deadline's outcome.
+    /// and a late decision is never refused as a conflict with the deadline's outcome. Nor
+    /// is its record, when the store is slow to take it: until it is recorded (or refused
+    /// for good), this process applies no deadline to the validation
+    /// ([`Resolver::deciding`]). Another instance on the same PostgreSQL database may — the
+    /// reason to keep the deadline well past the handler timeout, which the service warns of
+    /// at start.
     pub(crate) fn resolve_later(&self, validation_id: ValidationId, later: Later) {
         let (handler, resolver) = (Arc::clone(&self.handler), self.resolver.clone());
         let Later { mut task, until } = later;
         let limit = handler.timeout();
         let counted = LateHandler::new(&self.late);
+        // Marked before the task starts, until its decision is recorded (or refused for good).
+        let deciding = resolver.deciding(validation_id);
         // A handler that fails after its budget has no decision to give, and nothing would
         // ever decide the validation (the aggregator waits for a result): it gets the
         // deadline's outcome — a refusal unless configured otherwise.
@@ -379,6 +387,7 @@ impl Awaitable {
             resolver
                 .resolve_until_recorded(validation_id, Decision::allow_if(success, description))
                 .await;
+            drop(deciding);
             drop(counted);
         };
         tokio::spawn(later.in_current_span());
@@ -396,4 +405,61 @@ impl Drop for Running {
 
 fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::GatewayConfig;
+
+    /// A validation handler never run: the test asks only how the parts are wired.
+    struct NeverRun;
+
+    impl ValidationHandler for NeverRun {
+        fn spawn(&self, _: TransactionValidationRequest, _: RequestContext) -> Option<HandlerTask> {
+            None
+        }
+
+        fn settle(
+            &self,
+            _: Result<Result<ValidationDecision, HandlerError>, JoinError>,
+        ) -> Option<ValidationDecision> {
+            None
+        }
+
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(20)
+        }
+    }
+
+    /// The outbox applies deadlines through a clone of the decisions' resolver: a
+    /// validation a late handler still decides is marked where the outbox's passes look.
+    #[test]
+    fn the_outbox_sees_which_validations_a_handler_still_decides() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::config::StoreConfig {
+            path: dir.path().join("store"),
+            ..crate::config::StoreConfig::default()
+        };
+        let store: Arc<dyn Store> = Arc::new(crate::store::SledStore::open(&config, &[]).unwrap());
+        let gateway = GatewayClient::new(&GatewayConfig {
+            auth_url: Some("http://127.0.0.1:1".into()),
+            gateway_url: Some("http://127.0.0.1:1".into()),
+            username: Some("shop".into()),
+            password: Some("pw".into()),
+            ..GatewayConfig::default()
+        })
+        .unwrap();
+        let awaitable = Awaitable::new(
+            &ValidationConfig::default(),
+            &store,
+            gateway,
+            Arc::new(NeverRun),
+        );
+        let validation_id = ValidationId::from(7);
+        let deciding = awaitable.resolver().deciding(validation_id);
+        assert!(awaitable.outbox().resolver().is_deciding(validation_id));
+        drop(deciding);
+        assert!(!awaitable.outbox().resolver().is_deciding(validation_id));
+    }
 }

@@ -25,7 +25,10 @@
 //!   (postponed) by payhook, and its decision, when it comes, is posted as the result;
 //! * **deadline**: an undecided validation older than `validation.deadline` is resolved with
 //!   `validation.deadline_outcome`, by the worker's next pass or by a decision asked for
-//!   after the deadline (which then comes too late: a conflict);
+//!   after the deadline (which then comes too late: a conflict) — but not while its
+//!   handler, run on after its budget, has decided in time and this process is still
+//!   recording that decision (a slow or failing store): the handler's decision is the one
+//!   kept, and a decision asked for meanwhile waits for it;
 //! * **durable outbox**: a decision and its outbox entry are one atomic, durable write; the
 //!   worker posts with exponential backoff and jitter (`validation.retry_schedule`) until a
 //!   200 (another 2xx is no delivery). A 401 renews the session (see [`crate::gateway`]);
@@ -116,17 +119,32 @@ pub struct Resolver {
     wake: Arc<Notify>,
     /// Validations whose record is being written.
     recording: Arc<Recording>,
+    /// Validations whose handler, run on after its time budget, decides them: its decision
+    /// is given in time, and a deadline passed before it is recorded must not take its place.
+    deciding: Arc<Recording>,
     /// What a validation whose deadline passed undecided is resolved as
     /// (`validation.deadline_outcome`), when the resolver knows: a decision arriving after
     /// the deadline then comes too late.
     deadline_decision: Option<Decision>,
 }
 
-/// How long a resolve waits for the record of a validation still being written.
+/// How long a resolve waits for the record of a validation still being written, or for the
+/// decision of its handler.
 const RECORDING_WAIT: Duration = Duration::from_secs(60);
 
-/// Validation ids whose record is being written — the handler is running, or has postponed
-/// and the record is not durable yet — each with what wakes a resolve waiting for it.
+/// What applying a passed deadline does where the validation's handler still decides it.
+#[derive(Clone, Copy)]
+enum WhileItsHandlerDecides {
+    /// Leaves the validation undecided: the outbox's passes, which come again.
+    Skip,
+    /// Waits for the handler's decision (at most [`RECORDING_WAIT`]) before the deadline's
+    /// outcome is tried: a decision asked for now comes after both.
+    Wait,
+}
+
+/// Validation ids marked while something is under way for them — their record being
+/// written ([`Resolver::recording`]), or their handler deciding after its time budget
+/// ([`Resolver::deciding`]) — each with what wakes a resolve waiting for it.
 #[derive(Default)]
 struct Recording(Mutex<HashMap<ValidationId, Arc<Notify>>>);
 
@@ -136,9 +154,38 @@ impl Recording {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Marks `validation_id` until the guard is dropped.
+    fn mark(self: &Arc<Self>, validation_id: ValidationId) -> RecordingGuard {
+        self.map().entry(validation_id).or_default();
+        RecordingGuard {
+            recording: Arc::clone(self),
+            validation_id,
+        }
+    }
+
+    fn is_marked(&self, validation_id: ValidationId) -> bool {
+        self.map().contains_key(&validation_id)
+    }
+
+    /// Waits (at most [`RECORDING_WAIT`]) until `validation_id` is no longer marked;
+    /// `false` when it was not.
+    async fn unmarked(&self, validation_id: ValidationId) -> bool {
+        let Some(notify) = self.map().get(&validation_id).cloned() else {
+            return false;
+        };
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Unmarked between the lookup and the registration: nothing to wait for.
+        if self.is_marked(validation_id) {
+            let _ = tokio::time::timeout(RECORDING_WAIT, notified).await;
+        }
+        true
+    }
 }
 
-/// Marks a validation as being recorded until dropped (see [`Resolver::recording`]).
+/// Marks a validation until dropped (see [`Resolver::recording`], [`Resolver::deciding`]).
 pub(crate) struct RecordingGuard {
     recording: Arc<Recording>,
     validation_id: ValidationId,
@@ -166,6 +213,7 @@ impl Resolver {
             clock,
             wake,
             recording: Arc::default(),
+            deciding: Arc::default(),
             deadline_decision: None,
         }
     }
@@ -191,27 +239,24 @@ impl Resolver {
     /// that decides it before its record is durable (the handler postponed and handed it to
     /// a fast reviewer) then waits for the record instead of being told the id is unknown.
     pub(crate) fn recording(&self, validation_id: ValidationId) -> RecordingGuard {
-        self.recording.map().entry(validation_id).or_default();
-        RecordingGuard {
-            recording: Arc::clone(&self.recording),
-            validation_id,
-        }
+        self.recording.mark(validation_id)
     }
 
-    /// Waits (at most [`RECORDING_WAIT`]) until `validation_id` is no longer being recorded;
-    /// `false` when it was not.
-    async fn recorded(&self, validation_id: ValidationId) -> bool {
-        let Some(notify) = self.recording.map().get(&validation_id).cloned() else {
-            return false;
-        };
-        let notified = notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        // Finished between the lookup and the registration: nothing to wait for.
-        if self.recording.map().contains_key(&validation_id) {
-            let _ = tokio::time::timeout(RECORDING_WAIT, notified).await;
-        }
-        true
+    /// Marks `validation_id` as decided by its handler, run on after its time budget, until
+    /// the guard is dropped (once the decision is recorded, or refused for good). Its
+    /// deadline is not applied meanwhile by this resolver or its clones — the outbox's
+    /// passes skip it, and a decision asked for past the deadline waits for the handler's
+    /// (a minute at most, then fails with [`ResolveError::Store`]) — so that a decision
+    /// given within the handler timeout and recorded only after the deadline (a slow or
+    /// failing store) is the handler's, not the deadline's outcome.
+    pub(crate) fn deciding(&self, validation_id: ValidationId) -> RecordingGuard {
+        self.deciding.mark(validation_id)
+    }
+
+    /// Whether `validation_id` is marked by [`Self::deciding`].
+    #[cfg(test)]
+    pub(crate) fn is_deciding(&self, validation_id: ValidationId) -> bool {
+        self.deciding.is_marked(validation_id)
     }
 
     /// Decides validation `validation_id`: the decision and its description are posted to
@@ -222,7 +267,10 @@ impl Resolver {
     /// [`ResolveError::Conflict`] when a different decision was taken first,
     /// [`ResolveError::Unknown`] for an id never postponed, [`ResolveError::Store`] when the
     /// store fails. An id whose validation is still being recorded (its handler postponed it
-    /// a moment ago) is waited for, up to a minute, rather than called unknown.
+    /// a moment ago) is waited for, up to a minute, rather than called unknown. So is, past
+    /// the deadline, the decision of a handler run on after its time budget that decided in
+    /// time and is not recorded yet; still not recorded after a minute, it is
+    /// [`ResolveError::Store`]: try again.
     pub async fn resolve(
         &self,
         validation_id: impl Into<ValidationId>,
@@ -248,7 +296,8 @@ impl Resolver {
     ) -> Result<Resolved, ResolveError> {
         let validation_id = validation_id.into();
         if let Some(outcome) = &self.deadline_decision {
-            self.expire_if_past_deadline(validation_id, outcome).await?;
+            self.expire(validation_id, outcome, WhileItsHandlerDecides::Wait)
+                .await?;
         }
         let by = crate::store::held::person(by);
         self.decide(validation_id, decision, by.as_deref()).await
@@ -303,22 +352,53 @@ impl Resolver {
     /// Resolves `validation_id` with the deadline's `outcome` when its deadline has passed
     /// and it is undecided; `true` when this did. A repeat (a validation asked about again
     /// under a new id) has no deadline of its own: it is decided with the validation it
-    /// repeats, whose deadline it is judged by.
+    /// repeats, whose deadline it is judged by. A validation whose handler still decides it
+    /// ([`Self::deciding`]) is left to its handler: `false`.
     pub(crate) async fn expire_if_past_deadline(
         &self,
         validation_id: ValidationId,
         outcome: &Decision,
+    ) -> Result<bool, ResolveError> {
+        self.expire(validation_id, outcome, WhileItsHandlerDecides::Skip)
+            .await
+    }
+
+    /// [`Self::expire_if_past_deadline`], doing `meanwhile` where the validation's handler
+    /// still decides it.
+    async fn expire(
+        &self,
+        validation_id: ValidationId,
+        outcome: &Decision,
+        meanwhile: WhileItsHandlerDecides,
     ) -> Result<bool, ResolveError> {
         let now = self.clock.now();
         let mut record = self.store.postponed(validation_id).await?;
         if let Some(original) = record.as_ref().and_then(|r| r.repeat_of) {
             record = self.store.postponed(original).await?;
         }
-        let past = record.is_some_and(|record| {
+        let Some(record) = record.filter(|record| {
             record.result.is_none() && record.deadline.is_some_and(|deadline| deadline <= now)
-        });
-        if !past {
+        }) else {
             return Ok(false);
+        };
+        // The handler gave (or will give, within its timeout, which the deadline outlasts)
+        // its decision in time; only its record is late.
+        let original = record.validation_id;
+        if self.deciding.is_marked(original) {
+            match meanwhile {
+                WhileItsHandlerDecides::Skip => return Ok(false),
+                // Then the deadline's outcome is tried: refused if the handler's was recorded.
+                WhileItsHandlerDecides::Wait => {
+                    self.deciding.unmarked(original).await;
+                    // Still not recorded after the wait (the store fails, and the handler's
+                    // decision is asked for again and again): nothing is decided now.
+                    if self.deciding.is_marked(original) {
+                        return Err(ResolveError::Store(StoreError::backend_message(
+                            "the handler's decision, given in time, is still being recorded; try again later",
+                        )));
+                    }
+                }
+            }
         }
         match self.decide(validation_id, outcome.clone(), None).await {
             Ok(Resolved::Recorded) => {
@@ -345,13 +425,13 @@ impl Resolver {
         let success = decision.allows();
         // Noted first: a record whose write ends between this store's answer and the wait
         // below is no longer being recorded by then, but is durable.
-        let was_recording = self.recording.map().contains_key(&validation_id);
+        let was_recording = self.recording.is_marked(validation_id);
         let mut resolution = self
             .store
             .resolve(validation_id, &decision, by, self.clock.now())
             .await?;
         if resolution == Resolution::Unknown
-            && (self.recorded(validation_id).await || was_recording)
+            && (self.recording.unmarked(validation_id).await || was_recording)
         {
             resolution = self
                 .store
@@ -728,6 +808,100 @@ mod tests {
             matches!(asked, Err(ResolveError::Conflict { .. })),
             "{asked:?}"
         );
+        assert!(store.0.lock().unwrap().result.clone().unwrap().success);
+    }
+
+    /// While a handler run on after its budget still decides a validation (its decision,
+    /// given within the handler timeout, not yet recorded: a slow or failing store), a
+    /// deadline passed meanwhile is not applied: the outbox's passes leave it, and a
+    /// decision asked for waits for the handler's and then comes too late. Once the handler
+    /// gives up without a decision recorded, the deadline applies again.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_is_not_applied_while_its_handler_still_decides() {
+        let store = Arc::new(PastItsDeadline(Mutex::new({
+            let mut record = PostponedValidation::pending_for_tests(7);
+            record.deadline = Some(DateTime::<Utc>::UNIX_EPOCH);
+            record
+        })));
+        let config = ValidationConfig {
+            deadline: Some(Duration::from_secs(60)),
+            deadline_outcome: DeadlineOutcome::Allow,
+            ..ValidationConfig::default()
+        };
+        let shared = Arc::clone(&store) as Arc<dyn PostponedStore>;
+        let outboxes = Resolver::new(shared, Clock::new(), Arc::default());
+        let resolver = outboxes.clone().with_deadline_of(&config);
+        let allow = Decision::allow("validation timed out");
+        let undecided = || store.0.lock().unwrap().result.is_none();
+
+        let deciding = resolver.deciding(7.into());
+        let expired = outboxes.expire_if_past_deadline(7.into(), &allow).await;
+        assert!(matches!(expired, Ok(false)), "{expired:?}");
+        assert!(undecided(), "left to the handler by the outbox's pass");
+
+        let reviewer = tokio::spawn({
+            let resolver = resolver.clone();
+            async move { resolver.resolve(7, Decision::allow("looks fine")).await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            !reviewer.is_finished(),
+            "the reviewer waits for the handler"
+        );
+        assert!(undecided());
+
+        resolver
+            .resolve_until_recorded(7.into(), Decision::deny("no documents"))
+            .await;
+        drop(deciding);
+        let asked = reviewer.await.unwrap();
+        assert!(
+            matches!(asked, Err(ResolveError::Conflict { .. })),
+            "the reviewer came after the handler's denial: {asked:?}"
+        );
+        let result = store.0.lock().unwrap().result.clone().unwrap();
+        assert_eq!(
+            (result.success, result.description.as_str()),
+            (false, "no documents"),
+            "the handler's decision, not the deadline's approval nor the reviewer's"
+        );
+
+        // A handler whose decision is still not recorded after the reviewer's wait (its
+        // store fails): the reviewer is told to try again, and nothing is decided.
+        let store = Arc::new(PastItsDeadline(Mutex::new({
+            let mut record = PostponedValidation::pending_for_tests(9);
+            record.deadline = Some(DateTime::<Utc>::UNIX_EPOCH);
+            record
+        })));
+        let resolver = Resolver::new(
+            Arc::clone(&store) as Arc<dyn PostponedStore>,
+            Clock::new(),
+            Arc::default(),
+        )
+        .with_deadline_of(&config);
+        let deciding = resolver.deciding(9.into());
+        let asked = resolver.resolve(9, Decision::allow("looks fine")).await;
+        assert!(
+            matches!(asked, Err(ResolveError::Store(StoreError::Backend { .. }))),
+            "{asked:?}"
+        );
+        assert!(store.0.lock().unwrap().result.is_none());
+        drop(deciding);
+
+        // A handler that gave up (its store stopped for good) leaves it to the deadline.
+        let store = Arc::new(PastItsDeadline(Mutex::new({
+            let mut record = PostponedValidation::pending_for_tests(8);
+            record.deadline = Some(DateTime::<Utc>::UNIX_EPOCH);
+            record
+        })));
+        let outboxes = Resolver::new(
+            Arc::clone(&store) as Arc<dyn PostponedStore>,
+            Clock::new(),
+            Arc::default(),
+        );
+        drop(outboxes.clone().deciding(8.into()));
+        let expired = outboxes.expire_if_past_deadline(8.into(), &allow).await;
+        assert!(matches!(expired, Ok(true)), "{expired:?}");
         assert!(store.0.lock().unwrap().result.clone().unwrap().success);
     }
 

@@ -131,6 +131,12 @@ impl Outbox {
         (until > now_ms).then(|| until.min(now_ms.saturating_add(millis(MAX_RETRY_AFTER))))
     }
 
+    /// The resolver whose deadline passes this outbox applies: its clones share what it
+    /// knows of the validations being recorded or decided in this process.
+    pub(crate) fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
     /// Makes the worker look at the store now (a result was queued).
     pub fn wake(&self) {
         self.wake.notify_one();

@@ -927,17 +927,26 @@ impl ExactlyOnce {
                         answer_for(&decided.decision)
                     }
                     Err(error) => {
-                        if let Some(task) = decided.later {
-                            task.abort();
-                        }
                         if let StoreError::ValidationIdTaken(_) = error {
                             // Another nonce's validation took the id between the check
-                            // before the handler and this write.
+                            // before the handler and this write: nothing was recorded.
+                            if let Some(task) = decided.later {
+                                task.abort();
+                            }
                             if let Err(error) = store.release_validation(&nonce, held.claim).await {
                                 tracing::warn!(error = %crate::report::InLine(&error), "the claim could not be released; it will be taken over when stale");
                             }
                             Err(Problem::ValidationIdReused)
                         } else {
+                            // The write's fate is unknown: a commit whose answer was lost may
+                            // have made the postponed record durable, and a retry is then
+                            // answered "postponed" while only this handler can decide it. Its
+                            // decision is recorded if the record is there (and dropped as
+                            // unknown if not). The claim is kept until stale, after the
+                            // handler timeout: no other handler runs for the nonce meanwhile.
+                            if let (Some(awaitable), Some(task)) = (awaitable, decided.later) {
+                                awaitable.resolve_later(validation_id, task);
+                            }
                             Err(self.store_failed(Endpoint::TransactionValidation, &error))
                         }
                     }

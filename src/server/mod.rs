@@ -1072,10 +1072,11 @@ impl AppBuilder {
                 deadline_s = deadline.as_secs(),
                 handler_timeout_s = self.config.server.handler_timeout.as_secs(),
                 "validation.deadline is less than a minute longer than server.handler_timeout: \
-                 a wall clock stepped by NTP, or another instance's clock ahead of this one's, \
-                 can let the deadline decide a validation whose handler is still running, and \
-                 the handler's decision is then refused as a conflict; keep a minute between \
-                 them"
+                 a wall clock stepped by NTP, another instance's clock ahead of this one's, \
+                 or another instance on the same database while this one's store is slow to \
+                 record the handler's decision, can let the deadline decide a validation \
+                 whose handler decided in time, and the handler's decision is then refused \
+                 as a conflict; keep a minute between them"
             );
         }
         let runner = runner::Runner::new(
