@@ -40,6 +40,9 @@ pub(super) struct HeldClaim {
     pub(super) failing: bool,
     /// The status claimed (its code).
     pub(super) status: i32,
+    /// The status booked before, as the claim read it (its code): what the handler was told
+    /// (`previous_status`), and what its effects were staged after.
+    pub(super) previous: Option<i32>,
     /// The id of the transaction that holds the claim (`txid_current_if_assigned()` once it
     /// wrote the mark): what its COMMIT checks it still is.
     pub(super) transaction: Option<i64>,
@@ -65,6 +68,7 @@ impl HeldClaim {
             attempt: 0,
             failing: false,
             status: 0,
+            previous: None,
             transaction: None,
             spoiled: None,
         }

@@ -667,6 +667,7 @@ impl PgStore {
             held.failing = read.failing;
             held.transaction = read.transaction;
             held.status = status.code();
+            held.previous = read.previous;
             let attempt = u32::try_from(held.attempt).unwrap_or(1);
             let claim = self.inner.claims.keep(held);
             return Ok(CallbackBegin::Claimed {
@@ -829,9 +830,15 @@ impl PgStore {
                 attempt = tries,
                 "the callback's transaction met a deadlock; retrying it"
             );
+            #[cfg(test)]
+            self.inner.between_tries.pass().await;
             let read = self.claim_on(&mut back, &key, status).await?;
-            if !read.claimed || read.acknowledged {
-                // Taken in the moment between the two transactions.
+            // Taken in the moment between the two transactions — or taken, booked and let
+            // go: the effects were staged by a handler told of another status booked
+            // before (a deposit's credit, staged before its reversal was booked, must not
+            // be written after it). The delivery is answered 503, and its retry's handler
+            // is told what is booked now.
+            if !read.claimed || read.acknowledged || read.previous != back.previous {
                 let _ = back.rollback().await;
                 return Err(lost());
             }

@@ -223,6 +223,10 @@ struct Inner {
     /// When this instance last folded the count of failing callbacks' rows (see
     /// [`PgStore::fold_failing_count`]).
     count_folded: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Test-only: holds a callback's booking between a transaction that met a deadlock
+    /// and the claim of the next.
+    #[cfg(test)]
+    between_tries: tests::Hold,
 }
 
 impl Drop for Inner {
@@ -417,6 +421,8 @@ impl PgStore {
                 claim_sql,
                 commit_metrics: crate::store::CommitMetrics::default(),
                 count_folded: std::sync::Mutex::default(),
+                #[cfg(test)]
+                between_tries: tests::Hold::default(),
             }),
         };
         store.start_sweeper(config.sweep_interval);
@@ -1158,8 +1164,10 @@ mod tests {
     use crate::store::{CallbackBegin, DedupStore, Effects, StoreConfig};
     use chrono::{DateTime, TimeDelta, Utc};
     use sqlx::Connection;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
+    use tokio::sync::Notify;
 
     /// The test database (`PAYHOOK_TEST_DATABASE_URL`, as the integration tests read it),
     /// or `None`, said, where no server answers outside CI; under CI that fails the test.
@@ -1438,6 +1446,124 @@ mod tests {
             "without the step kept, the stepped clock purges what it holds back"
         );
         assert!(swept.acknowledged(&after).await);
+        swept.drop_schema().await;
+    }
+
+    /// A point where a test holds the store's work once: the work says it arrived, and
+    /// waits until the test lets it go on.
+    #[derive(Default)]
+    pub(super) struct Hold(std::sync::Mutex<Option<(Arc<Notify>, Arc<Notify>)>>);
+
+    impl Hold {
+        /// Holds the next work to pass; what it returns is told of the arrival, and lets
+        /// the work go on.
+        fn arm(&self) -> (Arc<Notify>, Arc<Notify>) {
+            let pair = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+            *self.0.lock().unwrap() = Some(pair.clone());
+            pair
+        }
+
+        /// Where the work passes: held once, if armed.
+        pub(super) async fn pass(&self) {
+            let armed = self.0.lock().unwrap().take();
+            if let Some((arrived, go_on)) = armed {
+                arrived.notify_one();
+                go_on.notified().await;
+            }
+        }
+    }
+
+    /// A success's booking whose transaction meets a deadlock, while in the moment between
+    /// that transaction and the next the nonce's reversal is claimed and booked: the
+    /// success's effects, staged by a handler told nothing was booked before, are not
+    /// written after the reversal (its credit would outlive the refund). Its claim is lost
+    /// (503, the aggregator sends it again), and the next claim is told of the reversal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_booking_retried_after_a_deadlock_is_not_written_after_another_status() {
+        let test = "a_booking_retried_after_a_deadlock_is_not_written_after_another_status";
+        let Some(swept) = Swept::open(test).await else {
+            return;
+        };
+        let store = swept.store.clone();
+        let nonce = Nonce::from("n-reversed");
+        let claimed = |status| {
+            let (store, nonce) = (store.clone(), nonce.clone());
+            async move {
+                match store
+                    .begin_callback(&nonce, status, Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                {
+                    CallbackBegin::Claimed {
+                        claim,
+                        previous_status,
+                        ..
+                    } => (claim, previous_status),
+                    _ => panic!("{status:?} not claimed"),
+                }
+            }
+        };
+        let (success, before) = claimed(TransactionStatus::Success).await;
+        assert_eq!(before, None);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let effects = Effects::default();
+        effects.postgres({
+            let runs = Arc::clone(&runs);
+            move |conn| {
+                let first = runs.fetch_add(1, Ordering::SeqCst) == 0;
+                Box::pin(async move {
+                    if first {
+                        sqlx::query(
+                            "DO $$ BEGIN RAISE EXCEPTION 'the test''s deadlock' \
+                             USING ERRCODE = 'deadlock_detected'; END $$",
+                        )
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    Ok(())
+                })
+            }
+        });
+        let (arrived, go_on) = store.inner.between_tries.arm();
+        let booking = tokio::spawn({
+            let (store, nonce) = (store.clone(), nonce.clone());
+            async move {
+                store
+                    .finish_callback(&nonce, success, TransactionStatus::Success, effects)
+                    .await
+            }
+        });
+        arrived.notified().await;
+        let (reversal, before) = claimed(TransactionStatus::PaymentSystemError).await;
+        assert_eq!(before, None);
+        store
+            .finish_callback(
+                &nonce,
+                reversal,
+                TransactionStatus::PaymentSystemError,
+                Effects::default(),
+            )
+            .await
+            .unwrap();
+        go_on.notify_one();
+        let booked = booking.await.unwrap();
+        assert!(
+            matches!(booked, Err(crate::store::StoreError::ClaimLost(_))),
+            "{booked:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "its effects ran once, and failed"
+        );
+        let (again, before) = claimed(TransactionStatus::Success).await;
+        assert_eq!(
+            before,
+            Some(TransactionStatus::PaymentSystemError),
+            "the success's retry is told of the reversal"
+        );
+        store.give_back_callback(&nonce, again).await.unwrap();
+        drop(store);
         swept.drop_schema().await;
     }
 
