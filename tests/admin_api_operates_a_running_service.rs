@@ -58,6 +58,23 @@ async fn the_api_is_off_without_a_token_and_guarded_with_one() {
         (wrong.status, wrong.message()),
         (401, "invalid credentials".into())
     );
+    // The scheme's name in any case (RFC 9110); one Authorization header, not two.
+    let listing =
+        |headers: &[(&str, &str)]| request("GET", "/payhook/admin/validations", headers, None);
+    let lower = format!("bearer {TOKEN}");
+    let asked = server.send(&listing(&[("authorization", &lower)])).await;
+    assert_eq!(asked.status, 200);
+    let right = format!("Bearer {TOKEN}");
+    let twice = server
+        .send(&listing(&[
+            ("authorization", &right),
+            ("authorization", "Bearer admin-token-wrong-000000"),
+        ]))
+        .await;
+    assert_eq!(
+        (twice.status, twice.message()),
+        (401, "more than one Authorization header".into())
+    );
 
     let mut elsewhere = config(&gateway);
     elsewhere.admin.allow_ips = vec!["10.0.0.0/8".into()];
@@ -231,6 +248,26 @@ async fn guessing_the_token_is_slowed_down_per_address() {
     assert!(form.header("retry-after").is_some());
     assert!(form.header("set-cookie").is_none());
     let page = String::from_utf8_lossy(&form.body).into_owned();
+    assert!(
+        page.contains("too many wrong tokens from this address"),
+        "{page}"
+    );
+    // The page itself, asked with the right token: told to wait, not to enter a token.
+    let bearer = format!("Bearer {TOKEN}");
+    let inspector = request(
+        "GET",
+        "/payhook/admin/inspector",
+        &[
+            ("x-forwarded-for", guesser),
+            ("x-forwarded-proto", "https"),
+            ("authorization", bearer.as_str()),
+        ],
+        None,
+    );
+    let locked_out = server.send(&inspector).await;
+    assert_eq!(locked_out.status, 429);
+    assert!(locked_out.header("retry-after").is_some());
+    let page = String::from_utf8_lossy(&locked_out.body).into_owned();
     assert!(
         page.contains("too many wrong tokens from this address"),
         "{page}"

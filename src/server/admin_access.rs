@@ -443,15 +443,23 @@ impl AdminAccess {
     }
 
     fn check_bearer(&self, headers: &HeaderMap, client: Option<IpAddr>) -> Result<Caller, Problem> {
-        let presented = headers
-            .get(http::header::AUTHORIZATION)
+        let refused = |message: &str| Problem::Unauthorized {
+            message: message.into(),
+            basic: false,
+        };
+        let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+        let (value, more) = (values.next(), values.next());
+        if more.is_some() {
+            return Err(refused("more than one Authorization header"));
+        }
+        // The scheme's name is case-insensitive (RFC 9110, 11.1).
+        let presented = value
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim_start_matches(' '));
         let Some(token) = presented else {
-            return Err(Problem::Unauthorized {
-                message: "missing credentials".into(),
-                basic: false,
-            });
+            return Err(refused("missing credentials"));
         };
         self.holder_of(token, client)?
             .ok_or_else(|| Problem::Unauthorized {

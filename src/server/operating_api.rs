@@ -252,6 +252,8 @@ impl OperatingApi {
             (&Method::GET, ["inspector"]) => {
                 return Ok(match self.admitted(&access, &parts, client).await {
                     Ok((caller, _)) => self.inspector_page(&caller).await,
+                    // Told apart from a wrong token: the right one is refused too, for now.
+                    Err(problem @ Problem::TooManyGuesses { .. }) => locked_out(&problem),
                     Err(_) => login_asked(parts.uri.query()),
                 });
             }
@@ -1157,16 +1159,20 @@ fn login(
             http::StatusCode::UNAUTHORIZED,
             page::login(Some("invalid token")),
         )),
-        Err(problem @ Problem::TooManyGuesses { .. }) => {
-            let mut response = html(
-                http::StatusCode::TOO_MANY_REQUESTS,
-                page::login(Some(&problem.message())),
-            );
-            problem.set_retry_after(response.headers_mut());
-            Ok(response)
-        }
+        Err(problem @ Problem::TooManyGuesses { .. }) => Ok(locked_out(&problem)),
         Err(problem) => Err(problem),
     }
+}
+
+/// The login form, answered 429 with `Retry-After` to an address that guessed too often
+/// (`problem`, [`Problem::TooManyGuesses`]).
+fn locked_out(problem: &Problem) -> Response<ResponseBody> {
+    let mut response = html(
+        http::StatusCode::TOO_MANY_REQUESTS,
+        page::login(Some(&problem.message())),
+    );
+    problem.set_retry_after(response.headers_mut());
+    response
 }
 
 /// A panel, or — when the store could not be read — why it is missing: an empty panel

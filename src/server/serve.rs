@@ -47,7 +47,10 @@ const H1_MAX_HEAD: usize = 64 * 1024;
 ///
 /// HTTP/1.1 and HTTP/2 (prior knowledge) are both served. A client that does not send its
 /// request headers within `server.header_read_timeout` is disconnected — also one that
-/// connects and sends nothing, and an HTTP/1 connection idle between requests for that long;
+/// connects and sends nothing, and an HTTP/1 connection idle between requests for that long
+/// (an HTTP/2 connection whose first request's head is still arriving is closed after
+/// `server.idle_timeout`, as one with no request in progress, its heads held to 64 KiB as
+/// HTTP/1's: a longer one is refused, 431 without a body or the stream reset);
 /// one that does not send its body within `server.request_timeout`, or sends it slower than
 /// `server.min_body_rate`, gets 408. A connection with no request in progress for
 /// `server.idle_timeout` is closed, HTTP/2 included; an HTTP/2 connection is also pinged and
@@ -90,6 +93,9 @@ pub async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(H2_MAX_STREAMS)
+        // As much head as HTTP/1 takes (h2's own default is 16 KiB): a request is not
+        // refused by one protocol and served by the other.
+        .max_header_list_size(H1_MAX_HEAD as u32)
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT);
     let graceful = GracefulShutdown::new();
