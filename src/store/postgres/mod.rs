@@ -38,7 +38,10 @@
 //!   the merchant's own ([`Effects::postgres`](crate::store::Effects::postgres)) runs on the
 //!   same connection. A deadlock or serialization failure (SQLSTATE 40P01, 40001) retries
 //!   the whole transaction, up to [`TX_ATTEMPTS`] times; effects therefore may run more
-//!   than once, and must write only through the transaction. Only payhook commits it: the
+//!   than once, and must write only through the transaction. (Not where another status of
+//!   the nonce was booked between the two transactions: the handler staged its effects
+//!   told of the status booked before, so the delivery answers 503, and its retry's handler
+//!   is told what is booked now.) Only payhook commits it: the
 //!   claim declares the transaction a booking (`payhook.booking`), and a deferred trigger
 //!   on the mark's row refuses any other COMMIT (migration 6), so that an effect's own
 //!   `commit()` cannot acknowledge the callback with its effects half run.
